@@ -1,0 +1,430 @@
+"""``tailserve`` command line: compare, simulate, cost, calibrate, models, hardware."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tailserve import __version__
+from tailserve.metrics.summary import Slo
+from tailserve.report.compare_text import compare_paragraph
+from tailserve.report.tables import print_calibration, print_cost, print_runs
+from tailserve.simulation import (
+    SEED_PRESET,
+    WORKLOADS,
+    BuiltCostModel,
+    Deployment,
+    RunResult,
+    WorkloadBuilder,
+    WorkloadSpec,
+    build_cost_model,
+    run_policy,
+)
+
+DEFAULT_COMPARE_POLICIES = (
+    "static,orca,vllm:max_num_batched_tokens=512,vllm,vllm:max_num_batched_tokens=8192"
+)
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+# ---- shared options -----------------------------------------------------------------------
+def _add_deployment_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("deployment")
+    g.add_argument(
+        "--model",
+        default=SEED_PRESET.model,
+        help="catalog name or path to a HF config.json (default: %(default)s)",
+    )
+    g.add_argument(
+        "--hardware",
+        default=SEED_PRESET.hardware,
+        help="GPU from the catalog (default: %(default)s)",
+    )
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help=f"tensor-parallel size (default: {SEED_PRESET.tp} for the seed deployment, else 1)",
+    )
+    g.add_argument(
+        "--calibration",
+        default="auto",
+        help="none | seed | measured points 'prefill:4096=0.120,decode:10x1024=0.018' "
+        "(default auto: seed for Llama-3-70B on A100-80GB, none otherwise)",
+    )
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    from tailserve.workloads.arrivals import ARRIVAL_FORMS
+    from tailserve.workloads.lengths import LENGTH_FORMS
+
+    g = p.add_argument_group("workload")
+    g.add_argument(
+        "--workload",
+        default="hol",
+        choices=WORKLOADS,
+        help="built-in workload (default: %(default)s)",
+    )
+    g.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="replay a trace instead (Azure CSV, Mooncake JSONL, tailserve JSONL)",
+    )
+    g.add_argument(
+        "--rate", type=float, default=4.0, help="arrival rate, requests/s (chat, random)"
+    )
+    g.add_argument("--num-requests", type=int, default=200, help="requests (chat, random)")
+    g.add_argument(
+        "--input-len", default="1024", help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)})"
+    )
+    g.add_argument("--output-len", default="128", help="random: output lengths, same forms")
+    g.add_argument(
+        "--arrival",
+        default="poisson",
+        help=f"random: arrival process ({' | '.join(ARRIVAL_FORMS)})",
+    )
+    g.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="trace: multiply the arrival rate (2 = twice as fast)",
+    )
+    g.add_argument(
+        "--max-requests", type=int, default=None, help="trace: keep the first N requests"
+    )
+    g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    g.add_argument("--slo", default=None, help="goodput SLO, e.g. 'ttft=2s,tpot=100ms'")
+    g.add_argument(
+        "--check-integrity",
+        action="store_true",
+        help="check KV and request invariants after every iteration (slow)",
+    )
+    g.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="step every iteration (for checking the exact fast path)",
+    )
+
+
+def _deployment(args: argparse.Namespace) -> Deployment:
+    tp = args.tp
+    if tp is None:
+        tp = (
+            SEED_PRESET.tp
+            if (args.model, args.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware)
+            else 1
+        )
+    if tp < 1:
+        raise CliError(f"--tp must be >= 1, got {tp}")
+    return Deployment(args.model, args.hardware, tp, args.calibration)
+
+
+def _workload(args: argparse.Namespace) -> WorkloadSpec:
+    from tailserve.workloads.arrivals import parse_arrival
+    from tailserve.workloads.lengths import parse_length
+
+    return WorkloadSpec(
+        name="trace" if args.trace else args.workload,
+        num_requests=args.num_requests,
+        rate=args.rate,
+        seed=args.seed,
+        input_len=parse_length(args.input_len),
+        output_len=parse_length(args.output_len),
+        arrival=parse_arrival(args.arrival),
+        trace_path=args.trace,
+        rate_scale=args.rate_scale,
+        max_requests=args.max_requests,
+    )
+
+
+def _engine_options(args: argparse.Namespace) -> Any:
+    from tailserve.core.engine import EngineOptions
+
+    return EngineOptions(
+        fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity
+    )
+
+
+def parse_slo(text: str | None) -> Slo | None:
+    if not text:
+        return None
+    values: dict[str, float] = {}
+    for item in text.split(","):
+        key, eq, raw = item.strip().partition("=")
+        if not eq and ":" in item:
+            key, _, raw = item.strip().partition(":")
+        key = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}.get(
+            key.strip().lower(), ""
+        )
+        if not key:
+            raise CliError(
+                f"--slo item {item!r}: expected ttft=, tpot= or e2e= with a time like 2s or 200ms"
+            )
+        values[key] = _parse_seconds(raw.strip(), item)
+    return Slo(**values)
+
+
+def _parse_seconds(raw: str, item: str) -> float:
+    try:
+        if raw.endswith("ms"):
+            return float(raw[:-2]) / 1000
+        if raw.endswith("s"):
+            return float(raw[:-1])
+        return float(raw) / 1000  # a bare number is milliseconds, as in vllm bench --goodput
+    except ValueError:
+        raise CliError(f"--slo item {item!r}: {raw!r} is not a time like 2s or 200ms") from None
+
+
+def _print_notes(built: BuiltCostModel) -> None:
+    for note in built.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if built.fit is not None:
+        for warning in built.fit.warnings:
+            print(f"warning: calibration {built.calibration!r}: {warning}", file=sys.stderr)
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+
+
+# ---- commands -----------------------------------------------------------------------------
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tailserve.policies.registry import parse_policy_list
+
+    built = build_cost_model(_deployment(args))
+    _print_notes(built)
+    specs = parse_policy_list(args.policies)
+    workload = WorkloadBuilder(_workload(args))
+    slo = parse_slo(args.slo)
+    runs: list[RunResult] = []
+    for spec in specs:
+        runs.append(run_policy(built, spec, workload, options=_engine_options(args)))
+    summaries = [r.summary(slo) for r in runs]
+    print_runs(runs, summaries, built, workload.spec)
+    print()
+    print(compare_paragraph(runs, summaries, built, workload.spec))
+    if args.json:
+        _write_json(args.json, {"runs": [{"label": r.label, **s} for r, s in zip(runs, summaries)]})
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace, extra: list[str]) -> int:
+    from tailserve.policies.registry import PolicySpec
+
+    flags = _parse_policy_flags(extra)
+    spec = PolicySpec.make(args.policy, flags)
+    built = build_cost_model(_deployment(args))
+    _print_notes(built)
+    workload = WorkloadBuilder(_workload(args))
+    slo = parse_slo(args.slo)
+    run = run_policy(built, spec, workload, options=_engine_options(args))
+    summary = run.summary(slo)
+    print_runs([run], [summary], built, workload.spec)
+    if args.json:
+        _write_json(args.json, {"label": run.label, **summary})
+    if args.iterations:
+        run.log.write_jsonl(args.iterations)
+    return 0
+
+
+def _parse_policy_flags(extra: list[str]) -> dict[str, str]:
+    """``--max-num-batched-tokens 512 --no-enable-chunked-prefill`` -> {name: value}."""
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(extra):
+        token = extra[i]
+        if not token.startswith("--"):
+            raise CliError(f"unexpected argument {token!r}")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if name.startswith("no-"):
+                name, value = name[3:], "false"
+            elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+                value = extra[i + 1]
+                i += 1
+            else:
+                value = "true"
+        flags[name.replace("-", "_")] = value
+        i += 1
+    return flags
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from tailserve.executors.simulated.cost_model import BatchShape
+
+    built = build_cost_model(_deployment(args))
+    _print_notes(built)
+    cm = built.cost_model
+    batch, ctx = _parse_decode(args.decode)
+    prefill_shape = BatchShape.of([(args.prefill, args.prefill_context)], [])
+    decode_shape = BatchShape.of([], [ctx] * batch)
+    result = {
+        "prefill_s": cm.iteration_time(prefill_shape),
+        "decode_s": cm.iteration_time(decode_shape),
+    }
+    print_cost(
+        built,
+        args.prefill,
+        args.prefill_context,
+        batch,
+        ctx,
+        result,
+        cm.roofline(prefill_shape),
+        cm.roofline(decode_shape),
+    )
+    if args.json:
+        _write_json(args.json, result)
+    return 0
+
+
+def _parse_decode(text: str) -> tuple[int, int]:
+    batch, x, ctx = text.lower().partition("x")
+    try:
+        b, c = int(batch), int(ctx)
+    except ValueError:
+        raise CliError(f"--decode {text!r}: expected BATCHxCONTEXT, e.g. 10x1024") from None
+    if not x or b < 1 or c < 0:
+        raise CliError(f"--decode {text!r}: expected BATCHxCONTEXT with batch >= 1, e.g. 10x1024")
+    return b, c
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    deployment = _deployment(args)
+    built = build_cost_model(
+        Deployment(deployment.model, deployment.hardware, deployment.tp, args.points)
+    )
+    print_calibration(built)
+    if args.json and built.fit is not None:
+        fit = built.fit
+        _write_json(
+            args.json,
+            {
+                "efficiency": {
+                    k: getattr(fit.efficiency, k) for k in ("compute", "memory", "comm", "overhead")
+                },
+                "points": [
+                    {"point": str(p), "measured_s": p.seconds, "predicted_s": q}
+                    for p, q in zip(fit.points, fit.predicted)
+                ],
+                "warnings": list(fit.warnings),
+            },
+        )
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from tailserve.report.tables import print_hardware, print_models
+
+    if args.command == "models":
+        print_models()
+    else:
+        print_hardware()
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tailserve",
+        description="Why does p99 TTFT spike? Serving policies side by side on a simulated GPU.",
+    )
+    parser.add_argument("--version", action="version", version=f"tailserve {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser(
+        "compare",
+        help="several policies on the same deployment and workload (default: the seed essay's scenario)",
+    )
+    p.add_argument(
+        "--policies",
+        default=DEFAULT_COMPARE_POLICIES,
+        help="comma list, each NAME[:flag=value...] (default: %(default)s)",
+    )
+    _add_deployment_args(p)
+    _add_workload_args(p)
+    _add_output_args(p)
+
+    p = sub.add_parser(
+        "simulate",
+        help="one policy; its flags follow with the engine's own names, e.g. --max-num-batched-tokens 512",
+    )
+    p.add_argument("--policy", default="vllm", help="static | orca | vllm (default: %(default)s)")
+    _add_deployment_args(p)
+    _add_workload_args(p)
+    _add_output_args(p)
+    p.add_argument(
+        "--iterations", metavar="OUT.jsonl", help="write the per-iteration log as JSON lines"
+    )
+
+    p = sub.add_parser("cost", help="predicted iteration times of a prefill and a decode step")
+    _add_deployment_args(p)
+    p.add_argument(
+        "--prefill", type=int, default=4096, help="prefill tokens (default: %(default)s)"
+    )
+    p.add_argument(
+        "--prefill-context",
+        type=int,
+        default=0,
+        help="tokens already cached before the prefill chunk",
+    )
+    p.add_argument(
+        "--decode", default="10x1024", help="decode batch BATCHxCONTEXT (default: %(default)s)"
+    )
+    p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} as JSON")
+
+    p = sub.add_parser("calibrate", help="fit the cost model to measured iteration times")
+    _add_deployment_args(p)
+    p.add_argument(
+        "points", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)"
+    )
+    p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
+
+    sub.add_parser("models", help="list the model catalog")
+    sub.add_parser("hardware", help="list the hardware catalog")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["compare"]
+    args, extra = parser.parse_known_args(argv)
+    try:
+        if args.command == "simulate":
+            return cmd_simulate(args, extra)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command == "compare":
+            return cmd_compare(args)
+        if args.command == "cost":
+            return cmd_cost(args)
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
+        if args.command in ("models", "hardware"):
+            return cmd_catalog(args)
+        parser.print_help()
+        return 2
+    except (CliError, ValueError) as e:
+        print(f"tailserve: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"tailserve: error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

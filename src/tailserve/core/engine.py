@@ -1,0 +1,186 @@
+"""``Engine.step()``: schedule, execute, update — the only loop, for every executor.
+
+The clock is virtual for the simulator (it jumps by each iteration's predicted duration, or to
+the next arrival when idle) and the wall clock for a real executor.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tailserve.core.executor import Executor
+from tailserve.core.iteration_log import IterationLog
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.source import RequestSource
+
+
+class VirtualClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start  # seconds
+
+    def advance(self, duration: float) -> None:
+        self.now += duration
+
+    def wait_until(self, t: float) -> None:
+        if t > self.now:
+            self.now = t
+
+
+class WallClock:
+    """Seconds since construction; ``advance`` only re-reads the time that really passed."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self.now = 0.0
+
+    def advance(self, duration: float) -> None:
+        self.now = time.monotonic() - self._t0
+
+    def wait_until(self, t: float) -> None:
+        delay = t - (time.monotonic() - self._t0)
+        if delay > 0:
+            time.sleep(delay)
+        self.now = time.monotonic() - self._t0
+
+
+class EngineStalledError(RuntimeError):
+    """Unfinished requests, nothing schedulable and nothing left to wait for."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    fast_forward: bool = True  # exact skipping of uneventful decode runs (simulator only)
+    check_integrity: bool = False  # check KV and request invariants after every iteration
+
+
+class Engine:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        source: RequestSource,
+        clock: VirtualClock | WallClock | None = None,
+        options: EngineOptions = EngineOptions(),
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.source = source
+        self.clock = clock if clock is not None else VirtualClock()
+        self.options = options
+        self.log = IterationLog(scheduler.kv_cache.num_blocks)
+        self.num_requests_seen = 0
+        self._decode_run_ok = options.fast_forward and hasattr(executor, "decode_run_durations")
+        self._last_step_finished = True
+
+    def step(self) -> bool:
+        """Run one iteration (or wait for the next arrival); False once everything is done."""
+        sched = self.scheduler
+        start = self.clock.now
+        self._add_arrivals(start)
+        out = sched.schedule(start)
+        if out.is_empty:
+            return self._idle()
+        num_used_blocks = sched.kv_cache.num_used_blocks
+        result = self.executor.execute(out)
+        self.clock.advance(result.duration)
+        now = self.clock.now
+        finished = sched.update(out, result, now)
+        self.log.record(
+            start,
+            now - start,
+            out.num_prefill_tokens,
+            out.num_decode_tokens,
+            len(out.scheduled),
+            num_used_blocks,
+            len(out.preempted),
+        )
+        for request in finished:
+            self.source.on_finish(request, now)
+        self._last_step_finished = bool(finished)
+        if self.options.check_integrity:
+            self.check_integrity()
+        return True
+
+    def run(self) -> None:
+        """Step until every request has left the engine."""
+        from tailserve.core.decode_run import advance_decode_run
+
+        while self.step():
+            while self._decode_run_ok and self._steady():
+                if not advance_decode_run(self):
+                    break
+                if self.options.check_integrity:
+                    self.check_integrity()
+
+    def _add_arrivals(self, now: float) -> None:
+        for request in self.source.pop_arrived(now):
+            self.num_requests_seen += 1
+            if not self.scheduler.add_request(request, now):
+                self.source.on_finish(request, now)
+
+    def _idle(self) -> bool:
+        sched = self.scheduler
+        wake = [
+            t
+            for t in (
+                self.source.next_arrival_time(),
+                sched.policy.next_wakeup(sched, self.clock.now),
+            )
+            if t is not None
+        ]
+        if not wake:
+            if sched.has_unfinished:
+                raise EngineStalledError(
+                    f"{len(sched.waiting)} waiting and {len(sched.running)} running requests, "
+                    f"but the policy schedules nothing and no arrival is pending "
+                    f"({sched.policy.describe()})"
+                )
+            return False
+        self.clock.wait_until(min(wake))
+        return True
+
+    def _steady(self) -> bool:
+        """The next iterations repeat the last one exactly (same decodes, nobody admitted)."""
+        sched = self.scheduler
+        out = sched.last_output
+        if out is None or self._last_step_finished or out.num_admitted or out.preempted:
+            return False
+        if out.padding or out.swapped_in or out.swapped_out:
+            return False
+        running = sched.running
+        if len(out.scheduled) != len(running) or not running:
+            return False
+        for item, request in zip(out.scheduled, running):
+            if item.request is not request or item.num_new_tokens != 1:
+                return False
+        nxt = self.source.next_arrival_time()
+        if nxt is not None and nxt <= self.clock.now:
+            return False
+        return sched.policy.can_fast_forward(sched)
+
+    def check_integrity(self) -> None:
+        """KV blocks conserved; finished requests hold none; every request is somewhere."""
+        sched = self.scheduler
+        kv = sched.kv_cache
+        kv.check_integrity()
+        for request in sched.finished:
+            if kv.num_held(request.request_id):
+                raise AssertionError(f"finished request {request.request_id} still holds KV blocks")
+            if not request.is_finished:
+                raise AssertionError(
+                    f"request {request.request_id} left with status {request.status}"
+                )
+        for request in sched.waiting:
+            if request.is_finished:
+                raise AssertionError(f"waiting request {request.request_id} is {request.status}")
+        accounted = len(sched.finished) + len(sched.waiting) + len(sched.running)
+        if accounted != self.num_requests_seen:
+            raise AssertionError(
+                f"{self.num_requests_seen} requests entered but {accounted} are accounted for"
+            )
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.scheduler.finished

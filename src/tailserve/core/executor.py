@@ -1,0 +1,36 @@
+"""The executor contract: run one ``SchedulerOutput``, report how long it took and what it sampled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from tailserve.core.scheduler_output import SchedulerOutput
+
+
+@dataclass(slots=True)
+class StepResult:
+    duration: float  # seconds the iteration took (predicted by a cost model, or measured)
+    # Sampled token per request id; None for executors that produce no real tokens.
+    token_ids: dict[str, int] | None = None
+    # Requests that hit a stop condition (EOS, stop string) with this iteration's token.
+    stopped: set[str] = field(default_factory=set)
+
+
+class Executor(Protocol):
+    def execute(self, out: SchedulerOutput) -> StepResult: ...
+
+
+class DecodeRunExecutor(Executor, Protocol):
+    """An executor whose iteration time depends only on the batch shape can predict a whole run
+    of identical decode-only iterations at once (the simulator's exact fast path)."""
+
+    def decode_run_durations(
+        self, num_decodes: int, num_context_tokens: int, num_steps: int
+    ) -> np.ndarray:
+        """Durations (seconds) of ``num_steps`` decode iterations of ``num_decodes`` requests whose
+        summed attention context is ``num_context_tokens`` in the first step and grows by
+        ``num_decodes`` each step. Must equal step-by-step ``execute`` bit for bit."""
+        ...

@@ -1,0 +1,110 @@
+"""One request's state: what it asks for, how far it has got, and when each thing happened.
+
+Token accounting (the one rule, as in vLLM V1): a request has ``num_tokens`` = prompt tokens +
+output tokens generated so far, and ``num_computed_tokens`` = tokens whose KV is in the cache.
+Every iteration the scheduler grants a request some new tokens so that the second catches up
+with the first. A prefill is a large grant, a chunk a smaller one, a decode a grant of 1, a
+prefix-cache hit raises ``num_computed_tokens`` without a grant, a recompute preemption resets
+it to 0. When a grant makes ``num_computed_tokens == num_tokens`` the model samples one output
+token, which raises ``num_tokens`` by one; nothing else produces tokens.
+
+The timestamps here are the only per-request timing anywhere; every metric derives from them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_REJECTED = "finished_rejected"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset(
+    {
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH,
+        RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_REJECTED,
+    }
+)
+
+# OpenAI ``finish_reason`` for each terminal status (vLLM maps rejected prompts to "length").
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_REJECTED: "abort",
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_len: int  # tokens
+    max_tokens: int  # output tokens; in simulation exactly this many are generated
+    arrival_time: float  # seconds, on the engine's clock
+    priority: int = 0  # lower is more urgent (vLLM's convention)
+    tenant_id: str | None = None
+    prompt_token_ids: list[int] | None = None
+    # Hashes of the prompt's prefix blocks (e.g. Mooncake ``hash_ids``), for prefix caching.
+    prefix_block_hashes: list[int] | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    status_reason: str | None = None  # why it was aborted or rejected
+
+    first_scheduled_time: float | None = None  # seconds; first admission to the running set
+    token_times: list[float] = field(default_factory=list)  # seconds; one per output token
+    finish_time: float | None = None  # seconds
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(
+                f"request {self.request_id}: prompt_len must be >= 1, got {self.prompt_len}"
+            )
+        if self.max_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id}: max_tokens must be >= 1, got {self.max_tokens}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens still to compute before the next output token is sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True while more than one token is missing from the cache (prompt or recompute)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None

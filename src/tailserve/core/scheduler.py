@@ -1,0 +1,153 @@
+"""Scheduling mechanics every policy shares; the policy decides only order and budgets.
+
+Token accounting (the single rule, see ``request.py``): each iteration grants a request
+``num_new_tokens`` so that ``num_computed_tokens`` catches up with ``num_tokens``; when it has
+caught up, one output token is sampled. Prefill, chunked prefill, decode, prefix hits and
+recompute after preemption are all this one rule with different grants.
+
+Who owns which tokens of a request::
+
+    |<------------- prompt_len ------------->|<--- num_output_tokens --->|
+    |<---- num_computed_tokens (in KV) ---->|<- scheduled this step ->|
+                                             (catches up with num_tokens)
+
+Ownership of requests: ``waiting`` (FIFO order unless a policy keeps its own order),
+``running`` (admission order, the order vLLM's running list has), and ``finished`` (every
+request that left: finished, aborted or rejected, each with a reason when not finished).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from tailserve.core.executor import StepResult
+from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.request import Request, RequestStatus
+from tailserve.core.scheduler_output import SchedulerOutput
+
+if TYPE_CHECKING:
+    from tailserve.core.policy import Policy
+
+
+class Scheduler:
+    def __init__(self, policy: Policy, kv_cache: KVCacheManager, max_model_len: int) -> None:
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        self.policy = policy
+        self.kv_cache = kv_cache
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: list[Request] = []
+        self.num_preemptions = 0
+        self.last_output: SchedulerOutput | None = None
+
+    # ---- requests in and out ------------------------------------------------------------
+    def add_request(self, request: Request, now: float) -> bool:
+        """Queue a request, or reject it (with a reason) if it can never be served."""
+        total = request.prompt_len + request.max_tokens
+        if total > self.max_model_len:
+            # vLLM's API server answers 400 with this message; the engine never sees it.
+            self._leave(
+                request,
+                RequestStatus.FINISHED_REJECTED,
+                now,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {total} tokens ({request.prompt_len} in the prompt, "
+                f"{request.max_tokens} in the completion).",
+            )
+            return False
+        if self.kv_cache.blocks_for(total) > self.kv_cache.num_blocks:
+            self._leave(
+                request,
+                RequestStatus.FINISHED_REJECTED,
+                now,
+                f"needs {total} tokens of KV cache but the cache holds only "
+                f"{self.kv_cache.num_blocks * self.kv_cache.block_size}",
+            )
+            return False
+        request.status = RequestStatus.WAITING
+        self.policy.add_request(self, request)
+        return True
+
+    def abort_request(self, request_id: str, reason: str, now: float) -> Request | None:
+        for queue in (self.running, self.waiting):
+            for request in queue:
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    self.kv_cache.free(request_id)
+                    self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
+                    return request
+        return None
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the iteration ------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = self.policy.schedule(self, now)
+        self.last_output = out
+        return out
+
+    def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
+        """Apply an executed iteration at time ``now``; returns the requests that finished."""
+        done: list[Request] = []
+        token_ids = result.token_ids
+        for item in out.scheduled:
+            request = item.request
+            request.num_computed_tokens += item.num_new_tokens
+            if request.num_computed_tokens != request.num_tokens:
+                continue  # a partial prefill chunk: nothing sampled yet
+            request.num_output_tokens += 1
+            request.token_times.append(now)
+            if token_ids is not None:
+                request.output_token_ids.append(token_ids[request.request_id])
+            if request.request_id in result.stopped:
+                done.append(request)
+                request.status = RequestStatus.FINISHED_STOPPED
+            elif request.num_output_tokens >= request.max_tokens:
+                done.append(request)
+                request.status = RequestStatus.FINISHED_LENGTH
+        if done:
+            gone = {id(r) for r in done}
+            self.running = [r for r in self.running if id(r) not in gone]
+            for request in done:
+                self.kv_cache.free(request.request_id)
+                self._leave(request, request.status, now, None)
+            self.policy.on_finished(self, done)
+        return done
+
+    # ---- mechanics policies call --------------------------------------------------------
+    def allocate(self, request: Request, num_total_tokens: int, reserve: int = 0) -> bool:
+        """Make ``request`` hold KV for ``num_total_tokens`` tokens, keeping ``reserve`` blocks
+        free; False (and nothing allocated) when that does not fit."""
+        kv = self.kv_cache
+        if reserve and not kv.can_allocate(request.request_id, num_total_tokens, reserve):
+            return False
+        return kv.allocate(request.request_id, num_total_tokens) is not None
+
+    def admit(self, request: Request, now: float) -> None:
+        """Move a waiting request (already removed from the waiting queue) into running."""
+        request.status = RequestStatus.RUNNING
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        self.running.append(request)
+
+    def preempt_by_recompute(self, request: Request) -> None:
+        """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
+        self.running.remove(request)
+        self.kv_cache.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def _leave(
+        self, request: Request, status: RequestStatus, now: float, reason: str | None
+    ) -> None:
+        request.status = status
+        request.status_reason = reason
+        request.finish_time = now
+        self.finished.append(request)

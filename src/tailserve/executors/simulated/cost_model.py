@@ -1,0 +1,207 @@
+"""Iteration time from the batch shape, on the roofline of one tensor-parallel shard.
+
+time = linear layers + prefill attention + decode attention + TP all-reduce + overhead
+
+Each compute part is ``max(FLOPs / (peak * compute_eff), bytes / (bandwidth * memory_eff))``:
+- linear layers: every new token through every weight matrix, the LM head only for the
+  requests that sample this iteration; bytes = all weights once + the new tokens' KV writes;
+- prefill attention: causal query-key pairs of each chunk over its context; bytes = the KV read;
+- decode attention: one query over each decode's KV; bytes = that KV (memory-bound in practice);
+- TP all-reduce: two per layer of (tokens x hidden) activations, ring algorithm,
+  ``2 (tp-1)/tp`` of the message over the interconnect, plus a per-collective latency.
+
+With efficiencies <= 1 and overhead >= 0 a prediction is never faster than the roofline limit
+(FLOPs / peak, bytes / bandwidth). Calibration (``calibration.py``) fits the efficiencies and
+overhead to measured points.
+
+``_iteration_time`` is written once for Python numbers and numpy arrays alike, so the vectorised
+decode-run path and the per-iteration path give the same floats bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    compute: float = 0.6  # fraction of peak FLOP/s that matmuls and attention reach
+    memory: float = 0.8  # fraction of peak HBM bandwidth
+    comm: float = 0.8  # fraction of interconnect bandwidth an all-reduce reaches
+    overhead: float = 0.002  # seconds per iteration: scheduling, launches, sampling
+
+    def __post_init__(self) -> None:
+        for name in ("compute", "memory", "comm"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} efficiency must be > 0, got {getattr(self, name)}")
+        if self.overhead < 0:
+            raise ValueError(f"overhead must be >= 0 seconds, got {self.overhead}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """The aggregates of one iteration that decide its time."""
+
+    num_tokens: int = 0  # new tokens of all requests
+    num_logits: int = 0  # requests that sample a token this iteration
+    prefill_pairs: int = 0  # causal (query, key) pairs of prefill chunks
+    prefill_kv_tokens: int = 0  # KV tokens prefill chunks read (context + chunk)
+    decode_kv_tokens: int = 0  # KV tokens decodes read (context + 1 each)
+
+    @staticmethod
+    def of(prefill: list[tuple[int, int]], decode_contexts: list[int]) -> BatchShape:
+        """From (chunk tokens, context before it) per prefill and context per decode."""
+        pairs = sum(q * c + q * (q + 1) // 2 for q, c in prefill)
+        return BatchShape(
+            num_tokens=sum(q for q, _ in prefill) + len(decode_contexts),
+            num_logits=len(prefill) + len(decode_contexts),
+            prefill_pairs=pairs,
+            prefill_kv_tokens=sum(q + c for q, c in prefill),
+            decode_kv_tokens=sum(c + 1 for c in decode_contexts),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """Per-part work of one iteration on one shard (before efficiencies)."""
+
+    compute_s: tuple[float, float, float]  # linear, prefill attention, decode attention at peak
+    memory_s: tuple[float, float, float]  # the same parts at full bandwidth
+    comm_s: float  # all-reduce time (with its own efficiency), not fitted
+    flops: float
+    bytes: float
+
+    @property
+    def limit_s(self) -> float:
+        """The fastest this iteration could possibly run: FLOPs / peak or bytes / bandwidth."""
+        return max(sum(self.compute_s), sum(self.memory_s))
+
+
+class CostModel:
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: Hardware,
+        tp: int = 1,
+        efficiency: Efficiency | None = None,
+    ) -> None:
+        model.check_tp(tp)
+        self.model = model
+        self.hardware = hardware
+        self.tp = tp
+        self.efficiency = efficiency or Efficiency()
+        m, hw = model, hardware
+        heads_per_shard = m.num_heads / tp
+        self._linear_flops_per_token = 2.0 * m.num_matmul_params / tp
+        self._lm_head_flops_per_logit = 2.0 * m.hidden_size * m.vocab_size / tp
+        self._weight_bytes = float(
+            (m.num_matmul_params + m.vocab_size * m.hidden_size) * m.dtype_bytes / tp
+        )
+        self._kv_bytes_per_token = float(m.kv_bytes_per_token(tp))
+        # QK^T and PV: 2 FLOPs each per (query, key) pair per head dimension.
+        self._attn_flops_per_pair = 4.0 * heads_per_shard * m.dim_per_head * m.num_layers
+        if tp > 1:
+            ring = 2.0 * (tp - 1) / tp
+            self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency
+            self._comm_per_token = (
+                2.0
+                * m.num_layers
+                * ring
+                * m.hidden_size
+                * m.dtype_bytes
+                / hw.interconnect_bandwidth
+            )
+        else:
+            self._comm_fixed = 0.0
+            self._comm_per_token = 0.0
+
+    def with_efficiency(self, efficiency: Efficiency) -> CostModel:
+        return CostModel(self.model, self.hardware, self.tp, efficiency)
+
+    def replace_efficiency(self, **changes: float) -> CostModel:
+        return self.with_efficiency(replace(self.efficiency, **changes))
+
+    # ---- the formula --------------------------------------------------------------------
+    def _iteration_time(
+        self, num_tokens: Any, num_logits: Any, prefill_pairs: Any, prefill_kv: Any, decode_kv: Any
+    ) -> Any:
+        vector = isinstance(decode_kv, np.ndarray)
+        mx = np.maximum if vector else max
+        eff = self.efficiency
+        flops_rate = self.hardware.peak_flops * eff.compute
+        byte_rate = self.hardware.memory_bandwidth * eff.memory
+        kv = self._kv_bytes_per_token
+        linear = mx(
+            (num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit)
+            / flops_rate,
+            (self._weight_bytes + num_tokens * kv) / byte_rate,
+        )
+        attn_flops = self._attn_flops_per_pair
+        prefill = mx(prefill_pairs * attn_flops / flops_rate, prefill_kv * kv / byte_rate)
+        decode = mx(decode_kv * attn_flops / flops_rate, decode_kv * kv / byte_rate)
+        comm = 0.0
+        if self.tp > 1:
+            comm = self._comm_fixed + num_tokens * self._comm_per_token / eff.comm
+        return linear + prefill + decode + comm + eff.overhead
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        """Predicted seconds for one iteration of this batch shape."""
+        if shape.num_tokens == 0:
+            return 0.0
+        return self._iteration_time(
+            shape.num_tokens,
+            shape.num_logits,
+            shape.prefill_pairs,
+            shape.prefill_kv_tokens,
+            shape.decode_kv_tokens,
+        )
+
+    def decode_run_times(
+        self, num_decodes: int, num_context_tokens: int, num_steps: int
+    ) -> np.ndarray:
+        """Durations of ``num_steps`` decode iterations; the summed context grows by
+        ``num_decodes`` per step (each decode adds its token)."""
+        decode_kv = num_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+        n = num_decodes
+        return self._iteration_time(n, n, 0, 0, decode_kv)
+
+    # ---- readable helpers ---------------------------------------------------------------
+    def prefill_time(self, num_tokens: int, num_context_tokens: int = 0) -> float:
+        return self.iteration_time(BatchShape.of([(num_tokens, num_context_tokens)], []))
+
+    def decode_time(self, batch_size: int, context_len: int) -> float:
+        """One decode iteration of ``batch_size`` requests each holding ``context_len`` tokens."""
+        return self.iteration_time(BatchShape.of([], [context_len] * batch_size))
+
+    def roofline(self, shape: BatchShape) -> Roofline:
+        hw = self.hardware
+        kv = self._kv_bytes_per_token
+        lin_f = (
+            shape.num_tokens * self._linear_flops_per_token
+            + shape.num_logits * self._lm_head_flops_per_logit
+        )
+        lin_b = self._weight_bytes + shape.num_tokens * kv
+        pre_f = shape.prefill_pairs * self._attn_flops_per_pair
+        pre_b = shape.prefill_kv_tokens * kv
+        dec_f = shape.decode_kv_tokens * self._attn_flops_per_pair
+        dec_b = shape.decode_kv_tokens * kv
+        comm = 0.0
+        if self.tp > 1 and shape.num_tokens:
+            comm = self._comm_fixed + shape.num_tokens * self._comm_per_token / self.efficiency.comm
+        return Roofline(
+            compute_s=(lin_f / hw.peak_flops, pre_f / hw.peak_flops, dec_f / hw.peak_flops),
+            memory_s=(
+                lin_b / hw.memory_bandwidth,
+                pre_b / hw.memory_bandwidth,
+                dec_b / hw.memory_bandwidth,
+            ),
+            comm_s=comm,
+            flops=lin_f + pre_f + dec_f,
+            bytes=lin_b + pre_b + dec_b,
+        )

@@ -1,0 +1,47 @@
+"""``SimExecutor``: the cost model behind the executor contract, in virtual time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tailserve.core.executor import StepResult
+from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.executors.simulated.cost_model import CostModel
+
+
+class SimExecutor:
+    """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``)."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
+        for item in out.scheduled:
+            q, c = item.num_new_tokens, item.num_context_tokens
+            num_tokens += q
+            if c + q == item.request.num_tokens:
+                num_logits += 1
+            if q == 1:
+                decode_kv += c + 1
+            else:
+                pairs += q * c + q * (q + 1) // 2
+                prefill_kv += q + c
+        for slot in out.padding:
+            q, c = slot.num_new_tokens, slot.num_context_tokens
+            num_tokens += q
+            num_logits += 1
+            if q == 1:
+                decode_kv += c + 1
+            else:
+                pairs += q * c + q * (q + 1) // 2
+                prefill_kv += q + c
+        duration = self.cost_model._iteration_time(
+            num_tokens, num_logits, pairs, prefill_kv, decode_kv
+        )
+        return StepResult(duration=duration)
+
+    def decode_run_durations(
+        self, num_decodes: int, num_context_tokens: int, num_steps: int
+    ) -> np.ndarray:
+        return self.cost_model.decode_run_times(num_decodes, num_context_tokens, num_steps)

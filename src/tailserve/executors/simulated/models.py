@@ -1,0 +1,163 @@
+"""Model catalog: the shapes that decide FLOPs, weight bytes and KV bytes, per tensor-parallel shard.
+
+Built-in entries copy the public Hugging Face ``config.json`` of each model; any other model is
+read from a local ``config.json`` path (or a directory holding one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    gated_mlp: bool = True  # SwiGLU (3 matrices) vs a plain 2-matrix MLP (Falcon)
+    tie_word_embeddings: bool = False
+    dtype_bytes: int = 2  # bf16 / fp16
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"model {self.name}: {name} must be >= 1, got {getattr(self, name)}"
+                )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model {self.name}: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def params_per_layer(self) -> int:
+        d = self.dim_per_head
+        attn = self.hidden_size * d * (2 * self.num_heads + 2 * self.num_kv_heads)  # q, o, k, v
+        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        return attn + mlp
+
+    @property
+    def num_matmul_params(self) -> int:
+        """Parameters every token multiplies through (all layers, no embeddings)."""
+        return self.num_layers * self.params_per_layer
+
+    @property
+    def num_params(self) -> int:
+        embed = self.vocab_size * self.hidden_size
+        return self.num_matmul_params + embed * (1 if self.tie_word_embeddings else 2)
+
+    def kv_heads_per_shard(self, tp: int) -> int:
+        # With more shards than KV heads, vLLM replicates each KV head on several GPUs.
+        return max(1, self.num_kv_heads // tp) if self.num_kv_heads >= tp else 1
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """KV-cache bytes one token occupies on one tensor-parallel shard (K and V, all layers)."""
+        return (
+            2 * self.num_layers * self.kv_heads_per_shard(tp) * self.dim_per_head * self.dtype_bytes
+        )
+
+    def weight_bytes_per_shard(self, tp: int = 1) -> float:
+        return self.num_params * self.dtype_bytes / tp
+
+    def check_tp(self, tp: int) -> None:
+        if tp < 1:
+            raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+        if self.num_heads % tp:
+            raise ValueError(
+                f"{self.name} has {self.num_heads} attention heads, not divisible by --tp {tp}"
+            )
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec("Llama-2-7B", 4096, 32, 32, 32, 11008, 32000, 4096),
+        ModelSpec("Llama-2-13B", 5120, 40, 40, 40, 13824, 32000, 4096),
+        ModelSpec("Llama-2-70B", 8192, 80, 64, 8, 28672, 32000, 4096),
+        ModelSpec("Llama-3-8B", 4096, 32, 32, 8, 14336, 128256, 8192),
+        ModelSpec("Llama-3-70B", 8192, 80, 64, 8, 28672, 128256, 8192),
+        ModelSpec("Mistral-7B", 4096, 32, 32, 8, 14336, 32000, 32768),
+        ModelSpec("Yi-34B", 7168, 60, 56, 8, 20480, 64000, 4096),
+        ModelSpec("Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, 32768),
+        ModelSpec("Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, 32768),
+        ModelSpec("Falcon-180B", 14848, 80, 232, 8, 59392, 65024, 2048, gated_mlp=False),
+    )
+}
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    """A ``ModelSpec`` from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Falcon, ...)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"no config.json at {path}")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+    def first(*keys: str, default: int | None = None) -> int:
+        for key in keys:
+            if cfg.get(key) is not None:
+                return int(cfg[key])
+        if default is None:
+            raise ValueError(f"{p}: missing {' / '.join(keys)}")
+        return default
+
+    model_type = str(cfg.get("model_type", ""))
+    hidden = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head")
+    kv_default = 1 if cfg.get("multi_query") else heads
+    is_falcon = model_type == "falcon"
+    return ModelSpec(
+        name=str(cfg.get("_name_or_path") or p.parent.name or model_type or "custom"),
+        hidden_size=hidden,
+        num_layers=first("num_hidden_layers", "n_layer", "num_layers"),
+        num_heads=heads,
+        num_kv_heads=first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=kv_default),
+        intermediate_size=first(
+            "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden
+        ),
+        vocab_size=first("vocab_size"),
+        max_position_embeddings=first(
+            "max_position_embeddings", "n_positions", "seq_length", default=2048
+        ),
+        head_dim=cfg.get("head_dim"),
+        gated_mlp=not is_falcon and model_type not in ("gpt2", "gpt_neox", "opt"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        dtype_bytes=4 if cfg.get("torch_dtype") == "float32" else 2,
+    )
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    key = name_or_path.strip()
+    for known, spec in MODELS.items():
+        if known.lower() == key.lower():
+            return spec
+    if Path(key).exists():
+        return load_hf_config(key)
+    raise ValueError(
+        f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} "
+        "(or a path to a Hugging Face config.json)"
+    )

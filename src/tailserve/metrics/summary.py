@@ -1,0 +1,152 @@
+"""Request metrics with the definitions of vLLM's serving benchmark (``vllm bench serve``).
+
+- TTFT: first token time - arrival time, per request.
+- TPOT: ``(e2e - ttft) / (output_tokens - 1)`` per request, only when it has > 1 output token.
+- ITL: every gap between consecutive tokens, pooled over all requests.
+- E2E: last token time - arrival time.
+- Queue: first scheduled time - arrival time (vLLM's ``request_queue_time``).
+- Throughput: completed requests (output tokens) / duration, where duration runs from the first
+  arrival to the last finish.
+- Goodput: requests meeting every given SLO (``<=``, so meeting it exactly counts) / duration;
+  a request with one output token has TPOT 0 for this purpose.
+
+Only requests that finished normally enter the latency statistics; aborted and rejected ones
+are counted separately. Percentiles are numpy's linear interpolation, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tailserve.core.request import Request, RequestStatus
+
+STAT_NAMES = ("mean", "p50", "p90", "p99", "max")
+METRIC_NAMES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
+
+
+def stats(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return dict.fromkeys(STAT_NAMES)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {
+        "mean": float(arr.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(arr.max()),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Per-request service-level objectives in seconds; None means not checked."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "tpot", "e2e"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"SLO {name} must be >= 0 seconds, got {v}")
+
+    @property
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft, self.tpot, self.e2e))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLatencies:
+    """Per-request arrays (finished requests only), the input of every summary."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray  # NaN where the request produced a single token
+    e2e: np.ndarray
+    queue: np.ndarray
+    itl: np.ndarray  # pooled gaps
+    output_tokens: np.ndarray
+    prompt_tokens: np.ndarray
+
+    @staticmethod
+    def of(requests: Sequence[Request]) -> RequestLatencies:
+        done = [
+            r
+            for r in requests
+            if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+        ]
+        arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
+        first = np.array([r.token_times[0] for r in done], dtype=np.float64)
+        last = np.array([r.token_times[-1] for r in done], dtype=np.float64)
+        scheduled = np.array([r.first_scheduled_time for r in done], dtype=np.float64)
+        n_out = np.array([len(r.token_times) for r in done], dtype=np.int64)
+        ttft = first - arrival
+        e2e = last - arrival
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(n_out > 1, (e2e - ttft) / (n_out - 1), np.nan)
+        gaps = [np.diff(r.token_times) for r in done if len(r.token_times) > 1]
+        itl = np.concatenate(gaps) if gaps else np.zeros(0)
+        return RequestLatencies(
+            ttft=ttft,
+            tpot=tpot,
+            e2e=e2e,
+            queue=scheduled - arrival,
+            itl=itl,
+            output_tokens=n_out,
+            prompt_tokens=np.array([r.prompt_len for r in done], dtype=np.int64),
+        )
+
+    def good(self, slo: Slo) -> np.ndarray:
+        ok = np.ones(self.ttft.shape, dtype=bool)
+        if slo.ttft is not None:
+            ok &= self.ttft <= slo.ttft
+        if slo.tpot is not None:
+            ok &= np.nan_to_num(self.tpot, nan=0.0) <= slo.tpot
+        if slo.e2e is not None:
+            ok &= self.e2e <= slo.e2e
+        return ok
+
+
+def summarize(requests: Sequence[Request], slo: Slo | None = None) -> dict[str, Any]:
+    """The ``metrics``/``throughput`` part of a run's JSON, plus request counts and duration."""
+    lat = RequestLatencies.of(requests)
+    statuses = [r.status for r in requests]
+    starts = [r.arrival_time for r in requests]
+    ends = [r.finish_time for r in requests if r.finish_time is not None]
+    duration = (max(ends) - min(starts)) if ends else 0.0
+    n_done = int(lat.ttft.size)
+    out_tokens = int(lat.output_tokens.sum())
+    in_tokens = int(lat.prompt_tokens.sum())
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    summary: dict[str, Any] = {
+        "num_requests": len(requests),
+        "num_finished": n_done,
+        "num_rejected": statuses.count(RequestStatus.FINISHED_REJECTED),
+        "num_aborted": statuses.count(RequestStatus.FINISHED_ABORTED),
+        "num_preemptions": sum(r.num_preemptions for r in requests),
+        "duration_s": duration,
+        "metrics": {
+            "ttft_s": stats(lat.ttft),
+            "tpot_s": stats(lat.tpot[~np.isnan(lat.tpot)]),
+            "itl_s": stats(lat.itl),
+            "e2e_s": stats(lat.e2e),
+            "queue_s": stats(lat.queue),
+        },
+        "throughput": {
+            "requests_per_s": per_s(n_done),
+            "output_tokens_per_s": per_s(out_tokens),
+            "total_tokens_per_s": per_s(out_tokens + in_tokens),
+        },
+    }
+    if slo is not None and slo.is_set:
+        summary["goodput"] = {
+            "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot, "e2e_s": slo.e2e},
+            "requests_per_s": per_s(int(lat.good(slo).sum())),
+            "fraction_good": float(lat.good(slo).mean()) if n_done else 0.0,
+        }
+    return summary

@@ -1,0 +1,120 @@
+"""Policies by CLI name, and the ``name:flag=value,...`` syntax that selects one with its flags.
+
+Flags use the engines' own names (``max_num_batched_tokens``; dashes work too). Besides each
+policy's own flags, every spec accepts the engine-wide ``block_size``,
+``gpu_memory_utilization`` and ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from tailserve.core.policy import Policy
+from tailserve.policies.orca import OrcaPolicy
+from tailserve.policies.static import StaticPolicy
+from tailserve.policies.vllm import VllmPolicy
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StaticPolicy, OrcaPolicy, VllmPolicy)}
+
+ENGINE_FLAGS: dict[str, type] = {
+    "block_size": int,
+    "gpu_memory_utilization": float,
+    "max_model_len": int,
+}
+
+
+def get_policy_cls(name: str) -> type[Policy]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+
+
+def policy_flags(cls: type[Policy]) -> dict[str, type]:
+    """The policy's own flags with their Python types."""
+    hints = typing.get_type_hints(cls.config_cls)
+    return {f.name: hints[f.name] for f in fields(cls.config_cls)}
+
+
+def _convert(name: str, text: Any, kind: type) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        if kind is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+    except ValueError:
+        raise ValueError(f"flag {name}: {text!r} is not a valid {kind.__name__}") from None
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A policy name with the flags the user set (converted to their types)."""
+
+    name: str
+    flags: dict[str, Any] = field(default_factory=dict)  # the policy's own flags
+    engine_flags: dict[str, Any] = field(default_factory=dict)  # block_size, ...
+
+    @property
+    def label(self) -> str:
+        items = {**self.flags, **self.engine_flags}
+        if not items:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in items.items())
+
+    @staticmethod
+    def make(name: str, flags: dict[str, Any]) -> PolicySpec:
+        cls = get_policy_cls(name)
+        own = policy_flags(cls)
+        mine: dict[str, Any] = {}
+        engine: dict[str, Any] = {}
+        for raw_key, value in flags.items():
+            key = raw_key.replace("-", "_")
+            if key in own:
+                mine[key] = _convert(key, value, own[key])
+            elif key in ENGINE_FLAGS:
+                engine[key] = _convert(key, value, ENGINE_FLAGS[key])
+            else:
+                valid = ", ".join([*own, *ENGINE_FLAGS])
+                raise ValueError(f"policy {name} has no flag {raw_key!r}; valid: {valid}")
+        return PolicySpec(name, mine, engine)
+
+
+def parse_policy_list(text: str) -> list[PolicySpec]:
+    """``orca,vllm:max_num_batched_tokens=512,max_num_seqs=64,vllm`` -> three specs.
+
+    A comma-separated item ``name`` or ``name:k=v[:k=v]`` starts a policy; a bare ``k=v`` item
+    adds a flag to the policy before it.
+    """
+    specs: list[tuple[str, dict[str, str]]] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        head, _, rest = item.partition(":")
+        if "=" in head:
+            if not specs:
+                raise ValueError(f"flag {item!r} comes before any policy name in {text!r}")
+            parts = [item]
+        else:
+            specs.append((head, {}))
+            parts = [p for p in rest.split(":") if p] if rest else []
+        for part in parts:
+            key, eq, value = part.partition("=")
+            if not eq or not key:
+                raise ValueError(f"{part!r} in {text!r} is not flag=value")
+            specs[-1][1][key.strip()] = value.strip()
+    if not specs:
+        raise ValueError(f"no policy in {text!r}; known: {', '.join(POLICIES)}")
+    return [PolicySpec.make(name, flags) for name, flags in specs]

@@ -1,0 +1,166 @@
+"""vLLM V1 (``vllm/v1/core/sched/scheduler.py``, 0.33): one token budget, running first.
+
+The rules, in the engine's order (``shared/reference/policies.md`` §1):
+1. Budget ``max_num_batched_tokens``; per-request cap ``long_prefill_token_threshold`` (0 = off,
+   and off whenever only one request is running or waiting).
+2. RUNNING requests in admission order each get ``min(num_tokens - num_computed_tokens, cap,
+   budget left)``: 1 for a decode, a chunk for a prefill still in progress. If their KV does not
+   fit, preempt by recompute the *last* running request (most recently admitted), retrying
+   until it fits or the request preempted itself, which ends the pass.
+3. If anyone was preempted this iteration, admit nothing.
+4. WAITING requests in FCFS order while budget is left and fewer than ``max_num_seqs`` run:
+   with ``scheduler_reserve_full_isl`` the free blocks must hold the whole prompt (plus the
+   watermark once something runs); the first chunk is allocated; the first request that does
+   not fit stops the pass (head-of-line blocking). Without chunked prefill a prompt larger than
+   the budget left also stops it.
+5. A preempted request goes back to the *front* of the waiting queue and recomputes its prompt
+   and its generated tokens.
+
+Prefix caching (on by default in V1) and ``--scheduling-policy priority`` are not modelled yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.policy import Policy
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class VllmConfig:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0  # fraction of KV blocks kept free when admitting
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or "
+                f"equal to max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
+            )
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
+    """vLLM's API-server defaults (``EngineArgs.get_batch_defaults``): (budget, max_num_seqs)."""
+    if device.memory_gib >= 160:
+        return 16384, 1024
+    if device.memory_gib >= 70 and not device.is_a100:
+        return 8192, 1024
+    return 2048, 256
+
+
+class VllmPolicy(Policy):
+    name = "vllm"
+    summary = (
+        "vLLM V1: one token budget, running requests first, chunked prefill, recompute preemption"
+    )
+    config_cls = VllmConfig
+    default_block_size = 16
+    default_gpu_memory_utilization = 0.92
+
+    @classmethod
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> VllmConfig:
+        budget, max_seqs = device_batch_defaults(device)
+        chunked = overrides.get("enable_chunked_prefill", True)
+        if "max_num_batched_tokens" not in overrides and not chunked:
+            budget = max(budget, max_model_len)
+        budget = overrides.get("max_num_batched_tokens", budget)
+        if "max_num_seqs" not in overrides:
+            max_seqs = min(max_seqs, budget)  # an explicit small budget lowers the default
+        max_seqs = overrides.get("max_num_seqs", max_seqs)
+        if "max_num_batched_tokens" not in overrides:
+            budget = min(budget, max_seqs * max_model_len)
+        known = {f.name for f in fields(VllmConfig)}
+        rest = {k: v for k, v in overrides.items() if k in known}
+        config = replace(VllmConfig(budget, max_seqs), **rest)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({max_model_len}) with chunked prefill disabled: prompts longer "
+                "than the budget could never be scheduled; raise it or enable chunked prefill"
+            )
+        return config
+
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        cfg: VllmConfig = self.config
+        out = SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        cap = cfg.long_prefill_token_threshold
+        if len(sched.running) + len(sched.waiting) <= 1:
+            cap = 0
+        scheduled = out.scheduled
+        preempted = out.preempted
+
+        # 2. Running requests, oldest admission first.
+        i = 0
+        while i < len(sched.running) and budget > 0:
+            request = sched.running[i]
+            want = min(request.num_tokens - request.num_computed_tokens, budget)
+            if cap:
+                want = min(want, cap)
+            target = request.num_computed_tokens + want
+            self_preempted = False
+            while not sched.allocate(request, target):
+                victim = sched.running[-1]
+                if victim is not request and any(s.request is victim for s in scheduled):
+                    # Its tokens go back to the budget.
+                    item = next(s for s in scheduled if s.request is victim)
+                    scheduled.remove(item)
+                    budget += item.num_new_tokens
+                sched.preempt_by_recompute(victim)
+                sched.waiting.appendleft(victim)
+                preempted.append(victim)
+                if victim is request:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break  # FCFS: a request that preempted itself ends the running pass
+            scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
+            budget -= want
+            i += 1
+
+        # 3-4. Waiting requests, FCFS, unless someone was preempted.
+        if preempted:
+            return out
+        kv = sched.kv_cache
+        watermark_blocks = int(cfg.watermark * kv.num_blocks)
+        while sched.waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+            request = sched.waiting[0]
+            want = request.num_tokens - request.num_computed_tokens
+            if cap:
+                want = min(want, cap)
+            if not cfg.enable_chunked_prefill and want > budget:
+                break
+            want = min(want, budget)
+            reserve = watermark_blocks if sched.running else 0
+            if cfg.scheduler_reserve_full_isl and not kv.can_allocate(
+                request.request_id, request.num_tokens, reserve
+            ):
+                break
+            if not sched.allocate(request, request.num_computed_tokens + want, reserve):
+                break  # head-of-line blocking: nothing behind it is tried
+            sched.waiting.popleft()
+            sched.admit(request, now)
+            out.num_admitted += 1
+            scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
+            budget -= want
+        return out

@@ -1,0 +1,152 @@
+"""Terminal tables (rich) for runs, cost predictions, calibrations and the catalogs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tailserve.executors.simulated.cost_model import Roofline
+from tailserve.executors.simulated.hardware import HARDWARE
+from tailserve.executors.simulated.models import MODELS
+from tailserve.simulation import BuiltCostModel, RunResult, WorkloadSpec
+
+# Wide enough for the comparison table when the output is a file or a pipe.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+
+
+def _ms(value: float | None) -> str:
+    return (
+        "-" if value is None else f"{value * 1e3:,.0f}" if value >= 0.1 else f"{value * 1e3:,.1f}"
+    )
+
+
+def deployment_line(built: BuiltCostModel) -> str:
+    cm = built.cost_model
+    cal = built.calibration if len(built.calibration) < 24 else "measured points"
+    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}, calibration {cal}"
+
+
+def print_runs(
+    runs: list[RunResult],
+    summaries: list[dict[str, Any]],
+    built: BuiltCostModel,
+    workload: WorkloadSpec,
+) -> None:
+    table = Table(title=f"{deployment_line(built)} — {workload.label}", title_justify="left")
+    table.add_column("policy", no_wrap=True)
+    for name in ("TTFT p50", "TTFT p99", "ITL p99", "ITL max", "TPOT p99"):
+        table.add_column(f"{name}\nms", justify="right")
+    table.add_column("output\ntok/s", justify="right")
+    table.add_column("req/s", justify="right")
+    table.add_column("preempt", justify="right")
+    table.add_column("done/rej", justify="right")
+    show_goodput = any("goodput" in s for s in summaries)
+    if show_goodput:
+        table.add_column("goodput\nreq/s", justify="right")
+    for run, s in zip(runs, summaries):
+        m = s["metrics"]
+        row = [
+            run.label,
+            _ms(m["ttft_s"]["p50"]),
+            _ms(m["ttft_s"]["p99"]),
+            _ms(m["itl_s"]["p99"]),
+            _ms(m["itl_s"]["max"]),
+            _ms(m["tpot_s"]["p99"]),
+            f"{s['throughput']['output_tokens_per_s']:,.0f}",
+            f"{s['throughput']['requests_per_s']:.2f}",
+            str(s["num_preemptions"]),
+            f"{s['num_finished']}/{s['num_rejected']}",
+        ]
+        if show_goodput:
+            row.append(f"{s['goodput']['requests_per_s']:.2f}" if "goodput" in s else "-")
+        table.add_row(*row)
+    console.print(table)
+
+
+def print_cost(
+    built: BuiltCostModel,
+    prefill: int,
+    prefill_context: int,
+    batch: int,
+    ctx: int,
+    result: dict[str, float],
+    prefill_roof: Roofline,
+    decode_roof: Roofline,
+) -> None:
+    table = Table(title=deployment_line(built), title_justify="left")
+    table.add_column("iteration")
+    table.add_column("predicted ms", justify="right")
+    table.add_column("roofline limit ms", justify="right")
+    table.add_column("bound by")
+    for name, value, roof in (
+        (
+            f"prefill {prefill} tokens"
+            + (f" @ {prefill_context} cached" if prefill_context else ""),
+            result["prefill_s"],
+            prefill_roof,
+        ),
+        (f"decode {batch} x {ctx} context", result["decode_s"], decode_roof),
+    ):
+        bound = "compute" if sum(roof.compute_s) >= sum(roof.memory_s) else "memory"
+        table.add_row(name, f"{value * 1e3:.2f}", f"{roof.limit_s * 1e3:.2f}", bound)
+    console.print(table)
+    e = built.cost_model.efficiency
+    console.print(
+        f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, comm {e.comm:.3g}, overhead {e.overhead * 1e3:.2f} ms"
+    )
+
+
+def print_calibration(built: BuiltCostModel) -> None:
+    fit = built.fit
+    if fit is None:
+        console.print("no calibration (roofline with default efficiencies)")
+        return
+    table = Table(title=f"calibration of {deployment_line(built)}", title_justify="left")
+    table.add_column("point")
+    table.add_column("measured ms", justify="right")
+    table.add_column("fitted ms", justify="right")
+    for point, predicted in zip(fit.points, fit.predicted):
+        table.add_row(str(point), f"{point.seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}")
+    console.print(table)
+    e = fit.efficiency
+    console.print(
+        f"fitted: compute efficiency {e.compute:.3g}, memory efficiency {e.memory:.3g}, overhead {e.overhead * 1e3:.2f} ms"
+    )
+    for w in fit.warnings:
+        console.print(f"warning: {w}")
+
+
+def print_models() -> None:
+    table = Table(title="models (any HF config.json path works too)", title_justify="left")
+    for col in ("name", "params B", "layers", "hidden", "heads/kv", "context", "KV MB/token"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for m in MODELS.values():
+        table.add_row(
+            m.name,
+            f"{m.num_params / 1e9:.1f}",
+            str(m.num_layers),
+            str(m.hidden_size),
+            f"{m.num_heads}/{m.num_kv_heads}",
+            f"{m.max_position_embeddings:,}",
+            f"{m.kv_bytes_per_token() / 1e6:.3f}",
+        )
+    console.print(table)
+
+
+def print_hardware() -> None:
+    table = Table(title="hardware (dense bf16 peaks)", title_justify="left")
+    for col in ("name", "TFLOP/s", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for h in HARDWARE.values():
+        table.add_row(
+            h.name,
+            f"{h.peak_flops / 1e12:.0f}",
+            f"{h.memory_bandwidth / 1e12:.2f}",
+            f"{h.memory_gib:.1f}",
+            f"{h.interconnect_bandwidth / 1e9:.0f}",
+            f"{h.pcie_bandwidth / 1e9:.0f}",
+        )
+    console.print(table)

@@ -1,0 +1,260 @@
+"""Put a simulated deployment together and run a workload through one policy.
+
+deployment (model, hardware, TP, calibration) -> CostModel
+policy spec + engine flags                    -> Policy, KVCacheManager (sized like vLLM)
+workload spec                                 -> RequestSource (fresh requests every run)
+Engine(Scheduler, SimExecutor, source).run()  -> RunResult (requests + iteration log)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.iteration_log import IterationLog
+from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.source import ListSource, RequestSource
+from tailserve.executors.simulated.calibration import (
+    PRESETS,
+    CalibrationResult,
+    calibrate,
+    parse_points,
+)
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
+from tailserve.executors.simulated.models import get_model
+from tailserve.metrics.summary import Slo, summarize
+from tailserve.policies.registry import PolicySpec, get_policy_cls
+from tailserve.workloads import builtin
+from tailserve.workloads.arrivals import ArrivalSpec
+from tailserve.workloads.lengths import Fixed, LengthDist
+from tailserve.workloads.traces import load_trace
+
+SEED_PRESET = PRESETS["seed"]
+
+
+# ---- deployment ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    model: str = SEED_PRESET.model
+    hardware: str = SEED_PRESET.hardware
+    tp: int = SEED_PRESET.tp
+    calibration: str = "auto"  # "auto", "none", a preset name, or measured points
+
+    def resolved_calibration(self) -> str:
+        """``auto`` means the seed preset for the seed's model and GPU, the bare roofline otherwise."""
+        if self.calibration != "auto":
+            return self.calibration
+        if (
+            get_model(self.model).name == SEED_PRESET.model
+            and get_hardware(self.hardware).name == SEED_PRESET.hardware
+        ):
+            return SEED_PRESET.name
+        return "none"
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltCostModel:
+    cost_model: CostModel
+    calibration: str  # what was applied: "none", a preset name or the points
+    fit: CalibrationResult | None = None
+    notes: tuple[str, ...] = ()
+
+
+def build_cost_model(deployment: Deployment) -> BuiltCostModel:
+    model = get_model(deployment.model)
+    hardware = get_hardware(deployment.hardware)
+    base = CostModel(model, hardware, deployment.tp)
+    calibration = deployment.resolved_calibration()
+    if calibration == "none":
+        return BuiltCostModel(base, "none")
+    notes: list[str] = []
+    if calibration in PRESETS:
+        preset = PRESETS[calibration]
+        points = parse_points(preset.points)
+        # The points were measured at the preset's deployment: fit there, apply here.
+        fit_at = CostModel(get_model(preset.model), get_hardware(preset.hardware), preset.tp)
+        if model.name != preset.model or hardware.name != preset.hardware:
+            notes.append(
+                f"calibration {preset.name!r} was measured on {preset.model} / {preset.hardware}; "
+                f"its efficiencies are applied to {model.name} / {hardware.name}"
+            )
+    else:
+        points = parse_points(calibration)
+        fit_at = base
+    fit = calibrate(fit_at, points)
+    return BuiltCostModel(base.with_efficiency(fit.efficiency), calibration, fit, tuple(notes))
+
+
+# ---- workload -----------------------------------------------------------------------------
+WORKLOADS = ("hol", "chat", "random")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str = "hol"  # hol | chat | random | trace
+    num_requests: int = 200
+    rate: float = 4.0  # requests per second
+    seed: int = 0
+    input_len: LengthDist = field(default_factory=lambda: Fixed(1024))
+    output_len: LengthDist = field(default_factory=lambda: Fixed(128))
+    arrival: ArrivalSpec = field(default_factory=lambda: ArrivalSpec("poisson"))
+    trace_path: str | None = None
+    rate_scale: float = 1.0
+    max_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in (*WORKLOADS, "trace"):
+            raise ValueError(
+                f"unknown workload {self.name!r}; known: {', '.join(WORKLOADS)} (or --trace PATH)"
+            )
+        if self.rate <= 0:
+            raise ValueError(f"--rate must be > 0 requests/s, got {self.rate}")
+        if self.num_requests < 1:
+            raise ValueError(f"--num-requests must be >= 1, got {self.num_requests}")
+        if self.rate_scale <= 0:
+            raise ValueError(f"--rate-scale must be > 0, got {self.rate_scale}")
+
+    @property
+    def label(self) -> str:
+        if self.name == "trace":
+            return f"trace {Path(self.trace_path or '').name} (rate x{self.rate_scale:g})"
+        if self.name == "hol":
+            return "hol (10 decoding requests + one 8,192-token prompt)"
+        return f"{self.name} ({self.num_requests} requests at {self.rate:g}/s, seed {self.seed})"
+
+
+def hol_long_arrival(cost_model: CostModel) -> float:
+    """When the long prompt of ``hol`` arrives: after the ten 512-token prompts were prefilled one
+    512-token chunk at a time (the slowest way any policy here does it) and eight decode steps,
+    so every policy has them all decoding by then."""
+    return 10 * cost_model.prefill_time(512) + 8 * cost_model.decode_time(10, 520)
+
+
+class WorkloadBuilder:
+    """Builds fresh requests for each run (requests carry mutable progress); parses a trace once."""
+
+    def __init__(self, spec: WorkloadSpec) -> None:
+        self.spec = spec
+        self._trace: list[Request] | None = None
+
+    @property
+    def min_max_model_len(self) -> int:
+        """The context the workload needs. ``hol``'s 8,192-token prompt plus its 256 outputs
+        exceed Llama-3-70B's 8,192-token context, so that scenario raises max_model_len (as
+        ``--max-model-len`` with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` would in vLLM)."""
+        if self.spec.name == "hol":
+            return builtin.HOL_LONG_PROMPT_LEN + builtin.HOL_OUTPUT_LEN
+        return 0
+
+    def build(self, cost_model: CostModel) -> RequestSource:
+        s = self.spec
+        if s.name == "hol":
+            return ListSource(builtin.hol(hol_long_arrival(cost_model)))
+        if s.name == "chat":
+            return ListSource(builtin.chat(s.num_requests, s.rate, s.seed))
+        if s.name == "random":
+            return builtin.synthetic(
+                s.num_requests, s.rate, s.input_len, s.output_len, s.arrival, s.seed
+            )
+        if self._trace is None:
+            self._trace = load_trace(
+                s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests
+            )
+        return ListSource(_fresh(r) for r in self._trace)
+
+
+def _fresh(r: Request) -> Request:
+    return Request(
+        request_id=r.request_id,
+        prompt_len=r.prompt_len,
+        max_tokens=r.max_tokens,
+        arrival_time=r.arrival_time,
+        priority=r.priority,
+        tenant_id=r.tenant_id,
+        prompt_token_ids=r.prompt_token_ids,
+        prefix_block_hashes=r.prefix_block_hashes,
+    )
+
+
+# ---- one run ------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    label: str
+    config: dict[str, Any]
+    requests: list[Request]
+    log: IterationLog
+    kv: KVCapacity
+    wall_s: float  # seconds the simulation took on this machine
+
+    def summary(self, slo: Slo | None = None) -> dict[str, Any]:
+        out = {"config": self.config, **summarize(self.requests, slo)}
+        out["num_iterations"] = len(self.log)
+        return out
+
+
+def run_policy(
+    built: BuiltCostModel,
+    spec: PolicySpec,
+    workload: WorkloadBuilder,
+    *,
+    options: EngineOptions = EngineOptions(),
+) -> RunResult:
+    cost_model = built.cost_model
+    cls = get_policy_cls(spec.name)
+    hardware = cost_model.hardware
+    model = cost_model.model
+    max_model_len = spec.engine_flags.get(
+        "max_model_len", max(model.max_position_embeddings, workload.min_max_model_len)
+    )
+    config = cls.default_config(hardware.device_info, max_model_len, **spec.flags)
+    policy = cls(config)
+    budget = getattr(config, "max_num_batched_tokens", None) or max_model_len
+    capacity = kv_capacity(
+        model,
+        hardware,
+        cost_model.tp,
+        spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization),
+        spec.engine_flags.get("block_size", cls.default_block_size),
+        budget,
+    )
+    if capacity.num_tokens < max_model_len:
+        raise ValueError(
+            f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+            f"that can be stored in KV cache ({capacity.num_tokens}) for {model.name} on "
+            f"{hardware.name} at TP {cost_model.tp}. Try increasing gpu_memory_utilization or "
+            "decreasing max_model_len."
+        )
+    kv = KVCacheManager(capacity.num_blocks, capacity.block_size)
+    scheduler = Scheduler(policy, kv, max_model_len)
+    engine = Engine(scheduler, SimExecutor(cost_model), workload.build(cost_model), options=options)
+    t0 = time.perf_counter()
+    engine.run()
+    wall = time.perf_counter() - t0
+    run_config = {
+        "policy": spec.name,
+        "policy_flags": asdict(config),
+        "model": model.name,
+        "hardware": hardware.name,
+        "tp": cost_model.tp,
+        "calibration": built.calibration,
+        "efficiency": asdict(cost_model.efficiency),
+        "max_model_len": max_model_len,
+        "block_size": capacity.block_size,
+        "num_kv_blocks": capacity.num_blocks,
+        "kv_cache_gib": round(capacity.kv_gib, 3),
+        "workload": workload.spec.label,
+        "seed": workload.spec.seed,
+    }
+    label = spec.label
+    budget_flag = getattr(config, "max_num_batched_tokens", None)
+    if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
+        label += f" (default budget {budget_flag})"
+    return RunResult(label, run_config, engine.requests, engine.log, capacity, wall)
