@@ -130,9 +130,7 @@ def test_max_requests_keeps_the_earliest(tmp_path: Path) -> None:
         ("2023-11-16 25:15:47.0000000,374,44", "bad timestamp"),
     ],
 )
-def test_azure_malformed_row_names_file_and_line(
-    tmp_path: Path, bad_row: str, message: str
-) -> None:
+def test_azure_malformed_row_names_file_and_line(tmp_path: Path, bad_row: str, message: str) -> None:
     lines = AZURE.splitlines()
     lines.insert(3, bad_row)  # line 4 of the file
     path = write(tmp_path, "azure.csv", "\n".join(lines) + "\n")
@@ -154,9 +152,7 @@ def test_azure_malformed_row_names_file_and_line(
         ("[1, 2]", "expected a JSON object"),
     ],
 )
-def test_mooncake_malformed_line_names_file_and_line(
-    tmp_path: Path, bad_line: str, message: str
-) -> None:
+def test_mooncake_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
     text = jsonl(MOONCAKE[:2]) + "\n" + bad_line + "\n" + jsonl(MOONCAKE[2:])  # line 4
     path = write(tmp_path, "mc.jsonl", text)
     with pytest.raises(TraceError) as error:
@@ -177,9 +173,7 @@ def test_mooncake_malformed_line_names_file_and_line(
         ('{"arrival_time": 1, "prompt_len": 1, "max_tokens": 2, "tenant_id": 7}', "tenant_id"),
     ],
 )
-def test_tailserve_malformed_line_names_file_and_line(
-    tmp_path: Path, bad_line: str, message: str
-) -> None:
+def test_tailserve_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
     path = write(tmp_path, "t.jsonl", jsonl(TAILSERVE) + bad_line + "\n")  # line 3
     with pytest.raises(TraceError) as error:
         load_trace(path)

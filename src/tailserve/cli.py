@@ -24,9 +24,7 @@ from tailserve.simulation import (
     run_policy,
 )
 
-DEFAULT_COMPARE_POLICIES = (
-    "static,orca,vllm:max_num_batched_tokens=512,vllm,vllm:max_num_batched_tokens=8192"
-)
+DEFAULT_COMPARE_POLICIES = "static,orca,vllm:max_num_batched_tokens=512,vllm,vllm:max_num_batched_tokens=8192"
 
 
 class CliError(Exception):
@@ -76,13 +74,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="replay a trace instead (Azure CSV, Mooncake JSONL, tailserve JSONL)",
     )
-    g.add_argument(
-        "--rate", type=float, default=4.0, help="arrival rate, requests/s (chat, random)"
-    )
+    g.add_argument("--rate", type=float, default=4.0, help="arrival rate, requests/s (chat, random)")
     g.add_argument("--num-requests", type=int, default=200, help="requests (chat, random)")
-    g.add_argument(
-        "--input-len", default="1024", help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)})"
-    )
+    g.add_argument("--input-len", default="1024", help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)})")
     g.add_argument("--output-len", default="128", help="random: output lengths, same forms")
     g.add_argument(
         "--arrival",
@@ -95,9 +89,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="trace: multiply the arrival rate (2 = twice as fast)",
     )
-    g.add_argument(
-        "--max-requests", type=int, default=None, help="trace: keep the first N requests"
-    )
+    g.add_argument("--max-requests", type=int, default=None, help="trace: keep the first N requests")
     g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
 
 
@@ -120,11 +112,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 def _deployment(args: argparse.Namespace) -> Deployment:
     tp = args.tp
     if tp is None:
-        tp = (
-            SEED_PRESET.tp
-            if (args.model, args.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware)
-            else 1
-        )
+        tp = SEED_PRESET.tp if (args.model, args.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware) else 1
     if tp < 1:
         raise CliError(f"--tp must be >= 1, got {tp}")
     return Deployment(args.model, args.hardware, tp, args.calibration)
@@ -151,9 +139,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
 def _engine_options(args: argparse.Namespace) -> Any:
     from tailserve.core.engine import EngineOptions
 
-    return EngineOptions(
-        fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity
-    )
+    return EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity)
 
 
 def parse_slo(text: str | None) -> Slo | None:
@@ -164,13 +150,9 @@ def parse_slo(text: str | None) -> Slo | None:
         key, eq, raw = item.strip().partition("=")
         if not eq and ":" in item:
             key, _, raw = item.strip().partition(":")
-        key = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}.get(
-            key.strip().lower(), ""
-        )
+        key = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}.get(key.strip().lower(), "")
         if not key:
-            raise CliError(
-                f"--slo item {item!r}: expected ttft=, tpot= or e2e= with a time like 2s or 200ms"
-            )
+            raise CliError(f"--slo item {item!r}: expected ttft=, tpot= or e2e= with a time like 2s or 200ms")
         values[key] = _parse_seconds(raw.strip(), item)
     return Slo(**values)
 
@@ -303,9 +285,7 @@ def _parse_decode(text: str) -> tuple[int, int]:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     deployment = _deployment(args)
-    built = build_cost_model(
-        Deployment(deployment.model, deployment.hardware, deployment.tp, args.points)
-    )
+    built = build_cost_model(Deployment(deployment.model, deployment.hardware, deployment.tp, args.points))
     print_calibration(built)
     if args.json and built.fit is not None:
         fit = built.fit
@@ -365,31 +345,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_deployment_args(p)
     _add_workload_args(p)
     _add_output_args(p)
-    p.add_argument(
-        "--iterations", metavar="OUT.jsonl", help="write the per-iteration log as JSON lines"
-    )
+    p.add_argument("--iterations", metavar="OUT.jsonl", help="write the per-iteration log as JSON lines")
 
     p = sub.add_parser("cost", help="predicted iteration times of a prefill and a decode step")
     _add_deployment_args(p)
-    p.add_argument(
-        "--prefill", type=int, default=4096, help="prefill tokens (default: %(default)s)"
-    )
+    p.add_argument("--prefill", type=int, default=4096, help="prefill tokens (default: %(default)s)")
     p.add_argument(
         "--prefill-context",
         type=int,
         default=0,
         help="tokens already cached before the prefill chunk",
     )
-    p.add_argument(
-        "--decode", default="10x1024", help="decode batch BATCHxCONTEXT (default: %(default)s)"
-    )
+    p.add_argument("--decode", default="10x1024", help="decode batch BATCHxCONTEXT (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} as JSON")
 
     p = sub.add_parser("calibrate", help="fit the cost model to measured iteration times")
     _add_deployment_args(p)
-    p.add_argument(
-        "points", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)"
-    )
+    p.add_argument("points", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)")
     p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
 
     sub.add_parser("models", help="list the model catalog")

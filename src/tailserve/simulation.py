@@ -161,13 +161,9 @@ class WorkloadBuilder:
         if s.name == "chat":
             return ListSource(builtin.chat(s.num_requests, s.rate, s.seed))
         if s.name == "random":
-            return builtin.synthetic(
-                s.num_requests, s.rate, s.input_len, s.output_len, s.arrival, s.seed
-            )
+            return builtin.synthetic(s.num_requests, s.rate, s.input_len, s.output_len, s.arrival, s.seed)
         if self._trace is None:
-            self._trace = load_trace(
-                s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests
-            )
+            self._trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
         return ListSource(_fresh(r) for r in self._trace)
 
 

@@ -4,7 +4,8 @@ Between events (an arrival, a finish, a KV shortage) a continuous-batching engin
 same decode iteration: the same requests, one token each, their contexts growing by one. The
 iteration times come from the cost model vectorised over the run, the clock is their running
 sum (``np.cumsum`` adds in the same order as the step loop), and the run stops *before* the
-first iteration in which anything could change, which then runs step by step. Results are
+first iteration in which anything could change (an arrival, a shortage of KV blocks), which
+then runs step by step; its last iteration may finish requests, exactly as a normal step does. Results are
 identical to plain stepping; ``tests/test_decode_run.py`` checks that.
 """
 
@@ -14,20 +15,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tailserve.core.request import RequestStatus
+
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
 
 MAX_RUN = 512  # iterations per call; bounds the (requests x iterations) block arithmetic
 
 
-def _blocks_needed(
-    ctx: np.ndarray, held: np.ndarray, block_size: int, steps: np.ndarray
-) -> np.ndarray:
-    """New blocks all requests need in iteration j of the run (for each j in ``steps``).
+def _blocks_needed(ctx: np.ndarray, held: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
+    """New blocks all requests need by iteration j of the run, for j < ``num_steps``.
 
     In iteration j a request with ``ctx`` computed tokens computes token ``ctx + j`` and must
     hold blocks for ``ctx + j + 1`` tokens.
     """
+    steps = np.arange(num_steps, dtype=np.int64)
     total = (ctx[:, None] + steps[None, :] + block_size) // block_size - held[:, None]
     return np.maximum(total, 0).sum(axis=0)
 
@@ -42,49 +44,107 @@ def advance_decode_run(engine: Engine) -> int:
     kv = sched.kv_cache
     running = sched.running
     n = len(running)
+    now = engine.clock.now
+    executor = engine.executor
+    block_size = kv.block_size
+    tables = kv.block_tables
 
-    # The iteration that produces some request's last token runs normally (it finishes it).
-    k_max = min(r.max_tokens - r.num_output_tokens for r in running) - 1
-    if k_max < 1:
+    # The run may end with the iteration that produces some request's last token. Iteration j
+    # of the run needs a new block for a request at ``first_new_block + m * block_size``.
+    k_max = MAX_RUN
+    num_context = n
+    ctx_list = []
+    first_new_block = []
+    for r in running:
+        remaining = r.max_tokens - r.num_output_tokens
+        if remaining < k_max:
+            k_max = remaining
+        c = r.num_computed_tokens
+        num_context += c
+        ctx_list.append(c)
+        first_new_block.append(len(tables[r.request_id]) * block_size - c)
+    wake = engine.source.next_arrival_time()
+    policy_wake = sched.policy.next_wakeup(sched, now)
+    if policy_wake is not None and (wake is None or policy_wake < wake):
+        wake = policy_wake
+    if wake is not None:
+        # Iterations only get longer as contexts grow, so the first one bounds how many start
+        # before the wake-up.
+        first = executor.decode_step_duration(n, num_context)  # type: ignore[attr-defined]
+        k_max = min(k_max, int((wake - now) / first) + 1)
+    free = kv.num_free_blocks
+    if k_max <= SHORT_RUN:
+        run = _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free)
+    else:
+        run = _long_run(executor, n, num_context, now, wake, k_max, ctx_list, first_new_block, block_size, free)
+    if run is None:
         return 0
-    k_max = min(k_max, MAX_RUN)
+    times, durations, need = run
+    k = len(durations)
 
-    ctx = np.fromiter((r.num_computed_tokens for r in running), dtype=np.int64, count=n)
-    held = np.fromiter((kv.num_held(r.request_id) for r in running), dtype=np.int64, count=n)
-    steps = np.arange(k_max, dtype=np.int64)
-    need = _blocks_needed(ctx, held, kv.block_size, steps)
-    # Iteration j runs without preemption only if its blocks fit what is free now.
-    k = int(np.searchsorted(need, kv.num_free_blocks, side="right"))
-    if k < 1:
-        return 0
-
-    durations = engine.executor.decode_run_durations(n, int(ctx.sum()) + n, k)  # type: ignore[attr-defined]
-    times = np.cumsum(np.concatenate(([engine.clock.now], durations)))
-    wake = [
-        t
-        for t in (
-            engine.source.next_arrival_time(),
-            sched.policy.next_wakeup(sched, engine.clock.now),
-        )
-        if t is not None
-    ]
-    if wake:
-        # Iteration j sees an arrival at time t if t <= its start time.
-        k = min(k, int(np.searchsorted(times[:k], min(wake), side="left")))
-        if k < 1:
-            return 0
-
-    token_times = times[1 : k + 1].tolist()
+    token_times = times[1:]
+    done = []
     for request in running:
         request.num_computed_tokens += k
         request.num_output_tokens += k
         request.token_times.extend(token_times)
-        kv.allocate(request.request_id, request.num_computed_tokens)
-    engine.log.extend_decode_run(
-        times[:k].tolist(),
-        (times[1 : k + 1] - times[:k]).tolist(),
-        n,
-        (need[:k] + (kv.num_used_blocks - int(need[k - 1]))).tolist(),
-    )
-    engine.clock.now = token_times[-1]
+        if request.num_computed_tokens > len(tables[request.request_id]) * block_size:
+            kv.allocate(request.request_id, request.num_computed_tokens)
+        if request.num_output_tokens >= request.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+            done.append(request)
+    base = kv.num_used_blocks - need[-1]
+    engine.log.extend_decode_run(times[:-1], durations, n, [base + x for x in need])
+    now = engine.clock.now = token_times[-1]
+    if done:
+        sched.finish(done, now)
+    engine.finish_step(done, now)
     return k
+
+
+SHORT_RUN = 32  # up to this many iterations a plain loop beats numpy's per-call overhead
+
+
+def _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free):
+    """(times, durations, blocks needed per iteration) iterating in Python; None if empty."""
+    due: dict[int, int] = {}
+    for f in first_new_block:
+        due[f] = due.get(f, 0) + 1
+    times = [now]
+    durations = []
+    need = []
+    needed = 0
+    t = now
+    for j, duration in enumerate(executor.decode_step_durations(n, num_context, k_max)):
+        if wake is not None and t >= wake:
+            break  # iteration j would see the arrival
+        crossing = due.pop(j, 0)
+        if crossing:
+            needed += crossing
+            due[j + block_size] = due.get(j + block_size, 0) + crossing
+            if needed > free:
+                break  # iteration j would have to preempt
+        t_next = t + duration
+        times.append(t_next)
+        durations.append(t_next - t)
+        need.append(needed)
+        t = t_next
+    return (times, durations, need) if durations else None
+
+
+def _long_run(executor, n, num_context, now, wake, k_max, ctx_list, first_new_block, block_size, free):
+    """The same with numpy, for runs long enough to amortise it."""
+    ctx = np.array(ctx_list, dtype=np.int64)
+    held = (np.array(first_new_block, dtype=np.int64) + ctx) // block_size
+    need = _blocks_needed(ctx, held, block_size, k_max)
+    k = k_max if need[-1] <= free else int(np.searchsorted(need, free, side="right"))
+    if k < 1:
+        return None
+    durations = executor.decode_run_durations(n, num_context, k)
+    times = np.cumsum(np.concatenate(([now], durations)))
+    if wake is not None:
+        k = min(k, int(np.searchsorted(times[:k], wake, side="left")))
+        if k < 1:
+            return None
+    times = times[: k + 1]
+    return times.tolist(), (times[1:] - times[:-1]).tolist(), need[:k].tolist()

@@ -96,12 +96,15 @@ class Engine:
             num_used_blocks,
             len(out.preempted),
         )
-        for request in finished:
-            self.source.on_finish(request, now)
-        self._last_step_finished = bool(finished)
+        self.finish_step(finished, now)
         if self.options.check_integrity:
             self.check_integrity()
         return True
+
+    def finish_step(self, finished: list[Request], now: float) -> None:
+        for request in finished:
+            self.source.on_finish(request, now)
+        self._last_step_finished = bool(finished)
 
     def run(self) -> None:
         """Step until every request has left the engine."""
@@ -142,19 +145,26 @@ class Engine:
         return True
 
     def _steady(self) -> bool:
-        """The next iterations repeat the last one exactly (same decodes, nobody admitted)."""
+        """The next iterations repeat one decode-only iteration exactly: every running request is
+        one token behind, and no waiting request can be admitted — none waits, or the last
+        iteration was that same decode batch and admitted, preempted and finished nobody (free
+        blocks only shrink while decoding, so a blocked head stays blocked)."""
         sched = self.scheduler
-        out = sched.last_output
-        if out is None or self._last_step_finished or out.num_admitted or out.preempted:
-            return False
-        if out.padding or out.swapped_in or out.swapped_out:
-            return False
         running = sched.running
-        if len(out.scheduled) != len(running) or not running:
+        if not running:
             return False
-        for item, request in zip(out.scheduled, running):
-            if item.request is not request or item.num_new_tokens != 1:
+        for request in running:
+            if request.num_tokens - request.num_computed_tokens != 1:
                 return False
+        if sched.waiting:
+            out = sched.last_output
+            if out is None or self._last_step_finished or out.num_admitted or out.preempted:
+                return False
+            if out.padding or out.swapped_in or out.swapped_out or len(out.scheduled) != len(running):
+                return False
+            for item in out.scheduled:
+                if item.num_new_tokens != 1:
+                    return False
         nxt = self.source.next_arrival_time()
         if nxt is not None and nxt <= self.clock.now:
             return False
@@ -169,9 +179,7 @@ class Engine:
             if kv.num_held(request.request_id):
                 raise AssertionError(f"finished request {request.request_id} still holds KV blocks")
             if not request.is_finished:
-                raise AssertionError(
-                    f"request {request.request_id} left with status {request.status}"
-                )
+                raise AssertionError(f"request {request.request_id} left with status {request.status}")
         for request in sched.waiting:
             if request.is_finished:
                 raise AssertionError(f"waiting request {request.request_id} is {request.status}")

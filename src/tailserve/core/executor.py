@@ -27,9 +27,15 @@ class DecodeRunExecutor(Executor, Protocol):
     """An executor whose iteration time depends only on the batch shape can predict a whole run
     of identical decode-only iterations at once (the simulator's exact fast path)."""
 
-    def decode_run_durations(
-        self, num_decodes: int, num_context_tokens: int, num_steps: int
-    ) -> np.ndarray:
+    def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
+        """One such iteration; equal bit for bit to ``execute`` of that batch."""
+        ...
+
+    def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
+        """``decode_run_durations`` as a list (cheaper for a few steps); the same floats."""
+        ...
+
+    def decode_run_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations (seconds) of ``num_steps`` decode iterations of ``num_decodes`` requests whose
         summed attention context is ``num_context_tokens`` in the first step and grows by
         ``num_decodes`` each step. Must equal step-by-step ``execute`` bit for bit."""

@@ -76,15 +76,18 @@ class KVCacheManager:
         Returns the newly allocated block ids (possibly empty), or None when there is no room;
         on None nothing changed.
         """
-        need = self.num_blocks_needed(request_id, num_total_tokens)
+        table = self.block_tables.get(request_id)
+        held = len(table) if table is not None else 0
+        need = -(-num_total_tokens // self.block_size) - held
+        if need <= 0:
+            if table is None:
+                self.block_tables[request_id] = []
+            return []
         free = self._free
         if need > len(free):
             return None
-        table = self.block_tables.get(request_id)
         if table is None:
             table = self.block_tables[request_id] = []
-        if need == 0:
-            return []
         new = free[-need:]
         del free[-need:]
         refs = self._ref_counts

@@ -75,13 +75,9 @@ class Request:
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
-            raise ValueError(
-                f"request {self.request_id}: prompt_len must be >= 1, got {self.prompt_len}"
-            )
+            raise ValueError(f"request {self.request_id}: prompt_len must be >= 1, got {self.prompt_len}")
         if self.max_tokens < 1:
-            raise ValueError(
-                f"request {self.request_id}: max_tokens must be >= 1, got {self.max_tokens}"
-            )
+            raise ValueError(f"request {self.request_id}: max_tokens must be >= 1, got {self.max_tokens}")
 
     @property
     def num_tokens(self) -> int:

@@ -95,29 +95,34 @@ class Scheduler:
         """Apply an executed iteration at time ``now``; returns the requests that finished."""
         done: list[Request] = []
         token_ids = result.token_ids
+        stopped = result.stopped
         for item in out.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
-            if request.num_computed_tokens != request.num_tokens:
+            if request.num_computed_tokens != request.prompt_len + request.num_output_tokens:
                 continue  # a partial prefill chunk: nothing sampled yet
             request.num_output_tokens += 1
             request.token_times.append(now)
             if token_ids is not None:
                 request.output_token_ids.append(token_ids[request.request_id])
-            if request.request_id in result.stopped:
-                done.append(request)
+            if stopped and request.request_id in stopped:
                 request.status = RequestStatus.FINISHED_STOPPED
-            elif request.num_output_tokens >= request.max_tokens:
                 done.append(request)
+            elif request.num_output_tokens >= request.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
+                done.append(request)
         if done:
-            gone = {id(r) for r in done}
-            self.running = [r for r in self.running if id(r) not in gone]
-            for request in done:
-                self.kv_cache.free(request.request_id)
-                self._leave(request, request.status, now, None)
-            self.policy.on_finished(self, done)
+            self.finish(done, now)
         return done
+
+    def finish(self, done: list[Request], now: float) -> None:
+        """Requests whose status was just set to a FINISHED_* status leave the running set."""
+        gone = {id(r) for r in done}
+        self.running = [r for r in self.running if id(r) not in gone]
+        for request in done:
+            self.kv_cache.free(request.request_id)
+            self._leave(request, request.status, now, None)
+        self.policy.on_finished(self, done)
 
     # ---- mechanics policies call --------------------------------------------------------
     def allocate(self, request: Request, num_total_tokens: int, reserve: int = 0) -> bool:
@@ -144,9 +149,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
 
-    def _leave(
-        self, request: Request, status: RequestStatus, now: float, reason: str | None
-    ) -> None:
+    def _leave(self, request: Request, status: RequestStatus, now: float, reason: str | None) -> None:
         request.status = status
         request.status_reason = reason
         request.finish_time = now

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -76,9 +77,7 @@ class RequestLatencies:
     @staticmethod
     def of(requests: Sequence[Request]) -> RequestLatencies:
         done = [
-            r
-            for r in requests
-            if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+            r for r in requests if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
         ]
         arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
         first = np.array([r.token_times[0] for r in done], dtype=np.float64)
@@ -89,8 +88,12 @@ class RequestLatencies:
         e2e = last - arrival
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(n_out > 1, (e2e - ttft) / (n_out - 1), np.nan)
-        gaps = [np.diff(r.token_times) for r in done if len(r.token_times) > 1]
-        itl = np.concatenate(gaps) if gaps else np.zeros(0)
+        # All token times in one flat array; gaps that cross from one request to the next dropped.
+        flat = np.fromiter(chain.from_iterable(r.token_times for r in done), dtype=np.float64, count=int(n_out.sum()))
+        gaps = np.diff(flat)
+        keep = np.ones(gaps.size, dtype=bool)
+        keep[np.cumsum(n_out)[:-1] - 1] = False
+        itl = gaps[keep] if gaps.size else np.zeros(0)
         return RequestLatencies(
             ttft=ttft,
             tpot=tpot,

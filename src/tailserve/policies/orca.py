@@ -34,7 +34,9 @@ class OrcaConfig:
 
 class OrcaPolicy(Policy):
     name = "orca"
-    summary = "Orca: iteration-level batching, whole prompts join running decodes, KV reserved for the max length"
+    summary = (
+        "Orca: iteration-level batching, whole prompts join running decodes, KV reserved for the max length"
+    )
     config_cls = OrcaConfig
     default_block_size = 16
     default_gpu_memory_utilization = 0.9

@@ -43,9 +43,7 @@ class StaticPolicy(Policy):
         self._padded_len = 0  # longest prompt in the batch, tokens
 
     @classmethod
-    def default_config(
-        cls, device: DeviceInfo, max_model_len: int, **overrides: Any
-    ) -> StaticConfig:
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> StaticConfig:
         known = {f.name for f in fields(StaticConfig)}
         return replace(StaticConfig(), **{k: v for k, v in overrides.items() if k in known})
 
@@ -58,10 +56,7 @@ class StaticPolicy(Policy):
 
     def _batch_ready(self, sched: Scheduler, now: float) -> bool:
         cfg: StaticConfig = self.config
-        return (
-            len(sched.waiting) >= cfg.batch_size
-            or now - sched.waiting[0].arrival_time >= cfg.max_wait
-        )
+        return len(sched.waiting) >= cfg.batch_size or now - sched.waiting[0].arrival_time >= cfg.max_wait
 
     def _start_batch(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -77,9 +72,7 @@ class StaticPolicy(Policy):
         for request in self._batch:
             out.scheduled.append(ScheduledRequest(request, request.prompt_len, 0))
             if request.prompt_len < self._padded_len:
-                out.padding.append(
-                    PaddingSlot(self._padded_len - request.prompt_len, request.prompt_len)
-                )
+                out.padding.append(PaddingSlot(self._padded_len - request.prompt_len, request.prompt_len))
         return out
 
     def _decode_batch(self) -> SchedulerOutput:

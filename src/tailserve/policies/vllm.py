@@ -41,9 +41,7 @@ class VllmConfig:
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -70,9 +68,7 @@ def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
 
 class VllmPolicy(Policy):
     name = "vllm"
-    summary = (
-        "vLLM V1: one token budget, running requests first, chunked prefill, recompute preemption"
-    )
+    summary = "vLLM V1: one token budget, running requests first, chunked prefill, recompute preemption"
     config_cls = VllmConfig
     default_block_size = 16
     default_gpu_memory_utilization = 0.92
@@ -109,15 +105,23 @@ class VllmPolicy(Policy):
             cap = 0
         scheduled = out.scheduled
         preempted = out.preempted
+        block_size = sched.kv_cache.block_size
 
         # 2. Running requests, oldest admission first.
         i = 0
         while i < len(sched.running) and budget > 0:
             request = sched.running[i]
-            want = min(request.num_tokens - request.num_computed_tokens, budget)
+            computed = request.num_computed_tokens
+            want = min(request.prompt_len + request.num_output_tokens - computed, budget)
+            if want == 1 and computed % block_size:
+                # A decode whose slot is in its last, partly filled block: nothing to allocate.
+                scheduled.append(ScheduledRequest(request, 1, computed))
+                budget -= 1
+                i += 1
+                continue
             if cap:
                 want = min(want, cap)
-            target = request.num_computed_tokens + want
+            target = computed + want
             self_preempted = False
             while not sched.allocate(request, target):
                 victim = sched.running[-1]

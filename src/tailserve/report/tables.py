@@ -18,9 +18,7 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
 def _ms(value: float | None) -> str:
-    return (
-        "-" if value is None else f"{value * 1e3:,.0f}" if value >= 0.1 else f"{value * 1e3:,.1f}"
-    )
+    return "-" if value is None else f"{value * 1e3:,.0f}" if value >= 0.1 else f"{value * 1e3:,.1f}"
 
 
 def deployment_line(built: BuiltCostModel) -> str:
@@ -83,8 +81,7 @@ def print_cost(
     table.add_column("bound by")
     for name, value, roof in (
         (
-            f"prefill {prefill} tokens"
-            + (f" @ {prefill_context} cached" if prefill_context else ""),
+            f"prefill {prefill} tokens" + (f" @ {prefill_context} cached" if prefill_context else ""),
             result["prefill_s"],
             prefill_roof,
         ),

@@ -80,9 +80,7 @@ class ArrivalSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ("poisson", "gamma", "constant", "closed"):
-            raise ValueError(
-                f"unknown arrival process {self.kind!r}; known: {', '.join(ARRIVAL_FORMS)}"
-            )
+            raise ValueError(f"unknown arrival process {self.kind!r}; known: {', '.join(ARRIVAL_FORMS)}")
         if not self.burstiness > 0 or math.isinf(self.burstiness):
             raise ValueError(f"burstiness must be a finite number > 0, got {self.burstiness}")
         if self.kind == "closed":

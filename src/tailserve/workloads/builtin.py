@@ -44,8 +44,7 @@ def hol(long_arrival_time: float) -> list[Request]:
     if not (long_arrival_time >= 0 and math.isfinite(long_arrival_time)):
         raise ValueError(f"long_arrival_time must be a finite number >= 0, got {long_arrival_time}")
     requests = [
-        Request(f"short-{i}", HOL_SHORT_PROMPT_LEN, HOL_OUTPUT_LEN, 0.0)
-        for i in range(HOL_NUM_SHORT)
+        Request(f"short-{i}", HOL_SHORT_PROMPT_LEN, HOL_OUTPUT_LEN, 0.0) for i in range(HOL_NUM_SHORT)
     ]
     requests.append(Request("long-0", HOL_LONG_PROMPT_LEN, HOL_OUTPUT_LEN, long_arrival_time))
     return requests

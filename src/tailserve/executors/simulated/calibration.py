@@ -114,9 +114,7 @@ class CalibrationResult:
         return max(abs(p - pt.seconds) / pt.seconds for p, pt in zip(self.predicted, self.points))
 
 
-def calibrate(
-    cost_model: CostModel, points: list[CalibrationPoint], max_iter: int = 50
-) -> CalibrationResult:
+def calibrate(cost_model: CostModel, points: list[CalibrationPoint], max_iter: int = 50) -> CalibrationResult:
     base = cost_model.efficiency
     rooflines = [cost_model.roofline(p.shape) for p in points]
     y = np.array([p.seconds for p in points])
@@ -124,9 +122,7 @@ def calibrate(
     a, b, o = 1.0 / base.compute, 1.0 / base.memory, base.overhead
     regimes: list[tuple[bool, ...]] | None = None
     for _ in range(max_iter):
-        new_regimes = [
-            tuple(a * c >= b * m for c, m in zip(r.compute_s, r.memory_s)) for r in rooflines
-        ]
+        new_regimes = [tuple(a * c >= b * m for c, m in zip(r.compute_s, r.memory_s)) for r in rooflines]
         if new_regimes == regimes:
             break
         regimes = new_regimes
@@ -134,10 +130,7 @@ def calibrate(
             [sum(c for c, cb in zip(r.compute_s, reg) if cb) for r, reg in zip(rooflines, regimes)]
         )
         mem = np.array(
-            [
-                sum(m for m, cb in zip(r.memory_s, reg) if not cb)
-                for r, reg in zip(rooflines, regimes)
-            ]
+            [sum(m for m, cb in zip(r.memory_s, reg) if not cb) for r, reg in zip(rooflines, regimes)]
         )
         comm = np.array([r.comm_s for r in rooflines])
         columns, names = [], []

@@ -100,22 +100,18 @@ class CostModel:
         heads_per_shard = m.num_heads / tp
         self._linear_flops_per_token = 2.0 * m.num_matmul_params / tp
         self._lm_head_flops_per_logit = 2.0 * m.hidden_size * m.vocab_size / tp
-        self._weight_bytes = float(
-            (m.num_matmul_params + m.vocab_size * m.hidden_size) * m.dtype_bytes / tp
-        )
+        self._weight_bytes = float((m.num_matmul_params + m.vocab_size * m.hidden_size) * m.dtype_bytes / tp)
         self._kv_bytes_per_token = float(m.kv_bytes_per_token(tp))
         # QK^T and PV: 2 FLOPs each per (query, key) pair per head dimension.
         self._attn_flops_per_pair = 4.0 * heads_per_shard * m.dim_per_head * m.num_layers
+        eff = self.efficiency
+        self._flops_rate = hw.peak_flops * eff.compute
+        self._byte_rate = hw.memory_bandwidth * eff.memory
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency
             self._comm_per_token = (
-                2.0
-                * m.num_layers
-                * ring
-                * m.hidden_size
-                * m.dtype_bytes
-                / hw.interconnect_bandwidth
+                2.0 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / hw.interconnect_bandwidth
             )
         else:
             self._comm_fixed = 0.0
@@ -128,27 +124,45 @@ class CostModel:
         return self.with_efficiency(replace(self.efficiency, **changes))
 
     # ---- the formula --------------------------------------------------------------------
+    # The formula in three pieces, each written once for Python numbers and numpy arrays.
+    def _linear(self, num_tokens: Any, num_logits: Any) -> Any:
+        mx = np.maximum if isinstance(num_tokens, np.ndarray) else max
+        return mx(
+            (num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit)
+            / self._flops_rate,
+            (self._weight_bytes + num_tokens * self._kv_bytes_per_token) / self._byte_rate,
+        )
+
+    def _attention(self, pairs: Any, kv_tokens: Any) -> Any:
+        mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
+        return mx(
+            pairs * self._attn_flops_per_pair / self._flops_rate,
+            kv_tokens * self._kv_bytes_per_token / self._byte_rate,
+        )
+
+    def _comm(self, num_tokens: Any) -> Any:
+        return self._comm_fixed + num_tokens * self._comm_per_token
+
     def _iteration_time(
         self, num_tokens: Any, num_logits: Any, prefill_pairs: Any, prefill_kv: Any, decode_kv: Any
     ) -> Any:
-        vector = isinstance(decode_kv, np.ndarray)
-        mx = np.maximum if vector else max
-        eff = self.efficiency
-        flops_rate = self.hardware.peak_flops * eff.compute
-        byte_rate = self.hardware.memory_bandwidth * eff.memory
-        kv = self._kv_bytes_per_token
-        linear = mx(
-            (num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit)
-            / flops_rate,
-            (self._weight_bytes + num_tokens * kv) / byte_rate,
-        )
-        attn_flops = self._attn_flops_per_pair
-        prefill = mx(prefill_pairs * attn_flops / flops_rate, prefill_kv * kv / byte_rate)
-        decode = mx(decode_kv * attn_flops / flops_rate, decode_kv * kv / byte_rate)
-        comm = 0.0
-        if self.tp > 1:
-            comm = self._comm_fixed + num_tokens * self._comm_per_token / eff.comm
-        return linear + prefill + decode + comm + eff.overhead
+        linear = self._linear(num_tokens, num_logits)
+        prefill = self._attention(prefill_pairs, prefill_kv)
+        # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
+        decode = self._attention(decode_kv, decode_kv)
+        return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
+
+    def decode_step_times(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
+        """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats."""
+        n = num_decodes
+        head = self._linear(n, n) + self._attention(0, 0)
+        comm = self._comm(n)
+        overhead = self.efficiency.overhead
+        attention = self._attention
+        return [
+            head + attention(kv, kv) + comm + overhead
+            for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
+        ]
 
     def iteration_time(self, shape: BatchShape) -> float:
         """Predicted seconds for one iteration of this batch shape."""
@@ -162,9 +176,7 @@ class CostModel:
             shape.decode_kv_tokens,
         )
 
-    def decode_run_times(
-        self, num_decodes: int, num_context_tokens: int, num_steps: int
-    ) -> np.ndarray:
+    def decode_run_times(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of ``num_steps`` decode iterations; the summed context grows by
         ``num_decodes`` per step (each decode adds its token)."""
         decode_kv = num_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
@@ -183,8 +195,7 @@ class CostModel:
         hw = self.hardware
         kv = self._kv_bytes_per_token
         lin_f = (
-            shape.num_tokens * self._linear_flops_per_token
-            + shape.num_logits * self._lm_head_flops_per_logit
+            shape.num_tokens * self._linear_flops_per_token + shape.num_logits * self._lm_head_flops_per_logit
         )
         lin_b = self._weight_bytes + shape.num_tokens * kv
         pre_f = shape.prefill_pairs * self._attn_flops_per_pair
@@ -193,7 +204,7 @@ class CostModel:
         dec_b = shape.decode_kv_tokens * kv
         comm = 0.0
         if self.tp > 1 and shape.num_tokens:
-            comm = self._comm_fixed + shape.num_tokens * self._comm_per_token / self.efficiency.comm
+            comm = self._comm_fixed + shape.num_tokens * self._comm_per_token
         return Roofline(
             compute_s=(lin_f / hw.peak_flops, pre_f / hw.peak_flops, dec_f / hw.peak_flops),
             memory_s=(

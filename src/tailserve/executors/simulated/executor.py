@@ -36,12 +36,14 @@ class SimExecutor:
             else:
                 pairs += q * c + q * (q + 1) // 2
                 prefill_kv += q + c
-        duration = self.cost_model._iteration_time(
-            num_tokens, num_logits, pairs, prefill_kv, decode_kv
-        )
+        duration = self.cost_model._iteration_time(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
         return StepResult(duration=duration)
 
-    def decode_run_durations(
-        self, num_decodes: int, num_context_tokens: int, num_steps: int
-    ) -> np.ndarray:
+    def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
+        return self.cost_model._iteration_time(num_decodes, num_decodes, 0, 0, num_context_tokens)
+
+    def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
+        return self.cost_model.decode_step_times(num_decodes, num_context_tokens, num_steps)
+
+    def decode_run_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
         return self.cost_model.decode_run_times(num_decodes, num_context_tokens, num_steps)

@@ -35,9 +35,7 @@ class Hardware:
             "pcie_bandwidth",
         ):
             if getattr(self, name) <= 0:
-                raise ValueError(
-                    f"hardware {self.name}: {name} must be > 0, got {getattr(self, name)}"
-                )
+                raise ValueError(f"hardware {self.name}: {name} must be > 0, got {getattr(self, name)}")
 
     @property
     def memory_bytes(self) -> float:

@@ -37,9 +37,7 @@ class ModelSpec:
             "max_position_embeddings",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(
-                    f"model {self.name}: {name} must be >= 1, got {getattr(self, name)}"
-                )
+                raise ValueError(f"model {self.name}: {name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model {self.name}: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
@@ -72,9 +70,7 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """KV-cache bytes one token occupies on one tensor-parallel shard (K and V, all layers)."""
-        return (
-            2 * self.num_layers * self.kv_heads_per_shard(tp) * self.dim_per_head * self.dtype_bytes
-        )
+        return 2 * self.num_layers * self.kv_heads_per_shard(tp) * self.dim_per_head * self.dtype_bytes
 
     def weight_bytes_per_shard(self, tp: int = 1) -> float:
         return self.num_params * self.dtype_bytes / tp
@@ -83,9 +79,7 @@ class ModelSpec:
         if tp < 1:
             raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
         if self.num_heads % tp:
-            raise ValueError(
-                f"{self.name} has {self.num_heads} attention heads, not divisible by --tp {tp}"
-            )
+            raise ValueError(f"{self.name} has {self.num_heads} attention heads, not divisible by --tp {tp}")
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -136,13 +130,9 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         num_layers=first("num_hidden_layers", "n_layer", "num_layers"),
         num_heads=heads,
         num_kv_heads=first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=kv_default),
-        intermediate_size=first(
-            "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden
-        ),
+        intermediate_size=first("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden),
         vocab_size=first("vocab_size"),
-        max_position_embeddings=first(
-            "max_position_embeddings", "n_positions", "seq_length", default=2048
-        ),
+        max_position_embeddings=first("max_position_embeddings", "n_positions", "seq_length", default=2048),
         head_dim=cfg.get("head_dim"),
         gated_mlp=not is_falcon and model_type not in ("gpt2", "gpt_neox", "opt"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

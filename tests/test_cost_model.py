@@ -1,0 +1,139 @@
+"""Cost model: roofline bounds, calibration fits, the seed preset."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailserve.executors.simulated.calibration import PRESETS, calibrate, parse_points
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+from tailserve.executors.simulated.hardware import HARDWARE, get_hardware
+from tailserve.executors.simulated.kv_capacity import kv_capacity
+from tailserve.executors.simulated.models import MODELS, get_model, load_hf_config
+from tailserve.simulation import Deployment, build_cost_model
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    model=st.sampled_from(sorted(MODELS)),
+    hw=st.sampled_from(sorted(HARDWARE)),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    prefill=st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 16384)), max_size=4),
+    decodes=st.lists(st.integers(0, 32768), max_size=64),
+)
+def test_uncalibrated_prediction_never_beats_the_roofline(model, hw, tp, prefill, decodes):
+    spec = get_model(model)
+    if spec.num_heads % tp:
+        return
+    cm = CostModel(spec, get_hardware(hw), tp)
+    shape = BatchShape.of(prefill, decodes)
+    if shape.num_tokens == 0:
+        return
+    roof = cm.roofline(shape)
+    t = cm.iteration_time(shape)
+    assert t >= roof.flops / cm.hardware.peak_flops * (1 - 1e-12)
+    assert t >= roof.bytes / cm.hardware.memory_bandwidth * (1 - 1e-12)
+
+
+def test_decode_run_vector_equals_scalar_bit_for_bit():
+    cm = CostModel(get_model("Llama-3-70B"), get_hardware("H100-SXM"), 4)
+    vec = cm.decode_run_times(37, 50_000, 300)
+    lst = cm.decode_step_times(37, 50_000, 300)
+    for j in (0, 1, 150, 299):
+        step = cm.iteration_time(BatchShape(37, 37, 0, 0, 50_000 + 37 * j))
+        assert vec[j] == step == lst[j]
+
+
+def test_seed_preset_reproduces_the_essay_figures_and_warns_with_numbers():
+    built = build_cost_model(Deployment("Llama-3-70B", "A100-80GB", 4, "seed"))
+    cm = built.cost_model
+    assert cm.prefill_time(4096) == pytest.approx(0.120, rel=0.05)
+    assert cm.decode_time(10, 1024) == pytest.approx(0.018, rel=0.05)
+    text = " ".join(built.fit.warnings)
+    # 4,096 tokens x ~140 GFLOP per token needs >= 0.46 s on four A100s at 100% of peak.
+    assert "prefill:4096" in text and "0.46" in text
+    assert built.fit.efficiency.compute > 1
+
+
+def test_seed_preset_at_another_tp_fits_at_tp4_and_applies_there():
+    at4 = build_cost_model(Deployment("Llama-3-70B", "A100-80GB", 4, "seed")).cost_model
+    at8 = build_cost_model(Deployment("Llama-3-70B", "A100-80GB", 8, "seed")).cost_model
+    assert at8.efficiency == at4.efficiency
+    assert at8.tp == 8 and at8.decode_time(10, 1024) < at4.decode_time(10, 1024)
+
+
+def test_calibration_recovers_known_efficiencies_from_three_points():
+    truth = Efficiency(compute=0.55, memory=0.7, overhead=0.003)
+    base = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    true_cm = base.with_efficiency(truth)
+    text = ",".join(
+        [
+            f"prefill:8192={true_cm.prefill_time(8192)}",
+            f"prefill:2048@4096={true_cm.prefill_time(2048, 4096)}",
+            f"decode:1x512={true_cm.decode_time(1, 512)}",
+            f"decode:64x2048={true_cm.decode_time(64, 2048)}",
+        ]
+    )
+    fit = calibrate(base, parse_points(text))
+    assert fit.efficiency.compute == pytest.approx(0.55, rel=1e-6)
+    assert fit.efficiency.memory == pytest.approx(0.7, rel=1e-6)
+    assert fit.efficiency.overhead == pytest.approx(0.003, rel=1e-6)
+    assert fit.warnings == ()
+    assert fit.max_relative_error < 1e-9
+
+
+@pytest.mark.parametrize(
+    "text", ["prefill=3", "prefill:-4=0.1", "decode:10=0.1", "decode:0x10=0.1", "prefill:10=-1", ""]
+)
+def test_bad_calibration_points_are_named(text):
+    with pytest.raises(ValueError, match="calibration point|no calibration points"):
+        parse_points(text)
+
+
+def test_seed_points_are_the_essay_figures():
+    assert PRESETS["seed"].points == "prefill:4096=0.120,decode:10x1024=0.018"
+
+
+def test_kv_capacity_follows_memory_arithmetic():
+    m, hw = get_model("Llama-3-70B"), get_hardware("A100-80GB")
+    cap = kv_capacity(m, hw, 4, 0.9, 16, 2048)
+    # Llama-3-70B: 80 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes = 320 KiB per token.
+    assert m.kv_bytes_per_token() == 327_680
+    assert cap.kv_bytes_per_token == 327_680 // 4
+    assert cap.weights_gib == pytest.approx(70.55e9 * 2 / 4 / 2**30, rel=0.01)
+    expected = (80 * 0.9 - cap.weights_gib - cap.activation_gib) * 2**30 / (16 * cap.kv_bytes_per_token)
+    assert cap.num_blocks == int(expected)
+
+
+def test_model_that_does_not_fit_names_the_problem_and_a_tp_that_works():
+    with pytest.raises(ValueError, match=r"does not fit on A100-80GB at TP 1.*--tp 2"):
+        kv_capacity(get_model("Llama-3-70B"), get_hardware("A100-80GB"), 1, 0.9, 16, 2048)
+
+
+def test_hf_config_json_is_read(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,'
+        ' "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,'
+        ' "max_position_embeddings": 32768, "tie_word_embeddings": false}'
+    )
+    spec = load_hf_config(tmp_path)
+    assert spec.num_params == get_model("Qwen2.5-7B").num_params
+    assert get_model(str(tmp_path)).num_kv_heads == 4
+
+
+def test_unknown_names_list_the_choices():
+    with pytest.raises(ValueError, match="known: .*Llama-3-70B"):
+        get_model("gpt-5")
+    with pytest.raises(ValueError, match="known: .*H100-SXM"):
+        get_hardware("TPUv5")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_catalog_parameter_counts_are_plausible(name):
+    expected = {
+        "Llama-2-7B": 6.7, "Llama-2-13B": 13.0, "Llama-2-70B": 69.0, "Llama-3-8B": 8.0,
+        "Llama-3-70B": 70.6, "Mistral-7B": 7.2, "Yi-34B": 34.4, "Qwen2.5-7B": 7.6,
+        "Qwen2.5-72B": 72.7, "Falcon-180B": 179.5,
+    }[name]  # fmt: skip
+    assert get_model(name).num_params / 1e9 == pytest.approx(expected, rel=0.03)

@@ -1,0 +1,94 @@
+"""The exact decode fast path gives the same results as stepping every iteration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tailserve.core.engine import EngineOptions
+from tailserve.policies.registry import parse_policy_list
+from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+from tailserve.workloads.arrivals import ArrivalSpec
+from tailserve.workloads.lengths import LogNormal
+
+
+def _run(policy: str, workload: WorkloadSpec, fast: bool, model="Llama-3-8B", hw="H100-SXM", tp=1):
+    built = build_cost_model(Deployment(model, hw, tp, "none"))
+    spec = parse_policy_list(policy)[0]
+    return run_policy(built, spec, WorkloadBuilder(workload), options=EngineOptions(fast_forward=fast))
+
+
+def _fingerprint(run) -> str:
+    summary = run.summary()
+    log = {name: getattr(run.log, name) for name in run.log.FIELDS}
+    tokens = {r.request_id: (r.token_times, r.first_scheduled_time, r.num_preemptions) for r in run.requests}
+    return json.dumps([summary, log, tokens], sort_keys=True)
+
+
+WORKLOADS = [
+    WorkloadSpec("chat", num_requests=120, rate=6.0, seed=3),
+    WorkloadSpec("hol"),
+    WorkloadSpec(
+        "random",
+        num_requests=150,
+        rate=30.0,
+        seed=5,
+        input_len=LogNormal(800, 1.0, 6000),
+        output_len=LogNormal(300, 0.8, 2000),
+        arrival=ArrivalSpec("gamma", burstiness=0.5),
+    ),
+    WorkloadSpec(
+        "random",
+        num_requests=60,
+        seed=1,
+        input_len=LogNormal(500, 0.5, 2000),
+        output_len=LogNormal(200, 0.5, 1000),
+        arrival=ArrivalSpec("closed", concurrency=8),
+    ),
+]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "vllm:max_num_batched_tokens=512", "orca"])
+@pytest.mark.parametrize("workload", WORKLOADS, ids=["chat", "hol", "bursty", "closed"])
+def test_fast_path_equals_step_by_step(policy, workload):
+    fast = _run(policy, workload, fast=True)
+    slow = _run(policy, workload, fast=False)
+    assert len(fast.log) == len(slow.log)
+    assert _fingerprint(fast) == _fingerprint(slow)
+
+
+def test_fast_path_equals_step_by_step_under_preemption():
+    # Llama-3-70B on two A100-40GB leaves a small KV cache: this load makes vLLM preempt.
+    workload = WorkloadSpec(
+        "random",
+        num_requests=200,
+        rate=50.0,
+        seed=2,
+        input_len=LogNormal(1500, 0.6, 3000),
+        output_len=LogNormal(600, 0.5, 1000),
+    )
+    fast = _run("vllm", workload, True, "Llama-2-13B", "A100-40GB", 1)
+    slow = _run("vllm", workload, False, "Llama-2-13B", "A100-40GB", 1)
+    assert fast.summary()["num_preemptions"] > 0
+    assert _fingerprint(fast) == _fingerprint(slow)
+
+
+def test_fast_path_skips_most_iterations():
+    run = _run("vllm", WORKLOADS[0], fast=True)
+    from tailserve.core import decode_run
+
+    calls = []
+    original = decode_run.advance_decode_run
+
+    def counting(engine):
+        k = original(engine)
+        calls.append(k)
+        return k
+
+    decode_run.advance_decode_run = counting
+    try:
+        run = _run("vllm", WORKLOADS[0], fast=True)
+    finally:
+        decode_run.advance_decode_run = original
+    assert sum(calls) > len(run.log) / 2
