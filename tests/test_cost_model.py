@@ -87,7 +87,7 @@ def test_calibration_recovers_known_efficiencies_from_three_points():
     "text", ["prefill=3", "prefill:-4=0.1", "decode:10=0.1", "decode:0x10=0.1", "prefill:10=-1", ""]
 )
 def test_bad_calibration_points_are_named(text):
-    with pytest.raises(ValueError, match="calibration point|no calibration points"):
+    with pytest.raises(ValueError, match=r"calibration point|no calibration points"):
         parse_points(text)
 
 
@@ -123,9 +123,9 @@ def test_hf_config_json_is_read(tmp_path):
 
 
 def test_unknown_names_list_the_choices():
-    with pytest.raises(ValueError, match="known: .*Llama-3-70B"):
+    with pytest.raises(ValueError, match=r"known: .*Llama-3-70B"):
         get_model("gpt-5")
-    with pytest.raises(ValueError, match="known: .*H100-SXM"):
+    with pytest.raises(ValueError, match=r"known: .*H100-SXM"):
         get_hardware("TPUv5")
 
 

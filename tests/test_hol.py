@@ -23,7 +23,9 @@ def built(request):
 
 def _run(built, policy: str):
     spec = parse_policy_list(policy)[0]
-    return run_policy(built, spec, WorkloadBuilder(WorkloadSpec("hol")), options=EngineOptions(check_integrity=True))
+    return run_policy(
+        built, spec, WorkloadBuilder(WorkloadSpec("hol")), options=EngineOptions(check_integrity=True)
+    )
 
 
 def test_orca_stalls_every_decode_for_the_whole_prefill(built):

@@ -43,7 +43,7 @@ def test_failed_allocation_changes_nothing():
     kv = KVCacheManager(4, 16)
     assert kv.allocate("a", 48) is not None
     assert kv.allocate("b", 32) is None
-    assert kv.num_free_blocks == 1 and "b" not in kv.block_tables or kv.num_held("b") == 0
+    assert (kv.num_free_blocks == 1 and "b" not in kv.block_tables) or kv.num_held("b") == 0
     kv.check_integrity()
 
 

@@ -438,11 +438,6 @@ def test_vllm_default_budget_is_capped_at_max_num_seqs_times_max_model_len():
     assert cfg.max_num_batched_tokens == 1024
 
 
-@pytest.mark.xfail(
-    reason="policies.md §1(d): long_prefill_token_threshold <= max_model_len is a config constraint; "
-    "VllmPolicy.default_config does not check it",
-    strict=True,
-)
 def test_vllm_long_prefill_threshold_above_max_model_len_is_rejected():
     h100 = get_hardware("H100-SXM").device_info
     with pytest.raises(ValueError):
@@ -537,12 +532,6 @@ def test_static_lone_request_starts_at_arrival_plus_max_wait(arrival):
     assert request.first_scheduled_time == arrival + 0.5
 
 
-@pytest.mark.xfail(
-    reason="StaticPolicy._batch_ready tests `now - arrival >= max_wait` at the wake-up time "
-    "next_wakeup() returned (arrival + max_wait); with float rounding (0.2 + 0.5) - 0.2 < 0.5, "
-    "so the batch is never ready and the engine spins at t=0.7 forever",
-    strict=True,
-)
 def test_static_lone_request_with_inexact_wakeup_time_is_served():
     request = Request("lone", 100, 5, 0.2)
     sched = _static(batch_size=4, max_wait=0.5)

@@ -55,6 +55,7 @@ def advance_decode_run(engine: Engine) -> int:
     num_context = n
     ctx_list = []
     first_new_block = []
+    held_tokens = []  # KV slots each request holds
     for r in running:
         remaining = r.max_tokens - r.num_output_tokens
         if remaining < k_max:
@@ -62,7 +63,9 @@ def advance_decode_run(engine: Engine) -> int:
         c = r.num_computed_tokens
         num_context += c
         ctx_list.append(c)
-        first_new_block.append(len(tables[r.request_id]) * block_size - c)
+        slots = len(tables[r.request_id]) * block_size
+        held_tokens.append(slots)
+        first_new_block.append(slots - c)
     wake = engine.source.next_arrival_time()
     policy_wake = sched.policy.next_wakeup(sched, now)
     if policy_wake is not None and (wake is None or policy_wake < wake):
@@ -76,7 +79,9 @@ def advance_decode_run(engine: Engine) -> int:
     if k_max <= SHORT_RUN:
         run = _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free)
     else:
-        run = _long_run(executor, n, num_context, now, wake, k_max, ctx_list, first_new_block, block_size, free)
+        run = _long_run(
+            executor, n, num_context, now, wake, k_max, ctx_list, first_new_block, block_size, free
+        )
     if run is None:
         return 0
     times, durations, need = run
@@ -84,13 +89,13 @@ def advance_decode_run(engine: Engine) -> int:
 
     token_times = times[1:]
     done = []
-    for request in running:
-        request.num_computed_tokens += k
-        request.num_output_tokens += k
+    for request, slots in zip(running, held_tokens):
+        computed = request.num_computed_tokens = request.num_computed_tokens + k
+        outputs = request.num_output_tokens = request.num_output_tokens + k
         request.token_times.extend(token_times)
-        if request.num_computed_tokens > len(tables[request.request_id]) * block_size:
-            kv.allocate(request.request_id, request.num_computed_tokens)
-        if request.num_output_tokens >= request.max_tokens:
+        if computed > slots:
+            kv.allocate(request.request_id, computed)
+        if outputs >= request.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH
             done.append(request)
     base = kv.num_used_blocks - need[-1]

@@ -141,7 +141,15 @@ class Engine:
                     f"({sched.policy.describe()})"
                 )
             return False
-        self.clock.wait_until(min(wake))
+        t = min(wake)
+        if t <= self.clock.now and isinstance(self.clock, VirtualClock):
+            # Arrivals up to now were already added: a wake-up now that schedules nothing
+            # would repeat forever.
+            raise EngineStalledError(
+                f"the policy asked to be woken at t={t} but scheduled nothing at t={self.clock.now} "
+                f"({sched.policy.describe()})"
+            )
+        self.clock.wait_until(t)
         return True
 
     def _steady(self) -> bool:

@@ -89,7 +89,9 @@ class RequestLatencies:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(n_out > 1, (e2e - ttft) / (n_out - 1), np.nan)
         # All token times in one flat array; gaps that cross from one request to the next dropped.
-        flat = np.fromiter(chain.from_iterable(r.token_times for r in done), dtype=np.float64, count=int(n_out.sum()))
+        flat = np.fromiter(
+            chain.from_iterable(r.token_times for r in done), dtype=np.float64, count=int(n_out.sum())
+        )
         gaps = np.diff(flat)
         keep = np.ones(gaps.size, dtype=bool)
         keep[np.cumsum(n_out)[:-1] - 1] = False

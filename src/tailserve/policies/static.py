@@ -56,7 +56,8 @@ class StaticPolicy(Policy):
 
     def _batch_ready(self, sched: Scheduler, now: float) -> bool:
         cfg: StaticConfig = self.config
-        return len(sched.waiting) >= cfg.batch_size or now - sched.waiting[0].arrival_time >= cfg.max_wait
+        # The same expression next_wakeup returns, so waking at that time is always ready.
+        return len(sched.waiting) >= cfg.batch_size or now >= sched.waiting[0].arrival_time + cfg.max_wait
 
     def _start_batch(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -88,6 +88,11 @@ class VllmPolicy(Policy):
         known = {f.name for f in fields(VllmConfig)}
         rest = {k: v for k, v in overrides.items() if k in known}
         config = replace(VllmConfig(budget, max_seqs), **rest)
+        if config.long_prefill_token_threshold > max_model_len:
+            raise ValueError(
+                f"long_prefill_token_threshold ({config.long_prefill_token_threshold}) must be <= "
+                f"max_model_len ({max_model_len})"
+            )
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
