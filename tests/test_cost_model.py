@@ -133,7 +133,20 @@ def test_unknown_names_list_the_choices():
 def test_catalog_parameter_counts_are_plausible(name):
     expected = {
         "Llama-2-7B": 6.7, "Llama-2-13B": 13.0, "Llama-2-70B": 69.0, "Llama-3-8B": 8.0,
-        "Llama-3-70B": 70.6, "Mistral-7B": 7.2, "Yi-34B": 34.4, "Qwen2.5-7B": 7.6,
+        "Llama-3-70B": 70.6, "Llama-3.1-8B": 8.0, "Llama-3.1-70B": 70.6, "Mistral-7B": 7.2, "Yi-34B": 34.4, "Qwen2.5-7B": 7.6,
         "Qwen2.5-72B": 72.7, "Falcon-180B": 179.5,
     }[name]  # fmt: skip
     assert get_model(name).num_params / 1e9 == pytest.approx(expected, rel=0.03)
+
+
+def test_tp_all_reduce_follows_the_ring_formula_and_its_efficiency():
+    m, hw = get_model("Llama-3-70B"), get_hardware("A100-80GB")
+    shape = BatchShape.of([(4096, 0)], [])
+    one = CostModel(m, hw, 4, Efficiency(comm=1.0)).roofline(shape).comm_s
+    half = CostModel(m, hw, 4, Efficiency(comm=0.5)).roofline(shape).comm_s
+    # 2 all-reduces per layer of 4,096 x 8,192 bf16 activations, ring: 2 (tp-1)/tp of it per GPU.
+    per_token = 2 * 80 * 1.5 * 8192 * 2 / hw.interconnect_bandwidth
+    fixed = 2 * 80 * hw.allreduce_latency
+    assert one == pytest.approx(fixed + 4096 * per_token)
+    assert half == pytest.approx(fixed + 2 * 4096 * per_token)
+    assert CostModel(m, hw, 1).roofline(shape).comm_s == 0.0

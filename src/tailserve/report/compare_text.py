@@ -11,6 +11,8 @@ from tailserve.simulation import BuiltCostModel, RunResult, WorkloadSpec
 
 
 def _ms(seconds: float) -> str:
+    if seconds >= 10:
+        return f"{seconds:,.0f} s"
     return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
 
 

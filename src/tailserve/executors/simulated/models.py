@@ -90,6 +90,9 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Llama-2-70B", 8192, 80, 64, 8, 28672, 32000, 4096),
         ModelSpec("Llama-3-8B", 4096, 32, 32, 8, 14336, 128256, 8192),
         ModelSpec("Llama-3-70B", 8192, 80, 64, 8, 28672, 128256, 8192),
+        # Llama 3.1: the same shapes with a 128K context (RoPE scaling), for long-prompt traces.
+        ModelSpec("Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, 131072),
+        ModelSpec("Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, 131072),
         ModelSpec("Mistral-7B", 4096, 32, 32, 8, 14336, 32000, 32768),
         ModelSpec("Yi-34B", 7168, 60, 56, 8, 20480, 64000, 4096),
         ModelSpec("Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, 32768),
