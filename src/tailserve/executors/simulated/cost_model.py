@@ -153,14 +153,16 @@ class CostModel:
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
 
     def decode_step_times(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
-        """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats."""
+        """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats
+        (``_attention`` is inlined with its operations in the same order)."""
         n = num_decodes
         head = self._linear(n, n) + self._attention(0, 0)
         comm = self._comm(n)
         overhead = self.efficiency.overhead
-        attention = self._attention
+        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
+        flops_rate, byte_rate = self._flops_rate, self._byte_rate
         return [
-            head + attention(kv, kv) + comm + overhead
+            head + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate) + comm + overhead
             for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
         ]
 
