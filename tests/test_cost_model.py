@@ -150,3 +150,13 @@ def test_tp_all_reduce_follows_the_ring_formula_and_its_efficiency():
     assert one == pytest.approx(fixed + 4096 * per_token)
     assert half == pytest.approx(fixed + 2 * 4096 * per_token)
     assert CostModel(m, hw, 1).roofline(shape).comm_s == 0.0
+
+
+def test_negative_overhead_is_pinned_at_zero_and_the_rest_refit():
+    base = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    points = parse_points("prefill:4096=0.21,decode:32x1024=0.011,decode:1x128=0.008")
+    fit = calibrate(base, points)
+    assert fit.efficiency.overhead == 0.0
+    assert 0 < fit.efficiency.compute < 1 and 0 < fit.efficiency.memory < 1
+    # With overhead pinned, the two decode points are fitted by the memory efficiency alone.
+    assert fit.max_relative_error < 0.3

@@ -159,7 +159,9 @@ def calibrate(cost_model: CostModel, points: list[CalibrationPoint], max_iter: i
                 "calibration points are inconsistent with the cost model (fitted a non-positive "
                 f"time per FLOP or per byte): {', '.join(map(str, points))}"
             )
-        o = max(o, 0.0)
+        if o < 0:
+            # A negative overhead is not physical: pin it at zero and refit the rest.
+            o, fit_overhead, regimes = 0.0, False, None
     efficiency = replace(base, compute=1.0 / a, memory=1.0 / b, overhead=o)
     fitted = cost_model.with_efficiency(efficiency)
     predicted = tuple(fitted.iteration_time(p.shape) for p in points)
