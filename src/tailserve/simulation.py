@@ -212,7 +212,7 @@ def run_policy(
     )
     config = cls.default_config(hardware.device_info, max_model_len, **spec.flags)
     policy = cls(config)
-    budget = getattr(config, "max_num_batched_tokens", None) or max_model_len
+    budget = cls.profile_tokens(config, max_model_len)
     capacity = kv_capacity(
         model,
         hardware,
@@ -228,9 +228,12 @@ def run_policy(
             f"{hardware.name} at TP {cost_model.tp}. Try increasing gpu_memory_utilization or "
             "decreasing max_model_len."
         )
-    kv = KVCacheManager(capacity.num_blocks, capacity.block_size)
+    swap_gib = getattr(config, "swap_space", 0.0)  # vLLM V0 --swap-space, GiB per GPU
+    num_cpu_blocks = int(swap_gib * 2**30 // (capacity.block_size * capacity.kv_bytes_per_token))
+    kv = KVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks)
     scheduler = Scheduler(policy, kv, max_model_len)
-    engine = Engine(scheduler, SimExecutor(cost_model), workload.build(cost_model), options=options)
+    executor = SimExecutor(cost_model, capacity.block_size)
+    engine = Engine(scheduler, executor, workload.build(cost_model), options=options)
     t0 = time.perf_counter()
     engine.run()
     wall = time.perf_counter() - t0

@@ -101,6 +101,7 @@ def advance_decode_run(engine: Engine) -> int:
     base = kv.num_used_blocks - need[-1]
     engine.log.extend_decode_run(times[:-1], durations, n, [base + x for x in need])
     now = engine.clock.now = token_times[-1]
+    sched.policy.on_decode_run(sched, k)
     if done:
         sched.finish(done, now)
     engine.finish_step(done, now)

@@ -159,7 +159,7 @@ class Engine:
         blocks only shrink while decoding, so a blocked head stays blocked)."""
         sched = self.scheduler
         running = sched.running
-        if not running:
+        if not running or sched.swapped:
             return False
         for request in running:
             if request.num_tokens - request.num_computed_tokens != 1:
@@ -191,7 +191,10 @@ class Engine:
         for request in sched.waiting:
             if request.is_finished:
                 raise AssertionError(f"waiting request {request.request_id} is {request.status}")
-        accounted = len(sched.finished) + len(sched.waiting) + len(sched.running)
+        for request in sched.swapped:
+            if not kv.is_swapped(request.request_id) or kv.num_held(request.request_id):
+                raise AssertionError(f"swapped request {request.request_id} does not hold exactly CPU blocks")
+        accounted = len(sched.finished) + len(sched.waiting) + len(sched.running) + len(sched.swapped)
         if accounted != self.num_requests_seen:
             raise AssertionError(
                 f"{self.num_requests_seen} requests entered but {accounted} are accounted for"

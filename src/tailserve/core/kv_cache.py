@@ -1,7 +1,9 @@
 """Paged KV cache bookkeeping: fixed-size blocks, reference counts, per-request block tables.
 
-The manager decides and counts; an executor that owns real KV tensors only stores into the
-block ids it is given. The same object drives the simulator and the PyTorch executor.
+GPU blocks hold the KV the model reads; an optional CPU pool (vLLM V0's ``--swap-space``) holds
+the KV of requests preempted by swapping. The manager decides and counts; an executor that owns
+real KV tensors only stores into the block ids it is given. The same object drives the
+simulator and the PyTorch executor.
 """
 
 from __future__ import annotations
@@ -28,17 +30,22 @@ class KVCacheStats:
 class KVCacheManager:
     """GPU KV blocks of ``block_size`` tokens each, handed out to requests by id."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         # A stack: freed blocks are reused first, which keeps hot blocks hot on a real GPU.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._ref_counts: list[int] = [0] * num_blocks
         self.block_tables: dict[str, list[int]] = {}
+        self.num_cpu_blocks = num_cpu_blocks
+        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self.cpu_block_tables: dict[str, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -47,6 +54,10 @@ class KVCacheManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._cpu_free)
 
     @property
     def usage(self) -> float:
@@ -97,22 +108,68 @@ class KVCacheManager:
         return new
 
     def free(self, request_id: str) -> int:
-        """Release every block the request holds; returns how many reached ref count 0."""
+        """Release every block the request holds (GPU and CPU); returns how many GPU blocks
+        reached ref count 0."""
+        cpu = self.cpu_block_tables.pop(request_id, None)
+        if cpu:
+            self._cpu_free.extend(reversed(cpu))
         table = self.block_tables.pop(request_id, None)
         if not table:
             return 0
         refs = self._ref_counts
+        free = self._free
         released = 0
         # Tail first, like vLLM: the end of a sequence is the least likely to be shared.
         for block_id in reversed(table):
             refs[block_id] -= 1
             if refs[block_id] == 0:
-                self._free.append(block_id)
+                free.append(block_id)
                 released += 1
         return released
 
+    # ---- swap (vLLM V0 ``--preemption-mode swap``) ---------------------------------------
+    def swap_out(self, request_id: str) -> int | None:
+        """Move the request's GPU blocks to the CPU pool; returns the number of blocks moved, or
+        None (nothing changed) when the CPU pool lacks room."""
+        table = self.block_tables.pop(request_id, [])
+        n = len(table)
+        if n > len(self._cpu_free):
+            if table:
+                self.block_tables[request_id] = table
+            return None
+        cpu = self._cpu_free[len(self._cpu_free) - n :]
+        del self._cpu_free[len(self._cpu_free) - n :]
+        self.cpu_block_tables[request_id] = cpu
+        refs = self._ref_counts
+        for block_id in reversed(table):
+            refs[block_id] -= 1
+            if refs[block_id] == 0:
+                self._free.append(block_id)
+        return n
+
+    def can_swap_in(self, request_id: str, reserve: int = 0) -> bool:
+        return len(self.cpu_block_tables.get(request_id, ())) + reserve <= len(self._free)
+
+    def swap_in(self, request_id: str) -> int | None:
+        """Bring a swapped request's blocks back to the GPU; returns the number of blocks moved,
+        or None (nothing changed) when the GPU lacks room."""
+        cpu = self.cpu_block_tables.get(request_id)
+        if cpu is None:
+            raise KeyError(f"request {request_id} is not swapped out")
+        if len(cpu) > len(self._free):
+            return None
+        n = len(cpu)
+        del self.cpu_block_tables[request_id]
+        self._cpu_free.extend(reversed(cpu))
+        self.block_tables.pop(request_id, None)
+        self.allocate(request_id, n * self.block_size)
+        return n
+
+    def is_swapped(self, request_id: str) -> bool:
+        return request_id in self.cpu_block_tables
+
     def check_integrity(self) -> None:
-        """Blocks in use + free blocks = total; ref counts match the block tables."""
+        """Blocks in use + free blocks = total (GPU and CPU); ref counts match the tables."""
         free = self._free
         if len(set(free)) != len(free):
             raise KVCacheIntegrityError("a block id appears twice in the free list")
@@ -133,6 +190,14 @@ class KVCacheManager:
             )
         in_use = sum(1 for c in counted if c > 0)
         if in_use + len(free) != self.num_blocks:
+            raise KVCacheIntegrityError(f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total")
+        cpu_used = [b for t in self.cpu_block_tables.values() for b in t]
+        if len(set(cpu_used)) != len(cpu_used) or set(cpu_used) & set(self._cpu_free):
+            raise KVCacheIntegrityError("a CPU block is held twice or both held and free")
+        if len(cpu_used) + len(self._cpu_free) != self.num_cpu_blocks:
             raise KVCacheIntegrityError(
-                f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total"
+                f"{len(cpu_used)} CPU blocks in use + {len(self._cpu_free)} free != {self.num_cpu_blocks} total"
             )
+        both = set(self.cpu_block_tables) & {k for k, t in self.block_tables.items() if t}
+        if both:
+            raise KVCacheIntegrityError(f"requests hold GPU and CPU blocks at once: {sorted(both)}")

@@ -31,6 +31,12 @@ class Policy(ABC):
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> Any:
         """The engine's defaults for this device, with the user's overrides applied."""
 
+    @classmethod
+    def profile_tokens(cls, config: Any, max_model_len: int) -> int:
+        """Tokens of the largest forward pass the engine sizes its activation memory for (vLLM
+        profiles ``max_num_batched_tokens``)."""
+        return getattr(config, "max_num_batched_tokens", None) or max_model_len
+
     def add_request(self, sched: Scheduler, request: Request) -> None:
         sched.waiting.append(request)
 
@@ -42,10 +48,19 @@ class Policy(ABC):
         return None
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
-        """True when, while the running set only decodes, this policy's next decision depends
-        on nothing but free KV blocks (which only shrink during decodes) and the running set.
-        Then a run of identical decode iterations can be simulated in one exact step."""
+        """True when, with every running request one token behind, this policy would schedule
+        one decode for each of them, in running order, and admit nobody, for as long as no
+        request arrives or finishes and the free KV blocks suffice — i.e. its decision depends on
+        nothing but the running set and the free blocks (which only shrink while decoding). The
+        engine then simulates such a run of iterations in one exact step. A policy whose state
+        changes per decode iteration keeps it exact through ``on_decode_run``."""
         return True
+
+    def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
+        """Called after the engine advanced ``num_steps`` decode-only iterations in one step:
+        apply whatever per-iteration bookkeeping the policy keeps (counters, decaying ratios)
+        exactly as ``num_steps`` calls of ``schedule`` would have."""
+        return None
 
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         """A time (seconds) at which the policy wants to be asked again even with no arrival."""

@@ -68,6 +68,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     status_reason: str | None = None  # why it was aborted or rejected
+    enqueue_time: float | None = None  # seconds; when it last entered the waiting queue
 
     first_scheduled_time: float | None = None  # seconds; first admission to the running set
     token_times: list[float] = field(default_factory=list)  # seconds; one per output token

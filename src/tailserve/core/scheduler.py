@@ -12,8 +12,9 @@ Who owns which tokens of a request::
                                              (catches up with num_tokens)
 
 Ownership of requests: ``waiting`` (FIFO order unless a policy keeps its own order),
-``running`` (admission order, the order vLLM's running list has), and ``finished`` (every
-request that left: finished, aborted or rejected, each with a reason when not finished).
+``running`` (admission order, the order vLLM's running list has), ``swapped`` (preempted by
+swapping their KV to the CPU pool, vLLM V0) and ``finished`` (every request that left: finished,
+aborted or rejected, each with a reason when not finished).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
         self.finished: list[Request] = []
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
@@ -68,11 +70,12 @@ class Scheduler:
             )
             return False
         request.status = RequestStatus.WAITING
+        request.enqueue_time = now
         self.policy.add_request(self, request)
         return True
 
     def abort_request(self, request_id: str, reason: str, now: float) -> Request | None:
-        for queue in (self.running, self.waiting):
+        for queue in (self.running, self.waiting, self.swapped):
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
@@ -83,7 +86,7 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     # ---- the iteration ------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
@@ -148,6 +151,37 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
+
+    def preempt_by_swap(self, request: Request, out: SchedulerOutput) -> bool:
+        """Move the request's KV to the CPU pool (counted in ``out`` for the PCIe cost) and park
+        it in ``swapped``; False (nothing changed) when the CPU pool is full."""
+        moved = self.kv_cache.swap_out(request.request_id)
+        if moved is None:
+            return False
+        self.running.remove(request)
+        request.status = RequestStatus.SWAPPED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.swapped.append(request)
+        out.swapped_out.append(request)
+        out.num_swap_out_blocks += moved
+        return True
+
+    def swap_in(self, request: Request, out: SchedulerOutput, reserve: int = 0) -> bool:
+        """Bring a swapped request back to the GPU and into ``running``; False when the GPU
+        cannot hold its blocks plus ``reserve``."""
+        kv = self.kv_cache
+        if not kv.can_swap_in(request.request_id, reserve):
+            return False
+        moved = kv.swap_in(request.request_id)
+        if moved is None:
+            return False
+        self.swapped.remove(request)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        out.swapped_in.append(request)
+        out.num_swap_in_blocks += moved
+        return True
 
     def _leave(self, request: Request, status: RequestStatus, now: float, reason: str | None) -> None:
         request.status = status

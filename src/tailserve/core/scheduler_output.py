@@ -34,6 +34,8 @@ class SchedulerOutput:
     swapped_in: list[Request] = field(default_factory=list)
     padding: list[PaddingSlot] = field(default_factory=list)
     num_admitted: int = 0  # waiting requests that entered the running set this iteration
+    num_swap_out_blocks: int = 0  # KV blocks copied GPU -> CPU before this iteration runs
+    num_swap_in_blocks: int = 0  # KV blocks copied CPU -> GPU before this iteration runs
 
     @property
     def is_empty(self) -> bool:

@@ -185,6 +185,11 @@ class CostModel:
         n = num_decodes
         return self._iteration_time(n, n, 0, 0, decode_kv)
 
+    def swap_time(self, num_tokens: int) -> float:
+        """Seconds to copy ``num_tokens`` tokens of KV between GPU and host over PCIe, per shard
+        (each GPU moves its own shard in parallel). The iteration that needs them waits."""
+        return num_tokens * self._kv_bytes_per_token / self.hardware.pcie_bandwidth
+
     # ---- readable helpers ---------------------------------------------------------------
     def prefill_time(self, num_tokens: int, num_context_tokens: int = 0) -> float:
         return self.iteration_time(BatchShape.of([(num_tokens, num_context_tokens)], []))

@@ -12,8 +12,9 @@ from tailserve.executors.simulated.cost_model import CostModel
 class SimExecutor:
     """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``)."""
 
-    def __init__(self, cost_model: CostModel) -> None:
+    def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
         self.cost_model = cost_model
+        self.block_size = block_size  # tokens per KV block, to price swap traffic
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
@@ -36,7 +37,13 @@ class SimExecutor:
             else:
                 pairs += q * c + q * (q + 1) // 2
                 prefill_kv += q + c
-        duration = self.cost_model._iteration_time(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+        duration = 0.0
+        if num_tokens:
+            duration = self.cost_model._iteration_time(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+        swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
+        if swapped:
+            # vLLM V0 issues the block copies before the forward pass, which waits for them.
+            duration += self.cost_model.swap_time(swapped * self.block_size)
         return StepResult(duration=duration)
 
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
