@@ -160,3 +160,21 @@ def test_negative_overhead_is_pinned_at_zero_and_the_rest_refit():
     assert 0 < fit.efficiency.compute < 1 and 0 < fit.efficiency.memory < 1
     # With overhead pinned, the two decode points are fitted by the memory efficiency alone.
     assert fit.max_relative_error < 0.3
+
+
+def test_swap_cost_and_the_essays_per_gpu_figure(tmp_path):
+    # Llama-3-70B has 8 KV heads: 0.33 MB of KV per token, 2.6 GB for 8,000 tokens, 0.33 GB per
+    # GPU at TP 8 -> ~10 ms over PCIe 4 (32 GB/s).
+    gqa = CostModel(get_model("Llama-3-70B"), get_hardware("A100-80GB"), 8)
+    assert 8000 * get_model("Llama-3-70B").kv_bytes_per_token() == pytest.approx(2.62e9, rel=0.01)
+    assert gqa.swap_time(8000) == pytest.approx(8000 * 327_680 / 8 / 32e9)
+    # The essay's ~2.5 GB per GPU and ~0.1 s fit a 70B-class model without grouped-query
+    # attention (64 KV heads, like LLaMA-65B).
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,'
+        ' "num_key_value_heads": 64, "intermediate_size": 22016, "vocab_size": 32000,'
+        ' "max_position_embeddings": 2048}'
+    )
+    mha = CostModel(load_hf_config(tmp_path), get_hardware("A100-80GB"), 8)
+    assert 8000 * mha.model.kv_bytes_per_token(8) == pytest.approx(2.62e9, rel=0.01)
+    assert mha.swap_time(8000) == pytest.approx(0.082, rel=0.02)

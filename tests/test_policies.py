@@ -644,8 +644,8 @@ def test_random_workload_invariants(policy, seed):
 
 def test_registry_unknown_policy_lists_known_names():
     with pytest.raises(ValueError, match="unknown policy") as info:
-        parse_policy_list("sarathi")
-    for name in ("static", "orca", "vllm"):
+        parse_policy_list("fifo")
+    for name in ("static", "orca", "vllm", "vllm-v0", "sarathi"):
         assert name in str(info.value)
     with pytest.raises(ValueError, match="static, orca, vllm"):
         get_policy_cls("nope")

@@ -267,6 +267,16 @@ def cmd_cost(args: argparse.Namespace) -> int:
         cm.roofline(prefill_shape),
         cm.roofline(decode_shape),
     )
+    if args.swap is not None:
+        if args.swap < 1:
+            raise CliError(f"--swap must be >= 1 token, got {args.swap}")
+        result["swap_s"] = cm.swap_time(args.swap)
+        per_gpu = args.swap * cm.model.kv_bytes_per_token(cm.tp)
+        print(
+            f"swap {args.swap:,} tokens: {per_gpu / 1e9:.2f} GB of KV per GPU "
+            f"({args.swap * cm.model.kv_bytes_per_token() / 1e9:.2f} GB in all) over "
+            f"{cm.hardware.pcie_bandwidth / 1e9:.0f} GB/s PCIe: {result['swap_s'] * 1e3:.1f} ms"
+        )
     if args.json:
         _write_json(args.json, result)
     return 0
@@ -302,6 +312,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 "warnings": list(fit.warnings),
             },
         )
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+    from tailserve.report.tables import print_policies
+
+    hardware = get_hardware(args.hardware)
+    model = get_model(args.model)
+    print_policies(
+        hardware, model.max_position_embeddings if args.max_model_len is None else args.max_model_len
+    )
     return 0
 
 
@@ -357,12 +380,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens already cached before the prefill chunk",
     )
     p.add_argument("--decode", default="10x1024", help="decode batch BATCHxCONTEXT (default: %(default)s)")
-    p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} as JSON")
+    p.add_argument(
+        "--swap",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="also price swapping this many tokens of KV over PCIe",
+    )
+    p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} (and swap_s) as JSON")
 
     p = sub.add_parser("calibrate", help="fit the cost model to measured iteration times")
     _add_deployment_args(p)
     p.add_argument("points", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)")
     p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
+
+    p = sub.add_parser("policies", help="every policy with its flags and its engine's defaults for a GPU")
+    p.add_argument(
+        "--hardware", default=SEED_PRESET.hardware, help="GPU whose defaults to show (default: %(default)s)"
+    )
+    p.add_argument(
+        "--model",
+        default=SEED_PRESET.model,
+        help="model whose context length to assume (default: %(default)s)",
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
 
     sub.add_parser("models", help="list the model catalog")
     sub.add_parser("hardware", help="list the hardware catalog")
@@ -388,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_calibrate(args)
         if args.command in ("models", "hardware"):
             return cmd_catalog(args)
+        if args.command == "policies":
+            return cmd_policies(args)
         parser.print_help()
         return 2
     except (CliError, ValueError) as e:

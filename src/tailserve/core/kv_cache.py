@@ -190,7 +190,9 @@ class KVCacheManager:
             )
         in_use = sum(1 for c in counted if c > 0)
         if in_use + len(free) != self.num_blocks:
-            raise KVCacheIntegrityError(f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total")
+            raise KVCacheIntegrityError(
+                f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total"
+            )
         cpu_used = [b for t in self.cpu_block_tables.values() for b in t]
         if len(set(cpu_used)) != len(cpu_used) or set(cpu_used) & set(self._cpu_free):
             raise KVCacheIntegrityError("a CPU block is held twice or both held and free")

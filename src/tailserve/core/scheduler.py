@@ -20,7 +20,8 @@ aborted or rejected, each with a reason when not finished).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tailserve.core.executor import StepResult
 from tailserve.core.kv_cache import KVCacheManager
@@ -143,6 +144,16 @@ class Scheduler:
             request.first_scheduled_time = now
         self.running.append(request)
 
+    def insert_waiting(self, request: Request, key: Callable[[Request], Any]) -> None:
+        """Insert into ``waiting`` kept sorted by ``key`` (after equal keys): a priority queue
+        that still reads front to back like the FCFS deque."""
+        waiting = self.waiting
+        k = key(request)
+        i = len(waiting)
+        while i > 0 and key(waiting[i - 1]) > k:
+            i -= 1
+        waiting.insert(i, request)
+
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
         self.running.remove(request)
@@ -151,6 +162,17 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
+
+    def reject(self, request: Request, reason: str, now: float) -> None:
+        """A policy refuses a request it was handed (e.g. TGI's ``max_concurrent_requests``
+        backpressure). The request must not be in any queue."""
+        self._leave(request, RequestStatus.FINISHED_REJECTED, now, reason)
+
+    def abort(self, request: Request, reason: str, now: float) -> None:
+        """End a request the engine cannot serve (e.g. no CPU swap space left); it must already
+        be out of every queue. Its KV is released."""
+        self.kv_cache.free(request.request_id)
+        self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
 
     def preempt_by_swap(self, request: Request, out: SchedulerOutput) -> bool:
         """Move the request's KV to the CPU pool (counted in ``out`` for the PCIe cost) and park

@@ -16,7 +16,13 @@ The rules, in the engine's order (``shared/reference/policies.md`` §1):
 5. A preempted request goes back to the *front* of the waiting queue and recomputes its prompt
    and its generated tokens.
 
-Prefix caching (on by default in V1) and ``--scheduling-policy priority`` are not modelled yet.
+With ``scheduling_policy=priority`` the waiting queue is ordered by (priority, arrival time,
+request id), lower values first; the preemption victim is the running request with the largest
+(priority, arrival time) — the least urgent, then the latest — whose tokens go back to the budget
+if it was already scheduled; a request that preempted itself does not end the pass; and a
+preempted request re-enters the queue by its key (a plain heap push), not at the front.
+
+Prefix caching (on by default in V1) is not modelled yet.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -38,8 +45,11 @@ class VllmConfig:
     enable_chunked_prefill: bool = True
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting
+    scheduling_policy: str = "fcfs"  # or "priority"
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
@@ -55,6 +65,10 @@ class VllmConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+def _priority_key(request: Request) -> tuple[int, float, str]:
+    return (request.priority, request.arrival_time, request.request_id)
 
 
 def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
@@ -101,6 +115,27 @@ class VllmPolicy(Policy):
             )
         return config
 
+    def __init__(self, config: VllmConfig) -> None:
+        super().__init__(config)
+        self._priority = config.scheduling_policy == "priority"
+
+    def add_request(self, sched: Scheduler, request: Request) -> None:
+        if self._priority:
+            sched.insert_waiting(request, _priority_key)
+        else:
+            sched.waiting.append(request)
+
+    def _victim(self, sched: Scheduler) -> Request:
+        if self._priority:
+            return max(reversed(sched.running), key=lambda r: (r.priority, r.arrival_time))
+        return sched.running[-1]
+
+    def _requeue(self, sched: Scheduler, request: Request) -> None:
+        if self._priority:
+            sched.insert_waiting(request, _priority_key)
+        else:
+            sched.waiting.appendleft(request)
+
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         cfg: VllmConfig = self.config
         out = SchedulerOutput()
@@ -129,20 +164,23 @@ class VllmPolicy(Policy):
             target = computed + want
             self_preempted = False
             while not sched.allocate(request, target):
-                victim = sched.running[-1]
-                if victim is not request and any(s.request is victim for s in scheduled):
-                    # Its tokens go back to the budget.
-                    item = next(s for s in scheduled if s.request is victim)
+                victim = self._victim(sched)
+                item = next((s for s in scheduled if s.request is victim), None)
+                if item is not None:
+                    # Already scheduled this iteration (priority only): its tokens go back.
                     scheduled.remove(item)
                     budget += item.num_new_tokens
+                    i -= 1
                 sched.preempt_by_recompute(victim)
-                sched.waiting.appendleft(victim)
+                self._requeue(sched, victim)
                 preempted.append(victim)
                 if victim is request:
                     self_preempted = True
                     break
             if self_preempted:
-                break  # FCFS: a request that preempted itself ends the running pass
+                if not self._priority:
+                    break  # FCFS: a request that preempted itself ends the running pass
+                continue  # priority: go on with the next running request (now at index i)
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
             budget -= want
             i += 1

@@ -116,6 +116,27 @@ def print_calibration(built: BuiltCostModel) -> None:
         console.print(f"warning: {w}")
 
 
+def print_policies(hardware, max_model_len: int) -> None:
+    from dataclasses import fields
+
+    from tailserve.policies.registry import POLICIES
+
+    table = Table(
+        title=f"policies and their engines' defaults on {hardware.name} (max_model_len {max_model_len:,})",
+        title_justify="left",
+    )
+    table.add_column("policy", no_wrap=True)
+    table.add_column("what it models")
+    table.add_column("flags = defaults")
+    for name, cls in POLICIES.items():
+        config = cls.default_config(hardware.device_info, max_model_len)
+        flags = [f"{f.name}={getattr(config, f.name)}" for f in fields(config)]
+        flags.append(f"block_size={cls.default_block_size}")
+        flags.append(f"gpu_memory_utilization={cls.default_gpu_memory_utilization}")
+        table.add_row(name, cls.summary, "\n".join(flags))
+    console.print(table)
+
+
 def print_models() -> None:
     table = Table(title="models (any HF config.json path works too)", title_justify="left")
     for col in ("name", "params B", "layers", "hidden", "heads/kv", "context", "KV MB/token"):

@@ -111,7 +111,12 @@ class CostModel:
             ring = 2.0 * (tp - 1) / tp
             self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency
             self._comm_per_token = (
-                2.0 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / (hw.interconnect_bandwidth * eff.comm)
+                2.0
+                * m.num_layers
+                * ring
+                * m.hidden_size
+                * m.dtype_bytes
+                / (hw.interconnect_bandwidth * eff.comm)
             )
         else:
             self._comm_fixed = 0.0

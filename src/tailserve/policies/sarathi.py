@@ -1,0 +1,158 @@
+"""Sarathi-Serve (OSDI'24) stall-free batching (``sarathi/core/scheduler/sarathi_scheduler.py``).
+
+The rules (``shared/reference/policies.md`` §5), every iteration, within ``chunk_size`` tokens:
+1. Order the running requests by arrival (FCFS).
+2. Decodes first: every decoding request gets 1 token. One that cannot get a KV slot preempts,
+   by recompute, the last running request (the latest arrival) and retries; if it is itself the
+   last, it is preempted. A preempted request goes to the *front* of the waiting queue.
+3. Then prompts in progress: each gets ``min(prompt left, chunk_size - tokens so far)``; their KV
+   was allocated whole at admission, so they never need blocks.
+4. Then new requests, FCFS, each with a first chunk of what is left of the budget. Admission
+   needs free blocks for the *whole* prompt plus a 1% watermark, fewer than ``max_num_seqs``
+   running and a chunk above 0; the first request that fails any of these stops the walk.
+So no iteration carries more than ``chunk_size`` tokens and decodes never stall behind a prompt.
+
+With ``enable_dynamic_chunking_schedule`` the chunk a prompt gets shrinks as it progresses:
+``chunk_schedule_stages`` sizes from ``high_chunk_size`` down to ``low_chunk_size`` (multiples of
+32), the stage chosen from the prompt tokens already processed out of
+``chunk_schedule_max_tokens`` — later chunks attend to more context and cost more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.policy import Policy
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class SarathiConfig:
+    chunk_size: int = 512  # the token budget of every iteration
+    max_num_seqs: int = 128
+    enable_dynamic_chunking_schedule: bool = False
+    low_chunk_size: int = 0
+    high_chunk_size: int = 0
+    chunk_schedule_max_tokens: int = 0
+    chunk_schedule_stages: int = 0
+    watermark: float = 0.01  # fraction of blocks kept free at admission (BaseBlockSpaceManager)
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.enable_dynamic_chunking_schedule:
+            if not 32 <= self.low_chunk_size <= self.high_chunk_size:
+                raise ValueError(
+                    "dynamic chunking needs 32 <= low_chunk_size <= high_chunk_size, got "
+                    f"{self.low_chunk_size} and {self.high_chunk_size}"
+                )
+            if self.chunk_schedule_stages < 1 or self.chunk_schedule_max_tokens < 1:
+                raise ValueError(
+                    "dynamic chunking needs chunk_schedule_stages >= 1 and chunk_schedule_max_tokens >= 1, "
+                    f"got {self.chunk_schedule_stages} and {self.chunk_schedule_max_tokens}"
+                )
+
+
+class SarathiPolicy(Policy):
+    name = "sarathi"
+    summary = "Sarathi-Serve: stall-free hybrid batches of decodes + prompt chunks within chunk_size"
+    config_cls = SarathiConfig
+    default_block_size = 16
+    default_gpu_memory_utilization = 0.8
+
+    def __init__(self, config: SarathiConfig) -> None:
+        super().__init__(config)
+        self._chunk_sizes = _stage_sizes(config) if config.enable_dynamic_chunking_schedule else None
+
+    @classmethod
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SarathiConfig:
+        known = {f.name for f in fields(SarathiConfig)}
+        return replace(SarathiConfig(), **{k: v for k, v in overrides.items() if k in known})
+
+    @classmethod
+    def profile_tokens(cls, config: SarathiConfig, max_model_len: int) -> int:
+        return max(config.chunk_size, config.high_chunk_size)
+
+    def _chunk_for(self, request: Request) -> int:
+        sizes = self._chunk_sizes
+        if sizes is None:
+            return self.config.chunk_size
+        stage = request.num_computed_tokens // (self.config.chunk_schedule_max_tokens // len(sizes) or 1)
+        return sizes[min(stage, len(sizes) - 1)]
+
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        cfg: SarathiConfig = self.config
+        out = SchedulerOutput()
+        running = sched.running
+        running.sort(key=lambda r: r.arrival_time)  # stable: equal arrivals keep admission order
+        batched = 0
+
+        # Phase 1: decodes, preempting the latest arrival when a slot is missing.
+        prefilling: list[Request] = []
+        for request in list(running):
+            if request not in running:
+                continue  # preempted earlier in this pass
+            if request.num_tokens - request.num_computed_tokens > 1:
+                prefilling.append(request)
+                continue
+            while not sched.allocate(request, request.num_computed_tokens + 1):
+                victim = running[-1]
+                self._preempt(sched, victim, out)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+                batched += 1
+
+        # Phase 2: prompts in progress (their blocks were allocated whole at admission).
+        for request in prefilling:
+            if request not in running:
+                continue
+            chunk = min(request.num_tokens - request.num_computed_tokens, self._chunk_for(request) - batched)
+            if chunk <= 0:
+                continue
+            out.scheduled.append(ScheduledRequest(request, chunk, request.num_computed_tokens))
+            batched += chunk
+
+        # Phase 3: new requests, FCFS; the first that cannot start stops the walk.
+        kv = sched.kv_cache
+        watermark = int(cfg.watermark * kv.num_blocks)
+        while sched.waiting and len(running) < cfg.max_num_seqs:
+            request = sched.waiting[0]
+            chunk = min(request.num_tokens - request.num_computed_tokens, self._chunk_for(request) - batched)
+            if chunk <= 0:
+                break
+            if not sched.allocate(request, request.num_tokens, reserve=watermark):
+                break
+            sched.waiting.popleft()
+            sched.admit(request, now)
+            out.num_admitted += 1
+            out.scheduled.append(ScheduledRequest(request, chunk, request.num_computed_tokens))
+            batched += chunk
+        return out
+
+    def _preempt(self, sched: Scheduler, victim: Request, out: SchedulerOutput) -> None:
+        for item in out.scheduled:
+            if item.request is victim:
+                out.scheduled.remove(item)
+                break
+        sched.preempt_by_recompute(victim)
+        sched.waiting.appendleft(victim)
+        out.preempted.append(victim)
+
+
+def _stage_sizes(cfg: SarathiConfig) -> list[int]:
+    """``chunk_schedule_stages`` sizes from high to low, linearly spaced, multiples of 32."""
+    n = cfg.chunk_schedule_stages
+    if n == 1:
+        return [cfg.high_chunk_size // 32 * 32]
+    step = (cfg.high_chunk_size - cfg.low_chunk_size) / (n - 1)
+    return [max(32, int(round((cfg.high_chunk_size - i * step) / 32)) * 32) for i in range(n)]

@@ -1,0 +1,353 @@
+"""vLLM V0 (``vllm/core/scheduler.py``, 0.8.5): prefill-first by default, swap or recompute.
+
+Default mode (chunked prefill off), each iteration (``shared/reference/policies.md`` §2):
+1. Only while nothing is swapped out: admit waiting prompts FCFS, each *whole*. A prompt needs
+   blocks for all its tokens with ``watermark`` (1%) of the blocks left over — a prompt that
+   could never fit is aborted, one that does not fit now stops admission — and must fit the token
+   budget and ``max_num_seqs``, else admission stops.
+2. If a prompt was admitted the iteration is prefill-only: every decode waits (the generation
+   stall). With ``scheduling_policy=priority`` and nothing admitted, running requests less
+   urgent than the waiting head are preempted while the head cannot be allocated.
+3. Otherwise decode every running request; one that cannot get a slot preempts the *tail* of
+   ``running`` (itself if it is the tail): by recompute to the front of the waiting queue, or by
+   swapping its KV to the CPU pool (``--swap-space`` GiB) into the swapped queue.
+4. If nobody was preempted, swap requests back in, FCFS, while the GPU holds their blocks plus
+   the watermark; they decode in the same iteration.
+
+Chunked mode (``enable_chunked_prefill``): running requests first (decodes 1 token, prompts in
+progress a chunk of what is left, split ``max_num_partial_prefills`` ways; the pass stops at a
+request that would get 0), then swapped-in requests if nobody was preempted, then new prompts
+chunked to the remaining budget — a Sarathi-style hybrid batch. With more than one partial
+prefill allowed, a long prompt waits while ``max_long_partial_prefills`` long ones run.
+
+Preemption mode: ``preemption_mode`` None means recompute for single-sequence requests (all of
+ours), as vLLM decides per request. Swapped requests block new prefills entirely (default
+mode) — the convoy the essay describes; the PCIe copies are priced by the cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.policy import Policy
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class VllmV0Config:
+    max_num_batched_tokens: int
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = False
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    long_prefill_token_threshold: int = 0
+    preemption_mode: str = "auto"  # vLLM's None: recompute for single sequences; or recompute | swap
+    swap_space: float = 4.0  # GiB of CPU swap per GPU
+    watermark: float = 0.01  # BlockSpaceManager's fraction of blocks kept free (no CLI flag)
+    scheduling_policy: str = "fcfs"  # or "priority"
+    scheduler_delay_factor: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_num_partial_prefills",
+            "max_long_partial_prefills",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.preemption_mode not in ("auto", "recompute", "swap"):
+            raise ValueError(f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.long_prefill_token_threshold < 0 or self.scheduler_delay_factor < 0:
+            raise ValueError("long_prefill_token_threshold and scheduler_delay_factor must be >= 0")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or "
+                f"equal to max_num_seqs ({self.max_num_seqs})"
+            )
+
+
+def _priority_key(request: Request) -> tuple[int, float]:
+    return (request.priority, request.arrival_time)
+
+
+class VllmV0Policy(Policy):
+    name = "vllm-v0"
+    summary = "vLLM V0: prefill-first (or chunked) batches, watermark, recompute or swap preemption"
+    config_cls = VllmV0Config
+    default_block_size = 16
+    default_gpu_memory_utilization = 0.9
+
+    def __init__(self, config: VllmV0Config) -> None:
+        super().__init__(config)
+        self._priority = config.scheduling_policy == "priority"
+        self._last_prompt_latency = 0.0  # seconds, for scheduler_delay_factor
+        self._last_prefill_start: float | None = None
+
+    @classmethod
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> VllmV0Config:
+        # Chunked prefill is switched on automatically for contexts above 32K (CUDA).
+        chunked = overrides.get("enable_chunked_prefill", max_model_len > 32768)
+        partial = overrides.get("max_num_partial_prefills", 1)
+        budget = overrides.get("max_num_batched_tokens", 2048 if chunked else max(max_model_len, 2048))
+        threshold = overrides.get(
+            "long_prefill_token_threshold", int(0.04 * max_model_len) if partial > 1 else 0
+        )
+        known = {f.name for f in fields(VllmV0Config)}
+        rest = {k: v for k, v in overrides.items() if k in known}
+        rest.update(
+            enable_chunked_prefill=chunked,
+            max_num_batched_tokens=budget,
+            long_prefill_token_threshold=threshold,
+        )
+        config = replace(VllmV0Config(budget), **rest)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({max_model_len}) with chunked prefill disabled: prompts longer than the budget could "
+                "never be scheduled; raise it or enable chunked prefill"
+            )
+        return config
+
+    def add_request(self, sched: Scheduler, request: Request) -> None:
+        if self._priority:
+            sched.insert_waiting(request, _priority_key)
+        else:
+            sched.waiting.append(request)
+
+    def can_fast_forward(self, sched: Scheduler) -> bool:
+        # The delay gate depends on the clock; otherwise admission is monotone in free blocks.
+        return not sched.waiting or not self.config.scheduler_delay_factor
+
+    # ---- shared pieces --------------------------------------------------------------------
+    def _watermark(self, sched: Scheduler) -> int:
+        return int(self.config.watermark * sched.kv_cache.num_blocks)
+
+    def _preempt(self, sched: Scheduler, victim: Request, out: SchedulerOutput, now: float) -> None:
+        """Recompute to the front of the waiting queue, or swap to the CPU pool (aborting the
+        request, with vLLM's message, when the pool is full)."""
+        for item in out.scheduled:
+            if item.request is victim:
+                out.scheduled.remove(item)
+                break
+        if self.config.preemption_mode == "swap":
+            if not sched.preempt_by_swap(victim, out):
+                sched.running.remove(victim)
+                # vLLM raises here and the whole engine stops; we fail only this request.
+                sched.abort(victim, "Aborted due to the lack of CPU swap space", now)
+            return
+        sched.preempt_by_recompute(victim)
+        sched.waiting.appendleft(victim)
+        out.preempted.append(victim)
+
+    def _decode_all(self, sched: Scheduler, out: SchedulerOutput, now: float, budget: int) -> int:
+        """Decode every running request, preempting the tail when a slot is missing."""
+        if self._priority:
+            sched.running.sort(key=_priority_key)
+        for request in list(sched.running):
+            if request not in sched.running:
+                continue
+            if request.num_tokens - request.num_computed_tokens != 1:
+                continue  # a prompt in progress (chunked mode handles it)
+            while not sched.allocate(request, request.num_computed_tokens + 1):
+                victim = sched.running[-1]
+                self._preempt(sched, victim, out, now)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+                budget -= 1
+        return budget
+
+    def _swap_in(self, sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
+        """Swapped requests come back FCFS while the GPU holds their blocks plus a slot for the
+        next token, net of the watermark; they decode in this same iteration."""
+        while sched.swapped and budget > 0 and len(sched.running) < self.config.max_num_seqs:
+            request = sched.swapped[0]
+            if not sched.swap_in(request, out, reserve=self._watermark(sched) + 1):
+                break
+            if request.num_tokens - request.num_computed_tokens == 1:
+                sched.allocate(request, request.num_computed_tokens + 1)
+                out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+                budget -= 1
+        return budget
+
+    def _can_allocate(self, sched: Scheduler, request: Request, now: float) -> bool | None:
+        """V0's ``can_allocate`` for a whole prompt: True (OK), False (LATER) or None (NEVER)."""
+        kv = sched.kv_cache
+        required = kv.blocks_for(request.num_tokens)
+        watermark = self._watermark(sched)
+        if kv.num_blocks - required < watermark:
+            return None
+        return kv.num_free_blocks - required >= watermark
+
+    def _admit_whole(
+        self, sched: Scheduler, request: Request, out: SchedulerOutput, now: float, tokens: int
+    ) -> None:
+        sched.waiting.popleft()
+        sched.allocate(request, request.num_tokens)
+        sched.admit(request, now)
+        out.num_admitted += 1
+        out.scheduled.append(ScheduledRequest(request, tokens, request.num_computed_tokens))
+
+    def _never(self, sched: Scheduler, request: Request, now: float) -> None:
+        sched.waiting.popleft()
+        sched.abort(
+            request,
+            f"Input prompt ({request.num_tokens} tokens) is too long and exceeds the capacity of block_manager",
+            now,
+        )
+
+    # ---- the iteration --------------------------------------------------------------------
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        if self.config.enable_chunked_prefill:
+            return self._schedule_chunked(sched, now)
+        return self._schedule_default(sched, now)
+
+    def _delay_ok(self, sched: Scheduler, now: float) -> bool:
+        factor = self.config.scheduler_delay_factor
+        if not factor or not sched.running or not sched.waiting:
+            return True
+        oldest = min(r.arrival_time for r in sched.waiting)
+        return now - oldest > factor * self._last_prompt_latency
+
+    def _schedule_default(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        cfg: VllmV0Config = self.config
+        out = SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        if not sched.swapped and self._delay_ok(sched, now):
+            while sched.waiting:
+                request = sched.waiting[0]
+                ok = self._can_allocate(sched, request, now)
+                if ok is None:
+                    self._never(sched, request, now)
+                    continue
+                tokens = request.num_tokens - request.num_computed_tokens
+                if not ok or tokens > budget or len(sched.running) + 1 > cfg.max_num_seqs:
+                    break
+                self._admit_whole(sched, request, out, now, tokens)
+                budget -= tokens
+        if out.scheduled:
+            self._note_prefill(now)
+            return out  # a prefill iteration: every decode waits
+        if self._priority:
+            self._priority_preemption(sched, out, now)
+        self._decode_all(sched, out, now, budget)
+        if not out.preempted and not out.swapped_out:
+            self._swap_in(sched, out, budget)
+        return out
+
+    def _note_prefill(self, now: float) -> None:
+        if self._last_prefill_start is not None:
+            self._last_prompt_latency = now - self._last_prefill_start
+        self._last_prefill_start = now
+
+    def _priority_preemption(self, sched: Scheduler, out: SchedulerOutput, now: float) -> None:
+        if not sched.waiting or not sched.running:
+            return
+        head = sched.waiting[0]
+        running = sorted(sched.running, key=_priority_key)
+        budget = self.config.max_num_batched_tokens
+        while running and _priority_key(running[-1]) > _priority_key(head):
+            fits = self._can_allocate(sched, head, now) and head.num_tokens <= budget
+            if fits:
+                break
+            victim = running.pop()
+            sched.preempt_by_recompute(victim)
+            sched.waiting.appendleft(victim)
+            out.preempted.append(victim)
+        ordered = sorted(sched.waiting, key=_priority_key)
+        sched.waiting.clear()
+        sched.waiting.extend(ordered)
+
+    def _schedule_chunked(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        cfg: VllmV0Config = self.config
+        out = SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        running_prefills = sum(1 for r in sched.running if r.num_tokens - r.num_computed_tokens > 1)
+        slots = max(1, min(cfg.max_num_partial_prefills, running_prefills + len(sched.waiting)))
+        per_slot = budget // slots if cfg.max_num_partial_prefills > 1 else budget
+
+        # Running first: decodes 1 token, prompts in progress a chunk; stop at a 0 grant.
+        if self._priority:
+            sched.running.sort(key=_priority_key)
+        for request in list(sched.running):
+            if request not in sched.running:
+                continue
+            want = request.num_tokens - request.num_computed_tokens
+            if want > 1:
+                want = min(want, budget, per_slot)  # blocks were allocated whole at admission
+                if want <= 0:
+                    break
+                out.scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
+                budget -= want
+                continue
+            if budget <= 0:
+                break
+            while not sched.allocate(request, request.num_computed_tokens + 1):
+                victim = sched.running[-1]
+                self._preempt(sched, victim, out, now)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+                budget -= 1
+        preempted = bool(out.preempted or out.swapped_out)
+        if not preempted:
+            budget = self._swap_in(sched, out, budget)
+
+        # New prompts, chunked to what is left of the budget.
+        long_running = sum(
+            1 for r in sched.running if r.num_tokens - r.num_computed_tokens > 1 and self._is_long(r)
+        )
+        held_back: list[Request] = []
+        while sched.waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+            request = sched.waiting[0]
+            if cfg.max_num_partial_prefills > 1 and self._is_long(request):
+                if long_running >= cfg.max_long_partial_prefills:
+                    held_back.append(sched.waiting.popleft())  # lets short prompts overtake it
+                    continue
+                long_running += 1
+            ok = self._can_allocate(sched, request, now)
+            if ok is None:
+                self._never(sched, request, now)
+                continue
+            if not ok:
+                break
+            tokens = min(request.num_tokens - request.num_computed_tokens, budget, per_slot)
+            self._admit_whole(sched, request, out, now, tokens)
+            budget -= tokens
+        for request in reversed(held_back):
+            sched.waiting.appendleft(request)
+        self._reorder_running(sched, out)
+        return out
+
+    def _is_long(self, request: Request) -> bool:
+        threshold = self.config.long_prefill_token_threshold
+        return bool(threshold) and request.num_tokens - request.num_computed_tokens > threshold
+
+    def _reorder_running(self, sched: Scheduler, out: SchedulerOutput) -> None:
+        """V0 rebuilds ``running`` so that next iteration decodes come first, then prompts that
+        finish in this iteration, then prompts still in progress, then the ones just admitted."""
+        granted = {id(s.request): s.num_new_tokens for s in out.scheduled}
+        admitted = {id(s.request) for s in out.scheduled[len(out.scheduled) - out.num_admitted :]}
+
+        def rank(r: Request) -> int:
+            left = r.num_tokens - r.num_computed_tokens
+            if left <= 1:
+                return 0
+            if id(r) in admitted:
+                return 3
+            return 1 if granted.get(id(r)) == left else 2
+
+        sched.running.sort(key=rank)
