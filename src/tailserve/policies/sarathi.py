@@ -155,4 +155,4 @@ def _stage_sizes(cfg: SarathiConfig) -> list[int]:
     if n == 1:
         return [cfg.high_chunk_size // 32 * 32]
     step = (cfg.high_chunk_size - cfg.low_chunk_size) / (n - 1)
-    return [max(32, int(round((cfg.high_chunk_size - i * step) / 32)) * 32) for i in range(n)]
+    return [max(32, round((cfg.high_chunk_size - i * step) / 32) * 32) for i in range(n)]
