@@ -34,13 +34,13 @@ def print_runs(
     workload: WorkloadSpec,
 ) -> None:
     table = Table(title=f"{deployment_line(built)} — {workload.label}", title_justify="left")
-    table.add_column("policy", no_wrap=True)
+    table.add_column("policy", overflow="fold", max_width=48)
     for name in ("TTFT p50", "TTFT p99", "ITL p99", "ITL max", "TPOT p99"):
-        table.add_column(f"{name}\nms", justify="right")
-    table.add_column("output\ntok/s", justify="right")
-    table.add_column("req/s", justify="right")
-    table.add_column("preempt", justify="right")
-    table.add_column("done/rej", justify="right")
+        table.add_column(f"{name}\nms", justify="right", no_wrap=True)
+    table.add_column("output\ntok/s", justify="right", no_wrap=True)
+    table.add_column("req/s", justify="right", no_wrap=True)
+    table.add_column("preempt", justify="right", no_wrap=True)
+    table.add_column("done/rej", justify="right", no_wrap=True)
     show_goodput = any("goodput" in s for s in summaries)
     if show_goodput:
         table.add_column("goodput\nreq/s", justify="right")
