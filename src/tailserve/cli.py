@@ -91,6 +91,11 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-requests", type=int, default=None, help="trace: keep the first N requests")
     g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    g.add_argument(
+        "--priorities",
+        default=None,
+        help="give requests priorities from a mix, PRIORITY=FRACTION,... e.g. 0=0.8,10=0.2 (lower is more urgent in vLLM)",
+    )
 
 
 def _add_output_args(p: argparse.ArgumentParser) -> None:
@@ -119,6 +124,7 @@ def _deployment(args: argparse.Namespace) -> Deployment:
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSpec:
+    from tailserve.simulation import parse_priorities
     from tailserve.workloads.arrivals import parse_arrival
     from tailserve.workloads.lengths import parse_length
 
@@ -133,6 +139,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         trace_path=args.trace,
         rate_scale=args.rate_scale,
         max_requests=args.max_requests,
+        priorities=parse_priorities(args.priorities) if args.priorities else (),
     )
 
 

@@ -8,6 +8,7 @@ Engine(Scheduler, SimExecutor, source).run()  -> RunResult (requests + iteration
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -109,6 +110,8 @@ class WorkloadSpec:
     trace_path: str | None = None
     rate_scale: float = 1.0
     max_requests: int | None = None
+    # (priority value, fraction of requests) pairs; empty = every request has priority 0.
+    priorities: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in (*WORKLOADS, "trace"):
@@ -121,6 +124,10 @@ class WorkloadSpec:
             raise ValueError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.rate_scale <= 0:
             raise ValueError(f"--rate-scale must be > 0, got {self.rate_scale}")
+        if self.priorities and (
+            any(f < 0 for _, f in self.priorities) or abs(sum(f for _, f in self.priorities) - 1) > 1e-6
+        ):
+            raise ValueError(f"--priorities fractions must be >= 0 and sum to 1, got {self.priorities}")
 
     @property
     def label(self) -> str:
@@ -155,6 +162,12 @@ class WorkloadBuilder:
         return 0
 
     def build(self, cost_model: CostModel) -> RequestSource:
+        source = self._build(cost_model)
+        if self.spec.priorities:
+            return PrioritySource(source, self.spec.priorities, self.spec.seed)
+        return source
+
+    def _build(self, cost_model: CostModel) -> RequestSource:
         s = self.spec
         if s.name == "hol":
             return ListSource(builtin.hol(hol_long_arrival(cost_model)))
@@ -165,6 +178,48 @@ class WorkloadBuilder:
         if self._trace is None:
             self._trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
         return ListSource(_fresh(r) for r in self._trace)
+
+
+class PrioritySource:
+    """Gives each request a priority drawn from a seeded mix as it arrives (any workload)."""
+
+    def __init__(self, source: RequestSource, mix: tuple[tuple[int, float], ...], seed: int) -> None:
+        self._source = source
+        self._values = [v for v, _ in mix]
+        self._weights = [f for _, f in mix]
+        self._rng = random.Random(seed + 7919)  # its own stream: lengths and arrivals unchanged
+
+    def next_arrival_time(self) -> float | None:
+        return self._source.next_arrival_time()
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        arrived = self._source.pop_arrived(now)
+        for request in arrived:
+            request.priority = self._rng.choices(self._values, self._weights)[0]
+        return arrived
+
+    def on_finish(self, request: Request, now: float) -> None:
+        self._source.on_finish(request, now)
+
+    @property
+    def exhausted(self) -> bool:
+        return self._source.exhausted
+
+
+def parse_priorities(text: str) -> tuple[tuple[int, float], ...]:
+    """``0=0.8,10=0.2`` -> ((0, 0.8), (10, 0.2)): priority value = fraction of requests."""
+    mix = []
+    for item in text.split(","):
+        value, eq, fraction = item.strip().partition("=")
+        try:
+            mix.append((int(value), float(fraction)))
+        except ValueError:
+            raise ValueError(
+                f"--priorities item {item!r} is not PRIORITY=FRACTION, e.g. 0=0.8,10=0.2"
+            ) from None
+        if not eq:
+            raise ValueError(f"--priorities item {item!r} is not PRIORITY=FRACTION, e.g. 0=0.8,10=0.2")
+    return tuple(mix)
 
 
 def _fresh(r: Request) -> Request:

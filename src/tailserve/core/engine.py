@@ -162,7 +162,7 @@ class Engine:
         if not running or sched.swapped:
             return False
         for request in running:
-            if request.num_tokens - request.num_computed_tokens != 1:
+            if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
                 return False
         if sched.waiting:
             out = sched.last_output
