@@ -73,7 +73,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.enqueue_time = now
         self.policy.add_request(self, request)
-        return True
+        return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 
     def abort_request(self, request_id: str, reason: str, now: float) -> Request | None:
         for queue in (self.running, self.waiting, self.swapped):

@@ -15,11 +15,12 @@ from tailserve.core.policy import Policy
 from tailserve.policies.orca import OrcaPolicy
 from tailserve.policies.sarathi import SarathiPolicy
 from tailserve.policies.static import StaticPolicy
+from tailserve.policies.tgi import TgiPolicy
 from tailserve.policies.vllm import VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Policy
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy)
+    p.name: p for p in (StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy, TgiPolicy)
 }
 
 ENGINE_FLAGS: dict[str, type] = {
@@ -42,9 +43,14 @@ def policy_flags(cls: type[Policy]) -> dict[str, type]:
     return {f.name: hints[f.name] for f in fields(cls.config_cls)}
 
 
-def _convert(name: str, text: Any, kind: type) -> Any:
+def _convert(name: str, text: Any, kind: Any) -> Any:
     if not isinstance(text, str):
         return text
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if args:  # an optional flag, e.g. ``int | None``: "none" unsets it
+        if text.lower() in ("none", "null", ""):
+            return None
+        kind = args[0]
     try:
         if kind is bool:
             low = text.lower()
@@ -58,7 +64,7 @@ def _convert(name: str, text: Any, kind: type) -> Any:
         if kind is float:
             return float(text)
     except ValueError:
-        raise ValueError(f"flag {name}: {text!r} is not a valid {kind.__name__}") from None
+        raise ValueError(f"flag {name}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
     return text
 
 
