@@ -75,7 +75,7 @@ def advance_decode_run(engine: Engine) -> int:
         # before the wake-up.
         first = executor.decode_step_duration(n, num_context)  # type: ignore[attr-defined]
         k_max = min(k_max, int((wake - now) / first) + 1)
-    free = kv.num_free_blocks
+    free = kv.num_free_blocks - sched.policy.decode_reserve_blocks
     if k_max <= SHORT_RUN:
         run = _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free)
     else:
@@ -113,6 +113,8 @@ SHORT_RUN = 32  # up to this many iterations a plain loop beats numpy's per-call
 
 def _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free):
     """(times, durations, blocks needed per iteration) iterating in Python; None if empty."""
+    if free < 0:
+        return None  # the policy's reserve is already broken: the next iteration preempts
     due: dict[int, int] = {}
     for f in first_new_block:
         due[f] = due.get(f, 0) + 1

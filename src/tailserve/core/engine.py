@@ -79,8 +79,13 @@ class Engine:
         sched = self.scheduler
         start = self.clock.now
         self._add_arrivals(start)
+        num_left = len(sched.finished)
         out = sched.schedule(start)
+        ended = sched.finished[num_left:]  # aborted by the policy while scheduling
+        for request in ended:
+            self.source.on_finish(request, start)
         if out.is_empty:
+            self._last_step_finished = bool(ended)
             return self._idle()
         num_used_blocks = sched.kv_cache.num_used_blocks
         result = self.executor.execute(out)
@@ -94,9 +99,10 @@ class Engine:
             out.num_decode_tokens,
             len(out.scheduled),
             num_used_blocks,
-            len(out.preempted),
+            len(out.preempted) + len(out.swapped_out),
         )
         self.finish_step(finished, now)
+        self._last_step_finished |= bool(ended)
         if self.options.check_integrity:
             self.check_integrity()
         return True
@@ -125,14 +131,12 @@ class Engine:
 
     def _idle(self) -> bool:
         sched = self.scheduler
-        wake = [
-            t
-            for t in (
-                self.source.next_arrival_time(),
-                sched.policy.next_wakeup(sched, self.clock.now),
-            )
-            if t is not None
-        ]
+        now = self.clock.now
+        arrival = self.source.next_arrival_time()
+        if arrival is not None and arrival <= now:
+            return True  # released during this step (a closed-loop client): add it next step
+        wakeup = sched.policy.next_wakeup(sched, now)
+        wake = [t for t in (arrival, wakeup) if t is not None]
         if not wake:
             if sched.has_unfinished:
                 raise EngineStalledError(
@@ -142,11 +146,11 @@ class Engine:
                 )
             return False
         t = min(wake)
-        if t <= self.clock.now and isinstance(self.clock, VirtualClock):
+        if t <= now and isinstance(self.clock, VirtualClock):
             # Arrivals up to now were already added: a wake-up now that schedules nothing
             # would repeat forever.
             raise EngineStalledError(
-                f"the policy asked to be woken at t={t} but scheduled nothing at t={self.clock.now} "
+                f"the policy asked to be woken at t={t} but scheduled nothing at t={now} "
                 f"({sched.policy.describe()})"
             )
         self.clock.wait_until(t)

@@ -22,6 +22,8 @@ class Policy(ABC):
     # Engine-wide defaults of the engine this policy models.
     default_block_size: ClassVar[int] = 16
     default_gpu_memory_utilization: ClassVar[float] = 0.9
+    # Free blocks a decode iteration must leave untouched or it preempts (Sarathi: 1).
+    decode_reserve_blocks: ClassVar[int] = 0
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -2,9 +2,11 @@
 
 The rules (``shared/reference/policies.md`` §5), every iteration, within ``chunk_size`` tokens:
 1. Order the running requests by arrival (FCFS).
-2. Decodes first: every decoding request gets 1 token. One that cannot get a KV slot preempts,
-   by recompute, the last running request (the latest arrival) and retries; if it is itself the
-   last, it is preempted. A preempted request goes to the *front* of the waiting queue.
+2. Decodes first: every decoding request gets 1 token. While no KV block is free
+   (``can_append_slot``, even if its token would fit its last block) it preempts, by
+   recompute, the latest arrival among the running requests not yet looked at in this pass, or
+   itself if none is left. A preempted request goes to the *front* of the waiting queue — and,
+   as in Sarathi's code, may be admitted again in the same iteration's phase 4.
 3. Then prompts in progress: each gets ``min(prompt left, chunk_size - tokens so far)``; their KV
    was allocated whole at admission, so they never need blocks.
 4. Then new requests, FCFS, each with a first chunk of what is left of the budget. Admission
@@ -67,6 +69,7 @@ class SarathiPolicy(Policy):
     config_cls = SarathiConfig
     default_block_size = 16
     default_gpu_memory_utilization = 0.8
+    decode_reserve_blocks = 1  # decodes preempt unless a block is free (see phase 1)
 
     def __init__(self, config: SarathiConfig) -> None:
         super().__init__(config)
@@ -85,7 +88,7 @@ class SarathiPolicy(Policy):
         sizes = self._chunk_sizes
         if sizes is None:
             return self.config.chunk_size
-        stage = request.num_computed_tokens // (self.config.chunk_schedule_max_tokens // len(sizes) or 1)
+        stage = request.num_computed_tokens * len(sizes) // self.config.chunk_schedule_max_tokens
         return sizes[min(stage, len(sizes) - 1)]
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
@@ -95,16 +98,21 @@ class SarathiPolicy(Policy):
         running.sort(key=lambda r: r.arrival_time)  # stable: equal arrivals keep admission order
         batched = 0
 
-        # Phase 1: decodes, preempting the latest arrival when a slot is missing.
+        # Phase 1: decodes. While no block is free (``can_append_slot``), preempt the latest
+        # arrival among the requests not yet looked at, or the request itself if none is left.
+        pending = list(running)
         prefilling: list[Request] = []
-        for request in list(running):
-            if request not in running:
-                continue  # preempted earlier in this pass
+        while pending:
+            request = pending.pop(0)
             if request.num_tokens - request.num_computed_tokens > 1:
                 prefilling.append(request)
                 continue
-            while not sched.allocate(request, request.num_computed_tokens + 1):
-                victim = running[-1]
+            while not (
+                sched.kv_cache.num_free_blocks and sched.allocate(request, request.num_computed_tokens + 1)
+            ):
+                victim = pending.pop() if pending else request
+                if victim in prefilling:
+                    prefilling.remove(victim)
                 self._preempt(sched, victim, out)
                 if victim is request:
                     break

@@ -127,7 +127,7 @@ class VllmPolicy(Policy):
 
     def _victim(self, sched: Scheduler) -> Request:
         if self._priority:
-            return max(reversed(sched.running), key=lambda r: (r.priority, r.arrival_time))
+            return max(sched.running, key=lambda r: (r.priority, r.arrival_time))
         return sched.running[-1]
 
     def _requeue(self, sched: Scheduler, request: Request) -> None:

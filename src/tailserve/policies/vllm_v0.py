@@ -169,12 +169,19 @@ class VllmV0Policy(Policy):
                 budget -= 1
         return budget
 
-    def _swap_in(self, sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
-        """Swapped requests come back FCFS while the GPU holds their blocks plus a slot for the
-        next token, net of the watermark; they decode in this same iteration."""
+    def _swap_in(self, sched: Scheduler, out: SchedulerOutput, budget: int, now: float) -> int:
+        """Swapped requests come back FCFS while the GPU holds their blocks plus what the next
+        token needs, net of the watermark; they decode in this same iteration."""
+        kv = sched.kv_cache
         while sched.swapped and budget > 0 and len(sched.running) < self.config.max_num_seqs:
             request = sched.swapped[0]
-            if not sched.swap_in(request, out, reserve=self._watermark(sched) + 1):
+            swapped_blocks = len(kv.cpu_block_tables[request.request_id])
+            next_block = max(0, kv.blocks_for(request.num_computed_tokens + 1) - swapped_blocks)
+            if swapped_blocks + next_block > kv.num_blocks - self._watermark(sched):
+                sched.swapped.popleft()
+                sched.abort(request, "can never be swapped back in: the GPU cache is too small", now)
+                continue
+            if not sched.swap_in(request, out, reserve=self._watermark(sched) + next_block):
                 break
             if request.num_tokens - request.num_computed_tokens == 1:
                 sched.allocate(request, request.num_computed_tokens + 1)
@@ -244,7 +251,7 @@ class VllmV0Policy(Policy):
             self._priority_preemption(sched, out, now)
         self._decode_all(sched, out, now, budget)
         if not out.preempted and not out.swapped_out:
-            self._swap_in(sched, out, budget)
+            self._swap_in(sched, out, budget, now)
         return out
 
     def _note_prefill(self, now: float) -> None:
@@ -259,7 +266,11 @@ class VllmV0Policy(Policy):
         running = sorted(sched.running, key=_priority_key)
         budget = self.config.max_num_batched_tokens
         while running and _priority_key(running[-1]) > _priority_key(head):
-            fits = self._can_allocate(sched, head, now) and head.num_tokens <= budget
+            fits = (
+                self._can_allocate(sched, head, now)
+                and head.num_tokens <= budget
+                and len(running) + 1 <= self.config.max_num_seqs
+            )
             if fits:
                 break
             victim = running.pop()
@@ -274,8 +285,7 @@ class VllmV0Policy(Policy):
         cfg: VllmV0Config = self.config
         out = SchedulerOutput()
         budget = cfg.max_num_batched_tokens
-        running_prefills = sum(1 for r in sched.running if r.num_tokens - r.num_computed_tokens > 1)
-        slots = max(1, min(cfg.max_num_partial_prefills, running_prefills + len(sched.waiting)))
+        slots = self._schedulable_prefills(sched)
         per_slot = budget // slots if cfg.max_num_partial_prefills > 1 else budget
 
         # Running first: decodes 1 token, prompts in progress a chunk; stop at a 0 grant.
@@ -304,7 +314,7 @@ class VllmV0Policy(Policy):
                 budget -= 1
         preempted = bool(out.preempted or out.swapped_out)
         if not preempted:
-            budget = self._swap_in(sched, out, budget)
+            budget = self._swap_in(sched, out, budget, now)
 
         # New prompts, chunked to what is left of the budget.
         long_running = sum(
@@ -332,18 +342,40 @@ class VllmV0Policy(Policy):
         self._reorder_running(sched, out)
         return out
 
+    def _schedulable_prefills(self, sched: Scheduler) -> int:
+        """vLLM's ``PartialPrefillMetadata.from_queues``: running prefills plus the waiting ones
+        that could start, a long one only while fewer than ``max_long_partial_prefills`` long
+        prefills are counted; at most ``max_num_partial_prefills``."""
+        cfg: VllmV0Config = self.config
+        prefills = [r for r in sched.running if r.num_tokens - r.num_computed_tokens > 1]
+        count = len(prefills)
+        long_count = sum(1 for r in prefills if self._is_long(r))
+        for request in sched.waiting:
+            if count >= cfg.max_num_partial_prefills:
+                break
+            if self._is_long(request):
+                if long_count >= cfg.max_long_partial_prefills:
+                    continue
+                long_count += 1
+            count += 1
+        return max(1, min(cfg.max_num_partial_prefills, count))
+
     def _is_long(self, request: Request) -> bool:
         threshold = self.config.long_prefill_token_threshold
         return bool(threshold) and request.num_tokens - request.num_computed_tokens > threshold
 
     def _reorder_running(self, sched: Scheduler, out: SchedulerOutput) -> None:
-        """V0 rebuilds ``running`` so that next iteration decodes come first, then prompts that
-        finish in this iteration, then prompts still in progress, then the ones just admitted."""
+        """V0 rebuilds ``running`` so that next iteration swapped-in requests come first, then
+        decodes, then prompts that finish in this iteration, then prompts still in progress, then
+        the ones just admitted."""
         granted = {id(s.request): s.num_new_tokens for s in out.scheduled}
         admitted = {id(s.request) for s in out.scheduled[len(out.scheduled) - out.num_admitted :]}
+        swapped_in = {id(r) for r in out.swapped_in}
 
         def rank(r: Request) -> int:
             left = r.num_tokens - r.num_computed_tokens
+            if id(r) in swapped_in:
+                return -1  # swapped-in requests first
             if left <= 1:
                 return 0
             if id(r) in admitted:

@@ -1,0 +1,601 @@
+"""SGLang 0.5.23 (``managers/scheduler.py``, ``schedule_policy.py``, ``schedule_batch.py``).
+
+Prefill first, optimistic KV reservation, and retraction to the tail. The rules, in the engine's
+order (``shared/reference/policies.md`` §3):
+
+1. **Prefill first.** Each iteration first tries to build a prefill batch; if it builds one, the
+   iteration runs *only* that batch and every running decode waits (with ``enable_mixed_chunk``
+   the decodes ride along and their count comes off the chunk and input budgets). Only when no
+   prefill batch is built does every running request decode one token.
+2. **Quick exits.** No prefill is tried while ``batch_is_full`` is set, or when nothing waits and
+   no chunk is pending. The flag is set when the walk in 5 ends on NO_TOKEN or on the
+   ``max_running_requests`` cap, and cleared when a request leaves the running batch: at the
+   next iteration after a prefill batch (finished requests, or the still-chunked request kept out
+   of the merge), or during the next *decode* after a decode batch (so a finish in a decode
+   unblocks admission one iteration later, as in SGLang).
+3. **Order the waiting queue** with ``schedule_policy``: ``fcfs`` keeps it; ``lof`` sorts by
+   descending ``max_tokens``; ``random`` shuffles it with the policy's own seeded generator. There
+   is no radix cache yet, so every prefix match is 0: ``lpm`` and ``dfs-weight`` keep the queue
+   order (and, like SGLang with its cache on, ignore priorities); with ``disable_radix_cache``
+   they become ``fcfs``, as in SGLang.
+4. **Budgets** (``PrefillAdder``): ``rem_input_tokens = max_prefill_tokens``, ``rem_chunk_tokens =
+   chunked_prefill_size`` (none when chunking is off), and KV ``remaining_total`` = free slots -
+   Σ over running requests of min(max_tokens - outputs, 4096) x ``new_token_ratio``.
+5. **The chunked request continues first** with min(rest of its prompt, ``rem_chunk_tokens``,
+   ``remaining_total``) tokens (the full chunk when ``remaining_total`` <= 0). Then the **waiting
+   queue is walked**: a request needs (prompt + outputs) + min(max_tokens - outputs, 4096) + one
+   page, admitted only if that is < ``remaining_total``, else NO_TOKEN **stops the walk**
+   (head-of-line blocking). Without chunking, a request whose input is >= ``rem_input_tokens``
+   stops it once something is admitted (the first may exceed ``max_prefill_tokens``). A request
+   larger than ``rem_chunk_tokens`` is cut to it and becomes *the* chunked request (only one at a
+   time); the walk stops when a budget reaches 0.
+6. **Decode.** If the free slots cannot hold one more token per running request, **retract**:
+   order by (outputs, -prompt) descending and retract from the end (fewest outputs first, among
+   equals the longest prompt), at least one, until the rest fit, always keeping one (aborted if
+   even it cannot fit). A retracted request frees its KV, goes to the **tail** of the waiting
+   queue with a new queue time and later recomputes prompt + outputs. Then ``new_token_ratio =
+   min(1, (Σ outputs + 20 x n) / (Σ max_tokens + 1))`` over the n kept; without retraction it
+   decays by (init - min) / 600 per decode step, init = min(0.7 x
+   ``schedule_conservativeness``, 1), min = 0.14 x init.
+7. **Priorities** (``enable_priority_scheduling``): the queue is sorted by (priority x sign, queue
+   time), a *higher* value more urgent unless ``schedule_low_priority_values_first`` (note: the
+   opposite of vLLM's convention for the same ``Request.priority`` field). When the
+   ``max_running_requests`` cap is hit, a waiting request may evict running requests less urgent
+   by more than ``priority_scheduling_preemption_threshold``, least urgent and most recent first,
+   if their reservations cover its need; they are recomputed from the tail of the queue.
+
+``assume_ignore_eos``: the simulator always runs a request to ``max_tokens``, like SGLang's
+``ignore_eos``, whose running reservations use ratio 1.0 instead of ``new_token_ratio`` (and,
+with ``disable_radix_cache``, a different admission test, ``add_one_req_ignore_eos``, modelled
+here too). Off by default: real traffic does not set it, and the optimistic ratio, its decay and
+the retractions it causes are SGLang's defining behaviour.
+
+Not modelled: the radix cache, speculative decoding, LoRA, ``num_continuous_decode_steps``,
+``prefill_max_requests``, ``hrrn``/``routing-key``/``shortest-prefill-first``.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.policy import Policy
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+# SGLang's environment defaults (``environ.py``, ``schedule_policy.py``).
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+IGNORE_EOS_RESERVE_TOKENS = 1
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
+RETRACTION_POLICIES = ("length", "priority")
+ABORT_REASON = (
+    "Out of memory even after retracting all other requests in the decode batch. Aborting the last request."
+)
+NEVER_FITS_REASON = "prompt + min(max_tokens, 4096) + 1 page does not fit into the empty KV cache"
+
+
+@dataclass(frozen=True, slots=True)
+class SglangConfig:
+    schedule_policy: str = "fcfs"
+    chunked_prefill_size: int = 4096  # tokens; <= 0 disables chunking; 4096 is SGLang's unknown-GPU default
+    max_prefill_tokens: int = 16384  # tokens per prefill batch
+    schedule_conservativeness: float = 1.0
+    enable_mixed_chunk: bool = False
+    max_running_requests: int = 0  # 0 = auto from the KV capacity (``auto_max_running_requests``)
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    priority_scheduling_preemption_threshold: int = 10
+    disable_priority_preemption: bool = False
+    retraction_policy: str = "length"
+    disable_radix_cache: bool = False  # there is no radix cache yet; see the module docstring
+    random_seed: int = 0  # seeds ``schedule_policy=random``
+    assume_ignore_eos: bool = False  # reserve running requests' outputs at ratio 1.0
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy {self.schedule_policy!r} is not modelled; known: {', '.join(SCHEDULE_POLICIES)}"
+            )
+        if self.retraction_policy not in RETRACTION_POLICIES:
+            raise ValueError(
+                f"retraction_policy must be one of {', '.join(RETRACTION_POLICIES)}, got {self.retraction_policy!r}"
+            )
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.schedule_conservativeness < 0:
+            raise ValueError(f"schedule_conservativeness must be >= 0, got {self.schedule_conservativeness}")
+        if self.max_running_requests < 0:
+            raise ValueError(f"max_running_requests must be >= 0 (0 = auto), got {self.max_running_requests}")
+
+    @property
+    def chunking(self) -> bool:
+        return self.chunked_prefill_size > 0
+
+
+def device_chunked_prefill_size(device: DeviceInfo) -> int:
+    """SGLang's default ``chunked_prefill_size`` by GPU memory (``arg_groups/memory_hook.py``)."""
+    gib = device.memory_gib
+    if gib < 20:
+        return 2048
+    if gib < 60:
+        return 4096
+    if gib < 160:
+        return 8192
+    return 16384
+
+
+def auto_max_running_requests(num_kv_tokens: int, context_len: int) -> int:
+    """SGLang's default ``max_running_requests`` (``kv_cache_configurator.py``)."""
+    estimated = max(min(int(num_kv_tokens / context_len * 512), 4096), 2048)
+    return min(estimated, num_kv_tokens // 2)
+
+
+class _AddResult(enum.Enum):
+    CONTINUE = enum.auto()
+    NO_TOKEN = enum.auto()  # the KV budget is spent: stop the walk, set batch_is_full
+    OTHER = enum.auto()  # a token budget is spent: stop the walk
+
+
+def _queued_at(request: Request) -> float:
+    return request.enqueue_time if request.enqueue_time is not None else request.arrival_time
+
+
+def _decode_blocks(kv: KVCacheManager, requests: list[Request]) -> int:
+    """New KV blocks one decode step of ``requests`` needs (one slot each, page size 1)."""
+    return sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests)
+
+
+class _PrefillAdder:
+    """One prefill pass (SGLang's ``PrefillAdder`` with its ``PrefillBudget``).
+
+    ``total_offset`` reserves every admitted and running request's future tokens,
+    ``current_offset`` only what this pass allocates now; both are subtracted from the free
+    slots. SGLang allocates a batch's KV only after the pass, so the free slots it reads exclude
+    this pass's own grants (already in the offsets): they are added back here. Freed slots (a
+    request evicted for priority) count at once, as in SGLang.
+    """
+
+    def __init__(
+        self, policy: SglangPolicy, sched: Scheduler, decodes: list[Request], num_mixed: int
+    ) -> None:
+        cfg = policy.config
+        self.policy = policy
+        self.sched = sched
+        self.decodes = decodes  # the running batch; priority preemption removes from it
+        self.page = sched.kv_cache.block_size
+        self.rem_input_tokens = cfg.max_prefill_tokens - num_mixed
+        self.rem_chunk_tokens: int | None = cfg.chunked_prefill_size - num_mixed if cfg.chunking else None
+        self.total_offset: float = num_mixed + sum(policy.reserved_tokens(r) for r in decodes)
+        self.current_offset = num_mixed
+        self.num_blocks_granted = 0  # KV blocks allocated in this pass
+        self.can_run: list[ScheduledRequest] = []
+        self.new_chunked: Request | None = None
+        self.preempted: list[Request] = []
+        self._req_states: list[tuple[float, int]] | None = None  # ignore_eos admission
+
+    # ---- budget ------------------------------------------------------------------------
+    def _free_tokens(self) -> int:
+        return (self.sched.kv_cache.num_free_blocks + self.num_blocks_granted) * self.page
+
+    @property
+    def remaining_total(self) -> float:
+        return self._free_tokens() - self.total_offset
+
+    @property
+    def remaining_current(self) -> float:
+        return self._free_tokens() - self.current_offset
+
+    def _paged(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page) * self.page
+
+    def budget_state(self) -> _AddResult:
+        if self.remaining_total <= 0 or self.remaining_current <= 0:
+            return _AddResult.NO_TOKEN
+        if self.rem_input_tokens <= 0 or (self.rem_chunk_tokens is not None and self.rem_chunk_tokens <= 0):
+            return _AddResult.OTHER
+        return _AddResult.CONTINUE
+
+    def _commit(self, request: Request, extend: int, max_new_tokens: int) -> bool:
+        """Allocate ``extend`` more tokens of KV for ``request`` and charge the budgets."""
+        computed = request.num_computed_tokens
+        kv = self.sched.kv_cache
+        free_before = kv.num_free_blocks
+        if not self.sched.allocate(request, computed + extend):
+            return False
+        self.num_blocks_granted += free_before - kv.num_free_blocks
+        paged = self._paged(extend)
+        self.total_offset += paged + self.page + max_new_tokens
+        self.current_offset += paged + self.page
+        self.rem_input_tokens -= paged
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= paged
+        self.can_run.append(ScheduledRequest(request, extend, computed))
+        return True
+
+    # ---- the chunked request -------------------------------------------------------------
+    def add_chunked_req(self, request: Request) -> Request | None:
+        """Schedule its next chunk; returns the request while its prompt is still unfinished."""
+        rem_chunk = self.rem_chunk_tokens
+        assert rem_chunk is not None
+        available = min(rem_chunk, int(self.remaining_total))
+        if available <= 0:
+            available = rem_chunk  # SGLang: a continuation must progress to release its KV
+        kv = self.sched.kv_cache
+        computed = request.num_computed_tokens
+        # The simulator cannot evict or overcommit: cap the chunk at the slots really free.
+        room = (kv.num_held(request.request_id) + kv.num_free_blocks) * self.page - computed
+        rest = request.num_tokens - computed
+        extend = min(rest, available, room)
+        if extend <= 0:
+            return request
+        truncated = extend < rest
+        max_new = 0 if truncated else min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
+        self._commit(request, extend, max_new)
+        return request if truncated else None
+
+    # ---- new requests --------------------------------------------------------------------
+    def add_one_req(self, request: Request) -> _AddResult:
+        cfg = self.policy.config
+        if cfg.assume_ignore_eos and cfg.disable_radix_cache:
+            return self._add_one_req_ignore_eos(request)
+        extend = request.num_tokens - request.num_computed_tokens  # no prefix match: all of it
+        max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
+        if not extend + max_new + self.page < self.remaining_total:
+            return _AddResult.NO_TOKEN
+        input_tokens = self._paged(extend)
+        if self.rem_chunk_tokens is None and self.can_run and input_tokens >= self.rem_input_tokens:
+            return _AddResult.OTHER
+        charge = min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
+        is_chunked = False
+        if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
+            extend = self.rem_chunk_tokens // self.page * self.page
+            if extend <= 0:
+                return _AddResult.OTHER
+            is_chunked, charge = True, 0  # a chunked request reserves its outputs at its last chunk
+        return self._admit(request, extend, charge, is_chunked)
+
+    def _add_one_req_ignore_eos(self, request: Request) -> _AddResult:
+        """SGLang's admission for ``ignore_eos`` requests without a radix cache: simulate the
+        running requests finishing shortest-remaining first and require headroom throughout."""
+        extend = request.num_tokens - request.num_computed_tokens
+        paged_input = self._paged(extend) + self.page
+        if paged_input > min(self.remaining_current, self.remaining_total):
+            return _AddResult.NO_TOKEN
+        if self._req_states is None:
+            states = [self._req_state(request)]
+            states += [self._req_state(r) for r in self.decodes]
+            states += [self._req_state(s.request) for s in self.can_run]
+            self._req_states = sorted((s for s in states if s[0] > 0), key=lambda s: s[0])
+        else:
+            left, occupied = self._req_state(request)
+            if left > 0:
+                # SGLang's insertion: a value larger than all lands before the last entry.
+                i = 0
+                for i in range(len(self._req_states)):
+                    if left <= self._req_states[i][0]:
+                        break
+                self._req_states.insert(i, (left, occupied))
+        cur_rem = self.remaining_current - paged_input
+        freed = 0
+        n = len(self._req_states)
+        for i, (left, occupied) in enumerate(self._req_states):
+            if cur_rem + freed - left * (n - i) <= IGNORE_EOS_RESERVE_TOKENS * (n - i):
+                return _AddResult.NO_TOKEN
+            freed += occupied
+        if self.rem_chunk_tokens is None or extend <= self.rem_chunk_tokens:
+            return self._admit(request, extend, min(request.max_tokens, CLIP_MAX_NEW_TOKENS), False)
+        if self.rem_chunk_tokens <= 0:
+            return _AddResult.OTHER
+        return self._admit(request, self.rem_chunk_tokens, 0, True)
+
+    def _req_state(self, request: Request) -> tuple[float, int]:
+        left = request.max_tokens * self.policy.ratio_for() - request.num_output_tokens
+        return left, request.num_tokens
+
+    def _admit(self, request: Request, extend: int, max_new: int, is_chunked: bool) -> _AddResult:
+        if not self._commit(request, extend, max_new):
+            return _AddResult.NO_TOKEN  # unreachable while the budget is below the free slots
+        if is_chunked:
+            self.new_chunked = request
+        return self.budget_state()
+
+    # ---- priority preemption -------------------------------------------------------------
+    def preempt_to_schedule(self, request: Request) -> bool:
+        """Evict running requests less urgent than ``request`` by more than the threshold, least
+        urgent and most recent first, if their reservations cover its need."""
+        cfg = self.policy.config
+        sign = 1 if cfg.schedule_low_priority_values_first else -1
+        candidates = sorted(self.decodes, key=lambda r: (r.priority * -sign, -_queued_at(r)))
+        need = (
+            request.num_tokens
+            - request.num_computed_tokens
+            + min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
+            - self.remaining_total
+        )
+        victims: list[Request] = []
+        for running in candidates:
+            if (request.priority - running.priority) * -sign <= cfg.priority_scheduling_preemption_threshold:
+                break
+            victims.append(running)
+            need -= self.policy.reserved_tokens(running)
+            if need <= 0:
+                break
+        if not victims or need > 0:
+            return False
+        for victim in [r for r in self.decodes if r in victims]:
+            self.total_offset -= self.policy.reserved_tokens(victim)
+            self.sched.preempt_by_recompute(victim)
+            self.decodes.remove(victim)
+            self.preempted.append(victim)
+        return True
+
+
+class SglangPolicy(Policy):
+    name = "sglang"
+    summary = "SGLang: prefill-only batches first, optimistic KV reservation, retraction to the tail"
+    config_cls = SglangConfig
+    default_block_size = 1  # SGLang's page_size on CUDA
+    # SGLang derives mem_fraction_static per GPU (memory_hook.handle_gpu_memory_settings): (memory
+    # - activation/graph reserve) / memory, 0.83 on an 80 GB GPU at its default chunk of 8192
+    # (0.82 at TP 4; 0.90 on an H200). Note the simulator subtracts its own activation estimate
+    # on top, so its KV pool is ~2 GiB smaller than SGLang's.
+    default_gpu_memory_utilization = 0.83
+
+    def __init__(self, config: SglangConfig) -> None:
+        super().__init__(config)
+        init = min(INIT_NEW_TOKEN_RATIO * config.schedule_conservativeness, 1.0)
+        self.init_new_token_ratio = init
+        self.min_new_token_ratio = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.new_token_ratio_decay = (init - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = init
+        self.batch_is_full = False
+        self.chunked: Request | None = None  # admitted, in ``sched.running``, prompt unfinished
+        self._rng = random.Random(config.random_seed)
+        self._max_running: int | None = config.max_running_requests or None
+        self._last_batch: list[Request] = []  # requests of the last iteration
+        self._last_was_prefill = False
+
+    @classmethod
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
+        known = {f.name for f in fields(SglangConfig)}
+        base = SglangConfig(chunked_prefill_size=device_chunked_prefill_size(device))
+        return replace(base, **{k: v for k, v in overrides.items() if k in known})
+
+    @classmethod
+    def profile_tokens(cls, config: SglangConfig, max_model_len: int) -> int:
+        """SGLang sizes its activation reserve for max(chunk, 2048) tokens, or max(
+        ``max_prefill_tokens``, 2048) without chunking (``memory_hook.py``): a prefill batch never
+        exceeds the chunk (mixed decodes come off it), and without chunking SGLang does not size
+        for a first prompt larger than ``max_prefill_tokens``."""
+        if config.chunking:
+            return max(config.chunked_prefill_size, 2048)
+        return max(config.max_prefill_tokens, 2048)
+
+    # ---- helpers the adder shares --------------------------------------------------------
+    def ratio_for(self) -> float:
+        return 1.0 if self.config.assume_ignore_eos else self.new_token_ratio
+
+    def reserved_tokens(self, request: Request) -> float:
+        """A running request's future tokens in the admission budget."""
+        remaining = min(request.max_tokens - request.num_output_tokens, CLIP_MAX_NEW_TOKENS)
+        return remaining * self.ratio_for()
+
+    def max_running_requests(self, sched: Scheduler) -> int:
+        """The cap, computed on first use from the KV capacity when the flag is 0 (auto)."""
+        if self._max_running is None:
+            kv = sched.kv_cache
+            self._max_running = auto_max_running_requests(kv.num_blocks * kv.block_size, sched.max_model_len)
+        return self._max_running
+
+    # ---- the iteration -------------------------------------------------------------------
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self.chunked is not None and self.chunked.is_finished:
+            self.chunked = None  # aborted from outside
+        clear_during_decode = self._note_departures()
+        prefilled = self._prefill(sched, now, out)
+        if not prefilled:
+            was_full = self.batch_is_full
+            if clear_during_decode:
+                self.batch_is_full = False
+            aborted = self._decode(sched, now, out)
+            if not out.scheduled and (aborted or (was_full and not self.batch_is_full)):
+                # Nothing left to decode and admission unblocked: SGLang's next loop turn, with
+                # no forward pass in between.
+                prefilled = self._prefill(sched, now, out)
+        self._last_batch = [s.request for s in out.scheduled]
+        self._last_was_prefill = prefilled
+        return out
+
+    def _note_departures(self) -> bool:
+        """Clear ``batch_is_full`` where SGLang would; True when that happens in this iteration's
+        decode (a request left during the last decode batch)."""
+        batch = self._last_batch
+        left = any(r.is_finished for r in batch)
+        if not self._last_was_prefill:
+            return left
+        if left or (self.chunked is not None and self.chunked in batch):
+            self.batch_is_full = False
+        return False
+
+    def _decoding(self, sched: Scheduler) -> list[Request]:
+        return [r for r in sched.running if r is not self.chunked]
+
+    def _prefill(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:
+        """Build a prefill batch into ``out``; False when none is built."""
+        cfg = self.config
+        try_preemption = cfg.enable_priority_scheduling and not cfg.disable_priority_preemption
+        if try_preemption:
+            self.batch_is_full = False
+        if (self.batch_is_full or not sched.waiting) and self.chunked is None:
+            return False
+        decodes = self._decoding(sched)
+        max_running = self.max_running_requests(sched)
+        if max_running - len(decodes) <= 0 and self.chunked is None and not try_preemption:
+            self.batch_is_full = True
+            return False
+        self._order_waiting(sched)
+        num_mixed = len(decodes) if cfg.enable_mixed_chunk else 0
+        adder = _PrefillAdder(self, sched, decodes, num_mixed)
+        continuing = self.chunked
+        if continuing is not None:
+            self.chunked = adder.add_chunked_req(continuing)
+        for request in list(sched.waiting):
+            if len(adder.can_run) >= max_running - len(decodes):
+                self.batch_is_full = True
+            if self.batch_is_full and not (try_preemption and adder.preempt_to_schedule(request)):
+                break
+            result = adder.add_one_req(request)
+            if result is _AddResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
+                # It does not fit even into an idle engine. SGLang prevents this at arrival by
+                # clipping max_new_tokens to the context; here the request is aborted instead.
+                sched.abort_request(request.request_id, NEVER_FITS_REASON, now)
+                continue
+            if result is not _AddResult.CONTINUE:
+                if result is _AddResult.NO_TOKEN:
+                    self.batch_is_full = True
+                break
+
+        admitted = [s.request for s in adder.can_run if s.request is not continuing]
+        if admitted:
+            ids = {id(r) for r in admitted}
+            kept = [r for r in sched.waiting if id(r) not in ids]
+            sched.waiting.clear()
+            sched.waiting.extend(kept)
+            for request in admitted:
+                sched.admit(request, now)
+            out.num_admitted += len(admitted)
+        for victim in adder.preempted:
+            self._requeue(sched, victim, now, out)
+        if adder.new_chunked is not None:
+            assert self.chunked is None, "SGLang keeps at most one chunked request"
+            self.chunked = adder.new_chunked
+        if not adder.can_run:
+            return False
+        out.scheduled.extend(adder.can_run)
+        kv = sched.kv_cache
+        if cfg.enable_mixed_chunk and decodes and _decode_blocks(kv, decodes) <= kv.num_free_blocks:
+            self._add_decodes(sched, decodes, out)
+        return True
+
+    def _order_waiting(self, sched: Scheduler) -> None:
+        cfg = self.config
+        policy = cfg.schedule_policy
+        if policy in CACHE_AWARE_POLICIES:
+            if not cfg.disable_radix_cache:
+                return  # every match is 0: the stable sort keeps the queue (and ignores priorities)
+            policy = "fcfs"
+        sign = 1 if cfg.schedule_low_priority_values_first else -1
+        waiting = sched.waiting
+        if policy == "fcfs":
+            if not cfg.enable_priority_scheduling:
+                return
+            ordered = sorted(waiting, key=lambda r: (r.priority * sign, _queued_at(r)))
+        elif policy == "lof":
+            if cfg.enable_priority_scheduling:
+                ordered = sorted(waiting, key=lambda r: (r.priority * sign, -r.max_tokens))
+            else:
+                ordered = sorted(waiting, key=lambda r: -r.max_tokens)
+        else:  # random
+            ordered = list(waiting)
+            self._rng.shuffle(ordered)
+        waiting.clear()
+        waiting.extend(ordered)
+
+    def _decode(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:
+        """Decode every running request (``update_running_batch``); True if one was aborted."""
+        decodes = self._decoding(sched)
+        if not decodes:
+            self.batch_is_full = False
+            return False
+        kv = sched.kv_cache
+        aborted = False
+        if _decode_blocks(kv, decodes) > kv.num_free_blocks:
+            decodes, aborted = self._retract(sched, decodes, now, out)
+            self.batch_is_full = False  # the running batch shrank
+        else:
+            self.new_token_ratio = max(
+                self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
+            )
+        self._add_decodes(sched, decodes, out)
+        return aborted
+
+    def _retract(
+        self, sched: Scheduler, decodes: list[Request], now: float, out: SchedulerOutput
+    ) -> tuple[list[Request], bool]:
+        """``retract_decode``: returns the requests kept (running order) and whether one was aborted."""
+        kv = sched.kv_cache
+        if self.config.retraction_policy == "priority":
+            sign = -1 if self.config.schedule_low_priority_values_first else 1
+            keep = sorted(
+                decodes,
+                key=lambda r: (r.priority * sign, r.num_output_tokens, -r.prompt_len),
+                reverse=True,
+            )
+        else:
+            keep = sorted(decodes, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
+        first = True
+        while first or _decode_blocks(kv, keep) > kv.num_free_blocks:
+            if len(keep) == 1:
+                break  # always keep at least one request
+            first = False
+            victim = keep.pop()
+            sched.preempt_by_recompute(victim)
+            self._requeue(sched, victim, now, out)
+        aborted = False
+        if len(keep) <= 1 and _decode_blocks(kv, keep) > kv.num_free_blocks:
+            sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
+            aborted = True
+        kept = [r for r in decodes if r in keep]
+        decoded = sum(r.num_output_tokens for r in kept)
+        max_new = sum(r.max_tokens for r in kept)
+        self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
+        return kept, aborted
+
+    @staticmethod
+    def _requeue(sched: Scheduler, request: Request, now: float, out: SchedulerOutput) -> None:
+        """A retracted or evicted request re-enters at the tail of the waiting queue."""
+        request.enqueue_time = now
+        sched.waiting.append(request)
+        out.preempted.append(request)
+
+    @staticmethod
+    def _add_decodes(sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
+        for request in decodes:
+            computed = request.num_computed_tokens
+            sched.allocate(request, computed + 1)  # checked by the caller; page size 1 never fails
+            out.scheduled.append(ScheduledRequest(request, 1, computed))
+
+    # ---- fast path -----------------------------------------------------------------------
+    def can_fast_forward(self, sched: Scheduler) -> bool:
+        """Identical decode iterations follow while no chunk is pending and no prefill would be
+        tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves,
+        which ends the engine's run). The decaying ratio is replayed by ``on_decode_run``."""
+        if self.chunked is not None:
+            return False
+        if not sched.waiting:
+            return True
+        cfg = self.config
+        try_preemption = cfg.enable_priority_scheduling and not cfg.disable_priority_preemption
+        return self.batch_is_full and not try_preemption
+
+    def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
+        ratio, floor, decay = self.new_token_ratio, self.min_new_token_ratio, self.new_token_ratio_decay
+        for _ in range(num_steps):
+            if ratio == floor:
+                break  # max(floor - decay, floor) == floor from here on
+            ratio = max(ratio - decay, floor)
+        self.new_token_ratio = ratio
+        self._last_batch = list(sched.running)
+        self._last_was_prefill = False
