@@ -151,9 +151,14 @@ def _queued_at(request: Request) -> float:
     return request.enqueue_time if request.enqueue_time is not None else request.arrival_time
 
 
-def _decode_blocks(kv: KVCacheManager, requests: list[Request]) -> int:
-    """New KV blocks one decode step of ``requests`` needs (one slot each, page size 1)."""
-    return sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests)
+def _decode_fits(kv: KVCacheManager, requests: list[Request]) -> bool:
+    """Whether the free blocks hold one more token for each of ``requests`` (``check_decode_mem``)."""
+    if len(requests) <= kv.num_free_blocks:
+        return True  # a decode needs at most one new block
+    return (
+        sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests)
+        <= kv.num_free_blocks
+    )
 
 
 class _PrefillAdder:
@@ -485,7 +490,7 @@ class SglangPolicy(Policy):
             return False
         out.scheduled.extend(adder.can_run)
         kv = sched.kv_cache
-        if cfg.enable_mixed_chunk and decodes and _decode_blocks(kv, decodes) <= kv.num_free_blocks:
+        if cfg.enable_mixed_chunk and decodes and _decode_fits(kv, decodes):
             self._add_decodes(sched, decodes, out)
         return True
 
@@ -521,7 +526,7 @@ class SglangPolicy(Policy):
             return False
         kv = sched.kv_cache
         aborted = False
-        if _decode_blocks(kv, decodes) > kv.num_free_blocks:
+        if not _decode_fits(kv, decodes):
             decodes, aborted = self._retract(sched, decodes, now, out)
             self.batch_is_full = False  # the running batch shrank
         else:
@@ -546,7 +551,7 @@ class SglangPolicy(Policy):
         else:
             keep = sorted(decodes, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
         first = True
-        while first or _decode_blocks(kv, keep) > kv.num_free_blocks:
+        while first or not _decode_fits(kv, keep):
             if len(keep) == 1:
                 break  # always keep at least one request
             first = False
@@ -554,7 +559,7 @@ class SglangPolicy(Policy):
             sched.preempt_by_recompute(victim)
             self._requeue(sched, victim, now, out)
         aborted = False
-        if len(keep) <= 1 and _decode_blocks(kv, keep) > kv.num_free_blocks:
+        if len(keep) <= 1 and not _decode_fits(kv, keep):
             sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
             aborted = True
         kept = [r for r in decodes if r in keep]
