@@ -65,12 +65,16 @@ def run_matrix(title: str, built, policies: str, workload: WorkloadSpec) -> list
         run = run_policy(built, spec, builder)
         rows.append(_row(run.label, run.summary(), time.perf_counter() - t0))
     print(f"\n{title}")
-    header = f"{'policy':<58}{'TTFT p50':>10}{'TTFT p99':>11}{'TBT p99':>9}{'TBT max':>9}{'tok/s':>8}{'preempt':>8}{'done':>6}"
+    header = (
+        f"{'policy':<58}{'TTFT p50':>10}{'TTFT p99':>11}{'TBT p99':>9}{'TBT max':>9}{'tok/s':>8}"
+        f"{'preempt':>8}{'done':>6}{'rej':>5}"
+    )
     print(header)
     for r in rows:
         print(
             f"{r['label']:<58}{_fmt(r['ttft_p50_ms']):>10}{_fmt(r['ttft_p99_ms']):>11}{_fmt(r['tbt_p99_ms']):>9}"
             f"{_fmt(r['tbt_max_ms']):>9}{r['output_tokens_per_s']:>8.0f}{r['preemptions']:>8}{r['finished']:>6}"
+            f"{r['rejected'] + r['aborted']:>5}"
         )
     return rows
 

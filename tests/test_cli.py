@@ -21,7 +21,15 @@ def test_compare_with_no_arguments_prints_table_and_paragraph(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "Llama-3-70B on A100-80GB, TP 4, calibration seed" in out
-    for label in ("static", "orca", "vllm:max_num_batched_tokens=512", "vllm (default budget 2048)"):
+    for label in (
+        "orca",
+        "vllm-v0",
+        "vllm (default budget 2048)",
+        "vllm:max_num_batched_tokens=8192",
+        "sarathi",
+        "sglang",
+        "tgi",
+    ):
         assert label in out
     assert "TTFT p99" in out and "stall for" in out
 

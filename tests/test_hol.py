@@ -64,5 +64,5 @@ def test_compare_default_paragraph_names_the_contrast(capsys):
 
     assert main(["compare"]) == 0
     out = capsys.readouterr().out
-    assert "orca" in out and "vllm:max_num_batched_tokens=512" in out
+    assert "orca" in out and "sarathi" in out and "sglang" in out and "tgi" in out
     assert "stall for" in out and "x smaller" in out

@@ -253,12 +253,23 @@ def test_max_running_requests_auto_follows_sglang():
     assert sched.policy.max_running_requests(sched) == 500
 
 
-def test_a_request_that_cannot_fit_an_idle_engine_is_aborted_not_stalled():
+@pytest.mark.parametrize(("max_tokens", "accepted"), [(3, True), (4, False)])
+def test_a_request_that_cannot_fit_an_idle_engine_is_rejected_at_arrival(max_tokens, accepted):
     sched = _sglang(20)
-    big = _add(sched, "big", 15, 5)  # needs 15 + 5 + 1 = 21 slots of 20
+    big = Request("big", 15, max_tokens, 0.0)  # needs 15 + max_tokens + 1 < 20 slots
+    assert sched.add_request(big, 0.0) is accepted
+    if not accepted:
+        assert big.status is RequestStatus.FINISHED_REJECTED and "clip max_new_tokens" in big.status_reason
+
+
+def test_a_waiting_request_that_outgrew_an_idle_engine_is_aborted_not_stalled():
+    sched = _sglang(20)
+    grown = Request("grown", 15, 5, 0.0)  # e.g. retracted after its outputs raised its need
+    grown.enqueue_time = 0.0
+    sched.waiting.append(grown)
     _add(sched, "small", 3, 3)
     assert _grants(_step(sched)) == [("small", 3, 0)]
-    assert big.status is RequestStatus.FINISHED_ABORTED and big.status_reason == NEVER_FITS_REASON
+    assert grown.status is RequestStatus.FINISHED_ABORTED and grown.status_reason == NEVER_FITS_REASON
 
 
 @pytest.mark.parametrize(
@@ -458,8 +469,8 @@ def test_config_validation():
         SglangConfig(schedule_policy="hrrn")
     with pytest.raises(ValueError, match="length"):
         SglangConfig(retraction_policy="newest")
-    with pytest.raises(ValueError, match="-3"):
-        SglangConfig(max_running_requests=-3)
+    with pytest.raises(ValueError, match="0"):
+        SglangConfig(max_running_requests=0)
 
 
 # ---- whole runs -----------------------------------------------------------------------------

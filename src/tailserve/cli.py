@@ -24,7 +24,8 @@ from tailserve.simulation import (
     run_policy,
 )
 
-DEFAULT_COMPARE_POLICIES = "static,orca,vllm:max_num_batched_tokens=512,vllm,vllm:max_num_batched_tokens=8192"
+# The essay's engines side by side: Orca, vLLM V0, vLLM V1 at two budgets, Sarathi, SGLang, TGI.
+DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,sarathi,sglang,tgi"
 
 
 class CliError(Exception):
@@ -371,7 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="one policy; its flags follow with the engine's own names, e.g. --max-num-batched-tokens 512",
     )
-    p.add_argument("--policy", default="vllm", help="static | orca | vllm (default: %(default)s)")
+    p.add_argument(
+        "--policy",
+        default="vllm",
+        help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
+    )
     _add_deployment_args(p)
     _add_workload_args(p)
     _add_output_args(p)

@@ -14,13 +14,15 @@ from typing import Any
 from tailserve.core.policy import Policy
 from tailserve.policies.orca import OrcaPolicy
 from tailserve.policies.sarathi import SarathiPolicy
+from tailserve.policies.sglang import SglangPolicy
 from tailserve.policies.static import StaticPolicy
 from tailserve.policies.tgi import TgiPolicy
 from tailserve.policies.vllm import VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Policy
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy, TgiPolicy)
+    p.name: p
+    for p in (StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy, SglangPolicy, TgiPolicy)
 }
 
 ENGINE_FLAGS: dict[str, type] = {

@@ -50,6 +50,9 @@ with ``disable_radix_cache``, a different admission test, ``add_one_req_ignore_e
 here too). Off by default: real traffic does not set it, and the optimistic ratio, its decay and
 the retractions it causes are SGLang's defining behaviour.
 
+A request that could not be admitted even into an idle engine is rejected at arrival (SGLang
+clips its ``max_new_tokens`` instead; here outputs are fixed), so it cannot block the queue.
+
 Not modelled: the radix cache, speculative decoding, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, ``hrrn``/``routing-key``/``shortest-prefill-first``.
 """
@@ -82,7 +85,7 @@ RETRACTION_POLICIES = ("length", "priority")
 ABORT_REASON = (
     "Out of memory even after retracting all other requests in the decode batch. Aborting the last request."
 )
-NEVER_FITS_REASON = "prompt + min(max_tokens, 4096) + 1 page does not fit into the empty KV cache"
+NEVER_FITS_REASON = "prompt + outputs + min(max_tokens - outputs, 4096) + 1 page exceed the empty KV cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,9 @@ class SglangConfig:
     max_prefill_tokens: int = 16384  # tokens per prefill batch
     schedule_conservativeness: float = 1.0
     enable_mixed_chunk: bool = False
-    max_running_requests: int = 0  # 0 = auto from the KV capacity (``auto_max_running_requests``)
+    max_running_requests: int | None = (
+        None  # None = auto from the KV capacity (``auto_max_running_requests``)
+    )
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     priority_scheduling_preemption_threshold: int = 10
@@ -115,8 +120,10 @@ class SglangConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.schedule_conservativeness < 0:
             raise ValueError(f"schedule_conservativeness must be >= 0, got {self.schedule_conservativeness}")
-        if self.max_running_requests < 0:
-            raise ValueError(f"max_running_requests must be >= 0 (0 = auto), got {self.max_running_requests}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(
+                f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
+            )
 
     @property
     def chunking(self) -> bool:
@@ -367,7 +374,7 @@ class SglangPolicy(Policy):
         self.batch_is_full = False
         self.chunked: Request | None = None  # admitted, in ``sched.running``, prompt unfinished
         self._rng = random.Random(config.random_seed)
-        self._max_running: int | None = config.max_running_requests or None
+        self._max_running = config.max_running_requests
         self._last_batch: list[Request] = []  # requests of the last iteration
         self._last_was_prefill = False
 
@@ -387,6 +394,29 @@ class SglangPolicy(Policy):
             return max(config.chunked_prefill_size, 2048)
         return max(config.max_prefill_tokens, 2048)
 
+    def add_request(self, sched: Scheduler, request: Request) -> None:
+        """Reject at arrival a request that could never be admitted, even into an idle engine.
+        SGLang clips ``max_new_tokens`` to fit instead; a simulated request runs to exactly
+        ``max_tokens``, so it is refused with the numbers."""
+        kv = sched.kv_cache
+        capacity, page = kv.num_blocks * kv.block_size, kv.block_size
+        prompt, max_tokens = request.prompt_len, request.max_tokens
+        if self.config.assume_ignore_eos and self.config.disable_radix_cache:
+            # ``_add_one_req_ignore_eos`` with nothing running.
+            fits = capacity - (-(-prompt // page) * page + page) - max_tokens > IGNORE_EOS_RESERVE_TOKENS
+        else:
+            fits = prompt + min(max_tokens, CLIP_MAX_NEW_TOKENS) + page < capacity  # ``add_one_req``
+        if not fits:
+            reason = (
+                f"prompt {prompt} + max_tokens {max_tokens} cannot be admitted into {capacity} KV slots "
+                "(SGLang reserves the outputs, capped at 4096, plus one page, with room to spare); "
+                "SGLang would clip max_new_tokens"
+            )
+            now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
+            sched.reject(request, reason, now)
+            return
+        sched.waiting.append(request)
+
     # ---- helpers the adder shares --------------------------------------------------------
     def ratio_for(self) -> float:
         return 1.0 if self.config.assume_ignore_eos else self.new_token_ratio
@@ -397,7 +427,7 @@ class SglangPolicy(Policy):
         return remaining * self.ratio_for()
 
     def max_running_requests(self, sched: Scheduler) -> int:
-        """The cap, computed on first use from the KV capacity when the flag is 0 (auto)."""
+        """The cap, computed on first use from the KV capacity when the flag is None (auto)."""
         if self._max_running is None:
             kv = sched.kv_cache
             self._max_running = auto_max_running_requests(kv.num_blocks * kv.block_size, sched.max_model_len)
@@ -463,8 +493,8 @@ class SglangPolicy(Policy):
                 break
             result = adder.add_one_req(request)
             if result is _AddResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
-                # It does not fit even into an idle engine. SGLang prevents this at arrival by
-                # clipping max_new_tokens to the context; here the request is aborted instead.
+                # It cannot fit even into an idle engine: ``add_request`` rejects such requests at
+                # arrival, so this one's need grew since (retracted after generating outputs).
                 sched.abort_request(request.request_id, NEVER_FITS_REASON, now)
                 continue
             if result is not _AddResult.CONTINUE:
