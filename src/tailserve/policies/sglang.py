@@ -59,33 +59,32 @@ Not modelled: the radix cache, speculative decoding, LoRA, ``num_continuous_deco
 
 from __future__ import annotations
 
-import enum
 import random
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
-
-# SGLang's environment defaults (``environ.py``, ``schedule_policy.py``).
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
-MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
-RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
-IGNORE_EOS_RESERVE_TOKENS = 1
-
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
-RETRACTION_POLICIES = ("length", "priority")
-ABORT_REASON = (
-    "Out of memory even after retracting all other requests in the decode batch. Aborting the last request."
+from tailserve.policies.sglang_adder import (
+    ABORT_REASON,
+    CACHE_AWARE_POLICIES,
+    CLIP_MAX_NEW_TOKENS,
+    IGNORE_EOS_RESERVE_TOKENS,
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO_FACTOR,
+    NEVER_FITS_REASON,
+    NEW_TOKEN_RATIO_DECAY_STEPS,
+    RETRACT_DECODE_STEPS,
+    RETRACTION_POLICIES,
+    SCHEDULE_POLICIES,
+    PrefillAdder,
+    _AddResult,
+    decode_fits,
+    queued_at,
 )
-NEVER_FITS_REASON = "prompt + outputs + min(max_tokens - outputs, 4096) + 1 page exceed the empty KV cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,211 +145,6 @@ def auto_max_running_requests(num_kv_tokens: int, context_len: int) -> int:
     """SGLang's default ``max_running_requests`` (``kv_cache_configurator.py``)."""
     estimated = max(min(int(num_kv_tokens / context_len * 512), 4096), 2048)
     return min(estimated, num_kv_tokens // 2)
-
-
-class _AddResult(enum.Enum):
-    CONTINUE = enum.auto()
-    NO_TOKEN = enum.auto()  # the KV budget is spent: stop the walk, set batch_is_full
-    OTHER = enum.auto()  # a token budget is spent: stop the walk
-
-
-def _queued_at(request: Request) -> float:
-    return request.enqueue_time if request.enqueue_time is not None else request.arrival_time
-
-
-def _decode_fits(kv: KVCacheManager, requests: list[Request]) -> bool:
-    """Whether the free blocks hold one more token for each of ``requests`` (``check_decode_mem``)."""
-    if len(requests) <= kv.num_free_blocks:
-        return True  # a decode needs at most one new block
-    return (
-        sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests)
-        <= kv.num_free_blocks
-    )
-
-
-class _PrefillAdder:
-    """One prefill pass (SGLang's ``PrefillAdder`` with its ``PrefillBudget``).
-
-    ``total_offset`` reserves every admitted and running request's future tokens,
-    ``current_offset`` only what this pass allocates now; both are subtracted from the free
-    slots. SGLang allocates a batch's KV only after the pass, so the free slots it reads exclude
-    this pass's own grants (already in the offsets): they are added back here. Freed slots (a
-    request evicted for priority) count at once, as in SGLang.
-    """
-
-    def __init__(
-        self, policy: SglangPolicy, sched: Scheduler, decodes: list[Request], num_mixed: int
-    ) -> None:
-        cfg = policy.config
-        self.policy = policy
-        self.sched = sched
-        self.decodes = decodes  # the running batch; priority preemption removes from it
-        self.page = sched.kv_cache.block_size
-        self.rem_input_tokens = cfg.max_prefill_tokens - num_mixed
-        self.rem_chunk_tokens: int | None = cfg.chunked_prefill_size - num_mixed if cfg.chunking else None
-        self.total_offset: float = num_mixed + sum(policy.reserved_tokens(r) for r in decodes)
-        self.current_offset = num_mixed
-        self.num_blocks_granted = 0  # KV blocks allocated in this pass
-        self.can_run: list[ScheduledRequest] = []
-        self.new_chunked: Request | None = None
-        self.preempted: list[Request] = []
-        self._req_states: list[tuple[float, int]] | None = None  # ignore_eos admission
-
-    # ---- budget ------------------------------------------------------------------------
-    def _free_tokens(self) -> int:
-        return (self.sched.kv_cache.num_free_blocks + self.num_blocks_granted) * self.page
-
-    @property
-    def remaining_total(self) -> float:
-        return self._free_tokens() - self.total_offset
-
-    @property
-    def remaining_current(self) -> float:
-        return self._free_tokens() - self.current_offset
-
-    def _paged(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page) * self.page
-
-    def budget_state(self) -> _AddResult:
-        if self.remaining_total <= 0 or self.remaining_current <= 0:
-            return _AddResult.NO_TOKEN
-        if self.rem_input_tokens <= 0 or (self.rem_chunk_tokens is not None and self.rem_chunk_tokens <= 0):
-            return _AddResult.OTHER
-        return _AddResult.CONTINUE
-
-    def _commit(self, request: Request, extend: int, max_new_tokens: int) -> bool:
-        """Allocate ``extend`` more tokens of KV for ``request`` and charge the budgets."""
-        computed = request.num_computed_tokens
-        kv = self.sched.kv_cache
-        free_before = kv.num_free_blocks
-        if not self.sched.allocate(request, computed + extend):
-            return False
-        self.num_blocks_granted += free_before - kv.num_free_blocks
-        paged = self._paged(extend)
-        self.total_offset += paged + self.page + max_new_tokens
-        self.current_offset += paged + self.page
-        self.rem_input_tokens -= paged
-        if self.rem_chunk_tokens is not None:
-            self.rem_chunk_tokens -= paged
-        self.can_run.append(ScheduledRequest(request, extend, computed))
-        return True
-
-    # ---- the chunked request -------------------------------------------------------------
-    def add_chunked_req(self, request: Request) -> Request | None:
-        """Schedule its next chunk; returns the request while its prompt is still unfinished."""
-        rem_chunk = self.rem_chunk_tokens
-        assert rem_chunk is not None
-        available = min(rem_chunk, int(self.remaining_total))
-        if available <= 0:
-            available = rem_chunk  # SGLang: a continuation must progress to release its KV
-        kv = self.sched.kv_cache
-        computed = request.num_computed_tokens
-        # The simulator cannot evict or overcommit: cap the chunk at the slots really free.
-        room = (kv.num_held(request.request_id) + kv.num_free_blocks) * self.page - computed
-        rest = request.num_tokens - computed
-        extend = min(rest, available, room)
-        if extend <= 0:
-            return request
-        truncated = extend < rest
-        max_new = 0 if truncated else min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
-        self._commit(request, extend, max_new)
-        return request if truncated else None
-
-    # ---- new requests --------------------------------------------------------------------
-    def add_one_req(self, request: Request) -> _AddResult:
-        cfg = self.policy.config
-        if cfg.assume_ignore_eos and cfg.disable_radix_cache:
-            return self._add_one_req_ignore_eos(request)
-        extend = request.num_tokens - request.num_computed_tokens  # no prefix match: all of it
-        max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
-        if not extend + max_new + self.page < self.remaining_total:
-            return _AddResult.NO_TOKEN
-        input_tokens = self._paged(extend)
-        if self.rem_chunk_tokens is None and self.can_run and input_tokens >= self.rem_input_tokens:
-            return _AddResult.OTHER
-        charge = min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
-        is_chunked = False
-        if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
-            extend = self.rem_chunk_tokens // self.page * self.page
-            if extend <= 0:
-                return _AddResult.OTHER
-            is_chunked, charge = True, 0  # a chunked request reserves its outputs at its last chunk
-        return self._admit(request, extend, charge, is_chunked)
-
-    def _add_one_req_ignore_eos(self, request: Request) -> _AddResult:
-        """SGLang's admission for ``ignore_eos`` requests without a radix cache: simulate the
-        running requests finishing shortest-remaining first and require headroom throughout."""
-        extend = request.num_tokens - request.num_computed_tokens
-        paged_input = self._paged(extend) + self.page
-        if paged_input > min(self.remaining_current, self.remaining_total):
-            return _AddResult.NO_TOKEN
-        if self._req_states is None:
-            states = [self._req_state(request)]
-            states += [self._req_state(r) for r in self.decodes]
-            states += [self._req_state(s.request) for s in self.can_run]
-            self._req_states = sorted((s for s in states if s[0] > 0), key=lambda s: s[0])
-        else:
-            left, occupied = self._req_state(request)
-            if left > 0:
-                # SGLang's insertion: a value larger than all lands before the last entry.
-                i = 0
-                for i in range(len(self._req_states)):
-                    if left <= self._req_states[i][0]:
-                        break
-                self._req_states.insert(i, (left, occupied))
-        cur_rem = self.remaining_current - paged_input
-        freed = 0
-        n = len(self._req_states)
-        for i, (left, occupied) in enumerate(self._req_states):
-            if cur_rem + freed - left * (n - i) <= IGNORE_EOS_RESERVE_TOKENS * (n - i):
-                return _AddResult.NO_TOKEN
-            freed += occupied
-        if self.rem_chunk_tokens is None or extend <= self.rem_chunk_tokens:
-            return self._admit(request, extend, min(request.max_tokens, CLIP_MAX_NEW_TOKENS), False)
-        if self.rem_chunk_tokens <= 0:
-            return _AddResult.OTHER
-        return self._admit(request, self.rem_chunk_tokens, 0, True)
-
-    def _req_state(self, request: Request) -> tuple[float, int]:
-        left = request.max_tokens * self.policy.ratio_for() - request.num_output_tokens
-        return left, request.num_tokens
-
-    def _admit(self, request: Request, extend: int, max_new: int, is_chunked: bool) -> _AddResult:
-        if not self._commit(request, extend, max_new):
-            return _AddResult.NO_TOKEN  # unreachable while the budget is below the free slots
-        if is_chunked:
-            self.new_chunked = request
-        return self.budget_state()
-
-    # ---- priority preemption -------------------------------------------------------------
-    def preempt_to_schedule(self, request: Request) -> bool:
-        """Evict running requests less urgent than ``request`` by more than the threshold, least
-        urgent and most recent first, if their reservations cover its need."""
-        cfg = self.policy.config
-        sign = 1 if cfg.schedule_low_priority_values_first else -1
-        candidates = sorted(self.decodes, key=lambda r: (r.priority * -sign, -_queued_at(r)))
-        need = (
-            request.num_tokens
-            - request.num_computed_tokens
-            + min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
-            - self.remaining_total
-        )
-        victims: list[Request] = []
-        for running in candidates:
-            if (request.priority - running.priority) * -sign <= cfg.priority_scheduling_preemption_threshold:
-                break
-            victims.append(running)
-            need -= self.policy.reserved_tokens(running)
-            if need <= 0:
-                break
-        if not victims or need > 0:
-            return False
-        for victim in [r for r in self.decodes if r in victims]:
-            self.total_offset -= self.policy.reserved_tokens(victim)
-            self.sched.preempt_by_recompute(victim)
-            self.decodes.remove(victim)
-            self.preempted.append(victim)
-        return True
 
 
 class SglangPolicy(Policy):
@@ -482,7 +276,7 @@ class SglangPolicy(Policy):
             return False
         self._order_waiting(sched)
         num_mixed = len(decodes) if cfg.enable_mixed_chunk else 0
-        adder = _PrefillAdder(self, sched, decodes, num_mixed)
+        adder = PrefillAdder(self, sched, decodes, num_mixed)
         continuing = self.chunked
         if continuing is not None:
             self.chunked = adder.add_chunked_req(continuing)
@@ -520,7 +314,7 @@ class SglangPolicy(Policy):
             return False
         out.scheduled.extend(adder.can_run)
         kv = sched.kv_cache
-        if cfg.enable_mixed_chunk and decodes and _decode_fits(kv, decodes):
+        if cfg.enable_mixed_chunk and decodes and decode_fits(kv, decodes):
             self._add_decodes(sched, decodes, out)
         return True
 
@@ -536,7 +330,7 @@ class SglangPolicy(Policy):
         if policy == "fcfs":
             if not cfg.enable_priority_scheduling:
                 return
-            ordered = sorted(waiting, key=lambda r: (r.priority * sign, _queued_at(r)))
+            ordered = sorted(waiting, key=lambda r: (r.priority * sign, queued_at(r)))
         elif policy == "lof":
             if cfg.enable_priority_scheduling:
                 ordered = sorted(waiting, key=lambda r: (r.priority * sign, -r.max_tokens))
@@ -556,7 +350,7 @@ class SglangPolicy(Policy):
             return False
         kv = sched.kv_cache
         aborted = False
-        if not _decode_fits(kv, decodes):
+        if not decode_fits(kv, decodes):
             decodes, aborted = self._retract(sched, decodes, now, out)
             self.batch_is_full = False  # the running batch shrank
         else:
@@ -581,7 +375,7 @@ class SglangPolicy(Policy):
         else:
             keep = sorted(decodes, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
         first = True
-        while first or not _decode_fits(kv, keep):
+        while first or not decode_fits(kv, keep):
             if len(keep) == 1:
                 break  # always keep at least one request
             first = False
@@ -589,7 +383,7 @@ class SglangPolicy(Policy):
             sched.preempt_by_recompute(victim)
             self._requeue(sched, victim, now, out)
         aborted = False
-        if len(keep) <= 1 and not _decode_fits(kv, keep):
+        if len(keep) <= 1 and not decode_fits(kv, keep):
             sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
             aborted = True
         kept = [r for r in decodes if r in keep]
