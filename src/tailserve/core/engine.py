@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from tailserve.core.executor import Executor
+from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import IterationLog
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
@@ -116,12 +117,13 @@ class Engine:
         """Step until every request has left the engine."""
         from tailserve.core.decode_run import advance_decode_run
 
-        while self.step():
-            while self._decode_run_ok and self._steady():
-                if not advance_decode_run(self):
-                    break
-                if self.options.check_integrity:
-                    self.check_integrity()
+        with paused_gc():
+            while self.step():
+                while self._decode_run_ok and self._steady():
+                    if not advance_decode_run(self):
+                        break
+                    if self.options.check_integrity:
+                        self.check_integrity()
 
     def _add_arrivals(self, now: float) -> None:
         for request in self.source.pop_arrived(now):

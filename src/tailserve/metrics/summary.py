@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.core.gc_pause import paused_gc
 from tailserve.core.request import Request, RequestStatus
 
 STAT_NAMES = ("mean", "p50", "p90", "p99", "max")
@@ -119,7 +120,8 @@ class RequestLatencies:
 
 def summarize(requests: Sequence[Request], slo: Slo | None = None) -> dict[str, Any]:
     """The ``metrics``/``throughput`` part of a run's JSON, plus request counts and duration."""
-    lat = RequestLatencies.of(requests)
+    with paused_gc():
+        lat = RequestLatencies.of(requests)
     statuses = [r.status for r in requests]
     starts = [r.arrival_time for r in requests]
     ends = [r.finish_time for r in requests if r.finish_time is not None]
