@@ -156,3 +156,17 @@ def test_console_script_runs_without_torch():
         subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip()
         == "False"
     )
+
+
+def test_cache_aware_sglang_policy_says_it_runs_as_fcfs(capsys):
+    assert main(["simulate", "--policy", "sglang", "--schedule-policy", "lpm"]) == 0
+    assert "no radix cache yet" in capsys.readouterr().err
+
+
+def test_policies_command_lists_every_engine_with_device_defaults(capsys):
+    assert main(["policies", "--hardware", "H100-SXM"]) == 0
+    out = capsys.readouterr().out
+    for name in ("static", "orca", "vllm-v0", "vllm", "sarathi", "sglang", "tgi"):
+        assert f"│ {name} " in out
+    assert "max_num_batched_tokens=8192" in out and "chunked_prefill_size=8192" in out
+    assert "waiting_served_ratio=0.3" in out

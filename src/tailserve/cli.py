@@ -203,6 +203,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for spec in specs:
         runs.append(run_policy(built, spec, workload, options=_engine_options(args)))
     summaries = [r.summary(slo) for r in runs]
+    for note in dict.fromkeys(n for r in runs for n in r.notes):
+        print(f"note: {note}", file=sys.stderr)
     print_runs(runs, summaries, built, workload.spec)
     print()
     print(compare_paragraph(runs, summaries, built, workload.spec))
@@ -222,6 +224,8 @@ def cmd_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     slo = parse_slo(args.slo)
     run = run_policy(built, spec, workload, options=_engine_options(args))
     summary = run.summary(slo)
+    for note in run.notes:
+        print(f"note: {note}", file=sys.stderr)
     print_runs([run], [summary], built, workload.spec)
     if args.json:
         _write_json(args.json, {"label": run.label, **summary})

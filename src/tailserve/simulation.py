@@ -244,6 +244,7 @@ class RunResult:
     log: IterationLog
     kv: KVCapacity
     wall_s: float  # seconds the simulation took on this machine
+    notes: list[str] = field(default_factory=list)  # how this configuration is simulated
 
     def summary(self, slo: Slo | None = None) -> dict[str, Any]:
         out = {"config": self.config, **summarize(self.requests, slo)}
@@ -311,4 +312,4 @@ def run_policy(
     budget_flag = getattr(config, "max_num_batched_tokens", None)
     if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
         label += f" (default budget {budget_flag})"
-    return RunResult(label, run_config, engine.requests, engine.log, capacity, wall)
+    return RunResult(label, run_config, engine.requests, engine.log, capacity, wall, policy.notes())

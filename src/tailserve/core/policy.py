@@ -68,6 +68,11 @@ class Policy(ABC):
         """A time (seconds) at which the policy wants to be asked again even with no arrival."""
         return None
 
+    def notes(self) -> list[str]:
+        """Things the user should know about how this configuration is simulated (e.g. a flag
+        accepted but not modelled yet); printed by the CLI."""
+        return []
+
     def describe(self) -> str:
         """The policy with its resolved flags, e.g. ``vllm:max_num_batched_tokens=512``."""
         fields = getattr(self.config, "__dataclass_fields__", {})

@@ -407,6 +407,14 @@ class SglangPolicy(Policy):
             out.scheduled.append(ScheduledRequest(request, 1, computed))
 
     # ---- fast path -----------------------------------------------------------------------
+    def notes(self) -> list[str]:
+        if self.config.schedule_policy in CACHE_AWARE_POLICIES:
+            return [
+                f"sglang --schedule-policy {self.config.schedule_policy}: there is no radix cache yet, so every "
+                "prefix match is 0 and the waiting queue keeps its arrival order (fcfs)"
+            ]
+        return []
+
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """Identical decode iterations follow while no chunk is pending and no prefill would be
         tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves,
