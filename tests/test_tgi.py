@@ -13,9 +13,11 @@ import random
 
 import pytest
 
+from helpers import grants as _grants
+from helpers import ids as _ids
+from helpers import step as _step
 from tailserve.core.device import DeviceInfo
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.executor import StepResult
 from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
@@ -39,21 +41,6 @@ def _add(sched: Scheduler, rid: str, prompt: int, max_tokens: int, now: float = 
     sched.add_request(request, now)
     assert request.status is RequestStatus.WAITING
     return request
-
-
-def _step(sched: Scheduler, now: float = 0.0) -> SchedulerOutput:
-    out = sched.schedule(now)
-    sched.update(out, StepResult(duration=0.01), now + 0.01)
-    return out
-
-
-def _grants(out: SchedulerOutput) -> list[tuple[str, int, int]]:
-    """(request id, new tokens, context tokens) of every scheduled request, in batch order."""
-    return [(s.request.request_id, s.num_new_tokens, s.num_context_tokens) for s in out.scheduled]
-
-
-def _ids(requests) -> list[str]:
-    return [r.request_id for r in requests]
 
 
 def _engine(sched: Scheduler, requests: list[Request], fast_forward: bool = True) -> Engine:

@@ -159,15 +159,20 @@ class VllmV0Policy(Policy):
                 continue
             if request.num_tokens - request.num_computed_tokens != 1:
                 continue  # a prompt in progress (chunked mode handles it)
-            while not sched.allocate(request, request.num_computed_tokens + 1):
-                victim = sched.running[-1]
-                self._preempt(sched, victim, out, now)
-                if victim is request:
-                    break
-            else:
-                out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+            if self._decode(sched, request, out, now):
                 budget -= 1
         return budget
+
+    def _decode(self, sched: Scheduler, request: Request, out: SchedulerOutput, now: float) -> bool:
+        """Schedule one decode token, preempting the tail of ``running`` until its slot fits;
+        False if the request preempted itself."""
+        while not sched.allocate(request, request.num_computed_tokens + 1):
+            victim = sched.running[-1]
+            self._preempt(sched, victim, out, now)
+            if victim is request:
+                return False
+        out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+        return True
 
     def _swap_in(self, sched: Scheduler, out: SchedulerOutput, budget: int, now: float) -> int:
         """Swapped requests come back FCFS while the GPU holds their blocks plus what the next
@@ -304,13 +309,7 @@ class VllmV0Policy(Policy):
                 continue
             if budget <= 0:
                 break
-            while not sched.allocate(request, request.num_computed_tokens + 1):
-                victim = sched.running[-1]
-                self._preempt(sched, victim, out, now)
-                if victim is request:
-                    break
-            else:
-                out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
+            if self._decode(sched, request, out, now):
                 budget -= 1
         preempted = bool(out.preempted or out.swapped_out)
         if not preempted:

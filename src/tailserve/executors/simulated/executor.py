@@ -18,20 +18,20 @@ class SimExecutor:
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
-        for item in out.scheduled:
-            q, c = item.num_new_tokens, item.num_context_tokens
+        # (new tokens, cached tokens before them, samples a token) for every slot of the batch;
+        # padding slots of a static batch compute (and sample) like real ones.
+        slots = [
+            (
+                s.num_new_tokens,
+                s.num_context_tokens,
+                s.num_context_tokens + s.num_new_tokens == s.request.num_tokens,
+            )
+            for s in out.scheduled
+        ]
+        slots.extend((p.num_new_tokens, p.num_context_tokens, True) for p in out.padding)
+        for q, c, samples in slots:
             num_tokens += q
-            if c + q == item.request.num_tokens:
-                num_logits += 1
-            if q == 1:
-                decode_kv += c + 1
-            else:
-                pairs += q * c + q * (q + 1) // 2
-                prefill_kv += q + c
-        for slot in out.padding:
-            q, c = slot.num_new_tokens, slot.num_context_tokens
-            num_tokens += q
-            num_logits += 1
+            num_logits += samples
             if q == 1:
                 decode_kv += c + 1
             else:

@@ -1,0 +1,26 @@
+"""Small helpers the policy tests share: one scheduling step, and what it granted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tailserve.core.executor import StepResult
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import SchedulerOutput
+
+
+def step(sched: Scheduler, now: float = 0.0) -> SchedulerOutput:
+    """Schedule at ``now`` and apply the iteration as if it took 10 ms."""
+    out = sched.schedule(now)
+    sched.update(out, StepResult(duration=0.01), now + 0.01)
+    return out
+
+
+def grants(out: SchedulerOutput) -> list[tuple[str, int, int]]:
+    """(request id, new tokens, context tokens) of every scheduled request, in batch order."""
+    return [(s.request.request_id, s.num_new_tokens, s.num_context_tokens) for s in out.scheduled]
+
+
+def ids(requests: Iterable[Request]) -> list[str]:
+    return [r.request_id for r in requests]
