@@ -31,7 +31,7 @@ from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
 from tailserve.executors.simulated.models import get_model
-from tailserve.metrics.summary import Slo, summarize
+from tailserve.metrics.summary import Slo, prefix_cache_summary, summarize
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.workloads import builtin
 from tailserve.workloads.arrivals import ArrivalSpec
@@ -153,6 +153,16 @@ class WorkloadBuilder:
         self._trace: list[Request] | None = None
 
     @property
+    def shares_prefixes(self) -> bool:
+        """True when requests carry token ids or prefix block hashes (a Mooncake trace)."""
+        if self.spec.name != "trace":
+            return False
+        if self._trace is None:
+            s = self.spec
+            self._trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
+        return any(r.prefix_block_hashes or r.prompt_token_ids for r in self._trace)
+
+    @property
     def min_max_model_len(self) -> int:
         """The context the workload needs. ``hol``'s 8,192-token prompt plus its 256 outputs
         exceed Llama-3-70B's 8,192-token context, so that scenario raises max_model_len (as
@@ -245,10 +255,13 @@ class RunResult:
     kv: KVCapacity
     wall_s: float  # seconds the simulation took on this machine
     notes: list[str] = field(default_factory=list)  # how this configuration is simulated
+    prefix_stats: dict[str, Any] | None = None  # pool counters when prefix caching ran
 
     def summary(self, slo: Slo | None = None) -> dict[str, Any]:
         out = {"config": self.config, **summarize(self.requests, slo)}
         out["num_iterations"] = len(self.log)
+        if self.prefix_stats is not None:
+            out["prefix_cache"] = {**prefix_cache_summary(self.requests), **self.prefix_stats}
         return out
 
 
@@ -286,7 +299,9 @@ def run_policy(
         )
     swap_gib = getattr(config, "swap_space", 0.0)  # vLLM V0 --swap-space, GiB per GPU
     num_cpu_blocks = int(swap_gib * 2**30 // (capacity.block_size * capacity.kv_bytes_per_token))
-    kv = KVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks)
+    # Prefix caching needs token identities; a workload of bare lengths could never share.
+    prefix_caching = bool(getattr(config, "enable_prefix_caching", False)) and workload.shares_prefixes
+    kv = KVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks, prefix_caching)
     scheduler = Scheduler(policy, kv, max_model_len)
     executor = SimExecutor(cost_model, capacity.block_size)
     engine = Engine(scheduler, executor, workload.build(cost_model), options=options)
@@ -312,4 +327,11 @@ def run_policy(
     budget_flag = getattr(config, "max_num_batched_tokens", None)
     if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
         label += f" (default budget {budget_flag})"
-    return RunResult(label, run_config, engine.requests, engine.log, capacity, wall, policy.notes())
+    run_config["prefix_caching"] = prefix_caching
+    prefix_stats = None
+    if kv.pool is not None:
+        stats = kv.pool.stats
+        prefix_stats = {"evicted_tokens": stats.num_evicted_tokens}
+    return RunResult(
+        label, run_config, engine.requests, engine.log, capacity, wall, policy.notes(), prefix_stats
+    )

@@ -69,6 +69,7 @@ class Request:
     num_preemptions: int = 0
     status_reason: str | None = None  # why it was aborted or rejected
     enqueue_time: float | None = None  # seconds; when it last entered the waiting queue
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
 
     first_scheduled_time: float | None = None  # seconds; first admission to the running set
     token_times: list[float] = field(default_factory=list)  # seconds; one per output token

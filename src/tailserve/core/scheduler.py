@@ -25,11 +25,22 @@ from typing import TYPE_CHECKING, Any
 
 from tailserve.core.executor import StepResult
 from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.prefix_cache import block_hashes, keys_from_hash_ids
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from tailserve.core.policy import Policy
+
+
+def prefix_keys(request: Request, block_size: int) -> list[int] | None:
+    """Content keys of the request's full prompt blocks: from its token ids, or from Mooncake
+    ``hash_ids`` (512-token blocks); None when the workload gives neither."""
+    if request.prompt_token_ids is not None:
+        return block_hashes(request.prompt_token_ids, block_size)
+    if request.prefix_block_hashes:
+        return keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len, 512, block_size)
+    return None
 
 
 class Scheduler:
@@ -72,6 +83,10 @@ class Scheduler:
             return False
         request.status = RequestStatus.WAITING
         request.enqueue_time = now
+        if self.kv_cache.prefix_caching:
+            keys = prefix_keys(request, self.kv_cache.block_size)
+            if keys:
+                self.kv_cache.set_prefix_keys(request.request_id, keys)
         self.policy.add_request(self, request)
         return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 
@@ -135,7 +150,13 @@ class Scheduler:
         kv = self.kv_cache
         if reserve and not kv.can_allocate(request.request_id, num_total_tokens, reserve):
             return False
-        return kv.allocate(request.request_id, num_total_tokens) is not None
+        if kv.allocate(request.request_id, num_total_tokens) is None:
+            return False
+        if kv.prefix_caching:
+            # Blocks that will be full once this iteration's tokens are computed become
+            # matchable now, as vLLM caches them when it allocates them.
+            kv.register_computed(request.request_id, num_total_tokens)
+        return True
 
     def admit(self, request: Request, now: float) -> None:
         """Move a waiting request (already removed from the waiting queue) into running."""
@@ -209,4 +230,5 @@ class Scheduler:
         request.status = status
         request.status_reason = reason
         request.finish_time = now
+        self.kv_cache.forget_prefix_keys(request.request_id)
         self.finished.append(request)

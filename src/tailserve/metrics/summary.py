@@ -157,3 +157,21 @@ def summarize(requests: Sequence[Request], slo: Slo | None = None) -> dict[str, 
             "fraction_good": float(lat.good(slo).mean()) if n_done else 0.0,
         }
     return summary
+
+
+def prefix_cache_summary(requests: Sequence[Request]) -> dict[str, Any]:
+    """Prefix-cache effect, from each request's hit at its first admission: hit rate in tokens and
+    requests, prefill tokens saved, and TTFT of requests with and without a hit."""
+    done = [
+        r for r in requests if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+    ]
+    prompt = sum(r.prompt_len for r in done)
+    cached = sum(r.num_cached_tokens for r in done)
+    hit = [r.token_times[0] - r.arrival_time for r in done if r.num_cached_tokens]
+    miss = [r.token_times[0] - r.arrival_time for r in done if not r.num_cached_tokens]
+    return {
+        "hit_rate_tokens": cached / prompt if prompt else 0.0,
+        "hit_rate_requests": len(hit) / len(done) if done else 0.0,
+        "prefill_tokens_saved": cached,
+        "ttft_s": {"hit": stats(hit), "miss": stats(miss)},
+    }

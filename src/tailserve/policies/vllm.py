@@ -22,7 +22,11 @@ request id), lower values first; the preemption victim is the running request wi
 if it was already scheduled; a request that preempted itself does not end the pass; and a
 preempted request re-enters the queue by its key (a plain heap push), not at the front.
 
-Prefix caching (on by default in V1) is not modelled yet.
+Prefix caching (``enable_prefix_caching``, on by default in V1): a new or preempted request
+first looks up the longest chain of its cached full blocks (capped so one token is computed);
+the hit raises ``num_computed_tokens`` without using the budget, and the admission gate counts
+the hit blocks only if they sit evictable in the free queue. A preempted request finds its own
+surviving blocks. Keys need token identities: token ids, or Mooncake ``hash_ids``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class VllmConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting
     scheduling_policy: str = "fcfs"  # or "priority"
+    enable_prefix_caching: bool = True  # automatic prefix caching (hashed 16-token blocks, LRU)
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -192,19 +197,37 @@ class VllmPolicy(Policy):
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
         while sched.waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
             request = sched.waiting[0]
-            want = request.num_tokens - request.num_computed_tokens
+            # Prefix lookup for a new or preempted request: hits are not charged to the budget.
+            match = (
+                kv.match_prefix(request.request_id, request.num_tokens)
+                if not request.num_computed_tokens
+                else None
+            )
+            hit = match.num_tokens if match is not None else 0
+            want = request.num_tokens - request.num_computed_tokens - hit
             if cap:
                 want = min(want, cap)
             if not cfg.enable_chunked_prefill and want > budget:
                 break
             want = min(want, budget)
             reserve = watermark_blocks if sched.running else 0
-            if cfg.scheduler_reserve_full_isl and not kv.can_allocate(
-                request.request_id, request.num_tokens, reserve
-            ):
-                break
-            if not sched.allocate(request, request.num_computed_tokens + want, reserve):
-                break  # head-of-line blocking: nothing behind it is tried
+            if hit:
+                # KV gate net of the hit blocks (those sitting evictable in the free queue count).
+                total = request.num_tokens if cfg.scheduler_reserve_full_isl else hit + want
+                if kv.num_blocks_needed_after_hit(match, total) + reserve > kv.num_free_blocks:
+                    break
+                kv.allocate_with_prefix(request.request_id, match, hit + want)
+                kv.register_computed(request.request_id, hit + want)
+                request.num_computed_tokens = hit
+            else:
+                if cfg.scheduler_reserve_full_isl and not kv.can_allocate(
+                    request.request_id, request.num_tokens, reserve
+                ):
+                    break
+                if not sched.allocate(request, request.num_computed_tokens + want, reserve):
+                    break  # head-of-line blocking: nothing behind it is tried
+            if request.first_scheduled_time is None:
+                request.num_cached_tokens = hit
             sched.waiting.popleft()
             sched.admit(request, now)
             out.num_admitted += 1
