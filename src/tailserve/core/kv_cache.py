@@ -170,7 +170,8 @@ class KVCacheManager:
         self._keys[request_id] = keys
 
     def forget_prefix_keys(self, request_id: str) -> None:
-        self._keys.pop(request_id, None)
+        if self._keys:
+            self._keys.pop(request_id, None)
 
     def match_prefix(self, request_id: str, num_tokens: int) -> PrefixMatch | None:
         """Longest cached chain of the request's blocks, capped so at least one of its

@@ -83,7 +83,7 @@ class Scheduler:
             return False
         request.status = RequestStatus.WAITING
         request.enqueue_time = now
-        if self.kv_cache.prefix_caching:
+        if self.kv_cache.pool is not None:
             keys = prefix_keys(request, self.kv_cache.block_size)
             if keys:
                 self.kv_cache.set_prefix_keys(request.request_id, keys)
@@ -152,7 +152,7 @@ class Scheduler:
             return False
         if kv.allocate(request.request_id, num_total_tokens) is None:
             return False
-        if kv.prefix_caching:
+        if kv.pool is not None:
             # Blocks that will be full once this iteration's tokens are computed become
             # matchable now, as vLLM caches them when it allocates them.
             kv.register_computed(request.request_id, num_total_tokens)
