@@ -203,7 +203,7 @@ class KVCacheManager:
 
     def register_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Register the request's blocks that are full once ``num_computed_tokens`` are computed
-        (prompt blocks with keys only: generated tokens have no known content here)."""
+        (only blocks with keys: outputs are keyed only when the workload planned them)."""
         keys = self._keys.get(request_id)
         if self.pool is None or not keys:
             return

@@ -61,6 +61,9 @@ class Request:
     prompt_token_ids: list[int] | None = None
     # Hashes of the prompt's prefix blocks (e.g. Mooncake ``hash_ids``), for prefix caching.
     prefix_block_hashes: list[int] | None = None
+    # Simulation only: the token ids this request will generate (a multi-turn workload knows its
+    # replies), so prefix caching can key the blocks that hold outputs too.
+    planned_output_token_ids: list[int] | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -34,10 +34,14 @@ if TYPE_CHECKING:
 
 
 def prefix_keys(request: Request, block_size: int) -> list[int] | None:
-    """Content keys of the request's full prompt blocks: from its token ids, or from Mooncake
-    ``hash_ids`` (512-token blocks); None when the workload gives neither."""
+    """Content keys of the request's full blocks: from its token ids (and, in simulation, the
+    outputs it will generate), or from Mooncake ``hash_ids`` (512-token blocks, prompt only);
+    None when the workload gives neither."""
     if request.prompt_token_ids is not None:
-        return block_hashes(request.prompt_token_ids, block_size)
+        tokens = request.prompt_token_ids
+        if request.planned_output_token_ids:
+            tokens = [*tokens, *request.planned_output_token_ids]
+        return block_hashes(tokens, block_size)
     if request.prefix_block_hashes:
         return keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len, 512, block_size)
     return None
