@@ -95,6 +95,8 @@ def advance_decode_run(engine: Engine) -> int:
         request.token_times.extend(token_times)
         if computed > slots:
             kv.allocate(request.request_id, computed)
+            if kv.pool is not None:
+                kv.register_computed(request.request_id, computed)
         if outputs >= request.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH
             done.append(request)
