@@ -96,7 +96,9 @@ def advance_decode_run(engine: Engine) -> int:
         if computed > slots:
             kv.allocate(request.request_id, computed)
             if kv.pool is not None:
-                kv.register_computed(request.request_id, computed)
+                # As stepping does: the block allocations register the blocks full before them,
+                # so the block the last iteration may have just filled waits for the next one.
+                kv.register_computed(request.request_id, computed - 1)
         if outputs >= request.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH
             done.append(request)
