@@ -113,3 +113,53 @@ def test_pressure_is_real():
 
 def test_every_registered_policy_is_covered():
     assert {parse_policy_list(s)[0].name for s in SPECS} == set(POLICIES)
+
+
+CACHING_SPECS = [
+    "vllm",
+    "vllm:max_num_batched_tokens=128:scheduling_policy=priority",
+    "vllm-v0:enable_prefix_caching=true",
+    "vllm-v0:enable_prefix_caching=true:enable_chunked_prefill=true:max_num_batched_tokens=256",
+    "vllm-v0:enable_prefix_caching=true:preemption_mode=swap",
+]
+
+
+def _shared_requests(seed: int, n: int = 60) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    prefixes = [[int(t) for t in rng.integers(0, 30000, int(rng.integers(16, 300)))] for _ in range(3)]
+    out = []
+    for i in range(n):
+        ids = prefixes[int(rng.integers(0, 3))] + [
+            int(t) for t in rng.integers(0, 30000, int(rng.integers(1, 300)))
+        ]
+        max_tokens = int(min(rng.integers(1, 200), MAX_MODEL_LEN - len(ids)))
+        out.append(Request(f"r{i}", len(ids), max_tokens, i * 0.02, priority=i % 3, prompt_token_ids=ids))
+    return out
+
+
+def _run_cached(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Request]]:
+    spec = parse_policy_list(spec_text)[0]
+    cls = POLICIES[spec.name]
+    policy = cls(cls.default_config(get_hardware("H100-SXM").device_info, MAX_MODEL_LEN, **spec.flags))
+    kv = KVCacheManager(KV_TOKENS // 16, 16, num_cpu_blocks=128, enable_prefix_caching=True)
+    requests = _shared_requests(seed)
+    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    engine = Engine(
+        Scheduler(policy, kv, MAX_MODEL_LEN),
+        SimExecutor(cost, 16),
+        ListSource(requests),
+        options=EngineOptions(fast, check_integrity=True),
+    )
+    engine.run()
+    return engine, requests
+
+
+@pytest.mark.parametrize("spec", CACHING_SPECS)
+def test_prefix_caching_conserves_blocks_and_the_fast_path_is_exact(spec):
+    engine, requests = _run_cached(spec, 4, True)
+    assert all(r.is_finished and (r.finish_reason == "length" or r.status_reason) for r in requests)
+    assert sum(r.num_cached_tokens for r in requests) > 0
+    kv = engine.scheduler.kv_cache
+    assert kv.num_free_blocks == kv.num_blocks and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+    _, stepped = _run_cached(spec, 4, False)
+    assert _fingerprint(requests) == _fingerprint(stepped)

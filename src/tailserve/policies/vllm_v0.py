@@ -20,6 +20,10 @@ request that would get 0), then swapped-in requests if nobody was preempted, the
 chunked to the remaining budget — a Sarathi-style hybrid batch. With more than one partial
 prefill allowed, a long prompt waits while ``max_long_partial_prefills`` long ones run.
 
+Prefix caching (``enable_prefix_caching``, off by default in V0): hashed full blocks as in V1; a
+prompt's cached tokens cost no budget and no new blocks, and with caching a partial chunk is
+rounded down to whole blocks.
+
 Preemption mode: ``preemption_mode`` None means recompute for single-sequence requests (all of
 ours), as vLLM decides per request. Swapped requests block new prefills entirely (default
 mode) — the convoy the essay describes; the PCIe copies are priced by the cost model.
@@ -32,6 +36,7 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
+from tailserve.core.prefix_cache import PrefixMatch
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -50,6 +55,7 @@ class VllmV0Config:
     watermark: float = 0.01  # BlockSpaceManager's fraction of blocks kept free (no CLI flag)
     scheduling_policy: str = "fcfs"  # or "priority"
     scheduler_delay_factor: float = 0.0
+    enable_prefix_caching: bool = False  # off by default in V0
 
     def __post_init__(self) -> None:
         for name in (
@@ -194,20 +200,50 @@ class VllmV0Policy(Policy):
                 budget -= 1
         return budget
 
-    def _can_allocate(self, sched: Scheduler, request: Request, now: float) -> bool | None:
-        """V0's ``can_allocate`` for a whole prompt: True (OK), False (LATER) or None (NEVER)."""
+    def _lookup(self, sched: Scheduler, request: Request) -> PrefixMatch | None:
+        """Prefix-cache hit of a new or preempted request (``enable_prefix_caching``)."""
         kv = sched.kv_cache
-        required = kv.blocks_for(request.num_tokens)
+        if kv.pool is None or request.num_computed_tokens:
+            return None
+        return kv.match_prefix(request.request_id, request.num_tokens)
+
+    def _can_allocate(
+        self, sched: Scheduler, request: Request, now: float, match: PrefixMatch | None = None
+    ) -> bool | None:
+        """V0's ``can_allocate`` for a whole prompt: True (OK), False (LATER) or None (NEVER).
+        Cached blocks of a prefix hit are not allocated again."""
+        kv = sched.kv_cache
+        total = kv.blocks_for(request.num_tokens)
+        required = (
+            kv.num_blocks_needed_after_hit(match, request.num_tokens) if match and match.num_tokens else total
+        )
         watermark = self._watermark(sched)
-        if kv.num_blocks - required < watermark:
+        if kv.num_blocks - total < watermark:
             return None
         return kv.num_free_blocks - required >= watermark
 
     def _admit_whole(
-        self, sched: Scheduler, request: Request, out: SchedulerOutput, now: float, tokens: int
+        self,
+        sched: Scheduler,
+        request: Request,
+        out: SchedulerOutput,
+        now: float,
+        tokens: int,
+        match: PrefixMatch | None = None,
     ) -> None:
+        """Admit with blocks for the whole prompt; ``tokens`` of it are computed now."""
+        kv = sched.kv_cache
         sched.waiting.popleft()
-        sched.allocate(request, request.num_tokens)
+        hit = match.num_tokens if match is not None else 0
+        if hit:
+            kv.allocate_with_prefix(request.request_id, match, request.num_tokens)
+            request.num_computed_tokens = hit
+        else:
+            kv.allocate(request.request_id, request.num_tokens)
+        if kv.pool is not None:
+            kv.register_computed(request.request_id, request.num_computed_tokens + tokens)
+        if request.first_scheduled_time is None:
+            request.num_cached_tokens = hit
         sched.admit(request, now)
         out.num_admitted += 1
         out.scheduled.append(ScheduledRequest(request, tokens, request.num_computed_tokens))
@@ -240,14 +276,16 @@ class VllmV0Policy(Policy):
         if not sched.swapped and self._delay_ok(sched, now):
             while sched.waiting:
                 request = sched.waiting[0]
-                ok = self._can_allocate(sched, request, now)
+                match = self._lookup(sched, request)
+                ok = self._can_allocate(sched, request, now, match)
                 if ok is None:
                     self._never(sched, request, now)
                     continue
-                tokens = request.num_tokens - request.num_computed_tokens
+                # Cached prefix tokens do not use up the token budget.
+                tokens = request.num_tokens - request.num_computed_tokens - (match.num_tokens if match else 0)
                 if not ok or tokens > budget or len(sched.running) + 1 > cfg.max_num_seqs:
                     break
-                self._admit_whole(sched, request, out, now, tokens)
+                self._admit_whole(sched, request, out, now, tokens, match)
                 budget -= tokens
         if out.scheduled:
             self._note_prefill(now)
@@ -301,10 +339,13 @@ class VllmV0Policy(Policy):
                 continue
             want = request.num_tokens - request.num_computed_tokens
             if want > 1:
-                want = min(want, budget, per_slot)  # blocks were allocated whole at admission
+                # Blocks were allocated whole at admission.
+                want = self._chunk(sched, want, min(want, budget, per_slot))
                 if want <= 0:
                     break
                 out.scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
+                if sched.kv_cache.pool is not None:
+                    sched.kv_cache.register_computed(request.request_id, request.num_computed_tokens + want)
                 budget -= want
                 continue
             if budget <= 0:
@@ -327,14 +368,18 @@ class VllmV0Policy(Policy):
                     held_back.append(sched.waiting.popleft())  # lets short prompts overtake it
                     continue
                 long_running += 1
-            ok = self._can_allocate(sched, request, now)
+            match = self._lookup(sched, request)
+            ok = self._can_allocate(sched, request, now, match)
             if ok is None:
                 self._never(sched, request, now)
                 continue
             if not ok:
                 break
-            tokens = min(request.num_tokens - request.num_computed_tokens, budget, per_slot)
-            self._admit_whole(sched, request, out, now, tokens)
+            left = request.num_tokens - request.num_computed_tokens - (match.num_tokens if match else 0)
+            tokens = self._chunk(sched, left, min(left, budget, per_slot))
+            if tokens <= 0:
+                break
+            self._admit_whole(sched, request, out, now, tokens, match)
             budget -= tokens
         for request in reversed(held_back):
             sched.waiting.appendleft(request)
@@ -358,6 +403,14 @@ class VllmV0Policy(Policy):
                 long_count += 1
             count += 1
         return max(1, min(cfg.max_num_partial_prefills, count))
+
+    @staticmethod
+    def _chunk(sched: Scheduler, left: int, grant: int) -> int:
+        """With prefix caching a partial chunk is rounded down to whole blocks, so the blocks it
+        fills can be cached."""
+        if sched.kv_cache.pool is None or grant >= left:
+            return grant
+        return grant // sched.kv_cache.block_size * sched.kv_cache.block_size
 
     def _is_long(self, request: Request) -> bool:
         threshold = self.config.long_prefill_token_threshold
