@@ -44,6 +44,9 @@ def print_runs(
     show_goodput = any("goodput" in s for s in summaries)
     if show_goodput:
         table.add_column("goodput\nreq/s", justify="right")
+    show_prefix = any("prefix_cache" in s for s in summaries)
+    if show_prefix:
+        table.add_column("prefix hit\n% tokens", justify="right", no_wrap=True)
     for run, s in zip(runs, summaries):
         m = s["metrics"]
         row = [
@@ -60,6 +63,8 @@ def print_runs(
         ]
         if show_goodput:
             row.append(f"{s['goodput']['requests_per_s']:.2f}" if "goodput" in s else "-")
+        if show_prefix:
+            row.append(f"{s['prefix_cache']['hit_rate_tokens'] * 100:.1f}" if "prefix_cache" in s else "off")
         table.add_row(*row)
     console.print(table)
 
