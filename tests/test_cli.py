@@ -170,3 +170,16 @@ def test_policies_command_lists_every_engine_with_device_defaults(capsys):
         assert f"│ {name} " in out
     assert "max_num_batched_tokens=8192" in out and "chunked_prefill_size=8192" in out
     assert "waiting_served_ratio=0.3" in out
+
+
+def test_prefix_workloads_show_the_cache_at_work(tmp_path, capsys):
+    out = tmp_path / "pc.json"
+    argv = ["compare", "--workload", "multi-turn", "--num-sessions", "12", "--turns", "2:4", "--rate", "1",
+            "--model", "Llama-3-8B", "--hardware", "H100-SXM",
+            "--policies", "vllm,vllm:enable_prefix_caching=false", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    warm, cold = json.loads(out.read_text())["runs"]
+    assert warm["prefix_cache"]["hit_rate_tokens"] > 0.5 and "prefix_cache" not in cold
+    assert warm["metrics"]["ttft_s"]["mean"] < cold["metrics"]["ttft_s"]["mean"]
+    assert "prefix hit" in capsys.readouterr().out
+    assert main(["simulate", "--workload", "multi-turn", "--turns", "5:2"]) == 2

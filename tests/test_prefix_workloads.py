@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -39,8 +39,9 @@ def _content(requests: list[Request]) -> list[tuple]:
     ]
 
 
-def _fresh(requests: list[Request]) -> list[Request]:
-    """Unstarted copies (a run mutates requests); the token lists are shared, never mutated."""
+def _fresh(requests: list[Request], planned_outputs: bool = True) -> list[Request]:
+    """Unstarted copies (a run mutates requests); the token lists are shared, never mutated.
+    Without ``planned_outputs`` the copies do not say what they will generate."""
     return [
         Request(
             r.request_id,
@@ -48,7 +49,7 @@ def _fresh(requests: list[Request]) -> list[Request]:
             r.max_tokens,
             r.arrival_time,
             prompt_token_ids=r.prompt_token_ids,
-            planned_output_token_ids=r.planned_output_token_ids,
+            planned_output_token_ids=r.planned_output_token_ids if planned_outputs else None,
         )
         for r in requests
     ]
@@ -66,8 +67,7 @@ def _sessions(requests: list[Request]) -> dict[str, list[Request]]:
     """Multi-turn requests by session, in turn order."""
     out: dict[str, list[Request]] = defaultdict(list)
     for r in requests:
-        session, _, turn = r.request_id.rpartition("-")
-        out[session].append(r)
+        out[r.request_id.rpartition("-")[0]].append(r)
     for turns in out.values():
         turns.sort(key=lambda r: int(r.request_id.rpartition("-")[2]))
     return out
@@ -165,7 +165,7 @@ def test_each_turn_resends_the_previous_prompt_and_reply() -> None:
         for r in turns:
             assert r.prompt_token_ids[:128] == system  # one system prompt for every session
             assert r.max_tokens == len(r.planned_output_token_ids) and r.prompt_len == len(r.prompt_token_ids)
-        for prev, turn in zip(turns, turns[1:]):
+        for prev, turn in pairwise(turns):
             history = prev.prompt_token_ids + prev.planned_output_token_ids
             assert turn.prompt_token_ids[: len(history)] == history
             assert turn.prompt_len > len(history)  # plus a new user message
@@ -176,14 +176,14 @@ def test_multi_turn_arrives_in_order_after_each_reply_and_think_time() -> None:
     times = [r.arrival_time for r in requests]
     assert times == sorted(times)
     for turns in _sessions(requests).values():
-        for prev, turn in zip(turns, turns[1:]):
+        for prev, turn in pairwise(turns):
             # With no think time the gap is exactly the reply's assumed streaming time.
             assert turn.arrival_time - prev.arrival_time == pytest.approx(prev.max_tokens * 0.05)
     thinking = multi_turn(20, think_time=5.0, reply_token_time=0.05, seed=2)
     gaps = [
         turn.arrival_time - prev.arrival_time - prev.max_tokens * 0.05
         for turns in _sessions(thinking).values()
-        for prev, turn in zip(turns, turns[1:])
+        for prev, turn in pairwise(turns)
     ]
     assert min(gaps) > 0 and 3.0 < np.mean(gaps) < 7.0
     # The think time moves arrivals only: the tokens are the same draws.
@@ -248,7 +248,7 @@ def test_later_turns_hit_the_previous_turns_reply_blocks() -> None:
     _run(requests, caching=True)  # 2,048 blocks: nothing of these sessions is evicted
     num_checked = 0
     for turns in _sessions(requests).values():
-        for prev, turn in zip(turns, turns[1:]):
+        for prev, turn in pairwise(turns):
             assert prev.finish_time <= turn.arrival_time  # the client's reply estimate held
             # The previous turn's KV covers its prompt and all replies but the last sampled token;
             # the block that token's predecessor just filled may not be registered yet.
@@ -258,11 +258,11 @@ def test_later_turns_hit_the_previous_turns_reply_blocks() -> None:
             num_checked += 1
     assert num_checked > 30
     # Without planned outputs the reply blocks have no keys: hits stop at the previous prompt.
-    blind = [dataclasses.replace(r, planned_output_token_ids=None) for r in _fresh(requests)]
+    blind = _fresh(requests, planned_outputs=False)
     _run(blind, caching=True)
     blind_sessions = _sessions(blind)
     for turns in blind_sessions.values():
-        for prev, turn in zip(turns, turns[1:]):
+        for prev, turn in pairwise(turns):
             assert turn.num_cached_tokens <= prev.prompt_len
     blind_hits = prefix_cache_summary(blind)["hit_rate_tokens"]
     assert blind_hits < prefix_cache_summary(requests)["hit_rate_tokens"]
@@ -284,7 +284,6 @@ def test_prefix_caching_lowers_mean_ttft(make) -> None:
 
 def test_fast_path_equals_stepping_under_eviction() -> None:
     # 700 blocks (11,200 tokens) for 40 sessions: cached replies get evicted and reused.
-    requests = multi_turn(40, rate=2.0, think_time=2.0, output_len := None) if False else None
     requests = multi_turn(40, rate=2.0, think_time=2.0, reply_len=Fixed(200), seed=4)
     fast, stepped = _fresh(requests), _fresh(requests)
     engine = _run(fast, caching=True, num_blocks=700, fast=True)

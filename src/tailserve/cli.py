@@ -75,7 +75,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="replay a trace instead (Azure CSV, Mooncake JSONL, tailserve JSONL)",
     )
-    g.add_argument("--rate", type=float, default=4.0, help="arrival rate, requests/s (chat, random)")
+    g.add_argument(
+        "--rate", type=float, default=4.0, help="arrival rate, requests/s (sessions/s for multi-turn)"
+    )
     g.add_argument("--num-requests", type=int, default=200, help="requests (chat, random)")
     g.add_argument("--input-len", default="1024", help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)})")
     g.add_argument("--output-len", default="128", help="random: output lengths, same forms")
@@ -91,6 +93,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         help="trace: multiply the arrival rate (2 = twice as fast)",
     )
     g.add_argument("--max-requests", type=int, default=None, help="trace: keep the first N requests")
+    g.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: distinct system prompts")
+    g.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix: system prompt tokens")
+    g.add_argument("--shared-fraction", type=float, default=0.8, help="shared-prefix: requests using one")
+    g.add_argument("--num-sessions", type=int, default=40, help="multi-turn: conversations")
+    g.add_argument("--turns", default="2:6", help="multi-turn: turns per session, LOW:HIGH")
+    g.add_argument("--think-time", type=float, default=5.0, help="multi-turn: mean seconds between turns")
     g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     g.add_argument(
         "--priorities",
@@ -141,7 +149,24 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         rate_scale=args.rate_scale,
         max_requests=args.max_requests,
         priorities=parse_priorities(args.priorities) if args.priorities else (),
+        num_prefixes=args.num_prefixes,
+        prefix_len=args.prefix_len,
+        shared_fraction=args.shared_fraction,
+        num_sessions=args.num_sessions,
+        turns=_parse_turns(args.turns),
+        think_time=args.think_time,
     )
+
+
+def _parse_turns(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    try:
+        turns = (int(low), int(high or low))
+    except ValueError:
+        raise CliError(f"--turns {text!r}: expected LOW:HIGH, e.g. 2:6") from None
+    if not 1 <= turns[0] <= turns[1]:
+        raise CliError(f"--turns {text!r}: expected 1 <= LOW <= HIGH")
+    return turns
 
 
 def _engine_options(args: argparse.Namespace) -> Any:

@@ -33,7 +33,7 @@ from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
 from tailserve.executors.simulated.models import get_model
 from tailserve.metrics.summary import Slo, prefix_cache_summary, summarize
 from tailserve.policies.registry import PolicySpec, get_policy_cls
-from tailserve.workloads import builtin
+from tailserve.workloads import builtin, prefix
 from tailserve.workloads.arrivals import ArrivalSpec
 from tailserve.workloads.lengths import Fixed, LengthDist
 from tailserve.workloads.traces import load_trace
@@ -95,7 +95,7 @@ def build_cost_model(deployment: Deployment) -> BuiltCostModel:
 
 
 # ---- workload -----------------------------------------------------------------------------
-WORKLOADS = ("hol", "chat", "random")
+WORKLOADS = ("hol", "chat", "random", "shared-prefix", "multi-turn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +112,15 @@ class WorkloadSpec:
     max_requests: int | None = None
     # (priority value, fraction of requests) pairs; empty = every request has priority 0.
     priorities: tuple[tuple[int, float], ...] = ()
+    # shared-prefix: system prompts, their length (tokens), the fraction of requests using one
+    num_prefixes: int = 4
+    prefix_len: int = 1024
+    shared_fraction: float = 0.8
+    # multi-turn: sessions (started at ``rate`` per second), turns per session, think time (s)
+    num_sessions: int = 40
+    turns: tuple[int, int] = (2, 6)
+    think_time: float = 5.0
+    system_prompt_len: int = 256
 
     def __post_init__(self) -> None:
         if self.name not in (*WORKLOADS, "trace"):
@@ -135,6 +144,13 @@ class WorkloadSpec:
             return f"trace {Path(self.trace_path or '').name} (rate x{self.rate_scale:g})"
         if self.name == "hol":
             return "hol (10 decoding requests + one 8,192-token prompt)"
+        if self.name == "multi-turn":
+            return f"multi-turn ({self.num_sessions} sessions at {self.rate:g}/s, seed {self.seed})"
+        if self.name == "shared-prefix":
+            return (
+                f"shared-prefix ({self.num_requests} requests at {self.rate:g}/s, {self.num_prefixes} x "
+                f"{self.prefix_len}-token prompts shared by {self.shared_fraction:.0%}, seed {self.seed})"
+            )
         return f"{self.name} ({self.num_requests} requests at {self.rate:g}/s, seed {self.seed})"
 
 
@@ -155,6 +171,8 @@ class WorkloadBuilder:
     @property
     def shares_prefixes(self) -> bool:
         """True when requests carry token ids or prefix block hashes (a Mooncake trace)."""
+        if self.spec.name in ("shared-prefix", "multi-turn"):
+            return True
         if self.spec.name != "trace":
             return False
         if self._trace is None:
@@ -185,6 +203,24 @@ class WorkloadBuilder:
             return ListSource(builtin.chat(s.num_requests, s.rate, s.seed))
         if s.name == "random":
             return builtin.synthetic(s.num_requests, s.rate, s.input_len, s.output_len, s.arrival, s.seed)
+        if s.name == "shared-prefix":
+            return ListSource(
+                prefix.shared_prefix(
+                    s.num_requests, s.rate, s.num_prefixes, s.prefix_len, s.shared_fraction, seed=s.seed
+                )
+            )
+        if s.name == "multi-turn":
+            return ListSource(
+                prefix.multi_turn(
+                    s.num_sessions,
+                    s.turns,
+                    s.rate,
+                    s.think_time,
+                    system_prompt_len=s.system_prompt_len,
+                    max_context=cost_model.model.max_position_embeddings,
+                    seed=s.seed,
+                )
+            )
         if self._trace is None:
             self._trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
         return ListSource(_fresh(r) for r in self._trace)
@@ -242,6 +278,7 @@ def _fresh(r: Request) -> Request:
         tenant_id=r.tenant_id,
         prompt_token_ids=r.prompt_token_ids,
         prefix_block_hashes=r.prefix_block_hashes,
+        planned_output_token_ids=r.planned_output_token_ids,
     )
 
 

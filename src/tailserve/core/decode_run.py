@@ -95,10 +95,8 @@ def advance_decode_run(engine: Engine) -> int:
         request.token_times.extend(token_times)
         if computed > slots:
             kv.allocate(request.request_id, computed)
-            if kv.pool is not None:
-                # As stepping does: the block allocations register the blocks full before them,
-                # so the block the last iteration may have just filled waits for the next one.
-                kv.register_computed(request.request_id, computed - 1)
+        if kv.pool is not None:
+            kv.register_computed(request.request_id, computed)  # blocks filled during the run
         if outputs >= request.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH
             done.append(request)

@@ -150,7 +150,8 @@ class VllmPolicy(Policy):
             cap = 0
         scheduled = out.scheduled
         preempted = out.preempted
-        block_size = sched.kv_cache.block_size
+        kv = sched.kv_cache
+        block_size = kv.block_size
 
         # 2. Running requests, oldest admission first.
         i = 0
@@ -159,7 +160,10 @@ class VllmPolicy(Policy):
             computed = request.num_computed_tokens
             want = min(request.prompt_len + request.num_output_tokens - computed, budget)
             if want == 1 and computed % block_size:
-                # A decode whose slot is in its last, partly filled block: nothing to allocate.
+                # A decode whose slot is in its last, partly filled block: nothing to allocate,
+                # but a block it fills is cached now, as vLLM's allocate_slots does every step.
+                if kv.pool is not None and not (computed + 1) % block_size:
+                    kv.register_computed(request.request_id, computed + 1)
                 scheduled.append(ScheduledRequest(request, 1, computed))
                 budget -= 1
                 i += 1
