@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from tailserve.core import decode_run
 from tailserve.core.executor import Executor
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import IterationLog
@@ -115,12 +116,10 @@ class Engine:
 
     def run(self) -> None:
         """Step until every request has left the engine."""
-        from tailserve.core.decode_run import advance_decode_run
-
         with paused_gc():
             while self.step():
                 while self._decode_run_ok and self._steady():
-                    if not advance_decode_run(self):
+                    if not decode_run.advance_decode_run(self):
                         break
                     if self.options.check_integrity:
                         self.check_integrity()
