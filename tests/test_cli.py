@@ -160,7 +160,7 @@ def test_console_script_runs_without_torch():
 
 def test_cache_aware_sglang_policy_says_it_runs_as_fcfs(capsys):
     assert main(["simulate", "--policy", "sglang", "--schedule-policy", "lpm"]) == 0
-    assert "no radix cache yet" in capsys.readouterr().err
+    assert "no radix cache yet" in capsys.readouterr().err  # no token identities in hol
 
 
 def test_policies_command_lists_every_engine_with_device_defaults(capsys):

@@ -17,6 +17,7 @@ from typing import Any
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.iteration_log import IterationLog
 from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource, RequestSource
@@ -337,8 +338,13 @@ def run_policy(
     swap_gib = getattr(config, "swap_space", 0.0)  # vLLM V0 --swap-space, GiB per GPU
     num_cpu_blocks = int(swap_gib * 2**30 // (capacity.block_size * capacity.kv_bytes_per_token))
     # Prefix caching needs token identities; a workload of bare lengths could never share.
+    # vLLM hashes blocks into its block pool; SGLang keeps a radix tree beside its slots.
     prefix_caching = bool(getattr(config, "enable_prefix_caching", False)) and workload.shares_prefixes
-    kv = KVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks, prefix_caching)
+    radix = getattr(config, "disable_radix_cache", True) is False and workload.shares_prefixes
+    if radix:
+        kv = RadixKVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks)
+    else:
+        kv = KVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks, prefix_caching)
     scheduler = Scheduler(policy, kv, max_model_len)
     executor = SimExecutor(cost_model, capacity.block_size)
     engine = Engine(scheduler, executor, workload.build(cost_model), options=options)
@@ -364,11 +370,13 @@ def run_policy(
     budget_flag = getattr(config, "max_num_batched_tokens", None)
     if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
         label += f" (default budget {budget_flag})"
-    run_config["prefix_caching"] = prefix_caching
+    run_config["prefix_caching"] = prefix_caching or radix
     prefix_stats = None
     if kv.pool is not None:
-        stats = kv.pool.stats
-        prefix_stats = {"evicted_tokens": stats.num_evicted_tokens}
+        prefix_stats = {"evicted_tokens": kv.pool.stats.num_evicted_tokens}
+    elif radix:
+        tree = getattr(kv, "tree", None)
+        prefix_stats = {"evicted_tokens": tree.stats.num_evicted_tokens if tree is not None else 0}
     return RunResult(
         label, run_config, engine.requests, engine.log, capacity, wall, policy.notes(), prefix_stats
     )

@@ -14,17 +14,22 @@ order (``shared/reference/policies.md`` §3):
    of the merge), or during the next *decode* after a decode batch (so a finish in a decode
    unblocks admission one iteration later, as in SGLang).
 3. **Order the waiting queue** with ``schedule_policy``: ``fcfs`` keeps it; ``lof`` sorts by
-   descending ``max_tokens``; ``random`` shuffles it with the policy's own seeded generator. There
-   is no radix cache yet, so every prefix match is 0: ``lpm`` and ``dfs-weight`` keep the queue
-   order (and, like SGLang with its cache on, ignore priorities); with ``disable_radix_cache``
-   they become ``fcfs``, as in SGLang.
+   descending ``max_tokens``; ``random`` shuffles it with the policy's own seeded generator.
+   ``lpm`` sorts by descending radix match length (stable; priorities ignored, as SGLang does
+   with its cache on), falling back to fcfs above 128 waiting; ``lpm_aging_rate`` (not in SGLang;
+   the aging of PR #31723 against the starvation of #31954) adds that many tokens per second
+   waited. ``dfs-weight`` walks the tree from the root, heavier subtrees first, a node's own
+   requests after its subtree. With ``disable_radix_cache`` (or no request with token identities)
+   they become ``fcfs`` (keep the queue), as in SGLang.
 4. **Budgets** (``PrefillAdder``): ``rem_input_tokens = max_prefill_tokens``, ``rem_chunk_tokens =
-   chunked_prefill_size`` (none when chunking is off), and KV ``remaining_total`` = free slots -
-   Σ over running requests of min(max_tokens - outputs, 4096) x ``new_token_ratio``.
+   chunked_prefill_size`` (none when chunking is off), and KV ``remaining_total`` = free slots +
+   evictable radix tokens - Σ over running requests of min(max_tokens - outputs, 4096) x
+   ``new_token_ratio``.
 5. **The chunked request continues first** with min(rest of its prompt, ``rem_chunk_tokens``,
    ``remaining_total``) tokens (the full chunk when ``remaining_total`` <= 0). Then the **waiting
-   queue is walked**: a request needs (prompt + outputs) + min(max_tokens - outputs, 4096) + one
-   page, admitted only if that is < ``remaining_total``, else NO_TOKEN **stops the walk**
+   queue is walked**: each request is matched against the radix tree (``prefix_len``, its node
+   locked while checked) and needs (prompt + outputs - prefix_len) + min(max_tokens - outputs,
+   4096) + one page, admitted only if that is < ``remaining_total``, else NO_TOKEN **stops the walk**
    (head-of-line blocking). Without chunking, a request whose input is >= ``rem_input_tokens``
    stops it once something is admitted (the first may exceed ``max_prefill_tokens``). A request
    larger than ``rem_chunk_tokens`` is cut to it and becomes *the* chunked request (only one at a
@@ -53,7 +58,23 @@ the retractions it causes are SGLang's defining behaviour.
 A request that could not be admitted even into an idle engine is rejected at arrival (SGLang
 clips its ``max_new_tokens`` instead; here outputs are fixed), so it cannot block the queue.
 
-Not modelled: the radix cache, speculative decoding, LoRA, ``num_continuous_decode_steps``,
+**Radix cache** (§3(c); ``core/radix_cache.py``, page size 1). Built with the first request that
+carries token identities: its token ids plus the planned outputs, or Mooncake ``hash_ids``
+(``token_keys_from_hash_ids``: full 512-token blocks only); requests without them never share and
+the cache stays inert. The KV manager becomes a ``RadixKVCacheManager`` in place: the tree holds
+one reference on each slot it caches, a request one per table entry. An admitted request shares
+its matched slots (match capped so one token is computed), keeps its node locked, and starts at
+the match. After every prefill batch its prefilled tokens are inserted (the checkpoint; the lock
+moves to the new node); at finish prompt + outputs with KV are inserted, then it unlocks.
+Retracted or aborted requests unlock without inserting decoded tokens; after each retraction the
+tree evicts what the kept requests' next 20 tokens lack. Allocation evicts least recently used
+unlocked leaves when the free slots fall short; decode fits if free + evictable slots suffice.
+Decodes never touch the tree, so the decode fast path stays exact. Deviations: a request keeps
+its own slots for tokens it computed that another request inserted meanwhile (SGLang frees them
+and points at the tree's); lpm's in-batch dedup is not modelled; the checkpoint happens at the
+start of the next iteration (nothing touches the tree in between, except finishes).
+
+Not modelled: speculative decoding, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, ``hrrn``/``routing-key``/``shortest-prefill-first``.
 """
 
@@ -64,8 +85,12 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
+from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.policy import Policy
-from tailserve.core.request import Request
+from tailserve.core.prefix_cache import PrefixCacheStats, PrefixMatch, token_keys_from_hash_ids
+from tailserve.core.radix_cache import RadixCache, RadixNode
+from tailserve.core.radix_kv_cache import RadixKVCacheManager
+from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.policies.sglang_adder import (
@@ -86,6 +111,31 @@ from tailserve.policies.sglang_adder import (
     queued_at,
 )
 
+LPM_FALLBACK_WAITING = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX: lpm falls back to fcfs above this
+
+
+def token_keys(request: Request) -> list[int] | None:
+    """Per-token radix keys: the token ids (with the planned outputs, in simulation), or Mooncake
+    ``hash_ids`` expanded to one key per token of each full 512-token block; None without either."""
+    if request.prompt_token_ids is not None:
+        keys = list(request.prompt_token_ids)
+        if request.planned_output_token_ids:
+            keys.extend(request.planned_output_token_ids)
+        return keys
+    if request.prefix_block_hashes:
+        return token_keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len)
+    return None
+
+
+@dataclass(slots=True)
+class _Attached:
+    """An admitted request's hold on the tree: the locked node and how far it is inserted."""
+
+    request: Request
+    node: RadixNode  # locked (the root when nothing is cached yet)
+    inserted: int  # leading keys in the tree along the locked path
+    target: int  # the tokens this admission prefills (prompt + outputs so far): checkpoint limit
+
 
 @dataclass(frozen=True, slots=True)
 class SglangConfig:
@@ -102,7 +152,8 @@ class SglangConfig:
     priority_scheduling_preemption_threshold: int = 10
     disable_priority_preemption: bool = False
     retraction_policy: str = "length"
-    disable_radix_cache: bool = False  # there is no radix cache yet; see the module docstring
+    disable_radix_cache: bool = False  # True: no prefix sharing, lpm/dfs-weight become fcfs
+    lpm_aging_rate: float = 0.0  # lpm: tokens of priority per second waited (0 = SGLang's plain lpm)
     random_seed: int = 0  # seeds ``schedule_policy=random``
     assume_ignore_eos: bool = False  # reserve running requests' outputs at ratio 1.0
 
@@ -119,6 +170,8 @@ class SglangConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.schedule_conservativeness < 0:
             raise ValueError(f"schedule_conservativeness must be >= 0, got {self.schedule_conservativeness}")
+        if self.lpm_aging_rate < 0:
+            raise ValueError(f"lpm_aging_rate must be >= 0, got {self.lpm_aging_rate}")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(
                 f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
@@ -171,6 +224,12 @@ class SglangPolicy(Policy):
         self._max_running = config.max_running_requests
         self._last_batch: list[Request] = []  # requests of the last iteration
         self._last_was_prefill = False
+        # Radix cache: created with the first request that carries token identities.
+        self.tree: RadixCache | None = None
+        self._kv: RadixKVCacheManager | None = None
+        self._keys: dict[str, list[int]] = {}  # request id -> per-token keys
+        self.attached: dict[str, _Attached] = {}  # request id -> its locked path (admitted requests)
+        self.prefix_stats = PrefixCacheStats()  # one lookup per admission (prompt + outputs so far)
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
@@ -209,6 +268,10 @@ class SglangPolicy(Policy):
             now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
             sched.reject(request, reason, now)
             return
+        if not self.config.disable_radix_cache:
+            keys = token_keys(request)
+            if keys and self._enable_cache(sched):
+                self._keys[request.request_id] = keys
         sched.waiting.append(request)
 
     # ---- helpers the adder shares --------------------------------------------------------
@@ -227,11 +290,126 @@ class SglangPolicy(Policy):
             self._max_running = auto_max_running_requests(kv.num_blocks * kv.block_size, sched.max_model_len)
         return self._max_running
 
+    # ---- radix cache ---------------------------------------------------------------------
+    def _enable_cache(self, sched: Scheduler) -> bool:
+        """Create the tree (and give the KV manager tree-held references) on first use; False
+        where it cannot apply (a hashed pool, or pages larger than one token)."""
+        if self.tree is not None:
+            return True
+        kv = sched.kv_cache
+        if kv.block_size != 1 or kv.pool is not None or type(kv) not in (KVCacheManager, RadixKVCacheManager):
+            return False
+        self._kv = RadixKVCacheManager.adopt(kv)
+        sched.kv_cache = self._kv
+        self.tree = RadixCache(page_size=1)
+        self._kv.tree = self.tree
+        self._kv.on_free = self._on_free
+        return True
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached tokens / tokens to prefill, over every admission (retractions included)."""
+        return self.prefix_stats.hit_rate
+
+    def evictable_tokens(self) -> int:
+        return self.tree.evictable_size if self.tree is not None else 0
+
+    def match(self, request: Request) -> PrefixMatch | None:
+        """The request's longest cached prefix (at most ``num_tokens - 1``); None without keys."""
+        keys = self._keys.get(request.request_id) if self.tree is not None else None
+        if keys is None:
+            return None
+        return self.tree.match_prefix(keys, request.num_tokens)
+
+    def lock(self, match: PrefixMatch) -> None:
+        self.tree.inc_lock_ref(match.node)
+
+    def unlock(self, match: PrefixMatch) -> None:
+        self.tree.dec_lock_ref(match.node)
+
+    def attach(self, sched: Scheduler, request: Request, match: PrefixMatch) -> None:
+        """Admission of a waiting request with its (locked) match: share the cached slots into
+        its table and start it at the end of the match."""
+        assert request.num_computed_tokens == 0 and not self._kv.num_held(request.request_id)
+        prefix = match.num_tokens
+        self._kv.share(request.request_id, match.kv_indices)
+        request.num_computed_tokens = prefix
+        self.attached[request.request_id] = _Attached(request, match.node, prefix, request.num_tokens)
+        stats = self.prefix_stats
+        stats.num_lookups += 1
+        stats.num_query_tokens += request.num_tokens
+        stats.num_hit_tokens += prefix
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = min(prefix, request.prompt_len)
+
+    def allocate(self, sched: Scheduler, request: Request, num_total_tokens: int) -> bool:
+        """``sched.allocate``, evicting least recently used unlocked leaves first if the free
+        slots fall short (SGLang evicts on allocation)."""
+        if self.tree is not None:
+            kv = sched.kv_cache
+            short = kv.num_blocks_needed(request.request_id, num_total_tokens) - kv.num_free_blocks
+            if short > 0:
+                self.tree.evict(short, self._kv.release)
+        return sched.allocate(request, num_total_tokens)
+
+    def _checkpoint(self) -> None:
+        """After a prefill batch: insert what each of its requests has prefilled so far
+        (``cache_unfinished_req``); decodes never touch the tree."""
+        for request in self._last_batch:
+            att = self.attached.get(request.request_id)
+            if att is not None and not request.is_finished:
+                self._insert(att, min(request.num_computed_tokens, att.target))
+
+    def _insert(self, att: _Attached, num_tokens: int) -> None:
+        """Insert the request's first ``num_tokens`` keyed tokens with its slots; the tree takes a
+        reference on the slots it adopts, and the lock moves to the new deepest node. Slots that
+        duplicate ones the tree already has stay the request's own (SGLang frees them and
+        points the request at the tree's; same tokens, a little more memory here)."""
+        rid = att.request.request_id
+        keys = self._keys[rid]
+        table = self._kv.block_tables.get(rid, [])
+        n = min(num_tokens, len(keys), len(table))
+        if n <= att.inserted:
+            return
+        tree = self.tree
+        slots = table[:n]
+        already = tree.insert(keys[:n], slots)
+        if already < n:
+            self._kv.hold(slots[already:])
+        node = tree.root
+        i = 0
+        while i < n:  # ``insert`` left a node boundary at n
+            node = node.children[keys[i]]
+            i += len(node.key)
+        assert i == n
+        tree.inc_lock_ref(node)
+        tree.dec_lock_ref(att.node)
+        att.node, att.inserted = node, n
+
+    def _on_free(self, request_id: str) -> None:
+        """Called by the KV manager just before a request's references are dropped. Finished:
+        insert prompt + outputs (``cache_finished_req``), then unlock. Retracted or aborted:
+        unlock without inserting the decoded tokens."""
+        att = self.attached.pop(request_id, None)
+        request = att.request if att is not None else None
+        finished = request is not None and request.status in (
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_STOPPED,
+        )
+        if att is not None:
+            if finished:
+                self._insert(att, request.num_computed_tokens)
+            self.tree.dec_lock_ref(att.node)
+        if request is None or request.status is not RequestStatus.RUNNING:
+            self._keys.pop(request_id, None)  # a retracted request keeps its keys
+
     # ---- the iteration -------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.chunked is not None and self.chunked.is_finished:
             self.chunked = None  # aborted from outside
+        if self.tree is not None and self._last_was_prefill:
+            self._checkpoint()
         clear_during_decode = self._note_departures()
         prefilled = self._prefill(sched, now, out)
         if not prefilled:
@@ -274,7 +452,7 @@ class SglangPolicy(Policy):
         if max_running - len(decodes) <= 0 and self.chunked is None and not try_preemption:
             self.batch_is_full = True
             return False
-        self._order_waiting(sched)
+        self._order_waiting(sched, now)
         num_mixed = len(decodes) if cfg.enable_mixed_chunk else 0
         adder = PrefillAdder(self, sched, decodes, num_mixed)
         continuing = self.chunked
@@ -285,7 +463,7 @@ class SglangPolicy(Policy):
                 self.batch_is_full = True
             if self.batch_is_full and not (try_preemption and adder.preempt_to_schedule(request)):
                 break
-            result = adder.add_one_req(request)
+            result = adder.add_one_req(request, self.match(request))
             if result is _AddResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
                 # It cannot fit even into an idle engine: ``add_request`` rejects such requests at
                 # arrival, so this one's need grew since (retracted after generating outputs).
@@ -314,19 +492,27 @@ class SglangPolicy(Policy):
             return False
         out.scheduled.extend(adder.can_run)
         kv = sched.kv_cache
-        if cfg.enable_mixed_chunk and decodes and decode_fits(kv, decodes):
+        if cfg.enable_mixed_chunk and decodes and decode_fits(kv, decodes, self.evictable_tokens()):
             self._add_decodes(sched, decodes, out)
         return True
 
-    def _order_waiting(self, sched: Scheduler) -> None:
+    def _order_waiting(self, sched: Scheduler, now: float) -> None:
         cfg = self.config
         policy = cfg.schedule_policy
-        if policy in CACHE_AWARE_POLICIES:
-            if not cfg.disable_radix_cache:
-                return  # every match is 0: the stable sort keeps the queue (and ignores priorities)
-            policy = "fcfs"
-        sign = 1 if cfg.schedule_low_priority_values_first else -1
         waiting = sched.waiting
+        if policy in CACHE_AWARE_POLICIES:
+            if cfg.disable_radix_cache:
+                policy = "fcfs"
+            elif policy == "lpm" and len(waiting) > LPM_FALLBACK_WAITING:
+                policy = "fcfs"  # SGLang skips the matching above 128 waiting
+            elif self.tree is None:
+                return  # no request carries token identities: every match is 0, keep the queue
+            else:
+                ordered = self._lpm_order(sched, now) if policy == "lpm" else self._dfs_weight_order(sched)
+                waiting.clear()
+                waiting.extend(ordered)
+                return
+        sign = 1 if cfg.schedule_low_priority_values_first else -1
         if policy == "fcfs":
             if not cfg.enable_priority_scheduling:
                 return
@@ -342,6 +528,49 @@ class SglangPolicy(Policy):
         waiting.clear()
         waiting.extend(ordered)
 
+    def _lpm_order(self, sched: Scheduler, now: float) -> list[Request]:
+        """Descending match length (stable: ties keep queue order; priorities ignored, as in
+        SGLang), plus ``lpm_aging_rate`` tokens per second waited since (re)queueing."""
+        rate = self.config.lpm_aging_rate
+        scored = []
+        for request in sched.waiting:
+            match = self.match(request)
+            score = match.num_tokens if match is not None else 0
+            if rate:
+                score += rate * max(now - queued_at(request), 0.0)
+            scored.append((-score, request))
+        scored.sort(key=lambda x: x[0])
+        return [r for _, r in scored]
+
+    def _dfs_weight_order(self, sched: Scheduler) -> list[Request]:
+        """SGLang's ``dfs-weight``: weight of a node = waiting requests matched in its subtree;
+        walk from the root, heavier children first, a node's own requests after its subtree."""
+        root = self.tree.root
+        by_node: dict[int, list[Request]] = {}
+        weight: dict[int, int] = {}
+        nodes = []
+        for request in sched.waiting:
+            match = self.match(request)
+            node = match.node if match is not None else root
+            by_node.setdefault(id(node), []).append(request)
+            nodes.append(node)
+        for node in nodes:  # after every match: later matches may split earlier nodes' paths
+            while node is not None:
+                weight[id(node)] = weight.get(id(node), 0) + 1
+                node = node.parent
+        ordered: list[Request] = []
+        stack: list[tuple[RadixNode, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                ordered.extend(by_node.get(id(node), ()))
+                continue
+            stack.append((node, True))
+            children = [c for c in node.children.values() if id(c) in weight]
+            children.sort(key=lambda c: -weight[id(c)])
+            stack.extend((c, False) for c in reversed(children))
+        return ordered
+
     def _decode(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:
         """Decode every running request (``update_running_batch``); True if one was aborted."""
         decodes = self._decoding(sched)
@@ -350,7 +579,7 @@ class SglangPolicy(Policy):
             return False
         kv = sched.kv_cache
         aborted = False
-        if not decode_fits(kv, decodes):
+        if not decode_fits(kv, decodes, self.evictable_tokens()):
             decodes, aborted = self._retract(sched, decodes, now, out)
             self.batch_is_full = False  # the running batch shrank
         else:
@@ -375,15 +604,20 @@ class SglangPolicy(Policy):
         else:
             keep = sorted(decodes, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
         first = True
-        while first or not decode_fits(kv, keep):
+        while first or not decode_fits(kv, keep, self.evictable_tokens()):
             if len(keep) == 1:
                 break  # always keep at least one request
             first = False
             victim = keep.pop()
-            sched.preempt_by_recompute(victim)
+            sched.preempt_by_recompute(victim)  # unlocks its path; decoded tokens not inserted
             self._requeue(sched, victim, now, out)
+            if self.tree is not None:
+                # ``release_req``: make room for RETRACT_DECODE_STEPS tokens per kept request.
+                short = len(keep) * RETRACT_DECODE_STEPS - kv.num_free_blocks * kv.block_size
+                if short > 0:
+                    self.tree.evict(short, self._kv.release)
         aborted = False
-        if len(keep) <= 1 and not decode_fits(kv, keep):
+        if len(keep) <= 1 and not decode_fits(kv, keep, self.evictable_tokens()):
             sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
             aborted = True
         kept = [r for r in decodes if r in keep]
@@ -399,21 +633,34 @@ class SglangPolicy(Policy):
         sched.waiting.append(request)
         out.preempted.append(request)
 
-    @staticmethod
-    def _add_decodes(sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
+    def _add_decodes(self, sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
         for request in decodes:
             computed = request.num_computed_tokens
-            sched.allocate(request, computed + 1)  # checked by the caller; page size 1 never fails
+            self.allocate(sched, request, computed + 1)  # checked by the caller; page size 1 never fails
             out.scheduled.append(ScheduledRequest(request, 1, computed))
 
     # ---- fast path -----------------------------------------------------------------------
     def notes(self) -> list[str]:
-        if self.config.schedule_policy in CACHE_AWARE_POLICIES:
-            return [
-                f"sglang --schedule-policy {self.config.schedule_policy}: there is no radix cache yet, so every "
-                "prefix match is 0 and the waiting queue keeps its arrival order (fcfs)"
-            ]
-        return []
+        cfg = self.config
+        notes = []
+        if cfg.schedule_policy in CACHE_AWARE_POLICIES and not cfg.disable_radix_cache:
+            if self.tree is None:
+                notes.append(
+                    f"sglang --schedule-policy {cfg.schedule_policy}: no request carried token ids or hash_ids, "
+                    "so the radix tree was never built (no radix cache yet to match against): every prefix "
+                    "match is 0 and the waiting queue keeps its arrival order (fcfs)"
+                )
+            else:
+                notes.append(
+                    f"sglang --schedule-policy {cfg.schedule_policy}: lpm's in-batch prefix dedup (deprioritising "
+                    "a request that shares >= 32 tokens with an earlier waiting one) is not modelled"
+                )
+        if self.tree is not None:
+            notes.append(
+                f"sglang radix cache: {self.prefix_cache_hit_rate:.1%} of the tokens prefilled at admission "
+                f"were cached ({self.tree.stats.num_evicted_tokens} tokens evicted)"
+            )
+        return notes
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """Identical decode iterations follow while no chunk is pending and no prefill would be
@@ -428,6 +675,9 @@ class SglangPolicy(Policy):
         return self.batch_is_full and not try_preemption
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
+        if self.tree is not None and self._last_was_prefill:
+            # The run's first decode is where stepping checkpoints the last prefill batch.
+            self._checkpoint()
         ratio, floor, decay = self.new_token_ratio, self.min_new_token_ratio, self.new_token_ratio_decay
         for _ in range(num_steps):
             if ratio == floor:

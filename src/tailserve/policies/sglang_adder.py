@@ -10,6 +10,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.prefix_cache import PrefixMatch
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest
@@ -44,14 +45,13 @@ def queued_at(request: Request) -> float:
     return request.enqueue_time if request.enqueue_time is not None else request.arrival_time
 
 
-def decode_fits(kv: KVCacheManager, requests: list[Request]) -> bool:
-    """Whether the free blocks hold one more token for each of ``requests`` (``check_decode_mem``)."""
-    if len(requests) <= kv.num_free_blocks:
+def decode_fits(kv: KVCacheManager, requests: list[Request], evictable: int = 0) -> bool:
+    """Whether the free blocks plus ``evictable`` radix-cached ones hold one more token for each
+    of ``requests`` (``check_decode_mem``)."""
+    available = kv.num_free_blocks + evictable
+    if len(requests) <= available:
         return True  # a decode needs at most one new block
-    return (
-        sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests)
-        <= kv.num_free_blocks
-    )
+    return sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests) <= available
 
 
 class PrefillAdder:
@@ -84,7 +84,10 @@ class PrefillAdder:
 
     # ---- budget ------------------------------------------------------------------------
     def _free_tokens(self) -> int:
-        return (self.sched.kv_cache.num_free_blocks + self.num_blocks_granted) * self.page
+        """Free slots before this pass's grants, plus the radix tree's evictable tokens
+        (eviction moves slots from evictable to free, so it leaves this unchanged)."""
+        free = (self.sched.kv_cache.num_free_blocks + self.num_blocks_granted) * self.page
+        return free + self.policy.evictable_tokens()
 
     @property
     def remaining_total(self) -> float:
@@ -108,10 +111,10 @@ class PrefillAdder:
         """Allocate ``extend`` more tokens of KV for ``request`` and charge the budgets."""
         computed = request.num_computed_tokens
         kv = self.sched.kv_cache
-        free_before = kv.num_free_blocks
-        if not self.sched.allocate(request, computed + extend):
+        held_before = kv.num_held(request.request_id)
+        if not self.policy.allocate(self.sched, request, computed + extend):
             return False
-        self.num_blocks_granted += free_before - kv.num_free_blocks
+        self.num_blocks_granted += kv.num_held(request.request_id) - held_before
         paged = self._paged(extend)
         self.total_offset += paged + self.page + max_new_tokens
         self.current_offset += paged + self.page
@@ -131,8 +134,9 @@ class PrefillAdder:
             available = rem_chunk  # SGLang: a continuation must progress to release its KV
         kv = self.sched.kv_cache
         computed = request.num_computed_tokens
-        # The simulator cannot evict or overcommit: cap the chunk at the slots really free.
-        room = (kv.num_held(request.request_id) + kv.num_free_blocks) * self.page - computed
+        # The simulator cannot overcommit: cap the chunk at the slots really free or evictable.
+        free = kv.num_held(request.request_id) + kv.num_free_blocks
+        room = free * self.page + self.policy.evictable_tokens() - computed
         rest = request.num_tokens - computed
         extend = min(rest, available, room)
         if extend <= 0:
@@ -143,11 +147,24 @@ class PrefillAdder:
         return request if truncated else None
 
     # ---- new requests --------------------------------------------------------------------
-    def add_one_req(self, request: Request) -> _AddResult:
+    def add_one_req(self, request: Request, match: PrefixMatch | None = None) -> _AddResult:
+        """``match``: the request's radix-cache hit (``init_next_round_input``), None without a
+        cache. Its node is locked while the budget is checked (locking can shrink the evictable
+        part of the budget) and stays locked, with its slots shared, if the request is admitted."""
         cfg = self.policy.config
         if cfg.assume_ignore_eos and cfg.disable_radix_cache:
             return self._add_one_req_ignore_eos(request)
-        extend = request.num_tokens - request.num_computed_tokens  # no prefix match: all of it
+        policy = self.policy
+        if match is not None:
+            policy.lock(match)
+        result = self._add_one_req(request, match)
+        if match is not None and request.request_id not in policy.attached:
+            policy.unlock(match)
+        return result
+
+    def _add_one_req(self, request: Request, match: PrefixMatch | None) -> _AddResult:
+        prefix = match.num_tokens if match is not None else 0
+        extend = request.num_tokens - request.num_computed_tokens - prefix
         max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
         if not extend + max_new + self.page < self.remaining_total:
             return _AddResult.NO_TOKEN
@@ -161,6 +178,8 @@ class PrefillAdder:
             if extend <= 0:
                 return _AddResult.OTHER
             is_chunked, charge = True, 0  # a chunked request reserves its outputs at its last chunk
+        if match is not None:
+            self.policy.attach(self.sched, request, match)
         return self._admit(request, extend, charge, is_chunked)
 
     def _add_one_req_ignore_eos(self, request: Request) -> _AddResult:

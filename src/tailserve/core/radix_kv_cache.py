@@ -1,0 +1,135 @@
+"""A page-size-1 KV cache whose slots may also be held by an SGLang radix tree.
+
+``KVCacheManager`` counts one reference per block-table entry. SGLang's radix cache keeps KV
+slots alive after the requests that computed them leave, and hands cached slots to new requests;
+here the tree owns one reference on every slot it caches (``hold`` / ``release``), a request owns
+one per table entry (``share`` appends cached slots to its table), and a slot returns to the free
+list when its last reference goes. ``check_integrity`` counts the tree's references too.
+
+``on_free`` (set by the policy) is called with a request id just before ``free`` drops that
+request's references, so the policy can insert a finished request's tokens into the tree (or
+unlock a retracted one) while its slots are still held. ``adopt`` turns a plain manager (as the
+simulation builds it) into this class in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tailserve.core.kv_cache import KVCacheIntegrityError, KVCacheManager
+
+if TYPE_CHECKING:
+    from tailserve.core.radix_cache import RadixCache
+
+
+class RadixKVCacheManager(KVCacheManager):
+    """``KVCacheManager`` plus references held by a radix tree (no hashed pool, no CPU pool use)."""
+
+    tree: RadixCache | None
+    on_free: Callable[[str], None] | None
+
+    def __init__(self, num_blocks: int, block_size: int = 1, num_cpu_blocks: int = 0) -> None:
+        super().__init__(num_blocks, block_size, num_cpu_blocks, enable_prefix_caching=False)
+        self._init_radix()
+
+    def _init_radix(self) -> None:
+        self.tree = None  # the tree whose node values are the references counted by ``hold``
+        self.on_free = None
+        self._tree_refs = 0
+
+    @classmethod
+    def adopt(cls, kv: KVCacheManager) -> RadixKVCacheManager:
+        """Make ``kv`` (a plain manager without a hashed pool) a ``RadixKVCacheManager`` in place."""
+        if isinstance(kv, cls):
+            return kv
+        if type(kv) is not KVCacheManager or kv.pool is not None:
+            raise TypeError(f"cannot add a radix tree to {type(kv).__name__} (pool: {kv.pool is not None})")
+        kv.__class__ = cls
+        kv._init_radix()  # type: ignore[attr-defined]
+        return kv  # type: ignore[return-value]
+
+    # ---- references ------------------------------------------------------------------------
+    def share(self, request_id: str, block_ids: list[int]) -> None:
+        """Append already-referenced blocks (cached slots) to the request's table, ref += 1."""
+        refs = self._ref_counts
+        for block_id in block_ids:
+            if refs[block_id] <= 0:
+                raise ValueError(f"block {block_id} is free; only held blocks can be shared")
+            refs[block_id] += 1
+        self.block_tables.setdefault(request_id, []).extend(block_ids)
+
+    def hold(self, block_ids: list[int]) -> None:
+        """One reference for the tree on each (already referenced) block."""
+        refs = self._ref_counts
+        for block_id in block_ids:
+            if refs[block_id] <= 0:
+                raise ValueError(f"block {block_id} is free; the tree can only adopt held blocks")
+            refs[block_id] += 1
+        self._tree_refs += len(block_ids)
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop the tree's reference on each block (``RadixCache.evict``'s ``free_fn``)."""
+        refs = self._ref_counts
+        free = self._free
+        for block_id in block_ids:
+            refs[block_id] -= 1
+            if refs[block_id] == 0:
+                free.append(block_id)
+        self._tree_refs -= len(block_ids)
+
+    def free(self, request_id: str) -> int:
+        if self.on_free is not None:
+            self.on_free(request_id)
+        return super().free(request_id)
+
+    # ---- invariants ------------------------------------------------------------------------
+    def tree_refs(self) -> dict[int, int]:
+        """References the tree holds, per block (from its nodes)."""
+        counted: dict[int, int] = {}
+        tree = self.tree
+        if tree is None:
+            return counted
+        for node in tree._nodes():
+            if node is tree.root:
+                continue
+            for slot in node.value:
+                counted[slot] = counted.get(slot, 0) + 1
+        return counted
+
+    def check_integrity(self) -> None:
+        """As ``KVCacheManager``, counting the tree's references next to the tables; the tree's
+        own invariants hold; the tree holds exactly the references ``hold`` took."""
+        if self.tree is not None:
+            self.tree.check_integrity()
+        held = self.tree_refs()
+        if sum(held.values()) != self._tree_refs:
+            raise KVCacheIntegrityError(
+                f"the tree caches {sum(held.values())} slots but holds {self._tree_refs} references"
+            )
+        free = self._free
+        if len(set(free)) != len(free):
+            raise KVCacheIntegrityError("a block id appears twice in the free list")
+        counted = [0] * self.num_blocks
+        for table in self.block_tables.values():
+            for block_id in table:
+                counted[block_id] += 1
+        for block_id, n in held.items():
+            counted[block_id] += n
+        for block_id in free:
+            if counted[block_id] or self._ref_counts[block_id]:
+                raise KVCacheIntegrityError(
+                    f"block {block_id} is free but referenced (tables + tree: {counted[block_id]}, "
+                    f"ref count: {self._ref_counts[block_id]})"
+                )
+        if counted != self._ref_counts:
+            bad = next(i for i, (a, b) in enumerate(zip(counted, self._ref_counts)) if a != b)
+            raise KVCacheIntegrityError(
+                f"block {bad}: ref count {self._ref_counts[bad]} but {counted[bad]} table and tree entries"
+            )
+        in_use = sum(1 for c in counted if c > 0)
+        if in_use + len(free) != self.num_blocks:
+            raise KVCacheIntegrityError(
+                f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total"
+            )
+        self._check_cpu()
