@@ -1,4 +1,7 @@
-"""Prefix caching on the Mooncake conversation trace: vLLM V1 with and without it, one process.
+"""Prefix caching on the Mooncake conversation trace, with and without it, one process.
+
+vLLM V1 (hashed blocks) with and without prefix caching; SGLang (radix tree) under fcfs, lpm, lpm
+with aging, and with the radix cache disabled.
 
 Llama-3.1-8B (128K context) on one H100, the first N requests of the trace, time-scaled.
 Prints and saves the prefix-cache hit rate (tokens and requests), prefill tokens saved, evicted
@@ -18,13 +21,16 @@ from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, buil
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
-POLICIES = "vllm,vllm:enable_prefix_caching=false"
+POLICIES = (
+    "vllm,vllm:enable_prefix_caching=false,sglang,sglang:schedule_policy=lpm,"
+    "sglang:schedule_policy=lpm:lpm_aging_rate=1000,sglang:disable_radix_cache=true"
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
-    parser.add_argument("--max-requests", type=int, default=3000)
+    parser.add_argument("--max-requests", type=int, default=2000)
     parser.add_argument("--rate-scale", type=float, default=0.25)
     parser.add_argument("--out", default=str(HERE / "results" / "prefix_cache.json"))
     args = parser.parse_args()
@@ -42,6 +48,7 @@ def main() -> None:
             {
                 "label": run.label,
                 "prefix_caching": run.config["prefix_caching"],
+                "ttft_mean_s": s["metrics"]["ttft_s"]["mean"],
                 "hit_rate_tokens": pc["hit_rate_tokens"] if pc else 0.0,
                 "hit_rate_requests": pc["hit_rate_requests"] if pc else 0.0,
                 "prefill_tokens_saved": pc["prefill_tokens_saved"] if pc else 0,
