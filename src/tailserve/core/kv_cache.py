@@ -274,16 +274,18 @@ class KVCacheManager:
         for table in self.block_tables.values():
             for block_id in table:
                 counted[block_id] += 1
+        for block_id, n in self._external_refs().items():
+            counted[block_id] += n
         for block_id in free:
             if counted[block_id] or self._ref_counts[block_id]:
                 raise KVCacheIntegrityError(
-                    f"block {block_id} is free but referenced (tables: {counted[block_id]}, "
+                    f"block {block_id} is free but referenced (tables and other owners: {counted[block_id]}, "
                     f"ref count: {self._ref_counts[block_id]})"
                 )
         if counted != self._ref_counts:
             bad = next(i for i, (a, b) in enumerate(zip(counted, self._ref_counts)) if a != b)
             raise KVCacheIntegrityError(
-                f"block {bad}: ref count {self._ref_counts[bad]} but {counted[bad]} table entries"
+                f"block {bad}: ref count {self._ref_counts[bad]} but {counted[bad]} references from tables and other owners"
             )
         in_use = sum(1 for c in counted if c > 0)
         if in_use + len(free) != self.num_blocks:
@@ -291,6 +293,10 @@ class KVCacheManager:
                 f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total"
             )
         self._check_cpu()
+
+    def _external_refs(self) -> dict[int, int]:
+        """References held by owners other than requests' block tables (a radix tree)."""
+        return {}
 
     def _check_pool(self) -> None:
         pool = self.pool

@@ -84,6 +84,9 @@ class RadixKVCacheManager(KVCacheManager):
         return super().free(request_id)
 
     # ---- invariants ------------------------------------------------------------------------
+    def _external_refs(self) -> dict[int, int]:
+        return self.tree_refs()
+
     def tree_refs(self) -> dict[int, int]:
         """References the tree holds, per block (from its nodes)."""
         counted: dict[int, int] = {}
@@ -107,29 +110,4 @@ class RadixKVCacheManager(KVCacheManager):
             raise KVCacheIntegrityError(
                 f"the tree caches {sum(held.values())} slots but holds {self._tree_refs} references"
             )
-        free = self._free
-        if len(set(free)) != len(free):
-            raise KVCacheIntegrityError("a block id appears twice in the free list")
-        counted = [0] * self.num_blocks
-        for table in self.block_tables.values():
-            for block_id in table:
-                counted[block_id] += 1
-        for block_id, n in held.items():
-            counted[block_id] += n
-        for block_id in free:
-            if counted[block_id] or self._ref_counts[block_id]:
-                raise KVCacheIntegrityError(
-                    f"block {block_id} is free but referenced (tables + tree: {counted[block_id]}, "
-                    f"ref count: {self._ref_counts[block_id]})"
-                )
-        if counted != self._ref_counts:
-            bad = next(i for i, (a, b) in enumerate(zip(counted, self._ref_counts)) if a != b)
-            raise KVCacheIntegrityError(
-                f"block {bad}: ref count {self._ref_counts[bad]} but {counted[bad]} table and tree entries"
-            )
-        in_use = sum(1 for c in counted if c > 0)
-        if in_use + len(free) != self.num_blocks:
-            raise KVCacheIntegrityError(
-                f"{in_use} blocks in use + {len(free)} free != {self.num_blocks} total"
-            )
-        self._check_cpu()
+        super().check_integrity()
