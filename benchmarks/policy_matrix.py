@@ -88,7 +88,9 @@ def main() -> None:
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--max-requests", type=int, default=2000)
     parser.add_argument("--pressure-rate-scale", type=float, default=2.0)
-    parser.add_argument("--pressure-memory", type=float, default=0.5, help="gpu_memory_utilization under pressure")
+    parser.add_argument(
+        "--pressure-memory", type=float, default=0.5, help="gpu_memory_utilization under pressure"
+    )
     parser.add_argument("--out", default=str(HERE / "results" / "policy_matrix.json"))
     args = parser.parse_args()
 
@@ -97,7 +99,9 @@ def main() -> None:
     result = {
         "deployment": "Llama-3-70B / A100-80GB / TP 4",
         "calibration": built.calibration,
-        "hol": run_matrix("hol (10 decoding requests + one 8,192-token prompt)", built, POLICIES, WorkloadSpec("hol")),
+        "hol": run_matrix(
+            "hol (10 decoding requests + one 8,192-token prompt)", built, POLICIES, WorkloadSpec("hol")
+        ),
         "azure": run_matrix(
             f"Azure conversation trace, first {args.max_requests} requests",
             built,
@@ -110,7 +114,10 @@ def main() -> None:
             built,
             PRESSURE.format(u=args.pressure_memory),
             WorkloadSpec(
-                "trace", trace_path=args.trace, max_requests=args.max_requests, rate_scale=args.pressure_rate_scale
+                "trace",
+                trace_path=args.trace,
+                max_requests=args.max_requests,
+                rate_scale=args.pressure_rate_scale,
             ),
         ),
     }

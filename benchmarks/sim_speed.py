@@ -75,14 +75,18 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
         "metrics": {k: fast["summary"]["metrics"][k] for k in ("ttft_s", "itl_s")},
     }
-    print(f"trace {result['trace']}: {fast['requests']} requests, {fast['iterations']:,} iterations (load {load_s:.2f} s)")
+    print(
+        f"trace {result['trace']}: {fast['requests']} requests, {fast['iterations']:,} iterations (load {load_s:.2f} s)"
+    )
     for r in (fast, slow):
         print(
             f"  {r['mode']:>12}: {r['wall_s']:6.2f} s wall, {r['requests_per_wall_s']:8,.0f} requests/s, "
             f"{r['iterations_per_wall_s']:9,.0f} iterations/s"
         )
     lo, hi = result["vs_vidur_requests_per_s"]
-    print(f"  fast path is {result['speedup_fast_vs_step']:.1f}x plain stepping; results identical: {identical}")
+    print(
+        f"  fast path is {result['speedup_fast_vs_step']:.1f}x plain stepping; results identical: {identical}"
+    )
     print(f"  vs Vidur's 700-1,500 requests/s: {hi:.1f}x-{lo:.1f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -34,8 +34,32 @@ order (``shared/reference/policies.md`` §4):
 7. No preemption, ever. ``max_concurrent_requests`` in flight (waiting + running) makes the
    router reject further requests ("Model is overloaded").
 
-Not modelled: the prefix cache (radix allocator), speculation, padded (non-flash) models, the
-health-check block, ``compute_optimal`` for the ``max_batch_prefill_tokens`` default.
+8. Prefix cache (``radix.rs``, ``RadixAllocator``; §4(c)), on by default: TGI's
+   ``PREFIX_CACHING=true`` is ``disable_radix_cache=False`` here (the flag SGLang's integration
+   and the simulation use; ``disable_radix_cache=True`` is ``PREFIX_CACHING=false``).
+   Requests that carry token ids (or Mooncake ``hash_ids``, full 512-token blocks only) share KV
+   through a radix trie over whole blocks (``RadixCache(page_size=block_size)``, one key per
+   block) whose nodes hold references on the KV blocks (``RadixKVCacheManager``). At admission
+   the PROMPT is matched, capped so that at least one prompt token is computed (queue.rs drops
+   one from ``prefix_len`` when the whole prompt is cached); the matched node is locked, its
+   blocks are shared into the request's table, and only the rest of the lifetime reservation is
+   taken from the free blocks, evicting least recently used unlocked leaves when short. The
+   request starts at the end of the match (``num_cached_tokens``), and the prefill budget counts
+   only its uncached tokens. When it leaves, its prompt's full blocks are inserted with its
+   blocks (the trie adopts the new ones; blocks that duplicate an existing insertion return to
+   the free list with the request's own references) and the lock is dropped. Generated tokens
+   are never cached. Requests without token identities never touch the trie, which then stays
+   unbuilt. Decodes never touch it either.
+
+Deviations: ``RadixAllocator`` evicts before it finds that an allocation fails; here the fit
+(free + evictable blocks, and ``max_batch_total_tokens``) is checked on a read-only walk first, so
+a failed admission changes nothing (not even LRU stamps), which keeps the decode fast path exact.
+With blocks larger than one token the match is capped to whole blocks below the prompt's length
+(TGI keeps the last block shared and recomputes one token).
+
+Not modelled: speculation, padded (non-flash) models, the health-check block, requests that ask
+for prompt logprobs skipping the lookup, ``compute_optimal`` for the ``max_batch_prefill_tokens``
+default.
 """
 
 from __future__ import annotations
@@ -45,8 +69,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
+from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.policy import Policy
-from tailserve.core.request import Request
+from tailserve.core.prefix_cache import PrefixCacheStats, token_keys_from_hash_ids
+from tailserve.core.radix_cache import RadixCache, RadixNode, _common_len
+from tailserve.core.radix_kv_cache import RadixKVCacheManager
+from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -64,6 +92,7 @@ class TgiConfig:
     max_batch_size: int | None = None  # requests per batch (first batch and legacy admission)
     max_concurrent_requests: int = 128  # in flight (waiting + running); more are rejected
     prefill_chunking: bool = True  # PREFILL_CHUNKING; False = the legacy mode
+    disable_radix_cache: bool = False  # True = PREFIX_CACHING=false; default: the prefix cache is on
 
     def __post_init__(self) -> None:
         if not self.waiting_served_ratio >= 0:
@@ -100,6 +129,23 @@ def _optional_int(name: str, value: Any) -> int | None:
         raise ValueError(f"flag {name}: {value!r} is not a valid int") from None
 
 
+def prompt_keys(request: Request, block_size: int) -> list[Any] | None:
+    """The radix keys of the prompt's full blocks (one per block: the token id at block size 1,
+    else the block's tuple of token keys): token ids, or Mooncake ``hash_ids`` expanded per token
+    (full 512-token trace blocks only). Only the prompt: TGI caches no generated token. None
+    without token identities."""
+    if request.prompt_token_ids is not None:
+        tokens = list(request.prompt_token_ids[: request.prompt_len])
+    elif request.prefix_block_hashes:
+        tokens = token_keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len)
+    else:
+        return None
+    if block_size == 1:
+        return tokens
+    n = len(tokens) // block_size
+    return [tuple(tokens[i * block_size : (i + 1) * block_size]) for i in range(n)]
+
+
 class TgiPolicy(Policy):
     name = "tgi"
     summary = (
@@ -115,6 +161,12 @@ class TgiPolicy(Policy):
         self._decode_due = False  # an admission forward ran; the loop's decode forward is next
         self._waiting_tokens = 1  # decode forwards since the last admission, counted from 1
         self._next_chunk: dict[str, int] = {}  # request id -> its next prompt chunk, tokens
+        # Prefix cache (RadixAllocator): built with the first request that carries token identities.
+        self.tree: RadixCache | None = None
+        self._kv: RadixKVCacheManager | None = None
+        self._keys: dict[str, list[Any]] = {}  # request id -> its prompt's block keys
+        self._locked: dict[str, tuple[Request, RadixNode]] = {}  # admitted -> its locked node
+        self.prefix_stats = PrefixCacheStats()  # one lookup per admission
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TgiConfig:
@@ -155,7 +207,114 @@ class TgiPolicy(Policy):
             now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
             sched.reject(request, f"Model is overloaded (max_concurrent_requests={limit})", now)
             return
+        if not self.config.disable_radix_cache:
+            keys = prompt_keys(request, sched.kv_cache.block_size)
+            if keys and self._enable_cache(sched):
+                self._keys[request.request_id] = keys
         sched.waiting.append(request)
+
+    # ---- the prefix cache (radix allocator) -------------------------------------------------
+    def _enable_cache(self, sched: Scheduler) -> bool:
+        """Build the trie (and give the KV manager trie-held references) on first use; False
+        where it cannot apply (a hashed block pool)."""
+        if self.tree is not None:
+            return True
+        kv = sched.kv_cache
+        if kv.pool is not None or type(kv) not in (KVCacheManager, RadixKVCacheManager):
+            return False
+        self._kv = RadixKVCacheManager.adopt(kv)
+        sched.kv_cache = self._kv
+        self.tree = RadixCache(page_size=kv.block_size)
+        self._kv.tree = self.tree
+        self._kv.on_free = self._on_free
+        return True
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens, over every admission."""
+        return self.prefix_stats.hit_rate
+
+    def _peek(self, request: Request) -> tuple[int, int]:
+        """What ``match_prefix`` would find for the prompt, without touching the trie: (matched
+        blocks, matched blocks that are unlocked now). At least one prompt token is left."""
+        keys = self._keys.get(request.request_id)
+        if not keys:
+            return 0, 0
+        tree = self.tree
+        limit = min(len(keys), (request.prompt_len - 1) // tree.block_size)
+        if limit < len(keys):
+            keys = keys[:limit]
+        node = tree.root
+        i = unlocked = 0
+        while i < limit:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            p = _common_len(child.key, keys, i)
+            if child.lock_ref == 0:
+                unlocked += p
+            i += p
+            if p < len(child.key):
+                break
+            node = child
+        return i, unlocked
+
+    def _fit(self, sched: Scheduler, request: Request, total: int) -> tuple[int, int] | None:
+        """With the trie: whether the request's lifetime reservation fits once its cached prefix
+        is shared and unlocked leaves are evicted, within the free blocks and
+        ``max_batch_total_tokens``. (prefix tokens, blocks to evict first), or None."""
+        kv = sched.kv_cache
+        matched, unlocked = self._peek(request)
+        needed = kv.blocks_for(request.prompt_len + request.max_tokens - 1) - matched
+        evictable = self.tree.evictable_size - unlocked
+        excess = max(needed - kv.num_free_blocks, kv.num_used_blocks + needed - total // kv.block_size)
+        if excess > evictable:
+            return None
+        return matched * kv.block_size, excess
+
+    def _take(self, sched: Scheduler, request: Request, prefix: int, excess: int) -> None:
+        """``RadixAllocator::allocate`` after a successful ``_fit``: match and lock the prefix,
+        evict what is short, share the cached blocks and reserve the rest of the lifetime."""
+        tree, kv = self.tree, self._kv
+        rid = request.request_id
+        keys = self._keys.get(rid)
+        match = None
+        if keys:
+            match = tree.match_prefix(keys, request.prompt_len)
+            assert match.num_tokens == prefix, (match.num_tokens, prefix)
+            tree.inc_lock_ref(match.node)
+            self._locked[rid] = (request, match.node)
+        if excess > 0:
+            tree.evict(excess, kv.release)
+        if match is not None and match.kv_indices:
+            kv.share(rid, match.kv_indices)
+        allocated = sched.allocate(request, request.prompt_len + request.max_tokens - 1)
+        assert allocated, "checked by _fit"
+        request.num_computed_tokens = prefix
+
+    def _on_free(self, request_id: str) -> None:
+        """Called by the KV manager just before the request's references go
+        (``RadixAllocator::free``): insert the prompt's computed full blocks with the request's
+        blocks (the trie holds the ones it adopts; duplicates go back with the request's own
+        references), then unlock. A batch put back before running only unlocks."""
+        locked = self._locked.pop(request_id, None)
+        if locked is None:
+            self._keys.pop(request_id, None)
+            return
+        request, node = locked
+        if request.status is RequestStatus.WAITING:
+            self.tree.dec_lock_ref(node)  # put back by ``next_batch``: keeps its keys
+            return
+        keys = self._keys.pop(request_id)
+        kv = self._kv
+        table = kv.block_tables.get(request_id, [])
+        n = min(len(keys), request.num_computed_tokens // kv.block_size, len(table))
+        if n:
+            slots = table[:n]
+            already = self.tree.insert(keys[:n], slots)
+            if already < n:
+                kv.hold(slots[already:])
+        self.tree.dec_lock_ref(node)
 
     # ---- the router loop ------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
@@ -239,8 +398,28 @@ class TgiPolicy(Policy):
         chunking = self.config.prefill_chunking
         batch: list[ScheduledRequest] = []
         prefill_tokens = 0
+        tree = self.tree
         for request in waiting:
             lifetime = request.prompt_len + request.max_tokens - 1  # + speculate (0)
+            if tree is not None:
+                # The radix allocator: checked first, so that a failure changes nothing.
+                fit = self._fit(sched, request, total)
+                if fit is None:
+                    break  # head-of-line blocking
+                prefix, excess = fit
+                prompt = request.num_tokens - prefix  # only the uncached tokens count
+                if prefill_tokens + prompt > prefill_budget:
+                    chunk = prefill_budget - prefill_tokens if chunking else 0
+                    if chunk > 0:
+                        self._take(sched, request, prefix, excess)
+                        batch.append(ScheduledRequest(request, chunk, prefix))
+                    break
+                self._take(sched, request, prefix, excess)
+                prefill_tokens += prompt
+                batch.append(ScheduledRequest(request, prompt, prefix))
+                if max_size is not None and len(batch) == max_size:
+                    break
+                continue
             if (kv.num_used_blocks + kv.blocks_for(lifetime)) * block_size > total:
                 break
             if not sched.allocate(request, lifetime):
@@ -259,15 +438,24 @@ class TgiPolicy(Policy):
                 break
         if min_size is not None and len(batch) < min_size:
             for item in batch:
-                kv.free(item.request.request_id)
+                kv.free(item.request.request_id)  # unlocks a cached prefix
+                item.request.num_computed_tokens = 0
             return []
         for _ in batch:
             waiting.popleft()
         return batch
 
     def _admit(self, sched: Scheduler, new: list[ScheduledRequest], now: float, out: SchedulerOutput) -> None:
+        stats = self.prefix_stats if self.tree is not None else None
         for item in new:
-            sched.admit(item.request, now)
+            request = item.request
+            if stats is not None:
+                # First (and only) admission: TGI never preempts.
+                request.num_cached_tokens = request.num_computed_tokens
+                stats.num_lookups += 1
+                stats.num_query_tokens += request.prompt_len
+                stats.num_hit_tokens += request.num_computed_tokens
+            sched.admit(request, now)
         out.scheduled.extend(new)
         out.num_admitted += len(new)
         self._plan_next_chunks(out)
@@ -321,15 +509,30 @@ class TgiPolicy(Policy):
         if total - held <= 0:
             return False
         head = sched.waiting[0]
-        blocks = kv.blocks_for(head.prompt_len + head.max_tokens - 1)
-        if blocks > kv.num_free_blocks or (kv.num_used_blocks + blocks) * kv.block_size > total:
-            return False
+        prefix = 0
+        if self.tree is not None:
+            fit = self._fit(sched, head, total)  # read-only
+            if fit is None:
+                return False
+            prefix = fit[0]
+        else:
+            blocks = kv.blocks_for(head.prompt_len + head.max_tokens - 1)
+            if blocks > kv.num_free_blocks or (kv.num_used_blocks + blocks) * kv.block_size > total:
+                return False
         if cfg.prefill_chunking:
             return cfg.max_batch_prefill_tokens - len(running) > 0
         if cfg.max_batch_size is not None and len(running) >= cfg.max_batch_size:
             return False
         budget = -(-cfg.max_batch_prefill_tokens // kv.block_size) * kv.block_size
-        return head.prompt_len <= budget
+        return head.prompt_len - prefix <= budget
+
+    def notes(self) -> list[str]:
+        if self.tree is None:
+            return []
+        return [
+            f"tgi prefix cache: {self.prefix_cache_hit_rate:.1%} of the prompt tokens admitted were cached "
+            f"({self.tree.stats.num_evicted_tokens} tokens evicted)"
+        ]
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         # Each skipped iteration was a router turn whose admission found nobody, then a decode.
