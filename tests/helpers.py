@@ -24,3 +24,24 @@ def grants(out: SchedulerOutput) -> list[tuple[str, int, int]]:
 
 def ids(requests: Iterable[Request]) -> list[str]:
     return [r.request_id for r in requests]
+
+
+def token_request(rid: str, tokens: list[int], max_tokens: int = 3, t: float = 0.0, **kw) -> Request:
+    """A request whose prompt is ``tokens`` (token identities, so prefix caches can share it)."""
+    return Request(rid, len(tokens), max_tokens, t, prompt_token_ids=list(tokens), **kw)
+
+
+def add(sched: Scheduler, request: Request, now: float = 0.0) -> Request:
+    assert sched.add_request(request, now)
+    return request
+
+
+def drain(sched: Scheduler, now: float = 0.0, limit: int = 1000) -> float:
+    """Step until nothing is left (at most ``limit`` iterations), checking KV integrity each time;
+    returns the time reached."""
+    while sched.has_unfinished and limit:
+        step(sched, now)
+        sched.kv_cache.check_integrity()
+        now += 0.01
+        limit -= 1
+    return now

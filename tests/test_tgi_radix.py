@@ -15,7 +15,10 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
+from helpers import add as _add
+from helpers import drain as _drain
 from helpers import grants, ids, step
+from helpers import token_request as _req
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.radix_kv_cache import RadixKVCacheManager
@@ -33,24 +36,6 @@ SYSTEM = list(range(1000, 1100))  # a 100-token shared system prompt
 
 def _sched(num_blocks: int, block_size: int = 1, **cfg) -> Scheduler:
     return Scheduler(TgiPolicy(TgiConfig(**cfg)), KVCacheManager(num_blocks, block_size), 8192)
-
-
-def _req(rid: str, tokens: list[int], max_tokens: int = 3, t: float = 0.0, **kw) -> Request:
-    return Request(rid, len(tokens), max_tokens, t, prompt_token_ids=list(tokens), **kw)
-
-
-def _add(sched: Scheduler, request: Request, now: float = 0.0) -> Request:
-    assert sched.add_request(request, now)
-    return request
-
-
-def _drain(sched: Scheduler, now: float = 0.0, limit: int = 1000) -> float:
-    while sched.has_unfinished and limit:
-        step(sched, now)
-        sched.kv_cache.check_integrity()
-        now += 0.01
-        limit -= 1
-    return now
 
 
 def test_a_shared_system_prompt_is_computed_once():
