@@ -69,14 +69,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.policy import Policy
-from tailserve.core.prefix_cache import PrefixCacheStats, token_keys_from_hash_ids
-from tailserve.core.radix_cache import RadixCache, RadixNode, _common_len
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
-from tailserve.core.request import Request, RequestStatus
+from tailserve.core.radix_cache import RadixCache
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.policies.tgi_radix import RadixAllocator
 
 # The launcher's fallback when ``compute_optimal`` (fp16 FLOP/s / model FLOPs per token) is not
 # available; tailserve's policies do not see the model, so it is always used.
@@ -129,23 +127,6 @@ def _optional_int(name: str, value: Any) -> int | None:
         raise ValueError(f"flag {name}: {value!r} is not a valid int") from None
 
 
-def prompt_keys(request: Request, block_size: int) -> list[Any] | None:
-    """The radix keys of the prompt's full blocks (one per block: the token id at block size 1,
-    else the block's tuple of token keys): token ids, or Mooncake ``hash_ids`` expanded per token
-    (full 512-token trace blocks only). Only the prompt: TGI caches no generated token. None
-    without token identities."""
-    if request.prompt_token_ids is not None:
-        tokens = list(request.prompt_token_ids[: request.prompt_len])
-    elif request.prefix_block_hashes:
-        tokens = token_keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len)
-    else:
-        return None
-    if block_size == 1:
-        return tokens
-    n = len(tokens) // block_size
-    return [tuple(tokens[i * block_size : (i + 1) * block_size]) for i in range(n)]
-
-
 class TgiPolicy(Policy):
     name = "tgi"
     summary = (
@@ -161,12 +142,8 @@ class TgiPolicy(Policy):
         self._decode_due = False  # an admission forward ran; the loop's decode forward is next
         self._waiting_tokens = 1  # decode forwards since the last admission, counted from 1
         self._next_chunk: dict[str, int] = {}  # request id -> its next prompt chunk, tokens
-        # Prefix cache (RadixAllocator): built with the first request that carries token identities.
-        self.tree: RadixCache | None = None
-        self._kv: RadixKVCacheManager | None = None
-        self._keys: dict[str, list[Any]] = {}  # request id -> its prompt's block keys
-        self._locked: dict[str, tuple[Request, RadixNode]] = {}  # admitted -> its locked node
-        self.prefix_stats = PrefixCacheStats()  # one lookup per admission
+        # Prefix cache: its trie is built with the first request that carries token identities.
+        self.allocator = RadixAllocator()
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TgiConfig:
@@ -208,113 +185,17 @@ class TgiPolicy(Policy):
             sched.reject(request, f"Model is overloaded (max_concurrent_requests={limit})", now)
             return
         if not self.config.disable_radix_cache:
-            keys = prompt_keys(request, sched.kv_cache.block_size)
-            if keys and self._enable_cache(sched):
-                self._keys[request.request_id] = keys
+            self.allocator.add(sched, request)
         sched.waiting.append(request)
 
-    # ---- the prefix cache (radix allocator) -------------------------------------------------
-    def _enable_cache(self, sched: Scheduler) -> bool:
-        """Build the trie (and give the KV manager trie-held references) on first use; False
-        where it cannot apply (a hashed block pool)."""
-        if self.tree is not None:
-            return True
-        kv = sched.kv_cache
-        if kv.pool is not None or type(kv) not in (KVCacheManager, RadixKVCacheManager):
-            return False
-        self._kv = RadixKVCacheManager.adopt(kv)
-        sched.kv_cache = self._kv
-        self.tree = RadixCache(page_size=kv.block_size)
-        self._kv.tree = self.tree
-        self._kv.on_free = self._on_free
-        return True
+    @property
+    def tree(self) -> RadixCache | None:
+        return self.allocator.tree
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         """Cached prompt tokens / prompt tokens, over every admission."""
-        return self.prefix_stats.hit_rate
-
-    def _peek(self, request: Request) -> tuple[int, int]:
-        """What ``match_prefix`` would find for the prompt, without touching the trie: (matched
-        blocks, matched blocks that are unlocked now). At least one prompt token is left."""
-        keys = self._keys.get(request.request_id)
-        if not keys:
-            return 0, 0
-        tree = self.tree
-        limit = min(len(keys), (request.prompt_len - 1) // tree.block_size)
-        if limit < len(keys):
-            keys = keys[:limit]
-        node = tree.root
-        i = unlocked = 0
-        while i < limit:
-            child = node.children.get(keys[i])
-            if child is None:
-                break
-            p = _common_len(child.key, keys, i)
-            if child.lock_ref == 0:
-                unlocked += p
-            i += p
-            if p < len(child.key):
-                break
-            node = child
-        return i, unlocked
-
-    def _fit(self, sched: Scheduler, request: Request, total: int) -> tuple[int, int] | None:
-        """With the trie: whether the request's lifetime reservation fits once its cached prefix
-        is shared and unlocked leaves are evicted, within the free blocks and
-        ``max_batch_total_tokens``. (prefix tokens, blocks to evict first), or None."""
-        kv = sched.kv_cache
-        matched, unlocked = self._peek(request)
-        needed = kv.blocks_for(request.prompt_len + request.max_tokens - 1) - matched
-        evictable = self.tree.evictable_size - unlocked
-        excess = max(needed - kv.num_free_blocks, kv.num_used_blocks + needed - total // kv.block_size)
-        if excess > evictable:
-            return None
-        return matched * kv.block_size, excess
-
-    def _take(self, sched: Scheduler, request: Request, prefix: int, excess: int) -> None:
-        """``RadixAllocator::allocate`` after a successful ``_fit``: match and lock the prefix,
-        evict what is short, share the cached blocks and reserve the rest of the lifetime."""
-        tree, kv = self.tree, self._kv
-        rid = request.request_id
-        keys = self._keys.get(rid)
-        match = None
-        if keys:
-            match = tree.match_prefix(keys, request.prompt_len)
-            assert match.num_tokens == prefix, (match.num_tokens, prefix)
-            tree.inc_lock_ref(match.node)
-            self._locked[rid] = (request, match.node)
-        if excess > 0:
-            tree.evict(excess, kv.release)
-        if match is not None and match.kv_indices:
-            kv.share(rid, match.kv_indices)
-        allocated = sched.allocate(request, request.prompt_len + request.max_tokens - 1)
-        assert allocated, "checked by _fit"
-        request.num_computed_tokens = prefix
-
-    def _on_free(self, request_id: str) -> None:
-        """Called by the KV manager just before the request's references go
-        (``RadixAllocator::free``): insert the prompt's computed full blocks with the request's
-        blocks (the trie holds the ones it adopts; duplicates go back with the request's own
-        references), then unlock. A batch put back before running only unlocks."""
-        locked = self._locked.pop(request_id, None)
-        if locked is None:
-            self._keys.pop(request_id, None)
-            return
-        request, node = locked
-        if request.status is RequestStatus.WAITING:
-            self.tree.dec_lock_ref(node)  # put back by ``next_batch``: keeps its keys
-            return
-        keys = self._keys.pop(request_id)
-        kv = self._kv
-        table = kv.block_tables.get(request_id, [])
-        n = min(len(keys), request.num_computed_tokens // kv.block_size, len(table))
-        if n:
-            slots = table[:n]
-            already = self.tree.insert(keys[:n], slots)
-            if already < n:
-                kv.hold(slots[already:])
-        self.tree.dec_lock_ref(node)
+        return self.allocator.hit_rate
 
     # ---- the router loop ------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
@@ -403,7 +284,7 @@ class TgiPolicy(Policy):
             lifetime = request.prompt_len + request.max_tokens - 1  # + speculate (0)
             if tree is not None:
                 # The radix allocator: checked first, so that a failure changes nothing.
-                fit = self._fit(sched, request, total)
+                fit = self.allocator.fit(sched, request, total)
                 if fit is None:
                     break  # head-of-line blocking
                 prefix, excess = fit
@@ -411,10 +292,10 @@ class TgiPolicy(Policy):
                 if prefill_tokens + prompt > prefill_budget:
                     chunk = prefill_budget - prefill_tokens if chunking else 0
                     if chunk > 0:
-                        self._take(sched, request, prefix, excess)
+                        self.allocator.take(sched, request, prefix, excess)
                         batch.append(ScheduledRequest(request, chunk, prefix))
                     break
-                self._take(sched, request, prefix, excess)
+                self.allocator.take(sched, request, prefix, excess)
                 prefill_tokens += prompt
                 batch.append(ScheduledRequest(request, prompt, prefix))
                 if max_size is not None and len(batch) == max_size:
@@ -446,7 +327,7 @@ class TgiPolicy(Policy):
         return batch
 
     def _admit(self, sched: Scheduler, new: list[ScheduledRequest], now: float, out: SchedulerOutput) -> None:
-        stats = self.prefix_stats if self.tree is not None else None
+        stats = self.allocator.prefix_stats if self.tree is not None else None
         for item in new:
             request = item.request
             if stats is not None:
@@ -511,7 +392,7 @@ class TgiPolicy(Policy):
         head = sched.waiting[0]
         prefix = 0
         if self.tree is not None:
-            fit = self._fit(sched, head, total)  # read-only
+            fit = self.allocator.fit(sched, head, total)  # read-only
             if fit is None:
                 return False
             prefix = fit[0]
