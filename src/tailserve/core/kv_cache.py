@@ -14,7 +14,6 @@ request's longest cached chain. Keys come from the prompt's token ids, or from M
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,18 +22,6 @@ if TYPE_CHECKING:
 
 class KVCacheIntegrityError(AssertionError):
     """Raised by ``check_integrity`` with the numbers that do not add up."""
-
-
-@dataclass(frozen=True, slots=True)
-class KVCacheStats:
-    num_blocks: int
-    num_free_blocks: int
-    num_used_blocks: int
-
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks in use, 0..1 (vLLM's ``kv_cache_usage_perc``)."""
-        return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
 
 class KVCacheManager:
@@ -87,9 +74,6 @@ class KVCacheManager:
     @property
     def prefix_caching(self) -> bool:
         return self.pool is not None
-
-    def stats(self) -> KVCacheStats:
-        return KVCacheStats(self.num_blocks, self.num_free_blocks, self.num_used_blocks)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""

@@ -127,10 +127,24 @@ class RadixCache(PrefixCache):
         page = self.block_size
         limit = len(keys) if num_tokens is None else min(len(keys), max(num_tokens - 1, 0) // page)
         keys = list(keys[:limit]) if limit < len(keys) or type(keys) is not list else keys
+        slots: list[int] = []
+        node, i = self._descend(keys, limit, slots)
+        if not node.children and node.lock_ref == 0:
+            self._push(node)
+            self._compact()
+        stats = self.stats
+        stats.num_lookups += 1
+        stats.num_query_tokens += len(keys) * page if num_tokens is None else num_tokens
+        stats.num_hit_tokens += i * page
+        return PrefixMatch(i * page, slots, node)
+
+    def _descend(self, keys: list[Hashable], limit: int, slots: list[int] | None) -> tuple[RadixNode, int]:
+        """Walk ``keys[:limit]`` from the root on a new clock tick, splitting the node a match ends
+        inside and stamping the path; collects the matched slots into ``slots`` if given.
+        Returns the deepest matched node and the number of keys matched."""
         now = self._tick()
         node = self.root
         node.last_access_time = now
-        slots: list[int] = []
         i = 0
         while i < limit:
             child = node.children.get(keys[i])
@@ -140,17 +154,11 @@ class RadixCache(PrefixCache):
             if p < len(child.key):
                 child = self._split(child, p)
             child.last_access_time = now
-            slots.extend(child.value)
+            if slots is not None:
+                slots.extend(child.value)
             node = child
             i += p
-        if not node.children and node.lock_ref == 0:
-            self._push(node)
-            self._compact()
-        stats = self.stats
-        stats.num_lookups += 1
-        stats.num_query_tokens += len(keys) * page if num_tokens is None else num_tokens
-        stats.num_hit_tokens += i * page
-        return PrefixMatch(i * page, slots, node)
+        return node, i
 
     def insert(self, keys: Sequence[Hashable], kv_indices: Sequence[int]) -> int:
         """Cache ``keys`` with ``kv_indices`` (one slot per key). Returns how many leading keys
@@ -162,20 +170,8 @@ class RadixCache(PrefixCache):
             raise ValueError(f"{n} keys but {len(kv_indices)} slots")
         if type(keys) is not list:
             keys = list(keys)
-        now = self._tick()
-        node = self.root
-        node.last_access_time = now
-        i = 0
-        while i < n:
-            child = node.children.get(keys[i])
-            if child is None:
-                break
-            p = _common_len(child.key, keys, i)
-            if p < len(child.key):
-                child = self._split(child, p)
-            child.last_access_time = now
-            node = child
-            i += p
+        node, i = self._descend(keys, n, None)
+        now = node.last_access_time
         if i < n:
             leaf = self._new_node(keys[i:], list(kv_indices[i:]), node)
             leaf.last_access_time = now

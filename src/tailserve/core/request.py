@@ -105,7 +105,3 @@ class Request:
     @property
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
-
-    @property
-    def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None

@@ -13,10 +13,6 @@ class ScheduledRequest:
     num_new_tokens: int  # tokens computed this iteration: a prefill chunk, or 1 for a decode
     num_context_tokens: int  # tokens already in the KV cache before this iteration
 
-    @property
-    def is_decode(self) -> bool:
-        return self.num_new_tokens == 1
-
 
 @dataclass(frozen=True, slots=True)
 class PaddingSlot:

@@ -104,7 +104,7 @@ class SarathiPolicy(Policy):
         prefilling: list[Request] = []
         while pending:
             request = pending.pop(0)
-            if request.num_tokens - request.num_computed_tokens > 1:
+            if request.is_prefilling:
                 prefilling.append(request)
                 continue
             while not (
@@ -124,7 +124,7 @@ class SarathiPolicy(Policy):
         for request in prefilling:
             if request not in running:
                 continue
-            chunk = min(request.num_tokens - request.num_computed_tokens, self._chunk_for(request) - batched)
+            chunk = min(request.num_remaining_tokens, self._chunk_for(request) - batched)
             if chunk <= 0:
                 continue
             out.scheduled.append(ScheduledRequest(request, chunk, request.num_computed_tokens))
@@ -135,7 +135,7 @@ class SarathiPolicy(Policy):
         watermark = int(cfg.watermark * kv.num_blocks)
         while sched.waiting and len(running) < cfg.max_num_seqs:
             request = sched.waiting[0]
-            chunk = min(request.num_tokens - request.num_computed_tokens, self._chunk_for(request) - batched)
+            chunk = min(request.num_remaining_tokens, self._chunk_for(request) - batched)
             if chunk <= 0:
                 break
             if not sched.allocate(request, request.num_tokens, reserve=watermark):

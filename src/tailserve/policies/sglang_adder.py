@@ -164,7 +164,7 @@ class PrefillAdder:
 
     def _add_one_req(self, request: Request, match: PrefixMatch | None) -> _AddResult:
         prefix = match.num_tokens if match is not None else 0
-        extend = request.num_tokens - request.num_computed_tokens - prefix
+        extend = request.num_remaining_tokens - prefix
         max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
         if not extend + max_new + self.page < self.remaining_total:
             return _AddResult.NO_TOKEN
@@ -185,7 +185,7 @@ class PrefillAdder:
     def _add_one_req_ignore_eos(self, request: Request) -> _AddResult:
         """SGLang's admission for ``ignore_eos`` requests without a radix cache: simulate the
         running requests finishing shortest-remaining first and require headroom throughout."""
-        extend = request.num_tokens - request.num_computed_tokens
+        extend = request.num_remaining_tokens
         paged_input = self._paged(extend) + self.page
         if paged_input > min(self.remaining_current, self.remaining_total):
             return _AddResult.NO_TOKEN

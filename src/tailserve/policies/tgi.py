@@ -305,7 +305,7 @@ class TgiPolicy(Policy):
                 break
             if not sched.allocate(request, lifetime):
                 break  # head-of-line blocking: nothing behind it is tried
-            prompt = request.num_tokens - request.num_computed_tokens
+            prompt = request.num_remaining_tokens
             if prefill_tokens + prompt > prefill_budget:
                 chunk = prefill_budget - prefill_tokens if chunking else 0
                 if chunk > 0:
@@ -344,7 +344,7 @@ class TgiPolicy(Policy):
     # ---- the shard's chunk bookkeeping ----------------------------------------------------
     def _grant(self, request: Request) -> int:
         """Tokens a running request feeds the next forward: its planned chunk, or 1."""
-        left = request.num_tokens - request.num_computed_tokens
+        left = request.num_remaining_tokens
         if left <= 1:
             return 1
         return self._next_chunk.get(request.request_id, left)

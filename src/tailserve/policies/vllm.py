@@ -208,7 +208,7 @@ class VllmPolicy(Policy):
                 else None
             )
             hit = match.num_tokens if match is not None else 0
-            want = request.num_tokens - request.num_computed_tokens - hit
+            want = request.num_remaining_tokens - hit
             if cap:
                 want = min(want, cap)
             if not cfg.enable_chunked_prefill and want > budget:

@@ -163,7 +163,7 @@ class VllmV0Policy(Policy):
         for request in list(sched.running):
             if request not in sched.running:
                 continue
-            if request.num_tokens - request.num_computed_tokens != 1:
+            if request.num_remaining_tokens != 1:
                 continue  # a prompt in progress (chunked mode handles it)
             if self._decode(sched, request, out, now):
                 budget -= 1
@@ -194,7 +194,7 @@ class VllmV0Policy(Policy):
                 continue
             if not sched.swap_in(request, out, reserve=self._watermark(sched) + next_block):
                 break
-            if request.num_tokens - request.num_computed_tokens == 1:
+            if request.num_remaining_tokens == 1:
                 sched.allocate(request, request.num_computed_tokens + 1)
                 out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
                 budget -= 1
@@ -282,7 +282,7 @@ class VllmV0Policy(Policy):
                     self._never(sched, request, now)
                     continue
                 # Cached prefix tokens do not use up the token budget.
-                tokens = request.num_tokens - request.num_computed_tokens - (match.num_tokens if match else 0)
+                tokens = request.num_remaining_tokens - (match.num_tokens if match else 0)
                 if not ok or tokens > budget or len(sched.running) + 1 > cfg.max_num_seqs:
                     break
                 self._admit_whole(sched, request, out, now, tokens, match)
@@ -337,7 +337,7 @@ class VllmV0Policy(Policy):
         for request in list(sched.running):
             if request not in sched.running:
                 continue
-            want = request.num_tokens - request.num_computed_tokens
+            want = request.num_remaining_tokens
             if want > 1:
                 # Blocks were allocated whole at admission.
                 want = self._chunk(sched, want, min(want, budget, per_slot))
@@ -357,9 +357,7 @@ class VllmV0Policy(Policy):
             budget = self._swap_in(sched, out, budget, now)
 
         # New prompts, chunked to what is left of the budget.
-        long_running = sum(
-            1 for r in sched.running if r.num_tokens - r.num_computed_tokens > 1 and self._is_long(r)
-        )
+        long_running = sum(1 for r in sched.running if r.is_prefilling and self._is_long(r))
         held_back: list[Request] = []
         while sched.waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
             request = sched.waiting[0]
@@ -375,7 +373,7 @@ class VllmV0Policy(Policy):
                 continue
             if not ok:
                 break
-            left = request.num_tokens - request.num_computed_tokens - (match.num_tokens if match else 0)
+            left = request.num_remaining_tokens - (match.num_tokens if match else 0)
             tokens = self._chunk(sched, left, min(left, budget, per_slot))
             if tokens <= 0:
                 break
@@ -391,7 +389,7 @@ class VllmV0Policy(Policy):
         that could start, a long one only while fewer than ``max_long_partial_prefills`` long
         prefills are counted; at most ``max_num_partial_prefills``."""
         cfg: VllmV0Config = self.config
-        prefills = [r for r in sched.running if r.num_tokens - r.num_computed_tokens > 1]
+        prefills = [r for r in sched.running if r.is_prefilling]
         count = len(prefills)
         long_count = sum(1 for r in prefills if self._is_long(r))
         for request in sched.waiting:
@@ -414,7 +412,7 @@ class VllmV0Policy(Policy):
 
     def _is_long(self, request: Request) -> bool:
         threshold = self.config.long_prefill_token_threshold
-        return bool(threshold) and request.num_tokens - request.num_computed_tokens > threshold
+        return bool(threshold) and request.num_remaining_tokens > threshold
 
     def _reorder_running(self, sched: Scheduler, out: SchedulerOutput) -> None:
         """V0 rebuilds ``running`` so that next iteration swapped-in requests come first, then
@@ -425,7 +423,7 @@ class VllmV0Policy(Policy):
         swapped_in = {id(r) for r in out.swapped_in}
 
         def rank(r: Request) -> int:
-            left = r.num_tokens - r.num_computed_tokens
+            left = r.num_remaining_tokens
             if id(r) in swapped_in:
                 return -1  # swapped-in requests first
             if left <= 1:

@@ -20,7 +20,7 @@ decode-run path and the per-iteration path give the same floats bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -124,9 +124,6 @@ class CostModel:
 
     def with_efficiency(self, efficiency: Efficiency) -> CostModel:
         return CostModel(self.model, self.hardware, self.tp, efficiency)
-
-    def replace_efficiency(self, **changes: float) -> CostModel:
-        return self.with_efficiency(replace(self.efficiency, **changes))
 
     # ---- the formula --------------------------------------------------------------------
     # The formula in three pieces, each written once for Python numbers and numpy arrays.
