@@ -396,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_deployment_args(p)
     _add_workload_args(p)
     _add_output_args(p)
+    p.set_defaults(run=cmd_compare)
 
     p = sub.add_parser(
         "simulate",
@@ -429,11 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also price swapping this many tokens of KV over PCIe",
     )
     p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} (and swap_s) as JSON")
+    p.set_defaults(run=cmd_cost)
 
     p = sub.add_parser("calibrate", help="fit the cost model to measured iteration times")
     _add_deployment_args(p)
     p.add_argument("points", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)")
     p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
+    p.set_defaults(run=cmd_calibrate)
 
     p = sub.add_parser("policies", help="every policy with its flags and its engine's defaults for a GPU")
     p.add_argument(
@@ -445,9 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="model whose context length to assume (default: %(default)s)",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.set_defaults(run=cmd_policies)
 
-    sub.add_parser("models", help="list the model catalog")
-    sub.add_parser("hardware", help="list the hardware catalog")
+    sub.add_parser("models", help="list the model catalog").set_defaults(run=cmd_catalog)
+    sub.add_parser("hardware", help="list the hardware catalog").set_defaults(run=cmd_catalog)
+    # Commands in their own modules: each adds its parser and sets ``run``.
     return parser
 
 
@@ -462,18 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_simulate(args, extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        if args.command == "compare":
-            return cmd_compare(args)
-        if args.command == "cost":
-            return cmd_cost(args)
-        if args.command == "calibrate":
-            return cmd_calibrate(args)
-        if args.command in ("models", "hardware"):
-            return cmd_catalog(args)
-        if args.command == "policies":
-            return cmd_policies(args)
-        parser.print_help()
-        return 2
+        run = getattr(args, "run", None)
+        if run is None:
+            parser.print_help()
+            return 2
+        return run(args)
     except (CliError, ValueError) as e:
         print(f"tailserve: error: {e}", file=sys.stderr)
         return 2
