@@ -16,7 +16,7 @@ from typing import Any
 
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.iteration_log import IterationLog
-from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
@@ -339,12 +339,9 @@ def run_policy(
     num_cpu_blocks = int(swap_gib * 2**30 // (capacity.block_size * capacity.kv_bytes_per_token))
     # Prefix caching needs token identities; a workload of bare lengths could never share.
     # vLLM hashes blocks into its block pool; SGLang keeps a radix tree beside its slots.
-    prefix_caching = bool(getattr(config, "enable_prefix_caching", False)) and workload.shares_prefixes
-    radix = getattr(config, "disable_radix_cache", True) is False and workload.shares_prefixes
-    if radix:
-        kv = RadixKVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks)
-    else:
-        kv = KVCacheManager(capacity.num_blocks, capacity.block_size, num_cpu_blocks, prefix_caching)
+    kv = make_kv_cache(config, capacity.num_blocks, capacity.block_size, num_cpu_blocks, workload.shares_prefixes)
+    prefix_caching = kv.pool is not None
+    radix = isinstance(kv, RadixKVCacheManager)
     scheduler = Scheduler(policy, kv, max_model_len)
     executor = SimExecutor(cost_model, capacity.block_size)
     engine = Engine(scheduler, executor, workload.build(cost_model), options=options)

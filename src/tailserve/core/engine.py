@@ -199,7 +199,8 @@ class Engine:
         for request in sched.swapped:
             if not kv.is_swapped(request.request_id) or kv.num_held(request.request_id):
                 raise AssertionError(f"swapped request {request.request_id} does not hold exactly CPU blocks")
-        accounted = len(sched.finished) + len(sched.waiting) + len(sched.running) + len(sched.swapped)
+        accounted = len(sched.finished) + sched.num_released
+        accounted += len(sched.waiting) + len(sched.running) + len(sched.swapped)
         if accounted != self.num_requests_seen:
             raise AssertionError(
                 f"{self.num_requests_seen} requests entered but {accounted} are accounted for"

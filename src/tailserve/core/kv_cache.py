@@ -53,6 +53,9 @@ class KVCacheManager:
             self._free = []  # unused: the pool owns free blocks and ref counts
         self._keys: dict[str, list[int]] = {}  # request id -> full-block keys (prefix caching)
         self._num_registered: dict[str, int] = {}  # request id -> blocks registered in the pool
+        # A real executor sets a list here to learn which block contents to copy for each swap:
+        # ("out", gpu_blocks, cpu_blocks) or ("in", cpu_blocks, gpu_blocks), in decision order.
+        self.copy_log: list[tuple[str, list[int], list[int]]] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -214,6 +217,8 @@ class KVCacheManager:
         del self._cpu_free[len(self._cpu_free) - n :]
         self.cpu_block_tables[request_id] = cpu
         self._num_registered.pop(request_id, None)
+        if self.copy_log is not None:
+            self.copy_log.append(("out", list(table), list(cpu)))
         if self.pool is not None:
             self.pool.free(table)
             return n
@@ -240,6 +245,8 @@ class KVCacheManager:
         self._cpu_free.extend(reversed(cpu))
         self.block_tables.pop(request_id, None)
         self.allocate(request_id, n * self.block_size)
+        if self.copy_log is not None:
+            self.copy_log.append(("in", list(cpu), list(self.block_tables[request_id])))
         return n
 
     def is_swapped(self, request_id: str) -> bool:

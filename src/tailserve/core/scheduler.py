@@ -58,6 +58,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.finished: list[Request] = []
+        self.num_released = 0  # requests handed over by ``pop_finished``
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
 
@@ -101,8 +102,16 @@ class Scheduler:
                     queue.remove(request)
                     self.kv_cache.free(request_id)
                     self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
+                    self.policy.on_finished(self, [request])
                     return request
         return None
+
+    def pop_finished(self) -> list[Request]:
+        """Hand over (and forget) the requests that left so far: a long-running server must not
+        keep every request it ever served."""
+        done, self.finished = self.finished, []
+        self.num_released += len(done)
+        return done
 
     @property
     def has_unfinished(self) -> bool:

@@ -1,8 +1,9 @@
 """Where requests come from: the engine pulls arrivals from a ``RequestSource``.
 
 An open-loop workload or a trace is a ``ListSource`` (arrival times fixed in advance); a
-closed-loop client (a new request each time one finishes) reacts to ``on_finish``. The HTTP
-server feeds the engine directly and needs no source.
+closed-loop client (a new request each time one finishes) reacts to ``on_finish``. A live
+engine (the offline ``LLM`` API, the HTTP server) puts requests into a ``QueueSource`` as they
+come.
 """
 
 from __future__ import annotations
@@ -53,6 +54,49 @@ class ListSource:
 
     def on_finish(self, request: Request, now: float) -> None:
         return None
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._pending
+
+
+class QueueSource:
+    """Requests added while the engine runs, each arriving when added; finished ones are kept
+    for the caller to collect with ``pop_finished``."""
+
+    def __init__(self) -> None:
+        self._pending: deque[Request] = deque()
+        self._finished: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self._pending.append(request)
+
+    def next_arrival_time(self) -> float | None:
+        return self._pending[0].arrival_time if self._pending else None
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
+    def on_finish(self, request: Request, now: float) -> None:
+        self._finished.append(request)
+
+    def pop_finished(self) -> list[Request]:
+        done, self._finished = self._finished, []
+        return done
+
+    def remove_pending(self, request_id: str) -> Request | None:
+        """Take back a request added but not yet handed to the engine."""
+        for request in self._pending:
+            if request.request_id == request_id:
+                self._pending.remove(request)
+                return request
+        return None
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
 
     @property
     def exhausted(self) -> bool:
