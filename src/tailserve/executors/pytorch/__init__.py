@@ -1,0 +1,7 @@
+"""The real executor: a Llama-family model in PyTorch over a paged KV cache.
+
+Model directories are read and written in exactly Hugging Face's format (``config.json``,
+``*.safetensors``, ``tokenizer.json``): ``loader.py`` reads them, ``tokenizer.py`` wraps the
+``tokenizers`` library the way ``transformers`` does, and ``init_model.py`` writes randomly
+initialised models with a locally trained tokenizer, so nothing is ever downloaded.
+"""
