@@ -1,0 +1,189 @@
+"""Paged attention in plain PyTorch: KV tensors addressed by the block tables the scheduler's
+``KVCacheManager`` hands out, and ``scaled_dot_product_attention`` over gathered context.
+
+One forward pass runs a whole ``SchedulerOutput``. Its tokens are flattened: every decode (one
+new token attending to its whole cached context) first, then each prefill chunk (several new
+tokens attending causally to themselves and to everything cached before them — earlier chunks
+and prefix-cache hits alike). Token ``p`` of a request lives in slot
+``table[p // block_size] * block_size + p % block_size``; new tokens' K/V are written to their
+slots before attention reads, so a chunk sees itself through the same path as its context.
+
+Decodes share one batched SDPA call over context gathered to [batch, max_context] (padding
+points at a zeroed spare block and is masked out); each prefill chunk gets its own call, with
+``is_causal`` when nothing is cached before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+class PagedKVCache:
+    """K and V for every layer: [num_blocks + 1, block_size, num_kv_heads, head_dim] each. The
+    extra last block is never handed out; it stays zero and backs the padding of gathers."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
+        # ``empty``: on CPU untouched pages cost no memory; only the spare block must be zero.
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for t in (*self.k, *self.v):
+            t[num_blocks].zero_()
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.null_slot = num_blocks * block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+
+    def slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer as [slots, num_kv_heads, head_dim] views."""
+        h, d = self.num_kv_heads, self.head_dim
+        return self.k[layer].view(-1, h, d), self.v[layer].view(-1, h, d)
+
+    def copy_blocks(
+        self, src: PagedKVCache | CpuSwapSpace, src_blocks: list[int], dst_blocks: list[int]
+    ) -> None:
+        """Copy whole blocks from another store (swap in), layer by layer."""
+        s = torch.tensor(src_blocks, dtype=torch.long, device=src.k[0].device)
+        d = torch.tensor(dst_blocks, dtype=torch.long, device=self.k[0].device)
+        for layer in range(len(self.k)):
+            self.k[layer].index_copy_(0, d, src.k[layer].index_select(0, s).to(self.k[layer].device))
+            self.v[layer].index_copy_(0, d, src.v[layer].index_select(0, s).to(self.v[layer].device))
+
+
+class CpuSwapSpace:
+    """Host memory for swapped-out blocks (vLLM V0 ``--swap-space``), same block layout."""
+
+    def __init__(self, num_layers: int, num_blocks: int, like: PagedKVCache) -> None:
+        shape = (max(num_blocks, 1), like.block_size, like.num_kv_heads, like.head_dim)
+        dtype = like.k[0].dtype
+        pin = like.k[0].is_cuda
+        self.k = [torch.empty(shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)]
+        self.v = [torch.empty(shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)]
+
+    def copy_blocks(self, src: PagedKVCache, src_blocks: list[int], dst_blocks: list[int]) -> None:
+        s = torch.tensor(src_blocks, dtype=torch.long, device=src.k[0].device)
+        d = torch.tensor(dst_blocks, dtype=torch.long)
+        for layer in range(len(self.k)):
+            self.k[layer].index_copy_(0, d, src.k[layer].index_select(0, s).cpu())
+            self.v[layer].index_copy_(0, d, src.v[layer].index_select(0, s).cpu())
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    start: int  # index of its first token in the flattened batch
+    num_new_tokens: int
+    num_context_tokens: int  # tokens cached before this chunk
+    context_slots: torch.Tensor | None  # [num_context_tokens] slots of the cached context
+    mask: torch.Tensor | None  # [new, context + new] bool; None: causal with no context
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where each new token's K/V goes and what each query attends to, for one iteration."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] long
+    num_decodes: int  # the first ``num_decodes`` tokens are single-token decodes
+    decode_slots: torch.Tensor | None  # [num_decodes, max_context] long, padded with the null slot
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    prefills: list[PrefillChunk]
+
+
+def build_metadata(
+    block_tables: list[list[int]],
+    num_new_tokens: list[int],
+    num_context_tokens: list[int],
+    num_decodes: int,
+    block_size: int,
+    null_slot: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Requests in flattened order (decodes first); each table covers its context + new tokens."""
+    offsets = torch.arange(block_size)
+    slot_mapping: list[torch.Tensor] = []
+    prefills: list[PrefillChunk] = []
+    for i in range(num_decodes, len(block_tables)):
+        table, n, c = block_tables[i], num_new_tokens[i], num_context_tokens[i]
+        total = c + n
+        blocks = torch.tensor(table[: -(-total // block_size)], dtype=torch.long)
+        slots = (blocks[:, None] * block_size + offsets).flatten()
+        slot_mapping_part = slots[c:total]
+        if c == 0:
+            prefills.append(PrefillChunk(0, n, 0, None, None))
+        else:
+            q_pos = torch.arange(c, total, device=device)[:, None]
+            k_pos = torch.arange(total, device=device)[None, :]
+            prefills.append(PrefillChunk(0, n, c, slots[:c].to(device), k_pos <= q_pos))
+        slot_mapping.append(slot_mapping_part)
+    decode_slots = decode_mask = None
+    decode_mapping = torch.empty(0, dtype=torch.long)
+    if num_decodes:
+        lengths = [num_context_tokens[i] + 1 for i in range(num_decodes)]
+        width = max(lengths)
+        num_table = -(-width // block_size)
+        padded = [t[:num_table] + [0] * (num_table - len(t[:num_table])) for t in block_tables[:num_decodes]]
+        bt = torch.tensor(padded, dtype=torch.long)
+        slots = (bt[:, :, None] * block_size + offsets).view(num_decodes, -1)[:, :width]
+        length_t = torch.tensor(lengths)
+        valid = torch.arange(width)[None, :] < length_t[:, None]
+        decode_slots = torch.where(valid, slots, null_slot).to(device)
+        decode_mask = valid[:, None, None, :].to(device)
+        decode_mapping = slots.gather(1, (length_t - 1)[:, None]).squeeze(1)
+    # Prefill chunks follow the decodes in the flattened batch.
+    start = num_decodes
+    for chunk in prefills:
+        chunk.start = start
+        start += chunk.num_new_tokens
+    mapping = torch.cat([decode_mapping, *slot_mapping]) if slot_mapping else decode_mapping
+    return AttentionMetadata(mapping.to(device), num_decodes, decode_slots, decode_mask, prefills)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """``q``: [tokens, heads, dim]; ``k``/``v``: [tokens, kv_heads, dim] for the new tokens;
+    ``k_slots``/``v_slots``: the layer's cache as [slots, kv_heads, dim]. Returns [tokens, heads, dim]."""
+    k_slots.index_copy_(0, meta.slot_mapping, k)
+    v_slots.index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    if nd:
+        keys = k_slots[meta.decode_slots].transpose(1, 2)  # [b, kv_heads, ctx, dim]
+        values = v_slots[meta.decode_slots].transpose(1, 2)
+        query = q[:nd].unsqueeze(2)  # [b, heads, 1, dim]
+        res = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask, enable_gqa=True)
+        out[:nd] = res.squeeze(2)
+    for chunk in meta.prefills:
+        s, n = chunk.start, chunk.num_new_tokens
+        query = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, dim]
+        if chunk.context_slots is None:
+            keys = k[s : s + n]
+            values = v[s : s + n]
+        else:
+            keys = torch.cat((k_slots[chunk.context_slots], k[s : s + n]))
+            values = torch.cat((v_slots[chunk.context_slots], v[s : s + n]))
+        keys = keys.transpose(0, 1).unsqueeze(0)
+        values = values.transpose(0, 1).unsqueeze(0)
+        if chunk.mask is None:
+            res = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
+        else:
+            res = F.scaled_dot_product_attention(query, keys, values, attn_mask=chunk.mask, enable_gqa=True)
+        out[s : s + n] = res.squeeze(0).transpose(0, 1)
+    return out

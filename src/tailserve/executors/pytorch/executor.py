@@ -1,0 +1,128 @@
+"""``TorchExecutor``: run one ``SchedulerOutput`` as a single forward pass and sample.
+
+The scheduler's ``KVCacheManager`` decides which blocks each request holds; this executor only
+stores K/V into those blocks (``PagedKVCache``) and reads them back. Swaps the manager decided
+are replayed as block copies before the forward pass, in the order they were decided. A prefix
+hit needs nothing here: the request's table already points at blocks computed earlier, and its
+``num_computed_tokens`` says where its new tokens start. A recompute preemption needs nothing
+either: the request comes back with ``num_computed_tokens == 0`` and its prompt plus outputs
+are prefilled again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from tailserve.core.executor import StepResult
+from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.request import Request
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.pytorch.attention import CpuSwapSpace, PagedKVCache, build_metadata
+from tailserve.executors.pytorch.model import LlamaModel
+from tailserve.executors.pytorch.sampler import Sampler
+
+
+def token_at(request: Request, position: int) -> int:
+    if position < request.prompt_len:
+        return request.prompt_token_ids[position]  # type: ignore[index]
+    return request.output_token_ids[position - request.prompt_len]
+
+
+class TorchExecutor:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv: PagedKVCache,
+        kv_manager: Callable[[], KVCacheManager],
+        sampler: Sampler,
+        swap_space: CpuSwapSpace | None = None,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.kv_manager = kv_manager  # the scheduler's current manager (a policy may replace it)
+        self.sampler = sampler
+        self.swap_space = swap_space
+        self.device = model.device
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        t0 = time.perf_counter()
+        manager = self.kv_manager()
+        self._replay_swaps(manager)
+        items = [s for s in out.scheduled if s.num_new_tokens == 1]
+        num_decodes = len(items)
+        items += [s for s in out.scheduled if s.num_new_tokens > 1]
+        if not items:
+            return StepResult(time.perf_counter() - t0, {})
+        input_ids: list[int] = []
+        positions: list[int] = []
+        tables = manager.block_tables
+        for s in items:
+            request, c, n = s.request, s.num_context_tokens, s.num_new_tokens
+            if n == 1:
+                input_ids.append(token_at(request, c))
+            else:
+                input_ids.extend(_tokens(request, c, c + n))
+            positions.extend(range(c, c + n))
+        meta = build_metadata(
+            [tables[s.request.request_id] for s in items],
+            [s.num_new_tokens for s in items],
+            [s.num_context_tokens for s in items],
+            num_decodes,
+            self.kv.block_size,
+            self.kv.null_slot,
+            self.device,
+        )
+        rows, sampling = self._sampling_rows(items)
+        with torch.inference_mode():
+            ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+            pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+            hidden = self.model.forward(ids, pos, meta, self.kv)
+            token_ids: dict[str, int] = {}
+            if rows:
+                logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+                tokens = self.sampler.sample(logits, sampling)  # .tolist() waits for the device
+                token_ids = {r.request_id: t for r, t in zip(sampling, tokens)}
+        return StepResult(time.perf_counter() - t0, token_ids)
+
+    @staticmethod
+    def _sampling_rows(items: list[ScheduledRequest]) -> tuple[list[int], list[Request]]:
+        """Rows of the flattened batch whose request samples this iteration: the last token of
+        a grant that completes the request's known tokens (a partial prefill chunk samples nothing)."""
+        rows: list[int] = []
+        requests: list[Request] = []
+        start = 0
+        for s in items:
+            start += s.num_new_tokens
+            request = s.request
+            if s.num_context_tokens + s.num_new_tokens == request.num_tokens:
+                rows.append(start - 1)
+                requests.append(request)
+        return rows, requests
+
+    def _replay_swaps(self, manager: KVCacheManager) -> None:
+        log = manager.copy_log
+        if not log:
+            return
+        if self.swap_space is None:
+            raise RuntimeError("the scheduler swapped KV blocks but the executor has no CPU swap space")
+        for direction, src, dst in log:
+            if direction == "out":
+                self.swap_space.copy_blocks(self.kv, src, dst)
+            else:
+                self.kv.copy_blocks(self.swap_space, src, dst)
+        log.clear()
+
+    def release(self, request_id: str) -> None:
+        self.sampler.release(request_id)
+
+
+def _tokens(request: Request, first: int, last: int) -> list[int]:
+    prompt = request.prompt_token_ids or []
+    if last <= request.prompt_len:
+        return prompt[first:last]
+    out = request.output_token_ids
+    p = request.prompt_len
+    return prompt[first:p] + out[max(first - p, 0) : last - p] if first < p else out[first - p : last - p]

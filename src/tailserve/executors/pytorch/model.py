@@ -1,0 +1,143 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2) over flattened, paged batches.
+
+Numerics follow Hugging Face's ``LlamaForCausalLM`` (RMSNorm in float32 then cast, RoPE tables in
+float32 then cast, SiLU-gated MLP, residual adds in the model dtype), so greedy decoding gives the
+same tokens as ``transformers`` on the same weights. Projections that share an input are fused
+at load time (q/k/v into one matrix, gate/up into one) — fewer, larger matmuls on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tailserve.executors.pytorch.attention import AttentionMetadata, PagedKVCache, paged_attention
+from tailserve.executors.pytorch.rope import RotaryEmbedding
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(
+        self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """``config``: a ``loader.ModelConfig``; ``state``: HF-named tensors already in ``dtype``."""
+        if getattr(config, "sliding_window", None) and config.sliding_window < config.max_position_embeddings:
+            raise ValueError(
+                f"sliding-window attention (sliding_window={config.sliding_window} < "
+                f"max_position_embeddings={config.max_position_embeddings}) is not supported"
+            )
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        self.embed = state["model.embed_tokens.weight"]
+        self.norm = state["model.norm.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else state["lm_head.weight"]
+        self.layers: list[LayerWeights] = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            bias = gate_up_bias = None
+            if config.attention_bias:
+                bias = torch.cat([state[a + f"{n}_proj.bias"] for n in "qkv"])
+            if getattr(config, "mlp_bias", False):
+                gate_up_bias = torch.cat([state[p + "mlp.gate_proj.bias"], state[p + "mlp.up_proj.bias"]])
+            self.layers.append(
+                LayerWeights(
+                    qkv=torch.cat([state[a + f"{n}_proj.weight"] for n in "qkv"]).contiguous(),
+                    qkv_bias=bias,
+                    o=state[a + "o_proj.weight"],
+                    o_bias=state.get(a + "o_proj.bias"),
+                    gate_up=torch.cat(
+                        [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]
+                    ).contiguous(),
+                    gate_up_bias=gate_up_bias,
+                    down=state[p + "mlp.down_proj.weight"],
+                    down_bias=state.get(p + "mlp.down_proj.bias"),
+                    input_norm=state[p + "input_layernorm.weight"],
+                    post_attention_norm=state[p + "post_attention_layernorm.weight"],
+                )
+            )
+        self.rope = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            dtype,
+            device,
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        n = self.embed.numel() + self.norm.numel()
+        if self.lm_head is not self.embed:
+            n += self.lm_head.numel()
+        for w in self.layers:
+            n += sum(t.numel() for t in (w.qkv, w.o, w.gate_up, w.down, w.input_norm, w.post_attention_norm))
+            for b in (w.qkv_bias, w.o_bias, w.gate_up_bias, w.down_bias):
+                n += 0 if b is None else b.numel()
+        return n
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * itemsize
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: PagedKVCache,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, [tokens, hidden]."""
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = F.embedding(input_ids, self.embed)
+        cos = self.rope.cos[positions].unsqueeze(1)
+        sin = self.rope.sin[positions].unsqueeze(1)
+        n = x.shape[0]
+        for i, w in enumerate(self.layers):
+            residual = x
+            y = rms_norm(x, w.input_norm, self.eps)
+            qkv = F.linear(y, w.qkv, w.qkv_bias)
+            q = qkv[:, : h * d].view(n, h, d)
+            k = qkv[:, h * d : (h + kvh) * d].view(n, kvh, d)
+            v = qkv[:, (h + kvh) * d :].view(n, kvh, d)
+            q = self.rope.apply(q, cos, sin)
+            k = self.rope.apply(k, cos, sin)
+            k_slots, v_slots = kv.slots(i)
+            attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta)
+            x = residual + F.linear(attn.view(n, h * d), w.o, w.o_bias)
+            residual = x
+            y = rms_norm(x, w.post_attention_norm, self.eps)
+            gate, up = F.linear(y, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            x = residual + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+        return rms_norm(x, self.norm, self.eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits for the rows that sample, [rows, vocab]."""
+        return F.linear(hidden, self.lm_head).float()

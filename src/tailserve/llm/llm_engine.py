@@ -1,0 +1,215 @@
+"""``LLMEngine``: the live engine behind the offline ``LLM`` API and the HTTP server.
+
+It is the simulator's ``Engine`` with a wall clock, a ``QueueSource`` fed by ``add_request``,
+and an executor that produces tokens: the PyTorch executor (a real model) or the simulated one
+paced in real time (placeholder tokens at the cost model's speed, a stand-in server). Around the
+loop it keeps per-request text state, checks stop conditions and reports deltas.
+
+Single-threaded: one thread owns an ``LLMEngine`` and calls ``step`` (the server's async layer
+feeds it through a queue).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tailserve.core.engine import Engine, EngineOptions, WallClock
+from tailserve.core.executor import Executor
+from tailserve.core.request import Request, RequestStatus
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.source import QueueSource
+from tailserve.llm.outputs import RequestOutput
+from tailserve.llm.sampling_params import SamplingParams
+from tailserve.llm.stop_checker import StopChecker, TextState
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int  # includes requests added but not yet seen by the scheduler
+    num_swapped: int
+    kv_cache_usage: float  # 0..1, fraction of KV blocks in use
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache (vLLM's counter)
+    prefix_cache_hits: int  # of which were cached
+    num_preemptions: int
+    num_prompt_tokens: int  # of requests that produced their first token
+    num_generation_tokens: int
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        release: Any = None,
+        options: EngineOptions = EngineOptions(fast_forward=False),
+        description: str = "",
+    ) -> None:
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = scheduler.max_model_len
+        self.description = description
+        self.source = QueueSource()
+        self.stop_checker = StopChecker(executor, eos_token_ids)
+        self.engine = Engine(scheduler, self.stop_checker, self.source, WallClock(), options)
+        self._release = release  # executor hook: forget a request's sampler state
+        self._aborted: list[Request] = []
+        self._ids: set[str] = set()
+        self._prefix_queries = self._prefix_hits = 0
+        self._prompt_tokens = self._generation_tokens = 0
+
+    @classmethod
+    def from_args(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
+        """Build from a model directory and engine flags; see ``tailserve.llm.builder``."""
+        from tailserve.llm.builder import build_engine
+
+        return build_engine(model, **kwargs)
+
+    # ---- requests in ------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self.engine.clock._t0  # type: ignore[union-attr]
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; ValueError (nothing queued) for input the engine can never serve."""
+        params = params or SamplingParams()
+        if request_id in self._ids:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not prompt_ids:
+            raise ValueError("The prompt is empty; it must contain at least one token.")
+        vocab = self.tokenizer.vocab_size
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"Token id {bad[0]!r} is out of vocabulary (the vocabulary has {vocab} tokens).")
+        max_len = self.max_model_len
+        n = len(prompt_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_len - n
+        if n + max_tokens > max_len or max_tokens < 1:
+            raise ValueError(
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{n + max(max_tokens, 1)} tokens ({n} in the messages, {max(max_tokens, 1)} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+        request = Request(
+            request_id,
+            n,
+            max_tokens,
+            self.now,
+            priority=priority,
+            prompt_token_ids=prompt_ids,
+            sampling_params=params,
+        )
+        self.stop_checker.states[request_id] = TextState(self.tokenizer.detokenizer(), params)
+        self.stop_checker.requests[request_id] = request
+        self._ids.add(request_id)
+        self.source.add(request)
+
+    def abort_request(self, request_id: str, reason: str = "aborted") -> None:
+        """End a request wherever it is; its blocks are freed now, its output comes with the next
+        ``step``. Unknown or finished ids are ignored (a client may disconnect late)."""
+        request = self.source.remove_pending(request_id)
+        if request is not None:  # never reached the scheduler
+            request.status = RequestStatus.FINISHED_ABORTED
+            request.status_reason = reason
+            request.finish_time = self.now
+        else:
+            request = self.scheduler.abort_request(request_id, reason, self.now)
+            if request is None:
+                return
+        self._aborted.append(request)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.scheduler.has_unfinished or self.source.num_pending or self._aborted)
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration; outputs of requests that got tokens or finished."""
+        if self.scheduler.has_unfinished or self.source.num_pending:
+            self.engine.clock.advance(0.0)  # a wall clock re-reads the time: requests came meanwhile
+            self.engine.step()
+        return self._collect()
+
+    def _collect(self) -> list[RequestOutput]:
+        finished = self.source.pop_finished() + self._aborted
+        self._aborted = []
+        self.scheduler.pop_finished()
+        done = {r.request_id for r in finished}
+        outputs: list[RequestOutput] = []
+        for request_id, state in self.stop_checker.states.items():
+            if state.pending and request_id not in done:
+                outputs.append(self._output(self.stop_checker.requests[request_id], state, False))
+        for request in finished:
+            state = self.stop_checker.states.pop(request.request_id)
+            self.stop_checker.requests.pop(request.request_id)
+            self._ids.discard(request.request_id)
+            if self._release is not None:
+                self._release(request.request_id)
+            outputs.append(self._output(request, state, True))
+        return outputs
+
+    def _output(self, request: Request, state: TextState, finished: bool) -> RequestOutput:
+        if state.num_reported_tokens == 0 and state.pending:
+            self._prefix_queries += request.prompt_len
+            self._prefix_hits += request.num_cached_tokens
+            self._prompt_tokens += request.prompt_len
+        new_ids, state.pending = state.pending, []
+        self._generation_tokens += len(new_ids)
+        state.num_reported_tokens += len(new_ids)
+        text = state.text
+        if not finished and state.params.stop:
+            # Hold back what could be the start of a stop string, so clients never see one.
+            hold = max(len(s) for s in state.params.stop) - 1
+            text = text[: max(len(text) - hold, state.num_reported_chars)]
+        new_text = text[state.num_reported_chars :]
+        state.num_reported_chars = len(text)
+        token_ids = request.output_token_ids if request.output_token_ids else new_ids
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids or [],
+            new_token_ids=new_ids,
+            new_text=new_text,
+            token_ids=list(token_ids),
+            text=text,
+            finished=finished,
+            finish_reason=request.finish_reason if finished else None,
+            stop_reason=state.stop_reason if finished else None,
+            status_reason=request.status_reason,
+            num_cached_tokens=request.num_cached_tokens,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.token_times[0] if request.token_times else None,
+            finish_time=request.finish_time,
+            token_times=list(request.token_times),
+        )
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler
+        return EngineStats(
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting) + self.source.num_pending,
+            num_swapped=len(sched.swapped),
+            kv_cache_usage=sched.kv_cache.usage,
+            prefix_cache_queries=self._prefix_queries,
+            prefix_cache_hits=self._prefix_hits,
+            num_preemptions=sched.num_preemptions,
+            num_prompt_tokens=self._prompt_tokens,
+            num_generation_tokens=self._generation_tokens,
+        )
+
+    def check_integrity(self) -> None:
+        self.engine.check_integrity()

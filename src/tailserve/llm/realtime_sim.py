@@ -1,0 +1,35 @@
+"""The simulated executor as a live stand-in: each iteration takes the cost model's predicted
+time on the wall clock and samples placeholder tokens (never EOS), so a client sees a GPU
+server's pace without a GPU."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from tailserve.core.executor import StepResult
+from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.executor import SimExecutor
+
+
+class RealtimeSimExecutor:
+    def __init__(
+        self, cost_model: CostModel, block_size: int, vocab_size: int, special_ids: set[int], seed: int
+    ) -> None:
+        self.sim = SimExecutor(cost_model, block_size)
+        self._rng = random.Random(seed)
+        self._tokens = [t for t in range(min(vocab_size, 4096)) if t not in special_ids and t > 2]
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        t0 = time.perf_counter()
+        predicted = self.sim.execute(out).duration
+        token_ids = {
+            s.request.request_id: self._rng.choice(self._tokens)
+            for s in out.scheduled
+            if s.num_context_tokens + s.num_new_tokens == s.request.num_tokens
+        }
+        delay = predicted - (time.perf_counter() - t0)
+        if delay > 0:
+            time.sleep(delay)
+        return StepResult(predicted, token_ids)

@@ -1,0 +1,45 @@
+"""How one request samples and when it stops (vLLM's ``SamplingParams``, the fields we serve)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GREEDY_EPSILON = 1e-5  # temperatures below this are greedy, as in vLLM
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int | None = 16  # None: up to the context length
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings, not included in the text
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}.")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."
+            )
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty.")
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
