@@ -453,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model catalog").set_defaults(run=cmd_catalog)
     sub.add_parser("hardware", help="list the hardware catalog").set_defaults(run=cmd_catalog)
     # Commands in their own modules: each adds its parser and sets ``run``.
+    from tailserve.cli_model import add_model_parser
+
+    add_model_parser(sub)
     return parser
 
 

@@ -86,15 +86,7 @@ def model_config(
     if unknown:
         raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
     fields.update(overrides)
-    for key in (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-    ):
-        if not isinstance(fields[key], int) or fields[key] < 1:
-            raise ValueError(f"{key} must be a positive integer, got {fields[key]!r}")
+    _check_types(fields)
     if fields["num_attention_heads"] % fields["num_key_value_heads"]:
         raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
     if fields["head_dim"] is None:
@@ -133,6 +125,27 @@ def model_config(
         mlp_bias=fields["mlp_bias"],
         sliding_window=fields["sliding_window"],
     )
+
+
+def _check_types(fields: dict[str, Any]) -> None:
+    def positive_int(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    for key, value in fields.items():
+        if key in ("rms_norm_eps", "rope_theta"):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            expected = "a positive number"
+        elif key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            ok, expected = isinstance(value, bool), "true or false"
+        elif key == "rope_scaling":
+            ok = value is None or (isinstance(value, dict) and isinstance(value.get("rope_type"), str))
+            expected = 'null or an object with "rope_type"'
+        elif key in ("head_dim", "sliding_window"):
+            ok, expected = value is None or positive_int(value), "a positive integer or null"
+        else:
+            ok, expected = positive_int(value), "a positive integer"
+        if not ok:
+            raise ValueError(f"{key} must be {expected}, got {value!r}")
 
 
 def config_json(config: ModelConfig) -> dict[str, Any]:

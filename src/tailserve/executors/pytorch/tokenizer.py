@@ -3,9 +3,9 @@
 ``tokenizer.json`` is run by the ``tokenizers`` library (the engine under Hugging Face's fast
 tokenizers); ``tokenizer_config.json`` supplies what transformers layers on top, reproduced here:
 
-- BOS/EOS: transformers (5.x) rebuilds the post-processor from ``add_bos_token`` /
-  ``add_eos_token`` when the config states either (or ``tokenizer.json`` has none); otherwise the
-  post-processor in ``tokenizer.json`` decides (Llama 3 prepends BOS there, Qwen2 adds nothing).
+- BOS/EOS: the post-processor in ``tokenizer.json`` decides (Llama 2/3 and Mistral prepend BOS
+  there, Qwen2 adds nothing). transformers 5.x drops ``add_bos_token`` / ``add_eos_token`` from
+  ``tokenizer_config.json`` whenever a ``tokenizer.json`` exists, and so does this class.
 - Chat templates render in a sandboxed jinja2 environment set up like transformers' (trim_blocks,
   lstrip_blocks, loop controls, ``tojson``, ``raise_exception``, ``strftime_now``), with the special
   tokens as variables. The rendered string already holds BOS where the template puts it, so it is
@@ -32,8 +32,6 @@ DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
-# Classes whose transformers implementation prepends BOS unless the config says otherwise.
-_BOS_BY_DEFAULT = {"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"}
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -102,7 +100,6 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = eos_token_ids
         self.chat_template: str = chat_template or DEFAULT_CHAT_TEMPLATE
         self._template: Any = None  # compiled on first use
-        self._apply_bos_eos_flags(config)
         # transformers ignores clean_up_tokenization_spaces for BPE models (it corrupts their output).
         self._clean_up = bool(config.get("clean_up_tokenization_spaces")) and self._model_kind() != "BPE"
 
@@ -140,26 +137,6 @@ class Tokenizer:
 
     def _model_kind(self) -> str:
         return type(self._backend.model).__name__
-
-    def _apply_bos_eos_flags(self, config: dict[str, Any]) -> None:
-        explicit = "add_bos_token" in config or "add_eos_token" in config
-        by_class = config.get("tokenizer_class") in _BOS_BY_DEFAULT
-        if not (explicit or by_class or self._backend.post_processor is None):
-            return  # tokenizer.json's post-processor stands, as in transformers
-        from tokenizers import processors
-
-        add_bos = bool(config.get("add_bos_token", by_class)) and self.bos_token_id is not None
-        eos = self._special.get("eos_token")
-        add_eos = bool(config.get("add_eos_token", False)) and eos is not None
-        bos = self._special.get("bos_token")
-        single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + str(eos) + ':0' if add_eos else ''}"
-        pair = f"{single}{' ' + str(bos) + ':1' if add_bos else ''} $B:1{' ' + str(eos) + ':1' if add_eos else ''}"
-        specials = [(bos, self.bos_token_id)] if add_bos else []
-        if add_eos:
-            specials.append((eos, self._backend.token_to_id(eos)))
-        self._backend.post_processor = processors.TemplateProcessing(
-            single=single, pair=pair, special_tokens=specials
-        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` BOS (and EOS) as this model's config adds them."""
