@@ -158,6 +158,16 @@ def test_qwen2_sliding_window_only_when_used(tmp_path: Path) -> None:
     assert load_config(tmp_path).sliding_window == 32768
 
 
+def test_mistral_sliding_window_defaults_like_transformers(tmp_path: Path) -> None:
+    out = init_model(tmp_path / "m", architecture="mistral", **MICRO)
+    assert load_config(out).sliding_window is None  # written as null: full attention
+    _edit_config(out, sliding_window=None)  # key absent: MistralConfig's default
+    assert load_config(out).sliding_window == 4096
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(out).sliding_window == 4096
+
+
 def test_dtype_from_the_weights_when_the_config_has_none(model_dir: Path) -> None:
     _edit_config(model_dir, torch_dtype=None, dtype=None)
     assert load_config(model_dir).torch_dtype == "bfloat16"

@@ -266,7 +266,10 @@ def load_config(model_dir: str | Path) -> ModelConfig:
 
 
 def _sliding_window(f: _Fields, model_type: str) -> int | None:
-    # Mistral applies sliding_window whenever set; Qwen2 only with use_sliding_window.
+    # Mistral applies sliding_window whenever set, and transformers' MistralConfig defaults it to
+    # 4096 when the key is absent; Qwen2 applies it only with use_sliding_window.
+    if model_type == "mistral" and "sliding_window" not in f.raw:
+        return 4096
     if model_type == "llama" or f.raw.get("sliding_window") is None:
         return None
     if model_type == "qwen2" and not f.flag("use_sliding_window", False):

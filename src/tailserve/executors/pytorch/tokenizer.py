@@ -101,7 +101,8 @@ class Tokenizer:
         self.chat_template: str = chat_template or DEFAULT_CHAT_TEMPLATE
         self._template: Any = None  # compiled on first use
         # transformers ignores clean_up_tokenization_spaces for BPE models (it corrupts their output).
-        self._clean_up = bool(config.get("clean_up_tokenization_spaces")) and self._model_kind() != "BPE"
+        is_bpe = type(backend.model).__name__ == "BPE"
+        self._clean_up = bool(config.get("clean_up_tokenization_spaces")) and not is_bpe
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
@@ -120,10 +121,8 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises a bare Exception for malformed files
             raise ModelLoadError(f"{path}: not a tokenizers file ({e})") from None
         config: dict[str, Any] = {}
-        for name in (
-            "special_tokens_map.json",
-            "tokenizer_config.json",
-        ):  # the second wins, as in transformers
+        # tokenizer_config.json wins over special_tokens_map.json, as in transformers.
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
             if (root / name).is_file():
                 config.update(_read_json(root / name))
         eos: list[int] = []
@@ -135,11 +134,8 @@ class Tokenizer:
             eos += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int)]
         return cls(backend, config, tuple(dict.fromkeys(eos)), _chat_template(root, config))
 
-    def _model_kind(self) -> str:
-        return type(self._backend.model).__name__
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; with ``add_special_tokens`` BOS (and EOS) as this model's config adds them."""
+        """Token ids of ``text``; ``add_special_tokens`` adds BOS/EOS as tokenizer.json's post-processor does."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
