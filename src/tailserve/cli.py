@@ -17,7 +17,6 @@ from tailserve.simulation import (
     WORKLOADS,
     BuiltCostModel,
     Deployment,
-    RunResult,
     WorkloadBuilder,
     WorkloadSpec,
     build_cost_model,
@@ -224,9 +223,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     specs = parse_policy_list(args.policies)
     workload = WorkloadBuilder(_workload(args))
     slo = parse_slo(args.slo)
-    runs: list[RunResult] = []
-    for spec in specs:
-        runs.append(run_policy(built, spec, workload, options=_engine_options(args)))
+    from tailserve.cli_tune import compare_runs
+
+    runs = compare_runs(args, specs, workload.spec, slo)
     summaries = [r.summary(slo) for r in runs]
     for note in dict.fromkeys(n for r in runs for n in r.notes):
         print(f"note: {note}", file=sys.stderr)
@@ -396,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_deployment_args(p)
     _add_workload_args(p)
     _add_output_args(p)
+    from tailserve.cli_tune import add_sweep_args, add_tune_parser
+
+    add_sweep_args(p)
     p.set_defaults(run=cmd_compare)
 
     p = sub.add_parser(
@@ -453,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model catalog").set_defaults(run=cmd_catalog)
     sub.add_parser("hardware", help="list the hardware catalog").set_defaults(run=cmd_catalog)
     # Commands in their own modules: each adds its parser and sets ``run``.
+    add_tune_parser(sub)
     from tailserve.cli_model import add_model_parser
 
     add_model_parser(sub)

@@ -1,0 +1,320 @@
+"""``tailserve tune``: capacity per policy, the best token budget / chunk size, and the flags to use.
+
+1. Capacity: for each policy with its engine's defaults, the highest arrival rate meeting the SLO
+   (``capacity.py``); the policies' searches run side by side on the sweep's backend.
+2. Budget sweep: at one fixed rate (``sweep_rate``; by default the best policy's capacity, where
+   the budget decides whether the SLO holds), each policy runs at every size of its budget flag.
+   The objective is the SLO ratio — the worst measured/bound over the SLO's terms, lower is
+   better, <= 1 meets it. The *flat region* is the run of neighbouring sizes whose ratio is within
+   ``flat_tol`` of the optimum: how far the flag can move before it matters.
+3. The command line each policy's engine takes for the recommended size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.models import get_model
+from tailserve.policies.registry import PolicySpec, get_policy_cls
+from tailserve.simulation import Deployment, WorkloadSpec
+from tailserve.tune.capacity import Capacity, CapacitySearch, CapacitySlo, RateScaler, search_capacities
+from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
+
+DEFAULT_TUNE_POLICIES = "vllm,sarathi,sglang,tgi,vllm-v0"
+DEFAULT_CHUNK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+# Each engine's per-iteration token budget, by its own flag name.
+KNOBS = {
+    "vllm": "max_num_batched_tokens",
+    "vllm-v0": "max_num_batched_tokens",
+    "sarathi": "chunk_size",
+    "sglang": "chunked_prefill_size",
+    "tgi": "max_batch_prefill_tokens",
+}
+
+# Hugging Face repositories of the catalog's models, for the printed commands (--model-id overrides).
+HF_REPOS = {
+    "Llama-2-7B": "meta-llama/Llama-2-7b-hf",
+    "Llama-2-13B": "meta-llama/Llama-2-13b-hf",
+    "Llama-2-70B": "meta-llama/Llama-2-70b-hf",
+    "Llama-3-8B": "meta-llama/Meta-Llama-3-8B",
+    "Llama-3-70B": "meta-llama/Meta-Llama-3-70B",
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
+    "Mistral-7B": "mistralai/Mistral-7B-v0.1",
+    "Yi-34B": "01-ai/Yi-34B",
+    "Qwen2.5-7B": "Qwen/Qwen2.5-7B",
+    "Qwen2.5-72B": "Qwen/Qwen2.5-72B",
+    "Falcon-180B": "tiiuae/falcon-180B",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TuneConfig:
+    deployment: Deployment
+    workload: WorkloadSpec
+    slo: CapacitySlo
+    policies: tuple[PolicySpec, ...]
+    chunk_sizes: tuple[int, ...] = DEFAULT_CHUNK_SIZES
+    sweep_rate: float | None = None  # requests/s; None: the best policy's capacity
+    rel_tol: float = 0.05  # capacity bracket width / its upper end
+    flat_tol: float = 0.10  # flat region: SLO ratio within this fraction of the optimum
+    min_rate: float = 1e-3
+    max_rate: float = 1e4
+    options: EngineOptions = field(default_factory=EngineOptions)
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ValueError("tune needs at least one policy")
+        if not self.chunk_sizes or any(s < 1 for s in self.chunk_sizes):
+            raise ValueError(f"--chunk-sizes must be token counts >= 1, got {self.chunk_sizes}")
+        if self.sweep_rate is not None and not self.sweep_rate > 0:
+            raise ValueError(f"--request-rate must be > 0 requests/s, got {self.sweep_rate}")
+        if not 0 <= self.flat_tol < 1:
+            raise ValueError(f"--flat-tol must be in [0, 1), got {self.flat_tol}")
+
+
+@dataclass(slots=True)
+class SizePoint:
+    size: int
+    spec: PolicySpec  # the policy with this size (and what it needs, e.g. max_num_seqs)
+    ratio: float  # SLO ratio (see CapacitySlo.ratio); inf when the flags are invalid
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def num_turned_away(self) -> int:
+        return self.summary.get("num_turned_away", 0)
+
+    @property
+    def meets(self) -> bool:
+        return self.error is None and self.ratio <= 1 and self.num_turned_away == 0
+
+
+@dataclass(slots=True)
+class PolicyTune:
+    spec: PolicySpec
+    capacity: Capacity
+    knob: str | None  # None: the policy has no budget flag (orca, static)
+    default_size: int | None
+    points: list[SizePoint] = field(default_factory=list)
+    best: SizePoint | None = None
+    flat: tuple[int, int] | None = None  # sizes at the flat region's ends
+    command: str | None = None
+
+    @property
+    def flat_sizes(self) -> list[int]:
+        if self.flat is None:
+            return []
+        return [p.size for p in self.points if self.flat[0] <= p.size <= self.flat[1]]
+
+
+@dataclass(slots=True)
+class TuneResult:
+    config: TuneConfig
+    sweep_rate: float
+    policies: list[PolicyTune]  # ranked: highest capacity first, then lowest SLO ratio
+
+
+def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneResult:
+    # The per-request part of the SLO makes each run's summary count good requests (goodput).
+    base = [
+        RunSpec(config.deployment, config.workload, spec, config.slo.request, config.options)
+        for spec in config.policies
+    ]
+    scalers = [RateScaler.of(b) for b in base]
+    searches = [
+        CapacitySearch(s, config.slo, config.rel_tol, config.min_rate, config.max_rate) for s in scalers
+    ]
+    capacities = search_capacities(sweep, searches)
+    best_capacity = max(c.rate for c in capacities)
+    if config.sweep_rate is None and best_capacity <= 0:
+        raise ValueError(
+            f"no policy meets the SLO ({config.slo}) at any rate down to {config.min_rate:g} requests/s; "
+            "relax --slo or give --request-rate for the budget sweep"
+        )
+    rate = config.sweep_rate if config.sweep_rate is not None else best_capacity
+    device, model = get_hardware(config.deployment.hardware).device_info, get_model(config.deployment.model)
+    tunes: list[PolicyTune] = []
+    specs: list[RunSpec] = []
+    for spec, scaler, capacity in zip(config.policies, scalers, capacities):
+        max_model_len = _max_model_len(spec, model.max_position_embeddings)
+        knob = KNOBS.get(spec.name)
+        default = None
+        if knob is not None:
+            default = getattr(
+                get_policy_cls(spec.name).default_config(device, max_model_len, **spec.flags), knob
+            )
+        pt = PolicyTune(spec, capacity, knob, default)
+        if knob is not None and knob not in spec.flags:
+            for size in sorted(set(config.chunk_sizes)):
+                sized = _with_size(spec, knob, size, device, max_model_len)
+                pt.points.append(SizePoint(size, sized, math.inf))
+                specs.append(scaler.at(rate, policy=sized))
+        tunes.append(pt)
+    outcomes = iter(sweep.run(specs, "budget sweep"))
+    for pt in tunes:
+        for point in pt.points:
+            _score(point, next(outcomes), config.slo)
+        _choose(pt, config.flat_tol)
+        if pt.best is not None:
+            max_model_len = _max_model_len(pt.spec, model.max_position_embeddings)
+            pt.command = command_line(pt.best.spec, config.deployment, model_id, device, max_model_len)
+    tunes.sort(key=lambda t: (-t.capacity.rate, t.best.ratio if t.best else math.inf))
+    return TuneResult(config, rate, tunes)
+
+
+def _max_model_len(spec: PolicySpec, model_context: int) -> int:
+    # As run_policy sizes it (tune refuses ``hol``, the one workload that raises it).
+    return spec.engine_flags.get("max_model_len", model_context)
+
+
+def _with_size(spec: PolicySpec, knob: str, size: int, device: Any, max_model_len: int) -> PolicySpec:
+    """The policy at one budget, with what its engine then requires: vLLM rejects a budget below
+    ``max_num_seqs`` (so the cap follows it down), and vLLM V0 without chunked prefill rejects a
+    budget below ``max_model_len`` (so smaller budgets switch chunked prefill on)."""
+    flags = {**spec.flags, knob: size}
+    if spec.name in ("vllm", "vllm-v0"):
+        if spec.name == "vllm-v0" and size < max_model_len and "enable_chunked_prefill" not in spec.flags:
+            flags["enable_chunked_prefill"] = True
+        cls = get_policy_cls(spec.name)
+        if "max_num_seqs" not in spec.flags:
+            probe = cls.default_config(device, max_model_len, **{k: v for k, v in flags.items() if k != knob})
+            flags["max_num_seqs"] = min(probe.max_num_seqs, size)
+    return PolicySpec(spec.name, flags, spec.engine_flags)
+
+
+def _score(point: SizePoint, outcome: RunOutcome, slo: CapacitySlo) -> None:
+    if outcome.error is not None:
+        point.error = outcome.error
+        return
+    point.summary = outcome.summary
+    point.ratio = slo.ratio(outcome.summary)
+
+
+def _choose(pt: PolicyTune, flat_tol: float) -> None:
+    """The optimum — fewest requests turned away, then the smallest SLO ratio, then the smaller
+    size — and the contiguous run of sizes around it that turn away as many and whose ratio is
+    within ``flat_tol`` of it."""
+    ranked = [i for i, p in enumerate(pt.points) if p.error is None and math.isfinite(p.ratio)]
+    if not ranked:
+        return
+    b = min(ranked, key=lambda i: (pt.points[i].num_turned_away, pt.points[i].ratio))
+    pt.best = pt.points[b]
+
+    def flat(p: SizePoint) -> bool:
+        assert pt.best is not None
+        return (
+            p.error is None
+            and p.num_turned_away == pt.best.num_turned_away
+            and p.ratio <= pt.best.ratio * (1 + flat_tol)
+        )
+
+    lo = hi = b
+    while lo > 0 and flat(pt.points[lo - 1]):
+        lo -= 1
+    while hi + 1 < len(pt.points) and flat(pt.points[hi + 1]):
+        hi += 1
+    pt.flat = (pt.points[lo].size, pt.points[hi].size)
+
+
+# ---- command lines ------------------------------------------------------------------------
+def command_line(
+    spec: PolicySpec, deployment: Deployment, model_id: str | None, device: Any, max_model_len: int
+) -> str | None:
+    """The engine's own command with this policy's budget flags (flag names from each engine's
+    CLI: vLLM ``EngineArgs``, SGLang ``ServerArgs``, TGI ``text-generation-launcher``)."""
+    cls = get_policy_cls(spec.name)
+    config = cls.default_config(device, max_model_len, **spec.flags)
+    model = model_id or HF_REPOS.get(get_model(deployment.model).name) or deployment.model
+    tp = deployment.tp
+    if spec.name in ("vllm", "vllm-v0"):
+        parts = ["vllm serve", model]
+        if spec.name == "vllm-v0":
+            parts.insert(0, "VLLM_USE_V1=0")  # vLLM <= 0.10 still ships the V0 engine behind this
+        if tp > 1:
+            parts.append(f"--tensor-parallel-size {tp}")
+        parts += [
+            f"--max-num-batched-tokens {config.max_num_batched_tokens}",
+            f"--max-num-seqs {config.max_num_seqs}",
+        ]
+        if spec.name == "vllm-v0" and config.enable_chunked_prefill:
+            parts.append("--enable-chunked-prefill")
+        if spec.name == "vllm-v0" and config.preemption_mode != "auto":
+            parts.append(f"--preemption-mode {config.preemption_mode}")
+        if config.long_prefill_token_threshold:
+            parts.append(f"--long-prefill-token-threshold {config.long_prefill_token_threshold}")
+        if config.scheduling_policy != "fcfs":
+            parts.append(f"--scheduling-policy {config.scheduling_policy}")
+        return " ".join(parts)
+    if spec.name == "sglang":
+        parts = ["python -m sglang.launch_server", f"--model-path {model}"]
+        if tp > 1:
+            parts.append(f"--tp {tp}")
+        parts += [
+            f"--chunked-prefill-size {config.chunked_prefill_size}",
+            f"--schedule-policy {config.schedule_policy}",
+        ]
+        if config.enable_mixed_chunk:
+            parts.append("--enable-mixed-chunk")
+        if config.schedule_conservativeness != 1.0:
+            parts.append(f"--schedule-conservativeness {config.schedule_conservativeness:g}")
+        return " ".join(parts)
+    if spec.name == "tgi":
+        parts = ["text-generation-launcher", f"--model-id {model}"]
+        if tp > 1:
+            parts.append(f"--num-shard {tp}")
+        parts += [
+            f"--max-batch-prefill-tokens {config.max_batch_prefill_tokens}",
+            f"--waiting-served-ratio {config.waiting_served_ratio:g}",
+            f"--max-waiting-tokens {config.max_waiting_tokens}",
+        ]
+        return " ".join(parts)
+    if spec.name == "sarathi":
+        # Sarathi-Serve is a research system configured through its benchmark's flat config.
+        return (
+            f"sarathi-serve config: --sarathi_scheduler_chunk_size {config.chunk_size} "
+            f"--replica_scheduler_max_batch_size {config.max_num_seqs}"
+        )
+    return None
+
+
+def tune_json(result: TuneResult) -> dict[str, Any]:
+    c = result.config
+    return {
+        "slo": str(c.slo),
+        "deployment": {"model": c.deployment.model, "hardware": c.deployment.hardware, "tp": c.deployment.tp},
+        "workload": c.workload.label,
+        "sweep_rate": result.sweep_rate,
+        "flat_tol": c.flat_tol,
+        "policies": [
+            {
+                "policy": t.spec.label,
+                "capacity_req_s": t.capacity.rate,
+                "capacity_upper_req_s": t.capacity.upper,
+                "capacity_runs": [{"rate": r, "meets_slo": ok} for r, ok in t.capacity.evaluations],
+                "knob": t.knob,
+                "default_size": t.default_size,
+                "best_size": t.best.size if t.best else None,
+                "flat_region": list(t.flat) if t.flat else None,
+                "command": t.command,
+                "sweep": [
+                    {
+                        "size": p.size,
+                        "slo_ratio": p.ratio if math.isfinite(p.ratio) else None,
+                        "error": p.error,
+                        "ttft_p99_s": p.summary.get("metrics", {}).get("ttft_s", {}).get("p99"),
+                        "tbt_p99_s": p.summary.get("metrics", {}).get("itl_s", {}).get("p99"),
+                        "output_tokens_per_s": p.summary.get("throughput", {}).get("output_tokens_per_s"),
+                        "num_turned_away": p.summary.get("num_turned_away"),
+                    }
+                    for p in t.points
+                ],
+            }
+            for t in result.policies
+        ],
+    }

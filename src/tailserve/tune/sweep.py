@@ -1,0 +1,402 @@
+"""Independent simulation runs, fanned out over a local process pool, run serially, or on Ray.
+
+A ``RunSpec`` (deployment, workload with its seed, policy with its flags, SLO) fully determines
+its run: the simulator is deterministic, so every backend gives identical results for the same
+specs. Runs come back as ``RunOutcome``: the compact summary (metric dicts, a few kB) unless the
+caller asks for the whole ``RunResult`` (``keep_run``: requests and iteration log, several MB for
+a long trace) because its output reads per-request timestamps.
+
+Finished runs are appended to a results file, one JSON line each keyed by ``RunSpec.key`` (a hash
+of the spec), the moment they finish; a later sweep over the same file reuses them, so an
+interrupted sweep resumes where it stopped.
+
+``Sweep.drive`` runs several *searches* at once: generators that yield a ``RunSpec``, receive its
+``RunOutcome`` and finally return a value (a bisection that picks its next rate from the last
+result). Each search has one run in flight; the backend runs as many searches' runs at a time as
+it has workers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tailserve import __version__
+from tailserve.core.engine import EngineOptions
+from tailserve.core.request import RequestStatus
+from tailserve.metrics.summary import Slo
+from tailserve.policies.registry import PolicySpec
+from tailserve.simulation import (
+    BuiltCostModel,
+    Deployment,
+    RunResult,
+    WorkloadBuilder,
+    WorkloadSpec,
+    build_cost_model,
+    run_policy,
+)
+
+T = TypeVar("T")
+Search = Generator["RunSpec", "RunOutcome", T]
+RESULTS_FORMAT = 1  # bump when a summary's meaning changes: old results files then stop matching
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    deployment: Deployment
+    workload: WorkloadSpec  # carries the seed
+    policy: PolicySpec
+    slo: Slo | None = None  # adds goodput to the summary
+    options: EngineOptions = field(default_factory=EngineOptions)  # speed only: not in the key
+    keep_run: bool = False  # bring the whole RunResult back, not only its summary
+
+    def describe(self) -> dict[str, Any]:
+        """Everything that decides the run's result, as plain JSON values."""
+        workload = _plain(self.workload)
+        if self.workload.trace_path:
+            # A trace edited in place must not match its old results.
+            stat = os.stat(self.workload.trace_path)
+            workload["trace_file"] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        return {
+            "format": RESULTS_FORMAT,
+            "tailserve": __version__,
+            "deployment": _plain(self.deployment),
+            "workload": workload,
+            "policy": {"name": self.policy.name, **self.policy.flags, **self.policy.engine_flags},
+            "slo": _plain(self.slo),
+        }
+
+    @property
+    def key(self) -> str:
+        text = json.dumps(self.describe(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses to dicts that name their class (Fixed(512) and Uniform(512, 512) differ)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__} | {
+            f.name: _plain(getattr(value, f.name)) for f in fields(value)
+        }
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    key: str
+    label: str
+    summary: dict[str, Any]  # RunResult.summary(slo) plus ``num_turned_away``; {} on error
+    wall_s: float  # seconds the simulation took where it ran
+    run: RunResult | None = None  # only with RunSpec.keep_run
+    error: str | None = None  # the ValueError a bad spec raised (unknown flag, model too big, ...)
+    reused: bool = False  # read from the results file, not run now
+
+    def to_json(self, spec: RunSpec) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "wall_s": self.wall_s,
+            "spec": spec.describe(),
+            "summary": self.summary,
+        }
+
+
+# ---- one run, wherever it executes --------------------------------------------------------
+# Per-process memos: a pool worker runs many specs with the same deployment (the calibration fit)
+# and the same workload (the parsed trace). Both are pure; builders hand out fresh requests.
+@lru_cache(maxsize=8)
+def _cost_model(deployment: Deployment) -> BuiltCostModel:
+    return build_cost_model(deployment)
+
+
+@lru_cache(maxsize=4)
+def _workload(spec: WorkloadSpec) -> WorkloadBuilder:
+    return WorkloadBuilder(spec)
+
+
+def execute(spec: RunSpec) -> RunOutcome:
+    """Run one spec. A ValueError (bad flag, model that does not fit) comes back as ``error``, so
+    every backend reports it the same way; anything else is a bug and propagates."""
+    try:
+        run = run_policy(
+            _cost_model(spec.deployment), spec.policy, _workload(spec.workload), options=spec.options
+        )
+    except ValueError as e:
+        return RunOutcome(spec.key, spec.policy.label, {}, 0.0, error=str(e))
+    summary = run.summary(spec.slo)
+    summary["num_turned_away"] = num_turned_away(run)
+    return RunOutcome(spec.key, run.label, summary, run.wall_s, run if spec.keep_run else None)
+
+
+def num_turned_away(run: RunResult) -> int:
+    """Requests a policy refused although they fit the model (TGI's ``max_concurrent_requests``
+    backpressure), as opposed to prompts longer than ``max_model_len``, refused at any rate."""
+    limit = min(run.config["max_model_len"], run.config["num_kv_blocks"] * run.config["block_size"])
+    return sum(
+        1
+        for r in run.requests
+        if r.status is RequestStatus.FINISHED_REJECTED and r.prompt_len + r.max_tokens <= limit
+    )
+
+
+# ---- backends -----------------------------------------------------------------------------
+class Backend(Protocol):
+    def submit(self, spec: RunSpec) -> None: ...
+    def wait(self) -> list[RunOutcome]:
+        """Block until at least one submitted run finished; return every finished one."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SerialBackend:
+    """Runs in this process, one at a time (``--workers 1``)."""
+
+    workers = 1
+
+    def __init__(self) -> None:
+        self._queue: deque[RunSpec] = deque()
+
+    def submit(self, spec: RunSpec) -> None:
+        self._queue.append(spec)
+
+    def wait(self) -> list[RunOutcome]:
+        return [execute(self._queue.popleft())]
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+class ProcessBackend:
+    """A local process pool. Workers are spawned, not forked: the parent runs a progress thread,
+    and forking a process with threads can deadlock on a lock the thread held."""
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers}")
+        self.workers = workers
+        self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        self._futures: set[cf.Future[RunOutcome]] = set()
+
+    def submit(self, spec: RunSpec) -> None:
+        self._futures.add(self._pool.submit(execute, spec))
+
+    def wait(self) -> list[RunOutcome]:
+        done, self._futures = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
+        return [f.result() for f in done]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayBackend:
+    """Ray tasks, one CPU each. ``address`` ``auto`` attaches to the Ray instance this machine
+    runs (``ray start``, or ``RAY_ADDRESS``) and starts a local one if there is none; otherwise it
+    names a cluster (``ray://host:10001`` or ``host:6379``). An already initialised Ray (a test's
+    ``ray.init(num_cpus=2)``) is used as it is."""
+
+    def __init__(self, address: str) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("--ray needs the ray package: pip install 'tailserve[ray]'") from None
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            ray.init(address=None if address == "auto" else address, log_to_driver=False)
+            self._started = True
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._execute = ray.remote(num_cpus=1)(execute)
+        self._refs: list[Any] = []
+
+    def submit(self, spec: RunSpec) -> None:
+        self._refs.append(self._execute.remote(spec))
+
+    def wait(self) -> list[RunOutcome]:
+        done, self._refs = self._ray.wait(self._refs, num_returns=1)
+        return list(self._ray.get(done))
+
+    def close(self) -> None:
+        for ref in self._refs:
+            self._ray.cancel(ref)
+        self._refs = []
+        if self._started:
+            self._ray.shutdown()
+
+
+def make_backend(workers: int | None = None, ray_address: str | None = None) -> Backend:
+    """``--ray`` wins; otherwise a pool of ``workers`` processes (default: the CPU count), or this
+    process alone with one worker."""
+    if ray_address:
+        return RayBackend(ray_address)
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    return SerialBackend() if n == 1 else ProcessBackend(n)
+
+
+# ---- results file -------------------------------------------------------------------------
+class ResultsFile:
+    """JSON lines of finished runs, keyed by spec; appended and flushed as each run finishes."""
+
+    def __init__(self, path: str | Path, *, resume: bool = True) -> None:
+        self.path = Path(path)
+        self._done: dict[str, dict[str, Any]] = {}
+        if resume and self.path.exists():
+            self._load()
+        elif not resume:
+            self.path.unlink(missing_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _load(self) -> None:
+        lines = self.path.read_text().splitlines()
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                self._done[row["key"]] = row
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if number == len(lines):
+                    break  # the line being written when the sweep was interrupted
+                raise ValueError(
+                    f"{self.path}:{number}: not a results line (expected JSON with a 'key'); "
+                    "pass another --out or --no-resume"
+                ) from None
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def get(self, key: str) -> RunOutcome | None:
+        row = self._done.get(key)
+        if row is None:
+            return None
+        return RunOutcome(key, row["label"], row["summary"], row["wall_s"], reused=True)
+
+    def append(self, spec: RunSpec, outcome: RunOutcome) -> None:
+        row = outcome.to_json(spec)
+        self._done[outcome.key] = row
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+# ---- the sweep ----------------------------------------------------------------------------
+@dataclass
+class Sweep:
+    """Runs specs and searches on a backend, with an optional results file and a progress bar
+    (on stderr, only when it is a terminal and not ``quiet``)."""
+
+    backend: Backend
+    results: ResultsFile | None = None
+    quiet: bool = False
+    num_executed: int = 0
+    num_reused: int = 0
+    _memo: dict[str, RunOutcome] = field(default_factory=dict)
+
+    def __enter__(self) -> Sweep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.backend.close()
+
+    def run(self, specs: Sequence[RunSpec], description: str = "runs") -> list[RunOutcome]:
+        """Every spec's outcome, in the order of ``specs`` whatever order they finish in."""
+        return self.drive([_single(spec) for spec in specs], description)
+
+    def drive(self, searches: Sequence[Search[T]], description: str = "runs") -> list[T]:
+        """Run searches side by side; return each one's value, in order."""
+        values: list[Any] = [None] * len(searches)
+        waiting: dict[str, list[tuple[int, RunSpec]]] = {}  # key -> searches waiting for it
+        num_runs = 0
+        with self._progress(description) as (progress, task):
+
+            def advance(i: int, outcome: RunOutcome | None) -> None:
+                nonlocal num_runs
+                while True:
+                    try:
+                        spec = next(searches[i]) if outcome is None else searches[i].send(outcome)
+                    except StopIteration as stop:
+                        values[i] = stop.value
+                        return
+                    num_runs += 1
+                    progress.update(task, total=num_runs)
+                    outcome = self._known(spec)
+                    if outcome is not None:
+                        progress.advance(task)
+                        continue
+                    if spec.key not in waiting:
+                        self.backend.submit(spec)
+                    waiting.setdefault(spec.key, []).append((i, spec))
+                    return
+
+            for i in range(len(searches)):
+                advance(i, None)
+            while waiting:
+                for outcome in self.backend.wait():
+                    waiters = waiting.pop(outcome.key)
+                    self._record(waiters[0][1], outcome)
+                    for i, _ in waiters:
+                        progress.advance(task)
+                        advance(i, outcome)
+        return values
+
+    def _known(self, spec: RunSpec) -> RunOutcome | None:
+        if spec.keep_run:
+            return None  # the results file holds summaries only
+        outcome = self._memo.get(spec.key)
+        if outcome is None and self.results is not None:
+            outcome = self.results.get(spec.key)
+            if outcome is not None:
+                self.num_reused += 1
+                self._memo[spec.key] = outcome
+        return outcome
+
+    def _record(self, spec: RunSpec, outcome: RunOutcome) -> None:
+        self.num_executed += 1
+        if outcome.error is None:
+            self._memo[spec.key] = outcome
+            if self.results is not None:
+                self.results.append(spec, outcome)
+
+    def _progress(self, description: str) -> _ProgressBar:
+        return _ProgressBar(description, disable=self.quiet or not sys.stderr.isatty())
+
+
+def _single(spec: RunSpec) -> Search[RunOutcome]:
+    return (yield spec)
+
+
+class _ProgressBar:
+    """A rich progress bar whose total grows as searches submit runs."""
+
+    def __init__(self, description: str, disable: bool) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            disable=disable,
+            transient=False,
+        )
+        self._description = description
+
+    def __enter__(self) -> tuple[Progress, Any]:
+        self._progress.start()
+        return self._progress, self._progress.add_task(self._description, total=0)
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()

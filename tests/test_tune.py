@@ -1,0 +1,153 @@
+"""``tailserve tune``: ranked capacities, the budget sweep's flat region, flags that parse, and
+clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+
+import pytest
+
+from tailserve.cli import main
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.policies.registry import PolicySpec
+from tailserve.simulation import Deployment
+from tailserve.tune.capacity import Capacity
+from tailserve.tune.recommend import PolicyTune, SizePoint, _choose, _with_size, command_line
+
+TUNE = [
+    "tune", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--workload", "random",
+    "--num-requests", "80", "--input-len", "lognormal:mean=1500,sigma=1,max=7000", "--output-len", "64",
+    "--rate", "8", "--slo", "ttft_p99=1s,tbt_p99=50ms", "--chunk-sizes", "256,512,1024,2048,4096",
+    "--workers", "1", "--quiet",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tune")
+    out, runs = tmp / "tune.json", tmp / "runs.jsonl"
+    args = [*TUNE, "--policies", "vllm,sglang,tgi", "--json", str(out), "--out", str(runs)]
+    import contextlib
+    import io
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(args)
+    assert code == 0, stderr.getvalue()
+    return {"args": args, "json": json.loads(out.read_text()), "out": stdout.getvalue(), "err": stderr.getvalue(),
+            "runs": runs}  # fmt: skip
+
+
+def test_policies_are_ranked_by_capacity(tuned):
+    policies = tuned["json"]["policies"]
+    capacities = [p["capacity_req_s"] for p in policies]
+    assert capacities == sorted(capacities, reverse=True)
+    assert capacities[0] > 0
+    for p in policies:
+        met = {run["rate"]: run["meets_slo"] for run in p["capacity_runs"]}
+        assert met[p["capacity_req_s"]] is True and met[p["capacity_upper_req_s"]] is False
+    # the budget sweep runs at the best policy's capacity unless --request-rate says otherwise
+    assert tuned["json"]["sweep_rate"] == pytest.approx(capacities[0])
+
+
+def test_recommended_size_is_the_optimum_inside_its_flat_region(tuned):
+    for p in tuned["json"]["policies"]:
+        key = {
+            s["size"]: (s["num_turned_away"], s["slo_ratio"])
+            for s in p["sweep"]
+            if s["slo_ratio"] is not None
+        }
+        best = key[p["best_size"]]
+        assert best == min(key.values())
+        lo, hi = p["flat_region"]
+        assert lo <= p["best_size"] <= hi
+        for size, (away, ratio) in key.items():
+            if lo <= size <= hi:
+                assert away == best[0] and ratio <= best[1] * 1.1 + 1e-12
+
+
+def test_printed_flags_parse(tuned):
+    out, policies = tuned["out"], {p["policy"]: p for p in tuned["json"]["policies"]}
+    vllm = re.search(r"^\s*vllm serve (\S+) (.*)$", out, re.M)
+    assert vllm, out
+    assert vllm.group(1) == "meta-llama/Meta-Llama-3-8B"
+    argv = shlex.split(vllm.group(2))
+    budget = int(argv[argv.index("--max-num-batched-tokens") + 1])
+    seqs = int(argv[argv.index("--max-num-seqs") + 1])
+    assert budget == policies["vllm"]["best_size"] and seqs <= budget
+    sglang = re.search(
+        r"python -m sglang.launch_server .*--chunked-prefill-size (\d+) --schedule-policy fcfs", out
+    )
+    assert sglang and int(sglang.group(1)) == policies["sglang"]["best_size"]
+    tgi = re.search(r"text-generation-launcher .*--max-batch-prefill-tokens (\d+) --waiting-served-ratio ([\d.]+) "
+                    r"--max-waiting-tokens (\d+)", out)  # fmt: skip
+    assert tgi and int(tgi.group(1)) == policies["tgi"]["best_size"]
+    assert (float(tgi.group(2)), int(tgi.group(3))) == (0.3, 20)
+
+
+def test_a_second_tune_reuses_every_run(tuned, capsys):
+    lines = len(tuned["runs"].read_text().splitlines())
+    assert f"{lines} simulated, 0 reused" in tuned["err"]
+    assert main(tuned["args"]) == 0
+    assert f"0 simulated, {lines} reused" in capsys.readouterr().err
+
+
+def test_flat_region_is_the_contiguous_run_near_the_optimum():
+    pt = PolicyTune(PolicySpec("vllm"), Capacity(1.0, 2.0), "max_num_batched_tokens", 2048)
+    ratios = [5.0, 1.05, 1.0, 1.08, 3.0, 1.01]  # the last one is near the optimum but not adjacent
+    pt.points = [
+        SizePoint(2**i * 128, PolicySpec("vllm"), r, {"num_turned_away": 0}) for i, r in enumerate(ratios)
+    ]
+    _choose(pt, 0.10)
+    assert pt.best.size == 512 and pt.flat == (256, 1024) and pt.flat_sizes == [256, 512, 1024]
+    _choose(pt, 0.0)
+    assert pt.flat == (512, 512)
+
+
+def test_fewer_turned_away_beats_a_lower_ratio():
+    pt = PolicyTune(PolicySpec("tgi"), Capacity(1.0, 2.0), "max_batch_prefill_tokens", 4096)
+    pt.points = [
+        SizePoint(512, PolicySpec("tgi"), 0.2, {"num_turned_away": 9}),
+        SizePoint(1024, PolicySpec("tgi"), 0.9, {"num_turned_away": 0}),
+        SizePoint(2048, PolicySpec("tgi"), math.inf, error="invalid"),
+    ]
+    _choose(pt, 0.5)
+    assert pt.best.size == 1024 and pt.flat == (1024, 1024) and pt.best.meets
+
+
+def test_small_budgets_bring_what_the_engine_requires():
+    device = get_hardware("A100-80GB").device_info
+    v1 = _with_size(PolicySpec("vllm"), "max_num_batched_tokens", 128, device, 8192)
+    assert v1.flags == {"max_num_batched_tokens": 128, "max_num_seqs": 128}
+    v0 = _with_size(PolicySpec("vllm-v0"), "max_num_batched_tokens", 2048, device, 8192)
+    assert v0.flags["enable_chunked_prefill"] is True
+    v0_whole = _with_size(PolicySpec("vllm-v0"), "max_num_batched_tokens", 8192, device, 8192)
+    assert "enable_chunked_prefill" not in v0_whole.flags
+    line = command_line(v0, Deployment(), None, device, 8192)
+    assert line.startswith("VLLM_USE_V1=0 vllm serve meta-llama/Meta-Llama-3-70B --tensor-parallel-size 4")
+    assert "--enable-chunked-prefill" in line and "--max-num-batched-tokens 2048" in line
+    priority = PolicySpec.make("vllm", {"scheduling_policy": "priority", "max_num_batched_tokens": 512})
+    assert command_line(priority, Deployment(), "my/model", device, 8192).endswith(
+        "--max-num-batched-tokens 512 --max-num-seqs 256 --scheduling-policy priority"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--slo", "ttft_p99=soon"], "--slo item 'ttft_p99=soon'"),
+        (["--slo", "p99=2s"], "METRIC_STAT=TIME"),
+        (["--policies", "vllm,fastest"], "unknown policy 'fastest'"),
+        (["--chunk-sizes", "512,big"], "--chunk-sizes"),
+        (["--request-rate", "0"], "--request-rate must be > 0"),
+        (["--workload", "hol"], "hol workload"),
+    ],
+)
+def test_bad_input_is_one_clear_line(extra, message, tmp_path, capsys):
+    assert main([*TUNE, "--out", str(tmp_path / "r.jsonl"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tailserve: error: ") and message in err
+    assert "Traceback" not in err
