@@ -151,3 +151,16 @@ def test_bad_input_is_one_clear_line(extra, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("tailserve: error: ") and message in err
     assert "Traceback" not in err
+
+
+def test_report_writes_the_page_with_sweep_curves(tmp_path, capsys):
+    pytest.importorskip("tailserve.report.html")
+    report = tmp_path / "report"
+    args = [*TUNE, "--policies", "vllm", "--chunk-sizes", "512,2048", "--report", str(report)]
+    assert main(args) == 0
+    assert "report:" in capsys.readouterr().err
+    assert (report / "runs.jsonl").exists(), "the results file defaults to the report folder"
+    page = (report / "index.html").read_text()
+    sweeps = list(report.glob("sweep_*.png"))
+    assert len(sweeps) == 1 and sweeps[0].name in page
+    assert (report / "ttft_cdf.png").exists()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -32,6 +34,7 @@ from tailserve.tune.recommend import (
     SizePoint,
     TuneConfig,
     TuneResult,
+    best_run_specs,
     tune,
     tune_json,
 )
@@ -117,7 +120,14 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         "--out",
         metavar="FILE.jsonl",
         default=None,
-        help=f"results file, one line per finished run; reused to resume (default: {DEFAULT_RESULTS})",
+        help="results file, one line per finished run; reused to resume "
+        f"(default: DIR/runs.jsonl with --report DIR, else {DEFAULT_RESULTS})",
+    )
+    g.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write PNG plots (sweep curves; CDFs, timelines and slowest requests at each policy's "
+        "best size) and a self-contained index.html into DIR",
     )
     g.add_argument("--no-resume", action="store_true", help="start the results file afresh")
     g.add_argument("--check-integrity", action="store_true", help=argparse.SUPPRESS)
@@ -156,11 +166,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
     )
-    results = ResultsFile(args.out or DEFAULT_RESULTS, resume=not args.no_resume)
+    default_out = Path(args.report) / "runs.jsonl" if args.report else DEFAULT_RESULTS
+    results = ResultsFile(args.out or default_out, resume=not args.no_resume)
     sweep = make_sweep(args, results)
     try:
         with sweep:
             result = tune(config, sweep, args.model_id)
+            print_tune(result, deployment_line(built))
+            if args.report:
+                _write_report(args.report, result, sweep, deployment_line(built))
     except KeyboardInterrupt:
         print(
             f"\ninterrupted: {len(results)} finished runs are in {results.path}; "
@@ -168,7 +182,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    print_tune(result, deployment_line(built))
     print(
         f"runs: {sweep.num_executed} simulated, {sweep.num_reused} reused from {results.path}",
         file=sys.stderr,
@@ -176,6 +189,43 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, tune_json(result))
     return 0
+
+
+def _write_report(out_dir: str, result: TuneResult, sweep: Sweep, deployment: str) -> None:
+    """Each policy at its best size at the sweep rate, run again whole (with the batch record
+    the attribution reads), and the sweep curves."""
+    from tailserve.metrics.attribution import explain_run
+    from tailserve.report.html import write_report
+    from tailserve.report.plots import SweepCurve
+
+    outcomes = sweep.run(best_run_specs(result), "report runs")
+    runs = [o.run for o in outcomes if o.run is not None]
+    curves = []
+    for t in result.policies:
+        if not t.points:
+            continue
+
+        def column(get: Any, points: list[SizePoint] = t.points) -> list[float | None]:
+            return [get(p) if p.summary and math.isfinite(p.ratio) else None for p in points]
+
+        curves.append(
+            SweepCurve(
+                f"{t.spec.label} ({t.knob})",
+                "token budget / chunk size (tokens)",  # one set of panels for every policy
+                [p.size for p in t.points],
+                {
+                    "SLO ratio (measured / bound)": column(lambda p: p.ratio),
+                    "p99 TTFT (ms)": column(lambda p: p.summary["metrics"]["ttft_s"]["p99"] * 1e3),
+                    "p99 TBT (ms)": column(lambda p: p.summary["metrics"]["itl_s"]["p99"] * 1e3),
+                    "output tokens/s": column(lambda p: p.summary["throughput"]["output_tokens_per_s"]),
+                },
+                best_x=t.best.size if t.best else None,
+            )
+        )
+    title = f"tailserve tune: {deployment}, {result.config.workload.label} at {result.sweep_rate:.3g} req/s"
+    explanations = [explain_run(run) for run in runs if run.batches is not None]
+    path = write_report(out_dir, runs, title=title, sweep_curves=curves, explanation=explanations)
+    print(f"report: {path}", file=sys.stderr)
 
 
 # ---- output -------------------------------------------------------------------------------

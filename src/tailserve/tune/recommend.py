@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tailserve.core.engine import EngineOptions
@@ -281,6 +281,20 @@ def command_line(
             f"--replica_scheduler_max_batch_size {config.max_num_seqs}"
         )
     return None
+
+
+def best_run_specs(result: TuneResult) -> list[RunSpec]:
+    """Each policy at its best size at the sweep rate, to run again whole for a report: with the
+    batch record (who ran in each iteration) that the attribution of TTFT reads."""
+    c = result.config
+    options = replace(c.options, record_batches=True)
+    return [
+        RateScaler.of(RunSpec(c.deployment, c.workload, t.best.spec, c.slo.request)).at(
+            result.sweep_rate, options=options, keep_run=True
+        )
+        for t in result.policies
+        if t.best is not None
+    ]
 
 
 def tune_json(result: TuneResult) -> dict[str, Any]:
