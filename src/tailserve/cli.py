@@ -459,6 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     from tailserve.cli_model import add_model_parser
 
     add_model_parser(sub)
+    from tailserve.cli_bench import add_bench_parser
+    from tailserve.cli_serve import add_serve_parser
+
+    add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -471,8 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return cmd_simulate(args, extra)
-        if extra:
+        if extra and not getattr(args, "takes_policy_flags", False):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.extra = extra  # a command with takes_policy_flags reads them with _parse_policy_flags
         run = getattr(args, "run", None)
         if run is None:
             parser.print_help()

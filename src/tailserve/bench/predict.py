@@ -1,0 +1,160 @@
+"""``tailserve bench --predict``: run the benchmark's exact workload through the simulator first.
+
+The same requests (prompt lengths, token ids for prefix caching, output lengths), the same send
+times and the same client-side ``--max-concurrency`` go through ``tailserve.simulation`` on a
+simulated deployment; the simulated requests become ``RequestResult``s (send = arrival, tokens
+at their simulated times) so ``compute_result`` gives the predicted metrics with exactly the
+definitions of the measured ones. The simulation has no network, tokenization or HTTP time, so
+a measured TTFT above the predicted one by a few milliseconds is the server's overhead.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from tailserve.bench.client import RequestResult
+from tailserve.bench.datasets import BenchRequest
+from tailserve.core.request import Request, RequestStatus
+from tailserve.core.source import ListSource, RequestSource
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.policies.registry import parse_policy_list
+from tailserve.simulation import (
+    Deployment,
+    RunResult,
+    WorkloadBuilder,
+    WorkloadSpec,
+    build_cost_model,
+    run_policy,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PredictSpec:
+    """The simulated deployment to predict for."""
+
+    model: str = "Llama-3-8B"
+    hardware: str = "H100-SXM"
+    tp: int = 1
+    calibration: str = "auto"
+    policy: str = "vllm"  # a spec as ``tailserve compare`` takes one: NAME[:flag=value...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} on {self.hardware} x{self.tp}, {self.policy}, calibration {self.calibration}"
+
+
+class GatedSource:
+    """Open-loop sends behind a client-side concurrency limit (``--max-concurrency``): a request
+    goes out at its send time, or when a slot frees if all ``concurrency`` slots are busy then;
+    its arrival time is when it really went out, as the client measures from that moment."""
+
+    def __init__(self, requests: list[Request], concurrency: int) -> None:
+        self._pending: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_time))
+        self._released: deque[Request] = deque()
+        self._in_flight = 0
+        self.concurrency = concurrency
+
+    def next_arrival_time(self) -> float | None:
+        if self._released:
+            return self._released[0].arrival_time
+        if self._pending and self._in_flight < self.concurrency:
+            return self._pending[0].arrival_time
+        return None
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        out = list(self._released)
+        self._released.clear()
+        while self._pending and self._in_flight < self.concurrency and self._pending[0].arrival_time <= now:
+            out.append(self._pending.popleft())
+            self._in_flight += 1
+        return out
+
+    def on_finish(self, request: Request, now: float) -> None:
+        self._in_flight -= 1
+        if self._pending and self._pending[0].arrival_time <= now:
+            request = self._pending.popleft()
+            request.arrival_time = now  # waited for this slot
+            self._released.append(request)
+            self._in_flight += 1
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._pending and not self._released
+
+
+class _BenchWorkload(WorkloadBuilder):
+    """A ``WorkloadBuilder`` whose requests are the benchmark's own."""
+
+    def __init__(self, requests: list[BenchRequest], times: np.ndarray, concurrency: int | None) -> None:
+        super().__init__(WorkloadSpec(name="random", num_requests=len(requests)))
+        self._requests = requests
+        self._times = times
+        self._concurrency = concurrency
+
+    @property
+    def shares_prefixes(self) -> bool:
+        return True  # prompts carry token ids: the prefix cache can see real sharing
+
+    @property
+    def min_max_model_len(self) -> int:
+        return max(r.prompt_len + r.output_len for r in self._requests)
+
+    def build(self, cost_model: CostModel) -> RequestSource:
+        requests = [
+            Request(
+                f"bench-{i}",
+                r.prompt_len,
+                r.output_len,
+                float(t),
+                prompt_token_ids=list(r.prompt) if isinstance(r.prompt, list) else None,
+                prefix_block_hashes=list(r.prefix_block_hashes) if r.prefix_block_hashes else None,
+            )
+            for i, (r, t) in enumerate(zip(self._requests, self._times))
+        ]
+        if self._concurrency:
+            return GatedSource(requests, self._concurrency)
+        return ListSource(requests)
+
+
+def simulate(
+    requests: list[BenchRequest], times: np.ndarray, spec: PredictSpec, max_concurrency: int | None
+) -> tuple[list[RequestResult], float, RunResult]:
+    """The simulated run as client-side results in request order, and its duration (seconds
+    from the start until the last request finished)."""
+    specs = parse_policy_list(spec.policy)
+    if len(specs) != 1:
+        raise ValueError(f"--predict-policy takes one policy, got {spec.policy!r}")
+    policy = specs[0]
+    built = build_cost_model(Deployment(spec.model, spec.hardware, spec.tp, spec.calibration))
+    run = run_policy(built, policy, _BenchWorkload(requests, times, max_concurrency))
+    sent = {f"bench-{i}": float(t) for i, t in enumerate(times)}
+    by_id = {r.request_id: r for r in run.requests}
+    results = []
+    for i, bench in enumerate(requests):
+        r = by_id[f"bench-{i}"]
+        result = RequestResult(prompt_len=bench.prompt_len, start_time=r.arrival_time)
+        result.client_queue_time = r.arrival_time - sent[r.request_id]
+        if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED) and r.token_times:
+            result.success = True
+            result.output_tokens = len(r.token_times)
+            result.ttft = r.token_times[0] - r.arrival_time
+            result.itl = np.diff(r.token_times).tolist()
+            result.latency = r.token_times[-1] - r.arrival_time
+        else:
+            result.error = r.status_reason or r.status.value
+        results.append(result)
+    duration = max((r.finish_time or 0.0) for r in run.requests)
+    return results, duration, run
+
+
+def predicted_notes(run: RunResult) -> list[str]:
+    notes: list[str] = list(run.notes)
+    config = run.config
+    notes.append(
+        f"simulated {config['model']} on {config['hardware']} x{config['tp']} under {run.label}: "
+        f"{config['num_kv_blocks']} KV blocks of {config['block_size']} tokens"
+    )
+    return notes

@@ -1,0 +1,153 @@
+"""``tailserve serve``: the OpenAI-compatible server over the PyTorch or the simulated executor.
+
+    tailserve serve [--model DIR] [--executor torch|sim] [--policy P] [P's flags, engine names]
+                    [--hardware H --sim-model M --tp N] [--host 127.0.0.1] [--port 8000]
+                    [--max-queued-requests N] [--served-model-name NAME]
+
+Policy flags follow the policy with the engine's own names, as in ``tailserve simulate``
+(``--max-num-batched-tokens 512 --scheduling-policy priority``). The listening socket is bound
+before the engine loads, so a port in use is one clear error line rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import sys
+from typing import Any
+
+DEFAULT_PORT = 8000
+
+
+def add_serve_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics) over the "
+        "real or the simulated executor; policy flags follow with the engine's names",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face model directory (default: the tiny model tailserve creates once in its cache)",
+    )
+    p.add_argument("--executor", choices=("torch", "sim"), default="torch", help="(default: %(default)s)")
+    p.add_argument(
+        "--policy",
+        default="vllm",
+        help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
+    )
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument(
+        "--kv-cache-memory-gib", type=float, default=None, help="torch: KV cache size (default: 2 GiB on CPU)"
+    )
+    g = p.add_argument_group("simulated executor (--executor sim)")
+    g.add_argument("--hardware", default="H100-SXM", help="GPU from the catalog (default: %(default)s)")
+    g.add_argument(
+        "--sim-model", default="Llama-3-8B", help="model whose speed to simulate (default: %(default)s)"
+    )
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default: %(default)s)")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    g.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="(default: %(default)s; 0 picks a free port)"
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="the model's name in the API (default: the model's)"
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="answer 503 when this many requests wait already (default: no limit)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are aborted "
+        "(default: %(default)s)",
+    )
+    g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=run_serve, takes_policy_flags=True)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from tailserve.cli import _parse_policy_flags
+
+    flags = _parse_policy_flags(args.extra)
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    sock = bind_socket(args.host, args.port)
+
+    from prometheus_client import disable_created_metrics
+
+    from tailserve.executors.pytorch.init_model import default_model_dir
+    from tailserve.llm import LLMEngine
+    from tailserve.server.app import build_app
+    from tailserve.server.async_engine import AsyncEngine
+    from tailserve.server.launch import make_server
+    from tailserve.server.prometheus import ServerMetrics
+
+    try:
+        disable_created_metrics()  # vLLM's /metrics has no *_created series either
+        model_dir = str(args.model) if args.model else str(default_model_dir())
+        engine = LLMEngine.from_args(
+            model_dir,
+            executor=args.executor,
+            policy=args.policy,
+            policy_flags=flags,
+            dtype=args.dtype,
+            device=args.device,
+            seed=args.seed,
+            hardware=args.hardware,
+            sim_model=args.sim_model,
+            tensor_parallel_size=args.tp,
+            max_model_len=args.max_model_len,
+            kv_cache_memory_gib=args.kv_cache_memory_gib,
+            served_model_name=args.served_model_name,
+        )
+        name = engine.model_name
+        metrics = ServerMetrics(name)
+        async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests, metrics=metrics)
+        app = build_app(async_engine, served_model_name=name, model_root=model_dir, metrics=metrics)
+        server = make_server(
+            app,
+            async_engine,
+            host=args.host,
+            port=args.port,
+            drain_timeout=args.shutdown_timeout,
+            log_level=args.log_level,
+        )
+        host, port = sock.getsockname()[:2]
+        print(f"tailserve: serving {name!r}: {engine.description}", file=sys.stderr)
+        print(
+            f"tailserve: listening on http://{host}:{port} (OpenAI API under /v1)",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+            server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
