@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tailserve import __version__
+from tailserve.cli_explain import add_explain_parser, add_run_outputs, run_outputs, wants_batches
 from tailserve.metrics.summary import Slo
 from tailserve.report.compare_text import compare_paragraph
 from tailserve.report.tables import print_calibration, print_cost, print_runs
@@ -171,7 +172,11 @@ def _parse_turns(text: str) -> tuple[int, int]:
 def _engine_options(args: argparse.Namespace) -> Any:
     from tailserve.core.engine import EngineOptions
 
-    return EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity)
+    return EngineOptions(
+        fast_forward=not args.no_fast_forward,
+        check_integrity=args.check_integrity,
+        record_batches=wants_batches(args),
+    )
 
 
 def parse_slo(text: str | None) -> Slo | None:
@@ -232,6 +237,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print_runs(runs, summaries, built, workload.spec)
     print()
     print(compare_paragraph(runs, summaries, built, workload.spec))
+    run_outputs(args, runs, f"tailserve compare: {workload.spec.label}")
     if args.json:
         _write_json(args.json, {"runs": [{"label": r.label, **s} for r, s in zip(runs, summaries)]})
     return 0
@@ -251,6 +257,7 @@ def cmd_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     for note in run.notes:
         print(f"note: {note}", file=sys.stderr)
     print_runs([run], [summary], built, workload.spec)
+    summary.update(run_outputs(args, [run], f"tailserve simulate: {run.label}, {workload.spec.label}"))
     if args.json:
         _write_json(args.json, {"label": run.label, **summary})
     if args.iterations:
@@ -398,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tailserve.cli_tune import add_sweep_args, add_tune_parser
 
     add_sweep_args(p)
+    add_run_outputs(p, simulate=False)
     p.set_defaults(run=cmd_compare)
 
     p = sub.add_parser(
@@ -413,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(p)
     _add_output_args(p)
     p.add_argument("--iterations", metavar="OUT.jsonl", help="write the per-iteration log as JSON lines")
+    add_run_outputs(p, simulate=True)
 
     p = sub.add_parser("cost", help="predicted iteration times of a prefill and a decode step")
     _add_deployment_args(p)
@@ -455,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model catalog").set_defaults(run=cmd_catalog)
     sub.add_parser("hardware", help="list the hardware catalog").set_defaults(run=cmd_catalog)
     # Commands in their own modules: each adds its parser and sets ``run``.
+    add_explain_parser(sub)
     add_tune_parser(sub)
     from tailserve.cli_model import add_model_parser
 

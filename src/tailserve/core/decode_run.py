@@ -101,7 +101,10 @@ def advance_decode_run(engine: Engine) -> int:
             request.status = RequestStatus.FINISHED_LENGTH
             done.append(request)
     base = kv.num_used_blocks - need[-1]
-    engine.log.extend_decode_run(times[:-1], durations, n, [base + x for x in need])
+    used = [base + x for x in need]
+    engine.log.extend_decode_run(times[:-1], durations, n, used)
+    if engine.batches is not None:
+        engine.batches.record_decode_run(times[:-1], durations, running, ctx_list, used, sched)
     now = engine.clock.now = token_times[-1]
     sched.policy.on_decode_run(sched, k)
     if done:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tailserve.core import decode_run
 from tailserve.core.executor import Executor
 from tailserve.core.gc_pause import paused_gc
-from tailserve.core.iteration_log import IterationLog
+from tailserve.core.iteration_log import BatchRecord, IterationLog
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import RequestSource
@@ -55,6 +55,7 @@ class EngineStalledError(RuntimeError):
 class EngineOptions:
     fast_forward: bool = True  # exact skipping of uneventful decode runs (simulator only)
     check_integrity: bool = False  # check KV and request invariants after every iteration
+    record_batches: bool = False  # keep a BatchRecord (who ran with how many tokens), for explain
 
 
 class Engine:
@@ -72,6 +73,8 @@ class Engine:
         self.clock = clock if clock is not None else VirtualClock()
         self.options = options
         self.log = IterationLog(scheduler.kv_cache.num_blocks)
+        kv = scheduler.kv_cache
+        self.batches = BatchRecord(kv.num_blocks, kv.block_size) if options.record_batches else None
         self.num_requests_seen = 0
         self._decode_run_ok = options.fast_forward and hasattr(executor, "decode_run_durations")
         self._last_step_finished = True
@@ -103,6 +106,8 @@ class Engine:
             num_used_blocks,
             len(out.preempted) + len(out.swapped_out),
         )
+        if self.batches is not None:
+            self.batches.record(start, now - start, out, num_used_blocks, sched)
         self.finish_step(finished, now)
         self._last_step_finished |= bool(ended)
         if self.options.check_integrity:

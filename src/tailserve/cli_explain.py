@@ -1,0 +1,205 @@
+"""``tailserve explain RUN.json``, and the ``--explain`` / ``--save-run`` / ``--report`` outputs of
+``simulate`` and ``compare``.
+
+``explain`` reads a run saved with ``simulate --save-run`` (requests with their timestamps and the
+batch record), splits every request's TTFT and every long inter-token gap into causes
+(``metrics.attribution``), and prints the slowest requests, the worst stalls and a paragraph
+saying what dominates the tail and which flag addresses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from typing import Any
+
+from rich.table import Table
+
+from tailserve.metrics.attribution import (
+    CAUSE_TEXT,
+    TBT_CAUSES,
+    TTFT_CAUSES,
+    Breakdown,
+    RunExplanation,
+    explain_run,
+)
+from tailserve.simulation import RunResult, load_run
+
+
+# ---- options ----------------------------------------------------------------------------------
+def _add_explain_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--top", type=int, default=10, help="slowest requests and stalls to show (default: %(default)s)"
+    )
+    p.add_argument(
+        "--tbt-threshold",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="inter-token gaps above this many ms count as stalls "
+        "(default: the run's p99 gap or 3x its median, whichever is larger)",
+    )
+
+
+def add_explain_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="why requests were slow: TTFT and inter-token stalls of a saved run split into causes",
+    )
+    p.add_argument("run_json", metavar="RUN.json", help="a run written by tailserve simulate --save-run")
+    _add_explain_options(p)
+    p.add_argument("--json", metavar="OUT", help="write the attribution of every request as JSON")
+    p.add_argument("--report", metavar="DIR", help="also write PNG plots and index.html into DIR")
+    p.set_defaults(run=cmd_explain)
+
+
+def add_run_outputs(p: argparse.ArgumentParser, *, simulate: bool) -> None:
+    """``--report`` (simulate, compare); ``--explain`` and ``--save-run`` (simulate)."""
+    g = p.add_argument_group("explain and report")
+    if simulate:
+        g.add_argument(
+            "--explain",
+            action="store_true",
+            help="split each request's TTFT and long inter-token gaps into causes and say what to set",
+        )
+        _add_explain_options(g)
+        g.add_argument(
+            "--save-run",
+            metavar="OUT.json",
+            help="write the whole run (requests, batch record) for tailserve explain",
+        )
+    g.add_argument("--report", metavar="DIR", help="write PNG plots and a self-contained index.html into DIR")
+
+
+def wants_batches(args: argparse.Namespace) -> bool:
+    """Record who ran in each iteration: only when an output here needs it (it costs memory)."""
+    if getattr(args, "command", None) not in ("simulate", "compare"):
+        return False
+    return bool(
+        getattr(args, "explain", False) or getattr(args, "save_run", None) or getattr(args, "report", None)
+    )
+
+
+def _threshold(args: argparse.Namespace) -> float | None:
+    if getattr(args, "top", 10) < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    ms = getattr(args, "tbt_threshold", None)
+    if ms is None:
+        return None
+    if ms < 0:
+        raise ValueError(f"--tbt-threshold must be >= 0 ms, got {ms}")
+    return ms / 1e3
+
+
+# ---- printing ---------------------------------------------------------------------------------
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:,.1f}"
+
+
+def _blockers(b: Breakdown, n: int = 2) -> str:
+    shown = [f"{bl.request_id} ({bl.prompt_len:,} tok, {_ms(bl.seconds)} ms)" for bl in b.blockers[:n]]
+    return ", ".join(shown) + (f" +{len(b.blockers) - n}" if len(b.blockers) > n else "") or "-"
+
+
+def _table(title: str, rows: list[Breakdown], causes: tuple[str, ...], stalls: bool) -> Table:
+    shown = [c for c in causes if any(b.components[c] > 0 for b in rows)]
+    table = Table(title=title, title_justify="left")
+    table.add_column("request", overflow="fold")
+    table.add_column("prompt\ntokens", justify="right")
+    if stalls:
+        table.add_column("token\n#", justify="right")
+    table.add_column("gap ms" if stalls else "TTFT ms", justify="right")
+    for c in shown:
+        table.add_column(CAUSE_TEXT[c] + "\nms", justify="right", max_width=16)
+    if not stalls:
+        table.add_column("prefill\niters", justify="right")
+    table.add_column("top blockers (prompt, time charged)", overflow="fold", max_width=44)
+    for b in rows:
+        row = [b.request_id, f"{b.prompt_len:,}"]
+        if stalls:
+            row.append(str(b.token_index))
+        row.append(_ms(b.seconds))
+        row += [_ms(b.components[c]) if b.components[c] > 0 else "" for c in shown]
+        if not stalls:
+            row.append(str(b.num_prefill_chunks))
+        row.append(_blockers(b))
+        table.add_row(*row)
+    return table
+
+
+def print_explanation(x: RunExplanation, top: int) -> None:
+    from tailserve.report.tables import console
+
+    if x.ttft:
+        console.print(
+            _table(
+                f"{x.label}: the {min(top, len(x.ttft))} slowest requests by TTFT",
+                x.ttft[:top],
+                TTFT_CAUSES,
+                False,
+            )
+        )
+    if x.stalls:
+        title = (
+            f"{x.label}: the {min(top, len(x.stalls))} longest of {len(x.stalls)} inter-token gaps above "
+            f"{_ms(x.tbt_threshold)} ms"
+        )
+        console.print(_table(title, x.stalls[:top], TBT_CAUSES, True))
+    print()
+    print(textwrap.fill(x.summary, width=100))
+
+
+# ---- after simulate / compare, and the explain command ----------------------------------------
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.write("\n")
+
+
+def run_outputs(args: argparse.Namespace, runs: list[RunResult], title: str) -> dict[str, Any]:
+    """The explanation, the saved run and the report, once ``simulate``/``compare`` printed their
+    tables; returns what ``simulate --json`` adds (``{"explanation": ...}`` with ``--explain``)."""
+    extra: dict[str, Any] = {}
+    explanations: list[RunExplanation] = []
+    if getattr(args, "explain", False):
+        threshold = _threshold(args)
+        for run in runs:
+            x = explain_run(run, threshold)
+            print()
+            print_explanation(x, args.top)
+            explanations.append(x)
+        extra["explanation"] = (
+            explanations[0].to_json() if len(explanations) == 1 else [x.to_json() for x in explanations]
+        )
+    if getattr(args, "save_run", None):
+        for run in runs:
+            _write_json(args.save_run, run.to_json())
+    if getattr(args, "report", None):
+        from tailserve.report.html import write_report
+
+        if not explanations:
+            explanations = [explain_run(run) for run in runs if run.batches is not None]
+        path = write_report(args.report, runs, title=title, explanation=explanations)
+        print(f"report: {path}", file=sys.stderr)
+    return extra
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    threshold = _threshold(args)
+    run = load_run(args.run_json)
+    if run.batches is None:
+        raise ValueError(
+            f"{args.run_json} has no batch record; save the run with tailserve simulate --save-run"
+        )
+    x = explain_run(run, threshold)
+    print_explanation(x, args.top)
+    if args.json:
+        _write_json(args.json, x.to_json())
+    if args.report:
+        from tailserve.report.html import write_report
+
+        path = write_report(args.report, [run], title=f"tailserve explain: {run.label}", explanation=x)
+        print(f"report: {path}", file=sys.stderr)
+    return 0
