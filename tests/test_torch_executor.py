@@ -10,7 +10,6 @@ import torch
 
 from tailserve.llm import LLM, SamplingParams
 from tailserve.policies.registry import POLICIES
-
 from torch_helpers import hf_greedy, micro_model
 
 MAX_NEW = 10
@@ -25,7 +24,7 @@ def model_dir(tmp_path_factory):
 def prompts():
     rng = random.Random(7)
     ps = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in (5, 17, 40, 33, 8, 60, 1)]
-    ps.append(ps[2][:32] + [7, 8, 9])  # shares two 16-token blocks with prompt 2: a prefix hit
+    ps.append([*ps[2][:32], 7, 8, 9])  # shares two 16-token blocks with prompt 2: a prefix hit
     ps.append(list(ps[5]))  # an exact repeat
     return ps
 
@@ -41,7 +40,10 @@ KV_GIB = 4096 * 512 / 2**30  # 4,096 tokens of the micro model's KV: small table
 def _generate(model_dir, prompts, policy="vllm", **flags):
     flags.setdefault("kv_cache_memory_gib", KV_GIB)
     llm = LLM(str(model_dir), policy=policy, dtype="float32", check_integrity=True, **flags)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True),
+    )
     return llm, outs
 
 
@@ -53,7 +55,9 @@ def test_logits_of_one_forward_match_transformers(model_dir, prompts):
     from tailserve.executors.pytorch.model import LlamaModel
 
     config = load_config(model_dir)
-    ours = LlamaModel(config, load_state_dict(model_dir, config, torch.float32), torch.float32, torch.device("cpu"))
+    ours = LlamaModel(
+        config, load_state_dict(model_dir, config, torch.float32), torch.float32, torch.device("cpu")
+    )
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor(prompts[5])
     kv = PagedKVCache(2, 8, 16, 2, 16, torch.float32, torch.device("cpu"))
@@ -84,7 +88,14 @@ def test_every_policy_gives_transformers_tokens(model_dir, prompts, reference, p
     ],
 )
 def test_prefix_hits_skip_computation_and_keep_tokens(model_dir, prompts, reference, policy, flags):
-    llm = LLM(str(model_dir), policy=policy, dtype="float32", check_integrity=True, kv_cache_memory_gib=KV_GIB, **flags)
+    llm = LLM(
+        str(model_dir),
+        policy=policy,
+        dtype="float32",
+        check_integrity=True,
+        kv_cache_memory_gib=KV_GIB,
+        **flags,
+    )
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
     first = llm.generate([{"prompt_token_ids": prompts[2]}], params)[0]
     assert first.num_cached_tokens == 0
@@ -96,7 +107,14 @@ def test_prefix_hits_skip_computation_and_keep_tokens(model_dir, prompts, refere
 
 @pytest.mark.parametrize("budget", [2, 5, 16, 1000])
 def test_chunked_prefill_any_chunk_size_matches_whole_prefill(model_dir, prompts, reference, budget):
-    _, outs = _generate(model_dir, prompts, "vllm", max_num_batched_tokens=budget, max_num_seqs=min(budget, 4), enable_prefix_caching=False)
+    _, outs = _generate(
+        model_dir,
+        prompts,
+        "vllm",
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(budget, 4),
+        enable_prefix_caching=False,
+    )
     assert [o.token_ids for o in outs] == reference
 
 
@@ -114,8 +132,13 @@ def long_reference(model_dir, prompts):
 def _generate_long(model_dir, prompts, policy, **flags):
     # 12 blocks of 16 tokens for six requests that grow to 45-100 tokens: preemption is certain.
     llm = LLM(
-        str(model_dir), policy=policy, dtype="float32", check_integrity=True,
-        kv_cache_memory_gib=12 * 16 * 512 / 2**30, max_model_len=128, **flags,
+        str(model_dir),
+        policy=policy,
+        dtype="float32",
+        check_integrity=True,
+        kv_cache_memory_gib=12 * 16 * 512 / 2**30,
+        max_model_len=128,
+        **flags,
     )
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     return llm, llm.generate([{"prompt_token_ids": p} for p in prompts[:6]], params)
@@ -166,7 +189,10 @@ def test_architectures_match_transformers(tmp_path, prompts, name, arch, overrid
 def test_bfloat16_runs_and_mostly_agrees(tmp_path, prompts):
     d = micro_model(tmp_path, "bf16", dtype="bfloat16")
     llm = LLM(str(d), dtype="bfloat16", kv_cache_memory_gib=KV_GIB)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts[:3]],
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+    )
     want = hf_greedy(d, prompts[:3], 4, dtype=torch.bfloat16)
     # bf16 rounding differs between fused/paged and HF's kernels: the first token must agree.
     assert [o.token_ids[0] for o in outs] == [w[0] for w in want]
@@ -176,5 +202,8 @@ def test_bfloat16_runs_and_mostly_agrees(tmp_path, prompts):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_matches_cpu(model_dir, prompts, reference):
     llm = LLM(str(model_dir), dtype="float32", device="cuda", kv_cache_memory_gib=0.05)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True),
+    )
     assert [o.token_ids for o in outs] == reference

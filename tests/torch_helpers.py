@@ -26,7 +26,9 @@ def micro_model(root: Path, name: str = "micro", dtype: str = "float32", **overr
     return out
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype=torch.float32) -> list[list[int]]:
+def hf_greedy(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, dtype=torch.float32
+) -> list[list[int]]:
     """transformers' ``generate``, one prompt at a time, greedy, exactly ``max_new_tokens``."""
     from transformers import AutoModelForCausalLM
 

@@ -474,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     add_bench_parser(sub)
+    from tailserve.cli_run import add_run_parser
+
+    add_run_parser(sub)
     return parser
 
 

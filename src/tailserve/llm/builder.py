@@ -136,6 +136,7 @@ def _build_torch(
         swap = CpuSwapSpace(config.num_hidden_layers, num_cpu_blocks, paged)
     sampler = Sampler(eos, seed, dev)
     executor = TorchExecutor(lm, paged, lambda: scheduler.kv_cache, sampler, swap)
+    executor.warm_up()
     described = (
         f"{name} ({lm.num_parameters / 1e6:.1f} M parameters, {dtype}, {dev}) under {spec.label}; "
         f"KV cache {num_blocks} blocks x {block_size} tokens"

@@ -115,6 +115,25 @@ class TorchExecutor:
                 self.kv.copy_blocks(self.swap_space, src, dst)
         log.clear()
 
+    def warm_up(self, num_tokens: int = 16) -> None:
+        """One prefill and one decode through block 0, so the first real request does not pay
+        for kernel selection and allocator growth. Harmless: every position a request reads is
+        written first."""
+        n = min(
+            num_tokens,
+            self.kv.block_size * max(1, num_tokens // self.kv.block_size),
+            self.model.rope.max_positions - 1,
+        )
+        table = [0] * (-(-(n + 1) // self.kv.block_size))
+        with torch.inference_mode():
+            for new, ctx, decodes in ((n, 0, 0), (1, n, 1)):
+                meta = build_metadata(
+                    [table], [new], [ctx], decodes, self.kv.block_size, self.kv.null_slot, self.device
+                )
+                ids = torch.ones(new, dtype=torch.long, device=self.device)
+                pos = torch.arange(ctx, ctx + new, device=self.device)
+                self.model.compute_logits(self.model.forward(ids, pos, meta, self.kv)[-1:])
+
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
 
