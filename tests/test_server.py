@@ -216,6 +216,8 @@ def test_models_health_tokenize(server: Any) -> None:
     )
     text = httpx.post(f"{server.base_url}/detokenize", json={"model": NAME, "tokens": ids["tokens"]}).json()
     assert text["prompt"] == server.engine.tokenizer.decode(ids["tokens"])
+    bad = httpx.post(f"{server.base_url}/detokenize", json={"model": NAME, "tokens": [5, 10**6]})
+    assert bad.status_code == 400 and "out of vocabulary" in bad.json()["error"]["message"]
 
 
 # ---- bad input -------------------------------------------------------------------------------

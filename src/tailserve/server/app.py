@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tailserve import __version__
 from tailserve.llm import SamplingParams
-from tailserve.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, ShuttingDownError
+from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.prometheus import ServerMetrics
 from tailserve.server.protocol import (
     ApiError,
@@ -38,6 +38,7 @@ from tailserve.server.protocol import (
     new_id,
     now_s,
 )
+from tailserve.server.request_stream import EngineDeadError, QueueFullError, ShuttingDownError
 from tailserve.server.serving import (
     ResponseMeta,
     cancel_on_disconnect,
@@ -176,12 +177,16 @@ def build_app(
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         check_model(body.model)
-        tokens = list(llm.tokenizer.encode(body.prompt))
+        tokens = list(llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         check_model(body.model)
+        vocab = llm.tokenizer.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(f"tokens: id {bad[0]} is out of vocabulary ({vocab} tokens)", param="tokens")
         return {"prompt": llm.tokenizer.decode(body.tokens)}
 
     @app.get("/version")

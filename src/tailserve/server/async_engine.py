@@ -22,23 +22,17 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tailserve.llm import LLMEngine, RequestOutput, SamplingParams
 from tailserve.server.prometheus import ServerMetrics
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue holds ``--max-queued-requests`` requests already."""
-
-
-class ShuttingDownError(RuntimeError):
-    """The server is draining and takes no new requests."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an unexpected error."""
+from tailserve.server.request_stream import (
+    Aborted,
+    EngineDeadError,
+    QueueFullError,
+    RequestStream,
+    ShuttingDownError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +44,6 @@ class EngineSnapshot:
     kv_cache_usage: float = 0.0  # fraction 0..1
     num_added: int = 0  # add commands the engine thread has taken (accepted or refused)
     has_unfinished: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Aborted:
-    """The last item of a stream whose request was aborted, with the reason."""
-
-    reason: str
 
 
 @dataclass(slots=True)
@@ -77,25 +64,6 @@ class _Abort:
 @dataclass(slots=True)
 class _Stop:
     pass
-
-
-@dataclass(slots=True)
-class RequestStream:
-    """The outputs of one request, in order; iteration ends after the finished one."""
-
-    request_id: str
-    _queue: asyncio.Queue[RequestOutput | Aborted | BaseException] = field(default_factory=asyncio.Queue)
-    finished: bool = False
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput | Aborted]:
-        while not self.finished:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-            if isinstance(item, Aborted) or item.finished:
-                self.finished = True
-            yield item
 
 
 class AsyncEngine:

@@ -24,8 +24,9 @@ from typing import Any, Literal
 from starlette.requests import Request
 
 from tailserve.llm import RequestOutput
-from tailserve.server.async_engine import Aborted, AsyncEngine, EngineDeadError, RequestStream
+from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.protocol import ApiError, error_body, now_s, usage
+from tailserve.server.request_stream import Aborted, EngineDeadError, RequestStream
 
 Kind = Literal["completion", "chat"]
 
