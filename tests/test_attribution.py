@@ -285,3 +285,28 @@ def test_vectorised_waiting_phase_matches_the_slice_by_slice_walk():
                 drawn[cause] += end - start
             for cause, seconds in b.components.items():
                 assert drawn[cause] == pytest.approx(seconds, rel=1e-9, abs=1e-12), (r.request_id, cause)
+
+
+def test_summary_calls_a_growing_queue_overload():
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-40GB", 1, "none"))
+    workload = WorkloadSpec(
+        "random",
+        num_requests=80,
+        rate=40.0,
+        input_len=parse_length("uniform:256:4096"),
+        output_len=parse_length("512"),
+    )
+    run = run_policy(
+        built,
+        parse_policy_list("vllm")[0],
+        WorkloadBuilder(workload),
+        options=EngineOptions(record_batches=True),
+    )
+    assert "requests arrive faster than this deployment serves them" in explain_run(run).summary
+    light = run_policy(
+        built,
+        parse_policy_list("vllm")[0],
+        WorkloadBuilder(WorkloadSpec("chat", num_requests=80, rate=1.0)),
+        options=EngineOptions(record_batches=True),
+    )
+    assert "arrive faster" not in explain_run(light).summary

@@ -18,7 +18,7 @@ from typing import Any
 from rich.table import Table
 
 from tailserve.metrics.attribution import (
-    CAUSE_TEXT,
+    CAUSE_SHORT,
     TBT_CAUSES,
     TTFT_CAUSES,
     Breakdown,
@@ -98,7 +98,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:,.1f}"
 
 
-def _blockers(b: Breakdown, n: int = 2) -> str:
+def _blockers(b: Breakdown, n: int = 1) -> str:
     shown = [f"{bl.request_id} ({bl.prompt_len:,} tok, {_ms(bl.seconds)} ms)" for bl in b.blockers[:n]]
     return ", ".join(shown) + (f" +{len(b.blockers) - n}" if len(b.blockers) > n else "") or "-"
 
@@ -112,10 +112,10 @@ def _table(title: str, rows: list[Breakdown], causes: tuple[str, ...], stalls: b
         table.add_column("token\n#", justify="right")
     table.add_column("gap ms" if stalls else "TTFT ms", justify="right")
     for c in shown:
-        table.add_column(CAUSE_TEXT[c] + "\nms", justify="right", max_width=16)
+        table.add_column(CAUSE_SHORT[c] + "\nms", justify="right", max_width=16)
     if not stalls:
         table.add_column("prefill\niters", justify="right")
-    table.add_column("top blockers (prompt, time charged)", overflow="fold", max_width=44)
+    table.add_column("top blocker (prompt, time charged)", overflow="fold", max_width=40)
     for b in rows:
         row = [b.request_id, f"{b.prompt_len:,}"]
         if stalls:

@@ -75,6 +75,19 @@ CAUSE_TEXT = {
     OTHER: "idle / other",
 }
 
+# Column headers for tables.
+CAUSE_SHORT = {
+    QUEUED_PREFILL: "queued behind prefill",
+    KV_WAIT: "KV wait",
+    DECODE_WAIT: "queued (decodes ran)",
+    BATCHED_PREFILL: "batched with prefill",
+    BATCHED_DECODE: "batched with decodes",
+    PREFILL: "own prefill",
+    DECODE: "decode",
+    PREEMPTION: "preemption",
+    OTHER: "idle/other",
+}
+
 
 @dataclass(slots=True)
 class Blocker:
@@ -545,8 +558,10 @@ _REMEDIES: dict[tuple[str, str], str] = {
     "overtakes a long prompt and Orca has no flag for it; " + _CHUNKING,
     (QUEUED_PREFILL, "static"): "static batching holds new requests until the batch in flight ends: "
     "continuous batching (`orca`, `vllm`) admits them every iteration",
-    (QUEUED_PREFILL, "vllm"): "`--long-prefill-token-threshold` (e.g. 512-2048) caps a long prompt's "
-    "chunk so a short one shares the step, or `--scheduling-policy priority` serves urgent requests first",
+    (QUEUED_PREFILL, "vllm"): "prompts are served FCFS within `--max-num-batched-tokens` per step: a "
+    "larger budget prefills more of them per step (longer decode stalls), "
+    "`--long-prefill-token-threshold` (e.g. 512-2048) caps a long prompt's chunk so a short one shares "
+    "the step, and `--scheduling-policy priority` serves urgent requests first",
     (QUEUED_PREFILL, "vllm-v0"): "`--enable-chunked-prefill --max-num-batched-tokens 2048` with "
     "`--max-num-partial-prefills 2` and `--long-prefill-token-threshold` lets short prompts pass a long "
     "one, or `--scheduling-policy priority`",
@@ -558,7 +573,7 @@ _REMEDIES: dict[tuple[str, str], str] = {
     "urgent requests go first",
     (QUEUED_PREFILL, "tgi"): "TGI's router is strictly FIFO (no priorities): `--max-batch-prefill-tokens` "
     "sets how much prefill each forward carries; a larger value finishes long prompts sooner",
-    (KV_WAIT, ""): _MORE_KV + ", lower `--max-num-seqs`, or ask for fewer `max_tokens`",
+    (KV_WAIT, ""): _MORE_KV + ", or ask for fewer `max_tokens`",
     (KV_WAIT, "orca"): "Orca reserves prompt + max_tokens for every request at admission: "
     + _MORE_KV
     + ", lower `max_tokens`, or use paged allocation (`vllm`)",
@@ -586,8 +601,23 @@ _REMEDIES: dict[tuple[str, str], str] = {
     "ran out of KV (until a request leaves): raise the cap, or " + _MORE_KV,
     (DECODE_WAIT, "static"): "a static batch runs to completion before anyone joins: lower "
     "`--max-wait` / `--batch-size`, or use continuous batching",
-    (BATCHED_PREFILL, ""): "its prompt shared iterations with other prompts; a smaller prefill "
-    "budget per iteration ({budget}) gives each iteration fewer of them",
+    (BATCHED_PREFILL, ""): "its prompt was computed in the same iterations as other prompts; "
+    "{budget} caps the tokens one iteration carries: a smaller value puts fewer prompts together but "
+    "leaves the rest for later iterations",
+    (BATCHED_PREFILL, "vllm"): "other prompts' chunks took most of the steps it ran in: "
+    "`--long-prefill-token-threshold` (e.g. 512-2048) caps each long prompt's chunk so shorter ones get "
+    "more of `--max-num-batched-tokens`, or `--scheduling-policy priority` serves urgent requests first",
+    (BATCHED_PREFILL, "orca"): "Orca admits every waiting prompt whole into the same iteration, so a "
+    "short prompt pays for the long ones beside it; " + _CHUNKING,
+    (BATCHED_PREFILL, "static"): "a static batch prefills its prompts together, padded to the longest: "
+    "a smaller `--batch-size`, or continuous batching",
+    (BATCHED_DECODE, ""): "continuous batching runs every running request's decode in the iteration "
+    "that computes a new prompt; fewer concurrent sequences (`--max-num-seqs`) make those iterations "
+    "cheaper, at the cost of throughput",
+    (BATCHED_DECODE, "tgi"): "TGI runs new prompts in one forward with the running batch; a smaller "
+    "`--max-batch-size` makes those forwards cheaper, at the cost of throughput",
+    (BATCHED_DECODE, "sglang"): "with `--enable-mixed-chunk` decodes ride along with prefill chunks; "
+    "turning it off or lowering `--max-running-requests` makes those iterations cheaper",
     (PREFILL, ""): "no scheduler setting shortens a prompt's own compute: more tensor parallelism "
     "(`--tp`), a faster GPU, or prefix caching for shared prompts (`--enable-prefix-caching` in "
     "vllm-v0; on by default in vllm, sglang and tgi); smaller chunks lengthen it slightly",
@@ -615,6 +645,8 @@ def remedy(cause: str, policy: str) -> str:
 
 
 def _ms(seconds: float) -> str:
+    if seconds >= 10:
+        return f"{seconds:,.0f} s"
     return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
 
 
@@ -672,11 +704,35 @@ def _ttft_words(x: RunExplanation, peak_kv: float) -> str:
         f"The slowest 1% of requests by TTFT ({who} of {len(x.ttft)}, TTFT {span}): of that time, {shares}."
     )
     engine = x.policy or "this engine"
+    shown: set[str] = set()
     for c in causes:
         detail = _cause_detail(c, slow, peak_kv)
+        if detail in shown:
+            detail = "the same requests"  # queued behind and batched with share one blocker list
+        shown.add(detail)
         text += f" {CAUSE_TEXT[c][0].upper()}{CAUSE_TEXT[c][1:]}: " + (f"{detail}; " if detail else "")
         text += f"what addresses it ({engine}): {remedy(c, x.policy)}."
-    return text
+    return text + _longest_wait(x, causes)
+
+
+def _longest_wait(x: RunExplanation, covered: list[str]) -> str:
+    """The request that waited longest for anything but its own compute, when that is not the
+    slowest requests' story already: short requests behind long ones hide below p99 TTFT."""
+    b = max(x.ttft, key=lambda b: b.seconds - b.components[PREFILL])
+    wait = b.seconds - b.components[PREFILL]
+    if b.request_id in x.slow_ids or wait < 0.5 * b.seconds:
+        return ""
+    cause = max((c for c in TTFT_CAUSES if c != PREFILL), key=lambda c: b.components[c])
+    text = (
+        f" The longest wait: {b.request_id} ({b.prompt_len:,} tokens) waited {_ms(wait)} of its "
+        f"{_ms(b.seconds)} TTFT, mostly {CAUSE_TEXT[cause]}"
+    )
+    if cause in (QUEUED_PREFILL, BATCHED_PREFILL) and b.blockers:
+        top = b.blockers[0]
+        text += f" (the prefill of {top.request_id}, {top.prompt_len:,} tokens)"
+    if cause not in covered:
+        text += f"; what addresses it ({x.policy or 'this engine'}): {remedy(cause, x.policy)}"
+    return text + "."
 
 
 def _tbt_words(x: RunExplanation, median_gap: float) -> str:
@@ -714,4 +770,27 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
     gaps = [np.diff(r.token_times) for r in finished(list(attributor.requests.values()))]
     gaps = [g for g in gaps if g.size]
     median_gap = float(np.median(np.concatenate(gaps))) if gaps else 0.0
-    return _ttft_words(x, peak) + " " + _tbt_words(x, median_gap)
+    return _overload_words(x) + _ttft_words(x, peak) + " " + _tbt_words(x, median_gap)
+
+
+def _overload_words(x: RunExplanation) -> str:
+    """A queue that grows through the run is overload, not scheduling: say so first."""
+    by_arrival = sorted(x.ttft, key=lambda b: b.start)
+    quarter = len(by_arrival) // 4
+    if quarter < 5:
+        return ""
+    first = float(np.median([b.seconds for b in by_arrival[:quarter]]))
+    last = float(np.median([b.seconds for b in by_arrival[-quarter:]]))
+    span = float(
+        np.median([b.start for b in by_arrival[-quarter:]])
+        - np.median([b.start for b in by_arrival[:quarter]])
+    )
+    # A stable system's TTFT does not trend; an overloaded one's queue (and TTFT) grows by a
+    # fixed fraction of every second of arrivals.
+    if last < 1.0 or last - first < 0.25 * span:
+        return ""
+    return (
+        f"TTFT grows through the run (median {_ms(first)} for the first quarter of arrivals, "
+        f"{_ms(last)} for the last): requests arrive faster than this deployment serves them, and "
+        "no scheduler setting fixes that — lower the rate, or add GPUs or replicas. "
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from tailserve.metrics.attribution import CAUSE_TEXT, TTFT_CAUSES, RunExplanation
+from tailserve.metrics.attribution import CAUSE_SHORT, TTFT_CAUSES, RunExplanation
 from tailserve.report.plots import (
     SweepCurve,
     cdf_figure,
@@ -116,7 +116,7 @@ def _explanation(page: _Page, x: RunExplanation, top: int = 10) -> None:
             + [_ms(b.components[c]) for c in causes]
             + [str(b.num_prefill_chunks), blockers or "-"]
         )
-    header = ["request", "prompt tokens", "TTFT ms"] + [f"{CAUSE_TEXT[c]} (ms)" for c in causes]
+    header = ["request", "prompt tokens", "TTFT ms"] + [f"{CAUSE_SHORT[c]} (ms)" for c in causes]
     page.table([*header, "prefill iterations", "top blockers"], rows)
 
 
