@@ -380,7 +380,7 @@ def test_metrics_speak_vllm_names_and_counters_move(server: Any) -> None:
 
 
 # ---- the command ---------------------------------------------------------------------------
-def test_serve_command_starts_and_stops_on_sigint(micro_model: Path) -> None:
+def test_serve_command_starts_and_exits_0_on_sigterm(micro_model: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -408,7 +408,7 @@ def test_serve_command_starts_and_stops_on_sigint(micro_model: Path) -> None:
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 3}).json()
         assert reply["usage"]["completion_tokens"] == 3
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
 
 

@@ -12,7 +12,7 @@ before the engine loads, so a port in use is one clear error line rather than a 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import signal
 import socket
 import sys
 from typing import Any
@@ -99,6 +99,15 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     sock = bind_socket(args.host, args.port)
+    server = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
+        # has shut down gracefully: then exit 0. Before it serves (the model loading), stop.
+        if server is None or not server.should_exit:
+            raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     from prometheus_client import disable_created_metrics
 
@@ -146,8 +155,9 @@ def run_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
-            server.run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
