@@ -135,3 +135,21 @@ def test_compare_output_is_the_same_on_a_pool(capsys):
     serial = capsys.readouterr().out
     assert main([*args, "--workers", "2"]) == 0
     assert capsys.readouterr().out == serial
+
+
+def test_a_trace_is_keyed_by_its_file_not_the_path_spelling(tmp_path, monkeypatch):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"arrival_time": 0.0, "prompt_len": 10, "max_tokens": 2}) + "\n")
+    monkeypatch.chdir(tmp_path)
+
+    def key() -> str:
+        return RunSpec(Deployment(), WorkloadSpec("trace", trace_path="t.jsonl"), PolicySpec("vllm")).key
+
+    before = key()
+    assert (
+        RunSpec(Deployment(), WorkloadSpec("trace", trace_path=str(trace)), PolicySpec("vllm")).key == before
+    )
+    trace.write_text(
+        trace.read_text() + json.dumps({"arrival_time": 1.0, "prompt_len": 10, "max_tokens": 2}) + "\n"
+    )
+    assert key() != before, "an edited trace does not match its old results"

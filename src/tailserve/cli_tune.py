@@ -259,7 +259,7 @@ def print_tune(result: TuneResult, deployment: str) -> None:
         "policy",
         "capacity\nreq/s",
         "budget flag",
-        "default",
+        "capacity\nat size",
         "best",
         "flat region",
         "SLO ratio\nat best",
@@ -271,7 +271,7 @@ def print_tune(result: TuneResult, deployment: str) -> None:
             t.spec.label,
             _capacity(t, c.max_rate),
             t.knob or "(none)",
-            f"{t.default_size:,}" if t.default_size is not None else "-",
+            f"{t.capacity_size:,}" if t.capacity_size is not None else "-",
             f"{t.best.size:,}" if t.best else "-",
             _flat(t),
             _ratio(t.best.ratio) if t.best else "-",
@@ -282,7 +282,7 @@ def print_tune(result: TuneResult, deployment: str) -> None:
         sizes = sorted({p.size for t in swept for p in t.points})
         grid = Table(
             title=f"SLO ratio (worst measured / bound; <= 1 meets) by budget at {result.sweep_rate:.3g} req/s; "
-            "* = flat region",
+            "* = flat region, ! = requests turned away",
             title_justify="left",
         )
         grid.add_column("policy")
@@ -292,11 +292,15 @@ def print_tune(result: TuneResult, deployment: str) -> None:
             cells = {p.size: _cell(t, p) for p in t.points}
             grid.add_row(t.spec.label, *(cells.get(s, "") for s in sizes))
         console.print(grid)
+        for t in swept:
+            away = [f"{p.size:,}: {p.num_turned_away}" for p in t.points if p.num_turned_away]
+            if away:
+                console.print(f"! {t.spec.label} turned requests away (at size: requests): {', '.join(away)}")
     console.print("flags to paste:")
     for t in result.policies:
-        if t.command and t.best is not None:
+        if t.command:
             console.print(f"  {t.command}", soft_wrap=True)
-            if not t.best.meets:
+            if t.best is not None and not t.best.meets:
                 console.print(
                     f"    (misses the SLO at {result.sweep_rate:.3g} req/s even at its best size: "
                     f"ratio {_ratio(t.best.ratio)}, {t.best.num_turned_away} turned away)"
@@ -311,9 +315,7 @@ def _cell(t: PolicyTune, p: SizePoint) -> str:
     if p.error:
         return "invalid"
     text = "inf" if not math.isfinite(p.ratio) else f"{p.ratio:.2f}"
-    if p.num_turned_away:
-        text += f" ({p.num_turned_away} away)"
-    return text + ("*" if p.size in t.flat_sizes else "")
+    return text + ("!" if p.num_turned_away else "") + ("*" if p.size in t.flat_sizes else "")
 
 
 # ---- compare ------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ class PolicyTune:
     spec: PolicySpec
     capacity: Capacity
     knob: str | None  # None: the policy has no budget flag (orca, static)
-    default_size: int | None
+    capacity_size: int | None  # the budget its capacity was measured at (engine default or user's)
     points: list[SizePoint] = field(default_factory=list)
     best: SizePoint | None = None
     flat: tuple[int, int] | None = None  # sizes at the flat region's ends
@@ -144,12 +144,12 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
     for spec, scaler, capacity in zip(config.policies, scalers, capacities):
         max_model_len = _max_model_len(spec, model.max_position_embeddings)
         knob = KNOBS.get(spec.name)
-        default = None
+        size = None
         if knob is not None:
-            default = getattr(
+            size = getattr(
                 get_policy_cls(spec.name).default_config(device, max_model_len, **spec.flags), knob
             )
-        pt = PolicyTune(spec, capacity, knob, default)
+        pt = PolicyTune(spec, capacity, knob, size)
         if knob is not None and knob not in spec.flags:
             for size in sorted(set(config.chunk_sizes)):
                 sized = _with_size(spec, knob, size, device, max_model_len)
@@ -161,9 +161,10 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
         for point in pt.points:
             _score(point, next(outcomes), config.slo)
         _choose(pt, config.flat_tol)
-        if pt.best is not None:
-            max_model_len = _max_model_len(pt.spec, model.max_position_embeddings)
-            pt.command = command_line(pt.best.spec, config.deployment, model_id, device, max_model_len)
+        # A policy whose budget the user fixed was not swept: its command keeps that budget.
+        chosen = pt.best.spec if pt.best is not None else pt.spec
+        max_model_len = _max_model_len(pt.spec, model.max_position_embeddings)
+        pt.command = command_line(chosen, config.deployment, model_id, device, max_model_len)
     tunes.sort(key=lambda t: (-t.capacity.rate, t.best.ratio if t.best else math.inf))
     return TuneResult(config, rate, tunes)
 
@@ -312,7 +313,7 @@ def tune_json(result: TuneResult) -> dict[str, Any]:
                 "capacity_upper_req_s": t.capacity.upper,
                 "capacity_runs": [{"rate": r, "meets_slo": ok} for r, ok in t.capacity.evaluations],
                 "knob": t.knob,
-                "default_size": t.default_size,
+                "capacity_at_size": t.capacity_size,
                 "best_size": t.best.size if t.best else None,
                 "flat_region": list(t.flat) if t.flat else None,
                 "command": t.command,

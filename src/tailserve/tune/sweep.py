@@ -67,8 +67,10 @@ class RunSpec:
         """Everything that decides the run's result, as plain JSON values."""
         workload = _plain(self.workload)
         if self.workload.trace_path:
-            # A trace edited in place must not match its old results.
-            stat = os.stat(self.workload.trace_path)
+            # The same file by any relative path matches; a trace edited in place does not.
+            path = Path(self.workload.trace_path).resolve()
+            stat = path.stat()
+            workload["trace_path"] = str(path)
             workload["trace_file"] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
         return {
             "format": RESULTS_FORMAT,

@@ -1,0 +1,105 @@
+"""How fast is a full ``tailserve tune``, serially, on a 2-process pool and on a local Ray?
+
+The job: Llama-3-70B / A100-80GB / TP 4 (the seed calibration) on the Azure LLM inference 2023
+conversation trace (first N requests), the default SLO (p99 TTFT <= 2 s, p99 TBT <= 200 ms), the
+five default policies (vllm, sarathi, sglang, tgi, vllm-v0), capacity by bisection to 5%, then
+8 budget / chunk sizes (128 ... 16,384) per policy at the best capacity. The same job runs three
+times with a fresh results file each time (nothing reused): ``--workers 1``, ``--workers 2`` and
+``--ray auto`` (a local Ray instance started for the run, its start-up included in the wall
+time and also reported alone). Prints and saves the wall times, the speedups over one worker,
+and whether the three produced identical results.
+
+    python benchmarks/tune_speed.py [--trace PATH] [--max-requests N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from tailserve.policies.registry import parse_policy_list
+from tailserve.simulation import Deployment, WorkloadSpec
+from tailserve.tune.capacity import DEFAULT_SLO, parse_capacity_slo
+from tailserve.tune.recommend import DEFAULT_TUNE_POLICIES, TuneConfig, tune, tune_json
+from tailserve.tune.sweep import ProcessBackend, RayBackend, ResultsFile, SerialBackend, Sweep
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+
+
+def one_tune(name: str, config: TuneConfig, make_backend) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        results = ResultsFile(Path(tmp) / "runs.jsonl")
+        loadavg = os.getloadavg()
+        t0 = time.perf_counter()
+        backend = make_backend()
+        start_s = time.perf_counter() - t0
+        with Sweep(backend, results, quiet=True) as sweep:
+            result = tune(config, sweep)
+        wall = time.perf_counter() - t0
+    print(f"{name:>10}: {wall:6.1f} s wall ({start_s:.1f} s to start), {sweep.num_executed} runs")
+    return {
+        "backend": name,
+        "wall_s": wall,
+        "start_s": start_s,
+        "num_runs": sweep.num_executed,
+        "loadavg_before": loadavg,
+        "loadavg_after": os.getloadavg(),
+        "result": tune_json(result),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default=str(DEFAULT_TRACE))
+    parser.add_argument("--max-requests", type=int, default=1500)
+    parser.add_argument("--out", default=str(HERE / "results" / "tune_speed.json"))
+    args = parser.parse_args()
+
+    config = TuneConfig(
+        Deployment("Llama-3-70B", "A100-80GB", 4),
+        WorkloadSpec("trace", trace_path=args.trace, max_requests=args.max_requests),
+        parse_capacity_slo(DEFAULT_SLO),
+        tuple(parse_policy_list(DEFAULT_TUNE_POLICIES)),
+    )
+    runs = [
+        one_tune("1 worker", config, SerialBackend),
+        one_tune("2 workers", config, lambda: ProcessBackend(2)),
+        one_tune("local Ray", config, lambda: RayBackend("auto")),
+    ]
+    serial = runs[0]
+    identical = all(
+        json.dumps(r["result"], sort_keys=True) == json.dumps(serial["result"], sort_keys=True) for r in runs
+    )
+    out = {
+        "job": (
+            f"tune, Llama-3-70B / A100-80GB / TP 4 (seed calibration), Azure conversation trace first "
+            f"{args.max_requests} requests, SLO {DEFAULT_SLO}, policies {DEFAULT_TUNE_POLICIES}, "
+            "8 sizes, capacity to 5%"
+        ),
+        "runs": [{k: v for k, v in r.items() if k != "result"} for r in runs],
+        "speedup_2_workers": serial["wall_s"] / runs[1]["wall_s"],
+        "speedup_local_ray": serial["wall_s"] / runs[2]["wall_s"],
+        "identical_results": identical,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "result": serial["result"],
+    }
+    print(
+        f"speedup over 1 worker: 2 workers {out['speedup_2_workers']:.2f}x, local Ray {out['speedup_local_ray']:.2f}x; "
+        f"identical results: {identical}"
+    )
+    for p in serial["result"]["policies"]:
+        print(
+            f"  {p['policy']:>8}: capacity {p['capacity_req_s']:.3g} req/s, best {p['knob']} {p['best_size']}"
+        )
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
