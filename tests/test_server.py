@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -442,3 +443,30 @@ def test_serve_port_in_use_is_one_line(micro_model: Path, capsys) -> None:
         port = taken.getsockname()[1]
         assert main(["serve", "--model", str(micro_model), "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_priority_reaches_the_scheduler(micro_model: Path) -> None:
+    # vLLM's priority scheduling, one sequence at a time: of two waiting requests the one with
+    # the lower priority value runs first, whatever the arrival order.
+    flags = {"max_num_seqs": "1", "scheduling_policy": "priority"}
+    with running_server(micro_model, "sim", policy_flags=flags) as running:
+        url = f"{running.base_url}/v1/completions"
+        body = {"model": NAME, "prompt": "x", "max_tokens": 40, "ignore_eos": True, "stream": True}
+        done: list[int] = []
+
+        def post(priority: int) -> None:
+            httpx.post(url, json={**body, "stream": False, "max_tokens": 2, "priority": priority}, timeout=60)
+            done.append(priority)
+
+        with httpx.stream("POST", url, json=body) as first:
+            lines = first.iter_lines()
+            next(lines)
+            late = [threading.Thread(target=post, args=(p,)) for p in (5, 0)]
+            for i, thread in enumerate(late, start=1):  # priority 5 waits before priority 0 arrives
+                thread.start()
+                wait_until(lambda i=i: running.async_engine.snapshot.num_waiting == i)
+            rest = [line for line in lines if line]
+        for thread in late:
+            thread.join(30)
+        assert rest[-1] == "data: [DONE]"
+        assert done == [0, 5]
