@@ -12,6 +12,8 @@ from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 
+BUSY_GAP_S = 0.005  # a gap shorter than this between iterations is engine overhead, not idleness
+
 
 class RealtimeSimExecutor:
     def __init__(
@@ -20,16 +22,21 @@ class RealtimeSimExecutor:
         self.sim = SimExecutor(cost_model, block_size)
         self._rng = random.Random(seed)
         self._tokens = [t for t in range(min(vocab_size, 4096)) if t not in special_ids and t > 2]
+        self._last_end = 0.0  # perf_counter time the previous iteration was due to end
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         t0 = time.perf_counter()
+        # Back to back iterations start when the previous one was due to end, so the engine's own
+        # Python time between them is absorbed instead of added to the simulated GPU's pace.
+        start = self._last_end if t0 - self._last_end < BUSY_GAP_S else t0
         predicted = self.sim.execute(out).duration
         token_ids = {
             s.request.request_id: self._rng.choice(self._tokens)
             for s in out.scheduled
             if s.num_context_tokens + s.num_new_tokens == s.request.num_tokens
         }
-        delay = predicted - (time.perf_counter() - t0)
+        self._last_end = start + predicted
+        delay = self._last_end - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         return StepResult(predicted, token_ids)
