@@ -405,7 +405,9 @@ def run_policy(
     num_cpu_blocks = int(swap_gib * 2**30 // (capacity.block_size * capacity.kv_bytes_per_token))
     # Prefix caching needs token identities; a workload of bare lengths could never share.
     # vLLM hashes blocks into its block pool; SGLang keeps a radix tree beside its slots.
-    kv = make_kv_cache(config, capacity.num_blocks, capacity.block_size, num_cpu_blocks, workload.shares_prefixes)
+    kv = make_kv_cache(
+        config, capacity.num_blocks, capacity.block_size, num_cpu_blocks, workload.shares_prefixes
+    )
     prefix_caching = kv.pool is not None
     radix = isinstance(kv, RadixKVCacheManager)
     scheduler = Scheduler(policy, kv, max_model_len)
