@@ -1,0 +1,153 @@
+"""Quiet-machine gate and CPU accounting for the CPU benchmarks (peer-engines-cpu.md section 5).
+
+On a shared 2-core box another job can make a run 2-10x slower, so a timed section starts only
+once the whole machine has been nearly idle for a few seconds, and records, beside its own
+CPU-seconds, how many CPU-seconds the whole machine was busy: ``other_cpu_s`` is what somebody
+else used meanwhile. Standard library only: the vLLM driver imports this from vLLM's venv.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+_TICK = os.sysconf("SC_CLK_TCK")  # /proc counters are in clock ticks
+# /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice.
+# Busy = user + nice + system + irq + softirq (guest time is already inside user); steal is time
+# the hypervisor gave to another VM, kept apart as a sign of a noisy host.
+_BUSY = (0, 1, 2, 5, 6)
+_STEAL = 7
+
+
+@dataclass(frozen=True, slots=True)
+class MachineCpu:
+    busy_s: float  # CPU-seconds all cores spent busy since boot
+    steal_s: float
+
+
+def machine_cpu() -> MachineCpu:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    steal = fields[_STEAL] if len(fields) > _STEAL else 0
+    return MachineCpu(sum(fields[i] for i in _BUSY) / _TICK, steal / _TICK)
+
+
+def own_cpu_s() -> float:
+    """CPU-seconds of this process, its reaped children (``getrusage``) and its live descendants
+    (``/proc``: vLLM's engine core is a child process that lives until shutdown)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total + sum(_proc_cpu_s(pid) for pid in _descendants(os.getpid()))
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _read_stat(entry / "stat")
+        if stat is not None:
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found: list[int] = []
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _read_stat(path: Path) -> list[str] | None:
+    """Fields after the command name (which may hold spaces): state, ppid, ..."""
+    try:
+        text = path.read_text()
+    except OSError:  # the process ended meanwhile
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime + cutime + cstime: a descendant's own reaped children count through it."""
+    stat = _read_stat(Path(f"/proc/{pid}/stat"))
+    if stat is None:
+        return 0.0
+    return sum(int(x) for x in stat[11:15]) / _TICK
+
+
+@dataclass(frozen=True, slots=True)
+class QuietResult:
+    quiet: bool  # False: timed out, the section ran on a busy machine (a warning)
+    waited_s: float
+    busy_cores: float  # the machine's busy cores over the last sample
+    threshold_cores: float
+    hold_s: float
+
+
+def wait_quiet(threshold_cores: float = 0.2, hold_s: float = 3.0, timeout_s: float = 300.0) -> QuietResult:
+    """Block until the machine's busy CPU stays below ``threshold_cores`` for ``hold_s`` seconds.
+
+    Gives up after ``timeout_s`` and says so (``quiet=False``) rather than hanging forever.
+    """
+    poll = 0.5
+    start = time.monotonic()
+    quiet_since: float | None = None
+    last = machine_cpu().busy_s
+    busy = float("nan")
+    while True:
+        time.sleep(poll)
+        now = time.monotonic()
+        cur = machine_cpu().busy_s
+        busy = (cur - last) / poll
+        last = cur
+        quiet_since = (
+            (quiet_since if quiet_since is not None else now - poll) if busy < threshold_cores else None
+        )
+        if quiet_since is not None and now - quiet_since >= hold_s:
+            return QuietResult(True, now - start, busy, threshold_cores, hold_s)
+        if now - start >= timeout_s:
+            return QuietResult(False, now - start, busy, threshold_cores, hold_s)
+
+
+class CpuMeter:
+    """``with CpuMeter() as m: ...``; then ``m.result()``: wall, own and whole-machine CPU-seconds."""
+
+    def __enter__(self) -> CpuMeter:
+        self._machine = machine_cpu()
+        self._own = own_cpu_s()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        self.own_s = own_cpu_s() - self._own
+        machine = machine_cpu()
+        self.machine_busy_s = machine.busy_s - self._machine.busy_s
+        self.steal_s = machine.steal_s - self._machine.steal_s
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "wall_s": self.wall_s,
+            "own_cpu_s": self.own_s,
+            "machine_busy_cpu_s": self.machine_busy_s,
+            # Tick granularity (10 ms per core) can make this slightly negative on a quiet box.
+            "other_cpu_s": self.machine_busy_s - self.own_s,
+            "steal_s": self.steal_s,
+        }
+
+
+def gated(threshold_cores: float, timeout_s: float) -> dict[str, Any]:
+    """Wait for a quiet machine; the JSON record of how that went (with a warning if it was not)."""
+    result = wait_quiet(threshold_cores, timeout_s=timeout_s)
+    record = asdict(result)
+    if not result.quiet:
+        record["warning"] = (
+            f"machine not quiet after {result.waited_s:.0f} s ({result.busy_cores:.2f} busy cores, "
+            f"threshold {threshold_cores}); timed anyway"
+        )
+        print(f"warning: {record['warning']}", flush=True)
+    return record

@@ -1,0 +1,134 @@
+"""This machine's roofline, measured, and a Llama checkpoint's bytes and FLOPs per step.
+
+The decode limit is the time to read every weight a decode step touches (plus, separately, the KV
+it attends over) at the copy bandwidth measured here; the prefill limit is its matmul FLOPs at the
+bf16 GEMM rate measured here. Both rates are best-of-N on large operands, so they are what this
+CPU can reach through PyTorch, not datasheet peaks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from tailserve.executors.pytorch.loader import ModelConfig, expected_tensor_shapes
+
+
+def measure_copy_bandwidth(size_mib: int = 512, reps: int = 5) -> float:
+    """Bytes/s of ``dst.copy_(src)`` on a buffer far larger than the caches (read + write)."""
+    src = torch.ones(size_mib * 2**20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page first
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() / best
+
+
+def measure_gemm_flops(n: int = 2048, dtype: torch.dtype = torch.bfloat16, reps: int = 3) -> float:
+    """FLOP/s of an ``n`` x ``n`` x ``n`` matmul in ``dtype``."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)  # first call picks the kernel
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCounts:
+    num_params: int  # everything in the checkpoint
+    num_linear_params: int  # projections of every layer (weights and biases): run for every token
+    num_lm_head_params: int  # run only for rows that sample
+    num_embed_params: int  # a lookup: one row read per token
+    num_norm_params: int
+    itemsize: int  # bytes per weight
+    kv_bytes_per_token: int  # K and V of every layer
+
+    @staticmethod
+    def from_config(config: ModelConfig, itemsize: int) -> ModelCounts:
+        groups = {"linear": 0, "lm_head": 0, "embed": 0, "norm": 0}
+        for name, shape in expected_tensor_shapes(config).items():
+            n = 1
+            for d in shape:
+                n *= d
+            if name == "lm_head.weight":
+                groups["lm_head"] += n
+            elif name == "model.embed_tokens.weight":
+                groups["embed"] += n
+            elif "norm" in name:
+                groups["norm"] += n
+            else:
+                groups["linear"] += n
+        if config.tie_word_embeddings:
+            groups["lm_head"] = groups["embed"]  # the same matrix, multiplied as the head
+        kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+        return ModelCounts(
+            config.num_params,
+            groups["linear"],
+            groups["lm_head"],
+            groups["embed"],
+            groups["norm"],
+            itemsize,
+            kv,
+        )
+
+    def decode_weight_bytes(self) -> int:
+        """Weights one decode step reads whatever the batch (embedding rows are negligible)."""
+        return (self.num_linear_params + self.num_lm_head_params + self.num_norm_params) * self.itemsize
+
+    def prefill_flops(self, num_tokens: int, num_sampled_rows: int) -> float:
+        """Matmul FLOPs of a forward pass over ``num_tokens`` (2 x params x tokens, the head only
+        for the rows that sample; attention's own FLOPs left out, as in the usual estimate)."""
+        return 2.0 * (self.num_linear_params * num_tokens + self.num_lm_head_params * num_sampled_rows)
+
+
+def roofline(
+    counts: ModelCounts,
+    bandwidth: float,
+    gemm_flops: float,
+    decode: dict[str, Any] | None,
+    prefills: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """Fractions of the limits that measured steps reached.
+
+    ``decode``: ``{"batch_size", "mean_context_len", "step_s", ...}`` for decode-only steps;
+    each of ``prefills``: ``{"num_tokens", "num_sampled_rows", "time_s", ...}``.
+    """
+    out: dict[str, Any] = {
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "bf16_gemm_gflop_s": gemm_flops / 1e9,
+        "counts": asdict(counts),
+    }
+    if decode is not None:
+        weight_bytes = counts.decode_weight_bytes()
+        kv_bytes = decode["batch_size"] * decode["mean_context_len"] * counts.kv_bytes_per_token
+        weights_limit = weight_bytes / bandwidth
+        with_kv_limit = (weight_bytes + kv_bytes) / bandwidth
+        out["decode"] = {
+            **decode,
+            "weight_bytes": weight_bytes,
+            "kv_bytes": kv_bytes,
+            "weights_limit_s": weights_limit,
+            "weights_and_kv_limit_s": with_kv_limit,
+            "fraction_of_weights_limit": weights_limit / decode["step_s"],
+            "fraction_of_weights_and_kv_limit": with_kv_limit / decode["step_s"],
+        }
+    for name, prefill in prefills.items():
+        flops = counts.prefill_flops(prefill["num_tokens"], prefill["num_sampled_rows"])
+        limit = flops / gemm_flops
+        out[name] = {
+            **prefill,
+            "flops": flops,
+            "flop_limit_s": limit,
+            "fraction_of_flop_limit": limit / prefill["time_s"],
+        }
+    return out
