@@ -76,6 +76,10 @@ class TuneConfig:
             raise ValueError(f"--request-rate must be > 0 requests/s, got {self.sweep_rate}")
         if not 0 <= self.flat_tol < 1:
             raise ValueError(f"--flat-tol must be in [0, 1), got {self.flat_tol}")
+        if not 0 < self.rel_tol < 1:
+            raise ValueError(f"--rel-tol must be in (0, 1), got {self.rel_tol}")
+        if not self.max_rate > self.min_rate:
+            raise ValueError(f"--max-rate must be > {self.min_rate:g} requests/s, got {self.max_rate}")
 
 
 @dataclass(slots=True)
@@ -117,7 +121,7 @@ class PolicyTune:
 class TuneResult:
     config: TuneConfig
     sweep_rate: float
-    policies: list[PolicyTune]  # ranked: highest capacity first, then lowest SLO ratio
+    policies: list[PolicyTune]  # ranked: highest capacity, then fewest turned away and lowest ratio at best
 
 
 def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneResult:
@@ -144,12 +148,11 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
     for spec, scaler, capacity in zip(config.policies, scalers, capacities):
         max_model_len = _max_model_len(spec, model.max_position_embeddings)
         knob = KNOBS.get(spec.name)
-        size = None
+        capacity_size = None
         if knob is not None:
-            size = getattr(
-                get_policy_cls(spec.name).default_config(device, max_model_len, **spec.flags), knob
-            )
-        pt = PolicyTune(spec, capacity, knob, size)
+            config_used = get_policy_cls(spec.name).default_config(device, max_model_len, **spec.flags)
+            capacity_size = getattr(config_used, knob)
+        pt = PolicyTune(spec, capacity, knob, capacity_size)
         if knob is not None and knob not in spec.flags:
             for size in sorted(set(config.chunk_sizes)):
                 sized = _with_size(spec, knob, size, device, max_model_len)
@@ -165,7 +168,12 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
         chosen = pt.best.spec if pt.best is not None else pt.spec
         max_model_len = _max_model_len(pt.spec, model.max_position_embeddings)
         pt.command = command_line(chosen, config.deployment, model_id, device, max_model_len)
-    tunes.sort(key=lambda t: (-t.capacity.rate, t.best.ratio if t.best else math.inf))
+    tunes.sort(
+        key=lambda t: (
+            -t.capacity.rate,
+            *((t.best.num_turned_away, t.best.ratio) if t.best else (0, math.inf)),
+        )
+    )
     return TuneResult(config, rate, tunes)
 
 

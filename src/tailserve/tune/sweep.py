@@ -282,6 +282,10 @@ class ResultsFile:
     def __len__(self) -> int:
         return len(self._done)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """Every finished run's line, as read or written."""
+        return list(self._done.values())
+
     def get(self, key: str) -> RunOutcome | None:
         row = self._done.get(key)
         if row is None:
