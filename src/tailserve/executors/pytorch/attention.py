@@ -165,18 +165,7 @@ def paged_attention(
     out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
-        b, width = meta.decode_slots.shape
-        flat = meta.decode_slots.view(-1)
-        # index_select is several times faster than advanced indexing for this gather on CPU.
-        keys = k_slots.index_select(0, flat).view(b, width, *k_slots.shape[1:]).transpose(1, 2)
-        values = v_slots.index_select(0, flat).view(b, width, *v_slots.shape[1:]).transpose(1, 2)
-        query = q[:nd].unsqueeze(2)  # [b, heads, 1, dim]
-        if query.device.type == "cpu" and query.dtype != torch.float32:
-            # PyTorch's CPU SDPA is ~3x slower in bf16/fp16 than in fp32 for one-token queries;
-            # the upcast is exact and the result is rounded back once.
-            query, keys, values = query.float(), keys.float(), values.float()
-        res = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.decode_mask, enable_gqa=True)
-        out[:nd] = res.squeeze(2).to(out.dtype)
+        out[:nd] = _decode_attention(q[:nd], k_slots, v_slots, meta)
     for chunk in meta.prefills:
         s, n = chunk.start, chunk.num_new_tokens
         query = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, dim]
@@ -194,3 +183,23 @@ def paged_attention(
             res = F.scaled_dot_product_attention(query, keys, values, attn_mask=chunk.mask, enable_gqa=True)
         out[s : s + n] = res.squeeze(0).transpose(0, 1)
     return out
+
+
+def _decode_attention(
+    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """One query token per request over its gathered context, as two batched matmuls per KV-head
+    group with a float32 softmax. On CPU this is ~3x faster than ``scaled_dot_product_attention``
+    for one-token queries (whose kernel is tuned for long queries)."""
+    b, width = meta.decode_slots.shape
+    num_kv_heads, head_dim = k_slots.shape[1], k_slots.shape[2]
+    group = q.shape[1] // num_kv_heads
+    flat = meta.decode_slots.view(-1)
+    # index_select is several times faster than advanced indexing for this gather on CPU.
+    keys = k_slots.index_select(0, flat).view(b, width, num_kv_heads, head_dim)
+    values = v_slots.index_select(0, flat).view(b, width, num_kv_heads, head_dim)
+    query = q.view(b, num_kv_heads, group, head_dim)
+    scores = torch.einsum("bkgd,blkd->bkgl", query, keys).float() * head_dim**-0.5
+    scores.masked_fill_(~meta.decode_mask.view(b, 1, 1, width), float("-inf"))
+    probs = scores.softmax(-1).to(values.dtype)
+    return torch.einsum("bkgl,blkd->bkgd", probs, values).reshape(b, num_kv_heads * group, head_dim)
