@@ -188,9 +188,10 @@ def paged_attention(
 def _decode_attention(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, meta: AttentionMetadata
 ) -> torch.Tensor:
-    """One query token per request over its gathered context, as two batched matmuls per KV-head
-    group with a float32 softmax. On CPU this is ~3x faster than ``scaled_dot_product_attention``
-    for one-token queries (whose kernel is tuned for long queries)."""
+    """One query token per request over its gathered context. On CUDA, SDPA. On CPU, two batched
+    float32 matmuls per KV-head group: PyTorch's CPU SDPA kernel is tuned for long queries and is
+    ~2-3x slower here, and float32 keeps the scores as exact as the engines we compare with (a
+    bf16 score matrix would round logits before the softmax)."""
     b, width = meta.decode_slots.shape
     num_kv_heads, head_dim = k_slots.shape[1], k_slots.shape[2]
     group = q.shape[1] // num_kv_heads
@@ -198,8 +199,22 @@ def _decode_attention(
     # index_select is several times faster than advanced indexing for this gather on CPU.
     keys = k_slots.index_select(0, flat).view(b, width, num_kv_heads, head_dim)
     values = v_slots.index_select(0, flat).view(b, width, num_kv_heads, head_dim)
-    query = q.view(b, num_kv_heads, group, head_dim)
-    scores = torch.einsum("bkgd,blkd->bkgl", query, keys).float() * head_dim**-0.5
+    if q.device.type != "cpu":
+        res = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=meta.decode_mask,
+            enable_gqa=True,
+        )
+        return res.squeeze(2)
+    # One copy each does the layout change and the upcast.
+    k32 = torch.empty(b, num_kv_heads, head_dim, width)
+    k32.copy_(keys.permute(0, 2, 3, 1))
+    v32 = torch.empty(b, num_kv_heads, width, head_dim)
+    v32.copy_(values.transpose(1, 2))
+    query = q.view(b, num_kv_heads, group, head_dim).float()
+    scores = torch.matmul(query, k32) * head_dim**-0.5  # [b, kv_heads, group, width]
     scores.masked_fill_(~meta.decode_mask.view(b, 1, 1, width), float("-inf"))
-    probs = scores.softmax(-1).to(values.dtype)
-    return torch.einsum("bkgl,blkd->bkgd", probs, values).reshape(b, num_kv_heads * group, head_dim)
+    out = torch.matmul(scores.softmax(-1), v32)  # [b, kv_heads, group, dim]
+    return out.view(b, num_kv_heads * group, head_dim).to(q.dtype)
