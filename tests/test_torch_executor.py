@@ -207,3 +207,10 @@ def test_cuda_matches_cpu(model_dir, prompts, reference):
         SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True),
     )
     assert [o.token_ids for o in outs] == reference
+
+
+def test_pytorch_attention_path_gives_the_same_tokens(model_dir, prompts, reference, monkeypatch):
+    # Without the fused CPU kernel (no compiler, or TAILSERVE_CPU_KERNEL=0) decodes gather context.
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
+    _, outs = _generate(model_dir, prompts, "vllm", max_num_batched_tokens=16)
+    assert [o.token_ids for o in outs] == reference

@@ -745,3 +745,16 @@ def test_fast_path_matches_stepping_after_a_swap_abort():
     # Stepping admits d in the iteration right after c's abort (its first token at the end of
     # iteration 3); the fast path keeps decoding a and b until they finish.
     assert outcomes[0] == outcomes[1]
+
+
+def test_small_budget_with_matching_max_num_seqs_is_accepted():
+    from tailserve.core.device import DeviceInfo
+    from tailserve.policies.vllm_v0 import VllmV0Policy
+
+    device = DeviceInfo("A100-80GB", 80.0)
+    config = VllmV0Policy.default_config(
+        device, 4096, max_num_batched_tokens=128, max_num_seqs=64, enable_chunked_prefill=True
+    )
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (128, 64)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        VllmV0Policy.default_config(device, 4096, max_num_batched_tokens=128, enable_chunked_prefill=True)

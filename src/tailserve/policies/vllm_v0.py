@@ -31,7 +31,7 @@ mode) — the convoy the essay describes; the PCIe copies are priced by the cost
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -116,7 +116,7 @@ class VllmV0Policy(Policy):
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
         )
-        config = replace(VllmV0Config(budget), **rest)
+        config = VllmV0Config(**rest)  # validated once, with the overrides (max_num_seqs) applied
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than max_model_len "

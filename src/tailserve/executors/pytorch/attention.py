@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tailserve.executors.pytorch import cpu_kernels
+
 
 class PagedKVCache:
     """K and V for every layer: [num_blocks + 1, block_size, num_kv_heads, head_dim] each. The
@@ -98,6 +100,7 @@ class AttentionMetadata:
     num_decodes: int  # the first ``num_decodes`` tokens are single-token decodes
     decode_slots: torch.Tensor | None  # [num_decodes, max_context] long, padded with the null slot
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    decode_lengths: torch.Tensor | None  # [num_decodes] long, context + 1 per decode
     prefills: list[PrefillChunk]
 
 
@@ -127,7 +130,7 @@ def build_metadata(
             k_pos = torch.arange(total, device=device)[None, :]
             prefills.append(PrefillChunk(0, n, c, slots[:c].to(device), k_pos <= q_pos))
         slot_mapping.append(slot_mapping_part)
-    decode_slots = decode_mask = None
+    decode_slots = decode_mask = length_t = None
     decode_mapping = torch.empty(0, dtype=torch.long)
     if num_decodes:
         lengths = [num_context_tokens[i] + 1 for i in range(num_decodes)]
@@ -147,7 +150,7 @@ def build_metadata(
         chunk.start = start
         start += chunk.num_new_tokens
     mapping = torch.cat([decode_mapping, *slot_mapping]) if slot_mapping else decode_mapping
-    return AttentionMetadata(mapping.to(device), num_decodes, decode_slots, decode_mask, prefills)
+    return AttentionMetadata(mapping.to(device), num_decodes, decode_slots, decode_mask, length_t, prefills)
 
 
 def paged_attention(
@@ -188,10 +191,14 @@ def paged_attention(
 def _decode_attention(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, meta: AttentionMetadata
 ) -> torch.Tensor:
-    """One query token per request over its gathered context. On CUDA, SDPA. On CPU, two batched
-    float32 matmuls per KV-head group: PyTorch's CPU SDPA kernel is tuned for long queries and is
-    ~2-3x slower here, and float32 keeps the scores as exact as the engines we compare with (a
-    bf16 score matrix would round logits before the softmax)."""
+    """One query token per request over its context. On CPU the fused kernel reads K/V straight
+    from their slots (``cpu_kernels``); without it, and on CUDA, the context is gathered first."""
+    if q.device.type == "cpu" and cpu_kernels.enabled():
+        fused = cpu_kernels.paged_decode_attention(
+            q, k_slots, v_slots, meta.decode_slots, meta.decode_lengths
+        )
+        if fused is not None:
+            return fused
     b, width = meta.decode_slots.shape
     num_kv_heads, head_dim = k_slots.shape[1], k_slots.shape[2]
     group = q.shape[1] // num_kv_heads
@@ -208,7 +215,9 @@ def _decode_attention(
             enable_gqa=True,
         )
         return res.squeeze(2)
-    # One copy each does the layout change and the upcast.
+    # PyTorch's CPU SDPA is tuned for long queries (~2-3x slower here): two batched float32
+    # matmuls instead, float32 so scores are not rounded to bf16 before the softmax. One copy
+    # each does the layout change and the upcast.
     k32 = torch.empty(b, num_kv_heads, head_dim, width)
     k32.copy_(keys.permute(0, 2, 3, 1))
     v32 = torch.empty(b, num_kv_heads, width, head_dim)
