@@ -18,18 +18,14 @@ it has workers.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
-import multiprocessing
-import os
 import sys
-from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -48,6 +44,20 @@ from tailserve.simulation import (
     build_cost_model,
     run_policy,
 )
+from tailserve.tune.backends import Backend, ProcessBackend, RayBackend, SerialBackend, make_backend
+
+__all__ = [
+    "Backend",
+    "ProcessBackend",
+    "RayBackend",
+    "ResultsFile",
+    "RunOutcome",
+    "RunSpec",
+    "SerialBackend",
+    "Sweep",
+    "execute",
+    "make_backend",
+]
 
 T = TypeVar("T")
 Search = Generator["RunSpec", "RunOutcome", T]
@@ -154,100 +164,6 @@ def num_turned_away(run: RunResult) -> int:
         for r in run.requests
         if r.status is RequestStatus.FINISHED_REJECTED and r.prompt_len + r.max_tokens <= limit
     )
-
-
-# ---- backends -----------------------------------------------------------------------------
-class Backend(Protocol):
-    def submit(self, spec: RunSpec) -> None: ...
-    def wait(self) -> list[RunOutcome]:
-        """Block until at least one submitted run finished; return every finished one."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class SerialBackend:
-    """Runs in this process, one at a time (``--workers 1``)."""
-
-    workers = 1
-
-    def __init__(self) -> None:
-        self._queue: deque[RunSpec] = deque()
-
-    def submit(self, spec: RunSpec) -> None:
-        self._queue.append(spec)
-
-    def wait(self) -> list[RunOutcome]:
-        return [execute(self._queue.popleft())]
-
-    def close(self) -> None:
-        self._queue.clear()
-
-
-class ProcessBackend:
-    """A local process pool. Workers are spawned, not forked: the parent runs a progress thread,
-    and forking a process with threads can deadlock on a lock the thread held."""
-
-    def __init__(self, workers: int) -> None:
-        if workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {workers}")
-        self.workers = workers
-        self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        self._futures: set[cf.Future[RunOutcome]] = set()
-
-    def submit(self, spec: RunSpec) -> None:
-        self._futures.add(self._pool.submit(execute, spec))
-
-    def wait(self) -> list[RunOutcome]:
-        done, self._futures = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
-        return [f.result() for f in done]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-class RayBackend:
-    """Ray tasks, one CPU each. ``address`` ``auto`` attaches to the Ray instance this machine
-    runs (``ray start``, or ``RAY_ADDRESS``) and starts a local one if there is none; otherwise it
-    names a cluster (``ray://host:10001`` or ``host:6379``). An already initialised Ray (a test's
-    ``ray.init(num_cpus=2)``) is used as it is."""
-
-    def __init__(self, address: str) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise ValueError("--ray needs the ray package: pip install 'tailserve[ray]'") from None
-        self._ray = ray
-        self._started = False
-        if not ray.is_initialized():
-            ray.init(address=None if address == "auto" else address, log_to_driver=False)
-            self._started = True
-        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._execute = ray.remote(num_cpus=1)(execute)
-        self._refs: list[Any] = []
-
-    def submit(self, spec: RunSpec) -> None:
-        self._refs.append(self._execute.remote(spec))
-
-    def wait(self) -> list[RunOutcome]:
-        done, self._refs = self._ray.wait(self._refs, num_returns=1)
-        return list(self._ray.get(done))
-
-    def close(self) -> None:
-        for ref in self._refs:
-            self._ray.cancel(ref)
-        self._refs = []
-        if self._started:
-            self._ray.shutdown()
-
-
-def make_backend(workers: int | None = None, ray_address: str | None = None) -> Backend:
-    """``--ray`` wins; otherwise a pool of ``workers`` processes (default: the CPU count), or this
-    process alone with one worker."""
-    if ray_address:
-        return RayBackend(ray_address)
-    n = workers if workers is not None else (os.cpu_count() or 1)
-    return SerialBackend() if n == 1 else ProcessBackend(n)
 
 
 # ---- results file -------------------------------------------------------------------------
