@@ -19,6 +19,7 @@ from tailserve.executors.pytorch.loader import (
     load_config,
     load_state_dict,
 )
+from torch_helpers import edit_json
 
 MICRO = {
     "hidden_size": 64,
@@ -43,14 +44,7 @@ def model_dir(micro_dir: Path, tmp_path: Path) -> Path:
 
 
 def _edit_config(model_dir: Path, **changes: object) -> None:
-    path = model_dir / "config.json"
-    config = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    path.write_text(json.dumps(config))
+    edit_json(model_dir / "config.json", **changes)
 
 
 @pytest.mark.parametrize(

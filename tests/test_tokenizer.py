@@ -12,6 +12,7 @@ import pytest
 from tailserve.executors.pytorch.init_model import init_model
 from tailserve.executors.pytorch.loader import ModelLoadError
 from tailserve.executors.pytorch.tokenizer import Tokenizer
+from torch_helpers import edit_json
 
 TEXTS = [
     "Hello world",
@@ -53,14 +54,7 @@ def copy_dir(model_dir: Path, tmp_path: Path) -> Path:
 
 
 def _edit_tokenizer_config(model_dir: Path, **changes: object) -> None:
-    path = model_dir / "tokenizer_config.json"
-    config = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    path.write_text(json.dumps(config))
+    edit_json(model_dir / "tokenizer_config.json", **changes)
 
 
 def _hf(model_dir: Path):

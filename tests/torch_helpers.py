@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -24,6 +25,17 @@ def micro_model(root: Path, name: str = "micro", dtype: str = "float32", **overr
     if not out.exists():
         init_model(out, preset="tiny", dtype=dtype, **{**MICRO, **overrides})
     return out
+
+
+def edit_json(path: Path, **changes: object) -> None:
+    """Set keys of a JSON file in a model directory; a None value removes the key."""
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
 
 
 def hf_greedy(

@@ -144,9 +144,9 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def summarize_outputs(outs: list, wall: float, stats: Any) -> dict[str, Any]:
-    import numpy as np
+    from tailserve.metrics.summary import stats as distribution
 
-    ttft = np.array([o.first_token_time - o.arrival_time for o in outs if o.first_token_time is not None])
+    ttft = distribution([o.first_token_time - o.arrival_time for o in outs if o.first_token_time is not None])
     num_out = sum(len(o.token_ids) for o in outs)
     return {
         "num_requests": len(outs),
@@ -154,8 +154,8 @@ def summarize_outputs(outs: list, wall: float, stats: Any) -> dict[str, Any]:
         "num_output_tokens": num_out,
         "wall_s": wall,
         "output_throughput": num_out / wall if wall > 0 else 0.0,
-        "ttft_p50_ms": float(np.percentile(ttft, 50) * 1e3) if ttft.size else 0.0,
-        "ttft_p99_ms": float(np.percentile(ttft, 99) * 1e3) if ttft.size else 0.0,
+        "ttft_p50_ms": (ttft["p50"] or 0.0) * 1e3,
+        "ttft_p99_ms": (ttft["p99"] or 0.0) * 1e3,
         "num_preemptions": stats.num_preemptions,
         "prefix_cache_hit_rate": stats.prefix_cache_hits / stats.prefix_cache_queries
         if stats.prefix_cache_queries

@@ -364,9 +364,37 @@ def load_run(path: str | Path) -> RunResult:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
     except KeyError as e:
-        raise ValueError(f"{path}: no field {e} (expected a run saved by tailserve simulate --save-run)") from None
+        raise ValueError(
+            f"{path}: no field {e} (expected a run saved by tailserve simulate --save-run)"
+        ) from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+def policy_kv_capacity(
+    cost_model: CostModel, spec: PolicySpec, config: Any, max_model_len: int
+) -> KVCapacity:
+    """KV blocks a policy's engine gets on the simulated deployment (its block size and memory
+    fraction, activation reserve for its largest batch); ValueError, with vLLM's message, when
+    one full-length sequence would not fit."""
+    cls = get_policy_cls(spec.name)
+    model, hardware = cost_model.model, cost_model.hardware
+    capacity = kv_capacity(
+        model,
+        hardware,
+        cost_model.tp,
+        spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization),
+        spec.engine_flags.get("block_size", cls.default_block_size),
+        cls.profile_tokens(config, max_model_len),
+    )
+    if capacity.num_tokens < max_model_len:
+        raise ValueError(
+            f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+            f"that can be stored in KV cache ({capacity.num_tokens}) for {model.name} on "
+            f"{hardware.name} at TP {cost_model.tp}. Try increasing gpu_memory_utilization or "
+            "decreasing max_model_len."
+        )
+    return capacity
 
 
 def run_policy(
@@ -385,22 +413,7 @@ def run_policy(
     )
     config = cls.default_config(hardware.device_info, max_model_len, **spec.flags)
     policy = cls(config)
-    budget = cls.profile_tokens(config, max_model_len)
-    capacity = kv_capacity(
-        model,
-        hardware,
-        cost_model.tp,
-        spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization),
-        spec.engine_flags.get("block_size", cls.default_block_size),
-        budget,
-    )
-    if capacity.num_tokens < max_model_len:
-        raise ValueError(
-            f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
-            f"that can be stored in KV cache ({capacity.num_tokens}) for {model.name} on "
-            f"{hardware.name} at TP {cost_model.tp}. Try increasing gpu_memory_utilization or "
-            "decreasing max_model_len."
-        )
+    capacity = policy_kv_capacity(cost_model, spec, config, max_model_len)
     swap_gib = getattr(config, "swap_space", 0.0)  # vLLM V0 --swap-space, GiB per GPU
     num_cpu_blocks = int(swap_gib * 2**30 // (capacity.block_size * capacity.kv_bytes_per_token))
     # Prefix caching needs token identities; a workload of bare lengths could never share.

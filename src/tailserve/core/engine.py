@@ -31,20 +31,23 @@ class VirtualClock:
 
 
 class WallClock:
-    """Seconds since construction; ``advance`` only re-reads the time that really passed."""
+    """Seconds since construction, read fresh every time: requests arrive while the engine
+    computes, so an iteration must start at the real time, not at the end of the previous one."""
 
     def __init__(self) -> None:
         self._t0 = time.monotonic()
-        self.now = 0.0
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self._t0
 
     def advance(self, duration: float) -> None:
-        self.now = time.monotonic() - self._t0
+        """The time already passed while the executor ran."""
 
     def wait_until(self, t: float) -> None:
-        delay = t - (time.monotonic() - self._t0)
+        delay = t - self.now
         if delay > 0:
             time.sleep(delay)
-        self.now = time.monotonic() - self._t0
 
 
 class EngineStalledError(RuntimeError):

@@ -183,24 +183,16 @@ def _cuda_info(dev) -> DeviceInfo:
 
 
 def _build_sim(spec, cls, tokenizer, name, eos, hardware, sim_model, tp, max_model_len, seed, options):
-    from tailserve.executors.simulated.kv_capacity import kv_capacity
     from tailserve.llm.realtime_sim import RealtimeSimExecutor
-    from tailserve.simulation import Deployment, build_cost_model
+    from tailserve.simulation import Deployment, build_cost_model, policy_kv_capacity
 
     built = build_cost_model(Deployment(model=sim_model, hardware=hardware, tp=tp, calibration="auto"))
     cost_model = built.cost_model
     model_spec = cost_model.model
     max_len = spec.engine_flags.get("max_model_len", max_model_len or model_spec.max_position_embeddings)
     policy_config = cls.default_config(cost_model.hardware.device_info, max_len, **spec.flags)
-    block_size = spec.engine_flags.get("block_size", cls.default_block_size)
-    capacity = kv_capacity(
-        model_spec,
-        cost_model.hardware,
-        tp,
-        spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization),
-        block_size,
-        cls.profile_tokens(policy_config, max_len),
-    )
+    capacity = policy_kv_capacity(cost_model, spec, policy_config, max_len)
+    block_size = capacity.block_size
     kv_manager = make_kv_cache(policy_config, capacity.num_blocks, block_size, 0, shares_prefixes=True)
     scheduler = Scheduler(cls(policy_config), kv_manager, max_len)
     executor = RealtimeSimExecutor(cost_model, block_size, tokenizer.vocab_size, set(eos), seed)

@@ -11,7 +11,6 @@ feeds it through a queue).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +74,7 @@ class LLMEngine:
     # ---- requests in ------------------------------------------------------------------------
     @property
     def now(self) -> float:
-        return time.monotonic() - self.engine.clock._t0  # type: ignore[union-attr]
+        return self.engine.clock.now
 
     def add_request(
         self,
@@ -140,7 +139,6 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration; outputs of requests that got tokens or finished."""
         if self.scheduler.has_unfinished or self.source.num_pending:
-            self.engine.clock.advance(0.0)  # a wall clock re-reads the time: requests came meanwhile
             self.engine.step()
         return self._collect()
 
@@ -177,13 +175,12 @@ class LLMEngine:
             text = text[: max(len(text) - hold, state.num_reported_chars)]
         new_text = text[state.num_reported_chars :]
         state.num_reported_chars = len(text)
-        token_ids = request.output_token_ids if request.output_token_ids else new_ids
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids or [],
             new_token_ids=new_ids,
             new_text=new_text,
-            token_ids=list(token_ids),
+            token_ids=list(request.output_token_ids),
             text=text,
             finished=finished,
             finish_reason=request.finish_reason if finished else None,

@@ -53,7 +53,6 @@ class StopChecker:
             num_outputs = request.num_output_tokens + 1  # counting this token
             state.text += state.detokenizer.push(token)
             if not p.ignore_eos and token in self.eos_token_ids and num_outputs > p.min_tokens:
-                state.stop_reason = None
                 result.stopped.add(request_id)
             elif token in p.stop_token_ids and num_outputs > p.min_tokens:
                 state.stop_reason = token

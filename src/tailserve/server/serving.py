@@ -49,13 +49,7 @@ class ResponseMeta:
 
     def chunk(self, text: str, finish_reason: str | None, first: bool, usage_: dict[str, Any] | None) -> dict:
         if self.kind == "completion":
-            choice: dict[str, Any] = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-            }
+            choice = _completion_choice(text, finish_reason)
         else:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {}
             if text and not first:
@@ -79,13 +73,7 @@ class ResponseMeta:
     def final(self, text: str, finish_reason: str | None, usage_: dict[str, Any]) -> dict:
         if self.kind == "completion":
             obj = "text_completion"
-            choice: dict[str, Any] = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-            }
+            choice = _completion_choice(text, finish_reason)
         else:
             obj = "chat.completion"
             choice = {
@@ -94,14 +82,7 @@ class ResponseMeta:
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
-        return {
-            "id": self.response_id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage_,
-        }
+        return {**self._envelope([choice], usage_), "object": obj}
 
 
 def _usage_of(out: RequestOutput) -> dict[str, Any]:
@@ -179,3 +160,8 @@ async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[An
         raise
     finally:
         watcher.cancel()
+
+
+def _completion_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
+    """One ``/v1/completions`` choice, streamed or whole (the same shape in both)."""
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}

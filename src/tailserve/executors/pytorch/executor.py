@@ -139,9 +139,8 @@ class TorchExecutor:
 
 
 def _tokens(request: Request, first: int, last: int) -> list[int]:
+    """Token ids of positions [first, last): prompt, then outputs (a recompute re-reads both)."""
     prompt = request.prompt_token_ids or []
     if last <= request.prompt_len:
         return prompt[first:last]
-    out = request.output_token_ids
-    p = request.prompt_len
-    return prompt[first:p] + out[max(first - p, 0) : last - p] if first < p else out[first - p : last - p]
+    return (prompt + request.output_token_ids)[first:last]
