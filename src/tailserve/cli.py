@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,23 @@ DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,s
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the README's promise kept: a bad option or choice is one line on stderr
+    (no usage block), naming the command and pointing to its --help. Subcommand parsers are
+    made with the same class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+POLICY_FLAGS_EPILOG = (
+    "Policy flags follow with the engine's own names, e.g. --max-num-batched-tokens 512 "
+    "--no-enable-chunked-prefill (vllm), --chunked-prefill-size 1024 (sglang), "
+    "--max-batch-prefill-tokens 4096 (tgi); `tailserve policies` lists every policy's flags "
+    "and its engine's defaults."
+)
 
 
 # ---- shared options -----------------------------------------------------------------------
@@ -124,12 +142,8 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def _deployment(args: argparse.Namespace) -> Deployment:
-    tp = args.tp
-    if tp is None:
-        tp = SEED_PRESET.tp if (args.model, args.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware) else 1
-    if tp < 1:
-        raise CliError(f"--tp must be >= 1, got {tp}")
-    return Deployment(args.model, args.hardware, tp, args.calibration)
+    """Names resolved to the catalog's once, here; everything after reads the canonical ones."""
+    return Deployment.of(args.model, args.hardware, args.tp, args.calibration)
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSpec:
@@ -243,11 +257,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_simulate(args: argparse.Namespace, extra: list[str]) -> int:
+def cmd_simulate(args: argparse.Namespace) -> int:
     from tailserve.policies.registry import PolicySpec
 
-    flags = _parse_policy_flags(extra)
-    spec = PolicySpec.make(args.policy, flags)
+    spec = PolicySpec.make(args.policy, _parse_policy_flags(args.extra))
     built = build_cost_model(_deployment(args))
     _print_notes(built)
     workload = WorkloadBuilder(_workload(args))
@@ -265,14 +278,19 @@ def cmd_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _parse_policy_flags(extra: list[str]) -> dict[str, str]:
-    """``--max-num-batched-tokens 512 --no-enable-chunked-prefill`` -> {name: value}."""
+def _parse_policy_flags(extra: list[str], policy: str | None = None) -> dict[str, str]:
+    """``--max-num-batched-tokens 512 --no-enable-chunked-prefill`` -> {name: value}.
+
+    With ``policy``, each name is checked against that policy's flags (and the engine-wide
+    ones): an unknown one is an unrecognized argument of the command, and a flag that takes a
+    value but has none says so, instead of failing later on a converted ``true``."""
     flags: dict[str, str] = {}
+    bare: set[str] = set()  # flags given without a value
     i = 0
     while i < len(extra):
         token = extra[i]
         if not token.startswith("--"):
-            raise CliError(f"unexpected argument {token!r}")
+            raise CliError(f"unrecognized argument {token}")
         name, eq, value = token[2:].partition("=")
         if not eq:
             if name.startswith("no-"):
@@ -282,9 +300,31 @@ def _parse_policy_flags(extra: list[str]) -> dict[str, str]:
                 i += 1
             else:
                 value = "true"
+                bare.add(name.replace("-", "_"))
         flags[name.replace("-", "_")] = value
         i += 1
+    if policy is not None:
+        _check_policy_flags(policy, flags, bare)
     return flags
+
+
+def _check_policy_flags(policy: str, flags: dict[str, str], bare: set[str]) -> None:
+    from tailserve.policies.registry import ENGINE_FLAGS, get_policy_cls, policy_flags, resolve_policy_name
+
+    name = resolve_policy_name(policy)
+    known = {**policy_flags(get_policy_cls(name)), **ENGINE_FLAGS}
+    for flag in flags:
+        option = "--" + flag.replace("_", "-")
+        if flag not in known:
+            raise CliError(
+                f"unrecognized argument {option} (not an option of this command, nor a flag of "
+                f"policy {name}; `tailserve policies` lists each policy's flags)"
+            )
+        kind = known[flag]
+        if flag in bare and kind is not bool and bool not in typing.get_args(kind):
+            kinds = [k for k in typing.get_args(kind) or (kind,) if k is not type(None)]
+            kind_name = " or ".join(getattr(k, "__name__", str(k)) for k in kinds)
+            raise CliError(f"policy flag {option} needs a value ({kind_name}), e.g. {option} VALUE")
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
@@ -294,6 +334,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     _print_notes(built)
     cm = built.cost_model
     batch, ctx = _parse_decode(args.decode)
+    _check_fits(cm, args.prefill)
     prefill_shape = BatchShape.of([(args.prefill, args.prefill_context)], [])
     decode_shape = BatchShape.of([], [ctx] * batch)
     result = {
@@ -323,6 +364,23 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     return 0
+
+
+def _check_fits(cm: Any, prefill_tokens: int) -> None:
+    """The same memory check ``simulate`` makes (vLLM's default memory fraction and block size,
+    activations for the priced prefill): a deployment that cannot load is an error, not a time."""
+    from tailserve.executors.simulated.kv_capacity import kv_capacity
+    from tailserve.policies.registry import get_policy_cls
+
+    vllm = get_policy_cls("vllm")
+    kv_capacity(
+        cm.model,
+        cm.hardware,
+        cm.tp,
+        vllm.default_gpu_memory_utilization,
+        vllm.default_block_size,
+        max(prefill_tokens, 1),
+    )
 
 
 def _parse_decode(text: str) -> tuple[int, int]:
@@ -383,7 +441,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 # ---- parser -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tailserve",
         description="Why does p99 TTFT spike? Serving policies side by side on a simulated GPU.",
     )
@@ -411,12 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "simulate",
         help="one policy; its flags follow with the engine's own names, e.g. --max-num-batched-tokens 512",
+        epilog=POLICY_FLAGS_EPILOG,
     )
     p.add_argument(
         "--policy",
         default="vllm",
         help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
     )
+    p.set_defaults(run=cmd_simulate, takes_policy_flags=True)
     _add_deployment_args(p)
     _add_workload_args(p)
     _add_output_args(p)
@@ -477,6 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     from tailserve.cli_run import add_run_parser
 
     add_run_parser(sub)
+    for name in ("serve", "run"):  # their modules build the parsers; the epilog is shared here
+        sub.choices[name].epilog = POLICY_FLAGS_EPILOG
     return parser
 
 
@@ -485,12 +547,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["compare"]
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        commands = ", ".join(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+        print(
+            f"tailserve: error: {argv[0]} is an option of a command: name the command first, e.g. "
+            f"tailserve compare {' '.join(argv)} (commands: {commands})",
+            file=sys.stderr,
+        )
+        return 2
     args, extra = parser.parse_known_args(argv)
     try:
-        if args.command == "simulate":
-            return cmd_simulate(args, extra)
         if extra and not getattr(args, "takes_policy_flags", False):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            raise CliError(f"unrecognized argument{'s' if len(extra) > 1 else ''} {' '.join(extra)}")
+        if getattr(args, "takes_policy_flags", False):
+            _parse_policy_flags(extra, args.policy)  # unknown or value-less flags: one line, now
         args.extra = extra  # a command with takes_policy_flags reads them with _parse_policy_flags
         run = getattr(args, "run", None)
         if run is None:

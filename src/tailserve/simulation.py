@@ -30,9 +30,9 @@ from tailserve.executors.simulated.calibration import (
 )
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
-from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.hardware import get_hardware, resolve_hardware_name
 from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
-from tailserve.executors.simulated.models import get_model
+from tailserve.executors.simulated.models import get_model, resolve_model_name
 from tailserve.metrics.summary import Slo, prefix_cache_summary, summarize
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.workloads import builtin, prefix
@@ -46,21 +46,44 @@ SEED_PRESET = PRESETS["seed"]
 # ---- deployment ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Deployment:
+    """Model, GPU, TP and calibration, with the names resolved to their catalog entries on
+    construction: every spelling a user may type (``llama-3-70b``, ``A100``, a Hugging Face id)
+    becomes the canonical name here, so defaults, labels, calibration and JSON never see it."""
+
     model: str = SEED_PRESET.model
     hardware: str = SEED_PRESET.hardware
     tp: int = SEED_PRESET.tp
     calibration: str = "auto"  # "auto", "none", a preset name, or measured points
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", resolve_model_name(self.model))
+        object.__setattr__(self, "hardware", resolve_hardware_name(self.hardware))
+        keyword = self.calibration.strip().lower()
+        if keyword in ("auto", "none") or keyword in PRESETS:
+            object.__setattr__(self, "calibration", keyword)
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+
+    @classmethod
+    def of(
+        cls, model: str, hardware: str, tp: int | None = None, calibration: str = "auto"
+    ) -> Deployment:
+        """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
+        GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
+        names = cls(model, hardware, 1, calibration)
+        if tp is None:
+            tp = SEED_PRESET.tp if names.is_seed else 1
+        return cls(names.model, names.hardware, tp, names.calibration)
+
+    @property
+    def is_seed(self) -> bool:
+        return (self.model, self.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware)
+
     def resolved_calibration(self) -> str:
         """``auto`` means the seed preset for the seed's model and GPU, the bare roofline otherwise."""
         if self.calibration != "auto":
             return self.calibration
-        if (
-            get_model(self.model).name == SEED_PRESET.model
-            and get_hardware(self.hardware).name == SEED_PRESET.hardware
-        ):
-            return SEED_PRESET.name
-        return "none"
+        return SEED_PRESET.name if self.is_seed else "none"
 
 
 @dataclass(frozen=True, slots=True)

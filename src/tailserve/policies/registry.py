@@ -32,11 +32,28 @@ ENGINE_FLAGS: dict[str, type] = {
 }
 
 
+# Other names users type for the same engines (after lower-casing and ``_`` -> ``-``).
+_ALIASES = {
+    "vllm-v1": "vllm",
+    "v1": "vllm",
+    "v0": "vllm-v0",
+    "vllmv0": "vllm-v0",
+    "sarathi-serve": "sarathi",
+    "text-generation-inference": "tgi",
+}
+
+
+def resolve_policy_name(name: str) -> str:
+    """The registry's name for any accepted spelling (any case, ``_`` for ``-``, a few aliases)."""
+    key = name.strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return key
+
+
 def get_policy_cls(name: str) -> type[Policy]:
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return POLICIES[resolve_policy_name(name)]
 
 
 def policy_flags(cls: type[Policy]) -> dict[str, type]:
@@ -78,6 +95,9 @@ class PolicySpec:
     flags: dict[str, Any] = field(default_factory=dict)  # the policy's own flags
     engine_flags: dict[str, Any] = field(default_factory=dict)  # block_size, ...
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", resolve_policy_name(self.name))
+
     @property
     def label(self) -> str:
         items = {**self.flags, **self.engine_flags}
@@ -87,7 +107,8 @@ class PolicySpec:
 
     @staticmethod
     def make(name: str, flags: dict[str, Any]) -> PolicySpec:
-        cls = get_policy_cls(name)
+        name = resolve_policy_name(name)
+        cls = POLICIES[name]
         own = policy_flags(cls)
         mine: dict[str, Any] = {}
         engine: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from typing import Any
 
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.hardware import get_hardware
-from tailserve.executors.simulated.models import get_model
+from tailserve.executors.simulated.models import HF_REPOS, get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.simulation import Deployment, WorkloadSpec
 from tailserve.tune.capacity import Capacity, CapacitySearch, CapacitySlo, RateScaler, search_capacities
@@ -34,22 +34,6 @@ KNOBS = {
     "sarathi": "chunk_size",
     "sglang": "chunked_prefill_size",
     "tgi": "max_batch_prefill_tokens",
-}
-
-# Hugging Face repositories of the catalog's models, for the printed commands (--model-id overrides).
-HF_REPOS = {
-    "Llama-2-7B": "meta-llama/Llama-2-7b-hf",
-    "Llama-2-13B": "meta-llama/Llama-2-13b-hf",
-    "Llama-2-70B": "meta-llama/Llama-2-70b-hf",
-    "Llama-3-8B": "meta-llama/Meta-Llama-3-8B",
-    "Llama-3-70B": "meta-llama/Meta-Llama-3-70B",
-    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
-    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
-    "Mistral-7B": "mistralai/Mistral-7B-v0.1",
-    "Yi-34B": "01-ai/Yi-34B",
-    "Qwen2.5-7B": "Qwen/Qwen2.5-7B",
-    "Qwen2.5-72B": "Qwen/Qwen2.5-72B",
-    "Falcon-180B": "tiiuae/falcon-180B",
 }
 
 

@@ -68,19 +68,28 @@ HARDWARE: dict[str, Hardware] = {
 _ALIASES = {
     "A100": "A100-80GB",
     "A100-80G": "A100-80GB",
+    "A100-SXM": "A100-80GB",
     "A100-40G": "A100-40GB",
     "H100": "H100-SXM",
     "H100-80GB": "H100-SXM",
+    "H100-SXM5": "H100-SXM",
     "H200-SXM": "H200",
+    "L40S-48GB": "L40S",
 }
 
 
+def resolve_hardware_name(name: str) -> str:
+    """The catalog name for any accepted spelling (any case, dashes or underscores, the aliases
+    above, an ``NVIDIA``/``AMD`` prefix); ValueError naming the catalog otherwise."""
+    key = name.strip().upper().replace("_", "-").replace(" ", "-")
+    for prefix in ("NVIDIA-", "AMD-"):
+        key = key.removeprefix(prefix)
+    by_upper = {known.upper(): known for known in HARDWARE}
+    found = by_upper.get(key) or _ALIASES.get(key)
+    if found is None:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
+    return found
+
+
 def get_hardware(name: str) -> Hardware:
-    key = name.strip()
-    for candidate in (key, key.upper(), _ALIASES.get(key.upper(), "")):
-        if candidate in HARDWARE:
-            return HARDWARE[candidate]
-    for known in HARDWARE:
-        if known.upper() == key.upper():
-            return HARDWARE[known]
-    raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
+    return HARDWARE[resolve_hardware_name(name)]

@@ -59,17 +59,21 @@ def kv_capacity(
     per_block = block_size * model.kv_bytes_per_token(tp)
     if kv < per_block:
         need = weights + activation
+        # The smallest TP (a divisor of the head count, as vLLM requires) that leaves room for KV.
         fits = [
             t
-            for t in (1, 2, 4, 8, 16)
-            if t >= tp
-            and model.num_heads % t == 0
+            for t in range(tp + 1, model.num_heads + 1)
+            if model.num_heads % t == 0
             and usable
             - model.weight_bytes_per_shard(t)
             - activation_reserve_bytes(model, t, max_num_batched_tokens)
             > per_block * 64
         ]
-        hint = f"; try --tp {fits[0]}" if fits else ""
+        hint = ""
+        if fits:
+            hint = f"; the minimum is TP {fits[0]}, try --tp {fits[0]}"
+            if fits[0] > 8:
+                hint += f" ({model.num_heads} heads divide by {fits[0]}; more GPUs than one 8-GPU node)"
         raise ValueError(
             f"{model.name} does not fit on {hardware.name} at TP {tp}: weights {weights / GIB:.1f} GiB "
             f"+ activations {activation / GIB:.1f} GiB per GPU need {need / GIB:.1f} GiB, but "

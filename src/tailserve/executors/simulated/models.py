@@ -143,14 +143,66 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     )
 
 
-def get_model(name_or_path: str) -> ModelSpec:
+# Hugging Face repositories of the catalog's models: ``tune`` prints them in engine command lines,
+# and ``--model`` accepts them (and their -Instruct / -chat variants, which share the shapes).
+HF_REPOS: dict[str, str] = {
+    "Llama-2-7B": "meta-llama/Llama-2-7b-hf",
+    "Llama-2-13B": "meta-llama/Llama-2-13b-hf",
+    "Llama-2-70B": "meta-llama/Llama-2-70b-hf",
+    "Llama-3-8B": "meta-llama/Meta-Llama-3-8B",
+    "Llama-3-70B": "meta-llama/Meta-Llama-3-70B",
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
+    "Mistral-7B": "mistralai/Mistral-7B-v0.1",
+    "Yi-34B": "01-ai/Yi-34B",
+    "Qwen2.5-7B": "Qwen/Qwen2.5-7B",
+    "Qwen2.5-72B": "Qwen/Qwen2.5-72B",
+    "Falcon-180B": "tiiuae/falcon-180B",
+}
+
+# Suffixes of a repository name that leave the architecture as it is (fine-tunes, format tags,
+# Mistral's point releases). Anything else ("-200K", "-1M") may change the shape: not matched.
+_HF_SUFFIXES = (
+    "-instruct", "-chat", "-hf", "-it", "-base", "-v0.1", "-v0.2", "-v0.3", "-fp16", "-bf16",
+)  # fmt: skip
+
+
+def _hf_key(text: str) -> str:
+    """``meta-llama/Meta-Llama-3-8B-Instruct`` -> ``llama-3-8b``: no organisation, no ``Meta-``
+    prefix, fine-tune suffixes dropped, lower case; catalog names reduce to themselves."""
+    key = text.strip().rsplit("/", 1)[-1].lower()
+    key = key.removeprefix("meta-")
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in _HF_SUFFIXES:
+            if key.endswith(suffix):
+                key, stripped = key[: -len(suffix)], True
+    return key.replace("llama3", "llama-3").replace("llama2", "llama-2")
+
+
+def resolve_model_name(name_or_path: str) -> str:
+    """The catalog name for any accepted spelling (any case, or a Hugging Face id of a catalog
+    model when exactly one entry matches), else the path to a local config; ValueError otherwise.
+    Everything downstream (defaults, labels, JSON) reads the result, never the spelling."""
     key = name_or_path.strip()
-    for known, spec in MODELS.items():
+    for known in MODELS:
         if known.lower() == key.lower():
-            return spec
-    if Path(key).exists():
-        return load_hf_config(key)
+            return known
+    if key and Path(key).exists():
+        return key
+    for known, repo in HF_REPOS.items():
+        if repo.lower() == key.lower():
+            return known
+    matches = [known for known in MODELS if _hf_key(known) == _hf_key(key)]
+    if key and len(matches) == 1:
+        return matches[0]
     raise ValueError(
         f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} "
-        "(or a path to a Hugging Face config.json)"
+        "(their Hugging Face ids, or a path to a Hugging Face config.json)"
     )
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    name = resolve_model_name(name_or_path)
+    return MODELS[name] if name in MODELS else load_hf_config(name)
