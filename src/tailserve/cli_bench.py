@@ -147,6 +147,18 @@ def _load_requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
     raise ValueError(f"--dataset {' '.join(args.dataset)!r}: expected random, sharegpt PATH or trace PATH")
 
 
+def _reason(error: str) -> str:
+    """``HTTP 400 Bad Request: {"error": {"message": ...}}`` -> ``HTTP 400: <message>``."""
+    head, sep, body = error.partition(": ")
+    if sep and head.startswith("HTTP "):
+        try:
+            message = json.loads(body)["error"]["message"]
+            return f"{head.split()[0]} {head.split()[1]}: {message}"
+        except (ValueError, KeyError, TypeError, IndexError):
+            pass
+    return error
+
+
 def _check_args(args: argparse.Namespace) -> None:
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
@@ -180,6 +192,8 @@ def run_bench(args: argparse.Namespace) -> int:
             "pass --tokenizer DIR (a directory with tokenizer.json)"
         )
     requests = _load_requests(args, tokenizer)
+    if not requests:
+        raise ValueError(f"--dataset {' '.join(args.dataset)}: no requests to send")
     kind = args.dataset[0]
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else kind in ("random", "trace")
     times = send_times(requests, args.request_rate, args.burstiness, args.seed)
@@ -216,8 +230,15 @@ def run_bench(args: argparse.Namespace) -> int:
         results, duration = asyncio.run(
             run_benchmark(requests, times, config, tokenizer, on_done=lambda _: progress.advance(task))
         )
-    result = compute_result(results, duration, percentiles=percentiles, metrics=metrics, goodput=goodput)
     errors = [r.error for r in results if not r.success]
+    if results and len(errors) == len(results):
+        # Nothing to measure: one line saying why, and a failing exit status for scripts.
+        reasons = dict.fromkeys(_reason(e) for e in errors)
+        raise ValueError(
+            f"all {len(results)} requests failed: {next(iter(reasons))}"
+            + (f" (and {len(reasons) - 1} other errors)" if len(reasons) > 1 else "")
+        )
+    result = compute_result(results, duration, percentiles=percentiles, metrics=metrics, goodput=goodput)
     for error in dict.fromkeys(errors[:10]):
         print(f"failed request: {error}", file=sys.stderr)
     print_result(

@@ -158,6 +158,11 @@ class WorkloadSpec:
             raise ValueError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.rate_scale <= 0:
             raise ValueError(f"--rate-scale must be > 0, got {self.rate_scale}")
+        # Empty work is an error, not a table of dashes with exit status 0.
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"--max-requests must be >= 1, got {self.max_requests}")
+        if self.name == "multi-turn" and self.num_sessions < 1:
+            raise ValueError(f"--num-sessions must be >= 1, got {self.num_sessions}")
         if self.priorities and (
             any(f < 0 for _, f in self.priorities) or abs(sum(f for _, f in self.priorities) - 1) > 1e-6
         ):
@@ -200,10 +205,7 @@ class WorkloadBuilder:
             return True
         if self.spec.name != "trace":
             return False
-        if self._trace is None:
-            s = self.spec
-            self._trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
-        return any(r.prefix_block_hashes or r.prompt_token_ids for r in self._trace)
+        return any(r.prefix_block_hashes or r.prompt_token_ids for r in self._load_trace())
 
     @property
     def min_max_model_len(self) -> int:
@@ -246,9 +248,16 @@ class WorkloadBuilder:
                     seed=s.seed,
                 )
             )
+        return ListSource(_fresh(r) for r in self._load_trace())
+
+    def _load_trace(self) -> list[Request]:
         if self._trace is None:
-            self._trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
-        return ListSource(_fresh(r) for r in self._trace)
+            s = self.spec
+            trace = load_trace(s.trace_path or "", rate_scale=s.rate_scale, max_requests=s.max_requests)
+            if not trace:
+                raise ValueError(f"trace {s.trace_path}: no requests in it (a header and no rows?)")
+            self._trace = trace
+        return self._trace
 
 
 class PrioritySource:
@@ -452,6 +461,8 @@ def run_policy(
     t0 = time.perf_counter()
     engine.run()
     wall = time.perf_counter() - t0
+    if not engine.requests:
+        raise ValueError(f"workload {workload.spec.label}: no requests arrived, nothing to simulate")
     run_config = {
         "policy": spec.name,
         "policy_flags": asdict(config),

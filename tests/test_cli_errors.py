@@ -1,0 +1,107 @@
+"""A new user's mistakes get one line each (never argparse's usage block), and empty work is an
+error with its reason, not a table of dashes with exit status 0."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailserve.cli import main
+from test_server import micro_model, running_server  # noqa: F401  (fixture)
+
+
+def _one_error_line(capsys: Any, argv: list[str], status: int = 2) -> str:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors exit from inside parse_known_args
+        code = e.code
+    assert code == status
+    err = capsys.readouterr().err
+    assert "usage:" not in err and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--workload", "nope"], "argument --workload: invalid choice: 'nope'"),
+        (["compare", "--rate", "fast"], "argument --rate: invalid float value: 'fast'"),
+        (["run", "--dtype", "int3", "--prompts", "p.txt"], "invalid choice: 'int3'"),
+        (["simulate", "--quiet"], "unrecognized argument --quiet"),
+        (["serve", "--quiet"], "unrecognized argument --quiet"),
+        (["run", "--prompts", "p.txt", "--quiet", "--bogus", "1"], "unrecognized argument --bogus"),
+        (["cost", "--quiet"], "unrecognized argument --quiet"),
+        (["simulate", "--max-num-batched-tokens"], "--max-num-batched-tokens needs a value (int)"),
+        (
+            ["simulate", "--policy", "sglang", "--chunked-prefill-size", "--schedule-policy", "lpm"],
+            "--chunked-prefill-size needs a value",
+        ),
+        (["--model", "Llama-3-8B"], "name the command first, e.g. tailserve compare --model Llama-3-8B"),
+    ],
+)
+def test_mistakes_are_one_line_without_usage(argv, message, capsys):
+    assert message in _one_error_line(capsys, argv)
+
+
+def test_serve_never_starts_on_a_bad_policy_flag(capsys):
+    # The check happens before the socket is bound or a model is loaded.
+    line = _one_error_line(capsys, ["serve", "--policy", "tgi", "--max-num-batched-tokens", "512"])
+    assert "unrecognized argument --max-num-batched-tokens" in line and "policy tgi" in line
+
+
+@pytest.mark.parametrize("command", ["simulate", "serve", "run"])
+def test_help_of_policy_commands_names_the_flag_convention(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "engine's own names" in out and "tailserve policies" in out
+
+
+# ---- empty work ---------------------------------------------------------------------------
+@pytest.fixture
+def header_only_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "empty.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    return path
+
+
+def test_header_only_trace_is_an_error(header_only_trace, capsys):
+    line = _one_error_line(capsys, ["simulate", "--trace", str(header_only_trace)])
+    assert "no requests in it" in line
+    line = _one_error_line(capsys, ["compare", "--workers", "1", "--trace", str(header_only_trace)])
+    assert "no requests in it" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-requests", "0"], "--max-requests must be >= 1"),
+        (["--workload", "multi-turn", "--num-sessions", "0"], "--num-sessions must be >= 1"),
+        (["--workload", "shared-prefix", "--num-requests", "0"], "--num-requests must be >= 1"),
+    ],
+)
+def test_empty_workloads_are_errors(argv, message, capsys, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:10.0,100,10\n")
+    argv = [*argv, "--trace", str(trace)] if "--max-requests" in argv else argv
+    assert message in _one_error_line(capsys, ["simulate", *argv])
+
+
+@pytest.fixture(scope="module")
+def sim_server(micro_model: Path) -> Iterator[Any]:  # noqa: F811
+    with running_server(micro_model, "sim") as running:
+        yield running
+
+
+def test_bench_fails_when_every_request_failed(sim_server, capsys):
+    # Prompts longer than the server's context: every request is a 400.
+    context = sim_server.engine.max_model_len
+    argv = ["bench", "--base-url", sim_server.base_url, "--num-prompts", "3", "--no-progress"]
+    argv += ["--random-input-len", str(context + 10), "--random-output-len", "4"]
+    line = _one_error_line(capsys, argv)
+    assert f"all 3 requests failed: HTTP 400: This model's maximum context length is {context} tokens" in line
