@@ -205,3 +205,48 @@ def test_unknown_policy_and_flag_are_clear(tmp_path):
         LLM(str(d), policy="nope")
     with pytest.raises(ValueError, match="has no flag"):
         LLM(str(d), policy="vllm", not_a_flag=3)
+
+
+# ---- vLLM's Python API shape ------------------------------------------------------------------
+def test_top_level_import_is_lazy_and_does_not_load_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import tailserve; from tailserve import LLM, SamplingParams, RequestOutput; "
+        "print('torch' in sys.modules, LLM.__module__, SamplingParams().max_tokens)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "tailserve.llm.llm", "16"]
+
+
+def test_generate_returns_vllm_shaped_outputs(llm):
+    import tailserve
+
+    params = tailserve.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    text, ids = llm.generate(["The quick brown fox", _prompt(9)], params)
+    assert text.prompt == "The quick brown fox" and ids.prompt is None  # as vLLM for token ids
+    assert ids.prompt_token_ids == _prompt(9)["prompt_token_ids"]
+    (completion,) = text.outputs
+    assert completion.index == 0 and completion.text == text.text and completion.token_ids == text.token_ids
+    assert len(completion.token_ids) == 6 and completion.finish_reason == "length" and completion.finished()
+    m = text.metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
+    assert m.finished_time == m.last_token_time and m.time_in_queue >= 0
+
+
+def test_chat_renders_the_tokenizer_template(llm):
+    tok = llm.get_tokenizer()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    (out,) = llm.chat(messages, params)
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert out.prompt == rendered and "Hi there" in rendered
+    assert out.prompt_token_ids == tok.encode(rendered, add_special_tokens=False)
+    # The same tokens through generate give the same greedy output; a list of conversations works.
+    again = llm.generate({"prompt_token_ids": out.prompt_token_ids}, params)[0]
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+    assert len(llm.chat([messages, messages[1:]], params)) == 2
+    with pytest.raises(ValueError, match="no messages"):
+        llm.chat([], params)

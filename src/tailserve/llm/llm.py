@@ -53,12 +53,49 @@ class LLM:
         priority: Sequence[int] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Final outputs in the order of ``prompts``."""
+        """Final outputs in the order of ``prompts``, shaped like vLLM's (``out.prompt``,
+        ``out.outputs[0].text``, ``out.metrics``, ...)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        inputs = [_prompt(p) for p in prompts]  # type: ignore[union-attr]
+        texts = [p if isinstance(p, str) else None for p in inputs]
+        return self._run(inputs, texts, sampling_params, priority, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` dicts) or a
+        list of them, rendered with the tokenizer's chat template and tokenized without adding
+        special tokens again (the template writes BOS itself); ``out.prompt`` is the rendered text."""
+        if not messages:
+            raise ValueError("chat: no messages")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        texts: list[str | None] = []
+        inputs: list[str | list[int]] = []
+        for conversation in conversations:
+            if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
+                raise ValueError("chat: each conversation is a list of {'role': ..., 'content': ...} dicts")
+            text = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt)
+            texts.append(text)
+            inputs.append(tokenizer.encode(text, add_special_tokens=False))
+        return self._run(inputs, texts, sampling_params, None, use_tqdm)
+
+    def _run(
+        self,
+        prompts: list[str | list[int]],
+        texts: list[str | None],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: Sequence[int] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -71,7 +108,7 @@ class LLM:
         ids: list[str] = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             request_id = str(next(self._counter))
-            engine.add_request(request_id, _prompt(prompt), p, priority=priority[i] if priority else 0)
+            engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
             ids.append(request_id)
         results: dict[str, RequestOutput] = {}
         progress = _progress(len(ids)) if use_tqdm else None
@@ -85,7 +122,10 @@ class LLM:
         finally:
             if progress is not None:
                 progress[0].stop()
-        return [results[i] for i in ids]
+        outputs = [results[i] for i in ids]
+        for out, text in zip(outputs, texts):
+            out.prompt = text
+        return outputs
 
 
 def _prompt(prompt: Prompt) -> str | list[int]:
