@@ -5,18 +5,26 @@ convert it and run small batched matmuls — ~10x the bytes and kernel launches 
 needs (see docs/executor.md). This kernel reads each request's K/V rows straight from their
 slots, one (request, KV head) pair per task, with a float32 online softmax — what vLLM's CPU
 paged-attention kernel does, in ~60 lines. It is built once with ``torch.utils.cpp_extension``
-(g++ and ninja) into the torch extensions cache; where that is impossible, or with
+(g++ and ninja) into tailserve's cache (``kernels/`` under ``$TAILSERVE_CACHE`` or
+``~/.cache/tailserve``), keyed by source, flags, torch version and CPU, and says so in one line
+while it builds; where that is impossible, or with
 ``TAILSERVE_CPU_KERNEL=0``, the executor uses the PyTorch path, and tests check both agree.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from tailserve.cache import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +141,21 @@ def enabled() -> bool:
     return os.environ.get("TAILSERVE_CPU_KERNEL", "1") != "0"
 
 
+_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+
+
+def build_name() -> str:
+    """The extension's name, keyed by what the binary depends on: the source and flags, the
+    torch it links against and the CPU architecture. Two virtual environments with different
+    torch builds therefore keep two builds instead of rebuilding each other's."""
+    key = "\0".join((_SOURCE, *_CFLAGS, torch.__version__, platform.machine()))
+    return f"tailserve_cpu_attention_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def build_dir() -> Path:
+    return cache_root() / "kernels" / build_name()
+
+
 def load() -> Any | None:
     """The compiled module, or None (with the reason logged once) if it cannot be built."""
     global _module, _failed
@@ -143,12 +166,22 @@ def load() -> Any | None:
             try:
                 from torch.utils.cpp_extension import load_inline
 
+                name, directory = build_name(), build_dir()
+                if not (directory / f"{name}.so").is_file():
+                    # The first real run would otherwise sit silent for a minute.
+                    print(
+                        f"tailserve: building the fused CPU attention kernel, ~1 min, once (into {directory})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                directory.mkdir(parents=True, exist_ok=True)
                 _module = load_inline(
-                    name="tailserve_cpu_kernels_v3",
+                    name=name,
                     cpp_sources=_SOURCE,
                     functions=["paged_decode_attention"],
-                    extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                    extra_cflags=_CFLAGS,
                     extra_ldflags=["-fopenmp"],
+                    build_directory=str(directory),
                     verbose=False,
                 )
             except Exception as e:  # no compiler, no ninja, read-only cache: fall back

@@ -1,0 +1,43 @@
+"""Building the CPU kernel says so in one line, and its cache is keyed by the install."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.utils.cpp_extension
+
+from tailserve.executors.pytorch import cpu_kernels
+
+
+def _fake_build(calls: list[dict]):
+    def load_inline(**kwargs):
+        calls.append(kwargs)
+        Path(kwargs["build_directory"], f"{kwargs['name']}.so").touch()
+        return object()
+
+    return load_inline
+
+
+def test_first_build_prints_one_line_and_later_loads_are_silent(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TAILSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "1")
+    calls: list[dict] = []
+    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", _fake_build(calls))
+    monkeypatch.setattr(cpu_kernels, "_module", None)
+    monkeypatch.setattr(cpu_kernels, "_failed", None)
+    assert cpu_kernels.load() is not None
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "building the fused CPU attention kernel, ~1 min, once" in err[0]
+    assert calls[0]["build_directory"] == str(tmp_path / "kernels" / cpu_kernels.build_name())
+    monkeypatch.setattr(cpu_kernels, "_module", None)  # a new process: the build is on disk
+    assert cpu_kernels.load() is not None
+    assert capsys.readouterr().err == "" and len(calls) == 2
+
+
+def test_build_is_keyed_by_torch_version_and_source(monkeypatch):
+    name = cpu_kernels.build_name()
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
+    other_torch = cpu_kernels.build_name()
+    monkeypatch.setattr(cpu_kernels, "_SOURCE", cpu_kernels._SOURCE + "// changed\n")
+    assert len({name, other_torch, cpu_kernels.build_name()}) == 3
