@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,8 +66,9 @@ def test_seed_preset_at_another_tp_fits_at_tp4_and_applies_there():
 
 
 def test_calibration_recovers_known_efficiencies_from_three_points():
-    truth = Efficiency(compute=0.55, memory=0.7, overhead=0.003)
     base = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    # The H100's fitted GEMM curve (p-norm, tiles, launches) with known efficiencies and overhead.
+    truth = replace(base.efficiency, compute=0.55, memory=0.7, overhead=0.003)
     true_cm = base.with_efficiency(truth)
     text = ",".join(
         [
@@ -146,7 +149,7 @@ def test_tp_all_reduce_follows_the_ring_formula_and_its_efficiency():
     half = CostModel(m, hw, 4, Efficiency(comm=0.5)).roofline(shape).comm_s
     # 2 all-reduces per layer of 4,096 x 8,192 bf16 activations, ring: 2 (tp-1)/tp of it per GPU.
     per_token = 2 * 80 * 1.5 * 8192 * 2 / hw.interconnect_bandwidth
-    fixed = 2 * 80 * hw.allreduce_latency
+    fixed = 2 * 80 * hw.allreduce_latency_at(4)
     assert one == pytest.approx(fixed + 4096 * per_token)
     assert half == pytest.approx(fixed + 2 * 4096 * per_token)
     assert CostModel(m, hw, 1).roofline(shape).comm_s == 0.0

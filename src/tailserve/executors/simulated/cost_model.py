@@ -2,9 +2,18 @@
 
 time = linear layers + prefill attention + decode attention + TP all-reduce + overhead
 
-Each compute part is ``max(FLOPs / (peak * compute_eff), bytes / (bandwidth * memory_eff))``:
-- linear layers: every new token through every weight matrix, the LM head only for the
-  requests that sample this iteration; bytes = all weights once + the new tokens' KV writes;
+- linear layers (the GEMMs), two of them: the decoder's weight matrices over every new token
+  and the LM head over the requests that sample this iteration. Each is
+  ``join(C, M) + launches``: ``C = 2 * params * pad(tokens) / (peak * compute_eff)`` with the
+  token count rounded up to the GEMM's row tile (a 129-token GEMM runs a second 128-row tile:
+  the step real profiles show at tile boundaries), ``M = (weights + activations + KV writes) /
+  (bandwidth * memory_eff)``, ``join`` the p-norm ``(C^p + M^p)^(1/p)`` (p = ``sharpness``;
+  infinity is the plain ``max``: compute and memory overlap perfectly, which real GEMMs near
+  the ridge point do not), and ``launches`` a fixed latency per GEMM (4 per layer, 1 LM head).
+  The defaults per GPU (``hardware.GemmCurve``) are fitted to measured linear-layer profiles
+  (``profiles.py``, docs/fidelity.md);
+  the attention parts are ``max(FLOPs / (peak * compute_eff), bytes / (bandwidth * memory_eff))``
+  from first principles (no measured attention profiles are at hand):
 - prefill attention: causal query-key pairs of each chunk over its context; bytes = the KV read;
 - decode attention: one query over each decode's KV; bytes = that KV (memory-bound in practice);
 - TP all-reduce: two per layer of (tokens x hidden) activations, ring algorithm,
@@ -20,6 +29,7 @@ decode-run path and the per-iteration path give the same floats bit for bit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,20 +38,70 @@ import numpy as np
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
 
+# The smallest row tile a GEMM kernel runs: the tensor-core MMA instruction is 16 rows high
+# (m16n8k16), so fewer tokens than that still cost a 16-row tile.
+MIN_TILE = 16
+DEFAULT_COMM = 0.8  # generic all-reduce link efficiency (GPUs without a fitted one)
+GEMMS_PER_LAYER = 4  # QKV, attention output, gate+up, down
+
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     compute: float = 0.6  # fraction of peak FLOP/s that matmuls and attention reach
     memory: float = 0.8  # fraction of peak HBM bandwidth
-    comm: float = 0.8  # fraction of interconnect bandwidth an all-reduce reaches
+    comm: float = DEFAULT_COMM  # fraction of interconnect bandwidth an all-reduce reaches
     overhead: float = 0.002  # seconds per iteration: scheduling, launches, sampling
+    # The shape of a GEMM's time between memory- and compute-bound (see the module docstring).
+    sharpness: float = math.inf  # p of the p-norm joining compute and memory time; inf = max
+    tile_m: int = 1  # GEMM row tile in tokens (1: no rounding)
+    gemm_latency: float = 0.0  # seconds per GEMM launch
+    per_token: float = 0.0  # seconds per new token outside the GEMMs (host-side work, elementwise)
 
     def __post_init__(self) -> None:
-        for name in ("compute", "memory", "comm"):
-            if getattr(self, name) <= 0:
+        for name in ("compute", "memory", "comm", "sharpness"):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"{name} efficiency must be > 0, got {getattr(self, name)}")
-        if self.overhead < 0:
-            raise ValueError(f"overhead must be >= 0 seconds, got {self.overhead}")
+        for name in ("overhead", "gemm_latency", "per_token"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        if self.tile_m < 1:
+            raise ValueError(f"tile_m must be >= 1 token, got {self.tile_m}")
+
+    @staticmethod
+    def for_hardware(hardware: Hardware) -> Efficiency:
+        """The GPU's fitted GEMM curve (``Hardware.gemm``) or, without one, the generic default."""
+        g = hardware.gemm
+        comm = hardware.comm_efficiency or DEFAULT_COMM
+        if g is None:
+            return Efficiency(comm=comm)
+        return Efficiency(
+            comm=comm,
+            compute=g.compute,
+            memory=g.memory,
+            sharpness=g.sharpness,
+            tile_m=g.tile_m,
+            gemm_latency=g.gemm_latency,
+        )
+
+
+def padded_tokens(num_tokens: int, tile_m: int) -> int:
+    """Rows a GEMM over ``num_tokens`` rows computes: up to one tile, the smallest power of two
+    >= the count (kernels with smaller tiles exist down to ``MIN_TILE``); beyond, whole tiles."""
+    if tile_m <= 1 or num_tokens <= 0:
+        return num_tokens
+    if num_tokens <= tile_m:
+        return min(tile_m, max(MIN_TILE, 1 << (num_tokens - 1).bit_length()))
+    return -(-num_tokens // tile_m) * tile_m
+
+
+def join(compute_s: float, memory_s: float, p: float) -> float:
+    """Time of a kernel that needs ``compute_s`` at its compute rate and ``memory_s`` at its
+    bandwidth: ``max`` when p is infinite, the p-norm (>= max, <= sum) otherwise."""
+    if p == math.inf or compute_s == 0.0 or memory_s == 0.0:
+        return max(compute_s, memory_s)
+    hi = max(compute_s, memory_s)
+    lo = min(compute_s, memory_s)
+    return hi * (1.0 + (lo / hi) ** p) ** (1.0 / p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +155,21 @@ class CostModel:
         self.model = model
         self.hardware = hardware
         self.tp = tp
-        self.efficiency = efficiency or Efficiency()
+        self.efficiency = efficiency or Efficiency.for_hardware(hardware)
         m, hw = model, hardware
         heads_per_shard = m.num_heads / tp
         self._linear_flops_per_token = 2.0 * m.num_matmul_params / tp
         self._lm_head_flops_per_logit = 2.0 * m.hidden_size * m.vocab_size / tp
-        self._weight_bytes = float((m.num_matmul_params + m.vocab_size * m.hidden_size) * m.dtype_bytes / tp)
+        self._layer_weight_bytes = float(m.num_matmul_params * m.dtype_bytes / tp)
+        self._lm_head_bytes = float(m.vocab_size * m.hidden_size * m.dtype_bytes / tp)
+        self._weight_bytes = self._layer_weight_bytes + self._lm_head_bytes
         self._kv_bytes_per_token = float(m.kv_bytes_per_token(tp))
+        # Activations each GEMM reads and writes per token (its K inputs and N outputs), all layers;
+        # priced only when the GEMM curve is on (tile_m > 1), so the plain roofline stays as it was.
+        self._act_bytes_per_token = float(m.dtype_bytes * m.num_layers * _gemm_io_per_token(m, tp))
+        self._lm_head_act_bytes = float(m.dtype_bytes * (m.hidden_size + m.vocab_size / tp))
+        self._num_gemms = GEMMS_PER_LAYER * m.num_layers
+        self._linear_cache: dict[tuple[int, int], float] = {}
         # QK^T and PV: 2 FLOPs each per (query, key) pair per head dimension.
         self._attn_flops_per_pair = 4.0 * heads_per_shard * m.dim_per_head * m.num_layers
         eff = self.efficiency
@@ -109,7 +177,7 @@ class CostModel:
         self._byte_rate = hw.memory_bandwidth * eff.memory
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
-            self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency
+            self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency_at(tp)
             self._comm_per_token = (
                 2.0
                 * m.num_layers
@@ -127,13 +195,44 @@ class CostModel:
 
     # ---- the formula --------------------------------------------------------------------
     # The formula in three pieces, each written once for Python numbers and numpy arrays.
-    def _linear(self, num_tokens: Any, num_logits: Any) -> Any:
-        mx = np.maximum if isinstance(num_tokens, np.ndarray) else max
-        return mx(
-            (num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit)
-            / self._flops_rate,
-            (self._weight_bytes + num_tokens * self._kv_bytes_per_token) / self._byte_rate,
+    def _linear(self, num_tokens: int, num_logits: int) -> float:
+        """The GEMMs of one iteration; memoised (a run sees few distinct token counts)."""
+        key = (num_tokens, num_logits)
+        t = self._linear_cache.get(key)
+        if t is None:
+            t = self._linear_cache[key] = self._linear_uncached(int(num_tokens), int(num_logits))
+        return t
+
+    def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
+        eff = self.efficiency
+        if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
+            # The plain roofline: every GEMM in one max (the model before the fitted curves).
+            return (
+                max(
+                    (num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit)
+                    / self._flops_rate,
+                    (self._weight_bytes + num_tokens * self._kv_bytes_per_token) / self._byte_rate,
+                )
+                + num_tokens * eff.per_token
+            )
+        p = eff.sharpness
+        layers = join(
+            padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._flops_rate,
+            (self._layer_weight_bytes + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token))
+            / self._byte_rate,
+            p,
         )
+        head = 0.0
+        if num_logits:
+            head = (
+                join(
+                    padded_tokens(num_logits, eff.tile_m) * self._lm_head_flops_per_logit / self._flops_rate,
+                    (self._lm_head_bytes + num_logits * self._lm_head_act_bytes) / self._byte_rate,
+                    p,
+                )
+                + eff.gemm_latency
+            )
+        return layers + self._num_gemms * eff.gemm_latency + head + num_tokens * eff.per_token
 
     def _attention(self, pairs: Any, kv_tokens: Any) -> Any:
         mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
@@ -153,6 +252,10 @@ class CostModel:
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
         decode = self._attention(decode_kv, decode_kv)
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
+
+    def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
+        """Seconds the GEMMs of ``num_tokens`` new tokens take (the LM head for ``num_logits``)."""
+        return self._linear(num_tokens, num_logits)
 
     def decode_step_times(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
         """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats
@@ -225,3 +328,13 @@ class CostModel:
             flops=lin_f + pre_f + dec_f,
             bytes=lin_b + pre_b + dec_b,
         )
+
+
+def _gemm_io_per_token(m: ModelSpec, tp: int) -> float:
+    """Elements one token's row reads (K) and writes (N) across one layer's four GEMMs, per shard."""
+    d = m.dim_per_head
+    q = m.num_heads * d / tp
+    kv = m.kv_heads_per_shard(tp) * d
+    inter = m.intermediate_size / tp
+    up = (2 if m.gated_mlp else 1) * inter
+    return (m.hidden_size + q + 2 * kv) + (q + m.hidden_size) + (m.hidden_size + up) + (inter + m.hidden_size)

@@ -16,6 +16,19 @@ GB = 1e9
 
 
 @dataclass(frozen=True, slots=True)
+class GemmCurve:
+    """A GPU's linear-layer (GEMM) efficiency curve, fitted to measured operator profiles
+    (``profiles.py``; the fit, its held-out errors and the source in docs/fidelity.md)."""
+
+    compute: float  # fraction of peak FLOP/s at large token counts
+    memory: float  # fraction of peak bandwidth for the weight reads of small batches
+    sharpness: float  # p of the p-norm joining compute and memory time (see cost_model.join)
+    tile_m: int  # row tile: token counts are rounded up to it
+    gemm_latency: float  # seconds per GEMM launch
+    source: str  # which profiles the fit came from
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     name: str
     peak_flops: float  # dense bf16 FLOP/s
@@ -25,6 +38,10 @@ class Hardware:
     pcie_bandwidth: float  # host-to-device bytes/s per direction (KV swap traffic)
     allreduce_latency: float = 8e-6  # seconds per collective (launch + sync, small messages)
     vendor: str = "nvidia"
+    gemm: GemmCurve | None = None  # fitted linear-layer curve; None: the generic default efficiencies
+    # Measured all-reduce latency per TP degree ((2, s), (4, s), (8, s)); others use allreduce_latency.
+    allreduce_latency_by_tp: tuple[tuple[int, float], ...] = ()
+    comm_efficiency: float | None = None  # fitted all-reduce link efficiency; None: the generic 0.8
 
     def __post_init__(self) -> None:
         for name in (
@@ -37,6 +54,9 @@ class Hardware:
             if getattr(self, name) <= 0:
                 raise ValueError(f"hardware {self.name}: {name} must be > 0, got {getattr(self, name)}")
 
+    def allreduce_latency_at(self, tp: int) -> float:
+        return dict(self.allreduce_latency_by_tp).get(tp, self.allreduce_latency)
+
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
@@ -46,21 +66,69 @@ class Hardware:
         return DeviceInfo(self.name, self.memory_gib, self.vendor)
 
 
+# Fitted by benchmarks/fidelity_profiles.py to Vidur's linear-layer profiles (docs/fidelity.md
+# has the held-out errors). A GPU without profiles borrows the nearest profiled one's curve.
+_VIDUR = "Vidur mlp.csv profiles"
+A100_GEMM = GemmCurve(0.732, 0.788, 2.75, 128, 6.06e-6, f"{_VIDUR}, A100: Llama-3-8B + Llama-2-70B")
+H100_GEMM = GemmCurve(0.746, 0.934, 3.0, 256, 7.45e-6, f"{_VIDUR}, H100: Llama-2-70B")
+A40_GEMM = GemmCurve(0.778, 0.816, 1.75, 64, 5.18e-6, f"{_VIDUR}, A40: Llama-2-7B")
+# All-reduce latency per TP degree and link efficiency fitted to Vidur's NCCL profiles
+# (a100_dgx, h100_dgx; messages 8 KB - 128 MB, one node).
+A100_ALLREDUCE = ((2, 37.0e-6), (4, 28.9e-6), (8, 39.6e-6))
+H100_ALLREDUCE = ((2, 19.2e-6), (4, 27.5e-6), (8, 28.2e-6))
+
 HARDWARE: dict[str, Hardware] = {
     h.name: h
     for h in (
         # A100 SXM: 312 TFLOP/s bf16, NVLink 3 600 GB/s total (300 per direction), PCIe 4 x16.
-        Hardware("A100-40GB", 312e12, 1555 * GB, 40.0, 300 * GB, 32 * GB),
-        Hardware("A100-80GB", 312e12, 2039 * GB, 80.0, 300 * GB, 32 * GB),
+        *(
+            Hardware(
+                name,
+                312e12,
+                bw * GB,
+                gib,
+                300 * GB,
+                32 * GB,
+                gemm=A100_GEMM,
+                allreduce_latency_by_tp=A100_ALLREDUCE,
+                comm_efficiency=0.518,
+            )
+            for name, bw, gib in (("A100-40GB", 1555, 40.0), ("A100-80GB", 2039, 80.0))
+        ),
         # H100 SXM: 989 TFLOP/s bf16 dense, HBM3 3.35 TB/s, NVLink 4 900 GB/s, PCIe 5 x16.
-        Hardware("H100-SXM", 989e12, 3350 * GB, 79.6, 450 * GB, 64 * GB),
-        # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB.
-        Hardware("H200", 989e12, 4800 * GB, 140.4, 450 * GB, 64 * GB),
+        Hardware(
+            "H100-SXM",
+            989e12,
+            3350 * GB,
+            79.6,
+            450 * GB,
+            64 * GB,
+            gemm=H100_GEMM,
+            allreduce_latency_by_tp=H100_ALLREDUCE,
+            comm_efficiency=0.740,
+        ),
+        # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's curves (same die).
+        Hardware(
+            "H200",
+            989e12,
+            4800 * GB,
+            140.4,
+            450 * GB,
+            64 * GB,
+            gemm=H100_GEMM,
+            allreduce_latency_by_tp=H100_ALLREDUCE,
+            comm_efficiency=0.740,
+        ),
+        # A40: 149.7 TFLOP/s bf16 dense, 696 GB/s GDDR6, 48 GB; PCIe 4 between cards (the
+        # NVLink bridge joins pairs only). In the catalog because Vidur profiled it.
+        Hardware("A40", 149.7e12, 696 * GB, 45.0, 32 * GB, 32 * GB, allreduce_latency=20e-6, gemm=A40_GEMM),
         # L4: 121 TFLOP/s bf16 dense, 300 GB/s GDDR6, no NVLink (PCIe 4 x16 between cards).
-        Hardware("L4", 121e12, 300 * GB, 22.5, 32 * GB, 32 * GB, allreduce_latency=20e-6),
+        # L4 and L40S borrow the A40's curve (the profiled PCIe card with GDDR memory).
+        Hardware("L4", 121e12, 300 * GB, 22.5, 32 * GB, 32 * GB, allreduce_latency=20e-6, gemm=A40_GEMM),
         # L40S: 362 TFLOP/s bf16 dense, 864 GB/s GDDR6, no NVLink.
-        Hardware("L40S", 362e12, 864 * GB, 45.0, 32 * GB, 32 * GB, allreduce_latency=20e-6),
+        Hardware("L40S", 362e12, 864 * GB, 45.0, 32 * GB, 32 * GB, allreduce_latency=20e-6, gemm=A40_GEMM),
         # MI300X: 1307 TFLOP/s bf16 dense, 5.3 TB/s HBM3, 192 GB, Infinity Fabric 7 x 64 GB/s.
+        # No AMD profile is at hand: MI300X keeps the generic efficiencies.
         Hardware("MI300X", 1307e12, 5300 * GB, 192.0, 448 * GB, 64 * GB, vendor="amd"),
     )
 }
