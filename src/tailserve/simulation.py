@@ -106,7 +106,7 @@ def build_cost_model(deployment: Deployment) -> BuiltCostModel:
         preset = PRESETS[calibration]
         points = parse_points(preset.points)
         # The points were measured at the preset's deployment: fit there, apply here.
-        fit_at = CostModel(get_model(preset.model), get_hardware(preset.hardware), preset.tp)
+        fit_at = CostModel(get_model(preset.model), get_hardware(preset.hardware), preset.tp, preset.base)
         if model.name != preset.model or hardware.name != preset.hardware:
             notes.append(
                 f"calibration {preset.name!r} was measured on {preset.model} / {preset.hardware}; "
