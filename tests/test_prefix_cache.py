@@ -72,13 +72,15 @@ class RefPool:
         return out
 
     def free(self, blocks: list[int]) -> None:
+        front = []  # vLLM 0.32 prepend_n: keyless blocks, tail first, all at the front at once
         for b in reversed(blocks):
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 if self.key[b] is None and self.front:
-                    self.queue.insert(0, b)
+                    front.append(b)
                 else:
                     self.queue.append(b)
+        self.queue[0:0] = front
 
     def cache_blocks(self, blocks: list[int], keys: Sequence[Hashable]) -> int:
         already = 0

@@ -7,12 +7,14 @@ free queue, which is also the cache's LRU list::
     front (reused first)                                               back (reused last)
     [ free blocks without a key ... | cached blocks, least recently freed ... most recently ]
 
-- ``free`` walks a request's blocks tail first and appends every block reaching ref count 0 to
-  the BACK, as vLLM V1's ``BlockPool.free_blocks`` does (``append_n``). A request's deeper
-  blocks are therefore evicted before its shallower ones, which keeps cached chains
-  prefix-closed in practice. ``shared/reference/policies.md`` §1(c) says keyless blocks go to
-  the FRONT; public copies of the code disagree, so that rule is an option
-  (``free_unhashed_to_front=True``), not the default.
+- ``free`` walks a request's blocks tail first. A block reaching ref count 0 that is cached
+  goes to the BACK (``append_n``: LRU); one without a key goes to the FRONT (``prepend_n``, in
+  that tail-first order, so the request's last keyless block is reused first), as vLLM 0.32's
+  ``BlockPool.free_blocks`` does — found by the differential tests (docs/validation.md): with
+  every keyless block at the back, a fresh allocation evicted a cached block vLLM keeps. A
+  request's deeper cached blocks are evicted before its shallower ones, which keeps cached
+  chains prefix-closed in practice. ``free_unhashed_to_front=False`` appends every block to
+  the back (older vLLM releases).
 - ``allocate`` pops from the front; popping a cached block evicts its key.
 - ``touch`` (a cache hit on a block with ref count 0) takes it out of the queue.
 
@@ -33,7 +35,7 @@ class HashedBlockPool(PrefixCache):
     """KV blocks with ref counts, a content-key index and one LRU free queue; every op is O(1)
     per block touched."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, free_unhashed_to_front: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, free_unhashed_to_front: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -173,7 +175,7 @@ class HashedBlockPool(PrefixCache):
         refs = self._ref_counts
         free = self._free
         keys = self._keys
-        front = self.free_unhashed_to_front
+        to_front: list[int] = []
         for block_id in reversed(block_ids):
             if refs[block_id] <= 0:
                 raise ValueError(f"block {block_id} freed but its ref count is {refs[block_id]}")
@@ -183,8 +185,11 @@ class HashedBlockPool(PrefixCache):
             free[block_id] = None
             if keys[block_id] is not None:
                 self._num_free_cached += 1
-            elif front:
-                free.move_to_end(block_id, last=False)
+            elif self.free_unhashed_to_front:
+                to_front.append(block_id)
+        # prepend_n: the first of them (the request's last keyless block) ends up at the front.
+        for block_id in reversed(to_front):
+            free.move_to_end(block_id, last=False)
 
     def cache_full_blocks(self, block_ids: Sequence[int], block_keys: Sequence[Hashable]) -> int:
         """Register ``block_ids[i]`` as holding the full, computed block ``block_keys[i]``.

@@ -1,4 +1,4 @@
-"""vLLM V1 (``vllm/v1/core/sched/scheduler.py``, 0.33): one token budget, running first.
+"""vLLM V1 (``vllm/v1/core/sched/scheduler.py``, 0.32, checked step for step by tailserve.validate): one token budget, running first.
 
 The rules, in the engine's order (``shared/reference/policies.md`` §1):
 1. Budget ``max_num_batched_tokens``; per-request cap ``long_prefill_token_threshold`` (0 = off,
@@ -19,7 +19,8 @@ The rules, in the engine's order (``shared/reference/policies.md`` §1):
 With ``scheduling_policy=priority`` the waiting queue is ordered by (priority, arrival time,
 request id), lower values first; the preemption victim is the running request with the largest
 (priority, arrival time) — the least urgent, then the latest — whose tokens go back to the budget
-if it was already scheduled; a request that preempted itself does not end the pass; and a
+if it was already scheduled; a request that preempted itself ends the running pass, as under
+FCFS (``scheduler.py`` 0.32: ``if new_blocks is None: break`` after the preemption loop); and a
 preempted request re-enters the queue by its key (a plain heap push), not at the front.
 
 Prefix caching (``enable_prefix_caching``, on by default in V1): a new or preempted request
@@ -187,9 +188,7 @@ class VllmPolicy(Policy):
                     self_preempted = True
                     break
             if self_preempted:
-                if not self._priority:
-                    break  # FCFS: a request that preempted itself ends the running pass
-                continue  # priority: go on with the next running request (now at index i)
+                break  # a request that preempted itself ends the running pass (fcfs and priority)
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
             budget -= want
             i += 1

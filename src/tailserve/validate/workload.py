@@ -1,0 +1,117 @@
+"""One differential workload: a scheduler configuration and requests whose every event is a step.
+
+Both sides (tailserve and the engine's driver) read this exact description, so the only thing
+that can differ is the scheduling decision. Times are steps, not seconds: a request arrives
+before the scheduler runs in its ``arrival_step``, an abort lands before the scheduler runs in
+its ``abort_step``, and the fake model runner samples ``output_token_ids[k]`` as the k-th output
+token (the token ``stop_token_id`` there ends the request as a stop-string would).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STOP_TOKEN_ID = 2  # never drawn for ordinary tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSpec:
+    """The flags both schedulers get, under vLLM's names."""
+
+    num_blocks: int  # usable KV blocks (vLLM gets one more for its null block)
+    block_size: int = 16  # tokens
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 8
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority"
+    max_model_len: int = 4096  # tokens
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError(
+                f"num_blocks and block_size must be >= 1, got {self.num_blocks}, {self.block_size}"
+            )
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    request_id: str
+    arrival_step: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # what the fake model samples, in order; len == max_tokens
+    priority: int = 0  # lower is more urgent (vLLM)
+    abort_step: int | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids or not self.output_token_ids:
+            raise ValueError(f"request {self.request_id}: prompt and outputs must be non-empty")
+        if self.abort_step is not None and self.abort_step <= self.arrival_step:
+            raise ValueError(f"request {self.request_id}: abort_step must come after arrival_step")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    scheduler: SchedulerSpec
+    requests: list[RequestSpec] = field(default_factory=list)
+    max_steps: int = 2000  # a run still unfinished by then is reported as such
+    stop_token_id: int = STOP_TOKEN_ID
+    seed: int | None = None  # the generator's seed, for the record
+
+    def __post_init__(self) -> None:
+        ids = [r.request_id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request ids must be unique")
+        capacity = self.scheduler.num_blocks * self.scheduler.block_size
+        for r in self.requests:
+            total = len(r.prompt_token_ids) + r.max_tokens
+            if total > min(capacity, self.scheduler.max_model_len):
+                # vLLM's scheduler would loop forever on it; tailserve rejects it at the door.
+                raise ValueError(
+                    f"request {r.request_id}: {total} tokens exceed the KV capacity ({capacity}) or "
+                    f"max_model_len ({self.scheduler.max_model_len})"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire format the drivers read (``config`` holds the scheduler flags)."""
+        requests = []
+        for r in self.requests:
+            d = asdict(r)
+            d["max_tokens"] = r.max_tokens
+            requests.append(d)
+        return {
+            "config": asdict(self.scheduler),
+            "requests": requests,
+            "max_steps": self.max_steps,
+            "stop_token_id": self.stop_token_id,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        requests = [
+            RequestSpec(
+                request_id=r["request_id"],
+                arrival_step=r["arrival_step"],
+                prompt_token_ids=list(r["prompt_token_ids"]),
+                output_token_ids=list(r["output_token_ids"]),
+                priority=r.get("priority", 0),
+                abort_step=r.get("abort_step"),
+            )
+            for r in d["requests"]
+        ]
+        return cls(
+            scheduler=SchedulerSpec(**d["config"]),
+            requests=requests,
+            max_steps=d.get("max_steps", 2000),
+            stop_token_id=d.get("stop_token_id", STOP_TOKEN_ID),
+            seed=d.get("seed"),
+        )
