@@ -2,22 +2,30 @@
 
     tailserve serve [--model DIR] [--executor torch|sim] [--policy P] [P's flags, engine names]
                     [--hardware H --sim-model M --tp N] [--host 127.0.0.1] [--port 8000]
-                    [--max-queued-requests N] [--served-model-name NAME]
+                    [--max-queued-requests N] [--served-model-name NAME] [--api-key KEY]
+                    [--allowed-origins ORIGIN ...] [--max-request-bytes N] [--header-timeout S]
+                    [--limit-concurrency N]
 
 Policy flags follow the policy with the engine's own names, as in ``tailserve simulate``
 (``--max-num-batched-tokens 512 --scheduling-policy priority``). The listening socket is bound
 before the engine loads, so a port in use is one clear error line rather than a traceback.
+
+Exit status: 0 after a graceful shutdown (SIGINT/SIGTERM), 1 when the engine died (the log says
+why), 2 for bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import socket
 import sys
 from typing import Any
 
 DEFAULT_PORT = 8000
+DEFAULT_MAX_QUEUED_REQUESTS = 1024  # waiting requests before a 503: bounded memory, bounded waits
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -56,13 +64,46 @@ def add_serve_parser(sub: Any) -> None:
         "--port", type=int, default=DEFAULT_PORT, help="(default: %(default)s; 0 picks a free port)"
     )
     g.add_argument(
-        "--served-model-name", default=None, help="the model's name in the API (default: the model's)"
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API (default: the model's; with --executor sim the simulated model's)",
     )
     g.add_argument(
         "--max-queued-requests",
         type=int,
+        default=DEFAULT_MAX_QUEUED_REQUESTS,
+        help="answer 503 when this many requests wait already; 0: no limit (default: %(default)s)",
+    )
+    g.add_argument(
+        "--api-key",
+        action="append",
         default=None,
-        help="answer 503 when this many requests wait already (default: no limit)",
+        help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and /version "
+        "(repeat for several keys; default: $TAILSERVE_API_KEY, else $VLLM_API_KEY, else open)",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        help="CORS: origins browsers may call from, e.g. http://localhost:3000 or '*' (default: none, CORS off)",
+    )
+    g.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="largest request body; larger ones get 413 (default: 4 MiB)",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=None,
+        help="seconds a connection has to send a complete request head (default: 10)",
+    )
+    g.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=None,
+        help="most open connections and requests; uvicorn answers 503 beyond (default: 1024)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -90,12 +131,26 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _or_default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from tailserve.cli import _parse_policy_flags
+    from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES
+    from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_LIMIT_CONCURRENCY
 
     flags = _parse_policy_flags(args.extra)
-    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+    if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
+    api_keys = args.api_key or [
+        key for key in (os.environ.get("TAILSERVE_API_KEY") or os.environ.get("VLLM_API_KEY"),) if key
+    ]
+    if any(not key.strip() for key in api_keys):
+        raise ValueError("--api-key must not be empty")
+    max_request_bytes = _or_default(args.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES)
+    if max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     sock = bind_socket(args.host, args.port)
@@ -118,6 +173,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from tailserve.server.launch import make_server
     from tailserve.server.prometheus import ServerMetrics
 
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         disable_created_metrics()  # vLLM's /metrics has no *_created series either
         model_dir = str(args.model) if args.model else str(default_model_dir())
@@ -136,10 +194,23 @@ def run_serve(args: argparse.Namespace) -> int:
             kv_cache_memory_gib=args.kv_cache_memory_gib,
             served_model_name=args.served_model_name,
         )
-        name = engine.model_name
+        # A stand-in server is named after what it simulates, not after the tokenizer's model.
+        simulated = engine.deployment["model"] if engine.deployment else None
+        name = args.served_model_name or simulated or engine.model_name
+        engine.model_name = name
         metrics = ServerMetrics(name)
-        async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests, metrics=metrics)
-        app = build_app(async_engine, served_model_name=name, model_root=model_dir, metrics=metrics)
+        async_engine = AsyncEngine(
+            engine, max_queued_requests=args.max_queued_requests or None, metrics=metrics
+        )
+        app = build_app(
+            async_engine,
+            served_model_name=name,
+            model_root=model_dir,
+            metrics=metrics,
+            api_keys=api_keys,
+            allowed_origins=args.allowed_origins,
+            max_request_bytes=max_request_bytes,
+        )
         server = make_server(
             app,
             async_engine,
@@ -147,11 +218,14 @@ def run_serve(args: argparse.Namespace) -> int:
             port=args.port,
             drain_timeout=args.shutdown_timeout,
             log_level=args.log_level,
+            header_timeout=_or_default(args.header_timeout, DEFAULT_HEADER_TIMEOUT_S),
+            limit_concurrency=_or_default(args.limit_concurrency, DEFAULT_LIMIT_CONCURRENCY),
         )
         host, port = sock.getsockname()[:2]
         print(f"tailserve: serving {name!r}: {engine.description}", file=sys.stderr)
+        auth = f", API key required ({len(api_keys)})" if api_keys else ""
         print(
-            f"tailserve: listening on http://{host}:{port} (OpenAI API under /v1)",
+            f"tailserve: listening on http://{host}:{port} (OpenAI API under /v1{auth})",
             file=sys.stderr,
             flush=True,
         )
@@ -160,4 +234,6 @@ def run_serve(args: argparse.Namespace) -> int:
         sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 0
+    if server.exit_code:
+        print("tailserve: error: the engine died (see the log above); exiting with status 1", file=sys.stderr)
+    return server.exit_code

@@ -197,6 +197,15 @@ def _build_sim(spec, cls, tokenizer, name, eos, hardware, sim_model, tp, max_mod
     scheduler = Scheduler(cls(policy_config), kv_manager, max_len)
     executor = RealtimeSimExecutor(cost_model, block_size, tokenizer.vocab_size, set(eos), seed)
     described = f"simulated {model_spec.name} on {cost_model.hardware.name} x{tp} under {spec.label}"
-    return LLMEngine(
+    engine = LLMEngine(
         scheduler, executor, tokenizer, name, eos_token_ids=(), options=options, description=described
     )
+    # What bench --predict should simulate to predict this server (served in /v1/models).
+    engine.deployment = {
+        "model": model_spec.name,
+        "hardware": cost_model.hardware.name,
+        "tp": tp,
+        "calibration": "auto",
+        "policy": spec.label,
+    }
+    return engine

@@ -7,6 +7,14 @@ loop it keeps per-request text state, checks stop conditions and reports deltas.
 
 Single-threaded: one thread owns an ``LLMEngine`` and calls ``step`` (the server's async layer
 feeds it through a queue).
+
+A failed iteration is contained when it can be: if the executor (or the stop checks after it)
+raises, the requests of that iteration are aborted with a reason naming the error, their KV
+blocks are freed, cached prefix blocks are dropped (the failed step may have registered blocks
+whose contents were never written), and the engine's invariants are checked; then ``step``
+raises ``StepFailedError`` and the engine can go on. A failure while scheduling, under a radix
+prefix cache, or one that leaves the invariants broken raises ``EngineFatalError``: the state
+cannot be trusted and the owner must stop (the server exits non-zero, as vLLM does).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any
 
 from tailserve.core.engine import Engine, EngineOptions, WallClock
 from tailserve.core.executor import Executor
+from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import QueueSource
@@ -37,6 +46,27 @@ class EngineStats:
     num_generation_tokens: int
 
 
+class StepFailedError(RuntimeError):
+    """One iteration raised; its requests were aborted (``request_ids``, reason ``reason``), their
+    blocks freed and the engine checked consistent: stepping may go on."""
+
+    def __init__(self, cause: BaseException, request_ids: list[str], reason: str) -> None:
+        super().__init__(f"{reason} ({len(request_ids)} requests aborted)")
+        self.cause = cause
+        self.request_ids = request_ids
+        self.reason = reason
+
+
+class EngineFatalError(RuntimeError):
+    """A failure after which the engine's state cannot be trusted; its owner must stop."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``TypeName: message`` on one line, for logs and reasons."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -55,6 +85,9 @@ class LLMEngine:
         self.model_name = model_name
         self.max_model_len = scheduler.max_model_len
         self.description = description
+        # The simulated deployment a stand-in server runs (model, hardware, tp, calibration,
+        # policy), set by the builder for the sim executor; None for a real model.
+        self.deployment: dict[str, Any] | None = None
         self.source = QueueSource()
         self.stop_checker = StopChecker(executor, eos_token_ids)
         self.engine = Engine(scheduler, self.stop_checker, self.source, WallClock(), options)
@@ -95,6 +128,11 @@ class LLMEngine:
         bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"Token id {bad[0]!r} is out of vocabulary (the vocabulary has {vocab} tokens).")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"stop_token_ids: token id {bad[0]} is out of vocabulary (the vocabulary has {vocab} tokens)."
+            )
         max_len = self.max_model_len
         n = len(prompt_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else max_len - n
@@ -103,6 +141,10 @@ class LLMEngine:
                 f"This model's maximum context length is {max_len} tokens. However, you requested "
                 f"{n + max(max_tokens, 1)} tokens ({n} in the messages, {max(max_tokens, 1)} in the completion). "
                 "Please reduce the length of the messages or completion."
+            )
+        if params.min_tokens > max_tokens:
+            raise ValueError(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {params.min_tokens}."
             )
         request = Request(
             request_id,
@@ -137,10 +179,43 @@ class LLMEngine:
         return bool(self.scheduler.has_unfinished or self.source.num_pending or self._aborted)
 
     def step(self) -> list[RequestOutput]:
-        """One iteration; outputs of requests that got tokens or finished."""
+        """One iteration; outputs of requests that got tokens or finished. Raises
+        ``StepFailedError`` or ``EngineFatalError`` when the iteration fails (module docstring)."""
         if self.scheduler.has_unfinished or self.source.num_pending:
-            self.engine.step()
+            self.scheduler.last_output = None  # set again by schedule(): tells the phase that failed
+            try:
+                self.engine.step()
+            except Exception as error:
+                self._contain(error)
         return self._collect()
+
+    def _contain(self, error: Exception) -> None:
+        """Abort the failed iteration's requests and raise ``StepFailedError``, or raise
+        ``EngineFatalError`` when the state cannot be made consistent."""
+        what = describe_error(error)
+        out = self.scheduler.last_output
+        if out is None:
+            raise EngineFatalError(f"the scheduler failed: {what}") from error
+        kv = self.scheduler.kv_cache
+        if isinstance(kv, RadixKVCacheManager) and kv.tree is not None:
+            # The tree may hold slots the failed step never wrote, and only its policy may evict.
+            raise EngineFatalError(f"an iteration failed under a radix prefix cache: {what}") from error
+        reason = f"the engine failed in this request's step ({type(error).__name__})"
+        involved = [s.request for s in out.scheduled] + list(out.swapped_in) + list(out.swapped_out)
+        request_ids = list(dict.fromkeys(r.request_id for r in involved if not r.is_finished))
+        for request_id in request_ids:
+            self.abort_request(request_id, reason)
+        if kv.copy_log:
+            kv.copy_log.clear()  # swaps of aborted requests: nothing left to copy
+        if kv.pool is not None:
+            kv.pool.evict(kv.pool.num_evictable)  # no block of the failed step may be matched
+        try:
+            self.check_integrity()
+        except Exception as broken:
+            raise EngineFatalError(
+                f"an iteration failed ({what}) and the engine is inconsistent: {describe_error(broken)}"
+            ) from error
+        raise StepFailedError(error, request_ids, reason) from error
 
     def _collect(self) -> list[RequestOutput]:
         finished = self.source.pop_finished() + self._aborted

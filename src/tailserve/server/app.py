@@ -1,23 +1,30 @@
 """The OpenAI-compatible HTTP API (FastAPI) over an ``AsyncEngine``.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming and not),
-``GET /v1/models``, ``GET /health`` (200, or 503 once the engine died), ``GET /metrics``
-(Prometheus text), and vLLM's ``POST /tokenize`` / ``POST /detokenize`` that benchmark clients
-use to align prompt lengths, plus ``GET /version``.
+``GET /v1/models``, ``GET /health`` (200, or 503 with the reason once the engine died),
+``GET /metrics`` (Prometheus text), and vLLM's ``POST /tokenize`` / ``POST /detokenize`` that
+benchmark clients use to align prompt lengths, plus ``GET /version``.
 
 Every error is an OpenAI error object (``protocol.error_body``). Bad input is a 400 — including
-FastAPI's own validation errors, which would otherwise be 422 in FastAPI's shape — a full
-waiting queue or a draining server a 503 with the reason; a 500 means a bug in the server.
+FastAPI's own validation errors, which would otherwise be 422 in FastAPI's shape — a missing API
+key a 401, a body over the limit a 413, a full waiting queue or a draining server a 503 with the
+reason. A 500 is an engine step that failed or a bug in the server: its body says so without the
+exception's text, which goes to the log with the traceback.
+
+Prompts are tokenized here, before the engine sees them (``tokenize_pool``): off the event loop
+and off the engine thread, after a size check that needs no tokenizing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -25,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tailserve import __version__
 from tailserve.llm import SamplingParams
 from tailserve.server.async_engine import AsyncEngine
+from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, cors_options
 from tailserve.server.prometheus import ServerMetrics
 from tailserve.server.protocol import (
     ApiError,
@@ -45,6 +53,9 @@ from tailserve.server.serving import (
     full_response,
     stream_response,
 )
+from tailserve.server.tokenize_pool import PromptTokenizer
+
+logger = logging.getLogger("tailserve.server")
 
 
 def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
@@ -72,17 +83,32 @@ def build_app(
     served_model_name: str,
     model_root: str,
     metrics: ServerMetrics | None = None,
+    api_keys: list[str] | None = None,
+    allowed_origins: list[str] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
+    """The app; ``api_keys`` turn on Bearer auth, ``allowed_origins`` CORS (off without them)."""
     llm = engine.engine
     created = now_s()
+    prompts = PromptTokenizer(llm.tokenizer, model_root, llm.max_model_len)
+    deployment = {"executor": "sim" if llm.deployment else "torch", **(llm.deployment or {})}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
-        yield
-        await engine.shutdown()
+        try:
+            yield
+        finally:
+            await engine.shutdown()
+            prompts.close()
 
     app = FastAPI(title="tailserve", version=__version__, lifespan=lifespan)
+    # Added innermost first: CORS sees every response (a 401 too), auth runs before any body is read.
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    if api_keys:
+        app.add_middleware(ApiKeyGuard, api_keys=list(api_keys))
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, **cors_options(list(allowed_origins)))
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -99,7 +125,8 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def on_bug(request: Request, error: Exception) -> JSONResponse:
-        return _error(f"internal server error: {error!r}", 500)
+        logger.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        return _error("internal server error (the server logged the details)", 500)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != served_model_name:
@@ -112,12 +139,14 @@ def build_app(
         try:
             return body.to_sampling_params(max_tokens)
         except ValueError as error:
-            raise ApiError(str(error)) from None
+            message = str(error)
+            name = message.split(" ", 1)[0]  # vLLM's messages start with the parameter's name
+            raise ApiError(message, param=name if name in type(body).model_fields else None) from None
 
     async def serve(
         request: Request,
         body: SamplingFields,
-        prompt: str | list[int],
+        prompt: list[int],
         params: SamplingParams,
         meta: ResponseMeta,
     ) -> Any:
@@ -137,7 +166,11 @@ def build_app(
     async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body.model)
         params = sampling(body, body.max_tokens)
-        prompt: Any = body.prompt
+        if isinstance(body.prompt, str):
+            prompts.check_prompt_size(body.prompt, "prompt")
+            prompt = await prompts.encode(body.prompt)
+        else:
+            prompt = body.prompt
         meta = ResponseMeta(
             "completion", new_id("cmpl"), served_model_name, body.include_usage, body.continuous_usage
         )
@@ -147,12 +180,9 @@ def build_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
         params = sampling(body, body.requested_max_tokens)
-        try:
-            prompt = llm.tokenizer.apply_chat_template(
-                body.chat_messages(), add_generation_prompt=body.add_generation_prompt
-            )
-        except Exception as error:  # a template may refuse a conversation (roles, order)
-            raise ApiError(f"messages: the chat template failed: {error}", param="messages") from None
+        messages = body.chat_messages()
+        prompts.check_prompt_size("".join(m["content"] for m in messages), "messages")
+        prompt = await prompts.encode_chat(messages, body.add_generation_prompt)
         meta = ResponseMeta(
             "chat", new_id("chatcmpl"), served_model_name, body.include_usage, body.continuous_usage
         )
@@ -162,12 +192,15 @@ def build_app(
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [model_card(served_model_name, model_root, llm.max_model_len, created)],
+            "data": [model_card(served_model_name, model_root, llm.max_model_len, created, deployment)],
         }
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if engine.is_healthy else 503)
+        if engine.is_healthy:
+            return Response(status_code=200)
+        reason = engine.dead_message if engine.dead is not None else "the engine is not running"
+        return _error(reason, 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -175,9 +208,12 @@ def build_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(body: TokenizeRequest) -> Any:
         check_model(body.model)
-        tokens = list(llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        whole = await prompts.tokenize_json(body.prompt, body.add_special_tokens)
+        if whole is not None:  # a long text: tokenized and serialized in the worker process
+            return Response(whole, media_type="application/json")
+        tokens = await prompts.encode(body.prompt, body.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
 
     @app.post("/detokenize")

@@ -10,29 +10,42 @@ iteration time slept in real time), so it runs in one thread that owns it outrig
 
 Everything that touches the engine happens in its thread; the event loop only reads the
 published ``EngineSnapshot`` and the per-request queues. A request leaves its stream either
-with a finished output or with ``Aborted`` (client gone, server shutting down), so no handler
-waits forever; aborting also frees the request's KV blocks in the engine.
+with a finished output, with ``Aborted`` (client gone, server shutting down), or with
+``Failed`` (its engine step raised), so no handler waits forever; aborting also frees the
+request's KV blocks in the engine.
+
+Faults: a ``StepFailedError`` (the engine aborted that step's requests and checked itself) is
+logged with its traceback, those requests end with ``Failed``, and the thread goes on. Anything
+else — ``EngineFatalError`` or an unexpected exception — kills the thread: it is logged, every
+stream and every request still waiting to be accepted gets ``EngineDeadError``, and
+``on_fatal`` is called on the event loop (the server then exits non-zero).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tailserve.llm import LLMEngine, RequestOutput, SamplingParams
+from tailserve.llm.llm_engine import StepFailedError, describe_error
 from tailserve.server.prometheus import ServerMetrics
 from tailserve.server.request_stream import (
     Aborted,
     EngineDeadError,
+    Failed,
     QueueFullError,
     RequestStream,
     ShuttingDownError,
 )
+
+logger = logging.getLogger("tailserve.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +86,15 @@ class AsyncEngine:
         *,
         max_queued_requests: int | None = None,
         metrics: ServerMetrics | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_queued_requests is not None and max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {max_queued_requests}")
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics
+        self.on_fatal = on_fatal  # called on the event loop once the engine thread died
+        self.num_failed_steps = 0
         self.snapshot = EngineSnapshot()
         self.dead: BaseException | None = None
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
@@ -112,6 +128,12 @@ class AsyncEngine:
         return len(self._streams)
 
     @property
+    def dead_message(self) -> str:
+        error = self.dead
+        what = type(error).__name__ if error is not None else "unknown"
+        return f"the engine stopped after an internal error ({what}); see the server log"
+
+    @property
     def is_healthy(self) -> bool:
         return self.dead is None and self._thread is not None and self._thread.is_alive()
 
@@ -130,7 +152,7 @@ class AsyncEngine:
         ``EngineDeadError`` after an engine failure.
         """
         if self.dead is not None:
-            raise EngineDeadError(f"the engine stopped: {self.dead!r}")
+            raise EngineDeadError(self.dead_message)
         if not self._accepting or self._thread is None:
             raise ShuttingDownError("the server is shutting down and takes no new requests")
         limit = self.max_queued_requests
@@ -198,10 +220,32 @@ class AsyncEngine:
         if stream is not None:
             stream._queue.put_nowait(Aborted(reason))
 
+    def _deliver_failure(self, request_ids: list[str], message: str) -> None:
+        for request_id in request_ids:
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream._queue.put_nowait(Failed(message))
+
     def _fail_all(self, error: BaseException) -> None:
+        """On the event loop after the engine thread died: answer every stream and every request
+        still waiting to be accepted, then tell the owner."""
+        message = self.dead_message
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            stream._queue.put_nowait(EngineDeadError(f"the engine stopped: {error!r}"))
+            stream._queue.put_nowait(EngineDeadError(message))
+        # generate() runs on this loop and checks ``dead`` first, so nothing is added after this.
+        self._refuse_waiting(message)
+        if self.on_fatal is not None:
+            self.on_fatal(error)
+
+    def _refuse_waiting(self, message: str) -> None:
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add) and command.accepted.set_running_or_notify_cancel():
+                command.accepted.set_exception(EngineDeadError(message))
 
     # ---- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -216,7 +260,11 @@ class AsyncEngine:
                     self._apply(command)
                 self._publish()
                 if engine.has_unfinished_requests():
-                    outputs = engine.step()
+                    try:
+                        outputs = engine.step()
+                    except StepFailedError as failure:
+                        self._on_step_failed(failure)
+                        continue
                     for output in outputs:
                         if output.finished:
                             self._live.discard(output.request_id)
@@ -226,8 +274,27 @@ class AsyncEngine:
                         self.metrics.observe_outputs(outputs)
                     self._publish()
         except BaseException as error:  # the engine is unusable now; tell every waiter why
+            logger.critical(
+                "engine thread died, the server will exit: %s", describe_error(error), exc_info=error
+            )
             self.dead = error
+            self._refuse_waiting(self.dead_message)
             self._loop.call_soon_threadsafe(self._fail_all, error)
+
+    def _on_step_failed(self, failure: StepFailedError) -> None:
+        assert self._loop is not None
+        self.num_failed_steps += 1
+        logger.error(
+            "engine step failed, %d requests answered with a 500, engine consistent, going on: %s",
+            len(failure.request_ids),
+            describe_error(failure.cause),
+            exc_info=failure.cause,
+        )
+        for request_id in failure.request_ids:
+            self._live.discard(request_id)
+        message = f"{failure.reason}; see the server log"
+        self._loop.call_soon_threadsafe(self._deliver_failure, failure.request_ids, message)
+        self._publish()
 
     def _take_commands(self, block: bool) -> list[_Add | _Abort | _Stop]:
         commands = [self._inbox.get()] if block else []

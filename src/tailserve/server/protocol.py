@@ -2,8 +2,11 @@
 
 Request models accept unknown fields (OpenAI clients send more than we read; vLLM logs and
 ignores them too) but reject, with a 400, every field we would otherwise silently get wrong:
-``n`` other than 1, several prompts, log-probabilities, penalties, tools. ``to_sampling_params``
-is the one place a body becomes the engine's ``SamplingParams``.
+``n`` other than 1, several prompts, log-probabilities, penalties, tools. Types are strict — no
+string booleans, no booleans as token ids or numbers — and floats must be finite (Python's JSON
+parser accepts ``NaN`` and ``Infinity``). ``to_sampling_params`` is the one place a body becomes
+the engine's ``SamplingParams``, whose checks give vLLM's messages (``top_p must be in (0, 1],
+got 0.0.``); only the seed's int64 range is a field constraint, as in vLLM's protocol.
 
 Errors are ``{"error": {"message", "type", "param", "code"}}`` with ``code`` the HTTP status, the
 shape of current vLLM (``ErrorResponse``); in a stream the same object is one ``data:`` event.
@@ -15,9 +18,13 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tailserve.llm import SamplingParams
+from tailserve.llm.sampling_params import SEED_MAX, SEED_MIN
+
+# Every request model: unknown fields pass (and are ignored), known ones are typed strictly.
+STRICT = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 class ApiError(Exception):
@@ -31,29 +38,32 @@ class ApiError(Exception):
 
     @property
     def type(self) -> str:
-        return ERROR_TYPES.get(self.status, "InternalServerError")
+        return error_type(self.status)
 
 
 ERROR_TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestEntityTooLargeError",
     429: "RateLimitError",
+    500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
 
 
+def error_type(status: int) -> str:
+    """OpenAI-style error type; a status we do not name is a client or a server error by class."""
+    return ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+
+
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": message,
-            "type": ERROR_TYPES.get(status, "InternalServerError"),
-            "param": param,
-            "code": status,
-        }
-    }
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     # vLLM's default: asking for stream_options at all means usage is wanted.
     include_usage: bool = True
     continuous_usage_stats: bool = False
@@ -62,19 +72,20 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions (OpenAI's plus vLLM's extensions)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)  # vLLM: 0 or -1 disables
-    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # vLLM: 0 or -1 disables
+    min_p: float | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # int64, as vLLM
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = 0
     ignore_eos: bool = False
     priority: int = 0  # vLLM: lower is served first (with a priority scheduling policy)
     presence_penalty: float | None = 0.0
@@ -110,29 +121,32 @@ class SamplingFields(BaseModel):
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        """The engine's parameters; ``max_tokens`` None means the rest of the context (vLLM's
+        server default). Raises ``ValueError`` with vLLM's message for a value out of range."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs: dict[str, Any] = {
+            "max_tokens": max_tokens,
             "stop": stop,
             "stop_token_ids": list(self.stop_token_ids or []),
             "min_tokens": self.min_tokens,
             "ignore_eos": self.ignore_eos,
             "seed": self.seed,
         }
-        if max_tokens is not None:
-            kwargs["max_tokens"] = max_tokens
-        if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        if self.top_p is not None:
-            kwargs["top_p"] = self.top_p
-        if self.top_k is not None:
-            kwargs["top_k"] = max(self.top_k, 0)
+        for name in ("temperature", "top_p", "top_k", "min_p"):
+            value = getattr(self, name)
+            if value is not None:
+                kwargs[name] = value
         return SamplingParams(**kwargs)
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class CompletionRequest(SamplingFields):
     # One prompt: text or token ids (``vllm bench`` sends both); a list of one is unwrapped.
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    prompt: Any
+    max_tokens: int | None = None  # None: the rest of the context, as vLLM's server
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
@@ -148,24 +162,33 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix is not supported")
         if self.best_of not in (None, 1):
             raise ValueError(f"best_of must be 1, got {self.best_of}")
-        prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return self
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> str | list[int]:
+        """A string or a list of token ids, or a list of exactly one of those."""
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
             if len(prompt) != 1:
                 raise ValueError(f"one prompt per request is supported, got {len(prompt)}")
-            self.prompt = prompt[0]
-        if not self.prompt:
-            raise ValueError("prompt must not be empty")
-        return self
+            prompt = prompt[0]
+        if isinstance(prompt, list) and all(_is_token_id(t) for t in prompt):
+            prompt = list(prompt)
+        elif not isinstance(prompt, str):
+            raise ValueError("must be a string, a list of token ids (integers), or a list of one of those")
+        if not prompt:
+            raise ValueError("must not be empty")
+        return prompt
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -178,8 +201,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)  # deprecated by OpenAI, still sent
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None  # deprecated by OpenAI, still sent
+    max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -203,14 +226,14 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     model: str | None = None
     tokens: list[int]
 
@@ -233,7 +256,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def model_card(name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+def model_card(
+    name: str, root: str, max_model_len: int, created: int, deployment: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """vLLM's model card; ``tailserve`` (our extension) says what the server runs: the executor
+    and, for ``--executor sim``, the simulated deployment ``bench --predict`` should predict."""
     return {
         "id": name,
         "object": "model",
@@ -243,4 +270,5 @@ def model_card(name: str, root: str, max_model_len: int, created: int) -> dict[s
         "parent": None,
         "max_model_len": max_model_len,
         "permission": [],
+        "tailserve": deployment or {},
     }

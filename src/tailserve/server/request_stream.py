@@ -1,8 +1,9 @@
 """One request's outputs as the HTTP layer consumes them, and the errors that end a request early.
 
 A ``RequestStream`` yields the engine's ``RequestOutput``s in order and stops after the finished
-one, or after ``Aborted`` (with the reason) when the request was aborted; an exception put on it
-(``EngineDeadError``) is raised to the consumer.
+one, or after ``Aborted`` (with the reason) when the request was aborted, or after ``Failed``
+when the engine step that ran it raised; an exception put on it (``EngineDeadError``) is raised
+to the consumer.
 """
 
 from __future__ import annotations
@@ -33,20 +34,29 @@ class Aborted:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The last item of a stream whose request was in an engine step that raised (a 500)."""
+
+    message: str
+
+
 @dataclass(slots=True)
 class RequestStream:
     """The outputs of one request, in order; iteration ends after the finished one."""
 
     request_id: str
-    _queue: asyncio.Queue[RequestOutput | Aborted | BaseException] = field(default_factory=asyncio.Queue)
+    _queue: asyncio.Queue[RequestOutput | Aborted | Failed | BaseException] = field(
+        default_factory=asyncio.Queue
+    )
     finished: bool = False
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput | Aborted]:
+    async def __aiter__(self) -> AsyncIterator[RequestOutput | Aborted | Failed]:
         while not self.finished:
             item = await self._queue.get()
             if isinstance(item, BaseException):
                 self.finished = True
                 raise item
-            if isinstance(item, Aborted) or item.finished:
+            if isinstance(item, (Aborted, Failed)) or item.finished:
                 self.finished = True
             yield item

@@ -7,8 +7,9 @@ the ``usage`` chunk (``choices: []``) when ``stream_options.include_usage`` is s
 chunk of its own: clients time the first token from the first chunk with choices, and an empty
 chunk would make TTFT the time to accept the request.
 
-When the request is aborted (server shutting down) or the engine dies mid-stream, the stream
-ends with an ``{"error": ...}`` event saying why, then ``[DONE]``. Whenever the response ends
+When the request is aborted (server shutting down: 503), its engine step failed (500) or the
+engine dies mid-stream (503), the stream ends with an ``{"error": ...}`` event saying why, then
+``[DONE]``; a plain request gets that error as its response. Whenever the response ends
 before the request finished — the client disconnected, or the handler was cancelled — the
 request is aborted in the engine, which frees its KV blocks.
 """
@@ -26,7 +27,7 @@ from starlette.requests import Request
 from tailserve.llm import RequestOutput
 from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.protocol import ApiError, error_body, now_s, usage
-from tailserve.server.request_stream import Aborted, EngineDeadError, RequestStream
+from tailserve.server.request_stream import Aborted, EngineDeadError, Failed, RequestStream
 
 Kind = Literal["completion", "chat"]
 
@@ -104,6 +105,9 @@ async def stream_response(
             if isinstance(item, Aborted):
                 yield _sse(error_body(f"request aborted: {item.reason}", 503))
                 break
+            if isinstance(item, Failed):
+                yield _sse(error_body(item.message, 500))
+                break
             last = item
             if not (item.new_token_ids or item.finished):
                 continue
@@ -129,6 +133,8 @@ async def full_response(engine: AsyncEngine, stream: RequestStream, meta: Respon
         async for item in stream:
             if isinstance(item, Aborted):
                 raise ApiError(f"request aborted: {item.reason}", status=503)
+            if isinstance(item, Failed):
+                raise ApiError(item.message, status=500)
             last = item
     except EngineDeadError as error:
         raise ApiError(str(error), status=503) from None

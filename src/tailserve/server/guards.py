@@ -1,0 +1,128 @@
+"""ASGI middleware in front of the routes: an API key and a request-body limit.
+
+- ``ApiKeyGuard``: with ``--api-key`` (or ``TAILSERVE_API_KEY`` / ``VLLM_API_KEY``) every route but
+  ``/health``, ``/metrics`` and ``/version`` needs ``Authorization: Bearer <key>``, as vLLM guards
+  its ``/v1`` routes; a missing or wrong key is a 401 in OpenAI's error shape. CORS preflight
+  (``OPTIONS``) passes, as in vLLM.
+- ``BodyLimit``: a body over ``max_bytes`` is a 413 before the handler runs: a declared
+  ``Content-Length`` is refused without reading a byte, a chunked body as soon as it crosses the
+  limit. The body is read here (at most ``max_bytes``) and replayed to the app.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tailserve.server.protocol import error_body
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # 4 MiB: far above any prompt a context holds, below a stall
+
+
+async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps(error_body(message, status)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ApiKeyGuard:
+    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
+        if not api_keys or any(not key for key in api_keys):
+            raise ValueError("--api-key must not be empty")
+        self.app = app
+        self._keys = [key.encode() for key in api_keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if not self._authorized(scope):
+            await send_error(
+                send,
+                401,
+                "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",
+                {"www-authenticate": "Bearer"},
+            )
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                token = token.strip()
+                # compare_digest against every key: no timing hint of which prefix matched
+                return scheme.lower() == b"bearer" and any(
+                    secrets.compare_digest(token, key) for key in self._keys
+                )
+        return False
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"--max-request-bytes must be >= 1, got {max_bytes}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> str:
+        return (
+            f"request body is larger than the server's limit of {self.max_bytes} bytes (--max-request-bytes)"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await send_error(send, 413, self._too_large())
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                chunks = []
+                replay: list[Message] = [message]  # the client left before sending it all
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await send_error(send, 413, self._too_large())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+                break
+
+        async def replayed() -> Message:
+            return replay.pop(0) if replay else await receive()
+
+        await self.app(scope, replayed, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def cors_options(origins: list[str]) -> dict[str, Any]:
+    """Starlette ``CORSMiddleware`` options for ``--allowed-origins`` (vLLM's defaults otherwise)."""
+    return {
+        "allow_origins": origins,
+        "allow_credentials": False,
+        "allow_methods": ["*"],
+        "allow_headers": ["*"],
+    }
