@@ -28,6 +28,7 @@ from tailserve.executors.simulated.calibration import (
     calibrate,
     parse_points,
 )
+from tailserve.executors.simulated.calibration_files import is_calibration_source, load_calibration_source
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware, resolve_hardware_name
@@ -112,6 +113,9 @@ def build_cost_model(deployment: Deployment) -> BuiltCostModel:
                 f"calibration {preset.name!r} was measured on {preset.model} / {preset.hardware}; "
                 f"its efficiencies are applied to {model.name} / {hardware.name}"
             )
+    elif is_calibration_source(calibration):  # FILE.json or vidur:DIR
+        cm, source_fit, source_notes = load_calibration_source(calibration, model, hardware, deployment.tp)
+        return BuiltCostModel(cm, calibration, source_fit, source_notes)
     else:
         points = parse_points(calibration)
         fit_at = base

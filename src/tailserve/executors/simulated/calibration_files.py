@@ -1,0 +1,165 @@
+"""Calibration sources beyond measured points: a calibration file, or Vidur's GPU profiles.
+
+``--calibration FILE.json`` loads a file ``tailserve calibrate --executor torch`` wrote: the
+host's hardware entry (measured GEMM rate and memory bandwidth), the fitted efficiencies, the
+profiled points and their errors. ``--calibration vidur:DIR`` fits the GEMM curve to every
+``mlp.csv`` under DIR (a Vidur profile root, one GPU's folder or one model's folder) and applies
+it to the deployment's GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+from tailserve.executors.simulated.hardware import GemmCurve, Hardware
+from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.profiles import VIDUR_GPUS, load_linear_profile
+
+FORMAT = "tailserve-calibration"
+VERSION = 1
+VIDUR_PREFIX = "vidur:"
+
+
+def is_calibration_source(text: str) -> bool:
+    return text.startswith(VIDUR_PREFIX) or text.endswith(".json")
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationFile:
+    hardware: Hardware
+    efficiency: Efficiency
+    model: str  # the model it was measured with
+    tp: int
+    source: str  # how it was measured
+    points: tuple[MeasuredBatch, ...] = ()
+
+
+def _shape_dict(shape: BatchShape) -> dict[str, int]:
+    return {f.name: getattr(shape, f.name) for f in fields(BatchShape)}
+
+
+def write_calibration_file(path: str | Path, cal: CalibrationFile, fit: CalibrationResult | None = None) -> None:
+    hw = asdict(cal.hardware)
+    eff = asdict(cal.efficiency)
+    if math.isinf(eff["sharpness"]):
+        eff["sharpness"] = "inf"
+    body: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": cal.model,
+        "tp": cal.tp,
+        "source": cal.source,
+        "hardware": hw,
+        "efficiency": eff,
+        "points": [
+            {"label": p.label, "seconds": p.seconds, "shape": _shape_dict(p.batch)} for p in cal.points
+        ],
+    }
+    if fit is not None:
+        body["predicted"] = list(fit.predicted)
+        body["warnings"] = list(fit.warnings)
+    Path(path).write_text(json.dumps(body, indent=2) + "\n")
+
+
+def read_calibration_file(path: str | Path) -> CalibrationFile:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"calibration file {p} does not exist")
+    try:
+        body = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ValueError(f"{p}: not a tailserve calibration file (no \"format\": \"{FORMAT}\")")
+    if body.get("version") != VERSION:
+        raise ValueError(f"{p}: calibration file version {body.get('version')!r}, this tailserve reads {VERSION}")
+    try:
+        hw = dict(body["hardware"])
+        if hw.get("gemm") is not None:
+            hw["gemm"] = GemmCurve(**hw["gemm"])
+        hw["allreduce_latency_by_tp"] = tuple(tuple(x) for x in hw.get("allreduce_latency_by_tp", ()))
+        hardware = Hardware(**hw)
+        eff = dict(body["efficiency"])
+        if eff.get("sharpness") == "inf":
+            eff["sharpness"] = math.inf
+        efficiency = Efficiency(**eff)
+        points = tuple(
+            MeasuredBatch(BatchShape(**pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
+            for pt in body.get("points", [])
+        )
+        return CalibrationFile(hardware, efficiency, str(body["model"]), int(body["tp"]), str(body["source"]), points)
+    except KeyError as e:
+        raise ValueError(f"{p}: missing key {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{p}: {e}") from None
+
+
+def load_calibration_source(
+    text: str, model: ModelSpec, hardware: Hardware, tp: int
+) -> tuple[CostModel, CalibrationResult | None, tuple[str, ...]]:
+    """(cost model, fit, notes) for ``FILE.json`` or ``vidur:DIR``."""
+    if text.startswith(VIDUR_PREFIX):
+        return _from_vidur(Path(text[len(VIDUR_PREFIX) :]), model, hardware, tp)
+    cal = read_calibration_file(text)
+    notes = [f"calibration file {text}: {cal.source}"]
+    if cal.hardware.name != hardware.name:
+        notes.append(f"the file's hardware {cal.hardware.name} replaces {hardware.name}")
+    if cal.model != model.name:
+        notes.append(f"measured with {cal.model}; applied to {model.name}")
+    cm = CostModel(model, cal.hardware, tp, cal.efficiency)
+    fit = None
+    if cal.points and cal.model == model.name:
+        fit = CalibrationResult(
+            cal.efficiency, cal.points, tuple(cm.iteration_time(p.batch) for p in cal.points)
+        )
+    return cm, fit, tuple(notes)
+
+
+def _from_vidur(root: Path, model: ModelSpec, hardware: Hardware, tp: int):
+    from tailserve.executors.simulated.profile_fit import fit_linear, linear_errors
+
+    if root.is_file() and root.name == "mlp.csv":
+        files = [root]
+    else:
+        files = sorted(root.glob("mlp.csv")) or sorted(root.glob("*/*/mlp.csv"))
+        files = files or sorted(root.glob("compute/*/*/*/mlp.csv"))
+    if not files:
+        raise ValueError(f"vidur:{root}: no mlp.csv under it (a Vidur profile root, GPU or model folder)")
+    gpus = {f.parents[2].name for f in files if f.parents[2].name in VIDUR_GPUS}
+    if len(gpus) > 1:
+        raise ValueError(f"vidur:{root}: profiles of several GPUs ({', '.join(sorted(gpus))}); point at one GPU's folder")
+    notes = []
+    if gpus:
+        gpu = VIDUR_GPUS[gpus.pop()]
+        if gpu != hardware.name:
+            notes.append(f"the profiles were measured on {gpu}; their curve is applied to {hardware.name}")
+    profiles = [load_linear_profile(f) for f in files]
+    fitted = fit_linear(profiles, hardware)
+    errors = [linear_errors(p, hardware, fitted) for p in profiles]
+    notes.append(
+        f"GEMM curve fitted to {len(files)} profile(s): compute {fitted.compute:.3f}, memory "
+        f"{fitted.memory:.3f}, sharpness {fitted.sharpness:g}, tile {fitted.tile_m}; mean |error| "
+        + ", ".join(f"{e.name} {e.mean_abs:.1%}" for e in errors)
+    )
+    base = CostModel(model, hardware, tp).efficiency
+    eff = replace(
+        base,
+        compute=fitted.compute,
+        memory=fitted.memory,
+        sharpness=fitted.sharpness,
+        tile_m=fitted.tile_m,
+        gemm_latency=fitted.gemm_latency,
+    )
+    return CostModel(model, hardware, tp, eff), None, tuple(notes)
+
+
+def refit(cal: CalibrationFile, model: ModelSpec, fields_: tuple[str, ...]) -> CalibrationResult:
+    """Refit a file's points (tests and ``calibrate --json``)."""
+    cm = CostModel(model, cal.hardware, cal.tp, cal.efficiency)
+    return calibrate(cm, list(cal.points), fields_)
