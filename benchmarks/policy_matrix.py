@@ -19,11 +19,13 @@ import json
 import time
 from pathlib import Path
 
+from _paths import check_trace, default_out, default_trace
+
 from tailserve.policies.registry import parse_policy_list
 from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+DEFAULT_TRACE = default_trace("azure_llm_2023_conv.csv")
 
 POLICIES = (
     "static,orca,vllm-v0,vllm-v0:enable_chunked_prefill=true,vllm,vllm:max_num_batched_tokens=8192,"
@@ -91,8 +93,13 @@ def main() -> None:
     parser.add_argument(
         "--pressure-memory", type=float, default=0.5, help="gpu_memory_utilization under pressure"
     )
-    parser.add_argument("--out", default=str(HERE / "results" / "policy_matrix.json"))
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default: benchmarks/out/policy_matrix.json, git-ignored)"
+    )
     args = parser.parse_args()
+    args.out = args.out or str(default_out("policy_matrix.json"))
+    if (problem := check_trace(args.trace)) is not None:
+        raise SystemExit(f"policy_matrix: error: {problem}")
 
     built = build_cost_model(Deployment())
     print(f"Llama-3-70B / A100-80GB / TP 4, calibration {built.calibration}")

@@ -16,11 +16,13 @@ import argparse
 import json
 from pathlib import Path
 
+from _paths import check_trace, default_out, default_trace
+
 from tailserve.policies.registry import parse_policy_list
 from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+DEFAULT_TRACE = default_trace("mooncake_conversation.jsonl")
 POLICIES = (
     "vllm,vllm:enable_prefix_caching=false,sglang,sglang:schedule_policy=lpm,"
     "sglang:schedule_policy=lpm:lpm_aging_rate=1000,sglang:disable_radix_cache=true"
@@ -65,8 +67,13 @@ def main() -> None:
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--max-requests", type=int, default=2000)
     parser.add_argument("--rate-scale", type=float, default=0.25)
-    parser.add_argument("--out", default=str(HERE / "results" / "prefix_cache.json"))
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default: benchmarks/out/prefix_cache.json, git-ignored)"
+    )
     args = parser.parse_args()
+    args.out = args.out or str(default_out("prefix_cache.json"))
+    if (problem := check_trace(args.trace)) is not None:
+        raise SystemExit(f"prefix_cache: error: {problem}")
 
     built = build_cost_model(Deployment("Llama-3.1-8B", "H100-SXM", 1, "none"))
     workload = WorkloadBuilder(

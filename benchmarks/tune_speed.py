@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _paths import check_trace, default_out, default_trace
+
 from tailserve.policies.registry import parse_policy_list
 from tailserve.simulation import Deployment, WorkloadSpec
 from tailserve.tune.capacity import DEFAULT_SLO, parse_capacity_slo
@@ -29,7 +31,7 @@ from tailserve.tune.recommend import DEFAULT_TUNE_POLICIES, TuneConfig, tune, tu
 from tailserve.tune.sweep import ProcessBackend, RayBackend, ResultsFile, SerialBackend, Sweep
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+DEFAULT_TRACE = default_trace("azure_llm_2023_conv.csv")
 
 
 def one_tune(name: str, config: TuneConfig, make_backend) -> dict:
@@ -66,8 +68,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--max-requests", type=int, default=2000)
-    parser.add_argument("--out", default=str(HERE / "results" / "tune_speed.json"))
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default: benchmarks/out/tune_speed.json, git-ignored)"
+    )
     args = parser.parse_args()
+    args.out = args.out or str(default_out("tune_speed.json"))
+    if (problem := check_trace(args.trace)) is not None:
+        raise SystemExit(f"tune_speed: error: {problem}")
 
     config = TuneConfig(
         Deployment("Llama-3-70B", "A100-80GB", 4),

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import sys
 from pathlib import Path
@@ -40,7 +42,9 @@ from tailserve.tune.recommend import (
 )
 from tailserve.tune.sweep import ResultsFile, RunSpec, Sweep, make_backend
 
-DEFAULT_RESULTS = "tailserve-runs.jsonl"
+DEFAULT_RESULTS = (
+    "$TAILSERVE_CACHE/tune/ (default ~/.cache/tailserve/tune/), one file per deployment and workload"
+)
 
 
 # ---- sweep options ------------------------------------------------------------------------
@@ -121,7 +125,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         metavar="FILE.jsonl",
         default=None,
         help="results file, one line per finished run; reused to resume "
-        f"(default: DIR/runs.jsonl with --report DIR, else {DEFAULT_RESULTS})",
+        f"(default: DIR/runs.jsonl with --report DIR, else under {DEFAULT_RESULTS})",
     )
     g.add_argument(
         "--report",
@@ -166,8 +170,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
     )
-    default_out = Path(args.report) / "runs.jsonl" if args.report else DEFAULT_RESULTS
-    results = ResultsFile(args.out or default_out, resume=not args.no_resume)
+    results = ResultsFile(args.out or default_results_path(config, args.report), resume=not args.no_resume)
+    print(
+        f"results: {results.path} ({len(results)} runs to reuse; --out FILE to choose, --no-resume to start afresh)",
+        file=sys.stderr,
+    )
     sweep = make_sweep(args, results)
     try:
         with sweep:
@@ -189,6 +196,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, tune_json(result))
     return 0
+
+
+def default_results_path(config: TuneConfig, report: str | None) -> Path:
+    """Where a tune keeps its resumable runs when ``--out`` is not given: the report folder, or
+    tailserve's cache under a name of the deployment and workload (never the current directory).
+    The same command finds the same file again, so it resumes."""
+    if report:
+        return Path(report) / "runs.jsonl"
+    from tailserve.cache import cache_root
+
+    describe = RunSpec(config.deployment, config.workload, config.policies[0]).describe()
+    text = json.dumps({k: describe[k] for k in ("deployment", "workload")}, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    d = config.deployment
+    slug = f"{Path(d.model).name}-{d.hardware}-tp{d.tp}-{config.workload.name}"
+    return cache_root() / "tune" / f"{slug}-{digest}.jsonl"
 
 
 def _write_report(out_dir: str, result: TuneResult, sweep: Sweep, deployment: str) -> None:
