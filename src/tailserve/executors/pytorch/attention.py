@@ -38,11 +38,12 @@ class PagedKVCache:
         device: torch.device,
     ) -> None:
         shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
-        # ``empty``: on CPU untouched pages cost no memory; only the spare block must be zero.
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        for t in (*self.k, *self.v):
-            t[num_blocks].zero_()
+        # ``zeros``, not ``empty``: on CPU ``empty`` pages are only backed when first written, so
+        # the process would grow by the whole cache under load; writing them now makes the
+        # start-up footprint the real one (vLLM's rule: what you see at start is what you get).
+        # The spare block (the null slot) must be zero anyway.
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.null_slot = num_blocks * block_size
