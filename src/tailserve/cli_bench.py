@@ -92,7 +92,10 @@ def add_bench_parser(sub: Any) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("prediction (--predict)")
     g.add_argument(
-        "--predict", action="store_true", help="simulate the same workload first; print side by side"
+        "--predict",
+        action="store_true",
+        help="simulate the same workload first; print side by side. Against `tailserve serve --executor "
+        "sim` the server's own deployment is simulated, with the --predict-* flags you set on top",
     )
     g.add_argument("--predict-model", default="Llama-3-8B", help="simulated model (default: %(default)s)")
     g.add_argument("--predict-hardware", default="H100-SXM", help="simulated GPU (default: %(default)s)")
@@ -207,15 +210,24 @@ def run_bench(args: argparse.Namespace) -> int:
 
     predicted = None
     if args.predict:
-        from tailserve.bench.predict import PredictSpec, predicted_notes, simulate
+        from tailserve.bench.predict import (
+            PredictSpec,
+            predicted_notes,
+            server_deployment,
+            simulate,
+            spec_for_server,
+        )
 
-        spec = PredictSpec(
+        asked = PredictSpec(
             args.predict_model,
             args.predict_hardware,
             args.predict_tp,
             args.predict_calibration,
             args.predict_policy,
         )
+        spec, warnings = spec_for_server(asked, server_deployment(base_url))
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         sim_results, sim_duration, run = simulate(requests, times, spec, args.max_concurrency)
         predicted = compute_result(
             sim_results, sim_duration, percentiles=percentiles, metrics=metrics, goodput=goodput

@@ -6,12 +6,17 @@ simulated deployment; the simulated requests become ``RequestResult``s (send = a
 at their simulated times) so ``compute_result`` gives the predicted metrics with exactly the
 definitions of the measured ones. The simulation has no network, tokenization or HTTP time, so
 a measured TTFT above the predicted one by a few milliseconds is the server's overhead.
+
+Against ``tailserve serve --executor sim`` the prediction uses the server's own deployment (its
+``/v1/models`` card carries it under ``tailserve``), except for the ``--predict-*`` flags the user
+set; against any other server it says that it predicts a deployment it cannot check.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +49,56 @@ class PredictSpec:
     @property
     def label(self) -> str:
         return f"{self.model} on {self.hardware} x{self.tp}, {self.policy}, calibration {self.calibration}"
+
+
+def server_deployment(base_url: str) -> dict[str, Any] | None:
+    """The ``tailserve`` field of the server's first ``/v1/models`` card (None for other servers
+    or when it cannot be read: the prediction then warns instead)."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{base_url}/v1/models", timeout=30.0)
+        response.raise_for_status()
+        card = response.json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    info = card.get("tailserve") if isinstance(card, dict) else None
+    return info if isinstance(info, dict) else None
+
+
+def spec_for_server(
+    asked: PredictSpec, server: dict[str, Any] | None, defaults: PredictSpec = PredictSpec()
+) -> tuple[PredictSpec, list[str]]:
+    """The deployment to predict and the warnings to print: the server's own simulated deployment
+    with the flags the user changed from their defaults applied on top."""
+    if server is None or server.get("executor") != "sim":
+        what = (
+            f"a {server['executor']} executor"
+            if server and server.get("executor")
+            else "no simulated deployment"
+        )
+        return asked, [
+            f"the server runs {what}: predicting {asked.label}, a deployment the measurement may not match"
+        ]
+    try:
+        theirs = PredictSpec(
+            str(server["model"]),
+            str(server["hardware"]),
+            int(server["tp"]),
+            str(server.get("calibration", "auto")),
+            str(server.get("policy", "vllm")),
+        )
+    except (KeyError, TypeError, ValueError):
+        return asked, [f"the server's deployment {server!r} is unreadable: predicting {asked.label}"]
+    changed = {
+        f.name: getattr(asked, f.name)
+        for f in fields(PredictSpec)
+        if getattr(asked, f.name) != getattr(defaults, f.name)
+    }
+    spec = replace(theirs, **changed)
+    if spec != theirs:
+        return spec, [f"predicting {spec.label}, not the server's own deployment ({theirs.label})"]
+    return spec, []
 
 
 class GatedSource:
