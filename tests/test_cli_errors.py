@@ -105,3 +105,28 @@ def test_bench_fails_when_every_request_failed(sim_server, capsys):
     argv += ["--random-input-len", str(context + 10), "--random-output-len", "4"]
     line = _one_error_line(capsys, argv)
     assert f"all 3 requests failed: HTTP 400: This model's maximum context length is {context} tokens" in line
+
+
+# ---- small ones -----------------------------------------------------------------------------
+def test_compare_table_wraps_labels_at_commas(capsys, monkeypatch):
+    from tailserve.report.tables import wrap_label
+
+    label = "vllm:max_num_batched_tokens=512,max_num_seqs=64,long_prefill_token_threshold=256"
+    assert (
+        wrap_label(label)
+        == "vllm:max_num_batched_tokens=512,max_num_seqs=64,\nlong_prefill_token_threshold=256"
+    )
+    assert wrap_label("orca") == "orca"
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["compare", "--workers", "1", "--policies", label]) == 0
+    out = capsys.readouterr().out
+    assert "│ vllm:max_num_batched_tokens=512,max_num_seqs=64, " in out
+    assert "│ long_prefill_token_threshold=256 " in out  # whole flags on each line, none cut
+
+
+def test_hol_on_a_short_context_model_warns(capsys):
+    assert main(["simulate", "--model", "Llama-2-7B", "--hardware", "H100-SXM"]) == 0
+    err = capsys.readouterr().err
+    assert "note: hol's 8,192-token prompt is longer than Llama-2-7B's 4,096-token context" in err
+    assert main(["simulate", "--model", "Llama-3.1-8B", "--hardware", "H100-SXM"]) == 0
+    assert "longer than" not in capsys.readouterr().err

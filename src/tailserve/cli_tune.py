@@ -26,7 +26,7 @@ from tailserve.cli import (
 from tailserve.core.engine import EngineOptions
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
-from tailserve.report.tables import console, deployment_line
+from tailserve.report.tables import console, deployment_line, wrap_label
 from tailserve.simulation import RunResult, WorkloadSpec, build_cost_model
 from tailserve.tune.capacity import DEFAULT_SLO, parse_capacity_slo
 from tailserve.tune.recommend import (
@@ -291,7 +291,7 @@ def print_tune(result: TuneResult, deployment: str) -> None:
     for rank, t in enumerate(result.policies, start=1):
         table.add_row(
             str(rank),
-            t.spec.label,
+            wrap_label(t.spec.label),
             _capacity(t, c.max_rate),
             t.knob or "(none)",
             f"{t.capacity_size:,}" if t.capacity_size is not None else "-",

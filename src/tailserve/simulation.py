@@ -493,6 +493,19 @@ def run_policy(
     elif radix:
         tree = getattr(kv, "tree", None)
         prefix_stats = {"evicted_tokens": tree.stats.num_evicted_tokens if tree is not None else 0}
+    notes = list(policy.notes())
+    if (
+        workload.spec.name == "hol"
+        and "max_model_len" not in spec.engine_flags
+        and model.max_position_embeddings < builtin.HOL_LONG_PROMPT_LEN
+    ):
+        notes.insert(
+            0,
+            f"hol's {builtin.HOL_LONG_PROMPT_LEN:,}-token prompt is longer than {model.name}'s "
+            f"{model.max_position_embeddings:,}-token context; max_model_len is raised to "
+            f"{max_model_len:,} for it (as vLLM with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), which the "
+            "model was not trained for",
+        )
     return RunResult(
         label,
         run_config,
@@ -500,7 +513,7 @@ def run_policy(
         engine.log,
         capacity,
         wall,
-        policy.notes(),
+        notes,
         prefix_stats,
         engine.batches,
     )

@@ -27,6 +27,25 @@ def deployment_line(built: BuiltCostModel) -> str:
     return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}, calibration {cal}"
 
 
+LABEL_WIDTH = 48  # characters of a policy label per line in a table
+
+
+def wrap_label(label: str, width: int = LABEL_WIDTH) -> str:
+    """A policy label on lines of at most ``width``, broken after its commas (between flags)
+    rather than mid-word: ``vllm:max_num_batched_tokens=512,`` / ``max_num_seqs=64``. A single
+    flag longer than the width is left to the table to fold."""
+    if len(label) <= width:
+        return label
+    pieces = [p + "," for p in label.split(",")]
+    pieces[-1] = pieces[-1][:-1]
+    lines = [""]
+    for piece in pieces:
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
+
+
 def print_runs(
     runs: list[RunResult],
     summaries: list[dict[str, Any]],
@@ -34,7 +53,7 @@ def print_runs(
     workload: WorkloadSpec,
 ) -> None:
     table = Table(title=f"{deployment_line(built)} — {workload.label}", title_justify="left")
-    table.add_column("policy", overflow="fold", max_width=48)
+    table.add_column("policy", overflow="fold", max_width=LABEL_WIDTH)
     for name in ("TTFT p50", "TTFT p99", "ITL p99", "ITL max", "TPOT p99"):
         table.add_column(f"{name}\nms", justify="right", no_wrap=True)
     table.add_column("output\ntok/s", justify="right", no_wrap=True)
@@ -50,7 +69,7 @@ def print_runs(
     for run, s in zip(runs, summaries):
         m = s["metrics"]
         row = [
-            run.label,
+            wrap_label(run.label),
             _ms(m["ttft_s"]["p50"]),
             _ms(m["ttft_s"]["p99"]),
             _ms(m["itl_s"]["p99"]),
