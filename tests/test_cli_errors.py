@@ -3,6 +3,7 @@ error with its reason, not a table of dashes with exit status 0."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,24 @@ def test_hol_on_a_short_context_model_warns(capsys):
     assert "note: hol's 8,192-token prompt is longer than Llama-2-7B's 4,096-token context" in err
     assert main(["simulate", "--model", "Llama-3.1-8B", "--hardware", "H100-SXM"]) == 0
     assert "longer than" not in capsys.readouterr().err
+
+
+def test_bench_trace_is_cut_to_the_server_context(sim_server, tmp_path, capsys):
+    # A trace recorded on a long-context deployment: the first prompt is longer than the server's
+    # whole context. By default it is cut to fit and measured; --no-fit-context sends it as is.
+    context = sim_server.engine.max_model_len
+    trace = tmp_path / "long.jsonl"
+    trace.write_text(
+        f'{{"timestamp": 0, "input_length": {context + 100}, "output_length": 4, "hash_ids": [1, 2]}}\n'
+        '{"timestamp": 10, "input_length": 20, "output_length": 4, "hash_ids": [3]}\n'
+    )
+    out = tmp_path / "r.json"
+    argv = ["bench", "--base-url", sim_server.base_url, "--no-progress", "--dataset", "trace", str(trace)]
+    assert main([*argv, "--request-rate", "50", "--json", str(out)]) == 0
+    assert f"note: 1 of 2 trace requests cut to fit the server's {context:,}-token context" in (
+        capsys.readouterr().err
+    )
+    data = json.loads(out.read_text())
+    assert data["completed"] == 2 and data["total_input_tokens"] == context - 4 + 20
+    line = _one_error_line(capsys, [*argv, "--request-rate", "50", "--no-fit-context", "--num-prompts", "1"])
+    assert "all 1 requests failed: HTTP 400" in line

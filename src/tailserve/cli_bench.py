@@ -59,6 +59,13 @@ def add_bench_parser(sub: Any) -> None:
     g.add_argument("--sharegpt-output-len", type=int, default=None, help="override the replies' lengths")
     g.add_argument("--rate-scale", type=float, default=1.0, help="trace: replay this many times faster")
     g.add_argument("--trace-block-size", type=int, default=512, help="trace: tokens per prefix hash id")
+    g.add_argument(
+        "--fit-context",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trace: cut prompts that would not fit the server's context (its /v1/models max_model_len), "
+        "so they are measured rather than refused (default: on)",
+    )
     g.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     g = p.add_argument_group("load")
     g.add_argument(
@@ -118,6 +125,40 @@ def _server_model(base_url: str) -> tuple[str, str | None]:
     except (KeyError, IndexError, TypeError, ValueError):
         raise ValueError(f"{url} lists no model; pass --model") from None
     return str(card["id"]), card.get("root")
+
+
+def _server_context(base_url: str) -> int | None:
+    """``max_model_len`` of the server's first model card (vLLM's and ours carry it), or None."""
+    import httpx
+
+    try:
+        card = httpx.get(f"{base_url}/v1/models", timeout=30.0).json()["data"][0]
+        return int(card["max_model_len"])
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def fit_to_context(requests: list[Any], context: int, block_size: int) -> list[Any]:
+    """The requests with recorded prompts cut so prompt + max_tokens fits ``context`` (a trace
+    recorded on a long-context deployment replayed against a small server); the others are the
+    same objects. Outputs longer than the whole context keep a quarter of it, the prompt the rest."""
+    import dataclasses
+
+    fitted = []
+    for r in requests:
+        if r.prompt_len + r.output_len <= context:
+            fitted.append(r)
+            continue
+        output_len = max(1, context // 4) if r.output_len >= context else r.output_len
+        keep = max(1, context - output_len)
+        hashes = r.prefix_block_hashes[: -(-keep // block_size)] if r.prefix_block_hashes else None
+        prompt = r.prompt[:keep] if isinstance(r.prompt, list) else r.prompt
+        fitted.append(
+            dataclasses.replace(
+                r, prompt=prompt, prompt_len=keep, output_len=output_len, prefix_block_hashes=hashes
+            )
+        )
+    return fitted
 
 
 def _load_requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
@@ -198,6 +239,17 @@ def run_bench(args: argparse.Namespace) -> int:
     if not requests:
         raise ValueError(f"--dataset {' '.join(args.dataset)}: no requests to send")
     kind = args.dataset[0]
+    if kind == "trace" and args.fit_context:
+        context = _server_context(base_url)
+        fitted = fit_to_context(requests, context, args.trace_block_size) if context else requests
+        num_cut = sum(a is not b for a, b in zip(requests, fitted))
+        requests = fitted
+        if num_cut:
+            print(
+                f"note: {num_cut} of {len(requests)} trace requests cut to fit the server's "
+                f"{context:,}-token context (prompt + max_tokens); --no-fit-context sends them as recorded",
+                file=sys.stderr,
+            )
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else kind in ("random", "trace")
     times = send_times(requests, args.request_rate, args.burstiness, args.seed)
     extra = {
