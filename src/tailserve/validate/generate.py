@@ -18,12 +18,24 @@ _VOCAB = 32000
 _BUDGETS = (16, 24, 32, 48, 64, 96, 128, 200, 256, 512, 1024, 2048, 8192)
 
 
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(_FIRST_TOKEN, _VOCAB) for _ in range(n)]
+class _TokenSource:
+    """Fresh token ids as runs of consecutive ids: content that never repeats by accident (so
+    only the shared prefixes share), and that ``workload.encode_tokens`` stores as a few runs."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._next = rng.randrange(_FIRST_TOKEN, _VOCAB // 2)
+
+    def take(self, n: int) -> list[int]:
+        if self._next + n >= _VOCAB:
+            self._next = _FIRST_TOKEN
+        out = list(range(self._next, self._next + n))
+        self._next += n
+        return out
 
 
 def random_vllm_workload(seed: int) -> Workload:
     rng = random.Random(seed)
+    source = _TokenSource(rng)
     block_size = rng.choice((16, 16, 16, 8, 4))
     budget = rng.choice(_BUDGETS)
     max_num_seqs = min(budget, rng.choice((1, 2, 3, 4, 6, 8, 16, 64)))
@@ -33,7 +45,7 @@ def random_vllm_workload(seed: int) -> Workload:
     prefixes = []
     for _ in range(rng.randint(0, 3)):
         n = block_size * rng.randint(1, 8) if rng.random() < 0.5 else rng.randint(1, 8 * block_size)
-        prefixes.append(_tokens(rng, n))
+        prefixes.append(source.take(n))
 
     num_requests = rng.randint(1, 12)
     arrival = 0
@@ -47,9 +59,9 @@ def random_vllm_workload(seed: int) -> Workload:
         suffix = rng.choice((0, 1, 2, block_size - 1, block_size, rng.randint(1, 64), rng.randint(1, 300)))
         if not prompt and suffix == 0:
             suffix = rng.randint(1, 40)
-        prompt += _tokens(rng, suffix)
+        prompt += source.take(suffix)
         max_tokens = rng.choice((1, 2, 3, rng.randint(1, 16), rng.randint(1, 60)))
-        outputs = _tokens(rng, max_tokens)
+        outputs = source.take(max_tokens)
         if rng.random() < 0.1:
             outputs[rng.randrange(max_tokens)] = STOP_TOKEN_ID
         abort_step = arrival + rng.randint(1, 30) if rng.random() < 0.15 else None

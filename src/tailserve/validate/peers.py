@@ -41,7 +41,7 @@ def peer_python(engine: str) -> Path | None:
         raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     venv = peers_dir() / ENGINES[engine][0]
     python = venv / "bin" / "python"
-    return python if (venv / ".tailserve-ok").exists() and python.exists() else None
+    return python if python.exists() else None
 
 
 class PeerDriver:

@@ -115,3 +115,52 @@ class Workload:
             stop_token_id=d.get("stop_token_id", STOP_TOKEN_ID),
             seed=d.get("seed"),
         )
+
+
+def encode_tokens(tokens: list[int]) -> list[list[int]]:
+    """Token ids as runs ``[first, length]`` of consecutive ids (the generator's prompts are a
+    few such runs, so golden fixtures stay small)."""
+    runs: list[list[int]] = []
+    for t in tokens:
+        if runs and runs[-1][0] + runs[-1][1] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return runs
+
+
+def decode_tokens(runs: list[list[int]]) -> list[int]:
+    return [t for first, n in runs for t in range(first, first + n)]
+
+
+def to_compact(w: Workload) -> dict[str, Any]:
+    """``Workload.to_dict`` with each request as ``[id, arrival_step, prompt runs, output runs,
+    priority, abort_step]`` and token lists as runs (``encode_tokens``): golden files stay small."""
+    d = w.to_dict()
+    d["requests"] = [
+        [
+            r["request_id"],
+            r["arrival_step"],
+            encode_tokens(r["prompt_token_ids"]),
+            encode_tokens(r["output_token_ids"]),
+            r["priority"],
+            r["abort_step"],
+        ]
+        for r in d["requests"]
+    ]
+    return d
+
+
+def from_compact(d: dict[str, Any]) -> Workload:
+    requests = [
+        {
+            "request_id": rid,
+            "arrival_step": arrival,
+            "prompt_token_ids": decode_tokens(prompt),
+            "output_token_ids": decode_tokens(outputs),
+            "priority": priority,
+            "abort_step": abort,
+        }
+        for rid, arrival, prompt, outputs, priority, abort in d["requests"]
+    ]
+    return Workload.from_dict(dict(d, requests=requests))

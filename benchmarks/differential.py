@@ -1,0 +1,131 @@
+"""Step-for-step differential run: K seeded random workloads through tailserve and an engine's
+own scheduler code (its peer venv, ``scripts/setup-peers.sh``). Not a test: it prints how many
+workloads were step-identical, the first divergences (shrunk with ``--shrink``) and wall time,
+and saves JSON (``benchmarks/out/differential-ENGINE.json`` unless ``--out``).
+
+    python benchmarks/differential.py                      # vLLM, 1,000 workloads
+    python benchmarks/differential.py --engine sglang -k 500
+    python benchmarks/differential.py --record-fixture tests/fixtures/differential/vllm.json -k 300
+
+``--record-fixture`` writes the engine's decisions for the workloads (those of at most
+``--fixture-max-steps`` steps) as the golden file the normal test suite checks tailserve against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from _paths import default_out
+
+from tailserve.validate.golden import NUM_FULL_TRACES, record_entry, write_fixture
+from tailserve.validate.peers import PeerDriver, PeerError
+from tailserve.validate.runner import ENGINE_LABELS, generator_for, tailserve_runner
+from tailserve.validate.shrink import shrink, size
+from tailserve.validate.trace import first_divergence
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=sorted(ENGINE_LABELS), default="vllm")
+    p.add_argument("-k", "--num-workloads", type=int, default=1000)
+    p.add_argument("--seed-start", type=int, default=0)
+    p.add_argument("--shrink", type=int, default=3, help="shrink the first N divergences (0: none)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--record-fixture", type=Path, default=None)
+    p.add_argument("--fixture-max-steps", type=int, default=120)
+    args = p.parse_args()
+    if args.num_workloads < 1:
+        p.error("-k must be >= 1")
+
+    make = generator_for(args.engine)
+    ours_for = tailserve_runner(args.engine)
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    try:
+        driver = PeerDriver(args.engine)
+    except PeerError as exc:
+        print(f"differential: {exc}", file=sys.stderr)
+        return 2
+    startup = time.perf_counter() - t0
+    identical = 0
+    steps_total = 0
+    divergent: list[dict] = []
+    errors: list[dict] = []
+    entries: list[dict] = []
+    t1 = time.perf_counter()
+    with driver:
+        for seed in range(args.seed_start, args.seed_start + args.num_workloads):
+            workload = make(seed)
+            try:
+                theirs = driver.run(workload)
+            except PeerError as exc:
+                errors.append({"seed": seed, "error": str(exc)})
+                continue
+            ours = ours_for(workload)
+            steps_total += len(theirs)
+            div = first_divergence(ours, theirs)
+            if div is None:
+                identical += 1
+            else:
+                item = {"seed": seed, "step": div.step, "fields": list(div.fields), "first": div.describe()}
+                if len(divergent) < args.shrink:
+
+                    def diverges(w):
+                        try:
+                            return first_divergence(ours_for(w), driver.run(w)) is not None
+                        except PeerError:
+                            return False
+
+                    small = shrink(workload, diverges)
+                    item["shrunk_size"] = list(size(small))
+                    item["shrunk"] = small.to_dict()
+                    item["shrunk_first"] = first_divergence(ours_for(small), driver.run(small)).describe()
+                divergent.append(item)
+            if args.record_fixture is not None and len(theirs) <= args.fixture_max_steps:
+                entries.append(record_entry(workload, theirs, full=len(entries) < NUM_FULL_TRACES))
+        version = driver.version
+    wall = time.perf_counter() - t1
+    n = args.num_workloads
+    label = f"{ENGINE_LABELS[args.engine]} {version}"
+    print(f"{identical} of {n} randomized workloads step-identical to {label} ({steps_total} steps)")
+    print(f"divergent: {len(divergent)}, engine errors: {len(errors)}")
+    print(f"wall: {wall:.1f} s for {n} workloads (+{startup:.1f} s engine start); load before: {load}")
+    for item in divergent[:5]:
+        print(f"- seed {item['seed']}: {item['first']}")
+        if "shrunk_first" in item:
+            print(
+                f"  shrunk to {item['shrunk_size'][0]} requests, {item['shrunk_size'][1]} tokens: {item['shrunk_first']}"
+            )
+    for item in errors[:5]:
+        print(f"- seed {item['seed']}: engine error: {item['error']}")
+    result = {
+        "engine": args.engine,
+        "engine_version": version,
+        "num_workloads": n,
+        "seed_start": args.seed_start,
+        "identical": identical,
+        "steps": steps_total,
+        "divergent": divergent,
+        "errors": errors,
+        "wall_s": round(wall, 2),
+        "startup_s": round(startup, 2),
+        "loadavg_before": load,
+        "command": " ".join(sys.argv),
+    }
+    out = args.out or default_out(f"differential-{args.engine}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"saved {out}")
+    if args.record_fixture is not None:
+        write_fixture(args.record_fixture, args.engine, version, entries)
+        print(f"recorded {len(entries)} workloads to {args.record_fixture}")
+    return 0 if not divergent and not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
