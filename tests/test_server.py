@@ -9,9 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,62 +18,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server_helpers import MICRO, NAME, assert_openai_error, running_server, wait_idle, wait_until
 from tailserve.cli import main
 from tailserve.executors.pytorch.init_model import init_model
-from tailserve.llm import LLMEngine
-from tailserve.server.app import build_app
-from tailserve.server.async_engine import AsyncEngine
-from tailserve.server.launch import ServerThread, make_server
-from tailserve.server.prometheus import ServerMetrics
-
-MICRO = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1024,
-    "max_position_embeddings": 512,
-}
-NAME = "micro"
 
 
 @pytest.fixture(scope="session")
 def micro_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("models") / "micro", preset="tiny", dtype="float32", **MICRO)
-
-
-@contextmanager
-def running_server(
-    model: Path,
-    executor: str = "torch",
-    *,
-    policy_flags: dict[str, str] | None = None,
-    max_queued_requests: int | None = None,
-    drain_timeout: float = 5.0,
-) -> Iterator[Any]:
-    """A server on 127.0.0.1 (a free port) in a thread; ``.base_url``, ``.engine``, ``.async_engine``."""
-    engine = LLMEngine.from_args(
-        str(model),
-        executor=executor,
-        dtype="float32",
-        policy_flags=policy_flags,
-        kv_cache_memory_gib=0.01,
-        served_model_name=NAME,
-    )
-    metrics = ServerMetrics(NAME)
-    async_engine = AsyncEngine(engine, max_queued_requests=max_queued_requests, metrics=metrics)
-    app = build_app(async_engine, served_model_name=NAME, model_root=str(model), metrics=metrics)
-    server = make_server(
-        app, async_engine, host="127.0.0.1", port=0, drain_timeout=drain_timeout, log_level="warning"
-    )
-    with ServerThread(server) as running:
-        running.engine = engine
-        running.async_engine = async_engine
-        running.client = openai.OpenAI(
-            base_url=f"{running.base_url}/v1", api_key="none", timeout=60.0, max_retries=0
-        )
-        yield running
 
 
 @pytest.fixture(scope="module", params=["torch", "sim"])
@@ -88,21 +38,6 @@ def server(request: pytest.FixtureRequest, micro_model: Path) -> Iterator[Any]:
 def torch_server(micro_model: Path) -> Iterator[Any]:
     with running_server(micro_model, "torch") as running:
         yield running
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
-
-
-def wait_idle(running: Any) -> None:
-    """Until the engine thread holds no request and has published that."""
-    wait_until(
-        lambda: not running.async_engine.snapshot.has_unfinished and not running.async_engine.num_in_flight
-    )
 
 
 def scrape(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -254,14 +189,6 @@ BAD_CHATS = {
 }
 
 
-def _assert_openai_error(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == status and isinstance(error["message"], str) and error["message"]
-    return error
-
-
 @pytest.mark.parametrize("case", list(BAD_COMPLETIONS))
 def test_bad_completion_bodies_get_400_in_openai_shape(torch_server: Any, case: str) -> None:
     body = BAD_COMPLETIONS[case]
@@ -271,7 +198,7 @@ def test_bad_completion_bodies_get_400_in_openai_shape(torch_server: Any, case: 
         content=content,
         headers={"content-type": "application/json"},
     )
-    error = _assert_openai_error(response, 400)
+    error = assert_openai_error(response, 400)
     assert error["type"] == "BadRequestError"
     assert torch_server.async_engine.is_healthy
 
@@ -279,13 +206,13 @@ def test_bad_completion_bodies_get_400_in_openai_shape(torch_server: Any, case: 
 @pytest.mark.parametrize("case", list(BAD_CHATS))
 def test_bad_chat_bodies_get_400(torch_server: Any, case: str) -> None:
     response = httpx.post(f"{torch_server.base_url}/v1/chat/completions", json=BAD_CHATS[case])
-    _assert_openai_error(response, 400)
+    assert_openai_error(response, 400)
 
 
 def test_openai_client_sees_bad_request_and_unknown_routes_keep_the_shape(torch_server: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         torch_server.client.completions.create(model=NAME, prompt="hi", max_tokens=10_000)
-    _assert_openai_error(httpx.get(f"{torch_server.base_url}/v1/nothing"), 404)
+    assert_openai_error(httpx.get(f"{torch_server.base_url}/v1/nothing"), 404)
     # The server still serves after all of that.
     assert (
         torch_server.client.completions.create(model=NAME, prompt="ok", max_tokens=1).usage.completion_tokens
@@ -325,7 +252,7 @@ def test_full_queue_answers_503_with_the_reason(micro_model: Path) -> None:
             next(first_lines)
             wait_until(lambda: running.async_engine.snapshot.num_waiting == 1)
             third = httpx.post(f"{running.base_url}/v1/completions", json={**body, "stream": False})
-            error = _assert_openai_error(third, 503)
+            error = assert_openai_error(third, 503)
             assert "queue is full" in error["message"] and "--max-queued-requests 1" in error["message"]
             assert second.status_code == 200
         wait_idle(running)
@@ -409,6 +336,17 @@ def test_serve_command_starts_and_exits_0_on_sigterm(micro_model: Path) -> None:
         wait_until(lambda: _healthy(url), timeout=30)
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 3}).json()
         assert reply["usage"]["completion_tokens"] == 3
+        # A stand-in server is named after the model it simulates and says what it runs.
+        card = httpx.get(f"{url}/v1/models").json()["data"][0]
+        assert card["id"] == reply["model"] == "Llama-3-8B"
+        assert card["tailserve"] == {
+            "executor": "sim",
+            "model": "Llama-3-8B",
+            "hardware": "H100-SXM",
+            "tp": 1,
+            "calibration": "auto",
+            "policy": "vllm:max_num_seqs=8",
+        }
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 DEFAULT_PORT = 8000
@@ -131,6 +132,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def api_keys_from_env(flag: list[str] | None, environ: Mapping[str, str]) -> list[str]:
+    """``--api-key`` values, else ``TAILSERVE_API_KEY``, else ``VLLM_API_KEY`` (vLLM's variable);
+    empty: no authentication."""
+    keys = flag or [key for key in (environ.get("TAILSERVE_API_KEY") or environ.get("VLLM_API_KEY"),) if key]
+    if any(not key.strip() for key in keys):
+        raise ValueError("--api-key must not be empty")
+    return keys
+
+
 def _or_default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
@@ -143,11 +153,7 @@ def run_serve(args: argparse.Namespace) -> int:
     flags = _parse_policy_flags(args.extra)
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
-    api_keys = args.api_key or [
-        key for key in (os.environ.get("TAILSERVE_API_KEY") or os.environ.get("VLLM_API_KEY"),) if key
-    ]
-    if any(not key.strip() for key in api_keys):
-        raise ValueError("--api-key must not be empty")
+    api_keys = api_keys_from_env(args.api_key, os.environ)
     max_request_bytes = _or_default(args.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES)
     if max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {max_request_bytes}")

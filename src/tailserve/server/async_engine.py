@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tailserve.llm import LLMEngine, RequestOutput, SamplingParams
-from tailserve.llm.llm_engine import StepFailedError, describe_error
+from tailserve.llm.llm_engine import EngineFatalError, StepFailedError, describe_error
 from tailserve.server.prometheus import ServerMetrics
 from tailserve.server.request_stream import (
     Aborted,
@@ -130,6 +130,8 @@ class AsyncEngine:
     @property
     def dead_message(self) -> str:
         error = self.dead
+        if isinstance(error, EngineFatalError) and error.__cause__ is not None:
+            error = error.__cause__  # name what went wrong, not the wrapper
         what = type(error).__name__ if error is not None else "unknown"
         return f"the engine stopped after an internal error ({what}); see the server log"
 

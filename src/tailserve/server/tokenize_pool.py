@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ class PromptTokenizer:
             if size <= self.inline_limit_chars:
                 return await asyncio.to_thread(self._chat_inline, messages, add_generation_prompt)
             return await self._in_worker(_worker_chat, messages, add_generation_prompt)
-        except concurrent.futures.process.BrokenProcessPool:
+        except BrokenProcessPool:
             self._pool = None
             raise
         except Exception as error:  # a template may refuse a conversation (roles, order)
@@ -134,7 +135,7 @@ class PromptTokenizer:
     async def _checked(self, call: Any, param: str) -> Any:
         try:
             return await call
-        except concurrent.futures.process.BrokenProcessPool:
+        except BrokenProcessPool:
             self._pool = None  # the worker died (killed for memory?): a new one next time
             raise
         except (UnicodeError, ValueError, TypeError) as error:
