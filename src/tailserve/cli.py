@@ -395,6 +395,12 @@ def _parse_decode(text: str) -> tuple[int, int]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.executor == "torch":
+        from tailserve.cli_calibrate import cmd_calibrate_torch
+
+        return cmd_calibrate_torch(args)
+    if args.points is None:
+        raise CliError("calibrate needs POINTS (or --executor torch --model DIR)")
     deployment = _deployment(args)
     built = build_cost_model(Deployment(deployment.model, deployment.hardware, deployment.tp, args.points))
     print_calibration(built)
@@ -505,8 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("calibrate", help="fit the cost model to measured iteration times")
     _add_deployment_args(p)
-    p.add_argument("points", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)")
+    p.add_argument(
+        "points", nargs="?", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)"
+    )
     p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
+    from tailserve.cli_calibrate import add_torch_args
+
+    add_torch_args(p)
     p.set_defaults(run=cmd_calibrate)
 
     p = sub.add_parser("policies", help="every policy with its flags and its engine's defaults for a GPU")

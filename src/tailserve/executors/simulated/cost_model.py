@@ -56,9 +56,11 @@ class Efficiency:
     tile_m: int = 1  # GEMM row tile in tokens (1: no rounding)
     gemm_latency: float = 0.0  # seconds per GEMM launch
     per_token: float = 0.0  # seconds per new token outside the GEMMs (host-side work, elementwise)
+    prefill_attention: float = 1.0  # prefill attention's rates relative to compute / memory above
+    decode_attention: float = 1.0  # decode attention's rates relative to compute / memory above
 
     def __post_init__(self) -> None:
-        for name in ("compute", "memory", "comm", "sharpness"):
+        for name in ("compute", "memory", "comm", "sharpness", "prefill_attention", "decode_attention"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} efficiency must be > 0, got {getattr(self, name)}")
         for name in ("overhead", "gemm_latency", "per_token"):
@@ -175,6 +177,9 @@ class CostModel:
         eff = self.efficiency
         self._flops_rate = hw.peak_flops * eff.compute
         self._byte_rate = hw.memory_bandwidth * eff.memory
+        # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
+        self._prefill_rates = (self._flops_rate * eff.prefill_attention, self._byte_rate * eff.prefill_attention)
+        self._decode_rates = (self._flops_rate * eff.decode_attention, self._byte_rate * eff.decode_attention)
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency_at(tp)
@@ -234,11 +239,11 @@ class CostModel:
             )
         return layers + self._num_gemms * eff.gemm_latency + head + num_tokens * eff.per_token
 
-    def _attention(self, pairs: Any, kv_tokens: Any) -> Any:
+    def _attention(self, pairs: Any, kv_tokens: Any, rates: tuple[float, float]) -> Any:
         mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
         return mx(
-            pairs * self._attn_flops_per_pair / self._flops_rate,
-            kv_tokens * self._kv_bytes_per_token / self._byte_rate,
+            pairs * self._attn_flops_per_pair / rates[0],
+            kv_tokens * self._kv_bytes_per_token / rates[1],
         )
 
     def _comm(self, num_tokens: Any) -> Any:
@@ -248,9 +253,9 @@ class CostModel:
         self, num_tokens: Any, num_logits: Any, prefill_pairs: Any, prefill_kv: Any, decode_kv: Any
     ) -> Any:
         linear = self._linear(num_tokens, num_logits)
-        prefill = self._attention(prefill_pairs, prefill_kv)
+        prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
-        decode = self._attention(decode_kv, decode_kv)
+        decode = self._attention(decode_kv, decode_kv, self._decode_rates)
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
 
     def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
@@ -261,11 +266,11 @@ class CostModel:
         """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats
         (``_attention`` is inlined with its operations in the same order)."""
         n = num_decodes
-        head = self._linear(n, n) + self._attention(0, 0)
+        head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates)
         comm = self._comm(n)
         overhead = self.efficiency.overhead
         pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
-        flops_rate, byte_rate = self._flops_rate, self._byte_rate
+        flops_rate, byte_rate = self._decode_rates
         return [
             head + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate) + comm + overhead
             for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)

@@ -1,0 +1,80 @@
+"""``tailserve calibrate --executor torch --model DIR``: profile the real executor on this host,
+fit the cost model, write a calibration file (``--out``) that ``--calibration FILE`` loads."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_OUT = "calibration-cpu.json"
+
+
+def add_torch_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("real-executor calibration (--executor torch)")
+    g.add_argument(
+        "--executor",
+        choices=("points", "torch"),
+        default="points",
+        help="points: fit the POINTS given; torch: profile the real executor on this host (default: %(default)s)",
+    )
+    g.add_argument(
+        "--out", metavar="FILE", default=DEFAULT_OUT, help="calibration file to write (default: %(default)s)"
+    )
+    g.add_argument(
+        "--repeats", type=int, default=2, help="runs of the profiling grid; median per shape (default: 2)"
+    )
+    g.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads while profiling (default: torch's own)"
+    )
+
+
+def cmd_calibrate_torch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from tailserve.executors.simulated.calibration_files import write_calibration_file
+    from tailserve.fidelity.torch_calibrate import calibrate_torch, default_grid, error_table
+
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(
+            f"--model {args.model}: not a model directory (no config.json); make one with tailserve model init"
+        )
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from tailserve.executors.simulated.models import load_hf_config
+
+    grid = default_grid(load_hf_config(model_dir).max_position_embeddings)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("profiling the real executor", total=len(grid) * args.repeats)
+        cal, fit = calibrate_torch(
+            model_dir, args.repeats, lambda label: bar.update(task, advance=1, description=label), grid
+        )
+    write_calibration_file(args.out, cal, fit)
+    out = Console()
+    e = cal.efficiency
+    out.print(cal.source)
+    out.print(
+        f"fitted: compute {e.compute:.3g} and memory {e.memory:.3g} of the measured rates, sharpness "
+        f"{e.sharpness:.3g}, overhead {e.overhead * 1e3:.2f} ms per step, {e.per_token * 1e6:.1f} us per token, "
+        f"prefill attention x{e.prefill_attention:.3g}, decode attention x{e.decode_attention:.3g}"
+    )
+    table = Table(title="fitted iteration time vs measured (|relative error|)", title_justify="left")
+    for col in ("points", "n", "median", "p90"):
+        table.add_column(col, justify="right" if col != "points" else "left")
+    for kind, row in error_table(fit).items():
+        table.add_row(kind, str(row["n"]), f"{row['median']:.1%}", f"{row['p90']:.1%}")
+    out.print(table)
+    for w in fit.warnings:
+        out.print(f"warning: {w}")
+    out.print(f"wrote {args.out}; use it with --calibration {args.out} --model {args.model}")
+    return 0

@@ -1,0 +1,81 @@
+"""Record each iteration of a real engine: its batch shape and when its step started.
+
+``ShapeRecorder`` wraps the executor inside an ``LLMEngine``. The time a step takes in a real
+engine is more than the forward pass: scheduling, the update, stop checks and detokenization run
+between two forward passes, and all of it is time a request waits. So the measured cost of an
+iteration is its *period*: from its ``execute`` call to the next one's, when the engine went
+straight on to the next (no idle wait between them); ``execute_s`` is the forward pass alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tailserve.core.executor import StepResult
+from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.executors.simulated.cost_model import BatchShape
+
+
+def batch_shape(out: SchedulerOutput) -> BatchShape:
+    """The cost model's view of one iteration (the aggregation ``SimExecutor.execute`` does)."""
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
+    slots = [
+        (
+            s.num_new_tokens,
+            s.num_context_tokens,
+            s.num_context_tokens + s.num_new_tokens == s.request.num_tokens,
+        )
+        for s in out.scheduled
+    ]
+    slots.extend((p.num_new_tokens, p.num_context_tokens, True) for p in out.padding)
+    for q, c, samples in slots:
+        num_tokens += q
+        num_logits += samples
+        if q == 1:
+            decode_kv += c + 1
+        else:
+            pairs += q * c + q * (q + 1) // 2
+            prefill_kv += q + c
+    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    shape: BatchShape
+    start: float  # perf_counter at execute()
+    execute_s: float  # the executor's own time
+    period_s: float | None = None  # to the next execute(), when back to back; None otherwise
+
+
+@dataclass
+class ShapeRecorder:
+    """An executor wrapper; ``mark_idle()`` before the engine waits, so the period is not
+    counted across the wait."""
+
+    inner: object
+    records: list[IterationRecord] = field(default_factory=list)
+    _idle: bool = True
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        t0 = time.perf_counter()
+        if self.records and not self._idle and self.records[-1].period_s is None:
+            self.records[-1].period_s = t0 - self.records[-1].start
+        self._idle = False
+        result = self.inner.execute(out)  # type: ignore[attr-defined]
+        self.records.append(IterationRecord(batch_shape(out), t0, time.perf_counter() - t0))
+        return result
+
+    def mark_idle(self) -> None:
+        self._idle = True
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def install(engine) -> ShapeRecorder:
+    """Wrap an ``LLMEngine``'s executor (inside its stop checker) in a recorder."""
+    checker = engine.stop_checker
+    recorder = ShapeRecorder(checker.inner)
+    checker.inner = recorder
+    return recorder
