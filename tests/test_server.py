@@ -78,7 +78,9 @@ def test_completion_chat_and_usage(server: Any) -> None:
     assert chat.usage.completion_tokens == 5
     templated = server.engine.tokenizer.apply_chat_template([{"role": "user", "content": "Say something."}])
     # The template writes BOS itself: encoded without special tokens (one BOS, as vLLM).
-    assert chat.usage.prompt_tokens == len(server.engine.tokenizer.encode(templated, add_special_tokens=False))
+    assert chat.usage.prompt_tokens == len(
+        server.engine.tokenizer.encode(templated, add_special_tokens=False)
+    )
     wait_idle(server)
 
 
