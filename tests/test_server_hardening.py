@@ -117,6 +117,8 @@ SERVED = {
     "min_tokens with a stop id": '{"prompt": "hi", "max_tokens": 3, "min_tokens": 2, "stop_token_ids": [5]}',
     "integer temperature": '{"prompt": "hi", "max_tokens": 2, "temperature": 1}',
     "token ids": '{"prompt": [5, 6, 7], "max_tokens": 2}',
+    "nulls for unset fields": '{"prompt": "hi", "max_tokens": 2, "stream": null, "n": null, "min_tokens": null, '
+    '"ignore_eos": null, "priority": null, "seed": null, "stop": null, "echo": null, "temperature": null}',
 }
 
 

@@ -182,7 +182,7 @@ def build_app(
         params = sampling(body, body.requested_max_tokens)
         messages = body.chat_messages()
         prompts.check_prompt_size("".join(m["content"] for m in messages), "messages")
-        prompt = await prompts.encode_chat(messages, body.add_generation_prompt)
+        prompt = await prompts.encode_chat(messages, body.add_generation_prompt is not False)
         meta = ResponseMeta(
             "chat", new_id("chatcmpl"), served_model_name, body.include_usage, body.continuous_usage
         )

@@ -94,6 +94,12 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
+    @field_validator("stream", "n", "min_tokens", "ignore_eos", "priority", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: Any) -> Any:
+        # OpenAI clients send null for "not set"; vLLM types these Optional with the same default.
+        return cls.model_fields[info.field_name].default if value is None else value
+
     @model_validator(mode="after")
     def _check_supported(self) -> SamplingFields:
         if self.n != 1:
@@ -147,7 +153,7 @@ class CompletionRequest(SamplingFields):
     # One prompt: text or token ids (``vllm bench`` sends both); a list of one is unwrapped.
     prompt: Any
     max_tokens: int | None = None  # None: the rest of the context, as vLLM's server
-    echo: bool = False
+    echo: bool | None = False
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -203,11 +209,11 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # deprecated by OpenAI, still sent
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = True
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
