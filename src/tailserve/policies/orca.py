@@ -26,10 +26,16 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 @dataclass(frozen=True, slots=True)
 class OrcaConfig:
     max_num_seqs: int = 256  # Orca's max_bs
+    # 0: reserve each request's own prompt + max_tokens. N > 0: reserve at least N tokens per
+    # request, as continuous-batching servers before paged KV did (one contiguous buffer of the
+    # maximum sequence length per slot; docs/experiments.md, the Anyscale benchmark).
+    reserve_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.reserve_tokens < 0:
+            raise ValueError(f"reserve_tokens must be >= 0, got {self.reserve_tokens}")
 
 
 class OrcaPolicy(Policy):
@@ -54,7 +60,8 @@ class OrcaPolicy(Policy):
             out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
         while sched.waiting and len(sched.running) < self.config.max_num_seqs:
             request = sched.waiting[0]
-            if not sched.allocate(request, request.prompt_len + request.max_tokens):
+            total = max(request.prompt_len + request.max_tokens, self.config.reserve_tokens)
+            if not sched.allocate(request, total):
                 break
             sched.waiting.popleft()
             sched.admit(request, now)

@@ -98,6 +98,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, 32768),
         ModelSpec("Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, 32768),
         ModelSpec("Falcon-180B", 14848, 80, 232, 8, 59392, 65024, 2048, gated_mlp=False),
+        # OPT-13B (facebook/opt-13b): ReLU MLP (2 matrices), tied embeddings; the Anyscale benchmark's model.
+        ModelSpec("OPT-13B", 5120, 40, 40, 40, 20480, 50272, 2048, gated_mlp=False, tie_word_embeddings=True),
     )
 }
 

@@ -1,0 +1,217 @@
+"""The same requests, at the same arrival times, on the real executor and in the simulator.
+
+``run_real`` drives an ``LLMEngine`` with the torch executor in real time (each request added
+when its arrival time has passed, greedy decoding, ``ignore_eos`` so every request runs to
+``max_tokens``) and records every iteration's batch shape and step period. ``run_sim`` replays
+the real run's requests — token ids, ``max_tokens`` and the arrival times the real engine
+stamped — through the same policy configuration and KV cache size on the simulated executor.
+``compare`` gives the per-iteration and request-metric errors of the simulator.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.kv_factory import make_kv_cache
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.source import ListSource
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.fidelity.recorder import IterationRecord, install
+from tailserve.metrics.summary import summarize
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    arrival_s: float  # seconds after the run starts
+
+
+@dataclass
+class EngineSetup:
+    """What the simulator needs to schedule exactly like the real engine did."""
+
+    policy: str
+    policy_config: Any
+    num_blocks: int
+    block_size: int
+    num_cpu_blocks: int
+    max_model_len: int
+
+
+@dataclass
+class RunRecord:
+    setup: EngineSetup
+    requests: list[Request]
+    iterations: list[IterationRecord]
+
+
+def run_real(
+    model_dir: str | Path, policy: str, planned: list[PlannedRequest], dtype: str = "bfloat16"
+) -> RunRecord:
+    from tailserve.llm import LLMEngine, SamplingParams
+
+    engine = LLMEngine.from_args(str(model_dir), executor="torch", policy=policy, dtype=dtype)
+    recorder = install(engine)
+    sched = engine.scheduler
+    kv = sched.kv_cache
+    setup = EngineSetup(
+        policy,
+        copy.deepcopy(sched.policy.config),
+        kv.num_blocks,
+        kv.block_size,
+        getattr(kv, "num_cpu_blocks", 0),
+        sched.max_model_len,
+    )
+    order = sorted(range(len(planned)), key=lambda i: planned[i].arrival_s)
+    requests: list[Request] = []
+    start = engine.now
+    nxt = 0
+    while nxt < len(order) or engine.has_unfinished_requests():
+        while nxt < len(order) and planned[order[nxt]].arrival_s <= engine.now - start:
+            p = planned[order[nxt]]
+            rid = f"r{order[nxt]}"
+            params = SamplingParams(max_tokens=p.max_tokens, ignore_eos=True, temperature=0.0)
+            engine.add_request(rid, list(p.prompt_token_ids), params)  # stamped with engine.now
+            requests.append(engine.stop_checker.requests[rid])
+            nxt += 1
+        if engine.has_unfinished_requests():
+            engine.step()
+        else:
+            recorder.mark_idle()  # the next period would span the wait
+            wait = planned[order[nxt]].arrival_s - (engine.now - start)
+            if wait > 0:
+                time.sleep(wait)
+    return RunRecord(setup, requests, recorder.records)
+
+
+def run_sim(cost_model: CostModel, setup: EngineSetup, real_requests: list[Request]) -> list[Request]:
+    """The real run's requests, fresh, through the simulator with the real run's configuration."""
+    from tailserve.policies.registry import get_policy_cls
+
+    cls = get_policy_cls(setup.policy)
+    config = copy.deepcopy(setup.policy_config)
+    kv = make_kv_cache(config, setup.num_blocks, setup.block_size, setup.num_cpu_blocks, shares_prefixes=True)
+    scheduler = Scheduler(cls(config), kv, setup.max_model_len)
+    fresh = [
+        Request(
+            r.request_id,
+            r.prompt_len,
+            r.max_tokens,
+            r.arrival_time,
+            prompt_token_ids=list(r.prompt_token_ids or []),
+        )
+        for r in real_requests
+    ]
+    engine = Engine(
+        scheduler, SimExecutor(cost_model, setup.block_size), ListSource(fresh), options=EngineOptions()
+    )
+    engine.run()
+    return fresh
+
+
+def iteration_errors(cost_model: CostModel, iterations: list[IterationRecord]) -> np.ndarray:
+    """predicted / measured - 1 for every back-to-back real iteration."""
+    timed = [r for r in iterations if r.period_s]
+    return np.array([cost_model.iteration_time(r.shape) / r.period_s - 1.0 for r in timed])
+
+
+METRICS = (
+    ("TTFT p50", "ttft_s", "p50"),
+    ("TTFT p99", "ttft_s", "p99"),
+    ("TPOT p50", "tpot_s", "p50"),
+    ("TPOT p99", "tpot_s", "p99"),
+    ("E2E p50", "e2e_s", "p50"),
+)
+
+
+def compare(cost_model: CostModel, real: RunRecord, sim_requests: list[Request]) -> dict[str, Any]:
+    a, b = summarize(real.requests), summarize(sim_requests)
+    out: dict[str, Any] = {"real": {}, "sim": {}, "error": {}}
+    for label, metric, stat in METRICS:
+        r, s = a["metrics"][metric][stat], b["metrics"][metric][stat]
+        out["real"][label], out["sim"][label] = r, s
+        out["error"][label] = (s / r - 1.0) if r else None
+    r, s = a["throughput"]["output_tokens_per_s"], b["throughput"]["output_tokens_per_s"]
+    out["real"]["throughput"], out["sim"]["throughput"] = r, s
+    out["error"]["throughput"] = (s / r - 1.0) if r else None
+    e = iteration_errors(cost_model, real.iterations)
+    out["iterations"] = {
+        "n": int(e.size),
+        "median_abs": float(np.median(np.abs(e))) if e.size else None,
+        "p90_abs": float(np.percentile(np.abs(e), 90)) if e.size else None,
+        "bias": float(np.median(e)) if e.size else None,
+    }
+    out["finished"] = {"real": a["num_finished"], "sim": b["num_finished"]}
+    return out
+
+
+# ---- recorded fixtures (tests) ---------------------------------------------------------------
+def to_json(run: RunRecord) -> dict[str, Any]:
+    import dataclasses
+
+    return {
+        "policy": run.setup.policy,
+        "policy_config": dataclasses.asdict(run.setup.policy_config),
+        "num_blocks": run.setup.num_blocks,
+        "block_size": run.setup.block_size,
+        "num_cpu_blocks": run.setup.num_cpu_blocks,
+        "max_model_len": run.setup.max_model_len,
+        "requests": [
+            {
+                "id": r.request_id,
+                "prompt_token_ids": list(r.prompt_token_ids or []),
+                "max_tokens": r.max_tokens,
+                "arrival_s": r.arrival_time,
+                "token_times": list(r.token_times),
+                "finish_s": r.finish_time,
+            }
+            for r in run.requests
+        ],
+        "iterations": [
+            {**dataclasses.asdict(it.shape), "period_s": it.period_s, "execute_s": it.execute_s}
+            for it in run.iterations
+        ],
+    }
+
+
+def from_json(body: dict[str, Any]) -> RunRecord:
+    from tailserve.core.request import RequestStatus
+    from tailserve.policies.registry import get_policy_cls
+
+    cls = get_policy_cls(body["policy"])
+    config = cls.config_cls(**body["policy_config"])
+    setup = EngineSetup(
+        body["policy"],
+        config,
+        body["num_blocks"],
+        body["block_size"],
+        body["num_cpu_blocks"],
+        body["max_model_len"],
+    )
+    requests = []
+    for r in body["requests"]:
+        req = Request(r["id"], len(r["prompt_token_ids"]), r["max_tokens"], r["arrival_s"],
+                      prompt_token_ids=list(r["prompt_token_ids"]))  # fmt: skip
+        req.token_times = list(r["token_times"])
+        req.num_output_tokens = len(req.token_times)
+        req.first_scheduled_time = r["arrival_s"]
+        req.finish_time = r["finish_s"]
+        req.status = RequestStatus.FINISHED_LENGTH
+        requests.append(req)
+    iterations = [
+        IterationRecord(
+            BatchShape(*(it[k] for k in BatchShape.__slots__)), 0.0, it["execute_s"], it["period_s"]
+        )
+        for it in body["iterations"]
+    ]
+    return RunRecord(setup, requests, iterations)
