@@ -38,6 +38,8 @@ class OneLineParser(argparse.ArgumentParser):
     (no usage block), naming the command and pointing to its --help. Subcommand parsers are
     made with the same class."""
 
+    command_names: tuple[str, ...] = ()  # the subcommands, set by build_parser
+
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -446,7 +448,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 # ---- parser -------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="tailserve",
         description="Why does p99 TTFT spike? Serving policies side by side on a simulated GPU.",
@@ -550,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     for name in ("serve", "run"):  # their modules build the parsers; the epilog is shared here
         sub.choices[name].epilog = POLICY_FLAGS_EPILOG
+    parser.command_names = tuple(sub.choices)
     return parser
 
 
@@ -559,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         argv = ["compare"]
     if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
-        commands = ", ".join(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+        commands = ", ".join(parser.command_names)
         print(
             f"tailserve: error: {argv[0]} is an option of a command: name the command first, e.g. "
             f"tailserve compare {' '.join(argv)} (commands: {commands})",
