@@ -137,7 +137,7 @@ def test_catalog_parameter_counts_are_plausible(name):
     expected = {
         "Llama-2-7B": 6.7, "Llama-2-13B": 13.0, "Llama-2-70B": 69.0, "Llama-3-8B": 8.0,
         "Llama-3-70B": 70.6, "Llama-3.1-8B": 8.0, "Llama-3.1-70B": 70.6, "Mistral-7B": 7.2, "Yi-34B": 34.4, "Qwen2.5-7B": 7.6,
-        "Qwen2.5-72B": 72.7, "Falcon-180B": 179.5,
+        "Qwen2.5-72B": 72.7, "Falcon-180B": 179.5, "OPT-13B": 12.9,
     }[name]  # fmt: skip
     assert get_model(name).num_params / 1e9 == pytest.approx(expected, rel=0.03)
 

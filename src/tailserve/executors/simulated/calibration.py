@@ -177,7 +177,8 @@ def calibrate(
         cm = cost_model.with_efficiency(_decode(base, fields, v))
         return np.array([cm.iteration_time(s) for s in shapes]) / y - 1.0
 
-    x = _levenberg_marquardt(residuals, x, max_iter)
+    lower = np.array([-np.inf if f in _POSITIVE else 0.0 for f in fields])
+    x = _levenberg_marquardt(residuals, np.maximum(x, lower), lower, max_iter)
     eff = _decode(base, fields, x)
     negative = [f for f in fields if f not in _POSITIVE and getattr(eff, f) < 0]
     if negative:
@@ -199,7 +200,8 @@ def _decode(base: Efficiency, fields: tuple[str, ...], v: np.ndarray) -> Efficie
     return replace(base, **{f: (max(x, 0.0) if f not in _POSITIVE else x) for f, x in values.items()})
 
 
-def _levenberg_marquardt(f, x: np.ndarray, max_iter: int) -> np.ndarray:
+def _levenberg_marquardt(f, x: np.ndarray, lower: np.ndarray, max_iter: int) -> np.ndarray:
+    """Minimise |f(x)|^2 with x >= lower (each trial step projected onto the bound)."""
     if len(x) == 0:
         return x
     r = f(x)
@@ -222,10 +224,11 @@ def _levenberg_marquardt(f, x: np.ndarray, max_iter: int) -> np.ndarray:
             except np.linalg.LinAlgError:
                 lam *= 10
                 continue
-            r_new = f(x + dx)
+            x_new = np.maximum(x + dx, lower)
+            r_new = f(x_new)
             c_new = float(r_new @ r_new)
             if c_new < cost:
-                x, r, improved = x + dx, r_new, True
+                x, r, improved = x_new, r_new, True
                 done = cost - c_new < 1e-15 * max(cost, 1e-30) or c_new < 1e-26
                 cost, lam = c_new, max(lam / 10, 1e-12)
                 break

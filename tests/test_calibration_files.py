@@ -1,0 +1,111 @@
+"""Calibration round trips: the host fit recovers a known CPU model from synthetic points, a
+calibration file loads back to the same cost model everywhere, and the recorder's batch shape
+prices exactly like the simulated executor."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tailserve.core.request import Request
+from tailserve.core.scheduler_output import PaddingSlot, ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.calibration import MeasuredBatch
+from tailserve.executors.simulated.calibration_files import (
+    CalibrationFile,
+    read_calibration_file,
+    write_calibration_file,
+)
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.models import ModelSpec
+from tailserve.fidelity.recorder import batch_shape
+from tailserve.fidelity.torch_calibrate import fit_host
+from tailserve.simulation import Deployment, build_cost_model
+
+TINY = ModelSpec("tiny", 512, 4, 8, 4, 1536, 8192, 2048)
+CPU = Hardware("cpu", 150e9, 15e9, 64.0, 15e9, 15e9, vendor="cpu")
+TRUTH = Efficiency(
+    compute=0.8, memory=0.7, overhead=0.004, per_token=3e-5, sharpness=2.0, prefill_attention=0.2,
+    decode_attention=0.5,
+)  # fmt: skip
+
+
+def grid_shapes() -> list[BatchShape]:
+    shapes = [BatchShape.of([(q, c)], []) for q in (16, 64, 256, 512) for c in (0, 256, 1024)]
+    shapes += [BatchShape.of([], [c] * b) for b in (1, 8, 32, 64) for c in (16, 512, 1024)]
+    shapes += [BatchShape.of([(q, c)], [300] * b) for q, c, b in ((64, 0, 8), (200, 128, 16), (400, 0, 30))]
+    return shapes
+
+
+def test_host_fit_recovers_a_known_cpu_model():
+    truth = CostModel(TINY, CPU, 1, TRUTH)
+    points = [MeasuredBatch(s, truth.iteration_time(s)) for s in grid_shapes()]
+    fit = fit_host(TINY, CPU, points)
+    e = fit.efficiency
+    for name in ("compute", "memory", "overhead", "per_token", "prefill_attention", "decode_attention"):
+        assert getattr(e, name) == pytest.approx(getattr(TRUTH, name), rel=2e-3), name
+    assert fit.max_relative_error < 1e-4
+
+
+def test_host_fit_ignores_a_preempted_outlier():
+    truth = CostModel(TINY, CPU, 1, TRUTH)
+    points = [MeasuredBatch(s, truth.iteration_time(s)) for s in grid_shapes()]
+    points[5] = MeasuredBatch(points[5].batch, points[5].seconds * 20)  # another process ran
+    fit = fit_host(TINY, CPU, points)
+    assert fit.efficiency.compute == pytest.approx(TRUTH.compute, rel=1e-2)
+    errors = sorted(abs(p / q.seconds - 1) for p, q in zip(fit.predicted, fit.points))
+    assert errors[-2] < 1e-2 and errors[-1] > 0.9  # every point predicted; the outlier stays off
+
+
+def test_calibration_file_round_trip_and_load_everywhere(tmp_path):
+    path = tmp_path / "cpu.json"
+    points = tuple(MeasuredBatch(s, 0.01, "p") for s in grid_shapes()[:3])
+    write_calibration_file(path, CalibrationFile(CPU, TRUTH, "tiny", 1, "synthetic", points))
+    back = read_calibration_file(path)
+    assert back.hardware == CPU and back.efficiency == TRUTH and back.points == points
+    config = tmp_path / "model"
+    config.mkdir()
+    (config / "config.json").write_text(
+        json.dumps(
+            {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+             "num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 8192,
+             "max_position_embeddings": 2048, "_name_or_path": "tiny"}
+        )
+    )  # fmt: skip
+    built = build_cost_model(Deployment(str(config), "A100-80GB", 1, str(path)))
+    assert built.cost_model.hardware == CPU and built.cost_model.efficiency == TRUTH
+    assert any("replaces A100-80GB" in n for n in built.notes)
+    assert built.fit is not None and len(built.fit.predicted) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{", r"cpu\.json:1: not valid JSON"),
+        ('{"format": "other"}', "not a tailserve calibration file"),
+        ('{"format": "tailserve-calibration", "version": 9}', "version 9"),
+        ('{"format": "tailserve-calibration", "version": 1, "model": "m", "tp": 1, "source": "s"}', "missing key 'hardware'"),
+    ],
+)  # fmt: skip
+def test_bad_calibration_files_are_named(tmp_path, body, message):
+    path = tmp_path / "cpu.json"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=message):
+        read_calibration_file(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        read_calibration_file(tmp_path / "missing.json")
+
+
+def test_recorded_batch_shape_prices_like_the_simulated_executor():
+    a = Request("a", 300, 10, 0.0)
+    b = Request("b", 40, 10, 0.0)
+    b.num_computed_tokens, b.num_output_tokens = 45, 6  # decoding: its 46th token samples
+    out = SchedulerOutput(
+        scheduled=[ScheduledRequest(a, 128, 64), ScheduledRequest(b, 1, 45)], padding=[PaddingSlot(1, 20)]
+    )
+    cm = CostModel(TINY, CPU, 1, replace(TRUTH))
+    assert SimExecutor(cm).execute(out).duration == cm.iteration_time(batch_shape(out))
+    assert batch_shape(out) == BatchShape(130, 2, 128 * 64 + 128 * 129 // 2, 192, 46 + 21)
