@@ -22,16 +22,16 @@ from pathlib import Path
 
 from _paths import default_out
 
-from tailserve.validate.golden import NUM_FULL_TRACES, record_entry, write_fixture
+from tailserve.validate.golden import NUM_FULL_TRACES, write_fixture
 from tailserve.validate.peers import PeerDriver, PeerError
-from tailserve.validate.runner import ENGINE_LABELS, generator_for, tailserve_runner
+from tailserve.validate.runner import DIFFERENTIALS, differential
 from tailserve.validate.shrink import shrink, size
-from tailserve.validate.trace import first_divergence
+from tailserve.validate.workload import Workload
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engine", choices=sorted(ENGINE_LABELS), default="vllm")
+    p.add_argument("--engine", choices=sorted(DIFFERENTIALS), default="vllm")
     p.add_argument("-k", "--num-workloads", type=int, default=1000)
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--shrink", type=int, default=3, help="shrink the first N divergences (0: none)")
@@ -42,8 +42,7 @@ def main() -> int:
     if args.num_workloads < 1:
         p.error("-k must be >= 1")
 
-    make = generator_for(args.engine)
-    ours_for = tailserve_runner(args.engine)
+    diff = differential(args.engine)
     load = os.getloadavg()
     t0 = time.perf_counter()
     try:
@@ -53,48 +52,47 @@ def main() -> int:
         return 2
     startup = time.perf_counter() - t0
     identical = 0
-    steps_total = 0
+    decisions = 0
     divergent: list[dict] = []
     errors: list[dict] = []
     entries: list[dict] = []
     t1 = time.perf_counter()
     with driver:
         for seed in range(args.seed_start, args.seed_start + args.num_workloads):
-            workload = make(seed)
+            case = diff.generate(seed)
             try:
-                theirs = driver.run(workload)
+                theirs = diff.run_theirs(driver, case)
             except PeerError as exc:
                 errors.append({"seed": seed, "error": str(exc)})
                 continue
-            ours = ours_for(workload)
-            steps_total += len(theirs)
-            div = first_divergence(ours, theirs)
-            if div is None:
+            decisions += diff.num_decisions(theirs)
+            difference = diff.compare(diff.run_ours(case), theirs)
+            if difference is None:
                 identical += 1
             else:
-                item = {"seed": seed, "step": div.step, "fields": list(div.fields), "first": div.describe()}
-                if len(divergent) < args.shrink:
+                item = {"seed": seed, "first": difference}
+                if len(divergent) < args.shrink and isinstance(case, Workload):
 
-                    def diverges(w):
+                    def diverges(w: Workload) -> bool:
                         try:
-                            return first_divergence(ours_for(w), driver.run(w)) is not None
+                            return diff.compare(diff.run_ours(w), diff.run_theirs(driver, w)) is not None
                         except PeerError:
                             return False
 
-                    small = shrink(workload, diverges)
+                    small = shrink(case, diverges)
                     item["shrunk_size"] = list(size(small))
                     item["shrunk"] = small.to_dict()
-                    item["shrunk_first"] = first_divergence(ours_for(small), driver.run(small)).describe()
+                    item["shrunk_first"] = diff.compare(diff.run_ours(small), diff.run_theirs(driver, small))
                 divergent.append(item)
-            if args.record_fixture is not None and len(theirs) <= args.fixture_max_steps:
-                entries.append(record_entry(workload, theirs, full=len(entries) < NUM_FULL_TRACES))
+            if args.record_fixture is not None and diff.num_decisions(theirs) <= args.fixture_max_steps:
+                entries.append(diff.record(case, theirs, len(entries) < NUM_FULL_TRACES))
         version = driver.version
     wall = time.perf_counter() - t1
     n = args.num_workloads
-    label = f"{ENGINE_LABELS[args.engine]} {version}"
-    print(f"{identical} of {n} randomized workloads step-identical to {label} ({steps_total} steps)")
+    label = f"{diff.label} {version}"
+    print(f"{identical} of {n} {diff.unit} {diff.verdict} {label}'s scheduler ({decisions} {diff.decision})")
     print(f"divergent: {len(divergent)}, engine errors: {len(errors)}")
-    print(f"wall: {wall:.1f} s for {n} workloads (+{startup:.1f} s engine start); load before: {load}")
+    print(f"wall: {wall:.1f} s for {n} cases (+{startup:.1f} s engine start); load before: {load}")
     for item in divergent[:5]:
         print(f"- seed {item['seed']}: {item['first']}")
         if "shrunk_first" in item:
@@ -109,7 +107,8 @@ def main() -> int:
         "num_workloads": n,
         "seed_start": args.seed_start,
         "identical": identical,
-        "steps": steps_total,
+        "decisions": decisions,
+        "decision_unit": diff.decision,
         "divergent": divergent,
         "errors": errors,
         "wall_s": round(wall, 2),

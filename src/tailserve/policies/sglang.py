@@ -71,7 +71,7 @@ tree evicts what the kept requests' next 20 tokens lack. Allocation evicts least
 unlocked leaves when the free slots fall short; decode fits if free + evictable slots suffice.
 Decodes never touch the tree, so the decode fast path stays exact. Deviations: a request keeps
 its own slots for tokens it computed that another request inserted meanwhile (SGLang frees them
-and points at the tree's); lpm's in-batch dedup is not modelled; the checkpoint happens at the
+and points at the tree's); the checkpoint happens at the
 start of the next iteration (nothing touches the tree in between, except finishes).
 
 Not modelled: speculative decoding, LoRA, ``num_continuous_decode_steps``,
@@ -112,6 +112,8 @@ from tailserve.policies.sglang_adder import (
 )
 
 LPM_FALLBACK_WAITING = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX: lpm falls back to fcfs above this
+IN_BATCH_CHECK = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD
+IN_BATCH_DEPRIORITIZE = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD
 
 
 def token_keys(request: Request) -> list[int] | None:
@@ -504,7 +506,10 @@ class SglangPolicy(Policy):
             if cfg.disable_radix_cache:
                 policy = "fcfs"
             elif policy == "lpm" and len(waiting) > LPM_FALLBACK_WAITING:
-                policy = "fcfs"  # SGLang skips the matching above 128 waiting
+                # SGLang skips the matching above 128 waiting and keeps the queue as it is, with
+                # no priority sort (``calc_priority`` tests the configured policy, not the active
+                # one, for fcfs's priority sort).
+                return
             elif self.tree is None:
                 return  # no request carries token identities: every match is 0, keep the queue
             else:
@@ -528,17 +533,38 @@ class SglangPolicy(Policy):
         waiting.clear()
         waiting.extend(ordered)
 
+    def _full_match(self, request: Request) -> PrefixMatch | None:
+        """The match ``calc_priority`` makes: the whole prompt + outputs so far, uncapped (the
+        admission match is capped one token short); None without keys."""
+        keys = self._keys.get(request.request_id)
+        return self.tree.match_prefix(keys[: request.num_tokens]) if keys is not None else None
+
     def _lpm_order(self, sched: Scheduler, now: float) -> list[Request]:
         """Descending match length (stable: ties keep queue order; priorities ignored, as in
-        SGLang), plus ``lpm_aging_rate`` tokens per second waited since (re)queueing."""
+        SGLang), plus ``lpm_aging_rate`` tokens per second waited since (re)queueing.
+
+        In-batch prefix caching (``_compute_prefix_matches``): a request whose cached match is
+        at most ``IN_BATCH_CHECK`` tokens is matched against the earlier such requests of this
+        queue; sharing at least ``IN_BATCH_DEPRIORITIZE`` tokens with one of them sends it to the
+        back (one of them computes the prefix first, the rest hit it later); otherwise its
+        tokens join that in-queue tree. Found by the SGLang differential (docs/validation.md)."""
         rate = self.config.lpm_aging_rate
+        in_queue = RadixCache(page_size=1)
         scored = []
         for request in sched.waiting:
+            full = self._full_match(request)
+            deprioritized = False
+            if full is not None and full.num_tokens <= IN_BATCH_CHECK:
+                keys = self._keys[request.request_id][: request.num_tokens]
+                if in_queue.match_prefix(keys).num_tokens >= IN_BATCH_DEPRIORITIZE:
+                    deprioritized = True
+                else:
+                    in_queue.insert(keys, range(len(keys)))
             match = self.match(request)
             score = match.num_tokens if match is not None else 0
             if rate:
                 score += rate * max(now - queued_at(request), 0.0)
-            scored.append((-score, request))
+            scored.append((float("inf") if deprioritized else -score, request))
         scored.sort(key=lambda x: x[0])
         return [r for _, r in scored]
 
@@ -550,7 +576,7 @@ class SglangPolicy(Policy):
         weight: dict[int, int] = {}
         nodes = []
         for request in sched.waiting:
-            match = self.match(request)
+            match = self._full_match(request)  # uncapped, as SGLang's calc_priority matches
             node = match.node if match is not None else root
             by_node.setdefault(id(node), []).append(request)
             nodes.append(node)

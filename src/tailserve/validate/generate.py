@@ -4,7 +4,8 @@ Each workload is small (a dozen requests, a few hundred tokens each) so that tho
 minutes, yet covers what matters: budgets from 16 to 8192 tokens, ``max_num_seqs``,
 ``long_prefill_token_threshold``, prefix caching on and off with shared prefixes of block-aligned
 and ragged lengths (and whole repeated prompts), fcfs and priority, KV caches small enough to
-force preemption, aborts mid-prefill and mid-decode, stop tokens, prompts longer than the budget.
+force preemption, aborts mid-prefill and mid-decode, stop tokens, prompts longer than the budget,
+and chunked prefill off (budget = max_model_len, as vLLM requires).
 """
 
 from __future__ import annotations
@@ -80,14 +81,24 @@ def random_vllm_workload(seed: int) -> Workload:
     need = [-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests]
     low, high = max(need), sum(need) + 4
     num_blocks = rng.randint(low, max(low, high)) if rng.random() < 0.6 else high + rng.randint(0, 64)
+    prefix_caching = rng.random() < 0.7
+    policy = rng.choice(("fcfs", "priority"))
+    chunked = rng.random() >= 0.12
+    max_model_len = 4096
+    if not chunked:
+        # vLLM refuses a budget below max_model_len without chunked prefill.
+        max_model_len = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+        budget = max(budget, max_model_len)
+        threshold = min(threshold, max_model_len)
     spec = SchedulerSpec(
         num_blocks=num_blocks,
         block_size=block_size,
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         long_prefill_token_threshold=threshold,
-        enable_prefix_caching=rng.random() < 0.7,
-        scheduling_policy=rng.choice(("fcfs", "priority")),
-        max_model_len=4096,
+        enable_prefix_caching=prefix_caching,
+        scheduling_policy=policy,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

@@ -1,24 +1,94 @@
-"""Which generator and which tailserve policy go with each engine's differential run."""
+"""One differential per engine: how to make a seeded case, run it on each side, and compare.
+
+``vllm``: whole workloads, step for step (``tailserve_side`` vs ``drivers/vllm_v1.py``).
+``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
+the level of SGLang's scheduler that runs without a model worker.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from tailserve.validate.generate import random_vllm_workload
+from tailserve.validate.golden import record_entry
+from tailserve.validate.peers import PeerDriver
+from tailserve.validate.sglang_order import (
+    OrderCase,
+    OrderResult,
+    describe_difference,
+    random_order_case,
+    run_tailserve_order,
+)
 from tailserve.validate.tailserve_side import run_tailserve
-from tailserve.validate.trace import StepRecord
+from tailserve.validate.trace import StepRecord, first_divergence
 from tailserve.validate.workload import Workload
 
-ENGINE_LABELS = {"vllm": "vLLM"}
+
+@dataclass(frozen=True, slots=True)
+class Differential:
+    engine: str
+    label: str  # how the engine is named in reports
+    unit: str  # what one case is ("workloads", "ordering passes")
+    verdict: str  # "step-identical to", "identical to"
+    decision: str  # what ``num_decisions`` counts ("steps", "requests ordered")
+    generate: Callable[[int], Any]
+    run_ours: Callable[[Any], Any]
+    run_theirs: Callable[[PeerDriver, Any], Any]
+    compare: Callable[[Any, Any], str | None]  # None when identical, else both sides' view
+    num_decisions: Callable[[Any], int]  # of the engine's result
+    record: Callable[[Any, Any, bool], dict[str, Any]]  # (case, engine result, full) -> fixture entry
 
 
-def generator_for(engine: str) -> Callable[[int], Workload]:
-    if engine == "vllm":
-        return random_vllm_workload
-    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_LABELS)}")
+def _compare_steps(ours: list[StepRecord], theirs: list[StepRecord]) -> str | None:
+    div = first_divergence(ours, theirs)
+    return div.describe() if div is not None else None
 
 
-def tailserve_runner(engine: str) -> Callable[[Workload], list[StepRecord]]:
-    if engine == "vllm":
-        return run_tailserve
-    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_LABELS)}")
+def _record_order(case: OrderCase, theirs: OrderResult, full: bool) -> dict[str, Any]:
+    return {"case": case.to_compact(), "order": theirs.order, "prefix_len": theirs.prefix_len}
+
+
+def _vllm_theirs(driver: PeerDriver, w: Workload) -> list[StepRecord]:
+    return driver.run(w)
+
+
+def _sglang_theirs(driver: PeerDriver, case: OrderCase) -> OrderResult:
+    return OrderResult.from_dict(driver.run_raw(case.to_dict()))
+
+
+DIFFERENTIALS: dict[str, Differential] = {
+    "vllm": Differential(
+        "vllm",
+        "vLLM",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_workload,
+        run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "sglang": Differential(
+        "sglang",
+        "SGLang",
+        "randomized waiting-queue ordering passes",
+        "identical to",
+        "requests ordered",
+        random_order_case,
+        run_tailserve_order,
+        _sglang_theirs,
+        describe_difference,
+        lambda result: len(result.order),
+        _record_order,
+    ),
+}
+
+
+def differential(engine: str) -> Differential:
+    if engine not in DIFFERENTIALS:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(DIFFERENTIALS)}")
+    return DIFFERENTIALS[engine]
