@@ -28,7 +28,7 @@ from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
 from tailserve.report.tables import console, deployment_line, wrap_label
 from tailserve.simulation import RunResult, WorkloadSpec, build_cost_model
-from tailserve.tune.capacity import DEFAULT_SLO, parse_capacity_slo
+from tailserve.tune.capacity import DEFAULT_SLO, RateScaler, parse_capacity_slo
 from tailserve.tune.recommend import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_TUNE_POLICIES,
@@ -170,6 +170,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
     )
+    # A workload without a rate to search is refused before a results file is made or named.
+    RateScaler.of(RunSpec(config.deployment, config.workload, config.policies[0]))
     results = ResultsFile(args.out or default_results_path(config, args.report), resume=not args.no_resume)
     print(
         f"results: {results.path} ({len(results)} runs to reuse; --out FILE to choose, --no-resume to start afresh)",
