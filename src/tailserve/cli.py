@@ -333,10 +333,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from tailserve.executors.simulated.cost_model import BatchShape
 
     built = build_cost_model(_deployment(args))
-    _print_notes(built)
     cm = built.cost_model
     batch, ctx = _parse_decode(args.decode)
-    _check_fits(cm, args.prefill)
+    _check_fits(cm, args.prefill)  # before the notes: a deployment that cannot load is one line
+    _print_notes(built)
     prefill_shape = BatchShape.of([(args.prefill, args.prefill_context)], [])
     decode_shape = BatchShape.of([], [ctx] * batch)
     result = {
