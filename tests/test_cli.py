@@ -117,7 +117,10 @@ BAD = [
     (["simulate", "--model", "gpt-9"], "unknown model 'gpt-9'; known:"),
     (["simulate", "--hardware", "TPU"], "unknown hardware 'TPU'; known:"),
     (["simulate", "--policy", "fifo"], "unknown policy 'fifo'; known: static, orca, vllm"),
-    (["simulate", "--policy", "vllm", "--max-num-batchd-tokens", "4"], "unrecognized argument --max-num-batchd-tokens"),
+    (
+        ["simulate", "--policy", "vllm", "--max-num-batchd-tokens", "4"],
+        "unrecognized argument --max-num-batchd-tokens",
+    ),
     (["simulate", "--model", "Llama-3-70B", "--hardware", "L4", "--tp", "1"], "does not fit on L4 at TP 1"),
     (["simulate", "--workload", "chat", "--rate", "-3"], "--rate must be > 0"),
     (["compare", "--policies", "orca,vllm:max_num_batched_tokens=lots"], "not a valid int"),

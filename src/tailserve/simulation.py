@@ -66,9 +66,7 @@ class Deployment:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
 
     @classmethod
-    def of(
-        cls, model: str, hardware: str, tp: int | None = None, calibration: str = "auto"
-    ) -> Deployment:
+    def of(cls, model: str, hardware: str, tp: int | None = None, calibration: str = "auto") -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
         names = cls(model, hardware, 1, calibration)
