@@ -43,6 +43,9 @@ def _one_error_line(capsys: Any, argv: list[str], status: int = 2) -> str:
             "--chunked-prefill-size needs a value",
         ),
         (["--model", "Llama-3-8B"], "name the command first, e.g. tailserve compare --model Llama-3-8B"),
+        (["model"], "tailserve model needs a subcommand: init"),
+        (["model", "init"], "the following arguments are required: --out"),
+        (["nope"], "invalid choice: 'nope'"),
     ],
 )
 def test_mistakes_are_one_line_without_usage(argv, message, capsys):

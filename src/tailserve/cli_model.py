@@ -37,12 +37,11 @@ def add_model_parser(sub: Any) -> None:
         "(VALUE is JSON; repeatable)",
     )
     p.set_defaults(run=cmd_model_init)
-    model.set_defaults(run=lambda args: _usage(model))
+    model.set_defaults(run=_no_subcommand)
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+def _no_subcommand(args: argparse.Namespace) -> int:
+    raise ValueError("tailserve model needs a subcommand: init (see tailserve model init --help)")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
