@@ -109,3 +109,13 @@ def test_recorded_batch_shape_prices_like_the_simulated_executor():
     cm = CostModel(TINY, CPU, 1, replace(TRUTH))
     assert SimExecutor(cm).execute(out).duration == cm.iteration_time(batch_shape(out))
     assert batch_shape(out) == BatchShape(130, 2, 128 * 64 + 128 * 129 // 2, 192, 46 + 21)
+
+
+def test_generic_calibration_is_the_roofline_before_the_fitted_curves():
+    built = build_cost_model(Deployment("Llama-3-70B", "A100-80GB", 4, "generic"))
+    cm = built.cost_model
+    assert cm.efficiency == Efficiency() and cm.hardware.gemm is None
+    assert cm.hardware.allreduce_latency_at(4) == 8e-6
+    # The figures docs/cost_model.md quoted before the fitted curves: 849 ms and 25.3 ms.
+    assert cm.prefill_time(4096) == pytest.approx(0.8486, rel=1e-3)
+    assert cm.decode_time(10, 1024) == pytest.approx(0.02526, rel=1e-3)

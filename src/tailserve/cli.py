@@ -74,8 +74,9 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--calibration",
         default="auto",
-        help="none | seed | measured points 'prefill:4096=0.120,decode:10x1024=0.018' "
-        "(default auto: seed for Llama-3-70B on A100-80GB, none otherwise)",
+        help="none | seed | generic | FILE.json | vidur:DIR | measured points "
+        "'prefill:4096=0.120,decode:10x1024=0.018' (default auto: seed for Llama-3-70B on A100-80GB, "
+        "none otherwise; docs/cost_model.md)",
     )
 
 

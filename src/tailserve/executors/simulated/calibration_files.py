@@ -1,4 +1,5 @@
-"""Calibration sources beyond measured points: a calibration file, or Vidur's GPU profiles.
+"""Calibration sources beyond measured points: a calibration file, Vidur's GPU profiles, or
+``generic`` (the roofline before the fitted GPU curves, to reproduce figures measured with it).
 
 ``--calibration FILE.json`` loads a file ``tailserve calibrate --executor torch`` wrote: the
 host's hardware entry (measured GEMM rate and memory bandwidth), the fitted efficiencies, the
@@ -26,8 +27,16 @@ VERSION = 1
 VIDUR_PREFIX = "vidur:"
 
 
+GENERIC = "generic"
+
+
 def is_calibration_source(text: str) -> bool:
-    return text.startswith(VIDUR_PREFIX) or text.endswith(".json")
+    return text == GENERIC or text.startswith(VIDUR_PREFIX) or text.endswith(".json")
+
+
+def generic_hardware(hardware: Hardware) -> Hardware:
+    """The GPU without its fitted curves: the cost model before the measured profiles."""
+    return replace(hardware, gemm=None, allreduce_latency_by_tp=(), comm_efficiency=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +112,10 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
 def load_calibration_source(
     text: str, model: ModelSpec, hardware: Hardware, tp: int
 ) -> tuple[CostModel, CalibrationResult | None, tuple[str, ...]]:
-    """(cost model, fit, notes) for ``FILE.json`` or ``vidur:DIR``."""
+    """(cost model, fit, notes) for ``generic``, ``FILE.json`` or ``vidur:DIR``."""
+    if text == GENERIC:
+        note = "generic roofline: compute 0.6, memory 0.8, max, no tile, 8 us all-reduce at 80% of the link"
+        return CostModel(model, generic_hardware(hardware), tp), None, (note,)
     if text.startswith(VIDUR_PREFIX):
         return _from_vidur(Path(text[len(VIDUR_PREFIX) :]), model, hardware, tp)
     cal = read_calibration_file(text)
