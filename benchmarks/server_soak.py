@@ -171,6 +171,7 @@ async def soak(
         elapsed = time.perf_counter() - started
     base = samples[1]["server_mib"] if len(samples) > 1 else samples[0]["server_mib"]
     growth = (samples[-1]["server_mib"] - base) / base if base else None
+    mid = samples[len(samples) // 2]["server_mib"]
     return {
         "requests": n,
         "concurrency": concurrency,
@@ -180,6 +181,7 @@ async def soak(
         "num_5xx": sum(v for k, v in statuses.items() if k[:1] == "5"),
         "rss": samples,
         "rss_growth_after_warmup": None if growth is None else round(growth, 4),
+        "rss_growth_second_half": round((samples[-1]["server_mib"] - mid) / mid, 4) if mid else None,
     }
 
 
@@ -292,7 +294,8 @@ def main() -> int:
         print(
             f"{executor}: {run['requests']} requests in {run['seconds']} s ({run['requests_per_s']}/s), "
             f"statuses {run['statuses']}, 5xx {run['num_5xx']}; RSS MiB every {args.rss_every}: {rss} "
-            f"(growth after warm-up {growth:+.2%}); exit {run['exit_status']}"
+            f"(growth after warm-up {growth:+.2%}, over the second half {run['rss_growth_second_half']:+.2%}); "
+            f"exit {run['exit_status']}"
         )
         for key in ("big_tokenize", "big_completion"):
             big = run[key]

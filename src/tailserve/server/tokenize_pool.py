@@ -4,8 +4,9 @@ The ``tokenizers`` library holds the GIL while it encodes (measured here: a 1 MB
 every other Python thread for the whole ~1 s), so a worker *thread* would still stall every
 stream. Short texts (up to ``inline_limit_chars``, a few milliseconds) are encoded in a thread;
 longer ones go to a worker *process* that loads the tokenizer once, so the server's event loop
-and engine thread keep running, and the memory a huge encoding takes (gigabytes for 10 MB of
-text) is the worker's, given back when it is recycled every ``MAX_TASKS_PER_WORKER`` tasks.
+and engine thread keep running, and the memory a huge encoding takes (~0.9 GB for 10 MB of text)
+is the worker's: a worker that encoded more than ``RECYCLE_AFTER_CHARS`` characters is replaced
+at once (its memory goes back to the system), any other after ``MAX_TASKS_PER_WORKER`` tasks.
 
 Before any of that, a prompt whose UTF-8 length is over ``max_model_len`` x the longest token's
 UTF-8 length cannot fit in the context whatever it tokenizes to (each token covers at most that
@@ -25,7 +26,8 @@ from typing import Any
 from tailserve.server.protocol import ApiError
 
 INLINE_LIMIT_CHARS = 8192  # ~3 ms of encoding on this CPU: fine in a thread
-MAX_TASKS_PER_WORKER = 16  # recycle the worker process: a huge encoding's memory goes with it
+MAX_TASKS_PER_WORKER = 16  # recycle the worker process now and then
+RECYCLE_AFTER_CHARS = 2**20  # a text this long leaves ~100 MB in the worker: replace it at once
 
 _worker_state: dict[str, Any] = {}  # in the worker process only
 
@@ -107,14 +109,20 @@ class PromptTokenizer:
             call = asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
         else:
             call = self._in_worker(_worker_encode, text, add_special_tokens)
-        return await self._checked(call, param)
+        try:
+            return await self._checked(call, param)
+        finally:
+            self._recycle_after(len(text))
 
     async def tokenize_json(self, text: str, add_special_tokens: bool) -> bytes | None:
         """``/tokenize``'s body for a long text (from the worker); None: short, do it inline."""
         if len(text) <= self.inline_limit_chars:
             return None
         call = self._in_worker(_worker_tokenize_json, text, add_special_tokens, self.max_model_len)
-        return await self._checked(call, "prompt")
+        try:
+            return await self._checked(call, "prompt")
+        finally:
+            self._recycle_after(len(text))
 
     async def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
         size = sum(len(m.get("content") or "") for m in messages)
@@ -152,6 +160,12 @@ class PromptTokenizer:
                 max_tasks_per_child=MAX_TASKS_PER_WORKER,
             )
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _recycle_after(self, num_chars: int) -> None:
+        if num_chars > RECYCLE_AFTER_CHARS and self._pool is not None:
+            # Texts already queued on this worker still run; the next one spawns a fresh worker.
+            pool, self._pool = self._pool, None
+            pool.shutdown(wait=False, cancel_futures=False)
 
     def close(self) -> None:
         if self._pool is not None:
