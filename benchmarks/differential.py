@@ -38,6 +38,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--record-fixture", type=Path, default=None)
     p.add_argument("--fixture-max-steps", type=int, default=120)
+    p.add_argument(
+        "--fixture-identical-only",
+        action="store_true",
+        help="record only cases tailserve matches today (a regression guard where divergences remain)",
+    )
     args = p.parse_args()
     if args.num_workloads < 1:
         p.error("-k must be >= 1")
@@ -84,7 +89,12 @@ def main() -> int:
                     item["shrunk"] = small.to_dict()
                     item["shrunk_first"] = diff.compare(diff.run_ours(small), diff.run_theirs(driver, small))
                 divergent.append(item)
-            if args.record_fixture is not None and diff.num_decisions(theirs) <= args.fixture_max_steps:
+            wanted = difference is None or not args.fixture_identical_only
+            if (
+                args.record_fixture is not None
+                and wanted
+                and diff.num_decisions(theirs) <= args.fixture_max_steps
+            ):
                 entries.append(diff.record(case, theirs, len(entries) < NUM_FULL_TRACES))
         version = driver.version
     wall = time.perf_counter() - t1

