@@ -26,6 +26,11 @@ def add_torch_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads while profiling (default: torch's own)"
     )
+    g.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="time in this thread's CPU time, not wall time (a shared machine; use with --threads 1)",
+    )
 
 
 def cmd_calibrate_torch(args: argparse.Namespace) -> int:
@@ -57,7 +62,11 @@ def cmd_calibrate_torch(args: argparse.Namespace) -> int:
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("profiling the real executor", total=len(grid) * args.repeats)
         cal, fit = calibrate_torch(
-            model_dir, args.repeats, lambda label: bar.update(task, advance=1, description=label), grid
+            model_dir,
+            args.repeats,
+            lambda label: bar.update(task, advance=1, description=label),
+            grid,
+            cpu_clock=args.cpu_clock,
         )
     write_calibration_file(args.out, cal, fit)
     out = Console()

@@ -11,7 +11,6 @@ stamped — through the same policy configuration and KV cache size on the simul
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,12 +55,19 @@ class RunRecord:
 
 
 def run_real(
-    model_dir: str | Path, policy: str, planned: list[PlannedRequest], dtype: str = "bfloat16"
+    model_dir: str | Path,
+    policy: str,
+    planned: list[PlannedRequest],
+    dtype: str = "bfloat16",
+    cpu_clock: bool = False,
 ) -> RunRecord:
+    """``cpu_clock``: time is the engine thread's CPU time and idle waits are skipped
+    (``recorder.CpuClock``), for a machine other processes share."""
     from tailserve.llm import LLMEngine, SamplingParams
 
     engine = LLMEngine.from_args(str(model_dir), executor="torch", policy=policy, dtype=dtype)
-    recorder = install(engine)
+    recorder = install(engine, cpu_clock)
+    clock = engine.engine.clock
     sched = engine.scheduler
     kv = sched.kv_cache
     setup = EngineSetup(
@@ -88,9 +94,7 @@ def run_real(
             engine.step()
         else:
             recorder.mark_idle()  # the next period would span the wait
-            wait = planned[order[nxt]].arrival_s - (engine.now - start)
-            if wait > 0:
-                time.sleep(wait)
+            clock.wait_until(start + planned[order[nxt]].arrival_s)
     return RunRecord(setup, requests, recorder.records)
 
 

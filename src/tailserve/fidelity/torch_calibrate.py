@@ -54,20 +54,22 @@ class Scenario:
     policy_flags: tuple[tuple[str, int], ...]
 
 
-def measure_host() -> Hardware:
-    """This CPU's bf16 GEMM rate and copy bandwidth (at torch's current thread count)."""
+def measure_host(cpu_clock: bool = False) -> Hardware:
+    """This CPU's bf16 GEMM rate and copy bandwidth (at torch's current thread count; with
+    ``cpu_clock``, per second of this thread's CPU time)."""
     import torch
 
     n = 1024
     a = torch.randn(n, n).to(torch.bfloat16)
     b = torch.randn(n, n).to(torch.bfloat16)
     torch.matmul(a, b)
-    best = min(_timed(lambda: torch.matmul(a, b)) for _ in range(5))
+    timer = time.thread_time if cpu_clock else time.perf_counter
+    best = min(_timed(lambda: torch.matmul(a, b), timer) for _ in range(5))
     flops = 2 * n**3 / best
     src = torch.ones(256 * 2**20, dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    best = min(_timed(lambda: dst.copy_(src)) for _ in range(5))
+    best = min(_timed(lambda: dst.copy_(src), timer) for _ in range(5))
     bandwidth = 2 * src.numel() / best
     ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return Hardware(
@@ -81,10 +83,10 @@ def measure_host() -> Hardware:
     )
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    t = time.perf_counter()
+def _timed(fn: Callable[[], object], timer: Callable[[], float]) -> float:
+    t = timer()
     fn()
-    return time.perf_counter() - t
+    return timer() - t
 
 
 def default_grid(max_len: int) -> list[Scenario]:
@@ -130,14 +132,14 @@ def default_grid(max_len: int) -> list[Scenario]:
 
 
 def run_scenario(
-    model_dir: str | Path, scenario: Scenario, seed: int, dtype: str = "bfloat16"
+    model_dir: str | Path, scenario: Scenario, seed: int, dtype: str = "bfloat16", cpu_clock: bool = False
 ) -> list[IterationRecord]:
     from tailserve.llm import LLMEngine, SamplingParams
 
     engine = LLMEngine.from_args(
         str(model_dir), executor="torch", policy="vllm", policy_flags=dict(scenario.policy_flags), dtype=dtype
     )
-    recorder = install(engine)
+    recorder = install(engine, cpu_clock)
     rng = random.Random(seed)
     vocab = engine.tokenizer.vocab_size
     params = SamplingParams(max_tokens=scenario.max_tokens, ignore_eos=True, temperature=0.0)
@@ -154,15 +156,18 @@ def profile(
     repeats: int = 2,
     progress: Callable[[str], None] | None = None,
     dtype: str = "bfloat16",
+    cpu_clock: bool = False,
 ) -> list[MeasuredBatch]:
     """Median period per distinct batch shape over ``repeats`` runs of every scenario (the
     first run of the first scenario warms the process up and is dropped)."""
-    run_scenario(model_dir, grid[0], seed=10_000, dtype=dtype)  # warm-up: kernels, allocator
+    run_scenario(
+        model_dir, grid[0], seed=10_000, dtype=dtype, cpu_clock=cpu_clock
+    )  # warm-up: kernels, allocator
     periods: dict[BatchShape, list[float]] = defaultdict(list)
     labels: dict[BatchShape, str] = {}
     for r in range(repeats):
         for k, scenario in enumerate(grid):
-            for rec in run_scenario(model_dir, scenario, seed=r * 1000 + k, dtype=dtype):
+            for rec in run_scenario(model_dir, scenario, seed=r * 1000 + k, dtype=dtype, cpu_clock=cpu_clock):
                 if rec.period_s is not None:
                     periods[rec.shape].append(rec.period_s)
                     labels.setdefault(rec.shape, scenario.label)
@@ -182,7 +187,10 @@ def _label(shape: BatchShape, scenario: str) -> str:
 
 
 def fit_host(
-    model: ModelSpec, hardware: Hardware, points: list[MeasuredBatch], fields: tuple[str, ...] = CPU_FIT_FIELDS
+    model: ModelSpec,
+    hardware: Hardware,
+    points: list[MeasuredBatch],
+    fields: tuple[str, ...] = CPU_FIT_FIELDS,
 ) -> CalibrationResult:
     """Least squares, then again without the points more than 3 robust deviations off (an
     iteration another process preempted on a shared machine is not the engine's cost); the
@@ -230,15 +238,24 @@ def calibrate_torch(
     repeats: int = 2,
     progress: Callable[[str], None] | None = None,
     grid: list[Scenario] | None = None,
+    cpu_clock: bool = False,
 ) -> tuple[CalibrationFile, CalibrationResult]:
+    """``cpu_clock``: time everything in this thread's CPU time (``recorder.CpuClock``), for a
+    machine other processes share; the fit then describes a dedicated core."""
+    import torch
+
     model = load_hf_config(model_dir)
-    hardware = measure_host()
-    points = profile(model_dir, grid or default_grid(model.max_position_embeddings), repeats, progress)
+    hardware = measure_host(cpu_clock)
+    points = profile(
+        model_dir, grid or default_grid(model.max_position_embeddings), repeats, progress, cpu_clock=cpu_clock
+    )
     fit = fit_host(model, hardware, points)
     load = os.getloadavg()[0]
+    clock = "thread CPU time" if cpu_clock else "wall time"
     source = (
-        f"tailserve calibrate --executor torch on this host: {len(points)} batch shapes, median period of "
-        f"{repeats} runs each; GEMM {hardware.peak_flops / 1e9:.0f} GFLOP/s bf16, copy "
-        f"{hardware.memory_bandwidth / 1e9:.1f} GB/s; load average {load:.2f} on {os.cpu_count()} CPUs"
+        f"tailserve calibrate --executor torch on this host ({clock}, {torch.get_num_threads()} torch "
+        f"thread(s)): {len(points)} batch shapes, median period of {repeats} run(s) each; GEMM "
+        f"{hardware.peak_flops / 1e9:.0f} GFLOP/s bf16, copy {hardware.memory_bandwidth / 1e9:.1f} GB/s; "
+        f"load average {load:.2f} on {os.cpu_count()} CPUs"
     )
     return CalibrationFile(hardware, fit.efficiency, model.name, 1, source, tuple(points)), fit

@@ -177,7 +177,9 @@ def calibrate(
         cm = cost_model.with_efficiency(_decode(base, fields, v))
         return np.array([cm.iteration_time(s) for s in shapes]) / y - 1.0
 
-    lower = np.array([-np.inf if f in _POSITIVE else 0.0 for f in fields])
+    # Positive fields live in log space (unbounded below); sharpness stays >= 1 (a p-norm below 1
+    # would exceed the sum of compute and memory time); times stay >= 0.
+    lower = np.array([(0.0 if f == "sharpness" else -np.inf) if f in _POSITIVE else 0.0 for f in fields])
     x = _levenberg_marquardt(residuals, np.maximum(x, lower), lower, max_iter)
     eff = _decode(base, fields, x)
     negative = [f for f in fields if f not in _POSITIVE and getattr(eff, f) < 0]
