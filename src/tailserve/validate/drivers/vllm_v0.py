@@ -57,6 +57,19 @@ class Driver:
     def run(self, workload: dict) -> list[dict]:
         cfg = workload["config"]
         scheduler = self._scheduler(cfg)
+        # With prefix caching V0 puts a prompt's cached tokens inside ``token_chunk_size`` (the
+        # model runner skips them; the budget is charged the uncached ones only). Record what
+        # the pass counted as cached for each request, to report the grant as tailserve and V1
+        # do: the cached tokens as already computed, the chunk as the tokens computed now.
+        cached_in_pass: dict[str, int] = {}
+        counted = scheduler._get_num_new_uncached_and_cached_tokens
+
+        def recording(seq_group, *args, **kwargs):
+            uncached, cached = counted(seq_group, *args, **kwargs)
+            cached_in_pass[seq_group.request_id] = cached
+            return uncached, cached
+
+        scheduler._get_num_new_uncached_and_cached_tokens = recording
         stop_token_id = workload["stop_token_id"]
         specs = workload["requests"]
         outputs = {r["request_id"]: r["output_token_ids"] for r in specs}
@@ -93,13 +106,16 @@ class Driver:
             if not live and not pending:
                 break
             running_before = {g.request_id for g in scheduler.running}
+            cached_in_pass.clear()
             metadata_list, out, _ = scheduler.schedule()
             scheduled = []
             for meta, item in zip(metadata_list, out.scheduled_seq_groups):
                 group = item.seq_group
                 seq = group.get_seqs()[0]
                 computed_before = seq.data.get_num_computed_tokens()
-                scheduled.append([group.request_id, item.token_chunk_size, computed_before])
+                cached = cached_in_pass.get(group.request_id, 0) if item.token_chunk_size > 1 else 0
+                cached = min(cached, item.token_chunk_size - 1)
+                scheduled.append([group.request_id, item.token_chunk_size - cached, computed_before + cached])
                 group.update_num_computed_tokens(item.token_chunk_size)
                 if meta.do_sample:
                     token = outputs[group.request_id][seq.get_output_len()]
