@@ -87,8 +87,13 @@ def run_real(
             p = planned[order[nxt]]
             rid = f"r{order[nxt]}"
             params = SamplingParams(max_tokens=p.max_tokens, ignore_eos=True, temperature=0.0)
-            engine.add_request(rid, list(p.prompt_token_ids), params)  # stamped with engine.now
-            requests.append(engine.stop_checker.requests[rid])
+            engine.add_request(rid, list(p.prompt_token_ids), params)
+            request = engine.stop_checker.requests[rid]
+            # Stamp the true arrival, as a server's frontend would: the request may have waited
+            # for the running step to end before this loop could add it, as it would in a server
+            # (the engine sees arrivals only between steps) and does in the simulator.
+            request.arrival_time = start + p.arrival_s
+            requests.append(request)
             nxt += 1
         if engine.has_unfinished_requests():
             engine.step()
