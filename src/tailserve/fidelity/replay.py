@@ -1,7 +1,7 @@
 """The same requests, at the same arrival times, on the real executor and in the simulator.
 
-``run_real`` drives an ``LLMEngine`` with the torch executor in real time (each request added
-when its arrival time has passed, greedy decoding, ``ignore_eos`` so every request runs to
+``run_real`` drives an ``LLMEngine`` with the torch executor in real time (each request released
+to the engine at its arrival time, greedy decoding, ``ignore_eos`` so every request runs to
 ``max_tokens``) and records every iteration's batch shape and step period. ``run_sim`` replays
 the real run's requests — token ids, ``max_tokens`` and the arrival times the real engine
 stamped — through the same policy configuration and KV cache size on the simulated executor.
@@ -21,7 +21,7 @@ from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.source import ListSource
+from tailserve.core.source import ListSource, QueueSource
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.fidelity.recorder import IterationRecord, install
@@ -67,7 +67,6 @@ def run_real(
 
     engine = LLMEngine.from_args(str(model_dir), executor="torch", policy=policy, dtype=dtype)
     recorder = install(engine, cpu_clock)
-    clock = engine.engine.clock
     sched = engine.scheduler
     kv = sched.kv_cache
     setup = EngineSetup(
@@ -78,29 +77,54 @@ def run_real(
         getattr(kv, "num_cpu_blocks", 0),
         sched.max_model_len,
     )
-    order = sorted(range(len(planned)), key=lambda i: planned[i].arrival_s)
-    requests: list[Request] = []
+    # Every request is submitted up front with its true arrival time and held by a source that
+    # releases it when due, so the engine knows when the next one comes (a policy waiting for a
+    # batch, like static batching's max_wait, wakes for it) exactly as the simulator does.
+    source = _TimedQueueSource()
+    engine.source = engine.engine.source = source
+    engine.engine.clock = _IdleMarkingClock(engine.engine.clock, recorder)
     start = engine.now
-    nxt = 0
-    while nxt < len(order) or engine.has_unfinished_requests():
-        while nxt < len(order) and planned[order[nxt]].arrival_s <= engine.now - start:
-            p = planned[order[nxt]]
-            rid = f"r{order[nxt]}"
-            params = SamplingParams(max_tokens=p.max_tokens, ignore_eos=True, temperature=0.0)
-            engine.add_request(rid, list(p.prompt_token_ids), params)
-            request = engine.stop_checker.requests[rid]
-            # Stamp the true arrival, as a server's frontend would: the request may have waited
-            # for the running step to end before this loop could add it, as it would in a server
-            # (the engine sees arrivals only between steps) and does in the simulator.
-            request.arrival_time = start + p.arrival_s
-            requests.append(request)
-            nxt += 1
-        if engine.has_unfinished_requests():
-            engine.step()
-        else:
-            recorder.mark_idle()  # the next period would span the wait
-            clock.wait_until(start + planned[order[nxt]].arrival_s)
+    requests: list[Request] = []
+    for i in sorted(range(len(planned)), key=lambda i: planned[i].arrival_s):
+        p = planned[i]
+        params = SamplingParams(max_tokens=p.max_tokens, ignore_eos=True, temperature=0.0)
+        engine.add_request(f"r{i}", list(p.prompt_token_ids), params)
+        request = engine.stop_checker.requests[f"r{i}"]
+        request.arrival_time = start + p.arrival_s
+        requests.append(request)
+    while engine.has_unfinished_requests():
+        engine.step()
     return RunRecord(setup, requests, recorder.records)
+
+
+class _TimedQueueSource(QueueSource):
+    """``LLMEngine``'s queue, releasing each request at its arrival time (added in that order)."""
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        out = []
+        while self._pending and self._pending[0].arrival_time <= now:
+            out.append(self._pending.popleft())
+        return out
+
+
+class _IdleMarkingClock:
+    """The engine's clock, telling the recorder when the engine waits (no period spans a wait)."""
+
+    def __init__(self, inner, recorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    @property
+    def now(self) -> float:
+        return self.inner.now
+
+    def advance(self, duration: float) -> None:
+        self.inner.advance(duration)
+
+    def wait_until(self, t: float) -> None:
+        if t > self.inner.now:
+            self.recorder.mark_idle()
+        self.inner.wait_until(t)
 
 
 def run_sim(cost_model: CostModel, setup: EngineSetup, real_requests: list[Request]) -> list[Request]:

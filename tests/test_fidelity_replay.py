@@ -1,0 +1,65 @@
+"""The simulator with this host's calibration reproduces a recorded real-executor run.
+
+The fixture (``tests/fixtures/fidelity/``) is a small run of the ``tiny`` model on the real
+executor (``vllm``, 10 Poisson arrivals, one torch thread, timed in the engine thread's CPU time)
+and the calibration file fitted on the same host; the test replays the recorded requests in the
+simulator and compares. Recorded, not re-measured: no wall-clock in the assertion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tailserve.executors.simulated.calibration_files import read_calibration_file
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.models import ModelSpec
+from tailserve.fidelity.replay import PlannedRequest, compare, from_json, run_real, run_sim
+
+FIXTURES = Path(__file__).parent / "fixtures" / "fidelity"
+TINY = ModelSpec("tiny", 512, 4, 8, 4, 1536, 8192, 2048)  # the tiny preset's shape
+
+
+@pytest.fixture(scope="module")
+def replay():
+    cal = read_calibration_file(FIXTURES / "calibration_cpu.json")
+    cm = CostModel(TINY, cal.hardware, 1, cal.efficiency)
+    run = from_json(json.loads((FIXTURES / "run_vllm_tiny.json").read_text()))
+    sim = run_sim(cm, run.setup, run.requests)
+    return run, sim, compare(cm, run, sim)
+
+
+def test_calibrated_simulator_reproduces_a_recorded_real_run(replay):
+    run, sim, cmp = replay
+    assert cmp["finished"] == {"real": 10, "sim": 10}
+    assert [r.num_output_tokens for r in sim] == [r.max_tokens for r in run.requests]
+    # Recorded on a shared machine: a calibrated model within 20% on the medians and 10% on
+    # throughput; a cost model off by 2x, or a replay that lost requests or arrivals, fails.
+    tolerance = {"TTFT p50": 0.2, "TPOT p50": 0.2, "E2E p50": 0.2, "throughput": 0.1}
+    for label in ("TTFT p50", "TPOT p50", "E2E p50", "throughput"):
+        assert abs(cmp["error"][label]) <= tolerance[label], (label, cmp["error"][label])
+    assert cmp["iterations"]["median_abs"] <= 0.2
+
+
+def test_replayed_requests_keep_their_arrival_times_and_tokens(replay):
+    run, sim, _ = replay
+    assert [r.arrival_time for r in sim] == [r.arrival_time for r in run.requests]
+    assert [r.prompt_token_ids for r in sim] == [r.prompt_token_ids for r in run.requests]
+
+
+def test_recorded_run_records_every_iteration_on_the_cpu_clock():
+    from tailserve.executors.pytorch.init_model import default_model_dir
+
+    model = default_model_dir("tiny")
+    planned = [PlannedRequest(tuple(range(3, 40)), 4, 0.0), PlannedRequest(tuple(range(50, 70)), 3, 5.0)]
+    run = run_real(model, "vllm", planned, cpu_clock=True)
+    assert [r.num_output_tokens for r in run.requests] == [4, 3]
+    # The second request arrives after an idle gap the CPU clock skips: exactly 5 s later.
+    assert run.requests[1].arrival_time - run.requests[0].arrival_time == pytest.approx(5.0, abs=0.05)
+    new_tokens = sum(it.shape.num_tokens for it in run.iterations)
+    assert new_tokens == 37 + 3 + 20 + 2  # prompts, then one token per decode step
+    assert all(it.execute_s > 0 for it in run.iterations)
+    # The iteration before the idle gap has no period: it would span the wait.
+    assert sum(it.period_s is None for it in run.iterations) == 2
