@@ -188,6 +188,10 @@ class KVCacheManager:
         assert allocated is not None  # checked above
         return True
 
+    def num_registered(self, request_id: str) -> int:
+        """Leading blocks of the request's table registered in the pool (prefix caching)."""
+        return self._num_registered.get(request_id, 0)
+
     def register_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Register the request's blocks that are full once ``num_computed_tokens`` are computed
         (only blocks with keys: outputs are keyed only when the workload planned them)."""

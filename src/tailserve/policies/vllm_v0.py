@@ -99,6 +99,8 @@ class VllmV0Policy(Policy):
         self._priority = config.scheduling_policy == "priority"
         self._last_prompt_latency = 0.0  # seconds, for scheduler_delay_factor
         self._last_prefill_start: float | None = None
+        self._fresh_blocks: set[int] = set()  # blocks registered in the current pass
+        self._frozen_cached: dict[str, int] = {}  # waiting request -> cached tokens V0 counted
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> VllmV0Config:
@@ -202,11 +204,49 @@ class VllmV0Policy(Policy):
         return budget
 
     def _lookup(self, sched: Scheduler, request: Request) -> PrefixMatch | None:
-        """Prefix-cache hit of a new or preempted request (``enable_prefix_caching``)."""
+        """The blocks a new or preempted request shares (``enable_prefix_caching``): every full
+        block of its prompt already cached by content, V0's allocator sharing a block as soon as
+        another request allocated it (so a fully cached block-aligned prompt shares them all)."""
         kv = sched.kv_cache
         if kv.pool is None or request.num_computed_tokens:
             return None
-        return kv.match_prefix(request.request_id, request.num_tokens)
+        match = kv.match_prefix(request.request_id, request.num_tokens + 1)  # uncapped: full blocks
+        if request.request_id not in self._frozen_cached:
+            self._frozen_cached[request.request_id] = self._computed_prefix(sched, match)
+        return match
+
+    def _computed_prefix(self, sched: Scheduler, match: PrefixMatch | None) -> int:
+        """Tokens of the shared blocks that are computed: V0 marks blocks computed only after
+        the pass that scheduled them (``mark_blocks_as_computed``), so blocks registered in this
+        pass are shared but count as uncached (found by the V0 differential)."""
+        if match is None or not match.num_tokens:
+            return 0
+        fresh = self._fresh_blocks
+        n = 0
+        for block_id in match.kv_indices:
+            if block_id in fresh:
+                break
+            n += 1
+        return n * sched.kv_cache.block_size
+
+    def _computed_hit(self, sched: Scheduler, request: Request, match: PrefixMatch | None) -> int:
+        """The cached tokens V0's scheduler counts (``_get_num_new_uncached_and_cached_tokens``):
+        fixed the first time it looks at the waiting prompt (``get_num_cached_tokens`` keeps that
+        count while the sequence is in prefill), capped to what is still shared, and with every
+        token cached the last one is recomputed."""
+        if match is None or not match.num_tokens:
+            return 0
+        cached = min(self._frozen_cached.get(request.request_id, 0), match.num_tokens)
+        return min(cached, request.num_tokens - 1)
+
+    def _register(self, sched: Scheduler, request: Request, num_tokens: int) -> None:
+        """Register the request's full blocks up to ``num_tokens``, remembering them as fresh."""
+        kv = sched.kv_cache
+        before = kv.num_registered(request.request_id)
+        kv.register_computed(request.request_id, num_tokens)
+        after = kv.num_registered(request.request_id)
+        if after > before:
+            self._fresh_blocks.update(kv.block_tables[request.request_id][before:after])
 
     def _can_allocate(
         self, sched: Scheduler, request: Request, now: float, match: PrefixMatch | None = None
@@ -235,14 +275,15 @@ class VllmV0Policy(Policy):
         """Admit with blocks for the whole prompt; ``tokens`` of it are computed now."""
         kv = sched.kv_cache
         sched.waiting.popleft()
-        hit = match.num_tokens if match is not None else 0
-        if hit:
+        hit = self._computed_hit(sched, request, match)
+        self._frozen_cached.pop(request.request_id, None)  # admitted: V0 recounts after a preemption
+        if match is not None and match.num_tokens:
             kv.allocate_with_prefix(request.request_id, match, request.num_tokens)
             request.num_computed_tokens = hit
         else:
             kv.allocate(request.request_id, request.num_tokens)
         if kv.pool is not None:
-            kv.register_computed(request.request_id, request.num_computed_tokens + tokens)
+            self._register(sched, request, request.num_computed_tokens + tokens)
         if request.first_scheduled_time is None:
             request.num_cached_tokens = hit
         sched.admit(request, now)
@@ -259,6 +300,7 @@ class VllmV0Policy(Policy):
 
     # ---- the iteration --------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        self._fresh_blocks.clear()
         if self.config.enable_chunked_prefill:
             return self._schedule_chunked(sched, now)
         return self._schedule_default(sched, now)
@@ -283,7 +325,7 @@ class VllmV0Policy(Policy):
                     self._never(sched, request, now)
                     continue
                 # Cached prefix tokens do not use up the token budget.
-                tokens = request.num_remaining_tokens - (match.num_tokens if match else 0)
+                tokens = request.num_remaining_tokens - self._computed_hit(sched, request, match)
                 if not ok or tokens > budget or len(sched.running) + 1 > cfg.max_num_seqs:
                     break
                 self._admit_whole(sched, request, out, now, tokens, match)
@@ -310,10 +352,12 @@ class VllmV0Policy(Policy):
         head = sched.waiting[0] if sched.waiting else None
         running = sorted(sched.running, key=_priority_key)
         budget = self.config.max_num_batched_tokens
+        match = self._lookup(sched, head) if head is not None else None
+        uncached = head.num_tokens - self._computed_hit(sched, head, match) if head is not None else 0
         while head is not None and running and _priority_key(running[-1]) > _priority_key(head):
             fits = (
-                self._can_allocate(sched, head, now)
-                and head.num_tokens <= budget
+                self._can_allocate(sched, head, now, match)
+                and uncached <= budget
                 and len(running) + 1 <= self.config.max_num_seqs
             )
             if fits:
@@ -346,7 +390,7 @@ class VllmV0Policy(Policy):
                     break
                 out.scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
                 if sched.kv_cache.pool is not None:
-                    sched.kv_cache.register_computed(request.request_id, request.num_computed_tokens + want)
+                    self._register(sched, request, request.num_computed_tokens + want)
                 budget -= want
                 continue
             if budget <= 0:
@@ -360,7 +404,9 @@ class VllmV0Policy(Policy):
         # New prompts, chunked to what is left of the budget.
         long_running = sum(1 for r in sched.running if r.is_prefilling and self._is_long(r))
         held_back: list[Request] = []
-        while sched.waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+        # V0 looks the head up (fixing its cached count) and checks its blocks before the token
+        # and sequence budgets, so a spent budget still stops the walk only after that.
+        while sched.waiting:
             request = sched.waiting[0]
             if cfg.max_num_partial_prefills > 1 and self._is_long(request):
                 if long_running >= cfg.max_long_partial_prefills:
@@ -372,9 +418,9 @@ class VllmV0Policy(Policy):
             if ok is None:
                 self._never(sched, request, now)
                 continue
-            if not ok:
+            if not ok or budget <= 0 or len(sched.running) >= cfg.max_num_seqs:
                 break
-            left = request.num_remaining_tokens - (match.num_tokens if match else 0)
+            left = request.num_remaining_tokens - self._computed_hit(sched, request, match)
             tokens = self._chunk(sched, left, min(left, budget, per_slot))
             if tokens <= 0:
                 break
