@@ -20,9 +20,11 @@ request that would get 0), then swapped-in requests if nobody was preempted, the
 chunked to the remaining budget — a Sarathi-style hybrid batch. With more than one partial
 prefill allowed, a long prompt waits while ``max_long_partial_prefills`` long ones run.
 
-Prefix caching (``enable_prefix_caching``, off by default in V0): hashed full blocks as in V1; a
-prompt's cached tokens cost no budget and no new blocks, and with caching a partial chunk is
-rounded down to whole blocks.
+Prefix caching (``enable_prefix_caching``, off by default in V0): hashed full blocks, shared by
+content as soon as they are allocated; a prompt's cached tokens cost no budget, but only blocks
+computed before this iteration count, the count is fixed the first time V0 looks at the waiting
+prompt, and a fully cached prompt recomputes its last token; with caching a partial chunk is
+rounded down to whole blocks. Checked against V0's own scheduler by ``tailserve.validate``.
 
 Preemption mode: ``preemption_mode`` None means recompute for single-sequence requests (all of
 ours), as vLLM decides per request. Swapped requests block new prefills entirely (default
