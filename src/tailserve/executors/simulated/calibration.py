@@ -148,7 +148,14 @@ class CalibrationResult:
 
 
 FIT_FIELDS = ("compute", "memory", "overhead")
-_POSITIVE = ("compute", "memory", "comm", "sharpness", "prefill_attention", "decode_attention")  # fitted in log space: stay > 0
+_POSITIVE = (
+    "compute",
+    "memory",
+    "comm",
+    "sharpness",
+    "prefill_attention",
+    "decode_attention",
+)  # fitted in log space: stay > 0
 
 
 def calibrate(

@@ -53,7 +53,9 @@ def _shape_dict(shape: BatchShape) -> dict[str, int]:
     return {f.name: getattr(shape, f.name) for f in fields(BatchShape)}
 
 
-def write_calibration_file(path: str | Path, cal: CalibrationFile, fit: CalibrationResult | None = None) -> None:
+def write_calibration_file(
+    path: str | Path, cal: CalibrationFile, fit: CalibrationResult | None = None
+) -> None:
     hw = asdict(cal.hardware)
     eff = asdict(cal.efficiency)
     if math.isinf(eff["sharpness"]):
@@ -85,9 +87,11 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise ValueError(f"{p}: not a tailserve calibration file (no \"format\": \"{FORMAT}\")")
+        raise ValueError(f'{p}: not a tailserve calibration file (no "format": "{FORMAT}")')
     if body.get("version") != VERSION:
-        raise ValueError(f"{p}: calibration file version {body.get('version')!r}, this tailserve reads {VERSION}")
+        raise ValueError(
+            f"{p}: calibration file version {body.get('version')!r}, this tailserve reads {VERSION}"
+        )
     try:
         hw = dict(body["hardware"])
         if hw.get("gemm") is not None:
@@ -102,7 +106,9 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             MeasuredBatch(BatchShape(**pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
             for pt in body.get("points", [])
         )
-        return CalibrationFile(hardware, efficiency, str(body["model"]), int(body["tp"]), str(body["source"]), points)
+        return CalibrationFile(
+            hardware, efficiency, str(body["model"]), int(body["tp"]), str(body["source"]), points
+        )
     except KeyError as e:
         raise ValueError(f"{p}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
@@ -145,7 +151,9 @@ def _from_vidur(root: Path, model: ModelSpec, hardware: Hardware, tp: int):
         raise ValueError(f"vidur:{root}: no mlp.csv under it (a Vidur profile root, GPU or model folder)")
     gpus = {f.parents[2].name for f in files if f.parents[2].name in VIDUR_GPUS}
     if len(gpus) > 1:
-        raise ValueError(f"vidur:{root}: profiles of several GPUs ({', '.join(sorted(gpus))}); point at one GPU's folder")
+        raise ValueError(
+            f"vidur:{root}: profiles of several GPUs ({', '.join(sorted(gpus))}); point at one GPU's folder"
+        )
     notes = []
     if gpus:
         gpu = VIDUR_GPUS[gpus.pop()]

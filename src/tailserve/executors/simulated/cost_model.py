@@ -178,7 +178,10 @@ class CostModel:
         self._flops_rate = hw.peak_flops * eff.compute
         self._byte_rate = hw.memory_bandwidth * eff.memory
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
-        self._prefill_rates = (self._flops_rate * eff.prefill_attention, self._byte_rate * eff.prefill_attention)
+        self._prefill_rates = (
+            self._flops_rate * eff.prefill_attention,
+            self._byte_rate * eff.prefill_attention,
+        )
         self._decode_rates = (self._flops_rate * eff.decode_attention, self._byte_rate * eff.decode_attention)
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
