@@ -104,3 +104,13 @@ def test_cost_checks_fit_and_names_the_minimum_tp(capsys):
     assert "minimum is TP 29" in err[0]  # 232 heads: the smallest divisor that fits the weights
     assert main(["cost", "--model", "Llama-3-70B", "--hardware", "L4"]) == 2
     assert "minimum is TP 8" in capsys.readouterr().err
+
+
+def test_bench_predict_spec_carries_the_catalog_names():
+    from tailserve.bench.predict import PredictSpec
+
+    canonical = PredictSpec("Llama-3-8B", "H100-SXM")
+    assert PredictSpec("meta-llama/Meta-Llama-3-8B-Instruct", "nvidia h100") == canonical
+    assert PredictSpec("llama-3-8b", "h100-sxm").label == canonical.label
+    with pytest.raises(ValueError, match="unknown model"):
+        PredictSpec("no-such-model")

@@ -46,6 +46,14 @@ class PredictSpec:
     calibration: str = "auto"
     policy: str = "vllm"  # a spec as ``tailserve compare`` takes one: NAME[:flag=value...]
 
+    def __post_init__(self) -> None:
+        # Names resolved as Deployment resolves them, so the label and the JSON carry the
+        # catalog's spelling whatever the user typed (ValueError for an unknown name).
+        names = Deployment(self.model, self.hardware, self.tp, self.calibration)
+        object.__setattr__(self, "model", names.model)
+        object.__setattr__(self, "hardware", names.hardware)
+        object.__setattr__(self, "calibration", names.calibration)
+
     @property
     def label(self) -> str:
         return f"{self.model} on {self.hardware} x{self.tp}, {self.policy}, calibration {self.calibration}"
