@@ -18,10 +18,9 @@ from tailserve.executors.simulated.calibration_files import (
     write_calibration_file,
 )
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
-from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.executor import SimExecutor, batch_shape
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
-from tailserve.fidelity.recorder import batch_shape
 from tailserve.fidelity.torch_calibrate import fit_host
 from tailserve.simulation import Deployment, build_cost_model
 

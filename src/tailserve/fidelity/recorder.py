@@ -16,29 +16,7 @@ from dataclasses import dataclass, field
 from tailserve.core.executor import StepResult
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape
-
-
-def batch_shape(out: SchedulerOutput) -> BatchShape:
-    """The cost model's view of one iteration (the aggregation ``SimExecutor.execute`` does)."""
-    num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
-    slots = [
-        (
-            s.num_new_tokens,
-            s.num_context_tokens,
-            s.num_context_tokens + s.num_new_tokens == s.request.num_tokens,
-        )
-        for s in out.scheduled
-    ]
-    slots.extend((p.num_new_tokens, p.num_context_tokens, True) for p in out.padding)
-    for q, c, samples in slots:
-        num_tokens += q
-        num_logits += samples
-        if q == 1:
-            decode_kv += c + 1
-        else:
-            pairs += q * c + q * (q + 1) // 2
-            prefill_kv += q + c
-    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+from tailserve.executors.simulated.executor import batch_shape
 
 
 @dataclass(slots=True)

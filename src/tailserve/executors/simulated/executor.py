@@ -6,7 +6,31 @@ import numpy as np
 
 from tailserve.core.executor import StepResult
 from tailserve.core.scheduler_output import SchedulerOutput
-from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+
+
+def batch_shape(out: SchedulerOutput) -> BatchShape:
+    """The cost model's view of one iteration. Padding slots of a static batch compute (and
+    sample) like real ones; a scheduled request samples when its chunk reaches its last token."""
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
+    slots = [
+        (
+            s.num_new_tokens,
+            s.num_context_tokens,
+            s.num_context_tokens + s.num_new_tokens == s.request.num_tokens,
+        )
+        for s in out.scheduled
+    ]
+    slots.extend((p.num_new_tokens, p.num_context_tokens, True) for p in out.padding)
+    for q, c, samples in slots:
+        num_tokens += q
+        num_logits += samples
+        if q == 1:
+            decode_kv += c + 1
+        else:
+            pairs += q * c + q * (q + 1) // 2
+            prefill_kv += q + c
+    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
 
 
 class SimExecutor:
@@ -17,29 +41,7 @@ class SimExecutor:
         self.block_size = block_size  # tokens per KV block, to price swap traffic
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
-        # (new tokens, cached tokens before them, samples a token) for every slot of the batch;
-        # padding slots of a static batch compute (and sample) like real ones.
-        slots = [
-            (
-                s.num_new_tokens,
-                s.num_context_tokens,
-                s.num_context_tokens + s.num_new_tokens == s.request.num_tokens,
-            )
-            for s in out.scheduled
-        ]
-        slots.extend((p.num_new_tokens, p.num_context_tokens, True) for p in out.padding)
-        for q, c, samples in slots:
-            num_tokens += q
-            num_logits += samples
-            if q == 1:
-                decode_kv += c + 1
-            else:
-                pairs += q * c + q * (q + 1) // 2
-                prefill_kv += q + c
-        duration = 0.0
-        if num_tokens:
-            duration = self.cost_model._iteration_time(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+        duration = self.cost_model.iteration_time(batch_shape(out))
         swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
         if swapped:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
