@@ -199,6 +199,18 @@ def test_simulated_executor_paces_placeholder_tokens(tmp_path):
     assert final.finish_time - final.arrival_time > 0.005
 
 
+def test_simulated_executor_takes_the_calibration_it_is_given(tmp_path):
+    d = micro_model(tmp_path)
+    kwargs = {"executor": "sim", "hardware": "h100", "sim_model": "llama-3-8b"}
+    fitted = LLMEngine.from_args(str(d), **kwargs)
+    generic = LLMEngine.from_args(str(d), calibration="generic", **kwargs)
+    assert fitted.deployment["calibration"] == "auto" and generic.deployment["calibration"] == "generic"
+    assert generic.deployment["model"] == "Llama-3-8B" and generic.deployment["hardware"] == "H100-SXM"
+    # The generic roofline and the GPU's fitted curve price a decode step differently.
+    step = [e.stop_checker.inner.sim.cost_model.decode_time(8, 512) for e in (fitted, generic)]
+    assert step[0] != step[1]
+
+
 def test_unknown_policy_and_flag_are_clear(tmp_path):
     d = micro_model(tmp_path)
     with pytest.raises(ValueError, match="unknown policy"):

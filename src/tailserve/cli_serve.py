@@ -59,6 +59,12 @@ def add_serve_parser(sub: Any) -> None:
         "--sim-model", default="Llama-3-8B", help="model whose speed to simulate (default: %(default)s)"
     )
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default: %(default)s)")
+    g.add_argument(
+        "--calibration",
+        default="auto",
+        help="the cost model's calibration, as for simulate: auto | none | generic | a preset | "
+        "FILE.json | vidur:DIR (default: %(default)s)",
+    )
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     g.add_argument(
@@ -196,6 +202,7 @@ def run_serve(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             sim_model=args.sim_model,
             tensor_parallel_size=args.tp,
+            calibration=args.calibration,
             max_model_len=args.max_model_len,
             kv_cache_memory_gib=args.kv_cache_memory_gib,
             served_model_name=args.served_model_name,

@@ -29,6 +29,7 @@ def build_engine(
     hardware: str = "H100-SXM",
     sim_model: str = "Llama-3-8B",
     tensor_parallel_size: int = 1,
+    calibration: str = "auto",
     max_model_len: int | None = None,
     kv_cache_memory_gib: float | None = None,
     served_model_name: str | None = None,
@@ -62,6 +63,7 @@ def build_engine(
             hardware,
             sim_model,
             tensor_parallel_size,
+            calibration,
             max_model_len,
             seed,
             options,
@@ -182,11 +184,14 @@ def _cuda_info(dev) -> DeviceInfo:
     return DeviceInfo(props.name, props.total_memory / 2**30)
 
 
-def _build_sim(spec, cls, tokenizer, name, eos, hardware, sim_model, tp, max_model_len, seed, options):
+def _build_sim(
+    spec, cls, tokenizer, name, eos, hardware, sim_model, tp, calibration, max_model_len, seed, options
+):
     from tailserve.llm.realtime_sim import RealtimeSimExecutor
     from tailserve.simulation import Deployment, build_cost_model, policy_kv_capacity
 
-    built = build_cost_model(Deployment(model=sim_model, hardware=hardware, tp=tp, calibration="auto"))
+    deployment = Deployment(model=sim_model, hardware=hardware, tp=tp, calibration=calibration)
+    built = build_cost_model(deployment)
     cost_model = built.cost_model
     model_spec = cost_model.model
     max_len = spec.engine_flags.get("max_model_len", max_model_len or model_spec.max_position_embeddings)
@@ -205,7 +210,7 @@ def _build_sim(spec, cls, tokenizer, name, eos, hardware, sim_model, tp, max_mod
         "model": model_spec.name,
         "hardware": cost_model.hardware.name,
         "tp": tp,
-        "calibration": "auto",
+        "calibration": deployment.calibration,
         "policy": spec.label,
     }
     return engine
