@@ -141,6 +141,14 @@ class KVCacheManager:
             return self.pool.num_free_blocks - before
         refs = self._ref_counts
         free = self._free
+        if type(self) is KVCacheManager:
+            # Nothing shares a block here (only the radix subclass adds references), so every
+            # block has ref count 1 and is released: one pass instead of test-and-append per
+            # block, which SGLang's one-token slots made the simulator's hottest loop.
+            for block_id in table:
+                refs[block_id] = 0
+            free.extend(reversed(table))  # tail first, as below
+            return len(table)
         released = 0
         # Tail first, like vLLM: the end of a sequence is the least likely to be shared.
         for block_id in reversed(table):
