@@ -22,6 +22,7 @@ With ``enable_dynamic_chunking_schedule`` the chunk a prompt gets shrinks as it 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -100,12 +101,24 @@ class SarathiPolicy(Policy):
 
         # Phase 1: decodes. While no block is free (``can_append_slot``), preempt the latest
         # arrival among the requests not yet looked at, or the request itself if none is left.
-        pending = list(running)
+        pending = deque(running)
         prefilling: list[Request] = []
+        kv = sched.kv_cache
+        tables = kv.block_tables
+        block_size = kv.block_size
+        plain = kv.pool is None
         while pending:
-            request = pending.pop(0)
-            if request.is_prefilling:
+            request = pending.popleft()
+            computed = request.num_computed_tokens
+            if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling, inlined
                 prefilling.append(request)
+                continue
+            table = tables.get(request.request_id) if plain else None
+            if table is not None and len(table) * block_size > computed and kv.num_free_blocks:
+                # Its last block has room for the token: what sched.allocate would do (nothing,
+                # and succeed) without the calls, the bulk of every chunked-prefill iteration.
+                out.scheduled.append(ScheduledRequest(request, 1, computed))
+                batched += 1
                 continue
             while not (
                 sched.kv_cache.num_free_blocks and sched.allocate(request, request.num_computed_tokens + 1)
@@ -131,7 +144,6 @@ class SarathiPolicy(Policy):
             batched += chunk
 
         # Phase 3: new requests, FCFS; the first that cannot start stops the walk.
-        kv = sched.kv_cache
         watermark = int(cfg.watermark * kv.num_blocks)
         while sched.waiting and len(running) < cfg.max_num_seqs:
             request = sched.waiting[0]
