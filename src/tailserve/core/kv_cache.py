@@ -40,7 +40,11 @@ class KVCacheManager:
         self.block_size = block_size
         # A stack: freed blocks are reused first, which keeps hot blocks hot on a real GPU.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._ref_counts: list[int] = [0] * num_blocks
+        # In a plain manager every held block has exactly one reference (only the radix
+        # subclass shares), so the counts are not kept until something reads ``_ref_counts``
+        # (the radix subclass on adoption, check_integrity): writing one count per block on
+        # every allocate and free was the simulator's hottest loop with SGLang's one-token slots.
+        self._refs: list[int] | None = None if type(self) is KVCacheManager else [0] * num_blocks
         self.block_tables: dict[str, list[int]] = {}
         self.num_cpu_blocks = num_cpu_blocks
         self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
@@ -56,6 +60,19 @@ class KVCacheManager:
         # A real executor sets a list here to learn which block contents to copy for each swap:
         # ("out", gpu_blocks, cpu_blocks) or ("in", cpu_blocks, gpu_blocks), in decision order.
         self.copy_log: list[tuple[str, list[int], list[int]]] | None = None
+
+    @property
+    def _ref_counts(self) -> list[int]:
+        """Reference count per GPU block; counted from the tables the first time it is read,
+        kept from then on."""
+        refs = self._refs
+        if refs is None:
+            refs = [0] * self.num_blocks
+            for table in self.block_tables.values():
+                for block_id in table:
+                    refs[block_id] += 1
+            self._refs = refs
+        return refs
 
     @property
     def num_free_blocks(self) -> int:
@@ -119,9 +136,10 @@ class KVCacheManager:
             table = self.block_tables[request_id] = []
         new = free[-need:]
         del free[-need:]
-        refs = self._ref_counts
-        for block_id in new:
-            refs[block_id] = 1
+        refs = self._refs
+        if refs is not None:
+            for block_id in new:
+                refs[block_id] = 1
         table.extend(new)
         return new
 
@@ -139,15 +157,10 @@ class KVCacheManager:
             before = self.pool.num_free_blocks
             self.pool.free(table)  # tail first; cached blocks stay matchable until reused
             return self.pool.num_free_blocks - before
-        refs = self._ref_counts
+        refs = self._refs
         free = self._free
-        if type(self) is KVCacheManager:
-            # Nothing shares a block here (only the radix subclass adds references), so every
-            # block has ref count 1 and is released: one pass instead of test-and-append per
-            # block, which SGLang's one-token slots made the simulator's hottest loop.
-            for block_id in table:
-                refs[block_id] = 0
-            free.extend(reversed(table))  # tail first, as below
+        if refs is None:  # one reference each: every block is released, tail first as below
+            free.extend(reversed(table))
             return len(table)
         released = 0
         # Tail first, like vLLM: the end of a sequence is the least likely to be shared.
@@ -234,7 +247,10 @@ class KVCacheManager:
         if self.pool is not None:
             self.pool.free(table)
             return n
-        refs = self._ref_counts
+        refs = self._refs
+        if refs is None:
+            self._free.extend(reversed(table))
+            return n
         for block_id in reversed(table):
             refs[block_id] -= 1
             if refs[block_id] == 0:

@@ -1,0 +1,96 @@
+"""The simulator's speed shortcuts change nothing: a plain KV manager that does not count
+references (until something reads them) behaves block for block like one that counts, and
+every policy gives the same results whether the counts are kept (integrity checks on) or not."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tailserve.core.engine import EngineOptions
+from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.radix_kv_cache import RadixKVCacheManager
+from tailserve.policies.registry import parse_policy_list
+from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+from tailserve.workloads.arrivals import ArrivalSpec
+from tailserve.workloads.lengths import LogNormal
+
+
+def test_uncounted_manager_matches_a_counting_one_block_for_block() -> None:
+    lazy = KVCacheManager(64, 4, num_cpu_blocks=32)
+    counted = RadixKVCacheManager(64, 4, num_cpu_blocks=32)  # keeps counts from the start
+    assert lazy._refs is None and counted._refs is not None
+    rng = random.Random(7)
+    live: list[str] = []
+    swapped: list[str] = []
+    for i in range(600):
+        op = rng.random()
+        if op < 0.45 or not live:
+            rid = live[rng.randrange(len(live))] if live and rng.random() < 0.5 else f"r{i}"
+            tokens = 4 * lazy.num_held(rid) + rng.randint(1, 12)
+            assert lazy.allocate(rid, tokens) == counted.allocate(rid, tokens)
+            if rid not in live and rid in lazy.block_tables:
+                live.append(rid)
+        elif op < 0.75:
+            rid = live.pop(rng.randrange(len(live)))
+            assert lazy.free(rid) == counted.free(rid)
+        elif op < 0.9:
+            rid = live.pop(rng.randrange(len(live)))
+            assert lazy.swap_out(rid) == counted.swap_out(rid)
+            (swapped if rid in lazy.cpu_block_tables else live).append(rid)
+        elif swapped:
+            rid = swapped.pop(0)
+            moved = lazy.swap_in(rid)
+            assert moved == counted.swap_in(rid)
+            (live if moved is not None else swapped).append(rid)
+        assert lazy._free == counted._free and lazy.block_tables == counted.block_tables
+    assert lazy._refs is None  # nothing read the counts: none were kept
+    assert lazy._ref_counts == counted._ref_counts  # counted from the tables on first read
+    lazy.check_integrity()
+    for rid in list(lazy.block_tables):  # and kept from then on
+        lazy.free(rid)
+        counted.free(rid)
+    assert lazy._ref_counts == counted._ref_counts == [0] * 64
+    lazy.check_integrity()
+
+
+def test_adopting_a_used_manager_counts_its_references() -> None:
+    kv = KVCacheManager(32, 1)
+    kv.allocate("a", 5)
+    kv.allocate("b", 3)
+    radix = RadixKVCacheManager.adopt(kv)
+    radix.share("c", radix.block_tables["a"][:2])
+    assert sorted(c for c in radix._ref_counts if c) == [1, 1, 1, 1, 1, 1, 2, 2]
+    radix.check_integrity()
+    radix.free("a")
+    assert radix.num_free_blocks == 32 - 3 - 2
+    radix.check_integrity()
+
+
+def _fingerprint(policy: str, check: bool) -> str:
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+    workload = WorkloadSpec(
+        "random",
+        num_requests=120,
+        rate=40.0,
+        seed=11,
+        input_len=LogNormal(900, 1.0, 6000),
+        output_len=LogNormal(250, 0.8, 1500),
+        arrival=ArrivalSpec("gamma", burstiness=0.5),
+    )
+    # gpu_memory_utilization small enough that KV runs out: preemption and retraction paths.
+    spec = parse_policy_list(f"{policy}{',' if ':' in policy else ':'}gpu_memory_utilization=0.25")[0]
+    run = run_policy(built, spec, WorkloadBuilder(workload), options=EngineOptions(check_integrity=check))
+    log = {name: getattr(run.log, name) for name in run.log.FIELDS}
+    tokens = {r.request_id: (r.token_times, r.num_preemptions, r.status.name) for r in run.requests}
+    return json.dumps([run.summary(), log, tokens], sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["vllm:max_num_batched_tokens=4096", "sarathi:chunk_size=512", "sglang", "tgi", "vllm-v0", "orca"],
+)
+def test_results_identical_with_and_without_reference_counts(policy: str) -> None:
+    assert _fingerprint(policy, check=False) == _fingerprint(policy, check=True)
