@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -96,7 +97,7 @@ class SarathiPolicy(Policy):
         cfg: SarathiConfig = self.config
         out = SchedulerOutput()
         running = sched.running
-        running.sort(key=lambda r: r.arrival_time)  # stable: equal arrivals keep admission order
+        running.sort(key=_arrival)  # stable: equal arrivals keep admission order
         batched = 0
 
         # Phase 1: decodes. While no block is free (``can_append_slot``), preempt the latest
@@ -107,6 +108,7 @@ class SarathiPolicy(Policy):
         tables = kv.block_tables
         block_size = kv.block_size
         plain = kv.pool is None
+        has_free = kv.num_free_blocks > 0  # changes only where the slow path below runs
         while pending:
             request = pending.popleft()
             computed = request.num_computed_tokens
@@ -114,7 +116,7 @@ class SarathiPolicy(Policy):
                 prefilling.append(request)
                 continue
             table = tables.get(request.request_id) if plain else None
-            if table is not None and len(table) * block_size > computed and kv.num_free_blocks:
+            if table is not None and len(table) * block_size > computed and has_free:
                 # Its last block has room for the token: what sched.allocate would do (nothing,
                 # and succeed) without the calls, the bulk of every chunked-prefill iteration.
                 out.scheduled.append(ScheduledRequest(request, 1, computed))
@@ -132,6 +134,7 @@ class SarathiPolicy(Policy):
             else:
                 out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
                 batched += 1
+            has_free = kv.num_free_blocks > 0
 
         # Phase 2: prompts in progress (their blocks were allocated whole at admission).
         for request in prefilling:
@@ -167,6 +170,9 @@ class SarathiPolicy(Policy):
         sched.preempt_by_recompute(victim)
         sched.waiting.appendleft(victim)
         out.preempted.append(victim)
+
+
+_arrival = attrgetter("arrival_time")
 
 
 def _stage_sizes(cfg: SarathiConfig) -> list[int]:
