@@ -94,3 +94,61 @@ def _fingerprint(policy: str, check: bool) -> str:
 )
 def test_results_identical_with_and_without_reference_counts(policy: str) -> None:
     assert _fingerprint(policy, check=False) == _fingerprint(policy, check=True)
+
+
+def _sarathi_fingerprint(spec: str, workload: WorkloadSpec, fast: bool) -> tuple[str, int]:
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+    run = run_policy(
+        built, parse_policy_list(spec)[0], WorkloadBuilder(workload), options=EngineOptions(fast_forward=fast)
+    )
+    log = {name: getattr(run.log, name) for name in run.log.FIELDS}
+    tokens = {r.request_id: (r.token_times, r.num_preemptions, r.status.name) for r in run.requests}
+    return json.dumps([run.summary(), log, tokens], sort_keys=True), len(run.log)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "sarathi:chunk_size=512",
+        "sarathi:chunk_size=256,gpu_memory_utilization=0.25",  # KV pressure: preemptions
+        "sarathi:chunk_size=2048,max_num_seqs=8",
+        # The dynamic chunk schedule changes the size as a prompt progresses: no run, still identical.
+        "sarathi:enable_dynamic_chunking_schedule=true,low_chunk_size=256,high_chunk_size=1024,chunk_schedule_stages=4,chunk_schedule_max_tokens=8192",
+    ],
+)
+def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
+    workload = WorkloadSpec(
+        "random",
+        num_requests=150,
+        rate=20.0,
+        seed=4,
+        input_len=LogNormal(1500, 1.0, 8000),
+        output_len=LogNormal(200, 0.8, 1500),
+    )
+    fast, num_fast = _sarathi_fingerprint(spec, workload, fast=True)
+    slow, num_slow = _sarathi_fingerprint(spec, workload, fast=False)
+    assert num_fast == num_slow > 150
+    assert fast == slow
+
+
+def test_chunk_run_takes_the_iterations() -> None:
+    """The run is used: far fewer engine steps than iterations on a chunked workload."""
+    from tailserve.core import chunk_run
+
+    calls: list[int] = []
+    original = chunk_run.advance_chunk_run
+
+    def counting(engine):
+        k = original(engine)
+        calls.append(k)
+        return k
+
+    chunk_run.advance_chunk_run = counting
+    try:
+        workload = WorkloadSpec(
+            "random", num_requests=60, rate=10.0, seed=2, input_len=LogNormal(3000, 0.5, 8000)
+        )
+        _sarathi_fingerprint("sarathi:chunk_size=256", workload, fast=True)
+    finally:
+        chunk_run.advance_chunk_run = original
+    assert sum(calls) > 100

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tailserve.core import decode_run
+from tailserve.core import chunk_run, decode_run
 from tailserve.core.executor import Executor
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import BatchRecord, IterationLog
@@ -80,6 +80,15 @@ class Engine:
         self.batches = BatchRecord(kv.num_blocks, kv.block_size) if options.record_batches else None
         self.num_requests_seen = 0
         self._decode_run_ok = options.fast_forward and hasattr(executor, "decode_run_durations")
+        # The chunked-prefill run prices iterations itself, so only for the plain cost model
+        # and without per-iteration records or checks.
+        self._chunk_run_ok = (
+            options.fast_forward
+            and chunk_run.applies_to(executor)
+            and hasattr(scheduler.policy, "chunk_run_budget")
+            and not options.record_batches
+            and not options.check_integrity
+        )
         self._last_step_finished = True
 
     def step(self) -> bool:
@@ -131,6 +140,8 @@ class Engine:
                         break
                     if self.options.check_integrity:
                         self.check_integrity()
+                if self._chunk_run_ok:
+                    chunk_run.advance_chunk_run(self)
 
     def _add_arrivals(self, now: float) -> None:
         for request in self.source.pop_arrived(now):

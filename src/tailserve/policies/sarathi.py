@@ -86,6 +86,12 @@ class SarathiPolicy(Policy):
     def profile_tokens(cls, config: SarathiConfig, max_model_len: int) -> int:
         return max(config.chunk_size, config.high_chunk_size)
 
+    def chunk_run_budget(self) -> int | None:
+        """The token budget while it is one fixed chunk size (``core.chunk_run`` advances the
+        iterations a chunked prompt makes beside decodes in one step); None with the dynamic
+        chunk schedule, whose size changes as the prompt progresses."""
+        return self.config.chunk_size if self._chunk_sizes is None else None
+
     def _chunk_for(self, request: Request) -> int:
         sizes = self._chunk_sizes
         if sizes is None:

@@ -1,0 +1,131 @@
+"""Exact fast path: the iterations a chunked prefill makes next to running decodes, in one step.
+
+With Sarathi-Serve's rule (decodes first, then the prompt in progress up to the chunk size) a
+long prompt P chunked beside decodes D repeats one iteration shape: every decode computes one
+token, P computes ``chunk - |D|`` tokens, and the budget is full, so no waiting request can
+start. Until an arrival, a decode's last token, P's last chunk or a KV shortage, the sequence
+is determined: this module prices each iteration from integer aggregates (the same
+``BatchShape`` ``SimExecutor`` builds, so the same durations), adds them to the clock in the
+same order as the step loop, records the iteration log, and applies the run's tokens once. It
+stops *before* any iteration where something could change, which then runs step by step
+(conservatively: one block of slack, so phase 1's "a block is free" test always holds).
+``tests/test_speed_paths.py`` checks results identical to plain stepping.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tailserve.executors.simulated.cost_model import BatchShape
+
+if TYPE_CHECKING:
+    from tailserve.core.engine import Engine
+
+MAX_RUN = 4096  # iterations per call
+
+
+def applies_to(executor: object) -> bool:
+    """Only ``SimExecutor`` itself: a subclass or wrapper may price iterations differently."""
+    from tailserve.executors.simulated.executor import SimExecutor
+
+    return type(executor) is SimExecutor
+
+
+def advance_chunk_run(engine: Engine) -> int:
+    """Advance through the determined chunk-beside-decodes iterations; returns how many (0
+    when the next iteration must be stepped normally)."""
+    sched = engine.scheduler
+    budget = sched.policy.chunk_run_budget()  # type: ignore[attr-defined]
+    kv = sched.kv_cache
+    running = sched.running
+    if budget is None or kv.pool is not None or sched.swapped or len(running) < 2:
+        return 0
+    prompt = None
+    decodes = []
+    for r in running:
+        missing = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
+        if missing == 1:
+            decodes.append(r)
+        elif prompt is None and missing > 1:
+            prompt = r
+        else:
+            return 0
+    if prompt is None:
+        return 0
+    n = len(decodes)
+    q = budget - n  # the prompt's chunk in every iteration of the run
+    block_size = kv.block_size
+    tables = kv.block_tables
+    p_table = tables.get(prompt.request_id)
+    if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_tokens:
+        return 0  # (q == 1 would count as a decode; the prompt's blocks are allocated whole)
+    # Iteration j is in the run while the prompt still has more than one chunk left after it
+    # starts (its last chunk may admit), and no decode produces its last token in it.
+    remaining = prompt.num_tokens - prompt.num_computed_tokens
+    k_max = min(MAX_RUN, (remaining - q - 1) // q + 1) if remaining > q else 0
+    for r in decodes:
+        k_max = min(k_max, r.max_tokens - r.num_output_tokens - 1)
+    if k_max < 1:
+        return 0
+    now = engine.clock.now
+    wake = engine.source.next_arrival_time()
+    policy_wake = sched.policy.next_wakeup(sched, now)
+    if policy_wake is not None and (wake is None or policy_wake < wake):
+        wake = policy_wake
+    if wake is not None and wake <= now:
+        return 0
+    # New blocks decodes need: decode d computes token ctx + j in iteration j, so it crosses
+    # into a new block at j = slots - ctx, then every block_size iterations.
+    due: dict[int, int] = {}
+    decode_kv = n  # sum of (context + 1) over decodes
+    for r in decodes:
+        c = r.num_computed_tokens
+        decode_kv += c
+        j = len(tables[r.request_id]) * block_size - c
+        due[j] = due.get(j, 0) + 1
+    free = kv.num_free_blocks - 1  # keep one free: phase 1 preempts when none is
+    if free < 0:
+        return 0
+    cost_model = engine.executor.cost_model  # type: ignore[attr-defined]
+    iteration_time = cost_model.iteration_time
+    c_p = prompt.num_computed_tokens
+    q_pairs = q * (q + 1) // 2
+    num_tokens = n + q
+    needed = 0
+    used0 = kv.num_used_blocks
+    t = now
+    times: list[float] = []  # end of each iteration
+    starts: list[float] = []
+    used: list[int] = []
+    for j in range(k_max):
+        if wake is not None and t >= wake:
+            break  # iteration j would add the arrival first
+        crossing = due.pop(j, 0)
+        if crossing:
+            if needed + crossing > free:
+                break
+            needed += crossing
+            due[j + block_size] = due.get(j + block_size, 0) + crossing
+        shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv)
+        starts.append(t)
+        used.append(used0 + needed)
+        t = t + iteration_time(shape)
+        times.append(t)
+        c_p += q
+        decode_kv += n
+    k = len(times)
+    if k == 0:
+        return 0
+    log = engine.log
+    for start, end, blocks in zip(starts, times, used):
+        log.record(start, end - start, q, n, n + 1, blocks, 0)
+    prompt.num_computed_tokens += k * q
+    for r in decodes:
+        r.num_computed_tokens += k
+        r.num_output_tokens += k
+        r.token_times.extend(times)
+        if r.num_computed_tokens > len(tables[r.request_id]) * block_size:
+            kv.allocate(r.request_id, r.num_computed_tokens)
+    engine.clock.now = t
+    engine.finish_step([], t)
+    return k
