@@ -152,3 +152,19 @@ def test_chunk_run_takes_the_iterations() -> None:
     finally:
         chunk_run.advance_chunk_run = original
     assert sum(calls) > 100
+
+
+@pytest.mark.parametrize("spec", ["sarathi:chunk_size=512", "sarathi:chunk_size=300,max_num_seqs=4"])
+def test_chunk_run_with_its_last_chunk_identical_to_plain_stepping(spec: str) -> None:
+    """At a low rate nobody waits, so runs take the prompt's last chunk and its first token."""
+    workload = WorkloadSpec(
+        "random",
+        num_requests=80,
+        rate=2.0,
+        seed=9,
+        input_len=LogNormal(1200, 1.0, 6000),
+        output_len=LogNormal(60, 1.0, 400),
+    )
+    fast, _ = _sarathi_fingerprint(spec, workload, fast=True)
+    slow, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    assert fast == slow

@@ -60,9 +60,14 @@ def advance_chunk_run(engine: Engine) -> int:
     if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_tokens:
         return 0  # (q == 1 would count as a decode; the prompt's blocks are allocated whole)
     # Iteration j is in the run while the prompt still has more than one chunk left after it
-    # starts (its last chunk may admit), and no decode produces its last token in it.
+    # starts, and no decode produces its last token in it. The last chunk leaves budget over,
+    # so it is in the run only when no request waits (none can then be admitted beside it) and
+    # the token it samples is not the prompt's last.
     remaining = prompt.num_tokens - prompt.num_computed_tokens
-    k_max = min(MAX_RUN, (remaining - q - 1) // q + 1) if remaining > q else 0
+    k_full = (remaining - q - 1) // q + 1 if remaining > q else 0
+    last = remaining - k_full * q
+    with_last = not sched.waiting and last >= 2 and prompt.max_tokens - prompt.num_output_tokens > 1
+    k_max = min(MAX_RUN, k_full + with_last)
     for r in decodes:
         k_max = min(k_max, r.max_tokens - r.num_output_tokens - 1)
     if k_max < 1:
@@ -106,7 +111,10 @@ def advance_chunk_run(engine: Engine) -> int:
                 break
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
-        shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv)
+        if j == k_full:  # the prompt's last chunk: it samples its first token
+            shape = BatchShape(n + last, n + 1, last * c_p + last * (last + 1) // 2, last + c_p, decode_kv)
+        else:
+            shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv)
         starts.append(t)
         used.append(used0 + needed)
         t = t + iteration_time(shape)
@@ -117,9 +125,14 @@ def advance_chunk_run(engine: Engine) -> int:
     if k == 0:
         return 0
     log = engine.log
-    for start, end, blocks in zip(starts, times, used):
-        log.record(start, end - start, q, n, n + 1, blocks, 0)
-    prompt.num_computed_tokens += k * q
+    for i, (start, end, blocks) in enumerate(zip(starts, times, used)):
+        log.record(start, end - start, q if i < k_full else last, n, n + 1, blocks, 0)
+    if k > k_full:
+        prompt.num_computed_tokens += k_full * q + last
+        prompt.num_output_tokens += 1
+        prompt.token_times.append(times[-1])
+    else:
+        prompt.num_computed_tokens += k * q
     for r in decodes:
         r.num_computed_tokens += k
         r.num_output_tokens += k

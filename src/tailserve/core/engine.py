@@ -135,13 +135,16 @@ class Engine:
         """Step until every request has left the engine."""
         with paused_gc():
             while self.step():
-                while self._decode_run_ok and self._steady():
-                    if not decode_run.advance_decode_run(self):
+                while True:
+                    while self._decode_run_ok and self._steady():
+                        if not decode_run.advance_decode_run(self):
+                            break
+                        if self.options.check_integrity:
+                            self.check_integrity()
+                    # A chunk run that ends with the prompt's last chunk leaves only decodes:
+                    # a decode run may follow at once.
+                    if not (self._chunk_run_ok and chunk_run.advance_chunk_run(self)):
                         break
-                    if self.options.check_integrity:
-                        self.check_integrity()
-                if self._chunk_run_ok:
-                    chunk_run.advance_chunk_run(self)
 
     def _add_arrivals(self, now: float) -> None:
         for request in self.source.pop_arrived(now):
