@@ -136,14 +136,16 @@ class Engine:
         with paused_gc():
             while self.step():
                 while True:
+                    decoded = False
                     while self._decode_run_ok and self._steady():
                         if not decode_run.advance_decode_run(self):
                             break
+                        decoded = True
                         if self.options.check_integrity:
                             self.check_integrity()
-                    # A chunk run that ends with the prompt's last chunk leaves only decodes:
-                    # a decode run may follow at once.
-                    if not (self._chunk_run_ok and chunk_run.advance_chunk_run(self)):
+                    # A decode run leaves only decodes, so no chunk run can start; one that
+                    # ends with the prompt's last chunk does too, so a decode run may follow.
+                    if decoded or not (self._chunk_run_ok and chunk_run.advance_chunk_run(self)):
                         break
 
     def _add_arrivals(self, now: float) -> None:
