@@ -214,6 +214,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per (policy, size)")
     parser.add_argument("--policies", default="vllm,sarathi,sglang")
     parser.add_argument(
+        "--trace", default=str(AZURE), help="Azure conversation trace: the lengths, and a run alone"
+    )
+    parser.add_argument("--mooncake-trace", default=str(MOONCAKE), help="Mooncake trace for a run alone")
+    parser.add_argument(
         "--no-alone", action="store_true", help="skip the whole-trace runs of tailserve alone"
     )
     parser.add_argument("--aisimulate-venv", default=str(peer_venv("aisimulate")))
@@ -234,7 +238,8 @@ def main() -> None:
     if unknown := [p for p in args.policies.split(",") if p not in by_name]:
         raise SystemExit(f"sim_speed: error: unknown policy {unknown[0]!r}; known: {', '.join(by_name)}")
     cases = [by_name[p] for p in args.policies.split(",")]
-    for trace in (AZURE, MOONCAKE):
+    azure, mooncake = Path(args.trace), Path(args.mooncake_trace)
+    for trace in (azure, mooncake):
         if (problem := check_trace(trace)) is not None:
             raise SystemExit(f"sim_speed: error: {problem}")
     out_path = Path(args.out) if args.out else default_out("sim_speed.json")
@@ -250,7 +255,12 @@ def main() -> None:
             f"AISimulate absent: {missing_peer('aisimulate', args.aisimulate_venv)} Running tailserve alone."
         )
     result: dict = {"machine": machine, "rate_req_per_s": RATE, "side_by_side": [], "alone": []}
-    lengths = azure_lengths(AZURE)
+    try:
+        lengths = azure_lengths(azure)
+    except (KeyError, ValueError) as error:
+        raise SystemExit(
+            f"sim_speed: error: {azure}: not an Azure conversation trace CSV ({error})"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
         folder = Path(tmp)
         for n in sizes:
@@ -289,7 +299,7 @@ def main() -> None:
                 print(line, flush=True)
                 result["side_by_side"].append(row)
         if not args.no_alone:
-            for trace in (AZURE, MOONCAKE):
+            for trace in (azure, mooncake):
                 for case in cases:
                     s = stats([run_tailserve(case.spec, trace) for _ in range(args.repeats)])
                     result["alone"].append({"trace": trace.name, "policy": case.spec, "tailserve": s})
