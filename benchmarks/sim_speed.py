@@ -261,6 +261,8 @@ def main() -> None:
         raise SystemExit(
             f"sim_speed: error: {azure}: not an Azure conversation trace CSV ({error})"
         ) from None
+    if len(lengths) == 0:
+        raise SystemExit(f"sim_speed: error: {azure}: no requests in the trace")
     with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
         folder = Path(tmp)
         for n in sizes:
