@@ -61,7 +61,9 @@ schema = schemathesis.pytest.from_fixture("api")
 
 
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, derandomize=DERANDOMIZE, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=MAX_EXAMPLES, derandomize=DERANDOMIZE, deadline=None, suppress_health_check=list(HealthCheck)
+)
 def test_no_generated_request_gets_a_server_error(case: Any) -> None:
     response = case.call()
     STATUSES[f"{case.method.upper()} {case.path} {response.status_code}"] += 1

@@ -39,7 +39,9 @@ class SamplingParams:
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be within int64 [{SEED_MIN}, {SEED_MAX}], got {self.seed}.")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)}.")
+            raise ValueError(
+                f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)}."
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
         if self.temperature < 0:
