@@ -16,13 +16,11 @@ Protocol (JSON lines): prints ``{"ready": ..., "version": ...}``, then answers e
 from __future__ import annotations
 
 import importlib.machinery
-import json
-import logging
 import sys
-import traceback
 import types
-import warnings
-from importlib import metadata
+from collections.abc import Callable
+
+from _jsonl import package_version, serve  # the sibling module: this script's folder is on sys.path
 
 
 def _stub_torchvision() -> None:
@@ -114,23 +112,12 @@ class Driver:
         }
 
 
+def _handler() -> Callable[[dict], dict]:
+    return Driver().run  # built after serve() sent the engine's prints to stderr
+
+
 def main() -> None:
-    logging.disable(logging.WARNING)
-    warnings.simplefilter("ignore")
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr
-    driver = Driver()
-    version = metadata.version("sglang")
-    print(json.dumps({"ready": True, "engine": "sglang", "version": version}), file=real_stdout, flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            reply = driver.run(json.loads(line))
-        except Exception as exc:  # report and go on
-            traceback.print_exc()
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), file=real_stdout, flush=True)
+    serve("sglang", package_version("sglang"), _handler)
 
 
 if __name__ == "__main__":

