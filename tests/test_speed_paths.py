@@ -131,7 +131,7 @@ def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
     assert fast == slow
 
 
-def test_chunk_run_takes_the_iterations() -> None:
+def test_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run is used: far fewer engine steps than iterations on a chunked workload."""
     from tailserve.core import chunk_run
 
@@ -143,14 +143,11 @@ def test_chunk_run_takes_the_iterations() -> None:
         calls.append(k)
         return k
 
-    chunk_run.advance_chunk_run = counting
-    try:
-        workload = WorkloadSpec(
-            "random", num_requests=60, rate=10.0, seed=2, input_len=LogNormal(3000, 0.5, 8000)
-        )
-        _sarathi_fingerprint("sarathi:chunk_size=256", workload, fast=True)
-    finally:
-        chunk_run.advance_chunk_run = original
+    monkeypatch.setattr(chunk_run, "advance_chunk_run", counting)
+    workload = WorkloadSpec(
+        "random", num_requests=60, rate=10.0, seed=2, input_len=LogNormal(3000, 0.5, 8000)
+    )
+    _sarathi_fingerprint("sarathi:chunk_size=256", workload, fast=True)
     assert sum(calls) > 100
 
 
