@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tailserve.validate.golden import load_fixture
 from tailserve.validate.peers import PeerDriver, peer_python
 from tailserve.validate.sglang_order import (
     OrderCase,
@@ -29,10 +30,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "differential" / "sglang.json"
 
 @pytest.fixture(scope="module")
 def golden() -> dict:
-    import json
-
-    with open(FIXTURE) as f:
-        return json.load(f)
+    return load_fixture(FIXTURE)
 
 
 def _cases(golden: dict) -> list[tuple[OrderCase, OrderResult]]:
