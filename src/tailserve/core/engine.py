@@ -135,18 +135,20 @@ class Engine:
         """Step until every request has left the engine."""
         with paused_gc():
             while self.step():
-                while True:
-                    decoded = False
-                    while self._decode_run_ok and self._steady():
-                        if not decode_run.advance_decode_run(self):
-                            break
-                        decoded = True
-                        if self.options.check_integrity:
-                            self.check_integrity()
-                    # A decode run leaves only decodes, so no chunk run can start; one that
-                    # ends with the prompt's last chunk does too, so a decode run may follow.
-                    if decoded or not (self._chunk_run_ok and chunk_run.advance_chunk_run(self)):
-                        break
+                self._fast_forward()
+
+    def _fast_forward(self) -> None:
+        """Exact multi-iteration runs after a step, as long as one applies. A decode run leaves
+        only decodes, so no chunk run can start after it; a chunk run that ends with the
+        prompt's last chunk does too, so a decode run may follow it at once."""
+        while True:
+            decoded = False
+            while self._decode_run_ok and self._steady() and decode_run.advance_decode_run(self):
+                decoded = True
+                if self.options.check_integrity:
+                    self.check_integrity()
+            if decoded or not (self._chunk_run_ok and chunk_run.advance_chunk_run(self)):
+                return
 
     def _add_arrivals(self, now: float) -> None:
         for request in self.source.pop_arrived(now):
