@@ -59,6 +59,9 @@ class EngineOptions:
     fast_forward: bool = True  # exact skipping of uneventful decode runs (simulator only)
     check_integrity: bool = False  # check KV and request invariants after every iteration
     record_batches: bool = False  # keep a BatchRecord (who ran with how many tokens), for explain
+    # The per-iteration log is the simulator's output; a live engine that runs for days and
+    # never reads it turns it off (~150 bytes an iteration otherwise).
+    keep_iteration_log: bool = True
 
 
 class Engine:
@@ -109,15 +112,16 @@ class Engine:
         self.clock.advance(result.duration)
         now = self.clock.now
         finished = sched.update(out, result, now)
-        self.log.record(
-            start,
-            now - start,
-            out.num_prefill_tokens,
-            out.num_decode_tokens,
-            len(out.scheduled),
-            num_used_blocks,
-            len(out.preempted) + len(out.swapped_out),
-        )
+        if self.options.keep_iteration_log:
+            self.log.record(
+                start,
+                now - start,
+                out.num_prefill_tokens,
+                out.num_decode_tokens,
+                len(out.scheduled),
+                num_used_blocks,
+                len(out.preempted) + len(out.swapped_out),
+            )
         if self.batches is not None:
             self.batches.record(start, now - start, out, num_used_blocks, sched)
         self.finish_step(finished, now)

@@ -50,7 +50,7 @@ def build_engine(
     tokenizer = Tokenizer.from_dir(model)
     spec = PolicySpec.make(policy, dict(policy_flags or {}))
     cls = get_policy_cls(policy)
-    options = EngineOptions(fast_forward=False, check_integrity=check_integrity)
+    options = EngineOptions(fast_forward=False, check_integrity=check_integrity, keep_iteration_log=False)
     eos = tuple(dict.fromkeys((*config.eos_token_ids, *tokenizer.eos_token_ids)))
     name = served_model_name or config.name
     if executor == "sim":

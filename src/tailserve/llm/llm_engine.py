@@ -24,7 +24,6 @@ from typing import Any
 
 from tailserve.core.engine import Engine, EngineOptions, WallClock
 from tailserve.core.executor import Executor
-from tailserve.core.iteration_log import IterationLog
 from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
@@ -32,8 +31,6 @@ from tailserve.core.source import QueueSource
 from tailserve.llm.outputs import RequestOutput
 from tailserve.llm.sampling_params import SamplingParams
 from tailserve.llm.stop_checker import StopChecker, TextState
-
-MAX_LOGGED_ITERATIONS = 4096  # the core's per-iteration log, cleared past this: a server runs for days
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +77,7 @@ class LLMEngine:
         *,
         eos_token_ids: tuple[int, ...] = (),
         release: Any = None,
-        options: EngineOptions = EngineOptions(fast_forward=False),
+        options: EngineOptions = EngineOptions(fast_forward=False, keep_iteration_log=False),
         description: str = "",
     ) -> None:
         self.scheduler = scheduler
@@ -190,16 +187,7 @@ class LLMEngine:
                 self.engine.step()
             except Exception as error:
                 self._contain(error)
-            self._trim_log()
         return self._collect()
-
-    def _trim_log(self) -> None:
-        """Nothing live reads the simulator's iteration log, and at ~150 bytes an iteration it
-        would grow by about a gigabyte a day of serving."""
-        log = self.engine.log
-        if len(log) > MAX_LOGGED_ITERATIONS:
-            for name in IterationLog.FIELDS:
-                getattr(log, name).clear()
 
     def _contain(self, error: Exception) -> None:
         """Abort the failed iteration's requests and raise ``StepFailedError``, or raise
