@@ -171,6 +171,16 @@ class Scheduler:
             kv.register_computed(request.request_id, num_total_tokens)
         return True
 
+    def holds_slot(self, request: Request, num_total_tokens: int) -> bool:
+        """True when ``allocate(request, num_total_tokens)`` would change nothing: the request's
+        blocks already hold the tokens and no prefix-cache registration is due (plain KV). A
+        cheap test for the decode walks, where most tokens land in a block with room."""
+        kv = self.kv_cache
+        if kv.pool is not None:
+            return False
+        table = kv.block_tables.get(request.request_id)
+        return table is not None and len(table) * kv.block_size >= num_total_tokens
+
     def admit(self, request: Request, now: float) -> None:
         """Move a waiting request (already removed from the waiting queue) into running."""
         request.status = RequestStatus.RUNNING

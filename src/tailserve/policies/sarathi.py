@@ -111,9 +111,6 @@ class SarathiPolicy(Policy):
         pending = deque(running)
         prefilling: list[Request] = []
         kv = sched.kv_cache
-        tables = kv.block_tables
-        block_size = kv.block_size
-        plain = kv.pool is None
         has_free = kv.num_free_blocks > 0  # changes only where the slow path below runs
         while pending:
             request = pending.popleft()
@@ -121,10 +118,9 @@ class SarathiPolicy(Policy):
             if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling, inlined
                 prefilling.append(request)
                 continue
-            table = tables.get(request.request_id) if plain else None
-            if table is not None and len(table) * block_size > computed and has_free:
-                # Its last block has room for the token: what sched.allocate would do (nothing,
-                # and succeed) without the calls, the bulk of every chunked-prefill iteration.
+            if has_free and sched.holds_slot(request, computed + 1):
+                # Its last block has room for the token: what the loop below would do (nothing,
+                # and succeed) without its calls, the bulk of every chunked-prefill iteration.
                 out.scheduled.append(ScheduledRequest(request, 1, computed))
                 batched += 1
                 continue
