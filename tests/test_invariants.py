@@ -36,6 +36,9 @@ SPECS = [
     "sglang:enable_priority_scheduling=true:priority_scheduling_preemption_threshold=1",
     "tgi",
     "tgi:prefill_chunking=false:max_batch_prefill_tokens=1023",
+    "slo",
+    "slo:slo_admission=reject:max_num_batched_tokens=256",
+    "slo:fairness=vtc:tenant_weights=a=2",
 ]
 MAX_MODEL_LEN = 1024
 KV_TOKENS = 3072  # small enough that most policies must preempt, retract or queue

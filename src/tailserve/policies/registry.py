@@ -15,6 +15,7 @@ from tailserve.core.policy import Policy
 from tailserve.policies.orca import OrcaPolicy
 from tailserve.policies.sarathi import SarathiPolicy
 from tailserve.policies.sglang import SglangPolicy
+from tailserve.policies.slo import SloPolicy
 from tailserve.policies.static import StaticPolicy
 from tailserve.policies.tgi import TgiPolicy
 from tailserve.policies.vllm import VllmPolicy
@@ -22,7 +23,9 @@ from tailserve.policies.vllm_v0 import VllmV0Policy
 
 POLICIES: dict[str, type[Policy]] = {
     p.name: p
-    for p in (StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy, SglangPolicy, TgiPolicy)
+    for p in (
+        StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy, SglangPolicy, TgiPolicy, SloPolicy
+    )
 }
 
 ENGINE_FLAGS: dict[str, type] = {

@@ -1,0 +1,348 @@
+"""``slo``: tailserve's own scheduler, built to meet each request's TTFT and TBT targets.
+
+Every request has an SLO class (``slo_classes.py``: TTFT and TBT targets, chosen by tenant or
+priority). Each iteration, with predicted times from the engine's cost model
+(``slo_predictor.py``):
+
+1. **Running requests first, most urgent first** (least slack to their next deadline: the next
+   token's ``last token + tbt``, or ``arrival + ttft`` before the first). Decodes get one token;
+   partial prefills continue under rule 2's budget.
+2. **Prefill budget from TBT slack.** The iteration must end before the tightest running
+   decode's next-token deadline: prefill chunks are cut (bisection on the predicted iteration
+   time) so that decodes + chunks are predicted within the least TBT slack, capped by
+   ``max_num_batched_tokens``. So that prefills always progress, ``min_prefill_tokens`` tokens
+   are allowed per iteration even when no slack is left.
+3. **Waiting requests by least TTFT slack**: ``deadline - now - predicted prefill`` (prefix-cache
+   hits counted: only the uncached tokens are priced), served in that order; a request is
+   *feasible* if its deadline still holds after the predicted prefills of the feasible requests
+   before it (its queue time).
+4. **Infeasible requests** (``slo_admission``): ``best-effort`` serves them behind every feasible
+   one, oldest first; ``reject`` turns a never-admitted one away at once with the reason.
+5. **Aging**: a best-effort request waiting longer than ``aging_s`` goes ahead of the feasible
+   ones (oldest first), so best-effort work cannot starve.
+6. **Admission** as vLLM's: the whole prompt must fit the free KV blocks (net of prefix hits);
+   the first that does not stops admission; at most ``max_num_seqs`` run.
+7. **Preemption** (recompute) when a running request's KV does not fit: the victim among the
+   requests not yet scheduled this iteration is the one whose SLO loss is smallest — the extra
+   lateness its recompute adds to its next deadline, relative to its target (a request with
+   slack to absorb the recompute, or one already late by more, loses least); ties: the cheaper
+   recompute, then the latest admitted. Nobody is admitted in an iteration that preempted.
+8. **Fairness** (``fairness=vtc``): the waiting order of rule 3-5 is interleaved by tenant with
+   the Virtual Token Counter (``fairness.py``): VTC picks the tenant, rule 3-5 the request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.policy import Policy
+from tailserve.core.request import Request, RequestStatus
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.policies.fairness import make_backlog
+from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, SloClasses, parse_slo_classes
+from tailserve.policies.slo_predictor import BatchLoad, Predictor, find_cost_model
+from tailserve.policies.vllm import device_batch_defaults
+
+ADMISSIONS = ("best-effort", "reject")
+
+
+@dataclass(frozen=True, slots=True)
+class SloConfig:
+    max_num_batched_tokens: int  # tokens per iteration at most, whatever the slack
+    max_num_seqs: int
+    slo_classes: str = DEFAULT_SLO_CLASSES
+    slo_admission: str = "best-effort"  # or "reject"
+    aging_s: float = 10.0  # seconds a best-effort request waits before it goes first
+    min_prefill_tokens: int = 64  # prefill tokens allowed per iteration even without slack
+    fairness: str = "none"  # or "vtc"
+    tenant_weights: str = ""  # a=2,b=1 (fairness=vtc)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.slo_admission not in ADMISSIONS:
+            raise ValueError(f"slo_admission must be best-effort or reject, got {self.slo_admission!r}")
+        if not self.aging_s > 0:
+            raise ValueError(f"aging_s must be > 0 seconds, got {self.aging_s}")
+        if self.min_prefill_tokens < 1:
+            raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
+        parse_slo_classes(self.slo_classes)
+        make_backlog(self.fairness, self.tenant_weights)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """What ordering needs of a waiting request, computed when it (re-)enters the queue."""
+
+    slo: SloClass
+    deadline: float  # seconds on the engine clock
+    prefill_s: float  # predicted prefill of its uncached tokens, alone
+
+
+class SloPolicy(Policy):
+    name = "slo"
+    summary = "tailserve's SLO-aware scheduler: prefill budget from TBT slack, least TTFT slack first"
+    config_cls = SloConfig
+    default_block_size = 16
+    default_gpu_memory_utilization = 0.92
+
+    @classmethod
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SloConfig:
+        budget, max_seqs = device_batch_defaults(device)
+        known = {f.name for f in fields(SloConfig)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"slo has no flag {sorted(unknown)[0]!r}; valid: {', '.join(sorted(known))}")
+        return replace(SloConfig(budget, max_seqs), **overrides)
+
+    def __init__(self, config: SloConfig) -> None:
+        super().__init__(config)
+        self.classes: SloClasses = parse_slo_classes(config.slo_classes)
+        self.backlog = make_backlog(config.fairness, config.tenant_weights)
+        self.predictor = Predictor()
+        self._info: dict[str, _Waiting] = {}
+        self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
+
+    # ---- the engine's cost model ----------------------------------------------------------
+    def bind_executor(self, executor: Any) -> None:
+        """Predict with the executor's cost model when it has one (simulator, stand-in server);
+        otherwise learn one from measured iterations."""
+        self.predictor = Predictor(find_cost_model(executor))
+
+    # ---- deadlines --------------------------------------------------------------------------
+    def deadline(self, request: Request) -> float:
+        """When the request's next token is due: ``arrival + ttft`` before the first token,
+        ``last token + tbt`` after."""
+        slo = self.classes.of(request)
+        if request.token_times:
+            return request.token_times[-1] + slo.tbt
+        return request.arrival_time + slo.ttft
+
+    def _enter(self, sched: Scheduler, request: Request) -> None:
+        slo = self.classes.of(request)
+        hit = 0
+        if not request.num_computed_tokens:
+            match = sched.kv_cache.match_prefix(request.request_id, request.num_tokens)
+            hit = match.num_tokens if match is not None else 0
+        todo = request.num_tokens - request.num_computed_tokens - hit
+        self._info[request.request_id] = _Waiting(
+            slo, self.deadline(request), self.predictor.prefill_time(todo, request.num_computed_tokens + hit)
+        )
+        if self.backlog is not None:
+            self.backlog.enqueue(request)
+
+    def add_request(self, sched: Scheduler, request: Request) -> None:
+        sched.waiting.append(request)
+        self._enter(sched, request)
+
+    def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        for r in finished:
+            self._info.pop(r.request_id, None)
+            if self.backlog is not None:
+                self.backlog.dequeue(r)
+
+    # ---- the iteration ------------------------------------------------------------------
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        cfg: SloConfig = self.config
+        last = self._last
+        if last is not None:
+            self.predictor.observe(last[1], now - last[0])
+        out = SchedulerOutput()
+        load = BatchLoad()
+        tokens_left = cfg.max_num_batched_tokens
+        limit = math.inf  # seconds this iteration may take (the least TBT slack of its decodes)
+        floor_left = cfg.min_prefill_tokens
+        scheduled_ids: set[int] = set()
+
+        # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
+        running = sorted(sched.running, key=self.deadline)
+        decodes = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in running if r.num_tokens - r.num_computed_tokens > 1]
+        for request in decodes:
+            if tokens_left <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:  # preempted earlier in this pass
+                continue
+            computed = request.num_computed_tokens
+            if not self._allocate(sched, request, computed + 1, scheduled_ids, out, now):
+                continue  # it was its own victim
+            out.scheduled.append(ScheduledRequest(request, 1, computed))
+            scheduled_ids.add(id(request))
+            load.add_decode(computed)
+            tokens_left -= 1
+            limit = min(limit, self.deadline(request) - now)
+        # 2. Partial prefills continue, cut to what the slack leaves.
+        for request in prefills:
+            if tokens_left <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            computed = request.num_computed_tokens
+            want = self._chunk(
+                load, computed, min(request.num_tokens - computed, tokens_left), limit, floor_left
+            )
+            if want == 0:
+                continue
+            if not self._allocate(sched, request, computed + want, scheduled_ids, out, now):
+                continue
+            out.scheduled.append(ScheduledRequest(request, want, computed))
+            scheduled_ids.add(id(request))
+            load.add_chunk(want, computed, computed + want == request.num_tokens)
+            tokens_left -= want
+            floor_left = max(0, floor_left - want)
+
+        # 3-6. Waiting requests by slack, unless someone was preempted.
+        if not out.preempted and sched.waiting and tokens_left > 0:
+            self._admit(sched, now, out, load, tokens_left, limit, floor_left)
+        if self.backlog is not None:
+            self.backlog.charge(out)
+        self._last = (now, load.shape()) if out.scheduled else None
+        return out
+
+    def _chunk(self, load: BatchLoad, computed: int, wanted: int, limit: float, floor_left: int) -> int:
+        """Prefill tokens for one chunk: the most the time limit allows, at least the floor."""
+        chunk = self.predictor.max_chunk(load, computed, wanted, limit, samples_last=True)
+        return max(chunk, min(wanted, floor_left))
+
+    def _allocate(
+        self,
+        sched: Scheduler,
+        request: Request,
+        target: int,
+        scheduled: set[int],
+        out: SchedulerOutput,
+        now: float,
+    ) -> bool:
+        """KV for ``request`` up to ``target`` tokens, preempting the least SLO loss among the
+        running requests not scheduled yet; False when ``request`` itself was the victim."""
+        while not sched.allocate(request, target):
+            candidates = [r for r in sched.running if id(r) not in scheduled]
+            victim = min(candidates, key=lambda r: self.slo_loss(r, now, sched.running.index(r)))
+            sched.preempt_by_recompute(victim)
+            sched.waiting.append(victim)
+            self._enter(sched, victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def slo_loss(self, request: Request, now: float, position: int = 0) -> tuple[float, float, int]:
+        """Sort key of a preemption victim: (extra lateness of its next deadline if it had to
+        recompute everything it holds, relative to its target; that recompute; -position)."""
+        slo = self.classes.of(request)
+        target = slo.tbt if request.token_times else slo.ttft
+        recompute = self.predictor.prefill_time(max(request.num_computed_tokens, 1))
+        deadline = self.deadline(request)
+        extra = max(0.0, now + recompute - deadline) - max(0.0, now - deadline)
+        return (extra / target, recompute, -position)
+
+    def order_waiting(self, sched: Scheduler, now: float) -> tuple[list[Request], list[Request]]:
+        """(requests in service order, never-admitted infeasible ones); rules 3-5."""
+        cfg: SloConfig = self.config
+        info = self._info
+        by_slack = sorted(
+            sched.waiting, key=lambda r: info[r.request_id].deadline - info[r.request_id].prefill_s
+        )
+        feasible: list[Request] = []
+        late: list[Request] = []
+        queued = 0.0  # predicted prefill time of the feasible requests ahead
+        for r in by_slack:
+            w = info[r.request_id]
+            if w.deadline - now - queued - w.prefill_s >= 0:
+                feasible.append(r)
+                queued += w.prefill_s
+            else:
+                late.append(r)
+        late.sort(key=lambda r: r.arrival_time)
+        aged = [r for r in late if now - (r.enqueue_time or r.arrival_time) >= cfg.aging_s]
+        rest = [r for r in late if now - (r.enqueue_time or r.arrival_time) < cfg.aging_s]
+        if cfg.slo_admission == "reject":
+            rejected = [r for r in rest if r.first_scheduled_time is None]
+            rest = [r for r in rest if r.first_scheduled_time is not None]
+        else:
+            rejected = []
+        ordered = aged + feasible + rest
+        if self.backlog is not None:
+            ordered = self.backlog.order(ordered)
+        return ordered, rejected
+
+    def _admit(
+        self,
+        sched: Scheduler,
+        now: float,
+        out: SchedulerOutput,
+        load: BatchLoad,
+        tokens_left: int,
+        limit: float,
+        floor_left: int,
+    ) -> None:
+        cfg: SloConfig = self.config
+        kv = sched.kv_cache
+        ordered, rejected = self.order_waiting(sched, now)
+        for r in rejected:
+            w = self._info[r.request_id]
+            sched.waiting.remove(r)
+            self.on_finished(sched, [r])
+            sched.reject(
+                r,
+                f"SLO class {w.slo.name}: its TTFT target ({w.slo.ttft:g} s) cannot be met; predicted "
+                f"prefill {w.prefill_s:.3f} s with {w.deadline - now:.3f} s left behind the queue",
+                now,
+            )
+        for request in ordered:
+            if tokens_left <= 0 or len(sched.running) >= cfg.max_num_seqs:
+                break
+            match = (
+                kv.match_prefix(request.request_id, request.num_tokens)
+                if not request.num_computed_tokens
+                else None
+            )
+            hit = match.num_tokens if match is not None else 0
+            computed = request.num_computed_tokens + hit
+            wanted = min(request.num_tokens - computed, tokens_left)
+            want = self._chunk(load, computed, wanted, limit, floor_left)
+            if want == 0:
+                break
+            if hit:
+                if kv.num_blocks_needed_after_hit(match, request.num_tokens) > kv.num_free_blocks:
+                    break
+                kv.allocate_with_prefix(request.request_id, match, hit + want)
+                kv.register_computed(request.request_id, hit + want)
+                request.num_computed_tokens = hit
+            else:
+                if not kv.can_allocate(request.request_id, request.num_tokens):
+                    break
+                if not sched.allocate(request, computed + want):
+                    break
+            if request.first_scheduled_time is None:
+                request.num_cached_tokens = hit
+            sched.waiting.remove(request)
+            self._info.pop(request.request_id, None)
+            if self.backlog is not None:
+                self.backlog.dequeue(request)
+            sched.admit(request, now)
+            out.num_admitted += 1
+            out.scheduled.append(ScheduledRequest(request, want, computed))
+            load.add_chunk(want, computed, computed + want == request.num_tokens)
+            tokens_left -= want
+            floor_left = max(0, floor_left - want)
+
+    # ---- the engine's fast paths ----------------------------------------------------------
+    def can_fast_forward(self, sched: Scheduler) -> bool:
+        # With requests waiting, slack and aging change with time: decide each iteration.
+        return not sched.waiting
+
+    def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
+        self._last = None  # the clock moved by many iterations: no single period to learn from
+        if self.backlog is not None:
+            self.backlog.charge_decode_run(sched.running, num_steps)
+
+    def notes(self) -> list[str]:
+        return [f"slo: predictions from {self.predictor.source}"]

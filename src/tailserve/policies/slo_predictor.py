@@ -1,0 +1,175 @@
+"""Predicted iteration times for the ``slo`` policy: the engine's own cost model, or one learned
+from the iterations the engine ran.
+
+- With a cost model (the simulator's, calibrated however the deployment was — a preset, a
+  ``--calibration FILE`` from ``tailserve calibrate --executor torch`` or a Vidur profile — and
+  the stand-in server's real-time simulator), a prediction is ``CostModel.iteration_time`` of
+  the batch shape: exact for the simulator.
+- Without one (the real PyTorch executor), a linear model ``a + b*tokens + c*prefill_pairs +
+  d*decode_kv_tokens`` fitted by least squares to the periods the engine measured (one
+  iteration's start to the next's: what a request actually waits), refitted every
+  ``REFIT_EVERY`` iterations. Until ``MIN_OBSERVATIONS`` iterations were seen it predicts 0,
+  so the policy schedules like one without deadlines until it knows its machine.
+
+A batch is described by running aggregates (``BatchLoad``), so the policy can price "this batch
+plus one more chunk" cheaply while it builds the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+
+MIN_OBSERVATIONS = 16
+REFIT_EVERY = 32
+MAX_OBSERVATIONS = 4096  # the fit keeps the most recent iterations
+
+
+@dataclass(slots=True)
+class BatchLoad:
+    """The cost model's aggregates of a batch being built (see ``BatchShape``)."""
+
+    num_tokens: int = 0
+    num_logits: int = 0
+    prefill_pairs: int = 0
+    prefill_kv_tokens: int = 0
+    decode_kv_tokens: int = 0
+
+    def add_decode(self, num_context_tokens: int) -> None:
+        self.num_tokens += 1
+        self.num_logits += 1
+        self.decode_kv_tokens += num_context_tokens + 1
+
+    def add_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> None:
+        if num_new_tokens == 1:
+            self.num_tokens += 1
+            self.num_logits += samples
+            self.decode_kv_tokens += num_context_tokens + 1
+            return
+        q, c = num_new_tokens, num_context_tokens
+        self.num_tokens += q
+        self.num_logits += samples
+        self.prefill_pairs += q * c + q * (q + 1) // 2
+        self.prefill_kv_tokens += q + c
+
+    def with_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> BatchShape:
+        load = BatchLoad(
+            self.num_tokens,
+            self.num_logits,
+            self.prefill_pairs,
+            self.prefill_kv_tokens,
+            self.decode_kv_tokens,
+        )
+        load.add_chunk(num_new_tokens, num_context_tokens, samples)
+        return load.shape()
+
+    def shape(self) -> BatchShape:
+        return BatchShape(
+            self.num_tokens,
+            self.num_logits,
+            self.prefill_pairs,
+            self.prefill_kv_tokens,
+            self.decode_kv_tokens,
+        )
+
+    @staticmethod
+    def of(out: SchedulerOutput) -> BatchLoad:
+        load = BatchLoad()
+        for s in out.scheduled:
+            samples = s.num_context_tokens + s.num_new_tokens == s.request.num_tokens
+            load.add_chunk(s.num_new_tokens, s.num_context_tokens, samples)
+        return load
+
+
+def find_cost_model(executor: Any) -> CostModel | None:
+    """The cost model behind an executor, looking through wrappers (the live engine's stop
+    checker holds the executor as ``inner``, the real-time simulator its ``SimExecutor`` as
+    ``sim``); None for an executor that has none (PyTorch)."""
+    seen = 0
+    while executor is not None and seen < 8:
+        cost_model = getattr(executor, "cost_model", None)
+        if isinstance(cost_model, CostModel):
+            return cost_model
+        executor = getattr(executor, "inner", None) or getattr(executor, "sim", None)
+        seen += 1
+    return None
+
+
+class Predictor:
+    def __init__(self, cost_model: CostModel | None = None) -> None:
+        self.cost_model = cost_model
+        self._rows: list[tuple[float, float, float, float]] = []
+        self._times: list[float] = []
+        self._coef: np.ndarray | None = None
+        self._since_fit = 0
+
+    @property
+    def source(self) -> str:
+        if self.cost_model is not None:
+            return "cost model"
+        return f"fit to {len(self._times)} measured iterations" if self._coef is not None else "none yet"
+
+    def time(self, shape: BatchShape) -> float:
+        """Predicted seconds for one iteration of this batch shape."""
+        if shape.num_tokens == 0:
+            return 0.0
+        if self.cost_model is not None:
+            return self.cost_model.iteration_time(shape)
+        coef = self._coef
+        if coef is None:
+            return 0.0
+        x = (1.0, shape.num_tokens, shape.prefill_pairs, shape.decode_kv_tokens)
+        return max(0.0, float(coef[0] * x[0] + coef[1] * x[1] + coef[2] * x[2] + coef[3] * x[3]))
+
+    def prefill_time(self, num_tokens: int, num_context_tokens: int = 0) -> float:
+        """One iteration prefilling ``num_tokens`` tokens after ``num_context_tokens`` alone."""
+        return self.time(BatchLoad().with_chunk(num_tokens, num_context_tokens, True))
+
+    def max_chunk(
+        self, load: BatchLoad, num_context_tokens: int, num_wanted: int, limit_s: float, samples_last: bool
+    ) -> int:
+        """The most tokens (<= ``num_wanted``) a prefill chunk after ``num_context_tokens`` can
+        have so that the batch ``load`` plus it is predicted within ``limit_s``; 0 if none.
+        Iteration time grows with the chunk, so a bisection finds it."""
+        if num_wanted <= 0:
+            return 0
+        if self.time(load.with_chunk(num_wanted, num_context_tokens, samples_last)) <= limit_s:
+            return num_wanted
+        lo, hi = 0, num_wanted  # lo fits (0 tokens trivially), hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.time(load.with_chunk(mid, num_context_tokens, False)) <= limit_s:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def observe(self, shape: BatchShape, duration: float) -> None:
+        """A measured iteration (only used without a cost model)."""
+        if self.cost_model is not None or shape.num_tokens == 0 or not duration > 0:
+            return
+        self._rows.append(
+            (1.0, float(shape.num_tokens), float(shape.prefill_pairs), float(shape.decode_kv_tokens))
+        )
+        self._times.append(duration)
+        if len(self._times) > MAX_OBSERVATIONS:
+            del self._rows[: len(self._rows) - MAX_OBSERVATIONS]
+            del self._times[: len(self._times) - MAX_OBSERVATIONS]
+        self._since_fit += 1
+        if len(self._times) >= MIN_OBSERVATIONS and (self._coef is None or self._since_fit >= REFIT_EVERY):
+            self._fit()
+
+    def _fit(self) -> None:
+        x = np.asarray(self._rows)
+        y = np.asarray(self._times)
+        # Columns on their own scales (pairs reach 1e7), so the solve is well conditioned;
+        # non-negative terms: a longer batch never predicts faster.
+        scale = np.maximum(np.abs(x).max(axis=0), 1.0)
+        coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+        self._coef = np.maximum(coef, 0.0) / scale
+        self._since_fit = 0
