@@ -1,0 +1,170 @@
+"""``tailserve router``: the OpenAI-compatible proxy in front of several servers.
+
+    tailserve router --backend URL [--backend URL ...] [--policy NAME[:flag=value,...]]
+                     [--host 127.0.0.1] [--port 8080] [--scrape-interval S] [--health-interval S]
+                     [--probe-timeout S] [--read-timeout S] [--api-key KEY] [--max-request-bytes N]
+
+``--policy`` is a router of ``tailserve.cluster`` (the simulator's own routing code):
+round-robin, random, least-requests, least-kv, power-of-two, session, prefix-aware, kv-aware,
+with their flags (``prefix-aware:cache_threshold=0.5``). Exit status: 0 after SIGINT/SIGTERM,
+2 for bad arguments (one line naming the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from typing import Any
+
+DEFAULT_PORT = 8080
+
+
+def add_router_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "router",
+        help="OpenAI-compatible proxy routing requests over several tailserve or vLLM servers "
+        "with the cluster simulator's routers (docs/router.md)",
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a server's base URL, e.g. http://127.0.0.1:8001 (repeat for each backend)",
+    )
+    p.add_argument(
+        "--policy",
+        default="round-robin",
+        help="router NAME[:flag=value,...]: round-robin | random | least-requests | least-kv | "
+        "power-of-two | session | prefix-aware | kv-aware (default: %(default)s)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="(default: %(default)s; 0 picks a free port)"
+    )
+    p.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reads of each backend's /metrics: the router's load is this stale "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=float,
+        default=1.0,
+        help="seconds between GET /health of each backend (default: %(default)s)",
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=2.0,
+        help="seconds to connect to a backend, and to answer /health or /metrics (default: %(default)s)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a backend may send nothing on an accepted request before it gets a 504 "
+        "(a plain request's whole generation; default: %(default)s)",
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on the /v1 routes (repeat for several keys); "
+        "the header is forwarded to the backend",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="largest request body; larger get 413 (default: 4 MiB)",
+    )
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=run_router)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {port}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return sock
+
+
+def build_from_args(args: argparse.Namespace) -> Any:
+    """The FastAPI app for parsed arguments (bad values raise ValueError with the flag's name)."""
+    import httpx
+
+    from tailserve.cluster import make_router
+    from tailserve.router.app import build_router_app
+    from tailserve.router.backends import BackendPool
+    from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES
+
+    if not args.probe_timeout > 0:
+        raise ValueError(f"--probe-timeout must be > 0 seconds, got {args.probe_timeout}")
+    if args.api_key is not None and any(not key.strip() for key in args.api_key):
+        raise ValueError("--api-key must not be empty")
+    max_bytes = DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None else args.max_request_bytes
+    if max_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {max_bytes}")
+    router = make_router(args.policy)
+    # No pool limit: the router holds one backend connection per request in flight.
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+    try:
+        pool = BackendPool(
+            args.backend,
+            client,
+            health_interval=args.health_interval,
+            scrape_interval=args.scrape_interval,
+            probe_timeout=args.probe_timeout,
+        )
+        return build_router_app(
+            pool, router, read_timeout=args.read_timeout, api_keys=args.api_key, max_request_bytes=max_bytes
+        )
+    except ValueError:
+        import asyncio
+
+        asyncio.run(client.aclose())
+        raise
+
+
+def run_router(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, HeaderTimeoutProtocol
+
+    app = build_from_args(args)
+    sock = _bind(args.host, args.port)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    config = uvicorn.Config(
+        app, http=HeaderTimeoutProtocol, log_level=args.log_level, access_log=args.log_level == "debug"
+    )
+    config.header_timeout = DEFAULT_HEADER_TIMEOUT_S  # read by HeaderTimeoutProtocol
+    host, port = sock.getsockname()[:2]
+    pool = app.state.pool
+    print(
+        f"tailserve router: {len(pool.backends)} backend(s) under {args.policy}: "
+        + ", ".join(b.url for b in pool.backends),
+        file=sys.stderr,
+    )
+    print(
+        f"tailserve router: listening on http://{host}:{port} (OpenAI API under /v1)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,51 @@
+"""A ``tailserve router`` app on 127.0.0.1 in a thread, over real or mocked backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+
+from tailserve.cluster import make_router
+from tailserve.router.app import build_router_app
+from tailserve.router.backends import BackendPool
+from tailserve.server.launch import ServerThread
+
+
+@contextmanager
+def running_router(
+    backends: list[str],
+    policy: str = "round-robin",
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    read_timeout: float = 30.0,
+    health_interval: float = 0.2,
+    scrape_interval: float = 0.2,
+    probe_timeout: float = 1.0,
+    app_options: dict[str, Any] | None = None,
+) -> Iterator[Any]:
+    """The router on a free port; ``.base_url``, ``.pool``, ``.metrics``, ``.router``."""
+    client = httpx.AsyncClient(transport=transport) if transport is not None else httpx.AsyncClient()
+    pool = BackendPool(
+        backends,
+        client,
+        health_interval=health_interval,
+        scrape_interval=scrape_interval,
+        probe_timeout=probe_timeout,
+    )
+    router = make_router(policy)
+    app = build_router_app(pool, router, read_timeout=read_timeout, **(app_options or {}))
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2)
+    with ServerThread(uvicorn.Server(config)) as running:  # type: ignore[arg-type]
+        running.pool = pool
+        running.metrics = app.state.metrics
+        running.router = router
+        yield running
+
+
+def sse_events(body: str) -> list[str]:
+    """The ``data:`` payloads of an SSE body, in order."""
+    return [line[5:].strip() for line in body.splitlines() if line.startswith("data:")]
