@@ -82,6 +82,12 @@ class Engine:
         kv = scheduler.kv_cache
         self.batches = BatchRecord(kv.num_blocks, kv.block_size) if options.record_batches else None
         self.num_requests_seen = 0
+        # A policy that predicts iteration times (slo) takes the executor's cost model here,
+        # whichever assembly path built the engine.
+        bind = getattr(scheduler.policy, "bind_executor", None)
+        if bind is not None:
+            bind(executor)
+        self._block_ids = executor.needs_block_ids
         self._decode_run_ok = options.fast_forward and hasattr(executor, "decode_run_durations")
         # The chunked-prefill run prices iterations itself, so only for the plain cost model
         # and without per-iteration records or checks.
@@ -107,6 +113,8 @@ class Engine:
         if out.is_empty:
             self._last_step_finished = bool(ended)
             return self._idle()
+        if self._block_ids:
+            sched.add_block_ids(out)
         num_used_blocks = sched.kv_cache.num_used_blocks
         result = self.executor.execute(out)
         self.clock.advance(result.duration)

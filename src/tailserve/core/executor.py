@@ -20,6 +20,11 @@ class StepResult:
 
 
 class Executor(Protocol):
+    # True for an executor that owns KV tensors and reads each scheduled request's block table
+    # (``ScheduledRequest.block_ids``); the engine asks the scheduler for the tables only then,
+    # so the simulator pays nothing for them. A wrapper forwards its inner executor's answer.
+    needs_block_ids: bool
+
     def execute(self, out: SchedulerOutput) -> StepResult: ...
 
 

@@ -57,9 +57,6 @@ class KVCacheManager:
             self._free = []  # unused: the pool owns free blocks and ref counts
         self._keys: dict[str, list[int]] = {}  # request id -> full-block keys (prefix caching)
         self._num_registered: dict[str, int] = {}  # request id -> blocks registered in the pool
-        # A real executor sets a list here to learn which block contents to copy for each swap:
-        # ("out", gpu_blocks, cpu_blocks) or ("in", cpu_blocks, gpu_blocks), in decision order.
-        self.copy_log: list[tuple[str, list[int], list[int]]] | None = None
 
     @property
     def _ref_counts(self) -> list[int]:
@@ -229,9 +226,10 @@ class KVCacheManager:
             self._num_registered[request_id] = full
 
     # ---- swap (vLLM V0 ``--preemption-mode swap``) ---------------------------------------
-    def swap_out(self, request_id: str) -> int | None:
-        """Move the request's GPU blocks to the CPU pool; returns the number of blocks moved, or
-        None (nothing changed) when the CPU pool lacks room."""
+    def swap_out(self, request_id: str) -> list[tuple[int, int]] | None:
+        """Move the request's GPU blocks to the CPU pool; returns the (GPU block, CPU block)
+        pairs whose contents an executor copies, or None (nothing changed) when the CPU pool
+        lacks room."""
         table = self.block_tables.pop(request_id, [])
         n = len(table)
         if n > len(self._cpu_free):
@@ -242,27 +240,27 @@ class KVCacheManager:
         del self._cpu_free[len(self._cpu_free) - n :]
         self.cpu_block_tables[request_id] = cpu
         self._num_registered.pop(request_id, None)
-        if self.copy_log is not None:
-            self.copy_log.append(("out", list(table), list(cpu)))
+        pairs = list(zip(table, cpu))
         if self.pool is not None:
             self.pool.free(table)
-            return n
+            return pairs
         refs = self._refs
         if refs is None:
             self._free.extend(reversed(table))
-            return n
+            return pairs
         for block_id in reversed(table):
             refs[block_id] -= 1
             if refs[block_id] == 0:
                 self._free.append(block_id)
-        return n
+        return pairs
 
     def can_swap_in(self, request_id: str, reserve: int = 0) -> bool:
         return len(self.cpu_block_tables.get(request_id, ())) + reserve <= self.num_free_blocks
 
-    def swap_in(self, request_id: str) -> int | None:
-        """Bring a swapped request's blocks back to the GPU; returns the number of blocks moved,
-        or None (nothing changed) when the GPU lacks room."""
+    def swap_in(self, request_id: str) -> list[tuple[int, int]] | None:
+        """Bring a swapped request's blocks back to the GPU; returns the (CPU block, GPU block)
+        pairs whose contents an executor copies, or None (nothing changed) when the GPU lacks
+        room."""
         cpu = self.cpu_block_tables.get(request_id)
         if cpu is None:
             raise KeyError(f"request {request_id} is not swapped out")
@@ -273,9 +271,7 @@ class KVCacheManager:
         self._cpu_free.extend(reversed(cpu))
         self.block_tables.pop(request_id, None)
         self.allocate(request_id, n * self.block_size)
-        if self.copy_log is not None:
-            self.copy_log.append(("in", list(cpu), list(self.block_tables[request_id])))
-        return n
+        return list(zip(cpu, self.block_tables[request_id]))
 
     def is_swapped(self, request_id: str) -> bool:
         return request_id in self.cpu_block_tables

@@ -123,6 +123,13 @@ class Scheduler:
         self.last_output = out
         return out
 
+    def add_block_ids(self, out: SchedulerOutput) -> None:
+        """Give each scheduled request of ``out`` its block table, for an executor that owns KV
+        tensors (``Executor.needs_block_ids``); the simulator skips this."""
+        tables = self.kv_cache.block_tables
+        for item in out.scheduled:
+            item.block_ids = tables[item.request.request_id]
+
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Apply an executed iteration at time ``now``; returns the requests that finished."""
         done: list[Request] = []
@@ -219,8 +226,12 @@ class Scheduler:
         self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
 
     def preempt_by_swap(self, request: Request, out: SchedulerOutput) -> bool:
-        """Move the request's KV to the CPU pool (counted in ``out`` for the PCIe cost) and park
-        it in ``swapped``; False (nothing changed) when the CPU pool is full."""
+        """Move the request's KV to the CPU pool (its block pairs recorded in ``out``, for the
+        executor's copies and the PCIe cost) and park it in ``swapped``; False (nothing changed)
+        when the CPU pool is full."""
+        if out.blocks_to_swap_in:
+            # It could take CPU blocks a swap-in of this step still has to copy from.
+            raise RuntimeError("a swap-out after a swap-in in one iteration")
         moved = self.kv_cache.swap_out(request.request_id)
         if moved is None:
             return False
@@ -230,7 +241,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.swapped.append(request)
         out.swapped_out.append(request)
-        out.num_swap_out_blocks += moved
+        out.blocks_to_swap_out.extend(moved)
         return True
 
     def swap_in(self, request: Request, out: SchedulerOutput, reserve: int = 0) -> bool:
@@ -246,7 +257,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         out.swapped_in.append(request)
-        out.num_swap_in_blocks += moved
+        out.blocks_to_swap_in.extend(moved)
         return True
 
     def _leave(self, request: Request, status: RequestStatus, now: float, reason: str | None) -> None:

@@ -1,4 +1,16 @@
-"""What a policy decides for one iteration; the only thing an executor ever sees."""
+"""What the scheduler decides for one iteration; the only thing an executor ever sees.
+
+Block ids travel as vLLM V1's do in spirit, but whole rather than as deltas: each scheduled
+request carries its full block table (``ScheduledRequest.block_ids``), and the step's KV copies
+come as ``(src, dst)`` block pairs (``blocks_to_swap_out``: GPU -> CPU, ``blocks_to_swap_in``:
+CPU -> GPU). Whole tables because the executor rebuilds its attention metadata from whole tables
+every step anyway, and a delta protocol would make it keep a mirror of every table that
+recompute preemption, swap-in and prefix hits all reset — exactly the state that drifts. The
+table is the KV manager's own list, not a copy (free to attach): read it during ``execute``,
+never change or keep it. There is no GPU -> GPU copy list: nothing here copies a block within
+the GPU (vLLM's ``blocks_to_copy`` serves copy-on-write for beam search and ``n > 1``, which
+tailserve does not model); a prefix hit shares blocks by reference.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +24,9 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this iteration: a prefill chunk, or 1 for a decode
     num_context_tokens: int  # tokens already in the KV cache before this iteration
+    # The request's whole GPU block table, filled in by ``Scheduler.schedule`` only for an
+    # executor that declares ``needs_block_ids`` (the simulator never reads it); None otherwise.
+    block_ids: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +45,25 @@ class SchedulerOutput:
     swapped_in: list[Request] = field(default_factory=list)
     padding: list[PaddingSlot] = field(default_factory=list)
     num_admitted: int = 0  # waiting requests that entered the running set this iteration
-    num_swap_out_blocks: int = 0  # KV blocks copied GPU -> CPU before this iteration runs
-    num_swap_in_blocks: int = 0  # KV blocks copied CPU -> GPU before this iteration runs
+    # KV blocks copied before this iteration's forward pass, as (src, dst) pairs in decision
+    # order: swap-outs (GPU block, CPU block), then swap-ins (CPU block, GPU block); apply them
+    # in that order. A GPU block a swap-out frees and a swap-in reuses is then copied out before
+    # it is overwritten; the reverse (a swap-out taking CPU blocks a swap-in just freed) cannot
+    # happen: ``Scheduler.preempt_by_swap`` refuses to swap out after a swap-in in one step.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.swapped_out and not self.swapped_in
+
+    @property
+    def num_swap_out_blocks(self) -> int:
+        return len(self.blocks_to_swap_out)
+
+    @property
+    def num_swap_in_blocks(self) -> int:
+        return len(self.blocks_to_swap_in)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -134,10 +134,9 @@ def _build_torch(
     )
     swap = None
     if num_cpu_blocks:
-        kv_manager.copy_log = []
         swap = CpuSwapSpace(config.num_hidden_layers, num_cpu_blocks, paged)
     sampler = Sampler(eos, seed, dev)
-    executor = TorchExecutor(lm, paged, lambda: scheduler.kv_cache, sampler, swap)
+    executor = TorchExecutor(lm, paged, sampler, swap)
     executor.warm_up()
     described = (
         f"{name} ({lm.num_parameters / 1e6:.1f} M parameters, {dtype}, {dev}) under {spec.label}; "

@@ -205,8 +205,6 @@ class LLMEngine:
         request_ids = list(dict.fromkeys(r.request_id for r in involved if not r.is_finished))
         for request_id in request_ids:
             self.abort_request(request_id, reason)
-        if kv.copy_log:
-            kv.copy_log.clear()  # swaps of aborted requests: nothing left to copy
         if kv.pool is not None:
             kv.pool.evict(kv.pool.num_evictable)  # no block of the failed step may be matched
         try:

@@ -16,6 +16,8 @@ BUSY_GAP_S = 0.005  # a gap shorter than this between iterations is engine overh
 
 
 class RealtimeSimExecutor:
+    needs_block_ids = False
+
     def __init__(
         self, cost_model: CostModel, block_size: int, vocab_size: int, special_ids: set[int], seed: int
     ) -> None:

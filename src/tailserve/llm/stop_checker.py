@@ -39,6 +39,10 @@ class StopChecker:
         self.states: dict[str, TextState] = {}
         self.requests: dict[str, Request] = {}
 
+    @property
+    def needs_block_ids(self) -> bool:
+        return self.inner.needs_block_ids
+
     def execute(self, out: SchedulerOutput) -> StepResult:
         result = self.inner.execute(out)
         if not result.token_ids:

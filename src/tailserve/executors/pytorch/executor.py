@@ -1,8 +1,10 @@
 """``TorchExecutor``: run one ``SchedulerOutput`` as a single forward pass and sample.
 
-The scheduler's ``KVCacheManager`` decides which blocks each request holds; this executor only
-stores K/V into those blocks (``PagedKVCache``) and reads them back. Swaps the manager decided
-are replayed as block copies before the forward pass, in the order they were decided. A prefix
+The scheduler decides which blocks each request holds; this executor reads nothing but the
+``SchedulerOutput``: each scheduled request's block table (``ScheduledRequest.block_ids``, asked
+for by ``needs_block_ids``), into which it stores K/V (``PagedKVCache``) and from which it reads
+them back, and the step's swaps as ``(src, dst)`` block pairs, copied before the forward pass
+(swap-outs, then swap-ins, the order ``SchedulerOutput`` prescribes). A prefix
 hit needs nothing here: the request's table already points at blocks computed earlier, and its
 ``num_computed_tokens`` says where its new tokens start. A recompute preemption needs nothing
 either: the request comes back with ``num_computed_tokens == 0`` and its prompt plus outputs
@@ -12,12 +14,10 @@ are prefilled again.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 
 from tailserve.core.executor import StepResult
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.pytorch.attention import CpuSwapSpace, PagedKVCache, build_metadata
@@ -32,25 +32,24 @@ def token_at(request: Request, position: int) -> int:
 
 
 class TorchExecutor:
+    needs_block_ids = True
+
     def __init__(
         self,
         model: LlamaModel,
         kv: PagedKVCache,
-        kv_manager: Callable[[], KVCacheManager],
         sampler: Sampler,
         swap_space: CpuSwapSpace | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
-        self.kv_manager = kv_manager  # the scheduler's current manager (a policy may replace it)
         self.sampler = sampler
         self.swap_space = swap_space
         self.device = model.device
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         t0 = time.perf_counter()
-        manager = self.kv_manager()
-        self._replay_swaps(manager)
+        self._copy_swapped(out)
         items = [s for s in out.scheduled if s.num_new_tokens == 1]
         num_decodes = len(items)
         items += [s for s in out.scheduled if s.num_new_tokens > 1]
@@ -58,7 +57,6 @@ class TorchExecutor:
             return StepResult(time.perf_counter() - t0, {})
         input_ids: list[int] = []
         positions: list[int] = []
-        tables = manager.block_tables
         for s in items:
             request, c, n = s.request, s.num_context_tokens, s.num_new_tokens
             if n == 1:
@@ -67,7 +65,7 @@ class TorchExecutor:
                 input_ids.extend(_tokens(request, c, c + n))
             positions.extend(range(c, c + n))
         meta = build_metadata(
-            [tables[s.request.request_id] for s in items],
+            [s.block_ids for s in items],
             [s.num_new_tokens for s in items],
             [s.num_context_tokens for s in items],
             num_decodes,
@@ -102,18 +100,17 @@ class TorchExecutor:
                 requests.append(request)
         return rows, requests
 
-    def _replay_swaps(self, manager: KVCacheManager) -> None:
-        log = manager.copy_log
-        if not log:
+    def _copy_swapped(self, out: SchedulerOutput) -> None:
+        if not out.blocks_to_swap_out and not out.blocks_to_swap_in:
             return
         if self.swap_space is None:
             raise RuntimeError("the scheduler swapped KV blocks but the executor has no CPU swap space")
-        for direction, src, dst in log:
-            if direction == "out":
-                self.swap_space.copy_blocks(self.kv, src, dst)
-            else:
-                self.kv.copy_blocks(self.swap_space, src, dst)
-        log.clear()
+        if out.blocks_to_swap_out:
+            gpu, cpu = zip(*out.blocks_to_swap_out)
+            self.swap_space.copy_blocks(self.kv, list(gpu), list(cpu))
+        if out.blocks_to_swap_in:
+            cpu, gpu = zip(*out.blocks_to_swap_in)
+            self.kv.copy_blocks(self.swap_space, list(cpu), list(gpu))
 
     def warm_up(self, num_tokens: int = 16) -> None:
         """One prefill and one decode through block 0, so the first real request does not pay

@@ -36,6 +36,8 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
 class SimExecutor:
     """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``)."""
 
+    needs_block_ids = False  # the cost model prices batch shapes, not blocks
+
     def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
         self.cost_model = cost_model
         self.block_size = block_size  # tokens per KV block, to price swap traffic
