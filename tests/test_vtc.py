@@ -1,0 +1,118 @@
+"""Virtual Token Counter: counters, the lift, the admission order, and VTC in front of vllm."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.kv_cache import KVCacheManager
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.source import ListSource
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.models import get_model
+from tailserve.policies.fairness import FairPolicy, TenantBacklog, with_fairness
+from tailserve.policies.registry import POLICIES
+from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights
+
+DEVICE = get_hardware("H100-SXM").device_info
+
+
+def test_counters_advance_by_weighted_tokens():
+    vtc = VirtualTokenCounter({"a": 2.0})
+    vtc.charge("a", num_prefill_tokens=100, num_decode_tokens=10)  # (100*1 + 10*2) / 2
+    vtc.charge("b", num_prefill_tokens=100, num_decode_tokens=10)  # weight 1
+    assert vtc.counters == {"a": 60.0, "b": 120.0}
+    assert vtc.pick(["b", "a"]) == "a"
+
+
+def test_lift_to_the_least_backlogged_counter():
+    vtc = VirtualTokenCounter(counters={"a": 500.0, "b": 300.0, "c": 0.0})
+    vtc.on_backlogged("c", others=["a", "b"])  # c was idle: it may not bank 300 tokens of credit
+    assert vtc.counter("c") == 300.0
+    vtc.on_backlogged("a", others=["b", "c"])  # a is ahead: nothing changes
+    assert vtc.counter("a") == 500.0
+
+
+def test_lift_with_nobody_backlogged_uses_the_last_tenant_to_leave():
+    vtc = VirtualTokenCounter(counters={"a": 800.0, "b": 0.0})
+    vtc.on_idle("a")  # a's queue empties at counter 800
+    vtc.on_backlogged("b", others=[])
+    assert vtc.counter("b") == 800.0
+
+
+def test_backlog_fires_the_lift_only_on_the_first_waiting_request():
+    backlog = TenantBacklog(VirtualTokenCounter(counters={"a": 400.0}))
+    a1, b1, b2 = (Request(i, 100, 10, 0.0, tenant_id=t) for i, t in (("a1", "a"), ("b1", "b"), ("b2", "b")))
+    backlog.enqueue(a1)
+    backlog.enqueue(b1)  # lifted to a's 400
+    backlog.vtc.charge("b", 50)
+    backlog.enqueue(b2)  # b already backlogged: no lift
+    assert backlog.vtc.counter("b") == 450.0 and backlog.num_waiting == {"a": 1, "b": 2}
+    backlog.dequeue(a1)
+    assert backlog.vtc.last_left == 400.0
+
+
+def test_order_is_the_papers_admission_sequence():
+    # a at 0, b at 150; prompts of 100 tokens: a (0 -> 100), a (100 -> 200), b (150 -> 250), a, b
+    backlog = TenantBacklog(VirtualTokenCounter(counters={"a": 0.0, "b": 150.0}))
+    reqs = [Request(f"{t}{i}", 100, 1, 0.0, tenant_id=t) for t in "ab" for i in range(3)]
+    assert [r.request_id for r in backlog.order(reqs)] == ["a0", "a1", "b0", "a2", "b1", "b2"]
+
+
+def test_weights_parse_with_one_line_errors():
+    assert parse_tenant_weights("a=2, b=1") == {"a": 2.0, "b": 1.0}
+    for bad in ("a", "a=0", "a=x", "a=1,a=2", "=3"):
+        with pytest.raises(ValueError, match="tenant-weights"):
+            parse_tenant_weights(bad)
+
+
+def test_fairness_only_where_the_queue_is_fcfs():
+    vllm = POLICIES["vllm"]
+    fcfs = vllm(vllm.default_config(DEVICE, 4096))
+    assert isinstance(with_fairness(fcfs, "vtc"), FairPolicy)
+    assert with_fairness(fcfs, "none") is fcfs
+    prio = vllm(vllm.default_config(DEVICE, 4096, scheduling_policy="priority"))
+    with pytest.raises(ValueError, match="keeps its own order"):
+        with_fairness(prio, "vtc")
+    with pytest.raises(ValueError, match="needs --fairness vtc"):
+        with_fairness(fcfs, "none", "a=2")
+
+
+def _two_tenants(
+    name: str, fair: bool, flags: dict | None = None
+) -> tuple[list[Request], VirtualTokenCounter | None]:
+    """Tenant 'heavy' sends 10 prompts for every one of 'light'; both backlogged throughout."""
+    cls = POLICIES[name]
+    policy = cls(cls.default_config(DEVICE, 4096, **(flags or {})))
+    if fair:
+        policy = with_fairness(policy, "vtc") if name != "slo" else policy
+    kv = KVCacheManager(4096 // 16 * 4, 16)
+    sched = Scheduler(policy, kv, 4096)
+    requests = []
+    for i in range(220):
+        tenant = "light" if i % 11 == 0 else "heavy"
+        requests.append(Request(f"r{i}", 600, 60, 0.001 * i, tenant_id=tenant))
+    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(True, True)).run()
+    backlog = getattr(policy, "backlog", None)
+    return requests, backlog.vtc if backlog is not None else None
+
+
+@pytest.mark.parametrize(
+    "name,flags",
+    [("vllm", None), ("sglang", None), ("slo", {"fairness": "vtc"})],
+    ids=["vllm", "sglang", "slo"],
+)
+def test_vtc_serves_the_light_tenant_first_and_conserves_everything(name, flags):
+    fair, vtc = _two_tenants(name, True, flags)
+    plain, _ = _two_tenants(name, False)
+    assert vtc is not None and all(r.is_finished for r in fair)
+
+    def light_ttft(reqs: list[Request]) -> float:
+        light = [r.token_times[0] - r.arrival_time for r in reqs if r.tenant_id == "light"]
+        return sum(light) / len(light)
+
+    assert light_ttft(fair) < 0.5 * light_ttft(plain)
