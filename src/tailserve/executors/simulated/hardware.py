@@ -161,3 +161,43 @@ def resolve_hardware_name(name: str) -> str:
 
 def get_hardware(name: str) -> Hardware:
     return HARDWARE[resolve_hardware_name(name)]
+
+
+# ---- links between instances (disaggregated prefill/decode KV transfer) -------------------
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A per-GPU path for moving KV from a prefill instance to a decode instance: line rate per
+    direction and one-way latency (the fabric's, not the transfer library's own overhead)."""
+
+    name: str
+    bandwidth: float  # bytes/s per GPU per direction; math.inf for an ideal link
+    latency: float  # seconds per transfer
+    note: str = ""
+
+
+LINKS: dict[str, Link] = {
+    link.name: link
+    for link in (
+        # One NIC per GPU, as on DGX H100 (8 x ConnectX-7) and DGX A100 (8 x ConnectX-6).
+        Link("ib-ndr", 400e9 / 8, 2e-6, "InfiniBand NDR, 400 Gb/s per GPU"),
+        Link("ib-hdr", 200e9 / 8, 2e-6, "InfiniBand HDR, 200 Gb/s per GPU"),
+        Link("roce-400g", 400e9 / 8, 5e-6, "RoCE v2 over 400 GbE per GPU"),
+        Link("roce-100g", 100e9 / 8, 5e-6, "RoCE v2 over 100 GbE per GPU"),
+        # Same node: the GPU's own NVLink (interconnect_bandwidth of its catalog entry).
+        Link("nvlink", float("nan"), 1e-6, "the prefill GPU's NVLink (same node)"),
+        Link("inf", float("inf"), 0.0, "ideal: no transfer time (a TTFT-only split)"),
+    )
+}
+
+
+def get_link(name: str, hardware: Hardware | None = None) -> Link:
+    """A link by name; ``nvlink`` takes ``hardware``'s interconnect bandwidth."""
+    key = name.strip().lower().replace("_", "-")
+    link = LINKS.get(key)
+    if link is None:
+        raise ValueError(f"unknown KV link {name!r}; known: {', '.join(LINKS)}")
+    if key == "nvlink":
+        if hardware is None:
+            raise ValueError("the nvlink KV link needs the prefill GPU")
+        return Link(f"nvlink ({hardware.name})", hardware.interconnect_bandwidth, link.latency, link.note)
+    return link

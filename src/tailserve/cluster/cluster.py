@@ -1,0 +1,142 @@
+"""N replicas on one virtual clock behind one router (data parallel), in one event loop.
+
+The loop visits the requests in arrival order. Before routing a request that arrives at ``t``
+every replica is advanced to ``t`` (``Replica.advance_to``), so the router's view is the
+cluster at ``t``, seen through its scrapes: with ``scrape_interval > 0`` a replica's state is
+the one taken at the last multiple of the interval (the replicas are advanced to that tick
+first and snapshotted there), with 0 it is read at ``t``. A request then joins its replica at
+the replica's next iteration, as it would arrive at a lone engine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tailserve.cluster.replica import Replica
+from tailserve.cluster.routers import BaseRouter
+from tailserve.cluster.routing import ReplicaState, RouteRequest
+from tailserve.core.gc_pause import paused_gc
+from tailserve.core.prefix_cache import MOONCAKE_BLOCK_SIZE, keys_from_hash_ids
+from tailserve.core.request import Request
+
+
+def route_request(request: Request) -> RouteRequest:
+    """What a router may know of a simulated request: its length and its prompt's block keys
+    (Mooncake ``hash_ids`` at their 512-token blocks, or token ids at 16)."""
+    if request.prefix_block_hashes:
+        keys = keys_from_hash_ids(
+            request.prefix_block_hashes, request.prompt_len, MOONCAKE_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
+        )
+        return RouteRequest(request.request_id, request.prompt_len, tuple(keys), MOONCAKE_BLOCK_SIZE,
+                            request.tenant_id)  # fmt: skip
+    if request.prompt_token_ids:
+        return RouteRequest.from_tokens(
+            request.request_id, request.prompt_token_ids, session_id=request.tenant_id
+        )
+    return RouteRequest(request.request_id, request.prompt_len, session_id=request.tenant_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    """One routing choice and the true state of the cluster at that moment (not the router's
+    possibly stale view): what explain needs to blame waiting on the route."""
+
+    request_id: str
+    time: float  # seconds
+    replica: int
+    num_waiting: int  # at the chosen replica, true
+    min_waiting: int  # the fewest waiting at any healthy replica, true
+    min_waiting_replica: int
+
+
+@dataclass
+class Stage:
+    """Replicas behind one router: the whole cluster, or one side of a P/D split."""
+
+    replicas: list[Replica]
+    router: BaseRouter
+    scrape_interval: float = 0.0  # seconds between /metrics scrapes; 0: always fresh
+    decisions: list[RoutingDecision] = field(default_factory=list)
+    _states: list[ReplicaState] = field(default_factory=list)
+    _scraped_at: float = -math.inf
+
+    def __post_init__(self) -> None:
+        if self.scrape_interval < 0:
+            raise ValueError(f"scrape_interval must be >= 0 seconds, got {self.scrape_interval}")
+        for replica in self.replicas:
+            replica.source.finish_hooks.insert(0, self._router_hook(replica.index))
+
+    def _router_hook(self, index: int) -> Callable[[Request, float], None]:
+        def on_finish(request: Request, now: float) -> None:
+            self.router.on_finished(request.request_id, index, now)
+
+        return on_finish
+
+    def advance_to(self, t: float | None) -> None:
+        if t is not None and self.scrape_interval > 0:
+            tick = math.floor(t / self.scrape_interval) * self.scrape_interval
+            if tick > self._scraped_at:
+                for replica in self.replicas:
+                    replica.advance_to(tick)
+                self._states = [r.state(tick) for r in self.replicas]
+                self._scraped_at = tick
+        for replica in self.replicas:
+            replica.advance_to(t)
+
+    def states(self, now: float) -> list[ReplicaState]:
+        if self.scrape_interval == 0 or not self._states:
+            return [r.state(now) for r in self.replicas]
+        return self._states
+
+    def route(self, request: Request, t: float, release_time: float | None = None) -> Replica:
+        """Route ``request`` at ``t`` (replicas already advanced there) and hand it over."""
+        rr = route_request(request)
+        i = self.router.route(rr, self.states(t), t)
+        self.router.on_routed(rr, i, t)
+        waiting = [len(r.engine.scheduler.waiting) + r.source.num_pending for r in self.replicas]
+        least = min(range(len(waiting)), key=waiting.__getitem__)
+        self.decisions.append(RoutingDecision(request.request_id, t, i, waiting[i], waiting[least], least))
+        replica = self.replicas[i]
+        replica.add(request, t if release_time is None else release_time)
+        return replica
+
+
+@dataclass
+class ClusterRun:
+    """A finished cluster simulation: the requests as the clients saw them, each stage."""
+
+    requests: list[Request]
+    stages: dict[str, Stage]
+    wall_s: float
+    pd_timeline: dict[str, PdTimes] = field(default_factory=dict)
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return [r for stage in self.stages.values() for r in stage.replicas]
+
+
+@dataclass(slots=True)
+class PdTimes:
+    """One request's path through a P/D split, seconds on the cluster clock."""
+
+    prefill_replica: int
+    decode_replica: int = -1
+    prefill_done: float | None = None  # its first token sampled on the prefill replica
+    transfer_start: float | None = None  # the prefill replica's link was free for it
+    transfer_done: float | None = None  # its KV is on the decode replica
+
+
+def run_aggregated(stage: Stage, requests: Sequence[Request]) -> ClusterRun:
+    """Every request through ``stage`` in arrival order, then drain."""
+    ordered = sorted(requests, key=lambda r: r.arrival_time)
+    t0 = time.perf_counter()
+    with paused_gc():
+        for request in ordered:
+            stage.advance_to(request.arrival_time)
+            stage.route(request, request.arrival_time)
+        stage.advance_to(None)
+    wall = time.perf_counter() - t0
+    return ClusterRun(list(ordered), {"replicas": stage}, wall)

@@ -1,0 +1,143 @@
+"""Disaggregated prefill/decode: prompts run on prefill replicas, their KV moves over a link to
+a decode replica, which generates the rest.
+
+One request's path (times on the cluster clock)::
+
+    arrival ─► prefill router ─► prefill replica: queue, prefill (a copy with max_tokens=1)
+      prefill_done ─► the prefill replica's link (FIFO: one transfer at a time per replica)
+      transfer_done = link free + latency + KV bytes / bandwidth
+      ─► decode router ─► decode replica: waits for KV room, then computes the last prompt
+         token (its KV for prompt_len - 1 tokens arrived) and samples the first output token
+
+as vLLM's P/D connectors do: the decode instance loads the prompt's KV but for its last token,
+so its first iteration produces the client's first token. TTFT therefore includes the prefill,
+the transfer and the decode-side wait. KV bytes are ``prompt_len x`` the model's KV bytes per
+token on one prefill GPU's tensor-parallel shard, each GPU sending its shard over its own NIC.
+A request with ``max_tokens == 1`` finishes on its prefill replica (nothing to decode).
+
+The event loop: before routing an arrival at ``t`` the prefill replicas advance to ``t``; the
+prefills they finish schedule transfers; every transfer done by ``t`` is routed, in time order,
+after the decode replicas advanced to its time. Decode replicas never affect prefill ones, so
+this order is exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tailserve.cluster.cluster import ClusterRun, PdTimes, Stage
+from tailserve.core.gc_pause import paused_gc
+from tailserve.core.request import Request, RequestStatus
+from tailserve.executors.simulated.hardware import Link, get_link
+
+# Policies whose admission accepts a request whose KV (but for one token) is already computed.
+DECODE_POLICIES = ("vllm", "sarathi")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class _Transfer:
+    done: float
+    seq: int  # ties in arrival order; ``request`` is never compared
+    request: Request = field(compare=False)  # the decode-side copy
+
+
+class PdCluster:
+    def __init__(self, prefill: Stage, decode: Stage, link: str = "ib-ndr") -> None:
+        for replica in decode.replicas:
+            if replica.spec.policy.name not in DECODE_POLICIES:
+                raise ValueError(
+                    f"--decode-policy {replica.spec.policy.name}: a decode replica must admit requests whose "
+                    f"KV arrives from a prefill replica; supported: {', '.join(DECODE_POLICIES)}"
+                )
+        self.prefill = prefill
+        self.decode = decode
+        self.links: list[Link] = [
+            get_link(link, r.engine.executor.cost_model.hardware) for r in prefill.replicas
+        ]
+        self._link_free = [0.0] * len(prefill.replicas)
+        self._transfers: list[_Transfer] = []
+        self._seq = 0
+        self.timeline: dict[str, PdTimes] = {}
+        self._originals: dict[str, Request] = {}
+        self.final: dict[str, Request] = {}
+        for replica in prefill.replicas:
+            replica.source.finish_hooks.append(self._prefill_hook(replica.index))
+
+    def transfer_time(self, request: Request, prefill_index: int) -> float:
+        link = self.links[prefill_index]
+        if math.isinf(link.bandwidth):
+            return link.latency
+        cost_model = self.prefill.replicas[prefill_index].engine.executor.cost_model
+        num_bytes = request.prompt_len * cost_model.model.kv_bytes_per_token(cost_model.tp)
+        return link.latency + num_bytes / link.bandwidth
+
+    def _prefill_hook(self, index: int):
+        def on_finish(copy: Request, now: float) -> None:
+            original = self._originals[copy.request_id]
+            times = self.timeline[copy.request_id]
+            if copy.status is not RequestStatus.FINISHED_LENGTH or original.max_tokens == 1:
+                self.final[copy.request_id] = copy  # rejected, aborted, or nothing left to decode
+                times.prefill_done = copy.finish_time if copy.token_times else None
+                return
+            times.prefill_done = now
+            start = max(now, self._link_free[index])
+            done = start + self.transfer_time(copy, index)
+            self._link_free[index] = done
+            times.transfer_start, times.transfer_done = start, done
+            decode_copy = _copy(original, max_tokens=original.max_tokens)
+            decode_copy.num_computed_tokens = original.prompt_len - 1
+            self._seq += 1
+            heapq.heappush(self._transfers, _Transfer(done, self._seq, decode_copy))
+
+        return on_finish
+
+    def _route_transfers(self, until: float) -> None:
+        while self._transfers and self._transfers[0].done <= until:
+            transfer = heapq.heappop(self._transfers)
+            self.decode.advance_to(transfer.done)
+            replica = self.decode.route(transfer.request, transfer.done)
+            self.timeline[transfer.request.request_id].decode_replica = replica.index
+            self.final[transfer.request.request_id] = transfer.request
+
+    def run(self, requests: Sequence[Request]) -> ClusterRun:
+        ordered = sorted(requests, key=lambda r: r.arrival_time)
+        t0 = time.perf_counter()
+        with paused_gc():
+            for request in ordered:
+                t = request.arrival_time
+                self.prefill.advance_to(t)
+                self._route_transfers(t)
+                self._originals[request.request_id] = request
+                copy = _copy(request, max_tokens=1)
+                replica = self.prefill.route(copy, t)
+                self.timeline[request.request_id] = PdTimes(replica.index)
+            self.prefill.advance_to(None)
+            self._route_transfers(math.inf)
+            self.decode.advance_to(None)
+        wall = time.perf_counter() - t0
+        out: list[Request] = []
+        prefill_copies = {r.request_id: r for s in self.prefill.replicas for r in s.engine.requests}
+        for request in ordered:
+            final = self.final[request.request_id]
+            # The prefix hit happened on the prefill side; the decode copy's admission saw none.
+            final.num_cached_tokens = prefill_copies[request.request_id].num_cached_tokens
+            out.append(final)
+        return ClusterRun(out, {"prefill": self.prefill, "decode": self.decode}, wall, self.timeline)
+
+
+def _copy(r: Request, *, max_tokens: int) -> Request:
+    return Request(
+        request_id=r.request_id,
+        prompt_len=r.prompt_len,
+        max_tokens=max_tokens,
+        arrival_time=r.arrival_time,
+        priority=r.priority,
+        tenant_id=r.tenant_id,
+        prompt_token_ids=r.prompt_token_ids,
+        prefix_block_hashes=r.prefix_block_hashes,
+        planned_output_token_ids=r.planned_output_token_ids,
+    )

@@ -1,0 +1,53 @@
+"""A cluster run's numbers: overall (the requests as clients saw them) and per replica.
+
+Overall latency metrics use the single-engine definitions (``metrics.summary``). The prefix hit
+rate is prompt tokens served from some replica's cache over all prompt tokens (a P/D request
+counts its prefill replica's hit). Per replica: requests routed, their TTFT and the replica's
+busy fraction (time in iterations over the run's duration).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailserve.cluster.cluster import ClusterRun
+from tailserve.cluster.replica import Replica
+from tailserve.metrics.summary import Slo, prefix_cache_summary, stats, summarize
+
+
+def replica_summary(replica: Replica, duration: float) -> dict[str, Any]:
+    done = [r for r in replica.engine.requests if r.token_times]
+    log = replica.engine.log
+    busy = float(sum(log.duration)) if len(log) else 0.0
+    hit = prefix_cache_summary(replica.engine.requests)
+    return {
+        "name": replica.name,
+        "deployment": replica.spec.label,
+        "policy": replica.spec.policy.label,
+        "num_routed": replica.num_routed,
+        "num_finished": len(done),
+        "ttft_s": stats([r.token_times[0] - r.arrival_time for r in done]),
+        "busy_fraction": busy / duration if duration > 0 else 0.0,
+        "prefix_hit_rate_tokens": hit["hit_rate_tokens"],
+        "num_preemptions": sum(r.num_preemptions for r in replica.engine.requests),
+    }
+
+
+def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
+    out = summarize(run.requests, slo)
+    out["prefix_cache"] = prefix_cache_summary(run.requests)
+    out["wall_s"] = run.wall_s
+    duration = out["duration_s"]
+    out["stages"] = {
+        name: {
+            "router": stage.router.describe(),
+            "scrape_interval_s": stage.scrape_interval,
+            "replicas": [replica_summary(r, duration) for r in stage.replicas],
+        }
+        for name, stage in run.stages.items()
+    }
+    if run.pd_timeline:
+        transfers = [t.transfer_done - t.prefill_done for t in run.pd_timeline.values()
+                     if t.transfer_done is not None and t.prefill_done is not None]  # fmt: skip
+        out["kv_transfer_s"] = stats(transfers)
+    return out

@@ -1,0 +1,55 @@
+"""``--cluster 2xH100-SXM:tp1,2xA100-80GB:tp2`` and ``--replicas N``: the replicas to build.
+
+An item is ``[COUNTx]GPU[:tpN]``; without a TP it takes the run's ``--tp`` (1 by default). Every
+replica runs the run's model and policy. A bad item is one ValueError line naming it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tailserve.cluster.replica import ReplicaSpec
+from tailserve.policies.registry import PolicySpec
+from tailserve.sim.deployment import Deployment
+
+_ITEM = re.compile(
+    r"^(?:(?P<count>\d+)\s*[xX*]\s*)?(?P<gpu>[^:]+?)(?::\s*tp\s*=?\s*(?P<tp>\d+))?$", re.IGNORECASE
+)
+
+MAX_REPLICAS = 1024  # a typo guard, not a limit of the simulator
+
+
+def parse_cluster(text: str, model: str, policy: PolicySpec, *, tp: int | None = None,
+                  calibration: str = "auto") -> list[ReplicaSpec]:  # fmt: skip
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"--cluster {text!r}: no replicas (expected e.g. 2xH100-SXM:tp1,2xA100-80GB:tp2)")
+    specs: list[ReplicaSpec] = []
+    for item in items:
+        m = _ITEM.match(item)
+        if m is None:
+            raise ValueError(f"--cluster item {item!r} is not [COUNTx]GPU[:tpN], e.g. 2xH100-SXM:tp1")
+        count = int(m["count"]) if m["count"] else 1
+        if count < 1:
+            raise ValueError(f"--cluster item {item!r}: the count must be >= 1")
+        item_tp = int(m["tp"]) if m["tp"] else tp
+        try:
+            deployment = Deployment.of(
+                model, m["gpu"].strip(), item_tp if item_tp is not None else 1, calibration
+            )
+        except ValueError as e:
+            raise ValueError(f"--cluster item {item!r}: {e}") from None
+        specs.extend(ReplicaSpec(deployment, policy) for _ in range(count))
+    if len(specs) > MAX_REPLICAS:
+        raise ValueError(f"--cluster {text!r}: {len(specs)} replicas, more than {MAX_REPLICAS}")
+    return specs
+
+
+def replicated(
+    count: int, deployment: Deployment, policy: PolicySpec, flag: str = "--replicas"
+) -> list[ReplicaSpec]:
+    if count < 1:
+        raise ValueError(f"{flag} must be >= 1, got {count}")
+    if count > MAX_REPLICAS:
+        raise ValueError(f"{flag} {count} is more than {MAX_REPLICAS}")
+    return [ReplicaSpec(deployment, policy) for _ in range(count)]
