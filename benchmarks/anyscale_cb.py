@@ -31,6 +31,7 @@ from _paths import default_out  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from tailserve.assemble.simulated import policy_kv_capacity  # noqa: E402
 from tailserve.core.engine import Engine  # noqa: E402
 from tailserve.core.kv_factory import make_kv_cache  # noqa: E402
 from tailserve.core.request import Request  # noqa: E402
@@ -39,7 +40,7 @@ from tailserve.core.source import ListSource  # noqa: E402
 from tailserve.executors.simulated.executor import SimExecutor  # noqa: E402
 from tailserve.metrics.summary import summarize  # noqa: E402
 from tailserve.policies.registry import PolicySpec, get_policy_cls, parse_policy_list  # noqa: E402
-from tailserve.simulation import Deployment, build_cost_model, policy_kv_capacity  # noqa: E402
+from tailserve.sim.deployment import Deployment, build_cost_model  # noqa: E402
 
 CAPS = (32, 128, 512, 1536)
 PROMPT = 512

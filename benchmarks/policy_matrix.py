@@ -22,7 +22,10 @@ from pathlib import Path
 from _paths import check_trace, default_out, default_trace
 
 from tailserve.policies.registry import parse_policy_list
-from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TRACE = default_trace("azure_llm_2023_conv.csv")

@@ -16,6 +16,7 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
+from tailserve.assemble.simulated import policy_kv_capacity
 from tailserve.core.engine import Engine
 from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.request import Request
@@ -26,7 +27,7 @@ from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.policies.registry import get_policy_cls, parse_policy_list
-from tailserve.simulation import Deployment, build_cost_model, policy_kv_capacity
+from tailserve.sim.deployment import Deployment, build_cost_model
 
 # (label, model, GPU, TP, batch, input, output, measured ms, source)
 POINTS = (

@@ -158,7 +158,10 @@ def run_aisimulate(exe: Path, config: Path) -> dict:
 def worker(spec_text: str, trace: str) -> None:
     """Child process: simulate one trace with one policy, print one JSON line."""
     from tailserve.policies.registry import parse_policy_list
-    from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+    from tailserve.sim.deployment import Deployment, build_cost_model
+    from tailserve.sim.run import run_policy
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
 
     built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
     workload = WorkloadBuilder(WorkloadSpec("trace", trace_path=trace))

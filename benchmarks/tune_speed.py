@@ -25,7 +25,8 @@ from pathlib import Path
 from _paths import check_trace, default_out, default_trace
 
 from tailserve.policies.registry import parse_policy_list
-from tailserve.simulation import Deployment, WorkloadSpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import DEFAULT_SLO, parse_capacity_slo
 from tailserve.tune.recommend import DEFAULT_TUNE_POLICIES, TuneConfig, tune, tune_json
 from tailserve.tune.sweep import ProcessBackend, RayBackend, ResultsFile, SerialBackend, Sweep

@@ -31,7 +31,10 @@ from tailserve.metrics.attribution import (
 from tailserve.policies.orca import OrcaConfig, OrcaPolicy
 from tailserve.policies.registry import parse_policy_list
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
-from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads.lengths import parse_length
 
 ALL_POLICIES = "static,orca,vllm-v0,vllm-v0:preemption_mode=swap,vllm,sarathi,sglang,tgi"

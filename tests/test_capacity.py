@@ -9,7 +9,8 @@ import math
 import pytest
 
 from tailserve.policies.registry import PolicySpec
-from tailserve.simulation import Deployment, WorkloadSpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import (
     CapacitySearch,
     CapacitySlo,

@@ -154,7 +154,7 @@ def test_console_script_runs_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     # The simulator never imports torch.
-    check = "import sys, tailserve.cli, tailserve.simulation; print('torch' in sys.modules)"
+    check = "import sys, tailserve.cli, tailserve.sim.run; print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip()
         == "False"

@@ -13,7 +13,7 @@ from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Effi
 from tailserve.executors.simulated.hardware import HARDWARE, get_hardware
 from tailserve.executors.simulated.kv_capacity import kv_capacity
 from tailserve.executors.simulated.models import MODELS, get_model, load_hf_config
-from tailserve.simulation import Deployment, build_cost_model
+from tailserve.sim.deployment import Deployment, build_cost_model
 
 
 @settings(max_examples=200, deadline=None)

@@ -8,7 +8,10 @@ import pytest
 
 from tailserve.core.engine import EngineOptions
 from tailserve.policies.registry import parse_policy_list
-from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads.arrivals import ArrivalSpec
 from tailserve.workloads.lengths import LogNormal
 

@@ -27,7 +27,7 @@ from tailserve.executors.simulated.profiles import (
     load_all_reduce,
     load_linear_profile,
 )
-from tailserve.simulation import Deployment, build_cost_model
+from tailserve.sim.deployment import Deployment, build_cost_model
 
 SHAPE = {"n_head": 32, "n_kv_head": 8, "n_embd": 4096, "n_expanded_embd": 14336, "vocab_size": 128256}
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 96, 128, 136, 192, 256, 264, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]

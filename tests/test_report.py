@@ -17,7 +17,10 @@ from tailserve.metrics.attribution import explain_run
 from tailserve.policies.registry import parse_policy_list
 from tailserve.report.html import SweepCurve, write_report
 from tailserve.report.plots import _stairs, gantt_figure, save_png
-from tailserve.simulation import Deployment, WorkloadBuilder, WorkloadSpec, build_cost_model, run_policy
+from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

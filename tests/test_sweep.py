@@ -10,7 +10,8 @@ import pytest
 from tailserve.cli import main
 from tailserve.core.engine import EngineOptions
 from tailserve.policies.registry import PolicySpec
-from tailserve.simulation import Deployment, WorkloadSpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.sweep import ProcessBackend, ResultsFile, RunSpec, SerialBackend, Sweep, make_backend
 
 

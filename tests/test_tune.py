@@ -13,7 +13,7 @@ import pytest
 from tailserve.cli import main
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.policies.registry import PolicySpec
-from tailserve.simulation import Deployment
+from tailserve.sim.deployment import Deployment
 from tailserve.tune.capacity import Capacity
 from tailserve.tune.recommend import PolicyTune, SizePoint, _choose, _with_size, command_line
 

@@ -14,16 +14,10 @@ from tailserve.cli_explain import add_explain_parser, add_run_outputs, run_outpu
 from tailserve.metrics.summary import Slo
 from tailserve.report.compare_text import compare_paragraph
 from tailserve.report.tables import print_calibration, print_cost, print_runs
-from tailserve.simulation import (
-    SEED_PRESET,
-    WORKLOADS,
-    BuiltCostModel,
-    Deployment,
-    WorkloadBuilder,
-    WorkloadSpec,
-    build_cost_model,
-    run_policy,
-)
+from tailserve.sim.deployment import SEED_PRESET, BuiltCostModel, Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WORKLOADS, WorkloadSpec
 
 # The essay's engines side by side: Orca, vLLM V0, vLLM V1 at two budgets, Sarathi, SGLang, TGI.
 DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,sarathi,sglang,tgi"
@@ -150,7 +144,7 @@ def _deployment(args: argparse.Namespace) -> Deployment:
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSpec:
-    from tailserve.simulation import parse_priorities
+    from tailserve.sim.workload_spec import parse_priorities
     from tailserve.workloads.arrivals import parse_arrival
     from tailserve.workloads.lengths import parse_length
 

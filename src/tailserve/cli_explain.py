@@ -25,7 +25,7 @@ from tailserve.metrics.attribution import (
     RunExplanation,
     explain_run,
 )
-from tailserve.simulation import RunResult, load_run
+from tailserve.sim.run_file import RunResult, load_run
 
 
 # ---- options ----------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ from tailserve.core.engine import EngineOptions
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
 from tailserve.report.tables import console, deployment_line, wrap_label
-from tailserve.simulation import RunResult, WorkloadSpec, build_cost_model
+from tailserve.sim.deployment import build_cost_model
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import DEFAULT_SLO, RateScaler, parse_capacity_slo
 from tailserve.tune.recommend import (
     DEFAULT_CHUNK_SIZES,

@@ -1,7 +1,7 @@
 """``tailserve bench --predict``: run the benchmark's exact workload through the simulator first.
 
 The same requests (prompt lengths, token ids for prefix caching, output lengths), the same send
-times and the same client-side ``--max-concurrency`` go through ``tailserve.simulation`` on a
+times and the same client-side ``--max-concurrency`` go through ``tailserve.sim.run`` on a
 simulated deployment; the simulated requests become ``RequestResult``s (send = arrival, tokens
 at their simulated times) so ``compute_result`` gives the predicted metrics with exactly the
 definitions of the measured ones. The simulation has no network, tokenization or HTTP time, so
@@ -26,14 +26,11 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.source import ListSource, RequestSource
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.policies.registry import parse_policy_list
-from tailserve.simulation import (
-    Deployment,
-    RunResult,
-    WorkloadBuilder,
-    WorkloadSpec,
-    build_cost_model,
-    run_policy,
-)
+from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.assemble.scheduler import make_scheduler
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.request import Request
-from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource, QueueSource
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.executor import SimExecutor
@@ -132,9 +131,10 @@ def run_sim(cost_model: CostModel, setup: EngineSetup, real_requests: list[Reque
     from tailserve.policies.registry import get_policy_cls
 
     cls = get_policy_cls(setup.policy)
-    config = copy.deepcopy(setup.policy_config)
-    kv = make_kv_cache(config, setup.num_blocks, setup.block_size, setup.num_cpu_blocks, shares_prefixes=True)
-    scheduler = Scheduler(cls(config), kv, setup.max_model_len)
+    policy = cls(copy.deepcopy(setup.policy_config))
+    scheduler = make_scheduler(
+        policy, setup.num_blocks, setup.block_size, setup.num_cpu_blocks, setup.max_model_len, True
+    )
     fresh = [
         Request(
             r.request_id,

@@ -100,9 +100,9 @@ class LLMEngine:
     @classmethod
     def from_args(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
         """Build from a model directory and engine flags; see ``tailserve.llm.builder``."""
-        from tailserve.llm.builder import build_engine
+        from tailserve.llm.builder import build_llm_engine
 
-        return build_engine(model, **kwargs)
+        return build_llm_engine(model, **kwargs)
 
     # ---- requests in ------------------------------------------------------------------------
     @property

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from tailserve.simulation import BuiltCostModel, RunResult, WorkloadSpec
+from tailserve.sim.deployment import BuiltCostModel
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_spec import WorkloadSpec
 
 
 def _ms(seconds: float) -> str:

@@ -24,7 +24,7 @@ from tailserve.report.plots import (
     sweep_figure,
     timeline_figure,
 )
-from tailserve.simulation import RunResult
+from tailserve.sim.run_file import RunResult
 
 __all__ = ["SweepCurve", "write_report"]
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from tailserve.metrics.attribution import CAUSE_TEXT, TTFT_CAUSES, Attributor, finished
-from tailserve.simulation import RunResult
+from tailserve.sim.run_file import RunResult
 
 # One colour per cause, the same in every figure.
 CAUSE_COLORS = {

@@ -11,7 +11,9 @@ from rich.table import Table
 from tailserve.executors.simulated.cost_model import Roofline
 from tailserve.executors.simulated.hardware import HARDWARE
 from tailserve.executors.simulated.models import MODELS
-from tailserve.simulation import BuiltCostModel, RunResult, WorkloadSpec
+from tailserve.sim.deployment import BuiltCostModel
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_spec import WorkloadSpec
 
 # Wide enough for the comparison table when the output is a file or a pipe.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)

@@ -20,7 +20,8 @@ from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import HF_REPOS, get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
-from tailserve.simulation import Deployment, WorkloadSpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import Capacity, CapacitySearch, CapacitySlo, RateScaler, search_capacities
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
 

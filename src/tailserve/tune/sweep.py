@@ -35,15 +35,11 @@ from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
-from tailserve.simulation import (
-    BuiltCostModel,
-    Deployment,
-    RunResult,
-    WorkloadBuilder,
-    WorkloadSpec,
-    build_cost_model,
-    run_policy,
-)
+from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
+from tailserve.sim.run import run_policy
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.backends import Backend, ProcessBackend, RayBackend, SerialBackend, make_backend
 
 __all__ = [

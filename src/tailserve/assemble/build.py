@@ -1,0 +1,181 @@
+"""``build_engine``: the one assembly path for the simulator, ``LLM`` / ``LLMEngine``, the server
+and ``bench --predict`` (and many replicas of one deployment).
+
+    deployment (simulated) | model directory (real)
+      -> policy config for the device -> KV capacity -> KV manager -> Scheduler   (scheduler.py)
+      -> executor: SimExecutor | RealtimeSimExecutor | TorchExecutor
+      -> Engine over a RequestSource, when one is given (nothing runs yet)
+
+The KV capacity step is the executor's own (``simulated.py``, ``pytorch.py``); the rest is
+written once. torch is imported only for ``executor="torch"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tailserve.assemble.scheduler import KVSize, SchedulerParts
+from tailserve.assemble.simulated import simulated_scheduler
+from tailserve.core.engine import Engine, EngineOptions, VirtualClock, WallClock
+from tailserve.core.executor import Executor
+from tailserve.core.policy import Policy
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.source import RequestSource
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.policies.registry import PolicySpec, parse_policy_list
+from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
+
+ExecutorKind = Literal["sim", "realtime-sim", "torch"]
+EXECUTOR_KINDS: tuple[str, ...] = ("sim", "realtime-sim", "torch")
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOptions:
+    """Everything but the deployment, the policy and the executor kind; each field says which
+    executors read it."""
+
+    max_model_len: int | None = None  # tokens; None: the model's context (a --max-model-len flag wins)
+    min_max_model_len: int = 0  # sim: the workload's need raises the default (hol's long prompt)
+    shares_prefixes: bool = True  # sim: False for bare lengths, which no prefix cache could match
+    cpu_swap: bool = True  # simulated: give a policy's swap_space a CPU pool
+    seed: int = 0  # torch, realtime-sim: sampling
+    dtype: str = "bfloat16"  # torch
+    device: str = "cpu"  # torch
+    kv_cache_memory_gib: float | None = None  # torch: KV budget (None: 2 GiB on CPU, vLLM's rule on CUDA)
+    eos_token_ids: tuple[int, ...] = ()  # torch: the sampler's EOS; realtime-sim: never sampled
+    vocab_size: int = 0  # realtime-sim: placeholder tokens are drawn below this
+    engine: EngineOptions = field(default_factory=EngineOptions)  # for the Engine made over ``source``
+
+
+@dataclass(slots=True)
+class BuiltEngine:
+    """An assembled engine, not yet run: the scheduler and executor (a live ``LLMEngine`` wraps
+    them), and the ``Engine`` over the ``source`` given to ``build_engine`` (None without one)."""
+
+    kind: str  # an EXECUTOR_KINDS value
+    parts: SchedulerParts
+    executor: Executor
+    label: str  # the executor in words: "simulated Llama-3-8B on H100-SXM x1", "21.0 M parameters, ..."
+    cost_model: BuiltCostModel | None = None  # simulated kinds
+    release: Callable[[str], None] | None = None  # torch: forget a request's sampler state
+    engine: Engine | None = None
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.parts.scheduler
+
+    @property
+    def policy(self) -> Policy:
+        return self.parts.policy
+
+    @property
+    def policy_config(self) -> Any:
+        return self.parts.config
+
+    @property
+    def kv_size(self) -> KVSize:
+        return self.parts.kv_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.parts.max_model_len
+
+    def make_engine(
+        self,
+        source: RequestSource,
+        clock: VirtualClock | WallClock | None = None,
+        options: EngineOptions = EngineOptions(),
+    ) -> Engine:
+        """The ``Engine`` over ``source`` (a virtual clock unless one is given); once per build,
+        since the scheduler and its KV cache belong to that engine."""
+        if self.engine is not None:
+            raise ValueError("this BuiltEngine already has its Engine; build another for another source")
+        self.engine = Engine(self.scheduler, self.executor, source, clock, options)
+        return self.engine
+
+
+def build_engine(
+    target: Deployment | BuiltCostModel | str | Path,
+    policy: PolicySpec | str,
+    executor: ExecutorKind = "sim",
+    options: BuildOptions = BuildOptions(),
+    *,
+    source: RequestSource | None = None,
+    clock: VirtualClock | WallClock | None = None,
+) -> BuiltEngine:
+    """Assemble one engine. ``target``: a simulated deployment (or its built cost model, to
+    share one fit between many engines) for ``sim`` / ``realtime-sim``; a Hugging Face model
+    directory for ``torch``. ``policy``: a spec or its text, ``NAME[:flag=value...]``.
+    With ``source`` the ``Engine`` is made too (``options.engine``, ``clock``), ready for
+    ``run()`` or ``step()``; ValueError for anything that cannot be built."""
+    spec = _policy_spec(policy)
+    if executor == "torch":
+        if not isinstance(target, (str, Path)):
+            raise ValueError(f"executor 'torch' needs a model directory, got {type(target).__name__}")
+        built = _build_torch(Path(target), spec, options)
+    elif executor in ("sim", "realtime-sim"):
+        if isinstance(target, (str, Path)):
+            raise ValueError(f"executor {executor!r} needs a simulated Deployment, got a path {target}")
+        built = _build_simulated(target, spec, executor, options)
+    else:
+        raise ValueError(f"unknown executor kind {executor!r}; known: {', '.join(EXECUTOR_KINDS)}")
+    if source is not None:
+        built.make_engine(source, clock, options.engine)
+    return built
+
+
+def _policy_spec(policy: PolicySpec | str) -> PolicySpec:
+    if isinstance(policy, PolicySpec):
+        return policy
+    specs = parse_policy_list(policy)
+    if len(specs) != 1:
+        raise ValueError(f"one policy expected, got {policy!r}")
+    return specs[0]
+
+
+def _build_simulated(
+    target: Deployment | BuiltCostModel, spec: PolicySpec, kind: str, options: BuildOptions
+) -> BuiltEngine:
+    built = target if isinstance(target, BuiltCostModel) else build_cost_model(target)
+    cost_model = built.cost_model
+    model = cost_model.model
+    default_len = options.max_model_len or max(model.max_position_embeddings, options.min_max_model_len)
+    max_model_len = spec.engine_flags.get("max_model_len", default_len)
+    parts = simulated_scheduler(
+        cost_model,
+        spec,
+        max_model_len,
+        shares_prefixes=options.shares_prefixes,
+        cpu_swap=options.cpu_swap,
+    )
+    block_size = parts.kv_size.block_size
+    executor: Executor
+    if kind == "sim":
+        executor = SimExecutor(cost_model, block_size)
+    else:
+        from tailserve.executors.simulated.realtime import RealtimeSimExecutor
+
+        executor = RealtimeSimExecutor(
+            cost_model, block_size, options.vocab_size, set(options.eos_token_ids), options.seed
+        )
+    label = f"simulated {model.name} on {cost_model.hardware.name} x{cost_model.tp}"
+    return BuiltEngine(kind, parts, executor, label, cost_model=built)
+
+
+def _build_torch(model_dir: Path, spec: PolicySpec, options: BuildOptions) -> BuiltEngine:
+    from tailserve.assemble.pytorch import torch_parts
+
+    t = torch_parts(
+        model_dir,
+        spec,
+        dtype=options.dtype,
+        device=options.device,
+        seed=options.seed,
+        max_model_len=options.max_model_len,
+        kv_cache_memory_gib=options.kv_cache_memory_gib,
+        eos_token_ids=options.eos_token_ids,
+    )
+    return BuiltEngine("torch", t.parts, t.executor, t.label, release=t.executor.release)

@@ -1,0 +1,85 @@
+"""Policy config -> KV capacity -> KV manager -> scheduler, written once for every executor.
+
+Each executor sizes the KV cache its own way (the simulator from the catalog's memory, the real
+executor from the loaded model and the memory it is given); everything around that step is the
+same, and lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.kv_factory import make_kv_cache
+from tailserve.core.policy import Policy
+from tailserve.core.scheduler import Scheduler
+from tailserve.policies.registry import PolicySpec, get_policy_cls
+
+GIB = 2**30
+
+
+class KVSize(Protocol):
+    """How many KV blocks the device holds (``KVCapacity`` for the simulator)."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...  # tokens per block
+
+    @property
+    def kv_bytes_per_token(self) -> int: ...  # per tensor-parallel shard
+
+
+@dataclass(slots=True)
+class SchedulerParts:
+    spec: PolicySpec
+    config: Any  # the policy's frozen config dataclass, defaults resolved for the device
+    policy: Policy
+    kv_size: KVSize
+    num_cpu_blocks: int  # vLLM V0's --swap-space in blocks; 0 without a swap pool
+    max_model_len: int  # tokens
+    scheduler: Scheduler
+
+
+def make_scheduler(
+    policy: Policy,
+    num_blocks: int,
+    block_size: int,
+    num_cpu_blocks: int,
+    max_model_len: int,
+    shares_prefixes: bool,
+) -> Scheduler:
+    """The one place a KV manager is made: the kind the policy's config asks for. Prefix caching
+    needs token identities, so a workload of bare lengths (``shares_prefixes=False``) gets a
+    plain manager."""
+    kv = make_kv_cache(policy.config, num_blocks, block_size, num_cpu_blocks, shares_prefixes)
+    return Scheduler(policy, kv, max_model_len)
+
+
+def build_scheduler(
+    spec: PolicySpec,
+    device: DeviceInfo,
+    max_model_len: int,
+    size_kv: Callable[[Any], KVSize],
+    *,
+    shares_prefixes: bool,
+    cpu_swap: bool = True,
+) -> SchedulerParts:
+    """The policy's config for ``device`` (its engine's defaults, the user's flags on top), the
+    KV blocks ``size_kv`` gives for that config (ValueError when one sequence cannot fit), the
+    CPU swap pool its ``swap_space`` asks for, and the scheduler over them."""
+    cls = get_policy_cls(spec.name)
+    config = cls.default_config(device, max_model_len, **spec.flags)
+    policy = cls(config)
+    size = size_kv(config)
+    num_cpu_blocks = 0
+    if cpu_swap:
+        swap_gib = getattr(config, "swap_space", 0.0)  # vLLM V0 --swap-space, GiB per GPU
+        num_cpu_blocks = int(swap_gib * GIB // (size.block_size * size.kv_bytes_per_token))
+    scheduler = make_scheduler(
+        policy, size.num_blocks, size.block_size, num_cpu_blocks, max_model_len, shares_prefixes
+    )
+    return SchedulerParts(spec, config, policy, size, num_cpu_blocks, max_model_len, scheduler)

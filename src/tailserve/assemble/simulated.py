@@ -1,0 +1,55 @@
+"""The simulated executors' half of assembly: KV blocks sized from the catalog GPU's memory the
+way vLLM sizes them, and the cost-model executor (virtual time) or its real-time pacing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailserve.assemble.scheduler import SchedulerParts, build_scheduler
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
+from tailserve.policies.registry import PolicySpec, get_policy_cls
+
+
+def policy_kv_capacity(
+    cost_model: CostModel, spec: PolicySpec, config: Any, max_model_len: int
+) -> KVCapacity:
+    """KV blocks a policy's engine gets on the simulated deployment (its block size and memory
+    fraction, activation reserve for its largest batch); ValueError, with vLLM's message, when
+    one full-length sequence would not fit."""
+    cls = get_policy_cls(spec.name)
+    model, hardware = cost_model.model, cost_model.hardware
+    capacity = kv_capacity(
+        model,
+        hardware,
+        cost_model.tp,
+        spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization),
+        spec.engine_flags.get("block_size", cls.default_block_size),
+        cls.profile_tokens(config, max_model_len),
+    )
+    if capacity.num_tokens < max_model_len:
+        raise ValueError(
+            f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+            f"that can be stored in KV cache ({capacity.num_tokens}) for {model.name} on "
+            f"{hardware.name} at TP {cost_model.tp}. Try increasing gpu_memory_utilization or "
+            "decreasing max_model_len."
+        )
+    return capacity
+
+
+def simulated_scheduler(
+    cost_model: CostModel,
+    spec: PolicySpec,
+    max_model_len: int,
+    *,
+    shares_prefixes: bool,
+    cpu_swap: bool,
+) -> SchedulerParts:
+    return build_scheduler(
+        spec,
+        cost_model.hardware.device_info,
+        max_model_len,
+        lambda config: policy_kv_capacity(cost_model, spec, config, max_model_len),
+        shares_prefixes=shares_prefixes,
+        cpu_swap=cpu_swap,
+    )

@@ -1,0 +1,95 @@
+"""A simulated deployment: model, GPU, tensor parallelism and calibration, and the cost model
+they give (``build_cost_model``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailserve.executors.simulated.calibration import (
+    PRESETS,
+    CalibrationResult,
+    calibrate,
+    parse_points,
+)
+from tailserve.executors.simulated.calibration_files import is_calibration_source, load_calibration_source
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.hardware import get_hardware, resolve_hardware_name
+from tailserve.executors.simulated.models import get_model, resolve_model_name
+
+SEED_PRESET = PRESETS["seed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """Model, GPU, TP and calibration, with the names resolved to their catalog entries on
+    construction: every spelling a user may type (``llama-3-70b``, ``A100``, a Hugging Face id)
+    becomes the canonical name here, so defaults, labels, calibration and JSON never see it."""
+
+    model: str = SEED_PRESET.model
+    hardware: str = SEED_PRESET.hardware
+    tp: int = SEED_PRESET.tp
+    calibration: str = "auto"  # "auto", "none", a preset name, or measured points
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", resolve_model_name(self.model))
+        object.__setattr__(self, "hardware", resolve_hardware_name(self.hardware))
+        keyword = self.calibration.strip().lower()
+        if keyword in ("auto", "none") or keyword in PRESETS:
+            object.__setattr__(self, "calibration", keyword)
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+
+    @classmethod
+    def of(cls, model: str, hardware: str, tp: int | None = None, calibration: str = "auto") -> Deployment:
+        """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
+        GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
+        names = cls(model, hardware, 1, calibration)
+        if tp is None:
+            tp = SEED_PRESET.tp if names.is_seed else 1
+        return cls(names.model, names.hardware, tp, names.calibration)
+
+    @property
+    def is_seed(self) -> bool:
+        return (self.model, self.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware)
+
+    def resolved_calibration(self) -> str:
+        """``auto`` means the seed preset for the seed's model and GPU, the bare roofline otherwise."""
+        if self.calibration != "auto":
+            return self.calibration
+        return SEED_PRESET.name if self.is_seed else "none"
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltCostModel:
+    cost_model: CostModel
+    calibration: str  # what was applied: "none", a preset name or the points
+    fit: CalibrationResult | None = None
+    notes: tuple[str, ...] = ()
+
+
+def build_cost_model(deployment: Deployment) -> BuiltCostModel:
+    model = get_model(deployment.model)
+    hardware = get_hardware(deployment.hardware)
+    base = CostModel(model, hardware, deployment.tp)
+    calibration = deployment.resolved_calibration()
+    if calibration == "none":
+        return BuiltCostModel(base, "none")
+    notes: list[str] = []
+    if calibration in PRESETS:
+        preset = PRESETS[calibration]
+        points = parse_points(preset.points)
+        # The points were measured at the preset's deployment: fit there, apply here.
+        fit_at = CostModel(get_model(preset.model), get_hardware(preset.hardware), preset.tp, preset.base)
+        if model.name != preset.model or hardware.name != preset.hardware:
+            notes.append(
+                f"calibration {preset.name!r} was measured on {preset.model} / {preset.hardware}; "
+                f"its efficiencies are applied to {model.name} / {hardware.name}"
+            )
+    elif is_calibration_source(calibration):  # FILE.json or vidur:DIR
+        cm, source_fit, source_notes = load_calibration_source(calibration, model, hardware, deployment.tp)
+        return BuiltCostModel(cm, calibration, source_fit, source_notes)
+    else:
+        points = parse_points(calibration)
+        fit_at = base
+    fit = calibrate(fit_at, points)
+    return BuiltCostModel(base.with_efficiency(fit.efficiency), calibration, fit, tuple(notes))

@@ -1,0 +1,108 @@
+"""Run a workload through one policy on a simulated deployment.
+
+deployment -> CostModel (``sim.deployment``); policy spec + engine flags -> Policy, KV cache sized
+like vLLM, Scheduler, SimExecutor (``assemble.build_engine``); workload spec -> RequestSource
+(fresh requests every run); Engine.run() -> RunResult (requests + iteration log).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from tailserve.assemble import BuildOptions, build_engine
+from tailserve.core.engine import EngineOptions
+from tailserve.core.radix_kv_cache import RadixKVCacheManager
+from tailserve.policies.registry import PolicySpec
+from tailserve.sim.deployment import BuiltCostModel
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.workloads import builtin
+
+
+def run_policy(
+    built: BuiltCostModel,
+    spec: PolicySpec,
+    workload: WorkloadBuilder,
+    *,
+    options: EngineOptions = EngineOptions(),
+) -> RunResult:
+    cost_model = built.cost_model
+    hardware = cost_model.hardware
+    model = cost_model.model
+    assembled = build_engine(
+        built,
+        spec,
+        "sim",
+        BuildOptions(
+            min_max_model_len=workload.min_max_model_len,
+            # vLLM hashes blocks into its block pool; SGLang keeps a radix tree beside its slots.
+            shares_prefixes=workload.shares_prefixes,
+            engine=options,
+        ),
+        source=workload.build(cost_model),
+    )
+    engine = assembled.engine
+    assert engine is not None  # made over the source
+    config = assembled.policy_config
+    policy = assembled.policy
+    capacity = assembled.kv_size  # the simulator's KVCapacity (vLLM's sizing, for the run file)
+    max_model_len = assembled.max_model_len
+    kv = assembled.scheduler.kv_cache
+    prefix_caching = kv.pool is not None
+    radix = isinstance(kv, RadixKVCacheManager)
+    t0 = time.perf_counter()
+    engine.run()
+    wall = time.perf_counter() - t0
+    if not engine.requests:
+        raise ValueError(f"workload {workload.spec.label}: no requests arrived, nothing to simulate")
+    run_config = {
+        "policy": spec.name,
+        "policy_flags": asdict(config),
+        "model": model.name,
+        "hardware": hardware.name,
+        "tp": cost_model.tp,
+        "calibration": built.calibration,
+        "efficiency": asdict(cost_model.efficiency),
+        "max_model_len": max_model_len,
+        "block_size": capacity.block_size,
+        "num_kv_blocks": capacity.num_blocks,
+        "kv_cache_gib": round(capacity.kv_gib, 3),
+        "workload": workload.spec.label,
+        "seed": workload.spec.seed,
+    }
+    label = spec.label
+    budget_flag = getattr(config, "max_num_batched_tokens", None)
+    if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
+        label += f" (default budget {budget_flag})"
+    run_config["prefix_caching"] = prefix_caching or radix
+    prefix_stats = None
+    if kv.pool is not None:
+        prefix_stats = {"evicted_tokens": kv.pool.stats.num_evicted_tokens}
+    elif radix:
+        tree = getattr(kv, "tree", None)
+        prefix_stats = {"evicted_tokens": tree.stats.num_evicted_tokens if tree is not None else 0}
+    notes = list(policy.notes())
+    if (
+        workload.spec.name == "hol"
+        and "max_model_len" not in spec.engine_flags
+        and model.max_position_embeddings < builtin.HOL_LONG_PROMPT_LEN
+    ):
+        notes.insert(
+            0,
+            f"hol's {builtin.HOL_LONG_PROMPT_LEN:,}-token prompt is longer than {model.name}'s "
+            f"{model.max_position_embeddings:,}-token context; max_model_len is raised to "
+            f"{max_model_len:,} for it (as vLLM with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), which the "
+            "model was not trained for",
+        )
+    return RunResult(
+        label,
+        run_config,
+        engine.requests,
+        engine.log,
+        capacity,
+        wall,
+        notes,
+        prefix_stats,
+        engine.batches,
+    )
