@@ -116,8 +116,10 @@ class LLMEngine:
         params: SamplingParams | None = None,
         *,
         priority: int = 0,
+        tenant_id: str | None = None,
     ) -> None:
-        """Queue a request; ValueError (nothing queued) for input the engine can never serve."""
+        """Queue a request; ValueError (nothing queued) for input the engine can never serve.
+        ``tenant_id`` is who sent it (fairness, per-tenant SLO classes)."""
         params = params or SamplingParams()
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -152,6 +154,7 @@ class LLMEngine:
             max_tokens,
             self.now,
             priority=priority,
+            tenant_id=tenant_id,
             prompt_token_ids=prompt_ids,
             sampling_params=params,
         )

@@ -152,7 +152,12 @@ def build_app(
     ) -> Any:
         try:
             stream = await engine.generate(
-                prompt, params, priority=body.priority, request_id=meta.response_id
+                prompt,
+                params,
+                priority=body.priority,
+                request_id=meta.response_id,
+                # The tenant (fairness, SLO class): the X-Tenant-Id header, else OpenAI's ``user``.
+                tenant_id=request.headers.get("x-tenant-id") or body.user,
             )
         except ValueError as error:  # the engine's own check: prompt too long, empty, ...
             raise ApiError(str(error)) from None

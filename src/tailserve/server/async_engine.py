@@ -66,6 +66,7 @@ class _Add:
     params: SamplingParams
     priority: int
     accepted: concurrent.futures.Future[None]
+    tenant_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -146,6 +147,7 @@ class AsyncEngine:
         *,
         priority: int = 0,
         request_id: str | None = None,
+        tenant_id: str | None = None,
     ) -> RequestStream:
         """Add a request and return its stream once the engine has accepted it.
 
@@ -170,7 +172,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._num_submitted += 1
-        self._inbox.put(_Add(request_id, prompt, params, priority, accepted))
+        self._inbox.put(_Add(request_id, prompt, params, priority, accepted, tenant_id))
         try:
             await asyncio.wrap_future(accepted)
         except BaseException:
@@ -314,7 +316,11 @@ class AsyncEngine:
                 return  # the client left before the engine saw the request
             try:
                 self.engine.add_request(
-                    command.request_id, command.prompt, command.params, priority=command.priority
+                    command.request_id,
+                    command.prompt,
+                    command.params,
+                    priority=command.priority,
+                    tenant_id=command.tenant_id,
                 )
             except Exception as error:  # ValueError for bad input; anything else is reported as is
                 command.accepted.set_exception(error)
