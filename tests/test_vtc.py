@@ -116,3 +116,37 @@ def test_vtc_serves_the_light_tenant_first_and_conserves_everything(name, flags)
         return sum(light) / len(light)
 
     assert light_ttft(fair) < 0.5 * light_ttft(plain)
+
+
+def test_fairness_is_a_flag_of_any_spec_through_build_engine():
+    from tailserve.assemble import build_engine
+    from tailserve.sim.deployment import Deployment
+
+    deployment = Deployment.of("Llama-3-8B", "H100-SXM", 1)
+    built = build_engine(deployment, "vllm:fairness=vtc:tenant_weights=a=2/b=1")
+    assert isinstance(built.policy, FairPolicy) and built.policy.backlog.vtc.weights == {"a": 2.0, "b": 1.0}
+    assert build_engine(deployment, "slo:fairness=vtc").policy.backlog is not None
+    with pytest.raises(ValueError, match="tgi with these flags keeps its own order"):
+        build_engine(deployment, "tgi:fairness=vtc")
+
+
+def test_tenant_mix_and_streams():
+    from tailserve.core.source import ListSource
+    from tailserve.workloads.lengths import Fixed
+    from tailserve.workloads.tenants import TenantSource, parse_tenant_mix, parse_tenant_rates, tenant_streams
+
+    assert parse_tenant_mix("a=0.9,b=0.1") == (("a", 0.9), ("b", 0.1))
+    for bad, message in [("a=0.9,b=0.2", "sum to 1"), ("a=x", "not TENANT=FRACTION"), ("a=1,a=0", "twice")]:
+        with pytest.raises(ValueError, match=message):
+            parse_tenant_mix(bad)
+    rates = parse_tenant_rates("heavy=10,light=1")
+    both = tenant_streams(rates, 30.0, Fixed(100), Fixed(10), seed=3)
+    alone = tenant_streams((("light", 1.0),), 30.0, Fixed(100), Fixed(10), seed=3)
+    light = [(r.request_id, r.arrival_time) for r in both if r.tenant_id == "light"]
+    assert light == [(r.request_id, r.arrival_time) for r in alone]  # the same traffic as alone
+    assert 250 < sum(r.tenant_id == "heavy" for r in both) < 350 and 15 < len(light) < 45  # 300, 30 expected
+    mixed = TenantSource(
+        ListSource([Request(f"r{i}", 10, 1, 0.0) for i in range(1000)]), (("a", 0.9), ("b", 0.1)), 0
+    )
+    tenants = [r.tenant_id for r in mixed.pop_arrived(0.0)]
+    assert 0.85 < tenants.count("a") / 1000 < 0.95

@@ -15,6 +15,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
+from tailserve.policies.fairness import with_fairness
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
 GIB = 2**30
@@ -73,7 +74,8 @@ def build_scheduler(
     CPU swap pool its ``swap_space`` asks for, and the scheduler over them."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
-    policy = cls(config)
+    flags = spec.engine_flags
+    policy = with_fairness(cls(config), flags.get("fairness", "none"), flags.get("tenant_weights", ""))
     size = size_kv(config)
     num_cpu_blocks = 0
     if cpu_swap:

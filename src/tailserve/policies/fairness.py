@@ -181,6 +181,6 @@ def with_fairness(policy: Policy, fairness: str = "none", tenant_weights: str = 
     if not fcfs:
         raise ValueError(
             f"--fairness vtc orders the waiting queue of vllm (scheduling_policy=fcfs), sglang "
-            f"(schedule_policy=fcfs) or slo; {policy.describe()} keeps its own order"
+            f"(schedule_policy=fcfs) or slo; {policy.name} with these flags keeps its own order"
         )
     return FairPolicy(policy, backlog)

@@ -2,7 +2,8 @@
 
 Flags use the engines' own names (``max_num_batched_tokens``; dashes work too). Besides each
 policy's own flags, every spec accepts the engine-wide ``block_size``,
-``gpu_memory_utilization`` and ``max_model_len``.
+``gpu_memory_utilization`` and ``max_model_len``, and ``fairness=vtc`` (with ``tenant_weights``)
+for the policies whose waiting queue VTC can order (``policies/fairness.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ ENGINE_FLAGS: dict[str, type] = {
     "block_size": int,
     "gpu_memory_utilization": float,
     "max_model_len": int,
+    "fairness": str,  # none | vtc (policies/fairness.py); slo has it as its own flag
+    "tenant_weights": str,  # a=2,b=1
 }
 
 

@@ -24,6 +24,7 @@ charged; a recompute after preemption is computed again, so charged again), one 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,9 +34,10 @@ UNNAMED_TENANT = ""  # requests without a tenant id share one counter
 
 
 def parse_tenant_weights(text: str) -> dict[str, float]:
-    """``a=2,b=1`` -> {"a": 2.0, "b": 1.0}; ValueError naming the bad item."""
+    """``a=2,b=1`` -> {"a": 2.0, "b": 1.0}; ValueError naming the bad item. Items may also be
+    separated by ``/`` or ``;`` (inside a ``policy:flag=value,...`` spec, where commas split flags)."""
     weights: dict[str, float] = {}
-    for raw in text.split(","):
+    for raw in re.split(r"[,;/]", text):
         item = raw.strip()
         if not item:
             continue
