@@ -74,7 +74,7 @@ def test_a_more_urgent_later_arrival_is_admitted_first(policy, first):
     _add(sched, "urgent", 48, 2, priority=0, arrival=1.0)
     out = _step(sched, now=1.0)
     assert _grants(out) == [(first, 48, 0)]
-    assert len(sched.waiting) == 1 and sched.waiting[0].request_id != first
+    assert len(sched.waiting) == 1 and sched.waiting.peek_request().request_id != first
 
 
 def test_no_preemption_in_favour_of_a_more_urgent_waiting_request():

@@ -35,7 +35,7 @@ def advance_chunk_run(engine: Engine) -> int:
     """Advance through the determined chunk-beside-decodes iterations; returns how many (0
     when the next iteration must be stepped normally)."""
     sched = engine.scheduler
-    budget = sched.policy.chunk_run_budget()  # type: ignore[attr-defined]
+    budget = sched.chunk_run_budget()
     kv = sched.kv_cache
     running = sched.running
     if budget is None or kv.pool is not None or sched.swapped or len(running) < 2:
@@ -74,7 +74,7 @@ def advance_chunk_run(engine: Engine) -> int:
         return 0
     now = engine.clock.now
     wake = engine.source.next_arrival_time()
-    policy_wake = sched.policy.next_wakeup(sched, now)
+    policy_wake = sched.next_wakeup(now)
     if policy_wake is not None and (wake is None or policy_wake < wake):
         wake = policy_wake
     if wake is not None and wake <= now:

@@ -67,7 +67,7 @@ def advance_decode_run(engine: Engine) -> int:
         held_tokens.append(slots)
         first_new_block.append(slots - c)
     wake = engine.source.next_arrival_time()
-    policy_wake = sched.policy.next_wakeup(sched, now)
+    policy_wake = sched.next_wakeup(now)
     if policy_wake is not None and (wake is None or policy_wake < wake):
         wake = policy_wake
     if wake is not None:
@@ -75,7 +75,7 @@ def advance_decode_run(engine: Engine) -> int:
         # before the wake-up.
         first = executor.decode_step_duration(n, num_context)  # type: ignore[attr-defined]
         k_max = min(k_max, int((wake - now) / first) + 1)
-    free = kv.num_free_blocks - sched.policy.decode_reserve_blocks
+    free = kv.num_free_blocks - sched.decode_reserve_blocks
     if k_max <= SHORT_RUN:
         run = _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free)
     else:
@@ -106,7 +106,7 @@ def advance_decode_run(engine: Engine) -> int:
     if engine.batches is not None:
         engine.batches.record_decode_run(times[:-1], durations, running, ctx_list, used, sched)
     now = engine.clock.now = token_times[-1]
-    sched.policy.on_decode_run(sched, k)
+    sched.on_decode_run(k)
     if done:
         sched.finish(done, now)
     engine.finish_step(done, now)

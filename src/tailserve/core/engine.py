@@ -84,9 +84,7 @@ class Engine:
         self.num_requests_seen = 0
         # A policy that predicts iteration times (slo) takes the executor's cost model here,
         # whichever assembly path built the engine.
-        bind = getattr(scheduler.policy, "bind_executor", None)
-        if bind is not None:
-            bind(executor)
+        scheduler.bind_executor(executor)
         self._block_ids = executor.needs_block_ids
         self._decode_run_ok = options.fast_forward and hasattr(executor, "decode_run_durations")
         # The chunked-prefill run prices iterations itself, so only for the plain cost model
@@ -94,7 +92,7 @@ class Engine:
         self._chunk_run_ok = (
             options.fast_forward
             and chunk_run.applies_to(executor)
-            and hasattr(scheduler.policy, "chunk_run_budget")
+            and scheduler.chunk_run_budget() is not None
             and not options.record_batches
             and not options.check_integrity
         )
@@ -174,14 +172,14 @@ class Engine:
         arrival = self.source.next_arrival_time()
         if arrival is not None and arrival <= now:
             return True  # released during this step (a closed-loop client): add it next step
-        wakeup = sched.policy.next_wakeup(sched, now)
+        wakeup = sched.next_wakeup(now)
         wake = [t for t in (arrival, wakeup) if t is not None]
         if not wake:
             if sched.has_unfinished:
                 raise EngineStalledError(
                     f"{len(sched.waiting)} waiting and {len(sched.running)} running requests, "
                     f"but the policy schedules nothing and no arrival is pending "
-                    f"({sched.policy.describe()})"
+                    f"({sched.describe_policy()})"
                 )
             return False
         t = min(wake)
@@ -190,7 +188,7 @@ class Engine:
             # would repeat forever.
             raise EngineStalledError(
                 f"the policy asked to be woken at t={t} but scheduled nothing at t={now} "
-                f"({sched.policy.describe()})"
+                f"({sched.describe_policy()})"
             )
         self.clock.wait_until(t)
         return True
@@ -219,7 +217,7 @@ class Engine:
         nxt = self.source.next_arrival_time()
         if nxt is not None and nxt <= self.clock.now:
             return False
-        return sched.policy.can_fast_forward(sched)
+        return sched.can_fast_forward()
 
     def check_integrity(self) -> None:
         """KV blocks conserved; finished requests hold none; every request is somewhere."""

@@ -145,7 +145,7 @@ class BatchRecord:
                 [r.request_id for r in out.preempted],
                 [r.request_id for r in out.swapped_out],
                 [r.request_id for r in out.swapped_in],
-                sched.waiting[0].request_id if sched.waiting else None,
+                sched.waiting.peek_request().request_id if sched.waiting else None,
                 len(sched.waiting),
                 len(sched.swapped),
             )
@@ -170,7 +170,7 @@ class BatchRecord:
                 [1] * len(running),
                 num_context_tokens,
                 num_used_blocks,
-                waiting_head=sched.waiting[0].request_id if sched.waiting else None,
+                waiting_head=sched.waiting.peek_request().request_id if sched.waiting else None,
                 num_waiting=len(sched.waiting),
                 num_swapped=len(sched.swapped),
             )

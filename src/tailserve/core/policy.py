@@ -1,7 +1,32 @@
 """A policy is one engine's ordering and budget rules, nothing else.
 
-Shared mechanics (allocation, admission, recompute preemption, token accounting) live in
-``Scheduler`` (core/scheduler.py); a policy calls them from ``schedule``.
+The scheduler (``core/scheduler.py``) owns the queues (``waiting``, ``running``, ``swapped``,
+``finished``), the KV manager and the shared mechanics (token accounting, ``allocate``,
+``admit``, ``preempt_by_recompute`` / ``preempt_by_swap``, ``swap_in``, ``reject``, ``abort``).
+A policy decides through these hooks, and nothing else calls it — the engine and the fast paths
+ask the scheduler, which asks the policy:
+
+- **Queue order.** ``create_waiting_queue()`` picks the waiting-queue strategy
+  (``core/queues.py``: ``FCFSRequestQueue`` by default; vLLM's ``PriorityRequestQueue`` with
+  ``scheduling_policy=priority``). The policy adds, peeks, pops and re-queues through the queue's
+  vLLM names (``add_request``, ``peek_request``, ``pop_request``, ``prepend_request``,
+  ``remove_requests``); an engine that re-sorts its queue every iteration (SGLang's
+  ``calc_priority``, vLLM V0's priority pass) hands the new order to ``reorder`` / ``sort``,
+  never rebuilding the container itself. The queue also names its preemption victim
+  (``preemption_victim``), since the order that admits first is the one that preempts last.
+- **Arrival / admission control.** ``add_request(sched, request)``: queue the request
+  (``sched.waiting.add_request``) or refuse it (``sched.reject``), e.g. TGI's backpressure.
+- **The decision.** ``schedule(sched, now) -> SchedulerOutput``: budgets, who runs with how
+  many tokens, victims, by calling the scheduler's mechanics; the output lists the decisions.
+- **Departures.** ``on_finished(sched, finished)``: bookkeeping when requests leave.
+- **Fast paths** (exactness contracts, see each docstring): ``can_fast_forward``,
+  ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``.
+- **Time and executor.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``);
+  ``bind_executor`` (a policy that predicts iteration times takes the executor's cost model).
+- **Declarations.** ``default_config``, ``profile_tokens``, ``notes``, ``describe``.
+
+A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
+``registry.py`` entry.
 """
 
 from __future__ import annotations
@@ -10,6 +35,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from tailserve.core.device import DeviceInfo
+from tailserve.core.queues import FCFSRequestQueue, RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
@@ -39,8 +65,14 @@ class Policy(ABC):
         profiles ``max_num_batched_tokens``)."""
         return getattr(config, "max_num_batched_tokens", None) or max_model_len
 
+    def create_waiting_queue(self) -> RequestQueue:
+        """The waiting-queue strategy (called once, by the scheduler's constructor)."""
+        return FCFSRequestQueue()
+
     def add_request(self, sched: Scheduler, request: Request) -> None:
-        sched.waiting.append(request)
+        """A request arrived (already checked against ``max_model_len`` and the KV capacity):
+        queue it, or refuse it with ``sched.reject``."""
+        sched.waiting.add_request(request)
 
     @abstractmethod
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput: ...
@@ -62,6 +94,17 @@ class Policy(ABC):
         """Called after the engine advanced ``num_steps`` decode-only iterations in one step:
         apply whatever per-iteration bookkeeping the policy keeps (counters, decaying ratios)
         exactly as ``num_steps`` calls of ``schedule`` would have."""
+        return None
+
+    def chunk_run_budget(self) -> int | None:
+        """The fixed token budget of a Sarathi-style iteration (decodes first, then one prompt
+        chunked to fill the budget), for ``core/chunk_run.py``'s exact fast path; None (the
+        default) when the policy's iterations are not of that shape."""
+        return None
+
+    def bind_executor(self, executor: Any) -> None:
+        """Called once by the engine with its executor (a policy that predicts iteration
+        times takes the cost model here); the default ignores it."""
         return None
 
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:

@@ -11,16 +11,17 @@ Who owns which tokens of a request::
     |<---- num_computed_tokens (in KV) ---->|<- scheduled this step ->|
                                              (catches up with num_tokens)
 
-Ownership of requests: ``waiting`` (FIFO order unless a policy keeps its own order),
-``running`` (admission order, the order vLLM's running list has), ``swapped`` (preempted by
-swapping their KV to the CPU pool, vLLM V0) and ``finished`` (every request that left: finished,
-aborted or rejected, each with a reason when not finished).
+Ownership of requests: ``waiting`` (a queue strategy the policy picks, ``core/queues.py``:
+FCFS or vLLM's priority heap), ``running`` (admission order, the order vLLM's running list has),
+``swapped`` (preempted by swapping their KV to the CPU pool, vLLM V0) and ``finished`` (every
+request that left: finished, aborted or rejected, each with a reason when not finished). The
+engine and the fast paths talk to the scheduler only; it asks the policy (``core/policy.py``
+lists the hooks).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tailserve.core.executor import StepResult
@@ -54,7 +55,7 @@ class Scheduler:
         self.policy = policy
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
+        self.waiting = policy.create_waiting_queue()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.finished: list[Request] = []
@@ -116,6 +117,29 @@ class Scheduler:
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    # ---- what the engine and the fast paths ask (answered by the policy's hooks) ----------
+    def bind_executor(self, executor: Any) -> None:
+        self.policy.bind_executor(executor)
+
+    def can_fast_forward(self) -> bool:
+        return self.policy.can_fast_forward(self)
+
+    def on_decode_run(self, num_steps: int) -> None:
+        self.policy.on_decode_run(self, num_steps)
+
+    def next_wakeup(self, now: float) -> float | None:
+        return self.policy.next_wakeup(self, now)
+
+    def chunk_run_budget(self) -> int | None:
+        return self.policy.chunk_run_budget()
+
+    @property
+    def decode_reserve_blocks(self) -> int:
+        return self.policy.decode_reserve_blocks
+
+    def describe_policy(self) -> str:
+        return self.policy.describe()
 
     # ---- the iteration ------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
@@ -194,16 +218,6 @@ class Scheduler:
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
         self.running.append(request)
-
-    def insert_waiting(self, request: Request, key: Callable[[Request], Any]) -> None:
-        """Insert into ``waiting`` kept sorted by ``key`` (after equal keys): a priority queue
-        that still reads front to back like the FCFS deque."""
-        waiting = self.waiting
-        k = key(request)
-        i = len(waiting)
-        while i > 0 and key(waiting[i - 1]) > k:
-            i -= 1
-        waiting.insert(i, request)
 
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""

@@ -59,11 +59,11 @@ class OrcaPolicy(Policy):
             sched.allocate(request, request.num_computed_tokens + 1)
             out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
         while sched.waiting and len(sched.running) < self.config.max_num_seqs:
-            request = sched.waiting[0]
+            request = sched.waiting.peek_request()
             total = max(request.prompt_len + request.max_tokens, self.config.reserve_tokens)
             if not sched.allocate(request, total):
                 break
-            sched.waiting.popleft()
+            sched.waiting.pop_request()
             sched.admit(request, now)
             out.num_admitted += 1
             out.scheduled.append(ScheduledRequest(request, request.num_tokens, 0))

@@ -151,13 +151,13 @@ class SarathiPolicy(Policy):
         # Phase 3: new requests, FCFS; the first that cannot start stops the walk.
         watermark = int(cfg.watermark * kv.num_blocks)
         while sched.waiting and len(running) < cfg.max_num_seqs:
-            request = sched.waiting[0]
+            request = sched.waiting.peek_request()
             chunk = min(request.num_remaining_tokens, self._chunk_for(request) - batched)
             if chunk <= 0:
                 break
             if not sched.allocate(request, request.num_tokens, reserve=watermark):
                 break
-            sched.waiting.popleft()
+            sched.waiting.pop_request()
             sched.admit(request, now)
             out.num_admitted += 1
             out.scheduled.append(ScheduledRequest(request, chunk, request.num_computed_tokens))
@@ -170,7 +170,7 @@ class SarathiPolicy(Policy):
                 out.scheduled.remove(item)
                 break
         sched.preempt_by_recompute(victim)
-        sched.waiting.appendleft(victim)
+        sched.waiting.prepend_request(victim)
         out.preempted.append(victim)
 
 

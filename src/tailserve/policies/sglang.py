@@ -85,12 +85,10 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.policy import Policy
-from tailserve.core.prefix_cache import PrefixCacheStats, PrefixMatch, token_keys_from_hash_ids
+from tailserve.core.prefix_cache import PrefixMatch
 from tailserve.core.radix_cache import RadixCache, RadixNode
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
-from tailserve.core.request import Request, RequestStatus
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.policies.sglang_adder import (
@@ -110,33 +108,11 @@ from tailserve.policies.sglang_adder import (
     decode_fits,
     queued_at,
 )
+from tailserve.policies.sglang_radix import SglangRadix
 
 LPM_FALLBACK_WAITING = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX: lpm falls back to fcfs above this
 IN_BATCH_CHECK = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD
 IN_BATCH_DEPRIORITIZE = 32  # IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD
-
-
-def token_keys(request: Request) -> list[int] | None:
-    """Per-token radix keys: the token ids (with the planned outputs, in simulation), or Mooncake
-    ``hash_ids`` expanded to one key per token of each full 512-token block; None without either."""
-    if request.prompt_token_ids is not None:
-        keys = list(request.prompt_token_ids)
-        if request.planned_output_token_ids:
-            keys.extend(request.planned_output_token_ids)
-        return keys
-    if request.prefix_block_hashes:
-        return token_keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len)
-    return None
-
-
-@dataclass(slots=True)
-class _Attached:
-    """An admitted request's hold on the tree: the locked node and how far it is inserted."""
-
-    request: Request
-    node: RadixNode  # locked (the root when nothing is cached yet)
-    inserted: int  # leading keys in the tree along the locked path
-    target: int  # the tokens this admission prefills (prompt + outputs so far): checkpoint limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +202,7 @@ class SglangPolicy(Policy):
         self._max_running = config.max_running_requests
         self._last_batch: list[Request] = []  # requests of the last iteration
         self._last_was_prefill = False
-        # Radix cache: created with the first request that carries token identities.
-        self.tree: RadixCache | None = None
-        self._kv: RadixKVCacheManager | None = None
-        self._keys: dict[str, list[int]] = {}  # request id -> per-token keys
-        self.attached: dict[str, _Attached] = {}  # request id -> its locked path (admitted requests)
-        self.prefix_stats = PrefixCacheStats()  # one lookup per admission (prompt + outputs so far)
+        self.radix = SglangRadix()  # built with the first request that carries token identities
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
@@ -271,10 +242,8 @@ class SglangPolicy(Policy):
             sched.reject(request, reason, now)
             return
         if not self.config.disable_radix_cache:
-            keys = token_keys(request)
-            if keys and self._enable_cache(sched):
-                self._keys[request.request_id] = keys
-        sched.waiting.append(request)
+            self.radix.add(sched, request)
+        sched.waiting.add_request(request)
 
     # ---- helpers the adder shares --------------------------------------------------------
     def ratio_for(self) -> float:
@@ -292,118 +261,24 @@ class SglangPolicy(Policy):
             self._max_running = auto_max_running_requests(kv.num_blocks * kv.block_size, sched.max_model_len)
         return self._max_running
 
-    # ---- radix cache ---------------------------------------------------------------------
-    def _enable_cache(self, sched: Scheduler) -> bool:
-        """Create the tree (and give the KV manager tree-held references) on first use; False
-        where it cannot apply (a hashed pool, or pages larger than one token)."""
-        if self.tree is not None:
-            return True
-        kv = sched.kv_cache
-        if kv.block_size != 1 or kv.pool is not None or type(kv) not in (KVCacheManager, RadixKVCacheManager):
-            return False
-        self._kv = RadixKVCacheManager.adopt(kv)
-        sched.kv_cache = self._kv
-        self.tree = RadixCache(page_size=1)
-        self._kv.tree = self.tree
-        self._kv.on_free = self._on_free
-        return True
+    # ---- radix cache (policies/sglang_radix.py) -----------------------------------------
+    @property
+    def tree(self) -> RadixCache | None:
+        return self.radix.tree
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         """Cached tokens / tokens to prefill, over every admission (retractions included)."""
-        return self.prefix_stats.hit_rate
+        return self.radix.hit_rate
 
     def evictable_tokens(self) -> int:
-        return self.tree.evictable_size if self.tree is not None else 0
+        return self.radix.evictable_tokens()
 
     def match(self, request: Request) -> PrefixMatch | None:
-        """The request's longest cached prefix (at most ``num_tokens - 1``); None without keys."""
-        keys = self._keys.get(request.request_id) if self.tree is not None else None
-        if keys is None:
-            return None
-        return self.tree.match_prefix(keys, request.num_tokens)
-
-    def lock(self, match: PrefixMatch) -> None:
-        self.tree.inc_lock_ref(match.node)
-
-    def unlock(self, match: PrefixMatch) -> None:
-        self.tree.dec_lock_ref(match.node)
-
-    def attach(self, sched: Scheduler, request: Request, match: PrefixMatch) -> None:
-        """Admission of a waiting request with its (locked) match: share the cached slots into
-        its table and start it at the end of the match."""
-        assert request.num_computed_tokens == 0 and not self._kv.num_held(request.request_id)
-        prefix = match.num_tokens
-        self._kv.share(request.request_id, match.kv_indices)
-        request.num_computed_tokens = prefix
-        self.attached[request.request_id] = _Attached(request, match.node, prefix, request.num_tokens)
-        stats = self.prefix_stats
-        stats.num_lookups += 1
-        stats.num_query_tokens += request.num_tokens
-        stats.num_hit_tokens += prefix
-        if request.num_preemptions == 0:
-            request.num_cached_tokens = min(prefix, request.prompt_len)
+        return self.radix.match(request)
 
     def allocate(self, sched: Scheduler, request: Request, num_total_tokens: int) -> bool:
-        """``sched.allocate``, evicting least recently used unlocked leaves first if the free
-        slots fall short (SGLang evicts on allocation)."""
-        if self.tree is not None:
-            kv = sched.kv_cache
-            short = kv.num_blocks_needed(request.request_id, num_total_tokens) - kv.num_free_blocks
-            if short > 0:
-                self.tree.evict(short, self._kv.release)
-        return sched.allocate(request, num_total_tokens)
-
-    def _checkpoint(self) -> None:
-        """After a prefill batch: insert what each of its requests has prefilled so far
-        (``cache_unfinished_req``); decodes never touch the tree."""
-        for request in self._last_batch:
-            att = self.attached.get(request.request_id)
-            if att is not None and not request.is_finished:
-                self._insert(att, min(request.num_computed_tokens, att.target))
-
-    def _insert(self, att: _Attached, num_tokens: int) -> None:
-        """Insert the request's first ``num_tokens`` keyed tokens with its slots; the tree takes a
-        reference on the slots it adopts, and the lock moves to the new deepest node. Slots that
-        duplicate ones the tree already has stay the request's own (SGLang frees them and
-        points the request at the tree's; same tokens, a little more memory here)."""
-        rid = att.request.request_id
-        keys = self._keys[rid]
-        table = self._kv.block_tables.get(rid, [])
-        n = min(num_tokens, len(keys), len(table))
-        if n <= att.inserted:
-            return
-        tree = self.tree
-        slots = table[:n]
-        already = tree.insert(keys[:n], slots)
-        if already < n:
-            self._kv.hold(slots[already:])
-        node = tree.root
-        i = 0
-        while i < n:  # ``insert`` left a node boundary at n
-            node = node.children[keys[i]]
-            i += len(node.key)
-        assert i == n
-        tree.inc_lock_ref(node)
-        tree.dec_lock_ref(att.node)
-        att.node, att.inserted = node, n
-
-    def _on_free(self, request_id: str) -> None:
-        """Called by the KV manager just before a request's references are dropped. Finished:
-        insert prompt + outputs (``cache_finished_req``), then unlock. Retracted or aborted:
-        unlock without inserting the decoded tokens."""
-        att = self.attached.pop(request_id, None)
-        request = att.request if att is not None else None
-        finished = request is not None and request.status in (
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_STOPPED,
-        )
-        if att is not None:
-            if finished:
-                self._insert(att, request.num_computed_tokens)
-            self.tree.dec_lock_ref(att.node)
-        if request is None or request.status is not RequestStatus.RUNNING:
-            self._keys.pop(request_id, None)  # a retracted request keeps its keys
+        return self.radix.allocate(sched, request, num_total_tokens)
 
     # ---- the iteration -------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
@@ -411,7 +286,7 @@ class SglangPolicy(Policy):
         if self.chunked is not None and self.chunked.is_finished:
             self.chunked = None  # aborted from outside
         if self.tree is not None and self._last_was_prefill:
-            self._checkpoint()
+            self.radix.checkpoint(self._last_batch)
         clear_during_decode = self._note_departures()
         prefilled = self._prefill(sched, now, out)
         if not prefilled:
@@ -478,10 +353,7 @@ class SglangPolicy(Policy):
 
         admitted = [s.request for s in adder.can_run if s.request is not continuing]
         if admitted:
-            ids = {id(r) for r in admitted}
-            kept = [r for r in sched.waiting if id(r) not in ids]
-            sched.waiting.clear()
-            sched.waiting.extend(kept)
+            sched.waiting.remove_requests(admitted)
             for request in admitted:
                 sched.admit(request, now)
             out.num_admitted += len(admitted)
@@ -514,30 +386,21 @@ class SglangPolicy(Policy):
                 return  # no request carries token identities: every match is 0, keep the queue
             else:
                 ordered = self._lpm_order(sched, now) if policy == "lpm" else self._dfs_weight_order(sched)
-                waiting.clear()
-                waiting.extend(ordered)
+                waiting.reorder(ordered)
                 return
         sign = 1 if cfg.schedule_low_priority_values_first else -1
         if policy == "fcfs":
-            if not cfg.enable_priority_scheduling:
-                return
-            ordered = sorted(waiting, key=lambda r: (r.priority * sign, queued_at(r)))
+            if cfg.enable_priority_scheduling:
+                waiting.sort(key=lambda r: (r.priority * sign, queued_at(r)))
         elif policy == "lof":
             if cfg.enable_priority_scheduling:
-                ordered = sorted(waiting, key=lambda r: (r.priority * sign, -r.max_tokens))
+                waiting.sort(key=lambda r: (r.priority * sign, -r.max_tokens))
             else:
-                ordered = sorted(waiting, key=lambda r: -r.max_tokens)
+                waiting.sort(key=lambda r: -r.max_tokens)
         else:  # random
             ordered = list(waiting)
             self._rng.shuffle(ordered)
-        waiting.clear()
-        waiting.extend(ordered)
-
-    def _full_match(self, request: Request) -> PrefixMatch | None:
-        """The match ``calc_priority`` makes: the whole prompt + outputs so far, uncapped (the
-        admission match is capped one token short); None without keys."""
-        keys = self._keys.get(request.request_id)
-        return self.tree.match_prefix(keys[: request.num_tokens]) if keys is not None else None
+            waiting.reorder(ordered)
 
     def _lpm_order(self, sched: Scheduler, now: float) -> list[Request]:
         """Descending match length (stable: ties keep queue order; priorities ignored, as in
@@ -552,10 +415,10 @@ class SglangPolicy(Policy):
         in_queue = RadixCache(page_size=1)
         scored = []
         for request in sched.waiting:
-            full = self._full_match(request)
+            full = self.radix.full_match(request)
             deprioritized = False
             if full is not None and full.num_tokens <= IN_BATCH_CHECK:
-                keys = self._keys[request.request_id][: request.num_tokens]
+                keys = self.radix.keys(request)
                 if in_queue.match_prefix(keys).num_tokens >= IN_BATCH_DEPRIORITIZE:
                     deprioritized = True
                 else:
@@ -576,7 +439,7 @@ class SglangPolicy(Policy):
         weight: dict[int, int] = {}
         nodes = []
         for request in sched.waiting:
-            match = self._full_match(request)  # uncapped, as SGLang's calc_priority matches
+            match = self.radix.full_match(request)  # uncapped, as SGLang's calc_priority matches
             node = match.node if match is not None else root
             by_node.setdefault(id(node), []).append(request)
             nodes.append(node)
@@ -639,9 +502,7 @@ class SglangPolicy(Policy):
             self._requeue(sched, victim, now, out)
             if self.tree is not None:
                 # ``release_req``: make room for RETRACT_DECODE_STEPS tokens per kept request.
-                short = len(keep) * RETRACT_DECODE_STEPS - kv.num_free_blocks * kv.block_size
-                if short > 0:
-                    self.tree.evict(short, self._kv.release)
+                self.radix.evict_for(len(keep) * RETRACT_DECODE_STEPS)
         aborted = False
         if len(keep) <= 1 and not decode_fits(kv, keep, self.evictable_tokens()):
             sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
@@ -656,7 +517,7 @@ class SglangPolicy(Policy):
     def _requeue(sched: Scheduler, request: Request, now: float, out: SchedulerOutput) -> None:
         """A retracted or evicted request re-enters at the tail of the waiting queue."""
         request.enqueue_time = now
-        sched.waiting.append(request)
+        sched.waiting.add_request(request)
         out.preempted.append(request)
 
     def _add_decodes(self, sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
@@ -703,7 +564,7 @@ class SglangPolicy(Policy):
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         if self.tree is not None and self._last_was_prefill:
             # The run's first decode is where stepping checkpoints the last prefill batch.
-            self._checkpoint()
+            self.radix.checkpoint(self._last_batch)
         ratio, floor, decay = self.new_token_ratio, self.min_new_token_ratio, self.new_token_ratio_decay
         for _ in range(num_steps):
             if ratio == floor:

@@ -155,11 +155,12 @@ class PrefillAdder:
         if cfg.assume_ignore_eos and cfg.disable_radix_cache:
             return self._add_one_req_ignore_eos(request)
         policy = self.policy
+        radix = policy.radix
         if match is not None:
-            policy.lock(match)
+            radix.lock(match)
         result = self._add_one_req(request, match)
-        if match is not None and request.request_id not in policy.attached:
-            policy.unlock(match)
+        if match is not None and request.request_id not in radix.attached:
+            radix.unlock(match)
         return result
 
     def _add_one_req(self, request: Request, match: PrefixMatch | None) -> _AddResult:
@@ -179,7 +180,7 @@ class PrefillAdder:
                 return _AddResult.OTHER
             is_chunked, charge = True, 0  # a chunked request reserves its outputs at its last chunk
         if match is not None:
-            self.policy.attach(self.sched, request, match)
+            self.policy.radix.attach(request, match)
         return self._admit(request, extend, charge, is_chunked)
 
     def _add_one_req_ignore_eos(self, request: Request) -> _AddResult:

@@ -57,15 +57,15 @@ class StaticPolicy(Policy):
     def _batch_ready(self, sched: Scheduler, now: float) -> bool:
         cfg: StaticConfig = self.config
         # The same expression next_wakeup returns, so waking at that time is always ready.
-        return len(sched.waiting) >= cfg.batch_size or now >= sched.waiting[0].arrival_time + cfg.max_wait
+        return len(sched.waiting) >= cfg.batch_size or now >= sched.waiting.peek_request().arrival_time + cfg.max_wait
 
     def _start_batch(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
         while sched.waiting and len(self._batch) < self.config.batch_size:
-            request = sched.waiting[0]
+            request = sched.waiting.peek_request()
             if not sched.allocate(request, request.prompt_len + request.max_tokens):
                 break
-            sched.waiting.popleft()
+            sched.waiting.pop_request()
             sched.admit(request, now)
             self._batch.append(request)
         out.num_admitted = len(self._batch)
@@ -96,4 +96,4 @@ class StaticPolicy(Policy):
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         if self._batch or not sched.waiting:
             return None
-        return sched.waiting[0].arrival_time + self.config.max_wait
+        return sched.waiting.peek_request().arrival_time + self.config.max_wait

@@ -186,7 +186,7 @@ class TgiPolicy(Policy):
             return
         if not self.config.disable_radix_cache:
             self.allocator.add(sched, request)
-        sched.waiting.append(request)
+        sched.waiting.add_request(request)
 
     @property
     def tree(self) -> RadixCache | None:
@@ -323,7 +323,7 @@ class TgiPolicy(Policy):
                 item.request.num_computed_tokens = 0
             return []
         for _ in batch:
-            waiting.popleft()
+            waiting.pop_request()
         return batch
 
     def _admit(self, sched: Scheduler, new: list[ScheduledRequest], now: float, out: SchedulerOutput) -> None:
@@ -389,7 +389,7 @@ class TgiPolicy(Policy):
         total = self._total_tokens(sched)
         if total - held <= 0:
             return False
-        head = sched.waiting[0]
+        head = sched.waiting.peek_request()
         prefix = 0
         if self.tree is not None:
             fit = self.allocator.fit(sched, head, total)  # read-only

@@ -37,7 +37,7 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
-from tailserve.core.request import Request
+from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -71,10 +71,6 @@ class VllmConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-
-
-def _priority_key(request: Request) -> tuple[int, float, str]:
-    return (request.priority, request.arrival_time, request.request_id)
 
 
 def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
@@ -121,26 +117,10 @@ class VllmPolicy(Policy):
             )
         return config
 
-    def __init__(self, config: VllmConfig) -> None:
-        super().__init__(config)
-        self._priority = config.scheduling_policy == "priority"
-
-    def add_request(self, sched: Scheduler, request: Request) -> None:
-        if self._priority:
-            sched.insert_waiting(request, _priority_key)
-        else:
-            sched.waiting.append(request)
-
-    def _victim(self, sched: Scheduler) -> Request:
-        if self._priority:
-            return max(sched.running, key=lambda r: (r.priority, r.arrival_time))
-        return sched.running[-1]
-
-    def _requeue(self, sched: Scheduler, request: Request) -> None:
-        if self._priority:
-            sched.insert_waiting(request, _priority_key)
-        else:
-            sched.waiting.appendleft(request)
+    def create_waiting_queue(self) -> RequestQueue:
+        """``create_request_queue(scheduling_policy)``: FCFS deque or the priority heap, which
+        also decide where a preempted request re-enters and whom to preempt."""
+        return create_request_queue(self.config.scheduling_policy)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         cfg: VllmConfig = self.config
@@ -151,6 +131,7 @@ class VllmPolicy(Policy):
             cap = 0
         scheduled = out.scheduled
         preempted = out.preempted
+        waiting = sched.waiting
         kv = sched.kv_cache
         block_size = kv.block_size
 
@@ -174,7 +155,7 @@ class VllmPolicy(Policy):
             target = computed + want
             self_preempted = False
             while not sched.allocate(request, target):
-                victim = self._victim(sched)
+                victim = waiting.preemption_victim(sched.running)
                 item = next((s for s in scheduled if s.request is victim), None)
                 if item is not None:
                     # Already scheduled this iteration (priority only): its tokens go back.
@@ -182,7 +163,7 @@ class VllmPolicy(Policy):
                     budget += item.num_new_tokens
                     i -= 1
                 sched.preempt_by_recompute(victim)
-                self._requeue(sched, victim)
+                waiting.prepend_request(victim)
                 preempted.append(victim)
                 if victim is request:
                     self_preempted = True
@@ -198,8 +179,8 @@ class VllmPolicy(Policy):
             return out
         kv = sched.kv_cache
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
-        while sched.waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
-            request = sched.waiting[0]
+        while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+            request = waiting.peek_request()
             # Prefix lookup for a new or preempted request: hits are not charged to the budget.
             match = (
                 kv.match_prefix(request.request_id, request.num_tokens)
@@ -231,7 +212,7 @@ class VllmPolicy(Policy):
                     break  # head-of-line blocking: nothing behind it is tried
             if request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
-            sched.waiting.popleft()
+            waiting.pop_request()
             sched.admit(request, now)
             out.num_admitted += 1
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))

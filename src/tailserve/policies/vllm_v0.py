@@ -132,7 +132,7 @@ class VllmV0Policy(Policy):
     def add_request(self, sched: Scheduler, request: Request) -> None:
         # A plain append under both policies (``Scheduler.add_seq_group``): V0 sorts its queues
         # by priority only in ``_schedule_priority_preemption`` (shown by tests/test_differential*).
-        sched.waiting.append(request)
+        sched.waiting.add_request(request)
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         # The delay gate depends on the clock; otherwise admission is monotone in free blocks.
@@ -160,7 +160,7 @@ class VllmV0Policy(Policy):
                 sched.abort(victim, "Aborted due to the lack of CPU swap space", now)
             return
         sched.preempt_by_recompute(victim)
-        sched.waiting.appendleft(victim)
+        sched.waiting.prepend_request(victim)
         out.preempted.append(victim)
 
     def _decode_all(self, sched: Scheduler, out: SchedulerOutput, now: float, budget: int) -> int:
@@ -276,7 +276,7 @@ class VllmV0Policy(Policy):
     ) -> None:
         """Admit with blocks for the whole prompt; ``tokens`` of it are computed now."""
         kv = sched.kv_cache
-        sched.waiting.popleft()
+        sched.waiting.pop_request()
         hit = self._computed_hit(sched, request, match)
         self._frozen_cached.pop(request.request_id, None)  # admitted: V0 recounts after a preemption
         if match is not None and match.num_tokens:
@@ -293,7 +293,7 @@ class VllmV0Policy(Policy):
         out.scheduled.append(ScheduledRequest(request, tokens, request.num_computed_tokens))
 
     def _never(self, sched: Scheduler, request: Request, now: float) -> None:
-        sched.waiting.popleft()
+        sched.waiting.pop_request()
         sched.abort(
             request,
             f"Input prompt ({request.num_tokens} tokens) is too long and exceeds the capacity of block_manager",
@@ -320,7 +320,7 @@ class VllmV0Policy(Policy):
         budget = cfg.max_num_batched_tokens
         if not sched.swapped and self._delay_ok(sched, now):
             while sched.waiting:
-                request = sched.waiting[0]
+                request = sched.waiting.peek_request()
                 match = self._lookup(sched, request)
                 ok = self._can_allocate(sched, request, now, match)
                 if ok is None:
@@ -351,7 +351,7 @@ class VllmV0Policy(Policy):
         """``_schedule_priority_preemption``: preempt running requests less urgent than the
         waiting head while the head cannot be scheduled; then both queues are sorted by
         (priority, arrival) — even when nothing waits."""
-        head = sched.waiting[0] if sched.waiting else None
+        head = sched.waiting.peek_request() if sched.waiting else None
         running = sorted(sched.running, key=_priority_key)
         budget = self.config.max_num_batched_tokens
         match = self._lookup(sched, head) if head is not None else None
@@ -366,11 +366,9 @@ class VllmV0Policy(Policy):
                 break
             victim = running.pop()
             sched.preempt_by_recompute(victim)
-            sched.waiting.appendleft(victim)
+            sched.waiting.prepend_request(victim)
             out.preempted.append(victim)
-        ordered = sorted(sched.waiting, key=_priority_key)
-        sched.waiting.clear()
-        sched.waiting.extend(ordered)
+        sched.waiting.sort(key=_priority_key)
         sched.running.sort(key=_priority_key)  # V0 keeps the sorted running queue too
 
     def _schedule_chunked(self, sched: Scheduler, now: float) -> SchedulerOutput:
@@ -409,10 +407,10 @@ class VllmV0Policy(Policy):
         # V0 looks the head up (fixing its cached count) and checks its blocks before the token
         # and sequence budgets, so a spent budget still stops the walk only after that.
         while sched.waiting:
-            request = sched.waiting[0]
+            request = sched.waiting.peek_request()
             if cfg.max_num_partial_prefills > 1 and self._is_long(request):
                 if long_running >= cfg.max_long_partial_prefills:
-                    held_back.append(sched.waiting.popleft())  # lets short prompts overtake it
+                    held_back.append(sched.waiting.pop_request())  # lets short prompts overtake it
                     continue
                 long_running += 1
             match = self._lookup(sched, request)
@@ -429,7 +427,7 @@ class VllmV0Policy(Policy):
             self._admit_whole(sched, request, out, now, tokens, match)
             budget -= tokens
         for request in reversed(held_back):
-            sched.waiting.appendleft(request)
+            sched.waiting.prepend_request(request)
         self._reorder_running(sched, out)
         return out
 

@@ -90,7 +90,7 @@ def run_tailserve_order(case: OrderCase) -> OrderResult:
         len(w.prompt_token_ids) + w.max_tokens for w in case.waiting
     )
     sched = Scheduler(policy, KVCacheManager(max(total * 4, 64), 1), max_model_len=1 << 20)
-    if not policy._enable_cache(sched):
+    if not policy.radix.enable(sched):
         raise RuntimeError("tailserve's sglang policy refused its radix cache")
     slot = 0
     for tokens in case.cached:  # the slots only label tree entries: ordering never reads them
