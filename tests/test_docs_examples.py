@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from tailserve.cli import main
-from tailserve.cli_run import load_prompts
+from tailserve.cli.run import load_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

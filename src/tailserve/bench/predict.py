@@ -15,13 +15,14 @@ set; against any other server it says that it predicts a deployment it cannot ch
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
 
 from tailserve.bench.client import RequestResult
 from tailserve.bench.datasets import BenchRequest
+from tailserve.bench.predict_spec import PredictSpec
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.source import ListSource, RequestSource
 from tailserve.executors.simulated.cost_model import CostModel
@@ -31,29 +32,6 @@ from tailserve.sim.run import run_policy
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
-
-
-@dataclass(frozen=True, slots=True)
-class PredictSpec:
-    """The simulated deployment to predict for."""
-
-    model: str = "Llama-3-8B"
-    hardware: str = "H100-SXM"
-    tp: int = 1
-    calibration: str = "auto"
-    policy: str = "vllm"  # a spec as ``tailserve compare`` takes one: NAME[:flag=value...]
-
-    def __post_init__(self) -> None:
-        # Names resolved as Deployment resolves them, so the label and the JSON carry the
-        # catalog's spelling whatever the user typed (ValueError for an unknown name).
-        names = Deployment(self.model, self.hardware, self.tp, self.calibration)
-        object.__setattr__(self, "model", names.model)
-        object.__setattr__(self, "hardware", names.hardware)
-        object.__setattr__(self, "calibration", names.calibration)
-
-    @property
-    def label(self) -> str:
-        return f"{self.model} on {self.hardware} x{self.tp}, {self.policy}, calibration {self.calibration}"
 
 
 def server_deployment(base_url: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tailserve.cli.policy_flags import parse_policy_flags
 from tailserve.llm.sampling_params import SamplingParams
 
 
@@ -49,7 +50,7 @@ def load_prompts(path: str | Path) -> list[str | list[int]]:
     return prompts
 
 
-def add_run_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="generate for a file of prompts with the real executor (policy flags by their engine names)",
@@ -86,7 +87,6 @@ def run_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tailserve.cli import _parse_policy_flags
     from tailserve.llm import LLM
 
     prompts = load_prompts(args.prompts)
@@ -106,7 +106,7 @@ def run_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib,
-        **_parse_policy_flags(args.extra),
+        **parse_policy_flags(args.extra),
     )
     console.print(f"[dim]{llm.engine.description}[/dim]")
     t0 = time.perf_counter()

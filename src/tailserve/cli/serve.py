@@ -25,11 +25,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from tailserve.cli.policy_flags import parse_policy_flags
+
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUED_REQUESTS = 1024  # waiting requests before a 503: bounded memory, bounded waits
 
 
-def add_serve_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics) over the "
@@ -152,11 +154,10 @@ def _or_default(value: Any, default: Any) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from tailserve.cli import _parse_policy_flags
     from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES
     from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_LIMIT_CONCURRENCY
 
-    flags = _parse_policy_flags(args.extra)
+    flags = parse_policy_flags(args.extra)
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     api_keys = api_keys_from_env(args.api_key, os.environ)

@@ -20,8 +20,19 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from tailserve.bench.predict_spec import PredictSpec
+from tailserve.cli.base import default_of
+from tailserve.cli.bench_setup import (
+    check_args,
+    failure_reason,
+    fit_to_context,
+    load_requests,
+    server_context,
+    server_model,
+)
 
-def add_bench_parser(sub: Any) -> None:
+
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmark any OpenAI-compatible server with vllm bench serve's workloads, metrics and JSON",
@@ -104,114 +115,30 @@ def add_bench_parser(sub: Any) -> None:
         help="simulate the same workload first; print side by side. Against `tailserve serve --executor "
         "sim` the server's own deployment is simulated, with the --predict-* flags you set on top",
     )
-    g.add_argument("--predict-model", default="Llama-3-8B", help="simulated model (default: %(default)s)")
-    g.add_argument("--predict-hardware", default="H100-SXM", help="simulated GPU (default: %(default)s)")
-    g.add_argument("--predict-tp", type=int, default=1, help="(default: %(default)s)")
-    g.add_argument("--predict-policy", default="vllm", help="NAME[:flag=value...] (default: %(default)s)")
-    g.add_argument("--predict-calibration", default="auto", help="as tailserve simulate --calibration")
+    g.add_argument(
+        "--predict-model",
+        default=default_of(PredictSpec, "model"),
+        help="simulated model (default: %(default)s)",
+    )
+    g.add_argument(
+        "--predict-hardware",
+        default=default_of(PredictSpec, "hardware"),
+        help="simulated GPU (default: %(default)s)",
+    )
+    g.add_argument(
+        "--predict-tp", type=int, default=default_of(PredictSpec, "tp"), help="(default: %(default)s)"
+    )
+    g.add_argument(
+        "--predict-policy",
+        default=default_of(PredictSpec, "policy"),
+        help="NAME[:flag=value...] (default: %(default)s)",
+    )
+    g.add_argument(
+        "--predict-calibration",
+        default=default_of(PredictSpec, "calibration"),
+        help="as tailserve simulate --calibration",
+    )
     p.set_defaults(run=run_bench)
-
-
-def _server_model(base_url: str) -> tuple[str, str | None]:
-    import httpx
-
-    url = f"{base_url}/v1/models"
-    try:
-        response = httpx.get(url, timeout=30.0)
-        response.raise_for_status()
-        card = response.json()["data"][0]
-    except httpx.HTTPError as error:
-        raise ValueError(f"cannot read {url}: {error}") from None
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise ValueError(f"{url} lists no model; pass --model") from None
-    return str(card["id"]), card.get("root")
-
-
-def _server_context(base_url: str) -> int | None:
-    """``max_model_len`` of the server's first model card (vLLM's and ours carry it), or None."""
-    import httpx
-
-    try:
-        card = httpx.get(f"{base_url}/v1/models", timeout=30.0).json()["data"][0]
-        return int(card["max_model_len"])
-    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
-        return None
-
-
-def fit_to_context(requests: list[Any], context: int, block_size: int) -> list[Any]:
-    """The requests with recorded prompts cut so prompt + max_tokens fits ``context`` (a trace
-    recorded on a long-context deployment replayed against a small server); the others are the
-    same objects. Outputs longer than the whole context keep a quarter of it, the prompt the rest."""
-    import dataclasses
-
-    fitted = []
-    for r in requests:
-        if r.prompt_len + r.output_len <= context:
-            fitted.append(r)
-            continue
-        output_len = max(1, context // 4) if r.output_len >= context else r.output_len
-        keep = max(1, context - output_len)
-        hashes = r.prefix_block_hashes[: -(-keep // block_size)] if r.prefix_block_hashes else None
-        prompt = r.prompt[:keep] if isinstance(r.prompt, list) else r.prompt
-        fitted.append(
-            dataclasses.replace(
-                r, prompt=prompt, prompt_len=keep, output_len=output_len, prefix_block_hashes=hashes
-            )
-        )
-    return fitted
-
-
-def _load_requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
-    from tailserve.bench import datasets
-
-    kind, *rest = args.dataset
-    if kind == "random" and not rest:
-        return datasets.random_requests(
-            args.num_prompts,
-            tokenizer,
-            input_len=args.random_input_len,
-            output_len=args.random_output_len,
-            range_ratio=args.random_range_ratio,
-            prefix_len=args.random_prefix_len,
-            seed=args.seed,
-        )
-    if kind == "sharegpt" and len(rest) == 1:
-        return datasets.sharegpt_requests(
-            rest[0], args.num_prompts, tokenizer, output_len=args.sharegpt_output_len, seed=args.seed
-        )
-    if kind == "trace" and len(rest) == 1:
-        return datasets.trace_requests(
-            rest[0],
-            tokenizer,
-            num_prompts=args.num_prompts,
-            rate_scale=args.rate_scale,
-            block_size=args.trace_block_size,
-            seed=args.seed,
-        )
-    raise ValueError(f"--dataset {' '.join(args.dataset)!r}: expected random, sharegpt PATH or trace PATH")
-
-
-def _reason(error: str) -> str:
-    """``HTTP 400 Bad Request: {"error": {"message": ...}}`` -> ``HTTP 400: <message>``."""
-    head, sep, body = error.partition(": ")
-    if sep and head.startswith("HTTP "):
-        try:
-            message = json.loads(body)["error"]["message"]
-            return f"{head.split()[0]} {head.split()[1]}: {message}"
-        except (ValueError, KeyError, TypeError, IndexError):
-            pass
-    return error
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
-    if not args.request_rate > 0:
-        raise ValueError(f"--request-rate must be > 0 (inf for all at once), got {args.request_rate}")
-    if not args.burstiness > 0:
-        raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
-    if args.num_prompts < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -222,12 +149,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from tailserve.bench.result import DETAILED_FIELDS, compute_result, parse_goodput, parse_percentiles
     from tailserve.bench.tokenizer import find_tokenizer, load_tokenizer
 
-    _check_args(args)
+    check_args(args)
     goodput = parse_goodput(args.goodput)
     percentiles = parse_percentiles(args.metric_percentiles)
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     base_url = args.base_url.rstrip("/")
-    model, root = (args.model, None) if args.model and args.tokenizer else _server_model(base_url)
+    model, root = (args.model, None) if args.model and args.tokenizer else server_model(base_url)
     model = args.model or model
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else find_tokenizer([root, model])
     if tokenizer is None:
@@ -235,12 +162,12 @@ def run_bench(args: argparse.Namespace) -> int:
             f"no tokenizer for {model!r}: the server's model root {root!r} is not a local directory; "
             "pass --tokenizer DIR (a directory with tokenizer.json)"
         )
-    requests = _load_requests(args, tokenizer)
+    requests = load_requests(args, tokenizer)
     if not requests:
         raise ValueError(f"--dataset {' '.join(args.dataset)}: no requests to send")
     kind = args.dataset[0]
     if kind == "trace" and args.fit_context:
-        context = _server_context(base_url)
+        context = server_context(base_url)
         fitted = fit_to_context(requests, context, args.trace_block_size) if context else requests
         num_cut = sum(a is not b for a, b in zip(requests, fitted))
         requests = fitted
@@ -297,7 +224,7 @@ def run_bench(args: argparse.Namespace) -> int:
     errors = [r.error for r in results if not r.success]
     if results and len(errors) == len(results):
         # Nothing to measure: one line saying why, and a failing exit status for scripts.
-        reasons = dict.fromkeys(_reason(e) for e in errors)
+        reasons = dict.fromkeys(failure_reason(e) for e in errors)
         raise ValueError(
             f"all {len(results)} requests failed: {next(iter(reasons))}"
             + (f" (and {len(reasons) - 1} other errors)" if len(reasons) > 1 else "")

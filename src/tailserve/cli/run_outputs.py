@@ -1,22 +1,19 @@
-"""``tailserve explain RUN.json``, and the ``--explain`` / ``--save-run`` / ``--report`` outputs of
-``simulate`` and ``compare``.
-
-``explain`` reads a run saved with ``simulate --save-run`` (requests with their timestamps and the
-batch record), splits every request's TTFT and every long inter-token gap into causes
-(``metrics.attribution``), and prints the slowest requests, the worst stalls and a paragraph
-saying what dominates the tail and which flag addresses it.
+"""The ``--explain`` / ``--save-run`` / ``--report`` outputs of ``simulate`` and ``compare`` (and
+the explanation tables ``tailserve explain`` prints): each request's TTFT and long inter-token
+gaps split into causes (``metrics.attribution``), the slowest requests, the worst stalls and a
+paragraph saying what dominates the tail and which flag addresses it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 from typing import Any
 
 from rich.table import Table
 
+from tailserve.cli.base import write_json
 from tailserve.metrics.attribution import (
     CAUSE_SHORT,
     TBT_CAUSES,
@@ -25,11 +22,11 @@ from tailserve.metrics.attribution import (
     RunExplanation,
     explain_run,
 )
-from tailserve.sim.run_file import RunResult, load_run
+from tailserve.sim.run_file import RunResult
 
 
 # ---- options ----------------------------------------------------------------------------------
-def _add_explain_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def add_explain_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--top", type=int, default=10, help="slowest requests and stalls to show (default: %(default)s)"
     )
@@ -43,18 +40,6 @@ def _add_explain_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -
     )
 
 
-def add_explain_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "explain",
-        help="why requests were slow: TTFT and inter-token stalls of a saved run split into causes",
-    )
-    p.add_argument("run_json", metavar="RUN.json", help="a run written by tailserve simulate --save-run")
-    _add_explain_options(p)
-    p.add_argument("--json", metavar="OUT", help="write the attribution of every request as JSON")
-    p.add_argument("--report", metavar="DIR", help="also write PNG plots and index.html into DIR")
-    p.set_defaults(run=cmd_explain)
-
-
 def add_run_outputs(p: argparse.ArgumentParser, *, simulate: bool) -> None:
     """``--report`` (simulate, compare); ``--explain`` and ``--save-run`` (simulate)."""
     g = p.add_argument_group("explain and report")
@@ -64,7 +49,7 @@ def add_run_outputs(p: argparse.ArgumentParser, *, simulate: bool) -> None:
             action="store_true",
             help="split each request's TTFT and long inter-token gaps into causes and say what to set",
         )
-        _add_explain_options(g)
+        add_explain_options(g)
         g.add_argument(
             "--save-run",
             metavar="OUT.json",
@@ -82,7 +67,7 @@ def wants_batches(args: argparse.Namespace) -> bool:
     )
 
 
-def _threshold(args: argparse.Namespace) -> float | None:
+def tbt_threshold(args: argparse.Namespace) -> float | None:
     if getattr(args, "top", 10) < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     ms = getattr(args, "tbt_threshold", None)
@@ -152,19 +137,13 @@ def print_explanation(x: RunExplanation, top: int) -> None:
 
 
 # ---- after simulate / compare, and the explain command ----------------------------------------
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=1)
-        f.write("\n")
-
-
 def run_outputs(args: argparse.Namespace, runs: list[RunResult], title: str) -> dict[str, Any]:
     """The explanation, the saved run and the report, once ``simulate``/``compare`` printed their
     tables; returns what ``simulate --json`` adds (``{"explanation": ...}`` with ``--explain``)."""
     extra: dict[str, Any] = {}
     explanations: list[RunExplanation] = []
     if getattr(args, "explain", False):
-        threshold = _threshold(args)
+        threshold = tbt_threshold(args)
         for run in runs:
             x = explain_run(run, threshold)
             print()
@@ -175,7 +154,7 @@ def run_outputs(args: argparse.Namespace, runs: list[RunResult], title: str) -> 
         )
     if getattr(args, "save_run", None):
         for run in runs:
-            _write_json(args.save_run, run.to_json())
+            write_json(args.save_run, run.to_json(), indent=1)
     if getattr(args, "report", None):
         from tailserve.report.html import write_report
 
@@ -184,22 +163,3 @@ def run_outputs(args: argparse.Namespace, runs: list[RunResult], title: str) -> 
         path = write_report(args.report, runs, title=title, explanation=explanations)
         print(f"report: {path}", file=sys.stderr)
     return extra
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    threshold = _threshold(args)
-    run = load_run(args.run_json)
-    if run.batches is None:
-        raise ValueError(
-            f"{args.run_json} has no batch record; save the run with tailserve simulate --save-run"
-        )
-    x = explain_run(run, threshold)
-    print_explanation(x, args.top)
-    if args.json:
-        _write_json(args.json, x.to_json())
-    if args.report:
-        from tailserve.report.html import write_report
-
-        path = write_report(args.report, [run], title=f"tailserve explain: {run.label}", explanation=x)
-        print(f"report: {path}", file=sys.stderr)
-    return 0

@@ -1,15 +1,60 @@
-"""``tailserve calibrate --executor torch --model DIR``: profile the real executor on this host,
-fit the cost model, write a calibration file (``--out``) that ``--calibration FILE`` loads."""
+"""``tailserve calibrate``: fit the cost model to measured iteration times (``POINTS`` or a
+preset), or, with ``--executor torch --model DIR``, profile the real executor on this host, fit
+the cost model and write a calibration file (``--out``) that ``--calibration FILE`` loads."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
+
+from tailserve.cli.base import CliError, write_json
+from tailserve.cli.options import add_deployment_args, deployment_from
+from tailserve.report.tables import print_calibration
+from tailserve.sim.deployment import Deployment, build_cost_model
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="fit the cost model to measured iteration times")
+    add_deployment_args(p)
+    p.add_argument(
+        "points", nargs="?", help="'prefill:4096=0.120,decode:10x1024=0.018' or a preset name (seed)"
+    )
+    p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
+    _add_torch_args(p)
+    p.set_defaults(run=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.executor == "torch":
+        return cmd_calibrate_torch(args)
+    if args.points is None:
+        raise CliError("calibrate needs POINTS (or --executor torch --model DIR)")
+    deployment = deployment_from(args)
+    built = build_cost_model(Deployment(deployment.model, deployment.hardware, deployment.tp, args.points))
+    print_calibration(built)
+    if args.json and built.fit is not None:
+        fit = built.fit
+        write_json(
+            args.json,
+            {
+                "efficiency": {
+                    k: getattr(fit.efficiency, k) for k in ("compute", "memory", "comm", "overhead")
+                },
+                "points": [
+                    {"point": str(p), "measured_s": p.seconds, "predicted_s": q}
+                    for p, q in zip(fit.points, fit.predicted)
+                ],
+                "warnings": list(fit.warnings),
+            },
+        )
+    return 0
+
 
 DEFAULT_OUT = "calibration-cpu.json"
 
 
-def add_torch_args(p: argparse.ArgumentParser) -> None:
+def _add_torch_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("real-executor calibration (--executor torch)")
     g.add_argument(
         "--executor",

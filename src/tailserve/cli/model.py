@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 
-def add_model_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     """Register ``model`` and its ``init`` subcommand on the top-level subparsers."""
     model = sub.add_parser("model", help="model directories for the real executor (init)")
     model_sub = model.add_subparsers(dest="model_command")

@@ -1,0 +1,31 @@
+"""The simulated deployment ``bench --predict`` predicts for (its ``--predict-*`` defaults are
+read from here), kept apart from the simulation so the CLI reads it without importing that."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailserve.sim.deployment import Deployment
+
+
+@dataclass(frozen=True, slots=True)
+class PredictSpec:
+    """The simulated deployment to predict for."""
+
+    model: str = "Llama-3-8B"
+    hardware: str = "H100-SXM"
+    tp: int = 1
+    calibration: str = "auto"
+    policy: str = "vllm"  # a spec as ``tailserve compare`` takes one: NAME[:flag=value...]
+
+    def __post_init__(self) -> None:
+        # Names resolved as Deployment resolves them, so the label and the JSON carry the
+        # catalog's spelling whatever the user typed (ValueError for an unknown name).
+        names = Deployment(self.model, self.hardware, self.tp, self.calibration)
+        object.__setattr__(self, "model", names.model)
+        object.__setattr__(self, "hardware", names.hardware)
+        object.__setattr__(self, "calibration", names.calibration)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} on {self.hardware} x{self.tp}, {self.policy}, calibration {self.calibration}"

@@ -1,0 +1,50 @@
+"""What every command module shares: the one-line error (``CliError``, ``OneLineParser``), the
+policy-flags epilog, JSON output and config-dataclass defaults."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from typing import Any
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the README's promise kept: a bad option or choice is one line on stderr
+    (no usage block), naming the command and pointing to its --help. Subcommand parsers are
+    made with the same class."""
+
+    command_names: tuple[str, ...] = ()  # the subcommands, set by build_parser
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+POLICY_FLAGS_EPILOG = (
+    "Policy flags follow with the engine's own names, e.g. --max-num-batched-tokens 512 "
+    "--no-enable-chunked-prefill (vllm), --chunked-prefill-size 1024 (sglang), "
+    "--max-batch-prefill-tokens 4096 (tgi); `tailserve policies` lists every policy's flags "
+    "and its engine's defaults."
+)
+
+
+def default_of(cls: type, name: str) -> Any:
+    """A config dataclass field's default, so an argparse default is the dataclass's own (each
+    default exists once)."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    raise TypeError(f"{cls.__name__}.{name} has no default")
+
+
+def write_json(path: str, payload: dict[str, Any], indent: int = 2) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=indent)
+        f.write("\n")

@@ -1,0 +1,91 @@
+"""``tailserve compare``: several policies on the same deployment and workload, a table and a
+paragraph saying what the numbers mean (with no arguments: the seed essay's scenario)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tailserve.cli.base import write_json
+from tailserve.cli.options import (
+    add_deployment_args,
+    add_output_args,
+    add_workload_args,
+    deployment_from,
+    engine_options,
+    parse_slo,
+    print_notes,
+    workload_from,
+)
+from tailserve.cli.run_outputs import add_run_outputs, run_outputs
+from tailserve.cli.sweep_options import add_sweep_args, make_sweep
+from tailserve.metrics.summary import Slo
+from tailserve.policies.registry import PolicySpec
+from tailserve.report.compare_text import compare_paragraph
+from tailserve.report.tables import print_runs
+from tailserve.sim.deployment import build_cost_model
+from tailserve.sim.run_file import RunResult
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
+
+# The essay's engines side by side: Orca, vLLM V0, vLLM V1 at two budgets, Sarathi, SGLang, TGI.
+DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,sarathi,sglang,tgi"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="several policies on the same deployment and workload (default: the seed essay's scenario)",
+    )
+    p.add_argument(
+        "--policies",
+        default=DEFAULT_COMPARE_POLICIES,
+        help="comma list, each NAME[:flag=value...] (default: %(default)s)",
+    )
+    add_deployment_args(p)
+    add_workload_args(p)
+    add_output_args(p)
+    add_sweep_args(p)
+    add_run_outputs(p, simulate=False)
+    p.set_defaults(run=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tailserve.policies.registry import parse_policy_list
+
+    built = build_cost_model(deployment_from(args))
+    print_notes(built)
+    specs = parse_policy_list(args.policies)
+    workload = WorkloadBuilder(workload_from(args))
+    slo = parse_slo(args.slo)
+    runs = compare_runs(args, specs, workload.spec, slo)
+    summaries = [r.summary(slo) for r in runs]
+    for note in dict.fromkeys(n for r in runs for n in r.notes):
+        print(f"note: {note}", file=sys.stderr)
+    print_runs(runs, summaries, built, workload.spec)
+    print()
+    print(compare_paragraph(runs, summaries, built, workload.spec))
+    run_outputs(args, runs, f"tailserve compare: {workload.spec.label}")
+    if args.json:
+        write_json(args.json, {"runs": [{"label": r.label, **s} for r, s in zip(runs, summaries)]})
+    return 0
+
+
+def compare_runs(
+    args: argparse.Namespace, specs: list[PolicySpec], workload: WorkloadSpec, slo: Slo | None
+) -> list[RunResult]:
+    """``compare``'s runs through the sweep backend. They come back whole (``keep_run``): the
+    paragraph and reports read per-request timestamps, not only the summaries."""
+    from tailserve.tune.sweep import RunSpec
+
+    run_specs = [
+        RunSpec(deployment_from(args), workload, spec, slo, engine_options(args), keep_run=True)
+        for spec in specs
+    ]
+    with make_sweep(args) as sweep:
+        outcomes = sweep.run(run_specs, "compare")
+    for outcome in outcomes:
+        if outcome.error is not None:
+            raise ValueError(outcome.error)
+    return [outcome.run for outcome in outcomes if outcome.run is not None]

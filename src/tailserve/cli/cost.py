@@ -1,0 +1,101 @@
+"""``tailserve cost``: the cost model's predicted time of one prefill and one decode iteration
+(and, with ``--swap``, of swapping KV over PCIe) on a deployment."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tailserve.cli.base import CliError, write_json
+from tailserve.cli.options import add_deployment_args, deployment_from, print_notes
+from tailserve.report.tables import print_cost
+from tailserve.sim.deployment import build_cost_model
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("cost", help="predicted iteration times of a prefill and a decode step")
+    add_deployment_args(p)
+    p.add_argument("--prefill", type=int, default=4096, help="prefill tokens (default: %(default)s)")
+    p.add_argument(
+        "--prefill-context",
+        type=int,
+        default=0,
+        help="tokens already cached before the prefill chunk",
+    )
+    p.add_argument("--decode", default="10x1024", help="decode batch BATCHxCONTEXT (default: %(default)s)")
+    p.add_argument(
+        "--swap",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="also price swapping this many tokens of KV over PCIe",
+    )
+    p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} (and swap_s) as JSON")
+    p.set_defaults(run=cmd_cost)
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from tailserve.executors.simulated.cost_model import BatchShape
+
+    built = build_cost_model(deployment_from(args))
+    cm = built.cost_model
+    batch, ctx = _parse_decode(args.decode)
+    _check_fits(cm, args.prefill)  # before the notes: a deployment that cannot load is one line
+    print_notes(built)
+    prefill_shape = BatchShape.of([(args.prefill, args.prefill_context)], [])
+    decode_shape = BatchShape.of([], [ctx] * batch)
+    result = {
+        "prefill_s": cm.iteration_time(prefill_shape),
+        "decode_s": cm.iteration_time(decode_shape),
+    }
+    print_cost(
+        built,
+        args.prefill,
+        args.prefill_context,
+        batch,
+        ctx,
+        result,
+        cm.roofline(prefill_shape),
+        cm.roofline(decode_shape),
+    )
+    if args.swap is not None:
+        if args.swap < 1:
+            raise CliError(f"--swap must be >= 1 token, got {args.swap}")
+        result["swap_s"] = cm.swap_time(args.swap)
+        per_gpu = args.swap * cm.model.kv_bytes_per_token(cm.tp)
+        print(
+            f"swap {args.swap:,} tokens: {per_gpu / 1e9:.2f} GB of KV per GPU "
+            f"({args.swap * cm.model.kv_bytes_per_token() / 1e9:.2f} GB in all) over "
+            f"{cm.hardware.pcie_bandwidth / 1e9:.0f} GB/s PCIe: {result['swap_s'] * 1e3:.1f} ms"
+        )
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+def _check_fits(cm: Any, prefill_tokens: int) -> None:
+    """The same memory check ``simulate`` makes (vLLM's default memory fraction and block size,
+    activations for the priced prefill): a deployment that cannot load is an error, not a time."""
+    from tailserve.executors.simulated.kv_capacity import kv_capacity
+    from tailserve.policies.registry import get_policy_cls
+
+    vllm = get_policy_cls("vllm")
+    kv_capacity(
+        cm.model,
+        cm.hardware,
+        cm.tp,
+        vllm.default_gpu_memory_utilization,
+        vllm.default_block_size,
+        max(prefill_tokens, 1),
+    )
+
+
+def _parse_decode(text: str) -> tuple[int, int]:
+    batch, x, ctx = text.lower().partition("x")
+    try:
+        b, c = int(batch), int(ctx)
+    except ValueError:
+        raise CliError(f"--decode {text!r}: expected BATCHxCONTEXT, e.g. 10x1024") from None
+    if not x or b < 1 or c < 0:
+        raise CliError(f"--decode {text!r}: expected BATCHxCONTEXT with batch >= 1, e.g. 10x1024")
+    return b, c

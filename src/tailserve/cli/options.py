@@ -1,0 +1,226 @@
+"""Options several commands share: the deployment, the workload and the output groups, and the
+config objects made from them. Defaults are read from ``Deployment`` and ``WorkloadSpec``; the
+options parsed from text (lengths, arrivals, turns, priorities) default to None, meaning the
+spec's own default."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tailserve.cli.base import CliError, default_of
+from tailserve.cli.run_outputs import wants_batches
+from tailserve.core.engine import EngineOptions
+from tailserve.metrics.summary import Slo
+from tailserve.sim.deployment import SEED_PRESET, BuiltCostModel, Deployment
+from tailserve.sim.workload_spec import WORKLOADS, WorkloadSpec, parse_priorities
+
+
+def _spec(name: str) -> Any:
+    return default_of(WorkloadSpec, name)
+
+
+def add_deployment_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("deployment")
+    g.add_argument(
+        "--model",
+        default=default_of(Deployment, "model"),
+        help="catalog name or path to a HF config.json (default: %(default)s)",
+    )
+    g.add_argument(
+        "--hardware",
+        default=default_of(Deployment, "hardware"),
+        help="GPU from the catalog (default: %(default)s)",
+    )
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help=f"tensor-parallel size (default: {SEED_PRESET.tp} for the seed deployment, else 1)",
+    )
+    g.add_argument(
+        "--calibration",
+        default=default_of(Deployment, "calibration"),
+        help="none | seed | generic | FILE.json | vidur:DIR | measured points "
+        "'prefill:4096=0.120,decode:10x1024=0.018' (default auto: seed for Llama-3-70B on A100-80GB, "
+        "none otherwise; docs/cost_model.md)",
+    )
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    from tailserve.workloads.arrivals import ARRIVAL_FORMS
+    from tailserve.workloads.lengths import LENGTH_FORMS
+
+    g = p.add_argument_group("workload")
+    g.add_argument(
+        "--workload",
+        default=_spec("name"),
+        choices=WORKLOADS,
+        help="built-in workload (default: %(default)s)",
+    )
+    g.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="replay a trace instead (Azure CSV, Mooncake JSONL, tailserve JSONL)",
+    )
+    g.add_argument(
+        "--rate",
+        type=float,
+        default=_spec("rate"),
+        help="arrival rate, requests/s (sessions/s for multi-turn)",
+    )
+    g.add_argument("--num-requests", type=int, default=_spec("num_requests"), help="requests (chat, random)")
+    g.add_argument("--input-len", default=None, help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)})")
+    g.add_argument("--output-len", default=None, help="random: output lengths, same forms")
+    g.add_argument(
+        "--arrival",
+        default=None,
+        help=f"random: arrival process ({' | '.join(ARRIVAL_FORMS)})",
+    )
+    g.add_argument(
+        "--rate-scale",
+        type=float,
+        default=_spec("rate_scale"),
+        help="trace: multiply the arrival rate (2 = twice as fast)",
+    )
+    g.add_argument(
+        "--max-requests", type=int, default=_spec("max_requests"), help="trace: keep the first N requests"
+    )
+    g.add_argument(
+        "--num-prefixes",
+        type=int,
+        default=_spec("num_prefixes"),
+        help="shared-prefix: distinct system prompts",
+    )
+    g.add_argument(
+        "--prefix-len", type=int, default=_spec("prefix_len"), help="shared-prefix: system prompt tokens"
+    )
+    g.add_argument(
+        "--shared-fraction",
+        type=float,
+        default=_spec("shared_fraction"),
+        help="shared-prefix: requests using one",
+    )
+    g.add_argument(
+        "--num-sessions", type=int, default=_spec("num_sessions"), help="multi-turn: conversations"
+    )
+    g.add_argument("--turns", default=None, help="multi-turn: turns per session, LOW:HIGH")
+    g.add_argument(
+        "--think-time",
+        type=float,
+        default=_spec("think_time"),
+        help="multi-turn: mean seconds between turns",
+    )
+    g.add_argument("--seed", type=int, default=_spec("seed"), help="random seed (default: %(default)s)")
+    g.add_argument(
+        "--priorities",
+        default=None,
+        help="give requests priorities from a mix, PRIORITY=FRACTION,... e.g. 0=0.8,10=0.2 (lower is more urgent in vLLM)",
+    )
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    g.add_argument("--slo", default=None, help="goodput SLO, e.g. 'ttft=2s,tpot=100ms'")
+    g.add_argument(
+        "--check-integrity",
+        action="store_true",
+        help="check KV and request invariants after every iteration (slow)",
+    )
+    g.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="step every iteration (for checking the exact fast path)",
+    )
+
+
+def deployment_from(args: argparse.Namespace) -> Deployment:
+    """Names resolved to the catalog's once, here; everything after reads the canonical ones."""
+    return Deployment.of(args.model, args.hardware, args.tp, args.calibration)
+
+
+def workload_from(args: argparse.Namespace) -> WorkloadSpec:
+    from tailserve.workloads.arrivals import parse_arrival
+    from tailserve.workloads.lengths import parse_length
+
+    parsed: dict[str, Any] = {}  # options given as text; absent: WorkloadSpec's default
+    if args.input_len is not None:
+        parsed["input_len"] = parse_length(args.input_len)
+    if args.output_len is not None:
+        parsed["output_len"] = parse_length(args.output_len)
+    if args.arrival is not None:
+        parsed["arrival"] = parse_arrival(args.arrival)
+    if args.priorities:
+        parsed["priorities"] = parse_priorities(args.priorities)
+    if args.turns is not None:
+        parsed["turns"] = parse_turns(args.turns)
+    return WorkloadSpec(
+        name="trace" if args.trace else args.workload,
+        num_requests=args.num_requests,
+        rate=args.rate,
+        seed=args.seed,
+        trace_path=args.trace,
+        rate_scale=args.rate_scale,
+        max_requests=args.max_requests,
+        num_prefixes=args.num_prefixes,
+        prefix_len=args.prefix_len,
+        shared_fraction=args.shared_fraction,
+        num_sessions=args.num_sessions,
+        think_time=args.think_time,
+        **parsed,
+    )
+
+
+def parse_turns(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    try:
+        turns = (int(low), int(high or low))
+    except ValueError:
+        raise CliError(f"--turns {text!r}: expected LOW:HIGH, e.g. 2:6") from None
+    if not 1 <= turns[0] <= turns[1]:
+        raise CliError(f"--turns {text!r}: expected 1 <= LOW <= HIGH")
+    return turns
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(
+        fast_forward=not args.no_fast_forward,
+        check_integrity=args.check_integrity,
+        record_batches=wants_batches(args),
+    )
+
+
+def parse_slo(text: str | None) -> Slo | None:
+    if not text:
+        return None
+    values: dict[str, float] = {}
+    for item in text.split(","):
+        key, eq, raw = item.strip().partition("=")
+        if not eq and ":" in item:
+            key, _, raw = item.strip().partition(":")
+        key = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}.get(key.strip().lower(), "")
+        if not key:
+            raise CliError(f"--slo item {item!r}: expected ttft=, tpot= or e2e= with a time like 2s or 200ms")
+        values[key] = _parse_seconds(raw.strip(), item)
+    return Slo(**values)
+
+
+def _parse_seconds(raw: str, item: str) -> float:
+    try:
+        if raw.endswith("ms"):
+            return float(raw[:-2]) / 1000
+        if raw.endswith("s"):
+            return float(raw[:-1])
+        return float(raw) / 1000  # a bare number is milliseconds, as in vllm bench --goodput
+    except ValueError:
+        raise CliError(f"--slo item {item!r}: {raw!r} is not a time like 2s or 200ms") from None
+
+
+def print_notes(built: BuiltCostModel) -> None:
+    for note in built.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if built.fit is not None:
+        for warning in built.fit.warnings:
+            print(f"warning: calibration {built.calibration!r}: {warning}", file=sys.stderr)

@@ -1,0 +1,100 @@
+"""What ``tailserve tune`` prints: the capacity table, the SLO-ratio grid by budget, and the flags
+to paste."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from tailserve.report.tables import console, wrap_label
+from tailserve.tune.recommend import PolicyTune, SizePoint, TuneResult
+
+
+def _ratio(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.2f}"
+
+
+def _flat(t: PolicyTune) -> str:
+    if t.flat is None:
+        return "-"
+    lo, hi = t.flat
+    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,} ({hi / lo:g}x)"
+
+
+def _capacity(t: PolicyTune, max_rate: float) -> str:
+    c = t.capacity
+    if c.rate <= 0:
+        return f"< {c.upper:.3g}" if c.upper else "0"
+    if c.upper is None:
+        return f">= {max_rate:g}"
+    return f"{c.rate:.3g}"
+
+
+def print_tune(result: TuneResult, deployment: str) -> None:
+    c = result.config
+    console.print(f"{deployment} — {c.workload.label}")
+    console.print(f"SLO: {c.slo}; budget sweep at {result.sweep_rate:.3g} requests/s")
+    table = Table(title="capacity (highest rate meeting the SLO) and best budget", title_justify="left")
+    for name in (
+        "rank",
+        "policy",
+        "capacity\nreq/s",
+        "budget flag",
+        "capacity\nat size",
+        "best",
+        "flat region",
+        "SLO ratio\nat best",
+    ):
+        table.add_column(name, justify="right" if name not in ("policy", "budget flag") else "left")
+    for rank, t in enumerate(result.policies, start=1):
+        table.add_row(
+            str(rank),
+            wrap_label(t.spec.label),
+            _capacity(t, c.max_rate),
+            t.knob or "(none)",
+            f"{t.capacity_size:,}" if t.capacity_size is not None else "-",
+            f"{t.best.size:,}" if t.best else "-",
+            _flat(t),
+            _ratio(t.best.ratio) if t.best else "-",
+        )
+    console.print(table)
+    swept = [t for t in result.policies if t.points]
+    if swept:
+        sizes = sorted({p.size for t in swept for p in t.points})
+        grid = Table(
+            title=f"SLO ratio (worst measured / bound; <= 1 meets) by budget at {result.sweep_rate:.3g} req/s; "
+            "* = flat region, ! = requests turned away",
+            title_justify="left",
+        )
+        grid.add_column("policy")
+        for size in sizes:
+            grid.add_column(f"{size:,}", justify="right")
+        for t in swept:
+            cells = {p.size: _cell(t, p) for p in t.points}
+            grid.add_row(t.spec.label, *(cells.get(s, "") for s in sizes))
+        console.print(grid)
+        for t in swept:
+            away = [f"{p.size:,}: {p.num_turned_away}" for p in t.points if p.num_turned_away]
+            if away:
+                console.print(f"! {t.spec.label} turned requests away (at size: requests): {', '.join(away)}")
+    console.print("flags to paste:")
+    for t in result.policies:
+        if t.command:
+            console.print(f"  {t.command}", soft_wrap=True)
+            if t.best is not None and not t.best.meets:
+                console.print(
+                    f"    (misses the SLO at {result.sweep_rate:.3g} req/s even at its best size: "
+                    f"ratio {_ratio(t.best.ratio)}, {t.best.num_turned_away} turned away)"
+                )
+    for t in result.policies:
+        errors = {p.error for p in t.points if p.error}
+        for error in errors:
+            console.print(f"note: {t.spec.name}: some sizes are invalid: {error}")
+
+
+def _cell(t: PolicyTune, p: SizePoint) -> str:
+    if p.error:
+        return "invalid"
+    text = "inf" if not math.isfinite(p.ratio) else f"{p.ratio:.2f}"
+    return text + ("!" if p.num_turned_away else "") + ("*" if p.size in t.flat_sizes else "")
