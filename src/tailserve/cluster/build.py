@@ -34,9 +34,13 @@ def build_stage(
             built = cost_models[spec.deployment] = build_cost_model(spec.deployment)
         source = FeedSource()
         engine = build_replica_engine(
-            spec, source, shares_prefixes=shares_prefixes, min_max_model_len=min_max_model_len,
-            options=options, built=built,
-        )  # fmt: skip
+            spec,
+            source,
+            shares_prefixes=shares_prefixes,
+            min_max_model_len=min_max_model_len,
+            options=options,
+            built=built,
+        )
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
     return Stage(replicas, router_obj, scrape_interval)
 

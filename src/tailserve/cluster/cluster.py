@@ -23,20 +23,28 @@ from tailserve.core.prefix_cache import MOONCAKE_BLOCK_SIZE, keys_from_hash_ids
 from tailserve.core.request import Request
 
 
+def session_of(request: Request) -> str | None:
+    """The session a client would send: the tenant (user) id, or for the built-in multi-turn
+    workload the conversation (``mt-S-K`` is turn K of conversation S)."""
+    if request.tenant_id is not None:
+        return request.tenant_id
+    if request.request_id.startswith("mt-"):
+        return request.request_id.rpartition("-")[0]
+    return None
+
+
 def route_request(request: Request) -> RouteRequest:
-    """What a router may know of a simulated request: its length and its prompt's block keys
-    (Mooncake ``hash_ids`` at their 512-token blocks, or token ids at 16)."""
+    """What a router may know of a simulated request: its length, its session, and its prompt's
+    block keys (Mooncake ``hash_ids`` at their 512-token blocks, or token ids at 16)."""
+    session = session_of(request)
     if request.prefix_block_hashes:
         keys = keys_from_hash_ids(
             request.prefix_block_hashes, request.prompt_len, MOONCAKE_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
         )
-        return RouteRequest(request.request_id, request.prompt_len, tuple(keys), MOONCAKE_BLOCK_SIZE,
-                            request.tenant_id)  # fmt: skip
+        return RouteRequest(request.request_id, request.prompt_len, tuple(keys), MOONCAKE_BLOCK_SIZE, session)
     if request.prompt_token_ids:
-        return RouteRequest.from_tokens(
-            request.request_id, request.prompt_token_ids, session_id=request.tenant_id
-        )
-    return RouteRequest(request.request_id, request.prompt_len, session_id=request.tenant_id)
+        return RouteRequest.from_tokens(request.request_id, request.prompt_token_ids, session_id=session)
+    return RouteRequest(request.request_id, request.prompt_len, session_id=session)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +118,9 @@ class ClusterRun:
 
     requests: list[Request]
     stages: dict[str, Stage]
-    wall_s: float
+    wall_s: float  # seconds of this machine's clock the simulation took
     pd_timeline: dict[str, PdTimes] = field(default_factory=dict)
+    cpu_s: float = 0.0  # seconds of CPU this process spent on it (less than wall_s on a busy host)
 
     @property
     def replicas(self) -> list[Replica]:
@@ -124,6 +133,7 @@ class PdTimes:
 
     prefill_replica: int
     decode_replica: int = -1
+    prefill_scheduled: float | None = None  # first admitted on the prefill replica
     prefill_done: float | None = None  # its first token sampled on the prefill replica
     transfer_start: float | None = None  # the prefill replica's link was free for it
     transfer_done: float | None = None  # its KV is on the decode replica
@@ -132,11 +142,11 @@ class PdTimes:
 def run_aggregated(stage: Stage, requests: Sequence[Request]) -> ClusterRun:
     """Every request through ``stage`` in arrival order, then drain."""
     ordered = sorted(requests, key=lambda r: r.arrival_time)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with paused_gc():
         for request in ordered:
             stage.advance_to(request.arrival_time)
             stage.route(request, request.arrival_time)
         stage.advance_to(None)
-    wall = time.perf_counter() - t0
-    return ClusterRun(list(ordered), {"replicas": stage}, wall)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return ClusterRun(list(ordered), {"replicas": stage}, wall, cpu_s=cpu)

@@ -79,6 +79,7 @@ class PdCluster:
         def on_finish(copy: Request, now: float) -> None:
             original = self._originals[copy.request_id]
             times = self.timeline[copy.request_id]
+            times.prefill_scheduled = copy.first_scheduled_time
             if copy.status is not RequestStatus.FINISHED_LENGTH or original.max_tokens == 1:
                 self.final[copy.request_id] = copy  # rejected, aborted, or nothing left to decode
                 times.prefill_done = copy.finish_time if copy.token_times else None
@@ -105,7 +106,7 @@ class PdCluster:
 
     def run(self, requests: Sequence[Request]) -> ClusterRun:
         ordered = sorted(requests, key=lambda r: r.arrival_time)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with paused_gc():
             for request in ordered:
                 t = request.arrival_time
@@ -118,7 +119,7 @@ class PdCluster:
             self.prefill.advance_to(None)
             self._route_transfers(math.inf)
             self.decode.advance_to(None)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         out: list[Request] = []
         prefill_copies = {r.request_id: r for s in self.prefill.replicas for r in s.engine.requests}
         for request in ordered:
@@ -126,7 +127,7 @@ class PdCluster:
             # The prefix hit happened on the prefill side; the decode copy's admission saw none.
             final.num_cached_tokens = prefill_copies[request.request_id].num_cached_tokens
             out.append(final)
-        return ClusterRun(out, {"prefill": self.prefill, "decode": self.decode}, wall, self.timeline)
+        return ClusterRun(out, {"prefill": self.prefill, "decode": self.decode}, wall, self.timeline, cpu)
 
 
 def _copy(r: Request, *, max_tokens: int) -> Request:

@@ -37,6 +37,7 @@ def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
     out = summarize(run.requests, slo)
     out["prefix_cache"] = prefix_cache_summary(run.requests)
     out["wall_s"] = run.wall_s
+    out["cpu_s"] = run.cpu_s
     duration = out["duration_s"]
     out["stages"] = {
         name: {
@@ -47,7 +48,10 @@ def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
         for name, stage in run.stages.items()
     }
     if run.pd_timeline:
-        transfers = [t.transfer_done - t.prefill_done for t in run.pd_timeline.values()
-                     if t.transfer_done is not None and t.prefill_done is not None]  # fmt: skip
+        transfers = [
+            t.transfer_done - t.prefill_done
+            for t in run.pd_timeline.values()
+            if t.transfer_done is not None and t.prefill_done is not None
+        ]
         out["kv_transfer_s"] = stats(transfers)
     return out

@@ -47,8 +47,11 @@ class BaseRouter:
         self.inflight.remove(request_id, replica)
 
     def describe(self) -> str:
-        changed = {f.name: getattr(self.config, f.name) for f in fields(self.config)
-                   if getattr(self.config, f.name) != f.default}  # fmt: skip
+        changed = {
+            f.name: getattr(self.config, f.name)
+            for f in fields(self.config)
+            if getattr(self.config, f.name) != f.default
+        }
         if not changed:
             return self.name
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in changed.items())

@@ -72,8 +72,13 @@ class RouteRequest:
         session_id: str | None = None,
     ) -> RouteRequest:
         """Keys from token ids (a proxy without a tokenizer may pass the prompt's UTF-8 bytes)."""
-        return cls(request_id, max(1, len(token_ids)), block_keys_from_tokens(token_ids, block_size),
-                   block_size, session_id)  # fmt: skip
+        return cls(
+            request_id,
+            max(1, len(token_ids)),
+            block_keys_from_tokens(token_ids, block_size),
+            block_size,
+            session_id,
+        )
 
     @property
     def num_blocks(self) -> int:

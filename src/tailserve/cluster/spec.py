@@ -19,8 +19,9 @@ _ITEM = re.compile(
 MAX_REPLICAS = 1024  # a typo guard, not a limit of the simulator
 
 
-def parse_cluster(text: str, model: str, policy: PolicySpec, *, tp: int | None = None,
-                  calibration: str = "auto") -> list[ReplicaSpec]:  # fmt: skip
+def parse_cluster(
+    text: str, model: str, policy: PolicySpec, *, tp: int | None = None, calibration: str = "auto"
+) -> list[ReplicaSpec]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise ValueError(f"--cluster {text!r}: no replicas (expected e.g. 2xH100-SXM:tp1,2xA100-80GB:tp2)")

@@ -1,0 +1,164 @@
+"""Replicas, routers and P/D on the Mooncake conversation trace at its own rate.
+
+Llama-3.1-8B on H100-SXM (TP 1), vLLM V1 with prefix caching on every replica, the whole trace
+(12,031 requests over 59 min) unless --max-requests. Part 1: 1, 4, 8 and 16 replicas under each
+router (one router at 1 replica: they all pick it). Part 2: P/D against aggregated replicas at
+equal GPU count. Each row: prefix hit rate (tokens), TTFT p50/p99, TBT (ITL) p99, output
+throughput, simulation wall time. Scrapes every 50 ms (the routers' view of load).
+
+    python benchmarks/cluster.py [--trace PATH] [--max-requests N] [--replicas 1,4,8,16]
+        [--routers round-robin,...] [--skip-pd] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from _paths import check_trace, default_out, default_trace
+
+from tailserve.cluster import ROUTERS
+from tailserve.cluster.build import build_stage, workload_requests
+from tailserve.cluster.cluster import ClusterRun, run_aggregated
+from tailserve.cluster.disagg import PdCluster
+from tailserve.cluster.metrics import cluster_summary
+from tailserve.cluster.spec import replicated
+from tailserve.policies.registry import PolicySpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
+
+MODEL, GPU = "Llama-3.1-8B", "H100-SXM"
+SCRAPE_INTERVAL = 0.05  # seconds
+PD_SPLITS = ((8, ((4, 4), (6, 2))), (16, ((8, 8), (12, 4))))  # GPUs: (prefill, decode) splits
+PD_ROUTERS = ("round-robin", "prefix-aware")  # aggregated baselines and the prefill side's router
+
+
+def row(label: str, run: ClusterRun, **extra: object) -> dict:
+    s = cluster_summary(run)
+    m = s["metrics"]
+    out = {
+        "label": label,
+        **extra,
+        "num_finished": s["num_finished"],
+        "num_requests": s["num_requests"],
+        "prefix_hit_rate_tokens": s["prefix_cache"]["hit_rate_tokens"],
+        "ttft_p50_s": m["ttft_s"]["p50"],
+        "ttft_p99_s": m["ttft_s"]["p99"],
+        "tbt_p99_s": m["itl_s"]["p99"],
+        "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
+        "num_preemptions": s["num_preemptions"],
+        "wall_s": run.wall_s,
+        "cpu_s": run.cpu_s,
+    }
+    if "kv_transfer_s" in s:
+        out["kv_transfer_p50_s"] = s["kv_transfer_s"]["p50"]
+    print(
+        f"{label:<34} hit {out['prefix_hit_rate_tokens']:6.1%}  TTFT p50 {out['ttft_p50_s']:8.3f} s  "
+        f"p99 {out['ttft_p99_s']:8.3f} s  TBT p99 {out['tbt_p99_s'] * 1000:7.1f} ms  "
+        f"{out['output_tokens_per_s']:7.0f} tok/s  wall {run.wall_s:6.2f} s (cpu {run.cpu_s:6.2f} s)",
+        flush=True,
+    )
+    return out
+
+
+def aggregated(wb: WorkloadBuilder, n: int, router: str) -> ClusterRun:
+    specs = replicated(n, Deployment.of(MODEL, GPU, 1), PolicySpec.make("vllm", {}))
+    stage = build_stage(specs, router, shares_prefixes=True, scrape_interval=SCRAPE_INTERVAL)
+    return run_aggregated(stage, workload_requests(wb, specs))
+
+
+def disaggregated(wb: WorkloadBuilder, p: int, d: int, router: str, link: str) -> ClusterRun:
+    deployment = Deployment.of(MODEL, GPU, 1)
+    prefill_specs = replicated(p, deployment, PolicySpec.make("vllm", {}))
+    decode_specs = replicated(d, deployment, PolicySpec.make("vllm", {}))
+    prefill = build_stage(
+        prefill_specs, router, shares_prefixes=True, scrape_interval=SCRAPE_INTERVAL, name_prefix="p"
+    )
+    decode = build_stage(
+        decode_specs, "least-kv", shares_prefixes=True, scrape_interval=SCRAPE_INTERVAL, name_prefix="d"
+    )
+    return PdCluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=str(default_trace("mooncake_conversation.jsonl")))
+    ap.add_argument("--max-requests", type=int, default=None)
+    ap.add_argument("--replicas", default="1,4,8,16")
+    ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--link", default="ib-ndr")
+    ap.add_argument("--skip-pd", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    missing = check_trace(args.trace)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+    wb = WorkloadBuilder(WorkloadSpec("trace", trace_path=args.trace, max_requests=args.max_requests))
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    started = time.time()
+    results: dict = {
+        "benchmark": "cluster",
+        "model": MODEL,
+        "hardware": GPU,
+        "policy": "vllm (V1, prefix caching)",
+        "trace": Path(args.trace).name,
+        "max_requests": args.max_requests,
+        "scrape_interval_s": SCRAPE_INTERVAL,
+        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": os.getloadavg()},
+        "routers": [],
+        "pd": [],
+    }
+    print("part 1: replicas x routers")
+    for n in (int(x) for x in args.replicas.split(",")):
+        for router in routers if n > 1 else routers[:1]:
+            results["routers"].append(
+                row(f"{n} x {GPU}, {router}", aggregated(wb, n, router), replicas=n, router=router)
+            )
+    if not args.skip_pd:
+        print(f"part 2: P/D vs aggregated at equal GPU count (KV over {args.link})")
+        for gpus, splits in PD_SPLITS:
+            for router in PD_ROUTERS:
+                done = [r for r in results["routers"] if r["replicas"] == gpus and r["router"] == router]
+                base = (
+                    done[0]
+                    if done
+                    else row(
+                        f"{gpus} aggregated, {router}",
+                        aggregated(wb, gpus, router),
+                        replicas=gpus,
+                        router=router,
+                    )
+                )
+                results["pd"].append({**base, "mode": "aggregated", "gpus": gpus})
+                for p, d in splits:
+                    run = disaggregated(wb, p, d, router, args.link)
+                    label = f"{p}P+{d}D, prefill {router}"
+                    results["pd"].append(
+                        row(
+                            label,
+                            run,
+                            mode="pd",
+                            gpus=gpus,
+                            prefill=p,
+                            decode=d,
+                            router=router,
+                            link=args.link,
+                        )
+                    )
+    results["host"]["load_after"] = os.getloadavg()
+    results["elapsed_s"] = time.time() - started
+    out = Path(args.out) if args.out else default_out("cluster.json")
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

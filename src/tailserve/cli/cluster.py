@@ -1,0 +1,219 @@
+"""``tailserve simulate --replicas N | --cluster SPEC | --prefill-replicas P --decode-replicas D``:
+the cluster options of ``simulate`` and the run they select (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tailserve.cli.base import CliError, write_json
+
+DEFAULT_SCRAPE_INTERVAL = 0.05  # seconds: llm-d's endpoint picker refreshes metrics every 50 ms
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (docs/cluster.md)")
+    g.add_argument("--replicas", type=int, default=None, help="N data-parallel replicas of the deployment")
+    g.add_argument(
+        "--cluster",
+        metavar="SPEC",
+        default=None,
+        help="heterogeneous replicas, [COUNTx]GPU[:tpN],... e.g. 2xH100-SXM:tp1,2xA100-80GB:tp2",
+    )
+    g.add_argument(
+        "--router",
+        default="round-robin",
+        help="round-robin | random | least-requests | least-kv | power-of-two | session | prefix-aware | "
+        "kv-aware, with flags NAME:flag=value,... (default: %(default)s)",
+    )
+    g.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=DEFAULT_SCRAPE_INTERVAL,
+        help="seconds between the router's /metrics scrapes of each replica; 0 = always fresh (default: %(default)s)",
+    )
+    g.add_argument("--prefill-replicas", type=int, default=None, help="P/D: prefill replicas")
+    g.add_argument("--decode-replicas", type=int, default=None, help="P/D: decode replicas")
+    g.add_argument(
+        "--prefill-policy", default=None, help="P/D: prefill policy NAME[:flag=value...] (default: --policy)"
+    )
+    g.add_argument(
+        "--decode-policy", default=None, help="P/D: decode policy, vllm or sarathi (default: --policy)"
+    )
+    g.add_argument(
+        "--prefill-router", default=None, help="P/D: router in front of the prefill side (default: --router)"
+    )
+    g.add_argument(
+        "--decode-router",
+        default="least-kv",
+        help="P/D: router picking the decode replica (default: %(default)s)",
+    )
+    g.add_argument(
+        "--kv-link",
+        default="ib-ndr",
+        help="P/D: KV transfer link, ib-ndr | ib-hdr | roce-400g | roce-100g | nvlink | inf (default: %(default)s)",
+    )
+
+
+def cluster_requested(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, name, None) is not None
+        for name in ("replicas", "cluster", "prefill_replicas", "decode_replicas")
+    )
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    from tailserve.cli.options import deployment_from, parse_slo, workload_from
+    from tailserve.cli.policy_flags import parse_policy_flags
+    from tailserve.cluster.attribution import explain_cluster
+    from tailserve.cluster.build import build_stage, workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.disagg import PdCluster
+    from tailserve.cluster.metrics import cluster_summary
+    from tailserve.cluster.spec import parse_cluster, replicated
+    from tailserve.core.engine import EngineOptions
+    from tailserve.policies.registry import PolicySpec, parse_policy_list
+    from tailserve.sim.workload_builder import WorkloadBuilder
+
+    pd = args.prefill_replicas is not None or args.decode_replicas is not None
+    if pd and (args.prefill_replicas is None or args.decode_replicas is None):
+        raise CliError("--prefill-replicas and --decode-replicas go together")
+    if pd and (args.replicas is not None or args.cluster is not None):
+        raise CliError("--prefill-replicas/--decode-replicas cannot be combined with --replicas or --cluster")
+    if args.replicas is not None and args.cluster is not None:
+        raise CliError("--replicas and --cluster are alternatives; give one")
+    if not pd and any(
+        getattr(args, n) is not None for n in ("prefill_policy", "decode_policy", "prefill_router")
+    ):
+        raise CliError(
+            "--prefill-policy, --decode-policy and --prefill-router need --prefill-replicas/--decode-replicas"
+        )
+    if getattr(args, "iterations", None) or getattr(args, "save_run", None) or getattr(args, "report", None):
+        raise CliError(
+            "--iterations, --save-run and --report describe one engine; not available with a cluster"
+        )
+
+    policy = PolicySpec.make(args.policy, parse_policy_flags(args.extra))
+    deployment = deployment_from(args)
+    workload = WorkloadBuilder(workload_from(args))
+    # No batch record: the cluster's explanation reads routing decisions and P/D timelines.
+    options = EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity)
+    common = dict(
+        shares_prefixes=workload.shares_prefixes,
+        min_max_model_len=workload.min_max_model_len,
+        scrape_interval=args.scrape_interval,
+        options=options,
+    )
+
+    def one_policy(text: str | None, flag: str) -> PolicySpec:
+        if text is None:
+            return policy
+        specs = parse_policy_list(text)
+        if len(specs) != 1:
+            raise CliError(f"{flag} {text!r}: one policy expected")
+        return specs[0]
+
+    if pd:
+        prefill_specs = replicated(
+            args.prefill_replicas,
+            deployment,
+            one_policy(args.prefill_policy, "--prefill-policy"),
+            "--prefill-replicas",
+        )
+        decode_specs = replicated(
+            args.decode_replicas,
+            deployment,
+            one_policy(args.decode_policy, "--decode-policy"),
+            "--decode-replicas",
+        )
+        prefill = build_stage(prefill_specs, args.prefill_router or args.router, name_prefix="p", **common)
+        decode = build_stage(decode_specs, args.decode_router, name_prefix="d", **common)
+        cluster = PdCluster(prefill, decode, args.kv_link)
+        run = cluster.run(workload_requests(workload, prefill_specs))
+        title = (
+            f"P/D {args.prefill_replicas}+{args.decode_replicas} x {deployment.hardware}:tp{deployment.tp}, "
+            f"KV over {cluster.links[0].name}"
+        )
+    else:
+        if args.cluster is not None:
+            specs = parse_cluster(
+                args.cluster, deployment.model, policy, tp=args.tp, calibration=deployment.calibration
+            )
+        else:
+            specs = replicated(args.replicas, deployment, policy)
+        stage = build_stage(specs, args.router, **common)
+        run = run_aggregated(stage, workload_requests(workload, specs))
+        title = f"{len(specs)} replicas" if args.cluster is None else f"cluster {args.cluster}"
+    summary = cluster_summary(run, parse_slo(args.slo))
+    summary["label"] = f"{title}, {policy.label}, {workload.spec.label}"
+    print_cluster(summary)
+    if args.explain:
+        explanation = explain_cluster(run)
+        print()
+        for line in explanation["lines"]:
+            print(line)
+        summary["explanation"] = explanation
+    if args.json:
+        write_json(args.json, summary)
+    return 0
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:,.1f}"
+
+
+def print_cluster(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    m = summary["metrics"]
+    overall = Table(title=summary["label"], title_justify="left")
+    for col in (
+        "requests",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TBT p99 ms",
+        "prefix hit",
+        "out tok/s",
+        "sim wall s",
+    ):
+        overall.add_column(col, justify="right")
+    overall.add_row(
+        f"{summary['num_finished']}/{summary['num_requests']}",
+        _ms(m["ttft_s"]["p50"]),
+        _ms(m["ttft_s"]["p99"]),
+        _ms(m["itl_s"]["p99"]),
+        f"{summary['prefix_cache']['hit_rate_tokens']:.1%}",
+        f"{summary['throughput']['output_tokens_per_s']:,.0f}",
+        f"{summary['wall_s']:.2f}",
+    )
+    console.print(overall)
+    for name, stage in summary["stages"].items():
+        table = Table(title=f"{name}: router {stage['router']}", title_justify="left")
+        for col in (
+            "replica",
+            "GPU",
+            "routed",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "busy",
+            "prefix hit",
+            "preempt",
+        ):
+            table.add_column(col, justify="right")
+        for r in stage["replicas"]:
+            table.add_row(
+                r["name"],
+                r["deployment"],
+                str(r["num_routed"]),
+                _ms(r["ttft_s"]["p50"]),
+                _ms(r["ttft_s"]["p99"]),
+                f"{r['busy_fraction']:.0%}",
+                f"{r['prefix_hit_rate_tokens']:.1%}",
+                str(r["num_preemptions"]),
+            )
+        console.print(table)
+    if "kv_transfer_s" in summary:
+        x = summary["kv_transfer_s"]
+        console.print(f"KV transfer: p50 {_ms(x['p50'])} ms, p99 {_ms(x['p99'])} ms")
