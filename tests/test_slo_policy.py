@@ -246,3 +246,27 @@ def test_every_request_leaves_under_pressure_with_fast_path_exact():
         fast, slow = run(True, admission), run(False, admission)
         assert [(r.status, r.token_times) for r in fast] == [(r.status, r.token_times) for r in slow]
         assert all(r.status_reason for r in fast if r.status is RequestStatus.FINISHED_REJECTED)
+
+
+def test_vtc_preempts_the_most_served_tenant_for_the_fair_share():
+    # 130 blocks: heavy holds 100 (its counter 10,000), light holds 10; light's new 640-token
+    # prompt needs 40 blocks and 20 are free: heavy's request goes, light's is admitted at once.
+    policy, sched = _setup(num_blocks=130, fairness="vtc")
+    big = _decoding(sched, "big", 1600, last_token=0.0)
+    big.tenant_id = "heavy"
+    mine = _decoding(sched, "mine", 160, last_token=0.0)
+    mine.tenant_id = "light"
+    policy.backlog.vtc.charge("heavy", 10_000)
+    policy.backlog.vtc.charge("light", 100)
+    sched.add_request(Request("new", 640, 10, 0.0, tenant_id="light"), 0.0)
+    out = sched.schedule(0.01)
+    assert out.preempted == [big] and big in sched.waiting
+    assert [s.request.request_id for s in out.scheduled] == ["mine", "new"]
+    # The other way round nothing happens: a tenant never preempts one served less than itself.
+    policy, sched = _setup(num_blocks=130, fairness="vtc")
+    big = _decoding(sched, "big", 1600, last_token=0.0)
+    big.tenant_id = "light"
+    policy.backlog.vtc.charge("heavy", 10_000)
+    sched.add_request(Request("new", 640, 10, 0.0, tenant_id="heavy"), 0.0)
+    out = sched.schedule(0.01)
+    assert not out.preempted and [s.request.request_id for s in out.scheduled] == ["big"]

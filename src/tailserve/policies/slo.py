@@ -28,7 +28,13 @@ priority). Each iteration, with predicted times from the engine's cost model
    slack to absorb the recompute, or one already late by more, loses least); ties: the cheaper
    recompute, then the latest admitted. Nobody is admitted in an iteration that preempted.
 8. **Fairness** (``fairness=vtc``): the waiting order of rule 3-5 is interleaved by tenant with
-   the Virtual Token Counter (``fairness.py``): VTC picks the tenant, rule 3-5 the request.
+   the Virtual Token Counter (``fairness.py``): VTC picks the tenant, rule 3-5 the request. When
+   the request VTC picks does not fit the free KV blocks, running requests of tenants already
+   served more (larger counters) are preempted for it, most-served tenant first, least SLO loss
+   first (VTC itself only orders admissions; without this a tenant that fills the KV cache
+   keeps a well-behaved one waiting for its requests to finish). Partial prefills continue in
+   counter order, and a request's prefill budget (rule 2) counts only the TBT slack of decodes
+   of tenants served no more than its own.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, SloClasses, parse_slo_classes
 from tailserve.policies.slo_predictor import BatchLoad, Predictor, find_cost_model
 from tailserve.policies.vllm import device_batch_defaults
+from tailserve.policies.vtc import tenant_of
 
 ADMISSIONS = ("best-effort", "reject")
 
@@ -157,9 +164,12 @@ class SloPolicy(Policy):
         out = SchedulerOutput()
         load = BatchLoad()
         tokens_left = cfg.max_num_batched_tokens
-        limit = math.inf  # seconds this iteration may take (the least TBT slack of its decodes)
+        slacks: list[tuple[float, float]] = []  # (tenant's VTC counter, TBT slack s) per decode
         floor_left = cfg.min_prefill_tokens
         scheduled_ids: set[int] = set()
+        if self.backlog is not None and sched.waiting:
+            self._make_room_for_fair_share(sched, now, out)
+        num_fair_preempted = len(out.preempted)
 
         # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
         running = sorted(sched.running, key=self.deadline)
@@ -177,14 +187,17 @@ class SloPolicy(Policy):
             scheduled_ids.add(id(request))
             load.add_decode(computed)
             tokens_left -= 1
-            limit = min(limit, self.deadline(request) - now)
+            slacks.append((self._counter(request), self.deadline(request) - now))
         # 2. Partial prefills continue, cut to what the slack leaves.
+        if self.backlog is not None:
+            prefills.sort(key=self._counter)  # stable: by deadline within a counter
         for request in prefills:
             if tokens_left <= 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue
             computed = request.num_computed_tokens
+            limit = self._limit(slacks, request)
             want = self._chunk(
                 load, computed, min(request.num_tokens - computed, tokens_left), limit, floor_left
             )
@@ -198,13 +211,58 @@ class SloPolicy(Policy):
             tokens_left -= want
             floor_left = max(0, floor_left - want)
 
-        # 3-6. Waiting requests by slack, unless someone was preempted.
-        if not out.preempted and sched.waiting and tokens_left > 0:
-            self._admit(sched, now, out, load, tokens_left, limit, floor_left)
+        # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
+        if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
+            self._admit(sched, now, out, load, tokens_left, slacks, floor_left)
         if self.backlog is not None:
             self.backlog.charge(out)
         self._last = (now, load.shape()) if out.scheduled else None
         return out
+
+    def _counter(self, request: Request) -> float:
+        backlog = self.backlog
+        return backlog.vtc.counter(tenant_of(request.tenant_id)) if backlog is not None else 0.0
+
+    def _limit(self, slacks: list[tuple[float, float]], request: Request) -> float:
+        """Seconds this iteration may take with a chunk of ``request``: the least TBT slack of
+        the decodes — under fairness, of the decodes of tenants served no more than its own
+        (rule 8: a tenant over its share does not slow down one under it)."""
+        if self.backlog is None:
+            return min((s for _, s in slacks), default=math.inf)
+        own = self._counter(request)
+        return min((s for c, s in slacks if c <= own), default=math.inf)
+
+    def _make_room_for_fair_share(self, sched: Scheduler, now: float, out: SchedulerOutput) -> None:
+        """Rule 8's preemption: when the request VTC admits next does not fit the free KV blocks,
+        running requests of tenants served more than its own (a larger counter) are preempted —
+        the most-served tenant first, its least SLO loss first — until it fits. Only when their
+        blocks would make room; a tenant never preempts itself or one served less."""
+        backlog = self.backlog
+        assert backlog is not None
+        ordered, _ = self.order_waiting(sched, now)
+        if not ordered:
+            return
+        head = ordered[0]
+        kv = sched.kv_cache
+        vtc = backlog.vtc
+        own = vtc.counter(tenant_of(head.tenant_id))
+        needed = kv.num_blocks_needed(head.request_id, head.num_tokens)
+        if needed <= kv.num_free_blocks:
+            return
+        victims = [r for r in sched.running if vtc.counter(tenant_of(r.tenant_id)) > own]
+        if kv.num_free_blocks + sum(kv.num_held(r.request_id) for r in victims) < needed:
+            return
+        positions = {id(r): i for i, r in enumerate(sched.running)}
+        victims.sort(
+            key=lambda r: (-vtc.counter(tenant_of(r.tenant_id)), self.slo_loss(r, now, positions[id(r)]))
+        )
+        for victim in victims:
+            if kv.num_free_blocks >= needed:
+                break
+            sched.preempt_by_recompute(victim)
+            sched.waiting.append(victim)
+            self._enter(sched, victim)
+            out.preempted.append(victim)
 
     def _chunk(self, load: BatchLoad, computed: int, wanted: int, limit: float, floor_left: int) -> int:
         """Prefill tokens for one chunk: the most the time limit allows, at least the floor."""
@@ -280,7 +338,7 @@ class SloPolicy(Policy):
         out: SchedulerOutput,
         load: BatchLoad,
         tokens_left: int,
-        limit: float,
+        slacks: list[tuple[float, float]],
         floor_left: int,
     ) -> None:
         cfg: SloConfig = self.config
@@ -307,7 +365,7 @@ class SloPolicy(Policy):
             hit = match.num_tokens if match is not None else 0
             computed = request.num_computed_tokens + hit
             wanted = min(request.num_tokens - computed, tokens_left)
-            want = self._chunk(load, computed, wanted, limit, floor_left)
+            want = self._chunk(load, computed, wanted, self._limit(slacks, request), floor_left)
             if want == 0:
                 break
             if hit:
