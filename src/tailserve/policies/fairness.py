@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tailserve.core.policy import Policy
+from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
@@ -120,6 +121,17 @@ class FairPolicy(Policy):
     def default_config(cls, device: Any, max_model_len: int, **overrides: Any) -> Any:
         raise TypeError("FairPolicy wraps a configured policy; build the inner one first")
 
+    def create_waiting_queue(self) -> RequestQueue:
+        return self.inner.create_waiting_queue()
+
+    def bind_executor(self, executor: Any) -> None:
+        self.inner.bind_executor(executor)
+
+    def chunk_run_budget(self) -> int | None:
+        # The chunked-prefill fast path runs iterations without asking the policy: VTC's
+        # charges would be skipped, so it stays off.
+        return None
+
     def add_request(self, sched: Scheduler, request: Request) -> None:
         self.inner.add_request(sched, request)
         if not request.is_finished:
@@ -128,9 +140,7 @@ class FairPolicy(Policy):
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         waiting = sched.waiting
         if len(waiting) > 1:
-            ordered = self.backlog.order(list(waiting))
-            waiting.clear()
-            waiting.extend(ordered)
+            waiting.reorder(self.backlog.order(list(waiting)))
         out = self.inner.schedule(sched, now)
         backlog = self.backlog
         for s in out.scheduled:

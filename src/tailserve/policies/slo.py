@@ -146,7 +146,7 @@ class SloPolicy(Policy):
             self.backlog.enqueue(request)
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
-        sched.waiting.append(request)
+        sched.waiting.add_request(request)
         self._enter(sched, request)
 
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
@@ -260,7 +260,7 @@ class SloPolicy(Policy):
             if kv.num_free_blocks >= needed:
                 break
             sched.preempt_by_recompute(victim)
-            sched.waiting.append(victim)
+            sched.waiting.add_request(victim)
             self._enter(sched, victim)
             out.preempted.append(victim)
 
@@ -284,7 +284,7 @@ class SloPolicy(Policy):
             candidates = [r for r in sched.running if id(r) not in scheduled]
             victim = min(candidates, key=lambda r: self.slo_loss(r, now, sched.running.index(r)))
             sched.preempt_by_recompute(victim)
-            sched.waiting.append(victim)
+            sched.waiting.add_request(victim)
             self._enter(sched, victim)
             out.preempted.append(victim)
             if victim is request:
@@ -346,7 +346,7 @@ class SloPolicy(Policy):
         ordered, rejected = self.order_waiting(sched, now)
         for r in rejected:
             w = self._info[r.request_id]
-            sched.waiting.remove(r)
+            sched.waiting.remove_request(r)
             self.on_finished(sched, [r])
             sched.reject(
                 r,
@@ -381,7 +381,7 @@ class SloPolicy(Policy):
                     break
             if request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
-            sched.waiting.remove(request)
+            sched.waiting.remove_request(request)
             self._info.pop(request.request_id, None)
             if self.backlog is not None:
                 self.backlog.dequeue(request)

@@ -25,7 +25,7 @@ from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import Capacity, CapacitySearch, CapacitySlo, RateScaler, search_capacities
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
 
-DEFAULT_TUNE_POLICIES = "vllm,sarathi,sglang,tgi,vllm-v0"
+DEFAULT_TUNE_POLICIES = "vllm,sarathi,sglang,tgi,vllm-v0,slo"
 DEFAULT_CHUNK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # Each engine's per-iteration token budget, by its own flag name.
@@ -109,7 +109,22 @@ class TuneResult:
     policies: list[PolicyTune]  # ranked: highest capacity, then fewest turned away and lowest ratio at best
 
 
+def with_slo_targets(spec: PolicySpec, slo: CapacitySlo) -> PolicySpec:
+    """The ``slo`` policy scheduled against the SLO being tuned for (one class whose TTFT and
+    TBT targets are the SLO's p99 bounds), unless the user gave it classes; others unchanged."""
+    if spec.name != "slo" or "slo_classes" in spec.flags:
+        return spec
+    bounds = {metric: bound for metric, _, bound in slo.tails}
+    ttft = bounds.get("ttft_s") or (slo.request.ttft if slo.request is not None else None)
+    tbt = bounds.get("itl_s") or (slo.request.tpot if slo.request is not None else None)
+    if not ttft or not tbt:
+        return spec  # the SLO bounds neither: the policy keeps its default classes
+    classes = f"tuned=ttft:{ttft * 1000:g}ms,tbt:{tbt * 1000:g}ms"
+    return PolicySpec(spec.name, {**spec.flags, "slo_classes": classes}, spec.engine_flags)
+
+
 def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneResult:
+    config = replace(config, policies=tuple(with_slo_targets(s, config.slo) for s in config.policies))
     # The per-request part of the SLO makes each run's summary count good requests (goodput).
     base = [
         RunSpec(config.deployment, config.workload, spec, config.slo.request, config.options)
@@ -267,6 +282,13 @@ def command_line(
             f"--waiting-served-ratio {config.waiting_served_ratio:g}",
             f"--max-waiting-tokens {config.max_waiting_tokens}",
         ]
+        return " ".join(parts)
+    if spec.name == "slo":
+        # tailserve's own scheduler: served by tailserve itself; the engines' closest flags are
+        # the best-ranked engine's command above it.
+        parts = ["tailserve serve --model MODEL_DIR --policy slo"]
+        if config.slo_classes:
+            parts.append(f"--slo-classes '{config.slo_classes}'")
         return " ".join(parts)
     if spec.name == "sarathi":
         # Sarathi-Serve is a research system configured through its benchmark's flat config.
