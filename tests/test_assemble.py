@@ -108,3 +108,19 @@ def test_assembly_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_executors_do_not_import_the_llm_layer() -> None:
+    """SamplingParams lives in core: the torch sampler and Request need nothing from ``llm/``."""
+    code = (
+        "import sys; import tailserve.executors.pytorch.sampler, tailserve.core.request; "
+        "from tailserve.core.request import Request; "
+        "print(sorted(m for m in sys.modules if m.startswith('tailserve.llm')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    from tailserve import SamplingParams
+    from tailserve.core.sampling_params import SamplingParams as core_params
+    from tailserve.llm import SamplingParams as llm_params
+
+    assert SamplingParams is core_params is llm_params

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "tailserve.llm.llm",
     "LLMEngine": "tailserve.llm.llm_engine",
-    "SamplingParams": "tailserve.llm.sampling_params",
+    "SamplingParams": "tailserve.core.sampling_params",
     "RequestOutput": "tailserve.llm.outputs",
     "CompletionOutput": "tailserve.llm.outputs",
     "RequestMetrics": "tailserve.llm.outputs",
@@ -32,10 +32,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from tailserve.core.sampling_params import SamplingParams
     from tailserve.llm.llm import LLM
     from tailserve.llm.llm_engine import LLMEngine
     from tailserve.llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
-    from tailserve.llm.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:

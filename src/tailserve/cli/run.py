@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tailserve.cli.policy_flags import parse_policy_flags
-from tailserve.llm.sampling_params import SamplingParams
+from tailserve.core.sampling_params import SamplingParams
 
 
 class PromptFileError(ValueError):

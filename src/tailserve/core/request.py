@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+
+from tailserve.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -65,8 +66,8 @@ class Request:
     # Simulation only: the token ids this request will generate (a multi-turn workload knows its
     # replies), so prefix caching can key the blocks that hold outputs too.
     planned_output_token_ids: list[int] | None = None
-    # Real executors: how to sample and when to stop (``tailserve.llm.SamplingParams``).
-    sampling_params: Any = None
+    # Real executors: how to sample and when to stop; None in simulation.
+    sampling_params: SamplingParams | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tailserve.core.sampling_params import SamplingParams
 from tailserve.llm.llm_engine import LLMEngine
 from tailserve.llm.outputs import RequestOutput
-from tailserve.llm.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -27,6 +27,7 @@ _BUILDER_ARGS = {
     "tensor_parallel_size",
     "max_model_len",
     "kv_cache_memory_gib",
+    "threads",
     "served_model_name",
     "check_integrity",
 }

@@ -26,10 +26,10 @@ from tailserve.core.engine import Engine, EngineOptions, WallClock
 from tailserve.core.executor import Executor
 from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
+from tailserve.core.sampling_params import SamplingParams
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import QueueSource
 from tailserve.llm.outputs import RequestOutput
-from tailserve.llm.sampling_params import SamplingParams
 from tailserve.llm.stop_checker import StopChecker, TextState
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from tailserve.core.executor import Executor, StepResult
 from tailserve.core.request import Request
+from tailserve.core.sampling_params import SamplingParams
 from tailserve.core.scheduler_output import SchedulerOutput
-from tailserve.llm.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tailserve.core.sampling_params import SEED_MAX, SEED_MIN
 from tailserve.llm import SamplingParams
-from tailserve.llm.sampling_params import SEED_MAX, SEED_MIN
 
 # Every request model: unknown fields pass (and are ignored), known ones are typed strictly.
 STRICT = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from tailserve.core.request import Request
-from tailserve.llm.sampling_params import GREEDY_EPSILON, SamplingParams
+from tailserve.core.sampling_params import GREEDY_EPSILON, SamplingParams
 
 _DEFAULT_PARAMS = SamplingParams(temperature=0.0)
 _SEED_MASK = 2**64 - 1  # torch seeds are uint64; vLLM's int64 seeds map onto them one to one

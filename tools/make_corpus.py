@@ -3,9 +3,11 @@
 Generated, not downloaded: a few hundred lines of hand-written word lists and a small grammar
 (stories, dialogue, notes about serving, numbers, dates, prices, bits of code, and some non-ASCII
 text), with a fixed seed, so byte-level BPE learns realistic merges — common words whole, frequent
-suffixes, digits, punctuation with spaces. The output is committed; rerun this only to change it:
+suffixes, digits, punctuation with spaces. The output ships as package data
+(``src/tailserve/data/corpus.txt``, read by ``tailserve model init``); this development script
+does not ship. Rerun it only to change the corpus:
 
-    python src/tailserve/data/make_corpus.py
+    python tools/make_corpus.py [OUT]   # default: src/tailserve/data/corpus.txt
 """
 
 from __future__ import annotations
@@ -310,5 +312,9 @@ def write_corpus(path: Path, size_bytes: int = 450_000, seed: int = 0) -> None:
     path.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
 
 
+CORPUS = Path(__file__).resolve().parents[1] / "src" / "tailserve" / "data" / "corpus.txt"
+
 if __name__ == "__main__":
-    write_corpus(Path(__file__).with_name("corpus.txt"))
+    import sys
+
+    write_corpus(Path(sys.argv[1]) if len(sys.argv) > 1 else CORPUS)
