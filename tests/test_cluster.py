@@ -7,7 +7,7 @@ import pytest
 
 from tailserve.cluster import ROUTERS
 from tailserve.cluster.build import build_stage, workload_requests
-from tailserve.cluster.cluster import Stage, run_aggregated
+from tailserve.cluster.cluster import Stage, route_request, run_aggregated
 from tailserve.cluster.disagg import PdCluster, _copy
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.replica import FeedSource, build_replica_engine
@@ -186,3 +186,23 @@ def test_sarathi_decodes_transferred_requests():
     run = PdCluster(prefill, decode, "nvlink").run(workload_requests(wb, specs))
     assert all(len(r.token_times) == r.max_tokens for r in run.requests)
     assert_conserved(decode)
+
+
+def test_kv_events_read_the_replicas_pools_without_counting_a_lookup():
+    wb = shared_prefix(n=30, rate=5.0, seed=8)
+    stage, requests = stage_for(wb, 2, "kv-aware")
+    assert stage.kv_index is not None and stage.router.kv_index is stage.kv_index
+    run_aggregated(stage, requests)
+    probe = _copy(requests[-1], max_tokens=1)
+    probe.request_id = "probe"
+    stage.kv_index.requests = {"probe": probe}
+    rr = route_request(probe)
+    for i, replica in enumerate(stage.replicas):
+        pool = replica.engine.scheduler.kv_cache.pool
+        before = (pool.stats.num_lookups, pool.stats.num_query_tokens, pool.stats.num_hit_tokens)
+        found = stage.kv_index.overlap(rr, i)
+        assert (pool.stats.num_lookups, pool.stats.num_query_tokens, pool.stats.num_hit_tokens) == before
+        holds = replica.engine.requests and any(
+            r.prompt_token_ids[:512] == probe.prompt_token_ids[:512] for r in replica.engine.requests
+        )
+        assert (found > 0) == bool(holds), (i, found)

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 
 from tailserve.cluster.cluster import Stage
+from tailserve.cluster.kv_events import SimKvIndex
+from tailserve.cluster.prefix_routers import KvAwareRouter
 from tailserve.cluster.replica import FeedSource, Replica, ReplicaSpec, build_replica_engine
 from tailserve.cluster.router_registry import make_router
 from tailserve.core.engine import EngineOptions
@@ -42,7 +44,10 @@ def build_stage(
             built=built,
         )
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
-    return Stage(replicas, router_obj, scrape_interval)
+    stage = Stage(replicas, router_obj, scrape_interval)
+    if isinstance(router_obj, KvAwareRouter) and router_obj.config.kv_events:
+        stage.kv_index = router_obj.kv_index = SimKvIndex(replicas)
+    return stage
 
 
 def workload_requests(workload: WorkloadBuilder, specs: Sequence[ReplicaSpec]) -> list[Request]:

@@ -14,13 +14,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tailserve.cluster.replica import Replica
 from tailserve.cluster.routers import BaseRouter
 from tailserve.cluster.routing import ReplicaState, RouteRequest
 from tailserve.core.gc_pause import paused_gc
-from tailserve.core.prefix_cache import MOONCAKE_BLOCK_SIZE, keys_from_hash_ids
 from tailserve.core.request import Request
+from tailserve.kv.prefix import MOONCAKE_BLOCK_SIZE, keys_from_hash_ids
 
 
 def session_of(request: Request) -> str | None:
@@ -67,6 +68,8 @@ class Stage:
     replicas: list[Replica]
     router: BaseRouter
     scrape_interval: float = 0.0  # seconds between /metrics scrapes; 0: always fresh
+    # KV events for kv-aware (kv_events.SimKvIndex): told which request is being routed.
+    kv_index: Any = None
     decisions: list[RoutingDecision] = field(default_factory=list)
     _states: list[ReplicaState] = field(default_factory=list)
     _scraped_at: float = -math.inf
@@ -102,6 +105,8 @@ class Stage:
     def route(self, request: Request, t: float, release_time: float | None = None) -> Replica:
         """Route ``request`` at ``t`` (replicas already advanced there) and hand it over."""
         rr = route_request(request)
+        if self.kv_index is not None:
+            self.kv_index.requests = {request.request_id: request}
         i = self.router.route(rr, self.states(t), t)
         self.router.on_routed(rr, i, t)
         waiting = [len(r.engine.scheduler.waiting) + r.source.num_pending for r in self.replicas]

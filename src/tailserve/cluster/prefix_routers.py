@@ -94,8 +94,9 @@ class KvIndex(Protocol):
     """Cached blocks per replica as KV events report them (the simulator reads its replicas'
     caches; a proxy without KV events has none)."""
 
-    def overlap(self, request: RouteRequest, replica: int) -> int:
-        """Leading ``request.block_keys`` cached on ``replica``."""
+    def overlap(self, request: RouteRequest, replica: int) -> int | None:
+        """Leading ``request.block_keys`` cached on ``replica``; None when it cannot tell (the
+        router then uses its own tree)."""
         ...
 
 
@@ -144,7 +145,9 @@ class KvAwareRouter(BaseRouter):
 
     def overlap(self, request: RouteRequest, replica: int, now: float) -> int:
         if self.config.kv_events and self.kv_index is not None:
-            return self.kv_index.overlap(request, replica)
+            found = self.kv_index.overlap(request, replica)
+            if found is not None:
+                return found
         return self.tree.match(request.block_keys, replica, min_time=now - self.config.router_ttl_secs)
 
     def costs(self, request: RouteRequest, healthy: Sequence[int], now: float) -> dict[int, float]:
@@ -179,11 +182,11 @@ class KvAwareRouter(BaseRouter):
         self._ensure(replica + 1)
         self._active[replica].update(request.block_keys)
         self._unkeyed[replica] += request.num_blocks - len(request.block_keys)
-        if not (self.config.kv_events and self.kv_index is not None):
-            self.tree.insert(request.block_keys, replica, now)
-            cap = self.config.router_max_tree_size
-            if self.tree.size(replica) > cap:
-                self.tree.evict_to(replica, int(cap * self.config.router_prune_target_ratio))
+        # The tree is the fallback for replicas the KV index cannot see (and all without one).
+        self.tree.insert(request.block_keys, replica, now)
+        cap = self.config.router_max_tree_size
+        if self.tree.size(replica) > cap:
+            self.tree.evict_to(replica, int(cap * self.config.router_prune_target_ratio))
 
     def on_finished(self, request_id: str, replica: int, now: float) -> None:
         request = self.inflight.remove(request_id, replica)

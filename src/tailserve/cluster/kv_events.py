@@ -1,0 +1,34 @@
+"""KV events in the simulator: what Dynamo's indexer learns from its workers' "block stored /
+removed" events, read straight from each replica's hashed block pool (vLLM's prefix caching),
+as if every event arrived at once. Replicas without a hashed pool (SGLang's radix tree, prefix
+caching off) report nothing and the router falls back to its own tree."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tailserve.cluster.replica import Replica
+from tailserve.cluster.routing import RouteRequest
+from tailserve.core.request import Request
+from tailserve.core.scheduler import prefix_keys
+
+
+class SimKvIndex:
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.requests: dict[str, Request] = {}  # the request being routed, by id
+
+    def overlap(self, request: RouteRequest, replica: int) -> int | None:
+        """Leading router blocks of ``request`` cached on ``replica`` now; None without a pool."""
+        kv = self.replicas[replica].engine.scheduler.kv_cache
+        sim_request = self.requests.get(request.request_id)
+        if not kv.prefix_caching or sim_request is None:
+            return None
+        pool = kv.pool
+        keys = prefix_keys(sim_request, kv.block_size)
+        if not keys:
+            return 0
+        stats = replace(pool.stats)  # a lookup counts in the pool's hit rate: this one must not
+        match = pool.match_prefix(keys)
+        pool.stats = stats
+        return min(match.num_tokens // request.block_size, len(request.block_keys))
