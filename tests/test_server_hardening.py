@@ -26,7 +26,7 @@ import pytest
 
 from server_helpers import MICRO, NAME, assert_openai_error, running_server, wait_idle, wait_until
 from tailserve.bench.predict import PredictSpec, server_deployment, spec_for_server
-from tailserve.cli.serve import api_keys_from_env
+from tailserve.cli.listen import api_keys_from_env
 from tailserve.executors.pytorch.init_model import init_model
 
 

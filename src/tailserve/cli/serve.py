@@ -20,11 +20,10 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
-from collections.abc import Mapping
 from typing import Any
 
+from tailserve.cli.listen import api_keys_from_env, bind_socket
 from tailserve.cli.policy_flags import parse_policy_flags
 
 DEFAULT_PORT = 8000
@@ -123,30 +122,6 @@ def add_parser(sub: Any) -> None:
     )
     g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=run_serve, takes_policy_flags=True)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0..65535, got {port}")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def api_keys_from_env(flag: list[str] | None, environ: Mapping[str, str]) -> list[str]:
-    """``--api-key`` values, else ``TAILSERVE_API_KEY``, else ``VLLM_API_KEY`` (vLLM's variable);
-    empty: no authentication."""
-    keys = flag or [key for key in (environ.get("TAILSERVE_API_KEY") or environ.get("VLLM_API_KEY"),) if key]
-    if any(not key.strip() for key in keys):
-        raise ValueError("--api-key must not be empty")
-    return keys
 
 
 def _or_default(value: Any, default: Any) -> Any:

@@ -1,0 +1,93 @@
+"""The cli package's shape: defaults read from the config dataclasses, command modules that
+import only the shared modules, ``python -m tailserve.cli`` as the console script."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tailserve.cli
+from tailserve.bench.predict_spec import PredictSpec
+from tailserve.cli.app import build_parser
+from tailserve.cli.options import deployment_from, workload_from
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
+from tailserve.tune.recommend import TuneConfig
+
+CLI_DIR = Path(tailserve.cli.__file__).parent
+
+
+def _parse(*argv: str):
+    args, _ = build_parser().parse_known_args(list(argv))
+    return args
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_workload_and_deployment_defaults_are_the_dataclasses(command: str) -> None:
+    args = _parse(command)
+    assert workload_from(args) == WorkloadSpec()
+    assert deployment_from(args) == Deployment.of(Deployment().model, Deployment().hardware)
+
+
+def test_tune_overrides_only_its_own_two_defaults() -> None:
+    args = _parse("tune")
+    assert workload_from(args) == WorkloadSpec(name="chat", num_requests=1000)
+    defaults = TuneConfig.__dataclass_fields__
+    assert (args.rel_tol, args.flat_tol, args.max_rate) == tuple(
+        defaults[name].default for name in ("rel_tol", "flat_tol", "max_rate")
+    )
+
+
+def test_bench_predict_defaults_are_predict_spec() -> None:
+    args = _parse("bench")
+    spec = PredictSpec()
+    assert (args.predict_model, args.predict_hardware, args.predict_tp) == (
+        spec.model,
+        spec.hardware,
+        spec.tp,
+    )
+    assert (args.predict_policy, args.predict_calibration) == (spec.policy, spec.calibration)
+
+
+def test_text_options_change_the_spec() -> None:
+    args = _parse("simulate", "--workload", "random", "--input-len", "uniform:10:20", "--turns", "3:4")
+    spec = workload_from(args)
+    assert spec.input_len != WorkloadSpec().input_len and spec.turns == (3, 4)
+
+
+def _cli_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "tailserve.cli":
+                names.update(alias.name for alias in node.names)
+            elif node.module.startswith("tailserve.cli."):
+                names.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[2] for a in node.names if a.name.startswith("tailserve.cli."))
+    return names
+
+
+def _defines_parser(path: Path) -> bool:
+    """A command module adds its subcommand (``add_parser``); every other module is shared."""
+    tree = ast.parse(path.read_text())
+    return any(isinstance(n, ast.FunctionDef) and n.name in ("add_parser", "add_parsers") for n in tree.body)
+
+
+def test_command_modules_import_only_shared_modules() -> None:
+    commands = {p.stem for p in CLI_DIR.glob("*.py") if _defines_parser(p)}
+    assert {"compare", "simulate", "tune", "serve", "bench", "explain"} <= commands
+    for name in commands:
+        other_commands = (_cli_imports(CLI_DIR / f"{name}.py") & commands) - {name}
+        assert not other_commands, f"cli/{name}.py imports command modules {sorted(other_commands)}"
+
+
+def test_python_dash_m_is_the_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tailserve.cli", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().startswith("tailserve ")
