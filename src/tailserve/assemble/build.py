@@ -45,6 +45,7 @@ class BuildOptions:
     dtype: str = "bfloat16"  # torch
     device: str = "cpu"  # torch
     kv_cache_memory_gib: float | None = None  # torch: KV budget (None: 2 GiB on CPU, vLLM's rule on CUDA)
+    threads: int | None = None  # torch on CPU: intra-op threads (None: the free cores, revisited)
     eos_token_ids: tuple[int, ...] = ()  # torch: the sampler's EOS; realtime-sim: never sampled
     vocab_size: int = 0  # realtime-sim: placeholder tokens are drawn below this
     engine: EngineOptions = field(default_factory=EngineOptions)  # for the Engine made over ``source``
@@ -177,5 +178,6 @@ def _build_torch(model_dir: Path, spec: PolicySpec, options: BuildOptions) -> Bu
         max_model_len=options.max_model_len,
         kv_cache_memory_gib=options.kv_cache_memory_gib,
         eos_token_ids=options.eos_token_ids,
+        threads=options.threads,
     )
     return BuiltEngine("torch", t.parts, t.executor, t.label, release=t.executor.release)

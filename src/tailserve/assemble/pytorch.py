@@ -19,6 +19,7 @@ from tailserve.executors.pytorch.executor import TorchExecutor
 from tailserve.executors.pytorch.loader import load_config, load_state_dict
 from tailserve.executors.pytorch.model import LlamaModel
 from tailserve.executors.pytorch.sampler import Sampler
+from tailserve.executors.pytorch.threads import ThreadController
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
 DEFAULT_CPU_KV_CACHE_GIB = 2.0  # like the VLLM_CPU_KVCACHE_SPACE=2 our vLLM-CPU comparisons use
@@ -50,6 +51,7 @@ def torch_parts(
     max_model_len: int | None,
     kv_cache_memory_gib: float | None,
     eos_token_ids: tuple[int, ...],
+    threads: int | None = None,
 ) -> TorchParts:
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -94,9 +96,14 @@ def torch_parts(
     swap = None
     if parts.num_cpu_blocks:
         swap = CpuSwapSpace(config.num_hidden_layers, parts.num_cpu_blocks, paged)
-    executor = TorchExecutor(lm, paged, Sampler(eos_token_ids, seed, dev), swap)
+    # CPU threads: the cores free of other work, or a fixed count (executors/pytorch/threads.py).
+    controller = ThreadController(threads) if dev.type == "cpu" else None
+    executor = TorchExecutor(lm, paged, Sampler(eos_token_ids, seed, dev), swap, controller)
     executor.warm_up()
-    return TorchParts(parts, executor, f"{lm.num_parameters / 1e6:.1f} M parameters, {dtype}, {dev}")
+    label = f"{lm.num_parameters / 1e6:.1f} M parameters, {dtype}, {dev}"
+    if controller is not None:
+        label += f", {controller.label}"
+    return TorchParts(parts, executor, label)
 
 
 def kv_budget_bytes(lm: LlamaModel, dev: torch.device, gmu: float, kv_gib: float | None) -> float:

@@ -31,6 +31,7 @@ def build_llm_engine(
     calibration: str = "auto",
     max_model_len: int | None = None,
     kv_cache_memory_gib: float | None = None,
+    threads: int | None = None,
     served_model_name: str | None = None,
     check_integrity: bool = False,
 ) -> LLMEngine:
@@ -98,6 +99,7 @@ def build_llm_engine(
             dtype=dtype,
             device=device,
             kv_cache_memory_gib=kv_cache_memory_gib,
+            threads=threads,
             eos_token_ids=eos,
         ),
     )

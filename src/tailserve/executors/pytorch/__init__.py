@@ -5,3 +5,9 @@ Model directories are read and written in exactly Hugging Face's format (``confi
 ``tokenizers`` library the way ``transformers`` does, and ``init_model.py`` writes randomly
 initialised models with a locally trained tokenizer, so nothing is ever downloaded.
 """
+
+from tailserve.executors.pytorch.threads import set_openmp_wait_policy
+
+# Before any module here imports torch: GNU OpenMP reads its wait policy when torch loads it
+# (threads.py says why a waiting thread should sleep rather than spin on a shared machine).
+OPENMP_WAIT = set_openmp_wait_policy()

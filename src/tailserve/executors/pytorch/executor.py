@@ -23,6 +23,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.pytorch.attention import CpuSwapSpace, PagedKVCache, build_metadata
 from tailserve.executors.pytorch.model import LlamaModel
 from tailserve.executors.pytorch.sampler import Sampler
+from tailserve.executors.pytorch.threads import ThreadController
 
 
 def token_at(request: Request, position: int) -> int:
@@ -40,15 +41,20 @@ class TorchExecutor:
         kv: PagedKVCache,
         sampler: Sampler,
         swap_space: CpuSwapSpace | None = None,
+        threads: ThreadController | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
         self.sampler = sampler
         self.swap_space = swap_space
         self.device = model.device
+        # CPU intra-op threads, revisited between steps (None: torch's setting, e.g. on CUDA).
+        self.threads = threads
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         t0 = time.perf_counter()
+        if self.threads is not None:
+            self.threads.tick()
         self._copy_swapped(out)
         items = [s for s in out.scheduled if s.num_new_tokens == 1]
         num_decodes = len(items)

@@ -1,0 +1,225 @@
+"""How many intra-op threads the torch executor runs, and how they wait.
+
+Three facts of a CPU shared with other work decide it:
+
+- **The cores this process may use** are the fewest of its CPU affinity
+  (``os.sched_getaffinity``) and its cgroup's CPU quota (``cpu.max`` under cgroup v2,
+  ``cpu.cfs_quota_us / cpu.cfs_period_us`` under v1). ``os.cpu_count()`` counts the host's.
+- **An OpenMP parallel region is as slow as its slowest thread.** When another process holds one
+  of the cores, the thread that shares it finishes its share of every matmul a time slice late
+  while the others wait at the barrier. With GNU OpenMP's default waiting (spin ~300,000 times
+  before sleeping) the waiting threads also burn the CPU the late one needs. Measured on the
+  2-core machine with other jobs running (load average ~6), a tiny-model decode step at batch 64
+  took 290-570 ms with 2 spinning threads, 53-73 ms with 2 passively waiting ones and 70-76 ms
+  with 1 thread.
+- **The machine's load changes while the engine runs**, so the thread count is revisited: every
+  ``interval_s`` the controller reads how much CPU other processes used (``/proc/stat`` busy time
+  minus this process's own) and runs on the cores they leave free, at least one. It drops at
+  once when others take a core (a late thread costs ~10x) and climbs back only after two
+  windows in a row leave a core free (flapping costs a thread-pool resize each time).
+
+``threads=N`` (``LLM(threads=N)``, ``--threads``), or else ``OMP_NUM_THREADS``, fixes the count
+and turns the adaptation off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# GNU OpenMP reads its wait policy once, when torch loads it. PASSIVE: a thread that waits for
+# the next parallel region sleeps at once instead of spinning (see the module docstring).
+WAIT_POLICY = "PASSIVE"
+_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def set_openmp_wait_policy() -> str:
+    """Load torch with ``OMP_WAIT_POLICY=PASSIVE`` unless the user chose a wait setting; the
+    variable is removed again afterwards, so child processes (a peer engine in a benchmark) keep
+    their own defaults. Returns what happened, for the engine's description."""
+    chosen = [v for v in _WAIT_VARIABLES if v in os.environ]
+    if chosen:
+        return f"OpenMP wait as set ({', '.join(f'{v}={os.environ[v]}' for v in chosen)})"
+    if "torch" in sys.modules:
+        return "OpenMP wait: torch's default (torch was imported before tailserve)"
+    os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+    try:
+        import torch  # noqa: F401  (loads libgomp, which reads the variable now)
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    return f"OpenMP wait {WAIT_POLICY.lower()}"
+
+
+def cgroup_cpu_quota(
+    root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """The CPU quota of this process's cgroup in cores (``200000 100000`` -> 2.0), the tightest
+    along its path; None when unlimited or unreadable."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    quotas: list[float] = []
+    for line in lines:
+        _hierarchy, controllers, path = line.split(":", 2)
+        rel = Path(path.lstrip("/"))
+        candidates = [rel, *rel.parents]
+        if controllers == "":  # cgroup v2
+            for p in candidates:
+                q = _read_v2(root / p / "cpu.max")
+                if q is not None:
+                    quotas.append(q)
+        elif "cpu" in controllers.split(","):  # cgroup v1
+            base = root / controllers if (root / controllers).is_dir() else root / "cpu"
+            for p in candidates:
+                q = _read_v1(base / p)
+                if q is not None:
+                    quotas.append(q)
+    return min(quotas) if quotas else None
+
+
+def _read_v2(path: Path) -> float | None:
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return int(quota) / int(period)
+
+
+def _read_v1(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def available_cores() -> int:
+    """Cores this process may run on: its affinity, capped by the cgroup quota (rounded down,
+    at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota + 1e-9)))
+    return max(1, cores)
+
+
+def omp_num_threads() -> int | None:
+    """``OMP_NUM_THREADS`` when it names a positive count (a fixed choice), else None."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+@dataclass(slots=True)
+class CpuSample:
+    wall: float  # seconds, monotonic
+    machine_busy: float  # seconds of busy CPU on the whole machine (all cores)
+    own: float  # CPU seconds of this process (all its threads)
+
+
+def read_sample() -> CpuSample | None:
+    """Busy time from ``/proc/stat`` (user, nice, system, irq, softirq, steal) and this process's
+    CPU time; None where ``/proc/stat`` does not exist."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]
+    busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6] + ticks[7]  # not idle, iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    return CpuSample(time.monotonic(), busy / hz, t.user + t.system)
+
+
+class ThreadController:
+    """Sets torch's intra-op threads at construction and, when adaptive, once per ``interval_s``
+    from the cores other processes leave free. ``tick()`` is called before every step; between
+    windows it costs one clock read."""
+
+    def __init__(
+        self,
+        threads: int | None = None,
+        *,
+        max_threads: int | None = None,
+        interval_s: float = 0.5,
+        set_threads=None,
+        sample=read_sample,
+    ) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        if threads is None:
+            threads = omp_num_threads()  # the user's choice, as torch honours it
+        if set_threads is None:
+            import torch
+
+            set_threads = torch.set_num_threads
+        self.max_threads = max_threads or available_cores()
+        self.adaptive = threads is None
+        self.threads = threads if threads is not None else self.max_threads
+        self.interval_s = interval_s
+        self.num_changes = 0
+        self._set_threads = set_threads
+        self._sample = sample
+        self._last = sample() if self.adaptive else None
+        self._raise_votes = 0
+        if self._last is None:
+            self.adaptive = False
+        set_threads(self.threads)
+
+    @property
+    def label(self) -> str:
+        how = "adaptive" if self.adaptive else "fixed"
+        return f"{self.threads} of {self.max_threads} threads ({how})"
+
+    def tick(self) -> None:
+        if not self.adaptive:
+            return
+        now = time.monotonic()
+        if now - self._last.wall < self.interval_s:
+            return
+        sample = self._sample()
+        if sample is not None:
+            self.update_from(sample)
+
+    def update_from(self, sample: CpuSample) -> None:
+        """Close the window that started at the previous sample."""
+        last = self._last
+        self._last = sample
+        wall = sample.wall - last.wall
+        if wall <= 0:
+            return
+        others = max(0.0, (sample.machine_busy - last.machine_busy) - (sample.own - last.own)) / wall
+        self.update(others)
+
+    def update(self, others_cores: float) -> None:
+        """Choose threads given the cores other processes kept busy over the last window. A core
+        counts as free when others used less than a third of it."""
+        target = max(1, min(self.max_threads, math.floor(self.max_threads - others_cores + 2 / 3)))
+        if target < self.threads:
+            self._raise_votes = 0
+            self._apply(target)
+        elif target > self.threads:
+            self._raise_votes += 1
+            if self._raise_votes >= 2:
+                self._raise_votes = 0
+                self._apply(self.threads + 1)
+        else:
+            self._raise_votes = 0
+
+    def _apply(self, threads: int) -> None:
+        self.threads = threads
+        self.num_changes += 1
+        self._set_threads(threads)
