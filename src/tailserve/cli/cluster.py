@@ -163,10 +163,9 @@ def _ms(value: float | None) -> str:
 
 
 def print_cluster(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from tailserve.report.tables import console
     m = summary["metrics"]
     overall = Table(title=summary["label"], title_justify="left")
     for col in (

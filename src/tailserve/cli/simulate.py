@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from tailserve.cli.base import POLICY_FLAGS_EPILOG, write_json
+from tailserve.cli.cluster import add_cluster_arguments, cluster_requested, run_cluster
 from tailserve.cli.options import (
     add_deployment_args,
     add_output_args,
@@ -43,9 +44,12 @@ def add_parser(sub: Any) -> None:
     add_output_args(p)
     p.add_argument("--iterations", metavar="OUT.jsonl", help="write the per-iteration log as JSON lines")
     add_run_outputs(p, simulate=True)
+    add_cluster_arguments(p)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if cluster_requested(args):  # --replicas, --cluster or a P/D split: docs/cluster.md
+        return run_cluster(args)
     from tailserve.policies.registry import PolicySpec
 
     spec = PolicySpec.make(args.policy, parse_policy_flags(args.extra))

@@ -120,13 +120,7 @@ class PdCluster:
             self._route_transfers(math.inf)
             self.decode.advance_to(None)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        out: list[Request] = []
-        prefill_copies = {r.request_id: r for s in self.prefill.replicas for r in s.engine.requests}
-        for request in ordered:
-            final = self.final[request.request_id]
-            # The prefix hit happened on the prefill side; the decode copy's admission saw none.
-            final.num_cached_tokens = prefill_copies[request.request_id].num_cached_tokens
-            out.append(final)
+        out = [self.final[request.request_id] for request in ordered]
         return ClusterRun(out, {"prefill": self.prefill, "decode": self.decode}, wall, self.timeline, cpu)
 
 

@@ -1,9 +1,9 @@
 """A cluster run's numbers: overall (the requests as clients saw them) and per replica.
 
 Overall latency metrics use the single-engine definitions (``metrics.summary``). The prefix hit
-rate is prompt tokens served from some replica's cache over all prompt tokens (a P/D request
-counts its prefill replica's hit). Per replica: requests routed, their TTFT and the replica's
-busy fraction (time in iterations over the run's duration).
+rate is prompt tokens served from some replica's cache over all prompt tokens (on a P/D split,
+the prefill replicas' lookups). Per replica: requests routed, their TTFT (on a prefill replica,
+its own first token), and the busy fraction: time in iterations over the run's duration.
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ def replica_summary(replica: Replica, duration: float) -> dict[str, Any]:
 
 def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
     out = summarize(run.requests, slo)
-    out["prefix_cache"] = prefix_cache_summary(run.requests)
+    # On a P/D split prefixes are looked up on the prefill side only (its copies' hits).
+    prefill = run.stages.get("prefill")
+    looked_up = [r for rep in prefill.replicas for r in rep.engine.requests] if prefill else run.requests
+    out["prefix_cache"] = prefix_cache_summary(looked_up)
     out["wall_s"] = run.wall_s
     out["cpu_s"] = run.cpu_s
     duration = out["duration_s"]
