@@ -49,3 +49,25 @@ def running_router(
 def sse_events(body: str) -> list[str]:
     """The ``data:`` payloads of an SSE body, in order."""
     return [line[5:].strip() for line in body.splitlines() if line.startswith("data:")]
+
+
+@contextmanager
+def sim_server(model: str, **engine_args: Any) -> Iterator[Any]:
+    """An in-process ``tailserve serve --executor sim`` on a free port (``engine_args`` go to
+    ``LLMEngine.from_args``, e.g. hardware, sim_model, max_model_len, policy_flags)."""
+    from tailserve.llm import LLMEngine
+    from tailserve.server.app import build_app
+    from tailserve.server.async_engine import AsyncEngine
+    from tailserve.server.launch import make_server
+    from tailserve.server.prometheus import ServerMetrics
+
+    engine = LLMEngine.from_args(model, executor="sim", **engine_args)
+    name = engine.deployment["model"]
+    engine.model_name = name
+    metrics = ServerMetrics(name)
+    async_engine = AsyncEngine(engine, metrics=metrics)
+    app = build_app(async_engine, served_model_name=name, model_root=model, metrics=metrics)
+    server = make_server(app, async_engine, host="127.0.0.1", port=0, drain_timeout=2.0, log_level="warning")
+    with ServerThread(server) as running:
+        running.engine = engine
+        yield running

@@ -1,4 +1,4 @@
-"""What the benchmark sends: prompts with their lengths, from three sources.
+"""What the benchmark sends: prompts with their lengths, from four sources.
 
 - ``random``: ``vllm bench serve``'s random dataset. Lengths are drawn uniformly from
   [floor(L(1-r)), ceil(L(1+r))] (outputs at least 1) with ``numpy.random.default_rng(seed)``;
@@ -9,6 +9,8 @@
 - ``sharegpt``: the first human turn is the prompt, the first reply's token count the output
   length; entries shorter than 4 tokens, prompts over 1,024 and totals over 2,048 tokens are
   dropped (vLLM's filter), the rest shuffled with the seed and oversampled if too few.
+- ``prefix_repetition``: ``vllm bench serve``'s shared-prefix dataset: a few random prefixes,
+  each followed by random suffixes, shuffled (``prefix_repetition_requests``).
 - ``trace``: a trace file read by ``tailserve.workloads.traces`` (Azure CSV, Mooncake JSONL,
   tailserve JSONL). Its timestamps become the send schedule; its prefix block hashes become
   shared token blocks (``block_size`` ids per hash, the same ids for the same hash), so a prefix
@@ -85,6 +87,42 @@ def random_requests(
         body = allowed[(offsets[i] + i + np.arange(n)) % allowed.size].tolist()
         out.append(BenchRequest(prefix + body, prefix_len + n, int(output_lens[i])))
     return out
+
+
+def prefix_repetition_requests(
+    num_prompts: int,
+    tokenizer: BenchTokenizer,
+    *,
+    prefix_len: int = 256,
+    suffix_len: int = 256,
+    num_prefixes: int = 10,
+    output_len: int = 128,
+    seed: int = 0,
+) -> list[BenchRequest]:
+    """``vllm bench serve``'s ``prefix_repetition`` dataset: ``num_prefixes`` random prefixes,
+    ``num_prompts // num_prefixes`` prompts on each (a random suffix after it), shuffled — the
+    shared-prefix workload prefix-aware routing is measured on. Defaults are vLLM's."""
+    if num_prefixes < 1 or num_prompts < num_prefixes:
+        raise ValueError(
+            f"--num-prompts ({num_prompts}) must be >= --prefix-repetition-num-prefixes ({num_prefixes}) >= 1"
+        )
+    if prefix_len < 0 or suffix_len < 0 or prefix_len + suffix_len < 1 or output_len < 1:
+        raise ValueError(
+            "--prefix-repetition-prefix-len and --prefix-repetition-suffix-len must be >= 0 with a "
+            f"non-empty prompt, --prefix-repetition-output-len >= 1; got {prefix_len}, {suffix_len}, {output_len}"
+        )
+    rng = np.random.default_rng(seed)
+    allowed = np.asarray(tokenizer.normal_ids(), dtype=np.int64)
+    if allowed.size == 0:
+        raise ValueError(f"tokenizer {tokenizer.path} has no non-special tokens to draw prompts from")
+    out = []
+    for _ in range(num_prefixes):
+        prefix = allowed[rng.integers(0, allowed.size, size=prefix_len)].tolist()
+        for _ in range(num_prompts // num_prefixes):
+            suffix = allowed[rng.integers(0, allowed.size, size=suffix_len)].tolist()
+            out.append(BenchRequest(prefix + suffix, prefix_len + suffix_len, output_len))
+    order = rng.permutation(len(out))
+    return [out[i] for i in order]
 
 
 def sharegpt_requests(

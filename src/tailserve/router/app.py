@@ -62,6 +62,7 @@ def build_router_app(
 
     app = FastAPI(title="tailserve router", version=__version__, lifespan=lifespan)
     app.state.pool = pool
+    app.state.router = router
     app.state.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if api_keys:

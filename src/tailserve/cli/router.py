@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
+import os
 import sys
 from typing import Any
+
+from tailserve.cli.listen import api_keys_from_env, bind_socket
 
 DEFAULT_PORT = 8080
 
 
-def add_router_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "router",
         help="OpenAI-compatible proxy routing requests over several tailserve or vLLM servers "
@@ -74,8 +76,8 @@ def add_router_parser(sub: Any) -> None:
         "--api-key",
         action="append",
         default=None,
-        help="require 'Authorization: Bearer KEY' on the /v1 routes (repeat for several keys); "
-        "the header is forwarded to the backend",
+        help="require 'Authorization: Bearer KEY' on the /v1 routes (repeat for several keys; default: "
+        "$TAILSERVE_API_KEY, else $VLLM_API_KEY, else open); the header is forwarded to the backend",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -85,19 +87,6 @@ def add_router_parser(sub: Any) -> None:
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=run_router)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0..65535, got {port}")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-    return sock
 
 
 def build_from_args(args: argparse.Namespace) -> Any:
@@ -111,8 +100,7 @@ def build_from_args(args: argparse.Namespace) -> Any:
 
     if not args.probe_timeout > 0:
         raise ValueError(f"--probe-timeout must be > 0 seconds, got {args.probe_timeout}")
-    if args.api_key is not None and any(not key.strip() for key in args.api_key):
-        raise ValueError("--api-key must not be empty")
+    api_keys = api_keys_from_env(args.api_key, os.environ)
     max_bytes = DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None else args.max_request_bytes
     if max_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {max_bytes}")
@@ -128,7 +116,7 @@ def build_from_args(args: argparse.Namespace) -> Any:
             probe_timeout=args.probe_timeout,
         )
         return build_router_app(
-            pool, router, read_timeout=args.read_timeout, api_keys=args.api_key, max_request_bytes=max_bytes
+            pool, router, read_timeout=args.read_timeout, api_keys=api_keys, max_request_bytes=max_bytes
         )
     except ValueError:
         import asyncio
@@ -143,7 +131,7 @@ def run_router(args: argparse.Namespace) -> int:
     from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, HeaderTimeoutProtocol
 
     app = build_from_args(args)
-    sock = _bind(args.host, args.port)
+    sock = bind_socket(args.host, args.port)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -154,7 +142,7 @@ def run_router(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     pool = app.state.pool
     print(
-        f"tailserve router: {len(pool.backends)} backend(s) under {args.policy}: "
+        f"tailserve router: {len(pool.backends)} backend(s) under {app.state.router.describe()}: "
         + ", ".join(b.url for b in pool.backends),
         file=sys.stderr,
     )
