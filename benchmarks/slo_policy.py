@@ -376,6 +376,66 @@ def fairness(quick: bool) -> dict[str, Any]:
     return out
 
 
+# ---- the real CPU executor -----------------------------------------------------------------
+def cpu_comparison(quick: bool) -> dict[str, Any]:
+    """The same comparison at small scale on the real PyTorch executor (the tiny model on this
+    CPU): short prompts decoding while long ones arrive. Time is the engine thread's CPU time
+    (``fidelity.recorder.CpuClock``), so other processes on the machine do not enter it."""
+    from tailserve.executors.pytorch.init_model import default_model_dir
+    from tailserve.fidelity.recorder import install
+    from tailserve.fidelity.replay import _TimedQueueSource
+    from tailserve.llm import LLMEngine, SamplingParams
+
+    rng = np.random.default_rng(7)
+    n = 24 if quick else 48
+    arrivals = np.cumsum(rng.exponential(0.25, n))
+    planned = []
+    for i in range(n):
+        long = i % 4 == 0
+        prompt = [int(t) for t in rng.integers(10, 1000, 1200 if long else 64)]
+        planned.append((prompt, 48, float(arrivals[i])))
+    classes = "all=ttft:2s,tbt:150ms"
+    rows = []
+    for label, policy, flags in [
+        ("vllm (default budget)", "vllm", {}),
+        ("vllm budget 256", "vllm", {"max_num_batched_tokens": "256"}),
+        ("slo", "slo", {"slo_classes": classes}),
+    ]:
+        engine = LLMEngine.from_args(
+            str(default_model_dir()), executor="torch", policy=policy, policy_flags=flags, dtype="float32"
+        )
+        install(engine, cpu_clock=True)
+        source = _TimedQueueSource()
+        engine.source = engine.engine.source = source
+        start = engine.now
+        requests = []
+        for i, (prompt, max_tokens, at) in enumerate(planned):
+            engine.add_request(
+                f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+            )
+            request = engine.stop_checker.requests[f"r{i}"]
+            request.arrival_time = start + at
+            requests.append(request)
+        while engine.has_unfinished_requests():
+            engine.step()
+        ttft = [r.token_times[0] - r.arrival_time for r in requests]
+        gaps = np.concatenate([np.diff(r.token_times) for r in requests])
+        row = {
+            "policy": label,
+            "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "tbt_p99_s": float(np.percentile(gaps, 99)),
+            "tbt_max_s": float(gaps.max()),
+            "predictor": engine.scheduler.policy.predictor.source if policy == "slo" else None,
+        }
+        rows.append(row)
+        print(
+            f"  {label:22} TTFT p99 {row['ttft_p99_s']:.3f} s  TBT p99 {row['tbt_p99_s'] * 1e3:.1f} ms"
+            f"  max {row['tbt_max_s'] * 1e3:.1f} ms",
+            flush=True,
+        )
+    return {"requests": n, "slo_classes": classes, "rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one deployment, fewer requests")
@@ -383,6 +443,8 @@ def main() -> None:
     parser.add_argument("--trace", default=str(default_trace("azure_llm_2023_conv.csv")))
     parser.add_argument("--mooncake-trace", default=str(default_trace("mooncake_conversation.jsonl")))
     parser.add_argument("--skip-capacity", action="store_true")
+    parser.add_argument("--skip-fairness", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="also the real CPU executor comparison")
     parser.add_argument("--out", type=Path, default=default_out("slo_policy.json"))
     args = parser.parse_args()
     for trace in (args.trace, args.mooncake_trace):
@@ -398,8 +460,12 @@ def main() -> None:
     if not args.skip_capacity:
         with Sweep(make_backend(args.workers), quiet=True) as sweep:
             result["capacity"] = capacity_table(sweep, args.quick, args.trace, args.mooncake_trace)
-    print("fairness (Llama-3-8B / H100):", flush=True)
-    result["fairness"] = fairness(args.quick)
+    if not args.skip_fairness:
+        print("fairness (Llama-3-8B / H100):", flush=True)
+        result["fairness"] = fairness(args.quick)
+    if args.cpu:
+        print("real CPU executor (tiny model, CPU time):", flush=True)
+        result["cpu"] = cpu_comparison(args.quick)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
