@@ -188,6 +188,23 @@ def test_backend_put_back_when_its_health_check_passes() -> None:
     assert backends == {A, B}
 
 
+def test_connection_lost_before_the_answer_is_retried_elsewhere() -> None:
+    """A plain request's head comes when it is done: a backend dying mid-generation has given
+    the client nothing yet, so the request is rerun on another backend."""
+    fakes = Fakes([A, B])
+
+    async def dies(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+
+    fakes.handlers[A] = dies
+    with running_router([A, B], transport=fakes.transport(), health_interval=30) as router:
+        response = post(router.base_url, {"prompt": "x"})
+        assert router.pool.backends[0].healthy  # the health check decides, not a broken connection
+        assert [b.in_flight for b in router.pool.backends] == [0, 0]
+    assert response.status_code == 200 and response.headers["x-tailserve-backend"] == B
+    assert [base for base, _, _ in fakes.posts] == [A, B]
+
+
 def test_503_before_acceptance_is_retried_elsewhere() -> None:
     fakes = Fakes([A, B])
 
@@ -382,7 +399,11 @@ def test_parse_load_reads_vllm_names_old_and_new_and_sglang() -> None:
     assert (load := parse_load(new)) and (load.num_running, load.num_waiting, load.kv_usage) == (3, 2, 0.5)
     assert (load := parse_load(old)) and (load.num_running, load.kv_usage) == (1, 0.25)
     assert (load := parse_load(two_engines)) and load.num_running == 3
-    assert (load := parse_load(sglang)) and (load.num_running, load.num_waiting, load.kv_usage) == (4, 6, 0.75)
+    assert (load := parse_load(sglang)) and (load.num_running, load.num_waiting, load.kv_usage) == (
+        4,
+        6,
+        0.75,
+    )
     assert parse_load("process_cpu_seconds_total 1.0\n") is None
     with pytest.raises(ValueError):
         parse_load("this is { not prometheus")
@@ -402,6 +423,36 @@ def test_route_request_from_tokens_text_and_chat() -> None:
     assert routed.session_id == "conv-9" and routed.block_keys
     assert route_request("/v1/completions", {}, "r5", {"x-session-id": "h"}).session_id == "h"
     assert route_request("/v1/completions", {"prompt": None}, "r6").prompt_len == 1  # the backend's 400
+
+
+def test_prefix_repetition_dataset_is_vllms() -> None:
+    from tailserve.bench.datasets import prefix_repetition_requests
+
+    class Vocab:
+        path = "fake"
+
+        def normal_ids(self) -> list[int]:
+            return list(range(100, 600))
+
+    requests = prefix_repetition_requests(
+        10,
+        Vocab(),
+        prefix_len=20,
+        suffix_len=5,
+        num_prefixes=3,
+        output_len=7,
+        seed=1,  # type: ignore[arg-type]
+    )
+    assert len(requests) == 9  # 10 // 3 per prefix, as vLLM
+    assert all(r.prompt_len == 25 == len(r.prompt) and r.output_len == 7 for r in requests)
+    groups: dict[tuple[int, ...], int] = {}
+    for r in requests:
+        groups[tuple(r.prompt[:20])] = groups.get(tuple(r.prompt[:20]), 0) + 1
+    assert sorted(groups.values()) == [3, 3, 3]
+    assert requests == prefix_repetition_requests(10, Vocab(), prefix_len=20, suffix_len=5, num_prefixes=3,
+                                                  output_len=7, seed=1)  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(ValueError, match="num-prefixes"):
+        prefix_repetition_requests(2, Vocab(), num_prefixes=3)  # type: ignore[arg-type]
 
 
 def test_bad_router_arguments_are_one_line_errors() -> None:

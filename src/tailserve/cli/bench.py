@@ -56,7 +56,8 @@ def add_parser(sub: Any) -> None:
         nargs="+",
         default=["random"],
         metavar="KIND [PATH]",
-        help="random | sharegpt PATH | trace PATH (Azure CSV, Mooncake JSONL, tailserve JSONL)",
+        help="random | sharegpt PATH | prefix_repetition | trace PATH (Azure CSV, Mooncake JSONL, "
+        "tailserve JSONL)",
     )
     g.add_argument("--num-prompts", type=int, default=100, help="requests to send (default: %(default)s)")
     g.add_argument("--random-input-len", "--input-len", type=int, default=1024, help="(default: %(default)s)")
@@ -68,6 +69,11 @@ def add_parser(sub: Any) -> None:
         "--random-prefix-len", type=int, default=0, help="tokens of one random prefix every prompt shares"
     )
     g.add_argument("--sharegpt-output-len", type=int, default=None, help="override the replies' lengths")
+    # vLLM's prefix_repetition flags and defaults: shared prefixes, as prefix-aware routing needs.
+    g.add_argument("--prefix-repetition-prefix-len", type=int, default=256, help="(default: %(default)s)")
+    g.add_argument("--prefix-repetition-suffix-len", type=int, default=256, help="(default: %(default)s)")
+    g.add_argument("--prefix-repetition-num-prefixes", type=int, default=10, help="(default: %(default)s)")
+    g.add_argument("--prefix-repetition-output-len", type=int, default=128, help="(default: %(default)s)")
     g.add_argument("--rate-scale", type=float, default=1.0, help="trace: replay this many times faster")
     g.add_argument("--trace-block-size", type=int, default=512, help="trace: tokens per prefix hash id")
     g.add_argument(

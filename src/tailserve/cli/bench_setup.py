@@ -76,6 +76,16 @@ def load_requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
         return datasets.sharegpt_requests(
             rest[0], args.num_prompts, tokenizer, output_len=args.sharegpt_output_len, seed=args.seed
         )
+    if kind == "prefix_repetition" and not rest:
+        return datasets.prefix_repetition_requests(
+            args.num_prompts,
+            tokenizer,
+            prefix_len=args.prefix_repetition_prefix_len,
+            suffix_len=args.prefix_repetition_suffix_len,
+            num_prefixes=args.prefix_repetition_num_prefixes,
+            output_len=args.prefix_repetition_output_len,
+            seed=args.seed,
+        )
     if kind == "trace" and len(rest) == 1:
         return datasets.trace_requests(
             rest[0],
@@ -85,7 +95,9 @@ def load_requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
             block_size=args.trace_block_size,
             seed=args.seed,
         )
-    raise ValueError(f"--dataset {' '.join(args.dataset)!r}: expected random, sharegpt PATH or trace PATH")
+    raise ValueError(
+        f"--dataset {' '.join(args.dataset)!r}: expected random, sharegpt PATH or trace PATH, or prefix_repetition"
+    )
 
 
 def failure_reason(error: str) -> str:

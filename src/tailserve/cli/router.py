@@ -105,8 +105,11 @@ def build_from_args(args: argparse.Namespace) -> Any:
     if max_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {max_bytes}")
     router = make_router(args.policy)
-    # No pool limit: the router holds one backend connection per request in flight.
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+    # No pool limit: one backend connection per request in flight. Idle connections close
+    # before uvicorn's 5 s keep-alive does, so a reused one is rarely found closed.
+    client = httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
+    )
     try:
         pool = BackendPool(
             args.backend,

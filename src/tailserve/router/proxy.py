@@ -6,8 +6,12 @@ other than 503. Before that nothing of it is lost by trying elsewhere (an LLM re
 side effect, and a backend that failed before answering has dropped it), so the request goes to
 the next backend the router picks, each backend at most once:
 
-- connection refused, reset or timed out, the backend gone before answering: the backend is
-  taken out (``BackendPool.mark_down``) and the request retried;
+- connection refused or timed out: the backend is taken out (``BackendPool.mark_down``) and
+  the request retried;
+- the connection broken before a response head (the backend died with the request, or a stale
+  keep-alive connection): retried, and the next health check decides about the backend. A
+  plain (non-streaming) request gets its head only when it is done, so one whose backend dies
+  mid-generation is rerun elsewhere: the client sees a longer request, not an error;
 - a 503 (the backend's queue is full, it is shutting down, its engine died): retried, the
   backend stays in (its health check decides).
 
@@ -17,7 +21,7 @@ status and ``content-type`` as the backend sent them (a 400 stays the backend's 
 after acceptance cannot be retried without repeating tokens the client already has:
 
 - the backend disconnects mid-response: a stream ends with ``data: {"error": {... "code": 502}}``
-  and ``data: [DONE]``; a plain request gets that 502;
+  and ``data: [DONE]``; a plain request cut inside its body gets that 502;
 - no byte for ``read_timeout`` seconds: the same with 504;
 - no backend left to try: 503 ("no backend accepted the request: ...").
 
@@ -221,7 +225,10 @@ class Proxy:
         except NOT_ACCEPTED as error:
             self.metrics.errors.labels(backend.url, "connect").inc()
             reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            self.pool.mark_down(backend, reason)
+            if isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+                # Nothing listens there: out until a health check passes. A connection that
+                # broke before the head may have been a stale keep-alive one; the check decides.
+                self.pool.mark_down(backend, reason)
             return Refusal(reason, 503)
         if response.status_code == 503:
             try:
