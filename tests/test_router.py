@@ -338,6 +338,20 @@ def test_client_leaving_mid_stream_closes_the_backend_stream() -> None:
         assert router.router.inflight.count(0) == 0
 
 
+def test_a_router_bug_is_an_openai_500_and_leaves_nothing_in_flight() -> None:
+    fakes = Fakes([A])
+    with running_router([A], transport=fakes.transport()) as router:
+
+        def broken(*args: object) -> int:
+            raise RuntimeError("boom")
+
+        router.router.route = broken  # type: ignore[method-assign]
+        response = post(router.base_url, {"prompt": "x"})
+        assert router.pool.backends[0].in_flight == 0
+    message = assert_openai_error(response, 500)["message"]
+    assert "boom" not in message and "router logged" in message
+
+
 def test_models_health_and_bad_bodies() -> None:
     fakes = Fakes([A, B])
     with running_router([A, B], transport=fakes.transport()) as router:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +31,8 @@ from tailserve.router.backends import BackendPool
 from tailserve.router.metrics import RouterMetrics
 from tailserve.router.proxy import Proxy, error_response, forwarded_models
 from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit
+
+logger = logging.getLogger("tailserve.router")
 
 
 def build_router_app(
@@ -71,6 +74,11 @@ def build_router_app(
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         return error_response(str(error.detail), error.status_code)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, error: Exception) -> JSONResponse:
+        logger.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        return error_response("internal router error (the router logged the details)", 500)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -153,7 +153,10 @@ class BackendPool:
     async def _every(self, interval: float, probe: Callable[[Backend], object]) -> None:
         while True:
             await asyncio.sleep(interval)
-            await asyncio.gather(*(probe(b) for b in self.backends))  # type: ignore[misc]
+            outcomes = await asyncio.gather(*(probe(b) for b in self.backends), return_exceptions=True)  # type: ignore[misc]
+            for backend, outcome in zip(self.backends, outcomes):
+                if isinstance(outcome, Exception):  # a bug must not stop the loop for everyone
+                    logger.error("probing %s failed", backend.url, exc_info=outcome)
 
     def _changed(self, backend: Backend) -> None:
         if self.on_change is not None:
