@@ -33,11 +33,11 @@ from rich.table import Table  # noqa: E402
 
 from tailserve.assemble.simulated import policy_kv_capacity  # noqa: E402
 from tailserve.core.engine import Engine  # noqa: E402
-from tailserve.core.kv_factory import make_kv_cache  # noqa: E402
 from tailserve.core.request import Request  # noqa: E402
 from tailserve.core.scheduler import Scheduler  # noqa: E402
 from tailserve.core.source import ListSource  # noqa: E402
 from tailserve.executors.simulated.executor import SimExecutor  # noqa: E402
+from tailserve.kv.factory import make_kv_cache  # noqa: E402
 from tailserve.metrics.summary import summarize  # noqa: E402
 from tailserve.policies.registry import PolicySpec, get_policy_cls, parse_policy_list  # noqa: E402
 from tailserve.sim.deployment import Deployment, build_cost_model  # noqa: E402
@@ -60,9 +60,10 @@ def run(built, spec: PolicySpec, reqs: list[Request]) -> dict:
     cls = get_policy_cls(spec.name)
     config = cls.default_config(cm.hardware.device_info, MAX_LEN, **spec.flags)
     capacity = policy_kv_capacity(cm, spec, config, MAX_LEN)
-    kv = make_kv_cache(config, capacity.num_blocks, capacity.block_size, 0, False)
+    policy = cls(config)
+    kv = make_kv_cache(policy.kv_spec(), capacity.num_blocks, capacity.block_size, 0, False)
     engine = Engine(
-        Scheduler(cls(config), kv, MAX_LEN), SimExecutor(cm, capacity.block_size), ListSource(reqs)
+        Scheduler(policy, kv, MAX_LEN), SimExecutor(cm, capacity.block_size), ListSource(reqs)
     )
     engine.run()
     s = summarize(engine.requests)

@@ -18,7 +18,6 @@ from rich.table import Table
 
 from tailserve.assemble.simulated import policy_kv_capacity
 from tailserve.core.engine import Engine
-from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -26,6 +25,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.factory import make_kv_cache
 from tailserve.policies.registry import get_policy_cls, parse_policy_list
 from tailserve.sim.deployment import Deployment, build_cost_model
 
@@ -48,9 +48,10 @@ def batch_latency(cm: CostModel, batch: int, n_in: int, n_out: int) -> tuple[flo
     max_len = cm.model.max_position_embeddings
     config = cls.default_config(cm.hardware.device_info, max_len)
     cap = policy_kv_capacity(cm, spec, config, max_len)
-    kv = make_kv_cache(config, cap.num_blocks, cap.block_size, 0, False)
+    policy = cls(config)
+    kv = make_kv_cache(policy.kv_spec(), cap.num_blocks, cap.block_size, 0, False)
     reqs = [Request(f"r{i}", n_in, n_out, 0.0) for i in range(batch)]
-    engine = Engine(Scheduler(cls(config), kv, max_len), SimExecutor(cm, cap.block_size), ListSource(reqs))
+    engine = Engine(Scheduler(policy, kv, max_len), SimExecutor(cm, cap.block_size), ListSource(reqs))
     engine.run()
     decode = [d for d, p in zip(engine.log.duration, engine.log.num_prefill_tokens) if p == 0]
     return max(r.finish_time for r in reqs), sum(decode) / len(decode)

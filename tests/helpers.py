@@ -8,6 +8,7 @@ from tailserve.core.executor import StepResult
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.kv.factory import make_kv_cache
 
 
 def step(sched: Scheduler, now: float = 0.0) -> SchedulerOutput:
@@ -45,3 +46,10 @@ def drain(sched: Scheduler, now: float = 0.0, limit: int = 1000) -> float:
         now += 0.01
         limit -= 1
     return now
+
+
+def scheduler_for(policy, num_blocks: int, block_size: int, max_model_len: int, num_cpu_blocks: int = 0) -> Scheduler:
+    """A scheduler over the KV manager kind the policy declares (``kv_spec``), as the engine
+    builders make it for a workload with token identities."""
+    kv = make_kv_cache(policy.kv_spec(), num_blocks, block_size, num_cpu_blocks, shares_prefixes=True)
+    return Scheduler(policy, kv, max_model_len)

@@ -9,9 +9,9 @@ import pytest
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.realtime import RealtimeSimExecutor
+from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.registry import parse_policy_list
 from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy

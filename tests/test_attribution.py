@@ -10,7 +10,6 @@ import pytest
 from tailserve.cli import main
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.iteration_log import BatchEntry, BatchRecord
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -18,6 +17,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.paged import KVCacheManager
 from tailserve.metrics.attribution import (
     BATCHED_PREFILL,
     KV_WAIT,

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -15,6 +14,8 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.hashed import HashedKVCacheManager
+from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.registry import POLICIES, parse_policy_list
 
 SPECS = [
@@ -144,7 +145,7 @@ def _run_cached(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Req
     spec = parse_policy_list(spec_text)[0]
     cls = POLICIES[spec.name]
     policy = cls(cls.default_config(get_hardware("H100-SXM").device_info, MAX_MODEL_LEN, **spec.flags))
-    kv = KVCacheManager(KV_TOKENS // 16, 16, num_cpu_blocks=128, enable_prefix_caching=True)
+    kv = HashedKVCacheManager(KV_TOKENS // 16, 16, num_cpu_blocks=128)
     requests = _shared_requests(seed)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(

@@ -17,7 +17,6 @@ from helpers import ids as _ids
 from helpers import step as _step
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.executor import StepResult
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import PaddingSlot
@@ -26,6 +25,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.orca import OrcaConfig, OrcaPolicy
 from tailserve.policies.registry import get_policy_cls, parse_policy_list
 from tailserve.policies.static import StaticConfig, StaticPolicy

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailserve.core.hashed_block_cache import HashedBlockPool
-from tailserve.core.prefix_cache import (
+from tailserve.kv.block_pool import HashedBlockPool
+from tailserve.kv.prefix import (
     PrefixCacheIntegrityError,
     PrefixMatch,
     block_hashes,
     keys_from_hash_ids,
     token_keys_from_hash_ids,
 )
-from tailserve.core.radix_cache import RadixCache
+from tailserve.kv.radix import RadixCache
 
 # ---- brute-force models -----------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ def test_block_hashes_chain_only_full_blocks():
 
 def test_keys_are_deterministic_across_processes():
     code = (
-        "from tailserve.core.prefix_cache import block_hashes, keys_from_hash_ids;"
+        "from tailserve.kv.prefix import block_hashes, keys_from_hash_ids;"
         "print(block_hashes(list(range(40)), 16), keys_from_hash_ids([3, 1, 2], 1500, 512, 16)[-1],"
         " keys_from_hash_ids([3, 1, 2], 1500, 512, 48)[-1])"
     )

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -17,6 +16,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.factory import make_kv_cache
 from tailserve.metrics.summary import prefix_cache_summary
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.workloads.lengths import Fixed
@@ -75,8 +75,8 @@ def _sessions(requests: list[Request]) -> dict[str, list[Request]]:
 
 def _run(requests: list[Request], caching: bool, num_blocks: int = 2048, fast: bool = True) -> Engine:
     """A small vLLM V1 deployment: Llama-3-8B on one H100, KV checked after every iteration."""
-    kv = KVCacheManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching)
     policy = VllmPolicy(VllmConfig(2048, 64, enable_prefix_caching=caching))
+    kv = make_kv_cache(policy.kv_spec(), num_blocks, BLOCK_SIZE)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(
         Scheduler(policy, kv, 8192),

@@ -13,9 +13,9 @@ import pytest
 
 from helpers import grants as _grants
 from helpers import ids as _ids
+from helpers import scheduler_for
 from helpers import step as _step
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -35,7 +35,7 @@ from tailserve.policies.sglang import (
 
 
 def _sglang(num_blocks: int, max_model_len: int = 4096, **cfg) -> Scheduler:
-    return Scheduler(SglangPolicy(SglangConfig(**cfg)), KVCacheManager(num_blocks, 1), max_model_len)
+    return scheduler_for(SglangPolicy(SglangConfig(**cfg)), num_blocks, 1, max_model_len)
 
 
 def _add(

@@ -12,11 +12,9 @@ import pytest
 
 from helpers import add as _add
 from helpers import drain as _drain
-from helpers import grants, ids, step
+from helpers import grants, ids, scheduler_for, step
 from helpers import token_request as _req
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -24,13 +22,14 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.sglang import SglangConfig, SglangPolicy
 
 SYSTEM = list(range(1000, 1100))  # a 100-token shared system prompt
 
 
 def _sched(num_blocks: int, **cfg) -> Scheduler:
-    return Scheduler(SglangPolicy(SglangConfig(**cfg)), KVCacheManager(num_blocks, 1), 8192)
+    return scheduler_for(SglangPolicy(SglangConfig(**cfg)), num_blocks, 1, 8192)
 
 
 def test_a_shared_system_prompt_is_computed_once():
@@ -100,7 +99,7 @@ def _shared_prefix_run(fast: bool, seed: int, num_blocks: int, **cfg) -> tuple[E
         toks = prefixes[int(rng.integers(0, 4))] + list(rng.integers(0, 30000, int(rng.integers(1, 300))))
         requests.append(_req(f"r{i}", toks, int(rng.integers(1, 200)), float(i) * 0.02))
     policy = SglangPolicy(SglangConfig(chunked_prefill_size=256, **cfg))
-    sched = Scheduler(policy, KVCacheManager(num_blocks, 1), 4096)
+    sched = scheduler_for(policy, num_blocks, 1, 4096)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(sched, SimExecutor(cost, 1), ListSource(requests), options=EngineOptions(fast, True))
     engine.run()
@@ -225,7 +224,7 @@ def test_requests_without_token_identities_leave_the_cache_inert():
     sched = _sched(1000, schedule_policy="lpm")
     _add(sched, Request("a", 10, 2, 0.0))
     _drain(sched)
-    assert sched.policy.tree is None and type(sched.kv_cache) is KVCacheManager
+    assert sched.policy.tree is None and sched.kv_cache.tree is None
 
 
 def test_disable_radix_cache_shares_nothing():

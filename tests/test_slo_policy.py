@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pytest
 
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -16,6 +15,7 @@ from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.slo import SloConfig, SloPolicy
 from tailserve.policies.slo_classes import parse_slo_classes

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from tailserve.core.engine import EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
+from tailserve.kv.paged import KVCacheManager
+from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.registry import parse_policy_list
 from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
@@ -59,11 +59,10 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block() -> None:
     lazy.check_integrity()
 
 
-def test_adopting_a_used_manager_counts_its_references() -> None:
-    kv = KVCacheManager(32, 1)
-    kv.allocate("a", 5)
-    kv.allocate("b", 3)
-    radix = RadixKVCacheManager.adopt(kv)
+def test_radix_manager_counts_shared_references() -> None:
+    radix = RadixKVCacheManager(32, 1)
+    radix.allocate("a", 5)
+    radix.allocate("b", 3)
     radix.share("c", radix.block_tables["a"][:2])
     assert sorted(c for c in radix._ref_counts if c) == [1, 1, 1, 1, 1, 1, 2, 2]
     radix.check_integrity()

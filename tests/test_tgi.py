@@ -15,10 +15,10 @@ import pytest
 
 from helpers import grants as _grants
 from helpers import ids as _ids
+from helpers import scheduler_for
 from helpers import step as _step
 from tailserve.core.device import DeviceInfo
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
@@ -33,7 +33,7 @@ H100 = DeviceInfo("H100-SXM", 80.0)
 
 
 def _tgi(num_blocks: int = 1000, max_model_len: int = 4096, **cfg) -> Scheduler:
-    return Scheduler(TgiPolicy(TgiConfig(**cfg)), KVCacheManager(num_blocks, 1), max_model_len)
+    return scheduler_for(TgiPolicy(TgiConfig(**cfg)), num_blocks, 1, max_model_len)
 
 
 def _add(sched: Scheduler, rid: str, prompt: int, max_tokens: int, now: float = 0.0) -> Request:
@@ -293,7 +293,7 @@ def test_fast_path_gives_the_same_token_times_as_stepping(chunking):
                 max_waiting_tokens=8,
             )
         )
-        sched = Scheduler(policy, KVCacheManager(2000, 1), 512)
+        sched = scheduler_for(policy, 2000, 1, 512)
         requests = _workload(seed=11, n=80, rate=40.0, max_prompt=400, max_out=100)
         _engine(sched, requests, fast_forward=fast).run()
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)

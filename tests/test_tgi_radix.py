@@ -17,11 +17,9 @@ import pytest
 
 from helpers import add as _add
 from helpers import drain as _drain
-from helpers import grants, ids, step
+from helpers import grants, ids, scheduler_for, step
 from helpers import token_request as _req
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -29,13 +27,15 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.paged import KVCacheManager
+from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.tgi import TgiConfig, TgiPolicy
 
 SYSTEM = list(range(1000, 1100))  # a 100-token shared system prompt
 
 
 def _sched(num_blocks: int, block_size: int = 1, **cfg) -> Scheduler:
-    return Scheduler(TgiPolicy(TgiConfig(**cfg)), KVCacheManager(num_blocks, block_size), 8192)
+    return scheduler_for(TgiPolicy(TgiConfig(**cfg)), num_blocks, block_size, 8192)
 
 
 def test_a_shared_system_prompt_is_computed_once():
@@ -157,7 +157,7 @@ def _shared_prefix_run(
         requests.append(_req(f"r{i}", toks, int(rng.integers(1, 200)), float(i) * 0.02))
     budget = 512 if cfg.get("prefill_chunking", True) else 1024  # legacy: whole prompts only
     policy = TgiPolicy(TgiConfig(max_batch_prefill_tokens=budget, **cfg))
-    sched = Scheduler(policy, KVCacheManager(num_blocks, block_size), 4096)
+    sched = scheduler_for(policy, num_blocks, block_size, 4096)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(
         sched,
@@ -215,7 +215,7 @@ def test_requests_without_token_identities_leave_the_cache_inert():
     sched = _sched(1000)
     _add(sched, Request("a", 10, 2, 0.0))
     _drain(sched)
-    assert sched.policy.tree is None and type(sched.kv_cache) is KVCacheManager
+    assert sched.policy.tree is None and sched.kv_cache.tree is None
     assert sched.policy.notes() == []
 
 
@@ -232,7 +232,7 @@ def test_later_turns_hit_the_previous_prompt_but_not_the_reply():
     from tailserve.workloads.prefix import multi_turn
 
     requests = multi_turn(20, seed=0)  # planned replies: the next turn resends them
-    sched = Scheduler(TgiPolicy(TgiConfig()), KVCacheManager(200_000, 1), 8192)
+    sched = scheduler_for(TgiPolicy(TgiConfig()), 200_000, 1, 8192)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     # Integrity checks are skipped here (200k blocks per iteration); the runs above do them.
     engine = Engine(sched, SimExecutor(cost, 1), ListSource(requests), options=EngineOptions(True, False))

@@ -6,7 +6,6 @@ import numpy as np
 
 from helpers import grants, step
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -14,13 +13,14 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.factory import make_kv_cache
 from tailserve.metrics.summary import prefix_cache_summary
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 
 
 def _sched(num_blocks: int, caching: bool = True, budget: int = 2048) -> Scheduler:
-    kv = KVCacheManager(num_blocks, 16, enable_prefix_caching=caching)
     policy = VllmPolicy(VllmConfig(budget, 64, enable_prefix_caching=caching))
+    kv = make_kv_cache(policy.kv_spec(), num_blocks, 16)
     return Scheduler(policy, kv, 4096)
 
 

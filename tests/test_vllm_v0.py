@@ -19,7 +19,6 @@ from helpers import grants as _grants
 from helpers import ids as _ids
 from helpers import step as _step
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
@@ -28,6 +27,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.workloads.arrivals import ClosedLoopSource
 

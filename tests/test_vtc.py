@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -13,6 +12,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
+from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.fairness import FairPolicy, TenantBacklog, with_fairness
 from tailserve.policies.registry import POLICIES
 from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights

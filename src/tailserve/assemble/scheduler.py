@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tailserve.core.device import DeviceInfo
-from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
+from tailserve.kv.factory import make_kv_cache
 from tailserve.policies.fairness import with_fairness
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
@@ -56,7 +56,7 @@ def make_scheduler(
     """The one place a KV manager is made: the kind the policy's config asks for. Prefix caching
     needs token identities, so a workload of bare lengths (``shares_prefixes=False``) gets a
     plain manager."""
-    kv = make_kv_cache(policy.config, num_blocks, block_size, num_cpu_blocks, shares_prefixes)
+    kv = make_kv_cache(policy.kv_spec(), num_blocks, block_size, num_cpu_blocks, shares_prefixes)
     return Scheduler(policy, kv, max_model_len)
 
 
@@ -79,7 +79,7 @@ def build_scheduler(
     size = size_kv(config)
     num_cpu_blocks = 0
     if cpu_swap:
-        swap_gib = getattr(config, "swap_space", 0.0)  # vLLM V0 --swap-space, GiB per GPU
+        swap_gib = policy.kv_spec().swap_space_gib  # vLLM V0 --swap-space, GiB per GPU
         num_cpu_blocks = int(swap_gib * GIB // (size.block_size * size.kv_bytes_per_token))
     scheduler = make_scheduler(
         policy, size.num_blocks, size.block_size, num_cpu_blocks, max_model_len, shares_prefixes

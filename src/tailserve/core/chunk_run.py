@@ -38,7 +38,7 @@ def advance_chunk_run(engine: Engine) -> int:
     budget = sched.chunk_run_budget()
     kv = sched.kv_cache
     running = sched.running
-    if budget is None or kv.pool is not None or sched.swapped or len(running) < 2:
+    if budget is None or kv.prefix_caching or sched.swapped or len(running) < 2:
         return 0
     prompt = None
     decodes = []

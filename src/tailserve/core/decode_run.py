@@ -95,7 +95,7 @@ def advance_decode_run(engine: Engine) -> int:
         request.token_times.extend(token_times)
         if computed > slots:
             kv.allocate(request.request_id, computed)
-        if kv.pool is not None:
+        if kv.prefix_caching:
             kv.register_computed(request.request_id, computed)  # blocks filled during the run
         if outputs >= request.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH

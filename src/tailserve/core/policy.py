@@ -23,7 +23,8 @@ ask the scheduler, which asks the policy:
   ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``.
 - **Time and executor.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``);
   ``bind_executor`` (a policy that predicts iteration times takes the executor's cost model).
-- **Declarations.** ``default_config``, ``profile_tokens``, ``notes``, ``describe``.
+- **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
+  ``kv/factory.py`` builds it), ``default_config``, ``profile_tokens``, ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
 ``registry.py`` entry.
@@ -39,6 +40,7 @@ from tailserve.core.queues import FCFSRequestQueue, RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.kv.spec import KVSpec
 
 
 class Policy(ABC):
@@ -61,9 +63,14 @@ class Policy(ABC):
 
     @classmethod
     def profile_tokens(cls, config: Any, max_model_len: int) -> int:
-        """Tokens of the largest forward pass the engine sizes its activation memory for (vLLM
-        profiles ``max_num_batched_tokens``)."""
-        return getattr(config, "max_num_batched_tokens", None) or max_model_len
+        """Tokens of the largest forward pass the engine sizes its activation memory for: one
+        whole ``max_model_len`` sequence unless the policy says otherwise (vLLM profiles
+        ``max_num_batched_tokens``)."""
+        return max_model_len
+
+    def kv_spec(self) -> KVSpec:
+        """The KV cache this configuration needs (plain paged blocks by default)."""
+        return KVSpec()
 
     def create_waiting_queue(self) -> RequestQueue:
         """The waiting-queue strategy (called once, by the scheduler's constructor)."""

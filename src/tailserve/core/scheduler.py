@@ -25,10 +25,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from tailserve.core.executor import StepResult
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.prefix_cache import block_hashes, keys_from_hash_ids
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.kv.paged import KVCacheManager
+from tailserve.kv.prefix import block_hashes, keys_from_hash_ids
 
 if TYPE_CHECKING:
     from tailserve.core.policy import Policy
@@ -89,7 +89,7 @@ class Scheduler:
             return False
         request.status = RequestStatus.WAITING
         request.enqueue_time = now
-        if self.kv_cache.pool is not None:
+        if self.kv_cache.prefix_caching:
             keys = prefix_keys(request, self.kv_cache.block_size)
             if keys:
                 self.kv_cache.set_prefix_keys(request.request_id, keys)
@@ -196,7 +196,7 @@ class Scheduler:
             return False
         if kv.allocate(request.request_id, num_total_tokens) is None:
             return False
-        if kv.pool is not None:
+        if kv.prefix_caching:
             # Blocks that will be full once this iteration's tokens are computed become
             # matchable now, as vLLM caches them when it allocates them.
             kv.register_computed(request.request_id, num_total_tokens)
@@ -206,11 +206,7 @@ class Scheduler:
         """True when ``allocate(request, num_total_tokens)`` would change nothing: the request's
         blocks already hold the tokens and no prefix-cache registration is due (plain KV). A
         cheap test for the decode walks, where most tokens land in a block with room."""
-        kv = self.kv_cache
-        if kv.pool is not None:
-            return False
-        table = kv.block_tables.get(request.request_id)
-        return table is not None and len(table) * kv.block_size >= num_total_tokens
+        return self.kv_cache.holds(request.request_id, num_total_tokens)
 
     def admit(self, request: Request, now: float) -> None:
         """Move a waiting request (already removed from the waiting queue) into running."""

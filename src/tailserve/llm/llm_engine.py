@@ -24,11 +24,11 @@ from typing import Any
 
 from tailserve.core.engine import Engine, EngineOptions, WallClock
 from tailserve.core.executor import Executor
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.sampling_params import SamplingParams
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import QueueSource
+from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.llm.outputs import RequestOutput
 from tailserve.llm.stop_checker import StopChecker, TextState
 
@@ -208,8 +208,7 @@ class LLMEngine:
         request_ids = list(dict.fromkeys(r.request_id for r in involved if not r.is_finished))
         for request_id in request_ids:
             self.abort_request(request_id, reason)
-        if kv.pool is not None:
-            kv.pool.evict(kv.pool.num_evictable)  # no block of the failed step may be matched
+        kv.drop_cached()  # no block of the failed step may be matched
         try:
             self.check_integrity()
         except Exception as broken:

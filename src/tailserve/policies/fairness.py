@@ -24,6 +24,7 @@ from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.kv.spec import KVSpec
 from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights, tenant_of
 
 FAIRNESS = ("none", "vtc")
@@ -123,6 +124,9 @@ class FairPolicy(Policy):
 
     def create_waiting_queue(self) -> RequestQueue:
         return self.inner.create_waiting_queue()
+
+    def kv_spec(self) -> KVSpec:
+        return self.inner.kv_spec()
 
     def bind_executor(self, executor: Any) -> None:
         self.inner.bind_executor(executor)

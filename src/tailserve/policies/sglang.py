@@ -61,7 +61,7 @@ clips its ``max_new_tokens`` instead; here outputs are fixed), so it cannot bloc
 **Radix cache** (§3(c); ``core/radix_cache.py``, page size 1). Built with the first request that
 carries token identities: its token ids plus the planned outputs, or Mooncake ``hash_ids``
 (``token_keys_from_hash_ids``: full 512-token blocks only); requests without them never share and
-the cache stays inert. The KV manager becomes a ``RadixKVCacheManager`` in place: the tree holds
+the cache stays inert. The KV manager is a ``RadixKVCacheManager`` (``kv_spec``): the tree holds
 one reference on each slot it caches, a request one per table entry. An admitted request shares
 its matched slots (match capped so one token is computed), keeps its node locked, and starts at
 the match. After every prefill batch its prefilled tokens are inserted (the checkpoint; the lock
@@ -86,11 +86,12 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
-from tailserve.core.prefix_cache import PrefixMatch
-from tailserve.core.radix_cache import RadixCache, RadixNode
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.kv.prefix import PrefixMatch
+from tailserve.kv.radix import RadixCache, RadixNode
+from tailserve.kv.spec import KVSpec
 from tailserve.policies.sglang_adder import (
     ABORT_REASON,
     CACHE_AWARE_POLICIES,
@@ -219,6 +220,9 @@ class SglangPolicy(Policy):
         if config.chunking:
             return max(config.chunked_prefill_size, 2048)
         return max(config.max_prefill_tokens, 2048)
+
+    def kv_spec(self) -> KVSpec:
+        return KVSpec("paged" if self.config.disable_radix_cache else "radix")
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
         """Reject at arrival a request that could never be admitted, even into an idle engine.

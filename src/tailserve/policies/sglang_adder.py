@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.prefix_cache import PrefixMatch
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest
+from tailserve.kv.paged import KVCacheManager
+from tailserve.kv.prefix import PrefixMatch
 
 if TYPE_CHECKING:
     from tailserve.policies.sglang import SglangPolicy

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.prefix_cache import PrefixCacheStats, PrefixMatch, token_keys_from_hash_ids
-from tailserve.core.radix_cache import RadixCache, RadixNode
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
+from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch, token_keys_from_hash_ids
+from tailserve.kv.radix import RadixCache, RadixNode
+from tailserve.kv.radix_manager import RadixKVCacheManager
 
 
 def token_keys(request: Request) -> list[int] | None:
@@ -67,18 +66,18 @@ class SglangRadix:
 
     def enable(self, sched: Scheduler) -> bool:
         """Create the tree on first use and hook it to the KV manager; False where it cannot
-        apply (the manager holds no tree references: a hashed pool, or pages larger than one
-        token)."""
+        apply: the manager is not the radix kind the policy declared (``kv_spec``; the factory
+        gives a plain one to a workload without token identities) or its pages are larger than
+        one token."""
         if self.tree is not None:
             return True
         kv = sched.kv_cache
-        if kv.block_size != 1 or kv.pool is not None or type(kv) not in (KVCacheManager, RadixKVCacheManager):
+        if not isinstance(kv, RadixKVCacheManager) or kv.block_size != 1:
             return False
-        self._kv = RadixKVCacheManager.adopt(kv)
-        sched.kv_cache = self._kv
+        self._kv = kv
         self.tree = RadixCache(page_size=1)
-        self._kv.tree = self.tree
-        self._kv.on_free = self._on_free
+        kv.tree = self.tree
+        kv.on_free = self._on_free
         return True
 
     @property

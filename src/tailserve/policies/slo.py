@@ -48,6 +48,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.kv.spec import KVSpec
 from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, SloClasses, parse_slo_classes
 from tailserve.policies.slo_predictor import BatchLoad, Predictor, find_cost_model
@@ -116,6 +117,13 @@ class SloPolicy(Policy):
         self.predictor = Predictor()
         self._info: dict[str, _Waiting] = {}
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
+
+    @classmethod
+    def profile_tokens(cls, config: SloConfig, max_model_len: int) -> int:
+        return config.max_num_batched_tokens  # vLLM profiles its token budget
+
+    def kv_spec(self) -> KVSpec:
+        return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
 
     # ---- the engine's cost model ----------------------------------------------------------
     def bind_executor(self, executor: Any) -> None:

@@ -70,10 +70,11 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
-from tailserve.core.radix_cache import RadixCache
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.kv.radix import RadixCache
+from tailserve.kv.spec import KVSpec
 from tailserve.policies.tgi_radix import RadixAllocator
 
 # The launcher's fallback when ``compute_optimal`` (fp16 FLOP/s / model FLOPs per token) is not
@@ -177,6 +178,9 @@ class TgiPolicy(Policy):
         return config.max_batch_prefill_tokens
 
     # ---- requests in ----------------------------------------------------------------------
+    def kv_spec(self) -> KVSpec:
+        return KVSpec("paged" if self.config.disable_radix_cache else "radix")
+
     def add_request(self, sched: Scheduler, request: Request) -> None:
         limit = self.config.max_concurrent_requests
         if len(sched.waiting) + len(sched.running) >= limit:

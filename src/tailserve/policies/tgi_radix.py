@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailserve.core.kv_cache import KVCacheManager
-from tailserve.core.prefix_cache import PrefixCacheStats, token_keys_from_hash_ids
-from tailserve.core.radix_cache import RadixCache, RadixNode, _common_len
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
+from tailserve.kv.prefix import PrefixCacheStats, token_keys_from_hash_ids
+from tailserve.kv.radix import RadixCache, RadixNode, _common_len
+from tailserve.kv.radix_manager import RadixKVCacheManager
 
 
 def prompt_keys(request: Request, block_size: int) -> list[Any] | None:
@@ -54,15 +53,15 @@ class RadixAllocator:
             self._keys[request.request_id] = keys
 
     def enable(self, sched: Scheduler) -> bool:
-        """Build the trie (and give the KV manager trie-held references) on first use; False
-        where it cannot apply (a hashed block pool)."""
+        """Build the trie (hooked to the KV manager, which counts its references) on first use;
+        False where it cannot apply: the manager is not the radix kind the policy declared
+        (``kv_spec``; a workload without token identities gets a plain one)."""
         if self.tree is not None:
             return True
         kv = sched.kv_cache
-        if kv.pool is not None or type(kv) not in (KVCacheManager, RadixKVCacheManager):
+        if not isinstance(kv, RadixKVCacheManager):
             return False
-        self._kv = RadixKVCacheManager.adopt(kv)
-        sched.kv_cache = self._kv
+        self._kv = kv
         self.tree = RadixCache(page_size=kv.block_size)
         self._kv.tree = self.tree
         self._kv.on_free = self.on_free

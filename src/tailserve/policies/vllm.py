@@ -40,6 +40,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.kv.spec import KVSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,13 @@ class VllmPolicy(Policy):
             )
         return config
 
+    @classmethod
+    def profile_tokens(cls, config: VllmConfig, max_model_len: int) -> int:
+        return config.max_num_batched_tokens  # vLLM profiles its token budget
+
+    def kv_spec(self) -> KVSpec:
+        return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
+
     def create_waiting_queue(self) -> RequestQueue:
         """``create_request_queue(scheduling_policy)``: FCFS deque or the priority heap, which
         also decide where a preempted request re-enters and whom to preempt."""
@@ -144,7 +152,7 @@ class VllmPolicy(Policy):
             if want == 1 and computed % block_size:
                 # A decode whose slot is in its last, partly filled block: nothing to allocate,
                 # but a block it fills is cached now, as vLLM's allocate_slots does every step.
-                if kv.pool is not None and not (computed + 1) % block_size:
+                if not (computed + 1) % block_size:  # a no-op without prefix caching
                     kv.register_computed(request.request_id, computed + 1)
                 scheduled.append(ScheduledRequest(request, 1, computed))
                 budget -= 1

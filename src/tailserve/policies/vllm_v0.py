@@ -38,10 +38,11 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
-from tailserve.core.prefix_cache import PrefixMatch
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.kv.prefix import PrefixMatch
+from tailserve.kv.spec import KVSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,15 @@ class VllmV0Policy(Policy):
             )
         return config
 
+    @classmethod
+    def profile_tokens(cls, config: VllmV0Config, max_model_len: int) -> int:
+        return config.max_num_batched_tokens  # vLLM profiles its token budget
+
+    def kv_spec(self) -> KVSpec:
+        # The CPU pool is sized from --swap-space whatever the preemption mode, as V0 does.
+        kind = "hashed" if self.config.enable_prefix_caching else "paged"
+        return KVSpec(kind, swap_space_gib=self.config.swap_space)
+
     def add_request(self, sched: Scheduler, request: Request) -> None:
         # A plain append under both policies (``Scheduler.add_seq_group``): V0 sorts its queues
         # by priority only in ``_schedule_priority_preemption`` (shown by tests/test_differential*).
@@ -210,7 +220,7 @@ class VllmV0Policy(Policy):
         block of its prompt already cached by content, V0's allocator sharing a block as soon as
         another request allocated it (so a fully cached block-aligned prompt shares them all)."""
         kv = sched.kv_cache
-        if kv.pool is None or request.num_computed_tokens:
+        if not kv.prefix_caching or request.num_computed_tokens:
             return None
         match = kv.match_prefix(request.request_id, request.num_tokens + 1)  # uncapped: full blocks
         if request.request_id not in self._frozen_cached:
@@ -284,7 +294,7 @@ class VllmV0Policy(Policy):
             request.num_computed_tokens = hit
         else:
             kv.allocate(request.request_id, request.num_tokens)
-        if kv.pool is not None:
+        if kv.prefix_caching:
             self._register(sched, request, request.num_computed_tokens + tokens)
         if request.first_scheduled_time is None:
             request.num_cached_tokens = hit
@@ -389,7 +399,7 @@ class VllmV0Policy(Policy):
                 if want <= 0:
                     break
                 out.scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
-                if sched.kv_cache.pool is not None:
+                if sched.kv_cache.prefix_caching:
                     self._register(sched, request, request.num_computed_tokens + want)
                 budget -= want
                 continue
@@ -453,7 +463,7 @@ class VllmV0Policy(Policy):
     def _chunk(sched: Scheduler, left: int, grant: int) -> int:
         """With prefix caching a partial chunk is rounded down to whole blocks, so the blocks it
         fills can be cached."""
-        if sched.kv_cache.pool is None or grant >= left:
+        if not sched.kv_cache.prefix_caching or grant >= left:
             return grant
         return grant // sched.kv_cache.block_size * sched.kv_cache.block_size
 

@@ -12,7 +12,6 @@ from dataclasses import asdict
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
-from tailserve.core.radix_kv_cache import RadixKVCacheManager
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.deployment import BuiltCostModel
 from tailserve.sim.run_file import RunResult
@@ -49,8 +48,6 @@ def run_policy(
     capacity = assembled.kv_size  # the simulator's KVCapacity (vLLM's sizing, for the run file)
     max_model_len = assembled.max_model_len
     kv = assembled.scheduler.kv_cache
-    prefix_caching = kv.pool is not None
-    radix = isinstance(kv, RadixKVCacheManager)
     t0 = time.perf_counter()
     engine.run()
     wall = time.perf_counter() - t0
@@ -75,13 +72,11 @@ def run_policy(
     budget_flag = getattr(config, "max_num_batched_tokens", None)
     if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
         label += f" (default budget {budget_flag})"
-    run_config["prefix_caching"] = prefix_caching or radix
+    run_config["prefix_caching"] = kv.shares_prefixes
     prefix_stats = None
-    if kv.pool is not None:
-        prefix_stats = {"evicted_tokens": kv.pool.stats.num_evicted_tokens}
-    elif radix:
-        tree = getattr(kv, "tree", None)
-        prefix_stats = {"evicted_tokens": tree.stats.num_evicted_tokens if tree is not None else 0}
+    if kv.shares_prefixes:
+        stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
+        prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = list(policy.notes())
     if (
         workload.spec.name == "hol"

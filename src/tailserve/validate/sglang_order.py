@@ -12,9 +12,9 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tailserve.core.kv_cache import KVCacheManager
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.sglang import LPM_FALLBACK_WAITING, SglangConfig, SglangPolicy
 from tailserve.validate.workload import decode_tokens, encode_tokens
 
@@ -89,7 +89,7 @@ def run_tailserve_order(case: OrderCase) -> OrderResult:
     total = sum(len(s) for s in case.cached) + sum(
         len(w.prompt_token_ids) + w.max_tokens for w in case.waiting
     )
-    sched = Scheduler(policy, KVCacheManager(max(total * 4, 64), 1), max_model_len=1 << 20)
+    sched = Scheduler(policy, RadixKVCacheManager(max(total * 4, 64), 1), max_model_len=1 << 20)
     if not policy.radix.enable(sched):
         raise RuntimeError("tailserve's sglang policy refused its radix cache")
     slot = 0

@@ -9,9 +9,9 @@ arrivals, ``schedule``, one sampled token per request whose computed tokens caug
 from __future__ import annotations
 
 from tailserve.core.executor import StepResult
-from tailserve.core.kv_factory import make_kv_cache
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.kv.factory import make_kv_cache
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.validate.trace import StepRecord
@@ -27,8 +27,9 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
         scheduling_policy=spec.scheduling_policy,
         enable_prefix_caching=spec.enable_prefix_caching,
     )
-    kv = make_kv_cache(config, spec.num_blocks, spec.block_size, 0, shares_prefixes=True)
-    return Scheduler(VllmPolicy(config), kv, spec.max_model_len)
+    policy = VllmPolicy(config)
+    kv = make_kv_cache(policy.kv_spec(), spec.num_blocks, spec.block_size, 0, shares_prefixes=True)
+    return Scheduler(policy, kv, spec.max_model_len)
 
 
 def build_vllm_v0_scheduler(spec: SchedulerSpec) -> Scheduler:
@@ -41,8 +42,9 @@ def build_vllm_v0_scheduler(spec: SchedulerSpec) -> Scheduler:
         scheduling_policy=spec.scheduling_policy,
         enable_prefix_caching=spec.enable_prefix_caching,
     )
-    kv = make_kv_cache(config, spec.num_blocks, spec.block_size, spec.num_cpu_blocks, shares_prefixes=True)
-    return Scheduler(VllmV0Policy(config), kv, spec.max_model_len)
+    policy = VllmV0Policy(config)
+    kv = make_kv_cache(policy.kv_spec(), spec.num_blocks, spec.block_size, spec.num_cpu_blocks, shares_prefixes=True)
+    return Scheduler(policy, kv, spec.max_model_len)
 
 
 def run_tailserve_v0(workload: Workload) -> list[StepRecord]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from tailserve.core.prefix_cache import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
+from tailserve.kv.prefix import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
 
 
 class HashedBlockPool(PrefixCache):

@@ -2,11 +2,11 @@
 
 Two structures implement :class:`PrefixCache`:
 
-- :class:`~tailserve.core.hashed_block_cache.HashedBlockPool` (vLLM V1 automatic prefix caching):
+- :class:`~tailserve.kv.block_pool.HashedBlockPool` (vLLM V1 automatic prefix caching):
   the *allocator itself*. It owns every KV block; full blocks are cached under a chained hash and
   stay cached after their last user frees them, until allocation reuses them (LRU).
   Unit: one block of ``block_size`` tokens.
-- :class:`~tailserve.core.radix_cache.RadixCache` (SGLang RadixAttention): a token-level radix
+- :class:`~tailserve.kv.radix.RadixCache` (SGLang RadixAttention): a token-level radix
   tree over the KV slots an outside allocator handed out; it never allocates, it only decides
   which unreferenced slots to give back (``evict``). Unit: one token (``block_size == 1``), or
   one page of ``page_size`` tokens (SGLang's paged mode, TGI's block-aligned trie).
@@ -34,10 +34,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tailserve.core.kv_cache import KVCacheIntegrityError
+from tailserve.kv.paged import KVCacheIntegrityError
 
 if TYPE_CHECKING:
-    from tailserve.core.radix_cache import RadixNode
+    from tailserve.kv.radix import RadixNode
 
 # Parent key of the first block (vLLM seeds its NONE_HASH the same way: a fixed value).
 NONE_HASH: int = 0x7A11_5E4E_0F1C_ACE5

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Hashable, Sequence
 
-from tailserve.core.prefix_cache import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
+from tailserve.kv.prefix import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
 
 _SCAN = 64  # keys compared per slice while looking for a divergence point
 

@@ -8,46 +8,38 @@ list when its last reference goes. ``check_integrity`` counts the tree's referen
 
 ``on_free`` (set by the policy) is called with a request id just before ``free`` drops that
 request's references, so the policy can insert a finished request's tokens into the tree (or
-unlock a retracted one) while its slots are still held. ``adopt`` turns a plain manager (as the
-simulation builds it) into this class in place.
+unlock a retracted one) while its slots are still held. ``kv/factory.py`` builds this class for
+a policy that declares a radix cache; the policy hooks its tree in when the first request with
+token identities arrives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from tailserve.core.kv_cache import KVCacheIntegrityError, KVCacheManager
+from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
 
 if TYPE_CHECKING:
-    from tailserve.core.radix_cache import RadixCache
+    from tailserve.kv.prefix import PrefixCacheStats
+    from tailserve.kv.radix import RadixCache
 
 
 class RadixKVCacheManager(KVCacheManager):
     """``KVCacheManager`` plus references held by a radix tree (no hashed pool, no CPU pool use)."""
 
-    tree: RadixCache | None
-    on_free: Callable[[str], None] | None
+    shares_prefixes: ClassVar[bool] = True
 
     def __init__(self, num_blocks: int, block_size: int = 1, num_cpu_blocks: int = 0) -> None:
-        super().__init__(num_blocks, block_size, num_cpu_blocks, enable_prefix_caching=False)
-        self._init_radix()
-
-    def _init_radix(self) -> None:
-        self.tree = None  # the tree whose node values are the references counted by ``hold``
-        self.on_free = None
+        super().__init__(num_blocks, block_size, num_cpu_blocks)
+        # The tree whose node values are the references counted by ``hold``; set by the policy.
+        self.tree: RadixCache | None = None
+        self.on_free: Callable[[str], None] | None = None
         self._tree_refs = 0
 
-    @classmethod
-    def adopt(cls, kv: KVCacheManager) -> RadixKVCacheManager:
-        """Make ``kv`` (a plain manager without a hashed pool) a ``RadixKVCacheManager`` in place."""
-        if isinstance(kv, cls):
-            return kv
-        if type(kv) is not KVCacheManager or kv.pool is not None:
-            raise TypeError(f"cannot add a radix tree to {type(kv).__name__} (pool: {kv.pool is not None})")
-        kv.__class__ = cls
-        kv._init_radix()  # type: ignore[attr-defined]
-        return kv  # type: ignore[return-value]
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return self.tree.stats if self.tree is not None else None
 
     # ---- references ------------------------------------------------------------------------
     def share(self, request_id: str, block_ids: list[int]) -> None:

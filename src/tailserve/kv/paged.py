@@ -2,22 +2,24 @@
 
 GPU blocks hold the KV the model reads; an optional CPU pool (vLLM V0's ``--swap-space``) holds
 the KV of requests preempted by swapping. The manager decides and counts; an executor that owns
-real KV tensors only stores into the block ids it is given. The same object drives the
-simulator and the PyTorch executor.
+real KV tensors only stores into the block ids ``SchedulerOutput`` gives it. The same object
+drives the simulator and the PyTorch executor.
 
-With ``enable_prefix_caching`` the GPU blocks live in a ``HashedBlockPool`` (vLLM's automatic
-prefix caching): full prompt blocks are registered under content keys as they are computed,
-freed blocks stay cached in an LRU free queue until reused, and ``match_prefix`` finds a
-request's longest cached chain. Keys come from the prompt's token ids, or from Mooncake-style
-``prefix_block_hashes``; a request with neither never shares.
+One manager class per kind (``kv/factory.py`` builds the one a policy declares): this plain one,
+``HashedKVCacheManager`` (``kv/hashed.py``, vLLM's automatic prefix caching) and
+``RadixKVCacheManager`` (``kv/radix_manager.py``, slots a radix tree holds references on).
+Generic code asks a manager what it is through the class attributes ``prefix_caching`` (the
+scheduler registers hashed block keys) and ``shares_prefixes`` (any prefix cache), never by
+looking inside it. The prefix-cache methods here are the plain manager's answers: no match,
+nothing to register, nothing cached.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from tailserve.core.prefix_cache import PrefixMatch
+    from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
 
 
 class KVCacheIntegrityError(AssertionError):
@@ -27,9 +29,10 @@ class KVCacheIntegrityError(AssertionError):
 class KVCacheManager:
     """GPU KV blocks of ``block_size`` tokens each, handed out to requests by id."""
 
-    def __init__(
-        self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0, enable_prefix_caching: bool = False
-    ) -> None:
+    prefix_caching: ClassVar[bool] = False  # hashed full-block keys (the scheduler registers them)
+    shares_prefixes: ClassVar[bool] = False  # some prefix cache shares blocks between requests
+
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -49,14 +52,6 @@ class KVCacheManager:
         self.num_cpu_blocks = num_cpu_blocks
         self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
         self.cpu_block_tables: dict[str, list[int]] = {}
-        self.pool = None
-        if enable_prefix_caching:
-            from tailserve.core.hashed_block_cache import HashedBlockPool  # imports this module
-
-            self.pool = HashedBlockPool(num_blocks, block_size)
-            self._free = []  # unused: the pool owns free blocks and ref counts
-        self._keys: dict[str, list[int]] = {}  # request id -> full-block keys (prefix caching)
-        self._num_registered: dict[str, int] = {}  # request id -> blocks registered in the pool
 
     @property
     def _ref_counts(self) -> list[int]:
@@ -74,7 +69,7 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take (with prefix caching: free plus evictable cached)."""
-        return self.pool.num_free_blocks if self.pool is not None else len(self._free)
+        return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
@@ -87,10 +82,6 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self.pool is not None
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
@@ -120,12 +111,6 @@ class KVCacheManager:
             if table is None:
                 self.block_tables[request_id] = []
             return []
-        if self.pool is not None:
-            new_blocks = self.pool.allocate(need)
-            if new_blocks is None:
-                return None
-            self.block_tables.setdefault(request_id, []).extend(new_blocks)
-            return new_blocks
         free = self._free
         if need > len(free):
             return None
@@ -147,13 +132,13 @@ class KVCacheManager:
         if cpu:
             self._cpu_free.extend(reversed(cpu))
         table = self.block_tables.pop(request_id, None)
-        self._num_registered.pop(request_id, None)
         if not table:
             return 0
-        if self.pool is not None:
-            before = self.pool.num_free_blocks
-            self.pool.free(table)  # tail first; cached blocks stay matchable until reused
-            return self.pool.num_free_blocks - before
+        return self._release(table)
+
+    def _release(self, table: list[int]) -> int:
+        """Drop one reference on each block of ``table`` (tail first); returns how many reached
+        ref count 0."""
         refs = self._refs
         free = self._free
         if refs is None:  # one reference each: every block is released, tail first as below
@@ -168,62 +153,35 @@ class KVCacheManager:
                 released += 1
         return released
 
-    # ---- prefix caching (vLLM automatic prefix caching) ----------------------------------
-    def set_prefix_keys(self, request_id: str, keys: list[int]) -> None:
-        """The request's full-block content keys (``prefix_cache.block_hashes`` or
-        ``keys_from_hash_ids``); without keys a request neither hits nor registers blocks."""
-        self._keys[request_id] = keys
-
+    # ---- prefix caching: the plain manager has none (``HashedKVCacheManager`` overrides) ----
     def forget_prefix_keys(self, request_id: str) -> None:
-        if self._keys:
-            self._keys.pop(request_id, None)
+        """The request left; a hashed manager forgets its block keys."""
 
     def match_prefix(self, request_id: str, num_tokens: int) -> PrefixMatch | None:
-        """Longest cached chain of the request's blocks, capped so at least one of its
-        ``num_tokens`` tokens is computed; None without prefix caching or keys. Counts a query
-        in the pool's stats; changes nothing else."""
-        keys = self._keys.get(request_id)
-        if self.pool is None or not keys:
-            return None
-        return self.pool.get_computed_blocks(keys, num_tokens)
-
-    def num_blocks_needed_after_hit(self, match: PrefixMatch, num_total_tokens: int) -> int:
-        """Free blocks an admission with this hit consumes: the new blocks, plus the hit blocks
-        that sit evictable in the free queue (touching them takes them out of it)."""
-        pool = self.pool
-        evictable_hits = sum(1 for b in match.kv_indices if pool.ref_count(b) == 0)
-        return self.blocks_for(num_total_tokens) - len(match.kv_indices) + evictable_hits
-
-    def allocate_with_prefix(self, request_id: str, match: PrefixMatch, num_total_tokens: int) -> bool:
-        """Take the hit blocks and allocate the rest up to ``num_total_tokens``; False (nothing
-        changed) when that does not fit. The request must hold no blocks yet."""
-        if self.num_blocks_needed_after_hit(match, num_total_tokens) > self.pool.num_free_blocks:
-            return False
-        self.pool.touch(match.kv_indices)
-        self.block_tables[request_id] = list(match.kv_indices)
-        self._num_registered[request_id] = len(match.kv_indices)
-        allocated = self.allocate(request_id, num_total_tokens)
-        assert allocated is not None  # checked above
-        return True
-
-    def num_registered(self, request_id: str) -> int:
-        """Leading blocks of the request's table registered in the pool (prefix caching)."""
-        return self._num_registered.get(request_id, 0)
+        """Longest cached chain of the request's blocks; None here (no prefix cache)."""
+        return None
 
     def register_computed(self, request_id: str, num_computed_tokens: int) -> None:
-        """Register the request's blocks that are full once ``num_computed_tokens`` are computed
-        (only blocks with keys: outputs are keyed only when the workload planned them)."""
-        keys = self._keys.get(request_id)
-        if self.pool is None or not keys:
-            return
-        done = self._num_registered.get(request_id, 0)
-        full = min(
-            num_computed_tokens // self.block_size, len(keys), len(self.block_tables.get(request_id, ()))
-        )
-        if full > done:
-            table = self.block_tables[request_id]
-            self.pool.cache_full_blocks(table[done:full], keys[done:full])
-            self._num_registered[request_id] = full
+        """Make the request's full computed blocks matchable; nothing to do here."""
+
+    def num_registered(self, request_id: str) -> int:
+        """Leading blocks of the request's table registered in a prefix cache."""
+        return 0
+
+    def holds(self, request_id: str, num_total_tokens: int) -> bool:
+        """True when ``allocate(request_id, num_total_tokens)`` would change nothing: the
+        request's blocks already hold the tokens (a hashed manager says False: a block that
+        fills must still be registered)."""
+        table = self.block_tables.get(request_id)
+        return table is not None and len(table) * self.block_size >= num_total_tokens
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Lookups, hits and evictions of the prefix cache; None without one."""
+        return None
+
+    def drop_cached(self) -> None:
+        """Forget every cached block nobody holds (after a failed step, none may be matched)."""
 
     # ---- swap (vLLM V0 ``--preemption-mode swap``) ---------------------------------------
     def swap_out(self, request_id: str) -> list[tuple[int, int]] | None:
@@ -239,19 +197,8 @@ class KVCacheManager:
         cpu = self._cpu_free[len(self._cpu_free) - n :]
         del self._cpu_free[len(self._cpu_free) - n :]
         self.cpu_block_tables[request_id] = cpu
-        self._num_registered.pop(request_id, None)
         pairs = list(zip(table, cpu))
-        if self.pool is not None:
-            self.pool.free(table)
-            return pairs
-        refs = self._refs
-        if refs is None:
-            self._free.extend(reversed(table))
-            return pairs
-        for block_id in reversed(table):
-            refs[block_id] -= 1
-            if refs[block_id] == 0:
-                self._free.append(block_id)
+        self._release(table)
         return pairs
 
     def can_swap_in(self, request_id: str, reserve: int = 0) -> bool:
@@ -278,10 +225,6 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """Blocks in use + free blocks = total (GPU and CPU); ref counts match the tables."""
-        if self.pool is not None:
-            self._check_pool()
-            self._check_cpu()
-            return
         free = self._free
         if len(set(free)) != len(free):
             raise KVCacheIntegrityError("a block id appears twice in the free list")
@@ -312,20 +255,6 @@ class KVCacheManager:
     def _external_refs(self) -> dict[int, int]:
         """References held by owners other than requests' block tables (a radix tree)."""
         return {}
-
-    def _check_pool(self) -> None:
-        pool = self.pool
-        pool.check_integrity()
-        counted: dict[int, int] = {}
-        for table in self.block_tables.values():
-            for block_id in table:
-                counted[block_id] = counted.get(block_id, 0) + 1
-        for block_id in range(self.num_blocks):
-            if pool.ref_count(block_id) != counted.get(block_id, 0):
-                raise KVCacheIntegrityError(
-                    f"block {block_id}: pool ref count {pool.ref_count(block_id)} but "
-                    f"{counted.get(block_id, 0)} table entries"
-                )
 
     def _check_cpu(self) -> None:
         cpu_used = [b for t in self.cpu_block_tables.values() for b in t]

@@ -1,0 +1,22 @@
+"""The one place a KV cache manager is made, from the ``KVSpec`` a policy declares.
+
+Prefix sharing needs token identities: a workload of bare lengths (``shares_prefixes=False``)
+could never share, so it gets the plain manager whatever the policy asks for.
+"""
+
+from __future__ import annotations
+
+from tailserve.kv.hashed import HashedKVCacheManager
+from tailserve.kv.paged import KVCacheManager
+from tailserve.kv.radix_manager import RadixKVCacheManager
+from tailserve.kv.spec import KVSpec
+
+
+def make_kv_cache(
+    spec: KVSpec, num_blocks: int, block_size: int, num_cpu_blocks: int = 0, shares_prefixes: bool = True
+) -> KVCacheManager:
+    if shares_prefixes and spec.kind == "hashed":
+        return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks)
+    if shares_prefixes and spec.kind == "radix":
+        return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks)
+    return KVCacheManager(num_blocks, block_size, num_cpu_blocks)
