@@ -1,0 +1,146 @@
+"""``HashedKVCacheManager``: paged KV whose GPU blocks live in vLLM's hashed block pool.
+
+vLLM's automatic prefix caching (``kv/block_pool.py``): full prompt blocks are registered under
+content keys as they are computed, freed blocks stay cached in an LRU free queue until reused,
+and ``match_prefix`` finds a request's longest cached chain. Keys come from the prompt's token
+ids, or from Mooncake-style ``prefix_block_hashes`` (``kv/prefix.py``; the scheduler computes
+them at arrival and hands them over with ``set_prefix_keys``); a request with neither never
+shares. The pool owns free blocks and reference counts; this class keeps the block tables, the
+CPU swap pool (inherited) and which leading blocks of each table are registered.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from tailserve.kv.block_pool import HashedBlockPool
+from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
+from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
+
+
+class HashedKVCacheManager(KVCacheManager):
+    prefix_caching: ClassVar[bool] = True
+    shares_prefixes: ClassVar[bool] = True
+
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
+        super().__init__(num_blocks, block_size, num_cpu_blocks)
+        self.pool = HashedBlockPool(num_blocks, block_size)
+        self._free = []  # unused: the pool owns free blocks and ref counts
+        self._keys: dict[str, list[int]] = {}  # request id -> full-block keys
+        self._num_registered: dict[str, int] = {}  # request id -> blocks registered in the pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free plus evictable cached blocks: what an allocation can take."""
+        return self.pool.num_free_blocks
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.pool.stats
+
+    def allocate(self, request_id: str, num_total_tokens: int) -> list[int] | None:
+        table = self.block_tables.get(request_id)
+        held = len(table) if table is not None else 0
+        need = -(-num_total_tokens // self.block_size) - held
+        if need <= 0:
+            if table is None:
+                self.block_tables[request_id] = []
+            return []
+        new_blocks = self.pool.allocate(need)
+        if new_blocks is None:
+            return None
+        self.block_tables.setdefault(request_id, []).extend(new_blocks)
+        return new_blocks
+
+    def free(self, request_id: str) -> int:
+        self._num_registered.pop(request_id, None)
+        return super().free(request_id)
+
+    def _release(self, table: list[int]) -> int:
+        before = self.pool.num_free_blocks
+        self.pool.free(table)  # tail first; cached blocks stay matchable until reused
+        return self.pool.num_free_blocks - before
+
+    def swap_out(self, request_id: str) -> list[tuple[int, int]] | None:
+        pairs = super().swap_out(request_id)
+        if pairs is not None:
+            self._num_registered.pop(request_id, None)
+        return pairs
+
+    def drop_cached(self) -> None:
+        self.pool.evict(self.pool.num_evictable)
+
+    # ---- prefix caching ---------------------------------------------------------------------
+    def set_prefix_keys(self, request_id: str, keys: list[int]) -> None:
+        """The request's full-block content keys (``prefix.block_hashes`` or
+        ``keys_from_hash_ids``); without keys a request neither hits nor registers blocks."""
+        self._keys[request_id] = keys
+
+    def forget_prefix_keys(self, request_id: str) -> None:
+        if self._keys:
+            self._keys.pop(request_id, None)
+
+    def match_prefix(self, request_id: str, num_tokens: int) -> PrefixMatch | None:
+        """Longest cached chain of the request's blocks, capped so at least one of its
+        ``num_tokens`` tokens is computed; None without keys. Counts a query in the pool's
+        stats; changes nothing else."""
+        keys = self._keys.get(request_id)
+        if not keys:
+            return None
+        return self.pool.get_computed_blocks(keys, num_tokens)
+
+    def num_blocks_needed_after_hit(self, match: PrefixMatch, num_total_tokens: int) -> int:
+        """Free blocks an admission with this hit consumes: the new blocks, plus the hit blocks
+        that sit evictable in the free queue (touching them takes them out of it)."""
+        pool = self.pool
+        evictable_hits = sum(1 for b in match.kv_indices if pool.ref_count(b) == 0)
+        return self.blocks_for(num_total_tokens) - len(match.kv_indices) + evictable_hits
+
+    def allocate_with_prefix(self, request_id: str, match: PrefixMatch, num_total_tokens: int) -> bool:
+        """Take the hit blocks and allocate the rest up to ``num_total_tokens``; False (nothing
+        changed) when that does not fit. The request must hold no blocks yet."""
+        if self.num_blocks_needed_after_hit(match, num_total_tokens) > self.pool.num_free_blocks:
+            return False
+        self.pool.touch(match.kv_indices)
+        self.block_tables[request_id] = list(match.kv_indices)
+        self._num_registered[request_id] = len(match.kv_indices)
+        allocated = self.allocate(request_id, num_total_tokens)
+        assert allocated is not None  # checked above
+        return True
+
+    def num_registered(self, request_id: str) -> int:
+        return self._num_registered.get(request_id, 0)
+
+    def register_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        """Register the request's blocks that are full once ``num_computed_tokens`` are computed
+        (only blocks with keys: outputs are keyed only when the workload planned them)."""
+        keys = self._keys.get(request_id)
+        if not keys:
+            return
+        done = self._num_registered.get(request_id, 0)
+        full = min(
+            num_computed_tokens // self.block_size, len(keys), len(self.block_tables.get(request_id, ()))
+        )
+        if full > done:
+            table = self.block_tables[request_id]
+            self.pool.cache_full_blocks(table[done:full], keys[done:full])
+            self._num_registered[request_id] = full
+
+    def holds(self, request_id: str, num_total_tokens: int) -> bool:
+        return False  # a block that fills must be registered: always go through ``allocate``
+
+    def check_integrity(self) -> None:
+        """The pool's own invariants, its ref counts equal to the table entries, and the CPU pool."""
+        pool = self.pool
+        pool.check_integrity()
+        counted: dict[int, int] = {}
+        for table in self.block_tables.values():
+            for block_id in table:
+                counted[block_id] = counted.get(block_id, 0) + 1
+        for block_id in range(self.num_blocks):
+            if pool.ref_count(block_id) != counted.get(block_id, 0):
+                raise KVCacheIntegrityError(
+                    f"block {block_id}: pool ref count {pool.ref_count(block_id)} but "
+                    f"{counted.get(block_id, 0)} table entries"
+                )
+        self._check_cpu()

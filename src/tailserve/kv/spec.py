@@ -1,0 +1,24 @@
+"""What KV cache a policy needs, declared by the policy (``Policy.kv_spec``) and built by
+``kv/factory.py``: generic assembly code never reads a policy's config to find out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+KVKind = Literal["paged", "hashed", "radix"]
+KV_KINDS: tuple[str, ...] = ("paged", "hashed", "radix")
+
+
+@dataclass(frozen=True, slots=True)
+class KVSpec:
+    # paged: plain blocks; hashed: vLLM's automatic prefix caching (hashed full blocks, LRU);
+    # radix: slots an SGLang/TGI radix tree holds references on.
+    kind: KVKind = "paged"
+    swap_space_gib: float = 0.0  # CPU swap pool per GPU (vLLM V0 --swap-space), GiB
+
+    def __post_init__(self) -> None:
+        if self.kind not in KV_KINDS:
+            raise ValueError(f"KV cache kind must be one of {', '.join(KV_KINDS)}, got {self.kind!r}")
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
