@@ -123,10 +123,15 @@ def cells(quick: bool, azure: str, mooncake: str) -> list[Cell]:
 
 
 def candidates(cell: Cell) -> list[PolicySpec]:
-    specs = [PolicySpec.make(name, flags) for name, grid in ENGINE_GRID.items() for flags in grid]
+    # Mooncake prompts reach 126k tokens: every deployment serves an 8,192-token context (the
+    # Llama-3 models' own), so the same requests are refused at any rate everywhere.
+    engine = {"max_model_len": 8192} if cell.workload_name == "mooncake-conv" else {}
+    specs = [
+        PolicySpec.make(name, {**flags, **engine}) for name, grid in ENGINE_GRID.items() for flags in grid
+    ]
     if cell.mixed:
-        specs += [PolicySpec.make("vllm", flags) for flags in PRIORITY_GRID]
-    specs.append(PolicySpec.make("slo", {"slo_classes": cell.classes}))
+        specs += [PolicySpec.make("vllm", {**flags, **engine}) for flags in PRIORITY_GRID]
+    specs.append(PolicySpec.make("slo", {"slo_classes": cell.classes, **engine}))
     return specs
 
 
@@ -213,8 +218,11 @@ def goodput_run(cell: Cell, spec: PolicySpec, rate: float) -> Generator[RunSpec,
     return {"policy": spec.label, "rate": rate, "goodput": good / span, "fraction_good": good / len(requests)}
 
 
-def capacity_table(sweep: Sweep, quick: bool, azure: str, mooncake: str) -> list[dict[str, Any]]:
-    rows = []
+def capacity_table(
+    sweep: Sweep, quick: bool, azure: str, mooncake: str, partial: Path
+) -> list[dict[str, Any]]:
+    """Every cell's row; the rows so far are rewritten to ``partial`` after each cell."""
+    rows: list[dict[str, Any]] = []
     for cell in cells(quick, azure, mooncake):
         specs = candidates(cell)
         t0 = time.perf_counter()
@@ -224,6 +232,22 @@ def capacity_table(sweep: Sweep, quick: bool, azure: str, mooncake: str) -> list
         best = max(engines, key=lambda f: f["capacity"])
         rate = 1.25 * best["capacity"] if best["capacity"] > 0 else slo["capacity"]
         best_spec = specs[found.index(best)]
+        if rate <= 0:
+            label = f"{cell.deployment.model} / {cell.deployment.hardware} TP{cell.deployment.tp}"
+            rows.append(
+                {
+                    "deployment": label,
+                    "workload": cell.workload_name,
+                    "engines": engines,
+                    "slo_policy": slo,
+                    "best_engine": best,
+                    "capacity_ratio": None,
+                    "goodput": None,
+                }
+            )
+            print(f"{label:34} {cell.workload_name:14} no policy meets the SLO at any rate", flush=True)
+            partial.write_text(json.dumps(rows, indent=1, default=str))
+            continue
         goodputs = sweep.drive(
             [goodput_run(cell, best_spec, rate), goodput_run(cell, specs[-1], rate)], "goodput"
         )
@@ -245,6 +269,7 @@ def capacity_table(sweep: Sweep, quick: bool, azure: str, mooncake: str) -> list
             flush=True,
         )
         rows.append(row)
+        partial.write_text(json.dumps(rows, indent=1, default=str))
     return rows
 
 
@@ -459,7 +484,9 @@ def main() -> None:
     t0 = time.perf_counter()
     if not args.skip_capacity:
         with Sweep(make_backend(args.workers), quiet=True) as sweep:
-            result["capacity"] = capacity_table(sweep, args.quick, args.trace, args.mooncake_trace)
+            result["capacity"] = capacity_table(
+                sweep, args.quick, args.trace, args.mooncake_trace, args.out.with_suffix(".partial.json")
+            )
     if not args.skip_fairness:
         print("fairness (Llama-3-8B / H100):", flush=True)
         result["fairness"] = fairness(args.quick)
