@@ -31,15 +31,11 @@ from _paths import default_out  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tailserve.assemble.simulated import policy_kv_capacity  # noqa: E402
-from tailserve.core.engine import Engine  # noqa: E402
+from tailserve.assemble import BuildOptions, build_engine  # noqa: E402
 from tailserve.core.request import Request  # noqa: E402
-from tailserve.core.scheduler import Scheduler  # noqa: E402
 from tailserve.core.source import ListSource  # noqa: E402
-from tailserve.executors.simulated.executor import SimExecutor  # noqa: E402
-from tailserve.kv.factory import make_kv_cache  # noqa: E402
 from tailserve.metrics.summary import summarize  # noqa: E402
-from tailserve.policies.registry import PolicySpec, get_policy_cls, parse_policy_list  # noqa: E402
+from tailserve.policies.registry import PolicySpec, parse_policy_list  # noqa: E402
 from tailserve.sim.deployment import Deployment, build_cost_model  # noqa: E402
 
 CAPS = (32, 128, 512, 1536)
@@ -56,15 +52,11 @@ def requests(cap: int, mean: float, seed: int, n: int = 1000) -> list[Request]:
 
 
 def run(built, spec: PolicySpec, reqs: list[Request]) -> dict:
-    cm = built.cost_model
-    cls = get_policy_cls(spec.name)
-    config = cls.default_config(cm.hardware.device_info, MAX_LEN, **spec.flags)
-    capacity = policy_kv_capacity(cm, spec, config, MAX_LEN)
-    policy = cls(config)
-    kv = make_kv_cache(policy.kv_spec(), capacity.num_blocks, capacity.block_size, 0, False)
-    engine = Engine(
-        Scheduler(policy, kv, MAX_LEN), SimExecutor(cm, capacity.block_size), ListSource(reqs)
-    )
+    # Bare lengths (no prefix sharing), no CPU swap pool: the paper's setup.
+    options = BuildOptions(max_model_len=MAX_LEN, shares_prefixes=False, cpu_swap=False)
+    assembled = build_engine(built, spec, "sim", options, source=ListSource(reqs))
+    capacity = assembled.kv_size
+    engine = assembled.engine
     engine.run()
     s = summarize(engine.requests)
     peak = max(engine.log.batch_size) if len(engine.log) else 0

@@ -16,18 +16,13 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
-from tailserve.assemble.simulated import policy_kv_capacity
-from tailserve.core.engine import Engine
+from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.request import Request
-from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
-from tailserve.kv.factory import make_kv_cache
-from tailserve.policies.registry import get_policy_cls, parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
 
 # (label, model, GPU, TP, batch, input, output, measured ms, source)
 POINTS = (
@@ -43,15 +38,10 @@ def generic(model: str, gpu: str, tp: int) -> CostModel:
 
 
 def batch_latency(cm: CostModel, batch: int, n_in: int, n_out: int) -> tuple[float, float]:
-    spec = parse_policy_list("vllm")[0]
-    cls = get_policy_cls(spec.name)
-    max_len = cm.model.max_position_embeddings
-    config = cls.default_config(cm.hardware.device_info, max_len)
-    cap = policy_kv_capacity(cm, spec, config, max_len)
-    policy = cls(config)
-    kv = make_kv_cache(policy.kv_spec(), cap.num_blocks, cap.block_size, 0, False)
     reqs = [Request(f"r{i}", n_in, n_out, 0.0) for i in range(batch)]
-    engine = Engine(Scheduler(policy, kv, max_len), SimExecutor(cm, cap.block_size), ListSource(reqs))
+    options = BuildOptions(shares_prefixes=False, cpu_swap=False)
+    built = BuiltCostModel(cm, "none")  # an uncalibrated cost model made here
+    engine = build_engine(built, "vllm", "sim", options, source=ListSource(reqs)).engine
     engine.run()
     decode = [d for d, p in zip(engine.log.duration, engine.log.num_prefill_tokens) if p == 0]
     return max(r.finish_time for r in reqs), sum(decode) / len(decode)
