@@ -1,17 +1,17 @@
 """Run a differential workload through tailserve's own scheduler, one step at a time.
 
 The policy, the ``Scheduler`` and the KV cache manager are the ones every tailserve run uses
-(built with ``make_kv_cache`` from the policy config, as the simulator does); only the model is
+(built by ``assemble.scheduler.make_scheduler`` from the policy's KV spec, as every engine is); only the model is
 fake. The step loop is the one the engine drivers in ``drivers/`` run, line for line: aborts,
 arrivals, ``schedule``, one sampled token per request whose computed tokens caught up, update.
 """
 
 from __future__ import annotations
 
+from tailserve.assemble.scheduler import make_scheduler
 from tailserve.core.executor import StepResult
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.kv.factory import make_kv_cache
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.validate.trace import StepRecord
@@ -28,8 +28,7 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
         enable_prefix_caching=spec.enable_prefix_caching,
     )
     policy = VllmPolicy(config)
-    kv = make_kv_cache(policy.kv_spec(), spec.num_blocks, spec.block_size, 0, shares_prefixes=True)
-    return Scheduler(policy, kv, spec.max_model_len)
+    return make_scheduler(policy, spec.num_blocks, spec.block_size, 0, spec.max_model_len, True)
 
 
 def build_vllm_v0_scheduler(spec: SchedulerSpec) -> Scheduler:
@@ -43,8 +42,9 @@ def build_vllm_v0_scheduler(spec: SchedulerSpec) -> Scheduler:
         enable_prefix_caching=spec.enable_prefix_caching,
     )
     policy = VllmV0Policy(config)
-    kv = make_kv_cache(policy.kv_spec(), spec.num_blocks, spec.block_size, spec.num_cpu_blocks, shares_prefixes=True)
-    return Scheduler(policy, kv, spec.max_model_len)
+    return make_scheduler(
+        policy, spec.num_blocks, spec.block_size, spec.num_cpu_blocks, spec.max_model_len, True
+    )
 
 
 def run_tailserve_v0(workload: Workload) -> list[StepRecord]:
