@@ -27,9 +27,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from tailserve import __version__
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
@@ -41,6 +38,7 @@ from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.backends import Backend, ProcessBackend, RayBackend, SerialBackend, make_backend
+from tailserve.tune.progress import SweepProgress
 
 __all__ = [
     "Backend",
@@ -289,32 +287,9 @@ class Sweep:
             if self.results is not None:
                 self.results.append(spec, outcome)
 
-    def _progress(self, description: str) -> _ProgressBar:
-        return _ProgressBar(description, disable=self.quiet or not sys.stderr.isatty())
+    def _progress(self, description: str) -> SweepProgress:
+        return SweepProgress(description, disable=self.quiet or not sys.stderr.isatty())
 
 
 def _single(spec: RunSpec) -> Search[RunOutcome]:
     return (yield spec)
-
-
-class _ProgressBar:
-    """A rich progress bar whose total grows as searches submit runs."""
-
-    def __init__(self, description: str, disable: bool) -> None:
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(file=sys.stderr),
-            disable=disable,
-            transient=False,
-        )
-        self._description = description
-
-    def __enter__(self) -> tuple[Progress, Any]:
-        self._progress.start()
-        return self._progress, self._progress.add_task(self._description, total=0)
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
