@@ -127,18 +127,9 @@ def advance_chunk_run(engine: Engine) -> int:
     log = engine.log
     for i, (start, end, blocks) in enumerate(zip(starts, times, used)):
         log.record(start, end - start, q if i < k_full else last, n, n + 1, blocks, 0)
-    if k > k_full:
-        prompt.num_computed_tokens += k_full * q + last
-        prompt.num_output_tokens += 1
-        prompt.token_times.append(times[-1])
-    else:
-        prompt.num_computed_tokens += k * q
-    for r in decodes:
-        r.num_computed_tokens += k
-        r.num_output_tokens += k
-        r.token_times.extend(times)
-        if r.num_computed_tokens > len(tables[r.request_id]) * block_size:
-            kv.allocate(r.request_id, r.num_computed_tokens)
-    engine.clock.now = t
-    engine.finish_step([], t)
+    held = [len(tables[r.request_id]) * block_size for r in decodes]
+    chunk = k_full * q + last if k > k_full else k * q  # the last chunk samples the first token
+    done = sched.update_run(decodes, held, times, prompt, chunk)
+    assert not done  # the run stops before any request's last token
+    engine.end_run(done, t)
     return k

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tailserve.core.request import RequestStatus
-
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
 
@@ -88,28 +86,14 @@ def advance_decode_run(engine: Engine) -> int:
     k = len(durations)
 
     token_times = times[1:]
-    done = []
-    for request, slots in zip(running, held_tokens):
-        computed = request.num_computed_tokens = request.num_computed_tokens + k
-        outputs = request.num_output_tokens = request.num_output_tokens + k
-        request.token_times.extend(token_times)
-        if computed > slots:
-            kv.allocate(request.request_id, computed)
-        if kv.prefix_caching:
-            kv.register_computed(request.request_id, computed)  # blocks filled during the run
-        if outputs >= request.max_tokens:
-            request.status = RequestStatus.FINISHED_LENGTH
-            done.append(request)
+    done = sched.update_run(running, held_tokens, token_times)
     base = kv.num_used_blocks - need[-1]
     used = [base + x for x in need]
     engine.log.extend_decode_run(times[:-1], durations, n, used)
     if engine.batches is not None:
         engine.batches.record_decode_run(times[:-1], durations, running, ctx_list, used, sched)
-    now = engine.clock.now = token_times[-1]
     sched.on_decode_run(k)
-    if done:
-        sched.finish(done, now)
-    engine.finish_step(done, now)
+    engine.end_run(done, token_times[-1])
     return k
 
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from tailserve.core import chunk_run, decode_run
-from tailserve.core.executor import Executor
+from tailserve.core.executor import DecodeRunExecutor, Executor
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import BatchRecord, IterationLog
 from tailserve.core.request import Request
@@ -24,6 +24,11 @@ class VirtualClock:
 
     def advance(self, duration: float) -> None:
         self.now += duration
+
+    def advance_to(self, t: float) -> None:
+        """The end of a run of iterations the fast paths summed from this clock's time (set,
+        not added: the run's own sums are the exact times stepping would reach)."""
+        self.now = t
 
     def wait_until(self, t: float) -> None:
         if t > self.now:
@@ -86,7 +91,7 @@ class Engine:
         # whichever assembly path built the engine.
         scheduler.bind_executor(executor)
         self._block_ids = executor.needs_block_ids
-        self._decode_run_ok = options.fast_forward and hasattr(executor, "decode_run_durations")
+        self._decode_run_ok = options.fast_forward and isinstance(executor, DecodeRunExecutor)
         # The chunked-prefill run prices iterations itself, so only for the plain cost model
         # and without per-iteration records or checks.
         self._chunk_run_ok = (
@@ -135,6 +140,15 @@ class Engine:
         if self.options.check_integrity:
             self.check_integrity()
         return True
+
+    def end_run(self, finished: list[Request], end: float) -> None:
+        """After a fast path applied a run of iterations (``Scheduler.update_run``): the clock
+        moves to the run's end, where the requests it completed finish."""
+        assert isinstance(self.clock, VirtualClock), "the exact fast paths run in virtual time"
+        self.clock.advance_to(end)
+        if finished:
+            self.scheduler.finish(finished, end)
+        self.finish_step(finished, end)
 
     def finish_step(self, finished: list[Request], now: float) -> None:
         for request in finished:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -28,9 +28,12 @@ class Executor(Protocol):
     def execute(self, out: SchedulerOutput) -> StepResult: ...
 
 
+@runtime_checkable
 class DecodeRunExecutor(Executor, Protocol):
     """An executor whose iteration time depends only on the batch shape can predict a whole run
-    of identical decode-only iterations at once (the simulator's exact fast path)."""
+    of identical decode-only iterations at once (the simulator's exact fast path). The engine
+    takes the decode fast path exactly for executors that implement this protocol
+    (``isinstance``; ``SimExecutor`` does), never for a wrapper that hides it."""
 
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
         """One such iteration; equal bit for bit to ``execute`` of that batch."""

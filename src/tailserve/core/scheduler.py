@@ -178,6 +178,49 @@ class Scheduler:
             self.finish(done, now)
         return done
 
+    def update_run(
+        self,
+        decodes: list[Request],
+        held_tokens: list[int],
+        token_times: list[float],
+        chunked: Request | None = None,
+        chunk_tokens: int = 0,
+    ) -> list[Request]:
+        """The same rule as ``update``, in closed form for ``k = len(token_times)`` iterations
+        (the exact fast paths): each request in ``decodes`` is one token behind and is granted
+        one token in every iteration, so it samples one at each iteration's end
+        (``token_times``); ``chunked`` is granted ``chunk_tokens`` in all and samples once, at
+        the last iteration's end, if they complete its known tokens. KV blocks the run filled
+        are allocated as ``allocate`` would have (``held_tokens``: the slots each decode held
+        before the run), and registered with prefix caching. Returns the requests that reached
+        ``max_tokens`` (status set); the caller finishes them with ``finish`` after the
+        policy's ``on_decode_run``, the order stepping has. The executor reports no token ids
+        and no stops here (only the cost model's runs are advanced this way)."""
+        k = len(token_times)
+        kv = self.kv_cache
+        prefix_caching = kv.prefix_caching
+        done: list[Request] = []
+        for request, slots in zip(decodes, held_tokens):
+            computed = request.num_computed_tokens = request.num_computed_tokens + k
+            outputs = request.num_output_tokens = request.num_output_tokens + k
+            request.token_times.extend(token_times)
+            if computed > slots:
+                kv.allocate(request.request_id, computed)
+            if prefix_caching:
+                kv.register_computed(request.request_id, computed)  # blocks filled during the run
+            if outputs >= request.max_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH
+                done.append(request)
+        if chunked is not None:
+            chunked.num_computed_tokens += chunk_tokens
+            if chunked.num_computed_tokens == chunked.prompt_len + chunked.num_output_tokens:
+                chunked.num_output_tokens += 1
+                chunked.token_times.append(token_times[-1])
+                if chunked.num_output_tokens >= chunked.max_tokens:
+                    chunked.status = RequestStatus.FINISHED_LENGTH
+                    done.append(chunked)
+        return done
+
     def finish(self, done: list[Request], now: float) -> None:
         """Requests whose status was just set to a FINISHED_* status leave the running set."""
         gone = {id(r) for r in done}
