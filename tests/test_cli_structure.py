@@ -14,6 +14,7 @@ import tailserve.cli
 from tailserve.bench.predict_spec import PredictSpec
 from tailserve.cli.app import build_parser
 from tailserve.cli.options import deployment_from, workload_from
+from tailserve.llm.engine_args import EngineArgs
 from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.recommend import TuneConfig
@@ -51,6 +52,26 @@ def test_bench_predict_defaults_are_predict_spec() -> None:
         spec.tp,
     )
     assert (args.predict_policy, args.predict_calibration) == (spec.policy, spec.calibration)
+
+
+def test_serve_and_run_defaults_are_engine_args() -> None:
+    engine = EngineArgs()
+    serve = _parse("serve")
+    assert (serve.executor, serve.policy, serve.dtype, serve.device, serve.seed) == (
+        engine.executor, engine.policy, engine.dtype, engine.device, engine.seed,
+    )  # fmt: skip
+    assert (serve.hardware, serve.sim_model, serve.tp, serve.calibration) == (
+        engine.hardware, engine.sim_model, engine.tensor_parallel_size, engine.calibration,
+    )  # fmt: skip
+    run = _parse("run", "--prompts", "p.txt")
+    assert (run.policy, run.dtype, run.device, run.seed) == (
+        engine.policy,
+        engine.dtype,
+        engine.device,
+        engine.seed,
+    )
+    # bench --predict predicts the default stand-in server unless told otherwise.
+    assert PredictSpec() == PredictSpec(engine.sim_model, engine.hardware, engine.tensor_parallel_size)
 
 
 def test_text_options_change_the_spec() -> None:

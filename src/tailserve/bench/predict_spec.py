@@ -5,18 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tailserve.llm.engine_args import EngineArgs
 from tailserve.sim.deployment import Deployment
+
+_SERVE = EngineArgs(executor="sim")
 
 
 @dataclass(frozen=True, slots=True)
 class PredictSpec:
-    """The simulated deployment to predict for."""
+    """The simulated deployment to predict for; by default the one ``tailserve serve --executor
+    sim`` runs by default."""
 
-    model: str = "Llama-3-8B"
-    hardware: str = "H100-SXM"
-    tp: int = 1
-    calibration: str = "auto"
-    policy: str = "vllm"  # a spec as ``tailserve compare`` takes one: NAME[:flag=value...]
+    model: str = _SERVE.sim_model
+    hardware: str = _SERVE.hardware
+    tp: int = _SERVE.tensor_parallel_size
+    calibration: str = _SERVE.calibration
+    policy: str = _SERVE.policy  # a spec as ``tailserve compare`` takes one: NAME[:flag=value...]
 
     def __post_init__(self) -> None:
         # Names resolved as Deployment resolves them, so the label and the JSON carry the

@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tailserve.cli.base import default_of
 from tailserve.cli.policy_flags import parse_policy_flags
 from tailserve.core.sampling_params import SamplingParams
+from tailserve.llm.engine_args import EngineArgs
 
 
 class PromptFileError(ValueError):
@@ -50,6 +52,10 @@ def load_prompts(path: str | Path) -> list[str | list[int]]:
     return prompts
 
 
+def _arg(name: str) -> Any:
+    return default_of(EngineArgs, name)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
@@ -63,16 +69,16 @@ def add_parser(sub: Any) -> None:
         required=True,
         help="text file (one prompt per line) or JSONL with prompt / prompt_token_ids",
     )
-    p.add_argument("--policy", default="vllm", help="scheduling policy (default: %(default)s)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument("--policy", default=_arg("policy"), help="scheduling policy (default: %(default)s)")
+    p.add_argument("--dtype", default=_arg("dtype"), choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=_arg("device"), help="cpu or cuda (default: %(default)s)")
     p.add_argument(
         "--max-tokens", type=int, default=64, help="output tokens per prompt (default: %(default)s)"
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=_arg("seed"), help="engine seed (default: %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument(

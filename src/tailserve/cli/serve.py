@@ -23,11 +23,17 @@ import signal
 import sys
 from typing import Any
 
+from tailserve.cli.base import default_of
 from tailserve.cli.listen import api_keys_from_env, bind_socket
 from tailserve.cli.policy_flags import parse_policy_flags
+from tailserve.llm.engine_args import EXECUTORS, EngineArgs
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUED_REQUESTS = 1024  # waiting requests before a 503: bounded memory, bounded waits
+
+
+def _arg(name: str) -> Any:
+    return default_of(EngineArgs, name)
 
 
 def add_parser(sub: Any) -> None:
@@ -41,28 +47,33 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="Hugging Face model directory (default: the tiny model tailserve creates once in its cache)",
     )
-    p.add_argument("--executor", choices=("torch", "sim"), default="torch", help="(default: %(default)s)")
+    p.add_argument("--executor", choices=EXECUTORS, default=_arg("executor"), help="(default: %(default)s)")
     p.add_argument(
         "--policy",
-        default="vllm",
+        default=_arg("policy"),
         help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    p.add_argument("--dtype", default=_arg("dtype"), choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--device", default=_arg("device"), help="torch device (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=_arg("seed"), help="sampling seed (default: %(default)s)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument(
         "--kv-cache-memory-gib", type=float, default=None, help="torch: KV cache size (default: 2 GiB on CPU)"
     )
     g = p.add_argument_group("simulated executor (--executor sim)")
-    g.add_argument("--hardware", default="H100-SXM", help="GPU from the catalog (default: %(default)s)")
+    g.add_argument("--hardware", default=_arg("hardware"), help="GPU from the catalog (default: %(default)s)")
     g.add_argument(
-        "--sim-model", default="Llama-3-8B", help="model whose speed to simulate (default: %(default)s)"
+        "--sim-model", default=_arg("sim_model"), help="model whose speed to simulate (default: %(default)s)"
     )
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default: %(default)s)")
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=_arg("tensor_parallel_size"),
+        help="tensor-parallel size (default: %(default)s)",
+    )
     g.add_argument(
         "--calibration",
-        default="auto",
+        default=_arg("calibration"),
         help="the cost model's calibration, as for simulate: auto | none | generic | a preset | "
         "FILE.json | vidur:DIR (default: %(default)s)",
     )

@@ -9,52 +9,37 @@ from typing import Any
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
+from tailserve.llm.engine_args import EngineArgs
 from tailserve.llm.llm_engine import LLMEngine
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.deployment import Deployment, build_cost_model
 
-DTYPES = ("float32", "bfloat16", "float16")
 
-
-def build_llm_engine(
-    model: str | Path | None = None,
-    *,
-    executor: str = "torch",
-    policy: str = "vllm",
-    policy_flags: dict[str, Any] | None = None,
-    dtype: str = "bfloat16",
-    device: str = "cpu",
-    seed: int = 0,
-    hardware: str = "H100-SXM",
-    sim_model: str = "Llama-3-8B",
-    tensor_parallel_size: int = 1,
-    calibration: str = "auto",
-    max_model_len: int | None = None,
-    kv_cache_memory_gib: float | None = None,
-    threads: int | None = None,
-    served_model_name: str | None = None,
-    check_integrity: bool = False,
-) -> LLMEngine:
+def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngine:
+    """``kwargs``: the fields of ``EngineArgs``; ValueError for a bad value, TypeError for an
+    unknown name."""
     from tailserve.executors.pytorch.loader import load_config
     from tailserve.executors.pytorch.tokenizer import Tokenizer
 
-    if executor not in ("torch", "sim"):
-        raise ValueError(f"executor must be 'torch' or 'sim', got {executor!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    args = EngineArgs(**kwargs)
     if model is None:
         from tailserve.executors.pytorch.init_model import default_model_dir
 
         model = default_model_dir()
     config = load_config(model)
     tokenizer = Tokenizer.from_dir(model)
-    spec = PolicySpec.make(policy, dict(policy_flags or {}))
-    options = EngineOptions(fast_forward=False, check_integrity=check_integrity, keep_iteration_log=False)
+    spec = PolicySpec.make(args.policy, dict(args.policy_flags or {}))
+    options = EngineOptions(
+        fast_forward=False, check_integrity=args.check_integrity, keep_iteration_log=False
+    )
     eos = tuple(dict.fromkeys((*config.eos_token_ids, *tokenizer.eos_token_ids)))
-    name = served_model_name or config.name
-    if executor == "sim":
+    name = args.served_model_name or config.name
+    if args.executor == "sim":
         deployment = Deployment(
-            model=sim_model, hardware=hardware, tp=tensor_parallel_size, calibration=calibration
+            model=args.sim_model,
+            hardware=args.hardware,
+            tp=args.tensor_parallel_size,
+            calibration=args.calibration,
         )
         cost_model = build_cost_model(deployment)
         built = build_engine(
@@ -64,9 +49,9 @@ def build_llm_engine(
             # A stand-in server keeps no CPU swap pool (as it always has); its placeholder
             # tokens avoid the tokenizer's EOS and special ids.
             BuildOptions(
-                max_model_len=max_model_len,
+                max_model_len=args.max_model_len,
                 cpu_swap=False,
-                seed=seed,
+                seed=args.seed,
                 eos_token_ids=eos,
                 vocab_size=tokenizer.vocab_size,
             ),
@@ -84,7 +69,7 @@ def build_llm_engine(
         engine.deployment = {
             "model": cost_model.cost_model.model.name,
             "hardware": cost_model.cost_model.hardware.name,
-            "tp": tensor_parallel_size,
+            "tp": args.tensor_parallel_size,
             "calibration": deployment.calibration,
             "policy": spec.label,
         }
@@ -94,12 +79,12 @@ def build_llm_engine(
         spec,
         "torch",
         BuildOptions(
-            max_model_len=max_model_len,
-            seed=seed,
-            dtype=dtype,
-            device=device,
-            kv_cache_memory_gib=kv_cache_memory_gib,
-            threads=threads,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            dtype=args.dtype,
+            device=args.device,
+            kv_cache_memory_gib=args.kv_cache_memory_gib,
+            threads=args.threads,
             eos_token_ids=eos,
         ),
     )

@@ -8,29 +8,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from tailserve.core.sampling_params import SamplingParams
+from tailserve.llm.engine_args import EngineArgs
 from tailserve.llm.llm_engine import LLMEngine
 from tailserve.llm.outputs import RequestOutput
 
 Prompt = str | list[int] | dict[str, Any]
 
-_BUILDER_ARGS = {
-    "executor",
-    "dtype",
-    "device",
-    "seed",
-    "hardware",
-    "sim_model",
-    "tensor_parallel_size",
-    "max_model_len",
-    "kv_cache_memory_gib",
-    "threads",
-    "served_model_name",
-    "check_integrity",
-}
+# Engine arguments; every other keyword is a policy flag.
+_BUILDER_ARGS = {f.name for f in fields(EngineArgs)} - {"policy", "policy_flags"}
 
 
 class LLM:
