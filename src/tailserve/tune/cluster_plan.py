@@ -1,0 +1,123 @@
+"""Capacity planning for a GPU budget: every layout of ``gpus`` GPUs — all aggregated replicas,
+and each prefill:decode split — and the highest arrival rate each meets an SLO at.
+
+The rate is searched as a multiple of the workload's own (a trace's ``rate_scale``, a synthetic
+workload's ``rate``) by ``bisect_capacity``, so every run replays the same requests with only
+their arrival times scaled. Each layout's replicas run the same deployment (its TP: a replica
+takes ``tp`` GPUs) and policy; the aggregated layout and the prefill side use one router, the
+decode side ``least-kv``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tailserve.cluster.build import build_stage, workload_requests
+from tailserve.cluster.cluster import ClusterRun, run_aggregated
+from tailserve.cluster.disagg import PdCluster
+from tailserve.cluster.metrics import cluster_summary
+from tailserve.cluster.spec import replicated
+from tailserve.policies.registry import PolicySpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
+from tailserve.tune.capacity import CapacitySlo, bisect_capacity
+from tailserve.workloads.traces import load_trace
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    num_prefill: int  # replicas; with num_decode == 0, the aggregated replicas
+    num_decode: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.num_decode == 0:
+            return f"{self.num_prefill} aggregated"
+        return f"{self.num_prefill} prefill + {self.num_decode} decode"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    layout: Layout
+    rate: float  # requests/s: the highest rate found meeting the SLO (0: not even the lowest)
+    upper: float | None  # the lowest rate found missing it
+    summary_at_rate: dict[str, Any] | None  # the run at ``rate``
+
+
+def layouts(num_replicas: int) -> list[Layout]:
+    """All aggregated, then every split with at least one replica on each side."""
+    if num_replicas < 1:
+        raise ValueError(f"the GPU budget holds no replica (got {num_replicas} replicas)")
+    return [Layout(num_replicas), *(Layout(p, num_replicas - p) for p in range(1, num_replicas))]
+
+
+def base_rate(spec: WorkloadSpec) -> float:
+    if spec.name != "trace":
+        return spec.rate
+    trace = load_trace(spec.trace_path or "", max_requests=spec.max_requests)
+    span = trace[-1].arrival_time - trace[0].arrival_time if len(trace) > 1 else 0.0
+    if span <= 0:
+        raise ValueError(
+            f"{spec.trace_path}: needs two or more requests at different times to scale its rate"
+        )
+    return len(trace) / span * spec.rate_scale
+
+
+def run_layout(
+    layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
+) -> ClusterRun:
+    wb = WorkloadBuilder(spec)
+    common: dict[str, Any] = dict(
+        shares_prefixes=wb.shares_prefixes, min_max_model_len=wb.min_max_model_len, scrape_interval=0.05
+    )
+    if layout.num_decode == 0:
+        specs = replicated(layout.num_prefill, deployment, policy)
+        return run_aggregated(build_stage(specs, router, **common), workload_requests(wb, specs))
+    prefill_specs = replicated(layout.num_prefill, deployment, policy)
+    prefill = build_stage(prefill_specs, router, name_prefix="p", **common)
+    decode = build_stage(
+        replicated(layout.num_decode, deployment, policy), "least-kv", name_prefix="d", **common
+    )
+    return PdCluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
+
+
+def plan(
+    gpus: int,
+    deployment: Deployment,
+    policy: PolicySpec,
+    spec: WorkloadSpec,
+    slo: CapacitySlo,
+    *,
+    router: str = "prefix-aware",
+    link: str = "ib-ndr",
+    rel_tol: float = 0.1,
+) -> list[PlanRow]:
+    if gpus % deployment.tp:
+        raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}")
+    rate0 = base_rate(spec)
+    rows = []
+    for layout in layouts(gpus // deployment.tp):
+        summaries: dict[float, dict[str, Any]] = {}
+
+        def meets(x: float, layout: Layout = layout, summaries: dict = summaries) -> bool:
+            scaled = (
+                replace(spec, rate_scale=spec.rate_scale * x)
+                if spec.name == "trace"
+                else replace(spec, rate=spec.rate * x)
+            )
+            summary = cluster_summary(run_layout(layout, deployment, policy, scaled, router, link))
+            summaries[x] = summary
+            return slo.meets(summary)
+
+        found = bisect_capacity(meets, 1.0, 1.0, rel_tol, min_rate=1 / 64, max_rate=64.0)
+        rows.append(
+            PlanRow(
+                layout,
+                found.rate * rate0,
+                None if found.upper is None else found.upper * rate0,
+                summaries.get(found.rate),
+            )
+        )
+    return rows
