@@ -77,7 +77,9 @@ def timed_poisson(run: Callable[[], list[RequestTiming]], args: argparse.Namespa
 def run_tailserve(model_dir: Path, args: argparse.Namespace, work: dict[str, Any]) -> dict[str, Any]:
     spec = parse_policy_list(args.policy)[0]
     t = time.perf_counter()
-    llm = LLM(model_dir, policy=spec.name, dtype=DTYPE, **spec.flags, **spec.engine_flags)
+    llm = LLM(
+        model_dir, policy=spec.name, dtype=DTYPE, threads=args.threads, **spec.flags, **spec.engine_flags
+    )
     result: dict[str, Any] = {"startup_s": time.perf_counter() - t, "description": llm.engine.description}
 
     def generate(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

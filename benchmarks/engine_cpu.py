@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import sys
 import time
@@ -38,6 +39,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helper modules beside this script
+# tailserve's executor package first: it loads torch with its OpenMP wait policy (threads.py).
+importlib.import_module("tailserve.executors.pytorch")
 
 import torch  # noqa: E402
 from _arrivals import (  # noqa: E402
@@ -180,7 +183,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", default="auto", help="P arrival rate, req/s: auto, a number, or tiny=X,small=Y")
     p.add_argument("--hf-batch-size", type=int, default=64, help="static batcher's largest batch for P")
     p.add_argument("--check", type=int, default=4, help="W prompts whose tokens are compared across engines")
-    p.add_argument("--threads", type=int, default=None, help="torch threads for tailserve and transformers")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for tailserve (fixed; default: adaptive to the free cores) and transformers",
+    )
     p.add_argument("--skip-hf", action="store_true", help="leave out transformers")
     p.add_argument("--skip-vllm", action="store_true", help="leave out vLLM")
     p.add_argument(

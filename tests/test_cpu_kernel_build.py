@@ -28,7 +28,7 @@ def test_first_build_prints_one_line_and_later_loads_are_silent(tmp_path, monkey
     monkeypatch.setattr(cpu_kernels, "_failed", None)
     assert cpu_kernels.load() is not None
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "building the fused CPU attention kernel, ~1 min, once" in err[0]
+    assert len(err) == 1 and "building the fused CPU kernels, ~1 min, once" in err[0]
     assert calls[0]["build_directory"] == str(tmp_path / "kernels" / cpu_kernels.build_name())
     monkeypatch.setattr(cpu_kernels, "_module", None)  # a new process: the build is on disk
     assert cpu_kernels.load() is not None

@@ -84,6 +84,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--kv-cache-memory-gib", type=float, default=None, help="KV cache size (default: 2 GiB on CPU)"
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the torch executor (default: the cores other processes leave free, revisited)",
+    )
     p.add_argument("--json", metavar="OUT", help="write every output and the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=run_run, takes_policy_flags=True)
@@ -112,6 +118,7 @@ def run_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib,
+        threads=args.threads,
         **parse_policy_flags(args.extra),
     )
     console.print(f"[dim]{llm.engine.description}[/dim]")

@@ -60,6 +60,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--kv-cache-memory-gib", type=float, default=None, help="torch: KV cache size (default: 2 GiB on CPU)"
     )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch: CPU threads (default: the free cores, revisited)"
+    )
     g = p.add_argument_group("simulated executor (--executor sim)")
     g.add_argument("--hardware", default=_arg("hardware"), help="GPU from the catalog (default: %(default)s)")
     g.add_argument(
@@ -192,6 +195,7 @@ def run_serve(args: argparse.Namespace) -> int:
             calibration=args.calibration,
             max_model_len=args.max_model_len,
             kv_cache_memory_gib=args.kv_cache_memory_gib,
+            threads=args.threads,
             served_model_name=args.served_model_name,
         )
         # A stand-in server is named after what it simulates, not after the tokenizer's model.

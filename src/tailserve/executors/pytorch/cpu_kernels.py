@@ -1,14 +1,16 @@
-"""A fused paged-attention kernel for one-token queries on CPU, compiled on first use.
+"""tailserve's CPU kernels (C++ in ``cpu_kernel_source.py``), compiled on first use.
 
-Plain PyTorch has to gather every decode's context out of the paged cache into a padded tensor,
-convert it and run small batched matmuls — ~10x the bytes and kernel launches the arithmetic
-needs (see docs/executor.md). This kernel reads each request's K/V rows straight from their
-slots, one (request, KV head) pair per task, with a float32 online softmax — what vLLM's CPU
-paged-attention kernel does, in ~60 lines. It is built once with ``torch.utils.cpp_extension``
-(g++ and ninja) into tailserve's cache (``kernels/`` under ``$TAILSERVE_CACHE`` or
-``~/.cache/tailserve``), keyed by source, flags, torch version and CPU, and says so in one line
-while it builds; where that is impossible, or with
-``TAILSERVE_CPU_KERNEL=0``, the executor uses the PyTorch path, and tests check both agree.
+- Decode attention: plain PyTorch has to gather every decode's context out of the paged cache
+  into a padded tensor, convert it and run small batched matmuls — ~10x the bytes and kernel
+  launches the arithmetic needs (see docs/executor.md). The kernel reads each request's K/V
+  rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel.
+- Elementwise steps of a layer fused into one pass each (RMSNorm with the residual add,
+  SiLU-mul, RoPE with the q/k/v split) for bf16/fp16 models, and the greedy argmax.
+
+They are built once with ``torch.utils.cpp_extension`` (g++ and ninja) into tailserve's cache
+(``kernels/`` under ``$TAILSERVE_CACHE`` or ``~/.cache/tailserve``), keyed by source, flags,
+torch version and CPU, and say so in one line while they build; where that is impossible, or
+with ``TAILSERVE_CPU_KERNEL=0``, the executor uses the PyTorch path, and tests check both agree.
 """
 
 from __future__ import annotations
@@ -25,112 +27,11 @@ from typing import Any
 import torch
 
 from tailserve.cache import cache_root
+from tailserve.executors.pytorch.cpu_kernel_source import FUNCTIONS, SOURCE
 
 log = logging.getLogger(__name__)
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <cmath>
-#include <type_traits>
-#include <vector>
-
-#include <cstring>
-
-// Row of D values as float32. bf16 is the top half of a float32: a shift the compiler vectorises
-// (c10::BFloat16's own conversion goes through a union it does not).
-template <typename T>
-static inline void load_row(const T* __restrict src, float* __restrict dst, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
-}
-template <>
-inline void load_row<at::BFloat16>(const at::BFloat16* __restrict src, float* __restrict dst, int64_t D) {
-  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<uint32_t>(raw[d]) << 16;
-}
-
-// q: [B, H, D] float32; k, v: [S, KV, D] (float32, bfloat16 or float16); slots: [B, L] int64,
-// lengths: [B] int64 (each >= 1). Returns [B, H, D] float32. HD (the head size) is a template
-// parameter so every inner loop has a fixed trip count and vectorises.
-template <typename T, int HD>
-static void decode_impl(const float* q, const T* k, const T* v, const int64_t* slots,
-                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV,
-                        int64_t L, float scale) {
-  const int64_t G = H / KV;
-  at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<float> accv(G * HD);
-    alignas(64) float row[HD];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / KV, h = task % KV, n = lengths[b];
-      const float* __restrict qh = q + (b * H + h * G) * HD;
-      const int64_t* __restrict sl = slots + b * L;
-      scores.resize(G * n);
-      float* __restrict sc = scores.data();
-      for (int64_t l = 0; l < n; ++l) {
-        load_row<T>(k + (sl[l] * KV + h) * HD, row, HD);
-        for (int64_t g = 0; g < G; ++g) {
-          const float* __restrict qg = qh + g * HD;
-          float s = 0.0f;
-          for (int d = 0; d < HD; ++d) s += qg[d] * row[d];
-          sc[g * n + l] = s * scale;
-        }
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        float* __restrict sg = sc + g * n;
-        float mx = sg[0];
-        for (int64_t l = 1; l < n; ++l) mx = sg[l] > mx ? sg[l] : mx;
-        float sum = 0.0f;
-        for (int64_t l = 0; l < n; ++l) { sg[l] = std::exp(sg[l] - mx); sum += sg[l]; }
-        const float inv = 1.0f / sum;
-        for (int64_t l = 0; l < n; ++l) sg[l] *= inv;
-      }
-      float* __restrict acc = accv.data();
-      std::fill(acc, acc + G * HD, 0.0f);
-      for (int64_t l = 0; l < n; ++l) {
-        load_row<T>(v + (sl[l] * KV + h) * HD, row, HD);
-        for (int64_t g = 0; g < G; ++g) {
-          const float w = sc[g * n + l];
-          float* __restrict ag = acc + g * HD;
-          for (int d = 0; d < HD; ++d) ag[d] += w * row[d];
-        }
-      }
-      std::memcpy(out + (b * H + h * G) * HD, acc, sizeof(float) * G * HD);
-    }
-  });
-}
-
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                     torch::Tensor slots, torch::Tensor lengths, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
-  TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "k and v must be contiguous");
-  auto qf = q.to(torch::kFloat).contiguous();
-  auto sl = slots.to(torch::kLong).contiguous();
-  auto ln = lengths.to(torch::kLong).contiguous();
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), L = sl.size(1);
-  TORCH_CHECK(H % KV == 0, "heads must be a multiple of KV heads");
-  auto out = torch::empty({B, H, D}, qf.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
-    auto run = [&](auto hd) {
-      decode_impl<scalar_t, decltype(hd)::value>(
-          qf.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), sl.data_ptr<int64_t>(),
-          ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV, L, static_cast<float>(scale));
-    };
-    switch (D) {
-      case 64: run(std::integral_constant<int, 64>{}); break;
-      case 128: run(std::integral_constant<int, 128>{}); break;
-      case 16: run(std::integral_constant<int, 16>{}); break;
-      case 32: run(std::integral_constant<int, 32>{}); break;
-      case 80: run(std::integral_constant<int, 80>{}); break;
-      case 96: run(std::integral_constant<int, 96>{}); break;
-      case 256: run(std::integral_constant<int, 256>{}); break;
-      default: TORCH_CHECK(false, "head_dim ", D, " is not supported by the fused kernel");
-    }
-  });
-  return out;
-}
-"""
+_SOURCE = SOURCE
 
 _lock = threading.Lock()
 _module: Any = None
@@ -170,7 +71,7 @@ def load() -> Any | None:
                 if not (directory / f"{name}.so").is_file():
                     # The first real run would otherwise sit silent for a minute.
                     print(
-                        f"tailserve: building the fused CPU attention kernel, ~1 min, once (into {directory})",
+                        f"tailserve: building the fused CPU kernels, ~1 min, once (into {directory})",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -178,7 +79,7 @@ def load() -> Any | None:
                 _module = load_inline(
                     name=name,
                     cpp_sources=_SOURCE,
-                    functions=["paged_decode_attention"],
+                    functions=FUNCTIONS,
                     extra_cflags=_CFLAGS,
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(directory),
@@ -186,7 +87,7 @@ def load() -> Any | None:
                 )
             except Exception as e:  # no compiler, no ninja, read-only cache: fall back
                 _failed = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-                log.warning("CPU attention kernel unavailable, using the PyTorch path (%s)", _failed)
+                log.warning("CPU kernels unavailable, using the PyTorch path (%s)", _failed)
     return _module
 
 
@@ -197,5 +98,27 @@ def paged_decode_attention(
     module = load()
     if module is None:
         return None
-    out = module.paged_decode_attention(q, k_slots, v_slots, slots, lengths, q.shape[-1] ** -0.5)
-    return out.to(q.dtype)
+    return module.paged_decode_attention(q, k_slots, v_slots, slots, lengths, q.shape[-1] ** -0.5)
+
+
+def fused_ops(dtype: torch.dtype, device: torch.device) -> Any | None:
+    """The module whose elementwise kernels (``rms_norm``, ``add_rms_norm``, ``silu_and_mul``,
+    ``rope_split``) replace PyTorch's for a model in ``dtype`` on ``device``, or None.
+
+    Only for bfloat16 and float16 on CPU: each kernel rounds to the model dtype where the PyTorch
+    ops do, but sums in its own order (the RMSNorm mean) and uses its own exp (SiLU), so a float32
+    result may differ in the last bit. float32 is the reference path that must equal
+    ``transformers`` token for token, and stays on PyTorch's ops."""
+    if not enabled() or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return load()
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy tokens of float32 CPU logits [rows, vocab]: the fused kernel (~8x torch.argmax on
+    one core here), same first-maximum rule; torch.argmax elsewhere."""
+    cpu32 = logits.device.type == "cpu" and logits.dtype == torch.float32
+    module = load() if cpu32 and enabled() else None
+    if module is None:
+        return logits.argmax(dim=-1)
+    return module.argmax_rows(logits)

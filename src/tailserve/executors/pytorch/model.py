@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tailserve.executors.pytorch import cpu_kernels
 from tailserve.executors.pytorch.attention import AttentionMetadata, PagedKVCache, paged_attention
 from tailserve.executors.pytorch.rope import RotaryEmbedding
 
@@ -90,6 +91,8 @@ class LlamaModel:
             dtype,
             device,
         )
+        # bf16/fp16 on CPU: one fused pass for each elementwise step (None: PyTorch's ops).
+        self.fused = cpu_kernels.fused_ops(dtype, device)
 
     @property
     def num_parameters(self) -> int:
@@ -115,6 +118,8 @@ class LlamaModel:
         kv: PagedKVCache,
     ) -> torch.Tensor:
         """Hidden states after the final norm, [tokens, hidden]."""
+        if self.fused is not None:
+            return self._forward_fused(input_ids, positions, meta, kv)
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = F.embedding(input_ids, self.embed)
         cos = self.rope.cos[positions].unsqueeze(1)
@@ -137,6 +142,33 @@ class LlamaModel:
             gate, up = F.linear(y, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
             x = residual + F.linear(F.silu(gate) * up, w.down, w.down_bias)
         return rms_norm(x, self.norm, self.eps)
+
+    def _forward_fused(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: PagedKVCache,
+    ) -> torch.Tensor:
+        """``forward`` with the CPU kernels: RoPE applied while q/k/v are split out of the fused
+        projection, each residual add fused with the norm after it (the last with the final
+        norm), SiLU-mul in one pass. Same roundings as the PyTorch path (cpu_kernels.fused_ops)."""
+        ops, h, kvh, d, eps = self.fused, self.num_heads, self.num_kv_heads, self.head_dim, self.eps
+        x = F.embedding(input_ids, self.embed)
+        n = x.shape[0]
+        y = ops.rms_norm(x, self.layers[0].input_norm, eps)
+        for i, w in enumerate(self.layers):
+            qkv = F.linear(y, w.qkv, w.qkv_bias)
+            q, k, v = ops.rope_split(qkv, self.rope.cos, self.rope.sin, positions, h, kvh, d)
+            k_slots, v_slots = kv.slots(i)
+            attn = paged_attention(q, k, v, k_slots, v_slots, meta)
+            x, y = ops.add_rms_norm(
+                x, F.linear(attn.view(n, h * d), w.o, w.o_bias), w.post_attention_norm, eps
+            )
+            down = F.linear(ops.silu_and_mul(F.linear(y, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+            next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            x, y = ops.add_rms_norm(x, down, next_norm, eps)
+        return y
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the rows that sample, [rows, vocab]."""

@@ -16,6 +16,7 @@ import torch
 
 from tailserve.core.request import Request
 from tailserve.core.sampling_params import GREEDY_EPSILON, SamplingParams
+from tailserve.executors.pytorch import cpu_kernels
 
 _DEFAULT_PARAMS = SamplingParams(temperature=0.0)
 _SEED_MASK = 2**64 - 1  # torch seeds are uint64; vLLM's int64 seeds map onto them one to one
@@ -45,7 +46,7 @@ class Sampler:
         if bool(torch.isnan(logits).any()):
             logits = logits.nan_to_num(nan=float("-inf"))
         greedy = [p.temperature < GREEDY_EPSILON for p in params]
-        tokens = logits.argmax(dim=-1).tolist() if any(greedy) else [0] * len(requests)
+        tokens = cpu_kernels.argmax_rows(logits).tolist() if any(greedy) else [0] * len(requests)
         for i, (request, p) in enumerate(zip(requests, params)):
             if not greedy[i]:
                 tokens[i] = self._sample_row(logits[i], p, request.request_id)

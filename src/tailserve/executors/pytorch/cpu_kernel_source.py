@@ -1,0 +1,310 @@
+"""The C++ of tailserve's CPU kernels (built by ``cpu_kernels.py``), kept apart from the Python
+that builds and calls them.
+
+- ``paged_decode_attention``: one-token queries over paged K/V, float32 softmax, one task per
+  request reading each slot's K (then V) rows for every KV head at once: a slot's heads are
+  contiguous, so the loads stream through a block instead of striding across it.
+- ``rms_norm`` / ``add_rms_norm`` (vLLM's ``fused_add_rms_norm``), ``silu_and_mul``,
+  ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
+  ``argmax_rows`` (greedy tokens). Each rounds to the model dtype exactly where the PyTorch ops
+  it replaces round (``cpu_kernels.py`` says where results can differ in the last bit), so
+  bf16 outputs match the unfused path.
+"""
+
+from __future__ import annotations
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+// Element conversions. bf16 is the top half of a float32: a shift the compiler vectorises
+// (c10::BFloat16's own conversion goes through a union it does not); the way back rounds to
+// nearest even, as c10 does.
+template <typename T> static inline float to_f(T x) { return static_cast<float>(x); }
+template <> inline float to_f<at::BFloat16>(at::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+template <typename T> static inline T from_f(float f) { return static_cast<T>(f); }
+template <> inline at::BFloat16 from_f<at::BFloat16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  at::BFloat16 out;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    out.x = 0x7fc0;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    out.x = static_cast<uint16_t>(u >> 16);
+  }
+  return out;
+}
+// A value as the model dtype would hold it (the rounding a PyTorch op in that dtype applies).
+template <typename T> static inline float round_to(float f) { return to_f<T>(from_f<T>(f)); }
+
+template <typename T>
+static inline void load_row(const T* __restrict src, float* __restrict dst, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) dst[d] = to_f<T>(src[d]);
+}
+
+// exp(x) as 2^n * 2^f with a degree-6 Taylor polynomial of 2^f on [-0.5, 0.5] (relative error
+// ~1e-7): plain arithmetic, so loops that call it vectorise, where std::exp is a scalar call.
+static inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float t = x * 1.4426950408889634f;
+  const float n = std::floor(t + 0.5f);
+  const float f = t - n;
+  float p = 1.5403530393381609e-4f;
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910071e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// ---- decode attention ------------------------------------------------------------------------
+// q: [B, H, D] float32; k, v: [S, KV, D]; slots: [B, L] int64; lengths: [B] (each >= 1).
+template <typename T, int HD>
+static void decode_impl(const float* q, const T* k, const T* v, const int64_t* slots,
+                        const int64_t* lengths, float* out, int64_t B, int64_t H, int64_t KV,
+                        int64_t L, float scale) {
+  const int64_t G = H / KV;
+  const int64_t stride = KV * HD;  // one slot: every KV head's row, contiguous
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> accv(H * HD);
+    alignas(64) float row[HD];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n = lengths[b];
+      const float* __restrict qb = q + b * H * HD;
+      const int64_t* __restrict sl = slots + b * L;
+      scores.resize(H * n);
+      float* __restrict sc = scores.data();
+      for (int64_t l = 0; l < n; ++l) {
+        if (l + 2 < n) __builtin_prefetch(k + sl[l + 2] * stride);
+        const T* base = k + sl[l] * stride;
+        for (int64_t h = 0; h < KV; ++h) {
+          load_row<T>(base + h * HD, row, HD);
+          for (int64_t g = 0; g < G; ++g) {
+            const float* __restrict qg = qb + (h * G + g) * HD;
+            float s = 0.0f;
+            for (int d = 0; d < HD; ++d) s += qg[d] * row[d];
+            sc[(h * G + g) * n + l] = s * scale;
+          }
+        }
+      }
+      for (int64_t hg = 0; hg < H; ++hg) {
+        float* __restrict sg = sc + hg * n;
+        float mx = sg[0];
+        for (int64_t l = 1; l < n; ++l) mx = sg[l] > mx ? sg[l] : mx;
+        float sum = 0.0f;
+        for (int64_t l = 0; l < n; ++l) { sg[l] = std::exp(sg[l] - mx); sum += sg[l]; }
+        const float inv = 1.0f / sum;
+        for (int64_t l = 0; l < n; ++l) sg[l] *= inv;
+      }
+      float* __restrict acc = accv.data();
+      std::fill(acc, acc + H * HD, 0.0f);
+      for (int64_t l = 0; l < n; ++l) {
+        if (l + 2 < n) __builtin_prefetch(v + sl[l + 2] * stride);
+        const T* base = v + sl[l] * stride;
+        for (int64_t h = 0; h < KV; ++h) {
+          load_row<T>(base + h * HD, row, HD);
+          for (int64_t g = 0; g < G; ++g) {
+            const float w = sc[(h * G + g) * n + l];
+            float* __restrict ag = acc + (h * G + g) * HD;
+            for (int d = 0; d < HD; ++d) ag[d] += w * row[d];
+          }
+        }
+      }
+      std::memcpy(out + b * H * HD, acc, sizeof(float) * H * HD);
+    }
+  });
+}
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                     torch::Tensor slots, torch::Tensor lengths, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "k and v must be contiguous");
+  auto qf = q.to(torch::kFloat).contiguous();
+  auto sl = slots.to(torch::kLong).contiguous();
+  auto ln = lengths.to(torch::kLong).contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), L = sl.size(1);
+  TORCH_CHECK(H % KV == 0, "heads must be a multiple of KV heads");
+  auto out = torch::empty({B, H, D}, qf.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
+    auto run = [&](auto hd) {
+      decode_impl<scalar_t, decltype(hd)::value>(
+          qf.data_ptr<float>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), sl.data_ptr<int64_t>(),
+          ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV, L, static_cast<float>(scale));
+    };
+    switch (D) {
+      case 64: run(std::integral_constant<int, 64>{}); break;
+      case 128: run(std::integral_constant<int, 128>{}); break;
+      case 16: run(std::integral_constant<int, 16>{}); break;
+      case 32: run(std::integral_constant<int, 32>{}); break;
+      case 80: run(std::integral_constant<int, 80>{}); break;
+      case 96: run(std::integral_constant<int, 96>{}); break;
+      case 256: run(std::integral_constant<int, 256>{}); break;
+      default: TORCH_CHECK(false, "head_dim ", D, " is not supported by the fused kernel");
+    }
+  });
+  return out.to(q.scalar_type());
+}
+
+// ---- elementwise -----------------------------------------------------------------------------
+static int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
+
+// As transformers: y = weight * T(x * rsqrt(mean(x^2) + eps)), the inner product in float32.
+template <typename T>
+static void rms_row(const T* __restrict x, const T* __restrict w, T* __restrict y, int64_t C, float eps) {
+  float ss = 0.0f;
+  for (int64_t c = 0; c < C; ++c) { const float f = to_f<T>(x[c]); ss += f * f; }
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+  for (int64_t c = 0; c < C; ++c) y[c] = from_f<T>(to_f<T>(w[c]) * round_to<T>(to_f<T>(x[c]) * r));
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous(), "rms_norm: x [N, C] contiguous");
+  auto y = torch::empty_like(x);
+  const int64_t N = x.size(0), C = x.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, N, grain_rows(C), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) rms_row<scalar_t>(xp + i * C, wp, yp + i * C, C, static_cast<float>(eps));
+    });
+  });
+  return y;
+}
+
+// residual + delta (rounded to T, as a PyTorch add), then its norm: [sum, norm(sum)].
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor w, double eps) {
+  TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous() && delta.is_contiguous(), "add_rms_norm: [N, C] contiguous");
+  auto sum = torch::empty_like(residual);
+  auto y = torch::empty_like(residual);
+  const int64_t N = residual.size(0), C = residual.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, residual.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* rp = residual.data_ptr<scalar_t>();
+    const scalar_t* dp = delta.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* sp = sum.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, N, grain_rows(C), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        for (int64_t c = 0; c < C; ++c) sp[i * C + c] = from_f<scalar_t>(to_f<scalar_t>(rp[i * C + c]) + to_f<scalar_t>(dp[i * C + c]));
+        rms_row<scalar_t>(sp + i * C, wp, yp + i * C, C, static_cast<float>(eps));
+      }
+    });
+  });
+  return {sum, y};
+}
+
+// [N, 2I] (gate | up) -> T(T(silu(gate)) * up), [N, I].
+torch::Tensor silu_and_mul(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "silu_and_mul: x [N, 2I] contiguous");
+  const int64_t N = x.size(0), I = x.size(1) / 2;
+  auto y = torch::empty({N, I}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, N, grain_rows(2 * I), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const scalar_t* g = xp + i * 2 * I;
+        const scalar_t* u = g + I;
+        scalar_t* o = yp + i * I;
+        for (int64_t c = 0; c < I; ++c) {
+          const float gf = to_f<scalar_t>(g[c]);
+          const float s = round_to<scalar_t>(gf / (1.0f + exp_approx(-gf)));
+          o[c] = from_f<scalar_t>(s * to_f<scalar_t>(u[c]));
+        }
+      }
+    });
+  });
+  return y;
+}
+
+// qkv [N, (H + 2 KV) D] -> q [N, H, D], k [N, KV, D] with rotate-half RoPE, v [N, KV, D];
+// cos, sin [P, D] in T; positions [N]. Rounds as x * cos + rotate(x) * sin in T does.
+std::vector<torch::Tensor> rope_split(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
+                                      torch::Tensor positions, int64_t H, int64_t KV, int64_t D) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == (H + 2 * KV) * D, "rope_split: qkv shape");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && D % 2 == 0, "rope_split: tables");
+  const int64_t N = qkv.size(0), W = qkv.size(1), half = D / 2;
+  auto pos = positions.to(torch::kLong).contiguous();
+  auto q = torch::empty({N, H, D}, qkv.options());
+  auto k = torch::empty({N, KV, D}, qkv.options());
+  auto v = torch::empty({N, KV, D}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_split", [&] {
+    using T = scalar_t;
+    const T* xp = qkv.data_ptr<T>();
+    const T* cp = cos.data_ptr<T>();
+    const T* sp = sin.data_ptr<T>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    T* qp = q.data_ptr<T>();
+    T* kp = k.data_ptr<T>();
+    T* vp = v.data_ptr<T>();
+    at::parallel_for(0, N, grain_rows(W), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const T* c = cp + pp[i] * D;
+        const T* s = sp + pp[i] * D;
+        const T* row = xp + i * W;
+        for (int64_t head = 0; head < H + KV; ++head) {
+          const T* x = row + head * D;
+          T* o = head < H ? qp + (i * H + head) * D : kp + (i * KV + head - H) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            const float rot = d < half ? -to_f<T>(x[d + half]) : to_f<T>(x[d - half]);
+            const float a = round_to<T>(to_f<T>(x[d]) * to_f<T>(c[d]));
+            const float r = round_to<T>(rot * to_f<T>(s[d]));
+            o[d] = from_f<T>(a + r);
+          }
+        }
+        std::memcpy(vp + i * KV * D, row + (H + KV) * D, sizeof(T) * KV * D);
+      }
+    });
+  });
+  return {q, k, v};
+}
+
+// Greedy tokens: the first index of each row's maximum (torch.argmax's tie rule); NaN rows are
+// the caller's to clean.
+torch::Tensor argmax_rows(torch::Tensor logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat, "argmax_rows: float32 [R, V]");
+  auto x = logits.contiguous();
+  const int64_t R = x.size(0), V = x.size(1);
+  auto out = torch::empty({R}, x.options().dtype(torch::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, R, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = xp + r * V;
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < V; ++i) best = row[i] > best ? row[i] : best;
+      int64_t idx = 0;
+      while (idx < V - 1 && !(row[idx] == best)) ++idx;
+      op[r] = idx;
+    }
+  });
+  return out;
+}
+"""
+
+FUNCTIONS = [
+    "paged_decode_attention",
+    "rms_norm",
+    "add_rms_norm",
+    "silu_and_mul",
+    "rope_split",
+    "argmax_rows",
+]

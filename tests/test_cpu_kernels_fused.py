@@ -1,0 +1,92 @@
+"""The fused elementwise CPU kernels (RMSNorm with the residual add, RoPE with the q/k/v split,
+SiLU-mul, greedy argmax) agree with the PyTorch ops they replace, and a bf16 model gives the
+same logits through either path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tailserve.executors.pytorch import cpu_kernels
+from tailserve.executors.pytorch.model import rms_norm
+from tailserve.executors.pytorch.rope import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="CPU kernels could not be built here")
+BF16 = torch.bfloat16
+
+
+def _randn(*shape: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(BF16)
+
+
+def test_rms_norm_and_fused_add_equal_pytorch_bf16() -> None:
+    ops = cpu_kernels.load()
+    x, delta = _randn(37, 512), _randn(37, 512, seed=1)
+    w = (torch.rand(512, generator=torch.Generator().manual_seed(2)) + 0.5).to(BF16)
+    assert torch.equal(ops.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5))
+    total, normed = ops.add_rms_norm(x, delta, w, 1e-6)
+    assert torch.equal(total, x + delta)
+    assert torch.equal(normed, rms_norm(x + delta, w, 1e-6))
+
+
+def test_rope_split_equals_rotary_embedding_bf16() -> None:
+    ops = cpu_kernels.load()
+    heads, kv_heads, dim, n = 8, 2, 64, 29
+    rope = RotaryEmbedding(dim, 4096, 500000.0, None, BF16, torch.device("cpu"))
+    qkv = _randn(n, (heads + 2 * kv_heads) * dim)
+    positions = torch.randint(0, 4096, (n,), generator=torch.Generator().manual_seed(3))
+    q, k, v = ops.rope_split(qkv, rope.cos, rope.sin, positions, heads, kv_heads, dim)
+    cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
+    assert torch.equal(q, rope.apply(qkv[:, : heads * dim].view(n, heads, dim), cos, sin))
+    assert torch.equal(
+        k, rope.apply(qkv[:, heads * dim : (heads + kv_heads) * dim].view(n, kv_heads, dim), cos, sin)
+    )
+    assert torch.equal(v, qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim))
+
+
+def test_silu_and_mul_within_one_bf16_step() -> None:
+    ops = cpu_kernels.load()
+    gate_up = _randn(41, 2 * 1536, scale=3.0)
+    gate, up = gate_up.chunk(2, dim=-1)
+    got, want = ops.silu_and_mul(gate_up).float(), (F.silu(gate) * up).float()
+    # Its own exp can move the rounded SiLU, and so the product, by a bf16 step on rare elements.
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=1e-6)
+    assert (got != want).float().mean() < 0.01
+
+
+def test_argmax_rows_keeps_the_first_maximum() -> None:
+    logits = torch.randn(9, 1000, generator=torch.Generator().manual_seed(4))
+    logits[2, 7] = logits[2, 500] = 50.0  # a tie: the first index wins, as torch.argmax
+    logits[5] = float("-inf")
+    logits[5, 999] = 0.0
+    logits[6] = float("-inf")  # every token banned: index 0, as torch.argmax
+    assert torch.equal(cpu_kernels.argmax_rows(logits), logits.argmax(dim=-1))
+
+
+def test_bf16_model_logits_agree_with_the_pytorch_path(tmp_path, monkeypatch) -> None:
+    from tailserve.executors.pytorch.attention import PagedKVCache, build_metadata
+    from tailserve.executors.pytorch.init_model import init_model
+    from tailserve.executors.pytorch.loader import load_config, load_state_dict
+    from tailserve.executors.pytorch.model import LlamaModel
+
+    model_dir = tmp_path / "m"
+    init_model(model_dir, "tiny", dtype="bfloat16")
+    config = load_config(model_dir)
+    cpu = torch.device("cpu")
+    state = load_state_dict(model_dir, config, BF16, cpu)
+    fused = LlamaModel(config, state, BF16, cpu)
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
+    plain = LlamaModel(config, state, BF16, cpu)
+    assert fused.fused is not None and plain.fused is None
+    ids = torch.randint(3, config.vocab_size, (40,), generator=torch.Generator().manual_seed(5))
+    results = []
+    for model in (fused, plain):
+        kv = PagedKVCache(
+            config.num_hidden_layers, 8, 16, config.num_key_value_heads, config.head_dim, BF16, cpu
+        )
+        meta = build_metadata([[0, 1, 2]], [40], [0], 0, 16, kv.null_slot, cpu)
+        with torch.inference_mode():
+            results.append(model.compute_logits(model.forward(ids, torch.arange(40), meta, kv)))
+    torch.testing.assert_close(results[0], results[1], rtol=0.05, atol=0.05)
+    assert (results[0].argmax(-1) == results[1].argmax(-1)).float().mean() >= 0.9
