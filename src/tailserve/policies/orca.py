@@ -1,6 +1,6 @@
 """Orca (OSDI'22) iteration-level scheduling, as Sarathi-Serve's ``orca_scheduler.py`` re-implements it.
 
-The rules (``shared/reference/policies.md`` §6):
+The rules (``docs/policies.md``, "`orca` — iteration-level scheduling"):
 1. Every running request decodes one token each iteration.
 2. Waiting requests join in FCFS order *in the same iteration*, each with its whole prompt (no
    chunking), while fewer than ``max_num_seqs`` run and the KV cache can reserve the request's

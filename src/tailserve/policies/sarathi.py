@@ -1,6 +1,6 @@
 """Sarathi-Serve (OSDI'24) stall-free batching (``sarathi/core/scheduler/sarathi_scheduler.py``).
 
-The rules (``shared/reference/policies.md`` §5), every iteration, within ``chunk_size`` tokens:
+The rules (``docs/policies.md``, "`sarathi` — Sarathi-Serve"), every iteration, within ``chunk_size`` tokens:
 1. Order the running requests by arrival (FCFS).
 2. Decodes first: every decoding request gets 1 token. While no KV block is free
    (``can_append_slot``, even if its token would fit its last block) it preempts, by

@@ -1,7 +1,7 @@
 """SGLang 0.5.23 (``managers/scheduler.py``, ``schedule_policy.py``, ``schedule_batch.py``).
 
 Prefill first, optimistic KV reservation, and retraction to the tail. The rules, in the engine's
-order (``shared/reference/policies.md`` §3):
+order (``docs/policies.md``, "`sglang` — SGLang 0.5.23"):
 
 1. **Prefill first.** Each iteration first tries to build a prefill batch; if it builds one, the
    iteration runs *only* that batch and every running decode waits (with ``enable_mixed_chunk``
@@ -58,7 +58,7 @@ the retractions it causes are SGLang's defining behaviour.
 A request that could not be admitted even into an idle engine is rejected at arrival (SGLang
 clips its ``max_new_tokens`` instead; here outputs are fixed), so it cannot block the queue.
 
-**Radix cache** (§3(c); ``core/radix_cache.py``, page size 1). Built with the first request that
+**Radix cache** (``policies/sglang_radix.py`` over ``kv/radix.py``, page size 1). Built with the first request that
 carries token identities: its token ids plus the planned outputs, or Mooncake ``hash_ids``
 (``token_keys_from_hash_ids``: full 512-token blocks only); requests without them never share and
 the cache stays inert. The KV manager is a ``RadixKVCacheManager`` (``kv_spec``): the tree holds

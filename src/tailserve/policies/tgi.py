@@ -3,7 +3,7 @@
 
 Each engine forward is one tailserve iteration, so one turn of the router loop is one or two
 iterations: an optional admission forward, then the decode forward. The rules, in the engine's
-order (``shared/reference/policies.md`` §4):
+order (``docs/policies.md``, "`tgi` — Hugging Face TGI, router v3"):
 1. No running batch: build a first batch with ``next_batch`` (no minimum size, at most
    ``max_batch_size`` requests, the full prefill budget) and prefill it alone. The router then
    tries to admit again *before* the first decode.
@@ -34,7 +34,7 @@ order (``shared/reference/policies.md`` §4):
 7. No preemption, ever. ``max_concurrent_requests`` in flight (waiting + running) makes the
    router reject further requests ("Model is overloaded").
 
-8. Prefix cache (``radix.rs``, ``RadixAllocator``; §4(c)), on by default: TGI's
+8. Prefix cache (``radix.rs``, ``RadixAllocator``; ``policies/tgi_radix.py``), on by default: TGI's
    ``PREFIX_CACHING=true`` is ``disable_radix_cache=False`` here (the flag SGLang's integration
    and the simulation use; ``disable_radix_cache=True`` is ``PREFIX_CACHING=false``).
    Requests that carry token ids (or Mooncake ``hash_ids``, full 512-token blocks only) share KV

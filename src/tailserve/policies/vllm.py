@@ -1,6 +1,6 @@
 """vLLM V1 (``vllm/v1/core/sched/scheduler.py``, 0.32, checked step for step by tailserve.validate): one token budget, running first.
 
-The rules, in the engine's order (``shared/reference/policies.md`` §1):
+The rules, in the engine's order (``docs/policies.md``, "`vllm` — vLLM V1"):
 1. Budget ``max_num_batched_tokens``; per-request cap ``long_prefill_token_threshold`` (0 = off,
    and off whenever only one request is running or waiting).
 2. RUNNING requests in admission order each get ``min(num_tokens - num_computed_tokens, cap,

@@ -1,6 +1,6 @@
 """vLLM V0 (``vllm/core/scheduler.py``, 0.8.5): prefill-first by default, swap or recompute.
 
-Default mode (chunked prefill off), each iteration (``shared/reference/policies.md`` §2):
+Default mode (chunked prefill off), each iteration (``docs/policies.md``, "`vllm-v0` — vLLM V0"):
 1. Only while nothing is swapped out: admit waiting prompts FCFS, each *whole*. A prompt needs
    blocks for all its tokens with ``watermark`` (1%) of the blocks left over — a prompt that
    could never fit is aborted, one that does not fit now stops admission — and must fit the token
