@@ -257,6 +257,33 @@ def test_backend_dying_mid_stream_ends_the_stream_with_an_error_event() -> None:
     assert f'tailserve_router_requests_total{{backend="{A}",outcome="backend_error"}} 1.0' in metrics
 
 
+def test_stream_lost_before_its_first_byte_moves_to_another_backend() -> None:
+    """Accepted (the head came) but still waiting there when the backend died: the client has
+    nothing yet, so the stream continues from another backend."""
+    fakes = Fakes([A, B])
+
+    async def dies(request: httpx.Request) -> httpx.Response:
+        async def body():
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+            yield b""  # an async generator
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    async def streams(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              content=b'data: {"choices": [{"text": "b"}]}\n\ndata: [DONE]\n\n')  # fmt: skip
+
+    fakes.handlers[A], fakes.handlers[B] = dies, streams
+    with running_router([A, B], transport=fakes.transport(), health_interval=30) as router:
+        response = post(router.base_url, {"prompt": "x", "stream": True})
+        metrics = httpx.get(f"{router.base_url}/metrics").text
+        assert [b.in_flight for b in router.pool.backends] == [0, 0]
+    assert sse_events(response.text) == ['{"choices": [{"text": "b"}]}', "[DONE]"]
+    assert [base for base, _, _ in fakes.posts] == [A, B]
+    assert f'tailserve_router_retries_total{{backend="{A}"}} 1.0' in metrics
+    assert f'tailserve_router_requests_total{{backend="{B}",outcome="ok"}} 1.0' in metrics
+
+
 def test_backend_dying_mid_plain_response_is_a_502() -> None:
     fakes = Fakes([A])
 

@@ -2,14 +2,15 @@
 in front, the bench client through it.
 
 - On vLLM's ``prefix_repetition`` workload (12 prefixes of 1,024 tokens, each backend's KV cache
-  holding about 4.5 of them), ``prefix-aware`` routing keeps each prefix on one backend and gets
+  holding about 4.4 of them), ``prefix-aware`` routing keeps each prefix on one backend and gets
   a higher prefix-cache hit rate (the backends' own ``vllm:prefix_cache_*`` counters) and a lower
   TTFT p50 than ``round-robin``, which makes every backend cache every prefix.
 - A backend killed (SIGKILL) mid-run loses no request: each one either completes or ends with an
   OpenAI error naming the dead backend, and the router's books balance.
 
-Each backend simulates Llama-3-8B on an A100-80GB in real time (a 1,024-token prefill ~67 ms,
-a cached one ~13 ms), so the timing contrast is far above this machine's scheduling noise.
+Each backend simulates Llama-3-8B on an A40 in real time (a 1,056-token prompt ~144 ms to
+prefill, ~30 ms with its 1,024-token prefix cached), so the timing contrast stays above this
+shared machine's scheduling noise; the two routers run at the same time so both see the same load.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from tailserve.bench.datasets import prefix_repetition_requests
 from tailserve.bench.tokenizer import load_tokenizer
 from test_server import micro_model  # noqa: F401  (fixture)
 
-# Llama-3-8B on A100-80GB at gpu_memory_utilization 0.21: 299 blocks of 16 = 4,784 tokens of KV.
-BACKEND_FLAGS = ["--executor", "sim", "--hardware", "A100-80GB", "--sim-model", "Llama-3-8B",
-                 "--max-model-len", "2048", "--gpu-memory-utilization", "0.21"]  # fmt: skip
+# The same deployment as ENGINE_ARGS below, as a command line.
+BACKEND_FLAGS = ["--executor", "sim", "--hardware", "A40", "--sim-model", "Llama-3-8B",
+                 "--max-model-len", "2048", "--gpu-memory-utilization", "0.373"]  # fmt: skip
 NUM_PREFIXES = 12
 PREFIX_LEN = 1024
 
@@ -124,8 +125,9 @@ def workload(micro_model: Path) -> list[Any]:  # noqa: F811
     )  # fmt: skip
 
 
-ENGINE_ARGS = {"hardware": "A100-80GB", "sim_model": "Llama-3-8B", "max_model_len": 2048,
-               "policy_flags": {"gpu_memory_utilization": 0.21}}  # fmt: skip
+# Llama-3-8B on an A40 at gpu_memory_utilization 0.373: 291 blocks of 16 = 4,656 tokens of KV.
+ENGINE_ARGS = {"hardware": "A40", "sim_model": "Llama-3-8B", "max_model_len": 2048,
+               "policy_flags": {"gpu_memory_utilization": 0.373}}  # fmt: skip
 
 
 def test_prefix_aware_beats_round_robin_on_shared_prefixes(micro_model: Path, workload: list[Any]) -> None:  # noqa: F811
@@ -162,16 +164,18 @@ def test_prefix_aware_beats_round_robin_on_shared_prefixes(micro_model: Path, wo
 def test_killing_a_backend_mid_run_loses_no_request(micro_model: Path, workload: list[Any]) -> None:  # noqa: F811
     """One backend is a real process, killed with SIGKILL while it streams several requests;
     the other two run in this process."""
-    requests = [dataclasses.replace(r, output_len=48) for r in workload[:60]]  # ~0.6 s each
+    requests = [dataclasses.replace(r, output_len=32) for r in workload[:60]]  # ~1 s each
     with sim_backends(micro_model, 1) as (victim,), ExitStack() as stack:
         others = [stack.enter_context(sim_server(str(micro_model), **ENGINE_ARGS)) for _ in range(2)]
         urls = [victim["url"], *(s.base_url for s in others)]
         done: list[RequestResult] = []
+        killed_at: list[float] = []  # time.perf_counter, the bench client's clock
 
         def on_done(result: RequestResult) -> None:
             done.append(result)
             if len(done) == 10:  # a sixth of the way in, with requests streaming on each backend
                 victim["proc"].send_signal(signal.SIGKILL)
+                killed_at.append(time.perf_counter())
 
         with running_router(urls, "round-robin", health_interval=0.2) as router:
             results = bench(router.base_url, requests, rate=20.0, on_done=on_done)
@@ -185,7 +189,11 @@ def test_killing_a_backend_mid_run_loses_no_request(micro_model: Path, workload:
     assert failed, "the kill should have caught requests streaming on the victim"
     for r in failed:  # a clean error naming the dead backend, never a bare disconnect
         assert victim["url"] in r.error and "mid-response" in r.error, r.error
-    assert len(failed) <= 10  # only those streaming on it then: later ones went to the others
+    # Only requests whose tokens had started flowing were lost; every one sent after the kill
+    # completed (those that met the dead backend before the router knew were retried elsewhere,
+    # and those still waiting in its queue moved to another backend).
+    assert all(r.start_time < killed_at[0] and r.ttft > 0 for r in failed)
+    assert all(r.success for r in results if r.start_time > killed_at[0])
     assert in_flight == [0, 0, 0]
 
     def total(outcome: str) -> float:
@@ -195,4 +203,5 @@ def test_killing_a_backend_mid_run_loses_no_request(micro_model: Path, workload:
             if line.startswith("tailserve_router_requests_total{") and f'outcome="{outcome}"' in line
         )
 
-    assert total("ok") == len(results) - len(failed) and total("backend_error") == len(failed)
+    # Requests handed on from the victim count there as backend_error too, then ok elsewhere.
+    assert total("ok") == len(results) - len(failed) and total("backend_error") >= len(failed)

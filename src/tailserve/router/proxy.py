@@ -20,6 +20,8 @@ arrive (no buffering, so a client's token timing is the backend's), a plain body
 status and ``content-type`` as the backend sent them (a 400 stays the backend's 400). A failure
 after acceptance cannot be retried without repeating tokens the client already has:
 
+- the backend disconnects before a stream's first byte (the request was still waiting in its
+  queue): the client has nothing yet, so the stream goes on from another backend;
 - the backend disconnects mid-response: a stream ends with ``data: {"error": {... "code": 502}}``
   and ``data: [DONE]``; a plain request cut inside its body gets that 502;
 - no byte for ``read_timeout`` seconds: the same with 504;
@@ -80,6 +82,7 @@ class Attempt:
 
     backend: Backend
     response: httpx.Response
+    tried: set[int]  # backends this request was sent to, this one included
     done: bool = False  # reported finished and the response closed
 
 
@@ -163,7 +166,7 @@ class Proxy:
         reply_headers["x-tailserve-backend"] = attempt.backend.url
         if attempt.response.headers.get("content-type", "").startswith("text/event-stream"):
             return RelayResponse(
-                self._relay(attempt, routed),
+                self._relay(attempt, routed, path, raw, headers),
                 lambda: self._finish(attempt, routed, "cancelled"),
                 status_code=attempt.response.status_code,
                 media_type="text/event-stream",
@@ -172,10 +175,16 @@ class Proxy:
         return await self._read_whole(attempt, routed, reply_headers)
 
     async def _send(
-        self, path: str, raw: bytes, headers: dict[str, str], routed: RouteRequest
+        self,
+        path: str,
+        raw: bytes,
+        headers: dict[str, str],
+        routed: RouteRequest,
+        tried: set[int] | None = None,
     ) -> Attempt | Refusal:
-        """The first backend to accept, trying each at most once; else the error to answer."""
-        tried: set[int] = set()
+        """The first backend to accept, trying each at most once (``tried`` ones not again);
+        else the error to answer."""
+        tried = set() if tried is None else tried
         failures: list[str] = []
         while len(tried) < len(self.pool.backends):
             try:
@@ -193,7 +202,7 @@ class Proxy:
                 self._closed(backend, routed, "cancelled")
                 raise
             if isinstance(answer, httpx.Response):
-                return Attempt(backend, answer)
+                return Attempt(backend, answer, tried)
             self._closed(backend, routed, None if answer.retry else "backend_error")
             if not answer.retry:
                 return answer
@@ -242,32 +251,55 @@ class Proxy:
             return Refusal(f"503 {message}", 503)
         return response
 
-    async def _relay(self, attempt: Attempt, routed: RouteRequest) -> AsyncIterator[bytes]:
-        """The backend's SSE bytes as they arrive; an error event if it fails mid-stream."""
-        backend, response = attempt.backend, attempt.response
-        outcome = "backend_error"
+    async def _relay(
+        self, attempt: Attempt, routed: RouteRequest, path: str, raw: bytes, headers: dict[str, str]
+    ) -> AsyncIterator[bytes]:
+        """The backend's SSE bytes as they arrive. A backend that fails before any byte reached
+        the client (the request was still waiting there) hands it on to another backend; one
+        that fails later ends the stream with an error event."""
+        sent_any = False
         at_boundary = True  # the bytes sent so far end between two events
-        try:
-            async for chunk in response.aiter_raw():
-                at_boundary = chunk.endswith(b"\n\n")
-                yield chunk
-            outcome = _outcome(response.status_code)
-        except httpx.ReadTimeout:
-            self.metrics.errors.labels(backend.url, "timeout").inc()
-            message = f"backend {backend.url} sent nothing for {self.read_timeout:g} s (--read-timeout)"
-            yield (b"" if at_boundary else b"\n\n") + sse_error(message, 504)
-        except httpx.HTTPError as error:
-            self.metrics.errors.labels(backend.url, "disconnect").inc()
-            self.pool.mark_down(backend, f"failed mid-response ({type(error).__name__})")
-            message = (
-                f"backend {backend.url} failed mid-response ({type(error).__name__}); the request was lost"
-            )
-            yield (b"" if at_boundary else b"\n\n") + sse_error(message, 502)
-        except (asyncio.CancelledError, GeneratorExit):
-            outcome = "cancelled"  # the client left: closing the response tells the backend
-            raise
-        finally:
-            await self._finish(attempt, routed, outcome)
+        while True:
+            backend, response = attempt.backend, attempt.response
+            outcome = "backend_error"
+            lost = ""  # why the backend failed before the first byte: try another
+            try:
+                async for chunk in response.aiter_bytes():  # decoded if it was compressed
+                    at_boundary = chunk.endswith(b"\n\n")
+                    sent_any = sent_any or bool(chunk)
+                    yield chunk
+                outcome = _outcome(response.status_code)
+                return
+            except httpx.ReadTimeout:
+                self.metrics.errors.labels(backend.url, "timeout").inc()
+                message = f"backend {backend.url} sent nothing for {self.read_timeout:g} s (--read-timeout)"
+                yield (b"" if at_boundary else b"\n\n") + sse_error(message, 504)
+                return
+            except httpx.HTTPError as error:
+                self.metrics.errors.labels(backend.url, "disconnect").inc()
+                self.pool.mark_down(backend, f"failed mid-response ({type(error).__name__})")
+                lost = f"backend {backend.url} failed mid-response ({type(error).__name__})"
+                if sent_any:
+                    yield (b"" if at_boundary else b"\n\n") + sse_error(f"{lost}; the request was lost", 502)
+                    return
+            except (asyncio.CancelledError, GeneratorExit):
+                outcome = "cancelled"  # the client left: closing the response tells the backend
+                raise
+            finally:
+                await self._finish(attempt, routed, outcome)
+            self.metrics.retries.labels(backend.url).inc()
+            following = await self._send(path, raw, headers, routed, attempt.tried)
+            if isinstance(following, Refusal):
+                yield sse_error(f"{lost} before its first byte; {following.reason}", 502)
+                return
+            if not following.response.headers.get("content-type", "").startswith("text/event-stream"):
+                status = following.response.status_code
+                await self._finish(following, routed, _outcome(status))
+                yield sse_error(
+                    f"{lost} before its first byte; {following.backend.url} answered {status}", 502
+                )
+                return
+            attempt = following
 
     async def _read_whole(self, attempt: Attempt, routed: RouteRequest, headers: dict[str, str]) -> Response:
         backend, response = attempt.backend, attempt.response
