@@ -17,6 +17,9 @@ FCFS or vLLM's priority heap), ``running`` (admission order, the order vLLM's ru
 request that left: finished, aborted or rejected, each with a reason when not finished). The
 engine and the fast paths talk to the scheduler only; it asks the policy (``core/policy.py``
 lists the hooks).
+
+Past the style guide's ~300 lines on purpose: these are the mechanics every policy calls, kept in
+one class as vLLM keeps them; splitting admission from preemption would split one state machine.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 SGLang's ``Scheduler`` needs a model worker, so the driver (``drivers/sglang_policy.py``) runs
 ``SchedulePolicy.calc_priority`` over a real ``RadixCache``; here the same case goes through
-tailserve's ``sglang`` policy (``SglangPolicy._order_waiting`` over its radix tree). Compared:
+tailserve's ``sglang`` policy (``sglang_priority.calc_priority`` over its radix tree). Compared:
 the order of the waiting queue and each request's matched prefix length.
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.radix_manager import RadixKVCacheManager
-from tailserve.policies.sglang import LPM_FALLBACK_WAITING, SglangConfig, SglangPolicy
+from tailserve.policies.sglang import SglangConfig, SglangPolicy
+from tailserve.policies.sglang_priority import LPM_FALLBACK_WAITING
 from tailserve.validate.workload import decode_tokens, encode_tokens
 
 ORDER_POLICIES = ("fcfs", "lof", "lpm", "dfs-weight")
