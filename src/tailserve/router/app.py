@@ -29,7 +29,8 @@ from tailserve import __version__
 from tailserve.cluster.routing import Router
 from tailserve.router.backends import BackendPool
 from tailserve.router.metrics import RouterMetrics
-from tailserve.router.proxy import Proxy, error_response, forwarded_models
+from tailserve.router.proxy import Proxy
+from tailserve.router.responses import error_response, forwarded_models
 from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit
 
 logger = logging.getLogger("tailserve.router")

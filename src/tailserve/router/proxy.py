@@ -40,20 +40,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import httpx
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from tailserve.cluster.routing import NoHealthyReplicaError, Router, RouteRequest
 from tailserve.router.backends import Backend, BackendPool
 from tailserve.router.metrics import RouterMetrics
+from tailserve.router.responses import Attempt, Refusal, RelayResponse, error_response, outcome_of, sse_error
 from tailserve.router.route_keys import route_request
-from tailserve.server.protocol import error_body
 from tailserve.server.serving import cancel_on_disconnect
 
 logger = logging.getLogger("tailserve.router")
@@ -66,51 +64,6 @@ DROPPED_HEADERS = frozenset(
 # Connection-level failures before a response head: the backend did not take the request.
 NOT_ACCEPTED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.WriteTimeout,
                 httpx.RemoteProtocolError, httpx.ReadError, httpx.PoolTimeout)  # fmt: skip
-
-
-def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status), status_code=status, headers=headers)
-
-
-def sse_error(message: str, status: int) -> bytes:
-    return f"data: {json.dumps(error_body(message, status))}\n\ndata: [DONE]\n\n".encode()
-
-
-@dataclass(slots=True)
-class Attempt:
-    """The backend that accepted a request and its open response."""
-
-    backend: Backend
-    response: httpx.Response
-    tried: set[int]  # backends this request was sent to, this one included
-    done: bool = False  # reported finished and the response closed
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """No response to pass through: the error to answer with, and whether another backend may
-    still take the request (it was never accepted)."""
-
-    reason: str
-    status: int
-    retry: bool = True
-
-
-class RelayResponse(StreamingResponse):
-    """A stream that reports its request finished however it ends — also when the client left
-    before the first chunk, when the relay generator never ran (so its ``finally`` did not)."""
-
-    def __init__(
-        self, relay: AsyncIterator[bytes], finish: Callable[[], Awaitable[None]], **kwargs: Any
-    ) -> None:
-        super().__init__(relay, **kwargs)
-        self._finish = finish
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._finish()
 
 
 class Proxy:
@@ -268,7 +221,7 @@ class Proxy:
                     at_boundary = chunk.endswith(b"\n\n")
                     sent_any = sent_any or bool(chunk)
                     yield chunk
-                outcome = _outcome(response.status_code)
+                outcome = outcome_of(response.status_code)
                 return
             except httpx.ReadTimeout:
                 self.metrics.errors.labels(backend.url, "timeout").inc()
@@ -294,7 +247,7 @@ class Proxy:
                 return
             if not following.response.headers.get("content-type", "").startswith("text/event-stream"):
                 status = following.response.status_code
-                await self._finish(following, routed, _outcome(status))
+                await self._finish(following, routed, outcome_of(status))
                 yield sse_error(
                     f"{lost} before its first byte; {following.backend.url} answered {status}", 502
                 )
@@ -306,7 +259,7 @@ class Proxy:
         outcome = "backend_error"
         try:
             content = await response.aread()
-            outcome = _outcome(response.status_code)
+            outcome = outcome_of(response.status_code)
             media = response.headers.get("content-type")
             return Response(content, status_code=response.status_code, media_type=media, headers=headers)
         except httpx.ReadTimeout:
@@ -346,18 +299,3 @@ class Proxy:
         self.router.on_finished(routed.request_id, backend.index, self.clock())
         if outcome is not None:
             self.metrics.requests.labels(backend.url, outcome).inc()
-
-
-def _outcome(status: int) -> str:
-    if status < 400:
-        return "ok"
-    return "client_error" if status < 500 else "backend_error"
-
-
-def forwarded_models(cards: list[dict[str, Any]]) -> dict[str, Any]:
-    """``/v1/models`` of several backends as one list: each model id once (the first card)."""
-    seen: dict[str, dict[str, Any]] = {}
-    for card in cards:
-        if isinstance(card, dict) and isinstance(card.get("id"), str):
-            seen.setdefault(card["id"], card)
-    return {"object": "list", "data": list(seen.values())}
