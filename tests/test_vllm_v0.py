@@ -19,6 +19,7 @@ from helpers import grants as _grants
 from helpers import ids as _ids
 from helpers import step as _step
 from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.executor import StepResult
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
@@ -760,3 +761,39 @@ def test_small_budget_with_matching_max_num_seqs_is_accepted():
     assert (config.max_num_batched_tokens, config.max_num_seqs) == (128, 64)
     with pytest.raises(ValueError, match="max_num_seqs"):
         VllmV0Policy.default_config(device, 4096, max_num_batched_tokens=128, enable_chunked_prefill=True)
+
+
+# ---- what the executor sees: block pairs for the copies, block tables on request -----------
+
+
+def test_scheduler_output_carries_the_swap_block_pairs_and_the_block_tables():
+    sched = _v0(10, block_size=4, num_cpu_blocks=8, preemption_mode="swap")
+    kv = sched.kv_cache
+    _add(sched, "a", 12, 2)
+    _add(sched, "b", 12, 10)
+    _add(sched, "c", 12, 10)
+    _step(sched)
+    c_gpu = list(kv.block_tables["c"])
+    out = sched.schedule(0.0)  # b's next block is missing: c, the tail, is swapped out
+    assert _ids(out.swapped_out) == ["c"]
+    assert [gpu for gpu, _ in out.blocks_to_swap_out] == c_gpu  # every block, table order
+    c_cpu = [cpu for _, cpu in out.blocks_to_swap_out]
+    assert kv.cpu_block_tables["c"] == c_cpu and not out.blocks_to_swap_in
+    assert all(s.block_ids is None for s in out.scheduled)  # the simulator never asks
+    sched.add_block_ids(out)
+    assert [s.block_ids for s in out.scheduled] == [kv.block_tables["a"], kv.block_tables["b"]]
+    sched.update(out, StepResult(0.01), 0.01)
+
+    out = _step(sched, 0.02)  # a finished: c comes back from the CPU blocks it went to
+    assert _ids(out.swapped_in) == ["c"]
+    assert [cpu for cpu, _ in out.blocks_to_swap_in] == c_cpu
+    assert [gpu for _, gpu in out.blocks_to_swap_in] == kv.block_tables["c"][:3]
+    assert out.num_swap_in_blocks == 3 and not out.blocks_to_swap_out
+
+
+def test_a_swap_out_after_a_swap_in_in_one_step_is_refused():
+    sched = _v0(10, block_size=4, num_cpu_blocks=8, preemption_mode="swap")
+    out = SchedulerOutput(blocks_to_swap_in=[(0, 1)])
+    request = _add(sched, "a", 4, 2)
+    with pytest.raises(RuntimeError, match="a swap-out after a swap-in in one iteration"):
+        sched.preempt_by_swap(request, out)
