@@ -150,3 +150,18 @@ def test_tenant_mix_and_streams():
     )
     tenants = [r.tenant_id for r in mixed.pop_arrived(0.0)]
     assert 0.85 < tenants.count("a") / 1000 < 0.95
+
+
+def test_the_tenants_flag_reaches_the_requests():
+    from tailserve.cli.app import main
+
+    code = main(["simulate", "--policy", "vllm", "--fairness", "vtc", "--tenants", "a=0.5,b=0.5",
+                 "--workload", "random", "--num-requests", "40", "--rate", "50", "--json", "/dev/null"])  # fmt: skip
+    assert code == 0
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
+
+    spec = WorkloadSpec("random", num_requests=200, tenants=(("a", 0.5), ("b", 0.5)))
+    source = WorkloadBuilder(spec).build(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1))
+    tenants = [r.tenant_id for r in source.pop_arrived(1e9)]
+    assert set(tenants) == {"a", "b"} and 60 < tenants.count("a") < 140

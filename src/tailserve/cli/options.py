@@ -118,6 +118,11 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="give requests priorities from a mix, PRIORITY=FRACTION,... e.g. 0=0.8,10=0.2 (lower is more urgent in vLLM)",
     )
+    g.add_argument(
+        "--tenants",
+        default=None,
+        help="give requests tenants from a mix, TENANT=FRACTION,... e.g. a=0.9,b=0.1 (for --fairness vtc, SLO classes)",
+    )
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -156,6 +161,10 @@ def workload_from(args: argparse.Namespace) -> WorkloadSpec:
         parsed["priorities"] = parse_priorities(args.priorities)
     if args.turns is not None:
         parsed["turns"] = parse_turns(args.turns)
+    if getattr(args, "tenants", None):
+        from tailserve.workloads.tenants import parse_tenant_mix
+
+        parsed["tenants"] = parse_tenant_mix(args.tenants)
     return WorkloadSpec(
         name="trace" if args.trace else args.workload,
         num_requests=args.num_requests,

@@ -10,6 +10,7 @@ from tailserve.core.source import ListSource, RequestSource
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads import builtin, prefix
+from tailserve.workloads.tenants import TenantSource
 from tailserve.workloads.traces import load_trace
 
 
@@ -48,7 +49,9 @@ class WorkloadBuilder:
     def build(self, cost_model: CostModel) -> RequestSource:
         source = self._build(cost_model)
         if self.spec.priorities:
-            return PrioritySource(source, self.spec.priorities, self.spec.seed)
+            source = PrioritySource(source, self.spec.priorities, self.spec.seed)
+        if self.spec.tenants:
+            source = TenantSource(source, self.spec.tenants, self.spec.seed)
         return source
 
     def _build(self, cost_model: CostModel) -> RequestSource:

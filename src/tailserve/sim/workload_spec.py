@@ -26,6 +26,8 @@ class WorkloadSpec:
     max_requests: int | None = None
     # (priority value, fraction of requests) pairs; empty = every request has priority 0.
     priorities: tuple[tuple[int, float], ...] = ()
+    # (tenant, fraction of requests) pairs (``--tenants a=0.9,b=0.1``); empty = no tenant ids.
+    tenants: tuple[tuple[str, float], ...] = ()
     # shared-prefix: system prompts, their length (tokens), the fraction of requests using one
     num_prefixes: int = 4
     prefix_len: int = 1024
