@@ -7,7 +7,7 @@ equal GPU count. Each row: prefix hit rate (tokens), TTFT p50/p99, TBT (ITL) p99
 throughput, simulation wall time. Scrapes every 50 ms (the routers' view of load).
 
     python benchmarks/cluster.py [--trace PATH] [--max-requests N] [--replicas 1,4,8,16]
-        [--routers round-robin,...] [--parts routers,pd,saturated] [--out FILE]
+        [--routers round-robin,...] [--parts routers,pd,saturated,capacity] [--out FILE]
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ SATURATED = {
 }
 SATURATED_FLAGS = {"gpu_memory_utilization": "0.3", "max_model_len": "16384"}
 SATURATED_ROUTERS = ("round-robin", "random", "least-requests", "prefix-aware", "kv-aware")
+# Part 4, capacity planning: 4 H100s, every layout, the first 1,000 requests of the trace.
+PLAN = {"gpus": 4, "max_requests": 1000, "slo": "ttft_p99=8s,tbt_p99=100ms", "rel_tol": 0.2}
 
 
 def row(label: str, run: ClusterRun, **extra: object) -> dict:
@@ -112,7 +114,7 @@ def main() -> int:
     ap.add_argument("--replicas", default="1,4,8,16")
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--link", default="ib-ndr")
-    ap.add_argument("--parts", default="routers,pd,saturated", help="which parts to run")
+    ap.add_argument("--parts", default="routers,pd,saturated,capacity", help="which parts to run")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     missing = check_trace(args.trace)
@@ -186,6 +188,30 @@ def main() -> int:
                     requests_per_s=cluster_summary(run)["throughput"]["requests_per_s"],
                 )
             )
+    if "capacity" in parts:
+        from tailserve.tune.capacity import parse_capacity_slo
+        from tailserve.tune.cluster_plan import plan
+
+        print(f"part 4: capacity of every layout of {PLAN['gpus']} GPUs, {PLAN['slo']}")
+        spec = WorkloadSpec("trace", trace_path=args.trace, max_requests=PLAN["max_requests"])
+        rows = plan(
+            PLAN["gpus"],
+            Deployment.of(MODEL, GPU, 1),
+            PolicySpec.make("vllm", {}),
+            spec,
+            parse_capacity_slo(PLAN["slo"]),
+            router="prefix-aware",
+            link=args.link,
+            rel_tol=PLAN["rel_tol"],
+        )
+        results["capacity"] = {
+            "setting": PLAN,
+            "layouts": [
+                {"layout": r.layout.label, "requests_per_s": r.rate, "fails_at": r.upper} for r in rows
+            ],
+        }
+        for r in rows:
+            print(f"{r.layout.label:<24} meets the SLO up to {r.rate:.2f} req/s (misses at {r.upper})")
     results["host"]["load_after"] = os.getloadavg()
     results["elapsed_s"] = time.time() - started
     out = Path(args.out) if args.out else default_out("cluster.json")
