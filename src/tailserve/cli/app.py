@@ -11,7 +11,20 @@ import sys
 from collections.abc import Sequence
 
 from tailserve import __version__
-from tailserve.cli import bench, calibrate, catalog, compare, cost, explain, model, run, serve, simulate, tune
+from tailserve.cli import (
+    bench,
+    calibrate,
+    catalog,
+    compare,
+    cost,
+    explain,
+    model,
+    router,
+    run,
+    serve,
+    simulate,
+    tune,
+)
 from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, OneLineParser
 from tailserve.cli.policy_flags import parse_policy_flags
 
@@ -34,6 +47,7 @@ def build_parser() -> OneLineParser:
     serve.add_parser(sub)
     bench.add_parser(sub)
     run.add_parser(sub)
+    router.add_parser(sub)
     for name in ("serve", "run"):  # their modules build the parsers; the epilog is shared here
         sub.choices[name].epilog = POLICY_FLAGS_EPILOG
     parser.command_names = tuple(sub.choices)
