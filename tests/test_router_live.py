@@ -205,3 +205,68 @@ def test_killing_a_backend_mid_run_loses_no_request(micro_model: Path, workload:
 
     # Requests handed on from the victim count there as backend_error too, then ok elsewhere.
     assert total("ok") == len(results) - len(failed) and total("backend_error") >= len(failed)
+
+
+def test_router_command_in_front_of_two_backends_with_bench(micro_model: Path, capsys: Any) -> None:  # noqa: F811
+    """``tailserve router`` as a process, ``tailserve bench --dataset prefix_repetition`` through it."""
+    from tailserve.cli.app import main
+
+    with ExitStack() as stack:
+        urls = [stack.enter_context(sim_server(str(micro_model), **ENGINE_ARGS)).base_url for _ in range(2)]
+        cmd = [sys.executable, "-m", "tailserve.cli", "router", "--port", "0", "--policy", "prefix-aware",
+               "--scrape-interval", "0.2", "--log-level", "warning"]  # fmt: skip
+        for url in urls:
+            cmd += ["--backend", url]
+        proc = subprocess.Popen(
+            cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        try:
+            lines = []
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append(line)
+                if "listening on " in line:
+                    break
+            assert "2 backend(s) under prefix-aware" in lines[0], lines
+            base = lines[-1].split("listening on ")[1].split()[0]
+            deadline = time.monotonic() + 30
+            while not _healthy(base):
+                assert time.monotonic() < deadline, "the router never became healthy"
+                time.sleep(0.05)
+            capsys.readouterr()
+            argv = ["bench", "--base-url", base, "--tokenizer", str(micro_model), "--dataset", "prefix_repetition",
+                    "--num-prompts", "8", "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-prefix-len",
+                    "256", "--prefix-repetition-suffix-len", "16", "--prefix-repetition-output-len", "4",
+                    "--request-rate", "20", "--no-progress"]  # fmt: skip
+            assert main(argv) == 0
+            out = capsys.readouterr().out
+            metrics = httpx.get(f"{base}/metrics", timeout=5).text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+    assert "Successful requests" in out and "8" in out
+    decisions = [
+        line for line in metrics.splitlines() if line.startswith("tailserve_router_routing_decisions_total")
+    ]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in decisions) == 8
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "ftp://x"], "expected an http(s)://HOST:PORT URL"),
+        (["--backend", "http://127.0.0.1:1", "--policy", "fastest"], "unknown router 'fastest'"),
+        (
+            ["--backend", "http://127.0.0.1:1", "--policy", "prefix-aware:cache_threshold=2"],
+            "cache_threshold",
+        ),
+        (["--backend", "http://127.0.0.1:1", "--scrape-interval", "0"], "--scrape-interval must be > 0"),
+        (["--backend", "http://127.0.0.1:1", "--port", "70000"], "--port must be in 0..65535"),
+    ],
+)
+def test_router_command_bad_arguments_are_one_line(argv: list[str], message: str, capsys: Any) -> None:
+    from tailserve.cli.app import main
+
+    assert main(["router", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tailserve: error:") and message in err and err.count("\n") == 1, err

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -154,8 +155,19 @@ def run_router(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    server = uvicorn.Server(config)
+
+    def on_signal(signum: int, frame: object) -> None:
+        # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it has
+        # shut down gracefully: then exit 0 (as tailserve serve). Before it serves, stop now.
+        if not server.should_exit:
+            raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
