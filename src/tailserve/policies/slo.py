@@ -40,7 +40,7 @@ priority). Each iteration, with predicted times from the engine's cost model
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -50,48 +50,12 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.fairness import make_backlog
-from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, SloClasses, parse_slo_classes
+from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
+from tailserve.policies.slo_config import SloConfig, WaitingInfo
+from tailserve.policies.slo_fair import make_room_for_fair_share
 from tailserve.policies.slo_predictor import BatchLoad, Predictor, find_cost_model
 from tailserve.policies.vllm import device_batch_defaults
 from tailserve.policies.vtc import tenant_of
-
-ADMISSIONS = ("best-effort", "reject")
-
-
-@dataclass(frozen=True, slots=True)
-class SloConfig:
-    max_num_batched_tokens: int  # tokens per iteration at most, whatever the slack
-    max_num_seqs: int
-    slo_classes: str = DEFAULT_SLO_CLASSES
-    slo_admission: str = "best-effort"  # or "reject"
-    aging_s: float = 10.0  # seconds a best-effort request waits before it goes first
-    min_prefill_tokens: int = 64  # prefill tokens allowed per iteration even without slack
-    fairness: str = "none"  # or "vtc"
-    tenant_weights: str = ""  # a=2,b=1 (fairness=vtc)
-    enable_prefix_caching: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.slo_admission not in ADMISSIONS:
-            raise ValueError(f"slo_admission must be best-effort or reject, got {self.slo_admission!r}")
-        if not self.aging_s > 0:
-            raise ValueError(f"aging_s must be > 0 seconds, got {self.aging_s}")
-        if self.min_prefill_tokens < 1:
-            raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
-        parse_slo_classes(self.slo_classes)
-        make_backlog(self.fairness, self.tenant_weights)
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """What ordering needs of a waiting request, computed when it (re-)enters the queue."""
-
-    slo: SloClass
-    deadline: float  # seconds on the engine clock
-    prefill_s: float  # predicted prefill of its uncached tokens, alone
 
 
 class SloPolicy(Policy):
@@ -115,7 +79,7 @@ class SloPolicy(Policy):
         self.classes: SloClasses = parse_slo_classes(config.slo_classes)
         self.backlog = make_backlog(config.fairness, config.tenant_weights)
         self.predictor = Predictor()
-        self._info: dict[str, _Waiting] = {}
+        self._info: dict[str, WaitingInfo] = {}
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
 
     @classmethod
@@ -147,7 +111,7 @@ class SloPolicy(Policy):
             match = sched.kv_cache.match_prefix(request.request_id, request.num_tokens)
             hit = match.num_tokens if match is not None else 0
         todo = request.num_tokens - request.num_computed_tokens - hit
-        self._info[request.request_id] = _Waiting(
+        self._info[request.request_id] = WaitingInfo(
             slo, self.deadline(request), self.predictor.prefill_time(todo, request.num_computed_tokens + hit)
         )
         if self.backlog is not None:
@@ -176,7 +140,7 @@ class SloPolicy(Policy):
         floor_left = cfg.min_prefill_tokens
         scheduled_ids: set[int] = set()
         if self.backlog is not None and sched.waiting:
-            self._make_room_for_fair_share(sched, now, out)
+            make_room_for_fair_share(self, sched, now, out)
         num_fair_preempted = len(out.preempted)
 
         # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
@@ -239,38 +203,6 @@ class SloPolicy(Policy):
             return min((s for _, s in slacks), default=math.inf)
         own = self._counter(request)
         return min((s for c, s in slacks if c <= own), default=math.inf)
-
-    def _make_room_for_fair_share(self, sched: Scheduler, now: float, out: SchedulerOutput) -> None:
-        """Rule 8's preemption: when the request VTC admits next does not fit the free KV blocks,
-        running requests of tenants served more than its own (a larger counter) are preempted —
-        the most-served tenant first, its least SLO loss first — until it fits. Only when their
-        blocks would make room; a tenant never preempts itself or one served less."""
-        backlog = self.backlog
-        assert backlog is not None
-        ordered, _ = self.order_waiting(sched, now)
-        if not ordered:
-            return
-        head = ordered[0]
-        kv = sched.kv_cache
-        vtc = backlog.vtc
-        own = vtc.counter(tenant_of(head.tenant_id))
-        needed = kv.num_blocks_needed(head.request_id, head.num_tokens)
-        if needed <= kv.num_free_blocks:
-            return
-        victims = [r for r in sched.running if vtc.counter(tenant_of(r.tenant_id)) > own]
-        if kv.num_free_blocks + sum(kv.num_held(r.request_id) for r in victims) < needed:
-            return
-        positions = {id(r): i for i, r in enumerate(sched.running)}
-        victims.sort(
-            key=lambda r: (-vtc.counter(tenant_of(r.tenant_id)), self.slo_loss(r, now, positions[id(r)]))
-        )
-        for victim in victims:
-            if kv.num_free_blocks >= needed:
-                break
-            sched.preempt_by_recompute(victim)
-            sched.waiting.add_request(victim)
-            self._enter(sched, victim)
-            out.preempted.append(victim)
 
     def _chunk(self, load: BatchLoad, computed: int, wanted: int, limit: float, floor_left: int) -> int:
         """Prefill tokens for one chunk: the most the time limit allows, at least the floor."""

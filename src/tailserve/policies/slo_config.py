@@ -1,0 +1,46 @@
+"""The ``slo`` policy's flags (``SloConfig``) and what it keeps per waiting request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailserve.policies.fairness import make_backlog
+from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, parse_slo_classes
+
+ADMISSIONS = ("best-effort", "reject")
+
+
+@dataclass(frozen=True, slots=True)
+class SloConfig:
+    max_num_batched_tokens: int  # tokens per iteration at most, whatever the slack
+    max_num_seqs: int
+    slo_classes: str = DEFAULT_SLO_CLASSES
+    slo_admission: str = "best-effort"  # or "reject"
+    aging_s: float = 10.0  # seconds a best-effort request waits before it goes first
+    min_prefill_tokens: int = 64  # prefill tokens allowed per iteration even without slack
+    fairness: str = "none"  # or "vtc"
+    tenant_weights: str = ""  # a=2,b=1 (fairness=vtc)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.slo_admission not in ADMISSIONS:
+            raise ValueError(f"slo_admission must be best-effort or reject, got {self.slo_admission!r}")
+        if not self.aging_s > 0:
+            raise ValueError(f"aging_s must be > 0 seconds, got {self.aging_s}")
+        if self.min_prefill_tokens < 1:
+            raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
+        parse_slo_classes(self.slo_classes)
+        make_backlog(self.fairness, self.tenant_weights)
+
+
+@dataclass(slots=True)
+class WaitingInfo:
+    """What ordering needs of a waiting request, computed when it (re-)enters the queue."""
+
+    slo: SloClass
+    deadline: float  # seconds on the engine clock
+    prefill_s: float  # predicted prefill of its uncached tokens, alone
