@@ -131,14 +131,19 @@ def build_from_args(args: argparse.Namespace) -> Any:
 
 def run_router(args: argparse.Namespace) -> int:
     import uvicorn
+    from prometheus_client import disable_created_metrics
 
     from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, HeaderTimeoutProtocol
 
+    disable_created_metrics()  # no *_created series, as vLLM's and tailserve serve's /metrics
     app = build_from_args(args)
     sock = bind_socket(args.host, args.port)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    logging.getLogger("httpx").setLevel(
+        max(logging.WARNING, logging.getLogger().level)
+    )  # no line per request
     config = uvicorn.Config(
         app, http=HeaderTimeoutProtocol, log_level=args.log_level, access_log=args.log_level == "debug"
     )

@@ -112,8 +112,10 @@ class BackendPool:
         if response.status_code != 200:
             self.mark_down(backend, f"/health answered {response.status_code}")
             return False
-        if not backend.healthy:
-            logger.warning("backend %s is healthy%s", backend.url, " again" if backend.last_error else "")
+        if not backend.healthy and backend.last_error:
+            logger.warning("backend %s is healthy again", backend.url)
+        elif not backend.healthy:
+            logger.info("backend %s is healthy", backend.url)
         backend.healthy = True
         self._changed(backend)
         return True
