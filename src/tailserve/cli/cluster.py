@@ -166,6 +166,7 @@ def print_cluster(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     from tailserve.report.tables import console
+
     m = summary["metrics"]
     overall = Table(title=summary["label"], title_justify="left")
     for col in (
