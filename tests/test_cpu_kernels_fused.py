@@ -1,15 +1,12 @@
-"""The fused elementwise CPU kernels (RMSNorm with the residual add, RoPE with the q/k/v split,
-SiLU-mul, greedy argmax) agree with the PyTorch ops they replace, and a bf16 model gives the
+"""The fused elementwise CPU kernels (RoPE with the q/k/v split, greedy argmax) agree with the PyTorch ops they replace, and a bf16 model gives the
 same logits through either path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tailserve.executors.pytorch import cpu_kernels
-from tailserve.executors.pytorch.model import rms_norm
 from tailserve.executors.pytorch.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="CPU kernels could not be built here")
@@ -18,16 +15,6 @@ BF16 = torch.bfloat16
 
 def _randn(*shape: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(BF16)
-
-
-def test_rms_norm_and_fused_add_equal_pytorch_bf16() -> None:
-    ops = cpu_kernels.load()
-    x, delta = _randn(37, 512), _randn(37, 512, seed=1)
-    w = (torch.rand(512, generator=torch.Generator().manual_seed(2)) + 0.5).to(BF16)
-    assert torch.equal(ops.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5))
-    total, normed = ops.add_rms_norm(x, delta, w, 1e-6)
-    assert torch.equal(total, x + delta)
-    assert torch.equal(normed, rms_norm(x + delta, w, 1e-6))
 
 
 def test_rope_split_equals_rotary_embedding_bf16() -> None:
@@ -43,16 +30,6 @@ def test_rope_split_equals_rotary_embedding_bf16() -> None:
         k, rope.apply(qkv[:, heads * dim : (heads + kv_heads) * dim].view(n, kv_heads, dim), cos, sin)
     )
     assert torch.equal(v, qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim))
-
-
-def test_silu_and_mul_within_one_bf16_step() -> None:
-    ops = cpu_kernels.load()
-    gate_up = _randn(41, 2 * 1536, scale=3.0)
-    gate, up = gate_up.chunk(2, dim=-1)
-    got, want = ops.silu_and_mul(gate_up).float(), (F.silu(gate) * up).float()
-    # Its own exp can move the rounded SiLU, and so the product, by a bf16 step on rare elements.
-    torch.testing.assert_close(got, want, rtol=2**-6, atol=1e-6)
-    assert (got != want).float().mean() < 0.01
 
 
 def test_argmax_rows_keeps_the_first_maximum() -> None:

@@ -4,8 +4,7 @@ that builds and calls them.
 - ``paged_decode_attention``: one-token queries over paged K/V, float32 softmax, one task per
   request reading each slot's K (then V) rows for every KV head at once: a slot's heads are
   contiguous, so the loads stream through a block instead of striding across it.
-- ``rms_norm`` / ``add_rms_norm`` (vLLM's ``fused_add_rms_norm``), ``silu_and_mul``,
-  ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
+- ``rms_norm`` / ``add_rms_norm`` (vLLM's ``fused_add_rms_norm``), ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
   ``argmax_rows`` (greedy tokens). Each rounds to the model dtype exactly where the PyTorch ops
   it replaces round (``cpu_kernels.py`` says where results can differ in the last bit), so
   bf16 outputs match the unfused path.
@@ -51,26 +50,6 @@ template <typename T> static inline float round_to(float f) { return to_f<T>(fro
 template <typename T>
 static inline void load_row(const T* __restrict src, float* __restrict dst, int64_t D) {
   for (int64_t d = 0; d < D; ++d) dst[d] = to_f<T>(src[d]);
-}
-
-// exp(x) as 2^n * 2^f with a degree-6 Taylor polynomial of 2^f on [-0.5, 0.5] (relative error
-// ~1e-7): plain arithmetic, so loops that call it vectorise, where std::exp is a scalar call.
-static inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float t = x * 1.4426950408889634f;
-  const float n = std::floor(t + 0.5f);
-  const float f = t - n;
-  float p = 1.5403530393381609e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910071e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
 }
 
 // ---- decode attention ------------------------------------------------------------------------
@@ -165,76 +144,6 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 // ---- elementwise -----------------------------------------------------------------------------
 static int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
 
-// As transformers: y = weight * T(x * rsqrt(mean(x^2) + eps)), the inner product in float32.
-template <typename T>
-static void rms_row(const T* __restrict x, const T* __restrict w, T* __restrict y, int64_t C, float eps) {
-  float ss = 0.0f;
-  for (int64_t c = 0; c < C; ++c) { const float f = to_f<T>(x[c]); ss += f * f; }
-  const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
-  for (int64_t c = 0; c < C; ++c) y[c] = from_f<T>(to_f<T>(w[c]) * round_to<T>(to_f<T>(x[c]) * r));
-}
-
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous(), "rms_norm: x [N, C] contiguous");
-  auto y = torch::empty_like(x);
-  const int64_t N = x.size(0), C = x.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* wp = w.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, N, grain_rows(C), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) rms_row<scalar_t>(xp + i * C, wp, yp + i * C, C, static_cast<float>(eps));
-    });
-  });
-  return y;
-}
-
-// residual + delta (rounded to T, as a PyTorch add), then its norm: [sum, norm(sum)].
-std::vector<torch::Tensor> add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor w, double eps) {
-  TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous() && delta.is_contiguous(), "add_rms_norm: [N, C] contiguous");
-  auto sum = torch::empty_like(residual);
-  auto y = torch::empty_like(residual);
-  const int64_t N = residual.size(0), C = residual.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, residual.scalar_type(), "add_rms_norm", [&] {
-    const scalar_t* rp = residual.data_ptr<scalar_t>();
-    const scalar_t* dp = delta.data_ptr<scalar_t>();
-    const scalar_t* wp = w.data_ptr<scalar_t>();
-    scalar_t* sp = sum.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, N, grain_rows(C), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        for (int64_t c = 0; c < C; ++c) sp[i * C + c] = from_f<scalar_t>(to_f<scalar_t>(rp[i * C + c]) + to_f<scalar_t>(dp[i * C + c]));
-        rms_row<scalar_t>(sp + i * C, wp, yp + i * C, C, static_cast<float>(eps));
-      }
-    });
-  });
-  return {sum, y};
-}
-
-// [N, 2I] (gate | up) -> T(T(silu(gate)) * up), [N, I].
-torch::Tensor silu_and_mul(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "silu_and_mul: x [N, 2I] contiguous");
-  const int64_t N = x.size(0), I = x.size(1) / 2;
-  auto y = torch::empty({N, I}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, N, grain_rows(2 * I), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const scalar_t* g = xp + i * 2 * I;
-        const scalar_t* u = g + I;
-        scalar_t* o = yp + i * I;
-        for (int64_t c = 0; c < I; ++c) {
-          const float gf = to_f<scalar_t>(g[c]);
-          const float s = round_to<scalar_t>(gf / (1.0f + exp_approx(-gf)));
-          o[c] = from_f<scalar_t>(s * to_f<scalar_t>(u[c]));
-        }
-      }
-    });
-  });
-  return y;
-}
-
 // qkv [N, (H + 2 KV) D] -> q [N, H, D], k [N, KV, D] with rotate-half RoPE, v [N, KV, D];
 // cos, sin [P, D] in T; positions [N]. Rounds as x * cos + rotate(x) * sin in T does.
 std::vector<torch::Tensor> rope_split(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
@@ -302,9 +211,6 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
 
 FUNCTIONS = [
     "paged_decode_attention",
-    "rms_norm",
-    "add_rms_norm",
-    "silu_and_mul",
     "rope_split",
     "argmax_rows",
 ]

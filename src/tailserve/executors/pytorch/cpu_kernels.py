@@ -4,8 +4,7 @@
   into a padded tensor, convert it and run small batched matmuls — ~10x the bytes and kernel
   launches the arithmetic needs (see docs/executor.md). The kernel reads each request's K/V
   rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel.
-- Elementwise steps of a layer fused into one pass each (RMSNorm with the residual add,
-  SiLU-mul, RoPE with the q/k/v split) for bf16/fp16 models, and the greedy argmax.
+- RoPE fused with the q/k/v split for bf16/fp16 models, and the greedy argmax.
 
 They are built once with ``torch.utils.cpp_extension`` (g++ and ninja) into tailserve's cache
 (``kernels/`` under ``$TAILSERVE_CACHE`` or ``~/.cache/tailserve``), keyed by source, flags,
@@ -102,12 +101,12 @@ def paged_decode_attention(
 
 
 def fused_ops(dtype: torch.dtype, device: torch.device) -> Any | None:
-    """The module whose elementwise kernels (``rms_norm``, ``add_rms_norm``, ``silu_and_mul``,
-    ``rope_split``) replace PyTorch's for a model in ``dtype`` on ``device``, or None.
+    """The module whose ``rope_split`` replaces PyTorch's RoPE for a model in ``dtype`` on
+    ``device``, or None.
 
-    Only for bfloat16 and float16 on CPU: each kernel rounds to the model dtype where the PyTorch
-    ops do, but sums in its own order (the RMSNorm mean) and uses its own exp (SiLU), so a float32
-    result may differ in the last bit. float32 is the reference path that must equal
+    Only for bfloat16 and float16 on CPU, where it rounds to the model dtype where the PyTorch
+    ops do (bit-identical); in float32 the compiler contracts its multiply-adds, so a result may
+    differ in the last bit. float32 is the reference path that must equal
     ``transformers`` token for token, and stays on PyTorch's ops."""
     if not enabled() or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
         return None
