@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tests.golden import corpus
 
 GOLDEN = json.loads(corpus.FIXTURE.read_text())
