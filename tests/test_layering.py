@@ -1,0 +1,85 @@
+"""The import rules of docs/structure.md, checked: each package imports only the tailserve
+packages its row allows, so the layers cannot be crossed silently (core never reaches up into
+the assembly, the KV managers stay free-standing, executors never import the live engine)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = SRC / "tailserve"
+
+# package -> the tailserve packages it may import (docs/structure.md, one row each)
+ALLOWED: dict[str, set[str]] = {
+    "kv": set(),
+    "cache": set(),
+    "core": {"kv", "executors.simulated"},
+    "executors.simulated": {"core", "cache"},
+    "executors.pytorch": {"core", "cache"},
+    "policies": {"core", "kv", "executors.simulated"},
+    "workloads": {"core"},
+    "metrics": {"core"},
+    "assemble": {"core", "kv", "policies", "executors.simulated", "executors.pytorch", "sim"},
+    "sim": {"assemble", "core", "kv", "policies", "executors.simulated", "workloads", "metrics"},
+    "cluster": {"assemble", "sim", "core", "kv", "policies", "executors.simulated", "metrics"},
+    "report": {"sim", "metrics", "policies", "executors.simulated"},
+    "llm": {"assemble", "sim", "core", "kv", "policies", "executors.simulated", "executors.pytorch"},
+    "server": {"llm", "core", "executors.simulated", "executors.pytorch"},
+    "router": {"cluster", "server"},
+    "bench": {"sim", "llm", "core", "policies", "executors.simulated", "workloads"},
+    "tune": {"sim", "cluster", "core", "policies", "executors.simulated", "workloads", "metrics"},
+    "fidelity": {"assemble", "llm", "core", "policies", "executors.simulated", "metrics"},
+    "validate": {"assemble", "core", "kv", "policies"},
+}
+# The routing code is shared with the real router: pure Python, nothing of the simulator.
+ROUTING = {"routing", "routers", "prefix_routers", "approx_tree", "router_registry"}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "executors":
+        return ".".join(parts[1:3])
+    return parts[1] if len(parts) > 1 else ""
+
+
+def imports_of(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return {name for name in found if name.startswith("tailserve.")}
+
+
+def modules() -> list[Path]:
+    """Modules inside a package (top-level ones such as ``tailserve/__init__.py`` re-export)."""
+    return sorted(p for p in ROOT.rglob("*.py") if p.parent not in (ROOT, ROOT / "executors"))
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_what_its_row_allows(package):
+    crossings = []
+    for path in modules():
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        if package_of(module) != package:
+            continue
+        for name in imports_of(path):
+            other = package_of(name)
+            if other != package and other not in ALLOWED[package]:
+                crossings.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not crossings, "\n".join(crossings)
+
+
+def test_every_package_has_a_rule():
+    packages = {package_of(".".join(p.relative_to(SRC).with_suffix("").parts)) for p in modules()}
+    assert packages - set(ALLOWED) <= {"cli", "data"}  # the CLI may import anything
+
+
+def test_routing_code_is_pure():
+    for name in ROUTING:
+        for imported in imports_of(ROOT / "cluster" / f"{name}.py"):
+            assert imported.split(".")[-1] in ROUTING, f"cluster/{name}.py imports {imported}"
