@@ -87,6 +87,15 @@ def test_plain_request_passes_through_with_request_id_and_user() -> None:
     assert json.loads(content) == body  # byte for byte: user, request_id and the rest
 
 
+def test_chat_completions_are_forwarded_to_the_chat_route() -> None:
+    fakes = Fakes([A])
+    with running_router([A], transport=fakes.transport()) as router:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": False}
+        response = post(router.base_url, body, path="/v1/chat/completions")
+    assert response.status_code == 200
+    assert fakes.posts[0][1].url.path == "/v1/chat/completions"
+
+
 def test_round_robin_alternates_and_counts_per_backend() -> None:
     fakes = Fakes([A, B])
     with running_router([A, B], transport=fakes.transport()) as router:
