@@ -33,3 +33,32 @@ def test_plan_finds_a_bracketed_rate_per_layout():
     for row in rows:
         assert row.rate > 0 and row.upper is not None and row.rate < row.upper <= row.rate / 0.75 + 1e-9
         assert row.summary_at_rate is not None and slo.meets(row.summary_at_rate)
+
+
+def test_tune_gpus_prints_and_saves_every_layout(tmp_path, capsys):
+    import json
+
+    from tailserve.cli import main
+
+    out = tmp_path / "plan.json"
+    argv = [
+        "tune", "--gpus", "2", "--model", "Llama-3.1-8B", "--hardware", "H100", "--workload", "random",
+        "--num-requests", "60", "--rate", "4", "--input-len", "uniform:200:2000", "--output-len",
+        "uniform:20:200", "--slo", "ttft_p99=300ms", "--plan-router", "round-robin", "--rel-tol", "0.25",
+        "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "2 aggregated" in text and "1 prefill + 1 decode" in text
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["num_prefill"], r["num_decode"]) for r in rows] == [(2, 0), (1, 1)]
+    assert all(r["capacity_rps"] > 0 and r["upper_rps"] > r["capacity_rps"] for r in rows)
+
+
+def test_tune_gpus_errors_are_one_line(capsys):
+    from tailserve.cli import main
+
+    assert main(["tune", "--gpus", "0"]) == 2
+    assert "--gpus must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["tune", "--gpus", "3", "--model", "Llama-3-70B", "--hardware", "A100", "--tp", "2"]) == 2
+    assert "do not split into replicas of TP 2" in capsys.readouterr().err

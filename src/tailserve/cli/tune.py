@@ -20,6 +20,7 @@ from tailserve.cli.options import (
     workload_from,
 )
 from tailserve.cli.sweep_options import add_sweep_args, make_sweep
+from tailserve.cli.tune_plan import add_plan_args, run_plan
 from tailserve.cli.tune_tables import print_tune
 from tailserve.core.engine import EngineOptions
 from tailserve.report.tables import deployment_line
@@ -116,6 +117,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--check-integrity", action="store_true", help=argparse.SUPPRESS)
     g.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
     add_sweep_args(p)
+    add_plan_args(p)
     p.set_defaults(run=cmd_tune)
 
 
@@ -149,6 +151,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
     )
+    if args.gpus is not None:
+        return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     # A workload without a rate to search is refused before a results file is made or named.
     RateScaler.of(RunSpec(config.deployment, config.workload, config.policies[0]))
     results = ResultsFile(args.out or default_results_path(config, args.report), resume=not args.no_resume)

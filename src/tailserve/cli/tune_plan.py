@@ -1,0 +1,93 @@
+"""``tailserve tune --gpus N``: capacity of every layout of a GPU budget (all aggregated replicas
+and each prefill:decode split) under the SLO, as a table and JSON (tune/cluster_plan.py)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tailserve.cli.base import write_json
+from tailserve.policies.registry import parse_policy_list
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
+from tailserve.tune.capacity import CapacitySlo
+from tailserve.tune.cluster_plan import PlanRow, plan
+
+console = Console()
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("capacity planning (docs/cluster.md)")
+    g.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="plan a GPU budget instead: the capacity of N GPUs as aggregated replicas and as each "
+        "prefill:decode split (replicas of --tp GPUs each)",
+    )
+    g.add_argument(
+        "--plan-policy", default="vllm", help="--gpus: each replica's policy (default: %(default)s)"
+    )
+    g.add_argument(
+        "--plan-router",
+        default="prefix-aware",
+        help="--gpus: router of the aggregated and prefill side (default: %(default)s)",
+    )
+    g.add_argument(
+        "--plan-link", default="ib-ndr", help="--gpus: KV link of a P/D split (default: %(default)s)"
+    )
+
+
+def _ms(summary: dict[str, Any] | None, metric: str) -> str:
+    if summary is None or summary["metrics"][metric]["p99"] is None:
+        return "-"
+    return f"{summary['metrics'][metric]['p99'] * 1e3:,.0f}"
+
+
+def run_plan(
+    args: argparse.Namespace, deployment: Deployment, workload: WorkloadSpec, slo: CapacitySlo, label: str
+) -> int:
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    policies = parse_policy_list(args.plan_policy)
+    if len(policies) != 1:
+        raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
+    policy = policies[0]
+    with console.status(f"planning {args.gpus} GPUs ..."):
+        rows = plan(
+            args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
+            rel_tol=args.rel_tol,
+        )  # fmt: skip
+    console.print(f"{label} — {workload.label}")
+    console.print(
+        f"SLO: {slo}; {args.gpus} GPUs as replicas of TP {deployment.tp}, {policy.label}, "
+        f"router {args.plan_router}, P/D link {args.plan_link}"
+    )
+    table = Table(title="capacity of each layout (highest rate meeting the SLO)", title_justify="left")
+    for name in ("layout", "capacity\nreq/s", "TTFT p99\nms", "TBT p99\nms", "prefix hit"):
+        table.add_column(name, justify="left" if name == "layout" else "right")
+    best = max(rows, key=lambda r: r.rate)
+    for row in rows:
+        s = row.summary_at_rate
+        hit = "-" if s is None else f"{s['prefix_cache']['hit_rate_tokens']:.1%}"
+        rate = f"{row.rate:.3g}" if row.rate > 0 else "none"
+        marker = " *" if row is best and row.rate > 0 else ""
+        table.add_row(row.layout.label + marker, rate, _ms(s, "ttft_s"), _ms(s, "itl_s"), hit)
+    console.print(table)
+    if args.json:
+        write_json(args.json, {"gpus": args.gpus, "slo": str(slo), "rows": [_row_json(r) for r in rows]})
+    return 0
+
+
+def _row_json(row: PlanRow) -> dict[str, Any]:
+    return {
+        "layout": row.layout.label,
+        "num_prefill": row.layout.num_prefill,
+        "num_decode": row.layout.num_decode,
+        "capacity_rps": row.rate,
+        "upper_rps": row.upper,
+        "summary": row.summary_at_rate,
+    }
