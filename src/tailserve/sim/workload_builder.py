@@ -3,13 +3,12 @@ seeded priority mix laid over any workload."""
 
 from __future__ import annotations
 
-import random
-
 from tailserve.core.request import Request
 from tailserve.core.source import ListSource, RequestSource
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads import builtin, prefix
+from tailserve.workloads.mix_source import MixSource
 from tailserve.workloads.tenants import TenantSource
 from tailserve.workloads.traces import load_trace
 
@@ -92,30 +91,11 @@ class WorkloadBuilder:
         return self._trace
 
 
-class PrioritySource:
+class PrioritySource(MixSource):
     """Gives each request a priority drawn from a seeded mix as it arrives (any workload)."""
 
     def __init__(self, source: RequestSource, mix: tuple[tuple[int, float], ...], seed: int) -> None:
-        self._source = source
-        self._values = [v for v, _ in mix]
-        self._weights = [f for _, f in mix]
-        self._rng = random.Random(seed + 7919)  # its own stream: lengths and arrivals unchanged
-
-    def next_arrival_time(self) -> float | None:
-        return self._source.next_arrival_time()
-
-    def pop_arrived(self, now: float) -> list[Request]:
-        arrived = self._source.pop_arrived(now)
-        for request in arrived:
-            request.priority = self._rng.choices(self._values, self._weights)[0]
-        return arrived
-
-    def on_finish(self, request: Request, now: float) -> None:
-        self._source.on_finish(request, now)
-
-    @property
-    def exhausted(self) -> bool:
-        return self._source.exhausted
+        super().__init__(source, "priority", mix, seed + 7919)
 
 
 def _fresh(r: Request) -> Request:

@@ -16,7 +16,6 @@ field or an ``X-Tenant-Id`` header.
 
 from __future__ import annotations
 
-import random
 import re
 
 import numpy as np
@@ -25,6 +24,7 @@ from tailserve.core.request import Request
 from tailserve.core.source import RequestSource
 from tailserve.workloads.arrivals import poisson_arrivals
 from tailserve.workloads.lengths import LengthDist
+from tailserve.workloads.mix_source import MixSource
 
 _TENANT = re.compile(r"^[A-Za-z0-9_.:@-]+$")
 
@@ -62,30 +62,11 @@ def parse_tenant_rates(text: str) -> tuple[tuple[str, float], ...]:
     return _parse_pairs(text, "--tenant-rates", "RATE", "a=10,b=1")
 
 
-class TenantSource:
+class TenantSource(MixSource):
     """Gives each arriving request a tenant drawn from a seeded mix (any workload)."""
 
     def __init__(self, source: RequestSource, mix: tuple[tuple[str, float], ...], seed: int) -> None:
-        self._source = source
-        self._names = [n for n, _ in mix]
-        self._weights = [f for _, f in mix]
-        self._rng = random.Random(seed + 104729)  # its own stream: lengths and arrivals unchanged
-
-    def next_arrival_time(self) -> float | None:
-        return self._source.next_arrival_time()
-
-    def pop_arrived(self, now: float) -> list[Request]:
-        arrived = self._source.pop_arrived(now)
-        for request in arrived:
-            request.tenant_id = self._rng.choices(self._names, self._weights)[0]
-        return arrived
-
-    def on_finish(self, request: Request, now: float) -> None:
-        self._source.on_finish(request, now)
-
-    @property
-    def exhausted(self) -> bool:
-        return self._source.exhausted
+        super().__init__(source, "tenant_id", mix, seed + 104729)
 
 
 def tenant_streams(
