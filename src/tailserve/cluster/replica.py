@@ -114,13 +114,13 @@ class Replica:
         self.source.horizon = t
         if t is None:
             while engine.step():
-                engine._fast_forward()
+                engine.fast_forward()
             return
         while engine.clock.now < t:
             if not engine.step():
                 engine.clock.wait_until(t)
                 return
-            engine._fast_forward()
+            engine.fast_forward()
 
     def state(self, now: float) -> ReplicaState:
         """What a /metrics scrape would say now."""

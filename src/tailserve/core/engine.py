@@ -159,10 +159,11 @@ class Engine:
         """Step until every request has left the engine."""
         with paused_gc():
             while self.step():
-                self._fast_forward()
+                self.fast_forward()
 
-    def _fast_forward(self) -> None:
-        """Exact multi-iteration runs after a step, as long as one applies. A decode run leaves
+    def fast_forward(self) -> None:
+        """Exact multi-iteration runs after a step, as long as one applies (public: a driver that
+        steps engines itself — the cluster's replicas — calls it after each step). A decode run leaves
         only decodes, so no chunk run can start after it; a chunk run that ends with the
         prompt's last chunk does too, so a decode run may follow it at once."""
         while True:
