@@ -8,6 +8,7 @@ inside vLLM's venv. Each section first waits for a quiet machine and records its
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -86,8 +87,11 @@ def run_tailserve(model_dir: Path, args: argparse.Namespace, work: dict[str, Any
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         return [o.token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
 
+    # The live engine keeps no iteration log by default; the step profile below reads it.
+    engine_loop = llm.engine.engine
+    engine_loop.options = dataclasses.replace(engine_loop.options, keep_iteration_log=True)
     generate(work["warmup"], 8)
-    log = llm.engine.engine.log
+    log = engine_loop.log
     first = len(log)
     result["w"] = timed_w(generate, work["w"], work["w_max_tokens"], args)
     result["w"]["steps"] = step_profile(

@@ -9,7 +9,8 @@ after the engine warmed up, killed after). Settings:
   OpenMP threads wait passively);
 - ``fixed-2-spin``: 2 threads and GNU OpenMP's spinning wait (``GOMP_SPINCOUNT=300000``, its
   default), what tailserve did before;
-- ``fixed-2-passive``: 2 threads that wait passively, no adaptation.
+- ``fixed-2-passive``: 2 threads that wait passively, no adaptation;
+- ``adaptive-spin``: adaptive threads, spinning waits.
 
 Each quiet run waits for the machine to be quiet first (``_quiet.py``), and records the load.
 
@@ -38,6 +39,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "adaptive": {"threads": None, "env": {}},
     "fixed-2-spin": {"threads": 2, "env": {"GOMP_SPINCOUNT": "300000"}},
     "fixed-2-passive": {"threads": 2, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
+    "adaptive-spin": {"threads": None, "env": {"GOMP_SPINCOUNT": "300000"}},
 }
 
 # One W run in a child process: warm up, then time W, optionally beside the competitor.
