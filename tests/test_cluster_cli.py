@@ -109,3 +109,14 @@ def test_bad_cluster_options_are_one_line(argv, message, capsys):
     assert main(["simulate", *SMALL, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cluster_items_without_a_tp_take_the_commands_default():
+    from tailserve.cluster.spec import parse_cluster
+    from tailserve.policies.registry import PolicySpec
+
+    spec = PolicySpec.make("vllm", {})
+    seed = parse_cluster("2xA100-80GB,H100:tp2", "Llama-3-70B", spec)
+    assert [s.deployment.tp for s in seed] == [4, 4, 2]  # the seed deployment's TP 4, as simulate's
+    assert [s.deployment.tp for s in parse_cluster("2xH100", "Llama-3.1-8B", spec)] == [1, 1]
+    assert [s.deployment.tp for s in parse_cluster("A100-80GB", "Llama-3-70B", spec, tp=8)] == [8]

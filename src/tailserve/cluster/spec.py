@@ -1,7 +1,8 @@
 """``--cluster 2xH100-SXM:tp1,2xA100-80GB:tp2`` and ``--replicas N``: the replicas to build.
 
-An item is ``[COUNTx]GPU[:tpN]``; without a TP it takes the run's ``--tp`` (1 by default). Every
-replica runs the run's model and policy. A bad item is one ValueError line naming it.
+An item is ``[COUNTx]GPU[:tpN]``; without a TP it takes the run's ``--tp`` (by default the seed's
+TP 4 for Llama-3-70B on A100-80GB, 1 otherwise, as for every command). Every replica runs the
+run's model and policy. A bad item is one ValueError line naming it.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def parse_cluster(
             raise ValueError(f"--cluster item {item!r}: the count must be >= 1")
         item_tp = int(m["tp"]) if m["tp"] else tp
         try:
-            deployment = Deployment.of(
-                model, m["gpu"].strip(), item_tp if item_tp is not None else 1, calibration
-            )
+            # Without a TP anywhere, the same default as every command: the seed's TP 4 for
+            # Llama-3-70B on A100-80GB, 1 otherwise.
+            deployment = Deployment.of(model, m["gpu"].strip(), item_tp, calibration)
         except ValueError as e:
             raise ValueError(f"--cluster item {item!r}: {e}") from None
         specs.extend(ReplicaSpec(deployment, policy) for _ in range(count))
