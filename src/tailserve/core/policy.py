@@ -24,7 +24,8 @@ ask the scheduler, which asks the policy:
 - **Time and executor.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``);
   ``bind_executor`` (a policy that predicts iteration times takes the executor's cost model).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
-  ``kv/factory.py`` builds it), ``default_config``, ``profile_tokens``, ``notes``, ``describe``.
+  ``kv/factory.py`` builds it), ``default_config``, ``profile_tokens``, ``admits_fcfs`` (whether
+  ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
 ``registry.py`` entry.
@@ -87,6 +88,11 @@ class Policy(ABC):
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         """Hook for policies that track batches (static batching)."""
         return None
+
+    def admits_fcfs(self) -> bool:
+        """True when, as configured, the policy admits from the head of a plain FCFS waiting
+        queue, so ``fairness=vtc`` may choose that order instead (``policies/fairness.py``)."""
+        return False
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """True when, with every running request one token behind, this policy would schedule

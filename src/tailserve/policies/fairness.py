@@ -186,13 +186,7 @@ def with_fairness(policy: Policy, fairness: str = "none", tenant_weights: str = 
         return policy
     if getattr(policy, "backlog", None) is not None or policy.name == "slo":
         raise ValueError("the slo policy takes fairness=vtc as its own flag")
-    config = policy.config
-    fcfs = (policy.name == "vllm" and getattr(config, "scheduling_policy", "") == "fcfs") or (
-        policy.name == "sglang"
-        and getattr(config, "schedule_policy", "") == "fcfs"
-        and not getattr(config, "enable_priority_scheduling", False)
-    )
-    if not fcfs:
+    if not policy.admits_fcfs():
         raise ValueError(
             f"--fairness vtc orders the waiting queue of vllm (scheduling_policy=fcfs), sglang "
             f"(schedule_policy=fcfs) or slo; {policy.name} with these flags keeps its own order"

@@ -468,6 +468,9 @@ class SglangPolicy(Policy):
             )
         return notes
 
+    def admits_fcfs(self) -> bool:
+        return self.config.schedule_policy == "fcfs" and not self.config.enable_priority_scheduling
+
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """Identical decode iterations follow while no chunk is pending and no prefill would be
         tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves,

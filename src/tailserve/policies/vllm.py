@@ -125,6 +125,9 @@ class VllmPolicy(Policy):
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
 
+    def admits_fcfs(self) -> bool:
+        return self.config.scheduling_policy == "fcfs"
+
     def create_waiting_queue(self) -> RequestQueue:
         """``create_request_queue(scheduling_policy)``: FCFS deque or the priority heap, which
         also decide where a preempted request re-enters and whom to preempt."""
