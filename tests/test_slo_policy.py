@@ -19,7 +19,7 @@ from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.slo import SloConfig, SloPolicy
 from tailserve.policies.slo_classes import parse_slo_classes
-from tailserve.policies.slo_predictor import Predictor, find_cost_model
+from tailserve.policies.slo_predictor import Predictor
 
 CLASSES = "interactive=ttft:500ms,tbt:50ms,priority:0 batch=ttft:30s,tbt:200ms,priority:1"
 DEVICE = get_hardware("H100-SXM").device_info
@@ -214,7 +214,7 @@ def test_slo_classes_parse_and_select():
 def test_predictor_uses_the_engine_cost_model_and_learns_without_one():
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     executor = SimExecutor(cost, 16)
-    assert find_cost_model(executor) is cost
+    assert Predictor.of(executor).cost_model is cost and Predictor.of(executor).exact
     policy, sched = _setup()
     Engine(sched, executor, ListSource([]), options=EngineOptions())
     assert policy.predictor.cost_model is cost
@@ -226,6 +226,23 @@ def test_predictor_uses_the_engine_cost_model_and_learns_without_one():
         shape = BatchShape(n * 37, 1, (n % 5) * 10_000, 0, (n * n * 13) % 997 * 10)
         learned.observe(shape, truth.iteration_time(shape))
     assert learned.prefill_time(1000) == pytest.approx(truth.fixed + truth.per_token * 1000, rel=1e-3)
+
+
+def test_a_calibrated_estimate_is_corrected_by_the_median_measured_ratio():
+    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    estimate = Predictor(cost, exact=False)
+    shape = BatchShape(512, 1, 512 * 513 // 2, 512, 0)
+    base = cost.iteration_time(shape)
+    assert estimate.time(shape) == base  # predicts from the first iteration
+    # The machine runs 2x slower than calibrated, with one outlier (an idle wait in a period):
+    for i in range(7):
+        estimate.observe(shape, 2 * base if i != 3 else 50 * base)
+    assert estimate.time(shape) == pytest.approx(2 * base)
+    assert "x 2.000" in estimate.source
+    # An exact one (the simulator's) never moves.
+    exact = Predictor(cost)
+    exact.observe(shape, 2 * base)
+    assert exact.time(shape) == base
 
 
 def test_every_request_leaves_under_pressure_with_fast_path_exact():

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from tailserve.core.scheduler_output import SchedulerOutput
+
+if TYPE_CHECKING:
+    from tailserve.executors.simulated.cost_model import CostModel
 
 
 @dataclass(slots=True)
@@ -24,6 +27,12 @@ class Executor(Protocol):
     # (``ScheduledRequest.block_ids``); the engine asks the scheduler for the tables only then,
     # so the simulator pays nothing for them. A wrapper forwards its inner executor's answer.
     needs_block_ids: bool
+    # The cost model that prices this executor's iterations, for a policy that predicts them
+    # (``slo``): the simulators' own, whose predictions *are* their iteration times
+    # (``cost_model_exact``), or the real executor's calibration (``--calibration FILE``), an
+    # estimate to correct from measured times; None when there is none. Wrappers forward both.
+    cost_model: CostModel | None
+    cost_model_exact: bool
 
     def execute(self, out: SchedulerOutput) -> StepResult: ...
 

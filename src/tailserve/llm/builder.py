@@ -9,10 +9,29 @@ from typing import Any
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.calibration_files import read_calibration_file
+from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.llm.engine_args import EngineArgs
 from tailserve.llm.llm_engine import LLMEngine
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.deployment import Deployment, build_cost_model
+
+
+def torch_cost_model(calibration: str, model: Path) -> CostModel | None:
+    """The real executor's estimated iteration times: the cost model of ``model`` with a
+    ``tailserve calibrate --executor torch`` file's host and fitted efficiencies (what the
+    ``slo`` policy predicts with, correcting it by measured times); None for auto/none."""
+    if calibration in ("auto", "none"):
+        return None
+    if not calibration.endswith(".json"):
+        raise ValueError(
+            "with the torch executor, calibration is auto, none or a FILE.json from "
+            f"`tailserve calibrate --executor torch`, got {calibration!r}"
+        )
+    from tailserve.executors.simulated.models import load_hf_config
+
+    cal = read_calibration_file(calibration)
+    return CostModel(load_hf_config(model), cal.hardware, 1, cal.efficiency)
 
 
 def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngine:
@@ -88,6 +107,7 @@ def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngin
             eos_token_ids=eos,
         ),
     )
+    built.executor.cost_model = torch_cost_model(args.calibration, Path(model))
     kv = built.kv_size
     return LLMEngine(
         built.scheduler,

@@ -21,7 +21,9 @@ class EngineArgs:
     hardware: str = "H100-SXM"  # sim: the GPU whose speed is simulated
     sim_model: str = "Llama-3-8B"  # sim: the model whose speed is simulated
     tensor_parallel_size: int = 1  # sim
-    calibration: str = "auto"  # sim: as simulate --calibration
+    # sim: as simulate --calibration; torch: auto/none, or a `calibrate --executor torch` file
+    # the slo policy predicts iteration times with
+    calibration: str = "auto"
     max_model_len: int | None = None  # tokens; None: the model's context
     kv_cache_memory_gib: float | None = None  # torch: None is 2 GiB on CPU, vLLM's rule on CUDA
     threads: int | None = None  # torch on CPU: intra-op threads (None: the free cores)

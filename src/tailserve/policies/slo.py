@@ -53,7 +53,7 @@ from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
 from tailserve.policies.slo_config import SloConfig, WaitingInfo
 from tailserve.policies.slo_fair import make_room_for_fair_share
-from tailserve.policies.slo_predictor import BatchLoad, Predictor, find_cost_model
+from tailserve.policies.slo_predictor import BatchLoad, Predictor
 from tailserve.policies.vllm import device_batch_defaults
 from tailserve.policies.vtc import tenant_of
 
@@ -91,9 +91,9 @@ class SloPolicy(Policy):
 
     # ---- the engine's cost model ----------------------------------------------------------
     def bind_executor(self, executor: Any) -> None:
-        """Predict with the executor's cost model when it has one (simulator, stand-in server);
-        otherwise learn one from measured iterations."""
-        self.predictor = Predictor(find_cost_model(executor))
+        """Predict with the executor's cost model (exact for the simulators, corrected by measured
+        times for a calibrated real executor); without one, learn one from measured iterations."""
+        self.predictor = Predictor.of(executor)
 
     # ---- deadlines --------------------------------------------------------------------------
     def deadline(self, request: Request) -> float:

@@ -1,15 +1,22 @@
-"""Predicted iteration times for the ``slo`` policy: the engine's own cost model, or one learned
-from the iterations the engine ran.
+"""Predicted iteration times for the ``slo`` policy: the engine's own cost model, a calibrated
+one corrected by measured times, or one learned from the iterations the engine ran.
 
-- With a cost model (the simulator's, calibrated however the deployment was — a preset, a
-  ``--calibration FILE`` from ``tailserve calibrate --executor torch`` or a Vidur profile — and
-  the stand-in server's real-time simulator), a prediction is ``CostModel.iteration_time`` of
-  the batch shape: exact for the simulator.
-- Without one (the real PyTorch executor), a linear model ``a + b*tokens + c*prefill_pairs +
-  d*decode_kv_tokens`` fitted by least squares to the periods the engine measured (one
-  iteration's start to the next's: what a request actually waits), refitted every
-  ``REFIT_EVERY`` iterations. Until ``MIN_OBSERVATIONS`` iterations were seen it predicts 0,
-  so the policy schedules like one without deadlines until it knows its machine.
+The executor declares its cost model (``Executor.cost_model``, forwarded by wrappers):
+
+- An exact one (``cost_model_exact``: the simulator's, calibrated however the deployment was,
+  and the stand-in server's real-time simulator): a prediction is ``CostModel.iteration_time``
+  of the batch shape, which is what the iteration will take.
+- An estimate (the real PyTorch executor built with ``--calibration FILE`` from ``tailserve
+  calibrate --executor torch``): the cost model's prediction times a correction, the median
+  ratio of measured period to prediction over the last ``RATIO_WINDOW`` iterations (1 until
+  ``MIN_RATIO_OBSERVATIONS``), so it predicts from the first iteration and follows the
+  machine's present speed (other load, thread count) without losing the calibrated shape.
+- None (the real executor without a calibration): a linear model ``a + b*tokens +
+  c*prefill_pairs + d*decode_kv_tokens`` fitted by least squares to the measured periods,
+  refitted every ``REFIT_EVERY`` iterations. Until ``MIN_OBSERVATIONS`` iterations were seen it
+  predicts 0, so the policy schedules like one without deadlines until it knows its machine.
+
+A period is one iteration's start to the next's: what a request actually waits.
 
 A batch is described by running aggregates (``BatchLoad``), so the policy can price "this batch
 plus one more chunk" cheaply while it builds the batch.
@@ -17,6 +24,7 @@ plus one more chunk" cheaply while it builds the batch.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +36,8 @@ from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 MIN_OBSERVATIONS = 16
 REFIT_EVERY = 32
 MAX_OBSERVATIONS = 4096  # the fit keeps the most recent iterations
+RATIO_WINDOW = 64  # iterations the calibrated model's correction is the median over
+MIN_RATIO_OBSERVATIONS = 4
 
 
 @dataclass(slots=True)
@@ -86,32 +96,34 @@ class BatchLoad:
         return load
 
 
-def find_cost_model(executor: Any) -> CostModel | None:
-    """The cost model behind an executor, looking through wrappers (the live engine's stop
-    checker holds the executor as ``inner``, the real-time simulator its ``SimExecutor`` as
-    ``sim``); None for an executor that has none (PyTorch)."""
-    seen = 0
-    while executor is not None and seen < 8:
-        cost_model = getattr(executor, "cost_model", None)
-        if isinstance(cost_model, CostModel):
-            return cost_model
-        executor = getattr(executor, "inner", None) or getattr(executor, "sim", None)
-        seen += 1
-    return None
-
-
 class Predictor:
-    def __init__(self, cost_model: CostModel | None = None) -> None:
+    def __init__(self, cost_model: CostModel | None = None, exact: bool = True) -> None:
         self.cost_model = cost_model
+        self.exact = exact and cost_model is not None  # predictions are the iteration times
+        self._ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
+        self._scale = 1.0
         self._rows: list[tuple[float, float, float, float]] = []
         self._times: list[float] = []
         self._coef: np.ndarray | None = None
         self._since_fit = 0
 
+    @classmethod
+    def of(cls, executor: Any) -> Predictor:
+        """The predictor for an executor, from its declared cost model."""
+        cost_model = executor.cost_model
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise TypeError(f"executor's cost_model is a {type(cost_model).__name__}, not a CostModel")
+        return cls(cost_model, executor.cost_model_exact)
+
     @property
     def source(self) -> str:
-        if self.cost_model is not None:
+        if self.cost_model is not None and self.exact:
             return "cost model"
+        if self.cost_model is not None:
+            return (
+                f"calibrated cost model x {self._scale:.3f} (median of the last {len(self._ratios)} "
+                "measured/predicted)"
+            )
         return f"fit to {len(self._times)} measured iterations" if self._coef is not None else "none yet"
 
     def time(self, shape: BatchShape) -> float:
@@ -119,7 +131,7 @@ class Predictor:
         if shape.num_tokens == 0:
             return 0.0
         if self.cost_model is not None:
-            return self.cost_model.iteration_time(shape)
+            return self.cost_model.iteration_time(shape) * self._scale
         coef = self._coef
         if coef is None:
             return 0.0
@@ -150,8 +162,15 @@ class Predictor:
         return lo
 
     def observe(self, shape: BatchShape, duration: float) -> None:
-        """A measured iteration (only used without a cost model)."""
-        if self.cost_model is not None or shape.num_tokens == 0 or not duration > 0:
+        """A measured iteration (unused with an exact cost model)."""
+        if self.exact or shape.num_tokens == 0 or not duration > 0:
+            return
+        if self.cost_model is not None:
+            predicted = self.cost_model.iteration_time(shape)
+            if predicted > 0:
+                self._ratios.append(duration / predicted)
+                if len(self._ratios) >= MIN_RATIO_OBSERVATIONS:
+                    self._scale = float(np.median(self._ratios))
             return
         self._rows.append(
             (1.0, float(shape.num_tokens), float(shape.prefill_pairs), float(shape.decode_kv_tokens))

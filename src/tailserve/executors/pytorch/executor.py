@@ -9,11 +9,18 @@ hit needs nothing here: the request's table already points at blocks computed ea
 ``num_computed_tokens`` says where its new tokens start. A recompute preemption needs nothing
 either: the request comes back with ``num_computed_tokens == 0`` and its prompt plus outputs
 are prefilled again.
+
+Padding (``SchedulerOutput.padding``, static batching) is computed like a request, as Hugging
+Face's padded ``generate`` computes it: a pad slot's tokens run through every layer, attend over
+its context (read from the spare zero block, so no real request's KV is touched) and get LM-head
+logits, which nobody samples. Its K/V go to the spare block, which is zeroed again after the
+step. So the real executor does the work the simulator prices for the same ``SchedulerOutput``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +41,10 @@ def token_at(request: Request, position: int) -> int:
 
 class TorchExecutor:
     needs_block_ids = True
+    # Measured times; a calibration file's cost model (a ``CostModel``, set by the builder:
+    # this layer does not import the simulator) only estimates them.
+    cost_model: object | None = None
+    cost_model_exact = False
 
     def __init__(
         self,
@@ -56,55 +67,59 @@ class TorchExecutor:
         if self.threads is not None:
             self.threads.tick()
         self._copy_swapped(out)
-        items = [s for s in out.scheduled if s.num_new_tokens == 1]
-        num_decodes = len(items)
-        items += [s for s in out.scheduled if s.num_new_tokens > 1]
-        if not items:
+        rows = [_Row.of(s) for s in out.scheduled]
+        rows += [self._pad_row(p.num_new_tokens, p.num_context_tokens) for p in out.padding]
+        # Decodes (one new token, real or padding) first: the layout build_metadata expects.
+        rows = [r for r in rows if r.num_new_tokens == 1] + [r for r in rows if r.num_new_tokens > 1]
+        if not rows:
             return StepResult(time.perf_counter() - t0, {})
-        input_ids: list[int] = []
-        positions: list[int] = []
-        for s in items:
-            request, c, n = s.request, s.num_context_tokens, s.num_new_tokens
-            if n == 1:
-                input_ids.append(token_at(request, c))
-            else:
-                input_ids.extend(_tokens(request, c, c + n))
-            positions.extend(range(c, c + n))
+        num_decodes = sum(r.num_new_tokens == 1 for r in rows)
+        input_ids = [t for r in rows for t in r.token_ids]
+        positions = [p for r in rows for p in r.positions]
         meta = build_metadata(
-            [s.block_ids for s in items],
-            [s.num_new_tokens for s in items],
-            [s.num_context_tokens for s in items],
+            [r.block_ids for r in rows],
+            [r.num_new_tokens for r in rows],
+            [r.num_context_tokens for r in rows],
             num_decodes,
             self.kv.block_size,
             self.kv.null_slot,
             self.device,
         )
-        rows, sampling = self._sampling_rows(items)
+        # Rows that sample, then padding's last rows (logits computed, never sampled).
+        sample_rows, sampling, pad_rows = _logit_rows(rows)
         with torch.inference_mode():
             ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
             pos = torch.tensor(positions, dtype=torch.long, device=self.device)
             hidden = self.model.forward(ids, pos, meta, self.kv)
             token_ids: dict[str, int] = {}
-            if rows:
-                logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-                tokens = self.sampler.sample(logits, sampling)  # .tolist() waits for the device
-                token_ids = {r.request_id: t for r, t in zip(sampling, tokens)}
+            if sample_rows or pad_rows:
+                index = torch.tensor(sample_rows + pad_rows, device=self.device)
+                logits = self.model.compute_logits(hidden[index])
+                if sampling:
+                    tokens = self.sampler.sample(logits[: len(sample_rows)], sampling)  # waits for the device
+                    token_ids = {r.request_id: t for r, t in zip(sampling, tokens)}
+            if out.padding:
+                self._clear_spare_block()
         return StepResult(time.perf_counter() - t0, token_ids)
 
-    @staticmethod
-    def _sampling_rows(items: list[ScheduledRequest]) -> tuple[list[int], list[Request]]:
-        """Rows of the flattened batch whose request samples this iteration: the last token of
-        a grant that completes the request's known tokens (a partial prefill chunk samples nothing)."""
-        rows: list[int] = []
-        requests: list[Request] = []
-        start = 0
-        for s in items:
-            start += s.num_new_tokens
-            request = s.request
-            if s.num_context_tokens + s.num_new_tokens == request.num_tokens:
-                rows.append(start - 1)
-                requests.append(request)
-        return rows, requests
+    def _pad_row(self, num_new_tokens: int, num_context_tokens: int) -> _Row:
+        """A padding slot as a row over the spare block: every table entry is that block, so its
+        context gather reads zeros and its K/V writes land there. Positions past the RoPE table
+        (a padded row can outgrow the longest real request) are clamped: nobody reads them."""
+        bs = self.kv.block_size
+        total = num_context_tokens + num_new_tokens
+        last = self.model.rope.max_positions - 1
+        positions = [min(p, last) for p in range(num_context_tokens, total)]
+        return _Row(
+            [self.kv.num_blocks] * -(-total // bs), num_new_tokens, num_context_tokens,
+            [PAD_TOKEN_ID] * num_new_tokens, positions, None,
+        )  # fmt: skip
+
+    def _clear_spare_block(self) -> None:
+        """The spare block backs masked gathers and must read as zeros; padding wrote into it."""
+        for k, v in zip(self.kv.k, self.kv.v):
+            k[self.kv.num_blocks].zero_()
+            v[self.kv.num_blocks].zero_()
 
     def _copy_swapped(self, out: SchedulerOutput) -> None:
         if not out.blocks_to_swap_out and not out.blocks_to_swap_in:
@@ -139,6 +154,45 @@ class TorchExecutor:
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+
+
+PAD_TOKEN_ID = 0  # what a padding slot feeds the model; its output is discarded
+
+
+@dataclass(slots=True)
+class _Row:
+    """One sequence of the flattened batch: a scheduled request or a padding slot."""
+
+    block_ids: list[int]
+    num_new_tokens: int
+    num_context_tokens: int
+    token_ids: list[int]
+    positions: list[int]
+    request: Request | None  # None: padding
+
+    @staticmethod
+    def of(s: ScheduledRequest) -> _Row:
+        c, n = s.num_context_tokens, s.num_new_tokens
+        ids = [token_at(s.request, c)] if n == 1 else _tokens(s.request, c, c + n)
+        return _Row(s.block_ids, n, c, ids, list(range(c, c + n)), s.request)
+
+
+def _logit_rows(rows: list[_Row]) -> tuple[list[int], list[Request], list[int]]:
+    """Flattened-batch rows whose request samples this iteration (the last token of a grant that
+    completes the request's known tokens; a partial prefill chunk samples nothing), those
+    requests, and the last row of each padding slot (a padded batch computes its logits too)."""
+    sample_rows: list[int] = []
+    requests: list[Request] = []
+    pad_rows: list[int] = []
+    end = 0
+    for r in rows:
+        end += r.num_new_tokens
+        if r.request is None:
+            pad_rows.append(end - 1)
+        elif r.num_context_tokens + r.num_new_tokens == r.request.num_tokens:
+            sample_rows.append(end - 1)
+            requests.append(r.request)
+    return sample_rows, requests, pad_rows
 
 
 def _tokens(request: Request, first: int, last: int) -> list[int]:

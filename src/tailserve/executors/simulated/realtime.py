@@ -17,6 +17,7 @@ BUSY_GAP_S = 0.005  # a gap shorter than this between iterations is engine overh
 
 class RealtimeSimExecutor:
     needs_block_ids = False
+    cost_model_exact = True
 
     def __init__(
         self, cost_model: CostModel, block_size: int, vocab_size: int, special_ids: set[int], seed: int
@@ -25,6 +26,10 @@ class RealtimeSimExecutor:
         self._rng = random.Random(seed)
         self._tokens = [t for t in range(min(vocab_size, 4096)) if t not in special_ids and t > 2]
         self._last_end = 0.0  # perf_counter time the previous iteration was due to end
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self.sim.cost_model
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         t0 = time.perf_counter()
