@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
 
-# The smallest row tile a GEMM kernel runs: the tensor-core MMA instruction is 16 rows high
-# (m16n8k16), so fewer tokens than that still cost a 16-row tile.
-MIN_TILE = 16
+__all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "join", "padded_tokens"]
+
 DEFAULT_COMM = 0.8  # generic all-reduce link efficiency (GPUs without a fitted one)
 GEMMS_PER_LAYER = 4  # QKV, attention output, gate+up, down
 
@@ -54,6 +54,10 @@ class Efficiency:
     # The shape of a GEMM's time between memory- and compute-bound (see the module docstring).
     sharpness: float = math.inf  # p of the p-norm joining compute and memory time; inf = max
     tile_m: int = 1  # GEMM row tile in tokens (1: no rounding)
+    # Per-GEMM output tiles in waves over the SMs (gemm.py): the column tile; 0 prices the
+    # layer's GEMMs in one join instead (no waves).
+    tile_n: int = 0
+    wave_alpha: float = 1.0  # fraction of a whole wave a partial last wave costs (with tile_n)
     gemm_latency: float = 0.0  # seconds per GEMM launch
     per_token: float = 0.0  # seconds per new token outside the GEMMs (host-side work, elementwise)
     prefill_attention: float = 1.0  # prefill attention's rates relative to compute / memory above
@@ -68,6 +72,10 @@ class Efficiency:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         if self.tile_m < 1:
             raise ValueError(f"tile_m must be >= 1 token, got {self.tile_m}")
+        if self.tile_n < 0:
+            raise ValueError(f"tile_n must be >= 0, got {self.tile_n}")
+        if not 0.0 <= self.wave_alpha <= 1.0:
+            raise ValueError(f"wave_alpha must be in [0, 1], got {self.wave_alpha}")
 
     @staticmethod
     def for_hardware(hardware: Hardware) -> Efficiency:
@@ -82,28 +90,10 @@ class Efficiency:
             memory=g.memory,
             sharpness=g.sharpness,
             tile_m=g.tile_m,
+            tile_n=g.tile_n,
+            wave_alpha=g.wave_alpha,
             gemm_latency=g.gemm_latency,
         )
-
-
-def padded_tokens(num_tokens: int, tile_m: int) -> int:
-    """Rows a GEMM over ``num_tokens`` rows computes: up to one tile, the smallest power of two
-    >= the count (kernels with smaller tiles exist down to ``MIN_TILE``); beyond, whole tiles."""
-    if tile_m <= 1 or num_tokens <= 0:
-        return num_tokens
-    if num_tokens <= tile_m:
-        return min(tile_m, max(MIN_TILE, 1 << (num_tokens - 1).bit_length()))
-    return -(-num_tokens // tile_m) * tile_m
-
-
-def join(compute_s: float, memory_s: float, p: float) -> float:
-    """Time of a kernel that needs ``compute_s`` at its compute rate and ``memory_s`` at its
-    bandwidth: ``max`` when p is infinite, the p-norm (>= max, <= sum) otherwise."""
-    if p == math.inf or compute_s == 0.0 or memory_s == 0.0:
-        return max(compute_s, memory_s)
-    hi = max(compute_s, memory_s)
-    lo = min(compute_s, memory_s)
-    return hi * (1.0 + (lo / hi) ** p) ** (1.0 / p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +162,16 @@ class CostModel:
         self._lm_head_act_bytes = float(m.dtype_bytes * (m.hidden_size + m.vocab_size / tp))
         self._num_gemms = GEMMS_PER_LAYER * m.num_layers
         self._linear_cache: dict[tuple[int, int], float] = {}
+        # (N, K) of each GEMM of one layer on this shard, for the per-GEMM wave form.
+        self._gemm_shapes = gemm_shapes(
+            m.hidden_size,
+            m.num_heads * m.dim_per_head / tp,
+            m.kv_heads_per_shard(tp) * m.dim_per_head,
+            m.intermediate_size / tp,
+            m.gated_mlp,
+        )
+        if self.efficiency.tile_n and hardware.sms < 1:
+            raise ValueError(f"hardware {hardware.name}: the per-GEMM wave form needs its SM count")
         # QK^T and PV: 2 FLOPs each per (query, key) pair per head dimension.
         self._attn_flops_per_pair = 4.0 * heads_per_shard * m.dim_per_head * m.num_layers
         eff = self.efficiency
@@ -197,6 +197,28 @@ class CostModel:
         else:
             self._comm_fixed = 0.0
             self._comm_per_token = 0.0
+        # Fitted all-reduce bands (hardware.AllReduceBand): (last token count of the band, fixed
+        # seconds, seconds per token) per band; a calibrated comm efficiency scales the bandwidth
+        # term against the hardware's own (factor 1 with the defaults).
+        self._comm_bands: tuple[tuple[float, float, float], ...] = ()
+        bands = hw.allreduce_bands_at(tp) if tp > 1 else ()
+        if bands:
+            ring = 2.0 * (tp - 1) / tp
+            row_bytes = m.hidden_size * m.dtype_bytes
+            scale = (hw.comm_efficiency or DEFAULT_COMM) / eff.comm
+            self._comm_bands = tuple(
+                (
+                    b.max_bytes / row_bytes,
+                    2.0 * m.num_layers * b.latency,
+                    2.0
+                    * m.num_layers
+                    * ring
+                    * row_bytes
+                    / (hw.interconnect_bandwidth * b.efficiency)
+                    * scale,
+                )
+                for b in bands
+            )
 
     def with_efficiency(self, efficiency: Efficiency) -> CostModel:
         return CostModel(self.model, self.hardware, self.tp, efficiency)
@@ -223,6 +245,8 @@ class CostModel:
                 )
                 + num_tokens * eff.per_token
             )
+        if eff.tile_n:
+            return self._linear_waves(num_tokens, num_logits)
         p = eff.sharpness
         layers = join(
             padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._flops_rate,
@@ -242,6 +266,28 @@ class CostModel:
             )
         return layers + self._num_gemms * eff.gemm_latency + head + num_tokens * eff.per_token
 
+    def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:
+        """One GEMM in the wave form (gemm.py): ``rows`` x K times K x N, plus ``extra_bytes``."""
+        eff, hw = self.efficiency, self.hardware
+        flops = wave_flops(
+            padded_tokens(rows, eff.tile_m), n, k, eff.tile_m, eff.tile_n, hw.sms, eff.wave_alpha
+        )
+        moved = (n * k + rows * (k + n)) * self.model.dtype_bytes + extra_bytes
+        return (
+            join(float(flops) / self._flops_rate, moved / self._byte_rate, eff.sharpness) + eff.gemm_latency
+        )
+
+    def _linear_waves(self, num_tokens: int, num_logits: int) -> float:
+        """Each GEMM priced on its own (N, K): tiles, waves over the SMs, its own join. The KV
+        writes go with the QKV projection, as the layer form adds them to the layer's bytes."""
+        m = self.model
+        kv_write = num_tokens * self._kv_bytes_per_token / m.num_layers
+        layer = 0.0
+        for i, (n, k) in enumerate(self._gemm_shapes):
+            layer += self._gemm(num_tokens, n, k, kv_write if i == 0 else 0.0)
+        head = self._gemm(num_logits, m.vocab_size / self.tp, m.hidden_size, 0.0) if num_logits else 0.0
+        return m.num_layers * layer + head + num_tokens * self.efficiency.per_token
+
     def _attention(self, pairs: Any, kv_tokens: Any, rates: tuple[float, float]) -> Any:
         mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
         return mx(
@@ -250,7 +296,18 @@ class CostModel:
         )
 
     def _comm(self, num_tokens: Any) -> Any:
-        return self._comm_fixed + num_tokens * self._comm_per_token
+        if not self._comm_bands:
+            return self._comm_fixed + num_tokens * self._comm_per_token
+        if isinstance(num_tokens, np.ndarray):
+            last = len(self._comm_bands) - 1
+            conds = [num_tokens <= top for top, _, _ in self._comm_bands[:last]]
+            return np.select(
+                conds,
+                [f + num_tokens * t for _, f, t in self._comm_bands[:last]],
+                self._comm_bands[last][1] + num_tokens * self._comm_bands[last][2],
+            )
+        band = next((b for b in self._comm_bands if num_tokens <= b[0]), self._comm_bands[-1])
+        return band[1] + num_tokens * band[2]
 
     def _iteration_time(
         self, num_tokens: Any, num_logits: Any, prefill_pairs: Any, prefill_kv: Any, decode_kv: Any
@@ -324,7 +381,7 @@ class CostModel:
         dec_b = shape.decode_kv_tokens * kv
         comm = 0.0
         if self.tp > 1 and shape.num_tokens:
-            comm = self._comm_fixed + shape.num_tokens * self._comm_per_token
+            comm = self._comm(shape.num_tokens)
         return Roofline(
             compute_s=(lin_f / hw.peak_flops, pre_f / hw.peak_flops, dec_f / hw.peak_flops),
             memory_s=(

@@ -26,6 +26,20 @@ class GemmCurve:
     tile_m: int  # row tile: token counts are rounded up to it
     gemm_latency: float  # seconds per GEMM launch
     source: str  # which profiles the fit came from
+    tile_n: int = 0  # column tile of the per-GEMM wave form (gemm.py); 0: one join per layer
+    wave_alpha: float = 1.0  # fraction of a whole wave a partial last wave costs
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceBand:
+    """One message-size band of a fitted NCCL all-reduce at one TP degree: messages up to
+    ``max_bytes`` take ``latency + 2 (tp-1)/tp * bytes / (link * efficiency)``. NCCL changes
+    protocol (LL, LL128, Simple) and algorithm with the size, so one line per band."""
+
+    tp: int
+    max_bytes: float  # upper edge of the band (the last band of a TP also prices larger messages)
+    latency: float  # seconds per collective
+    efficiency: float  # fraction of interconnect_bandwidth
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +52,14 @@ class Hardware:
     pcie_bandwidth: float  # host-to-device bytes/s per direction (KV swap traffic)
     allreduce_latency: float = 8e-6  # seconds per collective (launch + sync, small messages)
     vendor: str = "nvidia"
+    sms: int = 0  # streaming multiprocessors (AMD: compute units), for GEMM waves; 0: unknown
     gemm: GemmCurve | None = None  # fitted linear-layer curve; None: the generic default efficiencies
     # Measured all-reduce latency per TP degree ((2, s), (4, s), (8, s)); others use allreduce_latency.
     allreduce_latency_by_tp: tuple[tuple[int, float], ...] = ()
     comm_efficiency: float | None = None  # fitted all-reduce link efficiency; None: the generic 0.8
+    # Fitted all-reduce per message-size band (by TP, ascending max_bytes); a TP degree without
+    # bands uses allreduce_latency_by_tp and comm_efficiency.
+    allreduce_bands: tuple[AllReduceBand, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -56,6 +74,9 @@ class Hardware:
 
     def allreduce_latency_at(self, tp: int) -> float:
         return dict(self.allreduce_latency_by_tp).get(tp, self.allreduce_latency)
+
+    def allreduce_bands_at(self, tp: int) -> tuple[AllReduceBand, ...]:
+        return tuple(b for b in self.allreduce_bands if b.tp == tp)
 
     @property
     def memory_bytes(self) -> float:

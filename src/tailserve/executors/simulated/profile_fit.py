@@ -24,7 +24,7 @@ from tailserve.executors.simulated.cost_model import (
     Efficiency,
     padded_tokens,
 )
-from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.hardware import AllReduceBand, Hardware
 from tailserve.executors.simulated.profiles import AllReduceSample, LinearProfile
 
 SHARPNESS_GRID = (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 6.0, math.inf)
@@ -173,6 +173,67 @@ def fit_all_reduce(samples: list[AllReduceSample], hardware: Hardware) -> tuple[
     if min(lats) < 0 or inv_eff <= 0:
         raise ValueError("the all-reduce profile does not fit latency + bytes / bandwidth")
     return dict(zip(tps, lats)), 1.0 / inv_eff
+
+
+# Band edges (bytes) for the banded all-reduce fit: near NCCL's protocol changes on one NVLink
+# node (LL below ~512 KB, LL128 to a few MB, Simple above), in whole powers of two.
+ALL_REDUCE_EDGES = (512 * 1024, 8 * 2**20)
+
+
+def _fit_line(ring_bytes: np.ndarray, y: np.ndarray, link: float) -> tuple[float, float]:
+    """(latency >= 0, efficiency) of ``t = L + ring_bytes / (link * eff)`` in relative least squares."""
+    a = np.column_stack([np.ones_like(y), ring_bytes / link]) / y[:, None]
+    (lat, inv), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    if lat < 0:  # no room for a latency: the line through the origin
+        lat, inv = 0.0, float(np.sum(ring_bytes / link / y) / np.sum((ring_bytes / link / y) ** 2))
+    if inv <= 0:  # flat band (latency-bound): the bandwidth term is not resolved; keep the link's own
+        inv = 1.0
+        lat = float(np.mean(y - ring_bytes / link))
+    return float(lat), float(1.0 / inv)
+
+
+def fit_all_reduce_bands(
+    samples: list[AllReduceSample], hardware: Hardware, edges: tuple[float, ...] = ALL_REDUCE_EDGES
+) -> tuple[AllReduceBand, ...]:
+    """One (latency, efficiency) line per TP degree and message-size band, relative least squares."""
+    bands = []
+    for tp in sorted({s.num_gpus for s in samples}):
+        these = [s for s in samples if s.num_gpus == tp]
+        b = np.array([s.num_bytes for s in these], dtype=float)
+        y = np.array([s.seconds for s in these])
+        ring = 2.0 * (tp - 1) / tp * b
+        lows = (0.0, *edges)
+        highs = (*edges, math.inf)
+        for lo, hi in zip(lows, highs):
+            m = (b > lo) & (b <= hi)
+            if m.sum() < 2:
+                continue
+            lat, eff = _fit_line(ring[m], y[m], hardware.interconnect_bandwidth)
+            bands.append(AllReduceBand(tp, hi if hi != math.inf else float(b.max()), lat, eff))
+    return tuple(bands)
+
+
+def all_reduce_band_time(bands: tuple[AllReduceBand, ...], link: float, num_bytes: np.ndarray) -> np.ndarray:
+    """The banded all-reduce (one TP degree's bands, ascending) for each message size."""
+    out = np.empty(len(num_bytes))
+    lower = 0.0
+    for i, band in enumerate(bands):
+        m = num_bytes > lower if i == len(bands) - 1 else (num_bytes > lower) & (num_bytes <= band.max_bytes)
+        ring = 2.0 * (band.tp - 1) / band.tp
+        out[m] = band.latency + ring * num_bytes[m] / (link * band.efficiency)
+        lower = band.max_bytes
+    return out
+
+
+def all_reduce_band_errors(samples: list[AllReduceSample], hardware: Hardware) -> list[ErrorStats]:
+    out = []
+    for n in sorted({s.num_gpus for s in samples}):
+        these = [s for s in samples if s.num_gpus == n]
+        b = np.array([s.num_bytes for s in these], dtype=float)
+        y = np.array([s.seconds for s in these])
+        pred = all_reduce_band_time(hardware.allreduce_bands_at(n), hardware.interconnect_bandwidth, b)
+        out.append(ErrorStats.of(f"TP{n}", pred, y))
+    return out
 
 
 def all_reduce_errors(
