@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tailserve.core import chunk_run, decode_run
 from tailserve.core.executor import DecodeRunExecutor, Executor
+from tailserve.core.finished_store import FinishedStore
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import BatchRecord, IterationLog
 from tailserve.core.request import Request
@@ -67,6 +68,10 @@ class EngineOptions:
     # The per-iteration log is the simulator's output; a live engine that runs for days and
     # never reads it turns it off (~150 bytes an iteration otherwise).
     keep_iteration_log: bool = True
+    # Bounded memory for very long runs: each finished request's numbers go into a
+    # ``FinishedStore`` (arrays) and the Request object is dropped, the iteration log is kept in
+    # typed arrays. ``Engine.requests`` is then empty; ``metrics.summary`` reads the store.
+    stream_finished: bool = False
 
 
 class Engine:
@@ -83,7 +88,8 @@ class Engine:
         self.source = source
         self.clock = clock if clock is not None else VirtualClock()
         self.options = options
-        self.log = IterationLog(scheduler.kv_cache.num_blocks)
+        self.log = IterationLog(scheduler.kv_cache.num_blocks, compact=options.stream_finished)
+        self.finished_store = FinishedStore() if options.stream_finished else None
         kv = scheduler.kv_cache
         self.batches = BatchRecord(kv.num_blocks, kv.block_size) if options.record_batches else None
         self.num_requests_seen = 0
@@ -154,12 +160,17 @@ class Engine:
         for request in finished:
             self.source.on_finish(request, now)
         self._last_step_finished = bool(finished)
+        if finished and self.finished_store is not None:
+            self.finished_store.add(self.scheduler.pop_finished())
 
     def run(self) -> None:
         """Step until every request has left the engine."""
         with paused_gc():
             while self.step():
                 self.fast_forward()
+        store, sched = self.finished_store, self.scheduler
+        if store is not None and sched.finished:  # rejected at the last arrivals
+            store.add(sched.pop_finished())
 
     def fast_forward(self) -> None:
         """Exact multi-iteration runs after a step, as long as one applies (public: a driver that

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.core.finished_store import FinishedStore
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.request import Request, RequestStatus
 
@@ -30,18 +31,15 @@ STAT_NAMES = ("mean", "p50", "p90", "p99", "max")
 METRIC_NAMES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 
 
-def stats(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+def stats(values: Sequence[float] | np.ndarray, *, overwrite: bool = False) -> dict[str, float | None]:
+    """Mean, percentiles and max. ``overwrite``: the percentiles partition ``values`` in place
+    instead of a copy (the same numbers; for a large array nobody reads afterwards)."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
         return dict.fromkeys(STAT_NAMES)
-    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    return {
-        "mean": float(arr.mean()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "max": float(arr.max()),
-    }
+    mean, top = float(arr.mean()), float(arr.max())  # before any partition reorders it
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99], overwrite_input=overwrite)
+    return {"mean": mean, "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": top}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +105,29 @@ class RequestLatencies:
             prompt_tokens=np.array([r.prompt_len for r in done], dtype=np.int64),
         )
 
+    @staticmethod
+    def of_store(store: FinishedStore) -> RequestLatencies:
+        """The same arrays from a streaming run's store (``itl`` empty: its statistics are in
+        ``store.itl_stats``, computed once when the gaps are taken)."""
+        arrival = np.frombuffer(store.arrival_time, dtype=np.float64)
+        first = np.frombuffer(store.first_token_time, dtype=np.float64)
+        n_out = np.frombuffer(store.num_output_tokens, dtype=np.int64)
+        ttft = first - arrival
+        e2e = np.frombuffer(store.last_token_time, dtype=np.float64) - arrival
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(n_out > 1, (e2e - ttft) / (n_out - 1), np.nan)
+        if store.itl_stats is None:
+            store.itl_stats = stats(store.take_itl(), overwrite=True)
+        return RequestLatencies(
+            ttft=ttft,
+            tpot=tpot,
+            e2e=e2e,
+            queue=np.frombuffer(store.first_scheduled_time, dtype=np.float64) - arrival,
+            itl=np.zeros(0),
+            output_tokens=n_out,
+            prompt_tokens=np.frombuffer(store.prompt_len, dtype=np.int64),
+        )
+
     def good(self, slo: Slo) -> np.ndarray:
         ok = np.ones(self.ttft.shape, dtype=bool)
         if slo.ttft is not None:
@@ -118,29 +139,45 @@ class RequestLatencies:
         return ok
 
 
-def summarize(requests: Sequence[Request], slo: Slo | None = None) -> dict[str, Any]:
-    """The ``metrics``/``throughput`` part of a run's JSON, plus request counts and duration."""
-    with paused_gc():
-        lat = RequestLatencies.of(requests)
-    statuses = [r.status for r in requests]
-    starts = [r.arrival_time for r in requests]
-    ends = [r.finish_time for r in requests if r.finish_time is not None]
+def summarize(requests: Sequence[Request] | FinishedStore, slo: Slo | None = None) -> dict[str, Any]:
+    """The ``metrics``/``throughput`` part of a run's JSON, plus request counts and duration:
+    from the requests, or from a streaming run's ``FinishedStore`` (the same numbers)."""
+    if isinstance(requests, FinishedStore):
+        store = requests
+        lat = RequestLatencies.of_store(store)
+        itl = store.itl_stats
+        counts = (store.num_requests, store.num_rejected, store.num_aborted, store.num_preemptions)
+        ends = [store.last_finish] if store.last_finish is not None else []
+        starts = [store.first_arrival]
+    else:
+        with paused_gc():
+            lat = RequestLatencies.of(requests)
+        itl = stats(lat.itl)
+        statuses = [r.status for r in requests]
+        counts = (
+            len(requests),
+            statuses.count(RequestStatus.FINISHED_REJECTED),
+            statuses.count(RequestStatus.FINISHED_ABORTED),
+            sum(r.num_preemptions for r in requests),
+        )
+        starts = [r.arrival_time for r in requests]
+        ends = [r.finish_time for r in requests if r.finish_time is not None]
     duration = (max(ends) - min(starts)) if ends else 0.0
     n_done = int(lat.ttft.size)
     out_tokens = int(lat.output_tokens.sum())
     in_tokens = int(lat.prompt_tokens.sum())
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     summary: dict[str, Any] = {
-        "num_requests": len(requests),
+        "num_requests": counts[0],
         "num_finished": n_done,
-        "num_rejected": statuses.count(RequestStatus.FINISHED_REJECTED),
-        "num_aborted": statuses.count(RequestStatus.FINISHED_ABORTED),
-        "num_preemptions": sum(r.num_preemptions for r in requests),
+        "num_rejected": counts[1],
+        "num_aborted": counts[2],
+        "num_preemptions": counts[3],
         "duration_s": duration,
         "metrics": {
             "ttft_s": stats(lat.ttft),
             "tpot_s": stats(lat.tpot[~np.isnan(lat.tpot)]),
-            "itl_s": stats(lat.itl),
+            "itl_s": itl,
             "e2e_s": stats(lat.e2e),
             "queue_s": stats(lat.queue),
         },
@@ -159,9 +196,11 @@ def summarize(requests: Sequence[Request], slo: Slo | None = None) -> dict[str, 
     return summary
 
 
-def prefix_cache_summary(requests: Sequence[Request]) -> dict[str, Any]:
+def prefix_cache_summary(requests: Sequence[Request] | FinishedStore) -> dict[str, Any]:
     """Prefix-cache effect, from each request's hit at its first admission: hit rate in tokens and
     requests, prefill tokens saved, and TTFT of requests with and without a hit."""
+    if isinstance(requests, FinishedStore):
+        return _prefix_cache_summary_of_store(requests)
     done = [
         r for r in requests if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
     ]
@@ -174,4 +213,20 @@ def prefix_cache_summary(requests: Sequence[Request]) -> dict[str, Any]:
         "hit_rate_requests": len(hit) / len(done) if done else 0.0,
         "prefill_tokens_saved": cached,
         "ttft_s": {"hit": stats(hit), "miss": stats(miss)},
+    }
+
+
+def _prefix_cache_summary_of_store(store: FinishedStore) -> dict[str, Any]:
+    cached = np.frombuffer(store.num_cached_tokens, dtype=np.int64)
+    ttft = np.frombuffer(store.first_token_time, dtype=np.float64) - np.frombuffer(
+        store.arrival_time, dtype=np.float64
+    )
+    prompt = int(np.frombuffer(store.prompt_len, dtype=np.int64).sum())
+    hit = ttft[cached > 0]
+    n_done = store.num_finished
+    return {
+        "hit_rate_tokens": int(cached.sum()) / prompt if prompt else 0.0,
+        "hit_rate_requests": hit.size / n_done if n_done else 0.0,
+        "prefill_tokens_saved": int(cached.sum()),
+        "ttft_s": {"hit": stats(hit), "miss": stats(ttft[cached == 0])},
     }

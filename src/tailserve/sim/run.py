@@ -51,7 +51,8 @@ def run_policy(
     t0 = time.perf_counter()
     engine.run()
     wall = time.perf_counter() - t0
-    if not engine.requests:
+    store = engine.finished_store
+    if not (store.num_requests if store is not None else engine.requests):
         raise ValueError(f"workload {workload.spec.label}: no requests arrived, nothing to simulate")
     run_config = {
         "policy": spec.name,
@@ -100,4 +101,5 @@ def run_policy(
         notes,
         prefix_stats,
         engine.batches,
+        store,
     )

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailserve.core.finished_store import FinishedStore
 from tailserve.core.iteration_log import BatchRecord, IterationLog
 from tailserve.core.request import Request, RequestStatus
 from tailserve.executors.simulated.kv_capacity import KVCapacity
@@ -25,17 +26,26 @@ class RunResult:
     notes: list[str] = field(default_factory=list)  # how this configuration is simulated
     prefix_stats: dict[str, Any] | None = None  # pool counters when prefix caching ran
     batches: BatchRecord | None = None  # with EngineOptions(record_batches=True)
+    # With EngineOptions(stream_finished=True): the finished requests' numbers (``requests`` is
+    # then empty); the summary reads them from here.
+    finished: FinishedStore | None = None
 
     def summary(self, slo: Slo | None = None) -> dict[str, Any]:
-        out = {"config": self.config, **summarize(self.requests, slo)}
+        source = self.finished if self.finished is not None else self.requests
+        out = {"config": self.config, **summarize(source, slo)}
         out["num_iterations"] = len(self.log)
         if self.prefix_stats is not None:
-            out["prefix_cache"] = {**prefix_cache_summary(self.requests), **self.prefix_stats}
+            out["prefix_cache"] = {**prefix_cache_summary(source), **self.prefix_stats}
         return out
 
     def to_json(self) -> dict[str, Any]:
         """The whole run (``simulate --save-run``): requests with their timestamps, the iteration
         log and the batch record, so ``tailserve explain`` can work on it offline."""
+        if self.finished is not None:
+            raise ValueError(
+                "a run with streamed metrics (--stream-metrics) keeps no requests: it cannot be "
+                "saved (--save-run), explained or reported; run it without --stream-metrics"
+            )
         return {
             "tailserve_run": 1,
             "label": self.label,

@@ -1,0 +1,110 @@
+"""Finished requests' timestamps in compact arrays, their ``Request`` objects dropped.
+
+A simulation keeps every finished ``Request`` by default (``RunResult.requests``: explain, the
+run file and the report read them), ~10 KB each with its token times as Python floats. For a
+million requests that is the whole memory budget, so ``EngineOptions(stream_finished=True)``
+moves each finished request here instead: the per-request numbers the summary reads, as 8-byte
+array entries, and the request's inter-token gaps, as float64 chunks (the pooled ITL's
+percentiles and mean need every gap, so ~8 bytes per output token stays). ``metrics.summary``
+computes the same numbers from this as from the requests (``tests/test_finished_store.py``):
+same values, same order, so the same floats.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tailserve.core.request import Request, RequestStatus
+
+_DONE = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+FLUSH_TOKENS = 1 << 20  # token times buffered as Python floats before they become gap arrays
+
+
+@dataclass(slots=True)
+class FinishedStore:
+    """What ``metrics.summary`` needs of every request that left, in the order they left."""
+
+    num_requests: int = 0
+    num_rejected: int = 0
+    num_aborted: int = 0
+    num_preemptions: int = 0
+    first_arrival: float | None = None  # seconds; min over every request, rejected ones too
+    last_finish: float | None = None  # seconds; max finish time
+    # Requests that finished normally (the latency statistics), one entry each:
+    arrival_time: array = field(default_factory=lambda: array("d"))
+    first_token_time: array = field(default_factory=lambda: array("d"))
+    last_token_time: array = field(default_factory=lambda: array("d"))
+    first_scheduled_time: array = field(default_factory=lambda: array("d"))
+    num_output_tokens: array = field(default_factory=lambda: array("q"))
+    prompt_len: array = field(default_factory=lambda: array("q"))
+    num_cached_tokens: array = field(default_factory=lambda: array("q"))
+    _gap_chunks: list[np.ndarray] = field(default_factory=list)
+    _times: list[float] = field(default_factory=list)  # token times not yet turned into gaps
+    _counts: list[int] = field(default_factory=list)  # tokens per request in ``_times``
+    # The pooled ITL's statistics, set by ``metrics.summary`` when it takes the gaps.
+    itl_stats: dict[str, float | None] | None = None
+
+    def add(self, requests: list[Request]) -> None:
+        """Take the numbers of requests that left (in the order they left)."""
+        for r in requests:
+            self.num_requests += 1
+            status = r.status
+            if status is RequestStatus.FINISHED_REJECTED:
+                self.num_rejected += 1
+            elif status is RequestStatus.FINISHED_ABORTED:
+                self.num_aborted += 1
+            self.num_preemptions += r.num_preemptions
+            if self.first_arrival is None or r.arrival_time < self.first_arrival:
+                self.first_arrival = r.arrival_time
+            end = r.finish_time
+            if end is not None and (self.last_finish is None or end > self.last_finish):
+                self.last_finish = end
+            if status not in _DONE:
+                continue
+            times = r.token_times
+            self.arrival_time.append(r.arrival_time)
+            self.first_token_time.append(times[0])
+            self.last_token_time.append(times[-1])
+            self.first_scheduled_time.append(r.first_scheduled_time)
+            self.num_output_tokens.append(len(times))
+            self.prompt_len.append(r.prompt_len)
+            self.num_cached_tokens.append(r.num_cached_tokens)
+            self._times.extend(times)
+            self._counts.append(len(times))
+        if len(self._times) >= FLUSH_TOKENS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The buffered token times become their requests' gaps, as ``RequestLatencies.of``
+        takes them: consecutive differences, the ones across two requests dropped."""
+        if not self._times:
+            return
+        flat = np.array(self._times, dtype=np.float64)
+        gaps = np.diff(flat)
+        if gaps.size:
+            keep = np.ones(gaps.size, dtype=bool)
+            keep[np.cumsum(self._counts)[:-1] - 1] = False
+            self._gap_chunks.append(gaps[keep])
+        self._times = []
+        self._counts = []
+
+    def take_itl(self) -> np.ndarray:
+        """Every inter-token gap, pooled in request order, as one contiguous float64 array, handed
+        over (the store keeps none): built chunk by chunk, each chunk dropped once copied, so the
+        peak is one array. ``metrics.summary`` keeps the statistics it computes from it."""
+        self._flush()
+        chunks = self._gap_chunks
+        out = np.empty(sum(c.size for c in chunks), dtype=np.float64)
+        i = 0
+        while chunks:
+            c = chunks.pop(0)
+            out[i : i + c.size] = c
+            i += c.size
+        return out
+
+    @property
+    def num_finished(self) -> int:
+        return len(self.arrival_time)
