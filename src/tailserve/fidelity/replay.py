@@ -59,12 +59,20 @@ def run_real(
     planned: list[PlannedRequest],
     dtype: str = "bfloat16",
     cpu_clock: bool = False,
+    kv_cache_memory_gib: float | None = None,
 ) -> RunRecord:
     """``cpu_clock``: time is the engine thread's CPU time and idle waits are skipped
-    (``recorder.CpuClock``), for a machine other processes share."""
+    (``recorder.CpuClock``), for a machine other processes share. ``kv_cache_memory_gib``: the
+    KV cache (default: room for every planned request at once, ``kv_gib_for``; the executor's
+    own 2 GiB default would take seconds to zero per run and change no decision here)."""
     from tailserve.llm import LLMEngine, SamplingParams
 
-    engine = LLMEngine.from_args(str(model_dir), executor="torch", policy=policy, dtype=dtype)
+    if kv_cache_memory_gib is None:
+        tokens = sum(len(p.prompt_token_ids) + p.max_tokens for p in planned)
+        kv_cache_memory_gib = kv_gib_for(model_dir, tokens, len(planned))
+    engine = LLMEngine.from_args(
+        str(model_dir), executor="torch", policy=policy, dtype=dtype, kv_cache_memory_gib=kv_cache_memory_gib
+    )
     recorder = install(engine, cpu_clock)
     sched = engine.scheduler
     kv = sched.kv_cache
@@ -94,6 +102,18 @@ def run_real(
     while engine.has_unfinished_requests():
         engine.step()
     return RunRecord(setup, requests, recorder.records)
+
+
+def kv_gib_for(model_dir: str | Path, num_tokens: int, num_requests: int, block_size: int = 16) -> float:
+    """A KV cache that holds ``num_tokens`` tokens of ``num_requests`` requests at once (each
+    request's last block partly used), and at least one request of the model's full length (the
+    engine's own rule), with a quarter more for the allocator's slack."""
+    from tailserve.executors.simulated.models import load_hf_config
+
+    spec = load_hf_config(model_dir)
+    tokens = max(num_tokens, spec.max_position_embeddings)
+    blocks = -(-tokens // block_size) + num_requests
+    return 1.25 * blocks * block_size * spec.kv_bytes_per_token(1) / 2**30
 
 
 class _TimedQueueSource(QueueSource):
@@ -158,6 +178,22 @@ def iteration_errors(cost_model: CostModel, iterations: list[IterationRecord]) -
     return np.array([cost_model.iteration_time(r.shape) / r.period_s - 1.0 for r in timed])
 
 
+def iteration_kind(shape: BatchShape) -> str:
+    """prefill (chunks only), decode (single tokens only) or mixed (both in one iteration)."""
+    if shape.prefill_pairs and shape.decode_kv_tokens:
+        return "mixed"
+    return "prefill" if shape.prefill_pairs else "decode"
+
+
+def _error_summary(e: np.ndarray) -> dict[str, Any]:
+    return {
+        "n": int(e.size),
+        "median_abs": float(np.median(np.abs(e))) if e.size else None,
+        "p90_abs": float(np.percentile(np.abs(e), 90)) if e.size else None,
+        "bias": float(np.median(e)) if e.size else None,
+    }
+
+
 METRICS = (
     ("TTFT p50", "ttft_s", "p50"),
     ("TTFT p99", "ttft_s", "p99"),
@@ -178,11 +214,10 @@ def compare(cost_model: CostModel, real: RunRecord, sim_requests: list[Request])
     out["real"]["throughput"], out["sim"]["throughput"] = r, s
     out["error"]["throughput"] = (s / r - 1.0) if r else None
     e = iteration_errors(cost_model, real.iterations)
-    out["iterations"] = {
-        "n": int(e.size),
-        "median_abs": float(np.median(np.abs(e))) if e.size else None,
-        "p90_abs": float(np.percentile(np.abs(e), 90)) if e.size else None,
-        "bias": float(np.median(e)) if e.size else None,
+    out["iterations"] = _error_summary(e)
+    kinds = np.array([iteration_kind(r.shape) for r in real.iterations if r.period_s])
+    out["iterations_by_kind"] = {
+        k: _error_summary(e[kinds == k]) for k in ("prefill", "decode", "mixed") if (kinds == k).any()
     }
     out["finished"] = {"real": a["num_finished"], "sim": b["num_finished"]}
     return out

@@ -134,10 +134,18 @@ def default_grid(max_len: int) -> list[Scenario]:
 def run_scenario(
     model_dir: str | Path, scenario: Scenario, seed: int, dtype: str = "bfloat16", cpu_clock: bool = False
 ) -> list[IterationRecord]:
+    from tailserve.fidelity.replay import kv_gib_for
     from tailserve.llm import LLMEngine, SamplingParams
 
+    tokens = sum(n + scenario.max_tokens for n in scenario.prompt_lens)
     engine = LLMEngine.from_args(
-        str(model_dir), executor="torch", policy="vllm", policy_flags=dict(scenario.policy_flags), dtype=dtype
+        str(model_dir),
+        executor="torch",
+        policy="vllm",
+        policy_flags=dict(scenario.policy_flags),
+        dtype=dtype,
+        # Room for the scenario, not the executor's 2 GiB default (seconds to zero per run).
+        kv_cache_memory_gib=kv_gib_for(model_dir, tokens, len(scenario.prompt_lens)),
     )
     recorder = install(engine, cpu_clock)
     rng = random.Random(seed)

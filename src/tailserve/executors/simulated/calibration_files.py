@@ -18,7 +18,7 @@ from typing import Any
 
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
-from tailserve.executors.simulated.hardware import GemmCurve, Hardware
+from tailserve.executors.simulated.hardware import AllReduceBand, GemmCurve, Hardware
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.profiles import VIDUR_GPUS, load_linear_profile
 
@@ -36,7 +36,7 @@ def is_calibration_source(text: str) -> bool:
 
 def generic_hardware(hardware: Hardware) -> Hardware:
     """The GPU without its fitted curves: the cost model before the measured profiles."""
-    return replace(hardware, gemm=None, allreduce_latency_by_tp=(), comm_efficiency=None)
+    return replace(hardware, gemm=None, allreduce_latency_by_tp=(), allreduce_bands=(), comm_efficiency=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
         if hw.get("gemm") is not None:
             hw["gemm"] = GemmCurve(**hw["gemm"])
         hw["allreduce_latency_by_tp"] = tuple(tuple(x) for x in hw.get("allreduce_latency_by_tp", ()))
+        hw["allreduce_bands"] = tuple(AllReduceBand(**b) for b in hw.get("allreduce_bands", ()))
         hardware = Hardware(**hw)
         eff = dict(body["efficiency"])
         if eff.get("sharpness") == "inf":
