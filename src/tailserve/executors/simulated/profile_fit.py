@@ -18,12 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tailserve.executors.simulated.cost_model import (
-    GEMMS_PER_LAYER,
-    CostModel,
-    Efficiency,
-    padded_tokens,
-)
+from tailserve.executors.simulated.cost_model import GEMMS_PER_LAYER, CostModel, Efficiency
+from tailserve.executors.simulated.gemm import join_array, padded_rows, padded_tokens, wave_flops
 from tailserve.executors.simulated.hardware import AllReduceBand, Hardware
 from tailserve.executors.simulated.profiles import AllReduceSample, LinearProfile
 
@@ -65,15 +61,38 @@ class _LinearTerms:
         self.flops = np.array(flops)
         self.bytes = np.array(weights) + self.tokens * np.array(per_token)
         self._padded: dict[int, np.ndarray] = {}
+        # The wave form's per-GEMM pieces: (N, K) per sample and GEMM, KV writes with the QKV.
+        shapes = [CostModel(profile.model, hardware, s.tp)._gemm_shapes for s in profile.samples]
+        self.n = np.array([[nk[0] for nk in sh] for sh in shapes])
+        self.k = np.array([[nk[1] for nk in sh] for sh in shapes])
+        kv = np.array([CostModel(profile.model, hardware, s.tp)._kv_bytes_per_token for s in profile.samples])
+        self.extra = np.zeros_like(self.n)
+        self.extra[:, 0] = self.tokens * kv
+        self._waves: dict[tuple[int, int, float], tuple[np.ndarray, np.ndarray]] = {}
 
     def padded(self, tile: int) -> np.ndarray:
         if tile not in self._padded:
             self._padded[tile] = np.array([padded_tokens(int(n), tile) for n in self.tokens])
         return self._padded[tile]
 
+    def wave_parts(self, tile_m: int, tile_n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+        """(compute s at peak, memory s at full bandwidth) per sample and GEMM, the wave form."""
+        key = (tile_m, tile_n, alpha)
+        if key not in self._waves:
+            hw = self.hardware
+            rows = self.tokens[:, None].astype(float)
+            flops = wave_flops(padded_rows(rows, tile_m), self.n, self.k, tile_m, tile_n, hw.sms, alpha)
+            moved = (self.n * self.k + rows * (self.k + self.n)) * self.profile.model.dtype_bytes + self.extra
+            self._waves[key] = (flops / hw.peak_flops, moved / hw.memory_bandwidth)
+        return self._waves[key]
+
     def times(self, eff: Efficiency) -> np.ndarray:
         """Seconds per sample with ``eff`` (== CostModel.linear_time(n) per sample)."""
         hw = self.hardware
+        if eff.tile_n:
+            c, m = self.wave_parts(eff.tile_m, eff.tile_n, eff.wave_alpha)
+            per_gemm = join_array(c / eff.compute, m / eff.memory, eff.sharpness)
+            return per_gemm.sum(axis=1) + GEMMS_PER_LAYER * eff.gemm_latency
         c = self.padded(eff.tile_m) * self.flops / (hw.peak_flops * eff.compute)
         m = self.bytes / (hw.memory_bandwidth * eff.memory)
         return _join(c, m, eff.sharpness) + GEMMS_PER_LAYER * eff.gemm_latency
@@ -100,10 +119,26 @@ def _score(terms: list[_LinearTerms], eff: Efficiency) -> tuple[float, Efficienc
     return float(np.mean(np.abs(pred / y - 1.0))), replace(eff, gemm_latency=lat)
 
 
-def fit_linear(profiles: list[LinearProfile], hardware: Hardware) -> Efficiency:
-    """The GEMM curve that best fits these profiles (all measured on ``hardware``)."""
+# The wave form's search: (row tile, column tile, partial-wave cost). Tiles are the CUTLASS /
+# cuBLAS tensor-core tile shapes of bf16 GEMMs on Ampere and Hopper.
+WAVE_GRID = tuple(
+    (tm, tn, alpha)
+    for tm, tn in ((128, 128), (128, 256), (256, 128))
+    for alpha in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+)
+LAYER_GRID = tuple((tile, 0, 1.0) for tile in TILE_GRID)
+
+
+def fit_linear(
+    profiles: list[LinearProfile], hardware: Hardware, shapes: tuple[tuple[int, int, float], ...] = LAYER_GRID
+) -> Efficiency:
+    """The GEMM curve that best fits these profiles (all measured on ``hardware``), searching the
+    (tile_m, tile_n, wave_alpha) ``shapes``: tile_n 0 is the one-join-per-layer form, else the
+    per-GEMM wave form (which needs ``hardware.sms``)."""
     if not profiles:
         raise ValueError("no linear-layer profiles to fit")
+    if any(tn for _, tn, _ in shapes) and hardware.sms < 1:
+        raise ValueError(f"hardware {hardware.name}: the per-GEMM wave form needs its SM count")
     terms = [_LinearTerms(p, hardware) for p in profiles]
     best: tuple[float, Efficiency] | None = None
 
@@ -114,11 +149,20 @@ def fit_linear(profiles: list[LinearProfile], hardware: Hardware) -> Efficiency:
             best = scored
 
     coarse = np.arange(0.30, 1.001, 0.05)
-    for tile in TILE_GRID:
+    for tile, tile_n, alpha in shapes:
         for p in SHARPNESS_GRID:
             for ce in coarse:
                 for me in coarse:
-                    consider(Efficiency(compute=float(ce), memory=float(me), sharpness=p, tile_m=tile))
+                    consider(
+                        Efficiency(
+                            compute=float(ce),
+                            memory=float(me),
+                            sharpness=p,
+                            tile_m=tile,
+                            tile_n=tile_n,
+                            wave_alpha=alpha,
+                        )
+                    )
     assert best is not None
     for step, span in ((0.01, 0.05), (0.002, 0.01)):
         centre = best[1]
