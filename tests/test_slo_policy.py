@@ -265,25 +265,25 @@ def test_every_request_leaves_under_pressure_with_fast_path_exact():
         assert all(r.status_reason for r in fast if r.status is RequestStatus.FINISHED_REJECTED)
 
 
-def test_vtc_preempts_the_most_served_tenant_for_the_fair_share():
-    # 130 blocks: heavy holds 100 (its counter 10,000), light holds 10; light's new 640-token
-    # prompt needs 40 blocks and 20 are free: heavy's request goes, light's is admitted at once.
+def test_a_protected_tenant_preempts_the_most_served_one_for_room():
+    # 130 blocks: heavy holds 100 (recent service 10,000), light holds 10 (100: under half its
+    # share, so protected); light's new 640-token prompt needs 40 blocks and 20 are free:
+    # heavy's request goes, light's is admitted at once.
     policy, sched = _setup(num_blocks=130, fairness="vtc")
     big = _decoding(sched, "big", 1600, last_token=0.0)
     big.tenant_id = "heavy"
     mine = _decoding(sched, "mine", 160, last_token=0.0)
     mine.tenant_id = "light"
-    policy.backlog.vtc.charge("heavy", 10_000)
-    policy.backlog.vtc.charge("light", 100)
+    policy.backlog.recent.step({"heavy": 10_000, "light": 100})
     sched.add_request(Request("new", 640, 10, 0.0, tenant_id="light"), 0.0)
     out = sched.schedule(0.01)
     assert out.preempted == [big] and big in sched.waiting
     assert [s.request.request_id for s in out.scheduled] == ["mine", "new"]
-    # The other way round nothing happens: a tenant never preempts one served less than itself.
+    # The other way round nothing happens: an unprotected tenant preempts nobody.
     policy, sched = _setup(num_blocks=130, fairness="vtc")
     big = _decoding(sched, "big", 1600, last_token=0.0)
     big.tenant_id = "light"
-    policy.backlog.vtc.charge("heavy", 10_000)
+    policy.backlog.recent.step({"heavy": 10_000, "light": 100})
     sched.add_request(Request("new", 640, 10, 0.0, tenant_id="heavy"), 0.0)
     out = sched.schedule(0.01)
     assert not out.preempted and [s.request.request_id for s in out.scheduled] == ["big"]

@@ -25,6 +25,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.spec import KVSpec
+from tailserve.policies.tenant_share import RecentService
 from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights, tenant_of
 
 FAIRNESS = ("none", "vtc")
@@ -33,6 +34,7 @@ FAIRNESS = ("none", "vtc")
 class TenantBacklog:
     def __init__(self, counter: VirtualTokenCounter) -> None:
         self.vtc = counter
+        self.recent = RecentService()  # the slo policy's isolation rule (tenant_share.py)
         self.num_waiting: dict[str, int] = {}
         self._waiting_ids: set[str] = set()
 
@@ -73,7 +75,12 @@ class TenantBacklog:
         heads = dict.fromkeys(by_tenant, 0)
         ordered: list[Request] = []
         while len(ordered) < len(requests):
-            tenant = min((t for t in by_tenant if heads[t] < len(by_tenant[t])), key=counters.__getitem__)
+            # Ties (a counter just lifted to a backlogged tenant's) go to the tenant with the
+            # least recent service: the one that arrived beside a backlogged one.
+            tenant = min(
+                (t for t in by_tenant if heads[t] < len(by_tenant[t])),
+                key=lambda t: (counters[t], self.recent.rank(t)),
+            )
             r = by_tenant[tenant][heads[tenant]]
             heads[tenant] += 1
             ordered.append(r)
@@ -83,16 +90,30 @@ class TenantBacklog:
     def charge(self, out: SchedulerOutput) -> None:
         """The tokens one iteration served: chunks at the input price, decodes at the output price."""
         vtc = self.vtc
+        costs: dict[str, float] = {}
         for s in out.scheduled:
             tenant = tenant_of(s.request.tenant_id)
             if s.num_new_tokens == 1:
                 vtc.charge(tenant, 0, 1)
+                cost = vtc.output_price
             else:
                 vtc.charge(tenant, s.num_new_tokens, 0)
+                cost = vtc.input_price * s.num_new_tokens
+            costs[tenant] = costs.get(tenant, 0.0) + cost / vtc.weight(tenant)
+        self.recent.step(costs)
 
     def charge_decode_run(self, running: Iterable[Request], num_steps: int) -> None:
+        vtc = self.vtc
+        costs: dict[str, float] = {}
         for r in running:
-            self.vtc.charge(tenant_of(r.tenant_id), 0, num_steps)
+            tenant = tenant_of(r.tenant_id)
+            vtc.charge(tenant, 0, num_steps)
+            costs[tenant] = costs.get(tenant, 0.0) + vtc.output_price / vtc.weight(tenant)
+        self.recent.step(costs, num_steps)
+
+    def rank(self, tenant_id: str | None) -> float:
+        """A tenant's recent weighted service (``tenant_share.RecentService``)."""
+        return self.recent.rank(tenant_of(tenant_id))
 
 
 def make_backlog(fairness: str, tenant_weights: str) -> TenantBacklog | None:

@@ -81,6 +81,7 @@ class SloPolicy(Policy):
         self.predictor = Predictor()
         self._info: dict[str, WaitingInfo] = {}
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
+        self._protected: frozenset[str] = frozenset()  # rule 9, decided each iteration
 
     @classmethod
     def profile_tokens(cls, config: SloConfig, max_model_len: int) -> int:
@@ -139,8 +140,10 @@ class SloPolicy(Policy):
         slacks: list[tuple[float, float]] = []  # (tenant's VTC counter, TBT slack s) per decode
         floor_left = cfg.min_prefill_tokens
         scheduled_ids: set[int] = set()
-        if self.backlog is not None and sched.waiting:
-            make_room_for_fair_share(self, sched, now, out)
+        if self.backlog is not None:
+            self._protect(sched)
+            if sched.waiting:
+                make_room_for_fair_share(self, sched, now, out)
         num_fair_preempted = len(out.preempted)
 
         # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
@@ -159,10 +162,42 @@ class SloPolicy(Policy):
             scheduled_ids.add(id(request))
             load.add_decode(computed)
             tokens_left -= 1
-            slacks.append((self._counter(request), self.deadline(request) - now))
-        # 2. Partial prefills continue, cut to what the slack leaves.
+            slacks.append((self._tier(request), self.deadline(request) - now))
+        # 2. Partial prefills continue, cut to what the slack leaves; under fairness those of
+        # unprotected tenants continue after a protected tenant's admission (rule 9).
+        later: list[Request] = []
         if self.backlog is not None:
-            prefills.sort(key=self._counter)  # stable: by deadline within a counter
+            prefills.sort(key=self._tier)  # stable: by deadline within a tier
+            if any(self._tier(r) == 0 for r in sched.waiting):
+                later = [r for r in prefills if self._tier(r)]
+                prefills = [r for r in prefills if not self._tier(r)]
+        tokens_left, floor_left = self._continue(
+            sched, now, out, load, prefills, tokens_left, slacks, floor_left, scheduled_ids
+        )
+
+        # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
+        if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
+            tokens_left, floor_left = self._admit(sched, now, out, load, tokens_left, slacks, floor_left)
+        if later:
+            self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
+        if self.backlog is not None:
+            self.backlog.charge(out)
+        self._last = (now, load.shape()) if out.scheduled else None
+        return out
+
+    def _continue(
+        self,
+        sched: Scheduler,
+        now: float,
+        out: SchedulerOutput,
+        load: BatchLoad,
+        prefills: list[Request],
+        tokens_left: int,
+        slacks: list[tuple[float, float]],
+        floor_left: int,
+        scheduled_ids: set[int],
+    ) -> tuple[int, int]:
+        """Rule 2 for running partial prefills, in the given order; (tokens left, floor left)."""
         for request in prefills:
             if tokens_left <= 0:
                 break
@@ -182,27 +217,26 @@ class SloPolicy(Policy):
             load.add_chunk(want, computed, computed + want == request.num_tokens)
             tokens_left -= want
             floor_left = max(0, floor_left - want)
+        return tokens_left, floor_left
 
-        # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
-        if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
-            self._admit(sched, now, out, load, tokens_left, slacks, floor_left)
-        if self.backlog is not None:
-            self.backlog.charge(out)
-        self._last = (now, load.shape()) if out.scheduled else None
-        return out
-
-    def _counter(self, request: Request) -> float:
+    def _protect(self, sched: Scheduler) -> None:
+        """Rule 9: which active tenants are protected (under half their share) this iteration."""
         backlog = self.backlog
-        return backlog.vtc.counter(tenant_of(request.tenant_id)) if backlog is not None else 0.0
+        assert backlog is not None
+        active = {tenant_of(r.tenant_id) for r in sched.running}
+        active.update(t for t, n in backlog.num_waiting.items() if n > 0)
+        self._protected = backlog.recent.protected(active, backlog.vtc.weight)
+
+    def _tier(self, request: Request) -> int:
+        """0 for a request of a protected tenant (rule 9), else 1; 1 without fairness."""
+        return 0 if tenant_of(request.tenant_id) in self._protected else 1
 
     def _limit(self, slacks: list[tuple[float, float]], request: Request) -> float:
         """Seconds this iteration may take with a chunk of ``request``: the least TBT slack of
-        the decodes — under fairness, of the decodes of tenants served no more than its own
-        (rule 8: a tenant over its share does not slow down one under it)."""
-        if self.backlog is None:
-            return min((s for _, s in slacks), default=math.inf)
-        own = self._counter(request)
-        return min((s for c, s in slacks if c <= own), default=math.inf)
+        the decodes — for a protected tenant's request, of protected tenants' decodes only
+        (rule 9: a tenant using more than its share does not slow down one using little)."""
+        own = self._tier(request)
+        return min((s for tier, s in slacks if tier <= own), default=math.inf)
 
     def _chunk(self, load: BatchLoad, computed: int, wanted: int, limit: float, floor_left: int) -> int:
         """Prefill tokens for one chunk: the most the time limit allows, at least the floor."""
@@ -269,6 +303,7 @@ class SloPolicy(Policy):
         ordered = aged + feasible + rest
         if self.backlog is not None:
             ordered = self.backlog.order(ordered)
+            ordered.sort(key=self._tier)  # stable: protected tenants first, VTC order within
         return ordered, rejected
 
     def _admit(
@@ -280,7 +315,8 @@ class SloPolicy(Policy):
         tokens_left: int,
         slacks: list[tuple[float, float]],
         floor_left: int,
-    ) -> None:
+    ) -> tuple[int, int]:
+        """Rules 3-6; (tokens left, floor left)."""
         cfg: SloConfig = self.config
         kv = sched.kv_cache
         ordered, rejected = self.order_waiting(sched, now)
@@ -294,9 +330,12 @@ class SloPolicy(Policy):
                 f"prefill {w.prefill_s:.3f} s with {w.deadline - now:.3f} s left behind the queue",
                 now,
             )
+        out_of_room: set[str | None] = set()  # tenants whose limit left no chunk (rule 9)
         for request in ordered:
             if tokens_left <= 0 or len(sched.running) >= cfg.max_num_seqs:
                 break
+            if request.tenant_id in out_of_room:
+                continue
             match = (
                 kv.match_prefix(request.request_id, request.num_tokens)
                 if not request.num_computed_tokens
@@ -307,7 +346,10 @@ class SloPolicy(Policy):
             wanted = min(request.num_tokens - computed, tokens_left)
             want = self._chunk(load, computed, wanted, self._limit(slacks, request), floor_left)
             if want == 0:
-                break
+                if self.backlog is None:
+                    break
+                out_of_room.add(request.tenant_id)  # one under its share may still have room
+                continue
             if hit:
                 if kv.num_blocks_needed_after_hit(match, request.num_tokens) > kv.num_free_blocks:
                     break
@@ -331,6 +373,7 @@ class SloPolicy(Policy):
             load.add_chunk(want, computed, computed + want == request.num_tokens)
             tokens_left -= want
             floor_left = max(0, floor_left - want)
+        return tokens_left, floor_left
 
     # ---- the engine's fast paths ----------------------------------------------------------
     def can_fast_forward(self, sched: Scheduler) -> bool:
