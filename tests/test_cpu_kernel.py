@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -61,3 +63,37 @@ def test_pytorch_path_matches_sdpa_reference(monkeypatch):
         q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
     ).squeeze(2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "heads,head_dim", [((8, 4), 64), ((12, 4), 64), ((8, 8), 64), ((32, 8), 128), ((7, 1), 32)]
+)
+def test_bf16_decode_kernels_agree(monkeypatch, heads, head_dim):
+    """The AVX-512 bf16 kernel (where the CPU has it) and the portable one both match the
+    PyTorch path, over lengths on both sides of its 16-key blocks and GQA groups of 1 to 7."""
+    if cpu_kernels.load() is None:
+        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+    q, k_slots, v_slots, meta = _case(
+        torch.bfloat16, *heads, lengths=[1, 15, 16, 17, 33, 300], head_dim=head_dim, seed=3
+    )
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
+    plain = attention._decode_attention(q, k_slots, v_slots, meta).float()
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "1")
+    for kernel in ("portable", "auto"):
+        monkeypatch.setenv("TAILSERVE_DECODE_KERNEL", kernel)
+        got = cpu_kernels.paged_decode_attention(q, k_slots, v_slots, meta.decode_slots, meta.decode_lengths)
+        assert got.dtype == torch.bfloat16 and got.shape == q.shape
+        # Both accumulate in float32; they differ from PyTorch's order by float32 rounding only,
+        # so at most one bf16 step of the output.
+        torch.testing.assert_close(got.float(), plain, rtol=1e-2, atol=1e-2, msg=kernel)
+
+
+def test_decode_isa_names_the_kernel(monkeypatch):
+    if cpu_kernels.load() is None:
+        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
+    expected = "avx512_bf16" if " avx512_bf16" in flags else "portable"
+    assert cpu_kernels.decode_isa() == expected
+    monkeypatch.setenv("TAILSERVE_DECODE_KERNEL", "portable")
+    assert cpu_kernels.decode_isa() == "portable"

@@ -18,6 +18,7 @@ SOURCE = r"""
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -103,15 +104,147 @@ static void decode_impl(const float* q, const T* k, const T* v, const int64_t* s
   });
 }
 
+// ---- decode attention, AVX-512 bf16 --------------------------------------------------------
+// bf16 K/V and q where the CPU has avx512_bf16 (_mm512_dpbf16_ps: 32 bf16 products summed in
+// pairs into 16 float32 lanes). One task per (request, KV head), as above: the G query heads of
+// a GQA group share every K/V row it loads. Scores are taken 16 keys at a time, and the 16
+// partial-sum vectors of a block are reduced together (sum16) instead of one horizontal sum per
+// score. Softmax and the V accumulation stay float32 (V rows widened exactly from bf16).
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define TAILSERVE_HAVE_DPBF16 1
+
+// r[i] = sum of v[i]'s 16 lanes, for 16 vectors at once (45 shuffles and adds, not 16 x 8).
+static inline __m512 sum16(__m512* v) {
+  __m512 w[8], x[4];
+  for (int k = 0; k < 8; ++k)
+    w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) {
+    __m512d c = _mm512_castps_pd(w[2 * k]), d = _mm512_castps_pd(w[2 * k + 1]);
+    x[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+  }
+  __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+  __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, 0x88), _mm512_shuffle_f32x4(y0, y1, 0xDD));
+}
+
+static inline __m512 widen_bf16(__m256i x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+template <int HD, int G>
+static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                             const int64_t* slots, const int64_t* lengths, float* out, int64_t B,
+                             int64_t H, int64_t KV, int64_t L, float scale) {
+  static_assert(HD % 32 == 0, "head_dim must be a multiple of 32");
+  constexpr int NQ = HD / 32;  // bf16 vectors per row
+  constexpr int NF = HD / 16;  // float32 vectors per row
+  at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    alignas(64) __m512 part[G][16];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KV, h = task % KV, n = lengths[b];
+      const int64_t* __restrict sl = slots + b * L;
+      __m512bh qv[G][NQ];
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < NQ; ++j)
+          qv[g][j] = (__m512bh)_mm512_loadu_si512(q + (b * H + h * G + g) * HD + 32 * j);
+      const int64_t stride = ((n + 15) / 16) * 16;  // keys rounded up to whole blocks of 16
+      scores.resize(G * stride);
+      float* __restrict sc = scores.data();
+      const __m512 vscale = _mm512_set1_ps(scale);
+      for (int64_t l0 = 0; l0 < n; l0 += 16) {
+        const int m = static_cast<int>(std::min<int64_t>(16, n - l0));
+        for (int i = 0; i < m; ++i) {
+          const at::BFloat16* row = k + (sl[l0 + i] * KV + h) * HD;
+          if (i + 2 < m) _mm_prefetch(reinterpret_cast<const char*>(k + (sl[l0 + i + 2] * KV + h) * HD), _MM_HINT_T0);
+          __m512bh kr[NQ];
+          for (int j = 0; j < NQ; ++j) kr[j] = (__m512bh)_mm512_loadu_si512(row + 32 * j);
+          for (int g = 0; g < G; ++g) {
+            __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[g][0], kr[0]);
+            for (int j = 1; j < NQ; ++j) a = _mm512_dpbf16_ps(a, qv[g][j], kr[j]);
+            part[g][i] = a;
+          }
+        }
+        for (int g = 0; g < G; ++g) {
+          for (int i = m; i < 16; ++i) part[g][i] = _mm512_setzero_ps();
+          _mm512_storeu_ps(sc + g * stride + l0, _mm512_mul_ps(sum16(part[g]), vscale));
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        float* __restrict sg = sc + g * stride;
+        float mx = sg[0];
+        for (int64_t l = 1; l < n; ++l) mx = sg[l] > mx ? sg[l] : mx;
+        float sum = 0.0f;
+        for (int64_t l = 0; l < n; ++l) { sg[l] = std::exp(sg[l] - mx); sum += sg[l]; }
+        const float inv = 1.0f / sum;
+        for (int64_t l = 0; l < n; ++l) sg[l] *= inv;
+      }
+      __m512 acc[G][NF];
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < NF; ++j) acc[g][j] = _mm512_setzero_ps();
+      for (int64_t l = 0; l < n; ++l) {
+        const at::BFloat16* row = v + (sl[l] * KV + h) * HD;
+        if (l + 2 < n) _mm_prefetch(reinterpret_cast<const char*>(v + (sl[l + 2] * KV + h) * HD), _MM_HINT_T0);
+        __m512 vr[NF];
+        for (int j = 0; j < NF; ++j) vr[j] = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * j)));
+        for (int g = 0; g < G; ++g) {
+          const __m512 w = _mm512_set1_ps(sc[g * stride + l]);
+          for (int j = 0; j < NF; ++j) acc[g][j] = _mm512_fmadd_ps(w, vr[j], acc[g][j]);
+        }
+      }
+      float* o = out + (b * H + h * G) * HD;
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < NF; ++j) _mm512_storeu_ps(o + g * HD + 16 * j, acc[g][j]);
+    }
+  });
+}
+
+// The bf16 kernel for this head_dim and group size, or false (the caller uses decode_impl).
+static bool decode_bf16(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                        const int64_t* slots, const int64_t* lengths, float* out, int64_t B, int64_t H,
+                        int64_t KV, int64_t D, int64_t L, float scale) {
+  const int64_t G = H / KV;
+#define TS_CASE(HDV, GV) \
+  if (D == HDV && G == GV) { decode_bf16_impl<HDV, GV>(q, k, v, slots, lengths, out, B, H, KV, L, scale); return true; }
+#define TS_GROUPS(HDV) TS_CASE(HDV, 1) TS_CASE(HDV, 2) TS_CASE(HDV, 3) TS_CASE(HDV, 4) TS_CASE(HDV, 5) \
+  TS_CASE(HDV, 6) TS_CASE(HDV, 7) TS_CASE(HDV, 8)
+  TS_GROUPS(64) TS_GROUPS(128) TS_GROUPS(32) TS_GROUPS(96) TS_GROUPS(256)
+#undef TS_GROUPS
+#undef TS_CASE
+  return false;
+}
+#endif
+
+// Which decode kernel this build runs for bf16 caches: "avx512_bf16" or "portable".
+std::string decode_kernel_isa() {
+#ifdef TAILSERVE_HAVE_DPBF16
+  return "avx512_bf16";
+#else
+  return "portable";
+#endif
+}
+
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                     torch::Tensor slots, torch::Tensor lengths, double scale) {
+                                     torch::Tensor slots, torch::Tensor lengths, double scale,
+                                     bool use_dpbf16) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "k and v must be contiguous");
-  auto qf = q.to(torch::kFloat).contiguous();
   auto sl = slots.to(torch::kLong).contiguous();
   auto ln = lengths.to(torch::kLong).contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), L = sl.size(1);
   TORCH_CHECK(H % KV == 0, "heads must be a multiple of KV heads");
+#ifdef TAILSERVE_HAVE_DPBF16
+  if (use_dpbf16 && k.scalar_type() == at::kBFloat16 && q.scalar_type() == at::kBFloat16) {
+    auto qb = q.contiguous();
+    auto out = torch::empty({B, H, D}, q.options().dtype(torch::kFloat));
+    if (decode_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                    sl.data_ptr<int64_t>(), ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV, D, L,
+                    static_cast<float>(scale)))
+      return out.to(q.scalar_type());
+  }
+#endif
+  auto qf = q.to(torch::kFloat).contiguous();
   auto out = torch::empty({B, H, D}, qf.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     auto run = [&](auto hd) {
@@ -203,6 +336,7 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
 
 FUNCTIONS = [
     "paged_decode_attention",
+    "decode_kernel_isa",
     "rope_split",
     "argmax_rows",
 ]

@@ -44,11 +44,25 @@ def enabled() -> bool:
 _CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 
 
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux): ``-march=native`` compiles for exactly these, so a cache
+    shared by machines with different CPUs must keep one build per feature set."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def build_name() -> str:
     """The extension's name, keyed by what the binary depends on: the source and flags, the
-    torch it links against and the CPU architecture. Two virtual environments with different
-    torch builds therefore keep two builds instead of rebuilding each other's."""
-    key = "\0".join((_SOURCE, *_CFLAGS, torch.__version__, platform.machine()))
+    torch it links against and the CPU (architecture and feature flags). Two virtual
+    environments with different torch builds therefore keep two builds instead of rebuilding
+    each other's."""
+    key = "\0".join((_SOURCE, *_CFLAGS, torch.__version__, platform.machine(), _cpu_flags()))
     return f"tailserve_cpu_attention_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -90,6 +104,20 @@ def load() -> Any | None:
     return _module
 
 
+def decode_isa() -> str | None:
+    """The decode-attention kernel bf16 caches get: ``avx512_bf16`` (dot products with
+    ``_mm512_dpbf16_ps`` where the CPU has them), ``portable`` (float32 loops, every other CPU,
+    and what ``TAILSERVE_DECODE_KERNEL=portable`` asks for), or None without the kernels."""
+    module = load()
+    if module is None:
+        return None
+    return module.decode_kernel_isa() if _use_dpbf16() else "portable"
+
+
+def _use_dpbf16() -> bool:
+    return os.environ.get("TAILSERVE_DECODE_KERNEL", "auto") != "portable"
+
+
 def paged_decode_attention(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
 ) -> torch.Tensor | None:
@@ -97,7 +125,9 @@ def paged_decode_attention(
     module = load()
     if module is None:
         return None
-    return module.paged_decode_attention(q, k_slots, v_slots, slots, lengths, q.shape[-1] ** -0.5)
+    return module.paged_decode_attention(
+        q, k_slots, v_slots, slots, lengths, q.shape[-1] ** -0.5, _use_dpbf16()
+    )
 
 
 def fused_ops(dtype: torch.dtype, device: torch.device) -> Any | None:
