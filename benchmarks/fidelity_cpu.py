@@ -6,10 +6,12 @@ model from ``tailserve model init``, bf16, greedy, ``ignore_eos``), then replay 
 — token ids, lengths and the arrival times the real engine stamped — in the simulator with the
 host's fitted calibration (``tailserve calibrate --executor torch``; made here if not given).
 Reports the per-iteration duration error (median and p90 of |predicted / measured - 1| over
-back-to-back iterations) and the request-metric errors (TTFT p50/p99, TPOT p50/p99, E2E p50,
-output throughput), with ``uptime`` before and after: this machine is shared.
+back-to-back iterations), the run's own scatter (``replay.period_scatter``: how far one decode
+step's period lies from its neighbours' of the same batch size — the floor no cost model can go
+below) and the request-metric errors (TTFT p50/p99, TPOT p50/p99, E2E p50, output throughput),
+with ``uptime`` before and after: this machine is shared.
 
-    python benchmarks/fidelity_cpu.py [--calibration FILE] [--policies static,vllm,...]
+    python benchmarks/fidelity_cpu.py [--calibration FILE | --repeats N] [--policies static,vllm,...]
         [--workloads poisson-low,poisson-high,hol,shared-prefix] [--threads 1] [--out DIR]
 """
 
@@ -77,7 +79,10 @@ def uptime() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calibration", help="a calibration file (default: calibrate now, repeats 1)")
+    ap.add_argument("--calibration", help="a calibration file (default: calibrate now)")
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="runs of the calibration grid, median per shape (default: 2)"
+    )
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument(
@@ -109,7 +114,7 @@ def main() -> int:
         from tailserve.fidelity.torch_calibrate import calibrate_torch
 
         t = time.perf_counter()
-        cal, fit = calibrate_torch(model_dir, repeats=1, cpu_clock=args.clock == "cpu")
+        cal, fit = calibrate_torch(model_dir, repeats=args.repeats, cpu_clock=args.clock == "cpu")
         path = out_dir / "calibration_cpu.json"
         write_calibration_file(path, cal, fit)
         console.print(f"calibrated in {time.perf_counter() - t:.0f} s -> {path}")
@@ -118,7 +123,7 @@ def main() -> int:
     results = []
     labels = ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "throughput")
     table = Table(title="simulator vs real executor (error = sim / real - 1)", title_justify="left")
-    for col in ("policy", "workload", "iters", "iter med", "iter p90", *labels):
+    for col in ("policy", "workload", "iters", "iter med", "iter p90", "scatter", *labels):
         table.add_column(col, justify="left" if col in ("policy", "workload") else "right")
     for wl in args.workloads.split(","):
         planned = workload(wl, spec.vocab_size)
@@ -132,6 +137,7 @@ def main() -> int:
             it = cmp["iterations"]
             table.add_row(
                 policy, wl, str(it["n"]), f"{it['median_abs']:.1%}", f"{it['p90_abs']:.1%}",
+                "-" if it["scatter"] is None else f"{it['scatter']:.1%}",
                 *(f"{cmp['error'][k]:+.1%}" if cmp["error"][k] is not None else "-" for k in labels),
             )  # fmt: skip
             print(f"  {policy} / {wl}: {cmp['real_wall_s']:.1f} s", file=sys.stderr, flush=True)

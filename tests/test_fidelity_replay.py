@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tailserve.executors.simulated.calibration_files import read_calibration_file
@@ -65,3 +66,23 @@ def test_recorded_run_records_every_iteration_on_the_cpu_clock():
     assert all(it.execute_s > 0 for it in run.iterations)
     # The iteration before the idle gap has no period: it would span the wait.
     assert sum(it.period_s is None for it in run.iterations) == 2
+
+
+def test_period_scatter_is_the_step_to_step_noise_of_decode_stretches():
+    from tailserve.executors.simulated.cost_model import BatchShape
+    from tailserve.fidelity.recorder import IterationRecord
+    from tailserve.fidelity.replay import period_scatter
+
+    def decode(b: int, period: float | None) -> IterationRecord:
+        return IterationRecord(BatchShape.of([], [100] * b), 0.0, 0.0, period)
+
+    prefill = IterationRecord(BatchShape.of([(64, 0)], []), 0.0, 0.0, 0.05)
+    # Steps with 5% Gaussian noise: |deviation| has a median of 0.674 sigma, a little more for the
+    # noise of the neighbours' median itself. A prefill, a batch-size change and an unmeasured
+    # period each end a stretch; the batch-8 stretch is steady.
+    rng = np.random.default_rng(0)
+    noisy = [decode(4, 0.010 * (1 + 0.05 * x)) for x in rng.standard_normal(300)]
+    run = [*noisy[:150], prefill, *noisy[150:], decode(8, None), *[decode(8, 0.02)] * 20]
+    assert 0.674 * 0.05 <= period_scatter(run) <= 1.3 * 0.674 * 0.05
+    assert period_scatter([decode(4, 0.01)] * 12) == 0.0
+    assert period_scatter([decode(4, 0.01), prefill, decode(4, 0.01)]) is None  # too short

@@ -185,6 +185,35 @@ def iteration_kind(shape: BatchShape) -> str:
     return "prefill" if shape.prefill_pairs else "decode"
 
 
+def period_scatter(iterations: list[IterationRecord], reach: int = 3) -> float | None:
+    """The measurement's own per-iteration noise: within each stretch of back-to-back decode
+    iterations of one batch size (the work differs by a few KV tokens from step to step), the
+    median |period / median of its ``reach`` neighbours each side - 1|. No cost model can match
+    single iterations more closely than this. None when no stretch is long enough."""
+    devs: list[float] = []
+    stretch: list[float] = []
+
+    def flush() -> None:
+        t = np.array(stretch)
+        for i in range(len(t)):
+            near = np.delete(t[max(0, i - reach) : i + reach + 1], min(i, reach))
+            if near.size >= reach + 1:
+                devs.append(t[i] / np.median(near) - 1.0)
+        stretch.clear()
+
+    prev = None
+    for r in iterations:
+        shape = r.shape
+        key = shape.num_tokens if (r.period_s and not shape.prefill_pairs) else None
+        if key != prev or key is None:
+            flush()
+        if key is not None:
+            stretch.append(r.period_s)  # type: ignore[arg-type]
+        prev = key
+    flush()
+    return float(np.median(np.abs(devs))) if devs else None
+
+
 def _error_summary(e: np.ndarray) -> dict[str, Any]:
     return {
         "n": int(e.size),
@@ -215,6 +244,7 @@ def compare(cost_model: CostModel, real: RunRecord, sim_requests: list[Request])
     out["error"]["throughput"] = (s / r - 1.0) if r else None
     e = iteration_errors(cost_model, real.iterations)
     out["iterations"] = _error_summary(e)
+    out["iterations"]["scatter"] = period_scatter(real.iterations)
     kinds = np.array([iteration_kind(r.shape) for r in real.iterations if r.period_s])
     out["iterations_by_kind"] = {
         k: _error_summary(e[kinds == k]) for k in ("prefill", "decode", "mixed") if (kinds == k).any()

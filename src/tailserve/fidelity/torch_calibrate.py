@@ -165,9 +165,13 @@ def profile(
     progress: Callable[[str], None] | None = None,
     dtype: str = "bfloat16",
     cpu_clock: bool = False,
+    scatter: list[float] | None = None,
 ) -> list[MeasuredBatch]:
     """Median period per distinct batch shape over ``repeats`` runs of every scenario (the
-    first run of the first scenario warms the process up and is dropped)."""
+    first run of the first scenario warms the process up and is dropped). ``scatter``, if
+    given, receives each run's ``replay.period_scatter`` (the measurement's own noise)."""
+    from tailserve.fidelity.replay import period_scatter
+
     run_scenario(
         model_dir, grid[0], seed=10_000, dtype=dtype, cpu_clock=cpu_clock
     )  # warm-up: kernels, allocator
@@ -175,7 +179,10 @@ def profile(
     labels: dict[BatchShape, str] = {}
     for r in range(repeats):
         for k, scenario in enumerate(grid):
-            for rec in run_scenario(model_dir, scenario, seed=r * 1000 + k, dtype=dtype, cpu_clock=cpu_clock):
+            records = run_scenario(model_dir, scenario, seed=r * 1000 + k, dtype=dtype, cpu_clock=cpu_clock)
+            if scatter is not None and (x := period_scatter(records)) is not None:
+                scatter.append(x)
+            for rec in records:
                 if rec.period_s is not None:
                     periods[rec.shape].append(rec.period_s)
                     labels.setdefault(rec.shape, scenario.label)
@@ -254,8 +261,14 @@ def calibrate_torch(
 
     model = load_hf_config(model_dir)
     hardware = measure_host(cpu_clock)
+    scatter: list[float] = []
     points = profile(
-        model_dir, grid or default_grid(model.max_position_embeddings), repeats, progress, cpu_clock=cpu_clock
+        model_dir,
+        grid or default_grid(model.max_position_embeddings),
+        repeats,
+        progress,
+        cpu_clock=cpu_clock,
+        scatter=scatter,
     )
     fit = fit_host(model, hardware, points)
     load = os.getloadavg()[0]
@@ -266,4 +279,6 @@ def calibrate_torch(
         f"{hardware.peak_flops / 1e9:.0f} GFLOP/s bf16, copy {hardware.memory_bandwidth / 1e9:.1f} GB/s; "
         f"load average {load:.2f} on {os.cpu_count()} CPUs"
     )
+    if scatter:
+        source += f"; step-to-step scatter {statistics.median(scatter):.1%} (median over runs)"
     return CalibrationFile(hardware, fit.efficiency, model.name, 1, source, tuple(points)), fit
