@@ -4,11 +4,17 @@ Capacity (Sarathi-Serve's measure: the highest arrival rate whose p99 TTFT and p
 SLO, found by ``tailserve.tune.capacity``'s bracketing + bisection, every rate replaying the same
 requests) for each deployment x workload cell:
 
-- engines, each at a small grid of its budget flag (the best capacity is kept — a reduced
-  version of ``tailserve tune``'s budget sweep): vllm ``max_num_batched_tokens`` 512/2048/8192,
-  sarathi ``chunk_size`` 256/512/1024, sglang ``chunked_prefill_size`` 2048/8192, tgi defaults;
-  on the mixed workload also vllm ``scheduling_policy=priority`` at 512/2048;
+- engines, each tuned on its budget flag (``tailserve tune``'s knob and ladder, 128 ... 16,384
+  tokens, with tune's adjustments: vLLM's ``max_num_seqs`` follows a smaller budget down): a
+  coarse grid first (vllm ``max_num_batched_tokens`` 512/2,048/8,192, sarathi ``chunk_size``
+  256/512/1,024, sglang ``chunked_prefill_size`` 2,048/8,192, tgi ``max_batch_prefill_tokens``
+  4,096; on the mixed workload also vllm ``scheduling_policy=priority`` at 512/2,048), then both
+  ladder neighbours of each engine's best and sglang ``schedule_policy=lpm`` at its best; the
+  best capacity of all is kept;
 - ``slo`` with the cell's SLO as its classes (its defaults otherwise).
+
+Each search also records what failed at the lowest failing rate (the binding limit: which
+class's p99 TTFT or p99 TBT went past its target, or requests turned away).
 
 A cell's SLO: TBT target ``T`` = 5 x one decode iteration of 32 requests at 1,024 tokens on that
 deployment, rounded up to 10 ms (Sarathi's "strict" SLO scale); TTFT 2 s (Azure), 6 s (Mooncake,
@@ -42,30 +48,31 @@ from typing import Any
 
 import numpy as np
 from _paths import check_trace, default_out, default_trace
+from _slo_cpu import cpu_comparison
+from _slo_fairness import fairness
 
-from tailserve.assemble import BuildOptions, build_engine
-from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request, RequestStatus
-from tailserve.core.source import ListSource
-from tailserve.policies.fairness import FairPolicy, TenantBacklog
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.models import get_model
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.slo_classes import parse_slo_classes
-from tailserve.policies.vtc import VirtualTokenCounter
 from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import RateScaler, capacity_steps
+from tailserve.tune.recommend import DEFAULT_CHUNK_SIZES, KNOBS, _with_size
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep, make_backend
 from tailserve.workloads.lengths import LogNormal
-from tailserve.workloads.tenants import tenant_streams
 
 DEPLOYMENTS = (("Llama-3-8B", "H100-SXM", 1), ("Llama-3-70B", "A100-80GB", 4), ("Mistral-7B", "A100-80GB", 1))
-ENGINE_GRID: dict[str, list[dict[str, Any]]] = {
-    "vllm": [{"max_num_batched_tokens": n} for n in (512, 2048, 8192)],
-    "sarathi": [{"chunk_size": n} for n in (256, 512, 1024)],
-    "sglang": [{"chunked_prefill_size": n} for n in (2048, 8192)],
-    "tgi": [{}],
+# (policy, fixed flags) -> the coarse grid of its budget knob (tune's KNOBS).
+COARSE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, ...]] = {
+    ("vllm", ()): (512, 2048, 8192),
+    ("sarathi", ()): (256, 512, 1024),
+    ("sglang", ()): (2048, 8192),
+    ("tgi", ()): (4096,),
 }
-PRIORITY_GRID = [{"scheduling_policy": "priority", "max_num_batched_tokens": n} for n in (512, 2048)]
+PRIORITY = ("vllm", (("scheduling_policy", "priority"),))
+PRIORITY_COARSE = (512, 2048)
 REL_TOL = 0.05
 
 
@@ -122,16 +129,44 @@ def cells(quick: bool, azure: str, mooncake: str) -> list[Cell]:
     return out
 
 
-def candidates(cell: Cell) -> list[PolicySpec]:
+def _engine_flags(cell: Cell) -> dict[str, Any]:
     # Mooncake prompts reach 126k tokens: every deployment serves an 8,192-token context (the
     # Llama-3 models' own), so the same requests are refused at any rate everywhere.
-    engine = {"max_model_len": 8192} if cell.workload_name == "mooncake-conv" else {}
-    specs = [
-        PolicySpec.make(name, {**flags, **engine}) for name, grid in ENGINE_GRID.items() for flags in grid
-    ]
-    if cell.mixed:
-        specs += [PolicySpec.make("vllm", {**flags, **engine}) for flags in PRIORITY_GRID]
-    specs.append(PolicySpec.make("slo", {"slo_classes": cell.classes, **engine}))
+    return {"max_model_len": 8192} if cell.workload_name == "mooncake-conv" else {}
+
+
+def sized(cell: Cell, family: tuple[str, tuple[tuple[str, str], ...]], size: int, **extra: str) -> PolicySpec:
+    """An engine at one budget, as ``tailserve tune`` sets it."""
+    name, fixed = family
+    spec = PolicySpec.make(name, {**dict(fixed), **extra, **_engine_flags(cell)})
+    model = get_model(cell.deployment.model)
+    device = get_hardware(cell.deployment.hardware).device_info
+    max_model_len = spec.engine_flags.get("max_model_len", model.max_position_embeddings)
+    return _with_size(spec, KNOBS[name], size, device, max_model_len)
+
+
+def families(cell: Cell) -> dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, ...]]:
+    return {**COARSE, PRIORITY: PRIORITY_COARSE} if cell.mixed else dict(COARSE)
+
+
+def coarse_candidates(cell: Cell) -> list[PolicySpec]:
+    """Every engine family at its coarse sizes, then ``slo`` (last)."""
+    specs = [sized(cell, fam, n) for fam, sizes in families(cell).items() for n in sizes]
+    specs.append(PolicySpec.make("slo", {"slo_classes": cell.classes, **_engine_flags(cell)}))
+    return specs
+
+
+def refined_candidates(cell: Cell, found: dict[str, dict[str, Any]]) -> list[PolicySpec]:
+    """Both ladder neighbours of each family's best coarse size, and sglang's lpm at its best."""
+    specs = []
+    for fam, sizes in families(cell).items():
+        best = max(sizes, key=lambda n: found[sized(cell, fam, n).label]["capacity"])
+        i = DEFAULT_CHUNK_SIZES.index(best)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(DEFAULT_CHUNK_SIZES) and DEFAULT_CHUNK_SIZES[j] not in sizes:
+                specs.append(sized(cell, fam, DEFAULT_CHUNK_SIZES[j]))
+        if fam[0] == "sglang":
+            specs.append(sized(cell, fam, best, schedule_policy="lpm"))
     return specs
 
 
@@ -190,6 +225,21 @@ def _served(outcome: RunOutcome) -> list[Request]:
     return [r for r in outcome.run.requests if r.prompt_len + r.max_tokens <= limit]
 
 
+def binding(report: dict[str, dict[str, Any]]) -> list[str]:
+    """What a failing rate failed on, per class: "ttft 2.9 s > 2 s", "tbt 61 ms > 50 ms", ..."""
+    out = []
+    for name, c in report.items():
+        if c["num"] == 0:
+            continue
+        if c["ttft_p99"] is None or c["ttft_p99"] > c["ttft_target"]:
+            out.append(f"{name} ttft p99 {c['ttft_p99'] or math.inf:.2f} s > {c['ttft_target']:g} s")
+        if c["tbt_p99"] is not None and c["tbt_p99"] > c["tbt_target"]:
+            out.append(f"{name} tbt p99 {c['tbt_p99'] * 1e3:.0f} ms > {c['tbt_target'] * 1e3:g} ms")
+        if c["turned_away"]:
+            out.append(f"{name} {c['turned_away']} turned away")
+    return out
+
+
 def search(cell: Cell, spec: PolicySpec) -> Generator[RunSpec, RunOutcome, dict[str, Any]]:
     scaler = RateScaler.of(RunSpec(cell.deployment, cell.workload, spec, keep_run=True))
     steps = capacity_steps(scaler.rate, scaler.rate, REL_TOL)
@@ -205,7 +255,17 @@ def search(cell: Cell, spec: PolicySpec) -> Generator[RunSpec, RunOutcome, dict[
             rate = steps.send(meets(report))
     except StopIteration as stop:
         capacity = stop.value
-    return {"policy": spec.label, "capacity": capacity.rate, "upper": capacity.upper, "runs": len(tried)}
+    failed = tried.get(capacity.upper) if capacity.upper is not None else None
+    met = tried.get(capacity.rate)
+    return {
+        "policy": spec.label,
+        "capacity": capacity.rate,
+        "upper": capacity.upper,
+        "runs": len(tried),
+        "fails_on": binding(failed) if failed is not None else None,
+        "at_capacity": met,
+        "at_upper": failed,
+    }
 
 
 def goodput_run(cell: Cell, spec: PolicySpec, rate: float) -> Generator[RunSpec, RunOutcome, dict[str, Any]]:
@@ -224,11 +284,15 @@ def capacity_table(
     """Every cell's row; the rows so far are rewritten to ``partial`` after each cell."""
     rows: list[dict[str, Any]] = []
     for cell in cells(quick, azure, mooncake):
-        specs = candidates(cell)
         t0 = time.perf_counter()
-        found = sweep.drive([search(cell, s) for s in specs], f"{cell.deployment.model} {cell.workload_name}")
-        engines = [f for f in found if not f["policy"].startswith("slo")]
-        slo = next(f for f in found if f["policy"].startswith("slo"))
+        title = f"{cell.deployment.model} {cell.workload_name}"
+        specs = coarse_candidates(cell)
+        found = sweep.drive([search(cell, s) for s in specs], title)
+        more = refined_candidates(cell, {f["policy"]: f for f in found})
+        specs = specs[:-1] + more + specs[-1:]
+        found = found[:-1] + sweep.drive([search(cell, s) for s in more], title + " (refined)") + found[-1:]
+        engines = found[:-1]
+        slo = found[-1]
         best = max(engines, key=lambda f: f["capacity"])
         rate = 1.25 * best["capacity"] if best["capacity"] > 0 else slo["capacity"]
         best_spec = specs[found.index(best)]
@@ -265,200 +329,13 @@ def capacity_table(
         print(
             f"{row['deployment']:34} {row['workload']:14} best {best['policy']:42} {best['capacity']:7.2f}/s"
             f"  slo {slo['capacity']:7.2f}/s  x{row['capacity_ratio'] or float('nan'):.2f}"
-            f"  goodput @{rate:.2f}/s: {goodputs[0]['goodput']:.2f} vs {goodputs[1]['goodput']:.2f}  ({row['wall_s']} s)",
+            f"  goodput @{rate:.2f}/s: {goodputs[0]['goodput']:.2f} vs {goodputs[1]['goodput']:.2f}  ({row['wall_s']} s)"
+            f"\n    fails on: best engine {best['fails_on']}; slo {slo['fails_on']}",
             flush=True,
         )
         rows.append(row)
         partial.write_text(json.dumps(rows, indent=1, default=str))
     return rows
-
-
-# ---- fairness -----------------------------------------------------------------------------
-class Recorder(TenantBacklog):
-    """A backlog that also records, after every iteration, each tenant's weighted service so far
-    and who was backlogged; ``fair=False`` keeps the wrapped policy's own (FCFS) order."""
-
-    def __init__(self, counter: VirtualTokenCounter, fair: bool) -> None:
-        super().__init__(counter)
-        self.fair = fair
-        self.served: dict[str, float] = {}
-        self.samples: list[tuple[dict[str, float], frozenset[str]]] = []
-
-    def order(self, requests):  # type: ignore[override]
-        return super().order(requests) if self.fair else list(requests)
-
-    def charge(self, out) -> None:  # type: ignore[override]
-        super().charge(out)
-        for s in out.scheduled:
-            t = s.request.tenant_id or ""
-            cost = self.vtc.output_price if s.num_new_tokens == 1 else self.vtc.input_price * s.num_new_tokens
-            self.served[t] = self.served.get(t, 0.0) + cost
-        self._sample()
-
-    def charge_decode_run(self, running, num_steps: int) -> None:  # type: ignore[override]
-        super().charge_decode_run(running, num_steps)
-        for r in running:
-            t = r.tenant_id or ""
-            self.served[t] = self.served.get(t, 0.0) + self.vtc.output_price * num_steps
-        self._sample()
-
-    def _sample(self) -> None:
-        backlogged = frozenset(t for t, n in self.num_waiting.items() if n > 0)
-        self.samples.append((dict(self.served), backlogged))
-
-
-def run_tenants(policy: str, requests: list[Request], fair: bool) -> tuple[list[Request], Recorder, int]:
-    deployment = Deployment.of("Llama-3-8B", "H100-SXM", 1)
-    name, _, flags = policy.partition(":")
-    spec = PolicySpec.make(name, dict(f.split("=", 1) for f in flags.split(";") if f))
-    built = build_engine(deployment, spec, "sim", BuildOptions(shares_prefixes=False))
-    recorder = Recorder(VirtualTokenCounter(), fair)
-    inner = built.policy
-    if isinstance(inner, FairPolicy):
-        inner = inner.inner
-    if policy.startswith("slo"):
-        inner.backlog = recorder  # slo's own VTC, observed
-        wrapped = inner
-    else:
-        wrapped = FairPolicy(inner, recorder)
-    built.scheduler.policy = wrapped
-    built.parts.policy = wrapped
-    fresh = [
-        Request(r.request_id, r.prompt_len, r.max_tokens, r.arrival_time, tenant_id=r.tenant_id)
-        for r in requests
-    ]
-    engine = built.make_engine(ListSource(fresh), options=EngineOptions())
-    engine.run()
-    return fresh, recorder, built.scheduler.kv_cache.num_blocks * built.scheduler.kv_cache.block_size
-
-
-def p99_ttft(requests: list[Request], tenant: str) -> float:
-    ttft = [r.token_times[0] - r.arrival_time for r in requests if r.tenant_id == tenant and r.token_times]
-    return float(np.percentile(ttft, 99))
-
-
-def max_service_difference(recorder: Recorder, a: str, b: str) -> float:
-    """max over intervals [t1, t2] with both backlogged throughout of |dW_a - dW_b|."""
-    worst = 0.0
-    lo = hi = None
-    for served, backlogged in recorder.samples:
-        if a in backlogged and b in backlogged:
-            d = served.get(a, 0.0) - served.get(b, 0.0)
-            lo = d if lo is None else min(lo, d)
-            hi = d if hi is None else max(hi, d)
-            worst = max(worst, hi - lo)
-        else:
-            lo = hi = None
-    return worst
-
-
-def fairness(quick: bool) -> dict[str, Any]:
-    duration = 30.0 if quick else 60.0
-    lengths = (LogNormal(1024, 0.8, 4000), LogNormal(200, 0.8, 1000))
-    light_rate = 5.0
-    both = tenant_streams((("light", light_rate), ("heavy", 10 * light_rate)), duration, *lengths, seed=1)
-    solo = [r for r in both if r.tenant_id == "light"]
-    out: dict[str, Any] = {
-        "light_rate": light_rate,
-        "heavy_rate": 10 * light_rate,
-        "duration_s": duration,
-    }
-    rows = []
-    for label, policy, fair in [
-        ("vllm fcfs", "vllm", False),
-        ("vllm + vtc", "vllm", True),
-        ("slo (no vtc)", "slo:slo_classes=all=ttft:2s,tbt:50ms", False),
-        ("slo + vtc", "slo:fairness=vtc;slo_classes=all=ttft:2s,tbt:50ms", True),
-    ]:
-        alone, _, _ = run_tenants(policy, solo, fair)
-        shared, recorder, _ = run_tenants(policy, both, fair)
-        s, w = p99_ttft(alone, "light"), p99_ttft(shared, "light")
-        rows.append(
-            {"policy": label, "light_p99_ttft_solo_s": s, "light_p99_ttft_shared_s": w, "ratio": w / s}
-        )
-        print(
-            f"  {label:12} light p99 TTFT solo {s:.3f} s, beside heavy {w:.3f} s (x{w / s:.2f})", flush=True
-        )
-    out["well_behaved"] = rows
-    # Both backlogged: a sends long prompts, b short ones with long outputs, each past capacity.
-    a = tenant_streams((("a", 30.0),), duration, LogNormal(2000, 0.5, 4000), LogNormal(100, 0.5, 400), seed=2)
-    b = tenant_streams((("b", 30.0),), duration, LogNormal(300, 0.5, 1000), LogNormal(400, 0.5, 1000), seed=3)
-    mix = sorted(a + b, key=lambda r: r.arrival_time)
-    diffs = []
-    for label, policy, fair in [
-        ("vllm fcfs", "vllm", False),
-        ("vllm + vtc", "vllm", True),
-        ("slo + vtc", "slo:fairness=vtc", True),
-    ]:
-        _, recorder, kv_tokens = run_tenants(policy, mix, fair)
-        measured = max_service_difference(recorder, "a", "b")
-        bound = recorder.vtc.bound(max(r.prompt_len for r in mix), kv_tokens)
-        diffs.append(
-            {"policy": label, "max_service_difference": measured, "bound": bound, "within": measured <= bound}
-        )
-        print(f"  {label:12} max service difference {measured:,.0f} (bound {bound:,.0f})", flush=True)
-    out["backlogged"] = diffs
-    return out
-
-
-# ---- the real CPU executor -----------------------------------------------------------------
-def cpu_comparison(quick: bool) -> dict[str, Any]:
-    """The same comparison at small scale on the real PyTorch executor (the tiny model on this
-    CPU): short prompts decoding while long ones arrive. Time is the engine thread's CPU time
-    (``fidelity.recorder.CpuClock``), so other processes on the machine do not enter it."""
-    from tailserve.executors.pytorch.init_model import default_model_dir
-    from tailserve.fidelity.recorder import install
-    from tailserve.fidelity.replay import _TimedQueueSource
-    from tailserve.llm import LLMEngine, SamplingParams
-
-    rng = np.random.default_rng(7)
-    n = 24 if quick else 48
-    arrivals = np.cumsum(rng.exponential(0.25, n))
-    planned = []
-    for i in range(n):
-        long = i % 4 == 0
-        prompt = [int(t) for t in rng.integers(10, 1000, 1200 if long else 64)]
-        planned.append((prompt, 48, float(arrivals[i])))
-    classes = "all=ttft:2s,tbt:150ms"
-    rows = []
-    for label, policy, flags in [
-        ("vllm (default budget)", "vllm", {}),
-        ("vllm budget 256", "vllm", {"max_num_batched_tokens": "256"}),
-        ("slo", "slo", {"slo_classes": classes}),
-    ]:
-        engine = LLMEngine.from_args(
-            str(default_model_dir()), executor="torch", policy=policy, policy_flags=flags, dtype="float32"
-        )
-        install(engine, cpu_clock=True)
-        source = _TimedQueueSource()
-        engine.source = engine.engine.source = source
-        start = engine.now
-        requests = []
-        for i, (prompt, max_tokens, at) in enumerate(planned):
-            engine.add_request(
-                f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
-            )
-            request = engine.stop_checker.requests[f"r{i}"]
-            request.arrival_time = start + at
-            requests.append(request)
-        while engine.has_unfinished_requests():
-            engine.step()
-        ttft = [r.token_times[0] - r.arrival_time for r in requests]
-        gaps = np.concatenate([np.diff(r.token_times) for r in requests])
-        row = {
-            "policy": label,
-            "ttft_p99_s": float(np.percentile(ttft, 99)),
-            "tbt_p99_s": float(np.percentile(gaps, 99)),
-            "tbt_max_s": float(gaps.max()),
-            "predictor": engine.scheduler.policy.predictor.source if policy == "slo" else None,
-        }
-        rows.append(row)
-        print(
-            f"  {label:22} TTFT p99 {row['ttft_p99_s']:.3f} s  TBT p99 {row['tbt_p99_s'] * 1e3:.1f} ms"
-            f"  max {row['tbt_max_s'] * 1e3:.1f} ms",
-            flush=True,
-        )
-    return {"requests": n, "slo_classes": classes, "rows": rows}
 
 
 def main() -> None:
@@ -470,6 +347,12 @@ def main() -> None:
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-fairness", action="store_true")
     parser.add_argument("--cpu", action="store_true", help="also the real CPU executor comparison")
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="--cpu: also slo predicting from this `tailserve calibrate --executor torch --cpu-clock "
+        "--threads 1` file",
+    )
     parser.add_argument("--out", type=Path, default=default_out("slo_policy.json"))
     args = parser.parse_args()
     for trace in (args.trace, args.mooncake_trace):
@@ -492,7 +375,7 @@ def main() -> None:
         result["fairness"] = fairness(args.quick)
     if args.cpu:
         print("real CPU executor (tiny model, CPU time):", flush=True)
-        result["cpu"] = cpu_comparison(args.quick)
+        result["cpu"] = cpu_comparison(args.quick, args.calibration)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,13 +28,14 @@ priority). Each iteration, with predicted times from the engine's cost model
    slack to absorb the recompute, or one already late by more, loses least); ties: the cheaper
    recompute, then the latest admitted. Nobody is admitted in an iteration that preempted.
 8. **Fairness** (``fairness=vtc``): the waiting order of rule 3-5 is interleaved by tenant with
-   the Virtual Token Counter (``fairness.py``): VTC picks the tenant, rule 3-5 the request. When
-   the request VTC picks does not fit the free KV blocks, running requests of tenants already
-   served more (larger counters) are preempted for it, most-served tenant first, least SLO loss
-   first (VTC itself only orders admissions; without this a tenant that fills the KV cache
-   keeps a well-behaved one waiting for its requests to finish). Partial prefills continue in
-   counter order, and a request's prefill budget (rule 2) counts only the TBT slack of decodes
-   of tenants served no more than its own.
+   the Virtual Token Counter (``fairness.py``): VTC picks the tenant, rule 3-5 the request.
+9. **Isolation** (with fairness; tailserve's rule, ``tenant_share.py``): an active tenant under
+   half its weighted share of the recent service is *protected* this iteration. Its waiting
+   requests go first (VTC order among them) and before unprotected tenants' partial prefills
+   continue; its chunks count only protected decodes' TBT slack (rule 2); when its first
+   waiting request does not fit the free KV blocks, unprotected tenants' running requests are
+   preempted for it (``slo_fair.py``). VTC's lifted counters tie a newly active tenant with a
+   backlogged one, so the counters alone cannot tell who is over its share *now*.
 """
 
 from __future__ import annotations
