@@ -58,6 +58,8 @@ from tailserve.policies.slo_predictor import BatchLoad, Predictor
 from tailserve.policies.vllm import device_batch_defaults
 from tailserve.policies.vtc import tenant_of
 
+STRETCH_ALPHA = 0.05  # weight of one iteration in rule 3's stretch average
+
 
 class SloPolicy(Policy):
     name = "slo"
@@ -83,6 +85,7 @@ class SloPolicy(Policy):
         self._info: dict[str, WaitingInfo] = {}
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
         self._protected: frozenset[str] = frozenset()  # rule 9, decided each iteration
+        self._stretch = 1.0  # iteration time with chunks / the chunks alone (rule 3)
 
     @classmethod
     def profile_tokens(cls, config: SloConfig, max_model_len: int) -> int:
@@ -183,8 +186,21 @@ class SloPolicy(Policy):
             self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
         if self.backlog is not None:
             self.backlog.charge(out)
+        self._observe_stretch(out, load)
         self._last = (now, load.shape()) if out.scheduled else None
         return out
+
+    def _observe_stretch(self, out: SchedulerOutput, load: BatchLoad) -> None:
+        """Rule 3's queue time: how much longer the iterations carrying prefill chunks take than
+        those chunks alone (the decodes beside them, chunks cut by the slack), a moving average."""
+        alone = sum(
+            self.predictor.prefill_time(s.num_new_tokens, s.num_context_tokens)
+            for s in out.scheduled
+            if s.num_new_tokens > 1
+        )
+        if alone > 0:
+            sample = max(1.0, self.predictor.time(load.shape()) / alone)
+            self._stretch += STRETCH_ALPHA * (sample - self._stretch)
 
     def _continue(
         self,
@@ -286,11 +302,13 @@ class SloPolicy(Policy):
         feasible: list[Request] = []
         late: list[Request] = []
         queued = 0.0  # predicted prefill time of the feasible requests ahead
+        stretch = self._stretch
         for r in by_slack:
             w = info[r.request_id]
-            if w.deadline - now - queued - w.prefill_s >= 0:
+            need = w.prefill_s * stretch
+            if w.deadline - now - queued - need >= 0:
                 feasible.append(r)
-                queued += w.prefill_s
+                queued += need
             else:
                 late.append(r)
         late.sort(key=lambda r: r.arrival_time)
