@@ -8,8 +8,9 @@ requests) for each deployment x workload cell:
   tokens, with tune's adjustments: vLLM's ``max_num_seqs`` follows a smaller budget down): a
   coarse grid first (vllm ``max_num_batched_tokens`` 512/2,048/8,192, sarathi ``chunk_size``
   256/512/1,024, sglang ``chunked_prefill_size`` 2,048/8,192, tgi ``max_batch_prefill_tokens``
-  4,096; on the mixed workload also vllm ``scheduling_policy=priority`` at 512/2,048), then both
-  ladder neighbours of each engine's best and sglang ``schedule_policy=lpm`` at its best; the
+  4,096; on the mixed workload also vllm ``scheduling_policy=priority`` at 512/2,048), then up
+  to three rounds of the untried ladder neighbours of each engine's best so far (and sglang
+  ``schedule_policy=lpm`` at its best) until every best is a local optimum on the ladder; the
   best capacity of all is kept;
 - ``slo`` with the cell's SLO as its classes (its defaults otherwise).
 
@@ -74,6 +75,7 @@ COARSE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, ...]] = {
 PRIORITY = ("vllm", (("scheduling_policy", "priority"),))
 PRIORITY_COARSE = (512, 2048)
 REL_TOL = 0.05
+MAX_REFINEMENTS = 3  # rounds of ladder neighbours after the coarse grid
 
 
 # ---- cells --------------------------------------------------------------------------------
@@ -157,16 +159,19 @@ def coarse_candidates(cell: Cell) -> list[PolicySpec]:
 
 
 def refined_candidates(cell: Cell, found: dict[str, dict[str, Any]]) -> list[PolicySpec]:
-    """Both ladder neighbours of each family's best coarse size, and sglang's lpm at its best."""
+    """Each family's ladder neighbours of its best size so far that were not tried yet, and
+    sglang's lpm at its best; empty once every best is a local optimum on the ladder."""
     specs = []
-    for fam, sizes in families(cell).items():
-        best = max(sizes, key=lambda n: found[sized(cell, fam, n).label]["capacity"])
+    for fam in families(cell):
+        tried = [n for n in DEFAULT_CHUNK_SIZES if sized(cell, fam, n).label in found]
+        best = max(tried, key=lambda n: found[sized(cell, fam, n).label]["capacity"])
         i = DEFAULT_CHUNK_SIZES.index(best)
         for j in (i - 1, i + 1):
-            if 0 <= j < len(DEFAULT_CHUNK_SIZES) and DEFAULT_CHUNK_SIZES[j] not in sizes:
+            if 0 <= j < len(DEFAULT_CHUNK_SIZES) and DEFAULT_CHUNK_SIZES[j] not in tried:
                 specs.append(sized(cell, fam, DEFAULT_CHUNK_SIZES[j]))
-        if fam[0] == "sglang":
-            specs.append(sized(cell, fam, best, schedule_policy="lpm"))
+        lpm = sized(cell, fam, best, schedule_policy="lpm")
+        if fam[0] == "sglang" and lpm.label not in found:
+            specs.append(lpm)
     return specs
 
 
@@ -288,9 +293,14 @@ def capacity_table(
         title = f"{cell.deployment.model} {cell.workload_name}"
         specs = coarse_candidates(cell)
         found = sweep.drive([search(cell, s) for s in specs], title)
-        more = refined_candidates(cell, {f["policy"]: f for f in found})
-        specs = specs[:-1] + more + specs[-1:]
-        found = found[:-1] + sweep.drive([search(cell, s) for s in more], title + " (refined)") + found[-1:]
+        for _ in range(MAX_REFINEMENTS):
+            more = refined_candidates(cell, {f["policy"]: f for f in found})
+            if not more:
+                break
+            specs = specs[:-1] + more + specs[-1:]
+            found = (
+                found[:-1] + sweep.drive([search(cell, s) for s in more], title + " (refined)") + found[-1:]
+            )
         engines = found[:-1]
         slo = found[-1]
         best = max(engines, key=lambda f: f["capacity"])

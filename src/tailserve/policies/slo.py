@@ -15,7 +15,8 @@ priority). Each iteration, with predicted times from the engine's cost model
 3. **Waiting requests by least TTFT slack**: ``deadline - now - predicted prefill`` (prefix-cache
    hits counted: only the uncached tokens are priced), served in that order; a request is
    *feasible* if its deadline still holds after the predicted prefills of the feasible requests
-   before it (its queue time).
+   before it (its queue time), each stretched by how much longer recent iterations with
+   prefill chunks took than the chunks alone (the decodes beside them).
 4. **Infeasible requests** (``slo_admission``): ``best-effort`` serves them behind every feasible
    one, oldest first; ``reject`` turns a never-admitted one away at once with the reason.
 5. **Aging**: a best-effort request waiting longer than ``aging_s`` goes ahead of the feasible
