@@ -9,7 +9,10 @@ Reports the per-iteration duration error (median and p90 of |predicted / measure
 back-to-back iterations), the run's own scatter (``replay.period_scatter``: how far one decode
 step's period lies from its neighbours' of the same batch size — the floor no cost model can go
 below) and the request-metric errors (TTFT p50/p99, TPOT p50/p99, E2E p50, output throughput),
-with ``uptime`` before and after: this machine is shared.
+with ``uptime`` before and after: this machine is shared. A fixed probe (``torch_calibrate.probe``,
+a 4-request decode) runs before and after every real run; a second table replays each run with the
+simulator's durations times (probe now / probe at calibration): the cost model's error once the
+machine's speed of the moment, which other processes move by tens of percent, is taken out.
 
     python benchmarks/fidelity_cpu.py [--calibration FILE | --repeats N] [--policies static,vllm,...]
         [--workloads poisson-low,poisson-high,hol,shared-prefix] [--threads 1] [--out DIR]
@@ -34,6 +37,7 @@ from tailserve.executors.simulated.calibration_files import read_calibration_fil
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.models import load_hf_config
 from tailserve.fidelity.replay import PlannedRequest, compare, run_real, run_sim
+from tailserve.fidelity.torch_calibrate import probe
 from tailserve.policies.registry import POLICIES
 
 HERE = Path(__file__).resolve().parent
@@ -71,6 +75,26 @@ def workload(name: str, vocab: int, seed: int = 0) -> list[PlannedRequest]:
             )
         return out
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+
+
+def _table(title: str, speed: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    cols = ("policy", "workload", "iters", "iter med", "iter p90", "scatter")
+    if speed:
+        cols += ("x speed",)
+    for col in (*cols, "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "throughput"):
+        table.add_column(col, justify="left" if col in ("policy", "workload") else "right")
+    return table
+
+
+def _add_row(table: Table, policy: str, wl: str, cmp: dict, labels: tuple[str, ...]) -> None:
+    it = cmp["iterations"]
+    cells = [policy, wl, str(it["n"]), f"{it['median_abs']:.1%}", f"{it['p90_abs']:.1%}"]
+    cells.append("-" if it.get("scatter") is None else f"{it['scatter']:.1%}")
+    if "speed" in cmp:
+        cells.append(f"{cmp['speed']:.2f}")
+    cells += [f"{cmp['error'][k]:+.1%}" if cmp["error"][k] is not None else "-" for k in labels]
+    table.add_row(*cells)
 
 
 def uptime() -> str:
@@ -120,32 +144,47 @@ def main() -> int:
         console.print(f"calibrated in {time.perf_counter() - t:.0f} s -> {path}")
     console.print(cal.source)
     cost_model = CostModel(spec, cal.hardware, 1, cal.efficiency)
+    cpu = args.clock == "cpu"
     results = []
     labels = ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "throughput")
-    table = Table(title="simulator vs real executor (error = sim / real - 1)", title_justify="left")
-    for col in ("policy", "workload", "iters", "iter med", "iter p90", "scatter", *labels):
-        table.add_column(col, justify="left" if col in ("policy", "workload") else "right")
+    raw = _table("simulator vs real executor (error = sim / real - 1)", False)
+    corrected = _table(
+        "the same, the simulator at the machine's speed of the moment (x speed: probe around the run / "
+        "probe at calibration)",
+        True,
+    )
     for wl in args.workloads.split(","):
         planned = workload(wl, spec.vocab_size)
         for policy in args.policies.split(","):
             t = time.perf_counter()
-            real = run_real(model_dir, policy, planned, cpu_clock=args.clock == "cpu")
+            before_probe = probe(model_dir, cpu_clock=cpu)
+            real = run_real(model_dir, policy, planned, cpu_clock=cpu)
+            after_probe = probe(model_dir, cpu_clock=cpu, seed=1)
             sim = run_sim(cost_model, real.setup, real.requests)
             cmp = compare(cost_model, real, sim)
             cmp.update(policy=policy, workload=wl, real_wall_s=time.perf_counter() - t)
+            cmp["probe_s"] = [before_probe, after_probe]
+            _add_row(raw, policy, wl, cmp, labels)
+            if cal.probe_s:
+                # The machine's speed during this run relative to the calibration's: the mean of
+                # the probes on either side (other processes' load moves it by tens of percent).
+                scale = (before_probe + after_probe) / 2 / cal.probe_s
+                fixed = compare(
+                    cost_model, real, run_sim(cost_model, real.setup, real.requests, scale), scale
+                )
+                cmp["speed"] = scale
+                cmp["corrected"] = {k: fixed[k] for k in ("error", "iterations", "iterations_by_kind")}
+                _add_row(corrected, policy, wl, {**fixed, "speed": scale}, labels)
             results.append(cmp)
-            it = cmp["iterations"]
-            table.add_row(
-                policy, wl, str(it["n"]), f"{it['median_abs']:.1%}", f"{it['p90_abs']:.1%}",
-                "-" if it["scatter"] is None else f"{it['scatter']:.1%}",
-                *(f"{cmp['error'][k]:+.1%}" if cmp["error"][k] is not None else "-" for k in labels),
-            )  # fmt: skip
             print(f"  {policy} / {wl}: {cmp['real_wall_s']:.1f} s", file=sys.stderr, flush=True)
-    console.print(table)
+    console.print(raw)
+    if cal.probe_s:
+        console.print(corrected)
     after = uptime()
     console.print(f"uptime after: {after}")
     body = {
         "calibration": cal.source,
+        "calibration_probe_s": cal.probe_s,
         "efficiency": {k: getattr(cal.efficiency, k) for k in cal.efficiency.__slots__},
         "threads": args.threads,
         "clock": args.clock,

@@ -131,6 +131,21 @@ def default_grid(max_len: int) -> list[Scenario]:
     return grid
 
 
+# A fixed reference: the median decode period of 4 requests at ~128 tokens of context. Measured
+# beside the calibration and again around each fidelity run, its ratio says how much faster or
+# slower the machine is at that moment (other processes' cache and memory traffic stretch even
+# the CPU-time clock).
+PROBE = Scenario(
+    "probe: decode 4 x 128", (128,) * 4, 25, (("max_num_batched_tokens", 2048), ("max_num_seqs", 256))
+)
+
+
+def probe(model_dir: str | Path, dtype: str = "bfloat16", cpu_clock: bool = False, seed: int = 0) -> float:
+    """Seconds per step of ``PROBE``'s decode iterations (median)."""
+    records = run_scenario(model_dir, PROBE, seed, dtype, cpu_clock)
+    return statistics.median(r.period_s for r in records if r.period_s and not r.shape.prefill_pairs)
+
+
 def run_scenario(
     model_dir: str | Path, scenario: Scenario, seed: int, dtype: str = "bfloat16", cpu_clock: bool = False
 ) -> list[IterationRecord]:
@@ -166,10 +181,12 @@ def profile(
     dtype: str = "bfloat16",
     cpu_clock: bool = False,
     scatter: list[float] | None = None,
+    probes: list[float] | None = None,
 ) -> list[MeasuredBatch]:
     """Median period per distinct batch shape over ``repeats`` runs of every scenario (the
     first run of the first scenario warms the process up and is dropped). ``scatter``, if
-    given, receives each run's ``replay.period_scatter`` (the measurement's own noise)."""
+    given, receives each run's ``replay.period_scatter`` (the measurement's own noise);
+    ``probes``, if given, ``probe`` before every repeat and after the last."""
     from tailserve.fidelity.replay import period_scatter
 
     run_scenario(
@@ -178,6 +195,8 @@ def profile(
     periods: dict[BatchShape, list[float]] = defaultdict(list)
     labels: dict[BatchShape, str] = {}
     for r in range(repeats):
+        if probes is not None:
+            probes.append(probe(model_dir, dtype, cpu_clock, seed=r))
         for k, scenario in enumerate(grid):
             records = run_scenario(model_dir, scenario, seed=r * 1000 + k, dtype=dtype, cpu_clock=cpu_clock)
             if scatter is not None and (x := period_scatter(records)) is not None:
@@ -188,6 +207,8 @@ def profile(
                     labels.setdefault(rec.shape, scenario.label)
             if progress is not None:
                 progress(scenario.label)
+    if probes is not None:
+        probes.append(probe(model_dir, dtype, cpu_clock, seed=repeats))
     return [
         MeasuredBatch(shape, statistics.median(ts), _label(shape, labels[shape]))
         for shape, ts in sorted(periods.items(), key=lambda kv: (kv[0].num_tokens, kv[0].decode_kv_tokens))
@@ -262,6 +283,7 @@ def calibrate_torch(
     model = load_hf_config(model_dir)
     hardware = measure_host(cpu_clock)
     scatter: list[float] = []
+    probes: list[float] = []
     points = profile(
         model_dir,
         grid or default_grid(model.max_position_embeddings),
@@ -269,6 +291,7 @@ def calibrate_torch(
         progress,
         cpu_clock=cpu_clock,
         scatter=scatter,
+        probes=probes,
     )
     fit = fit_host(model, hardware, points)
     load = os.getloadavg()[0]
@@ -281,4 +304,7 @@ def calibrate_torch(
     )
     if scatter:
         source += f"; step-to-step scatter {statistics.median(scatter):.1%} (median over runs)"
-    return CalibrationFile(hardware, fit.efficiency, model.name, 1, source, tuple(points)), fit
+    probe_s = statistics.median(probes)
+    source += f"; probe {probe_s * 1e3:.2f} ms ({min(probes) * 1e3:.2f}-{max(probes) * 1e3:.2f})"
+    cal = CalibrationFile(hardware, fit.efficiency, model.name, 1, source, tuple(points), probe_s)
+    return cal, fit

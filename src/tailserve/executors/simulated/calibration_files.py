@@ -47,6 +47,9 @@ class CalibrationFile:
     tp: int
     source: str  # how it was measured
     points: tuple[MeasuredBatch, ...] = ()
+    # A fixed reference iteration's period measured beside the points (torch calibration's
+    # ``probe``): comparing it with the same probe later says how the machine's speed moved.
+    probe_s: float | None = None
 
 
 def _shape_dict(shape: BatchShape) -> dict[str, int]:
@@ -72,6 +75,8 @@ def write_calibration_file(
             {"label": p.label, "seconds": p.seconds, "shape": _shape_dict(p.batch)} for p in cal.points
         ],
     }
+    if cal.probe_s is not None:
+        body["probe_s"] = cal.probe_s
     if fit is not None:
         body["predicted"] = list(fit.predicted)
         body["warnings"] = list(fit.warnings)
@@ -107,8 +112,15 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             MeasuredBatch(BatchShape(**pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
             for pt in body.get("points", [])
         )
+        probe = body.get("probe_s")
         return CalibrationFile(
-            hardware, efficiency, str(body["model"]), int(body["tp"]), str(body["source"]), points
+            hardware,
+            efficiency,
+            str(body["model"]),
+            int(body["tp"]),
+            str(body["source"]),
+            points,
+            None if probe is None else float(probe),
         )
     except KeyError as e:
         raise ValueError(f"{p}: missing key {e.args[0]!r}") from None
