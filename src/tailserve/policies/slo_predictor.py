@@ -7,10 +7,12 @@ The executor declares its cost model (``Executor.cost_model``, forwarded by wrap
   and the stand-in server's real-time simulator): a prediction is ``CostModel.iteration_time``
   of the batch shape, which is what the iteration will take.
 - An estimate (the real PyTorch executor built with ``--calibration FILE`` from ``tailserve
-  calibrate --executor torch``): the cost model's prediction times a correction, the median
-  ratio of measured period to prediction over the last ``RATIO_WINDOW`` iterations (1 until
-  ``MIN_RATIO_OBSERVATIONS``), so it predicts from the first iteration and follows the
-  machine's present speed (other load, thread count) without losing the calibrated shape.
+  calibrate --executor torch``): the cost model's prediction times a correction, the
+  ``RATIO_QUANTILE`` quantile of the ratio of measured period to prediction over the last
+  ``RATIO_WINDOW`` iterations (1 until ``MIN_RATIO_OBSERVATIONS``), so it predicts from the first
+  iteration and follows the machine's present speed (other load, thread count) without losing
+  the calibrated shape. A quantile above the median because the policy fills each iteration to
+  its TBT slack: with a median correction half the iterations would overrun it.
 - None (the real executor without a calibration): a linear model ``a + b*tokens +
   c*prefill_pairs + d*decode_kv_tokens`` fitted by least squares to the measured periods,
   refitted every ``REFIT_EVERY`` iterations. Until ``MIN_OBSERVATIONS`` iterations were seen it
@@ -38,6 +40,7 @@ REFIT_EVERY = 32
 MAX_OBSERVATIONS = 4096  # the fit keeps the most recent iterations
 RATIO_WINDOW = 64  # iterations the calibrated model's correction is the median over
 MIN_RATIO_OBSERVATIONS = 4
+RATIO_QUANTILE = 0.9
 
 
 @dataclass(slots=True)
@@ -121,8 +124,8 @@ class Predictor:
             return "cost model"
         if self.cost_model is not None:
             return (
-                f"calibrated cost model x {self._scale:.3f} (median of the last {len(self._ratios)} "
-                "measured/predicted)"
+                f"calibrated cost model x {self._scale:.3f} (p{RATIO_QUANTILE * 100:g} of the last "
+                f"{len(self._ratios)} measured/predicted)"
             )
         return f"fit to {len(self._times)} measured iterations" if self._coef is not None else "none yet"
 
@@ -170,7 +173,7 @@ class Predictor:
             if predicted > 0:
                 self._ratios.append(duration / predicted)
                 if len(self._ratios) >= MIN_RATIO_OBSERVATIONS:
-                    self._scale = float(np.median(self._ratios))
+                    self._scale = float(np.quantile(self._ratios, RATIO_QUANTILE))
             return
         self._rows.append(
             (1.0, float(shape.num_tokens), float(shape.prefill_pairs), float(shape.decode_kv_tokens))
