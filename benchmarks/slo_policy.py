@@ -169,9 +169,10 @@ def refined_candidates(cell: Cell, found: dict[str, dict[str, Any]]) -> list[Pol
         for j in (i - 1, i + 1):
             if 0 <= j < len(DEFAULT_CHUNK_SIZES) and DEFAULT_CHUNK_SIZES[j] not in tried:
                 specs.append(sized(cell, fam, DEFAULT_CHUNK_SIZES[j]))
-        lpm = sized(cell, fam, best, schedule_policy="lpm")
-        if fam[0] == "sglang" and lpm.label not in found:
-            specs.append(lpm)
+        if fam[0] == "sglang":
+            lpm = sized(cell, fam, best, schedule_policy="lpm")
+            if lpm.label not in found:
+                specs.append(lpm)
     return specs
 
 

@@ -95,3 +95,43 @@ def test_a_protected_tenant_goes_before_partial_prefills_and_ignores_their_slack
     # finds its 10 ms already taken (5 ms + 10.01 ms) and waits.
     fair = {s.request.request_id: s.num_new_tokens for s in setup("vtc").scheduled}
     assert fair == {"hd": 1, "new": 1000}
+
+
+def _tenant_run(fast: bool, weights: str) -> tuple[Scheduler, list[Request]]:
+    from tailserve.core.engine import Engine, EngineOptions
+    from tailserve.core.source import ListSource
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.executor import SimExecutor
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+    from tailserve.kv.paged import KVCacheManager
+    from tailserve.policies.slo import SloPolicy
+
+    device = get_hardware("H100-SXM").device_info
+    policy = SloPolicy(
+        SloPolicy.default_config(
+            device, 1024, fairness="vtc", tenant_weights=weights, slo_classes="all=ttft:1s,tbt:30ms"
+        )
+    )
+    sched = Scheduler(policy, KVCacheManager(3072 // 16, 16), 1024)
+    # Heavy floods the small KV cache; light trickles in beside it (rule 9 preempts heavy).
+    requests = [
+        Request(f"h{i}", 200 + 37 * (i % 11), 40 + 13 * (i % 7), 0.002 * i, tenant_id="heavy")
+        for i in range(80)
+    ] + [Request(f"l{i}", 100 + 53 * (i % 5), 30, 0.05 + 0.04 * i, tenant_id="light") for i in range(12)]
+    requests.sort(key=lambda r: r.arrival_time)
+    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(fast, True)).run()
+    return sched, requests
+
+
+@pytest.mark.parametrize("weights", ["", "light=3"])
+def test_two_tenants_under_kv_pressure_lose_nothing_and_the_fast_path_is_exact(weights):
+    sched, requests = _tenant_run(True, weights)
+    assert len(sched.finished) == len(requests) and all(r.is_finished for r in requests)
+    assert sched.kv_cache.num_free_blocks == sched.kv_cache.num_blocks
+    preempted = {t: sum(r.num_preemptions for r in requests if r.tenant_id == t) for t in ("heavy", "light")}
+    # Rule 9 preempts heavy for light; rule 7 (a decode's KV growth) is tenant-blind.
+    assert preempted["heavy"] > 5 * preempted["light"], preempted
+    _, stepped = _tenant_run(False, weights)
+    assert [(r.status, r.token_times) for r in requests] == [(r.status, r.token_times) for r in stepped]
