@@ -33,7 +33,8 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block() -> None:
         if op < 0.45 or not live:
             rid = live[rng.randrange(len(live))] if live and rng.random() < 0.5 else f"r{i}"
             tokens = 4 * lazy.num_held(rid) + rng.randint(1, 12)
-            assert lazy.allocate(rid, tokens) == counted.allocate(rid, tokens)
+            got, want = lazy.allocate(rid, tokens), counted.allocate(rid, tokens)
+            assert (got is None and want is None) or list(got) == want
             if rid not in live and rid in lazy.block_tables:
                 live.append(rid)
         elif op < 0.75:
@@ -48,7 +49,9 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block() -> None:
             moved = lazy.swap_in(rid)
             assert moved == counted.swap_in(rid)
             (live if moved is not None else swapped).append(rid)
-        assert lazy._free == counted._free and lazy.block_tables == counted.block_tables
+        # (The plain manager keeps typed arrays, the radix one lists: compared as lists.)
+        assert list(lazy._free) == counted._free
+        assert {k: list(t) for k, t in lazy.block_tables.items()} == counted.block_tables
     assert lazy._refs is None  # nothing read the counts: none were kept
     assert lazy._ref_counts == counted._ref_counts  # counted from the tables on first read
     lazy.check_integrity()

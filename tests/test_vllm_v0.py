@@ -781,13 +781,13 @@ def test_scheduler_output_carries_the_swap_block_pairs_and_the_block_tables():
     assert kv.cpu_block_tables["c"] == c_cpu and not out.blocks_to_swap_in
     assert all(s.block_ids is None for s in out.scheduled)  # the simulator never asks
     sched.add_block_ids(out)
-    assert [s.block_ids for s in out.scheduled] == [kv.block_tables["a"], kv.block_tables["b"]]
+    assert [s.block_ids for s in out.scheduled] == [list(kv.block_tables["a"]), list(kv.block_tables["b"])]
     sched.update(out, StepResult(0.01), 0.01)
 
     out = _step(sched, 0.02)  # a finished: c comes back from the CPU blocks it went to
     assert _ids(out.swapped_in) == ["c"]
     assert [cpu for cpu, _ in out.blocks_to_swap_in] == c_cpu
-    assert [gpu for _, gpu in out.blocks_to_swap_in] == kv.block_tables["c"][:3]
+    assert [gpu for _, gpu in out.blocks_to_swap_in] == list(kv.block_tables["c"][:3])
     assert out.num_swap_in_blocks == 3 and not out.blocks_to_swap_out
 
 

@@ -155,7 +155,9 @@ class Scheduler:
         tensors (``Executor.needs_block_ids``); the simulator skips this."""
         tables = self.kv_cache.block_tables
         for item in out.scheduled:
-            item.block_ids = tables[item.request.request_id]
+            table = tables[item.request.request_id]
+            # The plain manager's tables are typed arrays (kv/paged.py); executors get lists.
+            item.block_ids = table if type(table) is list else list(table)
 
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Apply an executed iteration at time ``now``; returns the requests that finished."""
