@@ -1,6 +1,7 @@
-"""Decode attention alone: the portable fused kernel, the AVX-512 bf16 one and the PyTorch path,
-at W's decode shape (batch 64, context 288, bf16), in one core's CPU time (``time.thread_time``,
-min of ``--repeats`` x 20 calls), so a shared machine's load distorts it little.
+"""Attention alone: decode (the portable fused kernel, the AVX-512 bf16 one, the PyTorch path)
+at W's decode shape (batch 64, context 288, bf16), and W's prefill step (16 fresh prompts of 256
+tokens: SDPA per chunk against the AVX-512 bf16 rows kernel), in one core's CPU time
+(``time.thread_time``, min of ``--repeats`` runs), so a shared machine's load distorts it little.
 
     OMP_NUM_THREADS=1 python benchmarks/engine_attention.py [--batch 64] [--context 288]
 
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=288)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shapes", default="tiny,small,llama-8b")
+    p.add_argument(
+        "--prefill-chunks", type=int, default=16, help="prompts in the prefill step (W: 16 of 256)"
+    )
+    p.add_argument("--prefill-len", type=int, default=256)
     args = p.parse_args(argv)
     if cpu_kernels.load() is None:
         print(
@@ -103,9 +108,44 @@ def main(argv: list[str] | None = None) -> int:
                 f"    {label:18s} {t:7.3f} ms/layer  {kv_bytes / t / 1e6:6.1f} GB/s of K/V  "
                 f"{times['portable'] / t:5.2f}x portable"
             )
+        prefill = prefill_case(h, kvh, d, args.prefill_chunks, args.prefill_len)
+        pt = {}
+        for mode in ("portable", "auto"):
+            os.environ["TAILSERVE_DECODE_KERNEL"] = mode
+
+            def run_prefill(prefill=prefill) -> torch.Tensor:
+                q, k, v, ks, vs, meta = prefill
+                meta.prefill_rows = None  # built per iteration in the engine: count it
+                return attention.paged_attention(q, k, v, ks, vs, meta)
+
+            pt[mode] = cpu_ms(run_prefill, args.repeats, calls=3)
+        print(
+            f"    prefill {args.prefill_chunks} x {args.prefill_len} tokens (causal, KV store included): "
+            f"SDPA per chunk {pt['portable']:.2f} ms/layer, {cpu_kernels.decode_isa()} rows kernel "
+            f"{pt['auto']:.2f} ms/layer ({pt['portable'] / pt['auto']:.2f}x)"
+        )
     os.environ.pop("TAILSERVE_DECODE_KERNEL", None)
     os.environ.pop("TAILSERVE_CPU_KERNEL", None)
     return 0
+
+
+def prefill_case(heads: int, kv_heads: int, head_dim: int, chunks: int, length: int, block_size: int = 16):
+    """W's prefill step: ``chunks`` fresh prompts of ``length`` tokens in one iteration."""
+    g = torch.Generator().manual_seed(1)
+    per = -(-length // block_size)
+    kv = attention.PagedKVCache(
+        1, chunks * per, block_size, kv_heads, head_dim, torch.bfloat16, torch.device("cpu")
+    )
+    ks, vs = kv.slots(0)
+    tables = [list(range(i * per, (i + 1) * per)) for i in range(chunks)]
+    meta = attention.build_metadata(
+        tables, [length] * chunks, [0] * chunks, 0, block_size, kv.null_slot, torch.device("cpu")
+    )
+    n = chunks * length
+    q = torch.randn(n, heads, head_dim, generator=g).to(torch.bfloat16)
+    k = torch.randn(n, kv_heads, head_dim, generator=g).to(torch.bfloat16)
+    v = torch.randn(n, kv_heads, head_dim, generator=g).to(torch.bfloat16)
+    return q, k, v, ks, vs, meta
 
 
 if __name__ == "__main__":

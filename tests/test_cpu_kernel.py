@@ -97,3 +97,39 @@ def test_decode_isa_names_the_kernel(monkeypatch):
     assert cpu_kernels.decode_isa() == expected
     monkeypatch.setenv("TAILSERVE_DECODE_KERNEL", "portable")
     assert cpu_kernels.decode_isa() == "portable"
+
+
+@pytest.mark.parametrize("heads", [(8, 4), (12, 4), (4, 4)])
+def test_prefill_rows_kernel_matches_sdpa(monkeypatch, heads):
+    """A batch of decodes and prefill chunks (fresh prompts, and chunks after cached context)
+    through ``paged_attention``: the AVX-512 bf16 rows kernel for the prefill tokens where it
+    runs, PyTorch's SDPA per chunk otherwise; both agree to bf16 rounding."""
+    if cpu_kernels.load() is None:
+        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+    h, kvh = heads
+    d, bs, num_blocks = 64, 16, 96
+    g = torch.Generator().manual_seed(5)
+    new = [1, 1, 40, 16, 7, 100]  # two decodes, then four chunks
+    ctx = [30, 70, 0, 33, 64, 0]
+    tables, start = [], 0
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    for c, n in zip(ctx, new):
+        need = -(-(c + n) // bs)
+        tables.append(perm[start : start + need])
+        start += need
+    meta = attention.build_metadata(tables, new, ctx, 2, bs, num_blocks * bs, torch.device("cpu"))
+    kv = attention.PagedKVCache(1, num_blocks, bs, kvh, d, torch.bfloat16, torch.device("cpu"))
+    ks, vs = kv.slots(0)
+    ks[: num_blocks * bs] = torch.randn(num_blocks * bs, kvh, d, generator=g).to(torch.bfloat16)
+    vs[: num_blocks * bs] = torch.randn(num_blocks * bs, kvh, d, generator=g).to(torch.bfloat16)
+    tokens = sum(new)
+    q = torch.randn(tokens, h, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(tokens, kvh, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(tokens, kvh, d, generator=g).to(torch.bfloat16)
+    results = {}
+    for kernel in ("portable", "auto"):
+        monkeypatch.setenv("TAILSERVE_DECODE_KERNEL", kernel)
+        meta.prefill_rows = None
+        results[kernel] = attention.paged_attention(q, k, v, ks.clone(), vs.clone(), meta).float()
+    assert (meta.prefill_rows is not None) == (cpu_kernels.decode_isa() == "avx512_bf16")
+    torch.testing.assert_close(results["auto"], results["portable"], rtol=1e-2, atol=1e-2)

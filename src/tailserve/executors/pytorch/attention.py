@@ -91,6 +91,17 @@ class PrefillChunk:
     num_context_tokens: int  # tokens cached before this chunk
     context_slots: torch.Tensor | None  # [num_context_tokens] slots of the cached context
     mask: torch.Tensor | None  # [new, context + new] bool; None: causal with no context
+    slots: torch.Tensor | None = None  # [context + new] every slot the chunk attends over
+
+
+@dataclass(slots=True)
+class PrefillRows:
+    """Every prefill token as one query row of the CPU rows kernel: row i reads the first
+    ``lengths[i]`` slots of ``slots[rows[i]]``; built once per iteration, on first use."""
+
+    slots: torch.Tensor  # [num_chunks, longest context + new] long, padded with the null slot
+    rows: torch.Tensor  # [num_prefill_tokens] long: the chunk of each token
+    lengths: torch.Tensor  # [num_prefill_tokens] long: context + position in chunk + 1
 
 
 @dataclass(slots=True)
@@ -103,6 +114,27 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
     decode_lengths: torch.Tensor | None  # [num_decodes] long, context + 1 per decode
     prefills: list[PrefillChunk]
+    null_slot: int = -1
+    prefill_rows: PrefillRows | None = None  # see ``_prefill_rows``
+
+
+def _prefill_rows(meta: AttentionMetadata) -> PrefillRows:
+    if meta.prefill_rows is None:
+        chunks = meta.prefills
+        width = max(c.num_context_tokens + c.num_new_tokens for c in chunks)
+        slots = torch.full((len(chunks), width), meta.null_slot, dtype=torch.long)
+        for i, c in enumerate(chunks):
+            slots[i, : c.slots.numel()] = c.slots
+        new = torch.tensor([c.num_new_tokens for c in chunks])
+        rows = torch.repeat_interleave(torch.arange(len(chunks)), new)
+        lengths = torch.cat(
+            [
+                torch.arange(c.num_context_tokens + 1, c.num_context_tokens + c.num_new_tokens + 1)
+                for c in chunks
+            ]
+        )
+        meta.prefill_rows = PrefillRows(slots, rows, lengths)
+    return meta.prefill_rows
 
 
 def build_metadata(
@@ -125,11 +157,11 @@ def build_metadata(
         slots = (blocks[:, None] * block_size + offsets).flatten()
         slot_mapping_part = slots[c:total]
         if c == 0:
-            prefills.append(PrefillChunk(0, n, 0, None, None))
+            prefills.append(PrefillChunk(0, n, 0, None, None, slots[:total]))
         else:
             q_pos = torch.arange(c, total, device=device)[:, None]
             k_pos = torch.arange(total, device=device)[None, :]
-            prefills.append(PrefillChunk(0, n, c, slots[:c].to(device), k_pos <= q_pos))
+            prefills.append(PrefillChunk(0, n, c, slots[:c].to(device), k_pos <= q_pos, slots[:total]))
         slot_mapping.append(slot_mapping_part)
     decode_slots = decode_mask = length_t = None
     decode_mapping = torch.empty(0, dtype=torch.long)
@@ -151,7 +183,9 @@ def build_metadata(
         chunk.start = start
         start += chunk.num_new_tokens
     mapping = torch.cat([decode_mapping, *slot_mapping]) if slot_mapping else decode_mapping
-    return AttentionMetadata(mapping.to(device), num_decodes, decode_slots, decode_mask, length_t, prefills)
+    return AttentionMetadata(
+        mapping.to(device), num_decodes, decode_slots, decode_mask, length_t, prefills, null_slot
+    )
 
 
 def paged_attention(
@@ -170,6 +204,15 @@ def paged_attention(
     nd = meta.num_decodes
     if nd:
         out[:nd] = _decode_attention(q[:nd], k_slots, v_slots, meta)
+    if meta.prefills and cpu_kernels.enabled() and cpu_kernels.rows_attention_applies(q, k_slots):
+        # bf16 on a CPU with avx512_bf16: every prefill token in one kernel call, reading its
+        # chunk's K/V from the cache (stored above) with a float32 softmax. PyTorch's CPU SDPA
+        # runs these short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py).
+        pr = _prefill_rows(meta)
+        fused = cpu_kernels.paged_rows_attention(q[nd:], k_slots, v_slots, pr.slots, pr.rows, pr.lengths)
+        if fused is not None:
+            out[nd:] = fused
+            return out
     for chunk in meta.prefills:
         s, n = chunk.start, chunk.num_new_tokens
         query = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, dim]

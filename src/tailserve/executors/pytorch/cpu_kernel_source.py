@@ -132,10 +132,12 @@ static inline __m512 widen_bf16(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
+// Query row b reads the slot list ``rows[b]`` of ``slots`` (or row b when ``rows`` is null):
+// the tokens of one prefill chunk share their chunk's list, each with its own causal length.
 template <int HD, int G>
 static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
-                             const int64_t* slots, const int64_t* lengths, float* out, int64_t B,
-                             int64_t H, int64_t KV, int64_t L, float scale) {
+                             const int64_t* slots, const int64_t* rows, const int64_t* lengths,
+                             float* out, int64_t B, int64_t H, int64_t KV, int64_t L, float scale) {
   static_assert(HD % 32 == 0, "head_dim must be a multiple of 32");
   constexpr int NQ = HD / 32;  // bf16 vectors per row
   constexpr int NF = HD / 16;  // float32 vectors per row
@@ -144,7 +146,7 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
     alignas(64) __m512 part[G][16];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KV, h = task % KV, n = lengths[b];
-      const int64_t* __restrict sl = slots + b * L;
+      const int64_t* __restrict sl = slots + (rows ? rows[b] : b) * L;
       __m512bh qv[G][NQ];
       for (int g = 0; g < G; ++g)
         for (int j = 0; j < NQ; ++j)
@@ -202,11 +204,11 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
 
 // The bf16 kernel for this head_dim and group size, or false (the caller uses decode_impl).
 static bool decode_bf16(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
-                        const int64_t* slots, const int64_t* lengths, float* out, int64_t B, int64_t H,
-                        int64_t KV, int64_t D, int64_t L, float scale) {
+                        const int64_t* slots, const int64_t* rows, const int64_t* lengths, float* out,
+                        int64_t B, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
   const int64_t G = H / KV;
 #define TS_CASE(HDV, GV) \
-  if (D == HDV && G == GV) { decode_bf16_impl<HDV, GV>(q, k, v, slots, lengths, out, B, H, KV, L, scale); return true; }
+  if (D == HDV && G == GV) { decode_bf16_impl<HDV, GV>(q, k, v, slots, rows, lengths, out, B, H, KV, L, scale); return true; }
 #define TS_GROUPS(HDV) TS_CASE(HDV, 1) TS_CASE(HDV, 2) TS_CASE(HDV, 3) TS_CASE(HDV, 4) TS_CASE(HDV, 5) \
   TS_CASE(HDV, 6) TS_CASE(HDV, 7) TS_CASE(HDV, 8)
   TS_GROUPS(64) TS_GROUPS(128) TS_GROUPS(32) TS_GROUPS(96) TS_GROUPS(256)
@@ -239,8 +241,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
     auto qb = q.contiguous();
     auto out = torch::empty({B, H, D}, q.options().dtype(torch::kFloat));
     if (decode_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
-                    sl.data_ptr<int64_t>(), ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV, D, L,
-                    static_cast<float>(scale)))
+                    sl.data_ptr<int64_t>(), nullptr, ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV,
+                    D, L, static_cast<float>(scale)))
       return out.to(q.scalar_type());
   }
 #endif
@@ -264,6 +266,33 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
     }
   });
   return out.to(q.scalar_type());
+}
+
+// Attention of query rows that each read their own prefix of a shared slot list: q [B, H, D]
+// bf16, slots [R, L], rows [B] (which list), lengths [B] (how many of its slots: causal, the
+// row's own token last). The tokens of prefill chunks, with K/V already stored. Only where the
+// AVX-512 bf16 kernel is built (``decode_kernel_isa``); float32 [B, H, D] out.
+torch::Tensor paged_rows_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
+                                   torch::Tensor rows, torch::Tensor lengths, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "k and v must be contiguous");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
+              "paged_rows_attention: bf16 only");
+  auto qb = q.contiguous();
+  auto sl = slots.to(torch::kLong).contiguous();
+  auto rw = rows.to(torch::kLong).contiguous();
+  auto ln = lengths.to(torch::kLong).contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), L = sl.size(1);
+  TORCH_CHECK(H % KV == 0, "heads must be a multiple of KV heads");
+  auto out = torch::empty({B, H, D}, q.options().dtype(torch::kFloat));
+#ifdef TAILSERVE_HAVE_DPBF16
+  if (decode_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                  sl.data_ptr<int64_t>(), rw.data_ptr<int64_t>(), ln.data_ptr<int64_t>(), out.data_ptr<float>(), B,
+                  H, KV, D, L, static_cast<float>(scale)))
+    return out;
+#endif
+  TORCH_CHECK(false, "paged_rows_attention: no AVX-512 bf16 kernel for head_dim ", D, " and group ", H / KV);
+  return out;
 }
 
 // ---- elementwise -----------------------------------------------------------------------------
@@ -337,6 +366,7 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
 FUNCTIONS = [
     "paged_decode_attention",
     "decode_kernel_isa",
+    "paged_rows_attention",
     "rope_split",
     "argmax_rows",
 ]
