@@ -52,6 +52,7 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.fairness import make_backlog
+from tailserve.policies.slo_admit import admit, order_waiting
 from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
 from tailserve.policies.slo_config import SloConfig, WaitingInfo
 from tailserve.policies.slo_fair import make_room_for_fair_share
@@ -182,7 +183,7 @@ class SloPolicy(Policy):
 
         # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
         if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
-            tokens_left, floor_left = self._admit(sched, now, out, load, tokens_left, slacks, floor_left)
+            tokens_left, floor_left = admit(self, sched, now, out, load, tokens_left, slacks, floor_left)
         if later:
             self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
         if self.backlog is not None:
@@ -295,105 +296,7 @@ class SloPolicy(Policy):
 
     def order_waiting(self, sched: Scheduler, now: float) -> tuple[list[Request], list[Request]]:
         """(requests in service order, never-admitted infeasible ones); rules 3-5."""
-        cfg: SloConfig = self.config
-        info = self._info
-        by_slack = sorted(
-            sched.waiting, key=lambda r: info[r.request_id].deadline - info[r.request_id].prefill_s
-        )
-        feasible: list[Request] = []
-        late: list[Request] = []
-        queued = 0.0  # predicted prefill time of the feasible requests ahead
-        stretch = self._stretch
-        for r in by_slack:
-            w = info[r.request_id]
-            need = w.prefill_s * stretch
-            if w.deadline - now - queued - need >= 0:
-                feasible.append(r)
-                queued += need
-            else:
-                late.append(r)
-        late.sort(key=lambda r: r.arrival_time)
-        aged = [r for r in late if now - (r.enqueue_time or r.arrival_time) >= cfg.aging_s]
-        rest = [r for r in late if now - (r.enqueue_time or r.arrival_time) < cfg.aging_s]
-        if cfg.slo_admission == "reject":
-            rejected = [r for r in rest if r.first_scheduled_time is None]
-            rest = [r for r in rest if r.first_scheduled_time is not None]
-        else:
-            rejected = []
-        ordered = aged + feasible + rest
-        if self.backlog is not None:
-            ordered = self.backlog.order(ordered)
-            ordered.sort(key=self._tier)  # stable: protected tenants first, VTC order within
-        return ordered, rejected
-
-    def _admit(
-        self,
-        sched: Scheduler,
-        now: float,
-        out: SchedulerOutput,
-        load: BatchLoad,
-        tokens_left: int,
-        slacks: list[tuple[float, float]],
-        floor_left: int,
-    ) -> tuple[int, int]:
-        """Rules 3-6; (tokens left, floor left)."""
-        cfg: SloConfig = self.config
-        kv = sched.kv_cache
-        ordered, rejected = self.order_waiting(sched, now)
-        for r in rejected:
-            w = self._info[r.request_id]
-            sched.waiting.remove_request(r)
-            self.on_finished(sched, [r])
-            sched.reject(
-                r,
-                f"SLO class {w.slo.name}: its TTFT target ({w.slo.ttft:g} s) cannot be met; predicted "
-                f"prefill {w.prefill_s:.3f} s with {w.deadline - now:.3f} s left behind the queue",
-                now,
-            )
-        out_of_room: set[str | None] = set()  # tenants whose limit left no chunk (rule 9)
-        for request in ordered:
-            if tokens_left <= 0 or len(sched.running) >= cfg.max_num_seqs:
-                break
-            if request.tenant_id in out_of_room:
-                continue
-            match = (
-                kv.match_prefix(request.request_id, request.num_tokens)
-                if not request.num_computed_tokens
-                else None
-            )
-            hit = match.num_tokens if match is not None else 0
-            computed = request.num_computed_tokens + hit
-            wanted = min(request.num_tokens - computed, tokens_left)
-            want = self._chunk(load, computed, wanted, self._limit(slacks, request), floor_left)
-            if want == 0:
-                if self.backlog is None:
-                    break
-                out_of_room.add(request.tenant_id)  # one under its share may still have room
-                continue
-            if hit:
-                if kv.num_blocks_needed_after_hit(match, request.num_tokens) > kv.num_free_blocks:
-                    break
-                kv.allocate_with_prefix(request.request_id, match, hit + want)
-                kv.register_computed(request.request_id, hit + want)
-                request.num_computed_tokens = hit
-            else:
-                if not kv.can_allocate(request.request_id, request.num_tokens):
-                    break
-                if not sched.allocate(request, computed + want):
-                    break
-            if request.first_scheduled_time is None:
-                request.num_cached_tokens = hit
-            sched.waiting.remove_request(request)
-            self._info.pop(request.request_id, None)
-            if self.backlog is not None:
-                self.backlog.dequeue(request)
-            sched.admit(request, now)
-            out.num_admitted += 1
-            out.scheduled.append(ScheduledRequest(request, want, computed))
-            load.add_chunk(want, computed, computed + want == request.num_tokens)
-            tokens_left -= want
-            floor_left = max(0, floor_left - want)
-        return tokens_left, floor_left
+        return order_waiting(self, sched, now)
 
     # ---- the engine's fast paths ----------------------------------------------------------
     def can_fast_forward(self, sched: Scheduler) -> bool:

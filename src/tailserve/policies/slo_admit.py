@@ -1,0 +1,118 @@
+"""Rules 3-6 of the ``slo`` policy (``slo.py``): the waiting requests' service order (least
+TTFT slack, feasibility, best-effort, aging, rejection, the tenant order of rules 8-9) and their
+admission under the iteration's token, time and KV limits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.policies.slo_config import SloConfig
+from tailserve.policies.slo_predictor import BatchLoad
+
+if TYPE_CHECKING:
+    from tailserve.policies.slo import SloPolicy
+
+
+def order_waiting(policy: SloPolicy, sched: Scheduler, now: float) -> tuple[list[Request], list[Request]]:
+    """(requests in service order, never-admitted infeasible ones); rules 3-5."""
+    cfg: SloConfig = policy.config
+    info = policy._info
+    by_slack = sorted(sched.waiting, key=lambda r: info[r.request_id].deadline - info[r.request_id].prefill_s)
+    feasible: list[Request] = []
+    late: list[Request] = []
+    queued = 0.0  # predicted prefill time of the feasible requests ahead
+    stretch = policy._stretch
+    for r in by_slack:
+        w = info[r.request_id]
+        need = w.prefill_s * stretch
+        if w.deadline - now - queued - need >= 0:
+            feasible.append(r)
+            queued += need
+        else:
+            late.append(r)
+    late.sort(key=lambda r: r.arrival_time)
+    aged = [r for r in late if now - (r.enqueue_time or r.arrival_time) >= cfg.aging_s]
+    rest = [r for r in late if now - (r.enqueue_time or r.arrival_time) < cfg.aging_s]
+    if cfg.slo_admission == "reject":
+        rejected = [r for r in rest if r.first_scheduled_time is None]
+        rest = [r for r in rest if r.first_scheduled_time is not None]
+    else:
+        rejected = []
+    ordered = aged + feasible + rest
+    if policy.backlog is not None:
+        ordered = policy.backlog.order(ordered)
+        ordered.sort(key=policy._tier)  # stable: protected tenants first, VTC order within
+    return ordered, rejected
+
+
+def admit(
+    policy: SloPolicy,
+    sched: Scheduler,
+    now: float,
+    out: SchedulerOutput,
+    load: BatchLoad,
+    tokens_left: int,
+    slacks: list[tuple[float, float]],
+    floor_left: int,
+) -> tuple[int, int]:
+    """Rules 3-6; (tokens left, floor left)."""
+    cfg: SloConfig = policy.config
+    kv = sched.kv_cache
+    ordered, rejected = order_waiting(policy, sched, now)
+    for r in rejected:
+        w = policy._info[r.request_id]
+        sched.waiting.remove_request(r)
+        policy.on_finished(sched, [r])
+        sched.reject(
+            r,
+            f"SLO class {w.slo.name}: its TTFT target ({w.slo.ttft:g} s) cannot be met; predicted "
+            f"prefill {w.prefill_s:.3f} s with {w.deadline - now:.3f} s left behind the queue",
+            now,
+        )
+    out_of_room: set[str | None] = set()  # tenants whose limit left no chunk (rule 9)
+    for request in ordered:
+        if tokens_left <= 0 or len(sched.running) >= cfg.max_num_seqs:
+            break
+        if request.tenant_id in out_of_room:
+            continue
+        match = (
+            kv.match_prefix(request.request_id, request.num_tokens)
+            if not request.num_computed_tokens
+            else None
+        )
+        hit = match.num_tokens if match is not None else 0
+        computed = request.num_computed_tokens + hit
+        wanted = min(request.num_tokens - computed, tokens_left)
+        want = policy._chunk(load, computed, wanted, policy._limit(slacks, request), floor_left)
+        if want == 0:
+            if policy.backlog is None:
+                break
+            out_of_room.add(request.tenant_id)  # one under its share may still have room
+            continue
+        if hit:
+            if kv.num_blocks_needed_after_hit(match, request.num_tokens) > kv.num_free_blocks:
+                break
+            kv.allocate_with_prefix(request.request_id, match, hit + want)
+            kv.register_computed(request.request_id, hit + want)
+            request.num_computed_tokens = hit
+        else:
+            if not kv.can_allocate(request.request_id, request.num_tokens):
+                break
+            if not sched.allocate(request, computed + want):
+                break
+        if request.first_scheduled_time is None:
+            request.num_cached_tokens = hit
+        sched.waiting.remove_request(request)
+        policy._info.pop(request.request_id, None)
+        if policy.backlog is not None:
+            policy.backlog.dequeue(request)
+        sched.admit(request, now)
+        out.num_admitted += 1
+        out.scheduled.append(ScheduledRequest(request, want, computed))
+        load.add_chunk(want, computed, computed + want == request.num_tokens)
+        tokens_left -= want
+        floor_left = max(0, floor_left - want)
+    return tokens_left, floor_left
