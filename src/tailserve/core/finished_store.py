@@ -20,7 +20,11 @@ import numpy as np
 from tailserve.core.request import Request, RequestStatus
 
 _DONE = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
-FLUSH_TOKENS = 1 << 20  # token times buffered as Python floats before they become gap arrays
+# Token times buffered before they become gap arrays: 64 MiB, above glibc's largest mmap
+# threshold (32 MiB), so every chunk is its own mapping and freeing one returns it to the OS
+# (smaller chunks land in the heap, whose freed pages the process keeps: the summary's one
+# contiguous copy would then double the peak).
+FLUSH_TOKENS = 1 << 23
 
 
 @dataclass(slots=True)
@@ -42,8 +46,9 @@ class FinishedStore:
     prompt_len: array = field(default_factory=lambda: array("q"))
     num_cached_tokens: array = field(default_factory=lambda: array("q"))
     _gap_chunks: list[np.ndarray] = field(default_factory=list)
-    _times: list[float] = field(default_factory=list)  # token times not yet turned into gaps
-    _counts: list[int] = field(default_factory=list)  # tokens per request in ``_times``
+    _buf: np.ndarray | None = None  # token times not yet turned into gaps (FLUSH_TOKENS)
+    _fill: int = 0  # entries of ``_buf`` in use
+    _counts: list[int] = field(default_factory=list)  # tokens per request in ``_buf``
     # The pooled ITL's statistics, set by ``metrics.summary`` when it takes the gaps.
     itl_stats: dict[str, float | None] | None = None
 
@@ -72,23 +77,32 @@ class FinishedStore:
             self.num_output_tokens.append(len(times))
             self.prompt_len.append(r.prompt_len)
             self.num_cached_tokens.append(r.num_cached_tokens)
-            self._times.extend(times)
-            self._counts.append(len(times))
-        if len(self._times) >= FLUSH_TOKENS:
+            self._buffer(times)
+
+    def _buffer(self, times: list[float]) -> None:
+        n = len(times)
+        if self._buf is None:
+            self._buf = np.empty(FLUSH_TOKENS, dtype=np.float64)
+        if self._fill + n > self._buf.size:
             self._flush()
+            if n > self._buf.size:  # one request longer than the buffer: a buffer of its own
+                self._buf = np.empty(n, dtype=np.float64)
+        self._buf[self._fill : self._fill + n] = times
+        self._fill += n
+        self._counts.append(n)
 
     def _flush(self) -> None:
         """The buffered token times become their requests' gaps, as ``RequestLatencies.of``
         takes them: consecutive differences, the ones across two requests dropped."""
-        if not self._times:
+        if not self._fill:
             return
-        flat = np.array(self._times, dtype=np.float64)
-        gaps = np.diff(flat)
+        assert self._buf is not None
+        gaps = np.diff(self._buf[: self._fill])
         if gaps.size:
             keep = np.ones(gaps.size, dtype=bool)
             keep[np.cumsum(self._counts)[:-1] - 1] = False
             self._gap_chunks.append(gaps[keep])
-        self._times = []
+        self._fill = 0
         self._counts = []
 
     def take_itl(self) -> np.ndarray:
@@ -96,6 +110,7 @@ class FinishedStore:
         over (the store keeps none): built chunk by chunk, each chunk dropped once copied, so the
         peak is one array. ``metrics.summary`` keeps the statistics it computes from it."""
         self._flush()
+        self._buf = None
         chunks = self._gap_chunks
         out = np.empty(sum(c.size for c in chunks), dtype=np.float64)
         i = 0
