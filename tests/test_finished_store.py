@@ -78,3 +78,21 @@ def test_streamed_run_cannot_be_saved() -> None:
     streamed = _run("vllm", WorkloadSpec("random", num_requests=10, seed=2), stream=True)
     with pytest.raises(ValueError, match="--stream-metrics"):
         streamed.to_json()
+
+
+def test_iterator_source_hands_out_what_a_list_source_does() -> None:
+    from tailserve.core.request import Request
+    from tailserve.core.source import ListSource
+    from tailserve.core.stream_source import IteratorSource
+
+    def make() -> list[Request]:
+        return [Request(f"r{i}", 10 + i, 5, 0.5 * (i // 2)) for i in range(9)]
+
+    lazy, eager = IteratorSource(iter(make())), ListSource(make())
+    for now in (0.0, 0.7, 1.0, 3.9, 10.0):
+        assert lazy.next_arrival_time() == eager.next_arrival_time()
+        assert [r.request_id for r in lazy.pop_arrived(now)] == [r.request_id for r in eager.pop_arrived(now)]
+    assert lazy.exhausted and lazy.num_requests == 9
+    backwards = IteratorSource(iter([Request("a", 1, 1, 2.0), Request("b", 1, 1, 1.0)]))
+    with pytest.raises(ValueError, match="arrival order"):
+        backwards.pop_arrived(5.0)
