@@ -387,7 +387,7 @@ def test_pool_rejects_misuse_and_integrity_catches_corruption():
         pool.cache_full_blocks([0], [1])  # not held
     blocks = pool.allocate(1)
     assert blocks is not None
-    pool._free[blocks[0]] = None  # held and free at once
+    pool._free.push_front(blocks)  # held and free at once
     with pytest.raises(PrefixCacheIntegrityError, match="ref count 0"):
         pool.check_integrity()
 

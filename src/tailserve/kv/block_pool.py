@@ -21,19 +21,31 @@ free queue, which is also the cache's LRU list::
 So free and evictable cached blocks form one pool: ``num_free_blocks`` counts both, which is
 what vLLM's admission check counts. Differences from vLLM: no null block (block 0 is an ordinary
 block), one KV cache group, keys are ints.
+
+Speed: a request's blocks move through the pool in batches (numpy arrays of ref counts and keys,
+``kv/free_queue.py`` for the queue), so one allocation, caching or free of ~750 blocks costs a
+few array operations and one C-level pass over the key index, not a Python loop per block. The
+order of every queue and index operation is the one-block-at-a-time order above
+(tests/test_prefix_cache.py and tests/test_block_pool_batches.py check it against a plain model).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
+import numpy as np
+
+from tailserve.kv.block_index import NO_KEY, BlockIndex
+from tailserve.kv.free_queue import FreeBlockQueue
 from tailserve.kv.prefix import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
+
+# Keys are 64-bit ints (``prefix.block_hashes``, ``keys_from_hash_ids``: values of ``hash()``,
+# which never returns -1 in CPython), so NO_KEY = -1 marks a block without one.
 
 
 class HashedBlockPool(PrefixCache):
-    """KV blocks with ref counts, a content-key index and one LRU free queue; every op is O(1)
-    per block touched."""
+    """KV blocks with ref counts, a content-key index and one LRU free queue; each operation is
+    a few array operations per call plus O(1) C-level work per block touched."""
 
     def __init__(self, num_blocks: int, block_size: int, *, free_unhashed_to_front: bool = True) -> None:
         if num_blocks < 1:
@@ -43,17 +55,11 @@ class HashedBlockPool(PrefixCache):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_unhashed_to_front = free_unhashed_to_front
-        self._ref_counts: list[int] = [0] * num_blocks
-        self._keys: list[Hashable | None] = [None] * num_blocks
-        # key -> the block holding it, or a list of blocks (oldest first) in the rare case of
-        # several: vLLM does not de-duplicate, so two requests that computed the same block
-        # concurrently both cache it, and a hit takes the first. (An int, not a one-entry
-        # container, because that case is nearly all of them.)
-        self._cached: dict[Hashable, int | list[int]] = {}
+        self._refs = np.zeros(num_blocks, dtype=np.int32)
+        self._keys = np.full(num_blocks, NO_KEY, dtype=np.int64)
+        self._index = BlockIndex()  # key -> its first holder (kv/block_index.py)
         self._num_cached_blocks = 0
-        # The free queue as an ordered set: popitem(last=False) is the front, move_to_end(b,
-        # last=False) inserts at the front; both O(1), as is removal from the middle.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free = FreeBlockQueue(num_blocks)
         self._num_free_cached = 0
         self.stats = PrefixCacheStats()
 
@@ -83,17 +89,24 @@ class HashedBlockPool(PrefixCache):
         return self._num_free_cached
 
     def ref_count(self, block_id: int) -> int:
-        return self._ref_counts[block_id]
+        return int(self._refs[block_id])
 
-    def block_key(self, block_id: int) -> Hashable | None:
-        return self._keys[block_id]
+    def num_unreferenced(self, block_ids: Sequence[int]) -> int:
+        """How many of the blocks have ref count 0 (sit in the free queue)."""
+        if not block_ids:
+            return 0
+        return int(np.count_nonzero(self._refs[np.asarray(block_ids)] == 0))
+
+    def block_key(self, block_id: int) -> int | None:
+        key = int(self._keys[block_id])
+        return None if key == NO_KEY else key
 
     def free_block_ids(self) -> list[int]:
         """The free queue, front (next to be allocated) first. O(n): for tests and debugging."""
-        return list(self._free)
+        return self._free.to_list()
 
     # ---- lookup -------------------------------------------------------------------------------
-    def get_computed_blocks(self, block_keys: Sequence[Hashable], num_tokens: int | None) -> PrefixMatch:
+    def get_computed_blocks(self, block_keys: Sequence[int], num_tokens: int | None) -> PrefixMatch:
         """Longest chain of cached blocks for ``block_keys`` (the request's full-block keys),
         walking until the first miss, capped at ``num_tokens - 1`` tokens rounded down to a block
         so at least one token is computed: a request whose blocks are all cached recomputes its
@@ -106,34 +119,30 @@ class HashedBlockPool(PrefixCache):
             num_tokens = max_blocks * size
         else:
             max_blocks = min(len(block_keys), max(num_tokens - 1, 0) // size)
-        cached = self._cached
-        hits: list[int] = []
-        for i in range(max_blocks):
-            holders = cached.get(block_keys[i])
-            if holders is None:
-                break
-            hits.append(holders if type(holders) is int else holders[0])
+        hits = self._index.first_holders(block_keys, max_blocks) if max_blocks else []
         stats = self.stats
         stats.num_lookups += 1
         stats.num_query_tokens += num_tokens
         stats.num_hit_tokens += len(hits) * size
         return PrefixMatch(len(hits) * size, hits)
 
-    def match_prefix(self, keys: Sequence[Hashable], num_tokens: int | None = None) -> PrefixMatch:
+    def match_prefix(self, keys: Sequence[int], num_tokens: int | None = None) -> PrefixMatch:
         return self.get_computed_blocks(keys, num_tokens)
 
     # ---- ownership ----------------------------------------------------------------------------
     def touch(self, block_ids: Sequence[int]) -> None:
-        """Take a reference on each block (cache hits); a free one leaves the free queue."""
-        refs = self._ref_counts
-        free = self._free
-        keys = self._keys
-        for block_id in block_ids:
-            if refs[block_id] == 0:
-                del free[block_id]
-                if keys[block_id] is not None:
-                    self._num_free_cached -= 1
-            refs[block_id] += 1
+        """Take a reference on each block (cache hits; distinct blocks); a free one leaves the
+        free queue."""
+        if not block_ids:
+            return
+        ids = np.asarray(block_ids, dtype=np.int64)
+        refs = self._refs
+        before = refs[ids]
+        refs[ids] = before + 1
+        unreferenced = ids[before == 0]
+        if len(unreferenced):
+            self._free.remove(unreferenced)
+            self._num_free_cached -= int(np.count_nonzero(self._keys[unreferenced] != NO_KEY))
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Pop ``num_blocks`` blocks from the front of the free queue, evicting the key of any
@@ -141,126 +150,115 @@ class HashedBlockPool(PrefixCache):
         ``num_blocks`` are free."""
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        free = self._free
-        if num_blocks > len(free):
+        if num_blocks > len(self._free):
             return None
-        refs = self._ref_counts
-        keys = self._keys
-        out: list[int] = []
-        evicted = 0
-        cached = self._cached
-        popitem = free.popitem
-        for _ in range(num_blocks):
-            block_id = popitem(last=False)[0]
-            key = keys[block_id]
-            if key is not None:  # evict: the common single-holder case of _drop_key, inlined
-                if type(cached[key]) is int:
-                    del cached[key]
-                    keys[block_id] = None
-                else:
-                    self._drop_key(block_id)
-                evicted += 1
-            refs[block_id] = 1
-            out.append(block_id)
-        if evicted:
-            self._num_free_cached -= evicted
-            self._num_cached_blocks -= evicted
-            self.stats.num_evicted_tokens += evicted * self.block_size
+        if not num_blocks:
+            return []
+        # The front stack holds only keyless blocks; ring blocks may be cached (evicted here).
+        out, from_ring = self._free.pop_front(num_blocks)
+        refs = self._refs
+        if len(out) == 1:
+            refs[out[0]] = 1
+        elif out:
+            refs[out] = 1
+        if from_ring is not None:
+            refs[from_ring] = 1
+            keyed = from_ring[self._keys[from_ring] != NO_KEY]
+            if len(keyed):
+                self._forget_keys(keyed)
+                evicted = len(keyed)
+                self._num_free_cached -= evicted
+                self._num_cached_blocks -= evicted
+                self.stats.num_evicted_tokens += evicted * self.block_size
+            out += from_ring.tolist()
         return out
 
     def free(self, block_ids: Sequence[int]) -> None:
-        """Drop one reference on each block, given in the request's order (first block first);
-        they are processed tail first. A block reaching ref count 0 enters the free queue: at
-        the back if it is cached, else at the front (see the module docstring)."""
-        refs = self._ref_counts
-        free = self._free
-        keys = self._keys
-        to_front: list[int] = []
-        for block_id in reversed(block_ids):
-            if refs[block_id] <= 0:
-                raise ValueError(f"block {block_id} freed but its ref count is {refs[block_id]}")
-            refs[block_id] -= 1
-            if refs[block_id]:
-                continue
-            free[block_id] = None
-            if keys[block_id] is not None:
-                self._num_free_cached += 1
-            elif self.free_unhashed_to_front:
-                to_front.append(block_id)
-        # prepend_n: the first of them (the request's last keyless block) ends up at the front.
-        for block_id in reversed(to_front):
-            free.move_to_end(block_id, last=False)
+        """Drop one reference on each block (distinct blocks, in the request's order: first
+        block first); they are processed tail first. A block reaching ref count 0 enters the
+        free queue: at the back if it is cached, else at the front (see the module docstring)."""
+        if not block_ids:
+            return
+        ids = np.asarray(block_ids, dtype=np.int64)[::-1]
+        refs = self._refs
+        before = refs[ids]
+        if (before <= 0).any():
+            bad = int(ids[np.flatnonzero(before <= 0)[0]])
+            raise ValueError(f"block {bad} freed but its ref count is {refs[bad]}")
+        refs[ids] = before - 1
+        released = ids[before == 1]
+        if not len(released):
+            return
+        keyed = self._keys[released] != NO_KEY
+        num_keyed = int(np.count_nonzero(keyed))
+        self._num_free_cached += num_keyed
+        if not self.free_unhashed_to_front or num_keyed == len(released):
+            self._free.push_back(released)
+            return
+        # prepend_n: keyless blocks at the front, the first of them (in tail-first order: the
+        # request's last keyless block) first; cached ones at the back, tail first.
+        self._free.push_back(released[keyed])
+        self._free.push_front(released[~keyed].tolist())
 
-    def cache_full_blocks(self, block_ids: Sequence[int], block_keys: Sequence[Hashable]) -> int:
+    def cache_full_blocks(self, block_ids: Sequence[int], block_keys: Sequence[int]) -> int:
         """Register ``block_ids[i]`` as holding the full, computed block ``block_keys[i]``.
 
         Blocks that already carry a key are skipped (it must be the same key: a block's content
-        does not change while it is held). Each block must be held (ref count > 0). Returns how
-        many of the keys were cached before the call (by this block or another one); duplicates
-        stay cached, as in vLLM, so the caller frees nothing.
+        does not change while it is held). Each block must be held (ref count > 0); nothing
+        changes when a check fails. Returns how many of the keys were cached before the call (by
+        this block or another one); duplicates stay cached, as in vLLM, so the caller frees
+        nothing.
         """
         if len(block_ids) != len(block_keys):
             raise ValueError(f"{len(block_ids)} blocks but {len(block_keys)} keys")
-        refs = self._ref_counts
-        keys = self._keys
-        cached = self._cached
-        already = newly = 0
-        for block_id, key in zip(block_ids, block_keys):
-            if refs[block_id] <= 0:
-                raise ValueError(f"block {block_id} is not held (ref count {refs[block_id]})")
-            current = keys[block_id]
-            if current is not None:
-                if current != key:
-                    raise ValueError(f"block {block_id} is cached under another key")
-                already += 1
-                continue
-            holders = cached.get(key)
-            if holders is None:
-                cached[key] = block_id
-            else:
-                already += 1
-                if type(holders) is int:
-                    cached[key] = [holders, block_id]
-                else:
-                    holders.append(block_id)
-            keys[block_id] = key
-            newly += 1
-        self._num_cached_blocks += newly
-        return already
+        if not block_ids:
+            return 0
+        ids = np.asarray(block_ids, dtype=np.int64)
+        try:
+            new_keys = np.asarray(block_keys, dtype=np.int64)
+        except (OverflowError, TypeError, ValueError) as error:
+            raise ValueError(f"block keys must be 64-bit ints ({error})") from None
+        refs = self._refs[ids]
+        if (refs <= 0).any():
+            bad = int(ids[np.flatnonzero(refs <= 0)[0]])
+            raise ValueError(f"block {bad} is not held (ref count {refs[np.flatnonzero(refs <= 0)[0]]})")
+        if (new_keys == NO_KEY).any():
+            raise ValueError(f"block key {NO_KEY} is reserved (no key)")
+        current = self._keys[ids]
+        keyless = current == NO_KEY
+        already = 0
+        if not keyless.all():
+            if (current[~keyless] != new_keys[~keyless]).any():
+                bad = int(ids[np.flatnonzero(~keyless & (current != new_keys))[0]])
+                raise ValueError(f"block {bad} is cached under another key")
+            already = len(ids) - int(np.count_nonzero(keyless))
+            ids, new_keys = ids[keyless], new_keys[keyless]
+            if not len(ids):
+                return already
+        self._keys[ids] = new_keys
+        self._num_cached_blocks += len(ids)
+        keys = list(block_keys) if len(ids) == len(block_keys) else new_keys.tolist()
+        return already + self._index.add(ids.tolist(), keys)
 
     def evict(self, num: int) -> int:
         """Drop the keys of up to ``num`` cached free blocks, least recently freed first; the
-        blocks stay free. Returns how many were dropped. (Allocation evicts on its own; this is
-        for resetting or shrinking the cache.)"""
+        blocks stay free, where they are in the queue. Returns how many were dropped.
+        (Allocation evicts on its own; this is for resetting or shrinking the cache.)"""
         if num <= 0 or not self._num_free_cached:
             return 0
-        keys = self._keys
-        victims: list[int] = []
-        for block_id in self._free:
-            if keys[block_id] is not None:
-                victims.append(block_id)
-                if len(victims) == num:
-                    break
-        for block_id in victims:
-            self._drop_key(block_id)
-        self._num_free_cached -= len(victims)
-        self._num_cached_blocks -= len(victims)
-        self.stats.num_evicted_tokens += len(victims) * self.block_size
-        return len(victims)
+        ring = self._free.ring_blocks()  # the front stack holds no cached block
+        victims = ring[self._keys[ring] != NO_KEY][:num]
+        self._forget_keys(victims)
+        n = len(victims)
+        self._num_free_cached -= n
+        self._num_cached_blocks -= n
+        self.stats.num_evicted_tokens += n * self.block_size
+        return n
 
-    def _drop_key(self, block_id: int) -> None:
-        """Forget the block's key (the caller updates the counters)."""
-        keys = self._keys
-        key = keys[block_id]
-        cached = self._cached
-        holders = cached[key]
-        if type(holders) is int:
-            del cached[key]
-        else:
-            holders.remove(block_id)
-            if len(holders) == 1:
-                cached[key] = holders[0]
-        keys[block_id] = None
+    def _forget_keys(self, block_ids: np.ndarray) -> None:
+        """Take the blocks' keys off them (the caller updates the counters)."""
+        self._index.remove(block_ids, self._keys[block_ids])
+        self._keys[block_ids] = NO_KEY
 
     # ---- PrefixCache --------------------------------------------------------------------------
     def lock(self, match: PrefixMatch) -> None:
@@ -269,18 +267,21 @@ class HashedBlockPool(PrefixCache):
     def unlock(self, match: PrefixMatch) -> None:
         self.free(match.kv_indices)
 
-    def insert(self, keys: Sequence[Hashable], kv_indices: Sequence[int]) -> int:
+    def insert(self, keys: Sequence[int], kv_indices: Sequence[int]) -> int:
         return self.cache_full_blocks(kv_indices, keys)
 
     def check_integrity(self) -> None:
         """Free queue = blocks with ref count 0, each once; key index matches every block's key;
         counters match; with ``free_unhashed_to_front`` no uncached block is behind a cached one."""
         err = PrefixCacheIntegrityError
-        refs = self._ref_counts
-        keys = self._keys
-        free = self._free
-        if len(free) != len(set(free)):
-            raise err("a block appears twice in the free queue")
+        refs = self._refs.tolist()
+        keys = [None if k == NO_KEY else k for k in self._keys.tolist()]
+        problem = self._free.check_integrity()
+        if problem:
+            raise err(problem)
+        free = self._free.to_list()
+        if any(keys[b] is not None for b in free[: self._free.num_front]):
+            raise err("a cached block is in the free queue's front stack")
         bad_refs = [b for b, r in enumerate(refs) if r < 0]
         if bad_refs:
             raise err(f"negative ref counts on blocks {bad_refs[:5]}")
@@ -292,20 +293,12 @@ class HashedBlockPool(PrefixCache):
             )
         if len(free) + sum(1 for r in refs if r > 0) != self.num_blocks:
             raise err(f"{len(free)} free + used != {self.num_blocks} blocks")
-        indexed = 0
-        for key, entry in self._cached.items():
-            holders = [entry] if type(entry) is int else entry
-            if type(entry) is not int and (len(holders) < 2 or len(set(holders)) != len(holders)):
-                raise err(f"key {key!r} is indexed with block list {holders}")
-            for block_id in holders:
-                if keys[block_id] != key:
-                    raise err(f"block {block_id} is indexed under {key!r} but has key {keys[block_id]!r}")
-            indexed += len(holders)
+        problem = self._index.check_integrity(self._keys.tolist())
+        if problem:
+            raise err(problem)
         with_key = sum(1 for k in keys if k is not None)
-        if indexed != with_key or with_key != self._num_cached_blocks:
-            raise err(
-                f"{with_key} blocks have a key, {indexed} are indexed, counter says {self._num_cached_blocks}"
-            )
+        if with_key != self._num_cached_blocks:
+            raise err(f"{with_key} blocks have a key but the counter says {self._num_cached_blocks}")
         free_cached = sum(1 for b in free if keys[b] is not None)
         if free_cached != self._num_free_cached:
             raise err(f"{free_cached} cached blocks are free but the counter says {self._num_free_cached}")

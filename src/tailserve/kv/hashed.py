@@ -92,8 +92,7 @@ class HashedKVCacheManager(KVCacheManager):
     def num_blocks_needed_after_hit(self, match: PrefixMatch, num_total_tokens: int) -> int:
         """Free blocks an admission with this hit consumes: the new blocks, plus the hit blocks
         that sit evictable in the free queue (touching them takes them out of it)."""
-        pool = self.pool
-        evictable_hits = sum(1 for b in match.kv_indices if pool.ref_count(b) == 0)
+        evictable_hits = self.pool.num_unreferenced(match.kv_indices)
         return self.blocks_for(num_total_tokens) - len(match.kv_indices) + evictable_hits
 
     def allocate_with_prefix(self, request_id: str, match: PrefixMatch, num_total_tokens: int) -> bool:
