@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tailserve.executors.pytorch import cpu_kernels
 from tailserve.executors.pytorch.attention import _decode_attention, build_metadata
 from tailserve.executors.pytorch.init_model import default_model_dir
-from tailserve.executors.pytorch.model import rms_norm
+from tailserve.executors.pytorch.model import linear, rms_norm
 from tailserve.llm import LLM
 
 BATCH, CONTEXT = 64, 288
@@ -47,12 +47,12 @@ def main() -> None:
         meta = build_metadata(tables, [1] * BATCH, [CONTEXT] * BATCH, BATCH, bs, kv.null_slot, m.device)
         x = torch.randn(BATCH, m.config.hidden_size, dtype=m.dtype)
         pos = torch.full((BATCH,), CONTEXT)
-        qkv = F.linear(x, w.qkv)
+        qkv = linear(x, w.qkv, None)
         q = qkv[:, : h * d].reshape(BATCH, h, d)
         k = qkv[:, h * d : (h + kvh) * d].reshape(BATCH, kvh, d)
         v = qkv[:, (h + kvh) * d :].reshape(BATCH, kvh, d)
         ks, vs = kv.slots(0)
-        gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)
+        gate, up = linear(x, w.gate_up, None).chunk(2, dim=-1)
         act = F.silu(gate) * up
         logits = m.compute_logits(x)
         parts = {
@@ -63,7 +63,7 @@ def main() -> None:
             )
             / layers,
             "rms_norm x2": 2 * cpu_ms(lambda: rms_norm(x, w.input_norm, m.eps)),
-            "qkv linear": cpu_ms(lambda: F.linear(x, w.qkv)),
+            "qkv linear": cpu_ms(lambda: linear(x, w.qkv, None)),
             "rope + split": cpu_ms(lambda: m.fused.rope_split(qkv, m.rope.cos, m.rope.sin, pos, h, kvh, d))
             if m.fused is not None
             else float("nan"),
@@ -71,10 +71,10 @@ def main() -> None:
                 lambda: (ks.index_copy_(0, meta.slot_mapping, k), vs.index_copy_(0, meta.slot_mapping, v))
             ),
             "decode attention": cpu_ms(lambda: _decode_attention(q, ks, vs, meta)),
-            "o linear": cpu_ms(lambda: F.linear(x, w.o)),
-            "gate_up linear": cpu_ms(lambda: F.linear(x, w.gate_up)),
+            "o linear": cpu_ms(lambda: linear(x, w.o, None)),
+            "gate_up linear": cpu_ms(lambda: linear(x, w.gate_up, None)),
             "silu * up": cpu_ms(lambda: F.silu(gate) * up),
-            "down linear": cpu_ms(lambda: F.linear(act, w.down)),
+            "down linear": cpu_ms(lambda: linear(act, w.down, None)),
             "lm head (share per layer)": cpu_ms(lambda: m.compute_logits(x)) / layers,
             "greedy argmax (share per layer)": cpu_ms(lambda: cpu_kernels.argmax_rows(logits).tolist())
             / layers,
