@@ -21,10 +21,12 @@ from tailserve.workloads.arrivals import ArrivalSpec
 from tailserve.workloads.lengths import LogNormal
 
 
-def test_uncounted_manager_matches_a_counting_one_block_for_block() -> None:
-    lazy = KVCacheManager(64, 4, num_cpu_blocks=32)
-    counted = RadixKVCacheManager(64, 4, num_cpu_blocks=32)  # keeps counts from the start
+@pytest.mark.parametrize("block_size", [4, 1])  # 1: the plain manager's typed-array tables
+def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: int) -> None:
+    lazy = KVCacheManager(64, block_size, num_cpu_blocks=32)
+    counted = RadixKVCacheManager(64, block_size, num_cpu_blocks=32)  # keeps counts from the start
     assert lazy._refs is None and counted._refs is not None
+    assert lazy._compact == (block_size == 1)
     rng = random.Random(7)
     live: list[str] = []
     swapped: list[str] = []
@@ -32,7 +34,7 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block() -> None:
         op = rng.random()
         if op < 0.45 or not live:
             rid = live[rng.randrange(len(live))] if live and rng.random() < 0.5 else f"r{i}"
-            tokens = 4 * lazy.num_held(rid) + rng.randint(1, 12)
+            tokens = block_size * lazy.num_held(rid) + rng.randint(1, 12)
             got, want = lazy.allocate(rid, tokens), counted.allocate(rid, tokens)
             assert (got is None and want is None) or list(got) == want
             if rid not in live and rid in lazy.block_tables:

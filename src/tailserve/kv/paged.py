@@ -43,10 +43,12 @@ class KVCacheManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         # A stack: freed blocks are reused first, which keeps hot blocks hot on a real GPU.
-        # The plain manager keeps its ids in typed arrays: slicing and extending them copies
-        # machine integers, where lists touch one int object per block (scattered in memory:
-        # SGLang's one-token slots made this ~20% of a simulation). Subclasses keep lists.
-        self._compact = type(self) is KVCacheManager
+        # With one-token blocks (SGLang's slots) the plain manager keeps its ids in typed
+        # arrays: slicing and extending them copies machine integers, where lists touch one int
+        # object per slot, scattered in memory (~20% of an SGLang simulation). Not for larger
+        # blocks: an array reallocates whenever it shrinks by 16 or more entries, which costs
+        # more there than the few int objects a block table holds. Subclasses keep lists.
+        self._compact = type(self) is KVCacheManager and block_size == 1
         ids = range(num_blocks - 1, -1, -1)
         self._free: list[int] = array("q", ids) if self._compact else list(ids)  # type: ignore[assignment]
         # In a plain manager every held block has exactly one reference (only the radix
