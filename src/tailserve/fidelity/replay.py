@@ -146,37 +146,8 @@ class _IdleMarkingClock:
         self.inner.wait_until(t)
 
 
-class ScaledSimExecutor(SimExecutor):
-    """The simulator with every duration times ``scale``: the cost model at the machine's speed
-    of the moment (``torch_calibrate.probe`` then over at calibration), for the drift-corrected
-    comparison."""
-
-    def __init__(self, cost_model: CostModel, block_size: int, scale: float) -> None:
-        super().__init__(cost_model, block_size)
-        self.scale = scale
-
-    def execute(self, out):  # type: ignore[no-untyped-def]
-        result = super().execute(out)
-        result.duration *= self.scale
-        return result
-
-    def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
-        return super().decode_step_duration(num_decodes, num_context_tokens) * self.scale
-
-    def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
-        return [
-            d * self.scale for d in super().decode_step_durations(num_decodes, num_context_tokens, num_steps)
-        ]
-
-    def decode_run_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
-        return super().decode_run_durations(num_decodes, num_context_tokens, num_steps) * self.scale
-
-
-def run_sim(
-    cost_model: CostModel, setup: EngineSetup, real_requests: list[Request], scale: float = 1.0
-) -> list[Request]:
-    """The real run's requests, fresh, through the simulator with the real run's configuration
-    (``scale``: every duration times it, ``ScaledSimExecutor``)."""
+def run_sim(cost_model: CostModel, setup: EngineSetup, real_requests: list[Request]) -> list[Request]:
+    """The real run's requests, fresh, through the simulator with the real run's configuration."""
     from tailserve.policies.registry import get_policy_cls
 
     cls = get_policy_cls(setup.policy)
@@ -194,22 +165,17 @@ def run_sim(
         )
         for r in real_requests
     ]
-    executor = (
-        SimExecutor(cost_model, setup.block_size)
-        if scale == 1.0
-        else ScaledSimExecutor(cost_model, setup.block_size, scale)
+    engine = Engine(
+        scheduler, SimExecutor(cost_model, setup.block_size), ListSource(fresh), options=EngineOptions()
     )
-    engine = Engine(scheduler, executor, ListSource(fresh), options=EngineOptions())
     engine.run()
     return fresh
 
 
-def iteration_errors(
-    cost_model: CostModel, iterations: list[IterationRecord], scale: float = 1.0
-) -> np.ndarray:
-    """predicted (times ``scale``) / measured - 1 for every back-to-back real iteration."""
+def iteration_errors(cost_model: CostModel, iterations: list[IterationRecord]) -> np.ndarray:
+    """predicted / measured - 1 for every back-to-back real iteration."""
     timed = [r for r in iterations if r.period_s]
-    return np.array([scale * cost_model.iteration_time(r.shape) / r.period_s - 1.0 for r in timed])
+    return np.array([cost_model.iteration_time(r.shape) / r.period_s - 1.0 for r in timed])
 
 
 def iteration_kind(shape: BatchShape) -> str:
@@ -266,11 +232,7 @@ METRICS = (
 )
 
 
-def compare(
-    cost_model: CostModel, real: RunRecord, sim_requests: list[Request], scale: float = 1.0
-) -> dict[str, Any]:
-    """Request-metric errors of ``sim_requests`` against the real run, and the per-iteration
-    errors of ``cost_model`` (times ``scale``, as ``run_sim`` was given) on its iterations."""
+def compare(cost_model: CostModel, real: RunRecord, sim_requests: list[Request]) -> dict[str, Any]:
     a, b = summarize(real.requests), summarize(sim_requests)
     out: dict[str, Any] = {"real": {}, "sim": {}, "error": {}}
     for label, metric, stat in METRICS:
@@ -280,7 +242,7 @@ def compare(
     r, s = a["throughput"]["output_tokens_per_s"], b["throughput"]["output_tokens_per_s"]
     out["real"]["throughput"], out["sim"]["throughput"] = r, s
     out["error"]["throughput"] = (s / r - 1.0) if r else None
-    e = iteration_errors(cost_model, real.iterations, scale)
+    e = iteration_errors(cost_model, real.iterations)
     out["iterations"] = _error_summary(e)
     out["iterations"]["scatter"] = period_scatter(real.iterations)
     kinds = np.array([iteration_kind(r.shape) for r in real.iterations if r.period_s])
