@@ -32,7 +32,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tailserve import __version__
 from tailserve.llm import SamplingParams
 from tailserve.server.async_engine import AsyncEngine
-from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, cors_options
+from tailserve.server.guards import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    ApiKeyGuard,
+    BodyLimit,
+    RequestIdHeader,
+    cors_options,
+)
 from tailserve.server.prometheus import ServerMetrics
 from tailserve.server.protocol import (
     ApiError,
@@ -109,6 +115,7 @@ def build_app(
         app.add_middleware(ApiKeyGuard, api_keys=list(api_keys))
     if allowed_origins:
         app.add_middleware(CORSMiddleware, **cors_options(list(allowed_origins)))
+    app.add_middleware(RequestIdHeader)  # outermost: a 401 or 413 carries the id too
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -177,7 +184,11 @@ def build_app(
         else:
             prompt = body.prompt
         meta = ResponseMeta(
-            "completion", new_id("cmpl"), served_model_name, body.include_usage, body.continuous_usage
+            "completion",
+            new_id("cmpl", request.state.request_id),
+            served_model_name,
+            body.include_usage,
+            body.continuous_usage,
         )
         return await serve(request, body, prompt, params, meta)
 
@@ -189,7 +200,11 @@ def build_app(
         prompts.check_prompt_size("".join(m["content"] for m in messages), "messages")
         prompt = await prompts.encode_chat(messages, body.add_generation_prompt is not False)
         meta = ResponseMeta(
-            "chat", new_id("chatcmpl"), served_model_name, body.include_usage, body.continuous_usage
+            "chat",
+            new_id("chatcmpl", request.state.request_id),
+            served_model_name,
+            body.include_usage,
+            body.continuous_usage,
         )
         return await serve(request, body, prompt, params, meta)
 

@@ -1,4 +1,4 @@
-"""ASGI middleware in front of the routes: an API key and a request-body limit.
+"""ASGI middleware in front of the routes: an API key, a request-body limit, the request id.
 
 - ``ApiKeyGuard``: with ``--api-key`` (or ``TAILSERVE_API_KEY`` / ``VLLM_API_KEY``) every route but
   ``/health``, ``/metrics`` and ``/version`` needs ``Authorization: Bearer <key>``, as vLLM guards
@@ -7,12 +7,18 @@
 - ``BodyLimit``: a body over ``max_bytes`` is a 413 before the handler runs: a declared
   ``Content-Length`` is refused without reading a byte, a chunked body as soon as it crosses the
   limit. The body is read here (at most ``max_bytes``) and replayed to the app.
+- ``RequestIdHeader``: the client's (or a router's) ``X-Request-Id``, else a fresh uuid, is the
+  request's id (``request.state.request_id``: the completion routes build ``cmpl-<id>`` /
+  ``chatcmpl-<id>`` from it, as vLLM's ``_base_request_id`` does) and comes back in the
+  response's ``X-Request-Id`` header on every response, errors included (vLLM echoes it with
+  ``--enable-request-id-headers``; here always).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tailserve.server.protocol import error_body
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
+MAX_REQUEST_ID_LEN = 256  # characters of X-Request-Id: an id, not a payload
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # 4 MiB: far above any prompt a context holds, below a stall
 
 
@@ -126,3 +133,27 @@ def cors_options(origins: list[str]) -> dict[str, Any]:
         "allow_methods": ["*"],
         "allow_headers": ["*"],
     }
+
+
+class RequestIdHeader:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        if given is not None and not 0 < len(given) <= MAX_REQUEST_ID_LEN:
+            await send_error(send, 400, f"X-Request-Id must be 1 to {MAX_REQUEST_ID_LEN} characters long")
+            return
+        raw = given if given is not None else uuid.uuid4().hex.encode()
+        scope.setdefault("state", {})["request_id"] = raw.decode("latin-1")
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", raw)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

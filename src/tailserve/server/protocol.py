@@ -245,8 +245,9 @@ class DetokenizeRequest(BaseModel):
 
 
 # ---- responses ------------------------------------------------------------------------------
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, base: str | None = None) -> str:
+    """``prefix-base``: the request's own id (X-Request-Id) when it has one, else a fresh uuid."""
+    return f"{prefix}-{base or uuid.uuid4().hex}"
 
 
 def now_s() -> int:
