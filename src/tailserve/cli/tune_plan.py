@@ -1,20 +1,25 @@
 """``tailserve tune --gpus N``: capacity of every layout of a GPU budget (all aggregated replicas
-and each prefill:decode split) under the SLO, as a table and JSON (tune/cluster_plan.py)."""
+and each prefill:decode split) under the SLO, as a table and JSON (tune/cluster_plan.py). The
+cluster runs go through the sweep options like every tune: ``--workers``, ``--ray``, ``--quiet``,
+and ``--out FILE.jsonl`` (resumed unless ``--no-resume``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from tailserve.cli.base import write_json
+from tailserve.cli.sweep_options import make_sweep
 from tailserve.policies.registry import parse_policy_list
 from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo
 from tailserve.tune.cluster_plan import PlanRow, plan
+from tailserve.tune.sweep import ResultsFile
 
 console = Console()
 
@@ -56,11 +61,14 @@ def run_plan(
     if len(policies) != 1:
         raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
     policy = policies[0]
-    with console.status(f"planning {args.gpus} GPUs ..."):
+    results = ResultsFile(args.out, resume=not args.no_resume) if args.out else None
+    with make_sweep(args, results) as sweep:
         rows = plan(
             args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
-            rel_tol=args.rel_tol,
+            rel_tol=args.rel_tol, sweep=sweep,
         )  # fmt: skip
+    where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
+    print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
     console.print(f"{label} — {workload.label}")
     console.print(
         f"SLO: {slo}; {args.gpus} GPUs as replicas of TP {deployment.tp}, {policy.label}, "

@@ -1,7 +1,8 @@
 """Where a sweep's runs execute: in this process, on a local process pool, or on Ray.
 
-Every backend runs ``tune.sweep.execute`` on ``RunSpec``s and hands back ``RunOutcome``s as they
-finish; the simulator is deterministic, so all three give identical results for the same specs.
+Every backend runs ``tune.sweep.execute`` on specs (``SweepSpec``: a ``RunSpec`` or a cluster
+layout's) and hands back ``RunOutcome``s as they finish; the simulator is deterministic, so all
+three give identical results for the same specs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tailserve.tune.sweep import RunOutcome, RunSpec
+    from tailserve.tune.sweep import RunOutcome, SweepSpec
 
 
-def _execute() -> Callable[[RunSpec], RunOutcome]:
+def _execute() -> Callable[[SweepSpec], RunOutcome]:
     # Imported when used: sweep.py imports this module. A module-level function pickles for the
     # process pool and Ray alike.
     from tailserve.tune.sweep import execute
@@ -26,7 +27,7 @@ def _execute() -> Callable[[RunSpec], RunOutcome]:
 
 
 class Backend(Protocol):
-    def submit(self, spec: RunSpec) -> None: ...
+    def submit(self, spec: SweepSpec) -> None: ...
     def wait(self) -> list[RunOutcome]:
         """Block until at least one submitted run finished; return every finished one."""
         ...
@@ -40,9 +41,9 @@ class SerialBackend:
     workers = 1
 
     def __init__(self) -> None:
-        self._queue: deque[RunSpec] = deque()
+        self._queue: deque[SweepSpec] = deque()
 
-    def submit(self, spec: RunSpec) -> None:
+    def submit(self, spec: SweepSpec) -> None:
         self._queue.append(spec)
 
     def wait(self) -> list[RunOutcome]:
@@ -63,7 +64,7 @@ class ProcessBackend:
         self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         self._futures: set[cf.Future[RunOutcome]] = set()
 
-    def submit(self, spec: RunSpec) -> None:
+    def submit(self, spec: SweepSpec) -> None:
         self._futures.add(self._pool.submit(_execute(), spec))
 
     def wait(self) -> list[RunOutcome]:
@@ -94,7 +95,7 @@ class RayBackend:
         self._execute = ray.remote(num_cpus=1)(_execute())
         self._refs: list[Any] = []
 
-    def submit(self, spec: RunSpec) -> None:
+    def submit(self, spec: SweepSpec) -> None:
         self._refs.append(self._execute.remote(spec))
 
     def wait(self) -> list[RunOutcome]:

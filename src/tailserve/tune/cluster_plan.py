@@ -6,10 +6,16 @@ workload's ``rate``) by ``bisect_capacity``, so every run replays the same reque
 their arrival times scaled. Each layout's replicas run the same deployment (its TP: a replica
 takes ``tp`` GPUs) and policy; the aggregated layout and the prefill side use one router, the
 decode side ``least-kv``.
+
+Each layout's search is a generator of ``ClusterRunSpec``s (one cluster run at one rate), driven
+by a ``Sweep`` like every other sweep: serially, on the process pool (``--workers``) or on Ray
+(``--ray``), the layouts' searches side by side, with identical results on every backend.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +28,8 @@ from tailserve.policies.registry import PolicySpec
 from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
-from tailserve.tune.capacity import CapacitySlo, bisect_capacity
+from tailserve.tune.capacity import CapacitySlo, capacity_steps
+from tailserve.tune.sweep import RunOutcome, SerialBackend, Sweep, _plain, spec_key
 from tailserve.workloads.traces import load_trace
 
 
@@ -83,6 +90,70 @@ def run_layout(
     return PdCluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterRunSpec:
+    """One cluster run: a layout of replicas on a workload (its rate included), a ``SweepSpec``."""
+
+    layout: Layout
+    deployment: Deployment
+    policy: PolicySpec
+    workload: WorkloadSpec
+    router: str
+    link: str
+    keep_run: bool = False  # summaries only
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "cluster",
+            "layout": _plain(self.layout),
+            "deployment": _plain(self.deployment),
+            "policy": {"name": self.policy.name, **self.policy.flags, **self.policy.engine_flags},
+            "workload": _plain(self.workload),
+            "router": self.router,
+            "link": self.link,
+        }
+
+    @property
+    def key(self) -> str:
+        return spec_key(self.describe())
+
+    def execute(self) -> RunOutcome:
+        label = self.layout.label
+        started = time.perf_counter()
+        try:
+            run = run_layout(self.layout, self.deployment, self.policy, self.workload, self.router, self.link)
+        except ValueError as error:
+            return RunOutcome(self.key, label, {}, 0.0, error=str(error))
+        return RunOutcome(self.key, label, cluster_summary(run), time.perf_counter() - started)
+
+
+def _scaled(spec: WorkloadSpec, x: float) -> WorkloadSpec:
+    """The workload at ``x`` times its own rate (same requests, arrival times / x)."""
+    if spec.name == "trace":
+        return replace(spec, rate_scale=spec.rate_scale * x)
+    return replace(spec, rate=spec.rate * x)
+
+
+def layout_search(
+    base: ClusterRunSpec, slo: CapacitySlo, rate0: float, rel_tol: float
+) -> Generator[ClusterRunSpec, RunOutcome, PlanRow]:
+    """The layout's capacity search as a sweep's search: yields a run per rate tried."""
+    summaries: dict[float, dict[str, Any]] = {}
+    steps = capacity_steps(1.0, 1.0, rel_tol, min_rate=1 / 64, max_rate=64.0)
+    try:
+        x = next(steps)
+        while True:
+            outcome = yield replace(base, workload=_scaled(base.workload, x))
+            if outcome.error is not None:
+                raise ValueError(f"{base.layout.label}: {outcome.error}")
+            summaries[x] = outcome.summary
+            x = steps.send(slo.meets(outcome.summary))
+    except StopIteration as stop:
+        found = stop.value
+    upper = None if found.upper is None else found.upper * rate0
+    return PlanRow(base.layout, found.rate * rate0, upper, summaries.get(found.rate))
+
+
 def plan(
     gpus: int,
     deployment: Deployment,
@@ -93,31 +164,17 @@ def plan(
     router: str = "prefix-aware",
     link: str = "ib-ndr",
     rel_tol: float = 0.1,
+    sweep: Sweep | None = None,
 ) -> list[PlanRow]:
+    """Every layout's capacity; the runs on ``sweep``'s backend (default: this process)."""
     if gpus % deployment.tp:
         raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}")
     rate0 = base_rate(spec)
-    rows = []
-    for layout in layouts(gpus // deployment.tp):
-        summaries: dict[float, dict[str, Any]] = {}
-
-        def meets(x: float, layout: Layout = layout, summaries: dict = summaries) -> bool:
-            scaled = (
-                replace(spec, rate_scale=spec.rate_scale * x)
-                if spec.name == "trace"
-                else replace(spec, rate=spec.rate * x)
-            )
-            summary = cluster_summary(run_layout(layout, deployment, policy, scaled, router, link))
-            summaries[x] = summary
-            return slo.meets(summary)
-
-        found = bisect_capacity(meets, 1.0, 1.0, rel_tol, min_rate=1 / 64, max_rate=64.0)
-        rows.append(
-            PlanRow(
-                layout,
-                found.rate * rate0,
-                None if found.upper is None else found.upper * rate0,
-                summaries.get(found.rate),
-            )
-        )
-    return rows
+    searches = [
+        layout_search(ClusterRunSpec(layout, deployment, policy, spec, router, link), slo, rate0, rel_tol)
+        for layout in layouts(gpus // deployment.tp)
+    ]
+    if sweep is not None:
+        return sweep.drive(searches, f"{gpus} GPUs")
+    with Sweep(SerialBackend(), quiet=True) as serial:
+        return serial.drive(searches, f"{gpus} GPUs")

@@ -1,7 +1,8 @@
 """Independent simulation runs, fanned out over a local process pool, run serially, or on Ray.
 
 A ``RunSpec`` (deployment, workload with its seed, policy with its flags, SLO) fully determines
-its run: the simulator is deterministic, so every backend gives identical results for the same
+its run (another kind of run with the same surface, ``SweepSpec``, rides the same backends:
+``tune/cluster_plan.ClusterRunSpec``, a cluster layout): the simulator is deterministic, so every backend gives identical results for the same
 specs. Runs come back as ``RunOutcome``: the compact summary (metric dicts, a few kB) unless the
 caller asks for the whole ``RunResult`` (``keep_run``: requests and iteration log, several MB for
 a long trace) because its output reads per-request timestamps.
@@ -25,7 +26,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tailserve import __version__
 from tailserve.core.engine import EngineOptions
@@ -49,12 +50,13 @@ __all__ = [
     "RunSpec",
     "SerialBackend",
     "Sweep",
+    "SweepSpec",
     "execute",
     "make_backend",
 ]
 
 T = TypeVar("T")
-Search = Generator["RunSpec", "RunOutcome", T]
+Search = Generator["SweepSpec", "RunOutcome", T]
 RESULTS_FORMAT = 1  # bump when a summary's meaning changes: old results files then stop matching
 
 
@@ -87,8 +89,29 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        text = json.dumps(self.describe(), sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:20]
+        return spec_key(self.describe())
+
+    def execute(self) -> RunOutcome:
+        return _execute_engine(self)
+
+
+class SweepSpec(Protocol):
+    """What a sweep runs: everything that decides the result in ``describe`` (hashed to ``key``),
+    and ``execute``, which runs it in whatever process the backend chose (the spec pickles)."""
+
+    keep_run: bool
+
+    @property
+    def key(self) -> str: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def execute(self) -> RunOutcome: ...
+
+
+def spec_key(describe: dict[str, Any]) -> str:
+    text = json.dumps(describe, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def _plain(value: Any) -> Any:
@@ -112,7 +135,7 @@ class RunOutcome:
     error: str | None = None  # the ValueError a bad spec raised (unknown flag, model too big, ...)
     reused: bool = False  # read from the results file, not run now
 
-    def to_json(self, spec: RunSpec) -> dict[str, Any]:
+    def to_json(self, spec: SweepSpec) -> dict[str, Any]:
         return {
             "key": self.key,
             "label": self.label,
@@ -135,8 +158,13 @@ def _workload(spec: WorkloadSpec) -> WorkloadBuilder:
     return WorkloadBuilder(spec)
 
 
-def execute(spec: RunSpec) -> RunOutcome:
-    """Run one spec. A ValueError (bad flag, model that does not fit) comes back as ``error``, so
+def execute(spec: SweepSpec) -> RunOutcome:
+    """Run one spec where the backend put it (a module-level function: it pickles)."""
+    return spec.execute()
+
+
+def _execute_engine(spec: RunSpec) -> RunOutcome:
+    """Run one engine. A ValueError (bad flag, model that does not fit) comes back as ``error``, so
     every backend reports it the same way; anything else is a bug and propagates."""
     try:
         run = run_policy(
@@ -202,7 +230,7 @@ class ResultsFile:
             return None
         return RunOutcome(key, row["label"], row["summary"], row["wall_s"], reused=True)
 
-    def append(self, spec: RunSpec, outcome: RunOutcome) -> None:
+    def append(self, spec: SweepSpec, outcome: RunOutcome) -> None:
         row = outcome.to_json(spec)
         self._done[outcome.key] = row
         with self.path.open("a") as f:
@@ -228,14 +256,14 @@ class Sweep:
     def __exit__(self, *exc: object) -> None:
         self.backend.close()
 
-    def run(self, specs: Sequence[RunSpec], description: str = "runs") -> list[RunOutcome]:
+    def run(self, specs: Sequence[SweepSpec], description: str = "runs") -> list[RunOutcome]:
         """Every spec's outcome, in the order of ``specs`` whatever order they finish in."""
         return self.drive([_single(spec) for spec in specs], description)
 
     def drive(self, searches: Sequence[Search[T]], description: str = "runs") -> list[T]:
         """Run searches side by side; return each one's value, in order."""
         values: list[Any] = [None] * len(searches)
-        waiting: dict[str, list[tuple[int, RunSpec]]] = {}  # key -> searches waiting for it
+        waiting: dict[str, list[tuple[int, SweepSpec]]] = {}  # key -> searches waiting for it
         num_runs = 0
         with self._progress(description) as (progress, task):
 
@@ -269,7 +297,7 @@ class Sweep:
                         advance(i, outcome)
         return values
 
-    def _known(self, spec: RunSpec) -> RunOutcome | None:
+    def _known(self, spec: SweepSpec) -> RunOutcome | None:
         if spec.keep_run:
             return None  # the results file holds summaries only
         outcome = self._memo.get(spec.key)
@@ -280,7 +308,7 @@ class Sweep:
                 self._memo[spec.key] = outcome
         return outcome
 
-    def _record(self, spec: RunSpec, outcome: RunOutcome) -> None:
+    def _record(self, spec: SweepSpec, outcome: RunOutcome) -> None:
         self.num_executed += 1
         if outcome.error is None:
             self._memo[spec.key] = outcome
@@ -291,5 +319,5 @@ class Sweep:
         return SweepProgress(description, disable=self.quiet or not sys.stderr.isatty())
 
 
-def _single(spec: RunSpec) -> Search[RunOutcome]:
+def _single(spec: SweepSpec) -> Search[RunOutcome]:
     return (yield spec)

@@ -1,0 +1,81 @@
+"""``tune --gpus``'s cluster runs on the sweep backends: the same rows serially, on the process
+pool and on Ray, and resumed from a results file."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailserve.policies.registry import PolicySpec
+from tailserve.sim.deployment import Deployment
+from tailserve.sim.workload_spec import WorkloadSpec
+from tailserve.tune.capacity import parse_capacity_slo
+from tailserve.tune.cluster_plan import ClusterRunSpec, Layout, plan
+from tailserve.tune.sweep import ProcessBackend, Sweep, make_backend
+from tailserve.workloads.lengths import Uniform
+
+SPEC = WorkloadSpec(
+    "random", num_requests=40, rate=4.0, seed=5, input_len=Uniform(200, 1500), output_len=Uniform(10, 80)
+)
+SLO = parse_capacity_slo("ttft_p99=300ms")
+DEPLOYMENT = Deployment.of("Llama-3.1-8B", "H100")
+POLICY = PolicySpec.make("vllm", {})
+
+
+def _plan(sweep: Sweep | None = None) -> list:
+    return plan(2, DEPLOYMENT, POLICY, SPEC, SLO, router="round-robin", rel_tol=0.3, sweep=sweep)
+
+
+@pytest.fixture(scope="module")
+def serial_rows() -> list:
+    return _plan()
+
+
+def _simulated(summary: dict) -> dict:
+    """The summary less this machine's clock (wall_s, cpu_s)."""
+    return {k: v for k, v in summary.items() if k not in ("wall_s", "cpu_s")}
+
+
+def _same(rows: list, expected: list) -> None:
+    assert [(r.layout, r.rate, r.upper) for r in rows] == [(r.layout, r.rate, r.upper) for r in expected]
+    assert [_simulated(r.summary_at_rate) for r in rows] == [_simulated(r.summary_at_rate) for r in expected]
+
+
+def test_the_process_pool_plans_what_serial_plans(serial_rows):
+    with Sweep(ProcessBackend(2), quiet=True) as sweep:
+        _same(_plan(sweep), serial_rows)
+        assert sweep.num_executed >= 4  # both layouts' brackets and bisections ran there
+
+
+def test_ray_plans_what_serial_plans(serial_rows):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with Sweep(make_backend(ray_address="auto"), quiet=True) as sweep:
+            _same(_plan(sweep), serial_rows)
+    finally:
+        ray.shutdown()
+
+
+def test_cluster_specs_are_keyed_by_what_decides_the_run():
+    a = ClusterRunSpec(Layout(2), DEPLOYMENT, POLICY, SPEC, "round-robin", "ib-ndr")
+    assert a.key == ClusterRunSpec(Layout(2), DEPLOYMENT, POLICY, SPEC, "round-robin", "ib-ndr").key
+    assert a.key != ClusterRunSpec(Layout(1, 1), DEPLOYMENT, POLICY, SPEC, "round-robin", "ib-ndr").key
+    assert a.key != ClusterRunSpec(Layout(2), DEPLOYMENT, POLICY, SPEC, "random", "ib-ndr").key
+
+
+def test_tune_gpus_resumes_from_its_results_file(tmp_path, capsys):
+    from tailserve.cli import main
+
+    out = tmp_path / "runs.jsonl"
+    argv = [
+        "tune", "--gpus", "2", "--model", "Llama-3.1-8B", "--hardware", "H100", "--workload", "random",
+        "--num-requests", "40", "--rate", "4", "--input-len", "uniform:200:1500", "--output-len",
+        "uniform:10:80", "--slo", "ttft_p99=300ms", "--plan-router", "round-robin", "--rel-tol", "0.3",
+        "--workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert main(argv) == 0
+    again = capsys.readouterr()
+    assert "runs: 0 simulated" in again.err and " reused from " in again.err
+    assert again.out == first.out  # the same table from the saved summaries
