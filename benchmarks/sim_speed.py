@@ -114,8 +114,9 @@ engine:
 
 
 # ---- one process per run --------------------------------------------------------------------
-def run_process(cmd: list[str]) -> tuple[float, int, str]:
-    """(whole-process wall seconds, peak RSS in MiB, stdout) of one command."""
+def run_process(cmd: list[str]) -> tuple[float, float, int, str]:
+    """(whole-process wall seconds, CPU seconds (user + sys, its waited-for children too), peak
+    RSS in MiB, stdout) of one command."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -126,17 +127,19 @@ def run_process(cmd: list[str]) -> tuple[float, int, str]:
         err.seek(0)
         if proc.returncode != 0:
             raise SystemExit(f"sim_speed: error: {cmd[0]} exited {proc.returncode}: {err.read()[-2000:]}")
-        return wall, usage.ru_maxrss // 1024, out.read()
+        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024, out.read()
 
 
 def run_tailserve(spec: str, trace: Path) -> dict:
-    wall, rss, stdout = run_process([sys.executable, str(Path(__file__)), "--worker", spec, str(trace)])
+    wall, cpu, rss, stdout = run_process([sys.executable, str(Path(__file__)), "--worker", spec, str(trace)])
     r = json.loads(stdout.strip().splitlines()[-1])
     return {
         "requests": r["requests"],
         "iterations": r["iterations"],
         "loop_s": r["loop_s"],
+        "loop_cpu_s": r["loop_cpu_s"],
         "process_s": wall,
+        "process_cpu_s": cpu,
         "rss_mib": rss,
     }
 
@@ -145,12 +148,13 @@ def run_aisimulate(exe: Path, config: Path) -> dict:
     # It writes report files beside its JSON: keep them in the scratch folder, not the cwd.
     cmd = [str(exe), "predict", "-c", str(config), "--format", "json"]
     cmd += ["--output-dir", str(config.with_suffix(".out")), "--overwrite"]
-    wall, rss, stdout = run_process(cmd)
+    wall, cpu, rss, stdout = run_process(cmd)
     r = json.loads(stdout[stdout.index("{") :])
     return {
         "requests": r["completed_requests"],
         "loop_s": r["wall_time_ms"] / 1000,
         "process_s": wall,
+        "process_cpu_s": cpu,
         "rss_mib": rss,
     }
 
@@ -173,6 +177,7 @@ def worker(spec_text: str, trace: str) -> None:
                 "requests": summary["num_requests"],
                 "iterations": summary["num_iterations"],
                 "loop_s": run.wall_s,
+                "loop_cpu_s": run.loop_cpu_s,
             }
         )
     )
@@ -181,7 +186,9 @@ def worker(spec_text: str, trace: str) -> None:
 # ---- statistics and report ----------------------------------------------------------------
 def stats(runs: list[dict]) -> dict:
     out: dict = {"runs": runs}
-    for key in ("loop", "process"):
+    for key in ("loop", "process", "loop_cpu", "process_cpu"):
+        if f"{key}_s" not in runs[0]:
+            continue  # AISimulate reports no CPU time of its loop
         rates = [r["requests"] / r[f"{key}_s"] for r in runs]
         out[f"{key}_req_per_s"] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
     out["rss_mib_max"] = max(r["rss_mib"] for r in runs)
@@ -297,9 +304,16 @@ def main() -> None:
                         row["tailserve"]["process_req_per_s"]["median"]
                         / row["aisimulate"]["process_req_per_s"]["median"]
                     )
+                    # Per CPU second of the whole process: what a loaded machine does not
+                    # distort (AISimulate's threads take a larger share of a busy machine).
+                    row["process_cpu_ratio"] = (
+                        row["tailserve"]["process_cpu_req_per_s"]["median"]
+                        / row["aisimulate"]["process_cpu_req_per_s"]["median"]
+                    )
                     line += (
                         f"\n{'':>17}aisimulate loop {fmt(row['aisimulate'], 'loop')} req/s, process {fmt(row['aisimulate'], 'process')}, "
-                        f"{row['aisimulate']['rss_mib_max']} MiB  -> loop {row['loop_ratio']:.2f}x, process {row['process_ratio']:.2f}x"
+                        f"{row['aisimulate']['rss_mib_max']} MiB  -> loop {row['loop_ratio']:.2f}x, process {row['process_ratio']:.2f}x, "
+                        f"process CPU {row['process_cpu_ratio']:.2f}x (tailserve loop CPU {fmt(row['tailserve'], 'loop_cpu')} req/s)"
                     )
                 print(line, flush=True)
                 result["side_by_side"].append(row)
@@ -310,7 +324,8 @@ def main() -> None:
                     result["alone"].append({"trace": trace.name, "policy": case.spec, "tailserve": s})
                     print(
                         f"alone {trace.name} {case.name:>8}: {s['runs'][0]['requests']:,} requests, "
-                        f"loop {min(r['loop_s'] for r in s['runs']):.2f}-{max(r['loop_s'] for r in s['runs']):.2f} s, "
+                        f"loop {min(r['loop_s'] for r in s['runs']):.2f}-{max(r['loop_s'] for r in s['runs']):.2f} s "
+                        f"(CPU {min(r['loop_cpu_s'] for r in s['runs']):.2f}-{max(r['loop_cpu_s'] for r in s['runs']):.2f} s), "
                         f"{fmt(s, 'loop')} req/s, process {fmt(s, 'process')}, {s['rss_mib_max']} MiB",
                         flush=True,
                     )

@@ -48,9 +48,10 @@ def run_policy(
     capacity = assembled.kv_size  # the simulator's KVCapacity (vLLM's sizing, for the run file)
     max_model_len = assembled.max_model_len
     kv = assembled.scheduler.kv_cache
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     engine.run()
     wall = time.perf_counter() - t0
+    cpu = time.thread_time() - c0  # a loaded machine stretches wall time, not this
     store = engine.finished_store
     if not (store.num_requests if store is not None else engine.requests):
         raise ValueError(f"workload {workload.spec.label}: no requests arrived, nothing to simulate")
@@ -102,4 +103,5 @@ def run_policy(
         prefix_stats,
         engine.batches,
         store,
+        cpu,
     )

@@ -29,6 +29,7 @@ class RunResult:
     # With EngineOptions(stream_finished=True): the finished requests' numbers (``requests`` is
     # then empty); the summary reads them from here.
     finished: FinishedStore | None = None
+    loop_cpu_s: float = 0.0  # CPU seconds of the simulation loop (not in the run file)
 
     def summary(self, slo: Slo | None = None) -> dict[str, Any]:
         source = self.finished if self.finished is not None else self.requests
