@@ -96,3 +96,15 @@ def test_iterator_source_hands_out_what_a_list_source_does() -> None:
     backwards = IteratorSource(iter([Request("a", 1, 1, 2.0), Request("b", 1, 1, 1.0)]))
     with pytest.raises(ValueError, match="arrival order"):
         backwards.pop_arrived(5.0)
+
+
+def test_simulate_stream_metrics_writes_the_same_json(tmp_path, capsys) -> None:
+    from tailserve.cli import main
+
+    argv = ["simulate", "--policy", "sarathi", "--workload", "random", "--num-requests", "80", "--rate", "20"]
+    assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
+    assert main([*argv, "--stream-metrics", "--json", str(tmp_path / "b.json")]) == 0
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+    capsys.readouterr()
+    assert main([*argv, "--stream-metrics", "--explain"]) == 2
+    assert "--stream-metrics keeps no requests" in capsys.readouterr().err
