@@ -172,3 +172,52 @@ def test_chunk_run_with_its_last_chunk_identical_to_plain_stepping(spec: str) ->
     fast, _ = _sarathi_fingerprint(spec, workload, fast=True)
     slow, _ = _sarathi_fingerprint(spec, workload, fast=False)
     assert fast == slow
+
+
+LONG_PROMPTS = WorkloadSpec(
+    "random",
+    num_requests=120,
+    rate=8.0,
+    seed=6,
+    input_len=LogNormal(2500, 0.9, 7500),
+    output_len=LogNormal(120, 0.8, 600),
+)
+
+
+@pytest.mark.parametrize(
+    "spec, seed",
+    [
+        ("sglang:chunked_prefill_size=512", 6),
+        ("sglang:chunked_prefill_size=1024", 7),
+        ("sglang:chunked_prefill_size=512,gpu_memory_utilization=0.22", 8),  # KV pressure: a retraction
+        ("sglang:chunked_prefill_size=300,max_running_requests=4", 9),  # the running cap
+        ("sglang:chunked_prefill_size=512,enable_mixed_chunk=true", 10),  # mixed: no lone run
+    ],
+)
+def test_lone_chunk_run_identical_to_plain_stepping(spec: str, seed: int) -> None:
+    from dataclasses import replace
+
+    workload = replace(LONG_PROMPTS, seed=seed)
+    if "0.22" in spec:
+        workload = replace(LONG_PROMPTS, seed=3, rate=30.0)
+    fast, num_fast = _sarathi_fingerprint(spec, workload, fast=True)
+    slow, num_slow = _sarathi_fingerprint(spec, workload, fast=False)
+    assert num_fast == num_slow > 120
+    assert fast == slow
+
+
+def test_lone_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's chunked request runs its full chunks in one step: the path is used."""
+    from tailserve.core import prefill_run
+
+    calls: list[int] = []
+    original = prefill_run.advance_lone_chunk_run
+
+    def counting(engine):
+        k = original(engine)
+        calls.append(k)
+        return k
+
+    monkeypatch.setattr(prefill_run, "advance_lone_chunk_run", counting)
+    _sarathi_fingerprint("sglang:chunked_prefill_size=256", LONG_PROMPTS, fast=True)
+    assert sum(calls) > 200

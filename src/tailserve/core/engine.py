@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tailserve.core import chunk_run, decode_run
+from tailserve.core import chunk_run, decode_run, prefill_run
 from tailserve.core.executor import DecodeRunExecutor, Executor
 from tailserve.core.finished_store import FinishedStore
 from tailserve.core.gc_pause import paused_gc
@@ -107,6 +107,13 @@ class Engine:
             and not options.record_batches
             and not options.check_integrity
         )
+        # SGLang's chunked request continued alone (``core/prefill_run.py``): the same terms.
+        self._lone_run_ok = (
+            options.fast_forward
+            and chunk_run.applies_to(executor)
+            and not options.record_batches
+            and not options.check_integrity
+        )
         self._last_step_finished = True
 
     def step(self) -> bool:
@@ -176,14 +183,19 @@ class Engine:
         """Exact multi-iteration runs after a step, as long as one applies (public: a driver that
         steps engines itself — the cluster's replicas — calls it after each step). A decode run leaves
         only decodes, so no chunk run can start after it; a chunk run that ends with the
-        prompt's last chunk does too, so a decode run may follow it at once."""
+        prompt's last chunk does too, so a decode run may follow it at once. A lone chunk run
+        (SGLang's chunked request) stops before the prompt's last chunk, which steps."""
         while True:
             decoded = False
             while self._decode_run_ok and self._steady() and decode_run.advance_decode_run(self):
                 decoded = True
                 if self.options.check_integrity:
                     self.check_integrity()
-            if decoded or not (self._chunk_run_ok and chunk_run.advance_chunk_run(self)):
+            if decoded:
+                return
+            if self._chunk_run_ok and chunk_run.advance_chunk_run(self):
+                continue
+            if not (self._lone_run_ok and prefill_run.advance_lone_chunk_run(self)):
                 return
 
     def _add_arrivals(self, now: float) -> None:

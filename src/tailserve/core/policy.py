@@ -34,7 +34,7 @@ A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.queues import FCFSRequestQueue, RequestQueue
@@ -42,6 +42,9 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.spec import KVSpec
+
+if TYPE_CHECKING:
+    from tailserve.core.prefill_run import LoneChunkRun
 
 
 class Policy(ABC):
@@ -113,6 +116,18 @@ class Policy(ABC):
         """The fixed token budget of a Sarathi-style iteration (decodes first, then one prompt
         chunked to fill the budget), for ``core/chunk_run.py``'s exact fast path; None (the
         default) when the policy's iterations are not of that shape."""
+        return None
+
+    def lone_chunk_run(self, sched: Scheduler) -> LoneChunkRun | None:
+        """For ``core/prefill_run.py``'s exact fast path: when the next iterations each grant
+        one chunked prompt the same full chunk and nobody else anything (SGLang's chunked
+        request without mixed decodes), that request, the chunk and how many such iterations
+        follow if nothing arrives; None (the default) otherwise."""
+        return None
+
+    def on_lone_chunk_run(self, sched: Scheduler, num_steps: int) -> None:
+        """After the engine advanced ``num_steps`` iterations promised by ``lone_chunk_run``:
+        leave the policy's state as ``num_steps`` calls of ``schedule`` would have."""
         return None
 
     def bind_executor(self, executor: Any) -> None:

@@ -92,6 +92,7 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
+from tailserve.core.prefill_run import LoneChunkRun
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -482,6 +483,69 @@ class SglangPolicy(Policy):
         cfg = self.config
         try_preemption = cfg.enable_priority_scheduling and not cfg.disable_priority_preemption
         return self.batch_is_full and not try_preemption
+
+    def lone_chunk_run(self, sched: Scheduler) -> LoneChunkRun | None:
+        """While the chunked request continues alone (no mixed decodes, fcfs, no radix tree,
+        one-token pages): the iterations in which ``add_chunked_req`` grants it the full chunk
+        and the walk admits nobody (the chunk spends ``rem_chunk_tokens``), before its last
+        chunk. The KV budget of each (free slots minus the running requests' reservations,
+        which do not change while nobody decodes) is the adder's own."""
+        cfg = self.config
+        request = self.chunked
+        if (
+            request is None
+            or not cfg.chunking
+            or cfg.enable_mixed_chunk
+            or cfg.assume_ignore_eos
+            or not self.admits_fcfs()
+            or self.tree is not None
+            or not self._last_was_prefill
+            or request not in self._last_batch
+            or request.is_finished
+        ):
+            return None
+        kv = sched.kv_cache
+        q = cfg.chunked_prefill_size
+        if kv.block_size != 1 or q < 2:
+            return None
+        offset = 0 + sum(self.reserved_tokens(r) for r in self._decoding(sched))  # PrefillAdder's
+        free = kv.num_free_blocks
+        slack = kv.num_held(request.request_id) - request.num_computed_tokens  # slots held ahead
+        rest = request.num_tokens - request.num_computed_tokens
+        steps = 0
+        while rest > q and free + slack >= q:  # truncated (not the last chunk) and room for it
+            budget = int(free - offset)
+            if 0 < budget < q:
+                break  # the budget cuts the chunk short
+            steps += 1
+            rest -= q
+            free -= q
+        return LoneChunkRun(request, q, steps) if steps else None
+
+    def on_lone_chunk_run(self, sched: Scheduler, num_steps: int) -> None:
+        """The state after the run's last iteration: the walk after its chunk looked at the
+        waiting head (``batch_is_full`` from the running cap or its NO_TOKEN), as in ``_prefill``."""
+        request = self.chunked
+        assert request is not None
+        self._last_batch = [request]
+        self._last_was_prefill = True
+        self.batch_is_full = False  # cleared by ``_note_departures`` (the chunk was in the batch)
+        if not sched.waiting:
+            return
+        decodes = self._decoding(sched)
+        if self.max_running_requests(sched) - len(decodes) <= 1:
+            self.batch_is_full = True
+            return
+        head = sched.waiting.peek_request()
+        kv = sched.kv_cache
+        page = kv.block_size
+        q = self.config.chunked_prefill_size
+        offset = 0 + sum(self.reserved_tokens(r) for r in decodes)
+        offset += q + page + 0  # the chunk's charge (``_commit``: paged + page + max_new 0)
+        remaining = (kv.num_free_blocks + q) * page + self.evictable_tokens() - offset
+        max_new = min(max(head.max_tokens - head.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
+        if not head.num_remaining_tokens + max_new + page < remaining:
+            self.batch_is_full = True  # NO_TOKEN
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         if self.tree is not None and self._last_was_prefill:
