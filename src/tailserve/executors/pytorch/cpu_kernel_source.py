@@ -4,6 +4,9 @@ that builds and calls them.
 - ``paged_decode_attention``: one-token queries over paged K/V, float32 softmax, one task per
   (request, KV head). (One task per request reading a slot's rows for every KV head at once was
   tried: 1.4x faster with the machine loaded, 0.9-1.0x on a quieter one, so it was not kept.)
+  Where the compiler targets avx512_bf16 and the cache is bf16, the scores use
+  ``_mm512_dpbf16_ps`` 16 keys at a time (``decode_bf16_impl``); ``paged_rows_attention`` runs
+  the same kernel for prefill tokens, each a query row over its chunk's slots.
 - ``rms_norm`` / ``add_rms_norm`` (vLLM's ``fused_add_rms_norm``), ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
   ``argmax_rows`` (greedy tokens). Each rounds to the model dtype exactly where the PyTorch ops
   it replaces round (``cpu_kernels.py`` says where results can differ in the last bit), so
