@@ -25,6 +25,9 @@ overhead to measured points.
 
 ``_iteration_time`` is written once for Python numbers and numpy arrays alike, so the vectorised
 decode-run path and the per-iteration path give the same floats bit for bit.
+
+Past ~300 lines because the formula is one class whose pieces share the per-shard constants set
+up in ``__init__``; one GEMM's wave arithmetic lives in ``gemm.py``, the fits in ``profile_fit.py``.
 """
 
 from __future__ import annotations
