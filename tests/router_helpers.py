@@ -26,8 +26,10 @@ def running_router(
     scrape_interval: float = 0.2,
     probe_timeout: float = 1.0,
     app_options: dict[str, Any] | None = None,
+    kv_endpoints: list[str | None] | None = None,
 ) -> Iterator[Any]:
-    """The router on a free port; ``.base_url``, ``.pool``, ``.metrics``, ``.router``."""
+    """The router on a free port; ``.base_url``, ``.pool``, ``.metrics``, ``.router``; with
+    ``kv_endpoints`` (kv-aware), subscribed to those backends' KV events (``.kv_events``)."""
     client = httpx.AsyncClient(transport=transport) if transport is not None else httpx.AsyncClient()
     pool = BackendPool(
         backends,
@@ -37,12 +39,20 @@ def running_router(
         probe_timeout=probe_timeout,
     )
     router = make_router(policy)
-    app = build_router_app(pool, router, read_timeout=read_timeout, **(app_options or {}))
+    kv_events = None
+    if kv_endpoints is not None:
+        from tailserve.router.kv_events import KvEventIndex
+
+        kv_events = router.kv_index = KvEventIndex(kv_endpoints)
+    app = build_router_app(
+        pool, router, read_timeout=read_timeout, kv_events=kv_events, **(app_options or {})
+    )
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2)
     with ServerThread(uvicorn.Server(config)) as running:  # type: ignore[arg-type]
         running.pool = pool
         running.metrics = app.state.metrics
         running.router = router
+        running.kv_events = kv_events
         yield running
 
 
@@ -52,9 +62,10 @@ def sse_events(body: str) -> list[str]:
 
 
 @contextmanager
-def sim_server(model: str, **engine_args: Any) -> Iterator[Any]:
+def sim_server(model: str, kv_events: bool = False, **engine_args: Any) -> Iterator[Any]:
     """An in-process ``tailserve serve --executor sim`` on a free port (``engine_args`` go to
-    ``LLMEngine.from_args``, e.g. hardware, sim_model, max_model_len, policy_flags)."""
+    ``LLMEngine.from_args``, e.g. hardware, sim_model, max_model_len, policy_flags); with
+    ``kv_events``, publishing them on a free port (``.kv_endpoint``)."""
     from tailserve.llm import LLMEngine
     from tailserve.server.app import build_app
     from tailserve.server.async_engine import AsyncEngine
@@ -65,9 +76,20 @@ def sim_server(model: str, **engine_args: Any) -> Iterator[Any]:
     name = engine.deployment["model"]
     engine.model_name = name
     metrics = ServerMetrics(name)
-    async_engine = AsyncEngine(engine, metrics=metrics)
+    publisher = None
+    if kv_events:
+        from tailserve.server.kv_events import KvEventsConfig, ZmqKvEventPublisher
+
+        config = KvEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:*")
+        publisher = ZmqKvEventPublisher(config, engine.scheduler.kv_cache.block_size)
+    async_engine = AsyncEngine(engine, metrics=metrics, kv_events=publisher)
     app = build_app(async_engine, served_model_name=name, model_root=model, metrics=metrics)
     server = make_server(app, async_engine, host="127.0.0.1", port=0, drain_timeout=2.0, log_level="warning")
-    with ServerThread(server) as running:
-        running.engine = engine
-        yield running
+    try:
+        with ServerThread(server) as running:
+            running.engine = engine
+            running.kv_endpoint = publisher.endpoint if publisher is not None else None
+            yield running
+    finally:
+        if publisher is not None:
+            publisher.close()

@@ -86,6 +86,15 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="largest request body; larger get 413 (default: 4 MiB)",
     )
+    p.add_argument(
+        "--kv-events",
+        action="append",
+        default=None,
+        metavar="ENDPOINT",
+        help="kv-aware only: a backend's KV-event endpoint (vLLM's ZeroMQ PUB, e.g. tcp://127.0.0.1:5557; "
+        "'-' for none), one per --backend in the same order: the router learns their cached "
+        "blocks from the events instead of its own tree",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=run_router)
 
@@ -106,6 +115,19 @@ def build_from_args(args: argparse.Namespace) -> Any:
     if max_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {max_bytes}")
     router = make_router(args.policy)
+    kv_events = None
+    if args.kv_events:
+        if router.name != "kv-aware":
+            raise ValueError(f"--kv-events is for --policy kv-aware, not {router.name}")
+        if len(args.kv_events) != len(args.backend):
+            raise ValueError(
+                f"--kv-events: {len(args.kv_events)} endpoints for {len(args.backend)} backends "
+                "(one per --backend, '-' for a backend without events)"
+            )
+        from tailserve.router.kv_events import KvEventIndex
+
+        kv_events = KvEventIndex([None if e == "-" else e for e in args.kv_events])
+        router.kv_index = kv_events
     # No pool limit: one backend connection per request in flight. Idle connections close
     # before uvicorn's 5 s keep-alive does, so a reused one is rarely found closed.
     client = httpx.AsyncClient(
@@ -120,10 +142,18 @@ def build_from_args(args: argparse.Namespace) -> Any:
             probe_timeout=args.probe_timeout,
         )
         return build_router_app(
-            pool, router, read_timeout=args.read_timeout, api_keys=api_keys, max_request_bytes=max_bytes
+            pool,
+            router,
+            read_timeout=args.read_timeout,
+            api_keys=api_keys,
+            max_request_bytes=max_bytes,
+            kv_events=kv_events,
         )
     except ValueError:
         import asyncio
+
+        if kv_events is not None:
+            kv_events.close()
 
         asyncio.run(client.aclose())
         raise

@@ -4,7 +4,7 @@
                     [--hardware H --sim-model M --tp N] [--host 127.0.0.1] [--port 8000]
                     [--max-queued-requests N] [--served-model-name NAME] [--api-key KEY]
                     [--allowed-origins ORIGIN ...] [--max-request-bytes N] [--header-timeout S]
-                    [--limit-concurrency N]
+                    [--limit-concurrency N] [--kv-events-config JSON]
 
 Policy flags follow the policy with the engine's own names, as in ``tailserve simulate``
 (``--max-num-batched-tokens 512 --scheduling-policy priority``). The listening socket is bound
@@ -91,6 +91,14 @@ def add_parser(sub: Any) -> None:
         help="the model's name in the API (default: the model's; with --executor sim the simulated model's)",
     )
     g.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        default=None,
+        help="vLLM's KV events: publish the blocks the prefix cache stores and evicts over ZeroMQ, "
+        """e.g. '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}' """
+        "(docs/router.md)",
+    )
+    g.add_argument(
         "--max-queued-requests",
         type=int,
         default=DEFAULT_MAX_QUEUED_REQUESTS,
@@ -155,8 +163,14 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-request-bytes must be >= 1, got {max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    kv_events_config = None
+    if args.kv_events_config is not None:
+        from tailserve.server.kv_events import KvEventsConfig
+
+        kv_events_config = KvEventsConfig.parse(args.kv_events_config)
     sock = bind_socket(args.host, args.port)
     server = None
+    kv_events = None
 
     def on_signal(signum: int, frame: object) -> None:
         # uvicorn handles SIGINT/SIGTERM while it serves and raises the signal again once it
@@ -203,8 +217,10 @@ def run_serve(args: argparse.Namespace) -> int:
         name = args.served_model_name or simulated or engine.model_name
         engine.model_name = name
         metrics = ServerMetrics(name)
+        if kv_events_config is not None and kv_events_config.publishes:
+            kv_events = _kv_events_publisher(kv_events_config, engine)
         async_engine = AsyncEngine(
-            engine, max_queued_requests=args.max_queued_requests or None, metrics=metrics
+            engine, max_queued_requests=args.max_queued_requests or None, metrics=metrics, kv_events=kv_events
         )
         app = build_app(
             async_engine,
@@ -236,8 +252,28 @@ def run_serve(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     finally:
         sock.close()
+        if kv_events is not None:
+            kv_events.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if server.exit_code:
         print("tailserve: error: the engine died (see the log above); exiting with status 1", file=sys.stderr)
     return server.exit_code
+
+
+def _kv_events_publisher(config: Any, engine: Any) -> Any:
+    """The ZeroMQ publisher, or a clear error when this engine has no hashed prefix cache."""
+    from tailserve.server.kv_events import ZmqKvEventPublisher
+
+    kv = engine.scheduler.kv_cache
+    if not kv.prefix_caching:
+        raise ValueError(
+            "--kv-events-config needs vLLM-style prefix caching (a hashed block pool), "
+            "which this policy does not use (vllm, vllm-v0 and slo have it with prefix caching on)"
+        )
+    try:
+        publisher = ZmqKvEventPublisher(config, kv.block_size)
+    except Exception as error:  # zmq.ZMQError: address in use, bad endpoint
+        raise ValueError(f"--kv-events-config: cannot open {config.endpoint}: {error}") from None
+    print(f"tailserve: KV events on {publisher.endpoint} (topic {config.topic!r})", file=sys.stderr)
+    return publisher

@@ -14,13 +14,16 @@ list, whose order stays fixed; a replica taken out has ``healthy=False``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 # Tokens per router block when a prompt is keyed from its token ids (the engines' common page).
 DEFAULT_ROUTER_BLOCK_SIZE = 16
+# The first block's parent key: kv/prefix.py's NONE_HASH (this module imports nothing of the
+# engine), so token keys here are the keys a tailserve engine's block pool caches and reports in
+# its KV events (tests/test_router_kv_events.py checks they agree).
+_NONE_HASH = 0x7A11_5E4E_0F1C_ACE5
 
 
 class NoHealthyReplicaError(RuntimeError):
@@ -55,6 +58,7 @@ class RouteRequest:
     block_keys: tuple[int, ...] = ()
     block_size: int = DEFAULT_ROUTER_BLOCK_SIZE  # tokens per key
     session_id: str | None = None  # session or user id, for affinity
+    token_keys: bool = False  # keys from token ids (comparable with an engine's KV events)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
@@ -71,13 +75,15 @@ class RouteRequest:
         block_size: int = DEFAULT_ROUTER_BLOCK_SIZE,
         session_id: str | None = None,
     ) -> RouteRequest:
-        """Keys from token ids (a proxy without a tokenizer may pass the prompt's UTF-8 bytes)."""
+        """Keys from token ids (a proxy without a tokenizer keys the prompt's UTF-8 bytes with
+        ``block_keys_from_tokens`` instead, and says so by leaving ``token_keys`` False)."""
         return cls(
             request_id,
             max(1, len(token_ids)),
             block_keys_from_tokens(token_ids, block_size),
             block_size,
             session_id,
+            token_keys=True,
         )
 
     @property
@@ -89,14 +95,13 @@ class RouteRequest:
 def block_keys_from_tokens(
     token_ids: Sequence[int], block_size: int = DEFAULT_ROUTER_BLOCK_SIZE
 ) -> tuple[int, ...]:
-    """Chained 64-bit keys of every full block (blake2b, stable across processes and runs)."""
+    """Chained keys of every full block: ``hash((parent, 0, *block))`` from the parent's key, as
+    ``kv.prefix.block_hashes`` (CPython hashes ints and tuples the same in every process)."""
     keys: list[int] = []
-    parent = b""
+    key = _NONE_HASH
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = ",".join(map(str, token_ids[start : start + block_size])).encode()
-        digest = hashlib.blake2b(parent + b"|" + block, digest_size=8).digest()
-        keys.append(int.from_bytes(digest, "little"))
-        parent = digest
+        key = hash((key, 0, *token_ids[start : start + block_size]))
+        keys.append(key)
     return tuple(keys)
 
 

@@ -37,30 +37,33 @@ class BlockIndex:
             found.append(block_id)
         return found
 
-    def add(self, block_ids: list[int], keys: list[int]) -> int:
-        """Index blocks that were just given these keys, in order. Returns how many keys already
-        had a holder (an earlier block, or one earlier in this call)."""
+    def add(self, block_ids: list[int], keys: list[int]) -> np.ndarray:
+        """Index blocks that were just given these keys, in order. Returns the positions of the
+        keys that already had a holder (an earlier block, or one earlier in this call)."""
         first = self._first
         answered = np.fromiter(map(first.setdefault, keys, block_ids), dtype=np.int64, count=len(keys))
         clashes = np.flatnonzero(answered != np.asarray(block_ids, dtype=np.int64))
         more = self._more
         for j in clashes.tolist():
             more.setdefault(keys[j], []).append(block_ids[j])
-        return len(clashes)
+        return clashes
 
-    def remove(self, block_ids: np.ndarray, keys: np.ndarray) -> None:
+    def remove(self, block_ids: np.ndarray, keys: np.ndarray) -> list[int]:
         """The blocks lose these keys (evicted); a key with later holders hands over to the
-        next one."""
+        next one. Returns the keys no block holds any more."""
         first = self._first
         more = self._more
+        gone = keys.tolist()
         if not more:
-            for key in keys.tolist():
+            for key in gone:
                 del first[key]
-            return
+            return gone
+        gone = []
         for block_id, key in zip(block_ids.tolist(), keys.tolist()):
             others = more.get(key)
             if others is None:
                 del first[key]
+                gone.append(key)
                 continue
             if first[key] == block_id:
                 first[key] = others.pop(0)
@@ -68,6 +71,7 @@ class BlockIndex:
                 others.remove(block_id)
             if not others:
                 del more[key]
+        return gone
 
     def check_integrity(self, block_keys: list[int]) -> str | None:
         """What is wrong, or None: every indexed block holds its key, each once, and every block

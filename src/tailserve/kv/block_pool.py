@@ -62,6 +62,16 @@ class HashedBlockPool(PrefixCache):
         self._free = FreeBlockQueue(num_blocks)
         self._num_free_cached = 0
         self.stats = PrefixCacheStats()
+        # vLLM's KV events (``--kv-events-config``), when someone listens: ("stored", keys,
+        # parent key or None) when keys gain their first holder, ("removed", keys) when they
+        # lose their last one, in the order it happened; ``take_events`` empties it.
+        self.kv_events: list[tuple] | None = None
+
+    def take_events(self) -> list[tuple]:
+        """The KV events recorded since the last call (recording starts with the first call)."""
+        events = self.kv_events or []
+        self.kv_events = []
+        return events
 
     # ---- counters -------------------------------------------------------------------------
     @property
@@ -200,14 +210,16 @@ class HashedBlockPool(PrefixCache):
         self._free.push_back(released[keyed])
         self._free.push_front(released[~keyed].tolist())
 
-    def cache_full_blocks(self, block_ids: Sequence[int], block_keys: Sequence[int]) -> int:
+    def cache_full_blocks(
+        self, block_ids: Sequence[int], block_keys: Sequence[int], parent_key: int | None = None
+    ) -> int:
         """Register ``block_ids[i]`` as holding the full, computed block ``block_keys[i]``.
 
         Blocks that already carry a key are skipped (it must be the same key: a block's content
         does not change while it is held). Each block must be held (ref count > 0); nothing
         changes when a check fails. Returns how many of the keys were cached before the call (by
         this block or another one); duplicates stay cached, as in vLLM, so the caller frees
-        nothing.
+        nothing. ``parent_key``: the key of the block before ``block_keys[0]`` (KV events only).
         """
         if len(block_ids) != len(block_keys):
             raise ValueError(f"{len(block_ids)} blocks but {len(block_keys)} keys")
@@ -238,7 +250,13 @@ class HashedBlockPool(PrefixCache):
         self._keys[ids] = new_keys
         self._num_cached_blocks += len(ids)
         keys = list(block_keys) if len(ids) == len(block_keys) else new_keys.tolist()
-        return already + self._index.add(ids.tolist(), keys)
+        clashes = self._index.add(ids.tolist(), keys)
+        if self.kv_events is not None:
+            skip = set(clashes.tolist())
+            stored = [k for j, k in enumerate(keys) if j not in skip]
+            if stored:
+                self.kv_events.append(("stored", stored, parent_key))
+        return already + len(clashes)
 
     def evict(self, num: int) -> int:
         """Drop the keys of up to ``num`` cached free blocks, least recently freed first; the
@@ -257,8 +275,10 @@ class HashedBlockPool(PrefixCache):
 
     def _forget_keys(self, block_ids: np.ndarray) -> None:
         """Take the blocks' keys off them (the caller updates the counters)."""
-        self._index.remove(block_ids, self._keys[block_ids])
+        gone = self._index.remove(block_ids, self._keys[block_ids])
         self._keys[block_ids] = NO_KEY
+        if self.kv_events is not None and gone:
+            self.kv_events.append(("removed", gone))
 
     # ---- PrefixCache --------------------------------------------------------------------------
     def lock(self, match: PrefixMatch) -> None:

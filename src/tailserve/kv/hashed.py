@@ -122,7 +122,7 @@ class HashedKVCacheManager(KVCacheManager):
         )
         if full > done:
             table = self.block_tables[request_id]
-            self.pool.cache_full_blocks(table[done:full], keys[done:full])
+            self.pool.cache_full_blocks(table[done:full], keys[done:full], keys[done - 1] if done else None)
             self._num_registered[request_id] = full
 
     def holds(self, request_id: str, num_total_tokens: int) -> bool:

@@ -44,9 +44,10 @@ def build_router_app(
     api_keys: list[str] | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     metrics: RouterMetrics | None = None,
+    kv_events: Any = None,
 ) -> FastAPI:
     """The app; its lifespan runs a first health check and scrape, then the loops, and closes
-    the pool's client at the end."""
+    the pool's client (and the KV-event subscriptions, ``router/kv_events.py``) at the end."""
     metrics = metrics or RouterMetrics([b.url for b in pool.backends], router.describe())
     previous = pool.on_change
     pool.on_change = metrics.observe_backend if previous is None else (
@@ -63,11 +64,14 @@ def build_router_app(
         finally:
             await pool.stop()
             await pool.client.aclose()
+            if kv_events is not None:
+                kv_events.close()
 
     app = FastAPI(title="tailserve router", version=__version__, lifespan=lifespan)
     app.state.pool = pool
     app.state.router = router
     app.state.metrics = metrics
+    app.state.kv_events = kv_events
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if api_keys:
         app.add_middleware(ApiKeyGuard, api_keys=list(api_keys))

@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tailserve.llm import LLMEngine, RequestOutput, SamplingParams
 from tailserve.llm.llm_engine import EngineFatalError, StepFailedError, describe_error
@@ -44,6 +45,9 @@ from tailserve.server.request_stream import (
     RequestStream,
     ShuttingDownError,
 )
+
+if TYPE_CHECKING:
+    from tailserve.server.kv_events import ZmqKvEventPublisher
 
 logger = logging.getLogger("tailserve.server")
 
@@ -88,6 +92,7 @@ class AsyncEngine:
         max_queued_requests: int | None = None,
         metrics: ServerMetrics | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        kv_events: ZmqKvEventPublisher | None = None,
     ) -> None:
         if max_queued_requests is not None and max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {max_queued_requests}")
@@ -95,6 +100,12 @@ class AsyncEngine:
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics
         self.on_fatal = on_fatal  # called on the event loop once the engine thread died
+        # KV events (server/kv_events.py): published after each step from the hashed pool
+        kv = engine.scheduler.kv_cache
+        self.kv_events = kv_events if kv_events is not None and kv.prefix_caching else None
+        self._kv_pool = kv.pool if self.kv_events is not None else None  # type: ignore[attr-defined]
+        if self._kv_pool is not None:
+            self._kv_pool.take_events()  # start recording
         self.num_failed_steps = 0
         self.snapshot = EngineSnapshot()
         self.dead: BaseException | None = None
@@ -276,6 +287,8 @@ class AsyncEngine:
                         self._loop.call_soon_threadsafe(self._deliver, outputs)
                     if self.metrics is not None:
                         self.metrics.observe_outputs(outputs)
+                    if self._kv_pool is not None:
+                        self.kv_events.publish(self._kv_pool.take_events())  # type: ignore[union-attr]
                     self._publish()
         except BaseException as error:  # the engine is unusable now; tell every waiter why
             logger.critical(
