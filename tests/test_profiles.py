@@ -165,3 +165,40 @@ def test_vidur_dir_is_a_calibration_source(tmp_path):
     assert any("GEMM curve fitted to 1 profile" in n for n in built.notes)
     with pytest.raises(ValueError, match=r"no mlp\.csv under it"):
         build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, f"vidur:{tmp_path / 'empty'}"))
+
+
+def test_vidur_dir_fits_the_all_reduce_bands_when_the_root_has_the_gpus_nccl_profile(tmp_path):
+    from tailserve.executors.simulated.hardware import AllReduceBand
+    from tailserve.executors.simulated.profile_fit import all_reduce_band_time
+
+    truth = Efficiency(compute=0.65, memory=0.75, sharpness=2.0, tile_m=64, gemm_latency=4e-6)
+    write_mlp(
+        tmp_path / "compute" / "a100" / "meta-llama" / "Meta-Llama-3-8B" / "mlp.csv", synthetic_rows(truth)
+    )
+    hw = get_hardware("A100-80GB")
+    bands = {
+        tp: (AllReduceBand(tp, 512 * 1024, 20e-6, 0.3), AllReduceBand(tp, 8 * 2**20, 25e-6, 0.6),
+             AllReduceBand(tp, 2**27, 40e-6, 0.8))
+        for tp in (2, 4, 8)
+    }  # fmt: skip
+    sizes = np.geomspace(8192, 2**27, 40)
+    path = tmp_path / "network" / "a100_dgx" / "all_reduce.csv"
+    path.parent.mkdir(parents=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"])
+        for tp, these in bands.items():
+            for b, t in zip(sizes, all_reduce_band_time(these, hw.interconnect_bandwidth, sizes)):
+                w.writerow([t * 1e3, tp, int(b), tp])
+    # The GPU's folder as DIR: the network profile is found at the root above it.
+    built = build_cost_model(
+        Deployment("Llama-3-70B", "A100-80GB", 4, f"vidur:{tmp_path / 'compute' / 'a100'}")
+    )
+    fitted = built.cost_model.hardware.allreduce_bands_at(4)
+    assert [b.latency for b in fitted] == pytest.approx([20e-6, 25e-6, 40e-6], rel=1e-2)
+    assert any("all-reduce fitted per message-size band to a100_dgx" in n for n in built.notes)
+    # No NCCL profile for the H100 there: its catalog all-reduce stays.
+    plain = build_cost_model(
+        Deployment("Llama-3-70B", "H100-SXM", 4, f"vidur:{tmp_path / 'compute' / 'a100'}")
+    )
+    assert plain.cost_model.hardware.allreduce_bands == ()

@@ -5,7 +5,9 @@
 host's hardware entry (measured GEMM rate and memory bandwidth), the fitted efficiencies, the
 profiled points and their errors. ``--calibration vidur:DIR`` fits the GEMM curve to every
 ``mlp.csv`` under DIR (a Vidur profile root, one GPU's folder or one model's folder) and applies
-it to the deployment's GPU.
+it to the deployment's GPU; when DIR is a Vidur root holding the GPU's one-node NCCL profile
+(``network/a100_dgx`` or ``h100_dgx``, next to ``compute/``), the all-reduce is fitted per
+message-size band too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tailserve.executors.simulated.calibration import CalibrationResult, Measure
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
 from tailserve.executors.simulated.hardware import AllReduceBand, GemmCurve, Hardware
 from tailserve.executors.simulated.models import ModelSpec
-from tailserve.executors.simulated.profiles import VIDUR_GPUS, load_linear_profile
+from tailserve.executors.simulated.profiles import VIDUR_GPUS, VIDUR_TOPOLOGIES, load_linear_profile
 
 FORMAT = "tailserve-calibration"
 VERSION = 1
@@ -189,7 +191,37 @@ def _from_vidur(root: Path, model: ModelSpec, hardware: Hardware, tp: int):
         tile_m=fitted.tile_m,
         gemm_latency=fitted.gemm_latency,
     )
+    hardware, band_note = _vidur_all_reduce(root, hardware)
+    if band_note:
+        notes.append(band_note)
     return CostModel(model, hardware, tp, eff), None, tuple(notes)
+
+
+def _vidur_all_reduce(root: Path, hardware: Hardware) -> tuple[Hardware, str]:
+    """The hardware with NCCL all-reduce bands fitted to the root's one-node profile of this GPU
+    (the topology VIDUR_TOPOLOGIES names for it), or unchanged when the root has none."""
+    from tailserve.executors.simulated.profile_fit import (
+        all_reduce_band_errors,
+        fit_all_reduce_bands,
+        tp_message_sizes,
+    )
+    from tailserve.executors.simulated.profiles import load_all_reduce
+
+    topo = next((t for t, name in VIDUR_TOPOLOGIES.items() if name == hardware.name), None)
+    # DIR may be the root, one GPU's folder or one model's (or its mlp.csv): look up to the root.
+    found = [b / "network" / topo / "all_reduce.csv" for b in (root, *list(root.parents)[:4])] if topo else []
+    path = next((f for f in found if f.is_file()), None)
+    if path is None:
+        return hardware, ""
+    samples = tp_message_sizes(load_all_reduce(path))
+    if not samples:
+        return hardware, f"{path}: no one-node all-reduce at TP 2/4/8; the catalog's all-reduce kept"
+    banded = replace(hardware, allreduce_bands=fit_all_reduce_bands(samples, hardware))
+    errors = all_reduce_band_errors(samples, banded)
+    return banded, (
+        f"all-reduce fitted per message-size band to {topo}: mean |error| "
+        + ", ".join(f"{e.name} {e.mean_abs:.1%}" for e in errors)
+    )
 
 
 def refit(cal: CalibrationFile, model: ModelSpec, fields_: tuple[str, ...]) -> CalibrationResult:
