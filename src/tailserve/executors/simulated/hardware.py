@@ -97,7 +97,7 @@ H100_GEMM = GemmCurve(0.746, 0.934, 3.0, 256, 7.45e-6, f"{_VIDUR}, H100: Llama-2
 A40_GEMM = GemmCurve(0.778, 0.816, 1.75, 64, 5.18e-6, f"{_VIDUR}, A40: Llama-2-7B")
 # Candidate forms fitted by the same benchmark but not the default (docs/fidelity.md has the
 # tables): per-GEMM waves on the H100 (lower held-out max error, higher mean on Llama-2-7B, and
-# the end-to-end Llama-3.1-8B points move away) and NCCL all-reduce per message-size band (lower
+# the H200 Llama-3.1-8B batch point moves away while two others come closer) and NCCL all-reduce per message-size band (lower
 # mean error, but NCCL is slower than vLLM's custom all-reduce at decode sizes, so the H200 TP 4
 # end-to-end point moves from +3% to +14%). ``benchmarks/published_points.py --variant`` uses them.
 H100_GEMM_WAVES = GemmCurve(
