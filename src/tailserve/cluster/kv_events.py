@@ -17,6 +17,8 @@ class SimKvIndex:
     def __init__(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
         self.requests: dict[str, Request] = {}  # the request being routed, by id
+        # its block keys at one block size: computed once per routing, not once per replica
+        self._keys: tuple[str, int, list[int] | None] | None = None
 
     def overlap(self, request: RouteRequest, replica: int) -> int | None:
         """Leading router blocks of ``request`` cached on ``replica`` now; None without a pool."""
@@ -25,7 +27,9 @@ class SimKvIndex:
         if not kv.prefix_caching or sim_request is None:
             return None
         pool = kv.pool
-        keys = prefix_keys(sim_request, kv.block_size)
+        if self._keys is None or self._keys[:2] != (request.request_id, kv.block_size):
+            self._keys = (request.request_id, kv.block_size, prefix_keys(sim_request, kv.block_size))
+        keys = self._keys[2]
         if not keys:
             return 0
         stats = replace(pool.stats)  # a lookup counts in the pool's hit rate: this one must not

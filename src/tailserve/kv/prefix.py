@@ -32,6 +32,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from tailserve.kv.paged import KVCacheIntegrityError
@@ -196,10 +197,9 @@ def keys_from_hash_ids(
     if trace_block_size % block_size == 0:
         per = trace_block_size // block_size
         for j in range(num_full):
-            h = hash_ids[j]
-            for _ in range(per):
-                key = hash((key, h))
-                keys.append(key)
+            run = _keys_of_trace_block(key, hash_ids[j], per)
+            keys += run
+            key = run[-1]
         return keys
     for end in range(block_size, end_of_full + 1, block_size):
         first = (end - block_size) // trace_block_size
@@ -207,6 +207,19 @@ def keys_from_hash_ids(
         key = hash((key, end, *hash_ids[first : last + 1]))
         keys.append(key)
     return keys
+
+
+@lru_cache(maxsize=1 << 16)
+def _keys_of_trace_block(parent: int, hash_id: int, per: int) -> tuple[int, ...]:
+    """The ``per`` chained keys of one trace block after ``parent``. Memoised (a pure function):
+    a conversation trace repeats its earlier turns' blocks (38% of the Mooncake trace's), and a
+    kv-aware cluster asks every replica about the same prompt."""
+    out = []
+    key = parent
+    for _ in range(per):
+        key = hash((key, hash_id))
+        out.append(key)
+    return tuple(out)
 
 
 def token_keys_from_hash_ids(
