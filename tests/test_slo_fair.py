@@ -5,13 +5,13 @@ token)."""
 from __future__ import annotations
 
 import pytest
+from tests.test_slo_policy import _decoding, _setup
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.policies.fairness import TenantBacklog
 from tailserve.policies.tenant_share import RecentService
 from tailserve.policies.vtc import VirtualTokenCounter
-from tests.test_slo_policy import _decoding, _setup
 
 
 def test_recent_service_decays_per_iteration_and_a_run_equals_its_steps():
