@@ -3,7 +3,7 @@
 The stages are the functions of the live engine, wrapped by an exclusive timer (a stage's
 time excludes the stages it calls): scheduling (``Scheduler.schedule``), update
 (``Scheduler.update``), input preparation (the executor outside the model and sampler: token
-ids, positions, attention metadata), linear layers (every ``F.linear``, the LM head included),
+ids, positions, attention metadata), linear layers (every projection through ``model.linear``, packed or ``F.linear``, the LM head included),
 attention (``paged_attention``: KV store and attention), the rest of the forward pass (embedding,
 RMSNorm, RoPE, SiLU-mul, residual adds), sampling, detokenisation and stop checks
 (``StopChecker`` outside the executor), output handling (``LLMEngine._collect``), and the
@@ -91,6 +91,9 @@ def install(timer: StageTimer) -> None:
     cls.execute = timer.wrap("input_prep", cls.execute)
     model_mod.LlamaModel.forward = timer.wrap("forward_other", model_mod.LlamaModel.forward)
     model_mod.paged_attention = timer.wrap("attention", model_mod.paged_attention)
+    # model.linear: every projection, packed (bf16 on CPU) or F.linear; F.linear itself stays
+    # wrapped for what calls it directly.
+    model_mod.linear = timer.wrap("linear", model_mod.linear)
     F.linear = timer.wrap("linear", F.linear)
     Sampler.sample = timer.wrap("sampling", Sampler.sample)
     StopChecker.execute = timer.wrap("detokenise_stop", StopChecker.execute)
