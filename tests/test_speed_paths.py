@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -195,8 +196,6 @@ LONG_PROMPTS = WorkloadSpec(
     ],
 )
 def test_lone_chunk_run_identical_to_plain_stepping(spec: str, seed: int) -> None:
-    from dataclasses import replace
-
     workload = replace(LONG_PROMPTS, seed=seed)
     if "0.22" in spec:
         workload = replace(LONG_PROMPTS, seed=3, rate=30.0)
@@ -221,3 +220,59 @@ def test_lone_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(prefill_run, "advance_lone_chunk_run", counting)
     _sarathi_fingerprint("sglang:chunked_prefill_size=256", LONG_PROMPTS, fast=True)
     assert sum(calls) > 200
+
+
+SHARED_PROMPTS = WorkloadSpec(
+    "shared-prefix",
+    num_requests=150,
+    rate=8.0,
+    seed=3,
+    input_len=LogNormal(1500, 0.8, 6000),
+    output_len=LogNormal(100, 0.8, 500),
+)
+
+
+@pytest.mark.parametrize(
+    "spec, workload",
+    [
+        # The radix prefix cache on (the default) but unbuilt: these requests carry no token ids.
+        ("tgi:max_batch_prefill_tokens=512", LONG_PROMPTS),
+        ("tgi:max_batch_prefill_tokens=1024,disable_radix_cache=true", replace(LONG_PROMPTS, seed=7)),
+        # KV pressure (TGI never preempts: the head blocks) at a high rate, rejections at the cap.
+        (
+            "tgi:max_batch_prefill_tokens=512,gpu_memory_utilization=0.25,max_concurrent_requests=40",
+            replace(LONG_PROMPTS, seed=3, rate=30.0),
+        ),
+        ("tgi:max_batch_prefill_tokens=300", replace(LONG_PROMPTS, seed=9, rate=1.0)),  # nobody waits
+        # Shared system prompts: the radix trie is built, half the prompt tokens hit it.
+        ("tgi:max_batch_prefill_tokens=512", SHARED_PROMPTS),
+        ("tgi:max_batch_prefill_tokens=512,disable_radix_cache=true", replace(SHARED_PROMPTS, seed=4)),
+        ("tgi:max_batch_prefill_tokens=256,block_size=16", replace(LONG_PROMPTS, seed=5, rate=12.0)),
+        ("tgi:prefill_chunking=false", LONG_PROMPTS),  # legacy mode: no chunk run, still identical
+    ],
+)
+def test_tgi_chunk_run_identical_to_plain_stepping(spec: str, workload: WorkloadSpec) -> None:
+    fast, num_fast = _sarathi_fingerprint(spec, workload, fast=True)
+    slow, num_slow = _sarathi_fingerprint(spec, workload, fast=False)
+    assert num_fast == num_slow > workload.num_requests
+    assert fast == slow
+
+
+def test_tgi_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TGI's chunking mode goes through core/chunk_run.py: its prompts' chunks beside decodes
+    are advanced in runs, including runs that start at a prompt's last chunk."""
+    from tailserve.core import chunk_run
+
+    calls: list[int] = []
+    original = chunk_run.advance_chunk_run
+
+    def counting(engine):
+        k = original(engine)
+        calls.append(k)
+        return k
+
+    monkeypatch.setattr(chunk_run, "advance_chunk_run", counting)
+    _sarathi_fingerprint(
+        "tgi:max_batch_prefill_tokens=300", replace(LONG_PROMPTS, seed=9, rate=1.0), fast=True
+    )
+    assert sum(calls) > 400

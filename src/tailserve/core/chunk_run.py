@@ -8,8 +8,16 @@ is determined: this module prices each iteration from integer aggregates (the sa
 ``BatchShape`` ``SimExecutor`` builds, so the same durations), adds them to the clock in the
 same order as the step loop, records the iteration log, and applies the run's tokens once. It
 stops *before* any iteration where something could change, which then runs step by step
-(conservatively: one block of slack, so phase 1's "a block is free" test always holds).
-``tests/test_speed_paths.py`` checks results identical to plain stepping.
+(conservatively: the policy's ``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block
+is free" test always holds).
+
+TGI's chunking mode makes the same iterations: with no admission the router's forward feeds
+every decode one token and the prompt the chunk the shard planned after the previous forward,
+``max_batch_prefill_tokens - |D|``, which leaves the router's next prefill budget at 0. The
+policy confirms its plan (``Policy.chunk_run_grants``: after a finish the planned chunk is one
+token short of that, and the spare token can admit a request) and takes back its counters
+(``Policy.on_chunk_run``). ``tests/test_speed_paths.py`` checks results identical to plain
+stepping for both.
 """
 
 from __future__ import annotations
@@ -59,11 +67,14 @@ def advance_chunk_run(engine: Engine) -> int:
     p_table = tables.get(prompt.request_id)
     if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_tokens:
         return 0  # (q == 1 would count as a decode; the prompt's blocks are allocated whole)
+    remaining = prompt.num_tokens - prompt.num_computed_tokens
+    policy = sched.policy
+    if not policy.chunk_run_grants(sched, prompt, min(q, remaining)):
+        return 0  # e.g. TGI's chunk planned before a request finished: this one steps
     # Iteration j is in the run while the prompt still has more than one chunk left after it
     # starts, and no decode produces its last token in it. The last chunk leaves budget over,
     # so it is in the run only when no request waits (none can then be admitted beside it) and
     # the token it samples is not the prompt's last.
-    remaining = prompt.num_tokens - prompt.num_computed_tokens
     k_full = (remaining - q - 1) // q + 1 if remaining > q else 0
     last = remaining - k_full * q
     with_last = not sched.waiting and last >= 2 and prompt.max_tokens - prompt.num_output_tokens > 1
@@ -88,7 +99,8 @@ def advance_chunk_run(engine: Engine) -> int:
         decode_kv += c
         j = len(tables[r.request_id]) * block_size - c
         due[j] = due.get(j, 0) + 1
-    free = kv.num_free_blocks - 1  # keep one free: phase 1 preempts when none is
+    # Sarathi keeps one free (phase 1 preempts when none is); TGI reserved every block up front.
+    free = kv.num_free_blocks - sched.decode_reserve_blocks
     if free < 0:
         return 0
     cost_model = engine.executor.cost_model  # type: ignore[attr-defined]
@@ -131,5 +143,6 @@ def advance_chunk_run(engine: Engine) -> int:
     chunk = k_full * q + last if k > k_full else k * q  # the last chunk samples the first token
     done = sched.update_run(decodes, held, times, prompt, chunk)
     assert not done  # the run stops before any request's last token
+    policy.on_chunk_run(sched, prompt, k)
     engine.end_run(done, t)
     return k

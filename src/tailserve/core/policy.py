@@ -20,7 +20,8 @@ ask the scheduler, which asks the policy:
   many tokens, victims, by calling the scheduler's mechanics; the output lists the decisions.
 - **Departures.** ``on_finished(sched, finished)``: bookkeeping when requests leave.
 - **Fast paths** (exactness contracts, see each docstring): ``can_fast_forward``,
-  ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``.
+  ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``,
+  ``chunk_run_grants``, ``on_chunk_run``, ``lone_chunk_run``, ``on_lone_chunk_run``.
 - **Time and executor.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``);
   ``bind_executor`` (a policy that predicts iteration times takes the executor's cost model).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
@@ -116,6 +117,18 @@ class Policy(ABC):
         """The fixed token budget of a Sarathi-style iteration (decodes first, then one prompt
         chunked to fill the budget), for ``core/chunk_run.py``'s exact fast path; None (the
         default) when the policy's iterations are not of that shape."""
+        return None
+
+    def chunk_run_grants(self, sched: Scheduler, prompt: Request, chunk: int) -> bool:
+        """For ``core/chunk_run.py``: whether the next iteration grants ``prompt`` ``chunk``
+        tokens beside one token per decode, as ``chunk_run_budget`` implies. A policy that plans
+        a prompt's next chunk one forward ahead (TGI) checks its plan here; True by default."""
+        return True
+
+    def on_chunk_run(self, sched: Scheduler, prompt: Request, num_steps: int) -> None:
+        """After the engine advanced ``num_steps`` iterations of ``core/chunk_run.py`` (already
+        applied to ``prompt`` and the decodes): leave the policy's state as ``num_steps`` calls
+        of ``schedule`` would have."""
         return None
 
     def lone_chunk_run(self, sched: Scheduler) -> LoneChunkRun | None:

@@ -428,3 +428,25 @@ class TgiPolicy(Policy):
         # Each skipped iteration was a router turn whose admission found nobody, then a decode.
         self._decode_due = False
         self._waiting_tokens += num_steps
+
+    def chunk_run_budget(self) -> int | None:
+        # Chunking mode: a prompt chunked beside decodes D gets ``max_batch_prefill_tokens - |D|``
+        # per forward (rule 6), the shape ``core/chunk_run.py`` advances; legacy mode has none.
+        return self.config.max_batch_prefill_tokens if self.config.prefill_chunking else None
+
+    def chunk_run_grants(self, sched: Scheduler, prompt: Request, chunk: int) -> bool:
+        # The plan was made with the previous forward's batch: one request larger when a request
+        # finished in it, so the chunk is short and the router's prefill budget is not 0.
+        return self._grant(prompt) == chunk
+
+    def on_chunk_run(self, sched: Scheduler, prompt: Request, num_steps: int) -> None:
+        # Each iteration was a router turn whose admission had no prefill budget, then a forward
+        # over the running batch, after which the shard planned the prompt's next chunk.
+        self._decode_due = False
+        self._waiting_tokens += num_steps
+        if prompt.num_output_tokens:  # it sampled its first token: no chunk left (no preemption)
+            self._next_chunk.pop(prompt.request_id, None)
+        else:
+            budget = self.config.max_batch_prefill_tokens - (len(sched.running) - 1)
+            left = prompt.num_tokens - prompt.num_computed_tokens
+            self._next_chunk[prompt.request_id] = max(min(left, budget), 1)
