@@ -48,6 +48,9 @@ def advance_chunk_run(engine: Engine) -> int:
     running = sched.running
     if budget is None or kv.prefix_caching or sched.swapped or len(running) < 2:
         return 0
+    policy = sched.policy
+    if not policy.chunk_run_ready(sched):
+        return 0
     prompt = None
     decodes = []
     for r in running:
@@ -68,7 +71,6 @@ def advance_chunk_run(engine: Engine) -> int:
     if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_tokens:
         return 0  # (q == 1 would count as a decode; the prompt's blocks are allocated whole)
     remaining = prompt.num_tokens - prompt.num_computed_tokens
-    policy = sched.policy
     if not policy.chunk_run_grants(sched, prompt, min(q, remaining)):
         return 0  # e.g. TGI's chunk planned before a request finished: this one steps
     # Iteration j is in the run while the prompt still has more than one chunk left after it

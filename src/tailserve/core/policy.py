@@ -21,7 +21,7 @@ ask the scheduler, which asks the policy:
 - **Departures.** ``on_finished(sched, finished)``: bookkeeping when requests leave.
 - **Fast paths** (exactness contracts, see each docstring): ``can_fast_forward``,
   ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``,
-  ``chunk_run_grants``, ``on_chunk_run``, ``lone_chunk_run``, ``on_lone_chunk_run``.
+  ``chunk_run_ready``, ``chunk_run_grants``, ``on_chunk_run``, ``lone_chunk_run``, ``on_lone_chunk_run``.
 - **Time and executor.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``);
   ``bind_executor`` (a policy that predicts iteration times takes the executor's cost model).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
@@ -118,6 +118,11 @@ class Policy(ABC):
         chunked to fill the budget), for ``core/chunk_run.py``'s exact fast path; None (the
         default) when the policy's iterations are not of that shape."""
         return None
+
+    def chunk_run_ready(self, sched: Scheduler) -> bool:
+        """A cheap test before ``core/chunk_run.py`` scans the running batch: False when the
+        policy knows no prompt is being chunked (TGI: no chunk planned); True by default."""
+        return True
 
     def chunk_run_grants(self, sched: Scheduler, prompt: Request, chunk: int) -> bool:
         """For ``core/chunk_run.py``: whether the next iteration grants ``prompt`` ``chunk``

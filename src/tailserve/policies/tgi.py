@@ -434,6 +434,9 @@ class TgiPolicy(Policy):
         # per forward (rule 6), the shape ``core/chunk_run.py`` advances; legacy mode has none.
         return self.config.max_batch_prefill_tokens if self.config.prefill_chunking else None
 
+    def chunk_run_ready(self, sched: Scheduler) -> bool:
+        return bool(self._next_chunk)  # a prompt is being chunked only when the shard planned it
+
     def chunk_run_grants(self, sched: Scheduler, prompt: Request, chunk: int) -> bool:
         # The plan was made with the previous forward's batch: one request larger when a request
         # finished in it, so the chunk is short and the router's prefill budget is not 0.
