@@ -244,11 +244,19 @@ SHARED_PROMPTS = WorkloadSpec(
             replace(LONG_PROMPTS, seed=3, rate=30.0),
         ),
         ("tgi:max_batch_prefill_tokens=300", replace(LONG_PROMPTS, seed=9, rate=1.0)),  # nobody waits
+        ("tgi:max_batch_prefill_tokens=256", replace(LONG_PROMPTS, rate=2.0)),  # arrivals inside runs
         # Shared system prompts: the radix trie is built, half the prompt tokens hit it.
         ("tgi:max_batch_prefill_tokens=512", SHARED_PROMPTS),
         ("tgi:max_batch_prefill_tokens=512,disable_radix_cache=true", replace(SHARED_PROMPTS, seed=4)),
         ("tgi:max_batch_prefill_tokens=256,block_size=16", replace(LONG_PROMPTS, seed=5, rate=12.0)),
         ("tgi:prefill_chunking=false", LONG_PROMPTS),  # legacy mode: no chunk run, still identical
+        # Sessions release their next turn when one finishes or is rejected: arrivals inside runs.
+        (
+            "tgi:max_batch_prefill_tokens=256,max_concurrent_requests=12",
+            WorkloadSpec(
+                "multi-turn", num_sessions=30, rate=4.0, seed=2, think_time=0.5, system_prompt_len=900
+            ),
+        ),
     ],
 )
 def test_tgi_chunk_run_identical_to_plain_stepping(spec: str, workload: WorkloadSpec) -> None:
@@ -260,19 +268,56 @@ def test_tgi_chunk_run_identical_to_plain_stepping(spec: str, workload: Workload
 
 def test_tgi_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
     """TGI's chunking mode goes through core/chunk_run.py: its prompts' chunks beside decodes
-    are advanced in runs, including runs that start at a prompt's last chunk."""
+    are advanced in runs, including runs that start at a prompt's last chunk and runs that
+    take arrivals."""
     from tailserve.core import chunk_run
+    from tailserve.core.engine import Engine
 
     calls: list[int] = []
+    inside: list[bool] = [False]
+    added_inside: list[int] = []
     original = chunk_run.advance_chunk_run
+    original_add = Engine.add_arrivals
 
     def counting(engine):
+        inside[0] = True
         k = original(engine)
+        inside[0] = False
         calls.append(k)
         return k
 
+    def adding(engine, now):
+        if inside[0]:
+            added_inside.append(1)
+        original_add(engine, now)
+
     monkeypatch.setattr(chunk_run, "advance_chunk_run", counting)
+    monkeypatch.setattr(Engine, "add_arrivals", adding)
     _sarathi_fingerprint(
         "tgi:max_batch_prefill_tokens=300", replace(LONG_PROMPTS, seed=9, rate=1.0), fast=True
     )
     assert sum(calls) > 400
+    calls.clear()
+    _sarathi_fingerprint("tgi:max_batch_prefill_tokens=256", replace(LONG_PROMPTS, rate=2.0), fast=True)
+    assert sum(calls) > 400 and len(added_inside) > 10
+
+
+@pytest.mark.parametrize("router", ["least-requests", "round-robin"])
+def test_tgi_chunk_run_in_a_cluster_identical_to_plain_stepping(router: str) -> None:
+    """A replica's run stops at the cluster's next event (its source's horizon) even while it
+    could take arrivals, so the router sees the same replica states as with plain stepping."""
+    from tailserve.cluster.build import build_stage, workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.spec import replicated
+    from tailserve.policies.registry import PolicySpec
+
+    deployment = Deployment("Llama-3-8B", "A100-80GB", 1, "none")
+    workload = WorkloadBuilder(replace(LONG_PROMPTS, rate=6.0, num_requests=100))
+
+    def tokens(fast: bool) -> dict:
+        specs = replicated(2, deployment, PolicySpec.make("tgi", {"max_batch_prefill_tokens": "256"}))
+        stage = build_stage(specs, router, shares_prefixes=False, options=EngineOptions(fast_forward=fast))
+        run = run_aggregated(stage, workload_requests(workload, specs))
+        return {r.request_id: (r.token_times, r.enqueue_time, r.status.name) for r in run.requests}
+
+    assert tokens(True) == tokens(False)

@@ -16,8 +16,11 @@ every decode one token and the prompt the chunk the shard planned after the prev
 ``max_batch_prefill_tokens - |D|``, which leaves the router's next prefill budget at 0. The
 policy confirms its plan (``Policy.chunk_run_grants``: after a finish the planned chunk is one
 token short of that, and the spare token can admit a request) and takes back its counters
-(``Policy.on_chunk_run``). ``tests/test_speed_paths.py`` checks results identical to plain
-stepping for both.
+(``Policy.on_chunk_run``). Since a request arriving then can only wait or be rejected
+(``Policy.chunk_run_takes_arrivals``), a TGI run adds arrivals at the start of the full-chunk
+iteration the step would add them to, instead of stopping there; once someone waits, the last
+chunk (which leaves budget over) stays out of the run. ``tests/test_speed_paths.py`` checks
+results identical to plain stepping for both.
 """
 
 from __future__ import annotations
@@ -86,11 +89,18 @@ def advance_chunk_run(engine: Engine) -> int:
     if k_max < 1:
         return 0
     now = engine.clock.now
-    wake = engine.source.next_arrival_time()
+    source = engine.source
+    arrival = source.next_arrival_time()
     policy_wake = sched.next_wakeup(now)
-    if policy_wake is not None and (wake is None or policy_wake < wake):
-        wake = policy_wake
-    if wake is not None and wake <= now:
+    # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)
+    # takes arrivals inside the run, at the start of the iteration the step would add them to.
+    takes_arrivals = policy.chunk_run_takes_arrivals and k_full > 0
+    # A cluster replica's source reports the cluster's next event (``horizon``) as its next
+    # arrival: the run must stop there, before the router acts, exactly as the step loop does.
+    horizon = getattr(source, "horizon", None)
+    if policy_wake is not None and policy_wake <= now:
+        return 0
+    if arrival is not None and arrival <= now and not takes_arrivals:
         return 0
     # New blocks decodes need: decode d computes token ctx + j in iteration j, so it crosses
     # into a new block at j = slots - ctx, then every block_size iterations.
@@ -116,13 +126,22 @@ def advance_chunk_run(engine: Engine) -> int:
     times: list[float] = []  # end of each iteration
     starts: list[float] = []
     used: list[int] = []
-    for j in range(k_max):
-        if wake is not None and t >= wake:
-            break  # iteration j would add the arrival first
-        crossing = due.pop(j, 0)
+    j = 0
+    while j < k_max:
+        if policy_wake is not None and t >= policy_wake:
+            break
+        crossing = due.get(j, 0)
+        if crossing and needed + crossing > free:
+            break
+        if arrival is not None and t >= arrival:
+            if not takes_arrivals or j >= k_full or (horizon is not None and t >= horizon):
+                break  # iteration j would add the arrival first
+            engine.add_arrivals(t)
+            arrival = source.next_arrival_time()
+            if sched.waiting:
+                k_max = min(k_max, k_full)  # the last chunk leaves budget: one could join it
         if crossing:
-            if needed + crossing > free:
-                break
+            del due[j]
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
         if j == k_full:  # the prompt's last chunk: it samples its first token
@@ -135,6 +154,7 @@ def advance_chunk_run(engine: Engine) -> int:
         times.append(t)
         c_p += q
         decode_kv += n
+        j += 1
     k = len(times)
     if k == 0:
         return 0

@@ -120,7 +120,7 @@ class Engine:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
         sched = self.scheduler
         start = self.clock.now
-        self._add_arrivals(start)
+        self.add_arrivals(start)
         num_left = len(sched.finished)
         out = sched.schedule(start)
         ended = sched.finished[num_left:]  # aborted by the policy while scheduling
@@ -198,7 +198,8 @@ class Engine:
             if not (self._lone_run_ok and prefill_run.advance_lone_chunk_run(self)):
                 return
 
-    def _add_arrivals(self, now: float) -> None:
+    def add_arrivals(self, now: float) -> None:
+        """Add the requests that arrived by ``now`` (public: a fast path adds them inside a run)."""
         for request in self.source.pop_arrived(now):
             self.num_requests_seen += 1
             if not self.scheduler.add_request(request, now):

@@ -20,8 +20,9 @@ ask the scheduler, which asks the policy:
   many tokens, victims, by calling the scheduler's mechanics; the output lists the decisions.
 - **Departures.** ``on_finished(sched, finished)``: bookkeeping when requests leave.
 - **Fast paths** (exactness contracts, see each docstring): ``can_fast_forward``,
-  ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``,
-  ``chunk_run_ready``, ``chunk_run_grants``, ``on_chunk_run``, ``lone_chunk_run``, ``on_lone_chunk_run``.
+  ``on_decode_run``, ``decode_reserve_blocks``, ``chunk_run_budget``, ``chunk_run_ready``,
+  ``chunk_run_grants``, ``on_chunk_run``, ``chunk_run_takes_arrivals``, ``lone_chunk_run``,
+  ``on_lone_chunk_run``.
 - **Time and executor.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``);
   ``bind_executor`` (a policy that predicts iteration times takes the executor's cost model).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
@@ -57,6 +58,11 @@ class Policy(ABC):
     default_gpu_memory_utilization: ClassVar[float] = 0.9
     # Free blocks a decode iteration must leave untouched or it preempts (Sarathi: 1).
     decode_reserve_blocks: ClassVar[int] = 0
+    # ``core/chunk_run.py`` may add arrivals inside a run of full-chunk iterations: True only
+    # where a request that arrives then can neither join such an iteration nor change the
+    # policy's later decisions except by waiting (or being rejected) — TGI, whose router has no
+    # prefill budget left beside a full chunk.
+    chunk_run_takes_arrivals: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config

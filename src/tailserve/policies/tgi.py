@@ -142,6 +142,8 @@ class TgiPolicy(Policy):
     config_cls = TgiConfig
     default_block_size = 1  # flashinfer, the default attention
     default_gpu_memory_utilization = 1.0  # --cuda-memory-fraction
+    # Beside a full chunk the router's prefill budget is 0: an arrival only waits or is rejected.
+    chunk_run_takes_arrivals = True
 
     def __init__(self, config: TgiConfig) -> None:
         super().__init__(config)
