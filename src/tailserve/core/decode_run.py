@@ -64,10 +64,7 @@ def advance_decode_run(engine: Engine) -> int:
         slots = len(tables[r.request_id]) * block_size
         held_tokens.append(slots)
         first_new_block.append(slots - c)
-    wake = engine.source.next_arrival_time()
-    policy_wake = sched.next_wakeup(now)
-    if policy_wake is not None and (wake is None or policy_wake < wake):
-        wake = policy_wake
+    wake = engine.next_wake(now)
     if wake is not None:
         # Iterations only get longer as contexts grow, so the first one bounds how many start
         # before the wake-up.

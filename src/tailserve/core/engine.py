@@ -198,6 +198,15 @@ class Engine:
             if not (self._lone_run_ok and prefill_run.advance_lone_chunk_run(self)):
                 return
 
+    def next_wake(self, now: float) -> float | None:
+        """When the next thing outside the iterations happens: an arrival or the policy's own
+        wake-up, whichever comes first; None when neither is known. An exact fast path stops there."""
+        wake = self.source.next_arrival_time()
+        policy_wake = self.scheduler.next_wakeup(now)
+        if policy_wake is not None and (wake is None or policy_wake < wake):
+            wake = policy_wake
+        return wake
+
     def add_arrivals(self, now: float) -> None:
         """Add the requests that arrived by ``now`` (public: a fast path adds them inside a run)."""
         for request in self.source.pop_arrived(now):

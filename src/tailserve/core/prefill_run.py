@@ -47,10 +47,7 @@ def advance_lone_chunk_run(engine: Engine) -> int:
     if run is None or run.max_steps < 1 or run.chunk < 2:
         return 0
     now = engine.clock.now
-    wake = engine.source.next_arrival_time()
-    policy_wake = sched.next_wakeup(now)
-    if policy_wake is not None and (wake is None or policy_wake < wake):
-        wake = policy_wake
+    wake = engine.next_wake(now)
     if wake is not None and wake <= now:
         return 0
     request, q = run.request, run.chunk

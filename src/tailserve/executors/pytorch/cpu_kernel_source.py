@@ -49,6 +49,16 @@ template <> inline at::BFloat16 from_f<at::BFloat16>(float f) {
   return out;
 }
 // A value as the model dtype would hold it (the rounding a PyTorch op in that dtype applies).
+// Float32 softmax of one row of scores in place (max-subtracted), shared by both decode kernels.
+static inline void softmax_inplace(float* __restrict sg, int64_t n) {
+  float mx = sg[0];
+  for (int64_t l = 1; l < n; ++l) mx = sg[l] > mx ? sg[l] : mx;
+  float sum = 0.0f;
+  for (int64_t l = 0; l < n; ++l) { sg[l] = std::exp(sg[l] - mx); sum += sg[l]; }
+  const float inv = 1.0f / sum;
+  for (int64_t l = 0; l < n; ++l) sg[l] *= inv;
+}
+
 template <typename T> static inline float round_to(float f) { return to_f<T>(from_f<T>(f)); }
 
 template <typename T>
@@ -83,15 +93,7 @@ static void decode_impl(const float* q, const T* k, const T* v, const int64_t* s
           sc[g * n + l] = s * scale;
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
-        float* __restrict sg = sc + g * n;
-        float mx = sg[0];
-        for (int64_t l = 1; l < n; ++l) mx = sg[l] > mx ? sg[l] : mx;
-        float sum = 0.0f;
-        for (int64_t l = 0; l < n; ++l) { sg[l] = std::exp(sg[l] - mx); sum += sg[l]; }
-        const float inv = 1.0f / sum;
-        for (int64_t l = 0; l < n; ++l) sg[l] *= inv;
-      }
+      for (int64_t g = 0; g < G; ++g) softmax_inplace(sc + g * n, n);
       float* __restrict acc = accv.data();
       std::fill(acc, acc + G * HD, 0.0f);
       for (int64_t l = 0; l < n; ++l) {
@@ -176,15 +178,7 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
           _mm512_storeu_ps(sc + g * stride + l0, _mm512_mul_ps(sum16(part[g]), vscale));
         }
       }
-      for (int g = 0; g < G; ++g) {
-        float* __restrict sg = sc + g * stride;
-        float mx = sg[0];
-        for (int64_t l = 1; l < n; ++l) mx = sg[l] > mx ? sg[l] : mx;
-        float sum = 0.0f;
-        for (int64_t l = 0; l < n; ++l) { sg[l] = std::exp(sg[l] - mx); sum += sg[l]; }
-        const float inv = 1.0f / sum;
-        for (int64_t l = 0; l < n; ++l) sg[l] *= inv;
-      }
+      for (int g = 0; g < G; ++g) softmax_inplace(sc + g * stride, n);
       __m512 acc[G][NF];
       for (int g = 0; g < G; ++g)
         for (int j = 0; j < NF; ++j) acc[g][j] = _mm512_setzero_ps();

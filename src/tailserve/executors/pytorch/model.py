@@ -192,11 +192,7 @@ class LlamaModel:
             k = self.rope.apply(k, cos, sin)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta)
-            x = residual + linear(attn.view(n, h * d), w.o, w.o_bias)
-            residual = x
-            y = rms_norm(x, w.post_attention_norm, self.eps)
-            gate, up = linear(y, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-            x = residual + linear(F.silu(gate) * up, w.down, w.down_bias)
+            x = self._layer_rest(residual, attn.view(n, h * d), w)
         return rms_norm(x, self.norm, self.eps)
 
     def _forward_fused(
@@ -220,13 +216,16 @@ class LlamaModel:
             q, k, v = ops.rope_split(qkv, self.rope.cos, self.rope.sin, positions, h, kvh, d)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v, k_slots, v_slots, meta)
-            x = residual + linear(attn.view(n, h * d), w.o, w.o_bias)
-            residual = x
-            gate, up = linear(rms_norm(x, w.post_attention_norm, self.eps), w.gate_up, w.gate_up_bias).chunk(
-                2, dim=-1
-            )
-            x = residual + linear(F.silu(gate) * up, w.down, w.down_bias)
+            x = self._layer_rest(residual, attn.view(n, h * d), w)
         return rms_norm(x, self.norm, self.eps)
+
+    def _layer_rest(self, residual: torch.Tensor, attn: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+        """A layer after attention, shared by both forward paths: output projection and residual,
+        then the SwiGLU MLP and its residual."""
+        x = residual + linear(attn, w.o, w.o_bias)
+        y = rms_norm(x, w.post_attention_norm, self.eps)
+        gate, up = linear(y, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, w.down, w.down_bias)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the rows that sample, [rows, vocab]."""
