@@ -97,8 +97,17 @@ def block_keys_from_tokens(
 ) -> tuple[int, ...]:
     """Chained keys of every full block: ``hash((parent, 0, *block))`` from the parent's key, as
     ``kv.prefix.block_hashes`` (CPython hashes ints and tuples the same in every process)."""
+    return extend_block_keys(None, token_ids, block_size)
+
+
+def extend_block_keys(
+    parent: int | None, token_ids: Sequence[int], block_size: int = DEFAULT_ROUTER_BLOCK_SIZE
+) -> tuple[int, ...]:
+    """The keys of the full blocks of ``token_ids`` continuing the chain after the block keyed
+    ``parent`` (None: the prompt's first block) — how a KV-event consumer keys the blocks an
+    engine reports with their tokens and parent."""
     keys: list[int] = []
-    key = _NONE_HASH
+    key = _NONE_HASH if parent is None else parent
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         key = hash((key, 0, *token_ids[start : start + block_size]))
         keys.append(key)

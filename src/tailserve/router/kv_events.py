@@ -2,22 +2,123 @@
 events (vLLM's ZeroMQ format, ``server/kv_events.py``), as Dynamo's and llm-d's KV indexers do.
 
 One SUB socket per backend (``--kv-events ENDPOINT``, in ``--backend`` order; ``-`` for a
-backend without events) on one thread; ``BlockStored`` adds its ``block_hashes`` to the
-backend's set, ``BlockRemoved`` takes them out, ``AllBlocksCleared`` empties it. ``overlap``
-answers the ``KvIndex`` question for a prompt keyed by its token ids (``RouteRequest.token_keys``:
-the router's keys are the engine's, ``cluster/routing.block_keys_from_tokens``); for a text
-prompt, or a backend without events, it says None and the router uses its own tree.
+backend without events) on one thread, each backend's events applied to its ``BackendBlocks``.
+``overlap`` answers the ``KvIndex`` question for a prompt keyed by its token ids
+(``RouteRequest.token_keys``); for a text prompt, or a backend without events, it says None and
+the router uses its own tree.
+
+Two kinds of publisher, told apart by ``BlockStored.token_ids``:
+
+- **vLLM** sends each stored block's tokens and the engine hash of the block before it. Its
+  hashes are its own (sha256 or builtin hash, seeded per deployment), so the router re-keys the
+  tokens with its own chain (``cluster/routing.extend_block_keys``), continuing from the key it
+  gave the parent block, as Dynamo's indexer rehashes tokens; an engine block of ``k x 16``
+  tokens gives ``k`` router keys. ``BlockRemoved`` names engine hashes: the router maps them back.
+  vLLM reports every cached copy of a block, so a hash is forgotten when its last copy is removed.
+  A block whose parent the router never saw (it subscribed after the parent was stored) cannot be
+  placed in a chain and is skipped: ZeroMQ PUB/SUB has no history without a replay socket.
+- **tailserve serve** sends no tokens; its block hashes are already the router's keys (same
+  chain, same 16-token blocks), used as they are.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
-from tailserve.cluster.routing import RouteRequest
-from tailserve.server.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from tailserve.cluster.routing import DEFAULT_ROUTER_BLOCK_SIZE, RouteRequest, extend_block_keys
+from tailserve.server.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, decode_batch
 
 logger = logging.getLogger("tailserve.router")
+
+
+@dataclass(slots=True)
+class _EngineBlock:
+    keys: tuple[int, ...]  # the router keys of this engine block's tokens
+    copies: int = 1
+
+
+class BackendBlocks:
+    """One backend's cached prefix blocks, in the router's keys."""
+
+    def __init__(self, router_block_size: int = DEFAULT_ROUTER_BLOCK_SIZE) -> None:
+        self.router_block_size = router_block_size
+        self.keys: dict[int, int] = {}  # router key -> engine blocks holding it
+        self._engine: dict[BlockHash, _EngineBlock] = {}
+        self.block_size: int | None = None  # the engine's, from its first BlockStored
+        self.skipped_blocks = 0  # stored blocks whose parent was never seen
+
+    def apply(self, event: object) -> None:
+        if isinstance(event, BlockStored):
+            self.block_size = event.block_size
+            self._store(event)
+        elif isinstance(event, BlockRemoved):
+            for engine_hash in event.block_hashes:
+                block = self._engine.get(engine_hash)
+                if block is None:
+                    continue
+                block.copies -= 1
+                if block.copies == 0:
+                    del self._engine[engine_hash]
+                    for key in block.keys:
+                        left = self.keys[key] - 1
+                        if left:
+                            self.keys[key] = left
+                        else:
+                            del self.keys[key]
+        elif isinstance(event, AllBlocksCleared):
+            self.keys.clear()
+            self._engine.clear()
+
+    def _store(self, event: BlockStored) -> None:
+        size = event.block_size
+        if not event.token_ids:  # tailserve's events: the hashes are the router's keys
+            if size != self.router_block_size:
+                return  # keys of other blocks can never match a prompt's: overlap says None
+            for engine_hash in event.block_hashes:
+                self._add(engine_hash, (engine_hash,) if isinstance(engine_hash, int) else ())
+            return
+        if size % self.router_block_size or len(event.token_ids) != size * len(event.block_hashes):
+            self.skipped_blocks += len(event.block_hashes)
+            return
+        parent = event.parent_block_hash
+        if parent is None:
+            key = None
+        else:
+            block = self._engine.get(parent)
+            if block is None or not block.keys:
+                self.skipped_blocks += len(event.block_hashes)
+                return
+            key = block.keys[-1]
+        for i, engine_hash in enumerate(event.block_hashes):
+            keys = extend_block_keys(key, event.token_ids[i * size : (i + 1) * size], self.router_block_size)
+            self._add(engine_hash, keys)
+            key = keys[-1]
+
+    def _add(self, engine_hash: BlockHash, keys: tuple[int, ...]) -> None:
+        block = self._engine.get(engine_hash)
+        if block is not None:
+            block.copies += 1
+            return
+        self._engine[engine_hash] = _EngineBlock(keys)
+        for key in keys:
+            self.keys[key] = self.keys.get(key, 0) + 1
+
+    def overlap(self, request: RouteRequest) -> int | None:
+        """Leading blocks of the prompt this backend holds; None when its keys cannot match."""
+        if self.block_size is None:  # nothing stored yet: its cache is empty
+            return 0
+        if request.block_size != self.router_block_size or (
+            self.block_size % self.router_block_size
+        ):
+            return None
+        n = 0
+        for key in request.block_keys:
+            if key not in self.keys:
+                break
+            n += 1
+        return n
 
 
 class KvEventIndex:
@@ -28,8 +129,7 @@ class KvEventIndex:
         self._context = zmq.Context()
         self._sockets: dict[object, int] = {}
         self._poller = zmq.Poller()
-        self.blocks: list[set[int]] = [set() for _ in endpoints]
-        self.block_size: list[int | None] = [None] * len(endpoints)
+        self.backends = [BackendBlocks() for _ in endpoints]
         self.num_batches = [0] * len(endpoints)
         self.subscribed = [e is not None for e in endpoints]
         self._lock = threading.Lock()
@@ -50,6 +150,12 @@ class KvEventIndex:
         self._thread = threading.Thread(target=self._run, name="tailserve-kv-events", daemon=True)
         self._thread.start()
 
+    @property
+    def blocks(self) -> list[set[int]]:
+        """Each backend's cached router keys (a snapshot)."""
+        with self._lock:
+            return [set(b.keys) for b in self.backends]
+
     def _run(self) -> None:
         while not self._stop.is_set():
             for sock, _ in self._poller.poll(100):
@@ -60,38 +166,21 @@ class KvEventIndex:
                 except (ValueError, self._zmq.ZMQError) as error:  # a malformed message: skip it
                     logger.warning("KV events from backend %d: bad message (%s)", replica, error)
                     continue
-                self._apply(replica, batch.events)
+                self.apply(replica, batch.events)
 
-    def _apply(self, replica: int, events: list) -> None:
+    def apply(self, replica: int, events: list) -> None:
         with self._lock:
-            blocks = self.blocks[replica]
             self.num_batches[replica] += 1
+            backend = self.backends[replica]
             for event in events:
-                if isinstance(event, BlockStored):
-                    blocks.update(event.block_hashes)
-                    self.block_size[replica] = event.block_size
-                elif isinstance(event, BlockRemoved):
-                    blocks.difference_update(event.block_hashes)
-                elif isinstance(event, AllBlocksCleared):
-                    blocks.clear()
+                backend.apply(event)
 
     def overlap(self, request: RouteRequest, replica: int) -> int | None:
         """Leading blocks of the prompt the backend holds; None when it cannot tell."""
-        if replica >= len(self.blocks) or not self.subscribed[replica] or not request.token_keys:
+        if replica >= len(self.backends) or not self.subscribed[replica] or not request.token_keys:
             return None
         with self._lock:
-            size = self.block_size[replica]
-            if size is None:  # nothing stored yet: its cache is empty
-                return 0
-            if size != request.block_size:
-                return None  # the engine's blocks are not the router's: keys cannot match
-            blocks = self.blocks[replica]
-            n = 0
-            for key in request.block_keys:
-                if key not in blocks:
-                    break
-                n += 1
-            return n
+            return self.backends[replica].overlap(request)
 
     def close(self) -> None:
         stop = getattr(self, "_stop", None)

@@ -37,9 +37,14 @@ class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):  # t
     """Base of vLLM's tagged events."""
 
 
+# vLLM sends a block hash as a 64-bit int by default, as its sha256 bytes with
+# VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0; both decode (the router only compares them).
+BlockHash = int | bytes
+
+
 class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
@@ -48,7 +53,7 @@ class BlockStored(KVCacheEvent):
 
 
 class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
+    block_hashes: list[BlockHash]
     medium: str | None
 
 
