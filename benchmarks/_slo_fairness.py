@@ -88,6 +88,19 @@ def p99_ttft(requests: list[Request], tenant: str) -> float:
     return float(np.percentile(ttft, 99))
 
 
+def tenant_service(requests: list[Request], tenant: str, duration: float) -> dict[str, float]:
+    """A tenant's TBT p99 and max (every gap between its tokens) and its generated tokens per
+    second while traffic lasts (tokens produced by ``duration``)."""
+    mine = [r for r in requests if r.tenant_id == tenant and r.token_times]
+    gaps = np.concatenate([np.diff(r.token_times) for r in mine]) if mine else np.array([])
+    tokens = sum(int(np.searchsorted(r.token_times, duration, side="right")) for r in mine)
+    return {
+        "tbt_p99_s": float(np.percentile(gaps, 99)) if gaps.size else float("nan"),
+        "tbt_max_s": float(gaps.max()) if gaps.size else float("nan"),
+        "tokens_per_s": tokens / duration,
+    }
+
+
 def max_service_difference(recorder: Recorder, a: str, b: str) -> float:
     """max over intervals [t1, t2] with both backlogged throughout of |dW_a - dW_b|."""
     worst = 0.0
@@ -103,7 +116,9 @@ def max_service_difference(recorder: Recorder, a: str, b: str) -> float:
     return worst
 
 
-def fairness(quick: bool) -> dict[str, Any]:
+def fairness(quick: bool, yield_tbts: tuple[float, ...] = ()) -> dict[str, Any]:
+    """``yield_tbts``: extra ``slo + vtc`` rows at these values of rule 10's bound (the default
+    row and the rule-off row always run)."""
     duration = 30.0 if quick else 60.0
     lengths = (LogNormal(1024, 0.8, 4000), LogNormal(200, 0.8, 1000))
     light_rate = 5.0
@@ -114,21 +129,49 @@ def fairness(quick: bool) -> dict[str, Any]:
         "heavy_rate": 10 * light_rate,
         "duration_s": duration,
     }
-    rows = []
-    for label, policy, fair in [
+    classes = "slo_classes=all=ttft:2s,tbt:50ms"
+    policies = [
         ("vllm fcfs", "vllm", False),
         ("vllm + vtc", "vllm", True),
-        ("slo (no vtc)", "slo:slo_classes=all=ttft:2s,tbt:50ms", False),
-        ("slo + vtc", "slo:fairness=vtc;slo_classes=all=ttft:2s,tbt:50ms", True),
-    ]:
-        alone, _, _ = run_tenants(policy, solo, fair)
+        ("slo (no vtc)", f"slo:{classes}", False),
+        ("slo + vtc, rule 10 off", f"slo:fairness=vtc;yield_tbts=0;{classes}", True),
+        ("slo + vtc", f"slo:fairness=vtc;{classes}", True),
+    ]
+    policies += [
+        (f"slo + vtc, yield_tbts={y:g}", f"slo:fairness=vtc;yield_tbts={y:g};{classes}", True)
+        for y in yield_tbts
+    ]
+    rows = []
+    solo_ttft: dict[str, float] = {}
+    for label, policy, fair in policies:
+        # With one tenant rules 9-10 never fire: every slo + vtc variant has the same solo run.
+        key = policy.split(":")[0] + (" vtc" if fair else "")
+        if key not in solo_ttft:
+            alone, _, _ = run_tenants(policy, solo, fair)
+            solo_ttft[key] = p99_ttft(alone, "light")
         shared, recorder, _ = run_tenants(policy, both, fair)
-        s, w = p99_ttft(alone, "light"), p99_ttft(shared, "light")
+        s, w = solo_ttft[key], p99_ttft(shared, "light")
+        heavy = tenant_service(shared, "heavy", duration)
+        light = tenant_service(shared, "light", duration)
         rows.append(
-            {"policy": label, "light_p99_ttft_solo_s": s, "light_p99_ttft_shared_s": w, "ratio": w / s}
+            {
+                "policy": label,
+                "spec": policy,
+                "light_p99_ttft_solo_s": s,
+                "light_p99_ttft_shared_s": w,
+                "ratio": w / s,
+                "light_tbt_p99_s": light["tbt_p99_s"],
+                "heavy_tbt_p99_s": heavy["tbt_p99_s"],
+                "heavy_tbt_max_s": heavy["tbt_max_s"],
+                "heavy_tokens_per_s": heavy["tokens_per_s"],
+                "light_tokens_per_s": light["tokens_per_s"],
+            }
         )
         print(
-            f"  {label:12} light p99 TTFT solo {s:.3f} s, beside heavy {w:.3f} s (x{w / s:.2f})", flush=True
+            f"  {label:26} light p99 TTFT solo {s:.3f} s, beside heavy {w:.3f} s (x{w / s:.2f});"
+            f" heavy TBT p99 {heavy['tbt_p99_s'] * 1e3:.0f} ms (max {heavy['tbt_max_s'] * 1e3:.0f}),"
+            f" {heavy['tokens_per_s']:.0f} tok/s; light TBT p99 {light['tbt_p99_s'] * 1e3:.0f} ms",
+            flush=True,
         )
     out["well_behaved"] = rows
     # Both backlogged: a sends long prompts, b short ones with long outputs, each past capacity.
@@ -139,6 +182,7 @@ def fairness(quick: bool) -> dict[str, Any]:
     for label, policy, fair in [
         ("vllm fcfs", "vllm", False),
         ("vllm + vtc", "vllm", True),
+        ("slo + vtc, rule 10 off", "slo:fairness=vtc;yield_tbts=0", True),
         ("slo + vtc", "slo:fairness=vtc", True),
     ]:
         _, recorder, kv_tokens = run_tenants(policy, mix, fair)
@@ -147,6 +191,6 @@ def fairness(quick: bool) -> dict[str, Any]:
         diffs.append(
             {"policy": label, "max_service_difference": measured, "bound": bound, "within": measured <= bound}
         )
-        print(f"  {label:12} max service difference {measured:,.0f} (bound {bound:,.0f})", flush=True)
+        print(f"  {label:26} max service difference {measured:,.0f} (bound {bound:,.0f})", flush=True)
     out["backlogged"] = diffs
     return out

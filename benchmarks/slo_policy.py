@@ -31,7 +31,7 @@ past capacity, different lengths): the largest measured difference of weighted s
 (``w_p`` x prefill + ``w_q`` x decode tokens) over any interval in which both stay backlogged,
 against the paper's bound ``2 max(w_p L_input, w_q M)``.
 
-    python benchmarks/slo_policy.py [--quick] [--workers N] [--out FILE]
+    python benchmarks/slo_policy.py [--quick] [--workers N] [--cells MODEL/WORKLOAD,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -284,12 +285,33 @@ def goodput_run(cell: Cell, spec: PolicySpec, rate: float) -> Generator[RunSpec,
     return {"policy": spec.label, "rate": rate, "goodput": good / span, "fraction_good": good / len(requests)}
 
 
+def cell_filter(text: str) -> set[tuple[str, str]]:
+    """``--cells`` -> {(model, workload)}; SystemExit naming an item that is no cell."""
+    known = {(m, w) for m, _, _ in DEPLOYMENTS for w in ("azure-conv", "mooncake-conv", "mixed")}
+    wanted = set()
+    for item in (i.strip() for i in text.split(",")):
+        model, _, workload = item.partition("/")
+        if (model, workload) not in known:
+            names = ", ".join(f"{m}/{w}" for m, w in sorted(known))
+            raise SystemExit(f"--cells: {item!r} is not a cell; cells: {names}")
+        wanted.add((model, workload))
+    return wanted
+
+
 def capacity_table(
-    sweep: Sweep, quick: bool, azure: str, mooncake: str, partial: Path
+    sweep: Sweep,
+    quick: bool,
+    azure: str,
+    mooncake: str,
+    partial: Path,
+    wanted: set[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every cell's row; the rows so far are rewritten to ``partial`` after each cell."""
+    """Every cell's row (or those in ``wanted``); the rows so far are rewritten to ``partial``
+    after each cell."""
     rows: list[dict[str, Any]] = []
     for cell in cells(quick, azure, mooncake):
+        if wanted is not None and (cell.deployment.model, cell.workload_name) not in wanted:
+            continue
         t0 = time.perf_counter()
         title = f"{cell.deployment.model} {cell.workload_name}"
         specs = coarse_candidates(cell)
@@ -357,6 +379,18 @@ def main() -> None:
     parser.add_argument("--mooncake-trace", default=str(default_trace("mooncake_conversation.jsonl")))
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-fairness", action="store_true")
+    parser.add_argument(
+        "--cells",
+        metavar="LIST",
+        help="capacity: only these cells, comma-separated MODEL/WORKLOAD (e.g. Llama-3-8B/azure-conv; "
+        "workloads azure-conv, mooncake-conv, mixed)",
+    )
+    parser.add_argument(
+        "--yield-tbts",
+        metavar="LIST",
+        default="",
+        help="fairness: extra slo + vtc rows at these values of rule 10's yield_tbts (e.g. 1,3)",
+    )
     parser.add_argument("--cpu", action="store_true", help="also the real CPU executor comparison")
     parser.add_argument(
         "--calibration",
@@ -366,12 +400,17 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=default_out("slo_policy.json"))
     args = parser.parse_args()
+    try:
+        yield_tbts = tuple(float(v) for v in args.yield_tbts.split(",") if v.strip())
+    except ValueError:
+        raise SystemExit(f"--yield-tbts must be comma-separated numbers, got {args.yield_tbts!r}") from None
+    wanted = cell_filter(args.cells) if args.cells else None
     for trace in (args.trace, args.mooncake_trace):
         problem = check_trace(trace)
         if problem:
             raise SystemExit(problem)
     result: dict[str, Any] = {
-        "command": "python benchmarks/slo_policy.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/slo_policy.py " + " ".join(sys.argv[1:]),
         "host": platform.node(),
         "loadavg_start": os.getloadavg(),
     }
@@ -379,11 +418,16 @@ def main() -> None:
     if not args.skip_capacity:
         with Sweep(make_backend(args.workers), quiet=True) as sweep:
             result["capacity"] = capacity_table(
-                sweep, args.quick, args.trace, args.mooncake_trace, args.out.with_suffix(".partial.json")
+                sweep,
+                args.quick,
+                args.trace,
+                args.mooncake_trace,
+                args.out.with_suffix(".partial.json"),
+                wanted,
             )
     if not args.skip_fairness:
         print("fairness (Llama-3-8B / H100):", flush=True)
-        result["fairness"] = fairness(args.quick)
+        result["fairness"] = fairness(args.quick, yield_tbts)
     if args.cpu:
         print("real CPU executor (tiny model, CPU time):", flush=True)
         result["cpu"] = cpu_comparison(args.quick, args.calibration)

@@ -77,7 +77,7 @@ def _partial(sched: Scheduler, rid: str, prompt: int, computed: int, tenant: str
 
 def test_a_protected_tenant_goes_before_partial_prefills_and_ignores_their_slack():
     def setup(fairness: str):
-        policy, sched = _setup(fairness=fairness)
+        policy, sched = _setup(fairness=fairness, yield_tbts=0.0)  # rule 9 alone (rule 10: test_slo_yield)
         d = _decoding(sched, "hd", 100, last_token=0.0)  # heavy's decode, due at 50 ms
         d.tenant_id = "heavy"
         _partial(sched, "hp", 2000, 1000, "heavy")

@@ -37,6 +37,11 @@ priority). Each iteration, with predicted times from the engine's cost model
    waiting request does not fit the free KV blocks, unprotected tenants' running requests are
    preempted for it (``slo_fair.py``). VTC's lifted counters tie a newly active tenant with a
    backlogged one, so the counters alone cannot tell who is over its share *now*.
+10. **Yield** (with fairness; tailserve's rule, ``slo_yield.py``): in an iteration where a
+   protected tenant has a prefill to run, the tenants over their fair share of the recent
+   service are left out of it — their decodes (each only while its gap since its last token is
+   under ``yield_tbts`` TBT targets), partial prefills and admissions — so the protected
+   tenant's chunks get the iteration its own decodes' slack allows, as if it ran alone.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
 from tailserve.policies.slo_config import SloConfig, WaitingInfo
 from tailserve.policies.slo_fair import make_room_for_fair_share
 from tailserve.policies.slo_predictor import BatchLoad, Predictor
+from tailserve.policies.slo_yield import sits_out, yielding_tenants
 from tailserve.policies.vllm import device_batch_defaults
 from tailserve.policies.vtc import tenant_of
 
@@ -87,6 +93,7 @@ class SloPolicy(Policy):
         self._info: dict[str, WaitingInfo] = {}
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
         self._protected: frozenset[str] = frozenset()  # rule 9, decided each iteration
+        self._over: frozenset[str] = frozenset()  # tenants above their share (rule 10)
         self._stretch = 1.0  # iteration time with chunks / the chunks alone (rule 3)
 
     @classmethod
@@ -146,16 +153,74 @@ class SloPolicy(Policy):
         slacks: list[tuple[float, float]] = []  # (tenant's VTC counter, TBT slack s) per decode
         floor_left = cfg.min_prefill_tokens
         scheduled_ids: set[int] = set()
+        yield_to: frozenset[str] = frozenset()  # rule 10's over-share tenants this iteration
         if self.backlog is not None:
             self._protect(sched)
             if sched.waiting:
                 make_room_for_fair_share(self, sched, now, out)
+            yield_to = yielding_tenants(self, sched)
         num_fair_preempted = len(out.preempted)
 
         # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
+        # Rule 10: over-share tenants' decodes sit out a protected tenant's prefill iteration.
         running = sorted(sched.running, key=self.deadline)
         decodes = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in running if r.num_tokens - r.num_computed_tokens > 1]
+        held: list[Request] = []
+        held_prefills: list[Request] = []
+        if yield_to:
+            held = [r for r in decodes if sits_out(self, r, now, yield_to)]
+            if held:
+                out_ids = {id(r) for r in held}
+                decodes = [r for r in decodes if id(r) not in out_ids]
+            held_prefills = [r for r in prefills if tenant_of(r.tenant_id) in yield_to]
+            prefills = [r for r in prefills if tenant_of(r.tenant_id) not in yield_to]
+        tokens_left = self._decode(sched, now, out, load, decodes, tokens_left, slacks, scheduled_ids)
+        # 2. Partial prefills continue, cut to what the slack leaves; under fairness those of
+        # unprotected tenants continue after a protected tenant's admission (rule 9).
+        later: list[Request] = []
+        if self.backlog is not None:
+            prefills.sort(key=self._tier)  # stable: by deadline within a tier
+            if any(self._tier(r) == 0 for r in sched.waiting):
+                later = [r for r in prefills if self._tier(r)]
+                prefills = [r for r in prefills if not self._tier(r)]
+        first_chunk = len(out.scheduled)
+        tokens_left, floor_left = self._continue(
+            sched, now, out, load, prefills, tokens_left, slacks, floor_left, scheduled_ids
+        )
+
+        # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
+        if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
+            tokens_left, floor_left = admit(
+                self, sched, now, out, load, tokens_left, slacks, floor_left, skip=yield_to
+            )
+            # Admitted requests are scheduled: never a victim of the KV growth below.
+            scheduled_ids.update(id(s.request) for s in out.scheduled[first_chunk:])
+        if yield_to and not any(self._tier(s.request) == 0 for s in out.scheduled[first_chunk:]):
+            # Rule 10, no protected chunk got in after all (KV): an ordinary iteration for the
+            # decodes left out; the over-share tenant's chunks continue after the others'.
+            tokens_left = self._decode(sched, now, out, load, held, tokens_left, slacks, scheduled_ids)
+            later = sorted(later + held_prefills, key=self.deadline)
+        if later:
+            self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
+        if self.backlog is not None:
+            self.backlog.charge(out)
+        self._observe_stretch(out, load)
+        self._last = (now, load.shape()) if out.scheduled else None
+        return out
+
+    def _decode(
+        self,
+        sched: Scheduler,
+        now: float,
+        out: SchedulerOutput,
+        load: BatchLoad,
+        decodes: list[Request],
+        tokens_left: int,
+        slacks: list[tuple[float, float]],
+        scheduled_ids: set[int],
+    ) -> int:
+        """Rule 1 for ``decodes``, in the given order: one token each; the tokens left."""
         for request in decodes:
             if tokens_left <= 0:
                 break
@@ -169,28 +234,7 @@ class SloPolicy(Policy):
             load.add_decode(computed)
             tokens_left -= 1
             slacks.append((self._tier(request), self.deadline(request) - now))
-        # 2. Partial prefills continue, cut to what the slack leaves; under fairness those of
-        # unprotected tenants continue after a protected tenant's admission (rule 9).
-        later: list[Request] = []
-        if self.backlog is not None:
-            prefills.sort(key=self._tier)  # stable: by deadline within a tier
-            if any(self._tier(r) == 0 for r in sched.waiting):
-                later = [r for r in prefills if self._tier(r)]
-                prefills = [r for r in prefills if not self._tier(r)]
-        tokens_left, floor_left = self._continue(
-            sched, now, out, load, prefills, tokens_left, slacks, floor_left, scheduled_ids
-        )
-
-        # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
-        if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
-            tokens_left, floor_left = admit(self, sched, now, out, load, tokens_left, slacks, floor_left)
-        if later:
-            self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
-        if self.backlog is not None:
-            self.backlog.charge(out)
-        self._observe_stretch(out, load)
-        self._last = (now, load.shape()) if out.scheduled else None
-        return out
+        return tokens_left
 
     def _observe_stretch(self, out: SchedulerOutput, load: BatchLoad) -> None:
         """Rule 3's queue time: how much longer the iterations carrying prefill chunks take than
@@ -239,12 +283,13 @@ class SloPolicy(Policy):
         return tokens_left, floor_left
 
     def _protect(self, sched: Scheduler) -> None:
-        """Rule 9: which active tenants are protected (under half their share) this iteration."""
+        """Rule 9: which active tenants are protected (under half their share) this iteration,
+        and (rule 10) which are over their share."""
         backlog = self.backlog
         assert backlog is not None
         active = {tenant_of(r.tenant_id) for r in sched.running}
         active.update(t for t, n in backlog.num_waiting.items() if n > 0)
-        self._protected = backlog.recent.protected(active, backlog.vtc.weight)
+        self._protected, self._over = backlog.recent.shares(active, backlog.vtc.weight)
 
     def _tier(self, request: Request) -> int:
         """0 for a request of a protected tenant (rule 9), else 1; 1 without fairness."""
@@ -272,10 +317,15 @@ class SloPolicy(Policy):
         now: float,
     ) -> bool:
         """KV for ``request`` up to ``target`` tokens, preempting the least SLO loss among the
-        running requests not scheduled yet; False when ``request`` itself was the victim."""
+        running requests not scheduled yet (unprotected tenants' first, rule 9); False when
+        ``request`` itself was the victim."""
         while not sched.allocate(request, target):
             candidates = [r for r in sched.running if id(r) not in scheduled]
-            victim = min(candidates, key=lambda r: self.slo_loss(r, now, sched.running.index(r)))
+            # Under fairness an unprotected tenant's request goes first (rule 9: a protected
+            # tenant's KV comes from the others'); _tier is 1 for everyone without it.
+            victim = min(
+                candidates, key=lambda r: (-self._tier(r), self.slo_loss(r, now, sched.running.index(r)))
+            )
             sched.preempt_by_recompute(victim)
             sched.waiting.add_request(victim)
             self._enter(sched, victim)

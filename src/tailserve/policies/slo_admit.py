@@ -11,6 +11,7 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.policies.slo_config import SloConfig
 from tailserve.policies.slo_predictor import BatchLoad
+from tailserve.policies.vtc import tenant_of
 
 if TYPE_CHECKING:
     from tailserve.policies.slo import SloPolicy
@@ -57,8 +58,9 @@ def admit(
     tokens_left: int,
     slacks: list[tuple[float, float]],
     floor_left: int,
+    skip: frozenset[str] = frozenset(),
 ) -> tuple[int, int]:
-    """Rules 3-6; (tokens left, floor left)."""
+    """Rules 3-6; (tokens left, floor left). Tenants in ``skip`` sit this iteration out (rule 10)."""
     cfg: SloConfig = policy.config
     kv = sched.kv_cache
     ordered, rejected = order_waiting(policy, sched, now)
@@ -76,7 +78,7 @@ def admit(
     for request in ordered:
         if tokens_left <= 0 or len(sched.running) >= cfg.max_num_seqs:
             break
-        if request.tenant_id in out_of_room:
+        if request.tenant_id in out_of_room or (skip and tenant_of(request.tenant_id) in skip):
             continue
         match = (
             kv.match_prefix(request.request_id, request.num_tokens)

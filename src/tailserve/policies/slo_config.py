@@ -20,6 +20,9 @@ class SloConfig:
     min_prefill_tokens: int = 64  # prefill tokens allowed per iteration even without slack
     fairness: str = "none"  # or "vtc"
     tenant_weights: str = ""  # a=2,b=1 (fairness=vtc)
+    # Rule 10 (fairness=vtc): an over-share tenant's decode sits out a protected tenant's
+    # prefill iterations while its gap since its last token is under this many TBT targets.
+    yield_tbts: float = 2.0  # 0: rule 10 off
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
@@ -31,6 +34,8 @@ class SloConfig:
             raise ValueError(f"slo_admission must be best-effort or reject, got {self.slo_admission!r}")
         if not self.aging_s > 0:
             raise ValueError(f"aging_s must be > 0 seconds, got {self.aging_s}")
+        if not self.yield_tbts >= 0 or self.yield_tbts == float("inf"):
+            raise ValueError(f"yield_tbts must be a finite number of TBT targets >= 0, got {self.yield_tbts}")
         if self.min_prefill_tokens < 1:
             raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
         parse_slo_classes(self.slo_classes)

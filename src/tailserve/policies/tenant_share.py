@@ -52,10 +52,19 @@ class RecentService:
 
     def protected(self, active: Iterable[str], weight: Callable[[str], float]) -> frozenset[str]:
         """The active tenants under ``PROTECT_BELOW`` of their weighted share."""
+        return self.shares(active, weight)[0]
+
+    def shares(
+        self, active: Iterable[str], weight: Callable[[str], float]
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """(protected, over share): the active tenants under ``PROTECT_BELOW`` of the fair rank,
+        and those above it (the ``slo`` policy's rule 10 cuts the latter's service for the
+        former's prefills). Both empty with fewer than two active tenants."""
         tenants = set(active)
         if len(tenants) < 2:
-            return frozenset()
+            return frozenset(), frozenset()
         # ``served`` is already per unit of weight: the raw total is its sum times the weights.
         total = sum(self.rank(t) * weight(t) for t in tenants)
         fair = total / sum(weight(t) for t in tenants)
-        return frozenset(t for t in tenants if self.rank(t) < PROTECT_BELOW * fair)
+        protected = frozenset(t for t in tenants if self.rank(t) < PROTECT_BELOW * fair)
+        return protected, frozenset(t for t in tenants if self.rank(t) > fair)

@@ -1,0 +1,54 @@
+"""Rule 10 of the ``slo`` policy (tailserve's, beside rule 9's isolation): an over-share tenant
+yields the iterations a protected tenant's prefill runs in.
+
+Rule 9 lets a protected tenant's chunks ignore an over-share tenant's TBT slack, but the
+over-share tenant's running decodes still ride in the same iteration: beside a backlogged tenant
+with ~200 decodes, they take ~20 of a 50 ms TBT budget, so the protected tenant's long prompts
+need more chunk iterations than they would alone. VTC's premise is that it is the tenant over its
+share whose service is cut, so in an iteration where a protected tenant has a prefill to run,
+the tenants over their fair share (``RecentService.shares``) are left out: their decodes, their
+partial prefills and their admissions. Bounded per request: a decode sits out only while the gap
+since its last token is under ``yield_tbts`` x its class's TBT target, so its next token comes
+at most one iteration after that. When, after all, no protected chunk got into the iteration (its
+request did not fit the KV blocks), the decodes left out are put back; the over-share tenant's
+chunks and admissions wait that one iteration.
+
+Tenants between half and all of their share are neither protected nor cut.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.policies.vtc import tenant_of
+
+if TYPE_CHECKING:
+    from tailserve.policies.slo import SloPolicy
+
+
+def yielding_tenants(policy: SloPolicy, sched: Scheduler) -> frozenset[str]:
+    """The over-share tenants that sit this iteration out: those of rule 9's decision, when a
+    protected tenant has a partial prefill running or a waiting request with a batch slot free;
+    empty otherwise (always without fairness, with one tenant, or with ``yield_tbts=0``)."""
+    over = policy._over
+    protected = policy._protected
+    if not over or not protected or not policy.config.yield_tbts > 0:
+        return frozenset()
+    for r in sched.running:
+        if r.num_tokens - r.num_computed_tokens > 1 and tenant_of(r.tenant_id) in protected:
+            return over
+    if len(sched.running) < policy.config.max_num_seqs:
+        for r in sched.waiting:
+            if tenant_of(r.tenant_id) in protected:
+                return over
+    return frozenset()
+
+
+def sits_out(policy: SloPolicy, request: Request, now: float, over: frozenset[str]) -> bool:
+    """Whether the decode ``request`` is left out of this iteration (rule 10)."""
+    if not over or not request.token_times or tenant_of(request.tenant_id) not in over:
+        return False
+    tbt = policy.classes.of(request).tbt
+    return now - request.token_times[-1] < policy.config.yield_tbts * tbt
