@@ -16,6 +16,10 @@ CPU clock). It is recorded, not used to correct anything: the probe's own noise 
 
     python benchmarks/fidelity_cpu.py [--calibration FILE | --repeats N] [--policies static,vllm,...]
         [--workloads poisson-low,poisson-high,hol,shared-prefix] [--threads 1] [--out DIR]
+
+Each real run is saved to OUT/runs/WORKLOAD__POLICY.json (requests, token times, every
+iteration's batch shape and period, the probes); `--from-runs DIR --calibration FILE` replays the
+simulator side against saved runs without running the real executor (to try a cost model).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tailserve.executors.pytorch.init_model import default_model_dir
 from tailserve.executors.simulated.calibration_files import read_calibration_file, write_calibration_file
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.models import load_hf_config
-from tailserve.fidelity.replay import PlannedRequest, compare, run_real, run_sim
+from tailserve.fidelity.replay import PlannedRequest, compare, from_json, run_real, run_sim, to_json
 from tailserve.fidelity.torch_calibrate import probe
 from tailserve.policies.registry import POLICIES
 
@@ -98,6 +102,10 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def _run_path(runs_dir: Path, policy: str, wl: str) -> Path:
+    return runs_dir / f"{wl}__{policy}.json"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", help="a calibration file (default: calibrate now)")
@@ -118,15 +126,29 @@ def main() -> int:
     ap.add_argument(
         "--out", default=str(HERE / "out"), help="folder for fidelity_cpu.json (default: benchmarks/out)"
     )
+    ap.add_argument(
+        "--from-runs",
+        metavar="DIR",
+        help="replay the real runs a previous run saved in DIR (its runs/ folder) instead of running "
+        "the real executor: only the simulator side runs (needs --calibration)",
+    )
     args = ap.parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)
+    if args.from_runs and not args.calibration:
+        ap.error("--from-runs needs --calibration FILE (the calibration the simulator side uses)")
     console = Console(width=170)
     model_dir = default_model_dir("tiny")
     spec = load_hf_config(model_dir)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    runs_in = Path(args.from_runs) if args.from_runs else None
+    if runs_in is not None and not runs_in.is_dir():
+        ap.error(f"--from-runs {runs_in}: no such folder")
+    runs_out = out_dir / "runs"
+    if runs_in is None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        runs_out.mkdir(exist_ok=True)
     before = uptime()
     console.print(f"uptime before: {before}")
     if args.calibration:
@@ -149,17 +171,33 @@ def main() -> int:
         planned = workload(wl, spec.vocab_size)
         for policy in args.policies.split(","):
             t = time.perf_counter()
-            # The machine's speed just before and after the run: the same fixed decode each time.
-            before_probe = probe(model_dir, cpu_clock=cpu)
-            real = run_real(model_dir, policy, planned, cpu_clock=cpu)
-            after_probe = probe(model_dir, cpu_clock=cpu, seed=1)
+            if runs_in is not None:
+                path = _run_path(runs_in, policy, wl)
+                if not path.is_file():
+                    print(f"  {policy} / {wl}: no saved run {path}; skipped", file=sys.stderr)
+                    continue
+                saved = json.loads(path.read_text())
+                real = from_json(saved)
+                probes, wall = saved.get("probe_s", []), saved.get("real_wall_s")
+            else:
+                # The machine's speed just before and after the run: the same fixed decode each time.
+                before_probe = probe(model_dir, cpu_clock=cpu)
+                real = run_real(model_dir, policy, planned, cpu_clock=cpu)
+                after_probe = probe(model_dir, cpu_clock=cpu, seed=1)
+                probes, wall = [before_probe, after_probe], time.perf_counter() - t
+                # Saved so the simulator side can be replayed against it later (--from-runs).
+                try:
+                    body = {**to_json(real), "probe_s": probes, "real_wall_s": wall, "uptime": uptime()}
+                    _run_path(runs_out, policy, wl).write_text(json.dumps(body, default=str) + "\n")
+                except (TypeError, ValueError, OSError) as e:  # a record is a by-product: never stop the run
+                    print(f"  {policy} / {wl}: run not saved ({e})", file=sys.stderr)
             sim = run_sim(cost_model, real.setup, real.requests)
             cmp = compare(cost_model, real, sim)
-            cmp.update(policy=policy, workload=wl, real_wall_s=time.perf_counter() - t)
-            cmp["probe_s"] = [before_probe, after_probe]
+            cmp.update(policy=policy, workload=wl, real_wall_s=wall)
+            cmp["probe_s"] = probes
             _add_row(table, policy, wl, cmp, labels)
             results.append(cmp)
-            print(f"  {policy} / {wl}: {cmp['real_wall_s']:.1f} s", file=sys.stderr, flush=True)
+            print(f"  {policy} / {wl}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     console.print(table)
     after = uptime()
     console.print(f"uptime after: {after}")
@@ -172,6 +210,7 @@ def main() -> int:
         "cpu_count": os.cpu_count(),
         "uptime_before": before,
         "uptime_after": after,
+        "from_runs": str(runs_in) if runs_in is not None else None,
         "runs": results,
     }
     (out_dir / "fidelity_cpu.json").write_text(json.dumps(body, indent=2, default=str) + "\n")

@@ -1,0 +1,122 @@
+"""Per-GEMM series from Vidur's profiles: each op on its own shape, kernel-choice jumps found
+where they are planted (and not at the curve's own tile steps), and a training series of the
+same shape transferring its jumps to a held-out one."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tailserve.executors.simulated.cost_model import Efficiency
+from tailserve.executors.simulated.gemm_regimes import (
+    GemmSeries,
+    curve_times,
+    jumps,
+    layer_times,
+    load_gemm_series,
+    pair_agreement,
+    same_shape_pairs,
+    transfer_times,
+)
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.profiles import LINEAR_OPS, ProfileError
+
+H100 = get_hardware("H100-SXM")
+EFF = Efficiency(
+    compute=0.75, memory=0.86, sharpness=6.0, tile_m=128, tile_n=128, wave_alpha=0.3, gemm_latency=3e-6
+)
+TOKENS = np.array([1, 8, 16, 64, 128, 136, 256, 384, 512, 520, 576, 640, 648, 1024, 2048])
+
+
+def write_mlp(
+    path: Path, shape: dict, rows: list[tuple[int, int, tuple[float, float, float, float]]]
+) -> Path:
+    """An mlp.csv with four per-op times (ms) per (tokens, TP)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = [f"time_stats.{op}.median" for op in LINEAR_OPS] + [*shape, "use_gated_mlp", "num_tokens",
+              "num_tensor_parallel_workers"]  # fmt: skip
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for n, tp, ops in rows:
+            w.writerow([*ops, *shape.values(), "True", n, tp])
+    return path
+
+
+LLAMA70 = {"n_head": 64, "n_kv_head": 8, "n_embd": 8192, "n_expanded_embd": 28672, "vocab_size": 32000}
+
+
+def test_each_op_becomes_its_own_series_with_its_shard_shape(tmp_path):
+    rows = [(n, tp, (0.1 * n, 0.2, 0.3, 0.4)) for tp in (1, 2) for n in (1, 8, 16)]
+    series = load_gemm_series(write_mlp(tmp_path / "m" / "mlp.csv", LLAMA70, rows))
+    shapes = {(s.op, s.tp): s.shape for s in series}
+    assert shapes[("qkv", 1)] == (8192 + 2 * 1024, 8192)
+    assert shapes[("o", 2)] == (8192, 4096)
+    assert shapes[("up", 2)] == (28672, 8192)
+    assert shapes[("down", 1)] == (8192, 28672)
+    qkv = next(s for s in series if s.op == "qkv" and s.tp == 1)
+    assert qkv.tokens.tolist() == [1, 8, 16]
+    assert qkv.seconds.tolist() == pytest.approx([1e-4, 8e-4, 16e-4])
+
+
+def test_a_malformed_profile_is_rejected_with_file_and_line(tmp_path):
+    path = write_mlp(
+        tmp_path / "m" / "mlp.csv", LLAMA70, [(1, 1, (0.1, 0.2, 0.3, 0.4)), (8, 1, (1, 1, 1, 1))]
+    )
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].replace("1,1,1,1", "1,x,1,1", 1)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError, match=r"mlp\.csv:3: column .* not a number: 'x'"):
+        load_gemm_series(path)
+
+
+def _series(model: str, n: int, k: int, factor: np.ndarray) -> GemmSeries:
+    s = GemmSeries(model, "down", 1, n, k, TOKENS, np.ones(len(TOKENS)))
+    return GemmSeries(model, "down", 1, n, k, TOKENS, curve_times(s, H100, EFF) * factor)
+
+
+def test_a_planted_kernel_jump_is_found_and_the_curves_own_steps_are_not():
+    flat = _series("a", 8192, 28672, np.ones(len(TOKENS)))
+    # The curve itself steps by more than the threshold (512 -> 520 tokens: a fifth row tile);
+    # that is the curve's own step, not a jump.
+    curve = curve_times(flat, H100, EFF)
+    assert (curve[1:] / curve[:-1]).max() > 1.15
+    assert jumps(flat, H100, EFF) == []
+    # A slow kernel between 520 and 640 tokens (2.5x the curve): a jump in and a jump out.
+    factor = np.where((TOKENS >= 520) & (TOKENS <= 640), 2.5, 1.0)
+    assert jumps(_series("a", 8192, 28672, factor), H100, EFF) == [520, 648]
+
+
+def test_a_training_gemm_of_the_same_shape_carries_its_jumps_to_a_held_out_one():
+    factor = np.where((TOKENS >= 520) & (TOKENS <= 640), 2.5, 1.0)
+    train = [_series("train", 8192, 8192, factor), _series("train", 10240, 8192, np.ones(len(TOKENS)))]
+    held = _series("held", 8192, 8192, factor)
+    np.testing.assert_allclose(transfer_times(held, train, H100, EFF, "exact"), held.seconds, rtol=1e-12)
+    # Another shape: ``exact`` keeps the curve; ``nearest`` borrows the nearest shape's ratios.
+    other = _series("held", 8192, 22016, factor)
+    np.testing.assert_allclose(
+        transfer_times(other, train, H100, EFF, "exact"), curve_times(other, H100, EFF), rtol=1e-12
+    )
+    np.testing.assert_allclose(transfer_times(other, train, H100, EFF, "nearest"), other.seconds, rtol=1e-12)
+    # by-tokens: the median ratio of the training GEMMs at each count (here 1.75 inside the band).
+    by_tokens = transfer_times(other, train, H100, EFF, "by-tokens") / curve_times(other, H100, EFF)
+    assert by_tokens.tolist() == pytest.approx(np.where(factor > 1, 1.75, 1.0).tolist())
+    with pytest.raises(ValueError, match="unknown transfer mode"):
+        transfer_times(other, train, H100, EFF, "closest")
+
+
+def test_same_shape_pairs_and_layer_sums():
+    a = _series("a", 8192, 8192, np.ones(len(TOKENS)))
+    b = _series("b", 8192, 8192, np.full(len(TOKENS), 1.1))
+    c = _series("b", 4096, 8192, np.ones(len(TOKENS)))
+    pairs = same_shape_pairs([a, b, c])
+    assert [(x.model, y.model) for x, y in pairs] == [("a", "b")]
+    assert pair_agreement(a, b) == pytest.approx(np.full(len(TOKENS), 0.1))
+    pred, meas = layer_times([a, c], H100, EFF, None, "exact")
+    np.testing.assert_allclose(pred, meas, rtol=1e-12)
+    np.testing.assert_allclose(meas, a.seconds + c.seconds)
+    with pytest.raises(ValueError, match="wave form"):
+        curve_times(a, H100, Efficiency(tile_m=128))
