@@ -48,23 +48,22 @@ class BlockIndex:
             more.setdefault(keys[j], []).append(block_ids[j])
         return clashes
 
-    def remove(self, block_ids: np.ndarray, keys: np.ndarray) -> list[int]:
+    def remove(self, block_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """The blocks lose these keys (evicted); a key with later holders hands over to the
-        next one. Returns the keys no block holds any more."""
+        next one. Returns a mask of the keys no block holds any more."""
         first = self._first
         more = self._more
-        gone = keys.tolist()
+        gone = np.ones(len(keys), dtype=bool)
         if not more:
-            for key in gone:
+            for key in keys.tolist():
                 del first[key]
             return gone
-        gone = []
-        for block_id, key in zip(block_ids.tolist(), keys.tolist()):
+        for i, (block_id, key) in enumerate(zip(block_ids.tolist(), keys.tolist())):
             others = more.get(key)
             if others is None:
                 del first[key]
-                gone.append(key)
                 continue
+            gone[i] = False
             if first[key] == block_id:
                 first[key] = others.pop(0)
             else:

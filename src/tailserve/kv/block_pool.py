@@ -27,6 +27,9 @@ Speed: a request's blocks move through the pool in batches (numpy arrays of ref 
 few array operations and one C-level pass over the key index, not a Python loop per block. The
 order of every queue and index operation is the one-block-at-a-time order above
 (tests/test_prefix_cache.py and tests/test_block_pool_batches.py check it against a plain model).
+Keys from Mooncake ``hash_ids`` (``prefix.TraceBlockKeys``) go to a second index with one entry
+per trace block (``kv/trace_block_index.py``) instead of one per block; it holds the same holders
+(tests/test_trace_block_index.py runs both side by side).
 """
 
 from __future__ import annotations
@@ -37,7 +40,14 @@ import numpy as np
 
 from tailserve.kv.block_index import NO_KEY, BlockIndex
 from tailserve.kv.free_queue import FreeBlockQueue
-from tailserve.kv.prefix import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
+from tailserve.kv.prefix import (
+    PrefixCache,
+    PrefixCacheIntegrityError,
+    PrefixCacheStats,
+    PrefixMatch,
+    TraceBlockKeys,
+)
+from tailserve.kv.trace_block_index import TraceBlockIndex
 
 # Keys are 64-bit ints (``prefix.block_hashes``, ``keys_from_hash_ids``: values of ``hash()``,
 # which never returns -1 in CPython), so NO_KEY = -1 marks a block without one.
@@ -58,6 +68,7 @@ class HashedBlockPool(PrefixCache):
         self._refs = np.zeros(num_blocks, dtype=np.int32)
         self._keys = np.full(num_blocks, NO_KEY, dtype=np.int64)
         self._index = BlockIndex()  # key -> its first holder (kv/block_index.py)
+        self._trace_index: TraceBlockIndex | None = None  # Mooncake keys, made at their first use
         self._num_cached_blocks = 0
         self._free = FreeBlockQueue(num_blocks)
         self._num_free_cached = 0
@@ -129,7 +140,13 @@ class HashedBlockPool(PrefixCache):
             num_tokens = max_blocks * size
         else:
             max_blocks = min(len(block_keys), max(num_tokens - 1, 0) // size)
-        hits = self._index.first_holders(block_keys, max_blocks) if max_blocks else []
+        hits: list[int] = []
+        if max_blocks:
+            if isinstance(block_keys, TraceBlockKeys):
+                index = self._trace_for(block_keys.per)
+                hits = index.first_holders(block_keys, max_blocks)
+            else:
+                hits = self._index.first_holders(block_keys, max_blocks)
         stats = self.stats
         stats.num_lookups += 1
         stats.num_query_tokens += num_tokens
@@ -211,23 +228,31 @@ class HashedBlockPool(PrefixCache):
         self._free.push_front(released[~keyed].tolist())
 
     def cache_full_blocks(
-        self, block_ids: Sequence[int], block_keys: Sequence[int], parent_key: int | None = None
+        self,
+        block_ids: Sequence[int],
+        block_keys: Sequence[int],
+        parent_key: int | None = None,
+        start: int = 0,
     ) -> int:
-        """Register ``block_ids[i]`` as holding the full, computed block ``block_keys[i]``.
+        """Register ``block_ids[i]`` as holding the full, computed block ``block_keys[start + i]``
+        (``block_keys``: a request's keys; a ``TraceBlockKeys`` must be passed whole).
 
         Blocks that already carry a key are skipped (it must be the same key: a block's content
         does not change while it is held). Each block must be held (ref count > 0); nothing
         changes when a check fails. Returns how many of the keys were cached before the call (by
         this block or another one); duplicates stay cached, as in vLLM, so the caller frees
-        nothing. ``parent_key``: the key of the block before ``block_keys[0]`` (KV events only).
+        nothing. ``parent_key``: the key of the block before ``block_keys[start]`` (KV events only).
         """
-        if len(block_ids) != len(block_keys):
-            raise ValueError(f"{len(block_ids)} blocks but {len(block_keys)} keys")
-        if not block_ids:
+        n = len(block_ids)
+        if start < 0 or start + n > len(block_keys):
+            raise ValueError(f"{n} blocks from key {start} but {len(block_keys)} keys")
+        if not n:
             return 0
         ids = np.asarray(block_ids, dtype=np.int64)
+        trace = isinstance(block_keys, TraceBlockKeys)
+        span = block_keys[start : start + n] if start or n != len(block_keys) else block_keys
         try:
-            new_keys = np.asarray(block_keys, dtype=np.int64)
+            new_keys = np.asarray(span, dtype=np.int64)
         except (OverflowError, TypeError, ValueError) as error:
             raise ValueError(f"block keys must be 64-bit ints ({error})") from None
         refs = self._refs[ids]
@@ -236,21 +261,29 @@ class HashedBlockPool(PrefixCache):
             raise ValueError(f"block {bad} is not held (ref count {refs[np.flatnonzero(refs <= 0)[0]]})")
         if (new_keys == NO_KEY).any():
             raise ValueError(f"block key {NO_KEY} is reserved (no key)")
+        index = self._trace_for(block_keys.per) if trace else None  # before anything changes
         current = self._keys[ids]
         keyless = current == NO_KEY
         already = 0
+        positions = np.arange(start, start + n) if trace else None
         if not keyless.all():
             if (current[~keyless] != new_keys[~keyless]).any():
                 bad = int(ids[np.flatnonzero(~keyless & (current != new_keys))[0]])
                 raise ValueError(f"block {bad} is cached under another key")
             already = len(ids) - int(np.count_nonzero(keyless))
             ids, new_keys = ids[keyless], new_keys[keyless]
+            if positions is not None:
+                positions = positions[keyless]
             if not len(ids):
                 return already
         self._keys[ids] = new_keys
         self._num_cached_blocks += len(ids)
-        keys = list(block_keys) if len(ids) == len(block_keys) else new_keys.tolist()
-        clashes = self._index.add(ids.tolist(), keys)
+        if index is not None:
+            clashes = index.add(ids, block_keys, positions)
+            keys = span if len(ids) == n else new_keys.tolist()
+        else:
+            keys = list(span) if len(ids) == n else new_keys.tolist()
+            clashes = self._index.add(ids.tolist(), keys)
         if self.kv_events is not None:
             skip = set(clashes.tolist())
             stored = [k for j, k in enumerate(keys) if j not in skip]
@@ -273,12 +306,35 @@ class HashedBlockPool(PrefixCache):
         self.stats.num_evicted_tokens += n * self.block_size
         return n
 
+    def _trace_for(self, per: int) -> TraceBlockIndex:
+        """The index of Mooncake keys with ``per`` keys per trace block (one per pool: a pool has
+        one block size)."""
+        index = self._trace_index
+        if index is None:
+            index = self._trace_index = TraceBlockIndex(self.num_blocks, per)
+        elif index.per != per:
+            raise ValueError(f"trace keys with {per} keys per trace block, but this pool's have {index.per}")
+        return index
+
     def _forget_keys(self, block_ids: np.ndarray) -> None:
         """Take the blocks' keys off them (the caller updates the counters)."""
-        gone = self._index.remove(block_ids, self._keys[block_ids])
+        keys = self._keys[block_ids]
+        trace = self._trace_index
+        if trace is None:
+            gone = self._index.remove(block_ids, keys)
+        else:
+            in_trace = trace.holds(block_ids)
+            if in_trace.all():
+                gone = trace.remove(block_ids, keys)
+            elif not in_trace.any():
+                gone = self._index.remove(block_ids, keys)
+            else:  # both kinds of keys in one pool: each index keeps its own order
+                gone = np.empty(len(block_ids), dtype=bool)
+                gone[in_trace] = trace.remove(block_ids[in_trace], keys[in_trace])
+                gone[~in_trace] = self._index.remove(block_ids[~in_trace], keys[~in_trace])
         self._keys[block_ids] = NO_KEY
-        if self.kv_events is not None and gone:
-            self.kv_events.append(("removed", gone))
+        if self.kv_events is not None and gone.any():
+            self.kv_events.append(("removed", keys[gone].tolist()))
 
     # ---- PrefixCache --------------------------------------------------------------------------
     def lock(self, match: PrefixMatch) -> None:
@@ -313,7 +369,11 @@ class HashedBlockPool(PrefixCache):
             )
         if len(free) + sum(1 for r in refs if r > 0) != self.num_blocks:
             raise err(f"{len(free)} free + used != {self.num_blocks} blocks")
-        problem = self._index.check_integrity(self._keys.tolist())
+        in_trace = self._trace_index.holds(np.arange(self.num_blocks)) if self._trace_index else None
+        plain_keys = self._keys if in_trace is None else np.where(in_trace, NO_KEY, self._keys)
+        problem = self._index.check_integrity(plain_keys.tolist())
+        if problem is None and self._trace_index is not None:
+            problem = self._trace_index.check_integrity(self._keys.tolist())
         if problem:
             raise err(problem)
         with_key = sum(1 for k in keys if k is not None)

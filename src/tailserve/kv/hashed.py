@@ -122,7 +122,9 @@ class HashedKVCacheManager(KVCacheManager):
         )
         if full > done:
             table = self.block_tables[request_id]
-            self.pool.cache_full_blocks(table[done:full], keys[done:full], keys[done - 1] if done else None)
+            # the whole key list and where the blocks start in it (Mooncake keys are indexed
+            # one trace block at a time: kv/trace_block_index.py)
+            self.pool.cache_full_blocks(table[done:full], keys, keys[done - 1] if done else None, start=done)
             self._num_registered[request_id] = full
 
     def holds(self, request_id: str, num_total_tokens: int) -> bool:

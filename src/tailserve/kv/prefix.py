@@ -170,6 +170,24 @@ def block_hashes(
     return keys
 
 
+class TraceBlockKeys(list):
+    """A prompt's block keys from Mooncake ``hash_ids`` when a trace block is a whole number of
+    pool blocks: ``per`` keys per trace block, and a trace block's first key fixes the other
+    ``per - 1`` (so two prompts share key ``i`` exactly when they share key ``i - i % per``).
+    The hashed block pool indexes such keys one trace block at a time
+    (``kv/trace_block_index.py``); hand it the whole list (``cache_full_blocks(..., start=)``),
+    never a slice, which is a plain list and would be indexed apart."""
+
+    __slots__ = ("per",)
+
+    def __init__(self, keys: Sequence[int] = (), per: int = 1) -> None:
+        super().__init__(keys)
+        self.per = per
+
+    def __reduce__(self) -> tuple:
+        return (TraceBlockKeys, (list(self), self.per))
+
+
 def keys_from_hash_ids(
     hash_ids: Sequence[int],
     input_length: int,
@@ -184,7 +202,8 @@ def keys_from_hash_ids(
     partial last block is never shared (its content is unknown beyond its length). Key ``b``
     covers tokens ``[b*block_size, (b+1)*block_size)`` and chains every hash id those tokens touch,
     so two prompts get equal keys exactly for the blocks whose trace-block ancestors (and own
-    trace block) they share.
+    trace block) they share. When a trace block is several pool blocks, the result is a
+    :class:`TraceBlockKeys` (a list that knows ``per``).
     """
     if block_size < 1 or trace_block_size < 1:
         raise ValueError(f"block sizes must be >= 1, got {block_size} and {trace_block_size}")
@@ -200,7 +219,7 @@ def keys_from_hash_ids(
             run = _keys_of_trace_block(key, hash_ids[j], per)
             keys += run
             key = run[-1]
-        return keys
+        return TraceBlockKeys(keys, per) if per > 1 else keys
     for end in range(block_size, end_of_full + 1, block_size):
         first = (end - block_size) // trace_block_size
         last = (end - 1) // trace_block_size
