@@ -54,6 +54,10 @@ def analyse(runs_dir: Path, cost_model: CostModel) -> dict:
         raw = np.abs(pred / meas - 1.0)
         shaped = np.abs(pred * level / meas - 1.0)
         wl, policy = path.stem.split("__")
+        # Lag-1 autocorrelation of the decode steps' log ratio, in run order: near 0 if the steps
+        # scatter independently, near 1 if the machine's speed drifts over many steps.
+        d = np.log(ratio[decode]) - np.log(ratio[decode]).mean() if decode.sum() > 2 else None
+        lag1 = float(np.sum(d[:-1] * d[1:]) / np.sum(d * d)) if d is not None and np.any(d) else None
         rows.append(
             {
                 "workload": wl,
@@ -64,12 +68,20 @@ def analyse(runs_dir: Path, cost_model: CostModel) -> dict:
                 "iter_median_after_level": float(np.median(shaped)),
                 "decode_median_after_level": float(np.median(shaped[decode])) if decode.any() else None,
                 "scatter": period_scatter(run.iterations),
+                "decode_lag1": lag1,
                 "probe_s": body.get("probe_s"),
             }
         )
+        # Whether each timed step directly follows a prefill or an idle wait (cold caches).
+        after_cold, cold = {}, True
+        for r in run.iterations:
+            after_cold[id(r)] = cold
+            cold = bool(r.shape.prefill_pairs) or r.period_s is None
         for r, x in zip(timed, ratio / level):
             if iteration_kind(r.shape) != "decode":
                 continue
+            first = "first after a prefill or an idle wait" if after_cold[id(r)] else "later"
+            pooled[("decode step", first)].append(x)
             b = r.shape.num_tokens
             ctx = r.shape.decode_kv_tokens / b
             pooled[("batch", _band(b, BATCH_BANDS))].append(x)
@@ -120,6 +132,7 @@ def main() -> int:
             f"{r['iter_median_raw']:.1%}", f"{r['iter_median_after_level']:.1%}",
             "-" if r["decode_median_after_level"] is None else f"{r['decode_median_after_level']:.1%}",
             "-" if r["scatter"] is None else f"{r['scatter']:.1%}",
+            "-" if r["decode_lag1"] is None else f"{r['decode_lag1']:.2f}",
             "/".join(f"{x * 1e3:.1f}" for x in (r["probe_s"] or [])),
         )  # fmt: skip
     console.print(table)
@@ -129,7 +142,8 @@ def main() -> int:
     console.print(
         f"runs {len(levels)}: decode level {levels.min():.3f}-{levels.max():.3f} (median {np.median(levels):.3f}); "
         f"per-iteration median {np.median(raw):.1%} raw, {np.median(after):.1%} after each run's level "
-        f"({int((raw <= 0.05).sum())} / {int((after <= 0.05).sum())} runs <= 5%)"
+        f"({int((raw <= 0.05).sum())} / {int((after <= 0.05).sum())} runs <= 5%); decode lag-1 autocorrelation median "
+        f"{np.median([r['decode_lag1'] for r in out['runs'] if r['decode_lag1'] is not None]):.2f}"
     )
     trend = Table(
         title="decode iterations after each run's level, pooled: measured / predicted", title_justify="left"
