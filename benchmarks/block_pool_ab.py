@@ -1,8 +1,10 @@
 """The hashed block pool of an earlier commit and the current one, side by side in one process.
 
-Loads ``kv/block_pool.py`` and ``kv/block_index.py`` of ``--before`` (default e2e8cca: one
-index entry per block; 49edcd9^ is the pool before batching) from git next to the current pool
-(Mooncake keys indexed per trace block, kv/trace_block_index.py) and runs the same cluster
+Loads ``kv/block_pool.py``, ``kv/block_index.py`` and the Mooncake key function of
+``kv/prefix.py`` of ``--before`` (default e2e8cca: one index entry per block, every key chained
+in Python; 49edcd9^ is the pool before batching) from git next to today's (Mooncake keys indexed
+per trace block, kv/trace_block_index.py, and mixed from one chained key per trace block) and
+runs the same cluster
 (Mooncake conversation trace, Llama-3.1-8B on H100, vLLM V1 on every replica) with each,
 alternating, printing each run's CPU seconds and the figures that must agree; exits 1 when they
 differ.
@@ -21,10 +23,13 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from _paths import check_trace, default_trace
 
+import tailserve.cluster.cluster as cluster
+import tailserve.core.scheduler as scheduler
 import tailserve.kv.hashed as hashed
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import run_aggregated
@@ -38,7 +43,8 @@ from tailserve.sim.workload_spec import WorkloadSpec
 BEFORE = "e2e8cca"  # the start of the session that indexed Mooncake keys per trace block
 
 
-def previous_pool(commit: str) -> type:
+def previous_kv(commit: str) -> tuple[type, Callable]:
+    """That commit's hashed block pool and its Mooncake key function."""
     repo = Path(__file__).resolve().parent.parent
     folder = Path(tempfile.mkdtemp())
 
@@ -68,6 +74,7 @@ def previous_pool(commit: str) -> type:
         load("block_index")
         rewrite = ("from tailserve.kv.block_index import", "from block_index_before import")
     module = load("block_pool", rewrite)
+    keys_fn = load("prefix").keys_from_hash_ids
 
     class Before(module.HashedBlockPool):  # the calls today's manager makes, in that pool's terms
         def num_unreferenced(self, block_ids):
@@ -82,7 +89,14 @@ def previous_pool(commit: str) -> type:
 
     if hasattr(module.HashedBlockPool, "num_unreferenced"):
         del Before.num_unreferenced
-    return Before
+    return Before, keys_fn
+
+
+def use(pool: type, keys_fn: Callable) -> None:
+    """Make the cluster's engines use this pool and these Mooncake keys (router and scheduler)."""
+    hashed.HashedBlockPool = pool
+    scheduler.keys_from_hash_ids = keys_fn
+    cluster.keys_from_hash_ids = keys_fn
 
 
 def digest(run) -> str:
@@ -133,16 +147,16 @@ def main() -> int:
         print(missing, file=sys.stderr)
         return 2
     wb = WorkloadBuilder(WorkloadSpec("trace", trace_path=args.trace, max_requests=args.max_requests))
-    current = hashed.HashedBlockPool
-    pools = {"before": previous_pool(args.before), "now": current}
+    current = (hashed.HashedBlockPool, scheduler.keys_from_hash_ids)
+    pools = {"before": previous_kv(args.before), "now": current}
     load = [os.getloadavg()[0]]
     print(
         f"load {load[0]:.2f}; {args.replicas} replicas, {args.router}; before = {args.before}; cpu {cpu_flags()}"
     )
     runs: list[dict] = []
     for rep in range(args.reps):
-        for name, cls in pools.items():
-            hashed.HashedBlockPool = cls
+        for name, kv in pools.items():
+            use(*kv)
             specs = replicated(
                 args.replicas, Deployment.of("Llama-3.1-8B", "H100-SXM", 1), PolicySpec.make("vllm", {})
             )
@@ -167,7 +181,7 @@ def main() -> int:
                 f"load {row['load']:.2f}",
                 flush=True,
             )
-    hashed.HashedBlockPool = current
+    use(*current)
     same = len({r["digest"] for r in runs}) == 1
     best = {name: min(r["cpu_s"] for r in runs if r["pool"] == name) for name in pools}
     print(

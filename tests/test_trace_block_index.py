@@ -13,7 +13,7 @@ import pytest
 
 from tailserve.kv.block_pool import HashedBlockPool
 from tailserve.kv.hashed import HashedKVCacheManager
-from tailserve.kv.prefix import TraceBlockKeys, block_hashes, keys_from_hash_ids
+from tailserve.kv.prefix import NONE_HASH, TraceBlockKeys, block_hashes, keys_from_hash_ids
 
 TRACE_BLOCK, BLOCK = 8, 2  # 4 pool blocks per trace block
 KEYS = object()  # stands for a prompt's keys in Twins.same
@@ -227,3 +227,34 @@ def test_trace_block_keys_wrong_use_is_refused_and_they_pickle():
     assert back == keys and isinstance(back, TraceBlockKeys) and back.per == 32
     assert type(keys[:3]) is list  # a slice is plain: hand the pool the whole list
     assert type(keys_from_hash_ids([1, 2], 1024, 512, 512)) is list  # one key per trace block
+
+
+def _chained_per_block(hash_ids: list[int], length: int, tbs: int, bs: int) -> list[int]:
+    """The keys of e2e8cca: every pool block's key chained in Python from the one before."""
+    key, out = NONE_HASH, []
+    for j in range(min(length // tbs, len(hash_ids))):
+        for _ in range(tbs // bs):
+            key = hash((key, hash_ids[j]))
+            out.append(key)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_trace_keys_are_equal_exactly_where_the_chained_ones_were(seed):
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(30):
+        ids = [rng.randrange(3) for _ in range(rng.randrange(1, 6))]
+        prompts.append((ids, len(ids) * 64 - rng.randrange(64)))
+    new = [keys_from_hash_ids(ids, n, 64, 16) for ids, n in prompts]
+    old = [_chained_per_block(ids, n, 64, 16) for ids, n in prompts]
+    assert [len(k) for k in new] == [len(k) for k in old]
+    every_new = [k for keys in new for k in keys]
+    every_old = [k for keys in old for k in keys]
+    pairs = set(zip(every_new, every_old))
+    # a bijection between the two key sets: equal new keys exactly where the old ones are equal
+    assert len(pairs) == len(set(every_new)) == len(set(every_old))
+    assert -1 not in every_new
+    for keys in new:
+        if keys:
+            assert isinstance(keys, TraceBlockKeys) and keys.array.tolist() == list(keys)

@@ -250,11 +250,14 @@ class HashedBlockPool(PrefixCache):
             return 0
         ids = np.asarray(block_ids, dtype=np.int64)
         trace = isinstance(block_keys, TraceBlockKeys)
-        span = block_keys[start : start + n] if start or n != len(block_keys) else block_keys
-        try:
-            new_keys = np.asarray(span, dtype=np.int64)
-        except (OverflowError, TypeError, ValueError) as error:
-            raise ValueError(f"block keys must be 64-bit ints ({error})") from None
+        if trace:
+            new_keys = block_keys.array[start : start + n]
+        else:
+            span = block_keys[start : start + n] if start or n != len(block_keys) else block_keys
+            try:
+                new_keys = np.asarray(span, dtype=np.int64)
+            except (OverflowError, TypeError, ValueError) as error:
+                raise ValueError(f"block keys must be 64-bit ints ({error})") from None
         refs = self._refs[ids]
         if (refs <= 0).any():
             bad = int(ids[np.flatnonzero(refs <= 0)[0]])
@@ -280,7 +283,7 @@ class HashedBlockPool(PrefixCache):
         self._num_cached_blocks += len(ids)
         if index is not None:
             clashes = index.add(ids, block_keys, positions)
-            keys = span if len(ids) == n else new_keys.tolist()
+            keys = new_keys.tolist() if self.kv_events is not None else []
         else:
             keys = list(span) if len(ids) == n else new_keys.tolist()
             clashes = self._index.add(ids.tolist(), keys)

@@ -18,7 +18,8 @@ token ids (:func:`block_hashes`) or, for traces without text, from Mooncake ``ha
 a path from the root, so it may also be fed plain token ids.
 
 Hashing scheme (deterministic, documented, no ``hashlib``/``xxhash``): block ``i`` of a sequence
-has key ``hash((key[i-1], extra_key, *token_ids_of_block_i))`` with ``key[-1] = NONE_HASH``.
+has key ``hash((key[i-1], extra_key, *token_ids_of_block_i))`` with ``key[-1] = NONE_HASH``
+(Mooncake keys: :func:`keys_from_hash_ids`).
 CPython hashes an ``int`` as ``x mod (2**61 - 1)`` (sign kept) and a tuple with an xxHash64-style
 combiner (3.8+); neither depends on ``PYTHONHASHSEED`` (only ``str``/``bytes`` are salted), so the
 keys are the same in every process of the same 64-bit CPython. Inputs must be ``int`` (``None``
@@ -32,8 +33,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tailserve.kv.paged import KVCacheIntegrityError
 
@@ -171,18 +173,20 @@ def block_hashes(
 
 
 class TraceBlockKeys(list):
-    """A prompt's block keys from Mooncake ``hash_ids`` when a trace block is a whole number of
-    pool blocks: ``per`` keys per trace block, and a trace block's first key fixes the other
-    ``per - 1`` (so two prompts share key ``i`` exactly when they share key ``i - i % per``).
-    The hashed block pool indexes such keys one trace block at a time
-    (``kv/trace_block_index.py``); hand it the whole list (``cache_full_blocks(..., start=)``),
-    never a slice, which is a plain list and would be indexed apart."""
+    """A prompt's block keys from Mooncake ``hash_ids`` when a trace block is ``per > 1`` pool
+    blocks: ``per`` keys per trace block, fixed by the trace block's first key and their place
+    in it (so two prompts share key ``i`` exactly when they share key ``i - i % per``). ``array``
+    holds the same keys as int64. The hashed block pool indexes such keys one trace block at a
+    time (``kv/trace_block_index.py``); hand it the whole list (``cache_full_blocks(...,
+    start=)``), never a slice, which is a plain list and would be indexed apart. Not to be
+    changed after it is made."""
 
-    __slots__ = ("per",)
+    __slots__ = ("array", "per")
 
-    def __init__(self, keys: Sequence[int] = (), per: int = 1) -> None:
+    def __init__(self, keys: Sequence[int] = (), per: int = 1, array: np.ndarray | None = None) -> None:
         super().__init__(keys)
         self.per = per
+        self.array = np.asarray(self, dtype=np.int64) if array is None else array
 
     def __reduce__(self) -> tuple:
         return (TraceBlockKeys, (list(self), self.per))
@@ -194,16 +198,24 @@ def keys_from_hash_ids(
     trace_block_size: int = MOONCAKE_BLOCK_SIZE,
     block_size: int = 16,
 ) -> list[int]:
-    """Chained per-``block_size`` keys for a prompt described by Mooncake ``hash_ids``.
+    """Per-``block_size`` keys for a prompt described by Mooncake ``hash_ids``.
 
     ``hash_ids[j]`` names trace block ``j`` (``trace_block_size`` tokens; the last one is partial
     unless ``input_length`` is a multiple). Only the tokens of FULL trace blocks get keys, so the
     result has ``(input_length // trace_block_size) * trace_block_size // block_size`` keys; the
-    partial last block is never shared (its content is unknown beyond its length). Key ``b``
-    covers tokens ``[b*block_size, (b+1)*block_size)`` and chains every hash id those tokens touch,
-    so two prompts get equal keys exactly for the blocks whose trace-block ancestors (and own
-    trace block) they share. When a trace block is several pool blocks, the result is a
-    :class:`TraceBlockKeys` (a list that knows ``per``).
+    partial last block is never shared (its content is unknown beyond its length). Two prompts
+    get equal keys exactly for the blocks whose trace-block ancestors (and own trace block) they
+    share:
+
+    - when a trace block is ``per`` whole pool blocks, trace block ``j`` has the chained key
+      ``c[j] = hash((c[j-1], hash_ids[j]))`` (``c[-1] = NONE_HASH``; at ``per == 1`` these are the
+      keys), and its pool block ``s`` the key ``_slot_keys(c[j], s)``: a bijective 64-bit mix,
+      so keys differ within a trace block and are equal across prompts exactly when ``c[j]``
+      is. The result is a :class:`TraceBlockKeys`. (One Python hash per trace block and one
+      numpy pass per prompt: chaining all ``per`` keys in Python cost ~1 s of a 16-replica
+      Mooncake run, and only equality matters to a pool or a router.)
+    - otherwise key ``b`` covers tokens ``[b*block_size, (b+1)*block_size)`` and chains every
+      hash id those tokens touch.
     """
     if block_size < 1 or trace_block_size < 1:
         raise ValueError(f"block sizes must be >= 1, got {block_size} and {trace_block_size}")
@@ -214,12 +226,14 @@ def keys_from_hash_ids(
     key = NONE_HASH
     keys: list[int] = []
     if trace_block_size % block_size == 0:
-        per = trace_block_size // block_size
         for j in range(num_full):
-            run = _keys_of_trace_block(key, hash_ids[j], per)
-            keys += run
-            key = run[-1]
-        return TraceBlockKeys(keys, per) if per > 1 else keys
+            key = hash((key, hash_ids[j]))
+            keys.append(key)
+        per = trace_block_size // block_size
+        if per == 1:
+            return keys
+        array = _slot_keys(keys, per)
+        return TraceBlockKeys(array.tolist(), per, array)
     for end in range(block_size, end_of_full + 1, block_size):
         first = (end - block_size) // trace_block_size
         last = (end - 1) // trace_block_size
@@ -228,17 +242,25 @@ def keys_from_hash_ids(
     return keys
 
 
-@lru_cache(maxsize=1 << 16)
-def _keys_of_trace_block(parent: int, hash_id: int, per: int) -> tuple[int, ...]:
-    """The ``per`` chained keys of one trace block after ``parent``. Memoised (a pure function):
-    a conversation trace repeats its earlier turns' blocks (38% of the Mooncake trace's), and a
-    kv-aware cluster asks every replica about the same prompt."""
-    out = []
-    key = parent
-    for _ in range(per):
-        key = hash((key, hash_id))
-        out.append(key)
-    return tuple(out)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_NOT_MINUS_ONE = 0x2545F4914F6CDD1D  # -1 marks a keyless block in the pool
+
+
+def _slot_keys(chained: list[int], per: int) -> np.ndarray:
+    """``per`` keys for each chained trace-block key, trace block by trace block: SplitMix64's
+    finaliser (a bijection of 64-bit words) of ``c + (s + 1) * golden``, as int64."""
+    c = np.asarray(chained, dtype=np.int64).view(np.uint64)
+    x = c[:, None] + np.arange(1, per + 1, dtype=np.uint64)[None, :] * _GOLDEN  # wraps mod 2**64
+    x ^= x >> _S30
+    x *= _MIX1
+    x ^= x >> _S27
+    x *= _MIX2
+    x ^= x >> _S31
+    keys = x.view(np.int64).ravel()
+    keys[keys == -1] = _NOT_MINUS_ONE
+    return keys
 
 
 def token_keys_from_hash_ids(
