@@ -16,8 +16,9 @@ Four questions, per GPU (the training / held-out split of ``fidelity_profiles.py
 4. **A regime correction, held out**: the wave-form curve (fitted on the training layers, as
    ``fidelity_profiles.py`` does) times a training GEMM's measured / curve ratio at the same
    token count: ``exact`` (same shape only), ``nearest`` (nearest shape), ``by-tokens`` (the
-   median ratio of all training GEMMs at that count: a rule in the token count alone). Layer
-   errors (the four GEMMs summed) mean / p99 / max.
+   median ratio of all training GEMMs at that count: a rule in the token count alone); and the
+   tile-choice form (each GEMM at the fastest of five tile shapes, each at a fitted fraction of
+   the curve's compute efficiency). Layer errors (the four GEMMs summed) mean / p99 / max.
 
     python benchmarks/fidelity_gemm_jumps.py [--root ../shared/profiles/vidur] [--json OUT]
 """
@@ -50,6 +51,7 @@ from tailserve.executors.simulated.gemm_regimes import (
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.profile_fit import WAVE_GRID, fit_linear
 from tailserve.executors.simulated.profiles import VIDUR_GPUS, load_linear_profile
+from tailserve.executors.simulated.tile_choice import fit_tile_choice, tile_choice_times
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent / ".." / "shared" / "profiles" / "vidur"
@@ -185,7 +187,20 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
 
     # 4. Layer errors: the curve alone and with each regime transfer.
     table = Table(title="linear layers (4 GEMMs summed), mean / p99 / max |error|", title_justify="left")
-    variants = ("waves", *(f"waves + {m}" for m in MODES))
+    t0 = time.perf_counter()
+    choice = fit_tile_choice([lay for (m, _), lay in by_layer(train).items()], hw, eff)
+    console.print(
+        "tile choice (fitted on the training layers, "
+        f"{time.perf_counter() - t0:.0f} s): "
+        + ", ".join(f"{tm}x{tn} x{sc:g}" for (tm, tn), sc in zip(choice.tiles, choice.scales))
+        + f" of compute {eff.compute:.3f}; launch {choice.eff.gemm_latency * 1e6:.2f} us"
+    )
+    out["tile_choice"] = {
+        "tiles": choice.tiles,
+        "scales": choice.scales,
+        "gemm_latency": choice.eff.gemm_latency,
+    }
+    variants = ("waves", *(f"waves + {m}" for m in MODES), "tile choice")
     for col in ("model", "set", "rows", *variants):
         table.add_column(col, justify="left" if col in ("model", "set") else "right")
     per_model: dict[str, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
@@ -195,7 +210,12 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
             # A training model is priced from the other training models only (its own ratios
             # would reproduce it exactly).
             pool = [t for t in train if t.model != model]
-            pred, meas = layer_times(layer, hw, eff, None if v == "waves" else pool, mode)
+            if v == "tile choice":
+                pred, meas = layer_times(
+                    layer, hw, eff, None, mode, price=lambda g: tile_choice_times(g, hw, choice)
+                )
+            else:
+                pred, meas = layer_times(layer, hw, eff, None if v == "waves" else pool, mode)
             per_model[model][v].append(np.stack([pred, meas]))
     out["layers"] = {}
     for model, cells in per_model.items():
@@ -210,7 +230,7 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
     console.print(table)
     console.print(
         "  (a training model is priced from the other training models' GEMMs; with one training "
-        "model, its own rows get the curve alone)"
+        "model, its own rows get the curve alone; the tile choice is fitted on every training model)"
     )
     return out
 

@@ -21,7 +21,8 @@ mean of (E2E - TTFT) / (output - 1):
     python benchmarks/published_points.py [--variant catalog|waves|bands|both]
 
 ``--variant`` prices the points with the candidate forms that are not the default (hardware.py:
-the H100's per-GEMM wave curve, the NCCL all-reduce bands; docs/fidelity.md).
+the H100's per-GEMM wave curve, the NCCL all-reduce bands, the GEMM tile choice of
+tile_choice.py on the A100 and H100 curves; docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -35,15 +36,21 @@ from rich.table import Table
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.request import Request
 from tailserve.core.source import ListSource
-from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.cost_model import CostModel, Efficiency
 from tailserve.executors.simulated.hardware import (
     A100_ALLREDUCE_BANDS,
+    A100_GEMM_TILES,
+    A100_TILE_SCALES,
     H100_ALLREDUCE_BANDS,
+    H100_GEMM_TILES,
     H100_GEMM_WAVES,
+    H100_TILE_SCALES,
+    TILE_CHOICE_TILES,
     Hardware,
     get_hardware,
 )
 from tailserve.executors.simulated.models import get_model
+from tailserve.executors.simulated.tile_choice import TileChoiceCostModel
 from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
 
 # (label, model, GPU, TP, batch, input, output, measured ms, source); batch latency points
@@ -89,6 +96,19 @@ def variant_hardware(gpu: str, variant: str) -> Hardware:
     return hw
 
 
+def tile_choice_model(model: str, gpu: str, tp: int) -> CostModel:
+    """The tile-choice candidate (tile_choice.py) with the GPU's fitted curve and factors."""
+    hw = get_hardware(gpu)
+    hopper = hw.name in ("H100-SXM", "H200")
+    if not (hopper or hw.name.startswith("A100")):
+        return CostModel(get_model(model), hw, tp)
+    curve, scales = (H100_GEMM_TILES, H100_TILE_SCALES) if hopper else (A100_GEMM_TILES, A100_TILE_SCALES)
+    hw = replace(hw, gemm=curve)
+    return TileChoiceCostModel(
+        get_model(model), hw, tp, Efficiency.for_hardware(hw), TILE_CHOICE_TILES, scales
+    )
+
+
 def lone_tpot(cm: CostModel, n_in: int, n_out: int) -> float:
     """TPOT of one request running alone: (E2E - TTFT) / (output - 1)."""
     req = Request("r0", n_in, n_out, 0.0)
@@ -99,12 +119,14 @@ def lone_tpot(cm: CostModel, n_in: int, n_out: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", choices=("catalog", "waves", "bands", "both"), default="catalog")
+    ap.add_argument("--variant", choices=("catalog", "waves", "bands", "both", "tiles"), default="catalog")
     variant = ap.parse_args().variant
 
     def model_for(model: str, gpu: str, tp: int) -> CostModel:
         if variant == "catalog":
             return build_cost_model(Deployment(model, gpu, tp, "none")).cost_model
+        if variant == "tiles":
+            return tile_choice_model(model, gpu, tp)
         return CostModel(get_model(model), variant_hardware(gpu, variant), tp)
 
     table = Table(title=f"published end-to-end points (uncalibrated, {variant})", title_justify="left")

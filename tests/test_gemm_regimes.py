@@ -120,3 +120,70 @@ def test_same_shape_pairs_and_layer_sums():
     np.testing.assert_allclose(meas, a.seconds + c.seconds)
     with pytest.raises(ValueError, match="wave form"):
         curve_times(a, H100, Efficiency(tile_m=128))
+
+
+def test_tile_choice_prices_the_fastest_tile_and_its_fit_recovers_planted_factors():
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.tile_choice import TileChoice, fit_tile_choice, tile_choice_times
+
+    s = _series("a", 57344, 8192, np.ones(len(TOKENS)))
+    one = TileChoice(EFF, ((EFF.tile_m, EFF.tile_n),), (1.0,))
+    np.testing.assert_allclose(tile_choice_times(s, H100, one), curve_times(s, H100, EFF), rtol=1e-12)
+    # A 64-row tile at 0.9 of the efficiency beside the 128-row one: at 136 tokens (the 128 tile
+    # pads to 256 rows, the 64 tile to 192) the small tile wins on this compute-bound GEMM, and
+    # the step the fixed tile puts at 136 shrinks.
+    two = TileChoice(replace(EFF, tile_m=128), ((64, 128), (128, 128)), (0.9, 1.0))
+    fixed = curve_times(s, H100, replace(EFF, tile_m=128))
+    chosen = tile_choice_times(s, H100, two)
+    assert np.all(chosen <= fixed * (1 + 1e-12))
+    i = int(np.searchsorted(TOKENS, 136))
+    assert chosen[i] < 0.95 * fixed[i]
+    # Layers measured as that form: the fit finds the planted factors (grid points) and latency.
+    layers = []
+    for n, k in ((10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)):
+        g = GemmSeries("m", "down", 1, n, k, TOKENS, np.ones(len(TOKENS)))
+        layers.append(GemmSeries("m", "down", 1, n, k, TOKENS, tile_choice_times(g, H100, two)))
+    fitted = fit_tile_choice([layers], H100, replace(EFF, tile_m=128), tiles=two.tiles, grid=(0.6, 0.9, 1.0))
+    assert fitted.scales == (0.9, 1.0)
+    assert fitted.eff.gemm_latency == pytest.approx(EFF.gemm_latency)
+    with pytest.raises(ValueError, match="no training layers"):
+        fit_tile_choice([], H100, EFF)
+
+
+def test_the_tile_choice_cost_model_prices_iterations_with_the_same_gemms():
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.models import ModelSpec
+    from tailserve.executors.simulated.tile_choice import TileChoice, TileChoiceCostModel, tile_choice_times
+
+    layer = ModelSpec("layer", 8192, 1, 64, 8, 28672, 32000, 1)
+    eff = replace(EFF, tile_m=128)
+    tiles, scales = ((64, 128), (128, 128)), (0.9, 1.0)
+    cm = TileChoiceCostModel(layer, H100, 2, eff, tiles, scales)
+    base = CostModel(layer, H100, 2, eff)
+    series = [
+        GemmSeries(
+            "layer",
+            op,
+            2,
+            int(n),
+            int(k),
+            TOKENS,
+            np.ones(len(TOKENS)),
+            base._kv_bytes_per_token if i == 0 else 0.0,
+        )
+        for i, (op, (n, k)) in enumerate(zip(("qkv", "o", "up", "down"), base._gemm_shapes))
+    ]
+    want = sum(tile_choice_times(s, H100, TileChoice(eff, tiles, scales)) for s in series)
+    got = np.array([cm.linear_time(int(n)) for n in TOKENS])
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    # One tile at the curve's efficiency is the wave form itself; never slower than it.
+    same = TileChoiceCostModel(layer, H100, 2, eff, ((128, 128),), (1.0,))
+    assert [same.linear_time(int(n), 4) for n in TOKENS] == pytest.approx(
+        [base.linear_time(int(n), 4) for n in TOKENS]
+    )
+    assert all(cm.linear_time(int(n), 4) <= base.linear_time(int(n), 4) * (1 + 1e-12) for n in TOKENS)
+    with pytest.raises(ValueError, match="wave form"):
+        TileChoiceCostModel(layer, H100, 2, Efficiency(tile_m=128), tiles, scales)

@@ -17,13 +17,15 @@ correction:
   that count (``by-tokens``: a per-GPU rule in the token count alone).
 
 The curve is the per-GEMM wave form (``gemm.py``, ``Efficiency.tile_n > 0``) with a fitted
-efficiency; a layer's time is the sum of its four GEMMs.
+efficiency; a layer's time is the sum of its four GEMMs (``tile_choice.py`` is a further form
+priced on the same series).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,26 +90,24 @@ def load_gemm_series(path: str | Path) -> list[GemmSeries]:
 _ANY_GPU = Hardware("any", 1e12, 1e12, 80.0, 1e11, 1e10, sms=1)
 
 
+def gemm_parts(
+    series: GemmSeries, hardware: Hardware, tile_m: int, tile_n: int, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds at peak FLOP/s, seconds at full bandwidth) per token count, one tile shape."""
+    rows = series.tokens.astype(float)
+    flops = wave_flops(padded_rows(rows, tile_m), series.n, series.k, tile_m, tile_n, hardware.sms, alpha)
+    dtype_bytes = 2.0
+    moved = (series.n * series.k + rows * (series.k + series.n)) * dtype_bytes
+    moved = moved + rows * series.extra_bytes_per_token
+    return flops / hardware.peak_flops, moved / hardware.memory_bandwidth
+
+
 def curve_times(series: GemmSeries, hardware: Hardware, eff: Efficiency) -> np.ndarray:
     """The wave form's time for each of the series' token counts (== ``CostModel._gemm``)."""
     if not eff.tile_n:
         raise ValueError("the per-GEMM curve needs the wave form (Efficiency.tile_n > 0)")
-    rows = series.tokens.astype(float)
-    flops = wave_flops(
-        padded_rows(rows, eff.tile_m),
-        series.n,
-        series.k,
-        eff.tile_m,
-        eff.tile_n,
-        hardware.sms,
-        eff.wave_alpha,
-    )
-    dtype_bytes = 2.0
-    moved = (series.n * series.k + rows * (series.k + series.n)) * dtype_bytes
-    moved = moved + rows * series.extra_bytes_per_token
-    c = flops / (hardware.peak_flops * eff.compute)
-    m = moved / (hardware.memory_bandwidth * eff.memory)
-    return join_array(c, m, eff.sharpness) + eff.gemm_latency
+    c, m = gemm_parts(series, hardware, eff.tile_m, eff.tile_n, eff.wave_alpha)
+    return join_array(c / eff.compute, m / eff.memory, eff.sharpness) + eff.gemm_latency
 
 
 def ratios(series: GemmSeries, hardware: Hardware, eff: Efficiency) -> np.ndarray:
@@ -169,10 +169,16 @@ def transfer_times(
 
 
 def layer_times(
-    layer: list[GemmSeries], hardware: Hardware, eff: Efficiency, train: list[GemmSeries] | None, mode: str
+    layer: list[GemmSeries],
+    hardware: Hardware,
+    eff: Efficiency,
+    train: list[GemmSeries] | None,
+    mode: str,
+    price: Callable[[GemmSeries], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(predicted, measured) seconds of one (model, TP)'s four GEMMs summed per token count
-    (the counts all four series share); ``train`` None prices the curve alone."""
+    (the counts all four series share); ``train`` None prices the curve alone; ``price``, if
+    given, prices each GEMM instead (another form, e.g. ``tile_choice.tile_choice_times``)."""
     common = set(layer[0].tokens.tolist())
     for s in layer[1:]:
         common &= set(s.tokens.tolist())
@@ -181,7 +187,12 @@ def layer_times(
     meas = np.zeros(len(tokens))
     for s in layer:
         keep = np.isin(s.tokens, tokens)
-        t = curve_times(s, hardware, eff) if train is None else transfer_times(s, train, hardware, eff, mode)
+        if price is not None:
+            t = price(s)
+        elif train is None:
+            t = curve_times(s, hardware, eff)
+        else:
+            t = transfer_times(s, train, hardware, eff, mode)
         pred += t[keep]
         meas += s.seconds[keep]
     return pred, meas

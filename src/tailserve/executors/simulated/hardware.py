@@ -103,6 +103,19 @@ A40_GEMM = GemmCurve(0.778, 0.816, 1.75, 64, 5.18e-6, f"{_VIDUR}, A40: Llama-2-7
 H100_GEMM_WAVES = GemmCurve(
     0.760, 0.864, 6.0, 256, 2.99e-6, f"{_VIDUR}, H100: Llama-2-70B (wave form)", tile_n=128, wave_alpha=0.3
 )
+# The tile-choice candidate (tile_choice.py, benchmarks/fidelity_gemm_jumps.py): the wave-form
+# curve fitted on the training models, each GEMM at the fastest of TILE_CHOICE_TILES with these
+# compute-efficiency factors (0.6: the grid's floor, in effect unused). Lower held-out errors on
+# the H100 and the A100's CodeLlama-34B, not on the A40; ``published_points.py --variant tiles``.
+TILE_CHOICE_TILES = ((64, 64), (64, 128), (128, 128), (128, 256), (256, 128))
+A100_GEMM_TILES = GemmCurve(
+    0.736, 0.768, 3.0, 128, 4.46e-6, f"{_VIDUR}, A100 (tile choice)", tile_n=128, wave_alpha=0.1
+)
+A100_TILE_SCALES = (0.6, 0.8, 1.0, 0.6, 0.6)
+H100_GEMM_TILES = GemmCurve(
+    0.760, 0.864, 6.0, 256, 4.49e-6, f"{_VIDUR}, H100: Llama-2-70B (tile choice)", tile_n=128, wave_alpha=0.3
+)
+H100_TILE_SCALES = (0.6, 0.6, 0.8, 0.9, 1.0)
 A100_ALLREDUCE_BANDS = (
     AllReduceBand(2, 524288, 43.7e-6, 1.000),
     AllReduceBand(2, 8388608, 47.6e-6, 0.672),
