@@ -116,45 +116,30 @@ def max_service_difference(recorder: Recorder, a: str, b: str) -> float:
     return worst
 
 
-def fairness(quick: bool, yield_tbts: tuple[float, ...] = ()) -> dict[str, Any]:
-    """``yield_tbts``: extra ``slo + vtc`` rows at these values of rule 10's bound (the default
-    row and the rule-off row always run)."""
-    duration = 30.0 if quick else 60.0
-    lengths = (LogNormal(1024, 0.8, 4000), LogNormal(200, 0.8, 1000))
-    light_rate = 5.0
-    both = tenant_streams((("light", light_rate), ("heavy", 10 * light_rate)), duration, *lengths, seed=1)
-    solo = [r for r in both if r.tenant_id == "light"]
-    out: dict[str, Any] = {
-        "light_rate": light_rate,
-        "heavy_rate": 10 * light_rate,
-        "duration_s": duration,
-    }
-    classes = "slo_classes=all=ttft:2s,tbt:50ms"
-    policies = [
-        ("vllm fcfs", "vllm", False),
-        ("vllm + vtc", "vllm", True),
-        ("slo (no vtc)", f"slo:{classes}", False),
-        ("slo + vtc, rule 10 off", f"slo:fairness=vtc;yield_tbts=0;{classes}", True),
-        ("slo + vtc", f"slo:fairness=vtc;{classes}", True),
-    ]
-    policies += [
-        (f"slo + vtc, yield_tbts={y:g}", f"slo:fairness=vtc;yield_tbts={y:g};{classes}", True)
-        for y in yield_tbts
-    ]
+def _well_behaved(
+    policies: list[tuple[str, str, bool]],
+    both: list[Request],
+    solo: list[Request],
+    duration: float,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """One row per policy: light's p99 TTFT alone and beside heavy, both tenants' TBT, and their
+    tokens per second while traffic lasts."""
     rows = []
     solo_ttft: dict[str, float] = {}
     for label, policy, fair in policies:
-        # With one tenant rules 9-10 never fire: every slo + vtc variant has the same solo run.
+        # With one tenant rules 9-11 never fire: every slo + vtc variant has the same solo run.
         key = policy.split(":")[0] + (" vtc" if fair else "")
         if key not in solo_ttft:
             alone, _, _ = run_tenants(policy, solo, fair)
             solo_ttft[key] = p99_ttft(alone, "light")
-        shared, recorder, _ = run_tenants(policy, both, fair)
+        shared, _, _ = run_tenants(policy, both, fair)
         s, w = solo_ttft[key], p99_ttft(shared, "light")
         heavy = tenant_service(shared, "heavy", duration)
         light = tenant_service(shared, "light", duration)
         rows.append(
             {
+                "seed": seed,
                 "policy": label,
                 "spec": policy,
                 "light_p99_ttft_solo_s": s,
@@ -168,11 +153,45 @@ def fairness(quick: bool, yield_tbts: tuple[float, ...] = ()) -> dict[str, Any]:
             }
         )
         print(
-            f"  {label:26} light p99 TTFT solo {s:.3f} s, beside heavy {w:.3f} s (x{w / s:.2f});"
+            f"  {label:30} light p99 TTFT solo {s:.3f} s, beside heavy {w:.3f} s (x{w / s:.2f});"
             f" heavy TBT p99 {heavy['tbt_p99_s'] * 1e3:.0f} ms (max {heavy['tbt_max_s'] * 1e3:.0f}),"
             f" {heavy['tokens_per_s']:.0f} tok/s; light TBT p99 {light['tbt_p99_s'] * 1e3:.0f} ms",
             flush=True,
         )
+    return rows
+
+
+def fairness(quick: bool, variants: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,)) -> dict[str, Any]:
+    """``variants``: extra ``slo + vtc`` rows, each a ``;``-joined set of slo flags (e.g.
+    ``quantum_tbts=0.6``); ``seeds``: the well-behaved comparison once per traffic seed."""
+    duration = 30.0 if quick else 60.0
+    lengths = (LogNormal(1024, 0.8, 4000), LogNormal(200, 0.8, 1000))
+    light_rate = 5.0
+    out: dict[str, Any] = {
+        "light_rate": light_rate,
+        "heavy_rate": 10 * light_rate,
+        "duration_s": duration,
+        "seeds": list(seeds),
+    }
+    classes = "slo_classes=all=ttft:2s,tbt:50ms"
+    policies = [
+        ("vllm fcfs", "vllm", False),
+        ("vllm + vtc", "vllm", True),
+        ("slo (no vtc)", f"slo:{classes}", False),
+        ("slo + vtc, rules 10-11 off", f"slo:fairness=vtc;yield_tbts=0;quantum_tbts=0;{classes}", True),
+        ("slo + vtc, rule 11 off", f"slo:fairness=vtc;quantum_tbts=0;{classes}", True),
+        ("slo + vtc", f"slo:fairness=vtc;{classes}", True),
+    ]
+    policies += [(f"slo + vtc, {v}", f"slo:fairness=vtc;{v};{classes}", True) for v in variants]
+    rows = []
+    for seed in seeds:
+        both = tenant_streams(
+            (("light", light_rate), ("heavy", 10 * light_rate)), duration, *lengths, seed=seed
+        )
+        solo = [r for r in both if r.tenant_id == "light"]
+        if len(seeds) > 1:
+            print(f"  seed {seed}:", flush=True)
+        rows += _well_behaved(policies, both, solo, duration, seed)
     out["well_behaved"] = rows
     # Both backlogged: a sends long prompts, b short ones with long outputs, each past capacity.
     a = tenant_streams((("a", 30.0),), duration, LogNormal(2000, 0.5, 4000), LogNormal(100, 0.5, 400), seed=2)
@@ -182,7 +201,7 @@ def fairness(quick: bool, yield_tbts: tuple[float, ...] = ()) -> dict[str, Any]:
     for label, policy, fair in [
         ("vllm fcfs", "vllm", False),
         ("vllm + vtc", "vllm", True),
-        ("slo + vtc, rule 10 off", "slo:fairness=vtc;yield_tbts=0", True),
+        ("slo + vtc, rules 10-11 off", "slo:fairness=vtc;yield_tbts=0;quantum_tbts=0", True),
         ("slo + vtc", "slo:fairness=vtc", True),
     ]:
         _, recorder, kv_tokens = run_tenants(policy, mix, fair)
@@ -191,6 +210,6 @@ def fairness(quick: bool, yield_tbts: tuple[float, ...] = ()) -> dict[str, Any]:
         diffs.append(
             {"policy": label, "max_service_difference": measured, "bound": bound, "within": measured <= bound}
         )
-        print(f"  {label:26} max service difference {measured:,.0f} (bound {bound:,.0f})", flush=True)
+        print(f"  {label:30} max service difference {measured:,.0f} (bound {bound:,.0f})", flush=True)
     out["backlogged"] = diffs
     return out

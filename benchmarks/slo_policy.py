@@ -386,10 +386,14 @@ def main() -> None:
         "workloads azure-conv, mooncake-conv, mixed)",
     )
     parser.add_argument(
-        "--yield-tbts",
+        "--slo-variants",
         metavar="LIST",
         default="",
-        help="fairness: extra slo + vtc rows at these values of rule 10's yield_tbts (e.g. 1,3)",
+        help="fairness: extra slo + vtc rows, comma-separated, each ;-joined slo flags "
+        "(e.g. quantum_tbts=0.6,quantum_tbts=0.8;yield_tbts=4)",
+    )
+    parser.add_argument(
+        "--fairness-seeds", metavar="LIST", default="1", help="fairness: traffic seeds, comma-separated"
     )
     parser.add_argument("--cpu", action="store_true", help="also the real CPU executor comparison")
     parser.add_argument(
@@ -400,10 +404,18 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=default_out("slo_policy.json"))
     args = parser.parse_args()
+    variants = tuple(v.strip() for v in args.slo_variants.split(",") if v.strip())
+    for v in variants:
+        try:
+            PolicySpec.make("slo", dict(f.split("=", 1) for f in v.split(";")))
+        except ValueError as e:
+            raise SystemExit(f"--slo-variants {v!r}: {e}") from None
     try:
-        yield_tbts = tuple(float(v) for v in args.yield_tbts.split(",") if v.strip())
+        seeds = tuple(int(v) for v in args.fairness_seeds.split(","))
     except ValueError:
-        raise SystemExit(f"--yield-tbts must be comma-separated numbers, got {args.yield_tbts!r}") from None
+        raise SystemExit(
+            f"--fairness-seeds must be comma-separated integers, got {args.fairness_seeds!r}"
+        ) from None
     wanted = cell_filter(args.cells) if args.cells else None
     for trace in (args.trace, args.mooncake_trace):
         problem = check_trace(trace)
@@ -427,7 +439,7 @@ def main() -> None:
             )
     if not args.skip_fairness:
         print("fairness (Llama-3-8B / H100):", flush=True)
-        result["fairness"] = fairness(args.quick, yield_tbts)
+        result["fairness"] = fairness(args.quick, variants, seeds)
     if args.cpu:
         print("real CPU executor (tiny model, CPU time):", flush=True)
         result["cpu"] = cpu_comparison(args.quick, args.calibration)

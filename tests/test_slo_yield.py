@@ -1,5 +1,5 @@
-"""Rule 10 of the ``slo`` policy (over-share tenants yield a protected tenant's prefill
-iterations), on hand-worked cases with the linear predicted iteration time of test_slo_policy
+"""Rules 10-11 of the ``slo`` policy (over-share tenants yield a protected tenant's prefill
+iterations; their chunks keep short quanta while it runs), on hand-worked cases with the linear predicted iteration time of test_slo_policy
 (5 ms + 10 us a token), and in whole simulated runs: its bound on a yielding decode's gap, that
 it is inert without tenants, and what it buys the protected tenant."""
 
@@ -80,6 +80,18 @@ def test_over_share_decodes_sit_out_a_protected_prefill_iteration():
     assert off == {"ld": 1, "hlate": 1, **{f"h{i}": 1 for i in range(100)}, "new": 3398}
 
 
+@pytest.mark.parametrize("quantum", [0.8, 0.0])
+def test_an_over_share_chunk_keeps_the_iteration_within_the_quantum(quantum):
+    policy, sched = _setup(num_blocks=4096, fairness="vtc", quantum_tbts=quantum)
+    _running(sched, "ld", 100, 100, "light", last_token=0.0)  # protected, TBT 50 ms
+    _running(sched, "hp", 6000, 1000, "heavy", last_token=None)
+    policy.backlog.recent.step({"heavy": 10_000.0, "light": 100.0})
+    # Light has no prefill: rule 10 does not fire. Rule 11 holds heavy's chunk to 0.8 x 50 ms:
+    # 5 ms + 10 us x (1 + q) <= 40 ms -> q = 3,499; off, the slack's 50 ms -> q = 4,499.
+    want = {0.8: 3499, 0.0: 4499}[quantum]
+    assert _grants(sched.schedule(0.0)) == {"ld": 1, "hp": want}
+
+
 def test_yielded_decodes_are_put_back_when_no_protected_chunk_fits():
     policy, sched = _setup(num_blocks=100, fairness="vtc")
     _running(sched, "ld", 1000, 1000, "light", last_token=0.0)  # 63 blocks
@@ -111,6 +123,8 @@ def test_a_decodes_kv_comes_from_an_unprotected_tenant_first(fairness):
 def test_yield_tbts_is_checked():
     with pytest.raises(ValueError, match="yield_tbts must be a finite number"):
         SloConfig(2048, 256, yield_tbts=-1.0)
+    with pytest.raises(ValueError, match="quantum_tbts must be a finite number"):
+        SloConfig(2048, 256, quantum_tbts=float("inf"))
 
 
 COST = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)

@@ -42,6 +42,10 @@ priority). Each iteration, with predicted times from the engine's cost model
    service are left out of it — their decodes (each only while its gap since its last token is
    under ``yield_tbts`` TBT targets), partial prefills and admissions — so the protected
    tenant's chunks get the iteration its own decodes' slack allows, as if it ran alone.
+11. **Short quanta** (with fairness, ``slo_yield.py``): while a protected tenant has running
+   requests, an over-share tenant's prefill chunk may take the iteration to at most
+   ``quantum_tbts`` x the protected requests' smallest TBT target, so the protected tenant's
+   next arrival waits less for the iteration in flight.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
 from tailserve.policies.slo_config import SloConfig, WaitingInfo
 from tailserve.policies.slo_fair import make_room_for_fair_share
 from tailserve.policies.slo_predictor import BatchLoad, Predictor
-from tailserve.policies.slo_yield import sits_out, yielding_tenants
+from tailserve.policies.slo_yield import quantum_s, sits_out, yielding_tenants
 from tailserve.policies.vllm import device_batch_defaults
 from tailserve.policies.vtc import tenant_of
 
@@ -94,6 +98,7 @@ class SloPolicy(Policy):
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
         self._protected: frozenset[str] = frozenset()  # rule 9, decided each iteration
         self._over: frozenset[str] = frozenset()  # tenants above their share (rule 10)
+        self._quantum = math.inf  # rule 11's bound on an over-share chunk's iteration, s
         self._stretch = 1.0  # iteration time with chunks / the chunks alone (rule 3)
 
     @classmethod
@@ -290,6 +295,7 @@ class SloPolicy(Policy):
         active = {tenant_of(r.tenant_id) for r in sched.running}
         active.update(t for t, n in backlog.num_waiting.items() if n > 0)
         self._protected, self._over = backlog.recent.shares(active, backlog.vtc.weight)
+        self._quantum = quantum_s(self, sched)
 
     def _tier(self, request: Request) -> int:
         """0 for a request of a protected tenant (rule 9), else 1; 1 without fairness."""
@@ -298,9 +304,13 @@ class SloPolicy(Policy):
     def _limit(self, slacks: list[tuple[float, float]], request: Request) -> float:
         """Seconds this iteration may take with a chunk of ``request``: the least TBT slack of
         the decodes — for a protected tenant's request, of protected tenants' decodes only
-        (rule 9: a tenant using more than its share does not slow down one using little)."""
+        (rule 9: a tenant using more than its share does not slow down one using little); for
+        an over-share tenant's, at most rule 11's quantum."""
         own = self._tier(request)
-        return min((s for tier, s in slacks if tier <= own), default=math.inf)
+        limit = min((s for tier, s in slacks if tier <= own), default=math.inf)
+        if self._over and tenant_of(request.tenant_id) in self._over:
+            limit = min(limit, self._quantum)
+        return limit
 
     def _chunk(self, load: BatchLoad, computed: int, wanted: int, limit: float, floor_left: int) -> int:
         """Prefill tokens for one chunk: the most the time limit allows, at least the floor."""

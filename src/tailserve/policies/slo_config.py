@@ -23,6 +23,9 @@ class SloConfig:
     # Rule 10 (fairness=vtc): an over-share tenant's decode sits out a protected tenant's
     # prefill iterations while its gap since its last token is under this many TBT targets.
     yield_tbts: float = 2.0  # 0: rule 10 off
+    # Rule 11 (fairness=vtc): while a protected tenant runs, an over-share tenant's chunk keeps
+    # the iteration within this many of the protected tenant's (smallest) TBT target.
+    quantum_tbts: float = 0.7  # 0: rule 11 off
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
@@ -36,6 +39,10 @@ class SloConfig:
             raise ValueError(f"aging_s must be > 0 seconds, got {self.aging_s}")
         if not self.yield_tbts >= 0 or self.yield_tbts == float("inf"):
             raise ValueError(f"yield_tbts must be a finite number of TBT targets >= 0, got {self.yield_tbts}")
+        if not self.quantum_tbts >= 0 or self.quantum_tbts == float("inf"):
+            raise ValueError(
+                f"quantum_tbts must be a finite number of TBT targets >= 0, got {self.quantum_tbts}"
+            )
         if self.min_prefill_tokens < 1:
             raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
         parse_slo_classes(self.slo_classes)

@@ -14,10 +14,20 @@ request did not fit the KV blocks), the decodes left out are put back; the over-
 chunks and admissions wait that one iteration.
 
 Tenants between half and all of their share are neither protected nor cut.
+
+Rule 11 (short quanta): an iteration cannot be interrupted, so a protected tenant's request that
+arrives while an over-share tenant's long chunk runs waits for it (beside a backlogged tenant,
+iterations filled to a 50 ms TBT slack: ~25 ms on average, up to 50, against a few ms alone).
+While a protected tenant has running requests, an over-share tenant's chunk may take the
+iteration to at most ``quantum_tbts`` x the smallest TBT target of the protected tenant's running
+requests. Too small a quantum starves the over-share tenant's prefills (the iteration's decodes
+alone fill it), its recent service falls, and the protected tenant loses its protection: the
+measured trade-off is in docs/experiments.md.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from tailserve.core.request import Request
@@ -52,3 +62,17 @@ def sits_out(policy: SloPolicy, request: Request, now: float, over: frozenset[st
         return False
     tbt = policy.classes.of(request).tbt
     return now - request.token_times[-1] < policy.config.yield_tbts * tbt
+
+
+def quantum_s(policy: SloPolicy, sched: Scheduler) -> float:
+    """Rule 11: the most seconds an iteration may take with an over-share tenant's chunk (inf
+    when no protected tenant has a running request, or with ``quantum_tbts=0``)."""
+    protected = policy._protected
+    q = policy.config.quantum_tbts
+    if not protected or not policy._over or not q > 0:
+        return math.inf
+    classes = policy.classes
+    tbt = min(
+        (classes.of(r).tbt for r in sched.running if tenant_of(r.tenant_id) in protected), default=math.inf
+    )
+    return q * tbt
