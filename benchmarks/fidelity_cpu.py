@@ -152,7 +152,10 @@ def main() -> int:
     before = uptime()
     console.print(f"uptime before: {before}")
     if args.calibration:
-        cal = read_calibration_file(args.calibration)
+        try:
+            cal = read_calibration_file(args.calibration)
+        except ValueError as e:
+            ap.error(str(e))
     else:
         from tailserve.fidelity.torch_calibrate import calibrate_torch
 
@@ -176,8 +179,12 @@ def main() -> int:
                 if not path.is_file():
                     print(f"  {policy} / {wl}: no saved run {path}; skipped", file=sys.stderr)
                     continue
-                saved = json.loads(path.read_text())
-                real = from_json(saved)
+                try:
+                    saved = json.loads(path.read_text())
+                    real = from_json(saved)
+                except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+                    print(f"  {policy} / {wl}: {path} is not a saved run ({e!r}); skipped", file=sys.stderr)
+                    continue
                 probes, wall = saved.get("probe_s", []), saved.get("real_wall_s")
             else:
                 # The machine's speed just before and after the run: the same fixed decode each time.

@@ -107,7 +107,10 @@ def main() -> int:
     runs_dir = Path(args.runs)
     if not runs_dir.is_dir() or not any(runs_dir.glob("*__*.json")):
         ap.error(f"--runs {runs_dir}: no saved runs (WORKLOAD__POLICY.json) there")
-    cal = read_calibration_file(args.calibration)
+    try:
+        cal = read_calibration_file(args.calibration)
+    except ValueError as e:
+        ap.error(str(e))
     spec = load_hf_config(default_model_dir("tiny"))
     out = analyse(runs_dir, CostModel(spec, cal.hardware, 1, cal.efficiency))
     console = Console(width=160)
