@@ -172,24 +172,49 @@ def block_hashes(
     return keys
 
 
-class TraceBlockKeys(list):
+class TraceBlockKeys(Sequence[int]):
     """A prompt's block keys from Mooncake ``hash_ids`` when a trace block is ``per > 1`` pool
     blocks: ``per`` keys per trace block, fixed by the trace block's first key and their place
-    in it (so two prompts share key ``i`` exactly when they share key ``i - i % per``). ``array``
-    holds the same keys as int64. The hashed block pool indexes such keys one trace block at a
-    time (``kv/trace_block_index.py``); hand it the whole list (``cache_full_blocks(...,
-    start=)``), never a slice, which is a plain list and would be indexed apart. Not to be
-    changed after it is made."""
+    in it (so two prompts share key ``i`` exactly when they share key ``i - i % per``).
+
+    A read-only sequence of ints over one int64 array (``array``): a prompt's ~750 keys as
+    Python ints cost more to make and to free than the pool's work on them. The hashed block
+    pool indexes such keys one trace block at a time (``kv/trace_block_index.py``); hand it the
+    whole sequence (``cache_full_blocks(..., start=)``), never a slice, which is a plain list
+    and would be indexed apart.
+    """
 
     __slots__ = ("array", "per")
 
-    def __init__(self, keys: Sequence[int] = (), per: int = 1, array: np.ndarray | None = None) -> None:
-        super().__init__(keys)
+    def __init__(self, array: np.ndarray, per: int) -> None:
+        self.array = array
         self.per = per
-        self.array = np.asarray(self, dtype=np.int64) if array is None else array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return self.array[i].tolist()
+        return int(self.array[i])
+
+    def __iter__(self):
+        return iter(self.array.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TraceBlockKeys):
+            return self.per == other.per and bool(np.array_equal(self.array, other.array))
+        if isinstance(other, (list, tuple)):
+            return self.array.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TraceBlockKeys({self.array.tolist()!r}, per={self.per})"
 
     def __reduce__(self) -> tuple:
-        return (TraceBlockKeys, (list(self), self.per))
+        return (TraceBlockKeys, (self.array, self.per))
 
 
 def keys_from_hash_ids(
@@ -232,8 +257,7 @@ def keys_from_hash_ids(
         per = trace_block_size // block_size
         if per == 1:
             return keys
-        array = _slot_keys(keys, per)
-        return TraceBlockKeys(array.tolist(), per, array)
+        return TraceBlockKeys(_slot_keys(keys, per), per)
     for end in range(block_size, end_of_full + 1, block_size):
         first = (end - block_size) // trace_block_size
         last = (end - 1) // trace_block_size
