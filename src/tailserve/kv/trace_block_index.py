@@ -6,9 +6,10 @@ place in it: prompts that share a trace block's first key share all of its keys 
 chained, so the first key names every trace block up to this one). This index keeps one dict
 entry per trace block — its first key (the *head*) -> a row of ``per`` slots, slot ``s`` holding
 the oldest block that holds the key at place ``s``, or ``NO_BLOCK`` — and each block's row and
-slot in arrays. A request's ~750 blocks go in and come out with ~24 dict operations and a few
-array operations instead of ~750 dict operations each way; those (cache misses into 16 pools'
-tables) were half the CPU of a 16-replica cluster run on the Mooncake trace.
+slot in flat arrays (as one *cell*, ``row * per + slot``). A request's ~750 blocks go in and
+come out with ~24 dict operations and a few array operations instead of ~750 dict operations
+each way; those (cache misses into 16 pools' tables) were half the CPU of a 16-replica cluster
+run on the Mooncake trace.
 
 What it holds is exactly what ``BlockIndex`` holds — each key's holders, oldest first — only laid
 out differently, so every hit, eviction and KV event is the same:
@@ -42,16 +43,16 @@ class TraceBlockIndex:
         self._heads: list[int] = []  # row -> its head key (a free row keeps its last one)
         self._free_rows: list[int] = []
         rows = 64  # grows by doubling; ~1 row per 32 cached blocks
-        self._holder = np.full((rows, per), NO_BLOCK, dtype=np.int64)  # first holder per slot
-        self._extra = np.zeros((rows, per), dtype=np.int32)  # later holders per slot
+        # per cell (row * per + slot): the first holder, and how many later holders there are
+        self._holder = np.full(rows * per, NO_BLOCK, dtype=np.int64)
+        self._extra = np.zeros(rows * per, dtype=np.int32)
         self._count = np.zeros(rows, dtype=np.int64)  # slots with a holder; 0: the row is free
-        self._row = np.full(num_blocks, NO_BLOCK, dtype=np.int64)  # block -> its row
-        self._slot = np.zeros(num_blocks, dtype=np.int64)  # block -> its slot
+        self._cell = np.full(num_blocks, NO_BLOCK, dtype=np.int64)  # block -> its cell
         self._more: dict[int, list[int]] = {}  # key -> later holders, oldest first
 
     def holds(self, block_ids: np.ndarray) -> np.ndarray:
         """Which of the blocks are indexed here (a boolean mask)."""
-        return self._row[block_ids] != NO_BLOCK
+        return self._cell[block_ids] != NO_BLOCK
 
     # ---- lookup -------------------------------------------------------------------------------
     def first_holders(self, keys: Sequence[int], max_blocks: int) -> list[int]:
@@ -65,7 +66,7 @@ class TraceBlockIndex:
             if row is None:
                 break
             cut = min(per, max_blocks - start)
-            slots = holder[row, :cut].tolist()
+            slots = holder[row * per : row * per + cut].tolist()
             if count[row] == per:  # the whole trace block is cached: the usual case
                 found += slots
                 continue
@@ -90,21 +91,19 @@ class TraceBlockIndex:
         else:  # blocks skipped (already cached): only the groups that have one
             heads, where = np.unique(groups, return_inverse=True)
             heads = heads.tolist()
-        row_list = self._rows_for([keys[g * per] for g in heads])
-        rows = np.asarray(row_list, dtype=np.int64)
-        r = rows[where]
+        rows = np.asarray(self._rows_for([keys[g * per] for g in heads]), dtype=np.int64)
+        cells = (rows * per)[where] + slots
         holder = self._holder
-        self._row[block_ids] = r
-        self._slot[block_ids] = slots
-        clash = holder[r, slots] != NO_BLOCK
+        self._cell[block_ids] = cells
+        clash = holder[cells] != NO_BLOCK
         if not clash.any():
-            holder[r, slots] = block_ids
+            holder[cells] = block_ids
             self._count[rows] += np.bincount(where, minlength=len(rows))
             return _NO_POSITIONS
         fresh = ~clash
-        holder[r[fresh], slots[fresh]] = block_ids[fresh]
+        holder[cells[fresh]] = block_ids[fresh]
         self._count[rows] += np.bincount(where[fresh], minlength=len(rows))
-        self._extra[r[clash], slots[clash]] += 1  # distinct (row, slot) pairs: one key each
+        self._extra[cells[clash]] += 1  # distinct cells: one key each
         clashes = np.flatnonzero(clash)
         more = self._more
         for i in clashes.tolist():
@@ -132,10 +131,10 @@ class TraceBlockIndex:
 
     def _grow(self) -> None:
         n = len(self._count)
-        holder = np.full((2 * n, self.per), NO_BLOCK, dtype=np.int64)
-        holder[:n] = self._holder
-        extra = np.zeros((2 * n, self.per), dtype=np.int32)
-        extra[:n] = self._extra
+        holder = np.full(2 * n * self.per, NO_BLOCK, dtype=np.int64)
+        holder[: n * self.per] = self._holder
+        extra = np.zeros(2 * n * self.per, dtype=np.int32)
+        extra[: n * self.per] = self._extra
         count = np.zeros(2 * n, dtype=np.int64)
         count[:n] = self._count
         self._holder, self._extra, self._count = holder, extra, count
@@ -144,27 +143,26 @@ class TraceBlockIndex:
     def remove(self, block_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """The blocks (each indexed here) lose their keys, in this order; a key with later
         holders hands over to the next one. Returns a mask of the keys no block holds any more."""
-        r = self._row[block_ids]
-        s = self._slot[block_ids]
-        self._row[block_ids] = NO_BLOCK
+        cells = self._cell[block_ids]
+        self._cell[block_ids] = NO_BLOCK
         gone = np.ones(len(block_ids), dtype=bool)
         if self._more:
-            shared = np.flatnonzero(self._extra[r, s] > 0)
+            shared = np.flatnonzero(self._extra[cells] > 0)
             if len(shared):
                 # A slot with later holders: walk those blocks in order (the second of two
                 # holders removed in one call finds the slot already handed over to it).
                 left = np.ones(len(block_ids), dtype=bool)
                 for i in shared.tolist():
-                    if self._remove_shared(int(block_ids[i]), int(keys[i]), int(r[i]), int(s[i])):
+                    if self._remove_shared(int(block_ids[i]), int(keys[i]), int(cells[i])):
                         gone[i] = False
                         left[i] = False
-                r, s = r[left], s[left]
-        if not len(r):
+                cells = cells[left]
+        if not len(cells):
             return gone
-        self._holder[r, s] = NO_BLOCK
+        self._holder[cells] = NO_BLOCK
         # per-row counts over every row in use (~1 per 32 cached blocks): cheaper than sorting
         used = len(self._heads)
-        lost = np.bincount(r, minlength=used)
+        lost = np.bincount(cells // self.per, minlength=used)
         count = self._count[:used]
         count -= lost
         emptied = np.flatnonzero((count == 0) & (lost > 0))
@@ -175,17 +173,17 @@ class TraceBlockIndex:
             self._free_rows += emptied.tolist()
         return gone
 
-    def _remove_shared(self, block_id: int, key: int, row: int, slot: int) -> bool:
+    def _remove_shared(self, block_id: int, key: int, cell: int) -> bool:
         """Remove one block from a slot that had later holders when the call began. True when
         the key is still held; False when this was its last holder (the caller empties the slot)."""
         others = self._more.get(key)
         if others is None:  # handed over to this block earlier in the same call: the last one
             return False
-        if self._holder[row, slot] == block_id:
-            self._holder[row, slot] = others.pop(0)
+        if self._holder[cell] == block_id:
+            self._holder[cell] = others.pop(0)
         else:
             others.remove(block_id)
-        self._extra[row, slot] -= 1
+        self._extra[cell] -= 1
         if not others:
             del self._more[key]
         return True
@@ -195,7 +193,9 @@ class TraceBlockIndex:
         """What is wrong, or None: every row is under its head, counts its holders, every holder
         has the slot's key and is indexed at that slot, one slot per key, and every block this
         index claims is a holder."""
-        holder, extra = self._holder.tolist(), self._extra.tolist()
+        per = self.per
+        holder = self._holder.reshape(-1, per).tolist()
+        extra = self._extra.reshape(-1, per).tolist()
         slot_of_key: dict[int, tuple[int, int]] = {}
         indexed = 0
         for head, row in self._row_of.items():
@@ -223,12 +223,12 @@ class TraceBlockIndex:
                         return (
                             f"block {block_id} is indexed under {key!r} but has key {block_keys[block_id]!r}"
                         )
-                    if (self._row[block_id], self._slot[block_id]) != (row, slot):
+                    if self._cell[block_id] != row * per + slot:
                         return f"block {block_id} holds row {row} slot {slot} but points elsewhere"
                 indexed += len(holders)
         if set(self._more) - set(slot_of_key):
             return f"keys {sorted(set(self._more) - set(slot_of_key))[:5]} have later holders but no slot"
-        claimed = int(np.count_nonzero(self._row != NO_BLOCK))
+        claimed = int(np.count_nonzero(self._cell != NO_BLOCK))
         if claimed != indexed:
             return f"{claimed} blocks point at a row but {indexed} are holders"
         if len(self._row_of) + len(self._free_rows) != len(self._heads):
