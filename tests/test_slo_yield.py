@@ -208,7 +208,7 @@ def test_the_fast_path_stays_exact_with_rule_10():
 
 
 @pytest.mark.parametrize("flags", [{}, {"fairness": "vtc"}])
-def test_rule_10_is_inert_without_tenants(flags):
+def test_rules_10_and_11_are_inert_without_tenants(flags):
     _, on = _run(_two_tenants(tenants=False), **flags)
-    _, off = _run(_two_tenants(tenants=False), yield_tbts=0.0, **flags)
+    _, off = _run(_two_tenants(tenants=False), yield_tbts=0.0, quantum_tbts=0.0, **flags)
     assert [r.token_times for r in on] == [r.token_times for r in off]

@@ -62,6 +62,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_admit import admit, order_waiting
+from tailserve.policies.slo_burst import BurstBudget, spends_budget
 from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
 from tailserve.policies.slo_config import SloConfig, WaitingInfo
 from tailserve.policies.slo_fair import make_room_for_fair_share
@@ -99,6 +100,7 @@ class SloPolicy(Policy):
         self._protected: frozenset[str] = frozenset()  # rule 9, decided each iteration
         self._over: frozenset[str] = frozenset()  # tenants above their share (rule 10)
         self._quantum = math.inf  # rule 11's bound on an over-share chunk's iteration, s
+        self.burst = BurstBudget(config.tbt_late_fraction)
         self._stretch = 1.0  # iteration time with chunks / the chunks alone (rule 3)
 
     @classmethod
@@ -181,6 +183,8 @@ class SloPolicy(Policy):
             held_prefills = [r for r in prefills if tenant_of(r.tenant_id) in yield_to]
             prefills = [r for r in prefills if tenant_of(r.tenant_id) not in yield_to]
         tokens_left = self._decode(sched, now, out, load, decodes, tokens_left, slacks, scheduled_ids)
+        if self.burst.fraction > 0 and spends_budget(self, sched, now, len(out.scheduled)):
+            slacks.clear()  # the experiment: no TBT limit this iteration (slo_burst.py)
         # 2. Partial prefills continue, cut to what the slack leaves; under fairness those of
         # unprotected tenants continue after a protected tenant's admission (rule 9).
         later: list[Request] = []
@@ -365,6 +369,7 @@ class SloPolicy(Policy):
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         self._last = None  # the clock moved by many iterations: no single period to learn from
+        self.burst.count(len(sched.running), False, num_steps)
         if self.backlog is not None:
             self.backlog.charge_decode_run(sched.running, num_steps)
 

@@ -26,6 +26,7 @@ class SloConfig:
     # Rule 11 (fairness=vtc): while a protected tenant runs, an over-share tenant's chunk keeps
     # the iteration within this many of the protected tenant's (smallest) TBT target.
     quantum_tbts: float = 0.7  # 0: rule 11 off
+    tbt_late_fraction: float = 0.0  # experiment (slo_burst.py): share of gaps allowed late on bursts
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
