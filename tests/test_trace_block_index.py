@@ -79,6 +79,13 @@ def test_trace_index_answers_as_the_per_key_index(seed):
             length = len(hash_ids) * TRACE_BLOCK - rng.randrange(TRACE_BLOCK)
             num_keys = len(keys_from_hash_ids(hash_ids, length, TRACE_BLOCK, BLOCK))
             hit = twins.same("get_computed_blocks", KEYS, length, keys=(hash_ids, length)).kv_indices
+            # a router's view: the uncapped leading run, not counted in the hit rate
+            lookups = twins.trace.stats.num_lookups
+            cached = twins.same("num_cached_prefix", KEYS, keys=(hash_ids, length))
+            assert twins.trace.stats.num_lookups == lookups
+            assert cached == len(
+                twins.trace.get_computed_blocks(_keys(hash_ids, length, True), None).kv_indices
+            )
             need = -(-length // BLOCK) - len(hit)
             twins.same("touch", hit)
             new = twins.same("allocate", need)

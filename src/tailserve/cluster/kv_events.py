@@ -5,8 +5,6 @@ caching off) report nothing and the router falls back to its own tree."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from tailserve.cluster.replica import Replica
 from tailserve.cluster.routing import RouteRequest
 from tailserve.core.request import Request
@@ -32,7 +30,5 @@ class SimKvIndex:
         keys = self._keys[2]
         if not keys:
             return 0
-        stats = replace(pool.stats)  # a lookup counts in the pool's hit rate: this one must not
-        match = pool.match_prefix(keys)
-        pool.stats = stats
-        return min(match.num_tokens // request.block_size, len(request.block_keys))
+        cached_tokens = pool.num_cached_prefix(keys) * kv.block_size  # not counted in its hit rate
+        return min(cached_tokens // request.block_size, len(request.block_keys))

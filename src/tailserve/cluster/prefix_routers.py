@@ -159,7 +159,8 @@ class KvAwareRouter(BaseRouter):
         for i in healthy:
             prefill_blocks = max(num_blocks - self.overlap(request, i, now), 0)
             active = self._active[i]
-            new_blocks = sum(1 for k in request.block_keys if k not in active) + unkeyed
+            keys = request.block_keys
+            new_blocks = len(keys) - sum(map(active.__contains__, keys)) + unkeyed
             decode_blocks = len(active) + self._unkeyed[i] + new_blocks
             out[i] = w * prefill_blocks + decode_blocks
         return out

@@ -153,6 +153,15 @@ class HashedBlockPool(PrefixCache):
         stats.num_hit_tokens += len(hits) * size
         return PrefixMatch(len(hits) * size, hits)
 
+    def num_cached_prefix(self, block_keys: Sequence[int]) -> int:
+        """Leading blocks of ``block_keys`` cached now, uncapped and not counted in the stats:
+        what a router's view of this pool (KV events) sees."""
+        if not block_keys:
+            return 0
+        if isinstance(block_keys, TraceBlockKeys):
+            return self._trace_for(block_keys.per).prefix_length(block_keys)
+        return len(self._index.first_holders(block_keys, len(block_keys)))
+
     def match_prefix(self, keys: Sequence[int], num_tokens: int | None = None) -> PrefixMatch:
         return self.get_computed_blocks(keys, num_tokens)
 

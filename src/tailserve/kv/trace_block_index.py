@@ -76,6 +76,26 @@ class TraceBlockIndex:
             found += slots
         return found
 
+    def prefix_length(self, keys: Sequence[int]) -> int:
+        """How many leading keys of ``keys`` (a request's, from position 0) are held."""
+        per = self.per
+        row_of, holder, count = self._row_of, self._holder, self._count
+        n = len(keys)
+        found = 0
+        for start in range(0, n, per):
+            row = row_of.get(keys[start])
+            if row is None:
+                break
+            cut = min(per, n - start)
+            if count[row] == per:
+                found += cut
+                continue
+            slots = holder[row * per : row * per + cut].tolist()
+            if NO_BLOCK in slots:
+                return found + slots.index(NO_BLOCK)
+            found += cut
+        return found
+
     # ---- insert -------------------------------------------------------------------------------
     def add(self, block_ids: np.ndarray, keys: Sequence[int], positions: np.ndarray) -> np.ndarray:
         """Index blocks that were just given keys: ``block_ids[i]`` holds ``keys[positions[i]]``
