@@ -89,6 +89,8 @@ class GatedSource:
     goes out at its send time, or when a slot frees if all ``concurrency`` slots are busy then;
     its arrival time is when it really went out, as the client measures from that moment."""
 
+    horizon: float | None = None  # not a cluster replica's (RequestSource.horizon)
+
     def __init__(self, requests: list[Request], concurrency: int) -> None:
         self._pending: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_time))
         self._released: deque[Request] = deque()

@@ -97,7 +97,7 @@ def advance_chunk_run(engine: Engine) -> int:
     takes_arrivals = policy.chunk_run_takes_arrivals and k_full > 0
     # A cluster replica's source reports the cluster's next event (``horizon``) as its next
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
-    horizon = getattr(source, "horizon", None)
+    horizon = source.horizon
     if policy_wake is not None and policy_wake <= now:
         return 0
     if arrival is not None and arrival <= now and not takes_arrivals:

@@ -16,6 +16,11 @@ from tailserve.core.request import Request
 
 
 class RequestSource(Protocol):
+    # A cluster replica's source (cluster/replica.py) reports the cluster's next event here: the
+    # exact fast paths must not run past it, as the step loop stops there for the router to act.
+    # None for every other source.
+    horizon: float | None
+
     def next_arrival_time(self) -> float | None:
         """Arrival time (seconds) of the next request not yet handed out; None if none is known."""
         ...
@@ -36,6 +41,8 @@ class RequestSource(Protocol):
 
 class ListSource:
     """Requests with fixed arrival times (open loop): synthetic workloads and trace replay."""
+
+    horizon: float | None = None  # not a cluster replica's (RequestSource.horizon)
 
     def __init__(self, requests: Iterable[Request]) -> None:
         ordered = sorted(requests, key=lambda r: r.arrival_time)  # stable: ties keep input order
@@ -63,6 +70,8 @@ class ListSource:
 class QueueSource:
     """Requests added while the engine runs, each arriving when added; finished ones are kept
     for the caller to collect with ``pop_finished``."""
+
+    horizon: float | None = None  # not a cluster replica's (RequestSource.horizon)
 
     def __init__(self) -> None:
         self._pending: deque[Request] = deque()

@@ -11,6 +11,8 @@ from tailserve.core.request import Request
 class IteratorSource:
     """Open-loop requests from an iterator in non-decreasing arrival order (checked)."""
 
+    horizon: float | None = None  # not a cluster replica's (RequestSource.horizon)
+
     def __init__(self, requests: Iterable[Request]) -> None:
         self._it: Iterator[Request] = iter(requests)
         self._next: Request | None = next(self._it, None)

@@ -140,6 +140,8 @@ class ClosedLoopSource:
     the same one) is ignored, so the number in flight can never drift above ``concurrency``.
     """
 
+    horizon: float | None = None  # not a cluster replica's (RequestSource.horizon)
+
     def __init__(self, requests: Iterable[Request], concurrency: int) -> None:
         if concurrency < 1:
             raise ValueError(f"closed-loop concurrency must be >= 1, got {concurrency}")

@@ -11,6 +11,8 @@ from tailserve.core.source import RequestSource
 
 
 class MixSource:
+    horizon: float | None = None  # not a cluster replica's (RequestSource.horizon)
+
     def __init__(
         self, source: RequestSource, field: str, mix: tuple[tuple[Any, float], ...], seed: int
     ) -> None:
