@@ -9,6 +9,7 @@ from tests.test_slo_policy import _decoding, _setup
 
 from tailserve.core.request import Request
 from tailserve.policies.slo_burst import BurstBudget
+from tailserve.policies.slo_config import SloConfig
 
 
 def test_the_budget_allows_late_gaps_up_to_its_fraction():
@@ -20,6 +21,11 @@ def test_the_budget_allows_late_gaps_up_to_its_fraction():
     assert budget.late == 5 and budget.gaps == 1005
     assert not budget.allows(6)  # 11 > 0.01 x 1,011
     assert not BurstBudget(0.0).allows(0)
+
+
+def test_the_fraction_is_checked():
+    with pytest.raises(ValueError, match=r"tbt_late_fraction must be in \[0, 1\)"):
+        SloConfig(2048, 256, tbt_late_fraction=1.0)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.01])

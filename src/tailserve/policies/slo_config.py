@@ -44,6 +44,8 @@ class SloConfig:
             raise ValueError(
                 f"quantum_tbts must be a finite number of TBT targets >= 0, got {self.quantum_tbts}"
             )
+        if not 0 <= self.tbt_late_fraction < 1:
+            raise ValueError(f"tbt_late_fraction must be in [0, 1), got {self.tbt_late_fraction}")
         if self.min_prefill_tokens < 1:
             raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
         parse_slo_classes(self.slo_classes)
