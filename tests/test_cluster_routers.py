@@ -9,6 +9,7 @@ import pytest
 from tailserve.cluster import NoHealthyReplicaError, ReplicaState, RouteRequest, make_router
 from tailserve.cluster.approx_tree import ApproxTree
 from tailserve.cluster.routing import block_keys_from_tokens
+from tailserve.policies.registry import PolicySpec
 
 
 def states(
@@ -216,3 +217,18 @@ def test_approx_tree_match_stops_at_the_first_gap():
     assert tree.match((2, 3), 0) == 2  # chained keys: a real prompt never starts mid-path
     assert tree.match((1, 2, 3), 1) == 0
     assert tree.match((1, 2, 3), 0, min_time=1.0) == 0
+
+
+def test_router_and_policy_flags_share_one_converter_and_keep_their_rules():
+    # routers: a count may be written as a whole float; policies: ints are plain ints
+    assert make_router("random:seed=1e3").config.seed == 1000
+    with pytest.raises(ValueError, match=r"flag max_num_seqs: '1e3' is not a valid int"):
+        PolicySpec.make("vllm", {"max_num_seqs": "1e3"})
+    with pytest.raises(ValueError, match=r"router random flag seed: '1.5' is not a valid int"):
+        make_router("random:seed=1.5")
+    # bool words on both sides; an optional policy flag is unset by "none"
+    assert make_router("kv-aware:kv_events=off").config.kv_events is False
+    assert PolicySpec.make("vllm", {"enable_chunked_prefill": "no"}).flags == {
+        "enable_chunked_prefill": False
+    }
+    assert PolicySpec.make("tgi", {"max_batch_size": "none"}).flags == {"max_batch_size": None}
