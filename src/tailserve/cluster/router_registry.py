@@ -20,7 +20,6 @@ from tailserve.cluster.routers import (
     RoundRobinRouter,
     SessionRouter,
 )
-from tailserve.policies.registry import convert_flag
 
 ROUTERS: dict[str, type[BaseRouter]] = {
     cls.name: cls
@@ -81,7 +80,7 @@ def parse_router_spec(text: str) -> tuple[str, dict[str, Any]]:
         if key not in known:
             valid = ", ".join(sorted(known)) or "none"
             raise ValueError(f"router {name} has no flag {key!r}; valid: {valid}")
-        flags[key] = convert_flag(f"router {name} flag {key}", value.strip(), hints[key], whole_floats=True)
+        flags[key] = _convert(name, key, value.strip(), hints[key])
     return name, flags
 
 
@@ -94,3 +93,26 @@ def make_router(text: str, **kwargs: Any) -> BaseRouter:
     except (TypeError, ValueError) as e:
         raise ValueError(f"router {name}: {e}") from None
     return cls(config, **kwargs)
+
+
+def _convert(router: str, key: str, text: str, kind: Any) -> Any:
+    try:
+        if kind is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            value = float(text)  # 1e6 is fine for a count, 1.5 is not
+            if not value.is_integer():
+                raise ValueError
+            return int(value)
+        if kind is float:
+            return float(text)
+    except ValueError:
+        raise ValueError(
+            f"router {router} flag {key}: {text!r} is not a valid {getattr(kind, '__name__', kind)}"
+        ) from None
+    return text

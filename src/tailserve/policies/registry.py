@@ -68,16 +68,11 @@ def policy_flags(cls: type[Policy]) -> dict[str, type]:
     return {f.name: hints[f.name] for f in fields(cls.config_cls)}
 
 
-def convert_flag(what: str, text: Any, kind: Any, *, whole_floats: bool = False) -> Any:
-    """A flag's text as its dataclass type ``kind``: bool words (1/true/yes/on, 0/false/no/off),
-    int, float; for an optional flag (``int | None``) "none", "null" or "" unsets it; other
-    types and non-strings pass through. ``whole_floats``: an int flag also takes a whole float
-    ("1e6": the routers' counts). A bad value raises ``ValueError("{what}: 'x' is not a valid
-    int")``. The policies' and the routers' flags both go through here."""
+def _convert(name: str, text: Any, kind: Any) -> Any:
     if not isinstance(text, str):
         return text
     args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if args:
+    if args:  # an optional flag, e.g. ``int | None``: "none" unsets it
         if text.lower() in ("none", "null", ""):
             return None
         kind = args[0]
@@ -90,21 +85,12 @@ def convert_flag(what: str, text: Any, kind: Any, *, whole_floats: bool = False)
                 return False
             raise ValueError
         if kind is int:
-            if not whole_floats:
-                return int(text)
-            value = float(text)  # 1e6 is fine for a count, 1.5 is not
-            if not value.is_integer():
-                raise ValueError
-            return int(value)
+            return int(text)
         if kind is float:
             return float(text)
     except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+        raise ValueError(f"flag {name}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
     return text
-
-
-def _convert(name: str, text: Any, kind: Any) -> Any:
-    return convert_flag(f"flag {name}", text, kind)
 
 
 @dataclass(frozen=True, slots=True)
