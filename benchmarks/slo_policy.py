@@ -31,7 +31,8 @@ past capacity, different lengths): the largest measured difference of weighted s
 (``w_p`` x prefill + ``w_q`` x decode tokens) over any interval in which both stay backlogged,
 against the paper's bound ``2 max(w_p L_input, w_q M)``.
 
-    python benchmarks/slo_policy.py [--quick] [--workers N] [--cells MODEL/WORKLOAD,...] [--out FILE]
+    python benchmarks/slo_policy.py [--quick] [--workers N] [--cells MODEL/WORKLOAD,...]
+        [--slo-flags F=V;...] [--fairness-seeds 1,2,3] [--slo-variants F=V;...,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -152,10 +153,12 @@ def families(cell: Cell) -> dict[tuple[str, tuple[tuple[str, str], ...]], tuple[
     return {**COARSE, PRIORITY: PRIORITY_COARSE} if cell.mixed else dict(COARSE)
 
 
-def coarse_candidates(cell: Cell) -> list[PolicySpec]:
-    """Every engine family at its coarse sizes, then ``slo`` (last)."""
+def coarse_candidates(cell: Cell, slo_flags: dict[str, str] | None = None) -> list[PolicySpec]:
+    """Every engine family at its coarse sizes, then ``slo`` (last; ``slo_flags`` on top)."""
     specs = [sized(cell, fam, n) for fam, sizes in families(cell).items() for n in sizes]
-    specs.append(PolicySpec.make("slo", {"slo_classes": cell.classes, **_engine_flags(cell)}))
+    specs.append(
+        PolicySpec.make("slo", {"slo_classes": cell.classes, **_engine_flags(cell), **(slo_flags or {})})
+    )
     return specs
 
 
@@ -305,6 +308,7 @@ def capacity_table(
     mooncake: str,
     partial: Path,
     wanted: set[tuple[str, str]] | None = None,
+    slo_flags: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell's row (or those in ``wanted``); the rows so far are rewritten to ``partial``
     after each cell."""
@@ -314,7 +318,7 @@ def capacity_table(
             continue
         t0 = time.perf_counter()
         title = f"{cell.deployment.model} {cell.workload_name}"
-        specs = coarse_candidates(cell)
+        specs = coarse_candidates(cell, slo_flags)
         found = sweep.drive([search(cell, s) for s in specs], title)
         for _ in range(MAX_REFINEMENTS):
             more = refined_candidates(cell, {f["policy"]: f for f in found})
@@ -371,6 +375,24 @@ def capacity_table(
     return rows
 
 
+def slo_flag_dict(option: str, text: str) -> dict[str, str]:
+    """``a=1;b=2`` -> {"a": "1", "b": "2"}, checked against the slo policy's flags; SystemExit
+    naming the bad item."""
+    flags = {}
+    for item in (i.strip() for i in text.split(";")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"{option}: {item!r} is not FLAG=VALUE")
+        flags[key] = value
+    try:
+        PolicySpec.make("slo", flags)
+    except ValueError as e:
+        raise SystemExit(f"{option}: {e}") from None
+    return flags
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one deployment, fewer requests")
@@ -384,6 +406,12 @@ def main() -> None:
         metavar="LIST",
         help="capacity: only these cells, comma-separated MODEL/WORKLOAD (e.g. Llama-3-8B/azure-conv; "
         "workloads azure-conv, mooncake-conv, mixed)",
+    )
+    parser.add_argument(
+        "--slo-flags",
+        metavar="FLAGS",
+        default="",
+        help="capacity: extra flags of the slo policy, ;-joined (e.g. tbt_late_fraction=0.009)",
     )
     parser.add_argument(
         "--slo-variants",
@@ -404,12 +432,10 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=default_out("slo_policy.json"))
     args = parser.parse_args()
+    slo_flags = slo_flag_dict("--slo-flags", args.slo_flags)
     variants = tuple(v.strip() for v in args.slo_variants.split(",") if v.strip())
     for v in variants:
-        try:
-            PolicySpec.make("slo", dict(f.split("=", 1) for f in v.split(";")))
-        except ValueError as e:
-            raise SystemExit(f"--slo-variants {v!r}: {e}") from None
+        slo_flag_dict(f"--slo-variants {v!r}", v)
     try:
         seeds = tuple(int(v) for v in args.fairness_seeds.split(","))
     except ValueError:
@@ -436,6 +462,7 @@ def main() -> None:
                 args.mooncake_trace,
                 args.out.with_suffix(".partial.json"),
                 wanted,
+                slo_flags,
             )
     if not args.skip_fairness:
         print("fairness (Llama-3-8B / H100):", flush=True)
