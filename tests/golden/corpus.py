@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "golden" / "corpus.json"
 AZURE = "azure_llm_2023_conv.csv"
+MOONCAKE = "mooncake_conversation.jsonl"
 
 POLICIES = ("static", "orca", "vllm-v0", "vllm", "sarathi", "sglang", "tgi")
 # Policy variants whose code paths the defaults do not reach.
@@ -76,6 +77,17 @@ def sim_cases() -> list[SimCase]:
                  "--workload", "random", "--num-requests", "300", "--rate", "20",
                  "--input-len", "uniform:256:3000", "--output-len", "uniform:200:1500",
                  "--seed", "7", "--priorities", "0=0.7,5=0.3", "--explain"),
+            )
+        )  # fmt: skip
+    # The Mooncake trace's prompts are keyed by its hash_ids (kv/trace_block_index.py): prefix
+    # hits, evictions and preemptions on one A100 (added after the index, recorded at e2e8cca).
+    for name in ("vllm", "sglang"):
+        cases.append(
+            SimCase(
+                f"mooncake600/{name}",
+                ("--policy", name, "--model", "Llama-3.1-8B", "--hardware", "A100-80GB",
+                 "--trace", "{trace}", "--max-requests", "600"),
+                needs_trace=MOONCAKE,
             )
         )  # fmt: skip
     cases.append(
