@@ -6,11 +6,13 @@ competitor (``python -c "while True: pass"`` pinned with ``taskset`` to the last
 after the engine warmed up, killed after). Settings:
 
 - ``adaptive``: tailserve's defaults (threads from the free cores, revisited every 0.5 s;
-  OpenMP threads wait passively);
+  OpenMP threads spin 30,000 times, then sleep: ``threads.SPIN_COUNT``);
+- ``adaptive-passive``: adaptive threads that sleep at once (``OMP_WAIT_POLICY=PASSIVE``),
+  tailserve's default before the bounded spin;
 - ``fixed-2-spin``: 2 threads and GNU OpenMP's spinning wait (``GOMP_SPINCOUNT=300000``, its
-  default), what tailserve did before;
+  default), what tailserve did before any of this;
 - ``fixed-2-passive``: 2 threads that wait passively, no adaptation;
-- ``adaptive-spin``: adaptive threads, spinning waits.
+- ``adaptive-spin``: adaptive threads, GNU OpenMP's own spinning wait (300,000).
 
 Each quiet run waits for the machine to be quiet first (``_quiet.py``), and records the load.
 
@@ -37,6 +39,7 @@ from _quiet import gated  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "adaptive": {"threads": None, "env": {}},
+    "adaptive-passive": {"threads": None, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
     "fixed-2-spin": {"threads": 2, "env": {"GOMP_SPINCOUNT": "300000"}},
     "fixed-2-passive": {"threads": 2, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
     "adaptive-spin": {"threads": None, "env": {"GOMP_SPINCOUNT": "300000"}},

@@ -16,6 +16,7 @@ a shared machine; the timer costs ~1 us per call.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -26,6 +27,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# tailserve's executor package first: it loads torch with its OpenMP wait setting (threads.py).
+importlib.import_module("tailserve.executors.pytorch")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

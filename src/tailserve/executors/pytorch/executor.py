@@ -64,8 +64,15 @@ class TorchExecutor:
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         t0 = time.perf_counter()
-        if self.threads is not None:
-            self.threads.tick()
+        if self.threads is None:
+            return self._execute(out, t0)
+        self.threads.begin_step()  # the thread count, and pinning (threads.py)
+        try:
+            return self._execute(out, t0)
+        finally:
+            self.threads.end_step()
+
+    def _execute(self, out: SchedulerOutput, t0: float) -> StepResult:
         self._copy_swapped(out)
         rows = [_Row.of(s) for s in out.scheduled]
         rows += [self._pad_row(p.num_new_tokens, p.num_context_tokens) for p in out.padding]

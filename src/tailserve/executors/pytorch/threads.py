@@ -7,11 +7,19 @@ Three facts of a CPU shared with other work decide it:
   ``cpu.cfs_quota_us / cpu.cfs_period_us`` under v1). ``os.cpu_count()`` counts the host's.
 - **An OpenMP parallel region is as slow as its slowest thread.** When another process holds one
   of the cores, the thread that shares it finishes its share of every matmul a time slice late
-  while the others wait at the barrier. With GNU OpenMP's default waiting (spin ~300,000 times
-  before sleeping) the waiting threads also burn the CPU the late one needs. Measured on the
-  2-core machine with other jobs running (load average ~6), a tiny-model decode step at batch 64
-  took 290-570 ms with 2 spinning threads, 53-73 ms with 2 passively waiting ones and 70-76 ms
-  with 1 thread.
+  while the others wait at the barrier. With GNU OpenMP's default waiting (spin ~300,000 times,
+  milliseconds, before sleeping) the waiting threads also burn the CPU the late one needs.
+  Measured on the 2-core machine with other jobs running (load average ~6), a tiny-model decode
+  step at batch 64 took 290-570 ms with 2 spinning threads, 53-73 ms with 2 passively waiting
+  ones and 70-76 ms with 1 thread.
+- **A thread that sleeps at once makes every region pay a wake-up.** A decode step opens a few
+  dozen regions a few microseconds of Python apart; on the 2-core VM a region after a 20 us gap
+  took a median 56-64 us with sleeping (passive) threads and 8-10 us with threads that spin a
+  while first (``benchmarks/engine_handoff.py``), and W ran 1.09-1.11x faster on the quiet machine
+  (``benchmarks/engine_threads.py``). So waiting threads spin ``SPIN_COUNT`` times (GNU OpenMP's
+  ``GOMP_SPINCOUNT``: 30,000 covered gaps of 0.3 ms and not of 1 ms on this machine) and
+  then sleep: short enough to sleep through the time between steps and on a loaded machine,
+  where the controller below has dropped to one thread anyway.
 - **The machine's load changes while the engine runs**, so the thread count is revisited: every
   ``interval_s`` the controller reads how much CPU other processes used (``/proc/stat`` busy time
   minus this process's own) and runs on the cores they leave free, at least one. It drops at
@@ -19,26 +27,40 @@ Three facts of a CPU shared with other work decide it:
   windows in a row leave a core free (flapping costs a thread-pool resize each time).
 
 ``threads=N`` (``LLM(threads=N)``, ``--threads``), or else ``OMP_NUM_THREADS``, fixes the count
-and turns the adaptation off.
+and turns the adaptation off. A fixed count of two threads on a loaded machine waits better
+passively (``OMP_WAIT_POLICY=PASSIVE``: decode steps at batch 64 took 26-28 ms against 44-59 ms
+with the bounded spin at load ~3.5-4).
+
+**Pinning** (``pin=True`` or ``TAILSERVE_PIN_THREADS=1``, off by default; ``affinity.py``): with a
+fixed count, or an adaptive one while it runs on every core it may use, OpenMP thread ``t`` is
+held on core ``t`` of its affinity, as vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` does. The stepping
+thread (the team's slot 0) is pinned only for the duration of a step and gets its own mask back
+after it, so threads and processes it starts later do not inherit one core. With
+fewer threads than cores (others took a core) nothing is pinned: which core another process uses
+is not known, and the kernel's scheduler moves an unpinned thread off it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# GNU OpenMP reads its wait policy once, when torch loads it. PASSIVE: a thread that waits for
-# the next parallel region sleeps at once instead of spinning (see the module docstring).
-WAIT_POLICY = "PASSIVE"
+log = logging.getLogger(__name__)
+
+# GNU OpenMP reads its wait setting once, when torch loads it: a thread that waits for the next
+# parallel region spins this many times, then sleeps (see the module docstring).
+SPIN_COUNT = 30_000
 _WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 def set_openmp_wait_policy() -> str:
-    """Load torch with ``OMP_WAIT_POLICY=PASSIVE`` unless the user chose a wait setting; the
+    """Load torch with ``GOMP_SPINCOUNT=SPIN_COUNT`` unless the user chose a wait setting; the
     variable is removed again afterwards, so child processes (a peer engine in a benchmark) keep
     their own defaults. Returns what happened, for the engine's description."""
     chosen = [v for v in _WAIT_VARIABLES if v in os.environ]
@@ -46,12 +68,12 @@ def set_openmp_wait_policy() -> str:
         return f"OpenMP wait as set ({', '.join(f'{v}={os.environ[v]}' for v in chosen)})"
     if "torch" in sys.modules:
         return "OpenMP wait: torch's default (torch was imported before tailserve)"
-    os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     try:
         import torch  # noqa: F401  (loads libgomp, which reads the variable now)
     finally:
-        os.environ.pop("OMP_WAIT_POLICY", None)
-    return f"OpenMP wait {WAIT_POLICY.lower()}"
+        os.environ.pop("GOMP_SPINCOUNT", None)
+    return f"OpenMP wait: spin {SPIN_COUNT:,}, then sleep"
 
 
 def cgroup_cpu_quota(
@@ -114,6 +136,21 @@ def available_cores() -> int:
     return max(1, cores)
 
 
+def allowed_cpus() -> list[int]:
+    """The CPU ids this thread may run on, in order (``range(cpu_count)`` where unknown)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def pin_from_env() -> bool:
+    return os.environ.get("TAILSERVE_PIN_THREADS", "1" if PIN_DEFAULT else "0") not in ("0", "")
+
+
+PIN_DEFAULT = False
+
+
 def omp_num_threads() -> int | None:
     """``OMP_NUM_THREADS`` when it names a positive count (a fixed choice), else None."""
     raw = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
@@ -157,6 +194,8 @@ class ThreadController:
         interval_s: float = 0.5,
         set_threads=None,
         sample=read_sample,
+        pin: bool | None = None,
+        pinner=None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
@@ -178,11 +217,80 @@ class ThreadController:
         if self._last is None:
             self.adaptive = False
         set_threads(self.threads)
+        self.pin = pin_from_env() if pin is None else pin
+        if self.pin and pinner is None:
+            from tailserve.executors.pytorch import affinity
+
+            self.pin = affinity.available()
+            pinner = affinity.pin_team
+        self._pin_team = pinner
+        self._cpus = allowed_cpus()
+        self._pinned: dict[int, tuple[int, ...]] = {}  # stepping thread -> cores its team holds
+        self._restore: set[int] | None = None  # the stepping thread's mask while it is pinned
 
     @property
     def label(self) -> str:
         how = "adaptive" if self.adaptive else "fixed"
-        return f"{self.threads} of {self.max_threads} threads ({how})"
+        return f"{self.threads} of {self.max_threads} threads ({how}{', pinned' if self.pin else ''})"
+
+    def pinned_cores(self) -> tuple[int, ...] | None:
+        """The cores the team should hold now, one each (the first of the allowed ones): a fixed
+        count always, an adaptive one while it runs on every core it may use; else None."""
+        if not self.pin or self.threads < 2 or len(self._cpus) < self.threads:
+            return None
+        if self.adaptive and self.threads < self.max_threads:
+            return None  # others hold a core: the scheduler keeps unpinned threads off it
+        return tuple(self._cpus[: self.threads])
+
+    def begin_step(self) -> None:
+        """Before a step: revisit the thread count, then (pinning) hold each OpenMP thread on its
+        core, re-pinning the team when the count changed."""
+        self.tick()
+        if not self.pin:
+            return
+        want = self.pinned_cores()
+        me = threading.get_ident()
+        have = self._pinned.get(me)
+        if want is None and have is None:
+            return
+        own = os.sched_getaffinity(0)  # slot 0 is this thread: what it gets back
+        try:
+            if want != have:
+                if want is not None:
+                    self._pin_team([[c] for c in want])
+                    self._pinned[me] = want
+                else:
+                    self._pin_team([list(self._cpus)] * len(have))  # every slot free again
+                    del self._pinned[me]
+                    os.sched_setaffinity(0, own)
+            if want is not None:
+                os.sched_setaffinity(0, {want[0]})
+                self._restore = own
+        except (OSError, ValueError) as e:  # a mask the kernel refuses, a smaller team
+            log.warning("pinning OpenMP threads failed, running unpinned (%s)", e)
+            self.pin = False
+            os.sched_setaffinity(0, own)
+
+    def set_pinning(self, on: bool) -> None:
+        """Turn pinning on or off between steps (a benchmark's A/B in one process), from the
+        stepping thread: turning it off frees the slots this thread's team holds."""
+        have = self._pinned.pop(threading.get_ident(), None)
+        if have is not None:
+            own = os.sched_getaffinity(0)
+            self._pin_team([list(self._cpus)] * len(have))
+            os.sched_setaffinity(0, own)
+        if on and self._pin_team is None:
+            from tailserve.executors.pytorch import affinity
+
+            on = affinity.available()
+            self._pin_team = affinity.pin_team
+        self.pin = on
+
+    def end_step(self) -> None:
+        """After a step: the stepping thread gets its own mask back."""
+        if self._restore is not None:
+            os.sched_setaffinity(0, self._restore)
+            self._restore = None
 
     def tick(self) -> None:
         if not self.adaptive:
