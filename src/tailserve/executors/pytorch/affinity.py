@@ -114,13 +114,15 @@ def _build_and_open() -> ctypes.CDLL:
         if compiler is None:
             raise OSError("no C compiler (cc, gcc) on PATH")
         path.parent.mkdir(parents=True, exist_ok=True)
-        source = path.with_suffix(".c")
+        # Concurrent builders (test workers, two engines) never share a file; the last rename wins.
+        source = path.with_name(f"{path.stem}.{os.getpid()}.c")
         source.write_text(_SOURCE)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.so")  # concurrent builders never share a file
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.so")
         subprocess.run(
             [compiler, *_FLAGS, str(source), "-o", str(tmp)], check=True, capture_output=True, timeout=120
         )
         tmp.replace(path)
+        source.unlink(missing_ok=True)
     lib = ctypes.CDLL(str(path))
     lib.tailserve_pin_team.restype = ctypes.c_int
     lib.tailserve_pin_team.argtypes = [

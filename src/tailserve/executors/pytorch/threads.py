@@ -223,6 +223,10 @@ class ThreadController:
 
             self.pin = affinity.available()
             pinner = affinity.pin_team
+            if not self.pin:
+                log.warning(
+                    "pinning OpenMP threads was asked for but is unavailable here; they stay unpinned"
+                )
         self._pin_team = pinner
         self._cpus = allowed_cpus()
         self._pinned: dict[int, tuple[int, ...]] = {}  # stepping thread -> cores its team holds
