@@ -77,7 +77,7 @@ def test_larger_engine_blocks_give_several_router_keys_and_copies_are_counted():
     backend.apply(_stored([b"a" * 32], None, tokens[:32], 32))  # sha256 bytes hashes decode too
     backend.apply(_stored([b"b" * 32], b"a" * 32, tokens[32:], 32))
     backend.apply(_stored([b"b" * 32], b"a" * 32, tokens[32:], 32))  # a second copy
-    request = RouteRequest.from_tokens("r", tokens + [1, 2, 3])
+    request = RouteRequest.from_tokens("r", [*tokens, 1, 2, 3])
     assert backend.overlap(request) == 4
     backend.apply(BlockRemoved(block_hashes=[b"b" * 32], medium="GPU"))
     assert backend.overlap(request) == 4  # one copy left
