@@ -27,3 +27,22 @@ def test_building_the_cache_backs_only_the_spare_block() -> None:
     for t in (*kv.k, *kv.v):
         assert not t[num_blocks].any()  # the null slot reads zeros
     assert kv.null_slot == num_blocks * block_size
+
+
+def test_a_cache_larger_than_the_available_memory_is_refused_at_build(monkeypatch, tmp_path) -> None:
+    """Its pages are backed only on first use, so the size is checked against MemAvailable."""
+    import pytest
+
+    from tailserve.assemble import pytorch as assemble
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    1048576 kB\n")  # 1 GiB
+    assert assemble.cpu_memory_available(meminfo) == 2**30
+    assert assemble.cpu_memory_available(tmp_path / "missing") is None
+    monkeypatch.setattr(assemble, "cpu_memory_available", lambda: 2**30)
+    cpu = torch.device("cpu")
+    assert assemble.kv_budget_bytes(None, cpu, 0.9, 0.5) == 0.5 * 2**30  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"KV cache \(2.00 GiB\) is larger than the memory this machine has"):
+        assemble.kv_budget_bytes(None, cpu, 0.9, None)  # type: ignore[arg-type]  (the 2 GiB default)
+    with pytest.raises(ValueError, match="lower kv_cache_memory_gib"):
+        assemble.kv_budget_bytes(None, cpu, 0.9, 4.0)  # type: ignore[arg-type]

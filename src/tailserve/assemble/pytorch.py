@@ -107,12 +107,22 @@ def torch_parts(
 
 
 def kv_budget_bytes(lm: LlamaModel, dev: torch.device, gmu: float, kv_gib: float | None) -> float:
-    if kv_gib is not None:
-        if kv_gib <= 0:
-            raise ValueError(f"kv_cache_memory_gib must be positive, got {kv_gib}")
-        return kv_gib * GIB
+    if kv_gib is not None and kv_gib <= 0:
+        raise ValueError(f"kv_cache_memory_gib must be positive, got {kv_gib}")
     if dev.type == "cpu":
-        return DEFAULT_CPU_KV_CACHE_GIB * GIB
+        budget = (kv_gib if kv_gib is not None else DEFAULT_CPU_KV_CACHE_GIB) * GIB
+        # The cache is allocated without touching its pages (attention.PagedKVCache), so an
+        # oversized one would only fail when serving fills it: refuse it here instead.
+        available = cpu_memory_available()
+        if available is not None and budget > available:
+            raise ValueError(
+                f"the KV cache ({budget / GIB:.2f} GiB) is larger than the memory this machine has "
+                f"available ({available / GIB:.2f} GiB, MemAvailable in /proc/meminfo); lower "
+                "kv_cache_memory_gib (--kv-cache-memory-gib)"
+            )
+        return budget
+    if kv_gib is not None:
+        return kv_gib * GIB
     # vLLM's rule: gpu_memory_utilization of the device, minus what is in use (weights) and an
     # activation reserve for the largest batch.
     free, total = torch.cuda.mem_get_info(dev)
@@ -124,6 +134,18 @@ def kv_budget_bytes(lm: LlamaModel, dev: torch.device, gmu: float, kv_gib: float
     if budget <= 0:
         raise ValueError(f"no GPU memory left for the KV cache at gpu_memory_utilization={gmu}")
     return budget
+
+
+def cpu_memory_available(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """Bytes the kernel says can be allocated without swapping (``MemAvailable``); None where
+    unknown (not Linux)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _cuda_info(dev: torch.device) -> DeviceInfo:
