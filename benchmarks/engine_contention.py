@@ -34,6 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _host import simd_flags  # noqa: E402
 from _paths import default_out  # noqa: E402
 from _quiet import gated  # noqa: E402
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "command": " ".join(["engine_contention.py", *(argv if argv is not None else sys.argv[1:])]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": simd_flags(),
         "cores": len(os.sched_getaffinity(0)),
         "runs": {},
     }
@@ -154,17 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(results, indent=1))
     print(f"results: {out}")
     return 0
-
-
-def _cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx")))
-    return []
 
 
 if __name__ == "__main__":
