@@ -23,10 +23,10 @@ import numpy as np
 from tailserve.executors.simulated.cost_model import CostModel, Efficiency
 from tailserve.executors.simulated.gemm import join, join_array, padded_tokens, wave_flops
 from tailserve.executors.simulated.gemm_regimes import OPS, GemmSeries, gemm_parts
-from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.hardware import TILE_CHOICE_TILES, Hardware
 from tailserve.executors.simulated.models import ModelSpec
 
-TILE_CHOICES = ((64, 64), (64, 128), (128, 128), (128, 256), (256, 128))
+TILE_CHOICES = TILE_CHOICE_TILES  # the candidate's tiles (hardware.py holds its fitted factors)
 TILE_SCALE_GRID = (0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -43,13 +43,22 @@ class TileChoice:
 def tile_choice_times(series: GemmSeries, hardware: Hardware, form: TileChoice) -> np.ndarray:
     """Each token count at the fastest tile shape, plus the launch latency."""
     eff = form.eff
-    times = [
-        join_array(c / (eff.compute * scale), m / eff.memory, eff.sharpness)
-        for (c, m), scale in zip(
-            (gemm_parts(series, hardware, tm, tn, eff.wave_alpha) for tm, tn in form.tiles), form.scales
-        )
-    ]
-    return np.min(times, axis=0) + eff.gemm_latency
+    parts = [gemm_parts(series, hardware, tm, tn, eff.wave_alpha) for tm, tn in form.tiles]
+    return _fastest(parts, eff, form.scales) + eff.gemm_latency
+
+
+def _fastest(
+    parts: list[tuple[np.ndarray, np.ndarray]], eff: Efficiency, scales: tuple[float, ...]
+) -> np.ndarray:
+    """Per token count, the fastest tile's joined time (no launch latency); ``parts``: each
+    tile's ``gemm_parts``, in the order of ``scales``."""
+    return np.min(
+        [
+            join_array(c / (eff.compute * sc), m / eff.memory, eff.sharpness)
+            for (c, m), sc in zip(parts, scales)
+        ],
+        axis=0,
+    )
 
 
 def fit_tile_choice(
@@ -72,19 +81,7 @@ def fit_tile_choice(
         if max(scales) < 1.0:
             continue  # the factors are relative: one tile runs at the curve's own efficiency
         # The fastest tile of a GEMM does not depend on the latency (the same for every tile).
-        bodies = [
-            sum(
-                np.min(
-                    [
-                        join_array(c / (eff.compute * sc), m / eff.memory, eff.sharpness)
-                        for (c, m), sc in zip(g, scales)
-                    ],
-                    axis=0,
-                )
-                for g in lay
-            )
-            for lay in parts
-        ]
+        bodies = [sum(_fastest(g, eff, scales) for g in lay) for lay in parts]
         for factor in (0.5, 1.0, 1.5):
             lat = len(OPS) * eff.gemm_latency * factor
             score = float(
