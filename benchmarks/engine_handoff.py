@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _paths import default_out  # noqa: E402
-from engine_threads import _WAIT_VARIABLES, wait_env  # noqa: E402
+from engine_threads import child_env, parse_waits, pooled_stats  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -78,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     try:
-        waits = [w.strip() for w in args.waits.split(",") if w.strip()]
-        for w in waits:
-            wait_env(w)
+        waits = parse_waits(args.waits)
         gaps = [float(g) for g in args.gap_us.split(",")]
         if min(gaps) < 0 or args.calls < 10 or args.rounds < 1:
             raise ValueError("--gap-us must be >= 0, --calls >= 10, --rounds >= 1")
@@ -90,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     pooled: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for w in waits if r % 2 == 0 else waits[::-1]:
-            env = {k: v for k, v in os.environ.items() if k not in (*_WAIT_VARIABLES, "OMP_NUM_THREADS")}
-            env.update(wait_env(w))
             cmd = [sys.executable, "-c", CHILD, args.gap_us, str(args.calls)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(cmd, env=child_env(w), capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
                 print(
                     f"{w}: exited with status {proc.returncode}: {proc.stderr.splitlines()[-3:]}", flush=True
@@ -105,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {}
     print("\nparallel region at 2 threads, microseconds: min / p10 / median (gap = Python work before it)")
     for key in sorted(pooled):
-        xs = sorted(pooled[key])
-        s = {"min": xs[0], "p10": xs[len(xs) // 10], "median": statistics.median(xs), "n": len(xs)}
-        summary[key] = s
+        s = summary[key] = pooled_stats(pooled[key])
         print(f"  {key:32s} {s['min'] * 1e6:8.1f} {s['p10'] * 1e6:8.1f} {s['median'] * 1e6:8.1f}")
     out = Path(args.out) if args.out else default_out("engine_handoff.json")
     out.parent.mkdir(parents=True, exist_ok=True)

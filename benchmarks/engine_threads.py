@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 from _host import simd_flags  # noqa: E402
 from _paths import default_out  # noqa: E402
 
-_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+from tailserve.executors.pytorch.threads import _WAIT_VARIABLES  # noqa: E402
 
 
 def wait_env(setting: str) -> dict[str, str]:
@@ -50,9 +50,31 @@ def wait_env(setting: str) -> dict[str, str]:
     raise ValueError(f"--waits: {setting!r} is not default, passive, active or spin:N")
 
 
-def run_child(preset: str, threads: str, wait: str, runs: int, first: str, timeout_s: float) -> dict:
+def parse_waits(raw: str) -> list[str]:
+    """The ``--waits`` list, each setting checked (ValueError)."""
+    waits = [w.strip() for w in raw.split(",") if w.strip()]
+    for w in waits:
+        wait_env(w)
+    return waits
+
+
+def child_env(wait: str) -> dict[str, str]:
+    """This process's environment for a child with wait setting ``wait`` and torch's thread count."""
     env = {k: v for k, v in os.environ.items() if k not in (*_WAIT_VARIABLES, "OMP_NUM_THREADS")}
     env.update(wait_env(wait))
+    return env
+
+
+def pooled_stats(values: list[float]) -> dict[str, float] | None:
+    """min / p10 / median / n of ``values``; None when empty."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    return {"min": xs[0], "p10": xs[len(xs) // 10], "median": statistics.median(xs), "n": len(xs)}
+
+
+def run_child(preset: str, threads: str, wait: str, runs: int, first: str, timeout_s: float) -> dict:
+    env = child_env(wait)
     cmd = [sys.executable, str(HERE / "_engine_threads_child.py"), preset, threads, str(runs), first]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
@@ -73,12 +95,7 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
     }
     # Pooled over runs: the fastest steps are the ones the machine's other load left alone.
     for key in ("decode_b64_durations_s", "prefill_durations_s"):
-        xs = sorted(x for r in runs for x in r.get(key, []))
-        out[key] = (
-            {"min": xs[0], "p10": xs[len(xs) // 10], "median": statistics.median(xs), "n": len(xs)}
-            if xs
-            else None
-        )
+        out[key] = pooled_stats([x for r in runs for x in r.get(key, [])])
     return out
 
 
@@ -95,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     try:
-        waits = [w.strip() for w in args.waits.split(",") if w.strip()]
-        for w in waits:
-            wait_env(w)
+        waits = parse_waits(args.waits)
         if args.rounds < 1 or args.runs < 1:
             raise ValueError("--rounds and --runs must be at least 1")
         if args.threads != "auto" and not (args.threads.isdigit() and int(args.threads) > 0):
