@@ -63,8 +63,12 @@ def _run(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Request]]:
     policy = cls(cls.default_config(device, MAX_MODEL_LEN, **spec.flags))
     block = cls.default_block_size
     kv = KVCacheManager(KV_TOKENS // block, block, num_cpu_blocks=2048 // block)
-    sched = Scheduler(policy, kv, MAX_MODEL_LEN)
     requests = _requests(seed)
+    return _run_engine(Scheduler(policy, kv, MAX_MODEL_LEN), block, requests, fast), requests
+
+
+def _run_engine(sched: Scheduler, block: int, requests: list[Request], fast: bool) -> Engine:
+    """Serve ``requests`` to the end on a simulated Llama-3-8B / H100, with integrity checks."""
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(
         sched,
@@ -73,7 +77,7 @@ def _run(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Request]]:
         options=EngineOptions(fast, check_integrity=True),
     )
     engine.run()
-    return engine, requests
+    return engine
 
 
 def _fingerprint(requests: list[Request]) -> list:

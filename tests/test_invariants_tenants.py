@@ -5,16 +5,12 @@ fast path exact. The ``slo`` specs exercise rules 8-10 (VTC order, isolation, yi
 from __future__ import annotations
 
 import pytest
-from tests.test_invariants import KV_TOKENS, MAX_MODEL_LEN, _fingerprint, _requests
+from tests.test_invariants import KV_TOKENS, MAX_MODEL_LEN, _fingerprint, _requests, _run_engine
 
-from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.engine import Engine
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.source import ListSource
-from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
-from tailserve.executors.simulated.models import get_model
 from tailserve.kv.paged import KVCacheManager
 from tailserve.policies.fairness import with_fairness
 from tailserve.policies.registry import POLICIES, parse_policy_list
@@ -49,15 +45,7 @@ def _run(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Request]]:
     block = cls.default_block_size
     sched = Scheduler(policy, KVCacheManager(KV_TOKENS // block, block), MAX_MODEL_LEN)
     requests = _tenant_requests(seed)
-    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
-    engine = Engine(
-        sched,
-        SimExecutor(cost, block),
-        ListSource(requests),
-        options=EngineOptions(fast, check_integrity=True),
-    )
-    engine.run()
-    return engine, requests
+    return _run_engine(sched, block, requests, fast), requests
 
 
 @pytest.mark.parametrize("spec", SPECS)
