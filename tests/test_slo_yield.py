@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.test_slo_fair import _partial
 from tests.test_slo_policy import _setup
 
 from tailserve.core.engine import Engine, EngineOptions
@@ -26,18 +27,10 @@ from tailserve.policies.tenant_share import RecentService
 def _running(sched: Scheduler, rid: str, prompt: int, computed: int, tenant: str, last_token: float | None):
     """A running request of ``tenant`` with ``computed`` tokens in KV; with ``last_token``, one
     that has produced its first token then (a decode)."""
-    r = Request(rid, prompt, 100, 0.0, tenant_id=tenant)
-    sched.add_request(r, 0.0)
-    sched.waiting.remove(r)
-    sched.policy._info.pop(rid)
-    if sched.policy.backlog is not None:
-        sched.policy.backlog.dequeue(r)
-    assert sched.allocate(r, computed)
-    r.num_computed_tokens = computed
+    r = _partial(sched, rid, prompt, computed, tenant)
     if last_token is not None:
         r.num_output_tokens = 1
         r.token_times.append(last_token)
-    sched.admit(r, 0.0)
     return r
 
 
