@@ -218,16 +218,13 @@ class ThreadController:
             self.adaptive = False
         set_threads(self.threads)
         self.pin = pin_from_env() if pin is None else pin
+        self._pin_team = pinner
         if self.pin and pinner is None:
-            from tailserve.executors.pytorch import affinity
-
-            self.pin = affinity.available()
-            pinner = affinity.pin_team
+            self.pin = self._load_pinner()
             if not self.pin:
                 log.warning(
                     "pinning OpenMP threads was asked for but is unavailable here; they stay unpinned"
                 )
-        self._pin_team = pinner
         self._cpus = allowed_cpus()
         self._pinned: dict[int, tuple[int, ...]] = {}  # stepping thread -> cores its team holds
         self._restore: set[int] | None = None  # the stepping thread's mask while it is pinned
@@ -264,9 +261,8 @@ class ThreadController:
                     self._pin_team([[c] for c in want])
                     self._pinned[me] = want
                 else:
-                    self._pin_team([list(self._cpus)] * len(have))  # every slot free again
+                    self._free_team(len(have))
                     del self._pinned[me]
-                    os.sched_setaffinity(0, own)
             if want is not None:
                 os.sched_setaffinity(0, {want[0]})
                 self._restore = own
@@ -280,15 +276,25 @@ class ThreadController:
         stepping thread: turning it off frees the slots this thread's team holds."""
         have = self._pinned.pop(threading.get_ident(), None)
         if have is not None:
-            own = os.sched_getaffinity(0)
-            self._pin_team([list(self._cpus)] * len(have))
-            os.sched_setaffinity(0, own)
+            self._free_team(len(have))
         if on and self._pin_team is None:
-            from tailserve.executors.pytorch import affinity
-
-            on = affinity.available()
-            self._pin_team = affinity.pin_team
+            on = self._load_pinner()
         self.pin = on
+
+    def _load_pinner(self) -> bool:
+        """Take ``affinity.pin_team`` as the pinner (its C compiled here on first use); whether
+        it is available on this machine."""
+        from tailserve.executors.pytorch import affinity
+
+        self._pin_team = affinity.pin_team
+        return affinity.available()
+
+    def _free_team(self, size: int) -> None:
+        """Every slot of this thread's team of ``size`` may run on every allowed core again; this
+        thread (slot 0) keeps its own mask."""
+        own = os.sched_getaffinity(0)
+        self._pin_team([list(self._cpus)] * size)
+        os.sched_setaffinity(0, own)
 
     def end_step(self) -> None:
         """After a step: the stepping thread gets its own mask back."""
