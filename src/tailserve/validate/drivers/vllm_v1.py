@@ -126,6 +126,17 @@ class Driver:
         )
         return scheduler
 
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]]):
+        """What the fake model runner returns for a step: ``sampled[i]`` for ``req_ids[i]``."""
+        return self.ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=[],
+        )
+
     def run(self, workload: dict) -> list[dict]:
         cfg = workload["config"]
         scheduler = self._scheduler(cfg)
@@ -182,15 +193,7 @@ class Driver:
                 else:
                     sampled.append([])  # a partial prefill samples nothing
             preempted = sorted(out.preempted_req_ids or ())
-            runner_output = self.ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                sampled_token_ids=sampled,
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=[],
-            )
-            scheduler.update_from_output(out, runner_output)
+            scheduler.update_from_output(out, self.runner_output(req_ids, sampled))
             finished = sorted(rid for rid in live if rid not in scheduler.requests)
             live.difference_update(finished)
             done_ids.update(finished)
