@@ -98,3 +98,10 @@ def test_engine_blocks_that_are_not_whole_router_blocks_cannot_be_matched(block_
     backend = BackendBlocks()
     backend.apply(_stored([1], None, list(range(block_size)), block_size))
     assert backend.overlap(RouteRequest.from_tokens("r", list(range(64)))) is None
+
+
+def test_tailserve_events_of_other_blocks_cannot_be_matched():
+    """Token-less events (tailserve serve's) name the engine's own keys: only 16-token ones match."""
+    backend = BackendBlocks()
+    backend.apply(_stored([1], None, [], 32))
+    assert backend.overlap(RouteRequest.from_tokens("r", list(range(64)))) is None

@@ -47,12 +47,20 @@ class BackendBlocks:
         self.keys: dict[int, int] = {}  # router key -> engine blocks holding it
         self._engine: dict[BlockHash, _EngineBlock] = {}
         self.block_size: int | None = None  # the engine's, from its first BlockStored
+        # whether its blocks can be put in the router's keys: tokens in whole 16-token blocks,
+        # or (no tokens) hashes of the router's own 16-token blocks
+        self.matchable = True
         self.skipped_blocks = 0  # stored blocks whose parent was never seen
 
     def apply(self, event: object) -> None:
         if isinstance(event, BlockStored):
-            self.block_size = event.block_size
-            self._store(event)
+            size = self.block_size = event.block_size
+            rbs = self.router_block_size
+            self.matchable = size % rbs == 0 if event.token_ids else size == rbs
+            if self.matchable:
+                self._store(event)
+            elif event.token_ids:
+                self.skipped_blocks += len(event.block_hashes)
         elif isinstance(event, BlockRemoved):
             for engine_hash in event.block_hashes:
                 block = self._engine.get(engine_hash)
@@ -74,12 +82,10 @@ class BackendBlocks:
     def _store(self, event: BlockStored) -> None:
         size = event.block_size
         if not event.token_ids:  # tailserve's events: the hashes are the router's keys
-            if size != self.router_block_size:
-                return  # keys of other blocks can never match a prompt's: overlap says None
             for engine_hash in event.block_hashes:
                 self._add(engine_hash, (engine_hash,) if isinstance(engine_hash, int) else ())
             return
-        if size % self.router_block_size or len(event.token_ids) != size * len(event.block_hashes):
+        if len(event.token_ids) != size * len(event.block_hashes):
             self.skipped_blocks += len(event.block_hashes)
             return
         parent = event.parent_block_hash
@@ -109,10 +115,8 @@ class BackendBlocks:
         """Leading blocks of the prompt this backend holds; None when its keys cannot match."""
         if self.block_size is None:  # nothing stored yet: its cache is empty
             return 0
-        if request.block_size != self.router_block_size or (
-            self.block_size % self.router_block_size
-        ):
-            return None
+        if request.block_size != self.router_block_size or not self.matchable:
+            return None  # the engine's blocks are not the router's: keys cannot match
         n = 0
         for key in request.block_keys:
             if key not in self.keys:
