@@ -142,11 +142,9 @@ class HashedBlockPool(PrefixCache):
             max_blocks = min(len(block_keys), max(num_tokens - 1, 0) // size)
         hits: list[int] = []
         if max_blocks:
-            if isinstance(block_keys, TraceBlockKeys):
-                index = self._trace_for(block_keys.per)
-                hits = index.first_holders(block_keys, max_blocks)
-            else:
-                hits = self._index.first_holders(block_keys, max_blocks)
+            trace = isinstance(block_keys, TraceBlockKeys)
+            index = self._trace_for(block_keys.per) if trace else self._index
+            hits = index.first_holders(block_keys, max_blocks)
         stats = self.stats
         stats.num_lookups += 1
         stats.num_query_tokens += num_tokens

@@ -67,10 +67,8 @@ class TraceBlockIndex:
                 break
             cut = min(per, max_blocks - start)
             slots = holder[row * per : row * per + cut].tolist()
-            if count[row] == per:  # the whole trace block is cached: the usual case
-                found += slots
-                continue
-            if NO_BLOCK in slots:
+            # count[row] == per: the whole trace block is cached (the usual case), no gap to find
+            if count[row] < per and NO_BLOCK in slots:
                 found += slots[: slots.index(NO_BLOCK)]
                 break
             found += slots
@@ -87,12 +85,10 @@ class TraceBlockIndex:
             if row is None:
                 break
             cut = min(per, n - start)
-            if count[row] == per:
-                found += cut
-                continue
-            slots = holder[row * per : row * per + cut].tolist()
-            if NO_BLOCK in slots:
-                return found + slots.index(NO_BLOCK)
+            if count[row] < per:  # partly cached: the walk stops at its first empty slot
+                slots = holder[row * per : row * per + cut].tolist()
+                if NO_BLOCK in slots:
+                    return found + slots.index(NO_BLOCK)
             found += cut
         return found
 
