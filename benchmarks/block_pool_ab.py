@@ -149,9 +149,10 @@ def main() -> int:
     wb = WorkloadBuilder(WorkloadSpec("trace", trace_path=args.trace, max_requests=args.max_requests))
     current = (hashed.HashedBlockPool, scheduler.keys_from_hash_ids)
     pools = {"before": previous_kv(args.before), "now": current}
-    load = [os.getloadavg()[0]]
+    load_before = os.getloadavg()[0]
+    flags = cpu_flags()
     print(
-        f"load {load[0]:.2f}; {args.replicas} replicas, {args.router}; before = {args.before}; cpu {cpu_flags()}"
+        f"load {load_before:.2f}; {args.replicas} replicas, {args.router}; before = {args.before}; cpu {flags}"
     )
     runs: list[dict] = []
     for rep in range(args.reps):
@@ -190,7 +191,7 @@ def main() -> int:
     )
     if args.out:
         info = {"replicas": args.replicas, "router": args.router, "max_requests": args.max_requests}
-        info |= {"before": args.before, "cpu_flags": cpu_flags(), "load_before": load[0]}
+        info |= {"before": args.before, "cpu_flags": flags, "load_before": load_before}
         Path(args.out).write_text(
             json.dumps({"config": info, "runs": runs, "identical": same}, indent=1) + "\n"
         )
