@@ -30,9 +30,13 @@ class RecordingPublisher:
     def __init__(self, msgspec) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         self.payloads: list[bytes] = []
+        self.counts: dict[str, int] = {}
 
     def publish(self, batch) -> None:
         self.payloads.append(self._encoder.encode(batch))
+        for event in batch.events:
+            name = type(event).__name__
+            self.counts[name] = self.counts.get(name, 0) + 1
 
     def shutdown(self) -> None:
         pass
@@ -148,9 +152,11 @@ def main() -> None:
     with open(out_path, "w") as f:
         json.dump(body, f, separators=(",", ":"))
         f.write("\n")
-    stored = sum(p.count("426c6f636b53746f726564") for s in steps for p in s["payloads"])  # "BlockStored"
-    removed = sum(p.count("426c6f636b52656d6f766564") for s in steps for p in s["payloads"])
-    print(f"{len(steps)} steps, {stored} BlockStored, {removed} BlockRemoved events -> {out_path}")
+    counts = publisher.counts
+    print(
+        f"{len(steps)} steps, {counts.get('BlockStored', 0)} BlockStored, "
+        f"{counts.get('BlockRemoved', 0)} BlockRemoved events -> {out_path}"
+    )
 
 
 if __name__ == "__main__":
