@@ -118,11 +118,14 @@ def _build_and_open() -> ctypes.CDLL:
         source = path.with_name(f"{path.stem}.{os.getpid()}.c")
         source.write_text(_SOURCE)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.so")
-        subprocess.run(
-            [compiler, *_FLAGS, str(source), "-o", str(tmp)], check=True, capture_output=True, timeout=120
-        )
-        tmp.replace(path)
-        source.unlink(missing_ok=True)
+        try:
+            subprocess.run(
+                [compiler, *_FLAGS, str(source), "-o", str(tmp)], check=True, capture_output=True, timeout=120
+            )
+            tmp.replace(path)
+        finally:  # a failed build leaves neither file behind
+            source.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
     lib = ctypes.CDLL(str(path))
     lib.tailserve_pin_team.restype = ctypes.c_int
     lib.tailserve_pin_team.argtypes = [
