@@ -98,22 +98,16 @@ class Engine:
         scheduler.bind_executor(executor)
         self._block_ids = executor.needs_block_ids
         self._decode_run_ok = options.fast_forward and isinstance(executor, DecodeRunExecutor)
-        # The chunked-prefill run prices iterations itself, so only for the plain cost model
-        # and without per-iteration records or checks.
-        self._chunk_run_ok = (
-            options.fast_forward
-            and chunk_run.applies_to(executor)
-            and scheduler.chunk_run_budget() is not None
-            and not options.record_batches
-            and not options.check_integrity
-        )
-        # SGLang's chunked request continued alone (``core/prefill_run.py``): the same terms.
+        # The chunked-prefill runs (``core/chunk_run.py``, and SGLang's chunked request continued
+        # alone, ``core/prefill_run.py``) price iterations themselves, so only for the plain cost
+        # model and without per-iteration records or checks.
         self._lone_run_ok = (
             options.fast_forward
             and chunk_run.applies_to(executor)
             and not options.record_batches
             and not options.check_integrity
         )
+        self._chunk_run_ok = self._lone_run_ok and scheduler.chunk_run_budget() is not None
         self._last_step_finished = True
 
     def step(self) -> bool:
