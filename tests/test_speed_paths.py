@@ -186,19 +186,22 @@ LONG_PROMPTS = WorkloadSpec(
 
 
 @pytest.mark.parametrize(
-    "spec, seed",
+    "spec, workload",
     [
-        ("sglang:chunked_prefill_size=512", 6),
-        ("sglang:chunked_prefill_size=1024", 7),
-        ("sglang:chunked_prefill_size=512,gpu_memory_utilization=0.22", 8),  # KV pressure: a retraction
-        ("sglang:chunked_prefill_size=300,max_running_requests=4", 9),  # the running cap
-        ("sglang:chunked_prefill_size=512,enable_mixed_chunk=true", 10),  # mixed: no lone run
+        ("sglang:chunked_prefill_size=512", LONG_PROMPTS),
+        ("sglang:chunked_prefill_size=1024", replace(LONG_PROMPTS, seed=7)),
+        # KV pressure at a high rate: a retraction.
+        (
+            "sglang:chunked_prefill_size=512,gpu_memory_utilization=0.22",
+            replace(LONG_PROMPTS, seed=3, rate=30.0),
+        ),
+        # The running cap.
+        ("sglang:chunked_prefill_size=300,max_running_requests=4", replace(LONG_PROMPTS, seed=9)),
+        # Mixed: no lone run.
+        ("sglang:chunked_prefill_size=512,enable_mixed_chunk=true", replace(LONG_PROMPTS, seed=10)),
     ],
 )
-def test_lone_chunk_run_identical_to_plain_stepping(spec: str, seed: int) -> None:
-    workload = replace(LONG_PROMPTS, seed=seed)
-    if "0.22" in spec:
-        workload = replace(LONG_PROMPTS, seed=3, rate=30.0)
+def test_lone_chunk_run_identical_to_plain_stepping(spec: str, workload: WorkloadSpec) -> None:
     fast, num_fast = _sarathi_fingerprint(spec, workload, fast=True)
     slow, num_slow = _sarathi_fingerprint(spec, workload, fast=False)
     assert num_fast == num_slow > 120
