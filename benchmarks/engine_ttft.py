@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 importlib.import_module("tailserve.executors.pytorch")  # torch with tailserve's OpenMP wait policy
 
-from _arrivals import TimedRequest, at_rate, percentile, poisson_requests  # noqa: E402
+from _arrivals import TimedRequest, at_rate, drive, percentile, poisson_requests  # noqa: E402
 from _paths import default_out  # noqa: E402
 
 from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
@@ -53,28 +53,28 @@ def run_p(llm: LLM, requests: list[TimedRequest]) -> list[dict[str, Any]]:
         r.request_id: {"id": r.request_id, "arrival": r.arrival_s, "prompt": len(r.prompt_token_ids)}
         for r in requests
     }
+
+    def add(r: TimedRequest) -> None:
+        rows[r.request_id]["added"] = time.perf_counter() - t0
+        params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
+        engine.add_request(r.request_id, r.prompt_token_ids, params)
+
+    def step() -> list[tuple[str, int, bool]]:
+        outs = engine.step()
+        seen = time.perf_counter() - t0
+        for o in outs:
+            row = rows[o.request_id]
+            if o.token_ids and "seen" not in row:
+                row["seen"] = seen
+                row["scheduled"] = o.first_scheduled_time - e0
+                row["first_token"] = o.first_token_time - e0
+        return [(o.request_id, len(o.token_ids), o.finished) for o in outs]
+
+    # The driver's own loop (_arrivals.drive) submits and steps; its clock starts microseconds
+    # after t0, which the stamps here share.
     t0 = time.perf_counter()
     e0 = engine.now  # the engine's clock at the driver's time zero
-    i = 0
-    while i < len(requests) or engine.has_unfinished_requests():
-        now = time.perf_counter() - t0
-        while i < len(requests) and requests[i].arrival_s <= now:
-            r = requests[i]
-            rows[r.request_id]["added"] = time.perf_counter() - t0
-            params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
-            engine.add_request(r.request_id, r.prompt_token_ids, params)
-            i += 1
-        if engine.has_unfinished_requests():
-            outs = engine.step()
-            seen = time.perf_counter() - t0
-            for o in outs:
-                row = rows[o.request_id]
-                if o.token_ids and "seen" not in row:
-                    row["seen"] = seen
-                    row["scheduled"] = o.first_scheduled_time - e0
-                    row["first_token"] = o.first_token_time - e0
-        elif i < len(requests):
-            time.sleep(max(0.0, requests[i].arrival_s - (time.perf_counter() - t0)))
+    drive(requests, add, step, engine.has_unfinished_requests)
     starts = [log.start[j] - e0 for j in range(first_iteration, len(log))]
     ends = [s + log.duration[j] for s, j in zip(starts, range(first_iteration, len(log)))]
     out = []
