@@ -290,13 +290,11 @@ class HashedBlockPool(PrefixCache):
         self._num_cached_blocks += len(ids)
         if index is not None:
             clashes = index.add(ids, block_keys, positions)
-            keys = new_keys.tolist() if self.kv_events is not None else []
         else:
             keys = list(span) if len(ids) == n else new_keys.tolist()
             clashes = self._index.add(ids.tolist(), keys)
         if self.kv_events is not None:
-            skip = set(clashes.tolist())
-            stored = [k for j, k in enumerate(keys) if j not in skip]
+            stored = np.delete(new_keys, clashes).tolist()  # the keys that gained a first holder
             if stored:
                 self.kv_events.append(("stored", stored, parent_key))
         return already + len(clashes)
