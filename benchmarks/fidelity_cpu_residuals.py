@@ -77,8 +77,8 @@ def analyse(runs_dir: Path, cost_model: CostModel) -> dict:
         for r in run.iterations:
             after_cold[id(r)] = cold
             cold = bool(r.shape.prefill_pairs) or r.period_s is None
-        for r, x in zip(timed, ratio / level):
-            if iteration_kind(r.shape) != "decode":
+        for r, x, kind in zip(timed, ratio / level, kinds):
+            if kind != "decode":
                 continue
             first = "first after a prefill or an idle wait" if after_cold[id(r)] else "later"
             pooled[("decode step", first)].append(x)
