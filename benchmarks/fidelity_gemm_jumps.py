@@ -96,6 +96,7 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
     series = [s for f in files for s in load_gemm_series(f)]
     train = [s for s in series if s.model in train_names]
     grid = np.unique(np.concatenate([s.tokens for s in series]))
+    jumps_of = {s.label: jumps(s, hw, eff, THRESHOLD) for s in series}  # each series' jumps, once
     console.rule(f"{hw.name}: train {', '.join(train_names)}")
     console.print(
         f"wave-form curve (fitted on the training layers, {fit_s:.0f} s): tile {eff.tile_m}x{eff.tile_n}, "
@@ -114,7 +115,7 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
     out["same_shape"] = []
     for a, b in pairs:
         d = pair_agreement(a, b)
-        ja, jb = jumps(a, hw, eff, THRESHOLD), jumps(b, hw, eff, THRESHOLD)
+        ja, jb = jumps_of[a.label], jumps_of[b.label]
         shared = sum(1 for m in jb if _near(m, ja, grid))
         table.add_row(
             a.label, b.label, str(d.size), f"{np.median(d):.1%}", f"{np.quantile(d, 0.9):.1%}",
@@ -145,14 +146,13 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
     found = total = 0
     chance: list[float] = []
     for s in series:
-        js = jumps(s, hw, eff, THRESHOLD)
+        js = jumps_of[s.label]
         role = "train" if s.model in train_names else "held out"
         row = {"gemm": s.label, "set": role, "jumps": js}
-        ref_cell, hit_cell = "", ""
         if role == "held out":
             ref = reference(s, train, "nearest")
             assert ref is not None
-            rj = jumps(ref, hw, eff, THRESHOLD)
+            rj = jumps_of[ref.label]
             hits = sum(1 for m in js if _near(m, rj, grid))
             found, total = found + hits, total + len(js)
             # The same count against every other training series: how often a jump lands near
@@ -160,21 +160,12 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
             others = [t for t in train if t is not ref]
             if js and others:
                 chance.append(
-                    float(
-                        np.mean(
-                            [
-                                sum(1 for m in js if _near(m, jumps(t, hw, eff, THRESHOLD), grid))
-                                for t in others
-                            ]
-                        )
-                    )
+                    float(np.mean([sum(1 for m in js if _near(m, jumps_of[t.label], grid)) for t in others]))
                     / len(js)
                 )
             same = "same shape" if ref.shape == s.shape else "nearest"
-            ref_cell, hit_cell = f"{ref.label}, {same}", f"{hits}/{len(js)}"
             row.update(reference=ref.label, same_shape=ref.shape == s.shape, reference_jumps=rj, found=hits)
-        if role == "held out":
-            table.add_row(s.label, role, _jump_list(js), ref_cell, hit_cell)
+            table.add_row(s.label, role, _jump_list(js), f"{ref.label}, {same}", f"{hits}/{len(js)}")
         out["jumps"].append(row)
     console.print(table)
     base = float(np.mean(chance)) if chance else float("nan")
@@ -188,7 +179,7 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
     # 4. Layer errors: the curve alone and with each regime transfer.
     table = Table(title="linear layers (4 GEMMs summed), mean / p99 / max |error|", title_justify="left")
     t0 = time.perf_counter()
-    choice = fit_tile_choice([lay for (m, _), lay in by_layer(train).items()], hw, eff)
+    choice = fit_tile_choice(list(by_layer(train).values()), hw, eff)
     console.print(
         "tile choice (fitted on the training layers, "
         f"{time.perf_counter() - t0:.0f} s): "
@@ -205,11 +196,11 @@ def gpu_report(root: Path, gpu: str, console: Console) -> dict:
         table.add_column(col, justify="left" if col in ("model", "set") else "right")
     per_model: dict[str, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
     for (model, _tp), layer in by_layer(series).items():
+        # A training model is priced from the other training models only (its own ratios
+        # would reproduce it exactly).
+        pool = [t for t in train if t.model != model]
         for v in variants:
             mode = v.split(" + ")[-1]
-            # A training model is priced from the other training models only (its own ratios
-            # would reproduce it exactly).
-            pool = [t for t in train if t.model != model]
             if v == "tile choice":
                 pred, meas = layer_times(
                     layer, hw, eff, None, mode, price=lambda g: tile_choice_times(g, hw, choice)
