@@ -182,7 +182,6 @@ class LlamaModel:
         sin = self.rope.sin[positions].unsqueeze(1)
         n = x.shape[0]
         for i, w in enumerate(self.layers):
-            residual = x
             y = rms_norm(x, w.input_norm, self.eps)
             qkv = linear(y, w.qkv, w.qkv_bias)
             q = qkv[:, : h * d].view(n, h, d)
@@ -192,7 +191,7 @@ class LlamaModel:
             k = self.rope.apply(k, cos, sin)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta)
-            x = self._layer_rest(residual, attn.view(n, h * d), w)
+            x = self._layer_rest(x, attn.view(n, h * d), w)
         return rms_norm(x, self.norm, self.eps)
 
     def _forward_fused(
@@ -211,12 +210,11 @@ class LlamaModel:
         x = F.embedding(input_ids, self.embed)
         n = x.shape[0]
         for i, w in enumerate(self.layers):
-            residual = x
             qkv = linear(rms_norm(x, w.input_norm, self.eps), w.qkv, w.qkv_bias)
             q, k, v = ops.rope_split(qkv, self.rope.cos, self.rope.sin, positions, h, kvh, d)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v, k_slots, v_slots, meta)
-            x = self._layer_rest(residual, attn.view(n, h * d), w)
+            x = self._layer_rest(x, attn.view(n, h * d), w)
         return rms_norm(x, self.norm, self.eps)
 
     def _layer_rest(self, residual: torch.Tensor, attn: torch.Tensor, w: LayerWeights) -> torch.Tensor:
