@@ -222,7 +222,7 @@ def keys_from_hash_ids(
     input_length: int,
     trace_block_size: int = MOONCAKE_BLOCK_SIZE,
     block_size: int = 16,
-) -> list[int]:
+) -> list[int] | TraceBlockKeys:
     """Per-``block_size`` keys for a prompt described by Mooncake ``hash_ids``.
 
     ``hash_ids[j]`` names trace block ``j`` (``trace_block_size`` tokens; the last one is partial

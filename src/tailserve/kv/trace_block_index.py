@@ -146,14 +146,11 @@ class TraceBlockIndex:
         return rows
 
     def _grow(self) -> None:
+        """Twice the rows: the new ones empty."""
         n = len(self._count)
-        holder = np.full(2 * n * self.per, NO_BLOCK, dtype=np.int64)
-        holder[: n * self.per] = self._holder
-        extra = np.zeros(2 * n * self.per, dtype=np.int32)
-        extra[: n * self.per] = self._extra
-        count = np.zeros(2 * n, dtype=np.int64)
-        count[:n] = self._count
-        self._holder, self._extra, self._count = holder, extra, count
+        self._holder = np.concatenate([self._holder, np.full(n * self.per, NO_BLOCK, dtype=np.int64)])
+        self._extra = np.concatenate([self._extra, np.zeros(n * self.per, dtype=np.int32)])
+        self._count = np.concatenate([self._count, np.zeros(n, dtype=np.int64)])
 
     # ---- remove -------------------------------------------------------------------------------
     def remove(self, block_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
