@@ -176,10 +176,10 @@ class SloPolicy(Policy):
         held: list[Request] = []
         held_prefills: list[Request] = []
         if yield_to:
-            held = [r for r in decodes if sits_out(self, r, now, yield_to)]
-            if held:
-                out_ids = {id(r) for r in held}
-                decodes = [r for r in decodes if id(r) not in out_ids]
+            kept: list[Request] = []
+            for r in decodes:
+                (held if sits_out(self, r, now, yield_to) else kept).append(r)
+            decodes = kept
             held_prefills = [r for r in prefills if tenant_of(r.tenant_id) in yield_to]
             prefills = [r for r in prefills if tenant_of(r.tenant_id) not in yield_to]
         tokens_left = self._decode(sched, now, out, load, decodes, tokens_left, slacks, scheduled_ids)
