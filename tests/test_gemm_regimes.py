@@ -4,9 +4,6 @@ same shape transferring its jumps to a held-out one."""
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -22,28 +19,14 @@ from tailserve.executors.simulated.gemm_regimes import (
     transfer_times,
 )
 from tailserve.executors.simulated.hardware import get_hardware
-from tailserve.executors.simulated.profiles import LINEAR_OPS, ProfileError
+from tailserve.executors.simulated.profiles import ProfileError
+from vidur_helpers import write_mlp
 
 H100 = get_hardware("H100-SXM")
 EFF = Efficiency(
     compute=0.75, memory=0.86, sharpness=6.0, tile_m=128, tile_n=128, wave_alpha=0.3, gemm_latency=3e-6
 )
 TOKENS = np.array([1, 8, 16, 64, 128, 136, 256, 384, 512, 520, 576, 640, 648, 1024, 2048])
-
-
-def write_mlp(
-    path: Path, shape: dict, rows: list[tuple[int, int, tuple[float, float, float, float]]]
-) -> Path:
-    """An mlp.csv with four per-op times (ms) per (tokens, TP)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = [f"time_stats.{op}.median" for op in LINEAR_OPS] + [*shape, "use_gated_mlp", "num_tokens",
-              "num_tensor_parallel_workers"]  # fmt: skip
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        for n, tp, ops in rows:
-            w.writerow([*ops, *shape.values(), "True", n, tp])
-    return path
 
 
 LLAMA70 = {"n_head": 64, "n_kv_head": 8, "n_embd": 8192, "n_expanded_embd": 28672, "vocab_size": 32000}

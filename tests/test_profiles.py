@@ -20,7 +20,6 @@ from tailserve.executors.simulated.profile_fit import (
     linear_errors,
 )
 from tailserve.executors.simulated.profiles import (
-    LINEAR_OPS,
     LinearProfile,
     LinearSample,
     ProfileError,
@@ -28,6 +27,7 @@ from tailserve.executors.simulated.profiles import (
     load_linear_profile,
 )
 from tailserve.sim.deployment import Deployment, build_cost_model
+from vidur_helpers import write_mlp as write_op_mlp
 
 SHAPE = {"n_head": 32, "n_kv_head": 8, "n_embd": 4096, "n_expanded_embd": 14336, "vocab_size": 128256}
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 96, 128, 136, 192, 256, 264, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
@@ -35,15 +35,7 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 96, 128, 136, 192, 256, 264, 384, 512, 768, 10
 
 def write_mlp(path: Path, rows: list[tuple[int, int, float]]) -> Path:
     """An mlp.csv in Vidur's layout: (num_tokens, tp, total linear ms split over the four ops)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = [f"time_stats.{op}.median" for op in LINEAR_OPS] + [*SHAPE, "use_gated_mlp", "num_tokens",
-              "num_tensor_parallel_workers"]  # fmt: skip
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        for n, tp, ms in rows:
-            w.writerow([ms / 4] * 4 + list(SHAPE.values()) + ["True", n, tp])
-    return path
+    return write_op_mlp(path, SHAPE, [(n, tp, (ms / 4,) * 4) for n, tp, ms in rows])
 
 
 def layer_spec() -> ModelSpec:
