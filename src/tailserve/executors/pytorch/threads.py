@@ -144,11 +144,11 @@ def allowed_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+PIN_DEFAULT = False
+
+
 def pin_from_env() -> bool:
     return os.environ.get("TAILSERVE_PIN_THREADS", "1" if PIN_DEFAULT else "0") not in ("0", "")
-
-
-PIN_DEFAULT = False
 
 
 def omp_num_threads() -> int | None:
