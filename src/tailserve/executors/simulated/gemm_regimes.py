@@ -52,6 +52,7 @@ class GemmSeries:
     tokens: np.ndarray  # ascending token counts (M)
     seconds: np.ndarray
     extra_bytes_per_token: float = 0.0  # KV written with the QKV projection (as the wave form counts it)
+    dtype_bytes: float = 2.0  # the model's weight and activation width
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -81,7 +82,17 @@ def load_gemm_series(path: str | Path) -> list[GemmSeries]:
             secs = [float(np.median(times[(tp, i, m)])) for m in counts]
             extra = cm._kv_bytes_per_token if i == 0 else 0.0
             out.append(
-                GemmSeries(model.name, OPS[i], tp, int(n), int(k), np.array(counts), np.array(secs), extra)
+                GemmSeries(
+                    model.name,
+                    OPS[i],
+                    tp,
+                    int(n),
+                    int(k),
+                    np.array(counts),
+                    np.array(secs),
+                    extra,
+                    model.dtype_bytes,
+                )
             )
     return out
 
@@ -96,8 +107,7 @@ def gemm_parts(
     """(seconds at peak FLOP/s, seconds at full bandwidth) per token count, one tile shape."""
     rows = series.tokens.astype(float)
     flops = wave_flops(padded_rows(rows, tile_m), series.n, series.k, tile_m, tile_n, hardware.sms, alpha)
-    dtype_bytes = 2.0
-    moved = (series.n * series.k + rows * (series.k + series.n)) * dtype_bytes
+    moved = (series.n * series.k + rows * (series.k + series.n)) * series.dtype_bytes
     moved = moved + rows * series.extra_bytes_per_token
     return flops / hardware.peak_flops, moved / hardware.memory_bandwidth
 
