@@ -122,8 +122,6 @@ def cpu_report(preset: str) -> None:
 def scaling_report(preset: str, counts: list[int], out: str | None) -> None:
     parts, layers = build_parts(preset, counts[0])
     best = {c: {name: float("inf") for name in parts} for c in counts}
-    for fn, _ in parts.values():
-        fn()
     for rep in range(5):
         for c in counts if rep % 2 == 0 else counts[::-1]:
             torch.set_num_threads(c)
