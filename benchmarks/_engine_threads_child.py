@@ -26,7 +26,7 @@ from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E4
 from tailserve.llm import LLM, SamplingParams  # noqa: E402
 
 
-def thread_cpu_s() -> float:
+def process_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -55,7 +55,7 @@ def main(preset: str, threads: str, runs: int, first: str) -> None:
         llm.generate(warm, params)  # re-pins (or frees) the team before the timed run
         log = engine.log
         first_step = len(log)
-        cpu0 = thread_cpu_s()
+        cpu0 = process_cpu_s()
         with CpuMeter() as meter:
             outs = llm.generate(prompts, params)
         steps = step_profile(log, first_step, len(log), len(prompts), 256, 64)
@@ -70,7 +70,7 @@ def main(preset: str, threads: str, runs: int, first: str) -> None:
                 "pinned_now": ctl.pinned_cores() is not None,
                 "wall_s": meter.wall_s,
                 "output_tok_s": sum(len(o.token_ids) for o in outs) / meter.wall_s,
-                "process_cpu_s": thread_cpu_s() - cpu0,
+                "process_cpu_s": process_cpu_s() - cpu0,
                 "others_cpu_s": meter.result()["other_cpu_s"],
                 "decode_step_b64_s": decode.get("step_s"),
                 "decode_b64_durations_s": full,
