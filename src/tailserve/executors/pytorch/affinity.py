@@ -142,13 +142,18 @@ def available() -> bool:
     return _load() is not None
 
 
+def _require() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise OSError(f"OpenMP thread pinning unavailable ({_failed})")
+    return lib
+
+
 def pin_team(cpu_sets: list[list[int]]) -> list[int]:
     """Give team slot ``t`` of a parallel region opened by this thread the CPUs ``cpu_sets[t]``
     (slot 0 is this thread). Returns each slot's thread id; raises OSError when the library is
     missing or the kernel refuses a mask, ValueError when the runtime gave a smaller team."""
-    lib = _load()
-    if lib is None:
-        raise OSError(f"OpenMP thread pinning unavailable ({_failed})")
+    lib = _require()
     n = len(cpu_sets)
     flat = [c for s in cpu_sets for c in s]
     offsets = [0]
@@ -168,9 +173,7 @@ def pin_team(cpu_sets: list[list[int]]) -> list[int]:
 def team_affinity(n: int) -> list[tuple[int, set[int]]]:
     """(thread id, allowed CPUs among the first 64) of each slot of a team of ``n`` opened by
     this thread: what a test checks ``pin_team`` against."""
-    lib = _load()
-    if lib is None:
-        raise OSError(f"OpenMP thread pinning unavailable ({_failed})")
+    lib = _require()
     tids = (ctypes.c_long * n)()
     masks = (ctypes.c_ulonglong * n)()
     lib.tailserve_team_affinity(n, tids, masks)
