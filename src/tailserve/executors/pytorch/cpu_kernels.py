@@ -5,6 +5,8 @@
   launches the arithmetic needs (see docs/executor.md). The kernel reads each request's K/V
   rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel.
 - RoPE fused with the q/k/v split for bf16/fp16 models, and the greedy argmax.
+- RMSNorm (with the residual add) and SiLU-mul for bf16/fp16 models, bit for bit ATen's
+  (``cpu_norm_source.py``; ``cpu_norm.py`` checks each against PyTorch's ops before use).
 
 They are built once with ``torch.utils.cpp_extension`` (g++ and ninja) into tailserve's cache
 (``kernels/`` under ``$TAILSERVE_CACHE`` or ``~/.cache/tailserve``), keyed by source, flags,
@@ -27,10 +29,11 @@ import torch
 
 from tailserve.cache import cache_root
 from tailserve.executors.pytorch.cpu_kernel_source import FUNCTIONS, SOURCE
+from tailserve.executors.pytorch.cpu_norm_source import NORM_FUNCTIONS, NORM_SOURCE
 
 log = logging.getLogger(__name__)
 
-_SOURCE = SOURCE
+_SOURCE = SOURCE + NORM_SOURCE
 
 _lock = threading.Lock()
 _module: Any = None
@@ -92,7 +95,7 @@ def load() -> Any | None:
                 _module = load_inline(
                     name=name,
                     cpp_sources=_SOURCE,
-                    functions=FUNCTIONS,
+                    functions=FUNCTIONS + NORM_FUNCTIONS,
                     extra_cflags=_CFLAGS,
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(directory),

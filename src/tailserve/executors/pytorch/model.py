@@ -3,7 +3,9 @@
 Numerics follow Hugging Face's ``LlamaForCausalLM`` (RMSNorm in float32 then cast, RoPE tables in
 float32 then cast, SiLU-gated MLP, residual adds in the model dtype), so greedy decoding gives the
 same tokens as ``transformers`` on the same weights. Projections that share an input are fused
-at load time (q/k/v into one matrix, gate/up into one) — fewer, larger matmuls on CPU.
+at load time (q/k/v into one matrix, gate/up into one) — fewer, larger matmuls on CPU. A bf16/fp16
+model on CPU runs RMSNorm (with the residual add before it) and SiLU-mul as fused kernels that
+give the PyTorch ops' bits (``cpu_norm.py``), and RoPE fused with the q/k/v split.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tailserve.executors.pytorch import cpu_kernels
+from tailserve.executors.pytorch import cpu_kernels, cpu_norm
 from tailserve.executors.pytorch.attention import AttentionMetadata, PagedKVCache, paged_attention
 from tailserve.executors.pytorch.rope import RotaryEmbedding
 
@@ -79,6 +81,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def torch_norm_ops(eps: float) -> cpu_norm.NormOps:
+    """The PyTorch ops (transformers' numerics): float32 models' path and the fused kernels' reference."""
+
+    def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor):
+        x = residual + delta
+        return x, rms_norm(x, weight, eps)
+
+    return cpu_norm.NormOps(lambda x, weight: rms_norm(x, weight, eps), add_rms_norm, silu_and_mul)
+
+
 class LlamaModel:
     def __init__(
         self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
@@ -134,8 +151,17 @@ class LlamaModel:
             dtype,
             device,
         )
-        # bf16/fp16 on CPU: one fused pass for each elementwise step (None: PyTorch's ops).
+        # bf16/fp16 on CPU: one fused pass for RoPE + split (None: PyTorch's ops), and the
+        # norms and SiLU-mul fused wherever their kernels reproduce PyTorch's bits here.
         self.fused = cpu_kernels.fused_ops(dtype, device)
+        self.norm_ops = cpu_norm.exact_ops(
+            self.fused,
+            torch_norm_ops(self.eps),
+            dtype,
+            config.hidden_size,
+            config.intermediate_size,
+            self.eps,
+        )
         self._num_parameters = self._count_parameters()
         self.packed = can_pack(dtype, device)
         self.lm_head_weight: Weight = self.lm_head  # what compute_logits multiplies by
@@ -176,13 +202,13 @@ class LlamaModel:
         """Hidden states after the final norm, [tokens, hidden]."""
         if self.fused is not None:
             return self._forward_fused(input_ids, positions, meta, kv)
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h, kvh, d, norm = self.num_heads, self.num_kv_heads, self.head_dim, self.norm_ops
         x = F.embedding(input_ids, self.embed)
         cos = self.rope.cos[positions].unsqueeze(1)
         sin = self.rope.sin[positions].unsqueeze(1)
         n = x.shape[0]
+        y = norm.rms_norm(x, self.layers[0].input_norm)
         for i, w in enumerate(self.layers):
-            y = rms_norm(x, w.input_norm, self.eps)
             qkv = linear(y, w.qkv, w.qkv_bias)
             q = qkv[:, : h * d].view(n, h, d)
             k = qkv[:, h * d : (h + kvh) * d].view(n, kvh, d)
@@ -191,8 +217,8 @@ class LlamaModel:
             k = self.rope.apply(k, cos, sin)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta)
-            x = self._layer_rest(x, attn.view(n, h * d), w)
-        return rms_norm(x, self.norm, self.eps)
+            x, y = self._layer_rest(x, attn.view(n, h * d), w, self._next_norm(i))
+        return y
 
     def _forward_fused(
         self,
@@ -203,27 +229,34 @@ class LlamaModel:
     ) -> torch.Tensor:
         """``forward`` with RoPE applied while q, k and v are split out of the fused projection
         (one pass instead of slices, a concatenation and four products per tensor), bit for bit
-        the PyTorch path's result. RMSNorm and SiLU-mul stay PyTorch's: fused versions summed or
-        exponentiated in their own order, moved rare bf16 values by a step and made greedy tokens
-        leave transformers' earlier (docs/executor.md)."""
+        the PyTorch path's result, as the fused norms and SiLU-mul of ``norm_ops`` are."""
         ops, h, kvh, d = self.fused, self.num_heads, self.num_kv_heads, self.head_dim
         x = F.embedding(input_ids, self.embed)
         n = x.shape[0]
+        y = self.norm_ops.rms_norm(x, self.layers[0].input_norm)
         for i, w in enumerate(self.layers):
-            qkv = linear(rms_norm(x, w.input_norm, self.eps), w.qkv, w.qkv_bias)
+            qkv = linear(y, w.qkv, w.qkv_bias)
             q, k, v = ops.rope_split(qkv, self.rope.cos, self.rope.sin, positions, h, kvh, d)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v, k_slots, v_slots, meta)
-            x = self._layer_rest(x, attn.view(n, h * d), w)
-        return rms_norm(x, self.norm, self.eps)
+            x, y = self._layer_rest(x, attn.view(n, h * d), w, self._next_norm(i))
+        return y
 
-    def _layer_rest(self, residual: torch.Tensor, attn: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    def _next_norm(self, i: int) -> torch.Tensor:
+        """The weight of the norm after layer i: the next layer's input norm, or the final one."""
+        return self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+
+    def _layer_rest(
+        self, residual: torch.Tensor, attn: torch.Tensor, w: LayerWeights, next_norm: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer after attention, shared by both forward paths: output projection and residual,
-        then the SwiGLU MLP and its residual."""
-        x = residual + linear(attn, w.o, w.o_bias)
-        y = rms_norm(x, w.post_attention_norm, self.eps)
-        gate, up = linear(y, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, w.down, w.down_bias)
+        the SwiGLU MLP and its residual, each residual add fused with the norm after it (vLLM's
+        ``fused_add_rms_norm`` shape; the same PyTorch ops in the same order where unfused).
+        Returns the residual stream and its norm under ``next_norm``."""
+        norm = self.norm_ops
+        x, y = norm.add_rms_norm(residual, linear(attn, w.o, w.o_bias), w.post_attention_norm)
+        down = linear(norm.silu_and_mul(linear(y, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+        return norm.add_rms_norm(x, down, next_norm)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the rows that sample, [rows, vocab]."""
