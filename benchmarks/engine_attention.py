@@ -1,6 +1,6 @@
 """Attention alone: decode (the portable fused kernel, the AVX-512 bf16 one, the PyTorch path)
 at W's decode shape (batch 64, context 288, bf16), and W's prefill step (16 fresh prompts of 256
-tokens: SDPA per chunk against the AVX-512 bf16 rows kernel), in one core's CPU time
+tokens: SDPA per chunk against the AVX-512 bf16 tiled prefill kernel), in one core's CPU time
 (``time.thread_time``, min of ``--repeats`` runs), so a shared machine's load distorts it little.
 
     OMP_NUM_THREADS=1 python benchmarks/engine_attention.py [--batch 64] [--context 288]
@@ -115,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
             def run_prefill(prefill=prefill) -> torch.Tensor:
                 q, k, v, ks, vs, meta = prefill
-                meta.prefill_rows = None  # built per iteration in the engine: count it
+                meta.prefill_kernel = None  # built per iteration in the engine: count it
                 return attention.paged_attention(q, k, v, ks, vs, meta)
 
             pt[mode] = cpu_ms(run_prefill, args.repeats, calls=3)
         print(
             f"    prefill {args.prefill_chunks} x {args.prefill_len} tokens (causal, KV store included): "
-            f"SDPA per chunk {pt['portable']:.2f} ms/layer, {cpu_kernels.decode_isa()} rows kernel "
+            f"SDPA per chunk {pt['portable']:.2f} ms/layer, {cpu_kernels.decode_isa()} tiled kernel "
             f"{pt['auto']:.2f} ms/layer ({pt['portable'] / pt['auto']:.2f}x)"
         )
     os.environ.pop("TAILSERVE_DECODE_KERNEL", None)

@@ -99,18 +99,22 @@ def test_decode_isa_names_the_kernel(monkeypatch):
     assert cpu_kernels.decode_isa() == "portable"
 
 
-@pytest.mark.parametrize("heads", [(8, 4), (12, 4), (4, 4)])
-def test_prefill_rows_kernel_matches_sdpa(monkeypatch, heads):
+@pytest.mark.parametrize(
+    "heads,d", [((8, 4), 64), ((12, 4), 64), ((4, 4), 64), ((32, 8), 128), ((7, 1), 32), ((6, 2), 96)]
+)
+def test_prefill_kernel_matches_sdpa(monkeypatch, heads, d):
     """A batch of decodes and prefill chunks (fresh prompts, and chunks after cached context)
-    through ``paged_attention``: the AVX-512 bf16 rows kernel for the prefill tokens where it
+    through ``paged_attention``: the AVX-512 bf16 tiled prefill kernel where it
     runs, PyTorch's SDPA per chunk otherwise; both agree to bf16 rounding."""
     if cpu_kernels.load() is None:
         pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
     h, kvh = heads
-    d, bs, num_blocks = 64, 16, 96
+    bs, num_blocks = 16, 96
     g = torch.Generator().manual_seed(5)
-    new = [1, 1, 40, 16, 7, 100]  # two decodes, then four chunks
-    ctx = [30, 70, 0, 33, 64, 0]
+    # Two decodes, then chunks on both sides of the kernel's 8-row and 16-key tiles, fresh and
+    # after cached context.
+    new = [1, 1, 40, 16, 7, 100, 1, 3]
+    ctx = [30, 70, 0, 33, 64, 0, 200, 17]
     tables, start = [], 0
     perm = torch.randperm(num_blocks, generator=g).tolist()
     for c, n in zip(ctx, new):
@@ -129,7 +133,7 @@ def test_prefill_rows_kernel_matches_sdpa(monkeypatch, heads):
     results = {}
     for kernel in ("portable", "auto"):
         monkeypatch.setenv("TAILSERVE_DECODE_KERNEL", kernel)
-        meta.prefill_rows = None
+        meta.prefill_kernel = None
         results[kernel] = attention.paged_attention(q, k, v, ks.clone(), vs.clone(), meta).float()
-    assert (meta.prefill_rows is not None) == (cpu_kernels.decode_isa() == "avx512_bf16")
+    assert (meta.prefill_kernel is not None) == (cpu_kernels.decode_isa() == "avx512_bf16")
     torch.testing.assert_close(results["auto"], results["portable"], rtol=1e-2, atol=1e-2)

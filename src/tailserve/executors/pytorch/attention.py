@@ -98,13 +98,14 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
-class PrefillRows:
-    """Every prefill token as one query row of the CPU rows kernel: row i reads the first
-    ``lengths[i]`` slots of ``slots[rows[i]]``; built once per iteration, on first use."""
+class PrefillKernelInputs:
+    """The prefill chunks as the CPU prefill kernel reads them; built once per iteration, on
+    first use."""
 
     slots: torch.Tensor  # [num_chunks, longest context + new] long, padded with the null slot
-    rows: torch.Tensor  # [num_prefill_tokens] long: the chunk of each token
-    lengths: torch.Tensor  # [num_prefill_tokens] long: context + position in chunk + 1
+    starts: torch.Tensor  # [num_chunks] long: each chunk's first row among the prefill tokens
+    news: torch.Tensor  # [num_chunks] long: its new tokens
+    contexts: torch.Tensor  # [num_chunks] long: its tokens cached before it
 
 
 @dataclass(slots=True)
@@ -118,26 +119,21 @@ class AttentionMetadata:
     decode_lengths: torch.Tensor | None  # [num_decodes] long, context + 1 per decode
     prefills: list[PrefillChunk]
     null_slot: int = -1
-    prefill_rows: PrefillRows | None = None  # see ``_prefill_rows``
+    prefill_kernel: PrefillKernelInputs | None = None  # see ``_prefill_kernel_inputs``
 
 
-def _prefill_rows(meta: AttentionMetadata) -> PrefillRows:
-    if meta.prefill_rows is None:
+def _prefill_kernel_inputs(meta: AttentionMetadata) -> PrefillKernelInputs:
+    if meta.prefill_kernel is None:
         chunks = meta.prefills
         width = max(c.num_context_tokens + c.num_new_tokens for c in chunks)
         slots = torch.full((len(chunks), width), meta.null_slot, dtype=torch.long)
         for i, c in enumerate(chunks):
             slots[i, : c.slots.numel()] = c.slots
-        new = torch.tensor([c.num_new_tokens for c in chunks])
-        rows = torch.repeat_interleave(torch.arange(len(chunks)), new)
-        lengths = torch.cat(
-            [
-                torch.arange(c.num_context_tokens + 1, c.num_context_tokens + c.num_new_tokens + 1)
-                for c in chunks
-            ]
-        )
-        meta.prefill_rows = PrefillRows(slots, rows, lengths)
-    return meta.prefill_rows
+        news = torch.tensor([c.num_new_tokens for c in chunks])
+        starts = torch.cumsum(news, 0) - news
+        contexts = torch.tensor([c.num_context_tokens for c in chunks])
+        meta.prefill_kernel = PrefillKernelInputs(slots, starts, news, contexts)
+    return meta.prefill_kernel
 
 
 def build_metadata(
@@ -203,19 +199,24 @@ def paged_attention(
     ``k_slots``/``v_slots``: the layer's cache as [slots, kv_heads, dim]. Returns [tokens, heads, dim]."""
     k_slots.index_copy_(0, meta.slot_mapping, k)
     v_slots.index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
     nd = meta.num_decodes
+    fused = None
+    if meta.prefills and cpu_kernels.enabled() and cpu_kernels.prefill_attention_applies(q, k_slots):
+        # bf16 on a CPU with avx512_bf16: every prefill chunk in one kernel call, reading its
+        # K/V from the cache (stored above) with a float32 softmax. PyTorch's CPU SDPA runs
+        # these short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py).
+        pk = _prefill_kernel_inputs(meta)
+        fused = cpu_kernels.paged_prefill_attention(
+            q[nd:], k_slots, v_slots, pk.slots, pk.starts, pk.news, pk.contexts
+        )
+        if fused is not None and not nd:
+            return fused  # a prefill-only iteration: no joint output to copy into
+    out = torch.empty_like(q)
     if nd:
         out[:nd] = _decode_attention(q[:nd], k_slots, v_slots, meta)
-    if meta.prefills and cpu_kernels.enabled() and cpu_kernels.rows_attention_applies(q, k_slots):
-        # bf16 on a CPU with avx512_bf16: every prefill token in one kernel call, reading its
-        # chunk's K/V from the cache (stored above) with a float32 softmax. PyTorch's CPU SDPA
-        # runs these short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py).
-        pr = _prefill_rows(meta)
-        fused = cpu_kernels.paged_rows_attention(q[nd:], k_slots, v_slots, pr.slots, pr.rows, pr.lengths)
-        if fused is not None:
-            out[nd:] = fused
-            return out
+    if fused is not None:
+        out[nd:] = fused
+        return out
     for chunk in meta.prefills:
         s, n = chunk.start, chunk.num_new_tokens
         query = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, dim]

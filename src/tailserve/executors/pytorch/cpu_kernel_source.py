@@ -5,9 +5,12 @@ that builds and calls them.
   (request, KV head). (One task per request reading a slot's rows for every KV head at once was
   tried: 1.4x faster with the machine loaded, 0.9-1.0x on a quieter one, so it was not kept.)
   Where the compiler targets avx512_bf16 and the cache is bf16, the scores use
-  ``_mm512_dpbf16_ps`` 16 keys at a time (``decode_bf16_impl``); ``paged_rows_attention`` runs
-  the same kernel for prefill tokens, each a query row over its chunk's slots.
-- ``rms_norm`` / ``add_rms_norm`` (vLLM's ``fused_add_rms_norm``), ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
+  ``_mm512_dpbf16_ps`` 16 keys at a time (``decode_bf16_impl``).
+- ``paged_prefill_attention``: the prefill chunks' tokens, tiled as a GEMM kernel is (8 query
+  rows x 16 keys per step over keys packed once per chunk and KV head), float32 softmax, P
+  rounded to bf16 for P.V as PyTorch's CPU flash attention does (``prefill_bf16_impl``;
+  avx512_bf16 only).
+- ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
   ``argmax_rows`` (greedy tokens). Each rounds to the model dtype exactly where the PyTorch ops
   it replaces round (``cpu_kernels.py`` says where results can differ in the last bit), so
   bf16 outputs match the unfused path.
@@ -137,11 +140,9 @@ static inline __m512 widen_bf16(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
-// Query row b reads the slot list ``rows[b]`` of ``slots`` (or row b when ``rows`` is null):
-// the tokens of one prefill chunk share their chunk's list, each with its own causal length.
 template <int HD, int G>
 static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
-                             const int64_t* slots, const int64_t* rows, const int64_t* lengths,
+                             const int64_t* slots, const int64_t* lengths,
                              float* out, int64_t B, int64_t H, int64_t KV, int64_t L, float scale) {
   static_assert(HD % 32 == 0, "head_dim must be a multiple of 32");
   constexpr int NQ = HD / 32;  // bf16 vectors per row
@@ -151,7 +152,7 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
     alignas(64) __m512 part[G][16];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KV, h = task % KV, n = lengths[b];
-      const int64_t* __restrict sl = slots + (rows ? rows[b] : b) * L;
+      const int64_t* __restrict sl = slots + b * L;
       __m512bh qv[G][NQ];
       for (int g = 0; g < G; ++g)
         for (int j = 0; j < NQ; ++j)
@@ -201,15 +202,145 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
 
 // The bf16 kernel for this head_dim and group size, or false (the caller uses decode_impl).
 static bool decode_bf16(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
-                        const int64_t* slots, const int64_t* rows, const int64_t* lengths, float* out,
+                        const int64_t* slots, const int64_t* lengths, float* out,
                         int64_t B, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
   const int64_t G = H / KV;
 #define TS_CASE(HDV, GV) \
-  if (D == HDV && G == GV) { decode_bf16_impl<HDV, GV>(q, k, v, slots, rows, lengths, out, B, H, KV, L, scale); return true; }
+  if (D == HDV && G == GV) { decode_bf16_impl<HDV, GV>(q, k, v, slots, lengths, out, B, H, KV, L, scale); return true; }
 #define TS_GROUPS(HDV) TS_CASE(HDV, 1) TS_CASE(HDV, 2) TS_CASE(HDV, 3) TS_CASE(HDV, 4) TS_CASE(HDV, 5) \
   TS_CASE(HDV, 6) TS_CASE(HDV, 7) TS_CASE(HDV, 8)
   TS_GROUPS(64) TS_GROUPS(128) TS_GROUPS(32) TS_GROUPS(96) TS_GROUPS(256)
 #undef TS_GROUPS
+#undef TS_CASE
+  return false;
+}
+
+// ---- prefill attention, AVX-512 bf16, tiled ------------------------------------------------
+// The tokens of prefill chunks, each attending causally to its chunk's cached context and to
+// the chunk's own earlier tokens. One task per (chunk, KV head): the task packs its keys once
+// into dpbf16's pair layout (16 keys x 2 dims per vector) and its values in pairs of keys,
+// then takes its query rows (every token x the G heads of the group) 8 at a time: scores 8
+// rows x 16 keys per inner step (a broadcast q pair times a packed K vector, 32 products per
+// instruction, as a GEMM kernel does), the causal mask, a float32 softmax per row, then P.V
+// with P rounded to bf16 and float32 sums — as PyTorch's own CPU flash attention does for bf16
+// (its second GEMM reads ``qk_reduced``), which transformers runs. The per-row decode kernel
+// above does one query row against one key row per dot product and reduces 16 lanes per
+// score; on prefill chunks this kernel takes 2-3x less CPU (benchmarks/engine_attention.py).
+template <int HD>
+static void prefill_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                              const int64_t* slots, const int64_t* starts, const int64_t* news,
+                              const int64_t* ctxs, at::BFloat16* out, int64_t R, int64_t H, int64_t KV,
+                              int64_t L, float scale) {
+  static_assert(HD % 32 == 0, "head_dim must be a multiple of 32");
+  constexpr int NP = HD / 2;   // bf16 pairs (32-bit words) per row
+  constexpr int NF = HD / 16;  // float32 vectors per row
+  constexpr int QR = 8;        // query rows per score tile
+  constexpr int VR = NF >= 16 ? 1 : (16 / NF < QR ? 16 / NF : QR);  // rows per P.V pass
+  const int64_t G = H / KV;
+  at::parallel_for(0, R * KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint32_t> kpack;
+    std::vector<uint32_t> vpack;
+    std::vector<float> sc;
+    std::vector<uint16_t> pb;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t c = task / KV, h = task % KV;
+      const int64_t n_new = news[c], ctx = ctxs[c], nk = ctx + n_new, first = starts[c];
+      if (n_new == 0) continue;
+      const int64_t* __restrict sl = slots + c * L;
+      const int64_t nblk = (nk + 15) / 16, stride = nblk * 16;
+      kpack.assign(nblk * NP * 16, 0u);
+      const int64_t npair = (nk + 1) / 2;
+      vpack.assign(npair * HD, 0u);
+      for (int64_t j = 0; j < nk; ++j) {
+        const uint32_t* kw = reinterpret_cast<const uint32_t*>(k + (sl[j] * KV + h) * HD);
+        uint32_t* dst = kpack.data() + (j / 16) * NP * 16 + (j % 16);
+        for (int p = 0; p < NP; ++p) dst[p * 16] = kw[p];
+        const uint16_t* vr = reinterpret_cast<const uint16_t*>(v + (sl[j] * KV + h) * HD);
+        uint16_t* vd = reinterpret_cast<uint16_t*>(vpack.data() + (j / 2) * HD) + (j % 2);
+        for (int d = 0; d < HD; ++d) vd[2 * d] = vr[d];
+      }
+      sc.resize(QR * stride);
+      pb.resize(QR * stride);
+      const int64_t nrows = n_new * G;  // row r: token r / G, head h * G + r % G
+      for (int64_t r0 = 0; r0 < nrows; r0 += QR) {
+        const int m = static_cast<int>(std::min<int64_t>(QR, nrows - r0));
+        const uint32_t* qw[QR];
+        int64_t len[QR];
+        int64_t maxlen = 0;
+        for (int i = 0; i < QR; ++i) {
+          const int64_t r = r0 + std::min(i, m - 1);
+          const int64_t t = r / G, g = r % G;
+          qw[i] = reinterpret_cast<const uint32_t*>(q + ((first + t) * H + h * G + g) * HD);
+          len[i] = ctx + t + 1;
+          maxlen = std::max(maxlen, len[i]);
+        }
+        const int64_t kb_end = (maxlen + 15) / 16;
+        for (int64_t kb = 0; kb < kb_end; ++kb) {
+          __m512 acc[QR];
+          for (int i = 0; i < QR; ++i) acc[i] = _mm512_setzero_ps();
+          const uint32_t* kp = kpack.data() + kb * NP * 16;
+#pragma GCC unroll 4
+          for (int p = 0; p < NP; ++p) {
+            const __m512bh kv = (__m512bh)_mm512_loadu_si512(kp + p * 16);
+#pragma GCC unroll 8
+            for (int i = 0; i < QR; ++i)
+              acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[i][p])), kv);
+          }
+          for (int i = 0; i < QR; ++i) _mm512_storeu_ps(sc.data() + i * stride + kb * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
+        }
+        const int64_t pend = (maxlen + 1) / 2 * 2;
+        for (int i = 0; i < m; ++i) {
+          float* row = sc.data() + i * stride;
+          softmax_inplace(row, len[i]);
+          uint16_t* prow = pb.data() + i * stride;
+          for (int64_t j = 0; j < len[i]; ++j) prow[j] = from_f<at::BFloat16>(row[j]).x;
+          for (int64_t j = len[i]; j < pend; ++j) prow[j] = 0;
+        }
+        for (int i0 = 0; i0 < m; i0 += VR) {
+          const int mv = std::min(VR, m - i0);
+          const uint32_t* pr[VR];
+          for (int i = 0; i < VR; ++i) pr[i] = reinterpret_cast<const uint32_t*>(pb.data() + (i0 + std::min(i, mv - 1)) * stride);
+          __m512 acc[VR][NF];
+#pragma GCC unroll 16
+          for (int i = 0; i < VR; ++i)
+#pragma GCC unroll 16
+            for (int f = 0; f < NF; ++f) acc[i][f] = _mm512_setzero_ps();
+          const uint32_t* vd = vpack.data();
+          for (int64_t jp = 0; jp < pend / 2; ++jp, vd += HD) {
+            __m512bh vr[NF];
+#pragma GCC unroll 16
+            for (int f = 0; f < NF; ++f) vr[f] = (__m512bh)_mm512_loadu_si512(vd + 16 * f);
+#pragma GCC unroll 16
+            for (int i = 0; i < VR; ++i) {
+              const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pr[i][jp]));
+#pragma GCC unroll 16
+              for (int f = 0; f < NF; ++f) acc[i][f] = _mm512_dpbf16_ps(acc[i][f], w, vr[f]);
+            }
+          }
+          // Stored through a fixed-size buffer: a runtime row index into ``acc`` would keep the
+          // accumulators in memory (GCC spilled them every key).
+          alignas(64) float tmp[VR][HD];
+#pragma GCC unroll 16
+          for (int i = 0; i < VR; ++i)
+#pragma GCC unroll 16
+            for (int f = 0; f < NF; ++f) _mm512_store_ps(tmp[i] + 16 * f, acc[i][f]);
+          for (int i = 0; i < mv; ++i) {
+            const int64_t r = r0 + i0 + i, t = r / G, g = r % G;
+            at::BFloat16* o = out + ((first + t) * H + h * G + g) * HD;
+            for (int d = 0; d < HD; ++d) o[d] = from_f<at::BFloat16>(tmp[i][d]);
+          }
+        }
+      }
+    }
+  });
+}
+
+static bool prefill_bf16(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                         const int64_t* slots, const int64_t* starts, const int64_t* news, const int64_t* ctxs,
+                         at::BFloat16* out, int64_t R, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
+#define TS_CASE(HDV) \
+  if (D == HDV) { prefill_bf16_impl<HDV>(q, k, v, slots, starts, news, ctxs, out, R, H, KV, L, scale); return true; }
+  TS_CASE(64) TS_CASE(128) TS_CASE(32) TS_CASE(96) TS_CASE(256)
 #undef TS_CASE
   return false;
 }
@@ -238,7 +369,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
     auto qb = q.contiguous();
     auto out = torch::empty({B, H, D}, q.options().dtype(torch::kFloat));
     if (decode_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
-                    sl.data_ptr<int64_t>(), nullptr, ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV,
+                    sl.data_ptr<int64_t>(), ln.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, KV,
                     D, L, static_cast<float>(scale)))
       return out.to(q.scalar_type());
   }
@@ -265,30 +396,33 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
   return out.to(q.scalar_type());
 }
 
-// Attention of query rows that each read their own prefix of a shared slot list: q [B, H, D]
-// bf16, slots [R, L], rows [B] (which list), lengths [B] (how many of its slots: causal, the
-// row's own token last). The tokens of prefill chunks, with K/V already stored. Only where the
-// AVX-512 bf16 kernel is built (``decode_kernel_isa``); float32 [B, H, D] out.
-torch::Tensor paged_rows_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
-                                   torch::Tensor rows, torch::Tensor lengths, double scale) {
+// The prefill tokens of an iteration, chunk by chunk: q [B, H, D] bf16 holds every chunk's new
+// tokens in order, chunk c's from row starts[c] (news[c] of them); slots [R, L] lists, per chunk,
+// the slots of its cached context (ctxs[c]) then of its new tokens, whose K/V are already
+// stored. Only where the AVX-512 bf16 kernel is built (``decode_kernel_isa``); bf16 out, each
+// value rounded once from its float32 sum.
+torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
+                                      torch::Tensor starts, torch::Tensor news, torch::Tensor ctxs, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "k and v must be contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
-              "paged_rows_attention: bf16 only");
+              "paged_prefill_attention: bf16 only");
   auto qb = q.contiguous();
   auto sl = slots.to(torch::kLong).contiguous();
-  auto rw = rows.to(torch::kLong).contiguous();
-  auto ln = lengths.to(torch::kLong).contiguous();
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), L = sl.size(1);
+  auto st = starts.to(torch::kLong).contiguous();
+  auto nw = news.to(torch::kLong).contiguous();
+  auto cx = ctxs.to(torch::kLong).contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), R = sl.size(0), L = sl.size(1);
   TORCH_CHECK(H % KV == 0, "heads must be a multiple of KV heads");
-  auto out = torch::empty({B, H, D}, q.options().dtype(torch::kFloat));
+  TORCH_CHECK(st.numel() == R && nw.numel() == R && cx.numel() == R, "paged_prefill_attention: one start, count and context per chunk");
+  auto out = torch::empty({B, H, D}, q.options());
 #ifdef TAILSERVE_HAVE_DPBF16
-  if (decode_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
-                  sl.data_ptr<int64_t>(), rw.data_ptr<int64_t>(), ln.data_ptr<int64_t>(), out.data_ptr<float>(), B,
-                  H, KV, D, L, static_cast<float>(scale)))
+  if (prefill_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                   sl.data_ptr<int64_t>(), st.data_ptr<int64_t>(), nw.data_ptr<int64_t>(), cx.data_ptr<int64_t>(),
+                   out.data_ptr<at::BFloat16>(), R, H, KV, D, L, static_cast<float>(scale)))
     return out;
 #endif
-  TORCH_CHECK(false, "paged_rows_attention: no AVX-512 bf16 kernel for head_dim ", D, " and group ", H / KV);
+  TORCH_CHECK(false, "paged_prefill_attention: no AVX-512 bf16 kernel for head_dim ", D);
   return out;
 }
 
@@ -363,7 +497,7 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
 FUNCTIONS = [
     "paged_decode_attention",
     "decode_kernel_isa",
-    "paged_rows_attention",
+    "paged_prefill_attention",
     "rope_split",
     "argmax_rows",
 ]

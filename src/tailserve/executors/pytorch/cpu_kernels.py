@@ -133,33 +133,33 @@ def paged_decode_attention(
     )
 
 
-_ROWS_HEAD_DIMS = (32, 64, 96, 128, 256)  # what the C++ instantiates, with GQA groups of 1-8
+_PREFILL_HEAD_DIMS = (32, 64, 96, 128, 256)  # what the C++ instantiates
 
 
-def rows_attention_applies(q: torch.Tensor, k_slots: torch.Tensor) -> bool:
-    """Whether ``paged_rows_attention`` runs for these tensors (checked before its inputs are built)."""
+def prefill_attention_applies(q: torch.Tensor, k_slots: torch.Tensor) -> bool:
+    """Whether ``paged_prefill_attention`` runs for these tensors (checked before its inputs are built)."""
     if q.device.type != "cpu" or q.dtype != torch.bfloat16 or k_slots.dtype != torch.bfloat16:
         return False
-    group = q.shape[1] // k_slots.shape[1]
-    return q.shape[-1] in _ROWS_HEAD_DIMS and 1 <= group <= 8 and decode_isa() == "avx512_bf16"
+    return q.shape[-1] in _PREFILL_HEAD_DIMS and q.shape[1] % k_slots.shape[1] == 0 and decode_isa() == "avx512_bf16"
 
 
-def paged_rows_attention(
+def paged_prefill_attention(
     q: torch.Tensor,
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,
     slots: torch.Tensor,
-    rows: torch.Tensor,
-    lengths: torch.Tensor,
+    starts: torch.Tensor,
+    news: torch.Tensor,
+    contexts: torch.Tensor,
 ) -> torch.Tensor | None:
-    """Prefill tokens' attention through the AVX-512 bf16 kernel: query row i reads the first
-    ``lengths[i]`` slots of ``slots[rows[i]]`` (its chunk's context and new tokens, causal).
-    [B, H, D] in q's dtype, or None where that kernel does not apply (not bf16 on CPU, no
-    avx512_bf16, a head_dim or group it has no instance for), and the caller runs SDPA."""
-    if not rows_attention_applies(q, k_slots):
+    """Prefill chunks' attention through the AVX-512 bf16 tiled kernel: chunk c's ``news[c]``
+    query rows start at row ``starts[c]`` of ``q`` and attend causally over ``slots[c]`` (its
+    ``contexts[c]`` cached tokens, then its new ones, K/V already stored). [B, H, D] bf16,
+    or None where the kernel does not apply (not bf16 on CPU, no avx512_bf16, a head_dim
+    it has no instance for), and the caller runs SDPA."""
+    if not prefill_attention_applies(q, k_slots):
         return None
-    out = _module.paged_rows_attention(q, k_slots, v_slots, slots, rows, lengths, q.shape[-1] ** -0.5)
-    return out.to(q.dtype)
+    return _module.paged_prefill_attention(q, k_slots, v_slots, slots, starts, news, contexts, q.shape[-1] ** -0.5)
 
 
 def fused_ops(dtype: torch.dtype, device: torch.device) -> Any | None:
