@@ -298,7 +298,9 @@ class SloPolicy(Policy):
         assert backlog is not None
         active = {tenant_of(r.tenant_id) for r in sched.running}
         active.update(t for t, n in backlog.num_waiting.items() if n > 0)
-        self._protected, self._over = backlog.recent.shares(active, backlog.vtc.weight)
+        self._protected, self._over = backlog.recent.shares(
+            active, backlog.vtc.weight, self._protected, self.config.protect_until
+        )
         self._quantum = quantum_s(self, sched)
 
     def _tier(self, request: Request) -> int:

@@ -24,14 +24,20 @@ def order_waiting(policy: SloPolicy, sched: Scheduler, now: float) -> tuple[list
     by_slack = sorted(sched.waiting, key=lambda r: info[r.request_id].deadline - info[r.request_id].prefill_s)
     feasible: list[Request] = []
     late: list[Request] = []
-    queued = 0.0  # predicted prefill time of the feasible requests ahead
+    # Predicted prefill time of the feasible requests ahead: [protected tenants', everyone's].
+    # A protected tenant's requests are served before the others' (rule 9), so only the
+    # protected ones ahead are its queue; without fairness _tier is 1 for all.
+    queued = [0.0, 0.0]
     stretch = policy._stretch
     for r in by_slack:
         w = info[r.request_id]
         need = w.prefill_s * stretch
-        if w.deadline - now - queued - need >= 0:
+        tier = policy._tier(r)
+        if w.deadline - now - queued[tier] - need >= 0:
             feasible.append(r)
-            queued += need
+            queued[1] += need
+            if tier == 0:
+                queued[0] += need
         else:
             late.append(r)
     late.sort(key=lambda r: r.arrival_time)
@@ -42,11 +48,24 @@ def order_waiting(policy: SloPolicy, sched: Scheduler, now: float) -> tuple[list
         rest = [r for r in rest if r.first_scheduled_time is not None]
     else:
         rejected = []
+    if policy.backlog is not None and policy._protected and cfg.protected_order == "arrival":
+        feasible = _protected_by_arrival(policy, feasible)
     ordered = aged + feasible + rest
     if policy.backlog is not None:
         ordered = policy.backlog.order(ordered)
         ordered.sort(key=policy._tier)  # stable: protected tenants first, VTC order within
     return ordered, rejected
+
+
+def _protected_by_arrival(policy: SloPolicy, requests: list[Request]) -> list[Request]:
+    """Rule 9: protected tenants' requests in arrival order, in the places theirs held (the
+    others' untouched). Alone, each would have been admitted in the first iteration after it
+    arrived; beside an over-share tenant, requests that arrive during its iteration in flight
+    meet in the queue, and least slack puts a long prompt that came later ahead of a short one
+    that came first (its extra predicted prefill outweighs the few ms between their arrivals)."""
+    tier = policy._tier
+    mine = iter(sorted((r for r in requests if tier(r) == 0), key=lambda r: r.arrival_time))
+    return [next(mine) if tier(r) == 0 else r for r in requests]
 
 
 def admit(

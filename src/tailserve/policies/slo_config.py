@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, parse_slo_classes
+from tailserve.policies.tenant_share import PROTECT_BELOW
 
 ADMISSIONS = ("best-effort", "reject")
+PROTECTED_ORDERS = ("arrival", "slack")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,12 @@ class SloConfig:
     yield_tbts: float = 2.0  # 0: rule 10 off
     # Rule 11 (fairness=vtc): while a protected tenant runs, an over-share tenant's chunk keeps
     # the iteration within this many of the protected tenant's (smallest) TBT target.
-    quantum_tbts: float = 0.7  # 0: rule 11 off
+    quantum_tbts: float = 0.5  # 0: rule 11 off
+    # Rule 9 (fairness=vtc): a protected tenant stays protected until its recent service reaches
+    # this fraction of its fair share (it becomes protected under half of it); 0.5: no hold.
+    protect_until: float = 1.0
+    # Rule 9: a protected tenant's feasible waiting requests in "arrival" order, or "slack" (rule 3's).
+    protected_order: str = "arrival"
     tbt_late_fraction: float = 0.0  # experiment (slo_burst.py): share of gaps allowed late on bursts
     enable_prefix_caching: bool = True
 
@@ -44,6 +51,12 @@ class SloConfig:
             raise ValueError(
                 f"quantum_tbts must be a finite number of TBT targets >= 0, got {self.quantum_tbts}"
             )
+        if not PROTECT_BELOW <= self.protect_until <= 1:
+            raise ValueError(
+                f"protect_until must be a fraction of the fair share in [{PROTECT_BELOW:g}, 1], got {self.protect_until}"
+            )
+        if self.protected_order not in PROTECTED_ORDERS:
+            raise ValueError(f"protected_order must be arrival or slack, got {self.protected_order!r}")
         if not 0 <= self.tbt_late_fraction < 1:
             raise ValueError(f"tbt_late_fraction must be in [0, 1), got {self.tbt_late_fraction}")
         if self.min_prefill_tokens < 1:
