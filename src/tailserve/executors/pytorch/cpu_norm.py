@@ -3,7 +3,7 @@ fused kernel (C++ in ``cpu_norm_source.py``) gives PyTorch's bits.
 
 The kernels reproduce ATen's order of operations (the sum's cascade, Sleef's exp), which
 depends on the torch build and the CPU. So before a model uses one, a self-test runs it and the
-PyTorch ops on a few hundred to a few thousand random rows of the model's width, with
+PyTorch ops on a few hundred to 2,048 random rows of the model's width, with
 adversarial values (tiny, huge, zero, denormal); only if every bit matches is it used, once per
 process and (op, dtype, width). Otherwise one line is logged and that op stays PyTorch's, so a
 bf16 model's outputs are the unfused path's on any machine.
@@ -103,7 +103,8 @@ def exact_ops(
     if module is None:
         return reference
     step, exp_kind = exp_plan()
-    x, r = _rows(2048, hidden, dtype, 1), _rows(2048, hidden, dtype, 2)
+    rows = max(256, min(2048, 2**21 // hidden))  # 2,048 rows for small widths, ~2M values for big
+    x, r = _rows(rows, hidden, dtype, 1), _rows(rows, hidden, dtype, 2)
     w = (torch.randn(hidden, generator=torch.Generator().manual_seed(3)) * 0.5 + 1.0).to(dtype)
 
     def rms(x: Tensor, weight: Tensor) -> Tensor:
@@ -119,7 +120,7 @@ def exact_ops(
     # Odd row counts put torch's per-thread cuts mid-row; gates reach +-100s (exp overflows).
     gate_ups = [
         (_rows(n, 2 * intermediate, dtype, 4 + n) / (1e13 if dtype == torch.bfloat16 else 1e2)).to(dtype)
-        for n in (1, 7, 33, 257)
+        for n in (1, 7, 33, max(65, min(257, 2**21 // (2 * intermediate))) | 1)
     ]
     ok = {
         "rms_norm": _verified("rms_norm", dtype, hidden, lambda: rms(x, w), lambda: reference.rms_norm(x, w)),
