@@ -15,7 +15,7 @@ ATen's own arithmetic:
 - SiLU as ATen's reduced-float kernel: ``x / (1 + exp(-x))`` in float32 with
   ``Sleef_expf16_u10`` (``Vectorized<float>::exp``, exported by libtorch) on the elements its
   vectorised loop covers and ``expf`` on the rest, which depend on where ``TensorIterator``
-  cuts the rows into per-thread ranges (``silu_exp_plan``).
+  cuts the rows into per-thread ranges (``silu_chunk``).
 
 Everything here is compiled without ``-ffast-math`` or FMA contraction (the pragma below): the
 extension's other kernels keep those flags.
@@ -156,32 +156,18 @@ static void check_norm(const torch::Tensor& x, const torch::Tensor& w, const cha
 }
 
 // ---- SiLU ------------------------------------------------------------------------------------
-// Which elements of each row ATen's silu computes with the vector exp: TensorIterator runs
-// [N, I] (the gate view, rows I apart in memory at a stride of 2I) row by row, except that with
-// more than one thread and at least GRAIN_SIZE elements at::parallel_for cuts the flat range
-// into equal chunks, which may start mid-row; each row piece runs vectorized_loop, which takes
-// 2 * Vectorized<T>::size() (= vec_step) elements per step and does the remainder with the
-// scalar op. Returns, per row, the [begin, end) column ranges that use the vector exp.
-static std::vector<std::vector<std::pair<int64_t, int64_t>>> silu_exp_plan(int64_t N, int64_t I, int64_t vec_step) {
+// Which elements ATen's silu computes with the vector exp: TensorIterator runs [N, I] (the gate
+// view, rows 2I apart) row by row, except that with more than one thread and at least
+// GRAIN_SIZE elements at::parallel_for cuts the flat range into equal chunks, which may start
+// mid-row; each row piece runs vectorized_loop, which takes 2 * Vectorized<T>::size() (=
+// vec_step) elements per step and leaves the remainder to the scalar op. silu_chunk is that
+// cut (numel: no cut); a row's pieces end at the multiples of it.
+static int64_t silu_chunk(int64_t N, int64_t I) {
   constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE
   const int64_t numel = N * I, threads = at::get_num_threads();
-  int64_t chunk = numel;
-  if (!(numel < kGrain || threads == 1 || at::in_parallel_region())) {
-    const int64_t tasks = std::min<int64_t>(threads, (numel + kGrain - 1) / kGrain);
-    chunk = (numel + tasks - 1) / tasks;
-  }
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> plan(N);
-  for (int64_t r = 0; r < N; ++r) {
-    int64_t a = r * I;
-    const int64_t row_end = a + I;
-    while (a < row_end) {
-      const int64_t b = std::min(row_end, (a / chunk + 1) * chunk);
-      const int64_t vec = (b - a) / vec_step * vec_step;
-      if (vec > 0) plan[r].emplace_back(a - r * I, a - r * I + vec);
-      a = b;
-    }
-  }
-  return plan;
+  if (numel < kGrain || threads == 1 || at::in_parallel_region()) return std::max<int64_t>(numel, 1);
+  const int64_t tasks = std::min<int64_t>(threads, (numel + kGrain - 1) / kGrain);
+  return (numel + tasks - 1) / tasks;
 }
 
 // e[c] = exp(-g[c]) for c in [b, e) the way Vectorized<float>::exp does it (exp_kind 2: Sleef
@@ -209,7 +195,7 @@ static void vector_exp_neg(const float* g, float* out, int64_t n, int64_t exp_ki
 
 template <typename T>
 static void silu_mul_rows(const T* x, T* y, int64_t N, int64_t I, int64_t vec_step, int64_t exp_kind) {
-  const auto plan = silu_exp_plan(N, I, vec_step);
+  const int64_t chunk = silu_chunk(N, I);
   at::parallel_for(0, N, grain(2 * I), [&](int64_t b, int64_t e) {
     std::vector<float> g(I), ex(I);
     for (int64_t r = b; r < e; ++r) {
@@ -217,13 +203,13 @@ static void silu_mul_rows(const T* x, T* y, int64_t N, int64_t I, int64_t vec_st
       const T* up = gate + I;
       T* o = y + r * I;
       for (int64_t c = 0; c < I; ++c) g[c] = Cvt<T>::to(gate[c]);
-      int64_t c0 = 0;  // the scalar op's columns run between the vector ranges
-      for (const auto& seg : plan[r]) {
-        for (; c0 < seg.first; ++c0) ex[c0] = std::exp(-g[c0]);
-        vector_exp_neg(g.data() + seg.first, ex.data() + seg.first, seg.second - seg.first, exp_kind);
-        c0 = seg.second;
+      for (int64_t a = r * I, row_end = a + I; a < row_end;) {  // each piece: vector part, then scalar
+        const int64_t piece_end = std::min(row_end, (a / chunk + 1) * chunk);
+        const int64_t c0 = a - r * I, vec = (piece_end - a) / vec_step * vec_step;
+        vector_exp_neg(g.data() + c0, ex.data() + c0, vec, exp_kind);
+        for (int64_t c = c0 + vec; c < piece_end - r * I; ++c) ex[c] = std::exp(-g[c]);
+        a = piece_end;
       }
-      for (; c0 < I; ++c0) ex[c0] = std::exp(-g[c0]);
       for (int64_t c = 0; c < I; ++c) {
         const float s = rnd<T>(g[c] / (1.0f + ex[c]));
         o[c] = Cvt<T>::from(s * Cvt<T>::to(up[c]));
