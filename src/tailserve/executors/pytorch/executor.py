@@ -97,11 +97,11 @@ class TorchExecutor:
         with torch.inference_mode():
             ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
             pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-            hidden = self.model.forward(ids, pos, meta, self.kv)
+            index = torch.tensor(sample_rows + pad_rows, dtype=torch.long, device=self.device)
+            hidden = self.model.forward(ids, pos, meta, self.kv, out_rows=index)
             token_ids: dict[str, int] = {}
             if sample_rows or pad_rows:
-                index = torch.tensor(sample_rows + pad_rows, device=self.device)
-                logits = self.model.compute_logits(hidden[index])
+                logits = self.model.compute_logits(hidden)
                 if sampling:
                     tokens = self.sampler.sample(logits[: len(sample_rows)], sampling)  # waits for the device
                     token_ids = {r.request_id: t for r, t in zip(sampling, tokens)}
@@ -157,7 +157,8 @@ class TorchExecutor:
                 )
                 ids = torch.ones(new, dtype=torch.long, device=self.device)
                 pos = torch.arange(ctx, ctx + new, device=self.device)
-                self.model.compute_logits(self.model.forward(ids, pos, meta, self.kv)[-1:])
+                last = torch.tensor([new - 1], device=self.device)
+                self.model.compute_logits(self.model.forward(ids, pos, meta, self.kv, out_rows=last))
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)

@@ -198,10 +198,12 @@ class LlamaModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv: PagedKVCache,
+        out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, [tokens, hidden]."""
+        """Hidden states after the final norm, [tokens, hidden], or only the rows ``out_rows``
+        lists (in its order): the rows whose logits are wanted."""
         if self.fused is not None:
-            return self._forward_fused(input_ids, positions, meta, kv)
+            return self._forward_fused(input_ids, positions, meta, kv, out_rows)
         h, kvh, d, norm = self.num_heads, self.num_kv_heads, self.head_dim, self.norm_ops
         x = F.embedding(input_ids, self.embed)
         cos = self.rope.cos[positions].unsqueeze(1)
@@ -217,8 +219,9 @@ class LlamaModel:
             k = self.rope.apply(k, cos, sin)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta)
-            x, y = self._layer_rest(x, attn.view(n, h * d), w, self._next_norm(i))
-        return y
+            x, attn = self._rows_needed(i, x, attn.view(n, h * d), out_rows)
+            x, y = self._layer_rest(x, attn, w, self._next_norm(i))
+        return self._output_rows(y, out_rows)
 
     def _forward_fused(
         self,
@@ -226,6 +229,7 @@ class LlamaModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv: PagedKVCache,
+        out_rows: torch.Tensor | None,
     ) -> torch.Tensor:
         """``forward`` with RoPE applied while q, k and v are split out of the fused projection
         (one pass instead of slices, a concatenation and four products per tensor), bit for bit
@@ -239,8 +243,29 @@ class LlamaModel:
             q, k, v = ops.rope_split(qkv, self.rope.cos, self.rope.sin, positions, h, kvh, d)
             k_slots, v_slots = kv.slots(i)
             attn = paged_attention(q, k, v, k_slots, v_slots, meta)
-            x, y = self._layer_rest(x, attn.view(n, h * d), w, self._next_norm(i))
-        return y
+            x, attn = self._rows_needed(i, x, attn.view(n, h * d), out_rows)
+            x, y = self._layer_rest(x, attn, w, self._next_norm(i))
+        return self._output_rows(y, out_rows)
+
+    def _rows_needed(
+        self, i: int, x: torch.Tensor, attn: torch.Tensor, out_rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream and attention output the rest of layer i needs. After the last
+        layer's attention (its K/V are stored) only the output rows matter, so with prepacked
+        weights its output projection and MLP run on those rows alone — a prefill step samples
+        one row per prompt, so this skips most of a layer (~1/num_layers of the prefill's
+        matmuls). oneDNN computes a row of a prepacked bf16 matmul the same whatever the other
+        rows (checked bit for bit at 7-2,048 rows; tests/test_model_out_rows.py), and the norms
+        are per row, so the outputs do not change. float32 weights (MKL, the transformers
+        reference) give a row different bits at a different row count, so they keep every row."""
+        if out_rows is None or i + 1 < len(self.layers) or not self.packed:
+            return x, attn
+        return x[out_rows], attn[out_rows]
+
+    def _output_rows(self, y: torch.Tensor, out_rows: torch.Tensor | None) -> torch.Tensor:
+        if out_rows is None or self.packed:  # packed: ``_rows_needed`` already selected them
+            return y
+        return y[out_rows]
 
     def _next_norm(self, i: int) -> torch.Tensor:
         """The weight of the norm after layer i: the next layer's input norm, or the final one."""
