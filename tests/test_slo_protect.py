@@ -25,7 +25,9 @@ def test_a_protected_tenant_stays_protected_until_it_has_its_share():
     assert recent.shares({"light", "heavy"}, ONE) == (frozenset(), {"heavy"})
     # ... but protected the iteration before, it stays so until 5,000 (until=1) ...
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 1.0) == ({"light"}, {"heavy"})
-    # ... and not with the hold off (until=0.5) or past a smaller hold (0.6 x 5,000 = 3,000).
+    # ... or 3,750 (until=0.75, the default), and not with the hold off (until=0.5) or past a
+    # smaller hold (0.6 x 5,000 = 3,000).
+    assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 0.75)[0] == {"light"}
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 0.5)[0] == frozenset()
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 0.6)[0] == frozenset()
     recent = RecentService()
@@ -34,19 +36,24 @@ def test_a_protected_tenant_stays_protected_until_it_has_its_share():
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 1.0) == (frozenset(), {"light"})
 
 
-@pytest.mark.parametrize("until", [1.0, 0.5])
+@pytest.mark.parametrize("until", [None, 0.5])
 def test_the_policy_holds_protection_from_one_iteration_to_the_next(until):
-    policy, sched = _setup(fairness="vtc", protect_until=until)
+    policy, sched = _setup(fairness="vtc", **({} if until is None else {"protect_until": until}))
     _partial(sched, "lp", 2000, 1000, "light")
     _partial(sched, "hp", 2000, 1000, "heavy")
     recent = policy.backlog.recent
     recent.step({"light": 100.0, "heavy": 10_000.0})
     sched.schedule(0.0)
     assert policy._protected == {"light"}
-    # Light's burst: its recent service now 30% of the total, past half its share (25%).
+    # Light's burst: its recent service now 30% of the total, past half its share (25%) but
+    # under the default hold's three quarters (37.5%).
     recent.served = {"light": 3_000.0, "heavy": 7_000.0}
     sched.schedule(0.05)
-    assert policy._protected == ({"light"} if until == 1.0 else frozenset())
+    assert policy._protected == ({"light"} if until is None else frozenset())
+    # Past three quarters of its share (40% of the total) the hold ends.
+    recent.served = {"light": 4_000.0, "heavy": 6_000.0}
+    sched.schedule(0.1)
+    assert policy._protected == frozenset()
 
 
 def _queue(fairness: str):

@@ -31,9 +31,11 @@ priority). Each iteration, with predicted times from the engine's cost model
 8. **Fairness** (``fairness=vtc``): the waiting order of rule 3-5 is interleaved by tenant with
    the Virtual Token Counter (``fairness.py``): VTC picks the tenant, rule 3-5 the request.
 9. **Isolation** (with fairness; tailserve's rule, ``tenant_share.py``): an active tenant under
-   half its weighted share of the recent service is *protected* this iteration. Its waiting
-   requests go first (VTC order among them) and before unprotected tenants' partial prefills
-   continue; its chunks count only protected decodes' TBT slack (rule 2); when its first
+   half its weighted share of the recent service becomes *protected*, and stays so until it has
+   ``protect_until`` of its share. Its waiting requests go first (VTC order among them) and
+   before unprotected tenants' partial prefills continue, feasible ones in arrival order
+   (``protected_order``), their rule-3 queue the protected requests ahead only; its chunks
+   count only protected decodes' TBT slack (rule 2); when its first
    waiting request does not fit the free KV blocks, unprotected tenants' running requests are
    preempted for it (``slo_fair.py``). VTC's lifted counters tie a newly active tenant with a
    backlogged one, so the counters alone cannot tell who is over its share *now*.

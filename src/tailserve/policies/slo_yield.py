@@ -20,9 +20,10 @@ arrives while an over-share tenant's long chunk runs waits for it (beside a back
 iterations filled to a 50 ms TBT slack: ~25 ms on average, up to 50, against a few ms alone).
 While a protected tenant has running requests, an over-share tenant's chunk may take the
 iteration to at most ``quantum_tbts`` x the smallest TBT target of the protected tenant's running
-requests. Too small a quantum starves the over-share tenant's prefills (the iteration's decodes
-alone fill it), its recent service falls, and the protected tenant loses its protection: the
-measured trade-off is in docs/experiments.md.
+requests. A smaller quantum leaves the over-share tenant's chunks less of each iteration beside
+its decodes, so its throughput falls and, with it, its recent service: before rule 9 held a
+protected tenant's protection until it has its share, that cost the protected tenant its
+protection in its own bursts. The measured trade-off is in docs/experiments.md §8.
 """
 
 from __future__ import annotations
