@@ -162,8 +162,9 @@ def _well_behaved(
 
 
 def fairness(quick: bool, variants: tuple[str, ...] = (), seeds: tuple[int, ...] = (1,)) -> dict[str, Any]:
-    """``variants``: extra ``slo + vtc`` rows, each a ``;``-joined set of slo flags (e.g.
-    ``quantum_tbts=0.6``); ``seeds``: the well-behaved comparison once per traffic seed."""
+    """``variants``: extra ``slo + vtc`` rows in both comparisons, each a ``;``-joined set of
+    slo flags (e.g. ``quantum_tbts=0.6``); ``seeds``: the well-behaved comparison once per
+    traffic seed."""
     duration = 30.0 if quick else 60.0
     lengths = (LogNormal(1024, 0.8, 4000), LogNormal(200, 0.8, 1000))
     light_rate = 5.0
@@ -203,6 +204,7 @@ def fairness(quick: bool, variants: tuple[str, ...] = (), seeds: tuple[int, ...]
         ("vllm + vtc", "vllm", True),
         ("slo + vtc, rules 10-11 off", "slo:fairness=vtc;yield_tbts=0;quantum_tbts=0", True),
         ("slo + vtc", "slo:fairness=vtc", True),
+        *((f"slo + vtc, {v}", f"slo:fairness=vtc;{v}", True) for v in variants),
     ]:
         _, recorder, kv_tokens = run_tenants(policy, mix, fair)
         measured = max_service_difference(recorder, "a", "b")
