@@ -38,9 +38,9 @@ class _Counting:
         self.forward_tokens: list[int] = []
         self.logit_rows: list[int] = []
 
-    def forward(self, ids, positions, meta, kv):
+    def forward(self, ids, positions, meta, kv, out_rows=None):
         self.forward_tokens.append(int(ids.numel()))
-        return self.inner.forward(ids, positions, meta, kv)
+        return self.inner.forward(ids, positions, meta, kv, out_rows)
 
     def compute_logits(self, hidden):
         self.logit_rows.append(int(hidden.shape[0]))
