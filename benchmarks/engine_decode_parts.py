@@ -21,12 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from tailserve.executors.pytorch import cpu_kernels
 from tailserve.executors.pytorch.attention import _decode_attention, build_metadata
 from tailserve.executors.pytorch.init_model import default_model_dir
-from tailserve.executors.pytorch.model import linear, rms_norm
+from tailserve.executors.pytorch.model import linear
 from tailserve.llm import LLM
 
 BATCH, CONTEXT = 64, 288
@@ -71,8 +70,9 @@ def build_parts(preset: str, threads: int) -> tuple[dict[str, tuple[Callable[[],
     k = qkv[:, h * d : (h + kvh) * d].reshape(BATCH, kvh, d)
     v = qkv[:, (h + kvh) * d :].reshape(BATCH, kvh, d)
     ks, vs = kv.slots(0)
-    gate, up = linear(x, w.gate_up, None).chunk(2, dim=-1)
-    act = F.silu(gate) * up
+    gate_up = linear(x, w.gate_up, None)
+    norm = m.norm_ops  # what the forward pass runs: fused kernels where they match PyTorch's bits
+    act = norm.silu_and_mul(gate_up)
     logits = m.compute_logits(x)
     ids = torch.randint(3, m.config.vocab_size, (BATCH,), generator=g)
     per_step = 1.0 / layers
@@ -81,7 +81,8 @@ def build_parts(preset: str, threads: int) -> tuple[dict[str, tuple[Callable[[],
             lambda: build_metadata(tables, [1] * BATCH, [CONTEXT] * BATCH, BATCH, bs, kv.null_slot, m.device),
             per_step,
         ),
-        "rms_norm": (lambda: rms_norm(x, w.input_norm, m.eps), 2.0),
+        "rms_norm": (lambda: norm.rms_norm(x, w.input_norm), per_step),
+        "residual add + rms_norm": (lambda: norm.add_rms_norm(x, x, w.post_attention_norm), 2.0),
         "qkv linear": (lambda: linear(x, w.qkv, None), 1.0),
         "kv store": (
             lambda: (ks.index_copy_(0, meta.slot_mapping, k), vs.index_copy_(0, meta.slot_mapping, v)),
@@ -90,9 +91,8 @@ def build_parts(preset: str, threads: int) -> tuple[dict[str, tuple[Callable[[],
         "decode attention": (lambda: _decode_attention(q, ks, vs, meta), 1.0),
         "o linear": (lambda: linear(x, w.o, None), 1.0),
         "gate_up linear": (lambda: linear(x, w.gate_up, None), 1.0),
-        "silu * up": (lambda: F.silu(gate) * up, 1.0),
+        "silu * up": (lambda: norm.silu_and_mul(gate_up), 1.0),
         "down linear": (lambda: linear(act, w.down, None), 1.0),
-        "residual add": (lambda: x + x, 2.0),
         "lm head": (lambda: m.compute_logits(x), per_step),
         "greedy argmax": (lambda: cpu_kernels.argmax_rows(logits).tolist(), per_step),
         "whole forward + lm head": (
