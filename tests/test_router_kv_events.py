@@ -19,6 +19,7 @@ from server_helpers import wait_until
 from tailserve.cluster.routing import RouteRequest, block_keys_from_tokens
 from tailserve.kv.block_pool import HashedBlockPool
 from tailserve.kv.prefix import block_hashes
+from tailserve.router.kv_events import BackendBlocks
 from tailserve.server.kv_events import (
     BlockRemoved,
     BlockStored,
@@ -46,7 +47,7 @@ def test_pool_events_go_out_in_vllm_wire_format():
     pool.free(blocks)
     pool.allocate(4)  # evicts both cached blocks
     events = pool.take_events()
-    assert events == [("stored", keys, None), ("removed", keys[::-1])]  # freed tail first, LRU
+    assert events == [("stored", keys, None, []), ("removed", keys[::-1])]  # freed tail first, LRU
     config = KvEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:*", topic="kv")
     publisher = ZmqKvEventPublisher(config, block_size=2)
     context = zmq.Context()
@@ -69,6 +70,37 @@ def test_pool_events_go_out_in_vllm_wire_format():
         sub.close(linger=0)
         context.term()
         publisher.close()
+
+
+def test_stored_events_carry_tokens_and_each_runs_parent():
+    """Blocks another request already cached are not stored again: the newly cached blocks come
+    in runs, each one BlockStored with its blocks' tokens and the key of the block before it
+    (not the parent of the whole span), so a consumer that rehashes tokens (the router, Dynamo)
+    rebuilds exactly the pool's keys."""
+    bs = 16
+    tokens = list(range(100, 100 + 5 * bs))
+    keys = block_hashes(tokens, bs)
+    pool = HashedBlockPool(8, bs)
+    pool.take_events()  # start recording
+    shared = pool.allocate(2)
+    pool.cache_full_blocks(shared, keys, token_ids=tokens)  # a shared two-block prefix
+    mine = pool.allocate(5)
+    pool.cache_full_blocks(mine[:3], keys, token_ids=tokens)  # up to block 2
+    pool.cache_full_blocks(mine[3:], keys, keys[2], start=3, token_ids=tokens)  # blocks 3 and 4
+    events = pool.take_events()
+    assert events == [
+        ("stored", keys[:2], None, tokens[: 2 * bs]),
+        ("stored", [keys[2]], keys[1], tokens[2 * bs : 3 * bs]),
+        ("stored", keys[3:], keys[2], tokens[3 * bs :]),
+    ]
+    backend = BackendBlocks()
+    for _, stored, parent, toks in events:
+        backend.apply(BlockStored(stored, parent, toks, bs, None, "GPU", None))
+    assert set(backend.keys) == set(keys) and backend.skipped_blocks == 0
+    no_tokens = HashedBlockPool(4, bs)
+    no_tokens.take_events()
+    no_tokens.cache_full_blocks(no_tokens.allocate(2), keys[:2])
+    assert no_tokens.take_events() == [("stored", keys[:2], None, [])]  # keyed without tokens
 
 
 def test_kv_events_config_is_vllms_and_bad_values_are_clear():

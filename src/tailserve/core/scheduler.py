@@ -37,14 +37,22 @@ if TYPE_CHECKING:
     from tailserve.core.policy import Policy
 
 
+def key_tokens(request: Request) -> list[int] | None:
+    """The tokens a request's prefix keys are made from: its prompt (and, in simulation, the
+    outputs it will generate); None when it has no token ids (Mooncake hash ids, or neither)."""
+    if request.prompt_token_ids is None:
+        return None
+    if request.planned_output_token_ids:
+        return [*request.prompt_token_ids, *request.planned_output_token_ids]
+    return request.prompt_token_ids
+
+
 def prefix_keys(request: Request, block_size: int) -> list[int] | None:
     """Content keys of the request's full blocks: from its token ids (and, in simulation, the
     outputs it will generate), or from Mooncake ``hash_ids`` (512-token blocks, prompt only);
     None when the workload gives neither."""
-    if request.prompt_token_ids is not None:
-        tokens = request.prompt_token_ids
-        if request.planned_output_token_ids:
-            tokens = [*tokens, *request.planned_output_token_ids]
+    tokens = key_tokens(request)
+    if tokens is not None:
         return block_hashes(tokens, block_size)
     if request.prefix_block_hashes:
         return keys_from_hash_ids(request.prefix_block_hashes, request.prompt_len, 512, block_size)
@@ -95,7 +103,7 @@ class Scheduler:
         if self.kv_cache.prefix_caching:
             keys = prefix_keys(request, self.kv_cache.block_size)
             if keys:
-                self.kv_cache.set_prefix_keys(request.request_id, keys)
+                self.kv_cache.set_prefix_keys(request.request_id, keys, key_tokens(request))
         self.policy.add_request(self, request)
         return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 

@@ -74,9 +74,33 @@ class HashedBlockPool(PrefixCache):
         self._num_free_cached = 0
         self.stats = PrefixCacheStats()
         # vLLM's KV events (``--kv-events-config``), when someone listens: ("stored", keys,
-        # parent key or None) when keys gain their first holder, ("removed", keys) when they
+        # parent key or None, their blocks' token ids or []) when keys gain their first holder, ("removed", keys) when they
         # lose their last one, in the order it happened; ``take_events`` empties it.
         self.kv_events: list[tuple] | None = None
+
+    def _record_stored(
+        self,
+        block_keys: Sequence[int],
+        slots: list[int],
+        parent_key: int | None,
+        token_ids: Sequence[int] | None,
+    ) -> None:
+        """KV events for the blocks ``block_keys[slots]`` that gained a first holder: one event per
+        run of consecutive blocks, each with the key of the block before it (a consumer that
+        rehashes tokens, as Dynamo's indexer and the tailserve router do, chains from it) and,
+        when ``token_ids`` are known, its blocks' tokens."""
+        bs = self.block_size
+        i = 0
+        while i < len(slots):
+            j = i + 1
+            while j < len(slots) and slots[j] == slots[j - 1] + 1:
+                j += 1
+            first, last = slots[i], slots[j - 1] + 1
+            parent = int(block_keys[first - 1]) if first > 0 else parent_key
+            keys = [int(k) for k in block_keys[first:last]]
+            tokens = list(token_ids[first * bs : last * bs]) if token_ids is not None else []
+            self.kv_events.append(("stored", keys, parent, tokens))  # type: ignore[union-attr]
+            i = j
 
     def take_events(self) -> list[tuple]:
         """The KV events recorded since the last call (recording starts with the first call)."""
@@ -240,6 +264,7 @@ class HashedBlockPool(PrefixCache):
         block_keys: Sequence[int],
         parent_key: int | None = None,
         start: int = 0,
+        token_ids: Sequence[int] | None = None,
     ) -> int:
         """Register ``block_ids[i]`` as holding the full, computed block ``block_keys[start + i]``
         (``block_keys``: a request's keys; a ``TraceBlockKeys`` must be passed whole).
@@ -248,7 +273,8 @@ class HashedBlockPool(PrefixCache):
         does not change while it is held). Each block must be held (ref count > 0); nothing
         changes when a check fails. Returns how many of the keys were cached before the call (by
         this block or another one); duplicates stay cached, as in vLLM, so the caller frees
-        nothing. ``parent_key``: the key of the block before ``block_keys[start]`` (KV events only).
+        nothing. ``parent_key``: the key of the block before ``block_keys[start]``, and
+        ``token_ids`` the tokens ``block_keys`` were made from (KV events only).
         """
         n = len(block_ids)
         if start < 0 or start + n > len(block_keys):
@@ -274,6 +300,7 @@ class HashedBlockPool(PrefixCache):
         index = self._trace_for(block_keys.per) if trace else None  # before anything changes
         current = self._keys[ids]
         keyless = current == NO_KEY
+        slots = np.arange(start, start + n)  # each block's place in ``block_keys`` (KV events)
         already = 0
         positions = np.arange(start, start + n) if trace else None
         if not keyless.all():
@@ -281,7 +308,7 @@ class HashedBlockPool(PrefixCache):
                 bad = int(ids[np.flatnonzero(~keyless & (current != new_keys))[0]])
                 raise ValueError(f"block {bad} is cached under another key")
             already = len(ids) - int(np.count_nonzero(keyless))
-            ids, new_keys = ids[keyless], new_keys[keyless]
+            ids, new_keys, slots = ids[keyless], new_keys[keyless], slots[keyless]
             if positions is not None:
                 positions = positions[keyless]
             if not len(ids):
@@ -294,9 +321,7 @@ class HashedBlockPool(PrefixCache):
             keys = list(span) if len(ids) == n else new_keys.tolist()
             clashes = self._index.add(ids.tolist(), keys)
         if self.kv_events is not None:
-            stored = np.delete(new_keys, clashes).tolist()  # the keys that gained a first holder
-            if stored:
-                self.kv_events.append(("stored", stored, parent_key))
+            self._record_stored(block_keys, np.delete(slots, clashes).tolist(), parent_key, token_ids)
         return already + len(clashes)
 
     def evict(self, num: int) -> int:

@@ -11,6 +11,7 @@ CPU swap pool (inherited) and which leading blocks of each table are registered.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from tailserve.kv.block_pool import HashedBlockPool
@@ -27,6 +28,8 @@ class HashedKVCacheManager(KVCacheManager):
         self.pool = HashedBlockPool(num_blocks, block_size)
         self._free = []  # unused: the pool owns free blocks and ref counts
         self._keys: dict[str, list[int]] = {}  # request id -> full-block keys
+        # request id -> the token ids its keys were made from (KV events' ``token_ids``)
+        self._tokens: dict[str, Sequence[int]] = {}
         self._num_registered: dict[str, int] = {}  # request id -> blocks registered in the pool
 
     @property
@@ -71,14 +74,22 @@ class HashedKVCacheManager(KVCacheManager):
         self.pool.evict(self.pool.num_evictable)
 
     # ---- prefix caching ---------------------------------------------------------------------
-    def set_prefix_keys(self, request_id: str, keys: list[int]) -> None:
+    def set_prefix_keys(
+        self, request_id: str, keys: list[int], token_ids: Sequence[int] | None = None
+    ) -> None:
         """The request's full-block content keys (``prefix.block_hashes`` or
-        ``keys_from_hash_ids``); without keys a request neither hits nor registers blocks."""
+        ``keys_from_hash_ids``); without keys a request neither hits nor registers blocks.
+        ``token_ids``: the tokens the keys were made from, block after block, when known; the
+        pool's KV events then carry each stored block's tokens, as vLLM's do."""
         self._keys[request_id] = keys
+        if token_ids is not None:
+            self._tokens[request_id] = token_ids
 
     def forget_prefix_keys(self, request_id: str) -> None:
         if self._keys:
             self._keys.pop(request_id, None)
+        if self._tokens:
+            self._tokens.pop(request_id, None)
 
     def match_prefix(self, request_id: str, num_tokens: int) -> PrefixMatch | None:
         """Longest cached chain of the request's blocks, capped so at least one of its
@@ -124,7 +135,10 @@ class HashedKVCacheManager(KVCacheManager):
             table = self.block_tables[request_id]
             # the whole key list and where the blocks start in it (Mooncake keys are indexed
             # one trace block at a time: kv/trace_block_index.py)
-            self.pool.cache_full_blocks(table[done:full], keys, keys[done - 1] if done else None, start=done)
+            self.pool.cache_full_blocks(
+                table[done:full], keys, keys[done - 1] if done else None, start=done,
+                token_ids=self._tokens.get(request_id),
+            )  # fmt: skip
             self._num_registered[request_id] = full
 
     def holds(self, request_id: str, num_total_tokens: int) -> bool:

@@ -7,18 +7,20 @@ backend without events) on one thread, each backend's events applied to its ``Ba
 (``RouteRequest.token_keys``); for a text prompt, or a backend without events, it says None and
 the router uses its own tree.
 
-Two kinds of publisher, told apart by ``BlockStored.token_ids``:
+Events are told apart by ``BlockStored.token_ids``:
 
-- **vLLM** sends each stored block's tokens and the engine hash of the block before it. Its
-  hashes are its own (sha256 or builtin hash, seeded per deployment), so the router re-keys the
-  tokens with its own chain (``cluster/routing.extend_block_keys``), continuing from the key it
-  gave the parent block, as Dynamo's indexer rehashes tokens; an engine block of ``k x 16``
-  tokens gives ``k`` router keys. ``BlockRemoved`` names engine hashes: the router maps them back.
-  vLLM reports every cached copy of a block, so a hash is forgotten when its last copy is removed.
-  A block whose parent the router never saw (it subscribed after the parent was stored) cannot be
-  placed in a chain and is skipped: ZeroMQ PUB/SUB has no history without a replay socket.
-- **tailserve serve** sends no tokens; its block hashes are already the router's keys (same
-  chain, same 16-token blocks), used as they are.
+- **With tokens** (vLLM, and ``tailserve serve``): each stored block's tokens and the engine hash
+  of the block before it. vLLM's hashes are its own (sha256 or builtin hash, seeded per
+  deployment), so the router re-keys the tokens with its own chain
+  (``cluster/routing.extend_block_keys``), continuing from the key it gave the parent block, as
+  Dynamo's indexer rehashes tokens; an engine block of ``k x 16`` tokens gives ``k`` router keys
+  (for tailserve's 16-token blocks the re-keyed keys equal its hashes). ``BlockRemoved`` names
+  engine hashes: the router maps them back. vLLM reports every cached copy of a block, so a hash
+  is forgotten when its last copy is removed. A block whose parent the router never saw (it
+  subscribed after the parent was stored) cannot be placed in a chain and is skipped: ZeroMQ
+  PUB/SUB has no history without a replay socket.
+- **Without tokens** (a tailserve engine keyed from Mooncake hash ids, or an older tailserve):
+  the block hashes are the router's keys (same chain, same 16-token blocks), used as they are.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ after each engine step the server publishes them as one ``KVEventBatch`` on a PU
 three frames, ``topic``, an 8-byte big-endian sequence number, and the msgpack batch — what
 vLLM sends and what Dynamo's and llm-d's KV indexers (and ``tailserve router``) subscribe to.
 
-What differs from vLLM: ``BlockStored.token_ids`` is empty (the pool holds keys, not tokens: a
-consumer that rehashes tokens itself, as Dynamo does, cannot use these events, one that takes
-``block_hashes`` as they are can); a key is stored when its first block caches it and removed
-when its last one is evicted (vLLM reports every copy); no replay socket (``replay_endpoint``
+``BlockStored`` carries each block's tokens and the key of the block before it, as vLLM's does,
+so a consumer that rehashes tokens itself (Dynamo's and llm-d's indexers, the tailserve router)
+can chain them; the block hashes are tailserve's own keys. What differs from vLLM: a key is
+stored when its first block caches it and removed when its last one is evicted (vLLM reports
+every copy), so one event covers a run of consecutive newly cached blocks; no replay socket (``replay_endpoint``
 is refused); the send happens on the engine thread, non-blocking (a subscriber too slow for
 ``hwm`` queued batches loses the newest, counted in ``num_dropped``).
 """
@@ -142,7 +143,9 @@ class ZmqKvEventPublisher:
         events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
         for event in raw_events:
             if event[0] == "stored":
-                events.append(BlockStored(event[1], event[2], [], self.block_size, None, MEDIUM_GPU, None))
+                events.append(
+                    BlockStored(event[1], event[2], event[3], self.block_size, None, MEDIUM_GPU, None)
+                )
             else:
                 events.append(BlockRemoved(event[1], MEDIUM_GPU))
         payload = self._encoder.encode(KVEventBatch(time.time(), events))
