@@ -93,12 +93,19 @@ def run_tailserve(model_dir: Path, args: argparse.Namespace, work: dict[str, Any
     generate(work["warmup"], 8)
     log = engine_loop.log
     first = len(log)
+    threads = llm.engine.stop_checker.inner.threads  # the executor's ThreadController (None on CUDA)
+    before = threads.seconds_at() if threads is not None else None
     result["w"] = timed_w(generate, work["w"], work["w_max_tokens"], args)
+    if before is not None:
+        result["w"]["seconds_at_threads"] = _since(before, threads.seconds_at())
     result["w"]["steps"] = step_profile(
         log, first, len(log), len(work["w"]), len(work["w"][0]), work["w_max_tokens"]
     )
+    at = result["w"].get("seconds_at_threads")
     print(
-        f"    tailserve W {result['w']['wall_s']:.2f} s, {result['w']['output_tok_s']:.0f} tok/s", flush=True
+        f"    tailserve W {result['w']['wall_s']:.2f} s, {result['w']['output_tok_s']:.0f} tok/s"
+        + (f" (seconds at each thread count: {at})" if at else ""),
+        flush=True,
     )
     result["ttft"] = timed_ttft(generate, work["ttft"], args)
     rate = work["rate"](result["w"]["output_tok_s"])
@@ -112,11 +119,24 @@ def run_tailserve(model_dir: Path, args: argparse.Namespace, work: dict[str, Any
     def step() -> list[tuple[str, int, bool]]:
         return [(o.request_id, len(o.token_ids), o.finished) for o in engine.step()]
 
+    before = threads.seconds_at() if threads is not None else None
     result["poisson"] = timed_poisson(
         lambda: drive(requests, add, step, engine.has_unfinished_requests), args
     )
     result["poisson"]["rate_req_s"] = rate
+    if before is not None:
+        result["poisson"]["seconds_at_threads"] = _since(before, threads.seconds_at())
+    result["seconds_at_threads"] = threads.seconds_at() if threads is not None else None
     return result
+
+
+def _since(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """Seconds at each thread count between two ``ThreadController.seconds_at`` readings."""
+    return {
+        str(k): round(v - before.get(k, 0.0), 3)
+        for k, v in sorted(after.items())
+        if v - before.get(k, 0.0) > 0
+    }
 
 
 def step_profile(log: Any, first: int, last: int, batch_size: int, prompt_len: int, max_tokens: int) -> dict:

@@ -76,6 +76,23 @@ def test_controller_drops_at_once_and_climbs_back_after_two_windows(monkeypatch:
     assert applied == [4, 2, 3, 4, 1]
 
 
+def test_controller_counts_the_seconds_at_each_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpu, now = FakeCpu(), [100.0]
+    c = ThreadController(max_threads=2, set_threads=lambda n: None, sample=cpu.sample, clock=lambda: now[0])
+    now[0] += 3.0
+    cpu.advance(3.0, others=1.0, own=1.0)
+    c.update_from(cpu.sample())  # a core taken: one thread
+    now[0] += 1.5
+    assert c.seconds_at() == {2: 3.0, 1: 1.5}
+    for _ in range(2):
+        now[0] += 0.5
+        cpu.advance(0.5, others=0.0, own=1.0)
+        c.update_from(cpu.sample())
+    now[0] += 2.0
+    assert c.threads == 2 and c.seconds_at() == {2: 5.0, 1: 2.5}
+
+
 def test_fixed_threads_and_omp_num_threads_turn_adaptation_off(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu, applied = FakeCpu(), []
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

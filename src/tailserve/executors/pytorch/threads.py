@@ -196,6 +196,7 @@ class ThreadController:
         sample=read_sample,
         pin: bool | None = None,
         pinner=None,
+        clock=time.monotonic,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
@@ -210,6 +211,10 @@ class ThreadController:
         self.threads = threads if threads is not None else self.max_threads
         self.interval_s = interval_s
         self.num_changes = 0
+        # seconds spent at each thread count (closed intervals; ``seconds_at`` adds the open one)
+        self._seconds_at: dict[int, float] = {}
+        self._clock = clock
+        self._since = clock()
         self._set_threads = set_threads
         self._sample = sample
         self._last = sample() if self.adaptive else None
@@ -337,7 +342,17 @@ class ThreadController:
         else:
             self._raise_votes = 0
 
+    def seconds_at(self) -> dict[int, float]:
+        """Wall seconds spent at each thread count since construction: what a benchmark reports
+        to show whether the adaptation ran it on fewer cores than it had."""
+        out = dict(self._seconds_at)
+        out[self.threads] = out.get(self.threads, 0.0) + self._clock() - self._since
+        return out
+
     def _apply(self, threads: int) -> None:
+        now = self._clock()
+        self._seconds_at[self.threads] = self._seconds_at.get(self.threads, 0.0) + now - self._since
+        self._since = now
         self.threads = threads
         self.num_changes += 1
         self._set_threads(threads)
