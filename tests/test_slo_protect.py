@@ -23,10 +23,10 @@ def test_a_protected_tenant_stays_protected_until_it_has_its_share():
     recent.step({"light": 3_000.0, "heavy": 7_000.0})
     # Fair rank 5,000: light's 3,000 is past half of it (2,500), so it does not become protected...
     assert recent.shares({"light", "heavy"}, ONE) == (frozenset(), {"heavy"})
-    # ... but protected the iteration before, it stays so until 5,000 (until=1) ...
+    # ... but protected the iteration before, it stays so until 5,000 (until=1, the default) ...
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 1.0) == ({"light"}, {"heavy"})
-    # ... or 3,750 (until=0.75, the default), and not with the hold off (until=0.5) or past a
-    # smaller hold (0.6 x 5,000 = 3,000).
+    # ... or 3,750 (until=0.75), and not with the hold off (until=0.5) or past a smaller hold
+    # (0.6 x 5,000 = 3,000).
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 0.75)[0] == {"light"}
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 0.5)[0] == frozenset()
     assert recent.shares({"light", "heavy"}, ONE, frozenset({"light"}), 0.6)[0] == frozenset()
@@ -46,14 +46,14 @@ def test_the_policy_holds_protection_from_one_iteration_to_the_next(until):
     sched.schedule(0.0)
     assert policy._protected == {"light"}
     # Light's burst: its recent service now 30% of the total, past half its share (25%) but
-    # under the default hold's three quarters (37.5%).
+    # under the default hold's whole share (50%).
     recent.served = {"light": 3_000.0, "heavy": 7_000.0}
     sched.schedule(0.05)
     assert policy._protected == ({"light"} if until is None else frozenset())
-    # Past three quarters of its share (40% of the total) the hold ends.
-    recent.served = {"light": 4_000.0, "heavy": 6_000.0}
+    # Past its share (60% of the total) the hold ends: light is over its share now.
+    recent.served = {"light": 6_000.0, "heavy": 4_000.0}
     sched.schedule(0.1)
-    assert policy._protected == frozenset()
+    assert policy._protected == frozenset() and policy._over == {"light"}
 
 
 def _queue(fairness: str):

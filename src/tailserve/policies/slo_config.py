@@ -30,7 +30,7 @@ class SloConfig:
     quantum_tbts: float = 0.5  # 0: rule 11 off
     # Rule 9 (fairness=vtc): a protected tenant stays protected until its recent service reaches
     # this fraction of its fair share (it becomes protected under half of it); 0.5: no hold.
-    protect_until: float = 0.75
+    protect_until: float = 1.0
     # Rule 9: a protected tenant's feasible waiting requests in "arrival" order, or "slack" (rule 3's).
     protected_order: str = "arrival"
     tbt_late_fraction: float = 0.0  # experiment (slo_burst.py): share of gaps allowed late on bursts
