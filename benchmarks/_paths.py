@@ -9,6 +9,7 @@ vLLM's driver imports this from vLLM's venv).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def default_out(filename: str) -> Path:
     """``benchmarks/out/FILENAME`` (created), the git-ignored default for a results file."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     return OUT_DIR / filename
+
+
+def save_results(results: dict, out: str | Path | None, filename: str) -> Path:
+    """Write a benchmark's results as JSON to ``out`` (default ``benchmarks/out/FILENAME``), say
+    where, and return the path."""
+    path = Path(out) if out else default_out(filename)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    print(f"results: {path}")
+    return path
 
 
 # The public traces the benchmarks replay by default, and where each comes from.

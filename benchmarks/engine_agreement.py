@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ importlib.import_module("tailserve.executors.pytorch")  # its OpenMP wait policy
 from _arrivals import random_prompts  # noqa: E402
 from _engine_report import first_divergence  # noqa: E402
 from _hf_static import HfStatic  # noqa: E402
-from _paths import default_out  # noqa: E402
+from _paths import save_results  # noqa: E402
 
 from tailserve.executors.pytorch import cpu_kernels  # noqa: E402
 from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
@@ -91,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"median {s['median_first_divergence']}, first 8 prompts {s['first_divergence'][:8]}"
                 )
         results["models"][preset] = entry
-    out = Path(args.out) if args.out else default_out("engine_agreement.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"results: {out}")
+    save_results(results, args.out, "engine_agreement.json")
     return 0
 
 

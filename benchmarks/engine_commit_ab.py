@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from _host import simd_flags
-from _paths import default_out
+from _paths import save_results
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -130,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(worktree)],
                            capture_output=True)  # fmt: skip
-    out = Path(args.out) if args.out else default_out("engine_commit_ab.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"results: {out}")
+    save_results(results, args.out, "engine_commit_ab.json")
     return 0
 
 

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _host import simd_flags  # noqa: E402
-from _paths import default_out  # noqa: E402
+from _paths import save_results  # noqa: E402
 from _quiet import gated  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -150,10 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{preset} {setting}: failed: {q.get('error') or c.get('error')}", flush=True)
             results["runs"][f"{preset}/{setting}"] = row
-    out = Path(args.out) if args.out else default_out("engine_contention.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"results: {out}")
+    save_results(results, args.out, "engine_contention.json")
     return 0
 
 

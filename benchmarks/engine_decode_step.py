@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
-import json
 import random
 import sys
 import time
@@ -27,7 +26,7 @@ sys.path.insert(0, str(HERE))
 importlib.import_module("tailserve.executors.pytorch")  # its OpenMP wait policy before torch
 
 from _host import simd_flags  # noqa: E402
-from _paths import default_out  # noqa: E402
+from _paths import save_results  # noqa: E402
 
 from tailserve.executors.pytorch import executor as executor_mod  # noqa: E402
 from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
@@ -118,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for part, ms in r["ms_per_step"].items():
             print(f"  {part:20s} {ms:8.2f}")
         print(f"  {'outside the model':20s} {r['outside_model_ms']:8.2f}  (engine step - forward - lm head)")
-    out = Path(args.out) if args.out else default_out("engine_decode_step.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"results: {out}")
+    save_results(results, args.out, "engine_decode_step.json")
     return 0
 
 

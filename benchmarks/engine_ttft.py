@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 importlib.import_module("tailserve.executors.pytorch")  # torch with tailserve's OpenMP wait policy
 
 from _arrivals import TimedRequest, at_rate, drive, percentile, poisson_requests  # noqa: E402
-from _paths import default_out  # noqa: E402
+from _paths import save_results  # noqa: E402
 
 from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
 from tailserve.llm import LLM, SamplingParams  # noqa: E402
@@ -193,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(line + "".join(f"  {t.get(r['id'], float('nan')) * 1e3:.0f}" for t in others.values()))
         results["models"][preset] = model
-    out = Path(args.out) if args.out else default_out("engine_ttft.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"results: {out}")
+    save_results(results, args.out, "engine_ttft.json")
     return 0
 
 
