@@ -47,11 +47,13 @@ def key_tokens(request: Request) -> list[int] | None:
     return request.prompt_token_ids
 
 
-def prefix_keys(request: Request, block_size: int) -> list[int] | None:
+def prefix_keys(request: Request, block_size: int, tokens: list[int] | None = None) -> list[int] | None:
     """Content keys of the request's full blocks: from its token ids (and, in simulation, the
     outputs it will generate), or from Mooncake ``hash_ids`` (512-token blocks, prompt only);
-    None when the workload gives neither."""
-    tokens = key_tokens(request)
+    None when the workload gives neither. ``tokens``: ``key_tokens(request)``, when the caller
+    has it already."""
+    if tokens is None:
+        tokens = key_tokens(request)
     if tokens is not None:
         return block_hashes(tokens, block_size)
     if request.prefix_block_hashes:
@@ -101,9 +103,10 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.enqueue_time = now
         if self.kv_cache.prefix_caching:
-            keys = prefix_keys(request, self.kv_cache.block_size)
+            tokens = key_tokens(request)  # built once: the keys and the KV events' token ids
+            keys = prefix_keys(request, self.kv_cache.block_size, tokens)
             if keys:
-                self.kv_cache.set_prefix_keys(request.request_id, keys, key_tokens(request))
+                self.kv_cache.set_prefix_keys(request.request_id, keys, tokens)
         self.policy.add_request(self, request)
         return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 

@@ -300,15 +300,15 @@ class HashedBlockPool(PrefixCache):
         index = self._trace_for(block_keys.per) if trace else None  # before anything changes
         current = self._keys[ids]
         keyless = current == NO_KEY
-        slots = np.arange(start, start + n)  # each block's place in ``block_keys`` (KV events)
         already = 0
-        positions = np.arange(start, start + n) if trace else None
+        # each block's place in ``block_keys``: the trace index and the KV events need it
+        positions = np.arange(start, start + n) if trace or self.kv_events is not None else None
         if not keyless.all():
             if (current[~keyless] != new_keys[~keyless]).any():
                 bad = int(ids[np.flatnonzero(~keyless & (current != new_keys))[0]])
                 raise ValueError(f"block {bad} is cached under another key")
             already = len(ids) - int(np.count_nonzero(keyless))
-            ids, new_keys, slots = ids[keyless], new_keys[keyless], slots[keyless]
+            ids, new_keys = ids[keyless], new_keys[keyless]
             if positions is not None:
                 positions = positions[keyless]
             if not len(ids):
@@ -321,7 +321,7 @@ class HashedBlockPool(PrefixCache):
             keys = list(span) if len(ids) == n else new_keys.tolist()
             clashes = self._index.add(ids.tolist(), keys)
         if self.kv_events is not None:
-            self._record_stored(block_keys, np.delete(slots, clashes).tolist(), parent_key, token_ids)
+            self._record_stored(block_keys, np.delete(positions, clashes).tolist(), parent_key, token_ids)
         return already + len(clashes)
 
     def evict(self, num: int) -> int:
