@@ -52,11 +52,13 @@ def measure(preset: str, threads: int | None) -> dict[str, Any]:
 
         return call
 
-    execute = executor.execute
+    steps = [0]
+    execute = timed(executor.execute, "executor")
 
     def execute_marked(out):
         decode[0] = len(out.scheduled) == BATCH and all(s.num_new_tokens == 1 for s in out.scheduled)
-        return timed(execute, "executor")(out)
+        steps[0] += decode[0]
+        return execute(out)
 
     executor.execute = execute_marked
     executor.model.forward = timed(executor.model.forward, "forward")
@@ -64,17 +66,7 @@ def measure(preset: str, threads: int | None) -> dict[str, Any]:
     executor.sampler.sample = timed(executor.sampler.sample, "sampler")
     build = executor_mod.build_metadata
     executor_mod.build_metadata = timed(build, "attention metadata")
-    step = engine.step
-    engine.step = lambda: timed(step, "engine step")()
-    steps = [0]
-    count = executor.execute
-
-    def counting(out):
-        result = count(out)
-        steps[0] += decode[0]
-        return result
-
-    executor.execute = counting
+    engine.step = timed(engine.step, "engine step")
     try:
         rng = random.Random(1234)
         vocab = executor.model.config.vocab_size
