@@ -32,17 +32,16 @@ REPO = HERE.parent
 # Runs inside each side's interpreter (PYTHONPATH = that side's src): the same workload and
 # measurement for both, independent of either side's benchmark helpers.
 CHILD = r"""
-import hashlib, json, random, sys, time
+import hashlib, json, sys, time
 import tailserve.executors.pytorch  # its OpenMP wait policy before torch
+from _arrivals import random_prompts  # benchmarks/ is on the path: engine_cpu's W prompts
 from tailserve.executors.pytorch.init_model import default_model_dir
 from tailserve.llm import LLM, SamplingParams
 
 preset, threads = sys.argv[1], (int(sys.argv[2]) or None)
 llm = LLM(default_model_dir(preset), policy="vllm", dtype="bfloat16", threads=threads)
 executor = llm.engine.stop_checker.inner
-vocab = executor.model.config.vocab_size
-rng = random.Random(1234)
-prompts = [[1] + [rng.randrange(3, vocab) for _ in range(255)] for _ in range(64)]
+prompts = random_prompts(64, 256, executor.model.config.vocab_size, 1234)
 llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=4, temperature=0.0))
 params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
 controller = executor.threads
@@ -63,7 +62,7 @@ print(json.dumps({
 
 
 def run_side(src: Path, preset: str, threads: int | None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(src), str(HERE)))}
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, preset, str(threads or 0)],
         capture_output=True, text=True, cwd=tempfile.gettempdir(), env=env,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
-import random
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 importlib.import_module("tailserve.executors.pytorch")  # its OpenMP wait policy before torch
 
+from _arrivals import random_prompts  # noqa: E402
 from _host import simd_flags  # noqa: E402
 from _paths import save_results  # noqa: E402
 
@@ -32,7 +32,7 @@ from tailserve.executors.pytorch import executor as executor_mod  # noqa: E402
 from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
 from tailserve.llm import LLM, SamplingParams  # noqa: E402
 
-BATCH, PROMPT, NEW = 64, 256, 64
+BATCH, PROMPT, NEW, W_SEED = 64, 256, 64, 1234  # engine_cpu's W
 PARTS = ("engine step", "executor", "attention metadata", "forward", "lm head", "sampler")
 
 
@@ -68,9 +68,7 @@ def measure(preset: str, threads: int | None) -> dict[str, Any]:
     executor_mod.build_metadata = timed(build, "attention metadata")
     engine.step = timed(engine.step, "engine step")
     try:
-        rng = random.Random(1234)
-        vocab = executor.model.config.vocab_size
-        prompts = [[1] + [rng.randrange(3, vocab) for _ in range(PROMPT - 1)] for _ in range(BATCH)]
+        prompts = random_prompts(BATCH, PROMPT, executor.model.config.vocab_size, W_SEED)
         warm = SamplingParams(max_tokens=4, temperature=0.0)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], warm)
         seconds.clear()
