@@ -1,4 +1,4 @@
-"""The fused elementwise CPU kernels (RoPE with the q/k/v split, greedy argmax) agree with the PyTorch ops they replace, and a bf16 model gives the
+"""The fused elementwise CPU kernels (RoPE with the q/k/v split, greedy argmax with its NaN check, the K/V store) agree with the PyTorch ops they replace, and a bf16 model gives the
 same logits, bit for bit, through the fused path (RoPE, RMSNorm, SiLU-mul kernels) and PyTorch's."""
 
 from __future__ import annotations
@@ -39,6 +39,31 @@ def test_argmax_rows_keeps_the_first_maximum() -> None:
     logits[5, 999] = 0.0
     logits[6] = float("-inf")  # every token banned: index 0, as torch.argmax
     assert torch.equal(cpu_kernels.argmax_rows(logits), logits.argmax(dim=-1))
+
+
+def test_argmax_rows_nan_reports_a_nan_logit() -> None:
+    logits = torch.randn(5, 700, generator=torch.Generator().manual_seed(6))
+    tokens, has_nan = cpu_kernels.argmax_rows_nan(logits)
+    assert torch.equal(tokens, logits.argmax(dim=-1)) and has_nan is False
+    logits[3, 699] = float("nan")  # the last column: the check must read every value
+    assert cpu_kernels.argmax_rows_nan(logits)[1] is True
+    logits[3, 699] = float("inf")  # infinite is not NaN
+    assert cpu_kernels.argmax_rows_nan(logits)[1] is False
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+def test_store_kv_equals_index_copy(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(7)
+    cache = [torch.randn(64, 4, 32, generator=g).to(dtype) for _ in range(2)]
+    want = [c.clone() for c in cache]
+    k, v = (torch.randn(5, 4, 32, generator=g).to(dtype) for _ in range(2))
+    slots = torch.tensor([9, 0, 63, 17, 18])
+    assert cpu_kernels.store_kv(cache[0], cache[1], k, v, slots)
+    want[0].index_copy_(0, slots, k)
+    want[1].index_copy_(0, slots, v)
+    assert torch.equal(cache[0], want[0]) and torch.equal(cache[1], want[1])
+    with pytest.raises(RuntimeError, match="slot 64 outside the cache's 64"):
+        cpu_kernels.store_kv(cache[0], cache[1], k[:1], v[:1], torch.tensor([64]))
 
 
 def test_bf16_model_logits_agree_with_the_pytorch_path(tmp_path, monkeypatch) -> None:

@@ -59,6 +59,9 @@ def test_sampler_survives_non_finite_logits_and_out_of_vocab_bans() -> None:
     logits = torch.full((VOCAB,), float("nan"))
     logits[7] = 1.0
     assert _sample(SamplingParams(temperature=1.0, seed=3), logits) == 7
+    assert _sample(SamplingParams(temperature=0.0), logits) == 7  # greedy: NaN counts as -inf
+    # every logit NaN: cleaned to -inf, so greedy takes token 0 (torch.argmax's first maximum)
+    assert _sample(SamplingParams(temperature=0.0), torch.full((VOCAB,), float("nan"))) == 0
     every_token_banned = torch.full((VOCAB,), float("-inf"))
     assert 0 <= _sample(SamplingParams(temperature=0.7), every_token_banned) < VOCAB
     # min_tokens with a stop id beyond the vocabulary: ignored, not an IndexError

@@ -197,9 +197,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """``q``: [tokens, heads, dim]; ``k``/``v``: [tokens, kv_heads, dim] for the new tokens;
     ``k_slots``/``v_slots``: the layer's cache as [slots, kv_heads, dim]. Returns [tokens, heads, dim]."""
-    k_slots.index_copy_(0, meta.slot_mapping, k)
-    v_slots.index_copy_(0, meta.slot_mapping, v)
+    if not cpu_kernels.store_kv(k_slots, v_slots, k, v, meta.slot_mapping):
+        k_slots.index_copy_(0, meta.slot_mapping, k)
+        v_slots.index_copy_(0, meta.slot_mapping, v)
     nd = meta.num_decodes
+    if not meta.prefills:
+        return _decode_attention(q, k_slots, v_slots, meta)  # decode-only: no joint output
     fused = None
     if meta.prefills and cpu_kernels.enabled() and cpu_kernels.prefill_attention_applies(q, k_slots):
         # bf16 on a CPU with avx512_bf16: every prefill chunk in one kernel call, reading its

@@ -42,11 +42,14 @@ class Sampler:
                 banned = [t for t in banned if 0 <= t < vocab]  # ids the model cannot produce anyway
                 if banned and len(banned) < vocab:
                     logits[i, banned] = float("-inf")
-        # A non-finite logit (a model fault) must not become a NaN probability.
-        if bool(torch.isnan(logits).any()):
-            logits = logits.nan_to_num(nan=float("-inf"))
+        # A non-finite logit (a model fault) must not become a NaN probability. The greedy
+        # tokens come with the NaN check from one pass; with a NaN they are taken again.
         greedy = [p.temperature < GREEDY_EPSILON for p in params]
-        tokens = cpu_kernels.argmax_rows(logits).tolist() if any(greedy) else [0] * len(requests)
+        argmax, has_nan = cpu_kernels.argmax_rows_nan(logits)
+        if has_nan:
+            logits = logits.nan_to_num(nan=float("-inf"))
+            argmax = cpu_kernels.argmax_rows(logits)
+        tokens = argmax.tolist() if any(greedy) else [0] * len(requests)
         for i, (request, p) in enumerate(zip(requests, params)):
             if not greedy[i]:
                 tokens[i] = self._sample_row(logits[i], p, request.request_id)
