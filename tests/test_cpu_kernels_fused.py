@@ -77,6 +77,9 @@ def test_bf16_model_logits_agree_with_the_pytorch_path(tmp_path, monkeypatch) ->
     config = load_config(model_dir)
     cpu = torch.device("cpu")
     state = load_state_dict(model_dir, config, BF16, cpu)
+    # oneDNN's matmul in both: tailserve's linear kernel sums in another order
+    # (test_linear_kernel_*), and this compares the norm and RoPE kernels with PyTorch's ops.
+    monkeypatch.setenv("TAILSERVE_LINEAR_KERNEL", "onednn")
     fused = LlamaModel(config, state, BF16, cpu)
     monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
     plain = LlamaModel(config, state, BF16, cpu)
@@ -92,3 +95,64 @@ def test_bf16_model_logits_agree_with_the_pytorch_path(tmp_path, monkeypatch) ->
         with torch.inference_mode():
             results.append(model.compute_logits(model.forward(ids, torch.arange(40), meta, kv)))
     assert torch.equal(results[0], results[1])  # the fused kernels give the PyTorch ops' bits
+
+
+def _linear_kernel_or_skip():
+    if cpu_kernels.linear_kernel() is None:
+        pytest.skip("no AVX-512 bf16 linear kernel here")
+
+
+@pytest.mark.parametrize("shape", [(1280, 768), (768, 2304), (64, 10), (192, 6)])
+def test_linear_kernel_matches_float32_to_bf16_rounding(shape) -> None:
+    """tailserve's bf16 linear layer (PackedLinear over ``linear_bf16``) is the float32 product
+    rounded once to bf16, up to float32 summation order, with and without a bias, at every row
+    count on both sides of its 6-row tiles and 96/48-row blocks (0 rows included)."""
+    from tailserve.executors.pytorch.model import PackedLinear
+
+    _linear_kernel_or_skip()
+    n, k = shape
+    w = _randn(n, k, seed=11)
+    packed = PackedLinear(w)
+    assert packed.kernel is not None
+    bias = _randn(n, seed=12)
+    for rows in (0, 1, 5, 6, 7, 64, 97, 200):
+        x = _randn(rows, k, seed=rows)
+        for b in (None, bias):
+            got = packed(x, b)
+            want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+            assert got.dtype == BF16 and got.shape == (rows, n)
+            # one bf16 rounding of the output, and float32 sums in another order: <= 2 bf16 steps
+            torch.testing.assert_close(got.float(), want, rtol=2 * 2**-8, atol=1e-3)
+
+
+def test_linear_kernel_rows_do_not_depend_on_the_batch() -> None:
+    """A row's output is the same bits whatever the other rows and their number (what lets the
+    last layer run on the sampled rows alone), and close to oneDNN's prepacked matmul."""
+    from tailserve.executors.pytorch.model import PackedLinear
+
+    _linear_kernel_or_skip()
+    w = _randn(4608, 768, scale=0.05, seed=13)
+    packed = PackedLinear(w)
+    x = _randn(300, 768, seed=14)
+    full = packed(x)
+    for rows in ([0], [299], [3, 150, 7], list(range(0, 300, 13))):
+        assert torch.equal(packed(x[rows]), full[rows])
+    assert torch.equal(packed(x.view(3, 100, 768)), full.view(3, 100, 4608))
+    onednn = torch.ops.mkldnn._linear_pointwise(
+        x, torch.ops.mkldnn._reorder_linear_weight(w, 64), None, "none", [], ""
+    )
+    torch.testing.assert_close(full.float(), onednn.float(), rtol=2 * 2**-8, atol=1e-3)
+
+
+def test_linear_kernel_follows_the_switches(monkeypatch) -> None:
+    from tailserve.executors.pytorch.model import PackedLinear
+
+    _linear_kernel_or_skip()
+    w = _randn(128, 64, seed=15)
+    assert PackedLinear(w).kernel is not None
+    assert PackedLinear(_randn(100, 64, seed=16)).kernel is None  # 100 outputs: not whole panels
+    monkeypatch.setenv("TAILSERVE_LINEAR_KERNEL", "onednn")
+    assert PackedLinear(w).kernel is None
+    monkeypatch.delenv("TAILSERVE_LINEAR_KERNEL")
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
+    assert PackedLinear(w).kernel is None

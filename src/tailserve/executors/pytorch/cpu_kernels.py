@@ -133,6 +133,18 @@ def paged_decode_attention(
     )
 
 
+def linear_kernel() -> Any | None:
+    """The module whose ``linear_bf16`` runs tailserve's bf16 linear layers (``model.PackedLinear``),
+    or None: without the kernels (or with ``TAILSERVE_CPU_KERNEL=0``), on a CPU without
+    avx512_bf16, or when ``TAILSERVE_LINEAR_KERNEL=onednn`` asks for oneDNN's prepacked matmul."""
+    if os.environ.get("TAILSERVE_LINEAR_KERNEL", "auto") == "onednn" or not enabled():
+        return None
+    module = load()
+    if module is None or module.decode_kernel_isa() != "avx512_bf16":
+        return None
+    return module
+
+
 _PREFILL_HEAD_DIMS = (32, 64, 96, 128, 256)  # what the C++ instantiates
 
 

@@ -38,24 +38,44 @@ class LayerWeights:
 
 
 class PackedLinear:
-    """A bf16 weight reordered once for oneDNN (``torch.ops.mkldnn``), as vLLM's CPU
-    backend prepacks its GEMM weights. On the 2-core EPYC (AVX-512 bf16, no AMX) it gave the
-    same bits as ``F.linear`` and 2-2.8x its speed at 1-7 rows, 1.2x at 64 (a decode batch), ~5%
-    at 512-2,048 (one core's CPU time, the small model's gate_up; docs/executor.md): ``F.linear``
-    reorders the weight inside every call. float32 weights stay ``F.linear`` (MKL), the path that
-    must equal transformers token for token."""
+    """A bf16 weight packed once at load, as vLLM's CPU backend prepacks its GEMM weights.
 
-    __slots__ = ("in_features", "numel", "out_features", "packed")
+    Where the CPU has avx512_bf16 (and the output count is a multiple of 64): packed for
+    tailserve's own kernel (``cpu_kernels.linear_kernel``; [out / 64, in / 2, 64, 2], the pair
+    layout ``_mm512_dpbf16_ps`` reads). Against oneDNN's prepacked matmul on the 2-core EPYC
+    (the small model's four projections, 2 threads): 2.1x at 1 row, 1.6x at 8, 1.15x at 64 (a
+    decode batch, its weights coming from memory as in a forward pass), even at 256-2,048 (0.96-
+    1.1x per projection; docs/executor.md). Its sums run in input order, pair by pair; oneDNN's
+    order differs in the last bit of ~0.01-0.05% of outputs, so bf16 tokens can differ from a
+    oneDNN run (``TAILSERVE_LINEAR_KERNEL=onednn`` selects oneDNN). Elsewhere: reordered once for
+    oneDNN (``torch.ops.mkldnn``), the same bits as ``F.linear`` and 2-2.8x its speed at 1-7
+    rows, 1.2x at 64, ~5% at 512-2,048: ``F.linear`` reorders the weight inside every call.
+    Either way a row's result does not depend on the other rows. float32 weights stay
+    ``F.linear`` (MKL), the path that must equal transformers token for token."""
+
+    __slots__ = ("in_features", "kernel", "numel", "out_features", "packed")
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.out_features, self.in_features = weight.shape
         self.numel = weight.numel()
-        # The batch-size hint picks the blocking; any number of rows works, and the speed barely
-        # depends on the hint (measured 1-2,048 rows).
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
+        module = cpu_kernels.linear_kernel()
+        if module is not None and self.out_features % 64 == 0 and self.in_features % 2 == 0:
+            n, k = weight.shape
+            self.kernel = module
+            self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        else:
+            self.kernel = None
+            # The batch-size hint picks the blocking; any number of rows works, and the speed
+            # barely depends on the hint (measured 1-2,048 rows).
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        if self.kernel is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        if x.dim() == 2:
+            return self.kernel.linear_bf16(x, self.packed, bias)
+        rows = x.reshape(-1, self.in_features)
+        return self.kernel.linear_bf16(rows, self.packed, bias).view(*x.shape[:-1], self.out_features)
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
