@@ -204,7 +204,7 @@ def paged_attention(
     if not meta.prefills:
         return _decode_attention(q, k_slots, v_slots, meta)  # decode-only: no joint output
     fused = None
-    if meta.prefills and cpu_kernels.enabled() and cpu_kernels.prefill_attention_applies(q, k_slots):
+    if cpu_kernels.enabled() and cpu_kernels.prefill_attention_applies(q, k_slots):
         # bf16 on a CPU with avx512_bf16: every prefill chunk in one kernel call, reading its
         # K/V from the cache (stored above) with a float32 softmax. PyTorch's CPU SDPA runs
         # these short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py).

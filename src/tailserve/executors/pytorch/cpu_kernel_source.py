@@ -151,10 +151,9 @@ static inline __m512 sum16(__m512* v) {
 // their own prefetching, 18.9 without the cross-pass prefetch, 14.2 with none (the hardware
 // prefetcher alone), 12.2 into L1 (it evicts the block in use), 18.7 two blocks ahead; a loop
 // that only loads the same rows reaches 23-25 GB/s.
-constexpr int PF_KEYS = 16;
 static inline void prefetch_block(const at::BFloat16* cache, const int64_t* sl, int64_t from, int64_t n,
                                   int64_t row_elems) {
-  for (int64_t i = from; i < from + PF_KEYS && i < n; ++i) {
+  for (int64_t i = from; i < from + 16 && i < n; ++i) {  // one block of 16 keys
     const char* p = reinterpret_cast<const char*>(cache + sl[i] * row_elems);
     for (int64_t c = 0; c < row_elems * 2; c += 64) _mm_prefetch(p + c, _MM_HINT_T1);
   }
@@ -184,7 +183,7 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
       const __m512 vscale = _mm512_set1_ps(scale);
       for (int64_t l0 = 0; l0 < n; l0 += 16) {
         const int m = static_cast<int>(std::min<int64_t>(16, n - l0));
-        if (l0 + 16 < n) prefetch_block(k, sl, l0 + PF_KEYS, n, row_elems);
+        if (l0 + 16 < n) prefetch_block(k, sl, l0 + 16, n, row_elems);
         else prefetch_block(v, sl, 0, n, row_elems);
         for (int64_t h = 0; h < KV; ++h) {
           __m512bh qv[G][NQ];
@@ -212,7 +211,7 @@ static void decode_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const
       float* __restrict ab = accbuf.data();
       for (int64_t l0 = 0; l0 < n; l0 += 16) {
         const int m = static_cast<int>(std::min<int64_t>(16, n - l0));
-        if (l0 + 16 < n) prefetch_block(v, sl, l0 + PF_KEYS, n, row_elems);
+        if (l0 + 16 < n) prefetch_block(v, sl, l0 + 16, n, row_elems);
         else if (b + 1 < end) prefetch_block(k, slots + (b + 1) * L, 0, lengths[b + 1], row_elems);
         for (int64_t h = 0; h < KV; ++h) {
           __m512 acc[G][NF];  // this head group's sums, kept in ab between blocks

@@ -59,8 +59,8 @@ class PackedLinear:
         self.out_features, self.in_features = weight.shape
         self.numel = weight.numel()
         module = cpu_kernels.linear_kernel()
-        if module is not None and self.out_features % 64 == 0 and self.in_features % 2 == 0:
-            n, k = weight.shape
+        n, k = weight.shape
+        if module is not None and n % 64 == 0 and k % 2 == 0:
             self.kernel = module
             self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
         else:
