@@ -91,6 +91,24 @@ def test_resume_skips_finished_runs(tmp_path, serial_results):
     assert sweep.num_executed == 1 and len(path.read_text().splitlines()) == 1
 
 
+def test_a_kept_run_is_not_held_after_the_caller_drops_it():
+    import dataclasses
+    import gc
+    import weakref
+
+    spec = dataclasses.replace(specs(rates=(2.0,), policies=("vllm",))[0], keep_run=True)
+    with Sweep(SerialBackend(), quiet=True) as sweep:
+        (outcome,) = sweep.run([spec])
+        assert outcome.run is not None and len(outcome.run.requests) == 40
+        kept = weakref.ref(outcome.run)
+        del outcome
+        gc.collect()
+        # A long sweep of kept runs (a capacity table) must not pile every run up in memory.
+        assert kept() is None, "the sweep still references a run its caller dropped"
+        (again,) = sweep.run([spec])
+        assert again.run is not None, "a kept run is run again, never read back as a summary"
+
+
 def test_a_corrupt_results_file_is_an_error(tmp_path):
     path = tmp_path / "runs.jsonl"
     path.write_text("not json\n" + json.dumps({"key": "k", "label": "x", "summary": {}, "wall_s": 0}) + "\n")

@@ -311,7 +311,10 @@ class Sweep:
     def _record(self, spec: SweepSpec, outcome: RunOutcome) -> None:
         self.num_executed += 1
         if outcome.error is None:
-            self._memo[spec.key] = outcome
+            # A kept run (every request and iteration) is never reused (``_known``); memoizing it
+            # would hold every run of a long sweep in memory (a 9-cell capacity table: 23 GB).
+            if not spec.keep_run:
+                self._memo[spec.key] = outcome
             if self.results is not None:
                 self.results.append(spec, outcome)
 
