@@ -12,10 +12,11 @@ import pytest
 
 from tailserve.cli import main
 from tailserve.executors.simulated.hardware import get_hardware
-from tailserve.policies.registry import PolicySpec
+from tailserve.policies.registry import PolicySpec, parse_policy_list
 from tailserve.sim.deployment import Deployment
 from tailserve.tune.capacity import Capacity
 from tailserve.tune.recommend import PolicyTune, SizePoint, _choose, _with_size, command_line
+from tailserve.workloads.lengths import parse_length
 
 TUNE = [
     "tune", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--workload", "random",
@@ -93,6 +94,60 @@ def test_a_second_tune_reuses_every_run(tuned, capsys):
     assert f"{lines} simulated, 0 reused" in tuned["err"]
     assert main(tuned["args"]) == 0
     assert f"0 simulated, {lines} reused" in capsys.readouterr().err
+
+
+def test_every_capacity_is_replayed_with_twice_the_requests(tuned):
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.tune.capacity import CapacitySlo, RateScaler, parse_capacity_slo
+    from tailserve.tune.sweep import RunSpec, Sweep, make_backend
+
+    slo: CapacitySlo = parse_capacity_slo("ttft_p99=1s,tbt_p99=50ms")
+    policies = tuned["json"]["policies"]
+    checked = [p for p in policies if p["capacity_req_s"] > 0]
+    assert checked
+    lengths = parse_length("lognormal:mean=1500,sigma=1,max=7000")
+    longer = WorkloadSpec(
+        "random", num_requests=160, rate=8, input_len=lengths, output_len=parse_length("64")
+    )
+    with Sweep(make_backend(1), quiet=True) as sweep:
+        for p in checked:
+            assert p["longer_workload"] == "160 requests"
+            spec = RunSpec(
+                Deployment.of("Llama-3-8B", "H100-SXM", 1), longer, parse_policy_list(p["policy"])[0]
+            )
+            (outcome,) = sweep.run([RateScaler.of(spec).at(p["capacity_req_s"])])
+            assert p["holds_on_longer"] is slo.meets(outcome.summary)
+            assert p["longer_slo_ratio"] == pytest.approx(slo.ratio(outcome.summary))
+            # The printed warning names exactly the capacities that did not hold.
+            flat = " ".join(tuned["out"].split())  # rich wraps long lines
+            warned = re.search(rf"! {re.escape(p['policy'])}: its capacity \(.*? misses the SLO", flat)
+            assert bool(warned) is (not p["holds_on_longer"])
+    if any(not p["holds_on_longer"] for p in checked):
+        assert "--num-requests 160 or more" in " ".join(tuned["out"].split())  # rich wraps lines
+
+
+def test_the_longer_workload_doubles_what_sets_its_size(tmp_path):
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.tune.capacity import longer_workload, workload_size
+
+    chat = WorkloadSpec("chat", num_requests=300)
+    assert (
+        longer_workload(chat).num_requests == 600 and workload_size(longer_workload(chat)) == "600 requests"
+    )
+    turns = WorkloadSpec("multi-turn", num_sessions=40)
+    assert longer_workload(turns).num_sessions == 80
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"arrival_time": i * 0.5, "prompt_len": 100, "max_tokens": 10}) + "\n"
+            for i in range(30)
+        )
+    )
+    part = WorkloadSpec("trace", trace_path=str(trace), max_requests=10)
+    assert longer_workload(part).max_requests == 20
+    assert longer_workload(WorkloadSpec("trace", trace_path=str(trace), max_requests=20)).max_requests == 30
+    assert longer_workload(WorkloadSpec("trace", trace_path=str(trace), max_requests=30)) is None
+    assert longer_workload(WorkloadSpec("trace", trace_path=str(trace))) is None  # the whole trace
 
 
 def test_flat_region_is_the_contiguous_run_near_the_optimum():

@@ -8,6 +8,7 @@ import math
 from rich.table import Table
 
 from tailserve.report.tables import console, wrap_label
+from tailserve.tune.capacity import workload_size
 from tailserve.tune.recommend import PolicyTune, SizePoint, TuneResult
 
 
@@ -29,6 +30,32 @@ def _capacity(t: PolicyTune, max_rate: float) -> str:
     if c.upper is None:
         return f">= {max_rate:g}"
     return f"{c.rate:.3g}"
+
+
+def transient_warnings(result: TuneResult) -> list[str]:
+    """A line for each policy whose capacity misses the SLO when the workload has twice the
+    requests: a queue that grew too slowly to show on the shorter run, or busier traffic later
+    in a trace."""
+    out = []
+    w = result.config.workload
+    if w.name == "trace":
+        more = f"--max-requests {2 * (w.max_requests or 0)}"
+    elif w.name == "multi-turn":
+        more = f"--num-sessions {2 * w.num_sessions}"
+    else:
+        more = f"--num-requests {2 * w.num_requests}"
+    for t in result.policies:
+        if t.holds_longer is not False:
+            continue
+        ratio = t.longer_ratio
+        how = f"SLO ratio {ratio:.2f}" if ratio is not None and math.isfinite(ratio) else "nothing finished"
+        out.append(
+            f"! {t.spec.label}: its capacity ({t.capacity.rate:.3g} req/s, {workload_size(w)}) misses the SLO "
+            f"at the same rate with {t.longer_label} ({how}): it holds for this many requests only — a "
+            "short run can end before its queue grows past the SLO, and a trace's later requests can "
+            f"come in busier stretches. Tune with as much traffic as the answer is for ({more} or more)."
+        )
+    return out
 
 
 def print_tune(result: TuneResult, deployment: str) -> None:
@@ -59,6 +86,8 @@ def print_tune(result: TuneResult, deployment: str) -> None:
             _ratio(t.best.ratio) if t.best else "-",
         )
     console.print(table)
+    for line in transient_warnings(result):
+        console.print(line)
     swept = [t for t in result.policies if t.points]
     if swept:
         sizes = sorted({p.size for t in swept for p in t.points})

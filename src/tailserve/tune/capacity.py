@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tailserve.metrics.summary import STAT_NAMES, Slo
+from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
 from tailserve.workloads.traces import load_trace
 
@@ -268,6 +269,29 @@ class RateScaler:
         else:
             workload = replace(self.base.workload, rate_scale=rate / self.trace_rate)
         return replace(self.base, workload=workload, **changes)
+
+
+def longer_workload(workload: WorkloadSpec, factor: int = 2) -> WorkloadSpec | None:
+    """The workload with ``factor`` x its requests (sessions for multi-turn; a trace's next
+    requests), for checking that a capacity is sustained; None for a trace already used whole."""
+    if workload.name == "trace":
+        if workload.max_requests is None:
+            return None
+        total = len(load_trace(workload.trace_path or ""))
+        more = min(total, workload.max_requests * factor)
+        return replace(workload, max_requests=more) if more > workload.max_requests else None
+    if workload.name == "multi-turn":
+        return replace(workload, num_sessions=workload.num_sessions * factor)
+    return replace(workload, num_requests=workload.num_requests * factor)
+
+
+def workload_size(workload: WorkloadSpec) -> str:
+    """How many requests a capacity was measured with: "1,000 requests", "40 sessions"."""
+    if workload.name == "trace":
+        return f"{workload.max_requests:,} trace requests" if workload.max_requests else "the whole trace"
+    if workload.name == "multi-turn":
+        return f"{workload.num_sessions:,} sessions"
+    return f"{workload.num_requests:,} requests"
 
 
 @dataclass(slots=True)

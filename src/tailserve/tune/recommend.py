@@ -22,7 +22,15 @@ from tailserve.executors.simulated.models import get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
-from tailserve.tune.capacity import Capacity, CapacitySearch, CapacitySlo, RateScaler, search_capacities
+from tailserve.tune.capacity import (
+    Capacity,
+    CapacitySearch,
+    CapacitySlo,
+    RateScaler,
+    longer_workload,
+    search_capacities,
+    workload_size,
+)
 from tailserve.tune.commands import command_line
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
 
@@ -95,6 +103,12 @@ class PolicyTune:
     best: SizePoint | None = None
     flat: tuple[int, int] | None = None  # sizes at the flat region's ends
     command: str | None = None
+    # The same rate replayed with twice the requests (``capacity.longer_workload``): whether it
+    # still meets the SLO, and its SLO ratio; None when not checked (no capacity, or a whole
+    # trace that has no more requests).
+    holds_longer: bool | None = None
+    longer_ratio: float | None = None
+    longer_label: str | None = None
 
     @property
     def flat_sizes(self) -> list[int]:
@@ -160,6 +174,7 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
                 pt.points.append(SizePoint(size, sized, math.inf))
                 specs.append(scaler.at(rate, policy=sized))
         tunes.append(pt)
+    _check_longer(tunes, scalers, config, sweep)
     outcomes = iter(sweep.run(specs, "budget sweep"))
     for pt in tunes:
         for point in pt.points:
@@ -176,6 +191,25 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
         )
     )
     return TuneResult(config, rate, tunes)
+
+
+def _check_longer(
+    tunes: list[PolicyTune], scalers: list[RateScaler], config: TuneConfig, sweep: Sweep
+) -> None:
+    """Replay each capacity with twice the requests: a rate whose queue grows slowly meets the
+    SLO on a short trace only because the trace ends first, and misses it on a longer one."""
+    checks: list[tuple[PolicyTune, RunSpec]] = []
+    for pt, scaler in zip(tunes, scalers):
+        longer = longer_workload(scaler.base.workload)
+        if pt.capacity.rate <= 0 or longer is None:
+            continue
+        pt.longer_label = workload_size(longer)
+        checks.append((pt, RateScaler.of(replace(scaler.base, workload=longer)).at(pt.capacity.rate)))
+    for (pt, _), outcome in zip(checks, sweep.run([spec for _, spec in checks], "capacity on 2x requests")):
+        if outcome.error is not None:
+            continue
+        pt.longer_ratio = config.slo.ratio(outcome.summary)
+        pt.holds_longer = config.slo.meets(outcome.summary)
 
 
 def _max_model_len(spec: PolicySpec, model_context: int) -> int:
@@ -260,6 +294,11 @@ def tune_json(result: TuneResult) -> dict[str, Any]:
                 "capacity_req_s": t.capacity.rate,
                 "capacity_upper_req_s": t.capacity.upper,
                 "capacity_runs": [{"rate": r, "meets_slo": ok} for r, ok in t.capacity.evaluations],
+                "holds_on_longer": t.holds_longer,
+                "longer_workload": t.longer_label,
+                "longer_slo_ratio": t.longer_ratio
+                if t.longer_ratio is None or math.isfinite(t.longer_ratio)
+                else None,
                 "knob": t.knob,
                 "capacity_at_size": t.capacity_size,
                 "best_size": t.best.size if t.best else None,
