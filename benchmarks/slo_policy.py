@@ -29,7 +29,8 @@ deployment, rounded up to 10 ms (Sarathi's "strict" SLO scale); TTFT 2 s (Azure)
 whose prompts are ~7k tokens). The mixed workload has two classes, 70% interactive (priority 0:
 TTFT 1 s, TBT T) and 30% batch (priority 1: TTFT 30 s, TBT 4T), and a rate meets it when *each
 class* meets its own p99 bounds. Goodput: requests/s meeting their class's TTFT and TPOT (<= TBT
-target) at 1.25x the best engine's capacity.
+target) at 1.25x the best engine's capacity, for the best engine, ``slo`` and ``slo`` with
+``slo_admission=reject`` (turned-away requests count as not good).
 
 Fairness (Llama-3-8B / H100): tenant ``light`` at a fixed rate, ``heavy`` at 10x it (far past
 capacity). The light tenant's p99 TTFT with heavy present against its solo run, under fcfs (vllm,
@@ -395,6 +396,10 @@ def capacity_table(
             [
                 goodput_run(cell, best_spec, rate),
                 goodput_run(cell, specs[-1], rate),
+                # Past capacity, early rejection (rule 4) keeps the served requests on time.
+                goodput_run(
+                    cell, replace(specs[-1], flags={**specs[-1].flags, "slo_admission": "reject"}), rate
+                ),
                 sustained(cell, best_spec, best["capacity"]),
                 sustained(cell, specs[-1], slo["capacity"]),
             ],
@@ -415,7 +420,8 @@ def capacity_table(
         print(
             f"{row['deployment']:34} {row['workload']:14} best {best['policy']:42} {best['capacity']:7.2f}/s"
             f"  slo {slo['capacity']:7.2f}/s  x{row['capacity_ratio'] or float('nan'):.2f}"
-            f"  goodput @{rate:.2f}/s: {goodputs[0]['goodput']:.2f} vs {goodputs[1]['goodput']:.2f}  ({row['wall_s']} s)"
+            f"  goodput @{rate:.2f}/s: {goodputs[0]['goodput']:.2f} vs {goodputs[1]['goodput']:.2f}"
+            f" (reject: {goodputs[2]['goodput']:.2f})  ({row['wall_s']} s)"
             f"\n    fails on: best engine {best['fails_on']}; slo {slo['fails_on']}"
             f"\n    with 2x requests at capacity: best engine "
             f"{'holds' if best_held['meets'] else best_held['fails_on']}, slo "
