@@ -304,12 +304,11 @@ def sustained(cell: Cell, spec: PolicySpec, rate: float) -> Generator[RunSpec, R
     longer = longer_workload(cell.workload)
     if longer is None:
         raise ValueError(f"{cell.workload_name}: the trace has no more requests to check with")
-    twice = replace(cell, workload=longer)
     scaler = RateScaler.of(RunSpec(cell.deployment, longer, spec, keep_run=True))
     outcome = yield scaler.at(rate)
     if outcome.error is not None:
         raise ValueError(f"{spec.label}: {outcome.error}")
-    report = class_report(_served(outcome), twice.classes)
+    report = class_report(_served(outcome), cell.classes)
     return {
         "policy": spec.label,
         "rate": rate,

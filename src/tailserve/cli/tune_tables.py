@@ -8,7 +8,7 @@ import math
 from rich.table import Table
 
 from tailserve.report.tables import console, wrap_label
-from tailserve.tune.capacity import workload_size
+from tailserve.tune.capacity import size_option, workload_size
 from tailserve.tune.recommend import PolicyTune, SizePoint, TuneResult
 
 
@@ -38,12 +38,7 @@ def transient_warnings(result: TuneResult) -> list[str]:
     in a trace."""
     out = []
     w = result.config.workload
-    if w.name == "trace":
-        more = f"--max-requests {2 * (w.max_requests or 0)}"
-    elif w.name == "multi-turn":
-        more = f"--num-sessions {2 * w.num_sessions}"
-    else:
-        more = f"--num-requests {2 * w.num_requests}"
+    more = size_option(w)
     for t in result.policies:
         if t.holds_longer is not False:
             continue

@@ -271,27 +271,39 @@ class RateScaler:
         return replace(self.base, workload=workload, **changes)
 
 
+def _size_field(workload: WorkloadSpec) -> tuple[str, str]:
+    """The ``WorkloadSpec`` field that sets how much traffic a workload has, and what it counts."""
+    if workload.name == "trace":
+        return "max_requests", "trace requests"
+    if workload.name == "multi-turn":
+        return "num_sessions", "sessions"
+    return "num_requests", "requests"
+
+
 def longer_workload(workload: WorkloadSpec, factor: int = 2) -> WorkloadSpec | None:
     """The workload with ``factor`` x its requests (sessions for multi-turn; a trace's next
     requests), for checking that a capacity is sustained; None for a trace already used whole."""
-    if workload.name == "trace":
-        if workload.max_requests is None:
+    field, _ = _size_field(workload)
+    n = getattr(workload, field)
+    if field == "max_requests":
+        if n is None:
             return None
-        total = len(load_trace(workload.trace_path or ""))
-        more = min(total, workload.max_requests * factor)
-        return replace(workload, max_requests=more) if more > workload.max_requests else None
-    if workload.name == "multi-turn":
-        return replace(workload, num_sessions=workload.num_sessions * factor)
-    return replace(workload, num_requests=workload.num_requests * factor)
+        more = min(len(load_trace(workload.trace_path or "")), n * factor)
+        return replace(workload, max_requests=more) if more > n else None
+    return replace(workload, **{field: n * factor})
 
 
 def workload_size(workload: WorkloadSpec) -> str:
     """How many requests a capacity was measured with: "1,000 requests", "40 sessions"."""
-    if workload.name == "trace":
-        return f"{workload.max_requests:,} trace requests" if workload.max_requests else "the whole trace"
-    if workload.name == "multi-turn":
-        return f"{workload.num_sessions:,} sessions"
-    return f"{workload.num_requests:,} requests"
+    field, noun = _size_field(workload)
+    n = getattr(workload, field)
+    return f"{n:,} {noun}" if n is not None else "the whole trace"
+
+
+def size_option(workload: WorkloadSpec, factor: int = 2) -> str:
+    """The command-line option for ``factor`` x the workload's traffic: ``--num-requests 2000``."""
+    field, _ = _size_field(workload)
+    return f"--{field.replace('_', '-')} {factor * (getattr(workload, field) or 0)}"
 
 
 @dataclass(slots=True)

@@ -198,13 +198,16 @@ def _check_longer(
 ) -> None:
     """Replay each capacity with twice the requests: a rate whose queue grows slowly meets the
     SLO on a short trace only because the trace ends first, and misses it on a longer one."""
+    longer = longer_workload(config.workload)  # every policy's runs share the workload
+    if longer is None:
+        return
+    longer_scaler = RateScaler.of(replace(scalers[0].base, workload=longer))
     checks: list[tuple[PolicyTune, RunSpec]] = []
     for pt, scaler in zip(tunes, scalers):
-        longer = longer_workload(scaler.base.workload)
-        if pt.capacity.rate <= 0 or longer is None:
+        if pt.capacity.rate <= 0:
             continue
         pt.longer_label = workload_size(longer)
-        checks.append((pt, RateScaler.of(replace(scaler.base, workload=longer)).at(pt.capacity.rate)))
+        checks.append((pt, longer_scaler.at(pt.capacity.rate, policy=scaler.base.policy)))
     for (pt, _), outcome in zip(checks, sweep.run([spec for _, spec in checks], "capacity on 2x requests")):
         if outcome.error is not None:
             continue

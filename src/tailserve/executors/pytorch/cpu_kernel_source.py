@@ -382,7 +382,6 @@ static bool prefill_bf16(const at::BFloat16* q, const at::BFloat16* k, const at:
 }
 #endif
 
-// Which decode kernel this build runs for bf16 caches: "avx512_bf16" or "portable".
 // ---- bf16 linear layers ----------------------------------------------------------------------
 // y[M, N] = x[M, K] W^T (+ bias) for a bf16 weight packed once at load as [N / 64][K / 2][64][2]
 // (``PackedLinear``): per pair of input dims, the 64 outputs' two weights side by side, the
@@ -479,6 +478,7 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 #endif
 }
 
+// Which decode kernel this build runs for bf16 caches: "avx512_bf16" or "portable".
 std::string decode_kernel_isa() {
 #ifdef TAILSERVE_HAVE_DPBF16
   return "avx512_bf16";

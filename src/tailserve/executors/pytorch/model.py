@@ -59,7 +59,7 @@ class PackedLinear:
         self.out_features, self.in_features = weight.shape
         self.numel = weight.numel()
         module = cpu_kernels.linear_kernel()
-        n, k = weight.shape
+        n, k = self.out_features, self.in_features
         if module is not None and n % 64 == 0 and k % 2 == 0:
             self.kernel = module
             self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()

@@ -48,7 +48,8 @@ class Sampler:
         argmax, has_nan = cpu_kernels.argmax_rows_nan(logits)
         if has_nan:
             logits = logits.nan_to_num(nan=float("-inf"))
-            argmax = cpu_kernels.argmax_rows(logits)
+            if any(greedy):
+                argmax = cpu_kernels.argmax_rows(logits)
         tokens = argmax.tolist() if any(greedy) else [0] * len(requests)
         for i, (request, p) in enumerate(zip(requests, params)):
             if not greedy[i]:
