@@ -71,6 +71,7 @@ from tailserve.policies.slo_classes import parse_slo_classes
 from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import RateScaler, capacity_steps, longer_workload
+from tailserve.tune.ceiling import ceiling_of, ceiling_specs
 from tailserve.tune.recommend import DEFAULT_CHUNK_SIZES, KNOBS, _with_size
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep, make_backend
 from tailserve.workloads.lengths import LogNormal
@@ -318,6 +319,34 @@ def sustained(cell: Cell, spec: PolicySpec, rate: float) -> Generator[RunSpec, R
     }
 
 
+def ceiling_run(cell: Cell) -> Generator[RunSpec, RunOutcome, dict[str, Any]]:
+    """The deployment's throughput ceiling on the cell's requests (``tailserve.tune.ceiling``:
+    all of them queued at once, the best of vLLM's budgets): the rate it completes them at (the
+    drain at the end counted: low), the rate at which it had started them all (high), and between
+    them a steady-state estimate — admissions per second over the last three quarters of them,
+    once the first fill of the KV cache is past (every admission then waits for a finished
+    request, so admissions run at the completion rate)."""
+    scaler = RateScaler.of(RunSpec(cell.deployment, cell.workload, sized(cell, ("vllm", ()), 2048)))
+    specs = [replace(s, keep_run=True) for s in ceiling_specs(scaler, _engine_flags(cell))]
+    outcomes = []
+    for spec in specs:
+        outcomes.append((yield spec))
+    ceiling = ceiling_of(specs, outcomes)
+    assert ceiling is not None, [o.error for o in outcomes]
+    steady = 0.0
+    for o in outcomes:
+        assert o.run is not None
+        admitted = np.sort(
+            [r.first_scheduled_time for r in o.run.requests if r.first_scheduled_time is not None]
+        )
+        k = admitted.size // 4
+        # Refused requests count in the workload's rate: scaled to all of them.
+        steady = max(
+            steady, (admitted.size - k) / (admitted[-1] - admitted[k]) * len(o.run.requests) / admitted.size
+        )
+    return {"rate": ceiling.rate, "upper": ceiling.upper, "steady_estimate": steady, "policy": ceiling.policy}
+
+
 def goodput_run(cell: Cell, spec: PolicySpec, rate: float) -> Generator[RunSpec, RunOutcome, dict[str, Any]]:
     scaler = RateScaler.of(RunSpec(cell.deployment, cell.workload, spec, keep_run=True))
     outcome = yield scaler.at(rate)
@@ -391,7 +420,7 @@ def capacity_table(
             print(f"{label:34} {cell.workload_name:14} no policy meets the SLO at any rate", flush=True)
             partial.write_text(json.dumps(rows, indent=1, default=str))
             continue
-        *goodputs, best_held, slo_held = sweep.drive(
+        *goodputs, best_held, slo_held, ceiling = sweep.drive(
             [
                 goodput_run(cell, best_spec, rate),
                 goodput_run(cell, specs[-1], rate),
@@ -401,8 +430,9 @@ def capacity_table(
                 ),
                 sustained(cell, best_spec, best["capacity"]),
                 sustained(cell, specs[-1], slo["capacity"]),
+                ceiling_run(cell),
             ],
-            "goodput, 2x requests",
+            "goodput, 2x requests, ceiling",
         )
         row = {
             "deployment": f"{cell.deployment.model} / {cell.deployment.hardware} TP{cell.deployment.tp}",
@@ -414,6 +444,7 @@ def capacity_table(
             "capacity_ratio": slo["capacity"] / best["capacity"] if best["capacity"] > 0 else None,
             "goodput": goodputs,
             "sustained": {"best_engine": best_held, "slo": slo_held},
+            "ceiling": ceiling,
             "wall_s": round(time.perf_counter() - t0, 1),
         }
         print(
@@ -422,6 +453,10 @@ def capacity_table(
             f"  goodput @{rate:.2f}/s: {goodputs[0]['goodput']:.2f} vs {goodputs[1]['goodput']:.2f}"
             f" (reject: {goodputs[2]['goodput']:.2f})  ({row['wall_s']} s)"
             f"\n    fails on: best engine {best['fails_on']}; slo {slo['fails_on']}"
+            f"\n    throughput ceiling {ceiling['rate']:.2f}-{ceiling['upper']:.2f}/s (steady"
+            f" {ceiling['steady_estimate']:.2f}/s): best engine at {best['capacity'] / ceiling['steady_estimate']:.0%}"
+            f" of the steady estimate, slo at {slo['capacity'] / ceiling['steady_estimate']:.0%}, 1.25x the best"
+            f" engine at {rate / ceiling['steady_estimate']:.0%}"
             f"\n    with 2x requests at capacity: best engine "
             f"{'holds' if best_held['meets'] else best_held['fails_on']}, slo "
             f"{'holds' if slo_held['meets'] else slo_held['fails_on']}",

@@ -29,8 +29,9 @@ def test_tune_keeps_its_results_in_the_cache_and_says_where(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert f"results: {results}" in err and "0 runs to reuse" in err
     assert main(TUNE) == 0  # the same command finds the same file and resumes from it
-    # 14 runs: capacity search and budget sweep; 1: the capacity replayed with twice the requests
-    assert f"0 simulated, 15 reused from {results}" in capsys.readouterr().err
+    # 14 runs: capacity search and budget sweep; 1: the capacity replayed with twice the requests;
+    # 3: the throughput ceiling's flood runs
+    assert f"0 simulated, 18 reused from {results}" in capsys.readouterr().err
     assert main([*TUNE, "--num-requests", "61"]) == 0  # another workload: another file
     assert len(list((cache / "tune").iterdir())) == 2
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.executor import StepResult
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -148,6 +149,42 @@ def test_aging_puts_old_best_effort_work_first():
     assert [r.request_id for r in policy.order_waiting(sched, 5.0)[0]] == ["late", "ok", "ok2"]
 
 
+def test_aging_takes_at_most_its_share_of_the_prefill_work():
+    # Budget 2,048 tokens, aging_share 0.25: aged requests start with one budget of credit.
+    policy, sched = _setup(aging_s=5.0, aging_share=0.25, max_num_batched_tokens=2048, max_num_seqs=16)
+    sched.add_request(Request("old1", 3000, 10, 0.0), 0.0)
+    sched.add_request(Request("old2", 3000, 10, 0.0), 0.0)
+    for rid in ("old1", "old2"):
+        policy._info[rid].prefill_s = 0.605  # 0.5 s TTFT: never feasible
+    sched.add_request(Request("ok", 1000, 10, 6.0), 6.0)
+    sched.add_request(Request("new-late", 6000, 10, 6.0), 6.0)
+    policy._info["new-late"].prefill_s = 0.605  # late, but not aged yet
+    assert policy._aging_credit == 2048
+    assert [r.request_id for r in policy.order_waiting(sched, 6.0)[0]] == ["old1", "old2", "ok", "new-late"]
+    # Admitting old1 spends its whole prefill, 3,000 tokens: the credit is 2,048 - 3,000 = -952,
+    # and the iteration's 2,048 prefill tokens earn a quarter of them back: -952 + 512 = -440.
+    out = sched.schedule(6.0)
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("old1", 2048)]
+    assert policy._aging_credit == pytest.approx(-440)
+    sched.update(out, StepResult(0.1), 6.1)
+    # Out of credit: old1's rest continues (rule 2), then the feasible request goes ahead of the
+    # aged one, which still comes before the late one that has not aged; old2 takes the 96
+    # tokens left and spends its 3,000: -440 - 3,000 + 2,048 / 4 = -2,928.
+    assert [r.request_id for r in policy.order_waiting(sched, 6.1)[0]] == ["ok", "old2", "new-late"]
+    out = sched.schedule(6.1)
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [
+        ("old1", 952), ("ok", 1000), ("old2", 96)
+    ]  # fmt: skip
+    assert policy._aging_credit == pytest.approx(-2928)
+    # With aging_share=1 aged requests always go first (the rule before the share).
+    policy, sched = _setup(aging_s=5.0, aging_share=1.0)
+    policy._aging_credit = -1e9
+    sched.add_request(Request("old", 3000, 10, 0.0), 0.0)
+    policy._info["old"].prefill_s = 0.605
+    sched.add_request(Request("ok", 1000, 10, 6.0), 6.0)
+    assert [r.request_id for r in policy.order_waiting(sched, 6.0)[0]] == ["old", "ok"]
+
+
 def test_victim_is_the_smallest_slo_loss():
     policy, sched = _setup()
     # At 30 ms: 'inter' (50 ms TBT) has 20 ms of slack, 'batch' (200 ms) 170 ms. Recomputing
@@ -184,6 +221,8 @@ def test_preemption_takes_the_least_loss_victim():
 def test_config_errors_name_the_problem():
     with pytest.raises(ValueError, match="slo_admission must be best-effort or reject"):
         SloConfig(2048, 64, slo_admission="drop")
+    with pytest.raises(ValueError, match=r"aging_share must be a fraction in \(0, 1\], got 0"):
+        SloConfig(2048, 64, aging_share=0)
     with pytest.raises(ValueError, match="fairness must be one of none, vtc"):
         SloConfig(2048, 64, fairness="drf")
     with pytest.raises(ValueError, match="no tbt target"):

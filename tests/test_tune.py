@@ -126,6 +126,22 @@ def test_every_capacity_is_replayed_with_twice_the_requests(tuned):
         assert "--num-requests 160 or more" in " ".join(tuned["out"].split())  # rich wraps lines
 
 
+def test_the_throughput_ceiling_is_printed_with_every_capacity_above_it(tuned):
+    ceiling = tuned["json"]["throughput_ceiling"]
+    assert 0 < ceiling["req_s"] <= ceiling["upper_req_s"]
+    assert ceiling["policy"].startswith("vllm:max_num_batched_tokens=")
+    flat = " ".join(tuned["out"].split())  # rich wraps long lines
+    best = max(p["capacity_req_s"] for p in tuned["json"]["policies"])
+    assert f"throughput ceiling {ceiling['req_s']:.3g}-{ceiling['upper_req_s']:.3g} req/s" in flat
+    share = f"{best / ceiling['upper_req_s']:.0%}-{best / ceiling['req_s']:.0%}"
+    assert f"The best capacity is {share} of it." in flat
+    for p in tuned["json"]["policies"]:
+        above = re.search(
+            rf"! {re.escape(p['policy'])}: its capacity \([^)]*\) is above the throughput ceiling", flat
+        )
+        assert bool(above) is (p["capacity_req_s"] > ceiling["upper_req_s"])
+
+
 def test_the_longer_workload_doubles_what_sets_its_size(tmp_path):
     from tailserve.sim.workload_spec import WorkloadSpec
     from tailserve.tune.capacity import longer_workload, workload_size

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from tailserve.report.tables import console, wrap_label
 from tailserve.tune.capacity import size_option, workload_size
+from tailserve.tune.ceiling import BUDGETS
 from tailserve.tune.recommend import PolicyTune, SizePoint, TuneResult
 
 
@@ -53,6 +54,31 @@ def transient_warnings(result: TuneResult) -> list[str]:
     return out
 
 
+def ceiling_lines(result: TuneResult) -> list[str]:
+    """The throughput ceiling (``tune/ceiling.py``), how close the best capacity comes to it,
+    and a line for each capacity above its upper end: a queue that grew all run long."""
+    ceiling = result.ceiling
+    if ceiling is None:
+        return []
+    best = max((t.capacity.rate for t in result.policies), default=0.0)
+    out = [
+        f"throughput ceiling {ceiling.rate:.3g}-{ceiling.upper:.3g} req/s: these requests all queued at "
+        f"once, the best of vllm at budgets {', '.join(f'{b:,}' for b in BUDGETS)} ({ceiling.policy}) "
+        f"completes them at {ceiling.rate:.3g} req/s, and had started them all at {ceiling.upper:.3g}; "
+        f"no policy sustains more. The best capacity is {best / ceiling.upper:.0%}-"
+        f"{best / ceiling.rate:.0%} of it."
+    ]
+    for t in result.policies:
+        if t.capacity.rate > ceiling.upper:
+            out.append(
+                f"! {t.spec.label}: its capacity ({t.capacity.rate:.3g} req/s) is above the throughput "
+                "ceiling: the deployment does not get through these requests that fast even with all "
+                "of them queued, so the work it holds grew all run long and it met the SLO only "
+                "because the run ended."
+            )
+    return out
+
+
 def print_tune(result: TuneResult, deployment: str) -> None:
     c = result.config
     console.print(f"{deployment} — {c.workload.label}")
@@ -81,7 +107,7 @@ def print_tune(result: TuneResult, deployment: str) -> None:
             _ratio(t.best.ratio) if t.best else "-",
         )
     console.print(table)
-    for line in transient_warnings(result):
+    for line in [*ceiling_lines(result), *transient_warnings(result)]:
         console.print(line)
     swept = [t for t in result.policies if t.points]
     if swept:

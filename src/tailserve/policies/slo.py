@@ -20,7 +20,12 @@ priority). Each iteration, with predicted times from the engine's cost model
 4. **Infeasible requests** (``slo_admission``): ``best-effort`` serves them behind every feasible
    one, oldest first; ``reject`` turns a never-admitted one away at once with the reason.
 5. **Aging**: a best-effort request waiting longer than ``aging_s`` goes ahead of the feasible
-   ones (oldest first), so best-effort work cannot starve.
+   ones (oldest first) while aged requests have taken less than ``aging_share`` of the prefill
+   tokens (a credit: each iteration earns ``aging_share`` x its prefill tokens, up to one token
+   budget; admitting an aged request spends its whole remaining prefill); otherwise right
+   behind them. So best-effort work cannot starve, and under overload already-late work
+   cannot crowd out the requests still on time (with ``aging_share=1`` it always went first,
+   and past capacity every class ended up late).
 6. **Admission** as vLLM's: the whole prompt must fit the free KV blocks (net of prefix hits);
    the first that does not stops admission; at most ``max_num_seqs`` run.
 7. **Preemption** (recompute) when a running request's KV does not fit: the victim among the
@@ -104,6 +109,10 @@ class SloPolicy(Policy):
         self._quantum = math.inf  # rule 11's bound on an over-share chunk's iteration, s
         self.burst = BurstBudget(config.tbt_late_fraction)
         self._stretch = 1.0  # iteration time with chunks / the chunks alone (rule 3)
+        # Rule 5: prefill tokens aged requests may still take ahead of feasible ones, and the
+        # requests aged at the last ordering.
+        self._aging_credit = float(config.max_num_batched_tokens)
+        self._aged: frozenset[str] = frozenset()
 
     @classmethod
     def profile_tokens(cls, config: SloConfig, max_model_len: int) -> int:
@@ -216,6 +225,7 @@ class SloPolicy(Policy):
             self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
         if self.backlog is not None:
             self.backlog.charge(out)
+        self._earn_aging_credit(out)
         self._observe_stretch(out, load)
         self._last = (now, load.shape()) if out.scheduled else None
         return out
@@ -246,6 +256,18 @@ class SloPolicy(Policy):
             tokens_left -= 1
             slacks.append((self._tier(request), self.deadline(request) - now))
         return tokens_left
+
+    def aged_go_first(self) -> bool:
+        """Rule 5: whether aged requests go ahead of the feasible ones in this ordering."""
+        return self.config.aging_share >= 1 or self._aging_credit > 0
+
+    def _earn_aging_credit(self, out: SchedulerOutput) -> None:
+        """Rule 5: aged requests earn ``aging_share`` of every prefill token scheduled, up to one
+        token budget (so an idle stretch does not bank a burst of late work ahead of on-time
+        work); admitting one spends its whole remaining prefill (``slo_admit.admit``)."""
+        prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
+        budget = self.config.max_num_batched_tokens
+        self._aging_credit = min(self._aging_credit + self.config.aging_share * prefill, budget)
 
     def _observe_stretch(self, out: SchedulerOutput, load: BatchLoad) -> None:
         """Rule 3's queue time: how much longer the iterations carrying prefill chunks take than

@@ -50,7 +50,9 @@ def order_waiting(policy: SloPolicy, sched: Scheduler, now: float) -> tuple[list
         rejected = []
     if policy.backlog is not None and policy._protected and cfg.protected_order == "arrival":
         feasible = _protected_by_arrival(policy, feasible)
-    ordered = aged + feasible + rest
+    policy._aged = frozenset(r.request_id for r in aged)
+    # Rule 5: aged requests first while they are within their share of the prefill work.
+    ordered = aged + feasible + rest if policy.aged_go_first() else feasible + aged + rest
     if policy.backlog is not None:
         ordered = policy.backlog.order(ordered)
         ordered.sort(key=policy._tier)  # stable: protected tenants first, VTC order within
@@ -126,6 +128,8 @@ def admit(
                 break
         if request.first_scheduled_time is None:
             request.num_cached_tokens = hit
+        if request.request_id in policy._aged:
+            policy._aging_credit -= request.num_tokens - computed  # its whole prefill follows (rule 2)
         sched.waiting.remove_request(request)
         policy._info.pop(request.request_id, None)
         if policy.backlog is not None:

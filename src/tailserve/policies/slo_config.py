@@ -19,6 +19,9 @@ class SloConfig:
     slo_classes: str = DEFAULT_SLO_CLASSES
     slo_admission: str = "best-effort"  # or "reject"
     aging_s: float = 10.0  # seconds a best-effort request waits before it goes first
+    # Rule 5: the share of the prefill tokens that aged requests may take ahead of feasible ones
+    # (1: aged requests always go first).
+    aging_share: float = 0.1
     min_prefill_tokens: int = 64  # prefill tokens allowed per iteration even without slack
     fairness: str = "none"  # or "vtc"
     tenant_weights: str = ""  # a=2,b=1 (fairness=vtc)
@@ -45,6 +48,8 @@ class SloConfig:
             raise ValueError(f"slo_admission must be best-effort or reject, got {self.slo_admission!r}")
         if not self.aging_s > 0:
             raise ValueError(f"aging_s must be > 0 seconds, got {self.aging_s}")
+        if not 0 < self.aging_share <= 1:
+            raise ValueError(f"aging_share must be a fraction in (0, 1], got {self.aging_share}")
         if not self.yield_tbts >= 0 or self.yield_tbts == float("inf"):
             raise ValueError(f"yield_tbts must be a finite number of TBT targets >= 0, got {self.yield_tbts}")
         if not self.quantum_tbts >= 0 or self.quantum_tbts == float("inf"):

@@ -31,6 +31,7 @@ from tailserve.tune.capacity import (
     search_capacities,
     workload_size,
 )
+from tailserve.tune.ceiling import Ceiling, ceiling_of, ceiling_specs
 from tailserve.tune.commands import command_line
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
 
@@ -122,6 +123,9 @@ class TuneResult:
     config: TuneConfig
     sweep_rate: float
     policies: list[PolicyTune]  # ranked: highest capacity, then fewest turned away and lowest ratio at best
+    # The most requests/s the deployment completes on the workload's requests (ceiling.py): no
+    # policy sustains more; None for a multi-turn workload.
+    ceiling: Ceiling | None = None
 
 
 def with_slo_targets(spec: PolicySpec, slo: CapacitySlo) -> PolicySpec:
@@ -175,6 +179,8 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
                 specs.append(scaler.at(rate, policy=sized))
         tunes.append(pt)
     _check_longer(tunes, scalers, config, sweep)
+    flood = ceiling_specs(scalers[0], config.policies[0].engine_flags)
+    ceiling = ceiling_of(flood, sweep.run(flood, "throughput ceiling")) if flood else None
     outcomes = iter(sweep.run(specs, "budget sweep"))
     for pt in tunes:
         for point in pt.points:
@@ -190,7 +196,7 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
             *((t.best.num_turned_away, t.best.ratio) if t.best else (0, math.inf)),
         )
     )
-    return TuneResult(config, rate, tunes)
+    return TuneResult(config, rate, tunes, ceiling)
 
 
 def _check_longer(
@@ -291,6 +297,13 @@ def tune_json(result: TuneResult) -> dict[str, Any]:
         "workload": c.workload.label,
         "sweep_rate": result.sweep_rate,
         "flat_tol": c.flat_tol,
+        "throughput_ceiling": None
+        if result.ceiling is None
+        else {
+            "req_s": result.ceiling.rate,
+            "upper_req_s": result.ceiling.upper,
+            "policy": result.ceiling.policy,
+        },
         "policies": [
             {
                 "policy": t.spec.label,
