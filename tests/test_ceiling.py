@@ -96,7 +96,8 @@ def test_failed_or_empty_runs_give_no_ceiling(flood):
 
 
 def test_the_last_admission_is_the_same_streamed_or_not(flood):
-    """The summary's ``last_admission_s`` from the requests and from the streaming store."""
+    """A run's ``last_admission_s`` (the sweep adds it to the summary) from the requests and from
+    the streaming store."""
     from tailserve.core.engine import EngineOptions
 
     spec = flood["specs"][1]

@@ -149,8 +149,6 @@ def summarize(requests: Sequence[Request] | FinishedStore, slo: Slo | None = Non
         counts = (store.num_requests, store.num_rejected, store.num_aborted, store.num_preemptions)
         ends = [store.last_finish] if store.last_finish is not None else []
         starts = [store.first_arrival]
-        scheduled = np.frombuffer(store.first_scheduled_time, dtype=np.float64)
-        admissions = [float(scheduled.max())] if scheduled.size else []
     else:
         with paused_gc():
             lat = RequestLatencies.of(requests)
@@ -164,13 +162,6 @@ def summarize(requests: Sequence[Request] | FinishedStore, slo: Slo | None = Non
         )
         starts = [r.arrival_time for r in requests]
         ends = [r.finish_time for r in requests if r.finish_time is not None]
-        # Of finished requests, as the streaming store keeps them.
-        admissions = [
-            r.first_scheduled_time
-            for r in requests
-            if r.first_scheduled_time is not None
-            and r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
-        ]
     duration = (max(ends) - min(starts)) if ends else 0.0
     n_done = int(lat.ttft.size)
     out_tokens = int(lat.output_tokens.sum())
@@ -183,9 +174,6 @@ def summarize(requests: Sequence[Request] | FinishedStore, slo: Slo | None = Non
         "num_aborted": counts[2],
         "num_preemptions": counts[3],
         "duration_s": duration,
-        # First arrival to the last finished request's first admission: with every request
-        # queued at once, the time the engine took to start them all (tune/ceiling.py).
-        "last_admission_s": (max(admissions) - min(starts)) if admissions else None,
         "metrics": {
             "ttft_s": stats(lat.ttft),
             "tpot_s": stats(lat.tpot[~np.isnan(lat.tpot)]),

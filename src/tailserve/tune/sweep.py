@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from tailserve import __version__
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
@@ -174,6 +176,7 @@ def _execute_engine(spec: RunSpec) -> RunOutcome:
         return RunOutcome(spec.key, spec.policy.label, {}, 0.0, error=str(e))
     summary = run.summary(spec.slo)
     summary["num_turned_away"] = num_turned_away(run)
+    summary["last_admission_s"] = last_admission_s(run)
     return RunOutcome(spec.key, run.label, summary, run.wall_s, run if spec.keep_run else None)
 
 
@@ -186,6 +189,21 @@ def num_turned_away(run: RunResult) -> int:
         for r in run.requests
         if r.status is RequestStatus.FINISHED_REJECTED and r.prompt_len + r.max_tokens <= limit
     )
+
+
+def last_admission_s(run: RunResult) -> float | None:
+    """Seconds from the first arrival to the last finished request's first admission: with every
+    request queued at once, how long the engine took to start them all (``ceiling.py``)."""
+    if run.finished is not None:
+        admitted = np.frombuffer(run.finished.first_scheduled_time, dtype=np.float64)
+        last = float(admitted.max()) if admitted.size else None
+        first = run.finished.first_arrival or 0.0
+    else:
+        done = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+        times = [r.first_scheduled_time for r in run.requests if r.status in done]
+        last = max((t for t in times if t is not None), default=None)
+        first = min((r.arrival_time for r in run.requests), default=0.0)
+    return None if last is None else last - first
 
 
 # ---- results file -------------------------------------------------------------------------
