@@ -273,7 +273,9 @@ def test_shutdown_aborts_in_flight_requests_with_a_reason(micro_model: Path) -> 
         assert rest[-1] == "data: [DONE]"
         assert events[-1]["error"]["message"] == "request aborted: server shutting down"
         assert events[-1]["error"]["code"] == 503
-        assert not running.engine.has_unfinished_requests()
+        # The abort reaches the stream at once; the engine hands its output over at its next
+        # step, which a loaded machine can delay past this line (it failed so once).
+        wait_until(lambda: not running.engine.has_unfinished_requests())
 
 
 def test_metrics_speak_vllm_names_and_counters_move(server: Any) -> None:
