@@ -235,3 +235,7 @@ def test_report_writes_the_page_with_sweep_curves(tmp_path, capsys):
     sweeps = list(report.glob("sweep_*.png"))
     assert len(sweeps) == 1 and sweeps[0].name in page
     assert (report / "ttft_cdf.png").exists()
+    # The capacity table and the lines under it, as the terminal prints them.
+    capacity = page[page.index("<h2>Capacity</h2>") : page.index("<h2>Summary</h2>")]
+    assert "<th>capacity req/s</th>" in capacity and "<td>vllm</td>" in capacity
+    assert "throughput ceiling" in capacity

@@ -21,7 +21,13 @@ from tailserve.cli.options import (
 )
 from tailserve.cli.sweep_options import add_sweep_args, make_sweep
 from tailserve.cli.tune_plan import add_plan_args, run_plan
-from tailserve.cli.tune_tables import print_tune
+from tailserve.cli.tune_tables import (
+    CAPACITY_HEADER,
+    capacity_rows,
+    ceiling_lines,
+    print_tune,
+    transient_warnings,
+)
 from tailserve.core.engine import EngineOptions
 from tailserve.report.tables import deployment_line
 from tailserve.sim.deployment import build_cost_model
@@ -232,5 +238,10 @@ def _write_report(out_dir: str, result: TuneResult, sweep: Sweep, deployment: st
         )
     title = f"tailserve tune: {deployment}, {result.config.workload.label} at {result.sweep_rate:.3g} req/s"
     explanations = [explain_run(run) for run in runs if run.batches is not None]
-    path = write_report(out_dir, runs, title=title, sweep_curves=curves, explanation=explanations)
+    header = [name.replace("\n", " ") for name in CAPACITY_HEADER]
+    rows = [[cell.replace("\n", "") for cell in row] for row in capacity_rows(result)]  # unwrapped labels
+    capacity = (header, rows, [*ceiling_lines(result), *transient_warnings(result)])
+    path = write_report(
+        out_dir, runs, title=title, sweep_curves=curves, explanation=explanations, capacity=capacity
+    )
     print(f"report: {path}", file=sys.stderr)

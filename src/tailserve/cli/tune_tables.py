@@ -79,33 +79,45 @@ def ceiling_lines(result: TuneResult) -> list[str]:
     return out
 
 
-def print_tune(result: TuneResult, deployment: str) -> None:
-    c = result.config
-    console.print(f"{deployment} — {c.workload.label}")
-    console.print(f"SLO: {c.slo}; budget sweep at {result.sweep_rate:.3g} requests/s")
-    table = Table(title="capacity (highest rate meeting the SLO) and best budget", title_justify="left")
-    for name in (
-        "rank",
-        "policy",
-        "capacity\nreq/s",
-        "budget flag",
-        "capacity\nat size",
-        "best",
-        "flat region",
-        "SLO ratio\nat best",
-    ):
-        table.add_column(name, justify="right" if name not in ("policy", "budget flag") else "left")
-    for rank, t in enumerate(result.policies, start=1):
-        table.add_row(
+CAPACITY_HEADER = (
+    "rank",
+    "policy",
+    "capacity\nreq/s",
+    "budget flag",
+    "capacity\nat size",
+    "best",
+    "flat region",
+    "SLO ratio\nat best",
+)
+
+
+def capacity_rows(result: TuneResult) -> list[list[str]]:
+    """The capacity table's rows (``CAPACITY_HEADER``), ranked: the terminal's and the report's."""
+    max_rate = result.config.max_rate
+    return [
+        [
             str(rank),
             wrap_label(t.spec.label),
-            _capacity(t, c.max_rate),
+            _capacity(t, max_rate),
             t.knob or "(none)",
             f"{t.capacity_size:,}" if t.capacity_size is not None else "-",
             f"{t.best.size:,}" if t.best else "-",
             _flat(t),
             _ratio(t.best.ratio) if t.best else "-",
-        )
+        ]
+        for rank, t in enumerate(result.policies, start=1)
+    ]
+
+
+def print_tune(result: TuneResult, deployment: str) -> None:
+    c = result.config
+    console.print(f"{deployment} — {c.workload.label}")
+    console.print(f"SLO: {c.slo}; budget sweep at {result.sweep_rate:.3g} requests/s")
+    table = Table(title="capacity (highest rate meeting the SLO) and best budget", title_justify="left")
+    for name in CAPACITY_HEADER:
+        table.add_column(name, justify="left" if name in ("policy", "budget flag") else "right")
+    for row in capacity_rows(result):
+        table.add_row(*row)
     console.print(table)
     for line in [*ceiling_lines(result), *transient_warnings(result)]:
         console.print(line)

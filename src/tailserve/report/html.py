@@ -127,8 +127,10 @@ def write_report(
     title: str,
     sweep_curves: list[SweepCurve] | None = None,
     explanation: RunExplanation | Sequence[RunExplanation] | None = None,
+    capacity: tuple[Sequence[str], Sequence[Sequence[str]], Sequence[str]] | None = None,
 ) -> Path:
-    """Write PNGs and ``index.html`` into ``out_dir`` (created if missing); returns the page."""
+    """Write PNGs and ``index.html`` into ``out_dir`` (created if missing); returns the page.
+    ``capacity`` (``tailserve tune``): a table's header and rows, and the lines under it."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--report {out}: exists and is not a directory")
@@ -142,6 +144,13 @@ def write_report(
             f"{config.get('model')} on {config.get('hardware')}, TP {config.get('tp')}, calibration "
             f"{config.get('calibration')}; workload: {config.get('workload')}.",
         )
+    if capacity is not None:
+        header, rows, lines = capacity
+        page.text("h2", "Capacity")
+        page.table(header, rows)
+        for line in lines:
+            page.text("p", line)
+    if runs:
         page.text("h2", "Summary")
         header = ["policy", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms", "ITL max ms", "TPOT p99 ms"]
         page.table([*header, "output tok/s", "preemptions", "finished"], _summary_rows(runs))
