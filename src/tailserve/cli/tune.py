@@ -239,8 +239,11 @@ def _write_report(out_dir: str, result: TuneResult, sweep: Sweep, deployment: st
     title = f"tailserve tune: {deployment}, {result.config.workload.label} at {result.sweep_rate:.3g} req/s"
     explanations = [explain_run(run) for run in runs if run.batches is not None]
     header = [name.replace("\n", " ") for name in CAPACITY_HEADER]
-    rows = [[cell.replace("\n", "") for cell in row] for row in capacity_rows(result)]  # unwrapped labels
-    capacity = (header, rows, [*ceiling_lines(result), *transient_warnings(result)])
+    capacity = (
+        header,
+        capacity_rows(result, wrap=False),
+        [*ceiling_lines(result), *transient_warnings(result)],
+    )
     path = write_report(
         out_dir, runs, title=title, sweep_curves=curves, explanation=explanations, capacity=capacity
     )

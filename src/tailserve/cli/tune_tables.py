@@ -91,13 +91,14 @@ CAPACITY_HEADER = (
 )
 
 
-def capacity_rows(result: TuneResult) -> list[list[str]]:
-    """The capacity table's rows (``CAPACITY_HEADER``), ranked: the terminal's and the report's."""
+def capacity_rows(result: TuneResult, wrap: bool = True) -> list[list[str]]:
+    """The capacity table's rows (``CAPACITY_HEADER``), ranked: the terminal's and (policy
+    labels not wrapped) the report's."""
     max_rate = result.config.max_rate
     return [
         [
             str(rank),
-            wrap_label(t.spec.label),
+            wrap_label(t.spec.label) if wrap else t.spec.label,
             _capacity(t, max_rate),
             t.knob or "(none)",
             f"{t.capacity_size:,}" if t.capacity_size is not None else "-",

@@ -225,8 +225,9 @@ class SloPolicy(Policy):
             self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
         if self.backlog is not None:
             self.backlog.charge(out)
-        self._earn_aging_credit(out)
-        self._observe_stretch(out, load)
+        chunks = [s for s in out.scheduled if s.num_new_tokens > 1]  # this iteration's prefill
+        self._earn_aging_credit(chunks)
+        self._observe_stretch(chunks, load)
         self._last = (now, load.shape()) if out.scheduled else None
         return out
 
@@ -261,22 +262,18 @@ class SloPolicy(Policy):
         """Rule 5: whether aged requests go ahead of the feasible ones in this ordering."""
         return self.config.aging_share >= 1 or self._aging_credit > 0
 
-    def _earn_aging_credit(self, out: SchedulerOutput) -> None:
+    def _earn_aging_credit(self, chunks: list[ScheduledRequest]) -> None:
         """Rule 5: aged requests earn ``aging_share`` of every prefill token scheduled, up to one
         token budget (so an idle stretch does not bank a burst of late work ahead of on-time
         work); admitting one spends its whole remaining prefill (``slo_admit.admit``)."""
-        prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
+        prefill = sum(s.num_new_tokens for s in chunks)
         budget = self.config.max_num_batched_tokens
         self._aging_credit = min(self._aging_credit + self.config.aging_share * prefill, budget)
 
-    def _observe_stretch(self, out: SchedulerOutput, load: BatchLoad) -> None:
+    def _observe_stretch(self, chunks: list[ScheduledRequest], load: BatchLoad) -> None:
         """Rule 3's queue time: how much longer the iterations carrying prefill chunks take than
         those chunks alone (the decodes beside them, chunks cut by the slack), a moving average."""
-        alone = sum(
-            self.predictor.prefill_time(s.num_new_tokens, s.num_context_tokens)
-            for s in out.scheduled
-            if s.num_new_tokens > 1
-        )
+        alone = sum(self.predictor.prefill_time(s.num_new_tokens, s.num_context_tokens) for s in chunks)
         if alone > 0:
             sample = max(1.0, self.predictor.time(load.shape()) / alone)
             self._stretch += STRETCH_ALPHA * (sample - self._stretch)

@@ -48,17 +48,17 @@ def ceiling_specs(scaler: RateScaler, engine_flags: dict[str, Any] | None = None
     ``max_num_seqs`` following a smaller budget down, as tune sets it), with the workload's
     engine flags (``max_model_len``: the same requests are refused as in the capacity runs).
     Empty for a multi-turn workload, whose later turns wait for think times, not the rate."""
-    from tailserve.tune.recommend import KNOBS, _with_size  # recommend runs this module
+    from tailserve.tune.recommend import KNOBS, _max_model_len, _with_size  # recommend runs this module
 
     base = scaler.base
     if base.workload.name == "multi-turn":
         return []
     device = get_hardware(base.deployment.hardware).device_info
-    flags = dict(engine_flags or {})
-    max_model_len = flags.get("max_model_len", get_model(base.deployment.model).max_position_embeddings)
+    vllm = PolicySpec.make("vllm", dict(engine_flags or {}))
+    max_model_len = _max_model_len(vllm, get_model(base.deployment.model).max_position_embeddings)
     specs = []
     for budget in BUDGETS:
-        spec = _with_size(PolicySpec.make("vllm", flags), KNOBS["vllm"], budget, device, max_model_len)
+        spec = _with_size(vllm, KNOBS["vllm"], budget, device, max_model_len)
         specs.append(scaler.at(scaler.rate * FLOOD, policy=spec, slo=None))
     return specs
 
