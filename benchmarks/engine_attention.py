@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if cpu_kernels.load() is None:
         print(
-            f"engine_attention: error: the CPU kernels could not be built: {cpu_kernels._failed}",
+            f"engine_attention: error: the CPU kernels could not be built: {cpu_kernels.failure()}",
             file=sys.stderr,
         )
         return 2

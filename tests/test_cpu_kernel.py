@@ -44,7 +44,7 @@ def _case(dtype, num_heads, num_kv_heads, lengths, head_dim=64, block_size=16, s
 @pytest.mark.parametrize("heads", [(8, 4), (4, 4), (8, 1)])
 def test_fused_kernel_matches_pytorch_path(monkeypatch, dtype, heads):
     if cpu_kernels.load() is None:
-        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+        pytest.skip(f"kernel could not be built here: {cpu_kernels.failure()}")
     q, k_slots, v_slots, meta = _case(dtype, *heads, lengths=[1, 17, 300, 64, 5])
     fused = cpu_kernels.paged_decode_attention(q, k_slots, v_slots, meta.decode_slots, meta.decode_lengths)
     monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
@@ -72,7 +72,7 @@ def test_bf16_decode_kernels_agree(monkeypatch, heads, head_dim):
     """The AVX-512 bf16 kernel (where the CPU has it) and the portable one both match the
     PyTorch path, over lengths on both sides of its 16-key blocks and GQA groups of 1 to 7."""
     if cpu_kernels.load() is None:
-        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+        pytest.skip(f"kernel could not be built here: {cpu_kernels.failure()}")
     q, k_slots, v_slots, meta = _case(
         torch.bfloat16, *heads, lengths=[1, 15, 16, 17, 33, 300], head_dim=head_dim, seed=3
     )
@@ -90,7 +90,7 @@ def test_bf16_decode_kernels_agree(monkeypatch, heads, head_dim):
 
 def test_decode_isa_names_the_kernel(monkeypatch):
     if cpu_kernels.load() is None:
-        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+        pytest.skip(f"kernel could not be built here: {cpu_kernels.failure()}")
     cpuinfo = Path("/proc/cpuinfo")
     flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     expected = "avx512_bf16" if " avx512_bf16" in flags else "portable"
@@ -107,7 +107,7 @@ def test_prefill_kernel_matches_sdpa(monkeypatch, heads, d):
     through ``paged_attention``: the AVX-512 bf16 tiled prefill kernel where it
     runs, PyTorch's SDPA per chunk otherwise; both agree to bf16 rounding."""
     if cpu_kernels.load() is None:
-        pytest.skip(f"kernel could not be built here: {cpu_kernels._failed}")
+        pytest.skip(f"kernel could not be built here: {cpu_kernels.failure()}")
     h, kvh = heads
     bs, num_blocks = 16, 96
     g = torch.Generator().manual_seed(5)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension
 
-from tailserve.executors.pytorch import cpu_kernels
+from tailserve.executors.pytorch import cpu_isa, cpu_kernels
 
 
 def _fake_build(calls: list[dict]):
@@ -24,13 +24,15 @@ def test_first_build_prints_one_line_and_later_loads_are_silent(tmp_path, monkey
     monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "1")
     calls: list[dict] = []
     monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", _fake_build(calls))
-    monkeypatch.setattr(cpu_kernels, "_module", None)
-    monkeypatch.setattr(cpu_kernels, "_failed", None)
+    monkeypatch.setattr(cpu_kernels, "_modules", {})
+    monkeypatch.setattr(cpu_kernels, "_failures", {})
     assert cpu_kernels.load() is not None
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "building the fused CPU kernels, ~1 min, once" in err[0]
+    level = cpu_isa.detect().level
+    assert len(err) == 1 and f"building the fused CPU kernels for {level}, ~1 min, once" in err[0]
     assert calls[0]["build_directory"] == str(tmp_path / "kernels" / cpu_kernels.build_name())
-    monkeypatch.setattr(cpu_kernels, "_module", None)  # a new process: the build is on disk
+    assert "-march=native" not in calls[0]["extra_cflags"]  # the level decides the instructions
+    monkeypatch.setattr(cpu_kernels, "_modules", {})  # a new process: the build is on disk
     assert cpu_kernels.load() is not None
     assert capsys.readouterr().err == "" and len(calls) == 2
 
@@ -41,3 +43,16 @@ def test_build_is_keyed_by_torch_version_and_source(monkeypatch):
     other_torch = cpu_kernels.build_name()
     monkeypatch.setattr(cpu_kernels, "_SOURCE", cpu_kernels._SOURCE + "// changed\n")
     assert len({name, other_torch, cpu_kernels.build_name()}) == 3
+
+
+def test_each_cpu_level_is_its_own_build(monkeypatch):
+    """A forced lower level compiles for that level (its -march) into its own build."""
+    native = cpu_isa.detect().native
+    names = {}
+    for level in cpu_isa.LEVELS:
+        isa = cpu_isa.CpuIsa(native, level, "x86_64")
+        names[level] = cpu_kernels.build_name(isa)
+    assert len(set(names.values())) == len(cpu_isa.LEVELS)
+    assert cpu_isa.CpuIsa("avx2", "avx2", "x86_64").compile_flags[0] == "-march=x86-64-v3"
+    assert cpu_isa.CpuIsa("avx512", "generic", "x86_64").compile_flags == []
+    assert cpu_isa.CpuIsa("generic", "generic", "aarch64").compile_flags == []

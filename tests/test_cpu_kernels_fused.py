@@ -107,7 +107,7 @@ def test_linear_kernel_matches_float32_to_bf16_rounding(shape) -> None:
     """tailserve's bf16 linear layer (PackedLinear over ``linear_bf16``) is the float32 product
     rounded once to bf16, up to float32 summation order, with and without a bias, at every row
     count on both sides of its 6-row tiles and 96/48-row blocks (0 rows included)."""
-    from tailserve.executors.pytorch.model import PackedLinear
+    from tailserve.executors.pytorch.cpu_backend import PackedLinear
 
     _linear_kernel_or_skip()
     n, k = shape
@@ -128,7 +128,7 @@ def test_linear_kernel_matches_float32_to_bf16_rounding(shape) -> None:
 def test_linear_kernel_rows_do_not_depend_on_the_batch() -> None:
     """A row's output is the same bits whatever the other rows and their number (what lets the
     last layer run on the sampled rows alone), and close to oneDNN's prepacked matmul."""
-    from tailserve.executors.pytorch.model import PackedLinear
+    from tailserve.executors.pytorch.cpu_backend import PackedLinear
 
     _linear_kernel_or_skip()
     w = _randn(4608, 768, scale=0.05, seed=13)
@@ -145,7 +145,7 @@ def test_linear_kernel_rows_do_not_depend_on_the_batch() -> None:
 
 
 def test_linear_kernel_follows_the_switches(monkeypatch) -> None:
-    from tailserve.executors.pytorch.model import PackedLinear
+    from tailserve.executors.pytorch.cpu_backend import PackedLinear
 
     _linear_kernel_or_skip()
     w = _randn(128, 64, seed=15)

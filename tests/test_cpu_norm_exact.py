@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tailserve.executors.pytorch import cpu_kernels, cpu_norm
-from tailserve.executors.pytorch.model import rms_norm, silu_and_mul, torch_norm_ops
+from tailserve.executors.pytorch.backend import rms_norm, silu_and_mul, torch_norm_ops
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="CPU kernels could not be built here")
 DTYPES = (torch.bfloat16, torch.float16)

@@ -9,6 +9,7 @@ import torch
 
 from tailserve.executors.pytorch import model as model_mod
 from tailserve.executors.pytorch.attention import PagedKVCache, build_metadata
+from tailserve.executors.pytorch.cpu_backend import can_pack
 from tailserve.executors.pytorch.init_model import init_model
 from tailserve.executors.pytorch.loader import load_config, load_state_dict
 from tailserve.executors.pytorch.model import LlamaModel
@@ -43,7 +44,7 @@ def _step(model: LlamaModel, out_rows: torch.Tensor | None) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_out_rows_equal_the_full_pass_rows(tmp_path, dtype) -> None:
     model = _model(tmp_path, dtype)
-    assert model.packed == (dtype == torch.bfloat16 and model_mod.can_pack(dtype, CPU))
+    assert model.packed == (dtype == torch.bfloat16 and can_pack(dtype, CPU))
     full = _step(model, None)
     rows = torch.tensor([0, 1, 38, 58, 40])  # the decodes, each chunk's last token, and one more
     got = _step(model, rows)

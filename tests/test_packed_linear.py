@@ -1,4 +1,4 @@
-"""bf16 weights prepacked for oneDNN (``model.PackedLinear``) compute what ``F.linear`` does."""
+"""bf16 weights prepacked for oneDNN (``cpu_backend.PackedLinear``) compute what ``F.linear`` does."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tailserve.executors.pytorch.model import LlamaModel, PackedLinear, can_pack, linear
+from tailserve.executors.pytorch.cpu_backend import PackedLinear, can_pack
+from tailserve.executors.pytorch.model import LlamaModel, linear
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")

@@ -42,7 +42,7 @@ class BuildOptions:
     shares_prefixes: bool = True  # sim: False for bare lengths, which no prefix cache could match
     cpu_swap: bool = True  # simulated: give a policy's swap_space a CPU pool
     seed: int = 0  # torch, realtime-sim: sampling
-    dtype: str = "bfloat16"  # torch
+    dtype: str = "auto"  # torch
     device: str = "cpu"  # torch
     kv_cache_memory_gib: float | None = None  # torch: KV budget (None: 2 GiB on CPU, vLLM's rule on CUDA)
     threads: int | None = None  # torch on CPU: intra-op threads (None: the free cores, revisited)

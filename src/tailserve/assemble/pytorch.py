@@ -7,6 +7,7 @@ Imported only when a torch engine is built, so the simulator never imports torch
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from tailserve.assemble.scheduler import GIB, SchedulerParts, build_scheduler
 from tailserve.core.device import DeviceInfo
 from tailserve.executors.pytorch.attention import CpuSwapSpace, PagedKVCache
+from tailserve.executors.pytorch.backend import auto_dtype, backend_for
 from tailserve.executors.pytorch.executor import TorchExecutor
 from tailserve.executors.pytorch.loader import load_config, load_state_dict
 from tailserve.executors.pytorch.model import LlamaModel
@@ -56,6 +58,11 @@ def torch_parts(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but torch.cuda.is_available() is False")
+    backend = backend_for(dev)  # a bad TAILSERVE_CPU_ISA is refused here, before loading
+    if dtype == "auto":
+        dtype, why = auto_dtype(dev)
+        if why is not None:
+            print(f"tailserve: {why}", file=sys.stderr, flush=True)
     torch_dtype = getattr(torch, dtype)
     config = load_config(model_dir)
     max_len = spec.engine_flags.get("max_model_len", max_model_len or config.max_position_embeddings)
@@ -65,7 +72,7 @@ def torch_parts(
             f"({config.max_position_embeddings})"
         )
     state = load_state_dict(model_dir, config, torch_dtype, dev)
-    lm = LlamaModel(config, state, torch_dtype, dev)
+    lm = LlamaModel(config, state, torch_dtype, dev, backend)
     cls = get_policy_cls(spec.name)
     block_size = spec.engine_flags.get("block_size", cls.default_block_size)
     gmu = spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization)
@@ -103,6 +110,7 @@ def torch_parts(
     label = f"{lm.num_parameters / 1e6:.1f} M parameters, {dtype}, {dev}"
     if controller is not None:
         label += f", {controller.label}"
+    label += f"; {backend.describe(torch_dtype, lm.norm_ops.fused)}"
     return TorchParts(parts, executor, label)
 
 

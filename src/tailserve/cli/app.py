@@ -27,6 +27,7 @@ from tailserve.cli import (
 )
 from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, OneLineParser
 from tailserve.cli.policy_flags import parse_policy_flags
+from tailserve.executors.pytorch import cpu_isa
 
 
 def build_parser() -> OneLineParser:
@@ -68,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     args, extra = parser.parse_known_args(argv)
+    # TAILSERVE_CPU_ISA also lowers PyTorch's own kernel dispatch, which it reads only once.
+    cpu_isa.apply_forced_level()
     try:
         if extra and not getattr(args, "takes_policy_flags", False):
             raise CliError(f"unrecognized argument{'s' if len(extra) > 1 else ''} {' '.join(extra)}")

@@ -12,7 +12,7 @@ from typing import Any
 from tailserve.cli.base import default_of
 from tailserve.cli.policy_flags import parse_policy_flags
 from tailserve.core.sampling_params import SamplingParams
-from tailserve.llm.engine_args import EngineArgs
+from tailserve.llm.engine_args import DTYPE_HELP, DTYPES, EngineArgs
 
 
 class PromptFileError(ValueError):
@@ -70,7 +70,7 @@ def add_parser(sub: Any) -> None:
         help="text file (one prompt per line) or JSONL with prompt / prompt_token_ids",
     )
     p.add_argument("--policy", default=_arg("policy"), help="scheduling policy (default: %(default)s)")
-    p.add_argument("--dtype", default=_arg("dtype"), choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=_arg("dtype"), choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--device", default=_arg("device"), help="cpu or cuda (default: %(default)s)")
     p.add_argument(
         "--max-tokens", type=int, default=64, help="output tokens per prompt (default: %(default)s)"

@@ -26,7 +26,7 @@ from typing import Any
 from tailserve.cli.base import default_of
 from tailserve.cli.listen import api_keys_from_env, bind_socket
 from tailserve.cli.policy_flags import parse_policy_flags
-from tailserve.llm.engine_args import EXECUTORS, EngineArgs
+from tailserve.llm.engine_args import DTYPE_HELP, DTYPES, EXECUTORS, EngineArgs
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUED_REQUESTS = 1024  # waiting requests before a 503: bounded memory, bounded waits
@@ -53,7 +53,7 @@ def add_parser(sub: Any) -> None:
         default=_arg("policy"),
         help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
     )
-    p.add_argument("--dtype", default=_arg("dtype"), choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--dtype", default=_arg("dtype"), choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--device", default=_arg("device"), help="torch device (default: %(default)s)")
     p.add_argument("--seed", type=int, default=_arg("seed"), help="sampling seed (default: %(default)s)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")

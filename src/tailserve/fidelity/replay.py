@@ -57,7 +57,7 @@ def run_real(
     model_dir: str | Path,
     policy: str,
     planned: list[PlannedRequest],
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     cpu_clock: bool = False,
     kv_cache_memory_gib: float | None = None,
 ) -> RunRecord:
@@ -107,13 +107,16 @@ def run_real(
 def kv_gib_for(model_dir: str | Path, num_tokens: int, num_requests: int, block_size: int = 16) -> float:
     """A KV cache that holds ``num_tokens`` tokens of ``num_requests`` requests at once (each
     request's last block partly used), and at least one request of the model's full length (the
-    engine's own rule), with a quarter more for the allocator's slack."""
+    engine's own rule), with a quarter more for the allocator's slack. Sized for float32 K/V
+    (4 bytes a value): ``dtype`` auto is float32 on a CPU without AVX-512, and a cache that is
+    allocated but not touched costs no memory."""
     from tailserve.executors.simulated.models import load_hf_config
 
     spec = load_hf_config(model_dir)
     tokens = max(num_tokens, spec.max_position_embeddings)
     blocks = -(-tokens // block_size) + num_requests
-    return 1.25 * blocks * block_size * spec.kv_bytes_per_token(1) / 2**30
+    per_token = spec.kv_bytes_per_token(1) * 4 // spec.dtype_bytes
+    return 1.25 * blocks * block_size * per_token / 2**30
 
 
 class _TimedQueueSource(QueueSource):

@@ -140,14 +140,14 @@ PROBE = Scenario(
 )
 
 
-def probe(model_dir: str | Path, dtype: str = "bfloat16", cpu_clock: bool = False, seed: int = 0) -> float:
+def probe(model_dir: str | Path, dtype: str = "auto", cpu_clock: bool = False, seed: int = 0) -> float:
     """Seconds per step of ``PROBE``'s decode iterations (median)."""
     records = run_scenario(model_dir, PROBE, seed, dtype, cpu_clock)
     return statistics.median(r.period_s for r in records if r.period_s and not r.shape.prefill_pairs)
 
 
 def run_scenario(
-    model_dir: str | Path, scenario: Scenario, seed: int, dtype: str = "bfloat16", cpu_clock: bool = False
+    model_dir: str | Path, scenario: Scenario, seed: int, dtype: str = "auto", cpu_clock: bool = False
 ) -> list[IterationRecord]:
     from tailserve.fidelity.replay import kv_gib_for
     from tailserve.llm import LLMEngine, SamplingParams
@@ -178,7 +178,7 @@ def profile(
     grid: list[Scenario],
     repeats: int = 2,
     progress: Callable[[str], None] | None = None,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     cpu_clock: bool = False,
     scatter: list[float] | None = None,
     probes: list[float] | None = None,

@@ -6,8 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 EXECUTORS = ("torch", "sim")
+DTYPE_HELP = (
+    "torch executor's weights and KV cache (default: %(default)s: bfloat16 on a GPU or a CPU with "
+    "AVX-512, float32 on other CPUs, which have no bf16 matmul)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,7 +19,7 @@ class EngineArgs:
     executor: str = "torch"  # "torch": the real executor; "sim": the cost model paced in real time
     policy: str = "vllm"
     policy_flags: dict[str, Any] = field(default_factory=dict)  # the policy's flags, engine names
-    dtype: str = "bfloat16"  # torch
+    dtype: str = "auto"  # torch; auto: bfloat16 where the device has a bf16 matmul, else float32
     device: str = "cpu"  # torch
     seed: int = 0  # sampling
     hardware: str = "H100-SXM"  # sim: the GPU whose speed is simulated

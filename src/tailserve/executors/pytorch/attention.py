@@ -8,8 +8,10 @@ and prefix-cache hits alike). Token ``p`` of a request lives in slot
 ``table[p // block_size] * block_size + p % block_size``; new tokens' K/V are written to their
 slots before attention reads, so a chunk sees itself through the same path as its context.
 
-Decodes share one batched SDPA call over context gathered to [batch, max_context] (padding
-points at a zeroed spare block and is masked out); each prefill chunk gets its own call, with
+The device's operations come from a ``Backend`` (``backend.py``): storing K/V, decode attention
+(a fused kernel on CPU; one batched SDPA call over context gathered to [batch, max_context]
+elsewhere, padding pointing at a zeroed spare block and masked out) and, where it has one, a
+kernel for every prefill chunk at once. Otherwise each prefill chunk gets its own SDPA call, with
 ``is_causal`` when nothing is cached before it.
 """
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tailserve.executors.pytorch import cpu_kernels
+from tailserve.executors.pytorch.backend import TorchBackend, backend_for
 
 
 class PagedKVCache:
@@ -119,10 +121,10 @@ class AttentionMetadata:
     decode_lengths: torch.Tensor | None  # [num_decodes] long, context + 1 per decode
     prefills: list[PrefillChunk]
     null_slot: int = -1
-    prefill_kernel: PrefillKernelInputs | None = None  # see ``_prefill_kernel_inputs``
+    prefill_kernel: PrefillKernelInputs | None = None  # see ``prefill_kernel_inputs``
 
 
-def _prefill_kernel_inputs(meta: AttentionMetadata) -> PrefillKernelInputs:
+def prefill_kernel_inputs(meta: AttentionMetadata) -> PrefillKernelInputs:
     if meta.prefill_kernel is None:
         chunks = meta.prefills
         width = max(c.num_context_tokens + c.num_new_tokens for c in chunks)
@@ -194,29 +196,22 @@ def paged_attention(
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,
     meta: AttentionMetadata,
+    backend: TorchBackend | None = None,
 ) -> torch.Tensor:
     """``q``: [tokens, heads, dim]; ``k``/``v``: [tokens, kv_heads, dim] for the new tokens;
-    ``k_slots``/``v_slots``: the layer's cache as [slots, kv_heads, dim]. Returns [tokens, heads, dim]."""
-    if not cpu_kernels.store_kv(k_slots, v_slots, k, v, meta.slot_mapping):
-        k_slots.index_copy_(0, meta.slot_mapping, k)
-        v_slots.index_copy_(0, meta.slot_mapping, v)
+    ``k_slots``/``v_slots``: the layer's cache as [slots, kv_heads, dim]. Returns [tokens, heads, dim].
+    ``backend``: the device's operations (default: ``backend_for(q.device)``)."""
+    backend = backend_for(q.device) if backend is None else backend
+    backend.store_kv(k_slots, v_slots, k, v, meta.slot_mapping)
     nd = meta.num_decodes
     if not meta.prefills:
-        return _decode_attention(q, k_slots, v_slots, meta)  # decode-only: no joint output
-    fused = None
-    if cpu_kernels.enabled() and cpu_kernels.prefill_attention_applies(q, k_slots):
-        # bf16 on a CPU with avx512_bf16: every prefill chunk in one kernel call, reading its
-        # K/V from the cache (stored above) with a float32 softmax. PyTorch's CPU SDPA runs
-        # these short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py).
-        pk = _prefill_kernel_inputs(meta)
-        fused = cpu_kernels.paged_prefill_attention(
-            q[nd:], k_slots, v_slots, pk.slots, pk.starts, pk.news, pk.contexts
-        )
-        if fused is not None and not nd:
-            return fused  # a prefill-only iteration: no joint output to copy into
+        return backend.decode_attention(q, k_slots, v_slots, meta)  # decode-only: no joint output
+    fused = backend.prefill_attention(q[nd:], k_slots, v_slots, meta)
+    if fused is not None and not nd:
+        return fused  # a prefill-only iteration: no joint output to copy into
     out = torch.empty_like(q)
     if nd:
-        out[:nd] = _decode_attention(q[:nd], k_slots, v_slots, meta)
+        out[:nd] = backend.decode_attention(q[:nd], k_slots, v_slots, meta)
     if fused is not None:
         out[nd:] = fused
         return out
@@ -240,41 +235,14 @@ def paged_attention(
 
 
 def _decode_attention(
-    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    meta: AttentionMetadata,
+    backend: TorchBackend | None = None,
 ) -> torch.Tensor:
-    """One query token per request over its context. On CPU the fused kernel reads K/V straight
-    from their slots (``cpu_kernels``); without it, and on CUDA, the context is gathered first."""
-    if q.device.type == "cpu" and cpu_kernels.enabled():
-        fused = cpu_kernels.paged_decode_attention(
-            q, k_slots, v_slots, meta.decode_slots, meta.decode_lengths
-        )
-        if fused is not None:
-            return fused
-    b, width = meta.decode_slots.shape
-    num_kv_heads, head_dim = k_slots.shape[1], k_slots.shape[2]
-    group = q.shape[1] // num_kv_heads
-    flat = meta.decode_slots.view(-1)
-    # index_select is several times faster than advanced indexing for this gather on CPU.
-    keys = k_slots.index_select(0, flat).view(b, width, num_kv_heads, head_dim)
-    values = v_slots.index_select(0, flat).view(b, width, num_kv_heads, head_dim)
-    if q.device.type != "cpu":
-        res = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=meta.decode_mask,
-            enable_gqa=True,
-        )
-        return res.squeeze(2)
-    # PyTorch's CPU SDPA is tuned for long queries (~2-3x slower here): two batched float32
-    # matmuls instead, float32 so scores are not rounded to bf16 before the softmax. One copy
-    # each does the layout change and the upcast.
-    k32 = torch.empty(b, num_kv_heads, head_dim, width)
-    k32.copy_(keys.permute(0, 2, 3, 1))
-    v32 = torch.empty(b, num_kv_heads, width, head_dim)
-    v32.copy_(values.transpose(1, 2))
-    query = q.view(b, num_kv_heads, group, head_dim).float()
-    scores = torch.matmul(query, k32) * head_dim**-0.5  # [b, kv_heads, group, width]
-    scores.masked_fill_(~meta.decode_mask.view(b, 1, 1, width), float("-inf"))
-    out = torch.matmul(scores.softmax(-1), v32)  # [b, kv_heads, group, dim]
-    return out.view(b, num_kv_heads * group, head_dim).to(q.dtype)
+    """One query token per request over its context, through ``backend`` (default: the
+    device's; on CPU the fused kernel reads K/V straight from their slots, without it the
+    context is gathered first)."""
+    backend = backend_for(q.device) if backend is None else backend
+    return backend.decode_attention(q, k_slots, v_slots, meta)

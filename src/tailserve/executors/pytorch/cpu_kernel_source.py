@@ -6,7 +6,7 @@ that builds and calls them.
   request, 16 keys' whole slot rows at a time, the scores with ``_mm512_dpbf16_ps``; elsewhere
   float32 loops, one task per (request, KV head) (``decode_impl``).
 - ``linear_bf16``: the bf16 linear layers, over weights packed once for ``_mm512_dpbf16_ps``
-  (avx512_bf16 only; ``model.PackedLinear``).
+  (avx512_bf16 only; ``cpu_backend.PackedLinear``).
 - ``store_kv``: the new tokens' K and V rows into their cache slots (two ``index_copy_`` calls
   took ~65 us each for a decode batch of 64 rows).
 - ``paged_prefill_attention``: the prefill chunks' tokens, tiled as a GEMM kernel is (8 query

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from tailserve.cache import cache_root
+from tailserve.executors.pytorch import cpu_isa
 from tailserve.executors.pytorch.cpu_kernel_source import FUNCTIONS, SOURCE
 from tailserve.executors.pytorch.cpu_norm_source import NORM_FUNCTIONS, NORM_SOURCE
 
@@ -36,82 +37,86 @@ log = logging.getLogger(__name__)
 _SOURCE = SOURCE + NORM_SOURCE
 
 _lock = threading.Lock()
-_module: Any = None
-_failed: str | None = None
+_modules: dict[str, Any] = {}  # by CPU level (cpu_isa): each level is its own build
+_failures: dict[str, str] = {}
 
 
 def enabled() -> bool:
     return os.environ.get("TAILSERVE_CPU_KERNEL", "1") != "0"
 
 
-_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+_CFLAGS = ["-O3", "-ffast-math", "-fopenmp"]  # + the level's -march (cpu_isa.CpuIsa.compile_flags)
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux): ``-march=native`` compiles for exactly these, so a cache
-    shared by machines with different CPUs must keep one build per feature set."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return platform.processor()
+def _cflags(isa: cpu_isa.CpuIsa) -> list[str]:
+    return [*_CFLAGS, *isa.compile_flags]
 
 
-def build_name() -> str:
-    """The extension's name, keyed by what the binary depends on: the source and flags, the
-    torch it links against and the CPU (architecture and feature flags). Two virtual
-    environments with different torch builds therefore keep two builds instead of rebuilding
-    each other's."""
-    key = "\0".join((_SOURCE, *_CFLAGS, torch.__version__, platform.machine(), _cpu_flags()))
+def build_name(isa: cpu_isa.CpuIsa | None = None) -> str:
+    """The extension's name, keyed by what the binary depends on: the source and flags (the
+    CPU level's ``-march`` among them), the torch it links against and the architecture. Two
+    virtual environments with different torch builds therefore keep two builds instead of
+    rebuilding each other's, and each forced level keeps its own."""
+    isa = cpu_isa.detect() if isa is None else isa
+    key = "\0".join((_SOURCE, *_cflags(isa), torch.__version__, platform.machine(), isa.level))
     return f"tailserve_cpu_attention_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def build_dir() -> Path:
-    return cache_root() / "kernels" / build_name()
+def build_dir(isa: cpu_isa.CpuIsa | None = None) -> Path:
+    return cache_root() / "kernels" / build_name(isa)
+
+
+def failure(level: str | None = None) -> str | None:
+    """Why the kernels of ``level`` (default: this process's) could not be built, or None."""
+    return _failures.get(cpu_isa.detect().level if level is None else level)
 
 
 def load() -> Any | None:
-    """The compiled module, or None (with the reason logged once) if it cannot be built."""
-    global _module, _failed
-    if _module is not None or _failed is not None or not enabled():
-        return _module
+    """The compiled module for this process's CPU level (``cpu_isa.detect()``), or None (with
+    the reason logged once) if it cannot be built."""
+    if not enabled():
+        return None
+    isa = cpu_isa.detect()
+    level = isa.level
+    if level in _modules or level in _failures:
+        return _modules.get(level)
     with _lock:
-        if _module is None and _failed is None:
+        if level not in _modules and level not in _failures:
             try:
                 from torch.utils.cpp_extension import load_inline
 
-                name, directory = build_name(), build_dir()
+                name, directory = build_name(isa), build_dir(isa)
                 if not (directory / f"{name}.so").is_file():
                     # The first real run would otherwise sit silent for a minute.
                     print(
-                        f"tailserve: building the fused CPU kernels, ~1 min, once (into {directory})",
+                        f"tailserve: building the fused CPU kernels for {level}, ~1 min, once "
+                        f"(into {directory})",
                         file=sys.stderr,
                         flush=True,
                     )
                 directory.mkdir(parents=True, exist_ok=True)
-                _module = load_inline(
+                _modules[level] = load_inline(
                     name=name,
                     cpp_sources=_SOURCE,
                     functions=FUNCTIONS + NORM_FUNCTIONS,
-                    extra_cflags=_CFLAGS,
+                    extra_cflags=_cflags(isa),
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(directory),
                     verbose=False,
                 )
             except Exception as e:  # no compiler, no ninja, read-only cache: fall back
-                _failed = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-                log.warning("CPU kernels unavailable, using the PyTorch path (%s)", _failed)
-    return _module
+                text = str(e).strip()
+                _failures[level] = f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
+                log.warning("CPU kernels unavailable, using the PyTorch path (%s)", _failures[level])
+    return _modules.get(level)
 
 
-def decode_isa() -> str | None:
+def decode_isa(module: Any | None = None) -> str | None:
     """The decode-attention kernel bf16 caches get: ``avx512_bf16`` (dot products with
-    ``_mm512_dpbf16_ps`` where the CPU has them), ``portable`` (float32 loops, every other CPU,
-    and what ``TAILSERVE_DECODE_KERNEL=portable`` asks for), or None without the kernels."""
-    module = load()
+    ``_mm512_dpbf16_ps``, built only at that CPU level), ``portable`` (float32 loops, every other
+    level, and what ``TAILSERVE_DECODE_KERNEL=portable`` asks for), or None without the kernels.
+    ``module``: a build of ``load()`` (default: this process's level)."""
+    module = load() if module is None else module
     if module is None:
         return None
     return module.decode_kernel_isa() if _use_dpbf16() else "portable"
@@ -122,10 +127,15 @@ def _use_dpbf16() -> bool:
 
 
 def paged_decode_attention(
-    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
+    q: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    module: Any | None = None,
 ) -> torch.Tensor | None:
     """[B, H, D] attention output in q's dtype, or None when the kernel is unavailable."""
-    module = load()
+    module = load() if module is None else module
     if module is None:
         return None
     return module.paged_decode_attention(
@@ -134,9 +144,10 @@ def paged_decode_attention(
 
 
 def linear_kernel() -> Any | None:
-    """The module whose ``linear_bf16`` runs tailserve's bf16 linear layers (``model.PackedLinear``),
+    """The module whose ``linear_bf16`` runs tailserve's bf16 linear layers (``cpu_backend.PackedLinear``),
     or None: without the kernels (or with ``TAILSERVE_CPU_KERNEL=0``), on a CPU without
-    avx512_bf16, or when ``TAILSERVE_LINEAR_KERNEL=onednn`` asks for oneDNN's prepacked matmul."""
+    avx512_bf16 (or at a lower ``TAILSERVE_CPU_ISA``), or when ``TAILSERVE_LINEAR_KERNEL=onednn``
+    asks for oneDNN's prepacked matmul."""
     if os.environ.get("TAILSERVE_LINEAR_KERNEL", "auto") == "onednn" or not enabled():
         return None
     module = load()
@@ -148,11 +159,13 @@ def linear_kernel() -> Any | None:
 _PREFILL_HEAD_DIMS = (32, 64, 96, 128, 256)  # what the C++ instantiates
 
 
-def prefill_attention_applies(q: torch.Tensor, k_slots: torch.Tensor) -> bool:
+def prefill_attention_applies(q: torch.Tensor, k_slots: torch.Tensor, module: Any | None = None) -> bool:
     """Whether ``paged_prefill_attention`` runs for these tensors (checked before its inputs are built)."""
     if q.device.type != "cpu" or q.dtype != torch.bfloat16 or k_slots.dtype != torch.bfloat16:
         return False
-    return q.shape[-1] in _PREFILL_HEAD_DIMS and q.shape[1] % k_slots.shape[1] == 0 and decode_isa() == "avx512_bf16"
+    if q.shape[-1] not in _PREFILL_HEAD_DIMS or q.shape[1] % k_slots.shape[1] != 0:
+        return False
+    return decode_isa(module) == "avx512_bf16"
 
 
 def paged_prefill_attention(
@@ -163,15 +176,19 @@ def paged_prefill_attention(
     starts: torch.Tensor,
     news: torch.Tensor,
     contexts: torch.Tensor,
+    module: Any | None = None,
 ) -> torch.Tensor | None:
     """Prefill chunks' attention through the AVX-512 bf16 tiled kernel: chunk c's ``news[c]``
     query rows start at row ``starts[c]`` of ``q`` and attend causally over ``slots[c]`` (its
     ``contexts[c]`` cached tokens, then its new ones, K/V already stored). [B, H, D] bf16,
     or None where the kernel does not apply (not bf16 on CPU, no avx512_bf16, a head_dim
     it has no instance for), and the caller runs SDPA."""
-    if not prefill_attention_applies(q, k_slots):
+    module = load() if module is None else module
+    if not prefill_attention_applies(q, k_slots, module):
         return None
-    return _module.paged_prefill_attention(q, k_slots, v_slots, slots, starts, news, contexts, q.shape[-1] ** -0.5)
+    return module.paged_prefill_attention(
+        q, k_slots, v_slots, slots, starts, news, contexts, q.shape[-1] ** -0.5
+    )
 
 
 def fused_ops(dtype: torch.dtype, device: torch.device) -> Any | None:
@@ -211,14 +228,19 @@ def _argmax_module(logits: torch.Tensor) -> Any | None:
 
 
 def store_kv(
-    k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    module: Any | None = None,
 ) -> bool:
     """Write the new tokens' K and V rows to their slots of a CPU cache, as
     ``k_slots.index_copy_(0, slot_mapping, k)`` and the same for V do (an exact copy, any
     dtype); False where the kernels are not loaded, and the caller uses ``index_copy_``."""
     if k_slots.device.type != "cpu" or not enabled():
         return False
-    module = load()
+    module = load() if module is None else module
     if module is None:
         return False
     module.store_kv(k_slots, v_slots, k, v, slot_mapping)

@@ -3,24 +3,25 @@
 Numerics follow Hugging Face's ``LlamaForCausalLM`` (RMSNorm in float32 then cast, RoPE tables in
 float32 then cast, SiLU-gated MLP, residual adds in the model dtype), so greedy decoding gives the
 same tokens as ``transformers`` on the same weights. Projections that share an input are fused
-at load time (q/k/v into one matrix, gate/up into one) — fewer, larger matmuls on CPU. A bf16/fp16
-model on CPU runs RMSNorm (with the residual add before it) and SiLU-mul as fused kernels that
-give the PyTorch ops' bits (``cpu_norm.py``), and RoPE fused with the q/k/v split.
+at load time (q/k/v into one matrix, gate/up into one) — fewer, larger matmuls on CPU. The model
+knows no device: its linear layers, norms, RoPE and attention come from a ``Backend``
+(``backend.py``). On CPU a bf16/fp16 model runs RMSNorm (with the residual add before it) and
+SiLU-mul as fused kernels that give the PyTorch ops' bits (``cpu_norm.py``), RoPE fused with the
+q/k/v split, and prepacked weights where the CPU's level has a bf16 GEMM (``cpu_backend.py``).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from tailserve.executors.pytorch import cpu_kernels, cpu_norm
 from tailserve.executors.pytorch.attention import AttentionMetadata, PagedKVCache, paged_attention
+from tailserve.executors.pytorch.backend import TorchBackend, backend_for
 from tailserve.executors.pytorch.rope import RotaryEmbedding
 
-Weight = torch.Tensor  # or a PackedLinear (bf16 on CPU): call through ``linear``
+Weight = torch.Tensor  # or a backend's prepacked form, a callable (x, bias): call through ``linear``
 
 
 @dataclass(slots=True)
@@ -37,90 +38,23 @@ class LayerWeights:
     post_attention_norm: torch.Tensor
 
 
-class PackedLinear:
-    """A bf16 weight packed once at load, as vLLM's CPU backend prepacks its GEMM weights.
-
-    Where the CPU has avx512_bf16 (and the output count is a multiple of 64): packed for
-    tailserve's own kernel (``cpu_kernels.linear_kernel``; [out / 64, in / 2, 64, 2], the pair
-    layout ``_mm512_dpbf16_ps`` reads). Against oneDNN's prepacked matmul on the 2-core EPYC
-    (the small model's four projections, 2 threads): 2.1x at 1 row, 1.6x at 8, 1.15x at 64 (a
-    decode batch, its weights coming from memory as in a forward pass), even at 256-2,048 (0.96-
-    1.1x per projection; docs/executor.md). Its sums run in input order, pair by pair; oneDNN's
-    order differs in the last bit of ~0.01-0.05% of outputs, so bf16 tokens can differ from a
-    oneDNN run (``TAILSERVE_LINEAR_KERNEL=onednn`` selects oneDNN). Elsewhere: reordered once for
-    oneDNN (``torch.ops.mkldnn``), the same bits as ``F.linear`` and 2-2.8x its speed at 1-7
-    rows, 1.2x at 64, ~5% at 512-2,048: ``F.linear`` reorders the weight inside every call.
-    Either way a row's result does not depend on the other rows. float32 weights stay
-    ``F.linear`` (MKL), the path that must equal transformers token for token."""
-
-    __slots__ = ("in_features", "kernel", "numel", "out_features", "packed")
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.out_features, self.in_features = weight.shape
-        self.numel = weight.numel()
-        module = cpu_kernels.linear_kernel()
-        n, k = self.out_features, self.in_features
-        if module is not None and n % 64 == 0 and k % 2 == 0:
-            self.kernel = module
-            self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-        else:
-            self.kernel = None
-            # The batch-size hint picks the blocking; any number of rows works, and the speed
-            # barely depends on the hint (measured 1-2,048 rows).
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernel is None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
-        if x.dim() == 2:
-            return self.kernel.linear_bf16(x, self.packed, bias)
-        rows = x.reshape(-1, self.in_features)
-        return self.kernel.linear_bf16(rows, self.packed, bias).view(*x.shape[:-1], self.out_features)
-
-
-def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether weights in ``dtype`` on ``device`` can be prepacked here (``TAILSERVE_PACK_WEIGHTS=0`` says no)."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16  # fp16 GEMMs in oneDNN want avx512_fp16/AMX: not measured
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and os.environ.get("TAILSERVE_PACK_WEIGHTS", "1") != "0"
-    )
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Tensor | None) -> torch.Tensor:
-    if isinstance(weight, PackedLinear):
-        return weight(x, bias)
-    return F.linear(x, weight, bias)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def torch_norm_ops(eps: float) -> cpu_norm.NormOps:
-    """The PyTorch ops (transformers' numerics): float32 models' path and the fused kernels' reference."""
-
-    def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor):
-        x = residual + delta
-        return x, rms_norm(x, weight, eps)
-
-    return cpu_norm.NormOps(lambda x, weight: rms_norm(x, weight, eps), add_rms_norm, silu_and_mul)
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    return weight(x, bias)  # prepacked by the backend (cpu_backend.PackedLinear)
 
 
 class LlamaModel:
     def __init__(
-        self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+        self,
+        config,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: TorchBackend | None = None,
     ) -> None:
-        """``config``: a ``loader.ModelConfig``; ``state``: HF-named tensors already in ``dtype``."""
+        """``config``: a ``loader.ModelConfig``; ``state``: HF-named tensors already in ``dtype``;
+        ``backend``: the device's operations (default: ``backend_for(device)``)."""
         if getattr(config, "sliding_window", None) and config.sliding_window < config.max_position_embeddings:
             raise ValueError(
                 f"sliding-window attention (sliding_window={config.sliding_window} < "
@@ -129,6 +63,7 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.device = device
+        self.backend = backend_for(device) if backend is None else backend
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -173,24 +108,19 @@ class LlamaModel:
         )
         # bf16/fp16 on CPU: one fused pass for RoPE + split (None: PyTorch's ops), and the
         # norms and SiLU-mul fused wherever their kernels reproduce PyTorch's bits here.
-        self.fused = cpu_kernels.fused_ops(dtype, device)
-        self.norm_ops = cpu_norm.exact_ops(
-            self.fused,
-            torch_norm_ops(self.eps),
-            dtype,
-            config.hidden_size,
-            config.intermediate_size,
-            self.eps,
-        )
+        be = self.backend
+        self.fused = be.rope_split(dtype)
+        self.norm_ops = be.norm_ops(self.eps, dtype, config.hidden_size, config.intermediate_size)
         self._num_parameters = self._count_parameters()
-        self.packed = can_pack(dtype, device)
         self.lm_head_weight: Weight = self.lm_head  # what compute_logits multiplies by
-        if self.packed:
-            for w in self.layers:
-                w.qkv, w.o = PackedLinear(w.qkv), PackedLinear(w.o)
-                w.gate_up, w.down = PackedLinear(w.gate_up), PackedLinear(w.down)
-            if self.lm_head is not self.embed:  # a tied head stays one matrix with the embedding
-                self.lm_head_weight = PackedLinear(self.lm_head)
+        for w in self.layers:
+            w.qkv, w.o = be.prepare_linear(w.qkv, dtype), be.prepare_linear(w.o, dtype)
+            w.gate_up, w.down = be.prepare_linear(w.gate_up, dtype), be.prepare_linear(w.down, dtype)
+        # A row's output is independent of the batch (prepacked weights): see ``_rows_needed``.
+        self.packed = bool(self.layers) and be.rows_independent(self.layers[-1].down)
+        if self.lm_head is not self.embed:  # a tied head stays one matrix with the embedding
+            self.lm_head_weight = be.prepare_linear(self.lm_head, dtype)
+            if self.lm_head_weight is not self.lm_head:
                 self.lm_head = None  # the packed copy replaces it (memory)
 
     def _count_parameters(self) -> int:
@@ -238,7 +168,7 @@ class LlamaModel:
             q = self.rope.apply(q, cos, sin)
             k = self.rope.apply(k, cos, sin)
             k_slots, v_slots = kv.slots(i)
-            attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta)
+            attn = paged_attention(q, k, v.contiguous(), k_slots, v_slots, meta, self.backend)
             x, attn = self._rows_needed(i, x, attn.view(n, h * d), out_rows)
             x, y = self._layer_rest(x, attn, w, self._next_norm(i))
         return self._output_rows(y, out_rows)
@@ -262,7 +192,7 @@ class LlamaModel:
             qkv = linear(y, w.qkv, w.qkv_bias)
             q, k, v = ops.rope_split(qkv, self.rope.cos, self.rope.sin, positions, h, kvh, d)
             k_slots, v_slots = kv.slots(i)
-            attn = paged_attention(q, k, v, k_slots, v_slots, meta)
+            attn = paged_attention(q, k, v, k_slots, v_slots, meta, self.backend)
             x, attn = self._rows_needed(i, x, attn.view(n, h * d), out_rows)
             x, y = self._layer_rest(x, attn, w, self._next_norm(i))
         return self._output_rows(y, out_rows)

@@ -1,0 +1,172 @@
+"""The CPU level decides each operation's path; every level this machine can execute serves
+correct tokens (``TAILSERVE_CPU_ISA`` forces the lower ones), and the generic PyTorch backend —
+CUDA's path — equals transformers too."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tailserve.executors.pytorch import cpu_isa
+from tailserve.executors.pytorch.backend import TorchBackend, auto_dtype
+from tailserve.llm import LLM, SamplingParams
+from torch_helpers import hf_greedy, micro_model
+
+CPU = torch.device("cpu")
+NATIVE = cpu_isa.native_level()  # this CPU, whatever TAILSERVE_CPU_ISA says
+RUNNABLE = cpu_isa.LEVELS[: cpu_isa.LEVELS.index(NATIVE) + 1]
+KV_GIB = 4096 * 512 / 2**30
+MAX_NEW = 8
+
+ZEN3 = {"avx2": True, "fma3": True, "avx512_f": False}  # AMD EPYC Zen 3: AVX2, no AVX-512
+SKYLAKE_SP = {"avx2": True, "fma3": True, **{f"avx512_{f}": True for f in ["f", "bw", "vl", "dq"]}}
+SAPPHIRE_RAPIDS = {**SKYLAKE_SP, "avx512_bf16": True}
+
+
+def test_native_level_from_the_cpus_features():
+    assert cpu_isa.native_level(ZEN3, "x86_64") == "avx2"
+    assert cpu_isa.native_level(SKYLAKE_SP, "x86_64") == "avx512"
+    assert cpu_isa.native_level(SAPPHIRE_RAPIDS, "x86_64") == "avx512_bf16"
+    assert cpu_isa.native_level({"avx2": True}, "x86_64") == "generic"  # AVX2 without FMA
+    assert cpu_isa.native_level(SAPPHIRE_RAPIDS, "aarch64") == "generic"  # Graviton, Apple M
+
+
+def test_a_level_can_be_forced_down_never_up():
+    isa = cpu_isa.resolve("avx512_bf16", "avx2", "x86_64")
+    assert isa.forced and isa.level == "avx2" and isa.at_least("generic") and not isa.at_least("avx512")
+    assert "forced by TAILSERVE_CPU_ISA (the CPU has avx512_bf16)" in isa.label()
+    assert cpu_isa.resolve("avx2", "auto", "x86_64").level == "avx2"
+    with pytest.raises(cpu_isa.CpuIsaError, match="executes at most avx2"):
+        cpu_isa.resolve("avx2", "avx512_bf16", "x86_64")
+    with pytest.raises(cpu_isa.CpuIsaError, match="expected one of auto, avx512_bf16"):
+        cpu_isa.resolve("avx2", "sse9", "x86_64")
+
+
+def test_forcing_also_lowers_torchs_dispatch_at_start_up(monkeypatch):
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", "avx2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    cpu_isa.apply_forced_level()
+    import os
+
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
+@pytest.mark.parametrize("level", ["avx2", "generic"])
+def test_auto_dtype_is_float32_below_avx512_and_says_why(monkeypatch, level):
+    if level not in RUNNABLE:
+        pytest.skip(f"this CPU cannot execute {level}")
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+    dtype, why = auto_dtype(CPU)
+    assert dtype == "float32" and f"level is {level}" in why
+
+
+def test_auto_dtype_is_bfloat16_with_avx512(monkeypatch):
+    if "avx512" not in RUNNABLE:
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", "avx512")
+    assert auto_dtype(CPU) == ("bfloat16", None)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {"float32": micro_model(root), "bfloat16": micro_model(root, "bf16", dtype="bfloat16")}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(11)
+    return [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in (5, 40, 17, 60)]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dirs, prompts):
+    return hf_greedy(model_dirs["float32"], prompts, MAX_NEW)
+
+
+def _generate(model_dir, prompts, dtype):
+    llm = LLM(
+        str(model_dir),
+        dtype=dtype,
+        kv_cache_memory_gib=KV_GIB,
+        check_integrity=True,
+        max_num_batched_tokens=24,  # chunked prefills share steps with decodes
+    )
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True),
+    )
+    return llm, [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("level", RUNNABLE)
+def test_every_runnable_level_gives_transformers_tokens_in_float32(
+    monkeypatch, model_dirs, prompts, reference, level
+):
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+    llm, tokens = _generate(model_dirs["float32"], prompts, "float32")
+    assert tokens == reference
+    assert f"cpu path {level}" in llm.engine.description
+
+
+@pytest.mark.parametrize("level", RUNNABLE)
+def test_every_runnable_level_serves_bfloat16(monkeypatch, model_dirs, prompts, level):
+    """bf16 weights on any level: the path that level has (dpbf16, oneDNN or F.linear), no crash;
+    the first token agrees with transformers in bf16 (later ones may differ by rounding)."""
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+    llm, tokens = _generate(model_dirs["bfloat16"], prompts, "bfloat16")
+    want = hf_greedy(model_dirs["bfloat16"], prompts, 2, dtype=torch.bfloat16)
+    assert [t[0] for t in tokens] == [w[0] for w in want]
+    description = llm.engine.description
+    expected = {
+        "avx512_bf16": "linear dpbf16 kernel",
+        "avx512": "linear oneDNN prepacked",
+        "avx2": "linear F.linear (PyTorch's generic bf16 GEMM)",
+        "generic": "linear F.linear (PyTorch's generic bf16 GEMM)",
+    }[level]
+    assert expected in description, description
+
+
+def test_the_default_dtype_runs_here(model_dirs, prompts):
+    """``dtype`` auto: bf16 where the CPU has a bf16 matmul, float32 (exact) elsewhere."""
+    llm, tokens = _generate(model_dirs["bfloat16"], prompts[:2], "auto")
+    resolved, _ = auto_dtype(CPU)
+    assert f", {resolved}, cpu" in llm.engine.description
+    assert all(len(t) == MAX_NEW for t in tokens)
+
+
+def test_the_generic_torch_backend_cudas_path_matches_transformers(model_dirs, prompts):
+    """``TorchBackend`` (SDPA decode over gathered context, per-chunk prefill SDPA, PyTorch's
+    norms) on CPU: a chunk after cached context and decodes in one step, logits as transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from tailserve.executors.pytorch.attention import PagedKVCache, build_metadata
+    from tailserve.executors.pytorch.loader import load_config, load_state_dict
+    from tailserve.executors.pytorch.model import LlamaModel
+
+    d = model_dirs["float32"]
+    config = load_config(d)
+    model = LlamaModel(
+        config, load_state_dict(d, config, torch.float32), torch.float32, CPU, TorchBackend(CPU)
+    )
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    a, b = torch.tensor(prompts[1]), torch.tensor(prompts[3])  # 40 and 60 tokens
+    kv = PagedKVCache(
+        config.num_hidden_layers, 16, 16, config.num_key_value_heads, config.head_dim, torch.float32, CPU
+    )
+    ta, tb = [0, 1, 2], [3, 4, 5, 6]
+    with torch.inference_mode():
+        # Step 1: a's first 39 tokens and b's first 30 (two prefills).
+        meta = build_metadata([ta, tb], [39, 30], [0, 0], 0, 16, kv.null_slot, CPU)
+        model.forward(torch.cat([a[:39], b[:30]]), torch.cat([torch.arange(39), torch.arange(30)]), meta, kv)
+        # Step 2: a decodes its 40th token, b prefills the rest over its cached 30.
+        meta = build_metadata([ta, tb], [1, 30], [39, 30], 1, 16, kv.null_slot, CPU)
+        ids = torch.cat([a[39:], b[30:]])
+        pos = torch.cat([torch.tensor([39]), torch.arange(30, 60)])
+        got = model.compute_logits(model.forward(ids, pos, meta, kv, out_rows=torch.tensor([0, 30])))
+        want = torch.stack([ref(a[None]).logits[0, -1], ref(b[None]).logits[0, -1]])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert TorchBackend(CPU).describe(torch.float32).startswith("cpu: PyTorch ops")
