@@ -56,17 +56,13 @@ def test_forcing_also_lowers_torchs_dispatch_at_start_up(monkeypatch):
 
 @pytest.mark.parametrize("level", ["avx2", "generic"])
 def test_auto_dtype_is_float32_below_avx512_and_says_why(monkeypatch, level):
-    if level not in RUNNABLE:
-        pytest.skip(f"this CPU cannot execute {level}")
-    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+    _force(monkeypatch, level)
     dtype, why = auto_dtype(CPU)
     assert dtype == "float32" and f"level is {level}" in why
 
 
 def test_auto_dtype_is_bfloat16_with_avx512(monkeypatch):
-    if "avx512" not in RUNNABLE:
-        pytest.skip("no AVX-512 on this CPU")
-    monkeypatch.setenv("TAILSERVE_CPU_ISA", "avx512")
+    _force(monkeypatch, "avx512")
     assert auto_dtype(CPU) == ("bfloat16", None)
 
 
@@ -102,21 +98,27 @@ def _generate(model_dir, prompts, dtype):
     return llm, [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize("level", RUNNABLE)
+def _force(monkeypatch, level: str) -> None:
+    if level not in RUNNABLE:
+        pytest.skip(f"this CPU executes at most {NATIVE}, not {level}")
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+
+
+@pytest.mark.parametrize("level", cpu_isa.LEVELS)
 def test_every_runnable_level_gives_transformers_tokens_in_float32(
     monkeypatch, model_dirs, prompts, reference, level
 ):
-    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+    _force(monkeypatch, level)
     llm, tokens = _generate(model_dirs["float32"], prompts, "float32")
     assert tokens == reference
     assert f"cpu path {level}" in llm.engine.description
 
 
-@pytest.mark.parametrize("level", RUNNABLE)
+@pytest.mark.parametrize("level", cpu_isa.LEVELS)
 def test_every_runnable_level_serves_bfloat16(monkeypatch, model_dirs, prompts, level):
     """bf16 weights on any level: the path that level has (dpbf16, oneDNN or F.linear), no crash;
     the first token agrees with transformers in bf16 (later ones may differ by rounding)."""
-    monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
+    _force(monkeypatch, level)
     llm, tokens = _generate(model_dirs["bfloat16"], prompts, "bfloat16")
     want = hf_greedy(model_dirs["bfloat16"], prompts, 2, dtype=torch.bfloat16)
     assert [t[0] for t in tokens] == [w[0] for w in want]
