@@ -118,3 +118,39 @@ def test_generic_calibration_is_the_roofline_before_the_fitted_curves():
     # The figures docs/cost_model.md quoted before the fitted curves: 849 ms and 25.3 ms.
     assert cm.prefill_time(4096) == pytest.approx(0.8486, rel=1e-3)
     assert cm.decode_time(10, 1024) == pytest.approx(0.02526, rel=1e-3)
+
+
+# ---- calibrate --executor torch --dtype ---------------------------------------------------------
+def test_calibrate_torch_takes_the_engines_dtypes_and_default():
+    from tailserve.cli.app import build_parser
+    from tailserve.llm.engine_args import DTYPES, EngineArgs
+
+    def parse(*argv: str):
+        return build_parser().parse_known_args(["calibrate", "--executor", "torch", *argv])[0]
+
+    assert parse().dtype == EngineArgs().dtype
+    assert [parse("--dtype", d).dtype for d in DTYPES] == list(DTYPES)
+    with pytest.raises(SystemExit):
+        parse("--dtype", "int3")
+
+
+def test_calibrate_torch_profiles_in_the_dtype_given(tmp_path, monkeypatch):
+    # The profiling engine is built by run_scenario: stop there, having seen the dtype it got.
+    import tailserve.fidelity.torch_calibrate as torch_calibrate
+    from tailserve.cli import main
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "intermediate_size": 1536, "vocab_size": 8192, "max_position_embeddings": 2048}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    seen: list[str] = []
+
+    def run_scenario(model_dir, scenario, seed, dtype="bfloat16", cpu_clock=False):
+        seen.append(dtype)
+        raise ValueError("stop: the dtype is seen")
+
+    monkeypatch.setattr(torch_calibrate, "measure_host", lambda cpu_clock=False: CPU)
+    monkeypatch.setattr(torch_calibrate, "run_scenario", run_scenario)
+    argv = ["calibrate", "--executor", "torch", "--model", str(tmp_path), "--out", str(tmp_path / "c.json")]
+    assert main([*argv, "--dtype", "float32"]) == 2
+    assert seen == ["float32"]

@@ -43,6 +43,9 @@ def _one_error_line(capsys: Any, argv: list[str], status: int = 2) -> str:
             "--chunked-prefill-size needs a value",
         ),
         (["--model", "Llama-3-8B"], "name the command first, e.g. tailserve compare --model Llama-3-8B"),
+        # The command named after the option moves to the front, once (the suggestion runs).
+        (["--model", "Llama-3-8B", "compare"], "e.g. tailserve compare --model Llama-3-8B (commands:"),
+        (["--rate", "2", "simulate", "--policy", "slo"], "e.g. tailserve simulate --policy slo --rate 2 ("),
         (["model"], "tailserve model needs a subcommand: init"),
         (["model", "init"], "the following arguments are required: --out"),
         (["nope"], "invalid choice: 'nope'"),
@@ -64,6 +67,16 @@ def test_help_of_policy_commands_names_the_flag_convention(command, capsys):
         main([command, "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "engine's own names" in out and "tailserve policies" in out
+
+
+@pytest.mark.parametrize("command", ["simulate", "serve", "run"])
+def test_help_of_policy_commands_lists_every_registered_policy(command, capsys):
+    from tailserve.policies.registry import POLICIES
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{' | '.join(POLICIES)} (default: vllm)" in out and "slo" in POLICIES
 
 
 # ---- empty work ---------------------------------------------------------------------------

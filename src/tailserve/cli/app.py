@@ -7,6 +7,8 @@ flags by their engine names, ``takes_policy_flags``.
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,9 +27,8 @@ from tailserve.cli import (
     simulate,
     tune,
 )
-from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, OneLineParser
+from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, OneLineParser, policy_help
 from tailserve.cli.policy_flags import parse_policy_flags
-from tailserve.executors.pytorch import cpu_isa
 
 
 def build_parser() -> OneLineParser:
@@ -49,10 +50,15 @@ def build_parser() -> OneLineParser:
     bench.add_parser(sub)
     run.add_parser(sub)
     router.add_parser(sub)
-    for name in ("serve", "run"):  # their modules build the parsers; the epilog is shared here
-        sub.choices[name].epilog = POLICY_FLAGS_EPILOG
+    for name in ("serve", "run"):  # their modules build the parsers; what is shared is set here:
+        sub.choices[name].epilog = POLICY_FLAGS_EPILOG  # the policy-flags epilog
+        _option(sub.choices[name], "--policy").help = policy_help()  # the registry's policy names
     parser.command_names = tuple(sub.choices)
     return parser
+
+
+def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
+    return next(a for a in parser._actions if flag in a.option_strings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,13 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = ", ".join(parser.command_names)
         print(
             f"tailserve: error: {argv[0]} is an option of a command: name the command first, e.g. "
-            f"tailserve compare {' '.join(argv)} (commands: {commands})",
+            f"{_command_first(argv, parser.command_names)} (commands: {commands})",
             file=sys.stderr,
         )
         return 2
     args, extra = parser.parse_known_args(argv)
-    # TAILSERVE_CPU_ISA also lowers PyTorch's own kernel dispatch, which it reads only once.
-    cpu_isa.apply_forced_level()
+    if os.environ.get("TAILSERVE_CPU_ISA"):
+        # A forced CPU level also lowers PyTorch's own kernel dispatch, which it reads once (the
+        # import is here: the simulator's commands never load the torch executor's package).
+        from tailserve.executors.pytorch import cpu_isa
+
+        cpu_isa.apply_forced_level()
     try:
         if extra and not getattr(args, "takes_policy_flags", False):
             raise CliError(f"unrecognized argument{'s' if len(extra) > 1 else ''} {' '.join(extra)}")
@@ -88,3 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"tailserve: error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
         return 2
+
+
+def _command_first(argv: list[str], commands: Sequence[str]) -> str:
+    """The command line with the options before its command moved after it: ``--model M
+    compare`` -> ``tailserve compare --model M`` (a suggestion that runs as printed, not one with
+    the command twice); the words from the command on keep their order, so ``--out D model init``
+    -> ``tailserve model init --out D``. ``compare`` when no command is named."""
+    named = next((i for i, word in enumerate(argv) if word in commands), None)
+    if named is None:
+        return " ".join(["tailserve", "compare", *argv])
+    return " ".join(["tailserve", *argv[named:], *argv[:named]])

@@ -1,5 +1,5 @@
 """What every command module shares: the one-line error (``CliError``, ``OneLineParser``), the
-policy-flags epilog, JSON output and config-dataclass defaults."""
+policy-flags epilog and ``--policy``'s help, JSON output and config-dataclass defaults."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ POLICY_FLAGS_EPILOG = (
     "--max-batch-prefill-tokens 4096 (tgi); `tailserve policies` lists every policy's flags "
     "and its engine's defaults."
 )
+
+
+def policy_help() -> str:
+    """``--policy``'s help: the registry's names, so every policy that can be chosen is listed
+    (a hand-written list left ``slo`` out)."""
+    from tailserve.policies.registry import POLICIES
+
+    return f"{' | '.join(POLICIES)} (default: %(default)s)"
 
 
 def default_of(cls: type, name: str) -> Any:

@@ -8,8 +8,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tailserve.cli.base import CliError, write_json
+from tailserve.cli.base import CliError, default_of, write_json
 from tailserve.cli.options import add_deployment_args, deployment_from
+from tailserve.llm.engine_args import DTYPES, EngineArgs
 from tailserve.report.tables import print_calibration
 from tailserve.sim.deployment import Deployment, build_cost_model
 
@@ -66,6 +67,13 @@ def _add_torch_args(p: argparse.ArgumentParser) -> None:
         "--out", metavar="FILE", default=DEFAULT_OUT, help="calibration file to write (default: %(default)s)"
     )
     g.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=default_of(EngineArgs, "dtype"),
+        help="the engine's dtype while profiling, as serve --dtype: calibrate the dtype you serve "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
         "--repeats", type=int, default=2, help="runs of the profiling grid; median per shape (default: 2)"
     )
     g.add_argument(
@@ -112,6 +120,7 @@ def cmd_calibrate_torch(args: argparse.Namespace) -> int:
             lambda label: bar.update(task, advance=1, description=label),
             grid,
             cpu_clock=args.cpu_clock,
+            dtype=args.dtype,
         )
     write_calibration_file(args.out, cal, fit)
     out = Console()

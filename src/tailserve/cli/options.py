@@ -21,6 +21,12 @@ def _spec(name: str) -> Any:
     return default_of(WorkloadSpec, name)
 
 
+def _length(name: str) -> str:
+    """A default length distribution as the user would type it (``1024`` for ``Fixed(1024)``)."""
+    dist = _spec(name)
+    return str(getattr(dist, "value", dist))
+
+
 def add_deployment_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("deployment")
     g.add_argument(
@@ -48,7 +54,12 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
+RATE_HELP = "arrival rate, requests/s (sessions/s for multi-turn)"
+
+
+def add_workload_args(p: argparse.ArgumentParser, rate_help: str = RATE_HELP) -> None:
+    """The workload group; every default in the help is the one the command runs with (a
+    command's ``set_defaults`` shows there too)."""
     from tailserve.workloads.arrivals import ARRIVAL_FORMS
     from tailserve.workloads.lengths import LENGTH_FORMS
 
@@ -68,49 +79,76 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=float,
         default=_spec("rate"),
-        help="arrival rate, requests/s (sessions/s for multi-turn)",
+        help=f"{rate_help} (default: %(default)s)",
     )
-    g.add_argument("--num-requests", type=int, default=_spec("num_requests"), help="requests (chat, random)")
-    g.add_argument("--input-len", default=None, help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)})")
-    g.add_argument("--output-len", default=None, help="random: output lengths, same forms")
+    g.add_argument(
+        "--num-requests",
+        type=int,
+        default=_spec("num_requests"),
+        help="requests (chat, random) (default: %(default)s)",
+    )
+    # Parsed from text, these default to None (WorkloadSpec's own); the help says what that is.
+    g.add_argument(
+        "--input-len",
+        default=None,
+        help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)}) (default: {_length('input_len')})",
+    )
+    g.add_argument(
+        "--output-len",
+        default=None,
+        help=f"random: output lengths, same forms (default: {_length('output_len')})",
+    )
     g.add_argument(
         "--arrival",
         default=None,
-        help=f"random: arrival process ({' | '.join(ARRIVAL_FORMS)})",
+        help=f"random: arrival process ({' | '.join(ARRIVAL_FORMS)}) (default: {_spec('arrival')})",
     )
     g.add_argument(
         "--rate-scale",
         type=float,
         default=_spec("rate_scale"),
-        help="trace: multiply the arrival rate (2 = twice as fast)",
+        help="trace: multiply the arrival rate (2 = twice as fast) (default: %(default)s)",
     )
     g.add_argument(
-        "--max-requests", type=int, default=_spec("max_requests"), help="trace: keep the first N requests"
+        "--max-requests",
+        type=int,
+        default=_spec("max_requests"),
+        help="trace: keep the first N requests (default: all of them)",
     )
     g.add_argument(
         "--num-prefixes",
         type=int,
         default=_spec("num_prefixes"),
-        help="shared-prefix: distinct system prompts",
+        help="shared-prefix: distinct system prompts (default: %(default)s)",
     )
     g.add_argument(
-        "--prefix-len", type=int, default=_spec("prefix_len"), help="shared-prefix: system prompt tokens"
+        "--prefix-len",
+        type=int,
+        default=_spec("prefix_len"),
+        help="shared-prefix: system prompt tokens (default: %(default)s)",
     )
     g.add_argument(
         "--shared-fraction",
         type=float,
         default=_spec("shared_fraction"),
-        help="shared-prefix: requests using one",
+        help="shared-prefix: fraction of requests using one (default: %(default)s)",
     )
     g.add_argument(
-        "--num-sessions", type=int, default=_spec("num_sessions"), help="multi-turn: conversations"
+        "--num-sessions",
+        type=int,
+        default=_spec("num_sessions"),
+        help="multi-turn: conversations (default: %(default)s)",
     )
-    g.add_argument("--turns", default=None, help="multi-turn: turns per session, LOW:HIGH")
+    g.add_argument(
+        "--turns",
+        default=None,
+        help="multi-turn: turns per session, LOW:HIGH (default: {}:{})".format(*_spec("turns")),
+    )
     g.add_argument(
         "--think-time",
         type=float,
         default=_spec("think_time"),
-        help="multi-turn: mean seconds between turns",
+        help="multi-turn: mean seconds between turns (default: %(default)s)",
     )
     g.add_argument("--seed", type=int, default=_spec("seed"), help="random seed (default: %(default)s)")
     g.add_argument(

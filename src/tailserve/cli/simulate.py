@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, write_json
+from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, policy_help, write_json
 from tailserve.cli.cluster import add_cluster_arguments, cluster_requested, run_cluster
 from tailserve.cli.options import (
     add_deployment_args,
@@ -38,11 +38,7 @@ def add_parser(sub: Any) -> None:
         help="one policy; its flags follow with the engine's own names, e.g. --max-num-batched-tokens 512",
         epilog=POLICY_FLAGS_EPILOG,
     )
-    p.add_argument(
-        "--policy",
-        default="vllm",
-        help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
-    )
+    p.add_argument("--policy", default="vllm", help=policy_help())
     p.set_defaults(run=cmd_simulate, takes_policy_flags=True)
     add_deployment_args(p)
     add_workload_args(p)

@@ -275,9 +275,11 @@ def calibrate_torch(
     progress: Callable[[str], None] | None = None,
     grid: list[Scenario] | None = None,
     cpu_clock: bool = False,
+    dtype: str = "auto",
 ) -> tuple[CalibrationFile, CalibrationResult]:
     """``cpu_clock``: time everything in this thread's CPU time (``recorder.CpuClock``), for a
-    machine other processes share; the fit then describes a dedicated core."""
+    machine other processes share; the fit then describes a dedicated core. ``dtype``: the
+    engine's (``EngineArgs.dtype``), the one the calibration is for."""
     import torch
 
     model = load_hf_config(model_dir)
@@ -289,6 +291,7 @@ def calibrate_torch(
         grid or default_grid(model.max_position_embeddings),
         repeats,
         progress,
+        dtype=dtype,
         cpu_clock=cpu_clock,
         scatter=scatter,
         probes=probes,
@@ -297,8 +300,9 @@ def calibrate_torch(
     load = os.getloadavg()[0]
     clock = "thread CPU time" if cpu_clock else "wall time"
     source = (
-        f"tailserve calibrate --executor torch on this host ({clock}, {torch.get_num_threads()} torch "
-        f"thread(s)): {len(points)} batch shapes, median period of {repeats} run(s) each; GEMM "
+        f"tailserve calibrate --executor torch --dtype {dtype} on this host ({clock}, "
+        f"{torch.get_num_threads()} torch thread(s)): {len(points)} batch shapes, median period of "
+        f"{repeats} run(s) each; GEMM "
         f"{hardware.peak_flops / 1e9:.0f} GFLOP/s bf16, copy {hardware.memory_bandwidth / 1e9:.1f} GB/s; "
         f"load average {load:.2f} on {os.cpu_count()} CPUs"
     )
