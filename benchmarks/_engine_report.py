@@ -174,7 +174,7 @@ def print_report(results: dict[str, Any]) -> None:
     rates = results["machine_rates"]
     roof = Table(
         title=f"tailserve against this machine's limits (copy {rates['copy_bandwidth_gb_s']:.1f} GB/s, "
-        f"bf16 GEMM {rates['bf16_gemm_gflop_s']:.0f} GFLOP/s)"
+        f"{rates.get('gemm_dtype', 'bfloat16')} GEMM {rates['gemm_gflop_s']:.0f} GFLOP/s)"
     )
     for col in ("model", "step", "measured ms", "limit ms", "fraction"):
         roof.add_column(col, justify="left" if col in ("model", "step") else "right")

@@ -26,7 +26,7 @@ from tailserve.llm import LLM, SamplingParams
 from tailserve.policies.registry import parse_policy_list
 
 HERE = Path(__file__).resolve().parent
-DTYPE = "bfloat16"
+DTYPE = "bfloat16"  # the weights on disk and every engine's default dtype (--dtype changes it)
 
 
 Generate = Callable[[list[list[int]], int], list[list[int]]]  # (prompts, max_tokens) -> new ids
@@ -34,6 +34,15 @@ Generate = Callable[[list[list[int]], int], list[list[int]]]  # (prompts, max_to
 
 def gate(args: argparse.Namespace) -> dict[str, Any]:
     return gated(args.quiet_threshold, args.quiet_timeout)
+
+
+def _say_next(engine: str, work: dict[str, Any], args: argparse.Namespace, limit: str = "") -> None:
+    """One line before an engine's sections, which print nothing until W is done."""
+    print(
+        f"    {engine}: load, warm up, then W ({len(work['w'])} prompts x {len(work['w'][0])} tokens, "
+        f"{work['w_max_tokens']} new each), TTFT and P, each after a quiet-machine wait{limit}",
+        flush=True,
+    )
 
 
 def timed_w(generate: Generate, prompts: list[list[int]], max_tokens: int, args: argparse.Namespace) -> dict:
@@ -77,9 +86,10 @@ def timed_poisson(run: Callable[[], list[RequestTiming]], args: argparse.Namespa
 # ---- engines ---------------------------------------------------------------------------------
 def run_tailserve(model_dir: Path, args: argparse.Namespace, work: dict[str, Any]) -> dict[str, Any]:
     spec = parse_policy_list(args.policy)[0]
+    _say_next("tailserve", work, args)
     t = time.perf_counter()
     llm = LLM(
-        model_dir, policy=spec.name, dtype=DTYPE, threads=args.threads, **spec.flags, **spec.engine_flags
+        model_dir, policy=spec.name, dtype=args.dtype, threads=args.threads, **spec.flags, **spec.engine_flags
     )
     result: dict[str, Any] = {"startup_s": time.perf_counter() - t, "description": llm.engine.description}
 
@@ -175,8 +185,9 @@ def run_hf(
 ) -> dict:
     from _hf_static import HfStatic, drive_static
 
+    _say_next("transformers", work, args)
     t = time.perf_counter()
-    hf = HfStatic(model_dir, DTYPE)
+    hf = HfStatic(model_dir, args.dtype)
     result: dict[str, Any] = {
         "startup_s": time.perf_counter() - t,
         "attn_implementation": hf.model.config._attn_implementation,
@@ -201,7 +212,7 @@ def run_vllm(
     folder = Path(tempfile.mkdtemp(prefix="engine_cpu_vllm_"))
     spec = {
         "model_dir": str(model_dir),
-        "dtype": DTYPE,
+        "dtype": args.dtype,
         "max_model_len": None,
         "w_prompts": work["w"],
         "w_max_tokens": work["w_max_tokens"],
@@ -222,6 +233,8 @@ def run_vllm(
         "DO_NOT_TRACK": "1",
     }
     cmd = [str(python), str(HERE / "_vllm_driver.py"), str(folder / "spec.json"), str(folder / "out.json")]
+    # Its log goes to a file: say what runs and for how long at most, or the wait looks hung.
+    _say_next(f"vLLM (bind {bind})", work, args, f"; up to {args.vllm_timeout:.0f} s (--vllm-timeout)")
     log_path = folder / "vllm.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ _TICK = os.sysconf("SC_CLK_TCK")  # /proc counters are in clock ticks
 # the hypervisor gave to another VM, kept apart as a sign of a noisy host.
 _BUSY = (0, 1, 2, 5, 6)
 _STEAL = 7
+HOLD_S = 3.0  # seconds the machine must stay quiet before a timed section starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +90,25 @@ class QuietResult:
     hold_s: float
 
 
-def wait_quiet(threshold_cores: float = 0.2, hold_s: float = 3.0, timeout_s: float = 300.0) -> QuietResult:
+def wait_quiet(
+    threshold_cores: float = 0.2,
+    hold_s: float = HOLD_S,
+    timeout_s: float = 300.0,
+    on_wait: Callable[[float, float], None] | None = None,
+) -> QuietResult:
     """Block until the machine's busy CPU stays below ``threshold_cores`` for ``hold_s`` seconds.
 
     Gives up after ``timeout_s`` and says so (``quiet=False``) rather than hanging forever.
+    ``on_wait(busy_cores, waited_s)`` is called once if the wait outlasts the quickest possible
+    one (the machine was busy), so the caller can say what it waits for before a silent wait of
+    up to ``timeout_s``.
     """
     poll = 0.5
     start = time.monotonic()
     quiet_since: float | None = None
     last = machine_cpu().busy_s
     busy = float("nan")
+    told = False
     while True:
         time.sleep(poll)
         now = time.monotonic()
@@ -111,6 +122,9 @@ def wait_quiet(threshold_cores: float = 0.2, hold_s: float = 3.0, timeout_s: flo
             return QuietResult(True, now - start, busy, threshold_cores, hold_s)
         if now - start >= timeout_s:
             return QuietResult(False, now - start, busy, threshold_cores, hold_s)
+        if on_wait is not None and not told and now - start > hold_s + poll:
+            told = True
+            on_wait(busy, now - start)
 
 
 class CpuMeter:
@@ -142,7 +156,17 @@ class CpuMeter:
 
 def gated(threshold_cores: float, timeout_s: float) -> dict[str, Any]:
     """Wait for a quiet machine; the JSON record of how that went (with a warning if it was not)."""
-    result = wait_quiet(threshold_cores, timeout_s=timeout_s)
+
+    def say_waiting(busy: float, waited_s: float) -> None:
+        left = max(timeout_s - waited_s, 0.0)
+        print(
+            f"waiting for a quiet machine before timing: {busy:.2f} cores busy (other processes), "
+            f"below {threshold_cores} needed for {HOLD_S:g} s; up to {left:.0f} s more, then timed "
+            "anyway with a warning",
+            flush=True,
+        )
+
+    result = wait_quiet(threshold_cores, timeout_s=timeout_s, on_wait=say_waiting)
     record = asdict(result)
     if not result.quiet:
         record["warning"] = (

@@ -9,6 +9,7 @@ CPU can reach through PyTorch, not datasheet peaks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,11 +31,42 @@ def measure_copy_bandwidth(size_mib: int = 512, reps: int = 5) -> float:
     return 2 * src.numel() / best
 
 
-def measure_gemm_flops(n: int = 2048, dtype: torch.dtype = torch.bfloat16, reps: int = 3) -> float:
-    """FLOP/s of an ``n`` x ``n`` x ``n`` matmul in ``dtype``."""
+GEMM_N, GEMM_REPS = 2048, 3  # the GEMM rate: the best of 3 timed 2,048^3 matmuls after one untimed
+SLOW_MATMUL_S = 5.0  # a first matmul slower than this is announced with the time the rest takes
+
+
+def gemm_notice(level: str | None = None, dtype: torch.dtype = torch.bfloat16) -> str:
+    """What the GEMM measurement does and how long it may take (it prints nothing meanwhile):
+    seconds in float32, and in bf16 where the CPU has a native bf16 matmul (``cpu_isa`` level
+    avx512_bf16), else minutes."""
+    from tailserve.executors.pytorch import cpu_isa
+
+    level = level or cpu_isa.detect().level
+    name = str(dtype).removeprefix("torch.")
+    speed = (
+        "seconds in all"
+        if level == "avx512_bf16" or dtype == torch.float32
+        else f"no native bf16 matmul on this CPU, {level}: a minute or more each"
+    )
+    return f"  {name} GEMM rate: {GEMM_REPS + 1} matmuls of {GEMM_N}^3 ({speed})"
+
+
+def measure_gemm_flops(
+    n: int = GEMM_N,
+    dtype: torch.dtype = torch.bfloat16,
+    reps: int = GEMM_REPS,
+    say: Callable[[str], None] | None = None,
+) -> float:
+    """FLOP/s of an ``n`` x ``n`` x ``n`` matmul in ``dtype``. Without a native bf16 matmul (no
+    AVX512-BF16 or AMX) one 2,048^3 bf16 matmul can take a minute or more, so when the untimed
+    first call is slow, ``say`` is told how long the ``reps`` timed ones will take."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
+    t = time.perf_counter()
     torch.matmul(a, b)  # first call picks the kernel
+    first = time.perf_counter() - t
+    if say is not None and first > SLOW_MATMUL_S:
+        say(f"  the first {n}^3 matmul took {first:.0f} s; {reps} more to time, about {reps * first:.0f} s")
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
@@ -105,7 +137,7 @@ def roofline(
     """
     out: dict[str, Any] = {
         "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "bf16_gemm_gflop_s": gemm_flops / 1e9,
+        "gemm_gflop_s": gemm_flops / 1e9,
         "counts": asdict(counts),
     }
     if decode is not None:

@@ -55,8 +55,15 @@ from _arrivals import (  # noqa: E402
 from _engine_report import machine_info, print_report, ratios, token_agreement  # noqa: E402
 from _engine_runs import DTYPE, gate, run_hf, run_tailserve, run_vllm  # noqa: E402
 from _paths import default_out, missing_peer, peer_venv  # noqa: E402
-from _roofline import ModelCounts, measure_copy_bandwidth, measure_gemm_flops, roofline  # noqa: E402
+from _roofline import (  # noqa: E402
+    ModelCounts,
+    gemm_notice,
+    measure_copy_bandwidth,
+    measure_gemm_flops,
+    roofline,
+)
 
+from tailserve.executors.pytorch import cpu_isa  # noqa: E402
 from tailserve.executors.pytorch.init_model import PRESETS, default_model_dir, init_model  # noqa: E402
 from tailserve.executors.pytorch.loader import load_config  # noqa: E402
 from tailserve.policies.registry import parse_policy_list  # noqa: E402
@@ -126,7 +133,7 @@ def bench_model(
         "mean_max_tokens": mean_out,
         "seeds": {"lengths": P_LEN_SEED, "arrivals": P_ARRIVAL_SEED},
     }
-    counts = ModelCounts.from_config(config, torch.empty((), dtype=getattr(torch, DTYPE)).element_size())
+    counts = ModelCounts.from_config(config, torch.empty((), dtype=getattr(torch, args.dtype)).element_size())
     steps = ts["w"]["steps"]
     prefills = {
         "prefill_single": {"num_tokens": 256, "num_sampled_rows": 1, "time_s": ts["ttft"]["median_s"]}
@@ -215,11 +222,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="smoke test: tiny only, a few prompts")
     p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bfloat16", "float32"),
+        help="every engine's dtype (default: auto, tailserve's choice for this CPU: bfloat16 with "
+        "AVX-512, float32 below it, which has no bf16 matmul)",
+    )
+    p.add_argument(
         "--out",
         default=None,
         help="results JSON (default benchmarks/out/engine_cpu[_quick].json, git-ignored)",
     )
     args = p.parse_args(argv)
+    if args.dtype == "auto":
+        from tailserve.executors.pytorch.backend import auto_dtype
+
+        args.dtype, _ = auto_dtype(torch.device("cpu"))
     quick = args.quick
     args.models = args.models or ("tiny" if quick else "tiny,small")
     args.num_prompts = args.num_prompts or (8 if quick else 64)
@@ -278,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "settings": {
             "policy": args.policy,
-            "dtype": DTYPE,
+            "dtype": args.dtype,
+            "cpu_level": cpu_isa.detect().label(),
             "w": {"num_prompts": args.num_prompts, "prompt_len": 256, "max_tokens": 64, "seed": W_SEED},
             "ttft": {"num_prompts": 5, "prompt_len": 256, "max_tokens": 1, "seed": TTFT_SEED},
             "hf_batch_size": args.hf_batch_size if not args.skip_hf else None,
@@ -290,14 +309,20 @@ def main(argv: list[str] | None = None) -> int:
         "models": {},
     }
     print(
-        f"measuring this machine's copy bandwidth and bf16 GEMM rate ({torch.get_num_threads()} torch threads)"
+        f"measuring this machine's copy bandwidth and {args.dtype} GEMM rate ({torch.get_num_threads()} "
+        "torch threads), once the machine is quiet",
+        flush=True,
     )
     quiet = gate(args)
-    bandwidth, gemm = measure_copy_bandwidth(), measure_gemm_flops()
+    bandwidth = measure_copy_bandwidth()
+    dtype = getattr(torch, args.dtype)
+    print(gemm_notice(dtype=dtype), flush=True)
+    gemm = measure_gemm_flops(dtype=dtype, say=lambda line: print(line, flush=True))
     results["machine_rates"] = {
         "quiet": quiet,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "bf16_gemm_gflop_s": gemm / 1e9,
+        "gemm_dtype": args.dtype,
+        "gemm_gflop_s": gemm / 1e9,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for preset in presets:

@@ -33,8 +33,8 @@ from _host import simd_flags  # noqa: E402
 from _paths import default_out  # noqa: E402
 
 from tailserve.executors.pytorch.attention import build_metadata  # noqa: E402
-from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
 from tailserve.executors.pytorch.backend import torch_norm_ops  # noqa: E402
+from tailserve.executors.pytorch.init_model import default_model_dir  # noqa: E402
 from tailserve.llm import LLM, SamplingParams  # noqa: E402
 
 BATCH, CONTEXT, W_SEED = 64, 288, 1234

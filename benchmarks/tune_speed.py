@@ -2,11 +2,13 @@
 
 The job: Llama-3-70B / A100-80GB / TP 4 (the seed calibration) on the Azure LLM inference 2023
 conversation trace (first N requests), the default SLO (p99 TTFT <= 2 s, p99 TBT <= 200 ms), the
-five default policies (vllm, sarathi, sglang, tgi, vllm-v0), capacity by bisection to 5%, then
-8 budget / chunk sizes (128 ... 16,384) per policy at the best capacity. The same job runs three
-times with a fresh results file each time (nothing reused): ``--workers 1``, ``--workers 2`` and
-``--ray auto`` (a local Ray instance started for the run, its start-up included in the wall
-time and also reported alone). Prints and saves the wall times, the speedups over one worker,
+six default policies (vllm, sarathi, sglang, tgi, vllm-v0, slo), capacity by bisection to 5%, each
+capacity replayed with twice the requests, the throughput ceiling (3 runs), then 8 budget / chunk
+sizes (128 ... 16,384) per policy with a budget (slo has none) at the best capacity: 91 runs with
+the default 2,000 requests. On a 2-core machine the pool's gain depends on the other load (none at
+load average 4.5-6.8; docs/tune.md#speed). The same job runs three times with a fresh results
+file each time (nothing reused): ``--workers 1``, ``--workers 2`` and ``--ray auto`` (a local Ray
+instance started for the run, its start-up included in the wall time and also reported alone). Prints and saves the wall times, the speedups over one worker,
 and whether the three produced identical results.
 
     python benchmarks/tune_speed.py [--trace PATH] [--max-requests N] [--out FILE]

@@ -242,3 +242,23 @@ def test_bench_bad_input_is_one_line(sim_server: Any, argv: list[str], message: 
 def test_bench_unreachable_server_is_one_line(capsys) -> None:
     assert main(["bench", "--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2
     assert "cannot read http://127.0.0.1:9/v1/models" in capsys.readouterr().err
+
+
+def test_predict_flags_given_win_over_a_sim_servers_deployment_even_at_their_defaults():
+    # serve --executor sim --sim-model Llama-3-70B --tp 4, benched with --predict-model Llama-3-8B
+    # --predict-tp 1: both values are the flags' defaults, and still what is predicted.
+    from tailserve.bench.predict import spec_for_server
+    from tailserve.cli.app import build_parser
+    from tailserve.cli.bench import predict_overrides
+
+    server = {"executor": "sim", "model": "Llama-3-70B", "hardware": "H100-SXM", "tp": 4, "policy": "vllm"}
+
+    def predicted(*flags: str):
+        args, _ = build_parser().parse_known_args(["bench", "--predict", *flags])
+        return spec_for_server(predict_overrides(args), server)
+
+    spec, warnings = predicted("--predict-model", "Llama-3-8B", "--predict-tp", "1")
+    assert (spec.model, spec.hardware, spec.tp) == ("Llama-3-8B", "H100-SXM", 1)
+    assert "not the server's own deployment" in warnings[0]
+    spec, warnings = predicted()
+    assert (spec.model, spec.tp) == ("Llama-3-70B", 4) and not warnings

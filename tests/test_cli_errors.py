@@ -55,6 +55,19 @@ def test_mistakes_are_one_line_without_usage(argv, message, capsys):
     assert message in _one_error_line(capsys, argv)
 
 
+@pytest.mark.parametrize(
+    ("config", "message"), [(None, "not a model directory"), ("{broken", "config.json: not readable JSON")]
+)
+def test_serve_says_in_one_line_why_a_model_does_not_load(config, message, tmp_path, capsys):
+    # docs/cli.md: a model that does not load is one error line, exit 2 (not a traceback, exit 1).
+    model = tmp_path / "model"
+    if config is not None:
+        model.mkdir()
+        (model / "config.json").write_text(config)
+    line = _one_error_line(capsys, ["serve", "--model", str(model), "--port", "0"])
+    assert message in line
+
+
 def test_serve_never_starts_on_a_bad_policy_flag(capsys):
     # The check happens before the socket is bound or a model is loaded.
     line = _one_error_line(capsys, ["serve", "--policy", "tgi", "--max-num-batched-tokens", "512"])

@@ -4,6 +4,7 @@ import only the shared modules, ``python -m tailserve.cli`` as the console scrip
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,15 +44,40 @@ def test_tune_overrides_only_its_own_two_defaults() -> None:
     )
 
 
-def test_bench_predict_defaults_are_predict_spec() -> None:
-    args = _parse("bench")
-    spec = PredictSpec()
-    assert (args.predict_model, args.predict_hardware, args.predict_tp) == (
-        spec.model,
-        spec.hardware,
-        spec.tp,
+@pytest.mark.parametrize("command", ["compare", "simulate", "tune"])
+def test_help_shows_the_workload_defaults_the_command_runs_with(command: str, capsys) -> None:
+    args = _parse(command)
+    with pytest.raises(SystemExit):
+        tailserve.cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+
+    def shown(flag: str) -> str:
+        found = re.search(rf"{flag} [A-Z_]+ .*?\(default: ([^)]*)\)", text)
+        assert found is not None, f"{command} --help: {flag} shows no default"
+        return found.group(1)
+
+    assert shown("--rate") == str(args.rate) and shown("--num-requests") == str(args.num_requests)
+    spec = WorkloadSpec()  # options that default to None run with WorkloadSpec's own
+    assert (shown("--input-len"), shown("--turns")) == (
+        str(spec.input_len.value),
+        "{}:{}".format(*spec.turns),
     )
-    assert (args.predict_policy, args.predict_calibration) == (spec.policy, spec.calibration)
+
+
+def test_bench_predict_defaults_are_predict_spec(capsys) -> None:
+    from tailserve.bench.predict import spec_for_server
+    from tailserve.cli.bench import predict_overrides
+
+    # No --predict-* flag given: nothing overrides a stand-in server's deployment, and any other
+    # server's prediction is PredictSpec's, as the help says.
+    assert predict_overrides(_parse("bench")) == {}
+    assert spec_for_server({}, None)[0] == PredictSpec()
+    with pytest.raises(SystemExit):
+        tailserve.cli.main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    spec = PredictSpec()
+    for flag, value in (("model", spec.model), ("tp", spec.tp), ("policy", spec.policy)):
+        assert re.search(rf"--predict-{flag} [A-Z_]+ .*?\(default: [^)]*, else {value}\)", text), flag
 
 
 def test_serve_and_run_defaults_are_engine_args() -> None:

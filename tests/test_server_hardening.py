@@ -468,14 +468,14 @@ def test_predict_uses_the_sim_servers_own_deployment(torch_server: Any, micro_mo
     with running_server(micro_model, "sim", policy_flags={"max_num_seqs": "4"}) as running:
         info = server_deployment(running.base_url)
     assert info is not None and info["executor"] == "sim"
-    spec, warnings = spec_for_server(PredictSpec(), info)
+    spec, warnings = spec_for_server({}, info)
     assert spec == PredictSpec("Llama-3-8B", "H100-SXM", 1, "auto", "vllm:max_num_seqs=4") and not warnings
-    changed, warnings = spec_for_server(PredictSpec(hardware="A100-80GB"), info)
+    changed, warnings = spec_for_server({"hardware": "A100-80GB"}, info)
     assert changed.hardware == "A100-80GB" and changed.policy == "vllm:max_num_seqs=4"
     assert "not the server's own deployment" in warnings[0]
     torch_info = server_deployment(torch_server.base_url)
     assert torch_info == {"executor": "torch"}
-    same, warnings = spec_for_server(PredictSpec(), torch_info)
+    same, warnings = spec_for_server({}, torch_info)
     assert same == PredictSpec() and "a torch executor" in warnings[0]
-    _, warnings = spec_for_server(PredictSpec(), None)
+    _, warnings = spec_for_server({}, None)
     assert "no simulated deployment" in warnings[0]

@@ -15,7 +15,7 @@ set; against any other server it says that it predicts a deployment it cannot ch
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -49,11 +49,11 @@ def server_deployment(base_url: str) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def spec_for_server(
-    asked: PredictSpec, server: dict[str, Any] | None, defaults: PredictSpec = PredictSpec()
-) -> tuple[PredictSpec, list[str]]:
+def spec_for_server(given: dict[str, Any], server: dict[str, Any] | None) -> tuple[PredictSpec, list[str]]:
     """The deployment to predict and the warnings to print: the server's own simulated deployment
-    with the flags the user changed from their defaults applied on top."""
+    with the ``--predict-*`` flags ``given`` (``PredictSpec`` field names) applied on top, each
+    one whatever its value; against any other server, ``PredictSpec``'s defaults under them."""
+    asked = PredictSpec(**given)
     if server is None or server.get("executor") != "sim":
         what = (
             f"a {server['executor']} executor"
@@ -73,12 +73,7 @@ def spec_for_server(
         )
     except (KeyError, TypeError, ValueError):
         return asked, [f"the server's deployment {server!r} is unreadable: predicting {asked.label}"]
-    changed = {
-        f.name: getattr(asked, f.name)
-        for f in fields(PredictSpec)
-        if getattr(asked, f.name) != getattr(defaults, f.name)
-    }
-    spec = replace(theirs, **changed)
+    spec = replace(theirs, **given)
     if spec != theirs:
         return spec, [f"predicting {spec.label}, not the server's own deployment ({theirs.label})"]
     return spec, []

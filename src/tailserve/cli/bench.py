@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import sys
@@ -121,30 +122,32 @@ def add_parser(sub: Any) -> None:
         help="simulate the same workload first; print side by side. Against `tailserve serve --executor "
         "sim` the server's own deployment is simulated, with the --predict-* flags you set on top",
     )
-    g.add_argument(
-        "--predict-model",
-        default=default_of(PredictSpec, "model"),
-        help="simulated model (default: %(default)s)",
-    )
-    g.add_argument(
-        "--predict-hardware",
-        default=default_of(PredictSpec, "hardware"),
-        help="simulated GPU (default: %(default)s)",
-    )
-    g.add_argument(
-        "--predict-tp", type=int, default=default_of(PredictSpec, "tp"), help="(default: %(default)s)"
-    )
-    g.add_argument(
-        "--predict-policy",
-        default=default_of(PredictSpec, "policy"),
-        help="NAME[:flag=value...] (default: %(default)s)",
-    )
+    # Each --predict-* flag defaults to None, "not given": against a stand-in server only the
+    # flags given replace its deployment's values, whatever they are (a given value equal to the
+    # default still wins); elsewhere PredictSpec's defaults fill the rest.
+    g.add_argument("--predict-model", default=None, help=_predict_help("simulated model", "model"))
+    g.add_argument("--predict-hardware", default=None, help=_predict_help("simulated GPU", "hardware"))
+    g.add_argument("--predict-tp", type=int, default=None, help=_predict_help("tensor-parallel size", "tp"))
+    g.add_argument("--predict-policy", default=None, help=_predict_help("NAME[:flag=value...]", "policy"))
     g.add_argument(
         "--predict-calibration",
-        default=default_of(PredictSpec, "calibration"),
-        help="as tailserve simulate --calibration",
+        default=None,
+        help=_predict_help("as tailserve simulate --calibration", "calibration"),
     )
     p.set_defaults(run=run_bench)
+
+
+def _predict_help(what: str, field: str) -> str:
+    return (
+        f"{what} (default: the server's own against tailserve serve --executor sim, else "
+        f"{default_of(PredictSpec, field)})"
+    )
+
+
+def predict_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--predict-*`` flags given, by ``PredictSpec`` field name."""
+    names = (f.name for f in dataclasses.fields(PredictSpec))
+    return {name: value for name in names if (value := getattr(args, f"predict_{name}")) is not None}
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -195,22 +198,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     predicted = None
     if args.predict:
-        from tailserve.bench.predict import (
-            PredictSpec,
-            predicted_notes,
-            server_deployment,
-            simulate,
-            spec_for_server,
-        )
+        from tailserve.bench.predict import predicted_notes, server_deployment, simulate, spec_for_server
 
-        asked = PredictSpec(
-            args.predict_model,
-            args.predict_hardware,
-            args.predict_tp,
-            args.predict_calibration,
-            args.predict_policy,
-        )
-        spec, warnings = spec_for_server(asked, server_deployment(base_url))
+        spec, warnings = spec_for_server(predict_overrides(args), server_deployment(base_url))
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         sim_results, sim_duration, run = simulate(requests, times, spec, args.max_concurrency)

@@ -85,7 +85,7 @@ def add_workload_args(p: argparse.ArgumentParser, rate_help: str = RATE_HELP) ->
         "--num-requests",
         type=int,
         default=_spec("num_requests"),
-        help="requests (chat, random) (default: %(default)s)",
+        help="requests (chat, random, shared-prefix) (default: %(default)s)",
     )
     # Parsed from text, these default to None (WorkloadSpec's own); the help says what that is.
     g.add_argument(

@@ -94,7 +94,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--max-rate",
         type=float,
         default=default_of(TuneConfig, "max_rate"),
-        help="stop doubling the rate here, requests/s",
+        help="stop doubling the rate here, requests/s (default: %(default)s)",
     )
     p.add_argument(
         "--model-id",
@@ -102,7 +102,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="model name or path in the printed commands (default: the catalog model's Hugging Face repo)",
     )
     add_deployment_args(p)
-    add_workload_args(p)
+    add_workload_args(
+        p, rate_help="arrival rate the capacity search starts from, requests/s (sessions/s for multi-turn)"
+    )
     p.set_defaults(workload="chat", num_requests=1000)  # long enough for a queue to build past capacity
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="OUT", help="write the capacities, sweeps and commands as JSON")
