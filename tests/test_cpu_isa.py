@@ -172,3 +172,26 @@ def test_the_generic_torch_backend_cudas_path_matches_transformers(model_dirs, p
         want = torch.stack([ref(a[None]).logits[0, -1], ref(b[None]).logits[0, -1]])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert TorchBackend(CPU).describe(torch.float32).startswith("cpu: PyTorch ops")
+
+
+@pytest.mark.parametrize(
+    "env,argv,message",
+    [
+        ({"TAILSERVE_CPU_ISA": "sse9"}, [], "TAILSERVE_CPU_ISA='sse9': expected one of auto"),
+        ({}, ["--device", "bogus"], "--device 'bogus': not a torch device"),
+        ({}, ["--device", "mps"], "device 'mps' was asked for but torch.mps.is_available() is False"),
+    ],
+)
+def test_a_bad_level_or_device_is_one_line_and_exit_2(
+    tmp_path, monkeypatch, capsys, model_dirs, env, argv, message
+):
+    from tailserve.cli import main
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    code = main(["run", "--model", str(model_dirs["float32"]), "--prompts", str(prompts), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("tailserve: error: ")
+    assert message in err[0]

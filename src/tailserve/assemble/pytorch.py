@@ -55,9 +55,17 @@ def torch_parts(
     eos_token_ids: tuple[int, ...],
     threads: int | None = None,
 ) -> TorchParts:
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch.cuda.is_available() is False")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:  # torch's message lists every device type it knows
+        raise ValueError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from e
+    if dev.type != "cpu":
+        # cuda has its own backend; another accelerator (mps, xpu) runs PyTorch's generic ops.
+        module = getattr(torch, dev.type, None)
+        if module is None or not module.is_available():
+            raise ValueError(
+                f"device {dev.type!r} was asked for but torch.{dev.type}.is_available() is False"
+            )
     backend = backend_for(dev)  # a bad TAILSERVE_CPU_ISA is refused here, before loading
     if dtype == "auto":
         dtype, why = auto_dtype(dev)
