@@ -83,7 +83,13 @@ def test_legacy_rope_keys_and_eos_lists(model_dir: Path) -> None:
 
 
 def test_rope_parameters_win_over_legacy_keys(model_dir: Path) -> None:
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,  # required, as in transformers' llama3 RoPE
+    }
     _edit_config(model_dir, rope_parameters={**llama3, "rope_theta": 500000.0}, rope_theta=1.0)
     config = load_config(model_dir)
     assert config.rope_theta == 500000.0

@@ -106,10 +106,17 @@ def test_rate_scale_divides_arrival_times(tmp_path: Path) -> None:
             load_trace(path, rate_scale=bad)
 
 
-def test_max_requests_keeps_the_earliest(tmp_path: Path) -> None:
+def test_max_requests_keeps_the_first_rows_and_reads_no_further(tmp_path: Path) -> None:
     path = write(tmp_path, "mc.jsonl", jsonl(MOONCAKE))
-    assert [r.request_id for r in load_trace(path, max_requests=2)] == ["trace-0", "trace-2"]
+    # The file's first two rows, then sorted by arrival (a recorded trace is in time order).
+    assert [r.request_id for r in load_trace(path, max_requests=2)] == ["trace-0", "trace-1"]
     assert len(load_trace(path, max_requests=10)) == 3
+    assert load_trace(path, max_requests=0) == []
+    # Lines after the Nth row are never read: a broken one there does not matter.
+    broken = write(tmp_path, "broken.jsonl", jsonl(MOONCAKE[:2]) + "{not json\n")
+    assert len(load_trace(broken, max_requests=2)) == 2
+    with pytest.raises(TraceError, match=":3: invalid JSON"):
+        load_trace(broken, max_requests=3)
     with pytest.raises(ValueError, match="-1"):
         load_trace(path, max_requests=-1)
 

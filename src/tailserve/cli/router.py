@@ -3,6 +3,7 @@
     tailserve router --backend URL [--backend URL ...] [--policy NAME[:flag=value,...]]
                      [--host 127.0.0.1] [--port 8080] [--scrape-interval S] [--health-interval S]
                      [--probe-timeout S] [--read-timeout S] [--api-key KEY] [--max-request-bytes N]
+                     [--body-timeout S] [--body-min-rate B] [--limit-concurrency N]
 
 ``--policy`` is a router of ``tailserve.cluster`` (the simulator's own routing code):
 round-robin, random, least-requests, least-kv, power-of-two, session, prefix-aware, kv-aware,
@@ -95,6 +96,27 @@ def add_parser(sub: Any) -> None:
         "'-' for none), one per --backend in the same order: the router learns their cached "
         "blocks from the events instead of its own tree",
     )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=None,
+        help="seconds a request body has to arrive after its head, plus 1 s per --body-min-rate bytes "
+        "received; a slower one gets 408 and its connection closed (default: 10)",
+    )
+    p.add_argument(
+        "--body-min-rate",
+        type=float,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="the byte-rate floor of a request body beyond --body-timeout (default: 16384)",
+    )
+    p.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=None,
+        help="most requests in flight; beyond it a request gets 503 at once (/health and /metrics are "
+        "always answered; default: no limit, each backend sheds its own excess)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=run_router)
 
@@ -148,6 +170,7 @@ def build_from_args(args: argparse.Namespace) -> Any:
             api_keys=api_keys,
             max_request_bytes=max_bytes,
             kv_events=kv_events,
+            limit_concurrency=args.limit_concurrency,
         )
     except ValueError:
         import asyncio
@@ -163,9 +186,21 @@ def run_router(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import disable_created_metrics
 
-    from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, HeaderTimeoutProtocol
+    from tailserve.server.launch import (
+        DEFAULT_BODY_MIN_RATE,
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_HEADER_TIMEOUT_S,
+        check_client_bounds,
+        server_config,
+    )
 
     disable_created_metrics()  # no *_created series, as vLLM's and tailserve serve's /metrics
+    bounds = {
+        "header_timeout": DEFAULT_HEADER_TIMEOUT_S,
+        "body_timeout": DEFAULT_BODY_TIMEOUT_S if args.body_timeout is None else args.body_timeout,
+        "body_min_rate": DEFAULT_BODY_MIN_RATE if args.body_min_rate is None else args.body_min_rate,
+    }
+    check_client_bounds(**bounds, limit_concurrency=args.limit_concurrency)  # one line, nothing built
     app = build_from_args(args)
     sock = bind_socket(args.host, args.port)
     logging.basicConfig(
@@ -174,10 +209,7 @@ def run_router(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(
         max(logging.WARNING, logging.getLogger().level)
     )  # no line per request
-    config = uvicorn.Config(
-        app, http=HeaderTimeoutProtocol, log_level=args.log_level, access_log=args.log_level == "debug"
-    )
-    config.header_timeout = DEFAULT_HEADER_TIMEOUT_S  # read by HeaderTimeoutProtocol
+    config = server_config(app, host=args.host, port=args.port, log_level=args.log_level, **bounds)
     host, port = sock.getsockname()[:2]
     pool = app.state.pool
     print(

@@ -4,7 +4,8 @@
                     [--hardware H --sim-model M --tp N] [--host 127.0.0.1] [--port 8000]
                     [--max-queued-requests N] [--served-model-name NAME] [--api-key KEY]
                     [--allowed-origins ORIGIN ...] [--max-request-bytes N] [--header-timeout S]
-                    [--limit-concurrency N] [--kv-events-config JSON]
+                    [--body-timeout S] [--body-min-rate B] [--limit-concurrency N]
+                    [--kv-events-config JSON]
 
 Policy flags follow the policy with the engine's own names, as in ``tailserve simulate``
 (``--max-num-batched-tokens 512 --scheduling-policy priority``). The listening socket is bound
@@ -130,10 +131,25 @@ def add_parser(sub: Any) -> None:
         help="seconds a connection has to send a complete request head (default: 10)",
     )
     g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=None,
+        help="seconds a request body has to arrive after its head, plus 1 s per --body-min-rate bytes "
+        "received; a slower one gets 408 and its connection closed (default: 10)",
+    )
+    g.add_argument(
+        "--body-min-rate",
+        type=float,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="the byte-rate floor of a request body beyond --body-timeout (default: 16384)",
+    )
+    g.add_argument(
         "--limit-concurrency",
         type=int,
         default=None,
-        help="most open connections and requests; uvicorn answers 503 beyond (default: 1024)",
+        help="most requests in flight; beyond it a request gets 503 at once (/health, /metrics and "
+        "/version are always answered; default: 1024)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -151,14 +167,26 @@ def _or_default(value: Any, default: Any) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES
-    from tailserve.server.launch import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_LIMIT_CONCURRENCY
+    from tailserve.server.guards import DEFAULT_LIMIT_CONCURRENCY, DEFAULT_MAX_REQUEST_BYTES
+    from tailserve.server.launch import (
+        DEFAULT_BODY_MIN_RATE,
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_HEADER_TIMEOUT_S,
+        check_client_bounds,
+    )
 
     flags = parse_policy_flags(args.extra)
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     api_keys = api_keys_from_env(args.api_key, os.environ)
     max_request_bytes = _or_default(args.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES)
+    bounds = {
+        "header_timeout": _or_default(args.header_timeout, DEFAULT_HEADER_TIMEOUT_S),
+        "body_timeout": _or_default(args.body_timeout, DEFAULT_BODY_TIMEOUT_S),
+        "body_min_rate": _or_default(args.body_min_rate, DEFAULT_BODY_MIN_RATE),
+    }
+    limit_concurrency = _or_default(args.limit_concurrency, DEFAULT_LIMIT_CONCURRENCY)
+    check_client_bounds(**bounds, limit_concurrency=limit_concurrency)  # before the model loads
     if max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {max_request_bytes}")
     if args.shutdown_timeout < 0:
@@ -230,6 +258,7 @@ def run_serve(args: argparse.Namespace) -> int:
             api_keys=api_keys,
             allowed_origins=args.allowed_origins,
             max_request_bytes=max_request_bytes,
+            limit_concurrency=limit_concurrency,
         )
         server = make_server(
             app,
@@ -238,8 +267,7 @@ def run_serve(args: argparse.Namespace) -> int:
             port=args.port,
             drain_timeout=args.shutdown_timeout,
             log_level=args.log_level,
-            header_timeout=_or_default(args.header_timeout, DEFAULT_HEADER_TIMEOUT_S),
-            limit_concurrency=_or_default(args.limit_concurrency, DEFAULT_LIMIT_CONCURRENCY),
+            **bounds,
         )
         host, port = sock.getsockname()[:2]
         print(f"tailserve: serving {name!r}: {engine.description}", file=sys.stderr)

@@ -31,7 +31,7 @@ from tailserve.router.backends import BackendPool
 from tailserve.router.metrics import RouterMetrics
 from tailserve.router.proxy import Proxy
 from tailserve.router.responses import error_response, forwarded_models
-from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit
+from tailserve.server.guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, ConcurrencyLimit
 
 logger = logging.getLogger("tailserve.router")
 
@@ -45,6 +45,7 @@ def build_router_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     metrics: RouterMetrics | None = None,
     kv_events: Any = None,
+    limit_concurrency: int | None = None,
 ) -> FastAPI:
     """The app; its lifespan runs a first health check and scrape, then the loops, and closes
     the pool's client (and the KV-event subscriptions, ``router/kv_events.py``) at the end."""
@@ -75,6 +76,8 @@ def build_router_app(
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if api_keys:
         app.add_middleware(ApiKeyGuard, api_keys=list(api_keys))
+    if limit_concurrency is not None:  # requests beyond it: a 503 at once (/health, /metrics pass)
+        app.add_middleware(ConcurrencyLimit, limit=limit_concurrency)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:

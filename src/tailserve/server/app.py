@@ -12,7 +12,11 @@ reason. A 500 is an engine step that failed or a bug in the server: its body say
 exception's text, which goes to the log with the traceback.
 
 Prompts are tokenized here, before the engine sees them (``tokenize_pool``): off the event loop
-and off the engine thread, after a size check that needs no tokenizing.
+and off the engine thread, after a size check that needs no tokenizing. Bodies are parsed by
+``request_body.BodyParser``: within ``RequestLimits``, and a big one off the event loop.
+
+``/metrics`` counts every generation request received and each one refused before the engine
+took it, by reason (``prometheus.RequestCounter``); the routes mark which is which.
 """
 
 from __future__ import annotations
@@ -33,18 +37,21 @@ from tailserve import __version__
 from tailserve.llm import SamplingParams
 from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.guards import (
+    DEFAULT_LIMIT_CONCURRENCY,
     DEFAULT_MAX_REQUEST_BYTES,
     ApiKeyGuard,
     BodyLimit,
+    ConcurrencyLimit,
     RequestIdHeader,
     cors_options,
 )
-from tailserve.server.prometheus import ServerMetrics
+from tailserve.server.prometheus import RequestCounter, ServerMetrics, mark_accepted, mark_rejected
 from tailserve.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    RequestLimits,
     SamplingFields,
     TokenizeRequest,
     error_body,
@@ -52,6 +59,7 @@ from tailserve.server.protocol import (
     new_id,
     now_s,
 )
+from tailserve.server.request_body import BodyParser, openapi_body
 from tailserve.server.request_stream import EngineDeadError, QueueFullError, ShuttingDownError
 from tailserve.server.serving import (
     ResponseMeta,
@@ -92,11 +100,14 @@ def build_app(
     api_keys: list[str] | None = None,
     allowed_origins: list[str] | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    limit_concurrency: int | None = DEFAULT_LIMIT_CONCURRENCY,
 ) -> FastAPI:
-    """The app; ``api_keys`` turn on Bearer auth, ``allowed_origins`` CORS (off without them)."""
+    """The app; ``api_keys`` turn on Bearer auth, ``allowed_origins`` CORS (off without them),
+    ``limit_concurrency`` sheds requests beyond it with 503s (None: no limit)."""
     llm = engine.engine
     created = now_s()
     prompts = PromptTokenizer(llm.tokenizer, model_root, llm.max_model_len)
+    bodies = BodyParser(RequestLimits.for_model(llm.max_model_len))
     deployment = {"executor": "sim" if llm.deployment else "torch", **(llm.deployment or {})}
 
     @asynccontextmanager
@@ -113,9 +124,13 @@ def build_app(
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if api_keys:
         app.add_middleware(ApiKeyGuard, api_keys=list(api_keys))
+    if limit_concurrency is not None:  # a request without the key is answered at once, never held
+        app.add_middleware(ConcurrencyLimit, limit=limit_concurrency)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, **cors_options(list(allowed_origins)))
-    app.add_middleware(RequestIdHeader)  # outermost: a 401 or 413 carries the id too
+    app.add_middleware(RequestIdHeader)  # a 401, 413 or 503 carries the id too
+    if metrics is not None:
+        app.add_middleware(RequestCounter, metrics=metrics)  # outermost: it sees every refusal
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -168,14 +183,23 @@ def build_app(
             )
         except ValueError as error:  # the engine's own check: prompt too long, empty, ...
             raise ApiError(str(error)) from None
-        except (QueueFullError, ShuttingDownError, EngineDeadError) as error:
+        except QueueFullError as error:
+            mark_rejected(request, "queue_full")
             raise ApiError(str(error), status=503) from None
+        except ShuttingDownError as error:
+            mark_rejected(request, "shutting_down")
+            raise ApiError(str(error), status=503) from None
+        except EngineDeadError as error:
+            mark_rejected(request, "engine_dead")
+            raise ApiError(str(error), status=503) from None
+        mark_accepted(request)  # from here on the engine counts it: finished, aborted or failed
         if body.stream:
             return StreamingResponse(stream_response(engine, stream, meta), media_type="text/event-stream")
         return await cancel_on_disconnect(request, lambda: full_response(engine, stream, meta))
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
+    async def completions(request: Request) -> Any:
+        body = await bodies.parse(request, CompletionRequest)
         check_model(body.model)
         params = sampling(body, body.max_tokens)
         if isinstance(body.prompt, str):
@@ -192,8 +216,9 @@ def build_app(
         )
         return await serve(request, body, prompt, params, meta)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Any:
+        body = await bodies.parse(request, ChatCompletionRequest)
         check_model(body.model)
         params = sampling(body, body.requested_max_tokens)
         messages = body.chat_messages()
@@ -227,8 +252,9 @@ def build_app(
         body = metrics.render() if metrics is not None else b""
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> Any:
+    @app.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
+    async def tokenize(request: Request) -> Any:
+        body = await bodies.parse(request, TokenizeRequest)
         check_model(body.model)
         whole = await prompts.tokenize_json(body.prompt, body.add_special_tokens)
         if whole is not None:  # a long text: tokenized and serialized in the worker process
@@ -236,8 +262,9 @@ def build_app(
         tokens = await prompts.encode(body.prompt, body.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_model_len}
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+    @app.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await bodies.parse(request, DetokenizeRequest)  # at most max_model_len tokens
         check_model(body.model)
         vocab = llm.tokenizer.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]

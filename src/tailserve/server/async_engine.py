@@ -309,6 +309,8 @@ class AsyncEngine:
         )
         for request_id in failure.request_ids:
             self._live.discard(request_id)
+        if self.metrics is not None:
+            self.metrics.observe_failed(len(failure.request_ids))
         message = f"{failure.reason}; see the server log"
         self._loop.call_soon_threadsafe(self._deliver_failure, failure.request_ids, message)
         self._publish()

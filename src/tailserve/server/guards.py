@@ -1,4 +1,4 @@
-"""ASGI middleware in front of the routes: an API key, a request-body limit, the request id.
+"""ASGI middleware in front of the routes: an API key, a request-body limit, admission, the request id.
 
 - ``ApiKeyGuard``: with ``--api-key`` (or ``TAILSERVE_API_KEY`` / ``VLLM_API_KEY``) every route but
   ``/health``, ``/metrics`` and ``/version`` needs ``Authorization: Bearer <key>``, as vLLM guards
@@ -6,7 +6,15 @@
   (``OPTIONS``) passes, as in vLLM.
 - ``BodyLimit``: a body over ``max_bytes`` is a 413 before the handler runs: a declared
   ``Content-Length`` is refused without reading a byte, a chunked body as soon as it crosses the
-  limit. The body is read here (at most ``max_bytes``) and replayed to the app.
+  limit. The body is read here (at most ``max_bytes``) and replayed to the app; a client that
+  leaves (or is timed out, ``launch.ClientTimeoutProtocol``) before its body is complete never
+  reaches the app.
+- ``ConcurrencyLimit``: at most ``limit`` requests in flight, each from its request head to the
+  end of its response (a stream's last event); one more gets a 503 in OpenAI's error shape at once,
+  with ``Retry-After``, and the rest of a burst is served. ``GET``s of ``/health``, ``/metrics``
+  and ``/version`` without a body are never refused: a monitor must see an overloaded server.
+  (uvicorn's own ``limit_concurrency`` counted open connections too and answered plain text, so a
+  burst just past it was refused whole.)
 - ``RequestIdHeader``: the client's (or a router's) ``X-Request-Id``, else a fresh uuid, is the
   request's id (``request.state.request_id``: the completion routes build ``cmpl-<id>`` /
   ``chatcmpl-<id>`` from it, as vLLM's ``_base_request_id`` does) and comes back in the
@@ -28,6 +36,7 @@ from tailserve.server.protocol import error_body
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 MAX_REQUEST_ID_LEN = 256  # characters of X-Request-Id: an id, not a payload
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # 4 MiB: far above any prompt a context holds, below a stall
+DEFAULT_LIMIT_CONCURRENCY = 1024  # requests in flight
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
@@ -96,9 +105,7 @@ class BodyLimit:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                chunks = []
-                replay: list[Message] = [message]  # the client left before sending it all
-                break
+                return  # the client left (or timed out) before sending it all: no one to answer
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
@@ -106,13 +113,54 @@ class BodyLimit:
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
-                replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+                replay: list[Message] = [
+                    {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                ]
                 break
 
         async def replayed() -> Message:
             return replay.pop(0) if replay else await receive()
 
         await self.app(scope, replayed, send)
+
+
+class ConcurrencyLimit:
+    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int = 1) -> None:
+        if limit < 1:
+            raise ValueError(f"--limit-concurrency must be >= 1, got {limit}")
+        self.app = app
+        self.limit = limit
+        self.retry_after = str(retry_after_s)
+        self.in_flight = 0  # requests admitted and not answered yet
+        self.shed = 0  # requests refused since the start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _monitoring(scope):
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            self.shed += 1
+            message = (
+                f"the server is at its limit of {self.limit} concurrent requests (--limit-concurrency); "
+                "retry later"
+            )
+            await send_error(send, 503, message, {"retry-after": self.retry_after})
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+def _monitoring(scope: Scope) -> bool:
+    """A GET (or HEAD) of a monitoring route without a body: cheap whatever the load."""
+    if scope["method"] not in ("GET", "HEAD") or scope["path"] not in OPEN_PATHS:
+        return False
+    return not any(
+        name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0")
+        for name, value in scope["headers"]
+    )
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -9,16 +9,30 @@ Intervals follow vLLM's ``docs/design/metrics.md``, all on the engine's clock:
   scheduled; decode = finish - first token; inference = finish - first scheduled.
 
 Latency histograms are observed as tokens arrive (TTFT, ITL) or at a normal finish (the rest);
-aborted requests count only in ``vllm:request_success{finished_reason="abort"}``. Gauges and
-the prefix-cache / preemption counters follow ``LLMEngine.stats()`` after every step. Each
+aborted requests count only in ``vllm:request_success{finished_reason="abort"}``, and those whose
+engine step failed (a 500) in ``finished_reason="error"`` (vLLM's ``FinishReason.ERROR``). Gauges
+and the prefix-cache / preemption counters follow ``LLMEngine.stats()`` after every step. Each
 server owns its registry, so several servers can live in one process (tests do).
+
+Our own counters (no vLLM equivalent) account for every generation request (``POST
+/v1/completions`` and ``/v1/chat/completions``): ``tailserve_requests_received_total``, and
+``tailserve_requests_rejected_total{reason}`` for each one answered before the engine took it.
+Once the server is idle, received = the sum of ``vllm:request_success`` (stop, length, abort,
+error) + the sum of rejected. Reasons: ``invalid`` (400), ``unauthorized`` (401), ``timeout``
+(a 408 through the app), ``too_large`` (413), ``overloaded`` (503 from the concurrency limit, or
+a 429), ``queue_full``, ``shutting_down`` and ``engine_dead`` (503s), ``error`` (a 500 before the
+engine took it) and ``client_disconnected`` (gone before an answer: while sending its body, say,
+or cut off by the body timeout, whose 408 the connection sends itself). A connection refused
+before it reaches the app (none is, by default) is not counted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tailserve.llm import EngineStats, RequestOutput
 
@@ -36,7 +50,29 @@ REQUEST_BUCKETS = (
     480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
+REJECT_REASONS = (
+    "invalid",
+    "unauthorized",
+    "too_large",
+    "timeout",
+    "overloaded",
+    "queue_full",
+    "shutting_down",
+    "engine_dead",
+    "error",
+    "client_disconnected",
+)
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+_STATUS_REASONS = {
+    400: "invalid",
+    401: "unauthorized",
+    408: "timeout",
+    413: "too_large",
+    429: "overloaded",
+    503: "overloaded",
+}
+_OUTCOME = "tailserve_outcome"  # in the request's scope state: "accepted" or a reject reason
 
 
 class ServerMetrics:
@@ -78,6 +114,17 @@ class ServerMetrics:
             registry=r,
         )
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        self.requests_received = counter(
+            "tailserve_requests_received",
+            "Generation requests received (POST /v1/completions and /v1/chat/completions).",
+        )
+        rejected = Counter(
+            "tailserve_requests_rejected",
+            "Generation requests answered with an error before the engine took them, by reason.",
+            [*names, "reason"],
+            registry=r,
+        )
+        self.requests_rejected = {reason: rejected.labels(*values, reason) for reason in REJECT_REASONS}
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
         )
@@ -146,6 +193,10 @@ class ServerMetrics:
     def observe_abort(self) -> None:
         self.request_success["abort"].inc()
 
+    def observe_failed(self, num_requests: int) -> None:
+        """Requests whose engine step failed (each answered with a 500)."""
+        self.request_success["error"].inc(num_requests)
+
     def observe_stats(self, stats: EngineStats) -> None:
         """Gauges and cumulative counters from ``LLMEngine.stats()``."""
         self.num_running.set(stats.num_running)
@@ -166,3 +217,53 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def mark_accepted(request: Any) -> None:
+    """The engine took the request: its outcome is counted there (finished, aborted or failed)."""
+    request.scope.setdefault("state", {})[_OUTCOME] = "accepted"
+
+
+def mark_rejected(request: Any, reason: str) -> None:
+    """The reason the error response about to be sent refuses the request (else its status's)."""
+    assert reason in REJECT_REASONS, reason
+    request.scope.setdefault("state", {})[_OUTCOME] = reason
+
+
+class RequestCounter:
+    """ASGI middleware (outermost) counting generation requests received, and rejected by reason:
+    an error response to a request not marked accepted, or no response at all."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.metrics.requests_received.inc()
+        state = scope.setdefault("state", {})
+        counted = False
+
+        def reject(reason: str) -> None:
+            nonlocal counted
+            if not counted and state.get(_OUTCOME) != "accepted":
+                self.metrics.requests_rejected[reason].inc()
+            counted = True
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and not counted:
+                status = message["status"]
+                if status >= 400:
+                    marked = state.get(_OUTCOME)
+                    reject(marked if marked in REJECT_REASONS else _STATUS_REASONS.get(status, "error"))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            reject("error")  # a bug: the server's error handler answers 500
+            raise
+        finally:
+            reject("client_disconnected")  # a no-op once the request was answered or accepted

@@ -10,12 +10,20 @@ got 0.0.``); only the seed's int64 range is a field constraint, as in vLLM's pro
 
 Errors are ``{"error": {"message", "type", "param", "code"}}`` with ``code`` the HTTP status, the
 shape of current vLLM (``ErrorResponse``); in a stream the same object is one ``data:`` event.
+
+``RequestLimits`` bound what one body may ask for (``request_body`` enforces them before the
+models are built): vLLM's cap of 4 stop strings (``VLLM_MAX_STOP_STRINGS``, also OpenAI's "up to
+4 sequences"; ``TAILSERVE_MAX_STOP_STRINGS`` or vLLM's variable raises it), their total size, the
+stop token ids, and as many token ids, messages or content parts as the context has tokens.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -60,6 +68,40 @@ def error_type(status: int) -> str:
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
+
+
+# ---- limits ---------------------------------------------------------------------------------
+MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default; OpenAI documents "up to 4 sequences"
+MAX_STOP_CHARS = 4096  # all stop strings together: each is searched for after every token
+MAX_STOP_TOKEN_IDS = 1024  # each token is looked up in them; vLLM bounds bad-word tokens at 1024
+STOP_STRINGS_ENV = ("TAILSERVE_MAX_STOP_STRINGS", "VLLM_MAX_STOP_STRINGS")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request body may hold (a larger one is a 400 naming the field)."""
+
+    max_items: int  # prompt token ids, /detokenize tokens, messages + content parts: the context length
+    max_stop_strings: int = MAX_STOP_STRINGS
+    max_stop_chars: int = MAX_STOP_CHARS
+    max_stop_token_ids: int = MAX_STOP_TOKEN_IDS
+
+    @classmethod
+    def for_model(cls, max_model_len: int, environ: Mapping[str, str] = os.environ) -> RequestLimits:
+        """The limits of a server whose context is ``max_model_len`` tokens; the stop-string count
+        from ``TAILSERVE_MAX_STOP_STRINGS``, else ``VLLM_MAX_STOP_STRINGS``, else 4."""
+        count = MAX_STOP_STRINGS
+        for name in STOP_STRINGS_ENV:
+            value = environ.get(name, "").strip()
+            if value:
+                try:
+                    count = int(value)
+                except ValueError:
+                    count = -1
+                if count < 0:
+                    raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+                break
+        return cls(max_items=max_model_len, max_stop_strings=count)
 
 
 class StreamOptions(BaseModel):

@@ -4,6 +4,10 @@ Only what a Llama-family decoder needs is read, and everything is checked on the
 directory fails here with a message naming the file and the problem — never later inside a matmul.
 Tensor names stay exactly Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ...).
 
+Every size is bounded too, well above any supported model (``LIMITS``): a config is read before
+the weights, and what it claims sizes tables (RoPE is built for ``max_position_embeddings``
+positions) and loops (one per layer) before a tensor is compared with it. Floats must be finite.
+
 Config keys come in two generations and both are read: transformers 5.x writes RoPE as
 ``rope_parameters`` (``{"rope_type", "rope_theta", ...}``); older configs have a top-level
 ``rope_theta`` plus ``rope_scaling`` (with ``type`` or ``rope_type``). Either becomes
@@ -13,6 +17,7 @@ Config keys come in two generations and both are read: transformers 5.x writes R
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +36,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# Largest accepted config values: several times the largest supported-architecture model's
+# (Llama 3.1 405B: hidden 16,384, intermediate 53,248, 126 layers, 128 heads; vocabularies up to
+# ~256k; the longest Llama-family contexts 4,194,304 positions), so a config past them is broken.
+LIMITS = {
+    "vocab_size": 2**24,
+    "hidden_size": 2**16,
+    "intermediate_size": 2**18,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 1024,
+    "max_position_embeddings": 2**22,
+    "sliding_window": 2**22,
+    "original_max_position_embeddings": 2**22,
+}
 # Buffers some exporters save that the model recomputes; present or absent, they are ignored.
 _HARMLESS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
@@ -108,8 +128,10 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelLoadError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, huge ints
         raise ModelLoadError(f"{path}: not readable JSON ({e})") from None
+    except RecursionError:
+        raise ModelLoadError(f"{path}: not readable JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -125,21 +147,41 @@ def _model_dir(model_dir: str | Path) -> Path:
 class _Fields:
     """Typed access to one config file's keys, with errors that name the file and the key."""
 
-    def __init__(self, raw: dict[str, Any], path: Path) -> None:
-        self.raw, self.path = raw, path
+    def __init__(self, raw: dict[str, Any], path: Path, prefix: str = "") -> None:
+        self.raw, self.path, self.prefix = raw, path, prefix  # prefix: where ``raw`` sits
 
     def integer(self, key: str, default: int | None = None, minimum: int = 1) -> int:
         value = self.raw.get(key, default)
+        name = self.prefix + key
         if value is None:
-            raise ModelLoadError(f"{self.path}: {key!r} is missing")
+            raise ModelLoadError(f"{self.path}: {name!r} is missing")
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ModelLoadError(f"{self.path}: {key!r} must be an integer >= {minimum}, got {value!r}")
+            raise ModelLoadError(
+                f"{self.path}: {name!r} must be an integer >= {minimum}, got {_shown(value)}"
+            )
+        maximum = LIMITS.get(key)
+        if maximum is not None and value > maximum:
+            raise ModelLoadError(
+                f"{self.path}: {name!r} must be at most {maximum:,} (no supported model has more), "
+                f"got {_shown(value)}"
+            )
         return value
 
-    def number(self, key: str, default: float | None = None) -> float:
+    def number(self, key: str, default: float | None = None, below: float = math.inf) -> float:
+        """A finite number > 0 (and < ``below``)."""
         value = self.raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ModelLoadError(f"{self.path}: {key!r} must be a positive number, got {value!r}")
+        if value is None:
+            raise ModelLoadError(f"{self.path}: {self.prefix + key!r} is missing")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value < below
+            or not math.isfinite(value)
+        ):
+            bound = f" below {below:g}" if below < math.inf else ""
+            raise ModelLoadError(
+                f"{self.path}: {self.prefix + key!r} must be a finite number > 0{bound}, got {_shown(value)}"
+            )
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:
@@ -177,7 +219,7 @@ def _rope(f: _Fields) -> tuple[float, dict[str, Any] | None]:
             raise ModelLoadError(f"{f.path}: 'rope_parameters' must be an object, got {params!r}")
         if "rope_theta" not in params and all(isinstance(v, dict) for v in params.values()):
             raise ModelLoadError(f"{f.path}: per-layer-type 'rope_parameters' are not supported")
-        theta_source, scaling = _Fields(params, f.path), dict(params)
+        theta_source, scaling = _Fields(params, f.path, "rope_parameters."), dict(params)
     else:
         scaling = f.raw.get("rope_scaling")
         if scaling is not None and not isinstance(scaling, dict):
@@ -189,7 +231,33 @@ def _rope(f: _Fields) -> tuple[float, dict[str, Any] | None]:
     scaling.pop("type", None)
     if rope_type == "default":
         return theta, None
+    # The keys rope.py reads for the types it implements (others are refused when the model is built).
+    keys = _ROPE_KEYS.get(rope_type, ())
+    where = "rope_parameters." if params is not None else "rope_scaling."
+    source = _Fields(scaling, f.path, where)
+    for key in keys:
+        if key == "original_max_position_embeddings":
+            source.integer(key)
+        else:
+            source.number(key)
+    if rope_type == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ModelLoadError(
+            f"{f.path}: llama3 rope scaling needs low_freq_factor < high_freq_factor, got "
+            f"{scaling['low_freq_factor']} and {scaling['high_freq_factor']}"
+        )
     return theta, {"rope_type": rope_type, **scaling}
+
+
+_ROPE_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _torch_dtype(f: _Fields, model_dir: Path) -> str:
@@ -249,7 +317,7 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=f.number("rms_norm_eps", 1e-6),
+        rms_norm_eps=f.number("rms_norm_eps", 1e-6, below=1.0),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=f.integer("max_position_embeddings"),
