@@ -54,6 +54,7 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestEntityTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",
