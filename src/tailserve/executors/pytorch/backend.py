@@ -124,7 +124,8 @@ def auto_dtype(device: torch.device) -> tuple[str, str | None]:
     if isa.at_least("avx512"):
         return "bfloat16", None
     return "float32", (
-        f"dtype auto -> float32: this CPU's level is {isa.level} (bf16 matmuls need AVX-512); "
+        f"dtype auto -> float32: this CPU's level is {isa.level} (tailserve's bf16 matmuls need "
+        "x86 AVX-512); "
         "--dtype bfloat16 runs anyway, on PyTorch's slower generic bf16 path"
     )
 

@@ -82,7 +82,7 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 def linear_path(dtype: torch.dtype, device: torch.device) -> str:
     """What a linear layer of a ``dtype`` model runs here, in words (the header's)."""
     if not can_pack(dtype, device):
-        return "F.linear (MKL)" if dtype == torch.float32 else "F.linear (PyTorch's generic bf16 GEMM)"
+        return "F.linear (BLAS)" if dtype == torch.float32 else "F.linear (PyTorch's generic bf16 GEMM)"
     return "dpbf16 kernel" if cpu_kernels.linear_kernel() is not None else "oneDNN prepacked"
 
 

@@ -27,7 +27,9 @@ NORM_SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
-#include <immintrin.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // x86 only: aarch64 builds take the scalar paths
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstring>
