@@ -115,7 +115,9 @@ def print_report(results: dict[str, Any]) -> None:
 
     # Wide tables stay readable in a log; no markup: engine names hold brackets ("vllm[auto]").
     console = Console(width=max(Console().width, 150), markup=False)
-    table = Table(title="Real executor on CPU (bf16, greedy, ignore_eos)")
+    table = Table(
+        title=f"Real executor on CPU ({results['settings'].get('dtype', 'bfloat16')}, greedy, ignore_eos)"
+    )
     for col in (
         "model",
         "engine",
