@@ -224,3 +224,25 @@ def test_run_with_a_4tb_config_is_one_line(tmp_path: Path, capsys: Any) -> None:
         capsys, ["run", "--model", str(model), "--prompts", str(prompts), "--max-tokens", "2"]
     )
     assert "'max_position_embeddings' must be at most 4,194,304" in line
+
+
+# ---- run --prompts --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name,content,expected",
+    [
+        ("deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+        ("bigint.jsonl", '{"prompt_token_ids": [' + "9" * 5000 + "]}\n", "not JSON"),
+        ("binary.txt", b"\xff\xfe\x00hello\n", "not UTF-8"),
+        ("empty.txt", "\n\n", "no prompts"),
+    ],
+)
+def test_a_hostile_prompts_file_is_one_line(
+    tmp_path: Path, capsys: Any, name: str, content: str | bytes, expected: str
+) -> None:
+    prompts = tmp_path / name
+    if isinstance(content, bytes):
+        prompts.write_bytes(content)
+    else:
+        prompts.write_text(content)
+    line = _one_error_line(capsys, ["run", "--prompts", str(prompts), "--max-tokens", "2"])
+    assert expected in line and name in line

@@ -23,7 +23,10 @@ def load_prompts(path: str | Path) -> list[str | list[int]]:
     """JSON lines with ``prompt`` (text) or ``prompt_token_ids`` (a list of ints) for ``.jsonl``
     files; otherwise one text prompt per non-empty line."""
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{p}: not UTF-8 text (byte {e.start})") from None
     prompts: list[str | list[int]] = []
     jsonl = p.suffix in (".jsonl", ".json")
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -36,6 +39,10 @@ def load_prompts(path: str | Path) -> list[str | list[int]]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptFileError(f"{p}:{lineno}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise PromptFileError(f"{p}:{lineno}: not JSON (nested too deeply)") from None
+        except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+            raise PromptFileError(f"{p}:{lineno}: not JSON ({e})") from None
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
             prompts.append(row["prompt"])
         elif isinstance(row, dict) and isinstance(row.get("prompt_token_ids"), list):
