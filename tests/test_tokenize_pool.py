@@ -50,6 +50,10 @@ def tokenizer(model_dir: Path) -> Tokenizer:
 def make(tokenizer: Tokenizer, model_dir: Path) -> Iterator[Any]:
     """``make(**options)``: a PromptTokenizer, closed (and its workers checked gone) after the test."""
     made: list[PromptTokenizer] = []
+    # The suite's other tests may have left multiprocessing children (its resource tracker lives
+    # as long as pytest): only processes that appear during this test are this pool's.
+    _OTHERS.clear()
+    _OTHERS.update(_workers_of(os.getpid()))
 
     def factory(**options: Any) -> PromptTokenizer:
         made.append(PromptTokenizer(tokenizer, str(model_dir), 100_000, **options))
@@ -101,9 +105,12 @@ def _is_worker(pid: int) -> bool:
     return any(mark in _cmdline(pid) for mark in ("tokenize_pool", "spawn_main", "resource_tracker"))
 
 
+_OTHERS: set[int] = set()  # worker-like children of pytest that were there before the test
+
+
 def _workers_of(pid: int) -> list[int]:
     """Tokenizer worker processes whose parent is ``pid``, as an outsider (an OOM killer) sees them."""
-    return [child for child in _children(pid) if _is_worker(child)]
+    return [child for child in _children(pid) if _is_worker(child) and child not in _OTHERS]
 
 
 def _worker() -> int:
