@@ -41,6 +41,7 @@ import numpy as np
 from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.precision import get_precision
 
 __all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "join", "padded_tokens"]
 
@@ -153,15 +154,24 @@ class CostModel:
         self.efficiency = efficiency or Efficiency.for_hardware(hardware)
         m, hw = model, hardware
         heads_per_shard = m.num_heads / tp
-        self._linear_flops_per_token = 2.0 * m.num_matmul_params / tp
         self._lm_head_flops_per_logit = 2.0 * m.hidden_size * m.vocab_size / tp
-        self._layer_weight_bytes = float(m.num_matmul_params * m.dtype_bytes / tp)
+        if m.is_moe or m.weight_dtype:
+            # The dense matrices here; the routed experts priced per batch in ``_experts``.
+            dense = m.num_dense_matmul_params
+            self._linear_flops_per_token = 2.0 * dense / tp
+            self._layer_weight_bytes = float(dense * m.weight_bytes_per_param / tp)
+        else:
+            self._linear_flops_per_token = 2.0 * m.num_matmul_params / tp
+            self._layer_weight_bytes = float(m.num_matmul_params * m.dtype_bytes / tp)
         self._lm_head_bytes = float(m.vocab_size * m.hidden_size * m.dtype_bytes / tp)
         self._weight_bytes = self._layer_weight_bytes + self._lm_head_bytes
         self._kv_bytes_per_token = float(m.kv_bytes_per_token(tp))
         # Activations each GEMM reads and writes per token (its K inputs and N outputs), all layers;
         # priced only when the GEMM curve is on (tile_m > 1), so the plain roofline stays as it was.
-        self._act_bytes_per_token = float(m.dtype_bytes * m.num_layers * _gemm_io_per_token(m, tp))
+        if m.is_moe or m.is_mla:
+            self._act_bytes_per_token = float(m.dtype_bytes * _dense_io_per_token(m, tp))
+        else:
+            self._act_bytes_per_token = float(m.dtype_bytes * m.num_layers * _gemm_io_per_token(m, tp))
         self._lm_head_act_bytes = float(m.dtype_bytes * (m.hidden_size + m.vocab_size / tp))
         self._num_gemms = GEMMS_PER_LAYER * m.num_layers
         self._linear_cache: dict[tuple[int, int], float] = {}
@@ -175,10 +185,45 @@ class CostModel:
         )
         if self.efficiency.tile_n and hardware.sms < 1:
             raise ValueError(f"hardware {hardware.name}: the per-GEMM wave form needs its SM count")
+        if self.efficiency.tile_n and (m.is_moe or m.is_mla):
+            raise ValueError(f"{m.name}: the per-GEMM wave form prices dense GQA models only")
         # QK^T and PV: 2 FLOPs each per (query, key) pair per head dimension.
         self._attn_flops_per_pair = 4.0 * heads_per_shard * m.dim_per_head * m.num_layers
+        self._prefill_pair_flops = self._decode_pair_flops = self._attn_flops_per_pair
+        if m.is_mla:
+            # Prefill runs as multi-head attention on the up-projected K/V (QK over nope + rope
+            # dims, PV over v); decode absorbs the up-projections and attends over the latent
+            # (QK over kv_lora + rope, PV over kv_lora), as vLLM's and SGLang's MLA backends do.
+            self._prefill_pair_flops = (
+                2.0
+                * heads_per_shard
+                * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+                * m.num_layers
+            )
+            self._decode_pair_flops = (
+                2.0 * heads_per_shard * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * m.num_layers
+            )
         eff = self.efficiency
         self._flops_rate = hw.peak_flops * eff.compute
+        # Layer GEMMs run at their weights' tensor-core rate (FP8 W8A8, FP4 on Blackwell); the
+        # attention kernels and the LM head at bf16's.
+        self._gemm_flops_rate = self._flops_rate
+        if m.weight_dtype:
+            self._gemm_flops_rate = hw.peak_for(get_precision(m.weight_dtype).compute) * eff.compute
+        self._moe: tuple[float, ...] | None = None
+        if m.is_moe:
+            expert_compute = get_precision(m.expert_dtype or m.weight_dtype or "bf16").compute
+            self._moe = (
+                float(m.num_experts),
+                float(m.experts_per_token),
+                float(m.num_moe_layers),
+                m.expert_params / tp,  # each expert's matrices split over the TP ranks
+                m.expert_params * m.expert_bytes_per_param / tp,
+                # rows a routed token reads and writes: hidden in, 2 x inter out (gate, up);
+                # inter in, hidden out (down)
+                m.dtype_bytes * (2.0 * m.hidden_size + 3.0 * m.moe_intermediate_size / tp),
+                hw.peak_for(expert_compute) * eff.compute,
+            )
         self._byte_rate = hw.memory_bandwidth * eff.memory
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
         self._prefill_rates = (
@@ -238,21 +283,28 @@ class CostModel:
 
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
         eff = self.efficiency
+        experts = self._experts(num_tokens) if self._moe is not None else 0.0
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
             # The plain roofline: every GEMM in one max (the model before the fitted curves).
-            return (
-                max(
-                    (num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit)
-                    / self._flops_rate,
-                    (self._weight_bytes + num_tokens * self._kv_bytes_per_token) / self._byte_rate,
+            if self._gemm_flops_rate != self._flops_rate:
+                compute = (
+                    num_tokens * self._linear_flops_per_token / self._gemm_flops_rate
+                    + num_logits * self._lm_head_flops_per_logit / self._flops_rate
                 )
+            else:
+                compute = (
+                    num_tokens * self._linear_flops_per_token + num_logits * self._lm_head_flops_per_logit
+                ) / self._flops_rate
+            return (
+                max(compute, (self._weight_bytes + num_tokens * self._kv_bytes_per_token) / self._byte_rate)
+                + experts
                 + num_tokens * eff.per_token
             )
         if eff.tile_n:
             return self._linear_waves(num_tokens, num_logits)
         p = eff.sharpness
         layers = join(
-            padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._flops_rate,
+            padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._gemm_flops_rate,
             (self._layer_weight_bytes + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token))
             / self._byte_rate,
             p,
@@ -267,7 +319,25 @@ class CostModel:
                 )
                 + eff.gemm_latency
             )
-        return layers + self._num_gemms * eff.gemm_latency + head + num_tokens * eff.per_token
+        return layers + self._num_gemms * eff.gemm_latency + head + experts + num_tokens * eff.per_token
+
+    def _experts(self, num_tokens: int) -> float:
+        """The routed experts' grouped GEMMs of one iteration, all MoE layers. Routing is taken
+        as uniform: ``num_tokens`` tokens with ``k`` of ``E`` experts each touch
+        ``E (1 - (1 - k/E)^T)`` experts on average, each with ``T k / touched`` rows padded to the
+        row tile; every touched expert's weights are read once (a small batch reads few experts:
+        MoE decode is cheaper than its total size; a large one reads them all)."""
+        if num_tokens <= 0:
+            return 0.0
+        experts, k, layers, params, weight_bytes, row_bytes, flops_rate = self._moe  # type: ignore[misc]
+        eff = self.efficiency
+        routed = num_tokens * k
+        touched = experts * (1.0 - (1.0 - k / experts) ** num_tokens)
+        rows = padded_tokens(math.ceil(routed / touched - 1e-9), eff.tile_m)
+        compute = 2.0 * touched * rows * params / flops_rate
+        memory = (touched * weight_bytes + routed * row_bytes) / self._byte_rate
+        # two grouped GEMMs per layer (gate+up, down)
+        return layers * (join(compute, memory, eff.sharpness) + 2 * eff.gemm_latency)
 
     def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:
         """One GEMM in the wave form (gemm.py): ``rows`` x K times K x N, plus ``extra_bytes``."""
@@ -291,10 +361,10 @@ class CostModel:
         head = self._gemm(num_logits, m.vocab_size / self.tp, m.hidden_size, 0.0) if num_logits else 0.0
         return m.num_layers * layer + head + num_tokens * self.efficiency.per_token
 
-    def _attention(self, pairs: Any, kv_tokens: Any, rates: tuple[float, float]) -> Any:
+    def _attention(self, pairs: Any, kv_tokens: Any, rates: tuple[float, float], pair_flops: float) -> Any:
         mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
         return mx(
-            pairs * self._attn_flops_per_pair / rates[0],
+            pairs * pair_flops / rates[0],
             kv_tokens * self._kv_bytes_per_token / rates[1],
         )
 
@@ -316,9 +386,9 @@ class CostModel:
         self, num_tokens: Any, num_logits: Any, prefill_pairs: Any, prefill_kv: Any, decode_kv: Any
     ) -> Any:
         linear = self._linear(num_tokens, num_logits)
-        prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates)
+        prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates, self._prefill_pair_flops)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
-        decode = self._attention(decode_kv, decode_kv, self._decode_rates)
+        decode = self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
 
     def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
@@ -329,10 +399,10 @@ class CostModel:
         """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats
         (``_attention`` is inlined with its operations in the same order)."""
         n = num_decodes
-        head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates)
+        head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
         comm = self._comm(n)
         overhead = self.efficiency.overhead
-        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
+        pair_flops, kv_bytes = self._decode_pair_flops, self._kv_bytes_per_token
         flops_rate, byte_rate = self._decode_rates
         return [
             head + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate) + comm + overhead
@@ -378,9 +448,9 @@ class CostModel:
             shape.num_tokens * self._linear_flops_per_token + shape.num_logits * self._lm_head_flops_per_logit
         )
         lin_b = self._weight_bytes + shape.num_tokens * kv
-        pre_f = shape.prefill_pairs * self._attn_flops_per_pair
+        pre_f = shape.prefill_pairs * self._prefill_pair_flops
         pre_b = shape.prefill_kv_tokens * kv
-        dec_f = shape.decode_kv_tokens * self._attn_flops_per_pair
+        dec_f = shape.decode_kv_tokens * self._decode_pair_flops
         dec_b = shape.decode_kv_tokens * kv
         comm = 0.0
         if self.tp > 1 and shape.num_tokens:
@@ -406,3 +476,33 @@ def _gemm_io_per_token(m: ModelSpec, tp: int) -> float:
     inter = m.intermediate_size / tp
     up = (2 if m.gated_mlp else 1) * inter
     return (m.hidden_size + q + 2 * kv) + (q + m.hidden_size) + (m.hidden_size + up) + (inter + m.hidden_size)
+
+
+def _dense_io_per_token(m: ModelSpec, tp: int) -> float:
+    """``_gemm_io_per_token`` summed over the layers of an MoE or MLA model: its attention
+    projections, the dense MLPs of its dense layers and the shared experts of its MoE layers
+    (the routed experts' rows are priced in ``CostModel._experts``)."""
+    h = m.hidden_size
+    if m.is_mla:
+        heads = m.num_heads / tp
+        qk = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        q = (h + m.q_lora_rank + m.q_lora_rank + qk) if m.q_lora_rank else (h + qk)
+        kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (
+            m.kv_lora_rank + heads * (m.qk_nope_head_dim + m.v_head_dim)
+        )
+        attention = q + kv + heads * m.v_head_dim + h
+    else:
+        d = m.dim_per_head
+        qw = m.num_heads * d / tp
+        attention = (h + qw + 2 * m.kv_heads_per_shard(tp) * d) + (qw + h)
+
+    def mlp(inter: float) -> float:
+        return (h + (2 if m.gated_mlp else 1) * inter) + (inter + h) if inter else 0.0
+
+    moe = m.num_moe_layers
+    shared = m.shared_intermediate_size / tp
+    return (
+        m.num_layers * attention
+        + (m.num_layers - moe) * mlp(m.intermediate_size / tp)
+        + moe * (mlp(shared) + h + m.num_experts)  # the router reads hidden, writes E logits
+    )

@@ -1,11 +1,12 @@
-"""GPU catalog: public peak figures of each accelerator (dense bf16, no sparsity).
+"""GPU catalog: public peak figures of each accelerator (dense, no sparsity; bf16 and, where the
+GPU has them, FP8 / INT8 / FP4 tensor-core rates).
 
 Sources are the vendors' data sheets (SXM / OAM form factors where there is a choice).
 Memory is what the driver reports, in GiB, because vLLM's device-based defaults compare GiB.
 Interconnect is the per-GPU, per-direction bandwidth a ring all-reduce can use (NVLink /
 Infinity Fabric; PCIe for cards without a GPU-to-GPU link). SM counts (compute units on AMD) are
-the data sheets' for the shipped parts: A100 108, H100/H200 SXM 132, A40 84, L4 58, L40S 142,
-MI300X 304.
+the data sheets' for the shipped parts: A100 108, H100/H200 SXM 132, H20 78, A40 84, L4 58,
+L40S 142, B200/B300/GB200 148, MI300X/MI325X 304, MI355X 256.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class Hardware:
     # Fitted all-reduce per message-size band (by TP, ascending max_bytes); a TP degree without
     # bands uses allreduce_latency_by_tp and comm_efficiency.
     allreduce_bands: tuple[AllReduceBand, ...] = ()
+    # Dense tensor-core FLOP/s of other formats, (format, FLOP/s): ("fp8", ...), ("fp4", ...),
+    # ("int8", ...). A format the GPU lacks runs weight-only kernels at the bf16 rate (peak_for).
+    peak_flops_by_dtype: tuple[tuple[str, float], ...] = ()
+    # GPUs one NVLink / Infinity Fabric domain joins at ``interconnect_bandwidth`` (8 for a
+    # board, 72 for GB200/GB300 NVL72); beyond it traffic goes over the network.
+    nvlink_domain: int = 8
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +80,16 @@ class Hardware:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"hardware {self.name}: {name} must be > 0, got {getattr(self, name)}")
+
+    def peak_for(self, compute: str) -> float:
+        """Dense FLOP/s of a GEMM in the tensor-core format ``compute`` (``precision.Precision``):
+        bf16's ``peak_flops`` unless the GPU lists that format."""
+        if compute == "bf16":
+            return self.peak_flops
+        return dict(self.peak_flops_by_dtype).get(compute, self.peak_flops)
+
+    def formats(self) -> list[str]:
+        return ["bf16", *(name for name, _ in self.peak_flops_by_dtype)]
 
     def allreduce_latency_at(self, tp: int) -> float:
         return dict(self.allreduce_latency_by_tp).get(tp, self.allreduce_latency)
@@ -138,6 +155,8 @@ H100_ALLREDUCE_BANDS = (
     AllReduceBand(8, 8388608, 27.4e-6, 0.682),
     AllReduceBand(8, 67108864, 41.1e-6, 0.838),
 )
+# Hopper's dense FP8 and INT8 tensor-core rates (H100/H200 SXM data sheets, no sparsity).
+HOPPER_FORMATS = (("fp8", 1979e12), ("int8", 1979e12))
 # All-reduce latency per TP degree and link efficiency fitted to Vidur's NCCL profiles
 # (a100_dgx, h100_dgx; messages 8 KB - 128 MB, one node).
 A100_ALLREDUCE = ((2, 37.0e-6), (4, 28.9e-6), (8, 39.6e-6))
@@ -159,6 +178,7 @@ HARDWARE: dict[str, Hardware] = {
                 allreduce_latency_by_tp=A100_ALLREDUCE,
                 comm_efficiency=0.518,
                 sms=108,
+                peak_flops_by_dtype=(("int8", 624e12),),
             )
             for name, bw, gib in (("A100-40GB", 1555, 40.0), ("A100-80GB", 2039, 80.0))
         ),
@@ -174,6 +194,7 @@ HARDWARE: dict[str, Hardware] = {
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
             sms=132,
+            peak_flops_by_dtype=HOPPER_FORMATS,
         ),
         # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's curves (same die).
         Hardware(
@@ -187,6 +208,7 @@ HARDWARE: dict[str, Hardware] = {
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
             sms=132,
+            peak_flops_by_dtype=HOPPER_FORMATS,
         ),
         # A40: 149.7 TFLOP/s bf16 dense, 696 GB/s GDDR6, 48 GB; PCIe 4 between cards (the
         # NVLink bridge joins pairs only). In the catalog because Vidur profiled it.
@@ -196,15 +218,118 @@ HARDWARE: dict[str, Hardware] = {
         # L4: 121 TFLOP/s bf16 dense, 300 GB/s GDDR6, no NVLink (PCIe 4 x16 between cards).
         # L4 and L40S borrow the A40's curve (the profiled PCIe card with GDDR memory).
         Hardware(
-            "L4", 121e12, 300 * GB, 22.5, 32 * GB, 32 * GB, allreduce_latency=20e-6, gemm=A40_GEMM, sms=58
+            "L4",
+            121e12,
+            300 * GB,
+            22.5,
+            32 * GB,
+            32 * GB,
+            allreduce_latency=20e-6,
+            gemm=A40_GEMM,
+            sms=58,
+            peak_flops_by_dtype=(("fp8", 242e12), ("int8", 242e12)),  # Ada: FP8 tensor cores
         ),
         # L40S: 362 TFLOP/s bf16 dense, 864 GB/s GDDR6, no NVLink.
         Hardware(
-            "L40S", 362e12, 864 * GB, 45.0, 32 * GB, 32 * GB, allreduce_latency=20e-6, gemm=A40_GEMM, sms=142
+            "L40S",
+            362e12,
+            864 * GB,
+            45.0,
+            32 * GB,
+            32 * GB,
+            allreduce_latency=20e-6,
+            gemm=A40_GEMM,
+            sms=142,
+            peak_flops_by_dtype=(("fp8", 733e12), ("int8", 733e12)),
         ),
         # MI300X: 1307 TFLOP/s bf16 dense, 5.3 TB/s HBM3, 192 GB, Infinity Fabric 7 x 64 GB/s.
         # No AMD profile is at hand: MI300X keeps the generic efficiencies.
-        Hardware("MI300X", 1307e12, 5300 * GB, 192.0, 448 * GB, 64 * GB, vendor="amd", sms=304),
+        Hardware(
+            "MI300X",
+            1307e12,
+            5300 * GB,
+            192.0,
+            448 * GB,
+            64 * GB,
+            vendor="amd",
+            sms=304,
+            peak_flops_by_dtype=(("fp8", 2615e12), ("int8", 2615e12)),
+        ),
+        # H20 (China export part, Hopper): 148 TFLOP/s bf16 dense, 296 FP8, 96 GB HBM3 at
+        # 4.0 TB/s, NVLink 4 (900 GB/s total); the H100's GEMM curve (same die family).
+        Hardware(
+            "H20",
+            148e12,
+            4000 * GB,
+            95.0,
+            450 * GB,
+            64 * GB,
+            gemm=H100_GEMM,
+            sms=78,
+            allreduce_latency_by_tp=H100_ALLREDUCE,
+            comm_efficiency=0.740,
+            peak_flops_by_dtype=(("fp8", 296e12), ("int8", 296e12)),
+        ),
+        # Blackwell (HGX B200, B300 and GB200 NVL72 data sheets, dense, per GPU): NVLink 5 at
+        # 1.8 TB/s total (900 GB/s per direction), PCIe 6 on HGX boards (5 on GB200's Grace
+        # link side, NVLink-C2C to the CPU is not modelled). No profile of these is at hand
+        # here: they keep the generic efficiencies until fitted (docs/fidelity.md).
+        Hardware(
+            "B200",
+            2250e12,
+            7700 * GB,
+            179.1,
+            900 * GB,
+            128 * GB,
+            sms=148,
+            peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 4500e12), ("fp4", 9000e12)),
+        ),
+        Hardware(
+            "B300",
+            2250e12,
+            7750 * GB,
+            268.6,
+            900 * GB,
+            128 * GB,
+            sms=148,
+            # Blackwell Ultra trades INT8 for FP4: 14 PFLOP/s dense FP4, INT8 cut to 153 TOPS
+            peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 153.5e12), ("fp4", 14000e12)),
+        ),
+        Hardware(
+            "GB200",
+            2500e12,
+            8000 * GB,
+            185.0,
+            900 * GB,
+            64 * GB,
+            sms=148,
+            nvlink_domain=72,
+            peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
+        ),
+        # AMD Instinct (CDNA 3 / 4 data sheets, dense): MI325X 256 GB HBM3E at 6 TB/s; MI355X
+        # 288 GB at 8 TB/s with FP4/FP6; Infinity Fabric 7 links (448 / 537.6 GB/s per direction).
+        Hardware(
+            "MI325X",
+            1307e12,
+            6000 * GB,
+            256.0,
+            448 * GB,
+            64 * GB,
+            vendor="amd",
+            sms=304,
+            peak_flops_by_dtype=(("fp8", 2615e12), ("int8", 2615e12)),
+        ),
+        Hardware(
+            "MI355X",
+            2500e12,
+            8000 * GB,
+            288.0,
+            537.6 * GB,
+            64 * GB,
+            vendor="amd",
+            sms=256,
+            peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
+        ),
     )
 }
 
@@ -218,6 +343,12 @@ _ALIASES = {
     "H100-SXM5": "H100-SXM",
     "H200-SXM": "H200",
     "L40S-48GB": "L40S",
+    "B200-SXM": "B200",
+    "HGX-B200": "B200",
+    "B300-SXM": "B300",
+    "GB200-NVL72": "GB200",
+    "MI325": "MI325X",
+    "MI355": "MI355X",
 }
 
 
