@@ -6,7 +6,7 @@ router (one router at 1 replica: they all pick it). Part 2: P/D against aggregat
 equal GPU count. Each row: prefix hit rate (tokens), TTFT p50/p99, TBT (ITL) p99, output
 throughput, simulation wall time. Scrapes every 50 ms (the routers' view of load).
 
-    python benchmarks/cluster.py [--trace PATH] [--max-requests N] [--replicas 1,4,8,16]
+    python -m benchmarks.cluster [--trace PATH] [--max-requests N] [--replicas 1,4,8,16]
         [--routers round-robin,...] [--parts routers,pd,saturated,capacity] [--out FILE]
 """
 
@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from _paths import check_trace, default_out, default_trace
-
+from benchmarks._common import check_trace, default_out, default_trace
 from tailserve.cluster import ROUTERS
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import ClusterRun, run_aggregated

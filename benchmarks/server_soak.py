@@ -17,7 +17,7 @@ Prints a summary and writes JSON (``benchmarks/out/server_soak.json``, git-ignor
 ``--out``). Targets (issue 12): RSS growth < 5% after the warm-up (the first ``--rss-every``
 requests) and no 5xx.
 
-    python benchmarks/server_soak.py [--executors sim torch] [--num-requests 10000] [--concurrency 32]
+    python -m benchmarks.server_soak [--executors sim torch] [--num-requests 10000] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _paths import default_out
+
+from benchmarks._common import default_out
 
 BIG_BYTES = 10 * 10**6  # the "10 MB request"
 BODY_LIMIT = 16 * 2**20  # the soak server takes 10 MB bodies (the default limit is 4 MiB)
