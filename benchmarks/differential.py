@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._common import default_out
+from benchmarks._common import cpu_line, default_out, simd_flags
 from tailserve.validate.golden import NUM_FULL_TRACES, write_fixture
 from tailserve.validate.peers import PeerDriver, PeerError
 from tailserve.validate.runner import DIFFERENTIALS, differential
@@ -127,7 +127,8 @@ def main() -> int:
     }
     out = args.out or default_out(f"differential-{args.engine}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(cpu_line())
+    out.write_text(json.dumps({**result, "cpu_flags": simd_flags()}, indent=1) + "\n")
     print(f"saved {out}")
     if args.record_fixture is not None:
         write_fixture(args.record_fixture, args.engine, version, entries)

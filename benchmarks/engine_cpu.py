@@ -52,7 +52,7 @@ from benchmarks._arrivals import (  # noqa: E402
     poisson_requests,
     random_prompts,
 )
-from benchmarks._common import default_out, missing_peer, peer_venv  # noqa: E402
+from benchmarks._common import cpu_line, default_out, missing_peer, peer_venv  # noqa: E402
 from benchmarks._engine_report import machine_info, print_report, ratios, token_agreement  # noqa: E402
 from benchmarks._engine_runs import DTYPE, gate, run_hf, run_tailserve, run_vllm  # noqa: E402
 from benchmarks._roofline import (  # noqa: E402
@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engine_cpu: error: {exc}", file=sys.stderr)
             return 2
         args.out.write_text(json.dumps(results, indent=1))  # what is done so far survives a later failure
+    print(cpu_line())
     print_report(results)
     print(f"results: {args.out}")
     return 0

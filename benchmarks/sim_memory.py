@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import default_out, module_cmd, module_env
+from benchmarks._common import cpu_line, default_out, module_cmd, module_env, simd_flags
 
 BLOCK = 65_536  # requests drawn per numpy call
 
@@ -146,7 +146,8 @@ def main() -> None:
     )
     path = Path(args.out) if args.out else default_out("sim_memory.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(cpu_line())
+    path.write_text(json.dumps({**result, "cpu_flags": simd_flags()}, indent=2) + "\n")
     print(f"saved {path}")
 
 

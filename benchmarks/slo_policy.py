@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import check_trace, default_out, default_trace
+from benchmarks._common import check_trace, cpu_line, default_out, default_trace, simd_flags
 from benchmarks._slo_cpu import cpu_comparison
 from benchmarks._slo_fairness import fairness
 from tailserve.core.request import Request, RequestStatus
@@ -592,7 +592,8 @@ def main() -> None:
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(cpu_line())
+    args.out.write_text(json.dumps({**result, "cpu_flags": simd_flags()}, indent=1, default=str))
     print(f"wrote {args.out} ({result['wall_s']} s)")
 
 
