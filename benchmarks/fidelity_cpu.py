@@ -204,6 +204,7 @@ def print_residuals(console: Console, out: dict) -> None:
         "after level",
         "decode after",
         "scatter",
+        "decode lag-1",
         "probe ms",
     ):
         table.add_column(col, justify="left" if col in ("workload", "policy") else "right")
