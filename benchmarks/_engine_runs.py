@@ -19,9 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _arrivals import RequestTiming, TimedRequest, at_rate, drive, median, summarize
-from _quiet import CpuMeter, gated
-
+from benchmarks._arrivals import RequestTiming, TimedRequest, at_rate, drive, median, summarize
+from benchmarks._common import CpuMeter, gated, module_cmd, module_env
 from tailserve.llm import LLM, SamplingParams
 from tailserve.policies.registry import parse_policy_list
 
@@ -232,12 +231,14 @@ def run_vllm(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    cmd = [str(python), str(HERE / "_vllm_driver.py"), str(folder / "spec.json"), str(folder / "out.json")]
+    cmd = module_cmd(python, "_vllm_driver", folder / "spec.json", folder / "out.json")
     # Its log goes to a file: say what runs and for how long at most, or the wait looks hung.
     _say_next(f"vLLM (bind {bind})", work, args, f"; up to {args.vllm_timeout:.0f} s (--vllm-timeout)")
     log_path = folder / "vllm.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=module_env(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=args.vllm_timeout)
         except subprocess.TimeoutExpired:

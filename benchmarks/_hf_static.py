@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _arrivals import RequestTiming, TimedRequest
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
+
+from benchmarks._arrivals import RequestTiming, TimedRequest
 
 PAD_ID = 2  # any id works: padded positions are masked out
 

@@ -1,6 +1,6 @@
 """vLLM's side of ``engine_cpu.py``: run with vLLM's venv python, never imported by tailserve.
 
-    ${TAILSERVE_PEERS:-.peers}/vllm/bin/python benchmarks/_vllm_driver.py SPEC.json OUT.json
+    ${TAILSERVE_PEERS:-.peers}/vllm/bin/python -m benchmarks._vllm_driver SPEC.json OUT.json
 
 SPEC (written by ``engine_cpu.py``): the model directory and dtype, the W prompts and their
 ``max_tokens``, the fresh single-request TTFT prompts, warm-up prompts, the Poisson run's
@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _arrivals import TimedRequest, drive, median, summarize
-from _quiet import CpuMeter, gated
+from benchmarks._arrivals import TimedRequest, drive, median, summarize
+from benchmarks._common import CpuMeter, gated
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -117,5 +116,5 @@ def main(spec_path: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: _vllm_driver.py SPEC.json OUT.json")
+        sys.exit("usage: python -m benchmarks._vllm_driver SPEC.json OUT.json")
     main(sys.argv[1], sys.argv[2])

@@ -6,7 +6,7 @@ router (one router at 1 replica: they all pick it). Part 2: P/D against aggregat
 equal GPU count. Each row: prefix hit rate (tokens), TTFT p50/p99, TBT (ITL) p99, output
 throughput, simulation wall time. Scrapes every 50 ms (the routers' view of load).
 
-    python benchmarks/cluster.py [--trace PATH] [--max-requests N] [--replicas 1,4,8,16]
+    python -m benchmarks.cluster [--trace PATH] [--max-requests N] [--replicas 1,4,8,16]
         [--routers round-robin,...] [--parts routers,pd,saturated,capacity] [--out FILE]
 """
 
@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from _paths import check_trace, default_out, default_trace
-
+from benchmarks._common import check_trace, cpu_line, default_out, default_trace, simd_flags
 from tailserve.cluster import ROUTERS
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import ClusterRun, run_aggregated
@@ -215,7 +214,8 @@ def main() -> int:
     results["host"]["load_after"] = os.getloadavg()
     results["elapsed_s"] = time.time() - started
     out = Path(args.out) if args.out else default_out("cluster.json")
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(cpu_line())
+    out.write_text(json.dumps({**results, "cpu_flags": simd_flags()}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 

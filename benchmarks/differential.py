@@ -3,9 +3,9 @@ own scheduler code (its peer venv, ``scripts/setup-peers.sh``). Not a test: it p
 workloads were step-identical, the first divergences (shrunk with ``--shrink``) and wall time,
 and saves JSON (``benchmarks/out/differential-ENGINE.json`` unless ``--out``).
 
-    python benchmarks/differential.py                      # vLLM, 1,000 workloads
-    python benchmarks/differential.py --engine sglang -k 500
-    python benchmarks/differential.py --record-fixture tests/fixtures/differential/vllm.json -k 300
+    python -m benchmarks.differential                      # vLLM, 1,000 workloads
+    python -m benchmarks.differential --engine sglang -k 500
+    python -m benchmarks.differential --record-fixture tests/fixtures/differential/vllm.json -k 300
 
 ``--record-fixture`` writes the engine's decisions for the workloads (those of at most
 ``--fixture-max-steps`` steps) as the golden file the normal test suite checks tailserve against.
@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from _paths import default_out
-
+from benchmarks._common import cpu_line, default_out, simd_flags
 from tailserve.validate.golden import NUM_FULL_TRACES, write_fixture
 from tailserve.validate.peers import PeerDriver, PeerError
 from tailserve.validate.runner import DIFFERENTIALS, differential
@@ -128,7 +127,8 @@ def main() -> int:
     }
     out = args.out or default_out(f"differential-{args.engine}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(cpu_line())
+    out.write_text(json.dumps({**result, "cpu_flags": simd_flags()}, indent=1) + "\n")
     print(f"saved {out}")
     if args.record_fixture is not None:
         write_fixture(args.record_fixture, args.engine, version, entries)

@@ -16,10 +16,10 @@ Engines: tailserve (``LLM`` / ``LLMEngine`` in this process, ``--policy``), Hugg
 (``_vllm_driver.py`` in vLLM's venv, once per ``--vllm-threads-bind`` setting). Also measured:
 tailserve's decode step at batch 64 against the memory-bandwidth limit and its prefill against the
 bf16 GEMM limit (``_roofline.py``), and whether the engines' greedy tokens agree. Every timed
-section waits for a quiet machine and records the machine's other CPU use (``_quiet.py``).
+section waits for a quiet machine and records the machine's other CPU use (``_common.py``).
 
-    python benchmarks/engine_cpu.py [--models tiny,small] [--policy vllm] [--skip-vllm] [--skip-hf]
-    python benchmarks/engine_cpu.py --quick      # smoke test: tiny only, a few prompts
+    python -m benchmarks.engine_cpu [--models tiny,small] [--policy vllm] [--skip-vllm] [--skip-hf]
+    python -m benchmarks.engine_cpu --quick      # smoke test: tiny only, a few prompts
 
 Prints tables and writes ``benchmarks/out/engine_cpu.json`` (``engine_cpu_quick.json`` with
 ``--quick``; git-ignored; the committed figures are ``--out benchmarks/results/engine_cpu.json``).
@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # the helper modules beside this script
 # tailserve's executor package first: it loads torch with its OpenMP wait policy (threads.py).
 importlib.import_module("tailserve.executors.pytorch")
 
 import torch  # noqa: E402
-from _arrivals import (  # noqa: E402
+
+from benchmarks._arrivals import (  # noqa: E402
     P_ARRIVAL_SEED,
     P_LEN_SEED,
     P_OUTPUT_LEN,
@@ -52,17 +52,16 @@ from _arrivals import (  # noqa: E402
     poisson_requests,
     random_prompts,
 )
-from _engine_report import machine_info, print_report, ratios, token_agreement  # noqa: E402
-from _engine_runs import DTYPE, gate, run_hf, run_tailserve, run_vllm  # noqa: E402
-from _paths import default_out, missing_peer, peer_venv  # noqa: E402
-from _roofline import (  # noqa: E402
+from benchmarks._common import cpu_line, default_out, missing_peer, peer_venv  # noqa: E402
+from benchmarks._engine_report import machine_info, print_report, ratios, token_agreement  # noqa: E402
+from benchmarks._engine_runs import DTYPE, gate, run_hf, run_tailserve, run_vllm  # noqa: E402
+from benchmarks._roofline import (  # noqa: E402
     ModelCounts,
     gemm_notice,
     measure_copy_bandwidth,
     measure_gemm_flops,
     roofline,
 )
-
 from tailserve.executors.pytorch import cpu_isa  # noqa: E402
 from tailserve.executors.pytorch.init_model import PRESETS, default_model_dir, init_model  # noqa: E402
 from tailserve.executors.pytorch.loader import load_config  # noqa: E402
@@ -332,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engine_cpu: error: {exc}", file=sys.stderr)
             return 2
         args.out.write_text(json.dumps(results, indent=1))  # what is done so far survives a later failure
+    print(cpu_line())
     print_report(results)
     print(f"results: {args.out}")
     return 0

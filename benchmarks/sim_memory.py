@@ -7,7 +7,7 @@ count except the arrays the summary needs: ~56 bytes per request, 36 per iterati
 token (the pooled ITL keeps every gap, for exact percentiles and mean). Llama-3-8B on one
 A100-80GB. Each run is its own process (peak RSS from ``os.wait4``).
 
-    python benchmarks/sim_memory.py [--requests 1000000] [--policy vllm] [--out FILE]
+    python -m benchmarks.sim_memory [--requests 1000000] [--policy vllm] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _paths import default_out
+
+from benchmarks._common import cpu_line, default_out, module_cmd, module_env, simd_flags
 
 BLOCK = 65_536  # requests drawn per numpy call
 
@@ -113,12 +114,14 @@ def main() -> None:
     if args.worker:
         worker(args.requests, args.policy, args.rate, args.seed)
         return
-    cmd = [sys.executable, str(Path(__file__)), "--worker", "--requests", str(args.requests)]
+    cmd = module_cmd(sys.executable, "sim_memory", "--worker", "--requests", args.requests)
     cmd += ["--policy", args.policy, "--rate", str(args.rate), "--seed", str(args.seed)]
     load_start = os.getloadavg()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=module_env({**os.environ, "OMP_NUM_THREADS": "1"})
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         out.seek(0)
@@ -143,7 +146,8 @@ def main() -> None:
     )
     path = Path(args.out) if args.out else default_out("sim_memory.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(cpu_line())
+    path.write_text(json.dumps({**result, "cpu_flags": simd_flags()}, indent=2) + "\n")
     print(f"saved {path}")
 
 

@@ -22,7 +22,7 @@ Then tailserve alone on the whole Azure conversation trace and the Mooncake conv
 Vidur is not run (see docs/benchmarks.md). An absent AISimulate venv is reported with how to
 make it (``scripts/setup-peers.sh aisimulate``) and tailserve runs alone.
 
-    python benchmarks/sim_speed.py [--sizes 2000,20000] [--repeats 3] [--out FILE]
+    python -m benchmarks.sim_speed [--sizes 2000,20000] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -40,7 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _paths import check_trace, default_out, default_trace, missing_peer, peer_venv
+
+from benchmarks._common import (
+    check_trace,
+    default_out,
+    default_trace,
+    missing_peer,
+    module_cmd,
+    module_env,
+    peer_venv,
+)
 
 HERE = Path(__file__).resolve().parent
 AZURE = default_trace("azure_llm_2023_conv.csv")
@@ -119,7 +128,9 @@ def run_process(cmd: list[str]) -> tuple[float, float, int, str]:
     RSS in MiB, stdout) of one command."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=module_env({**os.environ, "OMP_NUM_THREADS": "1"})
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -131,7 +142,7 @@ def run_process(cmd: list[str]) -> tuple[float, float, int, str]:
 
 
 def run_tailserve(spec: str, trace: Path) -> dict:
-    wall, cpu, rss, stdout = run_process([sys.executable, str(Path(__file__)), "--worker", spec, str(trace)])
+    wall, cpu, rss, stdout = run_process(module_cmd(sys.executable, "sim_speed", "--worker", spec, trace))
     r = json.loads(stdout.strip().splitlines()[-1])
     return {
         "requests": r["requests"],

@@ -39,7 +39,7 @@ past capacity, different lengths): the largest measured difference of weighted s
 (``w_p`` x prefill + ``w_q`` x decode tokens) over any interval in which both stay backlogged,
 against the paper's bound ``2 max(w_p L_input, w_q M)``.
 
-    python benchmarks/slo_policy.py [--quick] [--workers N] [--cells MODEL/WORKLOAD,...]
+    python -m benchmarks.slo_policy [--quick] [--workers N] [--cells MODEL/WORKLOAD,...]
         [--scale K] [--families vllm,sarathi,...] [--slo-flags F=V;...] [--fairness-seeds 1,2,3]
         [--slo-variants F=V;...,...] [--out FILE]
 """
@@ -59,10 +59,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _paths import check_trace, default_out, default_trace
-from _slo_cpu import cpu_comparison
-from _slo_fairness import fairness
 
+from benchmarks._common import check_trace, cpu_line, default_out, default_trace, simd_flags
+from benchmarks._slo_cpu import cpu_comparison
+from benchmarks._slo_fairness import fairness
 from tailserve.core.request import Request, RequestStatus
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -565,7 +565,7 @@ def main() -> None:
         if problem:
             raise SystemExit(problem)
     result: dict[str, Any] = {
-        "command": "python benchmarks/slo_policy.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.slo_policy " + " ".join(sys.argv[1:]),
         "host": platform.node(),
         "loadavg_start": os.getloadavg(),
     }
@@ -592,7 +592,8 @@ def main() -> None:
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(cpu_line())
+    args.out.write_text(json.dumps({**result, "cpu_flags": simd_flags()}, indent=1, default=str))
     print(f"wrote {args.out} ({result['wall_s']} s)")
 
 

@@ -115,7 +115,7 @@ cat <<USAGE
 
 Peers live under $peers. Use them with:
   python -m pytest -m differential -q            # live differential tests
-  python benchmarks/differential.py --engine vllm -k 1000   # or --engine vllm-v0 / sglang
-  python benchmarks/sim_speed.py                 # side by side with aisimulate, if set up
+  python -m benchmarks.differential --engine vllm -k 1000   # or --engine vllm-v0 / sglang
+  python -m benchmarks.sim_speed                 # side by side with aisimulate, if set up
 (set TAILSERVE_PEERS=$peers if you chose a non-default folder)
 USAGE

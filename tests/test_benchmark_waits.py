@@ -5,20 +5,16 @@ minutes on a CPU without a native bf16 matmul."""
 from __future__ import annotations
 
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture
-def quiet(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import _quiet
+def quiet() -> Any:
+    from benchmarks import _common
 
-    return _quiet
+    return _common
 
 
 def _machine(monkeypatch: pytest.MonkeyPatch, quiet: Any, busy_cores: float) -> None:
@@ -49,9 +45,8 @@ def test_a_quiet_machine_is_timed_without_a_word(quiet, monkeypatch, capsys):
 
 
 @pytest.fixture
-def roofline(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import _roofline
+def roofline() -> Any:
+    from benchmarks import _roofline
 
     return _roofline
 

@@ -1,7 +1,7 @@
 """tailserve's ``vllm`` policy against vLLM 0.32's own scheduler, step for step.
 
 The golden file ``fixtures/differential/vllm.json`` holds vLLM's decisions for a fixed set of
-seeded random workloads, recorded by ``benchmarks/differential.py --record-fixture`` with vLLM's
+seeded random workloads, recorded by ``python -m benchmarks.differential --record-fixture`` with vLLM's
 real ``Scheduler`` (docs/validation.md); these tests replay them through tailserve without vLLM
 installed. The live comparison is ``-m differential`` (skipped by default; needs
 ``scripts/setup-peers.sh vllm``).

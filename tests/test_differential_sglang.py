@@ -3,7 +3,7 @@
 SGLang's ``Scheduler`` needs a model worker, so the differential runs at the level that runs on
 CPU: one waiting-queue ordering pass over a real radix tree (docs/validation.md says what is not
 covered). ``fixtures/differential/sglang.json`` holds SGLang's answers for seeded random cases,
-recorded by ``benchmarks/differential.py --engine sglang --record-fixture``; the live check is
+recorded by ``python -m benchmarks.differential --engine sglang --record-fixture``; the live check is
 ``-m differential``.
 """
 

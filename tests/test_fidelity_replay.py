@@ -3,7 +3,7 @@
 The fixture (``tests/fixtures/fidelity/``) is a small run of the ``tiny`` model on the real
 executor (``vllm``, 10 Poisson arrivals, one torch thread, timed in the engine thread's CPU time)
 and the calibration fitted on the same host at the same time (its fitted constants only: the
-443 profiled points are in ``benchmarks/results``); the test replays the recorded requests in the
+443 profiled points are in ``benchmarks/results/fidelity_cpu.json``); the test replays the recorded requests in the
 simulator and compares. Recorded, not re-measured: no wall-clock in the assertion.
 """
 

@@ -159,7 +159,7 @@ class _Request:
 def test_big_bodies_never_hold_the_event_loop() -> None:
     """While 8 bodies of 2M token ids (the issue: /health 4.2 s) and 8 of 140,000 messages are
     parsed, each is refused and the event loop keeps turning (the parse runs off the loop). How
-    long its gaps are is a speed figure: benchmarks/server_huge_bodies.py measures it."""
+    long its gaps are is a speed figure: ``python -m benchmarks.server_stress --checks huge`` measures it."""
     parser = BodyParser(RequestLimits(max_items=MAX_MODEL_LEN))
     ids = json.dumps({"prompt": [5] * 2_000_000}, separators=COMPACT).encode()
     chat = json.dumps({"messages": [{"role": "user", "content": ""}] * 140_000}, separators=COMPACT).encode()

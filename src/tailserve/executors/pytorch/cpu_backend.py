@@ -141,7 +141,7 @@ class CpuBackend(TorchBackend):
     def prefill_attention(self, q: Tensor, k_slots: Tensor, v_slots: Tensor, meta: Any) -> Tensor | None:
         # bf16 at level avx512_bf16: every prefill chunk in one kernel call, reading its K/V
         # from the cache (stored before) with a float32 softmax. PyTorch's CPU SDPA runs these
-        # short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py).
+        # short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py (since removed; at daf5455)).
         if self.kernels is None or not cpu_kernels.prefill_attention_applies(q, k_slots, self.kernels):
             return None
         pk = prefill_kernel_inputs(meta)

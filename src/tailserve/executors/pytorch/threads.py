@@ -15,8 +15,8 @@ Three facts of a CPU shared with other work decide it:
 - **A thread that sleeps at once makes every region pay a wake-up.** A decode step opens a few
   dozen regions a few microseconds of Python apart; on the 2-core VM a region after a 20 us gap
   took a median 56-64 us with sleeping (passive) threads and 8-10 us with threads that spin a
-  while first (``benchmarks/engine_handoff.py``), and W ran 1.09-1.11x faster on the quiet machine
-  (``benchmarks/engine_threads.py``). So waiting threads spin ``SPIN_COUNT`` times (GNU OpenMP's
+  while first (``benchmarks/engine_handoff.py`` (since removed; at daf5455)), and W ran 1.09-1.11x faster on the quiet machine
+  (``benchmarks/engine_threads.py`` (since removed; at daf5455)). So waiting threads spin ``SPIN_COUNT`` times (GNU OpenMP's
   ``GOMP_SPINCOUNT``: 30,000 covered gaps of 0.3 ms and not of 1 ms on this machine) and
   then sleep: short enough to sleep through the time between steps and on a loaded machine,
   where the controller below has dropped to one thread anyway.

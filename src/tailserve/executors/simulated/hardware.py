@@ -116,14 +116,14 @@ A40_GEMM = GemmCurve(0.778, 0.816, 1.75, 64, 5.18e-6, f"{_VIDUR}, A40: Llama-2-7
 # tables): per-GEMM waves on the H100 (lower held-out max error, higher mean on Llama-2-7B, and
 # the H200 Llama-3.1-8B batch point moves away while two others come closer) and NCCL all-reduce per message-size band (lower
 # mean error, but NCCL is slower than vLLM's custom all-reduce at decode sizes, so the H200 TP 4
-# end-to-end point moves from +3% to +14%). ``benchmarks/published_points.py --variant`` uses them.
+# end-to-end point moves from +3% to +14%). ``python -m benchmarks.fidelity_profiles --parts published --variant`` uses them.
 H100_GEMM_WAVES = GemmCurve(
     0.760, 0.864, 6.0, 256, 2.99e-6, f"{_VIDUR}, H100: Llama-2-70B (wave form)", tile_n=128, wave_alpha=0.3
 )
-# The tile-choice candidate (tile_choice.py, benchmarks/fidelity_gemm_jumps.py): the wave-form
+# The tile-choice candidate (tile_choice.py, benchmarks/fidelity_gemm_jumps.py (since removed; at daf5455)): the wave-form
 # curve fitted on the training models, each GEMM at the fastest of TILE_CHOICE_TILES with these
 # compute-efficiency factors (0.6: the grid's floor, in effect unused). Lower held-out errors on
-# the H100 and the A100's CodeLlama-34B, not on the A40; ``published_points.py --variant tiles``.
+# the H100 and the A100's CodeLlama-34B, not on the A40; ``fidelity_profiles --parts published --variant tiles``.
 TILE_CHOICE_TILES = ((64, 64), (64, 128), (128, 128), (128, 256), (256, 128))
 A100_GEMM_TILES = GemmCurve(
     0.736, 0.768, 3.0, 128, 4.46e-6, f"{_VIDUR}, A100 (tile choice)", tile_n=128, wave_alpha=0.1

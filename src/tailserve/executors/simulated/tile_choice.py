@@ -8,7 +8,7 @@ tile pads a new row block; real kernels switch to a smaller tile there. This for
 GEMM as the fastest of ``tiles`` (waves over the SMs as in the wave form), each at its own
 fraction (``scales``) of the curve's compute efficiency, fitted to measured profiles
 (``fit_tile_choice``). A candidate, not a default: docs/fidelity.md has its held-out errors;
-``TileChoiceCostModel`` prices whole iterations with it (``benchmarks/published_points.py
+``TileChoiceCostModel`` prices whole iterations with it (``python -m benchmarks.fidelity_profiles --parts published
 --variant tiles``).
 """
 

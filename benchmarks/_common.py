@@ -1,13 +1,23 @@
-"""Quiet-machine gate and CPU accounting for the CPU benchmarks (peer-engines-cpu.md section 5).
+"""What every benchmark shares (standard library only: vLLM's driver imports this from vLLM's venv).
 
-On a shared 2-core box another job can make a run 2-10x slower, so a timed section starts only
-once the whole machine has been nearly idle for a few seconds, and records, beside its own
-CPU-seconds, how many CPU-seconds the whole machine was busy: ``other_cpu_s`` is what somebody
-else used meanwhile. Standard library only: the vLLM driver imports this from vLLM's venv.
+- **Paths.** Peer engines live in venvs under ``${TAILSERVE_PEERS:-<repo>/.peers}/<name>``, made
+  by ``scripts/setup-peers.sh``; nothing defaults to a path of one machine. Results go to
+  ``benchmarks/out/`` (git-ignored) unless ``--out`` names a file; the current figures the docs
+  quote are ``benchmarks/results/NAME.json``, one per benchmark. Public traces are read from
+  ``../shared/traces/`` beside the clone.
+- **Host.** The CPU's SIMD features (AVX-512, AMX) printed and saved beside every timing, since
+  tailserve's and the peers' ratios depend on them.
+- **Quiet machine.** On a shared 2-core box another job can make a run 2-10x slower, so a timed
+  section starts only once the whole machine has been nearly idle for a few seconds, and records,
+  beside its own CPU-seconds, how many CPU-seconds the whole machine was busy: ``other_cpu_s`` is
+  what somebody else used meanwhile.
+- **Child processes.** ``module_cmd`` / ``module_env`` run another benchmark module
+  (``python -m benchmarks.NAME``) in a fresh interpreter, the repository on its ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
@@ -16,6 +26,114 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+OUT_DIR = HERE / "out"
+
+
+def peers_dir() -> Path:
+    base = os.environ.get("TAILSERVE_PEERS")
+    return Path(base).expanduser() if base else REPO / ".peers"
+
+
+def peer_venv(name: str) -> Path:
+    return peers_dir() / name
+
+
+def missing_peer(name: str, venv: Path | str) -> str:
+    """The message when a peer engine's venv is absent: where it was looked for, how to make it."""
+    return (
+        f"{name}'s venv is not at {venv} (no {Path(venv) / 'bin' / 'python'}). Create it with "
+        f"`scripts/setup-peers.sh {name}` (venvs go under $TAILSERVE_PEERS, default <repo>/.peers), "
+        f"or pass --{name}-venv DIR."
+    )
+
+
+def default_out(filename: str) -> Path:
+    """``benchmarks/out/FILENAME`` (created), the git-ignored default for a results file."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    return OUT_DIR / filename
+
+
+def save_results(results: dict, out: str | Path | None, filename: str) -> Path:
+    """Write a benchmark's results as JSON to ``out`` (default ``benchmarks/out/FILENAME``), with
+    the host's SIMD flags under ``cpu_flags`` unless the results carry them, say where, and return
+    the path."""
+    path = Path(out) if out else default_out(filename)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(results, dict) and "cpu_flags" not in results:
+        results = {**results, "cpu_flags": simd_flags()}
+    path.write_text(json.dumps(results, indent=1))
+    print(f"results: {path}")
+    return path
+
+
+def module_cmd(python: str | Path, name: str, *args: str) -> list[str]:
+    """The command running ``benchmarks.NAME`` as a module under ``python`` (use with
+    ``module_env``, which puts the repository on the child's ``PYTHONPATH``)."""
+    return [str(python), "-m", f"benchmarks.{name}", *map(str, args)]
+
+
+def module_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with the repository first on ``PYTHONPATH``, so a child
+    interpreter finds the ``benchmarks`` package wherever it is started."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# The public traces the benchmarks replay by default, and where each comes from.
+TRACE_SOURCES = {
+    "azure_llm_2023_conv.csv": "Azure LLM inference trace 2023 (github.com/Azure/AzurePublicDataset, "
+    "data/AzureLLMInferenceTrace_conv.csv; CC-BY 4.0)",
+    "mooncake_conversation.jsonl": "Mooncake conversation trace (github.com/kvcache-ai/Mooncake, "
+    "FAST25-release/traces/conversation_trace.jsonl; Apache-2.0)",
+}
+TRACES_DIR = REPO.parent / "shared" / "traces"  # beside the clone, as docs/cli.md says
+
+
+def default_trace(filename: str) -> Path:
+    return TRACES_DIR / filename
+
+
+def check_trace(path: str | Path) -> str | None:
+    """None when the trace exists, else one line saying where to get it."""
+    p = Path(path)
+    if p.is_file():
+        return None
+    source = TRACE_SOURCES.get(p.name)
+    where = f"; it is the {source}" if source else ""
+    return f"no trace at {p}{where}. Download it there or pass --trace PATH."
+
+
+# ---- host ----------------------------------------------------------------------------------
+def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The CPU's AVX-512 and AMX flags, sorted; [] where /proc/cpuinfo is unreadable."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx")))
+    return []
+
+
+def cpu_line() -> str:
+    """``CPU: <model>; <flags>``, the line every benchmark prints beside its figures."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = " ".join(simd_flags()) or "no AVX-512/AMX flags"
+    return f"CPU: {model or 'unknown model'}, {os.cpu_count()} cores; {flags}"
+
+
+# ---- quiet machine ---------------------------------------------------------------------------
 _TICK = os.sysconf("SC_CLK_TCK")  # /proc counters are in clock ticks
 # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice.
 # Busy = user + nice + system + irq + softirq (guest time is already inside user); steal is time

@@ -1,8 +1,8 @@
 #!/bin/bash
 # docs/experiments.md sections 1-5 with the current default cost model (fitted curves).
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 T=../shared/traces/azure_llm_2023_conv.csv
-O=${OUT:-benchmarks/results/experiments}
+O=${OUT:-docs/experiments}
 EIGHT=sarathi:chunk_size=128,sarathi:chunk_size=256,sarathi:chunk_size=384,sarathi:chunk_size=512,sarathi:chunk_size=768,sarathi:chunk_size=1024,sarathi:chunk_size=1536,sarathi:chunk_size=2048
 run() { name=$1; shift; echo "== $name $(date +%T) $(uptime)"; /usr/bin/time -f "$name %e s" nice -n 5 "$@" > $O/$name.txt 2>&1; tail -1 $O/$name.txt; }
 run e1a tailserve tune --model Mistral-7B --hardware A100-80GB --trace $T --max-requests 2000 --policies sarathi --slo tbt_p99=100ms,queue_p50=2s --workers 2 --chunk-sizes 32,64,128,256,512,1024,2048,4096,8192 --request-rate 20 --json $O/e1a.json --out $O/e1a.jsonl
