@@ -41,6 +41,7 @@ import numpy as np
 from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.moe import grouped_gemm_time
 from tailserve.executors.simulated.precision import get_precision
 
 __all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "join", "padded_tokens"]
@@ -210,20 +211,10 @@ class CostModel:
         self._gemm_flops_rate = self._flops_rate
         if m.weight_dtype:
             self._gemm_flops_rate = hw.peak_for(get_precision(m.weight_dtype).compute) * eff.compute
-        self._moe: tuple[float, ...] | None = None
+        self._moe_rate = 0.0
         if m.is_moe:
             expert_compute = get_precision(m.expert_dtype or m.weight_dtype or "bf16").compute
-            self._moe = (
-                float(m.num_experts),
-                float(m.experts_per_token),
-                float(m.num_moe_layers),
-                m.expert_params / tp,  # each expert's matrices split over the TP ranks
-                m.expert_params * m.expert_bytes_per_param / tp,
-                # rows a routed token reads and writes: hidden in, 2 x inter out (gate, up);
-                # inter in, hidden out (down)
-                m.dtype_bytes * (2.0 * m.hidden_size + 3.0 * m.moe_intermediate_size / tp),
-                hw.peak_for(expert_compute) * eff.compute,
-            )
+            self._moe_rate = hw.peak_for(expert_compute) * eff.compute
         self._byte_rate = hw.memory_bandwidth * eff.memory
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
         self._prefill_rates = (
@@ -283,7 +274,7 @@ class CostModel:
 
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
         eff = self.efficiency
-        experts = self._experts(num_tokens) if self._moe is not None else 0.0
+        experts = self._experts(num_tokens) if self._moe_rate else 0.0
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
             # The plain roofline: every GEMM in one max (the model before the fitted curves).
             if self._gemm_flops_rate != self._flops_rate:
@@ -322,22 +313,24 @@ class CostModel:
         return layers + self._num_gemms * eff.gemm_latency + head + experts + num_tokens * eff.per_token
 
     def _experts(self, num_tokens: int) -> float:
-        """The routed experts' grouped GEMMs of one iteration, all MoE layers. Routing is taken
-        as uniform: ``num_tokens`` tokens with ``k`` of ``E`` experts each touch
-        ``E (1 - (1 - k/E)^T)`` experts on average, each with ``T k / touched`` rows padded to the
-        row tile; every touched expert's weights are read once (a small batch reads few experts:
-        MoE decode is cheaper than its total size; a large one reads them all)."""
-        if num_tokens <= 0:
-            return 0.0
-        experts, k, layers, params, weight_bytes, row_bytes, flops_rate = self._moe  # type: ignore[misc]
-        eff = self.efficiency
-        routed = num_tokens * k
-        touched = experts * (1.0 - (1.0 - k / experts) ** num_tokens)
-        rows = padded_tokens(math.ceil(routed / touched - 1e-9), eff.tile_m)
-        compute = 2.0 * touched * rows * params / flops_rate
-        memory = (touched * weight_bytes + routed * row_bytes) / self._byte_rate
-        # two grouped GEMMs per layer (gate+up, down)
-        return layers * (join(compute, memory, eff.sharpness) + 2 * eff.gemm_latency)
+        """The routed experts of every MoE layer (``moe.py``): experts split over the TP ranks
+        (vLLM's default without ``--enable-expert-parallel``)."""
+        m, eff = self.model, self.efficiency
+        return m.num_moe_layers * grouped_gemm_time(
+            num_tokens,
+            m.num_experts,
+            m.experts_per_token,
+            m.hidden_size,
+            m.moe_intermediate_size,
+            weight_bytes=m.expert_bytes_per_param,
+            act_bytes=m.dtype_bytes,
+            flops_rate=self._moe_rate,
+            byte_rate=self._byte_rate,
+            sharpness=eff.sharpness,
+            tile_m=eff.tile_m,
+            gemm_latency=eff.gemm_latency,
+            moe_tp=self.tp,
+        )
 
     def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:
         """One GEMM in the wave form (gemm.py): ``rows`` x K times K x N, plus ``extra_bytes``."""

@@ -1,0 +1,290 @@
+"""The GPU cost model against AISimulate's silicon tables: GEMMs per number format and fused MoE
+layers on Hopper and Blackwell GPUs that no Vidur profile covers.
+
+AISimulate (NVIDIA) bundles operator latencies measured with vLLM's own kernels on real GPUs
+(``aisimulate_core/systems/data/<gpu>/{gemm,moe}/vllm/<version>/*.parquet``). Read as data,
+never as a model:
+
+- **gemm**: for each GPU and format (bf16, FP8 per-tensor, FP8 block-scaled as DeepSeek-V3 ships,
+  NVFP4), the GEMM curve of ``hardware.GemmCurve`` (compute and memory efficiency, the p-norm
+  sharpness, the row tile, a launch latency) is fitted on half of the (N, K) weight shapes and the
+  error reported on the other half (held out), beside the generic default efficiencies
+  (uncalibrated: what ``tailserve`` prices a GPU with no fitted curve at).
+- **moe**: every fused-MoE row with uniform routing (model shapes from Mixtral to Kimi K2, 1 to
+  16,384 tokens, expert TP and EP) priced by ``moe.grouped_gemm_time`` (the function the simulator
+  runs) with the GEMM curve fitted above for that GPU and format, nothing fitted on MoE rows: the
+  whole table is held out.
+
+Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
+``benchmarks/_aisim_tables.py`` run in it.
+
+    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
+from tailserve.executors.simulated.gemm import join_array, padded_rows
+from tailserve.executors.simulated.hardware import Hardware, get_hardware
+from tailserve.executors.simulated.moe import grouped_gemm_time
+from tailserve.executors.simulated.precision import get_precision
+
+GPUS = {  # AISimulate's system name -> tailserve's catalog name
+    "h100_sxm": "H100-SXM",
+    "h200_sxm": "H200",
+    "b200_sxm": "B200",
+    "gb200": "GB200",
+    "b300_sxm": "B300",
+}
+# AISimulate's format names -> tailserve's (weights' bytes and tensor-core rate)
+FORMATS = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
+# MoE formats: the GEMM curve they take and their weights' format
+MOE_FORMATS = {
+    "bfloat16": ("bfloat16", "bf16"),
+    "fp8": ("fp8", "fp8"),
+    "fp8_block": ("fp8_block", "fp8"),
+    "nvfp4": ("nvfp4", "nvfp4"),
+    "int4_wo": ("bfloat16", "int4"),  # weight-only: bf16 math on int4 weights
+    "w4a16_mxfp4": ("bfloat16", "mxfp4"),  # gpt-oss on Hopper: bf16 math on MXFP4 weights
+}
+SHARPNESS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, math.inf)
+TILES = (64, 128, 256)
+ACT_BYTES = 2.0  # activations in and out in bf16
+
+
+def gemm_time(m, n, k, wb, peak, hw: Hardware, c, mem, p, tile, lat) -> np.ndarray:
+    rows = padded_rows(m, tile) if tile > 1 else m
+    compute = 2.0 * rows * n * k / (peak * c)
+    memory = (n * k * wb + m * (k + n) * ACT_BYTES) / (hw.memory_bandwidth * mem)
+    return join_array(compute, memory, p) + lat
+
+
+def fit(m, n, k, y, wb, peak, hw) -> dict:
+    """Smallest mean |relative error|: a grid over tile and sharpness and the two efficiencies,
+    the latency least squares in relative terms for each candidate, then a finer grid."""
+    best = (math.inf, None)
+
+    def score(c, mem, p, tile):
+        base = gemm_time(m, n, k, wb, peak, hw, c, mem, p, tile, 0.0)
+        w = 1.0 / y  # relative error: minimise sum ((base + lat) / y - 1)^2
+        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
+        err = float(np.mean(np.abs((base + lat) / y - 1)))
+        return err, dict(compute=c, memory=mem, sharpness=p, tile_m=tile, gemm_latency=lat)
+
+    for tile in TILES:
+        for p in SHARPNESS:
+            for c in np.linspace(0.3, 1.0, 15):
+                for mem in np.linspace(0.4, 1.0, 13):
+                    cand = score(c, mem, p, tile)
+                    if cand[0] < best[0]:
+                        best = cand
+    b = best[1]
+    for c in np.linspace(b["compute"] - 0.05, b["compute"] + 0.05, 11):
+        for mem in np.linspace(b["memory"] - 0.05, b["memory"] + 0.05, 11):
+            if 0 < c <= 1.2 and 0 < mem <= 1.2:
+                cand = score(c, mem, b["sharpness"], b["tile_m"])
+                if cand[0] < best[0]:
+                    best = cand
+    return best[1]
+
+
+def stats(pred: np.ndarray, y: np.ndarray) -> dict:
+    e = pred / y - 1
+    return {
+        "n": len(e),
+        "mean": float(np.mean(np.abs(e))),
+        "p90": float(np.quantile(np.abs(e), 0.9)),
+        "max": float(np.max(np.abs(e))),
+        "bias": float(np.mean(e)),
+    }
+
+
+def gemm_part(tables: dict, console: Console) -> dict:
+    out: dict = {}
+    table = Table(title="GEMM: held-out |error| (fit on half the weight shapes, tested on the other half)")
+    for col in ("GPU", "format", "rows test", "generic mean / p90", "fitted mean / p90 / max", "fit"):
+        table.add_column(col)
+    for gpu, entry in tables.items():
+        if gpu not in GPUS or not entry.get("gemm"):
+            continue
+        hw = get_hardware(GPUS[gpu])
+        rows = entry["gemm"]
+        for fmt in FORMATS:
+            sel = [r for r in rows if r[0] == fmt and r[4] > 0]
+            if not sel:
+                continue
+            prec = get_precision(FORMATS[fmt])
+            peak = hw.peak_for(prec.compute)
+            m, n, k, y = (np.array([r[i] for r in sel], dtype=float) for i in (1, 2, 3, 4))
+            y = y * 1e-3  # milliseconds
+            shapes = sorted({(a, b) for a, b in zip(n, k)})
+            test_shapes = set(shapes[1::2])
+            test = np.array([(a, b) in test_shapes for a, b in zip(n, k)])
+            train = ~test
+            params = fit(m[train], n[train], k[train], y[train], prec.bytes, peak, hw)
+            pred = gemm_time(m, n, k, prec.bytes, peak, hw, **_curve(params))
+            generic = gemm_time(m, n, k, prec.bytes, peak, hw, 0.6, 0.8, math.inf, 1, 0.0)
+            res = {
+                "fit": params,
+                "train": stats(pred[train], y[train]),
+                "held_out": stats(pred[test], y[test]),
+                "generic_held_out": stats(generic[test], y[test]),
+                "peak_tflops": peak / 1e12,
+                "weight_bytes": prec.bytes,
+            }
+            out.setdefault(gpu, {})[fmt] = res
+            h, g = res["held_out"], res["generic_held_out"]
+            table.add_row(
+                GPUS[gpu],
+                fmt,
+                str(h["n"]),
+                f"{g['mean']:.1%} / {g['p90']:.1%}",
+                f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}",
+                f"c {params['compute']:.2f} m {params['memory']:.2f} p {params['sharpness']} "
+                f"tile {params['tile_m']} lat {params['gemm_latency'] * 1e6:.1f} us",
+            )
+    console.print(table)
+    return out
+
+
+def _curve(p: dict) -> dict:
+    return dict(c=p["compute"], mem=p["memory"], p=p["sharpness"], tile=p["tile_m"], lat=p["gemm_latency"])
+
+
+def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
+    out: dict = {}
+    table = Table(title="Fused MoE layer: |error| with the GEMM curve fitted above (no MoE row fitted)")
+    for col in (
+        "GPU",
+        "format",
+        "rows",
+        "EP 1: mean / p90",
+        "EP > 1: mean / p90",
+        "by tokens (EP 1): 1-16 / 17-512 / > 512",
+    ):
+        table.add_column(col)
+    for gpu, entry in tables.items():
+        if gpu not in GPUS or gpu not in gemm:
+            continue
+        hw = get_hardware(GPUS[gpu])
+        by_fmt: dict = {}
+        for r in entry.get("moe", []):
+            by_fmt.setdefault(r[0], []).append(r)
+        for fmt, rows in sorted(by_fmt.items()):
+            if fmt not in MOE_FORMATS or MOE_FORMATS[fmt][0] not in gemm[gpu]:
+                continue
+            curve_fmt, weights = MOE_FORMATS[fmt]
+            curve = gemm[gpu][curve_fmt]["fit"]
+            prec = get_precision(weights)
+            peak = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute)
+            pred, meas, ep_of, tok = [], [], [], []
+            for _, tokens, hidden, inter, topk, experts, tp, ep, _kernel, latency in rows:
+                if latency <= 0:
+                    continue
+                pred.append(
+                    grouped_gemm_time(
+                        int(tokens),
+                        int(experts),
+                        int(topk),
+                        int(hidden),
+                        int(inter),
+                        weight_bytes=prec.bytes,
+                        act_bytes=ACT_BYTES,
+                        flops_rate=peak * curve["compute"],
+                        byte_rate=hw.memory_bandwidth * curve["memory"],
+                        sharpness=curve["sharpness"],
+                        tile_m=curve["tile_m"],
+                        gemm_latency=curve["gemm_latency"],
+                        moe_tp=int(tp),
+                        ep=int(ep),
+                    )  # fmt: skip
+                )
+                meas.append(latency * 1e-3)
+                ep_of.append(ep)
+                tok.append(tokens)
+            pred_a, meas_a, ep_a, tok_a = (np.array(v, dtype=float) for v in (pred, meas, ep_of, tok))
+            one = ep_a == 1
+            res = {"rows": len(meas_a), "ep1": stats(pred_a[one], meas_a[one]) if one.any() else None}
+            if (~one).any():
+                res["ep_gt1"] = stats(pred_a[~one], meas_a[~one])
+            bands = {}
+            for name, lo, hi in (("1-16", 1, 16), ("17-512", 17, 512), (">512", 513, 1e12)):
+                sel = one & (tok_a >= lo) & (tok_a <= hi)
+                if sel.any():
+                    bands[name] = stats(pred_a[sel], meas_a[sel])
+            res["ep1_by_tokens"] = bands
+            out.setdefault(gpu, {})[fmt] = res
+
+            def cell(s):
+                return f"{s['mean']:.1%} / {s['p90']:.1%}" if s else "-"
+
+            table.add_row(
+                GPUS[gpu],
+                fmt,
+                str(res["rows"]),
+                cell(res["ep1"]),
+                cell(res.get("ep_gt1")),
+                " / ".join(
+                    f"{bands[b]['mean']:.0%}" if b in bands else "-" for b in ("1-16", "17-512", ">512")
+                ),
+            )
+    console.print(table)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--gpus", default=",".join(GPUS), help="AISimulate system names (default: %(default)s)"
+    )
+    parser.add_argument("--aisimulate-venv", default=None, help="default: <peers>/aisimulate")
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default benchmarks/out/fidelity_aisim.json)"
+    )
+    args = parser.parse_args()
+    console = Console()
+    venv = Path(args.aisimulate_venv) if args.aisimulate_venv else peer_venv("aisimulate")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(missing_peer("aisimulate", venv), file=sys.stderr)
+        return 2
+    console.print(cpu_line())
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.json"
+        cmd = module_cmd(python, "_aisim_tables", "--gpus", args.gpus, "--out", str(rows))
+        subprocess.run(cmd, check=True, env=module_env())
+        exported = json.loads(rows.read_text())
+    tables = exported["gpus"]
+    versions = {g: {"gemm": e.get("gemm_version"), "moe": e.get("moe_versions")} for g, e in tables.items()}
+    console.print(f"AISimulate tables (vLLM versions): {versions}")
+    gemm = gemm_part(tables, console)
+    moe = moe_part(tables, gemm, console)
+    results = {
+        "benchmark": "fidelity_aisim",
+        "date": time.strftime("%Y-%m-%d"),
+        "source": "AISimulate aisimulate==0.13.0.dev202610270000000085 bundled silicon tables",
+        "table_versions": versions,
+        "gemm": gemm,
+        "moe": moe,
+        "wall_s": round(time.time() - start, 1),
+    }
+    save_results(results, args.out, "fidelity_aisim.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

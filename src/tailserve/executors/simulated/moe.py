@@ -1,0 +1,60 @@
+"""One MoE layer's routed experts on one GPU: two grouped GEMMs (gate+up, down) over the experts
+the batch's tokens were routed to.
+
+Routing is taken as uniform: ``T`` tokens, each sent to ``k`` of ``E`` experts, touch
+``E (1 - (1 - k/E)^T)`` experts on average, each with ``T k / touched`` rows; rows are padded to
+the GEMM's row tile, per expert (a batch of 8 decodes over 256 experts runs ~64 experts of one row
+each, every one a whole tile: MoE decode is cheap in bytes, not in tiles). Every touched expert's
+weights are read once, so a small batch reads few experts and a large one all of them.
+
+Expert parallelism (``ep`` > 1) keeps ``E / ep`` whole experts per GPU and ``T k / ep`` of the
+routed rows (an even spread); tensor parallelism inside the experts (``moe_tp``) splits each
+expert's intermediate size. The all-to-all that moves the rows is priced elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tailserve.executors.simulated.gemm import join, padded_tokens
+
+GROUPED_GEMMS = 2  # gate+up, down: one launch each
+
+
+def touched_experts(num_tokens: int, num_experts: int, k: int) -> float:
+    """Experts a batch of ``num_tokens`` tokens touches, each routed to ``k`` of them (uniform)."""
+    if num_tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - k / num_experts) ** num_tokens)
+
+
+def grouped_gemm_time(
+    num_tokens: int,
+    num_experts: int,
+    k: int,
+    hidden: int,
+    inter: int,
+    *,
+    weight_bytes: float,
+    act_bytes: float,
+    flops_rate: float,
+    byte_rate: float,
+    sharpness: float,
+    tile_m: int,
+    gemm_latency: float,
+    moe_tp: int = 1,
+    ep: int = 1,
+) -> float:
+    """Seconds one MoE layer's routed experts take on one GPU (``weight_bytes`` per parameter,
+    scales included; ``flops_rate`` and ``byte_rate`` with their efficiencies applied)."""
+    if num_tokens <= 0:
+        return 0.0
+    local = num_experts / ep
+    touched = touched_experts(num_tokens, num_experts, k) / ep
+    routed = num_tokens * k / ep
+    rows = padded_tokens(max(1, math.ceil(routed / touched - 1e-9)), tile_m)
+    params = 3.0 * hidden * inter / moe_tp
+    touched = min(touched, local)
+    compute = 2.0 * touched * rows * params / flops_rate
+    moved = touched * params * weight_bytes + routed * act_bytes * (2.0 * hidden + 3.0 * inter / moe_tp)
+    return join(compute, moved / byte_rate, sharpness) + GROUPED_GEMMS * gemm_latency
