@@ -79,7 +79,7 @@ def test_fast_path_equals_step_by_step_under_preemption():
 
 def test_fast_path_skips_most_iterations():
     run = _run("vllm", WORKLOADS[0], fast=True)
-    from tailserve.core import decode_run
+    from tailserve.executors.simulated import decode_run
 
     calls = []
     original = decode_run.advance_decode_run
