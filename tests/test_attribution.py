@@ -14,6 +14,7 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -53,7 +54,7 @@ def _engine_run(policy, requests: list[Request], num_blocks: int = 4096):
         ListSource(requests),
         options=EngineOptions(record_batches=True, check_integrity=True),
     )
-    engine.run()
+    SimDriver(engine).run()
     x = explain(
         engine.requests,
         engine.batches,

@@ -79,7 +79,7 @@ def test_fast_path_equals_step_by_step_under_preemption():
 
 def test_fast_path_skips_most_iterations():
     run = _run("vllm", WORKLOADS[0], fast=True)
-    from tailserve.core import decode_run
+    from tailserve.executors.simulated import decode_run
 
     calls = []
     original = decode_run.advance_decode_run
@@ -95,3 +95,25 @@ def test_fast_path_skips_most_iterations():
     finally:
         decode_run.advance_decode_run = original
     assert sum(calls) > len(run.log) / 2
+
+
+def test_a_policy_without_fast_paths_is_always_stepped(monkeypatch):
+    """``FastPaths`` is opt-in: ``static`` (whose batches wait on a timer) does not inherit it, so
+    the simulator's driver never tries a run for it, and a fast-forwarding policy does."""
+    from tailserve.executors.simulated import decode_run
+    from tailserve.executors.simulated.fast_paths import FastPaths
+    from tailserve.policies.registry import get_policy_cls
+
+    assert not issubclass(get_policy_cls("static"), FastPaths)
+    assert issubclass(get_policy_cls("vllm"), FastPaths)
+    calls: list[int] = []
+    original = decode_run.advance_decode_run
+
+    def counting(engine):
+        calls.append(1)
+        return original(engine)
+
+    monkeypatch.setattr(decode_run, "advance_decode_run", counting)
+    stepped = _run("static", WORKLOADS[0], fast=True)
+    assert not calls
+    assert _fingerprint(stepped) == _fingerprint(_run("static", WORKLOADS[0], fast=False))

@@ -38,7 +38,7 @@ def _simulate(trace: Path, *extra: str) -> list[str]:
 
 # ---- traces ---------------------------------------------------------------------------------
 TRACES = {
-    # core/decode_run.py:72 overflowed converting an infinite gap to an int
+    # core/decode_run.py:72 (now executors/simulated/decode_run.py) overflowed converting an infinite gap to an int
     "arrival_time 1e308": (ROW + '{"arrival_time": 1e308, "prompt_len": 10, "max_tokens": 5}\n', ":2: arrival_time must be <="),
     # beyond 2^32 s a float loses the microseconds and the simulator's numbers go wrong silently
     "arrival_time 1e15": (ROW + '{"arrival_time": 1e15, "prompt_len": 10, "max_tokens": 5}\n', ":2: arrival_time must be <="),

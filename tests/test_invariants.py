@@ -10,7 +10,9 @@ from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -70,13 +72,14 @@ def _run(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Request]]:
 def _run_engine(sched: Scheduler, block: int, requests: list[Request], fast: bool) -> Engine:
     """Serve ``requests`` to the end on a simulated Llama-3-8B / H100, with integrity checks."""
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    bind_cost_model(sched.policy, cost)  # (slo) predicts with the simulator's cost model
     engine = Engine(
         sched,
         SimExecutor(cost, block),
         ListSource(requests),
         options=EngineOptions(fast, check_integrity=True),
     )
-    engine.run()
+    SimDriver(engine).run()
     return engine
 
 
@@ -152,13 +155,14 @@ def _run_cached(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Req
     kv = HashedKVCacheManager(KV_TOKENS // 16, 16, num_cpu_blocks=128)
     requests = _shared_requests(seed)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    bind_cost_model(policy, cost)  # (slo) predicts with the simulator's cost model
     engine = Engine(
         Scheduler(policy, kv, MAX_MODEL_LEN),
         SimExecutor(cost, 16),
         ListSource(requests),
         options=EngineOptions(fast, check_integrity=True),
     )
-    engine.run()
+    SimDriver(engine).run()
     return engine, requests
 
 

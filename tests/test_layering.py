@@ -1,6 +1,7 @@
 """The import rules of docs/structure.md, checked: each package imports only the tailserve
 packages its row allows, so the layers cannot be crossed silently (core never reaches up into
-the assembly, the KV managers stay free-standing, executors never import the live engine)."""
+the assembly or an executor, the KV managers stay free-standing, and of the executors only the
+simulator's driver, ``executors/simulated/driver.py``, wraps the live engine)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ ROOT = SRC / "tailserve"
 ALLOWED: dict[str, set[str]] = {
     "kv": set(),
     "cache": set(),
-    "core": {"kv", "executors.simulated"},
+    "core": {"kv"},
     "executors.simulated": {"core", "cache"},
     "executors.pytorch": {"core", "cache"},
     "policies": {"core", "kv", "executors.simulated"},
@@ -83,3 +84,40 @@ def test_routing_code_is_pure():
     for name in ROUTING:
         for imported in imports_of(ROOT / "cluster" / f"{name}.py"):
             assert imported.split(".")[-1] in ROUTING, f"cluster/{name}.py imports {imported}"
+
+
+def _core_edges() -> dict[str, set[str]]:
+    """core module -> the core modules it imports (anywhere in the file, ``TYPE_CHECKING`` too)."""
+    core = {p.stem for p in (ROOT / "core").glob("*.py") if p.stem != "__init__"}
+    edges: dict[str, set[str]] = {}
+    for name in core:
+        found: set[str] = set()
+        for node in ast.walk(ast.parse((ROOT / "core" / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found.update(n.split(".")[2] for n in names if n.startswith("tailserve.core."))
+        edges[name] = (found & core) - {name}
+    return edges
+
+
+def test_no_import_cycle_inside_core():
+    """The scheduler names the policy hooks it calls (``PolicyHooks``) instead of importing
+    ``Policy``, and nothing in core imports the engine back: the modules form a DAG."""
+    edges = _core_edges()
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError("import cycle in core: " + " -> ".join([*path[path.index(name) :], name]))
+        if name in done:
+            return
+        for other in sorted(edges[name]):
+            visit(other, [*path, name])
+        done.add(name)
+
+    for name in sorted(edges):
+        visit(name, [])

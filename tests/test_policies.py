@@ -22,6 +22,7 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import PaddingSlot
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -480,7 +481,7 @@ def test_orca_never_preempts_under_a_small_kv_cache():
     rng = random.Random(7)
     requests = [Request(f"r{i}", rng.randint(1, 300), rng.randint(1, 120), i * 0.002) for i in range(60)]
     sched = _orca(40)  # 640 tokens: a handful of reservations at a time
-    _engine(sched, requests).run()
+    SimDriver(_engine(sched, requests)).run()
     assert sched.num_preemptions == 0
     assert len(sched.finished) == 60
     assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
@@ -600,7 +601,7 @@ def test_random_workload_invariants(policy, seed):
     sched = Scheduler(cls(config), KVCacheManager(NUM_BLOCKS, 16), MAX_MODEL_LEN)
     requests = _random_workload(seed)
     engine = _engine(sched, requests)
-    engine.run()
+    SimDriver(engine).run()
 
     assert not sched.waiting and not sched.running
     assert len(sched.finished) == len(requests)

@@ -13,6 +13,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -84,7 +85,7 @@ def _run(requests: list[Request], caching: bool, num_blocks: int = 2048, fast: b
         ListSource(requests),
         options=EngineOptions(fast_forward=fast, check_integrity=True),
     )
-    engine.run()
+    SimDriver(engine).run()
     assert all(r.finish_reason == "length" for r in requests)
     return engine
 

@@ -23,6 +23,7 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -369,7 +370,7 @@ def test_whole_run_under_kv_pressure_conserves_blocks_and_fast_path_is_exact(dyn
         batch = _fresh(requests)
         options = EngineOptions(fast_forward=fast_forward, check_integrity=True)
         engine = Engine(sched, SimExecutor(cost, 16), ListSource(batch), options=options)
-        engine.run()
+        SimDriver(engine).run()
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in batch)
         assert all(len(r.token_times) == r.max_tokens for r in batch)
         assert sched.kv_cache.num_free_blocks == 48 and not sched.kv_cache.block_tables

@@ -20,6 +20,7 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -488,7 +489,7 @@ def test_whole_runs_finish_with_retractions_and_the_fast_path_is_exact(flags):
         executor = SimExecutor(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), block_size=1)
         options = EngineOptions(fast_forward=fast, check_integrity=True)
         engine = Engine(sched, executor, ListSource(_workload(30, 1)), options=options)
-        engine.run()
+        SimDriver(engine).run()
         assert len(engine.requests) == 30
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in engine.requests)
         assert all(r.num_output_tokens == r.max_tokens for r in engine.requests)

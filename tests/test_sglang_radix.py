@@ -19,6 +19,7 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -102,7 +103,7 @@ def _shared_prefix_run(fast: bool, seed: int, num_blocks: int, **cfg) -> tuple[E
     sched = scheduler_for(policy, num_blocks, 1, 4096)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(sched, SimExecutor(cost, 1), ListSource(requests), options=EngineOptions(fast, True))
-    engine.run()
+    SimDriver(engine).run()
     return engine, requests
 
 

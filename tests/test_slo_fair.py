@@ -100,7 +100,9 @@ def test_a_protected_tenant_goes_before_partial_prefills_and_ignores_their_slack
 def _tenant_run(fast: bool, weights: str) -> tuple[Scheduler, list[Request]]:
     from tailserve.core.engine import Engine, EngineOptions
     from tailserve.core.source import ListSource
+    from tailserve.executors.simulated.cost_binding import bind_cost_model
     from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.driver import SimDriver
     from tailserve.executors.simulated.executor import SimExecutor
     from tailserve.executors.simulated.hardware import get_hardware
     from tailserve.executors.simulated.models import get_model
@@ -121,7 +123,9 @@ def _tenant_run(fast: bool, weights: str) -> tuple[Scheduler, list[Request]]:
     ] + [Request(f"l{i}", 100 + 53 * (i % 5), 30, 0.05 + 0.04 * i, tenant_id="light") for i in range(12)]
     requests.sort(key=lambda r: r.arrival_time)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
-    Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(fast, True)).run()
+    bind_cost_model(policy, cost)  # predicts with the simulator's cost model
+    engine = Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(fast, True))
+    SimDriver(engine).run()
     return sched, requests
 
 

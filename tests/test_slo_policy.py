@@ -12,7 +12,9 @@ from tailserve.core.executor import StepResult
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -252,11 +254,17 @@ def test_slo_classes_parse_and_select():
 
 def test_predictor_uses_the_engine_cost_model_and_learns_without_one():
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
-    executor = SimExecutor(cost, 16)
-    assert Predictor.of(executor).cost_model is cost and Predictor.of(executor).exact
-    policy, sched = _setup()
-    Engine(sched, executor, ListSource([]), options=EngineOptions())
-    assert policy.predictor.cost_model is cost
+    policy, _ = _setup()
+    bind_cost_model(policy, cost)
+    assert policy.predictor.cost_model is cost and policy.predictor.exact
+    # The assembler binds the simulator's own cost model, exact, for either simulated executor.
+    from tailserve.assemble import build_engine
+    from tailserve.sim.deployment import Deployment, build_cost_model
+
+    built_cost = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
+    for kind in ("sim", "realtime-sim"):
+        built = build_engine(built_cost, "slo", kind)  # type: ignore[arg-type]
+        assert built.policy.predictor.cost_model is built_cost.cost_model and built.policy.predictor.exact
     # No cost model: a least-squares fit of measured periods (here exactly linear).
     learned = Predictor()
     assert learned.prefill_time(1000) == 0.0  # nothing measured yet: no deadlines assumed
@@ -291,11 +299,13 @@ def test_every_request_leaves_under_pressure_with_fast_path_exact():
     def run(fast: bool, admission: str) -> list[Request]:
         config = SloPolicy.default_config(DEVICE, 2048, slo_classes=CLASSES, slo_admission=admission)
         sched = Scheduler(SloPolicy(config), KVCacheManager(200, 16), 2048)
+        bind_cost_model(sched.policy, cost)  # predicts with the simulator's cost model
         requests = [
             Request(f"r{i}", 200 + 97 * (i % 13), 20 + 11 * (i % 7), 0.01 * i, priority=i % 2)
             for i in range(80)
         ]
-        Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(fast, True)).run()
+        engine = Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(fast, True))
+        SimDriver(engine).run()
         assert len(sched.finished) == 80 and sched.kv_cache.num_free_blocks == 200
         return requests
 

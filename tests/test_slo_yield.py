@@ -14,7 +14,9 @@ from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -130,8 +132,9 @@ def _run(requests: list[Request], fast: bool = True, **flags) -> tuple[Engine, l
         for r in requests
     ]
     sched = Scheduler(policy, KVCacheManager(60_000 // 16, 16), 4096)
+    bind_cost_model(policy, COST)  # predicts with the simulator's cost model
     engine = Engine(sched, SimExecutor(COST, 16), ListSource(fresh), options=EngineOptions(fast, True))
-    engine.run()
+    SimDriver(engine).run()
     return engine, fresh
 
 

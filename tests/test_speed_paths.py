@@ -141,7 +141,7 @@ def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
 
 def test_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run is used: far fewer engine steps than iterations on a chunked workload."""
-    from tailserve.core import chunk_run
+    from tailserve.executors.simulated import chunk_run
 
     calls: list[int] = []
     original = chunk_run.advance_chunk_run
@@ -210,7 +210,7 @@ def test_lone_chunk_run_identical_to_plain_stepping(spec: str, workload: Workloa
 
 def test_lone_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
     """SGLang's chunked request runs its full chunks in one step: the path is used."""
-    from tailserve.core import prefill_run
+    from tailserve.executors.simulated import prefill_run
 
     calls: list[int] = []
     original = prefill_run.advance_lone_chunk_run
@@ -270,11 +270,11 @@ def test_tgi_chunk_run_identical_to_plain_stepping(spec: str, workload: Workload
 
 
 def test_tgi_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
-    """TGI's chunking mode goes through core/chunk_run.py: its prompts' chunks beside decodes
+    """TGI's chunking mode goes through executors/simulated/chunk_run.py: its prompts' chunks beside decodes
     are advanced in runs, including runs that start at a prompt's last chunk and runs that
     take arrivals."""
-    from tailserve.core import chunk_run
     from tailserve.core.engine import Engine
+    from tailserve.executors.simulated import chunk_run
 
     calls: list[int] = []
     inside: list[bool] = [False]

@@ -24,6 +24,7 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -96,7 +97,7 @@ def test_never_preempts_under_a_small_kv_cache_and_every_request_finishes():
     for chunking in (True, False):
         sched = _tgi(300, max_model_len=256, max_batch_prefill_tokens=255, prefill_chunking=chunking)
         requests = _workload(seed=7, n=60, rate=200.0, max_prompt=200, max_out=55)
-        _engine(sched, requests).run()
+        SimDriver(_engine(sched, requests)).run()
         assert len(sched.finished) == 60
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
         assert all(r.num_output_tokens == r.max_tokens for r in requests)
@@ -295,7 +296,7 @@ def test_fast_path_gives_the_same_token_times_as_stepping(chunking):
         )
         sched = scheduler_for(policy, 2000, 1, 512)
         requests = _workload(seed=11, n=80, rate=40.0, max_prompt=400, max_out=100)
-        _engine(sched, requests, fast_forward=fast).run()
+        SimDriver(_engine(sched, requests, fast_forward=fast)).run()
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
         results.append(({r.request_id: r.token_times for r in requests}, policy.num_schedules))
     (fast_times, fast_calls), (slow_times, slow_calls) = results

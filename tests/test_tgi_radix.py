@@ -24,6 +24,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -165,7 +166,7 @@ def _shared_prefix_run(
         ListSource(requests),
         options=EngineOptions(fast_forward=fast, check_integrity=True),
     )
-    engine.run()
+    SimDriver(engine).run()
     return engine, requests
 
 
@@ -236,7 +237,7 @@ def test_later_turns_hit_the_previous_prompt_but_not_the_reply():
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     # Integrity checks are skipped here (200k blocks per iteration); the runs above do them.
     engine = Engine(sched, SimExecutor(cost, 1), ListSource(requests), options=EngineOptions(True, False))
-    engine.run()
+    SimDriver(engine).run()
     assert all(r.finish_reason == "length" for r in requests)
     sched.kv_cache.check_integrity()
     sessions: dict[str, list[Request]] = {}

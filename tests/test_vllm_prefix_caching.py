@@ -10,6 +10,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -93,7 +94,7 @@ def _run(seed: int, caching: bool, fast: bool) -> tuple[Engine, list[Request]]:
     requests = _workload(seed)
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
     engine = Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(fast, True))
-    engine.run()
+    SimDriver(engine).run()
     return engine, requests
 
 

@@ -25,6 +25,7 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -98,7 +99,7 @@ def test_default_mode_never_mixes_prefill_and_decode_over_a_whole_run(preemption
     sched = _v0(48, num_cpu_blocks=200, preemption_mode=preemption_mode)
     requests = _random_requests(seed=3, n=60, max_prompt=300, max_output=120)
     engine = _engine(sched, requests)
-    engine.run()
+    SimDriver(engine).run()
     log = engine.log
     prefill_iterations = decode_iterations = 0
     for p, d in zip(log.num_prefill_tokens, log.num_decode_tokens):
@@ -350,7 +351,7 @@ def test_swapped_request_whose_next_token_fits_its_last_block_comes_back():
     # 100) and must come back; the policy asks 99 + 1 + 1 = 101 and stalls.
     sched = _v0(100, block_size=2, num_cpu_blocks=200, preemption_mode="swap")
     requests = [Request("a", 1, 6, 0.0), Request("b", 196, 4, 0.001)]
-    _engine(sched, requests).run()
+    SimDriver(_engine(sched, requests)).run()
     assert [r.status for r in requests] == [RequestStatus.FINISHED_LENGTH] * 2
 
 
@@ -372,7 +373,7 @@ def test_cpu_pool_full_aborts_the_victim_and_the_run_goes_on():
     # are conserved.
     sched = _v0(10, block_size=4, num_cpu_blocks=2, preemption_mode="swap")
     requests = [Request(rid, 12, 8, 0.0) for rid in "abc"]
-    _engine(sched, requests).run()
+    SimDriver(_engine(sched, requests)).run()
     assert [r.status for r in requests] == [
         RequestStatus.FINISHED_LENGTH,
         RequestStatus.FINISHED_LENGTH,
@@ -392,7 +393,7 @@ def test_policy_aborted_request_is_reported_to_the_source():
         ClosedLoopSource(requests, concurrency=1),
         options=EngineOptions(check_integrity=True),
     )
-    engine.run()
+    SimDriver(engine).run()
     assert requests[0].status is RequestStatus.FINISHED_ABORTED
     assert [r.status for r in requests[1:]] == [RequestStatus.FINISHED_LENGTH] * 2
 
@@ -717,7 +718,7 @@ def test_whole_runs_under_kv_pressure(run, seed):
         kv = KVCacheManager(NUM_BLOCKS, 16, num_cpu_blocks)
         sched = Scheduler(VllmV0Policy(config), kv, MAX_MODEL_LEN)
         batch = _fresh(requests)
-        _engine(sched, batch, fast_forward=fast_forward).run()
+        SimDriver(_engine(sched, batch, fast_forward=fast_forward)).run()
         assert not sched.waiting and not sched.running and not sched.swapped
         assert len(sched.finished) == len(batch)
         assert kv.num_free_blocks == NUM_BLOCKS and kv.num_free_cpu_blocks == num_cpu_blocks
@@ -743,7 +744,7 @@ def test_fast_path_matches_stepping_after_a_swap_abort():
         # _three_full_prompts as a run, plus d (2 blocks) that fits once c's blocks are freed.
         sched = _v0(10, block_size=4, num_cpu_blocks=2, preemption_mode="swap")
         requests = [Request(rid, 12, 8, 0.0) for rid in "abc"] + [Request("d", 8, 2, 0.0)]
-        _engine(sched, requests, fast_forward=fast_forward).run()
+        SimDriver(_engine(sched, requests, fast_forward=fast_forward)).run()
         outcomes.append(_outcome(requests))
     # Stepping admits d in the iteration right after c's abort (its first token at the end of
     # iteration 3); the fast path keeps decoding a and b until they finish.

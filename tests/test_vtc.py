@@ -8,7 +8,9 @@ from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
@@ -96,7 +98,9 @@ def _two_tenants(
         tenant = "light" if i % 11 == 0 else "heavy"
         requests.append(Request(f"r{i}", 600, 60, 0.001 * i, tenant_id=tenant))
     cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
-    Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(True, True)).run()
+    bind_cost_model(policy, cost)  # (slo) predicts with the simulator's cost model
+    engine = Engine(sched, SimExecutor(cost, 16), ListSource(requests), options=EngineOptions(True, True))
+    SimDriver(engine).run()
     backlog = getattr(policy, "backlog", None)
     return requests, backlog.vtc if backlog is not None else None
 

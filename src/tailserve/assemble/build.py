@@ -24,6 +24,7 @@ from tailserve.core.executor import Executor
 from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import RequestSource
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.policies.registry import PolicySpec, parse_policy_list
 from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
@@ -152,6 +153,9 @@ def _build_simulated(
         shares_prefixes=options.shares_prefixes,
         cpu_swap=options.cpu_swap,
     )
+    # A policy that predicts iteration times (slo) predicts with the simulator's own cost model,
+    # whose predictions are this engine's iteration times.
+    bind_cost_model(parts.policy, cost_model, exact=True)
     block_size = parts.kv_size.block_size
     executor: Executor
     if kind == "sim":

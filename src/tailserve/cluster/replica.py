@@ -16,6 +16,7 @@ from tailserve.assemble import BuildOptions, BuiltEngine, build_engine
 from tailserve.cluster.routing import ReplicaState
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.deployment import BuiltCostModel, Deployment
 
@@ -96,6 +97,7 @@ class Replica:
         self.built = built
         assert built.engine is not None  # build_replica_engine always makes it
         self.engine = built.engine
+        self.driver = SimDriver(self.engine)  # the exact fast paths after each step
         self.source = source
         self.num_routed = 0
 
@@ -111,16 +113,17 @@ class Replica:
         """Run iterations until the clock reaches ``t`` (an iteration under way then ends after
         it); ``None``: until every request has left."""
         engine = self.engine
+        fast_forward = self.driver.fast_forward
         self.source.horizon = t
         if t is None:
             while engine.step():
-                engine.fast_forward()
+                fast_forward()
             return
         while engine.clock.now < t:
             if not engine.step():
                 engine.clock.wait_until(t)
                 return
-            engine.fast_forward()
+            fast_forward()
 
     def state(self, now: float) -> ReplicaState:
         """What a /metrics scrape would say now."""

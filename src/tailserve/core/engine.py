@@ -1,16 +1,18 @@
 """``Engine.step()``: schedule, execute, update — the only loop, for every executor.
 
 The clock is virtual for the simulator (it jumps by each iteration's predicted duration, or to
-the next arrival when idle) and the wall clock for a real executor.
+the next arrival when idle) and the wall clock for a real executor. The engine never knows which
+executor it drives: the simulator's exact fast paths are a driver around it
+(``executors/simulated/driver.py``), which uses ``end_run``, ``next_wake`` and ``add_arrivals``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tailserve.core import chunk_run, decode_run, prefill_run
-from tailserve.core.executor import DecodeRunExecutor, Executor
+from tailserve.core.executor import Executor
 from tailserve.core.finished_store import FinishedStore
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import BatchRecord, IterationLog
@@ -62,7 +64,9 @@ class EngineStalledError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    fast_forward: bool = True  # exact skipping of uneventful decode runs (simulator only)
+    # Exact skipping of determined runs of iterations: read by the simulator's driver
+    # (``executors/simulated/driver.py``); the engine itself always steps.
+    fast_forward: bool = True
     check_integrity: bool = False  # check KV and request invariants after every iteration
     record_batches: bool = False  # keep a BatchRecord (who ran with how many tokens), for explain
     # The per-iteration log is the simulator's output; a live engine that runs for days and
@@ -93,21 +97,7 @@ class Engine:
         kv = scheduler.kv_cache
         self.batches = BatchRecord(kv.num_blocks, kv.block_size) if options.record_batches else None
         self.num_requests_seen = 0
-        # A policy that predicts iteration times (slo) takes the executor's cost model here,
-        # whichever assembly path built the engine.
-        scheduler.bind_executor(executor)
         self._block_ids = executor.needs_block_ids
-        self._decode_run_ok = options.fast_forward and isinstance(executor, DecodeRunExecutor)
-        # The chunked-prefill runs (``core/chunk_run.py``, and SGLang's chunked request continued
-        # alone, ``core/prefill_run.py``) price iterations themselves, so only for the plain cost
-        # model and without per-iteration records or checks.
-        self._lone_run_ok = (
-            options.fast_forward
-            and chunk_run.applies_to(executor)
-            and not options.record_batches
-            and not options.check_integrity
-        )
-        self._chunk_run_ok = self._lone_run_ok and scheduler.chunk_run_budget() is not None
         self._last_step_finished = True
 
     def step(self) -> bool:
@@ -148,8 +138,14 @@ class Engine:
             self.check_integrity()
         return True
 
+    @property
+    def last_step_finished(self) -> bool:
+        """Whether the last step (or run) finished or aborted a request: a waiting request
+        may then be admitted, so the next iterations are not a repeat of the last."""
+        return self._last_step_finished
+
     def end_run(self, finished: list[Request], end: float) -> None:
-        """After a fast path applied a run of iterations (``Scheduler.update_run``): the clock
+        """After a driver applied a run of iterations (``Scheduler.update_run``): the clock
         moves to the run's end, where the requests it completed finish."""
         assert isinstance(self.clock, VirtualClock), "the exact fast paths run in virtual time"
         self.clock.advance_to(end)
@@ -164,37 +160,23 @@ class Engine:
         if finished and self.finished_store is not None:
             self.finished_store.add(self.scheduler.pop_finished())
 
-    def run(self) -> None:
-        """Step until every request has left the engine."""
+    def run(self, after_step: Callable[[], None] | None = None) -> None:
+        """Step until every request has left the engine. ``after_step``: called after each step
+        that ran (the simulator's driver takes its exact fast paths there)."""
         with paused_gc():
-            while self.step():
-                self.fast_forward()
+            if after_step is None:
+                while self.step():
+                    pass
+            else:
+                while self.step():
+                    after_step()
         store, sched = self.finished_store, self.scheduler
         if store is not None and sched.finished:  # rejected at the last arrivals
             store.add(sched.pop_finished())
 
-    def fast_forward(self) -> None:
-        """Exact multi-iteration runs after a step, as long as one applies (public: a driver that
-        steps engines itself — the cluster's replicas — calls it after each step). A decode run leaves
-        only decodes, so no chunk run can start after it; a chunk run that ends with the
-        prompt's last chunk does too, so a decode run may follow it at once. A lone chunk run
-        (SGLang's chunked request) stops before the prompt's last chunk, which steps."""
-        while True:
-            decoded = False
-            while self._decode_run_ok and self._steady() and decode_run.advance_decode_run(self):
-                decoded = True
-                if self.options.check_integrity:
-                    self.check_integrity()
-            if decoded:
-                return
-            if self._chunk_run_ok and chunk_run.advance_chunk_run(self):
-                continue
-            if not (self._lone_run_ok and prefill_run.advance_lone_chunk_run(self)):
-                return
-
     def next_wake(self, now: float) -> float | None:
         """When the next thing outside the iterations happens: an arrival or the policy's own
-        wake-up, whichever comes first; None when neither is known. An exact fast path stops there."""
+        wake-up, whichever comes first; None when neither is known. A driver's run stops there."""
         wake = self.source.next_arrival_time()
         policy_wake = self.scheduler.next_wakeup(now)
         if policy_wake is not None and (wake is None or policy_wake < wake):
@@ -202,7 +184,7 @@ class Engine:
         return wake
 
     def add_arrivals(self, now: float) -> None:
-        """Add the requests that arrived by ``now`` (public: a fast path adds them inside a run)."""
+        """Add the requests that arrived by ``now`` (public: a driver's run adds them inside it)."""
         for request in self.source.pop_arrived(now):
             self.num_requests_seen += 1
             if not self.scheduler.add_request(request, now):
@@ -234,32 +216,6 @@ class Engine:
             )
         self.clock.wait_until(t)
         return True
-
-    def _steady(self) -> bool:
-        """The next iterations repeat one decode-only iteration exactly: every running request is
-        one token behind, and no waiting request can be admitted — none waits, or the last
-        iteration was that same decode batch and admitted, preempted and finished nobody (free
-        blocks only shrink while decoding, so a blocked head stays blocked)."""
-        sched = self.scheduler
-        running = sched.running
-        if not running or sched.swapped:
-            return False
-        for request in running:
-            if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
-                return False
-        if sched.waiting:
-            out = sched.last_output
-            if out is None or self._last_step_finished or out.num_admitted or out.preempted:
-                return False
-            if out.padding or out.swapped_in or out.swapped_out or len(out.scheduled) != len(running):
-                return False
-            for item in out.scheduled:
-                if item.num_new_tokens != 1:
-                    return False
-        nxt = self.source.next_arrival_time()
-        if nxt is not None and nxt <= self.clock.now:
-            return False
-        return sched.can_fast_forward()
 
     def check_integrity(self) -> None:
         """KV blocks conserved; finished requests hold none; every request is somewhere."""

@@ -15,8 +15,7 @@ Ownership of requests: ``waiting`` (a queue strategy the policy picks, ``core/qu
 FCFS or vLLM's priority heap), ``running`` (admission order, the order vLLM's running list has),
 ``swapped`` (preempted by swapping their KV to the CPU pool, vLLM V0) and ``finished`` (every
 request that left: finished, aborted or rejected, each with a reason when not finished). The
-engine and the fast paths talk to the scheduler only; it asks the policy (``core/policy.py``
-lists the hooks).
+engine talks to the scheduler only; it asks the policy (``core/policy.py`` lists the hooks).
 
 Past the style guide's ~300 lines on purpose: these are the mechanics every policy calls, kept in
 one class as vLLM keeps them; splitting admission from preemption would split one state machine.
@@ -25,16 +24,34 @@ one class as vLLM keeps them; splitting admission from preemption would split on
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tailserve.core.executor import StepResult
+from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.prefix import block_hashes, keys_from_hash_ids
 
-if TYPE_CHECKING:
-    from tailserve.core.policy import Policy
+
+class PolicyHooks(Protocol):
+    """What the scheduler asks its policy. ``core/policy.py``'s ``Policy`` implements it; the
+    scheduler names only these hooks instead of importing that class, which is written against
+    the scheduler (its hooks take one), so the two modules do not import each other."""
+
+    config: Any  # the policy's frozen config dataclass
+
+    def create_waiting_queue(self) -> RequestQueue: ...
+
+    def add_request(self, sched: Scheduler, request: Request) -> None: ...
+
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput: ...
+
+    def on_finished(self, sched: Scheduler, finished: list[Request]) -> None: ...
+
+    def next_wakeup(self, sched: Scheduler, now: float) -> float | None: ...
+
+    def describe(self) -> str: ...
 
 
 def key_tokens(request: Request) -> list[int] | None:
@@ -62,7 +79,7 @@ def prefix_keys(request: Request, block_size: int, tokens: list[int] | None = No
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, kv_cache: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, policy: PolicyHooks, kv_cache: KVCacheManager, max_model_len: int) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.policy = policy
@@ -132,25 +149,9 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    # ---- what the engine and the fast paths ask (answered by the policy's hooks) ----------
-    def bind_executor(self, executor: Any) -> None:
-        self.policy.bind_executor(executor)
-
-    def can_fast_forward(self) -> bool:
-        return self.policy.can_fast_forward(self)
-
-    def on_decode_run(self, num_steps: int) -> None:
-        self.policy.on_decode_run(self, num_steps)
-
+    # ---- what the engine asks (answered by the policy's hooks) --------------------------
     def next_wakeup(self, now: float) -> float | None:
         return self.policy.next_wakeup(self, now)
-
-    def chunk_run_budget(self) -> int | None:
-        return self.policy.chunk_run_budget()
-
-    @property
-    def decode_reserve_blocks(self) -> int:
-        return self.policy.decode_reserve_blocks
 
     def describe_policy(self) -> str:
         return self.policy.describe()
@@ -203,14 +204,14 @@ class Scheduler:
         chunk_tokens: int = 0,
     ) -> list[Request]:
         """The same rule as ``update``, in closed form for ``k = len(token_times)`` iterations
-        (the exact fast paths): each request in ``decodes`` is one token behind and is granted
+        (the simulator's exact fast paths): each request in ``decodes`` is one token behind and is granted
         one token in every iteration, so it samples one at each iteration's end
         (``token_times``); ``chunked`` is granted ``chunk_tokens`` in all and samples once, at
         the last iteration's end, if they complete its known tokens. KV blocks the run filled
         are allocated as ``allocate`` would have (``held_tokens``: the slots each decode held
         before the run), and registered with prefix caching. Returns the requests that reached
         ``max_tokens`` (status set); the caller finishes them with ``finish`` after the
-        policy's ``on_decode_run``, the order stepping has. The executor reports no token ids
+        policy's ``FastPaths.on_decode_run``, the order stepping has. The executor reports no token ids
         and no stops here (only the cost model's runs are advanced this way)."""
         k = len(token_times)
         kv = self.kv_cache

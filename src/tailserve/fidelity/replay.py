@@ -21,7 +21,9 @@ from tailserve.assemble.scheduler import make_scheduler
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request
 from tailserve.core.source import ListSource, QueueSource
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.fidelity.recorder import IterationRecord, install
 from tailserve.metrics.summary import summarize
@@ -168,10 +170,11 @@ def run_sim(cost_model: CostModel, setup: EngineSetup, real_requests: list[Reque
         )
         for r in real_requests
     ]
+    bind_cost_model(policy, cost_model)  # (slo) the simulator's predictions are its times
     engine = Engine(
         scheduler, SimExecutor(cost_model, setup.block_size), ListSource(fresh), options=EngineOptions()
     )
-    engine.run()
+    SimDriver(engine).run()
     return fresh
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.calibration_files import read_calibration_file
+from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.llm.engine_args import EngineArgs
 from tailserve.llm.llm_engine import LLMEngine
@@ -107,7 +108,8 @@ def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngin
             eos_token_ids=eos,
         ),
     )
-    built.executor.cost_model = torch_cost_model(args.calibration, Path(model))
+    # A calibration file's cost model only estimates the real executor's times (inexact).
+    bind_cost_model(built.policy, torch_cost_model(args.calibration, Path(model)), exact=False)
     kv = built.kv_size
     return LLMEngine(
         built.scheduler,

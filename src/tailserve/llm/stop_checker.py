@@ -9,15 +9,12 @@ string ends it once ``min_tokens`` exist, and the text is cut where the stop str
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tailserve.core.executor import Executor, StepResult
 from tailserve.core.request import Request
 from tailserve.core.sampling_params import SamplingParams
 from tailserve.core.scheduler_output import SchedulerOutput
-
-if TYPE_CHECKING:
-    from tailserve.executors.simulated.cost_model import CostModel
 
 
 @dataclass(slots=True)
@@ -45,14 +42,6 @@ class StopChecker:
     @property
     def needs_block_ids(self) -> bool:
         return self.inner.needs_block_ids
-
-    @property
-    def cost_model(self) -> CostModel | None:
-        return self.inner.cost_model
-
-    @property
-    def cost_model_exact(self) -> bool:
-        return self.inner.cost_model_exact
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         result = self.inner.execute(out)

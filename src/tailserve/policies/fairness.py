@@ -24,6 +24,9 @@ from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.executors.simulated.cost_binding import bind_cost_model
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.tenant_share import RecentService
 from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights, tenant_of
@@ -127,7 +130,7 @@ def make_backlog(fairness: str, tenant_weights: str) -> TenantBacklog | None:
     return TenantBacklog(VirtualTokenCounter(weights))
 
 
-class FairPolicy(Policy):
+class FairPolicy(Policy, FastPaths):
     """A head-of-queue policy (vllm, sglang with fcfs) with its waiting queue in VTC order."""
 
     def __init__(self, inner: Policy, backlog: TenantBacklog) -> None:
@@ -137,7 +140,7 @@ class FairPolicy(Policy):
         self.name = inner.name
         self.summary = inner.summary
         self.config_cls = inner.config_cls
-        self.decode_reserve_blocks = inner.decode_reserve_blocks
+        self.decode_reserve_blocks = inner.decode_reserve_blocks if isinstance(inner, FastPaths) else 0
 
     @classmethod
     def default_config(cls, device: Any, max_model_len: int, **overrides: Any) -> Any:
@@ -149,8 +152,8 @@ class FairPolicy(Policy):
     def kv_spec(self) -> KVSpec:
         return self.inner.kv_spec()
 
-    def bind_executor(self, executor: Any) -> None:
-        self.inner.bind_executor(executor)
+    def bind_cost_model(self, cost_model: CostModel | None, exact: bool) -> None:
+        bind_cost_model(self.inner, cost_model, exact)
 
     def chunk_run_budget(self) -> int | None:
         # The chunked-prefill fast path runs iterations without asking the policy: VTC's
@@ -183,10 +186,12 @@ class FairPolicy(Policy):
         self.inner.on_finished(sched, finished)
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
-        return self.inner.can_fast_forward(sched)
+        # (No lone chunk runs either: ``lone_chunk_run`` keeps the default None.)
+        return isinstance(self.inner, FastPaths) and self.inner.can_fast_forward(sched)
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         self.backlog.charge_decode_run(sched.running, num_steps)
+        assert isinstance(self.inner, FastPaths)  # it signed ``can_fast_forward``
         self.inner.on_decode_run(sched, num_steps)
 
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:

@@ -21,6 +21,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,7 @@ class OrcaConfig:
             raise ValueError(f"reserve_tokens must be >= 0, got {self.reserve_tokens}")
 
 
-class OrcaPolicy(Policy):
+class OrcaPolicy(Policy, FastPaths):
     name = "orca"
     summary = (
         "Orca: iteration-level batching, whole prompts join running decodes, KV reserved for the max length"

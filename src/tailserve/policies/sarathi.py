@@ -32,6 +32,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ class SarathiConfig:
                 )
 
 
-class SarathiPolicy(Policy):
+class SarathiPolicy(Policy, FastPaths):
     name = "sarathi"
     summary = "Sarathi-Serve: stall-free hybrid batches of decodes + prompt chunks within chunk_size"
     config_cls = SarathiConfig
@@ -87,7 +88,7 @@ class SarathiPolicy(Policy):
         return max(config.chunk_size, config.high_chunk_size)
 
     def chunk_run_budget(self) -> int | None:
-        """The token budget while it is one fixed chunk size (``core.chunk_run`` advances the
+        """The token budget while it is one fixed chunk size (the simulator's ``chunk_run`` advances the
         iterations a chunked prompt makes beside decodes in one step); None with the dynamic
         chunk schedule, whose size changes as the prompt progresses."""
         return self.config.chunk_size if self._chunk_sizes is None else None

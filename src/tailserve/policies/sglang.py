@@ -92,10 +92,10 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
-from tailserve.core.prefill_run import LoneChunkRun
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths, LoneChunkRun
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.kv.radix import RadixCache
 from tailserve.kv.spec import KVSpec
@@ -182,7 +182,7 @@ def auto_max_running_requests(num_kv_tokens: int, context_len: int) -> int:
     return min(estimated, num_kv_tokens // 2)
 
 
-class SglangPolicy(Policy):
+class SglangPolicy(Policy, FastPaths):
     name = "sglang"
     summary = "SGLang: prefill-only batches first, optimistic KV reservation, retraction to the tail"
     config_cls = SglangConfig

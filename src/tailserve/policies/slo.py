@@ -66,6 +66,8 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_admit import admit, order_waiting
@@ -81,7 +83,7 @@ from tailserve.policies.vtc import tenant_of
 STRETCH_ALPHA = 0.05  # weight of one iteration in rule 3's stretch average
 
 
-class SloPolicy(Policy):
+class SloPolicy(Policy, FastPaths):
     name = "slo"
     summary = "tailserve's SLO-aware scheduler: prefill budget from TBT slack, least TTFT slack first"
     config_cls = SloConfig
@@ -121,11 +123,11 @@ class SloPolicy(Policy):
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
 
-    # ---- the engine's cost model ----------------------------------------------------------
-    def bind_executor(self, executor: Any) -> None:
-        """Predict with the executor's cost model (exact for the simulators, corrected by measured
+    # ---- the engine's cost model (``PredictsIterations``) ------------------------------------
+    def bind_cost_model(self, cost_model: CostModel | None, exact: bool) -> None:
+        """Predict with the engine's cost model (exact for the simulators, corrected by measured
         times for a calibrated real executor); without one, learn one from measured iterations."""
-        self.predictor = Predictor.of(executor)
+        self.predictor = Predictor(cost_model, exact)
 
     # ---- deadlines --------------------------------------------------------------------------
     def deadline(self, request: Request) -> float:

@@ -1,10 +1,11 @@
 """Predicted iteration times for the ``slo`` policy: the engine's own cost model, a calibrated
 one corrected by measured times, or one learned from the iterations the engine ran.
 
-The executor declares its cost model (``Executor.cost_model``, forwarded by wrappers):
+The cost model is the one the engine was assembled with (``SloPolicy.bind_cost_model``, called
+through ``executors/simulated/cost_binding.py``):
 
-- An exact one (``cost_model_exact``: the simulator's, calibrated however the deployment was,
-  and the stand-in server's real-time simulator): a prediction is ``CostModel.iteration_time``
+- An exact one (the simulator's, calibrated however the deployment was, and the stand-in
+  server's real-time simulator): a prediction is ``CostModel.iteration_time``
   of the batch shape, which is what the iteration will take.
 - An estimate (the real PyTorch executor built with ``--calibration FILE`` from ``tailserve
   calibrate --executor torch``): the cost model's prediction times a correction, the
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -109,14 +109,6 @@ class Predictor:
         self._times: list[float] = []
         self._coef: np.ndarray | None = None
         self._since_fit = 0
-
-    @classmethod
-    def of(cls, executor: Any) -> Predictor:
-        """The predictor for an executor, from its declared cost model."""
-        cost_model = executor.cost_model
-        if cost_model is not None and not isinstance(cost_model, CostModel):
-            raise TypeError(f"executor's cost_model is a {type(cost_model).__name__}, not a CostModel")
-        return cls(cost_model, executor.cost_model_exact)
 
     @property
     def source(self) -> str:

@@ -90,9 +90,6 @@ class StaticPolicy(Policy):
         if self._batch and all(r.is_finished for r in self._batch):
             self._batch = []
 
-    def can_fast_forward(self, sched: Scheduler) -> bool:
-        return False
-
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         if self._batch or not sched.waiting:
             return None

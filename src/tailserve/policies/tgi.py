@@ -78,6 +78,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.radix import RadixCache
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.tgi_radix import RadixAllocator
@@ -133,7 +134,7 @@ def _optional_int(name: str, value: Any) -> int | None:
         raise ValueError(f"flag {name}: {value!r} is not a valid int") from None
 
 
-class TgiPolicy(Policy):
+class TgiPolicy(Policy, FastPaths):
     name = "tgi"
     summary = (
         "TGI v3: FIFO router, KV reserved for prompt + max_tokens, new prefill chunks batched with "
@@ -433,7 +434,7 @@ class TgiPolicy(Policy):
 
     def chunk_run_budget(self) -> int | None:
         # Chunking mode: a prompt chunked beside decodes D gets ``max_batch_prefill_tokens - |D|``
-        # per forward (rule 6), the shape ``core/chunk_run.py`` advances; legacy mode has none.
+        # per forward (rule 6), the shape the simulator's ``chunk_run.py`` advances; legacy mode has none.
         return self.config.max_batch_prefill_tokens if self.config.prefill_chunking else None
 
     def chunk_run_ready(self, sched: Scheduler) -> bool:

@@ -40,6 +40,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.spec import KVSpec
 
 
@@ -83,7 +84,7 @@ def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
     return 2048, 256
 
 
-class VllmPolicy(Policy):
+class VllmPolicy(Policy, FastPaths):
     name = "vllm"
     summary = "vLLM V1: one token budget, running requests first, chunked prefill, recompute preemption"
     config_cls = VllmConfig

@@ -46,6 +46,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.kv.spec import KVSpec
 
@@ -95,7 +96,7 @@ def _priority_key(request: Request) -> tuple[int, float]:
     return (request.priority, request.arrival_time)
 
 
-class VllmV0Policy(Policy):
+class VllmV0Policy(Policy, FastPaths):
     name = "vllm-v0"
     summary = "vLLM V0: prefill-first (or chunked) batches, watermark, recompute or swap preemption"
     config_cls = VllmV0Config

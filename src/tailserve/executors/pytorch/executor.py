@@ -41,10 +41,6 @@ def token_at(request: Request, position: int) -> int:
 
 class TorchExecutor:
     needs_block_ids = True
-    # Measured times; a calibration file's cost model (a ``CostModel``, set by the builder:
-    # this layer does not import the simulator) only estimates them.
-    cost_model: object | None = None
-    cost_model_exact = False
 
     def __init__(
         self,

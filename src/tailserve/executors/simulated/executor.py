@@ -37,7 +37,6 @@ class SimExecutor:
     """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``)."""
 
     needs_block_ids = False  # the cost model prices batch shapes, not blocks
-    cost_model_exact = True  # its iteration times are the cost model's predictions
 
     def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
         self.cost_model = cost_model

@@ -17,7 +17,6 @@ BUSY_GAP_S = 0.005  # a gap shorter than this between iterations is engine overh
 
 class RealtimeSimExecutor:
     needs_block_ids = False
-    cost_model_exact = True
 
     def __init__(
         self, cost_model: CostModel, block_size: int, vocab_size: int, special_ids: set[int], seed: int

@@ -14,10 +14,10 @@ is free" test always holds).
 TGI's chunking mode makes the same iterations: with no admission the router's forward feeds
 every decode one token and the prompt the chunk the shard planned after the previous forward,
 ``max_batch_prefill_tokens - |D|``, which leaves the router's next prefill budget at 0. The
-policy confirms its plan (``Policy.chunk_run_grants``: after a finish the planned chunk is one
-token short of that, and the spare token can admit a request) and takes back its counters
-(``Policy.on_chunk_run``). Since a request arriving then can only wait or be rejected
-(``Policy.chunk_run_takes_arrivals``), a TGI run adds arrivals at the start of the full-chunk
+policy confirms its plan (``FastPaths.chunk_run_grants``: after a finish the planned chunk is
+one token short of that, and the spare token can admit a request) and takes back its counters
+(``FastPaths.on_chunk_run``). Since a request arriving then can only wait or be rejected
+(``FastPaths.chunk_run_takes_arrivals``), a TGI run adds arrivals at the start of the full-chunk
 iteration the step would add them to, instead of stopping there; once someone waits, the last
 chunk (which leaves budget over) stays out of the run. ``tests/test_speed_paths.py`` checks
 results identical to plain stepping for both.
@@ -25,9 +25,11 @@ results identical to plain stepping for both.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tailserve.executors.simulated.cost_model import BatchShape
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
@@ -37,8 +39,6 @@ MAX_RUN = 4096  # iterations per call
 
 def applies_to(executor: object) -> bool:
     """Only ``SimExecutor`` itself: a subclass or wrapper may price iterations differently."""
-    from tailserve.executors.simulated.executor import SimExecutor
-
     return type(executor) is SimExecutor
 
 
@@ -46,12 +46,12 @@ def advance_chunk_run(engine: Engine) -> int:
     """Advance through the determined chunk-beside-decodes iterations; returns how many (0
     when the next iteration must be stepped normally)."""
     sched = engine.scheduler
-    budget = sched.chunk_run_budget()
+    policy = cast(FastPaths, sched.policy)  # the driver checked
+    budget = policy.chunk_run_budget()
     kv = sched.kv_cache
     running = sched.running
     if budget is None or kv.prefix_caching or sched.swapped or len(running) < 2:
         return 0
-    policy = sched.policy
     if not policy.chunk_run_ready(sched):
         return 0
     prompt = None
@@ -112,10 +112,10 @@ def advance_chunk_run(engine: Engine) -> int:
         j = len(tables[r.request_id]) * block_size - c
         due[j] = due.get(j, 0) + 1
     # Sarathi keeps one free (phase 1 preempts when none is); TGI reserved every block up front.
-    free = kv.num_free_blocks - sched.decode_reserve_blocks
+    free = kv.num_free_blocks - policy.decode_reserve_blocks
     if free < 0:
         return 0
-    cost_model = engine.executor.cost_model  # type: ignore[attr-defined]
+    cost_model = cast(SimExecutor, engine.executor).cost_model  # the driver checked ``applies_to``
     iteration_time = cost_model.iteration_time
     c_p = prompt.num_computed_tokens
     q_pairs = q * (q + 1) // 2

@@ -6,17 +6,43 @@ iteration times come from the cost model vectorised over the run, the clock is t
 sum (``np.cumsum`` adds in the same order as the step loop), and the run stops *before* the
 first iteration in which anything could change (an arrival, a shortage of KV blocks), which
 then runs step by step; its last iteration may finish requests, exactly as a normal step does. Results are
-identical to plain stepping; ``tests/test_decode_run.py`` checks that.
+identical to plain stepping; ``tests/test_decode_run.py`` checks that. ``driver.py`` calls it when
+the run is steady and the policy signed ``FastPaths.can_fast_forward``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import numpy as np
 
+from tailserve.executors.simulated.fast_paths import FastPaths
+
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
+
+
+@runtime_checkable
+class DecodeRunExecutor(Protocol):
+    """An executor whose iteration time depends only on the batch shape can predict a whole run
+    of identical decode-only iterations at once. The driver takes the decode fast path exactly
+    for executors that implement this protocol (``isinstance``; ``SimExecutor`` does), never for
+    a wrapper that hides it."""
+
+    def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
+        """One such iteration; equal bit for bit to ``execute`` of that batch."""
+        ...
+
+    def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
+        """``decode_run_durations`` as a list (cheaper for a few steps); the same floats."""
+        ...
+
+    def decode_run_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
+        """Durations (seconds) of ``num_steps`` decode iterations of ``num_decodes`` requests whose
+        summed attention context is ``num_context_tokens`` in the first step and grows by
+        ``num_decodes`` each step. Must equal step-by-step ``execute`` bit for bit."""
+        ...
+
 
 MAX_RUN = 512  # iterations per call; bounds the (requests x iterations) block arithmetic
 
@@ -35,7 +61,8 @@ def _blocks_needed(ctx: np.ndarray, held: np.ndarray, block_size: int, num_steps
 def advance_decode_run(engine: Engine) -> int:
     """Advance the engine through as many uneventful decode iterations as possible.
 
-    Precondition: ``engine._steady()``. Returns the number of iterations advanced (0 if the
+    Precondition: ``driver.steady(engine)``, the executor is a ``DecodeRunExecutor`` and the
+    policy a ``FastPaths``. Returns the number of iterations advanced (0 if the
     very next iteration is eventful and must be stepped normally).
     """
     sched = engine.scheduler
@@ -43,7 +70,9 @@ def advance_decode_run(engine: Engine) -> int:
     running = sched.running
     n = len(running)
     now = engine.clock.now
-    executor = engine.executor
+    # The driver checked both once (an ``isinstance`` of a protocol per run would cost).
+    executor = cast(DecodeRunExecutor, engine.executor)
+    policy = cast(FastPaths, sched.policy)
     block_size = kv.block_size
     tables = kv.block_tables
 
@@ -68,9 +97,9 @@ def advance_decode_run(engine: Engine) -> int:
     if wake is not None:
         # Iterations only get longer as contexts grow, so the first one bounds how many start
         # before the wake-up.
-        first = executor.decode_step_duration(n, num_context)  # type: ignore[attr-defined]
+        first = executor.decode_step_duration(n, num_context)
         k_max = min(k_max, int((wake - now) / first) + 1)
-    free = kv.num_free_blocks - sched.decode_reserve_blocks
+    free = kv.num_free_blocks - policy.decode_reserve_blocks
     if k_max <= SHORT_RUN:
         run = _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free)
     else:
@@ -89,7 +118,7 @@ def advance_decode_run(engine: Engine) -> int:
     engine.log.extend_decode_run(times[:-1], durations, n, used)
     if engine.batches is not None:
         engine.batches.record_decode_run(times[:-1], durations, running, ctx_list, used, sched)
-    sched.on_decode_run(k)
+    policy.on_decode_run(sched, k)
     engine.end_run(done, token_times[-1])
     return k
 

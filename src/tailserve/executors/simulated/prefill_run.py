@@ -4,23 +4,23 @@ SGLang (without ``enable_mixed_chunk``) runs a prefill batch whenever one can be
 prompt longer than ``chunked_prefill_size`` is *the* chunked request: each iteration continues it
 with a full chunk, the chunk leaves no budget for anybody else, and every running decode waits.
 While no arrival intervenes and the KV budget keeps granting the full chunk, that sequence is
-determined. The policy says how many such iterations follow (``Policy.lone_chunk_run``: the
+determined. The policy says how many such iterations follow (``FastPaths.lone_chunk_run``: the
 conditions are its own rules); this module prices each one from the same ``BatchShape``
 ``SimExecutor`` builds, adds them to the clock in the step loop's order, allocates each chunk as
 the step would (one allocation per iteration, so the same slots), records the iteration log, and
-hands the policy its state back (``Policy.on_lone_chunk_run``). The prompt's last chunk, which
+hands the policy its state back (``FastPaths.on_lone_chunk_run``). The prompt's last chunk, which
 leaves budget for admissions, runs step by step. ``tests/test_speed_paths.py`` checks results
 identical to plain stepping.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from tailserve.core.request import Request
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape
+from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
@@ -28,22 +28,13 @@ if TYPE_CHECKING:
 MAX_RUN = 4096  # iterations per call
 
 
-@dataclass(frozen=True, slots=True)
-class LoneChunkRun:
-    """What a policy promises for its next iterations: each grants ``request`` (and nobody
-    else) ``chunk`` tokens, for ``max_steps`` iterations unless an arrival comes first."""
-
-    request: Request
-    chunk: int  # tokens per iteration, >= 2
-    max_steps: int
-
-
 def advance_lone_chunk_run(engine: Engine) -> int:
     """Advance through the policy's lone-chunk iterations; returns how many (0 when none)."""
     sched = engine.scheduler
     if sched.swapped:
         return 0
-    run = sched.policy.lone_chunk_run(sched)
+    policy = cast(FastPaths, sched.policy)  # the driver checked
+    run = policy.lone_chunk_run(sched)
     if run is None or run.max_steps < 1 or run.chunk < 2:
         return 0
     now = engine.clock.now
@@ -51,7 +42,7 @@ def advance_lone_chunk_run(engine: Engine) -> int:
     if wake is not None and wake <= now:
         return 0
     request, q = run.request, run.chunk
-    iteration_time = engine.executor.cost_model.iteration_time  # type: ignore[attr-defined]
+    iteration_time = cast(SimExecutor, engine.executor).cost_model.iteration_time  # the driver checked
     q_pairs = q * (q + 1) // 2
     context = request.num_computed_tokens
     t = now
@@ -79,6 +70,6 @@ def advance_lone_chunk_run(engine: Engine) -> int:
     last = SchedulerOutput()
     last.scheduled.append(ScheduledRequest(request, q, request.num_computed_tokens - q))
     sched.last_output = last
-    sched.policy.on_lone_chunk_run(sched, k)
+    policy.on_lone_chunk_run(sched, k)
     engine.end_run([], t)
     return k

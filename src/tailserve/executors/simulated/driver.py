@@ -1,0 +1,94 @@
+"""The simulator's loop around ``Engine``: a step, then the exact fast paths while one applies.
+
+``Engine.step()`` is the only iteration and knows nothing of its executor. In virtual time,
+though, long stretches of iterations are determined in advance — decodes repeating one batch
+shape, a prompt chunked beside them, a prompt chunked alone — and the cost model can price them
+all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py``,
+``chunk_run.py``, ``prefill_run.py``), with results identical to plain stepping, when:
+
+- ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);
+- the policy signed the contracts (``fast_paths.FastPaths``; a policy without them is stepped);
+- the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor``, the chunk
+  runs only for ``SimExecutor`` itself and without per-iteration records or checks (they price
+  iterations from the cost model directly and record none).
+
+``run()`` is ``Engine.run`` with the fast paths after each step; a driver that steps the engine
+itself (a cluster replica, advanced to the cluster's next event) calls ``fast_forward()`` after
+each ``engine.step()``.
+"""
+
+from __future__ import annotations
+
+from tailserve.core.engine import Engine
+from tailserve.executors.simulated import chunk_run, decode_run, prefill_run
+from tailserve.executors.simulated.fast_paths import FastPaths
+
+
+class SimDriver:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        options = engine.options
+        policy = engine.scheduler.policy
+        fast = policy if options.fast_forward and isinstance(policy, FastPaths) else None
+        self._decode_run_ok = fast is not None and isinstance(engine.executor, decode_run.DecodeRunExecutor)
+        self._lone_run_ok = (
+            fast is not None
+            and chunk_run.applies_to(engine.executor)
+            and not options.record_batches
+            and not options.check_integrity
+        )
+        self._chunk_run_ok = self._lone_run_ok and fast is not None and fast.chunk_run_budget() is not None
+
+    def run(self) -> None:
+        """Step until every request has left the engine, taking the fast paths between steps."""
+        self.engine.run(after_step=self.fast_forward)
+
+    def fast_forward(self) -> None:
+        """Exact multi-iteration runs after a step, as long as one applies. A decode run leaves
+        only decodes, so no chunk run can start after it; a chunk run that ends with the prompt's
+        last chunk does too, so a decode run may follow it at once. A lone chunk run (SGLang's
+        chunked request) stops before the prompt's last chunk, which steps."""
+        engine = self.engine
+        check = engine.options.check_integrity
+        while True:
+            decoded = False
+            # Module attributes, looked up per call, so a test can count the runs.
+            while self._decode_run_ok and steady(engine) and decode_run.advance_decode_run(engine):
+                decoded = True
+                if check:
+                    engine.check_integrity()
+            if decoded:
+                return
+            if self._chunk_run_ok and chunk_run.advance_chunk_run(engine):
+                continue
+            if not (self._lone_run_ok and prefill_run.advance_lone_chunk_run(engine)):
+                return
+
+
+def steady(engine: Engine) -> bool:
+    """The next iterations repeat one decode-only iteration exactly: every running request is
+    one token behind, and no waiting request can be admitted — none waits, or the last
+    iteration was that same decode batch and admitted, preempted and finished nobody (free
+    blocks only shrink while decoding, so a blocked head stays blocked)."""
+    sched = engine.scheduler
+    running = sched.running
+    if not running or sched.swapped:
+        return False
+    for request in running:
+        if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
+            return False
+    if sched.waiting:
+        out = sched.last_output
+        if out is None or engine.last_step_finished or out.num_admitted or out.preempted:
+            return False
+        if out.padding or out.swapped_in or out.swapped_out or len(out.scheduled) != len(running):
+            return False
+        for item in out.scheduled:
+            if item.num_new_tokens != 1:
+                return False
+    nxt = engine.source.next_arrival_time()
+    if nxt is not None and nxt <= engine.clock.now:
+        return False
+    policy = sched.policy
+    assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
+    return policy.can_fast_forward(sched)
