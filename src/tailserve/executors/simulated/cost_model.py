@@ -41,7 +41,7 @@ import numpy as np
 from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
-from tailserve.executors.simulated.moe import grouped_gemm_time
+from tailserve.executors.simulated.moe import grouped_gemm_time, touched_experts
 from tailserve.executors.simulated.precision import get_precision
 
 __all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "join", "padded_tokens"]
@@ -209,12 +209,14 @@ class CostModel:
         # Layer GEMMs run at their weights' tensor-core rate (FP8 W8A8, FP4 on Blackwell); the
         # attention kernels and the LM head at bf16's.
         self._gemm_flops_rate = self._flops_rate
+        self._gemm_peak = self._moe_peak = hw.peak_flops
         if m.weight_dtype:
-            self._gemm_flops_rate = hw.peak_for(get_precision(m.weight_dtype).compute) * eff.compute
+            self._gemm_peak = hw.peak_for(get_precision(m.weight_dtype).compute)
+            self._gemm_flops_rate = self._gemm_peak * eff.compute
         self._moe_rate = 0.0
         if m.is_moe:
-            expert_compute = get_precision(m.expert_dtype or m.weight_dtype or "bf16").compute
-            self._moe_rate = hw.peak_for(expert_compute) * eff.compute
+            self._moe_peak = hw.peak_for(get_precision(m.expert_dtype or m.weight_dtype or "bf16").compute)
+            self._moe_rate = self._moe_peak * eff.compute
         self._byte_rate = hw.memory_bandwidth * eff.memory
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
         self._prefill_rates = (
@@ -435,12 +437,28 @@ class CostModel:
         return self.iteration_time(BatchShape.of([], [context_len] * batch_size))
 
     def roofline(self, shape: BatchShape) -> Roofline:
+        """The iteration's work at peak rates (each GEMM at its format's rate, the routed experts'
+        FLOPs without padding and the bytes of the experts the batch touches)."""
         hw = self.hardware
         kv = self._kv_bytes_per_token
+        m = self.model
         lin_f = (
             shape.num_tokens * self._linear_flops_per_token + shape.num_logits * self._lm_head_flops_per_logit
         )
         lin_b = self._weight_bytes + shape.num_tokens * kv
+        lin_c = lin_f / hw.peak_flops
+        if m.is_moe or m.weight_dtype:
+            lin_c = (
+                shape.num_tokens * self._linear_flops_per_token / self._gemm_peak
+                + shape.num_logits * self._lm_head_flops_per_logit / hw.peak_flops
+            )
+        if m.is_moe and shape.num_tokens:
+            params = m.expert_params / self.tp
+            expert_f = 2.0 * shape.num_tokens * m.experts_per_token * params * m.num_moe_layers
+            touched = touched_experts(shape.num_tokens, m.num_experts, m.experts_per_token)
+            lin_f += expert_f
+            lin_c += expert_f / self._moe_peak
+            lin_b += touched * params * m.expert_bytes_per_param * m.num_moe_layers
         pre_f = shape.prefill_pairs * self._prefill_pair_flops
         pre_b = shape.prefill_kv_tokens * kv
         dec_f = shape.decode_kv_tokens * self._decode_pair_flops
@@ -449,7 +467,7 @@ class CostModel:
         if self.tp > 1 and shape.num_tokens:
             comm = self._comm(shape.num_tokens)
         return Roofline(
-            compute_s=(lin_f / hw.peak_flops, pre_f / hw.peak_flops, dec_f / hw.peak_flops),
+            compute_s=(lin_c, pre_f / hw.peak_flops, dec_f / hw.peak_flops),
             memory_s=(
                 lin_b / hw.memory_bandwidth,
                 pre_b / hw.memory_bandwidth,

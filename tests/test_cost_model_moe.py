@@ -1,0 +1,144 @@
+"""The 2026 model terms of the cost model (issue 32): routed experts priced by the experts a batch
+touches, MLA's latent KV and absorbed decode, weights in FP8/FP4 at their tensor-core rate, and
+the GPUs that have them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.hardware import HARDWARE, get_hardware
+from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.moe import touched_experts
+from tailserve.executors.simulated.precision import PRECISIONS, get_precision
+
+# DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3): 61 layers, the first 3 dense, 256 routed
+# experts (8 per token) and 1 shared of 2048, MLA with a 512 latent and 64 RoPE dims; FP8 weights.
+DEEPSEEK_V3 = ModelSpec(
+    "DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, 163840,
+    num_experts=256, experts_per_token=8, moe_intermediate_size=2048, shared_intermediate_size=2048,
+    first_dense_layers=3, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+    qk_rope_head_dim=64, v_head_dim=128, weight_dtype="fp8",
+)  # fmt: skip
+# Mixtral-8x7B: 8 experts of 14336, 2 per token, GQA 8 KV heads, bf16.
+MIXTRAL = ModelSpec(
+    "Mixtral-8x7B", 4096, 32, 32, 8, 14336, 32000, 32768,
+    num_experts=8, experts_per_token=2, moe_intermediate_size=14336,
+)  # fmt: skip
+LLAMA_70B = ModelSpec("Llama-2-70B", 8192, 80, 64, 8, 28672, 32000, 4096)
+
+
+def test_parameter_counts_match_the_published_ones():
+    # DeepSeek-V3: 671B total, 37B activated per token (its model card); Mixtral: 46.7B / 12.9B.
+    assert DEEPSEEK_V3.num_params / 1e9 == pytest.approx(671, rel=0.01)
+    embed = 2 * DEEPSEEK_V3.vocab_size * DEEPSEEK_V3.hidden_size
+    assert (DEEPSEEK_V3.num_matmul_params + embed) / 1e9 == pytest.approx(37, rel=0.03)
+    assert MIXTRAL.num_params / 1e9 == pytest.approx(46.7, rel=0.01)
+    active = MIXTRAL.num_matmul_params + 2 * MIXTRAL.vocab_size * MIXTRAL.hidden_size
+    assert active / 1e9 == pytest.approx(12.9, rel=0.01)
+    assert DEEPSEEK_V3.num_moe_layers == 58 and MIXTRAL.num_moe_layers == 32
+
+
+def test_mla_caches_one_latent_per_token_on_every_shard():
+    # (512 + 64) x 61 layers x 2 bytes, whatever the TP degree: each rank keeps the whole latent.
+    assert DEEPSEEK_V3.kv_bytes_per_token(1) == 576 * 61 * 2
+    assert DEEPSEEK_V3.kv_bytes_per_token(8) == DEEPSEEK_V3.kv_bytes_per_token(1)
+    fp8_kv = replace(DEEPSEEK_V3, kv_dtype="fp8")
+    assert fp8_kv.kv_bytes_per_token(8) == 576 * 61
+
+
+def test_fp8_weights_halve_the_weight_read_and_run_at_the_fp8_rate_where_there_is_one():
+    fp8 = replace(LLAMA_70B, weight_dtype="fp8")
+    for gpu in ("H200", "A100-80GB"):
+        bf16_cm, fp8_cm = CostModel(LLAMA_70B, get_hardware(gpu), 8), CostModel(fp8, get_hardware(gpu), 8)
+        # one decode's GEMMs are the weight read (the bf16 LM head stays), the launches stay
+        one = BatchShape.of([], [128])
+        assert fp8_cm.roofline(one).memory_s[0] < 0.52 * bf16_cm.roofline(one).memory_s[0]
+        assert fp8_cm.decode_time(1, 128) < bf16_cm.decode_time(1, 128)
+    long = BatchShape.of([(16384, 0)], [])
+    h200 = CostModel(fp8, get_hardware("H200"), 8).linear_time(16384)
+    assert h200 < 0.65 * CostModel(LLAMA_70B, get_hardware("H200"), 8).linear_time(16384)
+    # the A100 has no FP8 tensor cores: weight-only kernels, bf16 math, the same compute time
+    a100 = CostModel(fp8, get_hardware("A100-80GB"), 8)
+    a100_bf16 = CostModel(LLAMA_70B, get_hardware("A100-80GB"), 8)
+    assert a100.roofline(long).compute_s[0] == pytest.approx(a100_bf16.roofline(long).compute_s[0])
+    assert a100.linear_time(16384) == pytest.approx(a100_bf16.linear_time(16384), rel=0.05)
+
+
+def test_a_small_batch_reads_only_the_experts_it_touches():
+    assert touched_experts(1, 256, 8) == pytest.approx(8)
+    assert touched_experts(10_000, 256, 8) == pytest.approx(256)
+    counts = [touched_experts(t, 256, 8) for t in (1, 2, 8, 32, 128, 1024)]
+    assert counts == sorted(counts) and all(c <= 256 for c in counts)
+    cm = CostModel(MIXTRAL, get_hardware("H100"), 1)
+    one = cm.roofline(BatchShape.of([], [100])).memory_s[0]
+    many = cm.roofline(BatchShape.of([], [100] * 64)).memory_s[0]
+    # batch 1 reads attention + 2 of 8 experts per layer (42M + 2 x 176M parameters); 64 tokens
+    # touch all 8 (42M + 8 x 176M): 3.7x the bytes
+    assert 3.5 < many / one < 3.8
+    # a dense model of Mixtral's total size reads everything even for one token
+    dense_twin = replace(MIXTRAL, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
+                         intermediate_size=8 * 14336)  # fmt: skip
+    assert cm.decode_time(1, 100) < 0.5 * CostModel(dense_twin, get_hardware("H100"), 1).decode_time(1, 100)
+
+
+def test_decode_gets_dearer_with_the_batch_until_every_expert_is_touched():
+    cm = CostModel(DEEPSEEK_V3, get_hardware("H200"), 8)
+    times = [cm.decode_time(b, 2048) for b in (1, 4, 16, 64, 256)]
+    assert times == sorted(times)
+    # per token, a large batch is far cheaper: the experts' weights are shared by the batch
+    assert times[-1] / 256 < times[0] / 8
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    spec=st.sampled_from([DEEPSEEK_V3, MIXTRAL, replace(MIXTRAL, weight_dtype="fp8"),
+                          replace(LLAMA_70B, weight_dtype="nvfp4"), replace(DEEPSEEK_V3, kv_dtype="fp8")]),
+    hw=st.sampled_from(sorted(HARDWARE)),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    prefill=st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 16384)), max_size=3),
+    decodes=st.lists(st.integers(0, 32768), max_size=32),
+)  # fmt: skip
+def test_an_uncalibrated_prediction_never_beats_its_roofline(spec, hw, tp, prefill, decodes):
+    if spec.num_heads % tp:
+        return
+    cm = CostModel(spec, get_hardware(hw), tp)
+    shape = BatchShape.of(prefill, decodes)
+    if shape.num_tokens == 0:
+        return
+    roof = cm.roofline(shape)
+    t = cm.iteration_time(shape)
+    assert t >= sum(roof.compute_s) * (1 - 1e-9) or t >= roof.limit_s * (1 - 1e-9)
+    assert t >= roof.limit_s * (1 - 1e-9)
+
+
+def test_the_2026_gpus_have_their_formats():
+    assert get_hardware("b200").peak_for("fp4") == 9000e12
+    assert get_hardware("GB200-NVL72").nvlink_domain == 72
+    assert get_hardware("mi355x").peak_for("fp8") == 5000e12
+    assert get_hardware("H100").peak_for("fp4") == get_hardware("H100").peak_flops  # no FP4: bf16 math
+    assert get_hardware("A100").peak_for("fp8") == get_hardware("A100").peak_flops
+    for name in ("B200", "B300", "GB200", "H20", "MI325X", "MI355X"):
+        assert name in HARDWARE
+
+
+def test_formats_and_bad_fields_are_named():
+    assert get_precision("bfloat16").bytes == 2.0 and get_precision("FP8").bytes == 1.0
+    assert 0.5 < get_precision("mxfp4").bytes < 0.54
+    assert set(PRECISIONS) >= {"bf16", "fp8", "int4", "mxfp4", "nvfp4"}
+    with pytest.raises(ValueError, match="fp3"):
+        replace(LLAMA_70B, weight_dtype="fp3")
+    with pytest.raises(ValueError, match="experts_per_token"):
+        replace(MIXTRAL, experts_per_token=9)
+    with pytest.raises(ValueError, match="num_experts"):
+        replace(LLAMA_70B, moe_intermediate_size=1024)
+    with pytest.raises(ValueError, match="qk_rope_head_dim"):
+        replace(LLAMA_70B, kv_lora_rank=512)
+    with pytest.raises(ValueError, match="wave form"):
+        from tailserve.executors.simulated.cost_model import Efficiency
+
+        CostModel(MIXTRAL, get_hardware("H100"), 1, Efficiency(tile_n=128, tile_m=128))
