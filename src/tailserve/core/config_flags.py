@@ -17,6 +17,7 @@ The rules, by the field's annotation:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import Any
 
@@ -27,8 +28,13 @@ FALSE_WORDS = ("0", "false", "no", "off")
 
 def field_kinds(cls: type) -> dict[str, Any]:
     """Each field of a config dataclass with its resolved annotation, in definition order."""
+    return dict(_field_kinds(cls))
+
+
+@functools.cache
+def _field_kinds(cls: type) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def field_choices(cls: type) -> dict[str, tuple[Any, ...]]:

@@ -36,6 +36,20 @@ ENGINE_FLAGS: dict[str, type] = {
     "fairness": str,  # none | vtc (policies/fairness.py); slo has it as its own flag
     "tenant_weights": str,  # a=2,b=1
 }
+# What the command line's help says of each (a policy's ``default_<flag>`` is its default).
+ENGINE_FLAG_HELP: dict[str, str] = {
+    "block_size": "tokens per KV cache block (page)",
+    "gpu_memory_utilization": "fraction of each GPU's memory for weights, activations and the KV cache",
+    "max_model_len": "context length, prompt and output",
+    "fairness": "none | vtc: order the waiting queue by tenants' virtual token counters "
+    "(policies/fairness.py; the policies that admit from an FCFS queue)",
+    "tenant_weights": "fairness=vtc: the tenants' weights, e.g. a=2,b=1",
+}
+ENGINE_FLAG_DEFAULTS: dict[str, str] = {
+    "max_model_len": "the model's",
+    "fairness": "none",
+    "tenant_weights": "equal",
+}
 
 
 # Other names users type for the same engines (after lower-casing and ``_`` -> ``-``).
