@@ -118,7 +118,8 @@ def add_policy_flags(p: argparse.ArgumentParser, default_policy: str) -> None:
     from tailserve.cli.base import policy_help
     from tailserve.policies.registry import ENGINE_FLAG_HELP, ENGINE_FLAGS, POLICIES
 
-    p.add_argument("--policy", default=default_policy, help=policy_help())
+    chosen = p.add_argument_group("policy", "the scheduling policy; its flags follow, in its group below")
+    chosen.add_argument("--policy", default=default_policy, help=policy_help())
     p.epilog = EPILOG
     p.set_defaults(takes_policy_flags=True)
     kinds: dict[str, Any] = {}  # flag -> its type, the same for every policy that has it
