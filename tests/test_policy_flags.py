@@ -193,6 +193,13 @@ def test_an_unknown_flag_names_the_nearest_option(capsys):
     assert (
         _one_error_line(capsys, ["compare", "--bogus"]) == "tailserve: error: unrecognized argument --bogus"
     )
+    # A policy flag given to a command that takes a policy list says where it goes.
+    line = _one_error_line(capsys, ["compare", "--chunk-size", "256"])
+    assert line.endswith(
+        "--chunk-size (a flag of sarathi: give it in --policies, e.g. sarathi:chunk_size=VALUE)"
+    )
+    line = _one_error_line(capsys, ["cost", "--no-enable-chunked-prefill"])
+    assert line.endswith("(a flag of vllm-v0, vllm; tailserve cost takes no policy flags)")
 
 
 # ---- a policy added to the registry: its flags appear without any change to the CLI ----------

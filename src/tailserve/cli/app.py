@@ -30,7 +30,7 @@ from tailserve.cli import (
     tune,
 )
 from tailserve.cli.base import CliError, OneLineParser
-from tailserve.cli.policy_flags import policy_flags_from
+from tailserve.cli.policy_flags import flag_owners, policy_flags_from
 
 
 def build_parser() -> OneLineParser:
@@ -103,6 +103,17 @@ def _unrecognized(extra: list[str], command: OneLineParser | None) -> str:
     if command is None or not named[0].startswith("--"):
         return text
     options = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
+    flag = named[0].partition("=")[0][2:].removeprefix("no-").replace("-", "_")
+    owners = flag_owners(flag)
+    if owners and "--policies" in options:  # compare, tune: flags go in the policy list
+        return (
+            text + f" (a flag of {', '.join(owners)}: give it in --policies, e.g. {owners[0]}:{flag}=VALUE)"
+        )
+    if owners:
+        return (
+            text
+            + f" (a flag of {', '.join(owners)}; tailserve {command.prog.split()[-1]} takes no policy flags)"
+        )
     close = difflib.get_close_matches(named[0].partition("=")[0], options, n=1)
     return text + (f" (did you mean {close[0]}?)" if close else "")
 

@@ -213,7 +213,7 @@ def _defaults(cls: Any) -> dict[str, str]:
     for memory, context in _PROBES:
         try:
             config = cls.default_config(DeviceInfo(f"probe-{memory:g}GiB", memory), context)
-        except (TypeError, ValueError):
+        except Exception:  # a policy that needs more than a device to set its defaults: only help
             continue
         varies |= {name for name, value in base.items() if getattr(config, name) != value}
     return {name: PER_DEVICE if name in varies else _show(value) for name, value in base.items()}
@@ -271,6 +271,13 @@ def field_help(cls: type) -> dict[str, str]:
     return found
 
 
+def flag_owners(flag: str) -> list[str]:
+    """The registered policies whose config has ``flag``."""
+    from tailserve.policies.registry import POLICIES
+
+    return [name for name, cls in POLICIES.items() if flag in field_kinds(cls.config_cls)]
+
+
 def policy_flags_from(args: argparse.Namespace) -> dict[str, Any]:
     """The policy flags given (typed, in the order given), checked against ``--policy``: a flag
     its config lacks is one error line naming the policy and the flags it takes."""
@@ -287,7 +294,7 @@ def policy_flags_from(args: argparse.Namespace) -> dict[str, Any]:
     own = policy_flags(get_policy_cls(name))
     wrong = [flag for flag in given if flag not in own and flag not in ENGINE_FLAGS]
     if wrong:
-        owners = [p for p, cls in POLICIES.items() if set(wrong) & set(field_kinds(cls.config_cls))]
+        owners = [p for p in POLICIES if any(p in flag_owners(f) for f in wrong)]
         takes = ", ".join(option(f) for f in own) or "no flags of its own"
         everyone = ", ".join(option(f) for f in ENGINE_FLAGS)
         raise CliError(
