@@ -11,8 +11,8 @@ A flag several policies share (``--max-num-seqs``) is one option: it parses to t
 whichever policy is chosen, and it is listed under each of its policies with that policy's
 default. Options default to ``argparse.SUPPRESS``, so only the flags given reach the chosen
 policy; once ``--policy`` is known, a flag its config lacks is one error line naming the policy
-and the flags it takes (``policy_flags_from``). Values are converted by argparse with the one
-converter of config fields (``core/config_flags.py``): ``--max-num-seqs 1e3`` is 1000,
+and the flags it takes (``policy_flags_from``). Values are converted as argparse reads them, by
+the one converter of config fields (``core/config_flags.py``): ``--max-num-seqs 1e3`` is 1000,
 ``--max-running-requests none`` unsets an optional one, a bool takes ``--flag``, ``--no-flag``
 or ``--flag false``. Names with underscores (``--max_num_seqs``) work as in vLLM.
 """
