@@ -219,12 +219,13 @@ def test_approx_tree_match_stops_at_the_first_gap():
     assert tree.match((1, 2, 3), 0, min_time=1.0) == 0
 
 
-def test_router_and_policy_flags_keep_their_own_rules():
-    # (two converters: cluster/router_registry.py is routing code, which may import no policy
-    # module, tests/test_layering.py) routers: a count may be a whole float; policies: plain ints
+def test_router_and_policy_flags_share_one_converter():
+    # One converter (core/config_flags.py, standard library only, so routing code may import it):
+    # a count may be a whole float on both sides, a fraction is refused on both.
     assert make_router("random:seed=1e3").config.seed == 1000
-    with pytest.raises(ValueError, match=r"flag max_num_seqs: '1e3' is not a valid int"):
-        PolicySpec.make("vllm", {"max_num_seqs": "1e3"})
+    assert PolicySpec.make("vllm", {"max_num_seqs": "1e3"}).flags == {"max_num_seqs": 1000}
+    with pytest.raises(ValueError, match=r"flag max_num_seqs: '1.5' is not a valid int"):
+        PolicySpec.make("vllm", {"max_num_seqs": "1.5"})
     with pytest.raises(ValueError, match=r"router random flag seed: '1.5' is not a valid int"):
         make_router("random:seed=1.5")
     # bool words on both sides; an optional policy flag is unset by "none"

@@ -1,13 +1,15 @@
 """The ``tailserve`` command: one parser, a subcommand per module, one-line errors.
 
 Each command module has ``add_parser(sub)``, which adds its subparser and sets ``run`` (the
-function ``main`` calls with the parsed arguments) and, for commands that take one policy's
-flags by their engine names, ``takes_policy_flags``.
+function ``main`` calls with the parsed arguments); a command that takes one policy's flags by
+their engine names adds them with ``policy_flags.add_policy_flags`` (generated from the policies'
+config dataclasses), and ``main`` checks them against ``--policy`` once, into
+``args.policy_flags``. The command line is parsed once.
 """
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -27,8 +29,8 @@ from tailserve.cli import (
     simulate,
     tune,
 )
-from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, OneLineParser, policy_help
-from tailserve.cli.policy_flags import parse_policy_flags
+from tailserve.cli.base import CliError, OneLineParser
+from tailserve.cli.policy_flags import flag_owners, policy_flags_from
 
 
 def build_parser() -> OneLineParser:
@@ -50,15 +52,9 @@ def build_parser() -> OneLineParser:
     bench.add_parser(sub)
     run.add_parser(sub)
     router.add_parser(sub)
-    for name in ("serve", "run"):  # their modules build the parsers; what is shared is set here:
-        sub.choices[name].epilog = POLICY_FLAGS_EPILOG  # the policy-flags epilog
-        _option(sub.choices[name], "--policy").help = policy_help()  # the registry's policy names
     parser.command_names = tuple(sub.choices)
+    parser.commands = dict(sub.choices)
     return parser
-
-
-def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
-    return next(a for a in parser._actions if flag in a.option_strings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,11 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cpu_isa.apply_forced_level()
     try:
-        if extra and not getattr(args, "takes_policy_flags", False):
-            raise CliError(f"unrecognized argument{'s' if len(extra) > 1 else ''} {' '.join(extra)}")
+        if extra:
+            raise CliError(_unrecognized(extra, parser.commands.get(args.command)))
         if getattr(args, "takes_policy_flags", False):
-            parse_policy_flags(extra, args.policy)  # unknown or value-less flags: one line, now
-        args.extra = extra  # a command with takes_policy_flags reads them with parse_policy_flags
+            args.policy_flags = policy_flags_from(args)  # a flag --policy lacks: one line, now
         command = getattr(args, "run", None)
         if command is None:
             parser.print_help()
@@ -98,6 +93,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"tailserve: error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
         return 2
+
+
+def _unrecognized(extra: list[str], command: OneLineParser | None) -> str:
+    """``unrecognized argument --bogus`` (the options among ``extra``, else all of it), with the
+    command's nearest option when one is close."""
+    named = [word for word in extra if word.startswith("-")] or extra
+    text = f"unrecognized argument{'s' if len(named) > 1 else ''} {' '.join(named)}"
+    if command is None or not named[0].startswith("--"):
+        return text
+    options = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
+    flag = named[0].partition("=")[0][2:].removeprefix("no-").replace("-", "_")
+    owners = flag_owners(flag)
+    if owners and "--policies" in options:  # compare, tune: flags go in the policy list
+        return (
+            text + f" (a flag of {', '.join(owners)}: give it in --policies, e.g. {owners[0]}:{flag}=VALUE)"
+        )
+    if owners:
+        return (
+            text
+            + f" (a flag of {', '.join(owners)}; tailserve {command.prog.split()[-1]} takes no policy flags)"
+        )
+    close = difflib.get_close_matches(named[0].partition("=")[0], options, n=1)
+    return text + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _command_first(argv: list[str], commands: Sequence[str]) -> str:

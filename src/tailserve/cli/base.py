@@ -1,5 +1,5 @@
-"""What every command module shares: the one-line error (``CliError``, ``OneLineParser``), the
-policy-flags epilog and ``--policy``'s help, JSON output and config-dataclass defaults."""
+"""What every command module shares: the one-line error (``CliError``, ``OneLineParser``),
+``--policy``'s help, JSON output and config-dataclass defaults."""
 
 from __future__ import annotations
 
@@ -20,17 +20,10 @@ class OneLineParser(argparse.ArgumentParser):
     made with the same class."""
 
     command_names: tuple[str, ...] = ()  # the subcommands, set by build_parser
+    commands: dict[str, argparse.ArgumentParser]  # their parsers, set by build_parser
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-POLICY_FLAGS_EPILOG = (
-    "Policy flags follow with the engine's own names, e.g. --max-num-batched-tokens 512 "
-    "--no-enable-chunked-prefill (vllm), --chunked-prefill-size 1024 (sglang), "
-    "--max-batch-prefill-tokens 4096 (tgi); `tailserve policies` lists every policy's flags "
-    "and its engine's defaults."
-)
 
 
 def policy_help() -> str:

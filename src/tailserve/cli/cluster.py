@@ -64,7 +64,6 @@ def cluster_requested(args: argparse.Namespace) -> bool:
 
 def run_cluster(args: argparse.Namespace) -> int:
     from tailserve.cli.options import deployment_from, parse_slo, workload_from
-    from tailserve.cli.policy_flags import parse_policy_flags
     from tailserve.cluster.attribution import explain_cluster
     from tailserve.cluster.build import build_stage, workload_requests
     from tailserve.cluster.cluster import run_aggregated
@@ -93,7 +92,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             "--iterations, --save-run and --report describe one engine; not available with a cluster"
         )
 
-    policy = PolicySpec.make(args.policy, parse_policy_flags(args.extra))
+    policy = PolicySpec.make(args.policy, args.policy_flags)
     deployment = deployment_from(args)
     workload = WorkloadBuilder(workload_from(args))
     # No batch record: the cluster's explanation reads routing decisions and P/D timelines.

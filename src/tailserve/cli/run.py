@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tailserve.cli.base import default_of
-from tailserve.cli.policy_flags import parse_policy_flags
+from tailserve.cli.policy_flags import add_policy_flags
 from tailserve.core.sampling_params import SamplingParams
 from tailserve.llm.engine_args import DTYPE_HELP, DTYPES, EngineArgs
 
@@ -76,7 +76,6 @@ def add_parser(sub: Any) -> None:
         required=True,
         help="text file (one prompt per line) or JSONL with prompt / prompt_token_ids",
     )
-    p.add_argument("--policy", default=_arg("policy"), help="scheduling policy (default: %(default)s)")
     p.add_argument("--dtype", default=_arg("dtype"), choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--device", default=_arg("device"), help="cpu or cuda (default: %(default)s)")
     p.add_argument(
@@ -99,7 +98,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", metavar="OUT", help="write every output and the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
-    p.set_defaults(run=run_run, takes_policy_flags=True)
+    p.set_defaults(run=run_run)
+    add_policy_flags(p, default_policy=_arg("policy"))
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -126,7 +126,7 @@ def run_run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib,
         threads=args.threads,
-        **parse_policy_flags(args.extra),
+        **args.policy_flags,
     )
     console.print(f"[dim]{llm.engine.description}[/dim]")
     t0 = time.perf_counter()

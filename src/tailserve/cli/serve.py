@@ -26,7 +26,7 @@ from typing import Any
 
 from tailserve.cli.base import default_of
 from tailserve.cli.listen import api_keys_from_env, bind_socket
-from tailserve.cli.policy_flags import parse_policy_flags
+from tailserve.cli.policy_flags import add_policy_flags
 from tailserve.llm.engine_args import DTYPE_HELP, DTYPES, EXECUTORS, EngineArgs
 
 DEFAULT_PORT = 8000
@@ -49,11 +49,6 @@ def add_parser(sub: Any) -> None:
         help="Hugging Face model directory (default: the tiny model tailserve creates once in its cache)",
     )
     p.add_argument("--executor", choices=EXECUTORS, default=_arg("executor"), help="(default: %(default)s)")
-    p.add_argument(
-        "--policy",
-        default=_arg("policy"),
-        help="static | orca | vllm-v0 | vllm | sarathi | sglang | tgi (default: %(default)s)",
-    )
     p.add_argument("--dtype", default=_arg("dtype"), choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--device", default=_arg("device"), help="torch device (default: %(default)s)")
     p.add_argument("--seed", type=int, default=_arg("seed"), help="sampling seed (default: %(default)s)")
@@ -159,7 +154,8 @@ def add_parser(sub: Any) -> None:
         "(default: %(default)s)",
     )
     g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.set_defaults(run=run_serve, takes_policy_flags=True)
+    p.set_defaults(run=run_serve)
+    add_policy_flags(p, default_policy=_arg("policy"))
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -175,7 +171,6 @@ def run_serve(args: argparse.Namespace) -> int:
         check_client_bounds,
     )
 
-    flags = parse_policy_flags(args.extra)
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     api_keys = api_keys_from_env(args.api_key, os.environ)
@@ -227,7 +222,7 @@ def run_serve(args: argparse.Namespace) -> int:
             model_dir,
             executor=args.executor,
             policy=args.policy,
-            policy_flags=flags,
+            policy_flags=args.policy_flags,
             dtype=args.dtype,
             device=args.device,
             seed=args.seed,

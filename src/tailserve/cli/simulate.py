@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from tailserve.cli.base import POLICY_FLAGS_EPILOG, CliError, policy_help, write_json
+from tailserve.cli.base import CliError, write_json
 from tailserve.cli.cluster import add_cluster_arguments, cluster_requested, run_cluster
 from tailserve.cli.options import (
     add_deployment_args,
@@ -20,7 +20,7 @@ from tailserve.cli.options import (
     print_notes,
     workload_from,
 )
-from tailserve.cli.policy_flags import parse_policy_flags
+from tailserve.cli.policy_flags import add_policy_flags
 from tailserve.cli.run_outputs import add_run_outputs, run_outputs
 from tailserve.report.tables import print_runs
 from tailserve.sim.deployment import build_cost_model
@@ -36,10 +36,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "simulate",
         help="one policy; its flags follow with the engine's own names, e.g. --max-num-batched-tokens 512",
-        epilog=POLICY_FLAGS_EPILOG,
     )
-    p.add_argument("--policy", default="vllm", help=policy_help())
-    p.set_defaults(run=cmd_simulate, takes_policy_flags=True)
+    p.set_defaults(run=cmd_simulate)
     add_deployment_args(p)
     add_workload_args(p)
     add_output_args(p)
@@ -53,6 +51,7 @@ def add_parser(sub: Any) -> None:
     )
     add_run_outputs(p, simulate=True)
     add_cluster_arguments(p)
+    add_policy_flags(p, default_policy="vllm")  # last: its groups follow the command's own
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -60,7 +59,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return run_cluster(args)
     from tailserve.policies.registry import PolicySpec
 
-    spec = PolicySpec.make(args.policy, parse_policy_flags(args.extra))
+    spec = PolicySpec.make(args.policy, args.policy_flags)
     built = build_cost_model(deployment_from(args))
     print_notes(built)
     workload = WorkloadBuilder(workload_from(args))

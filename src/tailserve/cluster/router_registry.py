@@ -6,7 +6,6 @@ underscores in names and flags. A bad name, flag or value is one ValueError line
 
 from __future__ import annotations
 
-import typing
 from dataclasses import fields
 from typing import Any
 
@@ -20,6 +19,7 @@ from tailserve.cluster.routers import (
     RoundRobinRouter,
     SessionRouter,
 )
+from tailserve.core.config_flags import convert, field_choices, field_kinds
 
 ROUTERS: dict[str, type[BaseRouter]] = {
     cls.name: cls
@@ -67,8 +67,8 @@ def parse_router_spec(text: str) -> tuple[str, dict[str, Any]]:
     head, _, rest = text.strip().partition(":")
     name = resolve_router_name(head)
     cls = ROUTERS[name]
-    hints = typing.get_type_hints(cls.config_cls)
-    known = {f.name for f in fields(cls.config_cls)}
+    kinds = field_kinds(cls.config_cls)
+    choices = field_choices(cls.config_cls)
     flags: dict[str, Any] = {}
     for part in (p.strip() for p in rest.replace(":", ",").split(",")):
         if not part:
@@ -77,10 +77,13 @@ def parse_router_spec(text: str) -> tuple[str, dict[str, Any]]:
         key = key.strip().replace("-", "_")
         if not eq or not key:
             raise ValueError(f"router spec {text!r}: {part!r} is not flag=value")
-        if key not in known:
-            valid = ", ".join(sorted(known)) or "none"
+        if key not in kinds:
+            valid = ", ".join(sorted(kinds)) or "none"
             raise ValueError(f"router {name} has no flag {key!r}; valid: {valid}")
-        flags[key] = _convert(name, key, value.strip(), hints[key])
+        try:
+            flags[key] = convert(value.strip(), kinds[key], choices.get(key))
+        except ValueError as e:
+            raise ValueError(f"router {name} flag {key}: {e}") from None
     return name, flags
 
 
@@ -93,26 +96,3 @@ def make_router(text: str, **kwargs: Any) -> BaseRouter:
     except (TypeError, ValueError) as e:
         raise ValueError(f"router {name}: {e}") from None
     return cls(config, **kwargs)
-
-
-def _convert(router: str, key: str, text: str, kind: Any) -> Any:
-    try:
-        if kind is bool:
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            value = float(text)  # 1e6 is fine for a count, 1.5 is not
-            if not value.is_integer():
-                raise ValueError
-            return int(value)
-        if kind is float:
-            return float(text)
-    except ValueError:
-        raise ValueError(
-            f"router {router} flag {key}: {text!r} is not a valid {getattr(kind, '__name__', kind)}"
-        ) from None
-    return text

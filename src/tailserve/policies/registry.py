@@ -8,10 +8,10 @@ for the policies whose waiting queue VTC can order (``policies/fairness.py``).
 
 from __future__ import annotations
 
-import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from tailserve.core.config_flags import convert, field_choices, field_kinds
 from tailserve.core.policy import Policy
 from tailserve.policies.orca import OrcaPolicy
 from tailserve.policies.sarathi import SarathiPolicy
@@ -35,6 +35,20 @@ ENGINE_FLAGS: dict[str, type] = {
     "max_model_len": int,
     "fairness": str,  # none | vtc (policies/fairness.py); slo has it as its own flag
     "tenant_weights": str,  # a=2,b=1
+}
+# What the command line's help says of each (a policy's ``default_<flag>`` is its default).
+ENGINE_FLAG_HELP: dict[str, str] = {
+    "block_size": "tokens per KV cache block (page)",
+    "gpu_memory_utilization": "fraction of each GPU's memory for weights, activations and the KV cache",
+    "max_model_len": "context length, prompt and output",
+    "fairness": "none | vtc: order the waiting queue by tenants' virtual token counters "
+    "(policies/fairness.py; the policies that admit from an FCFS queue)",
+    "tenant_weights": "fairness=vtc: the tenants' weights, e.g. a=2,b=1",
+}
+ENGINE_FLAG_DEFAULTS: dict[str, str] = {
+    "max_model_len": "the model's",
+    "fairness": "none",
+    "tenant_weights": "equal",
 }
 
 
@@ -64,33 +78,14 @@ def get_policy_cls(name: str) -> type[Policy]:
 
 def policy_flags(cls: type[Policy]) -> dict[str, type]:
     """The policy's own flags with their Python types."""
-    hints = typing.get_type_hints(cls.config_cls)
-    return {f.name: hints[f.name] for f in fields(cls.config_cls)}
+    return field_kinds(cls.config_cls)
 
 
-def _convert(name: str, text: Any, kind: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if args:  # an optional flag, e.g. ``int | None``: "none" unsets it
-        if text.lower() in ("none", "null", ""):
-            return None
-        kind = args[0]
+def _flag_value(key: str, value: Any, kind: Any, choices: tuple[Any, ...] | None = None) -> Any:
     try:
-        if kind is bool:
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-    except ValueError:
-        raise ValueError(f"flag {name}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
-    return text
+        return convert(value, kind, choices)
+    except ValueError as e:
+        raise ValueError(f"flag {key}: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +111,15 @@ class PolicySpec:
         name = resolve_policy_name(name)
         cls = POLICIES[name]
         own = policy_flags(cls)
+        choices = field_choices(cls.config_cls)
         mine: dict[str, Any] = {}
         engine: dict[str, Any] = {}
         for raw_key, value in flags.items():
             key = raw_key.replace("-", "_")
             if key in own:
-                mine[key] = _convert(key, value, own[key])
+                mine[key] = _flag_value(key, value, own[key], choices.get(key))
             elif key in ENGINE_FLAGS:
-                engine[key] = _convert(key, value, ENGINE_FLAGS[key])
+                engine[key] = _flag_value(key, value, ENGINE_FLAGS[key])
             else:
                 valid = ", ".join([*own, *ENGINE_FLAGS])
                 raise ValueError(f"policy {name} has no flag {raw_key!r}; valid: {valid}")

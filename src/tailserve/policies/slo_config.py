@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tailserve.policies.fairness import make_backlog
 from tailserve.policies.slo_classes import DEFAULT_SLO_CLASSES, SloClass, parse_slo_classes
@@ -17,7 +17,7 @@ class SloConfig:
     max_num_batched_tokens: int  # tokens per iteration at most, whatever the slack
     max_num_seqs: int
     slo_classes: str = DEFAULT_SLO_CLASSES
-    slo_admission: str = "best-effort"  # or "reject"
+    slo_admission: str = field(default="best-effort", metadata={"choices": ADMISSIONS})
     aging_s: float = 10.0  # seconds a best-effort request waits before it goes first
     # Rule 5: the share of the prefill tokens that aged requests may take ahead of feasible ones
     # (1: aged requests always go first).
@@ -35,7 +35,7 @@ class SloConfig:
     # this fraction of its fair share (it becomes protected under half of it); 0.5: no hold.
     protect_until: float = 1.0
     # Rule 9: a protected tenant's feasible waiting requests in "arrival" order, or "slack" (rule 3's).
-    protected_order: str = "arrival"
+    protected_order: str = field(default="arrival", metadata={"choices": PROTECTED_ORDERS})
     tbt_late_fraction: float = 0.0  # experiment (slo_burst.py): share of gaps allowed late on bursts
     enable_prefix_caching: bool = True
 
