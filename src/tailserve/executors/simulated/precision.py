@@ -1,7 +1,8 @@
 """Number formats of weights, activations and the KV cache: bytes per element and the tensor-core
 rate a GEMM in that format runs at.
 
-A format's ``bytes`` include its scales: FP8 with one scale per output channel (negligible),
+A format's ``bytes`` include its scales: FP8 with one scale per tensor or output channel
+(negligible), block-scaled FP8 one FP32 scale per 128 x 128 block,
 MXFP4 one 8-bit scale per 32 values (OCP microscaling; gpt-oss's experts), NVFP4 one FP8 scale per
 16 values, INT4 weight-only (AWQ/GPTQ) one 16-bit scale per group of 128.
 
@@ -31,6 +32,9 @@ PRECISIONS: dict[str, Precision] = {
         Precision("bf16", 2.0, "bf16"),
         Precision("fp16", 2.0, "bf16"),  # the same tensor-core rate as bf16 on every GPU here
         Precision("fp8", 1.0, "fp8"),
+        # 128 x 128 weight blocks and 1 x 128 activation groups, each with an FP32 scale
+        # (DeepSeek-V3/R1, Qwen3-FP8 checkpoints; DeepGEMM / CUTLASS block-scaled kernels)
+        Precision("fp8_block", 1.0 + 4 / (128 * 128), "fp8"),
         Precision("int8", 1.0, "int8"),
         Precision("int4", 0.5 + 2 / 128, "bf16"),
         Precision("mxfp4", 0.5 + 1 / 32, "fp4"),
