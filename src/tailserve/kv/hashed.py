@@ -55,7 +55,7 @@ class HashedKVCacheManager(KVCacheManager):
         self.block_tables.setdefault(request_id, []).extend(new_blocks)
         return new_blocks
 
-    def free(self, request_id: str) -> int:
+    def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
         self._num_registered.pop(request_id, None)
         return super().free(request_id)
 
@@ -106,7 +106,9 @@ class HashedKVCacheManager(KVCacheManager):
         evictable_hits = self.pool.num_unreferenced(match.kv_indices)
         return self.blocks_for(num_total_tokens) - len(match.kv_indices) + evictable_hits
 
-    def allocate_with_prefix(self, request_id: str, match: PrefixMatch, num_total_tokens: int) -> bool:
+    def allocate_with_prefix(
+        self, request_id: str, match: PrefixMatch, num_total_tokens: int, limit: int | None = None
+    ) -> bool:
         """Take the hit blocks and allocate the rest up to ``num_total_tokens``; False (nothing
         changed) when that does not fit. The request must hold no blocks yet."""
         if self.num_blocks_needed_after_hit(match, num_total_tokens) > self.pool.num_free_blocks:
