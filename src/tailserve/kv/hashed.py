@@ -73,6 +73,12 @@ class HashedKVCacheManager(KVCacheManager):
     def drop_cached(self) -> None:
         self.pool.evict(self.pool.num_evictable)
 
+    def num_cached_prefix(self, keys: Sequence[int]) -> int:
+        return self.pool.num_cached_prefix(keys)
+
+    def take_kv_events(self) -> list[tuple]:
+        return self.pool.take_events()
+
     # ---- prefix caching ---------------------------------------------------------------------
     def set_prefix_keys(
         self, request_id: str, keys: list[int], token_ids: Sequence[int] | None = None

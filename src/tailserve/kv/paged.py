@@ -214,6 +214,15 @@ class KVCacheManager:
         """Lookups, hits and evictions of the prefix cache; None without one."""
         return None
 
+    def num_cached_prefix(self, keys: Sequence[int]) -> int:
+        """Leading blocks of ``keys`` cached now (a router's look, not counted as a lookup)."""
+        return 0
+
+    def take_kv_events(self) -> list[tuple]:
+        """vLLM-style KV events (stored / removed blocks) since the last call; recording starts
+        with the first call. None are recorded without hashed prefix caching."""
+        return []
+
     def drop_cached(self) -> None:
         """Forget every cached block nobody holds (after a failed step, none may be matched)."""
 
