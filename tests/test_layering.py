@@ -83,3 +83,48 @@ def test_routing_code_is_pure():
     for name in ROUTING:
         for imported in imports_of(ROOT / "cluster" / f"{name}.py"):
             assert imported.split(".")[-1] in ROUTING, f"cluster/{name}.py imports {imported}"
+
+
+# ---- the KV managers own their prefix caches (issue 31) --------------------------------------
+_KV_RECEIVERS = {"kv", "kv_cache", "_kv"}  # how code outside kv/ names a KV manager
+_PREFIX_METHODS = {"match_prefix", "allocate_with_prefix", "register_computed", "share", "hold", "release", "free"}
+
+
+def _receiver(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def test_kv_managers_own_their_prefix_caches():
+    """Outside kv/, nothing attaches to a KV manager (no attribute assignments), nothing but the
+    scheduler calls its prefix-cache or reference methods (policies ask through ``Scheduler``),
+    and nothing asks which manager class it is (capabilities instead: ``prefix_caching``,
+    ``shares_prefixes``, ``can_drop_cached``)."""
+    leaks = []
+    for path in modules():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("kv/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if (
+                    rel != "core/scheduler.py"
+                    and _receiver(node.func.value) in _KV_RECEIVERS
+                    and node.func.attr in _PREFIX_METHODS
+                ):
+                    leaks.append(f"{rel}:{node.lineno} calls {ast.unparse(node.func)}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("isinstance", "issubclass") and "KVCacheManager" in ast.unparse(node.args[1]):
+                    leaks.append(f"{rel}:{node.lineno} tests {ast.unparse(node)}")
+            if isinstance(node, ast.Compare) and "KVCacheManager" in ast.unparse(node):
+                if any(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) for op in node.ops):
+                    leaks.append(f"{rel}:{node.lineno} tests {ast.unparse(node)}")
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and _receiver(target.value) in _KV_RECEIVERS:
+                        leaks.append(f"{rel}:{node.lineno} assigns {ast.unparse(target)}")
+    assert not leaks, "\n".join(leaks)

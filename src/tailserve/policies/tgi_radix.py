@@ -88,9 +88,9 @@ class RadixAllocator:
             sched.lock_cached_prefix(match)
         if excess > 0:
             sched.evict_cached(excess)
-        if match is not None:
+        if match is not None:  # it starts at the end of the match
             allocated = sched.allocate_with_cached_prefix(request, match, lifetime)
         else:
             allocated = sched.allocate(request, lifetime)
         assert allocated, "checked by fit"
-        request.num_computed_tokens = prefix
+        assert request.num_computed_tokens == prefix, (request.num_computed_tokens, prefix)
