@@ -145,7 +145,9 @@ def test_a_radix_manager_caches_on_free_as_its_engine_does(flavour) -> None:
     kv = make_kv_cache(KVSpec("radix", radix=flavour), 64, 1)
     assert kv.warm([9, 9])  # a cached entry nobody holds
     for rid, finished, computed in (("done", True, 6), ("aborted", False, 6), ("put-back", False, 0)):
-        kv.set_prefix_keys(rid, {"done": [1, 2, 3, 4, 5, 6], "aborted": [7, 8, 9, 10, 11, 12]}.get(rid, [20] * 6))
+        kv.set_prefix_keys(
+            rid, {"done": [1, 2, 3, 4, 5, 6], "aborted": [7, 8, 9, 10, 11, 12]}.get(rid, [20] * 6)
+        )
         match = kv.match_prefix(rid, 6)
         assert match is not None and match.num_tokens == 0
         kv.lock_prefix(match)

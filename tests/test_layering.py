@@ -87,7 +87,16 @@ def test_routing_code_is_pure():
 
 # ---- the KV managers own their prefix caches (issue 31) --------------------------------------
 _KV_RECEIVERS = {"kv", "kv_cache", "_kv"}  # how code outside kv/ names a KV manager
-_PREFIX_METHODS = {"match_prefix", "allocate_with_prefix", "register_computed", "share", "hold", "release", "free"}
+_PREFIX_METHODS = {
+    "match_prefix",
+    "allocate_with_prefix",
+    "register_computed",
+    "share",
+    "hold",
+    "release",
+    "free",
+}
+_CLASS_TESTS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)
 
 
 def _receiver(node: ast.expr) -> str | None:
@@ -98,6 +107,28 @@ def _receiver(node: ast.expr) -> str | None:
     return None
 
 
+def _kv_leaks(rel: str, node: ast.AST) -> list[str]:
+    """What ``node`` (in module ``rel``, outside kv/) does to a KV manager that it should not."""
+    found = []
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        receiver, method = _receiver(node.func.value), node.func.attr
+        if rel != "core/scheduler.py" and receiver in _KV_RECEIVERS and method in _PREFIX_METHODS:
+            found.append(f"{rel}:{node.lineno} calls {ast.unparse(node.func)}")
+    is_class_test = (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("isinstance", "issubclass")
+    ) or (isinstance(node, ast.Compare) and any(isinstance(op, _CLASS_TESTS) for op in node.ops))
+    if is_class_test and "KVCacheManager" in ast.unparse(node):
+        found.append(f"{rel}:{node.lineno} tests {ast.unparse(node)}")
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _receiver(target.value) in _KV_RECEIVERS:
+                found.append(f"{rel}:{node.lineno} assigns {ast.unparse(target)}")
+    return found
+
+
 def test_kv_managers_own_their_prefix_caches():
     """Outside kv/, nothing attaches to a KV manager (no attribute assignments), nothing but the
     scheduler calls its prefix-cache or reference methods (policies ask through ``Scheduler``),
@@ -106,25 +137,7 @@ def test_kv_managers_own_their_prefix_caches():
     leaks = []
     for path in modules():
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("kv/"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                if (
-                    rel != "core/scheduler.py"
-                    and _receiver(node.func.value) in _KV_RECEIVERS
-                    and node.func.attr in _PREFIX_METHODS
-                ):
-                    leaks.append(f"{rel}:{node.lineno} calls {ast.unparse(node.func)}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in ("isinstance", "issubclass") and "KVCacheManager" in ast.unparse(node.args[1]):
-                    leaks.append(f"{rel}:{node.lineno} tests {ast.unparse(node)}")
-            if isinstance(node, ast.Compare) and "KVCacheManager" in ast.unparse(node):
-                if any(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) for op in node.ops):
-                    leaks.append(f"{rel}:{node.lineno} tests {ast.unparse(node)}")
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    if isinstance(target, ast.Attribute) and _receiver(target.value) in _KV_RECEIVERS:
-                        leaks.append(f"{rel}:{node.lineno} assigns {ast.unparse(target)}")
+        if not rel.startswith("kv/"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                leaks += _kv_leaks(rel, node)
     assert not leaks, "\n".join(leaks)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailserve.core.request import Request, RequestStatus
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.prefix import PrefixCacheStats, token_keys_from_hash_ids
 from tailserve.kv.radix import RadixCache
