@@ -107,3 +107,58 @@ def test_the_plain_manager_answers_prefix_questions_with_nothing() -> None:
     kv.register_computed("a", 20)
     kv.drop_cached()
     kv.check_integrity()
+
+
+def test_the_factory_gives_a_radix_manager_its_engines_tree_built_with_the_first_keys() -> None:
+    """The radix tree is the manager's (``KVSpec.radix``), built when the first request's keys
+    arrive; SGLang's per-token keys get no tree with larger pages, TGI's block keys do."""
+    from tailserve.kv.factory import make_kv_cache
+    from tailserve.kv.spec import KVSpec
+
+    kv = make_kv_cache(KVSpec("radix", radix="sglang"), 64, 1)
+    assert kv.radix_tree is None and kv.can_drop_cached
+    kv.set_prefix_keys("a", [])  # no token identities: still no tree
+    assert kv.radix_tree is None
+    kv.set_prefix_keys("a", [1, 2, 3, 4])
+    assert kv.radix_tree is not None and kv.radix_tree.block_size == 1 and not kv.can_drop_cached
+    paged_sglang = make_kv_cache(KVSpec("radix", radix="sglang"), 64, 16)
+    paged_sglang.set_prefix_keys("a", [(1,) * 16])
+    assert paged_sglang.radix_tree is None and paged_sglang.match_prefix("a", 40) is None
+    tgi = make_kv_cache(KVSpec("radix", radix="tgi"), 64, 16)
+    tgi.set_prefix_keys("a", [(1,) * 16])
+    assert tgi.radix_tree is not None and tgi.radix_tree.block_size == 16
+    with pytest.raises(ValueError, match="radix cache must be one of sglang, tgi"):
+        KVSpec("radix", radix="lru")  # type: ignore[arg-type]
+    plain = KVCacheManager(8, 16)  # the interface's answers without a prefix cache
+    assert plain.radix_tree is None and plain.can_drop_cached and plain.match_prefix("a", 10) is None
+    assert plain.evictable_tokens == 0 and not plain.holds_prefix("a") and plain.take_kv_events() == []
+
+
+@pytest.mark.parametrize("flavour", ["sglang", "tgi"])
+def test_a_radix_manager_caches_on_free_as_its_engine_does(flavour) -> None:
+    """SGLang inserts a finished request's tokens and only unlocks an aborted or retracted one;
+    TGI inserts the computed prompt blocks of any request that leaves, and only unlocks one put
+    back with nothing computed."""
+    from tailserve.kv.factory import make_kv_cache
+    from tailserve.kv.spec import KVSpec
+
+    kv = make_kv_cache(KVSpec("radix", radix=flavour), 64, 1)
+    assert kv.warm([9, 9])  # a cached entry nobody holds
+    for rid, finished, computed in (("done", True, 6), ("aborted", False, 6), ("put-back", False, 0)):
+        kv.set_prefix_keys(
+            rid, {"done": [1, 2, 3, 4, 5, 6], "aborted": [7, 8, 9, 10, 11, 12]}.get(rid, [20] * 6)
+        )
+        match = kv.match_prefix(rid, 6)
+        assert match is not None and match.num_tokens == 0
+        kv.lock_prefix(match)
+        assert kv.allocate_with_prefix(rid, match, 6) and kv.holds_prefix(rid)
+        kv.free(rid, computed, finished)
+        assert not kv.holds_prefix(rid)
+        kv.forget_prefix_keys(rid)
+        kv.check_integrity()
+    tree = kv.radix_tree
+    assert tree.match_prefix([1, 2, 3, 4, 5, 6]).num_tokens == 6  # the finished one, both engines
+    aborted_cached = tree.match_prefix([7, 8, 9, 10, 11, 12]).num_tokens
+    assert aborted_cached == (6 if flavour == "tgi" else 0)
+    assert tree.match_prefix([20] * 6).num_tokens == 0  # put back: nothing cached
+    assert tree.protected_size == 0 and kv.num_free_blocks + tree.evictable_size == kv.num_blocks

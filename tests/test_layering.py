@@ -126,3 +126,61 @@ def test_no_import_cycle_inside_core():
 
     for name in sorted(edges):
         visit(name, [])
+
+
+# ---- the KV managers own their prefix caches (issue 31) --------------------------------------
+_KV_RECEIVERS = {"kv", "kv_cache", "_kv"}  # how code outside kv/ names a KV manager
+_PREFIX_METHODS = {
+    "match_prefix",
+    "allocate_with_prefix",
+    "register_computed",
+    "share",
+    "hold",
+    "release",
+    "free",
+}
+_CLASS_TESTS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)
+
+
+def _receiver(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _kv_leaks(rel: str, node: ast.AST) -> list[str]:
+    """What ``node`` (in module ``rel``, outside kv/) does to a KV manager that it should not."""
+    found = []
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        receiver, method = _receiver(node.func.value), node.func.attr
+        if rel != "core/scheduler.py" and receiver in _KV_RECEIVERS and method in _PREFIX_METHODS:
+            found.append(f"{rel}:{node.lineno} calls {ast.unparse(node.func)}")
+    is_class_test = (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("isinstance", "issubclass")
+    ) or (isinstance(node, ast.Compare) and any(isinstance(op, _CLASS_TESTS) for op in node.ops))
+    if is_class_test and "KVCacheManager" in ast.unparse(node):
+        found.append(f"{rel}:{node.lineno} tests {ast.unparse(node)}")
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _receiver(target.value) in _KV_RECEIVERS:
+                found.append(f"{rel}:{node.lineno} assigns {ast.unparse(target)}")
+    return found
+
+
+def test_kv_managers_own_their_prefix_caches():
+    """Outside kv/, nothing attaches to a KV manager (no attribute assignments), nothing but the
+    scheduler calls its prefix-cache or reference methods (policies ask through ``Scheduler``),
+    and nothing asks which manager class it is (capabilities instead: ``prefix_caching``,
+    ``shares_prefixes``, ``can_drop_cached``)."""
+    leaks = []
+    for path in modules():
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith("kv/"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                leaks += _kv_leaks(rel, node)
+    assert not leaks, "\n".join(leaks)

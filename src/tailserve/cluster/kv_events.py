@@ -24,11 +24,10 @@ class SimKvIndex:
         sim_request = self.requests.get(request.request_id)
         if not kv.prefix_caching or sim_request is None:
             return None
-        pool = kv.pool
         if self._keys is None or self._keys[:2] != (request.request_id, kv.block_size):
             self._keys = (request.request_id, kv.block_size, prefix_keys(sim_request, kv.block_size))
         keys = self._keys[2]
         if not keys:
             return 0
-        cached_tokens = pool.num_cached_prefix(keys) * kv.block_size  # not counted in its hit rate
+        cached_tokens = kv.num_cached_prefix(keys) * kv.block_size  # not counted in its hit rate
         return min(cached_tokens // request.block_size, len(request.block_keys))

@@ -24,7 +24,7 @@ one class as vLLM keeps them; splitting admission from preemption would split on
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tailserve.core.executor import StepResult
 from tailserve.core.queues import RequestQueue
@@ -33,6 +33,11 @@ from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.prefix import block_hashes, keys_from_hash_ids
 
+if TYPE_CHECKING:
+    from tailserve.kv.prefix import PrefixMatch
+
+# Finished by completing (a radix cache keeps what they computed); not aborted nor rejected.
+_COMPLETED = frozenset({RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED})
 
 class PolicyHooks(Protocol):
     """What the scheduler asks its policy. ``core/policy.py``'s ``Policy`` implements it; the
@@ -132,7 +137,7 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
-                    self.kv_cache.free(request_id)
+                    self.kv_cache.free(request_id, request.num_computed_tokens)
                     self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
                     self.policy.on_finished(self, [request])
                     return request
@@ -242,8 +247,9 @@ class Scheduler:
         """Requests whose status was just set to a FINISHED_* status leave the running set."""
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
+        kv = self.kv_cache
         for request in done:
-            self.kv_cache.free(request.request_id)
+            kv.free(request.request_id, request.num_computed_tokens, request.status in _COMPLETED)
             self._leave(request, request.status, now, None)
         self.policy.on_finished(self, done)
 
@@ -262,6 +268,73 @@ class Scheduler:
             kv.register_computed(request.request_id, num_total_tokens)
         return True
 
+    def free_blocks(self, request: Request) -> None:
+        """Give back the KV a request was granted in this pass before it ran (a batch put back,
+        TGI's ``next_batch``): nothing of it is cached, a cached prefix it locked is unlocked.
+        The caller resets its progress."""
+        self.kv_cache.free(request.request_id)
+
+    # ---- the KV manager's prefix cache (vLLM: ``get_computed_blocks``, ``allocate_slots``) ----
+    # The manager owns the cache (built by ``kv/factory.py`` from the policy's ``KVSpec``);
+    # policies ask through these, in the order their engine does.
+    def set_prefix_keys(self, request: Request, keys: list) -> None:
+        """The keys a radix cache matches the request by, as its engine makes them (SGLang:
+        every token; TGI: the prompt's full blocks); the first builds the tree. Hashed block keys
+        are set by ``add_request`` itself."""
+        self.kv_cache.set_prefix_keys(request.request_id, keys)
+
+    def cached_prefix(self, request: Request, num_tokens: int | None = None) -> PrefixMatch | None:
+        """The request's longest cached prefix (``get_computed_blocks``), capped so at least one
+        of its ``num_tokens`` tokens (default: all it has) is computed; None without a prefix
+        cache or keys. Counts a lookup; locks and allocates nothing."""
+        return self.kv_cache.match_prefix(
+            request.request_id, request.num_tokens if num_tokens is None else num_tokens
+        )
+
+    def allocate_with_cached_prefix(
+        self,
+        request: Request,
+        match: PrefixMatch,
+        num_total_tokens: int,
+        num_computed_tokens: int | None = None,
+        register: bool = True,
+        cache_limit: int | None = None,
+    ) -> bool:
+        """Admit a request with a prefix hit (``allocate_slots`` with computed blocks): it takes
+        the match's cached blocks and holds KV for ``num_total_tokens`` tokens, and starts at
+        ``num_computed_tokens`` (default: the hit). With hashed prefix caching the blocks full
+        once those tokens are computed are registered, as ``allocate`` does, unless ``register``
+        is False (vLLM V0 registers them itself, after marking what is fresh). A radix cache
+        keeps the match locked for the request until it is freed; ``cache_limit`` (SGLang: what
+        this admission prefills) caps what ``cache_computed`` inserts. False (nothing
+        registered, progress unchanged) when it does not fit; callers check the fit first."""
+        kv = self.kv_cache
+        if not kv.allocate_with_prefix(request.request_id, match, num_total_tokens, cache_limit):
+            return False
+        if register and kv.prefix_caching:
+            kv.register_computed(request.request_id, num_total_tokens)
+        request.num_computed_tokens = match.num_tokens if num_computed_tokens is None else num_computed_tokens
+        return True
+
+    def cache_computed(self, request: Request, num_tokens: int) -> None:
+        """Make the request's KV up to ``num_tokens`` tokens matchable by others (vLLM:
+        ``cache_blocks``; SGLang: ``cache_unfinished_req``)."""
+        self.kv_cache.register_computed(request.request_id, num_tokens)
+
+    def lock_cached_prefix(self, match: PrefixMatch) -> None:
+        """Protect a match from eviction while the policy weighs it (SGLang locks the node while
+        the adder checks the budget); ``allocate_with_cached_prefix`` keeps the lock for the
+        request, ``unlock_cached_prefix`` gives it back."""
+        self.kv_cache.lock_prefix(match)
+
+    def unlock_cached_prefix(self, match: PrefixMatch) -> None:
+        self.kv_cache.unlock_prefix(match)
+
+    def evict_cached(self, num_blocks: int) -> None:
+        """Evict at least ``num_blocks`` blocks of cached KV nobody holds, least recently used
+        first (a radix cache evicts on demand; SGLang on allocation, TGI at admission)."""
+        self.kv_cache.evict_cached(num_blocks)
+
     def holds_slot(self, request: Request, num_total_tokens: int) -> bool:
         """True when ``allocate(request, num_total_tokens)`` would change nothing: the request's
         blocks already hold the tokens and no prefix-cache registration is due (plain KV). A
@@ -278,7 +351,7 @@ class Scheduler:
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
         self.running.remove(request)
-        self.kv_cache.free(request.request_id)
+        self.kv_cache.free(request.request_id, request.num_computed_tokens)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
@@ -292,7 +365,7 @@ class Scheduler:
     def abort(self, request: Request, reason: str, now: float) -> None:
         """End a request the engine cannot serve (e.g. no CPU swap space left); it must already
         be out of every queue. Its KV is released."""
-        self.kv_cache.free(request.request_id)
+        self.kv_cache.free(request.request_id, request.num_computed_tokens)
         self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
 
     def preempt_by_swap(self, request: Request, out: SchedulerOutput) -> bool:

@@ -1,4 +1,6 @@
-"""The one place a KV cache manager is made, from the ``KVSpec`` a policy declares.
+"""The one place a KV cache manager is made, from the ``KVSpec`` a policy declares, with its
+prefix cache: vLLM's hashed block pool (``hashed``) or the radix tree of the engine ``spec.radix``
+names (``radix``: SGLang's RadixCache or TGI's RadixAllocator). Policies never build or attach one.
 
 Prefix sharing needs token identities: a workload of bare lengths (``shares_prefixes=False``)
 could never share, so it gets the plain manager whatever the policy asks for.
@@ -18,5 +20,5 @@ def make_kv_cache(
     if shares_prefixes and spec.kind == "hashed":
         return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks)
     if shares_prefixes and spec.kind == "radix":
-        return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks)
+        return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.radix)
     return KVCacheManager(num_blocks, block_size, num_cpu_blocks)

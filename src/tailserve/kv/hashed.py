@@ -55,7 +55,7 @@ class HashedKVCacheManager(KVCacheManager):
         self.block_tables.setdefault(request_id, []).extend(new_blocks)
         return new_blocks
 
-    def free(self, request_id: str) -> int:
+    def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
         self._num_registered.pop(request_id, None)
         return super().free(request_id)
 
@@ -72,6 +72,12 @@ class HashedKVCacheManager(KVCacheManager):
 
     def drop_cached(self) -> None:
         self.pool.evict(self.pool.num_evictable)
+
+    def num_cached_prefix(self, keys: Sequence[int]) -> int:
+        return self.pool.num_cached_prefix(keys)
+
+    def take_kv_events(self) -> list[tuple]:
+        return self.pool.take_events()
 
     # ---- prefix caching ---------------------------------------------------------------------
     def set_prefix_keys(
@@ -106,7 +112,9 @@ class HashedKVCacheManager(KVCacheManager):
         evictable_hits = self.pool.num_unreferenced(match.kv_indices)
         return self.blocks_for(num_total_tokens) - len(match.kv_indices) + evictable_hits
 
-    def allocate_with_prefix(self, request_id: str, match: PrefixMatch, num_total_tokens: int) -> bool:
+    def allocate_with_prefix(
+        self, request_id: str, match: PrefixMatch, num_total_tokens: int, limit: int | None = None
+    ) -> bool:
         """Take the hit blocks and allocate the rest up to ``num_total_tokens``; False (nothing
         changed) when that does not fit. The request must hold no blocks yet."""
         if self.num_blocks_needed_after_hit(match, num_total_tokens) > self.pool.num_free_blocks:

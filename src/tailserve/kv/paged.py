@@ -7,20 +7,23 @@ drives the simulator and the PyTorch executor.
 
 One manager class per kind (``kv/factory.py`` builds the one a policy declares): this plain one,
 ``HashedKVCacheManager`` (``kv/hashed.py``, vLLM's automatic prefix caching) and
-``RadixKVCacheManager`` (``kv/radix_manager.py``, slots a radix tree holds references on).
-Generic code asks a manager what it is through the class attributes ``prefix_caching`` (the
-scheduler registers hashed block keys) and ``shares_prefixes`` (any prefix cache), never by
-looking inside it. The prefix-cache methods here are the plain manager's answers: no match,
-nothing to register, nothing cached.
+``RadixKVCacheManager`` (``kv/radix_manager.py``, slots a radix tree it owns holds references
+on). Each manager owns its prefix cache. Generic code asks a manager what it can do through the
+class attributes ``prefix_caching`` (the scheduler registers hashed block keys) and
+``shares_prefixes`` (any prefix cache) and the ``can_drop_cached`` property, never by looking
+inside it or testing its class. The prefix-cache methods here are the plain manager's answers: no
+match, nothing to register, nothing cached.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
+    from tailserve.kv.radix import RadixCache
 
 
 class KVCacheIntegrityError(AssertionError):
@@ -137,9 +140,11 @@ class KVCacheManager:
         table.extend(new)
         return new
 
-    def free(self, request_id: str) -> int:
+    def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
         """Release every block the request holds (GPU and CPU); returns how many GPU blocks
-        reached ref count 0."""
+        reached ref count 0. ``num_computed_tokens`` (its tokens with KV) and ``finished`` (it
+        finished, as opposed to being preempted, aborted or put back) tell a radix cache what to
+        keep of it first; the other kinds ignore them."""
         cpu = self.cpu_block_tables.pop(request_id, None)
         if cpu:
             self._cpu_free.extend(reversed(cpu))
@@ -165,16 +170,33 @@ class KVCacheManager:
                 released += 1
         return released
 
-    # ---- prefix caching: the plain manager has none (``HashedKVCacheManager`` overrides) ----
+    # ---- prefix caching: the plain manager has none (hashed and radix managers override) ----
+    # The prefix cache is the manager's own (built with it from the policy's ``KVSpec``); a
+    # policy reaches these through ``Scheduler`` (``cached_prefix``, ``allocate_with_cached_prefix``,
+    # ``cache_computed``, ...), never by looking inside a manager or asking which class it is.
+    def set_prefix_keys(self, request_id: str, keys: list, token_ids: Sequence[int] | None = None) -> None:
+        """The request's prefix keys (hashed: full-block content keys, set by the scheduler at
+        arrival; radix: the keys the engine's tree uses, set by the policy); ignored here."""
+
     def forget_prefix_keys(self, request_id: str) -> None:
-        """The request left; a hashed manager forgets its block keys."""
+        """The request left; a manager with a prefix cache forgets its keys."""
 
     def match_prefix(self, request_id: str, num_tokens: int) -> PrefixMatch | None:
-        """Longest cached chain of the request's blocks; None here (no prefix cache)."""
+        """Longest cached prefix of the request, capped so at least one of its ``num_tokens``
+        tokens is computed; None here (no prefix cache)."""
         return None
 
+    def allocate_with_prefix(
+        self, request_id: str, match: PrefixMatch, num_total_tokens: int, limit: int | None = None
+    ) -> bool:
+        """Take the match's cached blocks and allocate the rest up to ``num_total_tokens``;
+        False when that does not fit. Without a prefix cache there is no match to take.
+        ``limit``: a radix cache's cap on what ``register_computed`` inserts."""
+        return self.allocate(request_id, num_total_tokens) is not None
+
     def register_computed(self, request_id: str, num_computed_tokens: int) -> None:
-        """Make the request's full computed blocks matchable; nothing to do here."""
+        """Make the request's computed blocks matchable (hashed: full blocks registered under
+        their keys; radix: tokens inserted into the tree); nothing to do here."""
 
     def num_registered(self, request_id: str) -> int:
         """Leading blocks of the request's table registered in a prefix cache."""
@@ -192,8 +214,55 @@ class KVCacheManager:
         """Lookups, hits and evictions of the prefix cache; None without one."""
         return None
 
+    def num_cached_prefix(self, keys: Sequence[int]) -> int:
+        """Leading blocks of ``keys`` cached now (a router's look, not counted as a lookup)."""
+        return 0
+
+    def take_kv_events(self) -> list[tuple]:
+        """vLLM-style KV events (stored / removed blocks) since the last call; recording starts
+        with the first call. None are recorded without hashed prefix caching."""
+        return []
+
     def drop_cached(self) -> None:
         """Forget every cached block nobody holds (after a failed step, none may be matched)."""
+
+    @property
+    def can_drop_cached(self) -> bool:
+        """True when ``drop_cached`` leaves nothing of a failed step matchable, so an engine can
+        abort that step's requests and go on (False: a radix tree holds slots it never wrote)."""
+        return True
+
+    # radix-tree questions (``RadixKVCacheManager``); without a tree: nothing cached, no locks.
+    @property
+    def radix_tree(self) -> RadixCache | None:
+        """The radix tree this manager owns, if any (read it; only the manager changes it)."""
+        return None
+
+    def prefix_keys(self, request_id: str, num_keys: int | None = None) -> list | None:
+        return None
+
+    def match_whole_prefix(self, request_id: str, num_tokens: int) -> PrefixMatch | None:
+        return None
+
+    def peek_prefix(self, request_id: str, num_tokens: int) -> tuple[int, int]:
+        return 0, 0
+
+    def lock_prefix(self, match: PrefixMatch) -> None:
+        """Protect a match from eviction until ``unlock_prefix``."""
+
+    def unlock_prefix(self, match: PrefixMatch) -> None:
+        """Undo one ``lock_prefix``."""
+
+    def holds_prefix(self, request_id: str) -> bool:
+        return False
+
+    @property
+    def evictable_tokens(self) -> int:
+        """Cached tokens nobody holds, which an allocation may evict."""
+        return 0
+
+    def evict_cached(self, num_blocks: int) -> None:
+        """Evict at least ``num_blocks`` blocks of unheld cache (least recently used first)."""
 
     # ---- swap (vLLM V0 ``--preemption-mode swap``) ---------------------------------------
     def swap_out(self, request_id: str) -> list[tuple[int, int]] | None:

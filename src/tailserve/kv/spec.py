@@ -8,6 +8,8 @@ from typing import Literal
 
 KVKind = Literal["paged", "hashed", "radix"]
 KV_KINDS: tuple[str, ...] = ("paged", "hashed", "radix")
+RadixFlavour = Literal["sglang", "tgi"]
+RADIX_FLAVOURS: tuple[str, ...] = ("sglang", "tgi")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,9 +18,16 @@ class KVSpec:
     # radix: slots an SGLang/TGI radix tree holds references on.
     kind: KVKind = "paged"
     swap_space_gib: float = 0.0  # CPU swap pool per GPU (vLLM V0 --swap-space), GiB
+    # radix: whose radix cache the manager builds (kv/radix_manager.py). "sglang": SGLang's
+    # RadixCache, one key per token (no tree with larger pages), inserted as prefill progresses
+    # and at finish; "tgi": TGI's RadixAllocator, one key per block, a request's computed prompt
+    # blocks inserted whenever it leaves.
+    radix: RadixFlavour = "sglang"
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
             raise ValueError(f"KV cache kind must be one of {', '.join(KV_KINDS)}, got {self.kind!r}")
+        if self.radix not in RADIX_FLAVOURS:
+            raise ValueError(f"radix cache must be one of {', '.join(RADIX_FLAVOURS)}, got {self.radix!r}")
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")

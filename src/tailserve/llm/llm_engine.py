@@ -28,7 +28,6 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.sampling_params import SamplingParams
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import QueueSource
-from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.llm.outputs import RequestOutput
 from tailserve.llm.stop_checker import StopChecker, TextState
 
@@ -200,8 +199,8 @@ class LLMEngine:
         if out is None:
             raise EngineFatalError(f"the scheduler failed: {what}") from error
         kv = self.scheduler.kv_cache
-        if isinstance(kv, RadixKVCacheManager) and kv.tree is not None:
-            # The tree may hold slots the failed step never wrote, and only its policy may evict.
+        if not kv.can_drop_cached:
+            # A radix tree may hold slots the failed step never wrote.
             raise EngineFatalError(f"an iteration failed under a radix prefix cache: {what}") from error
         reason = f"the engine failed in this request's step ({type(error).__name__})"
         involved = [s.request for s in out.scheduled] + list(out.swapped_in) + list(out.swapped_out)

@@ -58,10 +58,12 @@ the retractions it causes are SGLang's defining behaviour.
 A request that could not be admitted even into an idle engine is rejected at arrival (SGLang
 clips its ``max_new_tokens`` instead; here outputs are fixed), so it cannot block the queue.
 
-**Radix cache** (``policies/sglang_radix.py`` over ``kv/radix.py``, page size 1). Built with the first request that
+**Radix cache** (``policies/sglang_radix.py`` asking the KV manager's tree, ``kv/radix_manager.py``
+over ``kv/radix.py``, page size 1). Built by the manager with the first request that
 carries token identities: its token ids plus the planned outputs, or Mooncake ``hash_ids``
 (``token_keys_from_hash_ids``: full 512-token blocks only); requests without them never share and
-the cache stays inert. The KV manager is a ``RadixKVCacheManager`` (``kv_spec``): the tree holds
+the cache stays inert. The KV manager is a ``RadixKVCacheManager`` of flavour ``sglang``
+(``kv_spec``): the tree holds
 one reference on each slot it caches, a request one per table entry. An admitted request shares
 its matched slots (match capped so one token is computed), keeps its node locked, and starts at
 the match. After every prefill batch its prefilled tokens are inserted (the checkpoint; the lock
@@ -225,7 +227,7 @@ class SglangPolicy(Policy, FastPaths):
         return max(config.max_prefill_tokens, 2048)
 
     def kv_spec(self) -> KVSpec:
-        return KVSpec("paged" if self.config.disable_radix_cache else "radix")
+        return KVSpec("paged" if self.config.disable_radix_cache else "radix", radix="sglang")
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
         """Reject at arrival a request that could never be admitted, even into an idle engine.

@@ -159,7 +159,7 @@ class PrefillAdder:
         if match is not None:
             radix.lock(match)
         result = self._add_one_req(request, match)
-        if match is not None and request.request_id not in radix.attached:
+        if match is not None and not radix.attached(request):
             radix.unlock(match)
         return result
 

@@ -1,5 +1,6 @@
-"""SGLang's radix cache bookkeeping (``mem_cache/radix_cache.py`` as the scheduler uses it), for
-the ``sglang`` policy.
+"""SGLang's radix cache as the ``sglang`` policy asks it (``mem_cache/radix_cache.py`` as the
+scheduler uses it); the tree, the keys, the locks and the insertions are the KV manager's
+(``kv/radix_manager.py``, flavour ``sglang``), which the policy's ``KVSpec`` asks for.
 
 Page size 1: one radix key per token (token ids plus the planned outputs, or Mooncake
 ``hash_ids`` expanded per token of each full 512-token block). The tree holds one reference on
@@ -15,13 +16,14 @@ another request inserted meanwhile (SGLang frees them and points at the tree's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tailserve.core.request import Request, RequestStatus
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch, token_keys_from_hash_ids
-from tailserve.kv.radix import RadixCache, RadixNode
-from tailserve.kv.radix_manager import RadixKVCacheManager
+
+if TYPE_CHECKING:
+    from tailserve.kv.radix import RadixCache
 
 
 def token_keys(request: Request) -> list[int] | None:
@@ -37,48 +39,29 @@ def token_keys(request: Request) -> list[int] | None:
     return None
 
 
-@dataclass(slots=True)
-class _Attached:
-    """An admitted request's hold on the tree: the locked node and how far it is inserted."""
-
-    request: Request
-    node: RadixNode  # locked (the root when nothing is cached yet)
-    inserted: int  # leading keys in the tree along the locked path
-    target: int  # the tokens this admission prefills (prompt + outputs so far): checkpoint limit
-
-
 class SglangRadix:
-    """The tree, the requests' keys and locks; inert (``tree is None``) until a request with
-    token identities arrives on a KV manager that can hold tree references."""
+    """What the ``sglang`` policy asks of its radix cache, in SGLang's terms; the cache itself
+    (tree, keys, locks, insertion) is the KV manager's (``kv/radix_manager.py``, built from the
+    policy's ``KVSpec``), reached through the scheduler. Inert (``tree is None``) until a request
+    with token identities arrives on a manager that can hold a tree."""
 
     def __init__(self) -> None:
-        self.tree: RadixCache | None = None
-        self._kv: RadixKVCacheManager | None = None
-        self._keys: dict[str, list[int]] = {}  # request id -> per-token keys
-        self.attached: dict[str, _Attached] = {}  # request id -> its locked path (admitted requests)
+        self._sched: Scheduler | None = None  # the scheduler whose KV manager holds the cache
         self.prefix_stats = PrefixCacheStats()  # one lookup per admission (prompt + outputs so far)
 
     def add(self, sched: Scheduler, request: Request) -> None:
-        """Remember a queued request's keys (building the tree on first use)."""
+        """Hand a queued request's keys to the KV manager (which builds its tree on first use)."""
+        self._sched = sched
         keys = token_keys(request)
-        if keys and self.enable(sched):
-            self._keys[request.request_id] = keys
+        if keys:
+            sched.set_prefix_keys(request, keys)
 
-    def enable(self, sched: Scheduler) -> bool:
-        """Create the tree on first use and hook it to the KV manager; False where it cannot
-        apply: the manager is not the radix kind the policy declared (``kv_spec``; the factory
-        gives a plain one to a workload without token identities) or its pages are larger than
-        one token."""
-        if self.tree is not None:
-            return True
-        kv = sched.kv_cache
-        if not isinstance(kv, RadixKVCacheManager) or kv.block_size != 1:
-            return False
-        self._kv = kv
-        self.tree = RadixCache(page_size=1)
-        kv.tree = self.tree
-        kv.on_free = self._on_free
-        return True
+    @property
+    def tree(self) -> RadixCache | None:
+        """The KV manager's tree; None until a request with keys arrived (or where the manager
+        can hold none: the factory gives a plain one to a workload without token identities,
+        and SGLang's per-token keys need one-token pages)."""
+        return self._sched.kv_cache.radix_tree if self._sched is not None else None
 
     @property
     def hit_rate(self) -> float:
@@ -86,40 +69,38 @@ class SglangRadix:
         return self.prefix_stats.hit_rate
 
     def evictable_tokens(self) -> int:
-        return self.tree.evictable_size if self.tree is not None else 0
+        return self._sched.kv_cache.evictable_tokens if self._sched is not None else 0
 
     def keys(self, request: Request) -> list[int] | None:
         """The request's keys up to its current length (prompt + outputs so far)."""
-        keys = self._keys.get(request.request_id)
-        return keys[: request.num_tokens] if keys is not None else None
+        return self._sched.kv_cache.prefix_keys(request.request_id, request.num_tokens)
 
     def match(self, request: Request) -> PrefixMatch | None:
         """The request's longest cached prefix (at most ``num_tokens - 1``); None without keys."""
-        keys = self._keys.get(request.request_id) if self.tree is not None else None
-        if keys is None:
-            return None
-        return self.tree.match_prefix(keys, request.num_tokens)
+        return self._sched.cached_prefix(request) if self.tree is not None else None
 
     def full_match(self, request: Request) -> PrefixMatch | None:
         """The match ``calc_priority`` makes: the whole prompt + outputs so far, uncapped (the
         admission match is capped one token short); None without keys."""
-        keys = self.keys(request)
-        return self.tree.match_prefix(keys) if keys is not None else None
+        return self._sched.kv_cache.match_whole_prefix(request.request_id, request.num_tokens)
 
     def lock(self, match: PrefixMatch) -> None:
-        self.tree.inc_lock_ref(match.node)
+        self._sched.lock_cached_prefix(match)
 
     def unlock(self, match: PrefixMatch) -> None:
-        self.tree.dec_lock_ref(match.node)
+        self._sched.unlock_cached_prefix(match)
+
+    def attached(self, request: Request) -> bool:
+        """True while the request holds its matched path (admitted with a match, not yet freed)."""
+        return self._sched.kv_cache.holds_prefix(request.request_id)
 
     def attach(self, request: Request, match: PrefixMatch) -> None:
         """Admission of a waiting request with its (locked) match: share the cached slots into
-        its table and start it at the end of the match."""
-        assert request.num_computed_tokens == 0 and not self._kv.num_held(request.request_id)
+        its table and start it at the end of the match; what its admission prefills
+        (prompt + outputs so far) caps what the checkpoints insert."""
+        assert request.num_computed_tokens == 0
         prefix = match.num_tokens
-        self._kv.share(request.request_id, match.kv_indices)
-        request.num_computed_tokens = prefix
-        self.attached[request.request_id] = _Attached(request, match.node, prefix, request.num_tokens)
+        self._sched.allocate_with_cached_prefix(request, match, prefix, cache_limit=request.num_tokens)
         stats = self.prefix_stats
         stats.num_lookups += 1
         stats.num_query_tokens += request.num_tokens
@@ -134,62 +115,20 @@ class SglangRadix:
             kv = sched.kv_cache
             short = kv.num_blocks_needed(request.request_id, num_total_tokens) - kv.num_free_blocks
             if short > 0:
-                self.tree.evict(short, self._kv.release)
+                sched.evict_cached(short)
         return sched.allocate(request, num_total_tokens)
 
     def evict_for(self, num_tokens: int) -> None:
         """``release_req`` after a retraction: evict until ``num_tokens`` slots are free."""
-        kv = self._kv
+        kv = self._sched.kv_cache
         short = num_tokens - kv.num_free_blocks * kv.block_size
         if short > 0:
-            self.tree.evict(short, kv.release)
+            self._sched.evict_cached(short)
 
     def checkpoint(self, batch: list[Request]) -> None:
         """After a prefill batch: insert what each of its requests has prefilled so far
         (``cache_unfinished_req``); decodes never touch the tree."""
+        sched = self._sched
         for request in batch:
-            att = self.attached.get(request.request_id)
-            if att is not None and not request.is_finished:
-                self._insert(att, min(request.num_computed_tokens, att.target))
-
-    def _insert(self, att: _Attached, num_tokens: int) -> None:
-        """Insert the request's first ``num_tokens`` keyed tokens with its slots; the tree takes a
-        reference on the slots it adopts, and the lock moves to the new deepest node. Slots that
-        duplicate ones the tree already has stay the request's own."""
-        rid = att.request.request_id
-        keys = self._keys[rid]
-        table = self._kv.block_tables.get(rid, [])
-        n = min(num_tokens, len(keys), len(table))
-        if n <= att.inserted:
-            return
-        tree = self.tree
-        slots = table[:n]
-        already = tree.insert(keys[:n], slots)
-        if already < n:
-            self._kv.hold(slots[already:])
-        node = tree.root
-        i = 0
-        while i < n:  # ``insert`` left a node boundary at n
-            node = node.children[keys[i]]
-            i += len(node.key)
-        assert i == n
-        tree.inc_lock_ref(node)
-        tree.dec_lock_ref(att.node)
-        att.node, att.inserted = node, n
-
-    def _on_free(self, request_id: str) -> None:
-        """Called by the KV manager just before a request's references are dropped. Finished:
-        insert prompt + outputs (``cache_finished_req``), then unlock. Retracted or aborted:
-        unlock without inserting the decoded tokens."""
-        att = self.attached.pop(request_id, None)
-        request = att.request if att is not None else None
-        finished = request is not None and request.status in (
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_STOPPED,
-        )
-        if att is not None:
-            if finished:
-                self._insert(att, request.num_computed_tokens)
-            self.tree.dec_lock_ref(att.node)
-        if request is None or request.status is not RequestStatus.RUNNING:
-            self._keys.pop(request_id, None)  # a retracted request keeps its keys
+            if not request.is_finished:
+                sched.cache_computed(request, request.num_computed_tokens)

@@ -142,7 +142,7 @@ class SloPolicy(Policy, FastPaths):
         slo = self.classes.of(request)
         hit = 0
         if not request.num_computed_tokens:
-            match = sched.kv_cache.match_prefix(request.request_id, request.num_tokens)
+            match = sched.cached_prefix(request)
             hit = match.num_tokens if match is not None else 0
         todo = request.num_tokens - request.num_computed_tokens - hit
         self._info[request.request_id] = WaitingInfo(

@@ -101,11 +101,7 @@ def admit(
             break
         if request.tenant_id in out_of_room or (skip and tenant_of(request.tenant_id) in skip):
             continue
-        match = (
-            kv.match_prefix(request.request_id, request.num_tokens)
-            if not request.num_computed_tokens
-            else None
-        )
+        match = sched.cached_prefix(request) if not request.num_computed_tokens else None
         hit = match.num_tokens if match is not None else 0
         computed = request.num_computed_tokens + hit
         wanted = min(request.num_tokens - computed, tokens_left)
@@ -118,9 +114,7 @@ def admit(
         if hit:
             if kv.num_blocks_needed_after_hit(match, request.num_tokens) > kv.num_free_blocks:
                 break
-            kv.allocate_with_prefix(request.request_id, match, hit + want)
-            kv.register_computed(request.request_id, hit + want)
-            request.num_computed_tokens = hit
+            sched.allocate_with_cached_prefix(request, match, hit + want)
         else:
             if not kv.can_allocate(request.request_id, request.num_tokens):
                 break

@@ -187,7 +187,7 @@ class TgiPolicy(Policy, FastPaths):
 
     # ---- requests in ----------------------------------------------------------------------
     def kv_spec(self) -> KVSpec:
-        return KVSpec("paged" if self.config.disable_radix_cache else "radix")
+        return KVSpec("paged" if self.config.disable_radix_cache else "radix", radix="tgi")
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
         limit = self.config.max_concurrent_requests
@@ -323,7 +323,7 @@ class TgiPolicy(Policy, FastPaths):
                 if chunk > 0:
                     batch.append(ScheduledRequest(request, chunk, request.num_computed_tokens))
                 else:
-                    kv.free(request.request_id)
+                    sched.free_blocks(request)
                 break
             prefill_tokens += prompt
             batch.append(ScheduledRequest(request, prompt, request.num_computed_tokens))
@@ -331,7 +331,7 @@ class TgiPolicy(Policy, FastPaths):
                 break
         if min_size is not None and len(batch) < min_size:
             for item in batch:
-                kv.free(item.request.request_id)  # unlocks a cached prefix
+                sched.free_blocks(item.request)  # unlocks a cached prefix, caches nothing
                 item.request.num_computed_tokens = 0
             return []
         for _ in batch:

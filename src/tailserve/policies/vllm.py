@@ -157,7 +157,7 @@ class VllmPolicy(Policy, FastPaths):
                 # A decode whose slot is in its last, partly filled block: nothing to allocate,
                 # but a block it fills is cached now, as vLLM's allocate_slots does every step.
                 if not (computed + 1) % block_size:  # a no-op without prefix caching
-                    kv.register_computed(request.request_id, computed + 1)
+                    sched.cache_computed(request, computed + 1)
                 scheduled.append(ScheduledRequest(request, 1, computed))
                 budget -= 1
                 i += 1
@@ -194,11 +194,7 @@ class VllmPolicy(Policy, FastPaths):
         while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
             request = waiting.peek_request()
             # Prefix lookup for a new or preempted request: hits are not charged to the budget.
-            match = (
-                kv.match_prefix(request.request_id, request.num_tokens)
-                if not request.num_computed_tokens
-                else None
-            )
+            match = sched.cached_prefix(request) if not request.num_computed_tokens else None
             hit = match.num_tokens if match is not None else 0
             want = request.num_remaining_tokens - hit
             if cap:
@@ -212,9 +208,7 @@ class VllmPolicy(Policy, FastPaths):
                 total = request.num_tokens if cfg.scheduler_reserve_full_isl else hit + want
                 if kv.num_blocks_needed_after_hit(match, total) + reserve > kv.num_free_blocks:
                     break
-                kv.allocate_with_prefix(request.request_id, match, hit + want)
-                kv.register_computed(request.request_id, hit + want)
-                request.num_computed_tokens = hit
+                sched.allocate_with_cached_prefix(request, match, hit + want)
             else:
                 if cfg.scheduler_reserve_full_isl and not kv.can_allocate(
                     request.request_id, request.num_tokens, reserve

@@ -228,7 +228,7 @@ class VllmV0Policy(Policy, FastPaths):
         kv = sched.kv_cache
         if not kv.prefix_caching or request.num_computed_tokens:
             return None
-        match = kv.match_prefix(request.request_id, request.num_tokens + 1)  # uncapped: full blocks
+        match = sched.cached_prefix(request, request.num_tokens + 1)  # uncapped: full blocks
         if request.request_id not in self._frozen_cached:
             self._frozen_cached[request.request_id] = self._computed_prefix(sched, match)
         return match
@@ -261,7 +261,7 @@ class VllmV0Policy(Policy, FastPaths):
         """Register the request's full blocks up to ``num_tokens``, remembering them as fresh."""
         kv = sched.kv_cache
         before = kv.num_registered(request.request_id)
-        kv.register_computed(request.request_id, num_tokens)
+        sched.cache_computed(request, num_tokens)
         after = kv.num_registered(request.request_id)
         if after > before:
             self._fresh_blocks.update(kv.block_tables[request.request_id][before:after])
@@ -296,8 +296,8 @@ class VllmV0Policy(Policy, FastPaths):
         hit = self._computed_hit(sched, request, match)
         self._frozen_cached.pop(request.request_id, None)  # admitted: V0 recounts after a preemption
         if match is not None and match.num_tokens:
-            kv.allocate_with_prefix(request.request_id, match, request.num_tokens)
-            request.num_computed_tokens = hit
+            # V0 registers the blocks itself (``_register``: it marks the fresh ones).
+            sched.allocate_with_cached_prefix(request, match, request.num_tokens, hit, register=False)
         else:
             kv.allocate(request.request_id, request.num_tokens)
         if kv.prefix_caching:

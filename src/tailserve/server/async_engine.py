@@ -100,12 +100,12 @@ class AsyncEngine:
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics
         self.on_fatal = on_fatal  # called on the event loop once the engine thread died
-        # KV events (server/kv_events.py): published after each step from the hashed pool
+        # KV events (server/kv_events.py): published after each step from the hashed manager
         kv = engine.scheduler.kv_cache
         self.kv_events = kv_events if kv_events is not None and kv.prefix_caching else None
-        self._kv_pool = kv.pool if self.kv_events is not None else None  # type: ignore[attr-defined]
-        if self._kv_pool is not None:
-            self._kv_pool.take_events()  # start recording
+        self._kv_events_from = kv if self.kv_events is not None else None
+        if self._kv_events_from is not None:
+            self._kv_events_from.take_kv_events()  # start recording
         self.num_failed_steps = 0
         self.snapshot = EngineSnapshot()
         self.dead: BaseException | None = None
@@ -287,8 +287,8 @@ class AsyncEngine:
                         self._loop.call_soon_threadsafe(self._deliver, outputs)
                     if self.metrics is not None:
                         self.metrics.observe_outputs(outputs)
-                    if self._kv_pool is not None:
-                        self.kv_events.publish(self._kv_pool.take_events())  # type: ignore[union-attr]
+                    if self._kv_events_from is not None:
+                        self.kv_events.publish(self._kv_events_from.take_kv_events())  # type: ignore[union-attr]
                     self._publish()
         except BaseException as error:  # the engine is unusable now; tell every waiter why
             logger.critical(

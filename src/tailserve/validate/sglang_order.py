@@ -14,7 +14,7 @@ from typing import Any
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.kv.radix_manager import RadixKVCacheManager
+from tailserve.kv.factory import make_kv_cache
 from tailserve.policies.sglang import SglangConfig, SglangPolicy
 from tailserve.policies.sglang_priority import LPM_FALLBACK_WAITING
 from tailserve.validate.workload import decode_tokens, encode_tokens
@@ -90,13 +90,11 @@ def run_tailserve_order(case: OrderCase) -> OrderResult:
     total = sum(len(s) for s in case.cached) + sum(
         len(w.prompt_token_ids) + w.max_tokens for w in case.waiting
     )
-    sched = Scheduler(policy, RadixKVCacheManager(max(total * 4, 64), 1), max_model_len=1 << 20)
-    if not policy.radix.enable(sched):
-        raise RuntimeError("tailserve's sglang policy refused its radix cache")
-    slot = 0
-    for tokens in case.cached:  # the slots only label tree entries: ordering never reads them
-        policy.tree.insert(tokens, range(slot, slot + len(tokens)))
-        slot += len(tokens)
+    kv = make_kv_cache(policy.kv_spec(), max(total * 4, 64), 1)
+    sched = Scheduler(policy, kv, max_model_len=1 << 20)
+    for tokens in case.cached:  # as if requests had computed them and left
+        if not kv.warm(tokens):
+            raise RuntimeError("tailserve's sglang policy got no radix cache")
     for w in case.waiting:
         request = Request(
             w.request_id,
