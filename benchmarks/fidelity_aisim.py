@@ -10,10 +10,11 @@ never as a model:
   sharpness, the row tile, a launch latency) is fitted on half of the (N, K) weight shapes and the
   error reported on the other half (held out), beside the generic default efficiencies
   (uncalibrated: what ``tailserve`` prices a GPU with no fitted curve at).
-- **moe**: every fused-MoE row with uniform routing (model shapes from Mixtral to Kimi K2, 1 to
-  16,384 tokens, expert TP and EP) priced by ``moe.grouped_gemm_time`` (the function the simulator
-  runs) with the GEMM curve fitted above for that GPU and format, nothing fitted on MoE rows: the
-  whole table is held out.
+- **moe**: every fused-MoE row with uniform routing and no expert parallelism (model shapes from
+  Mixtral to Kimi K2, 1 to 16,384 tokens, expert TP 1-32) priced by ``moe.grouped_gemm_parts``
+  (what the simulator prices) with the GEMM curve fitted above for that GPU and format: first as
+  is, then with two factors on its rates and a per-layer latency for the fused MoE kernel fitted
+  on half the model shapes, the error reported on the other half.
 
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
@@ -39,7 +40,7 @@ from rich.table import Table
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
 from tailserve.executors.simulated.gemm import join_array, padded_rows
 from tailserve.executors.simulated.hardware import Hardware, get_hardware
-from tailserve.executors.simulated.moe import grouped_gemm_time
+from tailserve.executors.simulated.moe import grouped_gemm_parts
 from tailserve.executors.simulated.precision import get_precision
 
 GPUS = {  # AISimulate's system name -> tailserve's catalog name
@@ -187,17 +188,44 @@ def _curve(p: dict) -> dict:
     return dict(c=p["compute"], mem=p["memory"], p=p["sharpness"], tile=p["tile_m"], lat=p["gemm_latency"])
 
 
+def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float) -> dict:
+    """Factors on the GEMM curve's compute and memory rates for the fused MoE kernel (routing,
+    permutation and weight-only dequantization make it slower than a dense GEMM) and a fixed time
+    per layer: the smallest mean |relative error|, a log grid then a finer one."""
+    best = (math.inf, None)
+
+    def score(fc: float, fm: float) -> tuple[float, dict]:
+        base = join_array(c / fc, b / fm, p)
+        w = 1.0 / y
+        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
+        err = float(np.mean(np.abs((base + lat) / y - 1)))
+        return err, {"compute_factor": fc, "memory_factor": fm, "layer_latency": lat}
+
+    grid = np.geomspace(0.05, 1.5, 24)
+    for fc in grid:
+        for fm in grid:
+            cand = score(float(fc), float(fm))
+            if cand[0] < best[0]:
+                best = cand
+    b0 = best[1]
+    for fc in b0["compute_factor"] * np.geomspace(0.85, 1.15, 9):
+        for fm in b0["memory_factor"] * np.geomspace(0.85, 1.15, 9):
+            cand = score(float(fc), float(fm))
+            if cand[0] < best[0]:
+                best = cand
+    return best[1]
+
+
 def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
+    """Each fused-MoE row (EP 1) priced with the GEMM curve of its GPU and format, first as is,
+    then with the MoE kernel's factors fitted on half the model shapes and tested on the rest."""
     out: dict = {}
-    table = Table(title="Fused MoE layer: |error| with the GEMM curve fitted above (no MoE row fitted)")
-    for col in (
-        "GPU",
-        "format",
-        "rows",
-        "EP 1: mean / p90",
-        "EP > 1: mean / p90",
-        "by tokens (EP 1): 1-16 / 17-512 / > 512",
-    ):
+    table = Table(
+        title="Fused MoE layer (EP 1): |error| with the dense GEMM curve, then with MoE factors fitted "
+        "on half the model shapes (held out: the other half)"
+    )
+    for col in ("GPU", "format", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
+                "time-weighted", "factors c / m, latency"):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
         if gpu not in GPUS or gpu not in gemm:
@@ -205,64 +233,51 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
         hw = get_hardware(GPUS[gpu])
         by_fmt: dict = {}
         for r in entry.get("moe", []):
-            by_fmt.setdefault(r[0], []).append(r)
+            if r[7] == 1 and r[9] > 0:  # EP 1: the all-to-all is not in these rows
+                by_fmt.setdefault(r[0], []).append(r)
         for fmt, rows in sorted(by_fmt.items()):
             if fmt not in MOE_FORMATS or MOE_FORMATS[fmt][0] not in gemm[gpu]:
                 continue
             curve_fmt, weights = MOE_FORMATS[fmt]
             curve = gemm[gpu][curve_fmt]["fit"]
             prec = get_precision(weights)
-            peak = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute)
-            pred, meas, ep_of, tok = [], [], [], []
-            for _, tokens, hidden, inter, topk, experts, tp, ep, _kernel, latency in rows:
-                if latency <= 0:
-                    continue
-                pred.append(
-                    grouped_gemm_time(
-                        int(tokens),
-                        int(experts),
-                        int(topk),
-                        int(hidden),
-                        int(inter),
-                        weight_bytes=prec.bytes,
-                        act_bytes=ACT_BYTES,
-                        flops_rate=peak * curve["compute"],
-                        byte_rate=hw.memory_bandwidth * curve["memory"],
-                        sharpness=curve["sharpness"],
-                        tile_m=curve["tile_m"],
-                        gemm_latency=curve["gemm_latency"],
-                        moe_tp=int(tp),
-                        ep=int(ep),
-                    )
-                )
-                meas.append(latency * 1e-3)
-                ep_of.append(ep)
-                tok.append(tokens)
-            pred_a, meas_a, ep_a, tok_a = (np.array(v, dtype=float) for v in (pred, meas, ep_of, tok))
-            one = ep_a == 1
-            res = {"rows": len(meas_a), "ep1": stats(pred_a[one], meas_a[one]) if one.any() else None}
-            if (~one).any():
-                res["ep_gt1"] = stats(pred_a[~one], meas_a[~one])
-            bands = {}
-            for name, lo, hi in (("1-16", 1, 16), ("17-512", 17, 512), (">512", 513, 1e12)):
-                sel = one & (tok_a >= lo) & (tok_a <= hi)
-                if sel.any():
-                    bands[name] = stats(pred_a[sel], meas_a[sel])
-            res["ep1_by_tokens"] = bands
+            flops_rate = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute) * curve["compute"]
+            byte_rate = hw.memory_bandwidth * curve["memory"]
+            c, b, y, shape = [], [], [], []
+            for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, latency in rows:
+                flops, moved = grouped_gemm_parts(
+                    int(tokens), int(experts), int(topk), int(hidden), int(inter),
+                    weight_bytes=prec.bytes, act_bytes=ACT_BYTES, tile_m=curve["tile_m"], moe_tp=int(tp),
+                )  # fmt: skip
+                c.append(flops / flops_rate)
+                b.append(moved / byte_rate)
+                y.append(latency * 1e-3)
+                shape.append((hidden, inter, topk, experts))
+            c_a, b_a, y_a = (np.array(v, dtype=float) for v in (c, b, y))
+            p = curve["sharpness"]
+            as_is = join_array(c_a, b_a, p) + 2 * curve["gemm_latency"]
+            shapes = sorted(set(shape))
+            test_shapes = set(shapes[1::2])
+            test = np.array([s_ in test_shapes for s_ in shape])
+            res: dict = {"rows": len(y_a), "shapes": len(shapes), "gemm_curve": stats(as_is, y_a)}
+            if len(shapes) >= 2:
+                f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)
+                pred = join_array(c_a / f["compute_factor"], b_a / f["memory_factor"], p) + f["layer_latency"]
+                res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]))
             out.setdefault(gpu, {})[fmt] = res
-
-            def cell(s):
-                return f"{s['mean']:.1%} / {s['p90']:.1%}" if s else "-"
-
+            h = res.get("held_out")
+            f = res.get("fit")
             table.add_row(
                 GPUS[gpu],
                 fmt,
-                str(res["rows"]),
-                cell(res["ep1"]),
-                cell(res.get("ep_gt1")),
-                " / ".join(
-                    f"{bands[b]['mean']:.0%}" if b in bands else "-" for b in ("1-16", "17-512", ">512")
-                ),
+                str(len(shapes)),
+                str(h["n"]) if h else "-",
+                f"{res['gemm_curve']['mean']:.1%}",
+                f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}" if h else "one shape: not held out",
+                f"{h['time_weighted']:.1%}" if h else "-",
+                f"{f['compute_factor']:.2f} / {f['memory_factor']:.2f}, {f['layer_latency'] * 1e6:.1f} us"
+                if f
+                else "-",
             )
     console.print(table)
     return out

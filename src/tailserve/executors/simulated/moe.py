@@ -28,6 +28,34 @@ def touched_experts(num_tokens: int, num_experts: int, k: int) -> float:
     return num_experts * (1.0 - (1.0 - k / num_experts) ** num_tokens)
 
 
+def grouped_gemm_parts(
+    num_tokens: int,
+    num_experts: int,
+    k: int,
+    hidden: int,
+    inter: int,
+    *,
+    weight_bytes: float,
+    act_bytes: float,
+    tile_m: int,
+    moe_tp: int = 1,
+    ep: int = 1,
+) -> tuple[float, float]:
+    """(FLOPs, bytes) of one MoE layer's routed experts on one GPU: the two grouped GEMMs over
+    the touched experts' padded rows, and the touched experts' weights plus the routed rows."""
+    if num_tokens <= 0:
+        return 0.0, 0.0
+    local = num_experts / ep
+    touched = touched_experts(num_tokens, num_experts, k) / ep
+    routed = num_tokens * k / ep
+    rows = padded_tokens(max(1, math.ceil(routed / touched - 1e-9)), tile_m)
+    params = 3.0 * hidden * inter / moe_tp
+    touched = min(touched, local)
+    flops = 2.0 * touched * rows * params
+    moved = touched * params * weight_bytes + routed * act_bytes * (2.0 * hidden + 3.0 * inter / moe_tp)
+    return flops, moved
+
+
 def grouped_gemm_time(
     num_tokens: int,
     num_experts: int,
@@ -49,12 +77,8 @@ def grouped_gemm_time(
     scales included; ``flops_rate`` and ``byte_rate`` with their efficiencies applied)."""
     if num_tokens <= 0:
         return 0.0
-    local = num_experts / ep
-    touched = touched_experts(num_tokens, num_experts, k) / ep
-    routed = num_tokens * k / ep
-    rows = padded_tokens(max(1, math.ceil(routed / touched - 1e-9)), tile_m)
-    params = 3.0 * hidden * inter / moe_tp
-    touched = min(touched, local)
-    compute = 2.0 * touched * rows * params / flops_rate
-    moved = touched * params * weight_bytes + routed * act_bytes * (2.0 * hidden + 3.0 * inter / moe_tp)
-    return join(compute, moved / byte_rate, sharpness) + GROUPED_GEMMS * gemm_latency
+    flops, moved = grouped_gemm_parts(
+        num_tokens, num_experts, k, hidden, inter,
+        weight_bytes=weight_bytes, act_bytes=act_bytes, tile_m=tile_m, moe_tp=moe_tp, ep=ep,
+    )  # fmt: skip
+    return join(flops / flops_rate, moved / byte_rate, sharpness) + GROUPED_GEMMS * gemm_latency
