@@ -105,6 +105,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             hw["gemm"] = GemmCurve(**hw["gemm"])
         hw["allreduce_latency_by_tp"] = tuple(tuple(x) for x in hw.get("allreduce_latency_by_tp", ()))
         hw["allreduce_bands"] = tuple(AllReduceBand(**b) for b in hw.get("allreduce_bands", ()))
+        hw["peak_flops_by_dtype"] = tuple((str(f), float(r)) for f, r in hw.get("peak_flops_by_dtype", ()))
         hardware = Hardware(**hw)
         eff = dict(body["efficiency"])
         if eff.get("sharpness") == "inf":
