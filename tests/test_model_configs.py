@@ -20,113 +20,247 @@ from tailserve.executors.simulated.models import MODELS, ModelSpec, load_hf_conf
 # The public config.json of each model (the fields that matter, copied as published; a few
 # unrelated ones kept to show the reader ignores them).
 LLAMA_3_1_8B = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000,
-    "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
-    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
-    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
     "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
 }
 
 
-def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, ctx: int, **extra: Any) -> dict:
+def _llama(
+    hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, ctx: int, **extra: Any
+) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": hidden,
-        "intermediate_size": inter, "max_position_embeddings": ctx, "model_type": "llama",
-        "num_attention_heads": heads, "num_hidden_layers": layers, "num_key_value_heads": kv,
-        "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": vocab, **extra,
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "max_position_embeddings": ctx,
+        "model_type": "llama",
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab,
+        **extra,
     }
 
 
 def _qwen3(hidden: int, inter: int, layers: int, heads: int, kv: int, **extra: Any) -> dict:
     return {
-        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "head_dim": 128,
-        "hidden_act": "silu", "hidden_size": hidden, "intermediate_size": inter,
-        "max_position_embeddings": 40960, "max_window_layers": layers, "model_type": "qwen3",
-        "num_attention_heads": heads, "num_hidden_layers": layers, "num_key_value_heads": kv,
-        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_sliding_window": False,
-        "vocab_size": 151936, **extra,
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "max_position_embeddings": 40960,
+        "max_window_layers": layers,
+        "model_type": "qwen3",
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+        **extra,
     }
 
 
 def _qwen3_moe(hidden: int, inter: int, moe: int, layers: int, heads: int) -> dict:
     return {
         **_qwen3(hidden, inter, layers, heads, 4),
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "moe_intermediate_size": moe, "norm_topk_prob": True, "num_experts": 128,
-        "num_experts_per_tok": 8, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": moe,
+        "norm_topk_prob": True,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
     }
 
 
 def _qwen2(hidden: int, inter: int, layers: int, heads: int, kv: int, window_layers: int) -> dict:
     return {
-        "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": hidden,
-        "intermediate_size": inter, "max_position_embeddings": 32768, "max_window_layers": window_layers,
-        "model_type": "qwen2", "num_attention_heads": heads, "num_hidden_layers": layers,
-        "num_key_value_heads": kv, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-        "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "use_sliding_window": False, "vocab_size": 152064,
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "max_position_embeddings": 32768,
+        "max_window_layers": window_layers,
+        "model_type": "qwen2",
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 131072,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_sliding_window": False,
+        "vocab_size": 152064,
     }
 
 
 def _gpt_oss(layers: int, experts: int) -> dict:
     return {
-        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
-        "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
-        "initial_context_length": 4096, "intermediate_size": 2880,
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "eos_token_id": 200002,
+        "experts_per_token": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "initial_context_length": 4096,
+        "intermediate_size": 2880,
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
-        "num_experts_per_tok": 4, "num_hidden_layers": layers, "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 8,
         "num_local_experts": experts,
         "quantization_config": {
-            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                       "model.embed_tokens", "lm_head"],
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
             "quant_method": "mxfp4",
         },
         "rms_norm_eps": 1e-05,
-        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-                         "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
-        "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "vocab_size": 201088,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 201088,
     }
 
 
 def _llama4(experts: int, step: int, ctx: int, rope_factor: float) -> dict:
     return {
-        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "model_type": "llama4",
         "text_config": {
-            "attention_bias": False, "attention_chunk_size": 8192, "head_dim": 128, "hidden_act": "silu",
-            "hidden_size": 5120, "interleave_moe_layer_step": step, "intermediate_size": 8192,
-            "intermediate_size_mlp": 16384, "max_position_embeddings": ctx, "model_type": "llama4_text",
-            "moe_layers": list(range(step - 1, 48, step)), "num_attention_heads": 40,
-            "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
-            "num_local_experts": experts, "rms_norm_eps": 1e-05,
-            "rope_scaling": {"factor": rope_factor, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
-                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-            "rope_theta": 500000.0, "torch_dtype": "bfloat16", "use_qk_norm": True, "vocab_size": 202048,
+            "attention_bias": False,
+            "attention_chunk_size": 8192,
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 5120,
+            "interleave_moe_layer_step": step,
+            "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384,
+            "max_position_embeddings": ctx,
+            "model_type": "llama4_text",
+            "moe_layers": list(range(step - 1, 48, step)),
+            "num_attention_heads": 40,
+            "num_experts_per_tok": 1,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 8,
+            "num_local_experts": experts,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {
+                "factor": rope_factor,
+                "high_freq_factor": 1.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "rope_theta": 500000.0,
+            "torch_dtype": "bfloat16",
+            "use_qk_norm": True,
+            "vocab_size": 202048,
         },
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
         "vision_config": {"hidden_size": 1408, "num_hidden_layers": 34, "model_type": "llama4_vision_model"},
     }
 
 
-_FP8_BLOCKS = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+_FP8_BLOCKS = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
 
 
-def _deepseek(model_type: str, heads: int, experts: int, dense: int, vocab: int, ctx: int, **extra: Any) -> dict:
+def _deepseek(
+    model_type: str, heads: int, experts: int, dense: int, vocab: int, ctx: int, **extra: Any
+) -> dict:
     return {
-        "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "first_k_dense_replace": dense,
-        "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
-        "max_position_embeddings": ctx, "model_type": model_type, "moe_intermediate_size": 2048,
-        "moe_layer_freq": 1, "n_routed_experts": experts, "n_shared_experts": 1, "norm_topk_prob": True,
-        "num_attention_heads": heads, "num_experts_per_tok": 8, "num_hidden_layers": 61,
-        "num_key_value_heads": heads, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-        "quantization_config": _FP8_BLOCKS, "rms_norm_eps": 1e-06, "scoring_func": "sigmoid",
-        "tie_word_embeddings": False, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
-        "v_head_dim": 128, "vocab_size": vocab, **extra,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "attention_bias": False,
+        "first_k_dense_replace": dense,
+        "hidden_act": "silu",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "kv_lora_rank": 512,
+        "max_position_embeddings": ctx,
+        "model_type": model_type,
+        "moe_intermediate_size": 2048,
+        "moe_layer_freq": 1,
+        "n_routed_experts": experts,
+        "n_shared_experts": 1,
+        "norm_topk_prob": True,
+        "num_attention_heads": heads,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 61,
+        "num_key_value_heads": heads,
+        "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "quantization_config": _FP8_BLOCKS,
+        "rms_norm_eps": 1e-06,
+        "scoring_func": "sigmoid",
+        "tie_word_embeddings": False,
+        "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16",
+        "v_head_dim": 128,
+        "vocab_size": vocab,
+        **extra,
     }
 
 
@@ -404,7 +538,9 @@ def test_other_families_are_read_to_their_published_size(tmp_path, model_type):
 
 
 def test_family_specific_readings(tmp_path):
-    read = {t: load_hf_config(_write(tmp_path, cfg, f"{t}.json")) for t, (cfg, _, _) in OTHER_FAMILIES.items()}
+    read = {
+        t: load_hf_config(_write(tmp_path, cfg, f"{t}.json")) for t, (cfg, _, _) in OTHER_FAMILIES.items()
+    }
     assert read["qwen2_moe"].shared_intermediate_size == 5632 and read["qwen2_moe"].num_experts == 60
     v2 = read["deepseek_v2"]
     assert v2.is_mla and v2.shared_intermediate_size == 2 * 1536 and v2.first_dense_layers == 1
@@ -499,3 +635,16 @@ def test_a_catalog_config_prices_through_the_cli(tmp_path, capsys):
     path = _write(tmp_path, CATALOG_CONFIGS["gpt-oss-20b"])
     assert main(["cost", "--model", str(path), "--hardware", "h200"]) == 0
     assert "prefill" in capsys.readouterr().out
+
+
+def test_models_command_lists_params_and_formats(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 5}
+    assert set(MODELS) <= set(rows)
+    cells = [c.strip() for c in rows["DeepSeek-V3"].split("│")[1:-1]]
+    assert cells[1:3] == ["671.0", "37.6"] and "MLA 512+64" in cells and "fp8/fp8/bf16" in cells
+    assert "256/8 +s" in cells
+    oss = [c.strip() for c in rows["gpt-oss-120b"].split("│")[1:-1]]
+    assert oss[1:3] == ["116.8", "5.7"] and "bf16/mxfp4/bf16" in oss and "GQA 18xSW128" in oss
+    assert "bf16/-/bf16" in rows["Llama-3-8B"]

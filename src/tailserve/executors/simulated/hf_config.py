@@ -228,7 +228,9 @@ def _gemma(f: _Fields, *, default_window: int, pattern: Callable[[int], bool], *
         "num_kv_heads": f.integer("num_key_value_heads", heads),
         "intermediate_size": f.integer("intermediate_size"),
         "vocab_size": f.integer("vocab_size", defaults.get("vocab_size")),
-        "max_position_embeddings": f.integer("max_position_embeddings", defaults.get("max_position_embeddings")),
+        "max_position_embeddings": f.integer(
+            "max_position_embeddings", defaults.get("max_position_embeddings")
+        ),
         "head_dim": None,
         "tie_word_embeddings": f.flag("tie_word_embeddings", True),
     }
@@ -541,7 +543,11 @@ def _compressed_tensors(f: _Fields, q: dict[str, Any]) -> Shape:
     16 -> nvfp4; a ``kv_cache_scheme`` of 8-bit float -> fp8 KV."""
     groups = q.get("config_groups") or {}
     kinds = {
-        (g.get("weights", {}).get("num_bits"), g.get("weights", {}).get("type"), g.get("weights", {}).get("group_size"))
+        (
+            g.get("weights", {}).get("num_bits"),
+            g.get("weights", {}).get("type"),
+            g.get("weights", {}).get("group_size"),
+        )
         for g in groups.values()
         if isinstance(g, dict)
     }
@@ -579,9 +585,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         raise ValueError(f"{p}: not a JSON object")
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or model_type not in READERS:
-        raise ValueError(
-            f"{p}: model_type {model_type!r} is not supported; supported: {', '.join(READERS)}"
-        )
+        raise ValueError(f"{p}: model_type {model_type!r} is not supported; supported: {', '.join(READERS)}")
     text = cfg
     if model_type in _NESTED and isinstance(cfg.get("text_config"), dict):
         text = cfg["text_config"]
