@@ -648,3 +648,15 @@ def test_models_command_lists_params_and_formats(capsys):
     oss = [c.strip() for c in rows["gpt-oss-120b"].split("│")[1:-1]]
     assert oss[1:3] == ["116.8", "5.7"] and "bf16/mxfp4/bf16" in oss and "GQA 18xSW128" in oss
     assert "bf16/-/bf16" in rows["Llama-3-8B"]
+
+
+def test_hub_ids_of_catalog_models_resolve():
+    from tailserve.executors.simulated.models import resolve_model_name
+
+    assert resolve_model_name("deepseek-ai/DeepSeek-R1") == "DeepSeek-V3"
+    assert resolve_model_name("openai/gpt-oss-120b") == "gpt-oss-120b"
+    assert resolve_model_name("mistralai/Mixtral-8x7B-Instruct-v0.1") == "Mixtral-8x7B"
+    assert resolve_model_name("meta-llama/Llama-4-Scout-17B-16E-Instruct") == "Llama-4-Scout-17B-16E"
+    assert resolve_model_name("moonshotai/Kimi-K2-Instruct") == "Kimi-K2"
+    assert resolve_model_name("Qwen/Qwen3-235B-A22B") == "Qwen3-235B-A22B"
+    assert resolve_model_name("Qwen/Qwen-72B-Chat") == "Qwen-72B"

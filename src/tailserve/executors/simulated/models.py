@@ -382,6 +382,13 @@ HF_REPOS: dict[str, str] = {
     "Kimi-K2": "moonshotai/Kimi-K2-Instruct",
 }
 
+# Other repositories whose config.json has exactly a catalog entry's shapes and formats.
+HF_SAME_SHAPES: dict[str, str] = {
+    "deepseek-ai/DeepSeek-R1": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1-0528": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-V3-0324": "DeepSeek-V3",
+}
+
 # Suffixes of a repository name that leave the architecture as it is (fine-tunes, format tags,
 # Mistral's point releases). Anything else ("-200K", "-1M") may change the shape: not matched.
 _HF_SUFFIXES = (
@@ -414,6 +421,9 @@ def resolve_model_name(name_or_path: str) -> str:
     if key and Path(key).exists():
         return key
     for known, repo in HF_REPOS.items():
+        if repo.lower() == key.lower():
+            return known
+    for repo, known in HF_SAME_SHAPES.items():
         if repo.lower() == key.lower():
             return known
     matches = [known for known in MODELS if _hf_key(known) == _hf_key(key)]
