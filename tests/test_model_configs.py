@@ -604,6 +604,7 @@ def test_number_formats_from_quantization_config(tmp_path, quantization, torch_d
         ({**LLAMA_3_1_8B, "kv_lora_rank": 512}, r"kv_lora_rank = 512 is not understood"),
         ({**LLAMA_3_1_8B, "sliding_window": 4096}, r"sliding_window = 4096 is not understood here"),
         ({**CATALOG_CONFIGS["DeepSeek-V3"], "moe_layer_freq": 2}, r"moe_layer_freq other than 1"),
+        ({**CATALOG_CONFIGS["Mistral-7B"], "layer_types": ["full_attention"] * 32}, r"layer_types disagrees"),
         ({**CATALOG_CONFIGS["Qwen3-30B-A3B"], "mlp_only_layers": [3, 7]}, r"mlp_only_layers \[3, 7\] is not a dense prefix"),
         ({**CATALOG_CONFIGS["Qwen3-30B-A3B"], "shared_expert_intermediate_size": 512}, r"Qwen3-MoE has no shared expert"),
         ({**LLAMA_3_1_8B, "quantization_config": {"quant_method": "bitsandbytes"}}, r"quant_method 'bitsandbytes' is not read"),

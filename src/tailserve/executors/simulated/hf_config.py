@@ -134,6 +134,9 @@ def _window_all_layers(f: _Fields, shape: Shape, default: int | None) -> Shape:
         window = None
     if window and window < shape["max_position_embeddings"]:
         shape.update(sliding_window=window, num_sliding_layers=shape["num_layers"])
+    from_types = f.layer_types(shape["num_layers"], ("sliding_attention",))
+    if from_types is not None and from_types != shape.get("num_sliding_layers", 0):
+        raise f.fail("layer_types disagrees with sliding_window (which covers every layer or none)")
     return shape
 
 
