@@ -163,17 +163,57 @@ def print_policies(hardware, max_model_len: int) -> None:
     console.print(table)
 
 
+def _model_formats(m: Any) -> str:
+    """weights / routed experts / KV cache, as stored (16-bit shown as bf16)."""
+    base = "fp32" if m.dtype_bytes == 4 else "bf16"
+    weights = m.weight_dtype or base
+    experts = (m.expert_dtype or weights) if m.is_moe else "-"
+    return f"{weights}/{experts}/{m.kv_dtype or base}"
+
+
+def _model_attention(m: Any) -> str:
+    kind = (
+        f"MLA {m.kv_lora_rank}+{m.qk_rope_head_dim}"
+        if m.is_mla
+        else "GQA"
+        if m.num_kv_heads < m.num_heads
+        else "MHA"
+    )
+    if m.num_sliding_layers:
+        kind += f" {m.num_sliding_layers}xSW{m.sliding_window}"
+    return kind
+
+
+def _model_experts(m: Any) -> str:
+    if not m.is_moe:
+        return "-"
+    return f"{m.num_experts}/{m.experts_per_token}" + (" +s" if m.shared_intermediate_size else "")
+
+
 def print_models() -> None:
-    table = Table(title="models (any HF config.json path works too)", title_justify="left")
-    for col in ("name", "params B", "layers", "hidden", "heads/kv", "context", "KV MB/token"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+    table = Table(
+        title="models (any HF config.json path works too; experts: routed/per token, +s: a shared expert; "
+        "formats: weights/experts/KV cache; 18xSW128: 18 layers attend to the last 128 tokens)",
+        title_justify="left",
+    )
+    columns = (
+        "name", "total B", "active B", "layers", "hidden", "heads/kv", "attention", "experts", "formats",
+        "context", "KV MB/tok",
+    )  # fmt: skip
+    for col in columns:
+        left = col in ("name", "attention", "experts", "formats")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
     for m in MODELS.values():
         table.add_row(
             m.name,
             f"{m.num_params / 1e9:.1f}",
+            f"{m.num_active_params / 1e9:.1f}",
             str(m.num_layers),
             str(m.hidden_size),
             f"{m.num_heads}/{m.num_kv_heads}",
+            _model_attention(m),
+            _model_experts(m),
+            _model_formats(m),
             f"{m.max_position_embeddings:,}",
             f"{m.kv_bytes_per_token() / 1e6:.3f}",
         )

@@ -6,7 +6,6 @@ read from a local ``config.json`` path (or a directory holding one).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,6 +198,15 @@ class ModelSpec:
         return total + embed * (1 if self.tie_word_embeddings else 2)
 
     @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: ``num_matmul_params`` (an MoE model's routed experts: its
+        experts_per_token of them) plus the embedding and LM head, counted as ``num_params``
+        counts them (most model cards' convention; OpenAI's gpt-oss figures leave out the input
+        embedding). A dense model's equals ``num_params``."""
+        embed = self.vocab_size * self.hidden_size
+        return self.num_matmul_params + embed * (1 if self.tie_word_embeddings else 2)
+
+    @property
     def weight_bytes_per_param(self) -> float:
         """Bytes of one dense-layer weight (scales included)."""
         return get_precision(self.weight_dtype).bytes if self.weight_dtype else float(self.dtype_bytes)
@@ -260,49 +268,88 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Falcon-180B", 14848, 80, 232, 8, 59392, 65024, 2048, gated_mlp=False),
         # OPT-13B (facebook/opt-13b): ReLU MLP (2 matrices), tied embeddings; the Anyscale benchmark's model.
         ModelSpec("OPT-13B", 5120, 40, 40, 40, 20480, 50272, 2048, gated_mlp=False, tie_word_embeddings=True),
+        # The entries below copy each model's public config.json field for field (the test
+        # tests/test_model_configs.py reads the same fields through load_hf_config).
+        # Qwen3 dense (Qwen/Qwen3-8B, Qwen/Qwen3-32B): head_dim 128 (32B: wider than 5120 / 64).
+        ModelSpec("Qwen3-8B", 4096, 36, 32, 8, 12288, 151936, 40960),
+        ModelSpec("Qwen3-32B", 5120, 64, 64, 8, 25600, 151936, 40960, head_dim=128),
+        # phi-2 (microsoft/phi-2): fc1 -> gelu_new -> fc2, float16 checkpoint.
+        ModelSpec("phi-2", 2560, 32, 32, 32, 10240, 51200, 2048, gated_mlp=False),
+        # Qwen-72B v1 (Qwen/Qwen-72B, remote code): intermediate_size 49152 counts w1 and w2, each
+        # 24576 wide; MHA with kv_channels 128.
+        ModelSpec("Qwen-72B", 8192, 80, 64, 64, 24576, 152064, 32768),
+        # Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1): 8 experts of 14336, top 2, every layer.
+        ModelSpec(
+            "Mixtral-8x7B", 4096, 32, 32, 8, 14336, 32000, 32768,
+            num_experts=8, experts_per_token=2, moe_intermediate_size=14336,
+        ),
+        # Qwen3 MoE (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): 128 experts, top 8, every layer,
+        # no shared expert; intermediate_size is the (unused) dense width of the config.
+        ModelSpec(
+            "Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, 151936, 40960, head_dim=128,
+            num_experts=128, experts_per_token=8, moe_intermediate_size=768,
+        ),
+        ModelSpec(
+            "Qwen3-235B-A22B", 4096, 94, 64, 4, 12288, 151936, 40960, head_dim=128,
+            num_experts=128, experts_per_token=8, moe_intermediate_size=1536,
+        ),
+        # gpt-oss (openai/gpt-oss-120b, -20b): experts of intermediate_size 2880, top 4, MXFP4
+        # experts (quantization_config mxfp4), bf16 attention; layer_types alternates a 128-token
+        # sliding window and full attention.
+        ModelSpec(
+            "gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, 131072, head_dim=64,
+            num_experts=128, experts_per_token=4, moe_intermediate_size=2880,
+            sliding_window=128, num_sliding_layers=18, expert_dtype="mxfp4",
+        ),
+        ModelSpec(
+            "gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 131072, head_dim=64,
+            num_experts=32, experts_per_token=4, moe_intermediate_size=2880,
+            sliding_window=128, num_sliding_layers=12, expert_dtype="mxfp4",
+        ),
+        # Llama 4 (meta-llama/Llama-4-*-Instruct, text_config): every layer (Scout) or every
+        # second layer (Maverick, interleave_moe_layer_step 2) routes to one of the experts of
+        # intermediate_size 8192 plus one shared expert of the same width; Maverick's other layers
+        # have a dense MLP of intermediate_size_mlp 16384 (Scout has none, its 16384 unused).
+        ModelSpec(
+            "Llama-4-Scout-17B-16E", 5120, 48, 40, 8, 16384, 202048, 10485760,
+            num_experts=16, experts_per_token=1, moe_intermediate_size=8192,
+            shared_intermediate_size=8192,
+        ),
+        ModelSpec(
+            "Llama-4-Maverick-17B-128E", 5120, 48, 40, 8, 16384, 202048, 1048576,
+            num_experts=128, experts_per_token=1, moe_intermediate_size=8192,
+            shared_intermediate_size=8192, moe_layer_step=2,
+        ),
+        # DeepSeek-V3 (deepseek-ai/DeepSeek-V3; R1 has the same shapes): MLA (q_lora 1536,
+        # kv_lora 512, rope 64, nope 128, v 128), 3 dense layers of 18432, then 256 experts of
+        # 2048 (top 8) and 1 shared; FP8 weights as released (quant_method fp8, 128x128 blocks).
+        # The MTP layer (num_nextn_predict_layers) runs only for speculative decoding: not counted.
+        ModelSpec(
+            "DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, 163840,
+            num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
+            shared_intermediate_size=2048, first_dense_layers=3,
+            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, weight_dtype="fp8",
+        ),
+        # Kimi-K2 (moonshotai/Kimi-K2-Instruct, model_type kimi_k2 with DeepSeek-V3's fields):
+        # 64 heads, 384 experts (top 8) and 1 shared, 1 dense layer; FP8 as released.
+        ModelSpec(
+            "Kimi-K2", 7168, 61, 64, 64, 18432, 163840, 131072,
+            num_experts=384, experts_per_token=8, moe_intermediate_size=2048,
+            shared_intermediate_size=2048, first_dense_layers=1,
+            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, weight_dtype="fp8",
+        ),
     )
-}
+}  # fmt: skip
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
-    """A ``ModelSpec`` from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Falcon, ...)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"no config.json at {path}")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    """A ``ModelSpec`` from a Hugging Face ``config.json``, read by its ``model_type``'s reader
+    (``hf_config.READERS``); ValueError naming the supported families otherwise."""
+    from tailserve.executors.simulated.hf_config import load_hf_config as read
 
-    def first(*keys: str, default: int | None = None) -> int:
-        for key in keys:
-            if cfg.get(key) is not None:
-                return int(cfg[key])
-        if default is None:
-            raise ValueError(f"{p}: missing {' / '.join(keys)}")
-        return default
-
-    model_type = str(cfg.get("model_type", ""))
-    hidden = first("hidden_size", "n_embd", "d_model")
-    heads = first("num_attention_heads", "n_head")
-    kv_default = 1 if cfg.get("multi_query") else heads
-    is_falcon = model_type == "falcon"
-    return ModelSpec(
-        name=str(cfg.get("_name_or_path") or p.parent.name or model_type or "custom"),
-        hidden_size=hidden,
-        num_layers=first("num_hidden_layers", "n_layer", "num_layers"),
-        num_heads=heads,
-        num_kv_heads=first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=kv_default),
-        intermediate_size=first("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden),
-        vocab_size=first("vocab_size"),
-        max_position_embeddings=first("max_position_embeddings", "n_positions", "seq_length", default=2048),
-        head_dim=cfg.get("head_dim"),
-        gated_mlp=not is_falcon and model_type not in ("gpt2", "gpt_neox", "opt"),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        dtype_bytes=4 if cfg.get("torch_dtype") == "float32" else 2,
-    )
+    return read(path)
 
 
 # Hugging Face repositories of the catalog's models: ``tune`` prints them in engine command lines,
@@ -320,6 +367,26 @@ HF_REPOS: dict[str, str] = {
     "Qwen2.5-7B": "Qwen/Qwen2.5-7B",
     "Qwen2.5-72B": "Qwen/Qwen2.5-72B",
     "Falcon-180B": "tiiuae/falcon-180B",
+    "Qwen3-8B": "Qwen/Qwen3-8B",
+    "Qwen3-32B": "Qwen/Qwen3-32B",
+    "phi-2": "microsoft/phi-2",
+    "Qwen-72B": "Qwen/Qwen-72B",
+    "Mixtral-8x7B": "mistralai/Mixtral-8x7B-v0.1",
+    "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B",
+    "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
+    "Llama-4-Scout-17B-16E": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "Llama-4-Maverick-17B-128E": "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+    "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
+    "Kimi-K2": "moonshotai/Kimi-K2-Instruct",
+}
+
+# Other repositories whose config.json has exactly a catalog entry's shapes and formats.
+HF_SAME_SHAPES: dict[str, str] = {
+    "deepseek-ai/DeepSeek-R1": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1-0528": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-V3-0324": "DeepSeek-V3",
 }
 
 # Suffixes of a repository name that leave the architecture as it is (fine-tunes, format tags,
@@ -354,6 +421,9 @@ def resolve_model_name(name_or_path: str) -> str:
     if key and Path(key).exists():
         return key
     for known, repo in HF_REPOS.items():
+        if repo.lower() == key.lower():
+            return known
+    for repo, known in HF_SAME_SHAPES.items():
         if repo.lower() == key.lower():
             return known
     matches = [known for known in MODELS if _hf_key(known) == _hf_key(key)]
