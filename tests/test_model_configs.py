@@ -644,7 +644,7 @@ def test_models_command_lists_params_and_formats(capsys):
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 5}
     assert set(MODELS) <= set(rows)
     cells = [c.strip() for c in rows["DeepSeek-V3"].split("│")[1:-1]]
-    assert cells[1:3] == ["671.0", "37.6"] and "MLA 512+64" in cells and "fp8/fp8/bf16" in cells
+    assert cells[1:3] == ["671.0", "37.6"] and "MLA 512+64" in cells and "fp8_block/=/bf16" in cells
     assert "256/8 +s" in cells
     oss = [c.strip() for c in rows["gpt-oss-120b"].split("│")[1:-1]]
     assert oss[1:3] == ["116.8", "5.7"] and "bf16/mxfp4/bf16" in oss and "GQA 18xSW128" in oss

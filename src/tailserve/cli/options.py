@@ -52,6 +52,19 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "'prefill:4096=0.120,decode:10x1024=0.018' (default auto: seed for Llama-3-70B on A100-80GB, "
         "none otherwise; docs/cost_model.md)",
     )
+    g.add_argument(
+        "--quantization",
+        default="",
+        metavar="FORMAT",
+        help="weights' number format, as vLLM's flag: fp8, fp8_block, int8, int4 (AWQ/GPTQ), mxfp4, "
+        "nvfp4 (default: the model's own, bf16 unless its checkpoint says otherwise)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        metavar="FORMAT",
+        help="KV cache number format, as vLLM's flag: auto (the model's) or fp8 (default: %(default)s)",
+    )
 
 
 RATE_HELP = "arrival rate, requests/s (sessions/s for multi-turn)"
@@ -181,7 +194,14 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 def deployment_from(args: argparse.Namespace) -> Deployment:
     """Names resolved to the catalog's once, here; everything after reads the canonical ones."""
-    return Deployment.of(args.model, args.hardware, args.tp, args.calibration)
+    return Deployment.of(
+        args.model,
+        args.hardware,
+        args.tp,
+        args.calibration,
+        getattr(args, "quantization", ""),
+        getattr(args, "kv_cache_dtype", ""),
+    )
 
 
 def workload_from(args: argparse.Namespace) -> WorkloadSpec:

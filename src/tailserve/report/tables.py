@@ -164,10 +164,12 @@ def print_policies(hardware, max_model_len: int) -> None:
 
 
 def _model_formats(m: Any) -> str:
-    """weights / routed experts / KV cache, as stored (16-bit shown as bf16)."""
+    """weights / routed experts (=: as the weights) / KV cache, as stored (16-bit shown as bf16)."""
     base = "fp32" if m.dtype_bytes == 4 else "bf16"
     weights = m.weight_dtype or base
-    experts = (m.expert_dtype or weights) if m.is_moe else "-"
+    experts = "-"
+    if m.is_moe:
+        experts = "=" if (m.expert_dtype or weights) == weights else m.expert_dtype
     return f"{weights}/{experts}/{m.kv_dtype or base}"
 
 
@@ -193,7 +195,7 @@ def _model_experts(m: Any) -> str:
 def print_models() -> None:
     table = Table(
         title="models (any HF config.json path works too; experts: routed/per token, +s: a shared expert; "
-        "formats: weights/experts/KV cache; 18xSW128: 18 layers attend to the last 128 tokens)",
+        "formats: weights/experts (=: same)/KV cache; 18xSW128: 18 layers attend to the last 128 tokens)",
         title_justify="left",
     )
     columns = (

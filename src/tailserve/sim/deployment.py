@@ -3,7 +3,7 @@ they give (``build_cost_model``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tailserve.executors.simulated.calibration import (
     PRESETS,
@@ -14,7 +14,8 @@ from tailserve.executors.simulated.calibration import (
 from tailserve.executors.simulated.calibration_files import is_calibration_source, load_calibration_source
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.hardware import get_hardware, resolve_hardware_name
-from tailserve.executors.simulated.models import get_model, resolve_model_name
+from tailserve.executors.simulated.models import ModelSpec, get_model, resolve_model_name
+from tailserve.executors.simulated.precision import get_precision
 
 SEED_PRESET = PRESETS["seed"]
 
@@ -29,9 +30,23 @@ class Deployment:
     hardware: str = SEED_PRESET.hardware
     tp: int = SEED_PRESET.tp
     calibration: str = "auto"  # "auto", "none", a preset name, or measured points
+    # vLLM's --quantization and --kv-cache-dtype: the weights' and the KV cache's number format
+    # ("" = the model's own: its checkpoint's format, bf16 by default; precision.py's names)
+    quantization: str = ""
+    kv_cache_dtype: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
+        for name, flag in (("quantization", "--quantization"), ("kv_cache_dtype", "--kv-cache-dtype")):
+            value = getattr(self, name).strip().lower()
+            if value in ("", "auto", "none"):
+                value = ""
+            else:
+                try:
+                    value = get_precision(value).name
+                except ValueError as error:
+                    raise ValueError(f"{flag}: {error}") from None
+            object.__setattr__(self, name, value)
         object.__setattr__(self, "hardware", resolve_hardware_name(self.hardware))
         keyword = self.calibration.strip().lower()
         if keyword in ("auto", "none") or keyword in PRESETS:
@@ -40,13 +55,35 @@ class Deployment:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
 
     @classmethod
-    def of(cls, model: str, hardware: str, tp: int | None = None, calibration: str = "auto") -> Deployment:
+    def of(
+        cls,
+        model: str,
+        hardware: str,
+        tp: int | None = None,
+        calibration: str = "auto",
+        quantization: str = "",
+        kv_cache_dtype: str = "",
+    ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
-        names = cls(model, hardware, 1, calibration)
+        names = cls(model, hardware, 1, calibration, quantization, kv_cache_dtype)
         if tp is None:
             tp = SEED_PRESET.tp if names.is_seed else 1
-        return cls(names.model, names.hardware, tp, names.calibration)
+        return cls(
+            names.model, names.hardware, tp, names.calibration, names.quantization, names.kv_cache_dtype
+        )
+
+    def model_spec(self) -> ModelSpec:
+        """The model's shapes with this deployment's number formats: ``quantization`` sets every
+        weight's (experts' too, as vLLM quantizes them), ``kv_cache_dtype`` the KV cache's."""
+        spec = get_model(self.model)
+        if self.quantization:
+            spec = replace(
+                spec, weight_dtype=self.quantization, expert_dtype=self.quantization if spec.is_moe else ""
+            )
+        if self.kv_cache_dtype:
+            spec = replace(spec, kv_dtype=self.kv_cache_dtype)
+        return spec
 
     @property
     def is_seed(self) -> bool:
@@ -68,7 +105,7 @@ class BuiltCostModel:
 
 
 def build_cost_model(deployment: Deployment) -> BuiltCostModel:
-    model = get_model(deployment.model)
+    model = deployment.model_spec()
     hardware = get_hardware(deployment.hardware)
     base = CostModel(model, hardware, deployment.tp)
     calibration = deployment.resolved_calibration()

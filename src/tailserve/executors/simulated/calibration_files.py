@@ -20,7 +20,7 @@ from typing import Any
 
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
-from tailserve.executors.simulated.hardware import AllReduceBand, GemmCurve, Hardware
+from tailserve.executors.simulated.hardware import AllReduceBand, GemmCurve, Hardware, MoeKernel
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.profiles import VIDUR_GPUS, VIDUR_TOPOLOGIES, load_linear_profile
 
@@ -102,7 +102,13 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
     try:
         hw = dict(body["hardware"])
         if hw.get("gemm") is not None:
-            hw["gemm"] = GemmCurve(**hw["gemm"])
+            gemm = dict(hw["gemm"])
+            gemm["format_factors"] = tuple(
+                (str(f), float(c), float(m)) for f, c, m in gemm.get("format_factors", ())
+            )
+            hw["gemm"] = GemmCurve(**gemm)
+        if hw.get("moe") is not None:
+            hw["moe"] = MoeKernel(**hw["moe"])
         hw["allreduce_latency_by_tp"] = tuple(tuple(x) for x in hw.get("allreduce_latency_by_tp", ()))
         hw["allreduce_bands"] = tuple(AllReduceBand(**b) for b in hw.get("allreduce_bands", ()))
         hw["peak_flops_by_dtype"] = tuple((str(f), float(r)) for f, r in hw.get("peak_flops_by_dtype", ()))

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
-from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.hardware import MOE_GENERIC, Hardware
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.moe import grouped_gemm_time, touched_experts
 from tailserve.executors.simulated.precision import get_precision
@@ -206,18 +206,29 @@ class CostModel:
             )
         eff = self.efficiency
         self._flops_rate = hw.peak_flops * eff.compute
+        self._byte_rate = hw.memory_bandwidth * eff.memory
         # Layer GEMMs run at their weights' tensor-core rate (FP8 W8A8, FP4 on Blackwell); the
         # attention kernels and the LM head at bf16's.
         self._gemm_flops_rate = self._flops_rate
+        self._gemm_byte_rate = self._byte_rate
         self._gemm_peak = self._moe_peak = hw.peak_flops
         if m.weight_dtype:
-            self._gemm_peak = hw.peak_for(get_precision(m.weight_dtype).compute)
-            self._gemm_flops_rate = self._gemm_peak * eff.compute
-        self._moe_rate = 0.0
+            fmt = get_precision(m.weight_dtype)
+            fc, fm = hw.gemm.factors_for(fmt.name) if hw.gemm else (1.0, 1.0)
+            self._gemm_peak = hw.peak_for(fmt.compute)
+            self._gemm_flops_rate = self._gemm_peak * eff.compute * fc
+            self._gemm_byte_rate = self._byte_rate * fm
+        self._moe_rate = self._moe_byte_rate = self._moe_fixed = 0.0
         if m.is_moe:
-            self._moe_peak = hw.peak_for(get_precision(m.expert_dtype or m.weight_dtype or "bf16").compute)
-            self._moe_rate = self._moe_peak * eff.compute
-        self._byte_rate = hw.memory_bandwidth * eff.memory
+            # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
+            # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
+            kernel = hw.moe or MOE_GENERIC
+            fmt = get_precision(m.expert_dtype or m.weight_dtype or "bf16")
+            fc, fm = hw.gemm.factors_for(fmt.name) if hw.gemm else (1.0, 1.0)
+            self._moe_peak = hw.peak_for(fmt.compute)
+            self._moe_rate = self._moe_peak * eff.compute * fc * kernel.compute
+            self._moe_byte_rate = self._byte_rate * fm * kernel.memory
+            self._moe_fixed = kernel.layer_latency
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
         self._prefill_rates = (
             self._flops_rate * eff.prefill_attention,
@@ -299,7 +310,7 @@ class CostModel:
         layers = join(
             padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._gemm_flops_rate,
             (self._layer_weight_bytes + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token))
-            / self._byte_rate,
+            / self._gemm_byte_rate,
             p,
         )
         head = 0.0
@@ -327,10 +338,10 @@ class CostModel:
             weight_bytes=m.expert_bytes_per_param,
             act_bytes=m.dtype_bytes,
             flops_rate=self._moe_rate,
-            byte_rate=self._byte_rate,
+            byte_rate=self._moe_byte_rate,
             sharpness=eff.sharpness,
             tile_m=eff.tile_m,
-            gemm_latency=eff.gemm_latency,
+            fixed_s=self._moe_fixed,
             moe_tp=self.tp,
         )
 

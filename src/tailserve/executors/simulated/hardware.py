@@ -11,7 +11,7 @@ L40S 142, B200/B300/GB200 148, MI300X/MI325X 304, MI355X 256.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tailserve.core.device import DeviceInfo
 
@@ -31,6 +31,27 @@ class GemmCurve:
     source: str  # which profiles the fit came from
     tile_n: int = 0  # column tile of the per-GEMM wave form (gemm.py); 0: one join per layer
     wave_alpha: float = 1.0  # fraction of a whole wave a partial last wave costs
+    # GEMMs with weights in another format against this (bf16) curve: (format, factor on the
+    # compute efficiency, factor on the memory efficiency); a format not listed keeps the curve.
+    format_factors: tuple[tuple[str, float, float], ...] = ()
+
+    def factors_for(self, fmt: str) -> tuple[float, float]:
+        for name, compute, memory in self.format_factors:
+            if name == fmt:
+                return compute, memory
+        return 1.0, 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class MoeKernel:
+    """The fused MoE kernel (routing, the permutation of rows, two grouped GEMMs) against the
+    GPU's GEMM curve: factors on its compute and memory rates and a fixed time per layer,
+    fitted to AISimulate's measured fused-MoE tables (benchmarks/fidelity_aisim.py)."""
+
+    compute: float
+    memory: float
+    layer_latency: float  # seconds per MoE layer
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +90,7 @@ class Hardware:
     # GPUs one NVLink / Infinity Fabric domain joins at ``interconnect_bandwidth`` (8 for a
     # board, 72 for GB200/GB300 NVL72); beyond it traffic goes over the network.
     nvlink_domain: int = 8
+    moe: MoeKernel | None = None  # the fused MoE kernel's figures; None: MOE_GENERIC
 
     def __post_init__(self) -> None:
         for name in (
@@ -155,6 +177,33 @@ H100_ALLREDUCE_BANDS = (
     AllReduceBand(8, 8388608, 27.4e-6, 0.682),
     AllReduceBand(8, 67108864, 41.1e-6, 0.838),
 )
+# Fitted by benchmarks/fidelity_aisim.py to AISimulate's silicon tables (vLLM 0.27-0.31 GEMMs on
+# real GPUs, model-sized weights, half the shapes held out; docs/fidelity.md): the Blackwell GPUs'
+# bf16 curves (no Vidur profile covers them) and every fitted GPU's factors for FP8 (per tensor),
+# block-scaled FP8 and NVFP4 weights against its bf16 curve.
+_AISIM = "AISimulate silicon tables (vLLM GEMMs)"
+HOPPER_FORMAT_FACTORS = (("fp8", 0.63, 0.99), ("fp8_block", 0.81, 0.95))
+B200_GEMM = GemmCurve(
+    0.73, 0.84, 2.5, 64, 3.70e-6, f"{_AISIM}, B200",
+    format_factors=(("fp8", 0.68, 1.0), ("fp8_block", 1.0, 1.0), ("nvfp4", 0.95, 1.0)),
+)  # fmt: skip
+GB200_GEMM = GemmCurve(
+    0.74, 0.81, 2.5, 64, 3.39e-6, f"{_AISIM}, GB200",
+    format_factors=(("fp8", 0.73, 1.0), ("fp8_block", 0.68, 1.0), ("nvfp4", 0.84, 1.0)),
+)  # fmt: skip
+B300_GEMM = GemmCurve(
+    0.81, 0.82, 3.0, 64, 3.71e-6, f"{_AISIM}, B300",
+    format_factors=(("fp8", 0.69, 1.0), ("fp8_block", 0.75, 1.0), ("nvfp4", 0.63, 1.0)),
+)  # fmt: skip
+H100_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS)
+# The fused bf16 MoE kernel per GPU (its rows; formats share them), and the default for GPUs
+# without a table: the median of the five.
+MOE_H100 = MoeKernel(0.63, 0.99, 35.0e-6, f"{_AISIM}: fused MoE, H100")
+MOE_H200 = MoeKernel(0.68, 0.99, 34.5e-6, f"{_AISIM}: fused MoE, H200")
+MOE_B200 = MoeKernel(0.55, 0.95, 25.5e-6, f"{_AISIM}: fused MoE, B200")
+MOE_GB200 = MoeKernel(0.55, 1.0, 19.6e-6, f"{_AISIM}: fused MoE, GB200")
+MOE_B300 = MoeKernel(0.53, 1.0, 18.7e-6, f"{_AISIM}: fused MoE, B300")
+MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no table for this GPU)")
 # Hopper's dense FP8 and INT8 tensor-core rates (H100/H200 SXM data sheets, no sparsity).
 HOPPER_FORMATS = (("fp8", 1979e12), ("int8", 1979e12))
 # All-reduce latency per TP degree and link efficiency fitted to Vidur's NCCL profiles
@@ -190,10 +239,11 @@ HARDWARE: dict[str, Hardware] = {
             79.6,
             450 * GB,
             64 * GB,
-            gemm=H100_GEMM,
+            gemm=H100_GEMM_FORMATS,
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
             sms=132,
+            moe=MOE_H100,
             peak_flops_by_dtype=HOPPER_FORMATS,
         ),
         # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's curves (same die).
@@ -204,10 +254,11 @@ HARDWARE: dict[str, Hardware] = {
             140.4,
             450 * GB,
             64 * GB,
-            gemm=H100_GEMM,
+            gemm=H100_GEMM_FORMATS,
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
             sms=132,
+            moe=MOE_H200,
             peak_flops_by_dtype=HOPPER_FORMATS,
         ),
         # A40: 149.7 TFLOP/s bf16 dense, 696 GB/s GDDR6, 48 GB; PCIe 4 between cards (the
@@ -264,7 +315,7 @@ HARDWARE: dict[str, Hardware] = {
             95.0,
             450 * GB,
             64 * GB,
-            gemm=H100_GEMM,
+            gemm=H100_GEMM_FORMATS,
             sms=78,
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
@@ -272,8 +323,8 @@ HARDWARE: dict[str, Hardware] = {
         ),
         # Blackwell (HGX B200, B300 and GB200 NVL72 data sheets, dense, per GPU): NVLink 5 at
         # 1.8 TB/s total (900 GB/s per direction), PCIe 6 on HGX boards (5 on GB200's Grace
-        # link side, NVLink-C2C to the CPU is not modelled). No profile of these is at hand
-        # here: they keep the generic efficiencies until fitted (docs/fidelity.md).
+        # link side, NVLink-C2C to the CPU is not modelled). GEMM curves and fused-MoE figures
+        # fitted to AISimulate's tables of these GPUs (above; docs/fidelity.md).
         Hardware(
             "B200",
             2250e12,
@@ -282,6 +333,8 @@ HARDWARE: dict[str, Hardware] = {
             900 * GB,
             128 * GB,
             sms=148,
+            gemm=B200_GEMM,
+            moe=MOE_B200,
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 4500e12), ("fp4", 9000e12)),
         ),
         Hardware(
@@ -292,6 +345,8 @@ HARDWARE: dict[str, Hardware] = {
             900 * GB,
             128 * GB,
             sms=148,
+            gemm=B300_GEMM,
+            moe=MOE_B300,
             # Blackwell Ultra trades INT8 for FP4: 14 PFLOP/s dense FP4, INT8 cut to 153 TOPS
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 153.5e12), ("fp4", 14000e12)),
         ),
@@ -304,6 +359,8 @@ HARDWARE: dict[str, Hardware] = {
             64 * GB,
             sms=148,
             nvlink_domain=72,
+            gemm=GB200_GEMM,
+            moe=MOE_GB200,
             peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
         ),
         # AMD Instinct (CDNA 3 / 4 data sheets, dense): MI325X 256 GB HBM3E at 6 TB/s; MI355X

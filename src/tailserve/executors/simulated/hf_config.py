@@ -516,7 +516,9 @@ def _formats(f: _Fields, top: dict[str, Any], is_moe: bool) -> Shape:
     method = str(q.get("quant_method", "")).lower()
     where = f"quantization_config quant_method {method!r}"
     if method in ("fp8", "fbgemm_fp8"):
-        out["weight_dtype"] = "fp8"
+        # 128 x 128 blocks with their own scales (DeepSeek-V3, Kimi K2, Qwen3-FP8) run the
+        # block-scaled kernels (DeepGEMM, CUTLASS), priced apart from per-tensor FP8
+        out["weight_dtype"] = "fp8_block" if q.get("weight_block_size") else "fp8"
     elif method == "mxfp4":
         if not is_moe:
             raise f.fail(f"{where}: MXFP4 is read for the routed experts of an MoE model (gpt-oss)")

@@ -329,7 +329,7 @@ MODELS: dict[str, ModelSpec] = {
             num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
             shared_intermediate_size=2048, first_dense_layers=3,
             q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-            v_head_dim=128, weight_dtype="fp8",
+            v_head_dim=128, weight_dtype="fp8_block",
         ),
         # Kimi-K2 (moonshotai/Kimi-K2-Instruct, model_type kimi_k2 with DeepSeek-V3's fields):
         # 64 heads, 384 experts (top 8) and 1 shared, 1 dense layer; FP8 as released.
@@ -338,7 +338,7 @@ MODELS: dict[str, ModelSpec] = {
             num_experts=384, experts_per_token=8, moe_intermediate_size=2048,
             shared_intermediate_size=2048, first_dense_layers=1,
             q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-            v_head_dim=128, weight_dtype="fp8",
+            v_head_dim=128, weight_dtype="fp8_block",
         ),
     )
 }  # fmt: skip

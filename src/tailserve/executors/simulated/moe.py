@@ -18,8 +18,6 @@ import math
 
 from tailserve.executors.simulated.gemm import join, padded_tokens
 
-GROUPED_GEMMS = 2  # gate+up, down: one launch each
-
 
 def touched_experts(num_tokens: int, num_experts: int, k: int) -> float:
     """Experts a batch of ``num_tokens`` tokens touches, each routed to ``k`` of them (uniform)."""
@@ -69,16 +67,17 @@ def grouped_gemm_time(
     byte_rate: float,
     sharpness: float,
     tile_m: int,
-    gemm_latency: float,
+    fixed_s: float,
     moe_tp: int = 1,
     ep: int = 1,
 ) -> float:
     """Seconds one MoE layer's routed experts take on one GPU (``weight_bytes`` per parameter,
-    scales included; ``flops_rate`` and ``byte_rate`` with their efficiencies applied)."""
+    scales included; ``flops_rate`` and ``byte_rate`` with their efficiencies applied; ``fixed_s``
+    the layer's fixed time: launches, routing, the permutation of rows)."""
     if num_tokens <= 0:
         return 0.0
     flops, moved = grouped_gemm_parts(
         num_tokens, num_experts, k, hidden, inter,
         weight_bytes=weight_bytes, act_bytes=act_bytes, tile_m=tile_m, moe_tp=moe_tp, ep=ep,
     )  # fmt: skip
-    return join(flops / flops_rate, moved / byte_rate, sharpness) + GROUPED_GEMMS * gemm_latency
+    return join(flops / flops_rate, moved / byte_rate, sharpness) + fixed_s
