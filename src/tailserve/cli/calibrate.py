@@ -5,6 +5,7 @@ the cost model and write a calibration file (``--out``) that ``--calibration FIL
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from tailserve.cli.base import CliError, default_of, write_json
 from tailserve.cli.options import add_deployment_args, deployment_from
 from tailserve.llm.engine_args import DTYPES, EngineArgs
 from tailserve.report.tables import print_calibration
-from tailserve.sim.deployment import Deployment, build_cost_model
+from tailserve.sim.deployment import build_cost_model
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +33,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.points is None:
         raise CliError("calibrate needs POINTS (or --executor torch --model DIR)")
     deployment = deployment_from(args)
-    built = build_cost_model(Deployment(deployment.model, deployment.hardware, deployment.tp, args.points))
+    built = build_cost_model(replace(deployment, calibration=args.points))
     print_calibration(built)
     if args.json and built.fit is not None:
         fit = built.fit

@@ -223,13 +223,20 @@ def print_models() -> None:
 
 
 def print_hardware() -> None:
-    table = Table(title="hardware (dense bf16 peaks)", title_justify="left")
-    for col in ("name", "TFLOP/s", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s"):
+    table = Table(
+        title="hardware (dense tensor-core peaks, no sparsity; -: no such unit, weight-only kernels at bf16)",
+        title_justify="left",
+    )
+    columns = ("name", "bf16 TFLOP/s", "FP8", "FP4", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s")
+    for col in columns:
         table.add_column(col, justify="left" if col == "name" else "right")
     for h in HARDWARE.values():
+        own = dict(h.peak_flops_by_dtype)
         table.add_row(
             h.name,
             f"{h.peak_flops / 1e12:.0f}",
+            f"{own['fp8'] / 1e12:.0f}" if "fp8" in own else "-",
+            f"{own['fp4'] / 1e12:.0f}" if "fp4" in own else "-",
             f"{h.memory_bandwidth / 1e12:.2f}",
             f"{h.memory_gib:.1f}",
             f"{h.interconnect_bandwidth / 1e9:.0f}",

@@ -10,6 +10,18 @@ from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.sim.deployment import Deployment
 
 
+def _formats(deployment: Deployment, quant_flag: str, kv_flag: str | None, kv_fp8: str) -> list[str]:
+    """Online FP8 quantization and an FP8 KV cache in the engine's spelling. Other formats
+    (block-scaled FP8, AWQ/GPTQ, MXFP4, NVFP4) come with their checkpoints, which the engines
+    read from config.json: no flag."""
+    parts = []
+    if deployment.quantization == "fp8":
+        parts.append(f"{quant_flag} fp8")
+    if kv_flag and deployment.kv_cache_dtype == "fp8":
+        parts.append(f"{kv_flag} {kv_fp8}")
+    return parts
+
+
 def command_line(
     spec: PolicySpec, deployment: Deployment, model_id: str | None, device: Any, max_model_len: int
 ) -> str | None:
@@ -25,6 +37,7 @@ def command_line(
             parts.insert(0, "VLLM_USE_V1=0")  # vLLM <= 0.10 still ships the V0 engine behind this
         if tp > 1:
             parts.append(f"--tensor-parallel-size {tp}")
+        parts += _formats(deployment, "--quantization", "--kv-cache-dtype", "fp8")
         parts += [
             f"--max-num-batched-tokens {config.max_num_batched_tokens}",
             f"--max-num-seqs {config.max_num_seqs}",
@@ -42,6 +55,7 @@ def command_line(
         parts = ["python -m sglang.launch_server", f"--model-path {model}"]
         if tp > 1:
             parts.append(f"--tp {tp}")
+        parts += _formats(deployment, "--quantization", "--kv-cache-dtype", "fp8_e4m3")
         parts += [
             f"--chunked-prefill-size {config.chunked_prefill_size}",
             f"--schedule-policy {config.schedule_policy}",
@@ -55,6 +69,7 @@ def command_line(
         parts = ["text-generation-launcher", f"--model-id {model}"]
         if tp > 1:
             parts.append(f"--num-shard {tp}")
+        parts += _formats(deployment, "--quantize", None, "")
         parts += [
             f"--max-batch-prefill-tokens {config.max_batch_prefill_tokens}",
             f"--waiting-served-ratio {config.waiting_served_ratio:g}",

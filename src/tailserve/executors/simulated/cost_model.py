@@ -154,7 +154,6 @@ class CostModel:
         self.tp = tp
         self.efficiency = efficiency or Efficiency.for_hardware(hardware)
         m, hw = model, hardware
-        heads_per_shard = m.num_heads / tp
         self._lm_head_flops_per_logit = 2.0 * m.hidden_size * m.vocab_size / tp
         if m.is_moe or m.weight_dtype:
             # The dense matrices here; the routed experts priced per batch in ``_experts``.
@@ -188,6 +187,21 @@ class CostModel:
             raise ValueError(f"hardware {hardware.name}: the per-GEMM wave form needs its SM count")
         if self.efficiency.tile_n and (m.is_moe or m.is_mla):
             raise ValueError(f"{m.name}: the per-GEMM wave form prices dense GQA models only")
+        self._init_attention(m, tp)
+        eff = self.efficiency
+        self._flops_rate = hw.peak_flops * eff.compute
+        self._byte_rate = hw.memory_bandwidth * eff.memory
+        self._init_formats(m, hw, eff)
+        # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
+        self._prefill_rates = (
+            self._flops_rate * eff.prefill_attention,
+            self._byte_rate * eff.prefill_attention,
+        )
+        self._decode_rates = (self._flops_rate * eff.decode_attention, self._byte_rate * eff.decode_attention)
+        self._init_comm(m, hw, tp, eff)
+
+    def _init_attention(self, m: ModelSpec, tp: int) -> None:
+        heads_per_shard = m.num_heads / tp
         # QK^T and PV: 2 FLOPs each per (query, key) pair per head dimension.
         self._attn_flops_per_pair = 4.0 * heads_per_shard * m.dim_per_head * m.num_layers
         self._prefill_pair_flops = self._decode_pair_flops = self._attn_flops_per_pair
@@ -204,9 +218,8 @@ class CostModel:
             self._decode_pair_flops = (
                 2.0 * heads_per_shard * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * m.num_layers
             )
-        eff = self.efficiency
-        self._flops_rate = hw.peak_flops * eff.compute
-        self._byte_rate = hw.memory_bandwidth * eff.memory
+
+    def _init_formats(self, m: ModelSpec, hw: Hardware, eff: Efficiency) -> None:
         # Layer GEMMs run at their weights' tensor-core rate (FP8 W8A8, FP4 on Blackwell); the
         # attention kernels and the LM head at bf16's.
         self._gemm_flops_rate = self._flops_rate
@@ -229,12 +242,8 @@ class CostModel:
             self._moe_rate = self._moe_peak * eff.compute * fc * kernel.compute
             self._moe_byte_rate = self._byte_rate * fm * kernel.memory
             self._moe_fixed = kernel.layer_latency
-        # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
-        self._prefill_rates = (
-            self._flops_rate * eff.prefill_attention,
-            self._byte_rate * eff.prefill_attention,
-        )
-        self._decode_rates = (self._flops_rate * eff.decode_attention, self._byte_rate * eff.decode_attention)
+
+    def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             self._comm_fixed = 2.0 * m.num_layers * hw.allreduce_latency_at(tp)

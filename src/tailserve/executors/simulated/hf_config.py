@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.model_spec import ModelSpec
 
 Shape = dict[str, Any]
 
