@@ -144,3 +144,33 @@ def test_formats_and_bad_fields_are_named():
         from tailserve.executors.simulated.cost_model import Efficiency
 
         CostModel(MIXTRAL, get_hardware("H100"), 1, Efficiency(tile_n=128, tile_m=128))
+
+
+def test_quantization_and_kv_cache_dtype_are_deployment_flags(capsys):
+    from tailserve.cli import main
+    from tailserve.policies.registry import parse_policy_list
+    from tailserve.sim.deployment import Deployment, build_cost_model
+    from tailserve.tune.commands import command_line
+
+    dep = Deployment.of("Llama-2-70B", "h200", 8, "none", quantization="FP8", kv_cache_dtype="fp8")
+    spec = dep.model_spec()
+    assert (spec.weight_dtype, spec.kv_dtype) == ("fp8", "fp8")
+    assert spec.kv_bytes_per_token(8) * 2 == get_model_kv("Llama-2-70B")
+    bf16 = build_cost_model(Deployment.of("Llama-2-70B", "h200", 8, "none")).cost_model
+    assert build_cost_model(dep).cost_model.decode_time(1, 128) < bf16.decode_time(1, 128)
+    hw = get_hardware("h200")
+    vllm = command_line(parse_policy_list("vllm")[0], dep, None, hw.device_info, 4096)
+    assert "--quantization fp8" in vllm and "--kv-cache-dtype fp8" in vllm
+    sglang = command_line(parse_policy_list("sglang")[0], dep, None, hw.device_info, 4096)
+    assert "--quantization fp8" in sglang and "--kv-cache-dtype fp8_e4m3" in sglang
+    assert Deployment.of("Llama-2-70B", "h200", 8, kv_cache_dtype="auto").kv_cache_dtype == ""
+    argv = ["cost", "--model", "Llama-2-70B", "--hardware", "h200", "--tp", "8", "--quantization", "fp3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--quantization: unknown number format 'fp3'" in err
+
+
+def get_model_kv(name: str) -> int:
+    from tailserve.executors.simulated.models import get_model
+
+    return get_model(name).kv_bytes_per_token(8)
