@@ -174,3 +174,36 @@ def get_model_kv(name: str) -> int:
     from tailserve.executors.simulated.models import get_model
 
     return get_model(name).kv_bytes_per_token(8)
+
+
+def test_expert_parallel_waits_for_its_busiest_rank():
+    from tailserve.executors.simulated.moe import grouped_gemm_parts
+    from tailserve.policies.registry import parse_policy_list
+    from tailserve.sim.deployment import Deployment, build_cost_model
+    from tailserve.tune.commands import command_line
+
+    kw = dict(weight_bytes=1.0, act_bytes=2.0, tile_m=64)
+    # 4,096 tokens x 8 of 256 experts: every expert touched on every rank either way; TP ranks
+    # each read all 32,768 routed rows (for their slices), the busiest EP rank ~4,218 of them
+    # (more rows than its share: more FLOPs, and its experts' rows pad to a bigger tile)
+    tp_flops, tp_bytes = grouped_gemm_parts(4096, 256, 8, 7168, 2048, moe_tp=8, **kw)
+    ep_flops, ep_bytes = grouped_gemm_parts(4096, 256, 8, 7168, 2048, ep=8, **kw)
+    assert ep_bytes < tp_bytes and 1.0 < ep_flops / tp_flops <= 1.5
+    # one token: k rows over 8 ranks, the busiest gets several of them
+    one_tp = grouped_gemm_parts(1, 256, 8, 7168, 2048, moe_tp=8, **kw)[1]
+    one_ep = grouped_gemm_parts(1, 256, 8, 7168, 2048, ep=8, **kw)[1]
+    assert 2.0 < one_ep / one_tp <= 8.0
+    dep = Deployment.of("DeepSeek-V3", "h200", 8, expert_parallel=True)
+    cm = build_cost_model(dep).cost_model
+    assert (
+        cm.expert_parallel
+        and not build_cost_model(Deployment.of("DeepSeek-V3", "h200", 8)).cost_model.expert_parallel
+    )
+    assert not build_cost_model(
+        Deployment.of("Llama-2-70B", "h200", 8, expert_parallel=True)
+    ).cost_model.expert_parallel
+    hw = get_hardware("h200")
+    assert "--enable-expert-parallel" in command_line(
+        parse_policy_list("vllm")[0], dep, None, hw.device_info, 4096
+    )
+    assert "--ep-size 8" in command_line(parse_policy_list("sglang")[0], dep, None, hw.device_info, 4096)

@@ -65,6 +65,12 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         metavar="FORMAT",
         help="KV cache number format, as vLLM's flag: auto (the model's) or fp8 (default: %(default)s)",
     )
+    g.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="MoE models: experts split whole over the TP ranks, as vLLM's flag (default: each expert "
+        "sliced over them)",
+    )
 
 
 RATE_HELP = "arrival rate, requests/s (sessions/s for multi-turn)"
@@ -201,6 +207,7 @@ def deployment_from(args: argparse.Namespace) -> Deployment:
         args.calibration,
         getattr(args, "quantization", ""),
         getattr(args, "kv_cache_dtype", ""),
+        getattr(args, "enable_expert_parallel", False),
     )
 
 

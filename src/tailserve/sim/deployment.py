@@ -34,6 +34,8 @@ class Deployment:
     # ("" = the model's own: its checkpoint's format, bf16 by default; precision.py's names)
     quantization: str = ""
     kv_cache_dtype: str = ""
+    # vLLM's --enable-expert-parallel: the experts of an MoE model split whole over the TP ranks
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -63,15 +65,14 @@ class Deployment:
         calibration: str = "auto",
         quantization: str = "",
         kv_cache_dtype: str = "",
+        expert_parallel: bool = False,
     ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
-        names = cls(model, hardware, 1, calibration, quantization, kv_cache_dtype)
+        names = cls(model, hardware, 1, calibration, quantization, kv_cache_dtype, expert_parallel)
         if tp is None:
             tp = SEED_PRESET.tp if names.is_seed else 1
-        return cls(
-            names.model, names.hardware, tp, names.calibration, names.quantization, names.kv_cache_dtype
-        )
+        return replace(names, tp=tp)
 
     def model_spec(self) -> ModelSpec:
         """The model's shapes with this deployment's number formats: ``quantization`` sets every
@@ -105,6 +106,13 @@ class BuiltCostModel:
 
 
 def build_cost_model(deployment: Deployment) -> BuiltCostModel:
+    built = _build_cost_model(deployment)
+    if deployment.expert_parallel:
+        return replace(built, cost_model=built.cost_model.with_expert_parallel())
+    return built
+
+
+def _build_cost_model(deployment: Deployment) -> BuiltCostModel:
     model = deployment.model_spec()
     hardware = get_hardware(deployment.hardware)
     base = CostModel(model, hardware, deployment.tp)

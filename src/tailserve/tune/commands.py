@@ -19,6 +19,8 @@ def _formats(deployment: Deployment, quant_flag: str, kv_flag: str | None, kv_fp
         parts.append(f"{quant_flag} fp8")
     if kv_flag and deployment.kv_cache_dtype == "fp8":
         parts.append(f"{kv_flag} {kv_fp8}")
+    if deployment.expert_parallel and kv_flag:  # vLLM and SGLang name it alike
+        parts.append("--enable-expert-parallel" if kv_fp8 == "fp8" else "--ep-size " + str(deployment.tp))
     return parts
 
 

@@ -147,9 +147,14 @@ class CostModel:
         hardware: Hardware,
         tp: int = 1,
         efficiency: Efficiency | None = None,
+        expert_parallel: bool = False,
     ) -> None:
         model.check_tp(tp)
         self.model = model
+        # vLLM's --enable-expert-parallel beside TP attention: each rank holds num_experts / tp
+        # whole experts instead of every expert's 1/tp slice (the layer still ends in the TP
+        # all-reduce: every rank holds every token)
+        self.expert_parallel = expert_parallel and model.is_moe and tp > 1
         self.hardware = hardware
         self.tp = tp
         self.efficiency = efficiency or Efficiency.for_hardware(hardware)
@@ -282,7 +287,10 @@ class CostModel:
             )
 
     def with_efficiency(self, efficiency: Efficiency) -> CostModel:
-        return CostModel(self.model, self.hardware, self.tp, efficiency)
+        return CostModel(self.model, self.hardware, self.tp, efficiency, self.expert_parallel)
+
+    def with_expert_parallel(self, on: bool = True) -> CostModel:
+        return CostModel(self.model, self.hardware, self.tp, self.efficiency, on)
 
     # ---- the formula --------------------------------------------------------------------
     # The formula in three pieces, each written once for Python numbers and numpy arrays.
@@ -351,7 +359,8 @@ class CostModel:
             sharpness=eff.sharpness,
             tile_m=eff.tile_m,
             fixed_s=self._moe_fixed,
-            moe_tp=self.tp,
+            moe_tp=1 if self.expert_parallel else self.tp,
+            ep=self.tp if self.expert_parallel else 1,
         )
 
     def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:

@@ -7,9 +7,11 @@ the GEMM's row tile, per expert (a batch of 8 decodes over 256 experts runs ~64 
 each, every one a whole tile: MoE decode is cheap in bytes, not in tiles). Every touched expert's
 weights are read once, so a small batch reads few experts and a large one all of them.
 
-Expert parallelism (``ep`` > 1) keeps ``E / ep`` whole experts per GPU and ``T k / ep`` of the
-routed rows (an even spread); tensor parallelism inside the experts (``moe_tp``) splits each
-expert's intermediate size. The all-to-all that moves the rows is priced elsewhere.
+Expert parallelism (``ep`` > 1) keeps ``E / ep`` whole experts per GPU; the layer takes as long
+as its busiest GPU, which gets more than ``T k / ep`` of the routed rows (a binomial spread: a
+small batch is the most uneven). Tensor parallelism inside the experts (``moe_tp``) splits each
+expert's intermediate size. The all-to-all that moves the rows is priced elsewhere (with TP
+attention there is none: every rank holds every token and the layer ends in the all-reduce).
 """
 
 from __future__ import annotations
@@ -43,12 +45,21 @@ def grouped_gemm_parts(
     the touched experts' padded rows, and the touched experts' weights plus the routed rows."""
     if num_tokens <= 0:
         return 0.0, 0.0
-    local = num_experts / ep
-    touched = touched_experts(num_tokens, num_experts, k) / ep
-    routed = num_tokens * k / ep
+    if ep > 1:
+        # The layer waits for its busiest rank: of the T k routed rows each rank gets a binomial
+        # share (mean T k / ep); the largest of ep such shares is about sqrt(2 ln ep) standard
+        # deviations above the mean. Each row lands on one of the rank's E / ep experts.
+        n = num_tokens * k
+        mean = n / ep
+        spread = math.sqrt(n * (1.0 / ep) * (1.0 - 1.0 / ep))
+        routed = min(float(n), mean + spread * math.sqrt(2.0 * math.log(ep)))
+        local = num_experts / ep
+        touched = local * (1.0 - (1.0 - 1.0 / local) ** routed) if local > 1 else 1.0
+    else:
+        routed = float(num_tokens * k)
+        touched = touched_experts(num_tokens, num_experts, k)
     rows = padded_tokens(max(1, math.ceil(routed / touched - 1e-9)), tile_m)
     params = 3.0 * hidden * inter / moe_tp
-    touched = min(touched, local)
     flops = 2.0 * touched * rows * params
     moved = touched * params * weight_bytes + routed * act_bytes * (2.0 * hidden + 3.0 * inter / moe_tp)
     return flops, moved
