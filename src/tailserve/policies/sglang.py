@@ -292,7 +292,7 @@ class SglangPolicy(Policy, FastPaths):
         if max_running - len(decodes) <= 0 and self.chunked is None and not try_preemption:
             self.batch_is_full = True
             return False
-        self._order_waiting(sched, now)
+        self.order_waiting(sched, now)
         num_mixed = len(decodes) if cfg.enable_mixed_chunk else 0
         adder = PrefillAdder(
             sched,
@@ -344,7 +344,9 @@ class SglangPolicy(Policy, FastPaths):
             self._add_decodes(sched, decodes, out)
         return True
 
-    def _order_waiting(self, sched: Scheduler, now: float) -> None:
+    def order_waiting(self, sched: Scheduler, now: float) -> None:
+        """Order the waiting queue in place by ``schedule_policy`` (SGLang's ``calc_priority``,
+        ``sglang_priority.py``); public for ``validate/sglang_order.py``."""
         calc_priority(self.config, self.radix, sched.waiting, self._rng, now)
 
     def _decode(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:
