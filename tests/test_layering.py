@@ -91,33 +91,39 @@ def test_routing_code_is_pure():
     assert not imports_of(ROOT / "core" / "config_flags.py"), "the converter imports tailserve modules"
 
 
-def _core_edges() -> dict[str, set[str]]:
-    """core module -> the core modules it imports (anywhere in the file, ``TYPE_CHECKING`` too)."""
-    core = {p.stem for p in (ROOT / "core").glob("*.py") if p.stem != "__init__"}
+def _edges(package: str) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports (anywhere in the file,
+    ``TYPE_CHECKING`` too)."""
+    here = {p.stem for p in (ROOT / package).glob("*.py") if p.stem != "__init__"}
+    prefix = f"tailserve.{package}."
     edges: dict[str, set[str]] = {}
-    for name in core:
+    for name in here:
         found: set[str] = set()
-        for node in ast.walk(ast.parse((ROOT / "core" / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse((ROOT / package / f"{name}.py").read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             else:
                 continue
-            found.update(n.split(".")[2] for n in names if n.startswith("tailserve.core."))
-        edges[name] = (found & core) - {name}
+            found.update(n.split(".")[2] for n in names if n.startswith(prefix))
+        edges[name] = (found & here) - {name}
     return edges
 
 
-def test_no_import_cycle_inside_core():
-    """The scheduler names the policy hooks it calls (``PolicyHooks``) instead of importing
-    ``Policy``, and nothing in core imports the engine back: the modules form a DAG."""
-    edges = _core_edges()
+@pytest.mark.parametrize("package", ["core", "policies"])
+def test_no_import_cycle_inside(package):
+    """core: the scheduler names the policy hooks it calls (``PolicyHooks``) instead of importing
+    ``Policy``, and nothing in core imports the engine back. policies: a policy's parts (the SLO
+    policy's admission, burst, fair-share and yield rules; SGLang's ``PrefillAdder`` and queue
+    order) are handed what they need instead of importing the policy back. Both form a DAG."""
+    edges = _edges(package)
     done: set[str] = set()
 
     def visit(name: str, path: list[str]) -> None:
         if name in path:
-            raise AssertionError("import cycle in core: " + " -> ".join([*path[path.index(name) :], name]))
+            cycle = " -> ".join([*path[path.index(name) :], name])
+            raise AssertionError(f"import cycle in {package}: {cycle}")
         if name in done:
             return
         for other in sorted(edges[name]):

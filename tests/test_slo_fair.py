@@ -66,7 +66,7 @@ def _partial(sched: Scheduler, rid: str, prompt: int, computed: int, tenant: str
     r = Request(rid, prompt, 100, 0.0, tenant_id=tenant)
     sched.add_request(r, 0.0)
     sched.waiting.remove(r)
-    sched.policy._info.pop(rid)
+    sched.policy.state.info.pop(rid)
     if sched.policy.backlog is not None:
         sched.policy.backlog.dequeue(r)
     assert sched.allocate(r, computed)

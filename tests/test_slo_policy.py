@@ -52,7 +52,7 @@ def _decoding(sched: Scheduler, rid: str, prompt: int, last_token: float, priori
     r = Request(rid, prompt, 100, 0.0, priority=priority)
     sched.add_request(r, 0.0)
     sched.waiting.remove(r)
-    sched.policy._info.pop(rid)
+    sched.policy.state.info.pop(rid)
     assert sched.allocate(r, prompt)  # the KV of the computed tokens
     r.num_computed_tokens = prompt
     r.num_output_tokens = 1
@@ -110,7 +110,7 @@ def test_prefix_hits_count_in_the_prediction(monkeypatch):
     # 5 ms + 10 ms. slack(plain) = 0.415 < slack(cached) = 0.485: plain first.
     sched.add_request(Request("cached", 8000, 10, 0.0), 0.0)
     sched.add_request(Request("plain", 8000, 10, 0.0), 0.0)
-    assert policy._info["cached"].prefill_s == pytest.approx(0.005 + 1e-5 * 1000)
+    assert policy.state.info["cached"].prefill_s == pytest.approx(0.005 + 1e-5 * 1000)
     ordered, _ = policy.order_waiting(sched, 0.0)
     assert [r.request_id for r in ordered] == ["plain", "cached"]
     # At 0.42 s, 80 ms are left: plain (85 ms) can no longer make it; cached (15 ms) can, and
@@ -123,7 +123,7 @@ def test_infeasible_best_effort_behind_feasible():
     policy, sched = _setup()
     # 'late' (interactive, 60,000-token prompt: 605 ms alone > 500 ms) can never make its TTFT.
     sched.add_request(Request("late", 6000, 10, 0.0), 0.0)
-    policy._info["late"].prefill_s = 0.605
+    policy.state.info["late"].prefill_s = 0.605
     sched.add_request(Request("ok", 1000, 10, 0.1), 0.1)
     ordered, rejected = policy.order_waiting(sched, 0.1)
     assert [r.request_id for r in ordered] == ["ok", "late"] and not rejected
@@ -132,7 +132,7 @@ def test_infeasible_best_effort_behind_feasible():
 def test_infeasible_rejected_early_with_a_reason():
     policy, sched = _setup(slo_admission="reject")
     sched.add_request(Request("late", 6000, 10, 0.0), 0.0)
-    policy._info["late"].prefill_s = 0.605
+    policy.state.info["late"].prefill_s = 0.605
     sched.add_request(Request("ok", 1000, 10, 0.0), 0.0)
     out = sched.schedule(0.0)
     assert [s.request.request_id for s in out.scheduled] == ["ok"]
@@ -144,7 +144,7 @@ def test_infeasible_rejected_early_with_a_reason():
 def test_aging_puts_old_best_effort_work_first():
     policy, sched = _setup(aging_s=5.0)
     sched.add_request(Request("late", 6000, 10, 0.0), 0.0)
-    policy._info["late"].prefill_s = 0.605
+    policy.state.info["late"].prefill_s = 0.605
     sched.add_request(Request("ok", 1000, 10, 4.9), 4.9)
     assert [r.request_id for r in policy.order_waiting(sched, 4.9)[0]] == ["ok", "late"]
     sched.add_request(Request("ok2", 1000, 10, 5.0), 5.0)
@@ -157,17 +157,17 @@ def test_aging_takes_at_most_its_share_of_the_prefill_work():
     sched.add_request(Request("old1", 3000, 10, 0.0), 0.0)
     sched.add_request(Request("old2", 3000, 10, 0.0), 0.0)
     for rid in ("old1", "old2"):
-        policy._info[rid].prefill_s = 0.605  # 0.5 s TTFT: never feasible
+        policy.state.info[rid].prefill_s = 0.605  # 0.5 s TTFT: never feasible
     sched.add_request(Request("ok", 1000, 10, 6.0), 6.0)
     sched.add_request(Request("new-late", 6000, 10, 6.0), 6.0)
-    policy._info["new-late"].prefill_s = 0.605  # late, but not aged yet
-    assert policy._aging_credit == 2048
+    policy.state.info["new-late"].prefill_s = 0.605  # late, but not aged yet
+    assert policy.admission.aging_credit == 2048
     assert [r.request_id for r in policy.order_waiting(sched, 6.0)[0]] == ["old1", "old2", "ok", "new-late"]
     # Admitting old1 spends its whole prefill, 3,000 tokens: the credit is 2,048 - 3,000 = -952,
     # and the iteration's 2,048 prefill tokens earn a quarter of them back: -952 + 512 = -440.
     out = sched.schedule(6.0)
     assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("old1", 2048)]
-    assert policy._aging_credit == pytest.approx(-440)
+    assert policy.admission.aging_credit == pytest.approx(-440)
     sched.update(out, StepResult(0.1), 6.1)
     # Out of credit: old1's rest continues (rule 2), then the feasible request goes ahead of the
     # aged one, which still comes before the late one that has not aged; old2 takes the 96
@@ -177,12 +177,12 @@ def test_aging_takes_at_most_its_share_of_the_prefill_work():
     assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [
         ("old1", 952), ("ok", 1000), ("old2", 96)
     ]  # fmt: skip
-    assert policy._aging_credit == pytest.approx(-2928)
+    assert policy.admission.aging_credit == pytest.approx(-2928)
     # With aging_share=1 aged requests always go first (the rule before the share).
     policy, sched = _setup(aging_s=5.0, aging_share=1.0)
-    policy._aging_credit = -1e9
+    policy.admission.aging_credit = -1e9
     sched.add_request(Request("old", 3000, 10, 0.0), 0.0)
-    policy._info["old"].prefill_s = 0.605
+    policy.state.info["old"].prefill_s = 0.605
     sched.add_request(Request("ok", 1000, 10, 6.0), 6.0)
     assert [r.request_id for r in policy.order_waiting(sched, 6.0)[0]] == ["old", "ok"]
 

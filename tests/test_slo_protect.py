@@ -44,16 +44,16 @@ def test_the_policy_holds_protection_from_one_iteration_to_the_next(until):
     recent = policy.backlog.recent
     recent.step({"light": 100.0, "heavy": 10_000.0})
     sched.schedule(0.0)
-    assert policy._protected == {"light"}
+    assert policy.state.protected == {"light"}
     # Light's burst: its recent service now 30% of the total, past half its share (25%) but
     # under the default hold's whole share (50%).
     recent.served = {"light": 3_000.0, "heavy": 7_000.0}
     sched.schedule(0.05)
-    assert policy._protected == ({"light"} if until is None else frozenset())
+    assert policy.state.protected == ({"light"} if until is None else frozenset())
     # Past its share (60% of the total) the hold ends: light is over its share now.
     recent.served = {"light": 6_000.0, "heavy": 4_000.0}
     sched.schedule(0.1)
-    assert policy._protected == frozenset() and policy._over == {"light"}
+    assert policy.state.protected == frozenset() and policy.state.over == {"light"}
 
 
 def _queue(fairness: str):
@@ -65,7 +65,7 @@ def _queue(fairness: str):
     sched.add_request(Request("l", 7500, 10, 0.0, tenant_id="light"), 0.0)
     if policy.backlog is not None:
         policy.backlog.recent.step({"light": 0.0, "heavy": 10_000.0})
-        policy._protect(sched)
+        policy.protect(sched)
     return policy.order_waiting(sched, 0.0)
 
 
@@ -89,7 +89,7 @@ def test_a_protected_tenants_feasible_requests_go_in_arrival_order(order):
     sched.add_request(Request("h_short", 400, 10, 0.000, tenant_id="heavy"), 0.000)
     sched.add_request(Request("h_long", 4000, 10, 0.002, tenant_id="heavy"), 0.002)
     policy.backlog.recent.step({"light": 0.0, "heavy": 10_000.0})
-    policy._protect(sched)
+    policy.protect(sched)
     ordered, _ = policy.order_waiting(sched, 0.010)
     light = ["l_short", "l_long"] if order == "arrival" else ["l_long", "l_short"]
     assert [r.request_id for r in ordered] == [*light, "h_long", "h_short"]

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+from unittest import mock
+
 import pytest
 
 from tailserve.core.engine import Engine, EngineOptions
+from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.core.source import ListSource
-from tailserve.executors.simulated.cost_binding import bind_cost_model
+from tailserve.executors.simulated.cost_binding import PredictsIterations, bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.kv.paged import KVCacheManager
-from tailserve.policies.fairness import FairPolicy, TenantBacklog, with_fairness
+from tailserve.policies.fairness import (
+    FairPolicy,
+    TenantBacklog,
+    make_backlog,
+    policy_declarations,
+    policy_hooks,
+    with_fairness,
+)
 from tailserve.policies.registry import POLICIES
 from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights
 
@@ -169,3 +183,89 @@ def test_the_tenants_flag_reaches_the_requests():
     source = WorkloadBuilder(spec).build(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1))
     tenants = [r.tenant_id for r in source.pop_arrived(1e9)]
     assert set(tenants) == {"a", "b"} and 60 < tenants.count("a") < 140
+
+
+def _recording_inner() -> Policy:
+    """A policy whose every hook (``policy_hooks``) records its name, then answers as the
+    protocol's default does (``schedule``: an empty output)."""
+    calls: list[str] = []
+
+    def recorder(name: str) -> Any:
+        def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            if name == "schedule":
+                return SchedulerOutput()
+            for protocol in (Policy, FastPaths):
+                default = vars(protocol).get(name)
+                if callable(default):
+                    return default(self, *args, **kwargs)
+            return None
+
+        return hook
+
+    body = {name: recorder(name) for name in policy_hooks()}
+    body |= {"name": "recorder", "summary": "", "config_cls": object, "calls": calls}
+    for name in ("default_config", "profile_tokens"):
+        body[name] = classmethod(recorder(name))
+    recording = type("Recording", (Policy, FastPaths), body)
+    return recording(None)
+
+
+def _arguments(name: str) -> list[Any]:
+    """Stand-ins for the parameters of the hook ``name`` as its protocol declares them, by
+    parameter name (a mock for any other)."""
+    fn = next(vars(p)[name] for p in (Policy, FastPaths, PredictsIterations) if name in vars(p))
+    request = Request("r", 100, 10, 0.0, tenant_id="a")
+    known = {"request": request, "prompt": request, "finished": [], "now": 0.0, "num_steps": 1, "chunk": 2}
+    params = list(inspect.signature(fn).parameters.values())[1:]  # after self
+    return [known.get(p.name, mock.MagicMock()) for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+
+def _unforwarded(wrapper_cls: type) -> list[str]:
+    """The hooks of ``policy_hooks`` that ``wrapper_cls`` neither forwards to the wrapped policy
+    when called nor declares in ``NOT_FORWARDED``."""
+    missing = []
+    for name in policy_hooks():
+        if name in wrapper_cls.NOT_FORWARDED:
+            continue
+        inner = _recording_inner()
+        wrapper = wrapper_cls(inner, make_backlog("vtc", ""))
+        method = getattr(wrapper, name)
+        method(*_arguments(name))
+        if name not in inner.calls:
+            missing.append(name)
+    return missing
+
+
+def test_fair_policy_forwards_every_hook():
+    """Every public method of Policy, FastPaths and PredictsIterations reaches the wrapped
+    policy through FairPolicy, or is declared off with a reason: a hook added to any of them and
+    not forwarded fails here (as the chunk-run hooks were once dropped silently)."""
+    hooks = set(policy_hooks())
+    for protocol in (Policy, FastPaths):
+        public = {n for n, v in inspect.getmembers(protocol) if not n.startswith("_") and callable(v)}
+        assert public <= hooks, f"policy_hooks misses {sorted(public - hooks)} of {protocol.__name__}"
+    assert "bind_cost_model" in hooks
+    assert set(FairPolicy.NOT_FORWARDED) <= hooks, "NOT_FORWARDED names a hook that no longer exists"
+    assert all(FairPolicy.NOT_FORWARDED.values()), "each hook left off says why"
+    assert _unforwarded(FairPolicy) == []
+    # The declarations come from the wrapped policy too.
+    fair = FairPolicy(_recording_inner(), make_backlog("vtc", ""))
+    assert fair.name == "recorder" and fair.decode_reserve_blocks == 0
+    sarathi = POLICIES["sarathi"]
+    wrapped = FairPolicy(sarathi(sarathi.default_config(DEVICE, 4096)), make_backlog("vtc", ""))
+    assert wrapped.decode_reserve_blocks == 1 and wrapped.summary == sarathi.summary
+    assert set(policy_declarations()) >= {"name", "decode_reserve_blocks", "chunk_run_takes_arrivals"}
+
+
+def test_the_forwarding_check_catches_a_dropped_hook():
+    """The check above has teeth: a wrapper that answers a hook itself is caught."""
+
+    class Dropping(FairPolicy):
+        def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
+            return None
+
+        def on_chunk_run(self, sched: Scheduler, prompt: Request, num_steps: int) -> None:
+            return None
+
+    assert _unforwarded(Dropping) == ["next_wakeup", "on_chunk_run"]

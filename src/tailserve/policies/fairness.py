@@ -11,23 +11,22 @@ Within a tenant the given order is kept (FCFS for ``vllm`` and ``sglang``; least
 ``FairPolicy`` puts this in front of a policy that walks its waiting queue from the head
 (``vllm`` with ``scheduling_policy=fcfs``, ``sglang`` with ``schedule_policy=fcfs``): before
 each iteration the queue is put in VTC order, after it the scheduled tokens are charged. The
-wrapped policy's own rules are untouched.
+wrapped policy's own rules are untouched: every other hook is forwarded to it by construction
+(``policy_hooks``), and the fast paths that would skip VTC's charges are declared off in
+``FairPolicy.NOT_FORWARDED``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
 
 from tailserve.core.policy import Policy
-from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
-from tailserve.executors.simulated.cost_binding import bind_cost_model
-from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.fast_paths import FastPaths
-from tailserve.kv.spec import KVSpec
+from tailserve.executors.simulated.cost_binding import PredictsIterations
+from tailserve.executors.simulated.fast_paths import FastPaths, LoneChunkRun
 from tailserve.policies.tenant_share import RecentService
 from tailserve.policies.vtc import VirtualTokenCounter, parse_tenant_weights, tenant_of
 
@@ -130,35 +129,88 @@ def make_backlog(fairness: str, tenant_weights: str) -> TenantBacklog | None:
     return TenantBacklog(VirtualTokenCounter(weights))
 
 
+def _is_hook(value: object) -> bool:
+    return callable(value) or isinstance(value, (classmethod, staticmethod, property))
+
+
+def policy_hooks() -> tuple[str, ...]:
+    """Every public method a policy is asked through: ``Policy``'s, ``FastPaths``' and
+    ``PredictsIterations``' (``bind_cost_model``), read from the classes themselves, so a hook
+    added to any of them is in the list."""
+    names: dict[str, None] = {}
+    for protocol in (Policy, FastPaths, PredictsIterations):
+        for name, value in vars(protocol).items():
+            if not name.startswith("_") and _is_hook(value):
+                names[name] = None
+    return tuple(names)
+
+
+def policy_declarations() -> tuple[str, ...]:
+    """Every class-level declaration of ``Policy`` and ``FastPaths`` (their ``ClassVar``s:
+    ``name``, ``decode_reserve_blocks``, ...), which a wrapper copies from the wrapped policy."""
+    names: dict[str, None] = {}
+    for protocol in (Policy, FastPaths):
+        for name, annotation in vars(protocol).get("__annotations__", {}).items():
+            if "ClassVar" in str(annotation):
+                names[name] = None
+    return tuple(names)
+
+
+def _forwarder(name: str) -> Callable[..., Any]:
+    def forward(self: FairPolicy, *args: Any, **kwargs: Any) -> Any:
+        hook = getattr(self.inner, name, None)
+        if hook is None:  # a FastPaths or PredictsIterations hook the wrapped policy lacks
+            default = getattr(FastPaths, name, None)
+            return None if default is None else default(self, *args, **kwargs)
+        return hook(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    forward.__doc__ = f"Forwarded to the wrapped policy's ``{name}`` (generated, ``policy_hooks``)."
+    forward.forwarded = True  # type: ignore[attr-defined]
+    return forward
+
+
 class FairPolicy(Policy, FastPaths):
-    """A head-of-queue policy (vllm, sglang with fcfs) with its waiting queue in VTC order."""
+    """A head-of-queue policy (vllm, sglang with fcfs) with its waiting queue in VTC order.
+
+    Forwards every hook of ``Policy``, ``FastPaths`` and ``PredictsIterations`` to the wrapped
+    policy by construction: each hook ``policy_hooks`` lists and this class does not write
+    itself gets a generated forwarder (below the class), and every declaration
+    (``policy_declarations``) is copied from the wrapped policy. The hooks written here forward
+    too, around VTC's bookkeeping, except those in ``NOT_FORWARDED``, each with its reason.
+    ``tests/test_vtc.py`` calls every hook on a recording policy and fails on one that neither
+    reaches it nor is listed there.
+    """
+
+    # Hooks deliberately answered here instead of by the wrapped policy, and why.
+    NOT_FORWARDED: ClassVar[dict[str, str]] = {
+        "default_config": "a classmethod asked of the registry's class before any policy exists; "
+        "a FairPolicy wraps a configured policy",
+        "profile_tokens": "a classmethod asked of the registry's class (assemble/simulated.py) "
+        "before any policy exists; the wrapped policy's class answers it",
+        "chunk_run_budget": "the chunked-prefill fast path runs iterations without asking the "
+        "policy, so VTC's charges would be skipped: it stays off (None)",
+        "lone_chunk_run": "the lone-chunk fast path runs iterations without asking the policy, so "
+        "VTC's charges would be skipped: it stays off (None)",
+    }
 
     def __init__(self, inner: Policy, backlog: TenantBacklog) -> None:
         super().__init__(inner.config)
         self.inner = inner
         self.backlog = backlog
-        self.name = inner.name
-        self.summary = inner.summary
-        self.config_cls = inner.config_cls
-        self.decode_reserve_blocks = inner.decode_reserve_blocks if isinstance(inner, FastPaths) else 0
+        for name in policy_declarations():
+            # The wrapped policy's declaration (FastPaths' default where it has none).
+            setattr(self, name, getattr(inner, name, getattr(FastPaths, name, None)))
 
     @classmethod
     def default_config(cls, device: Any, max_model_len: int, **overrides: Any) -> Any:
         raise TypeError("FairPolicy wraps a configured policy; build the inner one first")
 
-    def create_waiting_queue(self) -> RequestQueue:
-        return self.inner.create_waiting_queue()
-
-    def kv_spec(self) -> KVSpec:
-        return self.inner.kv_spec()
-
-    def bind_cost_model(self, cost_model: CostModel | None, exact: bool) -> None:
-        bind_cost_model(self.inner, cost_model, exact)
-
     def chunk_run_budget(self) -> int | None:
-        # The chunked-prefill fast path runs iterations without asking the policy: VTC's
-        # charges would be skipped, so it stays off.
-        return None
+        return None  # NOT_FORWARDED
+
+    def lone_chunk_run(self, sched: Scheduler) -> LoneChunkRun | None:
+        return None  # NOT_FORWARDED
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
         self.inner.add_request(sched, request)
@@ -186,7 +238,6 @@ class FairPolicy(Policy, FastPaths):
         self.inner.on_finished(sched, finished)
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
-        # (No lone chunk runs either: ``lone_chunk_run`` keeps the default None.)
         return isinstance(self.inner, FastPaths) and self.inner.can_fast_forward(sched)
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
@@ -194,14 +245,17 @@ class FairPolicy(Policy, FastPaths):
         assert isinstance(self.inner, FastPaths)  # it signed ``can_fast_forward``
         self.inner.on_decode_run(sched, num_steps)
 
-    def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
-        return self.inner.next_wakeup(sched, now)
-
     def notes(self) -> list[str]:
         return [*self.inner.notes(), "waiting queue in VTC order (fairness=vtc)"]
 
     def describe(self) -> str:
         return self.inner.describe() + " + fairness=vtc"
+
+
+for _name in policy_hooks():
+    if _name not in vars(FairPolicy) and _name not in FairPolicy.NOT_FORWARDED:
+        setattr(FairPolicy, _name, _forwarder(_name))
+del _name
 
 
 def with_fairness(policy: Policy, fairness: str = "none", tenant_weights: str = "") -> Policy:

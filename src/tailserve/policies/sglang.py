@@ -82,14 +82,15 @@ Not modelled: speculative decoding, LoRA, ``num_continuous_decode_steps``,
 Why this file is past the style guide's ~300 lines: it is one engine's batch rules, read top to
 bottom in the order SGLang's scheduler applies them (prefill first, quick exits, the adder walk,
 retraction, the decode step); the radix bookkeeping (``sglang_radix.py``), the queue orders
-(``sglang_priority.py``) and the adder's budgets (``sglang_adder.py``) already live apart, and a
-further cut would split one rule across files.
+(``sglang_priority.py``), the adder's budgets (``sglang_adder.py``, handed its collaborators
+explicitly, as SGLang's ``PrefillAdder`` is) and the flags (``sglang_config.py``) already live
+apart, and a further cut would split one rule across files.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -103,7 +104,6 @@ from tailserve.kv.radix import RadixCache
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.sglang_adder import (
     ABORT_REASON,
-    CACHE_AWARE_POLICIES,
     CLIP_MAX_NEW_TOKENS,
     IGNORE_EOS_RESERVE_TOKENS,
     INIT_NEW_TOKEN_RATIO,
@@ -111,59 +111,14 @@ from tailserve.policies.sglang_adder import (
     NEVER_FITS_REASON,
     NEW_TOKEN_RATIO_DECAY_STEPS,
     RETRACT_DECODE_STEPS,
-    RETRACTION_POLICIES,
-    SCHEDULE_POLICIES,
+    AddReqResult,
     PrefillAdder,
-    _AddResult,
     decode_fits,
+    reserved_tokens,
 )
+from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
 from tailserve.policies.sglang_priority import calc_priority
 from tailserve.policies.sglang_radix import SglangRadix
-
-
-@dataclass(frozen=True, slots=True)
-class SglangConfig:
-    schedule_policy: str = "fcfs"
-    chunked_prefill_size: int = 4096  # tokens; <= 0 disables chunking; 4096 is SGLang's unknown-GPU default
-    max_prefill_tokens: int = 16384  # tokens per prefill batch
-    schedule_conservativeness: float = 1.0
-    enable_mixed_chunk: bool = False
-    max_running_requests: int | None = (
-        None  # None = auto from the KV capacity (``auto_max_running_requests``)
-    )
-    enable_priority_scheduling: bool = False
-    schedule_low_priority_values_first: bool = False
-    priority_scheduling_preemption_threshold: int = 10
-    disable_priority_preemption: bool = False
-    retraction_policy: str = "length"
-    disable_radix_cache: bool = False  # True: no prefix sharing, lpm/dfs-weight become fcfs
-    lpm_aging_rate: float = 0.0  # lpm: tokens of priority per second waited (0 = SGLang's plain lpm)
-    random_seed: int = 0  # seeds ``schedule_policy=random``
-    assume_ignore_eos: bool = False  # reserve running requests' outputs at ratio 1.0
-
-    def __post_init__(self) -> None:
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(
-                f"schedule_policy {self.schedule_policy!r} is not modelled; known: {', '.join(SCHEDULE_POLICIES)}"
-            )
-        if self.retraction_policy not in RETRACTION_POLICIES:
-            raise ValueError(
-                f"retraction_policy must be one of {', '.join(RETRACTION_POLICIES)}, got {self.retraction_policy!r}"
-            )
-        if self.max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.schedule_conservativeness < 0:
-            raise ValueError(f"schedule_conservativeness must be >= 0, got {self.schedule_conservativeness}")
-        if self.lpm_aging_rate < 0:
-            raise ValueError(f"lpm_aging_rate must be >= 0, got {self.lpm_aging_rate}")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ValueError(
-                f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
-            )
-
-    @property
-    def chunking(self) -> bool:
-        return self.chunked_prefill_size > 0
 
 
 def device_chunked_prefill_size(device: DeviceInfo) -> int:
@@ -260,8 +215,7 @@ class SglangPolicy(Policy, FastPaths):
 
     def reserved_tokens(self, request: Request) -> float:
         """A running request's future tokens in the admission budget."""
-        remaining = min(request.max_tokens - request.num_output_tokens, CLIP_MAX_NEW_TOKENS)
-        return remaining * self.ratio_for()
+        return reserved_tokens(request, self.ratio_for())
 
     def max_running_requests(self, sched: Scheduler) -> int:
         """The cap, computed on first use from the KV capacity when the flag is None (auto)."""
@@ -338,9 +292,20 @@ class SglangPolicy(Policy, FastPaths):
         if max_running - len(decodes) <= 0 and self.chunked is None and not try_preemption:
             self.batch_is_full = True
             return False
-        self._order_waiting(sched, now)
+        self.order_waiting(sched, now)
         num_mixed = len(decodes) if cfg.enable_mixed_chunk else 0
-        adder = PrefillAdder(self, sched, decodes, num_mixed)
+        adder = PrefillAdder(
+            sched,
+            self.radix,
+            decodes,
+            self.ratio_for(),
+            cfg.max_prefill_tokens,
+            cfg.chunked_prefill_size if cfg.chunking else None,
+            mixed_with_decode_tokens=num_mixed,
+            priority_scheduling_preemption_threshold=cfg.priority_scheduling_preemption_threshold,
+            schedule_low_priority_values_first=cfg.schedule_low_priority_values_first,
+            ignore_eos_without_cache=cfg.assume_ignore_eos and cfg.disable_radix_cache,
+        )
         continuing = self.chunked
         if continuing is not None:
             self.chunked = adder.add_chunked_req(continuing)
@@ -350,13 +315,13 @@ class SglangPolicy(Policy, FastPaths):
             if self.batch_is_full and not (try_preemption and adder.preempt_to_schedule(request)):
                 break
             result = adder.add_one_req(request, self.match(request))
-            if result is _AddResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
+            if result is AddReqResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
                 # It cannot fit even into an idle engine: ``add_request`` rejects such requests at
                 # arrival, so this one's need grew since (retracted after generating outputs).
                 sched.abort_request(request.request_id, NEVER_FITS_REASON, now)
                 continue
-            if result is not _AddResult.CONTINUE:
-                if result is _AddResult.NO_TOKEN:
+            if result is not AddReqResult.CONTINUE:
+                if result is AddReqResult.NO_TOKEN:
                     self.batch_is_full = True
                 break
 
@@ -379,7 +344,9 @@ class SglangPolicy(Policy, FastPaths):
             self._add_decodes(sched, decodes, out)
         return True
 
-    def _order_waiting(self, sched: Scheduler, now: float) -> None:
+    def order_waiting(self, sched: Scheduler, now: float) -> None:
+        """Order the waiting queue in place by ``schedule_policy`` (SGLang's ``calc_priority``,
+        ``sglang_priority.py``); public for ``validate/sglang_order.py``."""
         calc_priority(self.config, self.radix, sched.waiting, self._rng, now)
 
     def _decode(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:

@@ -1,22 +1,23 @@
 """SGLang's prefill admission: one pass of its ``PrefillAdder`` over the waiting queue.
 
 Split from ``sglang.py`` (the policy) because it is SGLang's own separate component: the KV and
-token budgets of one prefill batch, chunking, and priority preemption to make room.
+token budgets of one prefill batch, chunking, and priority preemption to make room. As in SGLang
+(``schedule_policy.py``), the adder is handed its collaborators and budgets explicitly — the page
+size and KV pool (the scheduler), the radix cache (``SglangRadix``), the running batch, the
+``new_token_ratio``, the input and chunk budgets and the preemption threshold — and never sees
+the policy, so this module imports nothing of ``sglang.py``.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.prefix import PrefixMatch
-
-if TYPE_CHECKING:
-    from tailserve.policies.sglang import SglangPolicy
+from tailserve.policies.sglang_radix import SglangRadix
 
 # SGLang's environment defaults (``environ.py``, ``schedule_policy.py``).
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
@@ -26,16 +27,15 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 IGNORE_EOS_RESERVE_TOKENS = 1
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
-RETRACTION_POLICIES = ("length", "priority")
 ABORT_REASON = (
     "Out of memory even after retracting all other requests in the decode batch. Aborting the last request."
 )
 NEVER_FITS_REASON = "prompt + outputs + min(max_tokens - outputs, 4096) + 1 page exceed the empty KV cache"
 
 
-class _AddResult(enum.Enum):
+class AddReqResult(enum.Enum):
+    """SGLang's ``AddReqResult``: why the walk over the waiting queue goes on or stops."""
+
     CONTINUE = enum.auto()
     NO_TOKEN = enum.auto()  # the KV budget is spent: stop the walk, set batch_is_full
     OTHER = enum.auto()  # a token budget is spent: stop the walk
@@ -43,6 +43,13 @@ class _AddResult(enum.Enum):
 
 def queued_at(request: Request) -> float:
     return request.enqueue_time if request.enqueue_time is not None else request.arrival_time
+
+
+def reserved_tokens(request: Request, new_token_ratio: float) -> float:
+    """A running request's future tokens in the admission budget: its outputs still to come,
+    clipped at 4096, times the ratio (``PrefillAdder.__init__``'s running-batch offset)."""
+    remaining = min(request.max_tokens - request.num_output_tokens, CLIP_MAX_NEW_TOKENS)
+    return remaining * new_token_ratio
 
 
 def decode_fits(kv: KVCacheManager, requests: list[Request], evictable: int = 0) -> bool:
@@ -65,17 +72,36 @@ class PrefillAdder:
     """
 
     def __init__(
-        self, policy: SglangPolicy, sched: Scheduler, decodes: list[Request], num_mixed: int
+        self,
+        sched: Scheduler,
+        tree_cache: SglangRadix,
+        running_batch: list[Request],
+        new_token_ratio: float,
+        rem_input_tokens: int,
+        rem_chunk_tokens: int | None,
+        mixed_with_decode_tokens: int = 0,
+        priority_scheduling_preemption_threshold: int = 0,
+        schedule_low_priority_values_first: bool = False,
+        ignore_eos_without_cache: bool = False,
     ) -> None:
-        cfg = policy.config
-        self.policy = policy
+        """SGLang's arguments: ``sched`` stands for its page size and KV pool (the scheduler's
+        KV manager, and its ``preempt_by_recompute``), ``tree_cache`` for its radix cache,
+        ``running_batch`` is the decoding requests (priority preemption removes from it),
+        ``rem_chunk_tokens`` None when chunking is off. ``ignore_eos_without_cache``: every
+        request ``ignore_eos`` and the radix cache disabled (``add_one_req_ignore_eos``)."""
+        mixed = mixed_with_decode_tokens
         self.sched = sched
-        self.decodes = decodes  # the running batch; priority preemption removes from it
+        self.tree_cache = tree_cache
+        self.decodes = running_batch
+        self.new_token_ratio = new_token_ratio
+        self.priority_scheduling_preemption_threshold = priority_scheduling_preemption_threshold
+        self.schedule_low_priority_values_first = schedule_low_priority_values_first
+        self.ignore_eos_without_cache = ignore_eos_without_cache
         self.page = sched.kv_cache.block_size
-        self.rem_input_tokens = cfg.max_prefill_tokens - num_mixed
-        self.rem_chunk_tokens: int | None = cfg.chunked_prefill_size - num_mixed if cfg.chunking else None
-        self.total_offset: float = num_mixed + sum(policy.reserved_tokens(r) for r in decodes)
-        self.current_offset = num_mixed
+        self.rem_input_tokens = rem_input_tokens - mixed
+        self.rem_chunk_tokens: int | None = rem_chunk_tokens - mixed if rem_chunk_tokens is not None else None
+        self.total_offset: float = mixed + sum(reserved_tokens(r, new_token_ratio) for r in running_batch)
+        self.current_offset = mixed
         self.num_blocks_granted = 0  # KV blocks allocated in this pass
         self.can_run: list[ScheduledRequest] = []
         self.new_chunked: Request | None = None
@@ -87,7 +113,7 @@ class PrefillAdder:
         """Free slots before this pass's grants, plus the radix tree's evictable tokens
         (eviction moves slots from evictable to free, so it leaves this unchanged)."""
         free = (self.sched.kv_cache.num_free_blocks + self.num_blocks_granted) * self.page
-        return free + self.policy.evictable_tokens()
+        return free + self.tree_cache.evictable_tokens()
 
     @property
     def remaining_total(self) -> float:
@@ -100,19 +126,19 @@ class PrefillAdder:
     def _paged(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page) * self.page
 
-    def budget_state(self) -> _AddResult:
+    def budget_state(self) -> AddReqResult:
         if self.remaining_total <= 0 or self.remaining_current <= 0:
-            return _AddResult.NO_TOKEN
+            return AddReqResult.NO_TOKEN
         if self.rem_input_tokens <= 0 or (self.rem_chunk_tokens is not None and self.rem_chunk_tokens <= 0):
-            return _AddResult.OTHER
-        return _AddResult.CONTINUE
+            return AddReqResult.OTHER
+        return AddReqResult.CONTINUE
 
     def _commit(self, request: Request, extend: int, max_new_tokens: int) -> bool:
         """Allocate ``extend`` more tokens of KV for ``request`` and charge the budgets."""
         computed = request.num_computed_tokens
         kv = self.sched.kv_cache
         held_before = kv.num_held(request.request_id)
-        if not self.policy.allocate(self.sched, request, computed + extend):
+        if not self.tree_cache.allocate(self.sched, request, computed + extend):
             return False
         self.num_blocks_granted += kv.num_held(request.request_id) - held_before
         paged = self._paged(extend)
@@ -136,7 +162,7 @@ class PrefillAdder:
         computed = request.num_computed_tokens
         # The simulator cannot overcommit: cap the chunk at the slots really free or evictable.
         free = kv.num_held(request.request_id) + kv.num_free_blocks
-        room = free * self.page + self.policy.evictable_tokens() - computed
+        room = free * self.page + self.tree_cache.evictable_tokens() - computed
         rest = request.num_tokens - computed
         extend = min(rest, available, room)
         if extend <= 0:
@@ -147,15 +173,13 @@ class PrefillAdder:
         return request if truncated else None
 
     # ---- new requests --------------------------------------------------------------------
-    def add_one_req(self, request: Request, match: PrefixMatch | None = None) -> _AddResult:
+    def add_one_req(self, request: Request, match: PrefixMatch | None = None) -> AddReqResult:
         """``match``: the request's radix-cache hit (``init_next_round_input``), None without a
         cache. Its node is locked while the budget is checked (locking can shrink the evictable
         part of the budget) and stays locked, with its slots shared, if the request is admitted."""
-        cfg = self.policy.config
-        if cfg.assume_ignore_eos and cfg.disable_radix_cache:
+        if self.ignore_eos_without_cache:
             return self._add_one_req_ignore_eos(request)
-        policy = self.policy
-        radix = policy.radix
+        radix = self.tree_cache
         if match is not None:
             radix.lock(match)
         result = self._add_one_req(request, match)
@@ -163,33 +187,33 @@ class PrefillAdder:
             radix.unlock(match)
         return result
 
-    def _add_one_req(self, request: Request, match: PrefixMatch | None) -> _AddResult:
+    def _add_one_req(self, request: Request, match: PrefixMatch | None) -> AddReqResult:
         prefix = match.num_tokens if match is not None else 0
         extend = request.num_remaining_tokens - prefix
         max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
         if not extend + max_new + self.page < self.remaining_total:
-            return _AddResult.NO_TOKEN
+            return AddReqResult.NO_TOKEN
         input_tokens = self._paged(extend)
         if self.rem_chunk_tokens is None and self.can_run and input_tokens >= self.rem_input_tokens:
-            return _AddResult.OTHER
+            return AddReqResult.OTHER
         charge = min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
         is_chunked = False
         if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
             extend = self.rem_chunk_tokens // self.page * self.page
             if extend <= 0:
-                return _AddResult.OTHER
+                return AddReqResult.OTHER
             is_chunked, charge = True, 0  # a chunked request reserves its outputs at its last chunk
         if match is not None:
-            self.policy.radix.attach(request, match)
+            self.tree_cache.attach(request, match)
         return self._admit(request, extend, charge, is_chunked)
 
-    def _add_one_req_ignore_eos(self, request: Request) -> _AddResult:
+    def _add_one_req_ignore_eos(self, request: Request) -> AddReqResult:
         """SGLang's admission for ``ignore_eos`` requests without a radix cache: simulate the
         running requests finishing shortest-remaining first and require headroom throughout."""
         extend = request.num_remaining_tokens
         paged_input = self._paged(extend) + self.page
         if paged_input > min(self.remaining_current, self.remaining_total):
-            return _AddResult.NO_TOKEN
+            return AddReqResult.NO_TOKEN
         if self._req_states is None:
             states = [self._req_state(request)]
             states += [self._req_state(r) for r in self.decodes]
@@ -209,21 +233,21 @@ class PrefillAdder:
         n = len(self._req_states)
         for i, (left, occupied) in enumerate(self._req_states):
             if cur_rem + freed - left * (n - i) <= IGNORE_EOS_RESERVE_TOKENS * (n - i):
-                return _AddResult.NO_TOKEN
+                return AddReqResult.NO_TOKEN
             freed += occupied
         if self.rem_chunk_tokens is None or extend <= self.rem_chunk_tokens:
             return self._admit(request, extend, min(request.max_tokens, CLIP_MAX_NEW_TOKENS), False)
         if self.rem_chunk_tokens <= 0:
-            return _AddResult.OTHER
+            return AddReqResult.OTHER
         return self._admit(request, self.rem_chunk_tokens, 0, True)
 
     def _req_state(self, request: Request) -> tuple[float, int]:
-        left = request.max_tokens * self.policy.ratio_for() - request.num_output_tokens
+        left = request.max_tokens * self.new_token_ratio - request.num_output_tokens
         return left, request.num_tokens
 
-    def _admit(self, request: Request, extend: int, max_new: int, is_chunked: bool) -> _AddResult:
+    def _admit(self, request: Request, extend: int, max_new: int, is_chunked: bool) -> AddReqResult:
         if not self._commit(request, extend, max_new):
-            return _AddResult.NO_TOKEN  # unreachable while the budget is below the free slots
+            return AddReqResult.NO_TOKEN  # unreachable while the budget is below the free slots
         if is_chunked:
             self.new_chunked = request
         return self.budget_state()
@@ -232,8 +256,7 @@ class PrefillAdder:
     def preempt_to_schedule(self, request: Request) -> bool:
         """Evict running requests less urgent than ``request`` by more than the threshold, least
         urgent and most recent first, if their reservations cover its need."""
-        cfg = self.policy.config
-        sign = 1 if cfg.schedule_low_priority_values_first else -1
+        sign = 1 if self.schedule_low_priority_values_first else -1
         candidates = sorted(self.decodes, key=lambda r: (r.priority * -sign, -queued_at(r)))
         need = (
             request.num_tokens
@@ -243,16 +266,16 @@ class PrefillAdder:
         )
         victims: list[Request] = []
         for running in candidates:
-            if (request.priority - running.priority) * -sign <= cfg.priority_scheduling_preemption_threshold:
+            if (request.priority - running.priority) * -sign <= self.priority_scheduling_preemption_threshold:
                 break
             victims.append(running)
-            need -= self.policy.reserved_tokens(running)
+            need -= reserved_tokens(running, self.new_token_ratio)
             if need <= 0:
                 break
         if not victims or need > 0:
             return False
         for victim in [r for r in self.decodes if r in victims]:
-            self.total_offset -= self.policy.reserved_tokens(victim)
+            self.total_offset -= reserved_tokens(victim, self.new_token_ratio)
             self.sched.preempt_by_recompute(victim)
             self.decodes.remove(victim)
             self.preempted.append(victim)

@@ -8,16 +8,13 @@ the ``sglang`` policy: ``fcfs`` (a priority sort with ``enable_priority_scheduli
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
 
 from tailserve.core.queues import FCFSRequestQueue
 from tailserve.core.request import Request
 from tailserve.kv.radix import RadixCache, RadixNode
-from tailserve.policies.sglang_adder import CACHE_AWARE_POLICIES, queued_at
+from tailserve.policies.sglang_adder import queued_at
+from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
 from tailserve.policies.sglang_radix import SglangRadix
-
-if TYPE_CHECKING:
-    from tailserve.policies.sglang import SglangConfig
 
 LPM_FALLBACK_WAITING = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX: lpm falls back to fcfs above this
 IN_BATCH_CHECK = 32  # IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD

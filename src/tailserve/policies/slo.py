@@ -53,11 +53,16 @@ priority). Each iteration, with predicted times from the engine's cost model
    requests, an over-share tenant's prefill chunk may take the iteration to at most
    ``quantum_tbts`` x the protected requests' smallest TBT target, so the protected tenant's
    next arrival waits less for the iteration in flight.
+
+This file is the iteration (rules 1, 2 and 7) and the wiring. The other rules are parts with
+public interfaces, each handed the shared state (``slo_state.SloState``: public fields, the
+queries every rule asks) and never the policy: ``slo_admit.Admission`` (rules 3-6),
+``slo_burst.BurstBudget``, ``slo_fair.FairShare`` (rule 9), ``slo_yield.YieldRules`` (rules
+10-11), ``slo_predictor.Predictor``, and ``tenant_share.RecentService`` inside the backlog.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields, replace
 from typing import Any
 
@@ -69,14 +74,15 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.spec import KVSpec
-from tailserve.policies.fairness import make_backlog
-from tailserve.policies.slo_admit import admit, order_waiting
-from tailserve.policies.slo_burst import BurstBudget, spends_budget
+from tailserve.policies.fairness import TenantBacklog, make_backlog
+from tailserve.policies.slo_admit import Admission
+from tailserve.policies.slo_burst import BurstBudget
 from tailserve.policies.slo_classes import SloClasses, parse_slo_classes
-from tailserve.policies.slo_config import SloConfig, WaitingInfo
-from tailserve.policies.slo_fair import make_room_for_fair_share
+from tailserve.policies.slo_config import SloConfig
+from tailserve.policies.slo_fair import FairShare
 from tailserve.policies.slo_predictor import BatchLoad, Predictor
-from tailserve.policies.slo_yield import quantum_s, sits_out, yielding_tenants
+from tailserve.policies.slo_state import SloState
+from tailserve.policies.slo_yield import YieldRules
 from tailserve.policies.vllm import device_batch_defaults
 from tailserve.policies.vtc import tenant_of
 
@@ -101,20 +107,35 @@ class SloPolicy(Policy, FastPaths):
 
     def __init__(self, config: SloConfig) -> None:
         super().__init__(config)
-        self.classes: SloClasses = parse_slo_classes(config.slo_classes)
-        self.backlog = make_backlog(config.fairness, config.tenant_weights)
-        self.predictor = Predictor()
-        self._info: dict[str, WaitingInfo] = {}
+        # The parts, each handed the shared state (``slo_state.py``) and nothing of the policy.
+        self.state = SloState(
+            config,
+            parse_slo_classes(config.slo_classes),
+            make_backlog(config.fairness, config.tenant_weights),
+            Predictor(),
+        )
+        self.admission = Admission(self.state)  # rules 3-6 (and rule 5's aging credit)
+        self.burst = BurstBudget(config.tbt_late_fraction)  # the late-gap experiment
+        self.fair_share = FairShare(self.state, self.admission)  # rule 9 (with fairness)
+        self.yield_rules = YieldRules(self.state)  # rules 10-11 (with fairness)
         self._last: tuple[float, Any] | None = None  # (start, batch shape) of the last iteration
-        self._protected: frozenset[str] = frozenset()  # rule 9, decided each iteration
-        self._over: frozenset[str] = frozenset()  # tenants above their share (rule 10)
-        self._quantum = math.inf  # rule 11's bound on an over-share chunk's iteration, s
-        self.burst = BurstBudget(config.tbt_late_fraction)
-        self._stretch = 1.0  # iteration time with chunks / the chunks alone (rule 3)
-        # Rule 5: prefill tokens aged requests may still take ahead of feasible ones, and the
-        # requests aged at the last ordering.
-        self._aging_credit = float(config.max_num_batched_tokens)
-        self._aged: frozenset[str] = frozenset()
+
+    # ---- the shared state, as the policy's users ask it --------------------------------------
+    @property
+    def classes(self) -> SloClasses:
+        return self.state.classes
+
+    @property
+    def backlog(self) -> TenantBacklog | None:
+        return self.state.backlog
+
+    @property
+    def predictor(self) -> Predictor:
+        return self.state.predictor
+
+    @predictor.setter
+    def predictor(self, predictor: Predictor) -> None:
+        self.state.predictor = predictor
 
     @classmethod
     def profile_tokens(cls, config: SloConfig, max_model_len: int) -> int:
@@ -127,46 +148,28 @@ class SloPolicy(Policy, FastPaths):
     def bind_cost_model(self, cost_model: CostModel | None, exact: bool) -> None:
         """Predict with the engine's cost model (exact for the simulators, corrected by measured
         times for a calibrated real executor); without one, learn one from measured iterations."""
-        self.predictor = Predictor(cost_model, exact)
+        self.state.predictor = Predictor(cost_model, exact)
 
-    # ---- deadlines --------------------------------------------------------------------------
     def deadline(self, request: Request) -> float:
-        """When the request's next token is due: ``arrival + ttft`` before the first token,
-        ``last token + tbt`` after."""
-        slo = self.classes.of(request)
-        if request.token_times:
-            return request.token_times[-1] + slo.tbt
-        return request.arrival_time + slo.ttft
-
-    def _enter(self, sched: Scheduler, request: Request) -> None:
-        slo = self.classes.of(request)
-        hit = 0
-        if not request.num_computed_tokens:
-            match = sched.cached_prefix(request)
-            hit = match.num_tokens if match is not None else 0
-        todo = request.num_tokens - request.num_computed_tokens - hit
-        self._info[request.request_id] = WaitingInfo(
-            slo, self.deadline(request), self.predictor.prefill_time(todo, request.num_computed_tokens + hit)
-        )
-        if self.backlog is not None:
-            self.backlog.enqueue(request)
+        """When the request's next token is due (``SloState.deadline``)."""
+        return self.state.deadline(request)
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
         sched.waiting.add_request(request)
-        self._enter(sched, request)
+        self.state.enter(sched, request)
 
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         for r in finished:
-            self._info.pop(r.request_id, None)
-            if self.backlog is not None:
-                self.backlog.dequeue(r)
+            self.state.forget(r)
 
     # ---- the iteration ------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         cfg: SloConfig = self.config
+        state = self.state
+        tier = state.tier
         last = self._last
         if last is not None:
-            self.predictor.observe(last[1], now - last[0])
+            state.predictor.observe(last[1], now - last[0])
         out = SchedulerOutput()
         load = BatchLoad()
         tokens_left = cfg.max_num_batched_tokens
@@ -174,16 +177,16 @@ class SloPolicy(Policy, FastPaths):
         floor_left = cfg.min_prefill_tokens
         scheduled_ids: set[int] = set()
         yield_to: frozenset[str] = frozenset()  # rule 10's over-share tenants this iteration
-        if self.backlog is not None:
-            self._protect(sched)
+        if state.backlog is not None:
+            self.protect(sched)
             if sched.waiting:
-                make_room_for_fair_share(self, sched, now, out)
-            yield_to = yielding_tenants(self, sched)
+                self.fair_share.make_room(sched, now, out)
+            yield_to = self.yield_rules.yielding_tenants(sched)
         num_fair_preempted = len(out.preempted)
 
         # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
         # Rule 10: over-share tenants' decodes sit out a protected tenant's prefill iteration.
-        running = sorted(sched.running, key=self.deadline)
+        running = sorted(sched.running, key=state.deadline)
         decodes = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in running if r.num_tokens - r.num_computed_tokens > 1]
         held: list[Request] = []
@@ -191,21 +194,21 @@ class SloPolicy(Policy, FastPaths):
         if yield_to:
             kept: list[Request] = []
             for r in decodes:
-                (held if sits_out(self, r, now, yield_to) else kept).append(r)
+                (held if self.yield_rules.sits_out(r, now, yield_to) else kept).append(r)
             decodes = kept
             held_prefills = [r for r in prefills if tenant_of(r.tenant_id) in yield_to]
             prefills = [r for r in prefills if tenant_of(r.tenant_id) not in yield_to]
         tokens_left = self._decode(sched, now, out, load, decodes, tokens_left, slacks, scheduled_ids)
-        if self.burst.fraction > 0 and spends_budget(self, sched, now, len(out.scheduled)):
+        if self.burst.fraction > 0 and self.burst.spends(state, sched, now, len(out.scheduled)):
             slacks.clear()  # the experiment: no TBT limit this iteration (slo_burst.py)
         # 2. Partial prefills continue, cut to what the slack leaves; under fairness those of
         # unprotected tenants continue after a protected tenant's admission (rule 9).
         later: list[Request] = []
-        if self.backlog is not None:
-            prefills.sort(key=self._tier)  # stable: by deadline within a tier
-            if any(self._tier(r) == 0 for r in sched.waiting):
-                later = [r for r in prefills if self._tier(r)]
-                prefills = [r for r in prefills if not self._tier(r)]
+        if state.backlog is not None:
+            prefills.sort(key=tier)  # stable: by deadline within a tier
+            if any(tier(r) == 0 for r in sched.waiting):
+                later = [r for r in prefills if tier(r)]
+                prefills = [r for r in prefills if not tier(r)]
         first_chunk = len(out.scheduled)
         tokens_left, floor_left = self._continue(
             sched, now, out, load, prefills, tokens_left, slacks, floor_left, scheduled_ids
@@ -213,22 +216,22 @@ class SloPolicy(Policy, FastPaths):
 
         # 3-6. Waiting requests by slack, unless someone was preempted for lack of KV.
         if len(out.preempted) == num_fair_preempted and sched.waiting and tokens_left > 0:
-            tokens_left, floor_left = admit(
-                self, sched, now, out, load, tokens_left, slacks, floor_left, skip=yield_to
+            tokens_left, floor_left = self.admission.admit(
+                sched, now, out, load, tokens_left, slacks, floor_left, skip=yield_to
             )
             # Admitted requests are scheduled: never a victim of the KV growth below.
             scheduled_ids.update(id(s.request) for s in out.scheduled[first_chunk:])
-        if yield_to and not any(self._tier(s.request) == 0 for s in out.scheduled[first_chunk:]):
+        if yield_to and not any(tier(s.request) == 0 for s in out.scheduled[first_chunk:]):
             # Rule 10, no protected chunk got in after all (KV): an ordinary iteration for the
             # decodes left out; the over-share tenant's chunks continue after the others'.
             tokens_left = self._decode(sched, now, out, load, held, tokens_left, slacks, scheduled_ids)
-            later = sorted(later + held_prefills, key=self.deadline)
+            later = sorted(later + held_prefills, key=state.deadline)
         if later:
             self._continue(sched, now, out, load, later, tokens_left, slacks, floor_left, scheduled_ids)
-        if self.backlog is not None:
-            self.backlog.charge(out)
+        if state.backlog is not None:
+            state.backlog.charge(out)
         chunks = [s for s in out.scheduled if s.num_new_tokens > 1]  # this iteration's prefill
-        self._earn_aging_credit(chunks)
+        self.admission.earn_aging_credit(chunks)
         self._observe_stretch(chunks, load)
         self._last = (now, load.shape()) if out.scheduled else None
         return out
@@ -257,28 +260,17 @@ class SloPolicy(Policy, FastPaths):
             scheduled_ids.add(id(request))
             load.add_decode(computed)
             tokens_left -= 1
-            slacks.append((self._tier(request), self.deadline(request) - now))
+            slacks.append((self.state.tier(request), self.state.deadline(request) - now))
         return tokens_left
-
-    def aged_go_first(self) -> bool:
-        """Rule 5: whether aged requests go ahead of the feasible ones in this ordering."""
-        return self.config.aging_share >= 1 or self._aging_credit > 0
-
-    def _earn_aging_credit(self, chunks: list[ScheduledRequest]) -> None:
-        """Rule 5: aged requests earn ``aging_share`` of every prefill token scheduled, up to one
-        token budget (so an idle stretch does not bank a burst of late work ahead of on-time
-        work); admitting one spends its whole remaining prefill (``slo_admit.admit``)."""
-        prefill = sum(s.num_new_tokens for s in chunks)
-        budget = self.config.max_num_batched_tokens
-        self._aging_credit = min(self._aging_credit + self.config.aging_share * prefill, budget)
 
     def _observe_stretch(self, chunks: list[ScheduledRequest], load: BatchLoad) -> None:
         """Rule 3's queue time: how much longer the iterations carrying prefill chunks take than
         those chunks alone (the decodes beside them, chunks cut by the slack), a moving average."""
-        alone = sum(self.predictor.prefill_time(s.num_new_tokens, s.num_context_tokens) for s in chunks)
+        state = self.state
+        alone = sum(state.predictor.prefill_time(s.num_new_tokens, s.num_context_tokens) for s in chunks)
         if alone > 0:
-            sample = max(1.0, self.predictor.time(load.shape()) / alone)
-            self._stretch += STRETCH_ALPHA * (sample - self._stretch)
+            sample = max(1.0, state.predictor.time(load.shape()) / alone)
+            state.stretch += STRETCH_ALPHA * (sample - state.stretch)
 
     def _continue(
         self,
@@ -299,8 +291,8 @@ class SloPolicy(Policy, FastPaths):
             if request.status is not RequestStatus.RUNNING:
                 continue
             computed = request.num_computed_tokens
-            limit = self._limit(slacks, request)
-            want = self._chunk(
+            limit = self.state.limit(slacks, request)
+            want = self.state.chunk(
                 load, computed, min(request.num_tokens - computed, tokens_left), limit, floor_left
             )
             if want == 0:
@@ -314,37 +306,11 @@ class SloPolicy(Policy, FastPaths):
             floor_left = max(0, floor_left - want)
         return tokens_left, floor_left
 
-    def _protect(self, sched: Scheduler) -> None:
-        """Rule 9: which active tenants are protected (under half their share) this iteration,
-        and (rule 10) which are over their share."""
-        backlog = self.backlog
-        assert backlog is not None
-        active = {tenant_of(r.tenant_id) for r in sched.running}
-        active.update(t for t, n in backlog.num_waiting.items() if n > 0)
-        self._protected, self._over = backlog.recent.shares(
-            active, backlog.vtc.weight, self._protected, self.config.protect_until
-        )
-        self._quantum = quantum_s(self, sched)
-
-    def _tier(self, request: Request) -> int:
-        """0 for a request of a protected tenant (rule 9), else 1; 1 without fairness."""
-        return 0 if tenant_of(request.tenant_id) in self._protected else 1
-
-    def _limit(self, slacks: list[tuple[float, float]], request: Request) -> float:
-        """Seconds this iteration may take with a chunk of ``request``: the least TBT slack of
-        the decodes — for a protected tenant's request, of protected tenants' decodes only
-        (rule 9: a tenant using more than its share does not slow down one using little); for
-        an over-share tenant's, at most rule 11's quantum."""
-        own = self._tier(request)
-        limit = min((s for tier, s in slacks if tier <= own), default=math.inf)
-        if self._over and tenant_of(request.tenant_id) in self._over:
-            limit = min(limit, self._quantum)
-        return limit
-
-    def _chunk(self, load: BatchLoad, computed: int, wanted: int, limit: float, floor_left: int) -> int:
-        """Prefill tokens for one chunk: the most the time limit allows, at least the floor."""
-        chunk = self.predictor.max_chunk(load, computed, wanted, limit, samples_last=True)
-        return max(chunk, min(wanted, floor_left))
+    def protect(self, sched: Scheduler) -> None:
+        """Rule 9's decision for this iteration (``FairShare.decide``: protected and over-share
+        tenants) and rule 11's quantum from it (``YieldRules.quantum_s``); with fairness only."""
+        self.fair_share.decide(sched)
+        self.state.quantum = self.yield_rules.quantum_s(sched)
 
     def _allocate(
         self,
@@ -361,31 +327,27 @@ class SloPolicy(Policy, FastPaths):
         while not sched.allocate(request, target):
             candidates = [r for r in sched.running if id(r) not in scheduled]
             # Under fairness an unprotected tenant's request goes first (rule 9: a protected
-            # tenant's KV comes from the others'); _tier is 1 for everyone without it.
+            # tenant's KV comes from the others'); the tier is 1 for everyone without it.
+            state = self.state
             victim = min(
-                candidates, key=lambda r: (-self._tier(r), self.slo_loss(r, now, sched.running.index(r)))
+                candidates, key=lambda r: (-state.tier(r), state.slo_loss(r, now, sched.running.index(r)))
             )
             sched.preempt_by_recompute(victim)
             sched.waiting.add_request(victim)
-            self._enter(sched, victim)
+            state.enter(sched, victim)
             out.preempted.append(victim)
             if victim is request:
                 return False
         return True
 
     def slo_loss(self, request: Request, now: float, position: int = 0) -> tuple[float, float, int]:
-        """Sort key of a preemption victim: (extra lateness of its next deadline if it had to
-        recompute everything it holds, relative to its target; that recompute; -position)."""
-        slo = self.classes.of(request)
-        target = slo.tbt if request.token_times else slo.ttft
-        recompute = self.predictor.prefill_time(max(request.num_computed_tokens, 1))
-        deadline = self.deadline(request)
-        extra = max(0.0, now + recompute - deadline) - max(0.0, now - deadline)
-        return (extra / target, recompute, -position)
+        """Sort key of a preemption victim (``SloState.slo_loss``)."""
+        return self.state.slo_loss(request, now, position)
 
     def order_waiting(self, sched: Scheduler, now: float) -> tuple[list[Request], list[Request]]:
-        """(requests in service order, never-admitted infeasible ones); rules 3-5."""
-        return order_waiting(self, sched, now)
+        """(requests in service order, never-admitted infeasible ones); rules 3-5
+        (``Admission.order_waiting``)."""
+        return self.admission.order_waiting(sched, now)
 
     # ---- the engine's fast paths ----------------------------------------------------------
     def can_fast_forward(self, sched: Scheduler) -> bool:
@@ -395,8 +357,8 @@ class SloPolicy(Policy, FastPaths):
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         self._last = None  # the clock moved by many iterations: no single period to learn from
         self.burst.count(len(sched.running), False, num_steps)
-        if self.backlog is not None:
-            self.backlog.charge_decode_run(sched.running, num_steps)
+        if self.state.backlog is not None:
+            self.state.backlog.charge_decode_run(sched.running, num_steps)
 
     def notes(self) -> list[str]:
-        return [f"slo: predictions from {self.predictor.source}"]
+        return [f"slo: predictions from {self.state.predictor.source}"]

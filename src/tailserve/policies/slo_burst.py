@@ -12,12 +12,9 @@ iteration instead of many short ones each carrying every decode. Its decodes' ga
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tailserve.core.scheduler import Scheduler
-
-if TYPE_CHECKING:
-    from tailserve.policies.slo import SloPolicy
+from tailserve.policies.slo_state import SloState
 
 
 @dataclass(slots=True)
@@ -35,18 +32,16 @@ class BurstBudget:
         if spent:
             self.late += num_decodes
 
-
-def spends_budget(policy: SloPolicy, sched: Scheduler, now: float, num_decodes: int) -> bool:
-    """Whether this iteration (``num_decodes`` decodes scheduled) drops the TBT limit: the budget
-    allows it and the waiting queue's predicted prefills (stretched) end past its tightest
-    deadline. Counts the iteration's gaps either way."""
-    budget = policy.burst
-    spent = bool(sched.waiting) and budget.allows(num_decodes) and _queue_overdue(policy, sched, now)
-    budget.count(num_decodes, spent)
-    return spent
+    def spends(self, state: SloState, sched: Scheduler, now: float, num_decodes: int) -> bool:
+        """Whether this iteration (``num_decodes`` decodes scheduled) drops the TBT limit: the
+        budget allows it and the waiting queue's predicted prefills (``state.info``, stretched by
+        ``state.stretch``) end past its tightest deadline. Counts the iteration's gaps either way."""
+        spent = bool(sched.waiting) and self.allows(num_decodes) and _queue_overdue(state, sched, now)
+        self.count(num_decodes, spent)
+        return spent
 
 
-def _queue_overdue(policy: SloPolicy, sched: Scheduler, now: float) -> bool:
-    info = policy._info
-    need = sum(info[r.request_id].prefill_s for r in sched.waiting) * policy._stretch
+def _queue_overdue(state: SloState, sched: Scheduler, now: float) -> bool:
+    info = state.info
+    need = sum(info[r.request_id].prefill_s for r in sched.waiting) * state.stretch
     return now + need > min(info[r.request_id].deadline for r in sched.waiting)

@@ -29,51 +29,56 @@ protection in its own bursts. The measured trade-off is in docs/experiments.md Â
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.policies.slo_state import SloState
 from tailserve.policies.vtc import tenant_of
 
-if TYPE_CHECKING:
-    from tailserve.policies.slo import SloPolicy
 
+class YieldRules:
+    """Rules 10 and 11 over ``state`` (its ``protected`` and ``over``, decided by rule 9)."""
 
-def yielding_tenants(policy: SloPolicy, sched: Scheduler) -> frozenset[str]:
-    """The over-share tenants that sit this iteration out: those of rule 9's decision, when a
-    protected tenant has a partial prefill running or a waiting request with a batch slot free;
-    empty otherwise (always without fairness, with one tenant, or with ``yield_tbts=0``)."""
-    over = policy._over
-    protected = policy._protected
-    if not over or not protected or not policy.config.yield_tbts > 0:
-        return frozenset()
-    for r in sched.running:
-        if r.num_tokens - r.num_computed_tokens > 1 and tenant_of(r.tenant_id) in protected:
-            return over
-    if len(sched.running) < policy.config.max_num_seqs:
-        for r in sched.waiting:
-            if tenant_of(r.tenant_id) in protected:
+    def __init__(self, state: SloState) -> None:
+        self.state = state
+
+    def yielding_tenants(self, sched: Scheduler) -> frozenset[str]:
+        """The over-share tenants that sit this iteration out: those of rule 9's decision, when a
+        protected tenant has a partial prefill running or a waiting request with a batch slot
+        free; empty otherwise (always without fairness, with one tenant, or with
+        ``yield_tbts=0``)."""
+        state = self.state
+        over = state.over
+        protected = state.protected
+        if not over or not protected or not state.config.yield_tbts > 0:
+            return frozenset()
+        for r in sched.running:
+            if r.num_tokens - r.num_computed_tokens > 1 and tenant_of(r.tenant_id) in protected:
                 return over
-    return frozenset()
+        if len(sched.running) < state.config.max_num_seqs:
+            for r in sched.waiting:
+                if tenant_of(r.tenant_id) in protected:
+                    return over
+        return frozenset()
 
+    def sits_out(self, request: Request, now: float, over: frozenset[str]) -> bool:
+        """Whether the decode ``request`` is left out of this iteration (rule 10)."""
+        if not over or not request.token_times or tenant_of(request.tenant_id) not in over:
+            return False
+        tbt = self.state.classes.of(request).tbt
+        return now - request.token_times[-1] < self.state.config.yield_tbts * tbt
 
-def sits_out(policy: SloPolicy, request: Request, now: float, over: frozenset[str]) -> bool:
-    """Whether the decode ``request`` is left out of this iteration (rule 10)."""
-    if not over or not request.token_times or tenant_of(request.tenant_id) not in over:
-        return False
-    tbt = policy.classes.of(request).tbt
-    return now - request.token_times[-1] < policy.config.yield_tbts * tbt
-
-
-def quantum_s(policy: SloPolicy, sched: Scheduler) -> float:
-    """Rule 11: the most seconds an iteration may take with an over-share tenant's chunk (inf
-    when no protected tenant has a running request, or with ``quantum_tbts=0``)."""
-    protected = policy._protected
-    q = policy.config.quantum_tbts
-    if not protected or not policy._over or not q > 0:
-        return math.inf
-    classes = policy.classes
-    tbt = min(
-        (classes.of(r).tbt for r in sched.running if tenant_of(r.tenant_id) in protected), default=math.inf
-    )
-    return q * tbt
+    def quantum_s(self, sched: Scheduler) -> float:
+        """Rule 11: the most seconds an iteration may take with an over-share tenant's chunk
+        (inf when no protected tenant has a running request, or with ``quantum_tbts=0``)."""
+        state = self.state
+        protected = state.protected
+        q = state.config.quantum_tbts
+        if not protected or not state.over or not q > 0:
+            return math.inf
+        classes = state.classes
+        tbt = min(
+            (classes.of(r).tbt for r in sched.running if tenant_of(r.tenant_id) in protected),
+            default=math.inf,
+        )
+        return q * tbt

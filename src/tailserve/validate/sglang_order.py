@@ -109,7 +109,7 @@ def run_tailserve_order(case: OrderCase) -> OrderResult:
         if request.is_finished:
             raise RuntimeError(f"tailserve rejected {w.request_id}: {request.status_reason}")
     now = max((w.queue_time for w in case.waiting), default=0.0)
-    policy._order_waiting(sched, now)
+    policy.order_waiting(sched, now)
     order = [r.request_id for r in sched.waiting]
     prefix_len = {}
     matched = case.policy == "dfs-weight" or (

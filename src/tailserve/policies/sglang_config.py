@@ -1,0 +1,56 @@
+"""The ``sglang`` policy's flags (``SglangConfig``: SGLang's ``ServerArgs`` names and defaults)
+and the choices they take. Apart from ``sglang.py`` so that the policy's parts (the queue order
+in ``sglang_priority.py``) can read the flags without importing the policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
+RETRACTION_POLICIES = ("length", "priority")
+
+
+@dataclass(frozen=True, slots=True)
+class SglangConfig:
+    schedule_policy: str = "fcfs"
+    chunked_prefill_size: int = 4096  # tokens; <= 0 disables chunking; 4096 is SGLang's unknown-GPU default
+    max_prefill_tokens: int = 16384  # tokens per prefill batch
+    schedule_conservativeness: float = 1.0
+    enable_mixed_chunk: bool = False
+    max_running_requests: int | None = (
+        None  # None = auto from the KV capacity (``auto_max_running_requests``)
+    )
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    priority_scheduling_preemption_threshold: int = 10
+    disable_priority_preemption: bool = False
+    retraction_policy: str = "length"
+    disable_radix_cache: bool = False  # True: no prefix sharing, lpm/dfs-weight become fcfs
+    lpm_aging_rate: float = 0.0  # lpm: tokens of priority per second waited (0 = SGLang's plain lpm)
+    random_seed: int = 0  # seeds ``schedule_policy=random``
+    assume_ignore_eos: bool = False  # reserve running requests' outputs at ratio 1.0
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy {self.schedule_policy!r} is not modelled; known: {', '.join(SCHEDULE_POLICIES)}"
+            )
+        if self.retraction_policy not in RETRACTION_POLICIES:
+            raise ValueError(
+                f"retraction_policy must be one of {', '.join(RETRACTION_POLICIES)}, got {self.retraction_policy!r}"
+            )
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.schedule_conservativeness < 0:
+            raise ValueError(f"schedule_conservativeness must be >= 0, got {self.schedule_conservativeness}")
+        if self.lpm_aging_rate < 0:
+            raise ValueError(f"lpm_aging_rate must be >= 0, got {self.lpm_aging_rate}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(
+                f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
+            )
+
+    @property
+    def chunking(self) -> bool:
+        return self.chunked_prefill_size > 0
