@@ -15,10 +15,10 @@ from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.fairness import FairPolicy, TenantBacklog
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.vtc import VirtualTokenCounter
-from tailserve.sim.deployment import Deployment
 from tailserve.workloads.lengths import LogNormal
 from tailserve.workloads.tenants import tenant_streams
 

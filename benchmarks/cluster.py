@@ -27,8 +27,8 @@ from tailserve.cluster.cluster import ClusterRun, run_aggregated
 from tailserve.cluster.disagg import PdCluster
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.spec import replicated
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 

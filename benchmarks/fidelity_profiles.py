@@ -56,6 +56,7 @@ from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.request import Request
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel, Efficiency
+from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.hardware import (
     A100_ALLREDUCE_BANDS,
     A100_GEMM_TILES,
@@ -89,7 +90,6 @@ from tailserve.executors.simulated.profiles import (
     load_linear_profile,
 )
 from tailserve.executors.simulated.tile_choice import TileChoiceCostModel
-from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
 
 ROOT = Path(__file__).resolve().parents[1] / ".." / "shared" / "profiles" / "vidur"
 # Fit on these models; every other model of the GPU is held out.

@@ -44,9 +44,9 @@ from benchmarks._common import check_trace, cpu_line, default_trace, save_result
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.request import Request
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.metrics.summary import summarize
 from tailserve.policies.registry import PolicySpec, parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

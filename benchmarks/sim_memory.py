@@ -52,8 +52,8 @@ def worker(n: int, policy: str, rate: float, seed: int) -> None:
     from tailserve.assemble import BuildOptions, build_engine
     from tailserve.core.engine import EngineOptions
     from tailserve.core.stream_source import IteratorSource
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
     from tailserve.metrics.summary import summarize
-    from tailserve.sim.deployment import Deployment, build_cost_model
 
     built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
     engine = build_engine(

@@ -172,8 +172,8 @@ def run_aisimulate(exe: Path, config: Path) -> dict:
 
 def worker(spec_text: str, trace: str) -> None:
     """Child process: simulate one trace with one policy, print one JSON line."""
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
     from tailserve.policies.registry import parse_policy_list
-    from tailserve.sim.deployment import Deployment, build_cost_model
     from tailserve.sim.run import run_policy
     from tailserve.sim.workload_builder import WorkloadBuilder
     from tailserve.sim.workload_spec import WorkloadSpec

@@ -64,11 +64,11 @@ from benchmarks._common import check_trace, cpu_line, default_out, default_trace
 from benchmarks._slo_cpu import cpu_comparison
 from benchmarks._slo_fairness import fairness
 from tailserve.core.request import Request, RequestStatus
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.slo_classes import parse_slo_classes
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import RateScaler, capacity_steps, longer_workload
 from tailserve.tune.ceiling import ceiling_of, ceiling_specs

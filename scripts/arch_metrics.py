@@ -135,7 +135,9 @@ def measure(root: Path) -> dict:
 
 
 def main() -> int:
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "src" / "tailserve"
+    root = (
+        Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "src" / "tailserve"
+    )
     for name, items in measure(root).items():
         print(f"{name}: {len(items)}")
         for item in items:

@@ -49,7 +49,9 @@ def workload(rng: random.Random) -> tuple[list[dict], list[list[int]]]:
     system_a, system_b = ids(70), ids(45)
     requests = []
     for i in range(6):  # six users of system prompt A, two at a time
-        requests.append({"arrival": 2 * (i // 2), "prompt": system_a + ids(rng.randrange(5, 60)), "max_tokens": 6})
+        requests.append(
+            {"arrival": 2 * (i // 2), "prompt": system_a + ids(rng.randrange(5, 60)), "max_tokens": 6}
+        )
     for i in range(4):
         requests.append({"arrival": 8 + i, "prompt": system_b + ids(rng.randrange(10, 40)), "max_tokens": 4})
     requests.append({"arrival": 14, "prompt": ids(300), "max_tokens": 3})  # long, evicts the cache

@@ -48,7 +48,9 @@ def drain(sched: Scheduler, now: float = 0.0, limit: int = 1000) -> float:
     return now
 
 
-def scheduler_for(policy, num_blocks: int, block_size: int, max_model_len: int, num_cpu_blocks: int = 0) -> Scheduler:
+def scheduler_for(
+    policy, num_blocks: int, block_size: int, max_model_len: int, num_cpu_blocks: int = 0
+) -> Scheduler:
     """A scheduler over the KV manager kind the policy declares (``kv_spec``), as the engine
     builders make it for a workload with token identities."""
     kv = make_kv_cache(policy.kv_spec(), num_blocks, block_size, num_cpu_blocks, shares_prefixes=True)

@@ -9,11 +9,11 @@ import pytest
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.realtime import RealtimeSimExecutor
 from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.registry import parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -102,7 +102,7 @@ def test_bad_builds_are_one_line_errors(target, policy, kind, message) -> None:
 def test_assembly_does_not_import_torch() -> None:
     code = (
         "import sys; from tailserve.assemble import build_engine; "
-        "from tailserve.sim.deployment import Deployment; "
+        "from tailserve.executors.simulated.deployment import Deployment; "
         "build_engine(Deployment('Llama-3-8B', 'H100-SXM', 1, 'none'), 'vllm', 'realtime-sim'); "
         "print('torch' in sys.modules)"
     )

@@ -14,6 +14,7 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.hardware import get_hardware
@@ -32,7 +33,6 @@ from tailserve.metrics.attribution import (
 from tailserve.policies.orca import OrcaConfig, OrcaPolicy
 from tailserve.policies.registry import parse_policy_list
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

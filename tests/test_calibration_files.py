@@ -18,11 +18,11 @@ from tailserve.executors.simulated.calibration_files import (
     write_calibration_file,
 )
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor, batch_shape
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.fidelity.torch_calibrate import fit_host
-from tailserve.sim.deployment import Deployment, build_cost_model
 
 TINY = ModelSpec("tiny", 512, 4, 8, 4, 1536, 8192, 2048)
 CPU = Hardware("cpu", 150e9, 15e9, 64.0, 15e9, 15e9, vendor="cpu")

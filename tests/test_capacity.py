@@ -8,8 +8,8 @@ import math
 
 import pytest
 
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import (
     CapacitySearch,

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import RateScaler
 from tailserve.tune.ceiling import BUDGETS, FLOOD, ceiling_of, ceiling_specs

@@ -15,8 +15,8 @@ import tailserve.cli
 from tailserve.bench.predict_spec import PredictSpec
 from tailserve.cli.app import build_parser
 from tailserve.cli.options import deployment_from, workload_from
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.llm.engine_args import EngineArgs
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.recommend import TuneConfig
 

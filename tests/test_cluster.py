@@ -15,8 +15,8 @@ from tailserve.cluster.spec import replicated
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
 from tailserve.core.source import ListSource
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import parse_capacity_slo
 from tailserve.tune.cluster_plan import ClusterRunSpec, Layout, plan

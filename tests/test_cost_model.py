@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from tailserve.executors.simulated.calibration import PRESETS, calibrate, parse_points
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.hardware import HARDWARE, get_hardware
 from tailserve.executors.simulated.kv_capacity import kv_capacity
 from tailserve.executors.simulated.models import MODELS, get_model, load_hf_config
-from tailserve.sim.deployment import Deployment, build_cost_model
 
 
 @settings(max_examples=200, deadline=None)

@@ -148,8 +148,8 @@ def test_formats_and_bad_fields_are_named():
 
 def test_quantization_and_kv_cache_dtype_are_deployment_flags(capsys):
     from tailserve.cli import main
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
     from tailserve.policies.registry import parse_policy_list
-    from tailserve.sim.deployment import Deployment, build_cost_model
     from tailserve.tune.commands import command_line
 
     dep = Deployment.of("Llama-2-70B", "h200", 8, "none", quantization="FP8", kv_cache_dtype="fp8")
@@ -177,9 +177,9 @@ def get_model_kv(name: str) -> int:
 
 
 def test_expert_parallel_waits_for_its_busiest_rank():
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
     from tailserve.executors.simulated.moe import grouped_gemm_parts
     from tailserve.policies.registry import parse_policy_list
-    from tailserve.sim.deployment import Deployment, build_cost_model
     from tailserve.tune.commands import command_line
 
     kw = dict(weight_bytes=1.0, act_bytes=2.0, tile_m=64)

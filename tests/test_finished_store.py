@@ -9,9 +9,9 @@ import pytest
 
 from tailserve.core import finished_store
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

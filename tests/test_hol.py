@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.policies.registry import parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

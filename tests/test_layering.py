@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "policies": {"core", "kv", "executors.simulated"},
     "workloads": {"core"},
     "metrics": {"core"},
-    "assemble": {"core", "kv", "policies", "executors.simulated", "executors.pytorch", "sim"},
+    "assemble": {"core", "kv", "policies", "executors.simulated", "executors.pytorch"},
     "sim": {"assemble", "core", "kv", "policies", "executors.simulated", "workloads", "metrics"},
     "cluster": {"assemble", "sim", "core", "kv", "policies", "executors.simulated", "metrics"},
     "report": {"sim", "metrics", "policies", "executors.simulated"},

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tailserve.cli import main
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import resolve_hardware_name
 from tailserve.executors.simulated.models import resolve_model_name
 from tailserve.policies.registry import PolicySpec, resolve_policy_name
-from tailserve.sim.deployment import Deployment
 
 SEED_SPELLINGS = [
     ["--model", "Llama-3-70B", "--hardware", "A100-80GB"],

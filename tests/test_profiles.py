@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tailserve.executors.simulated.cost_model import CostModel, Efficiency, padded_tokens
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import ModelSpec, get_model
 from tailserve.executors.simulated.profile_fit import (
@@ -26,7 +27,6 @@ from tailserve.executors.simulated.profiles import (
     load_all_reduce,
     load_linear_profile,
 )
-from tailserve.sim.deployment import Deployment, build_cost_model
 from vidur_helpers import write_mlp as write_op_mlp
 
 SHAPE = {"n_head": 32, "n_kv_head": 8, "n_embd": 4096, "n_expanded_embd": 14336, "vocab_size": 128256}

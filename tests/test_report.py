@@ -13,11 +13,11 @@ from matplotlib.image import imread
 
 from tailserve.cli import main
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.metrics.attribution import explain_run
 from tailserve.policies.registry import parse_policy_list
 from tailserve.report.html import SweepCurve, write_report
 from tailserve.report.plots import _stairs, gantt_figure, save_png
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

@@ -44,7 +44,10 @@ def test_router_reproduces_vllms_prefix_hits_from_its_events_step_by_step():
             ours = backend.overlap(probe)
             # vLLM recomputes a prompt's last token, so a fully cached prompt hits one block less
             cap = (len(prompt) - 1) // block_size
-            assert min(ours, cap) == _vllm_hit_blocks(hit_tokens, block_size), (step["step"], probe.request_id)
+            assert min(ours, cap) == _vllm_hit_blocks(hit_tokens, block_size), (
+                step["step"],
+                probe.request_id,
+            )
             seen_hit |= hit_tokens > 0
     assert seen_eviction and seen_hit
     assert backend.skipped_blocks == 0

@@ -259,7 +259,7 @@ def test_predictor_uses_the_engine_cost_model_and_learns_without_one():
     assert policy.predictor.cost_model is cost and policy.predictor.exact
     # The assembler binds the simulator's own cost model, exact, for either simulated executor.
     from tailserve.assemble import build_engine
-    from tailserve.sim.deployment import Deployment, build_cost_model
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 
     built_cost = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
     for kind in ("sim", "realtime-sim"):

@@ -7,9 +7,9 @@ import io
 import json
 
 from tailserve.cli import main
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 from tailserve.tune.capacity import parse_capacity_slo
 from tailserve.tune.recommend import DEFAULT_TUNE_POLICIES, command_line, with_slo_targets
 

@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.registry import parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

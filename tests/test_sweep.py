@@ -9,8 +9,8 @@ import pytest
 
 from tailserve.cli import main
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.sweep import ProcessBackend, ResultsFile, RunSpec, SerialBackend, Sweep, make_backend
 

@@ -11,9 +11,9 @@ import shlex
 import pytest
 
 from tailserve.cli import main
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.policies.registry import PolicySpec, parse_policy_list
-from tailserve.sim.deployment import Deployment
 from tailserve.tune.capacity import Capacity
 from tailserve.tune.recommend import PolicyTune, SizePoint, _choose, _with_size, command_line
 from tailserve.workloads.lengths import parse_length

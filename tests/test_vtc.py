@@ -138,7 +138,7 @@ def test_vtc_serves_the_light_tenant_first_and_conserves_everything(name, flags)
 
 def test_fairness_is_a_flag_of_any_spec_through_build_engine():
     from tailserve.assemble import build_engine
-    from tailserve.sim.deployment import Deployment
+    from tailserve.executors.simulated.deployment import Deployment
 
     deployment = Deployment.of("Llama-3-8B", "H100-SXM", 1)
     built = build_engine(deployment, "vllm:fairness=vtc:tenant_weights=a=2/b=1")

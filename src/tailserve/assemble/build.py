@@ -25,9 +25,9 @@ from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import RequestSource
 from tailserve.executors.simulated.cost_binding import bind_cost_model
+from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.policies.registry import PolicySpec, parse_policy_list
-from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
 
 ExecutorKind = Literal["sim", "realtime-sim", "torch"]
 EXECUTOR_KINDS: tuple[str, ...] = ("sim", "realtime-sim", "torch")

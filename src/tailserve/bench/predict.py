@@ -26,8 +26,8 @@ from tailserve.bench.predict_spec import PredictSpec
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.source import ListSource, RequestSource
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.policies.registry import parse_policy_list
-from tailserve.sim.deployment import Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder

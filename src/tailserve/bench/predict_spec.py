@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.llm.engine_args import EngineArgs
-from tailserve.sim.deployment import Deployment
 
 _SERVE = EngineArgs(executor="sim")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from tailserve.cli.base import CliError, default_of, write_json
 from tailserve.cli.options import add_deployment_args, deployment_from
+from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.llm.engine_args import DTYPES, EngineArgs
 from tailserve.report.tables import print_calibration
-from tailserve.sim.deployment import build_cost_model
 
 
 def add_parser(sub: Any) -> None:

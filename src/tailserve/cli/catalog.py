@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from tailserve.cli.base import default_of
-from tailserve.sim.deployment import Deployment
+from tailserve.executors.simulated.deployment import Deployment
 
 
 def add_parsers(sub: Any) -> None:

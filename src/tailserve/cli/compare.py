@@ -20,11 +20,11 @@ from tailserve.cli.options import (
 )
 from tailserve.cli.run_outputs import add_run_outputs, run_outputs
 from tailserve.cli.sweep_options import add_sweep_args, make_sweep
+from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
 from tailserve.report.compare_text import compare_paragraph
 from tailserve.report.tables import print_runs
-from tailserve.sim.deployment import build_cost_model
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec

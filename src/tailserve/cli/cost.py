@@ -8,8 +8,8 @@ from typing import Any
 
 from tailserve.cli.base import CliError, write_json
 from tailserve.cli.options import add_deployment_args, deployment_from, print_notes
+from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.report.tables import print_cost
-from tailserve.sim.deployment import build_cost_model
 
 
 def add_parser(sub: Any) -> None:

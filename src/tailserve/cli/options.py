@@ -12,8 +12,8 @@ from typing import Any
 from tailserve.cli.base import CliError, default_of
 from tailserve.cli.run_outputs import wants_batches
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import SEED_PRESET, BuiltCostModel, Deployment
 from tailserve.metrics.summary import Slo
-from tailserve.sim.deployment import SEED_PRESET, BuiltCostModel, Deployment
 from tailserve.sim.workload_spec import WORKLOADS, WorkloadSpec, parse_priorities
 
 

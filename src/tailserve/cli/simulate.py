@@ -22,8 +22,8 @@ from tailserve.cli.options import (
 )
 from tailserve.cli.policy_flags import add_policy_flags
 from tailserve.cli.run_outputs import add_run_outputs, run_outputs
+from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.report.tables import print_runs
-from tailserve.sim.deployment import build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 

@@ -29,8 +29,8 @@ from tailserve.cli.tune_tables import (
     transient_warnings,
 )
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.report.tables import deployment_line
-from tailserve.sim.deployment import build_cost_model
 from tailserve.tune.capacity import DEFAULT_SLO, RateScaler, parse_capacity_slo
 from tailserve.tune.recommend import (
     DEFAULT_CHUNK_SIZES,

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from tailserve.cli.base import write_json
 from tailserve.cli.sweep_options import make_sweep
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import parse_policy_list
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo
 from tailserve.tune.cluster_plan import PlanRow, plan

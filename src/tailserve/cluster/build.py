@@ -12,7 +12,7 @@ from tailserve.cluster.replica import FeedSource, Replica, ReplicaSpec, build_re
 from tailserve.cluster.router_registry import make_router
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request
-from tailserve.sim.deployment import BuiltCostModel, build_cost_model
+from tailserve.executors.simulated.deployment import BuiltCostModel, build_cost_model
 from tailserve.sim.workload_builder import WorkloadBuilder
 
 

@@ -16,9 +16,9 @@ from tailserve.assemble import BuildOptions, BuiltEngine, build_engine
 from tailserve.cluster.routing import ReplicaState
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request
+from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import BuiltCostModel, Deployment
 
 
 class FeedSource:

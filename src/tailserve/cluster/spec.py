@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from tailserve.cluster.replica import ReplicaSpec
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment
 
 _ITEM = re.compile(
     r"^(?:(?P<count>\d+)\s*[xX*]\s*)?(?P<gpu>[^:]+?)(?::\s*tp\s*=?\s*(?P<tp>\d+))?$", re.IGNORECASE

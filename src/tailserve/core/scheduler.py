@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 # Finished by completing (a radix cache keeps what they computed); not aborted nor rejected.
 _COMPLETED = frozenset({RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED})
 
+
 class PolicyHooks(Protocol):
     """What the scheduler asks its policy. ``core/policy.py``'s ``Policy`` implements it; the
     scheduler names only these hooks instead of importing that class, which is written against

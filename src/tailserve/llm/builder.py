@@ -12,10 +12,10 @@ from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.calibration_files import read_calibration_file
 from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.llm.engine_args import EngineArgs
 from tailserve.llm.llm_engine import LLMEngine
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import Deployment, build_cost_model
 
 
 def torch_cost_model(calibration: str, model: Path) -> CostModel | None:

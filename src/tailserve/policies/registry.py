@@ -25,7 +25,14 @@ from tailserve.policies.vllm_v0 import VllmV0Policy
 POLICIES: dict[str, type[Policy]] = {
     p.name: p
     for p in (
-        StaticPolicy, OrcaPolicy, VllmV0Policy, VllmPolicy, SarathiPolicy, SglangPolicy, TgiPolicy, SloPolicy
+        StaticPolicy,
+        OrcaPolicy,
+        VllmV0Policy,
+        VllmPolicy,
+        SarathiPolicy,
+        SglangPolicy,
+        TgiPolicy,
+        SloPolicy,
     )
 }
 

@@ -57,7 +57,10 @@ class StaticPolicy(Policy):
     def _batch_ready(self, sched: Scheduler, now: float) -> bool:
         cfg: StaticConfig = self.config
         # The same expression next_wakeup returns, so waking at that time is always ready.
-        return len(sched.waiting) >= cfg.batch_size or now >= sched.waiting.peek_request().arrival_time + cfg.max_wait
+        return (
+            len(sched.waiting) >= cfg.batch_size
+            or now >= sched.waiting.peek_request().arrival_time + cfg.max_wait
+        )
 
     def _start_batch(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()

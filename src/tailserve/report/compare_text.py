@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tailserve.sim.deployment import BuiltCostModel
+from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
 

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from tailserve.executors.simulated.cost_model import Roofline
+from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.hardware import HARDWARE
 from tailserve.executors.simulated.models import MODELS
-from tailserve.sim.deployment import BuiltCostModel
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
 

@@ -1,6 +1,6 @@
 """Run a workload through one policy on a simulated deployment.
 
-deployment -> CostModel (``sim.deployment``); policy spec + engine flags -> Policy, KV cache sized
+deployment -> CostModel (``executors/simulated/deployment.py``); policy spec + engine flags -> Policy, KV cache sized
 like vLLM, Scheduler, SimExecutor (``assemble.build_engine``); workload spec -> RequestSource
 (fresh requests every run); Engine.run() -> RunResult (requests + iteration log).
 """
@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import BuiltCostModel
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.workloads import builtin

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.models import HF_REPOS, get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
-from tailserve.sim.deployment import Deployment
 
 
 def _formats(deployment: Deployment, quant_flag: str, kv_flag: str | None, kv_fp8: str) -> list[str]:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tailserve.core.engine import EngineOptions
+from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
-from tailserve.sim.deployment import Deployment
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import (
     Capacity,

@@ -33,9 +33,9 @@ import numpy as np
 from tailserve import __version__
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
+from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
-from tailserve.sim.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.sim.run import run_policy
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
