@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tailserve import __version__
+from tailserve.core.gc_pause import freeze_heap
 from tailserve.llm import SamplingParams
 from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.guards import (
@@ -113,6 +114,7 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        freeze_heap()  # full GC passes then skip the start-up heap (slow-client stalls, issue 30)
         try:
             yield
         finally:
