@@ -246,3 +246,17 @@ def test_a_hostile_prompts_file_is_one_line(
         prompts.write_text(content)
     line = _one_error_line(capsys, ["run", "--prompts", str(prompts), "--max-tokens", "2"])
     assert expected in line and name in line
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_the_simulator_refuses_a_config_with_a_non_finite_number(
+    value: str, tmp_path: Path, capsys: Any
+) -> None:
+    cfg = {
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 512,
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg)[:-1] + f', "rms_norm_eps": {value}}}')
+    line = _one_error_line(capsys, ["cost", "--model", str(path), "--hardware", "h100"])
+    assert "rms_norm_eps" in line

@@ -14,6 +14,7 @@ Number formats come from ``quantization_config`` and ``torch_dtype`` (``_formats
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -586,8 +587,16 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{p}: not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError(f"{p}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise ValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}: not a JSON object")
+    for scope in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for key, value in scope.items():  # Python's json reads NaN and Infinity: no config has them
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{p}: {key} is {value}, not a number a model can have")
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or model_type not in READERS:
         raise ValueError(f"{p}: model_type {model_type!r} is not supported; supported: {', '.join(READERS)}")
