@@ -62,3 +62,33 @@ def test_tune_gpus_errors_are_one_line(capsys):
     assert "--gpus must be >= 1, got 0" in capsys.readouterr().err
     assert main(["tune", "--gpus", "3", "--model", "Llama-3-70B", "--hardware", "A100", "--tp", "2"]) == 2
     assert "do not split into replicas of TP 2" in capsys.readouterr().err
+
+
+def test_plan_tps_searches_the_replicas_parallelism(tmp_path, capsys):
+    import json
+
+    from tailserve.cli import main
+    from tailserve.tune.cluster_plan import parallel_shapes
+
+    moe = Deployment.of("Qwen3-235B-A22B", "H200")
+    # TP 1 and 2 leave no room for the KV cache (470 GB of bf16 weights), 3 does not divide 8
+    assert parallel_shapes(8, moe, [1, 2, 3, 4, 8], "both") == [(4, False), (4, True), (8, False), (8, True)]
+    assert parallel_shapes(8, moe, [4, 8], "on") == [(4, True), (8, True)]
+    dense = Deployment.of("Llama-3.1-8B", "H100")
+    assert parallel_shapes(4, dense, [1, 2, 4], "both") == [(1, False), (2, False), (4, False)]  # no experts
+    out = tmp_path / "plan.json"
+    argv = [
+        "tune", "--gpus", "2", "--model", "Mixtral-8x7B", "--hardware", "H100", "--workload", "random",
+        "--num-requests", "40", "--rate", "2", "--input-len", "uniform:200:1000", "--output-len",
+        "uniform:20:100", "--slo", "ttft_p99=2s", "--plan-tps", "1,2", "--rel-tol", "0.5", "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "TP 1 left out: Mixtral-8x7B does not fit on H100-SXM at TP 1" in captured.err
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["tp"], r["expert_parallel"], r["num_prefill"], r["num_decode"]) for r in rows] == [
+        (2, False, 1, 0), (2, True, 1, 0),
+    ]  # fmt: skip
+    assert "1 aggregated x TP 2 EP" in captured.out
+    assert main(["tune", "--gpus", "2", "--plan-tps", "x"]) == 2
+    assert "--plan-tps takes TP degrees" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import parse_policy_list
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo
-from tailserve.tune.cluster_plan import PlanRow, plan
+from tailserve.tune.cluster_plan import PlanRow, plan, unfit
 from tailserve.tune.sweep import ResultsFile
 
 console = Console()
@@ -44,6 +44,20 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--plan-link", default="ib-ndr", help="--gpus: KV link of a P/D split (default: %(default)s)"
     )
+    g.add_argument(
+        "--plan-tps",
+        default=None,
+        metavar="1,2,4,8",
+        help="--gpus: also search the replicas' TP over these degrees (those dividing the GPUs and "
+        "the model's heads; default: --tp only)",
+    )
+    g.add_argument(
+        "--plan-ep",
+        default="both",
+        choices=("off", "on", "both"),
+        help="--gpus --plan-tps, MoE models: experts sliced over the TP ranks, split whole "
+        "(--enable-expert-parallel), or both (default: %(default)s)",
+    )
 
 
 def _ms(summary: dict[str, Any] | None, metric: str) -> str:
@@ -61,17 +75,27 @@ def run_plan(
     if len(policies) != 1:
         raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
     policy = policies[0]
+    tps = _tps(args.plan_tps) if args.plan_tps else None
+    for tp in tps or ():
+        reason = unfit(deployment, tp) if args.gpus % tp == 0 else None
+        if reason:
+            print(
+                f"tailserve: --plan-tps: TP {tp} left out: {reason.split(', try --tp')[0]}", file=sys.stderr
+            )
     results = ResultsFile(args.out, resume=not args.no_resume) if args.out else None
     with make_sweep(args, results) as sweep:
         rows = plan(
             args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
-            rel_tol=args.rel_tol, sweep=sweep,
+            rel_tol=args.rel_tol, sweep=sweep, tps=tps, expert_parallel=args.plan_ep,
         )  # fmt: skip
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
+    if tps:  # the replicas' TP is searched: the deployment's own is not the one run
+        label = label.replace(f", TP {deployment.tp},", ",", 1)
     console.print(f"{label} — {workload.label}")
+    shape = f"replicas of TP {', '.join(map(str, tps))}" if tps else f"replicas of TP {deployment.tp}"
     console.print(
-        f"SLO: {slo}; {args.gpus} GPUs as replicas of TP {deployment.tp}, {policy.label}, "
+        f"SLO: {slo}; {args.gpus} GPUs as {shape}, {policy.label}, "
         f"router {args.plan_router}, P/D link {args.plan_link}"
     )
     table = Table(title="capacity of each layout (highest rate meeting the SLO)", title_justify="left")
@@ -90,11 +114,23 @@ def run_plan(
     return 0
 
 
+def _tps(text: str) -> list[int]:
+    try:
+        tps = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--plan-tps takes TP degrees separated by commas, got {text!r}") from None
+    if not tps or min(tps) < 1:
+        raise ValueError(f"--plan-tps takes TP degrees >= 1, got {text!r}")
+    return tps
+
+
 def _row_json(row: PlanRow) -> dict[str, Any]:
     return {
         "layout": row.layout.label,
         "num_prefill": row.layout.num_prefill,
         "num_decode": row.layout.num_decode,
+        "tp": row.layout.tp or None,
+        "expert_parallel": row.layout.expert_parallel,
         "capacity_rps": row.rate,
         "upper_rps": row.upper,
         "summary": row.summary_at_rate,

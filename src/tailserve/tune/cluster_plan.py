@@ -10,6 +10,11 @@ decode side ``least-kv``.
 Each layout's search is a generator of ``ClusterRunSpec``s (one cluster run at one rate), driven
 by a ``Sweep`` like every other sweep: serially, on the process pool (``--workers``) or on Ray
 (``--ray``), the layouts' searches side by side, with identical results on every backend.
+
+With ``tps`` the plan also searches the replicas' parallelism: TP 1, 2, 4, 8 (those dividing the
+budget and the model's heads), and for an MoE model experts sliced or split whole over the TP
+ranks (``--enable-expert-parallel``) — 8 GPUs as 8 replicas of TP 1 (data parallelism behind the
+router) up to one of TP 8.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from tailserve.cluster.disagg import PdCluster
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.spec import replicated
 from tailserve.executors.simulated.deployment import Deployment
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.kv_capacity import kv_capacity
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -37,12 +44,19 @@ from tailserve.workloads.traces import load_trace
 class Layout:
     num_prefill: int  # replicas; with num_decode == 0, the aggregated replicas
     num_decode: int = 0
+    # The replicas' parallelism when the plan searches it (``tps``): TP degree and whether an MoE
+    # model's experts are split whole over the TP ranks; 0: the deployment's own, not shown.
+    tp: int = 0
+    expert_parallel: bool = False
 
     @property
     def label(self) -> str:
+        shape = ""
+        if self.tp:
+            shape = f" x TP {self.tp}" + (" EP" if self.expert_parallel else "")
         if self.num_decode == 0:
-            return f"{self.num_prefill} aggregated"
-        return f"{self.num_prefill} prefill + {self.num_decode} decode"
+            return f"{self.num_prefill} aggregated{shape}"
+        return f"{self.num_prefill} prefill + {self.num_decode} decode{shape}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +67,50 @@ class PlanRow:
     summary_at_rate: dict[str, Any] | None  # the run at ``rate``
 
 
-def layouts(num_replicas: int) -> list[Layout]:
+def layouts(num_replicas: int, tp: int = 0, expert_parallel: bool = False) -> list[Layout]:
     """All aggregated, then every split with at least one replica on each side."""
     if num_replicas < 1:
         raise ValueError(f"the GPU budget holds no replica (got {num_replicas} replicas)")
-    return [Layout(num_replicas), *(Layout(p, num_replicas - p) for p in range(1, num_replicas))]
+    shape = dict(tp=tp, expert_parallel=expert_parallel)
+    return [
+        Layout(num_replicas, **shape),
+        *(Layout(p, num_replicas - p, **shape) for p in range(1, num_replicas)),
+    ]
+
+
+def parallel_shapes(
+    gpus: int, deployment: Deployment, tps: list[int], expert_parallel: str
+) -> list[tuple[int, bool]]:
+    """(TP, EP) of the replicas to plan: each TP of ``tps`` that divides the budget and the
+    model's heads, with and/or without expert parallelism (``expert_parallel``: off, on or both;
+    on and both apply to MoE models at TP > 1 only)."""
+    if expert_parallel not in ("off", "on", "both"):
+        raise ValueError(f"--plan-ep must be off, on or both, got {expert_parallel!r}")
+    spec = deployment.model_spec()
+    shapes = []
+    for tp in tps:
+        if tp < 1 or gpus % tp or spec.num_heads % tp or unfit(deployment, tp):
+            continue
+        ep_options = [False]
+        if spec.is_moe and tp > 1 and expert_parallel != "off":
+            ep_options = [True] if expert_parallel == "on" else [False, True]
+        shapes += [(tp, ep) for ep in ep_options]
+    if not shapes:
+        raise ValueError(
+            f"no TP of {tps} splits {gpus} GPUs and {spec.name}'s {spec.num_heads} attention heads "
+            f"with room for its KV cache on {deployment.hardware}"
+        )
+    return shapes
+
+
+def unfit(deployment: Deployment, tp: int) -> str | None:
+    """Why the model leaves no room for a KV cache at ``tp`` (the weights alone), else None."""
+    hardware = get_hardware(deployment.hardware)
+    try:
+        kv_capacity(deployment.model_spec(), hardware, tp, 0.9, 16, 8192)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def base_rate(spec: WorkloadSpec) -> float:
@@ -75,6 +128,8 @@ def base_rate(spec: WorkloadSpec) -> float:
 def run_layout(
     layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
 ) -> ClusterRun:
+    if layout.tp:
+        deployment = replace(deployment, tp=layout.tp, expert_parallel=layout.expert_parallel)
     wb = WorkloadBuilder(spec)
     common: dict[str, Any] = dict(
         shares_prefixes=wb.shares_prefixes, min_max_model_len=wb.min_max_model_len, scrape_interval=0.05
@@ -165,14 +220,26 @@ def plan(
     link: str = "ib-ndr",
     rel_tol: float = 0.1,
     sweep: Sweep | None = None,
+    tps: list[int] | None = None,
+    expert_parallel: str = "off",
 ) -> list[PlanRow]:
-    """Every layout's capacity; the runs on ``sweep``'s backend (default: this process)."""
-    if gpus % deployment.tp:
-        raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}")
+    """Every layout's capacity; the runs on ``sweep``'s backend (default: this process). With
+    ``tps``, the replicas' TP (and, for an MoE model, expert parallelism) is searched too: every
+    layout of every (TP, EP) shape that fits the budget."""
+    if tps:
+        all_layouts = [
+            layout
+            for tp, ep in parallel_shapes(gpus, deployment, tps, expert_parallel)
+            for layout in layouts(gpus // tp, tp, ep)
+        ]
+    else:
+        if gpus % deployment.tp:
+            raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}")
+        all_layouts = layouts(gpus // deployment.tp)
     rate0 = base_rate(spec)
     searches = [
         layout_search(ClusterRunSpec(layout, deployment, policy, spec, router, link), slo, rate0, rel_tol)
-        for layout in layouts(gpus // deployment.tp)
+        for layout in all_layouts
     ]
     if sweep is not None:
         return sweep.drive(searches, f"{gpus} GPUs")
