@@ -198,4 +198,4 @@ def test_cli_model_init_overrides_and_errors(tmp_path: Path, capsys) -> None:
     assert main(["model", "init", "--out", str(tmp_path / "x"), "--set", "hidden_size"]) == 2
     assert "expected FIELD=VALUE" in capsys.readouterr().err
     assert main(["model", "init", "--out", str(tmp_path / "y"), "--preset", "huge"]) == 2
-    assert "unknown preset 'huge'; known: tiny, small" in capsys.readouterr().err
+    assert "unknown preset 'huge'; known: tiny, small, tiny-moe, tiny-qwen3-moe" in capsys.readouterr().err

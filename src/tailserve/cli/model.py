@@ -23,9 +23,16 @@ def add_parser(sub: Any) -> None:
         "--out", required=True, metavar="DIR", help="directory to create (must be missing or empty)"
     )
     p.add_argument(
-        "--preset", default="tiny", help="tiny (~21 M params) | small (~101 M) (default: %(default)s)"
+        "--preset",
+        default="tiny",
+        help="tiny (~21 M params) | small (~101 M) | tiny-moe (Mixtral, 8 experts, ~1.9 M) | "
+        "tiny-qwen3-moe (Qwen3-MoE) (default: %(default)s)",
     )
-    p.add_argument("--architecture", default="llama", help="llama | mistral | qwen2 (default: %(default)s)")
+    p.add_argument(
+        "--architecture",
+        default=None,
+        help="llama | mistral | qwen2 | mixtral | qwen3_moe (default: the preset's; llama for tiny/small)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="weight seed; the same seed gives the same bytes")
     p.add_argument(

@@ -36,7 +36,7 @@ class NormOps:
     fused: tuple[str, ...] = ()  # which of the three run as fused kernels
 
 
-_verdicts: dict[tuple[str, torch.dtype, int], bool] = {}
+_verdicts: dict[tuple[str, torch.dtype, int, Any], bool] = {}
 
 
 def exp_plan() -> tuple[int, int]:
@@ -87,8 +87,11 @@ def _verified(
     fused: Callable[..., Any],
     ref: Callable[..., Any],
     cases: Cases,
+    variant: Any = (),
 ) -> bool:
-    key = (name, dtype, width)
+    # ``variant``: which build and plan the kernel is (the CPU level, the exp plan), so a
+    # verdict for one level's kernels is never reused for another's (TAILSERVE_CPU_ISA changes).
+    key = (name, dtype, width, variant)
     if key not in _verdicts:
         with torch.inference_mode():
             why = _differs(fused, ref, cases)
@@ -149,11 +152,16 @@ def exact_ops(
     def silu_cases() -> list[tuple[Tensor, ...]]:
         return [(g,) for g in gate_ups()]
 
+    from tailserve.executors.pytorch import cpu_isa
+
+    v = (cpu_isa.detect().level, step, exp_kind)  # ``module`` is that level's build (cpu_kernels)
     ok = {
-        "rms_norm": _verified("rms_norm", dtype, hidden, rms, reference.rms_norm, rms_cases),
-        "add_rms_norm": _verified("add_rms_norm", dtype, hidden, add_rms, reference.add_rms_norm, add_cases),
+        "rms_norm": _verified("rms_norm", dtype, hidden, rms, reference.rms_norm, rms_cases, v),
+        "add_rms_norm": _verified(
+            "add_rms_norm", dtype, hidden, add_rms, reference.add_rms_norm, add_cases, v
+        ),
         "silu_and_mul": _verified(
-            "silu_and_mul", dtype, intermediate, silu_mul, reference.silu_and_mul, silu_cases
+            "silu_and_mul", dtype, intermediate, silu_mul, reference.silu_and_mul, silu_cases, v
         ),
     }
     return NormOps(

@@ -47,8 +47,53 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vocab_size": 12288,
         "max_position_embeddings": 4096,
     },
+    # Mixtral layout: every layer a sparse MoE block of 8 experts, 2 per token: 1,886,784 params.
+    "tiny-moe": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 8192,
+        "max_position_embeddings": 2048,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    # Qwen3-MoE layout: q/k norms, 8 experts of 64, top-2 renormalised, layer 1 dense.
+    "tiny-qwen3-moe": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 8192,
+        "max_position_embeddings": 2048,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [1],
+    },
 }
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# The architecture a preset is written as unless one is given.
+PRESET_ARCHITECTURES = {"tiny-moe": "mixtral", "tiny-qwen3-moe": "qwen3_moe"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
+# MoE fields a dense preset written as a MoE architecture gets (a MoE preset sets its own).
+_MOE_DEFAULTS: dict[str, Any] = {
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": None,  # Qwen3-MoE; None: intermediate_size
+    "norm_topk_prob": False,  # Qwen3-MoE (Mixtral always renormalises)
+    "decoder_sparse_step": 1,  # Qwen3-MoE
+    "mlp_only_layers": [],  # Qwen3-MoE
+}
 _DEFAULTS: dict[str, Any] = {
     "head_dim": None,
     "rms_norm_eps": 1e-5,
@@ -72,16 +117,23 @@ CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus.txt"
 
 
 def model_config(
-    preset: str = "tiny", architecture: str = "llama", dtype: str = "bfloat16", **overrides: Any
+    preset: str = "tiny", architecture: str | None = None, dtype: str = "bfloat16", **overrides: Any
 ) -> ModelConfig:
-    """The ``ModelConfig`` that ``init_model`` with the same arguments writes."""
+    """The ``ModelConfig`` that ``init_model`` with the same arguments writes (``architecture``
+    None: the preset's, ``PRESET_ARCHITECTURES``, else llama)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    architecture = architecture or PRESET_ARCHITECTURES.get(preset, "llama")
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    moe = architecture in MOE_ARCHITECTURES
+    if not moe and preset in PRESET_ARCHITECTURES:
+        raise ValueError(f"preset {preset!r} is a mixture-of-experts model: use a MoE architecture")
     fields = {**PRESETS[preset], **_DEFAULTS}
+    if moe:
+        fields = {**_MOE_DEFAULTS, **fields}
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise ValueError(f"unknown config field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
@@ -101,6 +153,9 @@ def model_config(
     if model_type == "llama" and fields["sliding_window"] is not None:
         raise ValueError("sliding_window is a Mistral / Qwen2 option")
     attention_bias = model_type == "qwen2" or fields["attention_bias"]
+    moe_fields: dict[str, Any] = {}
+    if moe:
+        moe_fields = _moe_fields(model_type, fields)
     return ModelConfig(
         architecture=ARCHITECTURES[architecture],
         model_type=model_type,
@@ -124,7 +179,43 @@ def model_config(
         o_proj_bias=model_type == "llama" and attention_bias,
         mlp_bias=fields["mlp_bias"],
         sliding_window=fields["sliding_window"],
+        qk_norm=model_type == "qwen3_moe",
+        **moe_fields,
     )
+
+
+def _moe_fields(model_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A MoE ``ModelConfig``'s expert fields from the preset's (checked as the loader checks them)."""
+    experts, top_k, layers = (
+        fields["num_local_experts"],
+        fields["num_experts_per_tok"],
+        fields["num_hidden_layers"],
+    )
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok {top_k} is more than num_local_experts {experts}")
+    if model_type == "mixtral":
+        extra = {k for k in ("moe_intermediate_size", "norm_topk_prob", "mlp_only_layers") if fields[k]}
+        if extra or fields["decoder_sparse_step"] != 1:
+            raise ValueError(
+                "moe_intermediate_size, norm_topk_prob, decoder_sparse_step and mlp_only_layers are Qwen3-MoE options"
+            )
+        return {
+            "num_experts": experts,
+            "num_experts_per_tok": top_k,
+            "moe_intermediate_size": fields["intermediate_size"],
+            "norm_topk_prob": True,
+            "moe_layers": tuple(range(layers)),
+        }
+    dense, step = fields["mlp_only_layers"], fields["decoder_sparse_step"]
+    if not all(isinstance(i, int) and 0 <= i < layers for i in dense):
+        raise ValueError(f"mlp_only_layers must be layer indices below {layers}, got {dense!r}")
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": fields["moe_intermediate_size"] or fields["intermediate_size"],
+        "norm_topk_prob": fields["norm_topk_prob"],
+        "moe_layers": tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+    }
 
 
 def _check_types(fields: dict[str, Any]) -> None:
@@ -135,12 +226,15 @@ def _check_types(fields: dict[str, Any]) -> None:
         if key in ("rms_norm_eps", "rope_theta"):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
             expected = "a positive number"
-        elif key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        elif key == "mlp_only_layers":
+            ok = isinstance(value, list) and all(positive_int(v) or v == 0 for v in value)
+            expected = "a list of layer indices"
+        elif key in ("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob"):
             ok, expected = isinstance(value, bool), "true or false"
         elif key == "rope_scaling":
             ok = value is None or (isinstance(value, dict) and isinstance(value.get("rope_type"), str))
             expected = 'null or an object with "rope_type"'
-        elif key in ("head_dim", "sliding_window"):
+        elif key in ("head_dim", "sliding_window", "moe_intermediate_size"):
             ok, expected = value is None or positive_int(value), "a positive integer or null"
         else:
             ok, expected = positive_int(value), "a positive integer"
@@ -187,6 +281,20 @@ def config_json(config: ModelConfig) -> dict[str, Any]:
     if config.model_type == "qwen2":
         out["use_sliding_window"] = config.sliding_window is not None
         out["max_window_layers"] = 0 if config.sliding_window is not None else config.num_hidden_layers
+    if config.model_type == "mixtral":
+        out["num_local_experts"] = config.num_experts
+        out["num_experts_per_tok"] = config.num_experts_per_tok
+        out["router_jitter_noise"] = 0.0
+    if config.model_type == "qwen3_moe":
+        dense = [i for i in range(config.num_hidden_layers) if i not in config.moe_layers]
+        out["attention_bias"] = config.attention_bias
+        out["use_sliding_window"] = config.sliding_window is not None
+        out["num_experts"] = config.num_experts
+        out["num_experts_per_tok"] = config.num_experts_per_tok
+        out["moe_intermediate_size"] = config.moe_intermediate_size
+        out["norm_topk_prob"] = config.norm_topk_prob
+        out["decoder_sparse_step"] = 1
+        out["mlp_only_layers"] = dense  # every other layer sparse at step 1
     return out
 
 
@@ -276,7 +384,7 @@ def init_model(
     preset: str = "tiny",
     seed: int = 0,
     dtype: str = "bfloat16",
-    architecture: str = "llama",
+    architecture: str | None = None,
     **overrides: Any,
 ) -> Path:
     """Write a random model of ``preset`` (with config ``overrides``) to ``out_dir``; return the path.

@@ -31,7 +31,26 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+MOE_MODEL_TYPES = ("mixtral", "qwen3_moe")
+# Mixture-of-experts families whose layouts the model does not implement (shared experts, grouped
+# routing, biased routers, ...): refused by name rather than as an unknown architecture.
+_OTHER_MOE = (
+    "Qwen2MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "OlmoeForCausalLM",
+    "GraniteMoeForCausalLM",
+    "PhimoeForCausalLM",
+    "JambaForCausalLM",
+    "DbrxForCausalLM",
+    "Glm4MoeForCausalLM",
+    "GptOssForCausalLM",
+    "Llama4ForCausalLM",
+    "Qwen3NextForCausalLM",
+)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 SINGLE_FILE = "model.safetensors"
@@ -50,6 +69,12 @@ LIMITS = {
     "max_position_embeddings": 2**22,
     "sliding_window": 2**22,
     "original_max_position_embeddings": 2**22,
+    # Mixture of experts: DeepSeek-V3 / Qwen3-MoE have 256 / 128 experts, 8 per token.
+    "num_local_experts": 4096,
+    "num_experts": 4096,
+    "num_experts_per_tok": 4096,
+    "moe_intermediate_size": 2**18,
+    "decoder_sparse_step": 1024,
 }
 # Buffers some exporters save that the model recomputes; present or absent, they are ignored.
 _HARMLESS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
@@ -61,8 +86,8 @@ class ModelLoadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    architecture: str  # "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM"
-    model_type: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # a key of SUPPORTED_ARCHITECTURES
+    model_type: str  # "llama" | "mistral" | "qwen2" | "mixtral" | "qwen3_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -83,6 +108,23 @@ class ModelConfig:
     o_proj_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj; Qwen2's does not
     mlp_bias: bool = False  # Llama's mlp_bias: gate/up/down projections have a bias
     sliding_window: int | None = None  # tokens; None when every layer attends to the whole context
+    # Mixture of experts (Mixtral, Qwen3-MoE); 0 / () for a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's; Mixtral's is intermediate_size
+    norm_topk_prob: bool = False  # renormalise the top-k router weights (Mixtral always does)
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse MoE block
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
+
+    def moe_names(self, layer: int) -> tuple[str, tuple[str, str, str]]:
+        """Layer ``layer``'s router weight name and the format of its expert (gate, up, down)
+        weight names (``.format(e)``), as Hugging Face names them in this family."""
+        p = f"model.layers.{layer}."
+        if self.model_type == "mixtral":
+            m = p + "block_sparse_moe."
+            return m + "gate.weight", tuple(m + f"experts.{{}}.{w}.weight" for w in ("w1", "w3", "w2"))
+        m = p + "mlp."
+        return m + "gate.weight", tuple(m + f"experts.{{}}.{w}_proj.weight" for w in ("gate", "up", "down"))
 
     @property
     def num_params(self) -> int:
@@ -111,7 +153,18 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "self_attn.o_proj.weight"] = (h, q_dim)
         if config.o_proj_bias:
             shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if i in config.moe_layers:
+            router, (gate, up, down) = config.moe_names(i)
+            shapes[router] = (config.num_experts, h)
+            e_inter = config.moe_intermediate_size
+            for e in range(config.num_experts):
+                shapes[gate.format(e)] = shapes[up.format(e)] = (e_inter, h)
+                shapes[down.format(e)] = (h, e_inter)
+            continue
         for proj, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
             shapes[f"{p}mlp.{proj}.weight"] = shape
             if config.mlp_bias:
@@ -206,6 +259,12 @@ def _architecture(f: _Fields) -> tuple[str, str]:
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch, SUPPORTED_ARCHITECTURES[arch]
+    for arch in archs:
+        if arch in _OTHER_MOE:
+            raise ModelLoadError(
+                f"{f.path}: mixture-of-experts architecture {arch} is not supported (its expert layout "
+                "differs); supported MoE: MixtralForCausalLM, Qwen3MoeForCausalLM"
+            )
     raise ModelLoadError(
         f"{f.path}: unsupported architecture {', '.join(map(str, archs))}; supported: {supported}"
     )
@@ -301,7 +360,9 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         )
     head_dim = f.integer("head_dim", hidden_size // num_heads)
     rope_theta, rope_scaling = _rope(f)
-    attention_bias = model_type == "qwen2" or f.flag("attention_bias", False)
+    attention_bias = model_type == "qwen2" or (model_type != "mixtral" and f.flag("attention_bias", False))
+    moe = _moe(f, model_type)
+    num_layers = f.integer("num_hidden_layers")
     eos: list[int] = list(f.token_ids("eos_token_id"))
     gen_path = root / "generation_config.json"
     if gen_path.exists():
@@ -313,7 +374,7 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         vocab_size=f.integer("vocab_size"),
         hidden_size=hidden_size,
         intermediate_size=f.integer("intermediate_size"),
-        num_hidden_layers=f.integer("num_hidden_layers"),
+        num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
@@ -327,10 +388,57 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         eos_token_ids=tuple(dict.fromkeys(eos)),
         torch_dtype=_torch_dtype(f, root),
         name=root.resolve().name,
-        o_proj_bias=model_type == "llama" and attention_bias,
+        o_proj_bias=model_type in ("llama", "qwen3_moe") and attention_bias,
         mlp_bias=model_type == "llama" and f.flag("mlp_bias", False),
         sliding_window=_sliding_window(f, model_type),
+        qk_norm=model_type == "qwen3_moe",
+        **_moe_layers(f, model_type, moe, num_layers),
     )
+
+
+def _moe(f: _Fields, model_type: str) -> dict[str, Any]:
+    """The expert counts, sizes and routing options of a MoE family's config.json (empty if dense)."""
+    if model_type not in MOE_MODEL_TYPES:
+        return {}
+    # Mixtral names the count num_local_experts; Qwen3-MoE num_experts (transformers maps either).
+    key = "num_experts" if "num_experts" in f.raw else "num_local_experts"
+    num_experts = f.integer(key, 8 if model_type == "mixtral" else 128)
+    top_k = f.integer("num_experts_per_tok", 2 if model_type == "mixtral" else 8)
+    if top_k > num_experts:
+        raise ModelLoadError(
+            f"{f.path}: num_experts_per_tok {top_k} is more than the {num_experts} experts ({key})"
+        )
+    if model_type == "mixtral":
+        return {"num_experts": num_experts, "num_experts_per_tok": top_k, "norm_topk_prob": True}
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": f.integer("moe_intermediate_size", 768),
+        "norm_topk_prob": f.flag("norm_topk_prob", False),
+    }
+
+
+def _moe_layers(f: _Fields, model_type: str, moe: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """``moe`` plus the layers that are sparse: every Mixtral layer; Qwen3-MoE's (transformers'
+    rule) those not in ``mlp_only_layers`` whose index + 1 is a multiple of ``decoder_sparse_step``."""
+    if not moe:
+        return {}
+    if model_type == "mixtral":
+        return {
+            **moe,
+            "moe_intermediate_size": f.integer("intermediate_size"),
+            "moe_layers": tuple(range(num_layers)),
+        }
+    step = f.integer("decoder_sparse_step", 1)
+    dense = f.raw.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in dense
+    ):
+        raise ModelLoadError(
+            f"{f.path}: 'mlp_only_layers' must be a list of layer indices below {num_layers}, got {_shown(dense)}"
+        )
+    layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    return {**moe, "moe_layers": layers}
 
 
 def _sliding_window(f: _Fields, model_type: str) -> int | None:
@@ -340,7 +448,7 @@ def _sliding_window(f: _Fields, model_type: str) -> int | None:
         return 4096
     if model_type == "llama" or f.raw.get("sliding_window") is None:
         return None
-    if model_type == "qwen2" and not f.flag("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3_moe") and not f.flag("use_sliding_window", False):
         return None
     return f.integer("sliding_window")
 
@@ -390,10 +498,21 @@ def load_state_dict(
     Raises ``ModelLoadError`` for a missing, unexpected or mis-shaped tensor, naming the tensor, the
     file and both shapes. Rotary ``inv_freq`` buffers, and ``lm_head.weight`` when the embeddings
     are tied, are ignored.
+
+    A MoE checkpoint is read in either layout transformers reads: one tensor per expert and
+    projection (what ``save_pretrained`` writes), or its in-memory form, each layer's experts
+    fused into ``mlp.experts.gate_up_proj`` [experts, 2 * inter, hidden] and ``mlp.experts.down_proj``
+    [experts, hidden, inter] with the router at ``mlp.gate.weight``; the latter is split into the
+    former's names.
     """
     root = _model_dir(model_dir)
     files = _weight_files(root)
-    expected = expected_tensor_shapes(config)
+    canonical = expected_tensor_shapes(config)
+    expected = canonical
+    fused = bool(config.moe_layers) and _fused_name(config.moe_layers[0], "gate_up_proj") in files
+    if fused:
+        per_expert = {n for i in config.moe_layers for n in _moe_tensor_names(config, i)}
+        expected = {n: s for n, s in canonical.items() if n not in per_expert} | _fused_shapes(config)
     missing = [name for name in expected if name not in files]
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
@@ -423,4 +542,39 @@ def load_state_dict(
                         f"{path}: tensor {name} is stored as {stored}; expected F32, BF16 or F16"
                     )
                 state[name] = st.get_tensor(name).to(device=device, dtype=dtype)
-    return {name: state[name] for name in expected}
+    if fused:
+        _split_fused_experts(config, state)
+    return {name: state[name] for name in canonical}
+
+
+def _fused_name(layer: int, what: str) -> str:
+    return f"model.layers.{layer}.mlp." + ("gate.weight" if what == "gate" else f"experts.{what}")
+
+
+def _moe_tensor_names(config: ModelConfig, layer: int) -> list[str]:
+    router, formats = config.moe_names(layer)
+    return [router] + [fmt.format(e) for e in range(config.num_experts) for fmt in formats]
+
+
+def _fused_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    e, h, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in config.moe_layers:
+        shapes[_fused_name(i, "gate")] = (e, h)
+        shapes[_fused_name(i, "gate_up_proj")] = (e, 2 * inter, h)
+        shapes[_fused_name(i, "down_proj")] = (e, h, inter)
+    return shapes
+
+
+def _split_fused_experts(config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """Fused expert tensors -> one per expert and projection (gate first in gate_up_proj, as
+    transformers' ``chunk(2)`` reads it), in place."""
+    inter = config.moe_intermediate_size
+    for i in config.moe_layers:
+        router, (gate, up, down) = config.moe_names(i)
+        state[router] = state.pop(_fused_name(i, "gate"))
+        gate_up, down_all = state.pop(_fused_name(i, "gate_up_proj")), state.pop(_fused_name(i, "down_proj"))
+        for e in range(config.num_experts):
+            state[gate.format(e)] = gate_up[e, :inter].contiguous()
+            state[up.format(e)] = gate_up[e, inter:].contiguous()
+            state[down.format(e)] = down_all[e].contiguous()

@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2) over flattened, paged batches.
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2; Mixtral and Qwen3-MoE's sparse MLPs) over
+flattened, paged batches.
 
 Numerics follow Hugging Face's ``LlamaForCausalLM`` (RMSNorm in float32 then cast, RoPE tables in
 float32 then cast, SiLU-gated MLP, residual adds in the model dtype), so greedy decoding gives the
@@ -8,6 +9,11 @@ knows no device: its linear layers, norms, RoPE and attention come from a ``Back
 (``backend.py``). On CPU a bf16/fp16 model runs RMSNorm (with the residual add before it) and
 SiLU-mul as fused kernels that give the PyTorch ops' bits (``cpu_norm.py``), RoPE fused with the
 q/k/v split, and prepacked weights where the CPU's level has a bf16 GEMM (``cpu_backend.py``).
+
+A mixture-of-experts layer (``MoeWeights``) routes each token as transformers' router does
+(softmax in float32 over all experts, top-k, renormalised for Mixtral and for Qwen3-MoE with
+``norm_topk_prob``) and runs each expert once on the tokens routed to it (gathered with
+``index_select``, the weighted outputs summed back with ``index_add_``): no fused MoE kernel.
 """
 
 from __future__ import annotations
@@ -18,10 +24,22 @@ import torch
 import torch.nn.functional as F
 
 from tailserve.executors.pytorch.attention import AttentionMetadata, PagedKVCache, paged_attention
-from tailserve.executors.pytorch.backend import TorchBackend, backend_for
+from tailserve.executors.pytorch.backend import TorchBackend, backend_for, rms_norm, silu_and_mul
 from tailserve.executors.pytorch.rope import RotaryEmbedding
 
 Weight = torch.Tensor  # or a backend's prepacked form, a callable (x, bias): call through ``linear``
+
+
+@dataclass(slots=True)
+class MoeWeights:
+    """A sparse MoE block: the router and each expert's SwiGLU MLP (no biases in either family)."""
+
+    router: Weight  # [experts, hidden]
+    gate_up: list[Weight]  # per expert, [2 * moe_intermediate, hidden]
+    down: list[Weight]  # per expert, [hidden, moe_intermediate]
+    top_k: int
+    renormalise: bool  # divide the top-k weights by their sum
+    weights_in_model_dtype: bool  # Qwen3-MoE casts them to the model dtype; Mixtral keeps float32
 
 
 @dataclass(slots=True)
@@ -30,12 +48,15 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None
     o: Weight
     o_bias: torch.Tensor | None
-    gate_up: Weight  # [2 * intermediate, hidden]
+    gate_up: Weight | None  # [2 * intermediate, hidden]; None in a MoE layer
     gate_up_bias: torch.Tensor | None
-    down: Weight
+    down: Weight | None
     down_bias: torch.Tensor | None
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
+    moe: MoeWeights | None = None
+    q_norm: torch.Tensor | None = None  # Qwen3: per-head RMSNorm of q and k before RoPE
+    k_norm: torch.Tensor | None = None
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -82,20 +103,27 @@ class LlamaModel:
                 bias = torch.cat([state[a + f"{n}_proj.bias"] for n in "qkv"])
             if getattr(config, "mlp_bias", False):
                 gate_up_bias = torch.cat([state[p + "mlp.gate_proj.bias"], state[p + "mlp.up_proj.bias"]])
+            moe = self._moe_weights(config, state, i) if i in getattr(config, "moe_layers", ()) else None
+            qk_norm = getattr(config, "qk_norm", False)
             self.layers.append(
                 LayerWeights(
                     qkv=torch.cat([state[a + f"{n}_proj.weight"] for n in "qkv"]).contiguous(),
                     qkv_bias=bias,
                     o=state[a + "o_proj.weight"],
                     o_bias=state.get(a + "o_proj.bias"),
-                    gate_up=torch.cat(
+                    gate_up=None
+                    if moe
+                    else torch.cat(
                         [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]
                     ).contiguous(),
                     gate_up_bias=gate_up_bias,
-                    down=state[p + "mlp.down_proj.weight"],
+                    down=None if moe else state[p + "mlp.down_proj.weight"],
                     down_bias=state.get(p + "mlp.down_proj.bias"),
                     input_norm=state[p + "input_layernorm.weight"],
                     post_attention_norm=state[p + "post_attention_layernorm.weight"],
+                    moe=moe,
+                    q_norm=state[a + "q_norm.weight"] if qk_norm else None,
+                    k_norm=state[a + "k_norm.weight"] if qk_norm else None,
                 )
             )
         self.rope = RotaryEmbedding(
@@ -110,27 +138,53 @@ class LlamaModel:
         # norms and SiLU-mul fused wherever their kernels reproduce PyTorch's bits here.
         be = self.backend
         self.fused = be.rope_split(dtype)
+        if any(w.q_norm is not None for w in self.layers):
+            self.fused = None  # the fused RoPE split has no q/k norm: PyTorch's ops
         self.norm_ops = be.norm_ops(self.eps, dtype, config.hidden_size, config.intermediate_size)
         self._num_parameters = self._count_parameters()
         self.lm_head_weight: Weight = self.lm_head  # what compute_logits multiplies by
         for w in self.layers:
             w.qkv, w.o = be.prepare_linear(w.qkv, dtype), be.prepare_linear(w.o, dtype)
-            w.gate_up, w.down = be.prepare_linear(w.gate_up, dtype), be.prepare_linear(w.down, dtype)
+            if w.moe is None:
+                w.gate_up, w.down = be.prepare_linear(w.gate_up, dtype), be.prepare_linear(w.down, dtype)
+            else:
+                m = w.moe
+                m.router = be.prepare_linear(m.router, dtype)
+                m.gate_up = [be.prepare_linear(t, dtype) for t in m.gate_up]
+                m.down = [be.prepare_linear(t, dtype) for t in m.down]
         # A row's output is independent of the batch (prepacked weights): see ``_rows_needed``.
-        self.packed = bool(self.layers) and be.rows_independent(self.layers[-1].down)
+        # (Routing is per row too, so a MoE layer's rows are as independent as its matmuls.)
+        self.packed = bool(self.layers) and be.rows_independent(self.layers[-1].o)
         if self.lm_head is not self.embed:  # a tied head stays one matrix with the embedding
             self.lm_head_weight = be.prepare_linear(self.lm_head, dtype)
             if self.lm_head_weight is not self.lm_head:
                 self.lm_head = None  # the packed copy replaces it (memory)
+
+    @staticmethod
+    def _moe_weights(config, state: dict[str, torch.Tensor], i: int) -> MoeWeights:
+        router, (gate, up, down) = config.moe_names(i)
+        experts = range(config.num_experts)
+        return MoeWeights(
+            router=state[router],
+            gate_up=[torch.cat([state[gate.format(e)], state[up.format(e)]]).contiguous() for e in experts],
+            down=[state[down.format(e)] for e in experts],
+            top_k=config.num_experts_per_tok,
+            renormalise=config.norm_topk_prob,
+            weights_in_model_dtype=config.model_type != "mixtral",
+        )
 
     def _count_parameters(self) -> int:
         n = self.embed.numel() + self.norm.numel()
         if self.lm_head is not self.embed:
             n += self.lm_head.numel()
         for w in self.layers:
-            n += sum(t.numel() for t in (w.qkv, w.o, w.gate_up, w.down, w.input_norm, w.post_attention_norm))
-            for b in (w.qkv_bias, w.o_bias, w.gate_up_bias, w.down_bias):
-                n += 0 if b is None else b.numel()
+            tensors = [w.qkv, w.o, w.input_norm, w.post_attention_norm, w.q_norm, w.k_norm]
+            tensors += [w.qkv_bias, w.o_bias, w.gate_up_bias, w.down_bias]
+            if w.moe is None:
+                tensors += [w.gate_up, w.down]
+            else:
+                tensors += [w.moe.router, *w.moe.gate_up, *w.moe.down]
+            n += sum(0 if t is None else t.numel() for t in tensors)
         return n
 
     @property
@@ -165,6 +219,8 @@ class LlamaModel:
             q = qkv[:, : h * d].view(n, h, d)
             k = qkv[:, h * d : (h + kvh) * d].view(n, kvh, d)
             v = qkv[:, (h + kvh) * d :].view(n, kvh, d)
+            if w.q_norm is not None:
+                q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
             q = self.rope.apply(q, cos, sin)
             k = self.rope.apply(k, cos, sin)
             k_slots, v_slots = kv.slots(i)
@@ -230,8 +286,40 @@ class LlamaModel:
         Returns the residual stream and its norm under ``next_norm``."""
         norm = self.norm_ops
         x, y = norm.add_rms_norm(residual, linear(attn, w.o, w.o_bias), w.post_attention_norm)
-        down = linear(norm.silu_and_mul(linear(y, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+        if w.moe is not None:
+            down = self._moe(y, w.moe)
+        else:
+            down = linear(norm.silu_and_mul(linear(y, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
         return norm.add_rms_norm(x, down, next_norm)
+
+    @staticmethod
+    def _moe(y: torch.Tensor, m: MoeWeights) -> torch.Tensor:
+        """A sparse MoE block on the normed rows ``y``, as transformers computes it: router logits
+        in the model dtype, softmax in float32 over every expert, top-k, renormalised when the
+        family does, then each routed expert's SwiGLU output times its weight summed per token.
+        Each expert runs once on its tokens; a token's contributions are added in expert order,
+        transformers' order (its loop over experts ``index_add_``s into zeros)."""
+        probs = torch.softmax(linear(y, m.router, None).float(), dim=-1)
+        top, experts = torch.topk(probs, m.top_k, dim=-1)  # [tokens, k]
+        if m.renormalise:
+            top /= top.sum(dim=-1, keepdim=True)
+        if m.weights_in_model_dtype:
+            top = top.to(y.dtype)
+        flat = experts.view(-1)
+        order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, tokens ascending
+        counts = torch.bincount(flat, minlength=len(m.down)).tolist()
+        tokens = order // m.top_k
+        weights = top.view(-1).index_select(0, order).unsqueeze(1)
+        out = torch.zeros_like(y)
+        start = 0
+        for e, count in enumerate(counts):
+            if not count:
+                continue
+            rows = tokens[start : start + count]
+            h = linear(silu_and_mul(linear(y.index_select(0, rows), m.gate_up[e], None)), m.down[e], None)
+            out.index_add_(0, rows, (h * weights[start : start + count]).to(out.dtype))
+            start += count
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the rows that sample, [rows, vocab]."""
