@@ -76,7 +76,7 @@ def test_bind_socket_makes_a_tcp_socket_whose_connections_have_nodelay() -> None
         # asyncio sets TCP_NODELAY only on connections accepted from a socket of proto IPPROTO_TCP.
         assert listener.proto == socket.IPPROTO_TCP
         assert listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        listener.listen()
+        # already listening: a client connecting while the app starts waits instead of being refused
         with socket.create_connection(listener.getsockname()[:2], timeout=5):
             accepted, _ = listener.accept()
             with accepted:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
+LISTEN_BACKLOG = 2048  # uvicorn's default backlog
+
 
 def bind_socket(host: str, port: int) -> socket.socket:
     if not 0 <= port <= 65535:
@@ -19,6 +21,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
+        # Listening from here on: a client that connects after "listening on" waits in the
+        # kernel's queue while the app starts (the engine, the heap freeze) instead of being
+        # refused; uvicorn accepts from the same socket once the app is up.
+        sock.listen(LISTEN_BACKLOG)
     except OSError as error:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
