@@ -137,8 +137,8 @@ def _optional_int(name: str, value: Any) -> int | None:
 class TgiPolicy(Policy, FastPaths):
     name = "tgi"
     summary = (
-        "TGI v3: FIFO router, KV reserved for prompt + max_tokens, new prefill chunks batched with "
-        "the running batch, no preemption"
+        "TGI v3 (legacy: archived 2026-03-21): FIFO router, KV reserved for prompt + max_tokens, new "
+        "prefill chunks batched with the running batch, no preemption"
     )
     config_cls = TgiConfig
     default_block_size = 1  # flashinfer, the default attention
