@@ -1,4 +1,5 @@
-"""Export AISimulate's bundled silicon tables (GEMM per format, fused MoE) as JSON rows.
+"""Export AISimulate's bundled silicon tables (GEMM per format, fused MoE, vLLM's custom
+all-reduce under CUDA graphs) as JSON rows.
 
 Runs in AISimulate's venv (pandas and pyarrow read its parquet files; tailserve's own environment
 needs neither): ``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --out rows.json``.
@@ -60,6 +61,14 @@ def export(gpus: tuple[str, ...]) -> dict:
             d = d.sort_values("order").groupby(key, as_index=False).last()
             entry["moe_versions"] = sorted({f.parent.name for f in moe_files})
             entry["moe"] = d[[*key, "kernel_source", "latency"]].values.tolist()
+        comm_files = sorted(
+            (root / gpu / "comm" / "vllm").glob("*/custom_allreduce_perf.parquet"), key=_version_key
+        )
+        if comm_files:
+            d = pd.read_parquet(comm_files[-1])
+            d = d[d.backend.eq("vllm_graph") & d.allreduce_dtype.eq("bfloat16")]
+            entry["allreduce_version"] = comm_files[-1].parent.name
+            entry["allreduce"] = d[["num_gpus", "message_size", "latency"]].values.tolist()
         out["gpus"][gpu] = entry
     return out
 

@@ -15,6 +15,9 @@ never as a model:
   (what the simulator prices) with the GEMM curve fitted above for that GPU and format: first as
   is, then with two factors on its rates and a per-layer latency for the fused MoE kernel fitted
   on half the model shapes, the error reported on the other half.
+- **allreduce**: vLLM's custom all-reduce under CUDA graphs (the decode path), bf16, per GPU and
+  TP degree: the catalog's latency and link efficiency, then one latency per TP and one link
+  efficiency per GPU fitted on every other message size and tested on the rest.
 
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
@@ -283,6 +286,80 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
     return out
 
 
+# The all-reduce messages a layer sends: tokens x hidden elements, up to 8,192 x 8,192; the tables
+# go on to 2^29 elements, which no iteration sends.
+MAX_ALLREDUCE_ELEMENTS = 2**26
+
+
+def allreduce_part(tables: dict, console: Console) -> dict:
+    """vLLM's custom all-reduce (CUDA graphs, bf16) per GPU: the catalog's figures, then one
+    latency per TP degree and one link efficiency per GPU fitted on the even-indexed message
+    sizes and tested on the odd ones (the form ``hardware.Hardware`` holds)."""
+    out: dict = {}
+    table = Table(
+        title="TP all-reduce (vLLM custom, CUDA graphs, bf16, messages <= 2^26 elements): |error| "
+        "held out on every other message size"
+    )
+    for col in (
+        "GPU",
+        "TP",
+        "sizes held out",
+        "catalog mean / max",
+        "fitted mean / max",
+        "fit: latency, link eff",
+    ):
+        table.add_column(col)
+    for gpu, entry in tables.items():
+        if gpu not in GPUS or not entry.get("allreduce"):
+            continue
+        hw = get_hardware(GPUS[gpu])
+        rows = sorted(
+            (int(t), int(n), float(ms) * 1e-3)
+            for t, n, ms in entry["allreduce"]
+            if n <= MAX_ALLREDUCE_ELEMENTS
+        )
+        tps = sorted({t for t, _, _ in rows})
+        data = {}
+        for tp in tps:
+            sel = [(n, y) for t, n, y in rows if t == tp]
+            n = np.array([x for x, _ in sel], dtype=float)
+            y = np.array([v for _, v in sel], dtype=float)
+            ring = 2.0 * (tp - 1) / tp * 2.0 * n / hw.interconnect_bandwidth  # seconds at full link
+            test = np.arange(len(n)) % 2 == 1
+            data[tp] = (n, y, ring, test)
+        best = (math.inf, 0.0, {})
+        for eff in np.linspace(0.05, 1.0, 96):
+            lats, errs = {}, []
+            for tp, (_n, y, ring, test) in data.items():
+                base = ring[~test] / eff
+                w = 1.0 / y[~test]
+                lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
+                lats[tp] = lat
+                errs.append(np.abs((base + lat) / y[~test] - 1))
+            err = float(np.mean(np.concatenate(errs)))
+            if err < best[0]:
+                best = (err, float(eff), lats)
+        _, eff, lats = best
+        cat_eff = hw.comm_efficiency or 0.8
+        res: dict = {"link_efficiency": eff, "version": entry.get("allreduce_version"), "by_tp": {}}
+        for tp, (_n, y, ring, test) in data.items():
+            pred = lats[tp] + ring / eff
+            catalog = hw.allreduce_latency_at(tp) + ring / cat_eff
+            res["by_tp"][tp] = {
+                "latency_s": lats[tp],
+                "held_out": stats(pred[test], y[test]),
+                "catalog_held_out": stats(catalog[test], y[test]),
+            }
+            h, c = res["by_tp"][tp]["held_out"], res["by_tp"][tp]["catalog_held_out"]
+            table.add_row(
+                GPUS[gpu], str(tp), str(h["n"]), f"{c['mean']:.1%} / {c['max']:.0%}",
+                f"{h['mean']:.1%} / {h['max']:.0%}", f"{lats[tp] * 1e6:.1f} us, {eff:.2f}",
+            )  # fmt: skip
+        out[gpu] = res
+    console.print(table)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -311,6 +388,7 @@ def main() -> int:
     console.print(f"AISimulate tables (vLLM versions): {versions}")
     gemm = gemm_part(tables, console)
     moe = moe_part(tables, gemm, console)
+    allreduce = allreduce_part(tables, console)
     results = {
         "benchmark": "fidelity_aisim",
         "date": time.strftime("%Y-%m-%d"),
@@ -318,6 +396,7 @@ def main() -> int:
         "table_versions": versions,
         "gemm": gemm,
         "moe": moe,
+        "allreduce": allreduce,
         "wall_s": round(time.time() - start, 1),
     }
     save_results(results, args.out, "fidelity_aisim.json")

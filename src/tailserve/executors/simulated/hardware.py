@@ -203,6 +203,11 @@ MOE_H200 = MoeKernel(0.68, 0.99, 34.5e-6, f"{_AISIM}: fused MoE, H200")
 MOE_B200 = MoeKernel(0.55, 0.95, 25.5e-6, f"{_AISIM}: fused MoE, B200")
 MOE_GB200 = MoeKernel(0.55, 1.0, 19.6e-6, f"{_AISIM}: fused MoE, GB200")
 MOE_B300 = MoeKernel(0.53, 1.0, 18.7e-6, f"{_AISIM}: fused MoE, B300")
+# vLLM's custom all-reduce under CUDA graphs (its decode path), fitted per GPU by
+# benchmarks/fidelity_aisim.py: one latency per TP degree, one link efficiency per GPU.
+B200_ALLREDUCE = ((2, 7.23e-6), (4, 7.44e-6), (8, 8.43e-6))
+GB200_ALLREDUCE = ((2, 3.74e-6), (4, 4.08e-6))
+B300_ALLREDUCE = ((2, 4.16e-6), (4, 3.95e-6), (8, 4.46e-6))
 MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no table for this GPU)")
 # Hopper's dense FP8 and INT8 tensor-core rates (H100/H200 SXM data sheets, no sparsity).
 HOPPER_FORMATS = (("fp8", 1979e12), ("int8", 1979e12))
@@ -334,6 +339,8 @@ HARDWARE: dict[str, Hardware] = {
             128 * GB,
             sms=148,
             gemm=B200_GEMM,
+            allreduce_latency_by_tp=B200_ALLREDUCE,
+            comm_efficiency=0.50,
             moe=MOE_B200,
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 4500e12), ("fp4", 9000e12)),
         ),
@@ -346,6 +353,8 @@ HARDWARE: dict[str, Hardware] = {
             128 * GB,
             sms=148,
             gemm=B300_GEMM,
+            allreduce_latency_by_tp=B300_ALLREDUCE,
+            comm_efficiency=0.66,
             moe=MOE_B300,
             # Blackwell Ultra trades INT8 for FP4: 14 PFLOP/s dense FP4, INT8 cut to 153 TOPS
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 153.5e12), ("fp4", 14000e12)),
@@ -360,6 +369,8 @@ HARDWARE: dict[str, Hardware] = {
             sms=148,
             nvlink_domain=72,
             gemm=GB200_GEMM,
+            allreduce_latency_by_tp=GB200_ALLREDUCE,
+            comm_efficiency=0.56,
             moe=MOE_GB200,
             peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
         ),
