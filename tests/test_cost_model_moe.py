@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.hardware import HARDWARE, get_hardware
-from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.models import ModelSpec, get_model
 from tailserve.executors.simulated.moe import touched_experts
 from tailserve.executors.simulated.precision import PRECISIONS, get_precision
 
@@ -155,7 +155,7 @@ def test_quantization_and_kv_cache_dtype_are_deployment_flags(capsys):
     dep = Deployment.of("Llama-2-70B", "h200", 8, "none", quantization="FP8", kv_cache_dtype="fp8")
     spec = dep.model_spec()
     assert (spec.weight_dtype, spec.kv_dtype) == ("fp8", "fp8")
-    assert spec.kv_bytes_per_token(8) * 2 == get_model_kv("Llama-2-70B")
+    assert spec.kv_bytes_per_token(8) * 2 == get_model("Llama-2-70B").kv_bytes_per_token(8)
     bf16 = build_cost_model(Deployment.of("Llama-2-70B", "h200", 8, "none")).cost_model
     assert build_cost_model(dep).cost_model.decode_time(1, 128) < bf16.decode_time(1, 128)
     hw = get_hardware("h200")
@@ -168,12 +168,6 @@ def test_quantization_and_kv_cache_dtype_are_deployment_flags(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "--quantization: unknown number format 'fp3'" in err
-
-
-def get_model_kv(name: str) -> int:
-    from tailserve.executors.simulated.models import get_model
-
-    return get_model(name).kv_bytes_per_token(8)
 
 
 def test_expert_parallel_waits_for_its_busiest_rank():

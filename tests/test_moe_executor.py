@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -147,12 +148,18 @@ def test_fused_expert_layout_loads_like_per_expert(models, preset, tmp_path) -> 
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _one_line(d: Path, message: str, what: str = "config") -> None:
+def _copy(models: dict[str, Path], preset: str, folder: Path) -> Path:
+    shutil.copytree(models[preset], folder)
+    return folder
+
+
+def _refusal(d: Path, message: str, what: str = "config") -> str:
+    """The loader's error for ``d`` (it must match ``message``)."""
     with pytest.raises(ModelLoadError, match=message) as err:
         config = load_config(d)
         if what == "weights":
             load_state_dict(d, config, torch.float32)
-    assert "\n" not in str(err.value) and str(d) in str(err.value)
+    return str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -169,12 +176,10 @@ def _one_line(d: Path, message: str, what: str = "config") -> None:
     ],
 )
 def test_mixtral_config_refusals_are_one_line(models, tmp_path, changes, message) -> None:
-    d = tmp_path / "m"
-    d.mkdir()
-    for f in models["tiny-moe"].iterdir():
-        (d / f.name).write_bytes(f.read_bytes())
+    d = _copy(models, "tiny-moe", tmp_path / "m")
     edit_json(d / "config.json", **changes)
-    _one_line(d, message)
+    line = _refusal(d, message)
+    assert "\n" not in line and str(d) in line
 
 
 @pytest.mark.parametrize(
@@ -194,24 +199,22 @@ def test_mixtral_config_refusals_are_one_line(models, tmp_path, changes, message
     ],
 )
 def test_qwen3_moe_refusals_are_one_line(models, tmp_path, changes, message) -> None:
-    d = tmp_path / "q"
-    d.mkdir()
-    for f in models["tiny-qwen3-moe"].iterdir():
-        (d / f.name).write_bytes(f.read_bytes())
+    d = _copy(models, "tiny-qwen3-moe", tmp_path / "q")
     edit_json(d / "config.json", **changes)
-    _one_line(d, message, "weights")
+    line = _refusal(d, message, "weights")
+    assert "\n" not in line and str(d) in line
 
 
 def test_shared_experts_are_refused_as_unexpected_tensors(models, tmp_path) -> None:
     """A Qwen2-MoE-style shared expert in a Qwen3-MoE directory is a layout the model lacks."""
-    d = tmp_path / "shared"
-    d.mkdir()
-    for f in models["tiny-qwen3-moe"].iterdir():
-        (d / f.name).write_bytes(f.read_bytes())
+    d = _copy(models, "tiny-qwen3-moe", tmp_path / "shared")
     state = load_file(str(d / "model.safetensors"))
     state["model.layers.0.mlp.shared_expert.gate_proj.weight"] = torch.zeros(64, 64)
     save_file(state, str(d / "model.safetensors"))
-    _one_line(d, r"unexpected tensor model\.layers\.0\.mlp\.shared_expert\.gate_proj\.weight", "weights")
+    line = _refusal(
+        d, r"unexpected tensor model\.layers\.0\.mlp\.shared_expert\.gate_proj\.weight", "weights"
+    )
+    assert "\n" not in line and str(d) in line
 
 
 def test_cli_model_init_and_run(tmp_path, capsys) -> None:

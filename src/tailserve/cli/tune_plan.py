@@ -76,9 +76,8 @@ def run_plan(
         raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
     policy = policies[0]
     tps = _tps(args.plan_tps) if args.plan_tps else None
-    for tp in tps or ():
-        reason = unfit(deployment, tp) if args.gpus % tp == 0 else None
-        if reason:
+    if tps:
+        for tp, reason in unfit(deployment, [tp for tp in tps if args.gpus % tp == 0]).items():
             print(
                 f"tailserve: --plan-tps: TP {tp} left out: {reason.split(', try --tp')[0]}", file=sys.stderr
             )

@@ -87,9 +87,10 @@ def parallel_shapes(
     if expert_parallel not in ("off", "on", "both"):
         raise ValueError(f"--plan-ep must be off, on or both, got {expert_parallel!r}")
     spec = deployment.model_spec()
+    too_small = unfit(deployment, [tp for tp in tps if tp >= 1])
     shapes = []
     for tp in tps:
-        if tp < 1 or gpus % tp or spec.num_heads % tp or unfit(deployment, tp):
+        if tp < 1 or gpus % tp or spec.num_heads % tp or tp in too_small:
             continue
         ep_options = [False]
         if spec.is_moe and tp > 1 and expert_parallel != "off":
@@ -103,14 +104,17 @@ def parallel_shapes(
     return shapes
 
 
-def unfit(deployment: Deployment, tp: int) -> str | None:
-    """Why the model leaves no room for a KV cache at ``tp`` (the weights alone), else None."""
-    hardware = get_hardware(deployment.hardware)
-    try:
-        kv_capacity(deployment.model_spec(), hardware, tp, 0.9, 16, 8192)
-    except ValueError as error:
-        return str(error)
-    return None
+def unfit(deployment: Deployment, tps: list[int]) -> dict[int, str]:
+    """The TP degrees of ``tps`` at which the model leaves no room for a KV cache (the weights
+    alone), each with the reason."""
+    spec, hardware = deployment.model_spec(), get_hardware(deployment.hardware)
+    reasons = {}
+    for tp in tps:
+        try:
+            kv_capacity(spec, hardware, tp, 0.9, 16, 8192)
+        except ValueError as error:
+            reasons[tp] = str(error)
+    return reasons
 
 
 def base_rate(spec: WorkloadSpec) -> float:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tailserve.executors.simulated.deployment import Deployment
@@ -10,17 +11,32 @@ from tailserve.executors.simulated.models import HF_REPOS, get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
 
-def _formats(deployment: Deployment, quant_flag: str, kv_flag: str | None, kv_fp8: str) -> list[str]:
-    """Online FP8 quantization and an FP8 KV cache in the engine's spelling. Other formats
-    (block-scaled FP8, AWQ/GPTQ, MXFP4, NVFP4) come with their checkpoints, which the engines
-    read from config.json: no flag."""
+@dataclass(frozen=True, slots=True)
+class _FormatFlags:
+    """How an engine spells a deployment's formats and expert parallelism on its command line."""
+
+    quantize: str  # online FP8 quantization
+    kv_cache: str | None = None  # the KV cache's format, with FP8 spelled as ``kv_fp8``
+    kv_fp8: str = ""
+    expert_parallel: str | None = None  # ``{tp}`` becomes the TP degree
+
+
+VLLM_FLAGS = _FormatFlags("--quantization", "--kv-cache-dtype", "fp8", "--enable-expert-parallel")
+SGLANG_FLAGS = _FormatFlags("--quantization", "--kv-cache-dtype", "fp8_e4m3", "--ep-size {tp}")
+TGI_FLAGS = _FormatFlags("--quantize")
+
+
+def _formats(deployment: Deployment, flags: _FormatFlags) -> list[str]:
+    """Online FP8 quantization, an FP8 KV cache and expert parallelism in the engine's spelling.
+    Other formats (block-scaled FP8, AWQ/GPTQ, MXFP4, NVFP4) come with their checkpoints, which
+    the engines read from config.json: no flag."""
     parts = []
     if deployment.quantization == "fp8":
-        parts.append(f"{quant_flag} fp8")
-    if kv_flag and deployment.kv_cache_dtype == "fp8":
-        parts.append(f"{kv_flag} {kv_fp8}")
-    if deployment.expert_parallel and kv_flag:  # vLLM and SGLang name it alike
-        parts.append("--enable-expert-parallel" if kv_fp8 == "fp8" else "--ep-size " + str(deployment.tp))
+        parts.append(f"{flags.quantize} fp8")
+    if flags.kv_cache and deployment.kv_cache_dtype == "fp8":
+        parts.append(f"{flags.kv_cache} {flags.kv_fp8}")
+    if flags.expert_parallel and deployment.expert_parallel:
+        parts.append(flags.expert_parallel.format(tp=deployment.tp))
     return parts
 
 
@@ -39,7 +55,7 @@ def command_line(
             parts.insert(0, "VLLM_USE_V1=0")  # vLLM <= 0.10 still ships the V0 engine behind this
         if tp > 1:
             parts.append(f"--tensor-parallel-size {tp}")
-        parts += _formats(deployment, "--quantization", "--kv-cache-dtype", "fp8")
+        parts += _formats(deployment, VLLM_FLAGS)
         parts += [
             f"--max-num-batched-tokens {config.max_num_batched_tokens}",
             f"--max-num-seqs {config.max_num_seqs}",
@@ -57,7 +73,7 @@ def command_line(
         parts = ["python -m sglang.launch_server", f"--model-path {model}"]
         if tp > 1:
             parts.append(f"--tp {tp}")
-        parts += _formats(deployment, "--quantization", "--kv-cache-dtype", "fp8_e4m3")
+        parts += _formats(deployment, SGLANG_FLAGS)
         parts += [
             f"--chunked-prefill-size {config.chunked_prefill_size}",
             f"--schedule-policy {config.schedule_policy}",
@@ -71,7 +87,7 @@ def command_line(
         parts = ["text-generation-launcher", f"--model-id {model}"]
         if tp > 1:
             parts.append(f"--num-shard {tp}")
-        parts += _formats(deployment, "--quantize", None, "")
+        parts += _formats(deployment, TGI_FLAGS)
         parts += [
             f"--max-batch-prefill-tokens {config.max_batch_prefill_tokens}",
             f"--waiting-served-ratio {config.waiting_served_ratio:g}",

@@ -25,6 +25,19 @@ from safetensors.torch import save_file
 
 from tailserve.executors.pytorch.loader import DTYPES, ModelConfig, expected_tensor_shapes
 
+# The MoE presets' shared shapes (Mixtral's layout; the Qwen3-MoE preset adds its own fields).
+_TINY_MOE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 8192,
+    "max_position_embeddings": 2048,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
+
 # Shapes only; head_dim defaults to hidden_size // num_attention_heads.
 PRESETS: dict[str, dict[str, Any]] = {
     # The peer-engine reference model (../shared/reference/peer-engines-cpu.md): 20,976,128 params.
@@ -48,28 +61,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 4096,
     },
     # Mixtral layout: every layer a sparse MoE block of 8 experts, 2 per token: 1,886,784 params.
-    "tiny-moe": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 8192,
-        "max_position_embeddings": 2048,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-    },
+    "tiny-moe": _TINY_MOE,
     # Qwen3-MoE layout: q/k norms, 8 experts of 64, top-2 renormalised, layer 1 dense.
     "tiny-qwen3-moe": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 8192,
-        "max_position_embeddings": 2048,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
+        **_TINY_MOE,
         "moe_intermediate_size": 64,
         "norm_topk_prob": True,
         "mlp_only_layers": [1],

@@ -41,7 +41,7 @@ import numpy as np
 from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
 from tailserve.executors.simulated.hardware import MOE_GENERIC, Hardware
 from tailserve.executors.simulated.models import ModelSpec
-from tailserve.executors.simulated.moe import grouped_gemm_time, touched_experts
+from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
 from tailserve.executors.simulated.precision import get_precision
 
 __all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "join", "padded_tokens"]
@@ -304,7 +304,7 @@ class CostModel:
 
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
         eff = self.efficiency
-        experts = self._experts(num_tokens) if self._moe_rate else 0.0
+        experts = self._experts(num_tokens) if self.model.is_moe else 0.0
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
             # The plain roofline: every GEMM in one max (the model before the fitted curves).
             if self._gemm_flops_rate != self._flops_rate:
@@ -343,10 +343,13 @@ class CostModel:
         return layers + self._num_gemms * eff.gemm_latency + head + experts + num_tokens * eff.per_token
 
     def _experts(self, num_tokens: int) -> float:
-        """The routed experts of every MoE layer (``moe.py``): experts split over the TP ranks
-        (vLLM's default without ``--enable-expert-parallel``)."""
+        """The routed experts of every MoE layer (``moe.py``): each expert sliced over the TP
+        ranks, or whole on ``1 / tp`` of them with ``expert_parallel``; the fused MoE kernel's
+        rates and fixed time per layer (``hardware.MoeKernel``)."""
+        if num_tokens <= 0:
+            return 0.0
         m, eff = self.model, self.efficiency
-        return m.num_moe_layers * grouped_gemm_time(
+        flops, moved = grouped_gemm_parts(
             num_tokens,
             m.num_experts,
             m.experts_per_token,
@@ -354,14 +357,12 @@ class CostModel:
             m.moe_intermediate_size,
             weight_bytes=m.expert_bytes_per_param,
             act_bytes=m.dtype_bytes,
-            flops_rate=self._moe_rate,
-            byte_rate=self._moe_byte_rate,
-            sharpness=eff.sharpness,
             tile_m=eff.tile_m,
-            fixed_s=self._moe_fixed,
             moe_tp=1 if self.expert_parallel else self.tp,
             ep=self.tp if self.expert_parallel else 1,
         )
+        layer = join(flops / self._moe_rate, moved / self._moe_byte_rate, eff.sharpness) + self._moe_fixed
+        return m.num_moe_layers * layer
 
     def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:
         """One GEMM in the wave form (gemm.py): ``rows`` x K times K x N, plus ``extra_bytes``."""

@@ -110,9 +110,6 @@ class Hardware:
             return self.peak_flops
         return dict(self.peak_flops_by_dtype).get(compute, self.peak_flops)
 
-    def formats(self) -> list[str]:
-        return ["bf16", *(name for name, _ in self.peak_flops_by_dtype)]
-
     def allreduce_latency_at(self, tp: int) -> float:
         return dict(self.allreduce_latency_by_tp).get(tp, self.allreduce_latency)
 

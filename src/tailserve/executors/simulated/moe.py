@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from tailserve.executors.simulated.gemm import join, padded_tokens
+from tailserve.executors.simulated.gemm import padded_tokens
 
 
 def touched_experts(num_tokens: int, num_experts: int, k: int) -> float:
@@ -63,32 +63,3 @@ def grouped_gemm_parts(
     flops = 2.0 * touched * rows * params
     moved = touched * params * weight_bytes + routed * act_bytes * (2.0 * hidden + 3.0 * inter / moe_tp)
     return flops, moved
-
-
-def grouped_gemm_time(
-    num_tokens: int,
-    num_experts: int,
-    k: int,
-    hidden: int,
-    inter: int,
-    *,
-    weight_bytes: float,
-    act_bytes: float,
-    flops_rate: float,
-    byte_rate: float,
-    sharpness: float,
-    tile_m: int,
-    fixed_s: float,
-    moe_tp: int = 1,
-    ep: int = 1,
-) -> float:
-    """Seconds one MoE layer's routed experts take on one GPU (``weight_bytes`` per parameter,
-    scales included; ``flops_rate`` and ``byte_rate`` with their efficiencies applied; ``fixed_s``
-    the layer's fixed time: launches, routing, the permutation of rows)."""
-    if num_tokens <= 0:
-        return 0.0
-    flops, moved = grouped_gemm_parts(
-        num_tokens, num_experts, k, hidden, inter,
-        weight_bytes=weight_bytes, act_bytes=act_bytes, tile_m=tile_m, moe_tp=moe_tp, ep=ep,
-    )  # fmt: skip
-    return join(flops / flops_rate, moved / byte_rate, sharpness) + fixed_s
