@@ -11,7 +11,7 @@ import pytest
 
 from tailserve.cli import main
 from tailserve.engines.command import parse_launch
-from tailserve.engines.flag_spec import NO_OP, NOT_MODELLED, OTHER, REFUSED, SCHEDULING, UNKNOWN
+from tailserve.engines.flag_spec import NO_OP, NOT_MODELLED, OTHER, SCHEDULING, UNKNOWN
 from tailserve.engines.lint import VERSIONS, lint
 from tailserve.engines.translate import translate
 from tailserve.executors.simulated.hardware import get_hardware
@@ -33,9 +33,17 @@ def rows(report):
     [
         ("vllm serve meta-llama/Meta-Llama-3-8B --max-num-seqs 8", "vllm", "meta-llama/Meta-Llama-3-8B"),
         ("python -m vllm.entrypoints.openai.api_server --model Llama-3-8B", "vllm", "Llama-3-8B"),
-        ("CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B", "sglang", "Qwen/Qwen3-8B"),
+        (
+            "CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B",
+            "sglang",
+            "Qwen/Qwen3-8B",
+        ),
         ("sglang serve --model Qwen/Qwen3-8B", "sglang", "Qwen/Qwen3-8B"),
-        ("trtllm-serve serve meta-llama/Llama-3.1-8B --max_batch_size 8", "trtllm", "meta-llama/Llama-3.1-8B"),
+        (
+            "trtllm-serve serve meta-llama/Llama-3.1-8B --max_batch_size 8",
+            "trtllm",
+            "meta-llama/Llama-3.1-8B",
+        ),
         ("/usr/bin/trtllm-serve meta-llama/Llama-3.1-8B", "trtllm", "meta-llama/Llama-3.1-8B"),
         ("env VLLM_USE_V1=1 vllm serve \\\n  Llama-3-8B \\\n  --max-num-seqs 8", "vllm", "Llama-3-8B"),
     ],
@@ -46,7 +54,9 @@ def test_each_launch_form_names_its_engine_and_model(text, engine, model):
 
 
 def test_flag_spellings_as_vllm_reads_them():
-    report = lint("vllm serve M --max_num_seqs=64 --max-num-batched-tokens=1e3 --no-enable-prefix-caching -tp 2")
+    report = lint(
+        "vllm serve M --max_num_seqs=64 --max-num-batched-tokens=1e3 --no-enable-prefix-caching -tp 2"
+    )
     assert report.values == {
         "model": "M", "max_num_seqs": 64, "max_num_batched_tokens": 1000,
         "enable_prefix_caching": False, "tensor_parallel_size": 2,
@@ -62,7 +72,10 @@ def test_sglang_takes_abbreviations_and_refuses_underscores():
 
 def test_trtllm_takes_its_underscores_only():
     got = rows(lint("trtllm-serve M --max-batch-size 8 --tp_size 2"))
-    assert got["--max-batch-size"].verdict == UNKNOWN and "did you mean --max_batch_size?" in got["--max-batch-size"].what
+    assert (
+        got["--max-batch-size"].verdict == UNKNOWN
+        and "did you mean --max_batch_size?" in got["--max-batch-size"].what
+    )
     assert got["--tp_size"].value == 2
 
 
@@ -95,7 +108,9 @@ def test_partial_prefill_limits_by_version():
 def test_swap_space_does_nothing_on_v1():
     assert rows(lint("vllm serve M --swap-space 8", "0.11.0"))["--swap-space"].verdict == NO_OP
     assert rows(lint("vllm serve M --swap-space 8", "0.8.5"))["--swap-space"].verdict == NO_OP
-    assert rows(lint("VLLM_USE_V1=0 vllm serve M --swap-space 8", "0.8.5"))["--swap-space"].verdict == SCHEDULING
+    assert (
+        rows(lint("VLLM_USE_V1=0 vllm serve M --swap-space 8", "0.8.5"))["--swap-space"].verdict == SCHEDULING
+    )
 
 
 def test_vllm_0_8_5_v1_always_chunks_and_falls_back_to_v0_for_v0_flags():
@@ -188,7 +203,10 @@ def test_translation_is_what_one_would_type():
     report = lint("vllm serve meta-llama/Meta-Llama-3-8B -tp 2 --max-num-batched-tokens 2048 --max-num-seqs 64 "
                   "--no-enable-prefix-caching --block-size 32 --stream-interval 4 --kv-cache-dtype fp8")  # fmt: skip
     t = translate(report, H100)
-    assert t.spec.label == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,block_size=32"
+    assert (
+        t.spec.label
+        == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,block_size=32"
+    )
     assert t.deployment == {"model": "meta-llama/Meta-Llama-3-8B", "tp": 2, "kv_cache_dtype": "fp8"}
     assert t.ignored == ("--stream-interval (not modelled)",)
 
@@ -196,9 +214,15 @@ def test_translation_is_what_one_would_type():
 def test_translation_carries_version_behaviour():
     # 0.11's V1 admits on the first chunk's blocks, and has no 160 GiB budget tier.
     t = translate(lint("vllm serve M", "0.11.0"), B200)
-    assert t.spec.flags == {"scheduler_reserve_full_isl": False, "max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    assert t.spec.flags == {
+        "scheduler_reserve_full_isl": False,
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs": 1024,
+    }
     assert translate(lint("vllm serve M"), B200).spec.flags == {}
-    sglang = translate(lint("sglang serve --model M --tp 4 --ep-size 4 --context-length 4096 --page-size 16"), H100)
+    sglang = translate(
+        lint("sglang serve --model M --tp 4 --ep-size 4 --context-length 4096 --page-size 16"), H100
+    )
     assert sglang.spec.label == "sglang:max_model_len=4096,block_size=16"
     assert sglang.deployment == {"model": "M", "tp": 4, "expert_parallel": True}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 from tailserve.cli.base import CliError
 
 ENGINE_CMD_HELP = (
@@ -41,16 +42,24 @@ def apply_engine_cmd(args: argparse.Namespace) -> None:
     from tailserve.executors.simulated.hardware import get_hardware
 
     if args.policy_flags or args.policy != "vllm":
-        given = ", ".join(["--policy"] * (args.policy != "vllm") + [f"--{f.replace('_', '-')}" for f in args.policy_flags])
-        raise CliError(f"--engine-cmd sets the policy and its flags: drop {given} or put it in the engine command")
+        given = ", ".join(
+            ["--policy"] * (args.policy != "vllm") + [f"--{f.replace('_', '-')}" for f in args.policy_flags]
+        )
+        raise CliError(
+            f"--engine-cmd sets the policy and its flags: drop {given} or put it in the engine command"
+        )
     report = lint(args.engine_cmd, args.engine_version)
     device = get_hardware(args.hardware).device_info
     translation = translate(report, device)
     deployment = translation.deployment
     if "model" not in deployment:
-        raise CliError("--engine-cmd names no model: add it as the engine takes it (vllm serve MODEL, --model-path MODEL)")
+        raise CliError(
+            "--engine-cmd names no model: add it as the engine takes it (vllm serve MODEL, --model-path MODEL)"
+        )
     if args.tp is not None and args.tp != deployment.get("tp", 1):
-        raise CliError(f"--tp {args.tp} and the engine command's TP {deployment.get('tp', 1)} differ: give it once")
+        raise CliError(
+            f"--tp {args.tp} and the engine command's TP {deployment.get('tp', 1)} differ: give it once"
+        )
     args.model = deployment["model"]
     args.tp = deployment.get("tp", 1)
     for key in ("quantization", "kv_cache_dtype"):

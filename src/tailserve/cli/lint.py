@@ -22,7 +22,9 @@ _STYLE = {"no-op": "yellow", "refused": "red", "unknown": "red", "not modelled":
 
 
 def add_parser(sub: Any) -> None:
-    versions = "; ".join(f"{ENGINE_NAMES[e]} {', '.join(v.version for v in vs)}" for e, vs in VERSIONS.items())
+    versions = "; ".join(
+        f"{ENGINE_NAMES[e]} {', '.join(v.version for v in vs)}" for e, vs in VERSIONS.items()
+    )
     p = sub.add_parser(
         "lint",
         help="what each flag of an engine launch line does, which do nothing, which conflict (exit 1 "
@@ -83,7 +85,9 @@ def print_report(report: Report) -> None:
     console.print(policy)
     if report.refused:
         fatal = len([r for r in report.rows if r.verdict in FATAL]) + len(report.conflicts)
-        console.print(f"[red]{engine} would not start with this line[/red] ({fatal} problem{'s' * (fatal > 1)})")
+        console.print(
+            f"[red]{engine} would not start with this line[/red] ({fatal} problem{'s' * (fatal > 1)})"
+        )
 
 
 def to_json(report: Report) -> dict[str, Any]:
@@ -95,12 +99,17 @@ def to_json(report: Report) -> dict[str, Any]:
         "policy_why": report.policy_why,
         "refused": report.refused,
         "flags": [
-            {"flag": r.flag, "name": r.name, "value": r.value, "verdict": r.verdict, "what": r.what, "source": r.source}
+            {
+                "flag": r.flag,
+                "name": r.name,
+                "value": r.value,
+                "verdict": r.verdict,
+                "what": r.what,
+                "source": r.source,
+            }
             for r in report.rows
         ],
-        "conflicts": [
-            {"flags": list(f.flags), "what": f.what, "source": f.source} for f in report.conflicts
-        ],
+        "conflicts": [{"flags": list(f.flags), "what": f.what, "source": f.source} for f in report.conflicts],
     }
 
 

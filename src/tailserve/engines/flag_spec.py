@@ -133,7 +133,9 @@ class EngineVersion:
         return self.policy, ""
 
 
-def table(*specs: FlagSpec, replace: tuple[FlagSpec, ...] = (), drop: tuple[str, ...] = ()) -> tuple[FlagSpec, ...]:
+def table(
+    *specs: FlagSpec, replace: tuple[FlagSpec, ...] = (), drop: tuple[str, ...] = ()
+) -> tuple[FlagSpec, ...]:
     """A version's table from a shared one: ``replace`` rows by name, ``drop`` names."""
     by_name = {s.name: s for s in specs if s.name not in drop}
     for spec in replace:

@@ -20,8 +20,8 @@ from tailserve.engines.flag_spec import (
     REFUSED,
     UNKNOWN,
     EngineVersion,
-    FlagSpec,
     Finding,
+    FlagSpec,
     Given,
 )
 
@@ -105,13 +105,17 @@ def lint(text: str, version: str | None = None) -> Report:
             if gone is not None:
                 rows.append(Row(flag.typed, None, flag.value, UNKNOWN, f"{what}; {gone[0]}", gone[1]))
             else:
-                rows.append(Row(flag.typed, None, flag.value, UNKNOWN, _with(what, flag.note), _known_source(table)))
+                rows.append(
+                    Row(flag.typed, None, flag.value, UNKNOWN, _with(what, flag.note), _known_source(table))
+                )
             continue
         spec = table.spec(flag.name)
         if spec is None:
             value = True if flag.value is None else flag.value
             what = "no scheduling effect tailserve reads"
-            rows.append(Row(flag.typed, flag.name, value, OTHER, _with(what, flag.note), _known_source(table)))
+            rows.append(
+                Row(flag.typed, flag.name, value, OTHER, _with(what, flag.note), _known_source(table))
+            )
             continue
         value = _typed(flag.typed, spec, flag.value, flag.negated)
         if spec.target == "deployment.model":

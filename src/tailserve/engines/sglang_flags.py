@@ -16,8 +16,8 @@ from tailserve.engines.flag_spec import (
     REFUSED,
     SCHEDULING,
     EngineVersion,
-    FlagSpec,
     Finding,
+    FlagSpec,
     Given,
 )
 

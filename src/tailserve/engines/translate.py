@@ -35,7 +35,9 @@ class Translation:
         engine = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
         why = f" ({report.policy_why})" if report.policy_why else ""
         deployment = " ".join(
-            _option(k) if v is True else f"{_option(k)} {v}" for k, v in self.deployment.items() if v not in ("", False)
+            _option(k) if v is True else f"{_option(k)} {v}"
+            for k, v in self.deployment.items()
+            if v not in ("", False)
         )
         text = f"{engine}{why}: --policy {self.spec.label}" + (f" {deployment}" if deployment else "")
         if self.ignored:
@@ -47,7 +49,9 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     """The policy spec and deployment of ``report``'s line; ValueError (one line) for a line the
     engine would refuse, or a policy this tailserve does not have."""
     if report.refused:
-        raise ValueError(f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)")
+        raise ValueError(
+            f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)"
+        )
     if report.policy not in POLICIES:
         raise ValueError(
             f"the {report.policy} policy is not available in this tailserve; `tailserve lint` still reads "
@@ -82,7 +86,9 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
             flags[name] = value  # how this version's scheduler behaves where the policy's default differs
     if report.engine == "vllm" and report.policy == "vllm" and device is not None:
         flags = _vllm_batch_defaults(report, device, flags)
-    return Translation(PolicySpec.make(report.policy, {**flags, **engine}), deployment, tuple(taken), tuple(ignored))
+    return Translation(
+        PolicySpec.make(report.policy, {**flags, **engine}), deployment, tuple(taken), tuple(ignored)
+    )
 
 
 def _deployment(key: str, value: Any, sofar: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +100,9 @@ def _deployment(key: str, value: Any, sofar: dict[str, Any]) -> dict[str, Any]:
         # when it equals the TP degree; tailserve has no other expert layout.
         tp = sofar.get("tp", 1)
         if value not in (1, tp):
-            raise ValueError(f"expert parallel size {value} with TP {tp}: tailserve splits experts over the TP ranks only")
+            raise ValueError(
+                f"expert parallel size {value} with TP {tp}: tailserve splits experts over the TP ranks only"
+            )
         return {key: value == tp and value > 1}
     return {key: value}
 

@@ -18,8 +18,8 @@ from tailserve.engines.flag_spec import (
     REFUSED,
     SCHEDULING,
     EngineVersion,
-    FlagSpec,
     Finding,
+    FlagSpec,
     Given,
     table,
 )
@@ -368,8 +368,12 @@ def _v1_only_rule(given: Given) -> list[Finding]:
 
 def _fallback_rule(given: Given) -> list[Finding]:
     return [
-        Finding((name,), SCHEDULING, "vLLM 0.8.5 falls back to its V0 engine for this flag",
-                _at(AU, V0_FALLBACK[name][0], V085))
+        Finding(
+            (name,),
+            SCHEDULING,
+            "vLLM 0.8.5 falls back to its V0 engine for this flag",
+            _at(AU, V0_FALLBACK[name][0], V085),
+        )
         for name in _v0_reasons(given, given.env)
         if name in V0_FALLBACK
     ]
