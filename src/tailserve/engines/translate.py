@@ -1,0 +1,134 @@
+"""A linted launch line as tailserve's own settings: the policy spec and the deployment.
+
+The mapping is generic: tailserve's policy config fields are the engines' flag names, so a
+scheduling flag whose name (or table ``target``) is a field of the chosen policy's config passes
+through as it is, and a field added to a policy later is picked up without a change here; one
+the policy lacks is reported as not modelled. Engine-wide flags (``block_size``,
+``gpu_memory_utilization``, ``max_model_len``) go to the spec's engine flags, the model, TP,
+formats and expert parallelism to the ``Deployment``. The GPU is not on a launch line: it stays
+tailserve's ``--hardware``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.engines import vllm_flags
+from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
+from tailserve.engines.lint import ENGINE_NAMES, Report
+from tailserve.policies.registry import ENGINE_FLAGS, POLICIES, PolicySpec, policy_flags
+
+_FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    spec: PolicySpec
+    deployment: dict[str, Any] = field(default_factory=dict)  # model, tp, quantization, ...
+    taken: tuple[str, ...] = ()  # flags taken into the spec or the deployment, as typed
+    ignored: tuple[str, ...] = ()  # "--flag (verdict)" for the flags the simulation leaves out
+
+    def summary(self, report: Report) -> str:
+        """One line: what was taken from the command and what was left out."""
+        engine = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
+        why = f" ({report.policy_why})" if report.policy_why else ""
+        deployment = " ".join(
+            _option(k) if v is True else f"{_option(k)} {v}"
+            for k, v in self.deployment.items()
+            if v not in ("", False)
+        )
+        text = f"{engine}{why}: --policy {self.spec.label}" + (f" {deployment}" if deployment else "")
+        if self.ignored:
+            text += f"; not simulated: {', '.join(self.ignored)}"
+        return text
+
+
+def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
+    """The policy spec and deployment of ``report``'s line; ValueError (one line) for a line the
+    engine would refuse, or a policy this tailserve does not have."""
+    if report.refused:
+        raise ValueError(
+            f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)"
+        )
+    if report.policy not in POLICIES:
+        raise ValueError(
+            f"the {report.policy} policy is not available in this tailserve; `tailserve lint` still reads "
+            f"{ENGINE_NAMES[report.engine]} lines (policies: {', '.join(POLICIES)})"
+        )
+    fields = policy_flags(POLICIES[report.policy])
+    flags: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    deployment: dict[str, Any] = {}
+    taken: list[str] = []
+    ignored: list[str] = []
+    for row in report.rows:
+        if row.verdict in (NO_OP, NOT_MODELLED):
+            ignored.append(f"{row.flag} ({row.verdict})")
+            continue
+        if row.verdict not in (SCHEDULING, DEPLOYMENT) or row.name is None:
+            continue  # --host and the like
+        spec = report.version.spec(row.name)
+        target = spec.feeds if spec is not None else "deployment.model"
+        if target.startswith("deployment."):
+            deployment.update(_deployment(target.removeprefix("deployment."), row.value, deployment))
+        elif target in fields:
+            flags[target] = row.value
+        elif target in ENGINE_FLAGS:
+            engine[target] = row.value
+        else:
+            ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
+            continue
+        taken.append(row.flag)
+    for name, value in report.version.policy_defaults.items():
+        if name in fields and name not in flags:
+            flags[name] = value  # how this version's scheduler behaves where the policy's default differs
+    if report.engine == "vllm" and report.policy == "vllm" and device is not None:
+        flags = _vllm_batch_defaults(report, device, flags)
+    return Translation(
+        PolicySpec.make(report.policy, {**flags, **engine}), deployment, tuple(taken), tuple(ignored)
+    )
+
+
+def _deployment(key: str, value: Any, sofar: dict[str, Any]) -> dict[str, Any]:
+    if key == "kv_cache_dtype":
+        text = str(value).lower()
+        return {key: "" if text == "auto" else "fp8" if text in _FP8_KV else text}
+    if key == "expert_parallel" and not isinstance(value, bool):
+        # SGLang's --ep-size / TensorRT-LLM's --ep_size: experts split whole over the TP ranks
+        # when it equals the TP degree; tailserve has no other expert layout.
+        tp = sofar.get("tp", 1)
+        if value not in (1, tp):
+            raise ValueError(
+                f"expert parallel size {value} with TP {tp}: tailserve splits experts over the TP ranks only"
+            )
+        return {key: value == tp and value > 1}
+    return {key: value}
+
+
+def _vllm_batch_defaults(report: Report, device: DeviceInfo, flags: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's GPU-dependent budget and max_num_seqs of this version, where they differ from
+    the ``vllm`` policy's (0.32's) on this GPU and the line does not set them."""
+    from tailserve.policies.vllm import device_batch_defaults
+
+    mine = vllm_flags.batch_defaults(report.version.version, device.memory_gib, device.is_a100)
+    if mine == device_batch_defaults(device) or report.values.get("enable_chunked_prefill") is False:
+        return flags
+    budget, seqs = mine
+    out = dict(flags)
+    out.setdefault("max_num_batched_tokens", budget)
+    out.setdefault("max_num_seqs", min(seqs, out["max_num_batched_tokens"]))
+    return out
+
+
+def _first_fatal(report: Report) -> str:
+    for row in report.rows:
+        if row.verdict in FATAL:
+            return f"{row.flag}: {row.what}"
+    finding = report.conflicts[0]
+    return f"{finding.what} ({finding.source})"
+
+
+def _option(key: str) -> str:
+    return {"expert_parallel": "--enable-expert-parallel"}.get(key, "--" + key.replace("_", "-"))
