@@ -6,8 +6,8 @@ NVIDIA/TensorRT-LLM repository: ``tensorrt_llm/_torch/pyexecutor/scheduler/sched
 schedulers), ``scheduler/waiting_queue.py`` (85942da5), ``executor_request_queue.py``,
 ``py_executor.py``, ``py_executor_creator.py``, ``_util.py``, ``cpp/tensorrt_llm/batch_manager/
 kvCacheManager.cpp``, ``cpp/include/tensorrt_llm/batch_manager/llmRequest.h``,
-``tensorrt_llm/llmapi/llm.py`` and ``llm_args.py``. Each rule cites its place; ``docs/policies.md``
-("`trtllm`") has them all, ``tests/test_trtllm.py`` a hand-worked case for each.
+``tensorrt_llm/llmapi/llm.py`` and ``llm_args.py``. Each rule cites its place (all of them:
+``docs/policies.md``, "`trtllm`"); ``tests/test_trtllm.py`` has a hand-worked case for each.
 
 One iteration of ``PyExecutor._executor_loop``:
 1. Fetch: requests move from the FCFS waiting queue into the *active* list (arrival order) until
