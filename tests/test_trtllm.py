@@ -51,7 +51,9 @@ def test_defaults_are_tensorrt_llms():
     # waiting_queue_policy fcfs; enable_chunked_prefill False; KvCacheConfig: enable_block_reuse
     # True, tokens_per_block 32, free_gpu_memory_fraction 0.9.
     config = TrtllmPolicy.default_config(H100, 8192)
-    assert config == TrtllmConfig(2048, 8192, "GUARANTEED_NO_EVICT", "FIRST_COME_FIRST_SERVED", False, True, "fcfs")
+    assert config == TrtllmConfig(
+        2048, 8192, "GUARANTEED_NO_EVICT", "FIRST_COME_FIRST_SERVED", False, True, "fcfs"
+    )
     assert TrtllmPolicy.default_block_size == 32
     assert TrtllmPolicy.default_gpu_memory_utilization == 0.9
     assert TrtllmPolicy.profile_tokens(config, 8192) == 8192  # profiled at max_num_tokens
@@ -82,7 +84,10 @@ def test_prompt_longer_than_max_num_tokens_is_refused_without_chunked_prefill():
     sched = _trt(max_num_tokens=8)
     request = _add(sched, "a", 9, 4)
     assert request.status is RequestStatus.FINISHED_REJECTED
-    assert request.status_reason == "The sum of prompt length (9), query length (0) should not exceed max_num_tokens (8)"
+    assert (
+        request.status_reason
+        == "The sum of prompt length (9), query length (0) should not exceed max_num_tokens (8)"
+    )
     chunked = _trt(max_num_tokens=8, enable_chunked_prefill=True)
     assert _add(chunked, "a", 9, 4).status is RequestStatus.WAITING
 
@@ -242,25 +247,25 @@ def test_a_context_sharing_its_first_new_block_waits_a_step_and_reuses_it():
     # beneficialToSkip: b's first uncached block is a's, so b waits; the step after, a's blocks
     # are stored (storeContextBlocks after the forward) and b starts past them.
     sched = _trt()
-    sched.add_request(token_request("a", PREFIX + [100, 101, 102], 4), 0.0)
-    b = token_request("b", PREFIX + [200, 201], 4)
+    sched.add_request(token_request("a", [*PREFIX, 100, 101, 102], 4), 0.0)
+    b = token_request("b", [*PREFIX, 200, 201], 4)
     sched.add_request(b, 0.0)
     assert grants(step(sched)) == [("a", 11, 0)]
     assert grants(step(sched)) == [("b", 2, 8), ("a", 1, 11)]
     assert b.num_cached_tokens == 8
     off = _trt(enable_block_reuse=False)
-    off.add_request(token_request("a", PREFIX + [100, 101, 102], 4), 0.0)
-    off.add_request(token_request("b", PREFIX + [200, 201], 4), 0.0)
+    off.add_request(token_request("a", [*PREFIX, 100, 101, 102], 4), 0.0)
+    off.add_request(token_request("b", [*PREFIX, 200, 201], 4), 0.0)
     assert grants(step(off)) == [("a", 11, 0), ("b", 10, 0)]
 
 
 def test_the_budget_is_charged_the_whole_prompt_before_the_prefix_is_found():
     # The match happens in addSequence, after the micro-batch charged the context all its tokens.
     sched = _trt(max_num_tokens=12)
-    sched.add_request(token_request("c0", PREFIX + [9], 1), 0.0)
+    sched.add_request(token_request("c0", [*PREFIX, 9], 1), 0.0)
     sched.add_request(token_request("a", [50, 51, 52], 10), 0.0)
     step(sched)  # c0 (9 tokens) and a (3) fill 12; c0 finishes, its two blocks stay cached
-    sched.add_request(token_request("b", PREFIX + [60, 61, 62, 63], 2), 0.0)
+    sched.add_request(token_request("b", [*PREFIX, 60, 61, 62, 63], 2), 0.0)
     assert grants(step(sched)) == [("a", 1, 3)]  # 1 + 12 > 12 although b would compute 4
 
 
@@ -276,7 +281,7 @@ def test_a_cached_prefix_moves_the_chunk_to_the_same_block_boundary():
     short = _trt(max_num_tokens=8, enable_chunked_prefill=True)
     short.add_request(token_request("c0", PREFIX, 1), 0.0)
     step(short)
-    short.add_request(token_request("b", PREFIX + [100, 101, 102, 103], 2), 0.0)
+    short.add_request(token_request("b", [*PREFIX, 100, 101, 102, 103], 2), 0.0)
     assert grants(step(short)) == [("b", 4, 8)]  # 8 + 8 >= 12: the rest of the prompt
 
 
@@ -303,7 +308,9 @@ def test_a_paused_prompt_past_max_num_tokens_trips_the_engines_assertion():
 
 
 def test_tune_prints_trtllm_serve_with_its_yaml():
-    spec = PolicySpec.make("trtllm", {"max_num_tokens": "4096", "capacity_scheduler_policy": "MAX_UTILIZATION"})
+    spec = PolicySpec.make(
+        "trtllm", {"max_num_tokens": "4096", "capacity_scheduler_policy": "MAX_UTILIZATION"}
+    )
     line = command_line(spec, Deployment.of("Llama-3-70B", "A100-80GB", 4), None, H100, 8192)
     assert line == (
         "echo '{enable_chunked_prefill: false, scheduler_config: {capacity_scheduler_policy: "

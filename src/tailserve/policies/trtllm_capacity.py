@@ -159,9 +159,7 @@ def max_utilization(
                 scheduled_blocks += need
                 i += 1
                 continue
-        victim = next(
-            (j for j in range(end - 1, i - 1, -1) if kv.num_held(active[j].request_id)), None
-        )
+        victim = next((j for j in range(end - 1, i - 1, -1) if kv.num_held(active[j].request_id)), None)
         if victim is None:
             break
         pause(active[victim])
