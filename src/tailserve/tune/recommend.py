@@ -45,6 +45,7 @@ KNOBS = {
     "sarathi": "chunk_size",
     "sglang": "chunked_prefill_size",
     "tgi": "max_batch_prefill_tokens",
+    "trtllm": "max_num_tokens",
 }
 
 
@@ -229,8 +230,12 @@ def _max_model_len(spec: PolicySpec, model_context: int) -> int:
 def _with_size(spec: PolicySpec, knob: str, size: int, device: Any, max_model_len: int) -> PolicySpec:
     """The policy at one budget, with what its engine then requires: vLLM rejects a budget below
     ``max_num_seqs`` (so the cap follows it down), and vLLM V0 without chunked prefill rejects a
-    budget below ``max_model_len`` (so smaller budgets switch chunked prefill on)."""
+    budget below ``max_model_len`` (so smaller budgets switch chunked prefill on), as TensorRT-LLM
+    refuses prompts longer than ``max_num_tokens`` without it (likewise)."""
     flags = {**spec.flags, knob: size}
+    if spec.name == "trtllm" and size < max_model_len and "enable_chunked_prefill" not in spec.flags:
+        # Without chunked prefill TensorRT-LLM refuses prompts longer than max_num_tokens.
+        flags["enable_chunked_prefill"] = True
     if spec.name in ("vllm", "vllm-v0"):
         if spec.name == "vllm-v0" and size < max_model_len and "enable_chunked_prefill" not in spec.flags:
             flags["enable_chunked_prefill"] = True
