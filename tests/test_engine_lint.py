@@ -183,7 +183,6 @@ def test_lint_exit_status(capsys):
         (["lint", "vllm serve M --scheduling-policy lifo"], "'lifo' is not one of fcfs, priority"),
         (["lint", "vllm serve 'M"], "cannot read the command line: No closing quotation"),
         (["lint", "vllm serve M", "--engine-version", "0.9"], "no table for vLLM 0.9; tailserve reads 0.8.5, 0.11.0, 0.32.0"),
-        (["simulate", "--engine-cmd", "trtllm-serve Llama-3-8B"], "the trtllm policy is not available"),
         (["simulate", "--engine-cmd", "vllm serve Llama-3-8B", "--max-num-seqs", "8"], "--engine-cmd sets the policy"),
         (["simulate", "--engine-cmd", "vllm serve Llama-3-8B --max-num-sqes 8"], "did you mean --max-num-seqs?"),
         (["simulate", "--engine-cmd", "vllm serve Llama-3-8B -tp 2", "--tp", "4"], "--tp 4 and the engine command's TP 2"),
@@ -286,3 +285,10 @@ def test_docs_list_every_flag_that_does_nothing():
 def test_parse_launch_keeps_the_environment():
     launch = parse_launch("VLLM_USE_V1=0 vllm serve M")
     assert launch.env == (("VLLM_USE_V1", "0"),) and launch.words == ("M",)
+
+
+def test_a_trtllm_serve_line_runs_the_trtllm_policy(capsys):
+    line = "trtllm-serve Llama-3-8B --max_batch_size 64 --max_num_tokens 4096 --enable_chunked_prefill"
+    assert main(["simulate", "--workload", "chat", "--num-requests", "20", "--engine-cmd", line]) == 0
+    err = capsys.readouterr().err
+    assert "--policy trtllm:max_batch_size=64,max_num_tokens=4096,enable_chunked_prefill=True" in err
