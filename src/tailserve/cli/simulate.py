@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from tailserve.cli.base import CliError, write_json
-from tailserve.cli.cluster import add_cluster_arguments, cluster_requested, run_cluster
+from tailserve.cli.cluster import add_cluster_arguments, cluster_requested, run_cluster, run_data_parallel
 from tailserve.cli.options import (
     add_deployment_args,
     add_output_args,
@@ -55,6 +55,8 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.dp > 1:  # the engine's DP ranks: docs/cost_model.md, cluster/dp_group.py
+        return run_data_parallel(args)
     if cluster_requested(args):  # --replicas, --cluster or a P/D split: docs/cluster.md
         return run_cluster(args)
     from tailserve.policies.registry import PolicySpec
