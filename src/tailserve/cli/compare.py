@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from tailserve.cli.base import write_json
+from tailserve.cli.base import CliError, write_json
 from tailserve.cli.options import (
     add_deployment_args,
     add_output_args,
@@ -52,6 +52,11 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if getattr(args, "dp", 1) > 1:
+        raise CliError(
+            "--data-parallel-size runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or "
+            "--gpus N --plan-dp); `compare` prices one engine"
+        )
     from tailserve.policies.registry import parse_policy_list
 
     built = build_cost_model(deployment_from(args))

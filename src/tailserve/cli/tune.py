@@ -159,6 +159,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
     )
+    if deployment.dp > 1:
+        # One engine of DP ranks: its capacity, as a plan of that one layout (tune/cluster_plan.py)
+        if args.gpus is not None and args.gpus != deployment.gpus:
+            raise CliError(
+                f"--gpus {args.gpus} with --data-parallel-size {deployment.dp} x --tp {deployment.tp}: "
+                f"the engine takes {deployment.gpus} GPUs (or plan DP sizes with --gpus N --plan-dp)"
+            )
+        args.gpus = deployment.gpus
+        return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     if args.gpus is not None:
         return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     # A workload without a rate to search is refused before a results file is made or named.

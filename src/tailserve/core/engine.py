@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tailserve.core.executor import Executor
+from tailserve.core.executor import Executor, StepResult
 from tailserve.core.finished_store import FinishedStore
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.iteration_log import BatchRecord, IterationLog
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.core.source import RequestSource
 
 
@@ -102,6 +103,18 @@ class Engine:
 
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
+        pending = self.schedule_step()
+        if pending is None:
+            return self._idle()
+        self.complete_step(pending, self.executor.execute(pending[0]))
+        return True
+
+    def schedule_step(self) -> tuple[SchedulerOutput, float, int, bool] | None:
+        """An iteration's first half: arrivals added, the batch scheduled. Returns (the batch,
+        its start, the KV blocks used before it ran, whether the policy aborted requests), or
+        None when nothing was scheduled. ``step`` runs it, then the executor, then
+        ``complete_step``; a driver that times several engines' batches together (the
+        data-parallel group, cluster/dp_group.py) calls the halves itself."""
         sched = self.scheduler
         start = self.clock.now
         self.add_arrivals(start)
@@ -112,11 +125,15 @@ class Engine:
             self.source.on_finish(request, start)
         if out.is_empty:
             self._last_step_finished = bool(ended)
-            return self._idle()
+            return None
         if self._block_ids:
             sched.add_block_ids(out)
-        num_used_blocks = sched.kv_cache.num_used_blocks
-        result = self.executor.execute(out)
+        return out, start, sched.kv_cache.num_used_blocks, bool(ended)
+
+    def complete_step(self, pending: tuple[SchedulerOutput, float, int, bool], result: StepResult) -> None:
+        """An iteration's second half: the clock moves by its duration, the scheduler updates."""
+        out, start, num_used_blocks, ended = pending
+        sched = self.scheduler
         self.clock.advance(result.duration)
         now = self.clock.now
         finished = sched.update(out, result, now)
@@ -133,10 +150,9 @@ class Engine:
         if self.batches is not None:
             self.batches.record(start, now - start, out, num_used_blocks, sched)
         self.finish_step(finished, now)
-        self._last_step_finished |= bool(ended)
+        self._last_step_finished |= ended
         if self.options.check_integrity:
             self.check_integrity()
-        return True
 
     @property
     def last_step_finished(self) -> bool:
