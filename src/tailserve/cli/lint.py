@@ -110,6 +110,7 @@ def to_json(report: Report) -> dict[str, Any]:
             for r in report.rows
         ],
         "conflicts": [{"flags": list(f.flags), "what": f.what, "source": f.source} for f in report.conflicts],
+        "unread": list(report.unread),  # options files the line names that are not there
     }
 
 

@@ -3,7 +3,9 @@
 A table row (``FlagSpec``) says what the flag does for scheduling, whether tailserve simulates it,
 and the engine source line (or issue) that says so. Verdicts that depend on other flags or on the
 value (``--prefill-schedule-interval`` acts only with data parallelism) are ``Rule``s: functions
-of the typed flags given, each with its own source.
+of the typed flags given, each with its own source. A file of options a flag names (TensorRT-LLM's
+``--extra_llm_api_options`` YAML) has a table of its own keys (``OptionsFile``), and each key given
+is one ``Row`` beside the flags'.
 """
 
 from __future__ import annotations
@@ -52,6 +54,41 @@ class FlagSpec:
     @property
     def feeds(self) -> str:
         return self.target or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One flag of a line, or one key of an options file it names: as shown, its name (the
+    table's underscore name or the key's dotted path; None when the engine has none), its typed
+    value, verdict, what it does, where that is written, and the tailserve name it feeds
+    (``FlagSpec.feeds``; "" for rows that feed nothing)."""
+
+    flag: str
+    name: str | None
+    value: Any
+    verdict: str
+    what: str
+    source: str
+    feeds: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OptionsFile:
+    """A file of engine options that a flag names, read as the engine reads it: its keys' table
+    (``keys``, by dotted path: ``scheduler_config.capacity_scheduler_policy``), the sections read
+    key by key (the rest are one row each, whatever they hold), which command-line flags the file
+    overrides and where the engine says so, and every key its validation takes
+    (``known/ENGINE-VERSION-options.txt``)."""
+
+    flag: str  # the table name of the flag that names the file
+    keys: tuple[FlagSpec, ...]
+    sections: tuple[str, ...]
+    overrides: Mapping[str, str]  # command-line flag (table name) -> the key that wins over it
+    precedence: str  # the engine source that applies the file over the flags
+    refuses: str  # the engine source that refuses a key it does not know
+
+    def spec(self, key: str) -> FlagSpec | None:
+        return next((spec for spec in self.keys if spec.name == key), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +144,7 @@ class EngineVersion:
     positional: str = ""  # the source of a positional MODEL argument, when the entry point takes one
     # flags of earlier versions this one's parser refuses: name -> (what happened, source)
     removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    options_file: OptionsFile | None = None  # a file of options one of its flags names
 
     def spec(self, name: str) -> FlagSpec | None:
         return next((spec for spec in self.flags if spec.name == name), None)
@@ -121,6 +159,17 @@ class EngineVersion:
             names.add(self.option(spec.name))
             names.update(spec.aliases)
         return frozenset(names)
+
+    def known_keys(self) -> frozenset[str]:
+        """Every key of the options file the engine's validation takes
+        (``known/ENGINE-VERSION-options.txt``), plus the file table's own."""
+        if self.options_file is None:
+            return frozenset()
+        text = resources.files("tailserve.engines").joinpath(
+            f"known/{self.engine}-{self.version}-options.txt"
+        )
+        names = {line.strip() for line in text.read_text().splitlines() if line.strip()}
+        return frozenset(names | {spec.name for spec in self.options_file.keys})
 
     def option(self, name: str) -> str:
         """A flag's option string as this engine spells it."""

@@ -2,7 +2,9 @@
 
 Every flag gets one verdict with its source (``flag_spec.VERDICTS``): from the version's table,
 replaced by a rule's where one applies (``--prefill-schedule-interval 4`` without data
-parallelism is a no-op); rules that stop the engine from starting are the line's conflicts.
+parallelism is a no-op); rules that stop the engine from starting are the line's conflicts. An
+options file the line names (``trtllm-serve --config FILE``) adds one row per key after the
+flags (``options_file.py``), and the rules see its values where it wins over a flag.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tailserve.engines.command import Launch, parse_launch, read_flags
 from tailserve.engines.flag_spec import (
     DEPLOYMENT,
     FATAL,
+    NO_OP,
     OTHER,
     REFUSED,
     UNKNOWN,
@@ -23,7 +26,9 @@ from tailserve.engines.flag_spec import (
     Finding,
     FlagSpec,
     Given,
+    Row,
 )
+from tailserve.engines.options_file import with_options_file
 
 VERSIONS: dict[str, tuple[EngineVersion, ...]] = {
     "vllm": vllm_flags.VERSIONS,
@@ -31,19 +36,6 @@ VERSIONS: dict[str, tuple[EngineVersion, ...]] = {
     "trtllm": trtllm_flags.VERSIONS,
 }
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One flag of the line: as typed, its underscore name (None when the engine has none), its
-    typed value, verdict, what it does and where that is written."""
-
-    flag: str
-    name: str | None
-    value: Any
-    verdict: str
-    what: str
-    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +48,7 @@ class Report:
     policy_why: str
     rows: tuple[Row, ...]
     conflicts: tuple[Finding, ...]
+    unread: tuple[str, ...] = ()  # options files the line names that are not there
 
     @property
     def values(self) -> dict[str, Any]:
@@ -91,11 +84,11 @@ def lint(text: str, version: str | None = None) -> Report:
     positional, flags = read_flags(launch, table)
     label = f"{ENGINE_NAMES[launch.engine]} {table.version}"
     rows: list[Row] = []
-    model: str | None = None
     for i, word in enumerate(positional):
         if i == 0 and table.positional and launch.entry.endswith("serve"):
-            model = word
-            rows.append(Row("MODEL", "model", word, DEPLOYMENT, "the model", table.positional))
+            rows.append(
+                Row("MODEL", "model", word, DEPLOYMENT, "the model", table.positional, "deployment.model")
+            )
         else:
             rows.append(Row(word, None, None, UNKNOWN, f"unexpected argument: {label} refuses it", label))
     for flag in flags:
@@ -118,9 +111,9 @@ def lint(text: str, version: str | None = None) -> Report:
             )
             continue
         value = _typed(flag.typed, spec, flag.value, flag.negated)
-        if spec.target == "deployment.model":
-            model = value
-        rows.append(Row(flag.typed, spec.name, value, spec.verdict, _with(spec.what, flag.note), spec.source))
+        what = _with(spec.what, flag.note)
+        rows.append(Row(flag.typed, spec.name, value, spec.verdict, what, spec.source, spec.feeds))
+    rows, unread = with_options_file(rows, table, label)
     env = dict(launch.env)
     given = Given({row.name: row.value for row in rows if row.name and row.verdict not in FATAL}, env)
     conflicts: list[Finding] = []
@@ -131,7 +124,10 @@ def lint(text: str, version: str | None = None) -> Report:
             else:
                 rows = [_override(row, finding) for row in rows]
     policy, why = table.choose_policy(given, env)
-    return Report(launch.engine, table, launch, model, policy, why, tuple(rows), tuple(conflicts))
+    # The model the engine serves: the last one given that nothing overrode (a file's wins).
+    models = [r.value for r in rows if r.feeds == "deployment.model" and r.verdict not in (NO_OP, *FATAL)]
+    model = models[-1] if models else None
+    return Report(launch.engine, table, launch, model, policy, why, tuple(rows), tuple(conflicts), unread)
 
 
 def _with(what: str, note: str) -> str:
@@ -145,7 +141,7 @@ def _known_source(table: EngineVersion) -> str:
 def _override(row: Row, finding: Finding) -> Row:
     if row.name != finding.flags[0]:
         return row
-    return Row(row.flag, row.name, row.value, finding.verdict, finding.what, finding.source)
+    return Row(row.flag, row.name, row.value, finding.verdict, finding.what, finding.source, row.feeds)
 
 
 def _typed(typed: str, spec: FlagSpec, text: str | None, negated: bool) -> Any:

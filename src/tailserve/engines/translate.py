@@ -6,11 +6,15 @@ through as it is, and a field added to a policy later is picked up without a cha
 the policy lacks is reported as not modelled. Engine-wide flags (``block_size``,
 ``gpu_memory_utilization``, ``max_model_len``) go to the spec's engine flags, the model, TP,
 formats and expert parallelism to the ``Deployment``. The GPU is not on a launch line: it stays
-tailserve's ``--hardware``.
+tailserve's ``--hardware``. The keys of an options file the line names map the same way (its
+rows feed the names its table gives: ``scheduler_config.capacity_scheduler_policy`` feeds
+``capacity_scheduler_policy``); a file that is not there stops the translation (its settings
+would be missing from the run), and a key set to null keeps the engine's default.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +56,11 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
         raise ValueError(
             f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)"
         )
+    if report.unread:
+        raise ValueError(
+            f"the engine command's options file {report.unread[0]} is not there (looked from "
+            f"{os.getcwd()}): tailserve reads it to simulate the line; give its path from here"
+        )
     if report.policy not in POLICIES:
         raise ValueError(
             f"the {report.policy} policy is not available in this tailserve; `tailserve lint` still reads "
@@ -67,12 +76,13 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
         if row.verdict in (NO_OP, NOT_MODELLED):
             ignored.append(f"{row.flag} ({row.verdict})")
             continue
-        if row.verdict not in (SCHEDULING, DEPLOYMENT) or row.name is None:
+        if row.verdict not in (SCHEDULING, DEPLOYMENT) or not row.feeds:
             continue  # --host and the like
-        spec = report.version.spec(row.name)
-        target = spec.feeds if spec is not None else "deployment.model"
+        if row.value is None:
+            continue  # a file's null: the engine's own default
+        target = row.feeds
         if target.startswith("deployment."):
-            deployment.update(_deployment(target.removeprefix("deployment."), row.value, deployment))
+            deployment[target.removeprefix("deployment.")] = row.value
         elif target in fields:
             flags[target] = row.value
         elif target in ENGINE_FLAGS:
@@ -81,6 +91,7 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
             ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
             continue
         taken.append(row.flag)
+    deployment = _deployment(deployment)
     for name, value in report.version.policy_defaults.items():
         if name in fields and name not in flags:
             flags[name] = value  # how this version's scheduler behaves where the policy's default differs
@@ -91,20 +102,24 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     )
 
 
-def _deployment(key: str, value: Any, sofar: dict[str, Any]) -> dict[str, Any]:
-    if key == "kv_cache_dtype":
-        text = str(value).lower()
-        return {key: "" if text == "auto" else "fp8" if text in _FP8_KV else text}
-    if key == "expert_parallel" and not isinstance(value, bool):
+def _deployment(given: dict[str, Any]) -> dict[str, Any]:
+    """The deployment's fields from the values given, once all are known (an expert-parallel
+    size is read against the TP degree, wherever on the line each was given)."""
+    out = dict(given)
+    if "kv_cache_dtype" in out:
+        text = str(out["kv_cache_dtype"]).lower()
+        out["kv_cache_dtype"] = "" if text == "auto" else "fp8" if text in _FP8_KV else text
+    ep = out.get("expert_parallel")
+    if ep is not None and not isinstance(ep, bool):
         # SGLang's --ep-size / TensorRT-LLM's --ep_size: experts split whole over the TP ranks
         # when it equals the TP degree; tailserve has no other expert layout.
-        tp = sofar.get("tp", 1)
-        if value not in (1, tp):
+        tp = out.get("tp", 1)
+        if ep not in (1, tp):
             raise ValueError(
-                f"expert parallel size {value} with TP {tp}: tailserve splits experts over the TP ranks only"
+                f"expert parallel size {ep} with TP {tp}: tailserve splits experts over the TP ranks only"
             )
-        return {key: value == tp and value > 1}
-    return {key: value}
+        out["expert_parallel"] = ep == tp and ep > 1
+    return out
 
 
 def _vllm_batch_defaults(report: Report, device: DeviceInfo, flags: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ that downloads the wheel from NVIDIA's own index and could not be read here; the
 was not checked against the v1.2.1 tag. click takes the options exactly as declared: underscores
 (``--max_batch_size``; ``--max-batch-size`` is refused), no abbreviations. The scheduler's own
 policies (capacity scheduler, context chunking) are set in the YAML of ``--config`` /
-``--extra_llm_api_options``, which ``lint`` names but does not read.
+``--extra_llm_api_options``, which ``lint`` reads key by key (``trtllm_options.py``: its table,
+and how the file wins over these flags).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 from tailserve.engines.flag_spec import (
     DEPLOYMENT,
     NOT_MODELLED,
+    OTHER,
     SCHEDULING,
     EngineVersion,
     FlagSpec,
 )
+from tailserve.engines.trtllm_options import OPTIONS_FILE, chunking_policy_needs_chunking
 
 V = "1.2.1"
 SERVE = "tensorrt_llm/commands/serve.py@00209af"
@@ -52,17 +55,18 @@ TRTLLM_1_2_1 = EngineVersion(
         FlagSpec("backend", ("pytorch", "tensorrt", "trt", "_autodeploy"), NOT_MODELLED,
                  "the runtime: the trtllm policy models the PyTorch backend's scheduler", _opt("backend"),
                  "pytorch"),
-        FlagSpec("extra_llm_api_options", str, NOT_MODELLED,
-                 "a YAML of LLM API options (scheduler_config, kv_cache_config): not read; give its "
-                 "scheduling fields to tailserve as policy flags", _opt("extra_llm_api_options"),
-                 aliases=("--config",)),
+        FlagSpec("extra_llm_api_options", str, OTHER,
+                 "a YAML of LLM API options (scheduler_config, kv_cache_config, ...): read, one row per key "
+                 "below, each over the flag it sets", _opt("extra_llm_api_options"), aliases=("--config",)),
         FlagSpec("max_beam_width", int, NOT_MODELLED, "beam search width", _opt("max_beam_width")),
     ),
+    rules=(chunking_policy_needs_chunking,),
     policy="trtllm",
     positional=f'{SERVE} @click.argument("model")',
     underscores=False,
     abbrev=False,
     dashes=False,
+    options_file=OPTIONS_FILE,
 )  # fmt: skip
 
 VERSIONS = (TRTLLM_1_2_1,)

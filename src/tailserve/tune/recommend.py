@@ -62,6 +62,9 @@ class TuneConfig:
     min_rate: float = 1e-3
     max_rate: float = 1e4
     options: EngineOptions = field(default_factory=EngineOptions)
+    # Sweep a budget the policy spec sets too, its own value among the sizes (an engine command's
+    # line is where the sweep starts); otherwise a budget the user fixed is kept and not swept.
+    sweep_given: bool = False
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -173,8 +176,9 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
             config_used = get_policy_cls(spec.name).default_config(device, max_model_len, **spec.flags)
             capacity_size = getattr(config_used, knob)
         pt = PolicyTune(spec, capacity, knob, capacity_size)
-        if knob is not None and knob not in spec.flags:
-            for size in sorted(set(config.chunk_sizes)):
+        if knob is not None and (config.sweep_given or knob not in spec.flags):
+            sizes = {*config.chunk_sizes, *([spec.flags[knob]] if spec.flags.get(knob) else [])}
+            for size in sorted(sizes):
                 sized = _with_size(spec, knob, size, device, max_model_len)
                 pt.points.append(SizePoint(size, sized, math.inf))
                 specs.append(scaler.at(rate, policy=sized))
