@@ -292,3 +292,37 @@ def test_a_trtllm_serve_line_runs_the_trtllm_policy(capsys):
     assert main(["simulate", "--workload", "chat", "--num-requests", "20", "--engine-cmd", line]) == 0
     err = capsys.readouterr().err
     assert "--policy trtllm:max_batch_size=64,max_num_tokens=4096,enable_chunked_prefill=True" in err
+
+
+@pytest.mark.parametrize(
+    "line, shown",
+    [
+        ("vllm serve deepseek-v3 -dp 8 --enable-expert-parallel --all2all-backend deepep_low_latency",
+         "--dp 8 --enable-expert-parallel --all2all-backend deepep_low_latency"),
+        ("python -m sglang.launch_server --model-path deepseek-v3 --tp 8 --dp 8 --enable-dp-attention",
+         "--tp 1 --dp 8"),
+        ("python -m sglang.launch_server --model-path deepseek-v3 --tp 8 --attn-dp-size 4", "--tp 2 --dp 4"),
+    ],
+)  # fmt: skip
+def test_data_parallel_lines_become_the_dp_engine(line, shown, capsys):
+    argv = [
+        "simulate",
+        "--hardware",
+        "H200",
+        "--workload",
+        "chat",
+        "--num-requests",
+        "8",
+        "--engine-cmd",
+        line,
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert shown in out.err
+    assert "in lockstep" in out.out
+
+
+def test_sglang_attention_dp_must_divide_tp(capsys):
+    line = "python -m sglang.launch_server --model-path deepseek-v3 --tp 8 --attn-dp-size 3"
+    assert main(["simulate", "--hardware", "H200", "--engine-cmd", line]) == 2
+    assert "attention DP size 3 does not divide TP size 8" in capsys.readouterr().err

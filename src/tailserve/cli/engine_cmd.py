@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from tailserve.cli.base import CliError
+from tailserve.cli.base import CliError, default_of
 from tailserve.policies.registry import PolicySpec
 
 ENGINE_CMD_HELP = (
@@ -133,7 +133,8 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
     def resolved(d: dict[str, Any]) -> Deployment:
         return Deployment.of(
             d.get("model", ""), args.hardware, d.get("tp", 1), args.calibration, d.get("quantization", ""),
-            d.get("kv_cache_dtype", ""), d.get("expert_parallel", False),
+            d.get("kv_cache_dtype", ""), d.get("expert_parallel", False), d.get("dp", 1),
+            d.get("all2all_backend", default_of(Deployment, "all2all_backend")),
         )  # fmt: skip
 
     for other in commands[1:]:
@@ -149,6 +150,14 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
             setattr(args, key, first.deployment[key])
     if first.deployment.get("expert_parallel"):
         args.enable_expert_parallel = True
+    dp = first.deployment.get("dp", 1)
+    if getattr(args, "dp", 1) not in (1, dp):
+        raise CliError(
+            f"--data-parallel-size {args.dp} and the engine command's DP {dp} differ: give it once"
+        )
+    args.dp = dp
+    if "all2all_backend" in first.deployment:
+        args.all2all_backend = first.deployment["all2all_backend"]
 
 
 def _shown(deployment: dict[str, Any]) -> str:

@@ -111,8 +111,16 @@ SGLANG_0_5_23 = EngineVersion(
                  "directory", _at(f"{F}/model.py", 51), aliases=("--model",), target="deployment.model"),
         FlagSpec("tp_size", int, DEPLOYMENT, "tensor-parallel degree", _at(f"{F}/parallel.py", 45), "1",
                  aliases=("--tensor-parallel-size",), target="deployment.tp"),
-        FlagSpec("dp_size", int, NOT_MODELLED, "data-parallel replicas: simulate them with --replicas N",
+        FlagSpec("dp_size", int, NOT_MODELLED, "data-parallel replicas: simulate them with --replicas N "
+                 "(with --enable-dp-attention: attention-DP ranks, as --attn-dp-size)",
                  _at(f"{F}/parallel.py", 73), "1", aliases=("--data-parallel-size",)),
+        FlagSpec("attn_dp_size", int, DEPLOYMENT, "attention data-parallel ranks inside the TP group, one "
+                 "scheduler each (tailserve: --data-parallel-size N, --tp tp_size/N)",
+                 _at(f"{F}/parallel.py", 81), "1", aliases=("--attention-data-parallel-size",),
+                 target="deployment.attn_dp"),
+        FlagSpec("enable_dp_attention", bool, DEPLOYMENT, "deprecated spelling: --dp-size N --enable-dp-attention "
+                 "is --attn-dp-size N", "sglang/srt/server_args.py:419@v0.5.23; "
+                 f"{F}/parallel.py:192@v0.5.23", "false", target="deployment.dp_attention"),
         FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
                  _at(f"{F}/parallel.py", 59), "1", aliases=("--pipeline-parallel-size",)),
         FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",

@@ -72,7 +72,12 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     deployment: dict[str, Any] = {}
     taken: list[str] = []
     ignored: list[str] = []
+    dp_attention = report.engine == "sglang" and bool(report.values.get("enable_dp_attention"))
     for row in report.rows:
+        if dp_attention and row.name == "dp_size":
+            deployment["attn_dp"] = row.value  # --dp-size N --enable-dp-attention: --attn-dp-size N
+            taken.append(row.flag)
+            continue
         if row.verdict in (NO_OP, NOT_MODELLED):
             ignored.append(f"{row.flag} ({row.verdict})")
             continue
@@ -92,6 +97,7 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
             continue
         taken.append(row.flag)
     deployment = _deployment(deployment)
+    deployment = _attention_dp(deployment)
     for name, value in report.version.policy_defaults.items():
         if name in fields and name not in flags:
             flags[name] = value  # how this version's scheduler behaves where the policy's default differs
@@ -119,6 +125,23 @@ def _deployment(given: dict[str, Any]) -> dict[str, Any]:
                 f"expert parallel size {ep} with TP {tp}: tailserve splits experts over the TP ranks only"
             )
         out["expert_parallel"] = ep == tp and ep > 1
+    return out
+
+
+def _attention_dp(deployment: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's attention DP as tailserve's DP ranks: ``--tp-size T --attn-dp-size N`` is N
+    ranks whose attention runs at TP T/N, T GPUs in all (``attn_tp_size_of`` in
+    sglang/srt/runtime_context.py@v0.5.23); tailserve's DP engine spreads the experts over the
+    same T GPUs."""
+    out = dict(deployment)
+    out.pop("dp_attention", None)
+    ranks = out.pop("attn_dp", 1)
+    if ranks <= 1:
+        return out
+    total = out.get("tp", 1)
+    if total % ranks:
+        raise ValueError(f"attention DP size {ranks} does not divide TP size {total} (SGLang refuses it)")
+    out["tp"], out["dp"] = total // ranks, ranks
     return out
 
 
