@@ -242,13 +242,28 @@ def calibration_file(
     fit: CalibrationResult,
     token_ids: bool,
 ) -> CalibrationFile:
+    overhead = request_overhead(points)
     sources = sorted({p.source for p in points})
     load = os.getloadavg()[0]
+    outside = (
+        f"; {overhead * 1e3:.1f} ms per request outside the engine (client TTFT - server prefill)"
+        if overhead is not None
+        else ""
+    )
     source = (
         f"tailserve calibrate --from-server {url} (served model {served}): {len(plan.prefill_lens)} "
         f"prefill and {len(plan.decode_shapes)} decode shapes, median of {plan.repeats} each, "
         f"{plan.decode_tokens} tokens per decode stream; prompts as {'token ids' if token_ids else 'text'}; "
-        f"times from {', '.join(sources)}; load average {load:.2f} on {os.cpu_count()} CPUs"
+        f"times from {', '.join(sources)}{outside}; load average {load:.2f} on {os.cpu_count()} CPUs"
     )
     measured = tuple(p.measured() for p in points)
-    return CalibrationFile(hardware, fit.efficiency, model.name, tp, source, measured)
+    return CalibrationFile(
+        hardware, fit.efficiency, model.name, tp, source, measured, request_overhead_s=overhead
+    )
+
+
+def request_overhead(points: list[ProbedPoint]) -> float | None:
+    """The median of the client's TTFT less the server's prefill time over the prefill probes
+    the server timed itself: what a request spends outside the engine (None: none timed)."""
+    gaps = [p.client_s - p.seconds for p in points if p.source in PREFILL and p.batch.decode_kv_tokens == 0]
+    return max(statistics.median(gaps), 0.0) if gaps else None
