@@ -134,3 +134,38 @@ def test_router_records_what_passes_through(backend: Any, tmp_path: Path):
     text = [(r, m) for r, m in pairs if r.prompt_token_ids is None and m.success]
     assert len(text) == 1 and text[0][1].ttft_s is None and text[0][1].output_tokens == 3  # plain: no TTFT
     assert by_len[3][1].error.startswith("HTTP 400")
+
+
+def test_the_twins_stall_causes_are_checked_against_the_recording(tmp_path: Path, capsys, monkeypatch):
+    """A recording the simulator made of the essay's hol run: replayed, every stall is the same
+    gap, and each one put on the long prompt's prefill is confirmed by the recorded times."""
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.sim.run import run_policy
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.workloads.recorded import write_trace
+
+    monkeypatch.setenv("COLUMNS", "300")
+    built = build_cost_model(Deployment("Llama-3.1-8B", "H100", 1))
+    from tailserve.policies.registry import PolicySpec
+
+    policy = PolicySpec.make("vllm", {"max_num_batched_tokens": 8192})
+    run = run_policy(built, policy, WorkloadBuilder(WorkloadSpec(name="hol")))
+    lines = []
+    for r in run.requests:
+        t = r.token_times
+        gaps = [b - a for a, b in zip(t, t[1:])]
+        measured = Measured(t[0] - r.arrival_time, gaps, len(t), t[-1] - r.arrival_time)
+        lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, measured))
+    trace = tmp_path / "hol.jsonl"
+    write_trace(trace, lines)
+    long_id = f"trace-{len(lines) - 1}"  # the long prompt arrives last
+    out = tmp_path / "twin.json"
+    argv = ["simulate", "--trace", str(trace), "--model", "Llama-3.1-8B", "--hardware", "H100"]
+    assert main([*argv, "--max-num-batched-tokens", "8192", "--explain", "--json", str(out)]) == 0
+    assert "the recording's stalls" in capsys.readouterr().out
+    twin = json.loads(out.read_text())["twin"]
+    assert twin["all"]["replayed"]["itl_p99"] == pytest.approx(twin["all"]["recorded"]["itl_p99"], rel=1e-6)
+    stalls = twin["stalls"]
+    assert stalls["num_stalls"] >= 10 and stalls["num_confirmed"] == stalls["num_blamed_on_prefill"] == stalls["num_stalls"]
+    assert all(s["blockers"][0] == long_id and s["replayed_s"] == pytest.approx(s["measured_s"]) for s in stalls["stalls"])

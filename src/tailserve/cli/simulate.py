@@ -90,7 +90,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from tailserve.workloads.recorded import has_measured
 
         if has_measured(args.trace):
-            summary["twin"] = _compare_recording(args, run.requests, built.calibration)
+            summary["twin"] = _compare_recording(args, run, built.calibration)
     summary.update(run_outputs(args, [run], f"tailserve simulate: {run.label}, {workload.spec.label}"))
     if args.json:
         write_json(args.json, {"label": run.label, **summary})
@@ -99,8 +99,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_recording(args: argparse.Namespace, replayed: list, calibration: str) -> dict[str, Any]:
-    """The replay against what the recording measured (``sim/twin.py``), printed and returned."""
+def _compare_recording(args: argparse.Namespace, run: Any, calibration: str) -> dict[str, Any]:
+    """The replay against what the recording measured (``sim/twin.py``), printed and returned;
+    with ``--explain``, the recorded stalls with the twin's cause for each."""
     from rich.console import Console
     from rich.table import Table
 
@@ -113,7 +114,7 @@ def _compare_recording(args: argparse.Namespace, replayed: list, calibration: st
         print("note: --rate-scale / --max-requests change the replay: not compared with the recording", file=sys.stderr)
         return {}
     overhead = request_overhead(calibration)
-    twin = compare_replay(recorded, replayed, overhead, args.held_out)
+    twin = compare_replay(recorded, run.requests, overhead, args.held_out)
     title = (
         f"replayed vs recorded ({twin.num_compared} requests"
         + (f", {twin.num_failed} failed ones left out" if twin.num_failed else "")
@@ -134,4 +135,49 @@ def _compare_recording(args: argparse.Namespace, replayed: list, calibration: st
             row += [f"{rec * scale:.1f}", f"{rep * scale:.1f}", f"{relative_error(rep, rec):+.1%}"]
         table.add_row(*row)
     Console().print(table)
-    return twin.to_json()
+    body = twin.to_json()
+    if run.batches is not None:
+        body["stalls"] = _check_stalls(args, run, recorded)
+    return body
+
+
+def _check_stalls(args: argparse.Namespace, run: Any, recorded: list) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tailserve.cli.run_outputs import tbt_threshold
+    from tailserve.metrics.attribution import CAUSE_SHORT, Attributor
+    from tailserve.sim.twin import check_stalls, measured_stall_threshold
+
+    threshold = tbt_threshold(args)
+    threshold = measured_stall_threshold(recorded) if threshold is None else threshold
+    flags = run.config.get("policy_flags", {})
+    checks = check_stalls(recorded, Attributor(run.requests, run.batches, run.config.get("policy", ""), flags), threshold)
+    blamed = [c for c in checks if c.blockers]
+    confirmed = sum(c.confirmed for c in blamed)
+    table = Table(
+        title=f"the recording's stalls (gaps > {threshold * 1e3:.0f} ms) and the twin's cause for each: "
+        f"{len(checks)} stalls, {len(blamed)} put on other requests' prefill, {confirmed} of them confirmed "
+        "(the blamed prompt was being computed while the gap was open in the recording)",
+        title_justify="left",
+    )
+    for col in ("request", "token", "measured ms", "replayed ms", "twin's cause", "blamed prefill", "confirmed"):
+        table.add_column(col, justify="right" if "ms" in col or col == "token" else "left")
+    for c in checks[: args.top]:
+        table.add_row(
+            c.request_id,
+            str(c.token_index),
+            f"{c.measured_s * 1e3:.0f}",
+            f"{c.replayed_s * 1e3:.0f}",
+            CAUSE_SHORT.get(c.cause, c.cause),
+            ", ".join(c.blockers[:3]) or "-",
+            "yes" if c.confirmed else ("no" if c.blockers else "-"),
+        )
+    Console().print(table)
+    return {
+        "threshold_s": threshold,
+        "num_stalls": len(checks),
+        "num_blamed_on_prefill": len(blamed),
+        "num_confirmed": confirmed,
+        "stalls": [c.to_json() for c in checks],
+    }

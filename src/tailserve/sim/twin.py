@@ -13,12 +13,19 @@ or tokenizer, so it is added to each replayed TTFT and latency. The **held-out**
 later ``held_out`` fraction of the requests by arrival: when a twin was fitted to the earlier
 part of a run, the later part says how it predicts traffic it has not seen (the replay runs the
 whole trace, so the engine's state at the split is the replay's own).
+
+``check_stalls`` holds the twin's explanation against what the real engine did: each gap the
+recording measured above ``explain``'s stall threshold, the replay's cause for the same gap of
+the same request (``metrics/attribution.py``), and whether a request the replay blames had its
+prefill open at that moment in the recording (arrived before the gap ended, first token after it
+began).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -132,3 +139,74 @@ def compare_replay(
 
 def relative_error(replayed: float, recorded: float) -> float:
     return replayed / recorded - 1.0 if recorded else float("nan")
+
+
+# ---- the twin's explanation of the stalls the real engine had ---------------------------------
+@dataclass(frozen=True, slots=True)
+class StallCheck:
+    """One inter-token gap the recording measured above the threshold, and the twin's account
+    of the same gap (the same request, the same token) in its replay."""
+
+    request_id: str
+    token_index: int  # the later token of the gap (1: the gap after the first token)
+    measured_s: float
+    replayed_s: float
+    cause: str  # the replay's dominant cause of the gap (``metrics/attribution.py``)
+    blockers: tuple[str, ...]  # requests whose prefill the replay charges the gap to
+    # A blocker's recorded prefill — its arrival to its first token at the client — overlaps
+    # the measured gap: the real engine had that prompt to compute while the gap was open.
+    confirmed: bool
+
+    def to_json(self) -> dict:
+        return {
+            "request_id": self.request_id,
+            "token_index": self.token_index,
+            "measured_s": self.measured_s,
+            "replayed_s": self.replayed_s,
+            "cause": self.cause,
+            "blockers": list(self.blockers),
+            "confirmed": self.confirmed,
+        }
+
+
+def measured_stall_threshold(recorded: Sequence[tuple[Request, Measured]]) -> float:
+    """``explain``'s rule on the recording's own gaps: above its p99 and 3x its median."""
+    gaps = [g for _, m in recorded for g in m.itl_s]
+    if not gaps:
+        return float("inf")
+    return float(max(np.percentile(gaps, 99), 3 * np.median(gaps)))
+
+
+def check_stalls(
+    recorded: Sequence[tuple[Request, Measured]], attributor: Any, threshold_s: float
+) -> list[StallCheck]:
+    """Every recorded gap above ``threshold_s``, longest first, with the twin's cause for it.
+
+    Recorded times are the client's: a request's tokens at arrival + TTFT + the gaps so far.
+    The check of a blocker uses the recording alone (its arrival and first token), so it holds
+    whatever the replay's own timing."""
+    arrivals = {r.request_id: r.arrival_time for r, _ in recorded}
+    first_token = {
+        r.request_id: r.arrival_time + m.ttft_s for r, m in recorded if m.ttft_s is not None and m.success
+    }
+    out = []
+    for r, m in recorded:
+        if not m.success or m.ttft_s is None:
+            continue
+        replayed = attributor.requests.get(r.request_id)
+        t = r.arrival_time + m.ttft_s
+        for k, gap in enumerate(m.itl_s, 1):
+            start, t = t, t + gap
+            if gap <= threshold_s:
+                continue
+            if replayed is None or len(replayed.token_times) <= k:
+                out.append(StallCheck(r.request_id, k, gap, float("nan"), "not replayed", (), False))
+                continue
+            b = attributor.gap(replayed, k)
+            blockers = tuple(x.request_id for x in b.blockers)
+            confirmed = any(
+                arrivals.get(x, float("inf")) <= t and first_token.get(x, float("-inf")) >= start for x in blockers
+            )
+            out.append(StallCheck(r.request_id, k, gap, b.seconds, b.dominant, blockers, confirmed))
+    out.sort(key=lambda s: -s.measured_s)
+    return out
