@@ -89,4 +89,3 @@ class Engine:
             src = str(Path(__file__).resolve().parents[1] / "src")
             env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
         return env
-

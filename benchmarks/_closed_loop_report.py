@@ -82,7 +82,11 @@ def rankings(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (engine, workload), group in groups.items():
         if len(group) < 2:
             continue
-        row: dict[str, Any] = {"engine": engine, "workload": workload, "settings": [c["setting"] for c in group]}
+        row: dict[str, Any] = {
+            "engine": engine,
+            "workload": workload,
+            "settings": [c["setting"] for c in group],
+        }
         for name, _ in METRICS:
             p = [c["predicted"][name] for c in group]
             m = [c["measured"][name] for c in group]
@@ -99,7 +103,9 @@ def target_shares(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for c in cells:
         if not (c.get("measured") and c.get("predicted")):
             continue
-        e = out.setdefault(c["engine"], {"cells": 0, "cells_all_within": 0, "figures": 0, "figures_within": 0})
+        e = out.setdefault(
+            c["engine"], {"cells": 0, "cells_all_within": 0, "figures": 0, "figures_within": 0}
+        )
         oks = [within_target(k, v) for k, v in c["error"].items() if k != "throughput"]
         e["cells"] += 1
         e["cells_all_within"] += all(oks)

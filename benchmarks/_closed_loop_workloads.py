@@ -63,7 +63,10 @@ def hol(vocab: int, seed: int, quick: bool) -> Workload:
     times, t = [], 0.0
     while (t := t + rng.exponential(1 / rate)) < span:
         times.append(t)
-    shorts = [(t, BenchRequest(_ids(rng, n, vocab), n, 48)) for t, n in zip(times, rng.integers(32, 257, len(times)))]
+    shorts = [
+        (t, BenchRequest(_ids(rng, n, vocab), n, 48))
+        for t, n in zip(times, rng.integers(32, 257, len(times)))
+    ]
     longs = [
         (at, BenchRequest(_ids(rng, LONG_PROMPT, vocab), LONG_PROMPT, 8)) for at in np.arange(1.0, span, 2.0)
     ]

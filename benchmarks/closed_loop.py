@@ -70,14 +70,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vllm-kvcache-gib", default="2")
     p.add_argument("--port", type=int, default=8031)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", type=Path, default=None, help="the conversation trace (default: ../shared/traces)")
+    p.add_argument(
+        "--trace", type=Path, default=None, help="the conversation trace (default: ../shared/traces)"
+    )
     p.add_argument("--calibration-repeats", type=int, default=None, help="default 3 (--quick: 1)")
     p.add_argument("--quiet-threshold", type=float, default=0.3, help="busy cores that count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds (default 300; --quick: 5)")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds a server may take to start")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    args.quiet_timeout = args.quiet_timeout if args.quiet_timeout is not None else (5.0 if args.quick else 300.0)
+    args.quiet_timeout = (
+        args.quiet_timeout if args.quiet_timeout is not None else (5.0 if args.quick else 300.0)
+    )
     args.calibration_repeats = args.calibration_repeats or (1 if args.quick else 3)
     return args
 
@@ -120,7 +124,16 @@ def run_cell(url: str, workload: Workload, args: argparse.Namespace) -> dict[str
 
 
 def calibrate(engine: Engine, url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tailserve.cli", "calibrate", "--from-server", url, "--model", str(engine.model)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tailserve.cli",
+        "calibrate",
+        "--from-server",
+        url,
+        "--model",
+        str(engine.model),
+    ]
     cmd += ["--hardware", "cpu", "--dtype", engine.dtype, "--repeats", str(args.calibration_repeats)]
     cmd += ["--out", str(out)]
     if args.quick:
@@ -159,19 +172,34 @@ def main() -> int:
     names = [e.strip() for e in args.engines.split(",") if e.strip()]
     vllm_python = str(Path(args.vllm_venv) / "bin" / "python")
     if "vllm" in names and not Path(vllm_python).exists():
-        print(f"closed_loop: error: {missing_peer('vllm', args.vllm_venv)} Or run with --engines tailserve.", file=sys.stderr)
+        print(
+            f"closed_loop: error: {missing_peer('vllm', args.vllm_venv)} Or run with --engines tailserve.",
+            file=sys.stderr,
+        )
         return 2
     engines = [
-        Engine(n, vllm_python if n == "vllm" else sys.executable, model, NAME, dtype, max_len, args.server_timeout)
+        Engine(
+            n,
+            vllm_python if n == "vllm" else sys.executable,
+            model,
+            NAME,
+            dtype,
+            max_len,
+            args.server_timeout,
+        )
         for n in names
     ]
     settings = list(QUICK_SETTINGS if args.quick else SETTINGS)
     if args.settings:
         wanted = [s.strip() for s in args.settings.split(",")]
         settings = [s for s in SETTINGS if s.name in wanted]
-    workloads = build([w.strip() for w in args.workloads.split(",")], vocab, args.seed, args.quick, args.trace)
+    workloads = build(
+        [w.strip() for w in args.workloads.split(",")], vocab, args.seed, args.quick, args.trace
+    )
     print(cpu_line())
-    print(f"model {model} ({dtype}); engines {', '.join(names)}; {len(settings)} settings x {len(workloads)} workloads")
+    print(
+        f"model {model} ({dtype}); engines {', '.join(names)}; {len(settings)} settings x {len(workloads)} workloads"
+    )
     for w in workloads:
         print(f"  {w.name}: {w.note} ({len(w.requests)} requests)")
 
@@ -187,19 +215,36 @@ def main() -> int:
             log = work / f"{engine.name}-{k}.log"
             t0 = time.perf_counter()
             try:
-                proc = start_server(engine.command(setting, port), engine.env(args.vllm_kvcache_gib), url, engine.startup_timeout_s, log)
+                proc = start_server(
+                    engine.command(setting, port),
+                    engine.env(args.vllm_kvcache_gib),
+                    url,
+                    engine.startup_timeout_s,
+                    log,
+                )
             except RuntimeError as error:
                 tail = log.read_text()[-600:] if log.exists() else ""
                 reason = f"{error}; {tail.strip().splitlines()[-1] if tail.strip() else ''}"
                 print(f"{engine.name} / {setting.name}: did not start: {reason}", flush=True)
                 for w in workloads:
-                    cells.append({"engine": engine.name, "setting": setting.name, "workload": w.name, "skipped": reason})
+                    cells.append(
+                        {
+                            "engine": engine.name,
+                            "setting": setting.name,
+                            "workload": w.name,
+                            "skipped": reason,
+                        }
+                    )
                 continue
-            starts.append({"engine": engine.name, "setting": setting.name, "seconds": time.perf_counter() - t0})
+            starts.append(
+                {"engine": engine.name, "setting": setting.name, "seconds": time.perf_counter() - t0}
+            )
             try:
                 warm_up(url, vocab, args.seed)
                 if engine.name not in calibrations:
-                    calibrations[engine.name] = calibrate(engine, url, args, work / f"calibration-{engine.name}.json")
+                    calibrations[engine.name] = calibrate(
+                        engine, url, args, work / f"calibration-{engine.name}.json"
+                    )
                 for w in workloads:
                     t1 = time.perf_counter()
                     measured = run_cell(url, w, args)
@@ -211,7 +256,9 @@ def main() -> int:
                         f"({time.perf_counter() - t1:.0f} s, load {measured['load_average'][1]:.1f})",
                         flush=True,
                     )
-                    cells.append({"engine": engine.name, "setting": setting.name, "workload": w.name, "run": measured})
+                    cells.append(
+                        {"engine": engine.name, "setting": setting.name, "workload": w.name, "run": measured}
+                    )
             finally:
                 stop_server(proc)
 
@@ -229,7 +276,9 @@ def main() -> int:
     report.print_cells(cells)
     ranks = report.rankings(cells)
     if ranks:
-        print("\nranking of the settings, predicted vs measured: Spearman's rho, then pairs ordered the same / pairs")
+        print(
+            "\nranking of the settings, predicted vs measured: Spearman's rho, then pairs ordered the same / pairs"
+        )
         report.print_rankings(ranks)
     shares = report.target_shares(cells)
     for engine, s in shares.items():

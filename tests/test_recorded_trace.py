@@ -4,6 +4,7 @@ compares its replay with the recording, whole and on the held-out later part."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,7 +87,11 @@ def test_a_replay_equal_to_the_recording_has_no_error():
 
 # ---- recording live traffic --------------------------------------------------------------------
 def test_bench_records_a_trace_simulate_replays_and_compares(
-    backend: Any, micro_model: Path, tmp_path: Path, capsys, monkeypatch  # noqa: F811
+    backend: Any,
+    micro_model: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+    monkeypatch,
 ):
     monkeypatch.setenv("COLUMNS", "300")
     trace = tmp_path / "bench.jsonl"
@@ -121,7 +126,12 @@ def test_router_records_what_passes_through(backend: Any, tmp_path: Path):
                   "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}  # fmt: skip
         with httpx.stream("POST", url, json=stream, timeout=30) as response:
             assert response.status_code == 200 and "data: [DONE]" in response.read().decode()
-        plain = {"model": backend.engine.model_name, "prompt": "hello there", "max_tokens": 3, "ignore_eos": True}
+        plain = {
+            "model": backend.engine.model_name,
+            "prompt": "hello there",
+            "max_tokens": 3,
+            "ignore_eos": True,
+        }
         assert httpx.post(url, json=plain, timeout=30).status_code == 200
         bad = {"model": "no-such-model", "prompt": [1, 2, 3], "max_tokens": 2}
         assert httpx.post(url, json=bad, timeout=30).status_code == 400
@@ -154,7 +164,7 @@ def test_the_twins_stall_causes_are_checked_against_the_recording(tmp_path: Path
     lines = []
     for r in run.requests:
         t = r.token_times
-        gaps = [b - a for a, b in zip(t, t[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(t)]
         measured = Measured(t[0] - r.arrival_time, gaps, len(t), t[-1] - r.arrival_time)
         lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, measured))
     trace = tmp_path / "hol.jsonl"
@@ -167,5 +177,11 @@ def test_the_twins_stall_causes_are_checked_against_the_recording(tmp_path: Path
     twin = json.loads(out.read_text())["twin"]
     assert twin["all"]["replayed"]["itl_p99"] == pytest.approx(twin["all"]["recorded"]["itl_p99"], rel=1e-6)
     stalls = twin["stalls"]
-    assert stalls["num_stalls"] >= 10 and stalls["num_confirmed"] == stalls["num_blamed_on_prefill"] == stalls["num_stalls"]
-    assert all(s["blockers"][0] == long_id and s["replayed_s"] == pytest.approx(s["measured_s"]) for s in stalls["stalls"])
+    assert (
+        stalls["num_stalls"] >= 10
+        and stalls["num_confirmed"] == stalls["num_blamed_on_prefill"] == stalls["num_stalls"]
+    )
+    assert all(
+        s["blockers"][0] == long_id and s["replayed_s"] == pytest.approx(s["measured_s"])
+        for s in stalls["stalls"]
+    )

@@ -56,7 +56,9 @@ def test_histogram_totals_sum_engines_and_subtract():
     assert before.totals == {"vllm:request_prefill_time_seconds": (pytest.approx(0.3), 3.0)}
     assert before.first(PREFILL) == "vllm:request_prefill_time_seconds"
     assert before.first(DECODE) is None
-    after = parse_histograms(VLLM_TEXT.replace("} 0.25", "} 0.45").replace('"0",model_name="m"} 2.0', '"0",model_name="m"} 3.0'))
+    after = parse_histograms(
+        VLLM_TEXT.replace("} 0.25", "} 0.45").replace('"0",model_name="m"} 2.0', '"0",model_name="m"} 3.0')
+    )
     total, count = after.delta(before, "vllm:request_prefill_time_seconds")
     assert total == pytest.approx(0.2) and count == 1
 
@@ -135,7 +137,11 @@ def test_text_prompts_are_measured_by_the_servers_count(torch_server: Any):
 
 
 def test_cli_writes_a_calibration_file_simulate_loads(
-    torch_server: Any, micro_model: Path, tmp_path: Path, capsys, monkeypatch  # noqa: F811
+    torch_server: Any,
+    micro_model: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+    monkeypatch,
 ):
     monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal's width
     out = tmp_path / "fitted.json"
@@ -149,11 +155,34 @@ def test_cli_writes_a_calibration_file_simulate_loads(
     assert cal.hardware.name == "cpu" and len(cal.points) == 6 and "served model micro" in cal.source
     built = build_cost_model(Deployment(str(micro_model), "H100", 1, str(out)))
     assert built.cost_model.hardware.name == "cpu"
-    assert main(["simulate", "--model", str(micro_model), "--calibration", str(out), "--workload", "chat", "--num-requests", "5"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--model",
+                str(micro_model),
+                "--calibration",
+                str(out),
+                "--workload",
+                "chat",
+                "--num-requests",
+                "5",
+            ]
+        )
+        == 0
+    )
 
 
 def test_cli_names_the_served_models_on_a_mismatch(torch_server: Any, capsys):
-    argv = ["calibrate", "--from-server", torch_server.base_url, "--model", "Llama-3-8B", "--hardware", "H100"]
+    argv = [
+        "calibrate",
+        "--from-server",
+        torch_server.base_url,
+        "--model",
+        "Llama-3-8B",
+        "--hardware",
+        "H100",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "it serves micro" in err[0] and "--served-model" in err[0]
@@ -167,7 +196,15 @@ def _free_port() -> int:
 
 def test_cli_says_when_the_server_is_unreachable_or_not_openai(capsys):
     port = _free_port()
-    argv = ["calibrate", "--from-server", f"http://127.0.0.1:{port}", "--model", "Llama-3-8B", "--hardware", "H100"]
+    argv = [
+        "calibrate",
+        "--from-server",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        "Llama-3-8B",
+        "--hardware",
+        "H100",
+    ]
     assert main(argv) == 2
     assert "cannot reach the server at" in capsys.readouterr().err
 

@@ -187,7 +187,9 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         help="the server's token budget: prefill probes stay within it, so no prompt is chunked "
         "(default: 2048, vLLM's API-server default on CPUs and most GPUs)",
     )
-    g.add_argument("--prefill", metavar="P,...", default=None, help="prefill probe lengths, e.g. 128,512,2048")
+    g.add_argument(
+        "--prefill", metavar="P,...", default=None, help="prefill probe lengths, e.g. 128,512,2048"
+    )
     g.add_argument(
         "--decode", metavar="BxL,...", default=None, help="decode probes: batch x context, e.g. 1x128,16x512"
     )
@@ -237,7 +239,9 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
         plan = sc.ProbePlan(sc.parse_prefill_lens(args.prefill), plan.decode_shapes, tokens, repeats)
     if args.decode:
         plan = sc.ProbePlan(plan.prefill_lens, sc.parse_decode_shapes(args.decode), tokens, repeats)
-    too_long = [p for p in plan.prefill_lens if p >= max_len] + [c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len]
+    too_long = [p for p in plan.prefill_lens if p >= max_len] + [
+        c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len
+    ]
     if too_long:
         raise ValueError(f"probe lengths {too_long} do not fit the server's {max_len}-token context")
 

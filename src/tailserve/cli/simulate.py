@@ -111,14 +111,21 @@ def _compare_recording(args: argparse.Namespace, run: Any, calibration: str) -> 
 
     recorded = load_measured(args.trace)
     if args.rate_scale != 1.0 or args.max_requests is not None:
-        print("note: --rate-scale / --max-requests change the replay: not compared with the recording", file=sys.stderr)
+        print(
+            "note: --rate-scale / --max-requests change the replay: not compared with the recording",
+            file=sys.stderr,
+        )
         return {}
     overhead = request_overhead(calibration)
     twin = compare_replay(recorded, run.requests, overhead, args.held_out)
     title = (
         f"replayed vs recorded ({twin.num_compared} requests"
         + (f", {twin.num_failed} failed ones left out" if twin.num_failed else "")
-        + (f"; +{overhead * 1e3:.1f} ms per request outside the engine, from the calibration" if overhead else "")
+        + (
+            f"; +{overhead * 1e3:.1f} ms per request outside the engine, from the calibration"
+            if overhead
+            else ""
+        )
         + ")"
     )
     table = Table(title=title, title_justify="left")
@@ -152,7 +159,9 @@ def _check_stalls(args: argparse.Namespace, run: Any, recorded: list) -> dict[st
     threshold = tbt_threshold(args)
     threshold = measured_stall_threshold(recorded) if threshold is None else threshold
     flags = run.config.get("policy_flags", {})
-    checks = check_stalls(recorded, Attributor(run.requests, run.batches, run.config.get("policy", ""), flags), threshold)
+    checks = check_stalls(
+        recorded, Attributor(run.requests, run.batches, run.config.get("policy", ""), flags), threshold
+    )
     blamed = [c for c in checks if c.blockers]
     confirmed = sum(c.confirmed for c in blamed)
     table = Table(
@@ -161,7 +170,15 @@ def _check_stalls(args: argparse.Namespace, run: Any, recorded: list) -> dict[st
         "(the blamed prompt was being computed while the gap was open in the recording)",
         title_justify="left",
     )
-    for col in ("request", "token", "measured ms", "replayed ms", "twin's cause", "blamed prefill", "confirmed"):
+    for col in (
+        "request",
+        "token",
+        "measured ms",
+        "replayed ms",
+        "twin's cause",
+        "blamed prefill",
+        "confirmed",
+    ):
         table.add_column(col, justify="right" if "ms" in col or col == "token" else "left")
     for c in checks[: args.top]:
         table.add_row(

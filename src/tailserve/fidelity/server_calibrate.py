@@ -56,7 +56,9 @@ class ProbePlan:
         return (len(self.prefill_lens) + len(self.decode_shapes)) * self.repeats
 
 
-def default_plan(max_model_len: int, budget: int, repeats: int = 3, decode_tokens: int = DEFAULT_DECODE_TOKENS) -> ProbePlan:
+def default_plan(
+    max_model_len: int, budget: int, repeats: int = 3, decode_tokens: int = DEFAULT_DECODE_TOKENS
+) -> ProbePlan:
     """Prefills from 32 tokens up to the budget or the context, whichever is smaller; decode
     batches of 1-32 requests at short and long context."""
     top = min(budget, max_model_len - 1)
@@ -89,9 +91,7 @@ def parse_decode_shapes(text: str) -> tuple[tuple[int, int], ...]:
         try:
             shapes.append((int(batch), int(ctx)))
         except ValueError:
-            raise ValueError(
-                f"--decode {text!r}: expected BATCHxCONTEXT items, e.g. 1x128,16x512"
-            ) from None
+            raise ValueError(f"--decode {text!r}: expected BATCHxCONTEXT items, e.g. 1x128,16x512") from None
         if not x or shapes[-1][0] < 1 or shapes[-1][1] < 1:
             raise ValueError(f"--decode {text!r}: expected BATCHxCONTEXT items with both >= 1")
     return tuple(shapes)
@@ -204,7 +204,9 @@ def _summarize_prefill(runs: list[_Run]) -> ProbedPoint:
     client = statistics.median(r.client_s for r in runs)
     server = [r.server_s for r in runs if r.server_s is not None]
     # Server-side only when every repeat had it: a mix would be a median of two different things.
-    seconds, source = (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
+    seconds, source = (
+        (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
+    )
     return ProbedPoint(BatchShape.of([(length, 0)], []), seconds, client, source, f"prefill {length}")
 
 
@@ -213,11 +215,15 @@ def _summarize_decode(runs: list[_Run], batch: int, tokens: int) -> ProbedPoint:
     ctx = prompt + tokens // 2
     client = statistics.median(r.client_s for r in runs)
     server = [r.server_s for r in runs if r.server_s is not None]
-    seconds, source = (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
+    seconds, source = (
+        (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
+    )
     return ProbedPoint(BatchShape.of([], [ctx] * batch), seconds, client, source, f"decode {batch} x {ctx}")
 
 
-def fit_points(model: ModelSpec, hardware: Hardware, tp: int, points: list[MeasuredBatch]) -> CalibrationResult:
+def fit_points(
+    model: ModelSpec, hardware: Hardware, tp: int, points: list[MeasuredBatch]
+) -> CalibrationResult:
     """A CPU as ``calibrate --executor torch`` fits one (every term, outliers dropped); a GPU from
     its catalog curves, scaled (compute, memory and the two overheads). A handful of probes
     cannot pin seven terms (the fit runs off to zero attention cost and infinite bandwidth):

@@ -101,7 +101,9 @@ async def watched(
             recorder.write(line)
 
 
-def record_plain(watch: RequestWatch, content: bytes, status: int, recorder: TraceRecorder, end: float) -> None:
+def record_plain(
+    watch: RequestWatch, content: bytes, status: int, recorder: TraceRecorder, end: float
+) -> None:
     try:
         body = json.loads(content)
         watch.usage = (body.get("usage") or {}) if isinstance(body, dict) else {}

@@ -134,7 +134,9 @@ def compare_replay(
             "replayed": replayed_timings([by_id[r.request_id] for r, _ in pairs], overhead_s).stats(),
         }
 
-    return TwinComparison(side(ok), side(ok[split:]), ok[split][0].arrival_time, len(ok), len(recorded) - len(ok))
+    return TwinComparison(
+        side(ok), side(ok[split:]), ok[split][0].arrival_time, len(ok), len(recorded) - len(ok)
+    )
 
 
 def relative_error(replayed: float, recorded: float) -> float:
@@ -205,7 +207,8 @@ def check_stalls(
             b = attributor.gap(replayed, k)
             blockers = tuple(x.request_id for x in b.blockers)
             confirmed = any(
-                arrivals.get(x, float("inf")) <= t and first_token.get(x, float("-inf")) >= start for x in blockers
+                arrivals.get(x, float("inf")) <= t and first_token.get(x, float("-inf")) >= start
+                for x in blockers
             )
             out.append(StallCheck(r.request_id, k, gap, b.seconds, b.dominant, blockers, confirmed))
     out.sort(key=lambda s: -s.measured_s)

@@ -50,7 +50,11 @@ class Measured:
     def to_json(self) -> dict[str, Any]:
         if self.error:
             return {"error": self.error}
-        body: dict[str, Any] = {"ttft_s": self.ttft_s, "itl_s": self.itl_s, "output_tokens": self.output_tokens}
+        body: dict[str, Any] = {
+            "ttft_s": self.ttft_s,
+            "itl_s": self.itl_s,
+            "output_tokens": self.output_tokens,
+        }
         if self.latency_s is not None:
             body["latency_s"] = self.latency_s
         return body
