@@ -47,7 +47,7 @@ class Setting:
 # The calibration's server runs the first (the engines' default budget); the rest in this order.
 SETTINGS = (
     Setting("budget 2048", 2048),
-    Setting("budget 256", 256, 64),
+    Setting("budget 256", 256),
     Setting("budget 512", 512),
     Setting("budget 8192", 8192),
     Setting("max_num_seqs 4", 2048, 4),

@@ -64,7 +64,7 @@ def hol(vocab: int, seed: int, quick: bool) -> Workload:
     while (t := t + rng.exponential(1 / rate)) < span:
         times.append(t)
     shorts = [
-        (t, BenchRequest(_ids(rng, n, vocab), n, 48))
+        (t, BenchRequest(_ids(rng, int(n), vocab), int(n), 48))
         for t, n in zip(times, rng.integers(32, 257, len(times)))
     ]
     longs = [

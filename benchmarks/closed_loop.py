@@ -21,6 +21,9 @@ same dtype, 2 GiB of KV cache each:
 4. **Compare**: TTFT, ITL and TPOT p50/p99 and output tokens/s, predicted / measured and the
    error, per cell; the share of cells within the targets (p50 10%, p99 20%); whether the
    settings rank the same per engine and workload (Spearman's rho and pairwise order).
+5. **tune's advice** (``_closed_loop_tune.py``): for an SLO at each workload's knee, ``tailserve
+   tune`` on the twin recommends a budget; the measured cell at that budget says whether it
+   meets the SLO for real.
 
     python -m benchmarks.closed_loop [--engines vllm,tailserve] [--workloads hol,conversation,shared-prefix]
     python -m benchmarks.closed_loop --quick     # smoke: 2 settings, shorter workloads, 1 calibration repeat
@@ -45,6 +48,7 @@ from typing import Any
 
 from benchmarks import _closed_loop_report as report
 from benchmarks._closed_loop_engines import QUICK_SETTINGS, SETTINGS, Engine, Setting
+from benchmarks._closed_loop_tune import check_advice, print_advice
 from benchmarks._closed_loop_workloads import Workload, build
 from benchmarks._common import CpuMeter, cpu_line, gated, missing_peer, peer_venv, save_results, simd_flags
 from benchmarks.serve_vs_vllm import start_server, stop_server
@@ -77,6 +81,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quiet-threshold", type=float, default=0.3, help="busy cores that count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds (default 300; --quick: 5)")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds a server may take to start")
+    p.add_argument("--no-tune", action="store_true", help="skip checking tune's advice against the cells")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     args.quiet_timeout = (
@@ -280,6 +285,14 @@ def main() -> int:
             "\nranking of the settings, predicted vs measured: Spearman's rho, then pairs ordered the same / pairs"
         )
         report.print_rankings(ranks)
+    advice = []
+    if not args.no_tune:
+        advice = check_advice(cells, workloads, calibrations, model, work)
+        if advice:
+            print(
+                "\ntune's advice from the twin, checked on the real engine (the SLO at each workload's knee)"
+            )
+            print_advice(advice)
     shares = report.target_shares(cells)
     for engine, s in shares.items():
         print(
@@ -304,6 +317,7 @@ def main() -> int:
         "server_starts": starts,
         "cells": cells,
         "rankings": ranks,
+        "tune_advice": advice,
         "target_shares": shares,
         "seconds": total,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_line()},
