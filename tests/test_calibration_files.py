@@ -149,8 +149,12 @@ def test_calibrate_torch_profiles_in_the_dtype_given(tmp_path, monkeypatch):
         seen.append(dtype)
         raise ValueError("stop: the dtype is seen")
 
-    monkeypatch.setattr(torch_calibrate, "measure_host", lambda cpu_clock=False: CPU)
+    def measure_host(cpu_clock=False, dtype="bfloat16"):
+        seen.append(f"host {dtype}")  # the GEMM rate is measured in the dtype calibrated
+        return CPU
+
+    monkeypatch.setattr(torch_calibrate, "measure_host", measure_host)
     monkeypatch.setattr(torch_calibrate, "run_scenario", run_scenario)
     argv = ["calibrate", "--executor", "torch", "--model", str(tmp_path), "--out", str(tmp_path / "c.json")]
     assert main([*argv, "--dtype", "float32"]) == 2
-    assert seen == ["float32"]
+    assert seen == ["host float32", "float32"]

@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"sim", "metrics", "policies", "executors.simulated"},
     "llm": {"assemble", "sim", "core", "kv", "policies", "executors.simulated", "executors.pytorch"},
     "server": {"llm", "core", "executors.simulated", "executors.pytorch"},
-    "router": {"cluster", "server"},
+    "router": {"cluster", "server", "workloads"},
     "bench": {"sim", "llm", "core", "policies", "executors.simulated", "workloads"},
     "tune": {"sim", "cluster", "core", "policies", "executors.simulated", "workloads", "metrics"},
     "fidelity": {"assemble", "llm", "core", "policies", "executors.simulated", "metrics"},

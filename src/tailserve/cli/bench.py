@@ -113,6 +113,13 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--metric-percentiles", default="99", help="comma list (default: %(default)s)")
     g.add_argument("--json", metavar="OUT", help="write the result JSON (vllm bench serve's field names)")
     g.add_argument("--save-detailed", action="store_true", help="keep per-request lists in the JSON")
+    g.add_argument(
+        "--record-trace",
+        metavar="FILE.jsonl",
+        default=None,
+        help="write every request (send time, prompt and output tokens, the prompt's token ids, TTFT and "
+        "each inter-token gap as measured) as a trace simulate --trace replays",
+    )
     g.add_argument("--label", default=None, help="label stored in the JSON")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("prediction (--predict)")
@@ -226,6 +233,10 @@ def run_bench(args: argparse.Namespace) -> int:
             + (f" (and {len(reasons) - 1} other errors)" if len(reasons) > 1 else "")
         )
     result = compute_result(results, duration, percentiles=percentiles, metrics=metrics, goodput=goodput)
+    if args.record_trace:
+        from tailserve.bench.record import record_trace
+
+        record_trace(args.record_trace, requests, results)
     for error in dict.fromkeys(errors[:10]):
         print(f"failed request: {error}", file=sys.stderr)
     print_result(

@@ -1,6 +1,7 @@
 """``tailserve calibrate``: fit the cost model to measured iteration times (``POINTS`` or a
-preset), or, with ``--executor torch --model DIR``, profile the real executor on this host, fit
-the cost model and write a calibration file (``--out``) that ``--calibration FILE`` loads."""
+preset); with ``--executor torch --model DIR``, profile the real executor on this host; with
+``--from-server URL``, probe a running OpenAI-compatible server (``fidelity/server_calibrate.py``).
+The last two write a calibration file (``--out``) that ``--calibration FILE`` loads."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
     _add_torch_args(p)
+    _add_server_args(p)
     p.set_defaults(run=cmd_calibrate)
 
 
@@ -33,10 +35,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             "--data-parallel-size runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or "
             "--gpus N --plan-dp); `calibrate` prices one engine"
         )
+    if args.from_server is not None:
+        if args.executor == "torch":
+            raise CliError("calibrate takes --from-server URL or --executor torch, not both")
+        return cmd_calibrate_server(args)
     if args.executor == "torch":
         return cmd_calibrate_torch(args)
     if args.points is None:
-        raise CliError("calibrate needs POINTS (or --executor torch --model DIR)")
+        raise CliError("calibrate needs POINTS (or --executor torch --model DIR, or --from-server URL)")
     deployment = deployment_from(args)
     built = build_cost_model(replace(deployment, calibration=args.points))
     print_calibration(built)
@@ -59,6 +65,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 DEFAULT_OUT = "calibration-cpu.json"
+SERVER_OUT = "calibration-server.json"
 
 
 def _add_torch_args(p: argparse.ArgumentParser) -> None:
@@ -70,17 +77,25 @@ def _add_torch_args(p: argparse.ArgumentParser) -> None:
         help="points: fit the POINTS given; torch: profile the real executor on this host (default: %(default)s)",
     )
     g.add_argument(
-        "--out", metavar="FILE", default=DEFAULT_OUT, help="calibration file to write (default: %(default)s)"
+        "--out",
+        metavar="FILE",
+        default=None,
+        help=f"calibration file to write (default: {DEFAULT_OUT}, or {SERVER_OUT} with --from-server)",
     )
     g.add_argument(
         "--dtype",
         choices=DTYPES,
         default=default_of(EngineArgs, "dtype"),
-        help="the engine's dtype while profiling, as serve --dtype: calibrate the dtype you serve "
+        help="the engine's dtype while profiling, as serve --dtype: calibrate the dtype you serve; with "
+        "--from-server --hardware cpu, the dtype the server computes in (its GEMM rate is measured) "
         "(default: %(default)s)",
     )
     g.add_argument(
-        "--repeats", type=int, default=2, help="runs of the profiling grid; median per shape (default: 2)"
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of the profiling grid (--executor torch, default 2) or of each probe (--from-server, "
+        "default 3); median per shape",
     )
     g.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads while profiling (default: torch's own)"
@@ -105,6 +120,8 @@ def cmd_calibrate_torch(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--model {args.model}: not a model directory (no config.json); make one with tailserve model init"
         )
+    args.repeats = 2 if args.repeats is None else args.repeats
+    args.out = args.out or DEFAULT_OUT
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.threads is not None:
@@ -146,4 +163,137 @@ def cmd_calibrate_torch(args: argparse.Namespace) -> int:
     for w in fit.warnings:
         out.print(f"warning: {w}")
     out.print(f"wrote {args.out}; use it with --calibration {args.out} --model {args.model}")
+    return 0
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "calibration from a running server (--from-server URL; --model and --hardware say what it runs, "
+        "--hardware cpu for a CPU server on this host)"
+    )
+    g.add_argument(
+        "--from-server",
+        metavar="URL",
+        default=None,
+        help="probe this OpenAI-compatible server (tailserve serve, vllm serve, SGLang, ...) with timed "
+        "requests, read its Prometheus histograms where it has them, fit, write --out",
+    )
+    g.add_argument(
+        "--served-model",
+        metavar="NAME",
+        default=None,
+        help="the model name to send (default: the served model --model names, by id or directory)",
+    )
+    g.add_argument("--api-key", default=None, help="the server's API key, if it has one")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the server's token budget: prefill probes stay within it, so no prompt is chunked "
+        "(default: 2048, vLLM's API-server default on CPUs and most GPUs)",
+    )
+    g.add_argument(
+        "--prefill", metavar="P,...", default=None, help="prefill probe lengths, e.g. 128,512,2048"
+    )
+    g.add_argument(
+        "--decode", metavar="BxL,...", default=None, help="decode probes: batch x context, e.g. 1x128,16x512"
+    )
+    g.add_argument(
+        "--decode-tokens", type=int, default=None, help="tokens each decode stream generates (default: 32)"
+    )
+    g.add_argument(
+        "--no-server-metrics",
+        action="store_true",
+        help="fit the client's timings even where the server's /metrics has its own",
+    )
+
+
+def cmd_calibrate_server(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from tailserve.executors.simulated.calibration_files import write_calibration_file
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+    from tailserve.fidelity import server_calibrate as sc
+    from tailserve.fidelity.server_probe import Prompts, ServerProbe, choose_model, served_models
+    from tailserve.fidelity.torch_calibrate import error_table
+
+    url = args.from_server.rstrip("/")
+    model = get_model(args.model)
+    tp = args.tp or 1
+    if args.hardware.strip().lower() == "cpu":
+        from tailserve.fidelity.torch_calibrate import measure_host
+
+        hardware = measure_host(dtype=args.dtype)
+    else:
+        hardware = get_hardware(args.hardware)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    served = choose_model(served_models(url, headers), args.served_model, args.model)
+    max_len = min(served.max_model_len or model.max_position_embeddings, model.max_position_embeddings)
+    budget = args.max_num_batched_tokens or sc.DEFAULT_BUDGET
+    tokens = args.decode_tokens or sc.DEFAULT_DECODE_TOKENS
+    if tokens < 4:
+        raise ValueError(f"--decode-tokens must be >= 4 (a steady middle to time), got {tokens}")
+    repeats = 3 if args.repeats is None else args.repeats
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    plan = sc.default_plan(max_len, budget, repeats, tokens)
+    if args.prefill:
+        plan = sc.ProbePlan(sc.parse_prefill_lens(args.prefill), plan.decode_shapes, tokens, repeats)
+    if args.decode:
+        plan = sc.ProbePlan(plan.prefill_lens, sc.parse_decode_shapes(args.decode), tokens, repeats)
+    too_long = [p for p in plan.prefill_lens if p >= max_len] + [
+        c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len
+    ]
+    if too_long:
+        raise ValueError(f"probe lengths {too_long} do not fit the server's {max_len}-token context")
+
+    probe = ServerProbe(url, served.id, headers)
+    token_ids = probe.accepts_token_ids(model.vocab_size)
+    prompts = Prompts(token_ids, model.vocab_size)
+    if not token_ids:
+        check = probe.stream(prompts.make(200), 1)  # words per token, from the server's own count
+        prompts.words_per_token = 200 / check.prompt_tokens
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"probing {url}", total=plan.num_probes)
+        points = sc.probe_server(
+            probe,
+            prompts,
+            plan,
+            use_metrics=not args.no_server_metrics,
+            progress=lambda label: bar.update(task, advance=1, description=label),
+        )
+    measured = [p.measured() for p in points]
+    fit = sc.fit_points(model, hardware, tp, measured)
+    cal = sc.calibration_file(url, served.id, model, hardware, tp, plan, points, fit, token_ids)
+    out_path = args.out or SERVER_OUT
+    write_calibration_file(out_path, cal, fit)
+
+    out = Console()
+    out.print(cal.source)
+    table = Table(title="probes: fitted iteration time vs measured", title_justify="left")
+    for col in ("probe", "from", "measured ms", "client ms", "fitted ms", "error"):
+        table.add_column(col, justify="left" if col in ("probe", "from") else "right")
+    for p, predicted in zip(points, fit.predicted):
+        table.add_row(
+            p.label,
+            p.source,
+            f"{p.seconds * 1e3:.2f}",
+            f"{p.client_s * 1e3:.2f}",
+            f"{predicted * 1e3:.2f}",
+            f"{predicted / p.seconds - 1:+.1%}",
+        )
+    out.print(table)
+    rows = error_table(fit)
+    out.print(
+        "median |error|: "
+        + ", ".join(f"{kind} {row['median']:.1%} (n={row['n']})" for kind, row in rows.items())
+    )
+    for w in fit.warnings:
+        out.print(f"warning: {w}")
+    out.print(f"wrote {out_path}; use it with --calibration {out_path} --model {args.model}")
     return 0

@@ -117,6 +117,13 @@ def add_parser(sub: Any) -> None:
         help="most requests in flight; beyond it a request gets 503 at once (/health and /metrics are "
         "always answered; default: no limit, each backend sheds its own excess)",
     )
+    p.add_argument(
+        "--record-trace",
+        metavar="FILE.jsonl",
+        default=None,
+        help="write every completion request (arrival, prompt and output tokens, token ids when sent as "
+        "ids, TTFT and each inter-token gap as the router saw them) as a trace simulate --trace replays",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(run=run_router)
 
@@ -155,6 +162,11 @@ def build_from_args(args: argparse.Namespace) -> Any:
     client = httpx.AsyncClient(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
     )
+    recorder = None
+    if args.record_trace:
+        from tailserve.workloads.recorded import TraceRecorder
+
+        recorder = TraceRecorder(args.record_trace)
     try:
         pool = BackendPool(
             args.backend,
@@ -171,10 +183,13 @@ def build_from_args(args: argparse.Namespace) -> Any:
             max_request_bytes=max_bytes,
             kv_events=kv_events,
             limit_concurrency=args.limit_concurrency,
+            recorder=recorder,
         )
     except ValueError:
         import asyncio
 
+        if recorder is not None:
+            recorder.close()
         if kv_events is not None:
             kv_events.close()
 

@@ -50,6 +50,14 @@ def add_parser(sub: Any) -> None:
         f"requests are dropped (no --explain/--save-run/--report); on by itself above "
         f"{STREAM_ABOVE:,} requests of a built-in workload",
     )
+    p.add_argument(
+        "--held-out",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="with a recorded --trace (bench or router --record-trace): the later part of the requests "
+        "the replayed-vs-recorded table shows apart (default: %(default)s)",
+    )
     add_run_outputs(p, simulate=True)
     add_cluster_arguments(p)
     add_engine_cmd_args(p)
@@ -83,9 +91,115 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for note in run.notes:
         print(f"note: {note}", file=sys.stderr)
     print_runs([run], [summary], built, workload.spec)
+    if args.trace and not args.stream_metrics:
+        from tailserve.workloads.recorded import has_measured
+
+        if has_measured(args.trace):
+            summary["twin"] = _compare_recording(args, run, built.calibration)
     summary.update(run_outputs(args, [run], f"tailserve simulate: {run.label}, {workload.spec.label}"))
     if args.json:
         write_json(args.json, {"label": run.label, **summary})
     if args.iterations:
         run.log.write_jsonl(args.iterations)
     return 0
+
+
+def _compare_recording(args: argparse.Namespace, run: Any, calibration: str) -> dict[str, Any]:
+    """The replay against what the recording measured (``sim/twin.py``), printed and returned;
+    with ``--explain``, the recorded stalls with the twin's cause for each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tailserve.executors.simulated.calibration_files import request_overhead
+    from tailserve.sim.twin import METRICS, compare_replay, relative_error
+    from tailserve.workloads.recorded import load_measured
+
+    recorded = load_measured(args.trace)
+    if args.rate_scale != 1.0 or args.max_requests is not None:
+        print(
+            "note: --rate-scale / --max-requests change the replay: not compared with the recording",
+            file=sys.stderr,
+        )
+        return {}
+    overhead = request_overhead(calibration)
+    twin = compare_replay(recorded, run.requests, overhead, args.held_out)
+    title = (
+        f"replayed vs recorded ({twin.num_compared} requests"
+        + (f", {twin.num_failed} failed ones left out" if twin.num_failed else "")
+        + (
+            f"; +{overhead * 1e3:.1f} ms per request outside the engine, from the calibration"
+            if overhead
+            else ""
+        )
+        + ")"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    held = f"held out (arrivals >= {twin.split_arrival_s:.2f} s)"
+    for part in ("all", held):
+        for col in ("recorded", "replayed", "error"):
+            table.add_column(f"{part}: {col}" if col == "recorded" else col, justify="right")
+    for metric in METRICS:
+        row = [metric]
+        for part in (twin.all, twin.held_out):
+            rec, rep = part["recorded"][metric], part["replayed"][metric]
+            scale = 1.0 if metric == "output_tok_s" else 1e3  # seconds shown as ms
+            row += [f"{rec * scale:.1f}", f"{rep * scale:.1f}", f"{relative_error(rep, rec):+.1%}"]
+        table.add_row(*row)
+    Console().print(table)
+    body = twin.to_json()
+    if run.batches is not None:
+        body["stalls"] = _check_stalls(args, run, recorded)
+    return body
+
+
+def _check_stalls(args: argparse.Namespace, run: Any, recorded: list) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tailserve.cli.run_outputs import tbt_threshold
+    from tailserve.metrics.attribution import CAUSE_SHORT, Attributor
+    from tailserve.sim.twin import check_stalls, measured_stall_threshold
+
+    threshold = tbt_threshold(args)
+    threshold = measured_stall_threshold(recorded) if threshold is None else threshold
+    flags = run.config.get("policy_flags", {})
+    checks = check_stalls(
+        recorded, Attributor(run.requests, run.batches, run.config.get("policy", ""), flags), threshold
+    )
+    blamed = [c for c in checks if c.blockers]
+    confirmed = sum(c.confirmed for c in blamed)
+    table = Table(
+        title=f"the recording's stalls (gaps > {threshold * 1e3:.0f} ms) and the twin's cause for each: "
+        f"{len(checks)} stalls, {len(blamed)} put on other requests' prefill, {confirmed} of them confirmed "
+        "(the blamed prompt was being computed while the gap was open in the recording)",
+        title_justify="left",
+    )
+    for col in (
+        "request",
+        "token",
+        "measured ms",
+        "replayed ms",
+        "twin's cause",
+        "blamed prefill",
+        "confirmed",
+    ):
+        table.add_column(col, justify="right" if "ms" in col or col == "token" else "left")
+    for c in checks[: args.top]:
+        table.add_row(
+            c.request_id,
+            str(c.token_index),
+            f"{c.measured_s * 1e3:.0f}",
+            f"{c.replayed_s * 1e3:.0f}",
+            CAUSE_SHORT.get(c.cause, c.cause),
+            ", ".join(c.blockers[:3]) or "-",
+            "yes" if c.confirmed else ("no" if c.blockers else "-"),
+        )
+    Console().print(table)
+    return {
+        "threshold_s": threshold,
+        "num_stalls": len(checks),
+        "num_blamed_on_prefill": len(blamed),
+        "num_confirmed": confirmed,
+        "stalls": [c.to_json() for c in checks],
+    }

@@ -1,7 +1,8 @@
 """``tailserve calibrate --executor torch``: profile the real executor, fit the cost model to it.
 
-1. The host's roofline, measured: the bf16 GEMM rate (best of a few 1,024^3 matmuls) and the copy
-   bandwidth (a 256 MiB buffer) become a ``cpu`` hardware entry (peak FLOP/s, bytes/s).
+1. The host's roofline, measured: the GEMM rate in the engine's dtype (best of a few 1,024^3
+   matmuls) and the copy bandwidth (a 256 MiB buffer) become a ``cpu`` hardware entry (peak
+   FLOP/s, bytes/s).
 2. A grid of iterations through the real engine (``LLMEngine``, ``vllm`` policy, every request
    submitted at once so the engine never idles): prefill chunks of 16-512 tokens over 0-1,536
    tokens of context (one long prompt cut into chunks by ``max_num_batched_tokens``), decode
@@ -54,14 +55,20 @@ class Scenario:
     policy_flags: tuple[tuple[str, int], ...]
 
 
-def measure_host(cpu_clock: bool = False) -> Hardware:
-    """This CPU's bf16 GEMM rate and copy bandwidth (at torch's current thread count; with
+def measure_host(cpu_clock: bool = False, dtype: str = "bfloat16") -> Hardware:
+    """This CPU's GEMM rate in ``dtype`` (an engine's: ``auto`` as the engine resolves it; a CPU
+    without AVX-512 runs bf16 matmuls ~50x slower than float32, so the dtype the engine computes
+    in is the peak that matters) and copy bandwidth (at torch's current thread count; with
     ``cpu_clock``, per second of this thread's CPU time)."""
     import torch
 
+    if dtype == "auto":
+        from tailserve.assemble.pytorch import auto_dtype  # the engine's own rule
+
+        dtype = auto_dtype(torch.device("cpu"))[0]
     n = 1024
-    a = torch.randn(n, n).to(torch.bfloat16)
-    b = torch.randn(n, n).to(torch.bfloat16)
+    a = torch.randn(n, n).to(getattr(torch, dtype))
+    b = torch.randn(n, n).to(getattr(torch, dtype))
     torch.matmul(a, b)
     timer = time.thread_time if cpu_clock else time.perf_counter
     best = min(_timed(lambda: torch.matmul(a, b), timer) for _ in range(5))
@@ -283,7 +290,7 @@ def calibrate_torch(
     import torch
 
     model = load_hf_config(model_dir)
-    hardware = measure_host(cpu_clock)
+    hardware = measure_host(cpu_clock, dtype)
     scatter: list[float] = []
     probes: list[float] = []
     points = profile(
@@ -303,7 +310,7 @@ def calibrate_torch(
         f"tailserve calibrate --executor torch --dtype {dtype} on this host ({clock}, "
         f"{torch.get_num_threads()} torch thread(s)): {len(points)} batch shapes, median period of "
         f"{repeats} run(s) each; GEMM "
-        f"{hardware.peak_flops / 1e9:.0f} GFLOP/s bf16, copy {hardware.memory_bandwidth / 1e9:.1f} GB/s; "
+        f"{hardware.peak_flops / 1e9:.0f} GFLOP/s ({dtype} matmul), copy {hardware.memory_bandwidth / 1e9:.1f} GB/s; "
         f"load average {load:.2f} on {os.cpu_count()} CPUs"
     )
     if scatter:

@@ -7,6 +7,9 @@
 | ``GET /health`` | 200 while at least one backend is in service, else 503 naming why each is out |
 | ``GET /metrics`` | the router's own Prometheus text (``metrics.RouterMetrics``) |
 
+``recorder`` (``--record-trace FILE``): every completion request written as a line of a
+recorded trace (``recording.py``).
+
 ``--api-key`` guards every route but ``/health`` and ``/metrics`` (``server.guards``, as
 ``tailserve serve``); the client's ``Authorization`` header is forwarded to the backend.
 """
@@ -46,6 +49,7 @@ def build_router_app(
     metrics: RouterMetrics | None = None,
     kv_events: Any = None,
     limit_concurrency: int | None = None,
+    recorder: Any = None,
 ) -> FastAPI:
     """The app; its lifespan runs a first health check and scrape, then the loops, and closes
     the pool's client (and the KV-event subscriptions, ``router/kv_events.py``) at the end."""
@@ -54,7 +58,7 @@ def build_router_app(
     pool.on_change = metrics.observe_backend if previous is None else (
         lambda b: (previous(b), metrics.observe_backend(b))
     )  # fmt: skip
-    proxy = Proxy(pool, router, metrics, read_timeout=read_timeout)
+    proxy = Proxy(pool, router, metrics, read_timeout=read_timeout, recorder=recorder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,6 +71,8 @@ def build_router_app(
             await pool.client.aclose()
             if kv_events is not None:
                 kv_events.close()
+            if recorder is not None:
+                recorder.close()
 
     app = FastAPI(title="tailserve router", version=__version__, lifespan=lifespan)
     app.state.pool = pool

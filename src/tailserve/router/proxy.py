@@ -50,9 +50,11 @@ from fastapi.responses import Response
 from tailserve.cluster.routing import NoHealthyReplicaError, Router, RouteRequest
 from tailserve.router.backends import Backend, BackendPool
 from tailserve.router.metrics import RouterMetrics
+from tailserve.router.recording import RequestWatch, record_plain, watched
 from tailserve.router.responses import Attempt, Refusal, RelayResponse, error_response, outcome_of, sse_error
 from tailserve.router.route_keys import route_request
 from tailserve.server.serving import cancel_on_disconnect
+from tailserve.workloads.recorded import TraceRecorder
 
 logger = logging.getLogger("tailserve.router")
 
@@ -75,6 +77,7 @@ class Proxy:
         *,
         read_timeout: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        recorder: TraceRecorder | None = None,
     ) -> None:
         if not read_timeout > 0:
             raise ValueError(f"--read-timeout must be > 0 seconds, got {read_timeout}")
@@ -84,6 +87,7 @@ class Proxy:
         self.read_timeout = read_timeout  # seconds without a byte from the backend
         self.clock = clock
         self.policy = router.describe()
+        self.recorder = recorder  # --record-trace: each request as a line of a recorded trace
 
     async def handle(self, request: Request, path: str) -> Response:
         raw = await request.body()
@@ -94,38 +98,56 @@ class Proxy:
         if not isinstance(body, dict):
             self.metrics.rejected.labels("bad_request").inc()
             return error_response("request body is not a JSON object", 400)
+        watch = None
+        if self.recorder is not None:
+            watch = RequestWatch.of(body, self.recorder.arrived(), self.clock())
         request_id = request.headers.get("x-request-id") or f"router-{uuid.uuid4().hex}"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED_HEADERS}
         headers["x-request-id"] = request_id
         # The router tracks requests by its own id: clients may reuse theirs.
         routed = route_request(path, body, uuid.uuid4().hex, request.headers)
         if body.get("stream") is True:
-            return await self._forward(path, raw, headers, routed, request_id)
+            return await self._forward(path, raw, headers, routed, request_id, watch)
         # A plain answer has no stream whose failed write would show that the client left.
         result = await cancel_on_disconnect(
-            request, lambda: self._forward(path, raw, headers, routed, request_id)
+            request, lambda: self._forward(path, raw, headers, routed, request_id, watch)
         )
         return result if result is not None else Response(status_code=499)
 
     async def _forward(
-        self, path: str, raw: bytes, headers: dict[str, str], routed: RouteRequest, request_id: str
+        self,
+        path: str,
+        raw: bytes,
+        headers: dict[str, str],
+        routed: RouteRequest,
+        request_id: str,
+        watch: RequestWatch | None = None,
     ) -> Response:
         reply_headers = {"x-request-id": request_id}
         attempt = await self._send(path, raw, headers, routed)
         if isinstance(attempt, Refusal):
             if attempt.status == 503:
                 self.metrics.rejected.labels("no_backend").inc()
+            if watch is not None and self.recorder is not None:
+                watch.error = attempt.reason
+                record_plain(watch, b"", attempt.status, self.recorder, self.clock())
             return error_response(attempt.reason, attempt.status, reply_headers)
         reply_headers["x-tailserve-backend"] = attempt.backend.url
         if attempt.response.headers.get("content-type", "").startswith("text/event-stream"):
+            relay = self._relay(attempt, routed, path, raw, headers)
+            if watch is not None and self.recorder is not None:
+                relay = watched(relay, watch, self.recorder, attempt.response.status_code, self.clock)
             return RelayResponse(
-                self._relay(attempt, routed, path, raw, headers),
+                relay,
                 lambda: self._finish(attempt, routed, "cancelled"),
                 status_code=attempt.response.status_code,
                 media_type="text/event-stream",
                 headers=reply_headers,
             )
-        return await self._read_whole(attempt, routed, reply_headers)
+        response = await self._read_whole(attempt, routed, reply_headers)
+        if watch is not None and self.recorder is not None:
+            record_plain(watch, bytes(response.body), response.status_code, self.recorder, self.clock())
+        return response
 
     async def _send(
         self,

@@ -6,7 +6,9 @@ Three formats are read, told apart by content rather than file extension:
   with absolute timestamps such as ``2023-11-16 18:15:46.6805900``;
 - ``mooncake``: Mooncake JSONL, ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``;
 - ``tailserve``: JSONL, ``{"arrival_time": s, "prompt_len", "max_tokens", "priority"?,
-  "tenant_id"?, "prefix_block_hashes"?}``.
+  "tenant_id"?, "prefix_block_hashes"?, "prompt_token_ids"?, "measured"?}``; ``prompt_token_ids``
+  (exactly ``prompt_len`` of them) key the simulator's prefix cache as the prompt's own tokens;
+  ``measured`` is what a recording saw (``recorded.py``), not read here.
 
 Every problem with a file raises ``TraceError`` whose message starts with ``<path>:<line>:``.
 A row with 0 prompt or output tokens is such an error rather than being skipped: neither shared
@@ -50,7 +52,16 @@ _FORMAT_HELP = (
 _AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
 _AZURE_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2}(?:\.\d+)?)")
 _TAILSERVE_KEYS = frozenset(
-    {"arrival_time", "prompt_len", "max_tokens", "priority", "tenant_id", "prefix_block_hashes"}
+    {
+        "arrival_time",
+        "prompt_len",
+        "max_tokens",
+        "priority",
+        "tenant_id",
+        "prefix_block_hashes",
+        "prompt_token_ids",
+        "measured",
+    }
 )
 
 Lines = Iterator[tuple[int, str]]  # (1-based line number, the line without its line break)
@@ -388,6 +399,14 @@ def _parse_tailserve(path: Path, rows: Lines, limit: float) -> list[Request]:
         if tenant_id is not None and not isinstance(tenant_id, str):
             raise TraceError(f"{path}:{number}: tenant_id must be a string, got {_shown(tenant_id)}")
         hashes = _json_hashes(path, number, obj.get("prefix_block_hashes"), "prefix_block_hashes")
+        token_ids = _json_hashes(path, number, obj.get("prompt_token_ids"), "prompt_token_ids")
+        if token_ids is not None and len(token_ids) != prompt_len:
+            raise TraceError(
+                f"{path}:{number}: prompt_token_ids holds {len(token_ids)} ids, prompt_len is {prompt_len}"
+            )
+        measured = obj.get("measured")
+        if measured is not None and not isinstance(measured, dict):
+            raise TraceError(f"{path}:{number}: measured must be an object, got {_shown(measured)}")
         requests.append(
             Request(
                 f"trace-{i}",
@@ -397,6 +416,7 @@ def _parse_tailserve(path: Path, rows: Lines, limit: float) -> list[Request]:
                 priority=priority,
                 tenant_id=tenant_id,
                 prefix_block_hashes=hashes,
+                prompt_token_ids=token_ids,
             )
         )
     return requests

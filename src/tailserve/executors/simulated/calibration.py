@@ -255,9 +255,15 @@ def _warnings(cost_model: CostModel, points: Sequence[Measured], eff: Efficiency
         if point.seconds < r.limit_s:
             bound = "compute" if sum(r.compute_s) >= sum(r.memory_s) else "memory"
             if bound == "compute":
+                # A CPU entry's peak is a measured GFLOP/s rate, in whatever dtype it was measured.
+                rate = (
+                    f"{hw.peak_flops / 1e12:.0f} TFLOP/s bf16"
+                    if hw.peak_flops >= 1e12
+                    else f"{hw.peak_flops / 1e9:.0f} GFLOP/s"
+                )
                 detail = (
-                    f"{r.flops * tp:.2e} FLOP on {tp} x {hw.name} ({hw.peak_flops / 1e12:.0f} TFLOP/s "
-                    f"bf16 each) needs >= {r.limit_s:.3f} s at 100% of peak"
+                    f"{r.flops * tp:.2e} FLOP on {tp} x {hw.name} ({rate} each) needs >= "
+                    f"{r.limit_s:.3f} s at 100% of peak"
                 )
             else:
                 detail = (

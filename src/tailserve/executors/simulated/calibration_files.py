@@ -52,6 +52,11 @@ class CalibrationFile:
     # A fixed reference iteration's period measured beside the points (torch calibration's
     # ``probe``): comparing it with the same probe later says how the machine's speed moved.
     probe_s: float | None = None
+    # A server calibrated from outside (``calibrate --from-server``): the median of the client's
+    # TTFT less the server's own prefill time over its one-at-a-time probes, the time a request
+    # spends in the API server, the network and the tokenizer. The engine model leaves it out;
+    # a prediction of what a client measures adds it to each TTFT (``sim/twin.py``).
+    request_overhead_s: float | None = None
 
 
 def _shape_dict(shape: BatchShape) -> dict[str, int]:
@@ -79,6 +84,8 @@ def write_calibration_file(
     }
     if cal.probe_s is not None:
         body["probe_s"] = cal.probe_s
+    if cal.request_overhead_s is not None:
+        body["request_overhead_s"] = cal.request_overhead_s
     if fit is not None:
         body["predicted"] = list(fit.predicted)
         body["warnings"] = list(fit.warnings)
@@ -122,6 +129,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             for pt in body.get("points", [])
         )
         probe = body.get("probe_s")
+        overhead = body.get("request_overhead_s")
         return CalibrationFile(
             hardware,
             efficiency,
@@ -130,6 +138,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             str(body["source"]),
             points,
             None if probe is None else float(probe),
+            None if overhead is None else float(overhead),
         )
     except KeyError as e:
         raise ValueError(f"{p}: missing key {e.args[0]!r}") from None
@@ -235,3 +244,10 @@ def refit(cal: CalibrationFile, model: ModelSpec, fields_: tuple[str, ...]) -> C
     """Refit a file's points (tests and ``calibrate --json``)."""
     cm = CostModel(model, cal.hardware, cal.tp, cal.efficiency)
     return calibrate(cm, list(cal.points), fields_)
+
+
+def request_overhead(calibration: str) -> float:
+    """The client-side time per request a calibration file measured (0 for any other source)."""
+    if not calibration.endswith(".json"):
+        return 0.0
+    return read_calibration_file(calibration).request_overhead_s or 0.0

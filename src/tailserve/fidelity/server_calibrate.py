@@ -1,0 +1,275 @@
+"""``tailserve calibrate --from-server URL``: fit the cost model to a running engine from outside.
+
+What a user has of an engine is its API and, for vLLM and SGLang, its Prometheus metrics. The
+probes are requests of chosen shapes, each shape ``repeats`` times (the median kept):
+
+- **prefill P**: one request at a time, a fresh prompt of P tokens, ``max_tokens`` 1: its TTFT
+  is one prefill iteration of P tokens (P stays within the server's token budget, so the prompt
+  is not chunked) plus, at the client, the network, HTTP and tokenizer time around it. Where the
+  server publishes ``vllm:request_prefill_time_seconds`` (or a server-side TTFT) the change of its
+  ``_sum`` over the request is the iteration without them, and that is the figure fitted.
+- **decode B x L**: B streams at once, prompts of L - N/2 tokens, ``max_tokens`` N: after their
+  prefills all B decode together, one token each per step, at ~L tokens of context in the middle.
+  The step time is the median gap between chunks in the steady middle half of each stream
+  (median over the streams; the first gaps may hold a late stream's prefill, the last a stream
+  that finished first). At B = 1 the server's inter-token histogram (``_sum`` / ``_count`` over the
+  request) gives the same step without the client.
+
+The points are fitted as ``calibrate --executor torch`` fits its own (``torch_calibrate.fit_host``)
+on a ``cpu`` hardware entry (``--hardware cpu``: this host's measured GEMM rate and copy
+bandwidth, for a server on this machine), or on a catalog GPU's curves (compute, memory, per-step
+and per-token overheads fitted), and written as a calibration file ``--calibration FILE`` loads.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
+from tailserve.executors.simulated.calibration_files import CalibrationFile
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.models import ModelSpec
+from tailserve.fidelity.server_metrics import DECODE, PREFILL, HistogramTotals
+from tailserve.fidelity.server_probe import ProbeError, Prompts, ServerProbe, StreamTiming
+
+GPU_FIT_FIELDS = ("compute", "memory", "overhead", "per_token")
+FEW_FIELDS = ("compute", "memory", "overhead")
+MIN_POINTS_PER_FIELD = 1.5  # fewer points than that per fitted term: only compute, memory, overhead
+DEFAULT_BUDGET = 2048  # vLLM's API-server max_num_batched_tokens on CPUs and most GPUs
+DEFAULT_DECODE_TOKENS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePlan:
+    prefill_lens: tuple[int, ...]
+    decode_shapes: tuple[tuple[int, int], ...]  # (batch, context tokens per request)
+    decode_tokens: int = DEFAULT_DECODE_TOKENS
+    repeats: int = 3
+
+    @property
+    def num_probes(self) -> int:
+        return (len(self.prefill_lens) + len(self.decode_shapes)) * self.repeats
+
+
+def default_plan(
+    max_model_len: int, budget: int, repeats: int = 3, decode_tokens: int = DEFAULT_DECODE_TOKENS
+) -> ProbePlan:
+    """Prefills from 32 tokens up to the budget or the context, whichever is smaller; decode
+    batches of 1-32 requests at short and long context."""
+    top = min(budget, max_model_len - 1)
+    prefill = tuple(p for p in (32, 128, 512, 1024, 2048, 4096, 8192) if p <= top)
+    if top not in prefill and top > 32:
+        prefill += (top,)
+    longest = max_model_len - decode_tokens // 2 - 1
+    shapes = []
+    for batch, ctx in ((1, 128), (1, 1024), (4, 128), (4, 1024), (16, 128), (16, 512), (32, 256)):
+        ctx = min(ctx, longest)
+        if ctx > decode_tokens // 2 and (batch, ctx) not in shapes:
+            shapes.append((batch, ctx))
+    return ProbePlan(prefill, tuple(shapes), decode_tokens, repeats)
+
+
+def parse_prefill_lens(text: str) -> tuple[int, ...]:
+    try:
+        lens = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        lens = ()
+    if not lens or min(lens) < 1:
+        raise ValueError(f"--prefill {text!r}: expected prompt lengths in tokens, e.g. 128,512,2048")
+    return lens
+
+
+def parse_decode_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    shapes = []
+    for item in text.split(","):
+        batch, x, ctx = item.strip().partition("x")
+        try:
+            shapes.append((int(batch), int(ctx)))
+        except ValueError:
+            raise ValueError(f"--decode {text!r}: expected BATCHxCONTEXT items, e.g. 1x128,16x512") from None
+        if not x or shapes[-1][0] < 1 or shapes[-1][1] < 1:
+            raise ValueError(f"--decode {text!r}: expected BATCHxCONTEXT items with both >= 1")
+    return tuple(shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedPoint:
+    """One probed shape: the figure fitted and where it came from."""
+
+    batch: BatchShape
+    seconds: float  # fitted: server-side where the server's histograms gave it, else the client's
+    client_s: float  # the client's own figure (TTFT, or the median gap), for comparison
+    source: str  # the histogram the figure came from, or "client"
+    label: str
+
+    def measured(self) -> MeasuredBatch:
+        return MeasuredBatch(self.batch, self.seconds, f"{self.label} [{self.source}]")
+
+
+def probe_server(
+    probe: ServerProbe,
+    prompts: Prompts,
+    plan: ProbePlan,
+    use_metrics: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[ProbedPoint]:
+    """Every shape of the plan, ``repeats`` times, after a warm-up the fit never sees."""
+    probe.stream(prompts.make(64), 4)  # warm-up: first-request costs (allocations, caches)
+    points = []
+    for length in plan.prefill_lens:
+        runs = []
+        for _ in range(plan.repeats):
+            runs.append(_prefill_once(probe, prompts, length, use_metrics))
+            if progress:
+                progress(f"prefill {length}")
+        points.append(_summarize_prefill(runs))
+    for batch, ctx in plan.decode_shapes:
+        runs = []
+        for _ in range(plan.repeats):
+            runs.append(_decode_once(probe, prompts, batch, ctx, plan.decode_tokens, use_metrics))
+            if progress:
+                progress(f"decode {batch} x {ctx}")
+        points.append(_summarize_decode(runs, batch, plan.decode_tokens))
+    return points
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    timings: tuple[StreamTiming, ...]
+    client_s: float
+    server_s: float | None
+    source: str
+
+
+def _prefill_once(probe: ServerProbe, prompts: Prompts, length: int, use_metrics: bool) -> _Run:
+    before = probe.histograms() if use_metrics else None
+    timing = probe.stream(prompts.make(length), 1)
+    server_s, source = _server_mean(probe, before, PREFILL, 1)
+    return _Run((timing,), timing.ttft_s, server_s, source)
+
+
+def _decode_once(
+    probe: ServerProbe, prompts: Prompts, batch: int, ctx: int, tokens: int, use_metrics: bool
+) -> _Run:
+    prompt_len = max(1, ctx - tokens // 2)
+    # One stream alone: the server's inter-token histogram holds exactly its steps.
+    before = probe.histograms() if use_metrics and batch == 1 else None
+    timings = tuple(probe.streams([prompts.make(prompt_len) for _ in range(batch)], tokens))
+    server_s, source = _server_mean(probe, before, DECODE, tokens - 1) if batch == 1 else (None, "client")
+    client = statistics.median(_steady_step(t) for t in timings)
+    return _Run(timings, client, server_s, source)
+
+
+def _server_mean(
+    probe: ServerProbe, before: HistogramTotals | None, names: tuple[str, ...], expected: int
+) -> tuple[float | None, str]:
+    """The mean of the ``expected`` observations the request added to the first histogram of
+    ``names`` the server has; (None, "client") when it has none or they did not all arrive
+    within 2 s (a server records a request's figures as it finishes, sometimes just after the
+    last byte)."""
+    if before is None or (name := before.first(names)) is None:
+        return None, "client"
+    deadline = time.monotonic() + 2.0
+    while True:
+        after = probe.histograms()
+        if after is None:
+            return None, "client"
+        total, count = after.delta(before, name)
+        if count == expected and total > 0:
+            return total / count, name
+        if count > expected or time.monotonic() > deadline:
+            return None, "client"  # other traffic, or figures that never came
+        time.sleep(0.02)
+
+
+def _steady_step(timing: StreamTiming) -> float:
+    """The median gap of the middle half of a stream; where the server sent several tokens in a
+    chunk (fewer chunks than tokens), the stream's mean time per token after the first."""
+    gaps = timing.gaps_s
+    if not gaps:
+        raise ProbeError("a decode probe stream returned one chunk; probe with more --decode-tokens")
+    if len(gaps) + 1 < timing.completion_tokens:
+        return sum(gaps) / (timing.completion_tokens - 1)
+    quarter = len(gaps) // 4
+    return statistics.median(gaps[quarter : len(gaps) - quarter] or gaps)
+
+
+def _summarize_prefill(runs: list[_Run]) -> ProbedPoint:
+    length = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
+    client = statistics.median(r.client_s for r in runs)
+    server = [r.server_s for r in runs if r.server_s is not None]
+    # Server-side only when every repeat had it: a mix would be a median of two different things.
+    seconds, source = (
+        (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
+    )
+    return ProbedPoint(BatchShape.of([(length, 0)], []), seconds, client, source, f"prefill {length}")
+
+
+def _summarize_decode(runs: list[_Run], batch: int, tokens: int) -> ProbedPoint:
+    prompt = round(statistics.median(t.prompt_tokens for r in runs for t in r.timings))
+    ctx = prompt + tokens // 2
+    client = statistics.median(r.client_s for r in runs)
+    server = [r.server_s for r in runs if r.server_s is not None]
+    seconds, source = (
+        (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
+    )
+    return ProbedPoint(BatchShape.of([], [ctx] * batch), seconds, client, source, f"decode {batch} x {ctx}")
+
+
+def fit_points(
+    model: ModelSpec, hardware: Hardware, tp: int, points: list[MeasuredBatch]
+) -> CalibrationResult:
+    """A CPU as ``calibrate --executor torch`` fits one (every term, outliers dropped); a GPU from
+    its catalog curves, scaled (compute, memory and the two overheads). A handful of probes
+    cannot pin seven terms (the fit runs off to zero attention cost and infinite bandwidth):
+    below 1.5 points a term, only compute, memory and the per-step overhead are fitted."""
+    if hardware.vendor == "cpu":
+        from tailserve.fidelity.torch_calibrate import CPU_FIT_FIELDS, fit_host
+
+        many = len(points) >= MIN_POINTS_PER_FIELD * len(CPU_FIT_FIELDS)
+        return fit_host(model, hardware, points, CPU_FIT_FIELDS if many else FEW_FIELDS)
+    many = len(points) >= MIN_POINTS_PER_FIELD * len(GPU_FIT_FIELDS)
+    return calibrate(CostModel(model, hardware, tp), points, GPU_FIT_FIELDS if many else FEW_FIELDS)
+
+
+def calibration_file(
+    url: str,
+    served: str,
+    model: ModelSpec,
+    hardware: Hardware,
+    tp: int,
+    plan: ProbePlan,
+    points: list[ProbedPoint],
+    fit: CalibrationResult,
+    token_ids: bool,
+) -> CalibrationFile:
+    overhead = request_overhead(points)
+    sources = sorted({p.source for p in points})
+    load = os.getloadavg()[0]
+    outside = (
+        f"; {overhead * 1e3:.1f} ms per request outside the engine (client TTFT - server prefill)"
+        if overhead is not None
+        else ""
+    )
+    source = (
+        f"tailserve calibrate --from-server {url} (served model {served}): {len(plan.prefill_lens)} "
+        f"prefill and {len(plan.decode_shapes)} decode shapes, median of {plan.repeats} each, "
+        f"{plan.decode_tokens} tokens per decode stream; prompts as {'token ids' if token_ids else 'text'}; "
+        f"times from {', '.join(sources)}{outside}; load average {load:.2f} on {os.cpu_count()} CPUs"
+    )
+    measured = tuple(p.measured() for p in points)
+    return CalibrationFile(
+        hardware, fit.efficiency, model.name, tp, source, measured, request_overhead_s=overhead
+    )
+
+
+def request_overhead(points: list[ProbedPoint]) -> float | None:
+    """The median of the client's TTFT less the server's prefill time over the prefill probes
+    the server timed itself: what a request spends outside the engine (None: none timed)."""
+    gaps = [p.client_s - p.seconds for p in points if p.source in PREFILL and p.batch.decode_kv_tokens == 0]
+    return max(statistics.median(gaps), 0.0) if gaps else None

@@ -1,0 +1,231 @@
+"""``calibrate --from-server``: the server's histograms read as vLLM names them, the model chosen
+from ``/v1/models`` (or one line listing them), and probes of a live ``tailserve serve`` that
+give the server-side figures where it has them and a calibration file the simulator loads."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailserve.cli import main
+from tailserve.executors.simulated.calibration_files import read_calibration_file
+from tailserve.executors.simulated.cost_model import BatchShape
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+from tailserve.executors.simulated.hardware import Hardware
+from tailserve.executors.simulated.models import load_hf_config
+from tailserve.fidelity import server_calibrate as sc
+from tailserve.fidelity.server_metrics import DECODE, PREFILL, parse_histograms
+from tailserve.fidelity.server_probe import ProbeError, Prompts, ServedModel, ServerProbe, choose_model
+from tailserve.server.prometheus import ServerMetrics
+from test_server import micro_model, running_server  # noqa: F401  (fixture)
+
+CPU = Hardware("cpu", 50e9, 10e9, 16.0, 10e9, 10e9, vendor="cpu")
+
+
+@pytest.fixture(scope="module")
+def torch_server(micro_model: Path) -> Iterator[Any]:  # noqa: F811
+    with running_server(micro_model, "torch") as running:
+        yield running
+
+
+# ---- histograms -----------------------------------------------------------------------------
+VLLM_TEXT = """\
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 2.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 2.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 2.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.25
+vllm:request_prefill_time_seconds_count{engine="1",model_name="m"} 1.0
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 0.05
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_histogram_totals_sum_engines_and_subtract():
+    before = parse_histograms(VLLM_TEXT)
+    assert before.totals == {"vllm:request_prefill_time_seconds": (pytest.approx(0.3), 3.0)}
+    assert before.first(PREFILL) == "vllm:request_prefill_time_seconds"
+    assert before.first(DECODE) is None
+    after = parse_histograms(
+        VLLM_TEXT.replace("} 0.25", "} 0.45").replace('"0",model_name="m"} 2.0', '"0",model_name="m"} 3.0')
+    )
+    total, count = after.delta(before, "vllm:request_prefill_time_seconds")
+    assert total == pytest.approx(0.2) and count == 1
+
+
+def test_tailserve_server_metrics_carry_the_names_probed():
+    names = parse_histograms(ServerMetrics("m").render().decode()).totals
+    assert "vllm:request_prefill_time_seconds" in names and "vllm:inter_token_latency_seconds" in names
+
+
+# ---- the model to probe ----------------------------------------------------------------------
+def test_choose_model_by_directory_name_or_served_name(tmp_path: Path):
+    model_dir = tmp_path / "tiny"
+    model_dir.mkdir()
+    models = [ServedModel("tiny", str(model_dir), 2048), ServedModel("other", "/x/other", 4096)]
+    assert choose_model(models, None, str(model_dir)).id == "tiny"  # its root
+    assert choose_model(models, None, "tiny").id == "tiny"  # its id
+    assert choose_model(models, "other", str(model_dir)).id == "other"  # named: wins
+    with pytest.raises(ProbeError, match=r"serves tiny \(.*tiny\), other \(/x/other\).*--served-model"):
+        choose_model(models, None, "Llama-3-8B")
+    with pytest.raises(ProbeError, match="not 'nope'"):
+        choose_model(models, "nope", "tiny")
+
+
+def test_prompts_are_fresh_and_of_the_asked_length():
+    ids = Prompts(True, 1024, seed=1)
+    a, b = ids.make(100), ids.make(100)
+    assert len(a) == 100 and a != b and all(10 <= t < 1024 for t in a)
+    words = Prompts(False, 1024, seed=1, words_per_token=0.5).make(100)
+    assert isinstance(words, str) and len(words.split()) == 50
+
+
+def test_default_plan_stays_within_budget_and_context():
+    plan = sc.default_plan(max_model_len=512, budget=2048, repeats=2, decode_tokens=16)
+    assert plan.prefill_lens == (32, 128, 511) and max(c for _, c in plan.decode_shapes) + 8 < 512
+    assert sc.default_plan(4096, 1024).prefill_lens == (32, 128, 512, 1024)
+    assert plan.num_probes == (3 + len(plan.decode_shapes)) * 2
+    assert sc.parse_decode_shapes("1x128, 16x512") == ((1, 128), (16, 512))
+    with pytest.raises(ValueError, match="BATCHxCONTEXT"):
+        sc.parse_decode_shapes("16,512")
+    with pytest.raises(ValueError, match="prompt lengths"):
+        sc.parse_prefill_lens("a,b")
+
+
+# ---- a live server ---------------------------------------------------------------------------
+def test_probes_read_the_servers_own_figures(torch_server: Any, micro_model: Path):  # noqa: F811
+    probe = ServerProbe(torch_server.base_url, "micro", {})
+    assert probe.accepts_token_ids(1024)  # tailserve takes token-id prompts as those tokens
+    plan = sc.ProbePlan(prefill_lens=(16, 64), decode_shapes=((1, 40), (3, 40)), decode_tokens=8, repeats=2)
+    seen: list[str] = []
+    points = sc.probe_server(probe, Prompts(True, 1024), plan, progress=seen.append)
+    assert len(seen) == plan.num_probes
+    prefill16, prefill64, decode1, decode3 = points
+    # One request at a time: the server's histograms hold the figure, below the client's TTFT.
+    assert prefill16.source == "vllm:request_prefill_time_seconds"
+    assert prefill16.batch.num_tokens == 16 and prefill64.batch.num_tokens == 64
+    assert 0 < prefill64.seconds <= prefill64.client_s
+    assert decode1.source == "vllm:inter_token_latency_seconds"
+    # Several streams at once: the client's median gap (the server's histogram mixes them).
+    assert decode3.source == "client" and decode3.seconds == decode3.client_s
+    assert decode3.batch == BatchShape.of([], [36 + 4] * 3)  # prompts of 36, 4 tokens in: the middle
+    fit = sc.fit_points(load_hf_config(micro_model), CPU, 1, [p.measured() for p in points])
+    assert len(fit.predicted) == 4 and all(p > 0 for p in fit.predicted)
+
+
+def test_without_metrics_the_client_figures_are_fitted(torch_server: Any):
+    probe = ServerProbe(torch_server.base_url, "micro", {})
+    plan = sc.ProbePlan(prefill_lens=(16,), decode_shapes=((1, 20),), decode_tokens=6, repeats=1)
+    points = sc.probe_server(probe, Prompts(True, 1024), plan, use_metrics=False)
+    assert [p.source for p in points] == ["client", "client"]
+
+
+def test_text_prompts_are_measured_by_the_servers_count(torch_server: Any):
+    probe = ServerProbe(torch_server.base_url, "micro", {})
+    timing = probe.stream(Prompts(False, 1024).make(30), 2)
+    assert timing.prompt_tokens > 0 and timing.completion_tokens == 2 and len(timing.gaps_s) == 1
+
+
+def test_cli_writes_a_calibration_file_simulate_loads(
+    torch_server: Any,
+    micro_model: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+    monkeypatch,
+):
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal's width
+    out = tmp_path / "fitted.json"
+    argv = ["calibrate", "--from-server", torch_server.base_url, "--model", str(micro_model)]
+    argv += ["--hardware", "cpu", "--prefill", "16,64,128", "--decode", "1x40,2x40,4x64"]
+    argv += ["--decode-tokens", "8", "--repeats", "1", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "--from-server" in printed and "prefill 128" in printed and f"wrote {out}" in printed
+    cal = read_calibration_file(out)
+    assert cal.hardware.name == "cpu" and len(cal.points) == 6 and "served model micro" in cal.source
+    built = build_cost_model(Deployment(str(micro_model), "H100", 1, str(out)))
+    assert built.cost_model.hardware.name == "cpu"
+    assert (
+        main(
+            [
+                "simulate",
+                "--model",
+                str(micro_model),
+                "--calibration",
+                str(out),
+                "--workload",
+                "chat",
+                "--num-requests",
+                "5",
+            ]
+        )
+        == 0
+    )
+
+
+def test_cli_names_the_served_models_on_a_mismatch(torch_server: Any, capsys):
+    argv = [
+        "calibrate",
+        "--from-server",
+        torch_server.base_url,
+        "--model",
+        "Llama-3-8B",
+        "--hardware",
+        "H100",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "it serves micro" in err[0] and "--served-model" in err[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_says_when_the_server_is_unreachable_or_not_openai(capsys):
+    port = _free_port()
+    argv = [
+        "calibrate",
+        "--from-server",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        "Llama-3-8B",
+        "--hardware",
+        "H100",
+    ]
+    assert main(argv) == 2
+    assert "cannot reach the server at" in capsys.readouterr().err
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"detail": "no such route"}).encode()
+            self.send_response(404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        argv[2] = f"http://127.0.0.1:{httpd.server_address[1]}"
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is not an OpenAI-compatible server: GET /v1/models answered 404" in err
+    finally:
+        httpd.shutdown()
