@@ -51,6 +51,7 @@ from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_async import schedule_advanced
 
 
+# Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
 
 
@@ -67,16 +68,16 @@ class VllmConfig:
     # Schedule each step while the previous one runs (vLLM's --async-scheduling). vLLM 0.32 turns
     # it on by default on GPUs; off here so the recorded default runs stay as recorded
     # (docs/policies.md).
-    # (``recorded_when_set``: a run file names these only when set, sim/run.py.)
     async_scheduling: bool = field(default=False, metadata=_WHEN_SET)
-    # Speculative decoding: vLLM's --speculative-config fields ("method" and the synthetic
-    # rejection sampler's acceptance model; executors/simulated/spec_decode.py).
+    # Speculative decoding: the drafter, vLLM's --speculative-config "method" (the fields below
+    # are that config's own names; executors/simulated/spec_decode.py).
     speculative_method: str | None = field(default=None, metadata={"choices": tuple(METHODS), **_WHEN_SET})
     # drafts per decode step (0: no speculative decoding)
     num_speculative_tokens: int = field(default=0, metadata=_WHEN_SET)
-    # per-position unconditional acceptance rates (vLLM's per-position acceptance rate)
+    # per-position unconditional acceptance rates (vLLM's logged per-position acceptance
+    # rate), non-increasing, one per draft; 0.8,0.5 (0.8/0.5 in a policy spec)
     synthetic_acceptance_rates: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
-    # mean acceptance length: accepted drafts + 1 per decode step
+    # or the mean acceptance length: 1 + accepted drafts per decode step, in [1, k + 1]
     synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
