@@ -229,7 +229,10 @@ def test_golden_spec_covers_its_knobs():
     from tailserve.executors.simulated.spec_decode import SpecDecoding, accepted_drafts
 
     specs = [from_compact(e["workload"]) for e in load_fixture(FIXTURE_SPEC)["workloads"]]
-    knobs = {(w.scheduler.speculative_method, w.scheduler.num_speculative_tokens, w.scheduler.async_scheduling) for w in specs}
+    knobs = {
+        (w.scheduler.speculative_method, w.scheduler.num_speculative_tokens, w.scheduler.async_scheduling)
+        for w in specs
+    }
     assert {k for _, k, _ in knobs} == {1, 2, 4}
     assert {m for m, _, _ in knobs} == {"ngram", "ngram_gpu", "eagle"}
     assert {a for _, _, a in knobs} == {True, False}
@@ -238,7 +241,8 @@ def test_golden_spec_covers_its_knobs():
     spec = SpecDecoding(s.speculative_method, s.num_speculative_tokens, tuple(s.synthetic_acceptance_rates))
     r = w.requests[0]
     assert r.accepted == [
-        accepted_drafts(spec, w.seed, r.request_id, len(r.prompt_token_ids) + i) for i in range(len(r.accepted))
+        accepted_drafts(spec, w.seed, r.request_id, len(r.prompt_token_ids) + i)
+        for i in range(len(r.accepted))
     ]
 
 

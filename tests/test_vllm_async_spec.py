@@ -37,7 +37,9 @@ def _workload(requests: list[RequestSpec], **flags) -> Workload:
     return Workload(SchedulerSpec(**(spec | flags)), requests)
 
 
-def _request(rid: str, prompt: int, outputs: list[int], arrival: int = 0, first: int = 100, **kw) -> RequestSpec:
+def _request(
+    rid: str, prompt: int, outputs: list[int], arrival: int = 0, first: int = 100, **kw
+) -> RequestSpec:
     return RequestSpec(rid, arrival, list(range(first, first + prompt)), outputs, **kw)
 
 
@@ -94,7 +96,11 @@ def test_async_prefilled_request_decodes_at_once_and_slots_free_a_step_later():
 
 
 def _spec_flags(method: str = "ngram", k: int = 3, **kw) -> dict:
-    return {"speculative_method": method, "num_speculative_tokens": k, "synthetic_acceptance_rates": [0.5] * k} | kw
+    return {
+        "speculative_method": method,
+        "num_speculative_tokens": k,
+        "synthetic_acceptance_rates": [0.5] * k,
+    } | kw
 
 
 def test_drafts_count_against_the_budget_and_rejections_roll_back():
@@ -117,7 +123,14 @@ def test_drafts_count_against_the_budget_and_rejections_roll_back():
 def test_a_cut_verification_accepts_only_the_drafts_it_verified():
     """A budget cut to 1 + s < 1 + k tokens verifies s drafts: min(draw, s) accepted."""
     a = _request("a", 4, list(range(10, 22)), accepted=[4] * 20)
-    steps = run_tailserve(_workload([a], max_num_batched_tokens=3, max_num_seqs=1, **_spec_flags(k=4, synthetic_acceptance_rates=[1.0] * 4)))
+    steps = run_tailserve(
+        _workload(
+            [a],
+            max_num_batched_tokens=3,
+            max_num_seqs=1,
+            **_spec_flags(k=4, synthetic_acceptance_rates=[1.0] * 4),
+        )
+    )
     # 3-token budget: prompt in 2 chunks (3 + 1), then 1 + 2 drafts each step, all accepted.
     assert [(n, c) for _, n, c in _grants(steps, "a")][:4] == [(3, 0), (1, 3), (3, 4), (3, 7)]
 
@@ -171,7 +184,13 @@ def test_rollback_and_placeholders_conserve_blocks_under_pressure(flags):
 
     rng = np.random.default_rng(3)
     requests = [
-        Request(f"r{i}", int(rng.integers(8, 200)), int(rng.integers(1, 80)), float(t), priority=int(rng.integers(0, 3)))
+        Request(
+            f"r{i}",
+            int(rng.integers(8, 200)),
+            int(rng.integers(1, 80)),
+            float(t),
+            priority=int(rng.integers(0, 3)),
+        )
         for i, t in enumerate(np.cumsum(rng.exponential(0.01, 40)))
     ]
     cfg = {k: v for k, v in (part.split("=") for part in flags.split(":"))}
@@ -211,8 +230,12 @@ def test_acceptance_follows_vllms_synthetic_sampler():
     for i, p in enumerate((0.8, 0.5, 0.2), start=1):
         assert sum(d >= i for d in draws) / len(draws) == pytest.approx(p, abs=0.015)
     # Deterministic in (seed, request, position), different across seeds.
-    assert [accepted_drafts(spec, 7, "r1", c) for c in range(50)] == [accepted_drafts(spec, 7, "r1", c) for c in range(50)]
-    assert [accepted_drafts(spec, 7, "r1", c) for c in range(50)] != [accepted_drafts(spec, 8, "r1", c) for c in range(50)]
+    assert [accepted_drafts(spec, 7, "r1", c) for c in range(50)] == [
+        accepted_drafts(spec, 7, "r1", c) for c in range(50)
+    ]
+    assert [accepted_drafts(spec, 7, "r1", c) for c in range(50)] != [
+        accepted_drafts(spec, 8, "r1", c) for c in range(50)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -221,13 +244,53 @@ def test_acceptance_follows_vllms_synthetic_sampler():
         ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
         ({"num_speculative_tokens": 2}, "needs speculative_method"),
         ({"num_speculative_tokens": 2, "speculative_method": "eagle"}, "exactly one of"),
-        ({"num_speculative_tokens": 2, "speculative_method": "eagle", "synthetic_acceptance_rates": (0.5, 1.5)}, "in [0, 1]"),
-        ({"num_speculative_tokens": 2, "speculative_method": "eagle", "synthetic_acceptance_rates": (0.4, 0.6)}, "non-increasing"),
-        ({"num_speculative_tokens": 2, "speculative_method": "eagle", "synthetic_acceptance_length": 3.5}, "[1, 3]"),
-        ({"num_speculative_tokens": 2, "speculative_method": "draft_model", "synthetic_acceptance_length": 2}, "not modelled"),
-        ({"num_speculative_tokens": 2, "speculative_method": "ngram", "synthetic_acceptance_length": 2, "async_scheduling": True}, "async scheduling is only supported"),
+        (
+            {
+                "num_speculative_tokens": 2,
+                "speculative_method": "eagle",
+                "synthetic_acceptance_rates": (0.5, 1.5),
+            },
+            "in [0, 1]",
+        ),
+        (
+            {
+                "num_speculative_tokens": 2,
+                "speculative_method": "eagle",
+                "synthetic_acceptance_rates": (0.4, 0.6),
+            },
+            "non-increasing",
+        ),
+        (
+            {"num_speculative_tokens": 2, "speculative_method": "eagle", "synthetic_acceptance_length": 3.5},
+            "[1, 3]",
+        ),
+        (
+            {
+                "num_speculative_tokens": 2,
+                "speculative_method": "draft_model",
+                "synthetic_acceptance_length": 2,
+            },
+            "not modelled",
+        ),
+        (
+            {
+                "num_speculative_tokens": 2,
+                "speculative_method": "ngram",
+                "synthetic_acceptance_length": 2,
+                "async_scheduling": True,
+            },
+            "async scheduling is only supported",
+        ),
         ({"speculative_method": "eagle"}, "needs num_speculative_tokens >= 1"),
-        ({"num_speculative_tokens": 4, "speculative_method": "eagle", "synthetic_acceptance_length": 2, "long_prefill_token_threshold": 3}, "below 1 + num_speculative_tokens"),
+        (
+            {
+                "num_speculative_tokens": 4,
+                "speculative_method": "eagle",
+                "synthetic_acceptance_length": 2,
+                "long_prefill_token_threshold": 3,
+            },
+            "below 1 + num_speculative_tokens",
+        ),
     ],
 )
 def test_bad_speculative_flags_are_one_line_errors(flags, message):
@@ -261,7 +324,10 @@ def test_spec_decode_step_advances_several_tokens_and_itl_counts_steps():
     (vLLM's benchmark: one gap per streamed chunk) skips the zero gaps inside a step."""
     built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
     times = {}
-    for name, policy in (("plain", "vllm"), ("spec", "vllm:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=4")):
+    for name, policy in (
+        ("plain", "vllm"),
+        ("spec", "vllm:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=4"),
+    ):
         request = Request("a", 100, 61, 0.0)
         built_engine = build_engine(built, policy, "sim", source=ListSource([request]))
         SimDriver(built_engine.engine).run()
@@ -289,7 +355,9 @@ def test_async_scheduling_hides_the_host_overhead_behind_the_forward_pass():
     gaps = {}
     for flag in ("false", "true"):
         request = Request("a", 100, 20, 0.0)
-        engine = build_engine(built, f"vllm:async_scheduling={flag}", "sim", source=ListSource([request])).engine
+        engine = build_engine(
+            built, f"vllm:async_scheduling={flag}", "sim", source=ListSource([request])
+        ).engine
         SimDriver(engine).run()
         gaps[flag] = [b - a for a, b in zip(request.token_times, request.token_times[1:])]
     for sync_gap, async_gap in zip(gaps["false"][2:], gaps["true"][2:]):
@@ -308,7 +376,11 @@ def test_same_seed_same_run_and_the_fast_path_declines(monkeypatch):
     def run(seed: int, fast: bool) -> list:
         requests = [Request(f"r{i}", 50 + 7 * i, 30 + i, 0.003 * i) for i in range(12)]
         built_engine = build_engine(
-            built, policy, "sim", BuildOptions(seed=seed, engine=EngineOptions(fast_forward=fast)), source=ListSource(requests)
+            built,
+            policy,
+            "sim",
+            BuildOptions(seed=seed, engine=EngineOptions(fast_forward=fast)),
+            source=ListSource(requests),
         )
         SimDriver(built_engine.engine).run()
         return [tuple(r.token_times) for r in requests]
@@ -319,7 +391,13 @@ def test_same_seed_same_run_and_the_fast_path_declines(monkeypatch):
     assert not calls
 
 
-@pytest.mark.parametrize("flag", ["async_scheduling=true", "speculative_method=eagle:num_speculative_tokens=2:synthetic_acceptance_length=2"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "async_scheduling=true",
+        "speculative_method=eagle:num_speculative_tokens=2:synthetic_acceptance_length=2",
+    ],
+)
 def test_realtime_executor_refuses_in_one_line(flag):
     built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
     with pytest.raises(ValueError) as error:
@@ -333,8 +411,33 @@ def test_advanced_shape_logits_per_verified_position():
 
     a, b = Request("a", 10, 5, 0.0), Request("b", 10, 5, 0.0)
     out = SchedulerOutput(
-        [ScheduledRequest(a, 4, 20, num_spec_tokens=3), ScheduledRequest(b, 6, 0, partial=True)], advanced=True
+        [ScheduledRequest(a, 4, 20, num_spec_tokens=3), ScheduledRequest(b, 6, 0, partial=True)],
+        advanced=True,
     )
     shape = advanced_batch_shape(out)
     assert (shape.num_tokens, shape.num_logits) == (10, 4)
     assert shape.prefill_pairs == 4 * 20 + 10 + 6 * 7 // 2 * 1 and shape.decode_kv_tokens == 0
+
+
+def test_tuned_command_line_spells_the_flags_as_vllm_does():
+    from tailserve.policies.registry import parse_policy_list
+    from tailserve.tune.commands import command_line
+
+    spec = parse_policy_list(
+        "vllm:async_scheduling=true:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=2"
+    )[0]
+    line = command_line(
+        spec, Deployment("Llama-3-8B", "H100-SXM", 1), None, get_hardware("H100-SXM").device_info, 8192
+    )
+    assert line is not None
+    assert line.endswith(
+        """--async-scheduling --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}'"""
+    )
+    plain = command_line(
+        parse_policy_list("vllm")[0],
+        Deployment("Llama-3-8B", "H100-SXM", 1),
+        None,
+        get_hardware("H100-SXM").device_info,
+        8192,
+    )
+    assert plain is not None and "async" not in plain and "speculative" not in plain

@@ -194,6 +194,10 @@ def _refuse_virtual_time_only(policy: Policy, kind: str) -> None:
     """vLLM's async scheduling and speculative decoding are simulated (virtual time, drafts drawn
     by the simulated executor); a real or real-time executor refuses them in one line."""
     if policy.async_scheduling():
-        raise ValueError(f"executor {kind!r} runs steps synchronously: async_scheduling needs the simulated executor (sim)")
+        raise ValueError(
+            f"executor {kind!r} runs steps synchronously: async_scheduling needs the simulated executor (sim)"
+        )
     if policy.speculative_decoding() is not None:
-        raise ValueError(f"executor {kind!r} does not do speculative decoding: num_speculative_tokens needs the simulated executor (sim)")
+        raise ValueError(
+            f"executor {kind!r} does not do speculative decoding: num_speculative_tokens needs the simulated executor (sim)"
+        )

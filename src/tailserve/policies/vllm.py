@@ -50,7 +50,6 @@ from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, res
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_async import schedule_advanced
 
-
 # Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
 

@@ -73,7 +73,9 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
             continue
         self_preempted = False
         while not sched.allocate(
-            request, min(computed + want + lookahead, max_len), num_cached=min(computed + want, request.num_tokens)
+            request,
+            min(computed + want + lookahead, max_len),
+            num_cached=min(computed + want, request.num_tokens),
         ):
             victim = waiting.preemption_victim(sched.running)
             if sched.running.index(victim) < i:
@@ -117,13 +119,13 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
             hit = match.num_tokens if match is not None else 0
             want = request.num_remaining_tokens - hit
             padded = False
-            if k and want == 1 and not prefill_scheduled and (running_scheduled or hit):
-                # A new decode padded to the uniform decode size (1 + k), if it fits max_model_len.
-                if hit + 1 + k + 1 <= max_len:
-                    if 1 + k > budget:
-                        break  # vLLM prefers not scheduling it to scheduling it unpadded
-                    want = 1 + k
-                    padded = True
+            # A new decode padded to the uniform decode size (1 + k), if that fits max_model_len.
+            pad = k and want == 1 and not prefill_scheduled and (running_scheduled or hit)
+            if pad and hit + 1 + k + 1 <= max_len:
+                if 1 + k > budget:
+                    break  # vLLM prefers not scheduling it to scheduling it unpadded
+                want = 1 + k
+                padded = True
             if 0 < cap < want:
                 want = cap
             if not cfg.enable_chunked_prefill and want > budget:
@@ -156,7 +158,11 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
             out.num_admitted += 1
             scheduled.append(
                 ScheduledRequest(
-                    request, want, request.num_computed_tokens, num_spec_tokens=k if padded else 0, spec_padding=padded
+                    request,
+                    want,
+                    request.num_computed_tokens,
+                    num_spec_tokens=k if padded else 0,
+                    spec_padding=padded,
                 )
             )
             budget -= want

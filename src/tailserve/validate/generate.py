@@ -136,7 +136,9 @@ def _tight_kv(base: Workload, rng: random.Random, extra_tokens: int) -> int:
     tokens: the base's, raised where the largest would not fit, and in a third of the workloads
     cut to just above the largest request (preemption, and outputs in flight when it strikes)."""
     s = base.scheduler
-    need = max(-(-(len(r.prompt_token_ids) + r.max_tokens + extra_tokens) // s.block_size) for r in base.requests)
+    need = max(
+        -(-(len(r.prompt_token_ids) + r.max_tokens + extra_tokens) // s.block_size) for r in base.requests
+    )
     if rng.random() < 1 / 3:
         return need + rng.randint(0, 3)
     return max(s.num_blocks, need)
@@ -169,7 +171,9 @@ def random_vllm_spec_workload(seed: int) -> Workload:
     async_scheduling = rng.random() < 0.5
     method = rng.choice(("ngram_gpu" if async_scheduling else "ngram", "eagle"))
     if rng.random() < 0.5:
-        rates = resolve_acceptance_rates(k, tuple(sorted((rng.random() for _ in range(k)), reverse=True)), None)
+        rates = resolve_acceptance_rates(
+            k, tuple(sorted((rng.random() for _ in range(k)), reverse=True)), None
+        )
     else:
         rates = resolve_acceptance_rates(k, None, round(rng.uniform(1.0, k + 1.0), 3))
     spec = SpecDecoding(method, k, rates)

@@ -144,7 +144,9 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     return steps
 
 
-def fake_model(out: SchedulerOutput, specs: dict[str, RequestSpec], produced: dict[str, int], stop: int) -> StepResult:
+def fake_model(
+    out: SchedulerOutput, specs: dict[str, RequestSpec], produced: dict[str, int], stop: int
+) -> StepResult:
     """What the fake model runner returns for an ``advanced`` step, decided when the step runs:
     each request that samples gets 1 + its accepted drafts (``RequestSpec.num_accepted``; none
     for padding drafts) of its planned outputs, from the ``produced`` count on (tokens of steps
@@ -165,7 +167,9 @@ def fake_model(out: SchedulerOutput, specs: dict[str, RequestSpec], produced: di
         start = produced.get(rid, 0)
         produced[rid] = start + 1 + num_accepted
         planned = spec.output_token_ids
-        tokens = [planned[j] if j < len(planned) else FILLER_TOKEN for j in range(start, start + 1 + num_accepted)]
+        tokens = [
+            planned[j] if j < len(planned) else FILLER_TOKEN for j in range(start, start + 1 + num_accepted)
+        ]
         if stop in tokens:
             result.stopped.add(rid)
             result.stop_index[rid] = tokens.index(stop)

@@ -52,9 +52,11 @@ class SchedulerSpec:
             )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
-        spec = (self.speculative_method, self.synthetic_acceptance_rates)
-        if (spec == (None, None)) != (self.num_speculative_tokens == 0) or None in spec and spec != (None, None):
-            raise ValueError("speculative_method, synthetic_acceptance_rates and num_speculative_tokens >= 1 go together")
+        given = (self.speculative_method is not None, self.synthetic_acceptance_rates is not None)
+        if len({*given, self.num_speculative_tokens > 0}) > 1:
+            raise ValueError(
+                "speculative_method, synthetic_acceptance_rates and num_speculative_tokens >= 1 go together"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,9 @@ class RequestSpec:
         assert self.accepted is not None, f"request {self.request_id}: no acceptance draws"
         i = num_context_tokens - len(self.prompt_token_ids)
         if not 0 <= i < len(self.accepted):
-            raise ValueError(f"request {self.request_id}: no acceptance draw for a verification at {num_context_tokens}")
+            raise ValueError(
+                f"request {self.request_id}: no acceptance draw for a verification at {num_context_tokens}"
+            )
         return min(self.accepted[i], num_drafts)
 
     def __post_init__(self) -> None:
@@ -182,7 +186,12 @@ def to_compact(w: Workload) -> dict[str, Any]:
         for r in d["requests"]
     ]
     if not w.scheduler.async_scheduling and not w.scheduler.num_speculative_tokens:
-        for name in ("async_scheduling", "speculative_method", "num_speculative_tokens", "synthetic_acceptance_rates"):
+        for name in (
+            "async_scheduling",
+            "speculative_method",
+            "num_speculative_tokens",
+            "synthetic_acceptance_rates",
+        ):
             d["config"].pop(name)  # fixtures recorded before these flags read the same
     return d
 

@@ -83,7 +83,9 @@ def resolve_acceptance_rates(
         )
     if rates is not None:
         if len(rates) != k:
-            raise ValueError(f"synthetic_acceptance_rates must have num_speculative_tokens ({k}) entries, got {len(rates)}")
+            raise ValueError(
+                f"synthetic_acceptance_rates must have num_speculative_tokens ({k}) entries, got {len(rates)}"
+            )
         if not all(0.0 <= r <= 1.0 for r in rates):
             raise ValueError(f"synthetic_acceptance_rates entries must be in [0, 1], got {list(rates)}")
         if any(rates[i] > rates[i - 1] for i in range(1, k)):
@@ -172,7 +174,9 @@ class DrafterCost:
                 sliding_window=0,
             )
             efficiency = replace(cost_model.efficiency, overhead=0.0)
-            self.layer = CostModel(one, cost_model.hardware, cost_model.tp, efficiency, cost_model.expert_parallel)
+            self.layer = CostModel(
+                one, cost_model.hardware, cost_model.tp, efficiency, cost_model.expert_parallel
+            )
 
     def time(self, shape: BatchShape, num_drafting: int, drafting_kv_tokens: int) -> float:
         """``shape``: the step's target batch; ``num_drafting``: requests that sample (and draft)

@@ -255,11 +255,14 @@ class Driver:
             )
         return steps
 
-
-    def _add_arrivals(self, scheduler, pending: list, step: int, hasher, stop_token_id: int, live: set) -> None:
+    def _add_arrivals(
+        self, scheduler, pending: list, step: int, hasher, stop_token_id: int, live: set
+    ) -> None:
         while pending and pending[0]["arrival_step"] <= step:
             r = pending.pop(0)
-            params = self.SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id])
+            params = self.SamplingParams(
+                max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id]
+            )
             request = self.Request(
                 request_id=r["request_id"],
                 prompt_token_ids=list(r["prompt_token_ids"]),
@@ -291,9 +294,7 @@ class Driver:
         steps: list[dict] = []
         usable_blocks = cfg["num_blocks"]
         for step in range(workload["max_steps"]):
-            aborted = [
-                rid for rid, r in specs.items() if r.get("abort_step") == step and rid in live
-            ]
+            aborted = [rid for rid, r in specs.items() if r.get("abort_step") == step and rid in live]
             if aborted:
                 scheduler.finish_requests(aborted, self.RequestStatus.FINISHED_ABORTED)
                 live.difference_update(aborted)
@@ -319,7 +320,9 @@ class Driver:
                 start = produced.get(req_id, 0)
                 produced[req_id] = start + 1 + accepted
                 planned = spec["output_token_ids"]
-                sampled.append([planned[j] if j < len(planned) else 3 for j in range(start, start + 1 + accepted)])
+                sampled.append(
+                    [planned[j] if j < len(planned) else 3 for j in range(start, start + 1 + accepted)]
+                )
             queue.insert(0, (out, self.runner_output(req_ids, sampled)))
             finished: list[str] = []
             if not (len(queue) < depth and (out.num_scheduled_tokens or live)):
