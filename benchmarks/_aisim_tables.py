@@ -1,11 +1,18 @@
 """Export AISimulate's bundled silicon tables (GEMM per format, fused MoE, vLLM's custom
-all-reduce under CUDA graphs) as JSON rows.
+all-reduce under CUDA graphs, vLLM's MLA attention modules, DeepEP's dispatch/combine under vLLM,
+NCCL's all-gather / reduce-scatter) as JSON rows.
 
 Runs in AISimulate's venv (pandas and pyarrow read its parquet files; tailserve's own environment
 needs neither): ``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --out rows.json``.
 For each GPU it takes vLLM's newest collected version of each table; MoE rows are taken from every
 vLLM version (each collected different shapes), the newest row for each shape winning. Only rows
-with uniform ("balanced") routing are kept: that is what the cost model assumes.
+with uniform ("balanced") routing are kept: that is what the cost model assumes. MLA module rows
+are vLLM's default MLA backend on each GPU (``vllm/platforms/cuda.py``, ``_get_backend_priorities``:
+FLASH_ATTN_MLA first on Hopper, FLASHINFER_MLA first on Blackwell); on Blackwell the prefill rows are
+FLASH_ATTN's (vLLM picks the MLA prefill kernel apart from the decode backend, and the tables'
+FLASHINFER_MLA prefill rows are all one-token prompts, which say nothing of prefill attention).
+NCCL rows are the newest
+collected NCCL version that has all-gather and reduce-scatter.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ GEMM_KERNELS = {  # the format's kernel vLLM picks by default on these GPUs
     "fp8_block": "DeepGemmFp8BlockScaledMMKernel",
     "nvfp4": "FlashInferCuteDslNvFp4LinearKernel",
 }
+# vLLM's first-choice MLA backend per GPU family (the table's kernel_source)
+MLA_BACKENDS = {"h100_sxm": "FLASH_ATTN_MLA", "h200_sxm": "FLASH_ATTN_MLA"}
+MLA_BACKEND_BLACKWELL = "FLASHINFER_MLA"
+MLA_PREFILL_BLACKWELL = "FLASH_ATTN"
 GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "gb200", "b300_sxm")
 
 
@@ -69,8 +80,64 @@ def export(gpus: tuple[str, ...]) -> dict:
             d = d[d.backend.eq("vllm_graph") & d.allreduce_dtype.eq("bfloat16")]
             entry["allreduce_version"] = comm_files[-1].parent.name
             entry["allreduce"] = d[["num_gpus", "message_size", "latency"]].values.tolist()
+        entry.update(_mla(root, gpu))
+        entry.update(_a2a(root, gpu))
+        entry.update(_nccl(root, gpu))
         out["gpus"][gpu] = entry
     return out
+
+
+def _mla(root: Path, gpu: str) -> dict:
+    """vLLM's whole MLA attention block per layer (the q/kv down- and up-projections, the
+    attention kernel, o_proj), bf16 KV cache, weights in bf16 or fp8_block, newest version."""
+    import pandas as pd
+
+    out: dict = {}
+    for phase, length in (("context", "isl"), ("generation", "step")):
+        backend = MLA_BACKENDS.get(
+            gpu, MLA_PREFILL_BLACKWELL if phase == "context" else MLA_BACKEND_BLACKWELL
+        )
+        files = sorted(
+            (root / gpu / "mla" / "vllm").glob(f"*/mla_{phase}_module_perf.parquet"), key=_version_key
+        )
+        if not files:
+            continue
+        d = pd.read_parquet(files[-1])
+        d = d[d.kernel_source.eq(backend) & d.kv_cache_dtype.eq("bfloat16") & d.tp_size.eq(1)]
+        d = d[d.gemm_type.isin(["bfloat16", "fp8_block"])]
+        out[f"mla_{phase}_version"] = f"{files[-1].parent.name} {backend}"
+        out[f"mla_{phase}"] = d[["gemm_type", "num_heads", "batch_size", length, "latency"]].values.tolist()
+    return out
+
+
+def _a2a(root: Path, gpu: str) -> dict:
+    """DeepEP's dispatch and combine as vLLM runs them (high-throughput and low-latency modes),
+    one node; latency in microseconds."""
+    import pandas as pd
+
+    files = sorted((root / gpu / "comm" / "vllm").glob("*/moe_a2a_perf.parquet"), key=_version_key)
+    if not files:
+        return {}
+    d = pd.read_parquet(files[-1])
+    d = d[d.comm_backend.isin(["deepep_ht", "deepep_ll"]) & d.node_num.eq(1)]
+    cols = ["comm_backend", "phase", "ep_size", "hidden_size", "topk", "num_experts", "num_tokens", "latency"]
+    return {"a2a_version": files[-1].parent.name, "a2a": d[cols].values.tolist()}
+
+
+def _nccl(root: Path, gpu: str) -> dict:
+    """NCCL all-gather and reduce-scatter (half precision), the newest version with both."""
+    import pandas as pd
+
+    files = sorted((root / gpu / "comm" / "nccl").glob("*/nccl_perf.parquet"), key=_version_key)
+    for f in reversed(files):
+        d = pd.read_parquet(f)
+        d = d[d.op_name.isin(["all_gather", "reduce_scatter"]) & d.nccl_dtype.eq("half")]
+        if set(d.op_name) == {"all_gather", "reduce_scatter"}:
+            return {
+                "nccl_version": f.parent.name,
+                "nccl": d[["op_name", "num_gpus", "message_size", "latency"]].values.tolist(),
+            }
+    return {}
 
 
 def main() -> int:

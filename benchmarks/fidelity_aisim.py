@@ -18,6 +18,17 @@ never as a model:
 - **allreduce**: vLLM's custom all-reduce under CUDA graphs (the decode path), bf16, per GPU and
   TP degree: the catalog's latency and link efficiency, then one latency per TP and one link
   efficiency per GPU fitted on every other message size and tested on the rest.
+- **mla**: vLLM's whole MLA attention block of one layer (down- and up-projections, the attention
+  kernel, o_proj, and the norms, RoPE and cache writes between them), DeepSeek-V3's shapes at
+  1-128 heads (a TP shard), prefill (batch x prompt) and decode (batch x context), bf16 KV,
+  weights in bf16 or block-scaled FP8: the cost model as is (the GPU's GEMM curve and the
+  roofline attention), then with the MLA block's factors and fixed time (``hardware.MlaKernel``)
+  fitted on half the head counts and tested on the other half.
+- **a2a**: DeepEP's dispatch and combine as vLLM runs them (high-throughput and low-latency, one
+  node, EP 8; GB200: 4), per phase ``latency + bytes / (link x efficiency)`` with the bytes of
+  ``moe_comm.py``, fitted on half the model shapes (hidden, top-k, experts) and tested on the
+  rest; and NCCL's all-gather and reduce-scatter (vLLM's default allgather_reducescatter
+  exchange) per group size, fitted on every other message size and tested on the rest.
 
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
@@ -34,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +53,15 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.gemm import join_array, padded_rows
-from tailserve.executors.simulated.hardware import Hardware, get_hardware
+from tailserve.executors.simulated.hardware import Hardware, LinkFit, MlaKernel, get_hardware
+from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
+from tailserve.executors.simulated.moe_comm import FP8_WITH_SCALES, remote_ranks
 from tailserve.executors.simulated.precision import get_precision
 
+_AISIM_SRC = "AISimulate silicon tables"
 GPUS = {  # AISimulate's system name -> tailserve's catalog name
     "h100_sxm": "H100-SXM",
     "h200_sxm": "H200",
@@ -360,6 +376,271 @@ def allreduce_part(tables: dict, console: Console) -> dict:
     return out
 
 
+MLA_FORMATS = {"bfloat16": "bf16", "fp8_block": "fp8_block"}
+NEUTRAL_MLA = MlaKernel((), 1.0, 1.0, 0.0, 0.0, "neutral: the parts as the curves price them")
+
+
+def _mla_layer(heads: int, weights: str):
+    """One MLA layer of DeepSeek-V3's shapes with ``heads`` heads, no MLP worth pricing (one
+    intermediate unit) and no LM head: the module the table times, as one TP shard at TP 1."""
+    ds = get_model("deepseek-v3")
+    return replace(
+        ds, name=f"mla-{heads}", num_layers=1, num_heads=heads, num_kv_heads=heads, num_experts=0,
+        experts_per_token=0, moe_intermediate_size=0, shared_intermediate_size=0, first_dense_layers=0,
+        intermediate_size=1, vocab_size=1, weight_dtype="" if weights == "bf16" else weights,
+        expert_dtype="", kv_dtype="",
+    )  # fmt: skip
+
+
+def _mla_shape(phase: str, batch: int, length: int) -> BatchShape:
+    if phase == "context":
+        return BatchShape.of([(length, 0)] * batch, [])
+    return BatchShape.of([], [length] * batch)
+
+
+def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.ndarray, ...]:
+    """Per row: (the rest of the layer, the projections' join, the attention) as the cost model
+    prices them with a neutral MLA kernel, and the measured seconds."""
+    neutral = replace(hw, mla=NEUTRAL_MLA)
+    rest, proj, attn, y = [], [], [], []  # the neutral kernel adds no fixed time
+    models: dict[int, CostModel] = {}
+    for heads, batch, length, ms in rows:
+        cm = models.get(heads)
+        if cm is None:
+            cm = models[heads] = CostModel(_mla_layer(heads, weights), neutral, 1)
+        shape = _mla_shape(phase, batch, length)
+        p = cm._mla_projections(shape.num_tokens)
+        rest.append(cm.linear_time(shape.num_tokens, 0) - p)
+        proj.append(p)
+        attn.append(cm.attention_time(shape))
+        y.append(ms * 1e-3)
+    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y))
+
+
+def _fixed_terms(base: np.ndarray, y: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative coefficients of ``columns`` (one row per measurement) minimising the squared
+    relative error of ``base + columns @ coef``, and the mean |relative error|."""
+    w = 1.0 / y
+    active = list(range(columns.shape[1]))
+    coef = np.zeros(columns.shape[1])
+    while active:
+        a = columns[:, active] * w[:, None]
+        sol, *_ = np.linalg.lstsq(a, 1.0 - base * w, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0.0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))  # drop the most negative term and refit the others
+    pred = base + columns @ coef
+    return coef, float(np.mean(np.abs(pred / y - 1)))
+
+
+def _mla_columns(phases: np.ndarray) -> np.ndarray:
+    """The fixed-time terms' columns: the prefill path, the decode path."""
+    return np.stack([(phases == 0).astype(float), (phases == 1).astype(float)], axis=1)
+
+
+def _fit_mla(parts: dict, train: dict) -> MlaKernel:
+    """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
+    prefill and decode attention factors (<= 1: never faster than the roofline) and each path's
+    fixed time per layer; the FP8 rows then their own projection factor, the rest held. (A time
+    per new token was tried as a third term: the prefill rows, up to 131,072 tokens, fit it to 0.)"""
+    rc, pc, ac, yc = (v[train["context"]] for v in parts[("context", "bf16")])
+    rg, pg, ag, yg = (v[train["generation"]] for v in parts[("generation", "bf16")])
+    y = np.concatenate((yc, yg))
+    phases = np.concatenate((np.zeros(len(yc)), np.ones(len(yg))))
+    cols = _mla_columns(phases)
+    best = (math.inf, None)
+    grid = np.geomspace(0.05, 1.0, 24)
+    for f in np.geomspace(0.2, 1.0, 17):
+        for fp in grid:
+            base_c = rc + pc / f + ac / fp
+            for fd in grid:
+                base = np.concatenate((base_c, rg + pg / f + ag / fd))
+                coef, err = _fixed_terms(base, y, cols)
+                if err < best[0]:
+                    best = (err, (float(f), float(fp), float(fd), coef))
+    f, fp, fd, coef = best[1]
+    factors = [("bf16", f)]
+    if ("context", "fp8_block") in parts:
+        c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
+        sel_c, sel_g = train["context8"], train["generation8"]
+        y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
+        phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
+        fixed8 = _mla_columns(phases8) @ coef
+        best8 = (math.inf, 1.0)
+        for f8 in np.geomspace(0.1, 1.0, 60):
+            pred = np.concatenate((
+                c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
+                g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
+            )) + fixed8  # fmt: skip
+            err = float(np.mean(np.abs(pred / y8 - 1)))
+            if err < best8[0]:
+                best8 = (err, float(f8))
+        factors.append(("fp8_block", best8[1]))
+    return MlaKernel(tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit")
+
+
+def mla_part(tables: dict, console: Console) -> dict:
+    """vLLM's MLA block per layer: the cost model as is, then with ``MlaKernel`` fitted on half
+    the head counts (both phases, bf16 weights; FP8's projection factor on its own rows) and
+    tested on the other half, each row priced by the cost model itself with the fitted kernel."""
+    out: dict = {}
+    table = Table(
+        title="MLA attention block per layer (vLLM, DeepSeek-V3 shapes, bf16 KV): |error| as is, then "
+        "held out on half the head counts"
+    )
+    for col in ("GPU", "phase", "weights", "rows held out", "as is: mean", "fitted: mean / p90 / max",
+                "time-weighted", "bias", "fit"):  # fmt: skip
+        table.add_column(col)
+    for gpu, entry in tables.items():
+        if gpu not in GPUS or not entry.get("mla_context") or not entry.get("mla_generation"):
+            continue
+        hw = get_hardware(GPUS[gpu])
+        parts: dict = {}
+        heads_of: dict = {}
+        for phase in ("context", "generation"):
+            for table_fmt, weights in MLA_FORMATS.items():
+                rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == table_fmt and r[4] > 0]
+                if rows:
+                    parts[(phase, weights)] = _mla_parts(hw, rows, phase, weights)
+                    heads_of[(phase, weights)] = np.array([r[0] for r in rows])
+        heads = sorted(set(heads_of[("context", "bf16")]))
+        test_heads = heads[1::2]
+        test = {k: np.isin(v, test_heads) for k, v in heads_of.items()}
+        train = {
+            "context": ~test[("context", "bf16")],
+            "generation": ~test[("generation", "bf16")],
+            "context8": ~test.get(("context", "fp8_block"), np.array([], dtype=bool)),
+            "generation8": ~test.get(("generation", "fp8_block"), np.array([], dtype=bool)),
+        }
+        kernel = replace(_fit_mla(parts, train), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
+        fitted = replace(hw, mla=kernel)
+        res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
+                             "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
+                             "decode_latency_s": kernel.decode_latency},
+                     "version": entry.get("mla_context_version")}  # fmt: skip
+        for (phase, weights), (rest, proj, attn, y) in parts.items():
+            rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
+                    and r[4] > 0]  # fmt: skip
+            as_is = rest + proj + attn
+            models: dict[int, CostModel] = {}
+            pred = []
+            for h, batch, length, _ms in rows:
+                cm = models.get(h)
+                if cm is None:
+                    cm = models[h] = CostModel(_mla_layer(h, weights), fitted, 1)
+                shape = _mla_shape(phase, batch, length)
+                pred.append(
+                    cm.linear_time(shape.num_tokens, 0) + cm.attention_time(shape) + cm.mla_fixed_time(shape)
+                )
+            pred_a = np.array(pred)
+            t = test[(phase, weights)]
+            r = {
+                "as_is": stats(as_is, y),
+                "held_out": stats(pred_a[t], y[t]),
+                "train": stats(pred_a[~t], y[~t]),
+            }
+            res[f"{phase}/{weights}"] = r
+            h = r["held_out"]
+            table.add_row(
+                GPUS[gpu], phase, weights, str(h["n"]), f"{r['as_is']['mean']:.1%}",
+                f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['time_weighted']:.1%}",
+                f"{h['bias']:+.1%}",
+                f"gemm {kernel.gemm_factor(weights):.2f}, attn {kernel.prefill_attention:.2f}/"
+                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f} us",
+            )  # fmt: skip
+        out[gpu] = res
+    console.print(table)
+    return out
+
+
+def _fit_link(x: np.ndarray, y: np.ndarray) -> LinkFit:
+    """``latency + x / efficiency`` (x: seconds at the full link) by the smallest mean |relative
+    error|: a grid over the efficiency, the latency least squares in relative terms for each."""
+    best = (math.inf, LinkFit(0.0, 1.0))
+    for eff in np.geomspace(0.02, 1.0, 200):  # never faster than the link
+        base = x / eff
+        w = 1.0 / y
+        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
+        err = float(np.mean(np.abs((base + lat) / y - 1)))
+        if err < best[0]:
+            best = (err, LinkFit(lat, float(eff)))
+    return best[1]
+
+
+# The all-gather / reduce-scatter buffers an MoE layer sends: dp x tokens x hidden elements, from
+# 2 x 1 x 2,048 up; the tables go on to 2^28 elements.
+MIN_GATHER_ELEMENTS = 2**12
+
+
+def a2a_part(tables: dict, console: Console) -> dict:
+    out: dict = {}
+    table = Table(
+        title="MoE token exchange: DeepEP dispatch/combine under vLLM (held out: half the model shapes) "
+        "and NCCL all-gather/reduce-scatter (held out: every other size)"
+    )
+    for col in ("GPU", "exchange", "phase", "rows held out", "fitted mean / p90 / max", "bias",
+                "fit: latency, link eff"):  # fmt: skip
+        table.add_column(col)
+    for gpu, entry in tables.items():
+        if gpu not in GPUS or not entry.get("a2a"):
+            continue
+        hw = get_hardware(GPUS[gpu])
+        link = hw.interconnect_bandwidth
+        res: dict = {"version": entry.get("a2a_version"), "nccl_version": entry.get("nccl_version")}
+        for backend in ("deepep_ht", "deepep_ll"):
+            for phase in ("dispatch", "combine"):
+                sel = [r for r in entry["a2a"] if r[0] == backend and r[1] == phase and r[7] > 0]
+                if not sel:
+                    continue
+                x, y, shape = [], [], []
+                for _, _, ep, hidden, k, experts, tokens, us in sel:
+                    if backend == "deepep_ht":
+                        moved = tokens * remote_ranks(int(k), int(experts), int(ep)) * hidden * ACT_BYTES
+                    else:
+                        per_value = FP8_WITH_SCALES if phase == "dispatch" else ACT_BYTES
+                        moved = tokens * k * (ep - 1) / ep * hidden * per_value
+                    x.append(moved / link)
+                    y.append(us * 1e-6)
+                    shape.append((hidden, k, experts))
+                x_a, y_a = np.array(x), np.array(y)
+                shapes = sorted(set(shape))
+                test = np.array([s_ in set(shapes[1::2]) for s_ in shape])
+                fit_ = _fit_link(x_a[~test], y_a[~test])
+                pred = fit_.latency + x_a / fit_.efficiency
+                r = {"fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency},
+                     "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test])}  # fmt: skip
+                res[f"{backend}/{phase}"] = r
+                h = r["held_out"]
+                table.add_row(GPUS[gpu], backend, phase, str(h["n"]),
+                              f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}",
+                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
+        for op in ("all_gather", "reduce_scatter"):
+            for n in sorted({int(r[1]) for r in entry.get("nccl", []) if r[0] == op}):
+                sel = sorted(
+                    (int(r[2]), float(r[3]) * 1e-3)
+                    for r in entry["nccl"]
+                    if r[0] == op and int(r[1]) == n and r[2] >= MIN_GATHER_ELEMENTS
+                )
+                size = np.array([e for e, _ in sel], dtype=float)
+                y_a = np.array([v for _, v in sel])
+                x_a = (n - 1) / n * size * ACT_BYTES / link
+                test = np.arange(len(size)) % 2 == 1
+                fit_ = _fit_link(x_a[~test], y_a[~test])
+                pred = fit_.latency + x_a / fit_.efficiency
+                r = {"fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency},
+                     "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test])}  # fmt: skip
+                res[f"{op}/{n}"] = r
+                h = r["held_out"]
+                table.add_row(GPUS[gpu], f"nccl {op}", f"{n} GPUs", str(h["n"]),
+                              f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}",
+                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
+        out[gpu] = res
+    console.print(table)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -389,6 +670,8 @@ def main() -> int:
     gemm = gemm_part(tables, console)
     moe = moe_part(tables, gemm, console)
     allreduce = allreduce_part(tables, console)
+    mla = mla_part(tables, console)
+    a2a = a2a_part(tables, console)
     results = {
         "benchmark": "fidelity_aisim",
         "date": time.strftime("%Y-%m-%d"),
@@ -397,6 +680,8 @@ def main() -> int:
         "gemm": gemm,
         "moe": moe,
         "allreduce": allreduce,
+        "mla": mla,
+        "a2a": a2a,
         "wall_s": round(time.time() - start, 1),
     }
     save_results(results, args.out, "fidelity_aisim.json")

@@ -29,9 +29,12 @@ def test_compare_with_no_arguments_prints_table_and_paragraph(capsys):
         "sarathi",
         "sglang",
         "tgi",
+        "trtllm",
     ):
         assert label in out
     assert "TTFT p99" in out and "stall for" in out
+    # TensorRT-LLM without chunked prefill: 8,192 prompt tokens + a decode exceed max_num_tokens.
+    assert "trtllm never lets the long prompt join the running decodes" in " ".join(out.split())
 
 
 def test_compare_json_shape(tmp_path, capsys):

@@ -133,8 +133,7 @@ def test_command_modules_import_only_shared_modules() -> None:
         assert not other_commands, f"cli/{name}.py imports command modules {sorted(other_commands)}"
 
 
-def test_python_dash_m_is_the_command() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tailserve.cli", "--version"], capture_output=True, text=True, check=True
-    )
+@pytest.mark.parametrize("module", ["tailserve", "tailserve.cli"])
+def test_python_dash_m_is_the_command(module: str) -> None:
+    out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip().startswith("tailserve ")

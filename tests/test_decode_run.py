@@ -52,7 +52,10 @@ WORKLOADS = [
 ]
 
 
-@pytest.mark.parametrize("policy", ["vllm", "vllm:max_num_batched_tokens=512", "orca"])
+@pytest.mark.parametrize(
+    "policy",
+    ["vllm", "vllm:max_num_batched_tokens=512", "orca", "trtllm", "trtllm:capacity_scheduler_policy=MAX_UTILIZATION"],
+)
 @pytest.mark.parametrize("workload", WORKLOADS, ids=["chat", "hol", "bursty", "closed"])
 def test_fast_path_equals_step_by_step(policy, workload):
     fast = _run(policy, workload, fast=True)

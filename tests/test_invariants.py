@@ -45,6 +45,12 @@ SPECS = [
     "sglang:enable_priority_scheduling=true:priority_scheduling_preemption_threshold=1",
     "tgi",
     "tgi:prefill_chunking=false:max_batch_prefill_tokens=1023",
+    "trtllm",
+    "trtllm:capacity_scheduler_policy=MAX_UTILIZATION",
+    "trtllm:capacity_scheduler_policy=STATIC_BATCH:max_batch_size=8",
+    "trtllm:enable_chunked_prefill=true:max_num_tokens=256",
+    "trtllm:enable_chunked_prefill=true:context_chunking_policy=EQUAL_PROGRESS:max_num_tokens=256:capacity_scheduler_policy=MAX_UTILIZATION",
+    "trtllm:max_num_tokens=600:capacity_scheduler_policy=MAX_UTILIZATION",
     "slo",
     "slo:slo_admission=reject:max_num_batched_tokens=256",
     "slo:fairness=vtc:tenant_weights=a=2",
@@ -140,6 +146,9 @@ CACHING_SPECS = [
     "vllm-v0:enable_prefix_caching=true",
     "vllm-v0:enable_prefix_caching=true:enable_chunked_prefill=true:max_num_batched_tokens=256",
     "vllm-v0:enable_prefix_caching=true:preemption_mode=swap",
+    "trtllm",
+    "trtllm:capacity_scheduler_policy=MAX_UTILIZATION:max_batch_size=16",
+    "trtllm:enable_chunked_prefill=true:max_num_tokens=128:context_chunking_policy=EQUAL_PROGRESS",
 ]
 
 

@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "tune": {"sim", "cluster", "core", "policies", "executors.simulated", "workloads", "metrics"},
     "fidelity": {"assemble", "llm", "core", "policies", "executors.simulated", "metrics"},
     "validate": {"assemble", "core", "kv", "policies", "executors.simulated"},
+    "engines": {"core", "policies"},
 }
 # The routing code is shared with the real router: pure Python, nothing of the simulator. Beside
 # each other it may import the one text-to-field converter, itself standard library only.

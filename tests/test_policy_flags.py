@@ -90,7 +90,7 @@ def _device(memory: float) -> Any:
 
 def test_engine_wide_flags_show_each_policys_default(capsys):
     out = _help("simulate", capsys)
-    assert "--block-size INT tokens per KV cache block (page) (default: 16; sglang, tgi: 1)" in out
+    assert "--block-size INT tokens per KV cache block (page) (default: 16; sglang, tgi: 1; trtllm: 32)" in out
     assert "(default: 0.9; vllm, slo: 0.92; sarathi: 0.8; sglang: 0.83; tgi: 1.0)" in out
     assert "--max-model-len INT" in out  # simulate's only way to set it
     groups = _groups("serve")  # serve has --max-model-len of its own: not listed twice
@@ -199,7 +199,7 @@ def test_an_unknown_flag_names_the_nearest_option(capsys):
         "--chunk-size (a flag of sarathi: give it in --policies, e.g. sarathi:chunk_size=VALUE)"
     )
     line = _one_error_line(capsys, ["cost", "--no-enable-chunked-prefill"])
-    assert line.endswith("(a flag of vllm-v0, vllm; tailserve cost takes no policy flags)")
+    assert line.endswith("(a flag of vllm-v0, vllm, trtllm; tailserve cost takes no policy flags)")
 
 
 # ---- a policy added to the registry: its flags appear without any change to the CLI ----------

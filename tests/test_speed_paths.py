@@ -107,6 +107,7 @@ def _fingerprint(policy: str, check: bool) -> str:
         "tgi",
         "vllm-v0",
         "orca",
+        "trtllm",
     ],
 )
 def test_results_identical_with_and_without_reference_counts(policy: str) -> None:

@@ -26,12 +26,15 @@ def policy_kv_capacity(
         spec.engine_flags.get("gpu_memory_utilization", cls.default_gpu_memory_utilization),
         spec.engine_flags.get("block_size", cls.default_block_size),
         cls.profile_tokens(config, max_model_len),
+        # the running-request limit, for a hybrid sliding-window model's KV (kv_capacity.py)
+        getattr(config, "max_num_seqs", None) or getattr(config, "max_running_requests", None) or 0,
+        cost_model.dp,
     )
     if capacity.num_tokens < max_model_len:
         raise ValueError(
             f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
             f"that can be stored in KV cache ({capacity.num_tokens}) for {model.name} on "
-            f"{hardware.name} at TP {cost_model.tp}. Try increasing gpu_memory_utilization or "
+            f"{hardware.name} at TP {cost_model.tp}{f' x DP {cost_model.dp}' if cost_model.dp > 1 else ''}. Try increasing gpu_memory_utilization or "
             "decreasing max_model_len."
         )
     return capacity

@@ -22,6 +22,7 @@ from tailserve.cli import (
     compare,
     cost,
     explain,
+    lint,
     model,
     router,
     run,
@@ -47,6 +48,7 @@ def build_parser() -> OneLineParser:
     catalog.add_parsers(sub)  # policies, models, hardware
     explain.add_parser(sub)
     tune.add_parser(sub)
+    lint.add_parser(sub)
     model.add_parser(sub)
     serve.add_parser(sub)
     bench.add_parser(sub)

@@ -28,6 +28,11 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if getattr(args, "dp", 1) > 1:
+        raise CliError(
+            "--data-parallel-size runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or "
+            "--gpus N --plan-dp); `calibrate` prices one engine"
+        )
     if args.executor == "torch":
         return cmd_calibrate_torch(args)
     if args.points is None:

@@ -24,7 +24,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         "--router",
         default="round-robin",
         help="round-robin | random | least-requests | least-kv | power-of-two | session | prefix-aware | "
-        "kv-aware, with flags NAME:flag=value,... (default: %(default)s)",
+        "kv-aware | vllm-dp, with flags NAME:flag=value,... (default: %(default)s)",
     )
     g.add_argument(
         "--scrape-interval",
@@ -145,6 +145,63 @@ def run_cluster(args: argparse.Namespace) -> int:
         title = f"{len(specs)} replicas" if args.cluster is None else f"cluster {args.cluster}"
     summary = cluster_summary(run, parse_slo(args.slo))
     summary["label"] = f"{title}, {policy.label}, {workload.spec.label}"
+    print_cluster(summary)
+    if args.explain:
+        explanation = explain_cluster(run)
+        print()
+        for line in explanation["lines"]:
+            print(line)
+        summary["explanation"] = explanation
+    if args.json:
+        write_json(args.json, summary)
+    return 0
+
+
+def run_data_parallel(args: argparse.Namespace) -> int:
+    """``simulate --data-parallel-size N``: the engine's DP ranks behind its own balancer, in
+    lockstep for an MoE model (cluster/dp_group.py)."""
+    from tailserve.cli.options import deployment_from, parse_slo, workload_from
+    from tailserve.cluster.attribution import explain_cluster
+    from tailserve.cluster.build import workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.dp_group import build_dp_stage, engine_balancer
+    from tailserve.cluster.metrics import cluster_summary
+    from tailserve.cluster.replica import ReplicaSpec
+    from tailserve.core.engine import EngineOptions
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.workload_builder import WorkloadBuilder
+
+    if cluster_requested(args):
+        raise CliError(
+            "--data-parallel-size describes one engine: it cannot be combined with --replicas, --cluster or P/D"
+        )
+    if getattr(args, "iterations", None) or getattr(args, "save_run", None) or getattr(args, "report", None):
+        raise CliError(
+            "--iterations, --save-run and --report describe one rank; not available with --data-parallel-size"
+        )
+    policy = PolicySpec.make(args.policy, args.policy_flags)
+    deployment = deployment_from(args)
+    workload = WorkloadBuilder(workload_from(args))
+    options = EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity)
+    stage = build_dp_stage(
+        deployment,
+        policy,
+        shares_prefixes=workload.shares_prefixes,
+        min_max_model_len=workload.min_max_model_len,
+        options=options,
+    )
+    run = run_aggregated(stage, workload_requests(workload, [ReplicaSpec(deployment, policy)]))
+    summary = cluster_summary(run, parse_slo(args.slo))
+    kind = (
+        f"one engine, DP {deployment.dp} x TP {deployment.tp} in lockstep, experts over {deployment.gpus} GPUs"
+        f"{' (EP)' if deployment.expert_parallel else ''}, {deployment.all2all_backend}"
+        if deployment.data_parallel_group
+        else f"{deployment.dp} independent DP ranks of TP {deployment.tp}"
+    )
+    summary["label"] = (
+        f"{deployment.model} on {deployment.hardware}: {kind}, balancer {engine_balancer(policy)}, "
+        f"{policy.label}, {workload.spec.label}"
+    )
     print_cluster(summary)
     if args.explain:
         explanation = explain_cluster(run)

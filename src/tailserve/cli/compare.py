@@ -1,5 +1,7 @@
 """``tailserve compare``: several policies on the same deployment and workload, a table and a
-paragraph saying what the numbers mean (with no arguments: the seed essay's scenario)."""
+paragraph saying what the numbers mean (with no arguments: the seed essay's scenario). Engine
+launch lines (``--engine-cmd``, once per line) are compared as they are, each run labelled by
+its engine and version, before any ``--policies``."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-from tailserve.cli.base import write_json
+from tailserve.cli.base import CliError, write_json
+from tailserve.cli.engine_cmd import add_engine_cmd_args, read_engine_cmds
 from tailserve.cli.options import (
     add_deployment_args,
     add_output_args,
@@ -30,7 +33,7 @@ from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 
 # The essay's engines side by side: Orca, vLLM V0, vLLM V1 at two budgets, Sarathi, SGLang, TGI.
-DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,sarathi,sglang,tgi"
+DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,sarathi,sglang,tgi,trtllm"
 
 
 def add_parser(sub: Any) -> None:
@@ -40,26 +43,37 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--policies",
-        default=DEFAULT_COMPARE_POLICIES,
-        help="comma list, each NAME[:flag=value...] (default: %(default)s)",
+        default=None,
+        help=f"comma list, each NAME[:flag=value...] (default: {DEFAULT_COMPARE_POLICIES}; with --engine-cmd, "
+        "none: the engine lines only)",
     )
     add_deployment_args(p)
     add_workload_args(p)
     add_output_args(p)
     add_sweep_args(p)
     add_run_outputs(p, simulate=False)
+    add_engine_cmd_args(p, several=True)
     p.set_defaults(run=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if getattr(args, "dp", 1) > 1:
+        raise CliError(
+            "--data-parallel-size runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or "
+            "--gpus N --plan-dp); `compare` prices one engine"
+        )
     from tailserve.policies.registry import parse_policy_list
 
+    commands = read_engine_cmds(args)  # --engine-cmd: their policies, and the deployment they share
     built = build_cost_model(deployment_from(args))
     print_notes(built)
-    specs = parse_policy_list(args.policies)
+    listed = args.policies if args.policies is not None else "" if commands else DEFAULT_COMPARE_POLICIES
+    specs = [command.spec for command in commands] + (parse_policy_list(listed) if listed else [])
     workload = WorkloadBuilder(workload_from(args))
     slo = parse_slo(args.slo)
     runs = compare_runs(args, specs, workload.spec, slo)
+    for run, command in zip(runs, commands):
+        run.label = f"{command.label}: {run.label}"
     summaries = [r.summary(slo) for r in runs]
     for note in dict.fromkeys(n for r in runs for n in r.notes):
         print(f"note: {note}", file=sys.stderr)

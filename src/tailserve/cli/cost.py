@@ -36,17 +36,22 @@ def add_parser(sub: Any) -> None:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     from tailserve.executors.simulated.cost_model import BatchShape
+    from tailserve.executors.simulated.window import WindowShape
 
     built = build_cost_model(deployment_from(args))
     cm = built.cost_model
     batch, ctx = _parse_decode(args.decode)
     _check_fits(cm, args.prefill)  # before the notes: a deployment that cannot load is one line
     print_notes(built)
-    prefill_shape = BatchShape.of([(args.prefill, args.prefill_context)], [])
+    prefill = [(args.prefill, args.prefill_context)]
+    prefill_shape = BatchShape.of(prefill, [])
     decode_shape = BatchShape.of([], [ctx] * batch)
+    window = cm.model.sliding_window if cm.windowed else 0
+    prefill_window = WindowShape.of(prefill, [], window) if window else None
+    decode_window = WindowShape.of([], [ctx] * batch, window) if window else None
     result = {
-        "prefill_s": cm.iteration_time(prefill_shape),
-        "decode_s": cm.iteration_time(decode_shape),
+        "prefill_s": cm.iteration_time(prefill_shape, prefill_window),
+        "decode_s": cm.iteration_time(decode_shape, decode_window),
     }
     print_cost(
         built,
@@ -55,9 +60,18 @@ def cmd_cost(args: argparse.Namespace) -> int:
         batch,
         ctx,
         result,
-        cm.roofline(prefill_shape),
-        cm.roofline(decode_shape),
+        cm.roofline(prefill_shape, prefill_window),
+        cm.roofline(decode_shape, decode_window),
     )
+    if cm.dp > 1:
+        per_layer = cm.exchange_time(batch) * 1e6
+        print(
+            f"data-parallel attention: each of the {cm.dp} DP ranks (TP {cm.tp}) runs the batch above "
+            f"({cm.dp}x the requests in all); experts over {cm.dp * cm.tp} GPUs"
+            f"{' whole (EP)' if cm.expert_parallel else ' sliced'}; {cm.all2all} exchange "
+            f"{per_layer:.1f} us per MoE layer at the decode batch ({cm.model.num_moe_layers} layers)"
+        )
+        result["dp"] = cm.dp
     if args.swap is not None:
         if args.swap < 1:
             raise CliError(f"--swap must be >= 1 token, got {args.swap}")
@@ -87,6 +101,7 @@ def _check_fits(cm: Any, prefill_tokens: int) -> None:
         vllm.default_gpu_memory_utilization,
         vllm.default_block_size,
         max(prefill_tokens, 1),
+        dp=cm.dp,
     )
 
 

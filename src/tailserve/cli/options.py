@@ -13,6 +13,7 @@ from tailserve.cli.base import CliError, default_of
 from tailserve.cli.run_outputs import wants_batches
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import SEED_PRESET, BuiltCostModel, Deployment
+from tailserve.executors.simulated.moe_comm import BACKENDS
 from tailserve.metrics.summary import Slo
 from tailserve.sim.workload_spec import WORKLOADS, WorkloadSpec, parse_priorities
 
@@ -68,8 +69,27 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable-expert-parallel",
         action="store_true",
-        help="MoE models: experts split whole over the TP ranks, as vLLM's flag (default: each expert "
-        "sliced over them)",
+        help="MoE models: experts split whole over the TP ranks (and DP ranks), as vLLM's flag (default: "
+        "each expert sliced over them)",
+    )
+    g.add_argument(
+        "--data-parallel-size",
+        "--dp",
+        dest="dp",
+        type=int,
+        default=default_of(Deployment, "dp"),
+        metavar="N",
+        help="data-parallel ranks of --tp GPUs each, as vLLM's flag (SGLang: --dp-size with "
+        "--enable-dp-attention). An MoE model: one engine whose ranks step together, attention "
+        "and KV per rank, experts over all ranks; a dense model: independent replicas behind the "
+        "engine's balancer (default: %(default)s)",
+    )
+    g.add_argument(
+        "--all2all-backend",
+        default=default_of(Deployment, "all2all_backend"),
+        choices=BACKENDS,
+        help="with --data-parallel-size and an MoE model: how each MoE layer moves tokens between "
+        "the ranks, as vLLM's flag (default: %(default)s)",
     )
 
 
@@ -208,6 +228,8 @@ def deployment_from(args: argparse.Namespace) -> Deployment:
         getattr(args, "quantization", ""),
         getattr(args, "kv_cache_dtype", ""),
         getattr(args, "enable_expert_parallel", False),
+        getattr(args, "dp", 1),
+        getattr(args, "all2all_backend", default_of(Deployment, "all2all_backend")),
     )
 
 

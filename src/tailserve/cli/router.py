@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
         "--policy",
         default="round-robin",
         help="router NAME[:flag=value,...]: round-robin | random | least-requests | least-kv | "
-        "power-of-two | session | prefix-aware | kv-aware (default: %(default)s)",
+        "power-of-two | session | prefix-aware | kv-aware | vllm-dp (default: %(default)s)",
     )
     p.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     p.add_argument(

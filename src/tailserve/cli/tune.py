@@ -1,5 +1,7 @@
 """``tailserve tune``: each policy's capacity under an SLO, its best token budget / chunk size, the
-flat region around it and the engine flags to paste (docs/tune.md)."""
+flat region around it and the engine flags to paste (docs/tune.md). With ``--engine-cmd``, one
+engine as its launch line sets it up: that line's capacity, then its budget flag swept from the
+line's own value, every other flag as the line has it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tailserve.cli.base import CliError, default_of, write_json
+from tailserve.cli.engine_cmd import add_engine_cmd_args, read_engine_cmds
 from tailserve.cli.options import (
     add_deployment_args,
     add_workload_args,
@@ -57,8 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--policies",
-        default=DEFAULT_TUNE_POLICIES,
-        help="comma list, each NAME[:flag=value...] (default: %(default)s)",
+        default=None,
+        help=f"comma list, each NAME[:flag=value...] (default: {DEFAULT_TUNE_POLICIES}; with --engine-cmd, "
+        "that engine's)",
     )
     p.add_argument(
         "--slo",
@@ -126,6 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
     add_sweep_args(p)
     add_plan_args(p)
+    add_engine_cmd_args(p)
     p.set_defaults(run=cmd_tune)
 
 
@@ -144,21 +149,38 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 def cmd_tune(args: argparse.Namespace) -> int:
     from tailserve.policies.registry import parse_policy_list
 
+    if args.engine_cmd and (args.policies is not None or args.gpus is not None):
+        given = "--policies" if args.policies is not None else "--gpus (it plans replicas of --plan-policy)"
+        raise CliError(f"--engine-cmd sets the one engine tune sweeps: drop {given}")
+    commands = read_engine_cmds(args)  # --engine-cmd: its policy and deployment
     deployment = deployment_from(args)
     built = build_cost_model(deployment)
     print_notes(built)
+    if commands and args.model_id is None:
+        args.model_id = commands[0].deployment["model"]  # the printed commands name the model as the line did
+    policies = [c.spec for c in commands] or parse_policy_list(args.policies or DEFAULT_TUNE_POLICIES)
     config = TuneConfig(
         deployment,
         workload_from(args),
         parse_capacity_slo(args.slo),
-        tuple(parse_policy_list(args.policies)),
+        tuple(policies),
         _parse_sizes(args.chunk_sizes),
         args.request_rate,
         args.rel_tol,
         args.flat_tol,
         max_rate=args.max_rate,
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
+        sweep_given=bool(commands),
     )
+    if deployment.dp > 1:
+        # One engine of DP ranks: its capacity, as a plan of that one layout (tune/cluster_plan.py)
+        if args.gpus is not None and args.gpus != deployment.gpus:
+            raise CliError(
+                f"--gpus {args.gpus} with --data-parallel-size {deployment.dp} x --tp {deployment.tp}: "
+                f"the engine takes {deployment.gpus} GPUs (or plan DP sizes with --gpus N --plan-dp)"
+            )
+        args.gpus = deployment.gpus
+        return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     if args.gpus is not None:
         return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     # A workload without a rate to search is refused before a results file is made or named.

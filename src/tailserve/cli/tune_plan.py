@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tailserve.cli.base import write_json
 from tailserve.cli.sweep_options import make_sweep
+from tailserve.cluster.dp_group import engine_balancer
 from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import parse_policy_list
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -52,6 +53,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         "the model's heads; default: --tp only)",
     )
     g.add_argument(
+        "--plan-dp",
+        default=None,
+        metavar="2,4,8",
+        help="--gpus, MoE models: also plan one engine of data-parallel attention over the whole "
+        "budget at these DP sizes, TP = GPUs / DP (ranks in lockstep behind the engine's own balancer; "
+        "experts as --plan-ep)",
+    )
+    g.add_argument(
         "--plan-ep",
         default="both",
         choices=("off", "on", "both"),
@@ -76,7 +85,13 @@ def run_plan(
         raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
     policy = policies[0]
     tps = _tps(args.plan_tps) if args.plan_tps else None
-    if tps:
+    dp_only = deployment.dp > 1  # tune --data-parallel-size: that one DP engine's capacity
+    dps = (
+        [deployment.dp]
+        if dp_only
+        else (_tps(args.plan_dp, "--plan-dp", "DP sizes") if args.plan_dp else None)
+    )
+    if tps and not dp_only:
         for tp, reason in unfit(deployment, [tp for tp in tps if args.gpus % tp == 0]).items():
             print(
                 f"tailserve: --plan-tps: TP {tp} left out: {reason.split(', try --tp')[0]}", file=sys.stderr
@@ -85,7 +100,9 @@ def run_plan(
     with make_sweep(args, results) as sweep:
         rows = plan(
             args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
-            rel_tol=args.rel_tol, sweep=sweep, tps=tps, expert_parallel=args.plan_ep,
+            rel_tol=args.rel_tol, sweep=sweep, tps=[deployment.tp] if dp_only else tps,
+            expert_parallel=("on" if deployment.expert_parallel else "off") if dp_only else args.plan_ep,
+            dps=dps, dp_only=dp_only,
         )  # fmt: skip
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
@@ -93,10 +110,14 @@ def run_plan(
         label = label.replace(f", TP {deployment.tp},", ",", 1)
     console.print(f"{label} — {workload.label}")
     shape = f"replicas of TP {', '.join(map(str, tps))}" if tps else f"replicas of TP {deployment.tp}"
-    console.print(
-        f"SLO: {slo}; {args.gpus} GPUs as {shape}, {policy.label}, "
-        f"router {args.plan_router}, P/D link {args.plan_link}"
-    )
+    if dp_only:
+        shape = f"one engine of DP {deployment.dp} x TP {deployment.tp}"
+    elif dps:
+        shape += f", and one engine of DP {', '.join(map(str, dps))} ranks"
+    routing = f"router {args.plan_router}, P/D link {args.plan_link}"
+    if dp_only:
+        routing = f"the engine's balancer {engine_balancer(policy)}"
+    console.print(f"SLO: {slo}; {args.gpus} GPUs as {shape}, {policy.label}, {routing}")
     table = Table(title="capacity of each layout (highest rate meeting the SLO)", title_justify="left")
     for name in ("layout", "capacity\nreq/s", "TTFT p99\nms", "TBT p99\nms", "prefix hit"):
         table.add_column(name, justify="left" if name == "layout" else "right")
@@ -113,13 +134,13 @@ def run_plan(
     return 0
 
 
-def _tps(text: str) -> list[int]:
+def _tps(text: str, flag: str = "--plan-tps", what: str = "TP degrees") -> list[int]:
     try:
         tps = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise ValueError(f"--plan-tps takes TP degrees separated by commas, got {text!r}") from None
+        raise ValueError(f"{flag} takes {what} separated by commas, got {text!r}") from None
     if not tps or min(tps) < 1:
-        raise ValueError(f"--plan-tps takes TP degrees >= 1, got {text!r}")
+        raise ValueError(f"{flag} takes {what} >= 1, got {text!r}")
     return tps
 
 
@@ -130,6 +151,7 @@ def _row_json(row: PlanRow) -> dict[str, Any]:
         "num_decode": row.layout.num_decode,
         "tp": row.layout.tp or None,
         "expert_parallel": row.layout.expert_parallel,
+        "dp": row.layout.dp or None,
         "capacity_rps": row.rate,
         "upper_rps": row.upper,
         "summary": row.summary_at_rate,

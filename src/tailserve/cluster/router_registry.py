@@ -18,6 +18,7 @@ from tailserve.cluster.routers import (
     RandomRouter,
     RoundRobinRouter,
     SessionRouter,
+    VllmDpRouter,
 )
 from tailserve.core.config_flags import convert, field_choices, field_kinds
 
@@ -28,6 +29,7 @@ ROUTERS: dict[str, type[BaseRouter]] = {
         RandomRouter,
         LeastRequestsRouter,
         LeastKvRouter,
+        VllmDpRouter,
         PowerOfTwoRouter,
         SessionRouter,
         PrefixAwareRouter,

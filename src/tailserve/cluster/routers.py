@@ -108,6 +108,24 @@ class LeastRequestsRouter(BaseRouter):
         return min(healthy, key=lambda i: (self.scraped_load(replicas, i), i))
 
 
+class VllmDpRouter(BaseRouter):
+    """vLLM's own data-parallel balancer (``DPLBAsyncMPClient.get_core_engine_for_request``,
+    vllm/v1/engine/core_client.py): the lowest ``4 x waiting + running`` from the counts the DP
+    coordinator publishes, each request sent since counted as waiting (vLLM bumps its local
+    copy), ties to the lowest rank (the scan starts at the client's index, 0 for one API server)."""
+
+    name = "vllm-dp"
+
+    def route(self, request: RouteRequest, replicas: Sequence[ReplicaState], now: float) -> int:
+        healthy = self._candidates(replicas)
+        sent = self.inflight.sent_since_scrape
+
+        def score(i: int) -> tuple[int, int]:
+            return 4 * (replicas[i].num_waiting + sent[i]) + replicas[i].num_running, i
+
+        return min(healthy, key=score)
+
+
 class LeastKvRouter(BaseRouter):
     """Lowest scraped KV usage (ties: scraped load, then the lowest index)."""
 

@@ -123,6 +123,20 @@ class Engine:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
         if self._async:
             return self._step_async()
+        pending = self.schedule_step()
+        if pending is None:
+            return self._idle()
+        self.complete_step(pending, self.executor.execute(pending[0]))
+        return True
+
+    def schedule_step(self) -> tuple[SchedulerOutput, float, int, bool] | None:
+        """An iteration's first half: arrivals added, the batch scheduled. Returns (the batch,
+        its start, the KV blocks used before it ran, whether the policy aborted requests), or
+        None when nothing was scheduled. ``step`` runs it, then the executor, then
+        ``complete_step``; a driver that times several engines' batches together (the
+        data-parallel group, cluster/dp_group.py) calls the halves itself."""
+        if self._async:
+            raise ValueError("async scheduling steps whole (Engine.step): an engine stepped by halves cannot run it")
         sched = self.scheduler
         start = self.clock.now
         self.add_arrivals(start)
@@ -133,11 +147,15 @@ class Engine:
             self.source.on_finish(request, start)
         if out.is_empty:
             self._last_step_finished = bool(ended)
-            return self._idle()
+            return None
         if self._block_ids:
             sched.add_block_ids(out)
-        num_used_blocks = sched.kv_cache.num_used_blocks
-        result = self.executor.execute(out)
+        return out, start, sched.kv_cache.num_used_blocks, bool(ended)
+
+    def complete_step(self, pending: tuple[SchedulerOutput, float, int, bool], result: StepResult) -> None:
+        """An iteration's second half: the clock moves by its duration, the scheduler updates."""
+        out, start, num_used_blocks, ended = pending
+        sched = self.scheduler
         self.clock.advance(result.duration)
         now = self.clock.now
         finished = sched.update(out, result, now)
@@ -154,10 +172,9 @@ class Engine:
         if self.batches is not None:
             self.batches.record(start, now - start, out, num_used_blocks, sched)
         self.finish_step(finished, now)
-        self._last_step_finished |= bool(ended)
+        self._last_step_finished |= ended
         if self.options.check_integrity:
             self.check_integrity()
-        return True
 
     def _step_async(self) -> bool:
         """One step of vLLM's async scheduling (``EngineCore.step_with_batch_queue``, a queue of

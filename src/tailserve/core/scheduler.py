@@ -442,6 +442,12 @@ class Scheduler:
         first (a radix cache evicts on demand; SGLang on allocation, TGI at admission)."""
         self.kv_cache.evict_cached(num_blocks)
 
+    def new_context_block(self, request: Request) -> int | None:
+        """The key of the request's first full block not cached now (TensorRT-LLM's
+        ``findNewContextBlock``: two requests with the same one would compute the same block);
+        None when every full block is cached or without a prefix cache. Counts no lookup."""
+        return self.kv_cache.new_context_block(request.request_id, request.num_tokens)
+
     def holds_slot(self, request: Request, num_total_tokens: int) -> bool:
         """True when ``allocate(request, num_total_tokens)`` would change nothing: the request's
         blocks already hold the tokens and no prefix-cache registration is due (plain KV). A

@@ -76,6 +76,16 @@ class HashedKVCacheManager(KVCacheManager):
     def num_cached_prefix(self, keys: Sequence[int]) -> int:
         return self.pool.num_cached_prefix(keys)
 
+    def new_context_block(self, request_id: str, num_tokens: int) -> int | None:
+        keys = self._keys.get(request_id)
+        if not keys:
+            return None
+        full = min(len(keys), num_tokens // self.block_size)
+        cached = self.pool.num_cached_prefix(keys)  # the whole sequence: Mooncake keys index apart
+        # A chain key names its whole prefix, so two requests share it exactly when they share
+        # every block up to it (TensorRT-LLM's BlockKey accumulates those tokens the same way).
+        return keys[cached] if cached < full else None
+
     def take_kv_events(self) -> list[tuple]:
         return self.pool.take_events()
 

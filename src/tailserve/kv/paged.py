@@ -218,6 +218,12 @@ class KVCacheManager:
         """Leading blocks of ``keys`` cached now (a router's look, not counted as a lookup)."""
         return 0
 
+    def new_context_block(self, request_id: str, num_tokens: int) -> int | None:
+        """The key of the first of the request's full blocks (of its first ``num_tokens`` tokens)
+        that is not cached now, or None when all are cached or it has no keys (TensorRT-LLM's
+        ``findNewContextBlock``); not counted as a lookup. None here (no prefix cache)."""
+        return None
+
     def take_kv_events(self) -> list[tuple]:
         """vLLM-style KV events (stored / removed blocks) since the last call; recording starts
         with the first call. None are recorded without hashed prefix caching."""

@@ -271,6 +271,8 @@ class Attributor:
             tokens += left  # the whole lifetime is reserved at admission
         elif self.policy == "tgi":
             tokens += left - 1
+        elif self.policy == "trtllm" and self.flags.get("capacity_scheduler_policy") != "MAX_UTILIZATION":
+            tokens += left  # GUARANTEED_NO_EVICT / STATIC_BATCH reserve blocks to completion
         elif self.policy == "sglang":
             tokens += min(left, 4096) + 1  # reserved outputs (CLIP_MAX_NEW_TOKENS) and one page
         rec = self.record

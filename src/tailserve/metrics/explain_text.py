@@ -34,6 +34,7 @@ _BUDGET_FLAG = {
     "sarathi": "--chunk-size",
     "sglang": "--chunked-prefill-size",
     "tgi": "--max-batch-prefill-tokens",
+    "trtllm": "--max_num_tokens",
 }
 _CHUNKING = (
     "chunked prefill bounds it to one chunk: `vllm --max-num-batched-tokens 512-2048` or "
@@ -55,6 +56,11 @@ _REMEDIES: dict[tuple[str, str], str] = {
     (QUEUED_PREFILL, "sarathi"): "Sarathi serves prompts FCFS within `--chunk-size`: a larger chunk "
     "finishes earlier prompts sooner (longer decode stalls); vLLM's `--long-prefill-token-threshold` "
     "lets short prompts share the budget",
+    (QUEUED_PREFILL, "trtllm"): "TensorRT-LLM walks running decodes first, then waiting prompts in "
+    "arrival order, and without chunking a prompt that does not fit what `--max_num_tokens` leaves "
+    "waits (and holds up every prompt behind it): `enable_chunked_prefill: true` in "
+    "`--extra_llm_api_options` lets it start in chunks; under GUARANTEED_NO_EVICT a prompt also waits "
+    "for KV reserved to completion (prompt + max_tokens)",
     (QUEUED_PREFILL, "sglang"): "SGLang continues the chunked prompt first: a larger "
     "`--chunked-prefill-size` finishes it in fewer iterations, `--enable-priority-scheduling` lets "
     "urgent requests go first",
@@ -81,6 +87,10 @@ _REMEDIES: dict[tuple[str, str], str] = {
     "request, fewer retractions), lower `--max-running-requests`, or " + _MORE_KV,
     (DECODE_WAIT, ""): "it waited for the iteration in flight when it arrived, or for a slot under "
     "`--max-num-seqs` (raise it if KV allows)",
+    (DECODE_WAIT, "trtllm"): "TensorRT-LLM charges a prompt all its tokens beside the running decodes: "
+    "without chunking, a prompt that does not fit what `--max_num_tokens` leaves them waits until "
+    "enough decodes finish (a prompt of `--max_num_tokens` waits for all of them); "
+    "`enable_chunked_prefill: true` in `--extra_llm_api_options` lets it start beside them",
     (DECODE_WAIT, "tgi"): "TGI holds new requests while the batch decodes until "
     "`--waiting-served-ratio` x running requests wait or `--max-waiting-tokens` steps passed "
     "(without prefill chunking): lower both, or check `--max-batch-size`",
@@ -121,6 +131,9 @@ _TBT_REMEDIES = {
     "(512-2048) and `--enable-mixed-chunk` so decodes ride along",
     "tgi": "lower `--max-batch-prefill-tokens` (512-2048), and keep prefill chunking on (without it a "
     "new batch is prefilled alone while the running batch waits)",
+    "trtllm": "TensorRT-LLM without chunking runs a whole prompt in the decodes' step: "
+    "`enable_chunked_prefill: true` with a smaller `--max_num_tokens` (2048-4096) bounds the step; "
+    "`capacity_scheduler_policy: MAX_UTILIZATION` pauses decodes when KV runs short (recomputed later)",
     "static": "static batching never mixes prompts into a running batch; the gap is its own batch's work",
 }
 

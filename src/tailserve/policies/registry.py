@@ -19,6 +19,7 @@ from tailserve.policies.sglang import SglangPolicy
 from tailserve.policies.slo import SloPolicy
 from tailserve.policies.static import StaticPolicy
 from tailserve.policies.tgi import TgiPolicy
+from tailserve.policies.trtllm import TrtllmPolicy
 from tailserve.policies.vllm import VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Policy
 
@@ -32,6 +33,7 @@ POLICIES: dict[str, type[Policy]] = {
         SarathiPolicy,
         SglangPolicy,
         TgiPolicy,
+        TrtllmPolicy,
         SloPolicy,
     )
 }
@@ -67,6 +69,8 @@ _ALIASES = {
     "vllmv0": "vllm-v0",
     "sarathi-serve": "sarathi",
     "text-generation-inference": "tgi",
+    "tensorrt-llm": "trtllm",
+    "trt-llm": "trtllm",
 }
 
 

@@ -26,7 +26,8 @@ def _ms(value: float | None) -> str:
 def deployment_line(built: BuiltCostModel) -> str:
     cm = built.cost_model
     cal = built.calibration if len(built.calibration) < 24 else "measured points"
-    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}, calibration {cal}"
+    dp = f" x DP {cm.dp}" if cm.dp > 1 else ""  # data-parallel attention ranks
+    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}{dp}, calibration {cal}"
 
 
 LABEL_WIDTH = 48  # characters of a policy label per line in a table

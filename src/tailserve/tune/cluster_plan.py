@@ -14,7 +14,9 @@ by a ``Sweep`` like every other sweep: serially, on the process pool (``--worker
 With ``tps`` the plan also searches the replicas' parallelism: TP 1, 2, 4, 8 (those dividing the
 budget and the model's heads), and for an MoE model experts sliced or split whole over the TP
 ranks (``--enable-expert-parallel``) — 8 GPUs as 8 replicas of TP 1 (data parallelism behind the
-router) up to one of TP 8.
+router) up to one of TP 8. With ``dps`` (``--plan-dp``), an MoE model's layouts also include one
+engine of data-parallel attention ranks over the whole budget: DP d x TP t = ``gpus``, its ranks
+in lockstep behind the engine's balancer (cluster/dp_group.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Any
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import ClusterRun, run_aggregated
 from tailserve.cluster.disagg import PdCluster
+from tailserve.cluster.dp_group import build_dp_stage
 from tailserve.cluster.metrics import cluster_summary
+from tailserve.cluster.replica import ReplicaSpec
 from tailserve.cluster.spec import replicated
 from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
@@ -48,9 +52,12 @@ class Layout:
     # model's experts are split whole over the TP ranks; 0: the deployment's own, not shown.
     tp: int = 0
     expert_parallel: bool = False
+    dp: int = 0  # > 1: one engine of DP ranks of ``tp`` GPUs (num_prefill 1, num_decode 0)
 
     @property
     def label(self) -> str:
+        if self.dp:
+            return f"1 engine x DP {self.dp} x TP {self.tp}" + (" EP" if self.expert_parallel else "")
         shape = ""
         if self.tp:
             shape = f" x TP {self.tp}" + (" EP" if self.expert_parallel else "")
@@ -104,17 +111,37 @@ def parallel_shapes(
     return shapes
 
 
-def unfit(deployment: Deployment, tps: list[int]) -> dict[int, str]:
+def unfit(deployment: Deployment, tps: list[int], dp: int = 1) -> dict[int, str]:
     """The TP degrees of ``tps`` at which the model leaves no room for a KV cache (the weights
-    alone), each with the reason."""
+    alone; with ``dp``, the experts spread over the DP ranks too), each with the reason."""
     spec, hardware = deployment.model_spec(), get_hardware(deployment.hardware)
     reasons = {}
     for tp in tps:
         try:
-            kv_capacity(spec, hardware, tp, 0.9, 16, 8192)
+            kv_capacity(spec, hardware, tp, 0.9, 16, 8192, dp=dp)
         except ValueError as error:
             reasons[tp] = str(error)
     return reasons
+
+
+def dp_layouts(gpus: int, deployment: Deployment, dps: list[int], expert_parallel: str) -> list[Layout]:
+    """One DP engine over the whole budget per (DP, EP) that fits: TP = ``gpus`` / DP dividing
+    the heads, an MoE model (a dense model's DP ranks are the aggregated replicas)."""
+    spec = deployment.model_spec()
+    if not spec.is_moe:
+        raise ValueError(
+            f"--plan-dp: {spec.name} is dense; its DP ranks are the aggregated replicas already planned"
+        )
+    out = []
+    for dp in dps:
+        if dp < 2 or gpus % dp:
+            continue
+        tp = gpus // dp
+        if spec.num_heads % tp or unfit(deployment, [tp], dp):
+            continue
+        ep_options = {"off": [False], "on": [True], "both": [False, True]}[expert_parallel]
+        out += [Layout(1, 0, tp, ep, dp) for ep in ep_options if not ep or spec.num_experts % gpus == 0]
+    return out
 
 
 def base_rate(spec: WorkloadSpec) -> float:
@@ -133,8 +160,15 @@ def run_layout(
     layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
 ) -> ClusterRun:
     if layout.tp:
-        deployment = replace(deployment, tp=layout.tp, expert_parallel=layout.expert_parallel)
+        deployment = replace(
+            deployment, tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp)
+        )
     wb = WorkloadBuilder(spec)
+    if layout.dp:  # one engine of DP ranks behind its own balancer
+        stage = build_dp_stage(
+            deployment, policy, shares_prefixes=wb.shares_prefixes, min_max_model_len=wb.min_max_model_len
+        )
+        return run_aggregated(stage, workload_requests(wb, [ReplicaSpec(deployment, policy)]))
     common: dict[str, Any] = dict(
         shares_prefixes=wb.shares_prefixes, min_max_model_len=wb.min_max_model_len, scrape_interval=0.05
     )
@@ -226,11 +260,22 @@ def plan(
     sweep: Sweep | None = None,
     tps: list[int] | None = None,
     expert_parallel: str = "off",
+    dps: list[int] | None = None,
+    dp_only: bool = False,
 ) -> list[PlanRow]:
     """Every layout's capacity; the runs on ``sweep``'s backend (default: this process). With
     ``tps``, the replicas' TP (and, for an MoE model, expert parallelism) is searched too: every
-    layout of every (TP, EP) shape that fits the budget."""
-    if tps:
+    layout of every (TP, EP) shape that fits the budget. With ``dps``, one DP engine per (DP,
+    TP, EP) over the whole budget too; ``dp_only``: those alone (``tune --data-parallel-size``)."""
+    extra = dp_layouts(gpus, deployment, dps, expert_parallel) if dps else []
+    if dps and not extra:
+        raise ValueError(
+            f"--plan-dp {','.join(map(str, dps))}: no DP x TP of {gpus} GPUs fits {deployment.model} on "
+            f"{deployment.hardware}"
+        )
+    if dp_only:
+        all_layouts = extra
+    elif tps:
         all_layouts = [
             layout
             for tp, ep in parallel_shapes(gpus, deployment, tps, expert_parallel)
@@ -240,6 +285,8 @@ def plan(
         if gpus % deployment.tp:
             raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}")
         all_layouts = layouts(gpus // deployment.tp)
+    if not dp_only:
+        all_layouts += extra
     rate0 = base_rate(spec)
     searches = [
         layout_search(ClusterRunSpec(layout, deployment, policy, spec, router, link), slo, rate0, rel_tol)

@@ -1,5 +1,6 @@
 """The command line each engine takes for a tuned policy: vLLM ``EngineArgs``, SGLang
-``ServerArgs``, TGI ``text-generation-launcher``, Sarathi-Serve's config, ``tailserve serve``."""
+``ServerArgs``, TGI ``text-generation-launcher``, TensorRT-LLM's ``trtllm-serve`` with its
+``--extra_llm_api_options`` YAML, Sarathi-Serve's config, ``tailserve serve``."""
 
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ def command_line(
             f"--max-waiting-tokens {config.max_waiting_tokens}",
         ]
         return " ".join(parts)
+    if spec.name == "trtllm":
+        return _trtllm_command(spec, config, deployment, model)
     if spec.name == "slo":
         # tailserve's own scheduler: served by tailserve itself; the engines' closest flags are
         # the best-ranked engine's command above it.
@@ -119,3 +122,34 @@ def command_line(
             f"--replica_scheduler_max_batch_size {config.max_num_seqs}"
         )
     return None
+
+
+def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model: str) -> str:
+    """``trtllm-serve`` (``tensorrt_llm/commands/serve.py``: ``--tp_size``, ``--ep_size``,
+    ``--max_batch_size``, ``--max_num_tokens``, ``--kv_cache_free_gpu_memory_fraction``,
+    ``--extra_llm_api_options FILE``) and, written just before it, the YAML file of the LLM-API
+    fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config``,
+    ``kv_cache_config``), in YAML's one-line form. Online FP8 quantization has no flag: the
+    PyTorch backend reads quantized (ModelOpt) checkpoints."""
+    kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
+    if "block_size" in spec.engine_flags:
+        kv.append(f"tokens_per_block: {spec.engine_flags['block_size']}")
+    if deployment.kv_cache_dtype == "fp8":
+        kv.append("dtype: fp8")
+    scheduler = [f"capacity_scheduler_policy: {config.capacity_scheduler_policy}"]
+    if config.enable_chunked_prefill:
+        scheduler.append(f"context_chunking_policy: {config.context_chunking_policy}")
+    yaml = (
+        f"{{enable_chunked_prefill: {str(config.enable_chunked_prefill).lower()}, "
+        f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}}}"
+    )
+    parts = [f"echo '{yaml}' > trtllm-options.yaml &&", "trtllm-serve", model]
+    if deployment.tp > 1:
+        parts.append(f"--tp_size {deployment.tp}")
+    if deployment.expert_parallel:
+        parts.append(f"--ep_size {deployment.tp}")
+    parts += [f"--max_batch_size {config.batch_size}", f"--max_num_tokens {config.num_tokens}"]
+    if "gpu_memory_utilization" in spec.engine_flags:
+        parts.append(f"--kv_cache_free_gpu_memory_fraction {spec.engine_flags['gpu_memory_utilization']:g}")
+    parts.append("--extra_llm_api_options trtllm-options.yaml")
+    return " ".join(parts)

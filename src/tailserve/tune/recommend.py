@@ -45,6 +45,7 @@ KNOBS = {
     "sarathi": "chunk_size",
     "sglang": "chunked_prefill_size",
     "tgi": "max_batch_prefill_tokens",
+    "trtllm": "max_num_tokens",
 }
 
 
@@ -61,6 +62,9 @@ class TuneConfig:
     min_rate: float = 1e-3
     max_rate: float = 1e4
     options: EngineOptions = field(default_factory=EngineOptions)
+    # Sweep a budget the policy spec sets too, its own value among the sizes (an engine command's
+    # line is where the sweep starts); otherwise a budget the user fixed is kept and not swept.
+    sweep_given: bool = False
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -172,8 +176,9 @@ def tune(config: TuneConfig, sweep: Sweep, model_id: str | None = None) -> TuneR
             config_used = get_policy_cls(spec.name).default_config(device, max_model_len, **spec.flags)
             capacity_size = getattr(config_used, knob)
         pt = PolicyTune(spec, capacity, knob, capacity_size)
-        if knob is not None and knob not in spec.flags:
-            for size in sorted(set(config.chunk_sizes)):
+        if knob is not None and (config.sweep_given or knob not in spec.flags):
+            sizes = {*config.chunk_sizes, *([spec.flags[knob]] if spec.flags.get(knob) else [])}
+            for size in sorted(sizes):
                 sized = _with_size(spec, knob, size, device, max_model_len)
                 pt.points.append(SizePoint(size, sized, math.inf))
                 specs.append(scaler.at(rate, policy=sized))
@@ -229,8 +234,12 @@ def _max_model_len(spec: PolicySpec, model_context: int) -> int:
 def _with_size(spec: PolicySpec, knob: str, size: int, device: Any, max_model_len: int) -> PolicySpec:
     """The policy at one budget, with what its engine then requires: vLLM rejects a budget below
     ``max_num_seqs`` (so the cap follows it down), and vLLM V0 without chunked prefill rejects a
-    budget below ``max_model_len`` (so smaller budgets switch chunked prefill on)."""
+    budget below ``max_model_len`` (so smaller budgets switch chunked prefill on), as TensorRT-LLM
+    refuses prompts longer than ``max_num_tokens`` without it (likewise)."""
     flags = {**spec.flags, knob: size}
+    if spec.name == "trtllm" and size < max_model_len and "enable_chunked_prefill" not in spec.flags:
+        # Without chunked prefill TensorRT-LLM refuses prompts longer than max_num_tokens.
+        flags["enable_chunked_prefill"] = True
     if spec.name in ("vllm", "vllm-v0"):
         if spec.name == "vllm-v0" and size < max_model_len and "enable_chunked_prefill" not in spec.flags:
             flags["enable_chunked_prefill"] = True

@@ -38,8 +38,9 @@ MAX_RUN = 4096  # iterations per call
 
 
 def applies_to(executor: object) -> bool:
-    """Only ``SimExecutor`` itself: a subclass or wrapper may price iterations differently."""
-    return type(executor) is SimExecutor
+    """Only ``SimExecutor`` itself (a subclass or wrapper may price iterations differently),
+    pricing batch shapes alone (no sliding-window model)."""
+    return type(executor) is SimExecutor and executor.prices_shapes_alone
 
 
 def advance_chunk_run(engine: Engine) -> int:

@@ -19,6 +19,12 @@ time = linear layers + prefill attention + decode attention + TP all-reduce + ov
 - TP all-reduce: two per layer of (tokens x hidden) activations, ring algorithm,
   ``2 (tp-1)/tp`` of the message over the interconnect, plus a per-collective latency.
 
+Beyond that core (docs/cost_model.md): the routed experts of an MoE model (``moe.py``), MLA's
+fitted attention block (``hardware.MlaKernel``), sliding-window layers' window-bounded attention
+(``window.py``: ``iteration_time``'s ``window``), and data-parallel attention (``dp`` > 1: the
+experts over the dp x tp ranks with each MoE layer's token exchange, ``moe_comm.py``; a lockstep
+group's step in ``group_time``).
+
 With efficiencies <= 1 and overhead >= 0 a prediction is never faster than the roofline limit
 (FLOPs / peak, bytes / bandwidth). Calibration (``calibration.py``) fits the efficiencies and
 overhead to measured points.
@@ -39,10 +45,12 @@ from typing import Any
 import numpy as np
 
 from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
-from tailserve.executors.simulated.hardware import MOE_GENERIC, Hardware
+from tailserve.executors.simulated.hardware import MOE_GENERIC, Hardware, LinkFit
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
+from tailserve.executors.simulated.moe_comm import exchange_time, resolve_backend
 from tailserve.executors.simulated.precision import get_precision
+from tailserve.executors.simulated.window import WindowShape
 
 __all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "join", "padded_tokens"]
 
@@ -148,19 +156,47 @@ class CostModel:
         tp: int = 1,
         efficiency: Efficiency | None = None,
         expert_parallel: bool = False,
+        dp: int = 1,
+        all2all: str = "allgather_reducescatter",
     ) -> None:
         model.check_tp(tp)
+        if dp < 1:
+            raise ValueError(f"--dp must be >= 1, got {dp}")
+        if dp > 1 and not model.is_moe:
+            # A dense model's DP ranks never wait for each other (vLLM runs them as separate
+            # engines): price one rank, dp 1, and simulate the ranks as replicas.
+            raise ValueError(f"{model.name} is dense: its data-parallel ranks are independent replicas")
         self.model = model
-        # vLLM's --enable-expert-parallel beside TP attention: each rank holds num_experts / tp
-        # whole experts instead of every expert's 1/tp slice (the layer still ends in the TP
-        # all-reduce: every rank holds every token)
-        self.expert_parallel = expert_parallel and model.is_moe and tp > 1
+        # Data-parallel attention (dp > 1): this rank's attention and dense layers over its own
+        # tokens at TP ``tp``; the routed experts over the dp x tp ranks, each MoE layer
+        # exchanging the tokens (moe_comm.py, vLLM's --all2all-backend).
+        self.dp = dp
+        self.all2all = resolve_backend(all2all)
+        group = tp * dp
+        # vLLM's --enable-expert-parallel: each rank of the MoE group holds num_experts / group
+        # whole experts instead of every expert's 1/group slice (with dp 1 the layer still ends
+        # in the TP all-reduce: every rank holds every token)
+        self._expert_parallel_flag = expert_parallel  # as asked: kept by with_* for a later dp
+        self.expert_parallel = expert_parallel and model.is_moe and group > 1
+        if self.expert_parallel and model.num_experts % group:
+            raise ValueError(
+                f"{model.name} has {model.num_experts} experts, not divisible by the {group} "
+                f"expert-parallel ranks (--tp {tp} x --dp {dp})"
+            )
         self.hardware = hardware
         self.tp = tp
         self.efficiency = efficiency or Efficiency.for_hardware(hardware)
         m, hw = model, hardware
         self._lm_head_flops_per_logit = 2.0 * m.hidden_size * m.vocab_size / tp
-        if m.is_moe or m.weight_dtype:
+        eff0 = self.efficiency
+        curve = eff0.tile_m > 1 or eff0.sharpness != math.inf or eff0.gemm_latency > 0.0
+        self._mla = hw.mla if m.is_mla and curve else None  # the plain roofline keeps one join
+        if m.is_mla:
+            # MLA's down-projections stay whole on every rank (model_spec.dense_matmul_params_per_shard)
+            dense_shard = m.dense_matmul_params_per_shard(tp)
+            self._linear_flops_per_token = 2.0 * dense_shard
+            self._layer_weight_bytes = float(dense_shard * m.weight_bytes_per_param)
+        elif m.is_moe or m.weight_dtype:
             # The dense matrices here; the routed experts priced per batch in ``_experts``.
             dense = m.num_dense_matmul_params
             self._linear_flops_per_token = 2.0 * dense / tp
@@ -178,6 +214,7 @@ class CostModel:
         else:
             self._act_bytes_per_token = float(m.dtype_bytes * m.num_layers * _gemm_io_per_token(m, tp))
         self._lm_head_act_bytes = float(m.dtype_bytes * (m.hidden_size + m.vocab_size / tp))
+        self._init_mla_projections(m, tp)
         self._num_gemms = GEMMS_PER_LAYER * m.num_layers
         self._linear_cache: dict[tuple[int, int], float] = {}
         # (N, K) of each GEMM of one layer on this shard, for the per-GEMM wave form.
@@ -203,7 +240,39 @@ class CostModel:
             self._byte_rate * eff.prefill_attention,
         )
         self._decode_rates = (self._flops_rate * eff.decode_attention, self._byte_rate * eff.decode_attention)
+        if self._mla is not None:
+            pf, df = self._mla.prefill_attention, self._mla.decode_attention
+            self._prefill_rates = (self._prefill_rates[0] * pf, self._prefill_rates[1] * pf)
+            self._decode_rates = (self._decode_rates[0] * df, self._decode_rates[1] * df)
         self._init_comm(m, hw, tp, eff)
+        self._init_window(m)
+
+    def _init_mla_projections(self, m: ModelSpec, tp: int) -> None:
+        """With the GPU's fitted MLA block (``hardware.MlaKernel``), the attention projections
+        leave the layers' join for their own: the module's GEMMs run below the dense curve (small
+        K: 512, 1,536) by the fitted factor, and each layer pays the block's fixed time."""
+        self._mla_flops_per_token = self._mla_weight_bytes = self._mla_act_bytes_per_token = 0.0
+        self._mla_factor = 1.0
+        self._mla_prefill_fixed = self._mla_decode_fixed = 0.0
+        if self._mla is None:
+            return
+        proj = m.num_layers * m.attention_params_per_shard(tp)
+        self._mla_flops_per_token = 2.0 * proj
+        self._mla_weight_bytes = float(proj * m.weight_bytes_per_param)
+        self._linear_flops_per_token -= self._mla_flops_per_token
+        self._layer_weight_bytes -= self._mla_weight_bytes  # _weight_bytes keeps the whole
+        attention_io = m.num_layers * _mla_io_per_token(m, tp) * m.dtype_bytes
+        self._mla_act_bytes_per_token = float(attention_io)
+        self._act_bytes_per_token -= self._mla_act_bytes_per_token
+        self._mla_factor = self._mla.gemm_factor(m.weight_dtype or "bf16")
+        self._mla_prefill_fixed = m.num_layers * self._mla.prefill_latency
+        self._mla_decode_fixed = m.num_layers * self._mla.decode_latency
+
+    def _init_window(self, m: ModelSpec) -> None:
+        """Sliding-window layers (window.py): their share of the per-layer attention constants."""
+        self._window = m.sliding_window if m.num_sliding_layers else 0
+        self._full_share = m.num_full_layers / m.num_layers
+        self._sliding_share = m.num_sliding_layers / m.num_layers
 
     def _init_attention(self, m: ModelSpec, tp: int) -> None:
         heads_per_shard = m.num_heads / tp
@@ -287,10 +356,23 @@ class CostModel:
             )
 
     def with_efficiency(self, efficiency: Efficiency) -> CostModel:
-        return CostModel(self.model, self.hardware, self.tp, efficiency, self.expert_parallel)
+        return CostModel(
+            self.model, self.hardware, self.tp, efficiency, self._expert_parallel_flag, self.dp, self.all2all
+        )
 
     def with_expert_parallel(self, on: bool = True) -> CostModel:
-        return CostModel(self.model, self.hardware, self.tp, self.efficiency, on)
+        return CostModel(self.model, self.hardware, self.tp, self.efficiency, on, self.dp, self.all2all)
+
+    def with_data_parallel(self, dp: int, all2all: str = "allgather_reducescatter") -> CostModel:
+        return CostModel(
+            self.model, self.hardware, self.tp, self.efficiency, self._expert_parallel_flag, dp, all2all
+        )
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the model has sliding-window layers: its attention then depends on each
+        request's context, not on the batch's sums alone (``iteration_time``'s ``window``)."""
+        return self._window > 0
 
     # ---- the formula --------------------------------------------------------------------
     # The formula in three pieces, each written once for Python numbers and numpy arrays.
@@ -324,6 +406,8 @@ class CostModel:
         if eff.tile_n:
             return self._linear_waves(num_tokens, num_logits)
         p = eff.sharpness
+        if self._mla is not None:
+            experts += self._mla_projections(num_tokens)
         layers = join(
             padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._gemm_flops_rate,
             (self._layer_weight_bytes + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token))
@@ -342,15 +426,33 @@ class CostModel:
             )
         return layers + self._num_gemms * eff.gemm_latency + head + experts + num_tokens * eff.per_token
 
+    def _mla_projections(self, num_tokens: int) -> float:
+        """MLA's attention projections as their own join (``_init_mla_projections``)."""
+        eff = self.efficiency
+        compute = padded_tokens(num_tokens, eff.tile_m) * self._mla_flops_per_token / self._gemm_flops_rate
+        memory = (self._mla_weight_bytes + num_tokens * self._mla_act_bytes_per_token) / self._gemm_byte_rate
+        return join(compute, memory, eff.sharpness) / self._mla_factor
+
+    def mla_fixed_time(self, shape: BatchShape) -> float:
+        """The MLA block's fixed time per layer of each path this iteration runs (0 without a
+        fitted ``hardware.MlaKernel``)."""
+        return (self._mla_prefill_fixed if shape.prefill_kv_tokens else 0.0) + (
+            self._mla_decode_fixed if shape.decode_kv_tokens else 0.0
+        )
+
     def _experts(self, num_tokens: int) -> float:
         """The routed experts of every MoE layer (``moe.py``): each expert sliced over the TP
         ranks, or whole on ``1 / tp`` of them with ``expert_parallel``; the fused MoE kernel's
-        rates and fixed time per layer (``hardware.MoeKernel``)."""
+        rates and fixed time per layer (``hardware.MoeKernel``). With data-parallel attention
+        the experts' ranks are the dp x tp of the group and see every DP rank's tokens, each
+        batch padded to this one (the group's largest), plus the layer's exchange
+        (``moe_comm.py``)."""
         if num_tokens <= 0:
             return 0.0
         m, eff = self.model, self.efficiency
+        group = self.tp * self.dp
         flops, moved = grouped_gemm_parts(
-            num_tokens,
+            num_tokens * self.dp,
             m.num_experts,
             m.experts_per_token,
             m.hidden_size,
@@ -358,11 +460,31 @@ class CostModel:
             weight_bytes=m.expert_bytes_per_param,
             act_bytes=m.dtype_bytes,
             tile_m=eff.tile_m,
-            moe_tp=1 if self.expert_parallel else self.tp,
-            ep=self.tp if self.expert_parallel else 1,
+            moe_tp=1 if self.expert_parallel else group,
+            ep=group if self.expert_parallel else 1,
         )
         layer = join(flops / self._moe_rate, moved / self._moe_byte_rate, eff.sharpness) + self._moe_fixed
+        if self.dp > 1:
+            layer += self.exchange_time(num_tokens)
         return m.num_moe_layers * layer
+
+    def exchange_time(self, num_tokens: int) -> float:
+        """One MoE layer's token exchange (dispatch and combine) when every DP rank holds
+        ``num_tokens`` tokens; 0 without data-parallel attention."""
+        m, hw = self.model, self.hardware
+        fallback = LinkFit(hw.allreduce_latency_at(self.tp * self.dp), hw.comm_efficiency or DEFAULT_COMM)
+        return exchange_time(
+            self.all2all,
+            hw,
+            fallback,
+            tokens=num_tokens,
+            dp=self.dp,
+            tp=self.tp,
+            hidden=m.hidden_size,
+            k=m.experts_per_token,
+            num_experts=m.num_experts,
+            act_bytes=m.dtype_bytes,
+        )
 
     def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:
         """One GEMM in the wave form (gemm.py): ``rows`` x K times K x N, plus ``extra_bytes``."""
@@ -414,6 +536,12 @@ class CostModel:
         prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates, self._prefill_pair_flops)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
         decode = self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
+        if self._mla is not None:  # the MLA block's fixed time per path run (decode arrays: > 0)
+            linear = (
+                linear
+                + (self._mla_prefill_fixed if prefill_kv else 0.0)
+                + self._mla_decode_fixed * (1.0 if isinstance(decode_kv, np.ndarray) or decode_kv else 0.0)
+            )
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
 
     def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
@@ -425,6 +553,12 @@ class CostModel:
         (``_attention`` is inlined with its operations in the same order)."""
         n = num_decodes
         head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
+        if self._mla is not None:  # as ``_iteration_time``: the decode path's fixed time
+            head = (
+                self._linear(n, n)
+                + self._mla_decode_fixed
+                + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
+            )
         comm = self._comm(n)
         overhead = self.efficiency.overhead
         pair_flops, kv_bytes = self._decode_pair_flops, self._kv_bytes_per_token
@@ -434,10 +568,15 @@ class CostModel:
             for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
         ]
 
-    def iteration_time(self, shape: BatchShape) -> float:
-        """Predicted seconds for one iteration of this batch shape."""
+    def iteration_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
+        """Predicted seconds for one iteration of this batch shape. A model with sliding-window
+        layers takes the batch's window-bounded aggregates too (``window.py``); without them its
+        sliding layers are priced as full attention (an upper bound). With data-parallel
+        attention every DP rank runs this batch (``group_time`` for unequal ones)."""
         if shape.num_tokens == 0:
             return 0.0
+        if self._window:
+            return self._rank_time(shape, window, shape.num_tokens)
         return self._iteration_time(
             shape.num_tokens,
             shape.num_logits,
@@ -445,6 +584,53 @@ class CostModel:
             shape.prefill_kv_tokens,
             shape.decode_kv_tokens,
         )
+
+    def attention_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
+        """The prefill and decode attention parts of ``iteration_time`` alone."""
+        if not self._window:
+            prefill = self._attention(
+                shape.prefill_pairs, shape.prefill_kv_tokens, self._prefill_rates, self._prefill_pair_flops
+            )
+            decode = self._attention(
+                shape.decode_kv_tokens, shape.decode_kv_tokens, self._decode_rates, self._decode_pair_flops
+            )
+            return prefill + decode
+        if window is None:  # no window aggregates: the sliding layers read everything
+            window = WindowShape(shape.prefill_pairs, shape.prefill_kv_tokens, shape.decode_kv_tokens)
+        full, sliding = self._full_share, self._sliding_share
+        prefill = self._attention(
+            shape.prefill_pairs * full + window.prefill_pairs * sliding,
+            shape.prefill_kv_tokens * full + window.prefill_kv_tokens * sliding,
+            self._prefill_rates,
+            self._prefill_pair_flops,
+        )
+        decode_kv = shape.decode_kv_tokens * full + window.decode_kv_tokens * sliding
+        return prefill + self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
+
+    def _rank_time(self, shape: BatchShape | None, window: WindowShape | None, padded_tokens: int) -> float:
+        """One rank's iteration with its GEMMs over ``padded_tokens`` rows (the DP group's
+        largest batch) and attention over its own requests; ``None``: a dummy batch."""
+        if shape is None:
+            return self._linear(padded_tokens, 0) + self._comm(padded_tokens) + self.efficiency.overhead
+        return (
+            self._linear(padded_tokens, shape.num_logits)
+            + self.mla_fixed_time(shape)
+            + self.attention_time(shape, window)
+            + self._comm(padded_tokens)
+            + self.efficiency.overhead
+        )
+
+    def group_time(
+        self, shapes: list[BatchShape | None], windows: list[WindowShape | None] | None = None
+    ) -> float:
+        """One lockstep step of a data-parallel group: rank i runs ``shapes[i]`` (None: idle,
+        a dummy batch of one token, as vLLM's DP engines run). Every MoE layer waits for every
+        rank, so the step takes the slowest rank's time; each rank's GEMMs run on the largest
+        batch, to which vLLM pads all ranks (CUDA graphs, vllm/v1/worker/dp_utils.py)."""
+        padded = max([s.num_tokens for s in shapes if s is not None] + [1])
+        if windows is None:
+            windows = [None] * len(shapes)
+        return max(self._rank_time(s, w, padded) for s, w in zip(shapes, windows, strict=True))
 
     def decode_run_times(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of ``num_steps`` decode iterations; the summed context grows by
@@ -466,36 +652,51 @@ class CostModel:
         """One decode iteration of ``batch_size`` requests each holding ``context_len`` tokens."""
         return self.iteration_time(BatchShape.of([], [context_len] * batch_size))
 
-    def roofline(self, shape: BatchShape) -> Roofline:
+    def roofline(self, shape: BatchShape, window: WindowShape | None = None) -> Roofline:
         """The iteration's work at peak rates (each GEMM at its format's rate, the routed experts'
-        FLOPs without padding and the bytes of the experts the batch touches)."""
+        FLOPs without padding and the bytes of the experts the batch touches; a sliding layer's
+        attention over its window, as ``attention_time``)."""
         hw = self.hardware
         kv = self._kv_bytes_per_token
         m = self.model
         lin_f = (
             shape.num_tokens * self._linear_flops_per_token + shape.num_logits * self._lm_head_flops_per_logit
         )
+        if self._mla is not None:  # the MLA projections, priced apart (``_mla_projections``)
+            lin_f += shape.num_tokens * self._mla_flops_per_token
         lin_b = self._weight_bytes + shape.num_tokens * kv
         lin_c = lin_f / hw.peak_flops
         if m.is_moe or m.weight_dtype:
             lin_c = (
-                shape.num_tokens * self._linear_flops_per_token / self._gemm_peak
+                shape.num_tokens
+                * (self._linear_flops_per_token + self._mla_flops_per_token)
+                / self._gemm_peak
                 + shape.num_logits * self._lm_head_flops_per_logit / hw.peak_flops
             )
         if m.is_moe and shape.num_tokens:
-            params = m.expert_params / self.tp
-            expert_f = 2.0 * shape.num_tokens * m.experts_per_token * params * m.num_moe_layers
-            touched = touched_experts(shape.num_tokens, m.num_experts, m.experts_per_token)
+            # This rank's share of every DP rank's tokens (dp 1: all of them on 1/tp of each expert)
+            params = m.expert_params / (self.tp * self.dp)
+            tokens = shape.num_tokens * self.dp
+            expert_f = 2.0 * tokens * m.experts_per_token * params * m.num_moe_layers
+            touched = touched_experts(tokens, m.num_experts, m.experts_per_token)
             lin_f += expert_f
             lin_c += expert_f / self._moe_peak
             lin_b += touched * params * m.expert_bytes_per_param * m.num_moe_layers
-        pre_f = shape.prefill_pairs * self._prefill_pair_flops
-        pre_b = shape.prefill_kv_tokens * kv
-        dec_f = shape.decode_kv_tokens * self._decode_pair_flops
-        dec_b = shape.decode_kv_tokens * kv
+        pairs, pre_kv, dec_kv = shape.prefill_pairs, shape.prefill_kv_tokens, shape.decode_kv_tokens
+        if self._window and window is not None:
+            full, sliding = self._full_share, self._sliding_share
+            pairs = pairs * full + window.prefill_pairs * sliding
+            pre_kv = pre_kv * full + window.prefill_kv_tokens * sliding
+            dec_kv = dec_kv * full + window.decode_kv_tokens * sliding
+        pre_f = pairs * self._prefill_pair_flops
+        pre_b = pre_kv * kv
+        dec_f = dec_kv * self._decode_pair_flops
+        dec_b = dec_kv * kv
         comm = 0.0
         if self.tp > 1 and shape.num_tokens:
             comm = self._comm(shape.num_tokens)
+        if self.dp > 1 and shape.num_tokens:
+            comm += m.num_moe_layers * self.exchange_time(shape.num_tokens)
         return Roofline(
             compute_s=(lin_c, pre_f / hw.peak_flops, dec_f / hw.peak_flops),
             memory_s=(
@@ -519,19 +720,25 @@ def _gemm_io_per_token(m: ModelSpec, tp: int) -> float:
     return (m.hidden_size + q + 2 * kv) + (q + m.hidden_size) + (m.hidden_size + up) + (inter + m.hidden_size)
 
 
+def _mla_io_per_token(m: ModelSpec, tp: int) -> float:
+    """Elements one token's row reads and writes across one layer's MLA projections, per shard."""
+    h = m.hidden_size
+    heads = m.num_heads / tp
+    qk = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+    q = (h + m.q_lora_rank + m.q_lora_rank + qk) if m.q_lora_rank else (h + qk)
+    kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (
+        m.kv_lora_rank + heads * (m.qk_nope_head_dim + m.v_head_dim)
+    )
+    return q + kv + heads * m.v_head_dim + h
+
+
 def _dense_io_per_token(m: ModelSpec, tp: int) -> float:
     """``_gemm_io_per_token`` summed over the layers of an MoE or MLA model: its attention
     projections, the dense MLPs of its dense layers and the shared experts of its MoE layers
     (the routed experts' rows are priced in ``CostModel._experts``)."""
     h = m.hidden_size
     if m.is_mla:
-        heads = m.num_heads / tp
-        qk = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
-        q = (h + m.q_lora_rank + m.q_lora_rank + qk) if m.q_lora_rank else (h + qk)
-        kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (
-            m.kv_lora_rank + heads * (m.qk_nope_head_dim + m.v_head_dim)
-        )
-        attention = q + kv + heads * m.v_head_dim + h
+        attention = _mla_io_per_token(m, tp)
     else:
         d = m.dim_per_head
         qw = m.num_heads * d / tp

@@ -15,6 +15,7 @@ from tailserve.executors.simulated.calibration_files import is_calibration_sourc
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.hardware import get_hardware, resolve_hardware_name
 from tailserve.executors.simulated.models import ModelSpec, get_model, resolve_model_name
+from tailserve.executors.simulated.moe_comm import resolve_backend
 from tailserve.executors.simulated.precision import get_precision
 
 SEED_PRESET = PRESETS["seed"]
@@ -35,7 +36,15 @@ class Deployment:
     quantization: str = ""
     kv_cache_dtype: str = ""
     # vLLM's --enable-expert-parallel: the experts of an MoE model split whole over the TP ranks
+    # (and the DP ranks, with ``dp``)
     expert_parallel: bool = False
+    # vLLM's --data-parallel-size (SGLang's --dp-size with --enable-dp-attention): DP ranks of
+    # ``tp`` GPUs each, ``dp x tp`` GPUs in all. For an MoE model one engine whose ranks step
+    # together and share the experts (cluster/dp_group.py); for a dense model independent
+    # replicas behind the engine's balancer (vLLM runs dense DP ranks as separate engines).
+    dp: int = 1
+    # vLLM's --all2all-backend: how an MoE layer moves tokens between DP ranks (moe_comm.py)
+    all2all_backend: str = "allgather_reducescatter"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -55,6 +64,9 @@ class Deployment:
             object.__setattr__(self, "calibration", keyword)
         if self.tp < 1:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.dp < 1:
+            raise ValueError(f"--data-parallel-size must be >= 1, got {self.dp}")
+        object.__setattr__(self, "all2all_backend", resolve_backend(self.all2all_backend))
 
     @classmethod
     def of(
@@ -66,10 +78,22 @@ class Deployment:
         quantization: str = "",
         kv_cache_dtype: str = "",
         expert_parallel: bool = False,
+        dp: int = 1,
+        all2all_backend: str = "allgather_reducescatter",
     ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
-        names = cls(model, hardware, 1, calibration, quantization, kv_cache_dtype, expert_parallel)
+        names = cls(
+            model,
+            hardware,
+            1,
+            calibration,
+            quantization,
+            kv_cache_dtype,
+            expert_parallel,
+            dp,
+            all2all_backend,
+        )
         if tp is None:
             tp = SEED_PRESET.tp if names.is_seed else 1
         return replace(names, tp=tp)
@@ -85,6 +109,15 @@ class Deployment:
         if self.kv_cache_dtype:
             spec = replace(spec, kv_dtype=self.kv_cache_dtype)
         return spec
+
+    @property
+    def data_parallel_group(self) -> bool:
+        """Whether the deployment is one engine of lockstep DP ranks (an MoE model, dp > 1)."""
+        return self.dp > 1 and get_model(self.model).is_moe
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp
 
     @property
     def is_seed(self) -> bool:
@@ -106,10 +139,30 @@ class BuiltCostModel:
 
 
 def build_cost_model(deployment: Deployment) -> BuiltCostModel:
+    """The deployment's cost model. With ``dp`` > 1 it prices one DP rank: an MoE model's with
+    the experts over all ``dp x tp`` GPUs and the layers' token exchange; a dense model's as a
+    lone engine of ``tp`` GPUs (its DP ranks never wait for each other)."""
     built = _build_cost_model(deployment)
+    cm = built.cost_model
     if deployment.expert_parallel:
-        return replace(built, cost_model=built.cost_model.with_expert_parallel())
-    return built
+        cm = cm.with_expert_parallel()
+    if deployment.dp > 1:
+        hardware = get_hardware(deployment.hardware)
+        if deployment.gpus > hardware.nvlink_domain:
+            raise ValueError(
+                f"--data-parallel-size {deployment.dp} x --tp {deployment.tp} = {deployment.gpus} GPUs is more "
+                f"than one {hardware.name} NVLink domain ({hardware.nvlink_domain}): the exchange between "
+                "nodes is not modelled"
+            )
+        if cm.model.is_moe:
+            cm = cm.with_data_parallel(deployment.dp, deployment.all2all_backend)
+        else:
+            note = (
+                f"{cm.model.name} is dense: its {deployment.dp} data-parallel ranks run as independent "
+                f"replicas of TP {deployment.tp} (vLLM runs a dense model's DP ranks as separate engines)"
+            )
+            built = replace(built, notes=(*built.notes, note))
+    return replace(built, cost_model=cm)
 
 
 def _build_cost_model(deployment: Deployment) -> BuiltCostModel:

@@ -8,7 +8,8 @@ all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`
 
 - ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);
 - the policy signed the contracts (``fast_paths.FastPaths``; a policy without them is stepped);
-- the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor``, the chunk
+- the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor`` (not a
+  ``SimExecutor`` of a sliding-window model, whose ``prices_shapes_alone`` is False), the chunk
   runs only for ``SimExecutor`` itself and without per-iteration records or checks (they price
   iterations from the cost model directly and record none).
 
@@ -30,7 +31,11 @@ class SimDriver:
         options = engine.options
         policy = engine.scheduler.policy
         fast = policy if options.fast_forward and isinstance(policy, FastPaths) else None
-        self._decode_run_ok = fast is not None and isinstance(engine.executor, decode_run.DecodeRunExecutor)
+        self._decode_run_ok = (
+            fast is not None
+            and isinstance(engine.executor, decode_run.DecodeRunExecutor)
+            and getattr(engine.executor, "prices_shapes_alone", True)
+        )
         self._lone_run_ok = (
             fast is not None
             and chunk_run.applies_to(engine.executor)

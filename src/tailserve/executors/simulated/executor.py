@@ -8,6 +8,7 @@ from tailserve.core.executor import StepResult
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, accepted_drafts
+from tailserve.executors.simulated.window import WindowShape
 
 
 def batch_shape(out: SchedulerOutput) -> BatchShape:
@@ -53,6 +54,20 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
     return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
 
 
+def window_shape(out: SchedulerOutput, window: int) -> WindowShape:
+    """``batch_shape``'s attention aggregates for sliding-window layers (window.py)."""
+    prefill: list[tuple[int, int]] = []
+    decodes: list[int] = []
+    for q, c in [(s.num_new_tokens, s.num_context_tokens) for s in out.scheduled] + [
+        (p.num_new_tokens, p.num_context_tokens) for p in out.padding
+    ]:
+        if q == 1:
+            decodes.append(c)
+        else:
+            prefill.append((q, c))
+    return WindowShape.of(prefill, decodes, window)
+
+
 class SimExecutor:
     """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``).
     With speculative decoding (``spec``) it also draws how many drafts each verification
@@ -68,11 +83,16 @@ class SimExecutor:
         self.spec = spec
         self.seed = seed
         self.drafter = DrafterCost(cost_model, spec) if spec is not None else None
+        # A sliding-window model's attention depends on each request's context, not on the
+        # batch's sums alone: the exact fast paths (which price sums) stay off for it.
+        self.prices_shapes_alone = not cost_model.windowed
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         if out.advanced:
             return self._execute_advanced(out)
-        duration = self.cost_model.iteration_time(batch_shape(out))
+        cm = self.cost_model
+        window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
+        duration = cm.iteration_time(batch_shape(out), window)
         swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
         if swapped:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
@@ -84,7 +104,8 @@ class SimExecutor:
         accepted; the per-step overhead is the host time async scheduling hides."""
         shape = advanced_batch_shape(out)
         cost = self.cost_model
-        duration = cost.iteration_time(shape)
+        window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
+        duration = cost.iteration_time(shape, window)
         accepted: dict[str, int] | None = None
         spec, drafter = self.spec, self.drafter
         if spec is not None and drafter is not None:

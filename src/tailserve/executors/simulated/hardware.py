@@ -55,6 +55,50 @@ class MoeKernel:
 
 
 @dataclass(frozen=True, slots=True)
+class MlaKernel:
+    """vLLM's MLA attention block (the q/kv down- and up-projections, the attention kernel,
+    o_proj, and the norms, RoPE and cache writes between them) against the GPU's curves: a
+    factor on the projections' GEMM time per weight format, factors on the prefill and decode
+    attention rates (<= 1), and a fixed time per layer for each path an iteration runs (its
+    prefill path when it has a prefill chunk, its decode path when it has a decode), fitted to
+    AISimulate's MLA module tables (benchmarks/fidelity_aisim.py)."""
+
+    gemm_factors: tuple[tuple[str, float], ...]  # (weight format, factor <= 1); others: 1
+    prefill_attention: float
+    decode_attention: float
+    prefill_latency: float  # seconds per MLA layer of an iteration with a prefill chunk
+    decode_latency: float  # seconds per MLA layer of an iteration with decodes
+    source: str
+
+    def gemm_factor(self, fmt: str) -> float:
+        return dict(self.gemm_factors).get(fmt, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFit:
+    """One collective or exchange phase: ``latency + bytes / (interconnect_bandwidth x efficiency)``."""
+
+    latency: float  # seconds per call
+    efficiency: float  # fraction of interconnect_bandwidth
+
+
+@dataclass(frozen=True, slots=True)
+class MoeExchange:
+    """The token exchanges of an MoE layer under data-parallel attention (``moe_comm.py``),
+    fitted per phase to AISimulate's tables of this GPU: DeepEP's high-throughput (normal) and
+    low-latency dispatch and combine as vLLM runs them, and NCCL's all-gather and
+    reduce-scatter per group size (vLLM's default allgather_reducescatter backend)."""
+
+    ht_dispatch: LinkFit
+    ht_combine: LinkFit
+    ll_dispatch: LinkFit
+    ll_combine: LinkFit
+    all_gather: tuple[tuple[int, LinkFit], ...]  # (GPUs in the group, fit)
+    reduce_scatter: tuple[tuple[int, LinkFit], ...]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class AllReduceBand:
     """One message-size band of a fitted NCCL all-reduce at one TP degree: messages up to
     ``max_bytes`` take ``latency + 2 (tp-1)/tp * bytes / (link * efficiency)``. NCCL changes
@@ -91,6 +135,8 @@ class Hardware:
     # board, 72 for GB200/GB300 NVL72); beyond it traffic goes over the network.
     nvlink_domain: int = 8
     moe: MoeKernel | None = None  # the fused MoE kernel's figures; None: MOE_GENERIC
+    mla: MlaKernel | None = None  # the MLA attention block's figures; None: the plain curves
+    moe_exchange: MoeExchange | None = None  # None: the all-reduce's latency and efficiency
 
     def __post_init__(self) -> None:
         for name in (
@@ -206,6 +252,52 @@ B200_ALLREDUCE = ((2, 7.23e-6), (4, 7.44e-6), (8, 8.43e-6))
 GB200_ALLREDUCE = ((2, 3.74e-6), (4, 4.08e-6))
 B300_ALLREDUCE = ((2, 4.16e-6), (4, 3.95e-6), (8, 4.46e-6))
 MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no table for this GPU)")
+# vLLM's MLA block per GPU (DeepSeek-V3 shapes, 1-128 heads, bf16 KV; bf16 and block-scaled FP8
+# projections) and the MoE token exchanges under data-parallel attention (DeepEP under vLLM,
+# NCCL all-gather / reduce-scatter), fitted by benchmarks/fidelity_aisim.py on half the head
+# counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
+# borrows the H100's (same kernels, same NVLink 4 link).
+MLA_H100 = MlaKernel((("bf16", 0.82), ("fp8_block", 0.54)), 0.88, 0.88, 4.36e-6, 3.20e-6, f"{_AISIM}: MLA module, H100")  # fmt: skip
+MLA_H200 = MlaKernel((("bf16", 0.82), ("fp8_block", 0.52)), 1.00, 1.00, 3.58e-6, 4.36e-6, f"{_AISIM}: MLA module, H200")  # fmt: skip
+MLA_B200 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.52)), 1.00, 0.88, 19.54e-6, 20.12e-6, f"{_AISIM}: MLA module, B200")  # fmt: skip
+MLA_GB200 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.70)), 1.00, 0.88, 21.82e-6, 21.31e-6, f"{_AISIM}: MLA module, GB200")  # fmt: skip
+MLA_B300 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.63)), 1.00, 0.88, 20.03e-6, 18.74e-6, f"{_AISIM}: MLA module, B300")  # fmt: skip
+EXCHANGE_H100 = MoeExchange(
+    LinkFit(236.1e-6, 0.588), LinkFit(81.3e-6, 0.413),
+    LinkFit(64.1e-6, 0.279), LinkFit(44.7e-6, 0.513),
+    ((2, LinkFit(6.6e-6, 0.523)), (4, LinkFit(8.9e-6, 0.649)), (8, LinkFit(12.8e-6, 0.688))),
+    ((2, LinkFit(6.4e-6, 0.483)), (4, LinkFit(8.2e-6, 0.636)), (8, LinkFit(11.3e-6, 0.702))),
+    f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H100",
+)  # fmt: skip
+EXCHANGE_H200 = MoeExchange(
+    LinkFit(233.2e-6, 0.624), LinkFit(81.0e-6, 0.438),
+    LinkFit(46.5e-6, 0.224), LinkFit(48.8e-6, 0.649),
+    ((2, LinkFit(6.5e-6, 0.523)), (4, LinkFit(8.8e-6, 0.662)), (8, LinkFit(13.9e-6, 0.716))),
+    ((2, LinkFit(6.2e-6, 0.493)), (4, LinkFit(8.1e-6, 0.649)), (8, LinkFit(12.3e-6, 0.716))),
+    f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H200",
+)  # fmt: skip
+EXCHANGE_B200 = MoeExchange(
+    LinkFit(254.8e-6, 0.220), LinkFit(91.9e-6, 0.135),
+    LinkFit(52.2e-6, 0.161), LinkFit(60.0e-6, 1.000),
+    ((2, LinkFit(10.4e-6, 0.465)), (4, LinkFit(13.7e-6, 0.612)), (8, LinkFit(19.3e-6, 0.702))),
+    ((2, LinkFit(10.1e-6, 0.421)), (4, LinkFit(13.0e-6, 0.600)), (8, LinkFit(18.4e-6, 0.688))),
+    f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B200",
+)  # fmt: skip
+EXCHANGE_GB200 = MoeExchange(
+    LinkFit(381.1e-6, 0.158), LinkFit(97.8e-6, 0.167),
+    LinkFit(66.0e-6, 0.155), LinkFit(72.5e-6, 1.000),
+    ((2, LinkFit(10.9e-6, 0.465)), (4, LinkFit(13.6e-6, 0.612))),
+    ((2, LinkFit(10.6e-6, 0.429)), (4, LinkFit(13.2e-6, 0.600))),
+    f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, GB200",
+)  # fmt: skip
+EXCHANGE_B300 = MoeExchange(
+    LinkFit(230.8e-6, 0.224), LinkFit(96.3e-6, 0.140),
+    LinkFit(50.9e-6, 0.192), LinkFit(45.9e-6, 0.662),
+    ((2, LinkFit(9.7e-6, 0.474)), (4, LinkFit(12.8e-6, 0.612)), (8, LinkFit(18.6e-6, 0.702))),
+    ((2, LinkFit(9.6e-6, 0.429)), (4, LinkFit(12.5e-6, 0.600)), (8, LinkFit(17.9e-6, 0.702))),
+    f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B300",
+)  # fmt: skip
+
 # Hopper's dense FP8 and INT8 tensor-core rates (H100/H200 SXM data sheets, no sparsity).
 HOPPER_FORMATS = (("fp8", 1979e12), ("int8", 1979e12))
 # All-reduce latency per TP degree and link efficiency fitted to Vidur's NCCL profiles
@@ -246,6 +338,8 @@ HARDWARE: dict[str, Hardware] = {
             comm_efficiency=0.740,
             sms=132,
             moe=MOE_H100,
+            mla=MLA_H100,
+            moe_exchange=EXCHANGE_H100,
             peak_flops_by_dtype=HOPPER_FORMATS,
         ),
         # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's curves (same die).
@@ -261,6 +355,8 @@ HARDWARE: dict[str, Hardware] = {
             comm_efficiency=0.740,
             sms=132,
             moe=MOE_H200,
+            mla=MLA_H200,
+            moe_exchange=EXCHANGE_H200,
             peak_flops_by_dtype=HOPPER_FORMATS,
         ),
         # A40: 149.7 TFLOP/s bf16 dense, 696 GB/s GDDR6, 48 GB; PCIe 4 between cards (the
@@ -321,6 +417,8 @@ HARDWARE: dict[str, Hardware] = {
             sms=78,
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
+            mla=MLA_H100,
+            moe_exchange=EXCHANGE_H100,
             peak_flops_by_dtype=(("fp8", 296e12), ("int8", 296e12)),
         ),
         # Blackwell (HGX B200, B300 and GB200 NVL72 data sheets, dense, per GPU): NVLink 5 at
@@ -339,6 +437,8 @@ HARDWARE: dict[str, Hardware] = {
             allreduce_latency_by_tp=B200_ALLREDUCE,
             comm_efficiency=0.50,
             moe=MOE_B200,
+            mla=MLA_B200,
+            moe_exchange=EXCHANGE_B200,
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 4500e12), ("fp4", 9000e12)),
         ),
         Hardware(
@@ -354,6 +454,8 @@ HARDWARE: dict[str, Hardware] = {
             comm_efficiency=0.66,
             moe=MOE_B300,
             # Blackwell Ultra trades INT8 for FP4: 14 PFLOP/s dense FP4, INT8 cut to 153 TOPS
+            mla=MLA_B300,
+            moe_exchange=EXCHANGE_B300,
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 153.5e12), ("fp4", 14000e12)),
         ),
         Hardware(
@@ -369,6 +471,8 @@ HARDWARE: dict[str, Hardware] = {
             allreduce_latency_by_tp=GB200_ALLREDUCE,
             comm_efficiency=0.56,
             moe=MOE_GB200,
+            mla=MLA_GB200,
+            moe_exchange=EXCHANGE_GB200,
             peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
         ),
         # AMD Instinct (CDNA 3 / 4 data sheets, dense): MI325X 256 GB HBM3E at 6 TB/s; MI355X

@@ -5,6 +5,23 @@ blocks = (memory x gpu_memory_utilization - weights - activation reserve) / byte
 vLLM measures the activation peak with a profiling forward pass of ``max_num_batched_tokens``
 tokens; here it is estimated from the model's shapes, plus a fixed reserve for the CUDA context,
 CUDA graphs and communication buffers.
+
+A model with both sliding-window and full-attention layers (gpt-oss, Gemma 2/3) is sized as
+vLLM's hybrid KV cache manager sizes it (vllm/v1/core/kv_cache_utils.py,
+``_get_kv_cache_groups_uniform_page_size`` and ``get_kv_cache_config_from_groups``): the layers
+of each kind are grouped ``group_size`` at a time (the smaller kind's count, or the larger's when
+it is under 1.5 times the smaller), and one pool of pages, each ``block_size`` tokens of
+``group_size`` layers, serves every group. A full-attention group holds all of a request's
+tokens; a sliding group only the blocks its window covers (``SlidingWindowManager`` frees the
+others). tailserve's KV managers count one block table per request, so they are given the
+pool as the full-attention groups see it: one manager block is a page in each full group, and
+the sliding groups' pages are set aside for ``max_num_seqs`` running requests at their window
+(``ceil((window - 1) / block_size) + 1`` pages each, the most a decoding request holds). When
+that leaves less than an even split over all groups (vLLM's "GPU KV cache size" line), the even
+split, which is exact for requests no longer than the window. Either way the manager never
+admits more than the pool holds. (A prefill chunk briefly holds window + chunk tokens in the
+sliding groups; not set aside.) A model whose every layer slides is sized as a dense one: its
+requests are charged all their tokens, where vLLM keeps only the window (conservative).
 """
 
 from __future__ import annotations
@@ -42,6 +59,32 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: 
     return max_num_batched_tokens * per_token * model.dtype_bytes + NON_TORCH_RESERVE_GIB * GIB
 
 
+def hybrid_groups(model: ModelSpec) -> tuple[int, int, int]:
+    """(group_size, full-attention groups, sliding groups) of vLLM's hybrid KV cache manager."""
+    full, sliding = model.num_full_layers, model.num_sliding_layers
+    group_size = min(full, sliding)
+    if max(full, sliding) < 1.5 * group_size:
+        group_size = max(full, sliding)  # pad the smaller kind instead (gpt-oss-20b + EAGLE)
+    return group_size, math.ceil(full / group_size), math.ceil(sliding / group_size)
+
+
+def hybrid_pool_pages(model: ModelSpec, tp: int, kv_bytes: float, block_size: int) -> int:
+    """Pages of ``block_size`` tokens x ``group_size`` layers that ``kv_bytes`` hold."""
+    page = block_size * model.kv_bytes_per_token(tp) / model.num_layers * hybrid_groups(model)[0]
+    return math.floor(kv_bytes / page)
+
+
+def hybrid_manager_blocks(
+    model: ModelSpec, pool_pages: int, block_size: int, max_num_seqs: int
+) -> tuple[int, int, int]:
+    """(manager blocks, full groups, sliding groups) for a hybrid model's pool (module doc)."""
+    _, full_groups, sliding_groups = hybrid_groups(model)
+    even = pool_pages // (full_groups + sliding_groups)
+    window_pages = math.ceil((model.sliding_window - 1) / block_size) + 1
+    reserved = (pool_pages - max_num_seqs * sliding_groups * window_pages) // full_groups
+    return max(even, reserved if max_num_seqs > 0 else 0), full_groups, sliding_groups
+
+
 def kv_capacity(
     model: ModelSpec,
     hardware: Hardware,
@@ -49,11 +92,16 @@ def kv_capacity(
     gpu_memory_utilization: float,
     block_size: int,
     max_num_batched_tokens: int,
+    max_num_seqs: int = 0,
+    dp: int = 1,
 ) -> KVCapacity:
+    """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
+    model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
+    which an MoE model's experts are spread (each rank's KV holds its own requests)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     usable = hardware.memory_bytes * gpu_memory_utilization
-    weights = model.weight_bytes_per_shard(tp)
+    weights = model.weight_bytes_per_shard(tp, dp)
     activation = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     kv = usable - weights - activation
     per_block = block_size * model.kv_bytes_per_token(tp)
@@ -65,7 +113,7 @@ def kv_capacity(
             for t in range(tp + 1, model.num_heads + 1)
             if model.num_heads % t == 0
             and usable
-            - model.weight_bytes_per_shard(t)
+            - model.weight_bytes_per_shard(t, dp)
             - activation_reserve_bytes(model, t, max_num_batched_tokens)
             > per_block * 64
         ]
@@ -75,13 +123,18 @@ def kv_capacity(
             if fits[0] > 8:
                 hint += f" ({model.num_heads} heads divide by {fits[0]}; more GPUs than one 8-GPU node)"
         raise ValueError(
-            f"{model.name} does not fit on {hardware.name} at TP {tp}: weights {weights / GIB:.1f} GiB "
+            f"{model.name} does not fit on {hardware.name} at TP {tp}{f' x DP {dp}' if dp > 1 else ''}: weights {weights / GIB:.1f} GiB "
             f"+ activations {activation / GIB:.1f} GiB per GPU need {need / GIB:.1f} GiB, but "
             f"{gpu_memory_utilization:.2f} x {hardware.memory_gib:.1f} GiB = {usable / GIB:.1f} GiB "
             f"is usable{hint}"
         )
+    num_blocks = math.floor(kv / per_block)
+    if model.num_sliding_layers and model.num_full_layers:
+        num_blocks = hybrid_manager_blocks(
+            model, hybrid_pool_pages(model, tp, kv, block_size), block_size, max_num_seqs
+        )[0]
     return KVCapacity(
-        num_blocks=math.floor(kv / per_block),
+        num_blocks=num_blocks,
         block_size=block_size,
         kv_bytes_per_token=model.kv_bytes_per_token(tp),
         memory_gib=hardware.memory_gib,

@@ -100,6 +100,9 @@ class ModelSpec:
             raise ValueError(
                 f"model {self.name}: num_sliding_layers must be in 0..num_layers, with a sliding_window >= 1"
             )
+        if self.num_sliding_layers and self.is_mla:
+            # vLLM's SlidingWindowSpec asserts it (kv_cache_interface.py): no engine runs both.
+            raise ValueError(f"model {self.name}: sliding-window layers with MLA are not supported")
 
     @property
     def dim_per_head(self) -> int:
@@ -127,6 +130,30 @@ class ModelSpec:
             kv_b = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv_a + kv_b + self.num_heads * self.v_head_dim * h
         return h * self.dim_per_head * (2 * self.num_heads + 2 * self.num_kv_heads)
+
+    @property
+    def mla_replicated_params_per_layer(self) -> int:
+        """MLA's down-projections (q_a, and kv_a with the RoPE key), which vLLM and SGLang keep
+        whole on every TP rank (``ReplicatedLinear`` in their deepseek_v2.py); 0 for other models."""
+        if not self.is_mla:
+            return 0
+        return self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+
+    def attention_params_per_shard(self, tp: int) -> float:
+        """One layer's attention projections on one TP rank (MLA's down-projections whole)."""
+        replicated = self.mla_replicated_params_per_layer
+        return (self.attention_params_per_layer - replicated) / tp + replicated
+
+    def dense_matmul_params_per_shard(self, tp: int) -> float:
+        """``num_dense_matmul_params`` on one TP rank: sliced by ``tp`` but for MLA's replicated
+        down-projections. A dense model's (no MLA) is exactly ``num_dense_matmul_params / tp``."""
+        replicated = self.num_layers * self.mla_replicated_params_per_layer
+        return (self.num_dense_matmul_params - replicated) / tp + replicated
+
+    @property
+    def num_full_layers(self) -> int:
+        """Layers attending to the whole context (the others to the last ``sliding_window``)."""
+        return self.num_layers - self.num_sliding_layers
 
     @property
     def dense_mlp_params(self) -> int:
@@ -230,10 +257,24 @@ class ModelSpec:
             return int(self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes)
         return int(2 * self.num_layers * self.kv_heads_per_shard(tp) * self.dim_per_head * kv_bytes)
 
-    def weight_bytes_per_shard(self, tp: int = 1) -> float:
+    def weight_bytes_per_shard(self, tp: int = 1, dp: int = 1) -> float:
+        """Weight bytes on one GPU at TP ``tp``; with data-parallel attention (``dp`` > 1, an
+        MoE model) each DP rank holds the dense weights at TP ``tp`` and the routed experts are
+        spread over all ``dp x tp`` GPUs."""
         if not (self.is_moe or self.weight_dtype or self.expert_dtype):
             return self.num_params * self.dtype_bytes / tp
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        experts = self.num_expert_params * self.expert_bytes_per_param
+        if self.is_mla:  # the down-projections whole on every rank
+            return (
+                self.dense_matmul_params_per_shard(tp) * self.weight_bytes_per_param
+                + embed * self.dtype_bytes / tp
+                + experts / (tp * dp)
+            )
+        if dp > 1:
+            return (
+                self.num_dense_matmul_params * self.weight_bytes_per_param + embed * self.dtype_bytes
+            ) / tp + (experts / (tp * dp))
         return (
             self.num_dense_matmul_params * self.weight_bytes_per_param
             + self.num_expert_params * self.expert_bytes_per_param

@@ -1,0 +1,164 @@
+"""``--engine-cmd "vllm serve ..."``: real launch lines as the policies and the deployment of a run
+(``engines/translate.py``), for ``simulate``, ``compare`` (several lines, one policy each) and
+``tune`` (one line: its engine and deployment, its budget swept from there). The GPU is not on a
+launch line, so ``--hardware`` stays tailserve's; the rest comes from the line, and giving it
+twice (``--policy`` or a policy flag, a different ``--tp``) is one error line rather than a
+silent choice. Every line runs on one deployment: lines whose model, TP or formats differ are
+refused."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from tailserve.cli.base import CliError, default_of
+from tailserve.policies.registry import PolicySpec
+
+ENGINE_CMD_HELP = (
+    'an engine launch line, quoted ("vllm serve MODEL --max-num-batched-tokens 2048 -tp 2", '
+    '"python -m sglang.launch_server --model-path MODEL ...", "trtllm-serve MODEL ... --config FILE"): its '
+    "model, TP, formats and scheduling flags (and those of trtllm-serve's YAML) become the deployment and "
+    "the policy; the GPU is --hardware's. `tailserve lint` shows what each flag does"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCommand:
+    """One launch line as tailserve runs it."""
+
+    label: str  # its engine and version, "vLLM 0.32.0"
+    spec: PolicySpec
+    deployment: dict[str, Any]  # model, tp, quantization, kv_cache_dtype, expert_parallel
+    summary: str  # what was taken and what was not simulated, one line
+
+
+def add_engine_cmd_args(p: argparse.ArgumentParser, several: bool = False) -> None:
+    g = p.add_argument_group("engine command")
+    if several:
+        help_text = (
+            ENGINE_CMD_HELP + "; once per line to compare, each run labelled by its engine and version"
+        )
+        g.add_argument("--engine-cmd", metavar="COMMAND", action="append", default=None, help=help_text)
+    else:
+        g.add_argument("--engine-cmd", metavar="COMMAND", default=None, help=ENGINE_CMD_HELP)
+    g.add_argument(
+        "--engine-version",
+        metavar="V",
+        default=None,
+        help="--engine-cmd: the engine's version, V for every line or ENGINE=V,... (vllm=0.11,sglang=0.5.23) "
+        "(default: the newest tailserve has)",
+    )
+
+
+def apply_engine_cmd(args: argparse.Namespace) -> None:
+    """``simulate``: set ``args``' policy, policy flags and deployment from ``--engine-cmd`` (so one
+    engine and a cluster of them read it alike). Nothing without ``--engine-cmd``."""
+    if args.engine_cmd and (args.policy_flags or args.policy != "vllm"):
+        given = ", ".join(
+            ["--policy"] * (args.policy != "vllm") + [f"--{f.replace('_', '-')}" for f in args.policy_flags]
+        )
+        raise CliError(
+            f"--engine-cmd sets the policy and its flags: drop {given} or put it in the engine command"
+        )
+    commands = read_engine_cmds(args)
+    if commands:
+        args.policy = commands[0].spec.name
+        args.policy_flags = {**commands[0].spec.flags, **commands[0].spec.engine_flags}
+
+
+def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
+    """Each ``--engine-cmd`` line as a policy spec, ``args``' deployment set from them (model, TP,
+    formats), and one line on stderr per command saying what was taken and what was not
+    simulated; [] without ``--engine-cmd``."""
+    texts = (
+        args.engine_cmd if isinstance(args.engine_cmd, list) else [args.engine_cmd] * bool(args.engine_cmd)
+    )
+    if not texts:
+        if args.engine_version:
+            raise CliError("--engine-version reads --engine-cmd: give the engine command too")
+        return []
+    from tailserve.engines.command import parse_launch
+    from tailserve.engines.lint import ENGINE_NAMES, lint
+    from tailserve.engines.translate import translate
+    from tailserve.executors.simulated.hardware import get_hardware
+
+    versions = _versions(args.engine_version, ENGINE_NAMES)
+    device = get_hardware(args.hardware).device_info
+    commands = []
+    for text in texts:
+        engine = parse_launch(text).engine
+        report = lint(text, versions.get(engine, versions.get("")))
+        translation = translate(report, device)
+        label = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
+        commands.append(
+            EngineCommand(label, translation.spec, translation.deployment, translation.summary(report))
+        )
+    _take_deployment(args, commands)
+    for command in commands:
+        print(f"engine command: {command.summary}", file=sys.stderr)
+    return commands
+
+
+def _versions(text: str | None, engines: dict[str, str]) -> dict[str, str]:
+    """``0.11`` -> {"": "0.11"} (every line); ``vllm=0.11,sglang=0.5.23`` -> by engine."""
+    if not text:
+        return {}
+    if "=" not in text:
+        return {"": text}
+    found: dict[str, str] = {}
+    for item in text.split(","):
+        engine, _, version = item.strip().partition("=")
+        if engine not in engines or not version:
+            raise CliError(
+                f"--engine-version {text!r}: expected V or ENGINE=V,... with ENGINE one of {', '.join(engines)}"
+            )
+        found[engine] = version
+    return found
+
+
+def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) -> None:
+    from tailserve.executors.simulated.deployment import Deployment
+
+    first = commands[0]
+    if "model" not in first.deployment:
+        raise CliError(
+            "--engine-cmd names no model: add it as the engine takes it (vllm serve MODEL, --model-path MODEL)"
+        )
+    tp = first.deployment.get("tp", 1)
+    if args.tp is not None and args.tp != tp:
+        raise CliError(f"--tp {args.tp} and the engine command's TP {tp} differ: give it once")
+
+    def resolved(d: dict[str, Any]) -> Deployment:
+        return Deployment.of(
+            d.get("model", ""), args.hardware, d.get("tp", 1), args.calibration, d.get("quantization", ""),
+            d.get("kv_cache_dtype", ""), d.get("expert_parallel", False), d.get("dp", 1),
+            d.get("all2all_backend", default_of(Deployment, "all2all_backend")),
+        )  # fmt: skip
+
+    for other in commands[1:]:
+        if "model" not in other.deployment or resolved(other.deployment) != resolved(first.deployment):
+            raise CliError(
+                f"the engine commands run different deployments ({first.label}: {_shown(first.deployment)}; "
+                f"{other.label}: {_shown(other.deployment)}): compare runs every line on one deployment"
+            )
+    args.model = first.deployment["model"]
+    args.tp = tp
+    for key in ("quantization", "kv_cache_dtype"):
+        if key in first.deployment:
+            setattr(args, key, first.deployment[key])
+    if first.deployment.get("expert_parallel"):
+        args.enable_expert_parallel = True
+    dp = first.deployment.get("dp", 1)
+    if getattr(args, "dp", 1) not in (1, dp):
+        raise CliError(
+            f"--data-parallel-size {args.dp} and the engine command's DP {dp} differ: give it once"
+        )
+    args.dp = dp
+    if "all2all_backend" in first.deployment:
+        args.all2all_backend = first.deployment["all2all_backend"]
+
+
+def _shown(deployment: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in deployment.items() if v not in ("", False)) or "no model"

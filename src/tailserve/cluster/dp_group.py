@@ -1,0 +1,151 @@
+"""Data-parallel attention: one engine's DP ranks as replicas behind the engine's own balancer
+(``--data-parallel-size N``; SGLang's ``--dp-size N --enable-dp-attention``).
+
+Each rank is a full engine of its own (scheduler, KV cache of its own requests, attention at
+``--tp``). For an MoE model the ranks share the experts: every MoE layer exchanges tokens
+across all of them (``moe_comm.py``), so they step in lockstep. vLLM runs such ranks as
+``DPEngineCoreProc`` (vllm/v1/engine/core.py, chosen when the model is MoE): while any rank has
+work, the idle ones run a dummy batch (``execute_dummy_batch``) so the collectives meet; every
+rank's batch is padded to the largest (vllm/v1/worker/dp_utils.py). ``LockstepStage`` steps
+them so: each step every rank schedules, the group's time is ``CostModel.group_time`` (the
+slowest rank, GEMMs over the padded batch), and every rank's clock moves by it. A dense model's
+DP ranks never wait for each other (vLLM runs them as plain engines): they are an ordinary
+``Stage`` of replicas behind the same balancer.
+
+The balancer is the engine's own: vLLM's ``DPLBAsyncMPClient`` scores each rank ``4 x waiting +
+running`` from counts its coordinator publishes every 100 ms (routers.VllmDpRouter);
+SGLang's data-parallel controller deals requests round-robin (``load_balance_method``'s
+default). The exact fast paths are off in a lockstep group (each rank's run would end at every
+other rank's events).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tailserve.cluster.cluster import Stage
+from tailserve.cluster.replica import FeedSource, Replica, ReplicaSpec, build_replica_engine
+from tailserve.cluster.router_registry import make_router
+from tailserve.core.engine import EngineOptions, EngineStalledError
+from tailserve.core.executor import StepResult
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+from tailserve.executors.simulated.executor import batch_shape, window_shape
+from tailserve.policies.registry import PolicySpec
+
+# vLLM's DP coordinator publishes the ranks' request counts every 100 ms (coordinator.py)
+BALANCER_REFRESH_S = 0.1
+
+
+def engine_balancer(policy: PolicySpec) -> str:
+    """The router standing for the engine's own DP balancer: SGLang's round-robin for the
+    SGLang policies, vLLM's request-count score for the others."""
+    return "round-robin" if policy.name.startswith("sglang") else "vllm-dp"
+
+
+@dataclass
+class LockstepStage(Stage):
+    """The DP ranks of one MoE engine: replicas stepped together (module docstring)."""
+
+    cost_model: CostModel | None = None  # the group's (its ``dp`` > 1); set by build_dp_stage
+
+    def advance_to(self, t: float | None) -> None:
+        if t is not None and self.scrape_interval > 0:
+            tick = math.floor(t / self.scrape_interval) * self.scrape_interval
+            if tick > self._scraped_at:
+                self._run_until(tick)
+                self._states = [r.state(tick) for r in self.replicas]
+                self._scraped_at = tick
+        self._run_until(t)
+
+    @property
+    def now(self) -> float:
+        return self.replicas[0].now
+
+    def _run_until(self, t: float | None) -> None:
+        for replica in self.replicas:
+            replica.source.horizon = t
+        while t is None or self.now < t:
+            if not self.step():
+                return
+
+    def step(self) -> bool:
+        """One lockstep iteration of every rank (or a wait for the next event); False once
+        every rank is done."""
+        assert self.cost_model is not None
+        engines = [r.engine for r in self.replicas]
+        pending = [e.schedule_step() for e in engines]
+        if all(p is None for p in pending):
+            return self._idle()
+        cm = self.cost_model
+        shapes = [None if p is None else batch_shape(p[0]) for p in pending]
+        windows = None
+        if cm.windowed:
+            windows = [None if p is None else window_shape(p[0], cm.model.sliding_window) for p in pending]
+        result = StepResult(duration=cm.group_time(shapes, windows))
+        for engine, p in zip(engines, pending, strict=True):
+            if p is None:
+                engine.clock.advance(result.duration)  # a dummy batch, its time the group's
+            else:
+                engine.complete_step(p, result)
+        return True
+
+    def _idle(self) -> bool:
+        """No rank scheduled anything: wait for the earliest arrival or policy wake-up."""
+        now = self.now
+        wakes = [w for r in self.replicas if (w := r.engine.next_wake(now)) is not None]
+        if not wakes:
+            stalled = [r.name for r in self.replicas if r.engine.scheduler.has_unfinished]
+            if stalled:
+                raise EngineStalledError(f"DP ranks {', '.join(stalled)} hold requests but schedule nothing")
+            return False
+        wake = min(wakes)
+        if wake <= now:
+            arrivals = [r.source.next_arrival_time() for r in self.replicas]
+            if any(a is not None and a <= now for a in arrivals):
+                return True  # released during the last step: the next one adds it
+            raise EngineStalledError(f"a DP rank asked to be woken at t={wake} but scheduled nothing")
+        for replica in self.replicas:
+            replica.engine.clock.wait_until(wake)
+        return True
+
+
+def build_dp_stage(
+    deployment: Deployment,
+    policy: PolicySpec,
+    *,
+    shares_prefixes: bool,
+    min_max_model_len: int = 0,
+    options: EngineOptions = EngineOptions(),
+    router: str | None = None,
+    name_prefix: str = "dp",
+) -> Stage:
+    """The deployment's ``dp`` ranks behind the engine's balancer: a ``LockstepStage`` for an
+    MoE model, independent replicas of ``tp`` GPUs for a dense one."""
+    if deployment.dp < 2:
+        raise ValueError(f"a data-parallel group needs --data-parallel-size >= 2, got {deployment.dp}")
+    ranks = deployment.dp
+    lockstep = deployment.data_parallel_group
+    if not lockstep:  # dense: each rank a plain engine of its own deployment
+        deployment = replace(deployment, dp=1)
+    built = build_cost_model(deployment)
+    spec = ReplicaSpec(deployment, policy)
+    if lockstep:
+        options = replace(options, fast_forward=False)
+    replicas = []
+    for i in range(ranks):
+        source = FeedSource()
+        engine = build_replica_engine(
+            spec,
+            source,
+            shares_prefixes=shares_prefixes,
+            min_max_model_len=min_max_model_len,
+            options=options,
+            built=built,
+        )
+        replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
+    balancer = make_router(router or engine_balancer(policy))
+    if lockstep:
+        return LockstepStage(replicas, balancer, BALANCER_REFRESH_S, cost_model=built.cost_model)
+    return Stage(replicas, balancer, BALANCER_REFRESH_S)

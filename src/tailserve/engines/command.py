@@ -1,0 +1,159 @@
+"""An engine's launch line, read as its own parser would: which engine, the model, each flag.
+
+The forms: ``vllm serve MODEL``, ``python -m vllm.entrypoints.openai.api_server --model MODEL``,
+``python -m sglang.launch_server --model-path MODEL``, ``sglang serve --model-path MODEL``,
+``trtllm-serve [serve] MODEL``; environment assignments before them (``VLLM_USE_V1=0``, ``env
+A=B``) are kept, shell line continuations joined. Flags: ``--a-b V``, ``--a-b=V``, a bare boolean,
+``--no-a-b``; ``--a_b`` where the engine's parser takes it (vLLM) and unique-prefix abbreviations
+(``--tp`` for SGLang's ``--tp-size``), since argparse accepts those unless told not to.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass
+
+from tailserve.engines.flag_spec import EngineVersion
+
+# (engine, the words that start it) after any environment assignments and the interpreter.
+_MODULES = {
+    "vllm.entrypoints.openai.api_server": "vllm",
+    "sglang.launch_server": "sglang",
+}
+FORMS = (
+    "vllm serve MODEL",
+    "python -m vllm.entrypoints.openai.api_server --model MODEL",
+    "python -m sglang.launch_server --model-path MODEL",
+    "sglang serve --model-path MODEL",
+    "trtllm-serve MODEL",
+)
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_NUMBER = re.compile(r"^-\d+(\.\d*)?([eE][+-]?\d+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """The engine a line starts and the words after its entry point."""
+
+    engine: str
+    entry: str  # as typed, e.g. "python3 -m sglang.launch_server"
+    env: tuple[tuple[str, str], ...]
+    words: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GivenFlag:
+    """One flag as typed and as the engine reads it. ``name`` is the underscore name of the
+    option the engine resolves it to (None when it resolves to none); ``value`` is the text
+    given (None for a bare switch); ``negated`` for ``--no-X``."""
+
+    typed: str  # the option as typed, without "=VALUE"
+    option: str  # the engine's own spelling it resolves to ("" when unknown)
+    name: str | None
+    value: str | None
+    negated: bool = False
+    note: str = ""  # "abbreviation of --tp-size", "did you mean --max-num-seqs?"
+
+
+def parse_launch(text: str) -> Launch:
+    """The engine and the words after its entry point; ValueError (one line) for a line that
+    starts no engine tailserve reads."""
+    try:
+        words = shlex.split(text.replace("\\\n", " "))
+    except ValueError as e:
+        raise ValueError(f"cannot read the command line: {e}") from None
+    env: list[tuple[str, str]] = []
+    i = 0
+    while i < len(words) and (words[i] == "env" or _ENV.match(words[i])):
+        if words[i] != "env":
+            key, _, value = words[i].partition("=")
+            env.append((key, value))
+        i += 1
+    rest = words[i:]
+    head = rest[0].rsplit("/", 1)[-1] if rest else ""
+    if head == "vllm" and rest[1:2] == ["serve"]:
+        return Launch("vllm", "vllm serve", tuple(env), tuple(rest[2:]))
+    if head == "sglang" and rest[1:2] == ["serve"]:
+        return Launch("sglang", "sglang serve", tuple(env), tuple(rest[2:]))
+    if head == "trtllm-serve":
+        skip = 2 if rest[1:2] == ["serve"] else 1
+        return Launch("trtllm", " ".join(rest[:skip]), tuple(env), tuple(rest[skip:]))
+    if re.fullmatch(r"python(\d+(\.\d+)?)?", head) and rest[1:2] == ["-m"] and len(rest) > 2:
+        engine = _MODULES.get(rest[2])
+        if engine:
+            return Launch(engine, " ".join(rest[:3]), tuple(env), tuple(rest[3:]))
+    shown = " ".join(rest[:3]) or "an empty line"
+    raise ValueError(f"not an engine launch line: {shown!r}; tailserve reads {', '.join(FORMS)}")
+
+
+def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[GivenFlag]]:
+    """The positional words and the flags of ``launch`` as ``version``'s parser reads them."""
+    known = version.known_options()
+    names = _option_names(version)
+    positional: list[str] = []
+    flags: list[GivenFlag] = []
+    words = launch.words
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.startswith("-") or _NUMBER.match(word) or word == "-":
+            positional.append(word)
+            continue
+        typed, eq, inline = word.partition("=")
+        option, negated, note = _resolve(typed, known, version)
+        name = names.get(option) if option else None
+        if option and name is None:
+            name = option.lstrip("-").replace("-", "_")
+        spec = version.spec(name) if name else None
+        switch = negated or (spec is not None and spec.kind is bool)
+        value: str | None = inline if eq else None
+        if not eq and not switch and i < len(words) and not _is_option(words[i]):
+            value = words[i]  # an unknown flag is read as taking a value, as most do
+            i += 1
+        flags.append(GivenFlag(typed, option, name, value, negated, note))
+    return positional, flags
+
+
+def _is_option(word: str) -> bool:
+    return word.startswith("-") and not _NUMBER.match(word) and word != "-"
+
+
+def _option_names(version: EngineVersion) -> dict[str, str]:
+    """option string -> the table's underscore name, for the table's flags and their aliases."""
+    found: dict[str, str] = {}
+    for spec in version.flags:
+        found[version.option(spec.name)] = spec.name
+        for alias in spec.aliases:
+            found[alias] = spec.name
+    return found
+
+
+def _resolve(typed: str, known: frozenset[str], version: EngineVersion) -> tuple[str, bool, str]:
+    """(the option it resolves to or "", negated, note) as the engine's parser would."""
+    option = typed
+    if version.underscores and option.startswith("--"):
+        option = "--" + option[2:].replace("_", "-")
+    if option.startswith("--no-") and "--" + option[5:] in known:
+        return "--" + option[5:], True, ""  # before the --no- spelling itself, which parsers list too
+    if option in known:
+        return option, False, ""
+    if version.abbrev and option.startswith("--"):
+        prefixed = sorted(k for k in known if k.startswith(option))
+        if len(prefixed) == 1:
+            return prefixed[0], False, f"abbreviation of {prefixed[0]}"
+        if len(prefixed) > 1:
+            return "", False, f"ambiguous: {', '.join(prefixed[:4])}"
+    return "", False, _suggest(typed, known, version)
+
+
+def _suggest(typed: str, known: frozenset[str], version: EngineVersion) -> str:
+    """``did you mean --x?``: the engine's own spelling first (dashes or underscores), then the
+    closest option."""
+    other = "--" + (typed[2:].replace("_", "-") if version.dashes else typed[2:].replace("-", "_"))
+    if other in known and other != typed:
+        return f"did you mean {other}?"
+    close = difflib.get_close_matches(other, sorted(known), n=1, cutoff=0.75)
+    return f"did you mean {close[0]}?" if close else ""

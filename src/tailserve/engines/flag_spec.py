@@ -1,0 +1,192 @@
+"""What tailserve knows of one engine flag in one engine version, and the verdicts ``lint`` gives.
+
+A table row (``FlagSpec``) says what the flag does for scheduling, whether tailserve simulates it,
+and the engine source line (or issue) that says so. Verdicts that depend on other flags or on the
+value (``--prefill-schedule-interval`` acts only with data parallelism) are ``Rule``s: functions
+of the typed flags given, each with its own source. A file of options a flag names (TensorRT-LLM's
+``--extra_llm_api_options`` YAML) has a table of its own keys (``OptionsFile``), and each key given
+is one ``Row`` beside the flags'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+# The verdicts, in the order the table prints them. "scheduling" and "deployment" flags are
+# taken into the simulation (when the chosen policy has the field: ``translate.py``);
+# "no-op" is accepted by the engine and does nothing in that version; "not modelled" has a
+# real effect tailserve does not simulate; "other" is an engine flag of no scheduling
+# concern (--host); "refused" and "unknown" stop the engine at start (exit 1 from lint).
+SCHEDULING = "scheduling"
+DEPLOYMENT = "deployment"
+NO_OP = "no-op"
+NOT_MODELLED = "not modelled"
+OTHER = "other"
+REFUSED = "refused"
+UNKNOWN = "unknown"
+VERDICTS = (SCHEDULING, DEPLOYMENT, NO_OP, NOT_MODELLED, OTHER, REFUSED, UNKNOWN)
+FATAL = (REFUSED, UNKNOWN)  # the engine would not start with this line
+
+
+@dataclass(frozen=True, slots=True)
+class FlagSpec:
+    """One flag of one engine version. ``kind`` is ``int``, ``float``, ``bool``, ``str`` or a
+    tuple of the accepted choices; ``target`` is the tailserve name it feeds (a policy config
+    field, an engine-wide flag, or a ``Deployment`` field prefixed ``deployment.``), when that
+    differs from the flag's own underscore name."""
+
+    name: str  # underscore spelling, e.g. "max_num_batched_tokens"
+    kind: Any
+    verdict: str
+    what: str
+    source: str
+    default: str = ""
+    aliases: tuple[str, ...] = ()  # other option strings: "-tp", "--model"
+    target: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"{self.name}: verdict {self.verdict!r} is not one of {VERDICTS}")
+
+    @property
+    def feeds(self) -> str:
+        return self.target or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One flag of a line, or one key of an options file it names: as shown, its name (the
+    table's underscore name or the key's dotted path; None when the engine has none), its typed
+    value, verdict, what it does, where that is written, and the tailserve name it feeds
+    (``FlagSpec.feeds``; "" for rows that feed nothing)."""
+
+    flag: str
+    name: str | None
+    value: Any
+    verdict: str
+    what: str
+    source: str
+    feeds: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OptionsFile:
+    """A file of engine options that a flag names, read as the engine reads it: its keys' table
+    (``keys``, by dotted path: ``scheduler_config.capacity_scheduler_policy``), the sections read
+    key by key (the rest are one row each, whatever they hold), which command-line flags the file
+    overrides and where the engine says so, and every key its validation takes
+    (``known/ENGINE-VERSION-options.txt``)."""
+
+    flag: str  # the table name of the flag that names the file
+    keys: tuple[FlagSpec, ...]
+    sections: tuple[str, ...]
+    overrides: Mapping[str, str]  # command-line flag (table name) -> the key that wins over it
+    precedence: str  # the engine source that applies the file over the flags
+    refuses: str  # the engine source that refuses a key it does not know
+
+    def spec(self, key: str) -> FlagSpec | None:
+        return next((spec for spec in self.keys if spec.name == key), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A verdict a rule gives: on one or more given flags (replacing their table verdict), or
+    on the line as a whole when ``flags`` is empty."""
+
+    flags: tuple[str, ...]
+    verdict: str
+    what: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """The flags of a command line, typed, by their underscore names, and its environment, for
+    the rules (each rule writes the engine's default it assumes beside the source that gives it)."""
+
+    values: Mapping[str, Any]
+    env: Mapping[str, str] = field(default_factory=dict)  # the line's environment (VLLM_USE_V1=0)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+
+Rule = Callable[[Given], list[Finding]]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineVersion:
+    """One supported version of an engine: its flag table, rules, option strings and the
+    tailserve policy that schedules like it.
+
+    ``policy_for`` picks the policy from the typed flags and the environment (vLLM 0.8.5 falls
+    back to its V0 engine for some flags); ``policy_defaults`` are the policy fields this
+    version's scheduler behaves by that differ from the policy's own defaults (vLLM before 0.20
+    admits on the first chunk's blocks: ``scheduler_reserve_full_isl=False``)."""
+
+    engine: str  # "vllm", "sglang", "trtllm"
+    version: str
+    source: str  # where the table was read: a release tag or a commit
+    flags: tuple[FlagSpec, ...]
+    rules: tuple[Rule, ...] = ()
+    policy: str = ""
+    policy_for: Callable[[Given, Mapping[str, str]], tuple[str, str]] | None = None
+    policy_defaults: Mapping[str, Any] = field(default_factory=dict)
+    underscores: bool = True  # the parser accepts --a_b for --a-b (vLLM's FlexibleArgumentParser)
+    abbrev: bool = True  # argparse's unique-prefix abbreviations (argparse's default)
+    dashes: bool = True  # option names use dashes; TensorRT-LLM's click options use underscores
+    positional: str = ""  # the source of a positional MODEL argument, when the entry point takes one
+    # flags of earlier versions this one's parser refuses: name -> (what happened, source)
+    removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    options_file: OptionsFile | None = None  # a file of options one of its flags names
+
+    def spec(self, name: str) -> FlagSpec | None:
+        return next((spec for spec in self.flags if spec.name == name), None)
+
+    def known_options(self) -> frozenset[str]:
+        """Every option string this version's parser takes (``known/ENGINE-VERSION.txt``, read
+        from the engine's own parser or source, see ``known/README.md``) plus the
+        table's own."""
+        text = resources.files("tailserve.engines").joinpath(f"known/{self.engine}-{self.version}.txt")
+        names = {line.strip() for line in text.read_text().splitlines() if line.strip()}
+        for spec in self.flags:
+            names.add(self.option(spec.name))
+            names.update(spec.aliases)
+        return frozenset(names)
+
+    def known_keys(self) -> frozenset[str]:
+        """Every key of the options file the engine's validation takes
+        (``known/ENGINE-VERSION-options.txt``), plus the file table's own."""
+        if self.options_file is None:
+            return frozenset()
+        text = resources.files("tailserve.engines").joinpath(
+            f"known/{self.engine}-{self.version}-options.txt"
+        )
+        names = {line.strip() for line in text.read_text().splitlines() if line.strip()}
+        return frozenset(names | {spec.name for spec in self.options_file.keys})
+
+    def option(self, name: str) -> str:
+        """A flag's option string as this engine spells it."""
+        return "--" + (name.replace("_", "-") if self.dashes else name)
+
+    def choose_policy(self, given: Given, env: Mapping[str, str]) -> tuple[str, str]:
+        """(policy, why) for this command line."""
+        if self.policy_for is not None:
+            return self.policy_for(given, env)
+        return self.policy, ""
+
+
+def table(
+    *specs: FlagSpec, replace: tuple[FlagSpec, ...] = (), drop: tuple[str, ...] = ()
+) -> tuple[FlagSpec, ...]:
+    """A version's table from a shared one: ``replace`` rows by name, ``drop`` names."""
+    by_name = {s.name: s for s in specs if s.name not in drop}
+    for spec in replace:
+        by_name[spec.name] = spec
+    return tuple(by_name.values())

@@ -1,0 +1,192 @@
+"""SGLang's flags, version 0.5.23 (the peer the differential tests pin).
+
+Sources: ``python/sglang/srt/arg_groups/fields/*.py`` (0.5.23 declares ``ServerArgs`` as field
+groups; ``server_args.py`` assembles them), ``arg_groups/validation_hook.py`` (the start-up
+checks), ``managers/scheduler.py`` and ``managers/schedule_policy.py``, read from the released
+``sglang`` 0.5.23 package. Its parser is plain argparse: dashes only (``--max_running_requests``
+is refused) and unique-prefix abbreviations (``--tp`` is ``--tp-size``).
+"""
+
+from __future__ import annotations
+
+from tailserve.engines.flag_spec import (
+    DEPLOYMENT,
+    NO_OP,
+    NOT_MODELLED,
+    REFUSED,
+    SCHEDULING,
+    EngineVersion,
+    Finding,
+    FlagSpec,
+    Given,
+)
+
+V = "0.5.23"
+F = "sglang/srt/arg_groups/fields"
+VAL = "sglang/srt/arg_groups/validation_hook.py"
+SCHED = "sglang/srt/managers/scheduler.py"
+POLICY = "sglang/srt/managers/schedule_policy.py"
+
+# SGLang 0.5.23's --schedule-policy choices (fields/schedule.py:86).
+SCHEDULE_POLICIES = (
+    "lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn", "shortest-prefill-first",
+)  # fmt: skip
+
+
+def _at(path: str, line: int) -> str:
+    return f"{path}:{line}@v{V}"
+
+
+def _mixed_chunk_rule(given: Given) -> list[Finding]:
+    if given.get("enable_mixed_chunk") and given.get("chunked_prefill_size", 1) <= 0:
+        return [Finding(("enable_mixed_chunk", "chunked_prefill_size"), NO_OP,
+                        "mixing needs chunked prefill: with chunked_prefill_size <= 0 it is off",
+                        _at(SCHED, 1376))]  # fmt: skip
+    return []
+
+
+def _radix_off_rule(given: Given) -> list[Finding]:
+    policy = given.get("schedule_policy", "fcfs")
+    if not given.get("disable_radix_cache"):
+        return []
+    if policy == "shortest-prefill-first":
+        return [Finding(("schedule_policy", "disable_radix_cache"), REFUSED,
+                        "shortest-prefill-first requires prefix caching", _at(POLICY, 333))]  # fmt: skip
+    if policy in ("lpm", "dfs-weight", "hrrn"):
+        return [Finding(("schedule_policy",), NO_OP,
+                        f"{policy} needs the radix cache: without it the order is fcfs", _at(POLICY, 338))]  # fmt: skip
+    return []
+
+
+def _priority_rules(given: Given) -> list[Finding]:
+    found = []
+    if given.get("enable_priority_scheduling"):
+        policy = given.get("schedule_policy", "fcfs")
+        if policy not in ("fcfs", "lof"):
+            found.append(Finding(("enable_priority_scheduling", "schedule_policy"), REFUSED,
+                                 f"priority scheduling takes schedule_policy fcfs or lof, not {policy}",
+                                 _at(VAL, 282)))  # fmt: skip
+        return found
+    quiet = {
+        "disable_priority_preemption": _at(VAL, 295),
+        "default_priority_value": _at(VAL, 299),
+        "schedule_low_priority_values_first": _at(SCHED, 3522),
+        "priority_scheduling_preemption_threshold": _at(SCHED, 494),
+    }
+    for name, source in quiet.items():
+        if name in given:
+            found.append(Finding((name,), NO_OP, "no effect without --enable-priority-scheduling", source))
+    if given.get("retraction_policy") == "priority":
+        found.append(Finding(("retraction_policy",), REFUSED,
+                             "--retraction-policy priority requires --enable-priority-scheduling",
+                             _at(VAL, 303)))  # fmt: skip
+    return found
+
+
+def _page_rule(given: Given) -> list[Finding]:
+    size, page = given.get("chunked_prefill_size"), given.get("page_size")
+    if size is not None and page and size > 0 and size % page:
+        return [Finding(("chunked_prefill_size", "page_size"), REFUSED,
+                        f"chunked_prefill_size {size} is not a multiple of page_size {page}", _at(VAL, 244))]  # fmt: skip
+    return []
+
+
+def _dynamic_chunk_rule(given: Given) -> list[Finding]:
+    if given.get("enable_dynamic_chunking") and given.get("pp_size", 1) <= 1:
+        return [Finding(("enable_dynamic_chunking",), NO_OP, "acts only with pipeline parallelism (pp_size > 1)",
+                        _at(SCHED, 1383))]  # fmt: skip
+    return []
+
+
+def _conservativeness_rule(given: Given) -> list[Finding]:
+    if given.get("schedule_conservativeness", 1.0) < 0:
+        return [Finding(("schedule_conservativeness",), REFUSED, "must be non-negative", _at(VAL, 314))]
+    return []
+
+
+SGLANG_0_5_23 = EngineVersion(
+    "sglang", V, "sglang 0.5.23",
+    (
+        FlagSpec("model_path", str, DEPLOYMENT, "the model: a catalog name, Hugging Face id or config.json "
+                 "directory", _at(f"{F}/model.py", 51), aliases=("--model",), target="deployment.model"),
+        FlagSpec("tp_size", int, DEPLOYMENT, "tensor-parallel degree", _at(f"{F}/parallel.py", 45), "1",
+                 aliases=("--tensor-parallel-size",), target="deployment.tp"),
+        FlagSpec("dp_size", int, NOT_MODELLED, "data-parallel replicas: simulate them with --replicas N "
+                 "(with --enable-dp-attention: attention-DP ranks, as --attn-dp-size)",
+                 _at(f"{F}/parallel.py", 73), "1", aliases=("--data-parallel-size",)),
+        FlagSpec("attn_dp_size", int, DEPLOYMENT, "attention data-parallel ranks inside the TP group, one "
+                 "scheduler each (tailserve: --data-parallel-size N, --tp tp_size/N)",
+                 _at(f"{F}/parallel.py", 81), "1", aliases=("--attention-data-parallel-size",),
+                 target="deployment.attn_dp"),
+        FlagSpec("enable_dp_attention", bool, DEPLOYMENT, "deprecated spelling: --dp-size N --enable-dp-attention "
+                 "is --attn-dp-size N", "sglang/srt/server_args.py:419@v0.5.23; "
+                 f"{F}/parallel.py:192@v0.5.23", "false", target="deployment.dp_attention"),
+        FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
+                 _at(f"{F}/parallel.py", 59), "1", aliases=("--pipeline-parallel-size",)),
+        FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
+                 _at(f"{F}/parallel.py", 281), "1", aliases=("--expert-parallel-size", "--ep"),
+                 target="deployment.expert_parallel"),
+        FlagSpec("quantization", str, DEPLOYMENT, "the weights' number format", _at(f"{F}/model.py", 177),
+                 "the checkpoint's", target="deployment.quantization"),
+        FlagSpec("kv_cache_dtype", str, DEPLOYMENT, "the KV cache's number format (fp8_e4m3: twice the tokens)",
+                 _at(f"{F}/model.py", 197), "auto", target="deployment.kv_cache_dtype"),
+        FlagSpec("dtype", str, NOT_MODELLED, "activation dtype: tailserve prices the model's own format",
+                 _at(f"{F}/model.py", 160), "auto"),
+        FlagSpec("context_length", int, DEPLOYMENT, "context length", _at(f"{F}/model.py", 110), "the model's",
+                 target="max_model_len"),
+        FlagSpec("page_size", int, DEPLOYMENT, "tokens per KV page", _at(f"{F}/schedule.py", 143), "1",
+                 target="block_size"),
+        FlagSpec("mem_fraction_static", float, DEPLOYMENT, "fraction of GPU memory for weights and KV pool",
+                 _at(f"{F}/schedule.py", 27), "per GPU memory", target="gpu_memory_utilization"),
+        FlagSpec("chunked_prefill_size", int, SCHEDULING, "tokens per prefill chunk (-1: no chunking)",
+                 _at(f"{F}/schedule.py", 52), "per GPU memory (arg_groups/memory_hook.py:93)"),
+        FlagSpec("max_prefill_tokens", int, SCHEDULING, "tokens per prefill batch", _at(f"{F}/schedule.py", 71),
+                 "16384"),
+        FlagSpec("schedule_policy", SCHEDULE_POLICIES, SCHEDULING, "waiting-queue order",
+                 _at(f"{F}/schedule.py", 86), "fcfs"),
+        FlagSpec("schedule_conservativeness", float, SCHEDULING, "how much of running requests' future "
+                 "outputs admission reserves", _at(f"{F}/schedule.py", 139), "1.0"),
+        FlagSpec("enable_mixed_chunk", bool, SCHEDULING, "a prefill chunk shares its step with decodes",
+                 _at(f"{F}/schedule.py", 208), "false"),
+        FlagSpec("max_running_requests", int, SCHEDULING, "most running requests", _at(f"{F}/schedule.py", 31),
+                 "from the KV pool"),
+        FlagSpec("enable_priority_scheduling", bool, SCHEDULING, "order by request priority",
+                 _at(f"{F}/schedule.py", 103), "false"),
+        FlagSpec("schedule_low_priority_values_first", bool, SCHEDULING, "lower priority values first",
+                 _at(f"{F}/schedule.py", 118), "false"),
+        FlagSpec("priority_scheduling_preemption_threshold", int, SCHEDULING,
+                 "priority gap a new request needs to preempt running ones", _at(f"{F}/schedule.py", 122), "10"),
+        FlagSpec("disable_priority_preemption", bool, SCHEDULING, "priority scheduling without preemption",
+                 _at(f"{F}/schedule.py", 107), "false"),
+        FlagSpec("retraction_policy", ("length", "priority"), SCHEDULING, "whom to retract when KV runs out",
+                 _at(f"{F}/schedule.py", 126), "length"),
+        FlagSpec("disable_radix_cache", bool, SCHEDULING, "no prefix sharing", _at(f"{F}/memory.py", 64), "false"),
+        FlagSpec("random_seed", int, SCHEDULING, "seeds schedule_policy=random", _at(f"{F}/device.py", 47)),
+        FlagSpec("default_priority_value", int, NOT_MODELLED, "priority of requests that give none",
+                 _at(f"{F}/schedule.py", 111)),
+        FlagSpec("max_queued_requests", int, NOT_MODELLED, "requests beyond this many waiting are refused",
+                 _at(f"{F}/schedule.py", 35)),
+        FlagSpec("prefill_max_requests", int, NOT_MODELLED, "most requests in one prefill batch",
+                 _at(f"{F}/schedule.py", 82)),
+        FlagSpec("prefill_decode_interval", int, NOT_MODELLED, "decode rounds after a prefill batch before "
+                 "the next", _at(f"{F}/schedule.py", 56)),
+        FlagSpec("num_continuous_decode_steps", int, NOT_MODELLED, "decode steps run back to back",
+                 _at(f"{F}/schedule.py", 200), "1"),
+        FlagSpec("disable_overlap_schedule", bool, NOT_MODELLED, "no CPU scheduling overlapped with the GPU "
+                 "step", _at(f"{F}/schedule.py", 193), "false"),
+        FlagSpec("enable_dynamic_chunking", bool, NOT_MODELLED, "chunk sizes fitted per pipeline stage",
+                 _at(f"{F}/schedule.py", 67), "false"),
+    ),
+    rules=(
+        _mixed_chunk_rule,
+        _radix_off_rule,
+        _priority_rules,
+        _page_rule,
+        _dynamic_chunk_rule,
+        _conservativeness_rule,
+    ),
+    policy="sglang",
+    underscores=False,
+)  # fmt: skip
+
+VERSIONS = (SGLANG_0_5_23,)

@@ -1,0 +1,172 @@
+"""A linted launch line as tailserve's own settings: the policy spec and the deployment.
+
+The mapping is generic: tailserve's policy config fields are the engines' flag names, so a
+scheduling flag whose name (or table ``target``) is a field of the chosen policy's config passes
+through as it is, and a field added to a policy later is picked up without a change here; one
+the policy lacks is reported as not modelled. Engine-wide flags (``block_size``,
+``gpu_memory_utilization``, ``max_model_len``) go to the spec's engine flags, the model, TP,
+formats and expert parallelism to the ``Deployment``. The GPU is not on a launch line: it stays
+tailserve's ``--hardware``. The keys of an options file the line names map the same way (its
+rows feed the names its table gives: ``scheduler_config.capacity_scheduler_policy`` feeds
+``capacity_scheduler_policy``); a file that is not there stops the translation (its settings
+would be missing from the run), and a key set to null keeps the engine's default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.engines import vllm_flags
+from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
+from tailserve.engines.lint import ENGINE_NAMES, Report
+from tailserve.policies.registry import ENGINE_FLAGS, POLICIES, PolicySpec, policy_flags
+
+_FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    spec: PolicySpec
+    deployment: dict[str, Any] = field(default_factory=dict)  # model, tp, quantization, ...
+    taken: tuple[str, ...] = ()  # flags taken into the spec or the deployment, as typed
+    ignored: tuple[str, ...] = ()  # "--flag (verdict)" for the flags the simulation leaves out
+
+    def summary(self, report: Report) -> str:
+        """One line: what was taken from the command and what was left out."""
+        engine = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
+        why = f" ({report.policy_why})" if report.policy_why else ""
+        deployment = " ".join(
+            _option(k) if v is True else f"{_option(k)} {v}"
+            for k, v in self.deployment.items()
+            if v not in ("", False)
+        )
+        text = f"{engine}{why}: --policy {self.spec.label}" + (f" {deployment}" if deployment else "")
+        if self.ignored:
+            text += f"; not simulated: {', '.join(self.ignored)}"
+        return text
+
+
+def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
+    """The policy spec and deployment of ``report``'s line; ValueError (one line) for a line the
+    engine would refuse, or a policy this tailserve does not have."""
+    if report.refused:
+        raise ValueError(
+            f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)"
+        )
+    if report.unread:
+        raise ValueError(
+            f"the engine command's options file {report.unread[0]} is not there (looked from "
+            f"{os.getcwd()}): tailserve reads it to simulate the line; give its path from here"
+        )
+    if report.policy not in POLICIES:
+        raise ValueError(
+            f"the {report.policy} policy is not available in this tailserve; `tailserve lint` still reads "
+            f"{ENGINE_NAMES[report.engine]} lines (policies: {', '.join(POLICIES)})"
+        )
+    fields = policy_flags(POLICIES[report.policy])
+    flags: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    deployment: dict[str, Any] = {}
+    taken: list[str] = []
+    ignored: list[str] = []
+    dp_attention = report.engine == "sglang" and bool(report.values.get("enable_dp_attention"))
+    for row in report.rows:
+        if dp_attention and row.name == "dp_size":
+            deployment["attn_dp"] = row.value  # --dp-size N --enable-dp-attention: --attn-dp-size N
+            taken.append(row.flag)
+            continue
+        if row.verdict in (NO_OP, NOT_MODELLED):
+            ignored.append(f"{row.flag} ({row.verdict})")
+            continue
+        if row.verdict not in (SCHEDULING, DEPLOYMENT) or not row.feeds:
+            continue  # --host and the like
+        if row.value is None:
+            continue  # a file's null: the engine's own default
+        target = row.feeds
+        if target.startswith("deployment."):
+            deployment[target.removeprefix("deployment.")] = row.value
+        elif target in fields:
+            flags[target] = row.value
+        elif target in ENGINE_FLAGS:
+            engine[target] = row.value
+        else:
+            ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
+            continue
+        taken.append(row.flag)
+    deployment = _deployment(deployment)
+    deployment = _attention_dp(deployment)
+    for name, value in report.version.policy_defaults.items():
+        if name in fields and name not in flags:
+            flags[name] = value  # how this version's scheduler behaves where the policy's default differs
+    if report.engine == "vllm" and report.policy == "vllm" and device is not None:
+        flags = _vllm_batch_defaults(report, device, flags)
+    return Translation(
+        PolicySpec.make(report.policy, {**flags, **engine}), deployment, tuple(taken), tuple(ignored)
+    )
+
+
+def _deployment(given: dict[str, Any]) -> dict[str, Any]:
+    """The deployment's fields from the values given, once all are known (an expert-parallel
+    size is read against the TP degree, wherever on the line each was given)."""
+    out = dict(given)
+    if "kv_cache_dtype" in out:
+        text = str(out["kv_cache_dtype"]).lower()
+        out["kv_cache_dtype"] = "" if text == "auto" else "fp8" if text in _FP8_KV else text
+    ep = out.get("expert_parallel")
+    if ep is not None and not isinstance(ep, bool):
+        # SGLang's --ep-size / TensorRT-LLM's --ep_size: experts split whole over the TP ranks
+        # when it equals the TP degree; tailserve has no other expert layout.
+        tp = out.get("tp", 1)
+        if ep not in (1, tp):
+            raise ValueError(
+                f"expert parallel size {ep} with TP {tp}: tailserve splits experts over the TP ranks only"
+            )
+        out["expert_parallel"] = ep == tp and ep > 1
+    return out
+
+
+def _attention_dp(deployment: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's attention DP as tailserve's DP ranks: ``--tp-size T --attn-dp-size N`` is N
+    ranks whose attention runs at TP T/N, T GPUs in all (``attn_tp_size_of`` in
+    sglang/srt/runtime_context.py@v0.5.23); tailserve's DP engine spreads the experts over the
+    same T GPUs."""
+    out = dict(deployment)
+    out.pop("dp_attention", None)
+    ranks = out.pop("attn_dp", 1)
+    if ranks <= 1:
+        return out
+    total = out.get("tp", 1)
+    if total % ranks:
+        raise ValueError(f"attention DP size {ranks} does not divide TP size {total} (SGLang refuses it)")
+    out["tp"], out["dp"] = total // ranks, ranks
+    return out
+
+
+def _vllm_batch_defaults(report: Report, device: DeviceInfo, flags: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's GPU-dependent budget and max_num_seqs of this version, where they differ from
+    the ``vllm`` policy's (0.32's) on this GPU and the line does not set them."""
+    from tailserve.policies.vllm import device_batch_defaults
+
+    mine = vllm_flags.batch_defaults(report.version.version, device.memory_gib, device.is_a100)
+    if mine == device_batch_defaults(device) or report.values.get("enable_chunked_prefill") is False:
+        return flags
+    budget, seqs = mine
+    out = dict(flags)
+    out.setdefault("max_num_batched_tokens", budget)
+    out.setdefault("max_num_seqs", min(seqs, out["max_num_batched_tokens"]))
+    return out
+
+
+def _first_fatal(report: Report) -> str:
+    for row in report.rows:
+        if row.verdict in FATAL:
+            return f"{row.flag}: {row.what}"
+    finding = report.conflicts[0]
+    return f"{finding.what} ({finding.source})"
+
+
+def _option(key: str) -> str:
+    return {"expert_parallel": "--enable-expert-parallel"}.get(key, "--" + key.replace("_", "-"))

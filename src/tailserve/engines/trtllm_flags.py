@@ -1,0 +1,72 @@
+"""TensorRT-LLM's ``trtllm-serve`` flags, version 1.2.1.
+
+Source: ``tensorrt_llm/commands/serve.py`` as stored at commit 00209af (its ``serve`` command's
+click options and ``get_llm_args``), cited by option, since the PyPI package of 1.2.1 is a stub
+that downloads the wheel from NVIDIA's own index and could not be read here; the stored copy
+was not checked against the v1.2.1 tag. click takes the options exactly as declared: underscores
+(``--max_batch_size``; ``--max-batch-size`` is refused), no abbreviations. The scheduler's own
+policies (capacity scheduler, context chunking) are set in the YAML of ``--config`` /
+``--extra_llm_api_options``, which ``lint`` reads key by key (``trtllm_options.py``: its table,
+and how the file wins over these flags).
+"""
+
+from __future__ import annotations
+
+from tailserve.engines.flag_spec import (
+    DEPLOYMENT,
+    NOT_MODELLED,
+    OTHER,
+    SCHEDULING,
+    EngineVersion,
+    FlagSpec,
+)
+from tailserve.engines.trtllm_options import OPTIONS_FILE, chunking_policy_needs_chunking
+
+V = "1.2.1"
+SERVE = "tensorrt_llm/commands/serve.py@00209af"
+
+
+def _opt(name: str) -> str:
+    return f'{SERVE} @click.option("--{name}")'
+
+
+TRTLLM_1_2_1 = EngineVersion(
+    "trtllm", V, "TensorRT-LLM serve.py @00209af",
+    (
+        FlagSpec("tp_size", int, DEPLOYMENT, "tensor-parallel degree", _opt("tensor_parallel_size"), "1",
+                 aliases=("--tensor_parallel_size",), target="deployment.tp"),
+        FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
+                 _opt("pipeline_parallel_size"), "1", aliases=("--pipeline_parallel_size",)),
+        FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
+                 _opt("moe_expert_parallel_size"), aliases=("--moe_expert_parallel_size",),
+                 target="deployment.expert_parallel"),
+        FlagSpec("max_batch_size", int, SCHEDULING, "most requests the engine schedules at once",
+                 _opt("max_batch_size"), "BuildConfig's"),
+        FlagSpec("max_num_tokens", int, SCHEDULING, "batched input tokens per step", _opt("max_num_tokens"),
+                 "BuildConfig's"),
+        FlagSpec("max_seq_len", int, DEPLOYMENT, "context length (prompt + outputs)", _opt("max_seq_len"),
+                 "the model's", target="max_model_len"),
+        FlagSpec("enable_chunked_prefill", bool, SCHEDULING, "split context (prefill) into chunks",
+                 _opt("enable_chunked_prefill"), "false"),
+        FlagSpec("kv_cache_free_gpu_memory_fraction", float, NOT_MODELLED,
+                 "fraction of the memory left after weights and buffers for the KV cache (tailserve's "
+                 "--gpu-memory-utilization is a fraction of all of it)", _opt("free_gpu_memory_fraction"), "0.9",
+                 aliases=("--free_gpu_memory_fraction",)),
+        FlagSpec("backend", ("pytorch", "tensorrt", "trt", "_autodeploy"), NOT_MODELLED,
+                 "the runtime: the trtllm policy models the PyTorch backend's scheduler", _opt("backend"),
+                 "pytorch"),
+        FlagSpec("extra_llm_api_options", str, OTHER,
+                 "a YAML of LLM API options (scheduler_config, kv_cache_config, ...): read, one row per key "
+                 "below, each over the flag it sets", _opt("extra_llm_api_options"), aliases=("--config",)),
+        FlagSpec("max_beam_width", int, NOT_MODELLED, "beam search width", _opt("max_beam_width")),
+    ),
+    rules=(chunking_policy_needs_chunking,),
+    policy="trtllm",
+    positional=f'{SERVE} @click.argument("model")',
+    underscores=False,
+    abbrev=False,
+    dashes=False,
+    options_file=OPTIONS_FILE,
+)  # fmt: skip
+
+VERSIONS = (TRTLLM_1_2_1,)

@@ -1,0 +1,187 @@
+"""TensorRT-LLM 1.2.1's ``--extra_llm_api_options`` / ``--config`` YAML: the LLM API options a
+``trtllm-serve`` line reads from a file, key by key.
+
+Source: ``tensorrt_llm/llmapi/llm_args.py`` in a stored copy of the 1.2 line, cited
+``llm_args.py@1.2`` (its ``SchedulerConfig`` has ``waiting_queue_policy``, its MTP option warns
+of a change "in release 1.3", and ``update_llm_args_with_extra_dict`` has the ``kv_cache_config``
+merge of TensorRT-LLM#9262; the copy's commit is not named by the store, so it was not checked
+against the v1.2.1 tag), and ``tensorrt_llm/commands/serve.py`` at 00209af (how ``serve`` reads
+the file).
+
+How the engine reads the file (``serve``: ``yaml.safe_load``, then
+``update_llm_args_with_extra_dict``): the file's top-level keys replace the command line's
+(``llm_args | llm_args_dict``: ``max_batch_size: 128`` wins over ``--max_batch_size 64``, and a
+``scheduler_config`` replaces the one ``serve`` built); ``kv_cache_config`` alone is merged key
+by key first, so ``--kv_cache_free_gpu_memory_fraction`` survives a file that sets only
+``kv_cache_config.enable_block_reuse`` and loses to one that sets ``free_gpu_memory_fraction``.
+The merged options are validated by pydantic with ``extra="forbid"`` (``BaseLlmArgs``, and
+``StrictBaseModel`` for the nested configs): a key the LLM API does not know stops the engine at
+start. ``build_config`` is dropped for the PyTorch backend (``launch_server`` pops it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tailserve.engines.flag_spec import (
+    DEPLOYMENT,
+    NO_OP,
+    NOT_MODELLED,
+    OTHER,
+    SCHEDULING,
+    Finding,
+    FlagSpec,
+    Given,
+    OptionsFile,
+)
+
+ARGS = "tensorrt_llm/llmapi/llm_args.py@1.2"
+SERVE = "tensorrt_llm/commands/serve.py@00209af"
+MICRO = "tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py@5f480b7a"
+
+
+def _field(cls: str, name: str) -> str:
+    return f"{ARGS} {cls}.{name}"
+
+
+def _llm(name: str) -> str:
+    return _field("TorchLlmArgs" if name in _TORCH_ONLY else "BaseLlmArgs", name)
+
+
+_TORCH_ONLY = {
+    "cuda_graph_config", "attention_dp_config", "disable_overlap_scheduler", "batch_wait_timeout_ms",
+    "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "stream_interval",
+}  # fmt: skip
+_CAPACITY = Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH"]
+_CHUNKING = Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None
+
+KEYS = (
+    FlagSpec("model", str, DEPLOYMENT, "the model", _llm("model"), target="deployment.model"),
+    FlagSpec("tensor_parallel_size", int, DEPLOYMENT, "tensor-parallel degree", _llm("tensor_parallel_size"),
+             "1", target="deployment.tp"),
+    FlagSpec("pipeline_parallel_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
+             _llm("pipeline_parallel_size"), "1"),
+    FlagSpec("moe_expert_parallel_size", int | None, DEPLOYMENT,
+             "expert parallelism: = tensor_parallel_size splits experts whole over the TP ranks",
+             _llm("moe_expert_parallel_size"), target="deployment.expert_parallel"),
+    FlagSpec("enable_attention_dp", bool, NOT_MODELLED,
+             "attention data parallelism: each rank schedules its own requests; tailserve simulates one "
+             "TP engine", _llm("enable_attention_dp"), "false"),
+    FlagSpec("attention_dp_config", dict | None, NOT_MODELLED, "load balancing of attention-DP ranks",
+             _llm("attention_dp_config")),
+    FlagSpec("max_batch_size", int | None, SCHEDULING, "most requests the engine schedules at once",
+             _llm("max_batch_size"), "2048"),
+    FlagSpec("max_num_tokens", int | None, SCHEDULING, "batched input tokens per step", _llm("max_num_tokens"),
+             "8192"),
+    FlagSpec("max_seq_len", int | None, DEPLOYMENT, "context length (prompt + outputs)", _llm("max_seq_len"),
+             "the model's", target="max_model_len"),
+    FlagSpec("max_input_len", int | None, NOT_MODELLED,
+             "longest prompt a paused request keeps (LlmRequest::pause); tailserve keeps all of it",
+             _llm("max_input_len"), "1024"),
+    FlagSpec("max_beam_width", int | None, NOT_MODELLED, "beam search width", _llm("max_beam_width"), "1"),
+    FlagSpec("enable_chunked_prefill", bool, SCHEDULING, "split context (prefill) into chunks",
+             _llm("enable_chunked_prefill"), "false"),
+    FlagSpec("speculative_config", dict | None, NOT_MODELLED,
+             "draft tokens verified each generation step (more tokens and KV per step); the trtllm policy "
+             "decodes one token a step", _llm("speculative_config")),
+    FlagSpec("cuda_graph_config", dict | None, OTHER,
+             "CUDA graphs for decode-only batches: the time of a step, not who is in it (calibrate the "
+             "cost model to a measured run)", _llm("cuda_graph_config")),
+    FlagSpec("disable_overlap_scheduler", bool, NOT_MODELLED,
+             "the overlap scheduler (on unless this is true) schedules step N+1 while step N runs; tailserve "
+             "schedules each step after the last one's tokens, as with it off", _llm("disable_overlap_scheduler"),
+             "false"),
+    FlagSpec("batch_wait_timeout_ms", float, NOT_MODELLED,
+             "holds new requests back up to this long to fill max_batch_size", _llm("batch_wait_timeout_ms"), "0"),
+    FlagSpec("batch_wait_timeout_iters", int, NOT_MODELLED,
+             "holds new requests back up to this many steps to fill a batch", _llm("batch_wait_timeout_iters"),
+             "0"),
+    FlagSpec("batch_wait_max_tokens_ratio", float, NOT_MODELLED,
+             "holds new requests back until this fraction of max_num_tokens is waiting",
+             _llm("batch_wait_max_tokens_ratio"), "0"),
+    FlagSpec("stream_interval", int, NOT_MODELLED, "iterations between streamed responses",
+             _llm("stream_interval"), "1"),
+    FlagSpec("backend", str, NOT_MODELLED, "the runtime: the trtllm policy models the PyTorch backend's "
+             "scheduler", f"{SERVE} launch_server (reads llm_args['backend'] after the file)", "pytorch"),
+    FlagSpec("build_config", dict | None, NO_OP,
+             "PyTorch backend: trtllm-serve drops build_config before the LLM is made; set max_batch_size and "
+             "max_num_tokens at the top level", f'{SERVE} launch_server llm_args.pop("build_config")'),
+    FlagSpec("scheduler_config.capacity_scheduler_policy", _CAPACITY, SCHEDULING,
+             "who may hold KV this step: GUARANTEED_NO_EVICT reserves to completion, MAX_UTILIZATION pauses "
+             "the last started", _field("SchedulerConfig", "capacity_scheduler_policy"), "GUARANTEED_NO_EVICT",
+             target="capacity_scheduler_policy"),
+    FlagSpec("scheduler_config.context_chunking_policy", _CHUNKING, SCHEDULING,
+             "how the token budget is split among chunked contexts",
+             _field("SchedulerConfig", "context_chunking_policy"), "FIRST_COME_FIRST_SERVED",
+             target="context_chunking_policy"),
+    FlagSpec("scheduler_config.dynamic_batch_config", dict | None, NO_OP,
+             "TensorRT backend only: the PyTorch backend does not tune the batch",
+             _field("SchedulerConfig", "dynamic_batch_config")),
+    FlagSpec("scheduler_config.waiting_queue_policy", Literal["fcfs"], SCHEDULING, "the waiting queue's order",
+             _field("SchedulerConfig", "waiting_queue_policy"), "fcfs", target="waiting_queue_policy"),
+    FlagSpec("kv_cache_config.enable_block_reuse", bool, SCHEDULING, "prefix reuse of full KV blocks",
+             _field("KvCacheConfig", "enable_block_reuse"), "true", target="enable_block_reuse"),
+    FlagSpec("kv_cache_config.tokens_per_block", int, DEPLOYMENT, "tokens per KV block",
+             _field("KvCacheConfig", "tokens_per_block"), "32", target="block_size"),
+    FlagSpec("kv_cache_config.dtype", str, DEPLOYMENT, "KV cache number format (auto: the checkpoint's)",
+             _field("KvCacheConfig", "dtype"), "auto", target="deployment.kv_cache_dtype"),
+    FlagSpec("kv_cache_config.free_gpu_memory_fraction", float | None, NOT_MODELLED,
+             "fraction of the memory left after weights and buffers for the KV cache (tailserve's "
+             "--gpu-memory-utilization is a fraction of all of it)",
+             _field("KvCacheConfig", "free_gpu_memory_fraction"), "0.9"),
+    FlagSpec("kv_cache_config.max_tokens", int | None, NOT_MODELLED,
+             "caps the KV cache at this many tokens (the smaller of it and the memory fraction's); tailserve "
+             "sizes the cache from --gpu-memory-utilization", _field("KvCacheConfig", "max_tokens")),
+    FlagSpec("kv_cache_config.enable_partial_reuse", bool, NOT_MODELLED,
+             "reuse of partly matched blocks; tailserve reuses whole blocks only",
+             _field("KvCacheConfig", "enable_partial_reuse"), "true"),
+    FlagSpec("kv_cache_config.copy_on_partial_reuse", bool, NOT_MODELLED,
+             "copies a partly matched block that is in use; tailserve reuses whole blocks only",
+             _field("KvCacheConfig", "copy_on_partial_reuse"), "true"),
+    FlagSpec("kv_cache_config.host_cache_size", int | None, NOT_MODELLED,
+             "a host-memory pool that evicted blocks go to for later reuse",
+             _field("KvCacheConfig", "host_cache_size")),
+    FlagSpec("kv_cache_config.max_attention_window", list | None, NOT_MODELLED,
+             "sliding-window attention: only the last tokens stay in the KV cache",
+             _field("KvCacheConfig", "max_attention_window")),
+)  # fmt: skip
+
+
+def chunking_policy_needs_chunking(given: Given) -> list[Finding]:
+    """The chunking policy orders chunks: without chunked prefill the micro-batch scheduler is
+    made with no chunk config and never reads it."""
+    key = "scheduler_config.context_chunking_policy"
+    if key not in given or given.get("enable_chunked_prefill", False):
+        return []
+    return [
+        Finding(
+            (key,),
+            NO_OP,
+            "enable_chunked_prefill is false: contexts run whole, there are no chunks to order",
+            f"{MICRO} PyMicroBatchScheduler (ctx_chunk_config is None without chunked prefill)",
+        )
+    ]
+
+
+OPTIONS_FILE = OptionsFile(
+    "extra_llm_api_options",
+    KEYS,
+    sections=("scheduler_config", "kv_cache_config"),
+    # trtllm-serve's flag (table name) -> the LLM API option it sets (get_llm_args)
+    overrides={
+        "model": "model",
+        "tp_size": "tensor_parallel_size",
+        "pp_size": "pipeline_parallel_size",
+        "ep_size": "moe_expert_parallel_size",
+        "max_batch_size": "max_batch_size",
+        "max_num_tokens": "max_num_tokens",
+        "max_seq_len": "max_seq_len",
+        "max_beam_width": "max_beam_width",
+        "enable_chunked_prefill": "enable_chunked_prefill",
+        "backend": "backend",
+        "kv_cache_free_gpu_memory_fraction": "kv_cache_config.free_gpu_memory_fraction",
+    },
+    precedence=f"{ARGS} update_llm_args_with_extra_dict (the file's keys over the flags'; kv_cache_config "
+    "merged key by key, TensorRT-LLM#9262), from serve.py@00209af serve()",
+    refuses=f'{ARGS} BaseLlmArgs model_config extra="forbid" (nested configs: StrictBaseModel)',
+)

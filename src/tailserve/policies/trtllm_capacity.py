@@ -1,0 +1,168 @@
+"""TensorRT-LLM's capacity scheduler: which active requests may hold KV blocks this step.
+
+Source: ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` (the default, through
+``BindCapacityScheduler``) and its line-for-line Python mirror ``PyCapacityScheduler`` in
+``tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py`` (stored commit 5f480b7a; its
+docstrings cite the C++ lines: GuaranteedNoEvict 194-331, MaxUtilization 341-425), with the
+block counts of ``kvCacheManager.cpp`` (``getRemainingBlocksToCompletion``,
+``getNeededBlocksOneStep``) and ``scheduledBlocksManager.h``. One attention window, beam width
+1, no draft tokens, no LoRA pages, no disaggregated requests: what tailserve models.
+
+A request is a *generation* request (``GENERATION_IN_PROGRESS``) once its context is computed,
+else a *context* request (``CONTEXT_INIT``); its *first chunk* is still to run while it holds no
+KV (``isFirstContextChunk``: blocks are taken for the whole prompt when that chunk runs).
+``is_generation`` is the policy's answer (it knows when a context finished).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+
+IsGeneration = Callable[[Request], bool]
+
+
+def remaining_blocks(sched: Scheduler, request: Request) -> int:
+    """``getRemainingBlocksToCompletion``: blocks for prompt + ``max_tokens`` less those held
+    (the prompt's blocks once its first chunk ran). A paused request's prompt has grown by its
+    outputs and its ``max_tokens`` shrunk by as many, so the total is the one it arrived with."""
+    kv = sched.kv_cache
+    return kv.blocks_for(request.prompt_len + request.max_tokens) - kv.num_held(request.request_id)
+
+
+def blocks_one_step(sched: Scheduler, request: Request, generation: bool) -> int:
+    """``getNeededBlocksOneStep`` without two-step lookahead (only pipeline parallelism turns it
+    on, ``_util.py``): a generation request the block its next token may open; a context
+    request its whole prompt's blocks at its first chunk (shared prefix blocks are not
+    credited: the match happens later, in ``addSequence``), nothing at later chunks."""
+    kv = sched.kv_cache
+    if generation:
+        computed = request.num_computed_tokens
+        return kv.blocks_for(computed + 1) - kv.blocks_for(computed)
+    if kv.num_held(request.request_id):
+        return 0
+    return kv.blocks_for(request.num_tokens)
+
+
+class SkipRule:
+    """``beneficialToSkip`` (``capacityScheduler.cpp`` 70-123): with block reuse, a context
+    request at its first chunk is skipped this step when its first uncached block is the same
+    as that of a context already executing in chunks or of one looked at before it this step —
+    it waits one step and then reuses that block instead of computing it twice. Every request
+    looked at adds its block to the set, scheduled or not."""
+
+    def __init__(self, sched: Scheduler, active: list[Request], is_generation: IsGeneration) -> None:
+        self._sched = sched
+        self._is_generation = is_generation
+        kv = sched.kv_cache
+        # ``prefillWithChunkedContextsAlreadyExecuting``: contexts past their first chunk.
+        self._blocks: set[int] = set()
+        for request in active:
+            if not is_generation(request) and kv.num_held(request.request_id):
+                block = sched.new_context_block(request)
+                if block is not None:
+                    self._blocks.add(block)
+
+    def skips(self, request: Request) -> bool:
+        if self._is_generation(request) or self._sched.kv_cache.num_held(request.request_id):
+            return False  # only a context at its first chunk
+        block = self._sched.new_context_block(request)
+        if block is None:
+            return False
+        if block in self._blocks:
+            return True
+        self._blocks.add(block)
+        return False
+
+
+def guaranteed_no_evict(
+    sched: Scheduler,
+    active: list[Request],
+    is_generation: IsGeneration,
+    max_num_requests: int,
+    static_batch: bool,
+    block_reuse: bool,
+) -> list[Request]:
+    """GUARANTEED_NO_EVICT (and STATIC_BATCH): reserve every running request's blocks to
+    completion, then admit contexts in active order while the rest holds theirs to completion.
+
+    1. Free blocks (cached ones nobody holds count: reuse keeps them in the free queue).
+    2. First pass, active order: each generation request is kept and its remaining blocks to
+       completion reserved; contexts wait for the second pass. At ``max_num_requests`` kept, stop.
+    3. Second pass (STATIC_BATCH: only when no generation request runs), contexts in active
+       order: skipped by the reuse rule (not under STATIC_BATCH), or kept if their remaining
+       blocks fit what is left; the first that does not fit ends the pass (head-of-line).
+    Returns the fitting requests in that order: generation requests first, then contexts."""
+    available = sched.kv_cache.num_free_blocks
+    scheduled: list[Request] = []
+    pending: list[Request] = []
+    for request in active:
+        if len(scheduled) >= max_num_requests:
+            break
+        if is_generation(request):
+            scheduled.append(request)
+            available -= remaining_blocks(sched, request)
+        else:
+            pending.append(request)
+    if static_batch and scheduled:
+        return scheduled
+    skip = SkipRule(sched, active, is_generation) if block_reuse and not static_batch else None
+    for request in pending:
+        if skip is not None and skip.skips(request):
+            continue
+        if len(scheduled) >= max_num_requests:
+            break
+        need = remaining_blocks(sched, request)
+        if need > available:
+            break
+        scheduled.append(request)
+        available -= need
+    return scheduled
+
+
+def max_utilization(
+    sched: Scheduler,
+    active: list[Request],
+    is_generation: IsGeneration,
+    max_num_requests: int,
+    block_reuse: bool,
+    pause: Callable[[Request], None],
+) -> tuple[list[Request], list[Request]]:
+    """MAX_UTILIZATION: blocks for this step only; when a request does not fit, pause the
+    *last started* request (from the end of the active list back to it) and try again.
+
+    Active order; each request is skipped by the reuse rule, or scheduled if fewer than
+    ``max_num_requests`` are and its one-step blocks fit beside those already scheduled
+    (``MaxUtilizationScheduledBlocksManager``); otherwise the last request after it (or itself)
+    that has started (holds KV: a generation request or a context past its first chunk) is
+    paused — ``pause`` frees its blocks, as ``schedulingRemoveSequence`` counts them free — and
+    the list ends before it; with none, the pass ends. Returns (scheduled in active order,
+    paused in the order paused)."""
+    kv = sched.kv_cache
+    skip = SkipRule(sched, active, is_generation) if block_reuse else None
+    scheduled: list[Request] = []
+    paused: list[Request] = []
+    scheduled_blocks = 0
+    end = len(active)
+    i = 0
+    while i < end:
+        request = active[i]
+        if skip is not None and skip.skips(request):
+            i += 1
+            continue
+        if len(scheduled) < max_num_requests:
+            need = blocks_one_step(sched, request, is_generation(request))
+            if scheduled_blocks + need <= kv.num_free_blocks:
+                scheduled.append(request)
+                scheduled_blocks += need
+                i += 1
+                continue
+        victim = next((j for j in range(end - 1, i - 1, -1) if kv.num_held(active[j].request_id)), None)
+        if victim is None:
+            break
+        pause(active[victim])
+        paused.append(active[victim])
+        end = victim
+    return scheduled, paused

@@ -1,0 +1,133 @@
+"""TensorRT-LLM's micro-batch scheduler: which fitting requests run this step, with how many tokens.
+
+Source: ``cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp`` (the default, through
+``BindMicroBatchScheduler(max_batch_size, max_num_tokens, ctx_chunk_config)``) and its Python
+mirror ``PyMicroBatchScheduler`` in ``tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py``
+(stored commit 5f480b7a): ``schedule``, ``_set_ctx_requests_chunk_size``,
+``_chunk_equal_progress``, ``_chunk_fcfs``, ``_sort_requests``. ``max_context_length`` is
+``max_num_tokens`` there (the C++ constructor's second argument). The chunk unit is
+``tokens_per_block`` (``py_executor_creator.py``: ``chunk_unit_size = tokens_per_block``, 256 only
+with sliding-window attention, which tailserve does not model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tailserve.core.request import Request
+from tailserve.policies.trtllm_capacity import IsGeneration
+from tailserve.policies.trtllm_config import EQUAL_PROGRESS
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    contexts: list[tuple[Request, int]] = field(default_factory=list)  # (request, chunk) in order
+    generations: list[Request] = field(default_factory=list)
+    # Contexts longer than max_num_tokens without chunking: the engine's assertion
+    # "Context tokens (N) exceeds limit (M)" (only a paused request's grown prompt can be).
+    too_long: list[Request] = field(default_factory=list)
+
+
+def micro_batch(
+    fitting: list[Request],
+    is_generation: IsGeneration,
+    max_batch_size: int,
+    max_num_tokens: int,
+    chunking_policy: str | None,
+    chunk_unit: int,
+) -> MicroBatch:
+    """The rules, in the source's order:
+
+    1. Walk the fitting requests in the capacity scheduler's order. A generation request costs
+       one token; if it would pass ``max_num_tokens`` the walk ends. A context without chunking
+       costs its whole remaining context (a first chunk: all its tokens, cached ones included —
+       the prefix match comes after scheduling); if it would pass the budget the walk ends.
+       With chunking a context is set aside with its remaining length (capped at
+       ``max_num_tokens``, which marks "not all fit") and costs nothing yet. Every request
+       walked counts toward ``max_batch_size``; reaching it ends the walk.
+    2. If the contexts set aside need more than the budget left, they are chunked
+       (``chunking_policy``) into what is left; a context whose chunk is 0 does not run.
+    3. When contexts were chunked, those not on their last chunk go first (``sortRequests``).
+    """
+    out = MicroBatch()
+    batch_tokens = 0
+    walked = 0
+    to_chunk: list[Request] = []
+    chunked_tokens = 0
+    all_fit = True
+    for request in fitting:
+        if is_generation(request):
+            if batch_tokens + 1 > max_num_tokens:
+                break
+            out.generations.append(request)
+            batch_tokens += 1
+        else:
+            remaining = request.num_tokens - request.num_computed_tokens
+            if chunking_policy is None:
+                if remaining > max_num_tokens:
+                    out.too_long.append(request)
+                    continue
+                if batch_tokens + remaining > max_num_tokens:
+                    break
+                out.contexts.append((request, remaining))
+                batch_tokens += remaining
+            else:
+                if remaining > max_num_tokens:
+                    remaining = max_num_tokens
+                    all_fit = False
+                to_chunk.append(request)
+                chunked_tokens += remaining
+        walked += 1
+        if walked >= max_batch_size:
+            break
+    if chunked_tokens > max_num_tokens - batch_tokens:
+        all_fit = False
+    if not to_chunk:
+        return out
+    remaining_of = [r.num_tokens - r.num_computed_tokens for r in to_chunk]
+    if all_fit:
+        chunks = remaining_of
+    else:
+        capacity = max_num_tokens - batch_tokens
+        chunker = equal_progress if chunking_policy == EQUAL_PROGRESS else first_come_first_served
+        chunks = chunker(remaining_of, capacity, chunk_unit, max_num_tokens)
+    contexts = [(r, c) for r, c, left in zip(to_chunk, chunks, remaining_of) if c > 0]
+    if not all_fit:
+        # Contexts that will not finish their prompt this step first, then the last chunks.
+        last = {id(r) for r, c in contexts if c == r.num_tokens - r.num_computed_tokens}
+        contexts = [x for x in contexts if id(x[0]) not in last] + [x for x in contexts if id(x[0]) in last]
+    out.contexts = contexts
+    return out
+
+
+def first_come_first_served(remaining: list[int], capacity: int, unit: int, max_context: int) -> list[int]:
+    """``setCtxRequestsChunkSize<FIRST_COME_FIRST_SERVED>``: in order, each context takes all it
+    has left, or what the budget (and ``max_context``) leaves rounded down to ``unit``."""
+    chunks = []
+    for left in remaining:
+        size = min(left, capacity, max_context)
+        if size < left:
+            size = size // unit * unit
+        chunks.append(size)
+        capacity -= size
+    return chunks
+
+
+def equal_progress(remaining: list[int], capacity: int, unit: int, max_context: int) -> list[int]:
+    """``setCtxRequestsChunkSize<EQUAL_PROGRESS>``: round after round, every context grows its
+    chunk by ``unit`` (or to all it has left) while the total stays within the budget and the
+    chunk within ``max_context``; a round that adds nothing ends it."""
+    chunks = [0] * len(remaining)
+    total = 0
+    added = 1
+    while total < capacity and added:
+        added = 0
+        for i, left in enumerate(remaining):
+            size = min(chunks[i] + unit, left)
+            step = size - chunks[i]
+            if total + step > capacity or size > max_context:
+                continue
+            chunks[i] = size
+            total += step
+            added += step
+    return chunks
