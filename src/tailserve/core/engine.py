@@ -136,7 +136,9 @@ class Engine:
         ``complete_step``; a driver that times several engines' batches together (the
         data-parallel group, cluster/dp_group.py) calls the halves itself."""
         if self._async:
-            raise ValueError("async scheduling steps whole (Engine.step): an engine stepped by halves cannot run it")
+            raise ValueError(
+                "async scheduling steps whole (Engine.step): an engine stepped by halves cannot run it"
+            )
         sched = self.scheduler
         start = self.clock.now
         self.add_arrivals(start)
