@@ -441,3 +441,16 @@ def test_tuned_command_line_spells_the_flags_as_vllm_does():
         8192,
     )
     assert plain is not None and "async" not in plain and "speculative" not in plain
+
+
+def test_moe_data_parallel_ranks_refuse_async_scheduling_in_one_line(capsys):
+    """An MoE model's DP ranks step in lockstep by halves (cluster/dp_group.py): async
+    scheduling is refused there, in one line."""
+    from tailserve.cli import main
+
+    rc = main(
+        ["simulate", "--policy", "vllm", "--async-scheduling", "--model", "DeepSeek-V3", "--hardware", "H200",
+         "--tp", "4", "--dp", "2", "--workload", "random", "--num-requests", "4", "--rate", "5"]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and err[-1].endswith("(an MoE model's data-parallel ranks, --dp)")

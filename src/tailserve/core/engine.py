@@ -137,7 +137,8 @@ class Engine:
         data-parallel group, cluster/dp_group.py) calls the halves itself."""
         if self._async:
             raise ValueError(
-                "async scheduling steps whole (Engine.step): an engine stepped by halves cannot run it"
+                "async scheduling is not simulated for engines whose steps are timed together "
+                "(an MoE model's data-parallel ranks, --dp)"
             )
         sched = self.scheduler
         start = self.clock.now

@@ -42,9 +42,10 @@ like a small prefill: 1 + k tokens per decode, the LM head over each): EAGLE, EA
 run one decoder layer of the target, first over every token of the step (the drafter keeps its
 own KV of the prompt), then k - 1 times over one token per request that samples, each pass with
 an LM head over those requests. Priced by the cost model of a one-layer copy of the target
-(same GPU, TP and efficiencies, no per-step overhead: the host part is the step's). Assumptions:
-the draft layer has the target's shapes (EAGLE-3's own smaller draft vocabulary and MTP's extra
-``2h x h`` projection are not priced); n-gram drafting costs no GPU time.
+(same GPU, TP, data parallelism and efficiencies, no per-step overhead: the host part is the
+step's). Assumptions: the draft layer has the target's shapes (EAGLE-3's own smaller draft
+vocabulary and MTP's extra ``2h x h`` projection are not priced); n-gram drafting costs no GPU
+time.
 """
 
 from __future__ import annotations
@@ -174,9 +175,8 @@ class DrafterCost:
                 sliding_window=0,
             )
             efficiency = replace(cost_model.efficiency, overhead=0.0)
-            self.layer = CostModel(
-                one, cost_model.hardware, cost_model.tp, efficiency, cost_model.expert_parallel
-            )
+            cm = cost_model
+            self.layer = CostModel(one, cm.hardware, cm.tp, efficiency, cm.expert_parallel, cm.dp, cm.all2all)
 
     def time(self, shape: BatchShape, num_drafting: int, drafting_kv_tokens: int) -> float:
         """``shape``: the step's target batch; ``num_drafting``: requests that sample (and draft)
