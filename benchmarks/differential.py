@@ -50,7 +50,7 @@ def main() -> int:
     load = os.getloadavg()
     t0 = time.perf_counter()
     try:
-        driver = PeerDriver(args.engine)
+        driver = PeerDriver(diff.engine)  # vllm-async, vllm-spec: the vllm peer
     except PeerError as exc:
         print(f"differential: {exc}", file=sys.stderr)
         return 2

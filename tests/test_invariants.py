@@ -31,6 +31,12 @@ SPECS = [
     "vllm",
     "vllm:max_num_batched_tokens=128",
     "vllm:scheduling_policy=priority:long_prefill_token_threshold=100",
+    # vLLM's own accounting: output placeholders (async), drafts, lookahead slots, rollbacks.
+    "vllm:async_scheduling=true",
+    "vllm:async_scheduling=true:scheduling_policy=priority:max_num_batched_tokens=128",
+    "vllm:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=2.4",
+    "vllm:speculative_method=ngram:num_speculative_tokens=4:synthetic_acceptance_rates=0.9/0.6/0.3/0.1:scheduling_policy=priority",
+    "vllm:async_scheduling=true:speculative_method=mtp:num_speculative_tokens=2:synthetic_acceptance_rates=0.7/0.4:max_num_batched_tokens=128",
     "sarathi:chunk_size=128",
     "sarathi:enable_dynamic_chunking_schedule=true:low_chunk_size=64:high_chunk_size=256:chunk_schedule_stages=3:chunk_schedule_max_tokens=600",
     "sglang",
@@ -81,7 +87,7 @@ def _run_engine(sched: Scheduler, block: int, requests: list[Request], fast: boo
     bind_cost_model(sched.policy, cost)  # (slo) predicts with the simulator's cost model
     engine = Engine(
         sched,
-        SimExecutor(cost, block),
+        SimExecutor(cost, block, sched.policy.speculative_decoding(), seed=0),
         ListSource(requests),
         options=EngineOptions(fast, check_integrity=True),
     )
@@ -135,6 +141,8 @@ def test_every_registered_policy_is_covered():
 CACHING_SPECS = [
     "vllm",
     "vllm:max_num_batched_tokens=128:scheduling_policy=priority",
+    "vllm:async_scheduling=true:speculative_method=eagle:num_speculative_tokens=2:synthetic_acceptance_length=2.2",
+    "vllm:speculative_method=ngram:num_speculative_tokens=3:synthetic_acceptance_rates=0.8/0.5/0.2",
     "vllm-v0:enable_prefix_caching=true",
     "vllm-v0:enable_prefix_caching=true:enable_chunked_prefill=true:max_num_batched_tokens=256",
     "vllm-v0:enable_prefix_caching=true:preemption_mode=swap",

@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"sim", "llm", "core", "policies", "executors.simulated", "workloads"},
     "tune": {"sim", "cluster", "core", "policies", "executors.simulated", "workloads", "metrics"},
     "fidelity": {"assemble", "llm", "core", "policies", "executors.simulated", "metrics"},
-    "validate": {"assemble", "core", "kv", "policies"},
+    "validate": {"assemble", "core", "kv", "policies", "executors.simulated"},
     "engines": {"core", "policies"},
 }
 # The routing code is shared with the real router: pure Python, nothing of the simulator. Beside

@@ -98,7 +98,17 @@ def _fingerprint(policy: str, check: bool) -> str:
 
 @pytest.mark.parametrize(
     "policy",
-    ["vllm:max_num_batched_tokens=4096", "sarathi:chunk_size=512", "sglang", "tgi", "vllm-v0", "orca", "trtllm"],
+    [
+        "vllm:max_num_batched_tokens=4096",
+        "vllm:async_scheduling=true",
+        "vllm:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=2.5",
+        "sarathi:chunk_size=512",
+        "sglang",
+        "tgi",
+        "vllm-v0",
+        "orca",
+        "trtllm",
+    ],
 )
 def test_results_identical_with_and_without_reference_counts(policy: str) -> None:
     assert _fingerprint(policy, check=False) == _fingerprint(policy, check=True)

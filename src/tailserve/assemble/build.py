@@ -42,7 +42,7 @@ class BuildOptions:
     min_max_model_len: int = 0  # sim: the workload's need raises the default (hol's long prompt)
     shares_prefixes: bool = True  # sim: False for bare lengths, which no prefix cache could match
     cpu_swap: bool = True  # simulated: give a policy's swap_space a CPU pool
-    seed: int = 0  # torch, realtime-sim: sampling
+    seed: int = 0  # torch, realtime-sim: sampling; sim: speculative decoding's acceptance draws
     dtype: str = "auto"  # torch
     device: str = "cpu"  # torch
     kv_cache_memory_gib: float | None = None  # torch: KV budget (None: 2 GiB on CPU, vLLM's rule on CUDA)
@@ -159,8 +159,10 @@ def _build_simulated(
     block_size = parts.kv_size.block_size
     executor: Executor
     if kind == "sim":
-        executor = SimExecutor(cost_model, block_size)
+        # Drafts' acceptance is drawn per request, seeded by the run's seed (spec_decode.py).
+        executor = SimExecutor(cost_model, block_size, parts.policy.speculative_decoding(), options.seed)
     else:
+        _refuse_virtual_time_only(parts.policy, kind)
         from tailserve.executors.simulated.realtime import RealtimeSimExecutor
 
         executor = RealtimeSimExecutor(
@@ -184,4 +186,18 @@ def _build_torch(model_dir: Path, spec: PolicySpec, options: BuildOptions) -> Bu
         eos_token_ids=options.eos_token_ids,
         threads=options.threads,
     )
+    _refuse_virtual_time_only(t.parts.policy, "torch")
     return BuiltEngine("torch", t.parts, t.executor, t.label, release=t.executor.release)
+
+
+def _refuse_virtual_time_only(policy: Policy, kind: str) -> None:
+    """vLLM's async scheduling and speculative decoding are simulated (virtual time, drafts drawn
+    by the simulated executor); a real or real-time executor refuses them in one line."""
+    if policy.async_scheduling():
+        raise ValueError(
+            f"executor {kind!r} runs steps synchronously: async_scheduling needs the simulated executor (sim)"
+        )
+    if policy.speculative_decoding() is not None:
+        raise ValueError(
+            f"executor {kind!r} does not do speculative decoding: num_speculative_tokens needs the simulated executor (sim)"
+        )

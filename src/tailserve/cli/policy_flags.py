@@ -31,7 +31,15 @@ from collections.abc import Callable
 from typing import Any
 
 from tailserve.cli.base import CliError
-from tailserve.core.config_flags import base_kind, convert, field_choices, field_kinds, is_bool, kind_name
+from tailserve.core.config_flags import (
+    base_kind,
+    convert,
+    field_choices,
+    field_kinds,
+    is_bool,
+    is_float_tuple,
+    kind_name,
+)
 
 DEST = "policy_flag:"  # the namespace attribute of a policy flag is DEST + its field name
 
@@ -171,6 +179,8 @@ def _metavar(kind: Any, choices: Any) -> str | None:
     text = (
         "{" + ",".join(map(str, choices)) + "}"
         if choices
+        else "FLOAT,..."
+        if is_float_tuple(inner)
         else {int: "INT", float: "FLOAT"}.get(inner, "TEXT")
     )
     return f"{text}|none" if optional else text

@@ -11,6 +11,9 @@ The rules, by the field's annotation:
 - ``float``: any float.
 - ``X | None``: ``none``, ``null`` or the empty text unset it; anything else is an ``X``.
 - ``Literal["a", "b"]`` or ``metadata={"choices": (...)}``: one of them.
+- ``tuple[float, ...]``: floats separated by commas, slashes or spaces (``0.8,0.5``; in a
+  ``name:flag=value`` policy spec, where commas separate policies, ``0.8/0.5``), brackets
+  allowed (``[0.8, 0.5]``, vLLM's JSON spelling).
 - anything else (``str``): the text itself.
 """
 
@@ -64,11 +67,20 @@ def choices_of(kind: Any) -> tuple[Any, ...] | None:
     return typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
 
 
+def is_float_tuple(kind: Any) -> bool:
+    """``tuple[float, ...]`` (after ``| None``)."""
+    kind, _ = base_kind(kind)
+    return typing.get_origin(kind) is tuple and typing.get_args(kind) == (float, Ellipsis)
+
+
 def kind_name(kind: Any) -> str:
     """``int``, ``float or none``, ``bool``, ``one of fcfs, lpm``: for messages and help."""
     inner, optional = base_kind(kind)
     choices = choices_of(inner)
-    name = f"one of {', '.join(map(str, choices))}" if choices else getattr(inner, "__name__", str(inner))
+    if is_float_tuple(inner):
+        name = "floats (0.8,0.5 or 0.8/0.5)"
+    else:
+        name = f"one of {', '.join(map(str, choices))}" if choices else getattr(inner, "__name__", str(inner))
     return f"{name} or none" if optional else name
 
 
@@ -85,6 +97,12 @@ def convert(text: Any, kind: Any, choices: tuple[Any, ...] | None = None) -> Any
     inner, optional = base_kind(kind)
     if optional and text.strip().lower() in NONE_WORDS:
         return None
+    if is_float_tuple(inner):
+        parts = text.strip().strip("[]()").replace(",", " ").replace("/", " ").split()
+        try:
+            return tuple(float(part) for part in parts)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a list of floats") from None
     choices = choices or choices_of(inner)
     if choices is not None:
         for choice in choices:

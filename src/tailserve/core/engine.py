@@ -1,7 +1,10 @@
 """``Engine.step()``: schedule, execute, update — the only loop, for every executor.
 
 The clock is virtual for the simulator (it jumps by each iteration's predicted duration, or to
-the next arrival when idle) and the wall clock for a real executor. The engine never knows which
+the next arrival when idle) and the wall clock for a real executor. A policy with vLLM's async
+scheduling (``Policy.async_scheduling``) is stepped the way vLLM's engine core steps it with a
+batch queue of two: schedule a step while the previous one runs, then apply the previous one's
+outputs (``Engine._step_async``; virtual time only). The engine never knows which
 executor it drives: the simulator's exact fast paths are a driver around it
 (``executors/simulated/driver.py``), which uses ``end_run``, ``next_wake`` and ``add_arrivals``.
 """
@@ -79,6 +82,16 @@ class EngineOptions:
     stream_finished: bool = False
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """A step launched under async scheduling whose outputs are not applied yet."""
+
+    out: SchedulerOutput
+    result: StepResult
+    start: float  # seconds: its forward pass begins
+    end: float  # seconds: its forward pass ends, and its outputs are known
+
+
 class Engine:
     def __init__(
         self,
@@ -100,9 +113,16 @@ class Engine:
         self.num_requests_seen = 0
         self._block_ids = executor.needs_block_ids
         self._last_step_finished = True
+        self._async = scheduler.async_scheduling
+        if self._async and not isinstance(self.clock, VirtualClock):
+            raise ValueError("async scheduling is simulated in virtual time only (the simulated executor)")
+        self._in_flight: _InFlight | None = None
+        self._device_free_at = self.clock.now  # async: when the last launched forward pass ends
 
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
+        if self._async:
+            return self._step_async()
         pending = self.schedule_step()
         if pending is None:
             return self._idle()
@@ -115,6 +135,11 @@ class Engine:
         None when nothing was scheduled. ``step`` runs it, then the executor, then
         ``complete_step``; a driver that times several engines' batches together (the
         data-parallel group, cluster/dp_group.py) calls the halves itself."""
+        if self._async:
+            raise ValueError(
+                "async scheduling is not simulated for engines whose steps are timed together "
+                "(an MoE model's data-parallel ranks, --dp)"
+            )
         sched = self.scheduler
         start = self.clock.now
         self.add_arrivals(start)
@@ -153,6 +178,64 @@ class Engine:
         self._last_step_finished |= ended
         if self.options.check_integrity:
             self.check_integrity()
+
+    def _step_async(self) -> bool:
+        """One step of vLLM's async scheduling (``EngineCore.step_with_batch_queue``, a queue of
+        two): schedule this step, launch it, then wait for the previous step and apply its
+        outputs (``Scheduler.update``), so each step is decided before the previous one's tokens
+        are known (the policy's output placeholders). In virtual time: a step's host part
+        (``StepResult.host_time``: scheduling, input preparation) starts when it is scheduled,
+        its forward pass when the device is free and the host part is done, and the previous
+        step's outputs arrive (its tokens stamped, the next step scheduled) when its forward
+        pass ends. The first step of a busy stretch has nothing to wait for: the next one is
+        scheduled once its host part is done."""
+        sched = self.scheduler
+        start = self.clock.now
+        self.add_arrivals(start)
+        num_left = len(sched.finished)
+        out = sched.schedule(start)
+        ended = sched.finished[num_left:]  # aborted by the policy while scheduling
+        for request in ended:
+            self.source.on_finish(request, start)
+        previous, self._in_flight = self._in_flight, None
+        host = 0.0
+        if out.is_empty:
+            if previous is None:
+                self._last_step_finished = bool(ended)
+                return self._idle()
+        else:
+            num_used_blocks = sched.kv_cache.num_used_blocks
+            result = self.executor.execute(out)
+            host = result.host_time
+            begin = max(self._device_free_at, start + host)
+            end = begin + (result.duration - host)
+            self._device_free_at = end
+            self._in_flight = _InFlight(out, result, begin, end)
+            if self.options.keep_iteration_log:
+                self.log.record(
+                    begin,
+                    end - begin,
+                    out.num_prefill_tokens,
+                    out.num_decode_tokens,
+                    len(out.scheduled),
+                    num_used_blocks,
+                    len(out.preempted),
+                )
+            if self.batches is not None:
+                self.batches.record(begin, end - begin, out, num_used_blocks, sched)
+        finished: list[Request] = []
+        if previous is None:
+            self.clock.advance(host)
+            now = self.clock.now
+        else:
+            now = previous.end
+            self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
+            finished = sched.update(previous.out, previous.result, now)
+        self.finish_step(finished, now)
+        self._last_step_finished |= bool(ended)
+        if self.options.check_integrity:
+            self.check_integrity()
+        return True
 
     @property
     def last_step_finished(self) -> bool:

@@ -15,6 +15,15 @@ class StepResult:
     token_ids: dict[str, int] | None = None
     # Requests that hit a stop condition (EOS, stop string) with this iteration's token.
     stopped: set[str] = field(default_factory=set)
+    # Speculative decoding: which of a stopped request's tokens this step is the stop (0: the
+    # first; absent: the first), when a step samples several tokens for it.
+    stop_index: dict[str, int] = field(default_factory=dict)
+    # Speculative decoding: draft tokens accepted per request that verified drafts this step
+    # (vLLM's rejection sampler: the request samples 1 + accepted tokens); None without drafts.
+    num_accepted: dict[str, int] | None = None
+    # Seconds of ``duration`` spent on the host (scheduling, input preparation, output
+    # processing), which vLLM's async scheduling overlaps with the previous step's forward pass.
+    host_time: float = 0.0
 
 
 class Executor(Protocol):

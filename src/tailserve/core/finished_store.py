@@ -93,7 +93,8 @@ class FinishedStore:
 
     def _flush(self) -> None:
         """The buffered token times become their requests' gaps, as ``RequestLatencies.of``
-        takes them: consecutive differences, the ones across two requests dropped."""
+        takes them: consecutive differences, the ones across two requests dropped, and the zero
+        ones between tokens of one step (speculative decoding: one streamed chunk)."""
         if not self._fill:
             return
         assert self._buf is not None
@@ -101,6 +102,7 @@ class FinishedStore:
         if gaps.size:
             keep = np.ones(gaps.size, dtype=bool)
             keep[np.cumsum(self._counts)[:-1] - 1] = False
+            keep &= gaps != 0.0
             self._gap_chunks.append(gaps[keep])
         self._fill = 0
         self._counts = []

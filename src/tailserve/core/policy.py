@@ -20,7 +20,10 @@ what it asks):
 - **The decision.** ``schedule(sched, now) -> SchedulerOutput``: budgets, who runs with how
   many tokens, victims, by calling the scheduler's mechanics; the output lists the decisions.
 - **Departures.** ``on_finished(sched, finished)``: bookkeeping when requests leave.
-- **Time.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``).
+- **Time.** ``next_wakeup`` (a timer, e.g. static batching's ``max_wait``); ``async_scheduling``
+  (vLLM's: the engine schedules a step while the previous one runs).
+- **The executor's part.** ``speculative_decoding`` (draft tokens and their acceptance, priced
+  and drawn by the simulated executor).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
   ``kv/factory.py`` builds it), ``default_config``, ``profile_tokens``, ``admits_fcfs`` (whether
   ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
@@ -100,6 +103,19 @@ class Policy(ABC):
 
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         """A time (seconds) at which the policy wants to be asked again even with no arrival."""
+        return None
+
+    def async_scheduling(self) -> bool:
+        """True when the engine schedules each step while the previous one runs (vLLM's async
+        scheduling): ``Engine`` then applies a step's outputs after scheduling the next, and the
+        simulated executor's host time overlaps the previous step's forward pass. Such a policy
+        advances computed tokens when it schedules (``SchedulerOutput.advanced``)."""
+        return False
+
+    def speculative_decoding(self) -> Any:
+        """The speculative decoding this configuration runs, for the simulated executor (its
+        acceptance model and drafter cost: ``executors/simulated/spec_decode.py``'s
+        ``SpecDecoding``; ``core`` knows no executor, hence ``Any``); None without."""
         return None
 
     def notes(self) -> list[str]:

@@ -77,6 +77,14 @@ class Request:
     status_reason: str | None = None  # why it was aborted or rejected
     enqueue_time: float | None = None  # seconds; when it last entered the waiting queue
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # vLLM V1's in-flight accounting, kept only for a policy that advances a request's computed
+    # tokens when it schedules them (``vllm`` with async scheduling or speculative decoding:
+    # ``Scheduler.advance_scheduled``, ``Scheduler.update_advanced``); 0 / False for every other.
+    num_output_placeholders: int = 0  # tokens that steps in flight will sample (async scheduling)
+    num_in_flight_tokens: int = 0  # tokens scheduled in steps whose outputs are not applied yet
+    num_stale_output_tokens: int = 0  # in-flight tokens of steps scheduled before a preemption
+    num_draft_tokens: int = 0  # draft tokens proposed for its next step (vLLM's spec_token_ids)
+    is_prefill_chunk: bool = False  # its last scheduled step left part of its tokens uncomputed
 
     first_scheduled_time: float | None = None  # seconds; first admission to the running set
     token_times: list[float] = field(default_factory=list)  # seconds; one per output token

@@ -59,6 +59,8 @@ class PolicyHooks(Protocol):
 
     def describe(self) -> str: ...
 
+    def async_scheduling(self) -> bool: ...
+
 
 def key_tokens(request: Request) -> list[int] | None:
     """The tokens a request's prefix keys are made from: its prompt (and, in simulation, the
@@ -98,6 +100,9 @@ class Scheduler:
         self.num_released = 0  # requests handed over by ``pop_finished``
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
+        # vLLM's async scheduling: the engine applies each step's outputs after scheduling the
+        # next (``Engine``), with the policy's outputs ``advanced`` (``advance_scheduled``).
+        self.async_scheduling = bool(policy.async_scheduling())
 
     # ---- requests in and out ------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> bool:
@@ -179,6 +184,8 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Apply an executed iteration at time ``now``; returns the requests that finished."""
+        if out.advanced:
+            return self.update_advanced(out, result, now)
         done: list[Request] = []
         token_ids = result.token_ids
         stopped = result.stopped
@@ -244,6 +251,99 @@ class Scheduler:
                     done.append(chunked)
         return done
 
+    # ---- vLLM V1's own accounting (async scheduling, speculative decoding) ------------------
+    # vLLM advances a request's computed tokens when it schedules them, so that the next step
+    # can be scheduled before this one's outputs are known, and rolls back the drafts the
+    # rejection sampler rejects when the outputs arrive. A policy that follows it calls
+    # ``advance_scheduled`` at the end of ``schedule``; ``update`` then goes to ``update_advanced``.
+    def advance_scheduled(self, out: SchedulerOutput) -> None:
+        """vLLM's ``_update_after_schedule`` (with ``AsyncScheduler``'s): each scheduled request's
+        computed tokens advance by its grant now; one that is no longer prefilling will sample,
+        and under async scheduling its outputs (1 + the drafts it verifies) become placeholders
+        and it gets ``out.num_spec_tokens_to_schedule`` placeholder drafts for its next step."""
+        placeholders = self.async_scheduling
+        num_drafts = out.num_spec_tokens_to_schedule
+        for item in out.scheduled:
+            request = item.request
+            request.num_computed_tokens += item.num_new_tokens
+            request.num_in_flight_tokens += item.num_new_tokens
+            partial = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            request.is_prefill_chunk = item.partial = partial
+            if placeholders and not partial:
+                request.num_output_placeholders += 1 + item.num_spec_tokens
+                request.num_draft_tokens = num_drafts
+        out.advanced = True
+
+    def update_advanced(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
+        """vLLM's ``update_from_output`` for an ``advanced`` step, applied at ``now``: a request
+        that was not prefilling samples 1 + its accepted drafts (rejected drafts roll back its
+        computed tokens, and its placeholders under async scheduling), each token checked for a
+        stop and for ``max_tokens``; outputs of a request preempted since they were scheduled
+        (stale) are kept without the rollback, and those of a finished or aborted one are
+        dropped. Synchronous speculative decoding then gives every request of the step that
+        still decodes its next drafts (vLLM's ``update_draft_token_ids``, after the update).
+        Finished requests are freed in step order, as vLLM frees them; returns them."""
+        done: list[Request] = []
+        accepted = result.num_accepted or {}
+        stopped = result.stopped
+        placeholders = self.async_scheduling
+        num_drafts = 0 if placeholders else out.num_spec_tokens_to_schedule
+        kv = self.kv_cache
+        running = RequestStatus.RUNNING
+        for item in out.scheduled:
+            request = item.request
+            request.num_in_flight_tokens -= item.num_new_tokens
+            stale = request.num_stale_output_tokens > 0
+            if stale:
+                request.num_stale_output_tokens -= item.num_new_tokens
+            if request.is_finished or item.partial:
+                continue  # left while its step ran; or a prefill chunk, which samples nothing
+            rid = request.request_id
+            num_sampled = 1
+            num_spec = item.num_spec_tokens
+            if num_spec:
+                num_accepted = 0 if item.spec_padding else min(accepted.get(rid, 0), num_spec)
+                num_sampled += num_accepted
+                if not stale:  # a stale count predates the preemption's reset
+                    rejected = num_spec - num_accepted
+                    if request.num_computed_tokens > 0:
+                        request.num_computed_tokens -= rejected
+                    if request.num_output_placeholders > 0:
+                        request.num_output_placeholders -= rejected
+            was_running = request.status is running
+            stop_at = result.stop_index.get(rid, 0) if rid in stopped else -1
+            appended = 0
+            while appended < num_sampled:
+                request.num_output_tokens += 1
+                request.token_times.append(now)
+                if appended == stop_at:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                elif request.num_output_tokens >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                appended += 1
+                if request.is_finished:
+                    break  # vLLM trims the tokens after a stop
+            if placeholders:
+                if not stale:
+                    request.num_output_placeholders -= appended
+                if was_running:
+                    # Blocks filled by tokens now known become matchable (AsyncScheduler).
+                    kv.register_computed(rid, request.num_computed_tokens - request.num_output_placeholders)
+            if request.is_finished:
+                if not was_running:
+                    self.waiting.remove_request(request)  # preempted while its last step ran
+                kv.free(rid, request.num_computed_tokens, True)
+                done.append(request)
+            elif num_drafts and was_running:
+                request.num_draft_tokens = num_drafts
+        if done:
+            gone = {id(r) for r in done}
+            self.running = [r for r in self.running if id(r) not in gone]
+            for request in done:
+                self._leave(request, request.status, now, None)
+            self.policy.on_finished(self, done)
+        return done
+
     def finish(self, done: list[Request], now: float) -> None:
         """Requests whose status was just set to a FINISHED_* status leave the running set."""
         gone = {id(r) for r in done}
@@ -255,9 +355,13 @@ class Scheduler:
         self.policy.on_finished(self, done)
 
     # ---- mechanics policies call --------------------------------------------------------
-    def allocate(self, request: Request, num_total_tokens: int, reserve: int = 0) -> bool:
+    def allocate(
+        self, request: Request, num_total_tokens: int, reserve: int = 0, num_cached: int | None = None
+    ) -> bool:
         """Make ``request`` hold KV for ``num_total_tokens`` tokens, keeping ``reserve`` blocks
-        free; False (and nothing allocated) when that does not fit."""
+        free; False (and nothing allocated) when that does not fit. ``num_cached``: the tokens
+        whose full blocks become matchable now (default all ``num_total_tokens``; vLLM caches
+        neither draft tokens nor lookahead slots, only tokens already known)."""
         kv = self.kv_cache
         if reserve and not kv.can_allocate(request.request_id, num_total_tokens, reserve):
             return False
@@ -266,7 +370,7 @@ class Scheduler:
         if kv.prefix_caching:
             # Blocks that will be full once this iteration's tokens are computed become
             # matchable now, as vLLM caches them when it allocates them.
-            kv.register_computed(request.request_id, num_total_tokens)
+            kv.register_computed(request.request_id, num_total_tokens if num_cached is None else num_cached)
         return True
 
     def free_blocks(self, request: Request) -> None:
@@ -300,6 +404,7 @@ class Scheduler:
         num_computed_tokens: int | None = None,
         register: bool = True,
         cache_limit: int | None = None,
+        num_cached: int | None = None,
     ) -> bool:
         """Admit a request with a prefix hit (``allocate_slots`` with computed blocks): it takes
         the match's cached blocks and holds KV for ``num_total_tokens`` tokens, and starts at
@@ -307,13 +412,14 @@ class Scheduler:
         once those tokens are computed are registered, as ``allocate`` does, unless ``register``
         is False (vLLM V0 registers them itself, after marking what is fresh). A radix cache
         keeps the match locked for the request until it is freed; ``cache_limit`` (SGLang: what
-        this admission prefills) caps what ``cache_computed`` inserts. False (nothing
-        registered, progress unchanged) when it does not fit; callers check the fit first."""
+        this admission prefills) caps what ``cache_computed`` inserts; ``num_cached`` caps the
+        hashed registration as in ``allocate``. False (nothing registered, progress unchanged)
+        when it does not fit; callers check the fit first."""
         kv = self.kv_cache
         if not kv.allocate_with_prefix(request.request_id, match, num_total_tokens, cache_limit):
             return False
         if register and kv.prefix_caching:
-            kv.register_computed(request.request_id, num_total_tokens)
+            kv.register_computed(request.request_id, num_total_tokens if num_cached is None else num_cached)
         request.num_computed_tokens = match.num_tokens if num_computed_tokens is None else num_computed_tokens
         return True
 
@@ -360,6 +466,11 @@ class Scheduler:
         self.running.remove(request)
         self.kv_cache.free(request.request_id, request.num_computed_tokens)
         request.num_computed_tokens = 0
+        # vLLM (``_preempt_request``): drafts dropped; outputs of its steps still in flight come
+        # back stale, without the placeholder accounting that restarts here (0 outside vllm).
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
+        request.num_draft_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1

@@ -27,6 +27,15 @@ class ScheduledRequest:
     # The request's whole GPU block table, filled in by ``Scheduler.schedule`` only for an
     # executor that declares ``needs_block_ids`` (the simulator never reads it); None otherwise.
     block_ids: list[int] | None = None
+    # Speculative decoding (vLLM V1): of ``num_new_tokens``, the draft tokens this step verifies
+    # (the rest: the one token whose output is sampled, or a chunk); ``spec_padding`` when they
+    # are placeholders no drafter proposed (vLLM pads a newly scheduled decode to the uniform
+    # decode size), which the rejection sampler always rejects.
+    num_spec_tokens: int = 0
+    spec_padding: bool = False
+    # Set only in an ``advanced`` output (below): this step leaves part of the request's tokens
+    # uncomputed, so it samples nothing (vLLM's ``is_prefill_chunk``).
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +54,14 @@ class SchedulerOutput:
     swapped_in: list[Request] = field(default_factory=list)
     padding: list[PaddingSlot] = field(default_factory=list)
     num_admitted: int = 0  # waiting requests that entered the running set this iteration
+    # The policy advanced each scheduled request's computed tokens when it scheduled it, as vLLM
+    # V1 does (``Scheduler.advance_scheduled``: the ``vllm`` policy with async scheduling or
+    # speculative decoding); ``Scheduler.update`` then applies the step the same way
+    # (``update_advanced``). False: computed tokens advance when the step is applied.
+    advanced: bool = False
+    # Speculative decoding: draft tokens each request that decodes gets for its next step
+    # (vLLM's ``num_spec_tokens_to_schedule``); 0 without drafts.
+    num_spec_tokens_to_schedule: int = 0
     # KV blocks copied before this iteration's forward pass, as (src, dst) pairs in decision
     # order: swap-outs (GPU block, CPU block), then swap-ins (CPU block, GPU block); apply them
     # in that order. A GPU block a swap-out frees and a swap-in reuses is then copied out before
@@ -71,8 +88,9 @@ class SchedulerOutput:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1)
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1 and not s.num_spec_tokens)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for s in self.scheduled if s.num_new_tokens == 1)
+        """Tokens of decodes: one each, or 1 + the drafts a speculative decode verifies."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens == 1 or s.num_spec_tokens)

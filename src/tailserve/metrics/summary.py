@@ -2,7 +2,9 @@
 
 - TTFT: first token time - arrival time, per request.
 - TPOT: ``(e2e - ttft) / (output_tokens - 1)`` per request, only when it has > 1 output token.
-- ITL: every gap between consecutive tokens, pooled over all requests.
+- ITL: every gap between consecutive tokens, pooled over all requests; tokens of one step
+  (speculative decoding's accepted drafts) are one streamed chunk, one gap, as vLLM's benchmark
+  times chunks (``endpoint_request_func.py``: one ``itl`` entry per chunk).
 - E2E: last token time - arrival time.
 - Queue: first scheduled time - arrival time (vLLM's ``request_queue_time``).
 - Throughput: completed requests (output tokens) / duration, where duration runs from the first
@@ -94,6 +96,7 @@ class RequestLatencies:
         gaps = np.diff(flat)
         keep = np.ones(gaps.size, dtype=bool)
         keep[np.cumsum(n_out)[:-1] - 1] = False
+        keep &= gaps != 0.0  # tokens of one step: one chunk
         itl = gaps[keep] if gaps.size else np.zeros(0)
         return RequestLatencies(
             ttft=ttft,

@@ -115,7 +115,7 @@ class PolicySpec:
         items = {**self.flags, **self.engine_flags}
         if not items:
             return self.name
-        return self.name + ":" + ",".join(f"{k}={v}" for k, v in items.items())
+        return self.name + ":" + ",".join(f"{k}={_flag_text(v)}" for k, v in items.items())
 
     @staticmethod
     def make(name: str, flags: dict[str, Any]) -> PolicySpec:
@@ -135,6 +135,14 @@ class PolicySpec:
                 valid = ", ".join([*own, *ENGINE_FLAGS])
                 raise ValueError(f"policy {name} has no flag {raw_key!r}; valid: {valid}")
         return PolicySpec(name, mine, engine)
+
+
+def _flag_text(value: Any) -> str:
+    """A flag's value as a policy spec spells it (a list of floats ``0.7/0.4``: commas there
+    separate policies)."""
+    if isinstance(value, tuple):
+        return "/".join(map(str, value))
+    return str(value)
 
 
 def parse_policy_list(text: str) -> list[PolicySpec]:

@@ -28,11 +28,16 @@ first looks up the longest chain of its cached full blocks (capped so one token 
 the hit raises ``num_computed_tokens`` without using the budget, and the admission gate counts
 the hit blocks only if they sit evictable in the free queue. A preempted request finds its own
 surviving blocks. Keys need token identities: token ids, or Mooncake ``hash_ids``.
+
+Async scheduling (``async_scheduling``) and speculative decoding (``speculative_method``,
+``num_speculative_tokens``, ``synthetic_acceptance_rates`` / ``synthetic_acceptance_length``:
+vLLM's ``--speculative-config`` fields) switch to vLLM's own accounting, with output
+placeholders and draft tokens (``vllm_async.py``); the plain pass below is unchanged without them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -41,7 +46,12 @@ from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.fast_paths import FastPaths
+from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
 from tailserve.kv.spec import KVSpec
+from tailserve.policies.vllm_async import schedule_advanced
+
+# Fields of features off by default: a run file names them only when set (sim/run.py).
+_WHEN_SET = {"recorded_when_set": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,20 @@ class VllmConfig:
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting
     scheduling_policy: str = "fcfs"  # or "priority"
     enable_prefix_caching: bool = True  # automatic prefix caching (hashed 16-token blocks, LRU)
+    # Schedule each step while the previous one runs (vLLM's --async-scheduling). vLLM 0.32 turns
+    # it on by default on GPUs; off here so the recorded default runs stay as recorded
+    # (docs/policies.md).
+    async_scheduling: bool = field(default=False, metadata=_WHEN_SET)
+    # Speculative decoding: the drafter, vLLM's --speculative-config "method" (the fields below
+    # are that config's own names; executors/simulated/spec_decode.py).
+    speculative_method: str | None = field(default=None, metadata={"choices": tuple(METHODS), **_WHEN_SET})
+    # drafts per decode step (0: no speculative decoding)
+    num_speculative_tokens: int = field(default=0, metadata=_WHEN_SET)
+    # per-position unconditional acceptance rates (vLLM's logged per-position acceptance
+    # rate), non-increasing, one per draft; 0.8,0.5 (0.8/0.5 in a policy spec)
+    synthetic_acceptance_rates: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
+    # or the mean acceptance length: 1 + accepted drafts per decode step, in [1, k + 1]
+    synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -73,6 +97,51 @@ class VllmConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        k = self.num_speculative_tokens
+        if k < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
+        given = [
+            name
+            for name in ("speculative_method", "synthetic_acceptance_rates", "synthetic_acceptance_length")
+            if getattr(self, name) is not None
+        ]
+        if not k:
+            if given:
+                raise ValueError(f"{given[0]} needs num_speculative_tokens >= 1")
+            return
+        if self.speculative_method is None:
+            raise ValueError(
+                f"num_speculative_tokens={k} needs speculative_method (one of {', '.join(METHODS)})"
+            )
+        if self.speculative_method not in METHODS:
+            raise ValueError(
+                f"speculative_method must be one of {', '.join(METHODS)}, got {self.speculative_method!r} "
+                "(draft_model, medusa, suffix, ... are not modelled)"
+            )
+        resolve_acceptance_rates(k, self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
+        if self.async_scheduling and not METHODS[self.speculative_method][2]:
+            raise ValueError(
+                "async scheduling is only supported with EAGLE/MTP/NGram GPU speculative decoding "
+                f"(vLLM 0.32), not speculative_method={self.speculative_method}"
+            )
+        if 0 < self.long_prefill_token_threshold < 1 + k:
+            raise ValueError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) is below 1 + "
+                f"num_speculative_tokens ({1 + k}): vLLM 0.32 fails an assertion when it pads a new "
+                "decode to that size"
+            )
+
+    def speculative_decoding(self) -> SpecDecoding | None:
+        """The resolved speculative decoding (None without)."""
+        k = self.num_speculative_tokens
+        if not k:
+            return None
+        assert self.speculative_method is not None  # __post_init__
+        rates = resolve_acceptance_rates(k, self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
+        return SpecDecoding(self.speculative_method, k, rates)
 
 
 def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
@@ -123,6 +192,23 @@ class VllmPolicy(Policy, FastPaths):
     def profile_tokens(cls, config: VllmConfig, max_model_len: int) -> int:
         return config.max_num_batched_tokens  # vLLM profiles its token budget
 
+    def __init__(self, config: VllmConfig) -> None:
+        super().__init__(config)
+        self._spec = config.speculative_decoding()
+        # vLLM's own accounting (vllm_async.py) with async scheduling or drafts.
+        self._advanced = config.async_scheduling or self._spec is not None
+
+    def async_scheduling(self) -> bool:
+        return self.config.async_scheduling
+
+    def speculative_decoding(self) -> SpecDecoding | None:
+        return self._spec
+
+    def can_fast_forward(self, sched: Scheduler) -> bool:
+        # The decode fast path assumes one token per decode and outputs applied in the step
+        # that computed them: neither holds with drafts or async scheduling, which step.
+        return not self._advanced
+
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
 
@@ -135,6 +221,8 @@ class VllmPolicy(Policy, FastPaths):
         return create_request_queue(self.config.scheduling_policy)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        if self._advanced:
+            return schedule_advanced(self.config, self._spec, sched, now)
         cfg: VllmConfig = self.config
         out = SchedulerOutput()
         budget = cfg.max_num_batched_tokens

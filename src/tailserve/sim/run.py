@@ -8,7 +8,8 @@ like vLLM, Scheduler, SimExecutor (``assemble.build_engine``); workload spec -> 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
+from typing import Any
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
@@ -38,6 +39,7 @@ def run_policy(
             min_max_model_len=workload.min_max_model_len,
             # vLLM hashes blocks into its block pool; SGLang keeps a radix tree beside its slots.
             shares_prefixes=workload.shares_prefixes,
+            seed=workload.spec.seed,  # the simulated executor's draws (speculative decoding)
             engine=options,
         ),
         source=workload.build(cost_model),
@@ -58,7 +60,7 @@ def run_policy(
         raise ValueError(f"workload {workload.spec.label}: no requests arrived, nothing to simulate")
     run_config = {
         "policy": spec.name,
-        "policy_flags": asdict(config),
+        "policy_flags": recorded_flags(config),
         "model": model.name,
         "hardware": hardware.name,
         "tp": cost_model.tp,
@@ -106,3 +108,15 @@ def run_policy(
         store,
         cpu,
     )
+
+
+def recorded_flags(config: Any) -> dict[str, Any]:
+    """The policy's flags as the run file keeps them: every field, except a field of a feature
+    that is off by default (its metadata says ``recorded_when_set``: vLLM's async scheduling and
+    speculative decoding) while it is at that default, so a run file names the features that ran
+    and files written before such a feature existed still compare equal."""
+    flags = asdict(config)
+    for f in fields(config):
+        if f.metadata.get("recorded_when_set") and flags[f.name] == f.default:
+            del flags[f.name]
+    return flags

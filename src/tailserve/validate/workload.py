@@ -5,6 +5,12 @@ that can differ is the scheduling decision. Times are steps, not seconds: a requ
 before the scheduler runs in its ``arrival_step``, an abort lands before the scheduler runs in
 its ``abort_step``, and the fake model runner samples ``output_token_ids[k]`` as the k-th output
 token (the token ``stop_token_id`` there ends the request as a stop-string would).
+
+With speculative decoding each request also lists how many drafts a verification accepts
+(``accepted[i]``: of all k, for a verification after ``len(prompt) + i`` computed tokens; with
+fewer drafts scheduled, the first ones decide) — drawn by the simulated executor's own
+acceptance model (``executors/simulated/spec_decode.py``), so both sides accept exactly what
+tailserve's executor would.
 """
 
 from __future__ import annotations
@@ -31,6 +37,13 @@ class SchedulerSpec:
     # vLLM V0 only: CPU swap blocks and the preemption mode ("auto" = vLLM's None).
     num_cpu_blocks: int = 0
     preemption_mode: str = "auto"
+    # vLLM V1 (0.32): async scheduling (its engine core's batch queue of two) and speculative
+    # decoding (``--speculative-config``'s method and num_speculative_tokens).
+    async_scheduling: bool = False
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    # vLLM's synthetic rejection sampler's per-position rates, which drew ``RequestSpec.accepted``
+    synthetic_acceptance_rates: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -39,6 +52,11 @@ class SchedulerSpec:
             )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        given = (self.speculative_method is not None, self.synthetic_acceptance_rates is not None)
+        if len({*given, self.num_speculative_tokens > 0}) > 1:
+            raise ValueError(
+                "speculative_method, synthetic_acceptance_rates and num_speculative_tokens >= 1 go together"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +67,23 @@ class RequestSpec:
     output_token_ids: list[int]  # what the fake model samples, in order; len == max_tokens
     priority: int = 0  # lower is more urgent (vLLM)
     abort_step: int | None = None
+    # Speculative decoding: drafts accepted by a verification after len(prompt) + i computed
+    # tokens (see the module docstring); None without drafts.
+    accepted: list[int] | None = None
 
     @property
     def max_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    def num_accepted(self, num_context_tokens: int, num_drafts: int) -> int:
+        """Drafts accepted of ``num_drafts`` verified after ``num_context_tokens`` computed tokens."""
+        assert self.accepted is not None, f"request {self.request_id}: no acceptance draws"
+        i = num_context_tokens - len(self.prompt_token_ids)
+        if not 0 <= i < len(self.accepted):
+            raise ValueError(
+                f"request {self.request_id}: no acceptance draw for a verification at {num_context_tokens}"
+            )
+        return min(self.accepted[i], num_drafts)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids or not self.output_token_ids:
@@ -108,6 +139,7 @@ class Workload:
                 output_token_ids=list(r["output_token_ids"]),
                 priority=r.get("priority", 0),
                 abort_step=r.get("abort_step"),
+                accepted=r.get("accepted"),
             )
             for r in d["requests"]
         ]
@@ -138,7 +170,8 @@ def decode_tokens(runs: list[list[int]]) -> list[int]:
 
 def to_compact(w: Workload) -> dict[str, Any]:
     """``Workload.to_dict`` with each request as ``[id, arrival_step, prompt runs, output runs,
-    priority, abort_step]`` and token lists as runs (``encode_tokens``): golden files stay small."""
+    priority, abort_step]`` (and its acceptance draws last, with speculative decoding) and token
+    lists as runs (``encode_tokens``): golden files stay small."""
     d = w.to_dict()
     d["requests"] = [
         [
@@ -148,22 +181,32 @@ def to_compact(w: Workload) -> dict[str, Any]:
             encode_tokens(r["output_token_ids"]),
             r["priority"],
             r["abort_step"],
+            *([r["accepted"]] if r["accepted"] is not None else []),
         ]
         for r in d["requests"]
     ]
+    if not w.scheduler.async_scheduling and not w.scheduler.num_speculative_tokens:
+        for name in (
+            "async_scheduling",
+            "speculative_method",
+            "num_speculative_tokens",
+            "synthetic_acceptance_rates",
+        ):
+            d["config"].pop(name)  # fixtures recorded before these flags read the same
     return d
 
 
 def from_compact(d: dict[str, Any]) -> Workload:
     requests = [
         {
-            "request_id": rid,
-            "arrival_step": arrival,
-            "prompt_token_ids": decode_tokens(prompt),
-            "output_token_ids": decode_tokens(outputs),
-            "priority": priority,
-            "abort_step": abort,
+            "request_id": r[0],
+            "arrival_step": r[1],
+            "prompt_token_ids": decode_tokens(r[2]),
+            "output_token_ids": decode_tokens(r[3]),
+            "priority": r[4],
+            "abort_step": r[5],
+            "accepted": r[6] if len(r) > 6 else None,
         }
-        for rid, arrival, prompt, outputs, priority, abort in d["requests"]
+        for r in d["requests"]
     ]
     return Workload.from_dict(dict(d, requests=requests))

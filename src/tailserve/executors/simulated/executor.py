@@ -7,6 +7,7 @@ import numpy as np
 from tailserve.core.executor import StepResult
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, accepted_drafts
 from tailserve.executors.simulated.window import WindowShape
 
 
@@ -34,6 +35,25 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
 
 
+def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
+    """``batch_shape`` of an ``advanced`` output (vLLM's accounting: async scheduling,
+    speculative decoding), whose requests say themselves whether they sample (``partial``). A
+    speculative decode verifying 1 + s tokens is priced like a small prefill chunk after its
+    context (more tokens, the same KV read), with logits at each of its 1 + s positions."""
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
+    for s in out.scheduled:
+        q, c = s.num_new_tokens, s.num_context_tokens
+        num_tokens += q
+        if not s.partial:
+            num_logits += 1 + s.num_spec_tokens
+        if q == 1:
+            decode_kv += c + 1
+        else:
+            pairs += q * c + q * (q + 1) // 2
+            prefill_kv += q + c
+    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+
+
 def window_shape(out: SchedulerOutput, window: int) -> WindowShape:
     """``batch_shape``'s attention aggregates for sliding-window layers (window.py)."""
     prefill: list[tuple[int, int]] = []
@@ -49,18 +69,27 @@ def window_shape(out: SchedulerOutput, window: int) -> WindowShape:
 
 
 class SimExecutor:
-    """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``)."""
+    """Predicts each iteration's duration; produces no token ids (outputs run to ``max_tokens``).
+    With speculative decoding (``spec``) it also draws how many drafts each verification
+    accepts (``spec_decode.accepted_drafts``, seeded by ``seed``) and adds the drafter's time."""
 
     needs_block_ids = False  # the cost model prices batch shapes, not blocks
 
-    def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
+    def __init__(
+        self, cost_model: CostModel, block_size: int = 16, spec: SpecDecoding | None = None, seed: int = 0
+    ) -> None:
         self.cost_model = cost_model
         self.block_size = block_size  # tokens per KV block, to price swap traffic
+        self.spec = spec
+        self.seed = seed
+        self.drafter = DrafterCost(cost_model, spec) if spec is not None else None
         # A sliding-window model's attention depends on each request's context, not on the
         # batch's sums alone: the exact fast paths (which price sums) stay off for it.
         self.prices_shapes_alone = not cost_model.windowed
 
     def execute(self, out: SchedulerOutput) -> StepResult:
+        if out.advanced:
+            return self._execute_advanced(out)
         cm = self.cost_model
         window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
         duration = cm.iteration_time(batch_shape(out), window)
@@ -69,6 +98,30 @@ class SimExecutor:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
             duration += self.cost_model.swap_time(swapped * self.block_size)
         return StepResult(duration=duration)
+
+    def _execute_advanced(self, out: SchedulerOutput) -> StepResult:
+        """A step of vLLM's own accounting: the target's time, the drafter's and the drafts
+        accepted; the per-step overhead is the host time async scheduling hides."""
+        shape = advanced_batch_shape(out)
+        cost = self.cost_model
+        window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
+        duration = cost.iteration_time(shape, window)
+        accepted: dict[str, int] | None = None
+        spec, drafter = self.spec, self.drafter
+        if spec is not None and drafter is not None:
+            accepted = {}
+            num_drafting = drafting_kv = 0
+            for s in out.scheduled:
+                if s.partial:
+                    continue
+                num_drafting += 1
+                drafting_kv += s.num_context_tokens + s.num_new_tokens
+                if s.num_spec_tokens and not s.spec_padding:
+                    rid = s.request.request_id
+                    accepted[rid] = accepted_drafts(spec, self.seed, rid, s.num_context_tokens)
+            duration += drafter.time(shape, num_drafting, drafting_kv)
+        host = cost.efficiency.overhead if shape.num_tokens else 0.0
+        return StepResult(duration=duration, num_accepted=accepted, host_time=host)
 
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
         return self.cost_model._iteration_time(num_decodes, num_decodes, 0, 0, num_context_tokens)

@@ -10,6 +10,16 @@ aborts, arrivals, ``schedule()``, a fake model runner, ``update_from_output``.
 The fake model runner samples one token for each request whose computed tokens catch up with
 its tokens in this step (the workload's next planned output token) and an empty list for a
 partial prefill, as vLLM's GPU model runner discards partial-prefill samples.
+
+With async scheduling or speculative decoding (``run_advanced``) the loop is vLLM's own
+``EngineCore.step_with_batch_queue`` (a queue of two with async scheduling, one without): each
+step is scheduled and run by the fake model at once (it samples 1 + accepted drafts, the
+accepted count from the workload: what tailserve's simulated executor drew), and the oldest step
+is applied with ``update_from_output`` when the queue is full; without async scheduling the
+drafter's next draft tokens follow (``EngineCore.post_step``: ``update_draft_token_ids``). The
+async scheduler is vLLM's ``AsyncScheduler``, built directly: vLLM's CPU platform turns
+``async_scheduling`` off when the config is made (``platforms/cpu.py``), so it is set back on
+the built config.
 """
 
 from __future__ import annotations
@@ -50,19 +60,29 @@ def _model_dir() -> str:
 class Driver:
     def __init__(self) -> None:
         import torch
-        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import (
+            CacheConfig,
+            ModelConfig,
+            ParallelConfig,
+            SchedulerConfig,
+            SpeculativeConfig,
+            VllmConfig,
+        )
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
         self.torch = torch
         self.CacheConfig, self.ModelConfig = CacheConfig, ModelConfig
         self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
+        self.ParallelConfig, self.SpeculativeConfig = ParallelConfig, SpeculativeConfig
+        self.AsyncScheduler, self.DraftTokenIds = AsyncScheduler, DraftTokenIds
         self.SamplingParams = SamplingParams
         self.Scheduler, self.StructuredOutputManager = Scheduler, StructuredOutputManager
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
@@ -99,9 +119,31 @@ class Driver:
         cache_config = self.CacheConfig(
             block_size=block_size, cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"]
         )
+        parallel_config = self.ParallelConfig()
+        speculative_config = None
+        if cfg.get("num_speculative_tokens"):
+            method = cfg["speculative_method"]
+            speculative_config = self.SpeculativeConfig(
+                method=method,
+                num_speculative_tokens=cfg["num_speculative_tokens"],
+                # EAGLE needs a draft model config; the fake model's own directory serves.
+                model=None if method.startswith("ngram") else self.model_dir,
+                target_model_config=model_config,
+                target_parallel_config=parallel_config,
+                rejection_sample_method="synthetic",
+                synthetic_acceptance_rates=list(cfg["synthetic_acceptance_rates"]),
+            )
         vllm_config = self.VllmConfig(
-            model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config
+            model_config=model_config,
+            scheduler_config=scheduler_config,
+            cache_config=cache_config,
+            parallel_config=parallel_config,
+            speculative_config=speculative_config,
         )
+        scheduler_cls = self.Scheduler
+        if cfg.get("async_scheduling"):
+            vllm_config.scheduler_config.async_scheduling = True  # the CPU platform turned it off
+            scheduler_cls = self.AsyncScheduler
         # vLLM keeps block 0 as its null block: one more than the workload's usable blocks.
         num_blocks = cfg["num_blocks"] + 1
         vllm_config.cache_config.num_gpu_blocks = num_blocks
@@ -117,7 +159,7 @@ class Driver:
                 )
             ],
         )
-        scheduler = self.Scheduler(
+        scheduler = scheduler_cls(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=self.StructuredOutputManager(vllm_config),
@@ -139,6 +181,8 @@ class Driver:
 
     def run(self, workload: dict) -> list[dict]:
         cfg = workload["config"]
+        if cfg.get("async_scheduling") or cfg.get("num_speculative_tokens"):
+            return self.run_advanced(workload)
         scheduler = self._scheduler(cfg)
         block_size = cfg["block_size"]
         hasher = (
@@ -204,6 +248,99 @@ class Driver:
                     "scheduled": scheduled,
                     "admitted": [s[0] for s in scheduled if s[0] not in running_before],
                     "preempted": preempted,
+                    "finished": finished,
+                    "aborted": sorted(aborted),
+                    "num_used_blocks": usable_blocks - free,
+                }
+            )
+        return steps
+
+    def _add_arrivals(
+        self, scheduler, pending: list, step: int, hasher, stop_token_id: int, live: set
+    ) -> None:
+        while pending and pending[0]["arrival_step"] <= step:
+            r = pending.pop(0)
+            params = self.SamplingParams(
+                max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id]
+            )
+            request = self.Request(
+                request_id=r["request_id"],
+                prompt_token_ids=list(r["prompt_token_ids"]),
+                sampling_params=params,
+                pooling_params=None,
+                arrival_time=float(r["arrival_step"]),
+                priority=r["priority"],
+                block_hasher=hasher,
+            )
+            scheduler.add_request(request)
+            live.add(r["request_id"])
+
+    def run_advanced(self, workload: dict) -> list[dict]:
+        """The step loop of ``EngineCore.step_with_batch_queue`` (module docstring)."""
+        cfg = workload["config"]
+        scheduler = self._scheduler(cfg)
+        block_size = cfg["block_size"]
+        hasher = (
+            self.get_request_block_hasher(block_size, self.sha256) if cfg["enable_prefix_caching"] else None
+        )
+        stop_token_id = workload["stop_token_id"]
+        specs = {r["request_id"]: r for r in workload["requests"]}
+        depth = 2 if cfg.get("async_scheduling") else 1
+        k = cfg.get("num_speculative_tokens") or 0
+        pending = sorted(workload["requests"], key=lambda r: r["arrival_step"])
+        live: set[str] = set()
+        produced: dict[str, int] = {}
+        queue: list = []  # (scheduler output, model runner output), newest first
+        steps: list[dict] = []
+        usable_blocks = cfg["num_blocks"]
+        for step in range(workload["max_steps"]):
+            aborted = [rid for rid, r in specs.items() if r.get("abort_step") == step and rid in live]
+            if aborted:
+                scheduler.finish_requests(aborted, self.RequestStatus.FINISHED_ABORTED)
+                live.difference_update(aborted)
+            self._add_arrivals(scheduler, pending, step, hasher, stop_token_id, live)
+            if not live and not pending:
+                break
+            running_before = {r.request_id for r in scheduler.running}
+            out = scheduler.schedule()
+            scheduled, req_ids, sampled = [], [], []
+            for req_id, n in out.num_scheduled_tokens.items():
+                request = scheduler.requests[req_id]
+                context = request.num_computed_tokens - n
+                scheduled.append([req_id, n, context])
+                req_ids.append(req_id)
+                if request.is_prefill_chunk:
+                    sampled.append([])  # a partial prefill samples nothing
+                    continue
+                spec = specs[req_id]
+                num_drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+                accepted = 0
+                if num_drafts and req_id in running_before:  # drafts of a new decode are padding
+                    accepted = min(spec["accepted"][context - len(spec["prompt_token_ids"])], num_drafts)
+                start = produced.get(req_id, 0)
+                produced[req_id] = start + 1 + accepted
+                planned = spec["output_token_ids"]
+                sampled.append(
+                    [planned[j] if j < len(planned) else 3 for j in range(start, start + 1 + accepted)]
+                )
+            queue.insert(0, (out, self.runner_output(req_ids, sampled)))
+            finished: list[str] = []
+            if not (len(queue) < depth and (out.num_scheduled_tokens or live)):
+                done_out, runner_out = queue.pop()
+                scheduler.update_from_output(done_out, runner_out)
+                if k and depth == 1 and runner_out.req_ids:
+                    # EngineCore.post_step: the drafter's next drafts for the step's requests.
+                    drafts = [[3] * k for _ in runner_out.req_ids]
+                    scheduler.update_draft_token_ids(self.DraftTokenIds(list(runner_out.req_ids), drafts))
+                finished = sorted(rid for rid in live if rid not in scheduler.requests)
+                live.difference_update(finished)
+            free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+            steps.append(
+                {
+                    "step": step,
+                    "scheduled": scheduled,
+                    "admitted": [s[0] for s in scheduled if s[0] not in running_before],
+                    "preempted": sorted(out.preempted_req_ids or ()),
                     "finished": finished,
                     "aborted": sorted(aborted),
                     "num_used_blocks": usable_blocks - free,

@@ -1,0 +1,171 @@
+"""vLLM V1's scheduling pass with output placeholders and draft tokens: the ``vllm`` policy with
+``async_scheduling`` or speculative decoding (``docs/policies.md``, "`vllm` — vLLM V1").
+
+Followed from vLLM 0.32 (``vllm/v1/core/sched/scheduler.py``: ``schedule``,
+``_update_after_schedule``; ``async_scheduler.py``; ``kv_cache_manager.py``: ``allocate_slots``),
+where it differs from the plain pass in ``vllm.py``:
+
+- vLLM advances a request's computed tokens when it schedules them (``Scheduler.advance_scheduled``)
+  and, under async scheduling, counts the outputs of steps in flight as placeholders: a running
+  request is granted ``num_tokens + drafts + placeholders - computed`` — one more decode before
+  its last token is known.
+- The ``max_tokens`` guard: a request whose in-flight step already yields its last token
+  (``computed + 2 - placeholders >= prompt + max_tokens``) is skipped, not scheduled again; a
+  request that stops on a stop token is not foreseen and gets one extra step, whose output is
+  dropped.
+- Grants are capped at ``max_model_len - computed - 1`` (room for the sampled token); a grant of
+  0 skips the request.
+- Speculative decoding: a decoding request holds drafts (``Request.num_draft_tokens``); they are
+  scheduled with it and count against the token budget, cut when the budget (or
+  ``long_prefill_token_threshold``) is short; KV is allocated for the grant plus the drafter's
+  lookahead slots, and only tokens already known are cached. A newly admitted request with one
+  token left (a one-token prompt, or a prompt cached but for its last token) is padded to
+  ``1 + k`` with placeholder drafts when no prefill chunk runs, or admission stops if the budget
+  cannot hold the padding. With an EAGLE-family drafter a prefix hit gives up its last block.
+- A priority victim before the current position moves the position back whether or not it was
+  scheduled (async scheduling skips requests).
+
+The waiting pass is otherwise the plain one (FCFS or priority, the full-prompt gate, the
+watermark, head-of-line blocking, no admission in a step that preempted). Handed the policy's
+config (``cfg``: a ``VllmConfig``, not imported: ``vllm.py`` imports this module) and its
+``SpecDecoding``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailserve.core.scheduler import Scheduler
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.spec_decode import SpecDecoding
+from tailserve.kv.prefix import PrefixMatch
+
+
+def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now: float) -> SchedulerOutput:
+    out = SchedulerOutput()
+    k = spec.num_speculative_tokens if spec is not None else 0
+    lookahead = spec.num_lookahead_tokens if spec is not None else 0
+    drop_hit_block = spec is not None and spec.drops_hit_block
+    out.num_spec_tokens_to_schedule = k
+    budget = cfg.max_num_batched_tokens
+    cap = cfg.long_prefill_token_threshold if len(sched.running) + len(sched.waiting) > 1 else 0
+    max_len = sched.max_model_len
+    waiting = sched.waiting
+    scheduled = out.scheduled
+    preempted = out.preempted
+    prefill_scheduled = False  # a running request continues a prefill this step
+
+    # Running requests, oldest admission first.
+    i = 0
+    while i < len(sched.running) and budget > 0:
+        request = sched.running[i]
+        computed = request.num_computed_tokens
+        placeholders = request.num_output_placeholders
+        if placeholders and computed + 2 - placeholders >= request.prompt_len + request.max_tokens:
+            i += 1  # its last token is already in flight
+            continue
+        want = request.num_tokens + request.num_draft_tokens + placeholders - computed
+        if 0 < cap < want:
+            want = cap
+        want = min(want, budget, max_len - computed - 1)
+        if want <= 0:
+            i += 1
+            continue
+        self_preempted = False
+        while not sched.allocate(
+            request,
+            min(computed + want + lookahead, max_len),
+            num_cached=min(computed + want, request.num_tokens),
+        ):
+            victim = waiting.preemption_victim(sched.running)
+            if sched.running.index(victim) < i:
+                i -= 1
+            item = next((s for s in scheduled if s.request is victim), None)
+            if item is not None:  # already scheduled this step (priority): its tokens go back
+                scheduled.remove(item)
+                budget += item.num_new_tokens
+            sched.preempt_by_recompute(victim)
+            waiting.prepend_request(victim)
+            preempted.append(victim)
+            if victim is request:
+                self_preempted = True
+                break
+        if self_preempted:
+            break  # a request that preempted itself ends the running pass
+        prefill_scheduled |= request.is_prefill_chunk
+        num_spec = 0
+        if request.num_draft_tokens:
+            known = request.num_tokens + placeholders
+            num_spec = min(max(computed + want - known, 0), request.num_draft_tokens)
+            request.num_draft_tokens = 0  # the drafter proposes the next ones after this step
+        scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
+        budget -= want
+        i += 1
+
+    # Waiting requests, unless someone was preempted.
+    if not preempted:
+        running_scheduled = bool(scheduled)
+        kv = sched.kv_cache
+        block_size = kv.block_size
+        watermark_blocks = int(cfg.watermark * kv.num_blocks)
+        while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+            request = waiting.peek_request()
+            match: PrefixMatch | None = None
+            if not request.num_computed_tokens:
+                match = sched.cached_prefix(request)
+                if match is not None and match.num_tokens and drop_hit_block:
+                    # EAGLE's drafter needs the last cached block's hidden states recomputed.
+                    match = PrefixMatch(match.num_tokens - block_size, match.kv_indices[:-1])
+            hit = match.num_tokens if match is not None else 0
+            want = request.num_remaining_tokens - hit
+            padded = False
+            # A new decode padded to the uniform decode size (1 + k), if that fits max_model_len.
+            pad = k and want == 1 and not prefill_scheduled and (running_scheduled or hit)
+            if pad and hit + 1 + k + 1 <= max_len:
+                if 1 + k > budget:
+                    break  # vLLM prefers not scheduling it to scheduling it unpadded
+                want = 1 + k
+                padded = True
+            if 0 < cap < want:
+                want = cap
+            if not cfg.enable_chunked_prefill and want > budget:
+                break
+            want = min(want, budget)
+            reserve = watermark_blocks if sched.running else 0
+            slots = min(hit + want + lookahead, max_len)
+            num_cached = min(hit + want, request.num_tokens)
+            if hit:
+                assert match is not None
+                free = kv.num_free_blocks
+                if cfg.scheduler_reserve_full_isl and (
+                    kv.num_blocks_needed_after_hit(match, request.num_tokens) + reserve > free
+                ):
+                    break
+                if kv.num_blocks_needed_after_hit(match, slots) + reserve > free:
+                    break
+                sched.allocate_with_cached_prefix(request, match, slots, num_cached=num_cached)
+            else:
+                if cfg.scheduler_reserve_full_isl and not kv.can_allocate(
+                    request.request_id, request.num_tokens, reserve
+                ):
+                    break
+                if not sched.allocate(request, slots, reserve, num_cached=num_cached):
+                    break  # head-of-line blocking: nothing behind it is tried
+            if request.first_scheduled_time is None:
+                request.num_cached_tokens = hit
+            waiting.pop_request()
+            sched.admit(request, now)
+            out.num_admitted += 1
+            scheduled.append(
+                ScheduledRequest(
+                    request,
+                    want,
+                    request.num_computed_tokens,
+                    num_spec_tokens=k if padded else 0,
+                    spec_padding=padded,
+                )
+            )
+            budget -= want
+
+    sched.advance_scheduled(out)
+    return out
