@@ -204,7 +204,8 @@ def test_translation_is_what_one_would_type():
     t = translate(report, H100)
     assert (
         t.spec.label
-        == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,block_size=32"
+        == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,async_scheduling=True,"
+        "block_size=32"
     )
     assert t.deployment == {"model": "meta-llama/Meta-Llama-3-8B", "tp": 2, "kv_cache_dtype": "fp8"}
     assert t.ignored == ("--stream-interval (not modelled)",)
@@ -218,7 +219,12 @@ def test_translation_carries_version_behaviour():
         "max_num_batched_tokens": 8192,
         "max_num_seqs": 1024,
     }
-    assert translate(lint("vllm serve M"), B200).spec.flags == {}
+    # 0.32 schedules asynchronously unless told not to (the policy's own default is off)
+    assert translate(lint("vllm serve M"), B200).spec.flags == {"async_scheduling": True}
+    assert translate(lint("vllm serve M --no-async-scheduling"), B200).spec.flags == {"async_scheduling": False}
+    dp = translate(lint("vllm serve M -dp 2"), B200)
+    assert "async_scheduling" not in dp.spec.flags
+    assert "async scheduling (on by default; not simulated with DP ranks)" in dp.ignored
     sglang = translate(
         lint("sglang serve --model M --tp 4 --ep-size 4 --context-length 4096 --page-size 16"), H100
     )
@@ -248,7 +254,8 @@ def test_fields_added_to_a_policy_are_picked_up(monkeypatch):
     ("engine_cmd", "by_hand"),
     [
         ("vllm serve meta-llama/Meta-Llama-3-8B --max-num-batched-tokens 512 --max-num-seqs 32 --prefill-schedule-interval 4",
-         ["--model", "Llama-3-8B", "--policy", "vllm", "--max-num-batched-tokens", "512", "--max-num-seqs", "32"]),
+         ["--model", "Llama-3-8B", "--policy", "vllm", "--max-num-batched-tokens", "512", "--max-num-seqs", "32",
+          "--async-scheduling", "true"]),
         ("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --chunked-prefill-size 1024 --schedule-policy lof",
          ["--model", "Qwen3-8B", "--policy", "sglang", "--chunked-prefill-size", "1024", "--schedule-policy", "lof"]),
     ],

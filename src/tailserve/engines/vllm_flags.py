@@ -234,6 +234,9 @@ VLLM_0_32 = EngineVersion(
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
     removed={**_V0_GONE, **_PARTIAL_GONE},
+    # On by default on GPUs unless an option rules it out (config/vllm.py:1585-1644@v0.32.0);
+    # the vllm policy's own default stays off (the golden corpus records synchronous runs).
+    policy_defaults={"async_scheduling": True},
 )  # fmt: skip
 
 
