@@ -57,6 +57,7 @@ def main() -> int:
     startup = time.perf_counter() - t0
     identical = 0
     decisions = 0
+    groups: dict[str, list[int]] = {}  # kind -> [identical, cases]
     divergent: list[dict] = []
     errors: list[dict] = []
     entries: list[dict] = []
@@ -71,10 +72,16 @@ def main() -> int:
                 continue
             decisions += diff.num_decisions(theirs)
             difference = diff.compare(diff.run_ours(case), theirs)
+            if diff.group is not None:
+                counts = groups.setdefault(diff.group(case), [0, 0])
+                counts[0] += difference is None
+                counts[1] += 1
             if difference is None:
                 identical += 1
             else:
                 item = {"seed": seed, "first": difference}
+                if diff.engine_fails is not None and (why := diff.engine_fails(theirs)):
+                    item["engine_fails"] = why
                 if len(divergent) < args.shrink and isinstance(case, Workload):
 
                     def diverges(w: Workload) -> bool:
@@ -100,7 +107,15 @@ def main() -> int:
     n = args.num_workloads
     label = f"{diff.label} {version}"
     print(f"{identical} of {n} {diff.unit} {diff.verdict} {label}'s scheduler ({decisions} {diff.decision})")
+    for kind, (same, cases) in sorted(groups.items()):
+        print(f"  {kind}: {same} of {cases} identical")
     print(f"divergent: {len(divergent)}, engine errors: {len(errors)}")
+    fails: dict[str, int] = {}
+    for item in divergent:
+        if "engine_fails" in item:
+            fails[item["engine_fails"]] = fails.get(item["engine_fails"], 0) + 1
+    for why, count in sorted(fails.items()):
+        print(f"  of the divergent, {count} where {label} itself stops: {why}")
     print(f"wall: {wall:.1f} s for {n} cases (+{startup:.1f} s engine start); load before: {load}")
     for item in divergent[:5]:
         print(f"- seed {item['seed']}: {item['first']}")
@@ -118,6 +133,9 @@ def main() -> int:
         "identical": identical,
         "decisions": decisions,
         "decision_unit": diff.decision,
+        "by_kind": {
+            kind: {"identical": same, "cases": cases} for kind, (same, cases) in sorted(groups.items())
+        },
         "divergent": divergent,
         "errors": errors,
         "wall_s": round(wall, 2),

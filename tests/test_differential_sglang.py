@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tailserve.policies import sglang_priority
 from tailserve.validate.golden import load_fixture
 from tailserve.validate.peers import PeerDriver, peer_python
 from tailserve.validate.sglang_order import (
+    ORDER_POLICIES,
     OrderCase,
     OrderResult,
     WaitingSpec,
@@ -35,7 +37,7 @@ def golden() -> dict:
 
 def _cases(golden: dict) -> list[tuple[OrderCase, OrderResult]]:
     return [
-        (OrderCase.from_compact(e["case"]), OrderResult(e["order"], e["prefix_len"]))
+        (OrderCase.from_compact(e["case"]), OrderResult(e["order"], e["prefix_len"], e.get("chunk_limit")))
         for e in golden["workloads"]
     ]
 
@@ -50,17 +52,29 @@ def test_golden_sglang_orders_are_identical(golden):
 
 def test_golden_covers_the_policies_and_edge_cases(golden):
     cases = _cases(golden)
-    assert {c.policy for c, _ in cases} == {"fcfs", "lof", "lpm", "dfs-weight"}
+    assert {c.policy for c, _ in cases} == set(ORDER_POLICIES)
     assert {c.enable_priority_scheduling for c, _ in cases} == {True, False}
-    assert any(c.policy == "lpm" and len(c.waiting) > 128 for c, _ in cases)  # the fcfs fallback
+    for policy in ("lpm", "hrrn"):  # the fcfs fallback
+        assert any(c.policy == policy and len(c.waiting) > 128 for c, _ in cases)
     assert any(v > 0 for _, r in cases for v in r.prefix_len.values())
+    spf = [r for c, r in cases if c.policy == "shortest-prefill-first"]
+    assert any(r.chunk_limit is not None for r in spf) and any(r.chunk_limit is None for r in spf)
 
-    # In-batch dedup: some lpm order is not sorted by match length (a request was sent back).
-    def unsorted(r: OrderResult) -> bool:
-        lens = [r.prefix_len[i] for i in r.order]
-        return lens != sorted(lens, reverse=True)
+    # hrrn: a retracted request whose match covers its prompt (nothing to prefill: first).
+    def drains(c: OrderCase, r: OrderResult) -> bool:
+        return any(
+            w.output_token_ids and r.prefix_len.get(w.request_id, 0) >= len(w.prompt_token_ids)
+            for w in c.waiting
+        )
 
-    assert any(c.policy == "lpm" and unsorted(r) for c, r in cases)
+    assert any(c.policy == "hrrn" and drains(c, r) for c, r in cases)
+
+
+def test_golden_check_catches_a_missing_in_batch_dedup(golden, monkeypatch):
+    """Without SGLang's in-batch prefix dedup some recorded cache-aware orders no longer match."""
+    monkeypatch.setattr(sglang_priority, "IN_BATCH_DEPRIORITIZE", 1 << 30)
+    cases = [(c, r) for c, r in _cases(golden) if c.policy in ("lpm", "hrrn", "shortest-prefill-first")]
+    assert any(describe_difference(run_tailserve_order(c), r) for c, r in cases)
 
 
 def test_golden_check_catches_a_changed_order(golden):

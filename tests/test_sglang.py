@@ -406,9 +406,10 @@ def test_longest_output_first_and_seeded_random():
     [
         (11, 1000, 10, 5, True),
         (10, 1000, 10, 5, False),  # the gap must exceed the threshold
-        # 30 + 25 = 55 tokens > the 49 free: evicting "r" frees its reservation (counted) and its
-        # 11 slots (not counted by SGLang's estimate), so it is not enough.
-        (11, 60, 30, 25, False),
+        # SGLang's estimate of what "h" needs is its outputs alone (its fill ids are empty until
+        # the walk first looks at it: tests/test_sglang_priority.py): 25 - (49 free - r's ~26.6
+        # reserved) is covered by r's reservation; with r's 11 slots freed, 30 + 25 + 1 < 60 fit.
+        (11, 60, 30, 25, True),
     ],
 )
 def test_priority_preemption_needs_a_gap_above_the_threshold_and_enough_tokens(
@@ -453,7 +454,9 @@ def test_chunked_prefill_size_defaults_by_gpu_memory(hardware, chunk):
 
 def test_config_validation():
     with pytest.raises(ValueError, match="fcfs"):
-        SglangConfig(schedule_policy="hrrn")
+        SglangConfig(schedule_policy="priority")  # a parser choice no scheduler enum holds
+    with pytest.raises(ValueError, match="requires the radix cache"):
+        SglangConfig(schedule_policy="shortest-prefill-first", disable_radix_cache=True)
     with pytest.raises(ValueError, match="length"):
         SglangConfig(retraction_policy="newest")
     with pytest.raises(ValueError, match="0"):

@@ -117,6 +117,7 @@ from tailserve.policies.sglang_adder import (
     reserved_tokens,
 )
 from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
+from tailserve.policies.sglang_order_work import ProcessedTokens, shortest_prefill_chunk_limit
 from tailserve.policies.sglang_priority import calc_priority
 from tailserve.policies.sglang_radix import SglangRadix
 
@@ -164,6 +165,12 @@ class SglangPolicy(Policy, FastPaths):
         self._last_batch: list[Request] = []  # requests of the last iteration
         self._last_was_prefill = False
         self.radix = SglangRadix()  # built with the first request that carries token identities
+        self.processed = ProcessedTokens()  # hrrn's aging axis: prefill tokens launched so far
+        # SGLang's ``req.prefix_len`` and ``len(req.full_untruncated_fill_ids)`` as its scheduler
+        # last left them (absent: 0): priority preemption reads both before this pass's look.
+        self.sgl_prefix_len: dict[str, int] = {}
+        self.sgl_fill_len: dict[str, int] = {}
+        self.num_second_chunks_refused = 0  # where SGLang 0.5.23 would fail an assertion
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
@@ -208,6 +215,13 @@ class SglangPolicy(Policy, FastPaths):
         if not self.config.disable_radix_cache:
             self.radix.add(sched, request)
         sched.waiting.add_request(request)
+        self.processed.stamp(request)
+
+    def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        for request in finished:
+            self.processed.forget(request)
+            self.sgl_prefix_len.pop(request.request_id, None)
+            self.sgl_fill_len.pop(request.request_id, None)
 
     # ---- helpers the adder shares --------------------------------------------------------
     def ratio_for(self) -> float:
@@ -263,6 +277,8 @@ class SglangPolicy(Policy, FastPaths):
                 prefilled = self._prefill(sched, now, out)
         self._last_batch = [s.request for s in out.scheduled]
         self._last_was_prefill = prefilled
+        if prefilled:  # ``run_batch``: the batch's extend tokens, mixed decodes included
+            self.processed.add(sum(s.num_new_tokens for s in out.scheduled))
         return out
 
     def _note_departures(self) -> bool:
@@ -292,8 +308,13 @@ class SglangPolicy(Policy, FastPaths):
         if max_running - len(decodes) <= 0 and self.chunked is None and not try_preemption:
             self.batch_is_full = True
             return False
-        self.order_waiting(sched, now)
-        num_mixed = len(decodes) if cfg.enable_mixed_chunk else 0
+        prefix = self.order_waiting(sched, now)
+        self.sgl_prefix_len.update(prefix)
+        shortest_first = cfg.schedule_policy == "shortest-prefill-first"
+        # ``is_mixed_chunk``: mixing needs chunked prefill (``scheduler.py``); without it the
+        # decodes neither ride along nor take from the budgets.
+        mixed = cfg.enable_mixed_chunk and cfg.chunking
+        num_mixed = len(decodes) if mixed else 0
         adder = PrefillAdder(
             sched,
             self.radix,
@@ -305,16 +326,38 @@ class SglangPolicy(Policy, FastPaths):
             priority_scheduling_preemption_threshold=cfg.priority_scheduling_preemption_threshold,
             schedule_low_priority_values_first=cfg.schedule_low_priority_values_first,
             ignore_eos_without_cache=cfg.assume_ignore_eos and cfg.disable_radix_cache,
+            shortest_prefill_first=shortest_first,
         )
         continuing = self.chunked
         if continuing is not None:
-            self.chunked = adder.add_chunked_req(continuing)
+            self.sgl_fill_len[continuing.request_id] = continuing.num_tokens  # ``init_next_round_input``
+            limit = None
+            if shortest_first:  # keep chunk budget for waiting requests shorter than its rest
+                waiting = sched.waiting
+                matched = {r.request_id: min(prefix.get(r.request_id, 0), r.num_tokens - 1) for r in waiting}
+                rest = continuing.num_tokens - continuing.num_computed_tokens
+                budget = adder.rem_chunk_tokens or 0
+                limit = shortest_prefill_chunk_limit(
+                    rest, waiting, matched, budget, sched.kv_cache.block_size
+                )
+            self.chunked = adder.add_chunked_req(continuing, limit)
         for request in list(sched.waiting):
+            if adder.budget_state() is AddReqResult.OTHER:
+                break  # the continuing chunk or the mixed decodes spent a token budget: admit nobody
             if len(adder.can_run) >= max_running - len(decodes):
                 self.batch_is_full = True
-            if self.batch_is_full and not (try_preemption and adder.preempt_to_schedule(request)):
+            rid = request.request_id
+            if self.batch_is_full and not (
+                try_preemption
+                and adder.preempt_to_schedule(
+                    request, self.sgl_fill_len.get(rid, 0), self.sgl_prefix_len.get(rid, 0)
+                )
+            ):
                 break
-            result = adder.add_one_req(request, self.match(request))
+            match = self.match(request)  # ``init_next_round_input``: the lengths it leaves
+            self.sgl_prefix_len[rid] = match.num_tokens if match is not None else 0
+            self.sgl_fill_len[rid] = request.num_tokens
+            result = adder.add_one_req(request, match, has_chunked_req=self.chunked is not None)
             if result is AddReqResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
                 # It cannot fit even into an idle engine: ``add_request`` rejects such requests at
                 # arrival, so this one's need grew since (retracted after generating outputs).
@@ -325,6 +368,7 @@ class SglangPolicy(Policy, FastPaths):
                     self.batch_is_full = True
                 break
 
+        self.num_second_chunks_refused += adder.num_second_chunks_refused
         admitted = [s.request for s in adder.can_run if s.request is not continuing]
         if admitted:
             sched.waiting.remove_requests(admitted)
@@ -340,14 +384,25 @@ class SglangPolicy(Policy, FastPaths):
             return False
         out.scheduled.extend(adder.can_run)
         kv = sched.kv_cache
-        if cfg.enable_mixed_chunk and decodes and decode_fits(kv, decodes, self.evictable_tokens()):
+        if mixed and decodes and decode_fits(kv, decodes, self.evictable_tokens()):
+            for request in decodes:  # ``mix_with_running`` refreshes their fill ids
+                self.sgl_fill_len[request.request_id] = request.num_tokens
             self._add_decodes(sched, decodes, out)
         return True
 
-    def order_waiting(self, sched: Scheduler, now: float) -> None:
+    def build_prefill(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        """One prefill pass alone (SGLang's ``get_new_batch_prefill``): the batch, or an output
+        with nothing scheduled when none is built; public for ``validate/sglang_pass.py``."""
+        out = SchedulerOutput()
+        self._prefill(sched, now, out)
+        return out
+
+    def order_waiting(self, sched: Scheduler, now: float) -> dict[str, int]:
         """Order the waiting queue in place by ``schedule_policy`` (SGLang's ``calc_priority``,
-        ``sglang_priority.py``); public for ``validate/sglang_order.py``."""
-        calc_priority(self.config, self.radix, sched.waiting, self._rng, now)
+        ``sglang_priority.py``) and return the uncapped radix match of each request where the pass
+        matched the queue; public for ``validate/sglang_order.py``."""
+        running = self._decoding(sched)
+        return calc_priority(self.config, self.radix, sched.waiting, self._rng, now, running, self.processed)
 
     def _decode(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:
         """Decode every running request (``update_running_batch``); True if one was aborted."""
@@ -402,11 +457,14 @@ class SglangPolicy(Policy, FastPaths):
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
         return kept, aborted
 
-    @staticmethod
-    def _requeue(sched: Scheduler, request: Request, now: float, out: SchedulerOutput) -> None:
-        """A retracted or evicted request re-enters at the tail of the waiting queue."""
+    def _requeue(self, sched: Scheduler, request: Request, now: float, out: SchedulerOutput) -> None:
+        """A retracted or evicted request re-enters at the tail of the waiting queue
+        (``_add_request_to_queue``: a new queue time and processed-tokens snapshot;
+        ``reset_for_retract`` zeroes its ``prefix_len``)."""
         request.enqueue_time = now
         sched.waiting.add_request(request)
+        self.processed.stamp(request)
+        self.sgl_prefix_len.pop(request.request_id, None)  # its fill ids stay as they were
         out.preempted.append(request)
 
     def _add_decodes(self, sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
@@ -431,6 +489,12 @@ class SglangPolicy(Policy, FastPaths):
                     f"sglang --schedule-policy {cfg.schedule_policy}: lpm's in-batch prefix dedup (deprioritising "
                     "a request that shares >= 32 tokens with an earlier waiting one) is not modelled"
                 )
+        if self.num_second_chunks_refused:
+            notes.append(
+                f"sglang: {self.num_second_chunks_refused} time(s) a request needing a chunk met an unfinished "
+                "chunked request (cut short by the KV budget, then a priority preemption freed room); SGLang "
+                "0.5.23 stops there on `assert self.chunked_req is None` (scheduler.py:4326), tailserve let it wait"
+            )
         if self.tree is not None:
             notes.append(
                 f"sglang radix cache: {self.prefix_cache_hit_rate:.1%} of the tokens prefilled at admission "
@@ -496,6 +560,7 @@ class SglangPolicy(Policy, FastPaths):
         waiting head (``batch_is_full`` from the running cap or its NO_TOKEN), as in ``_prefill``."""
         request = self.chunked
         assert request is not None
+        self.processed.add(self.config.chunked_prefill_size * num_steps)  # each run step's full chunk
         self._last_batch = [request]
         self._last_was_prefill = True
         self.batch_is_full = False  # cleared by ``_note_departures`` (the chunk was in the batch)

@@ -83,12 +83,15 @@ class PrefillAdder:
         priority_scheduling_preemption_threshold: int = 0,
         schedule_low_priority_values_first: bool = False,
         ignore_eos_without_cache: bool = False,
+        shortest_prefill_first: bool = False,
     ) -> None:
         """SGLang's arguments: ``sched`` stands for its page size and KV pool (the scheduler's
         KV manager, and its ``preempt_by_recompute``), ``tree_cache`` for its radix cache,
         ``running_batch`` is the decoding requests (priority preemption removes from it),
         ``rem_chunk_tokens`` None when chunking is off. ``ignore_eos_without_cache``: every
-        request ``ignore_eos`` and the radix cache disabled (``add_one_req_ignore_eos``)."""
+        request ``ignore_eos`` and the radix cache disabled (``add_one_req_ignore_eos``).
+        ``shortest_prefill_first``: ``schedule_policy`` is shortest-prefill-first, under which a
+        request that would need chunking waits while a chunked request is still unfinished."""
         mixed = mixed_with_decode_tokens
         self.sched = sched
         self.tree_cache = tree_cache
@@ -97,6 +100,10 @@ class PrefillAdder:
         self.priority_scheduling_preemption_threshold = priority_scheduling_preemption_threshold
         self.schedule_low_priority_values_first = schedule_low_priority_values_first
         self.ignore_eos_without_cache = ignore_eos_without_cache
+        self.shortest_prefill_first = shortest_prefill_first
+        # Requests that needed a chunk while one was unfinished, under a policy other than
+        # shortest-prefill-first: SGLang's scheduler stops there (see ``_add_one_req``).
+        self.num_second_chunks_refused = 0
         self.page = sched.kv_cache.block_size
         self.rem_input_tokens = rem_input_tokens - mixed
         self.rem_chunk_tokens: int | None = rem_chunk_tokens - mixed if rem_chunk_tokens is not None else None
@@ -151,13 +158,16 @@ class PrefillAdder:
         return True
 
     # ---- the chunked request -------------------------------------------------------------
-    def add_chunked_req(self, request: Request) -> Request | None:
-        """Schedule its next chunk; returns the request while its prompt is still unfinished."""
+    def add_chunked_req(self, request: Request, limit: int | None = None) -> Request | None:
+        """Schedule its next chunk; returns the request while its prompt is still unfinished.
+        ``limit``: shortest-prefill-first's cap on the chunk (``chunked_req_limit``)."""
         rem_chunk = self.rem_chunk_tokens
         assert rem_chunk is not None
         available = min(rem_chunk, int(self.remaining_total))
         if available <= 0:
             available = rem_chunk  # SGLang: a continuation must progress to release its KV
+        if limit is not None:
+            available = min(available, limit)
         kv = self.sched.kv_cache
         computed = request.num_computed_tokens
         # The simulator cannot overcommit: cap the chunk at the slots really free or evictable.
@@ -173,21 +183,26 @@ class PrefillAdder:
         return request if truncated else None
 
     # ---- new requests --------------------------------------------------------------------
-    def add_one_req(self, request: Request, match: PrefixMatch | None = None) -> AddReqResult:
+    def add_one_req(
+        self, request: Request, match: PrefixMatch | None = None, has_chunked_req: bool = False
+    ) -> AddReqResult:
         """``match``: the request's radix-cache hit (``init_next_round_input``), None without a
         cache. Its node is locked while the budget is checked (locking can shrink the evictable
-        part of the budget) and stays locked, with its slots shared, if the request is admitted."""
+        part of the budget) and stays locked, with its slots shared, if the request is admitted.
+        ``has_chunked_req``: a chunked request is still unfinished after this pass's chunk."""
         if self.ignore_eos_without_cache:
             return self._add_one_req_ignore_eos(request)
         radix = self.tree_cache
         if match is not None:
             radix.lock(match)
-        result = self._add_one_req(request, match)
+        result = self._add_one_req(request, match, has_chunked_req)
         if match is not None and not radix.attached(request):
             radix.unlock(match)
         return result
 
-    def _add_one_req(self, request: Request, match: PrefixMatch | None) -> AddReqResult:
+    def _add_one_req(
+        self, request: Request, match: PrefixMatch | None, has_chunked_req: bool
+    ) -> AddReqResult:
         prefix = match.num_tokens if match is not None else 0
         extend = request.num_remaining_tokens - prefix
         max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
@@ -199,6 +214,15 @@ class PrefillAdder:
         charge = min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
         is_chunked = False
         if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
+            if has_chunked_req:
+                # ``_select_prefill_admission`` refuses it under shortest-prefill-first. Under the
+                # other policies SGLang cuts it and its scheduler then fails ``assert
+                # self.chunked_req is None`` (scheduler.py:4326): reachable when the continuing
+                # chunk was cut short by the KV budget and a priority preemption freed room.
+                # tailserve lets it wait, as shortest-prefill-first does, and counts it.
+                if not self.shortest_prefill_first:
+                    self.num_second_chunks_refused += 1
+                return AddReqResult.OTHER
             extend = self.rem_chunk_tokens // self.page * self.page
             if extend <= 0:
                 return AddReqResult.OTHER
@@ -253,17 +277,20 @@ class PrefillAdder:
         return self.budget_state()
 
     # ---- priority preemption -------------------------------------------------------------
-    def preempt_to_schedule(self, request: Request) -> bool:
+    def preempt_to_schedule(self, request: Request, fill_len: int, prefix_len: int) -> bool:
         """Evict running requests less urgent than ``request`` by more than the threshold, least
-        urgent and most recent first, if their reservations cover its need."""
+        urgent and most recent first, if their reservations cover its need.
+
+        The need is SGLang's: (``len(req.full_untruncated_fill_ids)`` - ``req.prefix_len``) +
+        min(``max_tokens``, 4096) - the KV budget left. The scheduler asks before this pass looks
+        at the request (``init_next_round_input`` comes after), so both lengths are what its last
+        look left (``fill_len``, ``prefix_len``): 0 and 0 for a request never looked at (its fill
+        ids are still empty: it needs only its outputs), prompt + outputs and the match of an
+        earlier walk, and after a retraction or preemption the fill of its last admission with a
+        prefix of 0 (``reset_for_retract``)."""
         sign = 1 if self.schedule_low_priority_values_first else -1
         candidates = sorted(self.decodes, key=lambda r: (r.priority * -sign, -queued_at(r)))
-        need = (
-            request.num_tokens
-            - request.num_computed_tokens
-            + min(request.max_tokens, CLIP_MAX_NEW_TOKENS)
-            - self.remaining_total
-        )
+        need = fill_len - prefix_len + min(request.max_tokens, CLIP_MAX_NEW_TOKENS) - self.remaining_total
         victims: list[Request] = []
         for running in candidates:
             if (request.priority - running.priority) * -sign <= self.priority_scheduling_preemption_threshold:
@@ -274,9 +301,14 @@ class PrefillAdder:
                 break
         if not victims or need > 0:
             return False
-        for victim in [r for r in self.decodes if r in victims]:
+        num_running = len(self.decodes)
+        for released, victim in enumerate([r for r in self.decodes if r in victims], start=1):
             self.total_offset -= reserved_tokens(victim, self.new_token_ratio)
             self.sched.preempt_by_recompute(victim)
             self.decodes.remove(victim)
             self.preempted.append(victim)
+            if self.tree_cache.tree is not None:
+                # ``release_req(i, len(reqs) - released)``: as after a retraction, the tree
+                # evicts until that many requests (SGLang's count) would have 20 tokens each.
+                self.tree_cache.evict_for((num_running - released) * RETRACT_DECODE_STEPS)
         return True

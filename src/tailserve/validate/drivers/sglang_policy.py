@@ -3,14 +3,19 @@ SGLang venv's python (``scripts/setup-peers.sh sglang``).
 
 Standalone (standard library + SGLang). What runs: the waiting-queue ordering of one scheduling
 pass — fcfs (with or without priorities), lof, lpm (with its in-batch prefix deduplication),
-dfs-weight — against a radix tree holding the workload's cached sequences, and each request's
+dfs-weight, hrrn (fed the scheduler's processed-tokens counter and each request's snapshot),
+shortest-prefill-first (and its cap on a continuing chunk), routing-key (the running batch's
+keys) — against a radix tree holding the workload's cached sequences, and each request's
 matched prefix length. What does not: SGLang's ``Scheduler`` needs a model worker, so batches,
 budgets and retraction are not driven here (docs/validation.md says what that leaves).
 
 Protocol (JSON lines): prints ``{"ready": ..., "version": ...}``, then answers each case
 ``{"policy", "enable_priority_scheduling", "schedule_low_priority_values_first", "cached":
 [[token ids]], "waiting": [{"request_id", "prompt_token_ids", "max_tokens", "priority",
-"queue_time"}]}`` with ``{"order": [ids], "prefix_len": {id: tokens}}`` or ``{"error": ...}``.
+"queue_time", "output_token_ids", "arrival_processed_tokens", "routing_key"}],
+"processed_tokens", "running_keys": [key], "chunk_probe": [tokens left, budget, page size] or
+null}`` with ``{"order": [ids], "prefix_len": {id: tokens}, "chunk_limit": tokens or null}`` or
+``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -98,17 +103,37 @@ class Driver:
         for r in case["waiting"]:
             params = self.SamplingParams(max_new_tokens=r["max_tokens"], ignore_eos=True)
             req = self.Req(
-                r["request_id"], "", array("q", r["prompt_token_ids"]), params, priority=r["priority"]
+                r["request_id"],
+                "",
+                array("q", r["prompt_token_ids"]),
+                params,
+                priority=r["priority"],
+                routing_key=r.get("routing_key"),
             )
+            req.output_ids = array("q", r.get("output_token_ids", []))  # generated before a retraction
             req.time_stats.wait_queue_entry_time = r["queue_time"]
+            # ``_add_request_to_queue``'s snapshot of the scheduler's counter.
+            req.arrival_processed_tokens = r.get("arrival_processed_tokens", 0)
             waiting.append(req)
-        policy.calc_priority(waiting)
-        # Match lengths exist only where this pass matched (cache-aware policies, lpm not in its
-        # fcfs fallback); the others match later, in the PrefillAdder.
+        # The running batch: routing-key reads only its requests' keys.
+        running = types.SimpleNamespace(
+            reqs=[types.SimpleNamespace(routing_key=k) for k in case.get("running_keys", [])]
+        )
+        policy.calc_priority(waiting, running, processed_tokens=case.get("processed_tokens", 0))
+        # Match lengths exist only where this pass matched (cache-aware policies, lpm and hrrn
+        # not in their fcfs fallback); the others match later, in the PrefillAdder.
         matched = policy.waiting_queue_prefix_matched(waiting)
+        chunk_limit = None
+        if case.get("chunk_probe") is not None:
+            # The scheduler's call for a continuing chunked request (None unless the policy is
+            # shortest-prefill-first): only its length and prefix_len are read.
+            remaining, budget, page = case["chunk_probe"]
+            chunked = types.SimpleNamespace(full_untruncated_fill_ids=[0] * remaining, prefix_len=0)
+            chunk_limit = policy.shortest_prefill_chunk_limit(chunked, waiting, budget, page)
         return {
             "order": [req.rid for req in waiting],
             "prefix_len": {req.rid: int(req.num_matched_prefix_tokens) for req in waiting} if matched else {},
+            "chunk_limit": chunk_limit,
         }
 
 
