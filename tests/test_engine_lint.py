@@ -138,6 +138,23 @@ def test_sglang_no_ops():
         assert got[flag].verdict == NO_OP and "@v0.5.23" in got[flag].source, flag
 
 
+@pytest.mark.parametrize("policy", ["hrrn", "shortest-prefill-first", "routing-key"])
+def test_sglang_new_schedule_policies_are_simulated(policy):
+    """SGLang 0.5.23's newer orders map to the ``sglang`` policy's ``schedule_policy``."""
+    report = lint(f"python -m sglang.launch_server --model-path M --schedule-policy {policy}")
+    assert rows(report)["--schedule-policy"].verdict == SCHEDULING and not report.refused
+    spec = translate(report, H100).spec
+    assert spec.label == f"sglang:schedule_policy={policy}" and not translate(report, H100).ignored
+
+
+def test_sglang_hrrn_without_the_radix_cache_is_fcfs():
+    got = rows(lint("sglang serve --model M --schedule-policy hrrn --disable-radix-cache"))
+    assert (
+        got["--schedule-policy"].verdict == NO_OP
+        and "schedule_policy.py:338" in got["--schedule-policy"].source
+    )
+
+
 # ---- conflicts ---------------------------------------------------------------------------------
 
 
@@ -154,6 +171,8 @@ def test_sglang_no_ops():
         ("sglang serve --model M --chunked-prefill-size 1000 --page-size 64", "validation_hook.py:244"),
         ("sglang serve --model M --schedule-policy shortest-prefill-first --disable-radix-cache",
          "schedule_policy.py:333"),
+        ("sglang serve --model M --schedule-policy priority", "schedule_policy.py:344"),
+        ("sglang serve --model M --enable-priority-scheduling --schedule-policy hrrn", "validation_hook.py:282"),
     ],
 )  # fmt: skip
 def test_conflicts_stop_the_engine_and_cite_their_check(text, source):
@@ -221,7 +240,9 @@ def test_translation_carries_version_behaviour():
     }
     # 0.32 schedules asynchronously unless told not to (the policy's own default is off)
     assert translate(lint("vllm serve M"), B200).spec.flags == {"async_scheduling": True}
-    assert translate(lint("vllm serve M --no-async-scheduling"), B200).spec.flags == {"async_scheduling": False}
+    assert translate(lint("vllm serve M --no-async-scheduling"), B200).spec.flags == {
+        "async_scheduling": False
+    }
     dp = translate(lint("vllm serve M -dp 2"), B200)
     assert "async_scheduling" not in dp.spec.flags
     assert "async scheduling (on by default; not simulated with DP ranks)" in dp.ignored

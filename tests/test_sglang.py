@@ -483,6 +483,8 @@ def _workload(n: int, seed: int) -> list[Request]:
         {},
         {"chunked_prefill_size": 64, "enable_mixed_chunk": True},
         {"enable_priority_scheduling": True, "max_running_requests": 8, "retraction_policy": "priority"},
+        {"schedule_policy": "hrrn", "chunked_prefill_size": 64},
+        {"schedule_policy": "shortest-prefill-first", "chunked_prefill_size": 64},
     ],
 )
 def test_whole_runs_finish_with_retractions_and_the_fast_path_is_exact(flags):

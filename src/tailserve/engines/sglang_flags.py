@@ -58,6 +58,15 @@ def _radix_off_rule(given: Given) -> list[Finding]:
     return []
 
 
+def _policy_choice_rule(given: Given) -> list[Finding]:
+    if given.get("schedule_policy") == "priority":
+        # The parser offers it, but neither of SchedulePolicy's enums holds it.
+        return [Finding(("schedule_policy",), REFUSED,
+                        "the parser takes 'priority' but the scheduler has no such policy (Unknown schedule_policy); "
+                        "priority order is --enable-priority-scheduling", _at(POLICY, 344))]  # fmt: skip
+    return []
+
+
 def _priority_rules(given: Given) -> list[Finding]:
     found = []
     if given.get("enable_priority_scheduling"):
@@ -142,8 +151,8 @@ SGLANG_0_5_23 = EngineVersion(
                  _at(f"{F}/schedule.py", 52), "per GPU memory (arg_groups/memory_hook.py:93)"),
         FlagSpec("max_prefill_tokens", int, SCHEDULING, "tokens per prefill batch", _at(f"{F}/schedule.py", 71),
                  "16384"),
-        FlagSpec("schedule_policy", SCHEDULE_POLICIES, SCHEDULING, "waiting-queue order",
-                 _at(f"{F}/schedule.py", 86), "fcfs"),
+        FlagSpec("schedule_policy", SCHEDULE_POLICIES, SCHEDULING, "waiting-queue order (routing-key: by the "
+                 "running batch's X-SMG-Routing-Key counts, tailserve's tenant)", _at(f"{F}/schedule.py", 86), "fcfs"),
         FlagSpec("schedule_conservativeness", float, SCHEDULING, "how much of running requests' future "
                  "outputs admission reserves", _at(f"{F}/schedule.py", 139), "1.0"),
         FlagSpec("enable_mixed_chunk", bool, SCHEDULING, "a prefill chunk shares its step with decodes",
@@ -180,6 +189,7 @@ SGLANG_0_5_23 = EngineVersion(
     rules=(
         _mixed_chunk_rule,
         _radix_off_rule,
+        _policy_choice_rule,
         _priority_rules,
         _page_rule,
         _dynamic_chunk_rule,

@@ -20,7 +20,12 @@ order (``docs/policies.md``, "`sglang` — SGLang 0.5.23"):
    the aging of PR #31723 against the starvation of #31954) adds that many tokens per second
    waited. ``dfs-weight`` walks the tree from the root, heavier subtrees first, a node's own
    requests after its subtree. With ``disable_radix_cache`` (or no request with token identities)
-   they become ``fcfs`` (keep the queue), as in SGLang.
+   they become ``fcfs`` (keep the queue), as in SGLang. ``hrrn`` ranks by (prefill tokens the
+   engine processed since the request entered the queue) / (uncached prompt tokens), ties by
+   request id, and falls back like lpm above 128; ``shortest-prefill-first`` by uncached prompt +
+   outputs, then queue time, and caps a continuing chunk to leave budget for shorter waiting
+   requests (both send in-batch duplicates last; ``sglang_order_work.py``). ``routing-key`` puts
+   first the keys (``tenant_id``) most common in the running batch.
 4. **Budgets** (``PrefillAdder``): ``rem_input_tokens = max_prefill_tokens``, ``rem_chunk_tokens =
    chunked_prefill_size`` (none when chunking is off), and KV ``remaining_total`` = free slots +
    evictable radix tokens - Σ over running requests of min(max_tokens - outputs, 4096) x
@@ -33,7 +38,8 @@ order (``docs/policies.md``, "`sglang` — SGLang 0.5.23"):
    (head-of-line blocking). Without chunking, a request whose input is >= ``rem_input_tokens``
    stops it once something is admitted (the first may exceed ``max_prefill_tokens``). A request
    larger than ``rem_chunk_tokens`` is cut to it and becomes *the* chunked request (only one at a
-   time); the walk stops when a budget reaches 0.
+   time: while one is unfinished such a request waits); the walk stops when a budget reaches 0,
+   or before a request when the continuing chunk or the mixed decodes spent one.
 6. **Decode.** If the free slots cannot hold one more token per running request, **retract**:
    order by (outputs, -prompt) descending and retract from the end (fewest outputs first, among
    equals the longest prompt), at least one, until the rest fit, always keeping one (aborted if
@@ -47,7 +53,10 @@ order (``docs/policies.md``, "`sglang` — SGLang 0.5.23"):
    opposite of vLLM's convention for the same ``Request.priority`` field). When the
    ``max_running_requests`` cap is hit, a waiting request may evict running requests less urgent
    by more than ``priority_scheduling_preemption_threshold``, least urgent and most recent first,
-   if their reservations cover its need; they are recomputed from the tail of the queue.
+   if their reservations cover its need — SGLang's estimate, read before the walk looks at the
+   request: its fill ids less its prefix as its last look left them (nothing for a request never
+   looked at, so only its outputs count) + its outputs - the budget left; each victim makes the
+   tree evict for 20 tokens per request left; they are recomputed from the tail of the queue.
 
 ``assume_ignore_eos``: the simulator always runs a request to ``max_tokens``, like SGLang's
 ``ignore_eos``, whose running reservations use ratio 1.0 instead of ``new_token_ratio`` (and,
@@ -77,7 +86,9 @@ and points at the tree's); the checkpoint happens at the
 start of the next iteration (nothing touches the tree in between, except finishes).
 
 Not modelled: speculative decoding, LoRA, ``num_continuous_decode_steps``,
-``prefill_max_requests``, ``hrrn``/``routing-key``/``shortest-prefill-first``.
+``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
+touches the waiting requests' cached prefixes, reordering LRU eviction: found by the prefill-pass
+differential; modelling it changes the golden corpus's ``mooncake600/sglang``).
 
 Why this file is past the style guide's ~300 lines: it is one engine's batch rules, read top to
 bottom in the order SGLang's scheduler applies them (prefill first, quick exits, the adder walk,
@@ -477,8 +488,8 @@ class SglangPolicy(Policy, FastPaths):
     def notes(self) -> list[str]:
         cfg = self.config
         notes = []
-        if cfg.schedule_policy in CACHE_AWARE_POLICIES and not cfg.disable_radix_cache:
-            if self.tree is None:
+        if cfg.schedule_policy in CACHE_AWARE_POLICIES and not cfg.disable_radix_cache and self.tree is None:
+            if cfg.schedule_policy in ("lpm", "dfs-weight"):
                 notes.append(
                     f"sglang --schedule-policy {cfg.schedule_policy}: no request carried token ids or hash_ids, "
                     "so the radix tree was never built (no radix cache yet to match against): every prefix "
@@ -486,9 +497,16 @@ class SglangPolicy(Policy, FastPaths):
                 )
             else:
                 notes.append(
-                    f"sglang --schedule-policy {cfg.schedule_policy}: lpm's in-batch prefix dedup (deprioritising "
-                    "a request that shares >= 32 tokens with an earlier waiting one) is not modelled"
+                    f"sglang --schedule-policy {cfg.schedule_policy}: no request carried token ids or hash_ids, "
+                    "so every prefix match is 0: the order ranks whole prompts"
                 )
+        elif cfg.schedule_policy in ("lpm", "dfs-weight") and not cfg.disable_radix_cache:
+            # Stale since the SGLang differential added the dedup (docs/validation.md, bug 3); the
+            # golden corpus records this text, so it changes only with a re-recording.
+            notes.append(
+                f"sglang --schedule-policy {cfg.schedule_policy}: lpm's in-batch prefix dedup (deprioritising "
+                "a request that shares >= 32 tokens with an earlier waiting one) is not modelled"
+            )
         if self.num_second_chunks_refused:
             notes.append(
                 f"sglang: {self.num_second_chunks_refused} time(s) a request needing a chunk met an unfinished "
