@@ -500,13 +500,6 @@ class SglangPolicy(Policy, FastPaths):
                     f"sglang --schedule-policy {cfg.schedule_policy}: no request carried token ids or hash_ids, "
                     "so every prefix match is 0: the order ranks whole prompts"
                 )
-        elif cfg.schedule_policy in ("lpm", "dfs-weight") and not cfg.disable_radix_cache:
-            # Stale since the SGLang differential added the dedup (docs/validation.md, bug 3); the
-            # golden corpus records this text, so it changes only with a re-recording.
-            notes.append(
-                f"sglang --schedule-policy {cfg.schedule_policy}: lpm's in-batch prefix dedup (deprioritising "
-                "a request that shares >= 32 tokens with an earlier waiting one) is not modelled"
-            )
         if self.num_second_chunks_refused:
             notes.append(
                 f"sglang: {self.num_second_chunks_refused} time(s) a request needing a chunk met an unfinished "
