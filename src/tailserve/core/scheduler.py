@@ -306,7 +306,8 @@ class Scheduler:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
             request.num_in_flight_tokens += item.num_new_tokens
-            partial = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            known = request.prompt_len + request.num_output_tokens  # ``num_tokens``, inlined
+            partial = request.num_computed_tokens < known + request.num_output_placeholders
             request.is_prefill_chunk = item.partial = partial
             if placeholders and not partial:
                 request.num_output_placeholders += 1 + item.num_spec_tokens

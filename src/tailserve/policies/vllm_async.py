@@ -52,6 +52,7 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
     max_len = sched.max_model_len
     kv = sched.kv_cache
     block_size = kv.block_size
+    prefix_caching = kv.prefix_caching
     waiting = sched.waiting
     scheduled = out.scheduled
     preempted = out.preempted
@@ -66,10 +67,14 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
         if placeholders and computed + 2 - placeholders >= request.prompt_len + request.max_tokens:
             i += 1  # its last token is already in flight
             continue
-        want = request.num_tokens + request.num_draft_tokens + placeholders - computed
+        num_tokens = request.prompt_len + request.num_output_tokens
+        want = num_tokens + request.num_draft_tokens + placeholders - computed
         if 0 < cap < want:
             want = cap
-        want = min(want, budget, max_len - computed - 1)
+        if want > budget:
+            want = budget
+        if want > max_len - computed - 1:
+            want = max_len - computed - 1
         if want <= 0:
             i += 1
             continue
@@ -77,8 +82,8 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
             # A decode whose slot is in its last, partly filled block: ``allocate`` would take
             # no block (so preempt nobody), only cache the blocks its known tokens fill. The
             # common step, kept cheap (the decodes of every step an async run steps).
-            if kv.prefix_caching:
-                sched.cache_computed(request, min(computed + 1, request.num_tokens))
+            if prefix_caching:
+                sched.cache_computed(request, computed + 1 if computed < num_tokens else num_tokens)
         else:
             self_preempted = False
             while not sched.allocate(

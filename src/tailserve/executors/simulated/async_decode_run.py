@@ -103,6 +103,20 @@ def steady(engine: Engine) -> bool:
     return policy.can_fast_forward(sched)
 
 
+def steady_after_run(engine: Engine) -> bool:
+    """``steady`` after a run: the run left every running request on one placeholder in the
+    step it left in flight, in running order, a step that admitted and preempted nobody; it
+    added no arrival, so a request waits only if one waited before, and then nobody finished
+    (the skipping step runs only with nobody waiting). What is left to ask is what the run did
+    not decide: an arrival (a closed-loop client's, released by a finish), the policy."""
+    nxt = engine.source.next_arrival_time()
+    if nxt is not None and nxt <= engine.clock.now:
+        return False
+    policy = engine.scheduler.policy
+    assert isinstance(policy, FastPaths)
+    return policy.can_fast_forward(engine.scheduler)
+
+
 def advance_async_decode_run(engine: Engine) -> int:
     """Advance the engine through as many uneventful async decode steps as possible, and the
     step after them that skips the requests whose last token is in flight (when nobody waits).

@@ -72,13 +72,13 @@ class SimDriver:
         check = engine.options.check_integrity
         if self._async:
             # Module attributes, looked up per call, so a test can count the runs.
-            while (
-                self._async_run_ok
-                and async_decode_run.steady(engine)
-                and async_decode_run.advance_async_decode_run(engine)
-            ):
+            if not (self._async_run_ok and async_decode_run.steady(engine)):
+                return
+            while async_decode_run.advance_async_decode_run(engine):
                 if check:
                     engine.check_integrity()
+                if not async_decode_run.steady_after_run(engine):
+                    return
             return
         while True:
             decoded = False
