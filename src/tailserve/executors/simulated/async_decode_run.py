@@ -6,7 +6,7 @@ steady async engine repeats one step: step m+1 is scheduled while step m runs, e
 request granted one token on its output placeholder (its previous token not known yet), and
 then step m's outputs are applied, one token each, stamped at step m's end. The run starts with
 step n in flight and schedules steps n+1..n+k; it applies the outputs of steps n..n+k-1 and
-leaves step n+k in flight, as k engine steps would. What makes it differ from the synchronous
+leaves step n+k in flight, as k engine steps would (the skipping step below is step n+k+1). What makes it differ from the synchronous
 run:
 
 - Time. A step's host part (``StepResult.host_time``: the per-step overhead) starts when it is
@@ -19,9 +19,10 @@ run:
 - Tokens: step m's tokens are stamped at ``end[m]``, applied one step later; the clock ends at
   the end of step n+k-1, step n+k still running.
 - The ``max_tokens`` guard: a request whose step in flight yields its last token is skipped, so
-  the batch changes one step before the token is known; the run stops before that step, and
-  nobody finishes inside it (the step that skips and then finishes the request is stepped, and
-  so is the one after it that hands its slot and blocks to a waiting request, a step late).
+  the batch shrinks one step before the token is known. With nobody waiting that skipping step
+  ends the run (it schedules the others and admits nobody; it applies the skipped requests'
+  last tokens, and they finish there, their slots and blocks freed a step late); with someone
+  waiting the run stops before it (the step, and the next one that may admit, are stepped).
 - Arrivals: step m is scheduled at ``end[m-2]``; the run stops before the first step scheduled at
   or after the next arrival (or the policy's wake-up), which then steps and adds it.
 - KV: each step allocates the slot its token needs, as in the synchronous run (it stops before a

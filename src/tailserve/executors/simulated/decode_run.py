@@ -7,7 +7,8 @@ sum (``np.cumsum`` adds in the same order as the step loop), and the run stops *
 first iteration in which anything could change (an arrival, a shortage of KV blocks), which
 then runs step by step; its last iteration may finish requests, exactly as a normal step does. Results are
 identical to plain stepping; ``tests/test_decode_run.py`` checks that. ``driver.py`` calls it when
-the run is steady and the policy signed ``FastPaths.can_fast_forward``.
+the run is steady and the policy signed ``FastPaths.can_fast_forward`` (under vLLM's async
+scheduling, where outputs are applied a step late, it calls ``async_decode_run.py`` instead).
 """
 
 from __future__ import annotations
