@@ -54,7 +54,17 @@ WORKLOADS = [
 
 @pytest.mark.parametrize(
     "policy",
-    ["vllm", "vllm:max_num_batched_tokens=512", "orca", "trtllm", "trtllm:capacity_scheduler_policy=MAX_UTILIZATION"],
+    [
+        "vllm",
+        "vllm:max_num_batched_tokens=512",
+        "orca",
+        "trtllm",
+        "trtllm:capacity_scheduler_policy=MAX_UTILIZATION",
+        # vLLM's async scheduling: executors/simulated/async_decode_run.py
+        "vllm:async_scheduling=true",
+        "vllm:async_scheduling=true:max_num_batched_tokens=512",
+        "vllm:async_scheduling=true:scheduling_policy=priority:max_num_seqs=8",
+    ],
 )
 @pytest.mark.parametrize("workload", WORKLOADS, ids=["chat", "hol", "bursty", "closed"])
 def test_fast_path_equals_step_by_step(policy, workload):
@@ -64,8 +74,9 @@ def test_fast_path_equals_step_by_step(policy, workload):
     assert _fingerprint(fast) == _fingerprint(slow)
 
 
-def test_fast_path_equals_step_by_step_under_preemption():
-    # Llama-3-70B on two A100-40GB leaves a small KV cache: this load makes vLLM preempt.
+@pytest.mark.parametrize("policy", ["vllm", "vllm:async_scheduling=true"])
+def test_fast_path_equals_step_by_step_under_preemption(policy):
+    # Llama-2-13B on one A100-40GB leaves a small KV cache: this load makes vLLM preempt.
     workload = WorkloadSpec(
         "random",
         num_requests=200,
@@ -74,29 +85,33 @@ def test_fast_path_equals_step_by_step_under_preemption():
         input_len=LogNormal(1500, 0.6, 3000),
         output_len=LogNormal(600, 0.5, 1000),
     )
-    fast = _run("vllm", workload, True, "Llama-2-13B", "A100-40GB", 1)
-    slow = _run("vllm", workload, False, "Llama-2-13B", "A100-40GB", 1)
+    fast = _run(policy, workload, True, "Llama-2-13B", "A100-40GB", 1)
+    slow = _run(policy, workload, False, "Llama-2-13B", "A100-40GB", 1)
     assert fast.summary()["num_preemptions"] > 0
     assert _fingerprint(fast) == _fingerprint(slow)
 
 
-def test_fast_path_skips_most_iterations():
-    run = _run("vllm", WORKLOADS[0], fast=True)
-    from tailserve.executors.simulated import decode_run
+@pytest.mark.parametrize(
+    "policy, module, name",
+    [
+        ("vllm", "decode_run", "advance_decode_run"),
+        ("vllm:async_scheduling=true", "async_decode_run", "advance_async_decode_run"),
+    ],
+)
+def test_fast_path_skips_most_iterations(monkeypatch, policy, module, name):
+    import importlib
 
+    runs = importlib.import_module(f"tailserve.executors.simulated.{module}")
     calls = []
-    original = decode_run.advance_decode_run
+    original = getattr(runs, name)
 
     def counting(engine):
         k = original(engine)
         calls.append(k)
         return k
 
-    decode_run.advance_decode_run = counting
-    try:
-        run = _run("vllm", WORKLOADS[0], fast=True)
-    finally:
-        decode_run.advance_decode_run = original
+    monkeypatch.setattr(runs, name, counting)
+    run = _run(policy, WORKLOADS[0], fast=True)
     assert sum(calls) > len(run.log) / 2
 
 

@@ -334,3 +334,237 @@ def test_tgi_chunk_run_in_a_cluster_identical_to_plain_stepping(router: str) -> 
         return {r.request_id: (r.token_times, r.enqueue_time, r.status.name) for r in run.requests}
 
     assert tokens(True) == tokens(False)
+
+
+# ---- vLLM's async scheduling: the async decode run (executors/simulated/async_decode_run.py) ----
+
+
+def _async_fingerprint(
+    spec: str, workload: WorkloadSpec, fast: bool, overhead: float | None = None, **options
+) -> tuple[str, object]:
+    """Every request's timestamps and counters, the iteration log field by field, the summary;
+    ``overhead``: the cost model's per-step host time, to price forward passes shorter than it
+    (the next step's forward pass then waits for its host part, not for the device)."""
+    from tailserve.executors.simulated.cost_model import CostModel, Efficiency
+    from tailserve.executors.simulated.deployment import BuiltCostModel
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+
+    if overhead is None:
+        built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+    else:
+        cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1, Efficiency(overhead=overhead))
+        built = BuiltCostModel(cost, "none")
+    opts = EngineOptions(fast_forward=fast, **options)
+    run = run_policy(built, parse_policy_list(spec)[0], WorkloadBuilder(workload), options=opts)
+    log = {name: getattr(run.log, name) for name in run.log.FIELDS}
+    tokens = {
+        r.request_id: (
+            r.token_times,
+            r.first_scheduled_time,
+            r.finish_time,
+            r.enqueue_time,
+            r.num_preemptions,
+            r.num_cached_tokens,
+            r.status.name,
+        )
+        for r in run.requests
+    }
+    return json.dumps([run.summary(), log, tokens], sort_keys=True), run
+
+
+def _assert_same(fast: str, slow: str, what: str = "") -> None:
+    """``fast == slow``, failing with the first difference in context (pytest's own diff of two
+    large JSON strings takes minutes)."""
+    if fast == slow:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(fast, slow)) if a != b), min(len(fast), len(slow)))
+    pytest.fail(
+        f"{what} fast and stepped differ at {i}: ...{fast[max(0, i - 150) : i + 60]!r} vs ...{slow[i : i + 60]!r}"
+    )
+
+
+BURSTY = WorkloadSpec(
+    "random",
+    num_requests=120,
+    rate=25.0,
+    seed=11,
+    input_len=LogNormal(900, 1.0, 6000),
+    output_len=LogNormal(250, 0.8, 1500),
+    arrival=ArrivalSpec("gamma", burstiness=0.5),
+)
+# Few arrivals, long outputs: runs longer than SHORT_RUN (the numpy path).
+SPARSE = WorkloadSpec(
+    "random",
+    num_requests=40,
+    rate=1.5,
+    seed=3,
+    input_len=LogNormal(400, 0.8, 3000),
+    output_len=LogNormal(500, 0.6, 1500),
+)
+ASYNC = "vllm:async_scheduling=true"
+ASYNC_CASES = [
+    (ASYNC, BURSTY, None),
+    (f"{ASYNC},enable_prefix_caching=false", replace(BURSTY, seed=12), None),
+    # KV pressure: preemptions with outputs in flight, waiting heads blocked by KV.
+    (f"{ASYNC},gpu_memory_utilization=0.25", replace(BURSTY, seed=13, rate=40.0), None),
+    (f"{ASYNC},gpu_memory_utilization=0.25,enable_prefix_caching=false", replace(BURSTY, seed=14), None),
+    # Chunked prefills beside decodes, a per-request cap, the running cap.
+    (f"{ASYNC},max_num_batched_tokens=512", replace(BURSTY, seed=15), None),
+    (f"{ASYNC},long_prefill_token_threshold=256,max_num_seqs=6", replace(BURSTY, seed=16), None),
+    (f"{ASYNC},enable_chunked_prefill=false,max_model_len=8192", replace(BURSTY, seed=17), None),
+    # Priority scheduling: the waiting heap and the priority victim.
+    (
+        f"{ASYNC},scheduling_policy=priority,gpu_memory_utilization=0.25",
+        replace(BURSTY, seed=18, rate=40.0, priorities=((0, 0.3), (1, 0.4), (5, 0.3))),
+        None,
+    ),
+    (f"{ASYNC},scheduling_policy=priority", replace(SPARSE, priorities=((0, 0.5), (3, 0.5))), None),
+    # Long runs, and forward passes shorter than the host part (larger overheads): the
+    # recurrence's other branch, alone and mixed with the first as batches grow.
+    (ASYNC, SPARSE, None),
+    (ASYNC, replace(SPARSE, seed=4), 0.012),
+    (ASYNC, replace(BURSTY, seed=19), 0.006),
+    (f"{ASYNC},gpu_memory_utilization=0.25", replace(BURSTY, seed=20, rate=40.0), 0.009),
+    # Prefix hits on shared system prompts; multi-turn sessions whose replies are keyed (blocks
+    # cached only once their tokens are known) and whose next turn arrives when one finishes.
+    (ASYNC, SHARED_PROMPTS, None),
+    (f"{ASYNC},gpu_memory_utilization=0.3", replace(SHARED_PROMPTS, seed=5, rate=20.0), None),
+    (
+        ASYNC,
+        WorkloadSpec("multi-turn", num_sessions=30, rate=4.0, seed=2, think_time=0.5, system_prompt_len=900),
+        None,
+    ),
+    (
+        f"{ASYNC},gpu_memory_utilization=0.25",
+        WorkloadSpec("multi-turn", num_sessions=40, rate=8.0, seed=3, think_time=0.2),
+        None,
+    ),
+    # Closed-loop clients: each finish releases the next request at once.
+    (ASYNC, replace(SPARSE, num_requests=80, arrival=ArrivalSpec("closed", concurrency=12)), None),
+    # Tenants in VTC order in front of the policy (FairPolicy forwards the run's hooks).
+    (
+        f"{ASYNC},fairness=vtc,gpu_memory_utilization=0.3",
+        replace(BURSTY, seed=21, tenants=(("a", 0.7), ("b", 0.3))),
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("spec, workload, overhead", ASYNC_CASES)
+def test_async_decode_run_identical_to_plain_stepping(spec: str, workload: WorkloadSpec, overhead) -> None:
+    fast, fast_run = _async_fingerprint(spec, workload, True, overhead)
+    slow, slow_run = _async_fingerprint(spec, workload, False, overhead)
+    assert len(fast_run.log) == len(slow_run.log) > len(slow_run.requests)
+    _assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_async_decode_run_identical_over_seeds(seed: int) -> None:
+    """Random mixes of the cases' knobs, one per seed."""
+    rng = random.Random(seed)
+    flags = [ASYNC]
+    if rng.random() < 0.5:
+        flags.append(f"gpu_memory_utilization={rng.choice([0.25, 0.3, 0.5])}")
+    if rng.random() < 0.3:
+        flags.append("enable_prefix_caching=false")
+    if rng.random() < 0.3:
+        flags.append(f"max_num_batched_tokens={rng.choice([256, 1024, 2048])}")
+    if rng.random() < 0.3:
+        flags.append(f"max_num_seqs={rng.choice([4, 16, 64])}")
+    priorities: tuple = ()
+    if rng.random() < 0.3:
+        flags.append("scheduling_policy=priority")
+        priorities = ((0, 0.5), (2, 0.5))
+    workload = WorkloadSpec(
+        "random",
+        num_requests=rng.randint(40, 120),
+        rate=rng.choice([1.0, 5.0, 20.0, 60.0]),
+        seed=100 + seed,
+        input_len=LogNormal(rng.choice([200, 800, 2000]), 1.0, 6000),
+        output_len=LogNormal(rng.choice([20, 150, 500]), 0.9, 1500),
+        arrival=ArrivalSpec("gamma", burstiness=rng.choice([0.3, 1.0, 3.0])),
+        priorities=priorities,
+    )
+    overhead = rng.choice([None, None, 0.004, 0.01])
+    spec = ",".join(flags)
+    fast, _ = _async_fingerprint(spec, workload, True, overhead)
+    slow, _ = _async_fingerprint(spec, workload, False, overhead)
+    _assert_same(fast, slow, spec)
+
+
+def test_async_decode_run_takes_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The async run is used: most steps are advanced in runs, some longer than ``SHORT_RUN``
+    (numpy), and runs end with the step that skips a request whose last token is in flight;
+    with speculative decoding the policy declines (drafts step)."""
+    from tailserve.executors.simulated import async_decode_run, decode_run
+
+    calls: list[int] = []
+    skips: list[int] = []
+    original = async_decode_run.advance_async_decode_run
+    original_skip = async_decode_run._skip_step
+
+    def counting(engine):
+        k = original(engine)
+        calls.append(k)
+        return k
+
+    def skipping(*args):
+        step = original_skip(*args)
+        skips.append(step is not None)
+        return step
+
+    monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
+    monkeypatch.setattr(async_decode_run, "_skip_step", skipping)
+    monkeypatch.setattr(decode_run, "advance_decode_run", lambda engine: pytest.fail("a synchronous run"))
+    _, run = _async_fingerprint(ASYNC, SPARSE, True)
+    assert sum(calls) > 0.8 * len(run.log)
+    assert max(calls) > async_decode_run.SHORT_RUN and sum(skips) > 20
+    calls.clear()
+    spec = f"{ASYNC},speculative_method=eagle3,num_speculative_tokens=2,synthetic_acceptance_length=2"
+    _async_fingerprint(spec, SPARSE, True)
+    assert not calls
+
+
+def test_async_decode_run_with_checks_and_batch_record_identical_to_plain_stepping() -> None:
+    """With integrity checks after every run and the batch record: the same run, and the record
+    (a run is one entry of several iterations) says the same per iteration."""
+
+    def iterations(batches) -> list:
+        rows = []
+        for e in batches.entries:
+            for j, (start, duration, used) in enumerate(zip(e.starts, e.durations, e.num_used_blocks)):
+                contexts = [c + j for c in e.num_context_tokens]
+                rows.append(
+                    (start, duration, e.request_ids, e.num_new_tokens, contexts, used, e.waiting_head)
+                )
+        return rows
+
+    spec = f"{ASYNC},gpu_memory_utilization=0.25"
+    workload = replace(BURSTY, seed=22, rate=40.0)
+    fast, fast_run = _async_fingerprint(spec, workload, True, check_integrity=True, record_batches=True)
+    slow, slow_run = _async_fingerprint(spec, workload, False, check_integrity=True, record_batches=True)
+    _assert_same(fast, slow)
+    assert iterations(fast_run.batches) == iterations(slow_run.batches)
+    assert len(fast_run.batches.entries) < len(slow_run.batches.entries)
+
+
+def test_async_decode_run_in_a_cluster_identical_to_plain_stepping() -> None:
+    """A replica's run stops at the cluster's next event (its source's next arrival)."""
+    from tailserve.cluster.build import build_stage, workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.spec import replicated
+    from tailserve.policies.registry import PolicySpec
+
+    deployment = Deployment("Llama-3-8B", "A100-80GB", 1, "none")
+    workload = WorkloadBuilder(replace(BURSTY, num_requests=100))
+
+    def tokens(fast: bool) -> dict:
+        specs = replicated(2, deployment, PolicySpec.make("vllm", {"async_scheduling": "true"}))
+        stage = build_stage(
+            specs, "least-requests", shares_prefixes=False, options=EngineOptions(fast_forward=fast)
+        )
+        run = run_aggregated(stage, workload_requests(workload, specs))
+        return {r.request_id: (r.token_times, r.enqueue_time, r.status.name) for r in run.requests}
+
+    assert tokens(True) == tokens(False)

@@ -11,7 +11,7 @@ from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
-from tailserve.executors.simulated import decode_run
+from tailserve.executors.simulated import async_decode_run, decode_run
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.driver import SimDriver
@@ -365,11 +365,18 @@ def test_async_scheduling_hides_the_host_overhead_behind_the_forward_pass():
 
 
 def test_same_seed_same_run_and_the_fast_path_declines(monkeypatch):
-    """Under either flag the driver takes no decode run (``can_fast_forward`` is False): stepped
-    and fast-forwarded runs are the same steps; the same seed gives the same acceptances."""
+    """With speculative decoding (async or not) the driver takes no decode run
+    (``can_fast_forward`` is False): stepped and fast-forwarded runs are the same steps; the
+    same seed gives the same acceptances."""
     calls = []
     original = decode_run.advance_decode_run
     monkeypatch.setattr(decode_run, "advance_decode_run", lambda engine: calls.append(1) or original(engine))
+    original_async = async_decode_run.advance_async_decode_run
+    monkeypatch.setattr(
+        async_decode_run,
+        "advance_async_decode_run",
+        lambda engine: calls.append(1) or original_async(engine),
+    )
     built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
     policy = "vllm:async_scheduling=true:speculative_method=eagle:num_speculative_tokens=2:synthetic_acceptance_rates=0.6/0.3"
 

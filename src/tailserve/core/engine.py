@@ -6,7 +6,8 @@ scheduling (``Policy.async_scheduling``) is stepped the way vLLM's engine core s
 batch queue of two: schedule a step while the previous one runs, then apply the previous one's
 outputs (``Engine._step_async``; virtual time only). The engine never knows which
 executor it drives: the simulator's exact fast paths are a driver around it
-(``executors/simulated/driver.py``), which uses ``end_run``, ``next_wake`` and ``add_arrivals``.
+(``executors/simulated/driver.py``), which uses ``end_run``, ``next_wake`` and ``add_arrivals``
+(and, under async scheduling, ``in_flight`` and ``end_async_run``).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class EngineOptions:
 
 
 @dataclass(slots=True)
-class _InFlight:
+class InFlight:
     """A step launched under async scheduling whose outputs are not applied yet."""
 
     out: SchedulerOutput
@@ -116,7 +117,7 @@ class Engine:
         self._async = scheduler.async_scheduling
         if self._async and not isinstance(self.clock, VirtualClock):
             raise ValueError("async scheduling is simulated in virtual time only (the simulated executor)")
-        self._in_flight: _InFlight | None = None
+        self._in_flight: InFlight | None = None
         self._device_free_at = self.clock.now  # async: when the last launched forward pass ends
 
     def step(self) -> bool:
@@ -210,7 +211,7 @@ class Engine:
             begin = max(self._device_free_at, start + host)
             end = begin + (result.duration - host)
             self._device_free_at = end
-            self._in_flight = _InFlight(out, result, begin, end)
+            self._in_flight = InFlight(out, result, begin, end)
             if self.options.keep_iteration_log:
                 self.log.record(
                     begin,
@@ -251,6 +252,20 @@ class Engine:
         if finished:
             self.scheduler.finish(finished, end)
         self.finish_step(finished, end)
+
+    @property
+    def in_flight(self) -> InFlight | None:
+        """Async scheduling: the step launched and not yet applied (None otherwise, or idle)."""
+        return self._in_flight
+
+    def end_async_run(self, launched: InFlight, now: float, finished: list[Request]) -> None:
+        """After a driver applied a run of async steps (``Scheduler.update_async_run``): the
+        run's last step, ``launched``, stays in flight (the device busy until its end), and the
+        clock moves to ``now``, the end of the step before it, whose outputs the run applied
+        last and where the requests they completed finish."""
+        self._in_flight = launched
+        self._device_free_at = launched.end
+        self.end_run(finished, now)
 
     def finish_step(self, finished: list[Request], now: float) -> None:
         for request in finished:

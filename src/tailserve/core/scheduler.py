@@ -251,6 +251,45 @@ class Scheduler:
                     done.append(chunked)
         return done
 
+    def update_async_run(
+        self, decodes: list[Request], held_tokens: list[int], token_times: list[float]
+    ) -> list[Request]:
+        """``advance_scheduled`` and ``update_advanced`` in closed form for a run of async decode
+        steps (the simulator's exact fast path under async scheduling). Before the run each
+        request in ``decodes`` has one step in flight that samples (one output placeholder,
+        ``num_computed_tokens == num_tokens``); the run schedules ``m = len(token_times)`` steps
+        of one token each and applies the outputs of the m steps before the last, one token at
+        each ``token_times`` entry. A request whose last token that applies (``max_tokens``
+        reached) was skipped by the last step (vLLM's guard: its last token was in flight) and
+        finishes: status set, nothing left in flight, returned (in order) for the caller to
+        ``finish`` as the step's update would. Every other one still has its last step in flight
+        (one placeholder, one in-flight token). KV blocks are allocated as the steps'
+        allocations would (``held_tokens``: the slots each held before the run), and with prefix
+        caching registered only up to the tokens known, ``computed - placeholders``, as the
+        update registers them. No stops: only the cost model's steps are advanced this way."""
+        m = len(token_times)
+        kv = self.kv_cache
+        prefix_caching = kv.prefix_caching
+        done: list[Request] = []
+        for request, slots in zip(decodes, held_tokens):
+            outputs = request.num_output_tokens = request.num_output_tokens + m
+            request.token_times.extend(token_times)
+            if outputs >= request.max_tokens:
+                computed = request.num_computed_tokens = request.num_computed_tokens + m - 1
+                request.num_in_flight_tokens = request.num_output_placeholders = 0
+                known = computed
+                request.status = RequestStatus.FINISHED_LENGTH
+                done.append(request)
+            else:
+                computed = request.num_computed_tokens = request.num_computed_tokens + m
+                request.num_in_flight_tokens = 1
+                known = computed - 1
+            if computed > slots:
+                kv.allocate(request.request_id, computed)
+            if prefix_caching:
+                kv.register_computed(request.request_id, known)
+        return done
+
     # ---- vLLM V1's own accounting (async scheduling, speculative decoding) ------------------
     # vLLM advances a request's computed tokens when it schedules them, so that the next step
     # can be scheduled before this one's outputs are known, and rolls back the drafts the
@@ -267,7 +306,8 @@ class Scheduler:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
             request.num_in_flight_tokens += item.num_new_tokens
-            partial = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            known = request.prompt_len + request.num_output_tokens  # ``num_tokens``, inlined
+            partial = request.num_computed_tokens < known + request.num_output_placeholders
             request.is_prefill_chunk = item.partial = partial
             if placeholders and not partial:
                 request.num_output_placeholders += 1 + item.num_spec_tokens
@@ -296,8 +336,8 @@ class Scheduler:
             stale = request.num_stale_output_tokens > 0
             if stale:
                 request.num_stale_output_tokens -= item.num_new_tokens
-            if request.is_finished or item.partial:
-                continue  # left while its step ran; or a prefill chunk, which samples nothing
+            if item.partial or (request.status is not running and request.is_finished):
+                continue  # a prefill chunk, which samples nothing; or left while its step ran
             rid = request.request_id
             num_sampled = 1
             num_spec = item.num_spec_tokens
@@ -313,15 +353,18 @@ class Scheduler:
             was_running = request.status is running
             stop_at = result.stop_index.get(rid, 0) if rid in stopped else -1
             appended = 0
+            finished = False  # (it was not when its outputs came: ``continue`` above)
             while appended < num_sampled:
                 request.num_output_tokens += 1
                 request.token_times.append(now)
                 if appended == stop_at:
                     request.status = RequestStatus.FINISHED_STOPPED
+                    finished = True
                 elif request.num_output_tokens >= request.max_tokens:
                     request.status = RequestStatus.FINISHED_LENGTH
+                    finished = True
                 appended += 1
-                if request.is_finished:
+                if finished:
                     break  # vLLM trims the tokens after a stop
             if placeholders:
                 if not stale:
@@ -329,7 +372,7 @@ class Scheduler:
                 if was_running:
                     # Blocks filled by tokens now known become matchable (AsyncScheduler).
                     kv.register_computed(rid, request.num_computed_tokens - request.num_output_placeholders)
-            if request.is_finished:
+            if finished:
                 if not was_running:
                     self.waiting.remove_request(request)  # preempted while its last step ran
                 kv.free(rid, request.num_computed_tokens, True)

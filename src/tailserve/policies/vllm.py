@@ -205,9 +205,11 @@ class VllmPolicy(Policy, FastPaths):
         return self._spec
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
-        # The decode fast path assumes one token per decode and outputs applied in the step
-        # that computed them: neither holds with drafts or async scheduling, which step.
-        return not self._advanced
+        # With async scheduling alone the decisions over a run of decodes are the plain pass's
+        # (each running request one token, on its placeholder; nobody admitted), which the
+        # driver's async decode run follows (async_decode_run.py). Drafts step: several tokens
+        # per decode, as many as the rejection sampler's draws accept.
+        return self._spec is None
 
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")

@@ -50,6 +50,9 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
     budget = cfg.max_num_batched_tokens
     cap = cfg.long_prefill_token_threshold if len(sched.running) + len(sched.waiting) > 1 else 0
     max_len = sched.max_model_len
+    kv = sched.kv_cache
+    block_size = kv.block_size
+    prefix_caching = kv.prefix_caching
     waiting = sched.waiting
     scheduled = out.scheduled
     preempted = out.preempted
@@ -64,34 +67,45 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
         if placeholders and computed + 2 - placeholders >= request.prompt_len + request.max_tokens:
             i += 1  # its last token is already in flight
             continue
-        want = request.num_tokens + request.num_draft_tokens + placeholders - computed
+        num_tokens = request.prompt_len + request.num_output_tokens
+        want = num_tokens + request.num_draft_tokens + placeholders - computed
         if 0 < cap < want:
             want = cap
-        want = min(want, budget, max_len - computed - 1)
+        if want > budget:
+            want = budget
+        if want > max_len - computed - 1:
+            want = max_len - computed - 1
         if want <= 0:
             i += 1
             continue
-        self_preempted = False
-        while not sched.allocate(
-            request,
-            min(computed + want + lookahead, max_len),
-            num_cached=min(computed + want, request.num_tokens),
-        ):
-            victim = waiting.preemption_victim(sched.running)
-            if sched.running.index(victim) < i:
-                i -= 1
-            item = next((s for s in scheduled if s.request is victim), None)
-            if item is not None:  # already scheduled this step (priority): its tokens go back
-                scheduled.remove(item)
-                budget += item.num_new_tokens
-            sched.preempt_by_recompute(victim)
-            waiting.prepend_request(victim)
-            preempted.append(victim)
-            if victim is request:
-                self_preempted = True
-                break
-        if self_preempted:
-            break  # a request that preempted itself ends the running pass
+        if want == 1 and not lookahead and computed % block_size:
+            # A decode whose slot is in its last, partly filled block: ``allocate`` would take
+            # no block (so preempt nobody), only cache the blocks its known tokens fill. The
+            # common step, kept cheap (the decodes of every step an async run steps).
+            if prefix_caching:
+                sched.cache_computed(request, computed + 1 if computed < num_tokens else num_tokens)
+        else:
+            self_preempted = False
+            while not sched.allocate(
+                request,
+                min(computed + want + lookahead, max_len),
+                num_cached=min(computed + want, request.num_tokens),
+            ):
+                victim = waiting.preemption_victim(sched.running)
+                if sched.running.index(victim) < i:
+                    i -= 1
+                item = next((s for s in scheduled if s.request is victim), None)
+                if item is not None:  # already scheduled this step (priority): its tokens go back
+                    scheduled.remove(item)
+                    budget += item.num_new_tokens
+                sched.preempt_by_recompute(victim)
+                waiting.prepend_request(victim)
+                preempted.append(victim)
+                if victim is request:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break  # a request that preempted itself ends the running pass
         prefill_scheduled |= request.is_prefill_chunk
         num_spec = 0
         if request.num_draft_tokens:
@@ -105,8 +119,6 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
     # Waiting requests, unless someone was preempted.
     if not preempted:
         running_scheduled = bool(scheduled)
-        kv = sched.kv_cache
-        block_size = kv.block_size
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
         while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
             request = waiting.peek_request()

@@ -7,7 +7,8 @@ sum (``np.cumsum`` adds in the same order as the step loop), and the run stops *
 first iteration in which anything could change (an arrival, a shortage of KV blocks), which
 then runs step by step; its last iteration may finish requests, exactly as a normal step does. Results are
 identical to plain stepping; ``tests/test_decode_run.py`` checks that. ``driver.py`` calls it when
-the run is steady and the policy signed ``FastPaths.can_fast_forward``.
+the run is steady and the policy signed ``FastPaths.can_fast_forward`` (under vLLM's async
+scheduling, where outputs are applied a step late, it calls ``async_decode_run.py`` instead).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class DecodeRunExecutor(Protocol):
 MAX_RUN = 512  # iterations per call; bounds the (requests x iterations) block arithmetic
 
 
-def _blocks_needed(ctx: np.ndarray, held: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
+def blocks_needed(ctx: np.ndarray, held: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
     """New blocks all requests need by iteration j of the run, for j < ``num_steps``.
 
     In iteration j a request with ``ctx`` computed tokens computes token ``ctx + j`` and must
@@ -159,7 +160,7 @@ def _long_run(executor, n, num_context, now, wake, k_max, ctx_list, first_new_bl
     """The same with numpy, for runs long enough to amortise it."""
     ctx = np.array(ctx_list, dtype=np.int64)
     held = (np.array(first_new_block, dtype=np.int64) + ctx) // block_size
-    need = _blocks_needed(ctx, held, block_size, k_max)
+    need = blocks_needed(ctx, held, block_size, k_max)
     k = k_max if need[-1] <= free else int(np.searchsorted(need, free, side="right"))
     if k < 1:
         return None

@@ -4,14 +4,17 @@
 though, long stretches of iterations are determined in advance — decodes repeating one batch
 shape, a prompt chunked beside them, a prompt chunked alone — and the cost model can price them
 all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py``,
-``chunk_run.py``, ``prefill_run.py``), with results identical to plain stepping, when:
+``async_decode_run.py``, ``chunk_run.py``, ``prefill_run.py``), with results identical to plain stepping, when:
 
 - ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);
 - the policy signed the contracts (``fast_paths.FastPaths``; a policy without them is stepped);
 - the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor`` (not a
   ``SimExecutor`` of a sliding-window model, whose ``prices_shapes_alone`` is False), the chunk
   runs only for ``SimExecutor`` itself and without per-iteration records or checks (they price
-  iterations from the cost model directly and record none).
+  iterations from the cost model directly and record none);
+- under vLLM's async scheduling (``Scheduler.async_scheduling``: each step scheduled before the
+  previous one's outputs are applied) only decode runs, by ``async_decode_run.py`` with that
+  rule in closed form, for an ``AsyncDecodeRunExecutor``.
 
 ``run()`` is ``Engine.run`` with the fast paths after each step; a driver that steps the engine
 itself (a cluster replica, advanced to the cluster's next event) calls ``fast_forward()`` after
@@ -21,7 +24,7 @@ each ``engine.step()``.
 from __future__ import annotations
 
 from tailserve.core.engine import Engine
-from tailserve.executors.simulated import chunk_run, decode_run, prefill_run
+from tailserve.executors.simulated import async_decode_run, chunk_run, decode_run, prefill_run
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 
@@ -31,13 +34,25 @@ class SimDriver:
         options = engine.options
         policy = engine.scheduler.policy
         fast = policy if options.fast_forward and isinstance(policy, FastPaths) else None
+        shapes_alone = getattr(engine.executor, "prices_shapes_alone", True)
+        # Under vLLM's async scheduling outputs are applied a step late: only the async decode
+        # run has that rule; the synchronous runs (decode, chunk, lone chunk) stay off.
+        self._async = engine.scheduler.async_scheduling
+        self._async_run_ok = (
+            self._async
+            and fast is not None
+            and isinstance(engine.executor, async_decode_run.AsyncDecodeRunExecutor)
+            and shapes_alone
+        )
         self._decode_run_ok = (
-            fast is not None
+            not self._async
+            and fast is not None
             and isinstance(engine.executor, decode_run.DecodeRunExecutor)
-            and getattr(engine.executor, "prices_shapes_alone", True)
+            and shapes_alone
         )
         self._lone_run_ok = (
-            fast is not None
+            not self._async
+            and fast is not None
             and chunk_run.applies_to(engine.executor)
             and not options.record_batches
             and not options.check_integrity
@@ -55,6 +70,16 @@ class SimDriver:
         chunked request) stops before the prompt's last chunk, which steps."""
         engine = self.engine
         check = engine.options.check_integrity
+        if self._async:
+            # Module attributes, looked up per call, so a test can count the runs.
+            if not (self._async_run_ok and async_decode_run.steady(engine)):
+                return
+            while async_decode_run.advance_async_decode_run(engine):
+                if check:
+                    engine.check_integrity()
+                if not async_decode_run.steady_after_run(engine):
+                    return
+            return
         while True:
             decoded = False
             # Module attributes, looked up per call, so a test can count the runs.

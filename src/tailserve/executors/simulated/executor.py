@@ -123,6 +123,11 @@ class SimExecutor:
         host = cost.efficiency.overhead if shape.num_tokens else 0.0
         return StepResult(duration=duration, num_accepted=accepted, host_time=host)
 
+    def decode_host_time(self, num_decodes: int) -> float:
+        """``host_time`` of an advanced decode-only step (``_execute_advanced``): the per-step
+        overhead, which async scheduling runs during the previous step's forward pass."""
+        return self.cost_model.efficiency.overhead if num_decodes else 0.0
+
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
         return self.cost_model._iteration_time(num_decodes, num_decodes, 0, 0, num_context_tokens)
 

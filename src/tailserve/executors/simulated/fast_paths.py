@@ -1,8 +1,8 @@
 """What a policy promises the simulator's exact fast paths (``driver.py``), and nothing else.
 
 The fast paths advance many iterations in one step: a run of identical decode-only iterations
-(``decode_run.py``), a prompt chunked beside decodes (``chunk_run.py``) and a prompt chunked
-alone (``prefill_run.py``). Each is exact only if the policy would have decided every skipped
+(``decode_run.py``; ``async_decode_run.py`` under vLLM's async scheduling), a prompt chunked
+beside decodes (``chunk_run.py``) and a prompt chunked alone (``prefill_run.py``). Each is exact only if the policy would have decided every skipped
 iteration the same way, a contract only the policy can sign. So it is opt-in: a policy that
 inherits ``FastPaths`` declares the contract (the defaults below are the common case: decode
 runs whenever everyone is one token behind, no chunk runs); a policy that does not
@@ -49,13 +49,22 @@ class FastPaths:
         request arrives or finishes and the free KV blocks suffice — i.e. its decision depends on
         nothing but the running set and the free blocks (which only shrink while decoding). The
         driver then simulates such a run of iterations in one exact step. A policy whose state
-        changes per decode iteration keeps it exact through ``on_decode_run``."""
+        changes per decode iteration keeps it exact through ``on_decode_run``.
+
+        Under vLLM's async scheduling (``Scheduler.async_scheduling``) the same promise is read
+        with that pass's accounting (``async_decode_run.py``): with every running request's
+        next token an output placeholder of the step in flight, one token each on it, in
+        running order, nobody admitted — except that a request whose step in flight yields its
+        last token is skipped (vLLM's ``max_tokens`` guard), and with nobody waiting that
+        skipping step admits nobody either."""
         return True
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         """Called after the driver advanced ``num_steps`` decode-only iterations in one step:
         apply whatever per-iteration bookkeeping the policy keeps (counters, decaying ratios)
-        exactly as ``num_steps`` calls of ``schedule`` would have."""
+        exactly as ``num_steps`` calls of ``schedule`` would have, each scheduling the running
+        requests (an async run's skipping step: called with 1 once the requests it skipped have
+        finished, so the running set is the step's)."""
         return None
 
     def chunk_run_budget(self) -> int | None:

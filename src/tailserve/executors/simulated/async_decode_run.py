@@ -1,0 +1,336 @@
+"""Exact fast path: a run of identical decode-only steps under vLLM's async scheduling.
+
+``decode_run.py``'s run, with the rules of ``Engine._step_async`` (a batch queue of two) and the
+``vllm`` policy's async accounting (``policies/vllm_async.py``) in closed form. Between events a
+steady async engine repeats one step: step m+1 is scheduled while step m runs, every running
+request granted one token on its output placeholder (its previous token not known yet), and
+then step m's outputs are applied, one token each, stamped at step m's end. The run starts with
+step n in flight and schedules steps n+1..n+k; it applies the outputs of steps n..n+k-1 and
+leaves step n+k in flight, as k engine steps would (the skipping step below is step n+k+1). What makes it differ from the synchronous
+run:
+
+- Time. A step's host part (``StepResult.host_time``: the per-step overhead) starts when it is
+  scheduled, at the end of the step before the one running; its forward pass starts when that
+  is done and the device is free: ``begin = max(end[m-1], end[m-2] + host)``,
+  ``end[m] = begin + (duration[m] - host)``, the engine's float operations in its order. While
+  forward passes (``duration - host``) are at least ``host`` long the maximum is always the
+  device (rounding is monotone), so the ends are a running sum (``np.cumsum`` adds in the step
+  loop's order) of forward passes; otherwise the recurrence is followed step by step.
+- Tokens: step m's tokens are stamped at ``end[m]``, applied one step later; the clock ends at
+  the end of step n+k-1, step n+k still running.
+- The ``max_tokens`` guard: a request whose step in flight yields its last token is skipped, so
+  the batch shrinks one step before the token is known. With nobody waiting that skipping step
+  ends the run (it schedules the others and admits nobody; it applies the skipped requests'
+  last tokens, and they finish there, their slots and blocks freed a step late); with someone
+  waiting the run stops before it (the step, and the next one that may admit, are stepped).
+- Arrivals: step m is scheduled at ``end[m-2]``; the run stops before the first step scheduled at
+  or after the next arrival (or the policy's wake-up), which then steps and adds it.
+- KV: each step allocates the slot its token needs, as in the synchronous run (it stops before a
+  step that would preempt); blocks are registered with prefix caching only up to the tokens
+  known (``Scheduler.update_async_run``).
+
+The iteration log gets each step at its forward pass (``begin``, ``end - begin``), recorded when it
+is scheduled, as the engine does. Results are identical to stepping;
+``tests/test_speed_paths.py`` and ``tests/test_decode_run.py`` check that. ``driver.py`` calls it
+under async scheduling (and only then: ``decode_run.py`` is the synchronous run).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from itertools import accumulate
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+
+import numpy as np
+
+from tailserve.core.engine import InFlight
+from tailserve.core.executor import StepResult
+from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.executors.simulated.decode_run import DecodeRunExecutor, blocks_needed
+from tailserve.executors.simulated.fast_paths import FastPaths
+
+if TYPE_CHECKING:
+    from tailserve.core.engine import Engine
+
+
+@runtime_checkable
+class AsyncDecodeRunExecutor(DecodeRunExecutor, Protocol):
+    """A ``DecodeRunExecutor`` that also says how much of a decode step is host time, the part
+    async scheduling overlaps with the previous step (``SimExecutor``)."""
+
+    def decode_host_time(self, num_decodes: int) -> float:
+        """``StepResult.host_time`` of an async decode-only step of ``num_decodes`` requests;
+        its ``duration`` is ``decode_step_duration``'s, bit for bit."""
+        ...
+
+
+MAX_RUN = 512  # steps per call; bounds the (requests x steps) block arithmetic
+SHORT_RUN = 32  # up to this many steps a plain loop beats numpy's per-call overhead
+
+
+def steady(engine: Engine) -> bool:
+    """The next steps repeat one decode-only step exactly: a step is in flight, every running
+    request is in it (in running order) and samples there — its one output placeholder, and
+    nothing else uncomputed (``num_computed_tokens == num_tokens``) — so the next step grants
+    each one token; and no waiting request can be admitted: none waits, or the step in flight
+    was that decode batch and admitted and preempted nobody, and applying the one before it
+    finished nobody (free blocks only shrink while decoding, so a blocked head stays blocked)."""
+    flight = engine.in_flight
+    sched = engine.scheduler
+    running = sched.running
+    if flight is None or not running or sched.swapped:
+        return False
+    out = flight.out
+    if len(out.scheduled) != len(running):
+        return False
+    for item, request in zip(out.scheduled, running):
+        if (
+            item.request is not request
+            or request.num_output_placeholders != 1
+            or request.num_computed_tokens != request.prompt_len + request.num_output_tokens
+        ):
+            return False
+    if sched.waiting:
+        if engine.last_step_finished or out.num_admitted or out.preempted:
+            return False
+        for item in out.scheduled:
+            if item.num_new_tokens != 1:
+                return False
+    nxt = engine.source.next_arrival_time()
+    if nxt is not None and nxt <= engine.clock.now:
+        return False
+    policy = sched.policy
+    assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
+    return policy.can_fast_forward(sched)
+
+
+def steady_after_run(engine: Engine) -> bool:
+    """``steady`` after a run: the run left every running request on one placeholder in the
+    step it left in flight, in running order, a step that admitted and preempted nobody; it
+    added no arrival, so a request waits only if one waited before, and then nobody finished
+    (the skipping step runs only with nobody waiting). What is left to ask is what the run did
+    not decide: an arrival (a closed-loop client's, released by a finish), the policy."""
+    nxt = engine.source.next_arrival_time()
+    if nxt is not None and nxt <= engine.clock.now:
+        return False
+    policy = engine.scheduler.policy
+    assert isinstance(policy, FastPaths)
+    return policy.can_fast_forward(engine.scheduler)
+
+
+def advance_async_decode_run(engine: Engine) -> int:
+    """Advance the engine through as many uneventful async decode steps as possible, and the
+    step after them that skips the requests whose last token is in flight (when nobody waits).
+
+    Precondition: ``steady(engine)``, the executor is an ``AsyncDecodeRunExecutor`` and the
+    policy a ``FastPaths``. Returns the number of steps scheduled (0 if the very next one is
+    eventful and must be stepped normally)."""
+    sched = engine.scheduler
+    kv = sched.kv_cache
+    running = sched.running
+    n = len(running)
+    now = engine.clock.now  # step n+1 is scheduled now
+    flight = cast(InFlight, engine.in_flight)  # ``steady`` checked
+    executor = cast(AsyncDecodeRunExecutor, engine.executor)  # the driver checked
+    policy = cast(FastPaths, sched.policy)
+    block_size = kv.block_size
+    tables = kv.block_tables
+
+    # Step n+j is scheduled with num_output_tokens + j - 1 outputs known; the guard skips a
+    # request there once j reaches max_tokens - num_output_tokens (its step in flight yields
+    # its last token): the batch is the same for the first ``k_guard`` steps.
+    k_guard = MAX_RUN + 1
+    num_context = n
+    remaining_list = []
+    ctx_list = []
+    first_new_block = []
+    held_tokens = []  # KV slots each request holds
+    for r in running:
+        remaining = r.max_tokens - r.num_output_tokens - 1
+        remaining_list.append(remaining)
+        if remaining < k_guard:
+            k_guard = remaining
+        c = r.num_computed_tokens
+        num_context += c
+        ctx_list.append(c)
+        slots = len(tables[r.request_id]) * block_size
+        held_tokens.append(slots)
+        first_new_block.append(slots - c)
+    k_max = min(k_guard, MAX_RUN)
+    host = executor.decode_host_time(n)
+    wake = engine.next_wake(now)
+    if wake is not None and k_max > 3:
+        # Step n+1+j (j >= 1) is scheduled at the end of step n+j-1, at least j-1 forward
+        # passes after now (they only get longer as contexts grow): that bounds the steps
+        # scheduled before the wake-up (the margin absorbs rounding).
+        forward = executor.decode_step_duration(n, num_context) - host
+        if forward > 0 and wake - now < forward * (k_max - 3):
+            k_max = int((wake - now) / forward) + 3
+    free = kv.num_free_blocks - policy.decode_reserve_blocks
+    if free < 0:
+        return 0  # the policy's reserve is already broken: the next step preempts
+    begins: list[float] = []
+    ends: list[float] = []
+    need: list[int] = []
+    last_duration = 0.0
+    if k_max >= 1:
+        if k_max <= SHORT_RUN:
+            need = _short_need(first_new_block, block_size, free, k_max)
+        else:
+            need = _long_need(ctx_list, first_new_block, block_size, free, k_max)
+        if need:
+            begins, ends, last_duration = _timing(
+                executor, n, num_context, len(need), host, now, flight.end, wake
+            )
+    k = len(ends)
+    need = need[:k]
+    skip = None
+    if k == k_guard and not sched.waiting:
+        # With nobody waiting the step that skips them schedules the others' decodes and
+        # admits nobody; it applies their last tokens, and they finish.
+        spare = free - (need[-1] if need else 0)
+        skip = _skip_step(
+            executor, remaining_list, ctx_list, held_tokens, k, block_size, spare, now, flight.end, ends, wake
+        )
+    if not k and skip is None:
+        return 0
+
+    used0 = kv.num_used_blocks
+    # The outputs of the step in flight and of the run's steps but the last, which stays in
+    # flight, each applied at the end of its step.
+    token_times = [flight.end, *ends] if skip is not None else [flight.end, *ends[:-1]]
+    done = sched.update_async_run(running, held_tokens, token_times)
+    keep_log = engine.options.keep_iteration_log
+    batches = engine.batches
+    if k:
+        used = [used0 + x for x in need]
+        durations = [e - b for b, e in zip(begins, ends)]
+        if keep_log:
+            engine.log.extend_decode_run(begins, durations, n, used)
+        if batches is not None:
+            batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
+        policy.on_decode_run(sched, k)
+    # The step left in flight: the batch ``schedule`` made. The step in flight before the run
+    # listed the same requests in the same order (``steady``); its entries become this step's
+    # (nothing else holds them: the log and the batch record copied them).
+    items = flight.out.scheduled
+    if skip is not None:
+        m, begin, end, last_duration, host, needed = skip
+        used_skip = used0 + (need[-1] if need else 0) + needed
+        if keep_log:
+            engine.log.record(begin, end - begin, 0, m, m, used_skip, 0)
+        gone = {id(r) for r in done}
+        items = [item for item in items if id(item.request) not in gone]
+        if batches is not None:
+            staying = [item.request for item in items]
+            contexts = [r.num_computed_tokens - 1 for r in staying]
+            batches.record_decode_run([begin], [end - begin], staying, contexts, [used_skip], sched)
+    else:
+        begin, end = begins[-1], ends[-1]
+    out = SchedulerOutput(items, advanced=True)
+    for item in items:
+        item.num_new_tokens = 1
+        item.num_context_tokens = item.request.num_computed_tokens - 1
+    sched.last_output = out
+    engine.end_async_run(
+        InFlight(out, StepResult(last_duration, host_time=host), begin, end), token_times[-1], done
+    )
+    if skip is not None:
+        policy.on_decode_run(sched, 1)  # the skipping step, for the requests it scheduled
+    return k + (skip is not None)
+
+
+def _skip_step(
+    executor, remaining, ctx_list, held_tokens, k, block_size, free, now, device_free_at, ends, wake
+):
+    """The step after the run's ``k`` when it skips the requests whose last token its
+    predecessor yields (``remaining == k``: ``max_tokens - num_output_tokens - 1`` before the
+    run) and grants every other one token: (how many it schedules, its forward pass's begin
+    and end, its duration and host time, the new KV blocks it takes); None when it would see
+    the wake-up, schedule nobody (the engine then idles) or preempt."""
+    scheduled_at = now if k == 0 else device_free_at if k == 1 else ends[-2]
+    if wake is not None and scheduled_at >= wake:
+        return None
+    m = num_context = needed = 0
+    for left, c, slots in zip(remaining, ctx_list, held_tokens):
+        if left == k:
+            continue
+        m += 1
+        computed = c + k  # when the step is scheduled
+        num_context += computed + 1
+        if computed >= slots and not computed % block_size:
+            needed += 1  # its blocks, full, hold exactly the computed tokens
+    if not m or needed > free:
+        return None
+    host = executor.decode_host_time(m)
+    duration = executor.decode_step_duration(m, num_context)
+    begin = max(ends[-1] if k else device_free_at, scheduled_at + host)
+    return m, begin, begin + (duration - host), duration, host, needed
+
+
+def _short_need(first_new_block, block_size, free, k_max):
+    """New blocks all requests need by step j of the run, for the steps before the first that
+    would have to preempt (at most ``k_max``), in Python: a request with ``f`` free slots needs
+    a new block in step f, then every ``block_size`` steps."""
+    crossings = [0] * k_max
+    for f in first_new_block:
+        while f < k_max:
+            crossings[f] += 1
+            f += block_size
+    need = list(accumulate(crossings))
+    return need if need[-1] <= free else need[: bisect_right(need, free)]
+
+
+def _long_need(ctx_list, first_new_block, block_size, free, k_max):
+    """The same with numpy, for runs long enough to amortise it."""
+    ctx = np.array(ctx_list, dtype=np.int64)
+    held = (np.array(first_new_block, dtype=np.int64) + ctx) // block_size
+    need = blocks_needed(ctx, held, block_size, k_max)
+    k = k_max if need[-1] <= free else int(np.searchsorted(need, free, side="right"))
+    return need[:k].tolist()
+
+
+def _timing(executor, n, num_context, k, host, now, device_free_at, wake):
+    """(begins, ends, the last one's duration) of up to ``k`` steps' forward passes, cut before
+    the first step scheduled at or after ``wake``."""
+    if k <= SHORT_RUN:
+        durations = executor.decode_step_durations(n, num_context, k)
+        begins, ends = _overlap(durations, host, now, device_free_at, wake)
+        return begins, ends, durations[len(ends) - 1] if ends else 0.0
+    array = executor.decode_run_durations(n, num_context, k)
+    forward = array - host
+    if not (forward[:-1] >= host).all():
+        # A forward pass shorter than the host part: the next step's forward pass waits for
+        # its host part, not for the device; follow the recurrence.
+        durations = array.tolist()
+        begins, ends = _overlap(durations, host, now, device_free_at, wake)
+        return begins, ends, durations[len(ends) - 1] if ends else 0.0
+    first = max(device_free_at, now + host)
+    end = np.cumsum(np.concatenate(([first], forward)))[1:]
+    if wake is not None:
+        # Step n+1+j is scheduled at now, then at the end of step n, then at the run's ends.
+        scheduled_at = np.concatenate(([now, device_free_at], end[: k - 2]))
+        k = min(k, int(np.searchsorted(scheduled_at[:k], wake, side="left")))
+        if not k:
+            return [], [], 0.0
+    ends = end[:k].tolist()
+    return [first, *ends[:-1]], ends, float(array[k - 1])
+
+
+def _overlap(durations, host, now, device_free_at, wake):
+    """Each step's forward pass (begins, ends), the engine's float operations in its order:
+    step m, scheduled at the end of step m-2 (the first at ``now``, the second at
+    ``device_free_at``, the end of the step in flight), up to the first step scheduled at or
+    after ``wake``."""
+    begins: list[float] = []
+    ends: list[float] = []
+    scheduled_at, free_at = now, device_free_at
+    for duration in durations:
+        if wake is not None and scheduled_at >= wake:
+            break  # this step would add the arrival first
+        begin = max(free_at, scheduled_at + host)
+        end = begin + (duration - host)
+        begins.append(begin)
+        ends.append(end)
+        scheduled_at, free_at = free_at, end
+    return begins, ends
