@@ -672,17 +672,20 @@ torch::Tensor linear_avx2(torch::Tensor x, torch::Tensor w, int64_t N, c10::opti
 }
 
 // ---- decode attention, AVX2 + FMA -----------------------------------------------------------
-// The AVX-512 bf16 kernel's shape for CPUs without AVX-512: one task per request, the keys 16 at
-// a time (a block of the cache): their whole slot rows are prefetched into L2 while the block
-// before is computed, the last block of a pass prefetching the first of the next (K -> V of the
-// request, V -> K of the task's next request), then each KV head takes its row of each from L1
-// and its G query heads share every row it loads. A K row is widened to float32 8 dims at a
-// time (bf16: a shift; float32 caches load as they are) and multiplied into one FMA chain per
-// query head; each group of 8 keys' chains is reduced together (sum8: 7 hadds, 2 permutes and
-// an add for 8 scores). Softmax in float32; V rows widened the same way and accumulated with
-// FMAs in registers, JB vectors of the head dim per pass so that G x JB accumulators fit. The
-// portable kernel it replaces at level avx2 did one task per (request, KV head), a horizontal
-// sum per score and no prefetching (docs/executor.md has the figures).
+// For CPUs without AVX-512: one task per request; its K rows, then its V rows, each read once,
+// whole (every KV head: a slot row is KV x head_dim contiguous values), in key order — the
+// order a plain loop that only reads the rows takes, which it matches in bytes per second.
+// K: per key, each KV head's row is widened to float32 8 dims at a time (bf16: a shift; float32
+// caches load as they are) and multiplied into one FMA chain per query head of its GQA group, so
+// the group shares every load; each 8 keys' chains are reduced together (sum8: 6 hadds, 2
+// permutes and an add for 8 scores). Softmax in float32. V: 4 keys at a time, each output
+// vector (in L1) loaded once, 4 FMAs, stored once. Every score and sum is formed in the same
+// order whatever the batch. Each row kDecodePrefetchKeys keys ahead in the sequence K, V, then
+// the task's next request's K is prefetched while a key is computed, spread one row per key
+// (a burst of a whole block's prefetches stalled the loop). On the 2-core EPYC (one thread,
+// batch 64, context 289, bf16): 7.0-7.8 GB/s of K/V, as fast as the read-only loop (7.2); a
+// version that took each KV head's rows of a 16-key block in turn, prefetching the next block
+// at once, reached 4.6-5.1, the portable kernel ~3.6-6 (docs/executor.md).
 #ifdef TAILSERVE_HAVE_AVX2
 static inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8f(const at::BFloat16* p) {
@@ -698,99 +701,92 @@ static inline __m256 sum8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
-static inline void prefetch_rows(const char* cache, const int64_t* sl, int64_t from, int64_t n, int64_t row_bytes) {
-  for (int64_t i = from; i < from + 16 && i < n; ++i) {  // one block of 16 keys
-    const char* p = cache + sl[i] * row_bytes;
-    for (int64_t c = 0; c < row_bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T1);
-  }
-}
+constexpr int64_t kDecodePrefetchKeys = 16;  // 8 and 32 measured within noise of it
 
-// The largest divisor of NF (head_dim / 8) with G x JB <= 12 accumulators.
-constexpr int v_pass_width(int NF, int G) {
-  for (int jb = NF; jb > 1; --jb)
-    if (NF % jb == 0 && G * jb <= 12) return jb;
-  return 1;
+static inline void prefetch_row(const char* p, int64_t row_bytes) {
+  for (int64_t c = 0; c < row_bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
 }
 
 template <typename T, int HD, int G>
 static void decode_avx2_impl(const float* q, const T* k, const T* v, const int64_t* slots, const int64_t* lengths,
                              float* out, int64_t B, int64_t H, int64_t KV, int64_t L, float scale) {
   static_assert(HD % 8 == 0, "head_dim must be a multiple of 8");
-  constexpr int NF = HD / 8;  // float32 vectors per row
-  constexpr int JB = v_pass_width(NF, G);
+  constexpr int NF = HD / 8;  // float32 vectors per row of one head
   const int64_t row_elems = KV * HD, row_bytes = row_elems * static_cast<int64_t>(sizeof(T));
   const char* kc = reinterpret_cast<const char*>(k);
   const char* vc = reinterpret_cast<const char*>(v);
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<__m256> part(KV * G * 8);
     const __m256 vscale = _mm256_set1_ps(scale);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = lengths[b];
       const int64_t* __restrict sl = slots + b * L;
-      const int64_t stride = ((n + 15) / 16) * 16;
+      const int64_t stride = ((n + 7) / 8) * 8;
       scores.resize(H * stride);
       float* __restrict sc = scores.data();
-      for (int64_t l0 = 0; l0 < n; l0 += 16) {
-        if (l0 + 16 < n) prefetch_rows(kc, sl, l0 + 16, n, row_bytes);
-        else prefetch_rows(vc, sl, 0, n, row_bytes);
-        for (int64_t h = 0; h < KV; ++h) {
-          const float* qh = q + (b * H + h * G) * HD;
-          for (int64_t s0 = l0; s0 < std::min(n, l0 + 16); s0 += 8) {
-            const int m = static_cast<int>(std::min<int64_t>(8, n - s0));
-            __m256 part[G][8];
-            for (int i = 0; i < m; ++i) {
-              const T* row = k + sl[s0 + i] * row_elems + h * HD;
-              __m256 acc[G];
-              const __m256 k0 = load8f(row);
+      const float* qb = q + b * H * HD;
+      for (int64_t s0 = 0; s0 < n; s0 += 8) {
+        const int m = static_cast<int>(std::min<int64_t>(8, n - s0));
+        for (int i = 0; i < m; ++i) {
+          const int64_t t = s0 + i + kDecodePrefetchKeys;  // in the sequence K rows, then V rows
+          if (t < n) prefetch_row(kc + sl[t] * row_bytes, row_bytes);
+          else if (t - n < n) prefetch_row(vc + sl[t - n] * row_bytes, row_bytes);
+          const T* row = k + sl[s0 + i] * row_elems;
+          for (int64_t h = 0; h < KV; ++h) {
+            const T* rh = row + h * HD;
+            const float* qh = qb + h * G * HD;
+            __m256 acc[G];
+            const __m256 k0 = load8f(rh);
 #pragma GCC unroll 8
-              for (int g = 0; g < G; ++g) acc[g] = _mm256_mul_ps(_mm256_loadu_ps(qh + g * HD), k0);
+            for (int g = 0; g < G; ++g) acc[g] = _mm256_mul_ps(_mm256_loadu_ps(qh + g * HD), k0);
 #pragma GCC unroll 32
-              for (int j = 1; j < NF; ++j) {
-                const __m256 kj = load8f(row + 8 * j);
+            for (int j = 1; j < NF; ++j) {
+              const __m256 kj = load8f(rh + 8 * j);
 #pragma GCC unroll 8
-                for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * HD + 8 * j), kj, acc[g]);
-              }
+              for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * HD + 8 * j), kj, acc[g]);
+            }
 #pragma GCC unroll 8
-              for (int g = 0; g < G; ++g) part[g][i] = acc[g];
-            }
-            for (int g = 0; g < G; ++g) {
-              for (int i = m; i < 8; ++i) part[g][i] = _mm256_setzero_ps();
-              _mm256_storeu_ps(sc + (h * G + g) * stride + s0, _mm256_mul_ps(sum8(part[g]), vscale));
-            }
+            for (int g = 0; g < G; ++g) part[(h * G + g) * 8 + i] = acc[g];
           }
+        }
+        for (int64_t r = 0; r < H; ++r) {
+          for (int i = m; i < 8; ++i) part[r * 8 + i] = _mm256_setzero_ps();
+          _mm256_storeu_ps(sc + r * stride + s0, _mm256_mul_ps(sum8(part.data() + r * 8), vscale));
         }
       }
       for (int64_t r = 0; r < H; ++r) softmax_inplace(sc + r * stride, n);
       float* ob = out + b * H * HD;
       std::fill(ob, ob + H * HD, 0.0f);
-      for (int64_t l0 = 0; l0 < n; l0 += 16) {
-        const int m = static_cast<int>(std::min<int64_t>(16, n - l0));
-        if (l0 + 16 < n) prefetch_rows(vc, sl, l0 + 16, n, row_bytes);
-        else if (b + 1 < end) prefetch_rows(kc, slots + (b + 1) * L, 0, lengths[b + 1], row_bytes);
-        for (int64_t h = 0; h < KV; ++h)
-          for (int j0 = 0; j0 < NF; j0 += JB) {
-            __m256 acc[G][JB];  // this head group's sums over dims [8 j0, 8 (j0 + JB)), kept in ob between blocks
+      constexpr int KB = 4;  // keys per pass over the accumulators (in L1: H x HD floats)
+      for (int64_t l0 = 0; l0 < n; l0 += KB) {
+        const int m = static_cast<int>(std::min<int64_t>(KB, n - l0));
+        const T* rows[KB];  // a short last group repeats its last row, with weight 0
+        for (int i = 0; i < KB; ++i) rows[i] = v + sl[l0 + std::min(i, m - 1)] * row_elems;
+        for (int i = 0; i < m; ++i) {  // in the sequence V rows, then the next request's K rows
+          const int64_t t = l0 + i + kDecodePrefetchKeys;
+          if (t < n) prefetch_row(vc + sl[t] * row_bytes, row_bytes);
+          else if (b + 1 < end && t - n < lengths[b + 1]) prefetch_row(kc + slots[(b + 1) * L + t - n] * row_bytes, row_bytes);
+        }
+        for (int64_t h = 0; h < KV; ++h) {
+          __m256 w[G][KB];
+          for (int g = 0; g < G; ++g)
+            for (int i = 0; i < KB; ++i)
+              w[g][i] = i < m ? _mm256_broadcast_ss(sc + (h * G + g) * stride + l0 + i) : _mm256_setzero_ps();
+          for (int j = 0; j < NF; ++j) {
+            __m256 vr[KB];
+#pragma GCC unroll 4
+            for (int i = 0; i < KB; ++i) vr[i] = load8f(rows[i] + h * HD + 8 * j);
 #pragma GCC unroll 8
-            for (int g = 0; g < G; ++g)
-#pragma GCC unroll 12
-              for (int j = 0; j < JB; ++j) acc[g][j] = _mm256_loadu_ps(ob + (h * G + g) * HD + 8 * (j0 + j));
-            for (int i = 0; i < m; ++i) {
-              const T* row = v + sl[l0 + i] * row_elems + h * HD + 8 * j0;
-              __m256 vr[JB];
-#pragma GCC unroll 12
-              for (int j = 0; j < JB; ++j) vr[j] = load8f(row + 8 * j);
-#pragma GCC unroll 8
-              for (int g = 0; g < G; ++g) {
-                const __m256 w = _mm256_broadcast_ss(sc + (h * G + g) * stride + l0 + i);
-#pragma GCC unroll 12
-                for (int j = 0; j < JB; ++j) acc[g][j] = _mm256_fmadd_ps(w, vr[j], acc[g][j]);
-              }
+            for (int g = 0; g < G; ++g) {
+              float* o = ob + (h * G + g) * HD + 8 * j;
+              __m256 a = _mm256_loadu_ps(o);
+#pragma GCC unroll 4
+              for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(w[g][i], vr[i], a);
+              _mm256_storeu_ps(o, a);
             }
-#pragma GCC unroll 8
-            for (int g = 0; g < G; ++g)
-#pragma GCC unroll 12
-              for (int j = 0; j < JB; ++j) _mm256_storeu_ps(ob + (h * G + g) * HD + 8 * (j0 + j), acc[g][j]);
           }
+        }
       }
     }
   });
