@@ -107,15 +107,21 @@ def check_trace(path: str | Path) -> str | None:
 
 
 # ---- host ----------------------------------------------------------------------------------
+_SIMD = ("avx2", "fma", "f16c")  # the avx2 level's instructions (cpu_isa), named beside AVX-512's
+
+
 def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """The CPU's AVX-512 and AMX flags, sorted; [] where /proc/cpuinfo is unreadable."""
+    """The CPU's AVX2/FMA/F16C, AVX-512 and AMX flags, sorted; [] where /proc/cpuinfo is
+    unreadable (an AVX2-only CPU shows the first three alone)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return []
     for line in text.splitlines():
         if line.startswith("flags"):
-            return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx")))
+            return sorted(
+                f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx")) or f in _SIMD
+            )
     return []
 
 
@@ -129,7 +135,7 @@ def cpu_line() -> str:
                 break
     except OSError:
         pass
-    flags = " ".join(simd_flags()) or "no AVX-512/AMX flags"
+    flags = " ".join(simd_flags()) or "no AVX2/AVX-512/AMX flags"
     return f"CPU: {model or 'unknown model'}, {os.cpu_count()} cores; {flags}"
 
 

@@ -115,9 +115,11 @@ def print_report(results: dict[str, Any]) -> None:
 
     # Wide tables stay readable in a log; no markup: engine names hold brackets ("vllm[auto]").
     console = Console(width=max(Console().width, 150), markup=False)
-    table = Table(
-        title=f"Real executor on CPU ({results['settings'].get('dtype', 'bfloat16')}, greedy, ignore_eos)"
-    )
+    settings = results["settings"]
+    dtype = settings.get("dtype", "bfloat16")
+    vllm_dtype = settings.get("vllm_dtype") or dtype
+    dtypes = dtype if vllm_dtype == dtype else f"{dtype}, vLLM {vllm_dtype}"
+    table = Table(title=f"Real executor on CPU ({dtypes}, greedy, ignore_eos)")
     for col in (
         "model",
         "engine",

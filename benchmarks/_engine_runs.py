@@ -211,7 +211,7 @@ def run_vllm(
     folder = Path(tempfile.mkdtemp(prefix="engine_cpu_vllm_"))
     spec = {
         "model_dir": str(model_dir),
-        "dtype": args.dtype,
+        "dtype": getattr(args, "vllm_dtype", None) or args.dtype,
         "max_model_len": None,
         "w_prompts": work["w"],
         "w_max_tokens": work["w_max_tokens"],

@@ -26,6 +26,7 @@ TESTS = [
     "tests/test_cpu_norm_exact.py",
     "tests/test_model_out_rows.py",
     "tests/test_packed_linear.py",
+    "tests/test_cpu_avx2.py",
     "tests/test_torch_executor.py::test_logits_of_one_forward_match_transformers",
     "tests/test_torch_executor.py::test_bfloat16_runs_and_mostly_agrees",
     "tests/test_torch_executor.py::test_pytorch_attention_path_gives_the_same_tokens",

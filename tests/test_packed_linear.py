@@ -1,4 +1,5 @@
-"""bf16 weights prepacked for oneDNN (``cpu_backend.PackedLinear``) compute what ``F.linear`` does."""
+"""bf16 weights prepacked for this level's matmul (``cpu_backend.PackedLinear``: tailserve's dpbf16 or
+AVX2 kernel, or oneDNN) compute what ``F.linear`` does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tailserve.executors.pytorch.model import LlamaModel, linear
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(not can_pack(BF16, CPU), reason="no oneDNN weight packing in this torch")
+pytestmark = pytest.mark.skipif(not can_pack(BF16, CPU), reason="no weight packing at this level (or no oneDNN in this torch)")
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])

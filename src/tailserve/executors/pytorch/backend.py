@@ -109,23 +109,34 @@ def gather_decode_context(k_slots: Tensor, v_slots: Tensor, meta: Any) -> tuple[
 
 def auto_dtype(device: torch.device) -> tuple[str, str | None]:
     """What ``dtype="auto"`` means on ``device``, and the one line that says why where it is
-    not bfloat16. vLLM serves bf16 by default; a CPU without AVX-512 has no bf16 matmul
-    (PyTorch's generic bf16 GEMM measured 5-9 GFLOP/s here against float32's ~30), so there
-    float32 is both faster and transformers-exact."""
+    not bfloat16. vLLM serves bf16 by default. On a CPU, bf16 needs a bf16 matmul: AVX-512's
+    (dpbf16 or oneDNN), or at level avx2 tailserve's AVX2 kernel (bf16 weights, float32 FMAs:
+    ~2x MKL's float32 ``F.linear`` at a decode batch of 64 and 4x at 1-8 rows on a Zen 3, half
+    the bytes; docs/executor.md). Without one (a generic CPU, or the kernel not built) PyTorch's
+    generic bf16 GEMM measured 5-9 GFLOP/s against float32's ~30, so there float32 is both
+    faster and transformers-exact."""
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return "bfloat16", None
         return "float16", "dtype auto -> float16: this GPU has no bfloat16"
     if device.type != "cpu":
         return "float32", None
-    from tailserve.executors.pytorch import cpu_isa
+    from tailserve.executors.pytorch import cpu_isa, cpu_kernels
 
     isa = cpu_isa.detect()
     if isa.at_least("avx512"):
         return "bfloat16", None
+    if isa.level == "avx2":
+        if cpu_kernels.linear_avx2_kernel() is not None:
+            return "bfloat16", None
+        why = cpu_kernels.failure() or "TAILSERVE_CPU_KERNEL=0 or TAILSERVE_LINEAR_KERNEL=torch"
+        return "float32", (
+            f"dtype auto -> float32: this CPU's level is avx2 and tailserve's AVX2 bf16 kernel is "
+            f"unavailable ({why}); --dtype bfloat16 runs anyway, on PyTorch's slower generic bf16 path"
+        )
     return "float32", (
         f"dtype auto -> float32: this CPU's level is {isa.level} (tailserve's bf16 matmuls need "
-        "x86 AVX-512); "
+        "x86 AVX2 or AVX-512); "
         "--dtype bfloat16 runs anyway, on PyTorch's slower generic bf16 path"
     )
 

@@ -2,8 +2,9 @@
 wherever this CPU's level (``cpu_isa``) runs them.
 
 Per level, for a bf16 model (docs/executor.md): linear layers through tailserve's dpbf16 kernel
-(avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq) or
-``F.linear`` (avx2, generic); decode attention through the dpbf16 kernel or the portable one;
+(avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq),
+tailserve's AVX2 kernel (avx2: bf16 weights widened to float32 in registers) or ``F.linear``
+(generic); decode attention through the dpbf16 kernel or the portable one;
 prefill attention through the dpbf16 tiled kernel or SDPA; RMSNorm/SiLU-mul fused wherever the
 kernel reproduces PyTorch's bits on this machine. float32 models keep PyTorch's linear, norms
 and RoPE on every level (the transformers-exact path); their decode attention and K/V stores
@@ -26,33 +27,46 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 class PackedLinear:
-    """A bf16 weight packed once at load, as vLLM's CPU backend prepacks its GEMM weights.
+    """A bf16 weight packed once at load, as vLLM's CPU backend prepacks its GEMM weights, for
+    the matmul this CPU's level has (``kind``):
 
-    At level avx512_bf16 (and an output count that is a multiple of 64): packed for tailserve's
-    own kernel (``cpu_kernels.linear_kernel``; [out / 64, in / 2, 64, 2], the pair layout
-    ``_mm512_dpbf16_ps`` reads). Against oneDNN's prepacked matmul on the 2-core EPYC (the small
-    model's four projections, 2 threads): 2.1x at 1 row, 1.6x at 8, 1.15x at 64 (a decode
-    batch, its weights coming from memory as in a forward pass), even at 256-2,048 (0.96-1.1x
-    per projection; docs/executor.md). Its sums run in input order, pair by pair; oneDNN's
-    order differs in the last bit of ~0.01-0.05% of outputs, so bf16 tokens can differ from a
-    oneDNN run (``TAILSERVE_LINEAR_KERNEL=onednn`` selects oneDNN). At level avx512: reordered
-    once for oneDNN (``torch.ops.mkldnn``), the same bits as ``F.linear`` and 2-2.8x its speed
-    at 1-7 rows, 1.2x at 64, ~5% at 512-2,048: ``F.linear`` reorders the weight inside every
-    call. Either way a row's result does not depend on the other rows. Below avx512 nothing is
-    packed (``can_pack``): oneDNN's bf16 reorder raises on such a CPU."""
+    - ``dpbf16`` (avx512_bf16, an output count that is a multiple of 64): tailserve's own kernel
+      (``cpu_kernels.linear_kernel``; [out / 64, in / 2, 64, 2], the pair layout
+      ``_mm512_dpbf16_ps`` reads). Against oneDNN's prepacked matmul on the 2-core EPYC (the
+      small model's four projections, 2 threads): 2.1x at 1 row, 1.6x at 8, 1.15x at 64 (a
+      decode batch, its weights coming from memory as in a forward pass), even at 256-2,048
+      (0.96-1.1x per projection; docs/executor.md). Its sums run in input order, pair by pair;
+      oneDNN's order differs in the last bit of ~0.01-0.05% of outputs, so bf16 tokens can
+      differ from a oneDNN run (``TAILSERVE_LINEAR_KERNEL=onednn`` selects oneDNN).
+    - ``onednn`` (avx512, or a dpbf16 CPU's other shapes): reordered once for oneDNN
+      (``torch.ops.mkldnn``), the same bits as ``F.linear`` and 2-2.8x its speed at 1-7 rows,
+      1.2x at 64, ~5% at 512-2,048: ``F.linear`` reorders the weight inside every call.
+    - ``avx2`` (avx2: Haswell to Zen 3, no bf16 instruction): tailserve's AVX2 kernel
+      (``cpu_kernels.linear_avx2_kernel``; [ceil(out / 16), in, 8, 2], 16 outputs per 32-byte
+      row), bf16 weights widened to float32 in registers and summed with FMAs in input order.
+      oneDNN's bf16 reorder raises on such a CPU and PyTorch's generic bf16 GEMM ran at 5-9
+      GFLOP/s; this one at ~170-180 (64 rows, 2 threads, ~2x MKL's float32 ``F.linear``).
 
-    __slots__ = ("in_features", "kernel", "numel", "out_features", "packed")
+    Either way a row's result does not depend on the other rows. Below avx2 nothing is packed
+    (``can_pack``)."""
+
+    __slots__ = ("in_features", "kernel", "kind", "numel", "out_features", "packed")
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.out_features, self.in_features = weight.shape
         self.numel = weight.numel()
-        module = cpu_kernels.linear_kernel()
         n, k = self.out_features, self.in_features
-        if module is not None and n % 64 == 0 and k % 2 == 0:
-            self.kernel = module
+        self.kernel = cpu_kernels.linear_avx2_kernel()
+        if self.kernel is not None:
+            self.kind = "avx2"
+            self.packed = pack_avx2(weight)
+            return
+        self.kernel = cpu_kernels.linear_kernel()
+        if self.kernel is not None and n % 64 == 0 and k % 2 == 0:
+            self.kind = "dpbf16"
             self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
         else:
-            self.kernel = None
+            self.kernel, self.kind = None, "onednn"
             # The batch-size hint picks the blocking; any number of rows works, and the speed
             # barely depends on the hint (measured 1-2,048 rows).
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
@@ -60,29 +74,51 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.kernel is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
-        if x.dim() == 2:
-            return self.kernel.linear_bf16(x, self.packed, bias)
-        rows = x.reshape(-1, self.in_features)
-        return self.kernel.linear_bf16(rows, self.packed, bias).view(*x.shape[:-1], self.out_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if self.kind == "avx2":
+            y = self.kernel.linear_avx2(rows, self.packed, self.out_features, bias)
+        else:
+            y = self.kernel.linear_bf16(rows, self.packed, bias)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
+
+
+def pack_avx2(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] bf16 -> [ceil(out / 16), in, 8, 2], ``linear_avx2``'s layout: per panel of 16
+    outputs and input dim, 8 words whose low halves are outputs 0-7 and high halves 8-15 (a
+    shift and a mask widen them to two float32 vectors). Outputs past ``out`` are zero."""
+    n, k = weight.shape
+    panels = -(-n // 16)
+    padded = weight.new_zeros(panels * 16, k)
+    padded[:n] = weight
+    return padded.view(panels, 2, 8, k).permute(0, 3, 2, 1).contiguous()
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether weights in ``dtype`` on ``device`` are prepacked here: bf16 on a CPU at level
-    avx512 or above with oneDNN (``TAILSERVE_PACK_WEIGHTS=0`` says no)."""
+    avx512 or above with oneDNN, or at level avx2 with tailserve's AVX2 kernel built
+    (``TAILSERVE_PACK_WEIGHTS=0`` says no)."""
+    if device.type != "cpu" or dtype != torch.bfloat16:  # fp16 GEMMs in oneDNN want avx512_fp16/AMX: not measured
+        return False
+    if os.environ.get("TAILSERVE_PACK_WEIGHTS", "1") == "0":
+        return False
+    if cpu_isa.detect().level == "avx2":
+        return cpu_kernels.linear_avx2_kernel() is not None
     return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16  # fp16 GEMMs in oneDNN want avx512_fp16/AMX: not measured
-        and cpu_isa.detect().at_least("avx512")
+        cpu_isa.detect().at_least("avx512")
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and os.environ.get("TAILSERVE_PACK_WEIGHTS", "1") != "0"
     )
+
+
+AVX2_LINEAR = "bf16->fp32 FMA kernel (AVX2)"  # the header's name for the avx2 path
 
 
 def linear_path(dtype: torch.dtype, device: torch.device) -> str:
     """What a linear layer of a ``dtype`` model runs here, in words (the header's)."""
     if not can_pack(dtype, device):
         return "F.linear (BLAS)" if dtype == torch.float32 else "F.linear (PyTorch's generic bf16 GEMM)"
+    if cpu_kernels.linear_avx2_kernel() is not None:
+        return AVX2_LINEAR
     return "dpbf16 kernel" if cpu_kernels.linear_kernel() is not None else "oneDNN prepacked"
 
 
@@ -154,7 +190,7 @@ class CpuBackend(TorchBackend):
             why = "TAILSERVE_CPU_KERNEL=0" if not cpu_kernels.enabled() else cpu_kernels.failure()
             attention, norms = f"PyTorch (no kernels: {why})", "PyTorch"
         else:
-            decode = cpu_kernels.decode_isa(self.kernels) if dtype in _HALF else "portable"
+            decode = cpu_kernels.decode_kernel_for(dtype, self.kernels)
             prefill = "dpbf16 kernel" if decode == "avx512_bf16" and dtype == torch.bfloat16 else "SDPA"
             attention = f"decode {decode} kernel, prefill {prefill}"
             norms = f"fused {'/'.join(fused_norms)}" if fused_norms else "PyTorch"

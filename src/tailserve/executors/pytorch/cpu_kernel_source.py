@@ -3,10 +3,13 @@ that builds and calls them.
 
 - ``paged_decode_attention``: one-token queries over paged K/V, float32 softmax. Where the
   compiler targets avx512_bf16 and the cache is bf16 (``decode_bf16_impl``): one task per
-  request, 16 keys' whole slot rows at a time, the scores with ``_mm512_dpbf16_ps``; elsewhere
+  request, 16 keys' whole slot rows at a time, the scores with ``_mm512_dpbf16_ps``; at level
+  avx2 the same shape with AVX2 FMAs, bf16 or float32 caches (``decode_avx2_impl``); elsewhere
   float32 loops, one task per (request, KV head) (``decode_impl``).
 - ``linear_bf16``: the bf16 linear layers, over weights packed once for ``_mm512_dpbf16_ps``
   (avx512_bf16 only; ``cpu_backend.PackedLinear``).
+- ``linear_avx2`` and the AVX2 decode attention (``decode_avx2_impl``): for CPUs with AVX2 and FMA
+  but no AVX-512 (level avx2): bf16 weights and K/V widened to float32 in registers, FMA sums.
 - ``store_kv``: the new tokens' K and V rows into their cache slots (two ``index_copy_`` calls
   took ~65 us each for a decode batch of 64 rows).
 - ``paged_prefill_attention``: the prefill chunks' tokens, tiled as a GEMM kernel is (8 query
@@ -478,6 +481,343 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 #endif
 }
 
+// ---- bf16 linear layers on AVX2 + FMA -------------------------------------------------------
+// y[M, N] = x[M, K] W^T (+ bias) for CPUs without a bf16 dot-product instruction (Haswell to
+// Zen 3): the weight stays bf16 in memory (half float32's bytes; a decode step streams every
+// weight once) and is widened to float32 in registers, where bf16 -> float32 is exact and costs
+// a shift or a mask. Packed once at load (``PackedLinear``) as [ceil(N / 16)][K][8][2]: a panel
+// of 16 outputs, per input dim one 32-byte row whose 32-bit word j holds output j in its low
+// half and output j + 8 in its high half, so one load gives two float32 vectors of 8 outputs:
+// ``w << 16`` (outputs 0-7) and ``w & 0xffff0000`` (outputs 8-15). x is widened once per call
+// into tiles of up to 6 rows, [tile][K][6] float32, so a tile's rows are 6 adjacent broadcasts.
+// A tile is MR rows x NPAN panels in 2 * MR * NPAN float32 accumulators (at most 12 of the 16
+// ymm registers): per input dim, NPAN weight loads, MR broadcasts, 2 * MR * NPAN FMAs. Each
+// output is its row's dims summed in input order, whatever the tile shape, so a row's result
+// does not depend on the other rows or their number (the last layer can run on the sampled rows
+// alone), and it is rounded once to bf16. On the 2-core EPYC (Zen 3, 2 threads): ~170-180
+// GFLOP/s at 64 rows, 90-94% of its measured FMA peak and ~2x MKL's float32 F.linear; at 1 row
+// the weights stream at ~90% of the read bandwidth (docs/executor.md).
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TAILSERVE_HAVE_AVX2 1
+
+static inline __m256 bf16_low(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+static inline __m256 bf16_high(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// 8 float32 -> 8 bf16, rounded to nearest even as c10::BFloat16 does (NaN stays a NaN).
+static inline __m128i to_bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  // NaN tested on the bits: -ffast-math lets the compiler fold a float unordered compare away.
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+  // packus works per 128-bit lane: values 0-3 land in qword 0, 4-7 in qword 2.
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+}
+
+// The weights a tile will need next are prefetched 2 KiB (64 input dims) ahead of the loads: at
+// 1-8 rows the loop is short enough per byte that the hardware prefetcher alone left 20-40% of
+// the read bandwidth unused (one thread, tiny model's matrices from memory).
+constexpr int64_t kLinearPrefetchWords = 512;
+
+// Not inlined: inside the task loop GCC kept the output rounding's constants in ymm registers
+// across the k loop and spilled an accumulator to the stack (a store and reload each input dim).
+template <int MR, int NPAN>
+__attribute__((noinline)) static void linear_avx2_tile(const float* __restrict xt, const uint32_t* __restrict w, int64_t K,
+                                    const float* __restrict bias, uint16_t* __restrict y, int64_t ldy,
+                                    int64_t nvalid) {
+  __m256 acc[MR][2 * NPAN];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NPAN; ++j) acc[r][j] = _mm256_setzero_ps();
+  const uint32_t* wq[NPAN];
+  for (int p = 0; p < NPAN; ++p) wq[p] = w + p * K * 8;
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 wv[2 * NPAN];
+#pragma GCC unroll 4
+    for (int p = 0; p < NPAN; ++p) {
+      _mm_prefetch(reinterpret_cast<const char*>(wq[p] + 8 * k + kLinearPrefetchWords), _MM_HINT_T0);
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq[p] + 8 * k));
+      wv[2 * p] = bf16_low(a);
+      wv[2 * p + 1] = bf16_high(a);
+    }
+    const float* xk = xt + 6 * k;
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(xk + r);
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * NPAN; ++j) acc[r][j] = _mm256_fmadd_ps(xb, wv[j], acc[r][j]);
+    }
+  }
+  // Through a fixed-size buffer: indexing ``acc`` with the runtime panel below made GCC keep
+  // every accumulator in memory, stored each input dim (a third of the FMA rate).
+  alignas(32) float res[MR][16 * NPAN];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NPAN; ++j) _mm256_store_ps(res[r] + 8 * j, acc[r][j]);
+  for (int r = 0; r < MR; ++r)
+    for (int64_t n0 = 0; n0 < 16 * NPAN && n0 < nvalid; n0 += 8) {
+      __m256 v = _mm256_load_ps(res[r] + n0);
+      if (bias) {
+        alignas(32) float b8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        std::memcpy(b8, bias + n0, sizeof(float) * std::min<int64_t>(8, nvalid - n0));
+        v = _mm256_add_ps(v, _mm256_load_ps(b8));
+      }
+      uint16_t* out = y + r * ldy + n0;
+      if (nvalid - n0 >= 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), to_bf16x8(v));
+      } else {  // the last panel of an output count that is not a multiple of 16
+        alignas(16) uint16_t tmp[8];
+        _mm_store_si128(reinterpret_cast<__m128i*>(tmp), to_bf16x8(v));
+        std::memcpy(out, tmp, sizeof(uint16_t) * (nvalid - n0));
+      }
+    }
+}
+
+// Tile t of T covers rows [row_tile_start(t), row_tile_start(t + 1)): M rows cut into ceil(M / 6)
+// near-equal tiles (8 rows -> 4 + 4, not 6 + 2), because a tile of r rows keeps 2r FMA chains
+// and below 8 of them the FMA latency, not its rate, bounds the loop.
+static inline int64_t row_tile_start(int64_t t, int64_t M, int64_t T) {
+  return t * (M / T) + std::min(t, M % T);
+}
+
+#endif
+
+torch::Tensor linear_avx2(torch::Tensor x, torch::Tensor w, int64_t N, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_avx2: x must be bf16 [rows, in]");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 8 && w.size(3) == 2 && w.is_contiguous() &&
+              w.scalar_type() == at::kBFloat16, "linear_avx2: w must be packed bf16 [ceil(out / 16), in, 8, 2]");
+  const int64_t M = x.size(0), K = x.size(1), NP = w.size(0);
+  TORCH_CHECK(K == w.size(1) && K > 0, "linear_avx2: x has ", K, " features, the weight ", w.size(1));
+  TORCH_CHECK(N > 16 * (NP - 1) && N <= 16 * NP, "linear_avx2: ", N, " outputs in ", NP, " panels of 16");
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor bf;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N, "linear_avx2: bias of ", bias->numel(), " for ", N, " outputs");
+    bf = bias->to(torch::kFloat).contiguous();
+  }
+#ifdef TAILSERVE_HAVE_AVX2
+  if (M == 0) return y;
+  auto xc = x.contiguous();
+  const int64_t T = (M + 5) / 6;
+  auto xpack = torch::empty({T * K * 6}, x.options().dtype(torch::kFloat));
+  float* xpp = xpack.data_ptr<float>();
+  const uint16_t* xs = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  at::parallel_for(0, T, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      for (int64_t m = row_tile_start(t, M, T); m < row_tile_start(t + 1, M, T); ++m) {
+        float* dst = xpp + t * K * 6 + (m - row_tile_start(t, M, T));
+        const uint16_t* src = xs + m * K;
+        for (int64_t k = 0; k < K; ++k) {
+          const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
+          std::memcpy(dst + 6 * k, &bits, sizeof(float));
+        }
+      }
+  });
+  const uint32_t* wp = reinterpret_cast<const uint32_t*>(w.data_ptr());
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  // A task is a group of 4 panels (64 outputs) x a block of row tiles, numbered panel-major so a
+  // thread's share is a run of whole panels, each read from memory once; within a task each row
+  // tile takes the group's panels from L1/L2 in turn. One or two rows take 4 or 2 panels per
+  // tile instead (4 or 8 FMA chains rather than 2 or 4).
+  constexpr int64_t PG = 4;
+  const int64_t TB = K <= 1024 ? 16 : 8;  // row tiles per block: ~96 / ~48 rows of x in L2
+  const int64_t ngroups = (NP + PG - 1) / PG, nblocks = (T + TB - 1) / TB;
+  const int npan = M == 1 ? 4 : M == 2 ? 2 : 1;
+  at::parallel_for(0, ngroups * nblocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t g = task / nblocks, blk = task % nblocks, p1 = std::min(NP, (g + 1) * PG);
+      for (int64_t t = blk * TB; t < std::min(T, (blk + 1) * TB); ++t) {
+        const int64_t m0 = row_tile_start(t, M, T);
+        const int rows = static_cast<int>(row_tile_start(t + 1, M, T) - m0);
+        const float* xt = xpp + t * K * 6;
+        int64_t p = g * PG;
+        auto at = [&](int64_t panel) { return std::make_tuple(wp + panel * K * 8, bp ? bp + panel * 16 : nullptr,
+                                                              yp + m0 * N + panel * 16, N - panel * 16); };
+        if (npan == 4)
+          for (; p + 4 <= p1; p += 4) {
+            auto [wt, bt, yt, nv] = at(p);
+            linear_avx2_tile<1, 4>(xt, wt, K, bt, yt, N, nv);
+          }
+        if (npan == 2)
+          for (; p + 2 <= p1; p += 2) {
+            auto [wt, bt, yt, nv] = at(p);
+            linear_avx2_tile<2, 2>(xt, wt, K, bt, yt, N, nv);
+          }
+        for (; p < p1; ++p) {
+          auto [wt, bt, yt, nv] = at(p);
+          switch (rows) {
+            case 1: linear_avx2_tile<1, 1>(xt, wt, K, bt, yt, N, nv); break;
+            case 2: linear_avx2_tile<2, 1>(xt, wt, K, bt, yt, N, nv); break;
+            case 3: linear_avx2_tile<3, 1>(xt, wt, K, bt, yt, N, nv); break;
+            case 4: linear_avx2_tile<4, 1>(xt, wt, K, bt, yt, N, nv); break;
+            case 5: linear_avx2_tile<5, 1>(xt, wt, K, bt, yt, N, nv); break;
+            default: linear_avx2_tile<6, 1>(xt, wt, K, bt, yt, N, nv); break;
+          }
+        }
+      }
+    }
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "linear_avx2: built without AVX2 and FMA");
+  return y;
+#endif
+}
+
+// ---- decode attention, AVX2 + FMA -----------------------------------------------------------
+// For CPUs without AVX-512: one task per request; its K rows, then its V rows, each read once,
+// whole (every KV head: a slot row is KV x head_dim contiguous values), in key order — the
+// order a plain loop that only reads the rows takes, which it matches in bytes per second.
+// K: per key, each KV head's row is widened to float32 8 dims at a time (bf16: a shift; float32
+// caches load as they are) and multiplied into one FMA chain per query head of its GQA group, so
+// the group shares every load; each 8 keys' chains are reduced together (sum8: 6 hadds, 2
+// permutes and an add for 8 scores). Softmax in float32. V: 4 keys at a time, each output
+// vector (in L1) loaded once, 4 FMAs, stored once. Every score and sum is formed in the same
+// order whatever the batch. Each row kDecodePrefetchKeys keys ahead in the sequence K, V, then
+// the task's next request's K is prefetched while a key is computed, spread one row per key
+// (a burst of a whole block's prefetches stalled the loop). On the 2-core EPYC (one thread,
+// batch 64, context 289, bf16): 7.0-7.8 GB/s of K/V, as fast as the read-only loop (7.2); a
+// version that took each KV head's rows of a 16-key block in turn, prefetching the next block
+// at once, reached 4.6-5.1, the portable kernel ~3.6-6 (docs/executor.md).
+#ifdef TAILSERVE_HAVE_AVX2
+static inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8f(const at::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// r[i] = the sum of v[i]'s 8 lanes, for 8 vectors at once.
+static inline __m256 sum8(const __m256* v) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // ab: [v0..v3 lanes 0-3 | v0..v3 lanes 4-7], cd the same for v4..v7.
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+constexpr int64_t kDecodePrefetchKeys = 16;  // 8 and 32 measured within noise of it
+
+static inline void prefetch_row(const char* p, int64_t row_bytes) {
+  for (int64_t c = 0; c < row_bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+}
+
+template <typename T, int HD, int G>
+static void decode_avx2_impl(const float* q, const T* k, const T* v, const int64_t* slots, const int64_t* lengths,
+                             float* out, int64_t B, int64_t H, int64_t KV, int64_t L, float scale) {
+  static_assert(HD % 8 == 0, "head_dim must be a multiple of 8");
+  constexpr int NF = HD / 8;  // float32 vectors per row of one head
+  const int64_t row_elems = KV * HD, row_bytes = row_elems * static_cast<int64_t>(sizeof(T));
+  const char* kc = reinterpret_cast<const char*>(k);
+  const char* vc = reinterpret_cast<const char*>(v);
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<__m256> part(KV * G * 8);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n = lengths[b];
+      const int64_t* __restrict sl = slots + b * L;
+      const int64_t stride = ((n + 7) / 8) * 8;
+      scores.resize(H * stride);
+      float* __restrict sc = scores.data();
+      const float* qb = q + b * H * HD;
+      for (int64_t s0 = 0; s0 < n; s0 += 8) {
+        const int m = static_cast<int>(std::min<int64_t>(8, n - s0));
+        for (int i = 0; i < m; ++i) {
+          const int64_t t = s0 + i + kDecodePrefetchKeys;  // in the sequence K rows, then V rows
+          if (t < n) prefetch_row(kc + sl[t] * row_bytes, row_bytes);
+          else if (t - n < n) prefetch_row(vc + sl[t - n] * row_bytes, row_bytes);
+          const T* row = k + sl[s0 + i] * row_elems;
+          for (int64_t h = 0; h < KV; ++h) {
+            const T* rh = row + h * HD;
+            const float* qh = qb + h * G * HD;
+            __m256 acc[G];
+            const __m256 k0 = load8f(rh);
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) acc[g] = _mm256_mul_ps(_mm256_loadu_ps(qh + g * HD), k0);
+#pragma GCC unroll 32
+            for (int j = 1; j < NF; ++j) {
+              const __m256 kj = load8f(rh + 8 * j);
+#pragma GCC unroll 8
+              for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * HD + 8 * j), kj, acc[g]);
+            }
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) part[(h * G + g) * 8 + i] = acc[g];
+          }
+        }
+        for (int64_t r = 0; r < H; ++r) {
+          for (int i = m; i < 8; ++i) part[r * 8 + i] = _mm256_setzero_ps();
+          _mm256_storeu_ps(sc + r * stride + s0, _mm256_mul_ps(sum8(part.data() + r * 8), vscale));
+        }
+      }
+      for (int64_t r = 0; r < H; ++r) softmax_inplace(sc + r * stride, n);
+      float* ob = out + b * H * HD;
+      std::fill(ob, ob + H * HD, 0.0f);
+      constexpr int KB = 4;  // keys per pass over the accumulators (in L1: H x HD floats)
+      for (int64_t l0 = 0; l0 < n; l0 += KB) {
+        const int m = static_cast<int>(std::min<int64_t>(KB, n - l0));
+        const T* rows[KB];  // a short last group repeats its last row, with weight 0
+        for (int i = 0; i < KB; ++i) rows[i] = v + sl[l0 + std::min(i, m - 1)] * row_elems;
+        for (int i = 0; i < m; ++i) {  // in the sequence V rows, then the next request's K rows
+          const int64_t t = l0 + i + kDecodePrefetchKeys;
+          if (t < n) prefetch_row(vc + sl[t] * row_bytes, row_bytes);
+          else if (b + 1 < end && t - n < lengths[b + 1]) prefetch_row(kc + slots[(b + 1) * L + t - n] * row_bytes, row_bytes);
+        }
+        for (int64_t h = 0; h < KV; ++h) {
+          __m256 w[G][KB];
+          for (int g = 0; g < G; ++g)
+            for (int i = 0; i < KB; ++i)
+              w[g][i] = i < m ? _mm256_broadcast_ss(sc + (h * G + g) * stride + l0 + i) : _mm256_setzero_ps();
+          for (int j = 0; j < NF; ++j) {
+            __m256 vr[KB];
+#pragma GCC unroll 4
+            for (int i = 0; i < KB; ++i) vr[i] = load8f(rows[i] + h * HD + 8 * j);
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+              float* o = ob + (h * G + g) * HD + 8 * j;
+              __m256 a = _mm256_loadu_ps(o);
+#pragma GCC unroll 4
+              for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(w[g][i], vr[i], a);
+              _mm256_storeu_ps(o, a);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// The AVX2 kernel for this cache dtype, head_dim and group size, or false (the portable one runs).
+template <typename T>
+static bool decode_avx2(const float* q, const T* k, const T* v, const int64_t* slots, const int64_t* lengths,
+                        float* out, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
+  const int64_t G = H / KV;
+#define TS_CASE(HDV, GV) \
+  if (D == HDV && G == GV) { decode_avx2_impl<T, HDV, GV>(q, k, v, slots, lengths, out, B, H, KV, L, scale); return true; }
+#define TS_GROUPS(HDV) TS_CASE(HDV, 1) TS_CASE(HDV, 2) TS_CASE(HDV, 3) TS_CASE(HDV, 4) TS_CASE(HDV, 5) \
+  TS_CASE(HDV, 6) TS_CASE(HDV, 7) TS_CASE(HDV, 8)
+  TS_GROUPS(64) TS_GROUPS(128) TS_GROUPS(32) TS_GROUPS(96) TS_GROUPS(256)
+#undef TS_GROUPS
+#undef TS_CASE
+  return false;
+}
+#endif
+
+// Whether this build has the AVX2 kernels, ``linear_avx2`` and the AVX2 decode attention
+// (compiled for x86-64-v3 or above).
+bool avx2_built() {
+#ifdef TAILSERVE_HAVE_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Which decode kernel this build runs for bf16 caches: "avx512_bf16" or "portable".
 std::string decode_kernel_isa() {
 #ifdef TAILSERVE_HAVE_DPBF16
@@ -487,9 +827,13 @@ std::string decode_kernel_isa() {
 #endif
 }
 
+// ``kernel``: "avx512_bf16" (bf16 caches, where built), "avx2" (bf16 and float32 caches, where
+// built), anything else the portable loops; a kernel without an instance for the shape falls
+// back to the portable one.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                      torch::Tensor slots, torch::Tensor lengths, double scale,
-                                     bool use_dpbf16) {
+                                     std::string kernel) {
+  const bool use_dpbf16 = kernel == "avx512_bf16";
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "k and v must be contiguous");
   auto sl = slots.to(torch::kLong).contiguous();
@@ -508,6 +852,21 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 #endif
   auto qf = q.to(torch::kFloat).contiguous();
   auto out = torch::empty({B, H, D}, qf.options());
+#ifdef TAILSERVE_HAVE_AVX2
+  if (kernel == "avx2") {
+    const float* qp = qf.data_ptr<float>();
+    const int64_t* sp = sl.data_ptr<int64_t>();
+    const int64_t* lp = ln.data_ptr<int64_t>();
+    float* op = out.data_ptr<float>();
+    const float sc = static_cast<float>(scale);
+    bool done = false;
+    if (k.scalar_type() == at::kBFloat16)
+      done = decode_avx2(qp, k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(), sp, lp, op, B, H, KV, D, L, sc);
+    else if (k.scalar_type() == at::kFloat)
+      done = decode_avx2(qp, k.data_ptr<float>(), v.data_ptr<float>(), sp, lp, op, B, H, KV, D, L, sc);
+    if (done) return out.to(q.scalar_type());
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "paged_decode", [&] {
     auto run = [&](auto hd) {
       decode_impl<scalar_t, decltype(hd)::value>(
@@ -679,4 +1038,6 @@ FUNCTIONS = [
     "argmax_rows",
     "store_kv",
     "linear_bf16",
+    "linear_avx2",
+    "avx2_built",
 ]

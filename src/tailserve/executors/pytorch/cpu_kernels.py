@@ -113,17 +113,29 @@ def load() -> Any | None:
 
 def decode_isa(module: Any | None = None) -> str | None:
     """The decode-attention kernel bf16 caches get: ``avx512_bf16`` (dot products with
-    ``_mm512_dpbf16_ps``, built only at that CPU level), ``portable`` (float32 loops, every other
+    ``_mm512_dpbf16_ps``, built only at that CPU level), ``avx2`` (AVX2 FMAs over rows widened
+    to float32, at level avx2, float32 caches too), ``portable`` (float32 loops, every other
     level, and what ``TAILSERVE_DECODE_KERNEL=portable`` asks for), or None without the kernels.
     ``module``: a build of ``load()`` (default: this process's level)."""
     module = load() if module is None else module
     if module is None:
         return None
-    return module.decode_kernel_isa() if _use_dpbf16() else "portable"
+    if os.environ.get("TAILSERVE_DECODE_KERNEL", "auto") == "portable":
+        return "portable"
+    if module.decode_kernel_isa() == "avx512_bf16":
+        return "avx512_bf16"
+    if cpu_isa.detect().level == "avx2" and module.avx2_built():
+        return "avx2"
+    return "portable"
 
 
-def _use_dpbf16() -> bool:
-    return os.environ.get("TAILSERVE_DECODE_KERNEL", "auto") != "portable"
+def decode_kernel_for(dtype: torch.dtype, module: Any | None = None) -> str | None:
+    """The decode-attention kernel a cache of ``dtype`` gets (``decode_isa`` names bf16's): the
+    dpbf16 kernel takes bf16 only, the AVX2 one bf16 and float32, the portable one the rest."""
+    isa = decode_isa(module)
+    if isa is None or dtype == torch.bfloat16:
+        return isa
+    return "avx2" if isa == "avx2" and dtype == torch.float32 else "portable"
 
 
 def paged_decode_attention(
@@ -139,8 +151,15 @@ def paged_decode_attention(
     if module is None:
         return None
     return module.paged_decode_attention(
-        q, k_slots, v_slots, slots, lengths, q.shape[-1] ** -0.5, _use_dpbf16()
+        q, k_slots, v_slots, slots, lengths, q.shape[-1] ** -0.5, decode_kernel_for(k_slots.dtype, module)
     )
+
+
+def _own_linear() -> bool:
+    """Whether tailserve's linear kernels may run: not with ``TAILSERVE_LINEAR_KERNEL=onednn`` (or
+    ``torch``), which keeps PyTorch's matmul (oneDNN prepacked where the level packs, else
+    ``F.linear``), nor with the kernels off."""
+    return os.environ.get("TAILSERVE_LINEAR_KERNEL", "auto") not in ("onednn", "torch") and enabled()
 
 
 def linear_kernel() -> Any | None:
@@ -148,10 +167,24 @@ def linear_kernel() -> Any | None:
     or None: without the kernels (or with ``TAILSERVE_CPU_KERNEL=0``), on a CPU without
     avx512_bf16 (or at a lower ``TAILSERVE_CPU_ISA``), or when ``TAILSERVE_LINEAR_KERNEL=onednn``
     asks for oneDNN's prepacked matmul."""
-    if os.environ.get("TAILSERVE_LINEAR_KERNEL", "auto") == "onednn" or not enabled():
+    if not _own_linear():
         return None
     module = load()
     if module is None or module.decode_kernel_isa() != "avx512_bf16":
+        return None
+    return module
+
+
+def linear_avx2_kernel() -> Any | None:
+    """The module whose ``linear_avx2`` runs bf16 linear layers at level avx2 (bf16 weights
+    widened to float32 in registers, FMA sums; ``cpu_backend.PackedLinear``), or None: at any
+    other level (AVX-512 CPUs have their own paths; ``TAILSERVE_CPU_ISA=avx2`` runs this one
+    there), without the kernels, or with ``TAILSERVE_LINEAR_KERNEL=torch`` (PyTorch's generic
+    bf16 ``F.linear``)."""
+    if not _own_linear() or cpu_isa.detect().level != "avx2":
+        return None
+    module = load()
+    if module is None or not module.avx2_built():
         return None
     return module
 

@@ -1,0 +1,220 @@
+"""tailserve's CPU kernels at this CPU's level against PyTorch's ops, side by side in one run.
+
+- **Bandwidth**: a stream copy (``dst.copy_(src)``, 256 MiB, bytes read + written per second, as
+  ``engine_cpu``'s roofline takes it) and a read (``src.sum()``), best of 5: what the percentages
+  below are of.
+- **Linear**: a pass over a set of weight matrices at 1-256 rows, the set cycled so its weights
+  come from memory as in a forward pass: the tiny model's decode step (4 layers' qkv, o, gate_up
+  and down and the LM head, two copies: 67 MB in bf16, twice the 32 MiB L3 here) and one
+  Llama-3.2-1B-shaped layer (hidden 2,048, intermediate 8,192, 32 heads of 64, 8 KV heads:
+  121 MB in bf16). ``tailserve``: bf16 weights through ``PackedLinear`` (the level's kernel: the
+  AVX2 one at avx2, dpbf16 or oneDNN above); ``F.linear f32``: PyTorch's float32 (MKL) on float32
+  copies; ``F.linear bf16``: PyTorch's bf16 on the bf16 weights (its generic GEMM below AVX-512,
+  slow: run at up to 16 rows there). Reported: ms per pass, GFLOP/s, GB/s of weights streamed (in
+  each candidate's dtype) and that as % of the read bandwidth.
+- **Decode attention**: a decode step's attention for 64 requests of 289 tokens (W's mean
+  context) on the tiny model's heads (8 query, 4 KV, 64 dims), four layers' caches (76 MB in
+  bf16) with blocks in order or shuffled: this level's kernel, the portable one, and PyTorch's
+  path (context gathered, two matmuls); GB/s of K/V read and % of the read bandwidth.
+
+Candidates alternate within each repetition and the median is reported, so a busy moment costs
+every candidate alike; the machine's load is printed before and after (ratios are the figures to
+quote on a shared machine).
+
+    python -m benchmarks.engine_kernels [--reps 9] [--rows 1,4,8,16,64,256] [--quick] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+importlib.import_module("tailserve.executors.pytorch")  # torch with tailserve's OpenMP settings
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks._common import cpu_line, save_results  # noqa: E402
+from benchmarks._roofline import measure_copy_bandwidth  # noqa: E402
+from tailserve.executors.pytorch import attention, cpu_isa, cpu_kernels  # noqa: E402
+from tailserve.executors.pytorch.cpu_backend import PackedLinear, can_pack, linear_path  # noqa: E402
+from tailserve.executors.pytorch.init_model import PRESETS  # noqa: E402
+
+BF16, CPU = torch.bfloat16, torch.device("cpu")
+
+
+def load() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def read_bandwidth(size_mib: int = 256, reps: int = 5) -> float:
+    src = torch.ones(size_mib * 2**20 // 4)
+    src.sum()
+    best = min(_time(src.sum) for _ in range(reps))
+    return src.numel() * 4 / best
+
+
+def _time(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def interleaved(candidates: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each candidate, the candidates alternating within each repetition."""
+    for fn in candidates.values():
+        fn()  # warm up: first-touch pages, kernel dispatch
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(reps):
+        for name, fn in candidates.items():
+            times[name].append(_time(fn))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+# ---- linear --------------------------------------------------------------------------------------
+def tiny_shapes() -> list[tuple[int, int]]:
+    p = PRESETS["tiny"]
+    h, inter, heads, kv = p["hidden_size"], p["intermediate_size"], p["num_attention_heads"], p["num_key_value_heads"]
+    d = h // heads
+    layer = [((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)]
+    one = layer * p["num_hidden_layers"] + [(p["vocab_size"], h)]
+    return one * 2  # two copies: 67 MB of bf16, twice the L3
+
+
+def llama_1b_layer() -> list[tuple[int, int]]:
+    h, inter, heads, kv, d = 2048, 8192, 32, 8, 64
+    return [((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)]
+
+
+def bench_linear(name: str, shapes: list[tuple[int, int]], rows: list[int], reps: int, read_bw: float) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    w32 = [torch.randn(n, k, generator=g) * 0.02 for n, k in shapes]
+    w16 = [w.to(BF16) for w in w32]
+    packed = [PackedLinear(w) for w in w16] if can_pack(BF16, CPU) else None
+    params = sum(n * k for n, k in shapes)
+    native_bf16 = cpu_isa.detect().at_least("avx512")
+    out = []
+    for m in rows:
+        xs32 = {k: torch.randn(m, k, generator=g) for k in {k for _, k in shapes}}
+        xs16 = {k: x.to(BF16) for k, x in xs32.items()}
+        cands: dict[str, Callable[[], object]] = {}
+        if packed is not None:
+            cands["tailserve"] = lambda: [p(xs16[p.in_features]) for p in packed]
+        cands["F.linear f32"] = lambda: [F.linear(xs32[w.shape[1]], w) for w in w32]
+        if native_bf16 or m <= 16:
+            cands["F.linear bf16"] = lambda: [F.linear(xs16[w.shape[1]], w) for w in w16]
+        med = interleaved(cands, reps)
+        for cand, t in med.items():
+            wbytes = params * (4 if cand == "F.linear f32" else 2)
+            row = {
+                "set": name, "rows": m, "candidate": cand, "ms": t * 1e3, "gflop_s": 2 * m * params / t / 1e9,
+                "weights_gb_s": wbytes / t / 1e9, "pct_read_bw": 100 * wbytes / t / read_bw,
+            }  # fmt: skip
+            out.append(row)
+        base = med["F.linear f32"]
+        line = ", ".join(
+            f"{c} {t * 1e3:.2f} ms ({base / t:.2f}x f32, {params * (4 if c == 'F.linear f32' else 2) / t / 1e9:.1f} GB/s)"
+            for c, t in med.items()
+        )
+        print(f"  {name} {m:4d} rows: {line}", flush=True)
+    return out
+
+
+# ---- decode attention ----------------------------------------------------------------------------
+def decode_case(seed: int, shuffle: bool, batch: int = 64, context: int = 289) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    bs, kv_heads, dim = 16, 4, 64
+    per = -(-context // bs)
+    blocks = batch * per
+    kv = attention.PagedKVCache(1, blocks, bs, kv_heads, dim, BF16, CPU)
+    k_slots, v_slots = kv.slots(0)
+    k_slots[: blocks * bs] = torch.randn(blocks * bs, kv_heads, dim, generator=g).to(BF16)
+    v_slots[: blocks * bs] = torch.randn(blocks * bs, kv_heads, dim, generator=g).to(BF16)
+    order = torch.randperm(blocks, generator=g).tolist() if shuffle else list(range(blocks))
+    tables = [order[i * per : (i + 1) * per] for i in range(batch)]
+    meta = attention.build_metadata(tables, [1] * batch, [context - 1] * batch, batch, bs, kv.null_slot, CPU)
+    q = torch.randn(batch, 8, dim, generator=g).to(BF16)
+    return q, k_slots, v_slots, meta
+
+
+def bench_decode(reps: int, read_bw: float) -> list[dict]:
+    module = cpu_kernels.load()
+    if module is None:
+        print(f"  decode attention: no kernels here ({cpu_kernels.failure()})")
+        return []
+    own = cpu_kernels.decode_isa(module)
+    out = []
+    for shuffle in (False, True):
+        cases = [decode_case(s, shuffle) for s in range(4)]  # four layers' caches
+        nbytes = sum(2 * int(meta.decode_lengths.sum()) * k.shape[1] * k.shape[2] * 2 for _, k, _, meta in cases)
+
+        def run(kernel: str) -> Callable[[], object]:
+            return lambda: [
+                module.paged_decode_attention(q, k, v, meta.decode_slots, meta.decode_lengths, 0.125, kernel)
+                for q, k, v, meta in cases
+            ]
+
+        def pytorch() -> None:
+            os.environ["TAILSERVE_CPU_KERNEL"] = "0"
+            try:
+                for q, k, v, meta in cases:
+                    attention._decode_attention(q, k, v, meta)
+            finally:
+                os.environ.pop("TAILSERVE_CPU_KERNEL")
+
+        cands = {f"{own} kernel": run(own)} if own != "portable" else {}
+        cands |= {"portable kernel": run("portable"), "PyTorch path": pytorch}
+        med = interleaved(cands, reps)
+        blocks = "shuffled blocks" if shuffle else "blocks in order"
+        parts = []
+        for cand, t in med.items():
+            out.append({
+                "blocks": blocks, "candidate": cand, "ms": t * 1e3, "kv_gb_s": nbytes / t / 1e9,
+                "pct_read_bw": 100 * nbytes / t / read_bw,
+            })  # fmt: skip
+            parts.append(f"{cand} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s, {100 * nbytes / t / read_bw:.0f}%)")
+        print(f"  decode attention, batch 64 x 289, {blocks}, 4 layers ({nbytes / 1e6:.0f} MB): " + ", ".join(parts))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--rows", default="1,4,8,16,64,256")
+    ap.add_argument("--quick", action="store_true", help="3 repetitions, rows 1,64, tiny set only")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    reps = 3 if args.quick else args.reps
+    rows = [1, 64] if args.quick else [int(r) for r in args.rows.split(",")]
+    isa = cpu_isa.detect()
+    print(cpu_line())
+    print(
+        f"level {isa.label()}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
+        f"{torch.get_num_threads()} threads, bf16 linear: {linear_path(BF16, CPU)}; load {load()}",
+        flush=True,
+    )
+    copy_bw = measure_copy_bandwidth(256)
+    read_bw = read_bandwidth()
+    print(f"  bandwidth: copy {copy_bw / 1e9:.1f} GB/s (read + write), read {read_bw / 1e9:.1f} GB/s", flush=True)
+    results: dict[str, Any] = {
+        "level": isa.level, "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": load(),
+        "copy_bandwidth_gb_s": copy_bw / 1e9, "read_bandwidth_gb_s": read_bw / 1e9, "linear": [],
+    }  # fmt: skip
+    results["linear"] += bench_linear("tiny step", tiny_shapes(), rows, reps, read_bw)
+    if not args.quick:
+        results["linear"] += bench_linear("1B layer", llama_1b_layer(), rows, reps, read_bw)
+    results["decode_attention"] = bench_decode(reps, read_bw)
+    results["load_after"] = load()
+    print(f"  load after: {results['load_after']}")
+    save_results(results, args.out, "engine_kernels_quick.json" if args.quick else "engine_kernels.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
