@@ -85,24 +85,7 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     steps: list[StepRecord] = []
     for step in range(workload.max_steps):
         now = float(step)
-        aborted = [r.request_id for r in workload.requests if r.abort_step == step and r.request_id in live]
-        for request_id in aborted:
-            sched.abort_request(request_id, "aborted by the workload", now)
-            del live[request_id]
-        while pending and pending[0].arrival_step <= step:
-            spec = pending.pop(0)
-            request = Request(
-                request_id=spec.request_id,
-                prompt_len=len(spec.prompt_token_ids),
-                max_tokens=spec.max_tokens,
-                arrival_time=float(spec.arrival_step),
-                priority=spec.priority,
-                prompt_token_ids=list(spec.prompt_token_ids),
-                planned_output_token_ids=list(spec.output_token_ids),
-            )
-            if not sched.add_request(request, now):
-                raise ValueError(f"tailserve rejected {spec.request_id}: {request.status_reason}")
-            live[spec.request_id] = request
+        aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
         if not live and not pending:
             break
         running_before = {r.request_id for r in sched.running}
@@ -190,24 +173,7 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
     steps: list[StepRecord] = []
     for step in range(workload.max_steps):
         now = float(step)
-        aborted = [r.request_id for r in workload.requests if r.abort_step == step and r.request_id in live]
-        for request_id in aborted:
-            sched.abort_request(request_id, "aborted by the workload", now)
-            del live[request_id]
-        while pending and pending[0].arrival_step <= step:
-            spec = pending.pop(0)
-            request = Request(
-                request_id=spec.request_id,
-                prompt_len=len(spec.prompt_token_ids),
-                max_tokens=spec.max_tokens,
-                arrival_time=float(spec.arrival_step),
-                priority=spec.priority,
-                prompt_token_ids=list(spec.prompt_token_ids),
-                planned_output_token_ids=list(spec.output_token_ids),
-            )
-            if not sched.add_request(request, now):
-                raise ValueError(f"tailserve rejected {spec.request_id}: {request.status_reason}")
-            live[spec.request_id] = request
+        aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
         if not live and not pending:
             break
         running_before = {r.request_id for r in sched.running}
@@ -236,3 +202,29 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
             )
         )
     return steps
+
+
+def _aborts_and_arrivals(sched, workload, step: int, pending: list, live: dict[str, Request]) -> list[str]:
+    """The workload's events at ``step``, before the scheduling pass: aborts of live requests,
+    then the arrivals (``pending`` is sorted by arrival step; both are updated in place).
+    Returns the aborted requests' ids."""
+    now = float(step)
+    aborted = [r.request_id for r in workload.requests if r.abort_step == step and r.request_id in live]
+    for request_id in aborted:
+        sched.abort_request(request_id, "aborted by the workload", now)
+        del live[request_id]
+    while pending and pending[0].arrival_step <= step:
+        spec = pending.pop(0)
+        request = Request(
+            request_id=spec.request_id,
+            prompt_len=len(spec.prompt_token_ids),
+            max_tokens=spec.max_tokens,
+            arrival_time=float(spec.arrival_step),
+            priority=spec.priority,
+            prompt_token_ids=list(spec.prompt_token_ids),
+            planned_output_token_ids=list(spec.output_token_ids),
+        )
+        if not sched.add_request(request, now):
+            raise ValueError(f"tailserve rejected {spec.request_id}: {request.status_reason}")
+        live[spec.request_id] = request
+    return aborted

@@ -205,22 +205,7 @@ class Driver:
                 scheduler.finish_requests(aborted, self.RequestStatus.FINISHED_ABORTED)
                 live.difference_update(aborted)
                 done_ids.update(aborted)
-            while pending and pending[0]["arrival_step"] <= step:
-                r = pending.pop(0)
-                params = self.SamplingParams(
-                    max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id]
-                )
-                request = self.Request(
-                    request_id=r["request_id"],
-                    prompt_token_ids=list(r["prompt_token_ids"]),
-                    sampling_params=params,
-                    pooling_params=None,
-                    arrival_time=float(r["arrival_step"]),
-                    priority=r["priority"],
-                    block_hasher=hasher,
-                )
-                scheduler.add_request(request)
-                live.add(r["request_id"])
+            self._add_arrivals(scheduler, pending, step, hasher, stop_token_id, live)
             if not live and not pending:
                 break
             running_before = {r.request_id for r in scheduler.running}
