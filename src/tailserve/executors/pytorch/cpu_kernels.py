@@ -3,7 +3,10 @@
 - Decode attention: plain PyTorch has to gather every decode's context out of the paged cache
   into a padded tensor, convert it and run small batched matmuls — ~10x the bytes and kernel
   launches the arithmetic needs (see docs/executor.md). The kernel reads each request's K/V
-  rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel.
+  rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel;
+  one form per level (``decode_isa``: dpbf16, AVX2 or portable float32 loops).
+- Linear layers over bf16 weights packed once at load: the dpbf16 kernel (avx512_bf16) and the
+  AVX2 one (bf16 widened to float32 in registers, FMA sums; ``linear_avx2_kernel``).
 - RoPE fused with the q/k/v split for bf16/fp16 models, and the greedy argmax.
 - RMSNorm (with the residual add) and SiLU-mul for bf16/fp16 models, bit for bit ATen's
   (``cpu_norm_source.py``; ``cpu_norm.py`` checks each against PyTorch's ops before use).
