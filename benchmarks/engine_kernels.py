@@ -83,8 +83,8 @@ def interleaved(candidates: dict[str, Callable[[], object]], reps: int) -> dict[
 # ---- linear --------------------------------------------------------------------------------------
 def tiny_shapes() -> list[tuple[int, int]]:
     p = PRESETS["tiny"]
-    h, inter, heads, kv = p["hidden_size"], p["intermediate_size"], p["num_attention_heads"], p["num_key_value_heads"]
-    d = h // heads
+    h, inter, heads = p["hidden_size"], p["intermediate_size"], p["num_attention_heads"]
+    kv, d = p["num_key_value_heads"], h // heads
     layer = [((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)]
     one = layer * p["num_hidden_layers"] + [(p["vocab_size"], h)]
     return one * 2  # two copies: 67 MB of bf16, twice the L3
@@ -110,10 +110,10 @@ def bench_linear(
         xs16 = {k: x.to(BF16) for k, x in xs32.items()}
         cands: dict[str, Callable[[], object]] = {}
         if packed is not None:
-            cands["tailserve"] = lambda: [p(xs16[p.in_features]) for p in packed]
-        cands["F.linear f32"] = lambda: [F.linear(xs32[w.shape[1]], w) for w in w32]
+            cands["tailserve"] = lambda xs16=xs16: [p(xs16[p.in_features]) for p in packed]
+        cands["F.linear f32"] = lambda xs32=xs32: [F.linear(xs32[w.shape[1]], w) for w in w32]
         if native_bf16 or m <= 16:
-            cands["F.linear bf16"] = lambda: [F.linear(xs16[w.shape[1]], w) for w in w16]
+            cands["F.linear bf16"] = lambda xs16=xs16: [F.linear(xs16[w.shape[1]], w) for w in w16]
         quiet = gated(args.quiet_threshold, args.quiet_timeout)
         med = interleaved(cands, args.reps)
         for cand, t in med.items():
@@ -158,15 +158,17 @@ def bench_decode(args: argparse.Namespace, read_bw: float) -> list[dict]:
     out = []
     for shuffle in (False, True):
         cases = [decode_case(s, shuffle) for s in range(4)]  # four layers' caches
-        nbytes = sum(2 * int(meta.decode_lengths.sum()) * k.shape[1] * k.shape[2] * 2 for _, k, _, meta in cases)
+        nbytes = sum(
+            2 * int(meta.decode_lengths.sum()) * k.shape[1] * k.shape[2] * 2 for _, k, _, meta in cases
+        )
 
-        def run(kernel: str) -> Callable[[], object]:
+        def run(kernel: str, cases: list[tuple] = cases) -> Callable[[], object]:
             return lambda: [
                 module.paged_decode_attention(q, k, v, meta.decode_slots, meta.decode_lengths, 0.125, kernel)
                 for q, k, v, meta in cases
             ]
 
-        def pytorch() -> None:
+        def pytorch(cases: list[tuple] = cases) -> None:
             os.environ["TAILSERVE_CPU_KERNEL"] = "0"
             try:
                 for q, k, v, meta in cases:
@@ -185,8 +187,13 @@ def bench_decode(args: argparse.Namespace, read_bw: float) -> list[dict]:
                 "blocks": blocks, "candidate": cand, "ms": t * 1e3, "kv_gb_s": nbytes / t / 1e9,
                 "pct_read_bw": 100 * nbytes / t / read_bw, "quiet": quiet,
             })  # fmt: skip
-            parts.append(f"{cand} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s, {100 * nbytes / t / read_bw:.0f}%)")
-        print(f"  decode attention, batch 64 x 289, {blocks}, 4 layers ({nbytes / 1e6:.0f} MB): " + ", ".join(parts))
+            parts.append(
+                f"{cand} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s, {100 * nbytes / t / read_bw:.0f}%)"
+            )
+        print(
+            f"  decode attention, batch 64 x 289, {blocks}, 4 layers ({nbytes / 1e6:.0f} MB): "
+            + ", ".join(parts)
+        )
     return out
 
 
@@ -195,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--rows", default="1,4,8,16,64,256")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, rows 1,64, tiny set only")
-    ap.add_argument("--quiet-threshold", type=float, default=0.2, help="busy cores below which the machine is quiet")
-    ap.add_argument("--quiet-timeout", type=float, default=120.0, help="seconds to wait for quiet, then time anyway")
+    ap.add_argument(
+        "--quiet-threshold", type=float, default=0.2, help="busy cores below which the machine is quiet"
+    )
+    ap.add_argument(
+        "--quiet-timeout", type=float, default=120.0, help="seconds to wait for quiet, then time anyway"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -212,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet = gated(args.quiet_threshold, args.quiet_timeout)
     copy_bw = measure_copy_bandwidth(256)
     read_bw = read_bandwidth()
-    print(f"  bandwidth: copy {copy_bw / 1e9:.1f} GB/s (read + write), read {read_bw / 1e9:.1f} GB/s", flush=True)
+    print(
+        f"  bandwidth: copy {copy_bw / 1e9:.1f} GB/s (read + write), read {read_bw / 1e9:.1f} GB/s",
+        flush=True,
+    )
     results: dict[str, Any] = {
         "level": isa.level, "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": load(),
         "copy_bandwidth_gb_s": copy_bw / 1e9, "read_bandwidth_gb_s": read_bw / 1e9, "bandwidth_quiet": quiet,
