@@ -4,11 +4,11 @@ wherever this CPU's level (``cpu_isa``) runs them.
 Per level, for a bf16 model (docs/executor.md): linear layers through tailserve's dpbf16 kernel
 (avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq),
 tailserve's AVX2 kernel (avx2: bf16 weights widened to float32 in registers) or ``F.linear``
-(generic); decode attention through the dpbf16 kernel or the portable one;
-prefill attention through the dpbf16 tiled kernel or SDPA; RMSNorm/SiLU-mul fused wherever the
-kernel reproduces PyTorch's bits on this machine. float32 models keep PyTorch's linear, norms
-and RoPE on every level (the transformers-exact path); their decode attention and K/V stores
-still take the kernels (float32 loops).
+(generic); decode attention through the dpbf16 kernel, the AVX2 one or the portable one;
+prefill attention through the dpbf16 or AVX2 tiled kernel or SDPA; RMSNorm/SiLU-mul fused
+wherever the kernel reproduces PyTorch's bits on this machine. float32 models keep PyTorch's
+linear, norms, RoPE and prefill SDPA on every level (the transformers-exact path); their decode
+attention and K/V stores still take the kernels (the AVX2 one at avx2, float32 loops elsewhere).
 """
 
 from __future__ import annotations

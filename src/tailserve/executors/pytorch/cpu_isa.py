@@ -8,7 +8,7 @@ level         bf16 linear layers              bf16 attention               kerne
 ============  ==============================  ===========================  ======================
 avx512_bf16   tailserve's dpbf16 kernel       dpbf16 decode and prefill    x86-64-v4 + avx512bf16
 avx512        oneDNN, prepacked weights       portable decode, SDPA        x86-64-v4
-avx2          tailserve's AVX2 kernel (bf16   AVX2 decode, SDPA            x86-64-v3
+avx2          tailserve's AVX2 kernel (bf16   AVX2 decode and prefill      x86-64-v3
               weights, float32 FMAs)
 generic       PyTorch's generic ``F.linear``  portable decode, SDPA        the compiler's default
 ============  ==============================  ===========================  ======================
