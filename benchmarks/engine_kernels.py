@@ -18,8 +18,11 @@
   path (context gathered, two matmuls); GB/s of K/V read and % of the read bandwidth.
 
 Candidates alternate within each repetition and the median is reported, so a busy moment costs
-every candidate alike; the machine's load is printed before and after (ratios are the figures to
-quote on a shared machine).
+every candidate alike. Before each row count (and each attention layout) the script waits until
+the machine's other processes use under ``--quiet-threshold`` cores for 3 s (up to
+``--quiet-timeout``), as ``engine_cpu`` does, and records how that went: two threads sharing
+their cores with another process make every parallel region wait for a time slice, which
+multiplies small-batch times several-fold.
 
     python -m benchmarks.engine_kernels [--reps 9] [--rows 1,4,8,16,64,256] [--quick] [--out PATH]
 """
@@ -40,7 +43,7 @@ importlib.import_module("tailserve.executors.pytorch")  # torch with tailserve's
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import cpu_line, save_results  # noqa: E402
+from benchmarks._common import cpu_line, gated, save_results  # noqa: E402
 from benchmarks._roofline import measure_copy_bandwidth  # noqa: E402
 from tailserve.executors.pytorch import attention, cpu_isa, cpu_kernels  # noqa: E402
 from tailserve.executors.pytorch.cpu_backend import PackedLinear, can_pack, linear_path  # noqa: E402
@@ -80,8 +83,8 @@ def interleaved(candidates: dict[str, Callable[[], object]], reps: int) -> dict[
 # ---- linear --------------------------------------------------------------------------------------
 def tiny_shapes() -> list[tuple[int, int]]:
     p = PRESETS["tiny"]
-    h, inter, heads, kv = p["hidden_size"], p["intermediate_size"], p["num_attention_heads"], p["num_key_value_heads"]
-    d = h // heads
+    h, inter, heads = p["hidden_size"], p["intermediate_size"], p["num_attention_heads"]
+    kv, d = p["num_key_value_heads"], h // heads
     layer = [((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)]
     one = layer * p["num_hidden_layers"] + [(p["vocab_size"], h)]
     return one * 2  # two copies: 67 MB of bf16, twice the L3
@@ -92,7 +95,9 @@ def llama_1b_layer() -> list[tuple[int, int]]:
     return [((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)]
 
 
-def bench_linear(name: str, shapes: list[tuple[int, int]], rows: list[int], reps: int, read_bw: float) -> list[dict]:
+def bench_linear(
+    name: str, shapes: list[tuple[int, int]], rows: list[int], args: argparse.Namespace, read_bw: float
+) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     w32 = [torch.randn(n, k, generator=g) * 0.02 for n, k in shapes]
     w16 = [w.to(BF16) for w in w32]
@@ -105,16 +110,17 @@ def bench_linear(name: str, shapes: list[tuple[int, int]], rows: list[int], reps
         xs16 = {k: x.to(BF16) for k, x in xs32.items()}
         cands: dict[str, Callable[[], object]] = {}
         if packed is not None:
-            cands["tailserve"] = lambda: [p(xs16[p.in_features]) for p in packed]
-        cands["F.linear f32"] = lambda: [F.linear(xs32[w.shape[1]], w) for w in w32]
+            cands["tailserve"] = lambda xs16=xs16: [p(xs16[p.in_features]) for p in packed]
+        cands["F.linear f32"] = lambda xs32=xs32: [F.linear(xs32[w.shape[1]], w) for w in w32]
         if native_bf16 or m <= 16:
-            cands["F.linear bf16"] = lambda: [F.linear(xs16[w.shape[1]], w) for w in w16]
-        med = interleaved(cands, reps)
+            cands["F.linear bf16"] = lambda xs16=xs16: [F.linear(xs16[w.shape[1]], w) for w in w16]
+        quiet = gated(args.quiet_threshold, args.quiet_timeout)
+        med = interleaved(cands, args.reps)
         for cand, t in med.items():
             wbytes = params * (4 if cand == "F.linear f32" else 2)
             row = {
                 "set": name, "rows": m, "candidate": cand, "ms": t * 1e3, "gflop_s": 2 * m * params / t / 1e9,
-                "weights_gb_s": wbytes / t / 1e9, "pct_read_bw": 100 * wbytes / t / read_bw,
+                "weights_gb_s": wbytes / t / 1e9, "pct_read_bw": 100 * wbytes / t / read_bw, "quiet": quiet,
             }  # fmt: skip
             out.append(row)
         base = med["F.linear f32"]
@@ -143,7 +149,7 @@ def decode_case(seed: int, shuffle: bool, batch: int = 64, context: int = 289) -
     return q, k_slots, v_slots, meta
 
 
-def bench_decode(reps: int, read_bw: float) -> list[dict]:
+def bench_decode(args: argparse.Namespace, read_bw: float) -> list[dict]:
     module = cpu_kernels.load()
     if module is None:
         print(f"  decode attention: no kernels here ({cpu_kernels.failure()})")
@@ -152,15 +158,17 @@ def bench_decode(reps: int, read_bw: float) -> list[dict]:
     out = []
     for shuffle in (False, True):
         cases = [decode_case(s, shuffle) for s in range(4)]  # four layers' caches
-        nbytes = sum(2 * int(meta.decode_lengths.sum()) * k.shape[1] * k.shape[2] * 2 for _, k, _, meta in cases)
+        nbytes = sum(
+            2 * int(meta.decode_lengths.sum()) * k.shape[1] * k.shape[2] * 2 for _, k, _, meta in cases
+        )
 
-        def run(kernel: str) -> Callable[[], object]:
+        def run(kernel: str, cases: list[tuple] = cases) -> Callable[[], object]:
             return lambda: [
                 module.paged_decode_attention(q, k, v, meta.decode_slots, meta.decode_lengths, 0.125, kernel)
                 for q, k, v, meta in cases
             ]
 
-        def pytorch() -> None:
+        def pytorch(cases: list[tuple] = cases) -> None:
             os.environ["TAILSERVE_CPU_KERNEL"] = "0"
             try:
                 for q, k, v, meta in cases:
@@ -170,16 +178,22 @@ def bench_decode(reps: int, read_bw: float) -> list[dict]:
 
         cands = {f"{own} kernel": run(own)} if own != "portable" else {}
         cands |= {"portable kernel": run("portable"), "PyTorch path": pytorch}
-        med = interleaved(cands, reps)
+        quiet = gated(args.quiet_threshold, args.quiet_timeout)
+        med = interleaved(cands, args.reps)
         blocks = "shuffled blocks" if shuffle else "blocks in order"
         parts = []
         for cand, t in med.items():
             out.append({
                 "blocks": blocks, "candidate": cand, "ms": t * 1e3, "kv_gb_s": nbytes / t / 1e9,
-                "pct_read_bw": 100 * nbytes / t / read_bw,
+                "pct_read_bw": 100 * nbytes / t / read_bw, "quiet": quiet,
             })  # fmt: skip
-            parts.append(f"{cand} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s, {100 * nbytes / t / read_bw:.0f}%)")
-        print(f"  decode attention, batch 64 x 289, {blocks}, 4 layers ({nbytes / 1e6:.0f} MB): " + ", ".join(parts))
+            parts.append(
+                f"{cand} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s, {100 * nbytes / t / read_bw:.0f}%)"
+            )
+        print(
+            f"  decode attention, batch 64 x 289, {blocks}, 4 layers ({nbytes / 1e6:.0f} MB): "
+            + ", ".join(parts)
+        )
     return out
 
 
@@ -188,9 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--rows", default="1,4,8,16,64,256")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, rows 1,64, tiny set only")
+    ap.add_argument(
+        "--quiet-threshold", type=float, default=0.2, help="busy cores below which the machine is quiet"
+    )
+    ap.add_argument(
+        "--quiet-timeout", type=float, default=120.0, help="seconds to wait for quiet, then time anyway"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    reps = 3 if args.quick else args.reps
+    if args.quick:
+        args.reps, args.quiet_timeout = 3, 10.0
     rows = [1, 64] if args.quick else [int(r) for r in args.rows.split(",")]
     isa = cpu_isa.detect()
     print(cpu_line())
@@ -199,17 +220,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.get_num_threads()} threads, bf16 linear: {linear_path(BF16, CPU)}; load {load()}",
         flush=True,
     )
+    quiet = gated(args.quiet_threshold, args.quiet_timeout)
     copy_bw = measure_copy_bandwidth(256)
     read_bw = read_bandwidth()
-    print(f"  bandwidth: copy {copy_bw / 1e9:.1f} GB/s (read + write), read {read_bw / 1e9:.1f} GB/s", flush=True)
+    print(
+        f"  bandwidth: copy {copy_bw / 1e9:.1f} GB/s (read + write), read {read_bw / 1e9:.1f} GB/s",
+        flush=True,
+    )
     results: dict[str, Any] = {
         "level": isa.level, "torch": torch.__version__, "threads": torch.get_num_threads(), "load_before": load(),
-        "copy_bandwidth_gb_s": copy_bw / 1e9, "read_bandwidth_gb_s": read_bw / 1e9, "linear": [],
+        "copy_bandwidth_gb_s": copy_bw / 1e9, "read_bandwidth_gb_s": read_bw / 1e9, "bandwidth_quiet": quiet,
+        "linear": [],
     }  # fmt: skip
-    results["linear"] += bench_linear("tiny step", tiny_shapes(), rows, reps, read_bw)
+    results["linear"] += bench_linear("tiny step", tiny_shapes(), rows, args, read_bw)
     if not args.quick:
-        results["linear"] += bench_linear("1B layer", llama_1b_layer(), rows, reps, read_bw)
-    results["decode_attention"] = bench_decode(reps, read_bw)
+        results["linear"] += bench_linear("1B layer", llama_1b_layer(), rows, args, read_bw)
+    results["decode_attention"] = bench_decode(args, read_bw)
     results["load_after"] = load()
     print(f"  load after: {results['load_after']}")
     save_results(results, args.out, "engine_kernels_quick.json" if args.quick else "engine_kernels.json")

@@ -25,7 +25,12 @@ pytestmark = pytest.mark.skipif(
 def at_avx2(monkeypatch):
     """Every test runs at level avx2: this CPU's own on an AVX2 machine, forced on an AVX-512 one."""
     monkeypatch.setenv("TAILSERVE_CPU_ISA", "avx2")
-    for name in ("TAILSERVE_LINEAR_KERNEL", "TAILSERVE_DECODE_KERNEL", "TAILSERVE_PACK_WEIGHTS", "TAILSERVE_CPU_KERNEL"):
+    for name in (
+        "TAILSERVE_LINEAR_KERNEL",
+        "TAILSERVE_DECODE_KERNEL",
+        "TAILSERVE_PACK_WEIGHTS",
+        "TAILSERVE_CPU_KERNEL",
+    ):
         monkeypatch.delenv(name, raising=False)
     if cpu_kernels.linear_avx2_kernel() is None:
         pytest.skip(f"the kernels could not be built here: {cpu_kernels.failure()}")
@@ -48,7 +53,9 @@ def _check_linear(packed: PackedLinear, w: torch.Tensor, x: torch.Tensor, bias: 
         magnitude = magnitude + bias.double().abs()
     bound = 2.0**-8 * exact.abs() + (w.shape[1] + 2) * 2.0**-23 * magnitude
     excess = (got.double() - exact).abs() - bound
-    assert excess.numel() == 0 or excess.max().item() <= 0, f"rows {x.shape[0]}, shape {tuple(w.shape)}: over by {excess.max().item()}"
+    assert excess.numel() == 0 or excess.max().item() <= 0, (
+        f"rows {x.shape[0]}, shape {tuple(w.shape)}: over by {excess.max().item()}"
+    )
 
 
 @pytest.mark.parametrize("shape", [(16, 5), (33, 17), (1, 1), (70, 9), (100, 77), (48, 3), (250, 130)])
@@ -101,15 +108,65 @@ def test_decode_kernel_matches_the_pytorch_path():
         for heads, head_dim in [((8, 4), 64), ((12, 4), 64), ((8, 8), 64), ((32, 8), 128), ((7, 1), 32),
                                 ((6, 2), 96), ((16, 2), 256), ((40, 8), 128), ((10, 2), 64)]:  # fmt: skip
             lengths = [1, 7, 8, 9, 15, 16, 17, 33, 100]
-            q, k_slots, v_slots, meta = test_cpu_kernel._case(dtype, *heads, lengths=lengths, head_dim=head_dim, seed=3)
-            got = cpu_kernels.paged_decode_attention(q, k_slots, v_slots, meta.decode_slots, meta.decode_lengths)
+            q, k_slots, v_slots, meta = test_cpu_kernel._case(
+                dtype, *heads, lengths=lengths, head_dim=head_dim, seed=3
+            )
+            got = cpu_kernels.paged_decode_attention(
+                q, k_slots, v_slots, meta.decode_slots, meta.decode_lengths
+            )
             assert got.dtype == dtype and got.shape == q.shape
             keys, values = k_slots[meta.decode_slots].float(), v_slots[meta.decode_slots].float()
             want = torch.nn.functional.scaled_dot_product_attention(
                 q.float().unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
                 attn_mask=meta.decode_mask, enable_gqa=True,
             ).squeeze(2)  # fmt: skip
-            torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol, msg=f"{dtype} {heads} {head_dim}")
+            torch.testing.assert_close(
+                got.float(), want, rtol=tol, atol=tol, msg=f"{dtype} {heads} {head_dim}"
+            )
+
+
+@pytest.mark.parametrize(
+    "heads,d",
+    [((8, 4), 64), ((12, 4), 64), ((4, 4), 64), ((32, 8), 128), ((7, 1), 32), ((6, 2), 96), ((8, 2), 256)],
+)
+def test_prefill_kernel_matches_a_float32_reference(heads, d):
+    """Prefill chunks (fresh, and after cached context; lengths on both sides of the kernel's
+    6-row and 16-key tiles) through the AVX2 prefill kernel, against attention computed in
+    float32 on the same bf16 values: the kernel's P and sums are float32, so the only
+    difference is its one rounding to bf16 and float32 summation order."""
+    h, kvh = heads
+    bs, num_blocks = 16, 96
+    g = torch.Generator().manual_seed(5)
+    new = [1, 1, 40, 16, 7, 100, 1, 3, 17]
+    ctx = [30, 70, 0, 33, 64, 0, 200, 17, 5]
+    tables, start = [], 0
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    for c, n in zip(ctx, new):
+        need = -(-(c + n) // bs)
+        tables.append(perm[start : start + need])
+        start += need
+    meta = attention.build_metadata(tables, new, ctx, 2, bs, num_blocks * bs, CPU)
+    kv = attention.PagedKVCache(1, num_blocks, bs, kvh, d, BF16, CPU)
+    ks, vs = kv.slots(0)
+    ks[: num_blocks * bs] = torch.randn(num_blocks * bs, kvh, d, generator=g).to(BF16)
+    vs[: num_blocks * bs] = torch.randn(num_blocks * bs, kvh, d, generator=g).to(BF16)
+    tokens = sum(new)
+    q = torch.randn(tokens, h, d, generator=g).to(BF16)
+    k = torch.randn(tokens, kvh, d, generator=g).to(BF16)
+    v = torch.randn(tokens, kvh, d, generator=g).to(BF16)
+    got = attention.paged_attention(q, k, v, ks, vs, meta)
+    assert meta.prefill_kernel is not None and got.dtype == BF16  # the kernel ran, not SDPA
+    row = 2  # the two decodes come first
+    for c, n, table in zip(ctx[2:], new[2:], tables[2:]):
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(c + n)])
+        keys = ks[slots].float().repeat_interleave(h // kvh, dim=1).transpose(0, 1)  # [h, c + n, d]
+        values = vs[slots].float().repeat_interleave(h // kvh, dim=1).transpose(0, 1)
+        query = q[row : row + n].float().transpose(0, 1)  # [h, n, d]
+        scores = query @ keys.transpose(1, 2) * d**-0.5
+        causal = torch.arange(c + n)[None, :] <= (c + torch.arange(n))[:, None]
+        want = (scores.masked_fill(~causal, float("-inf")).softmax(-1) @ values).transpose(0, 1)
+        torch.testing.assert_close(got[row : row + n].float(), want, rtol=2**-7, atol=1e-3)
+        row += n
 
 
 def test_the_avx2_path_is_used_at_level_avx2_only(monkeypatch):
@@ -120,7 +177,7 @@ def test_the_avx2_path_is_used_at_level_avx2_only(monkeypatch):
     assert cpu_kernels.decode_kernel_for(torch.float16) == "portable"
     assert auto_dtype(CPU) == ("bfloat16", None)
     line = CpuBackend(CPU).describe(BF16)
-    assert f"linear {AVX2_LINEAR}" in line and "decode avx2 kernel" in line, line
+    assert f"linear {AVX2_LINEAR}" in line and "decode avx2 kernel, prefill avx2 kernel" in line, line
     assert "linear F.linear (BLAS)" in CpuBackend(CPU).describe(torch.float32)  # float32 stays MKL
     # Switches: PyTorch's bf16 F.linear (and so float32 for dtype auto), the portable attention.
     monkeypatch.setenv("TAILSERVE_LINEAR_KERNEL", "torch")
@@ -180,7 +237,9 @@ def test_bf16_model_on_the_avx2_path_is_as_close_to_float32_as_pytorchs_bf16(tmp
     tables = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
     logits = {}
     for name, model in models.items():
-        kv = PagedKVCache(config.num_hidden_layers, 16, 16, config.num_key_value_heads, config.head_dim, model.dtype, CPU)
+        kv = PagedKVCache(
+            config.num_hidden_layers, 16, 16, config.num_key_value_heads, config.head_dim, model.dtype, CPU
+        )
         outs = []
         with torch.inference_mode():
             for i, p in enumerate(prompts):  # prefill each prompt but its last token

@@ -4,11 +4,11 @@ wherever this CPU's level (``cpu_isa``) runs them.
 Per level, for a bf16 model (docs/executor.md): linear layers through tailserve's dpbf16 kernel
 (avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq),
 tailserve's AVX2 kernel (avx2: bf16 weights widened to float32 in registers) or ``F.linear``
-(generic); decode attention through the dpbf16 kernel or the portable one;
-prefill attention through the dpbf16 tiled kernel or SDPA; RMSNorm/SiLU-mul fused wherever the
-kernel reproduces PyTorch's bits on this machine. float32 models keep PyTorch's linear, norms
-and RoPE on every level (the transformers-exact path); their decode attention and K/V stores
-still take the kernels (float32 loops).
+(generic); decode attention through the dpbf16 kernel, the AVX2 one or the portable one;
+prefill attention through the dpbf16 or AVX2 tiled kernel or SDPA; RMSNorm/SiLU-mul fused
+wherever the kernel reproduces PyTorch's bits on this machine. float32 models keep PyTorch's
+linear, norms, RoPE and prefill SDPA on every level (the transformers-exact path); their decode
+attention and K/V stores still take the kernels (the AVX2 one at avx2, float32 loops elsewhere).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether weights in ``dtype`` on ``device`` are prepacked here: bf16 on a CPU at level
     avx512 or above with oneDNN, or at level avx2 with tailserve's AVX2 kernel built
     (``TAILSERVE_PACK_WEIGHTS=0`` says no)."""
-    if device.type != "cpu" or dtype != torch.bfloat16:  # fp16 GEMMs in oneDNN want avx512_fp16/AMX: not measured
+    # fp16 GEMMs in oneDNN want avx512_fp16/AMX: not measured.
+    if device.type != "cpu" or dtype != torch.bfloat16:
         return False
     if os.environ.get("TAILSERVE_PACK_WEIGHTS", "1") == "0":
         return False
@@ -175,9 +176,10 @@ class CpuBackend(TorchBackend):
         return out.view(b, num_kv_heads * group, head_dim).to(q.dtype)
 
     def prefill_attention(self, q: Tensor, k_slots: Tensor, v_slots: Tensor, meta: Any) -> Tensor | None:
-        # bf16 at level avx512_bf16: every prefill chunk in one kernel call, reading its K/V
-        # from the cache (stored before) with a float32 softmax. PyTorch's CPU SDPA runs these
-        # short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py (since removed; at daf5455)).
+        # bf16 at level avx512_bf16 or avx2: every prefill chunk in one kernel call, reading its
+        # K/V from the cache (stored before) with a float32 softmax. PyTorch's CPU SDPA runs these
+        # short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py (since
+        # removed; at daf5455)).
         if self.kernels is None or not cpu_kernels.prefill_attention_applies(q, k_slots, self.kernels):
             return None
         pk = prefill_kernel_inputs(meta)
@@ -191,7 +193,7 @@ class CpuBackend(TorchBackend):
             attention, norms = f"PyTorch (no kernels: {why})", "PyTorch"
         else:
             decode = cpu_kernels.decode_kernel_for(dtype, self.kernels)
-            prefill = "dpbf16 kernel" if decode == "avx512_bf16" and dtype == torch.bfloat16 else "SDPA"
+            prefill = cpu_kernels.prefill_kernel_name(dtype, self.kernels)
             attention = f"decode {decode} kernel, prefill {prefill}"
             norms = f"fused {'/'.join(fused_norms)}" if fused_norms else "PyTorch"
         return (

@@ -8,14 +8,16 @@ level         bf16 linear layers              bf16 attention               kerne
 ============  ==============================  ===========================  ======================
 avx512_bf16   tailserve's dpbf16 kernel       dpbf16 decode and prefill    x86-64-v4 + avx512bf16
 avx512        oneDNN, prepacked weights       portable decode, SDPA        x86-64-v4
-avx2          PyTorch's generic ``F.linear``  portable decode, SDPA        x86-64-v3
+avx2          tailserve's AVX2 kernel (bf16   AVX2 decode and prefill      x86-64-v3
+              weights, float32 FMAs)
 generic       PyTorch's generic ``F.linear``  portable decode, SDPA        the compiler's default
 ============  ==============================  ===========================  ======================
 
 float32 models take ``F.linear`` (MKL) and PyTorch's norms everywhere: the path that must equal
-``transformers`` token for token. ``generic`` is every CPU that is not x86-64 with AVX2
-(aarch64, older x86). oneDNN's prepacked bf16 matmul needs avx512bw/vl/dq (or avx_ne_convert);
-called without them it raises, which is why the level is read before any weight is packed.
+``transformers`` token for token (their decode attention is the AVX2 kernel at avx2, float32
+loops elsewhere). ``generic`` is every CPU that is not x86-64 with AVX2 (aarch64, older x86).
+oneDNN's prepacked bf16 matmul needs avx512bw/vl/dq (or avx_ne_convert); called without them it
+raises, which is why the level is read before any weight is packed.
 
 The machine's level comes from CPUID (``torch.cpu.get_capabilities``, the cpuinfo library), not
 ``/proc/cpuinfo``: under an emulator (``qemu-x86_64 -cpu Haswell``) the file shows the host's

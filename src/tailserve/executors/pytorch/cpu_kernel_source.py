@@ -15,7 +15,8 @@ that builds and calls them.
 - ``paged_prefill_attention``: the prefill chunks' tokens, tiled as a GEMM kernel is (8 query
   rows x 16 keys per step over keys packed once per chunk and KV head), float32 softmax, P
   rounded to bf16 for P.V as PyTorch's CPU flash attention does (``prefill_bf16_impl``;
-  avx512_bf16 only).
+  avx512_bf16); at level avx2 6 query rows x 16 keys of float32 FMAs over keys widened once,
+  float32 P (``prefill_avx2_impl``).
 - ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
   ``argmax_rows`` (greedy tokens, and whether any logit is NaN, in one pass). Each rounds to the model dtype exactly where the PyTorch ops
   it replaces round (``cpu_kernels.py`` says where results can differ in the last bit), so
@@ -792,6 +793,121 @@ static void decode_avx2_impl(const float* q, const T* k, const T* v, const int64
   });
 }
 
+// ---- prefill attention, AVX2 + FMA ---------------------------------------------------------
+// The prefill chunks' tokens of a bf16 model where the CPU has AVX2 but no AVX-512 bf16, laid
+// out as for the dpbf16 tiled kernel (``paged_prefill_attention``). One task per (chunk, KV
+// head) widens its keys once into float32 blocks of 8 keys transposed ([dim][8 keys]: a
+// broadcast q element times one vector gives 8 keys' products) and its values into float32
+// rows, then takes its query rows (each token x the G heads of the group) 6 at a time: scores
+// 6 rows x 16 keys in 12 accumulators (per dim: 2 loads, 6 broadcasts, 12 FMAs), the causal
+// limit, a float32 softmax per row, then P.V with float32 P and sums, one row at a time, and
+// one rounding to bf16. PyTorch's SDPA per chunk, which it replaces at level avx2, took 12% of
+// a 16 x 256-token prefill step's time on one core (docs/executor.md).
+constexpr int acc_width(int nf) {  // the largest divisor of nf with at most 12 accumulators
+  for (int jb = nf < 12 ? nf : 12; jb > 1; --jb)
+    if (nf % jb == 0) return jb;
+  return 1;
+}
+
+template <int HD>
+static void prefill_avx2_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                              const int64_t* slots, const int64_t* starts, const int64_t* news,
+                              const int64_t* ctxs, at::BFloat16* out, int64_t R, int64_t H, int64_t KV,
+                              int64_t L, float scale) {
+  static_assert(HD % 8 == 0, "head_dim must be a multiple of 8");
+  constexpr int NF = HD / 8;
+  constexpr int JB = acc_width(NF);
+  constexpr int QR = 6;  // query rows per score tile
+  const int64_t G = H / KV;
+  at::parallel_for(0, R * KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt, vf, sc;
+    alignas(32) float qf[QR][HD];
+    alignas(32) float res[HD];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t c = task / KV, h = task % KV;
+      const int64_t n_new = news[c], ctx = ctxs[c], nk = ctx + n_new, first = starts[c];
+      if (n_new == 0) continue;
+      const int64_t* __restrict sl = slots + c * L;
+      const int64_t stride = ((nk + 15) / 16) * 16;  // keys rounded up to whole 16-key steps
+      kt.assign(stride * HD, 0.0f);
+      vf.resize(nk * HD);
+      for (int64_t j = 0; j < nk; ++j) {
+        const at::BFloat16* kr = k + (sl[j] * KV + h) * HD;
+        const at::BFloat16* vr = v + (sl[j] * KV + h) * HD;
+        float* kd = kt.data() + (j / 8) * HD * 8 + (j % 8);
+        for (int d = 0; d < HD; ++d) kd[d * 8] = to_f<at::BFloat16>(kr[d]);
+        for (int d = 0; d < HD; ++d) vf[j * HD + d] = to_f<at::BFloat16>(vr[d]);
+      }
+      sc.resize(QR * stride);
+      const int64_t nrows = n_new * G;  // row r: token r / G, head h * G + r % G
+      for (int64_t r0 = 0; r0 < nrows; r0 += QR) {
+        const int m = static_cast<int>(std::min<int64_t>(QR, nrows - r0));
+        int64_t len[QR];
+        for (int i = 0; i < QR; ++i) {
+          const int64_t r = r0 + std::min(i, m - 1), t = r / G, g = r % G;
+          const at::BFloat16* qr = q + ((first + t) * H + h * G + g) * HD;
+          for (int d = 0; d < HD; ++d) qf[i][d] = to_f<at::BFloat16>(qr[d]);
+          len[i] = ctx + t + 1;
+        }
+        const int64_t steps = (len[m - 1] + 15) / 16;  // the tile's last row sees the most keys
+        for (int64_t kb = 0; kb < steps; ++kb) {
+          __m256 acc[QR][2];
+#pragma GCC unroll 6
+          for (int i = 0; i < QR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+          const float* k0 = kt.data() + 2 * kb * HD * 8;
+          const float* k1 = k0 + HD * 8;
+#pragma GCC unroll 4
+          for (int d = 0; d < HD; ++d) {
+            const __m256 a = _mm256_loadu_ps(k0 + d * 8), b = _mm256_loadu_ps(k1 + d * 8);
+#pragma GCC unroll 6
+            for (int i = 0; i < QR; ++i) {
+              const __m256 x = _mm256_broadcast_ss(&qf[i][d]);
+              acc[i][0] = _mm256_fmadd_ps(x, a, acc[i][0]);
+              acc[i][1] = _mm256_fmadd_ps(x, b, acc[i][1]);
+            }
+          }
+          const __m256 vscale = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
+          for (int i = 0; i < QR; ++i) {
+            _mm256_storeu_ps(sc.data() + i * stride + 16 * kb, _mm256_mul_ps(acc[i][0], vscale));
+            _mm256_storeu_ps(sc.data() + i * stride + 16 * kb + 8, _mm256_mul_ps(acc[i][1], vscale));
+          }
+        }
+        for (int i = 0; i < m; ++i) {
+          const float* p = sc.data() + i * stride;
+          softmax_inplace(sc.data() + i * stride, len[i]);
+          for (int j0 = 0; j0 < NF; j0 += JB) {
+            __m256 acc[JB];
+#pragma GCC unroll 12
+            for (int jj = 0; jj < JB; ++jj) acc[jj] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < len[i]; ++j) {
+              const __m256 w = _mm256_broadcast_ss(p + j);
+              const float* vr = vf.data() + j * HD + 8 * j0;
+#pragma GCC unroll 12
+              for (int jj = 0; jj < JB; ++jj) acc[jj] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * jj), acc[jj]);
+            }
+#pragma GCC unroll 12
+            for (int jj = 0; jj < JB; ++jj) _mm256_store_ps(res + 8 * (j0 + jj), acc[jj]);
+          }
+          const int64_t r = r0 + i, t = r / G, g = r % G;
+          at::BFloat16* o = out + ((first + t) * H + h * G + g) * HD;
+          for (int d = 0; d < HD; ++d) o[d] = from_f<at::BFloat16>(res[d]);
+        }
+      }
+    }
+  });
+}
+
+static bool prefill_avx2(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                         const int64_t* slots, const int64_t* starts, const int64_t* news, const int64_t* ctxs,
+                         at::BFloat16* out, int64_t R, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
+#define TS_CASE(HDV) \
+  if (D == HDV) { prefill_avx2_impl<HDV>(q, k, v, slots, starts, news, ctxs, out, R, H, KV, L, scale); return true; }
+  TS_CASE(64) TS_CASE(128) TS_CASE(32) TS_CASE(96) TS_CASE(256)
+#undef TS_CASE
+  return false;
+}
+
 // The AVX2 kernel for this cache dtype, head_dim and group size, or false (the portable one runs).
 template <typename T>
 static bool decode_avx2(const float* q, const T* k, const T* v, const int64_t* slots, const int64_t* lengths,
@@ -890,8 +1006,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 // The prefill tokens of an iteration, chunk by chunk: q [B, H, D] bf16 holds every chunk's new
 // tokens in order, chunk c's from row starts[c] (news[c] of them); slots [R, L] lists, per chunk,
 // the slots of its cached context (ctxs[c]) then of its new tokens, whose K/V are already
-// stored. Only where the AVX-512 bf16 kernel is built (``decode_kernel_isa``); bf16 out, each
-// value rounded once from its float32 sum.
+// stored. Where the AVX-512 bf16 kernel is built (``decode_kernel_isa``), else the AVX2 one
+// (level avx2; Python decides which level calls it); bf16 out, each value rounded once from its
+// float32 sum.
 torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
                                       torch::Tensor starts, torch::Tensor news, torch::Tensor ctxs, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-D");
@@ -912,8 +1029,13 @@ torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k, torch::T
                    sl.data_ptr<int64_t>(), st.data_ptr<int64_t>(), nw.data_ptr<int64_t>(), cx.data_ptr<int64_t>(),
                    out.data_ptr<at::BFloat16>(), R, H, KV, D, L, static_cast<float>(scale)))
     return out;
+#elif defined(TAILSERVE_HAVE_AVX2)
+  if (prefill_avx2(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                   sl.data_ptr<int64_t>(), st.data_ptr<int64_t>(), nw.data_ptr<int64_t>(), cx.data_ptr<int64_t>(),
+                   out.data_ptr<at::BFloat16>(), R, H, KV, D, L, static_cast<float>(scale)))
+    return out;
 #endif
-  TORCH_CHECK(false, "paged_prefill_attention: no AVX-512 bf16 kernel for head_dim ", D);
+  TORCH_CHECK(false, "paged_prefill_attention: no AVX-512 bf16 or AVX2 kernel for head_dim ", D);
   return out;
 }
 

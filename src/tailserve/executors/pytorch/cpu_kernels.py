@@ -3,7 +3,10 @@
 - Decode attention: plain PyTorch has to gather every decode's context out of the paged cache
   into a padded tensor, convert it and run small batched matmuls — ~10x the bytes and kernel
   launches the arithmetic needs (see docs/executor.md). The kernel reads each request's K/V
-  rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel.
+  rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel;
+  one form per level (``decode_isa``: dpbf16, AVX2 or portable float32 loops).
+- Linear layers over bf16 weights packed once at load: the dpbf16 kernel (avx512_bf16) and the
+  AVX2 one (bf16 widened to float32 in registers, FMA sums; ``linear_avx2_kernel``).
 - RoPE fused with the q/k/v split for bf16/fp16 models, and the greedy argmax.
 - RMSNorm (with the residual add) and SiLU-mul for bf16/fp16 models, bit for bit ATen's
   (``cpu_norm_source.py``; ``cpu_norm.py`` checks each against PyTorch's ops before use).
@@ -198,7 +201,14 @@ def prefill_attention_applies(q: torch.Tensor, k_slots: torch.Tensor, module: An
         return False
     if q.shape[-1] not in _PREFILL_HEAD_DIMS or q.shape[1] % k_slots.shape[1] != 0:
         return False
-    return decode_isa(module) == "avx512_bf16"
+    return decode_isa(module) in ("avx512_bf16", "avx2")
+
+
+def prefill_kernel_name(dtype: torch.dtype, module: Any | None = None) -> str:
+    """The header's name for what a ``dtype`` model's prefill chunks run: ``dpbf16 kernel``,
+    ``avx2 kernel`` (bf16 at those levels) or ``SDPA`` (PyTorch's, per chunk)."""
+    isa = decode_isa(module) if dtype == torch.bfloat16 else None
+    return {"avx512_bf16": "dpbf16 kernel", "avx2": "avx2 kernel"}.get(isa or "", "SDPA")
 
 
 def paged_prefill_attention(
@@ -211,11 +221,11 @@ def paged_prefill_attention(
     contexts: torch.Tensor,
     module: Any | None = None,
 ) -> torch.Tensor | None:
-    """Prefill chunks' attention through the AVX-512 bf16 tiled kernel: chunk c's ``news[c]``
-    query rows start at row ``starts[c]`` of ``q`` and attend causally over ``slots[c]`` (its
-    ``contexts[c]`` cached tokens, then its new ones, K/V already stored). [B, H, D] bf16,
-    or None where the kernel does not apply (not bf16 on CPU, no avx512_bf16, a head_dim
-    it has no instance for), and the caller runs SDPA."""
+    """Prefill chunks' attention through the tiled kernel of this level (AVX-512 bf16, or AVX2
+    with float32 FMAs): chunk c's ``news[c]`` query rows start at row ``starts[c]`` of ``q`` and
+    attend causally over ``slots[c]`` (its ``contexts[c]`` cached tokens, then its new ones, K/V
+    already stored). [B, H, D] bf16, or None where the kernel does not apply (not bf16 on CPU,
+    neither level, a head_dim it has no instance for), and the caller runs SDPA."""
     module = load() if module is None else module
     if not prefill_attention_applies(q, k_slots, module):
         return None
