@@ -70,7 +70,7 @@ def measure_host(cpu_clock: bool = False, dtype: str = "bfloat16") -> Hardware:
     n = 1024
     a = torch.randn(n, n).to(getattr(torch, dtype))
     b = torch.randn(n, n).to(getattr(torch, dtype))
-    gemm = _engine_linear(b) or (lambda x: torch.matmul(x, b))
+    gemm = engine_linear(b) or (lambda x: torch.matmul(x, b))
     gemm(a)
     timer = time.thread_time if cpu_clock else time.perf_counter
     best = min(_timed(lambda: gemm(a), timer) for _ in range(5))
@@ -92,7 +92,7 @@ def measure_host(cpu_clock: bool = False, dtype: str = "bfloat16") -> Hardware:
     )
 
 
-def _engine_linear(weight: Any) -> Callable[[Any], object] | None:
+def engine_linear(weight: Any) -> Callable[[Any], object] | None:
     """The matmul the engine's linear layers run for this weight's dtype, where it is not
     PyTorch's own: a bf16 weight prepacked for tailserve's AVX2 or dpbf16 kernel (or oneDNN).
     On an AVX2 CPU PyTorch's bf16 matmul runs ~30x slower than that kernel, so timing it would
