@@ -400,9 +400,10 @@ def _mla_shape(phase: str, batch: int, length: int) -> BatchShape:
 
 def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.ndarray, ...]:
     """Per row: (the rest of the layer, the projections' join, the attention) as the cost model
-    prices them with a neutral MLA kernel, and the measured seconds."""
+    prices them with a neutral MLA kernel, the measured seconds, and the decode path's
+    per-request columns (``_mla_columns``)."""
     neutral = replace(hw, mla=NEUTRAL_MLA)
-    rest, proj, attn, y = [], [], [], []  # the neutral kernel adds no fixed time
+    rest, proj, attn, y, per_request = [], [], [], [], []  # the neutral kernel adds no fixed time
     models: dict[int, CostModel] = {}
     for heads, batch, length, ms in rows:
         cm = models.get(heads)
@@ -414,46 +415,60 @@ def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.n
         proj.append(p)
         attn.append(cm.attention_time(shape))
         y.append(ms * 1e-3)
-    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y))
+        decodes = shape.num_logits if shape.decode_kv_tokens else 0  # as CostModel._mla_decode_path
+        context = shape.decode_kv_tokens / decodes if decodes else 0.0
+        per_request.append((decodes, decodes * heads, context))
+    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request))
 
 
 def _fixed_terms(base: np.ndarray, y: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, float]:
     """Non-negative coefficients of ``columns`` (one row per measurement) minimising the squared
     relative error of ``base + columns @ coef``, and the mean |relative error|."""
     w = 1.0 / y
-    active = list(range(columns.shape[1]))
+    scale = np.maximum(np.abs(columns).max(axis=0), 1e-300)  # columns of unit size for lstsq
+    active = [j for j in range(columns.shape[1]) if columns[:, j].any()]
     coef = np.zeros(columns.shape[1])
     while active:
-        a = columns[:, active] * w[:, None]
+        a = columns[:, active] / scale[active] * w[:, None]
         sol, *_ = np.linalg.lstsq(a, 1.0 - base * w, rcond=None)
         if (sol >= 0).all():
             coef[:] = 0.0
-            coef[active] = sol
+            coef[active] = sol / scale[active]
             break
         active.pop(int(np.argmin(sol)))  # drop the most negative term and refit the others
     pred = base + columns @ coef
     return coef, float(np.mean(np.abs(pred / y - 1)))
 
 
-def _mla_columns(phases: np.ndarray) -> np.ndarray:
-    """The fixed-time terms' columns: the prefill path, the decode path."""
-    return np.stack([(phases == 0).astype(float), (phases == 1).astype(float)], axis=1)
+def _mla_columns(phases: np.ndarray, per_request: np.ndarray) -> np.ndarray:
+    """The fixed-time terms' columns: the prefill path, the decode path, and the decode path's
+    decodes, decodes x heads and mean context (``hardware.MlaKernel``'s decode_request,
+    decode_head and decode_context; 0 on prefill rows)."""
+    return np.column_stack([(phases == 0).astype(float), (phases == 1).astype(float), per_request])
+
+
+# The prefill attention factor's floor: the Hopper prefill rows stop at 512-token prompts, where
+# attention is a few percent of the block, so the fit would trade it against the projections'
+# factor (an H200 fit drifts to 0.31, pricing a 32K-token prompt's attention three times the
+# roofline on evidence from short ones).
+MIN_PREFILL_ATTENTION = 0.5
 
 
 def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
-    prefill and decode attention factors (<= 1: never faster than the roofline) and each path's
-    fixed time per layer; the FP8 rows then their own projection factor, the rest held. (A time
-    per new token was tried as a third term: the prefill rows, up to 131,072 tokens, fit it to 0.)"""
-    rc, pc, ac, yc = (v[train["context"]] for v in parts[("context", "bf16")])
-    rg, pg, ag, yg = (v[train["generation"]] for v in parts[("generation", "bf16")])
+    prefill and decode attention factors (<= 1: never faster than the roofline), each path's
+    fixed time per layer and the decode path's per-request terms; the FP8 rows then their own
+    projection factor, the rest held. (A time per new token was tried as a prefill term: the
+    prefill rows, up to 131,072 tokens, fit it to 0.)"""
+    rc, pc, ac, yc, qc = (v[train["context"]] for v in parts[("context", "bf16")])
+    rg, pg, ag, yg, qg = (v[train["generation"]] for v in parts[("generation", "bf16")])
     y = np.concatenate((yc, yg))
     phases = np.concatenate((np.zeros(len(yc)), np.ones(len(yg))))
-    cols = _mla_columns(phases)
+    cols = _mla_columns(phases, np.concatenate((qc, qg)))
     best = (math.inf, None)
     grid = np.geomspace(0.05, 1.0, 24)
     for f in np.geomspace(0.2, 1.0, 17):
-        for fp in grid:
+        for fp in grid[grid >= MIN_PREFILL_ATTENTION]:
             base_c = rc + pc / f + ac / fp
             for fd in grid:
                 base = np.concatenate((base_c, rg + pg / f + ag / fd))
@@ -467,7 +482,7 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
         sel_c, sel_g = train["context8"], train["generation8"]
         y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
         phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
-        fixed8 = _mla_columns(phases8) @ coef
+        fixed8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g]))) @ coef
         best8 = (math.inf, 1.0)
         for f8 in np.geomspace(0.1, 1.0, 60):
             pred = np.concatenate((
@@ -478,7 +493,10 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
             if err < best8[0]:
                 best8 = (err, float(f8))
         factors.append(("fp8_block", best8[1]))
-    return MlaKernel(tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit")
+    return MlaKernel(
+        tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
+        decode_request=float(coef[2]), decode_head=float(coef[3]), decode_context=float(coef[4]),
+    )  # fmt: skip
 
 
 def mla_part(tables: dict, console: Console) -> dict:
@@ -518,9 +536,10 @@ def mla_part(tables: dict, console: Console) -> dict:
         fitted = replace(hw, mla=kernel)
         res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
-                             "decode_latency_s": kernel.decode_latency},
+                             "decode_latency_s": kernel.decode_latency, "decode_request_s": kernel.decode_request,
+                             "decode_head_s": kernel.decode_head, "decode_context_s": kernel.decode_context},
                      "version": entry.get("mla_context_version")}  # fmt: skip
-        for (phase, weights), (rest, proj, attn, y) in parts.items():
+        for (phase, weights), (rest, proj, attn, y, _per_request) in parts.items():
             rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
                     and r[4] > 0]  # fmt: skip
             as_is = rest + proj + attn
@@ -548,7 +567,9 @@ def mla_part(tables: dict, console: Console) -> dict:
                 f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['time_weighted']:.1%}",
                 f"{h['bias']:+.1%}",
                 f"gemm {kernel.gemm_factor(weights):.2f}, attn {kernel.prefill_attention:.2f}/"
-                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f} us",
+                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f} us"
+                f"; per decode {kernel.decode_request * 1e9:.1f} + {kernel.decode_head * 1e9:.2f}/head ns, "
+                f"{kernel.decode_context * 1e12:.0f} ps/context token",
             )  # fmt: skip
         out[gpu] = res
     console.print(table)

@@ -59,9 +59,10 @@ class MlaKernel:
     """vLLM's MLA attention block (the q/kv down- and up-projections, the attention kernel,
     o_proj, and the norms, RoPE and cache writes between them) against the GPU's curves: a
     factor on the projections' GEMM time per weight format, factors on the prefill and decode
-    attention rates (<= 1), and a fixed time per layer for each path an iteration runs (its
-    prefill path when it has a prefill chunk, its decode path when it has a decode), fitted to
-    AISimulate's MLA module tables (benchmarks/fidelity_aisim.py)."""
+    attention rates (<= 1), a fixed time per layer for each path an iteration runs (its
+    prefill path when it has a prefill chunk, its decode path when it has a decode) and the
+    decode path's times per request, fitted to AISimulate's MLA module tables
+    (benchmarks/fidelity_aisim.py)."""
 
     gemm_factors: tuple[tuple[str, float], ...]  # (weight format, factor <= 1); others: 1
     prefill_attention: float
@@ -69,6 +70,14 @@ class MlaKernel:
     prefill_latency: float  # seconds per MLA layer of an iteration with a prefill chunk
     decode_latency: float  # seconds per MLA layer of an iteration with decodes
     source: str
+    # The decode path's work per request (FLASHINFER_MLA / FLASH_ATTN_MLA decode, vLLM's absorbed
+    # form): seconds per decode request, per decode request and head of the shard (the absorbed
+    # up-projections run as per-head batched matmuls, K = 128 / N = 512 and back, far below the
+    # GEMM curve), and per token of the decodes' mean context (a lone request's KV is read by
+    # a few split-KV tiles, not the whole GPU). Per MLA layer.
+    decode_request: float = 0.0
+    decode_head: float = 0.0
+    decode_context: float = 0.0
 
     def gemm_factor(self, fmt: str) -> float:
         return dict(self.gemm_factors).get(fmt, 1.0)
@@ -257,11 +266,26 @@ MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no 
 # NCCL all-gather / reduce-scatter), fitted by benchmarks/fidelity_aisim.py on half the head
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
 # borrows the H100's (same kernels, same NVLink 4 link).
-MLA_H100 = MlaKernel((("bf16", 0.82), ("fp8_block", 0.54)), 0.88, 0.88, 4.36e-6, 3.20e-6, f"{_AISIM}: MLA module, H100")  # fmt: skip
-MLA_H200 = MlaKernel((("bf16", 0.82), ("fp8_block", 0.52)), 1.00, 1.00, 3.58e-6, 4.36e-6, f"{_AISIM}: MLA module, H200")  # fmt: skip
-MLA_B200 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.52)), 1.00, 0.88, 19.54e-6, 20.12e-6, f"{_AISIM}: MLA module, B200")  # fmt: skip
-MLA_GB200 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.70)), 1.00, 0.88, 21.82e-6, 21.31e-6, f"{_AISIM}: MLA module, GB200")  # fmt: skip
-MLA_B300 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.63)), 1.00, 0.88, 20.03e-6, 18.74e-6, f"{_AISIM}: MLA module, B300")  # fmt: skip
+MLA_H100 = MlaKernel(
+    (("bf16", 0.82), ("fp8_block", 0.54)), 0.88, 1.00, 4.36e-6, 1.34e-6,
+    f"{_AISIM}: MLA module, H100", decode_request=26.7e-9, decode_head=1.273e-9, decode_context=348e-12,
+)  # fmt: skip
+MLA_H200 = MlaKernel(
+    (("bf16", 0.90), ("fp8_block", 0.56)), 0.52, 1.00, 6.58e-6, 3.27e-6,
+    f"{_AISIM}: MLA module, H200", decode_request=29.0e-9, decode_head=1.537e-9, decode_context=407e-12,
+)  # fmt: skip
+MLA_B200 = MlaKernel(
+    (("bf16", 1.00), ("fp8_block", 0.54)), 1.00, 0.88, 22.46e-6, 17.62e-6,
+    f"{_AISIM}: MLA module, B200", decode_request=37.5e-9, decode_head=3.918e-9, decode_context=262e-12,
+)  # fmt: skip
+MLA_GB200 = MlaKernel(
+    (("bf16", 0.90), ("fp8_block", 0.73)), 1.00, 0.88, 21.82e-6, 17.98e-6,
+    f"{_AISIM}: MLA module, GB200", decode_request=32.5e-9, decode_head=3.433e-9, decode_context=239e-12,
+)  # fmt: skip
+MLA_B300 = MlaKernel(
+    (("bf16", 0.90), ("fp8_block", 0.65)), 1.00, 0.88, 20.03e-6, 15.23e-6,
+    f"{_AISIM}: MLA module, B300", decode_request=37.7e-9, decode_head=3.708e-9, decode_context=266e-12,
+)  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
     LinkFit(236.1e-6, 0.588), LinkFit(81.3e-6, 0.413),
     LinkFit(64.1e-6, 0.279), LinkFit(44.7e-6, 0.513),
