@@ -590,6 +590,49 @@ def _fit_link(x: np.ndarray, y: np.ndarray) -> LinkFit:
     return best[1]
 
 
+def _fit_phase(tokens: np.ndarray, x: np.ndarray, y: np.ndarray) -> LinkFit:
+    """A DeepEP phase: ``max(floor, latency + tokens x per_token + x / efficiency)`` (x: seconds
+    at the full link) by the smallest mean |relative error|: the floor from a grid of the training
+    times' quantiles (and none), for each the three coefficients non-negative least squares in
+    relative terms over the rows above it (efficiency at most 1: never faster than the link)."""
+    cols = np.column_stack([np.ones_like(x), tokens, x])
+    best = (math.inf, LinkFit(0.0, 1.0))
+    for floor in np.concatenate(([0.0], np.quantile(y, np.linspace(0.02, 0.6, 30)))):
+        above = np.ones(len(y), dtype=bool)
+        for _ in range(5):  # the rows above the floor decide the line; refit until they settle
+            coef, _ = _fixed_terms(np.zeros(int(above.sum())), y[above], cols[above])
+            if coef[2] < 1.0:  # faster than the link: the link at full speed, the rest refitted
+                rest, _ = _fixed_terms(x[above], y[above], cols[above][:, :2])
+                coef = np.array([rest[0], rest[1], 1.0])
+            now = cols @ coef > floor
+            if now.sum() < 3 or (now == above).all():
+                break
+            above = now
+        pred = np.maximum(floor, cols @ coef)
+        err = float(np.mean(np.abs(pred / y - 1)))
+        if err < best[0]:
+            best = (err, LinkFit(float(coef[0]), float(1.0 / coef[2]), float(coef[1]), float(floor)))
+    return best[1]
+
+
+def _monotone_floor(tokens: np.ndarray, y: np.ndarray, shape: list) -> np.ndarray:
+    """|relative error| of the best curve non-decreasing in tokens fitted to each shape's own rows
+    (pool-adjacent-violators on log time): what no model monotone in the tokens can beat, the
+    tables' own scatter (a DeepEP low-latency phase's times jump by 20-60% between neighbours)."""
+    err = np.zeros(len(y))
+    for s_ in set(shape):
+        idx = sorted((i for i, v in enumerate(shape) if v == s_), key=lambda i: tokens[i])
+        blocks: list[list[float]] = []  # [mean log time, rows]
+        for v in np.log(y[idx]):
+            blocks.append([float(v), 1.0])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                v2, n2 = blocks.pop()
+                blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + v2 * n2) / (blocks[-1][1] + n2), blocks[-1][1] + n2]
+        fitted = np.exp(np.repeat([b[0] for b in blocks], [int(b[1]) for b in blocks]))
+        err[idx] = np.abs(fitted / y[idx] - 1)
+    return err
+
+
 # The all-gather / reduce-scatter buffers an MoE layer sends: dp x tokens x hidden elements, from
 # 2 x 1 x 2,048 up; the tables go on to 2^28 elements.
 MIN_GATHER_ELEMENTS = 2**12
@@ -602,7 +645,7 @@ def a2a_part(tables: dict, console: Console) -> dict:
         "and NCCL all-gather/reduce-scatter (held out: every other size)"
     )
     for col in ("GPU", "exchange", "phase", "rows held out", "fitted mean / p90 / max", "bias",
-                "fit: latency, link eff"):  # fmt: skip
+                "monotone floor mean / max", "fit: latency, link eff (DeepEP: per token, floor)"):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
         if gpu not in GPUS or not entry.get("a2a"):
@@ -615,7 +658,7 @@ def a2a_part(tables: dict, console: Console) -> dict:
                 sel = [r for r in entry["a2a"] if r[0] == backend and r[1] == phase and r[7] > 0]
                 if not sel:
                     continue
-                x, y, shape = [], [], []
+                x, y, shape, toks = [], [], [], []
                 for _, _, ep, hidden, k, experts, tokens, us in sel:
                     if backend == "deepep_ht":
                         moved = tokens * remote_ranks(int(k), int(experts), int(ep)) * hidden * ACT_BYTES
@@ -625,18 +668,24 @@ def a2a_part(tables: dict, console: Console) -> dict:
                     x.append(moved / link)
                     y.append(us * 1e-6)
                     shape.append((hidden, k, experts))
-                x_a, y_a = np.array(x), np.array(y)
+                    toks.append(tokens)
+                x_a, y_a, t_a = np.array(x), np.array(y), np.array(toks, dtype=float)
                 shapes = sorted(set(shape))
                 test = np.array([s_ in set(shapes[1::2]) for s_ in shape])
-                fit_ = _fit_link(x_a[~test], y_a[~test])
-                pred = fit_.latency + x_a / fit_.efficiency
-                r = {"fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency},
+                fit_ = _fit_phase(t_a[~test], x_a[~test], y_a[~test])
+                pred = np.maximum(fit_.floor, fit_.latency + t_a * fit_.per_token + x_a / fit_.efficiency)
+                noise = _monotone_floor(t_a, y_a, shape)[test]
+                r = {"monotone_floor": {"mean": float(noise.mean()), "max": float(noise.max())},
+                     "fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency,
+                             "per_token_s": fit_.per_token, "floor_s": fit_.floor},
                      "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test])}  # fmt: skip
                 res[f"{backend}/{phase}"] = r
                 h = r["held_out"]
                 table.add_row(GPUS[gpu], backend, phase, str(h["n"]),
                               f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}",
-                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
+                              f"{noise.mean():.1%} / {noise.max():.0%}",
+                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}, "
+                              f"{fit_.per_token * 1e9:.1f} ns/token, floor {fit_.floor * 1e6:.1f} us")  # fmt: skip
         for op in ("all_gather", "reduce_scatter"):
             for n in sorted({int(r[1]) for r in entry.get("nccl", []) if r[0] == op}):
                 sel = sorted(
@@ -655,7 +704,7 @@ def a2a_part(tables: dict, console: Console) -> dict:
                 res[f"{op}/{n}"] = r
                 h = r["held_out"]
                 table.add_row(GPUS[gpu], f"nccl {op}", f"{n} GPUs", str(h["n"]),
-                              f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}",
+                              f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}", "-",
                               f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
         out[gpu] = res
     console.print(table)

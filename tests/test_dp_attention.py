@@ -57,6 +57,26 @@ def test_exchange_bytes_by_backend():
     assert exchange_time("deepep_low_latency", H200, fallback, **common) > ll
 
 
+def test_deepep_phase_floor_and_per_token():
+    """A DeepEP phase is ``max(floor, latency + tokens x per_token + bytes / (link x eff))``."""
+    link = H200.interconnect_bandwidth
+    phase = LinkFit(100e-6, 0.5, 200e-9, 250e-6)
+    hw = replace(H200, moe_exchange=replace(H200.moe_exchange, ht_dispatch=phase, ht_combine=phase))
+    common = dict(dp=8, tp=1, hidden=7168, k=8, num_experts=256, act_bytes=2.0)
+
+    def line(tokens):
+        moved = tokens * remote_ranks(8, 256, 8) * 7168 * 2
+        return 100e-6 + tokens * 200e-9 + moved / (link * 0.5)
+
+    fallback = LinkFit(0.0, 1.0)
+    assert line(16) < 250e-6  # below the floor: the floor
+    assert exchange_time("deepep_high_throughput", hw, fallback, tokens=16, **common) == pytest.approx(2 * 250e-6)
+    assert line(8192) > 250e-6
+    assert exchange_time("deepep_high_throughput", hw, fallback, tokens=8192, **common) == pytest.approx(
+        2 * line(8192)
+    )
+
+
 def test_dp_one_is_the_engine_as_before():
     cm = CostModel(QWEN_MOE, H200, 2)
     same = cm.with_data_parallel(1)

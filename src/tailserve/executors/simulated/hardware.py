@@ -85,10 +85,16 @@ class MlaKernel:
 
 @dataclass(frozen=True, slots=True)
 class LinkFit:
-    """One collective or exchange phase: ``latency + bytes / (interconnect_bandwidth x efficiency)``."""
+    """One collective or exchange phase: ``max(floor, latency + tokens x per_token + bytes /
+    (interconnect_bandwidth x efficiency))``. DeepEP's phases have a floor (high-throughput
+    dispatch: its notify and layout round, ~250 us, flat up to ~512 tokens a rank) and a cost per
+    token sent beside its bytes (the kernel's per-token work: the measured time grows with the
+    tokens more than with their hidden size); NCCL's collectives take neither (0)."""
 
     latency: float  # seconds per call
     efficiency: float  # fraction of interconnect_bandwidth
+    per_token: float = 0.0  # seconds per token the rank sends
+    floor: float = 0.0  # seconds: the phase is never faster
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,36 +293,36 @@ MLA_B300 = MlaKernel(
     f"{_AISIM}: MLA module, B300", decode_request=37.7e-9, decode_head=3.708e-9, decode_context=266e-12,
 )  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
-    LinkFit(236.1e-6, 0.588), LinkFit(81.3e-6, 0.413),
-    LinkFit(64.1e-6, 0.279), LinkFit(44.7e-6, 0.513),
+    LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),
+    LinkFit(51.4e-6, 0.517, 267e-9, 66.2e-6), LinkFit(35.8e-6, 0.776, 185e-9, 47.9e-6),
     ((2, LinkFit(6.6e-6, 0.523)), (4, LinkFit(8.9e-6, 0.649)), (8, LinkFit(12.8e-6, 0.688))),
     ((2, LinkFit(6.4e-6, 0.483)), (4, LinkFit(8.2e-6, 0.636)), (8, LinkFit(11.3e-6, 0.702))),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H100",
 )  # fmt: skip
 EXCHANGE_H200 = MoeExchange(
-    LinkFit(233.2e-6, 0.624), LinkFit(81.0e-6, 0.438),
-    LinkFit(46.5e-6, 0.224), LinkFit(48.8e-6, 0.649),
+    LinkFit(133.7e-6, 1.000, 96e-9, 258.5e-6), LinkFit(77.9e-6, 0.690, 101e-9, 82.3e-6),
+    LinkFit(46.8e-6, 0.266, 48e-9, 0.0e-6), LinkFit(30.9e-6, 0.410, 0e-9, 53.4e-6),
     ((2, LinkFit(6.5e-6, 0.523)), (4, LinkFit(8.8e-6, 0.662)), (8, LinkFit(13.9e-6, 0.716))),
     ((2, LinkFit(6.2e-6, 0.493)), (4, LinkFit(8.1e-6, 0.649)), (8, LinkFit(12.3e-6, 0.716))),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H200",
 )  # fmt: skip
 EXCHANGE_B200 = MoeExchange(
-    LinkFit(254.8e-6, 0.220), LinkFit(91.9e-6, 0.135),
-    LinkFit(52.2e-6, 0.161), LinkFit(60.0e-6, 1.000),
+    LinkFit(170.2e-6, 0.402, 158e-9, 288.4e-6), LinkFit(86.5e-6, 0.244, 200e-9, 110.9e-6),
+    LinkFit(45.0e-6, 0.162, 53e-9, 55.0e-6), LinkFit(39.3e-6, 0.393, 0e-9, 61.4e-6),
     ((2, LinkFit(10.4e-6, 0.465)), (4, LinkFit(13.7e-6, 0.612)), (8, LinkFit(19.3e-6, 0.702))),
     ((2, LinkFit(10.1e-6, 0.421)), (4, LinkFit(13.0e-6, 0.600)), (8, LinkFit(18.4e-6, 0.688))),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B200",
 )  # fmt: skip
 EXCHANGE_GB200 = MoeExchange(
-    LinkFit(381.1e-6, 0.158), LinkFit(97.8e-6, 0.167),
-    LinkFit(66.0e-6, 0.155), LinkFit(72.5e-6, 1.000),
+    LinkFit(307.2e-6, 1.000, 212e-9, 424.3e-6), LinkFit(96.6e-6, 0.304, 92e-9, 0.0e-6),
+    LinkFit(62.8e-6, 0.138, 6e-9, 68.9e-6), LinkFit(34.5e-6, 0.277, 0e-9, 74.7e-6),
     ((2, LinkFit(10.9e-6, 0.465)), (4, LinkFit(13.6e-6, 0.612))),
     ((2, LinkFit(10.6e-6, 0.429)), (4, LinkFit(13.2e-6, 0.600))),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, GB200",
 )  # fmt: skip
 EXCHANGE_B300 = MoeExchange(
-    LinkFit(230.8e-6, 0.224), LinkFit(96.3e-6, 0.140),
-    LinkFit(50.9e-6, 0.192), LinkFit(45.9e-6, 0.662),
+    LinkFit(146.2e-6, 0.422, 160e-9, 262.8e-6), LinkFit(88.1e-6, 0.254, 207e-9, 110.7e-6),
+    LinkFit(43.0e-6, 0.166, 46e-9, 51.5e-6), LinkFit(32.0e-6, 0.354, 0e-9, 48.5e-6),
     ((2, LinkFit(9.7e-6, 0.474)), (4, LinkFit(12.8e-6, 0.612)), (8, LinkFit(18.6e-6, 0.702))),
     ((2, LinkFit(9.6e-6, 0.429)), (4, LinkFit(12.5e-6, 0.600)), (8, LinkFit(17.9e-6, 0.702))),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B300",

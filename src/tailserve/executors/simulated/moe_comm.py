@@ -16,10 +16,11 @@ vLLM's ``--all2all-backend`` picks how (vllm/config/parallel.py):
   a 4-byte scale per 128 values and combined in bf16 (DeepEP's README; AISimulate's wire dtypes,
   aisimulate_core/sdk/operations/moe_comm.py).
 
-Routing is uniform, as in ``moe.py``. Each phase costs ``latency + bytes / (link x
-efficiency)`` with the GPU's fit (``hardware.MoeExchange``, fitted to AISimulate's measured
-tables by benchmarks/fidelity_aisim.py); a GPU without one prices every phase at its all-reduce
-latency and link efficiency (the ``fallback`` the cost model hands in).
+Routing is uniform, as in ``moe.py``. Each phase costs ``max(floor, latency + tokens x
+per_token + bytes / (link x efficiency))`` (``tokens``: the rank's, DeepEP's phases only) with
+the GPU's fit (``hardware.MoeExchange``, fitted to AISimulate's measured tables by
+benchmarks/fidelity_aisim.py); a GPU without one prices every phase at its all-reduce latency
+and link efficiency (the ``fallback`` the cost model hands in).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def remote_ranks(k: int, num_experts: int, ep: int) -> float:
     return (ep - 1) * (1.0 - missing)
 
 
-def _phase(fit: LinkFit, num_bytes: float, link: float) -> float:
-    return fit.latency + num_bytes / (link * fit.efficiency)
+def _phase(fit: LinkFit, num_bytes: float, link: float, tokens: float = 0.0) -> float:
+    return max(fit.floor, fit.latency + tokens * fit.per_token + num_bytes / (link * fit.efficiency))
 
 
 def _by_group(fits: tuple[tuple[int, LinkFit], ...], n: int) -> LinkFit | None:
@@ -92,10 +93,10 @@ def exchange_time(
         moved = per_rank * remote_ranks(k, num_experts, ep) * hidden * act_bytes
         dispatch = fits.ht_dispatch if fits else fallback
         combine = fits.ht_combine if fits else fallback
-        return _phase(dispatch, moved, link) + _phase(combine, moved, link)
+        return _phase(dispatch, moved, link, per_rank) + _phase(combine, moved, link, per_rank)
     copies = per_rank * k * (ep - 1) / ep  # one per (token, expert) on another rank
     dispatch = fits.ll_dispatch if fits else fallback
     combine = fits.ll_combine if fits else fallback
-    return _phase(dispatch, copies * hidden * FP8_WITH_SCALES, link) + _phase(
-        combine, copies * hidden * act_bytes, link
+    return _phase(dispatch, copies * hidden * FP8_WITH_SCALES, link, per_rank) + _phase(
+        combine, copies * hidden * act_bytes, link, per_rank
     )
