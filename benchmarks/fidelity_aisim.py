@@ -615,6 +615,24 @@ def _fit_phase(tokens: np.ndarray, x: np.ndarray, y: np.ndarray) -> LinkFit:
     return best[1]
 
 
+def _fit_protocols(x: np.ndarray, y: np.ndarray) -> tuple[LinkFit, ...]:
+    """An NCCL collective as the faster of two ``latency + x / efficiency`` lines (NCCL's tuner
+    picks a protocol per size: LL's latency, then LL128's or Simple's bandwidth): every split of
+    the sizes (at least three on each side) fits a line to each side, the split whose minimum of
+    the two has the smallest mean |relative error| wins; one line when that is better."""
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    one = _fit_link(x, y)
+    best = (float(np.mean(np.abs((one.latency + x / one.efficiency) / y - 1))), (one,))
+    for j in range(3, len(x) - 2):
+        small, large = _fit_link(x[:j], y[:j]), _fit_link(x[j:], y[j:])
+        pred = np.minimum(small.latency + x / small.efficiency, large.latency + x / large.efficiency)
+        err = float(np.mean(np.abs(pred / y - 1)))
+        if err < best[0]:
+            best = (err, (small, large))
+    return best[1]
+
+
 def _monotone_floor(tokens: np.ndarray, y: np.ndarray, shape: list) -> np.ndarray:
     """|relative error| of the best curve non-decreasing in tokens fitted to each shape's own rows
     (pool-adjacent-violators on log time): what no model monotone in the tokens can beat, the
@@ -627,7 +645,10 @@ def _monotone_floor(tokens: np.ndarray, y: np.ndarray, shape: list) -> np.ndarra
             blocks.append([float(v), 1.0])
             while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
                 v2, n2 = blocks.pop()
-                blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + v2 * n2) / (blocks[-1][1] + n2), blocks[-1][1] + n2]
+                blocks[-1] = [
+                    (blocks[-1][0] * blocks[-1][1] + v2 * n2) / (blocks[-1][1] + n2),
+                    blocks[-1][1] + n2,
+                ]
         fitted = np.exp(np.repeat([b[0] for b in blocks], [int(b[1]) for b in blocks]))
         err[idx] = np.abs(fitted / y[idx] - 1)
     return err
@@ -697,15 +718,19 @@ def a2a_part(tables: dict, console: Console) -> dict:
                 y_a = np.array([v for _, v in sel])
                 x_a = (n - 1) / n * size * ACT_BYTES / link
                 test = np.arange(len(size)) % 2 == 1
-                fit_ = _fit_link(x_a[~test], y_a[~test])
-                pred = fit_.latency + x_a / fit_.efficiency
-                r = {"fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency},
-                     "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test])}  # fmt: skip
+                one = _fit_link(x_a[~test], y_a[~test])
+                fits = _fit_protocols(x_a[~test], y_a[~test])
+                pred = np.min([f.latency + x_a / f.efficiency for f in fits], axis=0)
+                r = {"fit": [{"latency_s": f.latency, "efficiency": f.efficiency} for f in fits],
+                     "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test]),
+                     "one_line_held_out": stats((one.latency + x_a / one.efficiency)[test], y_a[test])}  # fmt: skip
                 res[f"{op}/{n}"] = r
                 h = r["held_out"]
                 table.add_row(GPUS[gpu], f"nccl {op}", f"{n} GPUs", str(h["n"]),
                               f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}", "-",
-                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
+                              "; ".join(f"{f.latency * 1e6:.1f} us, {f.efficiency:.3f}" for f in fits)
+                              + f" (one line: {r['one_line_held_out']['mean']:.1%} / "
+                              f"{r['one_line_held_out']['max']:.0%})")  # fmt: skip
         out[gpu] = res
     console.print(table)
     return out

@@ -108,7 +108,8 @@ class MoeExchange:
     ht_combine: LinkFit
     ll_dispatch: LinkFit
     ll_combine: LinkFit
-    all_gather: tuple[tuple[int, LinkFit], ...]  # (GPUs in the group, fit)
+    # (GPUs in the group, fit); a group may have one fit per NCCL protocol: the fastest prices it
+    all_gather: tuple[tuple[int, LinkFit], ...]
     reduce_scatter: tuple[tuple[int, LinkFit], ...]
     source: str
 
@@ -295,36 +296,102 @@ MLA_B300 = MlaKernel(
 EXCHANGE_H100 = MoeExchange(
     LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),
     LinkFit(51.4e-6, 0.517, 267e-9, 66.2e-6), LinkFit(35.8e-6, 0.776, 185e-9, 47.9e-6),
-    ((2, LinkFit(6.6e-6, 0.523)), (4, LinkFit(8.9e-6, 0.649)), (8, LinkFit(12.8e-6, 0.688))),
-    ((2, LinkFit(6.4e-6, 0.483)), (4, LinkFit(8.2e-6, 0.636)), (8, LinkFit(11.3e-6, 0.702))),
+    (
+        (2, LinkFit(5.9e-6, 0.220)),
+        (2, LinkFit(19.7e-6, 0.544)),
+        (4, LinkFit(8.1e-6, 0.320)),
+        (4, LinkFit(25.5e-6, 0.688)),
+        (8, LinkFit(12.3e-6, 0.503)),
+        (8, LinkFit(40.3e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(5.9e-6, 0.243)),
+        (2, LinkFit(14.6e-6, 0.503)),
+        (4, LinkFit(7.6e-6, 0.353)),
+        (4, LinkFit(17.8e-6, 0.662)),
+        (8, LinkFit(10.8e-6, 0.493)),
+        (8, LinkFit(26.4e-6, 0.759)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H100",
 )  # fmt: skip
 EXCHANGE_H200 = MoeExchange(
     LinkFit(133.7e-6, 1.000, 96e-9, 258.5e-6), LinkFit(77.9e-6, 0.690, 101e-9, 82.3e-6),
     LinkFit(46.8e-6, 0.266, 48e-9, 0.0e-6), LinkFit(30.9e-6, 0.410, 0e-9, 53.4e-6),
-    ((2, LinkFit(6.5e-6, 0.523)), (4, LinkFit(8.8e-6, 0.662)), (8, LinkFit(13.9e-6, 0.716))),
-    ((2, LinkFit(6.2e-6, 0.493)), (4, LinkFit(8.1e-6, 0.649)), (8, LinkFit(12.3e-6, 0.716))),
+    (
+        (2, LinkFit(5.8e-6, 0.224)),
+        (2, LinkFit(19.3e-6, 0.554)),
+        (4, LinkFit(8.0e-6, 0.326)),
+        (4, LinkFit(24.0e-6, 0.702)),
+        (8, LinkFit(13.5e-6, 0.544)),
+        (8, LinkFit(37.2e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(5.7e-6, 0.248)),
+        (2, LinkFit(14.0e-6, 0.513)),
+        (4, LinkFit(7.5e-6, 0.339)),
+        (4, LinkFit(18.2e-6, 0.675)),
+        (8, LinkFit(11.7e-6, 0.493)),
+        (8, LinkFit(26.2e-6, 0.759)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H200",
 )  # fmt: skip
 EXCHANGE_B200 = MoeExchange(
     LinkFit(170.2e-6, 0.402, 158e-9, 288.4e-6), LinkFit(86.5e-6, 0.244, 200e-9, 110.9e-6),
     LinkFit(45.0e-6, 0.162, 53e-9, 55.0e-6), LinkFit(39.3e-6, 0.393, 0e-9, 61.4e-6),
-    ((2, LinkFit(10.4e-6, 0.465)), (4, LinkFit(13.7e-6, 0.612)), (8, LinkFit(19.3e-6, 0.702))),
-    ((2, LinkFit(10.1e-6, 0.421)), (4, LinkFit(13.0e-6, 0.600)), (8, LinkFit(18.4e-6, 0.688))),
+    (
+        (2, LinkFit(9.6e-6, 0.188)),
+        (2, LinkFit(20.2e-6, 0.503)),
+        (4, LinkFit(11.9e-6, 0.181)),
+        (4, LinkFit(28.6e-6, 0.662)),
+        (8, LinkFit(17.9e-6, 0.314)),
+        (8, LinkFit(62.7e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(9.5e-6, 0.220)),
+        (2, LinkFit(17.8e-6, 0.474)),
+        (4, LinkFit(11.8e-6, 0.238)),
+        (4, LinkFit(34.8e-6, 0.675)),
+        (8, LinkFit(16.9e-6, 0.307)),
+        (8, LinkFit(57.1e-6, 0.745)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B200",
 )  # fmt: skip
 EXCHANGE_GB200 = MoeExchange(
     LinkFit(307.2e-6, 1.000, 212e-9, 424.3e-6), LinkFit(96.6e-6, 0.304, 92e-9, 0.0e-6),
     LinkFit(62.8e-6, 0.138, 6e-9, 68.9e-6), LinkFit(34.5e-6, 0.277, 0e-9, 74.7e-6),
-    ((2, LinkFit(10.9e-6, 0.465)), (4, LinkFit(13.6e-6, 0.612))),
-    ((2, LinkFit(10.6e-6, 0.429)), (4, LinkFit(13.2e-6, 0.600))),
+    (
+        (2, LinkFit(10.1e-6, 0.196)),
+        (2, LinkFit(20.3e-6, 0.503)),
+        (4, LinkFit(12.1e-6, 0.199)),
+        (4, LinkFit(29.3e-6, 0.662)),
+    ),
+    (
+        (2, LinkFit(9.9e-6, 0.216)),
+        (2, LinkFit(17.6e-6, 0.465)),
+        (4, LinkFit(12.0e-6, 0.229)),
+        (4, LinkFit(27.2e-6, 0.636)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, GB200",
 )  # fmt: skip
 EXCHANGE_B300 = MoeExchange(
     LinkFit(146.2e-6, 0.422, 160e-9, 262.8e-6), LinkFit(88.1e-6, 0.254, 207e-9, 110.7e-6),
     LinkFit(43.0e-6, 0.166, 46e-9, 51.5e-6), LinkFit(32.0e-6, 0.354, 0e-9, 48.5e-6),
-    ((2, LinkFit(9.7e-6, 0.474)), (4, LinkFit(12.8e-6, 0.612)), (8, LinkFit(18.6e-6, 0.702))),
-    ((2, LinkFit(9.6e-6, 0.429)), (4, LinkFit(12.5e-6, 0.600)), (8, LinkFit(17.9e-6, 0.702))),
+    (
+        (2, LinkFit(8.9e-6, 0.188)),
+        (2, LinkFit(19.6e-6, 0.513)),
+        (4, LinkFit(11.7e-6, 0.263)),
+        (4, LinkFit(37.2e-6, 0.716)),
+        (8, LinkFit(17.1e-6, 0.314)),
+        (8, LinkFit(60.7e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(8.9e-6, 0.192)),
+        (2, LinkFit(17.2e-6, 0.474)),
+        (4, LinkFit(11.6e-6, 0.314)),
+        (4, LinkFit(33.9e-6, 0.675)),
+        (8, LinkFit(16.5e-6, 0.314)),
+        (8, LinkFit(69.8e-6, 0.906)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B300",
 )  # fmt: skip
 
