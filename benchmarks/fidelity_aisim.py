@@ -477,25 +477,35 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
                     best = (err, (float(f), float(fp), float(fd), coef))
     f, fp, fd, coef = best[1]
     factors = [("bf16", f)]
+    format_requests: tuple[tuple[str, float], ...] = ()
+    format_latency: tuple[tuple[str, float], ...] = ()
     if ("context", "fp8_block") in parts:
         c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
         sel_c, sel_g = train["context8"], train["generation8"]
         y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
         phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
         fixed8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g]))) @ coef
-        best8 = (math.inf, 1.0)
+        # the format's own terms: a time per layer on either path (its activation-quantization
+        # kernels beside each GEMM) and per decode
+        decodes8 = np.column_stack(
+            (np.ones(len(y8)), np.concatenate((np.zeros(int(sel_c.sum())), g8[4][sel_g][:, 0])))
+        )
+        best8 = (math.inf, 1.0, np.zeros(2))
         for f8 in np.geomspace(0.1, 1.0, 60):
             pred = np.concatenate((
                 c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
                 g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
             )) + fixed8  # fmt: skip
-            err = float(np.mean(np.abs(pred / y8 - 1)))
+            extra, err = _fixed_terms(pred, y8, decodes8)
             if err < best8[0]:
-                best8 = (err, float(f8))
+                best8 = (err, float(f8), extra)
         factors.append(("fp8_block", best8[1]))
+        format_latency = (("fp8_block", float(best8[2][0])),)
+        format_requests = (("fp8_block", float(best8[2][1])),)
     return MlaKernel(
         tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
         decode_request=float(coef[2]), decode_head=float(coef[3]), decode_context=float(coef[4]),
+        decode_request_by_format=format_requests, latency_by_format=format_latency,
     )  # fmt: skip
 
 
@@ -537,7 +547,9 @@ def mla_part(tables: dict, console: Console) -> dict:
         res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
                              "decode_latency_s": kernel.decode_latency, "decode_request_s": kernel.decode_request,
-                             "decode_head_s": kernel.decode_head, "decode_context_s": kernel.decode_context},
+                             "decode_head_s": kernel.decode_head, "decode_context_s": kernel.decode_context,
+                             "decode_request_by_format_s": dict(kernel.decode_request_by_format),
+                             "latency_by_format_s": dict(kernel.latency_by_format)},
                      "version": entry.get("mla_context_version")}  # fmt: skip
         for (phase, weights), (rest, proj, attn, y, _per_request) in parts.items():
             rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
@@ -567,8 +579,10 @@ def mla_part(tables: dict, console: Console) -> dict:
                 f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['time_weighted']:.1%}",
                 f"{h['bias']:+.1%}",
                 f"gemm {kernel.gemm_factor(weights):.2f}, attn {kernel.prefill_attention:.2f}/"
-                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f} us"
-                f"; per decode {kernel.decode_request * 1e9:.1f} + {kernel.decode_head * 1e9:.2f}/head ns, "
+                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f}"
+                f" (+{kernel.format_latency(weights) * 1e6:.1f}) us"
+                f"; per decode {kernel.decode_request * 1e9:.1f} (+{kernel.format_request(weights) * 1e9:.1f} "
+                f"{weights}) + {kernel.decode_head * 1e9:.2f}/head ns, "
                 f"{kernel.decode_context * 1e12:.0f} ps/context token",
             )  # fmt: skip
         out[gpu] = res

@@ -266,10 +266,12 @@ class CostModel:
         self._mla_act_bytes_per_token = float(attention_io)
         self._act_bytes_per_token -= self._mla_act_bytes_per_token
         self._mla_factor = self._mla.gemm_factor(m.weight_dtype or "bf16")
-        self._mla_prefill_fixed = m.num_layers * self._mla.prefill_latency
-        self._mla_decode_fixed = m.num_layers * self._mla.decode_latency
+        fmt = m.weight_dtype or "bf16"
+        self._mla_prefill_fixed = m.num_layers * (self._mla.prefill_latency + self._mla.format_latency(fmt))
+        self._mla_decode_fixed = m.num_layers * (self._mla.decode_latency + self._mla.format_latency(fmt))
         heads = m.num_heads / tp
-        self._mla_per_decode = m.num_layers * (self._mla.decode_request + heads * self._mla.decode_head)
+        per_decode = self._mla.decode_request + self._mla.format_request(fmt)
+        self._mla_per_decode = m.num_layers * (per_decode + heads * self._mla.decode_head)
         self._mla_per_context_token = m.num_layers * self._mla.decode_context
 
     def _init_window(self, m: ModelSpec) -> None:

@@ -78,9 +78,20 @@ class MlaKernel:
     decode_request: float = 0.0
     decode_head: float = 0.0
     decode_context: float = 0.0
+    # (weight format, seconds per decode request and layer on top of decode_request; seconds per
+    # layer on each path run, on top of its latency): block-scaled FP8 quantizes the activations
+    # before every projection, one more kernel each
+    decode_request_by_format: tuple[tuple[str, float], ...] = ()
+    latency_by_format: tuple[tuple[str, float], ...] = ()
 
     def gemm_factor(self, fmt: str) -> float:
         return dict(self.gemm_factors).get(fmt, 1.0)
+
+    def format_request(self, fmt: str) -> float:
+        return dict(self.decode_request_by_format).get(fmt, 0.0)
+
+    def format_latency(self, fmt: str) -> float:
+        return dict(self.latency_by_format).get(fmt, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,24 +285,29 @@ MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no 
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
 # borrows the H100's (same kernels, same NVLink 4 link).
 MLA_H100 = MlaKernel(
-    (("bf16", 0.82), ("fp8_block", 0.54)), 0.88, 1.00, 4.36e-6, 1.34e-6,
+    (("bf16", 0.82), ("fp8_block", 0.60)), 0.88, 1.00, 4.36e-6, 1.34e-6,
     f"{_AISIM}: MLA module, H100", decode_request=26.7e-9, decode_head=1.273e-9, decode_context=348e-12,
+    decode_request_by_format=(("fp8_block", 8.2e-9),), latency_by_format=(("fp8_block", 5.42e-6),),
 )  # fmt: skip
 MLA_H200 = MlaKernel(
-    (("bf16", 0.90), ("fp8_block", 0.56)), 0.52, 1.00, 6.58e-6, 3.27e-6,
+    (("bf16", 0.90), ("fp8_block", 0.63)), 0.52, 1.00, 6.58e-6, 3.27e-6,
     f"{_AISIM}: MLA module, H200", decode_request=29.0e-9, decode_head=1.537e-9, decode_context=407e-12,
+    decode_request_by_format=(("fp8_block", 5.2e-9),), latency_by_format=(("fp8_block", 5.14e-6),),
 )  # fmt: skip
 MLA_B200 = MlaKernel(
-    (("bf16", 1.00), ("fp8_block", 0.54)), 1.00, 0.88, 22.46e-6, 17.62e-6,
+    (("bf16", 1.00), ("fp8_block", 0.58)), 1.00, 0.88, 22.46e-6, 17.62e-6,
     f"{_AISIM}: MLA module, B200", decode_request=37.5e-9, decode_head=3.918e-9, decode_context=262e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 8.99e-6),),
 )  # fmt: skip
 MLA_GB200 = MlaKernel(
-    (("bf16", 0.90), ("fp8_block", 0.73)), 1.00, 0.88, 21.82e-6, 17.98e-6,
+    (("bf16", 0.90), ("fp8_block", 0.76)), 1.00, 0.88, 21.82e-6, 17.98e-6,
     f"{_AISIM}: MLA module, GB200", decode_request=32.5e-9, decode_head=3.433e-9, decode_context=239e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 12.28e-6),),
 )  # fmt: skip
 MLA_B300 = MlaKernel(
-    (("bf16", 0.90), ("fp8_block", 0.65)), 1.00, 0.88, 20.03e-6, 15.23e-6,
+    (("bf16", 0.90), ("fp8_block", 0.68)), 1.00, 0.88, 20.03e-6, 15.23e-6,
     f"{_AISIM}: MLA module, B300", decode_request=37.7e-9, decode_head=3.708e-9, decode_context=266e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 11.33e-6),),
 )  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
     LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),
