@@ -447,11 +447,12 @@ def _mla_columns(phases: np.ndarray, per_request: np.ndarray) -> np.ndarray:
     return np.column_stack([(phases == 0).astype(float), (phases == 1).astype(float), per_request])
 
 
-# The prefill attention factor's floor: the Hopper prefill rows stop at 512-token prompts, where
-# attention is a few percent of the block, so the fit would trade it against the projections'
-# factor (an H200 fit drifts to 0.31, pricing a 32K-token prompt's attention three times the
-# roofline on evidence from short ones).
-MIN_PREFILL_ATTENTION = 0.5
+# The prefill attention factor is fitted only where the rows say something of it: when the
+# roofline attention is under this share of every training row's time it stays 1 (the Hopper
+# tables stop at 512-token prompts, where attention is ~3% of the block: a free factor there
+# drifts to 0.3, pricing a 32K-token prompt's attention at three times the roofline on
+# evidence from short ones).
+MIN_ATTENTION_SHARE = 0.1
 
 
 def _fit_mla(parts: dict, train: dict) -> MlaKernel:
@@ -467,8 +468,10 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     cols = _mla_columns(phases, np.concatenate((qc, qg)))
     best = (math.inf, None)
     grid = np.geomspace(0.05, 1.0, 24)
+    identified = float(np.max(ac / (rc + pc + ac))) >= MIN_ATTENTION_SHARE
+    fp_grid = grid if identified else np.array([1.0])
     for f in np.geomspace(0.2, 1.0, 17):
-        for fp in grid[grid >= MIN_PREFILL_ATTENTION]:
+        for fp in fp_grid:
             base_c = rc + pc / f + ac / fp
             for fd in grid:
                 base = np.concatenate((base_c, rg + pg / f + ag / fd))

@@ -285,14 +285,14 @@ MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no 
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
 # borrows the H100's (same kernels, same NVLink 4 link).
 MLA_H100 = MlaKernel(
-    (("bf16", 0.82), ("fp8_block", 0.60)), 0.88, 1.00, 4.36e-6, 1.34e-6,
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 4.38e-6, 1.34e-6,
     f"{_AISIM}: MLA module, H100", decode_request=26.7e-9, decode_head=1.273e-9, decode_context=348e-12,
     decode_request_by_format=(("fp8_block", 8.2e-9),), latency_by_format=(("fp8_block", 5.42e-6),),
 )  # fmt: skip
 MLA_H200 = MlaKernel(
-    (("bf16", 0.90), ("fp8_block", 0.63)), 0.52, 1.00, 6.58e-6, 3.27e-6,
-    f"{_AISIM}: MLA module, H200", decode_request=29.0e-9, decode_head=1.537e-9, decode_context=407e-12,
-    decode_request_by_format=(("fp8_block", 5.2e-9),), latency_by_format=(("fp8_block", 5.14e-6),),
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.58e-6, 1.64e-6,
+    f"{_AISIM}: MLA module, H200", decode_request=27.9e-9, decode_head=1.022e-9, decode_context=398e-12,
+    decode_request_by_format=(("fp8_block", 9.6e-9),), latency_by_format=(("fp8_block", 6.48e-6),),
 )  # fmt: skip
 MLA_B200 = MlaKernel(
     (("bf16", 1.00), ("fp8_block", 0.58)), 1.00, 0.88, 22.46e-6, 17.62e-6,
