@@ -55,19 +55,33 @@ def advance_chunk_run(engine: Engine) -> int:
         return 0
     if not policy.chunk_run_ready(sched):
         return 0
+    # The O(1) refusals before the scan of the running batch: after most steps that end a run
+    # an arrival is due (a policy that takes arrivals inside a run decides once it knows the
+    # prompt, below) or the policy wants to act now.
+    now = engine.clock.now
+    source = engine.source
+    arrival = source.next_arrival_time()
+    arrival_due = arrival is not None and arrival <= now
+    if arrival_due and not policy.chunk_run_takes_arrivals:
+        return 0
+    policy_wake = sched.next_wakeup(now)
+    if policy_wake is not None and policy_wake <= now:
+        return 0
+    # The run's shape: one prompt in progress, every other running request one token behind.
+    # The prompt is found from the end (the newest request, as a rule) and its own bound on
+    # the run checked before the decodes are scanned: a run that its prompt alone refuses
+    # costs no pass over the batch.
     prompt = None
-    decodes = []
-    for r in running:
+    for r in reversed(running):
         missing = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
-        if missing == 1:
-            decodes.append(r)
-        elif prompt is None and missing > 1:
+        if missing > 1:
             prompt = r
-        else:
+            break
+        if missing != 1:
             return 0
     if prompt is None:
         return 0
-    n = len(decodes)
+    n = len(running) - 1  # the decodes, if the scan below confirms them
     q = budget - n  # the prompt's chunk in every iteration of the run
     block_size = kv.block_size
     tables = kv.block_tables
@@ -85,23 +99,27 @@ def advance_chunk_run(engine: Engine) -> int:
     last = remaining - k_full * q
     with_last = not sched.waiting and last >= 2 and prompt.max_tokens - prompt.num_output_tokens > 1
     k_max = min(MAX_RUN, k_full + with_last)
-    for r in decodes:
-        k_max = min(k_max, r.max_tokens - r.num_output_tokens - 1)
     if k_max < 1:
         return 0
-    now = engine.clock.now
-    source = engine.source
-    arrival = source.next_arrival_time()
-    policy_wake = sched.next_wakeup(now)
+    decodes = []
+    for r in running:
+        if r is prompt:
+            continue
+        outputs = r.num_output_tokens
+        if r.prompt_len + outputs - r.num_computed_tokens != 1:
+            return 0  # a second prompt in progress
+        decodes.append(r)
+        if r.max_tokens - outputs - 1 < k_max:  # each decode's last token stays out of the run
+            k_max = r.max_tokens - outputs - 1
+    if k_max < 1:
+        return 0
     # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)
     # takes arrivals inside the run, at the start of the iteration the step would add them to.
     takes_arrivals = policy.chunk_run_takes_arrivals and k_full > 0
     # A cluster replica's source reports the cluster's next event (``horizon``) as its next
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
     horizon = source.horizon
-    if policy_wake is not None and policy_wake <= now:
-        return 0
-    if arrival is not None and arrival <= now and not takes_arrivals:
+    if arrival_due and not takes_arrivals:
         return 0
     # New blocks decodes need: decode d computes token ctx + j in iteration j, so it crosses
     # into a new block at j = slots - ctx, then every block_size iterations.
