@@ -73,6 +73,9 @@ class SarathiPolicy(Policy, FastPaths):
     default_block_size = 16
     default_gpu_memory_utilization = 0.8
     decode_reserve_blocks = 1  # decodes preempt unless a block is free (see phase 1)
+    # Beside a full chunk the budget is spent: phase 3 stops at its first request (chunk 0), so
+    # a request arriving during a chunk run only waits (chunk_run.py adds it inside the run).
+    chunk_run_takes_arrivals = True
 
     def __init__(self, config: SarathiConfig) -> None:
         super().__init__(config)

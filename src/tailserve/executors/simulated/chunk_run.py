@@ -3,8 +3,8 @@
 With Sarathi-Serve's rule (decodes first, then the prompt in progress up to the chunk size) a
 long prompt P chunked beside decodes D repeats one iteration shape: every decode computes one
 token, P computes ``chunk - |D|`` tokens, and the budget is full, so no waiting request can
-start. Until an arrival, a decode's last token, P's last chunk or a KV shortage, the sequence
-is determined: this module prices each iteration from integer aggregates (the same
+start — nor can one that arrives meanwhile: it joins the waiting queue inside the run (below).
+Until a decode's last token, P's last chunk or a KV shortage, the sequence is determined: this module prices each iteration from integer aggregates (the same
 ``BatchShape`` ``SimExecutor`` builds, so the same durations), adds them to the clock in the
 same order as the step loop, records the iteration log, and applies the run's tokens once. It
 stops *before* any iteration where something could change, which then runs step by step
@@ -17,10 +17,12 @@ every decode one token and the prompt the chunk the shard planned after the prev
 policy confirms its plan (``FastPaths.chunk_run_grants``: after a finish the planned chunk is
 one token short of that, and the spare token can admit a request) and takes back its counters
 (``FastPaths.on_chunk_run``). Since a request arriving then can only wait or be rejected
-(``FastPaths.chunk_run_takes_arrivals``), a TGI run adds arrivals at the start of the full-chunk
-iteration the step would add them to, instead of stopping there; once someone waits, the last
-chunk (which leaves budget over) stays out of the run. ``tests/test_speed_paths.py`` checks
-results identical to plain stepping for both.
+(``FastPaths.chunk_run_takes_arrivals``; Sarathi signs it too), a run adds arrivals at the start
+of the full-chunk iteration the step would add them to, instead of stopping there; once someone
+waits, the last chunk (which leaves budget over) stays out of the run. The prompt is found from
+the end of the running batch and its own bound on the run checked before the decodes are
+scanned, so a refused run costs little. ``tests/test_speed_paths.py`` checks results identical
+to plain stepping for both.
 """
 
 from __future__ import annotations
