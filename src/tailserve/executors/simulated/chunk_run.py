@@ -4,11 +4,11 @@ With Sarathi-Serve's rule (decodes first, then the prompt in progress up to the 
 long prompt P chunked beside decodes D repeats one iteration shape: every decode computes one
 token, P computes ``chunk - |D|`` tokens, and the budget is full, so no waiting request can
 start — nor can one that arrives meanwhile: it joins the waiting queue inside the run (below).
-Until a decode's last token, P's last chunk or a KV shortage, the sequence is determined: this module prices each iteration from integer aggregates (the same
-``BatchShape`` ``SimExecutor`` builds, so the same durations), adds them to the clock in the
-same order as the step loop, records the iteration log, and applies the run's tokens once. It
-stops *before* any iteration where something could change, which then runs step by step
-(conservatively: the policy's ``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block
+Until a decode's last token, P's last chunk or a KV shortage, the sequence is determined: this
+module prices each iteration from integer aggregates (the same ``BatchShape`` ``SimExecutor``
+builds, so the same durations), adds them to the clock in the same order as the step loop,
+records the iteration log, and applies the run's tokens once. It stops *before* any iteration
+where something could change, which then runs step by step (conservatively: the policy's ``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block
 is free" test always holds).
 
 TGI's chunking mode makes the same iterations: with no admission the router's forward feeds
