@@ -8,8 +8,8 @@ Until a decode's last token, P's last chunk or a KV shortage, the sequence is de
 module prices each iteration from integer aggregates (the same ``BatchShape`` ``SimExecutor``
 builds, so the same durations), adds them to the clock in the same order as the step loop,
 records the iteration log, and applies the run's tokens once. It stops *before* any iteration
-where something could change, which then runs step by step (conservatively: the policy's ``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block
-is free" test always holds).
+where something could change, which then runs step by step (conservatively: the policy's
+``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block is free" test always holds).
 
 TGI's chunking mode makes the same iterations: with no admission the router's forward feeds
 every decode one token and the prompt the chunk the shard planned after the previous forward,
