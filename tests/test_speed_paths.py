@@ -65,6 +65,33 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: in
     lazy.check_integrity()
 
 
+@pytest.mark.parametrize("block_size", [16, 1])
+def test_allocate_each_takes_the_blocks_allocate_would(block_size: int) -> None:
+    """``allocate_each`` (one slice of the free stack for a decode run's growth) leaves the
+    plain manager block for block where ``allocate`` per request leaves a counting one."""
+    lazy = KVCacheManager(20000, block_size)
+    counted = RadixKVCacheManager(20000, block_size)
+    rng = random.Random(3)
+    ids = [f"r{i}" for i in range(40)]
+    for rid in ids:
+        tokens = rng.randint(1, 200)
+        assert list(lazy.allocate(rid, tokens) or []) == (counted.allocate(rid, tokens) or [])
+    for _ in range(30):
+        chosen = [rid for rid in ids if rng.random() < 0.7]
+        # Up to three new blocks each, or none (a total the table already holds).
+        totals = [
+            (len(lazy.block_tables[rid]) + rng.randint(-1, 3)) * block_size - rng.randint(0, block_size - 1)
+            for rid in chosen
+        ]
+        lazy.allocate_each(chosen, totals)
+        counted.allocate_each(chosen, totals)  # a subclass: one ``allocate`` per request
+        assert list(lazy._free) == counted._free
+        assert {k: list(t) for k, t in lazy.block_tables.items()} == counted.block_tables
+    lazy.check_integrity()
+    with pytest.raises(RuntimeError):
+        lazy.allocate_each(ids[:1], [len(lazy.block_tables[ids[0]]) * block_size + 20001 * block_size])
+
+
 def test_radix_manager_counts_shared_references() -> None:
     radix = RadixKVCacheManager(32, 1)
     radix.allocate("a", 5)

@@ -164,11 +164,12 @@ class Engine:
         now = self.clock.now
         finished = sched.update(out, result, now)
         if self.options.keep_iteration_log:
+            num_prefill, num_decode = out.token_counts()
             self.log.record(
                 start,
                 now - start,
-                out.num_prefill_tokens,
-                out.num_decode_tokens,
+                num_prefill,
+                num_decode,
                 len(out.scheduled),
                 num_used_blocks,
                 len(out.preempted) + len(out.swapped_out),
@@ -213,11 +214,12 @@ class Engine:
             self._device_free_at = end
             self._in_flight = InFlight(out, result, begin, end)
             if self.options.keep_iteration_log:
+                num_prefill, num_decode = out.token_counts()
                 self.log.record(
                     begin,
                     end - begin,
-                    out.num_prefill_tokens,
-                    out.num_decode_tokens,
+                    num_prefill,
+                    num_decode,
                     len(out.scheduled),
                     num_used_blocks,
                     len(out.preempted),

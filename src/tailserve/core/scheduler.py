@@ -228,19 +228,34 @@ class Scheduler:
         and no stops here (only the cost model's runs are advanced this way)."""
         k = len(token_times)
         kv = self.kv_cache
-        prefix_caching = kv.prefix_caching
         done: list[Request] = []
-        for request, slots in zip(decodes, held_tokens):
-            computed = request.num_computed_tokens = request.num_computed_tokens + k
-            outputs = request.num_output_tokens = request.num_output_tokens + k
-            request.token_times.extend(token_times)
-            if computed > slots:
-                kv.allocate(request.request_id, computed)
-            if prefix_caching:
+        # Once per request per run of the simulator's fast paths: kept to what it must do.
+        if kv.prefix_caching:
+            for request, slots in zip(decodes, held_tokens):
+                computed = request.num_computed_tokens = request.num_computed_tokens + k
+                outputs = request.num_output_tokens = request.num_output_tokens + k
+                request.token_times.extend(token_times)
+                if computed > slots:
+                    kv.allocate(request.request_id, computed)
                 kv.register_computed(request.request_id, computed)  # blocks filled during the run
-            if outputs >= request.max_tokens:
-                request.status = RequestStatus.FINISHED_LENGTH
-                done.append(request)
+                if outputs >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                    done.append(request)
+        else:
+            grow_ids: list[str] = []
+            grow_to: list[int] = []
+            for request, slots in zip(decodes, held_tokens):
+                computed = request.num_computed_tokens = request.num_computed_tokens + k
+                outputs = request.num_output_tokens = request.num_output_tokens + k
+                request.token_times.extend(token_times)
+                if computed > slots:
+                    grow_ids.append(request.request_id)
+                    grow_to.append(computed)
+                if outputs >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                    done.append(request)
+            if grow_ids:
+                kv.allocate_each(grow_ids, grow_to)  # in the same order, the same blocks
         if chunked is not None:
             chunked.num_computed_tokens += chunk_tokens
             if chunked.num_computed_tokens == chunked.prompt_len + chunked.num_output_tokens:

@@ -90,6 +90,18 @@ class SchedulerOutput:
     def num_prefill_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1 and not s.num_spec_tokens)
 
+    def token_counts(self) -> tuple[int, int]:
+        """(``num_prefill_tokens``, ``num_decode_tokens``) in one pass: the engine logs both
+        after every stepped iteration."""
+        prefill = decode = 0
+        for s in self.scheduled:
+            q = s.num_new_tokens
+            if q == 1 or s.num_spec_tokens:
+                decode += q
+            elif q > 1:
+                prefill += q
+        return prefill, decode
+
     @property
     def num_decode_tokens(self) -> int:
         """Tokens of decodes: one each, or 1 + the drafts a speculative decode verifies."""

@@ -73,6 +73,9 @@ class SarathiPolicy(Policy, FastPaths):
     default_block_size = 16
     default_gpu_memory_utilization = 0.8
     decode_reserve_blocks = 1  # decodes preempt unless a block is free (see phase 1)
+    # Beside a full chunk the budget is spent: phase 3 stops at its first request (chunk 0), so
+    # a request arriving during a chunk run only waits (chunk_run.py adds it inside the run).
+    chunk_run_takes_arrivals = True
 
     def __init__(self, config: SarathiConfig) -> None:
         super().__init__(config)
@@ -113,16 +116,18 @@ class SarathiPolicy(Policy, FastPaths):
         prefilling: list[Request] = []
         kv = sched.kv_cache
         has_free = kv.num_free_blocks > 0  # changes only where the slow path below runs
+        # Bound once: this loop touches every running request in every stepped iteration.
+        popleft, holds_slot, add = pending.popleft, kv.holds, out.scheduled.append
         while pending:
-            request = pending.popleft()
+            request = popleft()
             computed = request.num_computed_tokens
             if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling, inlined
                 prefilling.append(request)
                 continue
-            if has_free and sched.holds_slot(request, computed + 1):
+            if has_free and holds_slot(request.request_id, computed + 1):  # ``Scheduler.holds_slot``
                 # Its last block has room for the token: what the loop below would do (nothing,
                 # and succeed) without its calls, the bulk of every chunked-prefill iteration.
-                out.scheduled.append(ScheduledRequest(request, 1, computed))
+                add(ScheduledRequest(request, 1, computed))
                 batched += 1
                 continue
             while not (
@@ -140,8 +145,9 @@ class SarathiPolicy(Policy, FastPaths):
             has_free = kv.num_free_blocks > 0
 
         # Phase 2: prompts in progress (their blocks were allocated whole at admission).
+        preempted = bool(out.preempted)
         for request in prefilling:
-            if request not in running:
+            if preempted and request not in running:
                 continue
             chunk = min(request.num_remaining_tokens, self._chunk_for(request) - batched)
             if chunk <= 0:

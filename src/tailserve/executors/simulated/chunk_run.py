@@ -3,13 +3,13 @@
 With Sarathi-Serve's rule (decodes first, then the prompt in progress up to the chunk size) a
 long prompt P chunked beside decodes D repeats one iteration shape: every decode computes one
 token, P computes ``chunk - |D|`` tokens, and the budget is full, so no waiting request can
-start. Until an arrival, a decode's last token, P's last chunk or a KV shortage, the sequence
-is determined: this module prices each iteration from integer aggregates (the same
-``BatchShape`` ``SimExecutor`` builds, so the same durations), adds them to the clock in the
-same order as the step loop, records the iteration log, and applies the run's tokens once. It
-stops *before* any iteration where something could change, which then runs step by step
-(conservatively: the policy's ``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block
-is free" test always holds).
+start — nor can one that arrives meanwhile: it joins the waiting queue inside the run (below).
+Until a decode's last token, P's last chunk or a KV shortage, the sequence is determined: this
+module prices each iteration from integer aggregates (the same ``BatchShape`` ``SimExecutor``
+builds, so the same durations), adds them to the clock in the same order as the step loop,
+records the iteration log, and applies the run's tokens once. It stops *before* any iteration
+where something could change, which then runs step by step (conservatively: the policy's
+``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block is free" test always holds).
 
 TGI's chunking mode makes the same iterations: with no admission the router's forward feeds
 every decode one token and the prompt the chunk the shard planned after the previous forward,
@@ -17,10 +17,12 @@ every decode one token and the prompt the chunk the shard planned after the prev
 policy confirms its plan (``FastPaths.chunk_run_grants``: after a finish the planned chunk is
 one token short of that, and the spare token can admit a request) and takes back its counters
 (``FastPaths.on_chunk_run``). Since a request arriving then can only wait or be rejected
-(``FastPaths.chunk_run_takes_arrivals``), a TGI run adds arrivals at the start of the full-chunk
-iteration the step would add them to, instead of stopping there; once someone waits, the last
-chunk (which leaves budget over) stays out of the run. ``tests/test_speed_paths.py`` checks
-results identical to plain stepping for both.
+(``FastPaths.chunk_run_takes_arrivals``; Sarathi signs it too), a run adds arrivals at the start
+of the full-chunk iteration the step would add them to, instead of stopping there; once someone
+waits, the last chunk (which leaves budget over) stays out of the run. The prompt is found from
+the end of the running batch and its own bound on the run checked before the decodes are
+scanned, so a refused run costs little. ``tests/test_speed_paths.py`` checks results identical
+to plain stepping for both.
 """
 
 from __future__ import annotations
@@ -55,19 +57,33 @@ def advance_chunk_run(engine: Engine) -> int:
         return 0
     if not policy.chunk_run_ready(sched):
         return 0
+    # The O(1) refusals before the scan of the running batch: after most steps that end a run
+    # an arrival is due (a policy that takes arrivals inside a run decides once it knows the
+    # prompt, below) or the policy wants to act now.
+    now = engine.clock.now
+    source = engine.source
+    arrival = source.next_arrival_time()
+    arrival_due = arrival is not None and arrival <= now
+    if arrival_due and not policy.chunk_run_takes_arrivals:
+        return 0
+    policy_wake = sched.next_wakeup(now)
+    if policy_wake is not None and policy_wake <= now:
+        return 0
+    # The run's shape: one prompt in progress, every other running request one token behind.
+    # The prompt is found from the end (the newest request, as a rule) and its own bound on
+    # the run checked before the decodes are scanned: a run that its prompt alone refuses
+    # costs no pass over the batch.
     prompt = None
-    decodes = []
-    for r in running:
+    for r in reversed(running):
         missing = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
-        if missing == 1:
-            decodes.append(r)
-        elif prompt is None and missing > 1:
+        if missing > 1:
             prompt = r
-        else:
+            break
+        if missing != 1:
             return 0
     if prompt is None:
         return 0
-    n = len(decodes)
+    n = len(running) - 1  # the decodes, if the scan below confirms them
     q = budget - n  # the prompt's chunk in every iteration of the run
     block_size = kv.block_size
     tables = kv.block_tables
@@ -85,23 +101,27 @@ def advance_chunk_run(engine: Engine) -> int:
     last = remaining - k_full * q
     with_last = not sched.waiting and last >= 2 and prompt.max_tokens - prompt.num_output_tokens > 1
     k_max = min(MAX_RUN, k_full + with_last)
-    for r in decodes:
-        k_max = min(k_max, r.max_tokens - r.num_output_tokens - 1)
     if k_max < 1:
         return 0
-    now = engine.clock.now
-    source = engine.source
-    arrival = source.next_arrival_time()
-    policy_wake = sched.next_wakeup(now)
+    decodes = []
+    for r in running:
+        if r is prompt:
+            continue
+        outputs = r.num_output_tokens
+        if r.prompt_len + outputs - r.num_computed_tokens != 1:
+            return 0  # a second prompt in progress
+        decodes.append(r)
+        if r.max_tokens - outputs - 1 < k_max:  # each decode's last token stays out of the run
+            k_max = r.max_tokens - outputs - 1
+    if k_max < 1:
+        return 0
     # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)
     # takes arrivals inside the run, at the start of the iteration the step would add them to.
     takes_arrivals = policy.chunk_run_takes_arrivals and k_full > 0
     # A cluster replica's source reports the cluster's next event (``horizon``) as its next
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
     horizon = source.horizon
-    if policy_wake is not None and policy_wake <= now:
-        return 0
-    if arrival is not None and arrival <= now and not takes_arrivals:
+    if arrival_due and not takes_arrivals:
         return 0
     # New blocks decodes need: decode d computes token ctx + j in iteration j, so it crosses
     # into a new block at j = slots - ctx, then every block_size iterations.

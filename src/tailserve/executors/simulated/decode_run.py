@@ -84,16 +84,17 @@ def advance_decode_run(engine: Engine) -> int:
     ctx_list = []
     first_new_block = []
     held_tokens = []  # KV slots each request holds
+    add_ctx, add_held, add_first = ctx_list.append, held_tokens.append, first_new_block.append
     for r in running:
         remaining = r.max_tokens - r.num_output_tokens
         if remaining < k_max:
             k_max = remaining
         c = r.num_computed_tokens
         num_context += c
-        ctx_list.append(c)
+        add_ctx(c)
         slots = len(tables[r.request_id]) * block_size
-        held_tokens.append(slots)
-        first_new_block.append(slots - c)
+        add_held(slots)
+        add_first(slots - c)
     wake = engine.next_wake(now)
     if wake is not None:
         # Iterations only get longer as contexts grow, so the first one bounds how many start

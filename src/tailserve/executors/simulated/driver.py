@@ -104,21 +104,26 @@ def steady(engine: Engine) -> bool:
     running = sched.running
     if not running or sched.swapped:
         return False
-    for request in running:
-        if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
-            return False
-    if sched.waiting:
-        out = sched.last_output
+    # The O(1) test first: after most steps an arrival is already due.
+    nxt = engine.source.next_arrival_time()
+    if nxt is not None and nxt <= engine.clock.now:
+        return False
+    waiting = bool(sched.waiting)
+    out = sched.last_output
+    if waiting:
         if out is None or engine.last_step_finished or out.num_admitted or out.preempted:
             return False
         if out.padding or out.swapped_in or out.swapped_out or len(out.scheduled) != len(running):
             return False
+    # Newest last: a prompt still being computed is found first from the end.
+    for request in reversed(running):
+        if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
+            return False
+    if waiting:
+        assert out is not None  # checked above
         for item in out.scheduled:
             if item.num_new_tokens != 1:
                 return False
-    nxt = engine.source.next_arrival_time()
-    if nxt is not None and nxt <= engine.clock.now:
-        return False
     policy = sched.policy
     assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
     return policy.can_fast_forward(sched)

@@ -14,19 +14,26 @@ from tailserve.executors.simulated.window import WindowShape
 def batch_shape(out: SchedulerOutput) -> BatchShape:
     """The cost model's view of one iteration. Padding slots of a static batch compute (and
     sample) like real ones; a scheduled request samples when its chunk reaches its last token."""
+    # One pass over the scheduled requests (this runs once per stepped iteration; integer sums,
+    # so the order of the terms cannot change them).
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
-    slots = [
-        (
-            s.num_new_tokens,
-            s.num_context_tokens,
-            s.num_context_tokens + s.num_new_tokens == s.request.num_tokens,
-        )
-        for s in out.scheduled
-    ]
-    slots.extend((p.num_new_tokens, p.num_context_tokens, True) for p in out.padding)
-    for q, c, samples in slots:
+    for s in out.scheduled:
+        q = s.num_new_tokens
+        c = s.num_context_tokens
         num_tokens += q
-        num_logits += samples
+        r = s.request
+        if c + q == r.prompt_len + r.num_output_tokens:  # ``num_tokens``, inlined: it samples
+            num_logits += 1
+        if q == 1:
+            decode_kv += c + 1
+        else:
+            pairs += q * c + q * (q + 1) // 2
+            prefill_kv += q + c
+    for p in out.padding:
+        q = p.num_new_tokens
+        c = p.num_context_tokens
+        num_tokens += q
+        num_logits += 1
         if q == 1:
             decode_kv += c + 1
         else:

@@ -40,7 +40,7 @@ class FastPaths:
     # ``chunk_run.py`` may add arrivals inside a run of full-chunk iterations: True only where a
     # request that arrives then can neither join such an iteration nor change the policy's later
     # decisions except by waiting (or being rejected) — TGI, whose router has no prefill budget
-    # left beside a full chunk.
+    # left beside a full chunk, and Sarathi, whose full chunk spends the iteration's budget.
     chunk_run_takes_arrivals: ClassVar[bool] = False
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
