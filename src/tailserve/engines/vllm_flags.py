@@ -234,9 +234,9 @@ VLLM_0_32 = EngineVersion(
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
     removed={**_V0_GONE, **_PARTIAL_GONE},
-    # On by default on GPUs unless an option rules it out (config/vllm.py:1585-1644@v0.32.0);
-    # the vllm policy's own default stays off (the golden corpus records synchronous runs).
-    policy_defaults={"async_scheduling": True},
+    # Async scheduling: on by default on GPUs unless an option rules it out
+    # (config/vllm.py:1585-1644@v0.32.0), which is the vllm policy's own default (none: as vLLM
+    # 0.32 decides), so nothing is set here.
 )  # fmt: skip
 
 
@@ -309,8 +309,9 @@ VLLM_0_11 = EngineVersion(
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
     removed=_V0_GONE,
-    # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later).
-    policy_defaults={"scheduler_reserve_full_isl": False},
+    # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later), and
+    # schedules synchronously unless --async-scheduling (experimental, off by default).
+    policy_defaults={"scheduler_reserve_full_isl": False, "async_scheduling": False},
 )  # fmt: skip
 
 
@@ -411,7 +412,8 @@ VLLM_0_8_5 = EngineVersion(
     ),
     policy_for=_policy_085,
     positional=f"vllm/entrypoints/cli/serve.py:24@v{V085}",
-    policy_defaults={"scheduler_reserve_full_isl": False},  # applies to the V1 policy only
+    # V1 policy only; 0.8.5 has no async scheduler (vLLM #19970 came in June 2025)
+    policy_defaults={"scheduler_reserve_full_isl": False, "async_scheduling": False},
 )  # fmt: skip
 
 VERSIONS = (VLLM_0_8_5, VLLM_0_11, VLLM_0_32)
