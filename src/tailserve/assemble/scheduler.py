@@ -84,7 +84,11 @@ def build_scheduler(
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
     notes = cls.default_notes(device, config, spec.flags)
-    if synchronous and getattr(config, "async_scheduling", False) and spec.flags.get("async_scheduling") is None:
+    if (
+        synchronous
+        and getattr(config, "async_scheduling", False)
+        and spec.flags.get("async_scheduling") is None
+    ):
         spec = PolicySpec(spec.name, {**spec.flags, "async_scheduling": False}, spec.engine_flags)
         config = cls.default_config(device, max_model_len, **spec.flags)
         notes = [f"async scheduling off: {synchronous} (vLLM 0.32 would schedule asynchronously here)"]

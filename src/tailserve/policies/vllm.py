@@ -162,8 +162,8 @@ def async_scheduling_default(device: DeviceInfo, config: VllmConfig) -> tuple[bo
     method = config.speculative_method
     if config.num_speculative_tokens and method is not None and not METHODS[method][2]:
         return False, (
-            f"async scheduling off: \"Async scheduling not supported with {method}-based speculative "
-            f"decoding and will be disabled.\" (vllm/config/vllm.py:1605@v0.32.0)"
+            f'async scheduling off: "Async scheduling not supported with {method}-based speculative '
+            f'decoding and will be disabled." (vllm/config/vllm.py:1605@v0.32.0)'
         )
     return True, (
         f"async scheduling on: vLLM 0.32's default on a GPU ({_ASYNC_RULE}); "
