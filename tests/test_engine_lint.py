@@ -250,6 +250,13 @@ def test_translation_carries_version_behaviour():
     assert translate(lint("vllm serve M --async-scheduling"), B200).spec.flags == {"async_scheduling": True}
     dp = translate(lint("vllm serve M -dp 2"), B200)
     assert "async_scheduling" not in dp.spec.flags and not dp.ignored
+    # Ray's executor has no async scheduling: vLLM 0.32 turns the default off, refuses it asked for.
+    assert translate(lint("vllm serve M --distributed-executor-backend ray"), B200).spec.flags == {
+        "async_scheduling": False
+    }
+    assert translate(lint("vllm serve M --distributed-executor-backend mp"), B200).spec.flags == {}
+    refused = lint("vllm serve M --distributed-executor-backend ray --async-scheduling")
+    assert refused.refused and "`ray` does not support async scheduling yet." in refused.conflicts[0].what
     sglang = translate(
         lint("sglang serve --model M --tp 4 --ep-size 4 --context-length 4096 --page-size 16"), H100
     )

@@ -161,6 +161,22 @@ _LINES_32 = {
 }  # fmt: skip
 
 
+def _async_backend_rule(given: Given) -> list[Finding]:
+    """Ray's executor has no async scheduling (only ``uni``'s and ``mp``'s say
+    ``supports_async_scheduling``): asked for, vLLM 0.32 refuses to start; left to its default,
+    vLLM turns it off (translate.py passes that on)."""
+    if str(given.get("distributed_executor_backend", "")) != "ray":
+        return []
+    if given.get("async_scheduling"):
+        return [Finding(("async_scheduling", "distributed_executor_backend"), REFUSED,
+                        "`ray` does not support async scheduling yet.", "vllm/config/vllm.py:1581-1584@v0.32.0")]  # fmt: skip
+    if "async_scheduling" in given.values:
+        return []
+    return [Finding(("distributed_executor_backend",), SCHEDULING,
+                    "async scheduling off: \"Async scheduling will be disabled because it is not supported with "
+                    "the `ray` distributed executor backend.\"", "vllm/config/vllm.py:1620-1626@v0.32.0")]  # fmt: skip
+
+
 def _prefill_interval_rule(given: Given) -> list[Finding]:
     interval = given.get("prefill_schedule_interval", 1)
     if interval > 1 and given.get("data_parallel_size", 1) <= 1:
@@ -230,6 +246,7 @@ VLLM_0_32 = EngineVersion(
         _prefill_interval_rule,
         _active_seqs_rule,
         _chunked_off_rule,
+        _async_backend_rule,
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
