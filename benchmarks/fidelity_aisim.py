@@ -400,9 +400,10 @@ def _mla_shape(phase: str, batch: int, length: int) -> BatchShape:
 
 def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.ndarray, ...]:
     """Per row: (the rest of the layer, the projections' join, the attention) as the cost model
-    prices them with a neutral MLA kernel, and the measured seconds."""
+    prices them with a neutral MLA kernel, the measured seconds, and the decode path's
+    per-request columns (``_mla_columns``)."""
     neutral = replace(hw, mla=NEUTRAL_MLA)
-    rest, proj, attn, y = [], [], [], []  # the neutral kernel adds no fixed time
+    rest, proj, attn, y, per_request = [], [], [], [], []  # the neutral kernel adds no fixed time
     models: dict[int, CostModel] = {}
     for heads, batch, length, ms in rows:
         cm = models.get(heads)
@@ -414,46 +415,63 @@ def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.n
         proj.append(p)
         attn.append(cm.attention_time(shape))
         y.append(ms * 1e-3)
-    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y))
+        decodes = shape.num_logits if shape.decode_kv_tokens else 0  # as CostModel._mla_decode_path
+        context = shape.decode_kv_tokens / decodes if decodes else 0.0
+        per_request.append((decodes, decodes * heads, context))
+    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request))
 
 
 def _fixed_terms(base: np.ndarray, y: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, float]:
     """Non-negative coefficients of ``columns`` (one row per measurement) minimising the squared
     relative error of ``base + columns @ coef``, and the mean |relative error|."""
     w = 1.0 / y
-    active = list(range(columns.shape[1]))
+    scale = np.maximum(np.abs(columns).max(axis=0), 1e-300)  # columns of unit size for lstsq
+    active = [j for j in range(columns.shape[1]) if columns[:, j].any()]
     coef = np.zeros(columns.shape[1])
     while active:
-        a = columns[:, active] * w[:, None]
+        a = columns[:, active] / scale[active] * w[:, None]
         sol, *_ = np.linalg.lstsq(a, 1.0 - base * w, rcond=None)
         if (sol >= 0).all():
             coef[:] = 0.0
-            coef[active] = sol
+            coef[active] = sol / scale[active]
             break
         active.pop(int(np.argmin(sol)))  # drop the most negative term and refit the others
     pred = base + columns @ coef
     return coef, float(np.mean(np.abs(pred / y - 1)))
 
 
-def _mla_columns(phases: np.ndarray) -> np.ndarray:
-    """The fixed-time terms' columns: the prefill path, the decode path."""
-    return np.stack([(phases == 0).astype(float), (phases == 1).astype(float)], axis=1)
+def _mla_columns(phases: np.ndarray, per_request: np.ndarray) -> np.ndarray:
+    """The fixed-time terms' columns: the prefill path, the decode path, and the decode path's
+    decodes, decodes x heads and mean context (``hardware.MlaKernel``'s decode_request,
+    decode_head and decode_context; 0 on prefill rows)."""
+    return np.column_stack([(phases == 0).astype(float), (phases == 1).astype(float), per_request])
+
+
+# The prefill attention factor is fitted only where the rows say something of it: when the
+# roofline attention is under this share of every training row's time it stays 1 (the Hopper
+# tables stop at 512-token prompts, where attention is ~3% of the block: a free factor there
+# drifts to 0.3, pricing a 32K-token prompt's attention at three times the roofline on
+# evidence from short ones).
+MIN_ATTENTION_SHARE = 0.1
 
 
 def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
-    prefill and decode attention factors (<= 1: never faster than the roofline) and each path's
-    fixed time per layer; the FP8 rows then their own projection factor, the rest held. (A time
-    per new token was tried as a third term: the prefill rows, up to 131,072 tokens, fit it to 0.)"""
-    rc, pc, ac, yc = (v[train["context"]] for v in parts[("context", "bf16")])
-    rg, pg, ag, yg = (v[train["generation"]] for v in parts[("generation", "bf16")])
+    prefill and decode attention factors (<= 1: never faster than the roofline), each path's
+    fixed time per layer and the decode path's per-request terms; the FP8 rows then their own
+    projection factor, the rest held. (A time per new token was tried as a prefill term: the
+    prefill rows, up to 131,072 tokens, fit it to 0.)"""
+    rc, pc, ac, yc, qc = (v[train["context"]] for v in parts[("context", "bf16")])
+    rg, pg, ag, yg, qg = (v[train["generation"]] for v in parts[("generation", "bf16")])
     y = np.concatenate((yc, yg))
     phases = np.concatenate((np.zeros(len(yc)), np.ones(len(yg))))
-    cols = _mla_columns(phases)
+    cols = _mla_columns(phases, np.concatenate((qc, qg)))
     best = (math.inf, None)
     grid = np.geomspace(0.05, 1.0, 24)
+    identified = float(np.max(ac / (rc + pc + ac))) >= MIN_ATTENTION_SHARE
+    fp_grid = grid if identified else np.array([1.0])
     for f in np.geomspace(0.2, 1.0, 17):
-        for fp in grid:
+        for fp in fp_grid:
             base_c = rc + pc / f + ac / fp
             for fd in grid:
                 base = np.concatenate((base_c, rg + pg / f + ag / fd))
@@ -462,23 +480,36 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
                     best = (err, (float(f), float(fp), float(fd), coef))
     f, fp, fd, coef = best[1]
     factors = [("bf16", f)]
+    format_requests: tuple[tuple[str, float], ...] = ()
+    format_latency: tuple[tuple[str, float], ...] = ()
     if ("context", "fp8_block") in parts:
         c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
         sel_c, sel_g = train["context8"], train["generation8"]
         y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
         phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
-        fixed8 = _mla_columns(phases8) @ coef
-        best8 = (math.inf, 1.0)
+        fixed8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g]))) @ coef
+        # the format's own terms: a time per layer on either path (its activation-quantization
+        # kernels beside each GEMM) and per decode
+        decodes8 = np.column_stack(
+            (np.ones(len(y8)), np.concatenate((np.zeros(int(sel_c.sum())), g8[4][sel_g][:, 0])))
+        )
+        best8 = (math.inf, 1.0, np.zeros(2))
         for f8 in np.geomspace(0.1, 1.0, 60):
             pred = np.concatenate((
                 c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
                 g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
             )) + fixed8  # fmt: skip
-            err = float(np.mean(np.abs(pred / y8 - 1)))
+            extra, err = _fixed_terms(pred, y8, decodes8)
             if err < best8[0]:
-                best8 = (err, float(f8))
+                best8 = (err, float(f8), extra)
         factors.append(("fp8_block", best8[1]))
-    return MlaKernel(tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit")
+        format_latency = (("fp8_block", float(best8[2][0])),)
+        format_requests = (("fp8_block", float(best8[2][1])),)
+    return MlaKernel(
+        tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
+        decode_request=float(coef[2]), decode_head=float(coef[3]), decode_context=float(coef[4]),
+        decode_request_by_format=format_requests, latency_by_format=format_latency,
+    )  # fmt: skip
 
 
 def mla_part(tables: dict, console: Console) -> dict:
@@ -518,9 +549,12 @@ def mla_part(tables: dict, console: Console) -> dict:
         fitted = replace(hw, mla=kernel)
         res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
-                             "decode_latency_s": kernel.decode_latency},
+                             "decode_latency_s": kernel.decode_latency, "decode_request_s": kernel.decode_request,
+                             "decode_head_s": kernel.decode_head, "decode_context_s": kernel.decode_context,
+                             "decode_request_by_format_s": dict(kernel.decode_request_by_format),
+                             "latency_by_format_s": dict(kernel.latency_by_format)},
                      "version": entry.get("mla_context_version")}  # fmt: skip
-        for (phase, weights), (rest, proj, attn, y) in parts.items():
+        for (phase, weights), (rest, proj, attn, y, _per_request) in parts.items():
             rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
                     and r[4] > 0]  # fmt: skip
             as_is = rest + proj + attn
@@ -548,7 +582,11 @@ def mla_part(tables: dict, console: Console) -> dict:
                 f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['time_weighted']:.1%}",
                 f"{h['bias']:+.1%}",
                 f"gemm {kernel.gemm_factor(weights):.2f}, attn {kernel.prefill_attention:.2f}/"
-                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f} us",
+                f"{kernel.decode_attention:.2f}, {kernel.prefill_latency * 1e6:.1f}/{kernel.decode_latency * 1e6:.1f}"
+                f" (+{kernel.format_latency(weights) * 1e6:.1f}) us"
+                f"; per decode {kernel.decode_request * 1e9:.1f} (+{kernel.format_request(weights) * 1e9:.1f} "
+                f"{weights}) + {kernel.decode_head * 1e9:.2f}/head ns, "
+                f"{kernel.decode_context * 1e12:.0f} ps/context token",
             )  # fmt: skip
         out[gpu] = res
     console.print(table)
@@ -569,6 +607,70 @@ def _fit_link(x: np.ndarray, y: np.ndarray) -> LinkFit:
     return best[1]
 
 
+def _fit_phase(tokens: np.ndarray, x: np.ndarray, y: np.ndarray) -> LinkFit:
+    """A DeepEP phase: ``max(floor, latency + tokens x per_token + x / efficiency)`` (x: seconds
+    at the full link) by the smallest mean |relative error|: the floor from a grid of the training
+    times' quantiles (and none), for each the three coefficients non-negative least squares in
+    relative terms over the rows above it (efficiency at most 1: never faster than the link)."""
+    cols = np.column_stack([np.ones_like(x), tokens, x])
+    best = (math.inf, LinkFit(0.0, 1.0))
+    for floor in np.concatenate(([0.0], np.quantile(y, np.linspace(0.02, 0.6, 30)))):
+        above = np.ones(len(y), dtype=bool)
+        for _ in range(5):  # the rows above the floor decide the line; refit until they settle
+            coef, _ = _fixed_terms(np.zeros(int(above.sum())), y[above], cols[above])
+            if coef[2] < 1.0:  # faster than the link: the link at full speed, the rest refitted
+                rest, _ = _fixed_terms(x[above], y[above], cols[above][:, :2])
+                coef = np.array([rest[0], rest[1], 1.0])
+            now = cols @ coef > floor
+            if now.sum() < 3 or (now == above).all():
+                break
+            above = now
+        pred = np.maximum(floor, cols @ coef)
+        err = float(np.mean(np.abs(pred / y - 1)))
+        if err < best[0]:
+            best = (err, LinkFit(float(coef[0]), float(1.0 / coef[2]), float(coef[1]), float(floor)))
+    return best[1]
+
+
+def _fit_protocols(x: np.ndarray, y: np.ndarray) -> tuple[LinkFit, ...]:
+    """An NCCL collective as the faster of two ``latency + x / efficiency`` lines (NCCL's tuner
+    picks a protocol per size: LL's latency, then LL128's or Simple's bandwidth): every split of
+    the sizes (at least three on each side) fits a line to each side, the split whose minimum of
+    the two has the smallest mean |relative error| wins; one line when that is better."""
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    one = _fit_link(x, y)
+    best = (float(np.mean(np.abs((one.latency + x / one.efficiency) / y - 1))), (one,))
+    for j in range(3, len(x) - 2):
+        small, large = _fit_link(x[:j], y[:j]), _fit_link(x[j:], y[j:])
+        pred = np.minimum(small.latency + x / small.efficiency, large.latency + x / large.efficiency)
+        err = float(np.mean(np.abs(pred / y - 1)))
+        if err < best[0]:
+            best = (err, (small, large))
+    return best[1]
+
+
+def _monotone_floor(tokens: np.ndarray, y: np.ndarray, shape: list) -> np.ndarray:
+    """|relative error| of the best curve non-decreasing in tokens fitted to each shape's own rows
+    (pool-adjacent-violators on log time): what no model monotone in the tokens can beat, the
+    tables' own scatter (a DeepEP low-latency phase's times jump by 20-60% between neighbours)."""
+    err = np.zeros(len(y))
+    for s_ in set(shape):
+        idx = sorted((i for i, v in enumerate(shape) if v == s_), key=lambda i: tokens[i])
+        blocks: list[list[float]] = []  # [mean log time, rows]
+        for v in np.log(y[idx]):
+            blocks.append([float(v), 1.0])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                v2, n2 = blocks.pop()
+                blocks[-1] = [
+                    (blocks[-1][0] * blocks[-1][1] + v2 * n2) / (blocks[-1][1] + n2),
+                    blocks[-1][1] + n2,
+                ]
+        fitted = np.exp(np.repeat([b[0] for b in blocks], [int(b[1]) for b in blocks]))
+        err[idx] = np.abs(fitted / y[idx] - 1)
+    return err
+
+
 # The all-gather / reduce-scatter buffers an MoE layer sends: dp x tokens x hidden elements, from
 # 2 x 1 x 2,048 up; the tables go on to 2^28 elements.
 MIN_GATHER_ELEMENTS = 2**12
@@ -581,7 +683,7 @@ def a2a_part(tables: dict, console: Console) -> dict:
         "and NCCL all-gather/reduce-scatter (held out: every other size)"
     )
     for col in ("GPU", "exchange", "phase", "rows held out", "fitted mean / p90 / max", "bias",
-                "fit: latency, link eff"):  # fmt: skip
+                "monotone floor mean / max", "fit: latency, link eff (DeepEP: per token, floor)"):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
         if gpu not in GPUS or not entry.get("a2a"):
@@ -594,7 +696,7 @@ def a2a_part(tables: dict, console: Console) -> dict:
                 sel = [r for r in entry["a2a"] if r[0] == backend and r[1] == phase and r[7] > 0]
                 if not sel:
                     continue
-                x, y, shape = [], [], []
+                x, y, shape, toks = [], [], [], []
                 for _, _, ep, hidden, k, experts, tokens, us in sel:
                     if backend == "deepep_ht":
                         moved = tokens * remote_ranks(int(k), int(experts), int(ep)) * hidden * ACT_BYTES
@@ -604,18 +706,24 @@ def a2a_part(tables: dict, console: Console) -> dict:
                     x.append(moved / link)
                     y.append(us * 1e-6)
                     shape.append((hidden, k, experts))
-                x_a, y_a = np.array(x), np.array(y)
+                    toks.append(tokens)
+                x_a, y_a, t_a = np.array(x), np.array(y), np.array(toks, dtype=float)
                 shapes = sorted(set(shape))
                 test = np.array([s_ in set(shapes[1::2]) for s_ in shape])
-                fit_ = _fit_link(x_a[~test], y_a[~test])
-                pred = fit_.latency + x_a / fit_.efficiency
-                r = {"fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency},
+                fit_ = _fit_phase(t_a[~test], x_a[~test], y_a[~test])
+                pred = np.maximum(fit_.floor, fit_.latency + t_a * fit_.per_token + x_a / fit_.efficiency)
+                noise = _monotone_floor(t_a, y_a, shape)[test]
+                r = {"monotone_floor": {"mean": float(noise.mean()), "max": float(noise.max())},
+                     "fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency,
+                             "per_token_s": fit_.per_token, "floor_s": fit_.floor},
                      "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test])}  # fmt: skip
                 res[f"{backend}/{phase}"] = r
                 h = r["held_out"]
                 table.add_row(GPUS[gpu], backend, phase, str(h["n"]),
                               f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}",
-                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
+                              f"{noise.mean():.1%} / {noise.max():.0%}",
+                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}, "
+                              f"{fit_.per_token * 1e9:.1f} ns/token, floor {fit_.floor * 1e6:.1f} us")  # fmt: skip
         for op in ("all_gather", "reduce_scatter"):
             for n in sorted({int(r[1]) for r in entry.get("nccl", []) if r[0] == op}):
                 sel = sorted(
@@ -627,15 +735,19 @@ def a2a_part(tables: dict, console: Console) -> dict:
                 y_a = np.array([v for _, v in sel])
                 x_a = (n - 1) / n * size * ACT_BYTES / link
                 test = np.arange(len(size)) % 2 == 1
-                fit_ = _fit_link(x_a[~test], y_a[~test])
-                pred = fit_.latency + x_a / fit_.efficiency
-                r = {"fit": {"latency_s": fit_.latency, "efficiency": fit_.efficiency},
-                     "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test])}  # fmt: skip
+                one = _fit_link(x_a[~test], y_a[~test])
+                fits = _fit_protocols(x_a[~test], y_a[~test])
+                pred = np.min([f.latency + x_a / f.efficiency for f in fits], axis=0)
+                r = {"fit": [{"latency_s": f.latency, "efficiency": f.efficiency} for f in fits],
+                     "held_out": stats(pred[test], y_a[test]), "train": stats(pred[~test], y_a[~test]),
+                     "one_line_held_out": stats((one.latency + x_a / one.efficiency)[test], y_a[test])}  # fmt: skip
                 res[f"{op}/{n}"] = r
                 h = r["held_out"]
                 table.add_row(GPUS[gpu], f"nccl {op}", f"{n} GPUs", str(h["n"]),
-                              f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}",
-                              f"{fit_.latency * 1e6:.1f} us, {fit_.efficiency:.3f}")  # fmt: skip
+                              f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}", f"{h['bias']:+.1%}", "-",
+                              "; ".join(f"{f.latency * 1e6:.1f} us, {f.efficiency:.3f}" for f in fits)
+                              + f" (one line: {r['one_line_held_out']['mean']:.1%} / "
+                              f"{r['one_line_held_out']['max']:.0%})")  # fmt: skip
         out[gpu] = res
     console.print(table)
     return out

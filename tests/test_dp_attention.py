@@ -57,6 +57,44 @@ def test_exchange_bytes_by_backend():
     assert exchange_time("deepep_low_latency", H200, fallback, **common) > ll
 
 
+def test_deepep_phase_floor_and_per_token():
+    """A DeepEP phase is ``max(floor, latency + tokens x per_token + bytes / (link x eff))``."""
+    link = H200.interconnect_bandwidth
+    phase = LinkFit(100e-6, 0.5, 200e-9, 250e-6)
+    hw = replace(H200, moe_exchange=replace(H200.moe_exchange, ht_dispatch=phase, ht_combine=phase))
+    common = dict(dp=8, tp=1, hidden=7168, k=8, num_experts=256, act_bytes=2.0)
+
+    def line(tokens):
+        moved = tokens * remote_ranks(8, 256, 8) * 7168 * 2
+        return 100e-6 + tokens * 200e-9 + moved / (link * 0.5)
+
+    fallback = LinkFit(0.0, 1.0)
+    assert line(16) < 250e-6  # below the floor: the floor
+    assert exchange_time("deepep_high_throughput", hw, fallback, tokens=16, **common) == pytest.approx(
+        2 * 250e-6
+    )
+    assert line(8192) > 250e-6
+    assert exchange_time("deepep_high_throughput", hw, fallback, tokens=8192, **common) == pytest.approx(
+        2 * line(8192)
+    )
+
+
+def test_nccl_collective_takes_the_faster_protocol():
+    """A group with two fitted protocols prices each size at the faster line."""
+    link = H200.interconnect_bandwidth
+    small, large = LinkFit(5e-6, 0.2), LinkFit(20e-6, 0.8)
+    fits = replace(
+        H200.moe_exchange, all_gather=((8, small), (8, large)), reduce_scatter=((8, small), (8, large))
+    )
+    hw = replace(H200, moe_exchange=fits)
+    common = dict(dp=8, tp=1, hidden=7168, k=8, num_experts=256, act_bytes=2.0)
+    for tokens in (1, 64, 4096):
+        moved = 7 / 8 * 8 * tokens * 7168 * 2
+        line = min(f.latency + moved / (link * f.efficiency) for f in (small, large))
+        got = exchange_time("allgather_reducescatter", hw, LinkFit(0.0, 1.0), tokens=tokens, **common)
+        assert got == pytest.approx(2 * line)
+
+
 def test_dp_one_is_the_engine_as_before():
     cm = CostModel(QWEN_MOE, H200, 2)
     same = cm.with_data_parallel(1)

@@ -1,7 +1,8 @@
 """``tailserve calibrate``: fit the cost model to measured iteration times (``POINTS`` or a
 preset); with ``--executor torch --model DIR``, profile the real executor on this host; with
-``--from-server URL``, probe a running OpenAI-compatible server (``fidelity/server_calibrate.py``).
-The last two write a calibration file (``--out``) that ``--calibration FILE`` loads."""
+``--from-server URL``, probe a running OpenAI-compatible server (``fidelity/server_calibrate.py``);
+with ``--from-trace FILE``, read the clean moments of traffic already recorded
+(``fidelity/trace_calibrate.py``). The last three write a calibration file (``--out``) that ``--calibration FILE`` loads."""
 
 from __future__ import annotations
 
@@ -35,14 +36,27 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             "--data-parallel-size runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or "
             "--gpus N --plan-dp); `calibrate` prices one engine"
         )
+    sources = [
+        name
+        for name, on in (
+            ("--from-server", args.from_server is not None),
+            ("--from-trace", args.from_trace is not None),
+            ("--executor torch", args.executor == "torch"),
+        )
+        if on
+    ]
+    if len(sources) > 1:
+        raise CliError(f"calibrate takes one of --from-server, --from-trace, --executor torch; got {' and '.join(sources)}")
     if args.from_server is not None:
-        if args.executor == "torch":
-            raise CliError("calibrate takes --from-server URL or --executor torch, not both")
         return cmd_calibrate_server(args)
+    if args.from_trace is not None:
+        return cmd_calibrate_trace(args)
     if args.executor == "torch":
         return cmd_calibrate_torch(args)
     if args.points is None:
-        raise CliError("calibrate needs POINTS (or --executor torch --model DIR, or --from-server URL)")
+        raise CliError(
+            "calibrate needs POINTS (or --executor torch --model DIR, --from-server URL or --from-trace FILE)"
+        )
     deployment = deployment_from(args)
     built = build_cost_model(replace(deployment, calibration=args.points))
     print_calibration(built)
@@ -66,6 +80,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 DEFAULT_OUT = "calibration-cpu.json"
 SERVER_OUT = "calibration-server.json"
+TRACE_OUT = "calibration-trace.json"
 
 
 def _add_torch_args(p: argparse.ArgumentParser) -> None:
@@ -184,12 +199,26 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the model name to send (default: the served model --model names, by id or directory)",
     )
+    g.add_argument(
+        "--from-trace",
+        metavar="FILE",
+        default=None,
+        help="fit to a recorded trace (bench or router --record-trace): the TTFTs of requests that "
+        "ran alone and the gaps of pure decode, no request sent; write --out",
+    )
+    g.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="with --from-trace: the engine ran without prefix caching (default: shared prompt "
+        "prefixes count as cached, vLLM V1's default)",
+    )
     g.add_argument("--api-key", default=None, help="the server's API key, if it has one")
     g.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=None,
-        help="the server's token budget: prefill probes stay within it, so no prompt is chunked "
+        help="the server's token budget: prefill probes stay within it, so no prompt is chunked; "
+        "with --from-trace, longer prompts are not prefill points "
         "(default: 2048, vLLM's API-server default on CPUs and most GPUs)",
     )
     g.add_argument(
@@ -296,4 +325,64 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     for w in fit.warnings:
         out.print(f"warning: {w}")
     out.print(f"wrote {out_path}; use it with --calibration {out_path} --model {args.model}")
+    return 0
+
+
+def cmd_calibrate_trace(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tailserve.executors.simulated.calibration_files import CalibrationFile, write_calibration_file
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+    from tailserve.fidelity import server_calibrate as sc
+    from tailserve.fidelity import trace_calibrate as tc
+    from tailserve.fidelity.torch_calibrate import error_table
+    from tailserve.workloads.recorded import has_measured, load_measured
+
+    path = args.from_trace
+    if not Path(path).is_file():
+        raise CliError(f"--from-trace {path}: no such file")
+    if not has_measured(path):
+        raise CliError(f"--from-trace {path}: not a recorded trace (its lines have no 'measured' figures)")
+    model = get_model(args.model)
+    tp = args.tp or 1
+    if args.hardware.strip().lower() == "cpu":
+        from tailserve.fidelity.torch_calibrate import measure_host
+
+        hardware = measure_host(dtype=args.dtype)
+    else:
+        hardware = get_hardware(args.hardware)
+    options = tc.TraceCalibrationOptions(
+        max_num_batched_tokens=args.max_num_batched_tokens or sc.DEFAULT_BUDGET,
+        prefix_caching=not args.no_prefix_caching,
+    )
+    found = tc.trace_points(load_measured(path), options)
+    tc.check_enough(found, path)
+    measured = [p.measured() for p in found.points]
+    fit = sc.fit_points(model, hardware, tp, measured)
+    source = (
+        f"tailserve calibrate --from-trace {path}: {found.num_requests} requests, {found.alone} ran "
+        f"alone, {found.clean_gaps} pure-decode gaps; {len(found.points)} points (client timings)"
+    )
+    cal = CalibrationFile(hardware, fit.efficiency, model.name, tp, source, tuple(measured))
+    out_path = args.out or TRACE_OUT
+    write_calibration_file(out_path, cal, fit)
+
+    out = Console()
+    out.print(source)
+    table = Table(title="clean moments: fitted iteration time vs measured", title_justify="left")
+    for col in ("point", "measured ms", "fitted ms", "error"):
+        table.add_column(col, justify="left" if col == "point" else "right")
+    for p, predicted in zip(found.points, fit.predicted):
+        table.add_row(p.label, f"{p.seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}", f"{predicted / p.seconds - 1:+.1%}")
+    out.print(table)
+    rows = error_table(fit)
+    out.print(
+        "median |error|: "
+        + ", ".join(f"{kind} {row['median']:.1%} (n={row['n']})" for kind, row in rows.items())
+    )
+    for w in fit.warnings:
+        out.print(f"warning: {w}")
+    out.print(f"wrote {out_path}; replay the trace with it: tailserve simulate --trace {path} --calibration {out_path} --model {args.model}")
     return 0

@@ -254,6 +254,7 @@ class CostModel:
         self._mla_flops_per_token = self._mla_weight_bytes = self._mla_act_bytes_per_token = 0.0
         self._mla_factor = 1.0
         self._mla_prefill_fixed = self._mla_decode_fixed = 0.0
+        self._mla_per_decode = self._mla_per_context_token = 0.0
         if self._mla is None:
             return
         proj = m.num_layers * m.attention_params_per_shard(tp)
@@ -265,8 +266,13 @@ class CostModel:
         self._mla_act_bytes_per_token = float(attention_io)
         self._act_bytes_per_token -= self._mla_act_bytes_per_token
         self._mla_factor = self._mla.gemm_factor(m.weight_dtype or "bf16")
-        self._mla_prefill_fixed = m.num_layers * self._mla.prefill_latency
-        self._mla_decode_fixed = m.num_layers * self._mla.decode_latency
+        fmt = m.weight_dtype or "bf16"
+        self._mla_prefill_fixed = m.num_layers * (self._mla.prefill_latency + self._mla.format_latency(fmt))
+        self._mla_decode_fixed = m.num_layers * (self._mla.decode_latency + self._mla.format_latency(fmt))
+        heads = m.num_heads / tp
+        per_decode = self._mla.decode_request + self._mla.format_request(fmt)
+        self._mla_per_decode = m.num_layers * (per_decode + heads * self._mla.decode_head)
+        self._mla_per_context_token = m.num_layers * self._mla.decode_context
 
     def _init_window(self, m: ModelSpec) -> None:
         """Sliding-window layers (window.py): their share of the per-layer attention constants."""
@@ -434,11 +440,20 @@ class CostModel:
         return join(compute, memory, eff.sharpness) / self._mla_factor
 
     def mla_fixed_time(self, shape: BatchShape) -> float:
-        """The MLA block's fixed time per layer of each path this iteration runs (0 without a
-        fitted ``hardware.MlaKernel``)."""
+        """The MLA block's time beside its projections and attention rates (0 without a fitted
+        ``hardware.MlaKernel``): each path's fixed time per layer and the decode path's per-request
+        terms (``_mla_decode_path``)."""
         return (self._mla_prefill_fixed if shape.prefill_kv_tokens else 0.0) + (
-            self._mla_decode_fixed if shape.decode_kv_tokens else 0.0
+            self._mla_decode_path(shape.num_logits, shape.decode_kv_tokens) if shape.decode_kv_tokens else 0.0
         )
+
+    def _mla_decode_path(self, num_decodes: Any, decode_kv: Any) -> Any:
+        """The MLA decode path's time beside its projections and attention rates, all layers: its
+        fixed time, a time per decode (and per decode and head), a time per token of the decodes'
+        mean context. The batch shape counts the requests that sample (``num_logits``): the
+        decodes, plus a mixed batch's prefills that finish, which this term counts as decodes."""
+        n = np.maximum(num_decodes, 1) if isinstance(num_decodes, np.ndarray) else max(num_decodes, 1)
+        return self._mla_decode_fixed + n * self._mla_per_decode + decode_kv / n * self._mla_per_context_token
 
     def _experts(self, num_tokens: int) -> float:
         """The routed experts of every MoE layer (``moe.py``): each expert sliced over the TP
@@ -536,12 +551,10 @@ class CostModel:
         prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates, self._prefill_pair_flops)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
         decode = self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
-        if self._mla is not None:  # the MLA block's fixed time per path run (decode arrays: > 0)
-            linear = (
-                linear
-                + (self._mla_prefill_fixed if prefill_kv else 0.0)
-                + self._mla_decode_fixed * (1.0 if isinstance(decode_kv, np.ndarray) or decode_kv else 0.0)
-            )
+        if self._mla is not None:  # the MLA block's time per path run (decode arrays: > 0)
+            linear = linear + (self._mla_prefill_fixed if prefill_kv else 0.0)
+            if isinstance(decode_kv, np.ndarray) or decode_kv:
+                linear = linear + self._mla_decode_path(num_logits, decode_kv)
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
 
     def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
@@ -552,17 +565,23 @@ class CostModel:
         """``decode_run_times`` as a Python list, cheaper for a few steps; the same floats
         (``_attention`` is inlined with its operations in the same order)."""
         n = num_decodes
-        head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
-        if self._mla is not None:  # as ``_iteration_time``: the decode path's fixed time
-            head = (
-                self._linear(n, n)
-                + self._mla_decode_fixed
-                + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
-            )
         comm = self._comm(n)
         overhead = self.efficiency.overhead
         pair_flops, kv_bytes = self._decode_pair_flops, self._kv_bytes_per_token
         flops_rate, byte_rate = self._decode_rates
+        if self._mla is not None:  # as ``_iteration_time``: the decode path's time, per step
+            linear = self._linear(n, n) + 0.0  # + the (absent) prefill path's fixed time
+            prefill = self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
+            return [
+                linear
+                + self._mla_decode_path(n, kv)
+                + prefill
+                + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate)
+                + comm
+                + overhead
+                for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
+            ]
+        head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
         return [
             head + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate) + comm + overhead
             for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)

@@ -59,9 +59,10 @@ class MlaKernel:
     """vLLM's MLA attention block (the q/kv down- and up-projections, the attention kernel,
     o_proj, and the norms, RoPE and cache writes between them) against the GPU's curves: a
     factor on the projections' GEMM time per weight format, factors on the prefill and decode
-    attention rates (<= 1), and a fixed time per layer for each path an iteration runs (its
-    prefill path when it has a prefill chunk, its decode path when it has a decode), fitted to
-    AISimulate's MLA module tables (benchmarks/fidelity_aisim.py)."""
+    attention rates (<= 1), a fixed time per layer for each path an iteration runs (its
+    prefill path when it has a prefill chunk, its decode path when it has a decode) and the
+    decode path's times per request, fitted to AISimulate's MLA module tables
+    (benchmarks/fidelity_aisim.py)."""
 
     gemm_factors: tuple[tuple[str, float], ...]  # (weight format, factor <= 1); others: 1
     prefill_attention: float
@@ -69,17 +70,42 @@ class MlaKernel:
     prefill_latency: float  # seconds per MLA layer of an iteration with a prefill chunk
     decode_latency: float  # seconds per MLA layer of an iteration with decodes
     source: str
+    # The decode path's work per request (FLASHINFER_MLA / FLASH_ATTN_MLA decode, vLLM's absorbed
+    # form): seconds per decode request, per decode request and head of the shard (the absorbed
+    # up-projections run as per-head batched matmuls, K = 128 / N = 512 and back, far below the
+    # GEMM curve), and per token of the decodes' mean context (a lone request's KV is read by
+    # a few split-KV tiles, not the whole GPU). Per MLA layer.
+    decode_request: float = 0.0
+    decode_head: float = 0.0
+    decode_context: float = 0.0
+    # (weight format, seconds per decode request and layer on top of decode_request; seconds per
+    # layer on each path run, on top of its latency): block-scaled FP8 quantizes the activations
+    # before every projection, one more kernel each
+    decode_request_by_format: tuple[tuple[str, float], ...] = ()
+    latency_by_format: tuple[tuple[str, float], ...] = ()
 
     def gemm_factor(self, fmt: str) -> float:
         return dict(self.gemm_factors).get(fmt, 1.0)
 
+    def format_request(self, fmt: str) -> float:
+        return dict(self.decode_request_by_format).get(fmt, 0.0)
+
+    def format_latency(self, fmt: str) -> float:
+        return dict(self.latency_by_format).get(fmt, 0.0)
+
 
 @dataclass(frozen=True, slots=True)
 class LinkFit:
-    """One collective or exchange phase: ``latency + bytes / (interconnect_bandwidth x efficiency)``."""
+    """One collective or exchange phase: ``max(floor, latency + tokens x per_token + bytes /
+    (interconnect_bandwidth x efficiency))``. DeepEP's phases have a floor (high-throughput
+    dispatch: its notify and layout round, ~250 us, flat up to ~512 tokens a rank) and a cost per
+    token sent beside its bytes (the kernel's per-token work: the measured time grows with the
+    tokens more than with their hidden size); NCCL's collectives take neither (0)."""
 
     latency: float  # seconds per call
     efficiency: float  # fraction of interconnect_bandwidth
+    per_token: float = 0.0  # seconds per token the rank sends
+    floor: float = 0.0  # seconds: the phase is never faster
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +119,8 @@ class MoeExchange:
     ht_combine: LinkFit
     ll_dispatch: LinkFit
     ll_combine: LinkFit
-    all_gather: tuple[tuple[int, LinkFit], ...]  # (GPUs in the group, fit)
+    # (GPUs in the group, fit); a group may have one fit per NCCL protocol: the fastest prices it
+    all_gather: tuple[tuple[int, LinkFit], ...]
     reduce_scatter: tuple[tuple[int, LinkFit], ...]
     source: str
 
@@ -257,44 +284,130 @@ MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no 
 # NCCL all-gather / reduce-scatter), fitted by benchmarks/fidelity_aisim.py on half the head
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
 # borrows the H100's (same kernels, same NVLink 4 link).
-MLA_H100 = MlaKernel((("bf16", 0.82), ("fp8_block", 0.54)), 0.88, 0.88, 4.36e-6, 3.20e-6, f"{_AISIM}: MLA module, H100")  # fmt: skip
-MLA_H200 = MlaKernel((("bf16", 0.82), ("fp8_block", 0.52)), 1.00, 1.00, 3.58e-6, 4.36e-6, f"{_AISIM}: MLA module, H200")  # fmt: skip
-MLA_B200 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.52)), 1.00, 0.88, 19.54e-6, 20.12e-6, f"{_AISIM}: MLA module, B200")  # fmt: skip
-MLA_GB200 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.70)), 1.00, 0.88, 21.82e-6, 21.31e-6, f"{_AISIM}: MLA module, GB200")  # fmt: skip
-MLA_B300 = MlaKernel((("bf16", 0.90), ("fp8_block", 0.63)), 1.00, 0.88, 20.03e-6, 18.74e-6, f"{_AISIM}: MLA module, B300")  # fmt: skip
+MLA_H100 = MlaKernel(
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 4.38e-6, 1.34e-6,
+    f"{_AISIM}: MLA module, H100", decode_request=26.7e-9, decode_head=1.273e-9, decode_context=348e-12,
+    decode_request_by_format=(("fp8_block", 8.2e-9),), latency_by_format=(("fp8_block", 5.42e-6),),
+)  # fmt: skip
+MLA_H200 = MlaKernel(
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.58e-6, 1.64e-6,
+    f"{_AISIM}: MLA module, H200", decode_request=27.9e-9, decode_head=1.022e-9, decode_context=398e-12,
+    decode_request_by_format=(("fp8_block", 9.6e-9),), latency_by_format=(("fp8_block", 6.48e-6),),
+)  # fmt: skip
+MLA_B200 = MlaKernel(
+    (("bf16", 1.00), ("fp8_block", 0.58)), 1.00, 0.88, 22.46e-6, 17.62e-6,
+    f"{_AISIM}: MLA module, B200", decode_request=37.5e-9, decode_head=3.918e-9, decode_context=262e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 8.99e-6),),
+)  # fmt: skip
+MLA_GB200 = MlaKernel(
+    (("bf16", 0.90), ("fp8_block", 0.76)), 1.00, 0.88, 21.82e-6, 17.98e-6,
+    f"{_AISIM}: MLA module, GB200", decode_request=32.5e-9, decode_head=3.433e-9, decode_context=239e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 12.28e-6),),
+)  # fmt: skip
+MLA_B300 = MlaKernel(
+    (("bf16", 0.90), ("fp8_block", 0.68)), 1.00, 0.88, 20.03e-6, 15.23e-6,
+    f"{_AISIM}: MLA module, B300", decode_request=37.7e-9, decode_head=3.708e-9, decode_context=266e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 11.33e-6),),
+)  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
-    LinkFit(236.1e-6, 0.588), LinkFit(81.3e-6, 0.413),
-    LinkFit(64.1e-6, 0.279), LinkFit(44.7e-6, 0.513),
-    ((2, LinkFit(6.6e-6, 0.523)), (4, LinkFit(8.9e-6, 0.649)), (8, LinkFit(12.8e-6, 0.688))),
-    ((2, LinkFit(6.4e-6, 0.483)), (4, LinkFit(8.2e-6, 0.636)), (8, LinkFit(11.3e-6, 0.702))),
+    LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),
+    LinkFit(51.4e-6, 0.517, 267e-9, 66.2e-6), LinkFit(35.8e-6, 0.776, 185e-9, 47.9e-6),
+    (
+        (2, LinkFit(5.9e-6, 0.220)),
+        (2, LinkFit(19.7e-6, 0.544)),
+        (4, LinkFit(8.1e-6, 0.320)),
+        (4, LinkFit(25.5e-6, 0.688)),
+        (8, LinkFit(12.3e-6, 0.503)),
+        (8, LinkFit(40.3e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(5.9e-6, 0.243)),
+        (2, LinkFit(14.6e-6, 0.503)),
+        (4, LinkFit(7.6e-6, 0.353)),
+        (4, LinkFit(17.8e-6, 0.662)),
+        (8, LinkFit(10.8e-6, 0.493)),
+        (8, LinkFit(26.4e-6, 0.759)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H100",
 )  # fmt: skip
 EXCHANGE_H200 = MoeExchange(
-    LinkFit(233.2e-6, 0.624), LinkFit(81.0e-6, 0.438),
-    LinkFit(46.5e-6, 0.224), LinkFit(48.8e-6, 0.649),
-    ((2, LinkFit(6.5e-6, 0.523)), (4, LinkFit(8.8e-6, 0.662)), (8, LinkFit(13.9e-6, 0.716))),
-    ((2, LinkFit(6.2e-6, 0.493)), (4, LinkFit(8.1e-6, 0.649)), (8, LinkFit(12.3e-6, 0.716))),
+    LinkFit(133.7e-6, 1.000, 96e-9, 258.5e-6), LinkFit(77.9e-6, 0.690, 101e-9, 82.3e-6),
+    LinkFit(46.8e-6, 0.266, 48e-9, 0.0e-6), LinkFit(30.9e-6, 0.410, 0e-9, 53.4e-6),
+    (
+        (2, LinkFit(5.8e-6, 0.224)),
+        (2, LinkFit(19.3e-6, 0.554)),
+        (4, LinkFit(8.0e-6, 0.326)),
+        (4, LinkFit(24.0e-6, 0.702)),
+        (8, LinkFit(13.5e-6, 0.544)),
+        (8, LinkFit(37.2e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(5.7e-6, 0.248)),
+        (2, LinkFit(14.0e-6, 0.513)),
+        (4, LinkFit(7.5e-6, 0.339)),
+        (4, LinkFit(18.2e-6, 0.675)),
+        (8, LinkFit(11.7e-6, 0.493)),
+        (8, LinkFit(26.2e-6, 0.759)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, H200",
 )  # fmt: skip
 EXCHANGE_B200 = MoeExchange(
-    LinkFit(254.8e-6, 0.220), LinkFit(91.9e-6, 0.135),
-    LinkFit(52.2e-6, 0.161), LinkFit(60.0e-6, 1.000),
-    ((2, LinkFit(10.4e-6, 0.465)), (4, LinkFit(13.7e-6, 0.612)), (8, LinkFit(19.3e-6, 0.702))),
-    ((2, LinkFit(10.1e-6, 0.421)), (4, LinkFit(13.0e-6, 0.600)), (8, LinkFit(18.4e-6, 0.688))),
+    LinkFit(170.2e-6, 0.402, 158e-9, 288.4e-6), LinkFit(86.5e-6, 0.244, 200e-9, 110.9e-6),
+    LinkFit(45.0e-6, 0.162, 53e-9, 55.0e-6), LinkFit(39.3e-6, 0.393, 0e-9, 61.4e-6),
+    (
+        (2, LinkFit(9.6e-6, 0.188)),
+        (2, LinkFit(20.2e-6, 0.503)),
+        (4, LinkFit(11.9e-6, 0.181)),
+        (4, LinkFit(28.6e-6, 0.662)),
+        (8, LinkFit(17.9e-6, 0.314)),
+        (8, LinkFit(62.7e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(9.5e-6, 0.220)),
+        (2, LinkFit(17.8e-6, 0.474)),
+        (4, LinkFit(11.8e-6, 0.238)),
+        (4, LinkFit(34.8e-6, 0.675)),
+        (8, LinkFit(16.9e-6, 0.307)),
+        (8, LinkFit(57.1e-6, 0.745)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B200",
 )  # fmt: skip
 EXCHANGE_GB200 = MoeExchange(
-    LinkFit(381.1e-6, 0.158), LinkFit(97.8e-6, 0.167),
-    LinkFit(66.0e-6, 0.155), LinkFit(72.5e-6, 1.000),
-    ((2, LinkFit(10.9e-6, 0.465)), (4, LinkFit(13.6e-6, 0.612))),
-    ((2, LinkFit(10.6e-6, 0.429)), (4, LinkFit(13.2e-6, 0.600))),
+    LinkFit(307.2e-6, 1.000, 212e-9, 424.3e-6), LinkFit(96.6e-6, 0.304, 92e-9, 0.0e-6),
+    LinkFit(62.8e-6, 0.138, 6e-9, 68.9e-6), LinkFit(34.5e-6, 0.277, 0e-9, 74.7e-6),
+    (
+        (2, LinkFit(10.1e-6, 0.196)),
+        (2, LinkFit(20.3e-6, 0.503)),
+        (4, LinkFit(12.1e-6, 0.199)),
+        (4, LinkFit(29.3e-6, 0.662)),
+    ),
+    (
+        (2, LinkFit(9.9e-6, 0.216)),
+        (2, LinkFit(17.6e-6, 0.465)),
+        (4, LinkFit(12.0e-6, 0.229)),
+        (4, LinkFit(27.2e-6, 0.636)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, GB200",
 )  # fmt: skip
 EXCHANGE_B300 = MoeExchange(
-    LinkFit(230.8e-6, 0.224), LinkFit(96.3e-6, 0.140),
-    LinkFit(50.9e-6, 0.192), LinkFit(45.9e-6, 0.662),
-    ((2, LinkFit(9.7e-6, 0.474)), (4, LinkFit(12.8e-6, 0.612)), (8, LinkFit(18.6e-6, 0.702))),
-    ((2, LinkFit(9.6e-6, 0.429)), (4, LinkFit(12.5e-6, 0.600)), (8, LinkFit(17.9e-6, 0.702))),
+    LinkFit(146.2e-6, 0.422, 160e-9, 262.8e-6), LinkFit(88.1e-6, 0.254, 207e-9, 110.7e-6),
+    LinkFit(43.0e-6, 0.166, 46e-9, 51.5e-6), LinkFit(32.0e-6, 0.354, 0e-9, 48.5e-6),
+    (
+        (2, LinkFit(8.9e-6, 0.188)),
+        (2, LinkFit(19.6e-6, 0.513)),
+        (4, LinkFit(11.7e-6, 0.263)),
+        (4, LinkFit(37.2e-6, 0.716)),
+        (8, LinkFit(17.1e-6, 0.314)),
+        (8, LinkFit(60.7e-6, 0.759)),
+    ),
+    (
+        (2, LinkFit(8.9e-6, 0.192)),
+        (2, LinkFit(17.2e-6, 0.474)),
+        (4, LinkFit(11.6e-6, 0.314)),
+        (4, LinkFit(33.9e-6, 0.675)),
+        (8, LinkFit(16.5e-6, 0.314)),
+        (8, LinkFit(69.8e-6, 0.906)),
+    ),
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B300",
 )  # fmt: skip
 

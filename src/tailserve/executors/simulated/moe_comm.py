@@ -16,10 +16,11 @@ vLLM's ``--all2all-backend`` picks how (vllm/config/parallel.py):
   a 4-byte scale per 128 values and combined in bf16 (DeepEP's README; AISimulate's wire dtypes,
   aisimulate_core/sdk/operations/moe_comm.py).
 
-Routing is uniform, as in ``moe.py``. Each phase costs ``latency + bytes / (link x
-efficiency)`` with the GPU's fit (``hardware.MoeExchange``, fitted to AISimulate's measured
-tables by benchmarks/fidelity_aisim.py); a GPU without one prices every phase at its all-reduce
-latency and link efficiency (the ``fallback`` the cost model hands in).
+Routing is uniform, as in ``moe.py``. Each phase costs ``max(floor, latency + tokens x
+per_token + bytes / (link x efficiency))`` (``tokens``: the rank's, DeepEP's phases only) with
+the GPU's fit (``hardware.MoeExchange``, fitted to AISimulate's measured tables by
+benchmarks/fidelity_aisim.py); a GPU without one prices every phase at its all-reduce latency
+and link efficiency (the ``fallback`` the cost model hands in).
 """
 
 from __future__ import annotations
@@ -49,16 +50,26 @@ def remote_ranks(k: int, num_experts: int, ep: int) -> float:
     return (ep - 1) * (1.0 - missing)
 
 
-def _phase(fit: LinkFit, num_bytes: float, link: float) -> float:
-    return fit.latency + num_bytes / (link * fit.efficiency)
+def _phase(fit: LinkFit, num_bytes: float, link: float, tokens: float = 0.0) -> float:
+    return max(fit.floor, fit.latency + tokens * fit.per_token + num_bytes / (link * fit.efficiency))
 
 
-def _by_group(fits: tuple[tuple[int, LinkFit], ...], n: int) -> LinkFit | None:
-    """The fit of the largest measured group not above ``n`` (the smallest when all are)."""
+def _by_group(fits: tuple[tuple[int, LinkFit], ...], n: int) -> tuple[LinkFit, ...]:
+    """The fits of the largest measured group not above ``n`` (the smallest when all are): one
+    per NCCL protocol fitted (empty: none)."""
     if not fits:
-        return None
-    below = [(g, f) for g, f in fits if g <= n]
-    return max(below)[1] if below else min(fits)[1]
+        return ()
+    groups = {g for g, _ in fits}
+    below = [g for g in groups if g <= n]
+    group = max(below) if below else min(groups)
+    return tuple(f for g, f in fits if g == group)
+
+
+def _collective(fits: tuple[LinkFit, ...], fallback: LinkFit, num_bytes: float, link: float) -> float:
+    """An NCCL collective at the faster of its fitted protocols (NCCL's tuner picks the protocol
+    it predicts fastest for the size: LL's low latency for small buffers, Simple's bandwidth for
+    large ones)."""
+    return min(_phase(f, num_bytes, link) for f in fits) if fits else _phase(fallback, num_bytes, link)
 
 
 def exchange_time(
@@ -83,19 +94,19 @@ def exchange_time(
     if backend == "allgather_reducescatter":
         # A buffer of every DP rank's tokens; each rank moves (n-1)/n of it in a ring.
         moved = (dp - 1) / dp * dp * tokens * hidden * act_bytes
-        gather = _by_group(fits.all_gather, dp) if fits else None
-        scatter = _by_group(fits.reduce_scatter, dp) if fits else None
-        return _phase(gather or fallback, moved, link) + _phase(scatter or fallback, moved, link)
+        gather = _by_group(fits.all_gather, dp) if fits else ()
+        scatter = _by_group(fits.reduce_scatter, dp) if fits else ()
+        return _collective(gather, fallback, moved, link) + _collective(scatter, fallback, moved, link)
     ep = dp * tp
     per_rank = math.ceil(tokens / tp)  # the TP ranks of a DP rank split its tokens (sequence parallel)
     if backend == "deepep_high_throughput":
         moved = per_rank * remote_ranks(k, num_experts, ep) * hidden * act_bytes
         dispatch = fits.ht_dispatch if fits else fallback
         combine = fits.ht_combine if fits else fallback
-        return _phase(dispatch, moved, link) + _phase(combine, moved, link)
+        return _phase(dispatch, moved, link, per_rank) + _phase(combine, moved, link, per_rank)
     copies = per_rank * k * (ep - 1) / ep  # one per (token, expert) on another rank
     dispatch = fits.ll_dispatch if fits else fallback
     combine = fits.ll_combine if fits else fallback
-    return _phase(dispatch, copies * hidden * FP8_WITH_SCALES, link) + _phase(
-        combine, copies * hidden * act_bytes, link
+    return _phase(dispatch, copies * hidden * FP8_WITH_SCALES, link, per_rank) + _phase(
+        combine, copies * hidden * act_bytes, link, per_rank
     )
