@@ -55,8 +55,9 @@ WORKLOADS = [
 @pytest.mark.parametrize(
     "policy",
     [
-        "vllm",
-        "vllm:max_num_batched_tokens=512",
+        # the synchronous scheduler (vLLM's --no-async-scheduling; on a GPU the default is async)
+        "vllm:async_scheduling=false",
+        "vllm:async_scheduling=false:max_num_batched_tokens=512",
         "orca",
         "trtllm",
         "trtllm:capacity_scheduler_policy=MAX_UTILIZATION",
@@ -74,7 +75,7 @@ def test_fast_path_equals_step_by_step(policy, workload):
     assert _fingerprint(fast) == _fingerprint(slow)
 
 
-@pytest.mark.parametrize("policy", ["vllm", "vllm:async_scheduling=true"])
+@pytest.mark.parametrize("policy", ["vllm:async_scheduling=false", "vllm:async_scheduling=true"])
 def test_fast_path_equals_step_by_step_under_preemption(policy):
     # Llama-2-13B on one A100-40GB leaves a small KV cache: this load makes vLLM preempt.
     workload = WorkloadSpec(
@@ -94,7 +95,7 @@ def test_fast_path_equals_step_by_step_under_preemption(policy):
 @pytest.mark.parametrize(
     "policy, module, name",
     [
-        ("vllm", "decode_run", "advance_decode_run"),
+        ("vllm:async_scheduling=false", "decode_run", "advance_decode_run"),
         ("vllm:async_scheduling=true", "async_decode_run", "advance_async_decode_run"),
     ],
 )

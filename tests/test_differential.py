@@ -277,3 +277,17 @@ def test_golden_vllm_v0_traces_stay_step_identical():
     assert len(entries) >= 100
     mismatches = [m for i, e in enumerate(entries) if (m := check_entry(i, e, run_tailserve_v0)) is not None]
     assert not mismatches, f"{len(mismatches)} of {len(entries)} differ; first:\n" + mismatches[0].describe()
+
+
+def test_the_sync_differential_pins_async_scheduling_off_on_both_sides():
+    """``--engine vllm`` compares synchronous with synchronous: the policy's default would be
+    vLLM 0.32's rule (async on a GPU), so tailserve's side sets ``async_scheduling=False`` and
+    the vLLM driver reads ``async_scheduling`` False (its SchedulerConfig says so too)."""
+    from tailserve.validate.generate import random_vllm_workload
+    from tailserve.validate.tailserve_side import build_vllm_scheduler
+
+    for seed in range(5):
+        w = random_vllm_workload(seed)
+        sched = build_vllm_scheduler(w.scheduler)
+        assert sched.policy.config.async_scheduling is False and sched.async_scheduling is False
+        assert w.to_dict()["config"]["async_scheduling"] is False  # what the driver reads

@@ -223,8 +223,7 @@ def test_translation_is_what_one_would_type():
     t = translate(report, H100)
     assert (
         t.spec.label
-        == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,async_scheduling=True,"
-        "block_size=32"
+        == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,block_size=32"
     )
     assert t.deployment == {"model": "meta-llama/Meta-Llama-3-8B", "tp": 2, "kv_cache_dtype": "fp8"}
     assert t.ignored == ("--stream-interval (not modelled)",)
@@ -232,20 +231,32 @@ def test_translation_is_what_one_would_type():
 
 def test_translation_carries_version_behaviour():
     # 0.11's V1 admits on the first chunk's blocks, and has no 160 GiB budget tier.
+    # 0.11 (and 0.8.5) schedule synchronously unless told otherwise: pinned off.
     t = translate(lint("vllm serve M", "0.11.0"), B200)
     assert t.spec.flags == {
         "scheduler_reserve_full_isl": False,
+        "async_scheduling": False,
         "max_num_batched_tokens": 8192,
         "max_num_seqs": 1024,
     }
-    # 0.32 schedules asynchronously unless told not to (the policy's own default is off)
-    assert translate(lint("vllm serve M"), B200).spec.flags == {"async_scheduling": True}
+    assert translate(lint("vllm serve M --async-scheduling", "0.11.0"), B200).spec.flags["async_scheduling"]
+    assert translate(lint("vllm serve M", "0.8.5"), B200).spec.flags["async_scheduling"] is False
+    # 0.32 schedules asynchronously unless told not to, which is the policy's own default
+    # (none: as vLLM 0.32 decides), so nothing is set; the flags still map both ways.
+    assert translate(lint("vllm serve M"), B200).spec.flags == {}
     assert translate(lint("vllm serve M --no-async-scheduling"), B200).spec.flags == {
         "async_scheduling": False
     }
+    assert translate(lint("vllm serve M --async-scheduling"), B200).spec.flags == {"async_scheduling": True}
     dp = translate(lint("vllm serve M -dp 2"), B200)
-    assert "async_scheduling" not in dp.spec.flags
-    assert "async scheduling (on by default; not simulated with DP ranks)" in dp.ignored
+    assert "async_scheduling" not in dp.spec.flags and not dp.ignored
+    # Ray's executor has no async scheduling: vLLM 0.32 turns the default off, refuses it asked for.
+    assert translate(lint("vllm serve M --distributed-executor-backend ray"), B200).spec.flags == {
+        "async_scheduling": False
+    }
+    assert translate(lint("vllm serve M --distributed-executor-backend mp"), B200).spec.flags == {}
+    refused = lint("vllm serve M --distributed-executor-backend ray --async-scheduling")
+    assert refused.refused and "`ray` does not support async scheduling yet." in refused.conflicts[0].what
     sglang = translate(
         lint("sglang serve --model M --tp 4 --ep-size 4 --context-length 4096 --page-size 16"), H100
     )
@@ -275,8 +286,7 @@ def test_fields_added_to_a_policy_are_picked_up(monkeypatch):
     ("engine_cmd", "by_hand"),
     [
         ("vllm serve meta-llama/Meta-Llama-3-8B --max-num-batched-tokens 512 --max-num-seqs 32 --prefill-schedule-interval 4",
-         ["--model", "Llama-3-8B", "--policy", "vllm", "--max-num-batched-tokens", "512", "--max-num-seqs", "32",
-          "--async-scheduling", "true"]),
+         ["--model", "Llama-3-8B", "--policy", "vllm", "--max-num-batched-tokens", "512", "--max-num-seqs", "32"]),
         ("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --chunked-prefill-size 1024 --schedule-policy lof",
          ["--model", "Qwen3-8B", "--policy", "sglang", "--chunked-prefill-size", "1024", "--schedule-policy", "lof"]),
     ],

@@ -349,7 +349,8 @@ def test_serve_command_starts_and_exits_0_on_sigterm(micro_model: Path) -> None:
             "hardware": "H100-SXM",
             "tp": 1,
             "calibration": "auto",
-            "policy": "vllm:max_num_seqs=8",
+            # as it runs: the real-time executor steps synchronously, so bench --predict does too
+            "policy": "vllm:max_num_seqs=8,async_scheduling=False",
         }
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -126,9 +126,9 @@ def _fingerprint(policy: str, check: bool) -> str:
 @pytest.mark.parametrize(
     "policy",
     [
-        "vllm:max_num_batched_tokens=4096",
+        "vllm:async_scheduling=false:max_num_batched_tokens=4096",
         "vllm:async_scheduling=true",
-        "vllm:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=2.5",
+        "vllm:async_scheduling=false:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=2.5",
         "sarathi:chunk_size=512",
         "sglang",
         "tgi",

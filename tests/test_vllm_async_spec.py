@@ -461,3 +461,66 @@ def test_moe_data_parallel_ranks_refuse_async_scheduling_in_one_line(capsys):
     )  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and err[-1].endswith("(an MoE model's data-parallel ranks, --dp)")
+
+
+# ---- the default: vLLM 0.32's rule (vllm/config/vllm.py:1585-1644, platforms/cpu.py:331) ----
+
+
+def test_async_scheduling_defaults_to_vllm_032s_rule():
+    from tailserve.core.device import DeviceInfo
+
+    gpu = get_hardware("H100-SXM").device_info
+    amd = get_hardware("MI300X").device_info
+    cpu = DeviceInfo("CPU", 2.0, vendor="cpu")
+    on = VllmPolicy.default_config(gpu, 8192)
+    assert on.async_scheduling is True and VllmPolicy(on).async_scheduling()
+    assert VllmPolicy.default_config(amd, 8192).async_scheduling is True
+    assert VllmPolicy.default_notes(gpu, on, {})[0].startswith("async scheduling on: vLLM 0.32's default")
+    off = VllmPolicy.default_config(cpu, 8192)
+    assert off.async_scheduling is False
+    assert "platforms/cpu.py:331" in VllmPolicy.default_notes(cpu, off, {})[0]
+    # The CPU n-gram drafter rules it out (vLLM warns and turns it off); the GPU drafters do not.
+    spec = {"num_speculative_tokens": 2, "synthetic_acceptance_length": 2.0}
+    ngram = VllmPolicy.default_config(gpu, 8192, speculative_method="ngram", **spec)
+    assert ngram.async_scheduling is False
+    assert "ngram-based speculative decoding" in VllmPolicy.default_notes(gpu, ngram, {})[0]
+    for method in ("ngram_gpu", "eagle", "eagle3", "mtp"):
+        assert VllmPolicy.default_config(gpu, 8192, speculative_method=method, **spec).async_scheduling
+    # An explicit value wins, and says nothing.
+    for flag in (False, True):
+        config = VllmPolicy.default_config(gpu, 8192, async_scheduling=flag)
+        assert config.async_scheduling is flag
+        assert VllmPolicy.default_notes(gpu, config, {"async_scheduling": flag}) == []
+    assert VllmPolicy.default_config(cpu, 8192, async_scheduling=False).async_scheduling is False
+    # A config made by hand (the differential's) without it schedules synchronously.
+    assert not VllmPolicy(VllmConfig(2048, 256)).async_scheduling()
+
+
+def test_a_simulated_gpu_run_is_async_by_default_and_says_so():
+    built = build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "vllm", "sim")
+    assert built.scheduler.async_scheduling and built.spec.label == "vllm"
+    assert len(built.notes) == 1 and built.notes[0].startswith("async scheduling on")
+    sync = build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "vllm:async_scheduling=false", "sim")
+    assert not sync.scheduler.async_scheduling and sync.notes == ()
+    # The real-time executor steps synchronously: the default is turned off, and the spec it runs
+    # (what a stand-in server reports for bench --predict) says so; asked for, it is refused.
+    realtime = build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "vllm", "realtime-sim")
+    assert not realtime.scheduler.async_scheduling
+    assert realtime.spec.flags == {"async_scheduling": False}
+    assert realtime.notes[0].startswith("async scheduling off: the real-time simulated executor")
+    with pytest.raises(ValueError, match="async_scheduling needs the simulated executor"):
+        build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "vllm:async_scheduling=true", "realtime-sim")
+    # Other policies are untouched.
+    assert build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "sglang", "sim").notes == ()
+
+
+def test_moe_data_parallel_ranks_default_to_synchronous_with_a_note(capsys):
+    from tailserve.cli import main
+
+    rc = main(
+        ["simulate", "--policy", "vllm", "--model", "DeepSeek-V3", "--hardware", "H200",
+         "--tp", "4", "--dp", "2", "--workload", "random", "--num-requests", "4", "--rate", "5"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "note: async scheduling off: tailserve steps an MoE model's data-parallel ranks in lockstep" in err

@@ -25,6 +25,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import RequestSource
 from tailserve.executors.simulated.cost_binding import bind_cost_model
+from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.policies.registry import PolicySpec, parse_policy_list
@@ -84,6 +85,17 @@ class BuiltEngine:
     @property
     def max_model_len(self) -> int:
         return self.parts.max_model_len
+
+    @property
+    def spec(self) -> PolicySpec:
+        """The policy as it runs: the one asked for, with any default the executor had to change
+        (``async_scheduling=False`` where it runs steps synchronously)."""
+        return self.parts.spec
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Defaults chosen by the engine's rules, a line each (vLLM's async scheduling)."""
+        return self.parts.notes
 
     def make_engine(
         self,
@@ -152,6 +164,7 @@ def _build_simulated(
         max_model_len,
         shares_prefixes=options.shares_prefixes,
         cpu_swap=options.cpu_swap,
+        synchronous=_synchronous(kind, cost_model),
     )
     # A policy that predicts iteration times (slo) predicts with the simulator's own cost model,
     # whose predictions are this engine's iteration times.
@@ -170,6 +183,16 @@ def _build_simulated(
         )
     label = f"simulated {model.name} on {cost_model.hardware.name} x{cost_model.tp}"
     return BuiltEngine(kind, parts, executor, label, cost_model=built)
+
+
+def _synchronous(kind: str, cost_model: CostModel) -> str:
+    """Why a simulated engine steps only synchronously ("" when it can schedule a step while the
+    previous one runs): what turns a default async scheduling off (assemble/scheduler.py)."""
+    if kind == "realtime-sim":
+        return "the real-time simulated executor (serve --executor sim) runs steps synchronously"
+    if cost_model.dp > 1 and cost_model.model.is_moe:
+        return "tailserve steps an MoE model's data-parallel ranks in lockstep, synchronously"
+    return ""
 
 
 def _build_torch(model_dir: Path, spec: PolicySpec, options: BuildOptions) -> BuiltEngine:

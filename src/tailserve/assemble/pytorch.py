@@ -98,7 +98,11 @@ def torch_parts(
         return TorchKVSize(num_blocks, block_size, lm.kv_bytes_per_token, kv_bytes / GIB)
 
     # A live engine sees token ids, so prefix caching is always possible.
-    parts = build_scheduler(spec, device_info, max_len, size_kv, shares_prefixes=True)
+    # On CPU vLLM's own rule has async scheduling off; on a GPU the executor is what forbids it.
+    parts = build_scheduler(
+        spec, device_info, max_len, size_kv, shares_prefixes=True,
+        synchronous="tailserve's real executor runs steps synchronously",
+    )  # fmt: skip
     paged = PagedKVCache(
         config.num_hidden_layers,
         parts.kv_size.num_blocks,

@@ -43,6 +43,9 @@ class SchedulerParts:
     num_cpu_blocks: int  # vLLM V0's --swap-space in blocks; 0 without a swap pool
     max_model_len: int  # tokens
     scheduler: Scheduler
+    # Defaults chosen by an engine's rule, in a line each (vLLM's async scheduling on or off, and
+    # why): the run's notes. ``spec`` then carries a default the executor had to change.
+    notes: tuple[str, ...] = ()
 
 
 def make_scheduler(
@@ -68,12 +71,27 @@ def build_scheduler(
     *,
     shares_prefixes: bool,
     cpu_swap: bool = True,
+    synchronous: str = "",
 ) -> SchedulerParts:
     """The policy's config for ``device`` (its engine's defaults, the user's flags on top), the
     KV blocks ``size_kv`` gives for that config (ValueError when one sequence cannot fit), the
-    CPU swap pool its ``swap_space`` asks for, and the scheduler over them."""
+    CPU swap pool its ``swap_space`` asks for, and the scheduler over them.
+
+    ``synchronous``: why the executor runs steps only synchronously ("" when it can overlap
+    them): where the engine's own default would schedule asynchronously (vLLM 0.32 on a GPU),
+    async scheduling is turned off, and the note and ``spec`` say so; an explicit
+    ``async_scheduling=true`` is the caller's to refuse."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
+    notes = cls.default_notes(device, config, spec.flags)
+    if (
+        synchronous
+        and getattr(config, "async_scheduling", False)
+        and spec.flags.get("async_scheduling") is None
+    ):
+        spec = PolicySpec(spec.name, {**spec.flags, "async_scheduling": False}, spec.engine_flags)
+        config = cls.default_config(device, max_model_len, **spec.flags)
+        notes = [f"async scheduling off: {synchronous} (vLLM 0.32 would schedule asynchronously here)"]
     flags = spec.engine_flags
     policy = with_fairness(cls(config), flags.get("fairness", "none"), flags.get("tenant_weights", ""))
     size = size_kv(config)
@@ -84,4 +102,4 @@ def build_scheduler(
     scheduler = make_scheduler(
         policy, size.num_blocks, size.block_size, num_cpu_blocks, max_model_len, shares_prefixes
     )
-    return SchedulerParts(spec, config, policy, size, num_cpu_blocks, max_model_len, scheduler)
+    return SchedulerParts(spec, config, policy, size, num_cpu_blocks, max_model_len, scheduler, tuple(notes))

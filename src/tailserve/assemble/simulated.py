@@ -47,7 +47,9 @@ def simulated_scheduler(
     *,
     shares_prefixes: bool,
     cpu_swap: bool,
+    synchronous: str = "",
 ) -> SchedulerParts:
+    """``synchronous``: why the executor steps only synchronously (``build_scheduler``)."""
     return build_scheduler(
         spec,
         cost_model.hardware.device_info,
@@ -55,4 +57,5 @@ def simulated_scheduler(
         lambda config: policy_kv_capacity(cost_model, spec, config, max_model_len),
         shares_prefixes=shares_prefixes,
         cpu_swap=cpu_swap,
+        synchronous=synchronous,
     )

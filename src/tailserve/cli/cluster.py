@@ -128,6 +128,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         prefill = build_stage(prefill_specs, args.prefill_router or args.router, name_prefix="p", **common)
         decode = build_stage(decode_specs, args.decode_router, name_prefix="d", **common)
         cluster = PdCluster(prefill, decode, args.kv_link)
+        print_notes([*prefill.replicas, *decode.replicas])
         run = cluster.run(workload_requests(workload, prefill_specs))
         title = (
             f"P/D {args.prefill_replicas}+{args.decode_replicas} x {deployment.hardware}:tp{deployment.tp}, "
@@ -141,6 +142,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         else:
             specs = replicated(args.replicas, deployment, policy)
         stage = build_stage(specs, args.router, **common)
+        print_notes(stage.replicas)
         run = run_aggregated(stage, workload_requests(workload, specs))
         title = f"{len(specs)} replicas" if args.cluster is None else f"cluster {args.cluster}"
     summary = cluster_summary(run, parse_slo(args.slo))
@@ -190,6 +192,7 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         min_max_model_len=workload.min_max_model_len,
         options=options,
     )
+    print_notes(stage.replicas)
     run = run_aggregated(stage, workload_requests(workload, [ReplicaSpec(deployment, policy)]))
     summary = cluster_summary(run, parse_slo(args.slo))
     kind = (
@@ -212,6 +215,15 @@ def run_data_parallel(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, summary)
     return 0
+
+
+def print_notes(replicas: Any) -> None:
+    """The replicas' engines' notes, each once, on stderr (vLLM's async scheduling on or off,
+    and why), as ``simulate`` prints one engine's."""
+    import sys
+
+    for note in dict.fromkeys(n for r in replicas for n in r.built.notes):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _ms(value: float | None) -> str:

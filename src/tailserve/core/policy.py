@@ -25,7 +25,7 @@ what it asks):
 - **The executor's part.** ``speculative_decoding`` (draft tokens and their acceptance, priced
   and drawn by the simulated executor).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
-  ``kv/factory.py`` builds it), ``default_config``, ``profile_tokens``, ``admits_fcfs`` (whether
+  ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``, ``admits_fcfs`` (whether
   ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
@@ -68,6 +68,13 @@ class Policy(ABC):
     @abstractmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> Any:
         """The engine's defaults for this device, with the user's overrides applied."""
+
+    @classmethod
+    def default_notes(cls, device: DeviceInfo, config: Any, overrides: dict[str, Any]) -> list[str]:
+        """One line for each default ``default_config`` chose by a rule of the engine's that the
+        user may want to know about (vLLM's async scheduling on or off, and why), as the engine
+        logs it at startup; the run's notes carry them."""
+        return []
 
     @classmethod
     def profile_tokens(cls, config: Any, max_model_len: int) -> int:

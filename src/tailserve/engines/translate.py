@@ -101,10 +101,14 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     for name, value in report.version.policy_defaults.items():
         if name in fields and name not in flags:
             flags[name] = value  # how this version's scheduler behaves where the policy's default differs
-            if name == "async_scheduling" and deployment.get("dp", 1) > 1:
-                # tailserve steps an MoE engine's DP ranks in lockstep, synchronously
-                del flags[name]
-                ignored.append("async scheduling (on by default; not simulated with DP ranks)")
+    if (
+        report.engine == "vllm"
+        and str(report.values.get("distributed_executor_backend", "")) == "ray"
+        and "async_scheduling" in fields
+        and "async_scheduling" not in flags
+    ):
+        # vLLM turns it off for Ray's executor (vllm_flags._async_backend_rule)
+        flags["async_scheduling"] = False
     if report.engine == "vllm" and report.policy == "vllm" and device is not None:
         flags = _vllm_batch_defaults(report, device, flags)
     return Translation(

@@ -161,6 +161,22 @@ _LINES_32 = {
 }  # fmt: skip
 
 
+def _async_backend_rule(given: Given) -> list[Finding]:
+    """Ray's executor has no async scheduling (only ``uni``'s and ``mp``'s say
+    ``supports_async_scheduling``): asked for, vLLM 0.32 refuses to start; left to its default,
+    vLLM turns it off (translate.py passes that on)."""
+    if str(given.get("distributed_executor_backend", "")) != "ray":
+        return []
+    if given.get("async_scheduling"):
+        return [Finding(("async_scheduling", "distributed_executor_backend"), REFUSED,
+                        "`ray` does not support async scheduling yet.", "vllm/config/vllm.py:1581-1584@v0.32.0")]  # fmt: skip
+    if "async_scheduling" in given.values:
+        return []
+    return [Finding(("distributed_executor_backend",), SCHEDULING,
+                    "async scheduling off: \"Async scheduling will be disabled because it is not supported with "
+                    "the `ray` distributed executor backend.\"", "vllm/config/vllm.py:1620-1626@v0.32.0")]  # fmt: skip
+
+
 def _prefill_interval_rule(given: Given) -> list[Finding]:
     interval = given.get("prefill_schedule_interval", 1)
     if interval > 1 and given.get("data_parallel_size", 1) <= 1:
@@ -230,13 +246,14 @@ VLLM_0_32 = EngineVersion(
         _prefill_interval_rule,
         _active_seqs_rule,
         _chunked_off_rule,
+        _async_backend_rule,
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
     removed={**_V0_GONE, **_PARTIAL_GONE},
-    # On by default on GPUs unless an option rules it out (config/vllm.py:1585-1644@v0.32.0);
-    # the vllm policy's own default stays off (the golden corpus records synchronous runs).
-    policy_defaults={"async_scheduling": True},
+    # Async scheduling: on by default on GPUs unless an option rules it out
+    # (config/vllm.py:1585-1644@v0.32.0), which is the vllm policy's own default (none: as vLLM
+    # 0.32 decides), so nothing is set here.
 )  # fmt: skip
 
 
@@ -309,8 +326,9 @@ VLLM_0_11 = EngineVersion(
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
     removed=_V0_GONE,
-    # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later).
-    policy_defaults={"scheduler_reserve_full_isl": False},
+    # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later), and
+    # schedules synchronously unless --async-scheduling (experimental, off by default).
+    policy_defaults={"scheduler_reserve_full_isl": False, "async_scheduling": False},
 )  # fmt: skip
 
 
@@ -411,7 +429,8 @@ VLLM_0_8_5 = EngineVersion(
     ),
     policy_for=_policy_085,
     positional=f"vllm/entrypoints/cli/serve.py:24@v{V085}",
-    policy_defaults={"scheduler_reserve_full_isl": False},  # applies to the V1 policy only
+    # V1 policy only; 0.8.5 has no async scheduler (vLLM #19970 came in June 2025)
+    policy_defaults={"scheduler_reserve_full_isl": False, "async_scheduling": False},
 )  # fmt: skip
 
 VERSIONS = (VLLM_0_8_5, VLLM_0_11, VLLM_0_32)

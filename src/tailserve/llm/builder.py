@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tailserve.assemble import BuildOptions, build_engine
+from tailserve.assemble import BuildOptions, BuiltEngine, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.calibration_files import read_calibration_file
 from tailserve.executors.simulated.cost_binding import bind_cost_model
@@ -83,7 +83,7 @@ def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngin
             name,
             eos_token_ids=(),
             options=options,
-            description=f"{built.label} under {spec.label}",
+            description=_description(built.label, built),
         )
         # What bench --predict should simulate to predict this server (served in /v1/models).
         engine.deployment = {
@@ -91,7 +91,7 @@ def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngin
             "hardware": cost_model.cost_model.hardware.name,
             "tp": args.tensor_parallel_size,
             "calibration": deployment.calibration,
-            "policy": spec.label,
+            "policy": built.spec.label,  # as it runs: async scheduling off on this executor
         }
         return engine
     built = build_engine(
@@ -119,6 +119,13 @@ def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngin
         eos_token_ids=eos,
         release=built.release,
         options=options,
-        description=f"{name} ({built.label}) under {spec.label}; "
-        f"KV cache {kv.num_blocks} blocks x {kv.block_size} tokens",
+        description=_description(f"{name} ({built.label})", built)
+        + f"; KV cache {kv.num_blocks} blocks x {kv.block_size} tokens",
     )
+
+
+def _description(what: str, built: BuiltEngine) -> str:
+    """The engine in one line, with the defaults its engine's rules chose (vLLM's async
+    scheduling off, and why)."""
+    notes = "".join(f"; {note}" for note in built.notes)
+    return f"{what} under {built.spec.label}{notes}"

@@ -188,6 +188,8 @@ class FairPolicy(Policy, FastPaths):
         "a FairPolicy wraps a configured policy",
         "profile_tokens": "a classmethod asked of the registry's class (assemble/simulated.py) "
         "before any policy exists; the wrapped policy's class answers it",
+        "default_notes": "a classmethod asked of the registry's class with default_config "
+        "(assemble/scheduler.py) before any policy exists; the wrapped policy's class answers it",
         "chunk_run_budget": "the chunked-prefill fast path runs iterations without asking the "
         "policy, so VTC's charges would be skipped: it stays off (None)",
         "lone_chunk_run": "the lone-chunk fast path runs iterations without asking the policy, so "
@@ -238,6 +240,13 @@ class FairPolicy(Policy, FastPaths):
         self.inner.on_finished(sched, finished)
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
+        # A decode run keeps a blocked waiting head blocked, but the run's charges can put
+        # another tenant's request at the head (one that fits): with two tenants waiting, step.
+        waiting = sched.waiting
+        if len(waiting) > 1:
+            first = tenant_of(waiting.peek_request().tenant_id)
+            if any(tenant_of(r.tenant_id) != first for r in waiting):
+                return False
         return isinstance(self.inner, FastPaths) and self.inner.can_fast_forward(sched)
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:

@@ -64,10 +64,10 @@ class VllmConfig:
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting
     scheduling_policy: str = "fcfs"  # or "priority"
     enable_prefix_caching: bool = True  # automatic prefix caching (hashed 16-token blocks, LRU)
-    # Schedule each step while the previous one runs (vLLM's --async-scheduling). vLLM 0.32 turns
-    # it on by default on GPUs; off here so the recorded default runs stay as recorded
-    # (docs/policies.md).
-    async_scheduling: bool = field(default=False, metadata=_WHEN_SET)
+    # Schedule each step while the previous one runs (vLLM's --async-scheduling,
+    # --no-async-scheduling). none: as vLLM 0.32 decides, on on GPUs unless an option rules it out,
+    # off on its CPU platform and with the CPU ngram drafter (async_scheduling_default)
+    async_scheduling: bool | None = field(default=None, metadata=_WHEN_SET)
     # Speculative decoding: the drafter, vLLM's --speculative-config "method" (the fields below
     # are that config's own names; executors/simulated/spec_decode.py).
     speculative_method: str | None = field(default=None, metadata={"choices": tuple(METHODS), **_WHEN_SET})
@@ -144,6 +144,33 @@ class VllmConfig:
         return SpecDecoding(self.speculative_method, k, rates)
 
 
+# vLLM 0.32's choice when --async-scheduling is not given: vllm/config/vllm.py:1585-1644@v0.32.0
+# (off for pooling models, a speculative method other than EAGLE/MTP/draft model/ngram_gpu, an
+# executor backend without support (Ray), ROCm DeepEP high-throughput DBO, pipeline parallelism
+# on the V1 model runner; on otherwise), then the CPU platform's hook turns it off
+# (vllm/platforms/cpu.py:331@v0.32.0). Of those options tailserve models the device and the drafter.
+_ASYNC_RULE = "vllm/config/vllm.py:1585-1644@v0.32.0"
+
+
+def async_scheduling_default(device: DeviceInfo, config: VllmConfig) -> tuple[bool, str]:
+    """vLLM 0.32's default for async scheduling on ``device`` with ``config``'s drafter: (on,
+    a one-line note saying why, vLLM's own warning where it logs one)."""
+    if device.vendor == "cpu":
+        return False, (
+            "async scheduling off: vLLM's CPU platform turns it off (vllm/platforms/cpu.py:331@v0.32.0)"
+        )
+    method = config.speculative_method
+    if config.num_speculative_tokens and method is not None and not METHODS[method][2]:
+        return False, (
+            f'async scheduling off: "Async scheduling not supported with {method}-based speculative '
+            f'decoding and will be disabled." (vllm/config/vllm.py:1605@v0.32.0)'
+        )
+    return True, (
+        f"async scheduling on: vLLM 0.32's default on a GPU ({_ASYNC_RULE}); "
+        "vllm:async_scheduling=false (--no-async-scheduling) simulates the synchronous scheduler"
+    )
+
+
 def device_batch_defaults(device: DeviceInfo) -> tuple[int, int]:
     """vLLM's API-server defaults (``EngineArgs.get_batch_defaults``): (budget, max_num_seqs)."""
     if device.memory_gib >= 160:
@@ -175,6 +202,8 @@ class VllmPolicy(Policy, FastPaths):
         known = {f.name for f in fields(VllmConfig)}
         rest = {k: v for k, v in overrides.items() if k in known}
         config = replace(VllmConfig(budget, max_seqs), **rest)
+        if config.async_scheduling is None:  # as vLLM decides
+            config = replace(config, async_scheduling=async_scheduling_default(device, config)[0])
         if config.long_prefill_token_threshold > max_model_len:
             raise ValueError(
                 f"long_prefill_token_threshold ({config.long_prefill_token_threshold}) must be <= "
@@ -189,6 +218,13 @@ class VllmPolicy(Policy, FastPaths):
         return config
 
     @classmethod
+    def default_notes(cls, device: DeviceInfo, config: VllmConfig, overrides: dict[str, Any]) -> list[str]:
+        """Async scheduling on or off and why, when vLLM's rule chose it (not the user)."""
+        if overrides.get("async_scheduling") is not None:
+            return []
+        return [async_scheduling_default(device, config)[1]]
+
+    @classmethod
     def profile_tokens(cls, config: VllmConfig, max_model_len: int) -> int:
         return config.max_num_batched_tokens  # vLLM profiles its token budget
 
@@ -196,10 +232,11 @@ class VllmPolicy(Policy, FastPaths):
         super().__init__(config)
         self._spec = config.speculative_decoding()
         # vLLM's own accounting (vllm_async.py) with async scheduling or drafts.
-        self._advanced = config.async_scheduling or self._spec is not None
+        # (A config made without default_config leaves async_scheduling None: synchronous.)
+        self._advanced = bool(config.async_scheduling) or self._spec is not None
 
     def async_scheduling(self) -> bool:
-        return self.config.async_scheduling
+        return bool(self.config.async_scheduling)
 
     def speculative_decoding(self) -> SpecDecoding | None:
         return self._spec

@@ -129,11 +129,14 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
                     # EAGLE's drafter needs the last cached block's hidden states recomputed.
                     match = PrefixMatch(match.num_tokens - block_size, match.kv_indices[:-1])
             hit = match.num_tokens if match is not None else 0
+            # KV already computed: the hit, or (no lookup then) what a request brings with it (a
+            # P/D decode replica's request, its KV transferred: cluster/disagg.py).
+            known = request.num_computed_tokens + hit
             want = request.num_remaining_tokens - hit
             padded = False
             # A new decode padded to the uniform decode size (1 + k), if that fits max_model_len.
             pad = k and want == 1 and not prefill_scheduled and (running_scheduled or hit)
-            if pad and hit + 1 + k + 1 <= max_len:
+            if pad and known + 1 + k + 1 <= max_len:
                 if 1 + k > budget:
                     break  # vLLM prefers not scheduling it to scheduling it unpadded
                 want = 1 + k
@@ -144,8 +147,8 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
                 break
             want = min(want, budget)
             reserve = watermark_blocks if sched.running else 0
-            slots = min(hit + want + lookahead, max_len)
-            num_cached = min(hit + want, request.num_tokens)
+            slots = min(known + want + lookahead, max_len)
+            num_cached = min(known + want, request.num_tokens)
             if hit:
                 assert match is not None
                 free = kv.num_free_blocks

@@ -82,7 +82,7 @@ def run_policy(
     if kv.shares_prefixes:
         stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
-    notes = list(policy.notes())
+    notes = [*assembled.notes, *policy.notes()]
     if (
         workload.spec.name == "hol"
         and "max_model_len" not in spec.engine_flags
@@ -113,10 +113,10 @@ def run_policy(
 def recorded_flags(config: Any) -> dict[str, Any]:
     """The policy's flags as the run file keeps them: every field, except a field of a feature
     that is off by default (its metadata says ``recorded_when_set``: vLLM's async scheduling and
-    speculative decoding) while it is at that default, so a run file names the features that ran
-    and files written before such a feature existed still compare equal."""
+    speculative decoding) while it is at that default or off, so a run file names the features
+    that ran and files written before such a feature existed still compare equal."""
     flags = asdict(config)
     for f in fields(config):
-        if f.metadata.get("recorded_when_set") and flags[f.name] == f.default:
-            del flags[f.name]
+        if f.metadata.get("recorded_when_set") and flags[f.name] in (f.default, False):
+            del flags[f.name]  # at its default, or off (async scheduling resolved to off)
     return flags

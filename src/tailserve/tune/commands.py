@@ -70,8 +70,9 @@ def command_line(
             parts.append(f"--long-prefill-token-threshold {config.long_prefill_token_threshold}")
         if config.scheduling_policy != "fcfs":
             parts.append(f"--scheduling-policy {config.scheduling_policy}")
-        if spec.name == "vllm" and config.async_scheduling:
-            parts.append("--async-scheduling")
+        if spec.name == "vllm" and spec.flags.get("async_scheduling") is not None:
+            # Only when set: unset, vLLM 0.32 decides as the simulation did (on on a GPU).
+            parts.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
         if spec.name == "vllm" and config.num_speculative_tokens:
             # The drafter's checkpoint ("model") is the user's; the synthetic acceptance rates
             # are the simulation's input, not a serving setting.

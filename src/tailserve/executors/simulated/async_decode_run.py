@@ -199,6 +199,10 @@ def advance_async_decode_run(engine: Engine) -> int:
     # The outputs of the step in flight and of the run's steps but the last, which stays in
     # flight, each applied at the end of its step.
     token_times = [flight.end, *ends] if skip is not None else [flight.end, *ends[:-1]]
+    if k:
+        # The run's k steps scheduled every running request, those its outputs finish too:
+        # the policy hears of them while they are still running (fairness=vtc charges them).
+        policy.on_decode_run(sched, k)
     done = sched.update_async_run(running, held_tokens, token_times)
     keep_log = engine.options.keep_iteration_log
     batches = engine.batches
@@ -209,7 +213,6 @@ def advance_async_decode_run(engine: Engine) -> int:
             engine.log.extend_decode_run(begins, durations, n, used)
         if batches is not None:
             batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
-        policy.on_decode_run(sched, k)
     # The step left in flight: the batch ``schedule`` made. The step in flight before the run
     # listed the same requests in the same order (``steady``); its entries become this step's
     # (nothing else holds them: the log and the batch record copied them).
