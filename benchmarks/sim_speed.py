@@ -67,7 +67,8 @@ class Case:
 
 
 CASES = (
-    Case("vllm", "vllm:max_num_batched_tokens=4096,max_num_seqs=256", "vllm", 4096),
+    # Synchronous, as AISimulate's vllm backend schedules (tailserve's vllm default is async on a GPU).
+    Case("vllm", "vllm:max_num_batched_tokens=4096,max_num_seqs=256,async_scheduling=false", "vllm", 4096),
     Case("sarathi", "sarathi:chunk_size=512,max_num_seqs=256", "vllm", 512),
     Case("sglang", "sglang:chunked_prefill_size=8192,max_running_requests=256", "sglang", 8192),
 )
