@@ -224,9 +224,7 @@ class ClusterRunSpec:
             run = run_layout(self.layout, self.deployment, self.policy, self.workload, self.router, self.link)
         except ValueError as error:
             return RunOutcome(self.key, label, {}, 0.0, error=str(error))
-        return RunOutcome(
-            self.key, label, cluster_summary(run, self.slo), time.perf_counter() - started
-        )
+        return RunOutcome(self.key, label, cluster_summary(run, self.slo), time.perf_counter() - started)
 
 
 def _scaled(spec: WorkloadSpec, x: float) -> WorkloadSpec:
