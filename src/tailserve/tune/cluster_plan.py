@@ -9,7 +9,7 @@ decode side ``least-kv``.
 
 Each layout's search is a generator of ``ClusterRunSpec``s (one cluster run at one rate), driven
 by a ``Sweep`` like every other sweep: serially, on the process pool (``--workers``) or on Ray
-(``--ray``), the layouts' searches side by side, with identical results on every backend.
+(``--ray-address``), the layouts' searches side by side, with identical results on every backend.
 
 With ``tps`` the plan also searches the replicas' parallelism: TP 1, 2, 4, 8 (those dividing the
 budget and the model's heads), and for an MoE model experts sliced or split whole over the TP
