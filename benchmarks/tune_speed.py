@@ -78,10 +78,11 @@ def one_sweep(name: str, workers: int, make: Callable[[], Backend], specs: list[
     run_cpu = [o.cpu_s for o in outcomes]
     run_wall = [o.wall_s for o in outcomes]
     errors = sum(o.error is not None for o in outcomes)
+    figures = load_figures(cpu, run_cpu)
     print(
         f"{name:>8}: {wall:7.1f} s wall ({start_s:.1f} s to start), {len(outcomes)} runs, "
         f"{sum(run_cpu) / len(outcomes):.3f} s CPU and {sum(run_wall) / len(outcomes):.3f} s loop wall per run, "
-        f"other processes {cpu['other_cpu_s']:.0f} CPU s, load {loadavg[0]:.2f}->{os.getloadavg()[0]:.2f}",
+        f"the sweep held {figures['sweep_cores']:.2f} cores, other processes {figures['others_cores']:.2f}, load {loadavg[0]:.2f}->{os.getloadavg()[0]:.2f}",
         flush=True,
     )
     return {
@@ -96,11 +97,30 @@ def one_sweep(name: str, workers: int, make: Callable[[], Backend], specs: list[
         "sum_run_cpu_s": sum(run_cpu),
         "runs_per_s": len(outcomes) / wall,
         "machine": cpu,
-        # The cores the sweep could have had: the usable CPUs less what other processes took.
-        "free_cores": usable_cpus() - cpu["other_cpu_s"] / wall,
+        **figures,
         "loadavg_before": loadavg,
         "loadavg_after": os.getloadavg(),
         "_outcomes": outcomes,
+    }
+
+
+def load_figures(cpu: dict[str, Any], run_cpu: list[float]) -> dict[str, float | None]:
+    """The CPU the sweep held and what other processes took meanwhile. Ray's worker processes are
+    children of its raylet, not of this process, so ``own_cpu_s`` misses them: the sweep's CPU is
+    the larger of this process tree's and the runs' own."""
+    runs_cpu_s = sum(run_cpu)
+    sweep_cpu = max(cpu["own_cpu_s"], runs_cpu_s)
+    others = cpu["machine_busy_cpu_s"] - sweep_cpu
+    return {
+        "sweep_cpu_s": sweep_cpu,
+        "others_cpu_s": others,
+        "sweep_cores": sweep_cpu / cpu["wall_s"],
+        "others_cores": others / cpu["wall_s"],
+        # What running them cost beyond the runs (imports, pickling, the driver's loop); not seen
+        # for Ray, whose workers are outside this process tree.
+        "overhead_cpu_ms_per_run": (cpu["own_cpu_s"] - runs_cpu_s) / len(run_cpu) * 1e3
+        if cpu["own_cpu_s"] >= runs_cpu_s
+        else None,
     }
 
 
