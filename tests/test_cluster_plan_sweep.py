@@ -81,3 +81,25 @@ def test_tune_gpus_resumes_from_its_results_file(tmp_path, capsys):
     again = capsys.readouterr()
     assert "runs: 0 simulated" in again.err and " reused from " in again.err
     assert again.out == first.out  # the same table from the saved summaries
+
+
+def test_a_goodput_slo_plans_a_capacity():
+    # Cluster runs used to carry no per-request SLO, so their summaries had no goodput and a
+    # ttft=...,tpot=... SLO found every layout's capacity "none".
+    slo = parse_capacity_slo("ttft=300ms,tpot=100ms,goodput=90%")
+    rows = plan(2, DEPLOYMENT, POLICY, SPEC, slo, router="round-robin", rel_tol=0.3)
+    assert all(r.rate > 0 for r in rows)
+    for row in rows:
+        assert row.summary_at_rate["goodput"]["fraction_good"] >= 0.9
+    upper = [r for r in rows if r.upper is not None]
+    assert upper, "the SLO binds below the search's top rate, so the test sees a real bisection"
+
+
+def test_a_tail_slo_keeps_its_keys():
+    # Results files of tail-SLO plans written before cluster specs carried an SLO still resume.
+    spec = ClusterRunSpec(Layout(2), DEPLOYMENT, POLICY, SPEC, "round-robin", "ib-ndr")
+    assert "slo" not in spec.describe()
+    with_slo = ClusterRunSpec(
+        Layout(2), DEPLOYMENT, POLICY, SPEC, "round-robin", "ib-ndr", parse_capacity_slo("ttft=2s").request
+    )
+    assert with_slo.key != spec.key

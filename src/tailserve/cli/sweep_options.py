@@ -1,11 +1,12 @@
-"""The sweep options (``--workers``, ``--ray``, ``--quiet``) ``compare`` and ``tune`` share, and
-the ``Sweep`` they make."""
+"""The sweep options (``--workers``, ``--ray-address``, ``--quiet``) ``compare`` and ``tune``
+share, and the ``Sweep`` they make."""
 
 from __future__ import annotations
 
 import argparse
 
 from tailserve.cli.base import CliError
+from tailserve.tune.backends import usable_cpus
 from tailserve.tune.sweep import ResultsFile, Sweep, make_backend
 
 
@@ -15,13 +16,17 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=None,
-        help="local worker processes (default: the CPU count; 1 runs in this process)",
+        help=f"local worker processes, or the CPUs of --ray-address local (default: the usable CPUs, "
+        f"here {usable_cpus()}; 1 runs in this process)",
     )
     g.add_argument(
+        "--ray-address",
         "--ray",
+        dest="ray",
         metavar="ADDRESS",
         default=None,
-        help="run on Ray: 'auto' attaches to this machine's Ray or starts one, else a cluster address",
+        help="run on Ray: 'local' starts a Ray of --workers CPUs for this command, 'auto' attaches to "
+        "this machine's Ray or starts one, HOST:PORT or ray://HOST:PORT names a cluster",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -29,4 +34,13 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
 def make_sweep(args: argparse.Namespace, results: ResultsFile | None = None) -> Sweep:
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be >= 1, got {args.workers}")
-    return Sweep(make_backend(args.workers, args.ray), results, quiet=args.quiet)
+    if args.ray not in (None, "local") and args.workers is not None:
+        raise CliError(
+            f"--workers {args.workers} with --ray-address {args.ray}: a running Ray runs as many runs "
+            "at a time as it has CPUs; --workers sizes the local pool or --ray-address local"
+        )
+    try:
+        backend = make_backend(args.workers, args.ray)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    return Sweep(backend, results, quiet=args.quiet)

@@ -1,6 +1,6 @@
 """``tailserve tune --gpus N``: capacity of every layout of a GPU budget (all aggregated replicas
 and each prefill:decode split) under the SLO, as a table and JSON (tune/cluster_plan.py). The
-cluster runs go through the sweep options like every tune: ``--workers``, ``--ray``, ``--quiet``,
+cluster runs go through the sweep options like every tune: ``--workers``, ``--ray-address``, ``--quiet``,
 and ``--out FILE.jsonl`` (resumed unless ``--no-resume``)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ decode side ``least-kv``.
 
 Each layout's search is a generator of ``ClusterRunSpec``s (one cluster run at one rate), driven
 by a ``Sweep`` like every other sweep: serially, on the process pool (``--workers``) or on Ray
-(``--ray``), the layouts' searches side by side, with identical results on every backend.
+(``--ray-address``), the layouts' searches side by side, with identical results on every backend.
 
 With ``tps`` the plan also searches the replicas' parallelism: TP 1, 2, 4, 8 (those dividing the
 budget and the model's heads), and for an MoE model experts sliced or split whole over the TP
@@ -36,6 +36,7 @@ from tailserve.cluster.spec import replicated
 from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.kv_capacity import kv_capacity
+from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -193,10 +194,13 @@ class ClusterRunSpec:
     workload: WorkloadSpec
     router: str
     link: str
+    # Per-request bounds: the summary's goodput, which an SLO like ttft=2s,tpot=100ms is judged
+    # on (without it every run counted no good request and every layout's capacity was "none").
+    slo: Slo | None = None
     keep_run: bool = False  # summaries only
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": "cluster",
             "layout": _plain(self.layout),
             "deployment": _plain(self.deployment),
@@ -205,6 +209,9 @@ class ClusterRunSpec:
             "router": self.router,
             "link": self.link,
         }
+        if self.slo is not None:  # only then: a tail-SLO plan keeps the keys its results file has
+            out["slo"] = _plain(self.slo)
+        return out
 
     @property
     def key(self) -> str:
@@ -217,7 +224,7 @@ class ClusterRunSpec:
             run = run_layout(self.layout, self.deployment, self.policy, self.workload, self.router, self.link)
         except ValueError as error:
             return RunOutcome(self.key, label, {}, 0.0, error=str(error))
-        return RunOutcome(self.key, label, cluster_summary(run), time.perf_counter() - started)
+        return RunOutcome(self.key, label, cluster_summary(run, self.slo), time.perf_counter() - started)
 
 
 def _scaled(spec: WorkloadSpec, x: float) -> WorkloadSpec:
@@ -289,7 +296,9 @@ def plan(
         all_layouts += extra
     rate0 = base_rate(spec)
     searches = [
-        layout_search(ClusterRunSpec(layout, deployment, policy, spec, router, link), slo, rate0, rel_tol)
+        layout_search(
+            ClusterRunSpec(layout, deployment, policy, spec, router, link, slo.request), slo, rate0, rel_tol
+        )
         for layout in all_layouts
     ]
     if sweep is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
@@ -136,12 +137,16 @@ class RunOutcome:
     run: RunResult | None = None  # only with RunSpec.keep_run
     error: str | None = None  # the ValueError a bad spec raised (unknown flag, model too big, ...)
     reused: bool = False  # read from the results file, not run now
+    # CPU seconds of the whole spec where it ran (workload, engine, run, summary), its thread's
+    # alone: against wall_s it shows a run slowed by other processes on the same cores.
+    cpu_s: float = 0.0
 
     def to_json(self, spec: SweepSpec) -> dict[str, Any]:
         return {
             "key": self.key,
             "label": self.label,
             "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
             "spec": spec.describe(),
             "summary": self.summary,
         }
@@ -162,7 +167,10 @@ def _workload(spec: WorkloadSpec) -> WorkloadBuilder:
 
 def execute(spec: SweepSpec) -> RunOutcome:
     """Run one spec where the backend put it (a module-level function: it pickles)."""
-    return spec.execute()
+    started = time.thread_time()
+    outcome = spec.execute()
+    outcome.cpu_s = time.thread_time() - started
+    return outcome
 
 
 def _execute_engine(spec: RunSpec) -> RunOutcome:
@@ -246,7 +254,9 @@ class ResultsFile:
         row = self._done.get(key)
         if row is None:
             return None
-        return RunOutcome(key, row["label"], row["summary"], row["wall_s"], reused=True)
+        return RunOutcome(
+            key, row["label"], row["summary"], row["wall_s"], reused=True, cpu_s=row.get("cpu_s", 0.0)
+        )
 
     def append(self, spec: SweepSpec, outcome: RunOutcome) -> None:
         row = outcome.to_json(spec)
