@@ -40,7 +40,6 @@ def gemm_notice(level: str | None = None, dtype: torch.dtype = torch.bfloat16) -
     seconds in float32, and in bf16 where the CPU has a native bf16 matmul (``cpu_isa`` level
     avx512_bf16), else minutes."""
     from tailserve.executors.pytorch import cpu_isa
-
     from tailserve.executors.pytorch.cpu_backend import can_pack
 
     level = level or cpu_isa.detect().level

@@ -135,5 +135,7 @@ def test_command_modules_import_only_shared_modules() -> None:
 
 @pytest.mark.parametrize("module", ["tailserve", "tailserve.cli"])
 def test_python_dash_m_is_the_command(module: str) -> None:
-    out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip().startswith("tailserve ")

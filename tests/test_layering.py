@@ -32,7 +32,16 @@ ALLOWED: dict[str, set[str]] = {
     "router": {"cluster", "server", "workloads"},
     "bench": {"sim", "llm", "core", "policies", "executors.simulated", "workloads"},
     "tune": {"sim", "cluster", "core", "policies", "executors.simulated", "workloads", "metrics"},
-    "fidelity": {"assemble", "llm", "core", "policies", "executors.simulated", "executors.pytorch", "workloads", "metrics"},
+    "fidelity": {
+        "assemble",
+        "llm",
+        "core",
+        "policies",
+        "executors.simulated",
+        "executors.pytorch",
+        "workloads",
+        "metrics",
+    },
     "validate": {"assemble", "core", "kv", "policies", "executors.simulated"},
     "engines": {"core", "policies"},
 }

@@ -12,7 +12,9 @@ from tailserve.executors.pytorch.model import LlamaModel, linear
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(not can_pack(BF16, CPU), reason="no weight packing at this level (or no oneDNN in this torch)")
+pytestmark = pytest.mark.skipif(
+    not can_pack(BF16, CPU), reason="no weight packing at this level (or no oneDNN in this torch)"
+)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])

@@ -90,7 +90,9 @@ def _device(memory: float) -> Any:
 
 def test_engine_wide_flags_show_each_policys_default(capsys):
     out = _help("simulate", capsys)
-    assert "--block-size INT tokens per KV cache block (page) (default: 16; sglang, tgi: 1; trtllm: 32)" in out
+    assert (
+        "--block-size INT tokens per KV cache block (page) (default: 16; sglang, tgi: 1; trtllm: 32)" in out
+    )
     assert "(default: 0.9; vllm, slo: 0.92; sarathi: 0.8; sglang: 0.83; tgi: 1.0)" in out
     assert "--max-model-len INT" in out  # simulate's only way to set it
     groups = _groups("serve")  # serve has --max-model-len of its own: not listed twice

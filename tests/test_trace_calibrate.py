@@ -27,7 +27,9 @@ from tailserve.workloads.recorded import Measured, load_measured, trace_line
 
 # The "real engine": A40 curves bent by measured points, so the fit does not start at the truth.
 TRUTH = Deployment("Llama-3-8B", "A40", 1, "prefill:2048=0.52,decode:16x1024=0.034,decode:1x256=0.021")
-QUIET = WorkloadSpec("random", num_requests=160, rate=0.9, seed=5, input_len=Uniform(64, 1800), output_len=Uniform(8, 96))
+QUIET = WorkloadSpec(
+    "random", num_requests=160, rate=0.9, seed=5, input_len=Uniform(64, 1800), output_len=Uniform(8, 96)
+)
 
 
 def _record(spec: WorkloadSpec, path: Path) -> Path:
@@ -36,7 +38,9 @@ def _record(spec: WorkloadSpec, path: Path) -> Path:
     lines = []
     for r in run.requests:
         times = r.token_times
-        m = Measured(times[0] - r.arrival_time, np.diff(times).tolist(), len(times), times[-1] - r.arrival_time)
+        m = Measured(
+            times[0] - r.arrival_time, np.diff(times).tolist(), len(times), times[-1] - r.arrival_time
+        )
         lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, m))
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
@@ -80,7 +84,7 @@ def test_every_point_is_a_moment_nothing_else_happened():
 def test_shared_prefixes_count_as_cached_context():
     ids = list(range(1, 40))
     first = (Request("trace-0", 39, 2, 0.0, prompt_token_ids=ids), Measured(0.05, [0.01], 2, 0.06))
-    again = ids[:35] + [99, 98, 97, 96]
+    again = [*ids[:35], 99, 98, 97, 96]
     second = (Request("trace-1", 39, 2, 1.0, prompt_token_ids=again), Measured(0.02, [0.01], 2, 0.03))
     found = tc.trace_points([first, second])
     assert [p.label for p in found.points] == ["prefill 7@32 (n=1)", "prefill 39 (n=1)"]
@@ -103,7 +107,22 @@ def test_the_command_writes_a_calibration_that_replays_the_trace(tmp_path: Path,
     assert main(["calibrate", "--from-trace", str(path), "--out", str(out), *args]) == 0
     text = capsys.readouterr().out
     assert "pure-decode gaps" in text and "wrote" in text
-    assert main(["simulate", "--trace", str(path), "--calibration", str(out), "--policy", "vllm", "--no-async-scheduling", *args]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(path),
+                "--calibration",
+                str(out),
+                "--policy",
+                "vllm",
+                "--no-async-scheduling",
+                *args,
+            ]
+        )
+        == 0
+    )
     replay = capsys.readouterr().out
     assert "replayed vs recorded" in replay
 

@@ -46,7 +46,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if on
     ]
     if len(sources) > 1:
-        raise CliError(f"calibrate takes one of --from-server, --from-trace, --executor torch; got {' and '.join(sources)}")
+        raise CliError(
+            f"calibrate takes one of --from-server, --from-trace, --executor torch; got {' and '.join(sources)}"
+        )
     if args.from_server is not None:
         return cmd_calibrate_server(args)
     if args.from_trace is not None:
@@ -243,21 +245,14 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tailserve.executors.simulated.calibration_files import write_calibration_file
-    from tailserve.executors.simulated.hardware import get_hardware
     from tailserve.executors.simulated.models import get_model
     from tailserve.fidelity import server_calibrate as sc
     from tailserve.fidelity.server_probe import Prompts, ServerProbe, choose_model, served_models
-    from tailserve.fidelity.torch_calibrate import error_table
 
     url = args.from_server.rstrip("/")
     model = get_model(args.model)
     tp = args.tp or 1
-    if args.hardware.strip().lower() == "cpu":
-        from tailserve.fidelity.torch_calibrate import measure_host
-
-        hardware = measure_host(dtype=args.dtype)
-    else:
-        hardware = get_hardware(args.hardware)
+    hardware = _server_hardware(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     served = choose_model(served_models(url, headers), args.served_model, args.model)
     max_len = min(served.max_model_len or model.max_position_embeddings, model.max_position_embeddings)
@@ -317,13 +312,7 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
             f"{predicted / p.seconds - 1:+.1%}",
         )
     out.print(table)
-    rows = error_table(fit)
-    out.print(
-        "median |error|: "
-        + ", ".join(f"{kind} {row['median']:.1%} (n={row['n']})" for kind, row in rows.items())
-    )
-    for w in fit.warnings:
-        out.print(f"warning: {w}")
+    _print_fit_summary(out, fit)
     out.print(f"wrote {out_path}; use it with --calibration {out_path} --model {args.model}")
     return 0
 
@@ -333,11 +322,9 @@ def cmd_calibrate_trace(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tailserve.executors.simulated.calibration_files import CalibrationFile, write_calibration_file
-    from tailserve.executors.simulated.hardware import get_hardware
     from tailserve.executors.simulated.models import get_model
     from tailserve.fidelity import server_calibrate as sc
     from tailserve.fidelity import trace_calibrate as tc
-    from tailserve.fidelity.torch_calibrate import error_table
     from tailserve.workloads.recorded import has_measured, load_measured
 
     path = args.from_trace
@@ -347,12 +334,7 @@ def cmd_calibrate_trace(args: argparse.Namespace) -> int:
         raise CliError(f"--from-trace {path}: not a recorded trace (its lines have no 'measured' figures)")
     model = get_model(args.model)
     tp = args.tp or 1
-    if args.hardware.strip().lower() == "cpu":
-        from tailserve.fidelity.torch_calibrate import measure_host
-
-        hardware = measure_host(dtype=args.dtype)
-    else:
-        hardware = get_hardware(args.hardware)
+    hardware = _server_hardware(args)
     options = tc.TraceCalibrationOptions(
         max_num_batched_tokens=args.max_num_batched_tokens or sc.DEFAULT_BUDGET,
         prefix_caching=not args.no_prefix_caching,
@@ -375,8 +357,31 @@ def cmd_calibrate_trace(args: argparse.Namespace) -> int:
     for col in ("point", "measured ms", "fitted ms", "error"):
         table.add_column(col, justify="left" if col == "point" else "right")
     for p, predicted in zip(found.points, fit.predicted):
-        table.add_row(p.label, f"{p.seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}", f"{predicted / p.seconds - 1:+.1%}")
+        table.add_row(
+            p.label, f"{p.seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}", f"{predicted / p.seconds - 1:+.1%}"
+        )
     out.print(table)
+    _print_fit_summary(out, fit)
+    out.print(
+        f"wrote {out_path}; replay the trace with it: tailserve simulate --trace {path} --calibration {out_path} --model {args.model}"
+    )
+    return 0
+
+
+def _server_hardware(args: argparse.Namespace) -> Any:
+    """The GPU a server runs on, or ``cpu``: this host measured in the server's dtype."""
+    from tailserve.executors.simulated.hardware import get_hardware
+
+    if args.hardware.strip().lower() == "cpu":
+        from tailserve.fidelity.torch_calibrate import measure_host
+
+        return measure_host(dtype=args.dtype)
+    return get_hardware(args.hardware)
+
+
+def _print_fit_summary(out: Any, fit: Any) -> None:
+    from tailserve.fidelity.torch_calibrate import error_table
+
     rows = error_table(fit)
     out.print(
         "median |error|: "
@@ -384,5 +389,3 @@ def cmd_calibrate_trace(args: argparse.Namespace) -> int:
     )
     for w in fit.warnings:
         out.print(f"warning: {w}")
-    out.print(f"wrote {out_path}; replay the trace with it: tailserve simulate --trace {path} --calibration {out_path} --model {args.model}")
-    return 0

@@ -206,7 +206,9 @@ def _encode(eff: Efficiency, fields: tuple[str, ...]) -> np.ndarray:
 def _decode(base: Efficiency, fields: tuple[str, ...], v: np.ndarray) -> Efficiency:
     # A trial step can run a log far off (a term the points barely constrain): clipped, exp
     # neither overflows nor underflows to an efficiency of 0.
-    values = {f: float(np.exp(np.clip(x, -40.0, 40.0))) if f in _POSITIVE else float(x) for f, x in zip(fields, v)}
+    values = {
+        f: float(np.exp(np.clip(x, -40.0, 40.0))) if f in _POSITIVE else float(x) for f, x in zip(fields, v)
+    }
     # A trial step may propose a negative time; price it at zero (the final fit is checked).
     return replace(base, **{f: (max(x, 0.0) if f not in _POSITIVE else x) for f, x in values.items()})
 
