@@ -61,7 +61,15 @@ def test_a_slow_first_matmul_announces_how_long_the_rest_takes(roofline, monkeyp
     assert len(said) == 1
 
 
-def test_the_gemm_notice_says_minutes_without_a_native_bf16_matmul(roofline):
+def test_the_gemm_notice_says_minutes_without_a_native_bf16_matmul(roofline, monkeypatch):
+    from tailserve.executors.pytorch import cpu_backend
+
+    # Without an engine kernel for bf16 (no compiler, TAILSERVE_CPU_KERNEL=0), PyTorch's own
+    # bf16 matmul is timed: minutes on a CPU without avx512_bf16.
+    monkeypatch.setattr(cpu_backend, "can_pack", lambda dtype, device: False)
     assert "4 matmuls of 2048^3" in roofline.gemm_notice("avx2")
     assert "no native bf16 matmul on this CPU, avx2: a minute or more each" in roofline.gemm_notice("avx2")
     assert "seconds in all" in roofline.gemm_notice("avx512_bf16")
+    # With the engine's own bf16 kernel (the AVX2 one at avx2), that kernel is timed: seconds.
+    monkeypatch.setattr(cpu_backend, "can_pack", lambda dtype, device: True)
+    assert "seconds in all" in roofline.gemm_notice("avx2")

@@ -469,9 +469,11 @@ def test_predict_uses_the_sim_servers_own_deployment(torch_server: Any, micro_mo
         info = server_deployment(running.base_url)
     assert info is not None and info["executor"] == "sim"
     spec, warnings = spec_for_server({}, info)
-    assert spec == PredictSpec("Llama-3-8B", "H100-SXM", 1, "auto", "vllm:max_num_seqs=4") and not warnings
+    # The real-time sim executor steps synchronously: the server says so, and the prediction follows.
+    policy = "vllm:max_num_seqs=4,async_scheduling=False"
+    assert spec == PredictSpec("Llama-3-8B", "H100-SXM", 1, "auto", policy) and not warnings
     changed, warnings = spec_for_server({"hardware": "A100-80GB"}, info)
-    assert changed.hardware == "A100-80GB" and changed.policy == "vllm:max_num_seqs=4"
+    assert changed.hardware == "A100-80GB" and changed.policy == policy
     assert "not the server's own deployment" in warnings[0]
     torch_info = server_deployment(torch_server.base_url)
     assert torch_info == {"executor": "torch"}
