@@ -36,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
         "assemble",
         "llm",
         "core",
+        "kv",
         "policies",
         "executors.simulated",
         "executors.pytorch",

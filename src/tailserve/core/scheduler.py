@@ -229,33 +229,28 @@ class Scheduler:
         k = len(token_times)
         kv = self.kv_cache
         done: list[Request] = []
-        # Once per request per run of the simulator's fast paths: kept to what it must do.
-        if kv.prefix_caching:
-            for request, slots in zip(decodes, held_tokens):
-                computed = request.num_computed_tokens = request.num_computed_tokens + k
-                outputs = request.num_output_tokens = request.num_output_tokens + k
-                request.token_times.extend(token_times)
+        # Once per request per run of the simulator's fast paths. Without prefix caching the
+        # blocks a run's decodes grow into are taken together (``allocate_each``: the same
+        # blocks, in the same order); with it each request's are registered as they fill.
+        prefix_caching = kv.prefix_caching
+        grow_ids: list[str] = []
+        grow_to: list[int] = []
+        for request, slots in zip(decodes, held_tokens):
+            computed = request.num_computed_tokens = request.num_computed_tokens + k
+            outputs = request.num_output_tokens = request.num_output_tokens + k
+            request.token_times.extend(token_times)
+            if prefix_caching:
                 if computed > slots:
                     kv.allocate(request.request_id, computed)
                 kv.register_computed(request.request_id, computed)  # blocks filled during the run
-                if outputs >= request.max_tokens:
-                    request.status = RequestStatus.FINISHED_LENGTH
-                    done.append(request)
-        else:
-            grow_ids: list[str] = []
-            grow_to: list[int] = []
-            for request, slots in zip(decodes, held_tokens):
-                computed = request.num_computed_tokens = request.num_computed_tokens + k
-                outputs = request.num_output_tokens = request.num_output_tokens + k
-                request.token_times.extend(token_times)
-                if computed > slots:
-                    grow_ids.append(request.request_id)
-                    grow_to.append(computed)
-                if outputs >= request.max_tokens:
-                    request.status = RequestStatus.FINISHED_LENGTH
-                    done.append(request)
-            if grow_ids:
-                kv.allocate_each(grow_ids, grow_to)  # in the same order, the same blocks
+            elif computed > slots:
+                grow_ids.append(request.request_id)
+                grow_to.append(computed)
+            if outputs >= request.max_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH
+                done.append(request)
+        if grow_ids:
+            kv.allocate_each(grow_ids, grow_to)
         if chunked is not None:
             chunked.num_computed_tokens += chunk_tokens
             if chunked.num_computed_tokens == chunked.prompt_len + chunked.num_output_tokens:

@@ -88,7 +88,7 @@ class SchedulerOutput:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1 and not s.num_spec_tokens)
+        return self.token_counts()[0]
 
     def token_counts(self) -> tuple[int, int]:
         """(``num_prefill_tokens``, ``num_decode_tokens``) in one pass: the engine logs both
@@ -105,4 +105,4 @@ class SchedulerOutput:
     @property
     def num_decode_tokens(self) -> int:
         """Tokens of decodes: one each, or 1 + the drafts a speculative decode verifies."""
-        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens == 1 or s.num_spec_tokens)
+        return self.token_counts()[1]

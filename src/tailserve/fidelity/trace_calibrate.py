@@ -37,6 +37,7 @@ import numpy as np
 from tailserve.core.request import Request
 from tailserve.executors.simulated.cost_model import BatchShape
 from tailserve.fidelity.server_calibrate import ProbedPoint
+from tailserve.kv.prefix import block_hashes
 from tailserve.workloads.recorded import Measured
 
 MIN_GAPS_PER_POINT = 5  # a decode point is the median of at least this many gaps
@@ -70,6 +71,23 @@ class _Timeline:
 
 
 @dataclass(frozen=True, slots=True)
+class _Spans:
+    """Every request's arrival, first token and last token, as arrays (one per recording)."""
+
+    arrivals: np.ndarray
+    firsts: np.ndarray
+    ends: np.ndarray
+
+    @staticmethod
+    def of(lines: list[_Timeline]) -> _Spans:
+        return _Spans(
+            np.array([t.arrival for t in lines]),
+            np.array([t.first for t in lines]),
+            np.array([t.end for t in lines]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TracePoints:
     points: list[ProbedPoint]
     num_requests: int  # requests that succeeded with a TTFT
@@ -85,12 +103,18 @@ def timelines(
     recorded: Sequence[tuple[Request, Measured]], options: TraceCalibrationOptions
 ) -> list[_Timeline]:
     out: list[_Timeline] = []
-    seen: list[list[int]] = []
+    seen: set[int] = set()  # chained keys of every full block of the prompts so far
     for request, m in recorded:
-        ids = list(request.prompt_token_ids or ())
-        cached = _shared_prefix(ids, seen, options.block_size) if options.prefix_caching and ids else 0
-        if ids:
-            seen.append(ids)
+        ids = request.prompt_token_ids
+        cached = 0
+        if options.prefix_caching and ids:
+            # The longest block-aligned prefix some earlier prompt starts with; the last token is
+            # always computed (vLLM never serves a whole prompt from the cache).
+            for key in block_hashes(ids[:-1], options.block_size):
+                if key not in seen:
+                    break
+                cached += options.block_size
+            seen.update(block_hashes(ids, options.block_size))
         if not m.success or m.ttft_s is None:
             continue
         first = request.arrival_time + m.ttft_s
@@ -99,27 +123,15 @@ def timelines(
     return out
 
 
-def _shared_prefix(ids: list[int], earlier: list[list[int]], block: int) -> int:
-    """The longest block-aligned prefix of ``ids`` some earlier prompt starts with (the last
-    token is always computed: vLLM never serves a whole prompt from the cache)."""
-    best = 0
-    for other in earlier:
-        n = 0
-        limit = min(len(ids) - 1, len(other))
-        while n < limit and ids[n] == other[n]:
-            n += 1
-        best = max(best, n // block * block)
-    return best
-
-
 def trace_points(
     recorded: Sequence[tuple[Request, Measured]], options: TraceCalibrationOptions | None = None
 ) -> TracePoints:
     options = options or TraceCalibrationOptions()
     lines = timelines(recorded, options)
-    prefill = _alone_prefills(lines, options)
+    spans = _Spans.of(lines)
+    prefill = _alone_prefills(lines, spans, options)
     alone = sum(len(v) for v in prefill.values())
-    decode, clean = _decode_gaps(lines, options)
+    decode, clean = _decode_gaps(lines, spans, options)
     points = [
         ProbedPoint(
             BatchShape.of([(length, cached)], []),
@@ -151,12 +163,11 @@ def trace_points(
 
 
 def _alone_prefills(
-    lines: list[_Timeline], options: TraceCalibrationOptions
+    lines: list[_Timeline], spans: _Spans, options: TraceCalibrationOptions
 ) -> dict[tuple[int, int], list[float]]:
     """Per (uncached tokens, cached context): the TTFTs of requests nothing overlapped."""
     out: dict[tuple[int, int], list[float]] = defaultdict(list)
-    arrivals = np.array([t.arrival for t in lines])
-    ends = np.array([t.end for t in lines])
+    arrivals, ends = spans.arrivals, spans.ends
     tol = options.tolerance_s
     for i, t in enumerate(lines):
         # Another request overlaps [arrival, first token] if it arrived before the first token
@@ -169,13 +180,11 @@ def _alone_prefills(
 
 
 def _decode_gaps(
-    lines: list[_Timeline], options: TraceCalibrationOptions
+    lines: list[_Timeline], spans: _Spans, options: TraceCalibrationOptions
 ) -> tuple[dict[tuple[int, int], list[tuple[float, int]]], int]:
     """Per (batch, context bucket): (gap seconds, mean context) of each pure-decode gap."""
     out: dict[tuple[int, int], list[tuple[float, int]]] = defaultdict(list)
-    arrivals = np.array([t.arrival for t in lines])
-    firsts = np.array([t.first for t in lines])
-    ends = np.array([t.end for t in lines])
+    arrivals, firsts, ends = spans.arrivals, spans.firsts, spans.ends
     tol = options.tolerance_s
     clean = 0
     for t in lines:

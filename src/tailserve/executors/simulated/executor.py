@@ -29,16 +29,16 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
-    for p in out.padding:
-        q = p.num_new_tokens
-        c = p.num_context_tokens
-        num_tokens += q
-        num_logits += 1
-        if q == 1:
-            decode_kv += c + 1
-        else:
-            pairs += q * c + q * (q + 1) // 2
-            prefill_kv += q + c
+    if out.padding:  # static batching only: every padding slot samples, as BatchShape.of counts
+        pad = BatchShape.of(
+            [(p.num_new_tokens, p.num_context_tokens) for p in out.padding if p.num_new_tokens != 1],
+            [p.num_context_tokens for p in out.padding if p.num_new_tokens == 1],
+        )
+        num_tokens += pad.num_tokens
+        num_logits += pad.num_logits
+        pairs += pad.prefill_pairs
+        prefill_kv += pad.prefill_kv_tokens
+        decode_kv += pad.decode_kv_tokens
     return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
 
 
