@@ -94,12 +94,46 @@ def test_default_plan_stays_within_budget_and_context():
     plan = sc.default_plan(max_model_len=512, budget=2048, repeats=2, decode_tokens=16)
     assert plan.prefill_lens == (32, 128, 511) and max(c for _, c in plan.decode_shapes) + 8 < 512
     assert sc.default_plan(4096, 1024).prefill_lens == (32, 128, 512, 1024)
-    assert plan.num_probes == (3 + len(plan.decode_shapes)) * 2
+    assert plan.num_probes == (3 + len(plan.decode_shapes) + len(plan.mixed)) * 2
     assert sc.parse_decode_shapes("1x128, 16x512") == ((1, 128), (16, 512))
     with pytest.raises(ValueError, match="BATCHxCONTEXT"):
         sc.parse_decode_shapes("16,512")
     with pytest.raises(ValueError, match="prompt lengths"):
         sc.parse_prefill_lens("a,b")
+
+
+def test_default_plan_adds_cached_context_and_mixed_probes_that_fit():
+    plan = sc.default_plan(max_model_len=2048, budget=2048)
+    assert plan.context_prefills == ((128, 512), (256, 1024), (512, 1024), (256, 1536))
+    assert plan.mixed == ((4, 256, 128), (8, 256, 512), (16, 512, 256))
+    shapes = len(plan.prefill_lens) + len(plan.decode_shapes) + len(plan.context_prefills) + len(plan.mixed)
+    assert plan.num_probes == shapes * 3
+    small = sc.default_plan(max_model_len=512, budget=256)
+    assert small.context_prefills == () and small.mixed == ((4, 256, 128),)
+    assert all(c % sc.CONTEXT_ALIGN == 0 for _, c in plan.context_prefills)
+    assert sc.parse_context_prefills("256@1024, 64@128") == ((256, 1024), (64, 128))
+    assert sc.parse_mixed("8x256+512") == ((8, 256, 512),)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        sc.parse_context_prefills("256@1000")
+    with pytest.raises(ValueError, match="NEW@CONTEXT"):
+        sc.parse_context_prefills("256")
+    with pytest.raises(ValueError, match="BxL\\+P"):
+        sc.parse_mixed("8x256")
+
+
+def test_thread_seconds_are_published_and_said():
+    from tailserve.llm.llm_engine import EngineStats
+
+    metrics = ServerMetrics("m")
+    before = parse_histograms(metrics.render().decode())
+    stats = EngineStats(0, 0, 0, 0.0, 0, 0, 0, 0, 0, cpu_thread_seconds=((1, 3.0), (2, 1.0)), cpu_threads=1)
+    metrics.observe_stats(stats)
+    after = parse_histograms(metrics.render().decode())
+    assert after.threads_since(before) == {1: 3.0, 2: 1.0}
+    assert "tailserve:cpu_threads" in metrics.render().decode()
+    note = sc.threads_note(after.threads_since(before))
+    assert note == "; the server's CPU executor ran 2 threads 25%, 1 thread 75% of the time"
+    assert sc.threads_note({}) == "" and sc.threads_note(None) == ""
 
 
 # ---- a live server ---------------------------------------------------------------------------
@@ -121,6 +155,37 @@ def test_probes_read_the_servers_own_figures(torch_server: Any, micro_model: Pat
     assert decode3.batch == BatchShape.of([], [36 + 4] * 3)  # prompts of 36, 4 tokens in: the middle
     fit = sc.fit_points(load_hf_config(micro_model), CPU, 1, [p.measured() for p in points])
     assert len(fit.predicted) == 4 and all(p > 0 for p in fit.predicted)
+
+
+def test_cached_context_and_mixed_probes_time_the_step_they_name(torch_server: Any):
+    probe = ServerProbe(torch_server.base_url, "micro", {})
+    plan = sc.ProbePlan(
+        prefill_lens=(),
+        decode_shapes=(),
+        repeats=1,
+        context_prefills=((16, 128),),
+        mixed=((2, 40, 16),),
+    )
+    context, mixed = sc.probe_server(probe, Prompts(True, 1024), plan)
+    # The 128 tokens sent before are served from the prefix cache: 16 new tokens over 128.
+    assert context.batch == BatchShape.of([(16, 128)], []) and context.label == "prefill 16 at 128"
+    assert context.source == "vllm:request_prefill_time_seconds" and 0 < context.seconds <= context.client_s
+    # The probe shared its step with the two decodes (the server's histogram timed that step).
+    assert mixed.batch.num_tokens == 16 + 2 and mixed.batch.prefill_kv_tokens == 16
+    contexts = mixed.batch.decode_kv_tokens - 2  # decode_kv counts each decode's context + 1
+    assert 2 * (40 + sc.MIXED_WARM_CHUNKS) <= contexts < 2 * (40 + sc.MIXED_DECODE_TOKENS)
+    assert mixed.source == "vllm:request_prefill_time_seconds" and mixed.label.startswith("prefill 16 beside 2 x")
+
+
+def test_a_server_without_prefix_caching_gives_no_cached_context_point(micro_model: Path):  # noqa: F811
+    with running_server(micro_model, "torch", policy_flags={"enable_prefix_caching": "false"}) as running:
+        probe = ServerProbe(running.base_url, "micro", {})
+        plan = sc.ProbePlan(prefill_lens=(16,), decode_shapes=(), repeats=1, context_prefills=((16, 128),))
+        points = sc.probe_server(probe, Prompts(True, 1024), plan)
+    assert [p.label for p in points] == ["prefill 16"]
+    fit = sc.fit_points(load_hf_config(micro_model), CPU, 1, [p.measured() for p in points])
+    cal = sc.calibration_file("u", "micro", load_hf_config(micro_model), CPU, 1, plan, points, fit, True)
+    assert "1 of 1 cached-context prefills dropped" in cal.source
 
 
 def test_without_metrics_the_client_figures_are_fitted(torch_server: Any):
@@ -147,12 +212,15 @@ def test_cli_writes_a_calibration_file_simulate_loads(
     out = tmp_path / "fitted.json"
     argv = ["calibrate", "--from-server", torch_server.base_url, "--model", str(micro_model)]
     argv += ["--hardware", "cpu", "--prefill", "16,64,128", "--decode", "1x40,2x40,4x64"]
+    argv += ["--context-prefill", "", "--mixed", "2x40+16"]
     argv += ["--decode-tokens", "8", "--repeats", "1", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "--from-server" in printed and "prefill 128" in printed and f"wrote {out}" in printed
     cal = read_calibration_file(out)
-    assert cal.hardware.name == "cpu" and len(cal.points) == 6 and "served model micro" in cal.source
+    assert cal.hardware.name == "cpu" and len(cal.points) == 7 and "served model micro" in cal.source
+    assert "0 cached-context prefill, 1 mixed and 3 decode shapes" in cal.source
+    assert "the server's CPU executor ran" in cal.source
     built = build_cost_model(Deployment(str(micro_model), "H100", 1, str(out)))
     assert built.cost_model.hardware.name == "cpu"
     assert (

@@ -230,6 +230,20 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         "--decode", metavar="BxL,...", default=None, help="decode probes: batch x context, e.g. 1x128,16x512"
     )
     g.add_argument(
+        "--context-prefill",
+        metavar="Q@C,...",
+        default=None,
+        help="prefills of Q new tokens over C tokens the server's prefix cache holds (sent once "
+        "before), C a multiple of 128, e.g. 256@1024; '' for none (default: four up to the context)",
+    )
+    g.add_argument(
+        "--mixed",
+        metavar="BxL+P,...",
+        default=None,
+        help="a prefill of P tokens sent beside B streams decoding at L tokens of context, e.g. "
+        "8x256+512; '' for none (default: 4x256+128, 8x256+512, 16x512+256)",
+    )
+    g.add_argument(
         "--decode-tokens", type=int, default=None, help="tokens each decode stream generates (default: 32)"
     )
     g.add_argument(
@@ -265,14 +279,30 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     plan = sc.default_plan(max_len, budget, repeats, tokens)
     if args.prefill:
-        plan = sc.ProbePlan(sc.parse_prefill_lens(args.prefill), plan.decode_shapes, tokens, repeats)
+        plan = replace(plan, prefill_lens=sc.parse_prefill_lens(args.prefill))
     if args.decode:
-        plan = sc.ProbePlan(plan.prefill_lens, sc.parse_decode_shapes(args.decode), tokens, repeats)
-    too_long = [p for p in plan.prefill_lens if p >= max_len] + [
-        c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len
-    ]
+        plan = replace(plan, decode_shapes=sc.parse_decode_shapes(args.decode))
+    if args.context_prefill is not None:
+        plan = replace(
+            plan, context_prefills=sc.parse_context_prefills(args.context_prefill) if args.context_prefill else ()
+        )
+    if args.mixed is not None:
+        plan = replace(plan, mixed=sc.parse_mixed(args.mixed) if args.mixed else ())
+    too_long = (
+        [p for p in plan.prefill_lens if p >= max_len]
+        + [c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len]
+        + [q + c for q, c in plan.context_prefills if q + c >= max_len]
+        + [c + sc.MIXED_DECODE_TOKENS for _, c, _ in plan.mixed if c + sc.MIXED_DECODE_TOKENS >= max_len]
+        + [p for _, _, p in plan.mixed if p >= max_len]
+    )
     if too_long:
         raise ValueError(f"probe lengths {too_long} do not fit the server's {max_len}-token context")
+    over = [q for q, _ in plan.context_prefills if q > budget] + [b + p for b, _, p in plan.mixed if b + p > budget]
+    if over:
+        raise ValueError(
+            f"probes of {over} tokens in one step exceed --max-num-batched-tokens {budget}: the server "
+            "would split them over steps"
+        )
 
     probe = ServerProbe(url, served.id, headers)
     token_ids = probe.accepts_token_ids(model.vocab_size)
@@ -284,6 +314,7 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(f"probing {url}", total=plan.num_probes)
+        first = probe.histograms() if not args.no_server_metrics else None
         points = sc.probe_server(
             probe,
             prompts,
@@ -293,7 +324,9 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
         )
     measured = [p.measured() for p in points]
     fit = sc.fit_points(model, hardware, tp, measured)
-    cal = sc.calibration_file(url, served.id, model, hardware, tp, plan, points, fit, token_ids)
+    last = probe.histograms() if first is not None else None
+    threads = last.threads_since(first) if first is not None and last is not None else None
+    cal = sc.calibration_file(url, served.id, model, hardware, tp, plan, points, fit, token_ids, threads)
     out_path = args.out or SERVER_OUT
     write_calibration_file(out_path, cal, fit)
 

@@ -15,6 +15,19 @@ probes are requests of chosen shapes, each shape ``repeats`` times (the median k
   that finished first). At B = 1 the server's inter-token histogram (``_sum`` / ``_count`` over the
   request) gives the same step without the client.
 
+- **prefill Q at context C**: a fresh prompt of C tokens (one token out), then the same C tokens
+  followed by Q new ones: the server's prefix cache holds the first C (C is a multiple of 128
+  tokens, so whole blocks at every common block size) and computes Q tokens over C of context,
+  the shape of a chunked prefill's later chunks. Kept only where the server's
+  ``vllm:prefix_cache_hits`` counter (or the response's ``cached_tokens``) says C tokens were
+  served from the cache; a server without prefix caching gives no such point. Prompts from
+  context 0 alone cannot tell the attention's cost from the linear layers' (both grow with the
+  prompt), and the fit then charges a later chunk's attention wrongly.
+- **mixed B x L + P**: B streams decoding at ~L tokens of context, then one request of P tokens
+  sent beside them: its prefill shares a step with the B decodes (the server's prefill histogram
+  times that step: the decodes' own figures arrive only when they finish, after it). Under load
+  most steps are mixed; pure shapes alone leave their price to extrapolation.
+
 The points are fitted as ``calibrate --executor torch`` fits its own (``torch_calibrate.fit_host``)
 on a ``cpu`` hardware entry (``--hardware cpu``: this host's measured GEMM rate and copy
 bandwidth, for a server on this machine), or on a catalog GPU's curves (compute, memory, per-step
@@ -28,13 +41,14 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.calibration_files import CalibrationFile
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
-from tailserve.fidelity.server_metrics import DECODE, PREFILL, HistogramTotals
+from tailserve.fidelity.server_metrics import CACHE_HITS, DECODE, PREFILL, HistogramTotals
 from tailserve.fidelity.server_probe import ProbeError, Prompts, ServerProbe, StreamTiming
 
 GPU_FIT_FIELDS = ("compute", "memory", "overhead", "per_token")
@@ -42,6 +56,10 @@ FEW_FIELDS = ("compute", "memory", "overhead")
 MIN_POINTS_PER_FIELD = 1.5  # fewer points than that per fitted term: only compute, memory, overhead
 DEFAULT_BUDGET = 2048  # vLLM's API-server max_num_batched_tokens on CPUs and most GPUs
 DEFAULT_DECODE_TOKENS = 32
+# A mixed probe's decode streams: long enough to still run when the probe beside them ends.
+MIXED_DECODE_TOKENS = 128
+MIXED_WARM_CHUNKS = 4  # tokens every decode stream has before the probe is sent
+CONTEXT_ALIGN = 128  # cached contexts are multiples of it: whole blocks at 16, 32, 64 and 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +68,13 @@ class ProbePlan:
     decode_shapes: tuple[tuple[int, int], ...]  # (batch, context tokens per request)
     decode_tokens: int = DEFAULT_DECODE_TOKENS
     repeats: int = 3
+    context_prefills: tuple[tuple[int, int], ...] = ()  # (new tokens, cached context tokens)
+    mixed: tuple[tuple[int, int, int], ...] = ()  # (decode batch, decode context, prefill tokens)
 
     @property
     def num_probes(self) -> int:
-        return (len(self.prefill_lens) + len(self.decode_shapes)) * self.repeats
+        shapes = len(self.prefill_lens) + len(self.decode_shapes) + len(self.context_prefills) + len(self.mixed)
+        return shapes * self.repeats
 
 
 def default_plan(
@@ -71,7 +92,15 @@ def default_plan(
         ctx = min(ctx, longest)
         if ctx > decode_tokens // 2 and (batch, ctx) not in shapes:
             shapes.append((batch, ctx))
-    return ProbePlan(prefill, tuple(shapes), decode_tokens, repeats)
+    context = tuple(
+        (q, c) for q, c in ((128, 512), (256, 1024), (512, 1024), (256, 1536)) if q <= top and q + c < max_model_len
+    )
+    mixed = tuple(
+        (b, ctx, p)
+        for b, ctx, p in ((4, 256, 128), (8, 256, 512), (16, 512, 256))
+        if b + p <= budget and p < max_model_len and ctx + MIXED_DECODE_TOKENS < max_model_len
+    )
+    return ProbePlan(prefill, tuple(shapes), decode_tokens, repeats, context, mixed)
 
 
 def parse_prefill_lens(text: str) -> tuple[int, ...]:
@@ -95,6 +124,38 @@ def parse_decode_shapes(text: str) -> tuple[tuple[int, int], ...]:
         if not x or shapes[-1][0] < 1 or shapes[-1][1] < 1:
             raise ValueError(f"--decode {text!r}: expected BATCHxCONTEXT items with both >= 1")
     return tuple(shapes)
+
+
+def parse_context_prefills(text: str) -> tuple[tuple[int, int], ...]:
+    """``Q@C,...``: Q new tokens over C cached ones (C a multiple of 128)."""
+    out = []
+    for item in text.split(","):
+        q, at, c = item.strip().partition("@")
+        try:
+            out.append((int(q), int(c)))
+        except ValueError:
+            raise ValueError(f"--context-prefill {text!r}: expected NEW@CONTEXT items, e.g. 256@1024") from None
+        if not at or out[-1][0] < 1 or out[-1][1] < CONTEXT_ALIGN or out[-1][1] % CONTEXT_ALIGN:
+            raise ValueError(
+                f"--context-prefill {text!r}: NEW >= 1 and CONTEXT a positive multiple of {CONTEXT_ALIGN} "
+                "(whole cache blocks at every common block size)"
+            )
+    return tuple(out)
+
+
+def parse_mixed(text: str) -> tuple[tuple[int, int, int], ...]:
+    """``BxL+P,...``: a prefill of P tokens beside B decodes at L tokens of context."""
+    out = []
+    for item in text.split(","):
+        decode, plus, p = item.strip().partition("+")
+        batch, x, ctx = decode.partition("x")
+        try:
+            out.append((int(batch), int(ctx), int(p)))
+        except ValueError:
+            raise ValueError(f"--mixed {text!r}: expected BxL+P items, e.g. 8x256+512") from None
+        if not plus or not x or min(out[-1]) < 1:
+            raise ValueError(f"--mixed {text!r}: expected BxL+P items with every number >= 1")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +196,23 @@ def probe_server(
             if progress:
                 progress(f"decode {batch} x {ctx}")
         points.append(_summarize_decode(runs, batch, plan.decode_tokens))
+    for q, c in plan.context_prefills:
+        runs = []
+        for _ in range(plan.repeats):
+            run = _context_prefill_once(probe, prompts, q, c, use_metrics)
+            if run is not None:
+                runs.append(run)
+            if progress:
+                progress(f"prefill {q} at {c}")
+        if runs:  # none: the server cached nothing (no prefix caching, or no way to tell)
+            points.append(_summarize_context_prefill(runs, c))
+    for batch, ctx, p in plan.mixed:
+        runs = []
+        for _ in range(plan.repeats):
+            runs.append(_mixed_once(probe, prompts, batch, ctx, p, use_metrics))
+            if progress:
+                progress(f"{p} beside {batch} x {ctx}")
+        points.append(_summarize_mixed(runs, batch))
     return points
 
 
@@ -144,6 +222,7 @@ class _Run:
     client_s: float
     server_s: float | None
     source: str
+    decode_contexts: tuple[int, ...] = ()  # a mixed probe's decodes, in its step
 
 
 def _prefill_once(probe: ServerProbe, prompts: Prompts, length: int, use_metrics: bool) -> _Run:
@@ -165,26 +244,78 @@ def _decode_once(
     return _Run(timings, client, server_s, source)
 
 
+def _context_prefill_once(
+    probe: ServerProbe, prompts: Prompts, q: int, c: int, use_metrics: bool
+) -> _Run | None:
+    """``c`` tokens sent once to fill the prefix cache, then again with ``q`` new ones; None when
+    the server cannot be seen to have served the ``c`` from its cache."""
+    base = prompts.make(c)
+    probe.stream(base, 1)
+    full = base + prompts.make(q) if isinstance(base, list) else f"{base} {prompts.make(q)}"
+    before = probe.histograms()
+    timing = probe.stream(full, 1)
+    server_s, source, after = _server_mean_after(probe, before if use_metrics else None, PREFILL, 1)
+    hits = timing.cached_tokens
+    if hits is None and before is not None:
+        after = after or probe.histograms()
+        moved = after.counter_delta(before, CACHE_HITS) if after is not None else None
+        hits = None if moved is None else round(moved)
+    if hits is None or hits < c - CONTEXT_ALIGN // 2:
+        return None
+    return _Run((timing,), timing.ttft_s, server_s, source, decode_contexts=(hits,))
+
+
+def _mixed_once(
+    probe: ServerProbe, prompts: Prompts, batch: int, ctx: int, p: int, use_metrics: bool
+) -> _Run:
+    """A prefill of ``p`` tokens beside ``batch`` streams decoding at ~``ctx`` tokens."""
+    scrapes: dict[str, Any] = {}
+
+    def before() -> None:
+        scrapes["before"] = probe.histograms() if use_metrics else None
+
+    def after() -> None:
+        scrapes["server"] = _server_mean_after(probe, scrapes["before"], PREFILL, 1)
+
+    decode_prompts = [prompts.make(ctx) for _ in range(batch)]
+    t = probe.beside(decode_prompts, MIXED_DECODE_TOKENS, prompts.make(p), MIXED_WARM_CHUNKS, before, after)
+    server_s, source, _ = scrapes["server"]
+    if any(n >= MIXED_DECODE_TOKENS for n in t.chunks_at_end):
+        server_s, source = None, "client"  # a decode finished in the window: its figures mixed in
+    prompt = t.decodes[0].prompt_tokens if t.decodes else ctx
+    # Each decode's context in the probe's step: its prompt and the tokens it had by then.
+    contexts = tuple(prompt + n for n in t.chunks_at_send)
+    return _Run((t.probe,), t.probe.ttft_s, server_s, source, decode_contexts=contexts)
+
+
 def _server_mean(
     probe: ServerProbe, before: HistogramTotals | None, names: tuple[str, ...], expected: int
 ) -> tuple[float | None, str]:
+    server_s, source, _ = _server_mean_after(probe, before, names, expected)
+    return server_s, source
+
+
+def _server_mean_after(
+    probe: ServerProbe, before: HistogramTotals | None, names: tuple[str, ...], expected: int
+) -> tuple[float | None, str, HistogramTotals | None]:
     """The mean of the ``expected`` observations the request added to the first histogram of
-    ``names`` the server has; (None, "client") when it has none or they did not all arrive
-    within 2 s (a server records a request's figures as it finishes, sometimes just after the
-    last byte)."""
+    ``names`` the server has, and the scrape it was read from; (None, "client", ...) when it has
+    none or they did not all arrive within 2 s (a server records a request's figures as it
+    finishes, sometimes just after the last byte). Polls every 50 ms: a scrape costs the server
+    CPU, which an engine sharing the machine's cores feels."""
     if before is None or (name := before.first(names)) is None:
-        return None, "client"
+        return None, "client", None
     deadline = time.monotonic() + 2.0
     while True:
         after = probe.histograms()
         if after is None:
-            return None, "client"
+            return None, "client", None
         total, count = after.delta(before, name)
         if count == expected and total > 0:
-            return total / count, name
+            return total / count, name, after
         if count > expected or time.monotonic() > deadline:
-            return None, "client"  # other traffic, or figures that never came
-        time.sleep(0.02)
+            return None, "client", after  # other traffic, or figures that never came
+        time.sleep(0.05)
 
 
 def _steady_step(timing: StreamTiming) -> float:
@@ -208,6 +339,33 @@ def _summarize_prefill(runs: list[_Run]) -> ProbedPoint:
         (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
     )
     return ProbedPoint(BatchShape.of([(length, 0)], []), seconds, client, source, f"prefill {length}")
+
+
+def _summarize_context_prefill(runs: list[_Run], c: int) -> ProbedPoint:
+    total = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
+    cached = round(statistics.median(r.decode_contexts[0] for r in runs))
+    q = total - cached
+    seconds, source, client = _fitted_figure(runs)
+    shape = BatchShape.of([(q, cached)], [])
+    return ProbedPoint(shape, seconds, client, source, f"prefill {q} at {cached}")
+
+
+def _summarize_mixed(runs: list[_Run], batch: int) -> ProbedPoint:
+    p = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
+    ctx = round(statistics.median(c for r in runs for c in r.decode_contexts))
+    seconds, source, client = _fitted_figure(runs)
+    shape = BatchShape.of([(p, 0)], [ctx] * batch)
+    return ProbedPoint(shape, seconds, client, source, f"prefill {p} beside {batch} x {ctx}")
+
+
+def _fitted_figure(runs: list[_Run]) -> tuple[float, str, float]:
+    """(figure fitted, its source, the client's figure): server-side only when every repeat had
+    it (a mix would be a median of two different things)."""
+    client = statistics.median(r.client_s for r in runs)
+    server = [r.server_s for r in runs if r.server_s is not None]
+    if len(server) == len(runs):
+        return statistics.median(server), runs[0].source, client
+    return client, "client", client
 
 
 def _summarize_decode(runs: list[_Run], batch: int, tokens: int) -> ProbedPoint:
@@ -247,7 +405,10 @@ def calibration_file(
     points: list[ProbedPoint],
     fit: CalibrationResult,
     token_ids: bool,
+    thread_seconds: dict[int, float] | None = None,
 ) -> CalibrationFile:
+    """``thread_seconds``: a tailserve server's CPU executor's seconds at each thread count over
+    the probes (its ``tailserve:cpu_thread_seconds``), said in the source line."""
     overhead = request_overhead(points)
     sources = sorted({p.source for p in points})
     load = os.getloadavg()[0]
@@ -256,16 +417,37 @@ def calibration_file(
         if overhead is not None
         else ""
     )
+    context = sum(1 for p in points if not p.batch.decode_kv_tokens and p.batch.prefill_kv_tokens > p.batch.num_tokens)
+    skipped = (
+        f"; {len(plan.context_prefills) - context} of {len(plan.context_prefills)} cached-context prefills "
+        "dropped (the server did not report serving their context from its prefix cache)"
+        if context < len(plan.context_prefills)
+        else ""
+    )
     source = (
         f"tailserve calibrate --from-server {url} (served model {served}): {len(plan.prefill_lens)} "
-        f"prefill and {len(plan.decode_shapes)} decode shapes, median of {plan.repeats} each, "
+        f"prefill, {context} cached-context prefill, {len(plan.mixed)} mixed and "
+        f"{len(plan.decode_shapes)} decode shapes, median of {plan.repeats} each{skipped}, "
         f"{plan.decode_tokens} tokens per decode stream; prompts as {'token ids' if token_ids else 'text'}; "
         f"times from {', '.join(sources)}{outside}; load average {load:.2f} on {os.cpu_count()} CPUs"
+        f"{threads_note(thread_seconds)}"
     )
     measured = tuple(p.measured() for p in points)
     return CalibrationFile(
         hardware, fit.efficiency, model.name, tp, source, measured, request_overhead_s=overhead
     )
+
+
+def threads_note(thread_seconds: dict[int, float] | None) -> str:
+    """'; the server's CPU executor ran 2 threads 64% of the time, 1 thread 36%' (or '')."""
+    total = sum((thread_seconds or {}).values())
+    if not thread_seconds or total <= 0:
+        return ""
+    parts = [
+        f"{n} thread{'s' if n != 1 else ''} {s / total:.0%}"
+        for n, s in sorted(thread_seconds.items(), key=lambda item: -item[0])
+    ]
+    return f"; the server's CPU executor ran {', '.join(parts)} of the time"
 
 
 def request_overhead(points: list[ProbedPoint]) -> float | None:

@@ -11,8 +11,11 @@
 - ``ServerProbe.stream`` / ``streams``: one streamed completion, or several at once, each timed
   at the client as ``vllm bench serve`` times them: TTFT to the first chunk with a choice, then
   the gap before every later one.
-- ``ServerProbe.histograms``: the server's ``/metrics`` histograms (``server_metrics``), or None
-  when it publishes none.
+- ``ServerProbe.beside``: one request sent while other streams are decoding (each has had a few
+  tokens), for a step that mixes a prefill with running decodes; hooks run just before it is
+  sent and just after it ends, while the decodes still run.
+- ``ServerProbe.histograms``: the server's ``/metrics`` histograms and counters
+  (``server_metrics``), or None when it publishes none.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,6 +54,19 @@ class StreamTiming:
     gaps_s: tuple[float, ...]  # between consecutive chunks with a choice
     prompt_tokens: int  # usage.prompt_tokens (the prompt's length when the server sent none)
     completion_tokens: int  # usage.completion_tokens (chunks when the server sent none)
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where sent
+
+
+@dataclass(frozen=True, slots=True)
+class BesideTiming:
+    """A request sent beside running decode streams (``ServerProbe.beside``)."""
+
+    probe: StreamTiming
+    decodes: tuple[StreamTiming, ...]
+    chunks_at_send: tuple[int, ...]  # tokens each decode stream had received when it was sent
+    chunks_at_end: tuple[int, ...]  # ... and when it ended (the decodes still running)
+    before: Any  # what the ``before`` hook returned
+    after: Any
 
 
 def served_models(base_url: str, headers: dict[str, str], timeout: float = 30.0) -> list[ServedModel]:
@@ -344,7 +362,63 @@ class ServerProbe:
         async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self.headers) as client:
             return list(await asyncio.gather(*(self._one(client, p, max_tokens) for p in prompts)))
 
-    async def _one(self, client: httpx.AsyncClient, prompt: str | list[int], max_tokens: int) -> StreamTiming:
+    def beside(
+        self,
+        decode_prompts: list[str | list[int]],
+        decode_tokens: int,
+        prompt: str | list[int],
+        warm_chunks: int = 4,
+        before: Callable[[], Any] | None = None,
+        after: Callable[[], Any] | None = None,
+    ) -> BesideTiming:
+        """``prompt`` (one token) sent once every decode stream has received ``warm_chunks``
+        tokens; ``before`` runs just before it is sent, ``after`` just after its last byte."""
+        return asyncio.run(self._beside(decode_prompts, decode_tokens, prompt, warm_chunks, before, after))
+
+    async def _beside(self, decode_prompts, decode_tokens, prompt, warm_chunks, before, after) -> BesideTiming:
+        n = len(decode_prompts) + 1
+        counts = [0] * len(decode_prompts)
+
+        def counter(i: int) -> Callable[[], None]:
+            def bump() -> None:
+                counts[i] += 1
+
+            return bump
+
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self.headers) as client:
+            tasks = [
+                asyncio.create_task(self._one(client, p, decode_tokens, counter(i)))
+                for i, p in enumerate(decode_prompts)
+            ]
+            try:
+                while min(counts) < warm_chunks:
+                    done = [t for t in tasks if t.done()]
+                    if done:
+                        done[0].result()  # a stream that failed says why
+                        raise ProbeError(
+                            f"a decode stream ended after {min(counts)} tokens, before the probe was "
+                            f"sent: probe with more --decode-tokens than {decode_tokens}"
+                        )
+                    await asyncio.sleep(0.002)
+                hook_before = await asyncio.to_thread(before) if before else None
+                at_send = tuple(counts)
+                timing = await self._one(client, prompt, 1)
+                hook_after = await asyncio.to_thread(after) if after else None
+                at_end = tuple(counts)
+                decodes = await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+        return BesideTiming(timing, tuple(decodes), at_send, at_end, hook_before, hook_after)
+
+    async def _one(
+        self,
+        client: httpx.AsyncClient,
+        prompt: str | list[int],
+        max_tokens: int,
+        on_chunk: Callable[[], None] | None = None,
+    ) -> StreamTiming:
         url = f"{self.base_url}/v1/completions"
         times: list[float] = []
         usage: dict = {}
@@ -365,6 +439,8 @@ class ServerProbe:
                         raise ProbeError(f"POST {url}: the stream failed: {_error_message(data)}")
                     if chunk.get("choices"):
                         times.append(time.perf_counter())
+                        if on_chunk is not None:
+                            on_chunk()
                     if chunk.get("usage"):
                         usage = chunk["usage"]
         except httpx.HTTPError as error:
@@ -374,11 +450,14 @@ class ServerProbe:
         if not times:
             raise ProbeError(f"POST {url}: the stream ended without a token")
         num_prompt = len(prompt) if isinstance(prompt, list) else 0
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return StreamTiming(
             times[0] - start,
             tuple(b - a for a, b in itertools.pairwise(times)),
             int(usage.get("prompt_tokens") or num_prompt),
             int(usage.get("completion_tokens") or len(times)),
+            _int_or_none(cached),
         )
 
     def histograms(self) -> HistogramTotals | None:

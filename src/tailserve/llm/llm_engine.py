@@ -43,6 +43,10 @@ class EngineStats:
     num_preemptions: int
     num_prompt_tokens: int  # of requests that produced their first token
     num_generation_tokens: int
+    # Wall seconds the torch executor spent at each CPU thread count since it started (it runs on
+    # the cores other processes leave free, executors/pytorch/threads.py); empty for others.
+    cpu_thread_seconds: tuple[tuple[int, float], ...] = ()
+    cpu_threads: int = 0  # the count it steps with now (0: not a CPU torch executor)
 
 
 class StepFailedError(RuntimeError):
@@ -270,6 +274,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         sched = self.scheduler
+        threads = getattr(self.stop_checker.inner, "threads", None)  # the torch executor's controller
         return EngineStats(
             num_running=len(sched.running),
             num_waiting=len(sched.waiting) + self.source.num_pending,
@@ -280,6 +285,8 @@ class LLMEngine:
             num_preemptions=sched.num_preemptions,
             num_prompt_tokens=self._prompt_tokens,
             num_generation_tokens=self._generation_tokens,
+            cpu_thread_seconds=tuple(sorted(threads.seconds_at().items())) if threads else (),
+            cpu_threads=threads.threads if threads else 0,
         )
 
     def check_integrity(self) -> None:

@@ -114,6 +114,17 @@ class ServerMetrics:
             registry=r,
         )
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        # Not vLLM's: the torch executor on a CPU runs on the cores other processes leave free, so
+        # its speed follows the machine's load; these say how many it had, and for how long.
+        self.cpu_threads = gauge("tailserve:cpu_threads", "CPU threads the torch executor steps with now.")
+        thread_seconds = Counter(
+            "tailserve:cpu_thread_seconds",
+            "Wall seconds the torch executor spent at each CPU thread count.",
+            [*names, "threads"],
+            registry=r,
+        )
+        self._thread_seconds = lambda n: thread_seconds.labels(*values, str(n))
+        self._last_thread_seconds: dict[int, float] = {}
         self.requests_received = counter(
             "tailserve_requests_received",
             "Generation requests received (POST /v1/completions and /v1/chat/completions).",
@@ -214,6 +225,13 @@ class ServerMetrics:
         if preemptions > self._last_preemptions:
             self.preemptions.inc(preemptions - self._last_preemptions)
         self._last_queries, self._last_hits, self._last_preemptions = queries, hits, preemptions
+        for threads, seconds in stats.cpu_thread_seconds:
+            gained = seconds - self._last_thread_seconds.get(threads, 0.0)
+            if gained > 0:
+                self._thread_seconds(threads).inc(gained)
+                self._last_thread_seconds[threads] = seconds
+        if stats.cpu_threads:
+            self.cpu_threads.set(stats.cpu_threads)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
