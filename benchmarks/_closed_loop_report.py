@@ -139,3 +139,39 @@ def print_rankings(rows: list[dict[str, Any]]) -> None:
             rho = "  nan" if math.isnan(x["spearman"]) else f"{x['spearman']:+.2f}"
             line += f" {rho:>6} {x['pairs_same']:>3}/{x['pairs']:<3}"
         print(line)
+
+
+def print_stalls(cells: list[dict[str, Any]]) -> None:
+    """Per cell: the real engine's stalls, how many the twin has too, and how many it blames on
+    the prefill the recording shows in flight (``fidelity/stall_check.py``)."""
+    rows = [c for c in cells if c.get("stalls")]
+    if not rows:
+        return
+    print("\nthe real engine's stalls against the twin's explanation (explain --measured):")
+    print(
+        f"{'engine':<10} {'workload':<14} {'setting':<20} {'stalls':>6} {'caught':>6} {'same cause':>10} {'twin only':>9}"
+    )
+    for c in rows:
+        s = c["stalls"]
+        print(
+            f"{c['engine']:<10} {c['workload']:<14} {c['setting']:<20} {s['real_stalls']:>6} "
+            f"{s['caught']:>6} {s['same_cause']:>10} {s['twin_only']:>9}"
+        )
+
+
+def stall_totals(cells: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per engine and workload: the real stalls, caught by the twin, blamed on the same prefill."""
+    out: dict[str, dict[str, int]] = {}
+    for c in cells:
+        s = c.get("stalls")
+        if not s:
+            continue
+        t = out.setdefault(
+            f"{c['engine']}/{c['workload']}",
+            {"real": 0, "caught": 0, "same_cause": 0, "caught_same_cause": 0},
+        )
+        t["real"] += s["real_stalls"]
+        t["caught"] += s["caught"]
+        t["same_cause"] += s["same_cause"]
+        t["caught_same_cause"] += s["caught_same_cause"]
+    return out

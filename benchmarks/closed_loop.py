@@ -58,8 +58,11 @@ from tailserve.bench.client import BenchConfig, run_benchmark
 from tailserve.bench.datasets import BenchRequest
 from tailserve.bench.predict import PredictSpec, simulate
 from tailserve.bench.result import compute_result
+from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.calibration_files import request_overhead
 from tailserve.fidelity.server_metrics import parse_histograms
+from tailserve.fidelity.stall_check import check_stalls, seen_requests
+from tailserve.metrics.attribution import Attributor
 
 PERCENTILES = [50.0, 99.0]
 NAME = "tiny"
@@ -134,7 +137,16 @@ def run_cell(url: str, workload: Workload, args: argparse.Namespace) -> dict[str
     threads = last.threads_since(first) if first is not None and last is not None else {}
     failed = [r.error for r in results if not r.success]
     out = compute_result(results, duration, percentiles=PERCENTILES, metrics=["ttft", "tpot", "itl", "e2el"])
+    t0 = min(r.start_time for r in results)
+    seen = seen_requests(  # every request as the client saw it, for the stall check (not saved)
+        [f"bench-{i}" for i in range(len(results))],
+        [r.start_time - t0 for r in results],
+        [q.prompt_len for q in workload.requests],
+        [r.ttft if r.success else None for r in results],
+        [r.itl for r in results],
+    )
     return {
+        "seen": seen,
         "result": out,
         "failed": failed[:5],
         "quiet": gate,
@@ -175,15 +187,31 @@ def calibrate(engine: Engine, url: str, args: argparse.Namespace, out: Path) -> 
     return {"command": " ".join(cmd), "file": str(out), "seconds": time.perf_counter() - t0}
 
 
-def predict(workload: Workload, setting: Setting, calibration: str, model: Path) -> dict[str, Any]:
+def predict(
+    workload: Workload, setting: Setting, calibration: str, model: Path
+) -> tuple[dict[str, Any], Any]:
+    """The twin's figures for a cell, and its run (with the batch record ``explain`` reads)."""
     spec = PredictSpec(str(model), "H100", 1, calibration, setting.policy())
-    results, duration, _ = simulate(workload.requests, workload.times, spec, None)
+    results, duration, run = simulate(
+        workload.requests, workload.times, spec, None, EngineOptions(record_batches=True)
+    )
     overhead = request_overhead(calibration)
     for r in results:  # the engine model has no API server: the calibration's measured time for it
         if r.success:
             r.ttft += overhead
             r.latency += overhead
-    return compute_result(results, duration, percentiles=PERCENTILES, metrics=["ttft", "tpot", "itl", "e2el"])
+    figures = compute_result(
+        results, duration, percentiles=PERCENTILES, metrics=["ttft", "tpot", "itl", "e2el"]
+    )
+    return figures, run
+
+
+def stall_check(seen: list, run: Any) -> dict[str, Any]:
+    """The real cell's stalls against the twin's explanation of the same gaps (explain --measured)."""
+    attributor = Attributor(
+        run.requests, run.batches, run.config.get("policy", ""), run.config.get("policy_flags", {})
+    )
+    return check_stalls(seen, run.requests, attributor).to_json(top=5)
 
 
 def main() -> int:
@@ -298,11 +326,14 @@ def main() -> int:
         w = next(w for w in workloads if w.name == c["workload"])
         cal = calibrations[c["engine"]]["file"]
         c["measured"] = report.figures(c["run"]["result"])
-        c["predicted"] = report.figures(predict(w, setting, cal, model))
+        figures, run = predict(w, setting, cal, model)
+        c["predicted"] = report.figures(figures)
         c["error"] = report.errors(c["predicted"], c["measured"])
+        c["stalls"] = stall_check(c["run"].pop("seen"), run)
 
     print()
     report.print_cells(cells)
+    report.print_stalls(cells)
     ranks = report.rankings(cells)
     if ranks:
         print(
@@ -341,6 +372,7 @@ def main() -> int:
         "server_starts": starts,
         "cells": cells,
         "rankings": ranks,
+        "stall_totals": report.stall_totals(cells),
         "tune_advice": advice,
         "target_shares": shares,
         "seconds": total,

@@ -174,7 +174,9 @@ def test_cached_context_and_mixed_probes_time_the_step_they_name(torch_server: A
     assert mixed.batch.num_tokens == 16 + 2 and mixed.batch.prefill_kv_tokens == 16
     contexts = mixed.batch.decode_kv_tokens - 2  # decode_kv counts each decode's context + 1
     assert 2 * (40 + sc.MIXED_WARM_CHUNKS) <= contexts < 2 * (40 + sc.MIXED_DECODE_TOKENS)
-    assert mixed.source == "vllm:request_prefill_time_seconds" and mixed.label.startswith("prefill 16 beside 2 x")
+    assert mixed.source == "vllm:request_prefill_time_seconds" and mixed.label.startswith(
+        "prefill 16 beside 2 x"
+    )
 
 
 def test_a_server_without_prefix_caching_gives_no_cached_context_point(micro_model: Path):  # noqa: F811

@@ -23,6 +23,7 @@ import numpy as np
 from tailserve.bench.client import RequestResult
 from tailserve.bench.datasets import BenchRequest
 from tailserve.bench.predict_spec import PredictSpec
+from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.source import ListSource, RequestSource
 from tailserve.executors.simulated.cost_model import CostModel
@@ -155,16 +156,22 @@ class _BenchWorkload(WorkloadBuilder):
 
 
 def simulate(
-    requests: list[BenchRequest], times: np.ndarray, spec: PredictSpec, max_concurrency: int | None
+    requests: list[BenchRequest],
+    times: np.ndarray,
+    spec: PredictSpec,
+    max_concurrency: int | None,
+    options: EngineOptions | None = None,
 ) -> tuple[list[RequestResult], float, RunResult]:
     """The simulated run as client-side results in request order, and its duration (seconds
-    from the start until the last request finished)."""
+    from the start until the last request finished). ``options``: the engine's (e.g.
+    ``record_batches`` for ``explain``)."""
     specs = parse_policy_list(spec.policy)
     if len(specs) != 1:
         raise ValueError(f"--predict-policy takes one policy, got {spec.policy!r}")
     policy = specs[0]
     built = build_cost_model(Deployment(spec.model, spec.hardware, spec.tp, spec.calibration))
-    run = run_policy(built, policy, _BenchWorkload(requests, times, max_concurrency))
+    workload = _BenchWorkload(requests, times, max_concurrency)
+    run = run_policy(built, policy, workload, options=options or EngineOptions())
     sent = {f"bench-{i}": float(t) for i, t in enumerate(times)}
     by_id = {r.request_id: r for r in run.requests}
     results = []

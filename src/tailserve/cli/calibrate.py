@@ -284,7 +284,8 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
         plan = replace(plan, decode_shapes=sc.parse_decode_shapes(args.decode))
     if args.context_prefill is not None:
         plan = replace(
-            plan, context_prefills=sc.parse_context_prefills(args.context_prefill) if args.context_prefill else ()
+            plan,
+            context_prefills=sc.parse_context_prefills(args.context_prefill) if args.context_prefill else (),
         )
     if args.mixed is not None:
         plan = replace(plan, mixed=sc.parse_mixed(args.mixed) if args.mixed else ())
@@ -297,7 +298,9 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     )
     if too_long:
         raise ValueError(f"probe lengths {too_long} do not fit the server's {max_len}-token context")
-    over = [q for q, _ in plan.context_prefills if q > budget] + [b + p for b, _, p in plan.mixed if b + p > budget]
+    over = [q for q, _ in plan.context_prefills if q > budget] + [
+        b + p for b, _, p in plan.mixed if b + p > budget
+    ]
     if over:
         raise ValueError(
             f"probes of {over} tokens in one step exceed --max-num-batched-tokens {budget}: the server "

@@ -73,7 +73,9 @@ class ProbePlan:
 
     @property
     def num_probes(self) -> int:
-        shapes = len(self.prefill_lens) + len(self.decode_shapes) + len(self.context_prefills) + len(self.mixed)
+        shapes = (
+            len(self.prefill_lens) + len(self.decode_shapes) + len(self.context_prefills) + len(self.mixed)
+        )
         return shapes * self.repeats
 
 
@@ -93,7 +95,9 @@ def default_plan(
         if ctx > decode_tokens // 2 and (batch, ctx) not in shapes:
             shapes.append((batch, ctx))
     context = tuple(
-        (q, c) for q, c in ((128, 512), (256, 1024), (512, 1024), (256, 1536)) if q <= top and q + c < max_model_len
+        (q, c)
+        for q, c in ((128, 512), (256, 1024), (512, 1024), (256, 1536))
+        if q <= top and q + c < max_model_len
     )
     mixed = tuple(
         (b, ctx, p)
@@ -134,7 +138,9 @@ def parse_context_prefills(text: str) -> tuple[tuple[int, int], ...]:
         try:
             out.append((int(q), int(c)))
         except ValueError:
-            raise ValueError(f"--context-prefill {text!r}: expected NEW@CONTEXT items, e.g. 256@1024") from None
+            raise ValueError(
+                f"--context-prefill {text!r}: expected NEW@CONTEXT items, e.g. 256@1024"
+            ) from None
         if not at or out[-1][0] < 1 or out[-1][1] < CONTEXT_ALIGN or out[-1][1] % CONTEXT_ALIGN:
             raise ValueError(
                 f"--context-prefill {text!r}: NEW >= 1 and CONTEXT a positive multiple of {CONTEXT_ALIGN} "
@@ -417,7 +423,9 @@ def calibration_file(
         if overhead is not None
         else ""
     )
-    context = sum(1 for p in points if not p.batch.decode_kv_tokens and p.batch.prefill_kv_tokens > p.batch.num_tokens)
+    context = sum(
+        1 for p in points if not p.batch.decode_kv_tokens and p.batch.prefill_kv_tokens > p.batch.num_tokens
+    )
     skipped = (
         f"; {len(plan.context_prefills) - context} of {len(plan.context_prefills)} cached-context prefills "
         "dropped (the server did not report serving their context from its prefix cache)"

@@ -375,7 +375,9 @@ class ServerProbe:
         tokens; ``before`` runs just before it is sent, ``after`` just after its last byte."""
         return asyncio.run(self._beside(decode_prompts, decode_tokens, prompt, warm_chunks, before, after))
 
-    async def _beside(self, decode_prompts, decode_tokens, prompt, warm_chunks, before, after) -> BesideTiming:
+    async def _beside(
+        self, decode_prompts, decode_tokens, prompt, warm_chunks, before, after
+    ) -> BesideTiming:
         n = len(decode_prompts) + 1
         counts = [0] * len(decode_prompts)
 

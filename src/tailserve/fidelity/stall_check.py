@@ -1,0 +1,209 @@
+"""Whether the twin's explanation of a stall is what the real engine shows.
+
+``tailserve explain`` says why a decode stalled from the simulated run's batch record: whose
+prefill shared (or held up) the iteration. A real engine shows no batch record from outside, but
+a recording of its traffic (``bench --record-trace``, the closed loop's cells) shows every
+request's send time and every token's arrival at the client, and that is enough to name the
+suspect of each stall it saw: the requests whose prefill was in flight during the gap — sent
+before the gap ended, first token after it began. Of those, the one whose prompt, times its
+overlap with the gap, is largest is the measured blocker (a long prompt's prefill covers the
+whole gap; short requests that arrived during it waited behind it and overlap it less).
+
+For every stall of the real run (a gap above the recording's own threshold: its p99 gap and three
+times its median, ``attribution.default_tbt_threshold``'s rule) the same gap of the same request
+in the twin's replay is explained (``Attributor.gap``) and compared:
+
+- **caught**: the twin's gap is a stall too (above the twin's own threshold);
+- **same cause**: the twin's top blocker is the measured one (both "no prefill in flight" counts).
+
+And the other way round, the twin's stalls whose real gap was not one (``twin_only``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tailserve.core.request import Request
+from tailserve.metrics.attribution import Attributor, default_tbt_threshold, finished
+
+
+@dataclass(frozen=True, slots=True)
+class SeenRequest:
+    """One request as the client saw it: send time, prompt, every token's arrival (seconds on
+    one clock)."""
+
+    request_id: str
+    arrival: float
+    prompt_len: int
+    token_times: tuple[float, ...]
+
+    @property
+    def first_token(self) -> float:
+        return self.token_times[0] if self.token_times else float("inf")
+
+
+def seen_requests(
+    request_ids: Sequence[str],
+    arrivals: Sequence[float],
+    prompt_lens: Sequence[int],
+    ttfts: Sequence[float | None],
+    itls: Sequence[Sequence[float]],
+) -> list[SeenRequest]:
+    """From per-request send times, TTFTs and inter-token gaps (a failed request: TTFT None)."""
+    out = []
+    for rid, t0, n, ttft, gaps in zip(request_ids, arrivals, prompt_lens, ttfts, itls, strict=True):
+        times = () if ttft is None else tuple(np.cumsum([t0 + ttft, *gaps]).tolist())
+        out.append(SeenRequest(rid, float(t0), int(n), times))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StallMatch:
+    request_id: str
+    token_index: int  # the later token of the gap (1 = the gap after the first)
+    measured_s: float
+    twin_s: float | None  # None: the twin's request has no such gap
+    measured_blocker: tuple[str, int] | None  # (request, prompt tokens) in flight; None: none was
+    twin_blocker: tuple[str, int] | None  # the twin's top blocker of the same gap
+    twin_stalled: bool
+
+    @property
+    def same_cause(self) -> bool:
+        mine = self.measured_blocker[0] if self.measured_blocker else None
+        twin = self.twin_blocker[0] if self.twin_blocker else None
+        return mine == twin
+
+
+@dataclass
+class StallCheck:
+    threshold_s: float  # the real run's stall threshold
+    twin_threshold_s: float
+    matches: list[StallMatch] = field(default_factory=list)  # every real stall, longest first
+    twin_only: int = 0  # twin stalls whose real gap was below the real threshold
+    skipped: int = 0  # requests whose token counts differ between the runs (not compared)
+
+    @property
+    def caught(self) -> int:
+        return sum(m.twin_stalled for m in self.matches)
+
+    @property
+    def same_cause(self) -> int:
+        return sum(m.same_cause for m in self.matches)
+
+    @property
+    def caught_same_cause(self) -> int:
+        return sum(m.twin_stalled and m.same_cause for m in self.matches)
+
+    def gap_ratio(self) -> float | None:
+        """Median of twin gap / measured gap over the real stalls."""
+        ratios = [m.twin_s / m.measured_s for m in self.matches if m.twin_s is not None and m.measured_s > 0]
+        return statistics.median(ratios) if ratios else None
+
+    def summary(self) -> str:
+        n = len(self.matches)
+        if n == 0:
+            return (
+                f"the real run has no stall above {self.threshold_s * 1e3:.1f} ms; the twin has "
+                f"{self.twin_only} above its {self.twin_threshold_s * 1e3:.1f} ms"
+            )
+        ratio = self.gap_ratio()
+        ratio_text = f"; twin gap / real gap median {ratio:.2f}" if ratio is not None else ""
+        return (
+            f"{n} real stalls (gaps > {self.threshold_s * 1e3:.1f} ms): the twin stalls at {self.caught} "
+            f"of them (> {self.twin_threshold_s * 1e3:.1f} ms) and names the prefill in flight in "
+            f"{self.same_cause} ({self.caught_same_cause} both){ratio_text}; {self.twin_only} twin "
+            f"stalls where the real gap was none"
+        )
+
+    def to_json(self, top: int | None = None) -> dict:
+        return {
+            "threshold_s": self.threshold_s,
+            "twin_threshold_s": self.twin_threshold_s,
+            "real_stalls": len(self.matches),
+            "caught": self.caught,
+            "same_cause": self.same_cause,
+            "caught_same_cause": self.caught_same_cause,
+            "twin_only": self.twin_only,
+            "skipped_requests": self.skipped,
+            "gap_ratio_median": self.gap_ratio(),
+            "stalls": [
+                {
+                    "request_id": m.request_id,
+                    "token_index": m.token_index,
+                    "measured_s": m.measured_s,
+                    "twin_s": m.twin_s,
+                    "measured_blocker": list(m.measured_blocker) if m.measured_blocker else None,
+                    "twin_blocker": list(m.twin_blocker) if m.twin_blocker else None,
+                    "twin_stalled": m.twin_stalled,
+                }
+                for m in self.matches[:top]
+            ],
+        }
+
+
+def measured_threshold(seen: Sequence[SeenRequest]) -> float:
+    gaps = [np.diff(r.token_times) for r in seen if len(r.token_times) > 1]
+    if not gaps:
+        return float("inf")
+    pooled = np.concatenate(gaps)
+    return float(max(np.percentile(pooled, 99), 3 * np.median(pooled)))
+
+
+def prefill_in_flight(
+    seen: Sequence[SeenRequest], stalled: str, a: float, b: float
+) -> tuple[str, int] | None:
+    """The request whose prefill most covers the gap (a, b): prompt tokens x overlap."""
+    best, score = None, 0.0
+    for r in seen:
+        if r.request_id == stalled:
+            continue
+        overlap = min(b, r.first_token) - max(a, r.arrival)
+        if overlap > 0 and r.prompt_len * overlap > score:
+            best, score = (r.request_id, r.prompt_len), r.prompt_len * overlap
+    return best
+
+
+def check_stalls(
+    seen: Sequence[SeenRequest],
+    twin: Sequence[Request],
+    attributor: Attributor,
+    threshold_s: float | None = None,
+    twin_threshold_s: float | None = None,
+) -> StallCheck:
+    """Every real stall of ``seen`` against the same gap in the twin's run (``twin``, explained by
+    ``attributor``); requests are matched by id and must have as many tokens in both."""
+    done = {r.request_id: r for r in finished(twin)}
+    threshold = measured_threshold(seen) if threshold_s is None else threshold_s
+    twin_threshold = (
+        default_tbt_threshold(list(done.values())) if twin_threshold_s is None else twin_threshold_s
+    )
+    check = StallCheck(threshold, twin_threshold)
+    for r in seen:
+        replay = done.get(r.request_id)
+        if replay is None or len(replay.token_times) != len(r.token_times):
+            check.skipped += bool(r.token_times)
+            continue
+        real = np.diff(r.token_times)
+        simulated = np.diff(replay.token_times)
+        for k in np.flatnonzero(real > threshold) + 1:
+            a, b = r.token_times[k - 1], r.token_times[k]
+            gap = attributor.gap(replay, int(k))
+            top = (gap.blockers[0].request_id, gap.blockers[0].prompt_len) if gap.blockers else None
+            check.matches.append(
+                StallMatch(
+                    r.request_id,
+                    int(k),
+                    float(b - a),
+                    float(simulated[k - 1]),
+                    prefill_in_flight(seen, r.request_id, a, b),
+                    top,
+                    bool(simulated[k - 1] > twin_threshold),
+                )
+            )
+        check.twin_only += int(np.count_nonzero((simulated > twin_threshold) & (real <= threshold)))
+    check.matches.sort(key=lambda m: -m.measured_s)
+    return check
