@@ -66,6 +66,7 @@ class Engine:
     dtype: str
     max_model_len: int
     startup_timeout_s: float
+    threads: int | None = None  # tailserve's --threads (None: its default, the free cores, revisited)
 
     def command(self, setting: Setting, port: int) -> list[str]:
         if self.name == "vllm":
@@ -79,6 +80,8 @@ class Engine:
             cmd += ["--served-model-name", self.served_name, "--port", str(port), "--executor", "torch"]
             cmd += ["--dtype", self.dtype, "--max-model-len", str(self.max_model_len), "--policy", "vllm"]
             cmd += ["--log-level", "warning"]
+            if self.threads is not None:
+                cmd += ["--threads", str(self.threads)]
         return cmd + setting.flags()
 
     def env(self, kvcache_gib: str) -> dict[str, str]:

@@ -88,6 +88,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds (default 300; --quick: 5)")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds a server may take to start")
     p.add_argument("--no-tune", action="store_true", help="skip checking tune's advice against the cells")
+    p.add_argument(
+        "--tailserve-threads",
+        type=int,
+        default=None,
+        help="tailserve serve --threads N: a fixed count, as vLLM's CPU build runs (default: its own "
+        "default, the cores other processes leave free, revisited every 0.5 s)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     args.quiet_timeout = (
@@ -242,6 +249,7 @@ def main() -> int:
             dtype,
             max_len,
             args.server_timeout,
+            args.tailserve_threads if n == "tailserve" else None,
         )
         for n in names
     ]

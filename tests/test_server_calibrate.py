@@ -130,7 +130,7 @@ def test_thread_seconds_are_published_and_said():
     metrics.observe_stats(stats)
     after = parse_histograms(metrics.render().decode())
     assert after.threads_since(before) == {1: 3.0, 2: 1.0}
-    assert "tailserve:cpu_threads" in metrics.render().decode()
+    assert "tailserve_cpu_threads" in metrics.render().decode()
     note = sc.threads_note(after.threads_since(before))
     assert note == "; the server's CPU executor ran 2 threads 25%, 1 thread 75% of the time"
     assert sc.threads_note({}) == "" and sc.threads_note(None) == ""

@@ -414,7 +414,7 @@ def calibration_file(
     thread_seconds: dict[int, float] | None = None,
 ) -> CalibrationFile:
     """``thread_seconds``: a tailserve server's CPU executor's seconds at each thread count over
-    the probes (its ``tailserve:cpu_thread_seconds``), said in the source line."""
+    the probes (its ``tailserve_cpu_thread_seconds``), said in the source line."""
     overhead = request_overhead(points)
     sources = sorted({p.source for p in points})
     load = os.getloadavg()[0]

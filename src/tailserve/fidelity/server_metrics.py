@@ -19,7 +19,7 @@ Series of several engines (vLLM's ``engine`` label under data parallelism) are s
 
 Counters are kept too: ``vllm:prefix_cache_hits`` (tokens served from the prefix cache; SGLang's
 ``sglang:cached_tokens``) tells whether a probe's prompt prefix was cached; tailserve's
-``tailserve:cpu_thread_seconds{threads}`` how long its CPU executor ran at each thread count (it
+``tailserve_cpu_thread_seconds{threads}`` how long its CPU executor ran at each thread count (it
 runs on the cores other processes leave free, so a client on the same machine slows it).
 """
 
@@ -39,7 +39,7 @@ DECODE = (
     "vllm:time_per_output_token_seconds",
     "sglang:inter_token_latency_seconds",
 )
-THREAD_SECONDS = "tailserve:cpu_thread_seconds"
+THREAD_SECONDS = "tailserve_cpu_thread_seconds"
 CACHE_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits", "sglang:cached_tokens")
 
 

@@ -116,9 +116,9 @@ class ServerMetrics:
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
         # Not vLLM's: the torch executor on a CPU runs on the cores other processes leave free, so
         # its speed follows the machine's load; these say how many it had, and for how long.
-        self.cpu_threads = gauge("tailserve:cpu_threads", "CPU threads the torch executor steps with now.")
+        self.cpu_threads = gauge("tailserve_cpu_threads", "CPU threads the torch executor steps with now.")
         thread_seconds = Counter(
-            "tailserve:cpu_thread_seconds",
+            "tailserve_cpu_thread_seconds",
             "Wall seconds the torch executor spent at each CPU thread count.",
             [*names, "threads"],
             registry=r,
