@@ -293,7 +293,7 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
         [p for p in plan.prefill_lens if p >= max_len]
         + [c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len]
         + [q + c for q, c in plan.context_prefills if q + c >= max_len]
-        + [c + sc.MIXED_DECODE_TOKENS for _, c, _ in plan.mixed if c + sc.MIXED_DECODE_TOKENS >= max_len]
+        + [c + plan.mixed_decode_tokens for _, c, _ in plan.mixed if c + plan.mixed_decode_tokens >= max_len]
         + [p for _, _, p in plan.mixed if p >= max_len]
     )
     if too_long:

@@ -54,6 +54,12 @@ from tailserve.fidelity.server_probe import ProbeError, Prompts, ServerProbe, St
 GPU_FIT_FIELDS = ("compute", "memory", "overhead", "per_token")
 FEW_FIELDS = ("compute", "memory", "overhead")
 MIN_POINTS_PER_FIELD = 1.5  # fewer points than that per fitted term: only compute, memory, overhead
+# A CPU fit's pull towards its start (``calibration.calibrate``'s prior): a dozen probes do not pin
+# seven terms, and unanchored the fit ran off (vLLM's CPU build at 4,960% of the host's peak
+# FLOP/s with attention 220x its roofline; a memory efficiency of 2e17). Refitting the quiet
+# closed-loop run's own probes with it (2026-12-03), vLLM's TTFT p50 error fell from +53% to +13%
+# (median over 21 cells) at the same probe error; 0.03-0.1 gave the same.
+CPU_PRIOR = 0.05
 DEFAULT_BUDGET = 2048  # vLLM's API-server max_num_batched_tokens on CPUs and most GPUs
 DEFAULT_DECODE_TOKENS = 32
 # A mixed probe's decode streams: long enough to still run when the probe beside them ends.
@@ -70,6 +76,7 @@ class ProbePlan:
     repeats: int = 3
     context_prefills: tuple[tuple[int, int], ...] = ()  # (new tokens, cached context tokens)
     mixed: tuple[tuple[int, int, int], ...] = ()  # (decode batch, decode context, prefill tokens)
+    mixed_decode_tokens: int = MIXED_DECODE_TOKENS  # each decode stream's length in a mixed probe
 
     @property
     def num_probes(self) -> int:
@@ -215,7 +222,7 @@ def probe_server(
     for batch, ctx, p in plan.mixed:
         runs = []
         for _ in range(plan.repeats):
-            runs.append(_mixed_once(probe, prompts, batch, ctx, p, use_metrics))
+            runs.append(_mixed_once(probe, prompts, batch, ctx, p, use_metrics, plan.mixed_decode_tokens))
             if progress:
                 progress(f"{p} beside {batch} x {ctx}")
         points.append(_summarize_mixed(runs, batch))
@@ -256,9 +263,12 @@ def _context_prefill_once(
     """``c`` tokens sent once to fill the prefix cache, then again with ``q`` new ones; None when
     the server cannot be seen to have served the ``c`` from its cache."""
     base = prompts.make(c)
+    seeded = probe.histograms()
     probe.stream(base, 1)
+    # The seeding request's own figures may land just after its last byte: wait for them, so
+    # the probe's scrape before and after holds the probe alone.
+    before = _server_mean_after(probe, seeded, PREFILL, 1)[2] or probe.histograms()
     full = base + prompts.make(q) if isinstance(base, list) else f"{base} {prompts.make(q)}"
-    before = probe.histograms()
     timing = probe.stream(full, 1)
     server_s, source, after = _server_mean_after(probe, before if use_metrics else None, PREFILL, 1)
     hits = timing.cached_tokens
@@ -272,7 +282,13 @@ def _context_prefill_once(
 
 
 def _mixed_once(
-    probe: ServerProbe, prompts: Prompts, batch: int, ctx: int, p: int, use_metrics: bool
+    probe: ServerProbe,
+    prompts: Prompts,
+    batch: int,
+    ctx: int,
+    p: int,
+    use_metrics: bool,
+    decode_tokens: int = MIXED_DECODE_TOKENS,
 ) -> _Run:
     """A prefill of ``p`` tokens beside ``batch`` streams decoding at ~``ctx`` tokens."""
     scrapes: dict[str, Any] = {}
@@ -284,9 +300,9 @@ def _mixed_once(
         scrapes["server"] = _server_mean_after(probe, scrapes["before"], PREFILL, 1)
 
     decode_prompts = [prompts.make(ctx) for _ in range(batch)]
-    t = probe.beside(decode_prompts, MIXED_DECODE_TOKENS, prompts.make(p), MIXED_WARM_CHUNKS, before, after)
+    t = probe.beside(decode_prompts, decode_tokens, prompts.make(p), MIXED_WARM_CHUNKS, before, after)
     server_s, source, _ = scrapes["server"]
-    if any(n >= MIXED_DECODE_TOKENS for n in t.chunks_at_end):
+    if any(n >= decode_tokens for n in t.chunks_at_end):
         server_s, source = None, "client"  # a decode finished in the window: its figures mixed in
     prompt = t.decodes[0].prompt_tokens if t.decodes else ctx
     # Each decode's context in the probe's step: its prompt and the tokens it had by then.
@@ -388,7 +404,8 @@ def _summarize_decode(runs: list[_Run], batch: int, tokens: int) -> ProbedPoint:
 def fit_points(
     model: ModelSpec, hardware: Hardware, tp: int, points: list[MeasuredBatch]
 ) -> CalibrationResult:
-    """A CPU as ``calibrate --executor torch`` fits one (every term, outliers dropped); a GPU from
+    """A CPU as ``calibrate --executor torch`` fits one (every term, outliers dropped), each term
+    pulled towards its start (``CPU_PRIOR``); a GPU from
     its catalog curves, scaled (compute, memory and the two overheads). A handful of probes
     cannot pin seven terms (the fit runs off to zero attention cost and infinite bandwidth):
     below 1.5 points a term, only compute, memory and the per-step overhead are fitted."""
@@ -396,7 +413,7 @@ def fit_points(
         from tailserve.fidelity.torch_calibrate import CPU_FIT_FIELDS, fit_host
 
         many = len(points) >= MIN_POINTS_PER_FIELD * len(CPU_FIT_FIELDS)
-        return fit_host(model, hardware, points, CPU_FIT_FIELDS if many else FEW_FIELDS)
+        return fit_host(model, hardware, points, CPU_FIT_FIELDS if many else FEW_FIELDS, prior=CPU_PRIOR)
     many = len(points) >= MIN_POINTS_PER_FIELD * len(GPU_FIT_FIELDS)
     return calibrate(CostModel(model, hardware, tp), points, GPU_FIT_FIELDS if many else FEW_FIELDS)
 

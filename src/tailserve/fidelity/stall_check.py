@@ -10,13 +10,16 @@ overlap with the gap, is largest is the measured blocker (a long prompt's prefil
 whole gap; short requests that arrived during it waited behind it and overlap it less).
 
 For every stall of the real run (a gap above the recording's own threshold: its p99 gap and three
-times its median, ``attribution.default_tbt_threshold``'s rule) the same gap of the same request
-in the twin's replay is explained (``Attributor.gap``) and compared:
+times its median, ``attribution.default_tbt_threshold``'s rule) the same request's gaps in the
+twin's replay within ``WINDOW`` tokens of it are looked at — a twin a little faster or slower
+puts the same stall a token or two earlier or later — and the longest is explained
+(``Attributor.gap``) and compared:
 
 - **caught**: the twin's gap is a stall too (above the twin's own threshold);
 - **same cause**: the twin's top blocker is the measured one (both "no prefill in flight" counts).
 
-And the other way round, the twin's stalls whose real gap was not one (``twin_only``).
+And the other way round, the twin's stalls with no real stall of the request within ``WINDOW``
+tokens (``twin_only``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import numpy as np
 
 from tailserve.core.request import Request
 from tailserve.metrics.attribution import Attributor, default_tbt_threshold, finished
+
+WINDOW = 3  # tokens either side of a real stall where the twin's stall may fall
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +69,9 @@ def seen_requests(
 @dataclass(frozen=True, slots=True)
 class StallMatch:
     request_id: str
-    token_index: int  # the later token of the gap (1 = the gap after the first)
+    token_index: int  # the later token of the real gap (1 = the gap after the first)
     measured_s: float
-    twin_s: float | None  # None: the twin's request has no such gap
+    twin_s: float | None  # the twin's longest gap of the request within WINDOW tokens
     measured_blocker: tuple[str, int] | None  # (request, prompt tokens) in flight; None: none was
     twin_blocker: tuple[str, int] | None  # the twin's top blocker of the same gap
     twin_stalled: bool
@@ -189,21 +194,27 @@ def check_stalls(
             continue
         real = np.diff(r.token_times)
         simulated = np.diff(replay.token_times)
-        for k in np.flatnonzero(real > threshold) + 1:
-            a, b = r.token_times[k - 1], r.token_times[k]
-            gap = attributor.gap(replay, int(k))
+        stalled = np.flatnonzero(real > threshold)
+        for j in stalled:
+            lo, hi = max(0, j - WINDOW), min(len(simulated), j + WINDOW + 1)
+            t = lo + int(np.argmax(simulated[lo:hi]))  # the twin's stall of this moment
+            gap = attributor.gap(replay, t + 1)
             top = (gap.blockers[0].request_id, gap.blockers[0].prompt_len) if gap.blockers else None
+            a, b = r.token_times[j], r.token_times[j + 1]
             check.matches.append(
                 StallMatch(
                     r.request_id,
-                    int(k),
+                    int(j + 1),
                     float(b - a),
-                    float(simulated[k - 1]),
+                    float(simulated[t]),
                     prefill_in_flight(seen, r.request_id, a, b),
                     top,
-                    bool(simulated[k - 1] > twin_threshold),
+                    bool(simulated[t] > twin_threshold),
                 )
             )
-        check.twin_only += int(np.count_nonzero((simulated > twin_threshold) & (real <= threshold)))
+        near_real = np.zeros(len(simulated), dtype=bool)
+        for j in stalled:
+            near_real[max(0, j - WINDOW) : j + WINDOW + 1] = True
+        check.twin_only += int(np.count_nonzero((simulated > twin_threshold) & ~near_real))
     check.matches.sort(key=lambda m: -m.measured_s)
     return check

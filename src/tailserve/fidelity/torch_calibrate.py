@@ -250,14 +250,16 @@ def fit_host(
     hardware: Hardware,
     points: list[MeasuredBatch],
     fields: tuple[str, ...] = CPU_FIT_FIELDS,
+    prior: float = 0.0,
 ) -> CalibrationResult:
     """Least squares, then again without the points more than 3 robust deviations off (an
     iteration another process preempted on a shared machine is not the engine's cost); the
-    result predicts every point."""
+    result predicts every point. ``prior``: ``calibration.calibrate``'s pull of each efficiency
+    towards the start (for a dozen probes, which do not pin seven terms)."""
     start = Efficiency(compute=0.5, memory=0.5, overhead=1e-3, sharpness=2.0, tile_m=1)
     base = CostModel(model, hardware, 1, start)
     kept = list(points)
-    fit = calibrate(base, kept, fields)
+    fit = calibrate(base, kept, fields, prior=prior)
     for _ in range(3):
         cm = base.with_efficiency(fit.efficiency)
         r = np.array([cm.iteration_time(p.shape) / p.seconds - 1.0 for p in points])
@@ -267,7 +269,7 @@ def fit_host(
         if len(now) == len(kept):
             break
         kept = now
-        fit = calibrate(base.with_efficiency(fit.efficiency), kept, fields)
+        fit = calibrate(base.with_efficiency(fit.efficiency), kept, fields, prior=prior)
     cm = base.with_efficiency(fit.efficiency)
     predicted = tuple(cm.iteration_time(p.shape) for p in points)
     return CalibrationResult(fit.efficiency, tuple(points), predicted, fit.warnings)

@@ -163,8 +163,14 @@ def calibrate(
     points: Sequence[Measured],
     fields: tuple[str, ...] = FIT_FIELDS,
     max_iter: int = 100,
+    prior: float = 0.0,
 ) -> CalibrationResult:
     """Fit ``fields`` of the cost model's ``Efficiency`` to measured points.
+
+    ``prior`` > 0 adds, per efficiency fitted, ``prior`` x its log-distance from the starting
+    value as one more residual: a term the points do not pin stays near where it started instead
+    of running off to 0 or 1e17 (a factor e away costs as much as a ``prior`` relative error on
+    one point). 0: plain least squares.
 
     Least squares in relative error (Levenberg-Marquardt with a numerical Jacobian): the model
     is smooth but not linear in its efficiencies once a GEMM joins its compute and memory time
@@ -180,9 +186,13 @@ def calibrate(
     x = _encode(base, fields)
     shapes = [p.shape for p in points]
 
+    x0 = x.copy()
+    anchored = np.array([f in _POSITIVE for f in fields]) * prior
+
     def residuals(v: np.ndarray) -> np.ndarray:
         cm = cost_model.with_efficiency(_decode(base, fields, v))
-        return np.array([cm.iteration_time(s) for s in shapes]) / y - 1.0
+        errors = np.array([cm.iteration_time(s) for s in shapes]) / y - 1.0
+        return np.concatenate([errors, anchored * (v - x0)]) if prior > 0 else errors
 
     # Positive fields live in log space (unbounded below); sharpness stays >= 1 (a p-norm below 1
     # would exceed the sum of compute and memory time); times stay >= 0.
@@ -193,7 +203,7 @@ def calibrate(
     if negative:
         pinned = replace(eff, **{f: 0.0 for f in negative})
         rest = tuple(f for f in fields if f not in negative)
-        return calibrate(cost_model.with_efficiency(pinned), points, rest, max_iter)
+        return calibrate(cost_model.with_efficiency(pinned), points, rest, max_iter, prior)
     fitted = cost_model.with_efficiency(eff)
     predicted = tuple(fitted.iteration_time(s) for s in shapes)
     return CalibrationResult(eff, tuple(points), predicted, tuple(_warnings(cost_model, points, eff)))
