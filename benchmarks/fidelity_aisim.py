@@ -235,6 +235,18 @@ def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float) -> dict:
     return best[1]
 
 
+def main_kernel(rows: list) -> tuple[str, list]:
+    """The kernel with the most model shapes among a format's fused-MoE rows (ties: the most
+    rows) and its rows. A format's rows come from several kernels across vLLM versions (on the
+    H200, FP8 per tensor from the generic Triton ``fused_moe`` and FlashInfer's CUTLASS kernel)
+    that differ by up to 3x on one shape; mixed, no single curve fits either."""
+    shapes: dict = {}
+    for r in rows:
+        shapes.setdefault(r[8], set()).add((r[2], r[3], r[4], r[5]))
+    kernel = max(shapes, key=lambda kn: (len(shapes[kn]), sum(r[8] == kn for r in rows), kn))
+    return kernel, [r for r in rows if r[8] == kernel]
+
+
 def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
     """Each fused-MoE row (EP 1) priced with the GEMM curve of its GPU and format, first as is,
     then with the MoE kernel's factors fitted on half the model shapes and tested on the rest."""
@@ -243,7 +255,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
         title="Fused MoE layer (EP 1): |error| with the dense GEMM curve, then with MoE factors fitted "
         "on half the model shapes (held out: the other half)"
     )
-    for col in ("GPU", "format", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
+    for col in ("GPU", "format", "kernel", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
                 "time-weighted", "factors c / m, latency"):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
@@ -254,9 +266,10 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
         for r in entry.get("moe", []):
             if r[7] == 1 and r[9] > 0:  # EP 1: the all-to-all is not in these rows
                 by_fmt.setdefault(r[0], []).append(r)
-        for fmt, rows in sorted(by_fmt.items()):
+        for fmt, all_rows in sorted(by_fmt.items()):
             if fmt not in MOE_FORMATS or MOE_FORMATS[fmt][0] not in gemm[gpu]:
                 continue
+            kernel, rows = main_kernel(all_rows)
             curve_fmt, weights = MOE_FORMATS[fmt]
             curve = gemm[gpu][curve_fmt]["fit"]
             prec = get_precision(weights)
@@ -278,7 +291,8 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
             shapes = sorted(set(shape))
             test_shapes = set(shapes[1::2])
             test = np.array([s_ in test_shapes for s_ in shape])
-            res: dict = {"rows": len(y_a), "shapes": len(shapes), "gemm_curve": stats(as_is, y_a)}
+            res: dict = {"rows": len(y_a), "shapes": len(shapes), "kernel": kernel,
+                         "kernels": sorted({r[8] for r in all_rows}), "gemm_curve": stats(as_is, y_a)}  # fmt: skip
             if len(shapes) >= 2:
                 f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)
                 pred = join_array(c_a / f["compute_factor"], b_a / f["memory_factor"], p) + f["layer_latency"]
@@ -289,6 +303,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
             table.add_row(
                 GPUS[gpu],
                 fmt,
+                kernel.removeprefix("vllm_"),
                 str(len(shapes)),
                 str(h["n"]) if h else "-",
                 f"{res['gemm_curve']['mean']:.1%}",
