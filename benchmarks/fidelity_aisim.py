@@ -54,7 +54,7 @@ from rich.table import Table
 
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
-from tailserve.executors.simulated.gemm import join_array, padded_rows
+from tailserve.executors.simulated.gemm import join_array, padded_rows, wave_flops
 from tailserve.executors.simulated.hardware import Hardware, LinkFit, MlaKernel, get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
@@ -124,6 +124,65 @@ def fit(m, n, k, y, wb, peak, hw) -> dict:
     return best[1]
 
 
+# The wave form's column tiles and partial-wave costs tried (gemm.py), and the bytes per activation
+# element each format's quantization kernel moves before its GEMM (reads bf16, writes the format
+# and its scales): vLLM runs it as a kernel of its own in these isolated-op tables.
+TILES_N = (64, 128, 256)
+ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+QUANT_BYTES = {"bfloat16": 0.0, "fp8": 2.0 + 1.0, "fp8_block": 2.0 + 1.0 + 4 / 128, "nvfp4": 2.0 + 0.5 + 1 / 16}
+
+
+def wave_parts(m, n, k, wb, peak, hw: Hardware, tile, tile_n, alpha, quant) -> tuple:
+    """(seconds at peak FLOP/s, seconds at full bandwidth, the quantization kernel's seconds at
+    full bandwidth) per row: output tiles in waves over the SMs (``tile_n`` 0: no waves)."""
+    rows = padded_rows(m, tile)
+    flops = wave_flops(rows, n, k, tile, tile_n, hw.sms, alpha) if tile_n else 2.0 * rows * n * k
+    memory = (n * k * wb + m * (k + n) * ACT_BYTES) / hw.memory_bandwidth
+    return flops / peak, memory, m * k * quant / hw.memory_bandwidth
+
+
+def wave_time(parts: tuple, c, mem, p, lat) -> np.ndarray:
+    compute, memory, quant = parts
+    return join_array(compute / c, memory / mem, p) + quant / mem + lat
+
+
+def fit_waves(m, n, k, y, wb, peak, hw, quant_choices) -> dict:
+    """``fit`` with the per-GEMM wave form (column tile, partial-wave cost) and the activations'
+    quantization kernel (its bytes per element: each of ``quant_choices``) on top. Every shape
+    (row and column tile, partial-wave cost, quantization bytes) scored on a coarse grid of the
+    rates and sharpness; the best three searched on the full grid, the latency least squares in
+    relative terms throughout, then a finer grid around the best."""
+    w = 1.0 / y
+
+    def score(parts, c, mem, p, shape):
+        base = wave_time(parts, c, mem, p, 0.0)
+        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
+        err = float(np.mean(np.abs((base + lat) / y - 1)))
+        return err, dict(shape, compute=c, memory=mem, sharpness=p, gemm_latency=lat)
+
+    def search(parts, shape, sharpness, cs, mems):
+        return min((score(parts, c, mem, p, shape) for p in sharpness for c in cs for mem in mems),
+                   key=lambda t: t[0])  # fmt: skip
+
+    coarse = []
+    for quant in quant_choices:
+        for tile in TILES:
+            for tile_n in (0, *TILES_N):
+                for alpha in ALPHAS if tile_n else (1.0,):
+                    shape = dict(tile_m=tile, tile_n=tile_n, wave_alpha=alpha, quant_bytes=quant)
+                    parts = wave_parts(m, n, k, wb, peak, hw, tile, tile_n, alpha, quant)
+                    err, _ = search(parts, shape, (1.5, 3.0, 6.0), np.linspace(0.3, 1.2, 7), np.linspace(0.5, 1.0, 4))
+                    coarse.append((err, shape, parts))
+    coarse.sort(key=lambda t: t[0])
+    best = min((search(parts, shape, SHARPNESS, np.linspace(0.3, 1.2, 10), np.linspace(0.4, 1.0, 7)) + (parts,)
+                for _, shape, parts in coarse[:3]), key=lambda t: t[0])  # fmt: skip
+    b, parts = best[1], best[2]
+    shape = {key: b[key] for key in ("tile_m", "tile_n", "wave_alpha", "quant_bytes")}
+    fine = [c for c in np.linspace(b["compute"] - 0.08, b["compute"] + 0.08, 17) if 0 < c <= 1.3]
+    fine_m = [v for v in np.linspace(b["memory"] - 0.08, b["memory"] + 0.08, 17) if 0 < v <= 1.2]
+    return min(best[:2], search(parts, shape, (b["sharpness"],), fine, fine_m), key=lambda t: t[0])[1]
+
+
 def stats(pred: np.ndarray, y: np.ndarray) -> dict:
     """|relative error|: mean, p90, max, signed bias, and weighted by each row's time (the
     error of a sum of such GEMMs, as an iteration is)."""
@@ -153,6 +212,9 @@ def gemm_part(tables: dict, console: Console) -> dict:
         "time-weighted",
         "fit",
         "all sizes",
+        "waves + quant: mean / p90 / max",
+        "time-weighted ",
+        "waves fit",
     ):
         table.add_column(col)
     for gpu, entry in tables.items():
@@ -177,7 +239,16 @@ def gemm_part(tables: dict, console: Console) -> dict:
             pred = gemm_time(m, n, k, prec.bytes, peak, hw, **_curve(params))
             generic = gemm_time(m, n, k, prec.bytes, peak, hw, 0.6, 0.8, math.inf, 1, 0.0)
             held = test & sized
+            q = QUANT_BYTES[fmt]
+            waves = fit_waves(m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0, q) if q else (0.0,))
+            wparts = (m, n, k, prec.bytes, peak, hw, waves["tile_m"], waves["tile_n"], waves["wave_alpha"])
+            wpred = wave_time(wave_parts(*wparts, waves["quant_bytes"]), waves["compute"], waves["memory"],
+                              waves["sharpness"], waves["gemm_latency"])  # fmt: skip
             res = {
+                "waves_fit": waves,
+                "waves_held_out": stats(wpred[held], y[held]),
+                "waves_train": stats(wpred[train], y[train]),
+                "waves_held_out_all_sizes": stats(wpred[test], y[test]),
                 "fit": params,
                 "train": stats(pred[train], y[train]),
                 "held_out": stats(pred[held], y[held]),
@@ -187,7 +258,7 @@ def gemm_part(tables: dict, console: Console) -> dict:
                 "weight_bytes": prec.bytes,
             }
             out.setdefault(gpu, {})[fmt] = res
-            h, g = res["held_out"], res["generic_held_out"]
+            h, g, wh = res["held_out"], res["generic_held_out"], res["waves_held_out"]
             table.add_row(
                 GPUS[gpu],
                 fmt,
@@ -198,6 +269,11 @@ def gemm_part(tables: dict, console: Console) -> dict:
                 f"c {params['compute']:.2f} m {params['memory']:.2f} p {params['sharpness']} "
                 f"tile {params['tile_m']} lat {params['gemm_latency'] * 1e6:.1f} us",
                 f"{res['held_out_all_sizes']['mean']:.1%}",
+                f"{wh['mean']:.1%} / {wh['p90']:.1%} / {wh['max']:.0%}",
+                f"{wh['time_weighted']:.1%}",
+                f"c {waves['compute']:.2f} m {waves['memory']:.2f} p {waves['sharpness']} tile "
+                f"{waves['tile_m']}x{waves['tile_n']} a {waves['wave_alpha']} q {waves['quant_bytes']:.2f} "
+                f"lat {waves['gemm_latency'] * 1e6:.1f} us",
             )
     console.print(table)
     return out
@@ -256,7 +332,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
         "on half the model shapes (held out: the other half)"
     )
     for col in ("GPU", "format", "kernel", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
-                "time-weighted", "factors c / m, latency"):  # fmt: skip
+                "time-weighted", "monotone floor mean / max", "factors c / m, latency"):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
         if gpu not in GPUS or gpu not in gemm:
@@ -275,7 +351,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
             prec = get_precision(weights)
             flops_rate = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute) * curve["compute"]
             byte_rate = hw.memory_bandwidth * curve["memory"]
-            c, b, y, shape = [], [], [], []
+            c, b, y, shape, series, toks = [], [], [], [], [], []
             for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, latency in rows:
                 flops, moved = grouped_gemm_parts(
                     int(tokens), int(experts), int(topk), int(hidden), int(inter),
@@ -285,6 +361,8 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 b.append(moved / byte_rate)
                 y.append(latency * 1e-3)
                 shape.append((hidden, inter, topk, experts))
+                series.append((hidden, inter, topk, experts, tp))
+                toks.append(tokens)
             c_a, b_a, y_a = (np.array(v, dtype=float) for v in (c, b, y))
             p = curve["sharpness"]
             as_is = join_array(c_a, b_a, p) + 2 * curve["gemm_latency"]
@@ -297,6 +375,9 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)
                 pred = join_array(c_a / f["compute_factor"], b_a / f["memory_factor"], p) + f["layer_latency"]
                 res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]))
+                # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
+                noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
+                res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
             out.setdefault(gpu, {})[fmt] = res
             h = res.get("held_out")
             f = res.get("fit")
@@ -309,6 +390,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 f"{res['gemm_curve']['mean']:.1%}",
                 f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}" if h else "one shape: not held out",
                 f"{h['time_weighted']:.1%}" if h else "-",
+                f"{res['monotone_floor']['mean']:.1%} / {res['monotone_floor']['max']:.0%}" if h else "-",
                 f"{f['compute_factor']:.2f} / {f['memory_factor']:.2f}, {f['layer_latency'] * 1e6:.1f} us"
                 if f
                 else "-",

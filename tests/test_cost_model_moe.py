@@ -201,3 +201,23 @@ def test_expert_parallel_waits_for_its_busiest_rank():
         parse_policy_list("vllm")[0], dep, None, hw.device_info, 4096
     )
     assert "--ep-size 8" in command_line(parse_policy_list("sglang")[0], dep, None, hw.device_info, 4096)
+
+
+def test_a_curves_quantization_bytes_price_the_kernel_that_quantizes_each_gemms_input():
+    # GemmCurve.quant_bytes: a separate kernel reads each dense GEMM's bf16 input and writes it in
+    # the format (FP8 per tensor: 2 + 1 bytes per element) at the format's memory rate. Llama-2-70B
+    # at TP 8: each layer's inputs are hidden (QKV) + 1,024 (o) + hidden (gate/up) + 3,584 (down).
+    h200 = get_hardware("H200")
+    quantized = replace(h200, gemm=replace(h200.gemm, quant_bytes=(("fp8", 3.0),)))
+    fp8 = replace(LLAMA_70B, weight_dtype="fp8")
+    tokens = 4096
+    inputs = 80 * (8192 + 1024 + 8192 + 3584)
+    _, fm = h200.gemm.factors_for("fp8")
+    rate = h200.memory_bandwidth * h200.gemm.memory * fm
+    extra = CostModel(fp8, quantized, 8).linear_time(tokens) - CostModel(fp8, h200, 8).linear_time(tokens)
+    assert extra == pytest.approx(tokens * inputs * 3.0 / rate, rel=1e-9)
+    # another format's GEMMs and bf16 weights pay nothing
+    for spec in (LLAMA_70B, replace(LLAMA_70B, weight_dtype="nvfp4")):
+        assert CostModel(spec, quantized, 8).linear_time(tokens) == CostModel(spec, h200, 8).linear_time(tokens)
+    with pytest.raises(ValueError, match="quant_bytes for fp8"):
+        replace(h200.gemm, quant_bytes=(("fp8", -1.0),))

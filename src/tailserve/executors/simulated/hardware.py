@@ -34,12 +34,27 @@ class GemmCurve:
     # GEMMs with weights in another format against this (bf16) curve: (format, factor on the
     # compute efficiency, factor on the memory efficiency); a format not listed keeps the curve.
     format_factors: tuple[tuple[str, float, float], ...] = ()
+    # (format, bytes per input element): the kernel that quantizes a GEMM's bf16 input to the
+    # format before it (reads 2 bytes, writes the format and its scales: FP8 per tensor 3) runs
+    # on its own at the curve's memory rate. vLLM's isolated-op tables (AISimulate's) time it
+    # with the GEMM; served under torch.compile, vLLM fuses it into the RMSNorm or SiLU-and-mul
+    # before (PassConfig fuse_norm_quant / fuse_act_quant), so the catalog leaves it out. Not
+    # listed: 0.
+    quant_bytes: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value in self.quant_bytes:
+            if not value >= 0:
+                raise ValueError(f"GemmCurve quant_bytes for {name} must be >= 0 bytes, got {value}")
 
     def factors_for(self, fmt: str) -> tuple[float, float]:
         for name, compute, memory in self.format_factors:
             if name == fmt:
                 return compute, memory
         return 1.0, 1.0
+
+    def quant_bytes_for(self, fmt: str) -> float:
+        return next((value for name, value in self.quant_bytes if name == fmt), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
