@@ -283,18 +283,21 @@ def _curve(p: dict) -> dict:
     return dict(c=p["compute"], mem=p["memory"], p=p["sharpness"], tile=p["tile_m"], lat=p["gemm_latency"])
 
 
-def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float) -> dict:
+def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.ndarray | None = None) -> dict:
     """Factors on the GEMM curve's compute and memory rates for the fused MoE kernel (routing,
     permutation and weight-only dequantization make it slower than a dense GEMM) and a fixed time
-    per layer: the smallest mean |relative error|, a log grid then a finer one."""
+    per layer: the smallest mean |relative error|, a log grid then a finer one. With ``rows``
+    (routed rows x hidden size per layer), also a time per such element (the rows' gather,
+    activation and scatter around the grouped GEMMs, which tensor parallelism does not split):
+    non-negative least squares in relative terms with the fixed time."""
     best = (math.inf, None)
+    columns = np.column_stack([np.ones_like(y)] + ([rows] if rows is not None else []))
 
     def score(fc: float, fm: float) -> tuple[float, dict]:
         base = join_array(c / fc, b / fm, p)
-        w = 1.0 / y
-        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
-        err = float(np.mean(np.abs((base + lat) / y - 1)))
-        return err, {"compute_factor": fc, "memory_factor": fm, "layer_latency": lat}
+        coef, err = _fixed_terms(base, y, columns)
+        return err, {"compute_factor": fc, "memory_factor": fm, "layer_latency": float(coef[0]),
+                     "row_element": float(coef[1]) if rows is not None else 0.0}  # fmt: skip
 
     grid = np.geomspace(0.05, 1.5, 24)
     for fc in grid:
@@ -351,7 +354,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
             prec = get_precision(weights)
             flops_rate = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute) * curve["compute"]
             byte_rate = hw.memory_bandwidth * curve["memory"]
-            c, b, y, shape, series, toks = [], [], [], [], [], []
+            c, b, y, shape, series, toks, elements = [], [], [], [], [], [], []
             for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, latency in rows:
                 flops, moved = grouped_gemm_parts(
                     int(tokens), int(experts), int(topk), int(hidden), int(inter),
@@ -363,6 +366,7 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 shape.append((hidden, inter, topk, experts))
                 series.append((hidden, inter, topk, experts, tp))
                 toks.append(tokens)
+                elements.append(tokens * topk * hidden)
             c_a, b_a, y_a = (np.array(v, dtype=float) for v in (c, b, y))
             p = curve["sharpness"]
             as_is = join_array(c_a, b_a, p) + 2 * curve["gemm_latency"]
@@ -372,9 +376,14 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
             res: dict = {"rows": len(y_a), "shapes": len(shapes), "kernel": kernel,
                          "kernels": sorted({r[8] for r in all_rows}), "gemm_curve": stats(as_is, y_a)}  # fmt: skip
             if len(shapes) >= 2:
-                f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)
+                el = np.array(elements, dtype=float)
+                f0 = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)  # without the rows' term
+                pred0 = join_array(c_a / f0["compute_factor"], b_a / f0["memory_factor"], p) + f0["layer_latency"]
+                f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p, el[~test])
                 pred = join_array(c_a / f["compute_factor"], b_a / f["memory_factor"], p) + f["layer_latency"]
-                res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]))
+                pred = pred + el * f["row_element"]
+                res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]),
+                           fit_without_rows=f0, held_out_without_rows=stats(pred0[test], y_a[test]))  # fmt: skip
                 # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
                 noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
                 res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
@@ -391,7 +400,8 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}" if h else "one shape: not held out",
                 f"{h['time_weighted']:.1%}" if h else "-",
                 f"{res['monotone_floor']['mean']:.1%} / {res['monotone_floor']['max']:.0%}" if h else "-",
-                f"{f['compute_factor']:.2f} / {f['memory_factor']:.2f}, {f['layer_latency'] * 1e6:.1f} us"
+                f"{f['compute_factor']:.2f} / {f['memory_factor']:.2f}, {f['layer_latency'] * 1e6:.1f} us, "
+                f"{f['row_element'] * 1e12:.2f} ps/row element (without: {res['held_out_without_rows']['mean']:.1%})"
                 if f
                 else "-",
             )

@@ -221,3 +221,17 @@ def test_a_curves_quantization_bytes_price_the_kernel_that_quantizes_each_gemms_
         assert CostModel(spec, quantized, 8).linear_time(tokens) == CostModel(spec, h200, 8).linear_time(tokens)
     with pytest.raises(ValueError, match="quant_bytes for fp8"):
         replace(h200.gemm, quant_bytes=(("fp8", -1.0),))
+
+
+def test_the_moe_kernels_row_term_moves_every_routed_row_whole_at_any_expert_tp():
+    # MoeKernel.row_element: seconds per routed row (tokens x experts per token) and hidden
+    # element, per MoE layer; tensor parallelism inside the experts does not split it.
+    h200 = get_hardware("H200")
+    with_rows = replace(h200, moe=replace(h200.moe, row_element=2e-12))
+    tokens = 2048
+    for tp in (1, 4):
+        extra = CostModel(MIXTRAL, with_rows, tp).linear_time(tokens) - CostModel(MIXTRAL, h200, tp).linear_time(tokens)
+        assert extra == pytest.approx(32 * tokens * 2 * 4096 * 2e-12, rel=1e-9)
+    assert CostModel(LLAMA_70B, with_rows, 8).linear_time(tokens) == CostModel(LLAMA_70B, h200, 8).linear_time(tokens)
+    with pytest.raises(ValueError, match="row_element"):
+        replace(h200.moe, row_element=-1.0)

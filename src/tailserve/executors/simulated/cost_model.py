@@ -315,7 +315,7 @@ class CostModel:
             # The kernel quantizing each dense GEMM's input to the format (GemmCurve.quant_bytes)
             quant = hw.gemm.quant_bytes_for(fmt.name) if hw.gemm else 0.0
             self._quant_bytes_per_token = quant * _dense_inputs_per_token(m, self.tp)
-        self._moe_rate = self._moe_byte_rate = self._moe_fixed = 0.0
+        self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
         if m.is_moe:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
             # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
@@ -326,6 +326,7 @@ class CostModel:
             self._moe_rate = self._moe_peak * eff.compute * fc * kernel.compute
             self._moe_byte_rate = self._byte_rate * fm * kernel.memory
             self._moe_fixed = kernel.layer_latency
+            self._moe_row_element = kernel.row_element
 
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
@@ -485,6 +486,9 @@ class CostModel:
             ep=group if self.expert_parallel else 1,
         )
         layer = join(flops / self._moe_rate, moved / self._moe_byte_rate, eff.sharpness) + self._moe_fixed
+        if self._moe_row_element:  # the routed rows moved whole on each rank (EP: its mean share)
+            routed = num_tokens * self.dp * m.experts_per_token / (group if self.expert_parallel else 1)
+            layer += routed * m.hidden_size * self._moe_row_element
         if self.dp > 1:
             layer += self.exchange_time(num_tokens)
         return m.num_moe_layers * layer

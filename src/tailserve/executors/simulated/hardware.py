@@ -67,6 +67,14 @@ class MoeKernel:
     memory: float
     layer_latency: float  # seconds per MoE layer
     source: str
+    # Seconds per routed row and hidden element (routed rows: tokens x experts per token): the rows'
+    # gather, activation and scatter around the grouped GEMMs, which tensor parallelism inside
+    # the experts does not split (a layer at expert TP 32 still moves every routed row whole).
+    row_element: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.row_element >= 0:
+            raise ValueError(f"MoeKernel row_element must be >= 0 seconds, got {self.row_element}")
 
 
 @dataclass(frozen=True, slots=True)
