@@ -129,7 +129,12 @@ def fit(m, n, k, y, wb, peak, hw) -> dict:
 # and its scales): vLLM runs it as a kernel of its own in these isolated-op tables.
 TILES_N = (64, 128, 256)
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
-QUANT_BYTES = {"bfloat16": 0.0, "fp8": 2.0 + 1.0, "fp8_block": 2.0 + 1.0 + 4 / 128, "nvfp4": 2.0 + 0.5 + 1 / 16}
+QUANT_BYTES = {
+    "bfloat16": 0.0,
+    "fp8": 2.0 + 1.0,
+    "fp8_block": 2.0 + 1.0 + 4 / 128,
+    "nvfp4": 2.0 + 0.5 + 1 / 16,
+}
 
 
 def wave_parts(m, n, k, wb, peak, hw: Hardware, tile, tile_n, alpha, quant) -> tuple:
@@ -171,10 +176,12 @@ def fit_waves(m, n, k, y, wb, peak, hw, quant_choices) -> dict:
                 for alpha in ALPHAS if tile_n else (1.0,):
                     shape = dict(tile_m=tile, tile_n=tile_n, wave_alpha=alpha, quant_bytes=quant)
                     parts = wave_parts(m, n, k, wb, peak, hw, tile, tile_n, alpha, quant)
-                    err, _ = search(parts, shape, (1.5, 3.0, 6.0), np.linspace(0.3, 1.2, 7), np.linspace(0.5, 1.0, 4))
+                    err, _ = search(
+                        parts, shape, (1.5, 3.0, 6.0), np.linspace(0.3, 1.2, 7), np.linspace(0.5, 1.0, 4)
+                    )
                     coarse.append((err, shape, parts))
     coarse.sort(key=lambda t: t[0])
-    best = min((search(parts, shape, SHARPNESS, np.linspace(0.3, 1.2, 10), np.linspace(0.4, 1.0, 7)) + (parts,)
+    best = min(((*search(parts, shape, SHARPNESS, np.linspace(0.3, 1.2, 10), np.linspace(0.4, 1.0, 7)), parts)
                 for _, shape, parts in coarse[:3]), key=lambda t: t[0])  # fmt: skip
     b, parts = best[1], best[2]
     shape = {key: b[key] for key in ("tile_m", "tile_n", "wave_alpha", "quant_bytes")}
@@ -240,7 +247,9 @@ def gemm_part(tables: dict, console: Console) -> dict:
             generic = gemm_time(m, n, k, prec.bytes, peak, hw, 0.6, 0.8, math.inf, 1, 0.0)
             held = test & sized
             q = QUANT_BYTES[fmt]
-            waves = fit_waves(m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0, q) if q else (0.0,))
+            waves = fit_waves(
+                m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0, q) if q else (0.0,)
+            )
             wparts = (m, n, k, prec.bytes, peak, hw, waves["tile_m"], waves["tile_n"], waves["wave_alpha"])
             wpred = wave_time(wave_parts(*wparts, waves["quant_bytes"]), waves["compute"], waves["memory"],
                               waves["sharpness"], waves["gemm_latency"])  # fmt: skip
@@ -378,7 +387,9 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
             if len(shapes) >= 2:
                 el = np.array(elements, dtype=float)
                 f0 = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)  # without the rows' term
-                pred0 = join_array(c_a / f0["compute_factor"], b_a / f0["memory_factor"], p) + f0["layer_latency"]
+                pred0 = (
+                    join_array(c_a / f0["compute_factor"], b_a / f0["memory_factor"], p) + f0["layer_latency"]
+                )
                 f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p, el[~test])
                 pred = join_array(c_a / f["compute_factor"], b_a / f["memory_factor"], p) + f["layer_latency"]
                 pred = pred + el * f["row_element"]

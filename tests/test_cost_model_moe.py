@@ -218,7 +218,8 @@ def test_a_curves_quantization_bytes_price_the_kernel_that_quantizes_each_gemms_
     assert extra == pytest.approx(tokens * inputs * 3.0 / rate, rel=1e-9)
     # another format's GEMMs and bf16 weights pay nothing
     for spec in (LLAMA_70B, replace(LLAMA_70B, weight_dtype="nvfp4")):
-        assert CostModel(spec, quantized, 8).linear_time(tokens) == CostModel(spec, h200, 8).linear_time(tokens)
+        with_kernel, plain = CostModel(spec, quantized, 8), CostModel(spec, h200, 8)
+        assert with_kernel.linear_time(tokens) == plain.linear_time(tokens)
     with pytest.raises(ValueError, match="quant_bytes for fp8"):
         replace(h200.gemm, quant_bytes=(("fp8", -1.0),))
 
@@ -231,8 +232,10 @@ def test_the_moe_kernels_row_term_moves_every_routed_row_whole_at_any_expert_tp(
     without = replace(h200, moe=replace(h200.moe, row_element=0.0))
     tokens = 2048
     for tp in (1, 4):
-        extra = CostModel(MIXTRAL, h200, tp).linear_time(tokens) - CostModel(MIXTRAL, without, tp).linear_time(tokens)
+        catalog, plain = CostModel(MIXTRAL, h200, tp), CostModel(MIXTRAL, without, tp)
+        extra = catalog.linear_time(tokens) - plain.linear_time(tokens)
         assert extra == pytest.approx(32 * tokens * 2 * 4096 * h200.moe.row_element, rel=1e-9)
-    assert CostModel(LLAMA_70B, without, 8).linear_time(tokens) == CostModel(LLAMA_70B, h200, 8).linear_time(tokens)
+    dense, dense_catalog = CostModel(LLAMA_70B, without, 8), CostModel(LLAMA_70B, h200, 8)
+    assert dense.linear_time(tokens) == dense_catalog.linear_time(tokens)
     with pytest.raises(ValueError, match="row_element"):
         replace(h200.moe, row_element=-1.0)
