@@ -67,11 +67,13 @@ def export(gpus: tuple[str, ...]) -> dict:
         if frames:
             d = pd.concat(frames)
             d = d[d.distribution.eq("balanced")]
+            # One row per shape and kernel: a format's rows come from several kernels (Triton, CUTLASS,
+            # TRT-LLM), which differ by up to 3x on one shape, so the kernel stays in the key.
             key = ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
-                   "moe_tp_size", "moe_ep_size"]  # fmt: skip
-            d = d.sort_values("order").groupby(key, as_index=False).last()
+                   "moe_tp_size", "moe_ep_size", "kernel_source"]  # fmt: skip
+            d = d.sort_values("order", kind="stable").groupby(key, as_index=False).last()
             entry["moe_versions"] = sorted({f.parent.name for f in moe_files})
-            entry["moe"] = d[[*key, "kernel_source", "latency"]].values.tolist()
+            entry["moe"] = d[[*key, "latency"]].values.tolist()
         comm_files = sorted(
             (root / gpu / "comm" / "vllm").glob("*/custom_allreduce_perf.parquet"), key=_version_key
         )

@@ -54,7 +54,7 @@ from rich.table import Table
 
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
-from tailserve.executors.simulated.gemm import join_array, padded_rows
+from tailserve.executors.simulated.gemm import join_array, padded_rows, wave_flops
 from tailserve.executors.simulated.hardware import Hardware, LinkFit, MlaKernel, get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
@@ -124,6 +124,72 @@ def fit(m, n, k, y, wb, peak, hw) -> dict:
     return best[1]
 
 
+# The wave form's column tiles and partial-wave costs tried (gemm.py), and the bytes per activation
+# element each format's quantization kernel moves before its GEMM (reads bf16, writes the format
+# and its scales): vLLM runs it as a kernel of its own in these isolated-op tables.
+TILES_N = (64, 128, 256)
+ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+QUANT_BYTES = {
+    "bfloat16": 0.0,
+    "fp8": 2.0 + 1.0,
+    "fp8_block": 2.0 + 1.0 + 4 / 128,
+    "nvfp4": 2.0 + 0.5 + 1 / 16,
+}
+
+
+def wave_parts(m, n, k, wb, peak, hw: Hardware, tile, tile_n, alpha, quant) -> tuple:
+    """(seconds at peak FLOP/s, seconds at full bandwidth, the quantization kernel's seconds at
+    full bandwidth) per row: output tiles in waves over the SMs (``tile_n`` 0: no waves)."""
+    rows = padded_rows(m, tile)
+    flops = wave_flops(rows, n, k, tile, tile_n, hw.sms, alpha) if tile_n else 2.0 * rows * n * k
+    memory = (n * k * wb + m * (k + n) * ACT_BYTES) / hw.memory_bandwidth
+    return flops / peak, memory, m * k * quant / hw.memory_bandwidth
+
+
+def wave_time(parts: tuple, c, mem, p, lat) -> np.ndarray:
+    compute, memory, quant = parts
+    return join_array(compute / c, memory / mem, p) + quant / mem + lat
+
+
+def fit_waves(m, n, k, y, wb, peak, hw, quant_choices) -> dict:
+    """``fit`` with the per-GEMM wave form (column tile, partial-wave cost) and the activations'
+    quantization kernel (its bytes per element: each of ``quant_choices``) on top. Every shape
+    (row and column tile, partial-wave cost, quantization bytes) scored on a coarse grid of the
+    rates and sharpness; the best three searched on the full grid, the latency least squares in
+    relative terms throughout, then a finer grid around the best."""
+    w = 1.0 / y
+
+    def score(parts, c, mem, p, shape):
+        base = wave_time(parts, c, mem, p, 0.0)
+        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
+        err = float(np.mean(np.abs((base + lat) / y - 1)))
+        return err, dict(shape, compute=c, memory=mem, sharpness=p, gemm_latency=lat)
+
+    def search(parts, shape, sharpness, cs, mems):
+        return min((score(parts, c, mem, p, shape) for p in sharpness for c in cs for mem in mems),
+                   key=lambda t: t[0])  # fmt: skip
+
+    coarse = []
+    for quant in quant_choices:
+        for tile in TILES:
+            for tile_n in (0, *TILES_N):
+                for alpha in ALPHAS if tile_n else (1.0,):
+                    shape = dict(tile_m=tile, tile_n=tile_n, wave_alpha=alpha, quant_bytes=quant)
+                    parts = wave_parts(m, n, k, wb, peak, hw, tile, tile_n, alpha, quant)
+                    err, _ = search(
+                        parts, shape, (1.5, 3.0, 6.0), np.linspace(0.3, 1.2, 7), np.linspace(0.5, 1.0, 4)
+                    )
+                    coarse.append((err, shape, parts))
+    coarse.sort(key=lambda t: t[0])
+    best = min(((*search(parts, shape, SHARPNESS, np.linspace(0.3, 1.2, 10), np.linspace(0.4, 1.0, 7)), parts)
+                for _, shape, parts in coarse[:3]), key=lambda t: t[0])  # fmt: skip
+    b, parts = best[1], best[2]
+    shape = {key: b[key] for key in ("tile_m", "tile_n", "wave_alpha", "quant_bytes")}
+    fine = [c for c in np.linspace(b["compute"] - 0.08, b["compute"] + 0.08, 17) if 0 < c <= 1.3]
+    fine_m = [v for v in np.linspace(b["memory"] - 0.08, b["memory"] + 0.08, 17) if 0 < v <= 1.2]
+    return min(best[:2], search(parts, shape, (b["sharpness"],), fine, fine_m), key=lambda t: t[0])[1]
+
+
 def stats(pred: np.ndarray, y: np.ndarray) -> dict:
     """|relative error|: mean, p90, max, signed bias, and weighted by each row's time (the
     error of a sum of such GEMMs, as an iteration is)."""
@@ -153,6 +219,9 @@ def gemm_part(tables: dict, console: Console) -> dict:
         "time-weighted",
         "fit",
         "all sizes",
+        "waves + quant: mean / p90 / max",
+        "time-weighted ",
+        "waves fit",
     ):
         table.add_column(col)
     for gpu, entry in tables.items():
@@ -177,7 +246,18 @@ def gemm_part(tables: dict, console: Console) -> dict:
             pred = gemm_time(m, n, k, prec.bytes, peak, hw, **_curve(params))
             generic = gemm_time(m, n, k, prec.bytes, peak, hw, 0.6, 0.8, math.inf, 1, 0.0)
             held = test & sized
+            q = QUANT_BYTES[fmt]
+            waves = fit_waves(
+                m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0, q) if q else (0.0,)
+            )
+            wparts = (m, n, k, prec.bytes, peak, hw, waves["tile_m"], waves["tile_n"], waves["wave_alpha"])
+            wpred = wave_time(wave_parts(*wparts, waves["quant_bytes"]), waves["compute"], waves["memory"],
+                              waves["sharpness"], waves["gemm_latency"])  # fmt: skip
             res = {
+                "waves_fit": waves,
+                "waves_held_out": stats(wpred[held], y[held]),
+                "waves_train": stats(wpred[train], y[train]),
+                "waves_held_out_all_sizes": stats(wpred[test], y[test]),
                 "fit": params,
                 "train": stats(pred[train], y[train]),
                 "held_out": stats(pred[held], y[held]),
@@ -187,7 +267,7 @@ def gemm_part(tables: dict, console: Console) -> dict:
                 "weight_bytes": prec.bytes,
             }
             out.setdefault(gpu, {})[fmt] = res
-            h, g = res["held_out"], res["generic_held_out"]
+            h, g, wh = res["held_out"], res["generic_held_out"], res["waves_held_out"]
             table.add_row(
                 GPUS[gpu],
                 fmt,
@@ -198,6 +278,11 @@ def gemm_part(tables: dict, console: Console) -> dict:
                 f"c {params['compute']:.2f} m {params['memory']:.2f} p {params['sharpness']} "
                 f"tile {params['tile_m']} lat {params['gemm_latency'] * 1e6:.1f} us",
                 f"{res['held_out_all_sizes']['mean']:.1%}",
+                f"{wh['mean']:.1%} / {wh['p90']:.1%} / {wh['max']:.0%}",
+                f"{wh['time_weighted']:.1%}",
+                f"c {waves['compute']:.2f} m {waves['memory']:.2f} p {waves['sharpness']} tile "
+                f"{waves['tile_m']}x{waves['tile_n']} a {waves['wave_alpha']} q {waves['quant_bytes']:.2f} "
+                f"lat {waves['gemm_latency'] * 1e6:.1f} us",
             )
     console.print(table)
     return out
@@ -207,18 +292,21 @@ def _curve(p: dict) -> dict:
     return dict(c=p["compute"], mem=p["memory"], p=p["sharpness"], tile=p["tile_m"], lat=p["gemm_latency"])
 
 
-def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float) -> dict:
+def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.ndarray | None = None) -> dict:
     """Factors on the GEMM curve's compute and memory rates for the fused MoE kernel (routing,
     permutation and weight-only dequantization make it slower than a dense GEMM) and a fixed time
-    per layer: the smallest mean |relative error|, a log grid then a finer one."""
+    per layer: the smallest mean |relative error|, a log grid then a finer one. With ``rows``
+    (routed rows x hidden size per layer), also a time per such element (the rows' gather,
+    activation and scatter around the grouped GEMMs, which tensor parallelism does not split):
+    non-negative least squares in relative terms with the fixed time."""
     best = (math.inf, None)
+    columns = np.column_stack([np.ones_like(y)] + ([rows] if rows is not None else []))
 
     def score(fc: float, fm: float) -> tuple[float, dict]:
         base = join_array(c / fc, b / fm, p)
-        w = 1.0 / y
-        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
-        err = float(np.mean(np.abs((base + lat) / y - 1)))
-        return err, {"compute_factor": fc, "memory_factor": fm, "layer_latency": lat}
+        coef, err = _fixed_terms(base, y, columns)
+        return err, {"compute_factor": fc, "memory_factor": fm, "layer_latency": float(coef[0]),
+                     "row_element": float(coef[1]) if rows is not None else 0.0}  # fmt: skip
 
     grid = np.geomspace(0.05, 1.5, 24)
     for fc in grid:
@@ -235,6 +323,18 @@ def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float) -> dict:
     return best[1]
 
 
+def main_kernel(rows: list) -> tuple[str, list]:
+    """The kernel with the most model shapes among a format's fused-MoE rows (ties: the most
+    rows) and its rows. A format's rows come from several kernels across vLLM versions (on the
+    H200, FP8 per tensor from the generic Triton ``fused_moe`` and FlashInfer's CUTLASS kernel)
+    that differ by up to 3x on one shape; mixed, no single curve fits either."""
+    shapes: dict = {}
+    for r in rows:
+        shapes.setdefault(r[8], set()).add((r[2], r[3], r[4], r[5]))
+    kernel = max(shapes, key=lambda kn: (len(shapes[kn]), sum(r[8] == kn for r in rows), kn))
+    return kernel, [r for r in rows if r[8] == kernel]
+
+
 def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
     """Each fused-MoE row (EP 1) priced with the GEMM curve of its GPU and format, first as is,
     then with the MoE kernel's factors fitted on half the model shapes and tested on the rest."""
@@ -243,8 +343,8 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
         title="Fused MoE layer (EP 1): |error| with the dense GEMM curve, then with MoE factors fitted "
         "on half the model shapes (held out: the other half)"
     )
-    for col in ("GPU", "format", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
-                "time-weighted", "factors c / m, latency"):  # fmt: skip
+    for col in ("GPU", "format", "kernel", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
+                "time-weighted", "monotone floor mean / max", "factors c / m, latency"):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
         if gpu not in GPUS or gpu not in gemm:
@@ -254,15 +354,16 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
         for r in entry.get("moe", []):
             if r[7] == 1 and r[9] > 0:  # EP 1: the all-to-all is not in these rows
                 by_fmt.setdefault(r[0], []).append(r)
-        for fmt, rows in sorted(by_fmt.items()):
+        for fmt, all_rows in sorted(by_fmt.items()):
             if fmt not in MOE_FORMATS or MOE_FORMATS[fmt][0] not in gemm[gpu]:
                 continue
+            kernel, rows = main_kernel(all_rows)
             curve_fmt, weights = MOE_FORMATS[fmt]
             curve = gemm[gpu][curve_fmt]["fit"]
             prec = get_precision(weights)
             flops_rate = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute) * curve["compute"]
             byte_rate = hw.memory_bandwidth * curve["memory"]
-            c, b, y, shape = [], [], [], []
+            c, b, y, shape, series, toks, elements = [], [], [], [], [], [], []
             for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, latency in rows:
                 flops, moved = grouped_gemm_parts(
                     int(tokens), int(experts), int(topk), int(hidden), int(inter),
@@ -272,29 +373,46 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 b.append(moved / byte_rate)
                 y.append(latency * 1e-3)
                 shape.append((hidden, inter, topk, experts))
+                series.append((hidden, inter, topk, experts, tp))
+                toks.append(tokens)
+                elements.append(tokens * topk * hidden)
             c_a, b_a, y_a = (np.array(v, dtype=float) for v in (c, b, y))
             p = curve["sharpness"]
             as_is = join_array(c_a, b_a, p) + 2 * curve["gemm_latency"]
             shapes = sorted(set(shape))
             test_shapes = set(shapes[1::2])
             test = np.array([s_ in test_shapes for s_ in shape])
-            res: dict = {"rows": len(y_a), "shapes": len(shapes), "gemm_curve": stats(as_is, y_a)}
+            res: dict = {"rows": len(y_a), "shapes": len(shapes), "kernel": kernel,
+                         "kernels": sorted({r[8] for r in all_rows}), "gemm_curve": stats(as_is, y_a)}  # fmt: skip
             if len(shapes) >= 2:
-                f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)
+                el = np.array(elements, dtype=float)
+                f0 = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p)  # without the rows' term
+                pred0 = (
+                    join_array(c_a / f0["compute_factor"], b_a / f0["memory_factor"], p) + f0["layer_latency"]
+                )
+                f = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p, el[~test])
                 pred = join_array(c_a / f["compute_factor"], b_a / f["memory_factor"], p) + f["layer_latency"]
-                res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]))
+                pred = pred + el * f["row_element"]
+                res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]),
+                           fit_without_rows=f0, held_out_without_rows=stats(pred0[test], y_a[test]))  # fmt: skip
+                # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
+                noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
+                res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
             out.setdefault(gpu, {})[fmt] = res
             h = res.get("held_out")
             f = res.get("fit")
             table.add_row(
                 GPUS[gpu],
                 fmt,
+                kernel.removeprefix("vllm_"),
                 str(len(shapes)),
                 str(h["n"]) if h else "-",
                 f"{res['gemm_curve']['mean']:.1%}",
                 f"{h['mean']:.1%} / {h['p90']:.1%} / {h['max']:.0%}" if h else "one shape: not held out",
                 f"{h['time_weighted']:.1%}" if h else "-",
-                f"{f['compute_factor']:.2f} / {f['memory_factor']:.2f}, {f['layer_latency'] * 1e6:.1f} us"
+                f"{res['monotone_floor']['mean']:.1%} / {res['monotone_floor']['max']:.0%}" if h else "-",
+                f"{f['compute_factor']:.2f} / {f['memory_factor']:.2f}, {f['layer_latency'] * 1e6:.1f} us, "
+                f"{f['row_element'] * 1e12:.2f} ps/row element (without: {res['held_out_without_rows']['mean']:.1%})"
                 if f
                 else "-",
             )

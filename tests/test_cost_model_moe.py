@@ -201,3 +201,41 @@ def test_expert_parallel_waits_for_its_busiest_rank():
         parse_policy_list("vllm")[0], dep, None, hw.device_info, 4096
     )
     assert "--ep-size 8" in command_line(parse_policy_list("sglang")[0], dep, None, hw.device_info, 4096)
+
+
+def test_a_curves_quantization_bytes_price_the_kernel_that_quantizes_each_gemms_input():
+    # GemmCurve.quant_bytes: a separate kernel reads each dense GEMM's bf16 input and writes it in
+    # the format (FP8 per tensor: 2 + 1 bytes per element) at the format's memory rate. Llama-2-70B
+    # at TP 8: each layer's inputs are hidden (QKV) + 1,024 (o) + hidden (gate/up) + 3,584 (down).
+    h200 = get_hardware("H200")
+    quantized = replace(h200, gemm=replace(h200.gemm, quant_bytes=(("fp8", 3.0),)))
+    fp8 = replace(LLAMA_70B, weight_dtype="fp8")
+    tokens = 4096
+    inputs = 80 * (8192 + 1024 + 8192 + 3584)
+    _, fm = h200.gemm.factors_for("fp8")
+    rate = h200.memory_bandwidth * h200.gemm.memory * fm
+    extra = CostModel(fp8, quantized, 8).linear_time(tokens) - CostModel(fp8, h200, 8).linear_time(tokens)
+    assert extra == pytest.approx(tokens * inputs * 3.0 / rate, rel=1e-9)
+    # another format's GEMMs and bf16 weights pay nothing
+    for spec in (LLAMA_70B, replace(LLAMA_70B, weight_dtype="nvfp4")):
+        with_kernel, plain = CostModel(spec, quantized, 8), CostModel(spec, h200, 8)
+        assert with_kernel.linear_time(tokens) == plain.linear_time(tokens)
+    with pytest.raises(ValueError, match="quant_bytes for fp8"):
+        replace(h200.gemm, quant_bytes=(("fp8", -1.0),))
+
+
+def test_the_moe_kernels_row_term_moves_every_routed_row_whole_at_any_expert_tp():
+    # MoeKernel.row_element: seconds per routed row (tokens x experts per token) and hidden
+    # element, per MoE layer; tensor parallelism inside the experts does not split it.
+    h200 = get_hardware("H200")
+    assert h200.moe.row_element > 0  # the catalog's fit (hardware.MOE_H200)
+    without = replace(h200, moe=replace(h200.moe, row_element=0.0))
+    tokens = 2048
+    for tp in (1, 4):
+        catalog, plain = CostModel(MIXTRAL, h200, tp), CostModel(MIXTRAL, without, tp)
+        extra = catalog.linear_time(tokens) - plain.linear_time(tokens)
+        assert extra == pytest.approx(32 * tokens * 2 * 4096 * h200.moe.row_element, rel=1e-9)
+    dense, dense_catalog = CostModel(LLAMA_70B, without, 8), CostModel(LLAMA_70B, h200, 8)
+    assert dense.linear_time(tokens) == dense_catalog.linear_time(tokens)
+    with pytest.raises(ValueError, match="row_element"):
+        replace(h200.moe, row_element=-1.0)

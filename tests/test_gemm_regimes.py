@@ -170,3 +170,38 @@ def test_the_tile_choice_cost_model_prices_iterations_with_the_same_gemms():
     assert all(cm.linear_time(int(n), 4) <= base.linear_time(int(n), 4) * (1 + 1e-12) for n in TOKENS)
     with pytest.raises(ValueError, match="wave form"):
         TileChoiceCostModel(layer, H100, 2, Efficiency(tile_m=128), tiles, scales)
+
+
+def test_the_aisim_wave_fit_recovers_a_planted_curve_with_its_quantization_kernel():
+    from benchmarks.fidelity_aisim import fit_waves, wave_parts, wave_time
+
+    hw = get_hardware("H200")
+    m, n, k = (
+        np.array(v, dtype=float).ravel()
+        for v in np.meshgrid([1, 16, 64, 129, 512, 2049, 8192], [256, 1024, 4096, 16384], [2048, 7168, 28672])
+    )
+    planted = dict(tile_m=64, tile_n=128, wave_alpha=0.3, quant_bytes=3.0)
+    args = (m, n, k, 1.0, hw.peak_for("fp8"), hw, 64, 128, 0.3)
+    y = wave_time(wave_parts(*args, 3.0), 0.6, 0.8, 3.0, 5e-6)
+    got = fit_waves(m, n, k, y, 1.0, hw.peak_for("fp8"), hw, (0.0, 3.0))
+    assert {key: got[key] for key in planted} == planted
+    assert (got["compute"], got["memory"], got["sharpness"]) == pytest.approx((0.6, 0.8, 3.0))
+    assert got["gemm_latency"] == pytest.approx(5e-6, rel=1e-6)
+    # without the quantization kernel's bytes the same times fit worse: the term is seen in them
+    without = fit_waves(m, n, k, y, 1.0, hw.peak_for("fp8"), hw, (0.0,))
+    pred = wave_time(wave_parts(*args[:6], without["tile_m"], without["tile_n"], without["wave_alpha"], 0.0),
+                     without["compute"], without["memory"], without["sharpness"], without["gemm_latency"])  # fmt: skip
+    assert np.mean(np.abs(pred / y - 1)) > 0.01
+
+
+def test_the_aisim_moe_rows_of_a_format_are_one_kernels():
+    from benchmarks.fidelity_aisim import main_kernel
+
+    def row(kernel, hidden, tokens):  # the export's columns: format, tokens, shape, TP, EP, kernel, ms
+        return ["fp8", tokens, hidden, 1024, 2, 8, 1, 1, kernel, 0.1]
+
+    rows = [row("triton", h, t) for h in (1024, 2048, 4096) for t in (1, 2)] + [
+        row("cutlass", h, t) for h in (1024, 2048) for t in (1, 2, 4, 8)
+    ]
+    kernel, kept = main_kernel(rows)
+    assert kernel == "triton" and len(kept) == 6 and all(r[8] == "triton" for r in kept)

@@ -305,13 +305,17 @@ class CostModel:
         self._gemm_flops_rate = self._flops_rate
         self._gemm_byte_rate = self._byte_rate
         self._gemm_peak = self._moe_peak = hw.peak_flops
+        self._quant_bytes_per_token = 0.0
         if m.weight_dtype:
             fmt = get_precision(m.weight_dtype)
             fc, fm = hw.gemm.factors_for(fmt.name) if hw.gemm else (1.0, 1.0)
             self._gemm_peak = hw.peak_for(fmt.compute)
             self._gemm_flops_rate = self._gemm_peak * eff.compute * fc
             self._gemm_byte_rate = self._byte_rate * fm
-        self._moe_rate = self._moe_byte_rate = self._moe_fixed = 0.0
+            # The kernel quantizing each dense GEMM's input to the format (GemmCurve.quant_bytes)
+            quant = hw.gemm.quant_bytes_for(fmt.name) if hw.gemm else 0.0
+            self._quant_bytes_per_token = quant * _dense_inputs_per_token(m, self.tp)
+        self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
         if m.is_moe:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
             # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
@@ -322,6 +326,7 @@ class CostModel:
             self._moe_rate = self._moe_peak * eff.compute * fc * kernel.compute
             self._moe_byte_rate = self._byte_rate * fm * kernel.memory
             self._moe_fixed = kernel.layer_latency
+            self._moe_row_element = kernel.row_element
 
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
@@ -409,8 +414,10 @@ class CostModel:
                 + experts
                 + num_tokens * eff.per_token
             )
+        if self._quant_bytes_per_token:
+            experts += num_tokens * self._quant_bytes_per_token / self._gemm_byte_rate
         if eff.tile_n:
-            return self._linear_waves(num_tokens, num_logits)
+            return self._linear_waves(num_tokens, num_logits) + experts
         p = eff.sharpness
         if self._mla is not None:
             experts += self._mla_projections(num_tokens)
@@ -479,6 +486,9 @@ class CostModel:
             ep=group if self.expert_parallel else 1,
         )
         layer = join(flops / self._moe_rate, moved / self._moe_byte_rate, eff.sharpness) + self._moe_fixed
+        if self._moe_row_element:  # the routed rows moved whole on each rank (EP: its mean share)
+            routed = num_tokens * self.dp * m.experts_per_token / (group if self.expert_parallel else 1)
+            layer += routed * m.hidden_size * self._moe_row_element
         if self.dp > 1:
             layer += self.exchange_time(num_tokens)
         return m.num_moe_layers * layer
@@ -749,6 +759,26 @@ def _mla_io_per_token(m: ModelSpec, tp: int) -> float:
         m.kv_lora_rank + heads * (m.qk_nope_head_dim + m.v_head_dim)
     )
     return q + kv + heads * m.v_head_dim + h
+
+
+def _dense_inputs_per_token(m: ModelSpec, tp: int) -> float:
+    """Input elements (K) of one token's row across every layer's dense GEMMs, per shard: the
+    attention projections, the dense MLPs and the shared experts (the routed experts' own
+    quantization is in the fused MoE kernel's fitted figures)."""
+    h = m.hidden_size
+    heads = m.num_heads / tp
+    if m.is_mla:
+        q = (h + m.q_lora_rank) if m.q_lora_rank else h
+        attention = q + (h + m.kv_lora_rank) + heads * m.v_head_dim
+    else:
+        attention = h + heads * m.dim_per_head
+    moe = m.num_moe_layers
+    shared = m.shared_intermediate_size / tp
+    return (
+        m.num_layers * attention
+        + (m.num_layers - moe) * (h + m.intermediate_size / tp)
+        + moe * ((h + shared) if shared else 0.0)
+    )
 
 
 def _dense_io_per_token(m: ModelSpec, tp: int) -> float:

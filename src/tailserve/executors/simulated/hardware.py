@@ -34,12 +34,27 @@ class GemmCurve:
     # GEMMs with weights in another format against this (bf16) curve: (format, factor on the
     # compute efficiency, factor on the memory efficiency); a format not listed keeps the curve.
     format_factors: tuple[tuple[str, float, float], ...] = ()
+    # (format, bytes per input element): the kernel that quantizes a GEMM's bf16 input to the
+    # format before it (reads 2 bytes, writes the format and its scales: FP8 per tensor 3) runs
+    # on its own at the curve's memory rate. vLLM's isolated-op tables (AISimulate's) time it
+    # with the GEMM; served under torch.compile, vLLM fuses it into the RMSNorm or SiLU-and-mul
+    # before (PassConfig fuse_norm_quant / fuse_act_quant), so the catalog leaves it out. Not
+    # listed: 0.
+    quant_bytes: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value in self.quant_bytes:
+            if not value >= 0:
+                raise ValueError(f"GemmCurve quant_bytes for {name} must be >= 0 bytes, got {value}")
 
     def factors_for(self, fmt: str) -> tuple[float, float]:
         for name, compute, memory in self.format_factors:
             if name == fmt:
                 return compute, memory
         return 1.0, 1.0
+
+    def quant_bytes_for(self, fmt: str) -> float:
+        return next((value for name, value in self.quant_bytes if name == fmt), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +67,14 @@ class MoeKernel:
     memory: float
     layer_latency: float  # seconds per MoE layer
     source: str
+    # Seconds per routed row and hidden element (routed rows: tokens x experts per token): the rows'
+    # gather, activation and scatter around the grouped GEMMs, which tensor parallelism inside
+    # the experts does not split (a layer at expert TP 32 still moves every routed row whole).
+    row_element: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.row_element >= 0:
+            raise ValueError(f"MoeKernel row_element must be >= 0 seconds, got {self.row_element}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,19 +289,22 @@ B300_GEMM = GemmCurve(
     format_factors=(("fp8", 0.69, 1.0), ("fp8_block", 0.75, 1.0), ("nvfp4", 0.63, 1.0)),
 )  # fmt: skip
 H100_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS)
-# The fused bf16 MoE kernel per GPU (its rows; formats share them), and the default for GPUs
-# without a table: the median of the five.
-MOE_H100 = MoeKernel(0.63, 0.99, 35.0e-6, f"{_AISIM}: fused MoE, H100")
-MOE_H200 = MoeKernel(0.68, 0.99, 34.5e-6, f"{_AISIM}: fused MoE, H200")
-MOE_B200 = MoeKernel(0.55, 0.95, 25.5e-6, f"{_AISIM}: fused MoE, B200")
-MOE_GB200 = MoeKernel(0.55, 1.0, 19.6e-6, f"{_AISIM}: fused MoE, GB200")
-MOE_B300 = MoeKernel(0.53, 1.0, 18.7e-6, f"{_AISIM}: fused MoE, B300")
+# The fused bf16 MoE kernel per GPU (the rows of its kernel with the most model shapes; formats
+# share them), fitted with its time per routed row element; the memory factor at most 1. The
+# default for GPUs without a table: the median of the five.
+MOE_H100 = MoeKernel(0.71, 1.0, 33.3e-6, f"{_AISIM}: fused MoE, H100", row_element=2.01e-12)
+MOE_H200 = MoeKernel(0.82, 1.0, 34.2e-6, f"{_AISIM}: fused MoE, H200", row_element=2.19e-12)
+MOE_B200 = MoeKernel(0.51, 0.92, 31.0e-6, f"{_AISIM}: fused MoE, B200", row_element=2.22e-12)
+MOE_GB200 = MoeKernel(0.63, 1.0, 17.2e-6, f"{_AISIM}: fused MoE, GB200", row_element=0.39e-12)
+MOE_B300 = MoeKernel(0.61, 1.0, 16.0e-6, f"{_AISIM}: fused MoE, B300", row_element=0.44e-12)
 # vLLM's custom all-reduce under CUDA graphs (its decode path), fitted per GPU by
 # benchmarks/fidelity_aisim.py: one latency per TP degree, one link efficiency per GPU.
 B200_ALLREDUCE = ((2, 7.23e-6), (4, 7.44e-6), (8, 8.43e-6))
 GB200_ALLREDUCE = ((2, 3.74e-6), (4, 4.08e-6))
 B300_ALLREDUCE = ((2, 4.16e-6), (4, 3.95e-6), (8, 4.46e-6))
-MOE_GENERIC = MoeKernel(0.55, 0.99, 25.5e-6, "median of the AISimulate fits (no table for this GPU)")
+MOE_GENERIC = MoeKernel(
+    0.63, 1.0, 31.0e-6, "median of the AISimulate fits (no table for this GPU)", row_element=2.01e-12
+)
 # vLLM's MLA block per GPU (DeepSeek-V3 shapes, 1-128 heads, bf16 KV; bf16 and block-scaled FP8
 # projections) and the MoE token exchanges under data-parallel attention (DeepEP under vLLM,
 # NCCL all-gather / reduce-scatter), fitted by benchmarks/fidelity_aisim.py on half the head
