@@ -107,7 +107,7 @@ def test_recorded_batch_shape_prices_like_the_simulated_executor():
     )
     cm = CostModel(TINY, CPU, 1, replace(TRUTH))
     assert SimExecutor(cm).execute(out).duration == cm.iteration_time(batch_shape(out))
-    assert batch_shape(out) == BatchShape(130, 2, 128 * 64 + 128 * 129 // 2, 192, 46 + 21)
+    assert batch_shape(out) == BatchShape(130, 2, 128 * 64 + 128 * 129 // 2, 192, 46 + 21, 1, 2)
 
 
 def test_generic_calibration_is_the_roofline_before_the_fitted_curves():

@@ -23,6 +23,7 @@ from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Effi
 from tailserve.executors.simulated.hardware import AllReduceBand, GemmCurve, Hardware, MoeKernel
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.profiles import VIDUR_GPUS, VIDUR_TOPOLOGIES, load_linear_profile
+from tailserve.executors.simulated.saved_shape import shape_from_saved
 
 FORMAT = "tailserve-calibration"
 VERSION = 1
@@ -125,7 +126,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             eff["sharpness"] = math.inf
         efficiency = Efficiency(**eff)
         points = tuple(
-            MeasuredBatch(BatchShape(**pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
+            MeasuredBatch(shape_from_saved(pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
             for pt in body.get("points", [])
         )
         probe = body.get("probe_s")

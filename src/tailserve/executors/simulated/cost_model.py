@@ -118,6 +118,11 @@ class BatchShape:
     prefill_pairs: int = 0  # causal (query, key) pairs of prefill chunks
     prefill_kv_tokens: int = 0  # KV tokens prefill chunks read (context + chunk)
     decode_kv_tokens: int = 0  # KV tokens decodes read (context + 1 each)
+    # Counts, after the aggregates so positional construction keeps working. A scheduled entry
+    # of one new token is a decode (its KV in ``decode_kv_tokens``), any longer one a prefill
+    # chunk, finishing or not (a speculative decode verifying 1 + s tokens is priced as one).
+    num_prefills: int = 0
+    num_decodes: int = 0
 
     @staticmethod
     def of(prefill: list[tuple[int, int]], decode_contexts: list[int]) -> BatchShape:
@@ -129,6 +134,8 @@ class BatchShape:
             prefill_pairs=pairs,
             prefill_kv_tokens=sum(q + c for q, c in prefill),
             decode_kv_tokens=sum(c + 1 for c in decode_contexts),
+            num_prefills=len(prefill),
+            num_decodes=len(decode_contexts),
         )
 
 
