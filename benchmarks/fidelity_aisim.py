@@ -22,7 +22,8 @@ never as a model:
   kernel, o_proj, and the norms, RoPE and cache writes between them), DeepSeek-V3's shapes at
   1-128 heads (a TP shard), prefill (batch x prompt) and decode (batch x context), bf16 KV,
   weights in bf16 or block-scaled FP8: the cost model as is (the GPU's GEMM curve and the
-  roofline attention), then with the MLA block's factors and fixed time (``hardware.MlaKernel``)
+  roofline attention), then with the MLA block's factors, fixed times and per-request terms
+  (``hardware.MlaKernel``: per prefill chunk, per decode with its knee, per context token)
   fitted on half the head counts and tested on the other half.
 - **a2a**: DeepEP's dispatch and combine as vLLM runs them (high-throughput and low-latency, one
   node, EP 8; GB200: 4), per phase ``latency + bytes / (link x efficiency)`` with the bytes of
@@ -33,7 +34,7 @@ never as a model:
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
 
-    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--out FILE]
+    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--parts mla,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -791,6 +792,9 @@ def a2a_part(tables: dict, console: Console) -> dict:
     return out
 
 
+PARTS = ("gemm", "moe", "allreduce", "mla", "a2a")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -800,7 +804,17 @@ def main() -> int:
     parser.add_argument(
         "--out", default=None, help="results JSON (default benchmarks/out/fidelity_aisim.json)"
     )
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="the parts to run, their results alone in the JSON (moe runs gemm first; mla alone: ~1 min)",
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        parser.error(
+            f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))}; choose from {', '.join(PARTS)}"
+        )
     console = Console()
     venv = Path(args.aisimulate_venv) if args.aisimulate_venv else peer_venv("aisimulate")
     python = venv / "bin" / "python"
@@ -817,23 +831,23 @@ def main() -> int:
     tables = exported["gpus"]
     versions = {g: {"gemm": e.get("gemm_version"), "moe": e.get("moe_versions")} for g, e in tables.items()}
     console.print(f"AISimulate tables (vLLM versions): {versions}")
-    gemm = gemm_part(tables, console)
-    moe = moe_part(tables, gemm, console)
-    allreduce = allreduce_part(tables, console)
-    mla = mla_part(tables, console)
-    a2a = a2a_part(tables, console)
-    results = {
+    results: dict = {
         "benchmark": "fidelity_aisim",
         "date": time.strftime("%Y-%m-%d"),
         "source": "AISimulate aisimulate==0.13.0.dev202610270000000085 bundled silicon tables",
         "table_versions": versions,
-        "gemm": gemm,
-        "moe": moe,
-        "allreduce": allreduce,
-        "mla": mla,
-        "a2a": a2a,
-        "wall_s": round(time.time() - start, 1),
     }
+    if parts & {"gemm", "moe"}:
+        results["gemm"] = gemm_part(tables, console)
+    if "moe" in parts:
+        results["moe"] = moe_part(tables, results["gemm"], console)
+    if "allreduce" in parts:
+        results["allreduce"] = allreduce_part(tables, console)
+    if "mla" in parts:
+        results["mla"] = mla_part(tables, console)
+    if "a2a" in parts:
+        results["a2a"] = a2a_part(tables, console)
+    results["wall_s"] = round(time.time() - start, 1)
     save_results(results, args.out, "fidelity_aisim.json")
     return 0
 

@@ -170,7 +170,9 @@ def test_a_gpu_with_fitted_mla_and_exchange_round_trips(tmp_path, gpu):
     hw = get_hardware(gpu)
     assert hw.mla is not None and hw.moe_exchange is not None
     path = tmp_path / "gpu.json"
-    write_calibration_file(path, CalibrationFile(hw, Efficiency.for_hardware(hw), "deepseek-v3", 8, "catalog"))
+    write_calibration_file(
+        path, CalibrationFile(hw, Efficiency.for_hardware(hw), "deepseek-v3", 8, "catalog")
+    )
     back = read_calibration_file(path).hardware
     assert back == hw
     shape = BatchShape.of([(512, 0)] * 2, [2000] * 16)

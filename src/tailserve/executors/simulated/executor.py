@@ -142,7 +142,9 @@ class SimExecutor:
         return self.cost_model.efficiency.overhead if num_decodes else 0.0
 
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
-        return self.cost_model._iteration_time(num_decodes, num_decodes, 0, 0, num_context_tokens, 0, num_decodes)
+        return self.cost_model._iteration_time(
+            num_decodes, num_decodes, 0, 0, num_context_tokens, 0, num_decodes
+        )
 
     def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
         return self.cost_model.decode_step_times(num_decodes, num_context_tokens, num_steps)

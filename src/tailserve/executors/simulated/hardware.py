@@ -85,7 +85,7 @@ class MlaKernel:
     latency_by_format: tuple[tuple[str, float], ...] = ()
     # The prefill path's work per prefill chunk (``BatchShape.num_prefills``): seconds per chunk
     # and per chunk and head of the shard, per MLA layer. Blackwell's FLASH_ATTN prefill runs
-    # 16-token prompts at 2.5x the time the same tokens take as 512-token ones (B200, 128 heads:
+    # 16-token prompts at 2.2x the time the same tokens take as 512-token ones (B200, 128 heads:
     # 256 x 16 tokens 2.62 ms, 8 x 512 tokens 1.18 ms), in proportion to the heads: each
     # request's query tiles are padded per head; Hopper's FLASH_ATTN_MLA shows no such cost.
     prefill_request: float = 0.0
