@@ -55,16 +55,21 @@ def test_executor_shape_counts_a_mixed_batch_like_batch_shape_of():
     assert BatchLoad.of(without_padding).shape() == batch_shape(without_padding)
 
 
-def test_advanced_shape_counts_a_speculative_decode_as_a_chunk():
-    """vLLM's accounting: a decode verifying 1 + s tokens is priced (and counted) as a chunk."""
-    verifying, plain = _decoding("v", 100, 4), _decoding("d", 50, 3)
+def test_advanced_shape_counts_a_speculative_decode_as_neither():
+    """vLLM's accounting: a decode verifying 1 + s tokens is priced as a chunk (its pairs and KV)
+    but is neither a prefill chunk nor a one-token decode; a prompt's chunk beside it is one."""
+    verifying, plain, prompt = _decoding("v", 100, 4), _decoding("d", 50, 3), Request("p", 900, 10, 0.0)
     out = SchedulerOutput(
-        scheduled=[ScheduledRequest(verifying, 4, 103, num_spec_tokens=3), ScheduledRequest(plain, 1, 52)],
+        scheduled=[
+            ScheduledRequest(verifying, 4, 103, num_spec_tokens=3),
+            ScheduledRequest(plain, 1, 52),
+            ScheduledRequest(prompt, 256, 0, partial=True),
+        ],
         advanced=True,
     )
     shape = advanced_batch_shape(out)
     assert (shape.num_prefills, shape.num_decodes, shape.num_logits) == (1, 1, 5)
-    assert shape.prefill_kv_tokens == 107 and shape.decode_kv_tokens == 53
+    assert shape.prefill_kv_tokens == 107 + 256 and shape.decode_kv_tokens == 53
 
 
 def _prefill_shapes(spec: str, workload: WorkloadSpec, fast: bool, monkeypatch) -> list[tuple]:

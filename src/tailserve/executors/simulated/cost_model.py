@@ -120,7 +120,8 @@ class BatchShape:
     decode_kv_tokens: int = 0  # KV tokens decodes read (context + 1 each)
     # Counts, after the aggregates so positional construction keeps working. A scheduled entry
     # of one new token is a decode (its KV in ``decode_kv_tokens``), any longer one a prefill
-    # chunk, finishing or not (a speculative decode verifying 1 + s tokens is priced as one).
+    # chunk, finishing or not; a speculative decode verifying 1 + s tokens is priced as a chunk
+    # (its pairs and KV in the prefill aggregates) but counted as neither.
     num_prefills: int = 0
     num_decodes: int = 0
 

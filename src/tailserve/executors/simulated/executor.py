@@ -50,8 +50,10 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
     """``batch_shape`` of an ``advanced`` output (vLLM's accounting: async scheduling,
     speculative decoding), whose requests say themselves whether they sample (``partial``). A
     speculative decode verifying 1 + s tokens is priced like a small prefill chunk after its
-    context (more tokens, the same KV read), with logits at each of its 1 + s positions."""
-    num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = 0
+    context (more tokens, the same KV read), with logits at each of its 1 + s positions; it is
+    counted neither as a prefill chunk nor as a one-token decode (``BatchShape``'s counts: vLLM's
+    MLA backends run it through the decode kernel, not the prefill one)."""
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_prefills = num_decodes = 0
     for s in out.scheduled:
         q, c = s.num_new_tokens, s.num_context_tokens
         num_tokens += q
@@ -63,7 +65,7 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
-    num_prefills = len(out.scheduled) - num_decodes
+            num_prefills += not s.num_spec_tokens
     return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes)
 
 
