@@ -123,3 +123,14 @@ def test_decode_terms_bend_past_the_knee(gpu: str) -> None:
     assert past - at == pytest.approx(k * mla.decode_beyond * per_decode)
     straight = CostModel(DEEPSEEK_BF16, replace(hw, mla=replace(mla, decode_knee=0)), 8)
     assert straight.mla_fixed_time(BatchShape.of([], [100] * (2 * k))) - at == pytest.approx(k * per_decode)
+
+
+def test_a_shape_without_its_decode_count_is_refused() -> None:
+    """Decode KV with no decodes is a shape built without its counts (five positional fields):
+    the MLA decode terms would count one decode for the whole batch."""
+    cm = CostModel(DEEPSEEK_BF16, get_hardware("H200"), 8)
+    with pytest.raises(ValueError, match="num_decodes 0"):
+        cm.iteration_time(BatchShape(16, 16, 0, 0, 16 * 1001))
+    assert cm.iteration_time(BatchShape(16, 16, 0, 0, 16 * 1001, 0, 16)) == cm.iteration_time(
+        BatchShape.of([], [1000] * 16)
+    )

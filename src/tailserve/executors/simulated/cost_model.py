@@ -470,7 +470,12 @@ class CostModel:
         fixed time, a time per decode (and per decode and head; past the kernel's knee, a share of
         it), a time per token of the decodes' mean context (``BatchShape.num_decodes``: the
         requests decoding one token)."""
-        n = np.maximum(num_decodes, 1) if isinstance(num_decodes, np.ndarray) else max(num_decodes, 1)
+        if isinstance(num_decodes, np.ndarray):
+            n = np.maximum(num_decodes, 1)
+        elif num_decodes < 1:  # decode KV comes only with decodes: a shape built without its counts
+            raise ValueError(f"a batch shape with decode KV ({decode_kv}) and num_decodes {num_decodes}")
+        else:
+            n = num_decodes
         per_request = n
         if self._mla_knee:  # past the knee each decode adds ``decode_beyond`` of one
             beyond = (
