@@ -22,7 +22,8 @@ never as a model:
   kernel, o_proj, and the norms, RoPE and cache writes between them), DeepSeek-V3's shapes at
   1-128 heads (a TP shard), prefill (batch x prompt) and decode (batch x context), bf16 KV,
   weights in bf16 or block-scaled FP8: the cost model as is (the GPU's GEMM curve and the
-  roofline attention), then with the MLA block's factors and fixed time (``hardware.MlaKernel``)
+  roofline attention), then with the MLA block's factors, fixed times and per-request terms
+  (``hardware.MlaKernel``: per prefill chunk, per decode with its knee, per context token)
   fitted on half the head counts and tested on the other half.
 - **a2a**: DeepEP's dispatch and combine as vLLM runs them (high-throughput and low-latency, one
   node, EP 8; GB200: 4), per phase ``latency + bytes / (link x efficiency)`` with the bytes of
@@ -33,7 +34,7 @@ never as a model:
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
 
-    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--out FILE]
+    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--parts mla,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -533,9 +534,9 @@ def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.n
         proj.append(p)
         attn.append(cm.attention_time(shape))
         y.append(ms * 1e-3)
-        decodes = shape.num_logits if shape.decode_kv_tokens else 0  # as CostModel._mla_decode_path
+        prefills, decodes = shape.num_prefills, shape.num_decodes
         context = shape.decode_kv_tokens / decodes if decodes else 0.0
-        per_request.append((decodes, decodes * heads, context))
+        per_request.append((prefills, prefills * heads, decodes, decodes * heads, context))
     return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request))
 
 
@@ -558,11 +559,28 @@ def _fixed_terms(base: np.ndarray, y: np.ndarray, columns: np.ndarray) -> tuple[
     return coef, float(np.mean(np.abs(pred / y - 1)))
 
 
-def _mla_columns(phases: np.ndarray, per_request: np.ndarray) -> np.ndarray:
-    """The fixed-time terms' columns: the prefill path, the decode path, and the decode path's
-    decodes, decodes x heads and mean context (``hardware.MlaKernel``'s decode_request,
-    decode_head and decode_context; 0 on prefill rows)."""
+def _mla_columns(
+    phases: np.ndarray, per_request: np.ndarray, knee: tuple[int, float] = (0, 1.0)
+) -> np.ndarray:
+    """The fixed-time terms' columns: the prefill path, the decode path, the prefill path's
+    chunks and chunks x heads (``hardware.MlaKernel``'s prefill_request and prefill_head; 0 on
+    decode rows), and the decode path's decodes, decodes x heads and mean context
+    (decode_request, decode_head and decode_context; 0 on prefill rows), the decodes past
+    ``knee``'s count counted at its share (decode_knee, decode_beyond)."""
+    per_request = per_request.copy()
+    if knee[0]:
+        n = per_request[:, 2]
+        beyond = np.maximum(n - knee[0], 0)
+        scale = np.divide(n - beyond + beyond * knee[1], n, out=np.zeros_like(n), where=n > 0)
+        per_request[:, 2] *= scale
+        per_request[:, 3] *= scale
     return np.column_stack([(phases == 0).astype(float), (phases == 1).astype(float), per_request])
+
+
+# The decode path's knee: past KNEE decodes, each adds BEYOND of a decode's per-request time
+# (0: no knee). The tables' batches are powers of two, so a knee between them is not told apart.
+DECODE_KNEES = (0, 128, 256, 512)
+DECODE_BEYOND = np.linspace(0.0, 1.0, 21)
 
 
 # The prefill attention factor is fitted only where the rows say something of it: when the
@@ -576,14 +594,20 @@ MIN_ATTENTION_SHARE = 0.1
 def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
     prefill and decode attention factors (<= 1: never faster than the roofline), each path's
-    fixed time per layer and the decode path's per-request terms; the FP8 rows then their own
-    projection factor, the rest held. (A time per new token was tried as a prefill term: the
-    prefill rows, up to 131,072 tokens, fit it to 0.)"""
+    fixed time per layer and the decode path's per-request terms; then, the factors held, the
+    prefill path's fixed time and per-request terms on the prefill rows alone (fitted jointly,
+    the per-request terms moved the shared projections' factor on H200 from 0.82 to 0.90, and
+    the decode rows lost what the prefill rows gained); the FP8 rows then their own projection
+    factor, the rest held. (A time per new token was tried as a prefill term: the prefill rows,
+    up to 131,072 tokens, fit it to 0.)"""
     rc, pc, ac, yc, qc = (v[train["context"]] for v in parts[("context", "bf16")])
     rg, pg, ag, yg, qg = (v[train["generation"]] for v in parts[("generation", "bf16")])
     y = np.concatenate((yc, yg))
     phases = np.concatenate((np.zeros(len(yc)), np.ones(len(yg))))
     cols = _mla_columns(phases, np.concatenate((qc, qg)))
+    prefill_requests = [2, 3]  # the per-request prefill columns, fitted second
+    first = cols.copy()
+    first[:, prefill_requests] = 0.0  # an all-zero column gets no coefficient
     best = (math.inf, None)
     grid = np.geomspace(0.05, 1.0, 24)
     identified = float(np.max(ac / (rc + pc + ac))) >= MIN_ATTENTION_SHARE
@@ -593,10 +617,22 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
             base_c = rc + pc / f + ac / fp
             for fd in grid:
                 base = np.concatenate((base_c, rg + pg / f + ag / fd))
-                coef, err = _fixed_terms(base, y, cols)
+                coef, err = _fixed_terms(base, y, first)
                 if err < best[0]:
                     best = (err, (float(f), float(fp), float(fd), coef))
     f, fp, fd, coef = best[1]
+    prefill_terms = [0, *prefill_requests]
+    coef[prefill_terms], _ = _fixed_terms(rc + pc / f + ac / fp, yc, cols[: len(yc)][:, prefill_terms])
+    # The decode path's knee, the factors held: its terms refitted on the decode rows alone.
+    decode_terms = [1, 4, 5, 6]
+    base_g, phases_g = rg + pg / f + ag / fd, np.ones(len(yg))
+    best_knee = (math.inf, (0, 1.0), coef[decode_terms])
+    for k in DECODE_KNEES:
+        for beyond in DECODE_BEYOND if k else (1.0,):
+            c, err = _fixed_terms(base_g, yg, _mla_columns(phases_g, qg, (k, float(beyond)))[:, decode_terms])
+            if err < best_knee[0]:
+                best_knee = (err, (k, float(beyond)), c)
+    knee, coef[decode_terms] = best_knee[1], best_knee[2]
     factors = [("bf16", f)]
     format_requests: tuple[tuple[str, float], ...] = ()
     format_latency: tuple[tuple[str, float], ...] = ()
@@ -605,12 +641,11 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
         sel_c, sel_g = train["context8"], train["generation8"]
         y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
         phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
-        fixed8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g]))) @ coef
+        cols8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g])), knee)
+        fixed8 = cols8 @ coef
         # the format's own terms: a time per layer on either path (its activation-quantization
         # kernels beside each GEMM) and per decode
-        decodes8 = np.column_stack(
-            (np.ones(len(y8)), np.concatenate((np.zeros(int(sel_c.sum())), g8[4][sel_g][:, 0])))
-        )
+        decodes8 = np.column_stack((np.ones(len(y8)), cols8[:, 4]))
         best8 = (math.inf, 1.0, np.zeros(2))
         for f8 in np.geomspace(0.1, 1.0, 60):
             pred = np.concatenate((
@@ -625,8 +660,10 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
         format_requests = (("fp8_block", float(best8[2][1])),)
     return MlaKernel(
         tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
-        decode_request=float(coef[2]), decode_head=float(coef[3]), decode_context=float(coef[4]),
+        decode_request=float(coef[4]), decode_head=float(coef[5]), decode_context=float(coef[6]),
         decode_request_by_format=format_requests, latency_by_format=format_latency,
+        prefill_request=float(coef[2]), prefill_head=float(coef[3]), decode_knee=knee[0],
+        decode_beyond=knee[1],
     )  # fmt: skip
 
 
@@ -669,6 +706,8 @@ def mla_part(tables: dict, console: Console) -> dict:
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
                              "decode_latency_s": kernel.decode_latency, "decode_request_s": kernel.decode_request,
                              "decode_head_s": kernel.decode_head, "decode_context_s": kernel.decode_context,
+                             "prefill_request_s": kernel.prefill_request, "prefill_head_s": kernel.prefill_head,
+                             "decode_knee": kernel.decode_knee, "decode_beyond": kernel.decode_beyond,
                              "decode_request_by_format_s": dict(kernel.decode_request_by_format),
                              "latency_by_format_s": dict(kernel.latency_by_format)},
                      "version": entry.get("mla_context_version")}  # fmt: skip
@@ -871,6 +910,9 @@ def a2a_part(tables: dict, console: Console) -> dict:
     return out
 
 
+PARTS = ("gemm", "moe", "allreduce", "mla", "a2a")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -880,7 +922,17 @@ def main() -> int:
     parser.add_argument(
         "--out", default=None, help="results JSON (default benchmarks/out/fidelity_aisim.json)"
     )
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="the parts to run, their results alone in the JSON (moe runs gemm first; mla alone: ~1 min)",
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        parser.error(
+            f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))}; choose from {', '.join(PARTS)}"
+        )
     console = Console()
     venv = Path(args.aisimulate_venv) if args.aisimulate_venv else peer_venv("aisimulate")
     python = venv / "bin" / "python"
@@ -897,23 +949,23 @@ def main() -> int:
     tables = exported["gpus"]
     versions = {g: {"gemm": e.get("gemm_version"), "moe": e.get("moe_versions")} for g, e in tables.items()}
     console.print(f"AISimulate tables (vLLM versions): {versions}")
-    gemm = gemm_part(tables, console)
-    moe = moe_part(tables, gemm, console)
-    allreduce = allreduce_part(tables, console)
-    mla = mla_part(tables, console)
-    a2a = a2a_part(tables, console)
-    results = {
+    results: dict = {
         "benchmark": "fidelity_aisim",
         "date": time.strftime("%Y-%m-%d"),
         "source": "AISimulate aisimulate==0.13.0.dev202610270000000085 bundled silicon tables",
         "table_versions": versions,
-        "gemm": gemm,
-        "moe": moe,
-        "allreduce": allreduce,
-        "mla": mla,
-        "a2a": a2a,
-        "wall_s": round(time.time() - start, 1),
     }
+    if parts & {"gemm", "moe"}:
+        results["gemm"] = gemm_part(tables, console)
+    if "moe" in parts:
+        results["moe"] = moe_part(tables, results["gemm"], console)
+    if "allreduce" in parts:
+        results["allreduce"] = allreduce_part(tables, console)
+    if "mla" in parts:
+        results["mla"] = mla_part(tables, console)
+    if "a2a" in parts:
+        results["a2a"] = a2a_part(tables, console)
+    results["wall_s"] = round(time.time() - start, 1)
     save_results(results, args.out, "fidelity_aisim.json")
     return 0
 

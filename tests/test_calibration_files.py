@@ -107,7 +107,7 @@ def test_recorded_batch_shape_prices_like_the_simulated_executor():
     )
     cm = CostModel(TINY, CPU, 1, replace(TRUTH))
     assert SimExecutor(cm).execute(out).duration == cm.iteration_time(batch_shape(out))
-    assert batch_shape(out) == BatchShape(130, 2, 128 * 64 + 128 * 129 // 2, 192, 46 + 21)
+    assert batch_shape(out) == BatchShape(130, 2, 128 * 64 + 128 * 129 // 2, 192, 46 + 21, 1, 2)
 
 
 def test_generic_calibration_is_the_roofline_before_the_fitted_curves():
@@ -158,3 +158,23 @@ def test_calibrate_torch_profiles_in_the_dtype_given(tmp_path, monkeypatch):
     argv = ["calibrate", "--executor", "torch", "--model", str(tmp_path), "--out", str(tmp_path / "c.json")]
     assert main([*argv, "--dtype", "float32"]) == 2
     assert seen == ["host float32", "float32"]
+
+
+@pytest.mark.parametrize("gpu", ["H200", "B200"])
+def test_a_gpu_with_fitted_mla_and_exchange_round_trips(tmp_path, gpu):
+    """The MLA block and the MoE exchange come back as the catalog's objects, so a DeepSeek
+    model is priced from the file as from the catalog."""
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+
+    hw = get_hardware(gpu)
+    assert hw.mla is not None and hw.moe_exchange is not None
+    path = tmp_path / "gpu.json"
+    write_calibration_file(
+        path, CalibrationFile(hw, Efficiency.for_hardware(hw), "deepseek-v3", 8, "catalog")
+    )
+    back = read_calibration_file(path).hardware
+    assert back == hw
+    shape = BatchShape.of([(512, 0)] * 2, [2000] * 16)
+    model = get_model("deepseek-v3")
+    assert CostModel(model, back, 8).iteration_time(shape) == CostModel(model, hw, 8).iteration_time(shape)

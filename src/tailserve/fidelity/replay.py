@@ -25,6 +25,7 @@ from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.saved_shape import shape_from_saved
 from tailserve.fidelity.recorder import IterationRecord, install
 from tailserve.metrics.summary import summarize
 
@@ -313,9 +314,7 @@ def from_json(body: dict[str, Any]) -> RunRecord:
         req.status = RequestStatus.FINISHED_LENGTH
         requests.append(req)
     iterations = [
-        IterationRecord(
-            BatchShape(*(it[k] for k in BatchShape.__slots__)), 0.0, it["execute_s"], it["period_s"]
-        )
+        IterationRecord(shape_from_saved(it), 0.0, it["execute_s"], it["period_s"])
         for it in body["iterations"]
     ]
     return RunRecord(setup, requests, iterations)

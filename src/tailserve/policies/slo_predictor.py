@@ -52,23 +52,28 @@ class BatchLoad:
     prefill_pairs: int = 0
     prefill_kv_tokens: int = 0
     decode_kv_tokens: int = 0
+    num_prefills: int = 0
+    num_decodes: int = 0
 
     def add_decode(self, num_context_tokens: int) -> None:
         self.num_tokens += 1
         self.num_logits += 1
         self.decode_kv_tokens += num_context_tokens + 1
+        self.num_decodes += 1
 
     def add_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> None:
         if num_new_tokens == 1:
             self.num_tokens += 1
             self.num_logits += samples
             self.decode_kv_tokens += num_context_tokens + 1
+            self.num_decodes += 1
             return
         q, c = num_new_tokens, num_context_tokens
         self.num_tokens += q
         self.num_logits += samples
         self.prefill_pairs += q * c + q * (q + 1) // 2
         self.prefill_kv_tokens += q + c
+        self.num_prefills += 1
 
     def with_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> BatchShape:
         load = BatchLoad(
@@ -77,6 +82,8 @@ class BatchLoad:
             self.prefill_pairs,
             self.prefill_kv_tokens,
             self.decode_kv_tokens,
+            self.num_prefills,
+            self.num_decodes,
         )
         load.add_chunk(num_new_tokens, num_context_tokens, samples)
         return load.shape()
@@ -88,6 +95,8 @@ class BatchLoad:
             self.prefill_pairs,
             self.prefill_kv_tokens,
             self.decode_kv_tokens,
+            self.num_prefills,
+            self.num_decodes,
         )
 
     @staticmethod

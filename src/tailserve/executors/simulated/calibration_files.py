@@ -20,9 +20,18 @@ from typing import Any
 
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
-from tailserve.executors.simulated.hardware import AllReduceBand, GemmCurve, Hardware, MoeKernel
+from tailserve.executors.simulated.hardware import (
+    AllReduceBand,
+    GemmCurve,
+    Hardware,
+    LinkFit,
+    MlaKernel,
+    MoeExchange,
+    MoeKernel,
+)
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.profiles import VIDUR_GPUS, VIDUR_TOPOLOGIES, load_linear_profile
+from tailserve.executors.simulated.saved_shape import shape_from_saved
 
 FORMAT = "tailserve-calibration"
 VERSION = 1
@@ -116,6 +125,10 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             hw["gemm"] = GemmCurve(**gemm)
         if hw.get("moe") is not None:
             hw["moe"] = MoeKernel(**hw["moe"])
+        if hw.get("mla") is not None:
+            hw["mla"] = _mla_kernel(hw["mla"])
+        if hw.get("moe_exchange") is not None:
+            hw["moe_exchange"] = _moe_exchange(hw["moe_exchange"])
         hw["allreduce_latency_by_tp"] = tuple(tuple(x) for x in hw.get("allreduce_latency_by_tp", ()))
         hw["allreduce_bands"] = tuple(AllReduceBand(**b) for b in hw.get("allreduce_bands", ()))
         hw["peak_flops_by_dtype"] = tuple((str(f), float(r)) for f, r in hw.get("peak_flops_by_dtype", ()))
@@ -125,7 +138,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             eff["sharpness"] = math.inf
         efficiency = Efficiency(**eff)
         points = tuple(
-            MeasuredBatch(BatchShape(**pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
+            MeasuredBatch(shape_from_saved(pt["shape"]), float(pt["seconds"]), str(pt.get("label", "")))
             for pt in body.get("points", [])
         )
         probe = body.get("probe_s")
@@ -144,6 +157,23 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
         raise ValueError(f"{p}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{p}: {e}") from None
+
+
+def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:
+    """``hardware.MlaKernel`` from its ``asdict`` (JSON turns its pairs into lists)."""
+    pairs = ("gemm_factors", "decode_request_by_format", "latency_by_format")
+    return MlaKernel(
+        **{k: tuple((str(f), float(x)) for f, x in v) if k in pairs else v for k, v in saved.items()}
+    )
+
+
+def _moe_exchange(saved: dict[str, Any]) -> MoeExchange:
+    """``hardware.MoeExchange`` from its ``asdict``."""
+    phases = {k: LinkFit(**saved[k]) for k in ("ht_dispatch", "ht_combine", "ll_dispatch", "ll_combine")}
+    groups = {
+        k: tuple((int(n), LinkFit(**fit)) for n, fit in saved[k]) for k in ("all_gather", "reduce_scatter")
+    }
+    return MoeExchange(**phases, **groups, source=str(saved["source"]))
 
 
 def load_calibration_source(

@@ -166,9 +166,11 @@ def advance_chunk_run(engine: Engine) -> int:
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
         if j == k_full:  # the prompt's last chunk: it samples its first token
-            shape = BatchShape(n + last, n + 1, last * c_p + last * (last + 1) // 2, last + c_p, decode_kv)
+            shape = BatchShape(
+                n + last, n + 1, last * c_p + last * (last + 1) // 2, last + c_p, decode_kv, 1, n
+            )
         else:
-            shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv)
+            shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
         starts.append(t)
         used.append(used0 + needed)
         t = t + iteration_time(shape)

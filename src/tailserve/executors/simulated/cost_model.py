@@ -118,6 +118,12 @@ class BatchShape:
     prefill_pairs: int = 0  # causal (query, key) pairs of prefill chunks
     prefill_kv_tokens: int = 0  # KV tokens prefill chunks read (context + chunk)
     decode_kv_tokens: int = 0  # KV tokens decodes read (context + 1 each)
+    # Counts, after the aggregates so positional construction keeps working. A scheduled entry
+    # of one new token is a decode (its KV in ``decode_kv_tokens``), any longer one a prefill
+    # chunk, finishing or not; a speculative decode verifying 1 + s tokens is priced as a chunk
+    # (its pairs and KV in the prefill aggregates) but counted as neither.
+    num_prefills: int = 0
+    num_decodes: int = 0
 
     @staticmethod
     def of(prefill: list[tuple[int, int]], decode_contexts: list[int]) -> BatchShape:
@@ -129,6 +135,8 @@ class BatchShape:
             prefill_pairs=pairs,
             prefill_kv_tokens=sum(q + c for q, c in prefill),
             decode_kv_tokens=sum(c + 1 for c in decode_contexts),
+            num_prefills=len(prefill),
+            num_decodes=len(decode_contexts),
         )
 
 
@@ -254,7 +262,8 @@ class CostModel:
         self._mla_flops_per_token = self._mla_weight_bytes = self._mla_act_bytes_per_token = 0.0
         self._mla_factor = 1.0
         self._mla_prefill_fixed = self._mla_decode_fixed = 0.0
-        self._mla_per_decode = self._mla_per_context_token = 0.0
+        self._mla_per_decode = self._mla_per_context_token = self._mla_per_prefill = 0.0
+        self._mla_knee, self._mla_beyond = 0, 1.0
         if self._mla is None:
             return
         proj = m.num_layers * m.attention_params_per_shard(tp)
@@ -273,6 +282,8 @@ class CostModel:
         per_decode = self._mla.decode_request + self._mla.format_request(fmt)
         self._mla_per_decode = m.num_layers * (per_decode + heads * self._mla.decode_head)
         self._mla_per_context_token = m.num_layers * self._mla.decode_context
+        self._mla_per_prefill = m.num_layers * (self._mla.prefill_request + heads * self._mla.prefill_head)
+        self._mla_knee, self._mla_beyond = self._mla.decode_knee, self._mla.decode_beyond
 
     def _init_window(self, m: ModelSpec) -> None:
         """Sliding-window layers (window.py): their share of the per-layer attention constants."""
@@ -448,19 +459,41 @@ class CostModel:
 
     def mla_fixed_time(self, shape: BatchShape) -> float:
         """The MLA block's time beside its projections and attention rates (0 without a fitted
-        ``hardware.MlaKernel``): each path's fixed time per layer and the decode path's per-request
-        terms (``_mla_decode_path``)."""
-        return (self._mla_prefill_fixed if shape.prefill_kv_tokens else 0.0) + (
-            self._mla_decode_path(shape.num_logits, shape.decode_kv_tokens) if shape.decode_kv_tokens else 0.0
+        ``hardware.MlaKernel``): each path's fixed time per layer and per-request terms
+        (``_mla_prefill_path``, ``_mla_decode_path``)."""
+        return (self._mla_prefill_path(shape.num_prefills) if shape.prefill_kv_tokens else 0.0) + (
+            self._mla_decode_path(shape.num_decodes, shape.decode_kv_tokens)
+            if shape.decode_kv_tokens
+            else 0.0
         )
+
+    def _mla_prefill_path(self, num_prefills: Any) -> Any:
+        """The MLA prefill path's time beside its projections and attention rates, all layers: its
+        fixed time and a time per prefill chunk (and per chunk and head)."""
+        return self._mla_prefill_fixed + num_prefills * self._mla_per_prefill
 
     def _mla_decode_path(self, num_decodes: Any, decode_kv: Any) -> Any:
         """The MLA decode path's time beside its projections and attention rates, all layers: its
-        fixed time, a time per decode (and per decode and head), a time per token of the decodes'
-        mean context. The batch shape counts the requests that sample (``num_logits``): the
-        decodes, plus a mixed batch's prefills that finish, which this term counts as decodes."""
-        n = np.maximum(num_decodes, 1) if isinstance(num_decodes, np.ndarray) else max(num_decodes, 1)
-        return self._mla_decode_fixed + n * self._mla_per_decode + decode_kv / n * self._mla_per_context_token
+        fixed time, a time per decode (and per decode and head; past the kernel's knee, a share of
+        it), a time per token of the decodes' mean context (``BatchShape.num_decodes``: the
+        requests decoding one token)."""
+        if isinstance(num_decodes, np.ndarray):
+            n = np.maximum(num_decodes, 1)
+        elif num_decodes < 1:  # decode KV comes only with decodes: a shape built without its counts
+            raise ValueError(f"a batch shape with decode KV ({decode_kv}) and num_decodes {num_decodes}")
+        else:
+            n = num_decodes
+        per_request = n
+        if self._mla_knee:  # past the knee each decode adds ``decode_beyond`` of one
+            beyond = (
+                np.maximum(n - self._mla_knee, 0) if isinstance(n, np.ndarray) else max(n - self._mla_knee, 0)
+            )
+            per_request = n - beyond + beyond * self._mla_beyond
+        return (
+            self._mla_decode_fixed
+            + per_request * self._mla_per_decode
+            + decode_kv / n * self._mla_per_context_token
+        )
 
     def _experts(self, num_tokens: int) -> float:
         """The routed experts of every MoE layer (``moe.py``): each expert sliced over the TP
@@ -555,16 +588,25 @@ class CostModel:
         return band[1] + num_tokens * band[2]
 
     def _iteration_time(
-        self, num_tokens: Any, num_logits: Any, prefill_pairs: Any, prefill_kv: Any, decode_kv: Any
+        self,
+        num_tokens: Any,
+        num_logits: Any,
+        prefill_pairs: Any,
+        prefill_kv: Any,
+        decode_kv: Any,
+        num_prefills: Any,
+        num_decodes: Any,
     ) -> Any:
+        """``iteration_time`` from ``BatchShape``'s fields, in its order (numpy arrays for the
+        decode fields of a vectorised decode run)."""
         linear = self._linear(num_tokens, num_logits)
         prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates, self._prefill_pair_flops)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
         decode = self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
         if self._mla is not None:  # the MLA block's time per path run (decode arrays: > 0)
-            linear = linear + (self._mla_prefill_fixed if prefill_kv else 0.0)
+            linear = linear + (self._mla_prefill_path(num_prefills) if prefill_kv else 0.0)
             if isinstance(decode_kv, np.ndarray) or decode_kv:
-                linear = linear + self._mla_decode_path(num_logits, decode_kv)
+                linear = linear + self._mla_decode_path(num_decodes, decode_kv)
         return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
 
     def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
@@ -612,6 +654,8 @@ class CostModel:
             shape.prefill_pairs,
             shape.prefill_kv_tokens,
             shape.decode_kv_tokens,
+            shape.num_prefills,
+            shape.num_decodes,
         )
 
     def attention_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
@@ -666,7 +710,7 @@ class CostModel:
         ``num_decodes`` per step (each decode adds its token)."""
         decode_kv = num_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
         n = num_decodes
-        return self._iteration_time(n, n, 0, 0, decode_kv)
+        return self._iteration_time(n, n, 0, 0, decode_kv, 0, n)
 
     def swap_time(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV between GPU and host over PCIe, per shard

@@ -16,7 +16,7 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     sample) like real ones; a scheduled request samples when its chunk reaches its last token."""
     # One pass over the scheduled requests (this runs once per stepped iteration; integer sums,
     # so the order of the terms cannot change them).
-    num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = 0
     for s in out.scheduled:
         q = s.num_new_tokens
         c = s.num_context_tokens
@@ -26,9 +26,11 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
             num_logits += 1
         if q == 1:
             decode_kv += c + 1
+            num_decodes += 1
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
+    num_prefills = len(out.scheduled) - num_decodes
     if out.padding:  # static batching only: every padding slot samples, as BatchShape.of counts
         pad = BatchShape.of(
             [(p.num_new_tokens, p.num_context_tokens) for p in out.padding if p.num_new_tokens != 1],
@@ -39,15 +41,19 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
         pairs += pad.prefill_pairs
         prefill_kv += pad.prefill_kv_tokens
         decode_kv += pad.decode_kv_tokens
-    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+        num_prefills += pad.num_prefills
+        num_decodes += pad.num_decodes
+    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes)
 
 
 def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
     """``batch_shape`` of an ``advanced`` output (vLLM's accounting: async scheduling,
     speculative decoding), whose requests say themselves whether they sample (``partial``). A
     speculative decode verifying 1 + s tokens is priced like a small prefill chunk after its
-    context (more tokens, the same KV read), with logits at each of its 1 + s positions."""
-    num_tokens = num_logits = pairs = prefill_kv = decode_kv = 0
+    context (more tokens, the same KV read), with logits at each of its 1 + s positions; it is
+    counted neither as a prefill chunk nor as a one-token decode (``BatchShape``'s counts: vLLM's
+    MLA backends run it through the decode kernel, not the prefill one)."""
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_prefills = num_decodes = 0
     for s in out.scheduled:
         q, c = s.num_new_tokens, s.num_context_tokens
         num_tokens += q
@@ -55,10 +61,12 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
             num_logits += 1 + s.num_spec_tokens
         if q == 1:
             decode_kv += c + 1
+            num_decodes += 1
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
-    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv)
+            num_prefills += not s.num_spec_tokens
+    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes)
 
 
 def window_shape(out: SchedulerOutput, window: int) -> WindowShape:
@@ -136,7 +144,9 @@ class SimExecutor:
         return self.cost_model.efficiency.overhead if num_decodes else 0.0
 
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
-        return self.cost_model._iteration_time(num_decodes, num_decodes, 0, 0, num_context_tokens)
+        return self.cost_model._iteration_time(
+            num_decodes, num_decodes, 0, 0, num_context_tokens, 0, num_decodes
+        )
 
     def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
         return self.cost_model.decode_step_times(num_decodes, num_context_tokens, num_steps)

@@ -83,8 +83,8 @@ class MlaKernel:
     o_proj, and the norms, RoPE and cache writes between them) against the GPU's curves: a
     factor on the projections' GEMM time per weight format, factors on the prefill and decode
     attention rates (<= 1), a fixed time per layer for each path an iteration runs (its
-    prefill path when it has a prefill chunk, its decode path when it has a decode) and the
-    decode path's times per request, fitted to AISimulate's MLA module tables
+    prefill path when it has a prefill chunk, its decode path when it has a decode) and each
+    path's times per request (prefill chunk or decode), fitted to AISimulate's MLA module tables
     (benchmarks/fidelity_aisim.py)."""
 
     gemm_factors: tuple[tuple[str, float], ...]  # (weight format, factor <= 1); others: 1
@@ -106,6 +106,20 @@ class MlaKernel:
     # before every projection, one more kernel each
     decode_request_by_format: tuple[tuple[str, float], ...] = ()
     latency_by_format: tuple[tuple[str, float], ...] = ()
+    # The prefill path's work per prefill chunk (``BatchShape.num_prefills``): seconds per chunk
+    # and per chunk and head of the shard, per MLA layer. Blackwell's FLASH_ATTN prefill runs
+    # 16-token prompts at 2.2x the time the same tokens take as 512-token ones (B200, 128 heads:
+    # 256 x 16 tokens 2.62 ms, 8 x 512 tokens 1.18 ms), in proportion to the heads: each
+    # request's query tiles are padded per head; Hopper's FLASH_ATTN_MLA shows no such cost.
+    prefill_request: float = 0.0
+    prefill_head: float = 0.0
+    # The decode path's per-request terms saturate: past ``decode_knee`` decodes (0: never) each
+    # further decode adds ``decode_beyond`` of a decode's time. Hopper's block flattens past 512
+    # (H200, 128 heads, <= 64 tokens of context: 0.26 ms at 256 decodes, 0.51 at 512, 0.72 at
+    # 1,024; fitted: 512 and 0); Blackwell's bends less (fitted: 128 and 0.5). Read from the
+    # tables' batch sizes (powers of two), not from the kernels.
+    decode_knee: int = 0
+    decode_beyond: float = 1.0
 
     def gemm_factor(self, fmt: str) -> float:
         return dict(self.gemm_factors).get(fmt, 1.0)
@@ -311,29 +325,34 @@ MOE_GENERIC = MoeKernel(
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
 # borrows the H100's (same kernels, same NVLink 4 link).
 MLA_H100 = MlaKernel(
-    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 4.38e-6, 1.34e-6,
-    f"{_AISIM}: MLA module, H100", decode_request=26.7e-9, decode_head=1.273e-9, decode_context=348e-12,
-    decode_request_by_format=(("fp8_block", 8.2e-9),), latency_by_format=(("fp8_block", 5.42e-6),),
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.91e-6, 0.50e-6,
+    f"{_AISIM}: MLA module, H100", decode_request=44.0e-9, decode_head=1.821e-9, decode_context=362e-12,
+    decode_request_by_format=(("fp8_block", 4.8e-9),), latency_by_format=(("fp8_block", 5.49e-6),),
+    prefill_request=0.0e-9, prefill_head=2.09e-9, decode_knee=512, decode_beyond=0.00,
 )  # fmt: skip
 MLA_H200 = MlaKernel(
-    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.58e-6, 1.64e-6,
-    f"{_AISIM}: MLA module, H200", decode_request=27.9e-9, decode_head=1.022e-9, decode_context=398e-12,
-    decode_request_by_format=(("fp8_block", 9.6e-9),), latency_by_format=(("fp8_block", 6.48e-6),),
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.23e-6, 0.97e-6,
+    f"{_AISIM}: MLA module, H200", decode_request=42.2e-9, decode_head=1.459e-9, decode_context=409e-12,
+    decode_request_by_format=(("fp8_block", 9.6e-9),), latency_by_format=(("fp8_block", 6.46e-6),),
+    prefill_request=0.0e-9, prefill_head=1.48e-9, decode_knee=512, decode_beyond=0.00,
 )  # fmt: skip
 MLA_B200 = MlaKernel(
-    (("bf16", 1.00), ("fp8_block", 0.58)), 1.00, 0.88, 22.46e-6, 17.62e-6,
-    f"{_AISIM}: MLA module, B200", decode_request=37.5e-9, decode_head=3.918e-9, decode_context=262e-12,
-    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 8.99e-6),),
+    (("bf16", 1.00), ("fp8_block", 0.60)), 1.00, 0.88, 18.78e-6, 16.71e-6,
+    f"{_AISIM}: MLA module, B200", decode_request=63.9e-9, decode_head=5.758e-9, decode_context=273e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 9.22e-6),),
+    prefill_request=0.0e-9, prefill_head=47.87e-9, decode_knee=128, decode_beyond=0.50,
 )  # fmt: skip
 MLA_GB200 = MlaKernel(
-    (("bf16", 0.90), ("fp8_block", 0.76)), 1.00, 0.88, 21.82e-6, 17.98e-6,
-    f"{_AISIM}: MLA module, GB200", decode_request=32.5e-9, decode_head=3.433e-9, decode_context=239e-12,
-    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 12.28e-6),),
+    (("bf16", 0.90), ("fp8_block", 0.79)), 1.00, 0.88, 18.61e-6, 17.15e-6,
+    f"{_AISIM}: MLA module, GB200", decode_request=55.6e-9, decode_head=5.059e-9, decode_context=249e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 12.49e-6),),
+    prefill_request=0.0e-9, prefill_head=39.61e-9, decode_knee=128, decode_beyond=0.50,
 )  # fmt: skip
 MLA_B300 = MlaKernel(
-    (("bf16", 0.90), ("fp8_block", 0.68)), 1.00, 0.88, 20.03e-6, 15.23e-6,
-    f"{_AISIM}: MLA module, B300", decode_request=37.7e-9, decode_head=3.708e-9, decode_context=266e-12,
-    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 11.33e-6),),
+    (("bf16", 0.90), ("fp8_block", 0.70)), 1.00, 0.88, 16.66e-6, 14.33e-6,
+    f"{_AISIM}: MLA module, B300", decode_request=64.6e-9, decode_head=5.458e-9, decode_context=278e-12,
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 11.51e-6),),
+    prefill_request=0.0e-9, prefill_head=43.51e-9, decode_knee=128, decode_beyond=0.50,
 )  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
     LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),

@@ -52,7 +52,7 @@ def advance_lone_chunk_run(engine: Engine) -> int:
         if wake is not None and t >= wake:
             break  # this iteration would add the arrival first
         starts.append(t)
-        t = t + iteration_time(BatchShape(q, 0, q * context + q_pairs, q + context, 0))
+        t = t + iteration_time(BatchShape(q, 0, q * context + q_pairs, q + context, 0, 1, 0))
         ends.append(t)
         context += q
     k = len(ends)

@@ -191,6 +191,8 @@ class DrafterCost:
                 shape.prefill_pairs,
                 shape.prefill_kv_tokens,
                 shape.decode_kv_tokens,
+                shape.num_prefills,
+                shape.num_decodes,
             )
         )
         later = self.spec.num_speculative_tokens - 1
@@ -199,6 +201,14 @@ class DrafterCost:
         rest = 0.0
         for j in range(later):  # each pass adds one drafted token per request
             rest += layer.iteration_time(
-                BatchShape(num_drafting, num_drafting, 0, 0, drafting_kv_tokens + num_drafting * (j + 1))
+                BatchShape(
+                    num_drafting,
+                    num_drafting,
+                    0,
+                    0,
+                    drafting_kv_tokens + num_drafting * (j + 1),
+                    0,
+                    num_drafting,
+                )
             )
         return first + rest
