@@ -22,7 +22,11 @@ trace and replayed by ``tailserve simulate --trace`` with the submission's engin
 ``--capacity`` also bisects for the highest rate per replica the simulation keeps VALID (both p99s
 within the benchmark's limits): the simulator's MLPerf Server score against the published one.
 
-    python -m benchmarks.fidelity_mlperf [--span S] [--requests N] [--capacity] [--json OUT]
+``--offline N`` prices each system's Offline result too: N requests per replica at once, with the
+flags the Offline run changed; its samples/s is the GPU's throughput ceiling, free of the Server
+scenario's latency trade-offs.
+
+    python -m benchmarks.fidelity_mlperf [--span S] [--requests N] [--capacity] [--offline N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -120,6 +124,11 @@ class MLPerfPoint:
     engine_flags: tuple[str, ...]  # the submission's engine as a tailserve policy and its flags
     source: str
     notes: str = ""
+    # The same system's Offline result (all samples at once: the throughput ceiling) and the
+    # flags its Offline run changed.
+    offline_qps: float = 0.0
+    offline_flags: tuple[str, ...] = ()
+    offline_source: str = ""
 
     @property
     def replicas(self) -> int:
@@ -173,6 +182,8 @@ POINTS = (
         _summary("AMD", "8xMI300X_2xEPYC_9575F", "llama2-70b-99")
         + "; flags: closed/AMD/code/llama2-70b-99.9/harness_llm/models/llama2-70b/server_mi300x.yaml",
         "AMD's vLLM fork: VLLM_LLAMA2_MLPERF_SCHED, decode batch held in 352-608, num_scheduler_steps 9",
+        92.1544, ("--max-num-seqs", "1792", "--gpu-memory-utilization", "0.98"),
+        "Offline/performance/run_1/mlperf_log_summary.txt; offline_mi300x.yaml",
     ),
     MLPerfPoint(
         "AMD 8xMI325X vLLM", "llama2-70b", "8xMI325X_2xEPYC_9575F_1", "MI325X", 8, 1, "Llama-2-70B",
@@ -181,6 +192,8 @@ POINTS = (
         _summary("AMD", "8xMI325X_2xEPYC_9575F_1", "llama2-70b-99")
         + "; flags: closed/AMD/code/llama2-70b-99.9/harness_llm/models/llama2-70b/server_mi325x.yaml",
         "AMD's vLLM fork: VLLM_LLAMA2_MLPERF_SCHED, decode batch held in 512-832, num_scheduler_steps 9",
+        114.7, ("--max-num-seqs", "2700", "--max-num-batched-tokens", "65536", "--gpu-memory-utilization", "0.98"),
+        "Offline/performance/run_1/mlperf_log_summary.txt; offline_mi325x.yaml",
     ),
     MLPerfPoint(
         "Cisco 8xH200 TensorRT-LLM", "llama2-70b", "C885_H200x8_TRT", "H200", 8, 1, "Llama-2-70B",
@@ -189,6 +202,7 @@ POINTS = (
         _summary("Cisco", "C885_H200x8_TRT", "llama2-70b-99")
         + "; flags: closed/Cisco/configs/C885_H200x8/Server/llama2-70b.py (Custom harness, k_99, MaxP)",
         "FP8 weights and KV cache, gemm_swiglu_plugin fp8, batch_scheduler_policy max_util, chunked context",
+        118.429, (), "Offline/performance/run_1/mlperf_log_summary.txt; configs/C885_H200x8/Offline/llama2-70b.py",
     ),
     MLPerfPoint(
         "Red Hat 1xH100 vLLM", "llama3_1-8b", "XE8640_4xH100_vLLM", "H100-SXM", 1, 1, "Llama-3.1-8B",
@@ -199,6 +213,8 @@ POINTS = (
         _summary("RedHat", "XE8640_4xH100_vLLM", "llama3.1-8b")
         + "; flags: closed/RedHat/code/llama3.1-8b/README.md (the Server scenario's vllm serve line)",
         "the system description says 1 accelerator (H100-SXM-80GB) despite the 4xH100 in its name",
+        45.1334, ("--max-num-seqs", "1024", "--max-num-batched-tokens", "4096", "--kv-cache-dtype", "fp8"),
+        "Offline/performance/run_1/mlperf_log_summary.txt; README.md (the H100 Offline line)",
     ),
 )  # fmt: skip
 
@@ -229,21 +245,26 @@ def trace(point: MLPerfPoint, rate: float, n: int, seed: int) -> list[dict]:
     ]
 
 
-def simulate(point: MLPerfPoint, rate: float, n: int, seed: int = 0) -> Predicted:
-    """One replica at ``rate`` requests/s for ``n`` requests, through ``tailserve simulate``."""
-    requests = trace(point, rate, n, seed)
+def _run(point: MLPerfPoint, requests: list[dict], flags: tuple[str, ...]) -> dict:
+    """``tailserve simulate --trace`` of one replica; its --json result."""
     with tempfile.TemporaryDirectory() as tmp:
         path, out = Path(tmp) / "trace.jsonl", Path(tmp) / "run.json"
         path.write_text("".join(json.dumps(r) + "\n" for r in requests))
         argv = [
             "simulate", "--model", point.model, "--hardware", point.gpu, "--tp", str(point.tp),
-            "--trace", str(path), *point.engine_flags, "--json", str(out),
+            "--trace", str(path), *flags, "--json", str(out),
         ]  # fmt: skip
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             rc = tailserve_main(argv)
         if rc != 0:
             raise RuntimeError(f"tailserve {' '.join(argv)} exited {rc}")
-        raw = json.loads(out.read_text())
+        return json.loads(out.read_text())
+
+
+def simulate(point: MLPerfPoint, rate: float, n: int, seed: int = 0) -> Predicted:
+    """One replica at ``rate`` requests/s for ``n`` requests, through ``tailserve simulate``."""
+    requests = trace(point, rate, n, seed)
+    raw = _run(point, requests, point.engine_flags)
     m = raw["metrics"]
     ttft = (m["ttft_s"]["p50"] * 1e3, m["ttft_s"]["p99"] * 1e3)
     tpot = (m["tpot_s"]["p50"] * 1e3, m["tpot_s"]["p99"] * 1e3)
@@ -261,6 +282,14 @@ def simulate(point: MLPerfPoint, rate: float, n: int, seed: int = 0) -> Predicte
         ttft[1] <= lim_ttft * 1e3 and tpot[1] <= lim_tpot * 1e3,
         raw,
     )
+
+
+def offline(point: MLPerfPoint, n: int, seed: int = 0) -> float:
+    """Samples/s of all replicas when ``n`` requests per replica arrive at once (LoadGen's Offline
+    scenario) with the Offline run's flags: the simulated throughput ceiling."""
+    requests = [dict(r, arrival_time=0.0) for r in trace(point, 1.0, n, seed)]
+    raw = _run(point, requests, (*point.engine_flags, *point.offline_flags))
+    return raw["num_finished"] / raw["duration_s"] * point.replicas
 
 
 def requests_for(rate: float, span_s: float) -> int:
@@ -291,7 +320,7 @@ def _r(xs: tuple[float, ...]) -> list[float]:
     return [round(x, 2) for x in xs]
 
 
-def run(span_s: float, requests: int | None, with_capacity: bool, console: Console) -> dict:
+def run(span_s: float, requests: int | None, with_capacity: bool, offline_n: int, console: Console) -> dict:
     rows = []
     table = Table(
         title="MLPerf Inference v5.1 Server points at the published QPS (uncalibrated)", title_justify="left"
@@ -321,6 +350,8 @@ def run(span_s: float, requests: int | None, with_capacity: bool, console: Conso
             point.label, f"{point.scheduled_qps:.2f}", f"{pred.in_mean:.0f} / {pred.out_mean:.0f}", *cells,
             f"{pred.in_flight:.0f} / {point.in_flight:.0f}", f"{pred.completed_qps:.2f}", "yes" if pred.valid else "no",
         )  # fmt: skip
+        if offline_n:
+            row["offline_qps"] = round(offline(point, offline_n), 2)
         if with_capacity:
             c, bound = capacity(point, span_s)
             row["capacity_qps"], row["capacity_bound"] = round(c, 2), bound
@@ -330,6 +361,16 @@ def run(span_s: float, requests: int | None, with_capacity: bool, console: Conso
         "cells: predicted / measured (error). in flight: requests per replica, rate x mean latency (Little's law), predicted / measured. "
         "sim req/s: completed over the simulated span, all replicas"
     )
+    if offline_n:
+        off = Table(
+            title=f"Offline: {offline_n} requests per replica at once, samples/s", title_justify="left"
+        )
+        for col in ("point", "published", "simulated", "error"):
+            off.add_column(col, justify="left" if col == "point" else "right")
+        for point, row in zip(POINTS, rows):
+            o = row["offline_qps"]
+            off.add_row(point.label, f"{point.offline_qps:.2f}", f"{o:.2f}", _err(o, point.offline_qps))
+        console.print(off)
     if with_capacity:
         cap = Table(title="simulated Server score (highest VALID QPS) vs published", title_justify="left")
         for col in ("point", "published QPS", "simulated QPS", "error"):
@@ -356,10 +397,17 @@ def main() -> int:
     )
     ap.add_argument("--requests", type=int, help="requests per run at the published rate instead of --span")
     ap.add_argument("--capacity", action="store_true", help="also bisect for the highest VALID QPS")
+    ap.add_argument(
+        "--offline",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also simulate the Offline scenario, N requests per replica",
+    )
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     print(cpu_line())
-    out = run(args.span, args.requests, args.capacity, Console(width=220))
+    out = run(args.span, args.requests, args.capacity, args.offline, Console(width=220))
     save_results(out, args.json, "fidelity_mlperf.json")
     return 0
 
