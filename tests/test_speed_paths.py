@@ -595,3 +595,43 @@ def test_async_decode_run_in_a_cluster_identical_to_plain_stepping() -> None:
         return {r.request_id: (r.token_times, r.enqueue_time, r.status.name) for r in run.requests}
 
     assert tokens(True) == tokens(False)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "vllm:async_scheduling=false",
+        "vllm:async_scheduling=false,max_num_seqs=6",  # a queue waits behind a full batch
+        "sarathi:chunk_size=256,gpu_memory_utilization=0.25",  # KV pressure: preemptions
+        "sglang",
+        "sglang:max_running_requests=6",
+        "orca",
+    ],
+)
+def test_steady_after_run_agrees_with_steady(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between back-to-back decode runs the driver asks ``steady_after_run``, which skips the
+    batch scans: at every such call it must answer what the full ``steady`` answers."""
+    from tailserve.executors.simulated import driver
+
+    answers: list[bool] = []
+    original = driver.steady_after_run
+
+    def checked(engine) -> bool:
+        short = original(engine)
+        assert short == driver.steady(engine)
+        answers.append(short)
+        return short
+
+    monkeypatch.setattr(driver, "steady_after_run", checked)
+    workload = WorkloadSpec(
+        "random",
+        num_requests=120,
+        rate=8.0,
+        seed=5,
+        input_len=LogNormal(800, 0.8, 4000),
+        output_len=LogNormal(150, 0.8, 1000),
+    )
+    fast, _ = _sarathi_fingerprint(spec, workload, fast=True)
+    slow, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    assert fast == slow
+    assert True in answers and False in answers  # both ways taken

@@ -29,9 +29,13 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_REJECTED = "finished_rejected"
 
+    _finished: bool  # set for each member below
+
     @property
     def is_finished(self) -> bool:
-        return self in _FINISHED
+        # An attribute, not ``self in _FINISHED``: that hashes the member through Enum's
+        # Python-level ``__hash__``, and schedulers ask this of every running request each step.
+        return self._finished
 
 
 _FINISHED = frozenset(
@@ -42,6 +46,8 @@ _FINISHED = frozenset(
         RequestStatus.FINISHED_REJECTED,
     }
 )
+for _status in RequestStatus:
+    _status._finished = _status in _FINISHED
 
 # OpenAI ``finish_reason`` for each terminal status (vLLM maps rejected prompts to "length").
 FINISH_REASONS: dict[RequestStatus, str] = {

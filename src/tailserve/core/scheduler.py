@@ -235,22 +235,31 @@ class Scheduler:
         prefix_caching = kv.prefix_caching
         grow_ids: list[str] = []
         grow_to: list[int] = []
-        for request, slots in zip(decodes, held_tokens):
-            computed = request.num_computed_tokens = request.num_computed_tokens + k
-            outputs = request.num_output_tokens = request.num_output_tokens + k
-            request.token_times.extend(token_times)
-            if prefix_caching:
+        if prefix_caching:
+            for request, slots in zip(decodes, held_tokens):
+                computed = request.num_computed_tokens = request.num_computed_tokens + k
+                outputs = request.num_output_tokens = request.num_output_tokens + k
+                request.token_times.extend(token_times)
                 if computed > slots:
                     kv.allocate(request.request_id, computed)
                 kv.register_computed(request.request_id, computed)  # blocks filled during the run
-            elif computed > slots:
-                grow_ids.append(request.request_id)
-                grow_to.append(computed)
-            if outputs >= request.max_tokens:
-                request.status = RequestStatus.FINISHED_LENGTH
-                done.append(request)
-        if grow_ids:
-            kv.allocate_each(grow_ids, grow_to)
+                if outputs >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                    done.append(request)
+        else:
+            add_id, add_to = grow_ids.append, grow_to.append
+            for request, slots in zip(decodes, held_tokens):
+                computed = request.num_computed_tokens = request.num_computed_tokens + k
+                outputs = request.num_output_tokens = request.num_output_tokens + k
+                request.token_times.extend(token_times)
+                if computed > slots:
+                    add_id(request.request_id)
+                    add_to(computed)
+                if outputs >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                    done.append(request)
+            if grow_ids:
+                kv.allocate_each(grow_ids, grow_to)
         if chunked is not None:
             chunked.num_computed_tokens += chunk_tokens
             if chunked.num_computed_tokens == chunked.prompt_len + chunked.num_output_tokens:

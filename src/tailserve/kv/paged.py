@@ -143,9 +143,11 @@ class KVCacheManager:
     def allocate_each(self, request_ids: Sequence[str], num_total_tokens: Sequence[int]) -> None:
         """``allocate`` for each request in order (each already holds a table), where the
         caller knows every one fits (the simulator's runs checked the free blocks first). The
-        plain manager takes all the new blocks in one slice of its free stack and hands each
-        request the ids its own ``allocate`` would have taken: one slice instead of one per
-        request, which showed in every decode run (SGLang's one-token slots above all)."""
+        plain manager hands each request the ids its own ``allocate`` would have taken, sliced
+        straight off its free stack, and cuts the stack once: this runs once per decode run and
+        showed in every one (SGLang's one-token slots above all). A caller that broke the
+        precondition gets a RuntimeError and a manager whose tables hold blocks still listed
+        free: a bug to fix, not a state to go on from."""
         if type(self) is not KVCacheManager:  # subclasses count, cache or evict per allocation
             for request_id, total in zip(request_ids, num_total_tokens):
                 if self.allocate(request_id, total) is None:
@@ -153,30 +155,26 @@ class KVCacheManager:
             return
         tables = self.block_tables
         block_size = self.block_size
-        grow: list[tuple[list[int], int]] = []
-        count = 0
+        free = self._free
+        # ``allocate`` takes from the top of the stack: the first request the topmost ids. One
+        # pass, each table extended straight from the stack, which is cut once at the end.
+        end = len(free)
         for request_id, total in zip(request_ids, num_total_tokens):
             table = tables[request_id]
             need = -(-total // block_size) - len(table)
             if need > 0:
-                grow.append((table, need))
-                count += need
-        if not count:
+                if need > end:
+                    raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                table += free[end - need : end]
+                end -= need
+        taken = len(free) - end
+        if not taken:
             return
-        free = self._free
-        if count > len(free):
-            raise RuntimeError(f"allocate_each: {count} blocks needed, {len(free)} free")
-        new = free[-count:]
-        del free[-count:]
         refs = self._refs
         if refs is not None:
-            for block_id in new:
+            for block_id in free[end:]:
                 refs[block_id] = 1
-        # ``allocate`` takes from the top of the stack: the first request the last ids.
-        end = count
-        for table, need in grow:
-            table.extend(new[end - need : end])
-            end -= need
+        del free[end:]
 
     def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
         """Release every block the request holds (GPU and CPU); returns how many GPU blocks

@@ -107,7 +107,12 @@ class PrefillAdder:
         self.page = sched.kv_cache.block_size
         self.rem_input_tokens = rem_input_tokens - mixed
         self.rem_chunk_tokens: int | None = rem_chunk_tokens - mixed if rem_chunk_tokens is not None else None
-        self.total_offset: float = mixed + sum(reserved_tokens(r, new_token_ratio) for r in running_batch)
+        # ``reserved_tokens`` inlined (the same operations, the same floats): once per running
+        # request per prefill pass, a call each showed.
+        clip = CLIP_MAX_NEW_TOKENS
+        self.total_offset: float = mixed + sum(
+            min(r.max_tokens - r.num_output_tokens, clip) * new_token_ratio for r in running_batch
+        )
         self.current_offset = mixed
         self.num_blocks_granted = 0  # KV blocks allocated in this pass
         self.can_run: list[ScheduledRequest] = []

@@ -13,6 +13,7 @@ scheduling, where outputs are applied a step late, it calls ``async_decode_run.p
 
 from __future__ import annotations
 
+from operator import sub
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -78,13 +79,12 @@ def advance_decode_run(engine: Engine) -> int:
     tables = kv.block_tables
 
     # The run may end with the iteration that produces some request's last token. Iteration j
-    # of the run needs a new block for a request at ``first_new_block + m * block_size``.
+    # of the run needs a new block for a request at ``held - ctx + m * block_size``.
     k_max = MAX_RUN
     num_context = n
     ctx_list = []
-    first_new_block = []
     held_tokens = []  # KV slots each request holds
-    add_ctx, add_held, add_first = ctx_list.append, held_tokens.append, first_new_block.append
+    add_ctx, add_held = ctx_list.append, held_tokens.append
     for r in running:
         remaining = r.max_tokens - r.num_output_tokens
         if remaining < k_max:
@@ -92,9 +92,7 @@ def advance_decode_run(engine: Engine) -> int:
         c = r.num_computed_tokens
         num_context += c
         add_ctx(c)
-        slots = len(tables[r.request_id]) * block_size
-        add_held(slots)
-        add_first(slots - c)
+        add_held(len(tables[r.request_id]) * block_size)
     wake = engine.next_wake(now)
     if wake is not None:
         # Iterations only get longer as contexts grow, so the first one bounds how many start
@@ -103,11 +101,9 @@ def advance_decode_run(engine: Engine) -> int:
         k_max = min(k_max, int((wake - now) / first) + 1)
     free = kv.num_free_blocks - policy.decode_reserve_blocks
     if k_max <= SHORT_RUN:
-        run = _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free)
+        run = _short_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens, block_size, free)
     else:
-        run = _long_run(
-            executor, n, num_context, now, wake, k_max, ctx_list, first_new_block, block_size, free
-        )
+        run = _long_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens, block_size, free)
     if run is None:
         return 0
     times, durations, need = run
@@ -128,12 +124,13 @@ def advance_decode_run(engine: Engine) -> int:
 SHORT_RUN = 32  # up to this many iterations a plain loop beats numpy's per-call overhead
 
 
-def _short_run(executor, n, num_context, now, wake, k_max, first_new_block, block_size, free):
+def _short_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens, block_size, free):
     """(times, durations, blocks needed per iteration) iterating in Python; None if empty."""
     if free < 0:
         return None  # the policy's reserve is already broken: the next iteration preempts
+    # Iteration j needs a new block for a request at ``held - ctx + m * block_size``.
     due: dict[int, int] = {}
-    for f in first_new_block:
+    for f in map(sub, held_tokens, ctx_list):
         due[f] = due.get(f, 0) + 1
     times = [now]
     durations = []
@@ -157,10 +154,10 @@ def _short_run(executor, n, num_context, now, wake, k_max, first_new_block, bloc
     return (times, durations, need) if durations else None
 
 
-def _long_run(executor, n, num_context, now, wake, k_max, ctx_list, first_new_block, block_size, free):
+def _long_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens, block_size, free):
     """The same with numpy, for runs long enough to amortise it."""
     ctx = np.array(ctx_list, dtype=np.int64)
-    held = (np.array(first_new_block, dtype=np.int64) + ctx) // block_size
+    held = np.array(held_tokens, dtype=np.int64) // block_size
     need = blocks_needed(ctx, held, block_size, k_max)
     k = k_max if need[-1] <= free else int(np.searchsorted(need, free, side="right"))
     if k < 1:

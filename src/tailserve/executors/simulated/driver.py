@@ -83,7 +83,12 @@ class SimDriver:
         while True:
             decoded = False
             # Module attributes, looked up per call, so a test can count the runs.
-            while self._decode_run_ok and steady(engine) and decode_run.advance_decode_run(engine):
+            # After a run, ``steady_after_run``: a run keeps every request one token behind.
+            while (
+                self._decode_run_ok
+                and (steady_after_run(engine) if decoded else steady(engine))
+                and decode_run.advance_decode_run(engine)
+            ):
                 decoded = True
                 if check:
                     engine.check_integrity()
@@ -126,4 +131,23 @@ def steady(engine: Engine) -> bool:
                 return False
     policy = sched.policy
     assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
+    return policy.can_fast_forward(sched)
+
+
+def steady_after_run(engine: Engine) -> bool:
+    """``steady`` right after a decode run, without its scans of the batch: the run gave every
+    request it kept as many computed tokens as outputs (each is still one token behind), added
+    nobody and left ``last_output`` (the step before it) as it was, so only the tests a run
+    can change remain: requests left, an arrival came due, a request finished (with some
+    waiting, one may now be admitted), the policy's own state."""
+    sched = engine.scheduler
+    if not sched.running:
+        return False
+    nxt = engine.source.next_arrival_time()
+    if nxt is not None and nxt <= engine.clock.now:
+        return False
+    if sched.waiting and engine.last_step_finished:
+        return False
+    policy = sched.policy
+    assert isinstance(policy, FastPaths)
     return policy.can_fast_forward(sched)
