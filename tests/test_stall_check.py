@@ -117,3 +117,20 @@ def test_a_recording_the_run_does_not_replay_is_refused(recording: Path, tmp_pat
     assert main(["explain", str(other), "--measured", str(short)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "takes the recording the run replays" in err[0]
+
+
+def test_a_faster_twin_is_matched_by_cause_not_by_token_index(recording: Path, tmp_path: Path):
+    # On an H100 the chats are many tokens further on when each long prompt arrives: the same
+    # stall falls at another token index, and is still the one that prompt causes.
+    argv = ["simulate", "--trace", str(recording), "--model", "Llama-3-8B", "--hardware", "H100"]
+    argv += ["--policy", "vllm", *SYNC, "--save-run", str(tmp_path / "fast.json")]
+    assert main(argv) == 0
+    out = tmp_path / "x.json"
+    assert (
+        main(["explain", str(tmp_path / "fast.json"), "--measured", str(recording), "--json", str(out)]) == 0
+    )
+    check = json.loads(out.read_text())["measured_stalls"]
+    assert check["real_stalls"] == 40 and check["gap_ratio_median"] < 0.8  # a faster twin
+    assert check["caught"] == check["same_cause"] == 40 and check["twin_only"] == 0
+    moved = [s for s in check["stalls"] if s["twin_blocker"] == s["measured_blocker"]]
+    assert len(moved) == 40

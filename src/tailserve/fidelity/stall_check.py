@@ -10,16 +10,20 @@ overlap with the gap, is largest is the measured blocker (a long prompt's prefil
 whole gap; short requests that arrived during it waited behind it and overlap it less).
 
 For every stall of the real run (a gap above the recording's own threshold: its p99 gap and three
-times its median, ``attribution.default_tbt_threshold``'s rule) the same request's gaps in the
-twin's replay within ``WINDOW`` tokens of it are looked at — a twin a little faster or slower
-puts the same stall a token or two earlier or later — and the longest is explained
-(``Attributor.gap``) and compared:
+times its median, ``attribution.default_tbt_threshold``'s rule) the twin's gap of the same request
+that stands for it is found by cause, not by token index (a twin 20% faster is several tokens
+ahead when a long prompt arrives): the request's longest gap in the twin while the measured
+blocker's prefill runs there (its arrival to its first token on the twin's clock); with no such
+gap (or no measured blocker), its longest gap within ``WINDOW`` tokens of the real one. That gap
+is explained (``Attributor.gap``) and compared:
 
-- **caught**: the twin's gap is a stall too (above the twin's own threshold);
+- **caught**: the twin's gap is a stall too: over ``STALL_FACTOR`` times the twin's median gap
+  (the twin's p99 would do as badly as a threshold: where stalls are ~1% of the gaps, as in a
+  head-of-line run, the p99 is the stall itself);
 - **same cause**: the twin's top blocker is the measured one (both "no prefill in flight" counts).
 
-And the other way round, the twin's stalls with no real stall of the request within ``WINDOW``
-tokens (``twin_only``).
+And the other way round, the twin's stalls that stand for no real stall of the request
+(``twin_only``).
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailserve.core.request import Request
-from tailserve.metrics.attribution import Attributor, default_tbt_threshold, finished
+from tailserve.metrics.attribution import Attributor, finished
 
 WINDOW = 3  # tokens either side of a real stall where the twin's stall may fall
+STALL_FACTOR = 3.0  # a twin gap over this many times the twin's median gap is a stall
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,7 @@ class StallMatch:
     request_id: str
     token_index: int  # the later token of the real gap (1 = the gap after the first)
     measured_s: float
-    twin_s: float | None  # the twin's longest gap of the request within WINDOW tokens
+    twin_s: float | None  # the twin's gap that stands for it (see the module docstring)
     measured_blocker: tuple[str, int] | None  # (request, prompt tokens) in flight; None: none was
     twin_blocker: tuple[str, int] | None  # the twin's top blocker of the same gap
     twin_stalled: bool
@@ -183,9 +188,12 @@ def check_stalls(
     ``attributor``); requests are matched by id and must have as many tokens in both."""
     done = {r.request_id: r for r in finished(twin)}
     threshold = measured_threshold(seen) if threshold_s is None else threshold_s
-    twin_threshold = (
-        default_tbt_threshold(list(done.values())) if twin_threshold_s is None else twin_threshold_s
-    )
+    gaps = [np.diff(r.token_times) for r in done.values() if len(r.token_times) > 1]
+    median = float(np.median(np.concatenate(gaps))) if gaps else 0.0
+    twin_threshold = STALL_FACTOR * median if twin_threshold_s is None else twin_threshold_s
+    prefill_window = {
+        rid: (r.arrival_time, r.token_times[0]) for rid, r in done.items() if r.token_times
+    }  # each request's prefill on the twin's clock
     check = StallCheck(threshold, twin_threshold)
     for r in seen:
         replay = done.get(r.request_id)
@@ -193,28 +201,43 @@ def check_stalls(
             check.skipped += bool(r.token_times)
             continue
         real = np.diff(r.token_times)
-        simulated = np.diff(replay.token_times)
+        times = np.asarray(replay.token_times)
+        simulated = np.diff(times)
         stalled = np.flatnonzero(real > threshold)
+        matched = []
         for j in stalled:
-            lo, hi = max(0, j - WINDOW), min(len(simulated), j + WINDOW + 1)
-            t = lo + int(np.argmax(simulated[lo:hi]))  # the twin's stall of this moment
+            a, b = r.token_times[j], r.token_times[j + 1]
+            blocker = prefill_in_flight(seen, r.request_id, a, b)
+            t = _twin_gap(times, simulated, j, prefill_window.get(blocker[0]) if blocker else None)
+            matched.append(t)
             gap = attributor.gap(replay, t + 1)
             top = (gap.blockers[0].request_id, gap.blockers[0].prompt_len) if gap.blockers else None
-            a, b = r.token_times[j], r.token_times[j + 1]
             check.matches.append(
                 StallMatch(
                     r.request_id,
                     int(j + 1),
                     float(b - a),
                     float(simulated[t]),
-                    prefill_in_flight(seen, r.request_id, a, b),
+                    blocker,
                     top,
                     bool(simulated[t] > twin_threshold),
                 )
             )
-        near_real = np.zeros(len(simulated), dtype=bool)
+        near_real = np.zeros(len(simulated), dtype=bool)  # twin gaps some real stall accounts for
         for j in stalled:
             near_real[max(0, j - WINDOW) : j + WINDOW + 1] = True
+        near_real[matched] = True
         check.twin_only += int(np.count_nonzero((simulated > twin_threshold) & ~near_real))
     check.matches.sort(key=lambda m: -m.measured_s)
     return check
+
+
+def _twin_gap(times: np.ndarray, gaps: np.ndarray, j: int, prefill: tuple[float, float] | None) -> int:
+    """Index of the twin's gap that stands for the real stall ``j``: the longest overlapping the
+    blocker's prefill on the twin's clock, else the longest within ``WINDOW`` tokens."""
+    if prefill is not None:
+        overlapping = np.flatnonzero((times[:-1] < prefill[1]) & (times[1:] > prefill[0]))
+        if len(overlapping):
+            return int(overlapping[np.argmax(gaps[overlapping])])
+    lo, hi = max(0, j - WINDOW), min(len(gaps), j + WINDOW + 1)
+    return lo + int(np.argmax(gaps[lo:hi]))
