@@ -178,3 +178,16 @@ def test_a_gpu_with_fitted_mla_and_exchange_round_trips(tmp_path, gpu):
     shape = BatchShape.of([(512, 0)] * 2, [2000] * 16)
     model = get_model("deepseek-v3")
     assert CostModel(model, back, 8).iteration_time(shape) == CostModel(model, hw, 8).iteration_time(shape)
+
+
+def test_a_gemm_curve_with_a_quantization_kernel_round_trips(tmp_path):
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.hardware import get_hardware
+
+    hw = get_hardware("H200")
+    hw = replace(hw, gemm=replace(hw.gemm, quant_bytes=(("fp8", 3.0), ("nvfp4", 2.5))))
+    path = tmp_path / "gpu.json"
+    write_calibration_file(path, CalibrationFile(hw, Efficiency.for_hardware(hw), "Llama-3-8B", 1, "catalog"))
+    back = read_calibration_file(path).hardware
+    assert back == hw and back.gemm.quant_bytes_for("fp8") == 3.0

@@ -122,6 +122,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
             gemm["format_factors"] = tuple(
                 (str(f), float(c), float(m)) for f, c, m in gemm.get("format_factors", ())
             )
+            gemm["quant_bytes"] = tuple((str(f), float(b)) for f, b in gemm.get("quant_bytes", ()))
             hw["gemm"] = GemmCurve(**gemm)
         if hw.get("moe") is not None:
             hw["moe"] = MoeKernel(**hw["moe"])
