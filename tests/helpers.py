@@ -55,3 +55,22 @@ def scheduler_for(
     builders make it for a workload with token identities."""
     kv = make_kv_cache(policy.kv_spec(), num_blocks, block_size, num_cpu_blocks, shares_prefixes=True)
     return Scheduler(policy, kv, max_model_len)
+
+
+def write_recording(requests: Iterable[Request], path) -> None:
+    """Simulated requests written as a client's recording (send time, TTFT, every gap), the
+    ground truth of the recorded-traffic tests."""
+    import json
+
+    import numpy as np
+
+    from tailserve.workloads.recorded import Measured, trace_line
+
+    lines = []
+    for r in requests:
+        times = r.token_times
+        m = Measured(
+            times[0] - r.arrival_time, np.diff(times).tolist(), len(times), times[-1] - r.arrival_time
+        )
+        lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, m))
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from helpers import write_recording
 from tailserve.cli import main
 from tailserve.fidelity.stall_check import SeenRequest, prefill_in_flight, seen_requests
 from tailserve.sim.run_file import load_run
@@ -52,14 +52,7 @@ def _simulate(trace: Path, flags: list[str], out: Path) -> Path:
 def _as_recording(run_json: Path, path: Path) -> Path:
     """The run as a client would have recorded it (send time, TTFT, every gap)."""
     run = load_run(run_json)
-    lines = []
-    for r in sorted(run.requests, key=lambda r: int(r.request_id.removeprefix("trace-"))):
-        times = r.token_times
-        m = Measured(
-            times[0] - r.arrival_time, np.diff(times).tolist(), len(times), times[-1] - r.arrival_time
-        )
-        lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, m))
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_recording(sorted(run.requests, key=lambda r: int(r.request_id.removeprefix("trace-"))), path)
     return path
 
 

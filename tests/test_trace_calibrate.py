@@ -6,12 +6,11 @@ and its iteration times are held against the known model's on shapes the run nev
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from helpers import write_recording
 from tailserve.cli import main
 from tailserve.core.request import Request
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
@@ -23,7 +22,7 @@ from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads.lengths import Uniform
-from tailserve.workloads.recorded import Measured, load_measured, trace_line
+from tailserve.workloads.recorded import Measured, load_measured
 
 # The "real engine": A40 curves bent by measured points, so the fit does not start at the truth.
 TRUTH = Deployment("Llama-3-8B", "A40", 1, "prefill:2048=0.52,decode:16x1024=0.034,decode:1x256=0.021")
@@ -35,14 +34,7 @@ QUIET = WorkloadSpec(
 def _record(spec: WorkloadSpec, path: Path) -> Path:
     built = build_cost_model(TRUTH)
     run = run_policy(built, parse_policy_list("vllm:async_scheduling=false")[0], WorkloadBuilder(spec))
-    lines = []
-    for r in run.requests:
-        times = r.token_times
-        m = Measured(
-            times[0] - r.arrival_time, np.diff(times).tolist(), len(times), times[-1] - r.arrival_time
-        )
-        lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, m))
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_recording(run.requests, path)
     return path
 
 
