@@ -337,7 +337,12 @@ def main() -> int:
         figures, run = predict(w, setting, cal, model)
         c["predicted"] = report.figures(figures)
         c["error"] = report.errors(c["predicted"], c["measured"])
-        c["stalls"] = stall_check(c["run"].pop("seen"), run)
+        seen = c["run"].pop("seen")
+        c["stalls"] = stall_check(seen, run)
+        # What the client saw, compact: the stall check can be redone from the file.
+        c["run"]["seen"] = [
+            [round(r.arrival, 5), r.prompt_len, [round(t, 5) for t in r.token_times]] for r in seen
+        ]
 
     print()
     report.print_cells(cells)

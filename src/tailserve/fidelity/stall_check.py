@@ -22,8 +22,8 @@ is explained (``Attributor.gap``) and compared:
   head-of-line run, the p99 is the stall itself);
 - **same cause**: the twin's top blocker is the measured one (both "no prefill in flight" counts).
 
-And the other way round, the twin's stalls that stand for no real stall of the request
-(``twin_only``).
+And the other way round, the twin's own stalls (above its p99 gap and 3x its median, the rule the
+real ones are picked by) that stand for no real stall of the request (``twin_only``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailserve.core.request import Request
-from tailserve.metrics.attribution import Attributor, finished
+from tailserve.metrics.attribution import Attributor, default_tbt_threshold, finished
 
 WINDOW = 3  # tokens either side of a real stall where the twin's stall may fall
 STALL_FACTOR = 3.0  # a twin gap over this many times the twin's median gap is a stall
@@ -191,6 +191,9 @@ def check_stalls(
     gaps = [np.diff(r.token_times) for r in done.values() if len(r.token_times) > 1]
     median = float(np.median(np.concatenate(gaps))) if gaps else 0.0
     twin_threshold = STALL_FACTOR * median if twin_threshold_s is None else twin_threshold_s
+    # The twin's own stalls, by the rule the real ones are picked by (its p99 and 3x its median):
+    # the ones that stand for no real stall are ``twin_only``.
+    own_threshold = max(twin_threshold, default_tbt_threshold(list(done.values())))
     prefill_window = {
         rid: (r.arrival_time, r.token_times[0]) for rid, r in done.items() if r.token_times
     }  # each request's prefill on the twin's clock
@@ -227,7 +230,7 @@ def check_stalls(
         for j in stalled:
             near_real[max(0, j - WINDOW) : j + WINDOW + 1] = True
         near_real[matched] = True
-        check.twin_only += int(np.count_nonzero((simulated > twin_threshold) & ~near_real))
+        check.twin_only += int(np.count_nonzero((simulated > own_threshold) & ~near_real))
     check.matches.sort(key=lambda m: -m.measured_s)
     return check
 
