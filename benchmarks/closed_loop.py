@@ -46,8 +46,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks import _closed_loop_report as report
 from benchmarks._closed_loop_engines import QUICK_SETTINGS, SETTINGS, Engine, Setting
 from benchmarks._closed_loop_tune import check_advice, print_advice
@@ -60,9 +58,10 @@ from tailserve.bench.predict import PredictSpec, simulate
 from tailserve.bench.result import compute_result
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.calibration_files import request_overhead
-from tailserve.fidelity.server_metrics import parse_histograms
+from tailserve.fidelity.server_calibrate import threads_note
+from tailserve.fidelity.server_probe import ServerProbe
 from tailserve.fidelity.stall_check import check_stalls, seen_requests
-from tailserve.metrics.attribution import Attributor
+from tailserve.metrics.attribution import run_attributor
 
 PERCENTILES = [50.0, 99.0]
 NAME = "tiny"
@@ -124,22 +123,15 @@ def warm_up(url: str, vocab: int, seed: int) -> None:
     asyncio.run(run_benchmark(reqs, np.zeros(len(reqs)), config))
 
 
-def scrape(url: str):
-    """The server's /metrics histograms and counters, or None."""
-    try:
-        return parse_histograms(httpx.get(f"{url}/metrics", timeout=30.0).text)
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
 def run_cell(url: str, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
     gate = gated(args.quiet_threshold, args.quiet_timeout)
     config = BenchConfig(f"{url}/v1/completions", NAME, extra_body={"temperature": 0.0})
     load0 = os.getloadavg()[0]
-    first = scrape(url)
+    probe = ServerProbe(url, NAME, {})
+    first = probe.histograms()
     with CpuMeter() as meter:
         results, duration = asyncio.run(run_benchmark(workload.requests, workload.times, config))
-    last = scrape(url)
+    last = probe.histograms()
     # tailserve's CPU executor runs on the cores other processes (the client here) leave free
     threads = last.threads_since(first) if first is not None and last is not None else {}
     failed = [r.error for r in results if not r.success]
@@ -161,13 +153,6 @@ def run_cell(url: str, workload: Workload, args: argparse.Namespace) -> dict[str
         "load_average": [load0, os.getloadavg()[0]],
         "engine_thread_seconds": {str(n): round(v, 3) for n, v in sorted(threads.items())},
     }
-
-
-def threads_text(seconds: dict[str, float]) -> str:
-    total = sum(seconds.values())
-    if total <= 0:
-        return ""
-    return "; engine threads " + ", ".join(f"{n}: {v / total:.0%}" for n, v in sorted(seconds.items()))
 
 
 def calibrate(engine: Engine, url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -215,10 +200,7 @@ def predict(
 
 def stall_check(seen: list, run: Any) -> dict[str, Any]:
     """The real cell's stalls against the twin's explanation of the same gaps (explain --measured)."""
-    attributor = Attributor(
-        run.requests, run.batches, run.config.get("policy", ""), run.config.get("policy_flags", {})
-    )
-    return check_stalls(seen, run.requests, attributor).to_json(top=5)
+    return check_stalls(seen, run.requests, run_attributor(run)).to_json(top=5)
 
 
 def main() -> int:
@@ -313,7 +295,7 @@ def main() -> int:
                     t1 = time.perf_counter()
                     measured = run_cell(url, w, args)
                     r = measured["result"]
-                    shares = threads_text(measured["engine_thread_seconds"])
+                    shares = threads_note({int(n): v for n, v in measured["engine_thread_seconds"].items()})
                     print(
                         f"{engine.name} / {setting.name} / {w.name}: TTFT p50 {r['p50_ttft_ms']:.0f} p99 "
                         f"{r['p99_ttft_ms']:.0f} ms, ITL p50 {r['p50_itl_ms']:.1f} p99 {r['p99_itl_ms']:.0f} ms, "

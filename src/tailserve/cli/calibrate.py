@@ -289,18 +289,10 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
         )
     if args.mixed is not None:
         plan = replace(plan, mixed=sc.parse_mixed(args.mixed) if args.mixed else ())
-    too_long = (
-        [p for p in plan.prefill_lens if p >= max_len]
-        + [c for _, c in plan.decode_shapes if c + tokens // 2 >= max_len]
-        + [q + c for q, c in plan.context_prefills if q + c >= max_len]
-        + [c + plan.mixed_decode_tokens for _, c, _ in plan.mixed if c + plan.mixed_decode_tokens >= max_len]
-        + [p for _, _, p in plan.mixed if p >= max_len]
-    )
+    too_long = plan.too_long(max_len)
     if too_long:
         raise ValueError(f"probe lengths {too_long} do not fit the server's {max_len}-token context")
-    over = [q for q, _ in plan.context_prefills if q > budget] + [
-        b + p for b, _, p in plan.mixed if b + p > budget
-    ]
+    over = plan.over_budget(budget)
     if over:
         raise ValueError(
             f"probes of {over} tokens in one step exceed --max-num-batched-tokens {budget}: the server "

@@ -20,7 +20,7 @@ def check_recording(path: str, run: Any, top: int) -> Any:
     from rich.table import Table
 
     from tailserve.fidelity.stall_check import check_stalls, seen_requests
-    from tailserve.metrics.attribution import Attributor
+    from tailserve.metrics.attribution import run_attributor
     from tailserve.workloads.recorded import load_measured
 
     pairs = load_measured(path)
@@ -38,10 +38,7 @@ def check_recording(path: str, run: Any, top: int) -> Any:
         [m.ttft_s if m.success else None for _, m in pairs],
         [m.itl_s for _, m in pairs],
     )
-    attributor = Attributor(
-        run.requests, run.batches, run.config.get("policy", ""), run.config.get("policy_flags", {})
-    )
-    check = check_stalls(seen, run.requests, attributor)
+    check = check_stalls(seen, run.requests, run_attributor(run))
     console = Console()
     console.print(f"against {path}: {check.summary()}")
     if check.matches:

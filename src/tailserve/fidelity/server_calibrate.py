@@ -41,7 +41,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.calibration_files import CalibrationFile
@@ -77,6 +76,26 @@ class ProbePlan:
     context_prefills: tuple[tuple[int, int], ...] = ()  # (new tokens, cached context tokens)
     mixed: tuple[tuple[int, int, int], ...] = ()  # (decode batch, decode context, prefill tokens)
     mixed_decode_tokens: int = MIXED_DECODE_TOKENS  # each decode stream's length in a mixed probe
+
+    def too_long(self, max_len: int) -> list[int]:
+        """The probes' token counts that do not fit a ``max_len``-token context."""
+        mixed_decodes = [c + self.mixed_decode_tokens for _, c, _ in self.mixed]
+        return [
+            n
+            for n in (
+                *self.prefill_lens,
+                *(c + self.decode_tokens // 2 for _, c in self.decode_shapes),
+                *(q + c for q, c in self.context_prefills),
+                *mixed_decodes,
+                *(p for _, _, p in self.mixed),
+            )
+            if n >= max_len
+        ]
+
+    def over_budget(self, budget: int) -> list[int]:
+        """The steps' token counts above the server's budget (it would split them)."""
+        steps = [q for q, _ in self.context_prefills] + [b + p for b, _, p in self.mixed]
+        return [n for n in steps if n > budget]
 
     @property
     def num_probes(self) -> int:
@@ -218,7 +237,7 @@ def probe_server(
             if progress:
                 progress(f"prefill {q} at {c}")
         if runs:  # none: the server cached nothing (no prefix caching, or no way to tell)
-            points.append(_summarize_context_prefill(runs, c))
+            points.append(_summarize_context_prefill(runs))
     for batch, ctx, p in plan.mixed:
         runs = []
         for _ in range(plan.repeats):
@@ -235,13 +254,15 @@ class _Run:
     client_s: float
     server_s: float | None
     source: str
-    decode_contexts: tuple[int, ...] = ()  # a mixed probe's decodes, in its step
+    # A cached-context prefill: the context served from the cache; a mixed probe: each decode's
+    # context in its step.
+    contexts: tuple[int, ...] = ()
 
 
 def _prefill_once(probe: ServerProbe, prompts: Prompts, length: int, use_metrics: bool) -> _Run:
     before = probe.histograms() if use_metrics else None
     timing = probe.stream(prompts.make(length), 1)
-    server_s, source = _server_mean(probe, before, PREFILL, 1)
+    server_s, source, _ = _server_mean(probe, before, PREFILL, 1)
     return _Run((timing,), timing.ttft_s, server_s, source)
 
 
@@ -252,7 +273,7 @@ def _decode_once(
     # One stream alone: the server's inter-token histogram holds exactly its steps.
     before = probe.histograms() if use_metrics and batch == 1 else None
     timings = tuple(probe.streams([prompts.make(prompt_len) for _ in range(batch)], tokens))
-    server_s, source = _server_mean(probe, before, DECODE, tokens - 1) if batch == 1 else (None, "client")
+    server_s, source, _ = _server_mean(probe, before, DECODE, tokens - 1)
     client = statistics.median(_steady_step(t) for t in timings)
     return _Run(timings, client, server_s, source)
 
@@ -267,10 +288,10 @@ def _context_prefill_once(
     probe.stream(base, 1)
     # The seeding request's own figures may land just after its last byte: wait for them, so
     # the probe's scrape before and after holds the probe alone.
-    before = _server_mean_after(probe, seeded, PREFILL, 1)[2] or probe.histograms()
+    before = _server_mean(probe, seeded, PREFILL, 1)[2] or probe.histograms()
     full = base + prompts.make(q) if isinstance(base, list) else f"{base} {prompts.make(q)}"
     timing = probe.stream(full, 1)
-    server_s, source, after = _server_mean_after(probe, before if use_metrics else None, PREFILL, 1)
+    server_s, source, after = _server_mean(probe, before if use_metrics else None, PREFILL, 1)
     hits = timing.cached_tokens
     if hits is None and before is not None:
         after = after or probe.histograms()
@@ -278,7 +299,7 @@ def _context_prefill_once(
         hits = None if moved is None else round(moved)
     if hits is None or hits < c - CONTEXT_ALIGN // 2:
         return None
-    return _Run((timing,), timing.ttft_s, server_s, source, decode_contexts=(hits,))
+    return _Run((timing,), timing.ttft_s, server_s, source, contexts=(hits,))
 
 
 def _mixed_once(
@@ -291,33 +312,25 @@ def _mixed_once(
     decode_tokens: int = MIXED_DECODE_TOKENS,
 ) -> _Run:
     """A prefill of ``p`` tokens beside ``batch`` streams decoding at ~``ctx`` tokens."""
-    scrapes: dict[str, Any] = {}
-
-    def before() -> None:
-        scrapes["before"] = probe.histograms() if use_metrics else None
-
-    def after() -> None:
-        scrapes["server"] = _server_mean_after(probe, scrapes["before"], PREFILL, 1)
-
     decode_prompts = [prompts.make(ctx) for _ in range(batch)]
-    t = probe.beside(decode_prompts, decode_tokens, prompts.make(p), MIXED_WARM_CHUNKS, before, after)
-    server_s, source, _ = scrapes["server"]
+    t = probe.beside(
+        decode_prompts,
+        decode_tokens,
+        prompts.make(p),
+        MIXED_WARM_CHUNKS,
+        before=probe.histograms if use_metrics else None,
+        after=lambda before: _server_mean(probe, before, PREFILL, 1),
+    )
+    server_s, source, _ = t.after
     if any(n >= decode_tokens for n in t.chunks_at_end):
         server_s, source = None, "client"  # a decode finished in the window: its figures mixed in
     prompt = t.decodes[0].prompt_tokens if t.decodes else ctx
     # Each decode's context in the probe's step: its prompt and the tokens it had by then.
     contexts = tuple(prompt + n for n in t.chunks_at_send)
-    return _Run((t.probe,), t.probe.ttft_s, server_s, source, decode_contexts=contexts)
+    return _Run((t.probe,), t.probe.ttft_s, server_s, source, contexts=contexts)
 
 
 def _server_mean(
-    probe: ServerProbe, before: HistogramTotals | None, names: tuple[str, ...], expected: int
-) -> tuple[float | None, str]:
-    server_s, source, _ = _server_mean_after(probe, before, names, expected)
-    return server_s, source
-
-
-def _server_mean_after(
     probe: ServerProbe, before: HistogramTotals | None, names: tuple[str, ...], expected: int
 ) -> tuple[float | None, str, HistogramTotals | None]:
     """The mean of the ``expected`` observations the request added to the first histogram of
@@ -354,18 +367,13 @@ def _steady_step(timing: StreamTiming) -> float:
 
 def _summarize_prefill(runs: list[_Run]) -> ProbedPoint:
     length = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
-    client = statistics.median(r.client_s for r in runs)
-    server = [r.server_s for r in runs if r.server_s is not None]
-    # Server-side only when every repeat had it: a mix would be a median of two different things.
-    seconds, source = (
-        (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
-    )
+    seconds, source, client = _fitted_figure(runs)
     return ProbedPoint(BatchShape.of([(length, 0)], []), seconds, client, source, f"prefill {length}")
 
 
-def _summarize_context_prefill(runs: list[_Run], c: int) -> ProbedPoint:
+def _summarize_context_prefill(runs: list[_Run]) -> ProbedPoint:
     total = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
-    cached = round(statistics.median(r.decode_contexts[0] for r in runs))
+    cached = round(statistics.median(r.contexts[0] for r in runs))
     q = total - cached
     seconds, source, client = _fitted_figure(runs)
     shape = BatchShape.of([(q, cached)], [])
@@ -374,7 +382,7 @@ def _summarize_context_prefill(runs: list[_Run], c: int) -> ProbedPoint:
 
 def _summarize_mixed(runs: list[_Run], batch: int) -> ProbedPoint:
     p = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
-    ctx = round(statistics.median(c for r in runs for c in r.decode_contexts))
+    ctx = round(statistics.median(c for r in runs for c in r.contexts))
     seconds, source, client = _fitted_figure(runs)
     shape = BatchShape.of([(p, 0)], [ctx] * batch)
     return ProbedPoint(shape, seconds, client, source, f"prefill {p} beside {batch} x {ctx}")
@@ -393,11 +401,7 @@ def _fitted_figure(runs: list[_Run]) -> tuple[float, str, float]:
 def _summarize_decode(runs: list[_Run], batch: int, tokens: int) -> ProbedPoint:
     prompt = round(statistics.median(t.prompt_tokens for r in runs for t in r.timings))
     ctx = prompt + tokens // 2
-    client = statistics.median(r.client_s for r in runs)
-    server = [r.server_s for r in runs if r.server_s is not None]
-    seconds, source = (
-        (statistics.median(server), runs[0].source) if len(server) == len(runs) else (client, "client")
-    )
+    seconds, source, client = _fitted_figure(runs)
     return ProbedPoint(BatchShape.of([], [ctx] * batch), seconds, client, source, f"decode {batch} x {ctx}")
 
 

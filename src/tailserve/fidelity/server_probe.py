@@ -66,7 +66,7 @@ class BesideTiming:
     chunks_at_send: tuple[int, ...]  # tokens each decode stream had received when it was sent
     chunks_at_end: tuple[int, ...]  # ... and when it ended (the decodes still running)
     before: Any  # what the ``before`` hook returned
-    after: Any
+    after: Any  # what the ``after`` hook returned
 
 
 def served_models(base_url: str, headers: dict[str, str], timeout: float = 30.0) -> list[ServedModel]:
@@ -369,10 +369,11 @@ class ServerProbe:
         prompt: str | list[int],
         warm_chunks: int = 4,
         before: Callable[[], Any] | None = None,
-        after: Callable[[], Any] | None = None,
+        after: Callable[[Any], Any] | None = None,
     ) -> BesideTiming:
         """``prompt`` (one token) sent once every decode stream has received ``warm_chunks``
-        tokens; ``before`` runs just before it is sent, ``after`` just after its last byte."""
+        tokens; ``before`` runs just before it is sent, ``after`` (given what ``before``
+        returned) just after its last byte, while the decodes still run."""
         return asyncio.run(self._beside(decode_prompts, decode_tokens, prompt, warm_chunks, before, after))
 
     async def _beside(
@@ -406,7 +407,7 @@ class ServerProbe:
                 hook_before = await asyncio.to_thread(before) if before else None
                 at_send = tuple(counts)
                 timing = await self._one(client, prompt, 1)
-                hook_after = await asyncio.to_thread(after) if after else None
+                hook_after = await asyncio.to_thread(after, hook_before) if after else None
                 at_end = tuple(counts)
                 decodes = await asyncio.gather(*tasks)
             finally:

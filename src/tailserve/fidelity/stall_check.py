@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailserve.core.request import Request
-from tailserve.metrics.attribution import Attributor, default_tbt_threshold, finished
+from tailserve.metrics.attribution import (
+    Attributor,
+    default_tbt_threshold,
+    finished,
+    pooled_gaps,
+    stall_threshold,
+)
 
 WINDOW = 3  # tokens either side of a real stall where the twin's stall may fall
 STALL_FACTOR = 3.0  # a twin gap over this many times the twin's median gap is a stall
@@ -155,14 +161,6 @@ class StallCheck:
         }
 
 
-def measured_threshold(seen: Sequence[SeenRequest]) -> float:
-    gaps = [np.diff(r.token_times) for r in seen if len(r.token_times) > 1]
-    if not gaps:
-        return float("inf")
-    pooled = np.concatenate(gaps)
-    return float(max(np.percentile(pooled, 99), 3 * np.median(pooled)))
-
-
 def prefill_in_flight(
     seen: Sequence[SeenRequest], stalled: str, a: float, b: float
 ) -> tuple[str, int] | None:
@@ -187,13 +185,13 @@ def check_stalls(
     """Every real stall of ``seen`` against the same gap in the twin's run (``twin``, explained by
     ``attributor``); requests are matched by id and must have as many tokens in both."""
     done = {r.request_id: r for r in finished(twin)}
-    threshold = measured_threshold(seen) if threshold_s is None else threshold_s
-    gaps = [np.diff(r.token_times) for r in done.values() if len(r.token_times) > 1]
-    median = float(np.median(np.concatenate(gaps))) if gaps else 0.0
+    threshold = default_tbt_threshold(seen) if threshold_s is None else threshold_s
+    pooled = pooled_gaps(done.values())
+    median = float(np.median(pooled)) if len(pooled) else 0.0
     twin_threshold = STALL_FACTOR * median if twin_threshold_s is None else twin_threshold_s
     # The twin's own stalls, by the rule the real ones are picked by (its p99 and 3x its median):
     # the ones that stand for no real stall are ``twin_only``.
-    own_threshold = max(twin_threshold, default_tbt_threshold(list(done.values())))
+    own_threshold = max(twin_threshold, stall_threshold(pooled))
     prefill_window = {
         rid: (r.arrival_time, r.token_times[0]) for rid, r in done.items() if r.token_times
     }  # each request's prefill on the twin's clock

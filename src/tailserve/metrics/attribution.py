@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -487,13 +487,22 @@ def finished(requests: Sequence[Request]) -> list[Request]:
     return [r for r in requests if r.status in ok and r.token_times]
 
 
-def default_tbt_threshold(requests: Sequence[Request]) -> float:
-    """A gap is a stall above both the run's p99 inter-token gap and three times its median."""
+def pooled_gaps(requests: Iterable[Any]) -> np.ndarray:
+    """Every inter-token gap of the requests (anything with ``token_times``), in one array."""
     gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
-    if not gaps:
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def stall_threshold(pooled: np.ndarray) -> float:
+    """A gap is a stall above both the p99 of ``pooled`` and three times its median."""
+    if not len(pooled):
         return math.inf
-    pooled = np.concatenate(gaps)
     return float(max(np.percentile(pooled, 99), 3 * np.median(pooled)))
+
+
+def default_tbt_threshold(requests: Iterable[Any]) -> float:
+    """A gap is a stall above both the run's p99 inter-token gap and three times its median."""
+    return stall_threshold(pooled_gaps(requests))
 
 
 def explain(
@@ -528,6 +537,13 @@ def explain(
 
     explanation.summary = run_summary(explanation, attributor)
     return explanation
+
+
+def run_attributor(run: Any) -> Attributor:
+    """The ``Attributor`` of a ``RunResult`` simulated with its batch record."""
+    return Attributor(
+        run.requests, run.batches, run.config.get("policy", ""), run.config.get("policy_flags", {})
+    )
 
 
 def explain_run(run: Any, tbt_threshold: float | None = None) -> RunExplanation:
