@@ -41,11 +41,29 @@ class GemmCurve:
     # before (PassConfig fuse_norm_quant / fuse_act_quant), so the catalog leaves it out. Not
     # listed: 0.
     quant_bytes: tuple[tuple[str, float], ...] = ()
+    # (format, its own curve): GEMMs with weights in that format priced per GEMM in the wave form
+    # with the format's own efficiencies (of the format's tensor-core peak), tiles, partial-wave
+    # cost and launch latency, instead of ``format_factors`` on this curve. FP8 and NVFP4 GEMMs
+    # miss by N, not M (few output tiles of a narrow N each running a long K loop), which two
+    # factors on a bf16 curve cannot price (docs/fidelity.md).
+    format_curves: tuple[tuple[str, GemmCurve], ...] = ()
+    # The kernel's tile by shape, first match wins: (rows at most, N at most, tile M, tile N),
+    # a bound of 0 matching any; GEMMs no entry matches take tile_m x tile_n. vLLM's CUTLASS FP8
+    # kernel on Hopper picks its tile by M (and by N below 64 rows).
+    m_tiles: tuple[tuple[int, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, value in self.quant_bytes:
             if not value >= 0:
                 raise ValueError(f"GemmCurve quant_bytes for {name} must be >= 0 bytes, got {value}")
+        for name, curve in self.format_curves:
+            if curve.format_curves:
+                raise ValueError(f"GemmCurve format_curves for {name}: a format's curve holds no formats")
+        for entry in self.m_tiles:
+            if len(entry) != 4 or min(entry) < 0 or min(entry[2:]) < 1:
+                raise ValueError(f"GemmCurve m_tiles entry {entry}: (rows, N, tile M >= 1, tile N >= 1)")
+        if self.m_tiles and self.tile_n < 1:
+            raise ValueError("GemmCurve m_tiles needs the wave form (tile_n >= 1) for the shapes no entry matches")
 
     def factors_for(self, fmt: str) -> tuple[float, float]:
         for name, compute, memory in self.format_factors:
@@ -55,6 +73,10 @@ class GemmCurve:
 
     def quant_bytes_for(self, fmt: str) -> float:
         return next((value for name, value in self.quant_bytes if name == fmt), 0.0)
+
+    def curve_for(self, fmt: str) -> GemmCurve | None:
+        """The format's own curve (``format_curves``), None without one."""
+        return next((curve for name, curve in self.format_curves if name == fmt), None)
 
 
 @dataclass(frozen=True, slots=True)
