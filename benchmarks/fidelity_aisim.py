@@ -55,7 +55,13 @@ from rich.table import Table
 
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
-from tailserve.executors.simulated.gemm import curve_gemm_time, join_array, padded_rows, shape_tiles, wave_flops
+from tailserve.executors.simulated.gemm import (
+    curve_gemm_time,
+    join_array,
+    padded_rows,
+    shape_tiles,
+    wave_flops,
+)
 from tailserve.executors.simulated.hardware import GemmCurve, Hardware, LinkFit, MlaKernel, get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
@@ -226,7 +232,9 @@ def catalog_time(m, n, k, hw: Hardware, fmt: str, wb, peak, own: bool) -> np.nda
     if curve is not None:
         return curve_time(m, n, k, curve, wb, peak, hw)
     fc, fm = g.factors_for(fmt)
-    return gemm_time(m, n, k, wb, peak, hw, g.compute * fc, g.memory * fm, g.sharpness, g.tile_m, g.gemm_latency)
+    return gemm_time(
+        m, n, k, wb, peak, hw, g.compute * fc, g.memory * fm, g.sharpness, g.tile_m, g.gemm_latency
+    )
 
 
 def stats(pred: np.ndarray, y: np.ndarray) -> dict:

@@ -186,7 +186,9 @@ def test_a_gemm_curve_with_a_quantization_kernel_round_trips(tmp_path):
     from tailserve.executors.simulated.hardware import GemmCurve, get_hardware
 
     hw = get_hardware("H200")
-    tiled = GemmCurve(0.5, 0.8, 4.0, 128, 7e-6, "test", tile_n=128, m_tiles=((16, 0, 16, 64), (64, 1280, 16, 64)))
+    tiled = GemmCurve(
+        0.5, 0.8, 4.0, 128, 7e-6, "test", tile_n=128, m_tiles=((16, 0, 16, 64), (64, 1280, 16, 64))
+    )
     hw = replace(
         hw, gemm=replace(hw.gemm, quant_bytes=(("fp8", 3.0), ("nvfp4", 2.5)), format_curves=(("fp8", tiled),))
     )

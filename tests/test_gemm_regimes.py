@@ -244,7 +244,10 @@ def test_a_format_curve_prices_each_dense_gemm_in_its_own_wave_form():
     )
     assert cm.linear_time(tokens) == pytest.approx(model.num_layers * layer, rel=1e-12)
     # the term is used: another partial-wave cost or column tile moves the price
-    for other in (GemmCurve(*FP8_CURVE_ARGS, tile_n=128, wave_alpha=0.0), GemmCurve(*FP8_CURVE_ARGS, tile_n=256)):
+    for other in (
+        GemmCurve(*FP8_CURVE_ARGS, tile_n=128, wave_alpha=0.0),
+        GemmCurve(*FP8_CURVE_ARGS, tile_n=256),
+    ):
         assert CostModel(model, _with_curves(hw, (("fp8", other),))).linear_time(tokens) != pytest.approx(
             cm.linear_time(tokens), rel=1e-3
         )
@@ -289,3 +292,24 @@ def test_the_tile_by_shape_table_picks_the_first_matching_entry():
     assert curve_gemm_time(4096, 4096, 4096, tiled, *args) == curve_gemm_time(4096, 4096, 4096, fixed, *args)
     with pytest.raises(ValueError, match="m_tiles"):
         GemmCurve(0.6, 0.8, 3.0, 128, 5e-6, "test", m_tiles=table)
+
+
+def test_moe_models_take_the_format_curve_and_mla_models_keep_the_factors():
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.models import get_model
+
+    hw = get_hardware("H200")
+    bare = replace(hw, gemm=replace(hw.gemm, format_curves=()))
+    deepseek = get_model("deepseek-v3")  # MLA, block-scaled FP8: its MLA block was fitted on the join
+    assert hw.gemm.curve_for("fp8_block") is not None
+    for tokens in (8, 8192):
+        assert CostModel(deepseek, hw, 8).linear_time(tokens, 8) == CostModel(deepseek, bare, 8).linear_time(
+            tokens, 8
+        )
+    qwen = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8")  # GQA MoE
+    cm = CostModel(qwen, hw, 4)
+    # attention QKV and output every layer, the router every MoE layer; no shared expert, no dense MLP
+    assert [c for _, _, c in cm._dense_gemms] == [94, 94, 94]
+    assert cm.linear_time(64) != CostModel(qwen, bare, 4).linear_time(64)

@@ -337,8 +337,10 @@ class CostModel:
             self._quant_bytes_per_token = quant * _dense_inputs_per_token(m, self.tp)
             # The format's own curve (GemmCurve.format_curves): its dense GEMMs each priced in
             # its wave form. Only on the GPU's own curve: a calibrated or hand-set efficiency
-            # keeps the factors on it, so its fitted rates still move every GEMM.
-            own = hw.gemm.curve_for(fmt.name) if hw.gemm else None
+            # keeps the factors on it, so its fitted rates still move every GEMM. Not for MLA
+            # models: their fitted MLA block (hardware.MlaKernel) holds the rest of the layer as
+            # the layer join priced it (its four launches among them), so it keeps that join.
+            own = hw.gemm.curve_for(fmt.name) if hw.gemm and not m.is_mla else None
             if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
                 if hw.sms < 1:
                     raise ValueError(f"hardware {hw.name}: the {fmt.name} GEMM curve needs its SM count")
@@ -448,10 +450,10 @@ class CostModel:
         if eff.tile_n:
             return self._linear_waves(num_tokens, num_logits) + experts
         p = eff.sharpness
-        if self._mla is not None:
-            experts += self._mla_projections(num_tokens)
         if self._format_curve is not None:
             return self._linear_format(num_tokens, num_logits) + experts
+        if self._mla is not None:
+            experts += self._mla_projections(num_tokens)
         layers = join(
             padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._gemm_flops_rate,
             (self._layer_weight_bytes + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token))
@@ -851,16 +853,14 @@ def _gemm_fields(eff: Efficiency) -> tuple:
 
 
 def _dense_gemms(m: ModelSpec, tp: int) -> tuple[tuple[float, float, int], ...]:
-    """(N, K, launches over all layers) of the dense GEMMs on one shard: the attention
-    projections (not MLA's, which its block prices), the dense layers' MLPs, the MoE layers'
-    shared experts and routers (the routed experts are priced in ``CostModel._experts``)."""
+    """(N, K, launches over all layers) of a GQA model's dense GEMMs on one shard: the attention
+    projections, the dense layers' MLPs, the MoE layers' shared experts and routers (the routed
+    experts are priced in ``CostModel._experts``)."""
     h, layers, moe = m.hidden_size, m.num_layers, m.num_moe_layers
     up = 2 if m.gated_mlp else 1
-    shapes: list[tuple[float, float, int]] = []
-    if not m.is_mla:
-        q = m.num_heads * m.dim_per_head / tp
-        kv = m.kv_heads_per_shard(tp) * m.dim_per_head
-        shapes += [(q + 2 * kv, h, layers), (h, q, layers)]
+    q = m.num_heads * m.dim_per_head / tp
+    kv = m.kv_heads_per_shard(tp) * m.dim_per_head
+    shapes: list[tuple[float, float, int]] = [(q + 2 * kv, h, layers), (h, q, layers)]
     if layers > moe:
         inter = m.intermediate_size / tp
         shapes += [(up * inter, h, layers - moe), (h, inter, layers - moe)]
