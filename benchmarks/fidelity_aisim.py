@@ -9,7 +9,11 @@ never as a model:
   NVFP4), the GEMM curve of ``hardware.GemmCurve`` (compute and memory efficiency, the p-norm
   sharpness, the row tile, a launch latency) is fitted on half of the (N, K) weight shapes and the
   error reported on the other half (held out), beside the generic default efficiencies
-  (uncalibrated: what ``tailserve`` prices a GPU with no fitted curve at).
+  (uncalibrated: what ``tailserve`` prices a GPU with no fitted curve at). Then the per-GEMM wave
+  form with and without the activations' quantization kernel; for each quantized format the form
+  the catalog holds (``GemmCurve.format_curves``: the wave form fitted without that kernel) and the
+  catalog itself before (the bf16 curve with the format's factors) and now; on Hopper FP8, the
+  CUTLASS kernel's tile by M (``HOPPER_FP8_TILES``) as a candidate.
 - **moe**: every fused-MoE row with uniform routing and no expert parallelism (model shapes from
   Mixtral to Kimi K2, 1 to 16,384 tokens, expert TP 1-32) priced by ``moe.grouped_gemm_parts``
   (what the simulator prices) with the GEMM curve fitted above for that GPU and format: first as
