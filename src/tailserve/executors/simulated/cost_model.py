@@ -447,11 +447,11 @@ class CostModel:
             )
         if self._quant_bytes_per_token:
             experts += num_tokens * self._quant_bytes_per_token / self._gemm_byte_rate
+        if self._format_curve is not None:  # before the bf16 wave form, which takes the bf16 rate
+            return self._linear_format(num_tokens, num_logits) + experts
         if eff.tile_n:
             return self._linear_waves(num_tokens, num_logits) + experts
         p = eff.sharpness
-        if self._format_curve is not None:
-            return self._linear_format(num_tokens, num_logits) + experts
         if self._mla is not None:
             experts += self._mla_projections(num_tokens)
         layers = join(
