@@ -235,6 +235,7 @@ def test_a_format_curve_prices_each_dense_gemm_in_its_own_wave_form():
     model, hw = _fp8_llama()
     curve = GemmCurve(*FP8_CURVE_ARGS, tile_n=128, wave_alpha=0.7)
     cm = CostModel(model, _with_curves(hw, (("fp8", curve),)))
+    assert cm.format_curve is curve
     tokens = 161
     shapes = gemm_shapes(model.hidden_size, 4096, 1024, 14336, True)
     kv = tokens * cm._kv_bytes_per_token / (4 * model.num_layers)
@@ -303,7 +304,7 @@ def test_moe_models_take_the_format_curve_and_mla_models_keep_the_factors():
     hw = get_hardware("H200")
     bare = replace(hw, gemm=replace(hw.gemm, format_curves=()))
     deepseek = get_model("deepseek-v3")  # MLA, block-scaled FP8: its MLA block was fitted on the join
-    assert hw.gemm.curve_for("fp8_block") is not None
+    assert hw.gemm.curve_for("fp8_block") is not None and CostModel(deepseek, hw, 8).format_curve is None
     for tokens in (8, 8192):
         assert CostModel(deepseek, hw, 8).linear_time(tokens, 8) == CostModel(deepseek, bare, 8).linear_time(
             tokens, 8

@@ -411,6 +411,12 @@ class CostModel:
         )
 
     @property
+    def format_curve(self) -> GemmCurve | None:
+        """The weights' format's own GEMM curve when the dense GEMMs are priced on it
+        (``GemmCurve.format_curves``), else None."""
+        return self._format_curve
+
+    @property
     def windowed(self) -> bool:
         """Whether the model has sliding-window layers: its attention then depends on each
         request's context, not on the batch's sums alone (``iteration_time``'s ``window``)."""
