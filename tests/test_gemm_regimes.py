@@ -314,3 +314,28 @@ def test_moe_models_take_the_format_curve_and_mla_models_keep_the_factors():
     # attention QKV and output every layer, the router every MoE layer; no shared expert, no dense MLP
     assert [c for _, _, c in cm._dense_gemms] == [94, 94, 94]
     assert cm.linear_time(64) != CostModel(qwen, bare, 4).linear_time(64)
+
+
+def test_the_aisim_catalog_prices_are_the_factors_before_and_the_cost_models_gemm_now():
+    from benchmarks.fidelity_aisim import catalog_time, gemm_time
+
+    from tailserve.executors.simulated.gemm import curve_gemm_time
+
+    hw = get_hardware("H200")
+    m, n, k = np.array([1.0, 161.0, 4096.0]), np.full(3, 1280.0), np.full(3, 8192.0)
+    g, peak = hw.gemm, hw.peak_for("fp8")
+    fc, fm = g.factors_for("fp8")
+    factors = gemm_time(
+        m, n, k, 1.0, peak, hw, g.compute * fc, g.memory * fm, g.sharpness, g.tile_m, g.gemm_latency
+    )
+    assert list(catalog_time(m, n, k, hw, "fp8", 1.0, peak, own=False)) == list(factors)
+    own = curve_gemm_time(m, n, k, g.curve_for("fp8"), peak, hw.memory_bandwidth, hw.sms, 1.0, 2.0)
+    assert list(catalog_time(m, n, k, hw, "fp8", 1.0, peak, own=True)) == list(own)
+    assert not np.allclose(own, factors, rtol=1e-3)
+    # a format without its own curve (B200's block-scaled FP8) stays on the factors either way
+    b200 = get_hardware("B200")
+    assert b200.gemm.curve_for("fp8_block") is None
+    peak = b200.peak_for("fp8")
+    assert list(catalog_time(m, n, k, b200, "fp8_block", 1.0, peak, own=True)) == list(
+        catalog_time(m, n, k, b200, "fp8_block", 1.0, peak, own=False)
+    )
