@@ -9,7 +9,11 @@ never as a model:
   NVFP4), the GEMM curve of ``hardware.GemmCurve`` (compute and memory efficiency, the p-norm
   sharpness, the row tile, a launch latency) is fitted on half of the (N, K) weight shapes and the
   error reported on the other half (held out), beside the generic default efficiencies
-  (uncalibrated: what ``tailserve`` prices a GPU with no fitted curve at).
+  (uncalibrated: what ``tailserve`` prices a GPU with no fitted curve at). Then the per-GEMM wave
+  form with and without the activations' quantization kernel; for each quantized format the form
+  the catalog holds (``GemmCurve.format_curves``: the wave form fitted without that kernel) and the
+  catalog itself before (the bf16 curve with the format's factors) and now; on Hopper FP8, the
+  CUTLASS kernel's tile by M (``HOPPER_FP8_TILES``) as a candidate.
 - **moe**: every fused-MoE row with uniform routing and no expert parallelism (model shapes from
   Mixtral to Kimi K2, 1 to 16,384 tokens, expert TP 1-32) priced by ``moe.grouped_gemm_parts``
   (what the simulator prices) with the GEMM curve fitted above for that GPU and format: first as
@@ -55,8 +59,14 @@ from rich.table import Table
 
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
-from tailserve.executors.simulated.gemm import join_array, padded_rows, wave_flops
-from tailserve.executors.simulated.hardware import Hardware, LinkFit, MlaKernel, get_hardware
+from tailserve.executors.simulated.gemm import (
+    curve_gemm_time,
+    join_array,
+    padded_rows,
+    shape_tiles,
+    wave_flops,
+)
+from tailserve.executors.simulated.hardware import GemmCurve, Hardware, LinkFit, MlaKernel, get_hardware
 from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
 from tailserve.executors.simulated.moe_comm import FP8_WITH_SCALES, remote_ranks
@@ -87,6 +97,7 @@ ACT_BYTES = 2.0  # activations in and out in bf16
 # A model's projections: every GEMM of a >= 7B model at TP <= 8 has N x K >= 2^24 weights. The
 # tables also time tiny GEMMs (N = 8, K = 32) that no layer runs; they are reported, not fitted.
 MODEL_SIZED = 2**24
+HOPPER = ("h100_sxm", "h200_sxm")
 
 
 def gemm_time(m, n, k, wb, peak, hw: Hardware, c, mem, p, tile, lat) -> np.ndarray:
@@ -138,11 +149,22 @@ QUANT_BYTES = {
 }
 
 
-def wave_parts(m, n, k, wb, peak, hw: Hardware, tile, tile_n, alpha, quant) -> tuple:
+# vLLM's CUTLASS FP8 (per tensor) kernel on Hopper picks its tile by M, and by N up to 64 rows
+# (csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh, cutlass_gemm_sm90_fp8_dispatch):
+# up to 64 rows it swaps A and B, so its 64 x 16 tile is 16 rows by 64 columns (64 x 64 above 16
+# rows with N > 1280); 64 x 128 up to 128 rows; 128 x 128 beyond (256 x 128 from 8,192 rows with
+# K >= 6,144, left out: the fitted default tile stands for both). (rows at most, N at most, tile
+# M, tile N) as ``GemmCurve.m_tiles``.
+HOPPER_FP8_TILES = ((16, 0, 16, 64), (64, 1280, 16, 64), (64, 0, 64, 64), (128, 0, 64, 128))
+
+
+def wave_parts(m, n, k, wb, peak, hw: Hardware, tile, tile_n, alpha, quant, m_tiles=()) -> tuple:
     """(seconds at peak FLOP/s, seconds at full bandwidth, the quantization kernel's seconds at
-    full bandwidth) per row: output tiles in waves over the SMs (``tile_n`` 0: no waves)."""
-    rows = padded_rows(m, tile)
-    flops = wave_flops(rows, n, k, tile, tile_n, hw.sms, alpha) if tile_n else 2.0 * rows * n * k
+    full bandwidth) per row: output tiles in waves over the SMs (``tile_n`` 0: no waves), each
+    GEMM's tile by its shape where ``m_tiles`` has one."""
+    tm, tn = shape_tiles(m, n, m_tiles, tile, tile_n)
+    rows = padded_rows(m, tm)
+    flops = wave_flops(rows, n, k, tm, tn, hw.sms, alpha) if tile_n else 2.0 * rows * n * k
     memory = (n * k * wb + m * (k + n) * ACT_BYTES) / hw.memory_bandwidth
     return flops / peak, memory, m * k * quant / hw.memory_bandwidth
 
@@ -152,7 +174,7 @@ def wave_time(parts: tuple, c, mem, p, lat) -> np.ndarray:
     return join_array(compute / c, memory / mem, p) + quant / mem + lat
 
 
-def fit_waves(m, n, k, y, wb, peak, hw, quant_choices) -> dict:
+def fit_waves(m, n, k, y, wb, peak, hw, quant_choices, m_tiles=()) -> dict:
     """``fit`` with the per-GEMM wave form (column tile, partial-wave cost) and the activations'
     quantization kernel (its bytes per element: each of ``quant_choices``) on top. Every shape
     (row and column tile, partial-wave cost, quantization bytes) scored on a coarse grid of the
@@ -173,10 +195,10 @@ def fit_waves(m, n, k, y, wb, peak, hw, quant_choices) -> dict:
     coarse = []
     for quant in quant_choices:
         for tile in TILES:
-            for tile_n in (0, *TILES_N):
+            for tile_n in TILES_N if m_tiles else (0, *TILES_N):
                 for alpha in ALPHAS if tile_n else (1.0,):
                     shape = dict(tile_m=tile, tile_n=tile_n, wave_alpha=alpha, quant_bytes=quant)
-                    parts = wave_parts(m, n, k, wb, peak, hw, tile, tile_n, alpha, quant)
+                    parts = wave_parts(m, n, k, wb, peak, hw, tile, tile_n, alpha, quant, m_tiles)
                     err, _ = search(
                         parts, shape, (1.5, 3.0, 6.0), np.linspace(0.3, 1.2, 7), np.linspace(0.5, 1.0, 4)
                     )
@@ -189,6 +211,34 @@ def fit_waves(m, n, k, y, wb, peak, hw, quant_choices) -> dict:
     fine = [c for c in np.linspace(b["compute"] - 0.08, b["compute"] + 0.08, 17) if 0 < c <= 1.3]
     fine_m = [v for v in np.linspace(b["memory"] - 0.08, b["memory"] + 0.08, 17) if 0 < v <= 1.2]
     return min(best[:2], search(parts, shape, (b["sharpness"],), fine, fine_m), key=lambda t: t[0])[1]
+
+
+def waves_curve(fit: dict, m_tiles=()) -> GemmCurve:
+    """A ``fit_waves`` result as the catalog holds it (its quantization bytes aside)."""
+    return GemmCurve(
+        fit["compute"], fit["memory"], fit["sharpness"], fit["tile_m"], fit["gemm_latency"], _AISIM_SRC,
+        tile_n=fit["tile_n"], wave_alpha=fit["wave_alpha"], m_tiles=m_tiles,
+    )  # fmt: skip
+
+
+def curve_time(m, n, k, curve: GemmCurve, wb, peak, hw: Hardware, quant=0.0) -> np.ndarray:
+    """``gemm.curve_gemm_time`` (what the cost model prices a GEMM of a format with its own curve
+    with), plus the quantization kernel's bytes at the curve's memory rate."""
+    t = curve_gemm_time(m, n, k, curve, peak, hw.memory_bandwidth, hw.sms, wb, ACT_BYTES)
+    return t + m * k * quant / (hw.memory_bandwidth * curve.memory)
+
+
+def catalog_time(m, n, k, hw: Hardware, fmt: str, wb, peak, own: bool) -> np.ndarray:
+    """A GEMM as the catalog prices it: the format's own curve when it has one and ``own``, else
+    the GPU's curve with the format's factors in one join (the form before format curves)."""
+    g = hw.gemm
+    curve = g.curve_for(fmt) if own else None
+    if curve is not None:
+        return curve_time(m, n, k, curve, wb, peak, hw)
+    fc, fm = g.factors_for(fmt)
+    return gemm_time(
+        m, n, k, wb, peak, hw, g.compute * fc, g.memory * fm, g.sharpness, g.tile_m, g.gemm_latency
+    )
 
 
 def stats(pred: np.ndarray, y: np.ndarray) -> dict:
@@ -254,7 +304,44 @@ def gemm_part(tables: dict, console: Console) -> dict:
             wparts = (m, n, k, prec.bytes, peak, hw, waves["tile_m"], waves["tile_n"], waves["wave_alpha"])
             wpred = wave_time(wave_parts(*wparts, waves["quant_bytes"]), waves["compute"], waves["memory"],
                               waves["sharpness"], waves["gemm_latency"])  # fmt: skip
-            res = {
+            res = {}
+            if fmt != "bfloat16":
+                # The catalog's form: the wave form without the quantization kernel (served, vLLM
+                # fuses it into the norm or activation before), so the fit takes its time into
+                # the rates and launch latency; then the catalog itself, before (the GPU's curve
+                # with the format's factors) and now (the format's own curve where it has one).
+                served = fit_waves(m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,))
+                spred = curve_time(m, n, k, waves_curve(served), prec.bytes, peak, hw)
+                before = catalog_time(m, n, k, hw, FORMATS[fmt], prec.bytes, peak, own=False)
+                after = catalog_time(m, n, k, hw, FORMATS[fmt], prec.bytes, peak, own=True)
+                res.update(
+                    served_fit=served,
+                    served_held_out=stats(spred[held], y[held]),
+                    catalog_before_held_out=stats(before[held], y[held]),
+                    catalog_held_out=stats(after[held], y[held]),
+                    catalog_has_curve=hw.gemm.curve_for(FORMATS[fmt]) is not None,
+                )
+                if fmt == "fp8" and gpu in HOPPER:
+                    tiled = fit_waves(
+                        m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,), HOPPER_FP8_TILES
+                    )
+                    tpred = curve_time(m, n, k, waves_curve(tiled, HOPPER_FP8_TILES), prec.bytes, peak, hw)
+                    res.update(tiles_fit=tiled, tiles_held_out=stats(tpred[held], y[held]),
+                               tiles_train=stats(tpred[train], y[train]))  # fmt: skip
+                    console.print(
+                        f"{GPUS[gpu]} fp8 tile by M: held-out {res['tiles_held_out']['mean']:.1%} / "
+                        f"max {res['tiles_held_out']['max']:.0%} (one tile: {res['served_held_out']['mean']:.1%} / "
+                        f"{res['served_held_out']['max']:.0%}); fit {tiled}"
+                    )
+                sh, cb, ca = res["served_held_out"], res["catalog_before_held_out"], res["catalog_held_out"]
+                console.print(
+                    f"{GPUS[gpu]} {fmt}: served fit {sh['mean']:.1%} / {sh['max']:.0%} "
+                    f"(c {served['compute']:.2f} m {served['memory']:.2f} p {served['sharpness']} tile "
+                    f"{served['tile_m']}x{served['tile_n']} a {served['wave_alpha']} "
+                    f"lat {served['gemm_latency'] * 1e6:.2f} us); catalog before {cb['mean']:.1%} / {cb['max']:.0%}, "
+                    f"now {ca['mean']:.1%} / {ca['max']:.0%} p90 {ca['p90']:.1%}"
+                )
+            res |= {
                 "waves_fit": waves,
                 "waves_held_out": stats(wpred[held], y[held]),
                 "waves_train": stats(wpred[train], y[train]),

@@ -183,11 +183,17 @@ def test_a_gpu_with_fitted_mla_and_exchange_round_trips(tmp_path, gpu):
 def test_a_gemm_curve_with_a_quantization_kernel_round_trips(tmp_path):
     from dataclasses import replace
 
-    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.hardware import GemmCurve, get_hardware
 
     hw = get_hardware("H200")
-    hw = replace(hw, gemm=replace(hw.gemm, quant_bytes=(("fp8", 3.0), ("nvfp4", 2.5))))
+    tiled = GemmCurve(
+        0.5, 0.8, 4.0, 128, 7e-6, "test", tile_n=128, m_tiles=((16, 0, 16, 64), (64, 1280, 16, 64))
+    )
+    hw = replace(
+        hw, gemm=replace(hw.gemm, quant_bytes=(("fp8", 3.0), ("nvfp4", 2.5)), format_curves=(("fp8", tiled),))
+    )
     path = tmp_path / "gpu.json"
     write_calibration_file(path, CalibrationFile(hw, Efficiency.for_hardware(hw), "Llama-3-8B", 1, "catalog"))
     back = read_calibration_file(path).hardware
     assert back == hw and back.gemm.quant_bytes_for("fp8") == 3.0
+    assert back.gemm.curve_for("fp8").m_tiles == ((16, 0, 16, 64), (64, 1280, 16, 64))

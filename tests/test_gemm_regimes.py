@@ -205,3 +205,137 @@ def test_the_aisim_moe_rows_of_a_format_are_one_kernels():
     ]
     kernel, kept = main_kernel(rows)
     assert kernel == "triton" and len(kept) == 6 and all(r[8] == "triton" for r in kept)
+
+
+# ---- a weight format's own GEMM curve (GemmCurve.format_curves) --------------------------------
+
+
+def _fp8_llama(hw_name="H100-SXM"):
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.models import get_model
+
+    return replace(get_model("Llama-3-8B"), weight_dtype="fp8"), get_hardware(hw_name)
+
+
+def _with_curves(hw, curves):
+    from dataclasses import replace
+
+    return replace(hw, gemm=replace(hw.gemm, format_curves=curves))
+
+
+FP8_CURVE_ARGS = (0.6, 0.8, 3.0, 64, 6e-6, "test")
+
+
+def test_a_format_curve_prices_each_dense_gemm_in_its_own_wave_form():
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.gemm import curve_gemm_time, gemm_shapes
+    from tailserve.executors.simulated.hardware import GemmCurve
+
+    model, hw = _fp8_llama()
+    curve = GemmCurve(*FP8_CURVE_ARGS, tile_n=128, wave_alpha=0.7)
+    cm = CostModel(model, _with_curves(hw, (("fp8", curve),)))
+    assert cm.format_curve is curve
+    tokens = 161
+    shapes = gemm_shapes(model.hidden_size, 4096, 1024, 14336, True)
+    kv = tokens * cm._kv_bytes_per_token / (4 * model.num_layers)
+    layer = sum(
+        curve_gemm_time(tokens, n, k, curve, hw.peak_for("fp8"), hw.memory_bandwidth, hw.sms, 1.0, 2.0, kv)
+        for n, k in shapes
+    )
+    assert cm.linear_time(tokens) == pytest.approx(model.num_layers * layer, rel=1e-12)
+    # the term is used: another partial-wave cost or column tile moves the price
+    for other in (
+        GemmCurve(*FP8_CURVE_ARGS, tile_n=128, wave_alpha=0.0),
+        GemmCurve(*FP8_CURVE_ARGS, tile_n=256),
+    ):
+        assert CostModel(model, _with_curves(hw, (("fp8", other),))).linear_time(tokens) != pytest.approx(
+            cm.linear_time(tokens), rel=1e-3
+        )
+
+
+def test_a_format_without_its_own_curve_and_a_calibrated_efficiency_keep_the_factors():
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.hardware import GemmCurve
+
+    model, hw = _fp8_llama()
+    bare = _with_curves(hw, ())
+    other = _with_curves(hw, (("nvfp4", GemmCurve(*FP8_CURVE_ARGS, tile_n=128)),))
+    own = _with_curves(hw, (("fp8", GemmCurve(*FP8_CURVE_ARGS, tile_n=128)),))
+    for tokens, logits in ((1, 1), (161, 8), (4096, 0)):
+        before = CostModel(model, bare).linear_time(tokens, logits)
+        assert CostModel(model, other).linear_time(tokens, logits) == before  # exactly
+        assert CostModel(model, own).linear_time(tokens, logits) != before
+        calibrated = replace(Efficiency.for_hardware(own), compute=0.5)
+        assert CostModel(model, own, efficiency=calibrated).linear_time(tokens, logits) == CostModel(
+            model, bare, efficiency=calibrated
+        ).linear_time(tokens, logits)
+
+
+def test_the_tile_by_shape_table_picks_the_first_matching_entry():
+    from tailserve.executors.simulated.gemm import curve_gemm_time, shape_tiles
+    from tailserve.executors.simulated.hardware import GemmCurve
+
+    table = ((16, 0, 16, 64), (64, 1280, 16, 64), (64, 0, 64, 64), (128, 0, 64, 128))
+    tm, tn = shape_tiles(np.array([1, 16, 17, 40, 64, 65, 128, 129, 9000]), 1024, table, 128, 256)
+    assert list(tm) == [16, 16, 16, 16, 16, 64, 64, 128, 128]
+    assert list(tn) == [64, 64, 64, 64, 64, 128, 128, 256, 256]
+    tm, tn = shape_tiles(np.array([17, 64]), 4096, table, 128, 256)
+    assert list(tm) == [64, 64] and list(tn) == [64, 64]
+    hw = get_hardware("H200")
+    fixed = GemmCurve(0.6, 0.8, 3.0, 128, 5e-6, "test", tile_n=128, wave_alpha=1.0)
+    tiled = GemmCurve(0.6, 0.8, 3.0, 128, 5e-6, "test", tile_n=128, wave_alpha=1.0, m_tiles=table)
+    args = (hw.peak_for("fp8"), hw.memory_bandwidth, hw.sms, 1.0, 2.0)
+    # a narrow N, long K GEMM of 16 rows: 64-column tiles run 4 tiles where 128-column ones run 2
+    assert curve_gemm_time(16, 256, 65536, tiled, *args) < curve_gemm_time(16, 256, 65536, fixed, *args)
+    assert curve_gemm_time(4096, 4096, 4096, tiled, *args) == curve_gemm_time(4096, 4096, 4096, fixed, *args)
+    with pytest.raises(ValueError, match="m_tiles"):
+        GemmCurve(0.6, 0.8, 3.0, 128, 5e-6, "test", m_tiles=table)
+
+
+def test_moe_models_take_the_format_curve_and_mla_models_keep_the_factors():
+    from dataclasses import replace
+
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.models import get_model
+
+    hw = get_hardware("H200")
+    bare = replace(hw, gemm=replace(hw.gemm, format_curves=()))
+    deepseek = get_model("deepseek-v3")  # MLA, block-scaled FP8: its MLA block was fitted on the join
+    assert hw.gemm.curve_for("fp8_block") is not None and CostModel(deepseek, hw, 8).format_curve is None
+    for tokens in (8, 8192):
+        assert CostModel(deepseek, hw, 8).linear_time(tokens, 8) == CostModel(deepseek, bare, 8).linear_time(
+            tokens, 8
+        )
+    qwen = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8")  # GQA MoE
+    cm = CostModel(qwen, hw, 4)
+    # attention QKV and output every layer, the router every MoE layer; no shared expert, no dense MLP
+    assert [c for _, _, c in cm._dense_gemms] == [94, 94, 94]
+    assert cm.linear_time(64) != CostModel(qwen, bare, 4).linear_time(64)
+
+
+def test_the_aisim_catalog_prices_are_the_factors_before_and_the_cost_models_gemm_now():
+    from benchmarks.fidelity_aisim import catalog_time, gemm_time
+
+    from tailserve.executors.simulated.gemm import curve_gemm_time
+
+    hw = get_hardware("H200")
+    m, n, k = np.array([1.0, 161.0, 4096.0]), np.full(3, 1280.0), np.full(3, 8192.0)
+    g, peak = hw.gemm, hw.peak_for("fp8")
+    fc, fm = g.factors_for("fp8")
+    factors = gemm_time(
+        m, n, k, 1.0, peak, hw, g.compute * fc, g.memory * fm, g.sharpness, g.tile_m, g.gemm_latency
+    )
+    assert list(catalog_time(m, n, k, hw, "fp8", 1.0, peak, own=False)) == list(factors)
+    own = curve_gemm_time(m, n, k, g.curve_for("fp8"), peak, hw.memory_bandwidth, hw.sms, 1.0, 2.0)
+    assert list(catalog_time(m, n, k, hw, "fp8", 1.0, peak, own=True)) == list(own)
+    assert not np.allclose(own, factors, rtol=1e-3)
+    # a format without its own curve (B200's block-scaled FP8) stays on the factors either way
+    b200 = get_hardware("B200")
+    assert b200.gemm.curve_for("fp8_block") is None
+    peak = b200.peak_for("fp8")
+    assert list(catalog_time(m, n, k, b200, "fp8_block", 1.0, peak, own=True)) == list(
+        catalog_time(m, n, k, b200, "fp8_block", 1.0, peak, own=False)
+    )

@@ -121,6 +121,13 @@ def print_cost(
     console.print(
         f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, comm {e.comm:.3g}, overhead {e.overhead * 1e3:.2f} ms"
     )
+    fc = built.cost_model.format_curve
+    if fc is not None:
+        console.print(
+            f"{built.cost_model.model.weight_dtype} GEMMs on their own curve: compute {fc.compute:.3g} of the "
+            f"format's peak, memory {fc.memory:.3g}, tile {fc.tile_m} x {fc.tile_n or '-'}, "
+            f"launch {fc.gemm_latency * 1e6:.2f} us"
+        )
 
 
 def print_calibration(built: BuiltCostModel) -> None:

@@ -118,12 +118,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
     try:
         hw = dict(body["hardware"])
         if hw.get("gemm") is not None:
-            gemm = dict(hw["gemm"])
-            gemm["format_factors"] = tuple(
-                (str(f), float(c), float(m)) for f, c, m in gemm.get("format_factors", ())
-            )
-            gemm["quant_bytes"] = tuple((str(f), float(b)) for f, b in gemm.get("quant_bytes", ()))
-            hw["gemm"] = GemmCurve(**gemm)
+            hw["gemm"] = _gemm_curve(hw["gemm"])
         if hw.get("moe") is not None:
             hw["moe"] = MoeKernel(**hw["moe"])
         if hw.get("mla") is not None:
@@ -158,6 +153,17 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
         raise ValueError(f"{p}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{p}: {e}") from None
+
+
+def _gemm_curve(body: dict) -> GemmCurve:
+    """``hardware.GemmCurve`` from its ``asdict`` (JSON turns its pairs into lists; a format's
+    own curve is a GemmCurve too)."""
+    gemm = dict(body)
+    gemm["format_factors"] = tuple((str(f), float(c), float(m)) for f, c, m in gemm.get("format_factors", ()))
+    gemm["quant_bytes"] = tuple((str(f), float(b)) for f, b in gemm.get("quant_bytes", ()))
+    gemm["format_curves"] = tuple((str(f), _gemm_curve(c)) for f, c in gemm.get("format_curves", ()))
+    gemm["m_tiles"] = tuple(tuple(int(v) for v in entry) for entry in gemm.get("m_tiles", ()))
+    return GemmCurve(**gemm)
 
 
 def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:

@@ -44,8 +44,15 @@ from typing import Any
 
 import numpy as np
 
-from tailserve.executors.simulated.gemm import MIN_TILE, gemm_shapes, join, padded_tokens, wave_flops
-from tailserve.executors.simulated.hardware import MOE_GENERIC, Hardware, LinkFit
+from tailserve.executors.simulated.gemm import (
+    MIN_TILE,
+    curve_gemm_time,
+    gemm_shapes,
+    join,
+    padded_tokens,
+    wave_flops,
+)
+from tailserve.executors.simulated.hardware import MOE_GENERIC, GemmCurve, Hardware, LinkFit
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
 from tailserve.executors.simulated.moe_comm import exchange_time, resolve_backend
@@ -317,6 +324,8 @@ class CostModel:
         self._gemm_byte_rate = self._byte_rate
         self._gemm_peak = self._moe_peak = hw.peak_flops
         self._quant_bytes_per_token = 0.0
+        self._format_curve: GemmCurve | None = None
+        self._dense_gemms: tuple[tuple[float, float, int], ...] = ()
         if m.weight_dtype:
             fmt = get_precision(m.weight_dtype)
             fc, fm = hw.gemm.factors_for(fmt.name) if hw.gemm else (1.0, 1.0)
@@ -326,6 +335,17 @@ class CostModel:
             # The kernel quantizing each dense GEMM's input to the format (GemmCurve.quant_bytes)
             quant = hw.gemm.quant_bytes_for(fmt.name) if hw.gemm else 0.0
             self._quant_bytes_per_token = quant * _dense_inputs_per_token(m, self.tp)
+            # The format's own curve (GemmCurve.format_curves): its dense GEMMs each priced in
+            # its wave form. Only on the GPU's own curve: a calibrated or hand-set efficiency
+            # keeps the factors on it, so its fitted rates still move every GEMM. Not for MLA
+            # models: their fitted MLA block (hardware.MlaKernel) holds the rest of the layer as
+            # the layer join priced it (its four launches among them), so it keeps that join.
+            own = hw.gemm.curve_for(fmt.name) if hw.gemm and not m.is_mla else None
+            if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
+                if hw.sms < 1:
+                    raise ValueError(f"hardware {hw.name}: the {fmt.name} GEMM curve needs its SM count")
+                self._format_curve = own
+                self._dense_gemms = _dense_gemms(m, self.tp)
         self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
         if m.is_moe:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
@@ -391,6 +411,12 @@ class CostModel:
         )
 
     @property
+    def format_curve(self) -> GemmCurve | None:
+        """The weights' format's own GEMM curve when the dense GEMMs are priced on it
+        (``GemmCurve.format_curves``), else None."""
+        return self._format_curve
+
+    @property
     def windowed(self) -> bool:
         """Whether the model has sliding-window layers: its attention then depends on each
         request's context, not on the batch's sums alone (``iteration_time``'s ``window``)."""
@@ -427,6 +453,8 @@ class CostModel:
             )
         if self._quant_bytes_per_token:
             experts += num_tokens * self._quant_bytes_per_token / self._gemm_byte_rate
+        if self._format_curve is not None:  # before the bf16 wave form, which takes the bf16 rate
+            return self._linear_format(num_tokens, num_logits) + experts
         if eff.tile_n:
             return self._linear_waves(num_tokens, num_logits) + experts
         p = eff.sharpness
@@ -438,17 +466,37 @@ class CostModel:
             / self._gemm_byte_rate,
             p,
         )
-        head = 0.0
-        if num_logits:
-            head = (
-                join(
-                    padded_tokens(num_logits, eff.tile_m) * self._lm_head_flops_per_logit / self._flops_rate,
-                    (self._lm_head_bytes + num_logits * self._lm_head_act_bytes) / self._byte_rate,
-                    p,
-                )
-                + eff.gemm_latency
-            )
+        head = self._head(num_logits)
         return layers + self._num_gemms * eff.gemm_latency + head + experts + num_tokens * eff.per_token
+
+    def _head(self, num_logits: int) -> float:
+        """The LM head (bf16, at the GPU's own curve) in one join; 0 without logits."""
+        if not num_logits:
+            return 0.0
+        eff = self.efficiency
+        return (
+            join(
+                padded_tokens(num_logits, eff.tile_m) * self._lm_head_flops_per_logit / self._flops_rate,
+                (self._lm_head_bytes + num_logits * self._lm_head_act_bytes) / self._byte_rate,
+                eff.sharpness,
+            )
+            + eff.gemm_latency
+        )
+
+    def _linear_format(self, num_tokens: int, num_logits: int) -> float:
+        """The dense GEMMs on their format's own curve (``GemmCurve.format_curves``), each on its
+        own (N, K) in the curve's wave form with its own launch; the KV writes shared among them
+        as the layer join adds them to its bytes; the LM head as ``_head``."""
+        m, hw, curve = self.model, self.hardware, self._format_curve
+        assert curve is not None
+        kv_write = num_tokens * self._kv_bytes_per_token / sum(c for _, _, c in self._dense_gemms)
+        layers = 0.0
+        for n, k, count in self._dense_gemms:
+            layers += count * curve_gemm_time(
+                num_tokens, n, k, curve, self._gemm_peak, hw.memory_bandwidth, hw.sms,
+                m.weight_bytes_per_param, m.dtype_bytes, kv_write,
+            )  # fmt: skip
+        return layers + self._head(num_logits) + num_tokens * self.efficiency.per_token
 
     def _mla_projections(self, num_tokens: int) -> float:
         """MLA's attention projections as their own join (``_init_mla_projections``)."""
@@ -803,6 +851,31 @@ def _mla_io_per_token(m: ModelSpec, tp: int) -> float:
         m.kv_lora_rank + heads * (m.qk_nope_head_dim + m.v_head_dim)
     )
     return q + kv + heads * m.v_head_dim + h
+
+
+def _gemm_fields(eff: Efficiency) -> tuple:
+    """The fields of an ``Efficiency`` that set its GEMM curve."""
+    return (eff.compute, eff.memory, eff.sharpness, eff.tile_m, eff.tile_n, eff.wave_alpha, eff.gemm_latency)
+
+
+def _dense_gemms(m: ModelSpec, tp: int) -> tuple[tuple[float, float, int], ...]:
+    """(N, K, launches over all layers) of a GQA model's dense GEMMs on one shard: the attention
+    projections, the dense layers' MLPs, the MoE layers' shared experts and routers (the routed
+    experts are priced in ``CostModel._experts``)."""
+    h, layers, moe = m.hidden_size, m.num_layers, m.num_moe_layers
+    up = 2 if m.gated_mlp else 1
+    q = m.num_heads * m.dim_per_head / tp
+    kv = m.kv_heads_per_shard(tp) * m.dim_per_head
+    shapes: list[tuple[float, float, int]] = [(q + 2 * kv, h, layers), (h, q, layers)]
+    if layers > moe:
+        inter = m.intermediate_size / tp
+        shapes += [(up * inter, h, layers - moe), (h, inter, layers - moe)]
+    if moe and m.shared_intermediate_size:
+        shared = m.shared_intermediate_size / tp
+        shapes += [(up * shared, h, moe), (h, shared, moe)]
+    if moe:
+        shapes.append((m.num_experts, h, moe))  # the router, replicated on every rank
+    return tuple(shapes)
 
 
 def _dense_inputs_per_token(m: ModelSpec, tp: int) -> float:

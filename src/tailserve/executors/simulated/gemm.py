@@ -69,6 +69,49 @@ def wave_flops(padded_m: Any, n: Any, k: Any, tile_m: int, tile_n: int, sms: int
     return waves * sms * 2.0 * row_tile * tile_n * k
 
 
+def shape_tiles(rows: Any, n: Any, m_tiles: tuple, tile_m: int, tile_n: int) -> tuple[Any, Any]:
+    """Each GEMM's (tile M, tile N): the first ``m_tiles`` entry (rows at most, N at most, tile M,
+    tile N; a bound of 0 matches any) it falls in, else ``tile_m x tile_n``."""
+    rows, n = np.asarray(rows, dtype=float), np.asarray(n, dtype=float)
+    if not m_tiles:
+        return np.full(rows.shape, float(tile_m)), np.full(rows.shape, float(tile_n))
+    conds = [((rows <= r) if r else True) & ((n <= c) if c else True) for r, c, _, _ in m_tiles]
+    conds = [np.broadcast_to(cond, np.broadcast(rows, n).shape) for cond in conds]
+    tm = np.select(conds, [float(e[2]) for e in m_tiles], float(tile_m))
+    tn = np.select(conds, [float(e[3]) for e in m_tiles], float(tile_n))
+    return tm, tn
+
+
+def curve_gemm_time(
+    rows: Any,
+    n: Any,
+    k: Any,
+    curve: Any,
+    peak: float,
+    bandwidth: float,
+    sms: int,
+    weight_bytes: float,
+    act_bytes: float,
+    extra_bytes: Any = 0.0,
+) -> Any:
+    """One GEMM on a ``hardware.GemmCurve`` of its own format: ``rows`` x K times a K x N weight
+    of ``weight_bytes`` per element, activations of ``act_bytes`` in and out, plus
+    ``extra_bytes``; output tiles in waves over ``sms`` SMs (none when the curve's tile_n is 0),
+    the p-norm join at the curve's efficiencies of ``peak`` and ``bandwidth``, its launch
+    latency. Scalars or numpy arrays (the cost model and the fit, fidelity_aisim.py)."""
+    rows = np.asarray(rows, dtype=float)
+    tm, tn = shape_tiles(rows, n, curve.m_tiles, curve.tile_m, curve.tile_n)
+    padded = padded_rows(rows, tm) * (rows > 0)
+    if curve.tile_n or curve.m_tiles:
+        flops = wave_flops(padded, n, k, tm, tn, sms, curve.wave_alpha)
+    else:
+        flops = 2.0 * padded * n * k
+    moved = n * k * weight_bytes + rows * (k + n) * act_bytes + extra_bytes
+    t = join_array(flops / (peak * curve.compute), moved / (bandwidth * curve.memory), curve.sharpness)
+    t = t + curve.gemm_latency
+    return float(t) if t.ndim == 0 else t
+
+
 def gemm_shapes(
     hidden: int, q: float, kv: float, inter: float, gated: bool
 ) -> tuple[tuple[float, float], ...]:

@@ -41,11 +41,31 @@ class GemmCurve:
     # before (PassConfig fuse_norm_quant / fuse_act_quant), so the catalog leaves it out. Not
     # listed: 0.
     quant_bytes: tuple[tuple[str, float], ...] = ()
+    # (format, its own curve): GEMMs with weights in that format priced per GEMM in the wave form
+    # with the format's own efficiencies (of the format's tensor-core peak), tiles, partial-wave
+    # cost and launch latency, instead of ``format_factors`` on this curve. FP8 and NVFP4 GEMMs
+    # miss by N, not M (few output tiles of a narrow N each running a long K loop), which two
+    # factors on a bf16 curve cannot price (docs/fidelity.md).
+    format_curves: tuple[tuple[str, GemmCurve], ...] = ()
+    # The kernel's tile by shape, first match wins: (rows at most, N at most, tile M, tile N),
+    # a bound of 0 matching any; GEMMs no entry matches take tile_m x tile_n. vLLM's CUTLASS FP8
+    # kernel on Hopper picks its tile by M (and by N below 64 rows).
+    m_tiles: tuple[tuple[int, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, value in self.quant_bytes:
             if not value >= 0:
                 raise ValueError(f"GemmCurve quant_bytes for {name} must be >= 0 bytes, got {value}")
+        for name, curve in self.format_curves:
+            if curve.format_curves:
+                raise ValueError(f"GemmCurve format_curves for {name}: a format's curve holds no formats")
+        for entry in self.m_tiles:
+            if len(entry) != 4 or min(entry) < 0 or min(entry[2:]) < 1:
+                raise ValueError(f"GemmCurve m_tiles entry {entry}: (rows, N, tile M >= 1, tile N >= 1)")
+        if self.m_tiles and self.tile_n < 1:
+            raise ValueError(
+                "GemmCurve m_tiles needs the wave form (tile_n >= 1) for the shapes no entry matches"
+            )
 
     def factors_for(self, fmt: str) -> tuple[float, float]:
         for name, compute, memory in self.format_factors:
@@ -55,6 +75,10 @@ class GemmCurve:
 
     def quant_bytes_for(self, fmt: str) -> float:
         return next((value for name, value in self.quant_bytes if name == fmt), 0.0)
+
+    def curve_for(self, fmt: str) -> GemmCurve | None:
+        """The format's own curve (``format_curves``), None without one."""
+        return next((curve for name, curve in self.format_curves if name == fmt), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,19 +314,48 @@ H100_ALLREDUCE_BANDS = (
 # block-scaled FP8 and NVFP4 weights against its bf16 curve.
 _AISIM = "AISimulate silicon tables (vLLM GEMMs)"
 HOPPER_FORMAT_FACTORS = (("fp8", 0.63, 0.99), ("fp8_block", 0.81, 0.95))
+# Each quantized format's own per-GEMM wave curve (GemmCurve.format_curves), fitted by the same
+# benchmark on the same training shapes without the input's quantization kernel (served, vLLM
+# fuses it into the norm or activation before; the isolated-op tables time it with the GEMM, so
+# the rates and launch latency here hold its time, as the factors above do). Not B200's
+# block-scaled FP8: none of its table's rows (vLLM 0.27.1's DeepGEMM) takes under 149 us, a
+# 177 us launch in the fit, which no served B200 pays; it keeps its factors.
+H100_FORMAT_CURVES = (
+    ("fp8", GemmCurve(0.51, 0.81, 6.0, 256, 6.78e-6, f"{_AISIM}, H100 fp8", tile_n=64, wave_alpha=0.7)),
+    ("fp8_block", GemmCurve(0.69, 0.80, 2.0, 256, 4.69e-6, f"{_AISIM}, H100 fp8_block", tile_n=64, wave_alpha=0.7)),
+)  # fmt: skip
+H200_FORMAT_CURVES = (
+    ("fp8", GemmCurve(0.57, 0.81, 3.0, 256, 7.17e-6, f"{_AISIM}, H200 fp8", tile_n=64, wave_alpha=0.7)),
+    ("fp8_block", GemmCurve(0.68, 0.81, 2.5, 256, 7.01e-6, f"{_AISIM}, H200 fp8_block", tile_n=64, wave_alpha=0.5)),
+)  # fmt: skip
 B200_GEMM = GemmCurve(
     0.73, 0.84, 2.5, 64, 3.70e-6, f"{_AISIM}, B200",
     format_factors=(("fp8", 0.68, 1.0), ("fp8_block", 1.0, 1.0), ("nvfp4", 0.95, 1.0)),
+    format_curves=(
+        ("fp8", GemmCurve(0.50, 0.82, 3.0, 64, 7.35e-6, f"{_AISIM}, B200 fp8", tile_n=256, wave_alpha=0.5)),
+        ("nvfp4", GemmCurve(0.61, 0.92, 1.5, 64, 6.52e-6, f"{_AISIM}, B200 nvfp4", tile_n=256, wave_alpha=0.7)),
+    ),
 )  # fmt: skip
 GB200_GEMM = GemmCurve(
     0.74, 0.81, 2.5, 64, 3.39e-6, f"{_AISIM}, GB200",
     format_factors=(("fp8", 0.73, 1.0), ("fp8_block", 0.68, 1.0), ("nvfp4", 0.84, 1.0)),
+    format_curves=(
+        ("fp8", GemmCurve(0.51, 0.85, 2.5, 64, 7.28e-6, f"{_AISIM}, GB200 fp8", tile_n=256, wave_alpha=0.5)),
+        ("fp8_block", GemmCurve(0.51, 0.86, 3.0, 64, 13.82e-6, f"{_AISIM}, GB200 fp8_block", tile_n=256, wave_alpha=0.5)),
+        ("nvfp4", GemmCurve(0.60, 0.90, 1.5, 64, 6.14e-6, f"{_AISIM}, GB200 nvfp4", tile_n=256, wave_alpha=0.7)),
+    ),
 )  # fmt: skip
 B300_GEMM = GemmCurve(
     0.81, 0.82, 3.0, 64, 3.71e-6, f"{_AISIM}, B300",
     format_factors=(("fp8", 0.69, 1.0), ("fp8_block", 0.75, 1.0), ("nvfp4", 0.63, 1.0)),
+    format_curves=(
+        ("fp8", GemmCurve(0.52, 0.81, 3.0, 64, 7.26e-6, f"{_AISIM}, B300 fp8", tile_n=256, wave_alpha=0.5)),
+        ("fp8_block", GemmCurve(0.61, 0.83, 4.0, 64, 12.29e-6, f"{_AISIM}, B300 fp8_block", tile_n=256, wave_alpha=0.5)),
+        ("nvfp4", GemmCurve(0.47, 0.97, 1.25, 64, 5.12e-6, f"{_AISIM}, B300 nvfp4", tile_n=256, wave_alpha=0.7)),
+    ),
 )  # fmt: skip
-H100_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS)
+H100_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS, format_curves=H100_FORMAT_CURVES)
+H200_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS, format_curves=H200_FORMAT_CURVES)
 # The fused bf16 MoE kernel per GPU (the rows of its kernel with the most model shapes; formats
 # share them), fitted with its time per routed row element; the memory factor at most 1. The
 # default for GPUs without a table: the median of the five.
@@ -500,7 +553,8 @@ HARDWARE: dict[str, Hardware] = {
             moe_exchange=EXCHANGE_H100,
             peak_flops_by_dtype=HOPPER_FORMATS,
         ),
-        # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's curves (same die).
+        # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's bf16 curve (same die),
+        # its own format curves.
         Hardware(
             "H200",
             989e12,
@@ -508,7 +562,7 @@ HARDWARE: dict[str, Hardware] = {
             140.4,
             450 * GB,
             64 * GB,
-            gemm=H100_GEMM_FORMATS,
+            gemm=H200_GEMM_FORMATS,
             allreduce_latency_by_tp=H100_ALLREDUCE,
             comm_efficiency=0.740,
             sms=132,
