@@ -518,8 +518,10 @@ class SglangPolicy(Policy, FastPaths):
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """Identical decode iterations follow while no chunk is pending and no prefill would be
-        tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves,
-        which ends the engine's run). The decaying ratio is replayed by ``on_decode_run``."""
+        tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves:
+        with requests waiting that ends the driver's runs, with none ``on_decode_run`` clears it
+        as the next run's first iteration would). The decaying ratio is replayed by
+        ``on_decode_run``."""
         if self.chunked is not None:
             return False
         if not sched.waiting:
