@@ -136,3 +136,30 @@ def test_a_policy_without_fast_paths_is_always_stepped(monkeypatch):
     stepped = _run("static", WORKLOADS[0], fast=True)
     assert not calls
     assert _fingerprint(stepped) == _fingerprint(_run("static", WORKLOADS[0], fast=False))
+
+
+@pytest.mark.parametrize("policy", ["vllm:async_scheduling=false", "sglang", "sarathi:chunk_size=512"])
+def test_a_run_goes_on_past_finishes_when_nobody_waits(monkeypatch, policy):
+    """``finish_run.py``: with nobody waiting a run does not end at the first finish; one call
+    finishes requests at several iterations, and the results are stepping's."""
+    from tailserve.core.engine import Engine
+    from tailserve.executors.simulated import finish_run
+
+    finishes_per_call: list[int] = []
+    original_run, original_end = finish_run.run_past_finishes, Engine.end_run
+
+    def counting_run(engine, *args):
+        finishes_per_call.append(0)
+        return original_run(engine, *args)
+
+    def counting_end(self, finished, end):
+        if finished and finishes_per_call:
+            finishes_per_call[-1] += 1
+        return original_end(self, finished, end)
+
+    monkeypatch.setattr(finish_run, "run_past_finishes", counting_run)
+    monkeypatch.setattr(Engine, "end_run", counting_end)
+    fast = _run(policy, WORKLOADS[0], fast=True)
+    assert max(finishes_per_call) >= 3  # one call, three iterations that each finished requests
+    monkeypatch.undo()
+    assert _fingerprint(fast) == _fingerprint(_run(policy, WORKLOADS[0], fast=False))

@@ -10,11 +10,16 @@ from dataclasses import replace
 
 import pytest
 
+from tailserve.assemble.build import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
+from tailserve.core.request import Request
+from tailserve.core.source import ListSource
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+from tailserve.executors.simulated.driver import SimDriver
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.policies.registry import parse_policy_list
+from tailserve.policies.sglang import SglangPolicy
 from tailserve.sim.run import run_policy
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -635,3 +640,49 @@ def test_steady_after_run_agrees_with_steady(spec: str, monkeypatch: pytest.Monk
     slow, _ = _sarathi_fingerprint(spec, workload, fast=False)
     assert fast == slow
     assert True in answers and False in answers  # both ways taken
+
+
+def _sglang_abort_fingerprint(fast: bool) -> tuple[str, float | None]:
+    """SGLang at its running cap: "c" waits behind "a" and "b" (``batch_is_full``), is aborted
+    while waiting, which leaves the flag set on an empty queue; "a" finishes during decodes,
+    and "d" arrives later, while "b" still decodes."""
+    requests = [
+        Request("a", 100, 40, 0.0),
+        Request("b", 100, 300, 0.0),
+        Request("c", 100, 50, 0.0),
+        Request("d", 100, 20, 1.0),
+    ]
+    built = build_engine(
+        Deployment("Llama-3-8B", "H100-SXM", 1, "none"),
+        "sglang:max_running_requests=2",
+        "sim",
+        BuildOptions(shares_prefixes=False, engine=EngineOptions(fast_forward=fast)),
+        source=ListSource(requests),
+    )
+    engine = built.engine
+    assert engine is not None
+    sched, sim = engine.scheduler, SimDriver(engine)
+    policy = sched.policy
+    assert isinstance(policy, SglangPolicy)
+    aborted_full = None
+    while engine.step():
+        if aborted_full is None and [r.request_id for r in sched.waiting] == ["c"] and policy.batch_is_full:
+            sched.abort_request("c", "the client left", engine.clock.now)
+            aborted_full = policy.batch_is_full and not sched.waiting
+        sim.fast_forward()
+    assert aborted_full  # the state the test is about was reached
+    log = {name: getattr(engine.log, name) for name in engine.log.FIELDS}
+    tokens = {r.request_id: (r.first_scheduled_time, r.token_times, r.status.name) for r in requests}
+    return json.dumps([log, tokens], sort_keys=True), requests[3].first_scheduled_time
+
+
+def test_sglang_decode_runs_clear_batch_is_full_after_a_finish_as_stepping_does() -> None:
+    """Back-to-back decode runs with nobody waiting never call ``schedule``; the first iteration
+    of each is one, and a request that left before it clears ``batch_is_full`` there (SGLang's
+    ``update_running_batch`` filters it out). Without that replay the flag outlived "a"'s finish
+    and "d" waited for "b" to finish (2.33 s instead of 1.0 s)."""
+    fast, fast_start = _sglang_abort_fingerprint(True)
+    slow, slow_start = _sglang_abort_fingerprint(False)
+    assert slow_start is not None and slow_start < 1.01  # admitted on arrival
+    assert fast_start == slow_start
+    assert fast == slow

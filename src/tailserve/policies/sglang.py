@@ -518,8 +518,10 @@ class SglangPolicy(Policy, FastPaths):
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """Identical decode iterations follow while no chunk is pending and no prefill would be
-        tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves,
-        which ends the engine's run). The decaying ratio is replayed by ``on_decode_run``."""
+        tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves:
+        with requests waiting that ends the driver's runs, with none ``on_decode_run`` clears it
+        as the next run's first iteration would). The decaying ratio is replayed by
+        ``on_decode_run``."""
         if self.chunked is not None:
             return False
         if not sched.waiting:
@@ -593,6 +595,17 @@ class SglangPolicy(Policy, FastPaths):
             self.batch_is_full = True  # NO_TOKEN
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
+        if self.batch_is_full:
+            # The run's first iteration is a ``schedule``: a request that left since the last
+            # batch clears the flag there (``_note_departures``), even with nobody waiting to be
+            # unblocked — a request may arrive later in the run or after it (a waiting request
+            # aborted while the flag was set leaves it set on an empty queue). This run's own
+            # finishes are marked already but still running; they clear it at the next run.
+            done = [r for r in self._last_batch if r.is_finished]
+            if done:
+                running = set(map(id, sched.running))
+                if any(id(r) not in running for r in done):
+                    self.batch_is_full = False
         if self.tree is not None and self._last_was_prefill:
             # The run's first decode is where stepping checkpoints the last prefill batch.
             self.radix.checkpoint(self._last_batch)

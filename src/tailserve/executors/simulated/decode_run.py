@@ -5,7 +5,8 @@ same decode iteration: the same requests, one token each, their contexts growing
 iteration times come from the cost model vectorised over the run, the clock is their running
 sum (``np.cumsum`` adds in the same order as the step loop), and the run stops *before* the
 first iteration in which anything could change (an arrival, a shortage of KV blocks), which
-then runs step by step; its last iteration may finish requests, exactly as a normal step does. Results are
+then runs step by step; its last iteration may finish requests, exactly as a normal step does
+(with nobody waiting, ``finish_run.py`` goes on past that iteration in the same call). Results are
 identical to plain stepping; ``tests/test_decode_run.py`` checks that. ``driver.py`` calls it when
 the run is steady and the policy signed ``FastPaths.can_fast_forward`` (under vLLM's async
 scheduling, where outputs are applied a step late, it calls ``async_decode_run.py`` instead).
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import numpy as np
 
+from tailserve.executors.simulated import finish_run
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
@@ -93,6 +95,7 @@ def advance_decode_run(engine: Engine) -> int:
         num_context += c
         add_ctx(c)
         add_held(len(tables[r.request_id]) * block_size)
+    k_finish = k_max  # the first finish, if within MAX_RUN
     wake = engine.next_wake(now)
     if wake is not None:
         # Iterations only get longer as contexts grow, so the first one bounds how many start
@@ -108,6 +111,11 @@ def advance_decode_run(engine: Engine) -> int:
         return 0
     times, durations, need = run
     k = len(durations)
+    if k == k_finish and finish_run.applies(engine):
+        # The run ends with a finish and nobody waits: go on past it in this call.
+        return finish_run.run_past_finishes(
+            engine, executor, running, ctx_list, held_tokens, times, durations, need
+        )
 
     token_times = times[1:]
     done = sched.update_run(running, held_tokens, token_times)

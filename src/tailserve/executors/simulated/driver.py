@@ -3,7 +3,7 @@
 ``Engine.step()`` is the only iteration and knows nothing of its executor. In virtual time,
 though, long stretches of iterations are determined in advance — decodes repeating one batch
 shape, a prompt chunked beside them, a prompt chunked alone — and the cost model can price them
-all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py``,
+all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`` with ``finish_run.py``,
 ``async_decode_run.py``, ``chunk_run.py``, ``prefill_run.py``), with results identical to plain stepping, when:
 
 - ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);

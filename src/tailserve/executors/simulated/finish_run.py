@@ -1,0 +1,202 @@
+"""Exact fast path: a decode run that goes on past the iterations that finish requests.
+
+A decode run (``decode_run.py``) ends with the iteration that produces some request's last
+token; with nobody waiting the driver then starts the next run at once (``steady_after_run``),
+so about two runs in three only shrink the batch by a finish. Each run touched every request
+(its context, held slots, outputs, token times, blocks): per run O(batch) Python work, repeated
+for requests that merely go on decoding. Here the run continues in the same call, segment by
+segment, each segment the iterations up to the next finish: a request that finishes is brought
+up to date and finished at its segment's end exactly as the run that ended there would have
+done (its outputs, token times, blocks; ``Scheduler.finish``, the source's ``on_finish``, the
+policy's hooks, in stepping's order), while the requests that go on are brought up to date once,
+when the whole run ends. Between segments the driver's own test (``steady_after_run``) decides
+whether to go on, with the clock, arrivals and wake-ups as they are after the finish.
+
+Only where nothing can observe the requests that go on before the run ends: nobody waits (so
+no policy reads them to decide an admission), the KV manager shares no prefixes (no prefix cache
+or radix tree indexes their blocks; only its free count is read, and each segment's budget is
+that count less the blocks still owed), no per-iteration records or checks.
+The blocks owed are taken when the run ends, so their ids differ from a run-per-finish's (after
+the finish's blocks came back); no result reads block ids. ``tests/test_decode_run.py`` and
+``tests/test_speed_paths.py`` check that results are identical to plain stepping.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tailserve.executors.simulated.fast_paths import FastPaths
+
+if TYPE_CHECKING:
+    from tailserve.core.engine import Engine
+    from tailserve.core.request import Request
+    from tailserve.executors.simulated.decode_run import DecodeRunExecutor
+
+SHORT = 32  # decode_run.SHORT_RUN: below it a list of durations beats numpy's per-call overhead
+MAX_SEGMENT = 512  # decode_run.MAX_RUN: iterations per segment
+
+
+def applies(engine: Engine) -> bool:
+    """Whether a run that ends with a finish may go on here (see the module docstring)."""
+    return (
+        not engine.scheduler.waiting
+        and not engine.scheduler.kv_cache.shares_prefixes
+        and engine.batches is None
+        and not engine.options.check_integrity
+    )
+
+
+def run_past_finishes(
+    engine: Engine,
+    executor: DecodeRunExecutor,
+    running: list[Request],
+    ctx_list: list[int],
+    held_tokens: list[int],
+    times: list[float],
+    durations: list[float],
+    need: list[int],
+) -> int:
+    """Apply a first segment that ends with finishes (``times``, ``durations``, cumulative
+    blocks ``need``, computed by ``decode_run`` for ``running``, whose computed tokens and held
+    slots were ``ctx_list`` and ``held_tokens``) and go on while the driver would; returns the
+    iterations advanced in all."""
+    sched = engine.scheduler
+    kv = sched.kv_cache
+    log = engine.log
+    policy = sched.policy
+    assert isinstance(policy, FastPaths)
+    block_size = kv.block_size
+    reserve = policy.decode_reserve_blocks
+    n = len(running)
+    remaining = [r.max_tokens - r.num_output_tokens for r in running]
+    order = sorted(range(n), key=remaining.__getitem__)  # finishing order
+    p = 0  # next in ``order`` still running
+    acc: list[float] = []  # token times since the run began: every iteration's end
+    steps = 0  # iterations done
+    owed = 0  # blocks the requests that go on took in the iterations done, not yet allocated
+    num_ctx = sum(ctx_list)  # computed tokens of the requests left, at the run's start
+    n_left = n
+    due: dict[int, int] | None = None  # built at the first continuation
+    while True:
+        k = len(durations)
+        used0 = kv.num_used_blocks + owed
+        log.extend_decode_run(times[:-1], durations, n_left, [used0 + x for x in need])
+        acc.extend(times[1:])
+        steps += k
+        owed += need[-1]
+        # The requests whose last token this segment's last iteration produced.
+        first = p
+        while p < n and remaining[order[p]] == steps:
+            i = order[p]
+            num_ctx -= ctx_list[i]
+            if due is not None:
+                _drop_due(due, held_tokens[i] - ctx_list[i], steps, block_size)
+            p += 1
+        end = acc[-1]
+        if p == first:  # cut short by a wake-up, the KV budget or the segment cap
+            _catch_up(sched, running, held_tokens, order, p, acc)
+            policy.on_decode_run(sched, k)
+            engine.end_run([], end)
+            return steps
+        fin = sorted(order[first:p])  # running order, the order stepping finishes them in
+        free_before = kv.num_free_blocks
+        done = sched.update_run([running[i] for i in fin], [held_tokens[i] for i in fin], acc)
+        owed -= free_before - kv.num_free_blocks
+        policy.on_decode_run(sched, k)
+        engine.end_run(done, end)
+        n_left -= len(fin)
+        if not (n_left and not sched.waiting and _steady_after_run(engine)):
+            if n_left:
+                _catch_up(sched, running, held_tokens, order, p, acc)
+            return steps
+        # The next segment: the requests left, up to the next finish.
+        if due is None:
+            due = _due_after(running, ctx_list, held_tokens, order, p, steps, block_size)
+        now = end
+        k_max = min(remaining[order[p]] - steps, MAX_SEGMENT)
+        num_context = num_ctx + n_left * (steps + 1)
+        wake = engine.next_wake(now)
+        if wake is not None:
+            k_max = min(k_max, int((wake - now) / executor.decode_step_duration(n_left, num_context)) + 1)
+        free = kv.num_free_blocks - owed - reserve
+        seg = _segment(executor, n_left, num_context, now, wake, k_max, due, steps, block_size, free)
+        if seg is None:
+            _catch_up(sched, running, held_tokens, order, p, acc)
+            return steps
+        times, durations, need = seg
+
+
+def _steady_after_run(engine: Engine) -> bool:
+    # Looked up per call: the driver's own test (a test may wrap it).
+    from tailserve.executors.simulated import driver
+
+    return driver.steady_after_run(engine)
+
+
+def _catch_up(sched, running, held_tokens, order, p, acc) -> None:
+    """Bring the requests still running up to date with every iteration of the run (none of
+    them finished: each has more tokens to produce than the run's iterations)."""
+    left = sorted(order[p:])  # running order, as ``update_run`` allocates
+    done = sched.update_run([running[i] for i in left], [held_tokens[i] for i in left], acc)
+    assert not done
+
+
+def _due_after(running, ctx_list, held_tokens, order, p, steps, block_size) -> dict[int, int]:
+    """For the requests left after ``steps`` iterations: how many need a new block in each
+    coming iteration (numbered from the run's start), the first of each request's crossings.
+    In iteration j a request computes token ``ctx + j`` and needs a block at ``held - ctx + m *
+    block_size``."""
+    due: dict[int, int] = {}
+    for i in order[p:]:
+        j = _next_crossing(held_tokens[i] - ctx_list[i], steps, block_size)
+        due[j] = due.get(j, 0) + 1
+    return due
+
+
+def _next_crossing(first: int, steps: int, block_size: int) -> int:
+    if first >= steps:
+        return first
+    return first + -(-(steps - first) // block_size) * block_size
+
+
+def _drop_due(due: dict[int, int], first: int, steps: int, block_size: int) -> None:
+    j = _next_crossing(first, steps, block_size)
+    count = due[j] - 1
+    if count:
+        due[j] = count
+    else:
+        del due[j]
+
+
+def _segment(executor, n, num_context, now, wake, k_max, due, start, block_size, free):
+    """``decode_run._short_run`` from iteration ``start`` of the run on, with the crossings kept
+    in ``due`` (consumed and renewed as the iterations go); None if no iteration fits."""
+    if free < 0 or k_max < 1:
+        return None
+    if k_max <= SHORT:
+        step_durations = executor.decode_step_durations(n, num_context, k_max)
+    else:
+        step_durations = executor.decode_run_durations(n, num_context, k_max).tolist()
+    times = [now]
+    durations = []
+    need = []
+    needed = 0
+    t = now
+    j = start
+    for duration in step_durations:
+        if wake is not None and t >= wake:
+            break
+        crossing = due.get(j, 0)
+        if crossing:
+            if needed + crossing > free:
+                break
+            del due[j]
+            needed += crossing
+            due[j + block_size] = due.get(j + block_size, 0) + crossing
+        t_next = t + duration
+        times.append(t_next)
+        durations.append(t_next - t)
+        need.append(needed)
+        t = t_next
+        j += 1
+    return (times, durations, need) if durations else None
