@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tailserve.executors.simulated.cost_model import Roofline
 from tailserve.executors.simulated.deployment import BuiltCostModel
-from tailserve.executors.simulated.hardware import HARDWARE
+from tailserve.executors.simulated.hardware import ENGINE_NAMES, HARDWARE
 from tailserve.executors.simulated.models import MODELS
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -27,7 +27,9 @@ def deployment_line(built: BuiltCostModel) -> str:
     cm = built.cost_model
     cal = built.calibration if len(built.calibration) < 24 else "measured points"
     dp = f" x DP {cm.dp}" if cm.dp > 1 else ""  # data-parallel attention ranks
-    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}{dp}, calibration {cal}"
+    # vLLM's kernels are the catalog's own: named only when another engine's set priced it
+    kernels = f", {ENGINE_NAMES[built.kernels]} kernels" if built.kernels != "vllm" else ""
+    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}{dp}, calibration {cal}{kernels}"
 
 
 LABEL_WIDTH = 48  # characters of a policy label per line in a table
