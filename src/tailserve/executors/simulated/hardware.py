@@ -477,8 +477,8 @@ EXCHANGE_B300 = MoeExchange(
 # Triton fused MoE on Hopper, FlashInfer's TRT-LLM MoE on Blackwell). On Hopper the set keeps the
 # catalog's bf16 curve (Vidur's) and holds the engine's format factors against its own bf16 fit;
 # on Blackwell the bf16 curve is the engine's own. MoE: the engine's bf16 fused-MoE kernel, its
-# factors capped at 1 as the catalog's (TensorRT-LLM's fitted 1.06-1.50: faster than the dense
-# curve's rate on these rows, which the roofline forbids).
+# factors capped at 1 as the catalog's (TensorRT-LLM's compute fitted 1.06-1.50: at 1.50 the
+# B200's experts would run above the dense peak).
 _TRT = "AISimulate silicon tables (TensorRT-LLM 1.3.0rc20 kernels)"
 _SGL = "AISimulate silicon tables (SGLang 0.5.14-0.5.20 kernels)"
 TRTLLM_H100 = EngineKernels(
