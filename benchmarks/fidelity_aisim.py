@@ -31,10 +31,16 @@ never as a model:
   rest; and NCCL's all-gather and reduce-scatter (vLLM's default allgather_reducescatter
   exchange) per group size, fitted on every other message size and tested on the rest.
 
+With ``--framework vllm,trtllm,sglang`` the GEMM and fused-MoE parts also run on TensorRT-LLM's
+and SGLang's tables (their own kernels, ``aisimulate_core/systems/data/<gpu>/{gemm,moe}/<engine>``),
+each held-out row also priced with vLLM's fitted curve and factors, and the fitted curves printed
+in the catalog's form (``hardware.EngineKernels``).
+
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
 
-    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--parts mla,...] [--out FILE]
+    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--parts mla,...]
+        [--framework vllm,trtllm,sglang] [--out FILE]
 """
 
 from __future__ import annotations
