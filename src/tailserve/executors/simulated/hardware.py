@@ -472,14 +472,14 @@ EXCHANGE_B300 = MoeExchange(
 
 # TensorRT-LLM's and SGLang's own kernels (hardware.EngineKernels; --kernels), fitted by
 # benchmarks/fidelity_aisim.py --framework trtllm,sglang exactly as vLLM's above (one-join form,
-# half the shapes held out; docs/fidelity.md): TensorRT-LLM 1.3.0rc20's GEMMs and fused MoE
-# (CUTLASS), SGLang 0.5.14-0.5.20's (torch linear, sgl-kernel FP8, DeepGEMM, CuTe DSL NVFP4;
+# half the shapes held out; docs/fidelity.md): TensorRT-LLM 1.3.0rc20's GEMMs and 1.3.0rc10-rc23's
+# fused MoE (CUTLASS), SGLang 0.5.14-0.5.20's (torch linear, sgl-kernel FP8, DeepGEMM, CuTe DSL NVFP4;
 # Triton fused MoE on Hopper, FlashInfer's TRT-LLM MoE on Blackwell). On Hopper the set keeps the
 # catalog's bf16 curve (Vidur's) and holds the engine's format factors against its own bf16 fit;
 # on Blackwell the bf16 curve is the engine's own. MoE: the engine's bf16 fused-MoE kernel, its
 # factors capped at 1 as the catalog's (TensorRT-LLM's compute fitted 1.06-1.50: at 1.50 the
 # B200's experts would run above the dense peak).
-_TRT = "AISimulate silicon tables (TensorRT-LLM 1.3.0rc20 kernels)"
+_TRT = "AISimulate silicon tables (TensorRT-LLM 1.3.0rc10-rc23 kernels)"
 _SGL = "AISimulate silicon tables (SGLang 0.5.14-0.5.20 kernels)"
 TRTLLM_H100 = EngineKernels(
     "trtllm", replace(H100_GEMM, format_factors=(("fp8", 0.81, 0.99), ("fp8_block", 0.75, 1.0)),
