@@ -230,9 +230,11 @@ def print_hardware() -> None:
         title="hardware (dense tensor-core peaks, no sparsity; -: no such unit, weight-only kernels at bf16)",
         title_justify="left",
     )
-    columns = ("name", "bf16 TFLOP/s", "FP8", "FP4", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s")
+    columns = (
+        "name", "bf16 TFLOP/s", "FP8", "FP4", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s", "--kernels sets",
+    )  # fmt: skip
     for col in columns:
-        table.add_column(col, justify="left" if col == "name" else "right")
+        table.add_column(col, justify="left" if col in ("name", "--kernels sets") else "right")
     for h in HARDWARE.values():
         own = dict(h.peak_flops_by_dtype)
         table.add_row(
@@ -244,5 +246,7 @@ def print_hardware() -> None:
             f"{h.memory_gib:.1f}",
             f"{h.interconnect_bandwidth / 1e9:.0f}",
             f"{h.pcie_bandwidth / 1e9:.0f}",
+            # vLLM's are every entry's own curves (fitted or generic); others only where fitted
+            ", ".join(["vllm", *(k.engine for k in h.engine_kernels)]),
         )
     console.print(table)
