@@ -102,7 +102,7 @@ def test_cost_and_run_json_name_the_kernels(tmp_path, capsys):
     out = tmp_path / "cost.json"
     args = ["cost", "--model", "Llama-2-70B", "--hardware", "H200", "--quantization", "fp8", "--json"]
     assert main([*args, str(out), "--kernels", "trtllm"]) == 0
-    assert "TensorRT-LLM kernels" in capsys.readouterr().out
+    assert "TensorRT-LLM kernels" in " ".join(capsys.readouterr().out.split())  # the title, however wrapped
     assert json.loads(out.read_text())["kernels"] == "trtllm"
     assert main([*args, str(out)]) == 0  # no policy: vLLM's, the catalog's own, not named
     assert "kernels" not in json.loads(out.read_text())
@@ -113,3 +113,15 @@ def test_cost_and_run_json_name_the_kernels(tmp_path, capsys):
     assert json.loads(run.read_text())["config"]["kernels"] == "trtllm"
     assert main([*sim, "--policy", "trtllm", "--kernels", "vllm"]) == 0
     assert "kernels" not in json.loads(run.read_text())["config"]
+
+
+def test_hardware_lists_each_gpus_sets(capsys):
+    assert main(["hardware"]) == 0
+    rows: dict[str, str] = {}  # a row's cells, its wrapped continuation lines joined on
+    name = ""
+    for line in capsys.readouterr().out.splitlines():
+        if line.count("│") > 2:
+            name = line.split("│")[1].strip() or name
+            rows[name] = rows.get(name, "") + line
+    assert "trtllm" in rows["H200"] and "sglang" in rows["H200"]
+    assert "trtllm" not in rows["A100-80GB"] and "vllm" in rows["A100-80GB"]
