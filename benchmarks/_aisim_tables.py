@@ -4,8 +4,10 @@ NCCL's all-gather / reduce-scatter) as JSON rows.
 
 Runs in AISimulate's venv (pandas and pyarrow read its parquet files; tailserve's own environment
 needs neither): ``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --out rows.json``.
-For each GPU it takes vLLM's newest collected version of each table; MoE rows are taken from every
-vLLM version (each collected different shapes), the newest row for each shape winning. Only rows
+For each GPU it takes vLLM's newest collected version of each table (``--framework trtllm`` or
+``sglang``: that engine's GEMM and fused-MoE tables instead, nothing else); GEMM rows per format
+from the newest version that timed the format's kernel; MoE rows are taken from every version
+(each collected different shapes), the newest row for each shape winning. Only rows
 with uniform ("balanced") routing are kept: that is what the cost model assumes. MLA module rows
 are vLLM's default MLA backend on each GPU (``vllm/platforms/cuda.py``, ``_get_backend_priorities``:
 FLASH_ATTN_MLA first on Hopper, FLASHINFER_MLA first on Blackwell); on Blackwell the prefill rows are
@@ -27,6 +29,22 @@ GEMM_KERNELS = {  # the format's kernel vLLM picks by default on these GPUs
     "fp8_block": "DeepGemmFp8BlockScaledMMKernel",
     "nvfp4": "FlashInferCuteDslNvFp4LinearKernel",
 }
+# Each engine's kernel per GEMM format (None: the one kernel its tables time for the format).
+# TensorRT-LLM's tables time its PyTorch flow's linear layer (``torch_flow``; block-scaled FP8 on
+# Blackwell: ``deepgemm``), one kernel per format. SGLang's: torch's linear for bf16,
+# sgl-kernel's fp8_scaled_mm, DeepGEMM for block-scaled FP8 (SGLang's default where DeepGEMM is
+# installed; 0.5.20 also times its Triton fallback) and FlashInfer's CuTe DSL NVFP4 kernel.
+FRAMEWORK_GEMM_KERNELS: dict[str, dict[str, str | None]] = {
+    "vllm": GEMM_KERNELS,
+    "trtllm": {"bfloat16": None, "fp8": None, "fp8_block": None, "nvfp4": None},
+    "sglang": {
+        "bfloat16": "sglang_torch_linear",
+        "fp8": "sglang_sgl_kernel_fp8_scaled_mm",
+        "fp8_block": "sglang_deepgemm_gemm_nt_f8f8bf16",
+        "nvfp4": "sglang_flashinfer_cutedsl_nvfp4",
+    },
+}
+FRAMEWORKS = tuple(FRAMEWORK_GEMM_KERNELS)
 # vLLM's first-choice MLA backend per GPU family (the table's kernel_source)
 MLA_BACKENDS = {"h100_sxm": "FLASH_ATTN_MLA", "h200_sxm": "FLASH_ATTN_MLA"}
 MLA_BACKEND_BLACKWELL = "FLASHINFER_MLA"
@@ -45,24 +63,38 @@ def systems_dir() -> Path:
     return Path(aisimulate_core.__file__).parent / "systems" / "data"
 
 
-def export(gpus: tuple[str, ...]) -> dict:
+def _gemm(root: Path, gpu: str, framework: str) -> dict:
+    """Each format's rows of the framework's kernel from the newest version that timed it
+    (SGLang 0.5.20 dropped per-tensor FP8 on Hopper: 0.5.14's rows stand for it)."""
+    import pandas as pd
+
+    files = sorted((root / gpu / "gemm" / framework).glob("*/gemm_perf.parquet"), key=_version_key)
+    frames = [pd.read_parquet(f) for f in files]
+    rows: list = []
+    versions: dict[str, str] = {}
+    for dtype, kernel in FRAMEWORK_GEMM_KERNELS[framework].items():
+        for f, d in reversed(list(zip(files, frames))):
+            sel = d[d.gemm_dtype.eq(dtype) & (d.kernel_source.eq(kernel) if kernel else True)]
+            if len(sel):
+                rows += sel[["gemm_dtype", "m", "n", "k", "latency"]].values.tolist()
+                versions[dtype] = f.parent.name
+                break
+    if not rows:
+        return {}
+    # one version for all formats: as before; several: per format
+    names = set(versions.values())
+    label = names.pop() if len(names) == 1 else ", ".join(f"{k} {v}" for k, v in versions.items())
+    return {"gemm_version": label, "gemm": rows}
+
+
+def export(gpus: tuple[str, ...], framework: str = "vllm") -> dict:
     import pandas as pd
 
     root = systems_dir()
-    out: dict = {"source": str(root), "gpus": {}}
+    out: dict = {"source": str(root), "framework": framework, "gpus": {}}
     for gpu in gpus:
-        entry: dict = {}
-        gemm_files = sorted((root / gpu / "gemm" / "vllm").glob("*/gemm_perf.parquet"), key=_version_key)
-        if gemm_files:
-            d = pd.read_parquet(gemm_files[-1])
-            keep = [d.gemm_dtype.eq(dt) & d.kernel_source.eq(k) for dt, k in GEMM_KERNELS.items()]
-            mask = keep[0]
-            for k in keep[1:]:
-                mask |= k
-            d = d[mask]
-            entry["gemm_version"] = gemm_files[-1].parent.name
-            entry["gemm"] = d[["gemm_dtype", "m", "n", "k", "latency"]].values.tolist()
-        moe_files = sorted((root / gpu / "moe" / "vllm").glob("*/moe_perf.parquet"), key=_version_key)
+        entry: dict = _gemm(root, gpu, framework)
+        moe_files = sorted((root / gpu / "moe" / framework).glob("*/moe_perf.parquet"), key=_version_key)
         frames = [pd.read_parquet(f).assign(order=i) for i, f in enumerate(moe_files)]
         if frames:
             d = pd.concat(frames)
@@ -74,6 +106,9 @@ def export(gpus: tuple[str, ...]) -> dict:
             d = d.sort_values("order", kind="stable").groupby(key, as_index=False).last()
             entry["moe_versions"] = sorted({f.parent.name for f in moe_files})
             entry["moe"] = d[[*key, "latency"]].values.tolist()
+        if framework != "vllm":  # the other engines' tables: GEMMs and fused MoE only
+            out["gpus"][gpu] = entry
+            continue
         comm_files = sorted(
             (root / gpu / "comm" / "vllm").glob("*/custom_allreduce_perf.parquet"), key=_version_key
         )
@@ -145,9 +180,10 @@ def _nccl(root: Path, gpu: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default=",".join(GPUS))
+    parser.add_argument("--framework", default="vllm", choices=FRAMEWORKS)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    rows = export(tuple(g for g in args.gpus.split(",") if g))
+    rows = export(tuple(g for g in args.gpus.split(",") if g), args.framework)
     Path(args.out).write_text(json.dumps(rows, default=str))
     return 0
 

@@ -35,10 +35,16 @@ never as a model:
   rest; and NCCL's all-gather and reduce-scatter (vLLM's default allgather_reducescatter
   exchange) per group size, fitted on every other message size and tested on the rest.
 
+With ``--framework vllm,trtllm,sglang`` the GEMM and fused-MoE parts also run on TensorRT-LLM's
+and SGLang's tables (their own kernels, ``aisimulate_core/systems/data/<gpu>/{gemm,moe}/<engine>``),
+each held-out row also priced with vLLM's fitted curve and factors, and the fitted curves printed
+in the catalog's form (``hardware.EngineKernels``).
+
 Needs AISimulate's venv (``scripts/setup-peers.sh aisimulate``); the tables are exported by
 ``benchmarks/_aisim_tables.py`` run in it.
 
-    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--parts mla,...] [--out FILE]
+    python -m benchmarks.fidelity_aisim [--gpus h200_sxm,b200_sxm,...] [--parts mla,...]
+        [--framework vllm,trtllm,sglang] [--out FILE]
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ GPUS = {  # AISimulate's system name -> tailserve's catalog name
     "gb200": "GB200",
     "b300_sxm": "B300",
 }
+FRAMEWORK_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "sglang": "SGLang"}
 # AISimulate's format names -> tailserve's (weights' bytes and tensor-core rate)
 FORMATS = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 # MoE formats: the GEMM curve they take and their weights' format
@@ -255,11 +262,17 @@ def stats(pred: np.ndarray, y: np.ndarray) -> dict:
     }
 
 
-def gemm_part(tables: dict, console: Console) -> dict:
+def gemm_part(
+    tables: dict, console: Console, framework: str = "vllm", reference: dict | None = None, waves: bool = True
+) -> dict:
+    """Each GPU and format's curve fitted and held out. ``reference``: vLLM's results of the same
+    run; each held-out row is also priced with vLLM's fitted curve (what the catalog prices an
+    engine with when it has no curve of its own). ``waves``: the wave-form fit too (slow)."""
     out: dict = {}
     table = Table(
-        title="GEMM: held-out |error| on model-sized weights (N x K >= 2^24; fit on half the (N, K) "
-        "shapes, tested on the other half); last column: every held-out shape, tiny ones too"
+        title=f"GEMM ({FRAMEWORK_NAMES[framework]}'s kernels): held-out |error| on model-sized weights "
+        "(N x K >= 2^24; fit on half the (N, K) shapes, tested on the other half); 'all sizes': every "
+        "held-out shape, tiny ones too"
     )
     for col in (
         "GPU",
@@ -270,9 +283,8 @@ def gemm_part(tables: dict, console: Console) -> dict:
         "time-weighted",
         "fit",
         "all sizes",
-        "waves + quant: mean / p90 / max",
-        "time-weighted ",
-        "waves fit",
+        *(("vLLM's curve: mean / bias",) if reference is not None else ()),
+        *(("waves + quant: mean / p90 / max", "time-weighted ", "waves fit") if waves else ()),
     ):
         table.add_column(col)
     for gpu, entry in tables.items():
@@ -297,55 +309,62 @@ def gemm_part(tables: dict, console: Console) -> dict:
             pred = gemm_time(m, n, k, prec.bytes, peak, hw, **_curve(params))
             generic = gemm_time(m, n, k, prec.bytes, peak, hw, 0.6, 0.8, math.inf, 1, 0.0)
             held = test & sized
-            q = QUANT_BYTES[fmt]
-            waves = fit_waves(
-                m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0, q) if q else (0.0,)
-            )
-            wparts = (m, n, k, prec.bytes, peak, hw, waves["tile_m"], waves["tile_n"], waves["wave_alpha"])
-            wpred = wave_time(wave_parts(*wparts, waves["quant_bytes"]), waves["compute"], waves["memory"],
-                              waves["sharpness"], waves["gemm_latency"])  # fmt: skip
-            res = {}
-            if fmt != "bfloat16":
-                # The catalog's form: the wave form without the quantization kernel (served, vLLM
-                # fuses it into the norm or activation before), so the fit takes its time into
-                # the rates and launch latency; then the catalog itself, before (the GPU's curve
-                # with the format's factors) and now (the format's own curve where it has one).
-                served = fit_waves(m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,))
-                spred = curve_time(m, n, k, waves_curve(served), prec.bytes, peak, hw)
-                before = catalog_time(m, n, k, hw, FORMATS[fmt], prec.bytes, peak, own=False)
-                after = catalog_time(m, n, k, hw, FORMATS[fmt], prec.bytes, peak, own=True)
-                res.update(
-                    served_fit=served,
-                    served_held_out=stats(spred[held], y[held]),
-                    catalog_before_held_out=stats(before[held], y[held]),
-                    catalog_held_out=stats(after[held], y[held]),
-                    catalog_has_curve=hw.gemm.curve_for(FORMATS[fmt]) is not None,
+            res: dict = {}
+            if waves:
+                q = QUANT_BYTES[fmt]
+                wfit = fit_waves(
+                    m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0, q) if q else (0.0,)
                 )
-                if fmt == "fp8" and gpu in HOPPER:
-                    tiled = fit_waves(
-                        m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,), HOPPER_FP8_TILES
+                wparts = (m, n, k, prec.bytes, peak, hw, wfit["tile_m"], wfit["tile_n"], wfit["wave_alpha"])
+                wpred = wave_time(wave_parts(*wparts, wfit["quant_bytes"]), wfit["compute"], wfit["memory"],
+                                  wfit["sharpness"], wfit["gemm_latency"])  # fmt: skip
+                if fmt != "bfloat16":
+                    # The catalog's form: the wave form without the quantization kernel (served, vLLM
+                    # fuses it into the norm or activation before), so the fit takes its time into
+                    # the rates and launch latency; then the catalog itself, before (the GPU's curve
+                    # with the format's factors) and now (the format's own curve where it has one).
+                    served = fit_waves(m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,))
+                    spred = curve_time(m, n, k, waves_curve(served), prec.bytes, peak, hw)
+                    before = catalog_time(m, n, k, hw, FORMATS[fmt], prec.bytes, peak, own=False)
+                    after = catalog_time(m, n, k, hw, FORMATS[fmt], prec.bytes, peak, own=True)
+                    res.update(
+                        served_fit=served,
+                        served_held_out=stats(spred[held], y[held]),
+                        catalog_before_held_out=stats(before[held], y[held]),
+                        catalog_held_out=stats(after[held], y[held]),
+                        catalog_has_curve=hw.gemm.curve_for(FORMATS[fmt]) is not None,
                     )
-                    tpred = curve_time(m, n, k, waves_curve(tiled, HOPPER_FP8_TILES), prec.bytes, peak, hw)
-                    res.update(tiles_fit=tiled, tiles_held_out=stats(tpred[held], y[held]),
-                               tiles_train=stats(tpred[train], y[train]))  # fmt: skip
+                    if fmt == "fp8" and gpu in HOPPER:
+                        tiled = fit_waves(
+                            m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,), HOPPER_FP8_TILES
+                        )
+                        tpred = curve_time(m, n, k, waves_curve(tiled, HOPPER_FP8_TILES), prec.bytes, peak, hw)
+                        res.update(tiles_fit=tiled, tiles_held_out=stats(tpred[held], y[held]),
+                                   tiles_train=stats(tpred[train], y[train]))  # fmt: skip
+                        console.print(
+                            f"{GPUS[gpu]} fp8 tile by M: held-out {res['tiles_held_out']['mean']:.1%} / "
+                            f"max {res['tiles_held_out']['max']:.0%} (one tile: {res['served_held_out']['mean']:.1%} / "
+                            f"{res['served_held_out']['max']:.0%}); fit {tiled}"
+                        )
+                    sh, cb, ca = res["served_held_out"], res["catalog_before_held_out"], res["catalog_held_out"]
                     console.print(
-                        f"{GPUS[gpu]} fp8 tile by M: held-out {res['tiles_held_out']['mean']:.1%} / "
-                        f"max {res['tiles_held_out']['max']:.0%} (one tile: {res['served_held_out']['mean']:.1%} / "
-                        f"{res['served_held_out']['max']:.0%}); fit {tiled}"
+                        f"{GPUS[gpu]} {fmt}: served fit {sh['mean']:.1%} / {sh['max']:.0%} "
+                        f"(c {served['compute']:.2f} m {served['memory']:.2f} p {served['sharpness']} tile "
+                        f"{served['tile_m']}x{served['tile_n']} a {served['wave_alpha']} "
+                        f"lat {served['gemm_latency'] * 1e6:.2f} us); catalog before {cb['mean']:.1%} / {cb['max']:.0%}, "
+                        f"now {ca['mean']:.1%} / {ca['max']:.0%} p90 {ca['p90']:.1%}"
                     )
-                sh, cb, ca = res["served_held_out"], res["catalog_before_held_out"], res["catalog_held_out"]
-                console.print(
-                    f"{GPUS[gpu]} {fmt}: served fit {sh['mean']:.1%} / {sh['max']:.0%} "
-                    f"(c {served['compute']:.2f} m {served['memory']:.2f} p {served['sharpness']} tile "
-                    f"{served['tile_m']}x{served['tile_n']} a {served['wave_alpha']} "
-                    f"lat {served['gemm_latency'] * 1e6:.2f} us); catalog before {cb['mean']:.1%} / {cb['max']:.0%}, "
-                    f"now {ca['mean']:.1%} / {ca['max']:.0%} p90 {ca['p90']:.1%}"
-                )
+                res |= {
+                    "waves_fit": wfit,
+                    "waves_held_out": stats(wpred[held], y[held]),
+                    "waves_train": stats(wpred[train], y[train]),
+                    "waves_held_out_all_sizes": stats(wpred[test], y[test]),
+                }
+            ref = (reference or {}).get(gpu, {}).get(fmt)
+            if ref is not None:  # this engine's rows priced with vLLM's curve
+                vpred = gemm_time(m, n, k, prec.bytes, peak, hw, **_curve(ref["fit"]))
+                res["vllm_curve_held_out"] = stats(vpred[held], y[held])
             res |= {
-                "waves_fit": waves,
-                "waves_held_out": stats(wpred[held], y[held]),
-                "waves_train": stats(wpred[train], y[train]),
-                "waves_held_out_all_sizes": stats(wpred[test], y[test]),
                 "fit": params,
                 "train": stats(pred[train], y[train]),
                 "held_out": stats(pred[held], y[held]),
@@ -355,8 +374,8 @@ def gemm_part(tables: dict, console: Console) -> dict:
                 "weight_bytes": prec.bytes,
             }
             out.setdefault(gpu, {})[fmt] = res
-            h, g, wh = res["held_out"], res["generic_held_out"], res["waves_held_out"]
-            table.add_row(
+            h, g = res["held_out"], res["generic_held_out"]
+            cells = [
                 GPUS[gpu],
                 fmt,
                 str(h["n"]),
@@ -366,12 +385,20 @@ def gemm_part(tables: dict, console: Console) -> dict:
                 f"c {params['compute']:.2f} m {params['memory']:.2f} p {params['sharpness']} "
                 f"tile {params['tile_m']} lat {params['gemm_latency'] * 1e6:.1f} us",
                 f"{res['held_out_all_sizes']['mean']:.1%}",
-                f"{wh['mean']:.1%} / {wh['p90']:.1%} / {wh['max']:.0%}",
-                f"{wh['time_weighted']:.1%}",
-                f"c {waves['compute']:.2f} m {waves['memory']:.2f} p {waves['sharpness']} tile "
-                f"{waves['tile_m']}x{waves['tile_n']} a {waves['wave_alpha']} q {waves['quant_bytes']:.2f} "
-                f"lat {waves['gemm_latency'] * 1e6:.1f} us",
-            )
+            ]
+            if reference is not None:
+                v = res.get("vllm_curve_held_out")
+                cells.append(f"{v['mean']:.1%} / {v['bias']:+.1%}" if v else "-")
+            if waves:
+                wh, wfit = res["waves_held_out"], res["waves_fit"]
+                cells += [
+                    f"{wh['mean']:.1%} / {wh['p90']:.1%} / {wh['max']:.0%}",
+                    f"{wh['time_weighted']:.1%}",
+                    f"c {wfit['compute']:.2f} m {wfit['memory']:.2f} p {wfit['sharpness']} tile "
+                    f"{wfit['tile_m']}x{wfit['tile_n']} a {wfit['wave_alpha']} q {wfit['quant_bytes']:.2f} "
+                    f"lat {wfit['gemm_latency'] * 1e6:.1f} us",
+                ]
+            table.add_row(*cells)
     console.print(table)
     return out
 
@@ -423,16 +450,21 @@ def main_kernel(rows: list) -> tuple[str, list]:
     return kernel, [r for r in rows if r[8] == kernel]
 
 
-def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
+def moe_part(
+    tables: dict, gemm: dict, console: Console, framework: str = "vllm", reference: tuple | None = None
+) -> dict:
     """Each fused-MoE row (EP 1) priced with the GEMM curve of its GPU and format, first as is,
-    then with the MoE kernel's factors fitted on half the model shapes and tested on the rest."""
+    then with the MoE kernel's factors fitted on half the model shapes and tested on the rest.
+    ``reference``: vLLM's (gemm, moe) results; each held-out row is also priced with vLLM's
+    curve and vLLM's MoE factors for the format."""
     out: dict = {}
     table = Table(
-        title="Fused MoE layer (EP 1): |error| with the dense GEMM curve, then with MoE factors fitted "
-        "on half the model shapes (held out: the other half)"
+        title=f"Fused MoE layer (EP 1, {FRAMEWORK_NAMES[framework]}'s kernels): |error| with the dense "
+        "GEMM curve, then with MoE factors fitted on half the model shapes (held out: the other half)"
     )
     for col in ("GPU", "format", "kernel", "shapes", "rows held out", "GEMM curve: mean", "fitted: mean / p90 / max",
-                "time-weighted", "monotone floor mean / max", "factors c / m, latency"):  # fmt: skip
+                "time-weighted", "monotone floor mean / max", "factors c / m, latency",
+                *(("vLLM's curve and factors: mean / bias",) if reference is not None else ())):  # fmt: skip
         table.add_column(col)
     for gpu, entry in tables.items():
         if gpu not in GPUS or gpu not in gemm:
@@ -486,6 +518,10 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
                 noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
                 res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
+                if reference is not None:
+                    cross = _vllm_moe_pred(reference, gpu, fmt, hw, rows)
+                    if cross is not None:
+                        res["vllm_curve_held_out"] = stats(cross[test], y_a[test])
             out.setdefault(gpu, {})[fmt] = res
             h = res.get("held_out")
             f = res.get("fit")
@@ -503,9 +539,36 @@ def moe_part(tables: dict, gemm: dict, console: Console) -> dict:
                 f"{f['row_element'] * 1e12:.2f} ps/row element (without: {res['held_out_without_rows']['mean']:.1%})"
                 if f
                 else "-",
-            )
+                *((f"{res['vllm_curve_held_out']['mean']:.1%} / {res['vllm_curve_held_out']['bias']:+.1%}"
+                   if "vllm_curve_held_out" in res else "-",) if reference is not None else ()),
+            )  # fmt: skip
     console.print(table)
     return out
+
+
+def _vllm_moe_pred(reference: tuple, gpu: str, fmt: str, hw: Hardware, rows: list) -> np.ndarray | None:
+    """The rows priced with vLLM's GEMM curve and vLLM's fitted MoE factors for the GPU and
+    format (None: vLLM's tables lack them)."""
+    vgemm, vmoe = reference
+    curve_fmt, weights = MOE_FORMATS[fmt]
+    curve = vgemm.get(gpu, {}).get(curve_fmt, {}).get("fit")
+    f = vmoe.get(gpu, {}).get(fmt, {}).get("fit")
+    if curve is None or f is None:
+        return None
+    prec = get_precision(weights)
+    flops_rate = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute) * curve["compute"]
+    byte_rate = hw.memory_bandwidth * curve["memory"]
+    pred = []
+    for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, _latency in rows:
+        flops, moved = grouped_gemm_parts(
+            int(tokens), int(experts), int(topk), int(hidden), int(inter),
+            weight_bytes=prec.bytes, act_bytes=ACT_BYTES, tile_m=curve["tile_m"], moe_tp=int(tp),
+        )  # fmt: skip
+        c = flops / flops_rate / f["compute_factor"]
+        b = moved / byte_rate / f["memory_factor"]
+        pred.append(float(join_array(np.array([c]), np.array([b]), curve["sharpness"])[0])
+                    + f["layer_latency"] + tokens * topk * hidden * f["row_element"])  # fmt: skip
+    return np.array(pred)
 
 
 # The all-reduce messages a layer sends: tokens x hidden elements, up to 8,192 x 8,192; the tables
@@ -1014,11 +1077,26 @@ def main() -> int:
         default=",".join(PARTS),
         help="the parts to run, their results alone in the JSON (moe runs gemm first; mla alone: ~1 min)",
     )
+    parser.add_argument(
+        "--framework",
+        default="vllm",
+        help="the engines whose tables to fit, comma-separated: vllm, trtllm, sglang (default: %(default)s). "
+        "The others' GEMM (one-join form, no wave fit) and fused-MoE rows only, each also priced with "
+        "vLLM's curves when vllm is in the list; their results under 'frameworks' in the JSON. With more "
+        "than vllm, vLLM's GEMMs are fitted in the one-join form only too (the catalog's form; the wave fit "
+        "takes minutes)",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if not parts <= set(PARTS):
         parser.error(
             f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))}; choose from {', '.join(PARTS)}"
+        )
+    frameworks = [f for f in args.framework.split(",") if f]
+    unknown = [f for f in frameworks if f not in FRAMEWORK_NAMES]
+    if unknown or not frameworks:
+        parser.error(
+            f"--framework: unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(FRAMEWORK_NAMES)}"
         )
     console = Console()
     venv = Path(args.aisimulate_venv) if args.aisimulate_venv else peer_venv("aisimulate")
@@ -1028,33 +1106,73 @@ def main() -> int:
         return 2
     console.print(cpu_line())
     start = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = Path(tmp) / "rows.json"
-        cmd = module_cmd(python, "_aisim_tables", "--gpus", args.gpus, "--out", str(rows))
-        subprocess.run(cmd, check=True, env=module_env())
-        exported = json.loads(rows.read_text())
-    tables = exported["gpus"]
-    versions = {g: {"gemm": e.get("gemm_version"), "moe": e.get("moe_versions")} for g, e in tables.items()}
-    console.print(f"AISimulate tables (vLLM versions): {versions}")
     results: dict = {
         "benchmark": "fidelity_aisim",
         "date": time.strftime("%Y-%m-%d"),
         "source": "AISimulate aisimulate==0.13.0.dev202610270000000085 bundled silicon tables",
-        "table_versions": versions,
     }
-    if parts & {"gemm", "moe"}:
-        results["gemm"] = gemm_part(tables, console)
-    if "moe" in parts:
-        results["moe"] = moe_part(tables, results["gemm"], console)
-    if "allreduce" in parts:
-        results["allreduce"] = allreduce_part(tables, console)
-    if "mla" in parts:
-        results["mla"] = mla_part(tables, console)
-    if "a2a" in parts:
-        results["a2a"] = a2a_part(tables, console)
+    # vLLM first: the others' rows are also priced with its curves
+    for framework in sorted(frameworks, key=lambda f: f != "vllm"):
+        tables = _export(python, args.gpus, framework)
+        versions = {
+            g: {"gemm": e.get("gemm_version"), "moe": e.get("moe_versions")} for g, e in tables.items()
+        }
+        console.print(f"AISimulate tables ({FRAMEWORK_NAMES[framework]} versions): {versions}")
+        if framework == "vllm":
+            results["table_versions"] = versions
+            if parts & {"gemm", "moe"}:
+                results["gemm"] = gemm_part(tables, console, waves=frameworks == ["vllm"])
+            if "moe" in parts:
+                results["moe"] = moe_part(tables, results["gemm"], console)
+            if "allreduce" in parts:
+                results["allreduce"] = allreduce_part(tables, console)
+            if "mla" in parts:
+                results["mla"] = mla_part(tables, console)
+            if "a2a" in parts:
+                results["a2a"] = a2a_part(tables, console)
+            continue
+        res: dict = {"table_versions": versions}
+        if parts & {"gemm", "moe"}:
+            res["gemm"] = gemm_part(tables, console, framework, results.get("gemm"), waves=False)
+            console.print(catalog_lines(res["gemm"], framework))
+        if "moe" in parts:
+            ref = (results["gemm"], results["moe"]) if "moe" in results else None
+            res["moe"] = moe_part(tables, res["gemm"], console, framework, ref)
+        results.setdefault("frameworks", {})[framework] = res
     results["wall_s"] = round(time.time() - start, 1)
     save_results(results, args.out, "fidelity_aisim.json")
     return 0
+
+
+def _export(python: Path, gpus: str, framework: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.json"
+        cmd = module_cmd(
+            python, "_aisim_tables", "--gpus", gpus, "--framework", framework, "--out", str(rows)
+        )
+        subprocess.run(cmd, check=True, env=module_env())
+        return json.loads(rows.read_text())["gpus"]
+
+
+def catalog_lines(gemm: dict, framework: str) -> str:
+    """The fitted curves in the catalog's form (``hardware.GemmCurve``): the bf16 curve and each
+    format's compute and memory efficiency against it, capped at 1 as the catalog's are."""
+    lines = [f"{FRAMEWORK_NAMES[framework]} curves in the catalog's form (bf16 curve; format factors):"]
+    for gpu, by_fmt in gemm.items():
+        base = by_fmt.get("bfloat16", {}).get("fit")
+        if base is None:
+            continue
+        factors = ", ".join(
+            f"({FORMATS[fmt]!r}, {min(1.0, r['fit']['compute'] / base['compute']):.2f}, "
+            f"{min(1.0, r['fit']['memory'] / base['memory']):.2f})"
+            for fmt, r in by_fmt.items()
+            if fmt != "bfloat16"
+        )
+        lines.append(
+            f"  {GPUS[gpu]}: GemmCurve({base['compute']:.2f}, {base['memory']:.2f}, {base['sharpness']}, "
+            f"{base['tile_m']}, {base['gemm_latency']:.2e}, format_factors=({factors},))"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -320,7 +320,14 @@ def _r(xs: tuple[float, ...]) -> list[float]:
     return [round(x, 2) for x in xs]
 
 
-def run(span_s: float, requests: int | None, with_capacity: bool, offline_n: int, console: Console) -> dict:
+def run(
+    span_s: float,
+    requests: int | None,
+    with_capacity: bool,
+    offline_n: int,
+    console: Console,
+    points: tuple[MLPerfPoint, ...] = POINTS,
+) -> dict:
     rows = []
     table = Table(
         title="MLPerf Inference v5.1 Server points at the published QPS (uncalibrated)", title_justify="left"
@@ -328,7 +335,7 @@ def run(span_s: float, requests: int | None, with_capacity: bool, offline_n: int
     for col in ("point", "QPS", "in / out", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                 "in flight", "sim req/s", "VALID"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("point", "VALID") else "right")
-    for point in POINTS:
+    for point in points:
         rate = point.scheduled_qps / point.replicas
         pred = simulate(point, rate, requests or requests_for(rate, span_s))
         row = {
@@ -367,7 +374,7 @@ def run(span_s: float, requests: int | None, with_capacity: bool, offline_n: int
         )
         for col in ("point", "published", "simulated", "error"):
             off.add_column(col, justify="left" if col == "point" else "right")
-        for point, row in zip(POINTS, rows):
+        for point, row in zip(points, rows):
             o = row["offline_qps"]
             off.add_row(point.label, f"{point.offline_qps:.2f}", f"{o:.2f}", _err(o, point.offline_qps))
         console.print(off)
@@ -375,7 +382,7 @@ def run(span_s: float, requests: int | None, with_capacity: bool, offline_n: int
         cap = Table(title="simulated Server score (highest VALID QPS) vs published", title_justify="left")
         for col in ("point", "published QPS", "simulated QPS", "error"):
             cap.add_column(col, justify="left" if col == "point" else "right")
-        for point, row in zip(POINTS, rows):
+        for point, row in zip(points, rows):
             c = row["capacity_qps"]
             cap.add_row(
                 point.label,
@@ -404,10 +411,20 @@ def main() -> int:
         metavar="N",
         help="also simulate the Offline scenario, N requests per replica",
     )
+    ap.add_argument(
+        "--points",
+        default="",
+        metavar="TEXT,...",
+        help="only the points whose label contains one of these (case-insensitive; default: all), e.g. H200",
+    )
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
+    wanted = [w.strip().lower() for w in args.points.split(",") if w.strip()]
+    points = tuple(p for p in POINTS if not wanted or any(w in p.label.lower() for w in wanted))
+    if not points:
+        ap.error(f"--points {args.points!r}: no point matches; points: {'; '.join(p.label for p in POINTS)}")
     print(cpu_line())
-    out = run(args.span, args.requests, args.capacity, args.offline, Console(width=220))
+    out = run(args.span, args.requests, args.capacity, args.offline, Console(width=220), points)
     save_results(out, args.json, "fidelity_mlperf.json")
     return 0
 

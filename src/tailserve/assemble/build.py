@@ -153,7 +153,7 @@ def _policy_spec(policy: PolicySpec | str) -> PolicySpec:
 def _build_simulated(
     target: Deployment | BuiltCostModel, spec: PolicySpec, kind: str, options: BuildOptions
 ) -> BuiltEngine:
-    built = target if isinstance(target, BuiltCostModel) else build_cost_model(target)
+    built = target if isinstance(target, BuiltCostModel) else build_cost_model(target, spec.name)
     cost_model = built.cost_model
     model = cost_model.model
     default_len = options.max_model_len or max(model.max_position_embeddings, options.min_max_model_len)

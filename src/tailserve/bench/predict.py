@@ -169,7 +169,7 @@ def simulate(
     if len(specs) != 1:
         raise ValueError(f"--predict-policy takes one policy, got {spec.policy!r}")
     policy = specs[0]
-    built = build_cost_model(Deployment(spec.model, spec.hardware, spec.tp, spec.calibration))
+    built = build_cost_model(Deployment(spec.model, spec.hardware, spec.tp, spec.calibration), policy.name)
     workload = _BenchWorkload(requests, times, max_concurrency)
     run = run_policy(built, policy, workload, options=options or EngineOptions())
     sent = {f"bench-{i}": float(t) for i, t in enumerate(times)}

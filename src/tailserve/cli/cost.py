@@ -63,6 +63,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
         cm.roofline(prefill_shape, prefill_window),
         cm.roofline(decode_shape, decode_window),
     )
+    if built.kernels != "vllm":  # the catalog's own curves are vLLM's: named only when another's priced it
+        result["kernels"] = built.kernels
     if cm.dp > 1:
         per_layer = cm.exchange_time(batch) * 1e6
         print(

@@ -85,6 +85,14 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "engine's balancer (default: %(default)s)",
     )
     g.add_argument(
+        "--kernels",
+        default=default_of(Deployment, "kernels"),
+        metavar="ENGINE",
+        help="whose GEMM and fused-MoE kernels price the layers: auto | vllm | sglang | trtllm. auto: the "
+        "policy's engine (trtllm -> TensorRT-LLM's, sglang -> SGLang's, every other policy -> vLLM's); a GPU "
+        "without that engine's set keeps vLLM's, with a note (docs/cost_model.md) (default: %(default)s)",
+    )
+    g.add_argument(
         "--all2all-backend",
         default=default_of(Deployment, "all2all_backend"),
         choices=BACKENDS,
@@ -230,6 +238,7 @@ def deployment_from(args: argparse.Namespace) -> Deployment:
         getattr(args, "enable_expert_parallel", False),
         getattr(args, "dp", 1),
         getattr(args, "all2all_backend", default_of(Deployment, "all2all_backend")),
+        getattr(args, "kernels", default_of(Deployment, "kernels")),
     )
 
 

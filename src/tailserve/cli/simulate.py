@@ -73,7 +73,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from tailserve.policies.registry import PolicySpec
 
     spec = PolicySpec.make(args.policy, args.policy_flags)
-    built = build_cost_model(deployment_from(args))
+    built = build_cost_model(deployment_from(args), spec.name)
     print_notes(built)
     workload = WorkloadBuilder(workload_from(args))
     slo = parse_slo(args.slo)

@@ -31,9 +31,10 @@ def build_stage(
     cost_models: dict[object, BuiltCostModel] = {}
     replicas: list[Replica] = []
     for i, spec in enumerate(specs):
-        built = cost_models.get(spec.deployment)
+        key = (spec.deployment, spec.policy.name)
+        built = cost_models.get(key)
         if built is None:
-            built = cost_models[spec.deployment] = build_cost_model(spec.deployment)
+            built = cost_models[key] = build_cost_model(spec.deployment, spec.policy.name)
         source = FeedSource()
         engine = build_replica_engine(
             spec,
@@ -53,7 +54,7 @@ def build_stage(
 def workload_requests(workload: WorkloadBuilder, specs: Sequence[ReplicaSpec]) -> list[Request]:
     """The workload's requests, all of them up front (a cluster routes open-loop arrivals). The
     first replica's cost model times ``hol``'s long prompt."""
-    source = workload.build(build_cost_model(specs[0].deployment).cost_model)
+    source = workload.build(build_cost_model(specs[0].deployment, specs[0].policy.name).cost_model)
     requests = source.pop_arrived(math.inf)
     if not source.exhausted:
         raise ValueError(

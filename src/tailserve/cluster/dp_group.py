@@ -129,7 +129,7 @@ def build_dp_stage(
     lockstep = deployment.data_parallel_group
     if not lockstep:  # dense: each rank a plain engine of its own deployment
         deployment = replace(deployment, dp=1)
-    built = build_cost_model(deployment)
+    built = build_cost_model(deployment, policy.name)
     spec = ReplicaSpec(deployment, policy)
     if lockstep:
         options = replace(options, fast_forward=False)

@@ -61,7 +61,7 @@ def build_llm_engine(model: str | Path | None = None, **kwargs: Any) -> LLMEngin
             tp=args.tensor_parallel_size,
             calibration=args.calibration,
         )
-        cost_model = build_cost_model(deployment)
+        cost_model = build_cost_model(deployment, spec.name)
         built = build_engine(
             cost_model,
             spec,

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tailserve.executors.simulated.cost_model import Roofline
 from tailserve.executors.simulated.deployment import BuiltCostModel
-from tailserve.executors.simulated.hardware import HARDWARE
+from tailserve.executors.simulated.hardware import ENGINE_NAMES, HARDWARE
 from tailserve.executors.simulated.models import MODELS
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
@@ -27,7 +27,9 @@ def deployment_line(built: BuiltCostModel) -> str:
     cm = built.cost_model
     cal = built.calibration if len(built.calibration) < 24 else "measured points"
     dp = f" x DP {cm.dp}" if cm.dp > 1 else ""  # data-parallel attention ranks
-    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}{dp}, calibration {cal}"
+    # vLLM's kernels are the catalog's own: named only when another engine's set priced it
+    kernels = f", {ENGINE_NAMES[built.kernels]} kernels" if built.kernels != "vllm" else ""
+    return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}{dp}, calibration {cal}{kernels}"
 
 
 LABEL_WIDTH = 48  # characters of a policy label per line in a table
@@ -235,9 +237,11 @@ def print_hardware() -> None:
         title="hardware (dense tensor-core peaks, no sparsity; -: no such unit, weight-only kernels at bf16)",
         title_justify="left",
     )
-    columns = ("name", "bf16 TFLOP/s", "FP8", "FP4", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s")
+    columns = (
+        "name", "bf16 TFLOP/s", "FP8", "FP4", "HBM TB/s", "memory GiB", "GPU link GB/s", "PCIe GB/s", "--kernels sets",
+    )  # fmt: skip
     for col in columns:
-        table.add_column(col, justify="left" if col == "name" else "right")
+        table.add_column(col, justify="left" if col in ("name", "--kernels sets") else "right")
     for h in HARDWARE.values():
         own = dict(h.peak_flops_by_dtype)
         table.add_row(
@@ -249,5 +253,7 @@ def print_hardware() -> None:
             f"{h.memory_gib:.1f}",
             f"{h.interconnect_bandwidth / 1e9:.0f}",
             f"{h.pcie_bandwidth / 1e9:.0f}",
+            # vLLM's are every entry's own curves (fitted or generic); others only where fitted
+            ", ".join(["vllm", *(k.engine for k in h.engine_kernels)]),
         )
     console.print(table)

@@ -77,6 +77,8 @@ def run_policy(
     budget_flag = getattr(config, "max_num_batched_tokens", None)
     if budget_flag is not None and "max_num_batched_tokens" not in spec.flags:
         label += f" (default budget {budget_flag})"
+    if built.kernels != "vllm":  # another engine's GEMM / fused-MoE set priced it (hardware.EngineKernels)
+        run_config["kernels"] = built.kernels
     run_config["prefix_caching"] = kv.shares_prefixes
     prefix_stats = None
     if kv.shares_prefixes:

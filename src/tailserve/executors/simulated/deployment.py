@@ -13,12 +13,28 @@ from tailserve.executors.simulated.calibration import (
 )
 from tailserve.executors.simulated.calibration_files import is_calibration_source, load_calibration_source
 from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.hardware import get_hardware, resolve_hardware_name
+from tailserve.executors.simulated.hardware import (
+    KERNEL_ENGINES,
+    Hardware,
+    engine_hardware,
+    get_hardware,
+    resolve_hardware_name,
+)
 from tailserve.executors.simulated.models import ModelSpec, get_model, resolve_model_name
 from tailserve.executors.simulated.moe_comm import resolve_backend
 from tailserve.executors.simulated.precision import get_precision
 
 SEED_PRESET = PRESETS["seed"]
+KERNEL_CHOICES = ("auto", *KERNEL_ENGINES)
+# The policies that model an engine with kernels of its own in the catalog; every other policy
+# (vllm, vllm-v0, sarathi, orca, static, tgi, slo) runs on vLLM's.
+POLICY_KERNELS = {"trtllm": "trtllm", "sglang": "sglang"}
+
+
+def kernel_engine(kernels: str, policy: str = "") -> str:
+    """The engine whose kernels price a run: ``kernels`` itself, or for ``auto`` the policy's
+    engine (``trtllm`` -> trtllm, ``sglang`` -> sglang, any other or none -> vllm)."""
+    return POLICY_KERNELS.get(policy, "vllm") if kernels == "auto" else kernels
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +61,9 @@ class Deployment:
     dp: int = 1
     # vLLM's --all2all-backend: how an MoE layer moves tokens between DP ranks (moe_comm.py)
     all2all_backend: str = "allgather_reducescatter"
+    # Whose GEMM and fused-MoE kernels price the layers (hardware.EngineKernels): "auto" (the
+    # policy's engine: kernel_engine), "vllm", "sglang" or "trtllm"
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -67,6 +86,11 @@ class Deployment:
         if self.dp < 1:
             raise ValueError(f"--data-parallel-size must be >= 1, got {self.dp}")
         object.__setattr__(self, "all2all_backend", resolve_backend(self.all2all_backend))
+        kernels = self.kernels.strip().lower().replace("-", "")
+        kernels = {"tensorrtllm": "trtllm"}.get(kernels, kernels)
+        if kernels not in KERNEL_CHOICES:
+            raise ValueError(f"--kernels: unknown {self.kernels!r}; choose from {', '.join(KERNEL_CHOICES)}")
+        object.__setattr__(self, "kernels", kernels)
 
     @classmethod
     def of(
@@ -80,6 +104,7 @@ class Deployment:
         expert_parallel: bool = False,
         dp: int = 1,
         all2all_backend: str = "allgather_reducescatter",
+        kernels: str = "auto",
     ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
@@ -93,6 +118,7 @@ class Deployment:
             expert_parallel,
             dp,
             all2all_backend,
+            kernels,
         )
         if tp is None:
             tp = SEED_PRESET.tp if names.is_seed else 1
@@ -136,13 +162,17 @@ class BuiltCostModel:
     calibration: str  # what was applied: "none", a preset name or the points
     fit: CalibrationResult | None = None
     notes: tuple[str, ...] = ()
+    # The engine whose kernel set priced the GEMMs and fused MoE (hardware.EngineKernels):
+    # "vllm" when the GPU's own curves did, also when the chosen engine has no set on it.
+    kernels: str = "vllm"
 
 
-def build_cost_model(deployment: Deployment) -> BuiltCostModel:
-    """The deployment's cost model. With ``dp`` > 1 it prices one DP rank: an MoE model's with
-    the experts over all ``dp x tp`` GPUs and the layers' token exchange; a dense model's as a
-    lone engine of ``tp`` GPUs (its DP ranks never wait for each other)."""
-    built = _build_cost_model(deployment)
+def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel:
+    """The deployment's cost model; ``policy`` (a registry name) decides ``kernels`` "auto".
+    With ``dp`` > 1 it prices one DP rank: an MoE model's with the experts over all ``dp x tp``
+    GPUs and the layers' token exchange; a dense model's as a lone engine of ``tp`` GPUs (its DP
+    ranks never wait for each other)."""
+    built = _build_cost_model(deployment, kernel_engine(deployment.kernels, policy))
     cm = built.cost_model
     if deployment.expert_parallel:
         cm = cm.with_expert_parallel()
@@ -165,9 +195,16 @@ def build_cost_model(deployment: Deployment) -> BuiltCostModel:
     return replace(built, cost_model=cm)
 
 
-def _build_cost_model(deployment: Deployment) -> BuiltCostModel:
+def _build_cost_model(deployment: Deployment, engine: str) -> BuiltCostModel:
     model = deployment.model_spec()
-    hardware = get_hardware(deployment.hardware)
+    hardware, kernel_note = engine_hardware(get_hardware(deployment.hardware), engine)
+    kernels = "vllm" if kernel_note else engine
+    built = _calibrated(deployment, model, hardware)
+    notes = (kernel_note, *built.notes) if kernel_note else built.notes
+    return replace(built, notes=notes, kernels=kernels)
+
+
+def _calibrated(deployment: Deployment, model: ModelSpec, hardware: Hardware) -> BuiltCostModel:
     base = CostModel(model, hardware, deployment.tp)
     calibration = deployment.resolved_calibration()
     if calibration == "none":

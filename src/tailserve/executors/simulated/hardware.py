@@ -199,6 +199,18 @@ class AllReduceBand:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineKernels:
+    """One serving engine's own GEMM and fused-MoE kernels on a GPU, fitted the way the catalog's
+    (vLLM's) are but to that engine's tables (benchmarks/fidelity_aisim.py ``--framework``).
+    ``engine_hardware`` swaps them in for the GPU's own."""
+
+    engine: str  # "trtllm" or "sglang" (KERNEL_ENGINES)
+    gemm: GemmCurve | None  # None: the GPU's own curve
+    moe: MoeKernel | None  # None: the GPU's own fused-MoE figures
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     name: str
     peak_flops: float  # dense bf16 FLOP/s
@@ -225,6 +237,8 @@ class Hardware:
     moe: MoeKernel | None = None  # the fused MoE kernel's figures; None: MOE_GENERIC
     mla: MlaKernel | None = None  # the MLA attention block's figures; None: the plain curves
     moe_exchange: MoeExchange | None = None  # None: the all-reduce's latency and efficiency
+    # Other engines' kernels on this GPU (the fields above are vLLM's); engine_hardware picks one
+    engine_kernels: tuple[EngineKernels, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -509,6 +523,68 @@ EXCHANGE_B300 = MoeExchange(
     f"{_AISIM}: DeepEP (vLLM 0.24.0), NCCL 2.29.2, B300",
 )  # fmt: skip
 
+# TensorRT-LLM's and SGLang's own kernels (hardware.EngineKernels; --kernels), fitted by
+# benchmarks/fidelity_aisim.py --framework trtllm,sglang exactly as vLLM's above (one-join form,
+# half the shapes held out; docs/fidelity.md): TensorRT-LLM 1.3.0rc20's GEMMs and 1.3.0rc10-rc23's
+# fused MoE (CUTLASS), SGLang 0.5.14-0.5.20's (torch linear, sgl-kernel FP8, DeepGEMM, CuTe DSL NVFP4;
+# Triton fused MoE on Hopper, FlashInfer's TRT-LLM MoE on Blackwell). On Hopper the set keeps the
+# catalog's bf16 curve (Vidur's) and holds the engine's format factors against its own bf16 fit;
+# on Blackwell the bf16 curve is the engine's own. MoE: the engine's bf16 fused-MoE kernel, its
+# factors capped at 1 as the catalog's (TensorRT-LLM's compute fitted 1.06-1.50: at 1.50 the
+# B200's experts would run above the dense peak).
+_TRT = "AISimulate silicon tables (TensorRT-LLM 1.3.0rc10-rc23 kernels)"
+_SGL = "AISimulate silicon tables (SGLang 0.5.14-0.5.20 kernels)"
+TRTLLM_H100 = EngineKernels(
+    "trtllm", replace(H100_GEMM, format_factors=(("fp8", 0.81, 0.99), ("fp8_block", 0.75, 1.0)),
+                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_TRT}, H100"),
+    MoeKernel(1.0, 1.0, 36.0e-6, f"{_TRT}: fused MoE, H100", row_element=3.51e-12), f"{_TRT}, H100",
+)  # fmt: skip
+TRTLLM_H200 = EngineKernels(
+    "trtllm", replace(H100_GEMM, format_factors=(("fp8", 0.80, 0.99), ("fp8_block", 0.74, 1.0)),
+                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_TRT}, H200"),
+    MoeKernel(1.0, 1.0, 38.2e-6, f"{_TRT}: fused MoE, H200", row_element=3.21e-12), f"{_TRT}, H200",
+)  # fmt: skip
+TRTLLM_B200 = EngineKernels(
+    "trtllm", GemmCurve(0.69, 0.80, 2.5, 64, 3.79e-6, f"{_TRT}, B200",
+                        format_factors=(("fp8", 0.84, 1.0), ("fp8_block", 0.90, 1.0), ("nvfp4", 0.64, 0.82))),
+    MoeKernel(1.0, 1.0, 40.2e-6, f"{_TRT}: fused MoE, B200", row_element=2.48e-12), f"{_TRT}, B200",
+)  # fmt: skip
+TRTLLM_GB200 = EngineKernels(
+    "trtllm", GemmCurve(0.65, 0.77, 3.0, 64, 3.44e-6, f"{_TRT}, GB200",
+                        format_factors=(("fp8", 0.85, 1.0), ("fp8_block", 0.92, 1.0), ("nvfp4", 0.63, 0.83))),
+    MoeKernel(1.0, 1.0, 39.8e-6, f"{_TRT}: fused MoE, GB200", row_element=2.30e-12), f"{_TRT}, GB200",
+)  # fmt: skip
+TRTLLM_B300 = EngineKernels(
+    "trtllm", GemmCurve(0.71, 0.79, 3.0, 64, 3.82e-6, f"{_TRT}, B300",
+                        format_factors=(("fp8", 0.86, 1.0), ("fp8_block", 0.97, 1.0), ("nvfp4", 0.62, 0.81))),
+    MoeKernel(1.0, 1.0, 36.6e-6, f"{_TRT}: fused MoE, B300", row_element=2.23e-12), f"{_TRT}, B300",
+)  # fmt: skip
+SGLANG_H100 = EngineKernels(
+    "sglang", replace(H100_GEMM, format_factors=(("fp8", 0.73, 1.0), ("fp8_block", 0.85, 1.0)),
+                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_SGL}, H100"),
+    MoeKernel(0.59, 0.99, 27.3e-6, f"{_SGL}: fused MoE, H100", row_element=2.08e-12), f"{_SGL}, H100",
+)  # fmt: skip
+SGLANG_H200 = EngineKernels(
+    "sglang", replace(H100_GEMM, format_factors=(("fp8", 0.78, 0.99), ("fp8_block", 0.84, 1.0)),
+                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_SGL}, H200"),
+    MoeKernel(0.38, 0.95, 29.8e-6, f"{_SGL}: fused MoE, H200", row_element=1.15e-12), f"{_SGL}, H200",
+)  # fmt: skip
+SGLANG_B200 = EngineKernels(
+    "sglang", GemmCurve(0.66, 0.84, 3.0, 64, 4.19e-6, f"{_SGL}, B200",
+                        format_factors=(("fp8", 0.76, 0.95), ("fp8_block", 0.92, 1.0), ("nvfp4", 0.85, 1.0))),
+    MoeKernel(1.0, 1.0, 19.1e-6, f"{_SGL}: fused MoE, B200", row_element=1.03e-12), f"{_SGL}, B200",
+)  # fmt: skip
+SGLANG_GB200 = EngineKernels(
+    "sglang", GemmCurve(0.69, 0.81, 2.5, 64, 3.63e-6, f"{_SGL}, GB200",
+                        format_factors=(("fp8", 0.78, 1.0), ("fp8_block", 0.88, 1.0), ("nvfp4", 0.94, 1.0))),
+    MoeKernel(0.95, 1.0, 19.2e-6, f"{_SGL}: fused MoE, GB200", row_element=0.98e-12), f"{_SGL}, GB200",
+)  # fmt: skip
+SGLANG_B300 = EngineKernels(
+    "sglang", GemmCurve(0.75, 0.82, 3.0, 64, 4.10e-6, f"{_SGL}, B300",
+                        format_factors=(("fp8", 0.75, 0.96), ("fp8_block", 0.93, 1.0), ("nvfp4", 0.61, 1.0))),
+    MoeKernel(0.96, 1.0, 17.9e-6, f"{_SGL}: fused MoE, B300", row_element=0.99e-12), f"{_SGL}, B300",
+)  # fmt: skip
+
 # Hopper's dense FP8 and INT8 tensor-core rates (H100/H200 SXM data sheets, no sparsity).
 HOPPER_FORMATS = (("fp8", 1979e12), ("int8", 1979e12))
 # All-reduce latency per TP degree and link efficiency fitted to Vidur's NCCL profiles
@@ -552,6 +628,7 @@ HARDWARE: dict[str, Hardware] = {
             mla=MLA_H100,
             moe_exchange=EXCHANGE_H100,
             peak_flops_by_dtype=HOPPER_FORMATS,
+            engine_kernels=(TRTLLM_H100, SGLANG_H100),
         ),
         # H200 SXM: same compute as H100, HBM3e 4.8 TB/s, 141 GB; the H100's bf16 curve (same die),
         # its own format curves.
@@ -570,6 +647,7 @@ HARDWARE: dict[str, Hardware] = {
             mla=MLA_H200,
             moe_exchange=EXCHANGE_H200,
             peak_flops_by_dtype=HOPPER_FORMATS,
+            engine_kernels=(TRTLLM_H200, SGLANG_H200),
         ),
         # A40: 149.7 TFLOP/s bf16 dense, 696 GB/s GDDR6, 48 GB; PCIe 4 between cards (the
         # NVLink bridge joins pairs only). In the catalog because Vidur profiled it.
@@ -652,6 +730,7 @@ HARDWARE: dict[str, Hardware] = {
             mla=MLA_B200,
             moe_exchange=EXCHANGE_B200,
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 4500e12), ("fp4", 9000e12)),
+            engine_kernels=(TRTLLM_B200, SGLANG_B200),
         ),
         Hardware(
             "B300",
@@ -669,6 +748,7 @@ HARDWARE: dict[str, Hardware] = {
             mla=MLA_B300,
             moe_exchange=EXCHANGE_B300,
             peak_flops_by_dtype=(("fp8", 4500e12), ("int8", 153.5e12), ("fp4", 14000e12)),
+            engine_kernels=(TRTLLM_B300, SGLANG_B300),
         ),
         Hardware(
             "GB200",
@@ -686,6 +766,7 @@ HARDWARE: dict[str, Hardware] = {
             mla=MLA_GB200,
             moe_exchange=EXCHANGE_GB200,
             peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
+            engine_kernels=(TRTLLM_GB200, SGLANG_GB200),
         ),
         # AMD Instinct (CDNA 3 / 4 data sheets, dense): MI325X 256 GB HBM3E at 6 TB/s; MI355X
         # 288 GB at 8 TB/s with FP4/FP6; Infinity Fabric 7 links (448 / 537.6 GB/s per direction).
@@ -748,6 +829,30 @@ def resolve_hardware_name(name: str) -> str:
 
 def get_hardware(name: str) -> Hardware:
     return HARDWARE[resolve_hardware_name(name)]
+
+
+# The engines whose kernels the catalog can price with: vLLM's are every entry's own fields.
+KERNEL_ENGINES = ("vllm", "sglang", "trtllm")
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+def engine_hardware(hardware: Hardware, engine: str) -> tuple[Hardware, str]:
+    """``hardware`` with ``engine``'s GEMM curve and fused-MoE kernel in place of its own (vLLM's),
+    and a note ("" when none is due): an engine without a set on this GPU keeps vLLM's curves."""
+    if engine not in KERNEL_ENGINES:
+        raise ValueError(
+            f"--kernels: unknown engine {engine!r}; choose from auto, {', '.join(KERNEL_ENGINES)}"
+        )
+    if engine == "vllm":
+        return hardware, ""
+    found = next((k for k in hardware.engine_kernels if k.engine == engine), None)
+    if found is None:
+        return hardware, (
+            f"{hardware.name} has no {ENGINE_NAMES[engine]} kernel set in the catalog: its GEMMs and fused "
+            "MoE are priced with vLLM's curves"
+        )
+    swapped = replace(hardware, gemm=found.gemm or hardware.gemm, moe=found.moe or hardware.moe)
+    return swapped, ""
 
 
 # ---- links between instances (disaggregated prefill/decode KV transfer) -------------------
