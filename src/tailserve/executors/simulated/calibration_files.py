@@ -22,6 +22,7 @@ from tailserve.executors.simulated.calibration import CalibrationResult, Measure
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
 from tailserve.executors.simulated.hardware import (
     AllReduceBand,
+    EngineKernels,
     GemmCurve,
     Hardware,
     LinkFit,
@@ -128,6 +129,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
         hw["allreduce_latency_by_tp"] = tuple(tuple(x) for x in hw.get("allreduce_latency_by_tp", ()))
         hw["allreduce_bands"] = tuple(AllReduceBand(**b) for b in hw.get("allreduce_bands", ()))
         hw["peak_flops_by_dtype"] = tuple((str(f), float(r)) for f, r in hw.get("peak_flops_by_dtype", ()))
+        hw["engine_kernels"] = tuple(_engine_kernels(k) for k in hw.get("engine_kernels", ()))
         hardware = Hardware(**hw)
         eff = dict(body["efficiency"])
         if eff.get("sharpness") == "inf":
@@ -164,6 +166,17 @@ def _gemm_curve(body: dict) -> GemmCurve:
     gemm["format_curves"] = tuple((str(f), _gemm_curve(c)) for f, c in gemm.get("format_curves", ()))
     gemm["m_tiles"] = tuple(tuple(int(v) for v in entry) for entry in gemm.get("m_tiles", ()))
     return GemmCurve(**gemm)
+
+
+def _engine_kernels(saved: dict[str, Any]) -> EngineKernels:
+    """``hardware.EngineKernels`` from its ``asdict`` (its curves nested)."""
+    gemm, moe = saved.get("gemm"), saved.get("moe")
+    return EngineKernels(
+        str(saved["engine"]),
+        None if gemm is None else _gemm_curve(gemm),
+        None if moe is None else MoeKernel(**moe),
+        str(saved["source"]),
+    )
 
 
 def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:
