@@ -395,15 +395,19 @@ def _r(xs: tuple[float, ...]) -> list[float]:
 
 
 def select(names: str | None) -> tuple[MLPerfPoint, ...]:
-    """The points named in ``names`` (comma-separated ``MLPerfPoint.name``), in POINTS' order; all
-    when None; ValueError naming the known ones otherwise."""
+    """The points ``names`` picks (comma-separated; each a point's name or any part of its name or
+    label, any case: ``r1``, ``H200``), in POINTS' order; all when None; ValueError for a part
+    that picks none."""
     if names is None:
         return POINTS
-    wanted = {n.strip() for n in names.split(",") if n.strip()}
-    unknown = wanted - {p.name for p in POINTS}
-    if unknown or not wanted:
-        raise ValueError(f"unknown point(s) {', '.join(sorted(unknown)) or names!r}; known: {', '.join(p.name for p in POINTS)}")
-    return tuple(p for p in POINTS if p.name in wanted)
+    parts = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not parts:
+        raise ValueError(f"--points {names!r} names no point; known: {', '.join(p.name for p in POINTS)}")
+    picked = {part: [p for p in POINTS if part in f"{p.name} {p.label}".lower()] for part in parts}
+    unknown = [part for part, hits in picked.items() if not hits]
+    if unknown:
+        raise ValueError(f"no point matches {', '.join(unknown)}; known: {', '.join(p.name for p in POINTS)}")
+    return tuple(p for p in POINTS if any(p in hits for hits in picked.values()))
 
 
 def run(
@@ -500,7 +504,9 @@ def main() -> int:
     ap.add_argument(
         "--points",
         metavar="NAME,...",
-        help="only these points: " + ", ".join(p.name for p in POINTS) + " (default: all)",
+        help="only these points, by name or any part of name or label: "
+        + ", ".join(p.name for p in POINTS)
+        + " (default: all)",
     )
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
