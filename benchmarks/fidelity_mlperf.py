@@ -25,6 +25,8 @@ within the benchmark's limits): the simulator's MLPerf Server score against the 
 ``--offline N`` prices each system's Offline result too: N requests per replica at once, with the
 flags the Offline run changed; its samples/s is the GPU's throughput ceiling, free of the Server
 scenario's latency trade-offs.
+DeepSeek-R1's answers run to 20,000 tokens: at a few thousand requests the run lasts as long as
+its longest answer, so price it at the real run's count (``--points r1 --offline 26328``).
 
     python -m benchmarks.fidelity_mlperf [--span S] [--requests N] [--capacity] [--offline N] [--points NAME,...]
         [--json OUT]
