@@ -25,8 +25,11 @@ within the benchmark's limits): the simulator's MLPerf Server score against the 
 ``--offline N`` prices each system's Offline result too: N requests per replica at once, with the
 flags the Offline run changed; its samples/s is the GPU's throughput ceiling, free of the Server
 scenario's latency trade-offs.
+DeepSeek-R1's answers run to 20,000 tokens: at a few thousand requests the run lasts as long as
+its longest answer, so price it at the real run's count (``--points r1 --offline 26328``).
 
-    python -m benchmarks.fidelity_mlperf [--span S] [--requests N] [--capacity] [--offline N] [--json OUT]
+    python -m benchmarks.fidelity_mlperf [--span S] [--requests N] [--capacity] [--offline N] [--points NAME,...]
+        [--json OUT]
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from tailserve.cli.app import main as tailserve_main
 RESULTS_REPO = "mlcommons/inference_results_v5.1"
 RESULTS_COMMIT = "965182b03376a00fcae415c54e560e1c83937932"
 # mlcommons/inference mlperf.conf (commit b66003e1): the Server scenario's p99 limits, seconds.
-LIMITS = {"llama2-70b": (2.0, 0.200), "llama3_1-8b": (2.0, 0.100)}
+LIMITS = {"llama2-70b": (2.0, 0.200), "llama3_1-8b": (2.0, 0.100), "deepseek-r1": (2.0, 0.080)}
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,23 @@ CNN_DAILYMAIL = Dataset(
     128,  # mlcommons/inference language/llama3.1-8b/SUT_VLLM.py max_tokens
     _DASHBOARD + "llama3-1-8b-datacenter.csv (input mean 870.7)",
 )  # fmt: skip
+DEEPSEEK_R1 = Dataset(
+    "DeepSeek-R1 mix (deepseek-r1, 4,388 samples)",
+    (52, 83, 94, 105, 114, 124, 135, 147, 164, 190, 231, 346, 430, 542, 678, 759, 820, 841, 850, 857, 865, 873, 880,
+     887, 893, 902, 909, 917, 926, 939, 952, 965, 981, 1000, 1021, 1037, 1057, 1078, 1098, 1119, 1141, 1164, 1194,
+     1238, 1270, 1281, 1291, 1303, 1321, 1358, 3140),
+    (209, 403, 471, 526, 578, 627, 670, 718, 759, 813, 867, 917, 969, 1036, 1098, 1157, 1240, 1319, 1396, 1503, 1598,
+     1689, 1816, 1940, 2057, 2194, 2356, 2521, 2676, 2860, 3038, 3235, 3445, 3686, 3967, 4217, 4487, 4754, 5094, 5460,
+     5950, 6482, 7105, 7725, 8672, 9477, 10942, 12887, 15554, 19114, 32768),
+    20000,  # mlcommons/inference language/deepseek-r1 MAX_OSL; NVIDIA's generation_config.json max_output_len
+    _DASHBOARD + "deepseek-r1.csv (tok_input_len mean 803.8, median 901.5, max 3,140; "
+    "tok_ref_output_len mean 4,043.4, median 2,194)",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class MLPerfPoint:
+    name: str  # short key for --points
     label: str
     benchmark: str  # LoadGen's model name: the key of LIMITS
     system: str  # results/<system>/ in RESULTS_REPO
@@ -129,10 +145,16 @@ class MLPerfPoint:
     offline_qps: float = 0.0
     offline_flags: tuple[str, ...] = ()
     offline_source: str = ""
+    # Attention-DP ranks of one engine (TensorRT-LLM's enable_attention_dp: each of the TP ranks
+    # runs attention for its own requests, the MoE layers span them): tailserve's DP engine of
+    # ``dp`` ranks of TP ``tp`` that step together. 1: independent engines of TP ``tp``.
+    dp: int = 1
 
     @property
     def replicas(self) -> int:
-        return self.gpus // self.tp
+        """Independent engines: an MoE engine's DP ranks step together, so the unit simulated is
+        the whole DP group."""
+        return self.gpus // (self.tp * self.dp)
 
     @property
     def limits(self) -> tuple[float, float]:
@@ -174,9 +196,31 @@ _H200_TRTLLM = ("--policy", "trtllm", "--quantization", "fp8", "--kv-cache-dtype
                 "--enable-chunked-prefill", "--context-chunking-policy", "FIRST_COME_FIRST_SERVED",
                 "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.947")  # fmt: skip
 
+# NVIDIA's B200 Llama-2-70B (configs/B200-SXM-180GBx8/{Server,Offline}/llama2-70b.py): precision fp4
+# (NVFP4 weights), FP8 KV, TP 1 on each GPU, gpu_batch_size 2048, max_num_tokens 3584, max_util,
+# chunked context; kvcache_free_gpu_mem_frac 0.95 of what the weights leave: (36.8 GiB weights +
+# 1.9 GiB activations + 0.95 x (179.1 - 38.7)) / 179.1 = 0.961 in --gpu-memory-utilization terms.
+_B200_LLAMA = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--max-batch-size", "2048",
+               "--max-num-tokens", "3584", "--capacity-scheduler-policy", "MAX_UTILIZATION",
+               "--enable-chunked-prefill", "--context-chunking-policy", "FIRST_COME_FIRST_SERVED",
+               "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.961")  # fmt: skip
+# NVIDIA's DeepSeek-R1 (configs/<system>/Server/deepseek-r1.py): tensor_parallelism 8 with
+# enable_attention_dp (8 attention ranks of TP 1, tailserve's --tp 1 --data-parallel-size 8),
+# moe_expert_parallelism 8 (experts whole on each GPU, WIDEEP backend), precision fp4 (NVFP4
+# experts; tailserve's nvfp4 is every linear layer), FP8 KV, gpu_batch_size 512 and max_num_tokens
+# 3456 per attention rank, max_util, chunked context off, block reuse off (llmlib/config.py
+# writes enable_block_reuse False), max_seq_len 3140 + 20000. kvcache_free_gpu_mem_frac 0.9 of what
+# 54.3 GiB weights + 1.6 GiB activations leave: 0.931 of the B200 (0.930 of the GB200). No
+# speculative decoding: no speculative_config in these configs or llmlib (MTP arrived with v6.0's
+# interactive scenario).
+_R1_TRTLLM = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--enable-expert-parallel",
+              "--max-batch-size", "512", "--max-num-tokens", "3456", "--capacity-scheduler-policy", "MAX_UTILIZATION",
+              "--no-enable-chunked-prefill", "--no-enable-block-reuse", "--block-size", "32",
+              "--max-model-len", "23140")  # fmt: skip
+
 POINTS = (
     MLPerfPoint(
-        "AMD 8xMI300X vLLM", "llama2-70b", "8xMI300X_2xEPYC_9575F", "MI300X", 8, 1, "Llama-2-70B",
+        "amd-mi300x", "AMD 8xMI300X vLLM", "llama2-70b", "8xMI300X_2xEPYC_9575F", "MI300X", 8, 1, "Llama-2-70B",
         "vLLM 0.9.0.2.dev108 (ROCm 6.4.1)", 83.90, 81.68, 24593.77, (875.07, 1914.65), (151.04, 193.38), 43.580, OPENORCA,
         (*_AMD_VLLM, "--max-num-seqs", "650"),
         _summary("AMD", "8xMI300X_2xEPYC_9575F", "llama2-70b-99")
@@ -186,7 +230,7 @@ POINTS = (
         "Offline/performance/run_1/mlperf_log_summary.txt; offline_mi300x.yaml",
     ),
     MLPerfPoint(
-        "AMD 8xMI325X vLLM", "llama2-70b", "8xMI325X_2xEPYC_9575F_1", "MI325X", 8, 1, "Llama-2-70B",
+        "amd-mi325x", "AMD 8xMI325X vLLM", "llama2-70b", "8xMI325X_2xEPYC_9575F_1", "MI325X", 8, 1, "Llama-2-70B",
         "vLLM 0.9.0.2.dev108 (ROCm 6.4.1)", 109.52, 106.28, 32027.57, (825.23, 1755.26), (161.65, 198.31), 44.905, OPENORCA,
         (*_AMD_VLLM, "--max-num-seqs", "1024"),
         _summary("AMD", "8xMI325X_2xEPYC_9575F_1", "llama2-70b-99")
@@ -196,7 +240,7 @@ POINTS = (
         "Offline/performance/run_1/mlperf_log_summary.txt; offline_mi325x.yaml",
     ),
     MLPerfPoint(
-        "Cisco 8xH200 TensorRT-LLM", "llama2-70b", "C885_H200x8_TRT", "H200", 8, 1, "Llama-2-70B",
+        "cisco-h200", "Cisco 8xH200 TensorRT-LLM", "llama2-70b", "C885_H200x8_TRT", "H200", 8, 1, "Llama-2-70B",
         "TensorRT 10.10, CUDA 12.9", 114.23, 113.29, 33163.34, (358.56, 947.82), (172.93, 183.02), 49.821, OPENORCA,
         _H200_TRTLLM,
         _summary("Cisco", "C885_H200x8_TRT", "llama2-70b-99")
@@ -205,7 +249,7 @@ POINTS = (
         118.429, (), "Offline/performance/run_1/mlperf_log_summary.txt; configs/C885_H200x8/Offline/llama2-70b.py",
     ),
     MLPerfPoint(
-        "Red Hat 1xH100 vLLM", "llama3_1-8b", "XE8640_4xH100_vLLM", "H100-SXM", 1, 1, "Llama-3.1-8B",
+        "redhat-h100", "Red Hat 1xH100 vLLM", "llama3_1-8b", "XE8640_4xH100_vLLM", "H100-SXM", 1, 1, "Llama-3.1-8B",
         "vLLM 0.10.0", 39.64, 39.56, 5103.99, (223.63, 1911.17), (23.64, 25.13), 3.318, CNN_DAILYMAIL,
         ("--policy", "vllm", "--quantization", "fp8", "--max-num-batched-tokens", "1024", "--max-num-seqs", "512",
          "--long-prefill-token-threshold", "256", "--block-size", "16", "--gpu-memory-utilization", "0.91",
@@ -215,6 +259,37 @@ POINTS = (
         "the system description says 1 accelerator (H100-SXM-80GB) despite the 4xH100 in its name",
         45.1334, ("--max-num-seqs", "1024", "--max-num-batched-tokens", "4096", "--kv-cache-dtype", "fp8"),
         "Offline/performance/run_1/mlperf_log_summary.txt; README.md (the H100 Offline line)",
+    ),
+    MLPerfPoint(
+        "nvidia-b200-llama2", "NVIDIA 8xB200 TRT-LLM Llama-2-70B", "llama2-70b", "B200-SXM-180GBx8_TRT", "B200", 8, 1,
+        "Llama-2-70B", "TensorRT 10.11, CUDA 12.9", 363.79, 361.30, 99123.04, (244.18, 436.32), (126.10, 132.37), 33.924,
+        OPENORCA, _B200_LLAMA,
+        _summary("NVIDIA", "B200-SXM-180GBx8_TRT", "llama2-70b-99")
+        + "; flags: closed/NVIDIA/configs/B200-SXM-180GBx8/Server/llama2-70b.py (Custom harness, k_99, MaxP)",
+        "NVFP4 weights, FP8 KV and context FMHA, fused MLP, norm_quant_fusion, max_util, chunked context",
+        371.423, (), "Offline/performance/run_1/mlperf_log_summary.txt; configs/B200-SXM-180GBx8/Offline/llama2-70b.py",
+    ),
+    MLPerfPoint(
+        "nvidia-b200-r1", "NVIDIA 8xB200 TRT-LLM DeepSeek-R1", "deepseek-r1", "B200-SXM-180GBx8_TRT", "B200", 8, 1,
+        "DeepSeek-R1", "TensorRT 10.11, CUDA 12.9", 5.02, 4.96, 18592.24, (685.86, 1695.86), (69.90, 72.18), 248.934,
+        DEEPSEEK_R1, (*_R1_TRTLLM, "--gpu-memory-utilization", "0.931"),
+        _summary("NVIDIA", "B200-SXM-180GBx8_TRT", "deepseek-r1")
+        + "; flags: closed/NVIDIA/configs/B200-SXM-180GBx8/Server/deepseek-r1.py (Custom harness, k_99, MaxP)",
+        "NVFP4 experts, attention DP 8 x TP 1, EP 8 (WIDEEP), ADP balancing (wait 3-9 iterations), no MTP",
+        8.93431, ("--max-num-tokens", "4608"),
+        "Offline/performance/run_1/mlperf_log_summary.txt; configs/B200-SXM-180GBx8/Offline/deepseek-r1.py",
+        dp=8,
+    ),
+    MLPerfPoint(
+        "nvidia-gb200-r1", "NVIDIA GB200-NVL72 TRT-LLM DeepSeek-R1", "deepseek-r1", "GB200-NVL72_GB200-186GB_aarch64x72_TRT",
+        "GB200", 72, 1, "DeepSeek-R1", "TensorRT 10.11, CUDA 12.9", 45.06, 44.76, 167578.06, (641.44, 1245.96),
+        (61.29, 64.45), 216.209, DEEPSEEK_R1, (*_R1_TRTLLM, "--gpu-memory-utilization", "0.930"),
+        _summary("NVIDIA", "GB200-NVL72_GB200-186GB_aarch64x72_TRT", "deepseek-r1")
+        + "; flags: closed/NVIDIA/configs/GB200-NVL72_GB200-186GB_aarch64x72/Server/deepseek-r1.py",
+        "9 engines of 8 GPUs (server_target_qps 5 x 9), the B200's flags, NVLink over all 72",
+        77.995, ("--max-num-tokens", "4608"),
+        "Offline/performance/run_1/mlperf_log_summary.txt; configs/GB200-NVL72_GB200-186GB_aarch64x72/Offline/deepseek-r1.py",
+        dp=8,
     ),
 )  # fmt: skip
 
@@ -252,6 +327,7 @@ def _run(point: MLPerfPoint, requests: list[dict], flags: tuple[str, ...]) -> di
         path.write_text("".join(json.dumps(r) + "\n" for r in requests))
         argv = [
             "simulate", "--model", point.model, "--hardware", point.gpu, "--tp", str(point.tp),
+            *(("--data-parallel-size", str(point.dp)) if point.dp > 1 else ()),
             "--trace", str(path), *flags, "--json", str(out),
         ]  # fmt: skip
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -320,6 +396,22 @@ def _r(xs: tuple[float, ...]) -> list[float]:
     return [round(x, 2) for x in xs]
 
 
+def select(names: str | None) -> tuple[MLPerfPoint, ...]:
+    """The points ``names`` picks (comma-separated; each a point's name or any part of its name or
+    label, any case: ``r1``, ``H200``), in POINTS' order; all when None; ValueError for a part
+    that picks none."""
+    if names is None:
+        return POINTS
+    parts = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not parts:
+        raise ValueError(f"--points {names!r} names no point; known: {', '.join(p.name for p in POINTS)}")
+    picked = {part: [p for p in POINTS if part in f"{p.name} {p.label}".lower()] for part in parts}
+    unknown = [part for part, hits in picked.items() if not hits]
+    if unknown:
+        raise ValueError(f"no point matches {', '.join(unknown)}; known: {', '.join(p.name for p in POINTS)}")
+    return tuple(p for p in POINTS if any(p in hits for hits in picked.values()))
+
+
 def run(
     span_s: float,
     requests: int | None,
@@ -340,7 +432,7 @@ def run(
         pred = simulate(point, rate, requests or requests_for(rate, span_s))
         row = {
             "point": point.label, "source": point.source, "replicas": point.replicas,
-            "rate_per_replica": round(rate, 4), "policy": point.policy,
+            "rate_per_replica": round(rate, 4), "policy": point.policy, "dp": point.dp,
             "measured": {"ttft_ms": point.ttft_ms, "tpot_ms": point.tpot_ms, "completed_qps": point.completed_qps,
                          "out_mean": round(point.out_mean, 1), "in_flight_per_replica": round(point.in_flight, 1)},
             "predicted": {"ttft_ms": _r(pred.ttft_ms), "tpot_ms": _r(pred.tpot_ms),
@@ -413,16 +505,17 @@ def main() -> int:
     )
     ap.add_argument(
         "--points",
-        default="",
-        metavar="TEXT,...",
-        help="only the points whose label contains one of these (case-insensitive; default: all), e.g. H200",
+        metavar="NAME,...",
+        help="only these points, by name or any part of name or label: "
+        + ", ".join(p.name for p in POINTS)
+        + " (default: all)",
     )
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    wanted = [w.strip().lower() for w in args.points.split(",") if w.strip()]
-    points = tuple(p for p in POINTS if not wanted or any(w in p.label.lower() for w in wanted))
-    if not points:
-        ap.error(f"--points {args.points!r}: no point matches; points: {'; '.join(p.label for p in POINTS)}")
+    try:
+        points = select(args.points)
+    except ValueError as e:
+        ap.error(str(e))
     print(cpu_line())
     out = run(args.span, args.requests, args.capacity, args.offline, Console(width=220), points)
     save_results(out, args.json, "fidelity_mlperf.json")

@@ -655,6 +655,10 @@ def test_hub_ids_of_catalog_models_resolve():
     from tailserve.executors.simulated.models import resolve_model_name
 
     assert resolve_model_name("deepseek-ai/DeepSeek-R1") == "DeepSeek-V3"
+    # a same-shapes repository's bare name, as a user types it (MLPerf's deepseek-r1)
+    assert resolve_model_name("DeepSeek-R1") == resolve_model_name("deepseek-r1-0528") == "DeepSeek-V3"
+    with pytest.raises(ValueError, match="the same shapes as one: DeepSeek-R1, "):
+        resolve_model_name("DeepSeek-R2")
     assert resolve_model_name("openai/gpt-oss-120b") == "gpt-oss-120b"
     assert resolve_model_name("mistralai/Mixtral-8x7B-Instruct-v0.1") == "Mixtral-8x7B"
     assert resolve_model_name("meta-llama/Llama-4-Scout-17B-16E-Instruct") == "Llama-4-Scout-17B-16E"

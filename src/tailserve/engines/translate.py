@@ -96,6 +96,9 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
             ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
             continue
         taken.append(row.flag)
+    if report.engine == "trtllm" and deployment.get("dp_attention"):
+        # enable_attention_dp: every TP rank an attention-DP rank (the MoE layers keep the TP/EP size)
+        deployment["attn_dp"] = deployment.get("tp", 1)
     deployment = _deployment(deployment)
     deployment = _attention_dp(deployment)
     for name, value in report.version.policy_defaults.items():
@@ -140,7 +143,7 @@ def _attention_dp(deployment: dict[str, Any]) -> dict[str, Any]:
     """SGLang's attention DP as tailserve's DP ranks: ``--tp-size T --attn-dp-size N`` is N
     ranks whose attention runs at TP T/N, T GPUs in all (``attn_tp_size_of`` in
     sglang/srt/runtime_context.py@v0.5.23); tailserve's DP engine spreads the experts over the
-    same T GPUs."""
+    same T GPUs. TensorRT-LLM's ``enable_attention_dp`` is N = T."""
     out = dict(deployment)
     out.pop("dp_attention", None)
     ranks = out.pop("attn_dp", 1)

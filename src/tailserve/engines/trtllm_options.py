@@ -64,9 +64,11 @@ KEYS = (
     FlagSpec("moe_expert_parallel_size", int | None, DEPLOYMENT,
              "expert parallelism: = tensor_parallel_size splits experts whole over the TP ranks",
              _llm("moe_expert_parallel_size"), target="deployment.expert_parallel"),
-    FlagSpec("enable_attention_dp", bool, NOT_MODELLED,
-             "attention data parallelism: each rank schedules its own requests; tailserve simulates one "
-             "TP engine", _llm("enable_attention_dp"), "false"),
+    FlagSpec("enable_attention_dp", bool, DEPLOYMENT,
+             "attention data parallelism: each of the tensor_parallel_size ranks runs attention and the dense "
+             "layers for its own requests (Mapping: attention TP 1), the MoE layers over all of them: tailserve's "
+             "DP engine of that many TP-1 ranks in lockstep", _llm("enable_attention_dp"), "false",
+             target="deployment.dp_attention"),
     FlagSpec("attention_dp_config", dict | None, NOT_MODELLED, "load balancing of attention-DP ranks",
              _llm("attention_dp_config")),
     FlagSpec("max_batch_size", int | None, SCHEDULING, "most requests the engine schedules at once",

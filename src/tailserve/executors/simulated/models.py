@@ -186,14 +186,16 @@ def resolve_model_name(name_or_path: str) -> str:
         if repo.lower() == key.lower():
             return known
     for repo, known in HF_SAME_SHAPES.items():
-        if repo.lower() == key.lower():
+        # the repository or its bare name ("DeepSeek-R1"), as a catalog model's is taken below
+        if repo.lower() == key.lower() or _hf_key(repo) == _hf_key(key):
             return known
     matches = [known for known in MODELS if _hf_key(known) == _hf_key(key)]
     if key and len(matches) == 1:
         return matches[0]
     raise ValueError(
         f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} "
-        "(their Hugging Face ids, or a path to a Hugging Face config.json)"
+        f"(their Hugging Face ids; the same shapes as one: {', '.join(r.rsplit('/', 1)[-1] for r in HF_SAME_SHAPES)}; "
+        "or a path to a Hugging Face config.json)"
     )
 
 
