@@ -108,6 +108,30 @@ def sim_cases() -> list[SimCase]:
              "--explain"),
         )
     )  # fmt: skip
+    # 2026's deployments (issue 32): MoE with expert parallelism, MLA, MTP drafting,
+    # FP8 / MXFP4 formats, sliding-window layers, each engine's own kernels (a data-parallel
+    # engine saves no run, so none is here).
+    for name, argv in (
+        ("deepseek-v3-h200-ep-mtp",
+         ("--policy", "vllm", "--model", "DeepSeek-V3", "--hardware", "H200", "--tp", "8",
+          "--enable-expert-parallel", "--speculative-method", "mtp", "--num-speculative-tokens", "2",
+          "--synthetic-acceptance-length", "2.4", "--workload", "chat", "--num-requests", "200",
+          "--rate", "4", "--seed", "11")),
+        ("qwen3-235b-h200-ep-fp8",
+         ("--policy", "vllm", "--model", "Qwen3-235B-A22B", "--hardware", "H200", "--tp", "4",
+          "--enable-expert-parallel", "--quantization", "fp8", "--workload", "chat",
+          "--num-requests", "200", "--rate", "6", "--seed", "12")),
+        ("gpt-oss-120b-b200-sglang",
+         ("--policy", "sglang", "--model", "gpt-oss-120b", "--hardware", "B200", "--tp", "1",
+          "--workload", "random", "--num-requests", "200", "--rate", "8", "--input-len",
+          "uniform:256:8000", "--output-len", "uniform:50:800", "--seed", "13")),
+        ("llama-3.1-70b-h200-fp8-trtllm",
+         ("--policy", "trtllm", "--model", "Llama-3.1-70B", "--hardware", "H200", "--tp", "2",
+          "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--workload", "random",
+          "--num-requests", "300", "--rate", "4", "--input-len", "uniform:256:4000",
+          "--output-len", "uniform:50:600", "--seed", "14")),
+    ):  # fmt: skip
+        cases.append(SimCase(f"2026/{name}", argv))
     return cases
 
 
