@@ -125,3 +125,15 @@ def test_hardware_lists_each_gpus_sets(capsys):
             rows[name] = rows.get(name, "") + line
     assert "trtllm" in rows["H200"] and "sglang" in rows["H200"]
     assert "trtllm" not in rows["A100-80GB"] and "vllm" in rows["A100-80GB"]
+
+
+def test_compare_says_which_rows_their_own_engines_kernels_priced(capsys):
+    """A compare row that differs by its GEMMs rather than its scheduling says so; with
+    ``--kernels vllm`` every row is vLLM's and nothing is said."""
+    args = ["compare", "--model", "Llama-3-8B", "--hardware", "H200", "--quantization", "fp8",
+            "--policies", "vllm,sglang,trtllm", "--workload", "random", "--num-requests", "20"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "own engine's GEMM and fused-MoE kernels: sglang (SGLang's), trtllm (TensorRT-LLM's)" in err
+    assert main([*args, "--kernels", "vllm"]) == 0
+    assert "own engine's" not in capsys.readouterr().err

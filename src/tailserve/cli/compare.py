@@ -77,6 +77,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     summaries = [r.summary(slo) for r in runs]
     for note in dict.fromkeys(n for r in runs for n in r.notes):
         print(f"note: {note}", file=sys.stderr)
+    own = kernels_note(runs)
+    if own:
+        print(f"note: {own}", file=sys.stderr)
     print_runs(runs, summaries, built, workload.spec)
     print()
     print(compare_paragraph(runs, summaries, built, workload.spec))
@@ -103,3 +106,17 @@ def compare_runs(
         if outcome.error is not None:
             raise ValueError(outcome.error)
     return [outcome.run for outcome in outcomes if outcome.run is not None]
+
+
+def kernels_note(runs: list[RunResult]) -> str:
+    """The rows another engine's kernel set priced (``--kernels auto``: the policy's engine), so a
+    row that differs by its GEMMs rather than its scheduling says so; "" when every row is vLLM's."""
+    from tailserve.executors.simulated.hardware import ENGINE_NAMES
+
+    own = [f"{r.label} ({ENGINE_NAMES[r.config['kernels']]}'s)" for r in runs if r.config.get("kernels")]
+    if not own:
+        return ""
+    return (
+        f"rows priced with their own engine's GEMM and fused-MoE kernels: {', '.join(own)}; the others "
+        "with vLLM's (--kernels vllm prices every row with vLLM's)"
+    )
