@@ -336,9 +336,19 @@ def gemm_part(
                     )
                     if fmt == "fp8" and gpu in HOPPER:
                         tiled = fit_waves(
-                            m[train], n[train], k[train], y[train], prec.bytes, peak, hw, (0.0,), HOPPER_FP8_TILES
+                            m[train],
+                            n[train],
+                            k[train],
+                            y[train],
+                            prec.bytes,
+                            peak,
+                            hw,
+                            (0.0,),
+                            HOPPER_FP8_TILES,
                         )
-                        tpred = curve_time(m, n, k, waves_curve(tiled, HOPPER_FP8_TILES), prec.bytes, peak, hw)
+                        tpred = curve_time(
+                            m, n, k, waves_curve(tiled, HOPPER_FP8_TILES), prec.bytes, peak, hw
+                        )
                         res.update(tiles_fit=tiled, tiles_held_out=stats(tpred[held], y[held]),
                                    tiles_train=stats(tpred[train], y[train]))  # fmt: skip
                         console.print(
@@ -346,7 +356,11 @@ def gemm_part(
                             f"max {res['tiles_held_out']['max']:.0%} (one tile: {res['served_held_out']['mean']:.1%} / "
                             f"{res['served_held_out']['max']:.0%}); fit {tiled}"
                         )
-                    sh, cb, ca = res["served_held_out"], res["catalog_before_held_out"], res["catalog_held_out"]
+                    sh, cb, ca = (
+                        res["served_held_out"],
+                        res["catalog_before_held_out"],
+                        res["catalog_held_out"],
+                    )
                     console.print(
                         f"{GPUS[gpu]} {fmt}: served fit {sh['mean']:.1%} / {sh['max']:.0%} "
                         f"(c {served['compute']:.2f} m {served['memory']:.2f} p {served['sharpness']} tile "

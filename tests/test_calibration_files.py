@@ -168,7 +168,9 @@ def test_a_gpu_with_fitted_mla_and_exchange_round_trips(tmp_path, gpu):
     from tailserve.executors.simulated.models import get_model
 
     hw = get_hardware(gpu)
-    assert hw.mla is not None and hw.moe_exchange is not None and hw.engine_kernels  # TensorRT-LLM's, SGLang's
+    assert (
+        hw.mla is not None and hw.moe_exchange is not None and hw.engine_kernels
+    )  # TensorRT-LLM's, SGLang's
     path = tmp_path / "gpu.json"
     write_calibration_file(
         path, CalibrationFile(hw, Efficiency.for_hardware(hw), "deepseek-v3", 8, "catalog")

@@ -310,15 +310,38 @@ def test_the_options_table_is_sourced_and_its_keys_known():
 def test_attention_dp_makes_each_tp_rank_a_dp_rank(tmp_path, capsys):
     # TensorRT-LLM's enable_attention_dp (NVIDIA's MLPerf DeepSeek-R1: TP 8, EP 8, attention DP):
     # eight TP-1 attention ranks in lockstep, experts whole over the eight GPUs; without it, TP 8.
-    path = write(tmp_path, "tensor_parallel_size: 8\nmoe_expert_parallel_size: 8\nenable_attention_dp: true\n")
+    path = write(
+        tmp_path, "tensor_parallel_size: 8\nmoe_expert_parallel_size: 8\nenable_attention_dp: true\n"
+    )
     t = translate(lint(f"trtllm-serve deepseek-ai/DeepSeek-R1 --config {path}"), H100)
     assert t.deployment == {"model": "deepseek-ai/DeepSeek-R1", "tp": 1, "dp": 8, "expert_parallel": True}
     assert not any("enable_attention_dp" in text for text in t.ignored)
-    off = write(tmp_path, "tensor_parallel_size: 8\nmoe_expert_parallel_size: 8\nenable_attention_dp: false\n", "off.yaml")
+    off = write(
+        tmp_path,
+        "tensor_parallel_size: 8\nmoe_expert_parallel_size: 8\nenable_attention_dp: false\n",
+        "off.yaml",
+    )
     assert translate(lint(f"trtllm-serve M --config {off}"), H100).deployment == {
-        "model": "M", "tp": 8, "expert_parallel": True
+        "model": "M",
+        "tp": 8,
+        "expert_parallel": True,
     }
     line = f"trtllm-serve deepseek-ai/DeepSeek-R1 --config {path}"
-    assert main(["simulate", "--hardware", "B200", "--workload", "chat", "--num-requests", "8", "--engine-cmd", line]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--hardware",
+                "B200",
+                "--workload",
+                "chat",
+                "--num-requests",
+                "8",
+                "--engine-cmd",
+                line,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "--tp 1" in out.err and "--dp 8" in out.err and "DP 8 x TP 1 in lockstep" in out.out

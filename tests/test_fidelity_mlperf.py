@@ -29,7 +29,9 @@ def test_point_is_well_formed(point):
     assert point.benchmark in LIMITS and point.policy in ("vllm", "vllm-v0", "trtllm")
     assert point.replicas >= 1 and point.gpus % (point.tp * point.dp) == 0
     # an attention-DP engine is one of an MoE model, its experts spread over the ranks
-    assert point.dp == 1 or (get_model(point.model).is_moe and "--enable-expert-parallel" in point.engine_flags)
+    assert point.dp == 1 or (
+        get_model(point.model).is_moe and "--enable-expert-parallel" in point.engine_flags
+    )
     # LoadGen schedules at least what completes; the percentiles are ordered
     assert point.scheduled_qps >= point.completed_qps > 0
     assert point.ttft_ms[0] < point.ttft_ms[1] and point.tpot_ms[0] < point.tpot_ms[1]
@@ -73,7 +75,10 @@ def test_point_simulates_with_its_engine(point):
     if point.dp > 1:  # one engine of DP ranks: its JSON reports each rank
         ranks = pred.raw["stages"]["replicas"]["replicas"]
         assert len(ranks) == point.dp
-        assert all(r["policy"].startswith(point.policy) and r["deployment"] == f"{point.gpu}:tp{point.tp}" for r in ranks)
+        assert all(
+            r["policy"].startswith(point.policy) and r["deployment"] == f"{point.gpu}:tp{point.tp}"
+            for r in ranks
+        )
     else:
         assert pred.raw["config"]["policy"] == point.policy
         assert pred.raw["config"]["model"] == resolve_model_name(point.model)
