@@ -50,7 +50,7 @@ def test_a_gpu_without_the_engines_set_falls_back_with_a_note():
     assert built.kernels == "vllm"
     assert built.cost_model.hardware == get_hardware("A100-80GB")
     assert len(built.notes) == 1
-    assert "A100-80GB has no TensorRT-LLM kernel set" in built.notes[0] and "vLLM's curves" in built.notes[0]
+    assert "A100-80GB has no TensorRT-LLM kernel set" in built.notes[0] and "the GPU's own curves" in built.notes[0]
     hw, note = engine_hardware(get_hardware("H200"), "vllm")
     assert hw is get_hardware("H200") and note == ""
 

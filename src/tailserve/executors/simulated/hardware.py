@@ -849,7 +849,7 @@ def engine_hardware(hardware: Hardware, engine: str) -> tuple[Hardware, str]:
     if found is None:
         return hardware, (
             f"{hardware.name} has no {ENGINE_NAMES[engine]} kernel set in the catalog: its GEMMs and fused "
-            "MoE are priced with vLLM's curves"
+            "MoE are priced with the GPU's own curves (--kernels vllm)"
         )
     swapped = replace(hardware, gemm=found.gemm or hardware.gemm, moe=found.moe or hardware.moe)
     return swapped, ""
