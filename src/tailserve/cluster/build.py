@@ -31,10 +31,10 @@ def build_stage(
     cost_models: dict[object, BuiltCostModel] = {}
     replicas: list[Replica] = []
     for i, spec in enumerate(specs):
-        key = (spec.deployment, spec.policy.name)
-        built = cost_models.get(key)
+        deployment = spec.deployment.for_policy(spec.policy.name)
+        built = cost_models.get(deployment)
         if built is None:
-            built = cost_models[key] = build_cost_model(spec.deployment, spec.policy.name)
+            built = cost_models[deployment] = build_cost_model(deployment)
         source = FeedSource()
         engine = build_replica_engine(
             spec,

@@ -156,8 +156,8 @@ class RunOutcome:
 # Per-process memos: a pool worker runs many specs with the same deployment (the calibration fit)
 # and the same workload (the parsed trace). Both are pure; builders hand out fresh requests.
 @lru_cache(maxsize=8)
-def _cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel:
-    return build_cost_model(deployment, policy)
+def _cost_model(deployment: Deployment) -> BuiltCostModel:
+    return build_cost_model(deployment)  # its kernels resolved (Deployment.for_policy)
 
 
 @lru_cache(maxsize=4)
@@ -178,7 +178,7 @@ def _execute_engine(spec: RunSpec) -> RunOutcome:
     every backend reports it the same way; anything else is a bug and propagates."""
     try:
         run = run_policy(
-            _cost_model(spec.deployment, spec.policy.name),
+            _cost_model(spec.deployment.for_policy(spec.policy.name)),
             spec.policy,
             _workload(spec.workload),
             options=spec.options,

@@ -861,18 +861,17 @@ def _gemm_fields(eff: Efficiency) -> tuple:
 def _dense_gemms(m: ModelSpec, tp: int) -> tuple[tuple[float, float, int], ...]:
     """(N, K, launches over all layers) of a GQA model's dense GEMMs on one shard: the attention
     projections, the dense layers' MLPs, the MoE layers' shared experts and routers (the routed
-    experts are priced in ``CostModel._experts``)."""
+    experts are priced in ``CostModel._experts``); each layer's shapes as ``gemm_shapes``."""
     h, layers, moe = m.hidden_size, m.num_layers, m.num_moe_layers
-    up = 2 if m.gated_mlp else 1
     q = m.num_heads * m.dim_per_head / tp
     kv = m.kv_heads_per_shard(tp) * m.dim_per_head
-    shapes: list[tuple[float, float, int]] = [(q + 2 * kv, h, layers), (h, q, layers)]
+    qkv, out, up, down = gemm_shapes(h, q, kv, m.intermediate_size / tp, m.gated_mlp)
+    shapes: list[tuple[float, float, int]] = [(*qkv, layers), (*out, layers)]
     if layers > moe:
-        inter = m.intermediate_size / tp
-        shapes += [(up * inter, h, layers - moe), (h, inter, layers - moe)]
+        shapes += [(*up, layers - moe), (*down, layers - moe)]
     if moe and m.shared_intermediate_size:
-        shared = m.shared_intermediate_size / tp
-        shapes += [(up * shared, h, moe), (h, shared, moe)]
+        *_, shared_up, shared_down = gemm_shapes(h, q, kv, m.shared_intermediate_size / tp, m.gated_mlp)
+        shapes += [(*shared_up, moe), (*shared_down, moe)]
     if moe:
         shapes.append((m.num_experts, h, moe))  # the router, replicated on every rank
     return tuple(shapes)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from tailserve.executors.simulated import finish_run
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
@@ -111,11 +110,14 @@ def advance_decode_run(engine: Engine) -> int:
         return 0
     times, durations, need = run
     k = len(durations)
-    if k == k_finish and finish_run.applies(engine):
-        # The run ends with a finish and nobody waits: go on past it in this call.
-        return finish_run.run_past_finishes(
-            engine, executor, running, ctx_list, held_tokens, times, durations, need
-        )
+    if k == k_finish:
+        from tailserve.executors.simulated import finish_run  # it walks on with this module's helpers
+
+        if finish_run.applies(engine):
+            # The run ends with a finish and nobody waits: go on past it in this call.
+            return finish_run.run_past_finishes(
+                engine, executor, running, ctx_list, held_tokens, times, durations, need
+            )
 
     token_times = times[1:]
     done = sched.update_run(running, held_tokens, token_times)
@@ -140,25 +142,39 @@ def _short_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens
     due: dict[int, int] = {}
     for f in map(sub, held_tokens, ctx_list):
         due[f] = due.get(f, 0) + 1
+    return walk_iterations(
+        executor.decode_step_durations(n, num_context, k_max), now, wake, due, 0, block_size, free
+    )
+
+
+def walk_iterations(step_durations, now, wake, due, start, block_size, free):
+    """(times, durations, blocks needed per iteration) of the iterations numbered from ``start``
+    that take ``step_durations``, stopping before one that would see ``wake`` or need more than
+    ``free`` new blocks; ``due`` (iteration -> requests crossing into a new block in it) is
+    consumed and renewed as they go, so a caller may walk on from where this stopped
+    (``finish_run.py``). None if no iteration fits."""
     times = [now]
     durations = []
     need = []
     needed = 0
     t = now
-    for j, duration in enumerate(executor.decode_step_durations(n, num_context, k_max)):
+    j = start
+    for duration in step_durations:
         if wake is not None and t >= wake:
             break  # iteration j would see the arrival
-        crossing = due.pop(j, 0)
+        crossing = due.get(j, 0)
         if crossing:
+            if needed + crossing > free:
+                break  # iteration j would have to preempt
+            del due[j]
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
-            if needed > free:
-                break  # iteration j would have to preempt
         t_next = t + duration
         times.append(t_next)
         durations.append(t_next - t)
         need.append(needed)
         t = t_next
+        j += 1
     return (times, durations, need) if durations else None
 
 

@@ -149,6 +149,11 @@ class Deployment:
     def is_seed(self) -> bool:
         return (self.model, self.hardware) == (SEED_PRESET.model, SEED_PRESET.hardware)
 
+    def for_policy(self, policy: str) -> Deployment:
+        """This deployment with ``kernels`` "auto" resolved for ``policy`` (``kernel_engine``): the
+        key a memo of built cost models shares between policies on the same engine's kernels."""
+        return replace(self, kernels=kernel_engine(self.kernels, policy))
+
     def resolved_calibration(self) -> str:
         """``auto`` means the seed preset for the seed's model and GPU, the bare roofline otherwise."""
         if self.calibration != "auto":
@@ -172,7 +177,7 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
     With ``dp`` > 1 it prices one DP rank: an MoE model's with the experts over all ``dp x tp``
     GPUs and the layers' token exchange; a dense model's as a lone engine of ``tp`` GPUs (its DP
     ranks never wait for each other)."""
-    built = _build_cost_model(deployment, kernel_engine(deployment.kernels, policy))
+    built = _build_cost_model(deployment, deployment.for_policy(policy).kernels)
     cm = built.cost_model
     if deployment.expert_parallel:
         cm = cm.with_expert_parallel()

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tailserve.executors.simulated.decode_run import MAX_RUN, SHORT_RUN, walk_iterations
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
     from tailserve.core.request import Request
     from tailserve.executors.simulated.decode_run import DecodeRunExecutor
-
-SHORT = 32  # decode_run.SHORT_RUN: below it a list of durations beats numpy's per-call overhead
-MAX_SEGMENT = 512  # decode_run.MAX_RUN: iterations per segment
 
 
 def applies(engine: Engine) -> bool:
@@ -113,7 +111,7 @@ def run_past_finishes(
         if due is None:
             due = _due_after(running, ctx_list, held_tokens, order, p, steps, block_size)
         now = end
-        k_max = min(remaining[order[p]] - steps, MAX_SEGMENT)
+        k_max = min(remaining[order[p]] - steps, MAX_RUN)
         num_context = num_ctx + n_left * (steps + 1)
         wake = engine.next_wake(now)
         if wake is not None:
@@ -169,34 +167,12 @@ def _drop_due(due: dict[int, int], first: int, steps: int, block_size: int) -> N
 
 
 def _segment(executor, n, num_context, now, wake, k_max, due, start, block_size, free):
-    """``decode_run._short_run`` from iteration ``start`` of the run on, with the crossings kept
-    in ``due`` (consumed and renewed as the iterations go); None if no iteration fits."""
+    """``decode_run``'s walk from iteration ``start`` of the run on, with the crossings kept in
+    ``due``; None if no iteration fits."""
     if free < 0 or k_max < 1:
         return None
-    if k_max <= SHORT:
+    if k_max <= SHORT_RUN:
         step_durations = executor.decode_step_durations(n, num_context, k_max)
     else:
         step_durations = executor.decode_run_durations(n, num_context, k_max).tolist()
-    times = [now]
-    durations = []
-    need = []
-    needed = 0
-    t = now
-    j = start
-    for duration in step_durations:
-        if wake is not None and t >= wake:
-            break
-        crossing = due.get(j, 0)
-        if crossing:
-            if needed + crossing > free:
-                break
-            del due[j]
-            needed += crossing
-            due[j + block_size] = due.get(j + block_size, 0) + crossing
-        t_next = t + duration
-        times.append(t_next)
-        durations.append(t_next - t)
-        need.append(needed)
-        t = t_next
-        j += 1
-    return (times, durations, need) if durations else None
+    return walk_iterations(step_durations, now, wake, due, start, block_size, free)

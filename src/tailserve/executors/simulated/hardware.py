@@ -534,15 +534,23 @@ EXCHANGE_B300 = MoeExchange(
 # B200's experts would run above the dense peak).
 _TRT = "AISimulate silicon tables (TensorRT-LLM 1.3.0rc10-rc23 kernels)"
 _SGL = "AISimulate silicon tables (SGLang 0.5.14-0.5.20 kernels)"
-TRTLLM_H100 = EngineKernels(
-    "trtllm", replace(H100_GEMM, format_factors=(("fp8", 0.81, 0.99), ("fp8_block", 0.75, 1.0)),
-                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_TRT}, H100"),
-    MoeKernel(1.0, 1.0, 36.0e-6, f"{_TRT}: fused MoE, H100", row_element=3.51e-12), f"{_TRT}, H100",
+
+
+def _hopper_set(engine: str, source: str, gpu: str, factors: tuple, moe: MoeKernel) -> EngineKernels:
+    """A Hopper set: the catalog's bf16 curve with the engine's own format factors and MoE."""
+    gemm = replace(
+        H100_GEMM, format_factors=factors, source=f"{_VIDUR}, H100: Llama-2-70B; formats: {source}, {gpu}"
+    )
+    return EngineKernels(engine, gemm, moe, f"{source}, {gpu}")
+
+
+TRTLLM_H100 = _hopper_set(
+    "trtllm", _TRT, "H100", (("fp8", 0.81, 0.99), ("fp8_block", 0.75, 1.0)),
+    MoeKernel(1.0, 1.0, 36.0e-6, f"{_TRT}: fused MoE, H100", row_element=3.51e-12),
 )  # fmt: skip
-TRTLLM_H200 = EngineKernels(
-    "trtllm", replace(H100_GEMM, format_factors=(("fp8", 0.80, 0.99), ("fp8_block", 0.74, 1.0)),
-                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_TRT}, H200"),
-    MoeKernel(1.0, 1.0, 38.2e-6, f"{_TRT}: fused MoE, H200", row_element=3.21e-12), f"{_TRT}, H200",
+TRTLLM_H200 = _hopper_set(
+    "trtllm", _TRT, "H200", (("fp8", 0.80, 0.99), ("fp8_block", 0.74, 1.0)),
+    MoeKernel(1.0, 1.0, 38.2e-6, f"{_TRT}: fused MoE, H200", row_element=3.21e-12),
 )  # fmt: skip
 TRTLLM_B200 = EngineKernels(
     "trtllm", GemmCurve(0.69, 0.80, 2.5, 64, 3.79e-6, f"{_TRT}, B200",
@@ -559,15 +567,13 @@ TRTLLM_B300 = EngineKernels(
                         format_factors=(("fp8", 0.86, 1.0), ("fp8_block", 0.97, 1.0), ("nvfp4", 0.62, 0.81))),
     MoeKernel(1.0, 1.0, 36.6e-6, f"{_TRT}: fused MoE, B300", row_element=2.23e-12), f"{_TRT}, B300",
 )  # fmt: skip
-SGLANG_H100 = EngineKernels(
-    "sglang", replace(H100_GEMM, format_factors=(("fp8", 0.73, 1.0), ("fp8_block", 0.85, 1.0)),
-                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_SGL}, H100"),
-    MoeKernel(0.59, 0.99, 27.3e-6, f"{_SGL}: fused MoE, H100", row_element=2.08e-12), f"{_SGL}, H100",
+SGLANG_H100 = _hopper_set(
+    "sglang", _SGL, "H100", (("fp8", 0.73, 1.0), ("fp8_block", 0.85, 1.0)),
+    MoeKernel(0.59, 0.99, 27.3e-6, f"{_SGL}: fused MoE, H100", row_element=2.08e-12),
 )  # fmt: skip
-SGLANG_H200 = EngineKernels(
-    "sglang", replace(H100_GEMM, format_factors=(("fp8", 0.78, 0.99), ("fp8_block", 0.84, 1.0)),
-                      source=f"{_VIDUR}, H100: Llama-2-70B; formats: {_SGL}, H200"),
-    MoeKernel(0.38, 0.95, 29.8e-6, f"{_SGL}: fused MoE, H200", row_element=1.15e-12), f"{_SGL}, H200",
+SGLANG_H200 = _hopper_set(
+    "sglang", _SGL, "H200", (("fp8", 0.78, 0.99), ("fp8_block", 0.84, 1.0)),
+    MoeKernel(0.38, 0.95, 29.8e-6, f"{_SGL}: fused MoE, H200", row_element=1.15e-12),
 )  # fmt: skip
 SGLANG_B200 = EngineKernels(
     "sglang", GemmCurve(0.66, 0.84, 3.0, 64, 4.19e-6, f"{_SGL}, B200",
