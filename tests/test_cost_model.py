@@ -34,7 +34,9 @@ def test_uncalibrated_prediction_never_beats_the_roofline(model, hw, tp, prefill
         return
     roof = cm.roofline(shape)
     t = cm.iteration_time(shape)
-    assert t >= roof.flops / cm.hardware.peak_flops * (1 - 1e-12)
+    # The roofline's own limit: each part at its format's peak (gpt-oss's MXFP4 experts on a
+    # B300 run at its FP4 rate, faster than the FLOPs at the bf16 peak would allow).
+    assert t >= roof.limit_s * (1 - 1e-12)
     assert t >= roof.bytes / cm.hardware.memory_bandwidth * (1 - 1e-12)
 
 
