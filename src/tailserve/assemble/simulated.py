@@ -29,6 +29,8 @@ def policy_kv_capacity(
         # the running-request limit, for a hybrid sliding-window model's KV (kv_capacity.py)
         getattr(config, "max_num_seqs", None) or getattr(config, "max_running_requests", None) or 0,
         cost_model.dp,
+        of_free_memory=cls.memory_fraction_of_free,
+        draft_kv_layers=cls.draft_kv_layers(config),
     )
     if capacity.num_tokens < max_model_len:
         raise ValueError(

@@ -60,6 +60,9 @@ class Policy(ABC):
     # Engine-wide defaults of the engine this policy models.
     default_block_size: ClassVar[int] = 16
     default_gpu_memory_utilization: ClassVar[float] = 0.9
+    # Whether that fraction is of the memory left after weights and activations (TensorRT-LLM's
+    # free_gpu_memory_fraction) rather than of the whole memory (vLLM's, and the rest's).
+    memory_fraction_of_free: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -82,6 +85,12 @@ class Policy(ABC):
         whole ``max_model_len`` sequence unless the policy says otherwise (vLLM profiles
         ``max_num_batched_tokens``)."""
         return max_model_len
+
+    @classmethod
+    def draft_kv_layers(cls, config: Any) -> int:
+        """Layers of a drafter run inside the target whose KV the engine sizes its pool with
+        (TensorRT-LLM's MTP / EAGLE-3: ``kv_capacity.py``); 0 where not counted."""
+        return 0
 
     def kv_spec(self) -> KVSpec:
         """The KV cache this configuration needs (plain paged blocks by default)."""

@@ -34,10 +34,12 @@ One iteration of ``PyExecutor._executor_loop``:
 Requests longer than ``max_num_tokens`` are refused at arrival without chunked prefill, with the
 LLM API's message (``llm.py`` ``_check_arguments``).
 
-Deviations (stated in ``notes`` where a flag is involved): ``free_gpu_memory_fraction`` is
-``gpu_memory_utilization`` applied as vLLM applies it, to the whole memory before weights and
-activations, where TensorRT-LLM takes that fraction of the memory left after them (set
-``gpu_memory_utilization`` higher to match an engine's block count); partial-block reuse
+KV pool: ``free_gpu_memory_fraction`` (the engine-wide ``gpu_memory_utilization`` flag, 0.9) is
+the fraction of the memory left after the weights and a profiled forward of ``max_num_tokens``
+(``_util.py`` ``KvCacheCreator``: ``(total - peak) * fraction``), not vLLM's fraction of the
+whole (``kv_capacity.py``, ``of_free_memory``).
+
+Deviations (stated in ``notes`` where a flag is involved): partial-block reuse
 (``enable_partial_reuse``) is not modelled (reuse is whole blocks, at least one token computed);
 the overlap scheduler (on by default) is not modelled: each step is scheduled after the previous
 one's tokens are known; a paused request's prompt keeps all its outputs (``pause`` caps it at
@@ -81,7 +83,8 @@ class TrtllmPolicy(Policy, FastPaths):
     )
     config_cls = TrtllmConfig
     default_block_size = 32  # kv_cache_config.tokens_per_block
-    default_gpu_memory_utilization = 0.9  # kv_cache_config.free_gpu_memory_fraction (see above)
+    default_gpu_memory_utilization = 0.9  # kv_cache_config.free_gpu_memory_fraction
+    memory_fraction_of_free = True  # of the memory left after weights and activations (_util.py)
 
     def __init__(self, config: TrtllmConfig) -> None:
         super().__init__(config)

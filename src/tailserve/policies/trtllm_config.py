@@ -14,8 +14,8 @@ Where each comes from (``tensorrt_llm/llmapi/llm_args.py`` and ``tensorrt_llm/co
 - ``enable_block_reuse`` True: ``KvCacheConfig`` (``kv_cache_config.enable_block_reuse``).
 
 ``kv_cache_config.tokens_per_block`` (32) is the engine-wide ``block_size`` flag and
-``kv_cache_config.free_gpu_memory_fraction`` (0.9) is ``gpu_memory_utilization``
-(``policies/trtllm.py`` says how the latter differs).
+``kv_cache_config.free_gpu_memory_fraction`` (0.9) is ``gpu_memory_utilization``, applied as
+TensorRT-LLM applies it: to the memory left after weights and activations (``kv_capacity.py``).
 
 Kept apart from ``trtllm.py`` so the capacity and micro-batch schedulers
 (``trtllm_capacity.py``, ``trtllm_microbatch.py``) read the choices without importing the policy.

@@ -2,6 +2,18 @@
 
 blocks = (memory x gpu_memory_utilization - weights - activation reserve) / bytes per block
 
+TensorRT-LLM (``of_free_memory``) takes its fraction of what is left instead:
+
+blocks = (memory - weights - activation reserve) x free_gpu_memory_fraction / bytes per block
+
+(``KvCacheCreator`` in ``tensorrt_llm/_torch/pyexecutor/_util.py``: ``estimate_max_tokens``
+profiles a forward of ``max_num_tokens``, takes the peak, torch and non-torch, as
+``peak_memory``, and ``_cal_max_tokens`` / ``_cal_max_memory`` size the pool as
+``(total_gpu_memory - peak_memory + allocated_bytes) * fraction``, ``allocated_bytes`` being
+the temporary KV of the profiling run, given back). Draft layers (MTP / EAGLE-3 run inside the
+target) add their KV to every token's (``_get_kv_size_per_token``: the draft's cache size per
+token is added): ``draft_kv_layers`` layers of the target's shape.
+
 vLLM measures the activation peak with a profiling forward pass of ``max_num_batched_tokens``
 tokens; here it is estimated from the model's shapes, plus a fixed reserve for the CUDA context,
 CUDA graphs and communication buffers.
@@ -42,7 +54,7 @@ class KVCapacity:
     block_size: int  # tokens per block
     kv_bytes_per_token: int  # per shard
     memory_gib: float
-    usable_gib: float  # memory x gpu_memory_utilization
+    usable_gib: float  # memory x gpu_memory_utilization (TensorRT-LLM's rule: the whole memory)
     weights_gib: float
     activation_gib: float
     kv_gib: float
@@ -94,17 +106,30 @@ def kv_capacity(
     max_num_batched_tokens: int,
     max_num_seqs: int = 0,
     dp: int = 1,
+    of_free_memory: bool = False,
+    draft_kv_layers: int = 0,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
-    which an MoE model's experts are spread (each rank's KV holds its own requests)."""
+    which an MoE model's experts are spread (each rank's KV holds its own requests).
+    ``of_free_memory``: the fraction is of the memory left after weights and activations
+    (TensorRT-LLM's ``free_gpu_memory_fraction``), not of the whole (vLLM's).
+    ``draft_kv_layers``: layers of a drafter run inside the target, each token's KV in them
+    stored beside the target's (TensorRT-LLM's MTP / EAGLE-3)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    usable = hardware.memory_bytes * gpu_memory_utilization
     weights = model.weight_bytes_per_shard(tp, dp)
     activation = activation_reserve_bytes(model, tp, max_num_batched_tokens)
-    kv = usable - weights - activation
-    per_block = block_size * model.kv_bytes_per_token(tp)
+    if of_free_memory:
+        usable = hardware.memory_bytes
+        kv = (usable - weights - activation) * gpu_memory_utilization
+    else:
+        usable = hardware.memory_bytes * gpu_memory_utilization
+        kv = usable - weights - activation
+    per_token = model.kv_bytes_per_token(tp)
+    if draft_kv_layers:
+        per_token += per_token * draft_kv_layers // model.num_layers
+    per_block = block_size * per_token
     if kv < per_block:
         need = weights + activation
         # The smallest TP (a divisor of the head count, as vLLM requires) that leaves room for KV.
@@ -112,7 +137,7 @@ def kv_capacity(
             t
             for t in range(tp + 1, model.num_heads + 1)
             if model.num_heads % t == 0
-            and usable
+            and (hardware.memory_bytes if of_free_memory else usable)
             - model.weight_bytes_per_shard(t, dp)
             - activation_reserve_bytes(model, t, max_num_batched_tokens)
             > per_block * 64
@@ -125,8 +150,12 @@ def kv_capacity(
         raise ValueError(
             f"{model.name} does not fit on {hardware.name} at TP {tp}{f' x DP {dp}' if dp > 1 else ''}: weights {weights / GIB:.1f} GiB "
             f"+ activations {activation / GIB:.1f} GiB per GPU need {need / GIB:.1f} GiB, but "
-            f"{gpu_memory_utilization:.2f} x {hardware.memory_gib:.1f} GiB = {usable / GIB:.1f} GiB "
-            f"is usable{hint}"
+            + (
+                f"{hardware.memory_gib:.1f} GiB is there{hint}"
+                if of_free_memory
+                else f"{gpu_memory_utilization:.2f} x {hardware.memory_gib:.1f} GiB = {usable / GIB:.1f} GiB "
+                f"is usable{hint}"
+            )
         )
     num_blocks = math.floor(kv / per_block)
     if model.num_sliding_layers and model.num_full_layers:
@@ -136,7 +165,7 @@ def kv_capacity(
     return KVCapacity(
         num_blocks=num_blocks,
         block_size=block_size,
-        kv_bytes_per_token=model.kv_bytes_per_token(tp),
+        kv_bytes_per_token=per_token,
         memory_gib=hardware.memory_gib,
         usable_gib=usable / GIB,
         weights_gib=weights / GIB,
