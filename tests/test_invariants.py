@@ -54,6 +54,11 @@ SPECS = [
     "trtllm:enable_chunked_prefill=true:max_num_tokens=256",
     "trtllm:enable_chunked_prefill=true:context_chunking_policy=EQUAL_PROGRESS:max_num_tokens=256:capacity_scheduler_policy=MAX_UTILIZATION",
     "trtllm:max_num_tokens=600:capacity_scheduler_policy=MAX_UTILIZATION",
+    # draft tokens (MTP, EAGLE-3) and CUDA-graph padding (its decode runs priced padded)
+    "trtllm:decoding_type=MTP:num_nextn_predict_layers=3:synthetic_acceptance_length=2.5",
+    "trtllm:decoding_type=Eagle3:max_draft_len=2:synthetic_acceptance_rates=0.8/0.5:capacity_scheduler_policy=MAX_UTILIZATION:max_num_tokens=600",
+    "trtllm:cuda_graph_padding_enabled=true:cuda_graph_max_batch_size=64",
+    "trtllm:cuda_graph_padding_enabled=true:decoding_type=MTP:synthetic_acceptance_length=1.7:enable_chunked_prefill=true:max_num_tokens=256",
     "slo",
     "slo:slo_admission=reject:max_num_batched_tokens=256",
     "slo:fairness=vtc:tenant_weights=a=2",
@@ -90,7 +95,9 @@ def _run_engine(sched: Scheduler, block: int, requests: list[Request], fast: boo
     bind_cost_model(sched.policy, cost)  # (slo) predicts with the simulator's cost model
     engine = Engine(
         sched,
-        SimExecutor(cost, block, sched.policy.speculative_decoding(), seed=0),
+        SimExecutor(
+            cost, block, sched.policy.speculative_decoding(), seed=0, graph=sched.policy.cuda_graph_padding()
+        ),
         ListSource(requests),
         options=EngineOptions(fast, check_integrity=True),
     )
@@ -152,6 +159,7 @@ CACHING_SPECS = [
     "trtllm",
     "trtllm:capacity_scheduler_policy=MAX_UTILIZATION:max_batch_size=16",
     "trtllm:enable_chunked_prefill=true:max_num_tokens=128:context_chunking_policy=EQUAL_PROGRESS",
+    "trtllm:decoding_type=MTP:num_nextn_predict_layers=2:synthetic_acceptance_length=2.2:capacity_scheduler_policy=MAX_UTILIZATION",
 ]
 
 
@@ -178,7 +186,7 @@ def _run_cached(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Req
     bind_cost_model(policy, cost)  # (slo) predicts with the simulator's cost model
     engine = Engine(
         Scheduler(policy, kv, MAX_MODEL_LEN),
-        SimExecutor(cost, 16),
+        SimExecutor(cost, 16, policy.speculative_decoding(), seed=0, graph=policy.cuda_graph_padding()),
         ListSource(requests),
         options=EngineOptions(fast, check_integrity=True),
     )

@@ -56,5 +56,7 @@ def test_draft_layers_add_their_kv_to_every_token():
 
 def test_a_model_that_does_not_fit_says_so_in_one_line():
     with pytest.raises(ValueError, match="does not fit") as error:
-        kv_capacity(get_model("Llama-3-70B"), get_hardware("A100-80GB"), 1, 0.9, 32, 8192, of_free_memory=True)
+        kv_capacity(
+            get_model("Llama-3-70B"), get_hardware("A100-80GB"), 1, 0.9, 32, 8192, of_free_memory=True
+        )
     assert "\n" not in str(error.value) and "GiB is there" in str(error.value)

@@ -173,7 +173,10 @@ def _build_simulated(
     executor: Executor
     if kind == "sim":
         # Drafts' acceptance is drawn per request, seeded by the run's seed (spec_decode.py).
-        executor = SimExecutor(cost_model, block_size, parts.policy.speculative_decoding(), options.seed)
+        policy = parts.policy
+        executor = SimExecutor(
+            cost_model, block_size, policy.speculative_decoding(), options.seed, policy.cuda_graph_padding()
+        )
     else:
         _refuse_virtual_time_only(parts.policy, kind)
         from tailserve.executors.simulated.realtime import RealtimeSimExecutor

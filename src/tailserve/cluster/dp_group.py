@@ -30,6 +30,7 @@ from tailserve.cluster.router_registry import make_router
 from tailserve.core.engine import EngineOptions, EngineStalledError
 from tailserve.core.executor import StepResult
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.cuda_graph import is_generation_only
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.executor import batch_shape, window_shape
 from tailserve.policies.registry import PolicySpec
@@ -80,6 +81,16 @@ class LockstepStage(Stage):
             return self._idle()
         cm = self.cost_model
         shapes = [None if p is None else batch_shape(p[0]) for p in pending]
+        graph = getattr(engines[0].executor, "graph", None)
+        outs = [p[0] for p in pending if p is not None]
+        if graph is not None and all(is_generation_only(out) for out in outs):
+            # TensorRT-LLM's attention-DP ranks replay one CUDA graph size: the largest rank's
+            # batch, padded up to a captured size (cuda_graph.py).
+            size = graph.padded_batch(max(len(out.scheduled) for out in outs))
+            shapes = [
+                None if p is None or shape is None else graph.pad(shape, len(p[0].scheduled), size)
+                for p, shape in zip(pending, shapes, strict=True)
+            ]
         windows = None
         if cm.windowed:
             windows = [None if p is None else window_shape(p[0], cm.model.sliding_window) for p in pending]
@@ -147,5 +158,11 @@ def build_dp_stage(
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
     balancer = make_router(router or engine_balancer(policy))
     if lockstep:
+        if getattr(replicas[0].engine.executor, "spec", None) is not None:
+            # The lockstep step prices plain batches (batch_shape): no drafter, no acceptance draws.
+            raise ValueError(
+                "speculative decoding in a data-parallel MoE engine (lockstep ranks) is not modelled; "
+                "drop the draft tokens or --data-parallel-size"
+            )
         return LockstepStage(replicas, balancer, BALANCER_REFRESH_S, cost_model=built.cost_model)
     return Stage(replicas, balancer, BALANCER_REFRESH_S)

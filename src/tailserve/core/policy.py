@@ -134,6 +134,12 @@ class Policy(ABC):
         ``SpecDecoding``; ``core`` knows no executor, hence ``Any``); None without."""
         return None
 
+    def cuda_graph_padding(self) -> Any:
+        """How the engine pads generation-only steps to a captured CUDA-graph batch size, for the
+        simulated executor (``executors/simulated/cuda_graph.py``'s ``CudaGraphPadding``); None
+        where it is not priced."""
+        return None
+
     def notes(self) -> list[str]:
         """Things the user should know about how this configuration is simulated (e.g. a flag
         accepted but not modelled yet); printed by the CLI."""

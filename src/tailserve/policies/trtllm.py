@@ -68,7 +68,9 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.fast_paths import FastPaths
+from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.trtllm_capacity import guaranteed_no_evict, max_utilization
 from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
@@ -95,6 +97,15 @@ class TrtllmPolicy(Policy, FastPaths):
         self._unscheduled: set[str] = set()
         self._generating: set[str] = set()  # context done: GENERATION_IN_PROGRESS
         self._checked_unit = False
+        self._spec = config.speculative_decoding()
+        # Draft tokens each generation request verifies per step (py_draft_tokens: always
+        # max_draft_len with a one-model drafter, _prepare_draft_requests); 0 without.
+        self._num_drafts = self._spec.num_speculative_tokens if self._spec is not None else 0
+        self._graph = (
+            CudaGraphPadding(config.captured_batch_sizes(), 1 + self._num_drafts)
+            if config.cuda_graph_padding_enabled
+            else None
+        )
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TrtllmConfig:
@@ -106,8 +117,23 @@ class TrtllmPolicy(Policy, FastPaths):
         # estimate_max_kv_cache_tokens profiles a forward of max_num_tokens (py_executor_creator).
         return config.num_tokens
 
+    @classmethod
+    def draft_kv_layers(cls, config: TrtllmConfig) -> int:
+        return config.draft_kv_layers
+
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_block_reuse else "paged")
+
+    def speculative_decoding(self) -> SpecDecoding | None:
+        return self._spec
+
+    def cuda_graph_padding(self) -> CudaGraphPadding | None:
+        return self._graph
+
+    def can_fast_forward(self, sched: Scheduler) -> bool:
+        # With drafts a step advances each request by 1 + the drafts its verification accepts,
+        # a draw per request: stepped, as the vllm policy's.
+        return self._spec is None
 
     # ---- requests in and out ------------------------------------------------------------------
     def add_request(self, sched: Scheduler, request: Request) -> None:
@@ -152,18 +178,21 @@ class TrtllmPolicy(Policy, FastPaths):
         out = SchedulerOutput()
         self._fetch(sched)
         is_generation = self._is_generation
+        drafts = self._num_drafts
         if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
             fitting, paused = max_utilization(
                 sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
-                lambda request: self._pause(sched, request),
+                lambda request: self._pause(sched, request), drafts,
             )  # fmt: skip
             out.preempted.extend(paused)
         else:
             static = cfg.capacity_scheduler_policy == STATIC_BATCH
             fitting = guaranteed_no_evict(
-                sched, self._active, is_generation, cfg.batch_size, static, cfg.enable_block_reuse
+                sched, self._active, is_generation, cfg.batch_size, static, cfg.enable_block_reuse, drafts
             )
-        batch = micro_batch(fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, kv.block_size)
+        batch = micro_batch(
+            fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, kv.block_size, 1 + drafts
+        )
         for request in batch.too_long:
             self._abort_too_long(sched, request, now)
 
@@ -181,16 +210,23 @@ class TrtllmPolicy(Policy, FastPaths):
                 self._generating.add(request.request_id)  # its last chunk: generation next
         for request in batch.generations:
             computed = request.num_computed_tokens
-            if kv.allocate(request.request_id, computed + 1) is None:
+            # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
+            # add_token 1 + get_draft_token_length times); rejected drafts' slots are rewound
+            # after the step (update_resources), here by the computed tokens rolling back.
+            if kv.allocate(request.request_id, computed + 1 + drafts) is None:
                 raise RuntimeError(
                     f"trtllm: no KV block for generation request {request.request_id} although the "
                     "capacity scheduler counted one (a bug in this policy)"
                 )
-            out.scheduled.append(ScheduledRequest(request, 1, computed))
-            computed_after.append((request, computed + 1))
+            out.scheduled.append(ScheduledRequest(request, 1 + drafts, computed, num_spec_tokens=drafts))
+            computed_after.append((request, computed + 1))  # drafts are not known tokens
         # storeContextBlocks after the forward: only now do this step's blocks become reusable.
         for request, tokens in computed_after:
             sched.cache_computed(request, tokens)
+        if drafts:
+            # The step's outputs come back as 1 + accepted drafts per generation request: the
+            # scheduler's speculative accounting (advance now, roll rejected drafts back at update).
+            sched.advance_scheduled(out)
         return out
 
     def _fetch(self, sched: Scheduler) -> None:

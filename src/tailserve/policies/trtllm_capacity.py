@@ -6,7 +6,9 @@ Source: ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` (the default, t
 docstrings cite the C++ lines: GuaranteedNoEvict 194-331, MaxUtilization 341-425), with the
 block counts of ``kvCacheManager.cpp`` (``getRemainingBlocksToCompletion``,
 ``getNeededBlocksOneStep``) and ``scheduledBlocksManager.h``. One attention window, beam width
-1, no draft tokens, no LoRA pages, no disaggregated requests: what tailserve models.
+1, no LoRA pages, no disaggregated requests: what tailserve models. Draft tokens (MTP, EAGLE-3:
+``drafts`` per generation step) count in the one-step blocks, as the engine counts them, and in
+the reservation to completion as the last step's slots (``remaining_blocks``).
 
 A request is a *generation* request (``GENERATION_IN_PROGRESS``) once its context is computed,
 else a *context* request (``CONTEXT_INIT``); its *first chunk* is still to run while it holds no
@@ -24,23 +26,29 @@ from tailserve.core.scheduler import Scheduler
 IsGeneration = Callable[[Request], bool]
 
 
-def remaining_blocks(sched: Scheduler, request: Request) -> int:
+def remaining_blocks(sched: Scheduler, request: Request, drafts: int = 0) -> int:
     """``getRemainingBlocksToCompletion``: blocks for prompt + ``max_tokens`` less those held
     (the prompt's blocks once its first chunk ran). A paused request's prompt has grown by its
-    outputs and its ``max_tokens`` shrunk by as many, so the total is the one it arrived with."""
+    outputs and its ``max_tokens`` shrunk by as many, so the total is the one it arrived with.
+    With ``drafts`` per step the total also holds the last step's draft slots (a deviation: the
+    engine counts prompt + ``max_new_tokens`` only, leaving the drafts' slots of the last steps
+    to the blocks nobody reserved; counting them keeps the no-evict guarantee)."""
     kv = sched.kv_cache
-    return kv.blocks_for(request.prompt_len + request.max_tokens) - kv.num_held(request.request_id)
+    total = request.prompt_len + request.max_tokens + drafts
+    return max(kv.blocks_for(total) - kv.num_held(request.request_id), 0)
 
 
-def blocks_one_step(sched: Scheduler, request: Request, generation: bool) -> int:
+def blocks_one_step(sched: Scheduler, request: Request, generation: bool, drafts: int = 0) -> int:
     """``getNeededBlocksOneStep`` without two-step lookahead (only pipeline parallelism turns it
-    on, ``_util.py``): a generation request the block its next token may open; a context
-    request its whole prompt's blocks at its first chunk (shared prefix blocks are not
-    credited: the match happens later, in ``addSequence``), nothing at later chunks."""
+    on, ``_util.py``): a generation request the blocks its next token and its ``drafts`` may
+    open (``tokensPerStep = getNumDraftTokens() + 1``; blocks a rolled-back draft left held
+    count as held); a context request its whole prompt's blocks at its first chunk (shared
+    prefix blocks are not credited: the match happens later, in ``addSequence``), nothing at
+    later chunks."""
     kv = sched.kv_cache
     if generation:
         computed = request.num_computed_tokens
-        return kv.blocks_for(computed + 1) - kv.blocks_for(computed)
+        return max(kv.blocks_for(computed + 1 + drafts) - kv.num_held(request.request_id), 0)
     if kv.num_held(request.request_id):
         return 0
     return kv.blocks_for(request.num_tokens)
@@ -84,6 +92,7 @@ def guaranteed_no_evict(
     max_num_requests: int,
     static_batch: bool,
     block_reuse: bool,
+    drafts: int = 0,
 ) -> list[Request]:
     """GUARANTEED_NO_EVICT (and STATIC_BATCH): reserve every running request's blocks to
     completion, then admit contexts in active order while the rest holds theirs to completion.
@@ -103,7 +112,7 @@ def guaranteed_no_evict(
             break
         if is_generation(request):
             scheduled.append(request)
-            available -= remaining_blocks(sched, request)
+            available -= remaining_blocks(sched, request, drafts)
         else:
             pending.append(request)
     if static_batch and scheduled:
@@ -114,7 +123,7 @@ def guaranteed_no_evict(
             continue
         if len(scheduled) >= max_num_requests:
             break
-        need = remaining_blocks(sched, request)
+        need = remaining_blocks(sched, request, drafts)
         if need > available:
             break
         scheduled.append(request)
@@ -129,6 +138,7 @@ def max_utilization(
     max_num_requests: int,
     block_reuse: bool,
     pause: Callable[[Request], None],
+    drafts: int = 0,
 ) -> tuple[list[Request], list[Request]]:
     """MAX_UTILIZATION: blocks for this step only; when a request does not fit, pause the
     *last started* request (from the end of the active list back to it) and try again.
@@ -153,7 +163,7 @@ def max_utilization(
             i += 1
             continue
         if len(scheduled) < max_num_requests:
-            need = blocks_one_step(sched, request, is_generation(request))
+            need = blocks_one_step(sched, request, is_generation(request), drafts)
             if scheduled_blocks + need <= kv.num_free_blocks:
                 scheduled.append(request)
                 scheduled_blocks += need

@@ -23,8 +23,11 @@ Kept apart from ``trtllm.py`` so the capacity and micro-batch schedulers
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Literal
+
+from tailserve.executors.simulated.spec_decode import SpecDecoding, resolve_acceptance_rates
 
 GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
 MAX_UTILIZATION = "MAX_UTILIZATION"
@@ -34,6 +37,14 @@ EQUAL_PROGRESS = "EQUAL_PROGRESS"
 
 DEFAULT_MAX_BATCH_SIZE = 2048
 DEFAULT_MAX_NUM_TOKENS = 8192
+# CudaGraphConfig.max_batch_size 0 means 128 (llm_args.py@1.2 CudaGraphConfig.validate_cuda_graph_config)
+DEFAULT_CUDA_GRAPH_MAX_BATCH_SIZE = 128
+
+# speculative_config.decoding_type -> tailserve's drafter (spec_decode.METHODS): both run inside the
+# target model ("one-model"): MTP's module(s) and EAGLE-3's draft layer, one layer per draft.
+DECODING_TYPES = {"MTP": "mtp", "Eagle3": "eagle3"}
+# Fields of features off by default: a run file names them only when set (sim/run.py).
+_WHEN_SET = {"recorded_when_set": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +63,128 @@ class TrtllmConfig:
     enable_chunked_prefill: bool = False  # split contexts into tokens_per_block-aligned chunks
     enable_block_reuse: bool = True  # kv_cache_config.enable_block_reuse: prefix reuse of full blocks
     waiting_queue_policy: Literal["fcfs"] = "fcfs"  # scheduler_config.waiting_queue_policy
+    # speculative_config.decoding_type: draft tokens verified each generation step (MTP: DeepSeek's
+    # multi-token prediction modules; Eagle3: an EAGLE-3 draft layer), none: off
+    decoding_type: Literal["MTP", "Eagle3"] | None = field(default=None, metadata=_WHEN_SET)
+    # speculative_config.num_nextn_predict_layers (MTP): draft tokens per step
+    num_nextn_predict_layers: int = field(default=0, metadata=_WHEN_SET)
+    # speculative_config.max_draft_len (Eagle3): draft tokens per step
+    max_draft_len: int = field(default=0, metadata=_WHEN_SET)
+    # acceptance (tailserve's model, vLLM's synthetic sampler: spec_decode.py): per-position
+    # unconditional rates, non-increasing, one per draft; 0.8,0.5 (0.8/0.5 in a policy spec)
+    synthetic_acceptance_rates: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
+    # or the mean acceptance length: 1 + accepted drafts per step, in [1, drafts + 1]
+    synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
+    # cuda_graph_config.enable_padding: a generation-only step runs at the next captured batch size
+    cuda_graph_padding_enabled: bool = field(default=False, metadata=_WHEN_SET)
+    # cuda_graph_config.batch_sizes: the captured batch sizes (whole numbers); none: generated
+    # from cuda_graph_max_batch_size as TensorRT-LLM 1.2 generates them
+    cuda_graph_batch_sizes: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
+    # cuda_graph_config.max_batch_size: the largest captured batch (0: 128, or max(batch_sizes))
+    cuda_graph_max_batch_size: int = field(default=0, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_num_tokens is not None and self.max_num_tokens < 1:
             raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
+        self._check_speculative()
+        self._check_cuda_graphs()
+
+    def _check_speculative(self) -> None:
+        given = [
+            name
+            for name in ("synthetic_acceptance_rates", "synthetic_acceptance_length")
+            if getattr(self, name) is not None
+        ]
+        if self.num_nextn_predict_layers < 0:
+            raise ValueError(f"num_nextn_predict_layers must be >= 0, got {self.num_nextn_predict_layers}")
+        if self.max_draft_len < 0:
+            raise ValueError(f"max_draft_len must be >= 0, got {self.max_draft_len}")
+        if self.decoding_type is None:
+            extra = given + [n for n in ("num_nextn_predict_layers", "max_draft_len") if getattr(self, n)]
+            if extra:
+                raise ValueError(f"{extra[0]} needs decoding_type (one of {', '.join(DECODING_TYPES)})")
+            return
+        if self.decoding_type not in DECODING_TYPES:
+            raise ValueError(
+                f"decoding_type must be one of {', '.join(DECODING_TYPES)}, got {self.decoding_type!r} "
+                "(Eagle, NGram, Draft/Target, Medusa, ... are not modelled)"
+            )
+        # MTPDecodingConfig: num_nextn_predict_layers (default 1) sets max_draft_len
+        # (speculative/utils.py update_spec_config_from_model_config); EagleDecodingConfig needs
+        # max_draft_len. The other one is refused, not ignored.
+        if self.decoding_type == "MTP" and self.max_draft_len:
+            raise ValueError("max_draft_len is Eagle3's; MTP's draft count is num_nextn_predict_layers")
+        if self.decoding_type == "Eagle3" and self.num_nextn_predict_layers:
+            raise ValueError("num_nextn_predict_layers is MTP's; Eagle3's draft count is max_draft_len")
+        if self.decoding_type == "Eagle3" and not self.max_draft_len:
+            raise ValueError("decoding_type Eagle3 needs max_draft_len >= 1")
+        resolve_acceptance_rates(
+            self.num_draft_tokens, self.synthetic_acceptance_rates, self.synthetic_acceptance_length
+        )
+
+    def _check_cuda_graphs(self) -> None:
+        sizes = self.cuda_graph_batch_sizes
+        if self.cuda_graph_max_batch_size < 0:
+            raise ValueError(
+                f"cuda_graph_max_batch_size must be non-negative, got {self.cuda_graph_max_batch_size}"
+            )
+        if sizes is None:
+            return
+        if not sizes or any(s != int(s) or s < 1 for s in sizes):
+            raise ValueError(f"cuda_graph_batch_sizes must be whole numbers >= 1, got {list(sizes)}")
+        if self.cuda_graph_max_batch_size and self.cuda_graph_max_batch_size != int(max(sizes)):
+            raise ValueError(
+                f"cuda_graph_max_batch_size ({self.cuda_graph_max_batch_size}) must equal "
+                f"max(cuda_graph_batch_sizes) ({int(max(sizes))}) when both are given"
+            )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens per generation step (``max_draft_len``): MTP's ``num_nextn_predict_layers``
+        (1 when not given, ``MTPDecodingConfig``'s default), Eagle3's ``max_draft_len``; 0 off."""
+        if self.decoding_type == "MTP":
+            return self.num_nextn_predict_layers or 1
+        if self.decoding_type == "Eagle3":
+            return self.max_draft_len
+        return 0
+
+    def speculative_decoding(self) -> SpecDecoding | None:
+        """The drafter and its acceptance for the simulated executor (None without drafts)."""
+        k = self.num_draft_tokens
+        if not k:
+            return None
+        assert self.decoding_type is not None
+        rates = resolve_acceptance_rates(k, self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
+        return SpecDecoding(DECODING_TYPES[self.decoding_type], k, rates)
+
+    @property
+    def draft_kv_layers(self) -> int:
+        """Draft layers whose KV the pool holds beside the target's (``get_num_spec_layers``:
+        MTP's ``num_nextn_predict_layers``, EAGLE-3's one layer)."""
+        if self.decoding_type == "MTP":
+            return self.num_draft_tokens
+        return 1 if self.decoding_type == "Eagle3" else 0
+
+    def captured_batch_sizes(self) -> tuple[int, ...]:
+        """The CUDA-graph batch sizes (ascending): given, or generated as TensorRT-LLM 1.2 does
+        (``CudaGraphConfig._generate_cuda_graph_batch_sizes``): with padding 1, 2, 4 and the
+        multiples of 8 to 128, without it 1-31, 32, 64, 128; then powers of two from 256 below the
+        maximum; those up to the maximum, and the maximum itself."""
+        if self.cuda_graph_batch_sizes is not None:
+            return tuple(sorted({int(s) for s in self.cuda_graph_batch_sizes}))
+        top = self.cuda_graph_max_batch_size or DEFAULT_CUDA_GRAPH_MAX_BATCH_SIZE
+        if self.cuda_graph_padding_enabled:
+            sizes = [1, 2, 4] + [8 * i for i in range(1, 17)]
+        else:
+            sizes = [*range(1, 32), 32, 64, 128]
+        if top > 1:
+            sizes += [2**i for i in range(8, math.ceil(math.log(top, 2)))]
+        sizes = sorted({s for s in sizes if s <= top})
+        if not sizes or sizes[-1] != top:
+            sizes.append(top)
+        return tuple(sizes)
 
     @property
     def batch_size(self) -> int:

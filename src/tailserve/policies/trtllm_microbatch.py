@@ -35,11 +35,13 @@ def micro_batch(
     max_num_tokens: int,
     chunking_policy: str | None,
     chunk_unit: int,
+    generation_tokens: int = 1,
 ) -> MicroBatch:
     """The rules, in the source's order:
 
     1. Walk the fitting requests in the capacity scheduler's order. A generation request costs
-       one token; if it would pass ``max_num_tokens`` the walk ends. A context without chunking
+       ``generation_tokens`` (``beam_width + num_draft_tokens``: 1 + its drafts); if it would
+       pass ``max_num_tokens`` the walk ends. A context without chunking
        costs its whole remaining context (a first chunk: all its tokens, cached ones included —
        the prefix match comes after scheduling); if it would pass the budget the walk ends.
        With chunking a context is set aside with its remaining length (capped at
@@ -57,10 +59,10 @@ def micro_batch(
     all_fit = True
     for request in fitting:
         if is_generation(request):
-            if batch_tokens + 1 > max_num_tokens:
+            if batch_tokens + generation_tokens > max_num_tokens:
                 break
             out.generations.append(request)
-            batch_tokens += 1
+            batch_tokens += generation_tokens
         else:
             remaining = request.num_tokens - request.num_computed_tokens
             if chunking_policy is None:

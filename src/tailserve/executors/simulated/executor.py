@@ -7,6 +7,7 @@ import numpy as np
 from tailserve.core.executor import StepResult
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.cuda_graph import CudaGraphPadding, is_generation_only
 from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, accepted_drafts
 from tailserve.executors.simulated.window import WindowShape
 
@@ -91,12 +92,19 @@ class SimExecutor:
     needs_block_ids = False  # the cost model prices batch shapes, not blocks
 
     def __init__(
-        self, cost_model: CostModel, block_size: int = 16, spec: SpecDecoding | None = None, seed: int = 0
+        self,
+        cost_model: CostModel,
+        block_size: int = 16,
+        spec: SpecDecoding | None = None,
+        seed: int = 0,
+        graph: CudaGraphPadding | None = None,
     ) -> None:
         self.cost_model = cost_model
         self.block_size = block_size  # tokens per KV block, to price swap traffic
         self.spec = spec
         self.seed = seed
+        # TensorRT-LLM's CUDA-graph padding of generation-only steps (cuda_graph.py); None: off
+        self.graph = graph
         self.drafter = DrafterCost(cost_model, spec) if spec is not None else None
         # A sliding-window model's attention depends on each request's context, not on the
         # batch's sums alone: the exact fast paths (which price sums) stay off for it.
@@ -107,7 +115,10 @@ class SimExecutor:
             return self._execute_advanced(out)
         cm = self.cost_model
         window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
-        duration = cm.iteration_time(batch_shape(out), window)
+        shape = batch_shape(out)
+        if self.graph is not None and not out.padding and is_generation_only(out):
+            shape = self.graph.pad(shape, len(out.scheduled))
+        duration = cm.iteration_time(shape, window)
         swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
         if swapped:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
@@ -118,6 +129,11 @@ class SimExecutor:
         """A step of vLLM's own accounting: the target's time, the drafter's and the drafts
         accepted; the per-step overhead is the host time async scheduling hides."""
         shape = advanced_batch_shape(out)
+        num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
+        if self.graph is not None and is_generation_only(out):
+            padded = self.graph.pad(shape, len(out.scheduled))
+            num_padded = self.graph.padded_batch(len(out.scheduled)) - len(out.scheduled)
+            shape = padded
         cost = self.cost_model
         window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
         duration = cost.iteration_time(shape, window)
@@ -134,7 +150,7 @@ class SimExecutor:
                 if s.num_spec_tokens and not s.spec_padding:
                     rid = s.request.request_id
                     accepted[rid] = accepted_drafts(spec, self.seed, rid, s.num_context_tokens)
-            duration += drafter.time(shape, num_drafting, drafting_kv)
+            duration += drafter.time(shape, num_drafting + num_padded, drafting_kv)
         host = cost.efficiency.overhead if shape.num_tokens else 0.0
         return StepResult(duration=duration, num_accepted=accepted, host_time=host)
 
@@ -143,13 +159,23 @@ class SimExecutor:
         overhead, which async scheduling runs during the previous step's forward pass."""
         return self.cost_model.efficiency.overhead if num_decodes else 0.0
 
+    def _padded(self, num_decodes: int) -> int:
+        """The batch a decode-only step runs at (``num_decodes`` without CUDA-graph padding)."""
+        return num_decodes if self.graph is None else self.graph.padded_batch(num_decodes)
+
     def decode_step_duration(self, num_decodes: int, num_context_tokens: int) -> float:
-        return self.cost_model._iteration_time(
-            num_decodes, num_decodes, 0, 0, num_context_tokens, 0, num_decodes
-        )
+        n = self._padded(num_decodes)
+        return self.cost_model._iteration_time(n, n, 0, 0, num_context_tokens, 0, n)
 
     def decode_step_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> list[float]:
+        if self._padded(num_decodes) != num_decodes:
+            return self.decode_run_durations(num_decodes, num_context_tokens, num_steps).tolist()
         return self.cost_model.decode_step_times(num_decodes, num_context_tokens, num_steps)
 
     def decode_run_durations(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
-        return self.cost_model.decode_run_times(num_decodes, num_context_tokens, num_steps)
+        n = self._padded(num_decodes)
+        if n == num_decodes:
+            return self.cost_model.decode_run_times(num_decodes, num_context_tokens, num_steps)
+        # The GEMMs over the padded batch, the attention over the real requests' KV (cuda_graph.py).
+        decode_kv = num_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+        return self.cost_model._iteration_time(n, n, 0, 0, decode_kv, 0, n)
