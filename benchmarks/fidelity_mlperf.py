@@ -187,36 +187,36 @@ _AMD_VLLM = ("--policy", "vllm-v0", "--quantization", "fp8", "--max-num-batched-
              "--no-enable-chunked-prefill", "--block-size", "32", "--no-enable-prefix-caching",
              "--max-model-len", "2048", "--gpu-memory-utilization", "1.0", "--preemption-mode", "recompute",
              "--swap-space", "0")  # fmt: skip
-# TRT-LLM's kvcache_free_gpu_mem_frac 0.9 is a fraction of the memory left after the weights:
-# (66.1 GiB weights and activations + 0.9 x (140.4 - 66.1)) / 140.4 = 0.947 of the H200 in
-# tailserve's --gpu-memory-utilization terms (66.1 GiB: what tailserve's 0.9 leaves beside its
-# 60.2 GiB KV cache for this deployment).
+# TRT-LLM's kvcache_free_gpu_mem_frac 0.9 is a fraction of the memory left after the weights and
+# activations, which is how the trtllm policy applies --gpu-memory-utilization (kv_capacity.py).
 _H200_TRTLLM = ("--policy", "trtllm", "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--max-batch-size", "2048",
                 "--max-num-tokens", "1536", "--capacity-scheduler-policy", "MAX_UTILIZATION",
                 "--enable-chunked-prefill", "--context-chunking-policy", "FIRST_COME_FIRST_SERVED",
-                "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.947")  # fmt: skip
+                "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.9")  # fmt: skip
 
 # NVIDIA's B200 Llama-2-70B (configs/B200-SXM-180GBx8/{Server,Offline}/llama2-70b.py): precision fp4
 # (NVFP4 weights), FP8 KV, TP 1 on each GPU, gpu_batch_size 2048, max_num_tokens 3584, max_util,
-# chunked context; kvcache_free_gpu_mem_frac 0.95 of what the weights leave: (36.8 GiB weights +
-# 1.9 GiB activations + 0.95 x (179.1 - 38.7)) / 179.1 = 0.961 in --gpu-memory-utilization terms.
+# chunked context; kvcache_free_gpu_mem_frac 0.95 of what the weights and activations leave.
 _B200_LLAMA = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--max-batch-size", "2048",
                "--max-num-tokens", "3584", "--capacity-scheduler-policy", "MAX_UTILIZATION",
                "--enable-chunked-prefill", "--context-chunking-policy", "FIRST_COME_FIRST_SERVED",
-               "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.961")  # fmt: skip
+               "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.95")  # fmt: skip
 # NVIDIA's DeepSeek-R1 (configs/<system>/Server/deepseek-r1.py): tensor_parallelism 8 with
 # enable_attention_dp (8 attention ranks of TP 1, tailserve's --tp 1 --data-parallel-size 8),
 # moe_expert_parallelism 8 (experts whole on each GPU, WIDEEP backend), precision fp4 (NVFP4
 # experts; tailserve's nvfp4 is every linear layer), FP8 KV, gpu_batch_size 512 and max_num_tokens
 # 3456 per attention rank, max_util, chunked context off, block reuse off (llmlib/config.py
-# writes enable_block_reuse False), max_seq_len 3140 + 20000. kvcache_free_gpu_mem_frac 0.9 of what
-# 54.3 GiB weights + 1.6 GiB activations leave: 0.931 of the B200 (0.930 of the GB200). No
-# speculative decoding: no speculative_config in these configs or llmlib (MTP arrived with v6.0's
-# interactive scenario).
+# writes enable_block_reuse False), max_seq_len 3140 + 20000, kvcache_free_gpu_mem_frac 0.9 (of
+# what the weights and activations leave). Decode CUDA graphs of 128/256/384/512 requests with
+# cuda_graph_padding_enabled (llmlib/config.py writes cuda_graph_padding_enabled and
+# cuda_graph_batch_sizes into the extra YAML from the system's runtime flags). No speculative
+# decoding: llmlib/config.py's _generate_extra_config_yaml writes no speculative_config (MTP
+# arrived with v6.0's interactive scenario).
 _R1_TRTLLM = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--enable-expert-parallel",
               "--max-batch-size", "512", "--max-num-tokens", "3456", "--capacity-scheduler-policy", "MAX_UTILIZATION",
               "--no-enable-chunked-prefill", "--no-enable-block-reuse", "--block-size", "32",
-              "--max-model-len", "23140")  # fmt: skip
+              "--max-model-len", "23140", "--gpu-memory-utilization", "0.9", "--cuda-graph-padding-enabled",
+              "--cuda-graph-batch-sizes", "128,256,384,512")  # fmt: skip
 
 POINTS = (
     MLPerfPoint(
@@ -272,7 +272,7 @@ POINTS = (
     MLPerfPoint(
         "nvidia-b200-r1", "NVIDIA 8xB200 TRT-LLM DeepSeek-R1", "deepseek-r1", "B200-SXM-180GBx8_TRT", "B200", 8, 1,
         "DeepSeek-R1", "TensorRT 10.11, CUDA 12.9", 5.02, 4.96, 18592.24, (685.86, 1695.86), (69.90, 72.18), 248.934,
-        DEEPSEEK_R1, (*_R1_TRTLLM, "--gpu-memory-utilization", "0.931"),
+        DEEPSEEK_R1, _R1_TRTLLM,
         _summary("NVIDIA", "B200-SXM-180GBx8_TRT", "deepseek-r1")
         + "; flags: closed/NVIDIA/configs/B200-SXM-180GBx8/Server/deepseek-r1.py (Custom harness, k_99, MaxP)",
         "NVFP4 experts, attention DP 8 x TP 1, EP 8 (WIDEEP), ADP balancing (wait 3-9 iterations), no MTP",
@@ -283,7 +283,7 @@ POINTS = (
     MLPerfPoint(
         "nvidia-gb200-r1", "NVIDIA GB200-NVL72 TRT-LLM DeepSeek-R1", "deepseek-r1", "GB200-NVL72_GB200-186GB_aarch64x72_TRT",
         "GB200", 72, 1, "DeepSeek-R1", "TensorRT 10.11, CUDA 12.9", 45.06, 44.76, 167578.06, (641.44, 1245.96),
-        (61.29, 64.45), 216.209, DEEPSEEK_R1, (*_R1_TRTLLM, "--gpu-memory-utilization", "0.930"),
+        (61.29, 64.45), 216.209, DEEPSEEK_R1, _R1_TRTLLM,
         _summary("NVIDIA", "GB200-NVL72_GB200-186GB_aarch64x72_TRT", "deepseek-r1")
         + "; flags: closed/NVIDIA/configs/GB200-NVL72_GB200-186GB_aarch64x72/Server/deepseek-r1.py",
         "9 engines of 8 GPUs (server_target_qps 5 x 9), the B200's flags, NVLink over all 72",

@@ -64,7 +64,8 @@ def test_each_yaml_key_is_a_row_with_its_verdict_and_source(tmp_path):
         "scheduler_config.dynamic_batch_config": (NO_OP, None),  # TensorRT backend only
         "kv_cache_config.enable_block_reuse": (SCHEDULING, False),
         "kv_cache_config.tokens_per_block": (DEPLOYMENT, 64),
-        "kv_cache_config.free_gpu_memory_fraction": (NOT_MODELLED, 0.85),
+        # the trtllm policy's gpu_memory_utilization, applied to what weights and activations leave
+        "kv_cache_config.free_gpu_memory_fraction": (DEPLOYMENT, 0.85),
         "kv_cache_config.max_tokens": (NOT_MODELLED, 200000),
         "disable_overlap_scheduler": (NOT_MODELLED, True),
         "cuda_graph_config": (OTHER, None),
@@ -106,7 +107,7 @@ def test_the_file_wins_over_the_flags_it_also_sets(tmp_path):
     # A kv_cache_config without free_gpu_memory_fraction leaves the flag's (merged key by key).
     path.write_text("kv_cache_config:\n  enable_block_reuse: false\n")
     kept = rows(lint(line))
-    assert kept["--kv_cache_free_gpu_memory_fraction"].verdict == NOT_MODELLED
+    assert kept["--kv_cache_free_gpu_memory_fraction"].verdict == DEPLOYMENT
     assert kept["--max_batch_size"].verdict == SCHEDULING
 
 

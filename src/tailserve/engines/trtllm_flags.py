@@ -48,10 +48,10 @@ TRTLLM_1_2_1 = EngineVersion(
                  "the model's", target="max_model_len"),
         FlagSpec("enable_chunked_prefill", bool, SCHEDULING, "split context (prefill) into chunks",
                  _opt("enable_chunked_prefill"), "false"),
-        FlagSpec("kv_cache_free_gpu_memory_fraction", float, NOT_MODELLED,
-                 "fraction of the memory left after weights and buffers for the KV cache (tailserve's "
-                 "--gpu-memory-utilization is a fraction of all of it)", _opt("free_gpu_memory_fraction"), "0.9",
-                 aliases=("--free_gpu_memory_fraction",)),
+        FlagSpec("kv_cache_free_gpu_memory_fraction", float, DEPLOYMENT,
+                 "fraction of the memory left after weights and activations for the KV cache (the trtllm "
+                 "policy applies --gpu-memory-utilization so)", _opt("free_gpu_memory_fraction"), "0.9",
+                 aliases=("--free_gpu_memory_fraction",), target="gpu_memory_utilization"),
         FlagSpec("backend", ("pytorch", "tensorrt", "trt", "_autodeploy"), NOT_MODELLED,
                  "the runtime: the trtllm policy models the PyTorch backend's scheduler", _opt("backend"),
                  "pytorch"),

@@ -84,11 +84,13 @@ KEYS = (
     FlagSpec("enable_chunked_prefill", bool, SCHEDULING, "split context (prefill) into chunks",
              _llm("enable_chunked_prefill"), "false"),
     FlagSpec("speculative_config", dict | None, NOT_MODELLED,
-             "draft tokens verified each generation step (more tokens and KV per step); the trtllm policy "
-             "decodes one token a step", _llm("speculative_config")),
+             "draft tokens verified each generation step; the trtllm policy models MTP and Eagle3 under "
+             "its flags decoding_type, num_nextn_predict_layers, max_draft_len with an acceptance rate or "
+             "length (set them there: the file's drafter gives no acceptance)", _llm("speculative_config")),
     FlagSpec("cuda_graph_config", dict | None, OTHER,
-             "CUDA graphs for decode-only batches: the time of a step, not who is in it (calibrate the "
-             "cost model to a measured run)", _llm("cuda_graph_config")),
+             "CUDA graphs for decode-only batches: the time of a step, not who is in it; the trtllm policy "
+             "prices enable_padding under its flags cuda_graph_padding_enabled, cuda_graph_batch_sizes, "
+             "cuda_graph_max_batch_size", _llm("cuda_graph_config")),
     FlagSpec("disable_overlap_scheduler", bool, NOT_MODELLED,
              "the overlap scheduler (on unless this is true) schedules step N+1 while step N runs; tailserve "
              "schedules each step after the last one's tokens, as with it off", _llm("disable_overlap_scheduler"),
@@ -127,10 +129,10 @@ KEYS = (
              _field("KvCacheConfig", "tokens_per_block"), "32", target="block_size"),
     FlagSpec("kv_cache_config.dtype", str, DEPLOYMENT, "KV cache number format (auto: the checkpoint's)",
              _field("KvCacheConfig", "dtype"), "auto", target="deployment.kv_cache_dtype"),
-    FlagSpec("kv_cache_config.free_gpu_memory_fraction", float | None, NOT_MODELLED,
-             "fraction of the memory left after weights and buffers for the KV cache (tailserve's "
-             "--gpu-memory-utilization is a fraction of all of it)",
-             _field("KvCacheConfig", "free_gpu_memory_fraction"), "0.9"),
+    FlagSpec("kv_cache_config.free_gpu_memory_fraction", float | None, DEPLOYMENT,
+             "fraction of the memory left after weights and activations for the KV cache (the trtllm "
+             "policy applies --gpu-memory-utilization so: kv_capacity.py)",
+             _field("KvCacheConfig", "free_gpu_memory_fraction"), "0.9", target="gpu_memory_utilization"),
     FlagSpec("kv_cache_config.max_tokens", int | None, NOT_MODELLED,
              "caps the KV cache at this many tokens (the smaller of it and the memory fraction's); tailserve "
              "sizes the cache from --gpu-memory-utilization", _field("KvCacheConfig", "max_tokens")),

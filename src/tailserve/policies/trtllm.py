@@ -39,6 +39,23 @@ the fraction of the memory left after the weights and a profiled forward of ``ma
 (``_util.py`` ``KvCacheCreator``: ``(total - peak) * fraction``), not vLLM's fraction of the
 whole (``kv_capacity.py``, ``of_free_memory``).
 
+Draft tokens (``speculative_config``: ``decoding_type`` MTP with ``num_nextn_predict_layers``
+drafts, 1 by default, or Eagle3 with ``max_draft_len``; both one-model, the drafter inside the
+target): every generation request carries ``max_draft_len`` drafts each step
+(``_prepare_draft_requests``); the micro-batch scheduler charges it ``1 + drafts`` tokens
+(``beam_width + num_draft_tokens``); ``getNeededBlocksOneStep`` counts ``1 + drafts`` slots;
+``prepare_resources`` takes a KV slot for the token and each draft and ``update_resources``
+rewinds the rejected ones; the request advances by 1 + its accepted drafts (trimmed at
+``max_tokens``). Acceptance and the drafter's time are ``spec_decode.py``'s (the synthetic
+sampler's rates or mean length; one decoder layer per draft); the drafter's layers add their KV
+to the pool. GUARANTEED_NO_EVICT also reserves the last step's draft slots (the engine counts
+prompt + ``max_new_tokens`` only; counting them keeps the no-evict guarantee).
+
+CUDA graphs (``cuda_graph_config``, here ``cuda_graph_padding_enabled``,
+``cuda_graph_batch_sizes``, ``cuda_graph_max_batch_size``): with padding a generation-only step
+is priced at the next captured batch size (``executors/simulated/cuda_graph.py``); without it
+(the default) graphs change no price.
+
 Deviations (stated in ``notes`` where a flag is involved): partial-block reuse
 (``enable_partial_reuse``) is not modelled (reuse is whole blocks, at least one token computed);
 the overlap scheduler (on by default) is not modelled: each step is scheduled after the previous
@@ -47,14 +64,18 @@ one's tokens are known; a paused request's prompt keeps all its outputs (``pause
 trips the engine's assertion, which fails the whole executor — here only that request is aborted.
 Not modelled: the 1.3/1.4 additions (``enable_prefix_aware_scheduling``,
 ``context_scheduling_policy``, ``gen_preemption``, ``context_starvation_iterations``), beams,
-draft tokens, LoRA pages, sliding windows, attention DP, disaggregated serving.
+two-model drafters (Eagle, Draft/Target, NGram, Medusa), MTP's relaxed acceptance, the drafters'
+extra KV tokens (``num_extra_kv_tokens``: ``max_draft_len - 1`` per request), LoRA pages,
+sliding windows, attention-DP balancing (``attention_dp_config``), disaggregated serving.
 
 Fast paths: runs of decode-only steps only (``FastPaths`` defaults). When every running request
 decodes and none can be admitted, nothing changes until an arrival or a finish: under
 GUARANTEED_NO_EVICT the blocks left after the reservations do not move while decodes take
 reserved blocks; under MAX_UTILIZATION a context that did not fit still does not (free blocks
 only shrink), and one before a running request would have paused it. No chunk runs: chunks are
-cut to ``tokens_per_block`` multiples, not to the budget.
+cut to ``tokens_per_block`` multiples, not to the budget. With draft tokens none: each step's
+advance is a draw per request. CUDA-graph padding prices a decode run's steps padded as a
+stepped one would (``SimExecutor.decode_run_durations``).
 """
 
 from __future__ import annotations
