@@ -74,3 +74,45 @@ def test_a_generation_only_step_is_priced_padded_and_a_step_with_a_context_is_no
     assert np.array_equal(run, [cost._iteration_time(8, 8, 0, 0, kv + 5 * j, 0, 8) for j in range(3)])
     assert padded.decode_step_durations(5, kv, 3) == run.tolist()
     assert padded.decode_step_duration(5, kv) == run[0]
+
+
+def _dp_run(flags: dict[str, str]):
+    from tailserve.cluster.build import workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.dp_group import LockstepStage, build_dp_stage
+    from tailserve.cluster.replica import ReplicaSpec
+    from tailserve.executors.simulated.deployment import Deployment
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.workloads.lengths import parse_length
+
+    deployment = Deployment.of("Qwen3-30B-A3B", "H100-SXM", 1, expert_parallel=True, dp=2)
+    spec = PolicySpec.make("trtllm", flags)
+    work = WorkloadSpec(
+        name="random", num_requests=24, rate=6.0, input_len=parse_length("300"), output_len=parse_length("30")
+    )
+    stage = build_dp_stage(deployment, spec, shares_prefixes=False)
+    assert isinstance(stage, LockstepStage)
+    run = run_aggregated(stage, workload_requests(WorkloadBuilder(work), [ReplicaSpec(deployment, spec)]))
+    return stage, run
+
+
+def test_attention_dp_ranks_replay_one_padded_size():
+    # Graphs of 16 and 32: every decode-only group step runs at 16 or 32 requests per rank,
+    # so each such step is at least as long as unpadded and the padded run ends later.
+    plain_stage, _ = _dp_run({})
+    padded_stage, padded = _dp_run({"cuda_graph_padding_enabled": "true", "cuda_graph_batch_sizes": "16,32"})
+    assert all(r.is_finished for r in padded.requests)
+    assert padded_stage.now > plain_stage.now
+    decode_rows = lambda stage: [  # noqa: E731
+        row for row in stage.replicas[0].engine.log.rows() if row["num_prefill_tokens"] == 0
+    ]
+    assert min(r["duration"] for r in decode_rows(padded_stage)) > min(
+        r["duration"] for r in decode_rows(plain_stage)
+    )
+
+
+def test_drafts_in_an_attention_dp_engine_are_refused():
+    with pytest.raises(ValueError, match="speculative decoding in a data-parallel MoE engine"):
+        _dp_run({"decoding_type": "MTP", "synthetic_acceptance_length": "1.5"})
