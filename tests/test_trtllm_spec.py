@@ -5,7 +5,9 @@ manager adds a slot per draft (``resource_manager.py`` ``prepare_resources``) an
 rejected ones, ``getNeededBlocksOneStep`` counts ``1 + draft tokens`` per step, and a request
 advances by 1 + its accepted drafts.
 
-KV blocks of 4 tokens; three drafts (MTP ``num_nextn_predict_layers=3``) unless a case says so.
+KV blocks of 4 tokens; three drafts (MTP ``num_nextn_predict_layers=3``) unless a case says so,
+so each request also holds ``num_extra_kv_tokens`` = 3 - 1 = 2 slots past its tokens
+(``get_num_extra_kv_tokens``, added at its first context chunk).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.trtllm import TrtllmPolicy
-from tailserve.policies.trtllm_capacity import blocks_one_step, remaining_blocks
+from tailserve.policies.trtllm_capacity import NO_DRAFTS, DraftSlots, blocks_one_step, remaining_blocks
 
 H100 = DeviceInfo("H100-SXM", 80.0)
 BLOCK = 4
@@ -60,10 +62,11 @@ def test_accepted_drafts_advance_the_request_and_rejected_ones_roll_back():
     a = _add(sched, "a", 4, 20)
     _step(sched)  # the context: 4 computed, 1 output
     assert (a.num_computed_tokens, a.num_output_tokens) == (4, 1)
+    assert sched.kv_cache.num_held("a") == 2  # 4 + 2 extra slots
     _step(sched, {"a": 2})  # verifies 1 + 3 at 4: samples 1 + 2, the third draft is rejected
     assert (a.num_computed_tokens, a.num_output_tokens) == (7, 4)
-    # 4 + 1 + 3 = 8 slots were taken for the step (two blocks); they stay held.
-    assert sched.kv_cache.num_held("a") == 2
+    # 4 + 2 + 1 + 3 = 10 slots were taken for the step (three blocks); they stay held.
+    assert sched.kv_cache.num_held("a") == 3
     _step(sched, {"a": 0})  # all rejected: one token
     assert (a.num_computed_tokens, a.num_output_tokens) == (8, 5)
     assert len(a.token_times) == 5
@@ -79,31 +82,32 @@ def test_max_tokens_cuts_the_accepted_tokens_and_frees_the_blocks():
     sched.kv_cache.check_integrity()
 
 
-def test_the_reservation_to_completion_holds_the_last_steps_drafts():
-    # GUARANTEED_NO_EVICT: prompt 4 + max_tokens 8 = 12 tokens -> 3 blocks without drafts; with 3
-    # drafts the last step may hold 15 slots -> 4 blocks (remaining_blocks' stated deviation).
+def test_the_reservation_to_completion_holds_the_drafters_slots():
+    # GUARANTEED_NO_EVICT: prompt 4 + max_tokens 8 = 12 tokens -> 3 blocks without a drafter; with
+    # 2 extra slots and the last step's 3 drafts 17 -> 5 blocks (remaining_blocks' deviation).
     sched = _trt()
     a = _add(sched, "a", 4, 8)
-    assert remaining_blocks(sched, a) == 3
-    assert remaining_blocks(sched, a, 3) == 4
-    # 5 blocks: a reserves 4, b's 4 do not fit beside it: b waits (head-of-line).
-    sched = _trt(num_blocks=5)
+    assert remaining_blocks(sched, a, NO_DRAFTS) == 3
+    assert remaining_blocks(sched, a, DraftSlots(3, 2)) == 5
+    # 9 blocks: a reserves 5, b's 5 do not fit beside it: b waits (head-of-line).
+    sched = _trt(num_blocks=9)
     _add(sched, "a", 4, 8)
     _add(sched, "b", 4, 8)
     assert [g[0] for g in grants(_step(sched))] == ["a"]
 
 
-def test_one_step_blocks_count_one_token_plus_the_drafts():
-    # getNeededBlocksOneStep: tokensPerStep = 1 + draft tokens. At 4 computed (one block held),
-    # the next step writes slots 5..8: one more block; at 5 computed (2 held), slots 6..9: one.
+def test_one_step_blocks_count_the_extra_slots_one_token_and_the_drafts():
+    # getNeededBlocksOneStep: tokensPerStep = 1 + draft tokens, past the slots held.
+    slots = DraftSlots(3, 2)
     sched = _trt()
     a = _add(sched, "a", 4, 20)
-    _step(sched)
-    assert blocks_one_step(sched, a, True, 3) == 1
-    assert blocks_one_step(sched, a, True, 0) == 1  # 4 -> 5 opens a block either way
-    _step(sched, {"a": 0})  # 5 computed, 2 blocks held (8 slots taken)
-    assert blocks_one_step(sched, a, True, 3) == 1  # 9 slots: a third block
-    assert blocks_one_step(sched, a, True, 0) == 0  # 6 slots: within the two held
+    b = _add(sched, "b", 4, 20)
+    assert blocks_one_step(sched, b, False, slots) == 2  # a first chunk: prompt 4 + 2 extra
+    _step(sched)  # a and b: 4 computed, 6 slots (2 blocks) held each
+    assert blocks_one_step(sched, a, True, slots) == 1  # 4 + 2 + 1 + 3 = 10 slots: a third block
+    assert blocks_one_step(sched, a, True, NO_DRAFTS) == 0  # 5 slots: within the two held
+    _step(sched, {"a": 0, "b": 0})  # 5 computed, 3 blocks (10 slots) held
+    assert blocks_one_step(sched, a, True, slots) == 0  # 5 + 2 + 1 + 3 = 11: within 12
 
 
 def test_mtp_defaults_to_one_draft_and_eagle3_uses_max_draft_len():

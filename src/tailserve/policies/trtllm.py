@@ -48,8 +48,10 @@ target): every generation request carries ``max_draft_len`` drafts each step
 rewinds the rejected ones; the request advances by 1 + its accepted drafts (trimmed at
 ``max_tokens``). Acceptance and the drafter's time are ``spec_decode.py``'s (the synthetic
 sampler's rates or mean length; one decoder layer per draft); the drafter's layers add their KV
-to the pool. GUARANTEED_NO_EVICT also reserves the last step's draft slots (the engine counts
-prompt + ``max_new_tokens`` only; counting them keeps the no-evict guarantee).
+to the pool, and each request holds ``num_extra_kv_tokens`` (``max_draft_len - 1``) slots past
+its tokens from its first chunk. GUARANTEED_NO_EVICT also reserves those and the last step's draft
+slots (the engine counts prompt + ``max_new_tokens`` only; counting them keeps the no-evict
+guarantee).
 
 CUDA graphs (``cuda_graph_config``, here ``cuda_graph_padding_enabled``,
 ``cuda_graph_batch_sizes``, ``cuda_graph_max_batch_size``): with padding a generation-only step
@@ -64,8 +66,7 @@ one's tokens are known; a paused request's prompt keeps all its outputs (``pause
 trips the engine's assertion, which fails the whole executor — here only that request is aborted.
 Not modelled: the 1.3/1.4 additions (``enable_prefix_aware_scheduling``,
 ``context_scheduling_policy``, ``gen_preemption``, ``context_starvation_iterations``), beams,
-two-model drafters (Eagle, Draft/Target, NGram, Medusa), MTP's relaxed acceptance, the drafters'
-extra KV tokens (``num_extra_kv_tokens``: ``max_draft_len - 1`` per request), LoRA pages,
+two-model drafters (Eagle, Draft/Target, NGram, Medusa), MTP's relaxed acceptance, LoRA pages,
 sliding windows, attention-DP balancing (``attention_dp_config``), disaggregated serving.
 
 Fast paths: runs of decode-only steps only (``FastPaths`` defaults). When every running request
@@ -93,7 +94,7 @@ from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.spec import KVSpec
-from tailserve.policies.trtllm_capacity import guaranteed_no_evict, max_utilization
+from tailserve.policies.trtllm_capacity import DraftSlots, guaranteed_no_evict, max_utilization
 from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
 from tailserve.policies.trtllm_microbatch import micro_batch
 
@@ -122,6 +123,7 @@ class TrtllmPolicy(Policy, FastPaths):
         # Draft tokens each generation request verifies per step (py_draft_tokens: always
         # max_draft_len with a one-model drafter, _prepare_draft_requests); 0 without.
         self._num_drafts = self._spec.num_speculative_tokens if self._spec is not None else 0
+        self._slots = DraftSlots(self._num_drafts, config.num_extra_kv_tokens)
         self._graph = (
             CudaGraphPadding(config.captured_batch_sizes(), 1 + self._num_drafts)
             if config.cuda_graph_padding_enabled
@@ -203,13 +205,19 @@ class TrtllmPolicy(Policy, FastPaths):
         if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
             fitting, paused = max_utilization(
                 sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
-                lambda request: self._pause(sched, request), drafts,
+                lambda request: self._pause(sched, request), self._slots,
             )  # fmt: skip
             out.preempted.extend(paused)
         else:
             static = cfg.capacity_scheduler_policy == STATIC_BATCH
             fitting = guaranteed_no_evict(
-                sched, self._active, is_generation, cfg.batch_size, static, cfg.enable_block_reuse, drafts
+                sched,
+                self._active,
+                is_generation,
+                cfg.batch_size,
+                static,
+                cfg.enable_block_reuse,
+                self._slots,
             )
         batch = micro_batch(
             fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, kv.block_size, 1 + drafts
@@ -232,9 +240,10 @@ class TrtllmPolicy(Policy, FastPaths):
         for request in batch.generations:
             computed = request.num_computed_tokens
             # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
-            # add_token 1 + get_draft_token_length times); rejected drafts' slots are rewound
-            # after the step (update_resources), here by the computed tokens rolling back.
-            if kv.allocate(request.request_id, computed + 1 + drafts) is None:
+            # add_token 1 + get_draft_token_length times), past the drafter's extra slots;
+            # rejected drafts' slots are rewound after the step (update_resources), here by the
+            # computed tokens rolling back.
+            if kv.allocate(request.request_id, computed + self._slots.extra + 1 + drafts) is None:
                 raise RuntimeError(
                     f"trtllm: no KV block for generation request {request.request_id} although the "
                     "capacity scheduler counted one (a bug in this policy)"
@@ -266,6 +275,7 @@ class TrtllmPolicy(Policy, FastPaths):
         request enters the running set. Returns the chunk it computes."""
         kv = sched.kv_cache
         num_tokens = request.num_tokens
+        extra = self._slots.extra  # the drafter's num_extra_kv_tokens, added after addSequence
         match = sched.cached_prefix(request) if self.config.enable_block_reuse else None
         if match is not None and match.num_tokens:
             prepopulated = match.num_tokens
@@ -274,10 +284,10 @@ class TrtllmPolicy(Policy, FastPaths):
                 chunk = (prepopulated + chunk) // kv.block_size * kv.block_size - prepopulated
             else:
                 chunk = num_tokens - prepopulated
-            fits = sched.allocate_with_cached_prefix(request, match, num_tokens, register=False)
+            fits = sched.allocate_with_cached_prefix(request, match, num_tokens + extra, register=False)
         else:
             prepopulated = 0
-            fits = kv.allocate(request.request_id, num_tokens) is not None
+            fits = kv.allocate(request.request_id, num_tokens + extra) is not None
         if not fits:
             raise RuntimeError(
                 f"trtllm: no KV blocks for the prompt of {request.request_id} although the capacity "

@@ -6,9 +6,9 @@ Source: ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` (the default, t
 docstrings cite the C++ lines: GuaranteedNoEvict 194-331, MaxUtilization 341-425), with the
 block counts of ``kvCacheManager.cpp`` (``getRemainingBlocksToCompletion``,
 ``getNeededBlocksOneStep``) and ``scheduledBlocksManager.h``. One attention window, beam width
-1, no LoRA pages, no disaggregated requests: what tailserve models. Draft tokens (MTP, EAGLE-3:
-``drafts`` per generation step) count in the one-step blocks, as the engine counts them, and in
-the reservation to completion as the last step's slots (``remaining_blocks``).
+1, no LoRA pages, no disaggregated requests: what tailserve models. A one-model drafter's slots
+(MTP, EAGLE-3: ``DraftSlots``) count in the one-step blocks, as the engine counts them, and in the
+reservation to completion (``remaining_blocks``).
 
 A request is a *generation* request (``GENERATION_IN_PROGRESS``) once its context is computed,
 else a *context* request (``CONTEXT_INIT``); its *first chunk* is still to run while it holds no
@@ -19,6 +19,7 @@ KV (``isFirstContextChunk``: blocks are taken for the whole prompt when that chu
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
@@ -26,32 +27,49 @@ from tailserve.core.scheduler import Scheduler
 IsGeneration = Callable[[Request], bool]
 
 
-def remaining_blocks(sched: Scheduler, request: Request, drafts: int = 0) -> int:
+@dataclass(frozen=True, slots=True)
+class DraftSlots:
+    """KV slots a one-model drafter adds to a request's (``resource_manager.py``
+    ``prepare_resources``): ``drafts`` per generation step (``add_token`` per draft, the rejected
+    ones rewound after the step) and ``extra`` for the request's life (``num_extra_kv_tokens``,
+    ``max_draft_len - 1``: ``speculative/utils.py`` ``get_num_extra_kv_tokens``; added at its
+    first context chunk)."""
+
+    drafts: int = 0
+    extra: int = 0
+
+
+NO_DRAFTS = DraftSlots()
+
+
+def remaining_blocks(sched: Scheduler, request: Request, slots: DraftSlots = NO_DRAFTS) -> int:
     """``getRemainingBlocksToCompletion``: blocks for prompt + ``max_tokens`` less those held
     (the prompt's blocks once its first chunk ran). A paused request's prompt has grown by its
     outputs and its ``max_tokens`` shrunk by as many, so the total is the one it arrived with.
-    With ``drafts`` per step the total also holds the last step's draft slots (a deviation: the
-    engine counts prompt + ``max_new_tokens`` only, leaving the drafts' slots of the last steps
-    to the blocks nobody reserved; counting them keeps the no-evict guarantee)."""
+    With a drafter the total also holds its slots (``extra`` and the last step's ``drafts``): a
+    deviation, the engine counts prompt + ``max_new_tokens`` only and leaves those slots to the
+    blocks nobody reserved; counting them keeps the no-evict guarantee."""
     kv = sched.kv_cache
-    total = request.prompt_len + request.max_tokens + drafts
+    total = request.prompt_len + request.max_tokens + slots.extra + slots.drafts
     return max(kv.blocks_for(total) - kv.num_held(request.request_id), 0)
 
 
-def blocks_one_step(sched: Scheduler, request: Request, generation: bool, drafts: int = 0) -> int:
+def blocks_one_step(
+    sched: Scheduler, request: Request, generation: bool, slots: DraftSlots = NO_DRAFTS
+) -> int:
     """``getNeededBlocksOneStep`` without two-step lookahead (only pipeline parallelism turns it
-    on, ``_util.py``): a generation request the blocks its next token and its ``drafts`` may
-    open (``tokensPerStep = getNumDraftTokens() + 1``; blocks a rolled-back draft left held
-    count as held); a context request its whole prompt's blocks at its first chunk (shared
-    prefix blocks are not credited: the match happens later, in ``addSequence``), nothing at
-    later chunks."""
+    on, ``_util.py``): a generation request the blocks its next token and its drafts may open
+    (``tokensPerStep = getNumDraftTokens() + 1``; blocks a rolled-back draft left held count as
+    held); a context request its whole prompt's blocks (and the drafter's extra slots) at its
+    first chunk (shared prefix blocks are not credited: the match happens later, in
+    ``addSequence``), nothing at later chunks."""
     kv = sched.kv_cache
     if generation:
-        computed = request.num_computed_tokens
-        return max(kv.blocks_for(computed + 1 + drafts) - kv.num_held(request.request_id), 0)
+        need = request.num_computed_tokens + slots.extra + 1 + slots.drafts
+        return max(kv.blocks_for(need) - kv.num_held(request.request_id), 0)
     if kv.num_held(request.request_id):
         return 0
-    return kv.blocks_for(request.num_tokens)
+    return kv.blocks_for(request.num_tokens + slots.extra)
 
 
 class SkipRule:
@@ -92,7 +110,7 @@ def guaranteed_no_evict(
     max_num_requests: int,
     static_batch: bool,
     block_reuse: bool,
-    drafts: int = 0,
+    slots: DraftSlots = NO_DRAFTS,
 ) -> list[Request]:
     """GUARANTEED_NO_EVICT (and STATIC_BATCH): reserve every running request's blocks to
     completion, then admit contexts in active order while the rest holds theirs to completion.
@@ -112,7 +130,7 @@ def guaranteed_no_evict(
             break
         if is_generation(request):
             scheduled.append(request)
-            available -= remaining_blocks(sched, request, drafts)
+            available -= remaining_blocks(sched, request, slots)
         else:
             pending.append(request)
     if static_batch and scheduled:
@@ -123,7 +141,7 @@ def guaranteed_no_evict(
             continue
         if len(scheduled) >= max_num_requests:
             break
-        need = remaining_blocks(sched, request, drafts)
+        need = remaining_blocks(sched, request, slots)
         if need > available:
             break
         scheduled.append(request)
@@ -138,7 +156,7 @@ def max_utilization(
     max_num_requests: int,
     block_reuse: bool,
     pause: Callable[[Request], None],
-    drafts: int = 0,
+    slots: DraftSlots = NO_DRAFTS,
 ) -> tuple[list[Request], list[Request]]:
     """MAX_UTILIZATION: blocks for this step only; when a request does not fit, pause the
     *last started* request (from the end of the active list back to it) and try again.
@@ -163,7 +181,7 @@ def max_utilization(
             i += 1
             continue
         if len(scheduled) < max_num_requests:
-            need = blocks_one_step(sched, request, is_generation(request), drafts)
+            need = blocks_one_step(sched, request, is_generation(request), slots)
             if scheduled_blocks + need <= kv.num_free_blocks:
                 scheduled.append(request)
                 scheduled_blocks += need

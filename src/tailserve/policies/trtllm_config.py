@@ -150,6 +150,12 @@ class TrtllmConfig:
             return self.max_draft_len
         return 0
 
+    @property
+    def num_extra_kv_tokens(self) -> int:
+        """KV slots a one-model drafter holds past each request's tokens
+        (``get_num_extra_kv_tokens``: ``max_draft_len - 1``; 0 without drafts)."""
+        return max(self.num_draft_tokens - 1, 0)
+
     def speculative_decoding(self) -> SpecDecoding | None:
         """The drafter and its acceptance for the simulated executor (None without drafts)."""
         k = self.num_draft_tokens
