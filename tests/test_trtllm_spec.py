@@ -143,3 +143,17 @@ def test_bad_speculative_and_graph_flags_are_one_line_errors(flags, needle):
         spec = PolicySpec.make("trtllm", flags)
         TrtllmPolicy.default_config(H100, 4096, **spec.flags)
     assert needle in str(error.value) and "\n" not in str(error.value)
+
+
+def test_tune_writes_the_drafter_and_the_graphs_into_the_yaml():
+    from tailserve.executors.simulated.deployment import Deployment
+    from tailserve.tune.commands import command_line
+
+    flags = {**MTP3, "cuda_graph_padding_enabled": "true", "cuda_graph_batch_sizes": "128,256"}
+    spec = PolicySpec.make("trtllm", flags)
+    line = command_line(spec, Deployment.of("DeepSeek-V3", "H200", 8), None, H100, 8192)
+    assert (
+        "speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 3}, "
+        "cuda_graph_config: {enable_padding: true, batch_sizes: [128, 256]}}'" in line
+    )
+    assert "synthetic" not in line  # the acceptance is the simulation's input, not a flag

@@ -130,7 +130,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     ``--max_batch_size``, ``--max_num_tokens``, ``--kv_cache_free_gpu_memory_fraction``,
     ``--extra_llm_api_options FILE``) and, written just before it, the YAML file of the LLM-API
     fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config``,
-    ``kv_cache_config``), in YAML's one-line form. Online FP8 quantization has no flag: the
+    ``kv_cache_config``, and when set ``speculative_config``, ``cuda_graph_config``), in YAML's
+    one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
     kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
     if "block_size" in spec.engine_flags:
@@ -140,9 +141,25 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     scheduler = [f"capacity_scheduler_policy: {config.capacity_scheduler_policy}"]
     if config.enable_chunked_prefill:
         scheduler.append(f"context_chunking_policy: {config.context_chunking_policy}")
+    extra = ""
+    if config.decoding_type is not None:
+        # The drafter's checkpoint is the user's; the acceptance is the simulation's input.
+        count = (
+            f"num_nextn_predict_layers: {config.num_draft_tokens}"
+            if config.decoding_type == "MTP"
+            else f"max_draft_len: {config.num_draft_tokens}"
+        )
+        extra += f", speculative_config: {{decoding_type: {config.decoding_type}, {count}}}"
+    if config.cuda_graph_padding_enabled:
+        graphs = ["enable_padding: true"]
+        if config.cuda_graph_batch_sizes is not None:
+            graphs.append(f"batch_sizes: [{', '.join(str(s) for s in config.captured_batch_sizes())}]")
+        elif config.cuda_graph_max_batch_size:
+            graphs.append(f"max_batch_size: {config.cuda_graph_max_batch_size}")
+        extra += f", cuda_graph_config: {{{', '.join(graphs)}}}"
     yaml = (
         f"{{enable_chunked_prefill: {str(config.enable_chunked_prefill).lower()}, "
-        f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}}}"
+        f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}{extra}}}"
     )
     parts = [f"echo '{yaml}' > trtllm-options.yaml &&", "trtllm-serve", model]
     if deployment.tp > 1:
