@@ -182,7 +182,12 @@ def _build_simulated(
         from tailserve.executors.simulated.realtime import RealtimeSimExecutor
 
         executor = RealtimeSimExecutor(
-            cost_model, block_size, options.vocab_size, set(options.eos_token_ids), options.seed
+            cost_model,
+            block_size,
+            options.vocab_size,
+            set(options.eos_token_ids),
+            options.seed,
+            parts.policy.cuda_graph_padding(),
         )
     label = f"simulated {model.name} on {cost_model.hardware.name} x{cost_model.tp}"
     return BuiltEngine(kind, parts, executor, label, cost_model=built)

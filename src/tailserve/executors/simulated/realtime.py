@@ -10,6 +10,7 @@ import time
 from tailserve.core.executor import StepResult
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.executor import SimExecutor
 
 BUSY_GAP_S = 0.005  # a gap shorter than this between iterations is engine overhead, not idleness
@@ -19,9 +20,15 @@ class RealtimeSimExecutor:
     needs_block_ids = False
 
     def __init__(
-        self, cost_model: CostModel, block_size: int, vocab_size: int, special_ids: set[int], seed: int
+        self,
+        cost_model: CostModel,
+        block_size: int,
+        vocab_size: int,
+        special_ids: set[int],
+        seed: int,
+        graph: CudaGraphPadding | None = None,
     ) -> None:
-        self.sim = SimExecutor(cost_model, block_size)
+        self.sim = SimExecutor(cost_model, block_size, graph=graph)  # graph: TensorRT-LLM's padding
         self._rng = random.Random(seed)
         self._tokens = [t for t in range(min(vocab_size, 4096)) if t not in special_ids and t > 2]
         self._last_end = 0.0  # perf_counter time the previous iteration was due to end
