@@ -208,8 +208,9 @@ _B200_LLAMA = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtyp
 # 3456 per attention rank, max_util, chunked context off, block reuse off (llmlib/config.py
 # writes enable_block_reuse False), max_seq_len 3140 + 20000, kvcache_free_gpu_mem_frac 0.9 (of
 # what the weights and activations leave). Decode CUDA graphs of 128/256/384/512 requests with
-# cuda_graph_padding_enabled (llmlib/config.py writes cuda_graph_padding_enabled and
-# cuda_graph_batch_sizes into the extra YAML from the system's runtime flags). No speculative
+# cuda_graph_padding_enabled (the system configs' runtime flags as docs/fidelity.md read them; the
+# configs are not in the store here: llmlib/config.py writes cuda_graph_padding_enabled and
+# cuda_graph_batch_sizes into the extra YAML from those flags). No speculative
 # decoding: llmlib/config.py's _generate_extra_config_yaml writes no speculative_config (MTP
 # arrived with v6.0's interactive scenario).
 _R1_TRTLLM = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--enable-expert-parallel",
