@@ -85,7 +85,13 @@ its own slots for tokens it computed that another request inserted meanwhile (SG
 and points at the tree's); the checkpoint happens at the
 start of the next iteration (nothing touches the tree in between, except finishes).
 
-Not modelled: speculative decoding, LoRA, ``num_continuous_decode_steps``,
+**Speculative decoding** (``speculative_algorithm`` EAGLE / EAGLE3 / NEXTN, topk 1;
+``sglang_spec.py``): a decode verifies steps + 1 tokens and makes each request hold 2 x (steps +
+1) slots past its committed tokens, which ``decode_fits`` (and so retraction) asks for too; 1 +
+the accepted drafts become outputs (``Scheduler.update``); the running cap defaults to 48; the
+fast paths are off.
+
+Not modelled: speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
 touches the waiting requests' cached prefixes, reordering LRU eviction: found by the prefill-pass
 differential; modelling it changes the golden corpus's ``mooncake600/sglang``).
