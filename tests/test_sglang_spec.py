@@ -299,6 +299,11 @@ def test_the_rendered_launch_line_uses_sglangs_own_flags_and_reads_back():
     ) in line
     report = lint(line)
     assert not report.refused and not report.unread
-    flags = translate(report, device).spec.flags
+    # No engine flag carries the acceptance: SGLang's own simulated acceptance does.
+    with pytest.raises(ValueError, match="SGLANG_SIMULATE_ACC_LEN=L"):
+        translate(report, device)
+    flags = translate(lint(f"SGLANG_SIMULATE_ACC_LEN=2.8 {line}"), device).spec.flags
     assert flags["speculative_algorithm"] == "NEXTN" and flags["speculative_num_steps"] == 3
     assert flags["speculative_eagle_topk"] == 1 and flags["speculative_num_draft_tokens"] == 4
+    assert flags["synthetic_acceptance_length"] == 2.8
+    SglangConfig(**flags)  # a config the policy takes
