@@ -140,7 +140,7 @@ def test_the_admission_budget_sees_the_slots_decodes_hold_ahead(spec, admitted):
     policy: SglangPolicy = sched.policy
     # b needs 16 + 5 + 1 page = 22 < free - a's reservation (4 - 2 outputs) x ratio (~1.4).
     reserved = 2 * policy.new_token_ratio
-    assert (22 < 40 - held - reserved) is admitted
+    assert (40 - held - reserved > 22) is admitted
     _add(sched, "b", 16, 5)
     out = sched.schedule(1.0)
     assert (_ids(s.request for s in out.scheduled) == ["b"]) is admitted
@@ -251,7 +251,14 @@ def _workload(n: int, seed: int, tokens: bool = False) -> list[Request]:
     [
         (NEXTN, False),
         ({**NEXTN, "chunked_prefill_size": 64, "schedule_policy": "lof"}, False),
-        ({"speculative_algorithm": "EAGLE3", "speculative_num_steps": 2, "synthetic_acceptance_rates": (0.8, 0.5)}, True),
+        (
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_num_steps": 2,
+                "synthetic_acceptance_rates": (0.8, 0.5),
+            },
+            True,
+        ),
     ],
 )
 def test_whole_runs_finish_conserve_blocks_and_advance_by_the_acceptance(flags, tokens):
@@ -263,8 +270,12 @@ def test_whole_runs_finish_conserve_blocks_and_advance_by_the_acceptance(flags, 
         sched = _sglang(1000, **flags)
         policy: SglangPolicy = sched.policy
         spec = policy.speculative_decoding()
-        executor = SimExecutor(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), 1, spec, seed=3)
-        engine = Engine(sched, executor, ListSource(_workload(40, 1, tokens)), options=EngineOptions(fast, True))
+        executor = SimExecutor(
+            CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), 1, spec, seed=3
+        )
+        engine = Engine(
+            sched, executor, ListSource(_workload(40, 1, tokens)), options=EngineOptions(fast, True)
+        )
         SimDriver(engine).run()
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in engine.requests)
         assert all(len(r.token_times) == r.max_tokens for r in engine.requests)
@@ -307,3 +318,34 @@ def test_the_rendered_launch_line_uses_sglangs_own_flags_and_reads_back():
     assert flags["speculative_eagle_topk"] == 1 and flags["speculative_num_draft_tokens"] == 4
     assert flags["synthetic_acceptance_length"] == 2.8
     SglangConfig(**flags)  # a config the policy takes
+
+
+def test_the_draft_layer_shares_the_gpu_memory_and_the_kv_pool():
+    """SGLang loads the draft layer before it sizes the pool and gives it KV for every token:
+    the pool loses one layer's weights (embedding and LM head shared) and each token costs one
+    more layer's KV (1/61 more on DeepSeek-V3)."""
+    from tailserve.assemble.simulated import policy_kv_capacity
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.executors.simulated.kv_capacity import kv_capacity
+    from tailserve.executors.simulated.spec_decode import draft_layer_weight_bytes
+    from tailserve.policies.registry import parse_policy_list
+
+    cost = build_cost_model(Deployment.of("DeepSeek-V3", "h200", 8, "none", quantization="fp8")).cost_model
+    device = get_hardware("h200").device_info
+    sizes = {}
+    for text in ("sglang", "sglang:speculative_algorithm=NEXTN:synthetic_acceptance_length=2.8"):
+        spec = parse_policy_list(text)[0]
+        config = SglangPolicy.default_config(device, 4096, **spec.flags)
+        sizes[text] = policy_kv_capacity(cost, spec, config, 4096)
+    plain, drafted = sizes.values()
+    model = cost.model
+    layer = draft_layer_weight_bytes(model, 8)
+    assert 1.2 < layer / 2**30 < 1.5  # one MoE layer at fp8 over 8 GPUs
+    assert drafted.weights_gib == pytest.approx(plain.weights_gib + layer / 2**30)
+    per_token = model.kv_bytes_per_token(8)
+    assert drafted.kv_bytes_per_token == per_token + per_token // model.num_layers
+    expected = kv_capacity(
+        model, cost.hardware, 8, 0.83, 1, 8192, 48, 1, layer, per_token // model.num_layers
+    )
+    assert drafted.num_blocks == expected.num_blocks < plain.num_blocks
+    assert SglangPolicy.pooled_drafter(SglangConfig()) is None

@@ -77,6 +77,14 @@ class Policy(ABC):
         return []
 
     @classmethod
+    def pooled_drafter(cls, config: Any) -> Any:
+        """The speculative drafter whose weights and KV the engine loads beside the target's
+        before it sizes its KV pool (a ``spec_decode.SpecDecoding`` whose drafter runs on the
+        GPU; the simulated KV capacity subtracts one draft layer's weights and adds its KV per
+        token); None without, or where the policy does not count it (the default)."""
+        return None
+
+    @classmethod
     def profile_tokens(cls, config: Any, max_model_len: int) -> int:
         """Tokens of the largest forward pass the engine sizes its activation memory for: one
         whole ``max_model_len`` sequence unless the policy says otherwise (vLLM profiles

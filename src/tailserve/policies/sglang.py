@@ -89,7 +89,7 @@ start of the next iteration (nothing touches the tree in between, except finishe
 ``sglang_spec.py``): a decode verifies steps + 1 tokens and makes each request hold 2 x (steps +
 1) slots past its committed tokens, which ``decode_fits`` (and so retraction) asks for too; 1 +
 the accepted drafts become outputs (``Scheduler.update``); the running cap defaults to 48; the
-fast paths are off.
+draft layer's weights and KV come off the pool (``pooled_drafter``); the fast paths are off.
 
 Not modelled: speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
@@ -223,6 +223,19 @@ class SglangPolicy(Policy, FastPaths):
         if note:
             notes.append(note)
         return notes
+
+    @classmethod
+    def pooled_drafter(cls, config: SglangConfig) -> SpecDecoding | None:
+        """EAGLE / EAGLE3 / NEXTN load their draft layer before the KV pool is sized and give it
+        a KV pool of the same tokens: ``kv_cache_configurator.py:3042`` ("Loaded weights (target +
+        draft)"), ``pool_configurator.py:259-314`` (cell size x (1 + draft layers / layers))."""
+        spec = resolve_speculative(
+            config.speculative_algorithm,
+            config.speculative_num_steps,
+            config.synthetic_acceptance_rates,
+            config.synthetic_acceptance_length,
+        )
+        return spec.spec if spec is not None and spec.spec.drafter_on_gpu else None
 
     @classmethod
     def profile_tokens(cls, config: SglangConfig, max_model_len: int) -> int:

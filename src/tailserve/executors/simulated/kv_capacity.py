@@ -94,17 +94,23 @@ def kv_capacity(
     max_num_batched_tokens: int,
     max_num_seqs: int = 0,
     dp: int = 1,
+    draft_weight_bytes: float = 0.0,
+    draft_kv_bytes_per_token: int = 0,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
-    which an MoE model's experts are spread (each rank's KV holds its own requests)."""
+    which an MoE model's experts are spread (each rank's KV holds its own requests).
+    ``draft_weight_bytes``, ``draft_kv_bytes_per_token``: a speculative drafter loaded beside
+    the target (per GPU), whose KV pool holds every token the target's does (SGLang sizes one
+    cell of target + draft layers: ``pool_configurator.py:259-314@v0.5.23``)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     usable = hardware.memory_bytes * gpu_memory_utilization
-    weights = model.weight_bytes_per_shard(tp, dp)
+    weights = model.weight_bytes_per_shard(tp, dp) + draft_weight_bytes
     activation = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     kv = usable - weights - activation
-    per_block = block_size * model.kv_bytes_per_token(tp)
+    kv_per_token = model.kv_bytes_per_token(tp) + draft_kv_bytes_per_token
+    per_block = block_size * kv_per_token
     if kv < per_block:
         need = weights + activation
         # The smallest TP (a divisor of the head count, as vLLM requires) that leaves room for KV.
@@ -130,13 +136,14 @@ def kv_capacity(
         )
     num_blocks = math.floor(kv / per_block)
     if model.num_sliding_layers and model.num_full_layers:
+        target_kv = kv * model.kv_bytes_per_token(tp) / kv_per_token  # the drafter's share aside
         num_blocks = hybrid_manager_blocks(
-            model, hybrid_pool_pages(model, tp, kv, block_size), block_size, max_num_seqs
+            model, hybrid_pool_pages(model, tp, target_kv, block_size), block_size, max_num_seqs
         )[0]
     return KVCapacity(
         num_blocks=num_blocks,
         block_size=block_size,
-        kv_bytes_per_token=model.kv_bytes_per_token(tp),
+        kv_bytes_per_token=kv_per_token,
         memory_gib=hardware.memory_gib,
         usable_gib=usable / GIB,
         weights_gib=weights / GIB,
