@@ -349,3 +349,14 @@ def test_the_draft_layer_shares_the_gpu_memory_and_the_kv_pool():
     )
     assert drafted.num_blocks == expected.num_blocks < plain.num_blocks
     assert SglangPolicy.pooled_drafter(SglangConfig()) is None
+
+
+def test_the_realtime_executor_refuses_speculative_decoding_in_one_line():
+    from tailserve.assemble import BuildOptions, build_engine
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+
+    built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
+    policy = "sglang:speculative_algorithm=EAGLE3:synthetic_acceptance_length=2"
+    with pytest.raises(ValueError, match="does not do speculative decoding") as error:
+        build_engine(built, policy, "realtime-sim", BuildOptions(vocab_size=100))
+    assert "\n" not in str(error.value)
