@@ -25,7 +25,8 @@ what it asks):
 - **The executor's part.** ``speculative_decoding`` (draft tokens and their acceptance, priced
   and drawn by the simulated executor).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
-  ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``, ``admits_fcfs`` (whether
+  ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``,
+  ``pooled_drafter`` (a drafter whose weights and KV share the pool), ``admits_fcfs`` (whether
   ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
