@@ -46,6 +46,9 @@ SPECS = [
     "sglang:schedule_policy=hrrn:chunked_prefill_size=128",
     "sglang:schedule_policy=shortest-prefill-first:chunked_prefill_size=128:enable_mixed_chunk=true",
     "sglang:schedule_policy=routing-key",
+    # SGLang's speculative decoding: decode slots held ahead, 1 + accepted drafts per step.
+    "sglang:speculative_algorithm=NEXTN:speculative_num_steps=3:synthetic_acceptance_length=2.5",
+    "sglang:speculative_algorithm=EAGLE3:speculative_num_steps=2:synthetic_acceptance_rates=0.8/0.5:chunked_prefill_size=128:schedule_policy=lof",
     "tgi",
     "tgi:prefill_chunking=false:max_batch_prefill_tokens=1023",
     "trtllm",

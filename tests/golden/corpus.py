@@ -125,6 +125,12 @@ def sim_cases() -> list[SimCase]:
          ("--policy", "sglang", "--model", "gpt-oss-120b", "--hardware", "B200", "--tp", "1",
           "--workload", "random", "--num-requests", "200", "--rate", "8", "--input-len",
           "uniform:256:8000", "--output-len", "uniform:50:800", "--seed", "13")),
+        # SGLang with NEXTN (MTP) chain drafts: the decode KV reserve, 1 + accepted per step.
+        ("deepseek-v3-h200-fp8-sglang-nextn",
+         ("--policy", "sglang", "--model", "DeepSeek-V3", "--hardware", "H200", "--tp", "8",
+          "--quantization", "fp8", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+          "--synthetic-acceptance-length", "2.8", "--workload", "chat", "--num-requests", "200",
+          "--rate", "4", "--seed", "15")),
         ("llama-3.1-70b-h200-fp8-trtllm",
          ("--policy", "trtllm", "--model", "Llama-3.1-70B", "--hardware", "H200", "--tp", "2",
           "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--workload", "random",

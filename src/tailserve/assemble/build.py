@@ -230,5 +230,5 @@ def _refuse_virtual_time_only(policy: Policy, kind: str) -> None:
         )
     if policy.speculative_decoding() is not None:
         raise ValueError(
-            f"executor {kind!r} does not do speculative decoding: num_speculative_tokens needs the simulated executor (sim)"
+            f"executor {kind!r} does not do speculative decoding: it needs the simulated executor (sim)"
         )

@@ -25,7 +25,8 @@ what it asks):
 - **The executor's part.** ``speculative_decoding`` (draft tokens and their acceptance, priced
   and drawn by the simulated executor).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
-  ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``, ``admits_fcfs`` (whether
+  ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``,
+  ``pooled_drafter`` (a drafter whose weights and KV share the pool), ``admits_fcfs`` (whether
   ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
@@ -78,6 +79,14 @@ class Policy(ABC):
         user may want to know about (vLLM's async scheduling on or off, and why), as the engine
         logs it at startup; the run's notes carry them."""
         return []
+
+    @classmethod
+    def pooled_drafter(cls, config: Any) -> Any:
+        """The speculative drafter whose weights and KV the engine loads beside the target's
+        before it sizes its KV pool (a ``spec_decode.SpecDecoding`` whose drafter runs on the
+        GPU; the simulated KV capacity subtracts one draft layer's weights and adds its KV per
+        token); None without, or where the policy does not count it (the default)."""
+        return None
 
     @classmethod
     def profile_tokens(cls, config: Any, max_model_len: int) -> int:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tailserve.core.executor import StepResult
 from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request, RequestStatus
-from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.prefix import block_hashes, keys_from_hash_ids
 
@@ -191,6 +191,10 @@ class Scheduler:
         stopped = result.stopped
         for item in out.scheduled:
             request = item.request
+            if item.num_spec_tokens:
+                if self._apply_verify(item, result, now):
+                    done.append(request)
+                continue
             request.num_computed_tokens += item.num_new_tokens
             if request.num_computed_tokens != request.prompt_len + request.num_output_tokens:
                 continue  # a partial prefill chunk: nothing sampled yet
@@ -207,6 +211,26 @@ class Scheduler:
         if done:
             self.finish(done, now)
         return done
+
+    def _apply_verify(self, item: ScheduledRequest, result: StepResult, now: float) -> bool:
+        """A speculative verification outside vLLM's accounting (SGLang's chain drafts: the
+        last sampled token and ``num_spec_tokens`` drafts, all computed this step): 1 + the
+        drafts accepted (``result.num_accepted``) become outputs at ``now`` and their KV is
+        committed (SGLang's ``kv_committed_len += accept_len``), stopping at ``max_tokens``;
+        the rest of the verified positions stay held, uncommitted. True when it finished."""
+        request = item.request
+        accepted = (result.num_accepted or {}).get(request.request_id, 0)
+        num_sampled = 1 + min(accepted, item.num_spec_tokens)
+        appended = 0
+        while appended < num_sampled and request.num_output_tokens < request.max_tokens:
+            request.num_output_tokens += 1
+            request.token_times.append(now)
+            appended += 1
+        request.num_computed_tokens += appended
+        if request.num_output_tokens >= request.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
 
     def update_run(
         self,

@@ -171,6 +171,17 @@ SGLANG_0_5_23 = EngineVersion(
                  _at(f"{F}/schedule.py", 126), "length"),
         FlagSpec("disable_radix_cache", bool, SCHEDULING, "no prefix sharing", _at(f"{F}/memory.py", 64), "false"),
         FlagSpec("random_seed", int, SCHEDULING, "seeds schedule_policy=random", _at(f"{F}/device.py", 47)),
+        FlagSpec("speculative_algorithm", str, SCHEDULING, "speculative decoding: EAGLE, EAGLE3 or NEXTN (a chain "
+                 "of drafts; the simulation also needs synthetic_acceptance_rates or _length)", _at(f"{F}/spec.py", 31)),
+        FlagSpec("speculative_num_steps", int, SCHEDULING, "draft steps per decode", _at(f"{F}/spec.py", 58),
+                 "auto (3 for DeepSeek-V3)"),
+        FlagSpec("speculative_eagle_topk", int, SCHEDULING, "drafts per step (tailserve: 1 only)",
+                 _at(f"{F}/spec.py", 62), "auto"),
+        FlagSpec("speculative_num_draft_tokens", int, SCHEDULING, "tokens a verification computes (steps + 1 "
+                 "with topk 1)", _at(f"{F}/spec.py", 66), "auto"),
+        FlagSpec("speculative_draft_model_path", str, NOT_MODELLED, "the drafter's checkpoint: tailserve prices one "
+                 "decoder layer of the target per draft step", _at(f"{F}/spec.py", 36),
+                 aliases=("--speculative-draft-model",)),
         FlagSpec("default_priority_value", int, NOT_MODELLED, "priority of requests that give none",
                  _at(f"{F}/schedule.py", 111)),
         FlagSpec("max_queued_requests", int, NOT_MODELLED, "requests beyond this many waiting are refused",

@@ -114,8 +114,30 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
         flags["async_scheduling"] = False
     if report.engine == "vllm" and report.policy == "vllm" and device is not None:
         flags = _vllm_batch_defaults(report, device, flags)
+    if report.engine == "sglang" and flags.get("speculative_algorithm"):
+        flags = _sglang_simulated_acceptance(report, flags)
     return Translation(
         PolicySpec.make(report.policy, {**flags, **engine}), deployment, tuple(taken), tuple(ignored)
+    )
+
+
+def _sglang_simulated_acceptance(report: Report, flags: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's own synthetic acceptance, ``SGLANG_SIMULATE_ACC_LEN=L`` before the line (tokens
+    accepted per verification, the bonus token included: ``spec_utils.py:276``, ``:535-566``
+    @v0.5.23, off when <= 0), is the simulation's ``synthetic_acceptance_length``; without it a
+    speculative line needs the acceptance, which no engine flag gives: say how in one line."""
+    env = dict(report.launch.env)
+    text = env.get("SGLANG_SIMULATE_ACC_LEN")
+    try:
+        length = float(text) if text is not None else 0.0
+    except ValueError:
+        raise ValueError(f"SGLANG_SIMULATE_ACC_LEN={text!r} is not a number") from None
+    if length > 0:
+        return {**flags, "synthetic_acceptance_length": length}
+    raise ValueError(
+        "--speculative-algorithm needs an acceptance to simulate: prefix the line with SGLang's "
+        "SGLANG_SIMULATE_ACC_LEN=L (tokens per verification, e.g. 2.8), or use --policy "
+        "sglang:speculative_algorithm=...:synthetic_acceptance_length=L"
     )
 
 

@@ -85,7 +85,13 @@ its own slots for tokens it computed that another request inserted meanwhile (SG
 and points at the tree's); the checkpoint happens at the
 start of the next iteration (nothing touches the tree in between, except finishes).
 
-Not modelled: speculative decoding, LoRA, ``num_continuous_decode_steps``,
+**Speculative decoding** (``speculative_algorithm`` EAGLE / EAGLE3 / NEXTN, topk 1;
+``sglang_spec.py``): a decode verifies steps + 1 tokens and makes each request hold 2 x (steps +
+1) slots past its committed tokens, which ``decode_fits`` (and so retraction) asks for too; 1 +
+the accepted drafts become outputs (``Scheduler.update``); the running cap defaults to 48; the
+draft layer's weights and KV come off the pool (``pooled_drafter``); the fast paths are off.
+
+Not modelled: speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
 touches the waiting requests' cached prefixes, reordering LRU eviction: found by the prefill-pass
 differential; modelling it changes the golden corpus's ``mooncake600/sglang``).
@@ -110,6 +116,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.fast_paths import FastPaths, LoneChunkRun
+from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.kv.radix import RadixCache
 from tailserve.kv.spec import KVSpec
@@ -131,6 +138,7 @@ from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
 from tailserve.policies.sglang_order_work import ProcessedTokens, shortest_prefill_chunk_limit
 from tailserve.policies.sglang_priority import calc_priority
 from tailserve.policies.sglang_radix import SglangRadix
+from tailserve.policies.sglang_spec import MAX_RUNNING_REQUESTS, draft_tokens_note, resolve_speculative
 
 
 def device_chunked_prefill_size(device: DeviceInfo) -> int:
@@ -172,7 +180,17 @@ class SglangPolicy(Policy, FastPaths):
         self.batch_is_full = False
         self.chunked: Request | None = None  # admitted, in ``sched.running``, prompt unfinished
         self._rng = random.Random(config.random_seed)
+        # Speculative decoding (sglang_spec.py): SGLang's decode KV sizes and the shared
+        # acceptance model and drafter the simulated executor runs.
+        self.spec = resolve_speculative(
+            config.speculative_algorithm,
+            config.speculative_num_steps,
+            config.synthetic_acceptance_rates,
+            config.synthetic_acceptance_length,
+        )
         self._max_running = config.max_running_requests
+        if self._max_running is None and self.spec is not None:
+            self._max_running = MAX_RUNNING_REQUESTS  # SGLang's default with speculative decoding
         self._last_batch: list[Request] = []  # requests of the last iteration
         self._last_was_prefill = False
         self.radix = SglangRadix()  # built with the first request that carries token identities
@@ -190,6 +208,36 @@ class SglangPolicy(Policy, FastPaths):
         return replace(base, **{k: v for k, v in overrides.items() if k in known})
 
     @classmethod
+    def default_notes(cls, device: DeviceInfo, config: SglangConfig, overrides: dict[str, Any]) -> list[str]:
+        """SGLang's start-up warnings with speculative decoding: the running cap it sets, the
+        draft-token count it overrides."""
+        if config.speculative_algorithm is None:
+            return []
+        notes = []
+        if config.max_running_requests is None:
+            notes.append(
+                f"sglang: max_running_requests is reset to {MAX_RUNNING_REQUESTS} for speculative decoding "
+                "(sglang/srt/arg_groups/speculative_hook.py:1086-1093@v0.5.23)"
+            )
+        note = draft_tokens_note(config.speculative_num_steps, config.speculative_num_draft_tokens)
+        if note:
+            notes.append(note)
+        return notes
+
+    @classmethod
+    def pooled_drafter(cls, config: SglangConfig) -> SpecDecoding | None:
+        """EAGLE / EAGLE3 / NEXTN load their draft layer before the KV pool is sized and give it
+        a KV pool of the same tokens: ``kv_cache_configurator.py:3042`` ("Loaded weights (target +
+        draft)"), ``pool_configurator.py:259-314`` (cell size x (1 + draft layers / layers))."""
+        spec = resolve_speculative(
+            config.speculative_algorithm,
+            config.speculative_num_steps,
+            config.synthetic_acceptance_rates,
+            config.synthetic_acceptance_length,
+        )
+        return spec.spec if spec is not None and spec.spec.drafter_on_gpu else None
+
+    @classmethod
     def profile_tokens(cls, config: SglangConfig, max_model_len: int) -> int:
         """SGLang sizes its activation reserve for max(chunk, 2048) tokens, or max(
         ``max_prefill_tokens``, 2048) without chunking (``memory_hook.py``): a prefill batch never
@@ -201,6 +249,14 @@ class SglangPolicy(Policy, FastPaths):
 
     def kv_spec(self) -> KVSpec:
         return KVSpec("paged" if self.config.disable_radix_cache else "radix", radix="sglang")
+
+    def speculative_decoding(self) -> SpecDecoding | None:
+        return self.spec.spec if self.spec is not None else None
+
+    def decode_tokens(self) -> int:
+        """Slots past its verified tokens a decode makes a request hold: 1, or SGLang's
+        speculative reserve (``SglangSpec.decode_reserve``)."""
+        return self.spec.decode_reserve if self.spec is not None else 1
 
     def add_request(self, sched: Scheduler, request: Request) -> None:
         """Reject at arrival a request that could never be admitted, even into an idle engine.
@@ -395,7 +451,7 @@ class SglangPolicy(Policy, FastPaths):
             return False
         out.scheduled.extend(adder.can_run)
         kv = sched.kv_cache
-        if mixed and decodes and decode_fits(kv, decodes, self.evictable_tokens()):
+        if mixed and decodes and decode_fits(kv, decodes, self.evictable_tokens()):  # no mixing with spec
             for request in decodes:  # ``mix_with_running`` refreshes their fill ids
                 self.sgl_fill_len[request.request_id] = request.num_tokens
             self._add_decodes(sched, decodes, out)
@@ -423,7 +479,7 @@ class SglangPolicy(Policy, FastPaths):
             return False
         kv = sched.kv_cache
         aborted = False
-        if not decode_fits(kv, decodes, self.evictable_tokens()):
+        if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens()):
             decodes, aborted = self._retract(sched, decodes, now, out)
             self.batch_is_full = False  # the running batch shrank
         else:
@@ -448,7 +504,7 @@ class SglangPolicy(Policy, FastPaths):
         else:
             keep = sorted(decodes, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
         first = True
-        while first or not decode_fits(kv, keep, self.evictable_tokens()):
+        while first or not decode_fits(kv, keep, self.evictable_tokens(), self.decode_tokens()):
             if len(keep) == 1:
                 break  # always keep at least one request
             first = False
@@ -459,7 +515,7 @@ class SglangPolicy(Policy, FastPaths):
                 # ``release_req``: make room for RETRACT_DECODE_STEPS tokens per kept request.
                 self.radix.evict_for(len(keep) * RETRACT_DECODE_STEPS)
         aborted = False
-        if len(keep) <= 1 and not decode_fits(kv, keep, self.evictable_tokens()):
+        if len(keep) <= 1 and not decode_fits(kv, keep, self.evictable_tokens(), self.decode_tokens()):
             sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
             aborted = True
         kept = [r for r in decodes if r in keep]
@@ -479,6 +535,16 @@ class SglangPolicy(Policy, FastPaths):
         out.preempted.append(request)
 
     def _add_decodes(self, sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
+        spec = self.spec
+        if spec is not None:
+            # ``eagle_prepare_for_decode``: hold ``decode_reserve`` slots past the verified
+            # tokens (slots held already are kept), then verify the last token and the drafts.
+            reserve, verify, drafts = spec.decode_reserve, spec.num_draft_tokens, spec.num_steps
+            for request in decodes:
+                computed = request.num_computed_tokens
+                self.allocate(sched, request, computed + reserve)  # checked by the caller
+                out.scheduled.append(ScheduledRequest(request, verify, computed, num_spec_tokens=drafts))
+            return
         for request in decodes:
             computed = request.num_computed_tokens
             self.allocate(sched, request, computed + 1)  # checked by the caller; page size 1 never fails
@@ -522,8 +588,8 @@ class SglangPolicy(Policy, FastPaths):
         with requests waiting that ends the driver's runs, with none ``on_decode_run`` clears it
         as the next run's first iteration would). The decaying ratio is replayed by
         ``on_decode_run``."""
-        if self.chunked is not None:
-            return False
+        if self.chunked is not None or self.spec is not None:
+            return False  # speculative decodes advance by the accepted drafts: stepped
         if not sched.waiting:
             return True
         cfg = self.config
@@ -543,6 +609,7 @@ class SglangPolicy(Policy, FastPaths):
             or not cfg.chunking
             or cfg.enable_mixed_chunk
             or cfg.assume_ignore_eos
+            or self.spec is not None  # the drafter prices each chunk too: stepped
             or not self.admits_fcfs()
             or self.tree is not None
             or not self._last_was_prefill

@@ -52,13 +52,17 @@ def reserved_tokens(request: Request, new_token_ratio: float) -> float:
     return remaining * new_token_ratio
 
 
-def decode_fits(kv: KVCacheManager, requests: list[Request], evictable: int = 0) -> bool:
-    """Whether the free blocks plus ``evictable`` radix-cached ones hold one more token for each
-    of ``requests`` (``check_decode_mem``)."""
+def decode_fits(kv: KVCacheManager, requests: list[Request], evictable: int = 0, num_tokens: int = 1) -> bool:
+    """Whether the free blocks plus ``evictable`` radix-cached ones let each of ``requests`` hold
+    ``num_tokens`` slots past its computed tokens (``check_decode_mem``: one more token, or with
+    speculative decoding SGLang's reserve, ``new_tokens_required_next_decode``)."""
     available = kv.num_free_blocks + evictable
-    if len(requests) <= available:
+    if num_tokens == 1 and len(requests) <= available:
         return True  # a decode needs at most one new block
-    return sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + 1) for r in requests) <= available
+    return (
+        sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + num_tokens) for r in requests)
+        <= available
+    )
 
 
 class PrefillAdder:

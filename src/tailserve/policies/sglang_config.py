@@ -4,7 +4,9 @@ in ``sglang_priority.py``) can read the flags without importing the policy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tailserve.policies.sglang_spec import check_speculative
 
 # SGLang's ``CacheAgnosticPolicy`` and ``CacheAwarePolicy`` enums (``schedule_policy.py``); the
 # parser's ninth choice, ``priority``, is in neither and stops the scheduler at start.
@@ -16,6 +18,9 @@ CACHE_AWARE_POLICIES = ("lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
 # (``_determine_active_policy``); dfs-weight and shortest-prefill-first always match.
 LARGE_QUEUE_FCFS_POLICIES = ("lpm", "hrrn")
 RETRACTION_POLICIES = ("length", "priority")
+
+# Fields of features off by default: a run file names them only when set (sim/run.py).
+_WHEN_SET = {"recorded_when_set": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,19 @@ class SglangConfig:
     lpm_aging_rate: float = 0.0  # lpm: tokens of priority per second waited (0 = SGLang's plain lpm)
     random_seed: int = 0  # seeds ``schedule_policy=random``
     assume_ignore_eos: bool = False  # reserve running requests' outputs at ratio 1.0
+    # Speculative decoding (SGLang's --speculative-* flags; policies/sglang_spec.py): EAGLE,
+    # EAGLE3 or NEXTN (DeepSeek's MTP layer), a chain of drafts (topk 1)
+    speculative_algorithm: str | None = field(default=None, metadata=_WHEN_SET)
+    # draft steps per decode (none: SGLang's auto choice, 3)
+    speculative_num_steps: int | None = field(default=None, metadata=_WHEN_SET)
+    # drafts per step: only 1 (a chain) is modelled
+    speculative_eagle_topk: int | None = field(default=None, metadata=_WHEN_SET)
+    # tokens one verification computes: SGLang forces steps + 1 with topk 1
+    speculative_num_draft_tokens: int | None = field(default=None, metadata=_WHEN_SET)
+    # per-position unconditional acceptance rates, one per draft step (as vllm's); 0.8/0.5/0.3
+    synthetic_acceptance_rates: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
+    # or the mean acceptance length: 1 + accepted drafts per verification, in [1, steps + 1]
+    synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -63,6 +81,15 @@ class SglangConfig:
             raise ValueError(
                 f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
             )
+        check_speculative(
+            self.speculative_algorithm,
+            self.speculative_num_steps,
+            self.speculative_eagle_topk,
+            self.speculative_num_draft_tokens,
+            self.synthetic_acceptance_rates,
+            self.synthetic_acceptance_length,
+            self.enable_mixed_chunk and self.chunking,
+        )
 
     @property
     def chunking(self) -> bool:

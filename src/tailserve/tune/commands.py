@@ -11,6 +11,7 @@ from typing import Any
 from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.models import HF_REPOS, get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
+from tailserve.policies.sglang_spec import AUTO_NUM_STEPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,17 @@ def command_line(
             parts.append("--enable-mixed-chunk")
         if config.schedule_conservativeness != 1.0:
             parts.append(f"--schedule-conservativeness {config.schedule_conservativeness:g}")
+        if config.speculative_algorithm is not None:
+            # The sizes as simulated, spelled out (SGLang's auto choice differs by architecture:
+            # Llama's is a top-k 4 tree). The draft checkpoint (--speculative-draft-model-path,
+            # not needed for NEXTN) is the user's; the synthetic acceptance is the simulation's.
+            steps = config.speculative_num_steps or AUTO_NUM_STEPS
+            parts += [
+                f"--speculative-algorithm {config.speculative_algorithm}",
+                f"--speculative-num-steps {steps}",
+                "--speculative-eagle-topk 1",
+                f"--speculative-num-draft-tokens {steps + 1}",
+            ]
         return " ".join(parts)
     if spec.name == "tgi":
         parts = ["text-generation-launcher", f"--model-id {model}"]

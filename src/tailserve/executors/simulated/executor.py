@@ -14,14 +14,23 @@ from tailserve.executors.simulated.window import WindowShape
 
 def batch_shape(out: SchedulerOutput) -> BatchShape:
     """The cost model's view of one iteration. Padding slots of a static batch compute (and
-    sample) like real ones; a scheduled request samples when its chunk reaches its last token."""
+    sample) like real ones; a scheduled request samples when its chunk reaches its last token.
+    A speculative verification (SGLang's drafts: ``num_spec_tokens``) is priced as
+    ``advanced_batch_shape`` prices one: a small chunk with logits at each position, counted
+    neither as a prefill nor as a one-token decode."""
     # One pass over the scheduled requests (this runs once per stepped iteration; integer sums,
     # so the order of the terms cannot change them).
-    num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = 0
+    num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = num_verifies = 0
     for s in out.scheduled:
         q = s.num_new_tokens
         c = s.num_context_tokens
         num_tokens += q
+        if s.num_spec_tokens:
+            num_logits += q
+            pairs += q * c + q * (q + 1) // 2
+            prefill_kv += q + c
+            num_verifies += 1
+            continue
         r = s.request
         if c + q == r.prompt_len + r.num_output_tokens:  # ``num_tokens``, inlined: it samples
             num_logits += 1
@@ -31,7 +40,7 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
-    num_prefills = len(out.scheduled) - num_decodes
+    num_prefills = len(out.scheduled) - num_decodes - num_verifies
     if out.padding:  # static batching only: every padding slot samples, as BatchShape.of counts
         pad = BatchShape.of(
             [(p.num_new_tokens, p.num_context_tokens) for p in out.padding if p.num_new_tokens != 1],
@@ -123,7 +132,30 @@ class SimExecutor:
         if swapped:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
             duration += self.cost_model.swap_time(swapped * self.block_size)
+        if self.spec is not None:  # SGLang's speculative decoding (vLLM's runs ``advanced``)
+            return self._execute_drafts(out, shape, duration)
         return StepResult(duration=duration)
+
+    def _execute_drafts(self, out: SchedulerOutput, shape: BatchShape, duration: float) -> StepResult:
+        """A step with chain drafts outside vLLM's accounting (SGLang): each verification accepts
+        ``accepted_drafts`` of its drafts; the drafter runs over the step's tokens (its extend
+        pass) and then drafts for every request that sampled (verified, or finished its prompt)."""
+        spec, drafter = self.spec, self.drafter
+        assert spec is not None and drafter is not None
+        accepted: dict[str, int] = {}
+        num_drafting = drafting_kv = 0
+        for s in out.scheduled:
+            r = s.request
+            c, q = s.num_context_tokens, s.num_new_tokens
+            if s.num_spec_tokens:
+                rid = r.request_id
+                accepted[rid] = accepted_drafts(spec, self.seed, rid, c)
+            elif c + q != r.prompt_len + r.num_output_tokens:
+                continue  # a partial prefill chunk samples nothing, so drafts nothing
+            num_drafting += 1
+            drafting_kv += c + q
+        duration += drafter.time(shape, num_drafting, drafting_kv)
+        return StepResult(duration=duration, num_accepted=accepted)
 
     def _execute_advanced(self, out: SchedulerOutput) -> StepResult:
         """A step of vLLM's own accounting: the target's time, the drafter's and the drafts

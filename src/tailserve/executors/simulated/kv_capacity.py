@@ -108,6 +108,8 @@ def kv_capacity(
     dp: int = 1,
     of_free_memory: bool = False,
     draft_kv_layers: int = 0,
+    draft_weight_bytes: float = 0.0,
+    draft_kv_bytes_per_token: int = 0,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
@@ -115,10 +117,13 @@ def kv_capacity(
     ``of_free_memory``: the fraction is of the memory left after weights and activations
     (TensorRT-LLM's ``free_gpu_memory_fraction``), not of the whole (vLLM's).
     ``draft_kv_layers``: layers of a drafter run inside the target, each token's KV in them
-    stored beside the target's (TensorRT-LLM's MTP / EAGLE-3)."""
+    stored beside the target's (TensorRT-LLM's MTP / EAGLE-3).
+    ``draft_weight_bytes``, ``draft_kv_bytes_per_token``: a speculative drafter loaded beside
+    the target (per GPU), whose KV pool holds every token the target's does (SGLang sizes one
+    cell of target + draft layers: ``pool_configurator.py:259-314@v0.5.23``)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    weights = model.weight_bytes_per_shard(tp, dp)
+    weights = model.weight_bytes_per_shard(tp, dp) + draft_weight_bytes
     activation = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     if of_free_memory:
         usable = hardware.memory_bytes
@@ -129,6 +134,7 @@ def kv_capacity(
     per_token = model.kv_bytes_per_token(tp)
     if draft_kv_layers:
         per_token += per_token * draft_kv_layers // model.num_layers
+    per_token += draft_kv_bytes_per_token
     per_block = block_size * per_token
     if kv < per_block:
         need = weights + activation
@@ -159,8 +165,9 @@ def kv_capacity(
         )
     num_blocks = math.floor(kv / per_block)
     if model.num_sliding_layers and model.num_full_layers:
+        target_kv = kv * model.kv_bytes_per_token(tp) / per_token  # the drafter's share aside
         num_blocks = hybrid_manager_blocks(
-            model, hybrid_pool_pages(model, tp, kv, block_size), block_size, max_num_seqs
+            model, hybrid_pool_pages(model, tp, target_kv, block_size), block_size, max_num_seqs
         )[0]
     return KVCapacity(
         num_blocks=num_blocks,

@@ -54,6 +54,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.model_spec import ModelSpec
 
 # method -> (lookahead slots = k, hit drops a block, async allowed, drafter on the GPU)
 METHODS: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -157,6 +158,28 @@ def accepted_drafts(spec: SpecDecoding, seed: int, request_id: str, position: in
     return accepted
 
 
+def draft_layer_model(model: ModelSpec) -> ModelSpec:
+    """The drafter as priced and sized here: one decoder layer of the target, with the target's
+    shapes (an MoE target's: one MoE layer)."""
+    return replace(
+        model,
+        name=f"{model.name} (one layer)",
+        num_layers=1,
+        first_dense_layers=0,
+        num_sliding_layers=0,
+        sliding_window=0,
+    )
+
+
+def draft_layer_weight_bytes(model: ModelSpec, tp: int, dp: int = 1) -> float:
+    """One draft layer's weights on one GPU, embedding and LM head excluded (an MTP / EAGLE
+    drafter shares the target's: SGLang's ``set_embed_and_head``)."""
+    one = draft_layer_model(model)
+    embed = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    # weight_bytes_per_shard adds the embedding and LM head at dtype_bytes over tp: take them off.
+    return one.weight_bytes_per_shard(tp, dp) - embed * model.dtype_bytes / tp
+
+
 class DrafterCost:
     """Seconds the drafter adds to a step (see the module docstring): k passes of a one-layer
     copy of the target, the first over every token of the step."""
@@ -165,15 +188,7 @@ class DrafterCost:
         self.spec = spec
         self.layer: CostModel | None = None
         if spec.drafter_on_gpu:
-            m = cost_model.model
-            one = replace(
-                m,
-                name=f"{m.name} (one layer)",
-                num_layers=1,
-                first_dense_layers=0,
-                num_sliding_layers=0,
-                sliding_window=0,
-            )
+            one = draft_layer_model(cost_model.model)
             efficiency = replace(cost_model.efficiency, overhead=0.0)
             cm = cost_model
             self.layer = CostModel(one, cm.hardware, cm.tp, efficiency, cm.expert_parallel, cm.dp, cm.all2all)
