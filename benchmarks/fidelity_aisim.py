@@ -681,12 +681,22 @@ def _mla_shape(phase: str, batch: int, length: int) -> BatchShape:
     return BatchShape.of([], [length] * batch)
 
 
+def _mla_linear(cm: CostModel, num_tokens: int) -> float:
+    """The one-layer MLA model's GEMMs as the module's share of them: the layer join, which
+    holds the block's four launches (the fit absorbs them); on the weights' format curve the
+    projections alone (the stand-in MLP's GEMMs would bring launches of their own, which the
+    module does not run; its launches go to the fitted fixed times)."""
+    if cm.format_curve is not None:
+        return cm._mla_projections(num_tokens)
+    return cm.linear_time(num_tokens, 0)
+
+
 def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.ndarray, ...]:
     """Per row: (the rest of the layer, the projections' join, the attention) as the cost model
-    prices them with a neutral MLA kernel, the measured seconds, and the decode path's
-    per-request columns (``_mla_columns``)."""
+    prices them with a neutral MLA kernel, the measured seconds, the decode path's per-request
+    columns (``_mla_columns``) and the new tokens."""
     neutral = replace(hw, mla=NEUTRAL_MLA)
-    rest, proj, attn, y, per_request = [], [], [], [], []  # the neutral kernel adds no fixed time
+    rest, proj, attn, y, per_request, tokens = [], [], [], [], [], []  # the neutral kernel: no fixed time
     models: dict[int, CostModel] = {}
     for heads, batch, length, ms in rows:
         cm = models.get(heads)
@@ -694,14 +704,15 @@ def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.n
             cm = models[heads] = CostModel(_mla_layer(heads, weights), neutral, 1)
         shape = _mla_shape(phase, batch, length)
         p = cm._mla_projections(shape.num_tokens)
-        rest.append(cm.linear_time(shape.num_tokens, 0) - p)
+        rest.append(_mla_linear(cm, shape.num_tokens) - p)
         proj.append(p)
         attn.append(cm.attention_time(shape))
         y.append(ms * 1e-3)
         prefills, decodes = shape.num_prefills, shape.num_decodes
         context = shape.decode_kv_tokens / decodes if decodes else 0.0
         per_request.append((prefills, prefills * heads, decodes, decodes * heads, context))
-    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request))
+        tokens.append(shape.num_tokens)
+    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request, tokens))
 
 
 def _fixed_terms(base: np.ndarray, y: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, float]:
@@ -755,7 +766,7 @@ DECODE_BEYOND = np.linspace(0.0, 1.0, 21)
 MIN_ATTENTION_SHARE = 0.1
 
 
-def _fit_mla(parts: dict, train: dict) -> MlaKernel:
+def _fit_mla(parts: dict, train: dict, format_curve: bool = False) -> MlaKernel:
     """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
     prefill and decode attention factors (<= 1: never faster than the roofline), each path's
     fixed time per layer and the decode path's per-request terms; then, the factors held, the
@@ -764,8 +775,8 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     the decode rows lost what the prefill rows gained); the FP8 rows then their own projection
     factor, the rest held. (A time per new token was tried as a prefill term: the prefill rows,
     up to 131,072 tokens, fit it to 0.)"""
-    rc, pc, ac, yc, qc = (v[train["context"]] for v in parts[("context", "bf16")])
-    rg, pg, ag, yg, qg = (v[train["generation"]] for v in parts[("generation", "bf16")])
+    rc, pc, ac, yc, qc, _ = (v[train["context"]] for v in parts[("context", "bf16")])
+    rg, pg, ag, yg, qg, _ = (v[train["generation"]] for v in parts[("generation", "bf16")])
     y = np.concatenate((yc, yg))
     phases = np.concatenate((np.zeros(len(yc)), np.ones(len(yg))))
     cols = _mla_columns(phases, np.concatenate((qc, qg)))
@@ -800,6 +811,7 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     factors = [("bf16", f)]
     format_requests: tuple[tuple[str, float], ...] = ()
     format_latency: tuple[tuple[str, float], ...] = ()
+    format_tokens: tuple[tuple[str, float], ...] = ()
     if ("context", "fp8_block") in parts:
         c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
         sel_c, sel_g = train["context8"], train["generation8"]
@@ -808,9 +820,11 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
         cols8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g])), knee)
         fixed8 = cols8 @ coef
         # the format's own terms: a time per layer on either path (its activation-quantization
-        # kernels beside each GEMM) and per decode
-        decodes8 = np.column_stack((np.ones(len(y8)), cols8[:, 4]))
-        best8 = (math.inf, 1.0, np.zeros(2))
+        # kernels beside each GEMM) and per decode; on the format's own GEMM curve, per new token
+        # (the block's work between its projections that the layer join's bytes priced)
+        tokens8 = np.concatenate((c8[5][sel_c], g8[5][sel_g])) * format_curve
+        decodes8 = np.column_stack((np.ones(len(y8)), cols8[:, 4], tokens8))
+        best8 = (math.inf, 1.0, np.zeros(3))
         for f8 in np.geomspace(0.1, 1.0, 60):
             pred = np.concatenate((
                 c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
@@ -822,12 +836,13 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
         factors.append(("fp8_block", best8[1]))
         format_latency = (("fp8_block", float(best8[2][0])),)
         format_requests = (("fp8_block", float(best8[2][1])),)
+        format_tokens = (("fp8_block", float(best8[2][2])),) if format_curve else ()
     return MlaKernel(
         tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
         decode_request=float(coef[4]), decode_head=float(coef[5]), decode_context=float(coef[6]),
         decode_request_by_format=format_requests, latency_by_format=format_latency,
         prefill_request=float(coef[2]), prefill_head=float(coef[3]), decode_knee=knee[0],
-        decode_beyond=knee[1],
+        decode_beyond=knee[1], token_by_format=format_tokens,
     )  # fmt: skip
 
 
@@ -864,7 +879,9 @@ def mla_part(tables: dict, console: Console) -> dict:
             "context8": ~test.get(("context", "fp8_block"), np.array([], dtype=bool)),
             "generation8": ~test.get(("generation", "fp8_block"), np.array([], dtype=bool)),
         }
-        kernel = replace(_fit_mla(parts, train), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
+        # block-scaled FP8 on its own GEMM curve where the GPU has one (the catalog's path)
+        on_curve = CostModel(_mla_layer(1, "fp8_block"), hw, 1).format_curve is not None
+        kernel = replace(_fit_mla(parts, train, on_curve), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
         fitted = replace(hw, mla=kernel)
         res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
@@ -873,9 +890,10 @@ def mla_part(tables: dict, console: Console) -> dict:
                              "prefill_request_s": kernel.prefill_request, "prefill_head_s": kernel.prefill_head,
                              "decode_knee": kernel.decode_knee, "decode_beyond": kernel.decode_beyond,
                              "decode_request_by_format_s": dict(kernel.decode_request_by_format),
-                             "latency_by_format_s": dict(kernel.latency_by_format)},
+                             "latency_by_format_s": dict(kernel.latency_by_format),
+                             "token_by_format_s": dict(kernel.token_by_format)},
                      "version": entry.get("mla_context_version")}  # fmt: skip
-        for (phase, weights), (rest, proj, attn, y, _per_request) in parts.items():
+        for (phase, weights), (rest, proj, attn, y, _per_request, _tokens) in parts.items():
             rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
                     and r[4] > 0]  # fmt: skip
             as_is = rest + proj + attn
@@ -887,7 +905,7 @@ def mla_part(tables: dict, console: Console) -> dict:
                     cm = models[h] = CostModel(_mla_layer(h, weights), fitted, 1)
                 shape = _mla_shape(phase, batch, length)
                 pred.append(
-                    cm.linear_time(shape.num_tokens, 0) + cm.attention_time(shape) + cm.mla_fixed_time(shape)
+                    _mla_linear(cm, shape.num_tokens) + cm.attention_time(shape) + cm.mla_fixed_time(shape)
                 )
             pred_a = np.array(pred)
             t = test[(phase, weights)]

@@ -56,3 +56,38 @@ def test_the_fit_recovers_the_per_chunk_prefill_and_the_knee() -> None:
     assert (fit.decode_knee, fit.decode_beyond) == (KNOWN.decode_knee, KNOWN.decode_beyond)
     assert fit.decode_request == pytest.approx(KNOWN.decode_request, rel=0.02)
     assert fit.decode_head == pytest.approx(KNOWN.decode_head, rel=0.02)
+
+
+def test_block_fp8_on_its_format_curve_gets_its_launches_and_per_token_work_back() -> None:
+    # On the H200 block-scaled FP8 has its own GEMM curve: the MLA block's projections leave the
+    # layer join (its launches and activation bytes), so the FP8 terms carry them; the fit must
+    # recover a per-layer latency and a per-token time the cost model prices on that path.
+    from benchmarks.fidelity_aisim import _mla_linear
+
+    hw = get_hardware("H200")
+    f8 = float(np.geomspace(0.1, 1.0, 60)[47])  # on the fit's grid
+    known = replace(
+        KNOWN, gemm_factors=(("bf16", 1.0), ("fp8_block", f8)), latency_by_format=(("fp8_block", 30e-6),),
+        token_by_format=(("fp8_block", 8e-9),),
+    )  # fmt: skip
+    fitted_hw = replace(hw, mla=known)
+    parts, train = {}, {}
+    for weights in ("bf16", "fp8_block"):
+        for phase in ("context", "generation"):
+            rows = []
+            for h in HEADS:
+                cm = CostModel(_mla_layer(h, weights), fitted_hw, 1)
+                assert (cm.format_curve is not None) == (weights == "fp8_block")
+                for b, n in [(1, 16), (4, 512), (64, 2048)] if phase == "context" else [(1, 2), (64, 1024)]:
+                    s = _mla_shape(phase, b, n)
+                    t = _mla_linear(cm, s.num_tokens) + cm.attention_time(s) + cm.mla_fixed_time(s)
+                    rows.append((h, b, n, 1e3 * t))
+            parts[(phase, weights)] = _mla_parts(hw, rows, phase, weights)
+            key = phase if weights == "bf16" else f"{phase}8"
+            train[key] = np.isin([r[0] for r in rows], HEADS[::2])
+    fit = _fit_mla(parts, train, format_curve=True)
+    assert fit.gemm_factor("fp8_block") == pytest.approx(f8, rel=1e-6)
+    assert fit.format_latency("fp8_block") == pytest.approx(30e-6, rel=0.02)
+    assert fit.format_token("fp8_block") == pytest.approx(8e-9, rel=0.02)
+    # without the format path's column the per-token work has nowhere to go
+    assert _fit_mla(parts, train).format_token("fp8_block") == 0.0

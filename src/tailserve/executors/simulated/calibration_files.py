@@ -181,7 +181,7 @@ def _engine_kernels(saved: dict[str, Any]) -> EngineKernels:
 
 def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:
     """``hardware.MlaKernel`` from its ``asdict`` (JSON turns its pairs into lists)."""
-    pairs = ("gemm_factors", "decode_request_by_format", "latency_by_format")
+    pairs = ("gemm_factors", "decode_request_by_format", "latency_by_format", "token_by_format")
     return MlaKernel(
         **{k: tuple((str(f), float(x)) for f, x in v) if k in pairs else v for k, v in saved.items()}
     )

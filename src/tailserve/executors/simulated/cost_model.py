@@ -271,6 +271,7 @@ class CostModel:
         self._mla_prefill_fixed = self._mla_decode_fixed = 0.0
         self._mla_per_decode = self._mla_per_context_token = self._mla_per_prefill = 0.0
         self._mla_knee, self._mla_beyond = 0, 1.0
+        self._mla_per_token = 0.0
         if self._mla is None:
             return
         proj = m.num_layers * m.attention_params_per_shard(tp)
@@ -338,14 +339,19 @@ class CostModel:
             # The format's own curve (GemmCurve.format_curves): its dense GEMMs each priced in
             # its wave form. Only on the GPU's own curve: a calibrated or hand-set efficiency
             # keeps the factors on it, so its fitted rates still move every GEMM. Not for MLA
-            # models: their fitted MLA block (hardware.MlaKernel) holds the rest of the layer as
-            # the layer join priced it (its four launches among them), so it keeps that join.
-            own = hw.gemm.curve_for(fmt.name) if hw.gemm and not m.is_mla else None
+            # models without a fitted MLA block: their projections then sit in the layer join.
+            # With one (hardware.MlaKernel) the projections keep the block's own join, and the
+            # block's launches and per-token work, which the layer join priced before, are its
+            # fitted format terms (latency_by_format, token_by_format: fitted on this path).
+            own = hw.gemm.curve_for(fmt.name) if hw.gemm and (not m.is_mla or self._mla) else None
             if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
                 if hw.sms < 1:
                     raise ValueError(f"hardware {hw.name}: the {fmt.name} GEMM curve needs its SM count")
                 self._format_curve = own
                 self._dense_gemms = _dense_gemms(m, self.tp)
+                if self._mla is not None:
+                    # the block's work per new token that the layer join's activation bytes priced
+                    self._mla_per_token = m.num_layers * self._mla.format_token(fmt.name)
         self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
         if m.is_moe:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
@@ -496,14 +502,17 @@ class CostModel:
                 num_tokens, n, k, curve, self._gemm_peak, hw.memory_bandwidth, hw.sms,
                 m.weight_bytes_per_param, m.dtype_bytes, kv_write,
             )  # fmt: skip
+        if self._mla is not None:
+            layers += self._mla_projections(num_tokens)
         return layers + self._head(num_logits) + num_tokens * self.efficiency.per_token
 
     def _mla_projections(self, num_tokens: int) -> float:
-        """MLA's attention projections as their own join (``_init_mla_projections``)."""
+        """MLA's attention projections as their own join (``_init_mla_projections``); beside the
+        format's own curve, plus the block's fitted time per new token (``_init_formats``)."""
         eff = self.efficiency
         compute = padded_tokens(num_tokens, eff.tile_m) * self._mla_flops_per_token / self._gemm_flops_rate
         memory = (self._mla_weight_bytes + num_tokens * self._mla_act_bytes_per_token) / self._gemm_byte_rate
-        return join(compute, memory, eff.sharpness) / self._mla_factor
+        return join(compute, memory, eff.sharpness) / self._mla_factor + num_tokens * self._mla_per_token
 
     def mla_fixed_time(self, shape: BatchShape) -> float:
         """The MLA block's time beside its projections and attention rates (0 without a fitted
@@ -866,7 +875,8 @@ def _dense_gemms(m: ModelSpec, tp: int) -> tuple[tuple[float, float, int], ...]:
     q = m.num_heads * m.dim_per_head / tp
     kv = m.kv_heads_per_shard(tp) * m.dim_per_head
     qkv, out, up, down = gemm_shapes(h, q, kv, m.intermediate_size / tp, m.gated_mlp)
-    shapes: list[tuple[float, float, int]] = [(*qkv, layers), (*out, layers)]
+    # MLA's projections are priced with its block (``CostModel._mla_projections``)
+    shapes: list[tuple[float, float, int]] = [] if m.is_mla else [(*qkv, layers), (*out, layers)]
     if layers > moe:
         shapes += [(*up, layers - moe), (*down, layers - moe)]
     if moe and m.shared_intermediate_size:
