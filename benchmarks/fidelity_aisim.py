@@ -72,7 +72,15 @@ from tailserve.executors.simulated.gemm import (
     shape_tiles,
     wave_flops,
 )
-from tailserve.executors.simulated.hardware import GemmCurve, Hardware, LinkFit, MlaKernel, get_hardware
+from tailserve.executors.simulated.hardware import (
+    GemmCurve,
+    Hardware,
+    LinkFit,
+    MlaKernel,
+    MoeCurve,
+    get_hardware,
+)
+from tailserve.executors.simulated.model_spec import ModelSpec
 from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
 from tailserve.executors.simulated.moe_comm import FP8_WITH_SCALES, remote_ranks
@@ -421,13 +429,16 @@ def _curve(p: dict) -> dict:
     return dict(c=p["compute"], mem=p["memory"], p=p["sharpness"], tile=p["tile_m"], lat=p["gemm_latency"])
 
 
-def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.ndarray | None = None) -> dict:
+def _fit_moe(
+    c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.ndarray | None = None, cap: float = 1.5
+) -> dict:
     """Factors on the GEMM curve's compute and memory rates for the fused MoE kernel (routing,
     permutation and weight-only dequantization make it slower than a dense GEMM) and a fixed time
     per layer: the smallest mean |relative error|, a log grid then a finer one. With ``rows``
     (routed rows x hidden size per layer), also a time per such element (the rows' gather,
     activation and scatter around the grouped GEMMs, which tensor parallelism does not split):
-    non-negative least squares in relative terms with the fixed time."""
+    non-negative least squares in relative terms with the fixed time. ``cap``: the factors'
+    largest value (1: the fused kernel never faster than the dense curve)."""
     best = (math.inf, None)
     columns = np.column_stack([np.ones_like(y)] + ([rows] if rows is not None else []))
 
@@ -438,14 +449,15 @@ def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.nda
                      "row_element": float(coef[1]) if rows is not None else 0.0}  # fmt: skip
 
     grid = np.geomspace(0.05, 1.5, 24)
+    grid = np.append(grid[grid < cap], cap) if cap < grid[-1] else grid
     for fc in grid:
         for fm in grid:
             cand = score(float(fc), float(fm))
             if cand[0] < best[0]:
                 best = cand
     b0 = best[1]
-    for fc in b0["compute_factor"] * np.geomspace(0.85, 1.15, 9):
-        for fm in b0["memory_factor"] * np.geomspace(0.85, 1.15, 9):
+    for fc in np.minimum(b0["compute_factor"] * np.geomspace(0.85, 1.15, 9), cap):
+        for fm in np.minimum(b0["memory_factor"] * np.geomspace(0.85, 1.15, 9), cap):
             cand = score(float(fc), float(fm))
             if cand[0] < best[0]:
                 best = cand
@@ -462,6 +474,36 @@ def main_kernel(rows: list) -> tuple[str, list]:
         shapes.setdefault(r[8], set()).add((r[2], r[3], r[4], r[5]))
     kernel = max(shapes, key=lambda kn: (len(shapes[kn]), sum(r[8] == kn for r in rows), kn))
     return kernel, [r for r in rows if r[8] == kernel]
+
+
+def moe_curve(curve: dict, fit: dict, math: str) -> MoeCurve:
+    """A format's fitted fused-MoE kernel in the catalog's form (``hardware.MoeCurve``): the
+    dense curve's efficiencies times the kernel's factors, its sharpness and row tile."""
+    return MoeCurve(
+        round(min(1.0, curve["compute"] * fit["compute_factor"]), 3),
+        round(min(1.0, curve["memory"] * fit["memory_factor"]), 3),
+        curve["sharpness"], int(curve["tile_m"]), round(fit["layer_latency"], 7),
+        round(fit["row_element"], 15), math,
+    )  # fmt: skip
+
+
+def catalog_moe_time(hw: Hardware, weights: str, rows: list) -> np.ndarray:
+    """Each fused-MoE row as the cost model prices one MoE layer on ``hw`` (``CostModel._experts``:
+    the kernel's curve for the format, else its factors on the GPU's curve), the experts in
+    ``weights`` sliced over the row's expert TP."""
+    models: dict = {}
+    out = []
+    for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, _latency in rows:
+        key = (int(hidden), int(inter), int(topk), int(experts), int(tp))
+        cm = models.get(key)
+        if cm is None:
+            spec = ModelSpec(
+                f"moe-{key}", key[0], 1, 64, 64, 1, 1, 4096, num_experts=key[3], experts_per_token=key[2],
+                moe_intermediate_size=key[1], expert_dtype="" if weights == "bf16" else weights,
+            )  # fmt: skip
+            cm = models[key] = CostModel(spec, hw, key[4])
+        out.append(cm._experts(int(tokens)))
+    return np.array(out)
 
 
 def moe_part(
@@ -529,6 +571,27 @@ def moe_part(
                 pred = pred + el * f["row_element"]
                 res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]),
                            fit_without_rows=f0, held_out_without_rows=stats(pred0[test], y_a[test]))  # fmt: skip
+                # the factors capped at 1: the fused kernel never faster than the dense curve
+                fcap = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p, el[~test], cap=1.0)
+                pcap = join_array(c_a / fcap["compute_factor"], b_a / fcap["memory_factor"], p)
+                pcap = pcap + fcap["layer_latency"] + el * fcap["row_element"]
+                res.update(fit_capped=fcap, held_out_capped=stats(pcap[test], y_a[test]))
+                if framework == "vllm":
+                    # the catalog as users get it: on the kernel's factors (before), on the
+                    # format's own curve where the catalog holds one (now), and this fit's curve
+                    math = "bf16" if curve_fmt == "bfloat16" else get_precision(weights).compute
+                    own = moe_curve(curve, f, math)
+                    res["catalog_curve"] = {"compute": own.compute, "memory": own.memory,
+                                            "sharpness": own.sharpness, "tile_m": own.tile_m,
+                                            "layer_latency": own.layer_latency,
+                                            "row_element": own.row_element, "math": own.math}  # fmt: skip
+                    moe = hw.moe
+                    before = replace(hw, moe=replace(moe, format_curves=())) if moe else hw
+                    cat_before = catalog_moe_time(before, weights, rows)
+                    cat_now = catalog_moe_time(hw, weights, rows)
+                    res["catalog_before"] = stats(cat_before[test], y_a[test])
+                    res["catalog_now"] = stats(cat_now[test], y_a[test])
+                    res["catalog_own_curve"] = bool(moe and moe.curve_for(weights))
                 # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
                 noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
                 res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
@@ -557,7 +620,34 @@ def moe_part(
                    if "vllm_curve_held_out" in res else "-",) if reference is not None else ()),
             )  # fmt: skip
     console.print(table)
+    if framework == "vllm":
+        console.print(_moe_catalog_table(out))
     return out
+
+
+def _moe_catalog_table(out: dict) -> Table:
+    """The held-out fused-MoE rows as the catalog prices them, before (the kernel's factors on
+    the GPU's curve) and now (the format's own curve where the catalog holds one), beside this
+    fit with its factors capped at 1, and the fit in the catalog's form."""
+    table = Table(title="Fused MoE held out, as the catalog prices it (vLLM kernels)")
+    for col in ("GPU", "format", "factors capped at 1: mean / max", "uncapped fit: mean / max",
+                "catalog before: mean / p90 / max", "catalog now: mean / p90 / max", "own curve",
+                "fit as hardware.MoeCurve"):  # fmt: skip
+        table.add_column(col)
+    for gpu, by_fmt in out.items():
+        for fmt, res in by_fmt.items():
+            if "catalog_now" not in res:
+                continue
+            hc, h, b, n, c = (res[k] for k in ("held_out_capped", "held_out", "catalog_before", "catalog_now",
+                                                "catalog_curve"))  # fmt: skip
+            table.add_row(
+                GPUS[gpu], fmt, f"{hc['mean']:.1%} / {hc['max']:.0%}", f"{h['mean']:.1%} / {h['max']:.0%}",
+                f"{b['mean']:.1%} / {b['p90']:.1%} / {b['max']:.0%}",
+                f"{n['mean']:.1%} / {n['p90']:.1%} / {n['max']:.0%}", "yes" if res["catalog_own_curve"] else "no",
+                f"MoeCurve({c['compute']}, {c['memory']}, {c['sharpness']}, {c['tile_m']}, "
+                f"{c['layer_latency'] * 1e6:.1f}e-6, {c['row_element'] * 1e12:.2f}e-12, {c['math']!r})",
+            )  # fmt: skip
+    return table
 
 
 def _vllm_moe_pred(reference: tuple, gpu: str, fmt: str, hw: Hardware, rows: list) -> np.ndarray | None:

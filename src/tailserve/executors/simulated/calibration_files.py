@@ -27,6 +27,7 @@ from tailserve.executors.simulated.hardware import (
     Hardware,
     LinkFit,
     MlaKernel,
+    MoeCurve,
     MoeExchange,
     MoeKernel,
 )
@@ -121,7 +122,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
         if hw.get("gemm") is not None:
             hw["gemm"] = _gemm_curve(hw["gemm"])
         if hw.get("moe") is not None:
-            hw["moe"] = MoeKernel(**hw["moe"])
+            hw["moe"] = _moe_kernel(hw["moe"])
         if hw.get("mla") is not None:
             hw["mla"] = _mla_kernel(hw["mla"])
         if hw.get("moe_exchange") is not None:
@@ -174,9 +175,16 @@ def _engine_kernels(saved: dict[str, Any]) -> EngineKernels:
     return EngineKernels(
         str(saved["engine"]),
         None if gemm is None else _gemm_curve(gemm),
-        None if moe is None else MoeKernel(**moe),
+        None if moe is None else _moe_kernel(moe),
         str(saved["source"]),
     )
+
+
+def _moe_kernel(saved: dict[str, Any]) -> MoeKernel:
+    """``hardware.MoeKernel`` from its ``asdict`` (each format's curve nested)."""
+    moe = dict(saved)
+    moe["format_curves"] = tuple((str(f), MoeCurve(**c)) for f, c in moe.get("format_curves", ()))
+    return MoeKernel(**moe)
 
 
 def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:

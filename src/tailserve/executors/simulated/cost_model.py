@@ -353,11 +353,22 @@ class CostModel:
                     # the block's work per new token that the layer join's activation bytes priced
                     self._mla_per_token = m.num_layers * self._mla.format_token(fmt.name)
         self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
+        self._moe_tile_m, self._moe_sharpness = eff.tile_m, eff.sharpness
         if m.is_moe:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
             # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
             kernel = hw.moe or MOE_GENERIC
             fmt = get_precision(m.expert_dtype or m.weight_dtype or "bf16")
+            own = kernel.curve_for(fmt.name)
+            if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
+                # The format's own fused-MoE curve (hardware.MoeCurve); a calibrated or hand-set
+                # efficiency keeps the factors below, so its fitted rates move the experts too.
+                self._moe_peak = hw.peak_for(fmt.compute)  # the roofline's, as below
+                self._moe_rate = hw.peak_for(own.math) * own.compute
+                self._moe_byte_rate = hw.memory_bandwidth * own.memory
+                self._moe_tile_m, self._moe_sharpness = own.tile_m, own.sharpness
+                self._moe_fixed, self._moe_row_element = own.layer_latency, own.row_element
+                return
             fc, fm = hw.gemm.factors_for(fmt.name) if hw.gemm else (1.0, 1.0)
             self._moe_peak = hw.peak_for(fmt.compute)
             self._moe_rate = self._moe_peak * eff.compute * fc * kernel.compute
@@ -561,7 +572,7 @@ class CostModel:
         (``moe_comm.py``)."""
         if num_tokens <= 0:
             return 0.0
-        m, eff = self.model, self.efficiency
+        m = self.model
         group = self.tp * self.dp
         flops, moved = grouped_gemm_parts(
             num_tokens * self.dp,
@@ -571,11 +582,13 @@ class CostModel:
             m.moe_intermediate_size,
             weight_bytes=m.expert_bytes_per_param,
             act_bytes=m.dtype_bytes,
-            tile_m=eff.tile_m,
+            tile_m=self._moe_tile_m,
             moe_tp=1 if self.expert_parallel else group,
             ep=group if self.expert_parallel else 1,
         )
-        layer = join(flops / self._moe_rate, moved / self._moe_byte_rate, eff.sharpness) + self._moe_fixed
+        layer = (
+            join(flops / self._moe_rate, moved / self._moe_byte_rate, self._moe_sharpness) + self._moe_fixed
+        )
         if self._moe_row_element:  # the routed rows moved whole on each rank (EP: its mean share)
             routed = num_tokens * self.dp * m.experts_per_token / (group if self.expert_parallel else 1)
             layer += routed * m.hidden_size * self._moe_row_element
