@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +76,7 @@ from tailserve.executors.simulated.hardware import (
     GemmCurve,
     Hardware,
     LinkFit,
+    MlaCurveTerms,
     MlaKernel,
     MoeCurve,
     get_hardware,
@@ -751,6 +752,8 @@ def allreduce_part(tables: dict, console: Console) -> dict:
 
 MLA_FORMATS = {"bfloat16": "bf16", "fp8_block": "fp8_block"}
 NEUTRAL_MLA = MlaKernel((), 1.0, 1.0, 0.0, 0.0, "neutral: the parts as the curves price them")
+# the same with block FP8's dense GEMMs on its own curve (where the GPU has one)
+NEUTRAL_MLA_CURVE = replace(NEUTRAL_MLA, curve_terms=(("fp8_block", MlaCurveTerms(1.0, 0.0, 0.0, 0.0)),))
 
 
 def _mla_layer(heads: int, weights: str):
@@ -781,11 +784,14 @@ def _mla_linear(cm: CostModel, num_tokens: int) -> float:
     return cm.linear_time(num_tokens, 0)
 
 
-def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.ndarray, ...]:
+def _mla_parts(
+    hw: Hardware, rows: list, phase: str, weights: str, curve: bool = False
+) -> tuple[np.ndarray, ...]:
     """Per row: (the rest of the layer, the projections' join, the attention) as the cost model
     prices them with a neutral MLA kernel, the measured seconds, the decode path's per-request
-    columns (``_mla_columns``) and the new tokens."""
-    neutral = replace(hw, mla=NEUTRAL_MLA)
+    columns (``_mla_columns``) and the new tokens. ``curve``: the dense GEMMs on the format's
+    own curve (``MlaKernel.curve_terms``)."""
+    neutral = replace(hw, mla=NEUTRAL_MLA_CURVE if curve else NEUTRAL_MLA)
     rest, proj, attn, y, per_request, tokens = [], [], [], [], [], []  # the neutral kernel: no fixed time
     models: dict[int, CostModel] = {}
     for heads, batch, length, ms in rows:
@@ -856,7 +862,7 @@ DECODE_BEYOND = np.linspace(0.0, 1.0, 21)
 MIN_ATTENTION_SHARE = 0.1
 
 
-def _fit_mla(parts: dict, train: dict, format_curve: bool = False) -> MlaKernel:
+def _fit_mla(parts: dict, train: dict, curve_parts: dict | None = None) -> MlaKernel:
     """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
     prefill and decode attention factors (<= 1: never faster than the roofline), each path's
     fixed time per layer and the decode path's per-request terms; then, the factors held, the
@@ -901,39 +907,51 @@ def _fit_mla(parts: dict, train: dict, format_curve: bool = False) -> MlaKernel:
     factors = [("bf16", f)]
     format_requests: tuple[tuple[str, float], ...] = ()
     format_latency: tuple[tuple[str, float], ...] = ()
-    format_tokens: tuple[tuple[str, float], ...] = ()
+    curve_terms: tuple[tuple[str, MlaCurveTerms], ...] = ()
     if ("context", "fp8_block") in parts:
-        c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
-        sel_c, sel_g = train["context8"], train["generation8"]
-        y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
-        phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
-        cols8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g])), knee)
-        fixed8 = cols8 @ coef
-        # the format's own terms: a time per layer on either path (its activation-quantization
-        # kernels beside each GEMM) and per decode; on the format's own GEMM curve, per new token
-        # (the block's work between its projections that the layer join's bytes priced)
-        tokens8 = np.concatenate((c8[5][sel_c], g8[5][sel_g])) * format_curve
-        decodes8 = np.column_stack((np.ones(len(y8)), cols8[:, 4], tokens8))
-        best8 = (math.inf, 1.0, np.zeros(3))
-        for f8 in np.geomspace(0.1, 1.0, 60):
-            pred = np.concatenate((
-                c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
-                g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
-            )) + fixed8  # fmt: skip
-            extra, err = _fixed_terms(pred, y8, decodes8)
-            if err < best8[0]:
-                best8 = (err, float(f8), extra)
-        factors.append(("fp8_block", best8[1]))
-        format_latency = (("fp8_block", float(best8[2][0])),)
-        format_requests = (("fp8_block", float(best8[2][1])),)
-        format_tokens = (("fp8_block", float(best8[2][2])),) if format_curve else ()
+        sel = (train["context8"], train["generation8"])
+        f8, latency, per_decode, _ = _fit_mla_format(parts, sel, coef, knee, fp, fd, tokens=False)
+        factors.append(("fp8_block", f8))
+        format_latency = (("fp8_block", latency),)
+        format_requests = (("fp8_block", per_decode),)
+        if curve_parts:
+            curve_terms = (
+                ("fp8_block", MlaCurveTerms(*_fit_mla_format(curve_parts, sel, coef, knee, fp, fd))),
+            )
     return MlaKernel(
         tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
         decode_request=float(coef[4]), decode_head=float(coef[5]), decode_context=float(coef[6]),
         decode_request_by_format=format_requests, latency_by_format=format_latency,
         prefill_request=float(coef[2]), prefill_head=float(coef[3]), decode_knee=knee[0],
-        decode_beyond=knee[1], token_by_format=format_tokens,
+        decode_beyond=knee[1], curve_terms=curve_terms,
     )  # fmt: skip
+
+
+def _fit_mla_format(
+    parts: dict, sel: tuple, coef: np.ndarray, knee: tuple, fp: float, fd: float, tokens: bool = True
+) -> tuple[float, float, float, float]:
+    """Block-scaled FP8's own terms on its training rows, the bf16 terms held: the projections'
+    factor, a time per layer on either path (its activation-quantization kernels beside each
+    GEMM), per decode, and with ``tokens`` per new token (on the format's own GEMM curve: the
+    block's work between its projections that the layer join's activation bytes priced)."""
+    c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
+    sel_c, sel_g = sel
+    y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
+    phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
+    cols8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g])), knee)
+    fixed8 = cols8 @ coef
+    tokens8 = np.concatenate((c8[5][sel_c], g8[5][sel_g])) * tokens
+    extra_cols = np.column_stack((np.ones(len(y8)), cols8[:, 4], tokens8))
+    best8 = (math.inf, 1.0, np.zeros(3))
+    for f8 in np.geomspace(0.1, 1.0, 60):
+        pred = np.concatenate((
+            c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
+            g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
+        )) + fixed8  # fmt: skip
+        extra, err = _fixed_terms(pred, y8, extra_cols)
+        if err < best8[0]:
+            best8 = (err, float(f8), extra)
+    return best8[1], float(best8[2][0]), float(best8[2][1]), float(best8[2][2])
 
 
 def mla_part(tables: dict, console: Console) -> dict:
@@ -953,12 +971,14 @@ def mla_part(tables: dict, console: Console) -> dict:
             continue
         hw = get_hardware(GPUS[gpu])
         parts: dict = {}
+        rows_of: dict = {}
         heads_of: dict = {}
         for phase in ("context", "generation"):
             for table_fmt, weights in MLA_FORMATS.items():
                 rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == table_fmt and r[4] > 0]
                 if rows:
                     parts[(phase, weights)] = _mla_parts(hw, rows, phase, weights)
+                    rows_of[(phase, weights)] = rows
                     heads_of[(phase, weights)] = np.array([r[0] for r in rows])
         heads = sorted(set(heads_of[("context", "bf16")]))
         test_heads = heads[1::2]
@@ -969,9 +989,17 @@ def mla_part(tables: dict, console: Console) -> dict:
             "context8": ~test.get(("context", "fp8_block"), np.array([], dtype=bool)),
             "generation8": ~test.get(("generation", "fp8_block"), np.array([], dtype=bool)),
         }
-        # block-scaled FP8 on its own GEMM curve where the GPU has one (the catalog's path)
-        on_curve = CostModel(_mla_layer(1, "fp8_block"), hw, 1).format_curve is not None
-        kernel = replace(_fit_mla(parts, train, on_curve), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
+        # block-scaled FP8 also on its own GEMM curve where the GPU has one (the catalog's path)
+        curve_hw = replace(hw, mla=NEUTRAL_MLA_CURVE)
+        curve_parts = None
+        if ("context", "fp8_block") in parts and CostModel(
+            _mla_layer(1, "fp8_block"), curve_hw, 1
+        ).format_curve:
+            curve_parts = {
+                (phase, "fp8_block"): _mla_parts(hw, rows_of[(phase, "fp8_block")], phase, "fp8_block", True)
+                for phase in ("context", "generation")
+            }
+        kernel = replace(_fit_mla(parts, train, curve_parts), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
         fitted = replace(hw, mla=kernel)
         res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
@@ -981,7 +1009,7 @@ def mla_part(tables: dict, console: Console) -> dict:
                              "decode_knee": kernel.decode_knee, "decode_beyond": kernel.decode_beyond,
                              "decode_request_by_format_s": dict(kernel.decode_request_by_format),
                              "latency_by_format_s": dict(kernel.latency_by_format),
-                             "token_by_format_s": dict(kernel.token_by_format)},
+                             "curve_terms": {k: asdict(v) for k, v in kernel.curve_terms}},
                      "version": entry.get("mla_context_version")}  # fmt: skip
         for (phase, weights), (rest, proj, attn, y, _per_request, _tokens) in parts.items():
             rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
@@ -1004,6 +1032,19 @@ def mla_part(tables: dict, console: Console) -> dict:
                 "held_out": stats(pred_a[t], y[t]),
                 "train": stats(pred_a[~t], y[~t]),
             }
+            if kernel.curve_terms_for(weights):
+                # the layer join's path (a calibrated efficiency, another engine's GEMM set)
+                join_hw = replace(fitted, mla=replace(kernel, curve_terms=()))
+                pj = []
+                for h, batch, length, _ms in rows:
+                    cm = CostModel(_mla_layer(h, weights), join_hw, 1)
+                    shape = _mla_shape(phase, batch, length)
+                    pj.append(
+                        _mla_linear(cm, shape.num_tokens)
+                        + cm.attention_time(shape)
+                        + cm.mla_fixed_time(shape)
+                    )
+                r["held_out_join_path"] = stats(np.array(pj)[t], y[t])
             res[f"{phase}/{weights}"] = r
             h = r["held_out"]
             table.add_row(

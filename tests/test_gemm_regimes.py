@@ -311,11 +311,17 @@ def test_moe_and_mla_models_take_the_format_curve():
     assert [c for _, _, c in cm._dense_gemms] == [3, 3, 58, 58, 58]
     for tokens in (8, 8192):
         assert cm.linear_time(tokens, 8) != CostModel(deepseek, bare, 8).linear_time(tokens, 8)
-    # without a fitted MLA block the projections sit in the layer join: the factors price it
-    no_block = replace(hw, mla=None)
-    assert CostModel(deepseek, no_block, 8).format_curve is None
-    # the block's per-token term only beside the format curve (where it was fitted)
-    assert hw.mla.format_token("fp8_block") > 0
+    # without a fitted MLA block, or one without terms for the curve's path, the projections
+    # sit in the layer join: the factors price it, with the block's join-path terms
+    assert CostModel(deepseek, replace(hw, mla=None), 8).format_curve is None
+    join_only = replace(hw, mla=replace(hw.mla, curve_terms=()))
+    assert CostModel(deepseek, join_only, 8).format_curve is None
+    assert CostModel(deepseek, join_only, 8).linear_time(64, 8) == CostModel(deepseek, bare, 8).linear_time(
+        64, 8
+    )
+    # the curve path's own terms: the block's launches per layer and a time per new token
+    terms = hw.mla.curve_terms_for("fp8_block")
+    assert terms.token > 0 and terms.latency > hw.mla.format_latency("fp8_block")
     assert CostModel(deepseek, bare, 8)._mla_per_token == 0.0 < cm._mla_per_token
     qwen = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8")  # GQA MoE
     cm = CostModel(qwen, hw, 4)

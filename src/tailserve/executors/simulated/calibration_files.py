@@ -26,6 +26,7 @@ from tailserve.executors.simulated.hardware import (
     GemmCurve,
     Hardware,
     LinkFit,
+    MlaCurveTerms,
     MlaKernel,
     MoeCurve,
     MoeExchange,
@@ -189,10 +190,10 @@ def _moe_kernel(saved: dict[str, Any]) -> MoeKernel:
 
 def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:
     """``hardware.MlaKernel`` from its ``asdict`` (JSON turns its pairs into lists)."""
-    pairs = ("gemm_factors", "decode_request_by_format", "latency_by_format", "token_by_format")
-    return MlaKernel(
-        **{k: tuple((str(f), float(x)) for f, x in v) if k in pairs else v for k, v in saved.items()}
-    )
+    pairs = ("gemm_factors", "decode_request_by_format", "latency_by_format")
+    mla = {k: tuple((str(f), float(x)) for f, x in v) if k in pairs else v for k, v in saved.items()}
+    mla["curve_terms"] = tuple((str(f), MlaCurveTerms(**t)) for f, t in saved.get("curve_terms", ()))
+    return MlaKernel(**mla)
 
 
 def _moe_exchange(saved: dict[str, Any]) -> MoeExchange:

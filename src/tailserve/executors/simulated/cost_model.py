@@ -282,16 +282,28 @@ class CostModel:
         attention_io = m.num_layers * _mla_io_per_token(m, tp) * m.dtype_bytes
         self._mla_act_bytes_per_token = float(attention_io)
         self._act_bytes_per_token -= self._mla_act_bytes_per_token
-        self._mla_factor = self._mla.gemm_factor(m.weight_dtype or "bf16")
         fmt = m.weight_dtype or "bf16"
-        self._mla_prefill_fixed = m.num_layers * (self._mla.prefill_latency + self._mla.format_latency(fmt))
-        self._mla_decode_fixed = m.num_layers * (self._mla.decode_latency + self._mla.format_latency(fmt))
-        heads = m.num_heads / tp
-        per_decode = self._mla.decode_request + self._mla.format_request(fmt)
-        self._mla_per_decode = m.num_layers * (per_decode + heads * self._mla.decode_head)
-        self._mla_per_context_token = m.num_layers * self._mla.decode_context
-        self._mla_per_prefill = m.num_layers * (self._mla.prefill_request + heads * self._mla.prefill_head)
-        self._mla_knee, self._mla_beyond = self._mla.decode_knee, self._mla.decode_beyond
+        mla = self._mla
+        self._set_mla_terms(
+            m, tp, mla.gemm_factor(fmt), mla.format_latency(fmt), mla.format_request(fmt), 0.0
+        )
+        self._mla_per_context_token = m.num_layers * mla.decode_context
+        self._mla_per_prefill = m.num_layers * (mla.prefill_request + m.num_heads / tp * mla.prefill_head)
+        self._mla_knee, self._mla_beyond = mla.decode_knee, mla.decode_beyond
+
+    def _set_mla_terms(
+        self, m: ModelSpec, tp: int, factor: float, latency: float, per_decode: float, per_token: float
+    ) -> None:
+        """The MLA block's terms that depend on the weights' format and on the path its dense
+        GEMMs take (``MlaKernel.curve_terms``): the projections' factor, the fixed times per
+        layer, the time per decode and per new token, all layers."""
+        assert self._mla is not None
+        self._mla_factor = factor
+        self._mla_prefill_fixed = m.num_layers * (self._mla.prefill_latency + latency)
+        self._mla_decode_fixed = m.num_layers * (self._mla.decode_latency + latency)
+        request = self._mla.decode_request + per_decode + m.num_heads / tp * self._mla.decode_head
+        self._mla_per_decode = m.num_layers * request
+        self._mla_per_token = m.num_layers * per_token
 
     def _init_window(self, m: ModelSpec) -> None:
         """Sliding-window layers (window.py): their share of the per-layer attention constants."""
@@ -338,20 +350,20 @@ class CostModel:
             self._quant_bytes_per_token = quant * _dense_inputs_per_token(m, self.tp)
             # The format's own curve (GemmCurve.format_curves): its dense GEMMs each priced in
             # its wave form. Only on the GPU's own curve: a calibrated or hand-set efficiency
-            # keeps the factors on it, so its fitted rates still move every GEMM. Not for MLA
-            # models without a fitted MLA block: their projections then sit in the layer join.
-            # With one (hardware.MlaKernel) the projections keep the block's own join, and the
-            # block's launches and per-token work, which the layer join priced before, are its
-            # fitted format terms (latency_by_format, token_by_format: fitted on this path).
-            own = hw.gemm.curve_for(fmt.name) if hw.gemm and (not m.is_mla or self._mla) else None
+            # keeps the factors on it, so its fitted rates still move every GEMM. An MLA model
+            # only where its fitted block has terms for that path (MlaKernel.curve_terms): the
+            # projections keep the block's own join, and the block's launches and per-token
+            # work, which the layer join priced before, are in those terms.
+            mla_terms = self._mla.curve_terms_for(fmt.name) if self._mla is not None else None
+            own = hw.gemm.curve_for(fmt.name) if hw.gemm and (not m.is_mla or mla_terms) else None
             if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
                 if hw.sms < 1:
                     raise ValueError(f"hardware {hw.name}: the {fmt.name} GEMM curve needs its SM count")
                 self._format_curve = own
                 self._dense_gemms = _dense_gemms(m, self.tp)
-                if self._mla is not None:
-                    # the block's work per new token that the layer join's activation bytes priced
-                    self._mla_per_token = m.num_layers * self._mla.format_token(fmt.name)
+                if mla_terms is not None:
+                    t = mla_terms
+                    self._set_mla_terms(m, self.tp, t.gemm_factor, t.latency, t.decode_request, t.token)
         self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
         self._moe_tile_m, self._moe_sharpness = eff.tile_m, eff.sharpness
         if m.is_moe:

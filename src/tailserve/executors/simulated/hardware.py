@@ -135,6 +135,24 @@ class MoeKernel:
 
 
 @dataclass(frozen=True, slots=True)
+class MlaCurveTerms:
+    """A weight format's MLA block terms when the model's dense GEMMs run on the format's own
+    curve (``MlaKernel.curve_terms``). The block's projections then leave the layer join, whose
+    four launches per layer and activation bytes per token had priced the block's launches and
+    its per-token work between them (norms, RoPE, the activations' quantization, the cache
+    write): here the fixed time per layer holds the launches and ``token`` the per-token work."""
+
+    gemm_factor: float  # on the projections' join, as MlaKernel.gemm_factors
+    latency: float  # seconds per layer on each path run, on top of the path's latency
+    decode_request: float  # seconds per decode request and layer, on top of decode_request
+    token: float  # seconds per new token and layer
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gemm_factor <= 1.0 or min(self.latency, self.decode_request, self.token) < 0:
+            raise ValueError(f"MlaCurveTerms: gemm_factor in (0, 1] and times >= 0, got {self}")
+
+
+@dataclass(frozen=True, slots=True)
 class MlaKernel:
     """vLLM's MLA attention block (the q/kv down- and up-projections, the attention kernel,
     o_proj, and the norms, RoPE and cache writes between them) against the GPU's curves: a
@@ -177,11 +195,12 @@ class MlaKernel:
     # tables' batch sizes (powers of two), not from the kernels.
     decode_knee: int = 0
     decode_beyond: float = 1.0
-    # (weight format, seconds per new token and layer): with the format's own GEMM curve
-    # (``GemmCurve.format_curves``) the block's projections leave the layer join, whose
-    # activation bytes per token priced the block's per-token work between them (norms, RoPE,
-    # the activations' quantization, the cache write); this term prices it instead.
-    token_by_format: tuple[tuple[str, float], ...] = ()
+    # (weight format, its terms on that format's own GEMM curve): an MLA model whose weights'
+    # format has a curve here and in ``GemmCurve.format_curves`` prices its dense GEMMs on that
+    # curve, and these terms replace the format's factor, latency_by_format and
+    # decode_request_by_format above (fitted on the layer join's path, which a calibrated
+    # efficiency or another engine's GEMM set without the curve keeps).
+    curve_terms: tuple[tuple[str, MlaCurveTerms], ...] = ()
 
     def gemm_factor(self, fmt: str) -> float:
         return dict(self.gemm_factors).get(fmt, 1.0)
@@ -192,8 +211,8 @@ class MlaKernel:
     def format_latency(self, fmt: str) -> float:
         return dict(self.latency_by_format).get(fmt, 0.0)
 
-    def format_token(self, fmt: str) -> float:
-        return dict(self.token_by_format).get(fmt, 0.0)
+    def curve_terms_for(self, fmt: str) -> MlaCurveTerms | None:
+        return dict(self.curve_terms).get(fmt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,22 +500,22 @@ MOE_GENERIC = MoeKernel(
 # projections) and the MoE token exchanges under data-parallel attention (DeepEP under vLLM,
 # NCCL all-gather / reduce-scatter), fitted by benchmarks/fidelity_aisim.py on half the head
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
-# borrows the H100's (same kernels, same NVLink 4 link). Block-scaled FP8's terms (and its
-# per-token term) are fitted with the dense GEMMs on the format's own curve, the path an MLA
-# model takes where the GPU has that curve (all but the B200, whose FP8 block stays on factors).
+# borrows the H100's (same kernels, same NVLink 4 link). Block-scaled FP8 has two sets of terms:
+# on the layer join's path (the factors) and, where the GPU has a block-FP8 GEMM curve (all but
+# the B200), on that curve's path (MlaCurveTerms), which the catalog's MLA models take.
 MLA_H100 = MlaKernel(
-    (("bf16", 0.82), ("fp8_block", 0.63)), 1.00, 1.00, 3.91e-6, 0.50e-6,
+    (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.91e-6, 0.50e-6,
     f"{_AISIM}: MLA module, H100", decode_request=44.0e-9, decode_head=1.821e-9, decode_context=362e-12,
-    decode_request_by_format=(("fp8_block", 4.6e-9),), latency_by_format=(("fp8_block", 36.06e-6),),
+    decode_request_by_format=(("fp8_block", 4.8e-9),), latency_by_format=(("fp8_block", 5.49e-6),),
     prefill_request=0.0e-9, prefill_head=2.09e-9, decode_knee=512, decode_beyond=0.00,
-    token_by_format=(("fp8_block", 12.6e-9),),
+    curve_terms=(("fp8_block", MlaCurveTerms(0.63, 36.06e-6, 4.6e-9, 12.6e-9)),),
 )  # fmt: skip
 MLA_H200 = MlaKernel(
     (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.23e-6, 0.97e-6,
     f"{_AISIM}: MLA module, H200", decode_request=42.2e-9, decode_head=1.459e-9, decode_context=409e-12,
-    decode_request_by_format=(("fp8_block", 10.6e-9),), latency_by_format=(("fp8_block", 36.31e-6),),
+    decode_request_by_format=(("fp8_block", 9.6e-9),), latency_by_format=(("fp8_block", 6.46e-6),),
     prefill_request=0.0e-9, prefill_head=1.48e-9, decode_knee=512, decode_beyond=0.00,
-    token_by_format=(("fp8_block", 6.0e-9),),
+    curve_terms=(("fp8_block", MlaCurveTerms(0.60, 36.31e-6, 10.6e-9, 6.0e-9)),),
 )  # fmt: skip
 MLA_B200 = MlaKernel(
     (("bf16", 1.00), ("fp8_block", 0.60)), 1.00, 0.88, 18.78e-6, 16.71e-6,
@@ -507,16 +526,16 @@ MLA_B200 = MlaKernel(
 MLA_GB200 = MlaKernel(
     (("bf16", 0.90), ("fp8_block", 0.79)), 1.00, 0.88, 18.61e-6, 17.15e-6,
     f"{_AISIM}: MLA module, GB200", decode_request=55.6e-9, decode_head=5.059e-9, decode_context=249e-12,
-    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 26.04e-6),),
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 12.49e-6),),
     prefill_request=0.0e-9, prefill_head=39.61e-9, decode_knee=128, decode_beyond=0.50,
-    token_by_format=(("fp8_block", 4.7e-9),),
+    curve_terms=(("fp8_block", MlaCurveTerms(0.79, 26.04e-6, 0.0, 4.7e-9)),),
 )  # fmt: skip
 MLA_B300 = MlaKernel(
     (("bf16", 0.90), ("fp8_block", 0.70)), 1.00, 0.88, 16.66e-6, 14.33e-6,
     f"{_AISIM}: MLA module, B300", decode_request=64.6e-9, decode_head=5.458e-9, decode_context=278e-12,
-    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 26.31e-6),),
+    decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 11.51e-6),),
     prefill_request=0.0e-9, prefill_head=43.51e-9, decode_knee=128, decode_beyond=0.50,
-    token_by_format=(("fp8_block", 5.0e-9),),
+    curve_terms=(("fp8_block", MlaCurveTerms(0.70, 26.31e-6, 0.0, 5.0e-9)),),
 )  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
     LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),
