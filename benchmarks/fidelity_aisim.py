@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +72,16 @@ from tailserve.executors.simulated.gemm import (
     shape_tiles,
     wave_flops,
 )
-from tailserve.executors.simulated.hardware import GemmCurve, Hardware, LinkFit, MlaKernel, get_hardware
+from tailserve.executors.simulated.hardware import (
+    GemmCurve,
+    Hardware,
+    LinkFit,
+    MlaCurveTerms,
+    MlaKernel,
+    MoeCurve,
+    get_hardware,
+)
+from tailserve.executors.simulated.model_spec import ModelSpec
 from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.moe import grouped_gemm_parts
 from tailserve.executors.simulated.moe_comm import FP8_WITH_SCALES, remote_ranks
@@ -421,13 +430,16 @@ def _curve(p: dict) -> dict:
     return dict(c=p["compute"], mem=p["memory"], p=p["sharpness"], tile=p["tile_m"], lat=p["gemm_latency"])
 
 
-def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.ndarray | None = None) -> dict:
+def _fit_moe(
+    c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.ndarray | None = None, cap: float = 1.5
+) -> dict:
     """Factors on the GEMM curve's compute and memory rates for the fused MoE kernel (routing,
     permutation and weight-only dequantization make it slower than a dense GEMM) and a fixed time
     per layer: the smallest mean |relative error|, a log grid then a finer one. With ``rows``
     (routed rows x hidden size per layer), also a time per such element (the rows' gather,
     activation and scatter around the grouped GEMMs, which tensor parallelism does not split):
-    non-negative least squares in relative terms with the fixed time."""
+    non-negative least squares in relative terms with the fixed time. ``cap``: the factors'
+    largest value (1: the fused kernel never faster than the dense curve)."""
     best = (math.inf, None)
     columns = np.column_stack([np.ones_like(y)] + ([rows] if rows is not None else []))
 
@@ -438,14 +450,15 @@ def _fit_moe(c: np.ndarray, b: np.ndarray, y: np.ndarray, p: float, rows: np.nda
                      "row_element": float(coef[1]) if rows is not None else 0.0}  # fmt: skip
 
     grid = np.geomspace(0.05, 1.5, 24)
+    grid = np.append(grid[grid < cap], cap) if cap < grid[-1] else grid
     for fc in grid:
         for fm in grid:
             cand = score(float(fc), float(fm))
             if cand[0] < best[0]:
                 best = cand
     b0 = best[1]
-    for fc in b0["compute_factor"] * np.geomspace(0.85, 1.15, 9):
-        for fm in b0["memory_factor"] * np.geomspace(0.85, 1.15, 9):
+    for fc in np.minimum(b0["compute_factor"] * np.geomspace(0.85, 1.15, 9), cap):
+        for fm in np.minimum(b0["memory_factor"] * np.geomspace(0.85, 1.15, 9), cap):
             cand = score(float(fc), float(fm))
             if cand[0] < best[0]:
                 best = cand
@@ -462,6 +475,36 @@ def main_kernel(rows: list) -> tuple[str, list]:
         shapes.setdefault(r[8], set()).add((r[2], r[3], r[4], r[5]))
     kernel = max(shapes, key=lambda kn: (len(shapes[kn]), sum(r[8] == kn for r in rows), kn))
     return kernel, [r for r in rows if r[8] == kernel]
+
+
+def moe_curve(curve: dict, fit: dict, math: str) -> MoeCurve:
+    """A format's fitted fused-MoE kernel in the catalog's form (``hardware.MoeCurve``): the
+    dense curve's efficiencies times the kernel's factors, its sharpness and row tile."""
+    return MoeCurve(
+        round(min(1.0, curve["compute"] * fit["compute_factor"]), 3),
+        round(min(1.0, curve["memory"] * fit["memory_factor"]), 3),
+        curve["sharpness"], int(curve["tile_m"]), round(fit["layer_latency"], 7),
+        round(fit["row_element"], 15), math,
+    )  # fmt: skip
+
+
+def catalog_moe_time(hw: Hardware, weights: str, rows: list) -> np.ndarray:
+    """Each fused-MoE row as the cost model prices one MoE layer on ``hw`` (``CostModel._experts``:
+    the kernel's curve for the format, else its factors on the GPU's curve), the experts in
+    ``weights`` sliced over the row's expert TP."""
+    models: dict = {}
+    out = []
+    for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, _latency in rows:
+        key = (int(hidden), int(inter), int(topk), int(experts), int(tp))
+        cm = models.get(key)
+        if cm is None:
+            spec = ModelSpec(
+                f"moe-{key}", key[0], 1, 64, 64, 1, 1, 4096, num_experts=key[3], experts_per_token=key[2],
+                moe_intermediate_size=key[1], expert_dtype="" if weights == "bf16" else weights,
+            )  # fmt: skip
+            cm = models[key] = CostModel(spec, hw, key[4])
+        out.append(cm._experts(int(tokens)))
+    return np.array(out)
 
 
 def moe_part(
@@ -529,6 +572,27 @@ def moe_part(
                 pred = pred + el * f["row_element"]
                 res.update(fit=f, held_out=stats(pred[test], y_a[test]), train=stats(pred[~test], y_a[~test]),
                            fit_without_rows=f0, held_out_without_rows=stats(pred0[test], y_a[test]))  # fmt: skip
+                # the factors capped at 1: the fused kernel never faster than the dense curve
+                fcap = _fit_moe(c_a[~test], b_a[~test], y_a[~test], p, el[~test], cap=1.0)
+                pcap = join_array(c_a / fcap["compute_factor"], b_a / fcap["memory_factor"], p)
+                pcap = pcap + fcap["layer_latency"] + el * fcap["row_element"]
+                res.update(fit_capped=fcap, held_out_capped=stats(pcap[test], y_a[test]))
+                if framework == "vllm":
+                    # the catalog as users get it: on the kernel's factors (before), on the
+                    # format's own curve where the catalog holds one (now), and this fit's curve
+                    math = "bf16" if curve_fmt == "bfloat16" else get_precision(weights).compute
+                    own = moe_curve(curve, f, math)
+                    res["catalog_curve"] = {"compute": own.compute, "memory": own.memory,
+                                            "sharpness": own.sharpness, "tile_m": own.tile_m,
+                                            "layer_latency": own.layer_latency,
+                                            "row_element": own.row_element, "math": own.math}  # fmt: skip
+                    moe = hw.moe
+                    before = replace(hw, moe=replace(moe, format_curves=())) if moe else hw
+                    cat_before = catalog_moe_time(before, weights, rows)
+                    cat_now = catalog_moe_time(hw, weights, rows)
+                    res["catalog_before"] = stats(cat_before[test], y_a[test])
+                    res["catalog_now"] = stats(cat_now[test], y_a[test])
+                    res["catalog_own_curve"] = bool(moe and moe.curve_for(weights))
                 # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
                 noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
                 res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
@@ -557,7 +621,34 @@ def moe_part(
                    if "vllm_curve_held_out" in res else "-",) if reference is not None else ()),
             )  # fmt: skip
     console.print(table)
+    if framework == "vllm":
+        console.print(_moe_catalog_table(out))
     return out
+
+
+def _moe_catalog_table(out: dict) -> Table:
+    """The held-out fused-MoE rows as the catalog prices them, before (the kernel's factors on
+    the GPU's curve) and now (the format's own curve where the catalog holds one), beside this
+    fit with its factors capped at 1, and the fit in the catalog's form."""
+    table = Table(title="Fused MoE held out, as the catalog prices it (vLLM kernels)")
+    for col in ("GPU", "format", "factors capped at 1: mean / max", "uncapped fit: mean / max",
+                "catalog before: mean / p90 / max", "catalog now: mean / p90 / max", "own curve",
+                "fit as hardware.MoeCurve"):  # fmt: skip
+        table.add_column(col)
+    for gpu, by_fmt in out.items():
+        for fmt, res in by_fmt.items():
+            if "catalog_now" not in res:
+                continue
+            hc, h, b, n, c = (res[k] for k in ("held_out_capped", "held_out", "catalog_before", "catalog_now",
+                                                "catalog_curve"))  # fmt: skip
+            table.add_row(
+                GPUS[gpu], fmt, f"{hc['mean']:.1%} / {hc['max']:.0%}", f"{h['mean']:.1%} / {h['max']:.0%}",
+                f"{b['mean']:.1%} / {b['p90']:.1%} / {b['max']:.0%}",
+                f"{n['mean']:.1%} / {n['p90']:.1%} / {n['max']:.0%}", "yes" if res["catalog_own_curve"] else "no",
+                f"MoeCurve({c['compute']}, {c['memory']}, {c['sharpness']}, {c['tile_m']}, "
+                f"{c['layer_latency'] * 1e6:.1f}e-6, {c['row_element'] * 1e12:.2f}e-12, {c['math']!r})",
+            )  # fmt: skip
+    return table
 
 
 def _vllm_moe_pred(reference: tuple, gpu: str, fmt: str, hw: Hardware, rows: list) -> np.ndarray | None:
@@ -661,6 +752,8 @@ def allreduce_part(tables: dict, console: Console) -> dict:
 
 MLA_FORMATS = {"bfloat16": "bf16", "fp8_block": "fp8_block"}
 NEUTRAL_MLA = MlaKernel((), 1.0, 1.0, 0.0, 0.0, "neutral: the parts as the curves price them")
+# the same with block FP8's dense GEMMs on its own curve (where the GPU has one)
+NEUTRAL_MLA_CURVE = replace(NEUTRAL_MLA, curve_terms=(("fp8_block", MlaCurveTerms(1.0, 0.0, 0.0, 0.0)),))
 
 
 def _mla_layer(heads: int, weights: str):
@@ -681,12 +774,25 @@ def _mla_shape(phase: str, batch: int, length: int) -> BatchShape:
     return BatchShape.of([], [length] * batch)
 
 
-def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.ndarray, ...]:
+def _mla_linear(cm: CostModel, num_tokens: int) -> float:
+    """The one-layer MLA model's GEMMs as the module's share of them: the layer join, which
+    holds the block's four launches (the fit absorbs them); on the weights' format curve the
+    projections alone (the stand-in MLP's GEMMs would bring launches of their own, which the
+    module does not run; its launches go to the fitted fixed times)."""
+    if cm.format_curve is not None:
+        return cm._mla_projections(num_tokens)
+    return cm.linear_time(num_tokens, 0)
+
+
+def _mla_parts(
+    hw: Hardware, rows: list, phase: str, weights: str, curve: bool = False
+) -> tuple[np.ndarray, ...]:
     """Per row: (the rest of the layer, the projections' join, the attention) as the cost model
-    prices them with a neutral MLA kernel, the measured seconds, and the decode path's
-    per-request columns (``_mla_columns``)."""
-    neutral = replace(hw, mla=NEUTRAL_MLA)
-    rest, proj, attn, y, per_request = [], [], [], [], []  # the neutral kernel adds no fixed time
+    prices them with a neutral MLA kernel, the measured seconds, the decode path's per-request
+    columns (``_mla_columns``) and the new tokens. ``curve``: the dense GEMMs on the format's
+    own curve (``MlaKernel.curve_terms``)."""
+    neutral = replace(hw, mla=NEUTRAL_MLA_CURVE if curve else NEUTRAL_MLA)
+    rest, proj, attn, y, per_request, tokens = [], [], [], [], [], []  # the neutral kernel: no fixed time
     models: dict[int, CostModel] = {}
     for heads, batch, length, ms in rows:
         cm = models.get(heads)
@@ -694,14 +800,15 @@ def _mla_parts(hw: Hardware, rows: list, phase: str, weights: str) -> tuple[np.n
             cm = models[heads] = CostModel(_mla_layer(heads, weights), neutral, 1)
         shape = _mla_shape(phase, batch, length)
         p = cm._mla_projections(shape.num_tokens)
-        rest.append(cm.linear_time(shape.num_tokens, 0) - p)
+        rest.append(_mla_linear(cm, shape.num_tokens) - p)
         proj.append(p)
         attn.append(cm.attention_time(shape))
         y.append(ms * 1e-3)
         prefills, decodes = shape.num_prefills, shape.num_decodes
         context = shape.decode_kv_tokens / decodes if decodes else 0.0
         per_request.append((prefills, prefills * heads, decodes, decodes * heads, context))
-    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request))
+        tokens.append(shape.num_tokens)
+    return tuple(np.array(v, dtype=float) for v in (rest, proj, attn, y, per_request, tokens))
 
 
 def _fixed_terms(base: np.ndarray, y: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, float]:
@@ -755,7 +862,7 @@ DECODE_BEYOND = np.linspace(0.0, 1.0, 21)
 MIN_ATTENTION_SHARE = 0.1
 
 
-def _fit_mla(parts: dict, train: dict) -> MlaKernel:
+def _fit_mla(parts: dict, train: dict, curve_parts: dict | None = None) -> MlaKernel:
     """The bf16 rows of both phases give the projections' factor (one GEMM curve for both), the
     prefill and decode attention factors (<= 1: never faster than the roofline), each path's
     fixed time per layer and the decode path's per-request terms; then, the factors held, the
@@ -764,8 +871,8 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     the decode rows lost what the prefill rows gained); the FP8 rows then their own projection
     factor, the rest held. (A time per new token was tried as a prefill term: the prefill rows,
     up to 131,072 tokens, fit it to 0.)"""
-    rc, pc, ac, yc, qc = (v[train["context"]] for v in parts[("context", "bf16")])
-    rg, pg, ag, yg, qg = (v[train["generation"]] for v in parts[("generation", "bf16")])
+    rc, pc, ac, yc, qc, _ = (v[train["context"]] for v in parts[("context", "bf16")])
+    rg, pg, ag, yg, qg, _ = (v[train["generation"]] for v in parts[("generation", "bf16")])
     y = np.concatenate((yc, yg))
     phases = np.concatenate((np.zeros(len(yc)), np.ones(len(yg))))
     cols = _mla_columns(phases, np.concatenate((qc, qg)))
@@ -800,35 +907,51 @@ def _fit_mla(parts: dict, train: dict) -> MlaKernel:
     factors = [("bf16", f)]
     format_requests: tuple[tuple[str, float], ...] = ()
     format_latency: tuple[tuple[str, float], ...] = ()
+    curve_terms: tuple[tuple[str, MlaCurveTerms], ...] = ()
     if ("context", "fp8_block") in parts:
-        c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
-        sel_c, sel_g = train["context8"], train["generation8"]
-        y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
-        phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
-        cols8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g])), knee)
-        fixed8 = cols8 @ coef
-        # the format's own terms: a time per layer on either path (its activation-quantization
-        # kernels beside each GEMM) and per decode
-        decodes8 = np.column_stack((np.ones(len(y8)), cols8[:, 4]))
-        best8 = (math.inf, 1.0, np.zeros(2))
-        for f8 in np.geomspace(0.1, 1.0, 60):
-            pred = np.concatenate((
-                c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
-                g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
-            )) + fixed8  # fmt: skip
-            extra, err = _fixed_terms(pred, y8, decodes8)
-            if err < best8[0]:
-                best8 = (err, float(f8), extra)
-        factors.append(("fp8_block", best8[1]))
-        format_latency = (("fp8_block", float(best8[2][0])),)
-        format_requests = (("fp8_block", float(best8[2][1])),)
+        sel = (train["context8"], train["generation8"])
+        f8, latency, per_decode, _ = _fit_mla_format(parts, sel, coef, knee, fp, fd, tokens=False)
+        factors.append(("fp8_block", f8))
+        format_latency = (("fp8_block", latency),)
+        format_requests = (("fp8_block", per_decode),)
+        if curve_parts:
+            curve_terms = (
+                ("fp8_block", MlaCurveTerms(*_fit_mla_format(curve_parts, sel, coef, knee, fp, fd))),
+            )
     return MlaKernel(
         tuple(factors), fp, fd, float(coef[0]), float(coef[1]), "fit",
         decode_request=float(coef[4]), decode_head=float(coef[5]), decode_context=float(coef[6]),
         decode_request_by_format=format_requests, latency_by_format=format_latency,
         prefill_request=float(coef[2]), prefill_head=float(coef[3]), decode_knee=knee[0],
-        decode_beyond=knee[1],
+        decode_beyond=knee[1], curve_terms=curve_terms,
     )  # fmt: skip
+
+
+def _fit_mla_format(
+    parts: dict, sel: tuple, coef: np.ndarray, knee: tuple, fp: float, fd: float, tokens: bool = True
+) -> tuple[float, float, float, float]:
+    """Block-scaled FP8's own terms on its training rows, the bf16 terms held: the projections'
+    factor, a time per layer on either path (its activation-quantization kernels beside each
+    GEMM), per decode, and with ``tokens`` per new token (on the format's own GEMM curve: the
+    block's work between its projections that the layer join's activation bytes priced)."""
+    c8, g8 = parts[("context", "fp8_block")], parts[("generation", "fp8_block")]
+    sel_c, sel_g = sel
+    y8 = np.concatenate((c8[3][sel_c], g8[3][sel_g]))
+    phases8 = np.concatenate((np.zeros(int(sel_c.sum())), np.ones(int(sel_g.sum()))))
+    cols8 = _mla_columns(phases8, np.concatenate((c8[4][sel_c], g8[4][sel_g])), knee)
+    fixed8 = cols8 @ coef
+    tokens8 = np.concatenate((c8[5][sel_c], g8[5][sel_g])) * tokens
+    extra_cols = np.column_stack((np.ones(len(y8)), cols8[:, 4], tokens8))
+    best8 = (math.inf, 1.0, np.zeros(3))
+    for f8 in np.geomspace(0.1, 1.0, 60):
+        pred = np.concatenate((
+            c8[0][sel_c] + c8[1][sel_c] / f8 + c8[2][sel_c] / fp,
+            g8[0][sel_g] + g8[1][sel_g] / f8 + g8[2][sel_g] / fd,
+        )) + fixed8  # fmt: skip
+        extra, err = _fixed_terms(pred, y8, extra_cols)
+        if err < best8[0]:
+            best8 = (err, float(f8), extra)
+    return best8[1], float(best8[2][0]), float(best8[2][1]), float(best8[2][2])
 
 
 def mla_part(tables: dict, console: Console) -> dict:
@@ -848,12 +971,14 @@ def mla_part(tables: dict, console: Console) -> dict:
             continue
         hw = get_hardware(GPUS[gpu])
         parts: dict = {}
+        rows_of: dict = {}
         heads_of: dict = {}
         for phase in ("context", "generation"):
             for table_fmt, weights in MLA_FORMATS.items():
                 rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == table_fmt and r[4] > 0]
                 if rows:
                     parts[(phase, weights)] = _mla_parts(hw, rows, phase, weights)
+                    rows_of[(phase, weights)] = rows
                     heads_of[(phase, weights)] = np.array([r[0] for r in rows])
         heads = sorted(set(heads_of[("context", "bf16")]))
         test_heads = heads[1::2]
@@ -864,7 +989,17 @@ def mla_part(tables: dict, console: Console) -> dict:
             "context8": ~test.get(("context", "fp8_block"), np.array([], dtype=bool)),
             "generation8": ~test.get(("generation", "fp8_block"), np.array([], dtype=bool)),
         }
-        kernel = replace(_fit_mla(parts, train), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
+        # block-scaled FP8 also on its own GEMM curve where the GPU has one (the catalog's path)
+        curve_hw = replace(hw, mla=NEUTRAL_MLA_CURVE)
+        curve_parts = None
+        if ("context", "fp8_block") in parts and CostModel(
+            _mla_layer(1, "fp8_block"), curve_hw, 1
+        ).format_curve:
+            curve_parts = {
+                (phase, "fp8_block"): _mla_parts(hw, rows_of[(phase, "fp8_block")], phase, "fp8_block", True)
+                for phase in ("context", "generation")
+            }
+        kernel = replace(_fit_mla(parts, train, curve_parts), source=f"{_AISIM_SRC}: MLA module, {GPUS[gpu]}")
         fitted = replace(hw, mla=kernel)
         res: dict = {"fit": {"gemm_factors": dict(kernel.gemm_factors), "prefill_attention": kernel.prefill_attention,
                              "decode_attention": kernel.decode_attention, "prefill_latency_s": kernel.prefill_latency,
@@ -873,9 +1008,10 @@ def mla_part(tables: dict, console: Console) -> dict:
                              "prefill_request_s": kernel.prefill_request, "prefill_head_s": kernel.prefill_head,
                              "decode_knee": kernel.decode_knee, "decode_beyond": kernel.decode_beyond,
                              "decode_request_by_format_s": dict(kernel.decode_request_by_format),
-                             "latency_by_format_s": dict(kernel.latency_by_format)},
+                             "latency_by_format_s": dict(kernel.latency_by_format),
+                             "curve_terms": {k: asdict(v) for k, v in kernel.curve_terms}},
                      "version": entry.get("mla_context_version")}  # fmt: skip
-        for (phase, weights), (rest, proj, attn, y, _per_request) in parts.items():
+        for (phase, weights), (rest, proj, attn, y, _per_request, _tokens) in parts.items():
             rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == {v: k for k, v in MLA_FORMATS.items()}[weights]
                     and r[4] > 0]  # fmt: skip
             as_is = rest + proj + attn
@@ -887,7 +1023,7 @@ def mla_part(tables: dict, console: Console) -> dict:
                     cm = models[h] = CostModel(_mla_layer(h, weights), fitted, 1)
                 shape = _mla_shape(phase, batch, length)
                 pred.append(
-                    cm.linear_time(shape.num_tokens, 0) + cm.attention_time(shape) + cm.mla_fixed_time(shape)
+                    _mla_linear(cm, shape.num_tokens) + cm.attention_time(shape) + cm.mla_fixed_time(shape)
                 )
             pred_a = np.array(pred)
             t = test[(phase, weights)]
@@ -896,6 +1032,19 @@ def mla_part(tables: dict, console: Console) -> dict:
                 "held_out": stats(pred_a[t], y[t]),
                 "train": stats(pred_a[~t], y[~t]),
             }
+            if kernel.curve_terms_for(weights):
+                # the layer join's path (a calibrated efficiency, another engine's GEMM set)
+                join_hw = replace(fitted, mla=replace(kernel, curve_terms=()))
+                pj = []
+                for h, batch, length, _ms in rows:
+                    cm = CostModel(_mla_layer(h, weights), join_hw, 1)
+                    shape = _mla_shape(phase, batch, length)
+                    pj.append(
+                        _mla_linear(cm, shape.num_tokens)
+                        + cm.attention_time(shape)
+                        + cm.mla_fixed_time(shape)
+                    )
+                r["held_out_join_path"] = stats(np.array(pj)[t], y[t])
             res[f"{phase}/{weights}"] = r
             h = r["held_out"]
             table.add_row(

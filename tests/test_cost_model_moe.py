@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
 from tailserve.executors.simulated.hardware import HARDWARE, get_hardware
 from tailserve.executors.simulated.models import ModelSpec, get_model
 from tailserve.executors.simulated.moe import touched_experts
@@ -236,6 +236,7 @@ def test_the_moe_kernels_row_term_moves_every_routed_row_whole_at_any_expert_tp(
     # MoeKernel.row_element: seconds per routed row (tokens x experts per token) and hidden
     # element, per MoE layer; tensor parallelism inside the experts does not split it.
     h200 = get_hardware("H200")
+    h200 = replace(h200, moe=replace(h200.moe, format_curves=()))  # the factors' path
     assert h200.moe.row_element > 0  # the catalog's fit (hardware.MOE_H200)
     without = replace(h200, moe=replace(h200.moe, row_element=0.0))
     tokens = 2048
@@ -247,3 +248,46 @@ def test_the_moe_kernels_row_term_moves_every_routed_row_whole_at_any_expert_tp(
     assert dense.linear_time(tokens) == dense_catalog.linear_time(tokens)
     with pytest.raises(ValueError, match="row_element"):
         replace(h200.moe, row_element=-1.0)
+
+
+def test_each_expert_format_takes_its_own_fused_moe_curve():
+    # hardware.MoeCurve: the format's kernel on its own rates, tile, sharpness, fixed time and
+    # row term, instead of the bf16 kernel's factors times the format's GEMM factors.
+    from tailserve.executors.simulated.gemm import join
+    from tailserve.executors.simulated.hardware import MoeCurve
+    from tailserve.executors.simulated.moe import grouped_gemm_parts
+
+    h200 = get_hardware("H200")
+    factors = replace(h200, moe=replace(h200.moe, format_curves=()))
+    tokens = 512
+    for fmt in ("", "fp8", "fp8_block", "mxfp4"):
+        spec = replace(MIXTRAL, expert_dtype=fmt)
+        curve = h200.moe.curve_for(fmt or "bf16")
+        assert curve is not None
+        cm = CostModel(spec, h200, 4)
+        flops, moved = grouped_gemm_parts(
+            tokens, 8, 2, 4096, 14336, weight_bytes=spec.expert_bytes_per_param, act_bytes=2.0,
+            tile_m=curve.tile_m, moe_tp=4,
+        )  # fmt: skip
+        layer = join(
+            flops / (h200.peak_for(curve.math) * curve.compute),
+            moved / (h200.memory_bandwidth * curve.memory),
+            curve.sharpness,
+        )
+        layer += curve.layer_latency + tokens * 2 * 4096 * curve.row_element
+        assert cm._experts(tokens) == pytest.approx(32 * layer, rel=1e-12)
+        assert cm._experts(tokens) != CostModel(spec, factors, 4)._experts(tokens)
+    # a format without a curve (GB200 NVFP4) and a calibrated efficiency keep the factors
+    gb200 = get_hardware("GB200")
+    nvfp4 = replace(MIXTRAL, expert_dtype="nvfp4")
+    assert gb200.moe.curve_for("nvfp4") is None
+    assert CostModel(nvfp4, gb200, 1)._experts(tokens) == CostModel(
+        nvfp4, replace(gb200, moe=replace(gb200.moe, format_curves=())), 1
+    )._experts(tokens)
+    calibrated = Efficiency.for_hardware(h200)
+    calibrated = replace(calibrated, compute=calibrated.compute * 0.9)
+    assert CostModel(MIXTRAL, h200, 4, calibrated)._experts(tokens) == CostModel(
+        MIXTRAL, factors, 4, calibrated
+    )._experts(tokens)
+    with pytest.raises(ValueError, match="MoeCurve memory"):
+        MoeCurve(0.5, 1.2, 2.0, 64, 1e-6, 0.0, "bf16")

@@ -56,3 +56,56 @@ def test_the_fit_recovers_the_per_chunk_prefill_and_the_knee() -> None:
     assert (fit.decode_knee, fit.decode_beyond) == (KNOWN.decode_knee, KNOWN.decode_beyond)
     assert fit.decode_request == pytest.approx(KNOWN.decode_request, rel=0.02)
     assert fit.decode_head == pytest.approx(KNOWN.decode_head, rel=0.02)
+
+
+def test_block_fp8_on_its_format_curve_gets_its_launches_and_per_token_work_back() -> None:
+    # On the H200 block-scaled FP8 has its own GEMM curve: with MlaKernel.curve_terms the MLA
+    # block's projections leave the layer join (its launches and activation bytes), so the curve
+    # path's terms carry them; the fit must recover a per-layer latency and a per-token time the
+    # cost model prices on that path, beside the layer join path's own terms.
+    from benchmarks.fidelity_aisim import _mla_linear
+
+    from tailserve.executors.simulated.hardware import MlaCurveTerms
+
+    hw = get_hardware("H200")
+    grid = np.geomspace(0.1, 1.0, 60)  # the fit's grid
+    terms = MlaCurveTerms(float(grid[47]), 30e-6, 0.0, 8e-9)
+    known = replace(
+        KNOWN, gemm_factors=(("bf16", 1.0), ("fp8_block", float(grid[40]))),
+        latency_by_format=(("fp8_block", 5e-6),), curve_terms=(("fp8_block", terms),),
+    )  # fmt: skip
+    join_known = replace(known, curve_terms=())
+
+    def rows_for(phase: str, weights: str, kernel) -> list:
+        rows = []
+        for h in HEADS:
+            cm = CostModel(_mla_layer(h, weights), replace(hw, mla=kernel), 1)
+            assert (cm.format_curve is not None) == (weights == "fp8_block" and kernel is known)
+            for b, n in [(1, 16), (4, 512), (64, 2048)] if phase == "context" else [(1, 2), (64, 1024)]:
+                s = _mla_shape(phase, b, n)
+                rows.append(
+                    (
+                        h,
+                        b,
+                        n,
+                        1e3 * (_mla_linear(cm, s.num_tokens) + cm.attention_time(s) + cm.mla_fixed_time(s)),
+                    )
+                )
+        return rows
+
+    parts, curve_parts, train = {}, {}, {}
+    for phase in ("context", "generation"):
+        for weights in ("bf16", "fp8_block"):
+            rows = rows_for(phase, weights, join_known)
+            parts[(phase, weights)] = _mla_parts(hw, rows, phase, weights)
+            train[phase if weights == "bf16" else f"{phase}8"] = np.isin([r[0] for r in rows], HEADS[::2])
+        rows = rows_for(phase, "fp8_block", known)
+        curve_parts[(phase, "fp8_block")] = _mla_parts(hw, rows, phase, "fp8_block", curve=True)
+    fit = _fit_mla(parts, train, curve_parts)
+    assert fit.gemm_factor("fp8_block") == pytest.approx(grid[40], rel=1e-6)
+    assert fit.format_latency("fp8_block") == pytest.approx(5e-6, rel=0.02)
+    got = fit.curve_terms_for("fp8_block")
+    assert got.gemm_factor == pytest.approx(terms.gemm_factor, rel=1e-6)
+    assert got.latency == pytest.approx(30e-6, rel=0.02)
+    assert got.token == pytest.approx(8e-9, rel=0.02)
+    assert _fit_mla(parts, train).curve_terms == ()

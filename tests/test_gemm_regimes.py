@@ -295,7 +295,7 @@ def test_the_tile_by_shape_table_picks_the_first_matching_entry():
         GemmCurve(0.6, 0.8, 3.0, 128, 5e-6, "test", m_tiles=table)
 
 
-def test_moe_models_take_the_format_curve_and_mla_models_keep_the_factors():
+def test_moe_and_mla_models_take_the_format_curve():
     from dataclasses import replace
 
     from tailserve.executors.simulated.cost_model import CostModel
@@ -303,12 +303,26 @@ def test_moe_models_take_the_format_curve_and_mla_models_keep_the_factors():
 
     hw = get_hardware("H200")
     bare = replace(hw, gemm=replace(hw.gemm, format_curves=()))
-    deepseek = get_model("deepseek-v3")  # MLA, block-scaled FP8: its MLA block was fitted on the join
-    assert hw.gemm.curve_for("fp8_block") is not None and CostModel(deepseek, hw, 8).format_curve is None
+    deepseek = get_model("deepseek-v3")  # MLA, block-scaled FP8, a fitted MLA block on the H200
+    cm = CostModel(deepseek, hw, 8)
+    assert cm.format_curve is hw.gemm.curve_for("fp8_block")
+    # the MLA projections stay with the block: the 3 dense MLPs, each MoE layer's shared expert
+    # and router are the dense GEMMs on the curve
+    assert [c for _, _, c in cm._dense_gemms] == [3, 3, 58, 58, 58]
     for tokens in (8, 8192):
-        assert CostModel(deepseek, hw, 8).linear_time(tokens, 8) == CostModel(deepseek, bare, 8).linear_time(
-            tokens, 8
-        )
+        assert cm.linear_time(tokens, 8) != CostModel(deepseek, bare, 8).linear_time(tokens, 8)
+    # without a fitted MLA block, or one without terms for the curve's path, the projections
+    # sit in the layer join: the factors price it, with the block's join-path terms
+    assert CostModel(deepseek, replace(hw, mla=None), 8).format_curve is None
+    join_only = replace(hw, mla=replace(hw.mla, curve_terms=()))
+    assert CostModel(deepseek, join_only, 8).format_curve is None
+    assert CostModel(deepseek, join_only, 8).linear_time(64, 8) == CostModel(deepseek, bare, 8).linear_time(
+        64, 8
+    )
+    # the curve path's own terms: the block's launches per layer and a time per new token
+    terms = hw.mla.curve_terms_for("fp8_block")
+    assert terms.token > 0 and terms.latency > hw.mla.format_latency("fp8_block")
+    assert CostModel(deepseek, bare, 8)._mla_per_token == 0.0 < cm._mla_per_token
     qwen = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8")  # GQA MoE
     cm = CostModel(qwen, hw, 4)
     # attention QKV and output every layer, the router every MoE layer; no shared expert, no dense MLP

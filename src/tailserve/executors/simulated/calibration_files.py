@@ -26,7 +26,9 @@ from tailserve.executors.simulated.hardware import (
     GemmCurve,
     Hardware,
     LinkFit,
+    MlaCurveTerms,
     MlaKernel,
+    MoeCurve,
     MoeExchange,
     MoeKernel,
 )
@@ -121,7 +123,7 @@ def read_calibration_file(path: str | Path) -> CalibrationFile:
         if hw.get("gemm") is not None:
             hw["gemm"] = _gemm_curve(hw["gemm"])
         if hw.get("moe") is not None:
-            hw["moe"] = MoeKernel(**hw["moe"])
+            hw["moe"] = _moe_kernel(hw["moe"])
         if hw.get("mla") is not None:
             hw["mla"] = _mla_kernel(hw["mla"])
         if hw.get("moe_exchange") is not None:
@@ -174,17 +176,24 @@ def _engine_kernels(saved: dict[str, Any]) -> EngineKernels:
     return EngineKernels(
         str(saved["engine"]),
         None if gemm is None else _gemm_curve(gemm),
-        None if moe is None else MoeKernel(**moe),
+        None if moe is None else _moe_kernel(moe),
         str(saved["source"]),
     )
+
+
+def _moe_kernel(saved: dict[str, Any]) -> MoeKernel:
+    """``hardware.MoeKernel`` from its ``asdict`` (each format's curve nested)."""
+    moe = dict(saved)
+    moe["format_curves"] = tuple((str(f), MoeCurve(**c)) for f, c in moe.get("format_curves", ()))
+    return MoeKernel(**moe)
 
 
 def _mla_kernel(saved: dict[str, Any]) -> MlaKernel:
     """``hardware.MlaKernel`` from its ``asdict`` (JSON turns its pairs into lists)."""
     pairs = ("gemm_factors", "decode_request_by_format", "latency_by_format")
-    return MlaKernel(
-        **{k: tuple((str(f), float(x)) for f, x in v) if k in pairs else v for k, v in saved.items()}
-    )
+    mla = {k: tuple((str(f), float(x)) for f, x in v) if k in pairs else v for k, v in saved.items()}
+    mla["curve_terms"] = tuple((str(f), MlaCurveTerms(**t)) for f, t in saved.get("curve_terms", ()))
+    return MlaKernel(**mla)
 
 
 def _moe_exchange(saved: dict[str, Any]) -> MoeExchange:

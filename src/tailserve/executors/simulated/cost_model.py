@@ -271,6 +271,7 @@ class CostModel:
         self._mla_prefill_fixed = self._mla_decode_fixed = 0.0
         self._mla_per_decode = self._mla_per_context_token = self._mla_per_prefill = 0.0
         self._mla_knee, self._mla_beyond = 0, 1.0
+        self._mla_per_token = 0.0
         if self._mla is None:
             return
         proj = m.num_layers * m.attention_params_per_shard(tp)
@@ -281,16 +282,28 @@ class CostModel:
         attention_io = m.num_layers * _mla_io_per_token(m, tp) * m.dtype_bytes
         self._mla_act_bytes_per_token = float(attention_io)
         self._act_bytes_per_token -= self._mla_act_bytes_per_token
-        self._mla_factor = self._mla.gemm_factor(m.weight_dtype or "bf16")
         fmt = m.weight_dtype or "bf16"
-        self._mla_prefill_fixed = m.num_layers * (self._mla.prefill_latency + self._mla.format_latency(fmt))
-        self._mla_decode_fixed = m.num_layers * (self._mla.decode_latency + self._mla.format_latency(fmt))
-        heads = m.num_heads / tp
-        per_decode = self._mla.decode_request + self._mla.format_request(fmt)
-        self._mla_per_decode = m.num_layers * (per_decode + heads * self._mla.decode_head)
-        self._mla_per_context_token = m.num_layers * self._mla.decode_context
-        self._mla_per_prefill = m.num_layers * (self._mla.prefill_request + heads * self._mla.prefill_head)
-        self._mla_knee, self._mla_beyond = self._mla.decode_knee, self._mla.decode_beyond
+        mla = self._mla
+        self._set_mla_terms(
+            m, tp, mla.gemm_factor(fmt), mla.format_latency(fmt), mla.format_request(fmt), 0.0
+        )
+        self._mla_per_context_token = m.num_layers * mla.decode_context
+        self._mla_per_prefill = m.num_layers * (mla.prefill_request + m.num_heads / tp * mla.prefill_head)
+        self._mla_knee, self._mla_beyond = mla.decode_knee, mla.decode_beyond
+
+    def _set_mla_terms(
+        self, m: ModelSpec, tp: int, factor: float, latency: float, per_decode: float, per_token: float
+    ) -> None:
+        """The MLA block's terms that depend on the weights' format and on the path its dense
+        GEMMs take (``MlaKernel.curve_terms``): the projections' factor, the fixed times per
+        layer, the time per decode and per new token, all layers."""
+        assert self._mla is not None
+        self._mla_factor = factor
+        self._mla_prefill_fixed = m.num_layers * (self._mla.prefill_latency + latency)
+        self._mla_decode_fixed = m.num_layers * (self._mla.decode_latency + latency)
+        request = self._mla.decode_request + per_decode + m.num_heads / tp * self._mla.decode_head
+        self._mla_per_decode = m.num_layers * request
+        self._mla_per_token = m.num_layers * per_token
 
     def _init_window(self, m: ModelSpec) -> None:
         """Sliding-window layers (window.py): their share of the per-layer attention constants."""
@@ -337,21 +350,37 @@ class CostModel:
             self._quant_bytes_per_token = quant * _dense_inputs_per_token(m, self.tp)
             # The format's own curve (GemmCurve.format_curves): its dense GEMMs each priced in
             # its wave form. Only on the GPU's own curve: a calibrated or hand-set efficiency
-            # keeps the factors on it, so its fitted rates still move every GEMM. Not for MLA
-            # models: their fitted MLA block (hardware.MlaKernel) holds the rest of the layer as
-            # the layer join priced it (its four launches among them), so it keeps that join.
-            own = hw.gemm.curve_for(fmt.name) if hw.gemm and not m.is_mla else None
+            # keeps the factors on it, so its fitted rates still move every GEMM. An MLA model
+            # only where its fitted block has terms for that path (MlaKernel.curve_terms): the
+            # projections keep the block's own join, and the block's launches and per-token
+            # work, which the layer join priced before, are in those terms.
+            mla_terms = self._mla.curve_terms_for(fmt.name) if self._mla is not None else None
+            own = hw.gemm.curve_for(fmt.name) if hw.gemm and (not m.is_mla or mla_terms) else None
             if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
                 if hw.sms < 1:
                     raise ValueError(f"hardware {hw.name}: the {fmt.name} GEMM curve needs its SM count")
                 self._format_curve = own
                 self._dense_gemms = _dense_gemms(m, self.tp)
+                if mla_terms is not None:
+                    t = mla_terms
+                    self._set_mla_terms(m, self.tp, t.gemm_factor, t.latency, t.decode_request, t.token)
         self._moe_rate = self._moe_byte_rate = self._moe_fixed = self._moe_row_element = 0.0
+        self._moe_tile_m, self._moe_sharpness = eff.tile_m, eff.sharpness
         if m.is_moe:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
             # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
             kernel = hw.moe or MOE_GENERIC
             fmt = get_precision(m.expert_dtype or m.weight_dtype or "bf16")
+            own = kernel.curve_for(fmt.name)
+            if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
+                # The format's own fused-MoE curve (hardware.MoeCurve); a calibrated or hand-set
+                # efficiency keeps the factors below, so its fitted rates move the experts too.
+                self._moe_peak = hw.peak_for(fmt.compute)  # the roofline's, as below
+                self._moe_rate = hw.peak_for(own.math) * own.compute
+                self._moe_byte_rate = hw.memory_bandwidth * own.memory
+                self._moe_tile_m, self._moe_sharpness = own.tile_m, own.sharpness
+                self._moe_fixed, self._moe_row_element = own.layer_latency, own.row_element
+                return
             fc, fm = hw.gemm.factors_for(fmt.name) if hw.gemm else (1.0, 1.0)
             self._moe_peak = hw.peak_for(fmt.compute)
             self._moe_rate = self._moe_peak * eff.compute * fc * kernel.compute
@@ -496,14 +525,17 @@ class CostModel:
                 num_tokens, n, k, curve, self._gemm_peak, hw.memory_bandwidth, hw.sms,
                 m.weight_bytes_per_param, m.dtype_bytes, kv_write,
             )  # fmt: skip
+        if self._mla is not None:
+            layers += self._mla_projections(num_tokens)
         return layers + self._head(num_logits) + num_tokens * self.efficiency.per_token
 
     def _mla_projections(self, num_tokens: int) -> float:
-        """MLA's attention projections as their own join (``_init_mla_projections``)."""
+        """MLA's attention projections as their own join (``_init_mla_projections``); beside the
+        format's own curve, plus the block's fitted time per new token (``_init_formats``)."""
         eff = self.efficiency
         compute = padded_tokens(num_tokens, eff.tile_m) * self._mla_flops_per_token / self._gemm_flops_rate
         memory = (self._mla_weight_bytes + num_tokens * self._mla_act_bytes_per_token) / self._gemm_byte_rate
-        return join(compute, memory, eff.sharpness) / self._mla_factor
+        return join(compute, memory, eff.sharpness) / self._mla_factor + num_tokens * self._mla_per_token
 
     def mla_fixed_time(self, shape: BatchShape) -> float:
         """The MLA block's time beside its projections and attention rates (0 without a fitted
@@ -552,7 +584,7 @@ class CostModel:
         (``moe_comm.py``)."""
         if num_tokens <= 0:
             return 0.0
-        m, eff = self.model, self.efficiency
+        m = self.model
         group = self.tp * self.dp
         flops, moved = grouped_gemm_parts(
             num_tokens * self.dp,
@@ -562,11 +594,13 @@ class CostModel:
             m.moe_intermediate_size,
             weight_bytes=m.expert_bytes_per_param,
             act_bytes=m.dtype_bytes,
-            tile_m=eff.tile_m,
+            tile_m=self._moe_tile_m,
             moe_tp=1 if self.expert_parallel else group,
             ep=group if self.expert_parallel else 1,
         )
-        layer = join(flops / self._moe_rate, moved / self._moe_byte_rate, eff.sharpness) + self._moe_fixed
+        layer = (
+            join(flops / self._moe_rate, moved / self._moe_byte_rate, self._moe_sharpness) + self._moe_fixed
+        )
         if self._moe_row_element:  # the routed rows moved whole on each rank (EP: its mean share)
             routed = num_tokens * self.dp * m.experts_per_token / (group if self.expert_parallel else 1)
             layer += routed * m.hidden_size * self._moe_row_element
@@ -866,7 +900,8 @@ def _dense_gemms(m: ModelSpec, tp: int) -> tuple[tuple[float, float, int], ...]:
     q = m.num_heads * m.dim_per_head / tp
     kv = m.kv_heads_per_shard(tp) * m.dim_per_head
     qkv, out, up, down = gemm_shapes(h, q, kv, m.intermediate_size / tp, m.gated_mlp)
-    shapes: list[tuple[float, float, int]] = [(*qkv, layers), (*out, layers)]
+    # MLA's projections are priced with its block (``CostModel._mla_projections``)
+    shapes: list[tuple[float, float, int]] = [] if m.is_mla else [(*qkv, layers), (*out, layers)]
     if layers > moe:
         shapes += [(*up, layers - moe), (*down, layers - moe)]
     if moe and m.shared_intermediate_size:

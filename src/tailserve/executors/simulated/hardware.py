@@ -11,6 +11,7 @@ L40S 142, B200/B300/GB200 148, MI300X/MI325X 304, MI355X 256.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from tailserve.core.device import DeviceInfo
@@ -82,6 +83,31 @@ class GemmCurve:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeCurve:
+    """One expert weight format's fused MoE kernel on a curve of its own (``MoeKernel.format_curves``):
+    the grouped GEMMs' p-norm join at its own compute and memory efficiency, row tile and
+    sharpness, a fixed time per layer and a time per routed row element, fitted to that
+    format's kernel in AISimulate's tables (benchmarks/fidelity_aisim.py). The formats' kernels
+    differ (on the H200: Triton for bf16 and block-scaled FP8, FlashInfer's CUTLASS for FP8 per
+    tensor, Marlin for INT4), which factors on one curve cannot follow."""
+
+    compute: float  # fraction of the peak of ``math``
+    memory: float  # fraction of memory_bandwidth
+    sharpness: float
+    tile_m: int
+    layer_latency: float  # seconds per MoE layer
+    row_element: float  # seconds per routed row and hidden element (as MoeKernel's)
+    math: str  # the tensor-core format it computes in: weight-only kernels (INT4, MXFP4 W4A16) bf16
+
+    def __post_init__(self) -> None:
+        for name in ("compute", "memory"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"MoeCurve {name} must be in (0, 1], got {getattr(self, name)}")
+        if self.layer_latency < 0 or self.row_element < 0 or self.tile_m < 1 or self.sharpness <= 0:
+            raise ValueError(f"MoeCurve: negative time, tile_m < 1 or sharpness <= 0 in {self}")
+
+
+@dataclass(frozen=True, slots=True)
 class MoeKernel:
     """The fused MoE kernel (routing, the permutation of rows, two grouped GEMMs) against the
     GPU's GEMM curve: factors on its compute and memory rates and a fixed time per layer,
@@ -95,10 +121,35 @@ class MoeKernel:
     # gather, activation and scatter around the grouped GEMMs, which tensor parallelism inside
     # the experts does not split (a layer at expert TP 32 still moves every routed row whole).
     row_element: float = 0.0
+    # (expert weight format, its own curve): experts in that format priced on it instead of the
+    # factors above on the GPU's curve (with the format's GEMM factors); others keep the factors.
+    format_curves: tuple[tuple[str, MoeCurve], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.row_element >= 0:
             raise ValueError(f"MoeKernel row_element must be >= 0 seconds, got {self.row_element}")
+
+    def curve_for(self, fmt: str) -> MoeCurve | None:
+        """The format's own fused-MoE curve, None without one."""
+        return next((curve for name, curve in self.format_curves if name == fmt), None)
+
+
+@dataclass(frozen=True, slots=True)
+class MlaCurveTerms:
+    """A weight format's MLA block terms when the model's dense GEMMs run on the format's own
+    curve (``MlaKernel.curve_terms``). The block's projections then leave the layer join, whose
+    four launches per layer and activation bytes per token had priced the block's launches and
+    its per-token work between them (norms, RoPE, the activations' quantization, the cache
+    write): here the fixed time per layer holds the launches and ``token`` the per-token work."""
+
+    gemm_factor: float  # on the projections' join, as MlaKernel.gemm_factors
+    latency: float  # seconds per layer on each path run, on top of the path's latency
+    decode_request: float  # seconds per decode request and layer, on top of decode_request
+    token: float  # seconds per new token and layer
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gemm_factor <= 1.0 or min(self.latency, self.decode_request, self.token) < 0:
+            raise ValueError(f"MlaCurveTerms: gemm_factor in (0, 1] and times >= 0, got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +195,12 @@ class MlaKernel:
     # tables' batch sizes (powers of two), not from the kernels.
     decode_knee: int = 0
     decode_beyond: float = 1.0
+    # (weight format, its terms on that format's own GEMM curve): an MLA model whose weights'
+    # format has a curve here and in ``GemmCurve.format_curves`` prices its dense GEMMs on that
+    # curve, and these terms replace the format's factor, latency_by_format and
+    # decode_request_by_format above (fitted on the layer join's path, which a calibrated
+    # efficiency or another engine's GEMM set without the curve keeps).
+    curve_terms: tuple[tuple[str, MlaCurveTerms], ...] = ()
 
     def gemm_factor(self, fmt: str) -> float:
         return dict(self.gemm_factors).get(fmt, 1.0)
@@ -153,6 +210,9 @@ class MlaKernel:
 
     def format_latency(self, fmt: str) -> float:
         return dict(self.latency_by_format).get(fmt, 0.0)
+
+    def curve_terms_for(self, fmt: str) -> MlaCurveTerms | None:
+        return dict(self.curve_terms).get(fmt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,12 +432,62 @@ H100_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS, for
 H200_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS, format_curves=H200_FORMAT_CURVES)
 # The fused bf16 MoE kernel per GPU (the rows of its kernel with the most model shapes; formats
 # share them), fitted with its time per routed row element; the memory factor at most 1. The
-# default for GPUs without a table: the median of the five.
-MOE_H100 = MoeKernel(0.71, 1.0, 33.3e-6, f"{_AISIM}: fused MoE, H100", row_element=2.01e-12)
-MOE_H200 = MoeKernel(0.82, 1.0, 34.2e-6, f"{_AISIM}: fused MoE, H200", row_element=2.19e-12)
-MOE_B200 = MoeKernel(0.51, 0.92, 31.0e-6, f"{_AISIM}: fused MoE, B200", row_element=2.22e-12)
-MOE_GB200 = MoeKernel(0.63, 1.0, 17.2e-6, f"{_AISIM}: fused MoE, GB200", row_element=0.39e-12)
-MOE_B300 = MoeKernel(0.61, 1.0, 16.0e-6, f"{_AISIM}: fused MoE, B300", row_element=0.44e-12)
+# default for GPUs without a table: the median of the five. Since 2026-12-03 each expert format
+# with a held-out table has its own curve (MoeCurve: its kernel's rows, fitted on half the model
+# shapes by benchmarks/fidelity_aisim.py, uncapped), kept where the held-out error fell against
+# these factors (docs/fidelity.md); B200 bf16 and GB200 NVFP4 did not: their factors price them.
+_Q = "fp8"  # FP8's tensor-core rate (per tensor and block-scaled)
+MOE_H100 = MoeKernel(
+    0.71, 1.0, 33.3e-6, f"{_AISIM}: fused MoE, H100", row_element=2.01e-12,
+    format_curves=(
+        ("bf16", MoeCurve(0.588, 0.872, 4.0, 64, 33.3e-6, 2.01e-12, "bf16")),  # Triton
+        # FP8 per tensor: FlashInfer's CUTLASS kernel, ahead of Triton in vLLM's FP8 MoE order on
+        # Hopper (vllm/model_executor/layers/fused_moe/oracle/fp8.py:86-102@v0.32.0); it takes ~4x
+        # Triton's time at decode sizes (the H200's Triton rows of vLLM 0.19-0.25 are priced 4x slow)
+        ("fp8", MoeCurve(0.157, 0.191, 3.0, 256, 66.7e-6, 0.48e-12, _Q)),
+        ("fp8_block", MoeCurve(0.348, 0.829, 2.5, 256, 29.2e-6, 1.98e-12, _Q)),  # Triton
+        ("mxfp4", MoeCurve(0.588, 0.698, 4.0, 64, 35.3e-6, 1.84e-12, "bf16")),  # OAI Triton W4A16
+    ),
+)  # fmt: skip
+MOE_H200 = MoeKernel(
+    0.82, 1.0, 34.2e-6, f"{_AISIM}: fused MoE, H200", row_element=2.19e-12,
+    format_curves=(
+        ("bf16", MoeCurve(0.673, 0.903, 6.0, 64, 34.2e-6, 2.19e-12, "bf16")),
+        ("fp8", MoeCurve(0.214, 0.135, 2.5, 256, 65.5e-6, 0.0, _Q)),
+        ("fp8_block", MoeCurve(0.353, 0.82, 2.5, 256, 27.3e-6, 2.07e-12, _Q)),
+        ("int4", MoeCurve(0.123, 0.142, 6.0, 64, 30.8e-6, 2.03e-12, "bf16")),  # Marlin
+        ("mxfp4", MoeCurve(0.581, 0.579, 6.0, 64, 36.4e-6, 1.84e-12, "bf16")),
+    ),
+)  # fmt: skip
+MOE_B200 = MoeKernel(
+    0.51, 0.92, 31.0e-6, f"{_AISIM}: fused MoE, B200", row_element=2.22e-12,
+    format_curves=(
+        ("fp8", MoeCurve(0.354, 0.664, 2.5, 128, 28.4e-6, 2.20e-12, _Q)),  # vLLM fused_moe
+        ("fp8_block", MoeCurve(0.127, 0.553, math.inf, 256, 33.7e-6, 3.31e-12, _Q)),  # vLLM fused_moe
+        ("int4", MoeCurve(0.073, 0.105, 2.5, 64, 40.1e-6, 0.04e-12, "bf16")),  # Marlin
+        ("nvfp4", MoeCurve(0.735, 0.926, 1.0, 64, 18.5e-6, 0.62e-12, "fp4")),  # TRT-LLM
+        ("mxfp4", MoeCurve(0.286, 0.477, 2.5, 64, 21.8e-6, 2.91e-12, "bf16")),  # TRT-LLM MXFP4 x bf16
+    ),
+)  # fmt: skip
+MOE_GB200 = MoeKernel(
+    0.63, 1.0, 17.2e-6, f"{_AISIM}: fused MoE, GB200", row_element=0.39e-12,
+    format_curves=(
+        ("bf16", MoeCurve(0.469, 0.894, 2.5, 64, 17.2e-6, 0.39e-12, "bf16")),  # TRT-LLM
+        ("fp8", MoeCurve(0.552, 0.86, 1.5, 64, 18.3e-6, 0.51e-12, _Q)),
+        ("fp8_block", MoeCurve(0.203, 0.797, 3.0, 128, 25.5e-6, 0.79e-12, _Q)),
+        ("mxfp4", MoeCurve(0.279, 0.476, 2.5, 64, 22.0e-6, 2.58e-12, "bf16")),
+    ),
+)  # fmt: skip
+MOE_B300 = MoeKernel(
+    0.61, 1.0, 16.0e-6, f"{_AISIM}: fused MoE, B300", row_element=0.44e-12,
+    format_curves=(
+        ("bf16", MoeCurve(0.495, 0.871, 3.0, 64, 16.0e-6, 0.44e-12, "bf16")),  # TRT-LLM
+        ("fp8", MoeCurve(0.595, 0.84, 1.5, 64, 16.9e-6, 0.50e-12, _Q)),
+        ("fp8_block", MoeCurve(0.206, 0.809, 2.5, 64, 24.6e-6, 0.77e-12, _Q)),
+        ("nvfp4", MoeCurve(0.487, 0.898, 1.0, 64, 17.7e-6, 0.56e-12, "fp4")),
+        ("mxfp4", MoeCurve(0.295, 0.449, 3.0, 64, 20.4e-6, 2.80e-12, "bf16")),
+    ),
+)  # fmt: skip
 # vLLM's custom all-reduce under CUDA graphs (its decode path), fitted per GPU by
 # benchmarks/fidelity_aisim.py: one latency per TP degree, one link efficiency per GPU.
 B200_ALLREDUCE = ((2, 7.23e-6), (4, 7.44e-6), (8, 8.43e-6))
@@ -390,18 +500,22 @@ MOE_GENERIC = MoeKernel(
 # projections) and the MoE token exchanges under data-parallel attention (DeepEP under vLLM,
 # NCCL all-gather / reduce-scatter), fitted by benchmarks/fidelity_aisim.py on half the head
 # counts / model shapes / message sizes (docs/fidelity.md has the held-out errors). The H20
-# borrows the H100's (same kernels, same NVLink 4 link).
+# borrows the H100's (same kernels, same NVLink 4 link). Block-scaled FP8 has two sets of terms:
+# on the layer join's path (the factors) and, where the GPU has a block-FP8 GEMM curve (all but
+# the B200), on that curve's path (MlaCurveTerms), which the catalog's MLA models take.
 MLA_H100 = MlaKernel(
     (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.91e-6, 0.50e-6,
     f"{_AISIM}: MLA module, H100", decode_request=44.0e-9, decode_head=1.821e-9, decode_context=362e-12,
     decode_request_by_format=(("fp8_block", 4.8e-9),), latency_by_format=(("fp8_block", 5.49e-6),),
     prefill_request=0.0e-9, prefill_head=2.09e-9, decode_knee=512, decode_beyond=0.00,
+    curve_terms=(("fp8_block", MlaCurveTerms(0.63, 36.06e-6, 4.6e-9, 12.6e-9)),),
 )  # fmt: skip
 MLA_H200 = MlaKernel(
     (("bf16", 0.82), ("fp8_block", 0.60)), 1.00, 1.00, 3.23e-6, 0.97e-6,
     f"{_AISIM}: MLA module, H200", decode_request=42.2e-9, decode_head=1.459e-9, decode_context=409e-12,
     decode_request_by_format=(("fp8_block", 9.6e-9),), latency_by_format=(("fp8_block", 6.46e-6),),
     prefill_request=0.0e-9, prefill_head=1.48e-9, decode_knee=512, decode_beyond=0.00,
+    curve_terms=(("fp8_block", MlaCurveTerms(0.60, 36.31e-6, 10.6e-9, 6.0e-9)),),
 )  # fmt: skip
 MLA_B200 = MlaKernel(
     (("bf16", 1.00), ("fp8_block", 0.60)), 1.00, 0.88, 18.78e-6, 16.71e-6,
@@ -414,12 +528,14 @@ MLA_GB200 = MlaKernel(
     f"{_AISIM}: MLA module, GB200", decode_request=55.6e-9, decode_head=5.059e-9, decode_context=249e-12,
     decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 12.49e-6),),
     prefill_request=0.0e-9, prefill_head=39.61e-9, decode_knee=128, decode_beyond=0.50,
+    curve_terms=(("fp8_block", MlaCurveTerms(0.79, 26.04e-6, 0.0, 4.7e-9)),),
 )  # fmt: skip
 MLA_B300 = MlaKernel(
     (("bf16", 0.90), ("fp8_block", 0.70)), 1.00, 0.88, 16.66e-6, 14.33e-6,
     f"{_AISIM}: MLA module, B300", decode_request=64.6e-9, decode_head=5.458e-9, decode_context=278e-12,
     decode_request_by_format=(("fp8_block", 0.0e-9),), latency_by_format=(("fp8_block", 11.51e-6),),
     prefill_request=0.0e-9, prefill_head=43.51e-9, decode_knee=128, decode_beyond=0.50,
+    curve_terms=(("fp8_block", MlaCurveTerms(0.70, 26.31e-6, 0.0, 5.0e-9)),),
 )  # fmt: skip
 EXCHANGE_H100 = MoeExchange(
     LinkFit(150.2e-6, 0.825, 83e-9, 257.1e-6), LinkFit(79.0e-6, 0.613, 96e-9, 0.0e-6),
