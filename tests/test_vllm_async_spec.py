@@ -524,3 +524,32 @@ def test_moe_data_parallel_ranks_default_to_synchronous_with_a_note(capsys):
     err = capsys.readouterr().err
     assert rc == 0
     assert "note: async scheduling off: tailserve steps an MoE model's data-parallel ranks in lockstep" in err
+
+
+@pytest.mark.parametrize(
+    ("method", "pooled"), [("mtp", True), ("eagle", True), ("eagle3", True), ("ngram", False), ("ngram_gpu", False)]
+)
+def test_a_gpu_drafter_shares_the_gpu_memory_and_the_kv_pool(method, pooled):
+    """vLLM loads an EAGLE / MTP drafter with the target before it profiles memory, and its
+    attention layer gets KV beside the target's: the pool loses one layer's weights and each
+    token costs one more layer's KV (1/61 more on DeepSeek-V3). N-gram drafters load nothing."""
+    from tailserve.assemble.simulated import policy_kv_capacity
+    from tailserve.executors.simulated.spec_decode import draft_layer_weight_bytes
+    from tailserve.policies.registry import parse_policy_list
+
+    cost = build_cost_model(Deployment.of("DeepSeek-V3", "h200", 8, "none", quantization="fp8")).cost_model
+    device = get_hardware("h200").device_info
+    sizes = []
+    for text in ("vllm", f"vllm:speculative_method={method}:num_speculative_tokens=2:synthetic_acceptance_length=2"):
+        spec = parse_policy_list(text)[0]
+        config = VllmPolicy.default_config(device, 4096, **spec.flags)
+        sizes.append(policy_kv_capacity(cost, spec, config, 4096))
+    plain, drafted = sizes
+    if not pooled:
+        assert drafted == plain
+        return
+    model = cost.model
+    assert drafted.weights_gib == pytest.approx(plain.weights_gib + draft_layer_weight_bytes(model, 8) / 2**30)
+    per_token = model.kv_bytes_per_token(8)
+    assert drafted.kv_bytes_per_token == per_token + per_token // model.num_layers
+    assert drafted.num_blocks < plain.num_blocks

@@ -228,6 +228,16 @@ class VllmPolicy(Policy, FastPaths):
     def profile_tokens(cls, config: VllmConfig, max_model_len: int) -> int:
         return config.max_num_batched_tokens  # vLLM profiles its token budget
 
+    @classmethod
+    def pooled_drafter(cls, config: VllmConfig) -> SpecDecoding | None:
+        """EAGLE / EAGLE-3 / MTP drafters are loaded with the target before the memory profile
+        (``GPUModelRunner.load_model``, gpu_model_runner.py:5070-5073@v0.32.0), and their
+        attention layers get KV like the target's (``get_kv_cache_spec`` walks every attention
+        layer of the config, :7146-7180): the pool loses the draft layer's weights and each
+        token's KV grows by its layer. N-gram drafters load nothing."""
+        spec = config.speculative_decoding()
+        return spec if spec is not None and spec.drafter_on_gpu else None
+
     def __init__(self, config: VllmConfig) -> None:
         super().__init__(config)
         self._spec = config.speculative_decoding()
