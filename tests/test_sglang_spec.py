@@ -345,7 +345,8 @@ def test_the_draft_layer_shares_the_gpu_memory_and_the_kv_pool():
     per_token = model.kv_bytes_per_token(8)
     assert drafted.kv_bytes_per_token == per_token + per_token // model.num_layers
     expected = kv_capacity(
-        model, cost.hardware, 8, 0.83, 1, 8192, 48, 1, layer, per_token // model.num_layers
+        model, cost.hardware, 8, 0.83, 1, 8192, 48, 1,
+        draft_weight_bytes=layer, draft_kv_bytes_per_token=per_token // model.num_layers
     )
     assert drafted.num_blocks == expected.num_blocks < plain.num_blocks
     assert SglangPolicy.pooled_drafter(SglangConfig()) is None

@@ -75,7 +75,8 @@ def test_the_twin_that_is_the_engine_catches_every_stall_and_names_its_prefill(
     assert check["gap_ratio_median"] == pytest.approx(1.0)
     blockers = {tuple(s["measured_blocker"]) for s in check["stalls"]}
     assert blockers == {("trace-20", 3000), ("trace-21", 3000)}
-    assert "real stalls" in capsys.readouterr().out
+    # rich wraps at the console width, which the temp path's length moves
+    assert "real stalls" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_twin_that_chunks_the_long_prompts_misses_the_stalls(recording: Path, tmp_path: Path):

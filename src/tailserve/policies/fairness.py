@@ -192,6 +192,8 @@ class FairPolicy(Policy, FastPaths):
         "(assemble/scheduler.py) before any policy exists; the wrapped policy's class answers it",
         "pooled_drafter": "a classmethod asked of the registry's class (assemble/simulated.py) "
         "before any policy exists; the wrapped policy's class answers it",
+        "draft_kv_layers": "a classmethod asked of the registry's class (assemble/simulated.py) "
+        "before any policy exists; the wrapped policy's class answers it",
         "chunk_run_budget": "the chunked-prefill fast path runs iterations without asking the "
         "policy, so VTC's charges would be skipped: it stays off (None)",
         "lone_chunk_run": "the lone-chunk fast path runs iterations without asking the policy, so "

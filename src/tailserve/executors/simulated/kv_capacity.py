@@ -106,6 +106,7 @@ def kv_capacity(
     max_num_batched_tokens: int,
     max_num_seqs: int = 0,
     dp: int = 1,
+    *,
     of_free_memory: bool = False,
     draft_kv_layers: int = 0,
     draft_weight_bytes: float = 0.0,
