@@ -59,8 +59,12 @@ WORKLOADS = [
         "vllm:async_scheduling=false",
         "vllm:async_scheduling=false:max_num_batched_tokens=512",
         "orca",
+        "trtllm:disable_overlap_scheduler=true",
+        "trtllm:disable_overlap_scheduler=true:capacity_scheduler_policy=MAX_UTILIZATION",
+        # TensorRT-LLM's overlap scheduler (its default): async_decode_run.py
         "trtllm",
         "trtllm:capacity_scheduler_policy=MAX_UTILIZATION",
+        "trtllm:max_batch_size=8",
         # vLLM's async scheduling: executors/simulated/async_decode_run.py
         "vllm:async_scheduling=true",
         "vllm:async_scheduling=true:max_num_batched_tokens=512",

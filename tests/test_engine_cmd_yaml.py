@@ -67,7 +67,7 @@ def test_each_yaml_key_is_a_row_with_its_verdict_and_source(tmp_path):
         # the trtllm policy's gpu_memory_utilization, applied to what weights and activations leave
         "kv_cache_config.free_gpu_memory_fraction": (DEPLOYMENT, 0.85),
         "kv_cache_config.max_tokens": (NOT_MODELLED, 200000),
-        "disable_overlap_scheduler": (NOT_MODELLED, True),
+        "disable_overlap_scheduler": (SCHEDULING, True),  # the overlap scheduler off (trtllm_overlap.py)
         "cuda_graph_config": (OTHER, None),
         "build_config": (NO_OP, None),  # dropped by launch_server for the PyTorch backend
         "print_iter_log": (OTHER, True),  # an LLM API option, no scheduling effect

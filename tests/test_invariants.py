@@ -57,6 +57,9 @@ SPECS = [
     "trtllm:enable_chunked_prefill=true:max_num_tokens=256",
     "trtllm:enable_chunked_prefill=true:context_chunking_policy=EQUAL_PROGRESS:max_num_tokens=256:capacity_scheduler_policy=MAX_UTILIZATION",
     "trtllm:max_num_tokens=600:capacity_scheduler_policy=MAX_UTILIZATION",
+    # without the overlap scheduler (on by default on a GPU: trtllm_overlap.py)
+    "trtllm:disable_overlap_scheduler=true:capacity_scheduler_policy=MAX_UTILIZATION",
+    "trtllm:disable_overlap_scheduler=true:enable_chunked_prefill=true:max_num_tokens=256",
     # draft tokens (MTP, EAGLE-3) and CUDA-graph padding (its decode runs priced padded)
     "trtllm:decoding_type=MTP:num_nextn_predict_layers=3:synthetic_acceptance_length=2.5",
     "trtllm:decoding_type=Eagle3:max_draft_len=2:synthetic_acceptance_rates=0.8/0.5:capacity_scheduler_policy=MAX_UTILIZATION:max_num_tokens=600",
@@ -161,6 +164,7 @@ CACHING_SPECS = [
     "vllm-v0:enable_prefix_caching=true:preemption_mode=swap",
     "trtllm",
     "trtllm:capacity_scheduler_policy=MAX_UTILIZATION:max_batch_size=16",
+    "trtllm:disable_overlap_scheduler=true:capacity_scheduler_policy=MAX_UTILIZATION:max_batch_size=16",
     "trtllm:enable_chunked_prefill=true:max_num_tokens=128:context_chunking_policy=EQUAL_PROGRESS",
     "trtllm:decoding_type=MTP:num_nextn_predict_layers=2:synthetic_acceptance_length=2.2:capacity_scheduler_policy=MAX_UTILIZATION",
 ]

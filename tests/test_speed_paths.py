@@ -140,6 +140,7 @@ def _fingerprint(policy: str, check: bool) -> str:
         "vllm-v0",
         "orca",
         "trtllm",
+        "trtllm:disable_overlap_scheduler=true",
     ],
 )
 def test_results_identical_with_and_without_reference_counts(policy: str) -> None:

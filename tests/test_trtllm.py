@@ -49,11 +49,13 @@ def test_defaults_are_tensorrt_llms():
     # llm_args.py / BuildConfig: max_batch_size 2048, max_num_tokens 8192; SchedulerConfig:
     # GUARANTEED_NO_EVICT, chunking None (= FIRST_COME_FIRST_SERVED, py_executor_creator.py),
     # waiting_queue_policy fcfs; enable_chunked_prefill False; KvCacheConfig: enable_block_reuse
-    # True, tokens_per_block 32, free_gpu_memory_fraction 0.9.
+    # True, tokens_per_block 32, free_gpu_memory_fraction 0.9; TorchLlmArgs:
+    # disable_overlap_scheduler False (the overlap scheduler on).
     config = TrtllmPolicy.default_config(H100, 8192)
     assert config == TrtllmConfig(
-        2048, 8192, "GUARANTEED_NO_EVICT", "FIRST_COME_FIRST_SERVED", False, True, "fcfs"
-    )
+        2048, 8192, "GUARANTEED_NO_EVICT", "FIRST_COME_FIRST_SERVED", False, True, "fcfs",
+        disable_overlap_scheduler=False,
+    )  # fmt: skip
     assert TrtllmPolicy.default_block_size == 32
     assert TrtllmPolicy.default_gpu_memory_utilization == 0.9
     assert TrtllmPolicy.profile_tokens(config, 8192) == 8192  # profiled at max_num_tokens

@@ -225,8 +225,11 @@ def _refuse_virtual_time_only(policy: Policy, kind: str) -> None:
     """vLLM's async scheduling and speculative decoding are simulated (virtual time, drafts drawn
     by the simulated executor); a real or real-time executor refuses them in one line."""
     if policy.async_scheduling():
+        # vLLM's flag, or TensorRT-LLM's overlap scheduler (policies/trtllm_overlap.py)
+        trtllm = hasattr(getattr(policy, "config", None), "disable_overlap_scheduler")
+        flag = "disable_overlap_scheduler=false" if trtllm else "async_scheduling"
         raise ValueError(
-            f"executor {kind!r} runs steps synchronously: async_scheduling needs the simulated executor (sim)"
+            f"executor {kind!r} runs steps synchronously: {flag} needs the simulated executor (sim)"
         )
     if policy.speculative_decoding() is not None:
         raise ValueError(

@@ -63,6 +63,18 @@ def make_scheduler(
     return Scheduler(policy, kv, max_model_len)
 
 
+# The flags that schedule a step while the previous one runs, the value that turns that off, and
+# the note of a run whose executor steps only synchronously: vLLM's async scheduling and
+# TensorRT-LLM's overlap scheduler (policies/trtllm_overlap.py).
+_OVERLAP_FLAGS = {
+    "async_scheduling": (False, "async scheduling off: {why} (vLLM 0.32 would schedule asynchronously here)"),
+    "disable_overlap_scheduler": (
+        True,
+        "overlap scheduler off: {why} (TensorRT-LLM 1.2 would overlap scheduling with the forward here)",
+    ),
+}
+
+
 def build_scheduler(
     spec: PolicySpec,
     device: DeviceInfo,
@@ -78,20 +90,23 @@ def build_scheduler(
     CPU swap pool its ``swap_space`` asks for, and the scheduler over them.
 
     ``synchronous``: why the executor runs steps only synchronously ("" when it can overlap
-    them): where the engine's own default would schedule asynchronously (vLLM 0.32 on a GPU),
-    async scheduling is turned off, and the note and ``spec`` say so; an explicit
-    ``async_scheduling=true`` is the caller's to refuse."""
+    them): where the engine's own default would schedule asynchronously (vLLM 0.32 on a GPU,
+    TensorRT-LLM 1.2's overlap scheduler), that is turned off, and the note and ``spec`` say so;
+    an explicit ``async_scheduling=true`` (``disable_overlap_scheduler=false``) is the caller's
+    to refuse."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
     notes = cls.default_notes(device, config, spec.flags)
-    if (
-        synchronous
-        and getattr(config, "async_scheduling", False)
-        and spec.flags.get("async_scheduling") is None
-    ):
-        spec = PolicySpec(spec.name, {**spec.flags, "async_scheduling": False}, spec.engine_flags)
-        config = cls.default_config(device, max_model_len, **spec.flags)
-        notes = [f"async scheduling off: {synchronous} (vLLM 0.32 would schedule asynchronously here)"]
+    for name, (off, note) in _OVERLAP_FLAGS.items():
+        if (
+            synchronous
+            and getattr(config, name, off) != off
+            and getattr(config, name) is not None
+            and spec.flags.get(name) is None
+        ):
+            spec = PolicySpec(spec.name, {**spec.flags, name: off}, spec.engine_flags)
+            config = cls.default_config(device, max_model_len, **spec.flags)
+            notes = [note.format(why=synchronous)]
     flags = spec.engine_flags
     policy = with_fairness(cls(config), flags.get("fairness", "none"), flags.get("tenant_weights", ""))
     size = size_kv(config)

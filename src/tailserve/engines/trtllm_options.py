@@ -91,10 +91,10 @@ KEYS = (
              "CUDA graphs for decode-only batches: the time of a step, not who is in it; the trtllm policy "
              "prices enable_padding under its flags cuda_graph_padding_enabled, cuda_graph_batch_sizes, "
              "cuda_graph_max_batch_size", _llm("cuda_graph_config")),
-    FlagSpec("disable_overlap_scheduler", bool, NOT_MODELLED,
-             "the overlap scheduler (on unless this is true) schedules step N+1 while step N runs; tailserve "
-             "schedules each step after the last one's tokens, as with it off", _llm("disable_overlap_scheduler"),
-             "false"),
+    FlagSpec("disable_overlap_scheduler", bool, SCHEDULING,
+             "true schedules each step after the last one's tokens are known; the overlap scheduler (on unless "
+             "this is true) schedules step N+1 while step N runs, hiding the host work "
+             "(policies/trtllm_overlap.py)", _llm("disable_overlap_scheduler"), "false"),
     FlagSpec("batch_wait_timeout_ms", float, NOT_MODELLED,
              "holds new requests back up to this long to fill max_batch_size", _llm("batch_wait_timeout_ms"), "0"),
     FlagSpec("batch_wait_timeout_iters", int, NOT_MODELLED,

@@ -58,10 +58,22 @@ CUDA graphs (``cuda_graph_config``, here ``cuda_graph_padding_enabled``,
 is priced at the next captured batch size (``executors/simulated/cuda_graph.py``); without it
 (the default) graphs change no price.
 
+The overlap scheduler (``disable_overlap_scheduler``, default false: on; ``trtllm_overlap.py``):
+``_executor_loop_overlap`` schedules step n+1 while step n runs, on step n-1's outputs — the
+engine's async loop (``async_scheduling``) with the scheduler's placeholder accounting
+(``advance_scheduled``). A request whose step in flight yields its last token is
+``GENERATION_TO_COMPLETE``: kept by the capacity scheduler, skipped by the micro-batch one
+(``to_complete``); its KV and active slot come back when that step's outputs are processed, a
+step late; a context's last-chunk blocks become reusable then too. On by default on a simulated
+GPU (a note says so), off with draft tokens (not modelled) and where the executor steps only
+synchronously.
+
 Deviations (stated in ``notes`` where a flag is involved): partial-block reuse
 (``enable_partial_reuse``) is not modelled (reuse is whole blocks, at least one token computed);
-the overlap scheduler (on by default) is not modelled: each step is scheduled after the previous
-one's tokens are known; a paused request's prompt keeps all its outputs (``pause`` caps it at
+the overlap scheduler with draft tokens is not modelled (off: TensorRT-LLM 1.2 keeps it on for
+MTP and Eagle3 one-model), and under overlap a partial context chunk's blocks become reusable a
+step early (the engine stores them with the step's outputs); a paused request's prompt keeps all
+its outputs (``pause`` caps it at
 ``max_input_len``); a paused request whose grown prompt passes ``max_num_tokens`` without chunking
 trips the engine's assertion, which fails the whole executor — here only that request is aborted.
 Not modelled: the 1.3/1.4 additions (``enable_prefix_aware_scheduling``,
@@ -76,13 +88,14 @@ reserved blocks; under MAX_UTILIZATION a context that did not fit still does not
 only shrink), and one before a running request would have paused it. No chunk runs: chunks are
 cut to ``tokens_per_block`` multiples, not to the budget. With draft tokens none: each step's
 advance is a draw per request. CUDA-graph padding prices a decode run's steps padded as a
-stepped one would (``SimExecutor.decode_run_durations``).
+stepped one would (``SimExecutor.decode_run_durations``). Under overlap the async decode run
+(``async_decode_run.py``), whose guard is ``GENERATION_TO_COMPLETE``'s rule.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -97,6 +110,7 @@ from tailserve.kv.spec import KVSpec
 from tailserve.policies.trtllm_capacity import DraftSlots, guaranteed_no_evict, max_utilization
 from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
 from tailserve.policies.trtllm_microbatch import micro_batch
+from tailserve.policies.trtllm_overlap import overlap_default, to_complete
 
 
 class TrtllmPolicy(Policy, FastPaths):
@@ -129,11 +143,25 @@ class TrtllmPolicy(Policy, FastPaths):
             if config.cuda_graph_padding_enabled
             else None
         )
+        # The overlap scheduler (trtllm_overlap.py). A config made without default_config
+        # leaves disable_overlap_scheduler None: no overlap.
+        self._overlap = config.disable_overlap_scheduler is False
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TrtllmConfig:
         known = {f.name for f in fields(TrtllmConfig)}
-        return TrtllmConfig(**{k: v for k, v in overrides.items() if k in known})
+        config = TrtllmConfig(**{k: v for k, v in overrides.items() if k in known})
+        if config.disable_overlap_scheduler is None:  # as TensorRT-LLM decides
+            on = overlap_default(device, config.num_draft_tokens)[0]
+            config = replace(config, disable_overlap_scheduler=not on)
+        return config
+
+    @classmethod
+    def default_notes(cls, device: DeviceInfo, config: TrtllmConfig, overrides: dict[str, Any]) -> list[str]:
+        """The overlap scheduler on or off and why, when the engine's rule chose it (not the user)."""
+        if overrides.get("disable_overlap_scheduler") is not None:
+            return []
+        return [overlap_default(device, config.num_draft_tokens)[1]]
 
     @classmethod
     def profile_tokens(cls, config: TrtllmConfig, max_model_len: int) -> int:
@@ -149,6 +177,9 @@ class TrtllmPolicy(Policy, FastPaths):
 
     def speculative_decoding(self) -> SpecDecoding | None:
         return self._spec
+
+    def async_scheduling(self) -> bool:
+        return self._overlap
 
     def cuda_graph_padding(self) -> CudaGraphPadding | None:
         return self._graph
@@ -219,6 +250,10 @@ class TrtllmPolicy(Policy, FastPaths):
                 cfg.enable_block_reuse,
                 self._slots,
             )
+        if self._overlap:
+            # GENERATION_TO_COMPLETE: kept by the capacity scheduler (its slot and blocks
+            # counted), skipped by the micro-batch scheduler.
+            fitting = [r for r in fitting if not to_complete(r)]
         batch = micro_batch(
             fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, kv.block_size, 1 + drafts
         )
@@ -234,9 +269,11 @@ class TrtllmPolicy(Policy, FastPaths):
                 out.num_admitted += 1
             start = request.num_computed_tokens
             out.scheduled.append(ScheduledRequest(request, chunk, start))
-            computed_after.append((request, start + chunk))
             if start + chunk == request.num_tokens:
                 self._generating.add(request.request_id)  # its last chunk: generation next
+                if self._overlap:
+                    continue  # stored when its outputs are processed (Scheduler.update_advanced)
+            computed_after.append((request, start + chunk))
         for request in batch.generations:
             computed = request.num_computed_tokens
             # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
@@ -249,13 +286,15 @@ class TrtllmPolicy(Policy, FastPaths):
                     "capacity scheduler counted one (a bug in this policy)"
                 )
             out.scheduled.append(ScheduledRequest(request, 1 + drafts, computed, num_spec_tokens=drafts))
-            computed_after.append((request, computed + 1))  # drafts are not known tokens
+            if not self._overlap:  # under overlap only known tokens' blocks, at update
+                computed_after.append((request, computed + 1))  # drafts are not known tokens
         # storeContextBlocks after the forward: only now do this step's blocks become reusable.
         for request, tokens in computed_after:
             sched.cache_computed(request, tokens)
-        if drafts:
-            # The step's outputs come back as 1 + accepted drafts per generation request: the
-            # scheduler's speculative accounting (advance now, roll rejected drafts back at update).
+        if drafts or self._overlap:
+            # The step's outputs come back as 1 + accepted drafts per generation request, or a
+            # step late under overlap: the scheduler's accounting (advance now, outputs in flight
+            # as placeholders, rejected drafts rolled back at update).
             sched.advance_scheduled(out)
         return out
 

@@ -12,6 +12,8 @@ Where each comes from (``tensorrt_llm/llmapi/llm_args.py`` and ``tensorrt_llm/co
   ``WaitingQueuePolicy`` in ``scheduler/waiting_queue.py`` at this version).
 - ``enable_chunked_prefill`` False: ``BaseLlmArgs``.
 - ``enable_block_reuse`` True: ``KvCacheConfig`` (``kv_cache_config.enable_block_reuse``).
+- ``disable_overlap_scheduler`` False: ``TorchLlmArgs``; unset here means the engine's choice
+  (``trtllm_overlap.overlap_default``), resolved by ``TrtllmPolicy.default_config``.
 
 ``kv_cache_config.tokens_per_block`` (32) is the engine-wide ``block_size`` flag and
 ``kv_cache_config.free_gpu_memory_fraction`` (0.9) is ``gpu_memory_utilization``, applied as
@@ -82,6 +84,10 @@ class TrtllmConfig:
     cuda_graph_batch_sizes: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
     # cuda_graph_config.max_batch_size: the largest captured batch (0: 128, or max(batch_sizes))
     cuda_graph_max_batch_size: int = field(default=0, metadata=_WHEN_SET)
+    # disable_overlap_scheduler (TorchLlmArgs): true schedules each step after the previous one's
+    # tokens are known; false schedules step N+1 while step N runs (trtllm_overlap.py). none: as
+    # TensorRT-LLM 1.2 decides, overlap on on a GPU (off here with draft tokens: not modelled)
+    disable_overlap_scheduler: bool | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -90,6 +96,11 @@ class TrtllmConfig:
             raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
         self._check_speculative()
         self._check_cuda_graphs()
+        if self.disable_overlap_scheduler is False and self.num_draft_tokens:
+            raise ValueError(
+                "disable_overlap_scheduler=false with decoding_type: the overlap scheduler with draft "
+                "tokens is not modelled (set disable_overlap_scheduler=true or leave it unset)"
+            )
 
     def _check_speculative(self) -> None:
         given = [

@@ -32,9 +32,11 @@ def _hol_facts(run: RunResult) -> dict[str, float] | None:
         "short_ttft_max": max(r.token_times[0] - r.arrival_time for r in shorts),
         # The long prompt started only once every short request was done: it never shared an
         # iteration with them (TensorRT-LLM without chunking: prompt + decodes > max_num_tokens).
+        # Under an overlapped loop (TensorRT-LLM's overlap scheduler) it is scheduled while the
+        # shorts' last step runs, once their previous tokens are known: after their last but one.
         "waited": float(
             long.first_scheduled_time is not None
-            and long.first_scheduled_time >= max(r.token_times[-1] for r in shorts)
+            and long.first_scheduled_time >= max(r.token_times[-2] for r in shorts)
         ),
     }
 

@@ -142,7 +142,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     ``--max_batch_size``, ``--max_num_tokens``, ``--kv_cache_free_gpu_memory_fraction``,
     ``--extra_llm_api_options FILE``) and, written just before it, the YAML file of the LLM-API
     fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config``,
-    ``kv_cache_config``, and when set ``speculative_config``, ``cuda_graph_config``), in YAML's
+    ``kv_cache_config``, and when set ``speculative_config``, ``cuda_graph_config``,
+    ``disable_overlap_scheduler``), in YAML's
     one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
     kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
@@ -169,6 +170,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         elif config.cuda_graph_max_batch_size:
             graphs.append(f"max_batch_size: {config.cuda_graph_max_batch_size}")
         extra += f", cuda_graph_config: {{{', '.join(graphs)}}}"
+    if spec.flags.get("disable_overlap_scheduler"):  # asked for (its default, false, overlaps)
+        extra += ", disable_overlap_scheduler: true"
     yaml = (
         f"{{enable_chunked_prefill: {str(config.enable_chunked_prefill).lower()}, "
         f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}{extra}}}"
