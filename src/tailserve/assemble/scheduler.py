@@ -92,6 +92,14 @@ def build_scheduler(
         spec = PolicySpec(spec.name, {**spec.flags, "async_scheduling": False}, spec.engine_flags)
         config = cls.default_config(device, max_model_len, **spec.flags)
         notes = [f"async scheduling off: {synchronous} (vLLM 0.32 would schedule asynchronously here)"]
+    if (
+        synchronous
+        and getattr(config, "disable_overlap_schedule", True) is False
+        and spec.flags.get("disable_overlap_schedule") is None
+    ):  # SGLang's overlap scheduler, the same rule (policies/sglang_overlap.py)
+        spec = PolicySpec(spec.name, {**spec.flags, "disable_overlap_schedule": True}, spec.engine_flags)
+        config = cls.default_config(device, max_model_len, **spec.flags)
+        notes = [f"sglang overlap scheduler off: {synchronous} (SGLang 0.5.23 would overlap here)"]
     flags = spec.engine_flags
     policy = with_fairness(cls(config), flags.get("fairness", "none"), flags.get("tenant_weights", ""))
     size = size_kv(config)
