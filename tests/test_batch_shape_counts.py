@@ -96,7 +96,10 @@ def _prefill_shapes(spec: str, workload: WorkloadSpec, fast: bool, monkeypatch) 
     "spec, path",
     [
         ("sarathi:chunk_size=256", "chunk_run.advance_chunk_run"),
-        ("sglang:chunked_prefill_size=256", "prefill_run.advance_lone_chunk_run"),
+        (
+            "sglang:disable_overlap_schedule=true,chunked_prefill_size=256",
+            "prefill_run.advance_lone_chunk_run",
+        ),
     ],
 )
 def test_fast_paths_count_like_plain_stepping(spec: str, path: str, monkeypatch) -> None:

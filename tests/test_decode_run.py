@@ -142,7 +142,10 @@ def test_a_policy_without_fast_paths_is_always_stepped(monkeypatch):
     assert _fingerprint(stepped) == _fingerprint(_run("static", WORKLOADS[0], fast=False))
 
 
-@pytest.mark.parametrize("policy", ["vllm:async_scheduling=false", "sglang", "sarathi:chunk_size=512"])
+@pytest.mark.parametrize(
+    "policy",
+    ["vllm:async_scheduling=false", "sglang:disable_overlap_schedule=true", "sarathi:chunk_size=512"],
+)
 def test_a_run_goes_on_past_finishes_when_nobody_waits(monkeypatch, policy):
     """``finish_run.py``: with nobody waiting a run does not end at the first finish; one call
     finishes requests at several iterations, and the results are stepping's."""

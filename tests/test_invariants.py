@@ -39,7 +39,8 @@ SPECS = [
     "vllm:async_scheduling=true:speculative_method=mtp:num_speculative_tokens=2:synthetic_acceptance_rates=0.7/0.4:max_num_batched_tokens=128",
     "sarathi:chunk_size=128",
     "sarathi:enable_dynamic_chunking_schedule=true:low_chunk_size=64:high_chunk_size=256:chunk_schedule_stages=3:chunk_schedule_max_tokens=600",
-    "sglang",
+    "sglang",  # SGLang's overlap scheduler on (its default)
+    "sglang:disable_overlap_schedule=true",
     "sglang:chunked_prefill_size=128:enable_mixed_chunk=true",
     "sglang:schedule_policy=lof",
     "sglang:enable_priority_scheduling=true:priority_scheduling_preemption_threshold=1",

@@ -231,17 +231,25 @@ LONG_PROMPTS = WorkloadSpec(
 @pytest.mark.parametrize(
     "spec, workload",
     [
-        ("sglang:chunked_prefill_size=512", LONG_PROMPTS),
-        ("sglang:chunked_prefill_size=1024", replace(LONG_PROMPTS, seed=7)),
+        ("sglang:disable_overlap_schedule=true,chunked_prefill_size=512", LONG_PROMPTS),
+        ("sglang:disable_overlap_schedule=true,chunked_prefill_size=1024", replace(LONG_PROMPTS, seed=7)),
         # KV pressure at a high rate: a retraction.
         (
-            "sglang:chunked_prefill_size=512,gpu_memory_utilization=0.22",
+            "sglang:disable_overlap_schedule=true,chunked_prefill_size=512,gpu_memory_utilization=0.22",
             replace(LONG_PROMPTS, seed=3, rate=30.0),
         ),
         # The running cap.
-        ("sglang:chunked_prefill_size=300,max_running_requests=4", replace(LONG_PROMPTS, seed=9)),
+        (
+            "sglang:disable_overlap_schedule=true,chunked_prefill_size=300,max_running_requests=4",
+            replace(LONG_PROMPTS, seed=9),
+        ),
         # Mixed: no lone run.
-        ("sglang:chunked_prefill_size=512,enable_mixed_chunk=true", replace(LONG_PROMPTS, seed=10)),
+        (
+            "sglang:disable_overlap_schedule=true,chunked_prefill_size=512,enable_mixed_chunk=true",
+            replace(LONG_PROMPTS, seed=10),
+        ),
+        # SGLang's overlap scheduler (its default): the fast paths are off, stepping throughout.
+        ("sglang:chunked_prefill_size=512", LONG_PROMPTS),
     ],
 )
 def test_lone_chunk_run_identical_to_plain_stepping(spec: str, workload: WorkloadSpec) -> None:
@@ -264,7 +272,9 @@ def test_lone_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) ->
         return k
 
     monkeypatch.setattr(prefill_run, "advance_lone_chunk_run", counting)
-    _sarathi_fingerprint("sglang:chunked_prefill_size=256", LONG_PROMPTS, fast=True)
+    _sarathi_fingerprint(
+        "sglang:disable_overlap_schedule=true,chunked_prefill_size=256", LONG_PROMPTS, fast=True
+    )
     assert sum(calls) > 200
 
 
@@ -609,8 +619,8 @@ def test_async_decode_run_in_a_cluster_identical_to_plain_stepping() -> None:
         "vllm:async_scheduling=false",
         "vllm:async_scheduling=false,max_num_seqs=6",  # a queue waits behind a full batch
         "sarathi:chunk_size=256,gpu_memory_utilization=0.25",  # KV pressure: preemptions
-        "sglang",
-        "sglang:max_running_requests=6",
+        "sglang:disable_overlap_schedule=true",
+        "sglang:disable_overlap_schedule=true,max_running_requests=6",
         "orca",
     ],
 )
@@ -655,7 +665,7 @@ def _sglang_abort_fingerprint(fast: bool) -> tuple[str, float | None]:
     ]
     built = build_engine(
         Deployment("Llama-3-8B", "H100-SXM", 1, "none"),
-        "sglang:max_running_requests=2",
+        "sglang:disable_overlap_schedule=true,max_running_requests=2",
         "sim",
         BuildOptions(shares_prefixes=False, engine=EngineOptions(fast_forward=fast)),
         source=ListSource(requests),

@@ -65,13 +65,14 @@ def make_scheduler(
 
 # The flags that schedule a step while the previous one runs, the value that turns that off, and
 # the note of a run whose executor steps only synchronously: vLLM's async scheduling and
-# TensorRT-LLM's overlap scheduler (policies/trtllm_overlap.py).
+# TensorRT-LLM's and SGLang's overlap schedulers (policies/trtllm_overlap.py, sglang_overlap.py).
 _OVERLAP_FLAGS = {
     "async_scheduling": (False, "async scheduling off: {why} (vLLM 0.32 would schedule asynchronously here)"),
     "disable_overlap_scheduler": (
         True,
         "overlap scheduler off: {why} (TensorRT-LLM 1.2 would overlap scheduling with the forward here)",
     ),
+    "disable_overlap_schedule": (True, "sglang overlap scheduler off: {why} (SGLang 0.5.23 would overlap here)"),
 }
 
 

@@ -192,8 +192,8 @@ SGLANG_0_5_23 = EngineVersion(
                  "the next", _at(f"{F}/schedule.py", 56)),
         FlagSpec("num_continuous_decode_steps", int, NOT_MODELLED, "decode steps run back to back",
                  _at(f"{F}/schedule.py", 200), "1"),
-        FlagSpec("disable_overlap_schedule", bool, NOT_MODELLED, "no CPU scheduling overlapped with the GPU "
-                 "step", _at(f"{F}/schedule.py", 193), "false"),
+        FlagSpec("disable_overlap_schedule", bool, SCHEDULING, "no CPU scheduling overlapped with the GPU "
+                 "step (policies/sglang_overlap.py)", _at(f"{F}/schedule.py", 193), "false"),
         FlagSpec("enable_dynamic_chunking", bool, NOT_MODELLED, "chunk sizes fitted per pipeline stage",
                  _at(f"{F}/schedule.py", 67), "false"),
     ),

@@ -91,7 +91,14 @@ start of the next iteration (nothing touches the tree in between, except finishe
 the accepted drafts become outputs (``Scheduler.update``); the running cap defaults to 48; the
 draft layer's weights and KV come off the pool (``pooled_drafter``); the fast paths are off.
 
-Not modelled: speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
+**Overlap scheduler** (``disable_overlap_schedule``, SGLang's default on; ``sglang_overlap.py``):
+each step is built while the previous one runs (the engine's async path, the scheduler's advanced
+accounting): finishes by length are foreseen and left out of the next decode, a finish frees its
+KV a step late, a retracted request's in-flight output is dropped, the per-step host time is
+hidden; the fast paths are off with it. Off on the real and real-time executors and with
+speculative decoding (SGLang overlaps that too, spec v2: not modelled).
+
+Not modelled: the overlapped speculative decoding (spec v2), speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
 touches the waiting requests' cached prefixes, reordering LRU eviction: found by the prefill-pass
 differential; modelling it changes the golden corpus's ``mooncake600/sglang``).
@@ -136,6 +143,7 @@ from tailserve.policies.sglang_adder import (
 )
 from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
 from tailserve.policies.sglang_order_work import ProcessedTokens, shortest_prefill_chunk_limit
+from tailserve.policies.sglang_overlap import drop_in_flight, finishes_in_flight, overlap_default
 from tailserve.policies.sglang_priority import calc_priority
 from tailserve.policies.sglang_radix import SglangRadix
 from tailserve.policies.sglang_spec import MAX_RUNNING_REQUESTS, draft_tokens_note, resolve_speculative
@@ -200,20 +208,37 @@ class SglangPolicy(Policy, FastPaths):
         self.sgl_prefix_len: dict[str, int] = {}
         self.sgl_fill_len: dict[str, int] = {}
         self.num_second_chunks_refused = 0  # where SGLang 0.5.23 would fail an assertion
+        # The overlap scheduler (sglang_overlap.py): each step decided while the previous one
+        # runs, with the scheduler's advanced accounting. A config made without default_config
+        # leaves the flag None: synchronous (the differential harnesses' standalone scheduler).
+        self.overlap = config.disable_overlap_schedule is False and self.spec is None
+        self._in_flight: SchedulerOutput | None = None  # overlap: the last batch, still running
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
         known = {f.name for f in fields(SglangConfig)}
         base = SglangConfig(chunked_prefill_size=device_chunked_prefill_size(device))
-        return replace(base, **{k: v for k, v in overrides.items() if k in known})
+        config = replace(base, **{k: v for k, v in overrides.items() if k in known})
+        if config.disable_overlap_schedule is None:  # as SGLang decides
+            on = overlap_default(device, config.speculative_algorithm is not None)[0]
+            config = replace(config, disable_overlap_schedule=not on)
+        elif config.disable_overlap_schedule is False and config.speculative_algorithm is not None:
+            raise ValueError(
+                "disable_overlap_schedule=false with speculative_algorithm: SGLang's overlapped "
+                "speculative decoding (spec v2) is not simulated; leave the flag unset"
+            )
+        return config
 
     @classmethod
     def default_notes(cls, device: DeviceInfo, config: SglangConfig, overrides: dict[str, Any]) -> list[str]:
         """SGLang's start-up warnings with speculative decoding: the running cap it sets, the
-        draft-token count it overrides."""
-        if config.speculative_algorithm is None:
-            return []
+        draft-token count it overrides; the overlap scheduler on or off and why, when SGLang's
+        default chose it (not the user)."""
         notes = []
+        if overrides.get("disable_overlap_schedule") is None:
+            notes.append(overlap_default(device, config.speculative_algorithm is not None)[1])
+        if config.speculative_algorithm is None:
+            return notes
         if config.max_running_requests is None:
             notes.append(
                 f"sglang: max_running_requests is reset to {MAX_RUNNING_REQUESTS} for speculative decoding "
@@ -252,6 +277,9 @@ class SglangPolicy(Policy, FastPaths):
 
     def speculative_decoding(self) -> SpecDecoding | None:
         return self.spec.spec if self.spec is not None else None
+
+    def async_scheduling(self) -> bool:
+        return self.overlap
 
     def decode_tokens(self) -> int:
         """Slots past its verified tokens a decode makes a request hold: 1, or SGLang's
@@ -338,14 +366,21 @@ class SglangPolicy(Policy, FastPaths):
             if clear_during_decode:
                 self.batch_is_full = False
             aborted = self._decode(sched, now, out)
-            if not out.scheduled and (aborted or (was_full and not self.batch_is_full)):
-                # Nothing left to decode and admission unblocked: SGLang's next loop turn, with
-                # no forward pass in between.
+            # Nothing left to decode and admission unblocked: SGLang's next loop turn, with no
+            # forward pass in between. Under overlap that turn first processes the step in flight
+            # (its finishes free KV), so the engine applies it and asks again.
+            in_flight = self.overlap and self._in_flight is not None
+            if not out.scheduled and (aborted or (was_full and not self.batch_is_full)) and not in_flight:
                 prefilled = self._prefill(sched, now, out)
         self._last_batch = [s.request for s in out.scheduled]
         self._last_was_prefill = prefilled
         if prefilled:  # ``run_batch``: the batch's extend tokens, mixed decodes included
             self.processed.add(sum(s.num_new_tokens for s in out.scheduled))
+        if self.overlap:
+            # ``prepare_for_extend`` / ``prepare_for_decode`` advance seq_lens at launch; the
+            # outputs come one step later (``Scheduler.update_advanced``).
+            sched.advance_scheduled(out)
+            self._in_flight = out if out.scheduled else None
         return out
 
     def _note_departures(self) -> bool:
@@ -479,6 +514,18 @@ class SglangPolicy(Policy, FastPaths):
             return False
         kv = sched.kv_cache
         aborted = False
+        if self.overlap:
+            # ``_reqs_finishing_inflight``: leave out requests whose step in flight yields their
+            # last token; a batch that shrank clears ``batch_is_full``; if the rest still does not
+            # fit, decode nothing this turn (the in-flight result frees their KV first).
+            finishing = [r for r in decodes if finishes_in_flight(r)]
+            if finishing:
+                decodes = [r for r in decodes if not finishes_in_flight(r)]
+                self.batch_is_full = False
+                if not decodes:
+                    return False
+                if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens()):
+                    return False
         if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens()):
             decodes, aborted = self._retract(sched, decodes, now, out)
             self.batch_is_full = False  # the running batch shrank
@@ -533,6 +580,7 @@ class SglangPolicy(Policy, FastPaths):
         self.processed.stamp(request)
         self.sgl_prefix_len.pop(request.request_id, None)  # its fill ids stay as they were
         out.preempted.append(request)
+        drop_in_flight(self._in_flight, request)  # overlap: its in-flight output is dropped
 
     def _add_decodes(self, sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
         spec = self.spec
@@ -588,8 +636,10 @@ class SglangPolicy(Policy, FastPaths):
         with requests waiting that ends the driver's runs, with none ``on_decode_run`` clears it
         as the next run's first iteration would). The decaying ratio is replayed by
         ``on_decode_run``."""
-        if self.chunked is not None or self.spec is not None:
-            return False  # speculative decodes advance by the accepted drafts: stepped
+        if self.chunked is not None or self.spec is not None or self.overlap:
+            # Speculative decodes advance by the accepted drafts; the overlap scheduler's lag
+            # (finishes foreseen, admission a step later) has no closed-form run: stepped.
+            return False
         if not sched.waiting:
             return True
         cfg = self.config
@@ -610,6 +660,7 @@ class SglangPolicy(Policy, FastPaths):
             or cfg.enable_mixed_chunk
             or cfg.assume_ignore_eos
             or self.spec is not None  # the drafter prices each chunk too: stepped
+            or self.overlap  # each chunk scheduled before the previous one's result: stepped
             or not self.admits_fcfs()
             or self.tree is not None
             or not self._last_was_prefill

@@ -55,8 +55,16 @@ class SglangConfig:
     synthetic_acceptance_rates: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
     # or the mean acceptance length: 1 + accepted drafts per verification, in [1, steps + 1]
     synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
+    # SGLang's --disable-overlap-schedule (policies/sglang_overlap.py). None: as SGLang 0.5.23
+    # decides (overlap on on a GPU; tailserve steps synchronously on its real and real-time
+    # executors and with speculative decoding: sglang_overlap.overlap_default)
+    disable_overlap_schedule: bool | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
+        if self.disable_overlap_schedule not in (None, True, False):
+            raise ValueError(
+                f"disable_overlap_schedule must be true or false, got {self.disable_overlap_schedule!r}"
+            )
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy {self.schedule_policy!r} is not modelled; known: {', '.join(SCHEDULE_POLICIES)}"

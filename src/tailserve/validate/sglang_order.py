@@ -114,6 +114,9 @@ def run_tailserve_order(case: OrderCase) -> OrderResult:
         schedule_policy=case.policy,
         enable_priority_scheduling=case.enable_priority_scheduling,
         schedule_low_priority_values_first=case.schedule_low_priority_values_first,
+        # One scheduling pass, as SGLang's standalone scheduler runs it: the overlap scheduler
+        # (on by default in the engine, policies/sglang_overlap.py) is off here.
+        disable_overlap_schedule=True,
     )
     policy = SglangPolicy(config)
     total = sum(len(s) for s in case.cached) + sum(

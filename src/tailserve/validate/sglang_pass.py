@@ -179,6 +179,9 @@ def run_tailserve_pass(case: PassCase) -> PassResult:
         priority_scheduling_preemption_threshold=case.priority_scheduling_preemption_threshold,
         disable_priority_preemption=case.disable_priority_preemption,
         disable_radix_cache=case.disable_radix_cache,
+        # One scheduling pass, as SGLang's standalone scheduler runs it: the overlap scheduler
+        # (on by default in the engine, policies/sglang_overlap.py) is off here.
+        disable_overlap_schedule=True,
     )
     policy = SglangPolicy(config)
     policy.new_token_ratio = case.new_token_ratio
