@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tailserve.core.executor import StepResult
-from tailserve.core.request import Request
+from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.factory import make_kv_cache
@@ -74,3 +74,17 @@ def write_recording(requests: Iterable[Request], path) -> None:
         )
         lines.append(trace_line(r.arrival_time, r.prompt_len, r.max_tokens, m))
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def running_request(
+    sched: Scheduler, rid: str, prompt: int, outputs: int, max_tokens: int, priority: int = 0
+) -> Request:
+    """A request mid-decode: ``outputs`` tokens generated, one token behind, its KV held."""
+    request = Request(rid, prompt, max_tokens, 0.0, priority=priority)
+    request.num_output_tokens = outputs
+    request.num_computed_tokens = prompt + outputs - 1
+    request.status = RequestStatus.RUNNING
+    request.enqueue_time = 0.0
+    assert sched.allocate(request, request.num_computed_tokens)
+    sched.running.append(request)
+    return request

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import grants as _grants
 from helpers import ids as _ids
+from helpers import running_request as _running
 from helpers import scheduler_for
 from helpers import step as _step
 from tailserve.core.engine import Engine, EngineOptions
@@ -47,18 +48,6 @@ def _add(
     return request
 
 
-def _running(
-    sched: Scheduler, rid: str, prompt: int, outputs: int, max_tokens: int, priority: int = 0
-) -> Request:
-    """A request mid-decode: ``outputs`` tokens generated, one token behind, its KV held."""
-    request = Request(rid, prompt, max_tokens, 0.0, priority=priority)
-    request.num_output_tokens = outputs
-    request.num_computed_tokens = prompt + outputs - 1
-    request.status = RequestStatus.RUNNING
-    request.enqueue_time = 0.0
-    assert sched.allocate(request, request.num_computed_tokens)
-    sched.running.append(request)
-    return request
 
 
 def _ratio_constants(conservativeness: float = 1.0) -> tuple[float, float, float]:

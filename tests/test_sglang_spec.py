@@ -12,6 +12,7 @@ import pytest
 
 from helpers import grants as _grants
 from helpers import ids as _ids
+from helpers import running_request as _running
 from helpers import scheduler_for
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.executor import StepResult
@@ -41,16 +42,6 @@ def _add(sched: Scheduler, rid: str, prompt: int, max_tokens: int) -> Request:
     return request
 
 
-def _running(sched: Scheduler, rid: str, prompt: int, outputs: int, max_tokens: int) -> Request:
-    """A request mid-decode: ``outputs`` generated, one token behind, holding exactly its KV."""
-    request = Request(rid, prompt, max_tokens, 0.0)
-    request.num_output_tokens = outputs
-    request.num_computed_tokens = prompt + outputs - 1
-    request.status = RequestStatus.RUNNING
-    request.enqueue_time = 0.0
-    assert sched.allocate(request, request.num_computed_tokens)
-    sched.running.append(request)
-    return request
 
 
 def _step(sched: Scheduler, accepted: dict[str, int] | None = None, now: float = 0.0) -> SchedulerOutput:
