@@ -510,8 +510,10 @@ def test_a_simulated_gpu_run_is_async_by_default_and_says_so():
     assert realtime.notes[0].startswith("async scheduling off: the real-time simulated executor")
     with pytest.raises(ValueError, match="async_scheduling needs the simulated executor"):
         build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "vllm:async_scheduling=true", "realtime-sim")
-    # Other policies are untouched.
-    assert build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), "sglang", "sim").notes == ()
+    # Policies of engines without an overlapped loop are untouched (SGLang's and TensorRT-LLM's
+    # overlap schedulers say so in their own notes: test_sglang_overlap, test_trtllm_overlap).
+    for name in ("tgi", "sarathi", "orca"):
+        assert build_engine(Deployment("Llama-3-8B", "H100-SXM", 1), name, "sim").notes == ()
 
 
 def test_moe_data_parallel_ranks_default_to_synchronous_with_a_note(capsys):
