@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tailserve.assemble.scheduler import KVSize, SchedulerParts
+from tailserve.assemble.scheduler import KVSize, SchedulerParts, overlap_flag
 from tailserve.assemble.simulated import simulated_scheduler
 from tailserve.core.engine import Engine, EngineOptions, VirtualClock, WallClock
 from tailserve.core.executor import Executor
@@ -225,9 +225,7 @@ def _refuse_virtual_time_only(policy: Policy, kind: str) -> None:
     """vLLM's async scheduling and speculative decoding are simulated (virtual time, drafts drawn
     by the simulated executor); a real or real-time executor refuses them in one line."""
     if policy.async_scheduling():
-        # vLLM's flag, or TensorRT-LLM's overlap scheduler (policies/trtllm_overlap.py)
-        trtllm = hasattr(getattr(policy, "config", None), "disable_overlap_scheduler")
-        flag = "disable_overlap_scheduler=false" if trtllm else "async_scheduling"
+        flag = overlap_flag(getattr(policy, "config", None))
         raise ValueError(
             f"executor {kind!r} runs steps synchronously: {flag} needs the simulated executor (sim)"
         )

@@ -76,6 +76,14 @@ _OVERLAP_FLAGS = {
 }
 
 
+def overlap_flag(config: Any) -> str:
+    """The flag (as a user writes it) that turned on the overlapped loop of ``config``'s engine."""
+    for name, (off, _) in _OVERLAP_FLAGS.items():
+        if hasattr(config, name):
+            return name if off is False else f"{name}=false"
+    return "async_scheduling"
+
+
 def build_scheduler(
     spec: PolicySpec,
     device: DeviceInfo,

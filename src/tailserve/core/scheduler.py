@@ -221,11 +221,9 @@ class Scheduler:
         request = item.request
         accepted = (result.num_accepted or {}).get(request.request_id, 0)
         num_sampled = 1 + min(accepted, item.num_spec_tokens)
-        appended = 0
-        while appended < num_sampled and request.num_output_tokens < request.max_tokens:
-            request.num_output_tokens += 1
-            request.token_times.append(now)
-            appended += 1
+        appended = max(0, min(num_sampled, request.max_tokens - request.num_output_tokens))
+        request.num_output_tokens += appended
+        request.token_times.extend([now] * appended)
         request.num_computed_tokens += appended
         if request.num_output_tokens >= request.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH

@@ -163,9 +163,10 @@ class SimExecutor:
         shape = advanced_batch_shape(out)
         num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
         if self.graph is not None and is_generation_only(out):
-            padded = self.graph.pad(shape, len(out.scheduled))
-            num_padded = self.graph.padded_batch(len(out.scheduled)) - len(out.scheduled)
-            shape = padded
+            n = len(out.scheduled)
+            size = self.graph.padded_batch(n)
+            shape = self.graph.pad(shape, n, size)
+            num_padded = size - n
         cost = self.cost_model
         window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
         duration = cost.iteration_time(shape, window)
