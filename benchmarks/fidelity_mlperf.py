@@ -189,10 +189,17 @@ _AMD_VLLM = ("--policy", "vllm-v0", "--quantization", "fp8", "--max-num-batched-
              "--swap-space", "0")  # fmt: skip
 # TRT-LLM's kvcache_free_gpu_mem_frac 0.9 is a fraction of the memory left after the weights and
 # activations, which is how the trtllm policy applies --gpu-memory-utilization (kv_capacity.py).
+# The two Llama-2-70B points run TensorRT engines (trtllm-build plugins, "TensorRT 10.x") under the
+# C++ executor, not the PyTorch backend the trtllm policy follows by default: its loop
+# (cpp/tensorrt_llm/executor/executorImpl.cpp, Executor::Impl::executionLoop@036a60f7) waits for
+# step n (forwardSync), then fetches new requests and launches step n+1 (forwardAsync) -- no
+# overlap scheduler (the engine backend's enable_trt_overlap was removed as giving no benefit).
+_TRT_ENGINE_BACKEND = ("--disable-overlap-scheduler",)
 _H200_TRTLLM = ("--policy", "trtllm", "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--max-batch-size", "2048",
                 "--max-num-tokens", "1536", "--capacity-scheduler-policy", "MAX_UTILIZATION",
                 "--enable-chunked-prefill", "--context-chunking-policy", "FIRST_COME_FIRST_SERVED",
-                "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.9")  # fmt: skip
+                "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.9",
+                *_TRT_ENGINE_BACKEND)  # fmt: skip
 
 # NVIDIA's B200 Llama-2-70B (configs/B200-SXM-180GBx8/{Server,Offline}/llama2-70b.py): precision fp4
 # (NVFP4 weights), FP8 KV, TP 1 on each GPU, gpu_batch_size 2048, max_num_tokens 3584, max_util,
@@ -200,7 +207,8 @@ _H200_TRTLLM = ("--policy", "trtllm", "--quantization", "fp8", "--kv-cache-dtype
 _B200_LLAMA = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--max-batch-size", "2048",
                "--max-num-tokens", "3584", "--capacity-scheduler-policy", "MAX_UTILIZATION",
                "--enable-chunked-prefill", "--context-chunking-policy", "FIRST_COME_FIRST_SERVED",
-               "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.95")  # fmt: skip
+               "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.95",
+               *_TRT_ENGINE_BACKEND)  # fmt: skip
 # NVIDIA's DeepSeek-R1 (configs/<system>/Server/deepseek-r1.py): tensor_parallelism 8 with
 # enable_attention_dp (8 attention ranks of TP 1, tailserve's --tp 1 --data-parallel-size 8),
 # moe_expert_parallelism 8 (experts whole on each GPU, WIDEEP backend), precision fp4 (NVFP4
