@@ -346,3 +346,22 @@ def test_attention_dp_makes_each_tp_rank_a_dp_rank(tmp_path, capsys):
     )
     out = capsys.readouterr()
     assert "--tp 1" in out.err and "--dp 8" in out.err and "DP 8 x TP 1 in lockstep" in out.out
+
+
+def test_the_tensorrt_backend_schedules_without_the_overlap_scheduler(tmp_path):
+    # The C++ executor waits for step n before it schedules n+1 (trtllm_options.BACKEND_WHAT), so a
+    # built engine's line runs the trtllm policy with its overlap scheduler off; pytorch keeps the
+    # engine's default (unset); the file's backend wins over the flag's (serve.py applies it last).
+    def flags(line: str) -> dict:
+        return translate(lint(line)).spec.flags
+
+    assert flags("trtllm-serve ENGINE --backend tensorrt") == {"disable_overlap_scheduler": True}
+    assert flags("trtllm-serve ENGINE --backend trt") == {"disable_overlap_scheduler": True}
+    assert flags("trtllm-serve M --backend pytorch") == {}
+    assert flags("trtllm-serve M") == {}
+    path = write(tmp_path, "backend: tensorrt\ndisable_overlap_scheduler: false\n")
+    assert flags(f"trtllm-serve ENGINE --extra_llm_api_options {path}") == {"disable_overlap_scheduler": True}
+    assert flags(f"trtllm-serve ENGINE --backend pytorch --extra_llm_api_options {path}") == {
+        "disable_overlap_scheduler": True
+    }
+    assert rows(lint("trtllm-serve ENGINE --backend tensorrt"))["--backend"].verdict == SCHEDULING

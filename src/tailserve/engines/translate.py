@@ -22,6 +22,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.engines import vllm_flags
 from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
 from tailserve.engines.lint import ENGINE_NAMES, Report
+from tailserve.engines.trtllm_options import TENSORRT_BACKENDS
 from tailserve.policies.registry import ENGINE_FLAGS, POLICIES, PolicySpec, policy_flags
 
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -73,6 +74,7 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     taken: list[str] = []
     ignored: list[str] = []
     dp_attention = report.engine == "sglang" and bool(report.values.get("enable_dp_attention"))
+    backend = "pytorch"
     for row in report.rows:
         if dp_attention and row.name == "dp_size":
             deployment["attn_dp"] = row.value  # --dp-size N --enable-dp-attention: --attn-dp-size N
@@ -85,6 +87,10 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
             continue  # --host and the like
         if row.value is None:
             continue  # a file's null: the engine's own default
+        if report.engine == "trtllm" and row.name == "backend":
+            backend = row.value  # the last given wins: launch_server reads it after the file
+            taken.append(row.flag)
+            continue
         target = row.feeds
         if target.startswith("deployment."):
             deployment[target.removeprefix("deployment.")] = row.value
@@ -112,6 +118,9 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     ):
         # vLLM turns it off for Ray's executor (vllm_flags._async_backend_rule)
         flags["async_scheduling"] = False
+    if backend in TENSORRT_BACKENDS and "disable_overlap_scheduler" in fields:
+        # The C++ executor has no overlap scheduler, whatever the file says (trtllm_options.BACKEND_WHAT).
+        flags["disable_overlap_scheduler"] = True
     if report.engine == "vllm" and report.policy == "vllm" and device is not None:
         flags = _vllm_batch_defaults(report, device, flags)
     if report.engine == "sglang" and flags.get("speculative_algorithm"):

@@ -20,6 +20,7 @@ from tailserve.engines.flag_spec import (
     EngineVersion,
     FlagSpec,
 )
+from tailserve.engines.trtllm_options import BACKEND_WHAT as _BACKEND_WHAT
 from tailserve.engines.trtllm_options import OPTIONS_FILE, chunking_policy_needs_chunking
 
 V = "1.2.1"
@@ -52,9 +53,8 @@ TRTLLM_1_2_1 = EngineVersion(
                  "fraction of the memory left after weights and activations for the KV cache (the trtllm "
                  "policy applies --gpu-memory-utilization so)", _opt("free_gpu_memory_fraction"), "0.9",
                  aliases=("--free_gpu_memory_fraction",), target="gpu_memory_utilization"),
-        FlagSpec("backend", ("pytorch", "tensorrt", "trt", "_autodeploy"), NOT_MODELLED,
-                 "the runtime: the trtllm policy models the PyTorch backend's scheduler", _opt("backend"),
-                 "pytorch"),
+        FlagSpec("backend", ("pytorch", "tensorrt", "trt", "_autodeploy"), SCHEDULING, _BACKEND_WHAT,
+                 _opt("backend"), "pytorch", target="disable_overlap_scheduler"),
         FlagSpec("extra_llm_api_options", str, OTHER,
                  "a YAML of LLM API options (scheduler_config, kv_cache_config, ...): read, one row per key "
                  "below, each over the flag it sets", _opt("extra_llm_api_options"), aliases=("--config",)),

@@ -37,6 +37,15 @@ from tailserve.engines.flag_spec import (
 
 ARGS = "tensorrt_llm/llmapi/llm_args.py@1.2"
 SERVE = "tensorrt_llm/commands/serve.py@00209af"
+# The runtime. "tensorrt"/"trt" runs a built engine under the C++ executor, whose loop waits for
+# step n, fetches new requests, then launches step n+1 (cpp/tensorrt_llm/executor/executorImpl.cpp
+# Executor::Impl::executionLoop@036a60f7): no overlap scheduler, so translate.py turns the trtllm
+# policy's off. Its capacity and micro-batch schedulers are the C++ ones the PyTorch backend binds.
+BACKEND_WHAT = (
+    "the runtime: pytorch (the trtllm policy's), or tensorrt/trt, whose C++ executor schedules each step "
+    "after the previous one (the overlap scheduler off)"
+)
+TENSORRT_BACKENDS = ("tensorrt", "trt")
 MICRO = "tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py@5f480b7a"
 
 
@@ -105,8 +114,9 @@ KEYS = (
              _llm("batch_wait_max_tokens_ratio"), "0"),
     FlagSpec("stream_interval", int, NOT_MODELLED, "iterations between streamed responses",
              _llm("stream_interval"), "1"),
-    FlagSpec("backend", str, NOT_MODELLED, "the runtime: the trtllm policy models the PyTorch backend's "
-             "scheduler", f"{SERVE} launch_server (reads llm_args['backend'] after the file)", "pytorch"),
+    FlagSpec("backend", str, SCHEDULING, BACKEND_WHAT,
+             f"{SERVE} launch_server (reads llm_args['backend'] after the file)", "pytorch",
+             target="disable_overlap_scheduler"),
     FlagSpec("build_config", dict | None, NO_OP,
              "PyTorch backend: trtllm-serve drops build_config before the LLM is made; set max_batch_size and "
              "max_num_tokens at the top level", f'{SERVE} launch_server llm_args.pop("build_config")'),
