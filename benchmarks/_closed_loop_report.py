@@ -96,17 +96,18 @@ def rankings(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def target_shares(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def target_shares(cells: list[dict[str, Any]], key: str = "error") -> dict[str, dict[str, Any]]:
     """Per engine: cells whose every p50 is within 10% and every p99 within 20% (TTFT, ITL,
-    TPOT), and the share of single figures within their target."""
+    TPOT), and the share of single figures within their target; ``key`` names the errors
+    (``error_uncorrected``: the twin without the gauge's rescaling)."""
     out: dict[str, dict[str, Any]] = {}
     for c in cells:
-        if not (c.get("measured") and c.get("predicted")):
+        if not (c.get("measured") and c.get(key)):
             continue
         e = out.setdefault(
             c["engine"], {"cells": 0, "cells_all_within": 0, "figures": 0, "figures_within": 0}
         )
-        oks = [within_target(k, v) for k, v in c["error"].items() if k != "throughput"]
+        oks = [within_target(k, v) for k, v in c[key].items() if k != "throughput"]
         e["cells"] += 1
         e["cells_all_within"] += all(oks)
         e["figures"] += len(oks)

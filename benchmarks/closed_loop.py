@@ -17,7 +17,11 @@ same dtype, 2 GiB of KV cache each:
    machine's other CPU use.
 3. **Predict** every cell with the simulator: the same requests and send times through the
    ``vllm`` policy with the same flags, on the engine's calibration (``bench --predict``'s
-   ``simulate``), plus the per-request time outside the engine the calibration measured.
+   ``simulate``), plus the per-request time outside the engine the calibration measured. The
+   machine's speed drifts within a run, so a few seconds of fixed work (``_closed_loop_gauge.py``)
+   are timed after the calibration and on every server start, and each cell is predicted on the
+   calibration rescaled by them (the calibration as taken is kept beside it; ``--no-gauge``: only
+   that).
 4. **Compare**: TTFT, ITL and TPOT p50/p99 and output tokens/s, predicted / measured and the
    error, per cell; the share of cells within the targets (p50 10%, p99 20%); whether the
    settings rank the same per engine and workload (Spearman's rho and pairwise order).
@@ -46,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _closed_loop_gauge as gauge
 from benchmarks import _closed_loop_report as report
 from benchmarks._closed_loop_engines import QUICK_SETTINGS, SETTINGS, Engine, Setting
 from benchmarks._closed_loop_tune import check_advice, print_advice
@@ -83,6 +88,12 @@ def parse_args() -> argparse.Namespace:
         "--trace", type=Path, default=None, help="the conversation trace (default: ../shared/traces)"
     )
     p.add_argument("--calibration-repeats", type=int, default=None, help="default 3 (--quick: 1)")
+    p.add_argument(
+        "--no-gauge",
+        action="store_true",
+        help="predict every cell on the calibration as taken, without rescaling it by the machine's speed "
+        "timed on each server start (_closed_loop_gauge.py)",
+    )
     p.add_argument("--quiet-threshold", type=float, default=0.3, help="busy cores that count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds (default 300; --quick: 5)")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds a server may take to start")
@@ -291,6 +302,24 @@ def main() -> int:
                     calibrations[engine.name] = calibrate(
                         engine, url, args, work / f"calibration-{engine.name}.json"
                     )
+                    if not args.no_gauge:  # the machine's speed as the calibration saw it
+                        base = gauge.measure(url, NAME, vocab, args.seed + 1000 * k)
+                        calibrations[engine.name]["gauge"] = base.to_json()
+                        now = base
+                elif not args.no_gauge:
+                    now = gauge.measure(url, NAME, vocab, args.seed + 1000 * k + 1)
+                timed = None
+                if not args.no_gauge:
+                    f = gauge.factors(now, gauge.Gauge(**calibrations[engine.name]["gauge"]))
+                    timed = {"gauge": now.to_json(), "factors": [round(f[0], 4), round(f[1], 4)]}
+                    timed["calibration"] = gauge.scaled_calibration(
+                        calibrations[engine.name]["file"], *f, work / f"calibration-{engine.name}-{k}.json"
+                    )
+                    print(
+                        f"{engine.name} / {setting.name}: gauge prefill {now.prefill_s * 1e3:.1f} ms, "
+                        f"ITL {now.itl_s * 1e3:.1f} ms: x{f[0]:.2f} / x{f[1]:.2f} the calibration's",
+                        flush=True,
+                    )
                 for w in workloads:
                     t1 = time.perf_counter()
                     measured = run_cell(url, w, args)
@@ -306,6 +335,8 @@ def main() -> int:
                     cells.append(
                         {"engine": engine.name, "setting": setting.name, "workload": w.name, "run": measured}
                     )
+                    if timed is not None:
+                        cells[-1]["gauge"] = timed
             finally:
                 stop_server(proc)
 
@@ -317,6 +348,10 @@ def main() -> int:
         cal = calibrations[c["engine"]]["file"]
         c["measured"] = report.figures(c["run"]["result"])
         figures, run = predict(w, setting, cal, model)
+        if "gauge" in c:  # the headline is the twin at the cell's minute; the calibration as taken beside it
+            c["predicted_uncorrected"] = report.figures(figures)
+            c["error_uncorrected"] = report.errors(c["predicted_uncorrected"], c["measured"])
+            figures, run = predict(w, setting, c["gauge"]["calibration"], model)
         c["predicted"] = report.figures(figures)
         c["error"] = report.errors(c["predicted"], c["measured"])
         seen = c["run"].pop("seen")
@@ -344,10 +379,17 @@ def main() -> int:
             )
             print_advice(advice)
     shares = report.target_shares(cells)
+    raw_shares = report.target_shares(cells, "error_uncorrected")
     for engine, s in shares.items():
+        raw = raw_shares.get(engine)
         print(
             f"{engine}: {s['cells_all_within']}/{s['cells']} cells with every p50 within 10% and every p99 within 20%; "
             f"{s['figures_within']}/{s['figures']} single figures within their target"
+            + (
+                f" (without the gauge: {raw['cells_all_within']} cells, {raw['figures_within']} figures)"
+                if raw
+                else ""
+            )
         )
     total = time.perf_counter() - t_start
     print(cpu_line())
@@ -370,6 +412,7 @@ def main() -> int:
         "stall_totals": report.stall_totals(cells),
         "tune_advice": advice,
         "target_shares": shares,
+        "target_shares_uncorrected": raw_shares,
         "seconds": total,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_line()},
         "cpu_flags": simd_flags(),

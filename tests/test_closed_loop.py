@@ -59,3 +59,45 @@ def test_the_knee_slo_splits_the_budgets():
     assert (
         slo_ratio(cells[0]["predicted"], ttft_s, itl_s) < 1 < slo_ratio(cells[1]["predicted"], ttft_s, itl_s)
     )
+
+
+def test_the_gauge_rescales_every_time_term_of_the_twin(tmp_path: Path):
+    # scaled_calibration at one factor for prefill and decode scales every iteration the twin
+    # prices by exactly that factor (a time term left unscaled would break the ratio), and the
+    # request overhead with the prefill's; two factors move a lone prefill by the first.
+    from benchmarks._closed_loop_gauge import Gauge, factors, scaled_calibration
+
+    from tailserve.executors.simulated.calibration_files import (
+        CalibrationFile,
+        read_calibration_file,
+        write_calibration_file,
+    )
+    from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+
+    eff = Efficiency(compute=0.5, memory=0.3, overhead=0.008, per_token=2e-6, gemm_latency=1e-5, sharpness=1.0)
+    base = tmp_path / "cal.json"
+    write_calibration_file(base, CalibrationFile(get_hardware("A100-80GB"), eff, "m", 1, "test", request_overhead_s=0.012))
+    model = get_model("Llama-3-8B")
+    shapes = [
+        BatchShape(1024, 1, 1024 * 1025 // 2, 1024, 0, 1, 0),
+        BatchShape(32, 32, 0, 0, 32 * 1000, 0, 32),
+        BatchShape(288, 33, 256 * 257 // 2, 256, 32 * 500, 1, 32),
+    ]
+
+    def times(path: str) -> list[float]:
+        cal = read_calibration_file(path)
+        cost = CostModel(model, cal.hardware, efficiency=cal.efficiency)
+        return [cost.iteration_time(s) for s in shapes]
+
+    same = scaled_calibration(str(base), 1.7, 1.7, tmp_path / "x.json")
+    assert [b / a for a, b in zip(times(str(base)), times(same))] == pytest.approx([1.7] * 3, rel=1e-9)
+    assert read_calibration_file(same).request_overhead_s == pytest.approx(0.012 * 1.7)
+    split = scaled_calibration(str(base), 2.0, 1.0, tmp_path / "y.json")
+    assert read_calibration_file(split).request_overhead_s == pytest.approx(0.024)
+    assert times(split)[0] / times(str(base))[0] > 1.5  # the lone prefill: compute-bound
+    assert times(split)[1] / times(str(base))[1] < 1.2  # the decode batch: memory and per-step time
+    assert factors(Gauge(0.03, 0.02), Gauge(0.02, 0.02)) == pytest.approx((1.5, 1.0))
+    with pytest.raises(ValueError, match="positive"):
+        scaled_calibration(str(base), 0.0, 1.0, tmp_path / "z.json")
