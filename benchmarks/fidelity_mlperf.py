@@ -218,14 +218,16 @@ _B200_LLAMA = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtyp
 # what the weights and activations leave). Decode CUDA graphs of 128/256/384/512 requests with
 # cuda_graph_padding_enabled (the system configs' runtime flags as docs/fidelity.md read them; the
 # configs are not in the store here: llmlib/config.py writes cuda_graph_padding_enabled and
-# cuda_graph_batch_sizes into the extra YAML from those flags). No speculative
+# cuda_graph_batch_sizes into the extra YAML from those flags); attention_dp_config enable_balance with
+# batching_wait_iters 3 and timeout_iters 9 (policies/trtllm_adp.py; docs/fidelity.md). No speculative
 # decoding: llmlib/config.py's _generate_extra_config_yaml writes no speculative_config (MTP
 # arrived with v6.0's interactive scenario).
 _R1_TRTLLM = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtype", "fp8", "--enable-expert-parallel",
               "--max-batch-size", "512", "--max-num-tokens", "3456", "--capacity-scheduler-policy", "MAX_UTILIZATION",
               "--no-enable-chunked-prefill", "--no-enable-block-reuse", "--block-size", "32",
               "--max-model-len", "23140", "--gpu-memory-utilization", "0.9", "--cuda-graph-padding-enabled",
-              "--cuda-graph-batch-sizes", "128,256,384,512")  # fmt: skip
+              "--cuda-graph-batch-sizes", "128,256,384,512", "--attention-dp-enable-balance",
+              "--attention-dp-batching-wait-iters", "3", "--attention-dp-timeout-iters", "9")  # fmt: skip
 
 POINTS = (
     MLPerfPoint(

@@ -15,8 +15,9 @@ DP ranks never wait for each other (vLLM runs them as plain engines): they are a
 The balancer is the engine's own: vLLM's ``DPLBAsyncMPClient`` scores each rank ``4 x waiting +
 running`` from counts its coordinator publishes every 100 ms (routers.VllmDpRouter);
 SGLang's data-parallel controller deals requests round-robin (``load_balance_method``'s
-default). The exact fast paths are off in a lockstep group (each rank's run would end at every
-other rank's events).
+default); TensorRT-LLM's attention-DP ranks share one waiting queue and place its head each
+iteration, and may hold contexts (``attention_dp_config``): ``adp_stage.py``. The exact fast
+paths are off in a lockstep group (each rank's run would end at every other rank's events).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 from tailserve.cluster.cluster import Stage
 from tailserve.cluster.replica import FeedSource, Replica, ReplicaSpec, build_replica_engine
 from tailserve.cluster.router_registry import make_router
+from tailserve.cluster.routers import BaseRouter
 from tailserve.core.engine import EngineOptions, EngineStalledError
 from tailserve.core.executor import StepResult
 from tailserve.executors.simulated.cost_model import CostModel
@@ -34,6 +36,7 @@ from tailserve.executors.simulated.cuda_graph import is_generation_only
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.executor import batch_shape, window_shape
 from tailserve.policies.registry import PolicySpec
+from tailserve.policies.trtllm_adp import AdpBalance
 
 # vLLM's DP coordinator publishes the ranks' request counts every 100 ms (coordinator.py)
 BALANCER_REFRESH_S = 0.1
@@ -164,5 +167,28 @@ def build_dp_stage(
                 "speculative decoding in a data-parallel MoE engine (lockstep ranks) is not modelled; "
                 "drop the draft tokens or --data-parallel-size"
             )
+        if policy.name == "trtllm":
+            return _trtllm_adp_stage(replicas, balancer, built.cost_model)
         return LockstepStage(replicas, balancer, BALANCER_REFRESH_S, cost_model=built.cost_model)
     return Stage(replicas, balancer, BALANCER_REFRESH_S)
+
+
+def _trtllm_adp_stage(replicas: list[Replica], balancer: BaseRouter, cost_model: CostModel) -> LockstepStage:
+    """TensorRT-LLM's attention-DP group: its own placement each step and, with
+    ``attention_dp_enable_balance``, its context holding (cluster/adp_stage.py)."""
+    from tailserve.cluster.adp_stage import AdpLockstepStage  # it builds on LockstepStage
+
+    cfg = replicas[0].engine.scheduler.policy.config
+    balance = None
+    if cfg.attention_dp_enable_balance:
+        balance = AdpBalance(
+            cfg.attention_dp_timeout_iters, cfg.attention_dp_batching_wait_iters, cfg.batch_size
+        )
+    return AdpLockstepStage(
+        replicas,
+        balancer,
+        BALANCER_REFRESH_S,
+        cost_model=cost_model,
+        max_num_active=cfg.batch_size,
+        balance=balance,
+    )

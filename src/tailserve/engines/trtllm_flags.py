@@ -21,7 +21,11 @@ from tailserve.engines.flag_spec import (
     FlagSpec,
 )
 from tailserve.engines.trtllm_options import BACKEND_WHAT as _BACKEND_WHAT
-from tailserve.engines.trtllm_options import OPTIONS_FILE, chunking_policy_needs_chunking
+from tailserve.engines.trtllm_options import (
+    OPTIONS_FILE,
+    balance_needs_attention_dp,
+    chunking_policy_needs_chunking,
+)
 
 V = "1.2.1"
 SERVE = "tensorrt_llm/commands/serve.py@00209af"
@@ -60,7 +64,7 @@ TRTLLM_1_2_1 = EngineVersion(
                  "below, each over the flag it sets", _opt("extra_llm_api_options"), aliases=("--config",)),
         FlagSpec("max_beam_width", int, NOT_MODELLED, "beam search width", _opt("max_beam_width")),
     ),
-    rules=(chunking_policy_needs_chunking,),
+    rules=(chunking_policy_needs_chunking, balance_needs_attention_dp),
     policy="trtllm",
     positional=f'{SERVE} @click.argument("model")',
     underscores=False,

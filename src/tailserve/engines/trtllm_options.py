@@ -78,8 +78,16 @@ KEYS = (
              "layers for its own requests (Mapping: attention TP 1), the MoE layers over all of them: tailserve's "
              "DP engine of that many TP-1 ranks in lockstep", _llm("enable_attention_dp"), "false",
              target="deployment.dp_attention"),
-    FlagSpec("attention_dp_config", dict | None, NOT_MODELLED, "load balancing of attention-DP ranks",
-             _llm("attention_dp_config")),
+    FlagSpec("attention_dp_config.enable_balance", bool, SCHEDULING,
+             "with enable_attention_dp, new contexts wait until every attention-DP rank has one "
+             "(policies/trtllm_adp.py)", _field("AttentionDpConfig", "enable_balance"), "false",
+             target="attention_dp_enable_balance"),
+    FlagSpec("attention_dp_config.timeout_iters", int, SCHEDULING,
+             "steps contexts wait for every attention-DP rank to have one",
+             _field("AttentionDpConfig", "timeout_iters"), "50", target="attention_dp_timeout_iters"),
+    FlagSpec("attention_dp_config.batching_wait_iters", int, SCHEDULING,
+             "steps contexts then wait while every attention-DP rank decodes",
+             _field("AttentionDpConfig", "batching_wait_iters"), "10", target="attention_dp_batching_wait_iters"),
     FlagSpec("max_batch_size", int | None, SCHEDULING, "most requests the engine schedules at once",
              _llm("max_batch_size"), "2048"),
     FlagSpec("max_num_tokens", int | None, SCHEDULING, "batched input tokens per step", _llm("max_num_tokens"),
@@ -177,10 +185,27 @@ def chunking_policy_needs_chunking(given: Given) -> list[Finding]:
     ]
 
 
+def balance_needs_attention_dp(given: Given) -> list[Finding]:
+    """``_balance_adp_requests`` runs only with ``enable_attention_dp`` (``PyExecutor._schedule``)."""
+    if given.get("enable_attention_dp", False):
+        return []
+    return [
+        Finding(
+            (key,),
+            NO_OP,
+            "enable_attention_dp is false: there are no attention-DP ranks to balance",
+            "tensorrt_llm/_torch/pyexecutor/py_executor.py@1.2 PyExecutor._schedule "
+            "(enable_attention_dp and attention_dp_enable_balance)",
+        )
+        for key in given.values
+        if key.startswith("attention_dp_config.")
+    ]
+
+
 OPTIONS_FILE = OptionsFile(
     "extra_llm_api_options",
     KEYS,
-    sections=("scheduler_config", "kv_cache_config"),
+    sections=("scheduler_config", "kv_cache_config", "attention_dp_config"),
     # trtllm-serve's flag (table name) -> the LLM API option it sets (get_llm_args)
     overrides={
         "model": "model",

@@ -79,7 +79,14 @@ trips the engine's assertion, which fails the whole executor — here only that 
 Not modelled: the 1.3/1.4 additions (``enable_prefix_aware_scheduling``,
 ``context_scheduling_policy``, ``gen_preemption``, ``context_starvation_iterations``), beams,
 two-model drafters (Eagle, Draft/Target, NGram, Medusa), MTP's relaxed acceptance, LoRA pages,
-sliding windows, attention-DP balancing (``attention_dp_config``), disaggregated serving.
+sliding windows, disaggregated serving, and in attention DP (``trtllm_adp.py``: placement and
+``attention_dp_config`` balancing, modelled) ``attention_dp_rank`` pinning and a dense model's
+ranks (independent replicas here).
+
+Attention DP (an MoE model's DP engine, ``cluster/adp_stage.py``): arrivals wait in one queue
+shared by the ranks and are placed each iteration by TensorRT-LLM's heap rule; with
+``attention_dp_enable_balance`` the group holds contexts (``plan_step`` then ``hold_contexts``)
+until every rank has one or ``attention_dp_timeout_iters`` pass (``trtllm_adp.py``).
 
 Fast paths: runs of decode-only steps only (``FastPaths`` defaults). When every running request
 decodes and none can be admitted, nothing changes until an arrival or a finish: under
@@ -95,7 +102,7 @@ stepped one would (``SimExecutor.decode_run_durations``). Under overlap the asyn
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -107,10 +114,19 @@ from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.spec import KVSpec
+from tailserve.policies.trtllm_adp import StepCounts
 from tailserve.policies.trtllm_capacity import DraftSlots, guaranteed_no_evict, max_utilization
 from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
-from tailserve.policies.trtllm_microbatch import micro_batch
+from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
+
+
+@dataclass(slots=True)
+class _Plan:
+    """A step's batch as the schedulers chose it, before any blocks are taken."""
+
+    batch: MicroBatch
+    paused: list[Request]  # paused by MAX_UTILIZATION while choosing it
 
 
 class TrtllmPolicy(Policy, FastPaths):
@@ -146,6 +162,10 @@ class TrtllmPolicy(Policy, FastPaths):
         # The overlap scheduler (trtllm_overlap.py). A config made without default_config
         # leaves disable_overlap_scheduler None: no overlap.
         self._overlap = config.disable_overlap_scheduler is False
+        # attention-DP balancing's two passes (plan_step, hold_contexts): the planned batch and
+        # whether its contexts wait; both used up by the next schedule.
+        self._planned: _Plan | None = None
+        self._hold_contexts = False
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TrtllmConfig:
@@ -217,46 +237,18 @@ class TrtllmPolicy(Policy, FastPaths):
 
     # ---- the iteration --------------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
-        cfg: TrtllmConfig = self.config
         kv = sched.kv_cache
-        chunking = cfg.context_chunking_policy if cfg.enable_chunked_prefill else None
-        if chunking is not None and not self._checked_unit:
-            if cfg.num_tokens < kv.block_size:
-                # FCFS chunks round down to tokens_per_block: a prompt longer than the budget
-                # would get chunks of 0 forever.
-                raise ValueError(
-                    f"max_num_tokens ({cfg.num_tokens}) is smaller than tokens_per_block "
-                    f"({kv.block_size}) with chunked prefill: chunks are multiples of tokens_per_block"
-                )
-            self._checked_unit = True
         out = SchedulerOutput()
-        self._fetch(sched)
-        is_generation = self._is_generation
+        planned = self._planned if self._planned is not None else self._plan(sched)
+        self._planned = None
+        batch = planned.batch
+        out.preempted.extend(planned.paused)
+        if self._hold_contexts:
+            # attention-DP balancing held this step's contexts (trtllm_adp.py): they stay
+            # active and unscheduled; the generations run.
+            batch.contexts = []
+            self._hold_contexts = False
         drafts = self._num_drafts
-        if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
-            fitting, paused = max_utilization(
-                sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
-                lambda request: self._pause(sched, request), self._slots,
-            )  # fmt: skip
-            out.preempted.extend(paused)
-        else:
-            static = cfg.capacity_scheduler_policy == STATIC_BATCH
-            fitting = guaranteed_no_evict(
-                sched,
-                self._active,
-                is_generation,
-                cfg.batch_size,
-                static,
-                cfg.enable_block_reuse,
-                self._slots,
-            )
-        if self._overlap:
-            # GENERATION_TO_COMPLETE: kept by the capacity scheduler (its slot and blocks
-            # counted), skipped by the micro-batch scheduler.
-            fitting = [r for r in fitting if not to_complete(r)]
-        batch = micro_batch(
-            fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, kv.block_size, 1 + drafts
-        )
         for request in batch.too_long:
             self._abort_too_long(sched, request, now)
 
@@ -297,6 +289,60 @@ class TrtllmPolicy(Policy, FastPaths):
             # as placeholders, rejected drafts rolled back at update).
             sched.advance_scheduled(out)
         return out
+
+    def _plan(self, sched: Scheduler) -> _Plan:
+        """Fetch, the capacity scheduler, the micro-batch scheduler: the step's batch before
+        ``prepare_resources`` (a pause happens here, as in the engine)."""
+        cfg: TrtllmConfig = self.config
+        chunking = cfg.context_chunking_policy if cfg.enable_chunked_prefill else None
+        if chunking is not None and not self._checked_unit:
+            if cfg.num_tokens < sched.kv_cache.block_size:
+                # FCFS chunks round down to tokens_per_block: a prompt longer than the budget
+                # would get chunks of 0 forever.
+                raise ValueError(
+                    f"max_num_tokens ({cfg.num_tokens}) is smaller than tokens_per_block "
+                    f"({sched.kv_cache.block_size}) with chunked prefill: chunks are multiples of tokens_per_block"
+                )
+            self._checked_unit = True
+        self._fetch(sched)
+        is_generation = self._is_generation
+        paused: list[Request] = []
+        if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
+            fitting, paused = max_utilization(
+                sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
+                lambda request: self._pause(sched, request), self._slots,
+            )  # fmt: skip
+        else:
+            static = cfg.capacity_scheduler_policy == STATIC_BATCH
+            fitting = guaranteed_no_evict(
+                sched,
+                self._active,
+                is_generation,
+                cfg.batch_size,
+                static,
+                cfg.enable_block_reuse,
+                self._slots,
+            )
+        if self._overlap:
+            # GENERATION_TO_COMPLETE: kept by the capacity scheduler (its slot and blocks
+            # counted), skipped by the micro-batch scheduler.
+            fitting = [r for r in fitting if not to_complete(r)]
+        batch = micro_batch(
+            fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, sched.kv_cache.block_size,
+            1 + self._num_drafts,
+        )  # fmt: skip
+        return _Plan(batch, list(paused))
+
+    # ---- attention-DP balancing: the group's two passes (cluster/adp_stage.py) ----------------
+    def plan_step(self, sched: Scheduler) -> StepCounts:
+        """The first pass: this step's batch planned (and kept for ``schedule``); its context and
+        generation counts, what ``_balance_adp_requests`` all-gathers."""
+        self._planned = self._plan(sched)
+        return StepCounts(len(self._planned.batch.contexts), len(self._planned.batch.generations))
+
+    def hold_contexts(self) -> None:
+        """The group held contexts this step: ``schedule`` runs the planned batch without them."""
+        self._hold_contexts = True
 
     def _fetch(self, sched: Scheduler) -> None:
         """``_fetch_new_requests``: FCFS from the waiting queue until ``max_batch_size`` are active."""

@@ -14,6 +14,8 @@ Where each comes from (``tensorrt_llm/llmapi/llm_args.py`` and ``tensorrt_llm/co
 - ``enable_block_reuse`` True: ``KvCacheConfig`` (``kv_cache_config.enable_block_reuse``).
 - ``disable_overlap_scheduler`` False: ``TorchLlmArgs``; unset here means the engine's choice
   (``trtllm_overlap.overlap_default``), resolved by ``TrtllmPolicy.default_config``.
+- ``attention_dp_config`` (``TorchLlmArgs``, an ``AttentionDpConfig``): ``enable_balance`` False,
+  ``timeout_iters`` 50, ``batching_wait_iters`` 10, here ``attention_dp_*`` (``trtllm_adp.py``).
 
 ``kv_cache_config.tokens_per_block`` (32) is the engine-wide ``block_size`` flag and
 ``kv_cache_config.free_gpu_memory_fraction`` (0.9) is ``gpu_memory_utilization``, applied as
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tailserve.executors.simulated.spec_decode import SpecDecoding, resolve_acceptance_rates
+from tailserve.policies.trtllm_adp import DEFAULT_BATCHING_WAIT_ITERS, DEFAULT_TIMEOUT_ITERS
 
 GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
 MAX_UTILIZATION = "MAX_UTILIZATION"
@@ -88,6 +91,13 @@ class TrtllmConfig:
     # tokens are known; false schedules step N+1 while step N runs (trtllm_overlap.py). none: as
     # TensorRT-LLM 1.2 decides, overlap on on a GPU (off here with draft tokens: not modelled)
     disable_overlap_scheduler: bool | None = field(default=None, metadata=_WHEN_SET)
+    # attention_dp_config.enable_balance: with attention DP, new contexts wait until every rank
+    # has one (policies/trtllm_adp.py); no effect on a single engine
+    attention_dp_enable_balance: bool = field(default=False, metadata=_WHEN_SET)
+    # attention_dp_config.timeout_iters: steps contexts wait for every rank to have one
+    attention_dp_timeout_iters: int = field(default=DEFAULT_TIMEOUT_ITERS, metadata=_WHEN_SET)
+    # attention_dp_config.batching_wait_iters: steps contexts then wait while every rank decodes
+    attention_dp_batching_wait_iters: int = field(default=DEFAULT_BATCHING_WAIT_ITERS, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -95,6 +105,12 @@ class TrtllmConfig:
         if self.max_num_tokens is not None and self.max_num_tokens < 1:
             raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
         self._check_speculative()
+        if self.attention_dp_enable_balance:  # AttentionDpConfig's validator checks them only then
+            for name in ("attention_dp_timeout_iters", "attention_dp_batching_wait_iters"):
+                if getattr(self, name) < 0:
+                    raise ValueError(
+                        f"{name} must be >= 0 with attention_dp_enable_balance, got {getattr(self, name)}"
+                    )
         self._check_cuda_graphs()
         if self.disable_overlap_scheduler is False and self.num_draft_tokens:
             raise ValueError(

@@ -143,7 +143,7 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     ``--extra_llm_api_options FILE``) and, written just before it, the YAML file of the LLM-API
     fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config``,
     ``kv_cache_config``, and when set ``speculative_config``, ``cuda_graph_config``,
-    ``disable_overlap_scheduler``), in YAML's
+    ``attention_dp_config``, ``disable_overlap_scheduler``), in YAML's
     one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
     kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
@@ -170,6 +170,16 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         elif config.cuda_graph_max_batch_size:
             graphs.append(f"max_batch_size: {config.cuda_graph_max_batch_size}")
         extra += f", cuda_graph_config: {{{', '.join(graphs)}}}"
+    # tailserve's DP engine of TP-1 ranks is enable_attention_dp over tp_size = the ranks
+    # (engines/translate.py _attention_dp reads it back so).
+    attention_dp = deployment.dp > 1 and deployment.tp == 1
+    if attention_dp:
+        extra += ", enable_attention_dp: true"
+    if config.attention_dp_enable_balance:
+        extra += (
+            f", attention_dp_config: {{enable_balance: true, timeout_iters: {config.attention_dp_timeout_iters}, "
+            f"batching_wait_iters: {config.attention_dp_batching_wait_iters}}}"
+        )
     if spec.flags.get("disable_overlap_scheduler"):  # asked for (its default, false, overlaps)
         extra += ", disable_overlap_scheduler: true"
     yaml = (
@@ -177,10 +187,11 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}{extra}}}"
     )
     parts = [f"echo '{yaml}' > trtllm-options.yaml &&", "trtllm-serve", model]
-    if deployment.tp > 1:
-        parts.append(f"--tp_size {deployment.tp}")
+    tp_size = deployment.dp if attention_dp else deployment.tp
+    if tp_size > 1:
+        parts.append(f"--tp_size {tp_size}")
     if deployment.expert_parallel:
-        parts.append(f"--ep_size {deployment.tp}")
+        parts.append(f"--ep_size {tp_size}")
     parts += [f"--max_batch_size {config.batch_size}", f"--max_num_tokens {config.num_tokens}"]
     if "gpu_memory_utilization" in spec.engine_flags:
         parts.append(f"--kv_cache_free_gpu_memory_fraction {spec.engine_flags['gpu_memory_utilization']:g}")
