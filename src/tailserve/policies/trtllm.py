@@ -104,6 +104,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.spec import KVSpec
@@ -169,8 +170,8 @@ class TrtllmPolicy(Policy, FastPaths):
         return config.num_tokens
 
     @classmethod
-    def draft_kv_layers(cls, config: TrtllmConfig) -> int:
-        return config.draft_kv_layers
+    def drafter_memory(cls, config: TrtllmConfig) -> DrafterMemory | None:
+        return config.drafter_memory()
 
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_block_reuse else "paged")

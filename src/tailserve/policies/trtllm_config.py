@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.spec_decode import SpecDecoding, resolve_acceptance_rates
 
 GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
@@ -176,13 +177,42 @@ class TrtllmConfig:
         rates = resolve_acceptance_rates(k, self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
         return SpecDecoding(DECODING_TYPES[self.decoding_type], k, rates)
 
-    @property
-    def draft_kv_layers(self) -> int:
-        """Draft layers whose KV the pool holds beside the target's (``get_num_spec_layers``:
-        MTP's ``num_nextn_predict_layers``, EAGLE-3's one layer)."""
+    def drafter_memory(self) -> DrafterMemory | None:
+        """The one-model drafter's weights and KV layers, both inside the target's engine, so
+        loaded before ``KvCacheCreator`` profiles the peak memory the pool is sized from
+        (``kv_capacity.py``). Read in TensorRT-LLM's 1.2 line (``_torch/models/``,
+        ``_torch/speculative/``):
+
+        - MTP: ``MTPDecodingConfig`` (``mtp_eagle_one_model`` True, ``use_mtp_vanilla`` False)
+          is ``MTP_EAGLE_ONE_MODEL`` for a checkpoint with one MTP module (DeepSeek-V3/R1's
+          ``num_nextn_predict_layers`` = 1), and ``MTPForCausalLM``
+          (``modeling_speculative.py``) then builds one ``DeepseekV3MTP`` (``mtp_num_layers = 1
+          if is_mtp_eagle_one_model()``), run once per draft: one decoder layer (an MoE layer:
+          its index is past the dense ones) plus its ``eh_proj``, embedding and LM head shared
+          with the target. Its KV, though, is sized for ``get_num_spec_layers`` =
+          ``num_nextn_predict_layers`` (the draft count) layers (``speculative/utils.py``;
+          later versions count one layer for MTP-Eagle). Vanilla MTP (one module per draft) is
+          not modelled.
+        - Eagle3: ``SpecDecOneEngineForCausalLM`` loads the EAGLE-3 draft model
+          (``Eagle3ForCausalLM``, one decoder layer) inside the target; ``get_num_spec_layers``:
+          its one layer of KV.
+        """
         if self.decoding_type == "MTP":
-            return self.num_draft_tokens
-        return 1 if self.decoding_type == "Eagle3" else 0
+            return DrafterMemory(
+                1,
+                self.num_draft_tokens,
+                mtp_projection=True,
+                source="tensorrt_llm/_torch/models/modeling_speculative.py MTPForCausalLM, "
+                "_torch/speculative/utils.py get_num_spec_layers (1.2)",
+            )
+        if self.decoding_type == "Eagle3":
+            return DrafterMemory(
+                1,
+                1,
+                source="tensorrt_llm/_torch/models/modeling_speculative.py get_draft_model, "
+                "_torch/speculative/utils.py get_num_spec_layers (1.2)",
+            )
+        return None
 
     def captured_batch_sizes(self) -> tuple[int, ...]:
         """The CUDA-graph batch sizes (ascending): given, or generated as TensorRT-LLM 1.2 does
