@@ -82,7 +82,7 @@ class TrtllmConfig:
     cuda_graph_padding_enabled: bool = field(default=False, metadata=_WHEN_SET)
     # cuda_graph_config.batch_sizes: the captured batch sizes (whole numbers); none: generated
     # from cuda_graph_max_batch_size as TensorRT-LLM 1.2 generates them
-    cuda_graph_batch_sizes: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
+    cuda_graph_batch_sizes: tuple[int, ...] | None = field(default=None, metadata=_WHEN_SET)
     # cuda_graph_config.max_batch_size: the largest captured batch (0: 128, or max(batch_sizes))
     cuda_graph_max_batch_size: int = field(default=0, metadata=_WHEN_SET)
     # disable_overlap_scheduler (TorchLlmArgs): true schedules each step after the previous one's
