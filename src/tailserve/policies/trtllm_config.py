@@ -87,7 +87,7 @@ class TrtllmConfig:
     cuda_graph_max_batch_size: int = field(default=0, metadata=_WHEN_SET)
     # disable_overlap_scheduler (TorchLlmArgs): true schedules each step after the previous one's
     # tokens are known; false schedules step N+1 while step N runs (trtllm_overlap.py). none: as
-    # TensorRT-LLM 1.2 decides, overlap on on a GPU (off here with draft tokens: not modelled)
+    # TensorRT-LLM 1.2 decides, overlap on on a GPU (MTP and Eagle3 drafts keep it)
     disable_overlap_scheduler: bool | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
@@ -97,11 +97,6 @@ class TrtllmConfig:
             raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
         self._check_speculative()
         self._check_cuda_graphs()
-        if self.disable_overlap_scheduler is False and self.num_draft_tokens:
-            raise ValueError(
-                "disable_overlap_scheduler=false with decoding_type: the overlap scheduler with draft "
-                "tokens is not modelled (set disable_overlap_scheduler=true or leave it unset)"
-            )
 
     def _check_speculative(self) -> None:
         given = [
