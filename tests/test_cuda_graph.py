@@ -116,3 +116,22 @@ def test_attention_dp_ranks_replay_one_padded_size():
 def test_drafts_in_an_attention_dp_engine_are_refused():
     with pytest.raises(ValueError, match="speculative decoding in a data-parallel MoE engine"):
         _dp_run({"decoding_type": "MTP", "synthetic_acceptance_length": "1.5"})
+
+
+def test_the_real_time_executor_prices_a_generation_only_step_padded():
+    # serve --executor sim with trtllm's padding: the real-time executor's step is the padded
+    # price (8 for 5 decodes), as the virtual-time one's; unpadded without the flag.
+    from tailserve.assemble import BuildOptions, build_engine
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.executors.simulated.realtime import RealtimeSimExecutor
+
+    built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
+    flags = "trtllm:cuda_graph_padding_enabled=true:cuda_graph_batch_sizes=1/2/4/8"
+    padded = build_engine(built, flags, "realtime-sim", BuildOptions(vocab_size=100)).executor
+    plain = build_engine(built, "trtllm", "realtime-sim", BuildOptions(vocab_size=100)).executor
+    assert isinstance(padded, RealtimeSimExecutor) and isinstance(plain, RealtimeSimExecutor)
+    cost = padded.cost_model
+    decodes = SchedulerOutput([_decode(str(i), 100) for i in range(5)])
+    kv = 5 * 101
+    assert padded.execute(decodes).duration == cost._iteration_time(8, 8, 0, 0, kv, 0, 8)
+    assert plain.execute(decodes).duration == cost._iteration_time(5, 5, 0, 0, kv, 0, 5)

@@ -61,8 +61,13 @@ SPECS = [
     # without the overlap scheduler (on by default on a GPU: trtllm_overlap.py)
     "trtllm:disable_overlap_scheduler=true:capacity_scheduler_policy=MAX_UTILIZATION",
     "trtllm:disable_overlap_scheduler=true:enable_chunked_prefill=true:max_num_tokens=256",
-    # draft tokens (MTP, EAGLE-3) and CUDA-graph padding (its decode runs priced padded)
+    # draft tokens (MTP, EAGLE-3) and CUDA-graph padding (its decode runs priced padded); drafts
+    # keep the overlap scheduler on by default: the synchronous ones say so
     "trtllm:decoding_type=MTP:num_nextn_predict_layers=3:synthetic_acceptance_length=2.5",
+    "trtllm:disable_overlap_scheduler=true:decoding_type=MTP:num_nextn_predict_layers=3:synthetic_acceptance_length=2.5",
+    "trtllm:disable_overlap_scheduler=true:decoding_type=Eagle3:max_draft_len=2:synthetic_acceptance_rates=0.8/0.5:capacity_scheduler_policy=MAX_UTILIZATION:max_num_tokens=600",
+    # overlap + drafts under KV pressure: the in-flight draft slots reserved to completion
+    "trtllm:decoding_type=MTP:num_nextn_predict_layers=3:synthetic_acceptance_rates=0.9/0.6/0.3:max_batch_size=64",
     "trtllm:decoding_type=Eagle3:max_draft_len=2:synthetic_acceptance_rates=0.8/0.5:capacity_scheduler_policy=MAX_UTILIZATION:max_num_tokens=600",
     "trtllm:cuda_graph_padding_enabled=true:cuda_graph_max_batch_size=64",
     "trtllm:cuda_graph_padding_enabled=true:decoding_type=MTP:synthetic_acceptance_length=1.7:enable_chunked_prefill=true:max_num_tokens=256",

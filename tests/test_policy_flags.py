@@ -320,3 +320,14 @@ def test_the_command_line_is_parsed_once():
             ):
                 calls.append(f"{path.name}: {node.attr}")
     assert calls == ["app.py: parse_known_args"]
+
+
+def test_a_list_flag_shows_the_kind_of_its_items(capsys):
+    # cuda_graph_batch_sizes holds whole batch sizes: INT,..., not FLOAT,...; rates stay floats.
+    out = " ".join(_help("simulate", capsys).split())
+    assert "--cuda-graph-batch-sizes INT,...|none" in out
+    assert "--synthetic-acceptance-rates FLOAT,...|none" in out
+    assert convert("128,256", tuple[int, ...] | None) == (128, 256)
+    assert convert("8.0/16", tuple[int, ...]) == (8, 16)
+    with pytest.raises(ValueError, match="is not a list of whole numbers"):
+        convert("1,2.5", tuple[int, ...])

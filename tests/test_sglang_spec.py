@@ -318,6 +318,7 @@ def test_the_draft_layer_shares_the_gpu_memory_and_the_kv_pool():
     more layer's KV (1/61 more on DeepSeek-V3)."""
     from tailserve.assemble.simulated import policy_kv_capacity
     from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.executors.simulated.drafter_memory import DrafterMemory
     from tailserve.executors.simulated.kv_capacity import kv_capacity
     from tailserve.executors.simulated.spec_decode import draft_layer_weight_bytes
     from tailserve.policies.registry import parse_policy_list
@@ -338,10 +339,10 @@ def test_the_draft_layer_shares_the_gpu_memory_and_the_kv_pool():
     assert drafted.kv_bytes_per_token == per_token + per_token // model.num_layers
     expected = kv_capacity(
         model, cost.hardware, 8, 0.83, 1, 8192, 48, 1,
-        draft_weight_bytes=layer, draft_kv_bytes_per_token=per_token // model.num_layers
+        drafter=DrafterMemory(1, 1)
     )
     assert drafted.num_blocks == expected.num_blocks < plain.num_blocks
-    assert SglangPolicy.pooled_drafter(SglangConfig()) is None
+    assert SglangPolicy.drafter_memory(SglangConfig()) is None
 
 
 def test_the_realtime_executor_refuses_speculative_decoding_in_one_line():

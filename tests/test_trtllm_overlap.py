@@ -54,6 +54,37 @@ def _run(
     return engine, executor
 
 
+@dataclass
+class AcceptingExecutor(FixedExecutor):
+    """``FixedExecutor`` whose verifications accept every draft."""
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        result = super().execute(out)
+        result.num_accepted = {
+            s.request.request_id: s.num_spec_tokens for s in out.scheduled if s.num_spec_tokens
+        }
+        return result
+
+
+def _run_drafts(
+    request: Request | list[Request], overlap: bool, num_blocks: int = 64, block_size: int = 4
+) -> tuple[Engine, AcceptingExecutor]:
+    """Two MTP drafts, every one accepted: a generation step commits 3 tokens."""
+    config = TrtllmConfig(
+        disable_overlap_scheduler=not overlap, decoding_type="MTP", num_nextn_predict_layers=2,
+        synthetic_acceptance_length=3.0,
+    )  # fmt: skip
+    executor = AcceptingExecutor()
+    engine = Engine(
+        Scheduler(TrtllmPolicy(config), KVCacheManager(num_blocks, block_size), 1024),
+        executor,
+        ListSource(request if isinstance(request, list) else [request]),
+        options=EngineOptions(check_integrity=True),
+    )
+    engine.run()
+    return engine, executor
+
+
 def _steps_of(executor: FixedExecutor, rid: str) -> list[int]:
     return [i for i, step in enumerate(executor.steps) if any(r == rid for r, _ in step)]
 
@@ -134,10 +165,10 @@ def test_overlap_is_tensorrt_llms_default_on_a_gpu_and_says_so():
     assert len(note) == 1 and note[0].startswith("overlap scheduler on: TensorRT-LLM 1.2's default")
     assert "py_executor.py@5f480b7a" in note[0]
     assert not TrtllmPolicy(TrtllmPolicy.default_config(cpu, 8192)).async_scheduling()
-    # With draft tokens tailserve leaves it off (not modelled) and says why.
+    # MTP / Eagle3 one-model drafts keep it (support_overlap_scheduler), and the note says so.
     mtp = TrtllmPolicy.default_config(H100, 8192, decoding_type="MTP", synthetic_acceptance_length=1.5)
-    assert mtp.disable_overlap_scheduler is True
-    assert "not model overlap with draft tokens" in TrtllmPolicy.default_notes(H100, mtp, {})[0]
+    assert mtp.disable_overlap_scheduler is False and TrtllmPolicy(mtp).async_scheduling()
+    assert "kept with MTP/Eagle3 one-model drafts" in TrtllmPolicy.default_notes(H100, mtp, {})[0]
     # An explicit value wins and says nothing; a hand-made config has no overlap.
     for flag in (True, False):
         config = TrtllmPolicy.default_config(H100, 8192, disable_overlap_scheduler=flag)
@@ -147,18 +178,6 @@ def test_overlap_is_tensorrt_llms_default_on_a_gpu_and_says_so():
 
 
 def test_the_flag_errors_are_one_line():
-    with pytest.raises(ValueError) as error:
-        spec = PolicySpec.make(
-            "trtllm",
-            {
-                "disable_overlap_scheduler": "false",
-                "decoding_type": "MTP",
-                "synthetic_acceptance_length": "1.5",
-            },
-        )
-        TrtllmPolicy.default_config(H100, 8192, **spec.flags)
-    assert "disable_overlap_scheduler=false with decoding_type" in str(error.value)
-    assert "\n" not in str(error.value)
     built = Deployment("Llama-3-8B", "H100-SXM", 1)
     with pytest.raises(ValueError) as error:
         build_engine(
@@ -211,3 +230,45 @@ def test_overlap_runs_fast_forwarded_equal_stepped_runs(monkeypatch):
         runs.append(([r.token_times for r in run.requests], run.log.num_decode_tokens))
     assert runs[0] == runs[1]
     assert sum(skipped) > len(runs[0][1]) // 2
+
+
+def test_drafts_accepted_a_step_late_can_cost_one_dropped_step():
+    """MTP with overlap (TensorRT-LLM 1.2's default): a step's accepted drafts are known when the
+    next step is already launched, and ``willCompleteNextIteration`` assumes one token per step.
+    Prompt 4, max_tokens 7, two drafts all accepted. Without overlap: context (1 token), then two
+    steps of 3 (4, 7: done). With overlap step 3 is scheduled while step 2, which yields tokens
+    5-7, runs: tokens known then are 4 (4 + 1 < 7), so it runs and its output is dropped."""
+    sync, sync_exec = _run_drafts(Request("a", 4, 7, 0.0), overlap=False)
+    over, over_exec = _run_drafts(Request("a", 4, 7, 0.0), overlap=True)
+    assert sync_exec.steps == [[("a", 4)], [("a", 3)], [("a", 3)]]
+    assert over_exec.steps == [[("a", 4)], [("a", 3)], [("a", 3)], [("a", 3)]]
+    (a_sync,), (a_over,) = sync.requests, over.requests
+    assert a_sync.num_output_tokens == a_over.num_output_tokens == 7
+    # Tokens: 1 at each step's end, 3 per generation step; overlapped steps end every 1.0 s
+    # after the first (host hidden), so tokens 5-7 come at 3.25, not 3.75.
+    assert a_sync.token_times == pytest.approx([1.25] + [2.5] * 3 + [3.75] * 3)
+    assert a_over.token_times == pytest.approx([1.25] + [2.25] * 3 + [3.25] * 3)
+    assert a_over.status.name == "FINISHED_LENGTH"
+
+
+def test_a_finish_by_one_token_is_foreseen_with_drafts():
+    """max_tokens 5: after step 2 is launched 4 tokens are known (1 + 3), and 4 + 1 >= 5 marks
+    the request GENERATION_TO_COMPLETE: step 3 is not scheduled; step 2 commits 1 of its 3."""
+    over, over_exec = _run_drafts(Request("a", 4, 5, 0.0), overlap=True)
+    assert over_exec.steps == [[("a", 4)], [("a", 3)], [("a", 3)]]
+    (a,) = over.requests
+    assert a.num_output_tokens == 5 and a.token_times == pytest.approx([1.25, 2.25, 2.25, 2.25, 3.25])
+
+
+def test_the_reservation_holds_the_unrewound_drafts_of_the_step_in_flight():
+    """Block size 1, two requests of prompt 4, max_tokens 6, two drafts (one extra slot). A
+    generation step scheduled while the previous one runs takes its 1 + 2 slots past that step's
+    2 drafts, not yet rewound: the last step of each allocates 10 + 1 + 3 = 14 slots, one past
+    prompt + max_tokens + extra + drafts = 13. The reservation to completion counts the step in
+    flight's drafts too (15 each), so with 27 blocks the second request waits for the first
+    instead of running out of blocks mid-step (26 <= 27 would admit both, then need 28)."""
+    requests = [Request("a", 4, 6, 0.0), Request("b", 4, 6, 0.0)]
+    engine, executor = _run_drafts(requests, overlap=True, num_blocks=27, block_size=1)
+    assert all(r.status.name == "FINISHED_LENGTH" and r.num_output_tokens == 6 for r in engine.requests)
+    assert executor.steps[0] == [("a", 4)]  # b's 15 blocks do not fit beside a's
+    assert min(_steps_of(executor, "b")) > max(_steps_of(executor, "a"))

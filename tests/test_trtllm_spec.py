@@ -112,15 +112,15 @@ def test_one_step_blocks_count_the_extra_slots_one_token_and_the_drafts():
 
 def test_mtp_defaults_to_one_draft_and_eagle3_uses_max_draft_len():
     mtp = TrtllmPolicy.default_config(H100, 4096, decoding_type="MTP", synthetic_acceptance_length=1.5)
-    assert mtp.num_draft_tokens == 1 and mtp.draft_kv_layers == 1
+    assert mtp.num_draft_tokens == 1 and mtp.drafter_memory().kv_layers == 1
     eagle = TrtllmPolicy.default_config(
         H100, 4096, decoding_type="Eagle3", max_draft_len=4, synthetic_acceptance_length=2.0
     )
     spec = eagle.speculative_decoding()
     assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("eagle3", 4)
-    assert eagle.draft_kv_layers == 1
+    assert eagle.drafter_memory().kv_layers == 1
     three = TrtllmPolicy.default_config(H100, 4096, **PolicySpec.make("trtllm", MTP3).flags)
-    assert three.num_draft_tokens == 3 and three.draft_kv_layers == 3
+    assert three.num_draft_tokens == 3 and three.drafter_memory().kv_layers == 3
 
 
 @pytest.mark.parametrize(

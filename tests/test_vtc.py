@@ -205,7 +205,7 @@ def _recording_inner() -> Policy:
 
     body = {name: recorder(name) for name in policy_hooks()}
     body |= {"name": "recorder", "summary": "", "config_cls": object, "calls": calls}
-    for name in ("default_config", "default_notes", "profile_tokens", "pooled_drafter"):
+    for name in ("default_config", "default_notes", "profile_tokens", "drafter_memory"):
         body[name] = classmethod(recorder(name))
     recording = type("Recording", (Policy, FastPaths), body)
     return recording(None)

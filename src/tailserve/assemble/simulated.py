@@ -8,7 +8,6 @@ from typing import Any
 from tailserve.assemble.scheduler import SchedulerParts, build_scheduler
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
-from tailserve.executors.simulated.spec_decode import draft_layer_model, draft_layer_weight_bytes
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
 
@@ -16,15 +15,11 @@ def policy_kv_capacity(
     cost_model: CostModel, spec: PolicySpec, config: Any, max_model_len: int
 ) -> KVCapacity:
     """KV blocks a policy's engine gets on the simulated deployment (its block size and memory
-    fraction, activation reserve for its largest batch); ValueError, with vLLM's message, when
+    fraction, activation reserve for its largest batch, its drafter's weights and KV layers:
+    ``Policy.drafter_memory``); ValueError, with vLLM's message, when
     one full-length sequence would not fit."""
     cls = get_policy_cls(spec.name)
     model, hardware = cost_model.model, cost_model.hardware
-    draft_weights, draft_kv = 0.0, 0
-    if cls.pooled_drafter(config) is not None:
-        draft = draft_layer_model(model)
-        draft_weights = draft_layer_weight_bytes(model, cost_model.tp, cost_model.dp)
-        draft_kv = draft.kv_bytes_per_token(cost_model.tp)
     capacity = kv_capacity(
         model,
         hardware,
@@ -36,9 +31,7 @@ def policy_kv_capacity(
         getattr(config, "max_num_seqs", None) or getattr(config, "max_running_requests", None) or 0,
         cost_model.dp,
         of_free_memory=cls.memory_fraction_of_free,
-        draft_kv_layers=cls.draft_kv_layers(config),
-        draft_weight_bytes=draft_weights,
-        draft_kv_bytes_per_token=draft_kv,
+        drafter=cls.drafter_memory(config),
     )
     if capacity.num_tokens < max_model_len:
         raise ValueError(

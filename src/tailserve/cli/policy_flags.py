@@ -37,8 +37,8 @@ from tailserve.core.config_flags import (
     field_choices,
     field_kinds,
     is_bool,
-    is_float_tuple,
     kind_name,
+    number_tuple_item,
 )
 
 DEST = "policy_flag:"  # the namespace attribute of a policy flag is DEST + its field name
@@ -179,8 +179,8 @@ def _metavar(kind: Any, choices: Any) -> str | None:
     text = (
         "{" + ",".join(map(str, choices)) + "}"
         if choices
-        else "FLOAT,..."
-        if is_float_tuple(inner)
+        else {int: "INT", float: "FLOAT"}[item] + ",..."
+        if (item := number_tuple_item(inner)) is not None
         else {int: "INT", float: "FLOAT"}.get(inner, "TEXT")
     )
     return f"{text}|none" if optional else text

@@ -69,8 +69,17 @@ def choices_of(kind: Any) -> tuple[Any, ...] | None:
 
 def is_float_tuple(kind: Any) -> bool:
     """``tuple[float, ...]`` (after ``| None``)."""
+    return number_tuple_item(kind) is float
+
+
+def number_tuple_item(kind: Any) -> type | None:
+    """``float`` for ``tuple[float, ...]``, ``int`` for ``tuple[int, ...]`` (after ``| None``);
+    None for any other kind."""
     kind, _ = base_kind(kind)
-    return typing.get_origin(kind) is tuple and typing.get_args(kind) == (float, Ellipsis)
+    if typing.get_origin(kind) is not tuple:
+        return None
+    args = typing.get_args(kind)
+    return args[0] if len(args) == 2 and args[1] is Ellipsis and args[0] in (int, float) else None
 
 
 def kind_name(kind: Any) -> str:
@@ -79,9 +88,19 @@ def kind_name(kind: Any) -> str:
     choices = choices_of(inner)
     if is_float_tuple(inner):
         name = "floats (0.8,0.5 or 0.8/0.5)"
+    elif number_tuple_item(inner) is int:
+        name = "whole numbers (1,2,4 or 1/2/4)"
     else:
         name = f"one of {', '.join(map(str, choices))}" if choices else getattr(inner, "__name__", str(inner))
     return f"{name} or none" if optional else name
+
+
+def _whole(text: str) -> int:
+    """An int from ``8`` or ``8.0`` (a count written as a float); ValueError for ``2.5``."""
+    number = float(text)
+    if not number.is_integer():
+        raise ValueError(text)
+    return int(number)
 
 
 def is_bool(kind: Any) -> bool:
@@ -97,12 +116,14 @@ def convert(text: Any, kind: Any, choices: tuple[Any, ...] | None = None) -> Any
     inner, optional = base_kind(kind)
     if optional and text.strip().lower() in NONE_WORDS:
         return None
-    if is_float_tuple(inner):
+    item = number_tuple_item(inner)
+    if item is not None:
         parts = text.strip().strip("[]()").replace(",", " ").replace("/", " ").split()
         try:
-            return tuple(float(part) for part in parts)
+            return tuple(float(part) for part in parts) if item is float else tuple(_whole(p) for p in parts)
         except ValueError:
-            raise ValueError(f"{text!r} is not a list of floats") from None
+            kind_text = "floats" if item is float else "whole numbers"
+            raise ValueError(f"{text!r} is not a list of {kind_text}") from None
     choices = choices or choices_of(inner)
     if choices is not None:
         for choice in choices:

@@ -26,7 +26,7 @@ what it asks):
   and drawn by the simulated executor).
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
   ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``,
-  ``pooled_drafter`` (a drafter whose weights and KV share the pool), ``admits_fcfs`` (whether
+  ``drafter_memory`` (a drafter's weights and KV layers that share the pool), ``admits_fcfs`` (whether
   ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
@@ -81,11 +81,12 @@ class Policy(ABC):
         return []
 
     @classmethod
-    def pooled_drafter(cls, config: Any) -> Any:
-        """The speculative drafter whose weights and KV the engine loads beside the target's
-        before it sizes its KV pool (a ``spec_decode.SpecDecoding`` whose drafter runs on the
-        GPU; the simulated KV capacity subtracts one draft layer's weights and adds its KV per
-        token); None without, or where the policy does not count it (the default)."""
+    def drafter_memory(cls, config: Any) -> Any:
+        """What the engine's speculative drafter takes from the KV pool, the one hook for every
+        engine: a ``executors/simulated/drafter_memory.DrafterMemory`` (draft weight layers
+        loaded before the pool is sized, draft KV layers every token holds, where the engine
+        does it) that the simulated KV capacity resolves against the deployment (``kv_capacity``);
+        None without a drafter on the GPU, or where the policy does not count it (the default)."""
         return None
 
     @classmethod
@@ -94,12 +95,6 @@ class Policy(ABC):
         whole ``max_model_len`` sequence unless the policy says otherwise (vLLM profiles
         ``max_num_batched_tokens``)."""
         return max_model_len
-
-    @classmethod
-    def draft_kv_layers(cls, config: Any) -> int:
-        """Layers of a drafter run inside the target whose KV the engine sizes its pool with
-        (TensorRT-LLM's MTP / EAGLE-3: ``kv_capacity.py``); 0 where not counted."""
-        return 0
 
     def kv_spec(self) -> KVSpec:
         """The KV cache this configuration needs (plain paged blocks by default)."""

@@ -190,9 +190,7 @@ class FairPolicy(Policy, FastPaths):
         "before any policy exists; the wrapped policy's class answers it",
         "default_notes": "a classmethod asked of the registry's class with default_config "
         "(assemble/scheduler.py) before any policy exists; the wrapped policy's class answers it",
-        "pooled_drafter": "a classmethod asked of the registry's class (assemble/simulated.py) "
-        "before any policy exists; the wrapped policy's class answers it",
-        "draft_kv_layers": "a classmethod asked of the registry's class (assemble/simulated.py) "
+        "drafter_memory": "a classmethod asked of the registry's class (assemble/simulated.py) "
         "before any policy exists; the wrapped policy's class answers it",
         "chunk_run_budget": "the chunked-prefill fast path runs iterations without asking the "
         "policy, so VTC's charges would be skipped: it stays off (None)",

@@ -89,7 +89,7 @@ start of the next iteration (nothing touches the tree in between, except finishe
 ``sglang_spec.py``): a decode verifies steps + 1 tokens and makes each request hold 2 x (steps +
 1) slots past its committed tokens, which ``decode_fits`` (and so retraction) asks for too; 1 +
 the accepted drafts become outputs (``Scheduler.update``); the running cap defaults to 48; the
-draft layer's weights and KV come off the pool (``pooled_drafter``); the fast paths are off.
+draft layer's weights and KV come off the pool (``drafter_memory``); the fast paths are off.
 
 **Overlap scheduler** (``disable_overlap_schedule``, SGLang's default on; ``sglang_overlap.py``):
 each step is built while the previous one runs (the engine's async path, the scheduler's advanced
@@ -122,6 +122,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths, LoneChunkRun
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.prefix import PrefixMatch
@@ -250,7 +251,7 @@ class SglangPolicy(Policy, FastPaths):
         return notes
 
     @classmethod
-    def pooled_drafter(cls, config: SglangConfig) -> SpecDecoding | None:
+    def drafter_memory(cls, config: SglangConfig) -> DrafterMemory | None:
         """EAGLE / EAGLE3 / NEXTN load their draft layer before the KV pool is sized and give it
         a KV pool of the same tokens: ``kv_cache_configurator.py:3042`` ("Loaded weights (target +
         draft)"), ``pool_configurator.py:259-314`` (cell size x (1 + draft layers / layers))."""
@@ -260,7 +261,11 @@ class SglangPolicy(Policy, FastPaths):
             config.synthetic_acceptance_rates,
             config.synthetic_acceptance_length,
         )
-        return spec.spec if spec is not None and spec.spec.drafter_on_gpu else None
+        if spec is None or not spec.spec.drafter_on_gpu:
+            return None
+        return DrafterMemory(
+            1, 1, source="sglang kv_cache_configurator.py:3042, pool_configurator.py:259-314@v0.5.23"
+        )
 
     @classmethod
     def profile_tokens(cls, config: SglangConfig, max_model_len: int) -> int:

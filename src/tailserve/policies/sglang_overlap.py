@@ -43,7 +43,11 @@ Read in SGLang 0.5.23 (``sglang/srt/``):
   default False).
 - **Speculative decoding** (EAGLE / EAGLE3 / NEXTN) runs with overlap by default in SGLang 0.5.23
   ("spec v2": ``speculative_hook.py:1098-1101`` warns only when overlap is off, when it uses the
-  synchronous v2 worker). Not modelled: tailserve simulates SGLang's speculative decoding
+  synchronous v2 worker). Its KV reserve is the overlapped one in both modes: 2 x the slots a
+  decode may take, "a double-buffer that absorbs the kv_committed_len lag in overlap mode"
+  (``mem_cache/allocation_sizing.py:64-70``), which ``sglang_spec.py``'s ``decode_reserve``
+  holds. Not modelled: the one-step lag itself (a verify's accepted tokens committed when the
+  next decode is already launched): tailserve simulates SGLang's speculative decoding
   synchronously (``overlap_default`` says so in the run's notes).
 """
 

@@ -64,15 +64,15 @@ engine's async loop (``async_scheduling``) with the scheduler's placeholder acco
 (``advance_scheduled``). A request whose step in flight yields its last token is
 ``GENERATION_TO_COMPLETE``: kept by the capacity scheduler, skipped by the micro-batch one
 (``to_complete``); its KV and active slot come back when that step's outputs are processed, a
-step late; a context's last-chunk blocks become reusable then too. On by default on a simulated
-GPU (a note says so), off with draft tokens (not modelled) and where the executor steps only
-synchronously.
+step late; a context's last-chunk blocks become reusable then too. With MTP / Eagle3 drafts
+(which keep it on) a step's accepted drafts, and the rewind of its rejected draft slots, are
+known a step late: the next step is scheduled on the optimistic count and takes its slots past
+the unrewound ones. On by default on a simulated GPU (a note says so), off where the executor
+steps only synchronously.
 
 Deviations (stated in ``notes`` where a flag is involved): partial-block reuse
 (``enable_partial_reuse``) is not modelled (reuse is whole blocks, at least one token computed);
-the overlap scheduler with draft tokens is not modelled (off: TensorRT-LLM 1.2 keeps it on for
-MTP and Eagle3 one-model), and under overlap a partial context chunk's blocks become reusable a
-step early (the engine stores them with the step's outputs); a paused request's prompt keeps all
+under overlap a partial context chunk's blocks become reusable a step early (the engine stores them with the step's outputs); a paused request's prompt keeps all
 its outputs (``pause`` caps it at
 ``max_input_len``); a paused request whose grown prompt passes ``max_num_tokens`` without chunking
 trips the engine's assertion, which fails the whole executor — here only that request is aborted.
@@ -111,6 +111,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.spec import KVSpec
@@ -153,7 +154,6 @@ class TrtllmPolicy(Policy, FastPaths):
         # Draft tokens each generation request verifies per step (py_draft_tokens: always
         # max_draft_len with a one-model drafter, _prepare_draft_requests); 0 without.
         self._num_drafts = self._spec.num_speculative_tokens if self._spec is not None else 0
-        self._slots = DraftSlots(self._num_drafts, config.num_extra_kv_tokens)
         self._graph = (
             CudaGraphPadding(config.captured_batch_sizes(), 1 + self._num_drafts)
             if config.cuda_graph_padding_enabled
@@ -166,6 +166,8 @@ class TrtllmPolicy(Policy, FastPaths):
         # whether its contexts wait; both used up by the next schedule.
         self._planned: _Plan | None = None
         self._hold_contexts = False
+        in_flight = self._num_drafts if self._overlap else 0
+        self._slots = DraftSlots(self._num_drafts, config.num_extra_kv_tokens, in_flight)
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TrtllmConfig:
@@ -189,8 +191,8 @@ class TrtllmPolicy(Policy, FastPaths):
         return config.num_tokens
 
     @classmethod
-    def draft_kv_layers(cls, config: TrtllmConfig) -> int:
-        return config.draft_kv_layers
+    def drafter_memory(cls, config: TrtllmConfig) -> DrafterMemory | None:
+        return config.drafter_memory()
 
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_block_reuse else "paged")

@@ -37,6 +37,10 @@ class DraftSlots:
 
     drafts: int = 0
     extra: int = 0
+    # Under the overlap scheduler, the draft slots of the step in flight: its rejected drafts are
+    # rewound only when its outputs are processed (update_resources in _process_previous_batch),
+    # after the next step took its own slots.
+    in_flight: int = 0
 
 
 NO_DRAFTS = DraftSlots()
@@ -48,9 +52,10 @@ def remaining_blocks(sched: Scheduler, request: Request, slots: DraftSlots = NO_
     outputs and its ``max_tokens`` shrunk by as many, so the total is the one it arrived with.
     With a drafter the total also holds its slots (``extra`` and the last step's ``drafts``): a
     deviation, the engine counts prompt + ``max_new_tokens`` only and leaves those slots to the
-    blocks nobody reserved; counting them keeps the no-evict guarantee."""
+    blocks nobody reserved; counting them keeps the no-evict guarantee (under overlap the step in
+    flight's unrewound drafts too, ``in_flight``)."""
     kv = sched.kv_cache
-    total = request.prompt_len + request.max_tokens + slots.extra + slots.drafts
+    total = request.prompt_len + request.max_tokens + slots.extra + slots.drafts + slots.in_flight
     return max(kv.blocks_for(total) - kv.num_held(request.request_id), 0)
 
 

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.spec_decode import SpecDecoding, resolve_acceptance_rates
 from tailserve.policies.trtllm_adp import DEFAULT_BATCHING_WAIT_ITERS, DEFAULT_TIMEOUT_ITERS
 
@@ -84,12 +85,12 @@ class TrtllmConfig:
     cuda_graph_padding_enabled: bool = field(default=False, metadata=_WHEN_SET)
     # cuda_graph_config.batch_sizes: the captured batch sizes (whole numbers); none: generated
     # from cuda_graph_max_batch_size as TensorRT-LLM 1.2 generates them
-    cuda_graph_batch_sizes: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
+    cuda_graph_batch_sizes: tuple[int, ...] | None = field(default=None, metadata=_WHEN_SET)
     # cuda_graph_config.max_batch_size: the largest captured batch (0: 128, or max(batch_sizes))
     cuda_graph_max_batch_size: int = field(default=0, metadata=_WHEN_SET)
     # disable_overlap_scheduler (TorchLlmArgs): true schedules each step after the previous one's
     # tokens are known; false schedules step N+1 while step N runs (trtllm_overlap.py). none: as
-    # TensorRT-LLM 1.2 decides, overlap on on a GPU (off here with draft tokens: not modelled)
+    # TensorRT-LLM 1.2 decides, overlap on on a GPU (MTP and Eagle3 drafts keep it)
     disable_overlap_scheduler: bool | None = field(default=None, metadata=_WHEN_SET)
     # attention_dp_config.enable_balance: with attention DP, new contexts wait until every rank
     # has one (policies/trtllm_adp.py); no effect on a single engine
@@ -112,11 +113,6 @@ class TrtllmConfig:
                         f"{name} must be >= 0 with attention_dp_enable_balance, got {getattr(self, name)}"
                     )
         self._check_cuda_graphs()
-        if self.disable_overlap_scheduler is False and self.num_draft_tokens:
-            raise ValueError(
-                "disable_overlap_scheduler=false with decoding_type: the overlap scheduler with draft "
-                "tokens is not modelled (set disable_overlap_scheduler=true or leave it unset)"
-            )
 
     def _check_speculative(self) -> None:
         given = [
@@ -192,13 +188,42 @@ class TrtllmConfig:
         rates = resolve_acceptance_rates(k, self.synthetic_acceptance_rates, self.synthetic_acceptance_length)
         return SpecDecoding(DECODING_TYPES[self.decoding_type], k, rates)
 
-    @property
-    def draft_kv_layers(self) -> int:
-        """Draft layers whose KV the pool holds beside the target's (``get_num_spec_layers``:
-        MTP's ``num_nextn_predict_layers``, EAGLE-3's one layer)."""
+    def drafter_memory(self) -> DrafterMemory | None:
+        """The one-model drafter's weights and KV layers, both inside the target's engine, so
+        loaded before ``KvCacheCreator`` profiles the peak memory the pool is sized from
+        (``kv_capacity.py``). Read in TensorRT-LLM's 1.2 line (``_torch/models/``,
+        ``_torch/speculative/``):
+
+        - MTP: ``MTPDecodingConfig`` (``mtp_eagle_one_model`` True, ``use_mtp_vanilla`` False)
+          is ``MTP_EAGLE_ONE_MODEL`` for a checkpoint with one MTP module (DeepSeek-V3/R1's
+          ``num_nextn_predict_layers`` = 1), and ``MTPForCausalLM``
+          (``modeling_speculative.py``) then builds one ``DeepseekV3MTP`` (``mtp_num_layers = 1
+          if is_mtp_eagle_one_model()``), run once per draft: one decoder layer (an MoE layer:
+          its index is past the dense ones) plus its ``eh_proj``, embedding and LM head shared
+          with the target. Its KV, though, is sized for ``get_num_spec_layers`` =
+          ``num_nextn_predict_layers`` (the draft count) layers (``speculative/utils.py``;
+          later versions count one layer for MTP-Eagle). Vanilla MTP (one module per draft) is
+          not modelled.
+        - Eagle3: ``SpecDecOneEngineForCausalLM`` loads the EAGLE-3 draft model
+          (``Eagle3ForCausalLM``, one decoder layer) inside the target; ``get_num_spec_layers``:
+          its one layer of KV.
+        """
         if self.decoding_type == "MTP":
-            return self.num_draft_tokens
-        return 1 if self.decoding_type == "Eagle3" else 0
+            return DrafterMemory(
+                1,
+                self.num_draft_tokens,
+                mtp_projection=True,
+                source="tensorrt_llm/_torch/models/modeling_speculative.py MTPForCausalLM, "
+                "_torch/speculative/utils.py get_num_spec_layers (1.2)",
+            )
+        if self.decoding_type == "Eagle3":
+            return DrafterMemory(
+                1,
+                1,
+                source="tensorrt_llm/_torch/models/modeling_speculative.py get_draft_model, "
+                "_torch/speculative/utils.py get_num_spec_layers (1.2)",
+            )
+        return None
 
     def captured_batch_sizes(self) -> tuple[int, ...]:
         """The CUDA-graph batch sizes (ascending): given, or generated as TensorRT-LLM 1.2 does

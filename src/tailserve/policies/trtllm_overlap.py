@@ -37,14 +37,25 @@ engine's own:
   deviation, with chunked prefill only).
 - A finished context decodes in the very next step (``_update_request_states`` sets
   ``GENERATION_IN_PROGRESS`` right after the launch; the step's input token is read on device).
+- **With MTP / Eagle3 one-model drafts** (which keep overlap on: ``support_overlap_scheduler``
+  in ``_torch/speculative/interface.py``): a generation step verifies 1 + ``max_draft_len``
+  tokens whose accepted count is sampled on device and read by ``_update_requests`` a step late,
+  so step n+1 is scheduled as if step n committed all its drafts (``advance_scheduled``: computed
+  tokens and placeholders advance by 1 + drafts; the rejected ones roll back at
+  ``update_advanced``). ``prepare_resources`` for step n+1 adds its 1 + drafts slots on top of
+  step n's, whose rejected drafts ``update_resources`` rewinds only in
+  ``_process_previous_batch``; the reservation to completion counts those in-flight slots too
+  (``DraftSlots.in_flight``, a deviation like the drafts' own). ``willCompleteNextIteration``
+  keeps ``mNumTokensPerIteration`` at 1 in 1.2's one-model samplers (later versions set it from
+  the tokens a step commits), so ``to_complete`` foresees only a finish by one token: a request
+  that a step's accepted drafts finish runs one more step, whose output is dropped.
 
 When the engine turns it off: ``disable_overlap_scheduler`` (``TorchLlmArgs``, default False:
 on); ``create_py_executor`` turns it off for a speculative mode without
 ``support_overlap_scheduler()`` (1.2: MTP and EAGLE-3 one-model keep it, so do two-model draft
 models; NGram and the others lose it), for ``mm_encoder_only`` and for
-``SaveHiddenStatesDecodingConfig``. tailserve: on by default on a simulated GPU; off (and refused
-when asked for) with draft tokens — overlap with MTP/EAGLE-3 drafts is not modelled — and where
-the executor steps only synchronously (real, real-time, lockstep data-parallel ranks:
+``SaveHiddenStatesDecodingConfig``. tailserve: on by default on a simulated GPU, drafts or not;
+off where the executor steps only synchronously (real, real-time, lockstep data-parallel ranks:
 ``assemble/scheduler.py``).
 """
 
@@ -66,10 +77,10 @@ def overlap_default(device: DeviceInfo, num_draft_tokens: int) -> tuple[bool, st
             "overlap scheduler off: TensorRT-LLM runs on NVIDIA GPUs; a CPU host steps synchronously",
         )
     if num_draft_tokens:
-        return False, (
-            "overlap scheduler off: TensorRT-LLM 1.2 keeps it on with MTP/Eagle3 drafts "
-            "(speculative/interface.py support_overlap_scheduler), but tailserve does not model "
-            "overlap with draft tokens"
+        return True, (
+            f"overlap scheduler on: TensorRT-LLM 1.2's default, kept with MTP/Eagle3 one-model drafts "
+            f"(speculative/interface.py support_overlap_scheduler; {PY_EXECUTOR} "
+            f"_executor_loop_overlap): a step's accepted drafts are known a step late; {_FLAG}"
         )
     return True, (
         f"overlap scheduler on: TensorRT-LLM 1.2's default (disable_overlap_scheduler=False, "
@@ -79,7 +90,10 @@ def overlap_default(device: DeviceInfo, num_draft_tokens: int) -> tuple[bool, st
 
 def to_complete(request: Request) -> bool:
     """``GENERATION_TO_COMPLETE``: the step in flight yields the request's last token
-    (``willCompleteNextIteration`` with one token per step), so the micro-batch scheduler skips
-    it. Only under overlap can a request have an output in flight when it is scheduled."""
-    placeholders = request.num_output_placeholders
-    return placeholders > 0 and request.num_output_tokens + placeholders >= request.max_tokens
+    (``willCompleteNextIteration``: tokens known + ``mNumTokensPerIteration`` >= max new tokens),
+    so the micro-batch scheduler skips it. Only under overlap can a request have an output in
+    flight when it is scheduled. ``mNumTokensPerIteration`` is 1: with drafts too, as 1.2's
+    one-model samplers leave it (a step that accepts drafts can finish a request this test did not
+    foresee: it is scheduled once more and that step's output is dropped; later versions set it
+    from the tokens a step commits)."""
+    return request.num_output_placeholders > 0 and request.num_output_tokens + 1 >= request.max_tokens

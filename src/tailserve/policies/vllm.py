@@ -45,6 +45,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
 from tailserve.kv.spec import KVSpec
@@ -229,14 +230,16 @@ class VllmPolicy(Policy, FastPaths):
         return config.max_num_batched_tokens  # vLLM profiles its token budget
 
     @classmethod
-    def pooled_drafter(cls, config: VllmConfig) -> SpecDecoding | None:
+    def drafter_memory(cls, config: VllmConfig) -> DrafterMemory | None:
         """EAGLE / EAGLE-3 / MTP drafters are loaded with the target before the memory profile
         (``GPUModelRunner.load_model``, gpu_model_runner.py:5070-5073@v0.32.0), and their
         attention layers get KV like the target's (``get_kv_cache_spec`` walks every attention
         layer of the config, :7146-7180): the pool loses the draft layer's weights and each
         token's KV grows by its layer. N-gram drafters load nothing."""
         spec = config.speculative_decoding()
-        return spec if spec is not None and spec.drafter_on_gpu else None
+        if spec is None or not spec.drafter_on_gpu:
+            return None
+        return DrafterMemory(1, 1, source="vllm gpu_model_runner.py:5070-5073,7146-7180@v0.32.0")
 
     def __init__(self, config: VllmConfig) -> None:
         super().__init__(config)

@@ -10,9 +10,13 @@ blocks = (memory - weights - activation reserve) x free_gpu_memory_fraction / by
 profiles a forward of ``max_num_tokens``, takes the peak, torch and non-torch, as
 ``peak_memory``, and ``_cal_max_tokens`` / ``_cal_max_memory`` size the pool as
 ``(total_gpu_memory - peak_memory + allocated_bytes) * fraction``, ``allocated_bytes`` being
-the temporary KV of the profiling run, given back). Draft layers (MTP / EAGLE-3 run inside the
-target) add their KV to every token's (``_get_kv_size_per_token``: the draft's cache size per
-token is added): ``draft_kv_layers`` layers of the target's shape.
+the temporary KV of the profiling run, given back).
+
+A speculative drafter on the GPU (``drafter``, a ``drafter_memory.DrafterMemory`` from the
+policy's ``drafter_memory`` hook) is loaded before the pool is sized, so its weights are added to
+the target's, and its attention layers hold KV for every token, added to each token's bytes:
+vLLM's and SGLang's one draft layer, TensorRT-LLM's MTP / EAGLE-3 layers run inside the target
+(``_get_kv_size_per_token``: the draft layers' cache size per token is added).
 
 vLLM measures the activation peak with a profiling forward pass of ``max_num_batched_tokens``
 tokens; here it is estimated from the model's shapes, plus a fixed reserve for the CUDA context,
@@ -41,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.models import ModelSpec
 
@@ -108,23 +113,20 @@ def kv_capacity(
     dp: int = 1,
     *,
     of_free_memory: bool = False,
-    draft_kv_layers: int = 0,
-    draft_weight_bytes: float = 0.0,
-    draft_kv_bytes_per_token: int = 0,
+    drafter: DrafterMemory | None = None,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
     which an MoE model's experts are spread (each rank's KV holds its own requests).
     ``of_free_memory``: the fraction is of the memory left after weights and activations
     (TensorRT-LLM's ``free_gpu_memory_fraction``), not of the whole (vLLM's).
-    ``draft_kv_layers``: layers of a drafter run inside the target, each token's KV in them
-    stored beside the target's (TensorRT-LLM's MTP / EAGLE-3).
-    ``draft_weight_bytes``, ``draft_kv_bytes_per_token``: a speculative drafter loaded beside
-    the target (per GPU), whose KV pool holds every token the target's does (SGLang sizes one
-    cell of target + draft layers: ``pool_configurator.py:259-314@v0.5.23``)."""
+    ``drafter``: a speculative drafter loaded beside the target, its weights per GPU off the
+    memory and its KV layers' bytes added to every token's (SGLang sizes one cell of target +
+    draft layers: ``pool_configurator.py:259-314@v0.5.23``); None: no drafter counted."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    weights = model.weight_bytes_per_shard(tp, dp) + draft_weight_bytes
+    draft_weights = drafter.weight_bytes(model, tp, dp) if drafter is not None else 0.0
+    weights = model.weight_bytes_per_shard(tp, dp) + draft_weights
     activation = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     if of_free_memory:
         usable = hardware.memory_bytes
@@ -133,9 +135,8 @@ def kv_capacity(
         usable = hardware.memory_bytes * gpu_memory_utilization
         kv = usable - weights - activation
     per_token = model.kv_bytes_per_token(tp)
-    if draft_kv_layers:
-        per_token += per_token * draft_kv_layers // model.num_layers
-    per_token += draft_kv_bytes_per_token
+    if drafter is not None:
+        per_token += drafter.kv_bytes_per_token(model, tp)
     per_block = block_size * per_token
     if kv < per_block:
         need = weights + activation
