@@ -469,7 +469,7 @@ def _fit_moe(
 # expert parallelism, FlashInfer installed as in vLLM's image), where the tables hold several:
 # its rows are the ground truth, the others are reported beside them. FP8 per tensor is what
 # ``--quantization fp8`` makes of a bf16 checkpoint (vllm/model_executor/model_loader/
-# weight_utils.py:351-357@v0.32.0: online fp8_per_tensor), dynamic per-tensor activations
+# weight_utils.py:351-358@v0.32.0: online fp8_per_tensor), dynamic per-tensor activations
 # (online/fp8.py:517-523): FlashInfer's CUTLASS and TRT-LLM kernels take only static activation
 # scales (experts/flashinfer_cutlass_moe.py:153-161, experts/trtllm_fp8_moe.py:379-388), so the
 # oracle's first supported backend is Triton (oracle/fp8.py:86-102, 515-526; triton_moe.py:160-166),
@@ -631,7 +631,9 @@ def moe_part(
                                             "layer_latency": own.layer_latency,
                                             "row_element": own.row_element, "math": own.math}  # fmt: skip
                     moe = hw.moe
-                    before = replace(hw, moe=replace(moe, format_curves=(), ep_format_curves=())) if moe else hw
+                    before = (
+                        replace(hw, moe=replace(moe, format_curves=(), ep_format_curves=())) if moe else hw
+                    )
                     cat_before = catalog_moe_time(before, weights, rows, expert_parallel)
                     cat_now = catalog_moe_time(hw, weights, rows, expert_parallel)
                     res["catalog_before"] = stats(cat_before[test], y_a[test])

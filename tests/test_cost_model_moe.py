@@ -304,7 +304,8 @@ def test_online_fp8_experts_run_tritons_kernel_not_a_static_scale_one():
     for gpu in ("H100-SXM", "H200", "B200", "GB200", "B300"):
         hw = get_hardware(gpu)
         for tokens in (8, 64, 512):
-            assert CostModel(fp8, hw, 4)._experts(tokens) < CostModel(qwen, hw, 4)._experts(tokens), (gpu, tokens)
+            cheaper = CostModel(fp8, hw, 4)._experts(tokens) < CostModel(qwen, hw, 4)._experts(tokens)
+            assert cheaper, (gpu, tokens)
     # one Triton curve per GPU family (the tables time Triton's FP8 per-tensor rows on the H200
     # and the B200 only)
     assert get_hardware("H100-SXM").moe.curve_for("fp8") == get_hardware("H200").moe.curve_for("fp8")

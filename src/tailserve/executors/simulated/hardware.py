@@ -447,7 +447,7 @@ H200_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS, for
 # these factors (docs/fidelity.md); B200 bf16 and GB200 NVFP4 did not: their factors price them.
 _Q = "fp8"  # FP8's tensor-core rate (per tensor and block-scaled)
 # FP8 per tensor as --quantization fp8 makes it (a bf16 checkpoint quantized at load, dynamic
-# per-tensor activation scales: vllm/model_executor/model_loader/weight_utils.py:351-357 and
+# per-tensor activation scales: vllm/model_executor/model_loader/weight_utils.py:351-358 and
 # layers/quantization/online/fp8.py:517-523@v0.32.0) runs vLLM's Triton fused MoE on every GPU
 # here: FlashInfer's CUTLASS and TRT-LLM FP8 kernels take static activation scales only
 # (fused_moe/experts/flashinfer_cutlass_moe.py:146-181, trtllm_fp8_moe.py:379-388), DeepGEMM
