@@ -335,3 +335,16 @@ def test_block_fp8_with_expert_parallelism_takes_the_ep_kernels_curve_on_hopper(
         assert CostModel(spec, hw, 8)._experts(64) == CostModel(spec, tp_only, 8)._experts(64)
     # Blackwell runs FlashInfer's TRT-LLM kernel for block FP8 either way: no EP curve
     assert get_hardware("B200").moe.ep_format_curves == ()
+
+
+def test_gb300_is_b300_silicon_in_the_nvl72_rack():
+    # --hardware GB300 (and GB300-NVL72): Blackwell Ultra's peaks at the rack's power (more FP4,
+    # little INT8), the B300's kernel fits and the GB200's 72-GPU NVLink fabric.
+    gb300, b300, gb200 = get_hardware("gb300-nvl72"), get_hardware("B300"), get_hardware("GB200")
+    assert gb300.name == "GB300" and gb300.nvlink_domain == 72
+    assert gb300.peak_for("fp4") > b300.peak_for("fp4") > gb200.peak_for("fp4")
+    assert gb300.peak_for("int8") < gb300.peak_flops / 10  # Blackwell Ultra trades INT8 for FP4
+    assert gb300.moe is b300.moe and gb300.gemm is b300.gemm and gb300.mla is b300.mla
+    assert gb300.moe_exchange is gb200.moe_exchange
+    spec = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8", expert_dtype="fp8")
+    assert CostModel(spec, gb300, 4)._experts(64) < CostModel(spec, b300, 4)._experts(64)  # higher peaks

@@ -916,6 +916,32 @@ HARDWARE: dict[str, Hardware] = {
             peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
             engine_kernels=(TRTLLM_GB200, SGLANG_GB200),
         ),
+        # GB300 NVL72: B300 (Blackwell Ultra) silicon at the rack's higher power, per GPU and dense
+        # (NVIDIA's GB300 NVL72 data sheet, rack figures / 72: FP4 1,080 PFLOP/s, FP8 360, BF16
+        # 180, INT8 ~12 POPS; HBM3e 576 TB/s, NVLink 5 130 TB/s): 2.5 PFLOP/s bf16, 5 FP8, 15
+        # FP4, 0.165 POPS INT8 (Blackwell Ultra's cut), 8 TB/s, 288 GB HBM3e (the B300's stacks:
+        # its 268.6 GiB as the driver reports them), NVLink 5 at 900 GB/s per direction in a
+        # 72-GPU domain. No AISimulate table of its own: the B300's kernel fits (same SMs and
+        # kernels, efficiencies of this entry's peaks, as GB200 to B200) and the GB200's NVL72
+        # fabric fits (all-reduce, link efficiency, the MoE token exchange).
+        Hardware(
+            "GB300",
+            2500e12,
+            8000 * GB,
+            268.6,
+            900 * GB,
+            64 * GB,
+            sms=148,
+            nvlink_domain=72,
+            gemm=B300_GEMM,
+            allreduce_latency_by_tp=GB200_ALLREDUCE,
+            comm_efficiency=0.56,
+            moe=MOE_B300,
+            mla=MLA_B300,
+            moe_exchange=EXCHANGE_GB200,
+            peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 165e12), ("fp4", 15000e12)),
+            engine_kernels=(TRTLLM_B300, SGLANG_B300),
+        ),
         # AMD Instinct (CDNA 3 / 4 data sheets, dense): MI325X 256 GB HBM3E at 6 TB/s; MI355X
         # 288 GB at 8 TB/s with FP4/FP6; Infinity Fabric 7 links (448 / 537.6 GB/s per direction).
         Hardware(
@@ -957,6 +983,7 @@ _ALIASES = {
     "HGX-B200": "B200",
     "B300-SXM": "B300",
     "GB200-NVL72": "GB200",
+    "GB300-NVL72": "GB300",
     "MI325": "MI325X",
     "MI355": "MI355X",
 }
