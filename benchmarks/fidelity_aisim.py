@@ -18,7 +18,11 @@ never as a model:
   Mixtral to Kimi K2, 1 to 16,384 tokens, expert TP 1-32) priced by ``moe.grouped_gemm_parts``
   (what the simulator prices) with the GEMM curve fitted above for that GPU and format: first as
   is, then with two factors on its rates and a per-layer latency for the fused MoE kernel fitted
-  on half the model shapes, the error reported on the other half.
+  on half the model shapes, the error reported on the other half. A format's rows are those of
+  the kernel vLLM 0.32 runs for it (``VLLM_MOE_KERNELS``; the format's other kernels' rows are
+  priced by the catalog beside them), and where vLLM runs another kernel under expert
+  parallelism (``VLLM_MOE_EP_KERNELS``: Hopper block FP8) that kernel's rows at EP 2-64 too
+  (``fp8_block@ep``, each rank its ``E / EP`` whole experts).
 - **allreduce**: vLLM's custom all-reduce under CUDA graphs (the decode path), bf16, per GPU and
   TP degree: the catalog's latency and link efficiency, then one latency per TP and one link
   efficiency per GPU fitted on every other message size and tested on the rest.
