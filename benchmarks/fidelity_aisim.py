@@ -18,7 +18,11 @@ never as a model:
   Mixtral to Kimi K2, 1 to 16,384 tokens, expert TP 1-32) priced by ``moe.grouped_gemm_parts``
   (what the simulator prices) with the GEMM curve fitted above for that GPU and format: first as
   is, then with two factors on its rates and a per-layer latency for the fused MoE kernel fitted
-  on half the model shapes, the error reported on the other half.
+  on half the model shapes, the error reported on the other half. A format's rows are those of
+  the kernel vLLM 0.32 runs for it (``VLLM_MOE_KERNELS``; the format's other kernels' rows are
+  priced by the catalog beside them), and where vLLM runs another kernel under expert
+  parallelism (``VLLM_MOE_EP_KERNELS``: Hopper block FP8) that kernel's rows at EP 2-64 too
+  (``fp8_block@ep``, each rank its ``E / EP`` whole experts).
 - **allreduce**: vLLM's custom all-reduce under CUDA graphs (the decode path), bf16, per GPU and
   TP degree: the catalog's latency and link efficiency, then one latency per TP and one link
   efficiency per GPU fitted on every other message size and tested on the rest.
@@ -465,6 +469,38 @@ def _fit_moe(
     return best[1]
 
 
+# The fused-MoE kernel vLLM 0.32 runs by default for a format on a GPU family (tensor parallel, no
+# expert parallelism, FlashInfer installed as in vLLM's image), where the tables hold several:
+# its rows are the ground truth, the others are reported beside them. FP8 per tensor is what
+# ``--quantization fp8`` makes of a bf16 checkpoint (vllm/model_executor/model_loader/
+# weight_utils.py:351-358@v0.32.0: online fp8_per_tensor), dynamic per-tensor activations
+# (online/fp8.py:517-523): FlashInfer's CUTLASS and TRT-LLM kernels take only static activation
+# scales (experts/flashinfer_cutlass_moe.py:153-161, experts/trtllm_fp8_moe.py:379-388), so the
+# oracle's first supported backend is Triton (oracle/fp8.py:86-102, 515-526; triton_moe.py:160-166),
+# the tables' ``fused_moe`` rows. Block FP8 under TP: Triton on Hopper (oracle/fp8.py:120-130),
+# FlashInfer's TRT-LLM monolithic kernel on Blackwell (first in the order; trtllm_fp8_moe.py:213-222).
+HOPPER = ("h100_sxm", "h200_sxm")
+VLLM_MOE_KERNELS = {
+    **{(g, "fp8"): "vllm_fused_moe" for g in ("h100_sxm", "h200_sxm", "b200_sxm", "gb200", "b300_sxm")},
+    **{(g, "fp8_block"): "vllm_fp8moe_triton_tritonexperts" for g in HOPPER},
+    **{(g, "fp8_block"): "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic"
+       for g in ("b200_sxm", "gb200", "b300_sxm")},
+}  # fmt: skip
+
+
+# With expert parallelism vLLM 0.32 on Hopper moves FlashInfer's CUTLASS kernel first for block
+# FP8 (oracle/fp8.py:120-130@v0.32.0): the tables time it at EP 2-256 only.
+VLLM_MOE_EP_KERNELS = {(g, "fp8_block"): "vllm_fp8moe_flashinfer_cutlass_flashinferexperts" for g in HOPPER}
+
+
+def engine_kernel(framework: str, gpu: str, fmt: str, rows: list) -> tuple[str, list]:
+    """The kernel whose rows price the format: vLLM's default (``VLLM_MOE_KERNELS``) where the
+    tables have its rows, else the kernel with the most model shapes (``main_kernel``)."""
+    kernel = VLLM_MOE_KERNELS.get((gpu, fmt)) if framework == "vllm" else None
+    own = [r for r in rows if r[8] == kernel]
+    return (kernel, own) if own else main_kernel(rows)
+
+
 def main_kernel(rows: list) -> tuple[str, list]:
     """The kernel with the most model shapes among a format's fused-MoE rows (ties: the most
     rows) and its rows. A format's rows come from several kernels across vLLM versions (on the
@@ -488,21 +524,22 @@ def moe_curve(curve: dict, fit: dict, math: str) -> MoeCurve:
     )  # fmt: skip
 
 
-def catalog_moe_time(hw: Hardware, weights: str, rows: list) -> np.ndarray:
+def catalog_moe_time(hw: Hardware, weights: str, rows: list, expert_parallel: bool = False) -> np.ndarray:
     """Each fused-MoE row as the cost model prices one MoE layer on ``hw`` (``CostModel._experts``:
     the kernel's curve for the format, else its factors on the GPU's curve), the experts in
-    ``weights`` sliced over the row's expert TP."""
+    ``weights`` sliced over the row's expert TP, or with ``expert_parallel`` placed whole on the
+    row's EP ranks (rows at expert TP 1)."""
     models: dict = {}
     out = []
-    for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, _latency in rows:
-        key = (int(hidden), int(inter), int(topk), int(experts), int(tp))
+    for _, tokens, hidden, inter, topk, experts, tp, ep, _kernel, _latency in rows:
+        key = (int(hidden), int(inter), int(topk), int(experts), int(ep if expert_parallel else tp))
         cm = models.get(key)
         if cm is None:
             spec = ModelSpec(
                 f"moe-{key}", key[0], 1, 64, 64, 1, 1, 4096, num_experts=key[3], experts_per_token=key[2],
                 moe_intermediate_size=key[1], expert_dtype="" if weights == "bf16" else weights,
             )  # fmt: skip
-            cm = models[key] = CostModel(spec, hw, key[4])
+            cm = models[key] = CostModel(spec, hw, key[4], expert_parallel=expert_parallel)
         out.append(cm._experts(int(tokens)))
     return np.array(out)
 
@@ -531,28 +568,39 @@ def moe_part(
         for r in entry.get("moe", []):
             if r[7] == 1 and r[9] > 0:  # EP 1: the all-to-all is not in these rows
                 by_fmt.setdefault(r[0], []).append(r)
-        for fmt, all_rows in sorted(by_fmt.items()):
+        jobs = [(fmt, fmt, rows) for fmt, rows in sorted(by_fmt.items())]
+        if framework == "vllm":
+            # the kernel vLLM runs with expert parallelism where it is another (VLLM_MOE_EP_KERNELS),
+            # on the tables' rows of that kernel at EP 2-64 (each rank its E / EP whole experts)
+            for (g, fmt), kn in VLLM_MOE_EP_KERNELS.items():
+                ep_rows = [r for r in entry.get("moe", []) if g == gpu and r[0] == fmt and r[8] == kn
+                           and 1 < r[7] <= 64 and r[6] == 1 and r[5] % r[7] == 0 and r[9] > 0]  # fmt: skip
+                if ep_rows:
+                    jobs.append((f"{fmt}@ep", fmt, ep_rows))
+        for label, fmt, all_rows in jobs:
             if fmt not in MOE_FORMATS or MOE_FORMATS[fmt][0] not in gemm[gpu]:
                 continue
-            kernel, rows = main_kernel(all_rows)
+            expert_parallel = label.endswith("@ep")
+            kernel, rows = engine_kernel(framework, gpu, fmt, all_rows)
             curve_fmt, weights = MOE_FORMATS[fmt]
             curve = gemm[gpu][curve_fmt]["fit"]
             prec = get_precision(weights)
             flops_rate = hw.peak_for(get_precision(FORMATS[curve_fmt]).compute) * curve["compute"]
             byte_rate = hw.memory_bandwidth * curve["memory"]
             c, b, y, shape, series, toks, elements = [], [], [], [], [], [], []
-            for _, tokens, hidden, inter, topk, experts, tp, _ep, _kernel, latency in rows:
+            for _, tokens, hidden, inter, topk, experts, tp, ep, _kernel, latency in rows:
                 flops, moved = grouped_gemm_parts(
                     int(tokens), int(experts), int(topk), int(hidden), int(inter),
                     weight_bytes=prec.bytes, act_bytes=ACT_BYTES, tile_m=curve["tile_m"], moe_tp=int(tp),
+                    ep=int(ep),
                 )  # fmt: skip
                 c.append(flops / flops_rate)
                 b.append(moved / byte_rate)
                 y.append(latency * 1e-3)
                 shape.append((hidden, inter, topk, experts))
-                series.append((hidden, inter, topk, experts, tp))
+                series.append((hidden, inter, topk, experts, tp, ep))
                 toks.append(tokens)
-                elements.append(tokens * topk * hidden)
+                elements.append(tokens * topk * hidden / ep)  # each rank's mean share (CostModel's)
             c_a, b_a, y_a = (np.array(v, dtype=float) for v in (c, b, y))
             p = curve["sharpness"]
             as_is = join_array(c_a, b_a, p) + 2 * curve["gemm_latency"]
@@ -587,12 +635,23 @@ def moe_part(
                                             "layer_latency": own.layer_latency,
                                             "row_element": own.row_element, "math": own.math}  # fmt: skip
                     moe = hw.moe
-                    before = replace(hw, moe=replace(moe, format_curves=())) if moe else hw
-                    cat_before = catalog_moe_time(before, weights, rows)
-                    cat_now = catalog_moe_time(hw, weights, rows)
+                    before = (
+                        replace(hw, moe=replace(moe, format_curves=(), ep_format_curves=())) if moe else hw
+                    )
+                    cat_before = catalog_moe_time(before, weights, rows, expert_parallel)
+                    cat_now = catalog_moe_time(hw, weights, rows, expert_parallel)
                     res["catalog_before"] = stats(cat_before[test], y_a[test])
                     res["catalog_now"] = stats(cat_now[test], y_a[test])
-                    res["catalog_own_curve"] = bool(moe and moe.curve_for(weights))
+                    res["catalog_own_curve"] = bool(moe and moe.curve_for(weights, expert_parallel))
+                    # the format's other kernels (another vLLM version's or another checkpoint
+                    # format's, e.g. FlashInfer's CUTLASS kernel for static FP8 scales on Hopper),
+                    # every row priced by the catalog now: what a deployment on them would miss by
+                    for other in sorted({r[8] for r in all_rows} - {kernel} if not expert_parallel else ()):
+                        o_rows = [r for r in all_rows if r[8] == other]
+                        o_y = np.array([r[9] * 1e-3 for r in o_rows])
+                        res.setdefault("other_kernels", {})[other] = stats(
+                            catalog_moe_time(hw, weights, o_rows), o_y
+                        )
                 # what no model monotone in the tokens can beat: each (shape, TP) series' own scatter
                 noise = _monotone_floor(np.array(toks, dtype=float), y_a, series)[test]
                 res["monotone_floor"] = {"mean": float(noise.mean()), "max": float(noise.max())}
@@ -600,12 +659,12 @@ def moe_part(
                     cross = _vllm_moe_pred(reference, gpu, fmt, hw, rows)
                     if cross is not None:
                         res["vllm_curve_held_out"] = stats(cross[test], y_a[test])
-            out.setdefault(gpu, {})[fmt] = res
+            out.setdefault(gpu, {})[label] = res
             h = res.get("held_out")
             f = res.get("fit")
             table.add_row(
                 GPUS[gpu],
-                fmt,
+                label,
                 kernel.removeprefix("vllm_"),
                 str(len(shapes)),
                 str(h["n"]) if h else "-",
@@ -623,6 +682,11 @@ def moe_part(
     console.print(table)
     if framework == "vllm":
         console.print(_moe_catalog_table(out))
+        for gpu, by_fmt in out.items():
+            for fmt, res in by_fmt.items():
+                for other, o in res.get("other_kernels", {}).items():
+                    console.print(f"{GPUS[gpu]} {fmt}: {other.removeprefix('vllm_')} ({o['n']} rows) priced by the "
+                                  f"catalog: {o['mean']:.1%} mean / {o['max']:.0%} max, bias {o['bias']:+.1%}")  # fmt: skip
     return out
 
 

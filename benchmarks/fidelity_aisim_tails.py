@@ -25,7 +25,7 @@ from benchmarks.fidelity_aisim import (
     _export,
     catalog_moe_time,
     catalog_time,
-    main_kernel,
+    engine_kernel,
 )
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.precision import get_precision
@@ -109,7 +109,7 @@ def moe_tails(tables: dict, console: Console) -> dict:
         for fmt, all_rows in sorted(by_fmt.items()):
             if fmt not in MOE_FORMATS:
                 continue
-            _, rows = main_kernel(all_rows)
+            _, rows = engine_kernel("vllm", gpu, fmt, all_rows)  # the kernel vLLM 0.32 runs
             shape = [(r[2], r[3], r[4], r[5]) for r in rows]
             test_shapes = set(sorted(set(shape))[1::2])
             rows = [r for r, s in zip(rows, shape) if s in test_shapes]

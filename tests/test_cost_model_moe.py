@@ -291,3 +291,60 @@ def test_each_expert_format_takes_its_own_fused_moe_curve():
     )._experts(tokens)
     with pytest.raises(ValueError, match="MoeCurve memory"):
         MoeCurve(0.5, 1.2, 2.0, 64, 1e-6, 0.0, "bf16")
+
+
+def test_online_fp8_experts_run_tritons_kernel_not_a_static_scale_one():
+    # `--quantization fp8` on a bf16 checkpoint quantizes activations per tensor at run time;
+    # vLLM 0.32's FlashInfer CUTLASS / TRT-LLM FP8 MoE kernels take static scales only, so it runs
+    # Triton (hardware._TRITON_FP8_*): FP8 experts read half of bf16's bytes and run at FP8's
+    # rate, so a decode-sized FP8 layer is cheaper than the bf16 one on every FP8 GPU (the
+    # CUTLASS curve Hopper had priced it ~2.5x dearer than bf16).
+    qwen = get_model("Qwen3-235B-A22B")
+    fp8 = replace(qwen, weight_dtype="fp8", expert_dtype="fp8")
+    for gpu in ("H100-SXM", "H200", "B200", "GB200", "B300"):
+        hw = get_hardware(gpu)
+        for tokens in (8, 64, 512):
+            cheaper = CostModel(fp8, hw, 4)._experts(tokens) < CostModel(qwen, hw, 4)._experts(tokens)
+            assert cheaper, (gpu, tokens)
+    # one Triton curve per GPU family (the tables time Triton's FP8 per-tensor rows on the H200
+    # and the B200 only)
+    assert get_hardware("H100-SXM").moe.curve_for("fp8") == get_hardware("H200").moe.curve_for("fp8")
+    assert get_hardware("GB200").moe.curve_for("fp8") == get_hardware("B200").moe.curve_for("fp8")
+
+
+def test_block_fp8_with_expert_parallelism_takes_the_ep_kernels_curve_on_hopper():
+    # vLLM 0.32 on Hopper: Triton for block FP8 under TP, FlashInfer's CUTLASS kernel first with
+    # EP > 1 (MoeKernel.ep_format_curves); other formats and TP keep their curve.
+    from tailserve.executors.simulated.hardware import MoeCurve, MoeKernel
+
+    curve = MoeCurve(0.5, 0.5, 2.0, 64, 1e-6, 0.0, "fp8")
+    ep = MoeCurve(0.4, 0.4, 2.0, 64, 2e-6, 0.0, "fp8")
+    kernel = MoeKernel(1.0, 1.0, 0.0, "test", format_curves=(("fp8_block", curve),),
+                       ep_format_curves=(("fp8_block", ep),))  # fmt: skip
+    assert kernel.curve_for("fp8_block") is curve
+    assert kernel.curve_for("fp8_block", expert_parallel=True) is ep
+    assert kernel.curve_for("bf16", expert_parallel=True) is None
+    spec = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8_block", expert_dtype="fp8_block")
+    for gpu in ("H100-SXM", "H200"):
+        hw = get_hardware(gpu)
+        tp_only = replace(hw, moe=replace(hw.moe, ep_format_curves=()))
+        assert hw.moe.curve_for("fp8_block", True) != hw.moe.curve_for("fp8_block")
+        assert CostModel(spec, hw, 8, expert_parallel=True)._experts(64) != CostModel(
+            spec, tp_only, 8, expert_parallel=True
+        )._experts(64)
+        assert CostModel(spec, hw, 8)._experts(64) == CostModel(spec, tp_only, 8)._experts(64)
+    # Blackwell runs FlashInfer's TRT-LLM kernel for block FP8 either way: no EP curve
+    assert get_hardware("B200").moe.ep_format_curves == ()
+
+
+def test_gb300_is_b300_silicon_in_the_nvl72_rack():
+    # --hardware GB300 (and GB300-NVL72): Blackwell Ultra's peaks at the rack's power (more FP4,
+    # little INT8), the B300's kernel fits and the GB200's 72-GPU NVLink fabric.
+    gb300, b300, gb200 = get_hardware("gb300-nvl72"), get_hardware("B300"), get_hardware("GB200")
+    assert gb300.name == "GB300" and gb300.nvlink_domain == 72
+    assert gb300.peak_for("fp4") > b300.peak_for("fp4") > gb200.peak_for("fp4")
+    assert gb300.peak_for("int8") < gb300.peak_flops / 10  # Blackwell Ultra trades INT8 for FP4
+    assert gb300.moe is b300.moe and gb300.gemm is b300.gemm and gb300.mla is b300.mla
+    assert gb300.moe_exchange is gb200.moe_exchange
+    spec = replace(get_model("Qwen3-235B-A22B"), weight_dtype="fp8", expert_dtype="fp8")
+    assert CostModel(spec, gb300, 4)._experts(64) < CostModel(spec, b300, 4)._experts(64)  # higher peaks

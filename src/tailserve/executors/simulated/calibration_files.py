@@ -184,7 +184,8 @@ def _engine_kernels(saved: dict[str, Any]) -> EngineKernels:
 def _moe_kernel(saved: dict[str, Any]) -> MoeKernel:
     """``hardware.MoeKernel`` from its ``asdict`` (each format's curve nested)."""
     moe = dict(saved)
-    moe["format_curves"] = tuple((str(f), MoeCurve(**c)) for f, c in moe.get("format_curves", ()))
+    for key in ("format_curves", "ep_format_curves"):
+        moe[key] = tuple((str(f), MoeCurve(**c)) for f, c in moe.get(key, ()))
     return MoeKernel(**moe)
 
 

@@ -371,7 +371,7 @@ class CostModel:
             # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
             kernel = hw.moe or MOE_GENERIC
             fmt = get_precision(m.expert_dtype or m.weight_dtype or "bf16")
-            own = kernel.curve_for(fmt.name)
+            own = kernel.curve_for(fmt.name, self.expert_parallel)
             if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
                 # The format's own fused-MoE curve (hardware.MoeCurve); a calibrated or hand-set
                 # efficiency keeps the factors below, so its fitted rates move the experts too.

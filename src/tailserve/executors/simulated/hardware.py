@@ -88,8 +88,8 @@ class MoeCurve:
     the grouped GEMMs' p-norm join at its own compute and memory efficiency, row tile and
     sharpness, a fixed time per layer and a time per routed row element, fitted to that
     format's kernel in AISimulate's tables (benchmarks/fidelity_aisim.py). The formats' kernels
-    differ (on the H200: Triton for bf16 and block-scaled FP8, FlashInfer's CUTLASS for FP8 per
-    tensor, Marlin for INT4), which factors on one curve cannot follow."""
+    differ (on the H200: Triton for bf16 and FP8, FlashInfer's CUTLASS for block FP8 under expert
+    parallelism, Marlin for INT4), which factors on one curve cannot follow."""
 
     compute: float  # fraction of the peak of ``math``
     memory: float  # fraction of memory_bandwidth
@@ -124,13 +124,22 @@ class MoeKernel:
     # (expert weight format, its own curve): experts in that format priced on it instead of the
     # factors above on the GPU's curve (with the format's GEMM factors); others keep the factors.
     format_curves: tuple[tuple[str, MoeCurve], ...] = ()
+    # (format, curve) where the engine runs another kernel when the experts are placed whole
+    # (expert parallelism): vLLM 0.32 on Hopper moves FlashInfer's CUTLASS kernel ahead of Triton
+    # for block FP8 with EP > 1 (vllm/model_executor/layers/fused_moe/oracle/fp8.py:120-130@v0.32.0).
+    ep_format_curves: tuple[tuple[str, MoeCurve], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.row_element >= 0:
             raise ValueError(f"MoeKernel row_element must be >= 0 seconds, got {self.row_element}")
 
-    def curve_for(self, fmt: str) -> MoeCurve | None:
-        """The format's own fused-MoE curve, None without one."""
+    def curve_for(self, fmt: str, expert_parallel: bool = False) -> MoeCurve | None:
+        """The format's own fused-MoE curve (its expert-parallel one with ``expert_parallel``
+        where it has one), None without one."""
+        if expert_parallel:
+            own = next((curve for name, curve in self.ep_format_curves if name == fmt), None)
+            if own is not None:
+                return own
         return next((curve for name, curve in self.format_curves if name == fmt), None)
 
 
@@ -437,33 +446,50 @@ H200_GEMM_FORMATS = replace(H100_GEMM, format_factors=HOPPER_FORMAT_FACTORS, for
 # shapes by benchmarks/fidelity_aisim.py, uncapped), kept where the held-out error fell against
 # these factors (docs/fidelity.md); B200 bf16 and GB200 NVFP4 did not: their factors price them.
 _Q = "fp8"  # FP8's tensor-core rate (per tensor and block-scaled)
+# FP8 per tensor as --quantization fp8 makes it (a bf16 checkpoint quantized at load, dynamic
+# per-tensor activation scales: vllm/model_executor/model_loader/weight_utils.py:351-358 and
+# layers/quantization/online/fp8.py:517-523@v0.32.0) runs vLLM's Triton fused MoE on every GPU
+# here: FlashInfer's CUTLASS and TRT-LLM FP8 kernels take static activation scales only
+# (fused_moe/experts/flashinfer_cutlass_moe.py:146-181, trtllm_fp8_moe.py:379-388), DeepGEMM
+# block scales only, so the oracle's first supported backend (oracle/fp8.py:86-102, 515-526) is
+# Triton (triton_moe.py:126-179). Fitted to the tables' Triton fused_moe FP8 rows (vLLM 0.19):
+# the H200's for Hopper, the B200's for Blackwell (GB200 and B300 have no such rows). Until
+# 2026-12-03 (late) Hopper priced FlashInfer's CUTLASS kernel here, ~4x slower at decode sizes,
+# and GB200/B300 TRT-LLM's: the kernels of static-scale checkpoints (ModelOpt FP8), which the
+# format names do not yet tell apart (docs/fidelity.md).
+_TRITON_FP8_HOPPER = MoeCurve(0.619, 0.82, 2.5, 256, 28.4e-6, 1.78e-12, _Q)
+_TRITON_FP8_BLACKWELL = MoeCurve(0.354, 0.664, 2.5, 128, 28.4e-6, 2.20e-12, _Q)
 MOE_H100 = MoeKernel(
     0.71, 1.0, 33.3e-6, f"{_AISIM}: fused MoE, H100", row_element=2.01e-12,
     format_curves=(
         ("bf16", MoeCurve(0.588, 0.872, 4.0, 64, 33.3e-6, 2.01e-12, "bf16")),  # Triton
-        # FP8 per tensor: FlashInfer's CUTLASS kernel, ahead of Triton in vLLM's FP8 MoE order on
-        # Hopper (vllm/model_executor/layers/fused_moe/oracle/fp8.py:86-102@v0.32.0); it takes ~4x
-        # Triton's time at decode sizes (the H200's Triton rows of vLLM 0.19-0.25 are priced 4x slow)
-        ("fp8", MoeCurve(0.157, 0.191, 3.0, 256, 66.7e-6, 0.48e-12, _Q)),
-        ("fp8_block", MoeCurve(0.348, 0.829, 2.5, 256, 29.2e-6, 1.98e-12, _Q)),  # Triton
+        # FP8 per tensor (--quantization fp8: dynamic activation scales): Triton, the H200's curve
+        # (the tables time no Triton FP8 per-tensor rows on the H100; the two GPUs' bf16 and block
+        # FP8 Triton curves agree within 0.09 of compute efficiency)
+        ("fp8", _TRITON_FP8_HOPPER),
+        ("fp8_block", MoeCurve(0.348, 0.829, 2.5, 256, 29.2e-6, 1.98e-12, _Q)),  # Triton (TP)
         ("mxfp4", MoeCurve(0.588, 0.698, 4.0, 64, 35.3e-6, 1.84e-12, "bf16")),  # OAI Triton W4A16
     ),
+    # block FP8 with expert parallelism: FlashInfer's CUTLASS kernel (its rows at EP 2-64)
+    ep_format_curves=(("fp8_block", MoeCurve(0.582, 0.829, 2.5, 256, 26.7e-6, 13.67e-12, _Q)),),
 )  # fmt: skip
 MOE_H200 = MoeKernel(
     0.82, 1.0, 34.2e-6, f"{_AISIM}: fused MoE, H200", row_element=2.19e-12,
     format_curves=(
         ("bf16", MoeCurve(0.673, 0.903, 6.0, 64, 34.2e-6, 2.19e-12, "bf16")),
-        ("fp8", MoeCurve(0.214, 0.135, 2.5, 256, 65.5e-6, 0.0, _Q)),
+        ("fp8", _TRITON_FP8_HOPPER),
         ("fp8_block", MoeCurve(0.353, 0.82, 2.5, 256, 27.3e-6, 2.07e-12, _Q)),
         ("int4", MoeCurve(0.123, 0.142, 6.0, 64, 30.8e-6, 2.03e-12, "bf16")),  # Marlin
         ("mxfp4", MoeCurve(0.581, 0.579, 6.0, 64, 36.4e-6, 1.84e-12, "bf16")),
     ),
+    ep_format_curves=(("fp8_block", MoeCurve(0.712, 0.761, 2.5, 256, 26.3e-6, 12.89e-12, _Q)),),
 )  # fmt: skip
 MOE_B200 = MoeKernel(
     0.51, 0.92, 31.0e-6, f"{_AISIM}: fused MoE, B200", row_element=2.22e-12,
     format_curves=(
-        ("fp8", MoeCurve(0.354, 0.664, 2.5, 128, 28.4e-6, 2.20e-12, _Q)),  # vLLM fused_moe
-        ("fp8_block", MoeCurve(0.127, 0.553, math.inf, 256, 33.7e-6, 3.31e-12, _Q)),  # vLLM fused_moe
+        ("fp8", _TRITON_FP8_BLACKWELL),
+        # FlashInfer's TRT-LLM kernel, first in vLLM 0.32's order on Blackwell (was Triton's curve)
+        ("fp8_block", MoeCurve(0.213, 0.743, math.inf, 256, 25.2e-6, 1.00e-12, _Q)),
         ("int4", MoeCurve(0.073, 0.105, 2.5, 64, 40.1e-6, 0.04e-12, "bf16")),  # Marlin
         ("nvfp4", MoeCurve(0.735, 0.926, 1.0, 64, 18.5e-6, 0.62e-12, "fp4")),  # TRT-LLM
         ("mxfp4", MoeCurve(0.286, 0.477, 2.5, 64, 21.8e-6, 2.91e-12, "bf16")),  # TRT-LLM MXFP4 x bf16
@@ -473,7 +499,7 @@ MOE_GB200 = MoeKernel(
     0.63, 1.0, 17.2e-6, f"{_AISIM}: fused MoE, GB200", row_element=0.39e-12,
     format_curves=(
         ("bf16", MoeCurve(0.469, 0.894, 2.5, 64, 17.2e-6, 0.39e-12, "bf16")),  # TRT-LLM
-        ("fp8", MoeCurve(0.552, 0.86, 1.5, 64, 18.3e-6, 0.51e-12, _Q)),
+        ("fp8", _TRITON_FP8_BLACKWELL),  # the B200's: no Triton FP8 per-tensor rows here
         ("fp8_block", MoeCurve(0.203, 0.797, 3.0, 128, 25.5e-6, 0.79e-12, _Q)),
         ("mxfp4", MoeCurve(0.279, 0.476, 2.5, 64, 22.0e-6, 2.58e-12, "bf16")),
     ),
@@ -482,7 +508,7 @@ MOE_B300 = MoeKernel(
     0.61, 1.0, 16.0e-6, f"{_AISIM}: fused MoE, B300", row_element=0.44e-12,
     format_curves=(
         ("bf16", MoeCurve(0.495, 0.871, 3.0, 64, 16.0e-6, 0.44e-12, "bf16")),  # TRT-LLM
-        ("fp8", MoeCurve(0.595, 0.84, 1.5, 64, 16.9e-6, 0.50e-12, _Q)),
+        ("fp8", _TRITON_FP8_BLACKWELL),  # the B200's: no Triton FP8 per-tensor rows here
         ("fp8_block", MoeCurve(0.206, 0.809, 2.5, 64, 24.6e-6, 0.77e-12, _Q)),
         ("nvfp4", MoeCurve(0.487, 0.898, 1.0, 64, 17.7e-6, 0.56e-12, "fp4")),
         ("mxfp4", MoeCurve(0.295, 0.449, 3.0, 64, 20.4e-6, 2.80e-12, "bf16")),
@@ -890,6 +916,32 @@ HARDWARE: dict[str, Hardware] = {
             peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 5000e12), ("fp4", 10000e12)),
             engine_kernels=(TRTLLM_GB200, SGLANG_GB200),
         ),
+        # GB300 NVL72: B300 (Blackwell Ultra) silicon at the rack's higher power, per GPU and dense
+        # (NVIDIA's GB300 NVL72 data sheet, rack figures / 72: FP4 1,080 PFLOP/s, FP8 360, BF16
+        # 180, INT8 ~12 POPS; HBM3e 576 TB/s, NVLink 5 130 TB/s): 2.5 PFLOP/s bf16, 5 FP8, 15
+        # FP4, 0.165 POPS INT8 (Blackwell Ultra's cut), 8 TB/s, 288 GB HBM3e (the B300's stacks:
+        # its 268.6 GiB as the driver reports them), NVLink 5 at 900 GB/s per direction in a
+        # 72-GPU domain. No AISimulate table of its own: the B300's kernel fits (same SMs and
+        # kernels, efficiencies of this entry's peaks, as GB200 to B200) and the GB200's NVL72
+        # fabric fits (all-reduce, link efficiency, the MoE token exchange).
+        Hardware(
+            "GB300",
+            2500e12,
+            8000 * GB,
+            268.6,
+            900 * GB,
+            64 * GB,
+            sms=148,
+            nvlink_domain=72,
+            gemm=B300_GEMM,
+            allreduce_latency_by_tp=GB200_ALLREDUCE,
+            comm_efficiency=0.56,
+            moe=MOE_B300,
+            mla=MLA_B300,
+            moe_exchange=EXCHANGE_GB200,
+            peak_flops_by_dtype=(("fp8", 5000e12), ("int8", 165e12), ("fp4", 15000e12)),
+            engine_kernels=(TRTLLM_B300, SGLANG_B300),
+        ),
         # AMD Instinct (CDNA 3 / 4 data sheets, dense): MI325X 256 GB HBM3E at 6 TB/s; MI355X
         # 288 GB at 8 TB/s with FP4/FP6; Infinity Fabric 7 links (448 / 537.6 GB/s per direction).
         Hardware(
@@ -931,6 +983,7 @@ _ALIASES = {
     "HGX-B200": "B200",
     "B300-SXM": "B300",
     "GB200-NVL72": "GB200",
+    "GB300-NVL72": "GB300",
     "MI325": "MI325X",
     "MI355": "MI355X",
 }
