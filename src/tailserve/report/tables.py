@@ -12,6 +12,7 @@ from tailserve.executors.simulated.cost_model import Roofline
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.hardware import ENGINE_NAMES, HARDWARE
 from tailserve.executors.simulated.models import MODELS
+from tailserve.executors.simulated.module_formats import group_dtypes
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
 
@@ -99,7 +100,7 @@ def print_cost(
     prefill_context: int,
     batch: int,
     ctx: int,
-    result: dict[str, float],
+    result: dict[str, Any],
     prefill_roof: Roofline,
     decode_roof: Roofline,
 ) -> None:
@@ -123,6 +124,10 @@ def print_cost(
     console.print(
         f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, comm {e.comm:.3g}, overhead {e.overhead * 1e3:.2f} ms"
     )
+    m = built.cost_model.model
+    if m.module_dtypes:  # a checkpoint that keeps some groups in another format: say which
+        formats = ", ".join(f"{g} {f}" for g, f in group_dtypes(m).items())
+        console.print(f"weight formats by group: {formats}")
     fc = built.cost_model.format_curve
     if fc is not None:
         console.print(
