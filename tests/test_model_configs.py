@@ -697,6 +697,7 @@ def test_models_command_lists_params_and_formats(capsys):
     oss = [c.strip() for c in rows["gpt-oss-120b"].split("│")[1:-1]]
     assert oss[1:3] == ["116.8", "5.7"] and "bf16/mxfp4/bf16" in oss and "GQA 18xSW128" in oss
     assert "bf16/-/bf16" in rows["Llama-3-8B"]
+    assert "nvfp4/=/bf16*" in rows["DeepSeek-R1-FP4-v2"]  # *: groups kept in bf16
 
 
 def test_hub_ids_of_catalog_models_resolve():

@@ -185,7 +185,8 @@ def _model_formats(m: Any) -> str:
     experts = "-"
     if m.is_moe:
         experts = "=" if (m.expert_dtype or weights) == weights else m.expert_dtype
-    return f"{weights}/{experts}/{m.kv_dtype or base}"
+    kept = "*" if m.module_dtypes else ""  # groups the checkpoint keeps in another format
+    return f"{weights}/{experts}/{m.kv_dtype or base}{kept}"
 
 
 def _model_attention(m: Any) -> str:
@@ -210,7 +211,7 @@ def _model_experts(m: Any) -> str:
 def print_models() -> None:
     table = Table(
         title="models (any HF config.json path works too; experts: routed/per token, +s: a shared expert; "
-        "formats: weights/experts (=: same)/KV cache; 18xSW128: 18 layers attend to the last 128 tokens)",
+        "formats: weights/experts (=: same)/KV cache, *: some layers in another format (cost lists them); 18xSW128: 18 layers attend to the last 128 tokens)",
         title_justify="left",
     )
     columns = (
