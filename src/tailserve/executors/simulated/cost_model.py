@@ -21,9 +21,10 @@ time = linear layers + prefill attention + decode attention + TP all-reduce + ov
 
 Beyond that core (docs/cost_model.md): the routed experts of an MoE model (``moe.py``), MLA's
 fitted attention block (``hardware.MlaKernel``), sliding-window layers' window-bounded attention
-(``window.py``: ``iteration_time``'s ``window``), and data-parallel attention (``dp`` > 1: the
+(``window.py``: ``iteration_time``'s ``window``), data-parallel attention (``dp`` > 1: the
 experts over the dp x tp ranks with each MoE layer's token exchange, ``moe_comm.py``; a lockstep
-group's step in ``group_time``).
+group's step in ``group_time``), and a checkpoint's groups of linear layers kept in another format
+(``ModelSpec.module_dtypes``: each at its own rate and bytes, ``group_terms.py``).
 
 With efficiencies <= 1 and overhead >= 0 a prediction is never faster than the roofline limit
 (FLOPs / peak, bytes / bandwidth). Calibration (``calibration.py``) fits the efficiencies and
