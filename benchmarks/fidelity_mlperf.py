@@ -211,8 +211,9 @@ _B200_LLAMA = ("--policy", "trtllm", "--quantization", "nvfp4", "--kv-cache-dtyp
                *_TRT_ENGINE_BACKEND)  # fmt: skip
 # NVIDIA's DeepSeek-R1 (configs/<system>/Server/deepseek-r1.py): tensor_parallelism 8 with
 # enable_attention_dp (8 attention ranks of TP 1, tailserve's --tp 1 --data-parallel-size 8),
-# moe_expert_parallelism 8 (experts whole on each GPU, WIDEEP backend), precision fp4 (NVFP4
-# experts; tailserve's nvfp4 is every linear layer), FP8 KV, gpu_batch_size 512 and max_num_tokens
+# moe_expert_parallelism 8 (experts whole on each GPU, WIDEEP backend), precision fp4 (NVIDIA's
+# NVFP4 checkpoint with the hf_quant_config.json the harness substitutes into it: MLA's projections
+# and the routers bf16, everything else NVFP4; the catalog's DeepSeek-R1-FP4-v2), FP8 KV, gpu_batch_size 512 and max_num_tokens
 # 3456 per attention rank, max_util, chunked context off, block reuse off (llmlib/config.py
 # writes enable_block_reuse False), max_seq_len 3140 + 20000, kvcache_free_gpu_mem_frac 0.9 (of
 # what the weights and activations leave). Decode CUDA graphs of 128/256/384/512 requests with
@@ -282,7 +283,7 @@ POINTS = (
     ),
     MLPerfPoint(
         "nvidia-b200-r1", "NVIDIA 8xB200 TRT-LLM DeepSeek-R1", "deepseek-r1", "B200-SXM-180GBx8_TRT", "B200", 8, 1,
-        "DeepSeek-R1", "TensorRT 10.11, CUDA 12.9", 5.02, 4.96, 18592.24, (685.86, 1695.86), (69.90, 72.18), 248.934,
+        "DeepSeek-R1-FP4-v2", "TensorRT 10.11, CUDA 12.9", 5.02, 4.96, 18592.24, (685.86, 1695.86), (69.90, 72.18), 248.934,
         DEEPSEEK_R1, _R1_TRTLLM,
         _summary("NVIDIA", "B200-SXM-180GBx8_TRT", "deepseek-r1")
         + "; flags: closed/NVIDIA/configs/B200-SXM-180GBx8/Server/deepseek-r1.py (Custom harness, k_99, MaxP)",
@@ -293,7 +294,7 @@ POINTS = (
     ),
     MLPerfPoint(
         "nvidia-gb200-r1", "NVIDIA GB200-NVL72 TRT-LLM DeepSeek-R1", "deepseek-r1", "GB200-NVL72_GB200-186GB_aarch64x72_TRT",
-        "GB200", 72, 1, "DeepSeek-R1", "TensorRT 10.11, CUDA 12.9", 45.06, 44.76, 167578.06, (641.44, 1245.96),
+        "GB200", 72, 1, "DeepSeek-R1-FP4-v2", "TensorRT 10.11, CUDA 12.9", 45.06, 44.76, 167578.06, (641.44, 1245.96),
         (61.29, 64.45), 216.209, DEEPSEEK_R1, _R1_TRTLLM,
         _summary("NVIDIA", "GB200-NVL72_GB200-186GB_aarch64x72_TRT", "deepseek-r1")
         + "; flags: closed/NVIDIA/configs/GB200-NVL72_GB200-186GB_aarch64x72/Server/deepseek-r1.py",

@@ -96,7 +96,8 @@ def test_cost_json(tmp_path):
         == 0
     )
     data = json.loads(out.read_text())
-    assert set(data) == {"prefill_s", "decode_s"}
+    assert set(data) == {"prefill_s", "decode_s", "weight_formats"}
+    assert set(data["weight_formats"].values()) == {"bf16"}  # Llama-3-70B as released: every group bf16
     assert data["prefill_s"] == pytest.approx(0.120, rel=0.05)
     assert data["decode_s"] == pytest.approx(0.018, rel=0.05)
 

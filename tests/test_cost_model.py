@@ -144,6 +144,7 @@ def test_catalog_parameter_counts_are_plausible(name):
         "Qwen3-8B": 8.2, "Qwen3-32B": 32.8, "phi-2": 2.78, "Qwen-72B": 72.3, "Mixtral-8x7B": 46.7,
         "Qwen3-30B-A3B": 30.5, "Qwen3-235B-A22B": 235.0, "gpt-oss-120b": 116.8, "gpt-oss-20b": 20.9,
         "Llama-4-Scout-17B-16E": 109.0, "Llama-4-Maverick-17B-128E": 400.0, "DeepSeek-V3": 671.0,
+            "DeepSeek-R1-FP4": 671.0, "DeepSeek-R1-FP4-v2": 671.0,
         "Kimi-K2": 1000.0,  # the card's "1T" (1.03T counted)
     }[name]  # fmt: skip
     assert get_model(name).num_params / 1e9 == pytest.approx(expected, rel=0.03)

@@ -264,6 +264,52 @@ def _deepseek(
     }
 
 
+_DEEPSEEK_V3 = _deepseek(
+    "deepseek_v3",
+    128,
+    256,
+    3,
+    129280,
+    163840,
+    n_group=8,
+    topk_group=4,
+    num_nextn_predict_layers=1,
+    routed_scaling_factor=2.5,
+)
+
+
+def _r1_fp4_excluded(o_proj: bool) -> list[str]:
+    """NVIDIA's R1 NVFP4 exclude_modules in the shape of MLPerf v5.1's hf_quant_config.json
+    (mlcommons/inference_results_v5.1 closed/NVIDIA/code/deepseek-r1/tensorrt/hf_quant_config.json
+    @965182b0: per layer its norms, fused_a, q_proj, q_b_proj, kv_a_layernorm, kv_b_proj; mlp.gate
+    of the MoE layers; lm_head, embed_tokens, norm, the MTP layer "model.layers.61*"). ``o_proj``:
+    the first checkpoint's WO_GEMM, bf16 (its README.md:34), written here as one more entry."""
+    names = ["lm_head", "model.embed_tokens", "model.norm", "model.layers.61*"]
+    for i in range(61):
+        p = f"model.layers.{i}"
+        names += [f"{p}.input_layernorm", f"{p}.post_attention_layernorm"]
+        attn = ("fused_a", "q_proj", "q_b_proj", "kv_a_layernorm", "kv_b_proj") + (
+            ("o_proj",) if o_proj else ()
+        )
+        names += [f"{p}.self_attn.{n}" for n in attn]
+        if i >= 3:
+            names.append(f"{p}.mlp.gate")
+    return names
+
+
+# The catalog entries whose format is in a hf_quant_config.json beside config.json.
+HF_QUANT_CONFIGS = {
+    name: {
+        "producer": {"name": "modelopt", "version": "0.23.0"},
+        "quantization": {
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+            "exclude_modules": _r1_fp4_excluded(o_proj=name == "DeepSeek-R1-FP4"),
+        },
+    }
+    for name in ("DeepSeek-R1-FP4", "DeepSeek-R1-FP4-v2")
+}  # fmt: skip
+
+
 CATALOG_CONFIGS: dict[str, dict] = {
     # meta-llama/Llama-2-*-hf, Meta-Llama-3-*, Llama-3.1-*
     "Llama-2-7B": _llama(4096, 11008, 32, 32, 32, 32000, 4096, torch_dtype="float16"),
@@ -340,10 +386,10 @@ CATALOG_CONFIGS: dict[str, dict] = {
     "Llama-4-Scout-17B-16E": _llama4(16, 1, 10485760, 16.0),
     "Llama-4-Maverick-17B-128E": _llama4(128, 2, 1048576, 8.0),
     # deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct
-    "DeepSeek-V3": _deepseek(
-        "deepseek_v3", 128, 256, 3, 129280, 163840, n_group=8, topk_group=4, num_nextn_predict_layers=1,
-        routed_scaling_factor=2.5,
-    ),
+    "DeepSeek-V3": _DEEPSEEK_V3,
+    # nvidia/DeepSeek-R1-FP4(-v2): DeepSeek-V3's config.json; the format in hf_quant_config.json
+    "DeepSeek-R1-FP4": {k: v for k, v in _DEEPSEEK_V3.items() if k != "quantization_config"},
+    "DeepSeek-R1-FP4-v2": {k: v for k, v in _DEEPSEEK_V3.items() if k != "quantization_config"},
     "Kimi-K2": _deepseek(
         "kimi_k2", 64, 384, 1, 163840, 131072, n_group=1, topk_group=1, num_nextn_predict_layers=0,
         routed_scaling_factor=2.827, rope_theta=50000.0,
@@ -378,6 +424,8 @@ def test_every_catalog_model_has_its_config_here():
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_catalog_entry_is_its_own_config_json(tmp_path, name):
+    if name in HF_QUANT_CONFIGS:
+        _write(tmp_path, HF_QUANT_CONFIGS[name], "hf_quant_config.json")
     read = load_hf_config(_write(tmp_path, CATALOG_CONFIGS[name]))
     entry = MODELS[name]
     known = KNOWN_DIFFERENCES.get(name, {})
@@ -649,6 +697,7 @@ def test_models_command_lists_params_and_formats(capsys):
     oss = [c.strip() for c in rows["gpt-oss-120b"].split("│")[1:-1]]
     assert oss[1:3] == ["116.8", "5.7"] and "bf16/mxfp4/bf16" in oss and "GQA 18xSW128" in oss
     assert "bf16/-/bf16" in rows["Llama-3-8B"]
+    assert "nvfp4/=/bf16*" in rows["DeepSeek-R1-FP4-v2"]  # *: groups kept in bf16
 
 
 def test_hub_ids_of_catalog_models_resolve():

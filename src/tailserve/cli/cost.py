@@ -36,6 +36,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     from tailserve.executors.simulated.cost_model import BatchShape
+    from tailserve.executors.simulated.module_formats import group_dtypes
     from tailserve.executors.simulated.window import WindowShape
 
     built = build_cost_model(deployment_from(args))
@@ -49,7 +50,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     window = cm.model.sliding_window if cm.windowed else 0
     prefill_window = WindowShape.of(prefill, [], window) if window else None
     decode_window = WindowShape.of([], [ctx] * batch, window) if window else None
-    result = {
+    result: dict[str, Any] = {
         "prefill_s": cm.iteration_time(prefill_shape, prefill_window),
         "decode_s": cm.iteration_time(decode_shape, decode_window),
     }
@@ -63,6 +64,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
         cm.roofline(prefill_shape, prefill_window),
         cm.roofline(decode_shape, decode_window),
     )
+    # every group's weight format (module_formats.py): which GEMMs run quantized, which do not
+    result["weight_formats"] = group_dtypes(cm.model)
     if built.kernels != "vllm":  # the catalog's own curves are vLLM's: named only when another's priced it
         result["kernels"] = built.kernels
     if cm.dp > 1:

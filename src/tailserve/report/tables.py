@@ -12,6 +12,7 @@ from tailserve.executors.simulated.cost_model import Roofline
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.hardware import ENGINE_NAMES, HARDWARE
 from tailserve.executors.simulated.models import MODELS
+from tailserve.executors.simulated.module_formats import group_dtypes
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
 
@@ -99,7 +100,7 @@ def print_cost(
     prefill_context: int,
     batch: int,
     ctx: int,
-    result: dict[str, float],
+    result: dict[str, Any],
     prefill_roof: Roofline,
     decode_roof: Roofline,
 ) -> None:
@@ -123,6 +124,10 @@ def print_cost(
     console.print(
         f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, comm {e.comm:.3g}, overhead {e.overhead * 1e3:.2f} ms"
     )
+    m = built.cost_model.model
+    if m.module_dtypes:  # a checkpoint that keeps some groups in another format: say which
+        formats = ", ".join(f"{g} {f}" for g, f in group_dtypes(m).items())
+        console.print(f"weight formats by group: {formats}")
     fc = built.cost_model.format_curve
     if fc is not None:
         console.print(
@@ -180,7 +185,8 @@ def _model_formats(m: Any) -> str:
     experts = "-"
     if m.is_moe:
         experts = "=" if (m.expert_dtype or weights) == weights else m.expert_dtype
-    return f"{weights}/{experts}/{m.kv_dtype or base}"
+    kept = "*" if m.module_dtypes else ""  # groups the checkpoint keeps in another format
+    return f"{weights}/{experts}/{m.kv_dtype or base}{kept}"
 
 
 def _model_attention(m: Any) -> str:
@@ -205,7 +211,7 @@ def _model_experts(m: Any) -> str:
 def print_models() -> None:
     table = Table(
         title="models (any HF config.json path works too; experts: routed/per token, +s: a shared expert; "
-        "formats: weights/experts (=: same)/KV cache; 18xSW128: 18 layers attend to the last 128 tokens)",
+        "formats: weights/experts (=: same)/KV cache, *: some layers in another format (cost lists them); 18xSW128: 18 layers attend to the last 128 tokens)",
         title_justify="left",
     )
     columns = (

@@ -21,9 +21,10 @@ time = linear layers + prefill attention + decode attention + TP all-reduce + ov
 
 Beyond that core (docs/cost_model.md): the routed experts of an MoE model (``moe.py``), MLA's
 fitted attention block (``hardware.MlaKernel``), sliding-window layers' window-bounded attention
-(``window.py``: ``iteration_time``'s ``window``), and data-parallel attention (``dp`` > 1: the
+(``window.py``: ``iteration_time``'s ``window``), data-parallel attention (``dp`` > 1: the
 experts over the dp x tp ranks with each MoE layer's token exchange, ``moe_comm.py``; a lockstep
-group's step in ``group_time``).
+group's step in ``group_time``), and a checkpoint's groups of linear layers kept in another format
+(``ModelSpec.module_dtypes``: each at its own rate and bytes, ``group_terms.py``).
 
 With efficiencies <= 1 and overhead >= 0 a prediction is never faster than the roofline limit
 (FLOPs / peak, bytes / bandwidth). Calibration (``calibration.py``) fits the efficiencies and
@@ -52,8 +53,10 @@ from tailserve.executors.simulated.gemm import (
     padded_tokens,
     wave_flops,
 )
+from tailserve.executors.simulated.group_terms import GroupTerms
 from tailserve.executors.simulated.hardware import MOE_GENERIC, GemmCurve, Hardware, LinkFit
 from tailserve.executors.simulated.models import ModelSpec
+from tailserve.executors.simulated.module_formats import group_dtype
 from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
 from tailserve.executors.simulated.moe_comm import exchange_time, resolve_backend
 from tailserve.executors.simulated.precision import get_precision
@@ -249,6 +252,7 @@ class CostModel:
         self._flops_rate = hw.peak_flops * eff.compute
         self._byte_rate = hw.memory_bandwidth * eff.memory
         self._init_formats(m, hw, eff)
+        self._init_groups(m, hw, eff)
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
         self._prefill_rates = (
             self._flops_rate * eff.prefill_attention,
@@ -370,7 +374,9 @@ class CostModel:
             # The fused MoE kernel runs below the dense GEMM curve and pays a fixed time per
             # layer (routing, the row permutation): hardware.MoeKernel, fitted to measured tables.
             kernel = hw.moe or MOE_GENERIC
-            fmt = get_precision(m.expert_dtype or m.weight_dtype or "bf16")
+            fmt = get_precision(
+                group_dtype(m, "experts") if m.module_dtypes else (m.expert_dtype or m.weight_dtype or "bf16")
+            )
             own = kernel.curve_for(fmt.name, self.expert_parallel)
             if own is not None and _gemm_fields(eff) == _gemm_fields(Efficiency.for_hardware(hw)):
                 # The format's own fused-MoE curve (hardware.MoeCurve); a calibrated or hand-set
@@ -387,6 +393,31 @@ class CostModel:
             self._moe_byte_rate = self._byte_rate * fm * kernel.memory
             self._moe_fixed = kernel.layer_latency
             self._moe_row_element = kernel.row_element
+
+    def _init_groups(self, m: ModelSpec, hw: Hardware, eff: Efficiency) -> None:
+        """A checkpoint that keeps some groups of linear layers in another format
+        (``ModelSpec.module_dtypes``): each group's GEMMs at its format's rate, its weights at its
+        format's size (``group_terms.py``); None when every group shares the weights' format."""
+        self._groups: GroupTerms | None = None
+        self._dense_gemm_groups: tuple[str, ...] = ()
+        if not m.module_dtypes:
+            return
+        g = GroupTerms.of(m, hw, self.tp, eff.compute, self._byte_rate, self._mla is not None)
+        self._groups = g
+        self._layer_weight_bytes = g.layer_weight_bytes
+        self._mla_weight_bytes = g.mla_weight_bytes
+        self._weight_bytes = g.layer_weight_bytes + g.mla_weight_bytes + self._lm_head_bytes
+        if self._quant_bytes_per_token:  # only the quantized groups' inputs are quantized
+            quant = hw.gemm.quant_bytes_for(get_precision(m.weight_dtype).name) if hw.gemm else 0.0
+            self._quant_bytes_per_token = quant * g.quantized_inputs
+        self._dense_gemm_groups = _dense_gemm_groups(m)
+        if self._mla is not None and self._format_curve is None:
+            # the MLA block's fitted terms of its projections' own format
+            fmt = group_dtype(m, "mla")
+            mla = self._mla
+            self._set_mla_terms(
+                m, self.tp, mla.gemm_factor(fmt), mla.format_latency(fmt), mla.format_request(fmt), 0.0
+            )
 
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
@@ -466,7 +497,12 @@ class CostModel:
         experts = self._experts(num_tokens) if self.model.is_moe else 0.0
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
             # The plain roofline: every GEMM in one max (the model before the fitted curves).
-            if self._gemm_flops_rate != self._flops_rate:
+            if self._groups is not None:
+                compute = (
+                    num_tokens * self._groups.layer_compute_s
+                    + num_logits * self._lm_head_flops_per_logit / self._flops_rate
+                )
+            elif self._gemm_flops_rate != self._flops_rate:
                 compute = (
                     num_tokens * self._linear_flops_per_token / self._gemm_flops_rate
                     + num_logits * self._lm_head_flops_per_logit / self._flops_rate
@@ -489,12 +525,23 @@ class CostModel:
         p = eff.sharpness
         if self._mla is not None:
             experts += self._mla_projections(num_tokens)
-        layers = join(
-            padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._gemm_flops_rate,
-            (self._layer_weight_bytes + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token))
-            / self._gemm_byte_rate,
-            p,
-        )
+        if self._groups is not None:  # each group at its format's rates (group_terms.py)
+            layers = join(
+                padded_tokens(num_tokens, eff.tile_m) * self._groups.layer_compute_s,
+                self._groups.layer_weight_s
+                + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token) / self._gemm_byte_rate,
+                p,
+            )
+        else:
+            layers = join(
+                padded_tokens(num_tokens, eff.tile_m) * self._linear_flops_per_token / self._gemm_flops_rate,
+                (
+                    self._layer_weight_bytes
+                    + num_tokens * (self._act_bytes_per_token + self._kv_bytes_per_token)
+                )
+                / self._gemm_byte_rate,
+                p,
+            )
         head = self._head(num_logits)
         return layers + self._num_gemms * eff.gemm_latency + head + experts + num_tokens * eff.per_token
 
@@ -520,10 +567,17 @@ class CostModel:
         assert curve is not None
         kv_write = num_tokens * self._kv_bytes_per_token / sum(c for _, _, c in self._dense_gemms)
         layers = 0.0
-        for n, k, count in self._dense_gemms:
+        for i, (n, k, count) in enumerate(self._dense_gemms):
+            own, peak, weight_bytes = curve, self._gemm_peak, m.weight_bytes_per_param
+            if self._dense_gemm_groups:  # a group kept in another format: that format's curve
+                fmt = get_precision(group_dtype(m, self._dense_gemm_groups[i]))
+                if fmt.bytes != weight_bytes:
+                    assert hw.gemm is not None
+                    own = hw.gemm.curve_for(fmt.name) or hw.gemm  # bf16: the GPU's own curve
+                    peak, weight_bytes = hw.peak_for(fmt.compute), fmt.bytes
             layers += count * curve_gemm_time(
-                num_tokens, n, k, curve, self._gemm_peak, hw.memory_bandwidth, hw.sms,
-                m.weight_bytes_per_param, m.dtype_bytes, kv_write,
+                num_tokens, n, k, own, peak, hw.memory_bandwidth, hw.sms,
+                weight_bytes, m.dtype_bytes, kv_write,
             )  # fmt: skip
         if self._mla is not None:
             layers += self._mla_projections(num_tokens)
@@ -533,8 +587,18 @@ class CostModel:
         """MLA's attention projections as their own join (``_init_mla_projections``); beside the
         format's own curve, plus the block's fitted time per new token (``_init_formats``)."""
         eff = self.efficiency
-        compute = padded_tokens(num_tokens, eff.tile_m) * self._mla_flops_per_token / self._gemm_flops_rate
-        memory = (self._mla_weight_bytes + num_tokens * self._mla_act_bytes_per_token) / self._gemm_byte_rate
+        if self._groups is not None:  # o_proj and the other projections each at their format's rates
+            compute = padded_tokens(num_tokens, eff.tile_m) * self._groups.mla_compute_s
+            memory = (
+                self._groups.mla_weight_s + num_tokens * self._mla_act_bytes_per_token / self._gemm_byte_rate
+            )
+        else:
+            compute = (
+                padded_tokens(num_tokens, eff.tile_m) * self._mla_flops_per_token / self._gemm_flops_rate
+            )
+            memory = (
+                self._mla_weight_bytes + num_tokens * self._mla_act_bytes_per_token
+            ) / self._gemm_byte_rate
         return join(compute, memory, eff.sharpness) / self._mla_factor + num_tokens * self._mla_per_token
 
     def mla_fixed_time(self, shape: BatchShape) -> float:
@@ -821,7 +885,12 @@ class CostModel:
             lin_f += shape.num_tokens * self._mla_flops_per_token
         lin_b = self._weight_bytes + shape.num_tokens * kv
         lin_c = lin_f / hw.peak_flops
-        if m.is_moe or m.weight_dtype:
+        if self._groups is not None:
+            lin_c = (
+                shape.num_tokens * self._groups.peak_s
+                + shape.num_logits * self._lm_head_flops_per_logit / hw.peak_flops
+            )
+        elif m.is_moe or m.weight_dtype:
             lin_c = (
                 shape.num_tokens
                 * (self._linear_flops_per_token + self._mla_flops_per_token)
@@ -910,6 +979,19 @@ def _dense_gemms(m: ModelSpec, tp: int) -> tuple[tuple[float, float, int], ...]:
     if moe:
         shapes.append((m.num_experts, h, moe))  # the router, replicated on every rank
     return tuple(shapes)
+
+
+def _dense_gemm_groups(m: ModelSpec) -> tuple[str, ...]:
+    """The group (module_formats.py) of each entry of ``_dense_gemms``, in its order."""
+    groups: list[str] = [] if m.is_mla else ["attention", "attention"]
+    moe = m.num_moe_layers
+    if m.num_layers > moe:
+        groups += ["dense_mlp", "dense_mlp"]
+    if moe and m.shared_intermediate_size:
+        groups += ["shared_experts", "shared_experts"]
+    if moe:
+        groups.append("router")
+    return tuple(groups)
 
 
 def _dense_inputs_per_token(m: ModelSpec, tp: int) -> float:

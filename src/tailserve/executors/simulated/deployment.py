@@ -126,7 +126,11 @@ class Deployment:
 
     def model_spec(self) -> ModelSpec:
         """The model's shapes with this deployment's number formats: ``quantization`` sets every
-        weight's (experts' too, as vLLM quantizes them), ``kv_cache_dtype`` the KV cache's."""
+        weight's (experts' too, as vLLM quantizes them) but for the groups of linear layers the
+        model's checkpoint keeps in another format (``ModelSpec.module_dtypes``: a catalog
+        entry's, or a config's ignore list), ``kv_cache_dtype`` the KV cache's. A catalog model
+        without such groups (DeepSeek-V3) is quantized whole; ``DeepSeek-R1-FP4`` keeps NVIDIA's
+        exclusions."""
         spec = get_model(self.model)
         if self.quantization:
             spec = replace(

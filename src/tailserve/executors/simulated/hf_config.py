@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tailserve.executors.simulated.model_spec import ModelSpec
+from tailserve.executors.simulated.quant_exclusions import apply_exclusions
 
 Shape = dict[str, Any]
 
@@ -608,9 +609,60 @@ def load_hf_config(path: str | Path) -> ModelSpec:
             raise ValueError(f"{p}: text_config model_type {inner!r} is not {_NESTED[model_type]!r}")
     f = _Fields(text, p, model_type)
     shape = READERS[model_type](f)
-    shape.update(_formats(f, cfg, bool(shape.get("num_experts"))))
+    top = cfg
+    modelopt = _read_json(p.parent / "hf_quant_config.json")
+    if modelopt is not None:
+        # TensorRT-LLM and vLLM read a modelopt checkpoint's own hf_quant_config.json (NVIDIA's
+        # MLPerf R1 substitutes a custom one): its quantization section replaces config.json's.
+        top = {**cfg, "quantization_config": _modelopt_section(modelopt, p.parent / "hf_quant_config.json")}
+    shape.update(_formats(f, top, bool(shape.get("num_experts"))))
     name = str(cfg.get("_name_or_path") or p.parent.name or model_type)
     try:
-        return ModelSpec(name=name, **shape)
+        spec = ModelSpec(name=name, **shape)
+        exclusions = _exclusion_list(top.get("quantization_config") or f.raw.get("quantization_config"))
+        if exclusions is not None:
+            spec = apply_exclusions(spec, model_type, *exclusions)
+        return spec
     except ValueError as e:
         raise ValueError(f"{p}: {e}") from None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
+        raise ValueError(f"{path}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
+def _modelopt_section(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """hf_quant_config.json's ``quantization`` as a config.json ``quantization_config``."""
+    q = data.get("quantization")
+    if not isinstance(q, dict):
+        raise ValueError(f"{path}: quantization must be an object")
+    return {**q, "quant_method": "modelopt", "_exclude_modules": q.get("exclude_modules")}
+
+
+def _exclusion_list(q: object) -> tuple[object, str, str] | None:
+    """(patterns, match style, where) of a quantization config's list of modules left
+    unquantized (quant_exclusions.py), None without one. gpt-oss's MXFP4 list is not read:
+    its format is the experts' alone already (``_formats``)."""
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if method == "modelopt":
+        if "_exclude_modules" in q:
+            return q["_exclude_modules"], "glob", "hf_quant_config.json exclude_modules"
+        return q.get("ignore"), "glob", "quantization_config ignore"
+    if method == "compressed-tensors":
+        return q.get("ignore"), "exact_or_regex", "quantization_config ignore"
+    if method in ("fp8", "fbgemm_fp8"):
+        key = "ignored_layers" if q.get("ignored_layers") else "modules_to_not_convert"
+        return q.get(key), "exact", f"quantization_config {key}"
+    if method == "awq":
+        return q.get("modules_to_not_convert"), "substring", "quantization_config modules_to_not_convert"
+    return None

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tailserve.executors.simulated.module_formats import (
+    check_module_dtypes,
+    dense_bytes_per_shard,
+    group_dtype,
+)
 from tailserve.executors.simulated.precision import get_precision
 
 
@@ -53,6 +58,10 @@ class ModelSpec:
     weight_dtype: str = ""
     expert_dtype: str = ""
     kv_dtype: str = ""
+    # Groups of linear layers a quantized checkpoint keeps in another format ((group, format)
+    # pairs, module_formats.py): NVIDIA's R1 NVFP4 keeps MLA's projections and the router in bf16.
+    # Every group not named takes weight_dtype (expert_dtype for the routed experts).
+    module_dtypes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,6 +112,8 @@ class ModelSpec:
         if self.num_sliding_layers and self.is_mla:
             # vLLM's SlidingWindowSpec asserts it (kv_cache_interface.py): no engine runs both.
             raise ValueError(f"model {self.name}: sliding-window layers with MLA are not supported")
+        if self.module_dtypes:  # after the shapes: it counts each group's parameters
+            check_module_dtypes(self)
 
     @property
     def dim_per_head(self) -> int:
@@ -237,6 +248,8 @@ class ModelSpec:
 
     @property
     def expert_bytes_per_param(self) -> float:
+        if self.module_dtypes:
+            return get_precision(group_dtype(self, "experts")).bytes
         if self.expert_dtype:
             return get_precision(self.expert_dtype).bytes
         return self.weight_bytes_per_param
@@ -261,10 +274,12 @@ class ModelSpec:
         """Weight bytes on one GPU at TP ``tp``; with data-parallel attention (``dp`` > 1, an
         MoE model) each DP rank holds the dense weights at TP ``tp`` and the routed experts are
         spread over all ``dp x tp`` GPUs."""
-        if not (self.is_moe or self.weight_dtype or self.expert_dtype):
+        if not (self.is_moe or self.weight_dtype or self.expert_dtype or self.module_dtypes):
             return self.num_params * self.dtype_bytes / tp
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         experts = self.num_expert_params * self.expert_bytes_per_param
+        if self.module_dtypes:  # each group at its own format (module_formats.py)
+            return dense_bytes_per_shard(self, tp) + embed * self.dtype_bytes / tp + experts / (tp * dp)
         if self.is_mla:  # the down-projections whole on every rank
             return (
                 self.dense_matmul_params_per_shard(tp) * self.weight_bytes_per_param

@@ -95,6 +95,29 @@ MODELS: dict[str, ModelSpec] = {
             q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
             v_head_dim=128, weight_dtype="fp8_block",
         ),
+        # NVIDIA's NVFP4 DeepSeek-R1 checkpoints (TensorRT Model Optimizer): the routed and shared
+        # experts, the dense layers' MLPs in NVFP4; MLA's projections (fused_a = q_a + kv_a,
+        # q_b_proj, kv_b_proj), the routers (mlp.gate) and the LM head in bf16. -v2 with the
+        # hf_quant_config.json MLPerf v5.1 substitutes into it (mlcommons/inference_results_v5.1
+        # closed/NVIDIA/code/deepseek-r1/tensorrt/hf_quant_config.json:10-490 @965182b0, README.md:34-41):
+        # o_proj ("WO_GEMM") in NVFP4. nvidia/DeepSeek-R1-FP4 (the README's first checkpoint,
+        # README.md:28-31) predates that: "the weight of WO_GEMM is additionally quantized to FP4"
+        # in v2 (README.md:34), so its o_proj is bf16 too. KV format: the deployment's flag.
+        ModelSpec(
+            "DeepSeek-R1-FP4", 7168, 61, 128, 128, 18432, 129280, 163840,
+            num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
+            shared_intermediate_size=2048, first_dense_layers=3,
+            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, weight_dtype="nvfp4",
+            module_dtypes=(("attention", "bf16"), ("mla", "bf16"), ("router", "bf16")),
+        ),
+        ModelSpec(
+            "DeepSeek-R1-FP4-v2", 7168, 61, 128, 128, 18432, 129280, 163840,
+            num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
+            shared_intermediate_size=2048, first_dense_layers=3,
+            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, weight_dtype="nvfp4", module_dtypes=(("mla", "bf16"), ("router", "bf16")),
+        ),
         # Kimi-K2 (moonshotai/Kimi-K2-Instruct, model_type kimi_k2 with DeepSeek-V3's fields):
         # 64 heads, 384 experts (top 8) and 1 shared, 1 dense layer; FP8 as released.
         ModelSpec(
@@ -141,6 +164,8 @@ HF_REPOS: dict[str, str] = {
     "Llama-4-Scout-17B-16E": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
     "Llama-4-Maverick-17B-128E": "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
     "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
+    "DeepSeek-R1-FP4": "nvidia/DeepSeek-R1-FP4",
+    "DeepSeek-R1-FP4-v2": "nvidia/DeepSeek-R1-FP4-v2",
     "Kimi-K2": "moonshotai/Kimi-K2-Instruct",
 }
 
