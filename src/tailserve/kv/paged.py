@@ -21,6 +21,8 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+
 if TYPE_CHECKING:
     from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
     from tailserve.kv.radix import RadixCache
@@ -52,8 +54,14 @@ class KVCacheManager:
         # blocks: an array reallocates whenever it shrinks by 16 or more entries, which costs
         # more there than the few int objects a block table holds. Subclasses keep lists.
         self._compact = type(self) is KVCacheManager and block_size == 1
-        ids = range(num_blocks - 1, -1, -1)
-        self._free: list[int] = array("q", ids) if self._compact else list(ids)  # type: ignore[assignment]
+        if self._compact:
+            # The same ids from numpy's bytes: ``array("q", range(...))`` converts each int
+            # through ``PyArg_Parse`` (~300 instructions an id; SGLang's pools hold ~800k
+            # slots: 13% of a 2,000-request simulation's instructions went here).
+            ids = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
+            self._free: list[int] = array("q", ids.tobytes())  # type: ignore[assignment]
+        else:
+            self._free = list(range(num_blocks - 1, -1, -1))
         # In a plain manager every held block has exactly one reference (only the radix
         # subclass shares), so the counts are not kept until something reads ``_ref_counts``
         # (the radix subclass on adoption, check_integrity): writing one count per block on
@@ -195,7 +203,12 @@ class KVCacheManager:
         refs = self._refs
         free = self._free
         if refs is None:  # one reference each: every block is released, tail first as below
-            free.extend(table[::-1])
+            if self._compact:
+                # Reversed by numpy: a typed array's ``[::-1]`` (and its ``reverse``) call
+                # ``memcpy`` once per id, ~25 instructions a slot freed.
+                free.frombytes(np.frombuffer(table, dtype=np.int64)[::-1].tobytes())
+            else:
+                free.extend(table[::-1])
             return len(table)
         released = 0
         # Tail first, like vLLM: the end of a sequence is the least likely to be shared.
