@@ -70,6 +70,15 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: in
     lazy.check_integrity()
 
 
+def test_a_manager_that_overrides_holds_says_so() -> None:
+    """Sarathi's phase 1 reads ``block_tables`` itself where ``holds_by_table_length``: any
+    manager class with its own ``holds`` must turn the flag off."""
+    from tailserve.kv.hashed import HashedKVCacheManager
+
+    for cls in (KVCacheManager, HashedKVCacheManager, RadixKVCacheManager):
+        assert cls.holds_by_table_length == (cls.holds is KVCacheManager.holds), cls.__name__
+
+
 def test_compact_pool_is_built_and_refilled_as_a_list_pool_is() -> None:
     """The one-token-slot pool's typed array is built from numpy's bytes and a freed table goes
     back reversed by numpy (kv/paged.py): the same ids, in the same order, as the list stack a

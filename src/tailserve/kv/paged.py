@@ -37,6 +37,9 @@ class KVCacheManager:
 
     prefix_caching: ClassVar[bool] = False  # hashed full-block keys (the scheduler registers them)
     shares_prefixes: ClassVar[bool] = False  # some prefix cache shares blocks between requests
+    # ``holds`` answers from the length of the request's table alone (a policy's per-request
+    # loop may read ``block_tables`` itself); a manager that overrides ``holds`` says False.
+    holds_by_table_length: ClassVar[bool] = True
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:

@@ -649,11 +649,13 @@ class CostModel:
         return m.num_layers * layer + head + num_tokens * self.efficiency.per_token
 
     def _attention(self, pairs: Any, kv_tokens: Any, rates: tuple[float, float], pair_flops: float) -> Any:
-        mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
-        return mx(
-            pairs * pair_flops / rates[0],
-            kv_tokens * self._kv_bytes_per_token / rates[1],
-        )
+        compute = pairs * pair_flops / rates[0]
+        memory = kv_tokens * self._kv_bytes_per_token / rates[1]
+        if isinstance(kv_tokens, np.ndarray):
+            return np.maximum(compute, memory)
+        # ``max(compute, memory)`` spelled out (the same float): the builtin parses its
+        # arguments as keywords, ~750 instructions a call, twice per stepped iteration.
+        return memory if memory > compute else compute
 
     def _comm(self, num_tokens: Any) -> Any:
         if not self._comm_bands:
@@ -716,10 +718,14 @@ class CostModel:
                 for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
             ]
         head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
-        return [
-            head + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate) + comm + overhead
-            for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
-        ]
+        times = []
+        add = times.append
+        for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n):
+            compute = kv * pair_flops / flops_rate
+            memory = kv * kv_bytes / byte_rate
+            # ``max(compute, memory)`` spelled out, as in ``_attention``: once per step.
+            add(head + (memory if memory > compute else compute) + comm + overhead)
+        return times
 
     def iteration_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
         """Predicted seconds for one iteration of this batch shape. A model with sliding-window
