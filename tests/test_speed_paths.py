@@ -70,6 +70,21 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: in
     lazy.check_integrity()
 
 
+def test_scheduled_decode_builds_what_the_class_call_builds() -> None:
+    """``scheduled_decode`` (the policies' running loops) sets every field the dataclass's own
+    ``__init__`` sets, to the same values: equal objects (an unset slot would raise here)."""
+    from dataclasses import fields
+
+    from tailserve.core.scheduler_output import ScheduledRequest, scheduled_decode
+
+    request = Request("r", 10, 5, 0.0)
+    fast, slow = scheduled_decode(request, 12), ScheduledRequest(request, 1, 12)
+    assert type(fast) is ScheduledRequest
+    for f in fields(ScheduledRequest):
+        assert getattr(fast, f.name) == getattr(slow, f.name), f.name
+    assert fast == slow
+
+
 def test_a_manager_that_overrides_holds_says_so() -> None:
     """Sarathi's phase 1 reads ``block_tables`` itself where ``holds_by_table_length``: any
     manager class with its own ``holds`` must turn the flag off."""

@@ -31,7 +31,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 
@@ -136,7 +136,7 @@ class SarathiPolicy(Policy, FastPaths):
             ):
                 # Its last block has room for the token: what the loop below would do (nothing,
                 # and succeed) without its calls, the bulk of every chunked-prefill iteration.
-                add(ScheduledRequest(request, 1, computed))
+                add(scheduled_decode(request, computed))
                 batched += 1
                 continue
             while not (

@@ -44,7 +44,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
 from tailserve.kv.spec import KVSpec
@@ -301,7 +301,7 @@ class VllmPolicy(Policy, FastPaths):
                 # but a block it fills is cached now, as vLLM's allocate_slots does every step.
                 if not (computed + 1) % block_size:  # a no-op without prefix caching
                     sched.cache_computed(request, computed + 1)
-                scheduled.append(ScheduledRequest(request, 1, computed))
+                scheduled.append(scheduled_decode(request, computed))
                 budget -= 1
                 i += 1
                 continue

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from tailserve.executors.simulated.cost_model import BatchShape
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.fast_paths import FastPaths
 
@@ -140,7 +139,7 @@ def advance_chunk_run(engine: Engine) -> int:
     if free < 0:
         return 0
     cost_model = cast(SimExecutor, engine.executor).cost_model  # the driver checked ``applies_to``
-    iteration_time = cost_model.iteration_time
+    shape_time = cost_model.shape_time
     c_p = prompt.num_computed_tokens
     q_pairs = q * (q + 1) // 2
     num_tokens = n + q
@@ -168,15 +167,16 @@ def advance_chunk_run(engine: Engine) -> int:
             del due[j]
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
+        # ``BatchShape``'s fields, priced without building one (``CostModel.shape_time``).
         if j == k_full:  # the prompt's last chunk: it samples its first token
-            shape = BatchShape(
+            duration = shape_time(
                 n + last, n + 1, last * c_p + last * (last + 1) // 2, last + c_p, decode_kv, 1, n
             )
         else:
-            shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
+            duration = shape_time(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
         starts.append(t)
         used.append(used0 + needed)
-        t = t + iteration_time(shape)
+        t = t + duration
         times.append(t)
         c_p += q
         decode_kv += n

@@ -746,6 +746,42 @@ class CostModel:
             shape.num_decodes,
         )
 
+    def shape_time(
+        self,
+        num_tokens: int,
+        num_logits: int,
+        prefill_pairs: int,
+        prefill_kv_tokens: int,
+        decode_kv_tokens: int,
+        num_prefills: int,
+        num_decodes: int,
+    ) -> float:
+        """``iteration_time(BatchShape(...))`` of these fields (no window aggregates), without
+        building the shape: a frozen dataclass takes ~2,500 instructions to construct, and the
+        chunk runs price one iteration per loop turn."""
+        if num_tokens == 0:
+            return 0.0
+        if self._window:
+            shape = BatchShape(
+                num_tokens,
+                num_logits,
+                prefill_pairs,
+                prefill_kv_tokens,
+                decode_kv_tokens,
+                num_prefills,
+                num_decodes,
+            )
+            return self._rank_time(shape, None, num_tokens)
+        return self._iteration_time(
+            num_tokens,
+            num_logits,
+            prefill_pairs,
+            prefill_kv_tokens,
+            decode_kv_tokens,
+            num_prefills,
+            num_decodes,
+        )
+
     def attention_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
         """The prefill and decode attention parts of ``iteration_time`` alone."""
         if not self._window:
