@@ -9,8 +9,9 @@ One manager class per kind (``kv/factory.py`` builds the one a policy declares):
 ``HashedKVCacheManager`` (``kv/hashed.py``, vLLM's automatic prefix caching) and
 ``RadixKVCacheManager`` (``kv/radix_manager.py``, slots a radix tree it owns holds references
 on). Each manager owns its prefix cache. Generic code asks a manager what it can do through the
-class attributes ``prefix_caching`` (the scheduler registers hashed block keys) and
-``shares_prefixes`` (any prefix cache) and the ``can_drop_cached`` property, never by looking
+class attributes ``prefix_caching`` (the scheduler registers hashed block keys),
+``shares_prefixes`` (any prefix cache) and ``holds_by_table_length`` (``holds`` reads the table
+length alone) and the ``can_drop_cached`` property, never by looking
 inside it or testing its class. The prefix-cache methods here are the plain manager's answers: no
 match, nothing to register, nothing cached.
 """
