@@ -70,7 +70,15 @@ CASES = (
     # Synchronous, as AISimulate's vllm backend schedules (tailserve's vllm default is async on a GPU).
     Case("vllm", "vllm:max_num_batched_tokens=4096,max_num_seqs=256,async_scheduling=false", "vllm", 4096),
     Case("sarathi", "sarathi:chunk_size=512,max_num_seqs=256", "vllm", 512),
-    Case("sglang", "sglang:chunked_prefill_size=8192,max_running_requests=256", "sglang", 8192),
+    # Synchronous too: AISimulate's sglang backend runs without its host loop (``host_loop``
+    # false by default, aisimulate/config/engine.py), and SGLang's overlap scheduler (on by
+    # default in tailserve since 759b815) turns the decode fast paths off.
+    Case(
+        "sglang",
+        "sglang:chunked_prefill_size=8192,max_running_requests=256,disable_overlap_schedule=true",
+        "sglang",
+        8192,
+    ),
 )
 
 

@@ -189,3 +189,19 @@ def test_swap_cost_and_the_essays_per_gpu_figure(tmp_path):
     mha = CostModel(load_hf_config(tmp_path), get_hardware("A100-80GB"), 8)
     assert 8000 * mha.model.kv_bytes_per_token(8) == pytest.approx(2.62e9, rel=0.01)
     assert mha.swap_time(8000) == pytest.approx(0.082, rel=0.02)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    model=st.sampled_from(["Llama-3-8B", "Llama-3-70B", "gpt-oss-20b"]),  # gpt-oss: sliding layers
+    prefill=st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 16384)), max_size=3),
+    decodes=st.lists(st.integers(0, 32768), max_size=40),
+)
+def test_shape_time_equals_iteration_time_of_the_shape(model, prefill, decodes):
+    """The chunk runs price BatchShape's fields without building one (``shape_time``): the
+    same float as ``iteration_time`` of the shape, bit for bit."""
+    cm = CostModel(get_model(model), get_hardware("H100-SXM"), 1)
+    shape = BatchShape.of(prefill, decodes)
+    fields = (shape.num_tokens, shape.num_logits, shape.prefill_pairs, shape.prefill_kv_tokens)
+    rest = (shape.decode_kv_tokens, shape.num_prefills, shape.num_decodes)
+    assert cm.shape_time(*fields, *rest) == cm.iteration_time(shape)

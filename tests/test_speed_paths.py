@@ -70,6 +70,50 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: in
     lazy.check_integrity()
 
 
+def test_scheduled_decode_builds_what_the_class_call_builds() -> None:
+    """``scheduled_decode`` (the policies' running loops) sets every field the dataclass's own
+    ``__init__`` sets, to the same values: equal objects (an unset slot would raise here)."""
+    from dataclasses import fields
+
+    from tailserve.core.scheduler_output import ScheduledRequest, scheduled_decode
+
+    request = Request("r", 10, 5, 0.0)
+    fast, slow = scheduled_decode(request, 12), ScheduledRequest(request, 1, 12)
+    assert type(fast) is ScheduledRequest
+    for f in fields(ScheduledRequest):
+        assert getattr(fast, f.name) == getattr(slow, f.name), f.name
+    assert fast == slow
+
+
+def test_a_manager_that_overrides_holds_says_so() -> None:
+    """Sarathi's phase 1 reads ``block_tables`` itself where ``holds_by_table_length``: any
+    manager class with its own ``holds`` must turn the flag off."""
+    from tailserve.kv.hashed import HashedKVCacheManager
+
+    for cls in (KVCacheManager, HashedKVCacheManager, RadixKVCacheManager):
+        assert cls.holds_by_table_length == (cls.holds is KVCacheManager.holds), cls.__name__
+
+
+def test_compact_pool_is_built_and_refilled_as_a_list_pool_is() -> None:
+    """The one-token-slot pool's typed array is built from numpy's bytes and a freed table goes
+    back reversed by numpy (kv/paged.py): the same ids, in the same order, as the list stack a
+    counting manager builds with ``range`` and refills with ``[::-1]``."""
+    n = 100_003
+    lazy = KVCacheManager(n, 1)
+    counted = RadixKVCacheManager(n, 1)
+    assert lazy._compact
+    assert list(lazy._free) == counted._free == list(range(n - 1, -1, -1))
+    rng = random.Random(5)
+    for i in range(40):
+        tokens = rng.randint(1, 3000)
+        assert list(lazy.allocate(f"r{i}", tokens) or []) == counted.allocate(f"r{i}", tokens)
+    for i in rng.sample(range(40), 25):
+        assert lazy.free(f"r{i}") == counted.free(f"r{i}")
+        assert list(lazy._free[-5000:]) == counted._free[-5000:]
+    assert list(lazy._free) == counted._free
+    lazy.check_integrity()
+
+
 @pytest.mark.parametrize("block_size", [16, 1])
 def test_allocate_each_takes_the_blocks_allocate_would(block_size: int) -> None:
     """``allocate_each`` (one slice of the free stack for a decode run's growth) leaves the

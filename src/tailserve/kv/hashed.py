@@ -22,6 +22,7 @@ from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
 class HashedKVCacheManager(KVCacheManager):
     prefix_caching: ClassVar[bool] = True
     shares_prefixes: ClassVar[bool] = True
+    holds_by_table_length: ClassVar[bool] = False  # ``holds`` below: always False
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         super().__init__(num_blocks, block_size, num_cpu_blocks)

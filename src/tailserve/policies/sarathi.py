@@ -31,7 +31,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 
@@ -118,16 +118,25 @@ class SarathiPolicy(Policy, FastPaths):
         has_free = kv.num_free_blocks > 0  # changes only where the slow path below runs
         # Bound once: this loop touches every running request in every stepped iteration.
         popleft, holds_slot, add = pending.popleft, kv.holds, out.scheduled.append
+        # ``holds`` inlined where the manager answers it from the table's length alone (a call
+        # per running request per step showed); a hashed manager is asked (it says False).
+        tables = kv.block_tables if kv.holds_by_table_length else None
+        block_size = kv.block_size
         while pending:
             request = popleft()
             computed = request.num_computed_tokens
             if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling, inlined
                 prefilling.append(request)
                 continue
-            if has_free and holds_slot(request.request_id, computed + 1):  # ``Scheduler.holds_slot``
+            if has_free and (  # ``Scheduler.holds_slot``
+                (table := tables.get(request.request_id)) is not None
+                and len(table) * block_size >= computed + 1
+                if tables is not None
+                else holds_slot(request.request_id, computed + 1)
+            ):
                 # Its last block has room for the token: what the loop below would do (nothing,
                 # and succeed) without its calls, the bulk of every chunked-prefill iteration.
-                add(ScheduledRequest(request, 1, computed))
+                add(scheduled_decode(request, computed))
                 batched += 1
                 continue
             while not (

@@ -121,7 +121,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths, LoneChunkRun
 from tailserve.executors.simulated.spec_decode import SpecDecoding
@@ -601,7 +601,7 @@ class SglangPolicy(Policy, FastPaths):
         for request in decodes:
             computed = request.num_computed_tokens
             self.allocate(sched, request, computed + 1)  # checked by the caller; page size 1 never fails
-            out.scheduled.append(ScheduledRequest(request, 1, computed))
+            out.scheduled.append(scheduled_decode(request, computed))
 
     # ---- fast path -----------------------------------------------------------------------
     def notes(self) -> list[str]:

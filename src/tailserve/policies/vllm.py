@@ -44,7 +44,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
@@ -287,18 +287,24 @@ class VllmPolicy(Policy, FastPaths):
         kv = sched.kv_cache
         block_size = kv.block_size
 
-        # 2. Running requests, oldest admission first.
+        # 2. Running requests, oldest admission first. (``preempt_by_recompute`` removes from
+        # this very list, so it is bound once: this loop runs per running request per step.)
+        running = sched.running
         i = 0
-        while i < len(sched.running) and budget > 0:
-            request = sched.running[i]
+        while i < len(running) and budget > 0:
+            request = running[i]
             computed = request.num_computed_tokens
-            want = min(request.prompt_len + request.num_output_tokens - computed, budget)
+            # ``min(missing, budget)`` spelled out: the builtin parses its arguments as keywords
+            # (~750 instructions a call), once per running request per stepped iteration.
+            want = request.prompt_len + request.num_output_tokens - computed
+            if budget < want:
+                want = budget
             if want == 1 and computed % block_size:
                 # A decode whose slot is in its last, partly filled block: nothing to allocate,
                 # but a block it fills is cached now, as vLLM's allocate_slots does every step.
                 if not (computed + 1) % block_size:  # a no-op without prefix caching
                     sched.cache_computed(request, computed + 1)
-                scheduled.append(ScheduledRequest(request, 1, computed))
+                scheduled.append(scheduled_decode(request, computed))
                 budget -= 1
                 i += 1
                 continue

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from tailserve.executors.simulated.cost_model import BatchShape
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.fast_paths import FastPaths
 
@@ -103,16 +102,28 @@ def advance_chunk_run(engine: Engine) -> int:
     k_max = min(MAX_RUN, k_full + with_last)
     if k_max < 1:
         return 0
+    # One pass over the decodes (nothing below changes a table before the run is applied):
+    # their bound on the run, the slots each holds, and when each crosses into a new block,
+    # decode d computing token ctx + j in iteration j, so crossing at j = slots - ctx, then
+    # every block_size iterations.
     decodes = []
+    held = []  # KV slots each decode holds
+    due: dict[int, int] = {}
+    decode_kv = n  # sum of (context + 1) over decodes
     for r in running:
         if r is prompt:
             continue
         outputs = r.num_output_tokens
-        if r.prompt_len + outputs - r.num_computed_tokens != 1:
+        c = r.num_computed_tokens
+        if r.prompt_len + outputs - c != 1:
             return 0  # a second prompt in progress
         decodes.append(r)
         if r.max_tokens - outputs - 1 < k_max:  # each decode's last token stays out of the run
             k_max = r.max_tokens - outputs - 1
+        decode_kv += c
+        slots = len(tables[r.request_id]) * block_size
+        held.append(slots)
+        due[slots - c] = due.get(slots - c, 0) + 1
     if k_max < 1:
         return 0
     # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)
@@ -123,21 +134,12 @@ def advance_chunk_run(engine: Engine) -> int:
     horizon = source.horizon
     if arrival_due and not takes_arrivals:
         return 0
-    # New blocks decodes need: decode d computes token ctx + j in iteration j, so it crosses
-    # into a new block at j = slots - ctx, then every block_size iterations.
-    due: dict[int, int] = {}
-    decode_kv = n  # sum of (context + 1) over decodes
-    for r in decodes:
-        c = r.num_computed_tokens
-        decode_kv += c
-        j = len(tables[r.request_id]) * block_size - c
-        due[j] = due.get(j, 0) + 1
     # Sarathi keeps one free (phase 1 preempts when none is); TGI reserved every block up front.
     free = kv.num_free_blocks - policy.decode_reserve_blocks
     if free < 0:
         return 0
     cost_model = cast(SimExecutor, engine.executor).cost_model  # the driver checked ``applies_to``
-    iteration_time = cost_model.iteration_time
+    shape_time = cost_model.shape_time
     c_p = prompt.num_computed_tokens
     q_pairs = q * (q + 1) // 2
     num_tokens = n + q
@@ -165,15 +167,16 @@ def advance_chunk_run(engine: Engine) -> int:
             del due[j]
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
+        # ``BatchShape``'s fields, priced without building one (``CostModel.shape_time``).
         if j == k_full:  # the prompt's last chunk: it samples its first token
-            shape = BatchShape(
+            duration = shape_time(
                 n + last, n + 1, last * c_p + last * (last + 1) // 2, last + c_p, decode_kv, 1, n
             )
         else:
-            shape = BatchShape(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
+            duration = shape_time(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
         starts.append(t)
         used.append(used0 + needed)
-        t = t + iteration_time(shape)
+        t = t + duration
         times.append(t)
         c_p += q
         decode_kv += n
@@ -184,7 +187,6 @@ def advance_chunk_run(engine: Engine) -> int:
     log = engine.log
     for i, (start, end, blocks) in enumerate(zip(starts, times, used)):
         log.record(start, end - start, q if i < k_full else last, n, n + 1, blocks, 0)
-    held = [len(tables[r.request_id]) * block_size for r in decodes]
     chunk = k_full * q + last if k > k_full else k * q  # the last chunk samples the first token
     done = sched.update_run(decodes, held, times, prompt, chunk)
     assert not done  # the run stops before any request's last token

@@ -713,11 +713,13 @@ class CostModel:
         return m.num_layers * layer + head + num_tokens * self.efficiency.per_token
 
     def _attention(self, pairs: Any, kv_tokens: Any, rates: tuple[float, float], pair_flops: float) -> Any:
-        mx = np.maximum if isinstance(kv_tokens, np.ndarray) else max
-        return mx(
-            pairs * pair_flops / rates[0],
-            kv_tokens * self._kv_bytes_per_token / rates[1],
-        )
+        compute = pairs * pair_flops / rates[0]
+        memory = kv_tokens * self._kv_bytes_per_token / rates[1]
+        if isinstance(kv_tokens, np.ndarray):
+            return np.maximum(compute, memory)
+        # ``max(compute, memory)`` spelled out (the same float): the builtin parses its
+        # arguments as keywords, ~750 instructions a call, twice per stepped iteration.
+        return memory if memory > compute else compute
 
     def _comm(self, num_tokens: Any) -> Any:
         if not self._comm_bands:
@@ -780,10 +782,14 @@ class CostModel:
                 for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
             ]
         head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
-        return [
-            head + max(kv * pair_flops / flops_rate, kv * kv_bytes / byte_rate) + comm + overhead
-            for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
-        ]
+        times = []
+        add = times.append
+        for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n):
+            compute = kv * pair_flops / flops_rate
+            memory = kv * kv_bytes / byte_rate
+            # ``max(compute, memory)`` spelled out, as in ``_attention``: once per step.
+            add(head + (memory if memory > compute else compute) + comm + overhead)
+        return times
 
     def iteration_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
         """Predicted seconds for one iteration of this batch shape. A model with sliding-window
@@ -802,6 +808,42 @@ class CostModel:
             shape.decode_kv_tokens,
             shape.num_prefills,
             shape.num_decodes,
+        )
+
+    def shape_time(
+        self,
+        num_tokens: int,
+        num_logits: int,
+        prefill_pairs: int,
+        prefill_kv_tokens: int,
+        decode_kv_tokens: int,
+        num_prefills: int,
+        num_decodes: int,
+    ) -> float:
+        """``iteration_time(BatchShape(...))`` of these fields (no window aggregates), without
+        building the shape: a frozen dataclass takes ~2,500 instructions to construct, and the
+        chunk runs price one iteration per loop turn."""
+        if num_tokens == 0:
+            return 0.0
+        if self._window:
+            shape = BatchShape(
+                num_tokens,
+                num_logits,
+                prefill_pairs,
+                prefill_kv_tokens,
+                decode_kv_tokens,
+                num_prefills,
+                num_decodes,
+            )
+            return self._rank_time(shape, None, num_tokens)
+        return self._iteration_time(
+            num_tokens,
+            num_logits,
+            prefill_pairs,
+            prefill_kv_tokens,
+            decode_kv_tokens,
+            num_prefills,
+            num_decodes,
         )
 
     def attention_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:

@@ -111,11 +111,16 @@ def run_past_finishes(
         if due is None:
             due = _due_after(running, ctx_list, held_tokens, order, p, steps, block_size)
         now = end
-        k_max = min(remaining[order[p]] - steps, MAX_RUN)
+        # ``min`` spelled out (the builtin parses its arguments as keywords): once per segment.
+        k_max = remaining[order[p]] - steps
+        if k_max > MAX_RUN:
+            k_max = MAX_RUN
         num_context = num_ctx + n_left * (steps + 1)
         wake = engine.next_wake(now)
         if wake is not None:
-            k_max = min(k_max, int((wake - now) / executor.decode_step_duration(n_left, num_context)) + 1)
+            bound = int((wake - now) / executor.decode_step_duration(n_left, num_context)) + 1
+            if bound < k_max:
+                k_max = bound
         free = kv.num_free_blocks - owed - reserve
         seg = _segment(executor, n_left, num_context, now, wake, k_max, due, steps, block_size, free)
         if seg is None:
@@ -146,7 +151,9 @@ def _due_after(running, ctx_list, held_tokens, order, p, steps, block_size) -> d
     block_size``."""
     due: dict[int, int] = {}
     for i in order[p:]:
-        j = _next_crossing(held_tokens[i] - ctx_list[i], steps, block_size)
+        j = held_tokens[i] - ctx_list[i]
+        if j < steps:  # ``_next_crossing``, inlined: once per request left
+            j += -(-(steps - j) // block_size) * block_size
         due[j] = due.get(j, 0) + 1
     return due
 

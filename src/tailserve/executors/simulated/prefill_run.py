@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from tailserve.executors.simulated.cost_model import BatchShape
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.fast_paths import FastPaths
 
@@ -42,7 +41,7 @@ def advance_lone_chunk_run(engine: Engine) -> int:
     if wake is not None and wake <= now:
         return 0
     request, q = run.request, run.chunk
-    iteration_time = cast(SimExecutor, engine.executor).cost_model.iteration_time  # the driver checked
+    shape_time = cast(SimExecutor, engine.executor).cost_model.shape_time  # the driver checked
     q_pairs = q * (q + 1) // 2
     context = request.num_computed_tokens
     t = now
@@ -52,7 +51,7 @@ def advance_lone_chunk_run(engine: Engine) -> int:
         if wake is not None and t >= wake:
             break  # this iteration would add the arrival first
         starts.append(t)
-        t = t + iteration_time(BatchShape(q, 0, q * context + q_pairs, q + context, 0, 1, 0))
+        t = t + shape_time(q, 0, q * context + q_pairs, q + context, 0, 1, 0)  # a BatchShape's fields
         ends.append(t)
         context += q
     k = len(ends)
