@@ -83,7 +83,16 @@ def _prefill_shapes(spec: str, workload: WorkloadSpec, fast: bool, monkeypatch) 
             seen.append(tuple(getattr(shape, f) for f in BatchShape.__slots__))
         return original(self, shape, window)
 
+    original_fields = CostModel.shape_time
+
+    def recording_fields(self, *fields):
+        # the chunk runs price a shape's fields without building it (CostModel.shape_time)
+        if fields[3]:
+            seen.append(tuple(fields))
+        return original_fields(self, *fields)
+
     monkeypatch.setattr(CostModel, "iteration_time", recording)
+    monkeypatch.setattr(CostModel, "shape_time", recording_fields)
     built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
     run_policy(
         built, parse_policy_list(spec)[0], WorkloadBuilder(workload), options=EngineOptions(fast_forward=fast)
