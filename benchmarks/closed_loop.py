@@ -18,10 +18,10 @@ same dtype, 2 GiB of KV cache each:
 3. **Predict** every cell with the simulator: the same requests and send times through the
    ``vllm`` policy with the same flags, on the engine's calibration (``bench --predict``'s
    ``simulate``), plus the per-request time outside the engine the calibration measured. The
-   machine's speed drifts within a run, so a few seconds of fixed work (``_closed_loop_gauge.py``)
-   are timed after the calibration and on every server start, and each cell is predicted on the
-   calibration rescaled by them (the calibration as taken is kept beside it; ``--no-gauge``: only
-   that).
+   machine's speed drifts within a run; with ``--gauge`` a few seconds of fixed work
+   (``_closed_loop_gauge.py``) are timed after the calibration and on every server start, and each
+   cell is also predicted on the calibration rescaled by them (off by default: measured, it did
+   more harm than good on a quiet machine).
 4. **Compare**: TTFT, ITL and TPOT p50/p99 and output tokens/s, predicted / measured and the
    error, per cell; the share of cells within the targets (p50 10%, p99 20%); whether the
    settings rank the same per engine and workload (Spearman's rho and pairwise order).
@@ -89,10 +89,11 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--calibration-repeats", type=int, default=None, help="default 3 (--quick: 1)")
     p.add_argument(
-        "--no-gauge",
+        "--gauge",
         action="store_true",
-        help="predict every cell on the calibration as taken, without rescaling it by the machine's speed "
-        "timed on each server start (_closed_loop_gauge.py)",
+        help="also time a few seconds of fixed work on every server start and predict each cell on the "
+        "calibration rescaled by it (_closed_loop_gauge.py; off by default: on a quiet machine its noise "
+        "cost more than the drift it corrects, docs/fidelity.md)",
     )
     p.add_argument("--quiet-threshold", type=float, default=0.3, help="busy cores that count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds (default 300; --quick: 5)")
@@ -302,14 +303,14 @@ def main() -> int:
                     calibrations[engine.name] = calibrate(
                         engine, url, args, work / f"calibration-{engine.name}.json"
                     )
-                    if not args.no_gauge:  # the machine's speed as the calibration saw it
+                    if args.gauge:  # the machine's speed as the calibration saw it
                         base = gauge.measure(url, NAME, vocab, args.seed + 1000 * k)
                         calibrations[engine.name]["gauge"] = base.to_json()
                         now = base
-                elif not args.no_gauge:
+                elif args.gauge:
                     now = gauge.measure(url, NAME, vocab, args.seed + 1000 * k + 1)
                 timed = None
-                if not args.no_gauge:
+                if args.gauge:
                     f = gauge.factors(now, gauge.Gauge(**calibrations[engine.name]["gauge"]))
                     timed = {"gauge": now.to_json(), "factors": [round(f[0], 4), round(f[1], 4)]}
                     timed["calibration"] = gauge.scaled_calibration(
