@@ -6,6 +6,7 @@ read from a local ``config.json`` path (or a directory holding one).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from tailserve.executors.simulated.hf_config import load_hf_config as _read_hf_config
@@ -13,6 +14,18 @@ from tailserve.executors.simulated.model_spec import ModelSpec
 
 __all__ = ["HF_REPOS", "MODELS", "ModelSpec", "get_model", "load_hf_config", "resolve_model_name"]
 
+
+# DeepSeek-V3 (deepseek-ai/DeepSeek-V3; R1 has the same shapes): MLA (q_lora 1536,
+# kv_lora 512, rope 64, nope 128, v 128), 3 dense layers of 18432, then 256 experts of
+# 2048 (top 8) and 1 shared; FP8 weights as released (quant_method fp8, 128x128 blocks).
+# The MTP layer (num_nextn_predict_layers) runs only for speculative decoding: not counted.
+_DEEPSEEK_V3 = ModelSpec(
+    "DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, 163840,
+    num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
+    shared_intermediate_size=2048, first_dense_layers=3,
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+    v_head_dim=128, weight_dtype="fp8_block",
+)  # fmt: skip
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
@@ -84,17 +97,7 @@ MODELS: dict[str, ModelSpec] = {
             num_experts=128, experts_per_token=1, moe_intermediate_size=8192,
             shared_intermediate_size=8192, moe_layer_step=2,
         ),
-        # DeepSeek-V3 (deepseek-ai/DeepSeek-V3; R1 has the same shapes): MLA (q_lora 1536,
-        # kv_lora 512, rope 64, nope 128, v 128), 3 dense layers of 18432, then 256 experts of
-        # 2048 (top 8) and 1 shared; FP8 weights as released (quant_method fp8, 128x128 blocks).
-        # The MTP layer (num_nextn_predict_layers) runs only for speculative decoding: not counted.
-        ModelSpec(
-            "DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, 163840,
-            num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
-            shared_intermediate_size=2048, first_dense_layers=3,
-            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-            v_head_dim=128, weight_dtype="fp8_block",
-        ),
+        _DEEPSEEK_V3,
         # NVIDIA's NVFP4 DeepSeek-R1 checkpoints (TensorRT Model Optimizer): the routed and shared
         # experts, the dense layers' MLPs in NVFP4; MLA's projections (fused_a = q_a + kv_a,
         # q_b_proj, kv_b_proj), the routers (mlp.gate) and the LM head in bf16. -v2 with the
@@ -103,20 +106,13 @@ MODELS: dict[str, ModelSpec] = {
         # o_proj ("WO_GEMM") in NVFP4. nvidia/DeepSeek-R1-FP4 (the README's first checkpoint,
         # README.md:28-31) predates that: "the weight of WO_GEMM is additionally quantized to FP4"
         # in v2 (README.md:34), so its o_proj is bf16 too. KV format: the deployment's flag.
-        ModelSpec(
-            "DeepSeek-R1-FP4", 7168, 61, 128, 128, 18432, 129280, 163840,
-            num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
-            shared_intermediate_size=2048, first_dense_layers=3,
-            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-            v_head_dim=128, weight_dtype="nvfp4",
+        replace(
+            _DEEPSEEK_V3, name="DeepSeek-R1-FP4", weight_dtype="nvfp4",
             module_dtypes=(("attention", "bf16"), ("mla", "bf16"), ("router", "bf16")),
         ),
-        ModelSpec(
-            "DeepSeek-R1-FP4-v2", 7168, 61, 128, 128, 18432, 129280, 163840,
-            num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
-            shared_intermediate_size=2048, first_dense_layers=3,
-            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-            v_head_dim=128, weight_dtype="nvfp4", module_dtypes=(("mla", "bf16"), ("router", "bf16")),
+        replace(
+            _DEEPSEEK_V3, name="DeepSeek-R1-FP4-v2", weight_dtype="nvfp4",
+            module_dtypes=(("mla", "bf16"), ("router", "bf16")),
         ),
         # Kimi-K2 (moonshotai/Kimi-K2-Instruct, model_type kimi_k2 with DeepSeek-V3's fields):
         # 64 heads, 384 experts (top 8) and 1 shared, 1 dense layer; FP8 as released.
