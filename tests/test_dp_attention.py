@@ -222,6 +222,24 @@ def test_cli_takes_vllms_flags(tmp_path, capsys):
     assert "--data-parallel-size runs in" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("policy", "placement"),
+    [("vllm", "vllm-dp"), ("sglang", "round-robin"), ("trtllm", "TensorRT-LLM's attention-DP placement")],
+)
+def test_a_router_is_refused_where_the_engine_places_requests_itself(tmp_path, capsys, policy, placement):
+    argv = ["simulate", "--model", "Qwen3-30B-A3B", "--hardware", "H100-SXM", "--tp", "1", "--policy", policy,
+            "--data-parallel-size", "2", "--enable-expert-parallel", "--workload", "random", "--input-len", "300",
+            "--output-len", "20", "--num-requests", "12", "--rate", "5"]  # fmt: skip
+    assert main([*argv, "--router", "least-kv"]) == 2
+    err = capsys.readouterr().err
+    assert "--router least-kv routes between replicas" in err and f"balancer ({placement})" in err
+    assert len(err.strip().splitlines()) == 1
+    out = tmp_path / "dp.json"
+    assert main([*argv, "--json", str(out)]) == 0
+    assert f"balancer {placement}" in capsys.readouterr().out.replace("\n", " ")
+    assert json.loads(out.read_text())["stages"]["replicas"]["router"].startswith(placement)
+
+
 def test_tune_searches_a_dp_engine(capsys):
     common = ["--model", "Qwen3-30B-A3B", "--hardware", "H100-SXM", "--workload", "random", "--input-len", "300",
               "--output-len", "30", "--num-requests", "60", "--rate", "4", "--slo", "ttft_p99=2s,tbt_p99=300ms",

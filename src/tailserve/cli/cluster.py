@@ -9,6 +9,7 @@ from typing import Any
 from tailserve.cli.base import CliError, write_json
 
 DEFAULT_SCRAPE_INTERVAL = 0.05  # seconds: llm-d's endpoint picker refreshes metrics every 50 ms
+DEFAULT_ROUTER = "round-robin"
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,9 +23,10 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--router",
-        default="round-robin",
+        default=None,
         help="round-robin | random | least-requests | least-kv | power-of-two | session | prefix-aware | "
-        "kv-aware | vllm-dp, with flags NAME:flag=value,... (default: %(default)s)",
+        "kv-aware | vllm-dp, with flags NAME:flag=value,... (default: round-robin; not with "
+        "--data-parallel-size, whose ranks sit behind the engine's own balancer)",
     )
     g.add_argument(
         "--scrape-interval",
@@ -60,6 +62,10 @@ def cluster_requested(args: argparse.Namespace) -> bool:
         getattr(args, name, None) is not None
         for name in ("replicas", "cluster", "prefill_replicas", "decode_replicas")
     )
+
+
+def cluster_router(args: argparse.Namespace) -> str:
+    return args.router or DEFAULT_ROUTER
 
 
 def run_cluster(args: argparse.Namespace) -> int:
@@ -125,7 +131,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             one_policy(args.decode_policy, "--decode-policy"),
             "--decode-replicas",
         )
-        prefill = build_stage(prefill_specs, args.prefill_router or args.router, name_prefix="p", **common)
+        prefill = build_stage(prefill_specs, args.prefill_router or cluster_router(args), name_prefix="p", **common)
         decode = build_stage(decode_specs, args.decode_router, name_prefix="d", **common)
         cluster = PdCluster(prefill, decode, args.kv_link)
         print_notes([*prefill.replicas, *decode.replicas])
@@ -141,7 +147,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             )
         else:
             specs = replicated(args.replicas, deployment, policy)
-        stage = build_stage(specs, args.router, **common)
+        stage = build_stage(specs, cluster_router(args), **common)
         print_notes(stage.replicas)
         run = run_aggregated(stage, workload_requests(workload, specs))
         title = f"{len(specs)} replicas" if args.cluster is None else f"cluster {args.cluster}"
@@ -166,7 +172,7 @@ def run_data_parallel(args: argparse.Namespace) -> int:
     from tailserve.cluster.attribution import explain_cluster
     from tailserve.cluster.build import workload_requests
     from tailserve.cluster.cluster import run_aggregated
-    from tailserve.cluster.dp_group import build_dp_stage, engine_balancer
+    from tailserve.cluster.dp_group import balancer_label, build_dp_stage
     from tailserve.cluster.metrics import cluster_summary
     from tailserve.cluster.replica import ReplicaSpec
     from tailserve.core.engine import EngineOptions
@@ -183,6 +189,15 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         )
     policy = PolicySpec.make(args.policy, args.policy_flags)
     deployment = deployment_from(args)
+    balancer = balancer_label(policy, deployment.data_parallel_group)
+    if getattr(args, "router", None) is not None or getattr(args, "prefill_router", None) is not None:
+        # The engine places requests on its own ranks: a router would be a claim the run does
+        # not honour.
+        raise CliError(
+            f"--router {args.router or args.prefill_router} routes between replicas; with --data-parallel-size "
+            f"the engine's own balancer ({balancer}) places requests on its ranks: drop --router, "
+            "or use --replicas N for independent engines behind a router"
+        )
     workload = WorkloadBuilder(workload_from(args))
     options = EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity)
     stage = build_dp_stage(
@@ -202,7 +217,7 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         else f"{deployment.dp} independent DP ranks of TP {deployment.tp}"
     )
     summary["label"] = (
-        f"{deployment.model} on {deployment.hardware}: {kind}, balancer {engine_balancer(policy)}, "
+        f"{deployment.model} on {deployment.hardware}: {kind}, balancer {balancer}, "
         f"{policy.label}, {workload.spec.label}"
     )
     print_cluster(summary)

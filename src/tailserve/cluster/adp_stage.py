@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tailserve.cluster.cluster import RoutingDecision, route_request
-from tailserve.cluster.dp_group import LockstepStage
+from tailserve.cluster.dp_group import ADP_PLACEMENT, LockstepStage
 from tailserve.cluster.replica import Replica
 from tailserve.core.request import Request
 from tailserve.policies.trtllm_adp import AdpBalance, RankLoad, StepCounts, num_to_fetch, place_requests
@@ -36,6 +36,9 @@ class AdpLockstepStage(LockstepStage):
     balance: AdpBalance | None = None  # attention_dp_config.enable_balance
     queue: deque[Request] = field(default_factory=deque)  # arrived, not yet on a rank
     num_held_steps: int = 0  # steps whose contexts the balancing held (a report, and the tests')
+
+    def placement(self) -> str:
+        return ADP_PLACEMENT
 
     def route(self, request: Request, t: float, release_time: float | None = None) -> Replica | None:  # type: ignore[override]
         """Into the group's waiting queue; the next step places it (``_place``)."""

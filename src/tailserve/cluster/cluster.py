@@ -80,6 +80,10 @@ class Stage:
         for replica in self.replicas:
             replica.source.finish_hooks.insert(0, self._router_hook(replica.index))
 
+    def placement(self) -> str:
+        """What places arriving requests on the replicas, as reports name it."""
+        return self.router.describe()
+
     def _router_hook(self, index: int) -> Callable[[Request, float], None]:
         def on_finish(request: Request, now: float) -> None:
             self.router.on_finished(request.request_id, index, now)

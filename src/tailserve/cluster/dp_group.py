@@ -40,12 +40,21 @@ from tailserve.policies.trtllm_adp import AdpBalance
 
 # vLLM's DP coordinator publishes the ranks' request counts every 100 ms (coordinator.py)
 BALANCER_REFRESH_S = 0.1
+ADP_PLACEMENT = "TensorRT-LLM's attention-DP placement"  # the trtllm MoE group's (adp_stage.py)
 
 
 def engine_balancer(policy: PolicySpec) -> str:
     """The router standing for the engine's own DP balancer: SGLang's round-robin for the
     SGLang policies, vLLM's request-count score for the others."""
     return "round-robin" if policy.name.startswith("sglang") else "vllm-dp"
+
+
+def balancer_label(policy: PolicySpec, lockstep: bool) -> str:
+    """What places requests on the ranks, in words: TensorRT-LLM's attention-DP group places
+    them itself each step (``_trtllm_adp_stage``), the others through ``engine_balancer``."""
+    if lockstep and policy.name == "trtllm":
+        return ADP_PLACEMENT
+    return engine_balancer(policy)
 
 
 @dataclass

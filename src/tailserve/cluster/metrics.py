@@ -44,7 +44,7 @@ def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
     duration = out["duration_s"]
     out["stages"] = {
         name: {
-            "router": stage.router.describe(),
+            "router": stage.placement(),
             "scrape_interval_s": stage.scrape_interval,
             "replicas": [replica_summary(r, duration) for r in stage.replicas],
         }
