@@ -300,9 +300,13 @@ def main() -> int:
             try:
                 warm_up(url, vocab, args.seed)
                 if engine.name not in calibrations:
+                    # The calibration's timings are the twin's whole basis: they wait for a quiet
+                    # machine as every cell does (until r39 only the cells did).
+                    quiet = gated(args.quiet_threshold, args.quiet_timeout)
                     calibrations[engine.name] = calibrate(
                         engine, url, args, work / f"calibration-{engine.name}.json"
                     )
+                    calibrations[engine.name]["quiet"] = quiet
                     if args.gauge:  # the machine's speed as the calibration saw it
                         base = gauge.measure(url, NAME, vocab, args.seed + 1000 * k)
                         calibrations[engine.name]["gauge"] = base.to_json()
