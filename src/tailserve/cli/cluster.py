@@ -131,7 +131,9 @@ def run_cluster(args: argparse.Namespace) -> int:
             one_policy(args.decode_policy, "--decode-policy"),
             "--decode-replicas",
         )
-        prefill = build_stage(prefill_specs, args.prefill_router or cluster_router(args), name_prefix="p", **common)
+        prefill = build_stage(
+            prefill_specs, args.prefill_router or cluster_router(args), name_prefix="p", **common
+        )
         decode = build_stage(decode_specs, args.decode_router, name_prefix="d", **common)
         cluster = PdCluster(prefill, decode, args.kv_link)
         print_notes([*prefill.replicas, *decode.replicas])
