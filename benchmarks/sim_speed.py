@@ -89,11 +89,13 @@ def azure_lengths(path: Path) -> np.ndarray:
     return np.array(rows, dtype=np.int64)
 
 
-def write_workload(n: int, lengths: np.ndarray, folder: Path, seed: int = 0) -> tuple[Path, Path]:
+def write_workload(
+    n: int, lengths: np.ndarray, folder: Path, seed: int = 0, rate: float = RATE
+) -> tuple[Path, Path]:
     """The same n requests as tailserve JSONL and as Mooncake JSONL (unique hash ids: no reuse)."""
     rng = np.random.default_rng(seed)
     pick = lengths[rng.integers(0, len(lengths), n)]
-    ms = np.round(np.cumsum(rng.exponential(1.0 / RATE, n)) * 1000).astype(np.int64)
+    ms = np.round(np.cumsum(rng.exponential(1.0 / rate, n)) * 1000).astype(np.int64)
     ours, theirs = folder / f"tailserve_{n}.jsonl", folder / f"mooncake_{n}.jsonl"
     next_hash = 0
     with ours.open("w") as fo, theirs.open("w") as ft:

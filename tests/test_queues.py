@@ -37,6 +37,21 @@ def test_fcfs_prepends_a_preempted_request_and_removes_keeping_order() -> None:
     assert q.pop_request() is d and q.preemption_victim([a, b, c]) is c
 
 
+def test_fcfs_removes_its_head_by_popleft_as_the_one_pass_would() -> None:
+    """``remove_requests`` of the queue's first requests, in order, pops them from the head (the
+    cost of the admitted, not of the queue); out of order, or with a request not at the head,
+    it takes the one pass; both leave what removing each would."""
+    rng = random.Random(0)
+    for _ in range(200):
+        reqs = [_req(str(i)) for i in range(rng.randrange(0, 8))]
+        gone = [r for r in reqs[: rng.randrange(0, len(reqs) + 1)]]
+        if gone and rng.random() < 0.3:
+            gone = rng.sample(reqs, rng.randrange(1, len(reqs) + 1))  # anywhere, any order
+        q = FCFSRequestQueue(reqs)
+        q.remove_requests(iter(gone))  # any iterable, read once
+        assert _ids(q) == [r.request_id for r in reqs if all(r is not g for g in gone)]
+
+
 def test_fcfs_reorder_takes_only_a_permutation() -> None:
     q = FCFSRequestQueue([_req("a"), _req("b")])
     q.sort(key=lambda r: r.request_id[::-1])

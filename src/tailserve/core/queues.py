@@ -46,7 +46,14 @@ class FCFSRequestQueue(deque):
         self.remove(request)
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
-        """Remove several requests at once, keeping the others' order (one pass)."""
+        """Remove several requests at once, keeping the others' order: the queue's first ones in
+        order (an admission walk from the head, SGLang's) by ``popleft``, so the cost follows the
+        requests admitted and not the queue's length; any others in one pass over the queue."""
+        requests = list(requests)
+        if len(requests) <= len(self) and all(self[i] is r for i, r in enumerate(requests)):
+            for _ in requests:
+                self.popleft()
+            return
         gone = {id(r) for r in requests}
         kept = [r for r in self if id(r) not in gone]
         self.clear()

@@ -448,7 +448,13 @@ class SglangPolicy(Policy, FastPaths):
                     rest, waiting, matched, budget, sched.kv_cache.block_size
                 )
             self.chunked = adder.add_chunked_req(continuing, limit)
-        for request in list(sched.waiting):
+        # A walk by index, not over a copy: the walk stops after a few requests, and copying the
+        # queue each prefill made the step's cost grow with the queue. Only aborting the request
+        # at hand changes the queue meanwhile (the walk then stays at its index).
+        waiting, i = sched.waiting, 0
+        while i < len(waiting):
+            request = waiting[i]
+            i += 1
             if adder.budget_state() is AddReqResult.OTHER:
                 break  # the continuing chunk or the mixed decodes spent a token budget: admit nobody
             if len(adder.can_run) >= max_running - len(decodes):
@@ -469,6 +475,7 @@ class SglangPolicy(Policy, FastPaths):
                 # It cannot fit even into an idle engine: ``add_request`` rejects such requests at
                 # arrival, so this one's need grew since (retracted after generating outputs).
                 sched.abort_request(request.request_id, NEVER_FITS_REASON, now)
+                i -= 1  # it left the queue: the next one is at its index
                 continue
             if result is not AddReqResult.CONTINUE:
                 if result is AddReqResult.NO_TOKEN:
