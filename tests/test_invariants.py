@@ -47,8 +47,10 @@ SPECS = [
     "sglang:schedule_policy=hrrn:chunked_prefill_size=128",
     "sglang:schedule_policy=shortest-prefill-first:chunked_prefill_size=128:enable_mixed_chunk=true",
     "sglang:schedule_policy=routing-key",
-    # SGLang's speculative decoding: decode slots held ahead, 1 + accepted drafts per step.
+    # SGLang's speculative decoding: decode slots held ahead, 1 + accepted drafts per step;
+    # overlapped by default (spec v2: the commit a step late), and synchronous when asked.
     "sglang:speculative_algorithm=NEXTN:speculative_num_steps=3:synthetic_acceptance_length=2.5",
+    "sglang:disable_overlap_schedule=true:speculative_algorithm=NEXTN:speculative_num_steps=3:synthetic_acceptance_length=2.5",
     "sglang:speculative_algorithm=EAGLE3:speculative_num_steps=2:synthetic_acceptance_rates=0.8/0.5:chunked_prefill_size=128:schedule_policy=lof",
     "tgi",
     "tgi:prefill_chunking=false:max_batch_prefill_tokens=1023",

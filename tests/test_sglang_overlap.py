@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tailserve.core.device import DeviceInfo
 from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.executor import StepResult
 from tailserve.core.request import Request
@@ -146,12 +147,31 @@ def test_the_flag_default_and_note():
     off = SglangPolicy.default_config(h100, 4096, disable_overlap_schedule=True)
     assert not SglangPolicy(off).async_scheduling()
     assert SglangPolicy.default_notes(h100, off, {"disable_overlap_schedule": True}) == []
-    # speculative decoding: simulated synchronously, said so
+    # speculative decoding: overlapped too (spec v2), said so; off when asked, with SGLang's warning
     spec = SglangPolicy.default_config(
         h100, 4096, speculative_algorithm="EAGLE3", synthetic_acceptance_length=2.0
     )
-    assert spec.disable_overlap_schedule is True
-    assert any("speculative decoding synchronously" in n for n in SglangPolicy.default_notes(h100, spec, {}))
+    assert spec.disable_overlap_schedule is False and SglangPolicy(spec).async_scheduling()
+    assert any(
+        "overlap scheduler on with speculative decoding (spec v2)" in n
+        for n in SglangPolicy.default_notes(h100, spec, {})
+    )
+    sync = SglangPolicy.default_config(
+        h100,
+        4096,
+        speculative_algorithm="EAGLE3",
+        synthetic_acceptance_length=2.0,
+        disable_overlap_schedule=True,
+    )
+    assert not SglangPolicy(sync).async_scheduling()
+    sync_notes = SglangPolicy.default_notes(h100, sync, {"disable_overlap_schedule": True})
+    assert any("non-overlap (synchronous) spec v2" in n for n in sync_notes)
+    # on a CPU SGLang turns overlap off for speculative decoding (speculative_hook.py:66-78)
+    cpu = DeviceInfo("cpu", 64.0, vendor="cpu")
+    on_cpu = SglangPolicy.default_config(
+        cpu, 4096, speculative_algorithm="EAGLE3", synthetic_acceptance_length=2.0
+    )
+    assert on_cpu.disable_overlap_schedule is True
     # a config made directly (the differential harnesses): synchronous
     assert not SglangPolicy(SglangConfig()).async_scheduling()
 
@@ -160,14 +180,15 @@ def test_the_flag_errors_are_one_line():
     with pytest.raises(ValueError, match="disable_overlap_schedule must be true or false"):
         SglangConfig(disable_overlap_schedule="yes")  # type: ignore[arg-type]
     h100 = get_hardware("H100-SXM").device_info
-    with pytest.raises(ValueError, match="disable_overlap_schedule=false with speculative_algorithm"):
-        SglangPolicy.default_config(
-            h100,
-            4096,
-            disable_overlap_schedule=False,
-            speculative_algorithm="EAGLE3",
-            synthetic_acceptance_length=2.0,
-        )
+    # spec v2 is simulated: an explicit false with drafts is SGLang's default, accepted
+    config = SglangPolicy.default_config(
+        h100,
+        4096,
+        disable_overlap_schedule=False,
+        speculative_algorithm="EAGLE3",
+        synthetic_acceptance_length=2.0,
+    )
+    assert SglangPolicy(config).async_scheduling()
 
 
 def test_the_real_time_executor_turns_the_default_off_with_a_note_and_refuses_it_asked():

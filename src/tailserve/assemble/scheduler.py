@@ -115,7 +115,8 @@ def build_scheduler(
         ):
             spec = PolicySpec(spec.name, {**spec.flags, name: off}, spec.engine_flags)
             config = cls.default_config(device, max_model_len, **spec.flags)
-            notes = [note.format(why=synchronous)]
+            # The engine's other start-up notes stay (SGLang's running cap with drafts).
+            notes = [note.format(why=synchronous), *cls.default_notes(device, config, spec.flags)]
     flags = spec.engine_flags
     policy = with_fairness(cls(config), flags.get("fairness", "none"), flags.get("tenant_weights", ""))
     size = size_kv(config)

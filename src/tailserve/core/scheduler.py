@@ -416,6 +416,11 @@ class Scheduler:
             if finished:
                 if not was_running:
                     self.waiting.remove_request(request)  # preempted while its last step ran
+                elif not stale:
+                    # A later step of it still in flight commits nothing (its outputs are
+                    # dropped): SGLang's spec v2, whose accepted run can cross max_tokens
+                    # unforeseen; a stop token. What the request leaves computed excludes it.
+                    request.num_computed_tokens -= request.num_in_flight_tokens
                 kv.free(rid, request.num_computed_tokens, True)
                 done.append(request)
             elif num_drafts and was_running:

@@ -95,10 +95,14 @@ draft layer's weights and KV come off the pool (``drafter_memory``); the fast pa
 each step is built while the previous one runs (the engine's async path, the scheduler's advanced
 accounting): finishes by length are foreseen and left out of the next decode, a finish frees its
 KV a step late, a retracted request's in-flight output is dropped, the per-step host time is
-hidden; the fast paths are off with it. Off on the real and real-time executors and with
-speculative decoding (SGLang overlaps that too, spec v2: not modelled).
+hidden; the fast paths are off with it. Off on the real and real-time executors. With
+speculative decoding it is SGLang's spec v2: a verify's accepted tokens are committed when its
+result is processed, after the next verify was launched, so that one's KV reserve counts from
+the committed length before the verify in flight (``_committed_lag``), and a request whose
+accepted run crosses ``max_tokens`` (unforeseen: only a first token that is the last is) runs
+one more verify, dropped.
 
-Not modelled: the overlapped speculative decoding (spec v2), speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
+Not modelled: speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
 ``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
 touches the waiting requests' cached prefixes, reordering LRU eviction: found by the prefill-pass
 differential; modelling it changes the golden corpus's ``mooncake600/sglang``).
@@ -144,7 +148,12 @@ from tailserve.policies.sglang_adder import (
 )
 from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
 from tailserve.policies.sglang_order_work import ProcessedTokens, shortest_prefill_chunk_limit
-from tailserve.policies.sglang_overlap import drop_in_flight, finishes_in_flight, overlap_default
+from tailserve.policies.sglang_overlap import (
+    committed_lag,
+    drop_in_flight,
+    finishes_in_flight,
+    overlap_default,
+)
 from tailserve.policies.sglang_priority import calc_priority
 from tailserve.policies.sglang_radix import SglangRadix
 from tailserve.policies.sglang_spec import MAX_RUNNING_REQUESTS, draft_tokens_note, resolve_speculative
@@ -212,7 +221,7 @@ class SglangPolicy(Policy, FastPaths):
         # The overlap scheduler (sglang_overlap.py): each step decided while the previous one
         # runs, with the scheduler's advanced accounting. A config made without default_config
         # leaves the flag None: synchronous (the differential harnesses' standalone scheduler).
-        self.overlap = config.disable_overlap_schedule is False and self.spec is None
+        self.overlap = config.disable_overlap_schedule is False
         self._in_flight: SchedulerOutput | None = None  # overlap: the last batch, still running
 
     @classmethod
@@ -223,23 +232,23 @@ class SglangPolicy(Policy, FastPaths):
         if config.disable_overlap_schedule is None:  # as SGLang decides
             on = overlap_default(device, config.speculative_algorithm is not None)[0]
             config = replace(config, disable_overlap_schedule=not on)
-        elif config.disable_overlap_schedule is False and config.speculative_algorithm is not None:
-            raise ValueError(
-                "disable_overlap_schedule=false with speculative_algorithm: SGLang's overlapped "
-                "speculative decoding (spec v2) is not simulated; leave the flag unset"
-            )
         return config
 
     @classmethod
     def default_notes(cls, device: DeviceInfo, config: SglangConfig, overrides: dict[str, Any]) -> list[str]:
         """SGLang's start-up warnings with speculative decoding: the running cap it sets, the
-        draft-token count it overrides; the overlap scheduler on or off and why, when SGLang's
-        default chose it (not the user)."""
+        draft-token count it overrides, the synchronous spec v2 when overlap was turned off; the
+        overlap scheduler on or off and why, when SGLang's default chose it (not the user)."""
         notes = []
         if overrides.get("disable_overlap_schedule") is None:
             notes.append(overlap_default(device, config.speculative_algorithm is not None)[1])
         if config.speculative_algorithm is None:
             return notes
+        if overrides.get("disable_overlap_schedule") is not None and config.disable_overlap_schedule:
+            notes.append(
+                "sglang: non-overlap (synchronous) spec v2 is used for speculative decoding "
+                "(sglang/srt/arg_groups/speculative_hook.py:1098-1101@v0.5.23)"
+            )
         if config.max_running_requests is None:
             notes.append(
                 f"sglang: max_running_requests is reset to {MAX_RUNNING_REQUESTS} for speculative decoding "
@@ -526,6 +535,7 @@ class SglangPolicy(Policy, FastPaths):
             return False
         kv = sched.kv_cache
         aborted = False
+        lag = self._committed_lag()
         if self.overlap:
             # ``_reqs_finishing_inflight``: leave out requests whose step in flight yields their
             # last token; a batch that shrank clears ``batch_is_full``; if the rest still does not
@@ -536,22 +546,31 @@ class SglangPolicy(Policy, FastPaths):
                 self.batch_is_full = False
                 if not decodes:
                     return False
-                if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens()):
+                if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens(), lag):
                     return False
-        if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens()):
-            decodes, aborted = self._retract(sched, decodes, now, out)
+        if not decode_fits(kv, decodes, self.evictable_tokens(), self.decode_tokens(), lag):
+            decodes, aborted = self._retract(sched, decodes, now, out, lag)
             self.batch_is_full = False  # the running batch shrank
         else:
             self.new_token_ratio = max(
                 self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
             )
-        self._add_decodes(sched, decodes, out)
+        self._add_decodes(sched, decodes, out, lag)
         return aborted
 
+    def _committed_lag(self) -> dict[str, int]:
+        """Spec v2 under the overlap scheduler: the verified positions of each request's verify
+        in flight, which SGLang commits only when that result is processed (``committed_lag``);
+        empty otherwise (a plain decode's slot is committed at launch)."""
+        if self.spec is None or not self.overlap:
+            return {}
+        return committed_lag(self._in_flight)
+
     def _retract(
-        self, sched: Scheduler, decodes: list[Request], now: float, out: SchedulerOutput
+        self, sched: Scheduler, decodes: list[Request], now: float, out: SchedulerOutput, lag: dict[str, int]
     ) -> tuple[list[Request], bool]:
-        """``retract_decode``: returns the requests kept (running order) and whether one was aborted."""
+        """``retract_decode``: returns the requests kept (running order) and whether one was
+        aborted; ``lag``: ``_committed_lag``."""
         kv = sched.kv_cache
         if self.config.retraction_policy == "priority":
             sign = -1 if self.config.schedule_low_priority_values_first else 1
@@ -563,7 +582,7 @@ class SglangPolicy(Policy, FastPaths):
         else:
             keep = sorted(decodes, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
         first = True
-        while first or not decode_fits(kv, keep, self.evictable_tokens(), self.decode_tokens()):
+        while first or not decode_fits(kv, keep, self.evictable_tokens(), self.decode_tokens(), lag):
             if len(keep) == 1:
                 break  # always keep at least one request
             first = False
@@ -574,7 +593,7 @@ class SglangPolicy(Policy, FastPaths):
                 # ``release_req``: make room for RETRACT_DECODE_STEPS tokens per kept request.
                 self.radix.evict_for(len(keep) * RETRACT_DECODE_STEPS)
         aborted = False
-        if len(keep) <= 1 and not decode_fits(kv, keep, self.evictable_tokens(), self.decode_tokens()):
+        if len(keep) <= 1 and not decode_fits(kv, keep, self.evictable_tokens(), self.decode_tokens(), lag):
             sched.abort_request(keep.pop().request_id, ABORT_REASON, now)
             aborted = True
         kept = [r for r in decodes if r in keep]
@@ -594,15 +613,25 @@ class SglangPolicy(Policy, FastPaths):
         out.preempted.append(request)
         drop_in_flight(self._in_flight, request)  # overlap: its in-flight output is dropped
 
-    def _add_decodes(self, sched: Scheduler, decodes: list[Request], out: SchedulerOutput) -> None:
+    def _add_decodes(
+        self,
+        sched: Scheduler,
+        decodes: list[Request],
+        out: SchedulerOutput,
+        lag: dict[str, int] | None = None,
+    ) -> None:
         spec = self.spec
         if spec is not None:
-            # ``eagle_prepare_for_decode``: hold ``decode_reserve`` slots past the verified
+            # ``eagle_prepare_for_decode``: hold ``decode_reserve`` slots past the committed
             # tokens (slots held already are kept), then verify the last token and the drafts.
+            # Under overlap the committed tokens trail the computed ones by the verify in flight
+            # (``lag``), whose positions the verify scheduled now follows.
             reserve, verify, drafts = spec.decode_reserve, spec.num_draft_tokens, spec.num_steps
+            lag = lag or {}
             for request in decodes:
                 computed = request.num_computed_tokens
-                self.allocate(sched, request, computed + reserve)  # checked by the caller
+                committed = computed - lag.get(request.request_id, 0)
+                self.allocate(sched, request, committed + reserve)  # checked by the caller
                 out.scheduled.append(ScheduledRequest(request, verify, computed, num_spec_tokens=drafts))
             return
         for request in decodes:

@@ -52,13 +52,31 @@ def reserved_tokens(request: Request, new_token_ratio: float) -> float:
     return remaining * new_token_ratio
 
 
-def decode_fits(kv: KVCacheManager, requests: list[Request], evictable: int = 0, num_tokens: int = 1) -> bool:
+def decode_fits(
+    kv: KVCacheManager,
+    requests: list[Request],
+    evictable: int = 0,
+    num_tokens: int = 1,
+    lag: dict[str, int] | None = None,
+) -> bool:
     """Whether the free blocks plus ``evictable`` radix-cached ones let each of ``requests`` hold
-    ``num_tokens`` slots past its computed tokens (``check_decode_mem``: one more token, or with
-    speculative decoding SGLang's reserve, ``new_tokens_required_next_decode``)."""
+    ``num_tokens`` slots past its committed tokens (``check_decode_mem``: one more token, or with
+    speculative decoding SGLang's reserve, ``new_tokens_required_next_decode``). The committed
+    tokens are the computed ones less ``lag`` (by request id: the overlap scheduler's verify in
+    flight, not committed yet)."""
     available = kv.num_free_blocks + evictable
     if num_tokens == 1 and len(requests) <= available:
         return True  # a decode needs at most one new block
+    if lag:
+        return (
+            sum(
+                kv.num_blocks_needed(
+                    r.request_id, r.num_computed_tokens - lag.get(r.request_id, 0) + num_tokens
+                )
+                for r in requests
+            )
+            <= available
+        )
     return (
         sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + num_tokens) for r in requests)
         <= available

@@ -19,7 +19,7 @@ Read in SGLang 0.5.23 (``sglang/srt/``):
   (``scheduler.py:4469-4474``): the queued result frees the finishing requests' KV first.
 - **Other finishes are one step late** (stop tokens; tailserve's simulated executor samples
   none): the request is in the next batch; that step's output is dropped
-  (``scheduler_components/batch_result_processor.py:1013-1019``) and the over-allocated slot is
+  (``scheduler_components/batch_result_processor.py:1022-1027``) and the over-allocated slot is
   freed with the rest of its KV (``release_kv_cache``) when the finish is processed — after the
   next step was launched. ``update_advanced`` drops outputs of finished requests the same way.
 - **Retracted requests drop their in-flight output** (the same lines: ``req.is_retracted``):
@@ -41,14 +41,32 @@ Read in SGLang 0.5.23 (``sglang/srt/``):
   Two consecutive prefill batches are overlapped too unless
   ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` is set (``scheduler.py:2136-2156``, ``environ.py:693``,
   default False).
-- **Speculative decoding** (EAGLE / EAGLE3 / NEXTN) runs with overlap by default in SGLang 0.5.23
-  ("spec v2": ``speculative_hook.py:1098-1101`` warns only when overlap is off, when it uses the
-  synchronous v2 worker). Its KV reserve is the overlapped one in both modes: 2 x the slots a
-  decode may take, "a double-buffer that absorbs the kv_committed_len lag in overlap mode"
-  (``mem_cache/allocation_sizing.py:64-70``), which ``sglang_spec.py``'s ``decode_reserve``
-  holds. Not modelled: the one-step lag itself (a verify's accepted tokens committed when the
-  next decode is already launched): tailserve simulates SGLang's speculative decoding
-  synchronously (``overlap_default`` says so in the run's notes).
+- **Speculative decoding** (EAGLE / EAGLE3 / NEXTN) runs overlapped by default ("spec v2":
+  ``speculative_hook.py:1098-1101`` warns only when overlap is off, and then runs the same v2
+  worker synchronously; 0.5.23 has no other worker and no flag or variable for it, so
+  ``--disable-overlap-schedule`` is the one switch). What the lag changes for the scheduler:
+
+  - *The late commit.* A verify's accepted tokens are committed (``kv_committed_len +=
+    accept_len``, ``batch_result_processor.py:819-831``) and appended to ``output_ids``
+    (``:1046``) when its result is processed, after the next decode batch was launched; that
+    batch verifies the bonus token and the drafts the worker left on the GPU (the future map,
+    ``scheduler.py:4656-4757``), so nothing waits for the host. tailserve: the scheduler's advanced
+    accounting counts the s + 1 verified positions at launch and rolls back the rejected drafts
+    when the result is applied (``Scheduler.update_advanced``), 1 + the accepted drafts become
+    outputs then.
+  - *The reserve* (``eagle_utils.py:857-870``, ``allocation_sizing.py:64-93``): slots grow to
+    ``committed + 2 x (steps + 1)`` from the committed length *before* the verify in flight —
+    the 2x is there for this lag — and ``check_decode_mem`` asks for the same
+    (``schedule_batch.py:3421-3430``): ``committed_lag`` below.
+  - *Finishes*: ``_reqs_finishing_inflight`` foresees only a verify whose *first* token is the
+    last (``len(output_ids) + 1 >= max_new_tokens``); one whose accepted run crosses
+    ``max_new_tokens`` is in the next batch too, its output dropped (the request finished:
+    ``batch_result_processor.py:1022-1027``) and its slots freed with the rest.
+  - *Retraction*: a retracted request's in-flight verify commits nothing (``req.is_retracted``,
+    ``:819``), as ``drop_in_flight`` has it.
+  - ``max_running_requests`` (48 unless given) and the reserve's size are the same in both
+    modes: ``_handle_eagle_family`` sets them before it looks at the overlap flag
+    (``speculative_hook.py:1086-1101``).
 """
 
 from __future__ import annotations
@@ -58,6 +76,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler_output import SchedulerOutput
 
 _DEFAULT_RULE = "sglang/srt/arg_groups/fields/schedule.py:193-198@v0.5.23"
+_SPEC_V2_RULE = "speculative_hook.py:1098-1101@v0.5.23"
 
 
 def overlap_default(device: DeviceInfo, speculative: bool) -> tuple[bool, str]:
@@ -69,9 +88,10 @@ def overlap_default(device: DeviceInfo, speculative: bool) -> tuple[bool, str]:
             "(SGLang 0.5.23 overlaps by default on a GPU)"
         )
     if speculative:
-        return False, (
-            "sglang overlap scheduler off: tailserve simulates SGLang's speculative decoding synchronously "
-            "(SGLang 0.5.23 overlaps it by default, spec v2: speculative_hook.py:1098-1101@v0.5.23)"
+        return True, (
+            f"sglang overlap scheduler on with speculative decoding (spec v2): SGLang 0.5.23's default "
+            f"({_DEFAULT_RULE}, {_SPEC_V2_RULE}); sglang:disable_overlap_schedule=true simulates the "
+            "synchronous v2 worker"
         )
     return True, (
         f"sglang overlap scheduler on: SGLang 0.5.23's default ({_DEFAULT_RULE}); "
@@ -87,9 +107,24 @@ def finishes_in_flight(request: Request) -> bool:
 
 def drop_in_flight(in_flight: SchedulerOutput | None, request: Request) -> None:
     """A retracted request's output of the step in flight is dropped when it comes back
-    (``batch_result_processor.py:1013-1019``: ``req.is_retracted``): its item samples nothing."""
+    (``batch_result_processor.py:1022-1027``: ``req.is_retracted``): its item samples nothing."""
     if in_flight is None:
         return
     for item in in_flight.scheduled:
         if item.request is request:
             item.partial = True
+
+
+def committed_lag(in_flight: SchedulerOutput | None) -> dict[str, int]:
+    """Per request, the verified positions of its verify in flight: SGLang's committed KV
+    (``kv_committed_len``) trails tailserve's computed tokens by them until the result is
+    processed, and the decode reserve and ``check_decode_mem`` count from the committed length
+    (empty without an in-flight verify; a prefill's tokens are committed at launch,
+    ``allocation.py:484-485``)."""
+    if in_flight is None:
+        return {}
+    return {
+        item.request.request_id: item.num_new_tokens
+        for item in in_flight.scheduled
+        if item.num_spec_tokens and not item.partial
+    }

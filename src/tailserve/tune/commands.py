@@ -96,6 +96,9 @@ def command_line(
             parts.append("--enable-mixed-chunk")
         if config.schedule_conservativeness != 1.0:
             parts.append(f"--schedule-conservativeness {config.schedule_conservativeness:g}")
+        if spec.flags.get("disable_overlap_schedule"):
+            # Only when asked: unset, SGLang overlaps on a GPU as the simulation did (spec v2 too).
+            parts.append("--disable-overlap-schedule")
         if config.speculative_algorithm is not None:
             # The sizes as simulated, spelled out (SGLang's auto choice differs by architecture:
             # Llama's is a top-k 4 tree). The draft checkpoint (--speculative-draft-model-path,
