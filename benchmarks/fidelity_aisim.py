@@ -107,6 +107,7 @@ MOE_FORMATS = {
     "bfloat16": ("bfloat16", "bf16"),
     "fp8": ("fp8", "fp8"),
     "fp8_block": ("fp8_block", "fp8_block"),
+    "fp8_static": ("fp8", "fp8_static"),  # the tables' fp8 rows of the static-scale kernels
     "nvfp4": ("nvfp4", "nvfp4"),
     "int4_wo": ("bfloat16", "int4"),  # weight-only: bf16 math on int4 weights
     "w4a16_mxfp4": ("bfloat16", "mxfp4"),  # gpt-oss on Hopper: bf16 math on MXFP4 weights
@@ -479,8 +480,22 @@ def _fit_moe(
 # oracle's first supported backend is Triton (oracle/fp8.py:86-102, 515-526; triton_moe.py:160-166),
 # the tables' ``fused_moe`` rows. Block FP8 under TP: Triton on Hopper (oracle/fp8.py:120-130),
 # FlashInfer's TRT-LLM monolithic kernel on Blackwell (first in the order; trtllm_fp8_moe.py:213-222).
+# FP8 per tensor with the checkpoint's static activation scales (``fp8_static``: ModelOpt FP8,
+# keyed (kFp8StaticTensorSym, kFp8StaticTensorSym), quantization/modelopt.py:495-501): FlashInfer's
+# CUTLASS kernel on Hopper (the first in the order that takes static per-tensor scales on sm90,
+# experts/flashinfer_cutlass_moe.py:146-175), FlashInfer's TRT-LLM monolithic kernel on Blackwell
+# (first in the order, sm100 only, static per-tensor scales, routing Renormalize / DeepSeekV3 /
+# Llama4 / ...: experts/trtllm_fp8_moe.py:165-172, 379-388, 399-432), under TP and EP alike (no
+# EP reordering for per-tensor FP8, oracle/fp8.py:119-130). The tables' rows of these kernels
+# are all ModelOpt layers (``modeloptfp8moe_*``).
+BLACKWELL = ("b200_sxm", "gb200", "b300_sxm")
+FP8_STATIC_KERNELS = {
+    **{(g, "fp8_static"): "vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts" for g in ("h100_sxm", "h200_sxm")},
+    **{(g, "fp8_static"): "vllm_modeloptfp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic" for g in BLACKWELL},
+}  # fmt: skip
 HOPPER = ("h100_sxm", "h200_sxm")
 VLLM_MOE_KERNELS = {
+    **FP8_STATIC_KERNELS,
     **{(g, "fp8"): "vllm_fused_moe" for g in ("h100_sxm", "h200_sxm", "b200_sxm", "gb200", "b300_sxm")},
     **{(g, "fp8_block"): "vllm_fp8moe_triton_tritonexperts" for g in HOPPER},
     **{(g, "fp8_block"): "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic"
@@ -490,13 +505,20 @@ VLLM_MOE_KERNELS = {
 
 # With expert parallelism vLLM 0.32 on Hopper moves FlashInfer's CUTLASS kernel first for block
 # FP8 (oracle/fp8.py:120-130@v0.32.0): the tables time it at EP 2-256 only.
-VLLM_MOE_EP_KERNELS = {(g, "fp8_block"): "vllm_fp8moe_flashinfer_cutlass_flashinferexperts" for g in HOPPER}
+VLLM_MOE_EP_KERNELS = {
+    **{(g, "fp8_block"): "vllm_fp8moe_flashinfer_cutlass_flashinferexperts" for g in HOPPER},
+    **FP8_STATIC_KERNELS,  # the same kernels under EP (the tables time them at EP 2-256)
+}
 
 
-def engine_kernel(framework: str, gpu: str, fmt: str, rows: list) -> tuple[str, list]:
-    """The kernel whose rows price the format: vLLM's default (``VLLM_MOE_KERNELS``) where the
-    tables have its rows, else the kernel with the most model shapes (``main_kernel``)."""
-    kernel = VLLM_MOE_KERNELS.get((gpu, fmt)) if framework == "vllm" else None
+def engine_kernel(
+    framework: str, gpu: str, fmt: str, rows: list, expert_parallel: bool = False
+) -> tuple[str, list]:
+    """The kernel whose rows price the format: vLLM's default (``VLLM_MOE_KERNELS``, with
+    ``expert_parallel`` ``VLLM_MOE_EP_KERNELS``) where the tables have its rows, else the kernel
+    with the most model shapes (``main_kernel``)."""
+    kernels = VLLM_MOE_EP_KERNELS if expert_parallel else VLLM_MOE_KERNELS
+    kernel = kernels.get((gpu, fmt)) if framework == "vllm" else None
     own = [r for r in rows if r[8] == kernel]
     return (kernel, own) if own else main_kernel(rows)
 
@@ -569,11 +591,15 @@ def moe_part(
             if r[7] == 1 and r[9] > 0:  # EP 1: the all-to-all is not in these rows
                 by_fmt.setdefault(r[0], []).append(r)
         jobs = [(fmt, fmt, rows) for fmt, rows in sorted(by_fmt.items())]
+        if framework == "vllm" and (gpu, "fp8_static") in FP8_STATIC_KERNELS and "fp8" in by_fmt:
+            # static-scale FP8 (ModelOpt) checkpoints: the tables' fp8 rows of their kernel
+            jobs.append(("fp8_static", "fp8_static", by_fmt["fp8"]))
         if framework == "vllm":
             # the kernel vLLM runs with expert parallelism where it is another (VLLM_MOE_EP_KERNELS),
             # on the tables' rows of that kernel at EP 2-64 (each rank its E / EP whole experts)
             for (g, fmt), kn in VLLM_MOE_EP_KERNELS.items():
-                ep_rows = [r for r in entry.get("moe", []) if g == gpu and r[0] == fmt and r[8] == kn
+                table_fmt = "fp8" if fmt == "fp8_static" else fmt
+                ep_rows = [r for r in entry.get("moe", []) if g == gpu and r[0] == table_fmt and r[8] == kn
                            and 1 < r[7] <= 64 and r[6] == 1 and r[5] % r[7] == 0 and r[9] > 0]  # fmt: skip
                 if ep_rows:
                     jobs.append((f"{fmt}@ep", fmt, ep_rows))
@@ -581,7 +607,9 @@ def moe_part(
             if fmt not in MOE_FORMATS or MOE_FORMATS[fmt][0] not in gemm[gpu]:
                 continue
             expert_parallel = label.endswith("@ep")
-            kernel, rows = engine_kernel(framework, gpu, fmt, all_rows)
+            kernel, rows = engine_kernel(framework, gpu, fmt, all_rows, expert_parallel)
+            if fmt == "fp8_static" and not kernel.startswith("vllm_modelopt"):
+                continue  # no rows of the static-scale kernel here
             curve_fmt, weights = MOE_FORMATS[fmt]
             curve = gemm[gpu][curve_fmt]["fit"]
             prec = get_precision(weights)
@@ -643,6 +671,10 @@ def moe_part(
                     res["catalog_before"] = stats(cat_before[test], y_a[test])
                     res["catalog_now"] = stats(cat_now[test], y_a[test])
                     res["catalog_own_curve"] = bool(moe and moe.curve_for(weights, expert_parallel))
+                    if weights == "fp8_static":
+                        # until fp8_static, a static-scale checkpoint was read as fp8 (Triton's curve)
+                        as_fp8 = catalog_moe_time(hw, "fp8", rows, expert_parallel)
+                        res["catalog_as_fp8"] = stats(as_fp8[test], y_a[test])
                     # the format's other kernels (another vLLM version's or another checkpoint
                     # format's, e.g. FlashInfer's CUTLASS kernel for static FP8 scales on Hopper),
                     # every row priced by the catalog now: what a deployment on them would miss by
@@ -684,6 +716,11 @@ def moe_part(
         console.print(_moe_catalog_table(out))
         for gpu, by_fmt in out.items():
             for fmt, res in by_fmt.items():
+                if "catalog_as_fp8" in res:
+                    a, n = res["catalog_as_fp8"], res["catalog_now"]
+                    console.print(f"{GPUS[gpu]} {fmt}: held out ({n['n']} rows) as fp8 (before): {a['mean']:.1%} / "
+                                  f"{a['p90']:.1%} / {a['max']:.0%}, bias {a['bias']:+.1%}; now: {n['mean']:.1%} / "
+                                  f"{n['p90']:.1%} / {n['max']:.0%}, bias {n['bias']:+.1%}")  # fmt: skip
                 for other, o in res.get("other_kernels", {}).items():
                     console.print(f"{GPUS[gpu]} {fmt}: {other.removeprefix('vllm_')} ({o['n']} rows) priced by the "
                                   f"catalog: {o['mean']:.1%} mean / {o['max']:.0%} max, bias {o['bias']:+.1%}")  # fmt: skip

@@ -337,7 +337,8 @@ def test_block_fp8_with_expert_parallelism_takes_the_ep_kernels_curve_on_hopper(
         )._experts(64)
         assert CostModel(spec, hw, 8)._experts(64) == CostModel(spec, tp_only, 8)._experts(64)
     # Blackwell runs FlashInfer's TRT-LLM kernel for block FP8 either way: no EP curve
-    assert get_hardware("B200").moe.ep_format_curves == ()
+    b200 = get_hardware("B200").moe
+    assert b200.curve_for("fp8_block", expert_parallel=True) is b200.curve_for("fp8_block")
 
 
 def test_gb300_is_b300_silicon_in_the_nvl72_rack():

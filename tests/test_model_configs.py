@@ -625,7 +625,7 @@ def test_mistral_window_is_read(tmp_path):
         ({"quant_method": "compressed-tensors", "format": "float-quantized",
           "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
                                         "input_activations": {"num_bits": 8, "type": "float"}}},
-          "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "bfloat16", ("fp8", "", "fp8")),
+          "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "bfloat16", ("fp8_static", "", "fp8")),
         ({"quant_method": "compressed-tensors", "format": "pack-quantized",
           "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 128}}}},
          "bfloat16", ("int4", "", "")),

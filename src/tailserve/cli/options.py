@@ -57,7 +57,7 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "--quantization",
         default="",
         metavar="FORMAT",
-        help="weights' number format, as vLLM's flag: fp8, fp8_block, int8, int4 (AWQ/GPTQ), mxfp4, "
+        help="weights' number format, as vLLM's flag: fp8, fp8_static (modelopt), fp8_block, int8, int4 (AWQ/GPTQ), mxfp4, "
         "nvfp4 (default: the model's own, bf16 unless its checkpoint says otherwise)",
     )
     g.add_argument(

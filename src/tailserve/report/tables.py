@@ -13,6 +13,7 @@ from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.hardware import ENGINE_NAMES, HARDWARE
 from tailserve.executors.simulated.models import MODELS
 from tailserve.executors.simulated.module_formats import group_dtypes
+from tailserve.executors.simulated.precision import gemm_format
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_spec import WorkloadSpec
 
@@ -130,8 +131,11 @@ def print_cost(
         console.print(f"weight formats by group: {formats}")
     fc = built.cost_model.format_curve
     if fc is not None:
+        fmt = built.cost_model.model.weight_dtype
+        curve = gemm_format(fmt)  # fp8_static runs fp8's dense GEMM kernel: say whose curve
+        where = "their own curve" if curve == fmt else f"{curve}'s curve"
         console.print(
-            f"{built.cost_model.model.weight_dtype} GEMMs on their own curve: compute {fc.compute:.3g} of the "
+            f"{fmt} GEMMs on {where}: compute {fc.compute:.3g} of the "
             f"format's peak, memory {fc.memory:.3g}, tile {fc.tile_m} x {fc.tile_n or '-'}, "
             f"launch {fc.gemm_latency * 1e6:.2f} us"
         )

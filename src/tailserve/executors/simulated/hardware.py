@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tailserve.core.device import DeviceInfo
+from tailserve.executors.simulated.precision import gemm_format
 
 GB = 1e9
 
@@ -68,17 +69,21 @@ class GemmCurve:
                 "GemmCurve m_tiles needs the wave form (tile_n >= 1) for the shapes no entry matches"
             )
 
+    # A format's dense GEMMs are those of its ``Precision.gemm`` (fp8_static: fp8's kernel)
     def factors_for(self, fmt: str) -> tuple[float, float]:
+        fmt = gemm_format(fmt)
         for name, compute, memory in self.format_factors:
             if name == fmt:
                 return compute, memory
         return 1.0, 1.0
 
     def quant_bytes_for(self, fmt: str) -> float:
+        fmt = gemm_format(fmt)
         return next((value for name, value in self.quant_bytes if name == fmt), 0.0)
 
     def curve_for(self, fmt: str) -> GemmCurve | None:
         """The format's own curve (``format_curves``), None without one."""
+        fmt = gemm_format(fmt)
         return next((curve for name, curve in self.format_curves if name == fmt), None)
 
 
@@ -124,9 +129,11 @@ class MoeKernel:
     # (expert weight format, its own curve): experts in that format priced on it instead of the
     # factors above on the GPU's curve (with the format's GEMM factors); others keep the factors.
     format_curves: tuple[tuple[str, MoeCurve], ...] = ()
-    # (format, curve) where the engine runs another kernel when the experts are placed whole
-    # (expert parallelism): vLLM 0.32 on Hopper moves FlashInfer's CUTLASS kernel ahead of Triton
-    # for block FP8 with EP > 1 (vllm/model_executor/layers/fused_moe/oracle/fp8.py:120-130@v0.32.0).
+    # (format, curve) where the engine runs another kernel, or the same kernel fits apart, when
+    # the experts are placed whole (expert parallelism): vLLM 0.32 on Hopper moves FlashInfer's
+    # CUTLASS kernel ahead of Triton for block FP8 with EP > 1
+    # (vllm/model_executor/layers/fused_moe/oracle/fp8.py:120-130@v0.32.0); static FP8's kernels
+    # fitted on their EP rows.
     ep_format_curves: tuple[tuple[str, MoeCurve], ...] = ()
 
     def __post_init__(self) -> None:
@@ -211,17 +218,18 @@ class MlaKernel:
     # efficiency or another engine's GEMM set without the curve keeps).
     curve_terms: tuple[tuple[str, MlaCurveTerms], ...] = ()
 
+    # a format's projections are priced as those of its ``Precision.gemm``
     def gemm_factor(self, fmt: str) -> float:
-        return dict(self.gemm_factors).get(fmt, 1.0)
+        return dict(self.gemm_factors).get(gemm_format(fmt), 1.0)
 
     def format_request(self, fmt: str) -> float:
-        return dict(self.decode_request_by_format).get(fmt, 0.0)
+        return dict(self.decode_request_by_format).get(gemm_format(fmt), 0.0)
 
     def format_latency(self, fmt: str) -> float:
-        return dict(self.latency_by_format).get(fmt, 0.0)
+        return dict(self.latency_by_format).get(gemm_format(fmt), 0.0)
 
     def curve_terms_for(self, fmt: str) -> MlaCurveTerms | None:
-        return dict(self.curve_terms).get(fmt)
+        return dict(self.curve_terms).get(gemm_format(fmt))
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,12 +461,19 @@ _Q = "fp8"  # FP8's tensor-core rate (per tensor and block-scaled)
 # (fused_moe/experts/flashinfer_cutlass_moe.py:146-181, trtllm_fp8_moe.py:379-388), DeepGEMM
 # block scales only, so the oracle's first supported backend (oracle/fp8.py:86-102, 515-526) is
 # Triton (triton_moe.py:126-179). Fitted to the tables' Triton fused_moe FP8 rows (vLLM 0.19):
-# the H200's for Hopper, the B200's for Blackwell (GB200 and B300 have no such rows). Until
-# 2026-12-03 (late) Hopper priced FlashInfer's CUTLASS kernel here, ~4x slower at decode sizes,
-# and GB200/B300 TRT-LLM's: the kernels of static-scale checkpoints (ModelOpt FP8), which the
-# format names do not yet tell apart (docs/fidelity.md).
+# the H200's for Hopper, the B200's for Blackwell (GB200 and B300 have no such rows).
 _TRITON_FP8_HOPPER = MoeCurve(0.619, 0.82, 2.5, 256, 28.4e-6, 1.78e-12, _Q)
 _TRITON_FP8_BLACKWELL = MoeCurve(0.354, 0.664, 2.5, 128, 28.4e-6, 2.20e-12, _Q)
+# FP8 per tensor with the checkpoint's static activation scales (fp8_static: ModelOpt FP8, keyed
+# kFp8StaticTensorSym x kFp8StaticTensorSym, quantization/modelopt.py:495-501@v0.32.0) runs the
+# first backend in the order that takes static scales: FlashInfer's CUTLASS kernel on Hopper
+# (experts/flashinfer_cutlass_moe.py:146-175; FLASHINFER_TRTLLM is sm100 only), FlashInfer's
+# TRT-LLM monolithic kernel on Blackwell (experts/trtllm_fp8_moe.py:165-172, 379-388; routing
+# Renormalize, DeepSeekV3, Llama4, ...: 399-432), with TP and EP alike (oracle/fp8.py:86-130
+# reorders only block FP8). Fitted by benchmarks/fidelity_aisim.py on each GPU's rows of that
+# kernel (all ModelOpt layers), half the model shapes held out; under expert parallelism
+# (ep_format_curves) on its rows at EP 2-64, each rank its E / EP experts. Hopper's CUTLASS
+# kernel takes ~2-4x Triton's time at decode sizes (docs/fidelity.md).
 MOE_H100 = MoeKernel(
     0.71, 1.0, 33.3e-6, f"{_AISIM}: fused MoE, H100", row_element=2.01e-12,
     format_curves=(
@@ -469,9 +484,13 @@ MOE_H100 = MoeKernel(
         ("fp8", _TRITON_FP8_HOPPER),
         ("fp8_block", MoeCurve(0.348, 0.829, 2.5, 256, 29.2e-6, 1.98e-12, _Q)),  # Triton (TP)
         ("mxfp4", MoeCurve(0.588, 0.698, 4.0, 64, 35.3e-6, 1.84e-12, "bf16")),  # OAI Triton W4A16
+        ("fp8_static", MoeCurve(0.157, 0.191, 3.0, 256, 66.7e-6, 0.48e-12, _Q)),  # FlashInfer CUTLASS
     ),
     # block FP8 with expert parallelism: FlashInfer's CUTLASS kernel (its rows at EP 2-64)
-    ep_format_curves=(("fp8_block", MoeCurve(0.582, 0.829, 2.5, 256, 26.7e-6, 13.67e-12, _Q)),),
+    ep_format_curves=(
+        ("fp8_block", MoeCurve(0.582, 0.829, 2.5, 256, 26.7e-6, 13.67e-12, _Q)),
+        ("fp8_static", MoeCurve(0.182, 0.191, 3.0, 256, 24.9e-6, 0.0, _Q)),
+    ),
 )  # fmt: skip
 MOE_H200 = MoeKernel(
     0.82, 1.0, 34.2e-6, f"{_AISIM}: fused MoE, H200", row_element=2.19e-12,
@@ -481,8 +500,12 @@ MOE_H200 = MoeKernel(
         ("fp8_block", MoeCurve(0.353, 0.82, 2.5, 256, 27.3e-6, 2.07e-12, _Q)),
         ("int4", MoeCurve(0.123, 0.142, 6.0, 64, 30.8e-6, 2.03e-12, "bf16")),  # Marlin
         ("mxfp4", MoeCurve(0.581, 0.579, 6.0, 64, 36.4e-6, 1.84e-12, "bf16")),
+        ("fp8_static", MoeCurve(0.214, 0.135, 2.5, 256, 65.5e-6, 0.0, _Q)),  # FlashInfer CUTLASS
     ),
-    ep_format_curves=(("fp8_block", MoeCurve(0.712, 0.761, 2.5, 256, 26.3e-6, 12.89e-12, _Q)),),
+    ep_format_curves=(
+        ("fp8_block", MoeCurve(0.712, 0.761, 2.5, 256, 26.3e-6, 12.89e-12, _Q)),
+        ("fp8_static", MoeCurve(0.255, 0.134, 2.5, 256, 23.1e-6, 0.0, _Q)),
+    ),
 )  # fmt: skip
 MOE_B200 = MoeKernel(
     0.51, 0.92, 31.0e-6, f"{_AISIM}: fused MoE, B200", row_element=2.22e-12,
@@ -493,7 +516,9 @@ MOE_B200 = MoeKernel(
         ("int4", MoeCurve(0.073, 0.105, 2.5, 64, 40.1e-6, 0.04e-12, "bf16")),  # Marlin
         ("nvfp4", MoeCurve(0.735, 0.926, 1.0, 64, 18.5e-6, 0.62e-12, "fp4")),  # TRT-LLM
         ("mxfp4", MoeCurve(0.286, 0.477, 2.5, 64, 21.8e-6, 2.91e-12, "bf16")),  # TRT-LLM MXFP4 x bf16
+        ("fp8_static", MoeCurve(0.494, 0.83, 2.5, 128, 17.6e-6, 0.59e-12, _Q)),  # FlashInfer TRT-LLM
     ),
+    ep_format_curves=(("fp8_static", MoeCurve(0.476, 0.892, 2.5, 128, 18.1e-6, 1.25e-12, _Q)),),
 )  # fmt: skip
 MOE_GB200 = MoeKernel(
     0.63, 1.0, 17.2e-6, f"{_AISIM}: fused MoE, GB200", row_element=0.39e-12,
@@ -502,7 +527,9 @@ MOE_GB200 = MoeKernel(
         ("fp8", _TRITON_FP8_BLACKWELL),  # the B200's: no Triton FP8 per-tensor rows here
         ("fp8_block", MoeCurve(0.203, 0.797, 3.0, 128, 25.5e-6, 0.79e-12, _Q)),
         ("mxfp4", MoeCurve(0.279, 0.476, 2.5, 64, 22.0e-6, 2.58e-12, "bf16")),
+        ("fp8_static", MoeCurve(0.552, 0.86, 1.5, 64, 18.3e-6, 0.51e-12, _Q)),  # FlashInfer TRT-LLM
     ),
+    ep_format_curves=(("fp8_static", MoeCurve(0.46, 0.924, 1.5, 64, 18.9e-6, 0.84e-12, _Q)),),
 )  # fmt: skip
 MOE_B300 = MoeKernel(
     0.61, 1.0, 16.0e-6, f"{_AISIM}: fused MoE, B300", row_element=0.44e-12,
@@ -512,7 +539,9 @@ MOE_B300 = MoeKernel(
         ("fp8_block", MoeCurve(0.206, 0.809, 2.5, 64, 24.6e-6, 0.77e-12, _Q)),
         ("nvfp4", MoeCurve(0.487, 0.898, 1.0, 64, 17.7e-6, 0.56e-12, "fp4")),
         ("mxfp4", MoeCurve(0.295, 0.449, 3.0, 64, 20.4e-6, 2.80e-12, "bf16")),
+        ("fp8_static", MoeCurve(0.595, 0.84, 1.5, 64, 16.9e-6, 0.50e-12, _Q)),  # FlashInfer TRT-LLM
     ),
+    ep_format_curves=(("fp8_static", MoeCurve(0.496, 0.903, 1.5, 64, 17.2e-6, 0.91e-12, _Q)),),
 )  # fmt: skip
 # vLLM's custom all-reduce under CUDA graphs (its decode path), fitted per GPU by
 # benchmarks/fidelity_aisim.py: one latency per TP degree, one link efficiency per GPU.

@@ -8,7 +8,7 @@ keeps its expert width in ``intermediate_size``; Llama 4's dense layers use
 its family (an MoE field in a dense family, MLA ranks outside DeepSeek, a sliding-window pattern
 where the family has none), is one ``ValueError`` line naming it — nothing is guessed.
 
-Number formats come from ``quantization_config`` and ``torch_dtype`` (``_formats``).
+Number formats come from ``quantization_config`` and ``torch_dtype`` (``checkpoint_formats.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tailserve.executors.simulated.checkpoint_formats import checkpoint_formats
 from tailserve.executors.simulated.model_spec import ModelSpec
 from tailserve.executors.simulated.quant_exclusions import apply_exclusions
 
@@ -497,82 +498,6 @@ READERS: dict[str, Callable[[_Fields], Shape]] = {
 # Families whose text model sits under ``text_config`` in the published (multimodal) config.
 _NESTED = {"llama4": "llama4_text", "gemma3": "gemma3_text"}
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-# quantization_config.quant_method values read (anything else is refused).
-QUANT_METHODS = ("fp8", "fbgemm_fp8", "mxfp4", "awq", "gptq", "compressed-tensors", "modelopt")
-
-
-def _formats(f: _Fields, top: dict[str, Any], is_moe: bool) -> Shape:
-    """``dtype_bytes`` (torch_dtype / dtype: float32 -> 4, bfloat16 / float16 -> 2, absent -> 2)
-    and the weight / expert / KV formats from ``quantization_config``."""
-    dtype = f.raw.get("torch_dtype") or f.raw.get("dtype") or top.get("torch_dtype") or top.get("dtype")
-    if dtype is not None and dtype not in _DTYPE_BYTES:
-        raise f.fail(f"torch_dtype {dtype!r} is not read; known: {', '.join(_DTYPE_BYTES)}")
-    out: Shape = {"dtype_bytes": _DTYPE_BYTES.get(dtype or "bfloat16", 2)}
-    q = top.get("quantization_config") or f.raw.get("quantization_config")
-    if not q:
-        return out
-    if not isinstance(q, dict):
-        raise f.fail("quantization_config must be an object")
-    method = str(q.get("quant_method", "")).lower()
-    where = f"quantization_config quant_method {method!r}"
-    if method in ("fp8", "fbgemm_fp8"):
-        # 128 x 128 blocks with their own scales (DeepSeek-V3, Kimi K2, Qwen3-FP8) run the
-        # block-scaled kernels (DeepGEMM, CUTLASS), priced apart from per-tensor FP8
-        out["weight_dtype"] = "fp8_block" if q.get("weight_block_size") else "fp8"
-    elif method == "mxfp4":
-        if not is_moe:
-            raise f.fail(f"{where}: MXFP4 is read for the routed experts of an MoE model (gpt-oss)")
-        out["expert_dtype"] = "mxfp4"  # gpt-oss: attention, router, embeddings stay bf16
-    elif method in ("awq", "gptq"):
-        bits = q.get("bits", q.get("w_bit"))
-        if bits not in (4, 8):
-            raise f.fail(f"{where}: bits {bits!r} is not read (4 or 8)")
-        out["weight_dtype"] = "int4" if bits == 4 else "int8"
-    elif method == "compressed-tensors":
-        out.update(_compressed_tensors(f, q))
-    elif method == "modelopt":
-        algo = str(q.get("quant_algo", "")).upper()
-        if algo not in ("FP8", "NVFP4"):
-            raise f.fail(f"{where}: quant_algo {algo!r} is not read (FP8, NVFP4)")
-        out["weight_dtype"] = algo.lower()
-        if str(q.get("kv_cache_quant_algo") or "").upper() == "FP8":
-            out["kv_dtype"] = "fp8"
-    else:
-        raise f.fail(f"{where} is not read; read: {', '.join(QUANT_METHODS)}")
-    return out
-
-
-def _compressed_tensors(f: _Fields, q: dict[str, Any]) -> Shape:
-    """llm-compressor checkpoints, when every config group quantizes weights the same way:
-    8-bit float -> fp8, 8-bit int -> int8, 4-bit int -> int4 (W4A16), 4-bit float in groups of
-    16 -> nvfp4; a ``kv_cache_scheme`` of 8-bit float -> fp8 KV."""
-    groups = q.get("config_groups") or {}
-    kinds = {
-        (
-            g.get("weights", {}).get("num_bits"),
-            g.get("weights", {}).get("type"),
-            g.get("weights", {}).get("group_size"),
-        )
-        for g in groups.values()
-        if isinstance(g, dict)
-    }
-    if len(kinds) != 1:
-        raise f.fail("compressed-tensors: config_groups must quantize every weight one way to be read")
-    bits, kind, group = kinds.pop()
-    table = {(8, "float"): "fp8", (8, "int"): "int8", (4, "int"): "int4"}
-    fmt = "nvfp4" if (bits, kind, group) == (4, "float", 16) else table.get((bits, kind))
-    if fmt is None:
-        raise f.fail(f"compressed-tensors: {bits}-bit {kind} weights (group {group}) are not read")
-    out: Shape = {"weight_dtype": fmt}
-    kv = q.get("kv_cache_scheme")
-    if kv:
-        if (kv.get("num_bits"), kv.get("type")) != (8, "float"):
-            raise f.fail("compressed-tensors: only an 8-bit float kv_cache_scheme is read")
-        out["kv_dtype"] = "fp8"
-    return out
-
 
 def load_hf_config(path: str | Path) -> ModelSpec:
     """A ``ModelSpec`` from a Hugging Face ``config.json`` (or a directory holding one), read by
@@ -615,7 +540,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         # TensorRT-LLM and vLLM read a modelopt checkpoint's own hf_quant_config.json (NVIDIA's
         # MLPerf R1 substitutes a custom one): its quantization section replaces config.json's.
         top = {**cfg, "quantization_config": _modelopt_section(modelopt, p.parent / "hf_quant_config.json")}
-    shape.update(_formats(f, top, bool(shape.get("num_experts"))))
+    shape.update(checkpoint_formats(f.raw, top, bool(shape.get("num_experts")), f.fail))
     name = str(cfg.get("_name_or_path") or p.parent.name or model_type)
     try:
         spec = ModelSpec(name=name, **shape)
@@ -650,7 +575,7 @@ def _modelopt_section(data: dict[str, Any], path: Path) -> dict[str, Any]:
 def _exclusion_list(q: object) -> tuple[object, str, str] | None:
     """(patterns, match style, where) of a quantization config's list of modules left
     unquantized (quant_exclusions.py), None without one. gpt-oss's MXFP4 list is not read:
-    its format is the experts' alone already (``_formats``)."""
+    its format is the experts' alone already (``checkpoint_formats``)."""
     if not isinstance(q, dict):
         return None
     method = str(q.get("quant_method", "")).lower()
