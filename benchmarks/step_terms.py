@@ -110,6 +110,26 @@ def terms(step: Step) -> dict[str, float]:
     return {**out, "total": total}
 
 
+# TensorRT-LLM's perf-overview (release 0.19, nvidia.github.io/TensorRT-LLM/0.19.0/performance/
+# perf-overview.html): Llama-3.3-70B FP4 (Llama-3.1-70B's shape), B200, TP 1, ISL/OSL 128/128:
+# 11,253.28 output tokens/s. Its steady step at a batch of B: B decodes (context 128 + 64) beside
+# B prompt tokens (a prompt admitted for every request that finishes).
+PERF_OVERVIEW = (
+    Deployment.of(model="Llama-3.1-70B", hardware="B200", tp=1, quantization="nvfp4", kv_cache_dtype="fp8"),
+    11253.28,
+)
+
+
+def perf_overview_rows() -> list[tuple[int, float]]:
+    """(batch, output tokens/s) of the steady 128/128 step at batches 512, 1,024 and 2,048."""
+    dep, _ = PERF_OVERVIEW
+    cm = build_cost_model(dep, "trtllm").cost_model
+    return [
+        (b, b / cm.iteration_time(BatchShape.of([(128, 0)] * (b // 128), [192] * b)))
+        for b in (512, 1024, 2048)
+    ]
+
+
 def main() -> int:
     cols = ("GEMMs", "LM head", "prefill attention", "decode attention", "all-reduce", "overhead", "total")
     print("| step | tokens / requests | " + " | ".join(cols) + " | implied by the run | error |")
@@ -122,6 +142,12 @@ def main() -> int:
         print(
             f"| {step.label} | {step.demand_tokens:,} / {requests:,} | {cells} | {step.measured_ms:.1f} | {err:+.1%} |"
         )
+    published = PERF_OVERVIEW[1]
+    print(
+        f"\nLlama-3.3-70B FP4 on B200, TP 1, 128/128 (TensorRT-LLM perf-overview 0.19: {published:,.0f} output tok/s)"
+    )
+    for batch, rate in perf_overview_rows():
+        print(f"  steady step at batch {batch:5,}: {rate:8,.0f} output tok/s ({rate / published - 1:+.1%})")
     return 0
 
 
