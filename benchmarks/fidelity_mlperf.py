@@ -201,6 +201,16 @@ _H200_TRTLLM = ("--policy", "trtllm", "--quantization", "fp8", "--kv-cache-dtype
                 "--block-size", "32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.9",
                 *_TRT_ENGINE_BACKEND)  # fmt: skip
 
+# Red Hat's Llama-3.1-8B (code/llama3.1-8b/README.md, the H100 Server line) on vLLM 0.10.0: V1 scheduling
+# synchronously (--async-scheduling was experimental and off by default until vLLM PR #27614, after
+# 0.11: vllm/config/scheduler.py:138@v0.11.0, engines/vllm_flags.py's 0.11 table) and admitting on
+# the first chunk's blocks (scheduler_reserve_full_isl came after 0.11, as the same table says), so
+# the policy's 0.32 defaults for both are turned off here. The README's Offline line (LLM class)
+# sets no long-prefill threshold: the offline flags put vLLM's default 0 back.
+_REDHAT_VLLM = ("--policy", "vllm", "--quantization", "fp8", "--max-num-batched-tokens", "1024", "--max-num-seqs", "512",
+                "--long-prefill-token-threshold", "256", "--block-size", "16", "--gpu-memory-utilization", "0.91",
+                "--max-model-len", "131072", "--no-async-scheduling", "--no-scheduler-reserve-full-isl")  # fmt: skip
+
 # NVIDIA's B200 Llama-2-70B (configs/B200-SXM-180GBx8/{Server,Offline}/llama2-70b.py): precision fp4
 # (NVFP4 weights), FP8 KV, TP 1 on each GPU, gpu_batch_size 2048, max_num_tokens 3584, max_util,
 # chunked context; kvcache_free_gpu_mem_frac 0.95 of what the weights and activations leave.
@@ -263,13 +273,12 @@ POINTS = (
     MLPerfPoint(
         "redhat-h100", "Red Hat 1xH100 vLLM", "llama3_1-8b", "XE8640_4xH100_vLLM", "H100-SXM", 1, 1, "Llama-3.1-8B",
         "vLLM 0.10.0", 39.64, 39.56, 5103.99, (223.63, 1911.17), (23.64, 25.13), 3.318, CNN_DAILYMAIL,
-        ("--policy", "vllm", "--quantization", "fp8", "--max-num-batched-tokens", "1024", "--max-num-seqs", "512",
-         "--long-prefill-token-threshold", "256", "--block-size", "16", "--gpu-memory-utilization", "0.91",
-         "--max-model-len", "131072"),
+        _REDHAT_VLLM,
         _summary("RedHat", "XE8640_4xH100_vLLM", "llama3.1-8b")
         + "; flags: closed/RedHat/code/llama3.1-8b/README.md (the Server scenario's vllm serve line)",
         "the system description says 1 accelerator (H100-SXM-80GB) despite the 4xH100 in its name",
-        45.1334, ("--max-num-seqs", "1024", "--max-num-batched-tokens", "4096", "--kv-cache-dtype", "fp8"),
+        45.1334, ("--max-num-seqs", "1024", "--max-num-batched-tokens", "4096", "--kv-cache-dtype", "fp8",
+                  "--long-prefill-token-threshold", "0"),
         "Offline/performance/run_1/mlperf_log_summary.txt; README.md (the H100 Offline line)",
     ),
     MLPerfPoint(
