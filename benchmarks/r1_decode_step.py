@@ -23,7 +23,12 @@ Each ``(real, graph)`` row is ``real`` requests per rank replaying the ``graph``
 read at the real requests (its dummies' KV is a token or two), the other operators at the
 graph's rows. Linear interpolation between the tables' batch sizes and KV lengths.
 
-    python -m benchmarks.r1_decode_step [--aisimulate-venv DIR] [--out FILE]
+It also prices NVIDIA's published trtllm-bench max-throughput points (``PUBLISHED``: 1K/2K fixed
+lengths, every slot busy) from the same step prices, and with ``--steps`` runs the B200 point's
+simulation recording every lockstep step (``CostModel.group_time``): decode-only steps and steps
+with a context, their times and batch.
+
+    python -m benchmarks.r1_decode_step [--steps] [--aisimulate-venv DIR] [--out FILE]
     <peers>/aisimulate/bin/python -m benchmarks.r1_decode_step --tables   # the tables alone, JSON
 """
 
@@ -166,11 +171,91 @@ def tailserve_terms(gpu: str, real: int, graph: int, context: int) -> dict:
     return {k: v * 1e3 for k, v in terms.items()}
 
 
+# NVIDIA's trtllm-bench max-throughput points, 8xB200, ADP 8 x EP 8, ISL/OSL 1,024 / 2,048 fixed
+# (TensorRT-LLM docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md): (label,
+# catalog model, KV format, requests per rank, output tok/s/GPU published)
+PUBLISHED = (
+    ("nvidia/DeepSeek-R1-FP4, bf16 KV, 384 per rank", "DeepSeek-R1-FP4", "", 384, 4548.0),
+    ("nvidia/DeepSeek-R1-0528-FP4, FP8 KV, 896 per rank", "DeepSeek-R1-FP4-v2", "fp8", 896, 5393.0),
+)
+
+
+def published_estimate(model: str, kv: str, n: int, isl: int = 1024, osl: int = 2048) -> dict:
+    """A max-throughput point's mean step from the cost model's step prices: a decode-only step
+    of ``n`` requests per rank at the mean context ``isl + osl / 2``, and a step in which one rank
+    also runs an ``isl``-token context (the lockstep group waits for it); each rank starts
+    ``n / (osl + 1)`` contexts a step, so some rank has one in ``1 - (1 - n / (osl + 1))^8`` of
+    the steps (no balancing)."""
+    from tailserve.executors.simulated.cost_model import BatchShape
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+
+    deployment = Deployment(
+        model=model, hardware="B200", tp=1, quantization="nvfp4", kv_cache_dtype=kv,
+        expert_parallel=True, dp=8, kernels="trtllm",
+    )  # fmt: skip
+    cm = build_cost_model(deployment, "trtllm").cost_model
+    context = isl + osl // 2
+    decode = BatchShape.of([], [context] * n)
+    pure = cm.group_time([decode] * 8)
+    mixed = cm.group_time([BatchShape.of([(isl, 0)], [context] * (n - 1))] + [decode] * 7)
+    share = 1.0 - (1.0 - min(1.0, n / (osl + 1))) ** 8
+    step = (1.0 - share) * pure + share * mixed
+    return {"decode_ms": pure * 1e3, "with_context_ms": mixed * 1e3, "context_share": share,
+            "step_ms": step * 1e3, "tok_s_gpu": n / step}  # fmt: skip
+
+
+def recorded_steps(name: str = "nvidia-b200-r1", window: tuple[float, float] = (150.0, 550.0)) -> dict:
+    """The MLPerf point's simulation (``fidelity_mlperf.simulate``: its trace, flags, 600 s of
+    arrivals) with every lockstep step recorded, summarised over ``window`` seconds of simulated
+    time: decode-only steps and steps with a context."""
+    import numpy as np
+
+    from benchmarks.fidelity_mlperf import POINTS, requests_for, simulate
+    from tailserve.executors.simulated.cost_model import CostModel
+
+    rec: list[tuple[float, int, int, int, int]] = []
+    original = CostModel.group_time
+
+    def recording(self, shapes, windows=None):  # the group's step, as priced, and its batch
+        t = original(self, shapes, windows)
+        live = [x for x in shapes if x is not None]
+        decode_kv = sum(x.decode_kv_tokens for x in live)
+        rec.append(
+            (t, sum(x.num_prefills for x in live), sum(x.num_decodes for x in live), len(live), decode_kv)
+        )
+        return t
+
+    point = next(p for p in POINTS if p.name == name)
+    CostModel.group_time = recording
+    try:
+        rate = point.scheduled_qps / point.replicas
+        pred = simulate(point, rate, requests_for(rate, 600.0))  # fidelity_mlperf's run, as its table's
+    finally:
+        CostModel.group_time = original
+    a = np.array(rec)
+    clock = np.cumsum(a[:, 0])
+    mid = (clock > window[0]) & (clock < window[1])
+    out = {"ttft_ms": pred.ttft_ms, "tpot_ms": pred.tpot_ms, "in_flight": pred.in_flight}
+    for label, m in (("decode_only", mid & (a[:, 1] == 0)), ("with_context", mid & (a[:, 1] > 0))):
+        out[label] = {
+            "steps": int(m.sum()),
+            "share_of_steps": float(m.sum() / mid.sum()),
+            "share_of_time": float(a[m, 0].sum() / a[mid, 0].sum()),
+            "mean_ms": float(a[m, 0].mean() * 1e3),
+            "decodes_per_rank": float((a[m, 2] / a[m, 3]).mean()),  # graph dummies included
+            "contexts_per_step": float(a[m, 1].mean()),
+            "kv_per_decode_slot": float(a[m, 4].sum() / a[m, 2].sum()),  # graph dummies hold none
+        }
+    out["mean_ms"] = float(a[mid, 0].mean() * 1e3)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--tables", action="store_true", help="print the tables' side as JSON (AISimulate's venv)"
     )
+    parser.add_argument("--steps", action="store_true", help="also run the B200 point recording its steps")
     parser.add_argument("--context", type=int, default=0, help="mean context (default: the point's own)")
     parser.add_argument("--aisimulate-venv", default=None, help="default: <peers>/aisimulate")
     parser.add_argument(
@@ -215,8 +300,29 @@ def main() -> int:
                     f"(power law 1.01) / {r['moe_power_law_1.2'] * MOE_LAYERS:4.1f} (1.2); exchange "
                     f"{', '.join(a2a) or 'no table'}; shared expert + router {r['shared_router'] * MOE_LAYERS:.1f}"
                 )
-    save_results({"context": context, "rows": ROWS, "tailserve": ours, "trtllm_tables": theirs}, args.out,
-                 "r1_decode_step.json")  # fmt: skip
+    published = {}
+    for label, model, kv, n, tok_s in PUBLISHED:
+        e = published_estimate(model, kv, n)
+        published[label] = {**e, "published_tok_s_gpu": tok_s}
+        print(
+            f"{label}: decode {e['decode_ms']:.1f} ms, with a context {e['with_context_ms']:.1f} ms in "
+            f"{e['context_share']:.2f} of steps: {e['step_ms']:.1f} ms, {e['tok_s_gpu']:,.0f} tok/s/GPU "
+            f"(published {tok_s:,.0f}: {n / tok_s * 1e3:.1f} ms; {e['tok_s_gpu'] / tok_s - 1:+.0%})"
+        )
+    steps = recorded_steps() if args.steps else None
+    if steps:
+        print(f"B200 point, simulated: TTFT p50 {steps['ttft_ms'][0]:.1f} ms, TPOT p50 {steps['tpot_ms'][0]:.1f} ms, "
+              f"{steps['in_flight']:.0f} in flight, mean step {steps['mean_ms']:.1f} ms")  # fmt: skip
+        for kind in ("decode_only", "with_context"):
+            k = steps[kind]
+            print(
+                f"  {kind}: {k['steps']} steps ({k['share_of_steps']:.0%}, {k['share_of_time']:.0%} of the time), "
+                f"{k['mean_ms']:.1f} ms, {k['decodes_per_rank']:.1f} decodes per rank, {k['contexts_per_step']:.2f} contexts, "
+                f"{k['kv_per_decode_slot']:,.0f} KV tokens per decode slot"
+            )
+    results = {"context": context, "rows": ROWS, "tailserve": ours, "trtllm_tables": theirs,
+               "published": published, "steps": steps}  # fmt: skip
+    save_results(results, args.out, "r1_decode_step.json")
     return 0
 
 

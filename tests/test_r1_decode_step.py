@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from benchmarks.fidelity_mlperf import DEEPSEEK_R1, POINTS
-from benchmarks.r1_decode_step import step_context, tailserve_terms
+from benchmarks.r1_decode_step import published_estimate, step_context, tailserve_terms
 
 PARTS = ("mla_block", "experts", "exchange", "dense", "lm_head", "overhead")
 
@@ -35,3 +35,11 @@ def test_the_mean_context_is_weighted_by_decode_steps():
     # a long answer decodes more steps: the mean is above input + output / 2 of the mean request
     assert context > mean_in + point.out_mean / 2
     assert context < DEEPSEEK_R1.input_percentiles[-1] + DEEPSEEK_R1.max_output
+
+
+def test_a_published_point_is_priced_between_its_decode_and_context_steps():
+    e = published_estimate("DeepSeek-R1-FP4-v2", "fp8", 256)
+    assert e["with_context_ms"] > e["decode_ms"]
+    assert e["decode_ms"] < e["step_ms"] < e["with_context_ms"]
+    assert e["context_share"] == pytest.approx(1 - (1 - 256 / 2049) ** 8)
+    assert e["tok_s_gpu"] == pytest.approx(256 / e["step_ms"] * 1e3)
