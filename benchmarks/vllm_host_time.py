@@ -17,6 +17,7 @@ input preparation, the sampler's bookkeeping and the output serialisation come o
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -28,11 +29,19 @@ PROMPT = 870  # MLPerf's CNN-DailyMail prompts average 870.7 tokens
 SIZES = (128, 512)
 
 
-def _driver():
-    sys.path.insert(0, str(DRIVERS))
-    import vllm_v1  # the differential tests' driver: vLLM's Scheduler built standalone
+def _load(name: str):
+    # The drivers run in the peer's venv, where tailserve is not installed: loaded by file.
+    spec = importlib.util.spec_from_file_location(name, DRIVERS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
-    return vllm_v1.Driver()
+
+def _driver():
+    _load("_jsonl")  # vllm_v1's sibling import
+    # The differential tests' driver: vLLM's Scheduler built standalone.
+    return _load("vllm_v1").Driver()
 
 
 def _scheduler(d, budget: int):
