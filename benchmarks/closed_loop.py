@@ -3,7 +3,7 @@ it, compare (issue 33).
 
 For each engine — vLLM's CPU build (``vllm serve`` from its peer venv) and tailserve's own
 (``tailserve serve --executor torch --policy vllm``), same model directory (the ``tiny`` model),
-same dtype, 2 GiB of KV cache each:
+each in its faster dtype on this CPU (``--dtype`` / ``--vllm-dtype``), 2 GiB of KV cache each:
 
 1. **Calibrate once**, from outside: ``tailserve calibrate --from-server URL --hardware cpu`` on
    the engine at its default budget (timed prefill and decode probes, the server's own
@@ -79,7 +79,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workloads", default="hol,conversation,shared-prefix")
     p.add_argument("--settings", default=None, help="comma list of setting names (default: all; --quick: 2)")
     p.add_argument("--model", default=None, help="model directory (default: tailserve's tiny model)")
-    p.add_argument("--dtype", default="auto", help="both engines' dtype (auto: tailserve's rule on this CPU)")
+    p.add_argument("--dtype", default="auto", help="tailserve's dtype (auto: its own rule on this CPU)")
+    p.add_argument(
+        "--vllm-dtype",
+        default="auto",
+        help="vLLM's dtype (auto: bfloat16 where the CPU has avx512_bf16, else float32: vLLM's CPU build "
+        "has no fast bf16 GEMM there, 104 vs 582 tok/s on an AVX2 EPYC, docs/benchmarks.md)",
+    )
     p.add_argument("--vllm-venv", default=str(peer_venv("vllm")))
     p.add_argument("--vllm-kvcache-gib", default="2")
     p.add_argument("--port", type=int, default=8031)
@@ -123,6 +129,17 @@ def resolve_dtype(dtype: str) -> str:
     from tailserve.assemble.pytorch import auto_dtype
 
     return auto_dtype(torch.device("cpu"))[0]
+
+
+def resolve_vllm_dtype(dtype: str) -> str:
+    """vLLM's CPU build runs bf16 through oneDNN, fast only with AVX-512 bf16 (or AMX); below
+    that float32 is its faster dtype. Each engine is checked at the dtype a user would run."""
+    if dtype != "auto":
+        return dtype
+    from tailserve.executors.pytorch import cpu_isa
+
+    # The CPU's own level: TAILSERVE_CPU_ISA forces tailserve's kernels down, not vLLM's.
+    return "bfloat16" if cpu_isa.native_level() == "avx512_bf16" else "float32"
 
 
 def warm_up(url: str, vocab: int, seed: int) -> None:
@@ -226,6 +243,7 @@ def main() -> int:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     max_len = json.loads((model / "config.json").read_text())["max_position_embeddings"]
     dtype = resolve_dtype(args.dtype)
+    dtypes = {"tailserve": dtype, "vllm": resolve_vllm_dtype(args.vllm_dtype)}
     names = [e.strip() for e in args.engines.split(",") if e.strip()]
     vllm_python = str(Path(args.vllm_venv) / "bin" / "python")
     if "vllm" in names and not Path(vllm_python).exists():
@@ -240,7 +258,7 @@ def main() -> int:
             vllm_python if n == "vllm" else sys.executable,
             model,
             NAME,
-            dtype,
+            dtypes[n],
             max_len,
             args.server_timeout,
             args.tailserve_threads if n == "tailserve" else None,
@@ -256,7 +274,7 @@ def main() -> int:
     )
     print(cpu_line())
     print(
-        f"model {model} ({dtype}); engines {', '.join(names)}; {len(settings)} settings x {len(workloads)} workloads"
+        f"model {model}; engines {', '.join(f'{n} ({dtypes[n]})' for n in names)}; {len(settings)} settings x {len(workloads)} workloads"
     )
     for w in workloads:
         print(f"  {w.name}: {w.note} ({len(w.requests)} requests)")
@@ -405,7 +423,7 @@ def main() -> int:
     payload = {
         "command": " ".join(["python -m benchmarks.closed_loop", *sys.argv[1:]]),
         "model": str(model),
-        "dtype": dtype,
+        "dtype": {n: dtypes[n] for n in names},
         "workloads": [w.summary for w in workloads],
         "settings": [{"name": s.name, "flags": s.flags(), "policy": s.policy()} for s in settings],
         "calibrations": {

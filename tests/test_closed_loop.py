@@ -76,9 +76,13 @@ def test_the_gauge_rescales_every_time_term_of_the_twin(tmp_path: Path):
     from tailserve.executors.simulated.hardware import get_hardware
     from tailserve.executors.simulated.models import get_model
 
-    eff = Efficiency(compute=0.5, memory=0.3, overhead=0.008, per_token=2e-6, gemm_latency=1e-5, sharpness=1.0)
+    eff = Efficiency(
+        compute=0.5, memory=0.3, overhead=0.008, per_token=2e-6, gemm_latency=1e-5, sharpness=1.0
+    )
     base = tmp_path / "cal.json"
-    write_calibration_file(base, CalibrationFile(get_hardware("A100-80GB"), eff, "m", 1, "test", request_overhead_s=0.012))
+    write_calibration_file(
+        base, CalibrationFile(get_hardware("A100-80GB"), eff, "m", 1, "test", request_overhead_s=0.012)
+    )
     model = get_model("Llama-3-8B")
     shapes = [
         BatchShape(1024, 1, 1024 * 1025 // 2, 1024, 0, 1, 0),
@@ -101,3 +105,16 @@ def test_the_gauge_rescales_every_time_term_of_the_twin(tmp_path: Path):
     assert factors(Gauge(0.03, 0.02), Gauge(0.02, 0.02)) == pytest.approx((1.5, 1.0))
     with pytest.raises(ValueError, match="positive"):
         scaled_calibration(str(base), 0.0, 1.0, tmp_path / "z.json")
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"), [("avx512_bf16", "bfloat16"), ("avx512", "float32"), ("avx2", "float32")]
+)
+def test_vllm_runs_its_faster_dtype_on_the_cpu_and_an_explicit_one_wins(monkeypatch, level, expected):
+    from benchmarks import closed_loop
+
+    from tailserve.executors.pytorch import cpu_isa
+
+    monkeypatch.setattr(cpu_isa, "native_level", lambda: level)
+    assert closed_loop.resolve_vllm_dtype("auto") == expected
+    assert closed_loop.resolve_vllm_dtype("bfloat16") == "bfloat16"
