@@ -49,6 +49,17 @@ def _one_error_line(capsys: Any, argv: list[str], status: int = 2) -> str:
         (["model"], "tailserve model needs a subcommand: init"),
         (["model", "init"], "the following arguments are required: --out"),
         (["nope"], "invalid choice: 'nope'"),
+        # A workload option the workload does not read: refused, not silently ignored.
+        (
+            ["simulate", "--num-requests", "30"],
+            "--num-requests is not used by the hol workload: hol is fixed",
+        ),
+        (["compare", "--workload", "random", "--turns", "2:3"], "--turns is not used by the random workload"),
+        (["tune", "--workload", "chat", "--prefix-len", "64"], "it is read by shared-prefix"),
+        (["simulate", "--trace", "t.csv", "--rate", "3"], "--rate is not used by the trace workload"),
+        # vLLM's --dtype is not how a number format is chosen: the flags that are.
+        (["cost", "--model", "DeepSeek-V3", "--dtype", "fp8"], "--quantization fp8"),
+        (["simulate", "--dtype=fp8"], "--kv-cache-dtype fp8"),
     ],
 )
 def test_mistakes_are_one_line_without_usage(argv, message, capsys):

@@ -101,9 +101,9 @@ def test_serve_and_run_defaults_are_engine_args() -> None:
 
 
 def test_text_options_change_the_spec() -> None:
-    args = _parse("simulate", "--workload", "random", "--input-len", "uniform:10:20", "--turns", "3:4")
-    spec = workload_from(args)
-    assert spec.input_len != WorkloadSpec().input_len and spec.turns == (3, 4)
+    spec = workload_from(_parse("simulate", "--workload", "random", "--input-len", "uniform:10:20"))
+    assert spec.input_len != WorkloadSpec().input_len
+    assert workload_from(_parse("simulate", "--workload", "multi-turn", "--turns", "3:4")).turns == (3, 4)
 
 
 def _cli_imports(path: Path) -> set[str]:

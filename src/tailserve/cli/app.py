@@ -31,6 +31,7 @@ from tailserve.cli import (
     tune,
 )
 from tailserve.cli.base import CliError, OneLineParser
+from tailserve.cli.options import check_workload_options
 from tailserve.cli.policy_flags import flag_owners, policy_flags_from
 
 
@@ -82,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if extra:
             raise CliError(_unrecognized(extra, parser.commands.get(args.command)))
+        if hasattr(args, "workload"):
+            check_workload_options(args)  # before any work: an option the workload would ignore
         if getattr(args, "takes_policy_flags", False):
             args.policy_flags = policy_flags_from(args)  # a flag --policy lacks: one line, now
         command = getattr(args, "run", None)
@@ -115,6 +118,12 @@ def _unrecognized(extra: list[str], command: OneLineParser | None) -> str:
         return (
             text
             + f" (a flag of {', '.join(owners)}; tailserve {command.prog.split()[-1]} takes no policy flags)"
+        )
+    if named[0].partition("=")[0] == "--dtype" and "--quantization" in options:
+        # vLLM's --dtype is the activations' type; users reach for it to say FP8 or FP4.
+        return text + (
+            " (a GPU's activations are priced in 16 bits here; the weights' number format is "
+            "--quantization, e.g. --quantization fp8, and the KV cache's --kv-cache-dtype fp8)"
         )
     close = difflib.get_close_matches(named[0].partition("=")[0], options, n=1)
     return text + (f" (did you mean {close[0]}?)" if close else "")

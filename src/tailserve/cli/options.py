@@ -103,6 +103,48 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
 
 RATE_HELP = "arrival rate, requests/s (sessions/s for multi-turn)"
 
+# The workloads that read each workload option; given for another one it would be ignored.
+_SYNTHETIC = ("chat", "random", "shared-prefix", "multi-turn")
+WORKLOAD_OPTIONS = {
+    "--rate": _SYNTHETIC,
+    "--num-requests": ("chat", "random", "shared-prefix"),
+    "--input-len": ("random",),
+    "--output-len": ("random",),
+    "--arrival": ("random",),
+    "--rate-scale": ("trace",),
+    "--max-requests": ("trace",),
+    "--num-prefixes": ("shared-prefix",),
+    "--prefix-len": ("shared-prefix",),
+    "--shared-fraction": ("shared-prefix",),
+    "--num-sessions": ("multi-turn",),
+    "--turns": ("multi-turn",),
+    "--think-time": ("multi-turn",),
+}
+_FIXED = {
+    "hol": "hol is fixed: ten 512-token prompts decoding when one 8,192-token prompt arrives; "
+    "--workload chat, random, shared-prefix or multi-turn for one of a chosen size and rate",
+    "trace": "a trace keeps its own requests and arrival times; --rate-scale and --max-requests change them",
+}
+
+
+class _Given(argparse.Action):
+    """Stores the value and remembers that the option was given, so that one the chosen workload
+    does not read is refused (``check_workload_options``) instead of silently ignored."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        setattr(namespace, self.dest, values)
+        given = getattr(namespace, "given_workload_options", ())
+        namespace.given_workload_options = (*given, self.option_strings[0])
+
+
+def check_workload_options(args: argparse.Namespace) -> None:
+    name = "trace" if args.trace else args.workload
+    for option in getattr(args, "given_workload_options", ()):
+        readers = WORKLOAD_OPTIONS[option]
+        if name not in readers:
+            hint = _FIXED.get(name, f"it is read by {', '.join(readers)}")
+            raise CliError(f"{option} is not used by the {name} workload: {hint}")
+
 
 def add_workload_args(p: argparse.ArgumentParser, rate_help: str = RATE_HELP) -> None:
     """The workload group; every default in the help is the one the command runs with (a
@@ -124,12 +166,14 @@ def add_workload_args(p: argparse.ArgumentParser, rate_help: str = RATE_HELP) ->
     )
     g.add_argument(
         "--rate",
+        action=_Given,
         type=float,
         default=_spec("rate"),
         help=f"{rate_help} (default: %(default)s)",
     )
     g.add_argument(
         "--num-requests",
+        action=_Given,
         type=int,
         default=_spec("num_requests"),
         help="requests (chat, random, shared-prefix) (default: %(default)s)",
@@ -137,62 +181,73 @@ def add_workload_args(p: argparse.ArgumentParser, rate_help: str = RATE_HELP) ->
     # Parsed from text, these default to None (WorkloadSpec's own); the help says what that is.
     g.add_argument(
         "--input-len",
+        action=_Given,
         default=None,
         help=f"random: prompt lengths ({' | '.join(LENGTH_FORMS)}) (default: {_length('input_len')})",
     )
     g.add_argument(
         "--output-len",
+        action=_Given,
         default=None,
         help=f"random: output lengths, same forms (default: {_length('output_len')})",
     )
     g.add_argument(
         "--arrival",
+        action=_Given,
         default=None,
         help=f"random: arrival process ({' | '.join(ARRIVAL_FORMS)}) (default: {_spec('arrival')})",
     )
     g.add_argument(
         "--rate-scale",
+        action=_Given,
         type=float,
         default=_spec("rate_scale"),
         help="trace: multiply the arrival rate (2 = twice as fast) (default: %(default)s)",
     )
     g.add_argument(
         "--max-requests",
+        action=_Given,
         type=int,
         default=_spec("max_requests"),
         help="trace: keep the first N requests (default: all of them)",
     )
     g.add_argument(
         "--num-prefixes",
+        action=_Given,
         type=int,
         default=_spec("num_prefixes"),
         help="shared-prefix: distinct system prompts (default: %(default)s)",
     )
     g.add_argument(
         "--prefix-len",
+        action=_Given,
         type=int,
         default=_spec("prefix_len"),
         help="shared-prefix: system prompt tokens (default: %(default)s)",
     )
     g.add_argument(
         "--shared-fraction",
+        action=_Given,
         type=float,
         default=_spec("shared_fraction"),
         help="shared-prefix: fraction of requests using one (default: %(default)s)",
     )
     g.add_argument(
         "--num-sessions",
+        action=_Given,
         type=int,
         default=_spec("num_sessions"),
         help="multi-turn: conversations (default: %(default)s)",
     )
     g.add_argument(
         "--turns",
+        action=_Given,
         default=None,
         help="multi-turn: turns per session, LOW:HIGH (default: {}:{})".format(*_spec("turns")),
     )
     g.add_argument(
         "--think-time",
+        action=_Given,
         type=float,
         default=_spec("think_time"),
         help="multi-turn: mean seconds between turns (default: %(default)s)",
@@ -246,6 +301,7 @@ def workload_from(args: argparse.Namespace) -> WorkloadSpec:
     from tailserve.workloads.arrivals import parse_arrival
     from tailserve.workloads.lengths import parse_length
 
+    check_workload_options(args)
     parsed: dict[str, Any] = {}  # options given as text; absent: WorkloadSpec's default
     if args.input_len is not None:
         parsed["input_len"] = parse_length(args.input_len)
