@@ -56,8 +56,8 @@ class SglangConfig:
     # or the mean acceptance length: 1 + accepted drafts per verification, in [1, steps + 1]
     synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
     # SGLang's --disable-overlap-schedule (policies/sglang_overlap.py). None: as SGLang 0.5.23
-    # decides (overlap on on a GPU; tailserve steps synchronously on its real and real-time
-    # executors and with speculative decoding: sglang_overlap.overlap_default)
+    # decides (overlap on on a GPU, with speculative decoding too: spec v2; tailserve steps
+    # synchronously on its real and real-time executors: sglang_overlap.overlap_default)
     disable_overlap_schedule: bool | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
