@@ -136,6 +136,31 @@ def test_thread_seconds_are_published_and_said():
     assert sc.threads_note({}) == "" and sc.threads_note(None) == ""
 
 
+def test_the_host_is_timed_at_the_thread_count_the_server_ran_longest(monkeypatch):
+    # A 2-core host with one core busy: the server ran one thread; two threads timing the peak
+    # here would wait on the busy core and read a peak far below the server's own rate.
+    import argparse
+
+    import torch
+
+    from tailserve.cli import calibrate
+    from tailserve.fidelity import torch_calibrate
+
+    seen: list[int] = []
+    monkeypatch.setattr(
+        torch_calibrate, "measure_host", lambda dtype: seen.append(torch.get_num_threads()) or CPU
+    )
+    before = torch.get_num_threads()
+    args = argparse.Namespace(hardware="cpu", dtype="float32")
+    assert calibrate._server_hardware(args, {1: 3.0, 2: 1.0}) is CPU
+    assert calibrate._server_hardware(args, None) is CPU  # vLLM says nothing: torch's count
+    assert seen == [1, before] and torch.get_num_threads() == before
+    assert (
+        calibrate._server_hardware(argparse.Namespace(hardware="H100", dtype="auto"), {1: 1.0}).name
+        == "H100-SXM"
+    )
+
+
 # ---- a live server ---------------------------------------------------------------------------
 def test_probes_read_the_servers_own_figures(torch_server: Any, micro_model: Path):  # noqa: F811
     probe = ServerProbe(torch_server.base_url, "micro", {})

@@ -266,7 +266,7 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     url = args.from_server.rstrip("/")
     model = get_model(args.model)
     tp = args.tp or 1
-    hardware = _server_hardware(args)
+    get_hardware_or_cpu(args.hardware)  # a GPU name that is not in the catalog: refused before probing
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     served = choose_model(served_models(url, headers), args.served_model, args.model)
     max_len = min(served.max_model_len or model.max_position_embeddings, model.max_position_embeddings)
@@ -318,9 +318,10 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
             progress=lambda label: bar.update(task, advance=1, description=label),
         )
     measured = [p.measured() for p in points]
-    fit = sc.fit_points(model, hardware, tp, measured)
     last = probe.histograms() if first is not None else None
     threads = last.threads_since(first) if first is not None and last is not None else None
+    hardware = _server_hardware(args, threads)
+    fit = sc.fit_points(model, hardware, tp, measured)
     cal = sc.calibration_file(url, served.id, model, hardware, tp, plan, points, fit, token_ids, threads)
     out_path = args.out or SERVER_OUT
     write_calibration_file(out_path, cal, fit)
@@ -396,15 +397,25 @@ def cmd_calibrate_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _server_hardware(args: argparse.Namespace) -> Any:
-    """The GPU a server runs on, or ``cpu``: this host measured in the server's dtype."""
+def get_hardware_or_cpu(name: str) -> Any:
+    """The catalog's GPU of that name, or None for ``cpu`` (measured later)."""
     from tailserve.executors.simulated.hardware import get_hardware
 
-    if args.hardware.strip().lower() == "cpu":
-        from tailserve.fidelity.torch_calibrate import measure_host
+    return None if name.strip().lower() == "cpu" else get_hardware(name)
 
-        return measure_host(dtype=args.dtype)
-    return get_hardware(args.hardware)
+
+def _server_hardware(args: argparse.Namespace, threads: dict[int, float] | None = None) -> Any:
+    """The GPU a server runs on, or ``cpu``: this host measured in the server's dtype, at the
+    thread count a tailserve server's executor ran longest during the probes (``threads``, its
+    ``tailserve_cpu_thread_seconds``) where it said: on a 2-core host with one core taken by other
+    work the server drops to one thread, and two threads timing the peak here would wait on the
+    busy core at every barrier (a peak ~0.6x the one-thread rate: the fit then read 169%)."""
+    gpu = get_hardware_or_cpu(args.hardware)
+    if gpu is not None:
+        return gpu
+    from tailserve.fidelity.torch_calibrate import measure_host_at
+
+    return measure_host_at(args.dtype, max(threads, key=threads.__getitem__) if threads else None)
 
 
 def _print_fit_summary(out: Any, fit: Any) -> None:

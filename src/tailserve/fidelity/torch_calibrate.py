@@ -92,6 +92,21 @@ def measure_host(cpu_clock: bool = False, dtype: str = "bfloat16") -> Hardware:
     )
 
 
+def measure_host_at(dtype: str, threads: int | None) -> Hardware:
+    """``measure_host`` with torch at ``threads`` intra-op threads (the engine's count; None: as
+    it is), restored after."""
+    import torch
+
+    if threads is None or threads == torch.get_num_threads():
+        return measure_host(dtype=dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return measure_host(dtype=dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
 def engine_linear(weight: Any) -> Callable[[Any], object] | None:
     """The matmul the engine's linear layers run for this weight's dtype, where it is not
     PyTorch's own: a bf16 weight prepacked for tailserve's AVX2 or dpbf16 kernel (or oneDNN).
