@@ -409,7 +409,8 @@ def _server_hardware(args: argparse.Namespace, threads: dict[int, float] | None 
     thread count a tailserve server's executor ran longest during the probes (``threads``, its
     ``tailserve_cpu_thread_seconds``) where it said: on a 2-core host with one core taken by other
     work the server drops to one thread, and two threads timing the peak here would wait on the
-    busy core at every barrier (a peak ~0.6x the one-thread rate: the fit then read 169%)."""
+    busy core at every barrier. The reading still moves +-30% run to run on a shared VM (steal);
+    the fit's efficiencies absorb the level."""
     gpu = get_hardware_or_cpu(args.hardware)
     if gpu is not None:
         return gpu
