@@ -117,7 +117,8 @@ class SarathiPolicy(Policy, FastPaths):
         kv = sched.kv_cache
         has_free = kv.num_free_blocks > 0  # changes only where the slow path below runs
         # Bound once: this loop touches every running request in every stepped iteration.
-        popleft, holds_slot, add = pending.popleft, kv.holds, out.scheduled.append
+        # (Not ``scheduled.append``: Python 3.11 appends a method call inline, a bound one not.)
+        popleft, holds_slot, scheduled = pending.popleft, kv.holds, out.scheduled
         # ``holds`` inlined where the manager answers it from the table's length alone (a call
         # per running request per step showed); a hashed manager is asked (it says False).
         tables = kv.block_tables if kv.holds_by_table_length else None
@@ -136,7 +137,7 @@ class SarathiPolicy(Policy, FastPaths):
             ):
                 # Its last block has room for the token: what the loop below would do (nothing,
                 # and succeed) without its calls, the bulk of every chunked-prefill iteration.
-                add(scheduled_decode(request, computed))
+                scheduled.append(scheduled_decode(request, computed))
                 batched += 1
                 continue
             while not (

@@ -85,15 +85,16 @@ def advance_decode_run(engine: Engine) -> int:
     num_context = n
     ctx_list = []
     held_tokens = []  # KV slots each request holds
-    add_ctx, add_held = ctx_list.append, held_tokens.append
+    # (``list.append`` called as a method, not bound: Python 3.11 appends such a call inline,
+    # while a bound method is called through C, ~55 instructions more a call.)
     for r in running:
         remaining = r.max_tokens - r.num_output_tokens
         if remaining < k_max:
             k_max = remaining
         c = r.num_computed_tokens
         num_context += c
-        add_ctx(c)
-        add_held(len(tables[r.request_id]) * block_size)
+        ctx_list.append(c)
+        held_tokens.append(len(tables[r.request_id]) * block_size)
     k_finish = k_max  # the first finish, if within MAX_RUN
     wake = engine.next_wake(now)
     if wake is not None:
