@@ -23,6 +23,7 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     # The one-token decodes first and with the fewest operations (most of every batch): their
     # tokens and ``+ 1``s are added once, after the loop.
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = num_verifies = 0
+    spec_tokens = 0
     for s in out.scheduled:
         q = s.num_new_tokens
         if q == 1 and not s.num_spec_tokens:
@@ -40,12 +41,16 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
             num_verifies += 1
+            spec_tokens += q
             continue
         r = s.request
         if c + q == r.prompt_len + r.num_output_tokens:
             num_logits += 1
         pairs += q * c + q * (q + 1) // 2
         prefill_kv += q + c
+    # ``out.token_counts()`` from this pass (the engine logs it after the step): chunks of more
+    # than one token are prefill (a chunk of none adds nothing), the rest decode.
+    out.counted_tokens = (num_tokens - spec_tokens, num_decodes + spec_tokens)
     num_tokens += num_decodes
     decode_kv += num_decodes
     num_prefills = len(out.scheduled) - num_decodes - num_verifies
