@@ -85,6 +85,32 @@ def test_scheduled_decode_builds_what_the_class_call_builds() -> None:
     assert fast == slow
 
 
+def test_batch_shape_counts_the_tokens_token_counts_counts() -> None:
+    """``batch_shape`` leaves the output's token counts (``counted_tokens``) for the engine's log:
+    the same pair ``token_counts`` counts itself, over decodes, chunks of every size (one and
+    none included), speculative verifications and padding (which neither counts)."""
+    from tailserve.core.scheduler_output import PaddingSlot, ScheduledRequest, SchedulerOutput
+    from tailserve.executors.simulated.executor import batch_shape
+
+    rng = random.Random(0)
+    for _ in range(300):
+        out = SchedulerOutput()
+        for i in range(rng.randint(0, 12)):
+            request = Request(f"r{i}", rng.randint(1, 40), rng.randint(1, 9), 0.0)
+            request.num_computed_tokens = rng.randint(0, request.prompt_len)
+            q = rng.choice([0, 1, 1, 1, 2, rng.randint(3, 64)])
+            spec = rng.choice([0, 0, 0, rng.randint(1, 4)]) if q >= 1 else 0
+            out.scheduled.append(
+                ScheduledRequest(request, q, request.num_computed_tokens, num_spec_tokens=spec)
+            )
+        if rng.random() < 0.2:
+            out.padding.append(PaddingSlot(rng.choice([1, 8]), rng.randint(0, 30)))
+        expected = out.token_counts()
+        batch_shape(out)
+        assert out.counted_tokens == expected
+        assert out.token_counts() == expected
+
+
 def test_a_manager_that_overrides_holds_says_so() -> None:
     """Sarathi's phase 1 reads ``block_tables`` itself where ``holds_by_table_length``: any
     manager class with its own ``holds`` must turn the flag off."""

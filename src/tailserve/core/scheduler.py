@@ -189,6 +189,26 @@ class Scheduler:
         done: list[Request] = []
         token_ids = result.token_ids
         stopped = result.stopped
+        if token_ids is None and not stopped:
+            # The simulator's steps (no token ids, no stops): the loop below without its tests
+            # of either, once per scheduled request per stepped iteration.
+            for item in out.scheduled:
+                request = item.request
+                if item.num_spec_tokens:
+                    if self._apply_verify(item, result, now):
+                        done.append(request)
+                    continue
+                computed = request.num_computed_tokens = request.num_computed_tokens + item.num_new_tokens
+                if computed != request.prompt_len + request.num_output_tokens:
+                    continue  # a partial prefill chunk: nothing sampled yet
+                outputs = request.num_output_tokens = request.num_output_tokens + 1
+                request.token_times.append(now)
+                if outputs >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                    done.append(request)
+            if done:
+                self.finish(done, now)
+            return done
         for item in out.scheduled:
             request = item.request
             if item.num_spec_tokens:
@@ -269,14 +289,13 @@ class Scheduler:
                     request.status = RequestStatus.FINISHED_LENGTH
                     done.append(request)
         else:
-            add_id, add_to = grow_ids.append, grow_to.append
             for request, slots in zip(decodes, held_tokens):
                 computed = request.num_computed_tokens = request.num_computed_tokens + k
                 outputs = request.num_output_tokens = request.num_output_tokens + k
                 request.token_times.extend(token_times)
                 if computed > slots:
-                    add_id(request.request_id)
-                    add_to(computed)
+                    grow_ids.append(request.request_id)
+                    grow_to.append(computed)
                 if outputs >= request.max_tokens:
                     request.status = RequestStatus.FINISHED_LENGTH
                     done.append(request)
@@ -426,8 +445,7 @@ class Scheduler:
             elif num_drafts and was_running:
                 request.num_draft_tokens = num_drafts
         if done:
-            gone = {id(r) for r in done}
-            self.running = [r for r in self.running if id(r) not in gone]
+            self.running = without(self.running, done)
             for request in done:
                 self._leave(request, request.status, now, None)
             self.policy.on_finished(self, done)
@@ -435,8 +453,7 @@ class Scheduler:
 
     def finish(self, done: list[Request], now: float) -> None:
         """Requests whose status was just set to a FINISHED_* status leave the running set."""
-        gone = {id(r) for r in done}
-        self.running = [r for r in self.running if id(r) not in gone]
+        self.running = without(self.running, done)
         kv = self.kv_cache
         for request in done:
             kv.free(request.request_id, request.num_computed_tokens, request.status in _COMPLETED)
@@ -616,3 +633,20 @@ class Scheduler:
         request.finish_time = now
         self.kv_cache.forget_prefix_keys(request.request_id)
         self.finished.append(request)
+
+
+def without(running: list[Request], done: list[Request]) -> list[Request]:
+    """``running`` less the requests of ``done`` (those in it), in order, as a new list: the
+    decode runs keep the list they bound and index it after a finish. A few finished requests
+    are found by ``list.index`` and deleted from a copy, in C (``Request`` compares by identity,
+    ``eq=False``) instead of a Python filter over the whole batch at every finish."""
+    if len(done) > 4:
+        gone = {id(r) for r in done}
+        return [r for r in running if id(r) not in gone]
+    kept = running.copy()
+    for request in done:
+        try:  # noqa: SIM105  (``contextlib.suppress`` enters a context manager per request)
+            del kept[kept.index(request)]
+        except ValueError:
+            pass  # not running (preempted while its last step ran)
+    return kept

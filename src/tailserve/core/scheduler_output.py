@@ -88,6 +88,10 @@ class SchedulerOutput:
     # happen: ``Scheduler.preempt_by_swap`` refuses to swap out after a swap-in in one step.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # ``token_counts`` as counted by a pass over ``scheduled`` that already ran (the simulator's
+    # ``batch_shape``, which the engine's log would otherwise repeat after every stepped
+    # iteration); None until then. Set only once ``scheduled`` is final.
+    counted_tokens: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_empty(self) -> bool:
@@ -112,6 +116,8 @@ class SchedulerOutput:
     def token_counts(self) -> tuple[int, int]:
         """(``num_prefill_tokens``, ``num_decode_tokens``) in one pass: the engine logs both
         after every stepped iteration."""
+        if self.counted_tokens is not None:
+            return self.counted_tokens
         prefill = decode = 0
         for s in self.scheduled:
             q = s.num_new_tokens

@@ -112,16 +112,41 @@ class SarathiPolicy(Policy, FastPaths):
 
         # Phase 1: decodes. While no block is free (``can_append_slot``), preempt the latest
         # arrival among the requests not yet looked at, or the request itself if none is left.
-        pending = deque(running)
         prefilling: list[Request] = []
         kv = sched.kv_cache
-        has_free = kv.num_free_blocks > 0  # changes only where the slow path below runs
-        # Bound once: this loop touches every running request in every stepped iteration.
-        popleft, holds_slot, add = pending.popleft, kv.holds, out.scheduled.append
+        has_free = kv.num_free_blocks > 0  # changes only where a block is allocated below
+        # (Not a bound ``scheduled.append``: Python 3.11 appends a method call inline.)
+        scheduled = out.scheduled
         # ``holds`` inlined where the manager answers it from the table's length alone (a call
         # per running request per step showed); a hashed manager is asked (it says False).
         tables = kv.block_tables if kv.holds_by_table_length else None
         block_size = kv.block_size
+        rest = running  # what the general loop below takes, in order
+        if tables is not None:
+            # The common pass while nobody needs preempting, a plain loop over the batch (every
+            # running request in every stepped iteration): the general loop's decisions without
+            # its queue; the first request that would preempt hands the rest to that loop.
+            rest = None
+            for request in running:
+                computed = request.num_computed_tokens
+                if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling
+                    prefilling.append(request)
+                    continue
+                if has_free:
+                    table = tables.get(request.request_id)
+                    if table is not None and len(table) * block_size > computed:
+                        # Its last block has room for the token: nothing to allocate.
+                        scheduled.append(scheduled_decode(request, computed))
+                        continue
+                    if sched.allocate(request, computed + 1):
+                        scheduled.append(scheduled_decode(request, computed))
+                        has_free = kv.num_free_blocks > 0
+                        continue
+                rest = running[running.index(request) :]
+                break
+            batched = len(scheduled)  # one token each; nobody preempted yet
+        pending = deque(rest) if rest else deque()
+        popleft, holds_slot = pending.popleft, kv.holds
         while pending:
             request = popleft()
             computed = request.num_computed_tokens
@@ -136,7 +161,7 @@ class SarathiPolicy(Policy, FastPaths):
             ):
                 # Its last block has room for the token: what the loop below would do (nothing,
                 # and succeed) without its calls, the bulk of every chunked-prefill iteration.
-                add(scheduled_decode(request, computed))
+                scheduled.append(scheduled_decode(request, computed))
                 batched += 1
                 continue
             while not (

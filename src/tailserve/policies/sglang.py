@@ -389,7 +389,7 @@ class SglangPolicy(Policy, FastPaths):
         self._last_batch = [s.request for s in out.scheduled]
         self._last_was_prefill = prefilled
         if prefilled:  # ``run_batch``: the batch's extend tokens, mixed decodes included
-            self.processed.add(sum(s.num_new_tokens for s in out.scheduled))
+            self.processed.add(sum([s.num_new_tokens for s in out.scheduled]))
         if self.overlap:
             # ``prepare_for_extend`` / ``prepare_for_decode`` advance seq_lens at launch; the
             # outputs come one step later (``Scheduler.update_advanced``).
@@ -401,7 +401,13 @@ class SglangPolicy(Policy, FastPaths):
         """Clear ``batch_is_full`` where SGLang would; True when that happens in this iteration's
         decode (a request left during the last decode batch)."""
         batch = self._last_batch
-        left = any(r.is_finished for r in batch)
+        # ``any(r.is_finished for r in batch)`` as a loop over the statuses: the generator and
+        # two property calls per request cost, once per request of the last batch per step.
+        left = False
+        for r in batch:
+            if r.status._finished:
+                left = True
+                break
         if not self._last_was_prefill:
             return left
         if left or (self.chunked is not None and self.chunked in batch):
@@ -409,7 +415,10 @@ class SglangPolicy(Policy, FastPaths):
         return False
 
     def _decoding(self, sched: Scheduler) -> list[Request]:
-        return [r for r in sched.running if r is not self.chunked]
+        chunked = self.chunked
+        if chunked is None:
+            return sched.running.copy()  # (the filter below, in C: once per prefill step)
+        return [r for r in sched.running if r is not chunked]
 
     def _prefill(self, sched: Scheduler, now: float, out: SchedulerOutput) -> bool:
         """Build a prefill batch into ``out``; False when none is built."""

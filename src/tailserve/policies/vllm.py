@@ -291,7 +291,9 @@ class VllmPolicy(Policy, FastPaths):
         # this very list, so it is bound once: this loop runs per running request per step.)
         running = sched.running
         i = 0
-        while i < len(running) and budget > 0:
+        # Its length bound too, and refreshed where the slow path below preempts.
+        num_running = len(running)
+        while i < num_running and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
             # ``min(missing, budget)`` spelled out: the builtin parses its arguments as keywords
@@ -326,6 +328,7 @@ class VllmPolicy(Policy, FastPaths):
                 if victim is request:
                     self_preempted = True
                     break
+            num_running = len(running)
             if self_preempted:
                 break  # a request that preempted itself ends the running pass (fcfs and priority)
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))

@@ -73,7 +73,9 @@ def advance_chunk_run(engine: Engine) -> int:
     # the run checked before the decodes are scanned: a run that its prompt alone refuses
     # costs no pass over the batch.
     prompt = None
+    back = 0  # the prompt's place from the end
     for r in reversed(running):
+        back += 1
         missing = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
         if missing > 1:
             prompt = r
@@ -106,24 +108,24 @@ def advance_chunk_run(engine: Engine) -> int:
     # their bound on the run, the slots each holds, and when each crosses into a new block,
     # decode d computing token ctx + j in iteration j, so crossing at j = slots - ctx, then
     # every block_size iterations.
-    decodes = []
+    decodes = running.copy()  # the batch less the prompt, cut in C
+    del decodes[len(running) - back]
     held = []  # KV slots each decode holds
     due: dict[int, int] = {}
     decode_kv = n  # sum of (context + 1) over decodes
-    for r in running:
-        if r is prompt:
-            continue
+    for r in decodes:
         outputs = r.num_output_tokens
         c = r.num_computed_tokens
         if r.prompt_len + outputs - c != 1:
             return 0  # a second prompt in progress
-        decodes.append(r)
-        if r.max_tokens - outputs - 1 < k_max:  # each decode's last token stays out of the run
-            k_max = r.max_tokens - outputs - 1
+        left = r.max_tokens - outputs
+        if left <= k_max:  # each decode's last token stays out of the run: k_max <= left - 1
+            k_max = left - 1
         decode_kv += c
         slots = len(tables[r.request_id]) * block_size
         held.append(slots)
-        due[slots - c] = due.get(slots - c, 0) + 1
+        first = slots - c
+        due[first] = due.get(first, 0) + 1
     if k_max < 1:
         return 0
     # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)

@@ -783,12 +783,11 @@ class CostModel:
             ]
         head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
         times = []
-        add = times.append
         for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n):
             compute = kv * pair_flops / flops_rate
             memory = kv * kv_bytes / byte_rate
             # ``max(compute, memory)`` spelled out, as in ``_attention``: once per step.
-            add(head + (memory if memory > compute else compute) + comm + overhead)
+            times.append(head + (memory if memory > compute else compute) + comm + overhead)
         return times
 
     def iteration_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:

@@ -20,9 +20,20 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     neither as a prefill nor as a one-token decode."""
     # One pass over the scheduled requests (this runs once per stepped iteration; integer sums,
     # so the order of the terms cannot change them).
+    # The one-token decodes first and with the fewest operations (most of every batch): their
+    # tokens and ``+ 1``s are added once, after the loop.
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = num_verifies = 0
+    spec_tokens = 0
     for s in out.scheduled:
         q = s.num_new_tokens
+        if q == 1 and not s.num_spec_tokens:
+            c = s.num_context_tokens
+            decode_kv += c
+            num_decodes += 1
+            r = s.request
+            if c + 1 == r.prompt_len + r.num_output_tokens:  # ``num_tokens``, inlined: it samples
+                num_logits += 1
+            continue
         c = s.num_context_tokens
         num_tokens += q
         if s.num_spec_tokens:
@@ -30,16 +41,18 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
             num_verifies += 1
+            spec_tokens += q
             continue
         r = s.request
-        if c + q == r.prompt_len + r.num_output_tokens:  # ``num_tokens``, inlined: it samples
+        if c + q == r.prompt_len + r.num_output_tokens:
             num_logits += 1
-        if q == 1:
-            decode_kv += c + 1
-            num_decodes += 1
-        else:
-            pairs += q * c + q * (q + 1) // 2
-            prefill_kv += q + c
+        pairs += q * c + q * (q + 1) // 2
+        prefill_kv += q + c
+    # ``out.token_counts()`` from this pass (the engine logs it after the step): chunks of more
+    # than one token are prefill (a chunk of none adds nothing), the rest decode.
+    out.counted_tokens = (num_tokens - spec_tokens, num_decodes + spec_tokens)
+    num_tokens += num_decodes
+    decode_kv += num_decodes
     num_prefills = len(out.scheduled) - num_decodes - num_verifies
     if out.padding:  # static batching only: every padding slot samples, as BatchShape.of counts
         pad = BatchShape.of(
