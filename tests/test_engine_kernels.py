@@ -50,7 +50,10 @@ def test_a_gpu_without_the_engines_set_falls_back_with_a_note():
     assert built.kernels == "vllm"
     assert built.cost_model.hardware == get_hardware("A100-80GB")
     assert len(built.notes) == 1
-    assert "A100-80GB has no TensorRT-LLM kernel set" in built.notes[0] and "the GPU's own curves" in built.notes[0]
+    assert (
+        "A100-80GB has no TensorRT-LLM kernel set" in built.notes[0]
+        and "the GPU's own curves" in built.notes[0]
+    )
     hw, note = engine_hardware(get_hardware("H200"), "vllm")
     assert hw is get_hardware("H200") and note == ""
 
@@ -108,7 +111,7 @@ def test_cost_and_run_json_name_the_kernels(tmp_path, capsys):
     assert "kernels" not in json.loads(out.read_text())
     run = tmp_path / "run.json"
     sim = ["simulate", "--model", "Llama-2-70B", "--hardware", "H200", "--quantization", "fp8",
-           "--num-requests", "20", "--save-run", str(run)]  # fmt: skip
+           "--save-run", str(run)]  # fmt: skip
     assert main([*sim, "--policy", "trtllm"]) == 0
     assert json.loads(run.read_text())["config"]["kernels"] == "trtllm"
     assert main([*sim, "--policy", "trtllm", "--kernels", "vllm"]) == 0

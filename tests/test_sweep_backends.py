@@ -112,7 +112,7 @@ def test_a_malformed_ray_address_is_named():
 def test_an_unreachable_ray_address_is_one_line(capsys):
     pytest.importorskip("ray", reason="the address is checked once ray imports")
     # Port 1 on this machine: nothing listens there, so the connection is refused at once.
-    argv = ["compare", "--policies", "vllm", "--num-requests", "5", "--ray-address", "127.0.0.1:1"]
+    argv = ["compare", "--policies", "vllm", "--ray-address", "127.0.0.1:1"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (
@@ -123,5 +123,5 @@ def test_an_unreachable_ray_address_is_one_line(capsys):
 
 
 def test_workers_with_a_running_ray_is_an_error(capsys):
-    assert main(["compare", "--num-requests", "5", "--ray-address", "auto", "--workers", "2"]) == 2
+    assert main(["compare", "--ray-address", "auto", "--workers", "2"]) == 2
     assert "--workers sizes the local pool or --ray-address local" in capsys.readouterr().err
