@@ -301,7 +301,6 @@ def workload_from(args: argparse.Namespace) -> WorkloadSpec:
     from tailserve.workloads.arrivals import parse_arrival
     from tailserve.workloads.lengths import parse_length
 
-    check_workload_options(args)
     parsed: dict[str, Any] = {}  # options given as text; absent: WorkloadSpec's default
     if args.input_len is not None:
         parsed["input_len"] = parse_length(args.input_len)

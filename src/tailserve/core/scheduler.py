@@ -189,43 +189,23 @@ class Scheduler:
         done: list[Request] = []
         token_ids = result.token_ids
         stopped = result.stopped
-        if token_ids is None and not stopped:
-            # The simulator's steps (no token ids, no stops): the loop below without its tests
-            # of either, once per scheduled request per stepped iteration.
-            for item in out.scheduled:
-                request = item.request
-                if item.num_spec_tokens:
-                    if self._apply_verify(item, result, now):
-                        done.append(request)
-                    continue
-                computed = request.num_computed_tokens = request.num_computed_tokens + item.num_new_tokens
-                if computed != request.prompt_len + request.num_output_tokens:
-                    continue  # a partial prefill chunk: nothing sampled yet
-                outputs = request.num_output_tokens = request.num_output_tokens + 1
-                request.token_times.append(now)
-                if outputs >= request.max_tokens:
-                    request.status = RequestStatus.FINISHED_LENGTH
-                    done.append(request)
-            if done:
-                self.finish(done, now)
-            return done
         for item in out.scheduled:
             request = item.request
             if item.num_spec_tokens:
                 if self._apply_verify(item, result, now):
                     done.append(request)
                 continue
-            request.num_computed_tokens += item.num_new_tokens
-            if request.num_computed_tokens != request.prompt_len + request.num_output_tokens:
+            computed = request.num_computed_tokens = request.num_computed_tokens + item.num_new_tokens
+            if computed != request.prompt_len + request.num_output_tokens:
                 continue  # a partial prefill chunk: nothing sampled yet
-            request.num_output_tokens += 1
+            outputs = request.num_output_tokens = request.num_output_tokens + 1
             request.token_times.append(now)
-            if token_ids is not None:
+            if token_ids is not None:  # the real executor's; the simulator samples none
                 request.output_token_ids.append(token_ids[request.request_id])
             if stopped and request.request_id in stopped:
                 request.status = RequestStatus.FINISHED_STOPPED
                 done.append(request)
-            elif request.num_output_tokens >= request.max_tokens:
+            elif outputs >= request.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
                 done.append(request)
         if done:

@@ -67,18 +67,13 @@ def decode_fits(
     available = kv.num_free_blocks + evictable
     if num_tokens == 1 and len(requests) <= available:
         return True  # a decode needs at most one new block
-    if lag:
-        return (
-            sum(
-                kv.num_blocks_needed(
-                    r.request_id, r.num_computed_tokens - lag.get(r.request_id, 0) + num_tokens
-                )
-                for r in requests
-            )
-            <= available
-        )
+    lag = lag or {}
+    need = kv.num_blocks_needed
     return (
-        sum(kv.num_blocks_needed(r.request_id, r.num_computed_tokens + num_tokens) for r in requests)
+        sum(
+            need(r.request_id, r.num_computed_tokens - lag.get(r.request_id, 0) + num_tokens)
+            for r in requests
+        )
         <= available
     )
 
