@@ -75,10 +75,12 @@ def scaled_calibration(path: str, prefill: float, decode: float, out: Path) -> s
     eff = body["efficiency"]
     eff["compute"] /= prefill
     eff["memory"] /= decode
-    for name in ("overhead", "per_token", "gemm_latency"):
+    for name in ("overhead", "per_token", "per_logit", "gemm_latency"):
         eff[name] = eff.get(name, 0.0) * decode
     if body.get("request_overhead_s"):
         body["request_overhead_s"] *= prefill
-    body["source"] = f"{body.get('source', '')}; times x{prefill:.3f} (prefill) / x{decode:.3f} (decode) by the gauge"
+    body["source"] = (
+        f"{body.get('source', '')}; times x{prefill:.3f} (prefill) / x{decode:.3f} (decode) by the gauge"
+    )
     out.write_text(json.dumps(body))
     return str(out)

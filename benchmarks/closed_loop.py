@@ -52,6 +52,7 @@ from typing import Any
 
 from benchmarks import _closed_loop_gauge as gauge
 from benchmarks import _closed_loop_report as report
+from benchmarks import _closed_loop_repredict as repro
 from benchmarks._closed_loop_engines import QUICK_SETTINGS, SETTINGS, Engine, Setting
 from benchmarks._closed_loop_tune import check_advice, print_advice
 from benchmarks._closed_loop_workloads import Workload, build
@@ -112,8 +113,20 @@ def parse_args() -> argparse.Namespace:
         help="tailserve serve --threads N: a fixed count, as vLLM's CPU build runs (default: its own "
         "default, the cores other processes leave free, revisited every 0.5 s)",
     )
+    p.add_argument(
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="run no engine: predict every cell of a saved run again with this code, on the run's "
+        "calibration (_closed_loop_repredict.py)",
+    )
+    p.add_argument(
+        "--refit", action="store_true", help="with --from-json: fit the calibration's probes again"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.refit and not args.from_json:
+        p.error("--refit needs --from-json FILE")
     args.quiet_timeout = (
         args.quiet_timeout if args.quiet_timeout is not None else (5.0 if args.quick else 300.0)
     )
@@ -232,53 +245,17 @@ def stall_check(seen: list, run: Any) -> dict[str, Any]:
     return check_stalls(seen, run.requests, run_attributor(run)).to_json(top=5)
 
 
-def main() -> int:
-    args = parse_args()
-    t_start = time.perf_counter()
-    if args.model is None:
-        from tailserve.executors.pytorch.init_model import default_model_dir
-
-        args.model = default_model_dir()
-    model = Path(args.model).resolve()
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    max_len = json.loads((model / "config.json").read_text())["max_position_embeddings"]
-    dtype = resolve_dtype(args.dtype)
-    dtypes = {"tailserve": dtype, "vllm": resolve_vllm_dtype(args.vllm_dtype)}
-    names = [e.strip() for e in args.engines.split(",") if e.strip()]
-    vllm_python = str(Path(args.vllm_venv) / "bin" / "python")
-    if "vllm" in names and not Path(vllm_python).exists():
-        print(
-            f"closed_loop: error: {missing_peer('vllm', args.vllm_venv)} Or run with --engines tailserve.",
-            file=sys.stderr,
-        )
-        return 2
-    engines = [
-        Engine(
-            n,
-            vllm_python if n == "vllm" else sys.executable,
-            model,
-            NAME,
-            dtypes[n],
-            max_len,
-            args.server_timeout,
-            args.tailserve_threads if n == "tailserve" else None,
-        )
-        for n in names
-    ]
-    settings = list(QUICK_SETTINGS if args.quick else SETTINGS)
-    if args.settings:
-        wanted = [s.strip() for s in args.settings.split(",")]
-        settings = [s for s in SETTINGS if s.name in wanted]
-    workloads = build(
-        [w.strip() for w in args.workloads.split(",")], vocab, args.seed, args.quick, args.trace
-    )
-    print(cpu_line())
-    print(
-        f"model {model}; engines {', '.join(f'{n} ({dtypes[n]})' for n in names)}; {len(settings)} settings x {len(workloads)} workloads"
-    )
-    for w in workloads:
-        print(f"  {w.name}: {w.note} ({len(w.requests)} requests)")
-
+def measure(
+    args: argparse.Namespace,
+    engines: list[Engine],
+    settings: list[Setting],
+    workloads: list[Workload],
+    model: Path,
+    vocab: int,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], list[dict[str, Any]], Path]:
+    """Every cell run on its real engine (settings interleaved across the engines), each
+    engine calibrated once on its first server, then every cell predicted: the cells, the
+    calibrations, the server starts and the work folder."""
     work = Path(tempfile.mkdtemp(prefix="closed_loop-"))
     calibrations: dict[str, dict[str, Any]] = {}
     cells: list[dict[str, Any]] = []
@@ -384,6 +361,72 @@ def main() -> int:
             [round(r.arrival, 5), r.prompt_len, [round(t, 5) for t in r.token_times]] for r in seen
         ]
 
+    return cells, calibrations, starts, work
+
+
+def main() -> int:
+    args = parse_args()
+    t_start = time.perf_counter()
+    saved = json.loads(Path(args.from_json).read_text()) if args.from_json else None
+    if saved is not None and args.model is None:
+        args.model = saved["model"]
+    if args.model is None:
+        from tailserve.executors.pytorch.init_model import default_model_dir
+
+        args.model = default_model_dir()
+    model = Path(args.model).resolve()
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    max_len = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    dtype = resolve_dtype(args.dtype)
+    dtypes = {"tailserve": dtype, "vllm": resolve_vllm_dtype(args.vllm_dtype)}
+    names = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if saved is not None:  # the engines, dtypes, settings and workloads the run had
+        dtypes.update(saved["dtype"])
+        names = list(saved["dtype"])
+    vllm_python = str(Path(args.vllm_venv) / "bin" / "python")
+    if "vllm" in names and not Path(vllm_python).exists() and saved is None:
+        print(
+            f"closed_loop: error: {missing_peer('vllm', args.vllm_venv)} Or run with --engines tailserve.",
+            file=sys.stderr,
+        )
+        return 2
+    engines = [
+        Engine(
+            n,
+            vllm_python if n == "vllm" else sys.executable,
+            model,
+            NAME,
+            dtypes[n],
+            max_len,
+            args.server_timeout,
+            args.tailserve_threads if n == "tailserve" else None,
+        )
+        for n in names
+    ]
+    settings = list(QUICK_SETTINGS if args.quick else SETTINGS)
+    if args.settings:
+        wanted = [s.strip() for s in args.settings.split(",")]
+        settings = [s for s in SETTINGS if s.name in wanted]
+    workloads = build(
+        [w.strip() for w in args.workloads.split(",")], vocab, args.seed, args.quick, args.trace
+    )
+    if saved is not None:
+        settings = repro.run_settings(saved)
+        workloads = repro.run_workloads(saved, vocab, args.seed, args.trace)
+    print(cpu_line())
+    print(
+        f"model {model}; engines {', '.join(f'{n} ({dtypes[n]})' for n in names)}; {len(settings)} settings x {len(workloads)} workloads"
+    )
+    for w in workloads:
+        print(f"  {w.name}: {w.note} ({len(w.requests)} requests)")
+
+    if saved is not None:  # the twin's side again, on the cells a run measured
+        work = Path(tempfile.mkdtemp(prefix="closed_loop-"))
+        calibrations = repro.saved_calibrations(saved, model, work, args.refit)
+        starts = saved.get("server_starts", [])
+        cells = repro.repredict_cells(saved["cells"], settings, workloads, calibrations, model, predict)
+    else:
+        cells, calibrations, starts, work = measure(args, engines, settings, workloads, model, vocab)
     print()
     report.print_cells(cells)
     report.print_stalls(cells)

@@ -28,7 +28,7 @@ TINY = ModelSpec("tiny", 512, 4, 8, 4, 1536, 8192, 2048)
 CPU = Hardware("cpu", 150e9, 15e9, 64.0, 15e9, 15e9, vendor="cpu")
 TRUTH = Efficiency(
     compute=0.8, memory=0.7, overhead=0.004, per_token=3e-5, sharpness=2.0, prefill_attention=0.2,
-    decode_attention=0.5,
+    decode_attention=0.5, per_logit=3e-4,
 )  # fmt: skip
 
 
@@ -44,7 +44,7 @@ def test_host_fit_recovers_a_known_cpu_model():
     points = [MeasuredBatch(s, truth.iteration_time(s)) for s in grid_shapes()]
     fit = fit_host(TINY, CPU, points)
     e = fit.efficiency
-    for name in ("compute", "memory", "overhead", "per_token", "prefill_attention", "decode_attention"):
+    for name in ("compute", "memory", "overhead", "per_token", "per_logit", "prefill_attention", "decode_attention"):
         assert getattr(e, name) == pytest.approx(getattr(TRUTH, name), rel=2e-3), name
     assert fit.max_relative_error < 1e-4
 

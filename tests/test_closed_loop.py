@@ -77,7 +77,13 @@ def test_the_gauge_rescales_every_time_term_of_the_twin(tmp_path: Path):
     from tailserve.executors.simulated.models import get_model
 
     eff = Efficiency(
-        compute=0.5, memory=0.3, overhead=0.008, per_token=2e-6, gemm_latency=1e-5, sharpness=1.0
+        compute=0.5,
+        memory=0.3,
+        overhead=0.008,
+        per_token=2e-6,
+        gemm_latency=1e-5,
+        sharpness=1.0,
+        per_logit=2e-4,
     )
     base = tmp_path / "cal.json"
     write_calibration_file(
@@ -118,3 +124,73 @@ def test_vllm_runs_its_faster_dtype_on_the_cpu_and_an_explicit_one_wins(monkeypa
     monkeypatch.setattr(cpu_isa, "native_level", lambda: level)
     assert closed_loop.resolve_vllm_dtype("auto") == expected
     assert closed_loop.resolve_vllm_dtype("bfloat16") == "bfloat16"
+
+
+def test_a_saved_run_is_predicted_again_and_refitted_without_an_engine(tmp_path: Path):
+    # closed_loop --from-json: the cells a run measured, predicted again by this code; --refit
+    # fits the run's probes again (here: the probes carry a per-sampled-row host cost that the
+    # run's own fit, without that term, missed).
+    import json
+
+    from benchmarks import _closed_loop_repredict as repro
+    from benchmarks._closed_loop_workloads import build
+    from benchmarks.closed_loop import predict
+
+    from tailserve.executors.simulated.calibration import MeasuredBatch
+    from tailserve.executors.simulated.calibration_files import CalibrationFile, write_calibration_file
+    from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+    from tailserve.executors.simulated.hardware import Hardware
+    from tailserve.executors.simulated.models import load_hf_config
+
+    model = tmp_path / "tiny"
+    model.mkdir()
+    config = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8}
+    config |= {"num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 8192}
+    (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 2048}))
+    cpu = Hardware("cpu", 150e9, 15e9, 64.0, 15e9, 15e9, vendor="cpu")
+    truth = Efficiency(compute=0.5, memory=0.5, overhead=1e-3, sharpness=2.0, per_logit=3e-4)
+    shapes = [BatchShape.of([(q, c)], []) for q in (16, 64, 256, 512) for c in (0, 256, 1024)]
+    shapes += [BatchShape.of([], [c] * b) for b in (1, 8, 32, 64) for c in (16, 512, 1024)]
+    cost = CostModel(load_hf_config(model), cpu, 1, truth)
+    points = tuple(MeasuredBatch(s, cost.iteration_time(s)) for s in shapes)
+
+    def saved_calibration(eff: Efficiency, name: str) -> str:
+        path = tmp_path / name
+        write_calibration_file(path, CalibrationFile(cpu, eff, "tiny", 1, "probes", points))
+        return str(path)
+
+    (w,) = build(["hol"], 8192, 0, quick=True)
+    setting = SETTINGS[0]
+    measured, _ = predict(w, setting, saved_calibration(truth, "truth.json"), model)
+    run_fit = Efficiency(compute=0.5, memory=0.5, overhead=1e-3, sharpness=2.0)  # no per-row term
+    saved = {
+        "model": str(model),
+        "dtype": {"tailserve": "bfloat16"},
+        "workloads": [w.summary],
+        "settings": [{"name": setting.name}],
+        "calibrations": {
+            "tailserve": {"body": json.loads(Path(saved_calibration(run_fit, "run.json")).read_text())}
+        },
+        "cells": [
+            {
+                "engine": "tailserve",
+                "setting": setting.name,
+                "workload": "hol",
+                "measured": report.figures(measured),
+            }
+        ],
+    }
+    assert [x.name for x in repro.run_workloads(saved, 8192, 0, None)] == ["hol"]
+    assert repro.run_settings(saved) == [setting]
+
+    def worst_error(refit: bool) -> float:
+        cals = repro.saved_calibrations(saved, model, tmp_path / ("re" if refit else "as"), refit)
+        (cell,) = repro.repredict_cells(saved["cells"], [setting], [w], cals, model, predict)
+        return max(abs(e) for e in cell["error"].values() if e is not None and not math.isnan(e))
+
+    (tmp_path / "re").mkdir()
+    (tmp_path / "as").mkdir()
+    assert worst_error(refit=False) > 0.05  # the run's own fit: every decode step short of the truth
+    assert worst_error(refit=True) < 0.01
+    with pytest.raises(SystemExit, match="do not match"):
+        repro.run_workloads({**saved, "workloads": [{**w.summary, "requests": 5}]}, 8192, 0, None)

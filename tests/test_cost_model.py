@@ -205,3 +205,23 @@ def test_shape_time_equals_iteration_time_of_the_shape(model, prefill, decodes):
     fields = (shape.num_tokens, shape.num_logits, shape.prefill_pairs, shape.prefill_kv_tokens)
     rest = (shape.decode_kv_tokens, shape.num_prefills, shape.num_decodes)
     assert cm.shape_time(*fields, *rest) == cm.iteration_time(shape)
+
+
+def test_per_logit_prices_each_sampled_row_on_every_path():
+    # The host's work per sequence per step (sampling, detokenizing, streaming its token): each
+    # sampled row adds per_logit, on the per-iteration, vectorised-decode and DP-group paths
+    # alike; 0 (the default) leaves every time as it was.
+    from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+
+    model, hw = get_model("Llama-3-8B"), get_hardware("A100-80GB")
+    base = CostModel(model, hw, efficiency=Efficiency(compute=0.6, memory=0.7))
+    per = CostModel(model, hw, efficiency=Efficiency(compute=0.6, memory=0.7, per_logit=3e-4))
+    mixed = BatchShape(288, 33, 256 * 257 // 2, 256, 32 * 500, 1, 32)
+    assert per.iteration_time(mixed) == pytest.approx(base.iteration_time(mixed) + 33 * 3e-4, rel=1e-12)
+    runs = per.decode_run_times(16, 16 * 300, 5) - base.decode_run_times(16, 16 * 300, 5)
+    assert runs == pytest.approx([16 * 3e-4] * 5, rel=1e-9)
+    assert per.decode_step_times(16, 16 * 300, 5) == pytest.approx(list(per.decode_run_times(16, 16 * 300, 5)))
+    chunk = BatchShape(512, 0, 512 * 513 // 2, 512, 0, 1, 0)  # a prefill chunk samples nothing
+    assert per.iteration_time(chunk) == base.iteration_time(chunk)
+    with pytest.raises(ValueError, match="per_logit must be >= 0"):
+        Efficiency(per_logit=-1e-3)

@@ -325,3 +325,39 @@ def test_cli_says_when_the_server_is_unreachable_or_not_openai(capsys):
         assert "is not an OpenAI-compatible server: GET /v1/models answered 404" in err
     finally:
         httpd.shutdown()
+
+
+def test_the_warm_up_streams_until_an_adaptive_server_has_settled():
+    # tailserve's CPU executor revisits its thread count every 0.5 s of stepping and climbs back
+    # only after two quiet windows: the warm-up streams for WARM_UP_S so the client's own start-up
+    # CPU has left its windows before the first timed probe.
+    calls: list[tuple[int, int]] = []
+
+    class Probe:
+        def stream(self, prompt, max_tokens):
+            calls.append((len(prompt), max_tokens))
+
+    ticks = iter(0.4 * k for k in range(100))
+    sc.warm_up(Probe(), Prompts(True, 1024), clock=lambda: next(ticks))
+    assert calls[0] == (64, 4)  # first-request costs
+    assert calls[1:] == [(64, 64)] * 3  # 0.4, 0.8 and 1.2 s after the start; at 1.6 s it stops
+    assert sc.WARM_UP_S == 1.5
+
+
+def test_a_probe_builds_one_tls_context_for_all_its_clients(torch_server: Any, monkeypatch):
+    # httpx builds a context (loading the CA bundle, ~30 ms of CPU) per client; a probe opens a
+    # client per stream and per scrape, beside the engine it times.
+    import httpx
+
+    from tailserve.fidelity import server_probe
+
+    made: list[int] = []
+    real = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda *a, **k: made.append(1) or real(*a, **k))
+    server_probe.ssl_context.cache_clear()
+    probe = ServerProbe(torch_server.base_url, "micro", {})
+    for _ in range(3):
+        probe.histograms()
+        probe.stream(Prompts(True, 1024).make(8), 2)
+    assert len(made) == 1
+    server_probe.ssl_context.cache_clear()

@@ -169,7 +169,8 @@ def cmd_calibrate_torch(args: argparse.Namespace) -> int:
     out.print(
         f"fitted: compute {e.compute:.3g} and memory {e.memory:.3g} of the measured rates, sharpness "
         f"{e.sharpness:.3g}, overhead {e.overhead * 1e3:.2f} ms per step, {e.per_token * 1e6:.1f} us per token, "
-        f"prefill attention x{e.prefill_attention:.3g}, decode attention x{e.decode_attention:.3g}"
+        f"{e.per_logit * 1e6:.0f} us per sampled row, prefill attention x{e.prefill_attention:.3g}, "
+        f"decode attention x{e.decode_attention:.3g}"
     )
     table = Table(title="fitted iteration time vs measured (|relative error|)", title_justify="left")
     for col in ("points", "n", "median", "p90"):

@@ -212,7 +212,7 @@ def probe_server(
     progress: Callable[[str], None] | None = None,
 ) -> list[ProbedPoint]:
     """Every shape of the plan, ``repeats`` times, after a warm-up the fit never sees."""
-    probe.stream(prompts.make(64), 4)  # warm-up: first-request costs (allocations, caches)
+    warm_up(probe, prompts)
     points = []
     for length in plan.prefill_lens:
         runs = []
@@ -246,6 +246,23 @@ def probe_server(
                 progress(f"{p} beside {batch} x {ctx}")
         points.append(_summarize_mixed(runs, batch))
     return points
+
+
+WARM_UP_S = 1.5  # streaming the warm-up lasts at least this long (at most WARM_UP_STREAMS streams)
+WARM_UP_STREAMS = 20
+
+
+def warm_up(probe: ServerProbe, prompts: Prompts, clock: Callable[[], float] = time.perf_counter) -> None:
+    """First-request costs (allocations, caches), then decode streams for ``WARM_UP_S``: a server
+    that sizes its thread pool from the host's load (tailserve's CPU executor, revisiting it every
+    0.5 s of stepping) has by then seen this client's start-up CPU pass, so the first probes do not
+    run on the one thread it dropped to while the calibration's own process was importing."""
+    probe.stream(prompts.make(64), 4)
+    start = clock()
+    for _ in range(WARM_UP_STREAMS):
+        if clock() - start >= WARM_UP_S:
+            break
+        probe.stream(prompts.make(64), 64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import random
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,10 +71,19 @@ class BesideTiming:
     after: Any  # what the ``after`` hook returned
 
 
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client a probe opens. httpx builds a new one per client, loading
+    the CA bundle (~30 ms of CPU here); a probe opens a client per stream and per metrics scrape,
+    and on a small host that CPU lands beside the engine being timed: it made tailserve's adaptive
+    thread count drop to one thread before probes (see docs/fidelity.md, "The probe's own CPU")."""
+    return httpx.create_ssl_context()
+
+
 def served_models(base_url: str, headers: dict[str, str], timeout: float = 30.0) -> list[ServedModel]:
     url = f"{base_url}/v1/models"
     try:
-        response = httpx.get(url, headers=headers, timeout=timeout)
+        response = httpx.get(url, headers=headers, timeout=timeout, verify=ssl_context())
     except httpx.HTTPError as error:
         raise ProbeError(f"cannot reach the server at {base_url}: {_reason(error)}") from None
     if response.status_code == 401:
@@ -340,6 +351,7 @@ class ServerProbe:
                 json=self.body(ids, 1, stream=False),
                 headers=self.headers,
                 timeout=self.timeout,
+                verify=ssl_context(),
             )
         except httpx.HTTPError as error:
             raise ProbeError(f"cannot reach the server at {self.base_url}: {_reason(error)}") from None
@@ -359,7 +371,9 @@ class ServerProbe:
 
     async def _streams(self, prompts: list[str | list[int]], max_tokens: int) -> list[StreamTiming]:
         limits = httpx.Limits(max_connections=len(prompts), max_keepalive_connections=len(prompts))
-        async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self.headers) as client:
+        async with httpx.AsyncClient(
+            timeout=self.timeout, limits=limits, headers=self.headers, verify=ssl_context()
+        ) as client:
             return list(await asyncio.gather(*(self._one(client, p, max_tokens) for p in prompts)))
 
     def beside(
@@ -389,7 +403,9 @@ class ServerProbe:
             return bump
 
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self.headers) as client:
+        async with httpx.AsyncClient(
+            timeout=self.timeout, limits=limits, headers=self.headers, verify=ssl_context()
+        ) as client:
             tasks = [
                 asyncio.create_task(self._one(client, p, decode_tokens, counter(i)))
                 for i, p in enumerate(decode_prompts)
@@ -465,7 +481,9 @@ class ServerProbe:
 
     def histograms(self) -> HistogramTotals | None:
         try:
-            response = httpx.get(f"{self.base_url}/metrics", headers=self.headers, timeout=30.0)
+            response = httpx.get(
+                f"{self.base_url}/metrics", headers=self.headers, timeout=30.0, verify=ssl_context()
+            )
             response.raise_for_status()
             return parse_histograms(response.text)
         except (httpx.HTTPError, ValueError):

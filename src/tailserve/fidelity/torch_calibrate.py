@@ -40,6 +40,7 @@ CPU_FIT_FIELDS = (
     "memory",
     "overhead",
     "per_token",
+    "per_logit",
     "sharpness",
     "prefill_attention",
     "decode_attention",

@@ -181,7 +181,7 @@ def calibrate(
     base = cost_model.efficiency
     y = np.array([p.seconds for p in points])
     if len(points) < 3:
-        fields = tuple(f for f in fields if f not in ("overhead", "per_token"))
+        fields = tuple(f for f in fields if f not in ("overhead", "per_token", "per_logit"))
     fields = tuple(fields)
     x = _encode(base, fields)
     shapes = [p.shape for p in points]

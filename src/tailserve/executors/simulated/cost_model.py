@@ -85,12 +85,15 @@ class Efficiency:
     per_token: float = 0.0  # seconds per new token outside the GEMMs (host-side work, elementwise)
     prefill_attention: float = 1.0  # prefill attention's rates relative to compute / memory above
     decode_attention: float = 1.0  # decode attention's rates relative to compute / memory above
+    # Seconds per sampled row (a request's token this step) outside the GEMMs: the host's work
+    # per sequence (sampling, detokenizing, streaming the token), as seen from outside a server.
+    per_logit: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute", "memory", "comm", "sharpness", "prefill_attention", "decode_attention"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} efficiency must be > 0, got {getattr(self, name)}")
-        for name in ("overhead", "gemm_latency", "per_token"):
+        for name in ("overhead", "gemm_latency", "per_token", "per_logit"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         if self.tile_m < 1:
@@ -489,7 +492,10 @@ class CostModel:
         key = (num_tokens, num_logits)
         t = self._linear_cache.get(key)
         if t is None:
-            t = self._linear_cache[key] = self._linear_uncached(int(num_tokens), int(num_logits))
+            t = self._linear_uncached(int(num_tokens), int(num_logits))
+            if self.efficiency.per_logit:
+                t += int(num_logits) * self.efficiency.per_logit
+            self._linear_cache[key] = t
         return t
 
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
