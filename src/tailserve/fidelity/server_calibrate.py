@@ -54,7 +54,7 @@ GPU_FIT_FIELDS = ("compute", "memory", "overhead", "per_token")
 FEW_FIELDS = ("compute", "memory", "overhead")
 MIN_POINTS_PER_FIELD = 1.5  # fewer points than that per fitted term: only compute, memory, overhead
 # A CPU fit's pull towards its start (``calibration.calibrate``'s prior): a dozen probes do not pin
-# seven terms, and unanchored the fit ran off (vLLM's CPU build at 4,960% of the host's peak
+# eight terms, and unanchored the fit ran off (vLLM's CPU build at 4,960% of the host's peak
 # FLOP/s with attention 220x its roofline; a memory efficiency of 2e17). Refitting the quiet
 # closed-loop run's own probes with it (2026-12-03), vLLM's TTFT p50 error fell from +53% to +13%
 # (median over 21 cells) at the same probe error; 0.03-0.1 gave the same.
@@ -428,7 +428,7 @@ def fit_points(
     """A CPU as ``calibrate --executor torch`` fits one (every term, outliers dropped), each term
     pulled towards its start (``CPU_PRIOR``); a GPU from
     its catalog curves, scaled (compute, memory and the two overheads). A handful of probes
-    cannot pin seven terms (the fit runs off to zero attention cost and infinite bandwidth):
+    cannot pin eight terms (the fit runs off to zero attention cost and infinite bandwidth):
     below 1.5 points a term, only compute, memory and the per-step overhead are fitted."""
     if hardware.vendor == "cpu":
         from tailserve.fidelity.torch_calibrate import CPU_FIT_FIELDS, fit_host

@@ -271,7 +271,7 @@ def fit_host(
     """Least squares, then again without the points more than 3 robust deviations off (an
     iteration another process preempted on a shared machine is not the engine's cost); the
     result predicts every point. ``prior``: ``calibration.calibrate``'s pull of each efficiency
-    towards the start (for a dozen probes, which do not pin seven terms)."""
+    towards the start (for a dozen probes, which do not pin eight terms)."""
     start = Efficiency(compute=0.5, memory=0.5, overhead=1e-3, sharpness=2.0, tile_m=1)
     base = CostModel(model, hardware, 1, start)
     kept = list(points)
