@@ -25,7 +25,9 @@ never as a model:
   (``fp8_block@ep``, each rank its ``E / EP`` whole experts).
 - **allreduce**: vLLM's custom all-reduce under CUDA graphs (the decode path), bf16, per GPU and
   TP degree: the catalog's latency and link efficiency, then one latency per TP and one link
-  efficiency per GPU fitted on every other message size and tested on the rest.
+  efficiency per GPU fitted on every other message size and tested on the rest, then one line per
+  kernel vLLM picks for the size (``allreduce_regimes.py``: FlashInfer one- or two-shot, custom
+  one- or two-stage, symmetric memory, NCCL; the boundaries are vLLM's) on the same split.
 - **mla**: vLLM's whole MLA attention block of one layer (down- and up-projections, the attention
   kernel, o_proj, and the norms, RoPE and cache writes between them), DeepSeek-V3's shapes at
   1-128 heads (a TP shard), prefill (batch x prompt) and decode (batch x context), bf16 KV,
@@ -67,6 +69,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks._allreduce_fit import regime_fit
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.gemm import (
@@ -785,7 +788,8 @@ MAX_ALLREDUCE_ELEMENTS = 2**26
 def allreduce_part(tables: dict, console: Console) -> dict:
     """vLLM's custom all-reduce (CUDA graphs, bf16) per GPU: the catalog's figures, then one
     latency per TP degree and one link efficiency per GPU fitted on the even-indexed message
-    sizes and tested on the odd ones (the form ``hardware.Hardware`` holds)."""
+    sizes and tested on the odd ones (the form ``hardware.Hardware`` held before), then one line
+    per kernel regime on the same split (``_allreduce_fit.regime_fit``; ``Hardware.allreduce_bands``)."""
     out: dict = {}
     table = Table(
         title="TP all-reduce (vLLM custom, CUDA graphs, bf16, messages <= 2^26 elements): |error| "
@@ -798,6 +802,8 @@ def allreduce_part(tables: dict, console: Console) -> dict:
         "catalog mean / max",
         "fitted mean / max",
         "fit: latency, link eff",
+        "regimes mean / max",
+        "regimes (training sizes)",
     ):
         table.add_column(col)
     for gpu, entry in tables.items():
@@ -833,21 +839,41 @@ def allreduce_part(tables: dict, console: Console) -> dict:
         _, eff, lats = best
         cat_eff = hw.comm_efficiency or 0.8
         res: dict = {"link_efficiency": eff, "version": entry.get("allreduce_version"), "by_tp": {}}
-        for tp, (_n, y, ring, test) in data.items():
+        bands = []
+        for tp, (n, y, ring, test) in data.items():
             pred = lats[tp] + ring / eff
             catalog = hw.allreduce_latency_at(tp) + ring / cat_eff
+            reg = regime_fit(GPUS[gpu], res["version"], tp, n, y, ring, test, lats[tp], eff)
+            bands += reg["bands"]
             res["by_tp"][tp] = {
                 "latency_s": lats[tp],
                 "held_out": stats(pred[test], y[test]),
                 "catalog_held_out": stats(catalog[test], y[test]),
+                "regimes_held_out": stats(reg["pred"][test], y[test]),
+                "regimes": reg["regimes"],
+                # each size: elements, measured and regime-priced seconds, held out or not
+                "points": [
+                    [int(a), float(b), float(c), bool(t)] for a, b, c, t in zip(n, y, reg["pred"], test)
+                ],
             }
             h, c = res["by_tp"][tp]["held_out"], res["by_tp"][tp]["catalog_held_out"]
+            r = res["by_tp"][tp]["regimes_held_out"]
             table.add_row(
                 GPUS[gpu], str(tp), str(h["n"]), f"{c['mean']:.1%} / {c['max']:.0%}",
                 f"{h['mean']:.1%} / {h['max']:.0%}", f"{lats[tp] * 1e6:.1f} us, {eff:.2f}",
+                f"{r['mean']:.1%} / {r['max']:.0%}",
+                ", ".join(f"{k} ({v['train']})" for k, v in reg["regimes"].items()),
             )  # fmt: skip
+        res["bands"] = [[b.tp, b.max_bytes, b.latency, b.efficiency] for b in bands]
         out[gpu] = res
     console.print(table)
+    console.print(
+        "Regime lines in the catalog's form (hardware.AllReduceBand: tp, max bytes, latency, efficiency):"
+    )
+    for gpu, res in out.items():
+        console.print(f"  {GPUS[gpu]} (vLLM {res['version']}): " + ", ".join(
+            f"AllReduceBand({tp}, {int(top)}, {lat:.3g}, {eff:.3f})" for tp, top, lat, eff in res["bands"]
+        ), soft_wrap=True)  # fmt: skip
     return out
 
 

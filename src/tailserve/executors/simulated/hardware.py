@@ -265,9 +265,10 @@ class MoeExchange:
 
 @dataclass(frozen=True, slots=True)
 class AllReduceBand:
-    """One message-size band of a fitted NCCL all-reduce at one TP degree: messages up to
+    """One message-size band of a fitted all-reduce at one TP degree: messages up to
     ``max_bytes`` take ``latency + 2 (tp-1)/tp * bytes / (link * efficiency)``. NCCL changes
-    protocol (LL, LL128, Simple) and algorithm with the size, so one line per band."""
+    protocol (LL, LL128, Simple) and algorithm with the size, and vLLM its kernel
+    (``allreduce_regimes.py``: the bands' edges are then vLLM's boundaries), so one line per band."""
 
     tp: int
     max_bytes: float  # upper edge of the band (the last band of a TP also prices larger messages)
@@ -548,6 +549,35 @@ MOE_B300 = MoeKernel(
 B200_ALLREDUCE = ((2, 7.23e-6), (4, 7.44e-6), (8, 8.43e-6))
 GB200_ALLREDUCE = ((2, 3.74e-6), (4, 4.08e-6))
 B300_ALLREDUCE = ((2, 4.16e-6), (4, 3.95e-6), (8, 4.46e-6))
+# The same all-reduce, one line per kernel vLLM picks for the message (allreduce_regimes.py: the
+# band edges are vLLM's regime boundaries at the tables' version, not fitted; the last band of a
+# TP, up to 2**40 bytes, prices everything above), fitted on the same even-indexed sizes by
+# benchmarks/fidelity_aisim.py (--parts allreduce). B200 (vLLM 0.24.0): custom one stage, custom
+# two stages (TP 4, 8), symmetric memory (two-shot at TP 2, 4, multimem at 8), NCCL.
+B200_ALLREDUCE_REGIMES = (
+    AllReduceBand(2, 2097136, 6.75e-06, 0.196), AllReduceBand(2, 8388608, 2.43e-05, 0.500),
+    AllReduceBand(2, 2**40, 2.49e-05, 0.572),
+    AllReduceBand(4, 524272, 7.03e-06, 0.273), AllReduceBand(4, 2097136, 1.49e-05, 0.500),
+    AllReduceBand(4, 33554432, 1.73e-05, 0.551), AllReduceBand(4, 2**40, 0.0, 0.597),
+    AllReduceBand(8, 262128, 7.78e-06, 0.144), AllReduceBand(8, 1048560, 2.48e-05, 0.500),
+    AllReduceBand(8, 134217728, 1.38e-05, 0.641), AllReduceBand(8, 2**40, 1.38e-05, 0.641),
+)  # fmt: skip
+# GB200 (vLLM 0.31.0): FlashInfer one shot, two shots, NCCL
+GB200_ALLREDUCE_REGIMES = (
+    AllReduceBand(2, 524288, 3.71e-06, 0.719), AllReduceBand(2, 67108864, 4.15e-06, 0.522),
+    AllReduceBand(2, 2**40, 4.15e-06, 0.522),
+    AllReduceBand(4, 262144, 4.07e-06, 0.456), AllReduceBand(4, 33554432, 4.72e-06, 0.680),
+    AllReduceBand(4, 2**40, 0.0, 0.576),
+)  # fmt: skip
+# B300 (vLLM 0.31.0): FlashInfer one shot, two shots, multimem (TP 8), NCCL
+B300_ALLREDUCE_REGIMES = (
+    AllReduceBand(2, 524288, 4.01e-06, 0.395), AllReduceBand(2, 67108864, 4.33e-06, 0.520),
+    AllReduceBand(2, 2**40, 4.33e-06, 0.520),
+    AllReduceBand(4, 262144, 3.73e-06, 0.230), AllReduceBand(4, 67108864, 4.9e-06, 0.680),
+    AllReduceBand(4, 2**40, 4.9e-06, 0.680),
+    AllReduceBand(8, 131072, 4.19e-06, 0.153), AllReduceBand(8, 4194304, 5.88e-06, 0.851),
+    AllReduceBand(8, 67108864, 5.96e-06, 0.742), AllReduceBand(8, 2**40, 5.96e-06, 0.742),
+)  # fmt: skip
 MOE_GENERIC = MoeKernel(
     0.63, 1.0, 31.0e-6, "median of the AISimulate fits (no table for this GPU)", row_element=2.01e-12
 )
@@ -902,6 +932,7 @@ HARDWARE: dict[str, Hardware] = {
             sms=148,
             gemm=B200_GEMM,
             allreduce_latency_by_tp=B200_ALLREDUCE,
+            allreduce_bands=B200_ALLREDUCE_REGIMES,
             comm_efficiency=0.50,
             moe=MOE_B200,
             mla=MLA_B200,
@@ -919,6 +950,7 @@ HARDWARE: dict[str, Hardware] = {
             sms=148,
             gemm=B300_GEMM,
             allreduce_latency_by_tp=B300_ALLREDUCE,
+            allreduce_bands=B300_ALLREDUCE_REGIMES,
             comm_efficiency=0.66,
             moe=MOE_B300,
             # Blackwell Ultra trades INT8 for FP4: 14 PFLOP/s dense FP4, INT8 cut to 153 TOPS
@@ -938,6 +970,7 @@ HARDWARE: dict[str, Hardware] = {
             nvlink_domain=72,
             gemm=GB200_GEMM,
             allreduce_latency_by_tp=GB200_ALLREDUCE,
+            allreduce_bands=GB200_ALLREDUCE_REGIMES,
             comm_efficiency=0.56,
             moe=MOE_GB200,
             mla=MLA_GB200,
