@@ -767,3 +767,41 @@ def test_sglang_decode_runs_clear_batch_is_full_after_a_finish_as_stepping_does(
     assert slow_start is not None and slow_start < 1.01  # admitted on arrival
     assert fast_start == slow_start
     assert fast == slow
+
+
+def test_slot_walk_stops_and_leaves_due_as_the_general_walk() -> None:
+    """One-token slots with every request due in every iteration (SGLang's decode runs):
+    ``_walk_slots`` gives the general walk's times, durations, needs and leftover ``due``
+    across arrivals, KV shortages and exhausted steps, from any start."""
+    from tailserve.executors.simulated.decode_run import _walk_blocks, _walk_slots
+
+    rng = random.Random(11)
+    for _ in range(500):
+        steps = [rng.uniform(0.01, 0.05) for _ in range(rng.randint(1, 40))]
+        now, start, count = rng.uniform(0, 10), rng.randint(0, 30), rng.randint(1, 30)
+        wake = rng.choice([None, now + rng.uniform(0, 1.5)])
+        free = rng.randint(0, 600)
+        due_fast, due_slow = {start: count}, {start: count}
+        fast = _walk_slots(iter(steps), now, wake, due_fast, start, free)
+        slow = _walk_blocks(iter(steps), now, wake, due_slow, start, 1, free)
+        assert fast == slow
+        assert due_fast == due_slow
+
+
+def test_due_after_with_slots_held_by_none_ahead_is_the_loops() -> None:
+    """``finish_run._due_after``'s shortcut for one-token slots none holds ahead gives what its
+    per-request loop gives (which ``_next_crossing`` defines)."""
+    from tailserve.executors.simulated.finish_run import _due_after, _next_crossing
+
+    rng = random.Random(5)
+    for _ in range(300):
+        n = rng.randint(1, 30)
+        ctx = [rng.randint(1, 5000) for _ in range(n)]
+        held = list(ctx) if rng.random() < 0.7 else [c + rng.randint(0, 2) for c in ctx]
+        order = rng.sample(range(n), n)
+        p, steps = rng.randint(0, n), rng.randint(1, 40)
+        expected: dict[int, int] = {}
+        for i in order[p:]:
+            j = _next_crossing(held[i] - ctx[i], steps, 1)
+            expected[j] = expected.get(j, 0) + 1
+        assert _due_after(None, ctx, held, order, p, steps, 1) == expected

@@ -173,7 +173,9 @@ class KVCacheManager:
         end = len(free)
         for request_id, total in zip(request_ids, num_total_tokens):
             table = tables[request_id]
-            need = -(-total // block_size) - len(table)
+            # SGLang's one-token slots need no rounding: the three int operations of the
+            # rounding allocate an int object each (counts past 256), for every decode per run.
+            need = (total if block_size == 1 else -(-total // block_size)) - len(table)
             if need > 0:
                 if need > end:
                     raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")

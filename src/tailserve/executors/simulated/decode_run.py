@@ -91,9 +91,11 @@ def advance_decode_run(engine: Engine) -> int:
         remaining = r.max_tokens - r.num_output_tokens
         if remaining < k_max:
             k_max = remaining
-        c = r.num_computed_tokens
-        ctx_list.append(c)
-        held_tokens.append(len(tables[r.request_id]) * block_size)
+        ctx_list.append(r.num_computed_tokens)
+        # One-token slots (SGLang): the length itself; the product allocates an int object
+        # (lengths past 256 are not cached), per request per run.
+        held = len(tables[r.request_id])
+        held_tokens.append(held if block_size == 1 else held * block_size)
     num_context = n + sum(ctx_list)  # integers: the loop's sum, added in C
     k_finish = k_max  # the first finish, if within MAX_RUN
     wake = engine.next_wake(now)
@@ -140,9 +142,12 @@ def _short_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens
     if free < 0:
         return None  # the policy's reserve is already broken: the next iteration preempts
     # Iteration j needs a new block for a request at ``held - ctx + m * block_size``.
-    due: dict[int, int] = {}
-    for f in map(sub, held_tokens, ctx_list):
-        due[f] = due.get(f, 0) + 1
+    if block_size == 1 and held_tokens == ctx_list:
+        due = {0: n}  # one-token slots, none held ahead: each request takes one in every iteration
+    else:
+        due = {}
+        for f in map(sub, held_tokens, ctx_list):
+            due[f] = due.get(f, 0) + 1
     return walk_iterations(
         executor.decode_step_durations(n, num_context, k_max), now, wake, due, 0, block_size, free
     )
@@ -154,6 +159,13 @@ def walk_iterations(step_durations, now, wake, due, start, block_size, free):
     ``free`` new blocks; ``due`` (iteration -> requests crossing into a new block in it) is
     consumed and renewed as they go, so a caller may walk on from where this stopped
     (``finish_run.py``). None if no iteration fits."""
+    if block_size == 1 and len(due) == 1 and start in due:
+        return _walk_slots(step_durations, now, wake, due, start, free)
+    return _walk_blocks(step_durations, now, wake, due, start, block_size, free)
+
+
+def _walk_blocks(step_durations, now, wake, due, start, block_size, free):
+    """``walk_iterations`` in general: the crossings moved from key to key as they come."""
     times = [now]
     durations = []
     need = []
@@ -178,6 +190,34 @@ def walk_iterations(step_durations, now, wake, due, start, block_size, free):
         need.append(needed)
         t = t_next
         j += 1
+    return (times, durations, need) if durations else None
+
+
+def _walk_slots(step_durations, now, wake, due, start, free):
+    """``walk_iterations`` where every request takes one slot in every iteration (one-token
+    slots, SGLang's, with ``due == {start: count}``: what the general walk moves from key to
+    key each iteration, ~20 bytecodes an iteration, is the same count every time). The same
+    stops, the same floats, and ``due`` left as the general walk leaves it."""
+    count = due.pop(start)
+    times = [now]
+    durations = []
+    need = []
+    needed = 0
+    t = now
+    if wake is None:
+        wake = inf
+    for duration in step_durations:
+        if t >= wake:
+            break  # the next iteration would see the arrival
+        if needed + count > free:
+            break  # the next iteration would have to preempt
+        needed += count
+        t_next = t + duration
+        times.append(t_next)
+        durations.append(t_next - t)
+        need.append(needed)
+        t = t_next
+    due[start + len(durations)] = count
     return (times, durations, need) if durations else None
 
 

@@ -155,6 +155,9 @@ def _due_after(running, ctx_list, held_tokens, order, p, steps, block_size) -> d
     coming iteration (numbered from the run's start), the first of each request's crossings.
     In iteration j a request computes token ``ctx + j`` and needs a block at ``held - ctx + m *
     block_size``."""
+    if block_size == 1 and held_tokens == ctx_list:  # one-token slots, none held ahead (SGLang)
+        left = len(order) - p
+        return {steps: left} if left else {}  # the loop below's answer: each crossing at ``steps``
     due: dict[int, int] = {}
     for i in order[p:]:
         j = held_tokens[i] - ctx_list[i]
