@@ -192,7 +192,12 @@ def test_cached_context_and_mixed_probes_time_the_step_they_name(torch_server: A
         mixed=((2, 40, 16),),
         mixed_decode_tokens=400,  # the micro model decodes in a few ms: still running when it ends
     )
-    context, mixed = sc.probe_server(probe, Prompts(True, 1024), plan)
+    # On a loaded host a decode stream can end before the probe beside it does; the probe then
+    # falls back to the client's figure (checked below). Up to three tries for the server's.
+    for _ in range(3):
+        context, mixed = sc.probe_server(probe, Prompts(True, 1024), plan)
+        if mixed.source != "client":
+            break
     # The 128 tokens sent before are served from the prefix cache: 16 new tokens over 128.
     assert context.batch == BatchShape.of([(16, 128)], []) and context.label == "prefill 16 at 128"
     assert context.source == "vllm:request_prefill_time_seconds" and 0 < context.seconds <= context.client_s
