@@ -403,16 +403,17 @@ def main() -> int:
         )
         for n in names
     ]
-    settings = list(QUICK_SETTINGS if args.quick else SETTINGS)
-    if args.settings:
-        wanted = [s.strip() for s in args.settings.split(",")]
-        settings = [s for s in SETTINGS if s.name in wanted]
-    workloads = build(
-        [w.strip() for w in args.workloads.split(",")], vocab, args.seed, args.quick, args.trace
-    )
-    if saved is not None:
+    if saved is not None:  # the settings and workloads the run had, built once
         settings = repro.run_settings(saved)
         workloads = repro.run_workloads(saved, vocab, args.seed, args.trace)
+    else:
+        settings = list(QUICK_SETTINGS if args.quick else SETTINGS)
+        if args.settings:
+            wanted = [s.strip() for s in args.settings.split(",")]
+            settings = [s for s in SETTINGS if s.name in wanted]
+        workloads = build(
+            [w.strip() for w in args.workloads.split(",")], vocab, args.seed, args.quick, args.trace
+        )
     print(cpu_line())
     print(
         f"model {model}; engines {', '.join(f'{n} ({dtypes[n]})' for n in names)}; {len(settings)} settings x {len(workloads)} workloads"
