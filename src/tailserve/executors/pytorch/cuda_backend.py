@@ -13,9 +13,13 @@ graphs for decode steps — slots in here by overriding ``decode_attention`` and
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from tailserve.executors.pytorch.backend import TorchBackend
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tailserve.executors.pytorch.backend import TorchBackend, gather_decode_context
 
 
 class CudaBackend(TorchBackend):
@@ -28,6 +32,33 @@ class CudaBackend(TorchBackend):
         # float32 must stay float32: TF32 matmuls would change tokens against transformers.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # cuDNN's SDPA builds an execution plan for every new shape: serving makes one per call
+        # (a decode's context grows a token per step, each prefill chunk has its own length).
+        # On an H200 with PyTorch 2.11 the real executor's SDPA calls took 18 ms each on the
+        # host, and a W run of the 16.8M-parameter model made 479 tok/s against 1,205 on a
+        # 2-core CPU (scripts/gpu_check.py --profile). Flash / memory-efficient / math remain.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def decode_attention(self, q: Tensor, k_slots: Tensor, v_slots: Tensor, meta: Any) -> Tensor:
+        """In bf16/fp16 the gathered context's KV heads are repeated to the query heads first:
+        PyTorch's flash and memory-efficient kernels refuse a call with both a mask and
+        ``enable_gqa`` (only math, or cuDNN's per-shape plans, take it). On an H200 at a
+        Llama-3-8B shard's shapes (32 / 8 heads, batch 64) the math kernel took 3.2 ms per call
+        over 1,000 tokens of context; repeated and on the memory-efficient kernel, 3.2 ms over
+        2,000 (the math kernel there: 7.9 ms) (scripts/gpu_sdpa.py). A paged kernel that reads
+        the blocks in place (FlashInfer) would skip the gather and the repeat both. float32 stays on ``TorchBackend``'s call: the math kernel,
+        whose tokens equal transformers' (scripts/gpu_check.py)."""
+        if q.dtype == torch.float32 or q.shape[1] == k_slots.shape[1]:
+            return super().decode_attention(q, k_slots, v_slots, meta)
+        keys, values = gather_decode_context(k_slots, v_slots, meta)
+        group = q.shape[1] // k_slots.shape[1]
+        res = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            keys.transpose(1, 2).repeat_interleave(group, dim=1),
+            values.transpose(1, 2).repeat_interleave(group, dim=1),
+            attn_mask=meta.decode_mask,
+        )
+        return res.squeeze(2)
 
     def describe(self, dtype: torch.dtype, fused_norms: tuple[str, ...] = ()) -> str:
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -43,6 +74,8 @@ def _sdpa_kernels() -> str:
         kinds.append("flash")
     if torch.backends.cuda.mem_efficient_sdp_enabled():
         kinds.append("memory-efficient")
+    if torch.backends.cuda.cudnn_sdp_enabled():
+        kinds.append("cuDNN")
     if torch.backends.cuda.math_sdp_enabled():
         kinds.append("math")
     return "/".join(kinds) or "none enabled"
