@@ -79,6 +79,14 @@ from tailserve.executors.simulated.gemm import (
     shape_tiles,
     wave_flops,
 )
+from tailserve.executors.simulated.gemm_table import (
+    ACT_BYTES,
+    MODEL_SIZED,
+    SHARPNESS,
+    TILES,
+    fit_one_join,
+    one_join_time,
+)
 from tailserve.executors.simulated.hardware import (
     GemmCurve,
     Hardware,
@@ -115,49 +123,19 @@ MOE_FORMATS = {
     "int4_wo": ("bfloat16", "int4"),  # weight-only: bf16 math on int4 weights
     "w4a16_mxfp4": ("bfloat16", "mxfp4"),  # gpt-oss on Hopper: bf16 math on MXFP4 weights
 }
-SHARPNESS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, math.inf)
-TILES = (64, 128, 256)
-ACT_BYTES = 2.0  # activations in and out in bf16
 # A model's projections: every GEMM of a >= 7B model at TP <= 8 has N x K >= 2^24 weights. The
 # tables also time tiny GEMMs (N = 8, K = 32) that no layer runs; they are reported, not fitted.
-MODEL_SIZED = 2**24
+# The grid, the one-join form and its fit are the ones ``--calibration gemm:FILE`` fits with.
 HOPPER = ("h100_sxm", "h200_sxm")
 
 
 def gemm_time(m, n, k, wb, peak, hw: Hardware, c, mem, p, tile, lat) -> np.ndarray:
-    rows = padded_rows(m, tile) if tile > 1 else m
-    compute = 2.0 * rows * n * k / (peak * c)
-    memory = (n * k * wb + m * (k + n) * ACT_BYTES) / (hw.memory_bandwidth * mem)
-    return join_array(compute, memory, p) + lat
+    return one_join_time(m, n, k, wb, peak, hw.memory_bandwidth, c, mem, p, tile, lat)
 
 
 def fit(m, n, k, y, wb, peak, hw) -> dict:
-    """Smallest mean |relative error|: a grid over tile and sharpness and the two efficiencies,
-    the latency least squares in relative terms for each candidate, then a finer grid."""
-    best = (math.inf, None)
-
-    def score(c, mem, p, tile):
-        base = gemm_time(m, n, k, wb, peak, hw, c, mem, p, tile, 0.0)
-        w = 1.0 / y  # relative error: minimise sum ((base + lat) / y - 1)^2
-        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
-        err = float(np.mean(np.abs((base + lat) / y - 1)))
-        return err, dict(compute=c, memory=mem, sharpness=p, tile_m=tile, gemm_latency=lat)
-
-    for tile in TILES:
-        for p in SHARPNESS:
-            for c in np.linspace(0.3, 1.0, 15):
-                for mem in np.linspace(0.4, 1.0, 13):
-                    cand = score(c, mem, p, tile)
-                    if cand[0] < best[0]:
-                        best = cand
-    b = best[1]
-    for c in np.linspace(b["compute"] - 0.05, b["compute"] + 0.05, 11):
-        for mem in np.linspace(b["memory"] - 0.05, b["memory"] + 0.05, 11):
-            if 0 < c <= 1.2 and 0 < mem <= 1.2:
-                cand = score(c, mem, b["sharpness"], b["tile_m"])
-                if cand[0] < best[0]:
-                    best = cand
-    return best[1]
+    """``gemm_table.fit_one_join`` at the GPU's bandwidth."""
+    return fit_one_join(m, n, k, y, wb, peak, hw.memory_bandwidth)
 
 
 # The wave form's column tiles and partial-wave costs tried (gemm.py), and the bytes per activation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -27,7 +28,11 @@ def _ms(value: float | None) -> str:
 
 def deployment_line(built: BuiltCostModel) -> str:
     cm = built.cost_model
-    cal = built.calibration if len(built.calibration) < 24 else "measured points"
+    cal = built.calibration
+    if cal.startswith(("gemm:", "vidur:")) or cal.endswith(".json"):  # a source: its file's name
+        cal = cal.split(":", 1)[0] + ":" + Path(cal.split(":", 1)[-1]).name if ":" in cal else Path(cal).name
+    elif len(cal) >= 24:
+        cal = "measured points"
     dp = f" x DP {cm.dp}" if cm.dp > 1 else ""  # data-parallel attention ranks
     # vLLM's kernels are the catalog's own: named only when another engine's set priced it
     kernels = f", {ENGINE_NAMES[built.kernels]} kernels" if built.kernels != "vllm" else ""

@@ -7,7 +7,8 @@ profiled points and their errors. ``--calibration vidur:DIR`` fits the GEMM curv
 ``mlp.csv`` under DIR (a Vidur profile root, one GPU's folder or one model's folder) and applies
 it to the deployment's GPU; when DIR is a Vidur root holding the GPU's one-node NCCL profile
 (``network/a100_dgx`` or ``h100_dgx``, next to ``compute/``), the all-reduce is fitted per
-message-size band too.
+message-size band too. ``--calibration gemm:FILE`` fits the GPU's bf16 and FP8 GEMM curves to
+GEMMs ``scripts/gpu_gemm.py`` timed on a GPU (``gemm_table.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
+from tailserve.executors.simulated.gemm_table import PREFIX as GEMM_PREFIX
 from tailserve.executors.simulated.hardware import (
     AllReduceBand,
     EngineKernels,
@@ -45,7 +47,7 @@ GENERIC = "generic"
 
 
 def is_calibration_source(text: str) -> bool:
-    return text == GENERIC or text.startswith(VIDUR_PREFIX) or text.endswith(".json")
+    return text == GENERIC or text.startswith((VIDUR_PREFIX, GEMM_PREFIX)) or text.endswith(".json")
 
 
 def generic_hardware(hardware: Hardware) -> Hardware:
@@ -209,12 +211,17 @@ def _moe_exchange(saved: dict[str, Any]) -> MoeExchange:
 def load_calibration_source(
     text: str, model: ModelSpec, hardware: Hardware, tp: int
 ) -> tuple[CostModel, CalibrationResult | None, tuple[str, ...]]:
-    """(cost model, fit, notes) for ``generic``, ``FILE.json`` or ``vidur:DIR``."""
+    """(cost model, fit, notes) for ``generic``, ``FILE.json``, ``vidur:DIR`` or ``gemm:FILE``."""
     if text == GENERIC:
         note = "generic roofline: compute 0.6, memory 0.8, max, no tile, 8 us all-reduce at 80% of the link"
         return CostModel(model, generic_hardware(hardware), tp), None, (note,)
     if text.startswith(VIDUR_PREFIX):
         return _from_vidur(Path(text[len(VIDUR_PREFIX) :]), model, hardware, tp)
+    if text.startswith(GEMM_PREFIX):
+        from tailserve.executors.simulated.gemm_table import calibrated_hardware, load_gemm_table
+
+        hw, notes = calibrated_hardware(load_gemm_table(text[len(GEMM_PREFIX) :]), hardware)
+        return CostModel(model, hw, tp), None, notes
     cal = read_calibration_file(text)
     notes = [f"calibration file {text}: {cal.source}"]
     if cal.hardware.name != hardware.name:
