@@ -11,6 +11,13 @@ curve of that form can do here: to AISimulate's rows of the format (then tested 
 measurement) and to half the measured (N, K) shapes (tested on the other half); and the
 measurement's own repeatability (two runs on two machine starts, the rows both timed).
 
+``--layers``: the catalog models' own layers (``gpu_gemm.py --models``: each model's QKV, output,
+gate+up and down GEMMs on a TP 1/2/4/8 shard), measured as the sum of the four, against what the
+cost model prices a layer's GEMMs at (``CostModel.linear_time`` / layers, no LM head) with the
+catalog's curve and with ``--calibration gemm:`` fitted to the first file (the grid's shapes:
+mostly other shapes, another machine start). bf16, and FP8 (``--quantization fp8``) against the
+rowwise kernel's rows.
+
 Formats: ``bf16`` is ``F.linear`` (cuBLAS), vLLM's kernel for unquantized weights, so the three
 meet on the same kernel family; ``fp8`` is cuBLASLt's per-tensor FP8 GEMM and ``fp8_row``
 PyTorch's CUTLASS rowwise kernel, both beside vLLM's CUTLASS ``scaled_mm`` that the catalog's FP8
@@ -25,6 +32,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +41,17 @@ from rich.table import Table
 
 from benchmarks._common import peer_venv, save_results
 from benchmarks.fidelity_aisim import MODEL_SIZED, _curve, _export, catalog_time, fit, gemm_time, stats
+from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.gemm import gemm_shapes
+from tailserve.executors.simulated.gemm_table import calibrated_hardware, load_gemm_table
 from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.executors.simulated.models import get_model
 from tailserve.executors.simulated.precision import get_precision
 
 RESULTS = Path(__file__).parent / "results"
 MEASURED = (RESULTS / "gpu_gemm_h200_dense_r42.json", RESULTS / "gpu_gemm_h200_r42.json")
+LAYERS = RESULTS / "gpu_gemm_h200_models_r42.json"
+SAME_START = (RESULTS / "gpu_gemm_h200_grid_1_r42.json", RESULTS / "gpu_gemm_h200_grid_2_r42.json")
 # measured format -> (the catalog's format, AISimulate's format)
 FORMATS = {"bf16": ("bf16", "bfloat16"), "fp8": ("fp8", "fp8"), "fp8_row": ("fp8", "fp8")}
 GPU_NAMES = {"NVIDIA H200": ("H200", "h200_sxm"), "NVIDIA H100 80GB HBM3": ("H100-SXM", "h100_sxm")}
@@ -121,11 +135,66 @@ def repeatability(a: dict, b: dict) -> dict:
     return out
 
 
+def layers(path: Path, fitted_on: Path, hw_name: str) -> dict:
+    """Each model / TP / format whose four layer GEMMs were all measured: measured layer time
+    (their sum) per token count against the cost model's, catalog and gemm-calibrated."""
+    head, measured = load(path)
+    hw = get_hardware(hw_name)
+    calibrated, _ = calibrated_hardware(load_gemm_table(fitted_on), hw)
+    out: dict = {}
+    for fmt, kernel in (("bf16", "bf16"), ("fp8", "fp8_row")):
+        rows: dict[str, list] = {"catalog": [], "gemm": [], "measured": []}
+        per_model = {}
+        for name in head["models"].split(","):
+            spec = get_model(name)
+            if fmt != "bf16":
+                spec = replace(spec, weight_dtype=fmt)
+            for tp in (int(t) for t in head["tps"].split(",")):
+                q, kv = (
+                    spec.num_heads * spec.dim_per_head / tp,
+                    spec.kv_heads_per_shard(tp) * spec.dim_per_head,
+                )
+                shapes = [
+                    (int(n), int(k))
+                    for n, k in gemm_shapes(
+                        spec.hidden_size, q, kv, spec.intermediate_size / tp, spec.gated_mlp
+                    )
+                ]
+                ms = sorted(
+                    {key[1] for key in measured if key[0] == kernel and (key[2], key[3]) == shapes[0]}
+                )
+                ms = [m for m in ms if all((kernel, m, n, k) in measured for n, k in shapes)]
+                if not ms:
+                    continue
+                models = {"catalog": CostModel(spec, hw, tp), "gemm": CostModel(spec, calibrated, tp)}
+                y = np.array([sum(measured[(kernel, m, n, k)] for n, k in shapes) for m in ms])
+                preds = {
+                    key: np.array([cm.linear_time(m) / spec.num_layers for m in ms])
+                    for key, cm in models.items()
+                }
+                per_model[f"{name} TP {tp}"] = {key: stats(p, y) for key, p in preds.items()}
+                for key, p in preds.items():
+                    rows[key].append(p)
+                rows["measured"].append(y)
+        if not per_model:
+            continue
+        y = np.concatenate(rows["measured"])
+        out[fmt] = {"layers": len(per_model), "rows": len(y),
+                    **{key: stats(np.concatenate(rows[key]), y) for key in ("catalog", "gemm")},
+                    "per_layer": per_model}  # fmt: skip
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--measured", nargs="+", type=Path, default=list(MEASURED),
                    help="gpu_gemm.py results; the first is compared, the second (if any) checks repeatability")  # fmt: skip
     p.add_argument("--out", default=None, help="results JSON (default benchmarks/out/fidelity_gpu_gemm.json)")
+    p.add_argument("--same-start", nargs=2, type=Path, default=list(SAME_START),
+                   help="two runs on one machine start: their repeatability (default: the r42 pair)")  # fmt: skip
+    p.add_argument(
+        "--layers", type=Path, default=LAYERS, help="gpu_gemm.py --models results (default: %(default)s)"
+    )
     args = p.parse_args()
     missing = [str(f) for f in args.measured if not f.exists()]
     if missing:
@@ -196,6 +265,28 @@ def main() -> int:
         console.print("Repeatability (the same GEMMs in two runs on two machine starts), |ratio - 1| median / p90 / max: "
                       + "; ".join(f"{f} {v['median']:.1%} / {v['p90']:.1%} / {v['max']:.0%} ({v['rows']} rows)"
                                   for f, v in rep.items()))  # fmt: skip
+    if all(f.exists() for f in args.same_start):
+        same = repeatability(load(args.same_start[0])[1], load(args.same_start[1])[1])
+        results["repeatability_same_start"] = same
+        console.print("Repeatability on one machine start (two runs back to back): "
+                      + "; ".join(f"{f} {v['median']:.1%} / {v['p90']:.1%} / {v['max']:.0%} ({v['rows']} rows)"
+                                  for f, v in same.items()))  # fmt: skip
+    if args.layers.exists():
+        lay = layers(args.layers, args.measured[0], hw_name)
+        results["layers"] = {"file": str(args.layers), **lay}
+        t = Table(title=f"The catalog models' layers (sum of the four GEMMs on a TP shard) measured on the {hw_name}: "
+                  "|error| mean / p90 / max, time-weighted, bias")  # fmt: skip
+        for col in (
+            "format",
+            "layers x token counts",
+            "catalog",
+            f"--calibration gemm:{args.measured[0].name}",
+        ):
+            t.add_column(col)
+        for fmt, r in lay.items():
+            t.add_row(fmt, f"{r['layers']} x {r['rows'] // r['layers']}",
+                      *(f"{_fmt(r[key])}, {r[key]['time_weighted']:.1%}, {r[key]['bias']:+.1%}" for key in ("catalog", "gemm")))  # fmt: skip
+        console.print(t)
     save_results(results, args.out, "fidelity_gpu_gemm")
     return 0
 

@@ -140,6 +140,23 @@ def measure_quant(ks: tuple[int, ...], ms: tuple[int, ...], rows: list) -> None:
             rows.append(["quant", m, 0, k, _graph_time(quant, copies), copies])
 
 
+def model_shapes(models: list[str], tps: list[int]) -> list[tuple[int, int]]:
+    """(N, K) of each model's QKV, output, gate+up and down GEMMs on one TP shard."""
+    from tailserve.executors.simulated.gemm import gemm_shapes
+    from tailserve.executors.simulated.models import get_model
+
+    found: set[tuple[int, int]] = set()
+    for name in models:
+        m = get_model(name)
+        for tp in tps:
+            q, kv = m.num_heads * m.dim_per_head / tp, m.kv_heads_per_shard(tp) * m.dim_per_head
+            found |= {
+                (int(n), int(k))
+                for n, k in gemm_shapes(m.hidden_size, q, kv, m.intermediate_size / tp, m.gated_mlp)
+            }
+    return sorted(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gpu_gemm.json", help="JSON results (default: %(default)s)")
@@ -148,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--formats", default=",".join(FORMATS), help="(default: %(default)s)")
     p.add_argument("--dense", action="store_true", help="AISimulate's 73 token counts up to 16,384, not 13")
+    p.add_argument("--models", default="", help="instead of the grid: the dense layers' GEMM shapes of these "
+                   "catalog models (comma list; needs tailserve importable: PYTHONPATH=src)")  # fmt: skip
+    p.add_argument(
+        "--tps", default="1,2,4,8", help="--models: their shards at these TP degrees (default: %(default)s)"
+    )
     p.add_argument("--quick", action="store_true", help="three shapes and four token counts (a dry run)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -162,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_gemm: error: unknown format {bad[0]!r} (known: {', '.join(FORMATS)})", file=sys.stderr)
         return 2
     shapes = [(n, k) for n in N_GRID for k in K_GRID]
+    if args.models:
+        shapes = model_shapes(args.models.split(","), [int(t) for t in args.tps.split(",")])
     ms = M_DENSE if args.dense else M_GRID
     if args.quick:
         shapes, ms = [(4096, 4096), (1024, 7168), (24576, 16384)], (1, 64, 1024, 8192)
@@ -179,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         "method": f"CUDA graph over max(1, min({MAX_COPIES}, {COLD_BYTES >> 20} MiB / weight bytes)) weight copies, "
         "median replay / copies",
         "columns": ["format", "m", "n", "k", "seconds", "copies"],
+        "models": args.models,
+        "tps": args.tps if args.models else "",
         "rows": [],
     }
     print(f"{out['gpu']}: {out['sms']} SMs, torch {out['torch']}, CUDA {out['cuda']}", flush=True)
