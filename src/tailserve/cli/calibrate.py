@@ -2,7 +2,9 @@
 preset); with ``--executor torch --model DIR``, profile the real executor on this host; with
 ``--from-server URL``, probe a running OpenAI-compatible server (``fidelity/server_calibrate.py``);
 with ``--from-trace FILE``, read the clean moments of traffic already recorded
-(``fidelity/trace_calibrate.py``). The last three write a calibration file (``--out``) that ``--calibration FILE`` loads."""
+(``fidelity/trace_calibrate.py``). The last three write a calibration file (``--out``) that ``--calibration FILE`` loads.
+With ``--time-gemms FILE`` on a CUDA machine, time the GPU's GEMMs (``fidelity/gpu_gemm.py``) into
+FILE, which ``--calibration gemm:FILE`` loads."""
 
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="OUT", help="write the fit as JSON")
     _add_torch_args(p)
     _add_server_args(p)
+    g = p.add_argument_group("GPU GEMMs (on a CUDA machine; price with --calibration gemm:FILE)")
+    g.add_argument("--time-gemms", metavar="FILE", help="time this GPU's bf16 and FP8 GEMMs into FILE "
+                   "(48 weight shapes x 13 token counts, ~25 s on an H200)")  # fmt: skip
+    g.add_argument("--dense", action="store_true", help="--time-gemms: 73 token counts (~100 s on an H200)")
     p.set_defaults(run=cmd_calibrate)
 
 
@@ -42,13 +48,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             ("--from-server", args.from_server is not None),
             ("--from-trace", args.from_trace is not None),
             ("--executor torch", args.executor == "torch"),
+            ("--time-gemms", args.time_gemms is not None),
         )
         if on
     ]
     if len(sources) > 1:
         raise CliError(
-            f"calibrate takes one of --from-server, --from-trace, --executor torch; got {' and '.join(sources)}"
+            "calibrate takes one of --from-server, --from-trace, --executor torch, --time-gemms; got "
+            + " and ".join(sources)
         )
+    if args.time_gemms is not None:
+        return cmd_calibrate_gemms(args)
     if args.from_server is not None:
         return cmd_calibrate_server(args)
     if args.from_trace is not None:
@@ -344,6 +354,20 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     out.print(table)
     _print_fit_summary(out, fit)
     out.print(f"wrote {out_path}; use it with --calibration {out_path} --model {args.model}")
+    return 0
+
+
+def cmd_calibrate_gemms(args: argparse.Namespace) -> int:
+    """Time the GPU's GEMMs into ``--time-gemms FILE``, then show the curves ``gemm:FILE`` fits."""
+    from tailserve.fidelity import gpu_gemm
+
+    rc = gpu_gemm.main(["--out", args.time_gemms, *(["--dense"] if args.dense else [])])
+    if rc:
+        return rc
+    built = build_cost_model(replace(deployment_from(args), calibration=f"gemm:{args.time_gemms}"))
+    for note in built.notes:
+        print(f"note: {note}")
+    print(f"price with: --hardware {built.cost_model.hardware.name} --calibration gemm:{args.time_gemms}")
     return 0
 
 
