@@ -1,8 +1,9 @@
 """A GPU's GEMM curves fitted to GEMMs timed on it: ``--calibration gemm:FILE``.
 
-``tailserve calibrate --time-gemms FILE`` (or ``scripts/gpu_gemm.py``) times ``x[M, K] @ W[N, K]^T`` on the GPU at hand (bf16 through
-``F.linear``, FP8 through ``torch._scaled_mm``; 48 weight shapes x 13 or 73 token counts, about
-two minutes) and writes them as JSON. This module reads that file and fits the cost model's GEMM
+``tailserve calibrate --time-gemms FILE`` (or ``scripts/gpu_gemm.py``; ``fidelity/gpu_gemm.py``)
+times ``x[M, K] @ W[N, K]^T`` on the GPU at hand (bf16 through ``F.linear``, FP8 through
+``torch._scaled_mm``; 48 weight shapes x 13 or 73 token counts, under two minutes) and writes
+them as JSON. This module reads that file and fits the cost model's GEMM
 curve to it — one p-norm join of compute and memory time per GEMM at fitted fractions of the
 GPU's peak FLOP/s and bandwidth, rows padded to a row tile, a launch latency — so the deployment
 is priced with the user's own GPU and GEMM library instead of the catalog's curve for that GPU
