@@ -252,6 +252,56 @@ def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
     assert fast == slow
 
 
+@pytest.mark.parametrize(
+    "spec", ["sarathi:chunk_size=512", "sarathi:chunk_size=256,gpu_memory_utilization=0.25"]  # preempts
+)
+def test_sarathi_decode_head_is_what_batch_shape_and_update_would_derive(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """Sarathi's phase 1 vouches for its leading decodes (``SchedulerOutput.decode_head``) and
+    builds their ``ScheduledRequest``s inline: at every stepped iteration, with preemptions too,
+    the head's entries equal the class call's objects, each samples, and ``batch_shape`` prices
+    the output as its own full pass does; the run equals one without the head."""
+    from dataclasses import replace as replace_output
+
+    from tailserve.core.scheduler_output import ScheduledRequest
+    from tailserve.executors.simulated.executor import batch_shape
+    from tailserve.policies.sarathi import SarathiPolicy
+
+    original = SarathiPolicy.schedule
+    heads: list[int] = []
+
+    def checking(self, sched, now):
+        out = original(self, sched, now)
+        m, context = out.decode_head
+        head = out.scheduled[:m]
+        for item in head:
+            r = item.request
+            assert item == ScheduledRequest(r, 1, r.num_computed_tokens)
+            assert r.num_computed_tokens + 1 == r.prompt_len + r.num_output_tokens  # it samples
+        assert context == sum(item.num_context_tokens for item in head)
+        assert batch_shape(out) == batch_shape(replace_output(out, decode_head=None))
+        heads.append(m)
+        return out
+
+    workload = WorkloadSpec(
+        "random", num_requests=120, rate=20.0, seed=4, input_len=LogNormal(1500, 1.0, 8000),
+        output_len=LogNormal(200, 0.8, 1500),
+    )  # fmt: skip
+    monkeypatch.setattr(SarathiPolicy, "schedule", checking)
+    with_head, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    assert sum(heads) > 1000
+
+    def headless(self, sched, now):
+        out = original(self, sched, now)
+        out.decode_head = None
+        return out
+
+    monkeypatch.setattr(SarathiPolicy, "schedule", headless)
+    without, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    assert with_head == without
+
+
 def test_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run is used: far fewer engine steps than iterations on a chunked workload."""
     from tailserve.executors.simulated import chunk_run

@@ -171,16 +171,27 @@ class KVCacheManager:
         # ``allocate`` takes from the top of the stack: the first request the topmost ids. One
         # pass, each table extended straight from the stack, which is cut once at the end.
         end = len(free)
-        for request_id, total in zip(request_ids, num_total_tokens):
-            table = tables[request_id]
+        if block_size == 1:
             # SGLang's one-token slots need no rounding: the three int operations of the
-            # rounding allocate an int object each (counts past 256), for every decode per run.
-            need = (total if block_size == 1 else -(-total // block_size)) - len(table)
-            if need > 0:
-                if need > end:
-                    raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
-                table += free[end - need : end]
-                end -= need
+            # rounding allocate an int object each (counts past 256), for every decode per run;
+            # a loop of its own, without the test per request.
+            for request_id, total in zip(request_ids, num_total_tokens):
+                table = tables[request_id]
+                need = total - len(table)
+                if need > 0:
+                    if need > end:
+                        raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                    table += free[end - need : end]
+                    end -= need
+        else:
+            for request_id, total in zip(request_ids, num_total_tokens):
+                table = tables[request_id]
+                need = -(-total // block_size) - len(table)
+                if need > 0:
+                    if need > end:
+                        raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                    table += free[end - need : end]
+                    end -= need
         taken = len(free) - end
         if not taken:
             return
