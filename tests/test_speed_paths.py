@@ -58,7 +58,7 @@ def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: in
             assert moved == counted.swap_in(rid)
             (live if moved is not None else swapped).append(rid)
         # (The plain manager keeps typed arrays, the radix one lists: compared as lists.)
-        assert list(lazy._free) == counted._free
+        assert lazy.free_ids() == counted._free
         assert {k: list(t) for k, t in lazy.block_tables.items()} == counted.block_tables
     assert lazy._refs is None  # nothing read the counts: none were kept
     assert lazy._ref_counts == counted._ref_counts  # counted from the tables on first read
@@ -128,15 +128,18 @@ def test_compact_pool_is_built_and_refilled_as_a_list_pool_is() -> None:
     lazy = KVCacheManager(n, 1)
     counted = RadixKVCacheManager(n, 1)
     assert lazy._compact
-    assert list(lazy._free) == counted._free == list(range(n - 1, -1, -1))
+    assert lazy.free_ids() == counted._free == list(range(n - 1, -1, -1))
     rng = random.Random(5)
     for i in range(40):
         tokens = rng.randint(1, 3000)
         assert list(lazy.allocate(f"r{i}", tokens) or []) == counted.allocate(f"r{i}", tokens)
     for i in rng.sample(range(40), 25):
         assert lazy.free(f"r{i}") == counted.free(f"r{i}")
-        assert list(lazy._free[-5000:]) == counted._free[-5000:]
-    assert list(lazy._free) == counted._free
+        assert lazy.free_ids()[-5000:] == counted._free[-5000:]
+    assert lazy.free_ids() == counted._free
+    # The typed array keeps its length (only the stack's height moves): CPython would
+    # reallocate it (mremap, ~6 MB for SGLang's pool) whenever it shrank by 16 or more.
+    assert len(lazy._free) == n
     lazy.check_integrity()
 
 
@@ -160,7 +163,7 @@ def test_allocate_each_takes_the_blocks_allocate_would(block_size: int) -> None:
         ]
         lazy.allocate_each(chosen, totals)
         counted.allocate_each(chosen, totals)  # a subclass: one ``allocate`` per request
-        assert list(lazy._free) == counted._free
+        assert lazy.free_ids() == counted._free
         assert {k: list(t) for k, t in lazy.block_tables.items()} == counted.block_tables
     lazy.check_integrity()
     with pytest.raises(RuntimeError):
@@ -250,6 +253,56 @@ def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
     slow, num_slow = _sarathi_fingerprint(spec, workload, fast=False)
     assert num_fast == num_slow > 150
     assert fast == slow
+
+
+@pytest.mark.parametrize(
+    "spec", ["sarathi:chunk_size=512", "sarathi:chunk_size=256,gpu_memory_utilization=0.25"]  # preempts
+)
+def test_sarathi_decode_head_is_what_batch_shape_and_update_would_derive(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """Sarathi's phase 1 vouches for its leading decodes (``SchedulerOutput.decode_head``) and
+    builds their ``ScheduledRequest``s inline: at every stepped iteration, with preemptions too,
+    the head's entries equal the class call's objects, each samples, and ``batch_shape`` prices
+    the output as its own full pass does; the run equals one without the head."""
+    from dataclasses import replace as replace_output
+
+    from tailserve.core.scheduler_output import ScheduledRequest
+    from tailserve.executors.simulated.executor import batch_shape
+    from tailserve.policies.sarathi import SarathiPolicy
+
+    original = SarathiPolicy.schedule
+    heads: list[int] = []
+
+    def checking(self, sched, now):
+        out = original(self, sched, now)
+        m, context = out.decode_head
+        head = out.scheduled[:m]
+        for item in head:
+            r = item.request
+            assert item == ScheduledRequest(r, 1, r.num_computed_tokens)
+            assert r.num_computed_tokens + 1 == r.prompt_len + r.num_output_tokens  # it samples
+        assert context == sum(item.num_context_tokens for item in head)
+        assert batch_shape(out) == batch_shape(replace_output(out, decode_head=None))
+        heads.append(m)
+        return out
+
+    workload = WorkloadSpec(
+        "random", num_requests=120, rate=20.0, seed=4, input_len=LogNormal(1500, 1.0, 8000),
+        output_len=LogNormal(200, 0.8, 1500),
+    )  # fmt: skip
+    monkeypatch.setattr(SarathiPolicy, "schedule", checking)
+    with_head, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    assert sum(heads) > 1000
+
+    def headless(self, sched, now):
+        out = original(self, sched, now)
+        out.decode_head = None
+        return out
+
+    monkeypatch.setattr(SarathiPolicy, "schedule", headless)
+    without, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    assert with_head == without
 
 
 def test_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -189,7 +189,22 @@ class Scheduler:
         done: list[Request] = []
         token_ids = result.token_ids
         stopped = result.stopped
-        for item in out.scheduled:
+        scheduled = out.scheduled
+        head = out.decode_head
+        if head is not None and token_ids is None and not stopped:
+            # The leading one-token decodes the policy vouched for (``decode_head``): each
+            # computes its token and samples one, without the tests the general loop makes.
+            m = head[0]
+            for item in scheduled[:m]:
+                request = item.request
+                request.num_computed_tokens += 1
+                outputs = request.num_output_tokens = request.num_output_tokens + 1
+                request.token_times.append(now)
+                if outputs >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                    done.append(request)
+            scheduled = scheduled[m:]
+        for item in scheduled:
             request = item.request
             if item.num_spec_tokens:
                 if self._apply_verify(item, result, now):

@@ -92,6 +92,12 @@ class SchedulerOutput:
     # ``batch_shape``, which the engine's log would otherwise repeat after every stepped
     # iteration); None until then. Set only once ``scheduled`` is final.
     counted_tokens: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    # ``(m, context)``: the first m entries of ``scheduled`` are one-token decodes without
+    # drafts that each sample (one token behind, as every running request between synchronous
+    # steps is), their context tokens summing to ``context``; set by a policy that built them so
+    # in one pass of its own (Sarathi's phase 1), so that ``batch_shape`` and
+    # ``Scheduler.update`` need not re-derive it per request. None: nothing is known.
+    decode_head: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_empty(self) -> bool:

@@ -58,12 +58,18 @@ class KVCacheManager:
         # blocks: an array reallocates whenever it shrinks by 16 or more entries, which costs
         # more there than the few int objects a block table holds. Subclasses keep lists.
         self._compact = type(self) is KVCacheManager and block_size == 1
+        # The compact stack's height: its free ids are ``_free[:_top]`` (None: a list stack, all
+        # of it free). The typed array keeps its length, because CPython reallocates an array
+        # that shrinks by 16 or more entries: SGLang's ~6 MB pool was moved by ``mremap`` in
+        # nearly every decode run (3,078 times in a 2,000-request run; kernel time, r41).
+        self._top: int | None = None
         if self._compact:
             # The same ids from numpy's bytes: ``array("q", range(...))`` converts each int
             # through ``PyArg_Parse`` (~300 instructions an id; SGLang's pools hold ~800k
             # slots: 13% of a 2,000-request simulation's instructions went here).
             ids = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
             self._free: list[int] = array("q", ids.tobytes())  # type: ignore[assignment]
+            self._top = num_blocks
         else:
             self._free = list(range(num_blocks - 1, -1, -1))
         # In a plain manager every held block has exactly one reference (only the radix
@@ -96,7 +102,13 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take (with prefix caching: free plus evictable cached)."""
-        return len(self._free)
+        top = self._top
+        return len(self._free) if top is None else top
+
+    def free_ids(self) -> list[int]:
+        """The free stack, bottom first (the next allocation takes from the end)."""
+        top = self._top
+        return list(self._free) if top is None else list(self._free[:top])
 
     @property
     def num_used_blocks(self) -> int:
@@ -139,6 +151,20 @@ class KVCacheManager:
                 self.block_tables[request_id] = self._new_table()
             return []
         free = self._free
+        top = self._top
+        if top is not None:  # the compact stack: its height moves, the array stays
+            if need > top:
+                return None
+            if table is None:
+                table = self.block_tables[request_id] = self._new_table()
+            new = free[top - need : top]
+            self._top = top - need
+            refs = self._refs
+            if refs is not None:
+                for block_id in new:
+                    refs[block_id] = 1
+            table.extend(new)
+            return new
         if need > len(free):
             return None
         if table is None:
@@ -170,25 +196,43 @@ class KVCacheManager:
         free = self._free
         # ``allocate`` takes from the top of the stack: the first request the topmost ids. One
         # pass, each table extended straight from the stack, which is cut once at the end.
-        end = len(free)
-        for request_id, total in zip(request_ids, num_total_tokens):
-            table = tables[request_id]
+        top = self._top
+        end = len(free) if top is None else top
+        if block_size == 1:
             # SGLang's one-token slots need no rounding: the three int operations of the
-            # rounding allocate an int object each (counts past 256), for every decode per run.
-            need = (total if block_size == 1 else -(-total // block_size)) - len(table)
-            if need > 0:
-                if need > end:
-                    raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
-                table += free[end - need : end]
-                end -= need
+            # rounding allocate an int object each (counts past 256), for every decode per run;
+            # a loop of its own, without the test per request.
+            for request_id, total in zip(request_ids, num_total_tokens):
+                table = tables[request_id]
+                need = total - len(table)
+                if need > 0:
+                    if need > end:
+                        raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                    table += free[end - need : end]
+                    end -= need
+        else:
+            for request_id, total in zip(request_ids, num_total_tokens):
+                table = tables[request_id]
+                need = -(-total // block_size) - len(table)
+                if need > 0:
+                    if need > end:
+                        raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                    table += free[end - need : end]
+                    end -= need
+        if top is not None and self._refs is None:
+            self._top = end  # the compact stack, no counts kept: cut by its height
+            return
         taken = len(free) - end
         if not taken:
             return
         refs = self._refs
         if refs is not None:
-            for block_id in free[end:]:
+            for block_id in free[end:] if top is None else free[end:top]:
                 refs[block_id] = 1
-        del free[end:]
+        if top is None:
+            del free[end:]
+        else:
+            self._top = end
 
     def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
         """Release every block the request holds (GPU and CPU); returns how many GPU blocks
@@ -209,20 +253,30 @@ class KVCacheManager:
         refs = self._refs
         free = self._free
         if refs is None:  # one reference each: every block is released, tail first as below
-            if self._compact:
-                # Reversed by numpy: a typed array's ``[::-1]`` (and its ``reverse``) call
-                # ``memcpy`` once per id, ~25 instructions a slot freed.
-                free.frombytes(np.frombuffer(table, dtype=np.int64)[::-1].tobytes())
+            top = self._top
+            if top is not None:
+                # Written back above the stack's height, reversed by numpy (a typed array's
+                # ``[::-1]`` calls ``memcpy`` once per id), in one strided copy.
+                end = top + len(table)
+                np.frombuffer(free, dtype=np.int64)[top:end] = np.frombuffer(table, dtype=np.int64)[::-1]
+                self._top = end
             else:
                 free.extend(table[::-1])
             return len(table)
         released = 0
+        top = self._top
         # Tail first, like vLLM: the end of a sequence is the least likely to be shared.
         for block_id in reversed(table):
             refs[block_id] -= 1
             if refs[block_id] == 0:
-                free.append(block_id)
+                if top is None:
+                    free.append(block_id)
+                else:
+                    free[top] = block_id
+                    top += 1
                 released += 1
+        if top is not None:
+            self._top = top
         return released
 
     # ---- prefix caching: the plain manager has none (hashed and radix managers override) ----
@@ -367,7 +421,7 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """Blocks in use + free blocks = total (GPU and CPU); ref counts match the tables."""
-        free = self._free
+        free = self.free_ids()
         if len(set(free)) != len(free):
             raise KVCacheIntegrityError("a block id appears twice in the free list")
         counted = [0] * self.num_blocks

@@ -127,24 +127,38 @@ class SarathiPolicy(Policy, FastPaths):
             # running request in every stepped iteration): the general loop's decisions without
             # its queue; the first request that would preempt hands the rest to that loop.
             rest = None
+            context = 0  # the decodes' context tokens, for ``decode_head``
             for request in running:
                 computed = request.num_computed_tokens
                 if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling
                     prefilling.append(request)
                     continue
-                if has_free:
-                    table = tables.get(request.request_id)
-                    if table is not None and len(table) * block_size > computed:
-                        # Its last block has room for the token: nothing to allocate.
-                        scheduled.append(scheduled_decode(request, computed))
-                        continue
-                    if sched.allocate(request, computed + 1):
-                        scheduled.append(scheduled_decode(request, computed))
-                        has_free = kv.num_free_blocks > 0
-                        continue
-                rest = running[running.index(request) :]
-                break
+                if not has_free:
+                    rest = running[running.index(request) :]
+                    break
+                table = tables.get(request.request_id)
+                # Unless its last block has room for the token, it takes a block.
+                if table is None or len(table) * block_size <= computed:
+                    if not sched.allocate(request, computed + 1):
+                        rest = running[running.index(request) :]
+                        break
+                    has_free = kv.num_free_blocks > 0
+                # ``scheduled_decode(request, computed)`` inlined (a call per running request
+                # per stepped iteration): the same object, every field set.
+                item = _new(ScheduledRequest)
+                item.request = request
+                item.num_new_tokens = 1
+                item.num_context_tokens = computed
+                item.block_ids = None
+                item.num_spec_tokens = 0
+                item.spec_padding = False
+                item.partial = False
+                scheduled.append(item)
+                context += computed
             batched = len(scheduled)  # one token each; nobody preempted yet
+            # These stay the output's first entries: the loops below append after them, and a
+            # preemption's victim is one not yet scheduled (or the request being looked at).
+            out.decode_head = (batched, context)
         pending = deque(rest) if rest else deque()
         popleft, holds_slot = pending.popleft, kv.holds
         while pending:
@@ -216,6 +230,7 @@ class SarathiPolicy(Policy, FastPaths):
 
 
 _arrival = attrgetter("arrival_time")
+_new = object.__new__
 
 
 def _stage_sizes(cfg: SarathiConfig) -> list[int]:

@@ -104,6 +104,13 @@ def advance_chunk_run(engine: Engine) -> int:
     k_max = min(MAX_RUN, k_full + with_last)
     if k_max < 1:
         return 0
+    # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)
+    # takes arrivals inside the run, at the start of the iteration the step would add them to;
+    # with an arrival due and no full chunk left the run would stop at once: refused before
+    # the scan (a quarter of the scans Sarathi's runs made ended in a refusal).
+    takes_arrivals = policy.chunk_run_takes_arrivals and k_full > 0
+    if arrival_due and not takes_arrivals:
+        return 0
     # One pass over the decodes (nothing below changes a table before the run is applied):
     # their bound on the run, the slots each holds, and when each crosses into a new block,
     # decode d computing token ctx + j in iteration j, so crossing at j = slots - ctx, then
@@ -121,21 +128,19 @@ def advance_chunk_run(engine: Engine) -> int:
         left = r.max_tokens - outputs
         if left <= k_max:  # each decode's last token stays out of the run: k_max <= left - 1
             k_max = left - 1
+            if k_max < 1:
+                return 0  # a decode's next token is its last: no need to scan the rest
         decode_kv += c
         slots = len(tables[r.request_id]) * block_size
         held.append(slots)
         first = slots - c
-        due[first] = due.get(first, 0) + 1
-    if k_max < 1:
-        return 0
-    # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)
-    # takes arrivals inside the run, at the start of the iteration the step would add them to.
-    takes_arrivals = policy.chunk_run_takes_arrivals and k_full > 0
+        # Only crossings inside the run are walked (k_max only shrinks from here): a run is
+        # a few iterations as a rule, so most decodes cross no block in it and need no entry.
+        if first < k_max:
+            due[first] = due.get(first, 0) + 1
     # A cluster replica's source reports the cluster's next event (``horizon``) as its next
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
     horizon = source.horizon
-    if arrival_due and not takes_arrivals:
-        return 0
     # Sarathi keeps one free (phase 1 preempts when none is); TGI reserved every block up front.
     free = kv.num_free_blocks - policy.decode_reserve_blocks
     if free < 0:

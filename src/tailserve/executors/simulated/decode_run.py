@@ -87,15 +87,22 @@ def advance_decode_run(engine: Engine) -> int:
     held_tokens = []  # KV slots each request holds
     # (``list.append`` called as a method, not bound: Python 3.11 appends such a call inline,
     # while a bound method is called through C, ~55 instructions more a call.)
-    for r in running:
-        remaining = r.max_tokens - r.num_output_tokens
-        if remaining < k_max:
-            k_max = remaining
-        ctx_list.append(r.num_computed_tokens)
+    if block_size == 1:
         # One-token slots (SGLang): the length itself; the product allocates an int object
-        # (lengths past 256 are not cached), per request per run.
-        held = len(tables[r.request_id])
-        held_tokens.append(held if block_size == 1 else held * block_size)
+        # (lengths past 256 are not cached), per request per run: a loop without it.
+        for r in running:
+            remaining = r.max_tokens - r.num_output_tokens
+            if remaining < k_max:
+                k_max = remaining
+            ctx_list.append(r.num_computed_tokens)
+            held_tokens.append(len(tables[r.request_id]))
+    else:
+        for r in running:
+            remaining = r.max_tokens - r.num_output_tokens
+            if remaining < k_max:
+                k_max = remaining
+            ctx_list.append(r.num_computed_tokens)
+            held_tokens.append(len(tables[r.request_id]) * block_size)
     num_context = n + sum(ctx_list)  # integers: the loop's sum, added in C
     k_finish = k_max  # the first finish, if within MAX_RUN
     wake = engine.next_wake(now)

@@ -24,7 +24,15 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     # tokens and ``+ 1``s are added once, after the loop.
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_decodes = num_verifies = 0
     spec_tokens = 0
-    for s in out.scheduled:
+    scheduled = out.scheduled
+    head = out.decode_head
+    if head is not None:
+        # The policy counted its leading decodes as it built them (each samples): the pass
+        # takes the rest, the prompts' chunks as a rule.
+        num_decodes, decode_kv = head
+        num_logits = num_decodes
+        scheduled = scheduled[num_decodes:]
+    for s in scheduled:
         q = s.num_new_tokens
         if q == 1 and not s.num_spec_tokens:
             c = s.num_context_tokens
