@@ -36,7 +36,9 @@ class CudaBackend(TorchBackend):
         # (a decode's context grows a token per step, each prefill chunk has its own length).
         # On an H200 with PyTorch 2.11 the real executor's SDPA calls took 18 ms each on the
         # host, and a W run of the 16.8M-parameter model made 479 tok/s against 1,205 on a
-        # 2-core CPU (scripts/gpu_check.py --profile). Flash / memory-efficient / math remain.
+        # 2-core CPU (scripts/gpu_check.py --profile; 36-46 ms per new shape in
+        # scripts/gpu_sdpa.py). Flash / memory-efficient / math remain. Like the TF32 flags
+        # above, the setting is PyTorch's, process-wide; the run header lists what is left.
         torch.backends.cuda.enable_cudnn_sdp(False)
 
     def decode_attention(self, q: Tensor, k_slots: Tensor, v_slots: Tensor, meta: Any) -> Tensor:
