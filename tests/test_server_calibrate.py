@@ -166,8 +166,13 @@ def test_probes_read_the_servers_own_figures(torch_server: Any, micro_model: Pat
     probe = ServerProbe(torch_server.base_url, "micro", {})
     assert probe.accepts_token_ids(1024)  # tailserve takes token-id prompts as those tokens
     plan = sc.ProbePlan(prefill_lens=(16, 64), decode_shapes=((1, 40), (3, 40)), decode_tokens=8, repeats=2)
-    seen: list[str] = []
-    points = sc.probe_server(probe, Prompts(True, 1024), plan, progress=seen.append)
+    # On a loaded host the server's figures can miss the 2 s a probe waits for them; the probe
+    # then takes the client's (the fallback this test is not about). Up to three tries.
+    for _ in range(3):
+        seen: list[str] = []
+        points = sc.probe_server(probe, Prompts(True, 1024), plan, progress=seen.append)
+        if points[0].source != "client" and points[2].source != "client":
+            break
     assert len(seen) == plan.num_probes
     prefill16, prefill64, decode1, decode3 = points
     # One request at a time: the server's histograms hold the figure, below the client's TTFT.
