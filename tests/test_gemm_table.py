@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
-from tailserve.executors.simulated.gemm_table import calibrated_hardware, load_gemm_table, one_join_time
+from tailserve.executors.simulated.gemm_table import (
+    calibrated_hardware,
+    catalog_gpu,
+    load_gemm_table,
+    one_join_time,
+)
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.precision import get_precision
 
@@ -105,3 +110,21 @@ def test_too_few_model_sized_rows_or_no_bf16(tmp_path):
     path.write_text(json.dumps({"gpu": "x", "rows": [["fp8", 1, 4096, 4096, 1e-5, 1]]}))
     with pytest.raises(ValueError, match="no bf16 rows"):
         calibrated_hardware(load_gemm_table(path), get_hardware("H200"))
+
+
+@pytest.mark.parametrize(
+    "device,entry",
+    [
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA GB200", "GB200"),
+        ("NVIDIA B200", "B200"),
+        ("AMD Instinct MI355X", "MI355X"),
+        ("NVIDIA H100 PCIe", None),  # the catalog's H100 is the SXM part
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_a_cuda_device_name_maps_to_its_catalog_entry(device, entry):
+    assert catalog_gpu(device) == entry

@@ -48,3 +48,23 @@ def test_quick_sweep_on_a_gpu_writes_rows_gemm_calibration_reads(tmp_path):
     assert gpu_gemm.main(["--quick", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert {r[0] for r in rows} >= {"bf16", "quant"} and all(r[4] > 0 for r in rows)
+
+
+def test_after_the_sweep_it_prints_the_curves_for_the_gpu_timed(monkeypatch, capsys, tmp_path):
+    from tests.test_gemm_table import _write
+
+    table = _write(tmp_path, ("bf16", "fp8_row"))
+    out = tmp_path / "timed.json"
+
+    def fake_sweep(argv):  # what the sweep writes on a GPU (an H200's name in it)
+        assert argv[:2] == ["--out", str(out)]
+        out.write_text(table.read_text())
+        return 0
+
+    monkeypatch.setattr(gpu_gemm, "main", fake_sweep)
+    assert cli_main(["calibrate", "--time-gemms", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "note: bf16 GEMM curve fitted to 91 bf16 GEMMs" in text
+    assert "note: fp8 GEMM curve fitted to 91 fp8_row GEMMs" in text
+    # no --hardware given: the GPU timed, not the default A100
+    assert f"price with: --hardware H200 --calibration gemm:{out}" in text

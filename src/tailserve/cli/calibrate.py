@@ -359,11 +359,16 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
 
 def cmd_calibrate_gemms(args: argparse.Namespace) -> int:
     """Time the GPU's GEMMs into ``--time-gemms FILE``, then show the curves ``gemm:FILE`` fits."""
+    from tailserve.executors.simulated.deployment import Deployment
+    from tailserve.executors.simulated.gemm_table import catalog_gpu, load_gemm_table
     from tailserve.fidelity import gpu_gemm
 
     rc = gpu_gemm.main(["--out", args.time_gemms, *(["--dense"] if args.dense else [])])
     if rc:
         return rc
+    timed = catalog_gpu(load_gemm_table(args.time_gemms).gpu)
+    if timed is not None and args.hardware == default_of(Deployment, "hardware"):
+        args.hardware = timed  # no --hardware given: the GPU just timed
     built = build_cost_model(replace(deployment_from(args), calibration=f"gemm:{args.time_gemms}"))
     for note in built.notes:
         print(f"note: {note}")

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tailserve.executors.simulated.gemm import join_array, padded_rows
-from tailserve.executors.simulated.hardware import GemmCurve, Hardware
+from tailserve.executors.simulated.hardware import HARDWARE, GemmCurve, Hardware
 from tailserve.executors.simulated.precision import get_precision
 
 PREFIX = "gemm:"
@@ -130,11 +130,25 @@ def _args(p: dict) -> tuple:
     return p["compute"], p["memory"], p["sharpness"], p["tile_m"], p["gemm_latency"]
 
 
+def catalog_gpu(device_name: str) -> str | None:
+    """The catalog entry a CUDA device name is (``NVIDIA H200`` -> ``H200``, ``NVIDIA H100 80GB
+    HBM3`` -> ``H100-SXM``, ``NVIDIA A100-SXM4-80GB`` -> ``A100-80GB``), or None: the entry whose
+    model token (the name before its first ``-``) is a word of the device's name, and where
+    several are (A100-40GB, A100-80GB), the one whose other parts appear in it too."""
+    name = device_name.lower()
+    words = set(name.replace("-", " ").split())
+    found = [n for n in HARDWARE if n.split("-")[0].lower() in words]
+    if "pcie" in words:  # the catalog's entries are the SXM parts: another peak and bandwidth
+        found = [n for n in found if "pcie" in n.lower()]
+    if len(found) > 1:
+        found = [n for n in found if all(p.lower() in name for p in n.split("-")[1:])]
+    return found[0] if len(found) == 1 else None
+
+
 def calibrated_hardware(table: GemmTable, hardware: Hardware) -> tuple[Hardware, tuple[str, ...]]:
     """``hardware`` with its GEMM curves fitted to the table, and one note per fitted format."""
     notes = []
-    short = hardware.name.split("-")[0].lower()
-    if short not in table.gpu.lower():
+    if catalog_gpu(table.gpu) != hardware.name:
         notes.append(f"the GEMMs were timed on {table.gpu}; their curves are applied to {hardware.name}")
     src = f"{Path(table.path).name} ({table.gpu})"
     kernels = {fmt: next((k for k in names if k in table.rows), None) for fmt, names in FORMAT_ROWS.items()}
