@@ -1,0 +1,161 @@
+"""The adaptive thread count's decision: a state, one window's readings, and a pure ``decide``.
+
+``ThreadController`` (threads.py) closes a window every ``interval_s`` of stepping and hands
+``decide`` what it saw: the cores other processes kept busy (``/proc/stat`` minus its own CPU)
+and how fast its own steps ran against the same batch shapes one thread fewer (``StepTimes``).
+Nothing here reads a clock or ``/proc``, so every path is tested with injected readings
+(``tests/test_thread_policy.py``).
+
+**The load rule (r41), kept.** A core counts as free when others used less than a third of it;
+the count drops at once when others take a core (a thread sharing its core with another process
+makes every parallel region a time slice late) and climbs one thread after two windows in a row
+leave a core free.
+
+**Why the load alone is not enough: a local client.** Others' use is read beside the engine, so
+it cannot tell a competitor from a process whose CPU the engine's own output drives: a benchmark
+client streaming tokens, ``tailserve bench``, the closed loop's calibration probes. On the 2-core
+host such a client used over 2/3 of a core while the engine ran one thread, which the load rule
+reads as a taken core, so once a burst dropped the count it stayed at one thread for good (a
+head-of-line run saw TTFT 2.1 s against ~80 ms). Raising the threshold is not the fix: beside a
+synthetic competitor busy d of a core one thread already beat two from d = 0.3 for decodes
+(docs/fidelity.md, "The probe's own CPU (r41)").
+
+**A bounded upward probe.** Below the cores it may use, with the next core not wholly taken
+(others below ``max - threads - PROBE_MARGIN`` cores: a process busy a whole core reads ~1.0 of
+one and never gets probed), after ``probe_after`` windows the controller runs one thread more for
+a window and compares its steps with the same shapes' times at the count it came from. It keeps
+the extra thread only if steps got faster (median ratio below ``KEEP_BELOW``), else goes back and
+waits twice as long before the next probe (up to ``PROBE_AFTER_MAX`` windows), so a misjudged
+competitor costs one window in ``PROBE_AFTER_MAX`` at most. A count kept by a probe is held
+against the load reading it was proven under: it drops at once when others' use rises
+``RISE`` cores above that reading (a competitor joined) or when a window's steps run no faster
+than the fewer-thread times (``DROP_AT``), and returns to the plain load rule once the load alone
+allows the count. Steps are the ground truth here because the reading is not: on a 2-core host a
+competitor busy a whole core beside two spinning engine threads reads ~2/3 of a core, about what
+a client reads.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, replace
+
+FREE_BELOW = 1 / 3  # others' use of a core under which it counts as free (the r41 load rule)
+RAISE_AFTER = 2  # windows in a row with a core free before one more thread
+PROBE_MARGIN = 0.1  # a probe needs this much of the next core left by others
+PROBE_AFTER = 4  # windows below the cores it may use before the first probe
+PROBE_AFTER_MAX = 64  # the longest wait between probes (windows), after failed ones
+PROBE_WINDOWS_MAX = 3  # a probe that matched too few step shapes is extended this far, then given up
+KEEP_BELOW = 0.95  # a probe keeps its thread when its steps took under this share of the time
+DROP_AT = 1.0  # a held count drops when its steps take at least the fewer-thread time
+RISE = 1 / 3  # cores of others' use above the proven reading that drop a held count
+MIN_MATCHED = 3  # steps of a window matched to a recorded shape for a ratio
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one window showed: the cores other processes kept busy, and the median over its steps
+    of each step's time over the same shape's time at one thread fewer (None: too few matched)."""
+
+    others: float
+    ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadState:
+    threads: int
+    max_threads: int
+    raise_votes: int = 0  # windows in a row the load rule allowed one more thread
+    below: int = 0  # windows in a row in the probe zone (a core not wholly taken)
+    probe_after: int = PROBE_AFTER  # windows in the probe zone before the next probe
+    probing: int = 0  # windows this probe has run (0: not probing)
+    proven_load: float | None = None  # others' use under which a probe kept this count
+    held: int = 0  # windows the probe-kept count has held
+
+
+def load_target(others: float, max_threads: int) -> int:
+    """The count the load rule picks: the cores others leave, a core free under a third used."""
+    return max(1, min(max_threads, math.floor(max_threads - others + 1 - FREE_BELOW)))
+
+
+def decide(s: ThreadState, w: Window) -> ThreadState:
+    """The state after a window that ran at ``s.threads``."""
+    target = load_target(w.others, s.max_threads)
+    if s.probing:
+        if w.ratio is None and s.probing < PROBE_WINDOWS_MAX:
+            return replace(s, probing=s.probing + 1)
+        if w.ratio is not None and w.ratio < KEEP_BELOW:
+            return replace(s, probing=0, proven_load=w.others, held=0)
+        return _give_up(s, s.threads - 1, 2 * s.probe_after)
+    if s.proven_load is not None:
+        if target >= s.threads:  # the load alone allows it now
+            return replace(s, proven_load=None, held=0, raise_votes=0)
+        slower = w.ratio is not None and w.ratio >= DROP_AT
+        if w.others > s.proven_load + RISE or slower:
+            # Held at least as long as it waited: conditions changed, the probe was not wrong.
+            wait = PROBE_AFTER if s.held >= s.probe_after else 2 * s.probe_after
+            return _give_up(s, min(target, s.threads - 1), wait)
+        return replace(s, held=s.held + 1)
+    if target < s.threads:
+        return replace(s, threads=target, raise_votes=0, below=0)
+    if target > s.threads:
+        if s.raise_votes + 1 >= RAISE_AFTER:
+            return replace(s, threads=s.threads + 1, raise_votes=0, below=0)
+        return replace(s, raise_votes=s.raise_votes + 1, below=0)
+    if s.threads >= s.max_threads:
+        return replace(s, raise_votes=0, below=0, probe_after=PROBE_AFTER)
+    if w.others >= s.max_threads - s.threads - PROBE_MARGIN:  # the next core is taken
+        return replace(s, raise_votes=0, below=0)
+    if s.below + 1 >= s.probe_after:
+        return replace(s, threads=s.threads + 1, raise_votes=0, below=0, probing=1)
+    return replace(s, raise_votes=0, below=s.below + 1)
+
+
+def _give_up(s: ThreadState, threads: int, wait: int) -> ThreadState:
+    """Back to ``threads`` under the load rule, the next probe after ``wait`` windows (capped)."""
+    return replace(
+        s, threads=max(1, threads), probing=0, proven_load=None, held=0, below=0, raise_votes=0,
+        probe_after=min(PROBE_AFTER_MAX, wait),
+    )  # fmt: skip
+
+
+Shape = tuple[int, int, int]
+
+
+def step_shape(num_new_tokens: list[int], num_context_tokens: list[int]) -> Shape:
+    """A step's batch shape for comparing its time: its rows, its new tokens, and its context
+    within a factor of two (attention's share grows with it; decodes add a token a step)."""
+    return (len(num_new_tokens), sum(num_new_tokens), sum(num_context_tokens).bit_length())
+
+
+class StepTimes:
+    """Recent step times per (thread count, shape), and the ratio ``Window.ratio`` reports."""
+
+    def __init__(self, per_shape: int = 8, max_shapes: int = 256) -> None:
+        self.per_shape = per_shape
+        self.max_shapes = max_shapes
+        self._times: dict[tuple[int, Shape], deque[float]] = {}
+        self._ratios: list[float] = []
+
+    def add(self, threads: int, shape: Shape, seconds: float) -> None:
+        fewer = self._times.get((threads - 1, shape))
+        if fewer:
+            self._ratios.append(seconds / statistics.median(fewer))
+        key = (threads, shape)
+        times = self._times.get(key)
+        if times is None:
+            if len(self._times) >= self.max_shapes:
+                del self._times[next(iter(self._times))]  # the oldest shape
+            times = self._times[key] = deque(maxlen=self.per_shape)
+        times.append(seconds)
+
+    def recorded(self, threads: int) -> dict[Shape, int]:
+        """How many recent times each shape holds at ``threads``."""
+        return {shape: len(t) for (n, shape), t in self._times.items() if n == threads}
+
+    def close_window(self) -> float | None:
+        """The median ratio of this window's steps (None under ``MIN_MATCHED``); starts the next."""
+        ratios, self._ratios = self._ratios, []
+        return statistics.median(ratios) if len(ratios) >= MIN_MATCHED else None

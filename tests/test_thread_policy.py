@@ -1,0 +1,219 @@
+"""The adaptive thread count's decision (executors/pytorch/thread_policy.py) with injected
+readings: others' CPU use per window and the controller's own step times, no wall clock.
+
+The worlds below are a 2-core host. A local client's CPU use follows the engine's output (it
+reads more beside one engine thread than beside two); a competitor keeps a core busy whatever
+the engine does. Figures are the shapes of r41's readings, not measurements."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+
+from tailserve.executors.pytorch.thread_policy import (
+    MIN_MATCHED,
+    PROBE_AFTER,
+    PROBE_AFTER_MAX,
+    StepTimes,
+    ThreadState,
+    Window,
+    decide,
+    load_target,
+    step_shape,
+)
+from tailserve.executors.pytorch.threads import CpuSample, ThreadController
+
+
+@dataclass
+class World:
+    """Others' use of the cores and one decode step's time, each by the engine's thread count."""
+
+    others: dict[int, float]
+    step_s: dict[int, float]
+
+
+CLIENT = World(others={1: 0.8, 2: 0.55}, step_s={1: 0.010, 2: 0.006})  # two threads win
+# A client that reads over 2/3 of a core beside two threads too: only the probe's hold keeps them.
+HEAVY_CLIENT = World(others={1: 0.85, 2: 0.75}, step_s={1: 0.010, 2: 0.006})
+COMPETITOR = World(others={1: 1.0, 2: 0.67}, step_s={1: 0.010, 2: 0.030})  # a core taken
+QUIET = World(others={1: 0.0, 2: 0.0}, step_s={1: 0.010, 2: 0.006})
+
+
+class Engine:
+    """A ThreadController stepped through windows of a world, on fake clocks."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, record_steps: bool = True) -> None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        self.t = self.busy = self.own = self.step_t = 0.0
+        self.record_steps = record_steps
+        self.c = ThreadController(
+            max_threads=2, set_threads=lambda n: None, sample=self.sample, pin=False,
+            clock=lambda: self.t, step_clock=lambda: self.step_t,
+        )  # fmt: skip
+        self.history: list[int] = []
+
+    def sample(self) -> CpuSample:
+        return CpuSample(self.t, self.busy, self.own)
+
+    def window(self, world: World, steps: int = 10, batch: int = 8) -> None:
+        """One 0.5 s window: ``steps`` decode steps of ``batch`` rows at the current count, then
+        the window's CPU readings."""
+        n = self.c.threads
+        for _ in range(steps):
+            self.c.begin_step()
+            self.step_t += world.step_s[n]
+            self.c.end_step(step_shape([1] * batch, [100] * batch) if self.record_steps else None)
+        self.t += 0.5
+        self.busy += 0.5 * (world.others[n] + n)
+        self.own += 0.5 * n
+        self.c.update_from(self.sample())
+        self.history.append(self.c.threads)
+
+    def run(self, world: World, windows: int) -> list[int]:
+        start = len(self.history)
+        for _ in range(windows):
+            self.window(world)
+        return self.history[start:]
+
+
+def test_the_load_rule_alone_is_bistable_beside_a_client() -> None:
+    # The r41 defect: each count is the load rule's own choice under the reading it causes.
+    assert load_target(CLIENT.others[1], 2) == 1
+    assert load_target(CLIENT.others[2], 2) == 2
+
+
+def test_without_step_times_a_burst_leaves_it_at_one_thread_beside_a_client(monkeypatch) -> None:
+    e = Engine(monkeypatch, record_steps=False)
+    e.run(COMPETITOR, 1)  # a burst of other work
+    history = e.run(CLIENT, 200)
+    # Probes cannot show a gain without step times: at two threads only while probing, backing off.
+    assert history.count(2) <= 3 * 6 and history[-PROBE_AFTER_MAX:].count(2) <= 3
+
+
+def test_a_probe_recovers_two_threads_beside_a_client(monkeypatch) -> None:
+    e = Engine(monkeypatch)
+    e.run(CLIENT, 3)
+    assert e.c.threads == 2  # started at two: the client's reading there allows them
+    e.run(COMPETITOR, 1)
+    assert e.c.threads == 1  # a burst: dropped at once
+    history = e.run(CLIENT, 200)
+    # Probed after PROBE_AFTER windows at one thread, kept, and no flapping under the steady client.
+    assert history[:PROBE_AFTER] == [1] * (PROBE_AFTER - 1) + [2]
+    assert set(history[PROBE_AFTER - 1 :]) == {2}
+    assert e.c.num_changes == 2  # the drop and the probe
+
+
+def test_a_probe_holds_two_threads_beside_a_client_the_load_rule_would_drop_them_for(monkeypatch) -> None:
+    assert load_target(HEAVY_CLIENT.others[2], 2) == 1
+    e = Engine(monkeypatch)
+    first = e.run(HEAVY_CLIENT, 200)
+    assert first[: PROBE_AFTER + 1] == [1] * PROBE_AFTER + [2]  # dropped, then probed
+    assert set(first[PROBE_AFTER:]) == {2} and e.c.num_changes == 2  # held: no flapping
+    assert e.c.state.proven_load == pytest.approx(HEAVY_CLIENT.others[2])
+
+
+def test_a_steady_competitor_drops_it_at_once_and_is_never_probed(monkeypatch) -> None:
+    e = Engine(monkeypatch)
+    history = e.run(COMPETITOR, 200)
+    assert history[0] == 1 and set(history) == {1}
+    assert e.c.num_changes == 1
+
+
+def test_a_probe_beside_a_misread_competitor_goes_back_and_backs_off(monkeypatch) -> None:
+    # A competitor that reads under a whole core at one thread: probed, two threads run slower,
+    # so the count goes back at once and each next probe waits twice as long.
+    world = World(others={1: 0.85, 2: 0.7}, step_s={1: 0.010, 2: 0.030})
+    e = Engine(monkeypatch)
+    history = e.run(world, 300)
+    assert history[0] == 1
+    probes = [i for i in range(1, len(history)) if history[i] == 2]
+    assert all(history[i + 1] == 1 for i in probes if i + 1 < len(history))  # one window each
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[:4] == [9, 17, 33, 65] and set(gaps[4:]) <= {65}  # 2x the wait, capped
+    assert e.c.state.probe_after == PROBE_AFTER_MAX
+
+
+def test_a_held_count_drops_at_once_when_a_competitor_joins(monkeypatch) -> None:
+    e = Engine(monkeypatch)
+    e.run(HEAVY_CLIENT, PROBE_AFTER + 5)
+    assert e.c.state.proven_load is not None and e.c.threads == 2
+    # A competitor beside two threads and the client reads no more than the client's proven 0.75
+    # plus 1/3 (the host is saturated): the steps, slower than at one thread, drop it.
+    both = World(others={1: 1.6, 2: 0.9}, step_s={1: 0.012, 2: 0.030})
+    assert e.run(both, 1) == [1]
+    assert set(e.run(both, 100)) == {1}  # and it stays down: a core is taken
+
+
+def test_a_held_count_drops_at_once_on_a_load_rise_without_step_times(monkeypatch) -> None:
+    s = ThreadState(threads=2, max_threads=2, proven_load=0.5, held=10)
+    s = decide(s, Window(others=0.7))
+    assert s.threads == 2 and s.held == 11  # within the proven reading: held
+    s = decide(s, Window(others=0.9))
+    assert s.threads == 1 and s.proven_load is None  # 0.4 cores above it: dropped
+
+
+def test_a_held_count_returns_to_the_load_rule_when_the_client_stops(monkeypatch) -> None:
+    e = Engine(monkeypatch)
+    e.run(HEAVY_CLIENT, PROBE_AFTER + 3)
+    assert e.c.state.proven_load is not None
+    e.run(QUIET, 1)
+    assert e.c.threads == 2 and e.c.state.proven_load is None
+    assert e.run(COMPETITOR, 1) == [1]  # the load rule again: drops on the reading alone
+
+
+def test_a_probe_extends_while_no_step_shape_matches_then_gives_up() -> None:
+    s = ThreadState(threads=2, max_threads=2, probing=1)
+    s = decide(s, Window(others=0.6, ratio=None))
+    assert s.threads == 2 and s.probing == 2
+    s = decide(s, Window(others=0.6, ratio=None))
+    s = decide(s, Window(others=0.6, ratio=None))
+    assert s.threads == 1 and s.probing == 0 and s.probe_after == 2 * PROBE_AFTER
+
+
+def test_a_long_hold_ended_by_slower_steps_probes_again_soon_a_short_one_waits_longer() -> None:
+    long_hold = ThreadState(
+        threads=2, max_threads=2, proven_load=0.5, held=PROBE_AFTER, probe_after=PROBE_AFTER
+    )
+    assert load_target(0.7, 2) == 1  # the load rule alone would not hold two threads
+    s = decide(long_hold, Window(0.7, ratio=1.2))
+    assert s.threads == 1 and s.probe_after == PROBE_AFTER
+    short = ThreadState(threads=2, max_threads=2, proven_load=0.5, held=1, probe_after=16)
+    assert decide(short, Window(0.7, ratio=1.2)).probe_after == 32
+
+
+def test_step_times_ratio_needs_matched_shapes() -> None:
+    times = StepTimes(per_shape=4, max_shapes=3)
+    a, b, c = step_shape([1, 1], [10, 20]), step_shape([1, 1], [300, 400]), step_shape([64], [0])
+    assert a == (2, 2, 5) and b == (2, 2, 10) and c == (1, 64, 0)
+    for _ in range(3):
+        times.add(1, a, 0.010)
+    assert times.close_window() is None  # nothing at one thread fewer
+    for _ in range(MIN_MATCHED - 1):
+        times.add(2, a, 0.005)
+    times.add(2, b, 0.005)  # a shape never seen at one thread: not matched
+    assert times.close_window() is None
+    for _ in range(MIN_MATCHED):
+        times.add(2, a, 0.008)
+    assert times.close_window() == pytest.approx(0.8)
+    times.add(1, c, 0.1)  # a third shape: the oldest, (1, a), is forgotten
+    times.add(2, a, 0.005)
+    times.add(2, a, 0.005)
+    times.add(2, a, 0.005)
+    assert times.close_window() is None
+
+
+def test_the_torch_executor_times_each_step_at_its_shape(tmp_path, monkeypatch) -> None:
+    from tailserve.llm import LLM, SamplingParams
+    from torch_helpers import micro_model
+
+    e = Engine(monkeypatch)
+    llm = LLM(str(micro_model(tmp_path)), dtype="float32", kv_cache_memory_gib=0.002)
+    llm.engine.stop_checker.inner.threads = e.c  # an adaptive controller on fake clocks
+    prompts = [[1, *range(5, 5 + n)] for n in (7, 20)]
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=4, ignore_eos=True))
+    recorded = e.c.steps.recorded(2)
+    # One prefill step of both prompts (8 + 21 tokens), then three decode steps of two rows.
+    assert recorded[step_shape([8, 21], [0, 0])] == 1
+    assert sum(n for (rows, new, _), n in recorded.items() if rows == new == 2) == 3
