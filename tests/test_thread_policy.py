@@ -183,25 +183,40 @@ def test_a_long_hold_ended_by_slower_steps_probes_again_soon_a_short_one_waits_l
     assert decide(short, Window(0.7, ratio=1.2)).probe_after == 32
 
 
-def test_step_times_ratio_needs_matched_shapes() -> None:
-    times = StepTimes(per_shape=4, max_shapes=3)
-    a, b, c = step_shape([1, 1], [10, 20]), step_shape([1, 1], [300, 400]), step_shape([64], [0])
-    assert a == (2, 2, 5) and b == (2, 2, 10) and c == (1, 64, 0)
+def test_step_shapes_are_exact_when_small_and_within_a_quarter_octave_above() -> None:
+    assert step_shape([1, 1], [10, 20]) == (2, 2, 5)
+    assert (
+        step_shape([1] * 9, [300] * 9) == step_shape([1] * 8, [300] * 8) != step_shape([1] * 10, [300] * 10)
+    )
+    assert step_shape([1] * 8 + [1800], [0] * 9) == step_shape([1] * 7 + [1800], [0] * 8)
+    assert step_shape([1] * 4 + [1800], [0] * 5) != step_shape([1] * 4 + [1200], [0] * 5)
+    assert step_shape([64], [0]) == (1, 7 * 4 + 0, 0)  # one row of 64 tokens: 2**6, next bits 00
+
+
+def test_step_times_ratio_weighs_steps_by_their_time_and_needs_matched_shapes() -> None:
+    times = StepTimes(per_shape=4, max_shapes=4)
+    decode, prefill, other = (
+        step_shape([1, 1], [10, 20]),
+        step_shape([512], [0]),
+        step_shape([1, 1], [300, 400]),
+    )
     for _ in range(3):
-        times.add(1, a, 0.010)
+        times.add(1, decode, 0.010)
+    times.add(1, prefill, 0.200)
     assert times.close_window() is None  # nothing at one thread fewer
     for _ in range(MIN_MATCHED - 1):
-        times.add(2, a, 0.005)
-    times.add(2, b, 0.005)  # a shape never seen at one thread: not matched
+        times.add(2, decode, 0.005)
+    times.add(2, other, 0.005)  # a shape never seen at one thread: not matched
     assert times.close_window() is None
     for _ in range(MIN_MATCHED):
-        times.add(2, a, 0.008)
-    assert times.close_window() == pytest.approx(0.8)
-    times.add(1, c, 0.1)  # a third shape: the oldest, (1, a), is forgotten
-    times.add(2, a, 0.005)
-    times.add(2, a, 0.005)
-    times.add(2, a, 0.005)
+        times.add(2, decode, 0.012)  # decodes 1.2x slower on two threads
+    times.add(2, prefill, 0.110)  # the prefill 0.55x
+    assert times.close_window() == pytest.approx((3 * 0.012 + 0.110) / (3 * 0.010 + 0.200))
+    times.add(1, step_shape([64], [0]), 0.1)  # a new shape: the oldest, (1, decode), is forgotten
+    for _ in range(MIN_MATCHED):
+        times.add(2, decode, 0.005)
     assert times.close_window() is None
+    assert times.recorded(2) == {decode: 4, other: 1, prefill: 1}
 
 
 def test_the_torch_executor_times_each_step_at_its_shape(tmp_path, monkeypatch) -> None:

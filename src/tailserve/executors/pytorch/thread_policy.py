@@ -15,8 +15,8 @@ leave a core free.
 it cannot tell a competitor from a process whose CPU the engine's own output drives: a benchmark
 client streaming tokens, ``tailserve bench``, the closed loop's calibration probes. On the 2-core
 host such a client used over 2/3 of a core while the engine ran one thread, which the load rule
-reads as a taken core, so once a burst dropped the count it stayed at one thread for good (a
-head-of-line run saw TTFT 2.1 s against ~80 ms). Raising the threshold is not the fix: beside a
+reads as a taken core, so once a burst dropped the count it stayed at one thread for good (r41
+reported a head-of-line run at TTFT 2.1 s against ~80 ms). Raising the threshold is not the fix: beside a
 synthetic competitor busy d of a core one thread already beat two from d = 0.3 for decodes
 (docs/fidelity.md, "The probe's own CPU (r41)").
 
@@ -24,15 +24,15 @@ synthetic competitor busy d of a core one thread already beat two from d = 0.3 f
 (others below ``max - threads - PROBE_MARGIN`` cores: a process busy a whole core reads ~1.0 of
 one and never gets probed), after ``probe_after`` windows the controller runs one thread more for
 a window and compares its steps with the same shapes' times at the count it came from. It keeps
-the extra thread only if steps got faster (median ratio below ``KEEP_BELOW``), else goes back and
+the extra thread only if steps got faster (time ratio below ``KEEP_BELOW``), else goes back and
 waits twice as long before the next probe (up to ``PROBE_AFTER_MAX`` windows), so a misjudged
 competitor costs one window in ``PROBE_AFTER_MAX`` at most. A count kept by a probe is held
 against the load reading it was proven under: it drops at once when others' use rises
 ``RISE`` cores above that reading (a competitor joined) or when a window's steps run no faster
 than the fewer-thread times (``DROP_AT``), and returns to the plain load rule once the load alone
 allows the count. Steps are the ground truth here because the reading is not: on a 2-core host a
-competitor busy a whole core beside two spinning engine threads reads ~2/3 of a core, about what
-a client reads.
+competitor busy a whole core beside two busy engine threads gets a fair share of two cores among
+three threads, so it can read as little as 2/3 of a core, what a client may read too.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ MIN_MATCHED = 3  # steps of a window matched to a recorded shape for a ratio
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """What one window showed: the cores other processes kept busy, and the median over its steps
-    of each step's time over the same shape's time at one thread fewer (None: too few matched)."""
+    """What one window showed: the cores other processes kept busy, and its steps' time over the
+    same shapes' time at one thread fewer (``StepTimes``; None: too few steps matched)."""
 
     others: float
     ratio: float | None = None
@@ -124,25 +124,46 @@ def _give_up(s: ThreadState, threads: int, wait: int) -> ThreadState:
 Shape = tuple[int, int, int]
 
 
+def _quarter_octave(n: int) -> int:
+    """``n`` exactly below 8, else its power of two and the next two bits (within 25%)."""
+    if n < 8:
+        return n
+    b = n.bit_length()
+    return 4 * b + ((n >> (b - 3)) & 3)
+
+
 def step_shape(num_new_tokens: list[int], num_context_tokens: list[int]) -> Shape:
-    """A step's batch shape for comparing its time: its rows, its new tokens, and its context
+    """A step's batch shape for comparing its time: its rows and its new tokens, each within a
+    quarter octave (a prefill chunk's length varies with the decodes beside it), and its context
     within a factor of two (attention's share grows with it; decodes add a token a step)."""
-    return (len(num_new_tokens), sum(num_new_tokens), sum(num_context_tokens).bit_length())
+    return (
+        _quarter_octave(len(num_new_tokens)),
+        _quarter_octave(sum(num_new_tokens)),
+        sum(num_context_tokens).bit_length(),
+    )
 
 
 class StepTimes:
-    """Recent step times per (thread count, shape), and the ratio ``Window.ratio`` reports."""
+    """Recent step times per (thread count, shape), and the ratio ``Window.ratio`` reports: a
+    window's matched steps' total time over the total of their shapes' median times at one
+    thread fewer. Weighted by time, not a median of per-step ratios: one long prefill step
+    (compute-bound, faster on more threads) counts for the many short decode steps (on the
+    2-core VM, r42's head-of-line runs, a window's median per-step ratio of two threads against
+    one was 1.01-1.76, while TTFT p50 halved on two) it outweighs in the requests' latency."""
 
     def __init__(self, per_shape: int = 8, max_shapes: int = 256) -> None:
         self.per_shape = per_shape
         self.max_shapes = max_shapes
         self._times: dict[tuple[int, Shape], deque[float]] = {}
-        self._ratios: list[float] = []
+        self._spent = self._before = 0.0  # this window's matched steps: their time, the fewer-thread one
+        self._matched = 0
 
     def add(self, threads: int, shape: Shape, seconds: float) -> None:
         fewer = self._times.get((threads - 1, shape))
         if fewer:
-            self._ratios.append(seconds / statistics.median(fewer))
+            self._spent += seconds
+            self._before += statistics.median(fewer)
+            self._matched += 1
         key = (threads, shape)
         times = self._times.get(key)
         if times is None:
@@ -156,6 +177,8 @@ class StepTimes:
         return {shape: len(t) for (n, shape), t in self._times.items() if n == threads}
 
     def close_window(self) -> float | None:
-        """The median ratio of this window's steps (None under ``MIN_MATCHED``); starts the next."""
-        ratios, self._ratios = self._ratios, []
-        return statistics.median(ratios) if len(ratios) >= MIN_MATCHED else None
+        """This window's ratio (None under ``MIN_MATCHED`` matched steps); starts the next."""
+        ratio = self._spent / self._before if self._matched >= MIN_MATCHED and self._before > 0 else None
+        self._spent = self._before = 0.0
+        self._matched = 0
+        return ratio
