@@ -16,6 +16,7 @@ from tailserve.executors.pytorch.thread_policy import (
     MIN_MATCHED,
     PROBE_AFTER,
     PROBE_AFTER_MAX,
+    SPAN,
     StepTimes,
     ThreadState,
     Window,
@@ -84,12 +85,20 @@ def test_the_load_rule_alone_is_bistable_beside_a_client() -> None:
     assert load_target(CLIENT.others[2], 2) == 2
 
 
+def _runs(history: list[int]) -> list[tuple[int, int]]:
+    """(count, windows) for each run of equal counts."""
+    return [(n, len(list(g))) for n, g in itertools.groupby(history)]
+
+
 def test_without_step_times_a_burst_leaves_it_at_one_thread_beside_a_client(monkeypatch) -> None:
     e = Engine(monkeypatch, record_steps=False)
     e.run(COMPETITOR, 1)  # a burst of other work
-    history = e.run(CLIENT, 200)
-    # Probes cannot show a gain without step times: at two threads only while probing, backing off.
-    assert history.count(2) <= 3 * 6 and history[-PROBE_AFTER_MAX:].count(2) <= 3
+    history = e.run(CLIENT, 300)
+    # Probes cannot show a gain without step times: two threads only while a probe runs (extended
+    # to 2 spans for want of matched steps), each given up, the waits between them doubling.
+    runs = _runs(history)[:-1]  # the last run may be cut short
+    assert all(k == 2 * SPAN for n, k in runs if n == 2)
+    assert [k for n, k in runs if n == 1][:5] == [PROBE_AFTER - 1, 8, 16, 32, 64]
 
 
 def test_a_probe_recovers_two_threads_beside_a_client(monkeypatch) -> None:
@@ -123,16 +132,16 @@ def test_a_steady_competitor_drops_it_at_once_and_is_never_probed(monkeypatch) -
 
 def test_a_probe_beside_a_misread_competitor_goes_back_and_backs_off(monkeypatch) -> None:
     # A competitor that reads under a whole core at one thread: probed, two threads run slower,
-    # so the count goes back at once and each next probe waits twice as long.
+    # so the count goes back after the probe's span and each next probe waits twice as long.
     world = World(others={1: 0.85, 2: 0.7}, step_s={1: 0.010, 2: 0.030})
     e = Engine(monkeypatch)
     history = e.run(world, 300)
     assert history[0] == 1
-    probes = [i for i in range(1, len(history)) if history[i] == 2]
-    assert all(history[i + 1] == 1 for i in probes if i + 1 < len(history))  # one window each
-    gaps = [b - a for a, b in itertools.pairwise(probes)]
-    assert gaps[:4] == [9, 17, 33, 65] and set(gaps[4:]) <= {65}  # 2x the wait, capped
-    assert e.c.state.probe_after == PROBE_AFTER_MAX
+    runs = _runs(history)
+    assert all(k == SPAN for n, k in runs[:-1] if n == 2)  # one span each
+    waits = [k for n, k in runs[:-1] if n == 1]
+    assert waits[:5] == [PROBE_AFTER, 8, 16, 32, 64] and set(waits[4:]) == {PROBE_AFTER_MAX}
+    assert history.count(2) <= SPAN * 8  # a failed probe costs SPAN windows in PROBE_AFTER_MAX
 
 
 def test_a_held_count_drops_at_once_when_a_competitor_joins(monkeypatch) -> None:
@@ -146,7 +155,7 @@ def test_a_held_count_drops_at_once_when_a_competitor_joins(monkeypatch) -> None
     assert set(e.run(both, 100)) == {1}  # and it stays down: a core is taken
 
 
-def test_a_held_count_drops_at_once_on_a_load_rise_without_step_times(monkeypatch) -> None:
+def test_a_held_count_drops_at_once_on_a_load_rise_without_step_times() -> None:
     s = ThreadState(threads=2, max_threads=2, proven_load=0.5, held=10)
     s = decide(s, Window(others=0.7))
     assert s.threads == 2 and s.held == 11  # within the proven reading: held
@@ -156,7 +165,7 @@ def test_a_held_count_drops_at_once_on_a_load_rise_without_step_times(monkeypatc
 
 def test_a_held_count_returns_to_the_load_rule_when_the_client_stops(monkeypatch) -> None:
     e = Engine(monkeypatch)
-    e.run(HEAVY_CLIENT, PROBE_AFTER + 3)
+    e.run(HEAVY_CLIENT, PROBE_AFTER + SPAN + 2)
     assert e.c.state.proven_load is not None
     e.run(QUIET, 1)
     assert e.c.threads == 2 and e.c.state.proven_load is None
@@ -165,22 +174,34 @@ def test_a_held_count_returns_to_the_load_rule_when_the_client_stops(monkeypatch
 
 def test_a_probe_extends_while_no_step_shape_matches_then_gives_up() -> None:
     s = ThreadState(threads=2, max_threads=2, probing=1)
-    s = decide(s, Window(others=0.6, ratio=None))
-    assert s.threads == 2 and s.probing == 2
-    s = decide(s, Window(others=0.6, ratio=None))
-    s = decide(s, Window(others=0.6, ratio=None))
+    for _ in range(SPAN):
+        s = decide(s, Window(others=0.6))
+    assert s.threads == 2 and s.probing == SPAN + 1  # a span without matched steps: extended
+    for _ in range(SPAN):
+        s = decide(s, Window(others=0.6))
     assert s.threads == 1 and s.probing == 0 and s.probe_after == 2 * PROBE_AFTER
 
 
-def test_a_long_hold_ended_by_slower_steps_probes_again_soon_a_short_one_waits_longer() -> None:
-    long_hold = ThreadState(
-        threads=2, max_threads=2, proven_load=0.5, held=PROBE_AFTER, probe_after=PROBE_AFTER
-    )
+def test_a_probe_keeps_the_thread_on_the_span_s_total_time() -> None:
+    # Three windows of decodes 1.3x slower and one with a prefill 0.5x: 2 s of work took less.
+    s = ThreadState(threads=2, max_threads=2, probing=1)
+    for w in [Window(0.7, 0.013, 0.010, 5)] * 3 + [Window(0.9, 0.210, 0.400, 6)]:
+        s = decide(s, w)
+    assert s.threads == 2 and s.probing == 0 and s.proven_load == pytest.approx(0.75)
+
+
+def test_a_held_count_drops_after_a_slower_span_or_at_once_on_a_much_slower_window() -> None:
     assert load_target(0.7, 2) == 1  # the load rule alone would not hold two threads
-    s = decide(long_hold, Window(0.7, ratio=1.2))
+    slower = Window(0.7, 0.012, 0.010, 5)
+    s = ThreadState(threads=2, max_threads=2, proven_load=0.6, held=PROBE_AFTER, probe_after=PROBE_AFTER)
+    for _ in range(SPAN - 1):
+        s = decide(s, slower)
+    assert s.threads == 2
+    s = decide(s, slower)  # the span's steps ran 1.2x: dropped; held long, so probed again soon
     assert s.threads == 1 and s.probe_after == PROBE_AFTER
-    short = ThreadState(threads=2, max_threads=2, proven_load=0.5, held=1, probe_after=16)
-    assert decide(short, Window(0.7, ratio=1.2)).probe_after == 32
+    short = ThreadState(threads=2, max_threads=2, proven_load=0.6, held=1, probe_after=16)
+    s = decide(short, Window(0.7, 0.030, 0.010, 5))  # 3x in one window: at once
+    assert s.threads == 1 and s.probe_after == 32
 
 
 def test_step_shapes_are_exact_when_small_and_within_a_quarter_octave_above() -> None:
@@ -203,19 +224,20 @@ def test_step_times_ratio_weighs_steps_by_their_time_and_needs_matched_shapes() 
     for _ in range(3):
         times.add(1, decode, 0.010)
     times.add(1, prefill, 0.200)
-    assert times.close_window() is None  # nothing at one thread fewer
+    assert times.close_window(0.0).ratio is None  # nothing at one thread fewer
     for _ in range(MIN_MATCHED - 1):
         times.add(2, decode, 0.005)
     times.add(2, other, 0.005)  # a shape never seen at one thread: not matched
-    assert times.close_window() is None
+    assert times.close_window(0.0).ratio is None
     for _ in range(MIN_MATCHED):
         times.add(2, decode, 0.012)  # decodes 1.2x slower on two threads
     times.add(2, prefill, 0.110)  # the prefill 0.55x
-    assert times.close_window() == pytest.approx((3 * 0.012 + 0.110) / (3 * 0.010 + 0.200))
+    window = times.close_window(0.5)
+    assert window.ratio == pytest.approx((3 * 0.012 + 0.110) / (3 * 0.010 + 0.200)) and window.others == 0.5
     times.add(1, step_shape([64], [0]), 0.1)  # a new shape: the oldest, (1, decode), is forgotten
     for _ in range(MIN_MATCHED):
         times.add(2, decode, 0.005)
-    assert times.close_window() is None
+    assert times.close_window(0.0).ratio is None
     assert times.recorded(2) == {decode: 4, other: 1, prefill: 1}
 
 

@@ -23,14 +23,15 @@ synthetic competitor busy d of a core one thread already beat two from d = 0.3 f
 **A bounded upward probe.** Below the cores it may use, with the next core not wholly taken
 (others below ``max - threads - PROBE_MARGIN`` cores: a process busy a whole core reads ~1.0 of
 one and never gets probed), after ``probe_after`` windows the controller runs one thread more for
-a window and compares its steps with the same shapes' times at the count it came from. It keeps
-the extra thread only if steps got faster (time ratio below ``KEEP_BELOW``), else goes back and
-waits twice as long before the next probe (up to ``PROBE_AFTER_MAX`` windows), so a misjudged
-competitor costs one window in ``PROBE_AFTER_MAX`` at most. A count kept by a probe is held
-against the load reading it was proven under: it drops at once when others' use rises
-``RISE`` cores above that reading (a competitor joined) or when a window's steps run no faster
-than the fewer-thread times (``DROP_AT``), and returns to the plain load rule once the load alone
-allows the count. Steps are the ground truth here because the reading is not: on a 2-core host a
+``SPAN`` windows (2 s) and compares its steps with the same shapes' times at the count it came
+from. It keeps the extra thread only if steps got faster (their total time under ``KEEP_BELOW``
+of the fewer-thread time), else goes back and waits twice as long before the next probe (up to
+``PROBE_AFTER_MAX`` windows), so a misjudged competitor costs ``SPAN`` windows in
+``PROBE_AFTER_MAX`` at most. A count kept by a probe is held against the mean load reading it was
+proven under: it drops at once when others' use rises ``RISE`` cores above that reading (a
+competitor joined) or a window's steps take ``DROP_NOW_AT`` times the fewer-thread time, and
+after a span whose steps ran no faster (``DROP_AT``); it returns to the plain load rule once the
+load alone allows the count. Steps are the ground truth here because the reading is not: on a 2-core host a
 competitor busy a whole core beside two busy engine threads gets a fair share of two cores among
 three threads, so it can read as little as 2/3 of a core, what a client may read too.
 """
@@ -47,20 +48,33 @@ RAISE_AFTER = 2  # windows in a row with a core free before one more thread
 PROBE_MARGIN = 0.1  # a probe needs this much of the next core left by others
 PROBE_AFTER = 4  # windows below the cores it may use before the first probe
 PROBE_AFTER_MAX = 64  # the longest wait between probes (windows), after failed ones
-PROBE_WINDOWS_MAX = 3  # a probe that matched too few step shapes is extended this far, then given up
+# Windows a probe runs, and a held count's steps are judged over: 2 s, so the few long prefill
+# steps of a mixed load (one every 2 s in the closed loop's hol) are in the sum beside the decodes.
+SPAN = 4
 KEEP_BELOW = 0.95  # a probe keeps its thread when its steps took under this share of the time
-DROP_AT = 1.0  # a held count drops when its steps take at least the fewer-thread time
+DROP_AT = 1.0  # a held count drops when its steps over a span take at least the fewer-thread time
+DROP_NOW_AT = 2.5  # ... or at once when one window's do this (a late thread costs ~10x)
 RISE = 1 / 3  # cores of others' use above the proven reading that drop a held count
-MIN_MATCHED = 3  # steps of a window matched to a recorded shape for a ratio
+MIN_MATCHED = 3  # steps matched to a recorded shape for a ratio
 
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """What one window showed: the cores other processes kept busy, and its steps' time over the
-    same shapes' time at one thread fewer (``StepTimes``; None: too few steps matched)."""
+    """What one window showed: the cores other processes kept busy, and its steps matched to a
+    shape recorded at one thread fewer (``StepTimes``): their time, that time, how many."""
 
     others: float
-    ratio: float | None = None
+    spent: float = 0.0
+    before: float = 0.0
+    matched: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        return _ratio(self.spent, self.before, self.matched)
+
+
+def _ratio(spent: float, before: float, matched: int) -> float | None:
+    return spent / before if matched >= MIN_MATCHED and before > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,11 @@ class ThreadState:
     probing: int = 0  # windows this probe has run (0: not probing)
     proven_load: float | None = None  # others' use under which a probe kept this count
     held: int = 0  # windows the probe-kept count has held
+    # The current probe's or hold span's matched steps (``Window``'s sums) and others' use.
+    spent: float = 0.0
+    before: float = 0.0
+    matched: int = 0
+    others: float = 0.0
 
 
 def load_target(others: float, max_threads: int) -> int:
@@ -84,20 +103,28 @@ def decide(s: ThreadState, w: Window) -> ThreadState:
     """The state after a window that ran at ``s.threads``."""
     target = load_target(w.others, s.max_threads)
     if s.probing:
-        if w.ratio is None and s.probing < PROBE_WINDOWS_MAX:
+        s = _add(s, w)
+        if s.probing < SPAN or (s.matched < MIN_MATCHED and s.probing < 2 * SPAN):
             return replace(s, probing=s.probing + 1)
-        if w.ratio is not None and w.ratio < KEEP_BELOW:
-            return replace(s, probing=0, proven_load=w.others, held=0)
+        ratio = _ratio(s.spent, s.before, s.matched)
+        if ratio is not None and ratio < KEEP_BELOW:
+            return _cleared(replace(s, probing=0, proven_load=s.others / s.probing, held=0))
         return _give_up(s, s.threads - 1, 2 * s.probe_after)
     if s.proven_load is not None:
         if target >= s.threads:  # the load alone allows it now
-            return replace(s, proven_load=None, held=0, raise_votes=0)
-        slower = w.ratio is not None and w.ratio >= DROP_AT
-        if w.others > s.proven_load + RISE or slower:
-            # Held at least as long as it waited: conditions changed, the probe was not wrong.
-            wait = PROBE_AFTER if s.held >= s.probe_after else 2 * s.probe_after
+            return _cleared(replace(s, proven_load=None, held=0, raise_votes=0))
+        # Held at least as long as it waited: conditions changed, the probe was not wrong.
+        wait = PROBE_AFTER if s.held >= s.probe_after else 2 * s.probe_after
+        ratio = w.ratio
+        if w.others > s.proven_load + RISE or (ratio is not None and ratio >= DROP_NOW_AT):
             return _give_up(s, min(target, s.threads - 1), wait)
-        return replace(s, held=s.held + 1)
+        s = replace(_add(s, w), held=s.held + 1)
+        if s.held % SPAN:
+            return s
+        ratio = _ratio(s.spent, s.before, s.matched)
+        if ratio is not None and ratio >= DROP_AT:
+            return _give_up(s, min(target, s.threads - 1), wait)
+        return _cleared(s)
     if target < s.threads:
         return replace(s, threads=target, raise_votes=0, below=0)
     if target > s.threads:
@@ -113,11 +140,24 @@ def decide(s: ThreadState, w: Window) -> ThreadState:
     return replace(s, raise_votes=0, below=s.below + 1)
 
 
+def _add(s: ThreadState, w: Window) -> ThreadState:
+    return replace(
+        s, spent=s.spent + w.spent, before=s.before + w.before, matched=s.matched + w.matched,
+        others=s.others + w.others,
+    )  # fmt: skip
+
+
+def _cleared(s: ThreadState) -> ThreadState:
+    return replace(s, spent=0.0, before=0.0, matched=0, others=0.0)
+
+
 def _give_up(s: ThreadState, threads: int, wait: int) -> ThreadState:
     """Back to ``threads`` under the load rule, the next probe after ``wait`` windows (capped)."""
-    return replace(
-        s, threads=max(1, threads), probing=0, proven_load=None, held=0, below=0, raise_votes=0,
-        probe_after=min(PROBE_AFTER_MAX, wait),
+    return _cleared(
+        replace(
+            s, threads=max(1, threads), probing=0, proven_load=None, held=0, below=0, raise_votes=0,
+            probe_after=min(PROBE_AFTER_MAX, wait),
+        )
     )  # fmt: skip
 
 
@@ -176,9 +216,9 @@ class StepTimes:
         """How many recent times each shape holds at ``threads``."""
         return {shape: len(t) for (n, shape), t in self._times.items() if n == threads}
 
-    def close_window(self) -> float | None:
-        """This window's ratio (None under ``MIN_MATCHED`` matched steps); starts the next."""
-        ratio = self._spent / self._before if self._matched >= MIN_MATCHED and self._before > 0 else None
+    def close_window(self, others: float) -> Window:
+        """This window with ``others`` cores of other processes' use; starts the next."""
+        window = Window(others, self._spent, self._before, self._matched)
         self._spent = self._before = 0.0
         self._matched = 0
-        return ratio
+        return window

@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailserve.executors.pytorch.thread_policy import Shape, StepTimes, ThreadState, Window, decide
+from tailserve.executors.pytorch.thread_policy import Shape, StepTimes, ThreadState, decide
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class ThreadController:
     def update(self, others_cores: float) -> None:
         """Close a window in which other processes kept ``others_cores`` cores busy: the
         decision with this window's step-time ratio (``thread_policy.decide``)."""
-        window = Window(others_cores, self.steps.close_window())
+        window = self.steps.close_window(others_cores)
         self.state = decide(self.state, window)
         log.debug(
             "thread window: others %.2f cores, step ratio %s: %d -> %d threads (%s)", others_cores,
