@@ -16,9 +16,9 @@ it cannot tell a competitor from a process whose CPU the engine's own output dri
 client streaming tokens, ``tailserve bench``, the closed loop's calibration probes. On the 2-core
 host such a client used over 2/3 of a core while the engine ran one thread, which the load rule
 reads as a taken core, so once a burst dropped the count it stayed at one thread for good (r41
-reported a head-of-line run at TTFT 2.1 s against ~80 ms). Raising the threshold is not the fix: beside a
-synthetic competitor busy d of a core one thread already beat two from d = 0.3 for decodes
-(docs/fidelity.md, "The probe's own CPU (r41)").
+reported a head-of-line run at TTFT 2.1 s against ~80 ms). Raising the threshold is not the fix:
+beside a synthetic competitor busy d of a core one thread already beat two from d = 0.3 for
+decodes (docs/fidelity.md, "The probe's own CPU (r41)").
 
 **A bounded upward probe.** Below the cores it may use, with the next core not wholly taken
 (others below ``max - threads - PROBE_MARGIN`` cores: a process busy a whole core reads ~1.0 of
@@ -31,9 +31,19 @@ of the fewer-thread time), else goes back and waits twice as long before the nex
 proven under: it drops at once when others' use rises ``RISE`` cores above that reading (a
 competitor joined) or a window's steps take ``DROP_NOW_AT`` times the fewer-thread time, and
 after a span whose steps ran no faster (``DROP_AT``); it returns to the plain load rule once the
-load alone allows the count. Steps are the ground truth here because the reading is not: on a 2-core host a
-competitor busy a whole core beside two busy engine threads gets a fair share of two cores among
-three threads, so it can read as little as 2/3 of a core, what a client may read too.
+load alone allows the count. Steps are the ground truth here because the reading is not: on a
+2-core host a competitor busy a whole core beside two busy engine threads gets a fair share of
+two cores among three threads, so it can read as little as 2/3 of a core, what a client may read.
+
+**Measured (r42, the 2-core EPYC VM beside another session's jobs, load average 1.1-4.3).** In
+head-of-line runs (``tailserve serve`` + the closed loop's hol workload from a local client), the
+run that stayed on two threads had TTFT p50 / p99 77 / 666 ms, one that stayed on one thread
+185 / 1,224 ms; windows' median per-step ratios of two threads against one were 1.01-1.76 (few-row
+decodes of the tiny model ran slower on two threads), hence the total-time ratio over 2 s spans.
+On real steps with a synthetic client's reading (0.8 of a core beside one thread, 0.6 beside two)
+the probe ran after 4 windows and went back: beside the other session's ~1 busy core the span's
+steps on two threads were no faster (window ratios 1.34, 0.99), which is the answer it should
+give there.
 """
 
 from __future__ import annotations
@@ -195,7 +205,8 @@ class StepTimes:
         self.per_shape = per_shape
         self.max_shapes = max_shapes
         self._times: dict[tuple[int, Shape], deque[float]] = {}
-        self._spent = self._before = 0.0  # this window's matched steps: their time, the fewer-thread one
+        # this window's matched steps: their time, and their shapes' time at one thread fewer
+        self._spent = self._before = 0.0
         self._matched = 0
 
     def add(self, threads: int, shape: Shape, seconds: float) -> None:
