@@ -215,7 +215,7 @@ def test_step_shapes_are_exact_when_small_and_within_a_quarter_octave_above() ->
 
 
 def test_step_times_ratio_weighs_steps_by_their_time_and_needs_matched_shapes() -> None:
-    times = StepTimes(per_shape=4, max_shapes=4)
+    times = StepTimes(per_shape=4, max_shapes=5)
     decode, prefill, other = (
         step_shape([1, 1], [10, 20]),
         step_shape([512], [0]),
@@ -234,7 +234,7 @@ def test_step_times_ratio_weighs_steps_by_their_time_and_needs_matched_shapes() 
     times.add(2, prefill, 0.110)  # the prefill 0.55x
     window = times.close_window(0.5)
     assert window.ratio == pytest.approx((3 * 0.012 + 0.110) / (3 * 0.010 + 0.200)) and window.others == 0.5
-    times.add(1, step_shape([64], [0]), 0.1)  # a new shape: the oldest, (1, decode), is forgotten
+    times.add(1, step_shape([64], [0]), 0.1)  # a sixth key: the least recently run, (1, decode), is forgotten
     for _ in range(MIN_MATCHED):
         times.add(2, decode, 0.005)
     assert times.close_window(0.0).ratio is None

@@ -216,11 +216,12 @@ class StepTimes:
             self._before += statistics.median(fewer)
             self._matched += 1
         key = (threads, shape)
-        times = self._times.get(key)
+        times = self._times.pop(key, None)  # re-inserted last: the dict's order is recency
         if times is None:
             if len(self._times) >= self.max_shapes:
-                del self._times[next(iter(self._times))]  # the oldest shape
-            times = self._times[key] = deque(maxlen=self.per_shape)
+                del self._times[next(iter(self._times))]  # the least recently run shape
+            times = deque(maxlen=self.per_shape)
+        self._times[key] = times
         times.append(seconds)
 
     def recorded(self, threads: int) -> dict[Shape, int]:
