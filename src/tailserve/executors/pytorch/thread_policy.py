@@ -40,10 +40,13 @@ head-of-line runs (``tailserve serve`` + the closed loop's hol workload from a l
 run that stayed on two threads had TTFT p50 / p99 77 / 666 ms, one that stayed on one thread
 185 / 1,224 ms; windows' median per-step ratios of two threads against one were 1.01-1.76 (few-row
 decodes of the tiny model ran slower on two threads), hence the total-time ratio over 2 s spans.
-On real steps with a synthetic client's reading (0.8 of a core beside one thread, 0.6 beside two)
-the probe ran after 4 windows and went back: beside the other session's ~1 busy core the span's
-steps on two threads were no faster (window ratios 1.34, 0.99), which is the answer it should
-give there.
+On real steps with a synthetic client's reading (0.8 of a core beside one thread, 0.6 beside two;
+the engine in-process, hol at its send times, starting at one thread) the probe ran after 4
+windows: on a quiet machine (0.0 busy cores before) it kept two threads (window ratios 0.80, 0.80,
+0.72); beside the other session's ~1 busy core it went back (1.34 .. 0.99), the answer it should
+give there. Served runs with a real local client never reached the probe's zone here: others
+read 0.0-0.5 of a core beside two threads, or 1.0-1.8 with the other session's jobs (and 1.0-1.1
+with an output-driven burner of 0.72 core beside one thread, on a machine quiet just before).
 """
 
 from __future__ import annotations
