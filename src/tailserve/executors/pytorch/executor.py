@@ -30,6 +30,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.pytorch.attention import CpuSwapSpace, PagedKVCache, build_metadata
 from tailserve.executors.pytorch.model import LlamaModel
 from tailserve.executors.pytorch.sampler import Sampler
+from tailserve.executors.pytorch.thread_policy import step_shape
 from tailserve.executors.pytorch.threads import ThreadController
 
 
@@ -63,10 +64,17 @@ class TorchExecutor:
         if self.threads is None:
             return self._execute(out, t0)
         self.threads.begin_step()  # the thread count, and pinning (threads.py)
+        shape = None
         try:
-            return self._execute(out, t0)
+            result = self._execute(out, t0)
+            # The step's time at its shape: how the thread count's upward probe is judged.
+            shape = step_shape(
+                [s.num_new_tokens for s in out.scheduled] + [p.num_new_tokens for p in out.padding],
+                [s.num_context_tokens for s in out.scheduled] + [p.num_context_tokens for p in out.padding],
+            )
+            return result
         finally:
-            self.threads.end_step()
+            self.threads.end_step(shape)
 
     def _execute(self, out: SchedulerOutput, t0: float) -> StepResult:
         self._copy_swapped(out)

@@ -21,10 +21,14 @@ Three facts of a CPU shared with other work decide it:
   then sleep: short enough to sleep through the time between steps and on a loaded machine,
   where the controller below has dropped to one thread anyway.
 - **The machine's load changes while the engine runs**, so the thread count is revisited: every
-  ``interval_s`` the controller reads how much CPU other processes used (``/proc/stat`` busy time
-  minus this process's own) and runs on the cores they leave free, at least one. It drops at
-  once when others take a core (a late thread costs ~10x) and climbs back only after two
-  windows in a row leave a core free (flapping costs a thread-pool resize each time).
+  ``interval_s`` of stepping the controller reads how much CPU other processes used
+  (``/proc/stat`` busy time minus this process's own) and runs on the cores they leave free, at
+  least one. It drops at once when others take a core (a late thread costs ~10x) and climbs back
+  only after two windows in a row leave a core free (flapping costs a thread-pool resize each
+  time). Because a local client's CPU use (a benchmark streaming tokens) follows the engine's own
+  output and reads like a competitor's, a count held down while the next core is not wholly
+  taken is probed upward now and then and kept only if its own steps ran faster at the same
+  batch shapes (``thread_policy.py``: the decision, its reasons and its measurements).
 
 ``threads=N`` (``LLM(threads=N)``, ``--threads``), or else ``OMP_NUM_THREADS``, fixes the count
 and turns the adaptation off. A fixed count of two threads on a loaded machine waits better
@@ -50,6 +54,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tailserve.executors.pytorch.thread_policy import Shape, StepTimes, ThreadState, decide
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +203,7 @@ class ThreadController:
         pin: bool | None = None,
         pinner=None,
         clock=time.monotonic,
+        step_clock=time.perf_counter,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
@@ -209,6 +216,10 @@ class ThreadController:
         self.max_threads = max_threads or available_cores()
         self.adaptive = threads is None
         self.threads = threads if threads is not None else self.max_threads
+        self.state = ThreadState(self.threads, self.max_threads)
+        self.steps = StepTimes()  # this process's step times per thread count and batch shape
+        self._step_clock = step_clock  # times each step for the upward probe (thread_policy.py)
+        self._step_start: float | None = None
         self.interval_s = interval_s
         self.num_changes = 0
         # seconds spent at each thread count (closed intervals; ``seconds_at`` adds the open one)
@@ -218,7 +229,6 @@ class ThreadController:
         self._set_threads = set_threads
         self._sample = sample
         self._last = sample() if self.adaptive else None
-        self._raise_votes = 0
         if self._last is None:
             self.adaptive = False
         set_threads(self.threads)
@@ -252,8 +262,11 @@ class ThreadController:
         """Before a step: revisit the thread count, then (pinning) hold each OpenMP thread on its
         core, re-pinning the team when the count changed."""
         self.tick()
-        if not self.pin:
-            return
+        if self.pin:
+            self._pin_for_step()
+        self._step_start = self._step_clock()
+
+    def _pin_for_step(self) -> None:
         want = self.pinned_cores()
         me = threading.get_ident()
         have = self._pinned.get(me)
@@ -301,8 +314,12 @@ class ThreadController:
         self._pin_team([list(self._cpus)] * size)
         os.sched_setaffinity(0, own)
 
-    def end_step(self) -> None:
-        """After a step: the stepping thread gets its own mask back."""
+    def end_step(self, shape: Shape | None = None) -> None:
+        """After a step: its time is recorded under ``shape`` (``thread_policy.step_shape``; None:
+        not recorded, e.g. a step that failed), and the stepping thread gets its own mask back."""
+        if shape is not None and self.adaptive and self._step_start is not None:
+            self.steps.add(self.threads, shape, self._step_clock() - self._step_start)
+        self._step_start = None
         if self._restore is not None:
             os.sched_setaffinity(0, self._restore)
             self._restore = None
@@ -328,19 +345,17 @@ class ThreadController:
         self.update(others)
 
     def update(self, others_cores: float) -> None:
-        """Choose threads given the cores other processes kept busy over the last window. A core
-        counts as free when others used less than a third of it."""
-        target = max(1, min(self.max_threads, math.floor(self.max_threads - others_cores + 2 / 3)))
-        if target < self.threads:
-            self._raise_votes = 0
-            self._apply(target)
-        elif target > self.threads:
-            self._raise_votes += 1
-            if self._raise_votes >= 2:
-                self._raise_votes = 0
-                self._apply(self.threads + 1)
-        else:
-            self._raise_votes = 0
+        """Close a window in which other processes kept ``others_cores`` cores busy: the
+        decision with this window's step-time ratio (``thread_policy.decide``)."""
+        window = self.steps.close_window(others_cores)
+        self.state = decide(self.state, window)
+        log.debug(
+            "thread window: others %.2f cores, step ratio %s: %d -> %d threads (%s)", others_cores,
+            "-" if window.ratio is None else f"{window.ratio:.2f}", self.threads, self.state.threads,
+            "probe" if self.state.probing else "held" if self.state.proven_load is not None else "load",
+        )  # fmt: skip
+        if self.state.threads != self.threads:
+            self._apply(self.state.threads)
 
     def seconds_at(self) -> dict[int, float]:
         """Wall seconds spent at each thread count since construction: what a benchmark reports
