@@ -151,26 +151,17 @@ class KVCacheManager:
                 self.block_tables[request_id] = self._new_table()
             return []
         free = self._free
-        top = self._top
-        if top is not None:  # the compact stack: its height moves, the array stays
-            if need > top:
-                return None
-            if table is None:
-                table = self.block_tables[request_id] = self._new_table()
-            new = free[top - need : top]
-            self._top = top - need
-            refs = self._refs
-            if refs is not None:
-                for block_id in new:
-                    refs[block_id] = 1
-            table.extend(new)
-            return new
-        if need > len(free):
+        top = self._top  # the compact stack's height (None: a list stack, all of it free)
+        if need > (len(free) if top is None else top):
             return None
         if table is None:
             table = self.block_tables[request_id] = self._new_table()
-        new = free[-need:]
-        del free[-need:]
+        if top is None:
+            new = free[-need:]
+            del free[-need:]
+        else:  # the compact stack: its height moves, the array stays
+            new = free[top - need : top]
+            self._top = top - need
         refs = self._refs
         if refs is not None:
             for block_id in new:
@@ -207,7 +198,9 @@ class KVCacheManager:
                 need = total - len(table)
                 if need > 0:
                     if need > end:
-                        raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                        raise RuntimeError(
+                            f"allocate_each: no room for {request_id} ({need} blocks, {end} left)"
+                        )
                     table += free[end - need : end]
                     end -= need
         else:
@@ -216,23 +209,22 @@ class KVCacheManager:
                 need = -(-total // block_size) - len(table)
                 if need > 0:
                     if need > end:
-                        raise RuntimeError(f"allocate_each: no room for {request_id} ({need} blocks, {end} left)")
+                        raise RuntimeError(
+                            f"allocate_each: no room for {request_id} ({need} blocks, {end} left)"
+                        )
                     table += free[end - need : end]
                     end -= need
-        if top is not None and self._refs is None:
-            self._top = end  # the compact stack, no counts kept: cut by its height
-            return
-        taken = len(free) - end
-        if not taken:
-            return
+        height = len(free) if top is None else top
+        if end == height:
+            return  # nothing taken
         refs = self._refs
         if refs is not None:
-            for block_id in free[end:] if top is None else free[end:top]:
+            for block_id in free[end:height]:
                 refs[block_id] = 1
         if top is None:
             del free[end:]
         else:
-            self._top = end
+            self._top = end  # the compact stack: cut by its height
 
     def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
         """Release every block the request holds (GPU and CPU); returns how many GPU blocks

@@ -29,8 +29,9 @@ def _ms(value: float | None) -> str:
 def deployment_line(built: BuiltCostModel) -> str:
     cm = built.cost_model
     cal = built.calibration
-    if cal.startswith(("gemm:", "vidur:")) or cal.endswith(".json"):  # a source: its file's name
-        cal = cal.split(":", 1)[0] + ":" + Path(cal.split(":", 1)[-1]).name if ":" in cal else Path(cal).name
+    prefix = next((p for p in ("gemm:", "vidur:") if cal.startswith(p)), "")
+    if prefix or cal.endswith(".json"):  # a source: its file's name
+        cal = prefix + Path(cal[len(prefix) :]).name
     elif len(cal) >= 24:
         cal = "measured points"
     dp = f" x DP {cm.dp}" if cm.dp > 1 else ""  # data-parallel attention ranks

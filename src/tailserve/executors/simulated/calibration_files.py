@@ -218,9 +218,9 @@ def load_calibration_source(
     if text.startswith(VIDUR_PREFIX):
         return _from_vidur(Path(text[len(VIDUR_PREFIX) :]), model, hardware, tp)
     if text.startswith(GEMM_PREFIX):
-        from tailserve.executors.simulated.gemm_table import calibrated_hardware, load_gemm_table
+        from tailserve.executors.simulated.gemm_table import table_hardware
 
-        hw, notes = calibrated_hardware(load_gemm_table(text[len(GEMM_PREFIX) :]), hardware)
+        hw, notes = table_hardware(text[len(GEMM_PREFIX) :], hardware)
         return CostModel(model, hw, tp), None, notes
     cal = read_calibration_file(text)
     notes = [f"calibration file {text}: {cal.source}"]

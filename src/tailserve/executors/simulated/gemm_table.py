@@ -23,6 +23,7 @@ priced the other half 7.3% off on average, 6.2% time-weighted (the catalog's: 12
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -84,31 +85,35 @@ def one_join_time(m, n, k, weight_bytes, peak, bandwidth, compute, memory, sharp
 def fit_one_join(m, n, k, y, weight_bytes: float, peak: float, bandwidth: float) -> dict:
     """The curve with the smallest mean |relative error|: a grid over the row tile, the sharpness
     and the two efficiencies, the latency least squares in relative terms for each candidate,
-    then a finer grid of the efficiencies around the best."""
+    then a finer grid of the efficiencies around the best. The memory efficiencies of one
+    (tile, sharpness, compute) are scored together, one row each of a 2-D array (the same
+    arithmetic, row by row, as one at a time: a fit took seconds, and every cost model built on
+    ``gemm:FILE`` in a sweep's worker fits it)."""
     best: tuple[float, dict | None] = (math.inf, None)
     w = 1.0 / y  # relative error: minimise sum ((base + lat) / y - 1)^2
+    moved = n * k * weight_bytes + m * (k + n) * ACT_BYTES
+    flops = {tile: 2.0 * (padded_rows(m, tile) if tile > 1 else m) * n * k for tile in TILES}
 
-    def score(c: float, mem: float, p: float, tile: int) -> tuple[float, dict]:
-        base = one_join_time(m, n, k, weight_bytes, peak, bandwidth, c, mem, p, tile, 0.0)
-        lat = max(0.0, float(np.sum(w * (1 - base * w)) / np.sum(w * w)))
-        err = float(np.mean(np.abs((base + lat) / y - 1)))
-        return err, dict(compute=float(c), memory=float(mem), sharpness=p, tile_m=tile, gemm_latency=lat)
+    def consider(c: float, mems: np.ndarray, p: float, tile: int) -> None:
+        nonlocal best
+        base = join_array(flops[tile] / (peak * c), moved[None, :] / (bandwidth * mems)[:, None], p)
+        lat = np.maximum(0.0, np.sum(w * (1 - base * w), axis=1) / np.sum(w * w))
+        err = np.mean(np.abs((base + lat[:, None]) / y - 1), axis=1)
+        for i, mem in enumerate(mems):
+            if err[i] < best[0]:
+                best = (float(err[i]), dict(compute=float(c), memory=float(mem), sharpness=p, tile_m=tile,
+                                            gemm_latency=float(lat[i])))  # fmt: skip
 
     for tile in TILES:
         for p in SHARPNESS:
             for c in np.linspace(0.3, 1.0, 15):
-                for mem in np.linspace(0.4, 1.0, 13):
-                    cand = score(c, mem, p, tile)
-                    if cand[0] < best[0]:
-                        best = cand
+                consider(c, np.linspace(0.4, 1.0, 13), p, tile)
     b = best[1]
     assert b is not None
     for c in np.linspace(b["compute"] - 0.05, b["compute"] + 0.05, 11):
-        for mem in np.linspace(b["memory"] - 0.05, b["memory"] + 0.05, 11):
-            if 0 < c <= 1.2 and 0 < mem <= 1.2:
-                cand = score(c, mem, b["sharpness"], b["tile_m"])
-                if cand[0] < best[0]:
-                    best = cand
+        if 0 < c <= 1.2:
+            mems = np.linspace(b["memory"] - 0.05, b["memory"] + 0.05, 11)
+            consider(c, mems[(mems > 0) & (mems <= 1.2)], b["sharpness"], b["tile_m"])
     assert best[1] is not None
     return best[1]
 
@@ -172,6 +177,22 @@ def calibrated_hardware(table: GemmTable, hardware: Hardware) -> tuple[Hardware,
         notes.append(_note("fp8", kernels["fp8"], params, err, len(table.rows[kernels["fp8"]])))
     hw = replace(hardware, gemm=curve, sms=hardware.sms or table.sms)
     return hw, tuple(notes)
+
+
+def table_hardware(path: str | Path, hardware: Hardware) -> tuple[Hardware, tuple[str, ...]]:
+    """``calibrated_hardware`` of the file at ``path``, fitted once per process for the file as it
+    is now: every policy of a ``compare`` or ``tune`` builds its cost model, and a fit takes
+    seconds."""
+    p = Path(path)
+    if not p.is_file():
+        load_gemm_table(p)  # raises the one-line error
+    st = p.stat()
+    return _fitted(str(p.resolve()), st.st_mtime_ns, st.st_size, hardware)
+
+
+@functools.lru_cache(maxsize=8)
+def _fitted(path: str, mtime_ns: int, size: int, hardware: Hardware) -> tuple[Hardware, tuple[str, ...]]:
+    return calibrated_hardware(load_gemm_table(path), hardware)
 
 
 def _note(fmt: str, kernel: str, p: dict, err: float, rows: int) -> str:
