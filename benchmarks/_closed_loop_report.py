@@ -78,8 +78,8 @@ def rankings(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in cells:
         if c.get("measured") and c.get("predicted"):
-            groups.setdefault((c["engine"], c["workload"]), []).append(c)
-    for (engine, workload), group in groups.items():
+            groups.setdefault((c["engine"], c["workload"], c.get("pass", 0)), []).append(c)
+    for (engine, workload, pass_no), group in groups.items():
         if len(group) < 2:
             continue
         row: dict[str, Any] = {
@@ -87,6 +87,8 @@ def rankings(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "workload": workload,
             "settings": [c["setting"] for c in group],
         }
+        if pass_no:
+            row["pass"] = pass_no
         for name, _ in METRICS:
             p = [c["predicted"][name] for c in group]
             m = [c["measured"][name] for c in group]
@@ -121,7 +123,8 @@ def print_cells(cells: list[dict[str, Any]]) -> None:
         head += f" {name + ' pred/meas':>24}"
     print(head)
     for c in cells:
-        line = f"{c['engine']:<10} {c['workload']:<14} {c['setting']:<20}"
+        setting = c["setting"] + (f" #{c['pass'] + 1}" if c.get("pass") else "")
+        line = f"{c['engine']:<10} {c['workload']:<14} {setting:<20}"
         if not c.get("measured"):
             print(line + f" not run: {c.get('skipped', '?')}")
             continue
@@ -134,7 +137,8 @@ def print_cells(cells: list[dict[str, Any]]) -> None:
 def print_rankings(rows: list[dict[str, Any]]) -> None:
     print(f"{'engine':<10} {'workload':<14}" + "".join(f" {name:>14}" for name, _ in METRICS))
     for r in rows:
-        line = f"{r['engine']:<10} {r['workload']:<14}"
+        workload = r["workload"] + (f" #{r['pass'] + 1}" if r.get("pass") else "")
+        line = f"{r['engine']:<10} {workload:<14}"
         for name, _ in METRICS:
             x = r[name]
             rho = "  nan" if math.isnan(x["spearman"]) else f"{x['spearman']:+.2f}"
@@ -154,8 +158,9 @@ def print_stalls(cells: list[dict[str, Any]]) -> None:
     )
     for c in rows:
         s = c["stalls"]
+        setting = c["setting"] + (f" #{c['pass'] + 1}" if c.get("pass") else "")
         print(
-            f"{c['engine']:<10} {c['workload']:<14} {c['setting']:<20} {s['real_stalls']:>6} "
+            f"{c['engine']:<10} {c['workload']:<14} {setting:<20} {s['real_stalls']:>6} "
             f"{s['caught']:>6} {s['same_cause']:>10} {s['twin_only']:>9}"
         )
 
@@ -176,3 +181,95 @@ def stall_totals(cells: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
         t["same_cause"] += s["same_cause"]
         t["caught_same_cause"] += s["caught_same_cause"]
     return out
+
+
+def repeatability(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """With ``--repeat``: each cell's first pass taken as the prediction of its later passes — the
+    engine as its own twin. Its share of cells and figures within the targets is the most any twin
+    calibrated once could reach on that machine in that run; beside it, the twin's own errors on
+    the same later-pass cells. None without a repeated cell."""
+    first: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for c in cells:
+        if c.get("measured") and c.get("pass", 0) == 0:
+            first[(c["engine"], c["workload"], c["setting"])] = c
+    pairs = []
+    for c in cells:
+        base = first.get((c["engine"], c["workload"], c["setting"]))
+        if c.get("measured") and c.get("pass", 0) > 0 and base is not None:
+            pairs.append(
+                {
+                    "engine": c["engine"],
+                    "workload": c["workload"],
+                    "setting": c["setting"],
+                    "pass": c["pass"],
+                    "measured": c["measured"],
+                    "error": errors(base["measured"], c["measured"]),
+                    "twin_error": c.get("error"),
+                }
+            )
+    if not pairs:
+        return None
+    shares = target_shares(pairs)
+    twin_shares = target_shares(pairs, "twin_error")
+    median_abs: dict[str, dict[str, dict[str, float]]] = {}
+    for engine in shares:
+        mine = [q for q in pairs if q["engine"] == engine]
+        median_abs[engine] = {
+            name: {
+                "self": float(np.median([abs(q["error"][name]) for q in mine])),
+                "twin": float(np.median([abs(q["twin_error"][name]) for q in mine if q["twin_error"]]))
+                if any(q["twin_error"] for q in mine)
+                else math.nan,
+            }
+            for name, _ in METRICS
+        }
+    ranks = []
+    for engine, workload in sorted({(q["engine"], q["workload"]) for q in pairs}):
+        group = [q for q in pairs if q["engine"] == engine and q["workload"] == workload and q["pass"] == 1]
+        if len(group) < 3:
+            continue
+        bases = [first[(engine, workload, q["setting"])]["measured"] for q in group]
+        again = [
+            next(
+                c["measured"]
+                for c in cells
+                if c.get("measured")
+                and c.get("pass") == 1
+                and (c["engine"], c["workload"], c["setting"]) == (engine, workload, q["setting"])
+            )
+            for q in group
+        ]
+        ranks.append(
+            {
+                "engine": engine,
+                "workload": workload,
+                **{name: spearman([b[name] for b in bases], [a[name] for a in again]) for name, _ in METRICS},
+            }
+        )
+    return {
+        "pairs": pairs,
+        "shares": shares,
+        "twin_shares": twin_shares,
+        "median_abs_error": median_abs,
+        "rankings": ranks,
+    }
+
+
+def print_repeatability(rep: dict[str, Any]) -> None:
+    for engine, s in rep["shares"].items():
+        t = rep["twin_shares"].get(engine, {"cells_all_within": 0, "figures_within": 0})
+        print(
+            f"{engine}: itself {s['cells_all_within']}/{s['cells']} cells, {s['figures_within']}/{s['figures']} "
+            f"figures within target; the twin on the same cells {t['cells_all_within']} cells, "
+            f"{t['figures_within']} figures"
+        )
+        m = rep["median_abs_error"][engine]
+        print(
+            "  median |error| itself / twin: "
+            + ", ".join(f"{name} {m[name]['self']:.0%} / {m[name]['twin']:.0%}" for name, _ in METRICS)
+        )
+    for r in rep["rankings"]:
+        print(
+            f"  {r['engine']} / {r['workload']}: pass 1 vs pass 2 Spearman "
+            + ", ".join(f"{name} {r[name]:+.2f}" for name, _ in METRICS)
+        )

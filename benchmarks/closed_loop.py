@@ -102,6 +102,14 @@ def parse_args() -> argparse.Namespace:
         "calibration rescaled by it (_closed_loop_gauge.py; off by default: on a quiet machine its noise "
         "cost more than the drift it corrects, docs/fidelity.md)",
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every setting this many times (passes, in the same interleaved order) and report how "
+        "well one pass's measurement predicts the next: the engine as its own twin, the floor the "
+        "targets are judged against (docs/fidelity.md)",
+    )
     p.add_argument("--quiet-threshold", type=float, default=0.3, help="busy cores that count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds (default 300; --quick: 5)")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds a server may take to start")
@@ -127,6 +135,8 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.refit and not args.from_json:
         p.error("--refit needs --from-json FILE")
+    if args.repeat < 1:
+        p.error(f"--repeat {args.repeat}: must be >= 1")
     args.quiet_timeout = (
         args.quiet_timeout if args.quiet_timeout is not None else (5.0 if args.quick else 300.0)
     )
@@ -260,8 +270,10 @@ def measure(
     calibrations: dict[str, dict[str, Any]] = {}
     cells: list[dict[str, Any]] = []
     starts: list[dict[str, Any]] = []
-    for k, setting in enumerate(settings):
-        # Interleaved: each setting on every engine before the next, the engines' order alternating.
+    # Interleaved: each setting on every engine before the next, the engines' order alternating;
+    # with --repeat, the whole sequence again (a pass), the calibration kept from the first.
+    passes = [(n, setting) for n in range(args.repeat) for setting in settings]
+    for k, (pass_no, setting) in enumerate(passes):
         for engine in engines if k % 2 == 0 else engines[::-1]:
             port = args.port + (0 if engine.name == "vllm" else 1)
             url = f"http://127.0.0.1:{port}"
@@ -285,6 +297,7 @@ def measure(
                             "engine": engine.name,
                             "setting": setting.name,
                             "workload": w.name,
+                            "pass": pass_no,
                             "skipped": reason,
                         }
                     )
@@ -326,14 +339,22 @@ def measure(
                     r = measured["result"]
                     shares = threads_note({int(n): v for n, v in measured["engine_thread_seconds"].items()})
                     print(
-                        f"{engine.name} / {setting.name} / {w.name}: TTFT p50 {r['p50_ttft_ms']:.0f} p99 "
+                        f"{engine.name} / {setting.name} / {w.name}"
+                        + (f" (pass {pass_no + 1})" if args.repeat > 1 else "")
+                        + f": TTFT p50 {r['p50_ttft_ms']:.0f} p99 "
                         f"{r['p99_ttft_ms']:.0f} ms, ITL p50 {r['p50_itl_ms']:.1f} p99 {r['p99_itl_ms']:.0f} ms, "
                         f"{r['output_throughput']:.0f} tok/s, {r['failed']} failed "
                         f"({time.perf_counter() - t1:.0f} s, load {measured['load_average'][1]:.1f}{shares})",
                         flush=True,
                     )
                     cells.append(
-                        {"engine": engine.name, "setting": setting.name, "workload": w.name, "run": measured}
+                        {
+                            "engine": engine.name,
+                            "setting": setting.name,
+                            "workload": w.name,
+                            "pass": pass_no,
+                            "run": measured,
+                        }
                     )
                     if timed is not None:
                         cells[-1]["gauge"] = timed
@@ -437,9 +458,14 @@ def main() -> int:
             "\nranking of the settings, predicted vs measured: Spearman's rho, then pairs ordered the same / pairs"
         )
         report.print_rankings(ranks)
+    repeat = report.repeatability(cells)
+    if repeat:
+        print("\nthe engine as its own twin: each cell's first pass measured against its later passes")
+        report.print_repeatability(repeat)
     advice = []
-    if not args.no_tune:
-        advice = check_advice(cells, workloads, calibrations, model, work)
+    if not args.no_tune:  # on the first pass: the SLOs come from one measurement per setting
+        first = [c for c in cells if c.get("pass", 0) == 0]
+        advice = check_advice(first, workloads, calibrations, model, work)
         if advice:
             print(
                 "\ntune's advice from the twin, checked on the real engine (the SLO at each workload's knee)"
@@ -480,6 +506,7 @@ def main() -> int:
         "tune_advice": advice,
         "target_shares": shares,
         "target_shares_uncorrected": raw_shares,
+        "repeatability": repeat,
         "seconds": total,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_line()},
         "cpu_flags": simd_flags(),

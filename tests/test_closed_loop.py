@@ -194,3 +194,39 @@ def test_a_saved_run_is_predicted_again_and_refitted_without_an_engine(tmp_path:
     assert worst_error(refit=True) < 0.01
     with pytest.raises(SystemExit, match="do not match"):
         repro.run_workloads({**saved, "workloads": [{**w.summary, "requests": 5}]}, 8192, 0, None)
+
+
+def _cell(engine: str, setting: str, pass_no: int, scale: float, twin: float | None = None) -> dict:
+    measured = {name: 100.0 * scale for name, _ in report.METRICS}
+    cell = {"engine": engine, "workload": "hol", "setting": setting, "pass": pass_no, "measured": measured}
+    if twin is not None:
+        cell["predicted"] = {name: 100.0 * twin for name, _ in report.METRICS}
+        cell["error"] = report.errors(cell["predicted"], measured)
+    return cell
+
+
+def test_repeatability_takes_the_first_pass_as_the_engines_own_twin() -> None:
+    # Three settings, twice: the second pass 5% slower on two settings, 30% on the third.
+    cells = [_cell("vllm", s, 0, k + 1.0, twin=k + 1.0) for k, s in enumerate("abc")]
+    cells += [
+        _cell("vllm", s, 1, (k + 1.0) * f, twin=k + 1.0)
+        for k, (s, f) in enumerate(zip("abc", (1.05, 1.05, 1.3)))
+    ]
+    cells.append({"engine": "vllm", "workload": "hol", "setting": "d", "pass": 1, "skipped": "did not start"})
+    rep = report.repeatability(cells)
+    assert rep is not None and len(rep["pairs"]) == 3
+    shares = rep["shares"]["vllm"]
+    assert (shares["cells"], shares["cells_all_within"]) == (3, 2)  # 1/1.3 - 1 = -23%: out at every figure
+    assert shares["figures_within"] == 2 * 6
+    # The twin predicted the first pass's values: on the later cells it errs as the first pass does.
+    assert rep["twin_shares"]["vllm"]["cells_all_within"] == 2
+    m = rep["median_abs_error"]["vllm"]["ttft_p50"]
+    assert m["self"] == pytest.approx(1 - 1 / 1.05) and m["twin"] == pytest.approx(1 - 1 / 1.05)
+    (ranks,) = rep["rankings"]
+    assert ranks["ttft_p99"] == pytest.approx(1.0)  # the settings keep their order between passes
+    # Rankings of the twin against each pass are computed per pass, not over both.
+    for c in cells:
+        c.setdefault("predicted", None)
+    rows = report.rankings([c for c in cells if c.get("predicted")])
+    assert sorted(r.get("pass", 0) for r in rows) == [0, 1]
+    assert report.repeatability([c for c in cells if c["pass"] == 0]) is None
