@@ -15,6 +15,10 @@ from tailserve.executors.pytorch.cpu_backend import AVX2_LINEAR, CpuBackend, Pac
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
 NATIVE = cpu_isa.native_level()
+# The level this process started at: below NATIVE when TAILSERVE_CPU_ISA forced it down
+# (test_cpu_levels.py), which also caps PyTorch's own dispatch (ATEN_CPU_CAPABILITY,
+# ONEDNN_MAX_CPU_ISA) for the whole process: levels above it cannot run their matmuls here.
+STARTED = cpu_isa.detect().level
 pytestmark = pytest.mark.skipif(
     "avx2" not in cpu_isa.LEVELS[: cpu_isa.LEVELS.index(NATIVE) + 1],
     reason=f"this CPU executes at most {NATIVE}",
@@ -198,6 +202,8 @@ def test_other_levels_keep_their_own_paths(monkeypatch, level):
     the CPU has them) their own matmuls and decode kernels run, not the AVX2 ones."""
     if level not in cpu_isa.LEVELS[: cpu_isa.LEVELS.index(NATIVE) + 1]:
         pytest.skip(f"this CPU executes at most {NATIVE}, not {level}")
+    if cpu_isa.LEVELS.index(level) > cpu_isa.LEVELS.index(STARTED):
+        pytest.skip(f"this process runs PyTorch's dispatch at {STARTED} (forced), below {level}")
     monkeypatch.setenv("TAILSERVE_CPU_ISA", level)
     assert cpu_kernels.linear_avx2_kernel() is None
     assert cpu_kernels.decode_isa() in ("portable", "avx512_bf16", None)

@@ -80,9 +80,10 @@ def test_bf16_model_logits_agree_with_the_pytorch_path(tmp_path, monkeypatch) ->
     # oneDNN's matmul in both: tailserve's linear kernel sums in another order
     # (test_linear_kernel_*), and this compares the norm and RoPE kernels with PyTorch's ops.
     monkeypatch.setenv("TAILSERVE_LINEAR_KERNEL", "onednn")
-    if cpu_kernels.decode_isa() == "avx2":
-        # The AVX2 prefill kernel keeps P in float32 where SDPA rounds it (checked against a
-        # float32 reference in test_cpu_avx2.py): SDPA in both here, as the linear layers.
+    if cpu_kernels.decode_isa() in ("avx2", "avx512_bf16"):
+        # The tiled prefill kernels (dpbf16, AVX2) sum and round P in their own order (checked
+        # to bf16 rounding against SDPA in test_cpu_kernel.py, the AVX2 one against a float32
+        # reference in test_cpu_avx2.py): SDPA in both here, as the linear layers.
         monkeypatch.setattr(cpu_kernels, "prefill_attention_applies", lambda *args, **kwargs: False)
     fused = LlamaModel(config, state, BF16, cpu)
     monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "0")
