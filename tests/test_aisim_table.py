@@ -106,7 +106,7 @@ def test_a_deployment_priced_from_the_table(tmp_path):
         Deployment(model="Llama-3-8B", hardware="H200", tp=1, calibration=f"aisim:{path}")
     )
     cm = built.cost_model
-    assert built.notes[0] == "GEMMs priced from aisim.json: h200_sxm's measured bf16 rows"
+    assert built.notes[0] == "GEMMs priced from aisim.json: vllm's kernels measured on h200_sxm, bf16 rows"
     assert cm.table_outside == ()
     m = cm.model
     # the dense GEMMs at 2,048 tokens: the law's time of each shape, every layer

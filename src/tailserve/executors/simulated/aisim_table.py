@@ -150,6 +150,7 @@ class GemmTimes:
     gpu: str  # AISimulate's name
     hardware: str  # the catalog's name of that GPU
     formats: dict[str, FormatRows]
+    framework: str = "vllm"  # the engine whose kernels were timed (_aisim_tables.py --framework)
 
     def rows_for(self, fmt: str) -> FormatRows:
         name = get_precision(fmt).gemm_format
@@ -210,7 +211,7 @@ def _load(path: str, mtime_ns: int, size: int, shown: str, gpu: str) -> GemmTime
             formats[FORMATS[fmt]] = format_rows(FORMATS[fmt], a, hardware)
     if not formats:
         raise ValueError(f"aisim:{shown}: no {', '.join(FORMATS)} GEMM rows for {name}")
-    return GemmTimes(shown, name, hardware.name, formats)
+    return GemmTimes(shown, name, hardware.name, formats, str(body.get("framework", "vllm")))
 
 
 def _numbers(rows: list, what: str) -> np.ndarray:
@@ -314,7 +315,10 @@ def table_hardware(text: str, hardware: Hardware) -> tuple[Hardware, tuple[str, 
     if not gpu:
         gpu = next((g for g, name in GPUS.items() if name == hardware.name), hardware.name)
     times = load_gemm_times(path, gpu)
-    notes = [f"GEMMs priced from {Path(path).name}: {times.gpu}'s measured {', '.join(times.formats)} rows"]
+    notes = [
+        f"GEMMs priced from {Path(path).name}: {times.framework}'s kernels measured on {times.gpu}, "
+        f"{', '.join(times.formats)} rows"
+    ]
     if times.hardware != hardware.name:
         notes.append(f"the GEMMs were timed on {times.hardware}; their times are applied to {hardware.name}")
     return replace(hardware, gemm_table=times), tuple(notes)
