@@ -74,7 +74,7 @@ def add_parser(sub: Any) -> None:
         "--calibration",
         default=_arg("calibration"),
         help="the cost model's calibration, as for simulate: auto | none | generic | a preset | "
-        "FILE.json | vidur:DIR | gemm:FILE (default: %(default)s)",
+        "FILE.json | vidur:DIR | gemm:FILE | aisim:FILE[:GPU] (default: %(default)s)",
     )
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")

@@ -29,7 +29,7 @@ def _ms(value: float | None) -> str:
 def deployment_line(built: BuiltCostModel) -> str:
     cm = built.cost_model
     cal = built.calibration
-    prefix = next((p for p in ("gemm:", "vidur:") if cal.startswith(p)), "")
+    prefix = next((p for p in ("gemm:", "vidur:", "aisim:") if cal.startswith(p)), "")
     if prefix or cal.endswith(".json"):  # a source: its file's name
         cal = prefix + Path(cal[len(prefix) :]).name
     elif len(cal) >= 24:

@@ -8,7 +8,8 @@ profiled points and their errors. ``--calibration vidur:DIR`` fits the GEMM curv
 it to the deployment's GPU; when DIR is a Vidur root holding the GPU's one-node NCCL profile
 (``network/a100_dgx`` or ``h100_dgx``, next to ``compute/``), the all-reduce is fitted per
 message-size band too. ``--calibration gemm:FILE`` fits the GPU's bf16 and FP8 GEMM curves to
-GEMMs ``scripts/gpu_gemm.py`` timed on a GPU (``gemm_table.py``).
+GEMMs ``scripts/gpu_gemm.py`` timed on a GPU (``gemm_table.py``); ``--calibration
+aisim:FILE[:GPU]`` prices the dense GEMMs from AISimulate's measured tables (``aisim_table.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from tailserve.executors.simulated import aisim_table
+from tailserve.executors.simulated.aisim_table import PREFIX as AISIM_PREFIX
 from tailserve.executors.simulated.calibration import CalibrationResult, MeasuredBatch, calibrate
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel, Efficiency
 from tailserve.executors.simulated.gemm_table import PREFIX as GEMM_PREFIX
@@ -47,7 +50,11 @@ GENERIC = "generic"
 
 
 def is_calibration_source(text: str) -> bool:
-    return text == GENERIC or text.startswith((VIDUR_PREFIX, GEMM_PREFIX)) or text.endswith(".json")
+    return (
+        text == GENERIC
+        or text.startswith((VIDUR_PREFIX, GEMM_PREFIX, AISIM_PREFIX))
+        or text.endswith(".json")
+    )
 
 
 def generic_hardware(hardware: Hardware) -> Hardware:
@@ -81,6 +88,7 @@ def write_calibration_file(
     path: str | Path, cal: CalibrationFile, fit: CalibrationResult | None = None
 ) -> None:
     hw = asdict(cal.hardware)
+    hw.pop("gemm_table")  # measured GEMM times (aisim:FILE) stay in their own file
     eff = asdict(cal.efficiency)
     if math.isinf(eff["sharpness"]):
         eff["sharpness"] = "inf"
@@ -211,7 +219,8 @@ def _moe_exchange(saved: dict[str, Any]) -> MoeExchange:
 def load_calibration_source(
     text: str, model: ModelSpec, hardware: Hardware, tp: int
 ) -> tuple[CostModel, CalibrationResult | None, tuple[str, ...]]:
-    """(cost model, fit, notes) for ``generic``, ``FILE.json``, ``vidur:DIR`` or ``gemm:FILE``."""
+    """(cost model, fit, notes) for ``generic``, ``FILE.json``, ``vidur:DIR``, ``gemm:FILE`` or
+    ``aisim:FILE[:GPU]``."""
     if text == GENERIC:
         note = "generic roofline: compute 0.6, memory 0.8, max, no tile, 8 us all-reduce at 80% of the link"
         return CostModel(model, generic_hardware(hardware), tp), None, (note,)
@@ -222,6 +231,12 @@ def load_calibration_source(
 
         hw, notes = table_hardware(text[len(GEMM_PREFIX) :], hardware)
         return CostModel(model, hw, tp), None, notes
+    if text.startswith(AISIM_PREFIX):
+        hw, notes = aisim_table.table_hardware(text[len(AISIM_PREFIX) :], hardware)
+        cm = CostModel(model, hw, tp)
+        if cm.table_outside:  # said once, here: the run's cost model is built once
+            notes += (f"outside the measured shapes, on the catalog's curve: {', '.join(cm.table_outside)}",)
+        return cm, None, notes
     cal = read_calibration_file(text)
     notes = [f"calibration file {text}: {cal.source}"]
     if cal.hardware.name != hardware.name:

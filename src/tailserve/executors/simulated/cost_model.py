@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.executors.simulated.aisim_table import TableLayers
 from tailserve.executors.simulated.gemm import (
     MIN_TILE,
     curve_gemm_time,
@@ -256,6 +257,7 @@ class CostModel:
         self._byte_rate = hw.memory_bandwidth * eff.memory
         self._init_formats(m, hw, eff)
         self._init_groups(m, hw, eff)
+        self._table = self._init_table(m, hw)
         # Attention kernels relative to the GEMMs (1 on a GPU; a CPU's gather-and-softmax is not).
         self._prefill_rates = (
             self._flops_rate * eff.prefill_attention,
@@ -422,6 +424,30 @@ class CostModel:
                 m, self.tp, mla.gemm_factor(fmt), mla.format_latency(fmt), mla.format_request(fmt), 0.0
             )
 
+    def _init_table(self, m: ModelSpec, hw: Hardware) -> TableLayers | None:
+        """The dense GEMMs and the LM head priced from measured times (``--calibration
+        aisim:FILE``, aisim_table.py): each GEMM at its group's format (``module_formats.py``)."""
+        if hw.gemm_table is None:
+            return None
+        self._format_curve = None  # the table prices the dense GEMMs, not the format's curve
+        if m.is_mla:
+            raise ValueError(
+                f"{m.name}: measured GEMM times price GQA models' GEMMs; MLA's attention block keeps "
+                "the catalog's fitted terms (drop --calibration aisim:...)"
+            )
+        groups = _dense_gemm_groups(m) if m.module_dtypes else ()
+        fmt = m.weight_dtype or "bf16"
+        gemms = tuple(
+            (n, k, count, group_dtype(m, groups[i]) if groups else fmt)
+            for i, (n, k, count) in enumerate(_dense_gemms(m, self.tp))
+        )
+        return TableLayers.of(hw.gemm_table, gemms, (m.vocab_size / self.tp, m.hidden_size), hw)
+
+    @property
+    def table_outside(self) -> tuple[str, ...]:
+        """With measured GEMM times, the GEMMs outside them (priced on the catalog's curve)."""
+        return self._table.outside if self._table is not None else ()
+
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
@@ -501,6 +527,14 @@ class CostModel:
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
         eff = self.efficiency
         experts = self._experts(num_tokens) if self.model.is_moe else 0.0
+        if self._table is not None:  # measured times (their rows carry any quantization kernel)
+            return (
+                self._table.layers(num_tokens)
+                + num_tokens * self._kv_bytes_per_token / self._byte_rate  # the KV writes
+                + self._table.lm_head(num_logits)
+                + experts
+                + num_tokens * eff.per_token
+            )
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
             # The plain roofline: every GEMM in one max (the model before the fitted curves).
             if self._groups is not None:

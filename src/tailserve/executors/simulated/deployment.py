@@ -229,7 +229,7 @@ def _calibrated(deployment: Deployment, model: ModelSpec, hardware: Hardware) ->
                 f"calibration {preset.name!r} was measured on {preset.model} / {preset.hardware}; "
                 f"its efficiencies are applied to {model.name} / {hardware.name}"
             )
-    elif is_calibration_source(calibration):  # FILE.json, vidur:DIR or gemm:FILE
+    elif is_calibration_source(calibration):  # FILE.json, vidur:DIR, gemm:FILE or aisim:FILE
         cm, source_fit, source_notes = load_calibration_source(calibration, model, hardware, deployment.tp)
         return BuiltCostModel(cm, calibration, source_fit, source_notes)
     else:

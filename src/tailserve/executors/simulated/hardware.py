@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tailserve.core.device import DeviceInfo
 from tailserve.executors.simulated.precision import gemm_format
+
+if TYPE_CHECKING:
+    from tailserve.executors.simulated.aisim_table import GemmTimes
 
 GB = 1e9
 
@@ -317,6 +321,9 @@ class Hardware:
     moe_exchange: MoeExchange | None = None  # None: the all-reduce's latency and efficiency
     # Other engines' kernels on this GPU (the fields above are vLLM's); engine_hardware picks one
     engine_kernels: tuple[EngineKernels, ...] = ()
+    # Measured GEMM times that price the dense GEMMs instead of the curves (``--calibration
+    # aisim:FILE``, aisim_table.py); hashed by identity. None: the curves.
+    gemm_table: GemmTimes | None = None
 
     def __post_init__(self) -> None:
         for name in (
