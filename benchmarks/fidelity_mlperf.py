@@ -28,8 +28,17 @@ scenario's latency trade-offs.
 DeepSeek-R1's answers run to 20,000 tokens: at a few thousand requests the run lasts as long as
 its longest answer, so price it at the real run's count (``--points r1 --offline 26328``).
 
+``--aisim-tables ENGINE=FILE,...`` prices each point's dense GEMMs from AISimulate's measured
+tables (``--calibration aisim:FILE``) of the engine whose kernels the point's policy runs
+(``trtllm`` for TensorRT-LLM, ``vllm`` for vLLM and vLLM V0): FILE is that engine's export,
+``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --framework ENGINE --out FILE``. A
+chosen point the tables cannot price (no export for its engine, a GPU AISimulate did not time,
+an MLA model) is refused. ``--steps`` adds the simulated Server run's typical step (its iteration
+log's tokens, requests and duration, each step weighted by the decodes it carries, as TPOT weighs
+them): where the simulated server settles beside the step the measured run implies.
+
     python -m benchmarks.fidelity_mlperf [--span S] [--requests N] [--capacity] [--offline N] [--points NAME,...]
-        [--json OUT]
+        [--aisim-tables ENGINE=FILE,...] [--steps] [--json OUT]
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import contextlib
 import io
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +57,10 @@ from rich.table import Table
 
 from benchmarks._common import cpu_line, save_results
 from tailserve.cli.app import main as tailserve_main
+from tailserve.executors.simulated import aisim_table
+from tailserve.executors.simulated.deployment import kernel_engine
+from tailserve.executors.simulated.hardware import KERNEL_ENGINES
+from tailserve.executors.simulated.models import get_model
 
 RESULTS_REPO = "mlcommons/inference_results_v5.1"
 RESULTS_COMMIT = "965182b03376a00fcae415c54e560e1c83937932"
@@ -149,6 +162,9 @@ class MLPerfPoint:
     # runs attention for its own requests, the MoE layers span them): tailserve's DP engine of
     # ``dp`` ranks of TP ``tp`` that step together. 1: independent engines of TP ``tp``.
     dp: int = 1
+    # ``tailserve simulate --calibration`` of every run ("": none, the catalog's curves); set by
+    # ``with_tables`` (--aisim-tables), never in POINTS: the published points are held out.
+    calibration: str = ""
 
     @property
     def replicas(self) -> int:
@@ -172,6 +188,11 @@ class MLPerfPoint:
     @property
     def policy(self) -> str:
         return self.engine_flags[self.engine_flags.index("--policy") + 1]
+
+    @property
+    def kernels(self) -> str:
+        """The engine whose kernels price the point: its policy's (``--kernels auto``)."""
+        return kernel_engine("auto", self.policy)
 
 
 def _summary(submitter: str, system: str, bench: str) -> str:
@@ -341,27 +362,47 @@ def trace(point: MLPerfPoint, rate: float, n: int, seed: int) -> list[dict]:
     ]
 
 
-def _run(point: MLPerfPoint, requests: list[dict], flags: tuple[str, ...]) -> dict:
-    """``tailserve simulate --trace`` of one replica; its --json result."""
+def step_summary(lines: list[dict]) -> dict:
+    """The typical step of an iteration log (``simulate --iterations``), each step weighted by the
+    decodes it carries as TPOT weighs them (docs/fidelity.md, r39): mean tokens, requests and ms."""
+    w = np.array([it["num_decode_tokens"] for it in lines], dtype=float)
+    tokens = [it["num_prefill_tokens"] + it["num_decode_tokens"] for it in lines]
+    return {
+        "tokens": round(float(np.average(tokens, weights=w)), 1),
+        "requests": round(float(np.average([it["batch_size"] for it in lines], weights=w)), 1),
+        "ms": round(float(np.average([it["duration"] for it in lines], weights=w)) * 1e3, 2),
+    }
+
+
+def _run(point: MLPerfPoint, requests: list[dict], flags: tuple[str, ...], steps: bool = False) -> dict:
+    """``tailserve simulate --trace`` of one replica; its --json result (with ``steps``, the
+    iteration log's ``step_summary`` under "steps")."""
     with tempfile.TemporaryDirectory() as tmp:
         path, out = Path(tmp) / "trace.jsonl", Path(tmp) / "run.json"
+        log = Path(tmp) / "iterations.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in requests))
         argv = [
             "simulate", "--model", point.model, "--hardware", point.gpu, "--tp", str(point.tp),
             *(("--data-parallel-size", str(point.dp)) if point.dp > 1 else ()),
-            "--trace", str(path), *flags, "--json", str(out),
+            "--trace", str(path), *flags,
+            *(("--calibration", point.calibration) if point.calibration else ()),
+            *(("--iterations", str(log)) if steps else ()), "--json", str(out),
         ]  # fmt: skip
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             rc = tailserve_main(argv)
         if rc != 0:
             raise RuntimeError(f"tailserve {' '.join(argv)} exited {rc}")
-        return json.loads(out.read_text())
+        raw = json.loads(out.read_text())
+        if steps:
+            raw["steps"] = step_summary([json.loads(line) for line in log.read_text().splitlines()])
+        return raw
 
 
-def simulate(point: MLPerfPoint, rate: float, n: int, seed: int = 0) -> Predicted:
-    """One replica at ``rate`` requests/s for ``n`` requests, through ``tailserve simulate``."""
+def simulate(point: MLPerfPoint, rate: float, n: int, seed: int = 0, steps: bool = False) -> Predicted:
+    """One replica at ``rate`` requests/s for ``n`` requests, through ``tailserve simulate``
+    (``steps``: its typical step under ``raw["steps"]``)."""
     requests = trace(point, rate, n, seed)
-    raw = _run(point, requests, point.engine_flags)
+    raw = _run(point, requests, point.engine_flags, steps)
     m = raw["metrics"]
     ttft = (m["ttft_s"]["p50"] * 1e3, m["ttft_s"]["p99"] * 1e3)
     tpot = (m["tpot_s"]["p50"] * 1e3, m["tpot_s"]["p99"] * 1e3)
@@ -433,6 +474,53 @@ def select(names: str | None) -> tuple[MLPerfPoint, ...]:
     return tuple(p for p in POINTS if any(p in hits for hits in picked.values()))
 
 
+def parse_tables(text: str) -> dict[str, str]:
+    """``--aisim-tables``' ``ENGINE=FILE,...`` as {engine: FILE}; ValueError for a part that is not
+    ENGINE=FILE with one of tailserve's kernel engines, or an engine named twice."""
+    tables: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        engine, eq, path = (x.strip() for x in part.partition("="))
+        if not eq or not path or engine not in KERNEL_ENGINES:
+            raise ValueError(
+                f"--aisim-tables: {part!r} is not ENGINE=FILE with ENGINE one of {', '.join(KERNEL_ENGINES)}"
+            )
+        if engine in tables:
+            raise ValueError(f"--aisim-tables: {engine} named twice")
+        tables[engine] = path
+    return tables
+
+
+def table_source(tables: dict[str, str], engine: str, gpu: str, model: str, what: str) -> str:
+    """``aisim:FILE`` of ``engine``'s export in ``tables`` for ``model`` on catalog GPU ``gpu``.
+    ValueError, naming ``what``, where the tables cannot price it (no export for the engine, a GPU
+    AISimulate did not time, an MLA model) or the export holds another engine's kernels (its
+    ``framework``: what ``_aisim_tables.py --framework`` timed)."""
+    path = tables.get(engine)
+    if path is None:
+        raise ValueError(f"{what} runs {engine}'s kernels: --aisim-tables has no {engine}=FILE")
+    name = next((g for g, catalog in aisim_table.GPUS.items() if catalog == gpu), None)
+    if name is None:
+        raise ValueError(f"{what}: AISimulate's tables time no {gpu} GEMMs")
+    if get_model(model).is_mla:
+        raise ValueError(f"{what}: {model} is MLA, which the tables do not price")
+    # read here (once per process: the cost models built later reuse it) for whose kernels it holds
+    framework = aisim_table.load_gemm_times(path, name).framework
+    if framework != engine:
+        raise ValueError(
+            f"{what} runs {engine}'s kernels but {path} holds {framework}'s "
+            f"(export with _aisim_tables.py --framework {engine})"
+        )
+    return f"{aisim_table.PREFIX}{path}"
+
+
+def with_tables(points: tuple[MLPerfPoint, ...], tables: dict[str, str]) -> tuple[MLPerfPoint, ...]:
+    """Each point priced from its own engine's export (``calibration`` ``aisim:FILE``)."""
+    return tuple(
+        replace(point, calibration=table_source(tables, point.kernels, point.gpu, point.model, point.name))
+        for point in points
+    )
+
+
 def run(
     span_s: float,
     requests: int | None,
@@ -440,17 +528,20 @@ def run(
     offline_n: int,
     console: Console,
     points: tuple[MLPerfPoint, ...] = POINTS,
+    steps: bool = False,
 ) -> dict:
     rows = []
+    sources = sorted({p.calibration for p in points if p.calibration})
+    how = f"GEMMs from AISimulate's tables, {', '.join(sources)}" if sources else "uncalibrated"
     table = Table(
-        title="MLPerf Inference v5.1 Server points at the published QPS (uncalibrated)", title_justify="left"
+        title=f"MLPerf Inference v5.1 Server points at the published QPS ({how})", title_justify="left"
     )
     for col in ("point", "QPS", "in / out", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                 "in flight", "sim req/s", "VALID"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("point", "VALID") else "right")
     for point in points:
         rate = point.scheduled_qps / point.replicas
-        pred = simulate(point, rate, requests or requests_for(rate, span_s))
+        pred = simulate(point, rate, requests or requests_for(rate, span_s), steps=steps)
         row = {
             "point": point.label, "source": point.source, "replicas": point.replicas,
             "rate_per_replica": round(rate, 4), "policy": point.policy, "dp": point.dp,
@@ -462,6 +553,10 @@ def run(
                           "in_mean": round(pred.in_mean, 1), "out_mean": round(pred.out_mean, 1),
                           "in_flight_per_replica": round(pred.in_flight, 1)},
         }  # fmt: skip
+        if point.calibration:  # only then: an uncalibrated run's JSON is as before
+            row["calibration"] = point.calibration
+        if steps:
+            row["simulated_step"] = pred.raw["steps"]
         cells = [
             f"{p:,.1f} / {m:,.1f} ({_err(p, m)})"
             for p, m in zip((*pred.ttft_ms, *pred.tpot_ms), (*point.ttft_ms, *point.tpot_ms))
@@ -504,6 +599,22 @@ def run(
                 _err(c, point.completed_qps),
             )
         console.print(cap)
+    if steps:
+        st = Table(
+            title="the simulated Server run's typical step (weighted by decodes)", title_justify="left"
+        )
+        for col in ("point", "tokens", "requests", "ms", "TPOT p50 measured ms"):
+            st.add_column(col, justify="left" if col == "point" else "right")
+        for point, row in zip(points, rows):
+            t = row["simulated_step"]
+            st.add_row(
+                point.label,
+                f"{t['tokens']:,.0f}",
+                f"{t['requests']:,.0f}",
+                f"{t['ms']:.1f}",
+                f"{point.tpot_ms[0]:.1f}",
+            )
+        console.print(st)
     return {"results_repo": RESULTS_REPO, "results_commit": RESULTS_COMMIT, "span_s": span_s, "points": rows}
 
 
@@ -531,14 +642,27 @@ def main() -> int:
         + ", ".join(p.name for p in POINTS)
         + " (default: all)",
     )
+    ap.add_argument(
+        "--aisim-tables",
+        metavar="ENGINE=FILE,...",
+        help="price each point's dense GEMMs from its engine's AISimulate export "
+        "(--calibration aisim:FILE; ENGINE: trtllm, vllm, sglang)",
+    )
+    ap.add_argument(
+        "--steps",
+        action="store_true",
+        help="also the simulated Server run's typical step (tokens, requests, ms; weighted by decodes)",
+    )
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     try:
         points = select(args.points)
+        if args.aisim_tables:
+            points = with_tables(points, parse_tables(args.aisim_tables))
     except ValueError as e:
         ap.error(str(e))
     print(cpu_line())
-    out = run(args.span, args.requests, args.capacity, args.offline, Console(width=220), points)
+    out = run(args.span, args.requests, args.capacity, args.offline, Console(width=220), points, args.steps)
     save_results(out, args.json, "fidelity_mlperf.json")
     return 0
 

@@ -3,7 +3,13 @@ step, decomposed (r39)"): the cost model's GEMMs, LM head, prefill and decode at
 all-reduce and per-step overhead for the step shape the measured run implies, beside the step
 time it implies.
 
-    python -m benchmarks.step_terms
+    python -m benchmarks.step_terms [--aisim-tables ENGINE=FILE,...] [--json OUT]
+
+``--aisim-tables`` prices every step's dense GEMMs and LM head from its engine's AISimulate export
+(``--calibration aisim:FILE``, as ``fidelity_mlperf --aisim-tables``), and adds each deployment's
+GEMMs of every layer over a range of row counts, the catalog's curve beside the tables: where the
+step the simulated server settles at differs from the real one, what the tables change there.
+``--json OUT`` writes the figures printed.
 
 A measured Server run's typical step: ``demand x TPOT p50`` tokens (demand: scheduled QPS per
 replica x (mean prompt + mean output)), of which one decode per request in its decode phase
@@ -17,10 +23,13 @@ Decode contexts are the mean prompt plus half the mean output; a chunk capped be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, replace
 
+from benchmarks._common import save_results
+from benchmarks.fidelity_mlperf import parse_tables, table_source
 from tailserve.executors.simulated.cost_model import BatchShape
-from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+from tailserve.executors.simulated.deployment import Deployment, build_cost_model, kernel_engine
 
 
 @dataclass(frozen=True)
@@ -120,9 +129,17 @@ PERF_OVERVIEW = (
 )
 
 
-def perf_overview_rows() -> list[tuple[int, float]]:
+def calibrated(dep: Deployment, policy: str, tables: dict[str, str], what: str) -> Deployment:
+    """``dep`` with its dense GEMMs priced from the policy's engine's export (none: as it is)."""
+    if not tables:
+        return dep
+    source = table_source(tables, kernel_engine("auto", policy), dep.hardware, dep.model, what)
+    return replace(dep, calibration=source)
+
+
+def perf_overview_rows(tables: dict[str, str] | None = None) -> list[tuple[int, float]]:
     """(batch, output tokens/s) of the steady 128/128 step at batches 512, 1,024 and 2,048."""
-    dep, _ = PERF_OVERVIEW
+    dep = calibrated(PERF_OVERVIEW[0], "trtllm", tables or {}, "the perf-overview row")
     cm = build_cost_model(dep, "trtllm").cost_model
     return [
         (b, b / cm.iteration_time(BatchShape.of([(128, 0)] * (b // 128), [192] * b)))
@@ -130,15 +147,63 @@ def perf_overview_rows() -> list[tuple[int, float]]:
     ]
 
 
+# Row counts of the GEMM sweep: single decodes up to the B200's Offline budget and beyond.
+SWEEP_ROWS = (16, 128, 512, 1024, 1536, 2048, 2848, 4096)
+
+
+def gemm_sweep(tables: dict[str, str]) -> list[dict]:
+    """Each step deployment's dense GEMMs of every layer (``linear_time`` without the LM head: the
+    KV writes included alike) at ``SWEEP_ROWS`` rows, in ms: the catalog's, then the tables'."""
+    out, seen = [], set()
+    for step in STEPS:
+        dep = step.deployment
+        key = (dep.model, dep.hardware, dep.quantization, step.policy)  # the KV format moves no GEMM
+        if key in seen:
+            continue
+        seen.add(key)
+        catalog = build_cost_model(dep, step.policy).cost_model
+        table = build_cost_model(calibrated(dep, step.policy, tables, step.label), step.policy).cost_model
+        out.append(
+            {
+                "deployment": f"{dep.model} {dep.quantization} on {dep.hardware} ({step.policy})",
+                "rows": list(SWEEP_ROWS),
+                "catalog_ms": [round(catalog.linear_time(m) * 1e3, 2) for m in SWEEP_ROWS],
+                "table_ms": [round(table.linear_time(m) * 1e3, 2) for m in SWEEP_ROWS],
+            }
+        )
+    return out
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--aisim-tables",
+        metavar="ENGINE=FILE,...",
+        help="price each step's dense GEMMs from its engine's AISimulate export (--calibration aisim:FILE)",
+    )
+    ap.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
+    args = ap.parse_args()
+    try:
+        tables = parse_tables(args.aisim_tables) if args.aisim_tables else {}
+        steps = [replace(s, deployment=calibrated(s.deployment, s.policy, tables, s.label)) for s in STEPS]
+    except ValueError as e:
+        ap.error(str(e))
+    for source in sorted({s.deployment.calibration for s in steps} if tables else ()):
+        print(f"GEMMs priced from {source}")
     cols = ("GEMMs", "LM head", "prefill attention", "decode attention", "all-reduce", "overhead", "total")
     print("| step | tokens / requests | " + " | ".join(cols) + " | implied by the run | error |")
     print("|---|---:|" + "---:|" * (len(cols) + 2))
-    for step in STEPS:
+    results: dict = {"aisim_tables": tables, "steps": [], "perf_overview": []}
+    for step in steps:
         t = terms(step)
         requests = step.decodes + -(-(step.demand_tokens - step.decodes) // step.chunk)
         err = t["total"] * 1e3 / step.measured_ms - 1
         cells = " | ".join(f"{t[c] * 1e3:.2f}" for c in cols)
+        results["steps"].append(
+            {"step": step.label, "tokens": step.demand_tokens, "requests": requests,
+             **{f"{c} ms": round(t[c] * 1e3, 2) for c in cols}, "implied ms": step.measured_ms,
+             "error": round(err, 4)}
+        )  # fmt: skip
         print(
             f"| {step.label} | {step.demand_tokens:,} / {requests:,} | {cells} | {step.measured_ms:.1f} | {err:+.1%} |"
         )
@@ -146,8 +211,21 @@ def main() -> int:
     print(
         f"\nLlama-3.3-70B FP4 on B200, TP 1, 128/128 (TensorRT-LLM perf-overview 0.19: {published:,.0f} output tok/s)"
     )
-    for batch, rate in perf_overview_rows():
+    for batch, rate in perf_overview_rows(tables):
         print(f"  steady step at batch {batch:5,}: {rate:8,.0f} output tok/s ({rate / published - 1:+.1%})")
+        results["perf_overview"].append({"batch": batch, "tokens_per_s": round(rate), "published": published})
+    if tables:
+        results["gemm_sweep"] = gemm_sweep(tables)
+        print("\nGEMMs of every layer (no LM head), ms: catalog / tables (change)")
+        print("| deployment | " + " | ".join(f"{m:,} rows" for m in SWEEP_ROWS) + " |")
+        print("|---|" + "---:|" * len(SWEEP_ROWS))
+        for row in results["gemm_sweep"]:
+            cells = " | ".join(
+                f"{a:.1f} / {b:.1f} ({b / a - 1:+.0%})" for a, b in zip(row["catalog_ms"], row["table_ms"])
+            )
+            print(f"| {row['deployment']} | {cells} |")
+    if args.json:
+        save_results(results, args.json, "step_terms.json")
     return 0
 
 

@@ -3,6 +3,10 @@ simulate through the CLI's path; behaviour only, never timing or fidelity figure
 
 from __future__ import annotations
 
+import io
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from benchmarks.fidelity_mlperf import (
@@ -12,10 +16,15 @@ from benchmarks.fidelity_mlperf import (
     OPENORCA,
     POINTS,
     capacity,
+    parse_tables,
+    run,
     select,
     simulate,
+    step_summary,
     trace,
+    with_tables,
 )
+from rich.console import Console
 
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.models import get_model, resolve_model_name
@@ -116,3 +125,99 @@ def test_an_attention_dp_point_is_one_engine_of_its_ranks():
     assert (b200.replicas, b200.dp, gb200.replicas) == (1, 8, 9)
     # Little's law per engine: 8 GPUs' requests in flight, not one GPU's
     assert b200.in_flight == pytest.approx(5.02 * 248.934)
+
+
+# --aisim-tables: each point priced from its own engine's AISimulate export (aisim_table.py), on
+# tiny synthetic exports (AISimulate itself is not needed).
+_MS = (1, 16, 64, 128, 256, 1024, 4096, 16384)
+_NS = (4096, 8192, 16384, 32768, 65536)
+_KS = (4096, 8192, 16384, 32768)
+
+
+def _export(path, framework, gpu, formats):
+    """An ``_aisim_tables.py`` export of ``gpu``: every (M, N, K) of the grid at a law slower with
+    M than a constant rate, so that the table prices differently from the catalog's curve."""
+    gemm = [
+        [fmt, float(m), float(n), float(k), 1e3 * (4e-6 + 2.0 * m * n * k / 8e14)]  # ms
+        for fmt in formats
+        for n in _NS
+        for k in _KS
+        for m in _MS
+    ]
+    path.write_text(json.dumps({"framework": framework, "gpus": {gpu: {"gemm": gemm}}}))
+    return str(path)
+
+
+@pytest.fixture
+def exports(tmp_path):
+    return {
+        "trtllm": _export(tmp_path / "trtllm.json", "trtllm", "h200_sxm", ("fp8", "bfloat16")),
+        "vllm": _export(tmp_path / "vllm.json", "vllm", "h100_sxm", ("fp8", "bfloat16")),
+    }
+
+
+def test_aisim_tables_parse_engine_and_file():
+    assert parse_tables("trtllm=/a.json, vllm=/b.json") == {"trtllm": "/a.json", "vllm": "/b.json"}
+    for bad in ("trtllm", "trtllm=", "tensorrt=/a.json", "=/a.json"):
+        with pytest.raises(ValueError, match="is not ENGINE=FILE"):
+            parse_tables(bad)
+    with pytest.raises(ValueError, match="trtllm named twice"):
+        parse_tables("trtllm=/a.json,trtllm=/b.json")
+
+
+def test_each_point_takes_its_own_engines_export(exports):
+    cisco, redhat = with_tables(select("cisco-h200,redhat-h100"), exports)
+    assert (cisco.kernels, redhat.kernels) == ("trtllm", "vllm")
+    assert (
+        cisco.calibration == f"aisim:{exports['trtllm']}" and redhat.calibration == f"aisim:{exports['vllm']}"
+    )
+    assert all(p.calibration == "" for p in POINTS)  # the published points stay uncalibrated
+
+
+def test_points_the_tables_cannot_price_are_refused(exports, tmp_path):
+    with pytest.raises(ValueError, match="redhat-h100 runs vllm's kernels: --aisim-tables has no vllm=FILE"):
+        with_tables(select("redhat-h100"), {"trtllm": exports["trtllm"]})
+    vllm_h200 = _export(tmp_path / "vllm_h200.json", "vllm", "h200_sxm", ("fp8",))
+    with pytest.raises(ValueError, match=r"holds vllm's .*--framework trtllm"):
+        with_tables(select("cisco-h200"), {"trtllm": vllm_h200})
+    with pytest.raises(ValueError, match="amd-mi300x: AISimulate's tables time no MI300X GEMMs"):
+        with_tables(select("amd-mi300x"), exports)
+    with pytest.raises(ValueError, match="nvidia-b200-r1: DeepSeek-R1-FP4-v2 is MLA"):
+        with_tables(select("nvidia-b200-r1"), exports)
+
+
+def test_a_point_on_the_tables_simulates_with_them(exports):
+    point = with_tables(select("cisco-h200"), exports)[0]
+    rate = point.scheduled_qps / point.replicas
+    out = run(2.0, 40, False, 0, Console(file=io.StringIO()), (point,), steps=True)
+    row = out["points"][0]
+    assert row["calibration"] == point.calibration
+    catalog = run(2.0, 40, False, 0, Console(file=io.StringIO()), select("cisco-h200"))["points"][0]
+    assert "calibration" not in catalog and "simulated_step" not in catalog  # as before the option
+    assert row["predicted"]["tpot_ms"] != catalog["predicted"]["tpot_ms"]
+    # the tables reach the simulation: its JSON names the source
+    assert simulate(point, rate, 20).raw["config"]["calibration"] == point.calibration
+    step = row["simulated_step"]
+    assert step["tokens"] >= step["requests"] > 0 and step["ms"] > 0
+
+
+def test_the_typical_step_weighs_steps_by_their_decodes():
+    lines = [
+        {"num_prefill_tokens": 500, "num_decode_tokens": 0, "batch_size": 1, "duration": 0.050},
+        {"num_prefill_tokens": 100, "num_decode_tokens": 10, "batch_size": 11, "duration": 0.020},
+        {"num_prefill_tokens": 0, "num_decode_tokens": 30, "batch_size": 30, "duration": 0.010},
+    ]
+    assert step_summary(lines) == {"tokens": 50.0, "requests": 25.2, "ms": 12.5}
+
+
+def test_step_terms_price_each_step_on_its_engines_tables(exports):
+    from benchmarks.step_terms import H200, STEPS, calibrated, terms
+
+    assert calibrated(H200, "trtllm", {}, "x") is H200
+    dep = calibrated(H200, "trtllm", exports, "Cisco")
+    assert dep.calibration == f"aisim:{exports['trtllm']}"
+    cisco = next(s for s in STEPS if s.deployment == H200)
+    before, after = terms(cisco), terms(replace(cisco, deployment=dep))
+    assert after["GEMMs"] != before["GEMMs"] and after["decode attention"] == before["decode attention"]
+    with pytest.raises(ValueError, match="has no trtllm=FILE"):
+        calibrated(H200, "trtllm", {"vllm": exports["vllm"]}, "Cisco")
