@@ -140,9 +140,9 @@ class SarathiPolicy(Policy, FastPaths):
                 if not has_free:
                     rest = running[running.index(request) :]
                     break
-                table = tables.get(request.request_id)
-                # Unless its last block has room for the token, it takes a block.
-                if table is None or len(table) * block_size <= computed:
+                # Unless its last block has room for the token, it takes a block. (Every
+                # running request holds a table: admission allocated its whole prompt.)
+                if len(tables[request.request_id]) * block_size <= computed:
                     if not sched.allocate(request, computed + 1):
                         rest = running[running.index(request) :]
                         break

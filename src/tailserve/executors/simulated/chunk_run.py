@@ -127,26 +127,30 @@ def advance_chunk_run(engine: Engine) -> int:
     decode_kv = n  # sum of (context + 1) over decodes
     # A decode produces its last token in iteration ``left - 1``: with ``chunk_run_ends_at_finish``
     # the run ends with that iteration (it is decided as the step would: the same shape, the
-    # finish applied at its end), else stops before it.
+    # finish applied at its end), else stops before it. The scan keeps the bound on ``left``
+    # (``k_max + at_finish``), so the per-decode test is one comparison either way.
     at_finish = 0 if policy.chunk_run_ends_at_finish else 1
+    bound = k_max + at_finish
     for r in decodes:
         outputs = r.num_output_tokens
         c = r.num_computed_tokens
         if r.prompt_len + outputs - c != 1:
             return 0  # a second prompt in progress
-        left = r.max_tokens - outputs - at_finish
-        if left < k_max:
-            k_max = left
-            if k_max < 1:
-                return 0  # a decode's next token is its last: no need to scan the rest
+        left = r.max_tokens - outputs
+        if left < bound:
+            bound = left
+            if bound <= at_finish:
+                return 0  # no iteration before a decode's last (``at_finish``): no need to scan the rest
         decode_kv += c
         slots = len(tables[r.request_id]) * block_size
         held.append(slots)
         first = slots - c
-        # Only crossings inside the run are walked (k_max only shrinks from here): a run is
-        # a few iterations as a rule, so most decodes cross no block in it and need no entry.
-        if first < k_max:
+        # Only crossings inside the run are walked (the bound only shrinks from here; one
+        # past the run's end is kept when the run stops before a finish, and never read): a
+        # run is a few iterations as a rule, so most decodes cross no block in it.
+        if first < bound:
             due[first] = due.get(first, 0) + 1
+    k_max = bound - at_finish
     # A cluster replica's source reports the cluster's next event (``horizon``) as its next
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
     horizon = source.horizon
