@@ -797,9 +797,15 @@ class CostModel:
         # kv (at kv 0 both are 0.0): chosen once per call, each step one expression, the same
         # operations in the same order (a loop's test and append per step showed in SGLang's runs).
         if kv_bytes * flops_rate > pair_flops * byte_rate * _CLEAR_LEAD:
-            return [head + kv * kv_bytes / byte_rate + comm + overhead for kv in range(num_context_tokens, stop, n)]
+            return [
+                head + kv * kv_bytes / byte_rate + comm + overhead
+                for kv in range(num_context_tokens, stop, n)
+            ]
         if pair_flops * byte_rate > kv_bytes * flops_rate * _CLEAR_LEAD:
-            return [head + kv * pair_flops / flops_rate + comm + overhead for kv in range(num_context_tokens, stop, n)]
+            return [
+                head + kv * pair_flops / flops_rate + comm + overhead
+                for kv in range(num_context_tokens, stop, n)
+            ]
         times = []
         for kv in range(num_context_tokens, stop, n):
             compute = kv * pair_flops / flops_rate
