@@ -49,6 +49,23 @@ def test_decode_run_vector_equals_scalar_bit_for_bit():
         assert vec[j] == step == lst[j]
 
 
+@pytest.mark.parametrize("lead", [None, 1e6, 1e-6, 1.0, 1.0 + 1e-12, 1.0 - 1e-12, 1.0 + 1e-8])
+def test_decode_step_times_takes_the_leading_side_as_the_loop_would(lead: float | None) -> None:
+    """``decode_step_times`` takes the max of the decode attention's compute and memory sides
+    once per call where one side's constant clearly leads: every step equals the step's own
+    ``iteration_time`` bit for bit, memory-bound (the GPUs as they are), compute-bound, and with
+    the two sides equal or within rounding of each other (the per-step comparison), from kv 0."""
+    cm = CostModel(get_model("Llama-3-8B"), get_hardware("A100-80GB"), 1)
+    if lead is not None:  # the memory side's rate set so memory / compute per token == lead
+        flops_rate, _ = cm._decode_rates
+        ratio = cm._kv_bytes_per_token / cm._decode_pair_flops * flops_rate
+        cm._decode_rates = (flops_rate, ratio / lead)
+    for n, context in ((1, 0), (7, 7), (24, 24 * 900 + 24), (256, 256 * 5000)):
+        steps = cm.decode_step_times(n, context, 40)
+        for j in range(40):
+            assert steps[j] == cm.iteration_time(BatchShape(n, n, 0, 0, context + n * j))
+
+
 def test_seed_preset_reproduces_the_essay_figures_and_warns_with_numbers():
     built = build_cost_model(Deployment("Llama-3-70B", "A100-80GB", 4, "seed"))
     cm = built.cost_model

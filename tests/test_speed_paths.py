@@ -325,6 +325,39 @@ def test_chunk_run_takes_the_iterations(monkeypatch: pytest.MonkeyPatch) -> None
     assert sum(calls) > 100
 
 
+@pytest.mark.parametrize(
+    "spec", ["sarathi:chunk_size=512", "sarathi:chunk_size=256,gpu_memory_utilization=0.25"]
+)
+def test_sarathi_chunk_runs_end_with_a_decodes_last_token(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    """``chunk_run_ends_at_finish``: Sarathi's runs take the iteration in which decodes sample their
+    last token (several at once too) and finish them at its end, with results identical to
+    stepping (and to runs that stop before it, as TGI's do)."""
+    from tailserve.executors.simulated import chunk_run
+    from tailserve.policies.sarathi import SarathiPolicy
+
+    finishes: list[int] = []
+    original = chunk_run.advance_chunk_run
+
+    def counting(engine):
+        before = len(engine.scheduler.running)  # a run adds nobody to the batch
+        k = original(engine)
+        if k and len(engine.scheduler.running) < before:
+            finishes.append(before - len(engine.scheduler.running))
+        return k
+
+    monkeypatch.setattr(chunk_run, "advance_chunk_run", counting)
+    workload = WorkloadSpec(
+        "random", num_requests=200, rate=20.0, seed=4, input_len=LogNormal(1500, 1.0, 8000),
+        output_len=LogNormal(60, 0.8, 400),
+    )  # fmt: skip
+    fast, _ = _sarathi_fingerprint(spec, workload, fast=True)
+    assert len(finishes) > 20 and max(finishes) > 1
+    slow, _ = _sarathi_fingerprint(spec, workload, fast=False)
+    monkeypatch.setattr(SarathiPolicy, "chunk_run_ends_at_finish", False)
+    before_finish, _ = _sarathi_fingerprint(spec, workload, fast=True)
+    assert fast == slow == before_finish
+
+
 @pytest.mark.parametrize("spec", ["sarathi:chunk_size=512", "sarathi:chunk_size=300,max_num_seqs=4"])
 def test_chunk_run_with_its_last_chunk_identical_to_plain_stepping(spec: str) -> None:
     """At a low rate nobody waits, so runs take the prompt's last chunk and its first token."""

@@ -141,7 +141,8 @@ class KVCacheManager:
         """Grow the request's block table to hold ``num_total_tokens`` tokens.
 
         Returns the newly allocated block ids (possibly empty), or None when there is no room;
-        on None nothing changed.
+        on None nothing changed. Read the ids, do not change or keep them: for a request's
+        first blocks in the compact (one-token-slot) manager they are its table itself.
         """
         table = self.block_tables.get(request_id)
         held = len(table) if table is not None else 0
@@ -154,8 +155,6 @@ class KVCacheManager:
         top = self._top  # the compact stack's height (None: a list stack, all of it free)
         if need > (len(free) if top is None else top):
             return None
-        if table is None:
-            table = self.block_tables[request_id] = self._new_table()
         if top is None:
             new = free[-need:]
             del free[-need:]
@@ -166,6 +165,14 @@ class KVCacheManager:
         if refs is not None:
             for block_id in new:
                 refs[block_id] = 1
+        if table is None:
+            if top is not None:
+                # A new request's slots in the compact stack (an SGLang admission, ~1,000 ids)
+                # are the slice itself, not copied a second time into an empty table; returned
+                # as it is, which the caller reads and does not keep, as any result here.
+                self.block_tables[request_id] = new
+                return new
+            table = self.block_tables[request_id] = self._new_table()
         table.extend(new)
         return new
 

@@ -76,6 +76,10 @@ class SarathiPolicy(Policy, FastPaths):
     # Beside a full chunk the budget is spent: phase 3 stops at its first request (chunk 0), so
     # a request arriving during a chunk run only waits (chunk_run.py adds it inside the run).
     chunk_run_takes_arrivals = True
+    # The iteration in which a decode samples its last token is shaped as the others (phase 1
+    # gives it its token; the finish comes at the iteration's end), and phase 1 walks the batch
+    # in arrival order: a chunk run may end with it (chunk_run.py).
+    chunk_run_ends_at_finish = True
 
     def __init__(self, config: SarathiConfig) -> None:
         super().__init__(config)
@@ -136,9 +140,9 @@ class SarathiPolicy(Policy, FastPaths):
                 if not has_free:
                     rest = running[running.index(request) :]
                     break
-                table = tables.get(request.request_id)
-                # Unless its last block has room for the token, it takes a block.
-                if table is None or len(table) * block_size <= computed:
+                # Unless its last block has room for the token, it takes a block. (Every
+                # running request holds a table: admission allocated its whole prompt.)
+                if len(tables[request.request_id]) * block_size <= computed:
                     if not sched.allocate(request, computed + 1):
                         rest = running[running.index(request) :]
                         break

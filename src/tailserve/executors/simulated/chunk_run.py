@@ -10,6 +10,9 @@ builds, so the same durations), adds them to the clock in the same order as the 
 records the iteration log, and applies the run's tokens once. It stops *before* any iteration
 where something could change, which then runs step by step (conservatively: the policy's
 ``decode_reserve_blocks`` of slack, so Sarathi's phase 1 "a block is free" test always holds).
+The iteration in which a decode samples its last token is still one of the run's shape; a
+policy that signs ``FastPaths.chunk_run_ends_at_finish`` (Sarathi) has the run end with it,
+its finishes applied at its end as the step applies them, instead of stepping it.
 
 TGI's chunking mode makes the same iterations: with no admission the router's forward feeds
 every decode one token and the prompt the chunk the shard planned after the previous forward,
@@ -27,6 +30,7 @@ to plain stepping for both.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 from tailserve.executors.simulated.executor import SimExecutor
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from tailserve.core.engine import Engine
 
 MAX_RUN = 4096  # iterations per call
+_arrival = attrgetter("arrival_time")
 
 
 def applies_to(executor: object) -> bool:
@@ -120,24 +125,32 @@ def advance_chunk_run(engine: Engine) -> int:
     held = []  # KV slots each decode holds
     due: dict[int, int] = {}
     decode_kv = n  # sum of (context + 1) over decodes
+    # A decode produces its last token in iteration ``left - 1``: with ``chunk_run_ends_at_finish``
+    # the run ends with that iteration (it is decided as the step would: the same shape, the
+    # finish applied at its end), else stops before it. The scan keeps the bound on ``left``
+    # (``k_max + at_finish``), so the per-decode test is one comparison either way.
+    at_finish = 0 if policy.chunk_run_ends_at_finish else 1
+    bound = k_max + at_finish
     for r in decodes:
         outputs = r.num_output_tokens
         c = r.num_computed_tokens
         if r.prompt_len + outputs - c != 1:
             return 0  # a second prompt in progress
         left = r.max_tokens - outputs
-        if left <= k_max:  # each decode's last token stays out of the run: k_max <= left - 1
-            k_max = left - 1
-            if k_max < 1:
-                return 0  # a decode's next token is its last: no need to scan the rest
+        if left < bound:
+            bound = left
+            if bound <= at_finish:
+                return 0  # no iteration before a decode's last (``at_finish``): no need to scan the rest
         decode_kv += c
         slots = len(tables[r.request_id]) * block_size
         held.append(slots)
         first = slots - c
-        # Only crossings inside the run are walked (k_max only shrinks from here): a run is
-        # a few iterations as a rule, so most decodes cross no block in it and need no entry.
-        if first < k_max:
+        # Only crossings inside the run are walked (the bound only shrinks from here; one
+        # past the run's end is kept when the run stops before a finish, and never read): a
+        # run is a few iterations as a rule, so most decodes cross no block in it.
+        if first < bound:
             due[first] = due.get(first, 0) + 1
+    k_max = bound - at_finish
     # A cluster replica's source reports the cluster's next event (``horizon``) as its next
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
     horizon = source.horizon
@@ -196,7 +209,14 @@ def advance_chunk_run(engine: Engine) -> int:
         log.record(start, end - start, q if i < k_full else last, n, n + 1, blocks, 0)
     chunk = k_full * q + last if k > k_full else k * q  # the last chunk samples the first token
     done = sched.update_run(decodes, held, times, prompt, chunk)
-    assert not done  # the run stops before any request's last token
+    if done:
+        # Only decodes, only in the run's last iteration (``chunk_run_ends_at_finish``; the
+        # prompt's last chunk is in the run only when its first token is not its last). The
+        # step applies its decodes in arrival order (Sarathi sorts the batch each iteration;
+        # the sort is stable, as this one): the finishes, and what hangs on them, keep it.
+        assert at_finish == 0 and prompt not in done, "the run ends at a decode's finish only"
+        if len(done) > 1:
+            done.sort(key=_arrival)
     policy.on_chunk_run(sched, prompt, k)
     engine.end_run(done, t)
     return k

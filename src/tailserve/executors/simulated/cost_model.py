@@ -67,6 +67,9 @@ __all__ = ["MIN_TILE", "BatchShape", "CostModel", "Efficiency", "Roofline", "joi
 
 DEFAULT_COMM = 0.8  # generic all-reduce link efficiency (GPUs without a fitted one)
 GEMMS_PER_LAYER = 4  # QKV, attention output, gate+up, down
+# How far one side of an attention's roofline must lead per token for ``decode_step_times`` to
+# take it as the max without comparing (rounding moves each side by ~1e-16 of itself).
+_CLEAR_LEAD = 1.0 + 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -822,8 +825,23 @@ class CostModel:
                 for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
             ]
         head = self._linear(n, n) + self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
+        stop = num_context_tokens + n * num_steps
+        # Both sides are kv times a constant, each rounded twice, so where one constant leads
+        # by more than rounding can close (1e-9 against ~1e-16) that side is the max at every
+        # kv (at kv 0 both are 0.0): chosen once per call, each step one expression, the same
+        # operations in the same order (a loop's test and append per step showed in SGLang's runs).
+        if kv_bytes * flops_rate > pair_flops * byte_rate * _CLEAR_LEAD:
+            return [
+                head + kv * kv_bytes / byte_rate + comm + overhead
+                for kv in range(num_context_tokens, stop, n)
+            ]
+        if pair_flops * byte_rate > kv_bytes * flops_rate * _CLEAR_LEAD:
+            return [
+                head + kv * pair_flops / flops_rate + comm + overhead
+                for kv in range(num_context_tokens, stop, n)
+            ]
         times = []
-        for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n):
+        for kv in range(num_context_tokens, stop, n):
             compute = kv * pair_flops / flops_rate
             memory = kv * kv_bytes / byte_rate
             # ``max(compute, memory)`` spelled out, as in ``_attention``: once per step.

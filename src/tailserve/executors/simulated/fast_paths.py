@@ -42,6 +42,12 @@ class FastPaths:
     # decisions except by waiting (or being rejected) — TGI, whose router has no prefill budget
     # left beside a full chunk, and Sarathi, whose full chunk spends the iteration's budget.
     chunk_run_takes_arrivals: ClassVar[bool] = False
+    # ``chunk_run.py`` may end a run with the iteration in which decodes produce their last
+    # token (they finish at its end, in arrival order): True only where that iteration is
+    # decided as the others (the finish changes nothing before the next one) and the step
+    # applies its decodes in arrival order — Sarathi. Not TGI: its shard plans the prompt's
+    # next chunk around a finish (``on_chunk_run`` does not re-derive that), so it steps there.
+    chunk_run_ends_at_finish: ClassVar[bool] = False
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """True when, with every running request one token behind, this policy would schedule
