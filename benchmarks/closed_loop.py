@@ -131,10 +131,29 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--refit", action="store_true", help="with --from-json: fit the calibration's probes again"
     )
+    p.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        metavar="ENGINE=FILE",
+        help="with --from-json: predict ENGINE's cells on this calibration file instead of the run's "
+        "(e.g. one `calibrate --from-trace` fitted to a recorded bench run; repeatable)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.refit and not args.from_json:
         p.error("--refit needs --from-json FILE")
+    if args.calibration and not args.from_json:
+        p.error("--calibration ENGINE=FILE needs --from-json FILE")
+    overrides = {}
+    for item in args.calibration:
+        engine, eq, path = item.partition("=")
+        if not eq or engine not in ("vllm", "tailserve") or not path:
+            p.error(f"--calibration {item!r}: expected vllm=FILE or tailserve=FILE")
+        if not Path(path).is_file():
+            p.error(f"--calibration {item!r}: no such file")
+        overrides[engine] = path
+    args.calibration = overrides
     if args.repeat < 1:
         p.error(f"--repeat {args.repeat}: must be >= 1")
     args.quiet_timeout = (
@@ -445,6 +464,11 @@ def main() -> int:
     if saved is not None:  # the twin's side again, on the cells a run measured
         work = Path(tempfile.mkdtemp(prefix="closed_loop-"))
         calibrations = repro.saved_calibrations(saved, model, work, args.refit)
+        for engine, path in args.calibration.items():
+            if engine not in calibrations:
+                print(f"closed_loop: error: the run has no {engine} cells", file=sys.stderr)
+                return 2
+            calibrations[engine] = {"file": str(Path(path).resolve()), "replaced": True}
         starts = saved.get("server_starts", [])
         cells = repro.repredict_cells(saved["cells"], settings, workloads, calibrations, model, predict)
     else:

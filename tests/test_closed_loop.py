@@ -230,3 +230,25 @@ def test_repeatability_takes_the_first_pass_as_the_engines_own_twin() -> None:
     rows = report.rankings([c for c in cells if c.get("predicted")])
     assert sorted(r.get("pass", 0) for r in rows) == [0, 1]
     assert report.repeatability([c for c in cells if c["pass"] == 0]) is None
+
+
+def test_a_calibration_override_is_checked_before_anything_runs(monkeypatch, tmp_path, capsys) -> None:
+    from benchmarks import closed_loop
+
+    cal = tmp_path / "fit.json"
+    cal.write_text("{}")
+    cases = [
+        (["--calibration", f"tailserve={cal}"], "needs --from-json"),
+        (["--from-json", "x.json", "--calibration", f"sglang={cal}"], "expected vllm=FILE or tailserve=FILE"),
+        (["--from-json", "x.json", "--calibration", "tailserve=/nonexistent.json"], "no such file"),
+        (["--repeat", "0"], "must be >= 1"),
+    ]
+    for argv, message in cases:
+        monkeypatch.setattr("sys.argv", ["closed_loop", *argv])
+        with pytest.raises(SystemExit):
+            closed_loop.parse_args()
+        assert message in capsys.readouterr().err
+    monkeypatch.setattr(
+        "sys.argv", ["closed_loop", "--from-json", "x.json", "--calibration", f"tailserve={cal}"]
+    )
+    assert closed_loop.parse_args().calibration == {"tailserve": str(cal)}
