@@ -237,7 +237,9 @@ def test_per_logit_prices_each_sampled_row_on_every_path():
     assert per.iteration_time(mixed) == pytest.approx(base.iteration_time(mixed) + 33 * 3e-4, rel=1e-12)
     runs = per.decode_run_times(16, 16 * 300, 5) - base.decode_run_times(16, 16 * 300, 5)
     assert runs == pytest.approx([16 * 3e-4] * 5, rel=1e-9)
-    assert per.decode_step_times(16, 16 * 300, 5) == pytest.approx(list(per.decode_run_times(16, 16 * 300, 5)))
+    assert per.decode_step_times(16, 16 * 300, 5) == pytest.approx(
+        list(per.decode_run_times(16, 16 * 300, 5))
+    )
     chunk = BatchShape(512, 0, 512 * 513 // 2, 512, 0, 1, 0)  # a prefill chunk samples nothing
     assert per.iteration_time(chunk) == base.iteration_time(chunk)
     with pytest.raises(ValueError, match="per_logit must be >= 0"):

@@ -256,7 +256,8 @@ def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["sarathi:chunk_size=512", "sarathi:chunk_size=256,gpu_memory_utilization=0.25"]  # preempts
+    "spec",
+    ["sarathi:chunk_size=512", "sarathi:chunk_size=256,gpu_memory_utilization=0.25"],  # preempts
 )
 def test_sarathi_decode_head_is_what_batch_shape_and_update_would_derive(
     monkeypatch: pytest.MonkeyPatch, spec: str
