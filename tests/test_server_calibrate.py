@@ -371,3 +371,29 @@ def test_a_probe_builds_one_tls_context_for_all_its_clients(torch_server: Any, m
         probe.stream(Prompts(True, 1024).make(8), 2)
     assert len(made) == 1
     server_probe.ssl_context.cache_clear()
+
+
+def test_a_probes_repeats_say_how_far_apart_they_ran() -> None:
+    from tailserve.fidelity import server_calibrate as sc
+
+    timing = sc.StreamTiming(0.01, (0.003,) * 8, 100, 9)
+    server = [
+        sc._Run((timing,), c, s, "vllm:inter_token_latency_seconds")
+        for c, s in ((3.0, 2.8), (4.3, 4.15), (3.9, 3.86))
+    ]
+    point = sc._summarize_decode(
+        [sc._Run(r.timings, r.client_s * 1e-3, r.server_s * 1e-3, r.source) for r in server], 1, 32
+    )
+    assert point.seconds == pytest.approx(3.86e-3) and point.source.startswith("vllm:")
+    assert (point.low_s, point.high_s) == (pytest.approx(2.8e-3), pytest.approx(4.15e-3))
+    assert point.spread == pytest.approx((4.15 - 2.8) / 3.86) and point.spread > sc.SPREAD_WARNING
+    # One repeat without the server's figure: the client's, its spread from the client's repeats.
+    mixed = [
+        sc._Run(timing_run.timings, c * 1e-3, None if k == 0 else s * 1e-3, "vllm:x")
+        for k, (timing_run, (c, s)) in enumerate(zip(server, ((3.0, 2.8), (3.1, 4.15), (3.2, 3.86))))
+    ]
+    point = sc._summarize_decode(mixed, 1, 32)
+    assert point.source == "client" and point.seconds == pytest.approx(3.1e-3)
+    assert point.spread == pytest.approx(0.2 / 3.1)
+    one = sc.ProbedPoint(point.batch, 1e-3, 1e-3, "client", "decode 1 x 128")
+    assert one.spread == 0.0

@@ -340,18 +340,28 @@ def cmd_calibrate_server(args: argparse.Namespace) -> int:
     out = Console()
     out.print(cal.source)
     table = Table(title="probes: fitted iteration time vs measured", title_justify="left")
-    for col in ("probe", "from", "measured ms", "client ms", "fitted ms", "error"):
+    for col in ("probe", "from", "measured ms", "repeats", "client ms", "fitted ms", "error"):
         table.add_column(col, justify="left" if col in ("probe", "from") else "right")
     for p, predicted in zip(points, fit.predicted):
         table.add_row(
             p.label,
             p.source,
             f"{p.seconds * 1e3:.2f}",
+            f"±{p.spread / 2:.0%}" if plan.repeats > 1 else "-",
             f"{p.client_s * 1e3:.2f}",
             f"{predicted * 1e3:.2f}",
             f"{predicted / p.seconds - 1:+.1%}",
         )
     out.print(table)
+    moved = [p for p in points if p.spread > sc.SPREAD_WARNING]
+    if moved and plan.repeats > 1:
+        shown = ", ".join(f"{p.label} ({p.low_s * 1e3:.2f}-{p.high_s * 1e3:.2f} ms)" for p in moved[:4])
+        more = f" and {len(moved) - 4} more" if len(moved) > 4 else ""
+        out.print(
+            f"warning: {len(moved)} of {len(points)} probes' repeats spread over {sc.SPREAD_WARNING:.0%} "
+            f"of their median: {shown}{more}; the server's speed moved while they ran, and a fit "
+            "to them carries it (more --repeats, or a quieter moment)"
+        )
     _print_fit_summary(out, fit)
     out.print(f"wrote {out_path}; use it with --calibration {out_path} --model {args.model}")
     return 0

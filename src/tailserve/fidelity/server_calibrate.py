@@ -64,6 +64,9 @@ DEFAULT_DECODE_TOKENS = 32
 # A mixed probe's decode streams: long enough to still run when the probe beside them ends.
 MIXED_DECODE_TOKENS = 128
 MIXED_WARM_CHUNKS = 4  # tokens every decode stream has before the probe is sent
+# Repeats of one probe further apart than this (slowest - fastest over the median) are named
+# after the fit: timed on a quiet 2-core VM, a small model's lone decode step moved by ~40%.
+SPREAD_WARNING = 0.2
 CONTEXT_ALIGN = 128  # cached contexts are multiples of it: whole blocks at 16, 32, 64 and 128
 
 
@@ -199,6 +202,18 @@ class ProbedPoint:
     client_s: float  # the client's own figure (TTFT, or the median gap), for comparison
     source: str  # the histogram the figure came from, or "client"
     label: str
+    # The repeats' fitted figures, fastest and slowest: how far the machine moved while they ran
+    # (a lone decode step of a small model, mostly host time, moved 2.8 -> 4.2 ms between two
+    # calibrations 30 s apart on a quiet 2-core VM, docs/fidelity.md).
+    low_s: float | None = None
+    high_s: float | None = None
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) repeat over the fitted median; 0 with one repeat."""
+        if self.low_s is None or self.high_s is None or self.seconds <= 0:
+            return 0.0
+        return (self.high_s - self.low_s) / self.seconds
 
     def measured(self) -> MeasuredBatch:
         return MeasuredBatch(self.batch, self.seconds, f"{self.label} [{self.source}]")
@@ -384,42 +399,47 @@ def _steady_step(timing: StreamTiming) -> float:
 
 def _summarize_prefill(runs: list[_Run]) -> ProbedPoint:
     length = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
-    seconds, source, client = _fitted_figure(runs)
-    return ProbedPoint(BatchShape.of([(length, 0)], []), seconds, client, source, f"prefill {length}")
+    seconds, source, client, low, high = _fitted_figure(runs)
+    return ProbedPoint(
+        BatchShape.of([(length, 0)], []), seconds, client, source, f"prefill {length}", low, high
+    )
 
 
 def _summarize_context_prefill(runs: list[_Run]) -> ProbedPoint:
     total = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
     cached = round(statistics.median(r.contexts[0] for r in runs))
     q = total - cached
-    seconds, source, client = _fitted_figure(runs)
+    seconds, source, client, low, high = _fitted_figure(runs)
     shape = BatchShape.of([(q, cached)], [])
-    return ProbedPoint(shape, seconds, client, source, f"prefill {q} at {cached}")
+    return ProbedPoint(shape, seconds, client, source, f"prefill {q} at {cached}", low, high)
 
 
 def _summarize_mixed(runs: list[_Run], batch: int) -> ProbedPoint:
     p = round(statistics.median(r.timings[0].prompt_tokens for r in runs))
     ctx = round(statistics.median(c for r in runs for c in r.contexts))
-    seconds, source, client = _fitted_figure(runs)
+    seconds, source, client, low, high = _fitted_figure(runs)
     shape = BatchShape.of([(p, 0)], [ctx] * batch)
-    return ProbedPoint(shape, seconds, client, source, f"prefill {p} beside {batch} x {ctx}")
+    return ProbedPoint(shape, seconds, client, source, f"prefill {p} beside {batch} x {ctx}", low, high)
 
 
-def _fitted_figure(runs: list[_Run]) -> tuple[float, str, float]:
-    """(figure fitted, its source, the client's figure): server-side only when every repeat had
-    it (a mix would be a median of two different things)."""
-    client = statistics.median(r.client_s for r in runs)
+def _fitted_figure(runs: list[_Run]) -> tuple[float, str, float, float, float]:
+    """(figure fitted, its source, the client's figure, the fastest and slowest repeat of the
+    fitted kind): server-side only when every repeat had it (a mix would be a median of two
+    different things)."""
+    client = [r.client_s for r in runs]
     server = [r.server_s for r in runs if r.server_s is not None]
     if len(server) == len(runs):
-        return statistics.median(server), runs[0].source, client
-    return client, "client", client
+        return statistics.median(server), runs[0].source, statistics.median(client), min(server), max(server)
+    c = statistics.median(client)
+    return c, "client", c, min(client), max(client)
 
 
 def _summarize_decode(runs: list[_Run], batch: int, tokens: int) -> ProbedPoint:
     prompt = round(statistics.median(t.prompt_tokens for r in runs for t in r.timings))
     ctx = prompt + tokens // 2
-    seconds, source, client = _fitted_figure(runs)
-    return ProbedPoint(BatchShape.of([], [ctx] * batch), seconds, client, source, f"decode {batch} x {ctx}")
+    seconds, source, client, low, high = _fitted_figure(runs)
+    shape = BatchShape.of([], [ctx] * batch)
+    return ProbedPoint(shape, seconds, client, source, f"decode {batch} x {ctx}", low, high)
 
 
 def fit_points(
