@@ -1,7 +1,7 @@
 """``tailserve calibrate --from-server URL``: fit the cost model to a running engine from outside.
 
 What a user has of an engine is its API and, for vLLM and SGLang, its Prometheus metrics. The
-probes are requests of chosen shapes, each shape ``repeats`` times (the median kept):
+probes are requests of chosen shapes, each shape ``repeats`` times in rounds (the median kept):
 
 - **prefill P**: one request at a time, a fresh prompt of P tokens, ``max_tokens`` 1: its TTFT
   is one prefill iteration of P tokens (P stays within the server's token budget, so the prompt
@@ -36,6 +36,7 @@ and per-token overheads fitted), and written as a calibration file ``--calibrati
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -226,41 +227,57 @@ def probe_server(
     use_metrics: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> list[ProbedPoint]:
-    """Every shape of the plan, ``repeats`` times, after a warm-up the fit never sees."""
+    """Every shape of the plan, ``repeats`` times, after a warm-up the fit never sees. The
+    repeats run in rounds — every shape once, then every shape again — not back to back: the fit
+    reads the shapes against each other, and a server's speed moves over tens of seconds (a small
+    model's lone decode step read 2.8 and 4.2 ms in two calibrations 30 s apart), so each round
+    times all shapes at about one speed and each median spans the whole calibration."""
     warm_up(probe, prompts)
-    points = []
+    jobs: list[tuple[str, Callable[[], _Run | None], Callable[[list[_Run]], ProbedPoint]]] = []
     for length in plan.prefill_lens:
-        runs = []
-        for _ in range(plan.repeats):
-            runs.append(_prefill_once(probe, prompts, length, use_metrics))
-            if progress:
-                progress(f"prefill {length}")
-        points.append(_summarize_prefill(runs))
+        jobs.append(
+            (
+                f"prefill {length}",
+                functools.partial(_prefill_once, probe, prompts, length, use_metrics),
+                _summarize_prefill,
+            )
+        )
     for batch, ctx in plan.decode_shapes:
-        runs = []
-        for _ in range(plan.repeats):
-            runs.append(_decode_once(probe, prompts, batch, ctx, plan.decode_tokens, use_metrics))
-            if progress:
-                progress(f"decode {batch} x {ctx}")
-        points.append(_summarize_decode(runs, batch, plan.decode_tokens))
+        jobs.append(
+            (
+                f"decode {batch} x {ctx}",
+                functools.partial(_decode_once, probe, prompts, batch, ctx, plan.decode_tokens, use_metrics),
+                functools.partial(_summarize_decode, batch=batch, tokens=plan.decode_tokens),
+            )
+        )
     for q, c in plan.context_prefills:
-        runs = []
-        for _ in range(plan.repeats):
-            run = _context_prefill_once(probe, prompts, q, c, use_metrics)
-            if run is not None:
-                runs.append(run)
-            if progress:
-                progress(f"prefill {q} at {c}")
-        if runs:  # none: the server cached nothing (no prefix caching, or no way to tell)
-            points.append(_summarize_context_prefill(runs))
+        jobs.append(
+            (
+                f"prefill {q} at {c}",
+                functools.partial(_context_prefill_once, probe, prompts, q, c, use_metrics),
+                _summarize_context_prefill,
+            )
+        )
     for batch, ctx, p in plan.mixed:
-        runs = []
-        for _ in range(plan.repeats):
-            runs.append(_mixed_once(probe, prompts, batch, ctx, p, use_metrics, plan.mixed_decode_tokens))
+        jobs.append(
+            (
+                f"{p} beside {batch} x {ctx}",
+                functools.partial(
+                    _mixed_once, probe, prompts, batch, ctx, p, use_metrics, plan.mixed_decode_tokens
+                ),
+                functools.partial(_summarize_mixed, batch=batch),
+            )
+        )
+    runs: list[list[_Run]] = [[] for _ in jobs]
+    for _ in range(plan.repeats):
+        for (label, once, _), done in zip(jobs, runs):
+            run = once()
+            if run is not None:  # a cached-context prefill the server did not serve from its cache
+                done.append(run)
             if progress:
-                progress(f"{p} beside {batch} x {ctx}")
-        points.append(_summarize_mixed(runs, batch))
-    return points
+                progress(label)
+    # none for a cached-context shape: the server cached nothing (no prefix caching, or no way to tell)
+    return [summarize(done) for (_, _, summarize), done in zip(jobs, runs) if done]
 
 
 WARM_UP_S = 1.5  # streaming the warm-up lasts at least this long (at most WARM_UP_STREAMS streams)
