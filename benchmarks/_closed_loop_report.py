@@ -229,16 +229,7 @@ def repeatability(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
         if len(group) < 3:
             continue
         bases = [first[(engine, workload, q["setting"])]["measured"] for q in group]
-        again = [
-            next(
-                c["measured"]
-                for c in cells
-                if c.get("measured")
-                and c.get("pass") == 1
-                and (c["engine"], c["workload"], c["setting"]) == (engine, workload, q["setting"])
-            )
-            for q in group
-        ]
+        again = [q["measured"] for q in group]
         ranks.append(
             {
                 "engine": engine,

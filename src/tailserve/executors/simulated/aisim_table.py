@@ -75,10 +75,7 @@ class FormatRows:
     shapes: dict[tuple[float, float], Profile]
 
     def roofline(self, m, n: float, k: float):
-        """Seconds at the format's peak or the GPU's bandwidth, whichever is longer."""
-        compute = 2.0 * m * n * k / self.peak
-        memory = (n * k * self.weight_bytes + m * (n + k) * ACT_BYTES) / self.bandwidth
-        return np.maximum(compute, memory)
+        return roofline(m, n, k, self.peak, self.bandwidth, self.weight_bytes)
 
     def profile(self, n: float, k: float) -> Profile | None:
         """(N, K)'s profile interpolated from the measured shapes around it; None outside them."""
@@ -112,6 +109,14 @@ class FormatRows:
         return self.roofline(m, n, k) / fraction
 
 
+def roofline(m, n: float, k: float, peak: float, bandwidth: float, weight_bytes: float):
+    """Seconds of an M x N x K GEMM at ``peak`` FLOP/s or at ``bandwidth`` (weights once,
+    activations in and out), whichever is longer; ``m`` a number or an array."""
+    compute = 2.0 * m * n * k / peak
+    memory = (n * k * weight_bytes + m * (n + k) * ACT_BYTES) / bandwidth
+    return np.maximum(compute, memory)
+
+
 def _blend(a: Profile, b: Profile, w: float) -> Profile:
     """``(1 - w) a + w b`` on the union of their M (the tables' shapes share one M grid)."""
     if a.log_m.shape == b.log_m.shape and np.array_equal(a.log_m, b.log_m):
@@ -134,9 +139,8 @@ def format_rows(fmt: str, rows: np.ndarray, hardware: Hardware) -> FormatRows:
     for a, b in zip(starts, [*starts[1:], len(rows)]):
         m, n, k, t = rows[a:b].T
         m, first = np.unique(m, return_index=True)  # a repeated M: its first row
-        compute = 2.0 * m * n[0] * k[0] / peak
-        memory = (n[0] * k[0] * prec.bytes + m * (n[0] + k[0]) * ACT_BYTES) / bw
-        shapes[(float(n[0]), float(k[0]))] = Profile(np.log(m), np.maximum(compute, memory) / t[first])
+        fraction = roofline(m, n[0], k[0], peak, bw, prec.bytes) / t[first]
+        shapes[(float(n[0]), float(k[0]))] = Profile(np.log(m), fraction)
     ns = np.array(sorted({n for n, _ in shapes}))
     ks = {float(n): np.array(sorted(k for c, k in shapes if c == n)) for n in ns}
     return FormatRows(fmt, peak, bw, prec.bytes, ns, ks, shapes)

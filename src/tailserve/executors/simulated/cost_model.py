@@ -438,7 +438,7 @@ class CostModel:
                 f"{m.name}: measured GEMM times price GQA models' GEMMs; MLA's attention block keeps "
                 "the catalog's fitted terms (drop --calibration aisim:...)"
             )
-        groups = _dense_gemm_groups(m) if m.module_dtypes else ()
+        groups = self._dense_gemm_groups  # _init_groups's, () when every group shares one format
         fmt = m.weight_dtype or "bf16"
         gemms = tuple(
             (n, k, count, group_dtype(m, groups[i]) if groups else fmt)
