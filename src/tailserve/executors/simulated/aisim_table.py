@@ -34,12 +34,16 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tailserve.executors.simulated.gemm import curve_gemm_time
 from tailserve.executors.simulated.hardware import GemmCurve, Hardware, get_hardware
 from tailserve.executors.simulated.precision import get_precision
+
+if TYPE_CHECKING:
+    from tailserve.executors.simulated.aisim_moe_table import MoeRows
 
 PREFIX = "aisim:"
 # AISimulate's system names -> tailserve's catalog names (the GPUs its tables time GEMMs on)
@@ -155,6 +159,7 @@ class GemmTimes:
     hardware: str  # the catalog's name of that GPU
     formats: dict[str, FormatRows]
     framework: str = "vllm"  # the engine whose kernels were timed (_aisim_tables.py --framework)
+    moe: MoeRows | None = None  # the GPU's fused-MoE rows (aisim_moe_table.py), None without
 
     def rows_for(self, fmt: str) -> FormatRows:
         name = get_precision(fmt).gemm_format
@@ -215,7 +220,12 @@ def _load(path: str, mtime_ns: int, size: int, shown: str, gpu: str) -> GemmTime
             formats[FORMATS[fmt]] = format_rows(FORMATS[fmt], a, hardware)
     if not formats:
         raise ValueError(f"aisim:{shown}: no {', '.join(FORMATS)} GEMM rows for {name}")
-    return GemmTimes(shown, name, hardware.name, formats, str(body.get("framework", "vllm")))
+    # imported here: aisim_moe_table builds on this module's roofline profile
+    from tailserve.executors.simulated.aisim_moe_table import MoeRows
+
+    moe = body["gpus"][name].get("moe")
+    moe_rows = MoeRows.of(moe) if isinstance(moe, list) and moe else None
+    return GemmTimes(shown, name, hardware.name, formats, str(body.get("framework", "vllm")), moe_rows)
 
 
 def _numbers(rows: list, what: str) -> np.ndarray:

@@ -233,10 +233,9 @@ def load_calibration_source(
         return CostModel(model, hw, tp), None, notes
     if text.startswith(AISIM_PREFIX):
         hw, notes = aisim_table.table_hardware(text[len(AISIM_PREFIX) :], hardware)
-        cm = CostModel(model, hw, tp)
-        if cm.table_outside:  # said once, here: the run's cost model is built once
-            notes += (f"outside the measured shapes, on the catalog's curve: {', '.join(cm.table_outside)}",)
-        return cm, None, notes
+        # what the tables leave to the catalog's curves is said by build_cost_model, once the
+        # deployment's expert parallelism and DP (which pick the fused-MoE series) are applied
+        return CostModel(model, hw, tp), None, notes
     cal = read_calibration_file(text)
     notes = [f"calibration file {text}: {cal.source}"]
     if cal.hardware.name != hardware.name:

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.executors.simulated.aisim_moe_table import MoeTable
 from tailserve.executors.simulated.aisim_table import TableLayers
 from tailserve.executors.simulated.gemm import (
     MIN_TILE,
@@ -55,7 +56,7 @@ from tailserve.executors.simulated.gemm import (
     wave_flops,
 )
 from tailserve.executors.simulated.group_terms import GroupTerms
-from tailserve.executors.simulated.hardware import MOE_GENERIC, GemmCurve, Hardware, LinkFit
+from tailserve.executors.simulated.hardware import MOE_GENERIC, GemmCurve, Hardware, LinkFit, get_hardware
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.module_formats import group_dtype
 from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
@@ -430,6 +431,7 @@ class CostModel:
     def _init_table(self, m: ModelSpec, hw: Hardware) -> TableLayers | None:
         """The dense GEMMs and the LM head priced from measured times (``--calibration
         aisim:FILE``, aisim_table.py): each GEMM at its group's format (``module_formats.py``)."""
+        self._moe_table: MoeTable | None = None
         if hw.gemm_table is None:
             return None
         self._format_curve = None  # the table prices the dense GEMMs, not the format's curve
@@ -444,12 +446,32 @@ class CostModel:
             (n, k, count, group_dtype(m, groups[i]) if groups else fmt)
             for i, (n, k, count) in enumerate(_dense_gemms(m, self.tp))
         )
+        if m.is_moe:  # the routed experts from the measured fused-MoE rows (aisim_moe_table.py)
+            group = self.tp * self.dp
+            ep = group if self.expert_parallel else 1
+            shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
+            key = (*shape, group // ep, ep)
+            experts_fmt = group_dtype(m, "experts") if m.module_dtypes else (m.expert_dtype or fmt)
+            times = hw.gemm_table
+            self._moe_table = MoeTable.of(
+                times.moe, times.gpu, times.framework, experts_fmt, key, self.expert_parallel,
+                get_hardware(times.hardware),
+            )  # fmt: skip
         return TableLayers.of(hw.gemm_table, gemms, (m.vocab_size / self.tp, m.hidden_size), hw)
 
     @property
+    def table_moe_note(self) -> str:
+        """With measured fused-MoE times, which rows price the routed experts ("" otherwise)."""
+        return self._moe_table.note if self._moe_table is not None else ""
+
+    @property
     def table_outside(self) -> tuple[str, ...]:
-        """With measured GEMM times, the GEMMs outside them (priced on the catalog's curve)."""
-        return self._table.outside if self._table is not None else ()
+        """With measured GEMM times, the GEMMs (and routed experts) outside them (priced on the
+        catalog's curves)."""
+        if self._table is None:
+            return ()
+        moe = self._moe_table
+        return self._table.outside + ((moe.why_outside,) if moe is not None and moe.profile is None else ())
 
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
@@ -692,6 +714,12 @@ class CostModel:
         if num_tokens <= 0:
             return 0.0
         m = self.model
+        table = self._moe_table
+        if table is not None and table.profile is not None:  # measured: the whole fused kernel
+            layer = table.seconds(num_tokens * self.dp)
+            if self.dp > 1:
+                layer += self.exchange_time(num_tokens)
+            return m.num_moe_layers * layer
         group = self.tp * self.dp
         flops, moved = grouped_gemm_parts(
             num_tokens * self.dp,

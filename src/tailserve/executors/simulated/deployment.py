@@ -201,6 +201,11 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
                 f"replicas of TP {deployment.tp} (vLLM runs a dense model's DP ranks as separate engines)"
             )
             built = replace(built, notes=(*built.notes, note))
+    if cm.hardware.gemm_table is not None:  # aisim:FILE: said once, here (the run's model is built once)
+        notes = (cm.table_moe_note,) if cm.table_moe_note else ()
+        if cm.table_outside:
+            notes += (f"outside the measured shapes, on the catalog's curve: {', '.join(cm.table_outside)}",)
+        built = replace(built, notes=(*built.notes, *notes))
     return replace(built, cost_model=cm)
 
 
