@@ -6,13 +6,19 @@ FP8's expert-parallel kernel at EP 2-64, "@ep"), two splits:
 
 - **tokens**: within each series (model shape, expert TP, EP) the token counts sorted and every
   other one held out (1 and 16,384 stay in training); each held-out row is interpolated from its
-  series' training rows (``aisim_moe_table.py``: the roofline fraction in log tokens), beside the
-  same in log time (the alternative) and the catalog's fused-MoE curve on the same rows (fitted
-  on half the model shapes at every token count, so not held out in tokens);
+  series' training rows (``aisim_moe_table.py``: log time in log tokens), beside the roofline
+  fraction in log tokens (the GEMM tables' quantity, the alternative), the tables' own scatter
+  (the best time non-decreasing in tokens, ``fidelity_aisim._monotone_floor``) and the catalog's
+  fused-MoE curve on the same rows (fitted on half the model shapes at every token count, so not
+  held out in tokens);
 - **shapes**: the model shapes (hidden, intermediate, top-k, experts) split as the MoE part's
   curve fit splits them (sorted, every other one held out): the table has no series of a held-out
   shape, so every row falls back to the catalog's curve, as the cost model prices it; reported
-  with the count the table priced (none) and beside the catalog's curve (the same figure).
+  with the count the table priced (none), and beside a way across shapes tried and not taken
+  (the nearest training shape's measured / catalog ratio, ``nearest_shape_ratio``).
+
+Pairs whose vLLM kernel the tables lack (the cost model keeps the catalog's curve there) are left
+out and listed under ``left_out``.
 
     python -m benchmarks.fidelity_aisim_moe_table --rows /tmp/aisim_rows.json [--gpus ...] [--out FILE]
 
@@ -40,11 +46,12 @@ from benchmarks.fidelity_aisim import (
     MOE_FORMATS,
     VLLM_MOE_EP_KERNELS,
     _export,
+    _monotone_floor,
     catalog_moe_time,
     engine_kernel,
     stats,
 )
-from tailserve.executors.simulated.aisim_moe_table import MoeRows, roofline, series_profile
+from tailserve.executors.simulated.aisim_moe_table import MoeRows, MoeTable, roofline
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.precision import get_precision
 
@@ -68,30 +75,40 @@ def jobs(entry: dict, gpu: str) -> list[tuple[str, str, list]]:
 
 
 def token_split(rows: list, weights: str, hw) -> dict:
-    """Every other token count of each series held out: the table's prediction (fraction and
-    log time) of each held-out row from its series' training rows."""
+    """Every other token count of each series held out: each held-out row priced by
+    ``MoeTable`` on its series' training rows (log time), and by the roofline fraction
+    interpolated in log tokens (the GEMM tables' quantity, the alternative not taken)."""
     prec = get_precision(weights)
     peak, bw = hw.peak_for(prec.compute), hw.memory_bandwidth
-    series = MoeRows.of(rows).series
-    (only,) = series.values()  # one format and kernel
-    test_rows, fraction, log_time, y = [], [], [], []
+    (only,) = MoeRows.of(rows).series.values()  # one format and kernel
+    test_rows, table, fraction, y = [], [], [], []
     for key, (t, s) in sorted(only.items()):
         if len(t) < 3:
             continue
         train = np.arange(len(t)) % 2 == 0
-        profile = series_profile(t[train], s[train], key, peak, bw, prec.bytes)
+        priced = MoeTable(key, weights, "", np.log(t[train]), np.log(s[train]), peak, bw, prec.bytes)
         held_t = t[~train]
-        q = np.interp(np.log(held_t), profile.log_m, profile.fraction)
+        table.extend(priced.seconds(int(x)) for x in held_t)
+        q = np.interp(
+            np.log(held_t), np.log(t[train]), roofline(t[train], key, peak, bw, prec.bytes) / s[train]
+        )
         fraction.extend(roofline(held_t, key, peak, bw, prec.bytes) / q)
-        log_time.extend(np.exp(np.interp(np.log(held_t), np.log(t[train]), np.log(s[train]))))
         y.extend(s[~train])
-        test_rows.extend((held_t, key) for held_t in held_t)
-    return {
-        "fraction": np.array(fraction),
-        "log_time": np.array(log_time),
-        "y": np.array(y),
-        "rows": test_rows,
-    }
+        test_rows.extend((x, key) for x in held_t)
+    return {"table": np.array(table), "fraction": np.array(fraction), "y": np.array(y), "rows": test_rows}
+
+
+def monotone_floor(rows: list, held: list, y: np.ndarray) -> dict:
+    """``fidelity_aisim._monotone_floor`` on the held-out rows: the error of the best time
+    non-decreasing in tokens fitted to each whole series, the tables' own scatter that no
+    interpolation in tokens can beat."""
+    (series,) = MoeRows.of(rows).series.values()
+    floor = {}
+    for key, (t, s) in series.items():
+        err = _monotone_floor(t, s, [key] * len(t))
+        floor.update({(float(x), key): e for x, e in zip(t, err)})
+    e = np.array([floor[(float(t), key)] for t, key in held])
+    return {"mean": float(e.mean()), "max": float(e.max())}
 
 
 def held_out(gpu: str, label: str, weights: str, rows: list) -> dict:
@@ -108,9 +125,10 @@ def held_out(gpu: str, label: str, weights: str, rows: list) -> dict:
         "series": len({tuple(r[2:8]) for r in rows}),
         "tokens": {
             "held_out_rows": len(y),
-            "table": stats(split["fraction"], y),
-            "table_log_time": stats(split["log_time"], y),
+            "table": stats(split["table"], y),
+            "table_roofline_fraction": stats(split["fraction"], y),
             "catalog": stats(catalog, y),
+            "monotone_floor": monotone_floor(rows, split["rows"], y),
         },
     }
     shapes = sorted({tuple(r[2:6]) for r in rows})
@@ -128,8 +146,39 @@ def held_out(gpu: str, label: str, weights: str, rows: list) -> dict:
             "fell_back": len(test) - priced,
             "table_with_fallback": stats(cat, ty),
             "catalog": stats(cat, ty),
+            "nearest_shape_ratio": stats(
+                nearest_shape_ratio(rows, test_shapes, hw, weights, expert_parallel), ty
+            ),
         }
     return res
+
+
+def nearest_shape_ratio(rows: list, test_shapes: set, hw, weights: str, expert_parallel: bool) -> np.ndarray:
+    """A way across shapes tried and not taken: each held-out row priced by the catalog's curve
+    times the measured / catalog ratio of the nearest training series at the same expert TP and
+    EP (nearest in log hidden, log intermediate per rank, log top-k, log experts per rank), in log
+    tokens; in ``test``'s row order."""
+    (series,) = MoeRows.of([r for r in rows if tuple(r[2:6]) not in test_shapes]).series.values()
+
+    def place(k: tuple) -> np.ndarray:
+        return np.log([k[0], k[1] / k[4], k[2], k[3] / k[5]])
+
+    ratio: dict = {}
+    out = []
+    for r in rows:
+        key = tuple(int(x) for x in r[2:8])
+        if key[:4] not in test_shapes:
+            continue
+        if key not in ratio:
+            same = [c for c in series if c[4:] == key[4:]] or list(series)
+            near = min(same, key=lambda c: (float(np.abs(place(c) - place(key)).sum()), c))
+            t, s = series[near]
+            cat = catalog_moe_time(hw, weights, [[None, x, *near, None, 0.0] for x in t], expert_parallel)
+            ratio[key] = (np.log(t), s / cat)
+        lt, q = ratio[key]
+        own = catalog_moe_time(hw, weights, [r], expert_parallel)[0]
+        out.append(own * np.interp(np.log(r[1]), lt, q))
+    return np.array(out)
 
 
 def main() -> int:
@@ -169,38 +218,50 @@ def main() -> int:
         "load_average": os.getloadavg()[0],
         "table_versions": {g: tables[g].get("moe_versions") for g in gpus if g in tables},
         "moe": {},
+        "left_out": {},
     }
     table = Table(
         title="Fused MoE held out (vLLM's kernels): (a) every other token count of each series, "
         "(b) half the model shapes; AISimulate's table interpolated vs the catalog's curve on the same rows"
     )
     for col in ("GPU", "format", "kernel", "series", "(a) rows", "table: mean / p90 / max", "time-weighted",
-                "log time: mean / max", "catalog: mean / p90 / max / tw", "(b) rows priced / held out",
-                "with fallback = catalog: mean / max"):  # fmt: skip
+                "roofline fraction: mean / max", "floor: mean", "catalog: mean / p90 / max / tw", "(b) rows priced / held out",
+                "with fallback = catalog: mean / max", "nearest shape's ratio: mean / max"):  # fmt: skip
         table.add_column(col)
     for gpu in gpus:
         entry = tables.get(gpu) or {}
         if gpu not in GPUS or not entry.get("moe"):
             continue
+        every = MoeRows.of(entry["moe"])
         for label, fmt, all_rows in jobs(entry, gpu):
             if fmt not in MOE_FORMATS:
                 continue
             weights = MOE_FORMATS[fmt][1]
             kernel, rows = engine_kernel("vllm", gpu, fmt, all_rows, label.endswith("@ep"))
-            if fmt == "fp8_static" and not kernel.startswith("vllm_modelopt"):
+            # the cost model's choice (aisim_moe_table.py): where vLLM's own kernel is not in the
+            # tables it keeps the catalog's curve, so those rows (another kernel's) are left out
+            own, why = every.kernel(gpu, weights, "vllm", label.endswith("@ep"))
+            if own != kernel:
+                results["left_out"].setdefault(gpu, {})[label] = why or f"{own} priced, not {kernel}"
+                console.print(f"{GPUS[gpu]} {label}: left out ({why or own})")
                 continue
             res = held_out(gpu, label, weights, rows)
             res["kernel"] = kernel
             results["moe"].setdefault(gpu, {})[label] = res
-            a, lt, c = res["tokens"]["table"], res["tokens"]["table_log_time"], res["tokens"]["catalog"]
+            a, lt, c = (
+                res["tokens"]["table"],
+                res["tokens"]["table_roofline_fraction"],
+                res["tokens"]["catalog"],
+            )
             b = res.get("shapes")
             table.add_row(
                 GPUS[gpu], label, kernel.removeprefix("vllm_"), str(res["series"]), str(a["n"]),
                 f"{a['mean']:.1%} / {a['p90']:.1%} / {a['max']:.0%}", f"{a['time_weighted']:.1%}",
-                f"{lt['mean']:.1%} / {lt['max']:.0%}",
+                f"{lt['mean']:.1%} / {lt['max']:.0%}", f"{res['tokens']['monotone_floor']['mean']:.1%}",
                 f"{c['mean']:.1%} / {c['p90']:.1%} / {c['max']:.0%} / {c['time_weighted']:.1%}",
                 f"{b['priced_by_table']} / {b['held_out_rows']}" if b else "-",
                 f"{b['table_with_fallback']['mean']:.1%} / {b['table_with_fallback']['max']:.0%}" if b else "-",
+                f"{b['nearest_shape_ratio']['mean']:.1%} / {b['nearest_shape_ratio']['max']:.0%}" if b else "-",
             )  # fmt: skip
     console.print(table)
     results["wall_s"] = round(time.time() - start, 1)

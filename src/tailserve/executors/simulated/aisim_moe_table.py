@@ -9,17 +9,18 @@ fitted fused-MoE curve:
 
 - the kernel is the one the engine runs for the experts' format on that GPU (vLLM 0.32's choice,
   ``VLLM_KERNELS`` / ``VLLM_EP_KERNELS``, the same table ``benchmarks/fidelity_aisim.py`` prices
-  its held-out rows with), else the format's kernel with the most model shapes;
-- within the series the measured time is turned into the achieved fraction of the layer's
-  roofline (``moe.grouped_gemm_parts`` without row padding: the touched experts' FLOPs at the
-  format's peak or their weights and the routed rows at the GPU's bandwidth), interpolated
-  linearly in log tokens, held at the last measured fraction beyond 16,384 tokens (the time then
-  grows with the roofline).
+  its held-out rows with; where the tables lack it, none: another kernel's times are up to 3x
+  off), or for a format vLLM's choice is not known for, the kernel with the most model shapes;
+- within the series the time is interpolated linearly in log time and log tokens; beyond the
+  largest count (16,384) the last row's achieved fraction of the layer's roofline is held
+  (``moe.grouped_gemm_parts`` without row padding: the touched experts' FLOPs at the format's peak
+  or their weights and the routed rows at the GPU's bandwidth), so the time grows with it.
 
-On half the token counts of each series held out (``benchmarks/fidelity_aisim_moe_table.py``) the
-fraction gave a lower mean error than log time on most GPU and format pairs (docs/fidelity.md).
+On half the token counts of each series held out (``benchmarks/fidelity_aisim_moe_table.py``) log
+time gave a lower mean error than the roofline fraction (the GEMM tables' quantity) on 34 of 37
+GPU and format pairs, by at most half a point; the fraction's maxima were lower (docs/fidelity.md).
 A shape, expert TP or EP the tables do not time, or a format or kernel they lack, keeps the
-catalog's curve (``MoeTable.outside`` says why, in the note the table path prints). The
+catalog's curve (``MoeTable.why_outside`` says why, in the note the table path prints). The
 exchange of expert parallelism with data-parallel attention stays the catalog's
 (``moe_comm.py``): the rows time one rank's layer with every token already on it.
 """
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tailserve.executors.simulated.aisim_table import ACT_BYTES, Profile
+from tailserve.executors.simulated.aisim_table import ACT_BYTES
 from tailserve.executors.simulated.hardware import Hardware
 from tailserve.executors.simulated.moe import grouped_gemm_parts
 from tailserve.executors.simulated.precision import get_precision
@@ -104,27 +105,27 @@ class MoeRows:
                 series[kind][key] = (t, s[first])
         return MoeRows(series)
 
-    def kernel(self, gpu: str, fmt: str, framework: str, expert_parallel: bool) -> str | None:
+    def kernel(self, gpu: str, fmt: str, framework: str, expert_parallel: bool) -> tuple[str | None, str]:
         """The kernel whose rows price experts in ``fmt`` (tailserve's name) on ``gpu``
-        (AISimulate's name): the engine's (``VLLM_KERNELS``, with expert parallelism
-        ``VLLM_EP_KERNELS`` first) where the rows have it, else the table format's kernel with the
-        most model shapes at EP 1 (ties: the most rows); None without rows of the format."""
+        (AISimulate's name), or None and why: with vLLM's tables the engine's own kernel where
+        it is known (``VLLM_KERNELS``, with expert parallelism ``VLLM_EP_KERNELS`` first), None
+        if the rows lack it (another kernel's rows would be up to 3x off); else the table format's
+        kernel with the most model shapes at EP 1 (ties: the most rows)."""
         table = TABLE_FORMATS.get(fmt)
         kernels = {kn for f, kn in self.series if f == table}
         if not kernels:
-            return None
+            return None, f"no {table or fmt} fused-MoE rows"
         if framework == "vllm":
-            for choice in (VLLM_EP_KERNELS, VLLM_KERNELS) if expert_parallel else (VLLM_KERNELS,):
-                if choice.get((gpu, fmt)) in kernels:
-                    return choice[(gpu, fmt)]
-            if fmt == "fp8_static":
-                return None  # the static-scale kernels' rows are not in this export
+            choices = (VLLM_EP_KERNELS, VLLM_KERNELS) if expert_parallel else (VLLM_KERNELS,)
+            named = next((c[(gpu, fmt)] for c in choices if (gpu, fmt) in c), None)
+            if named is not None:
+                return (named, "") if named in kernels else (None, f"vLLM's kernel {named} not timed here")
 
         def rank(kn: str) -> tuple:
             ep1 = [s for s in self.series[(table, kn)] if s[5] == 1]
             return len({s[:4] for s in ep1}), sum(len(self.series[(table, kn)][s][0]) for s in ep1), kn
 
-        return max(kernels, key=rank)
+        return max(kernels, key=rank), ""
 
 
 def describe(key: Series) -> str:
@@ -149,13 +150,6 @@ def roofline(tokens, key: Series, peak: float, bandwidth: float, weight_bytes: f
     return np.array(out)
 
 
-def series_profile(
-    tokens: np.ndarray, seconds: np.ndarray, key: Series, peak: float, bandwidth: float, weight_bytes: float
-) -> Profile:
-    """A series' achieved roofline fraction along log tokens."""
-    return Profile(np.log(tokens), roofline(tokens, key, peak, bandwidth, weight_bytes) / seconds)
-
-
 @dataclass(frozen=True, eq=False)
 class MoeTable:
     """A deployment's routed experts priced from one measured series, or, outside the tables,
@@ -164,8 +158,9 @@ class MoeTable:
     key: Series
     fmt: str  # the experts' format, tailserve's name
     kernel: str | None
-    profile: Profile | None
-    peak: float
+    log_tokens: np.ndarray | None  # the series' token counts, ascending (None: outside)
+    log_seconds: np.ndarray | None
+    peak: float  # the roofline's rates, beyond the largest token count
     bandwidth: float
     weight_bytes: float
     why_outside: str = ""
@@ -182,26 +177,36 @@ class MoeTable:
         hw: Hardware,
     ) -> MoeTable:
         """``key``: the deployment's series (expert TP 1 with expert parallelism, EP 1 without);
-        ``hw``: the deployment's GPU (the roofline's rates: the fraction moves to it)."""
+        ``hw``: the GPU the rows were timed on (the roofline beyond the last row: the times
+        apply as measured, as the GEMMs' do)."""
         prec = get_precision(fmt)
         peak, bw = hw.peak_for(prec.compute), hw.memory_bandwidth
         shape = describe(key)
-        kernel = rows.kernel(gpu, fmt, framework, expert_parallel) if rows is not None else None
+        kernel, why = (
+            rows.kernel(gpu, fmt, framework, expert_parallel)
+            if rows is not None
+            else (None, "no fused-MoE rows")
+        )
         if kernel is None:
-            why = f"fused MoE {shape} {fmt} (no {TABLE_FORMATS.get(fmt, fmt)} fused-MoE rows of the engine's kernel)"
-            return MoeTable(key, fmt, None, None, peak, bw, prec.bytes, why)
+            why = f"fused MoE {shape} {fmt} ({why})"
+            return MoeTable(key, fmt, None, None, None, peak, bw, prec.bytes, why)
         assert rows is not None
         found = rows.series[(TABLE_FORMATS[fmt], kernel)].get(key)
         if found is None:
             why = f"fused MoE {shape} {fmt} (not a shape {kernel.removeprefix('vllm_')} was timed at)"
-            return MoeTable(key, fmt, kernel, None, peak, bw, prec.bytes, why)
-        profile = series_profile(*found, key, peak, bw, prec.bytes)
-        return MoeTable(key, fmt, kernel, profile, peak, bw, prec.bytes)
+            return MoeTable(key, fmt, kernel, None, None, peak, bw, prec.bytes, why)
+        tokens, seconds = found
+        return MoeTable(key, fmt, kernel, np.log(tokens), np.log(seconds), peak, bw, prec.bytes)
+
+    @property
+    def priced(self) -> bool:
+        """Whether the rows price the experts (else the catalog's curve does)."""
+        return self.log_tokens is not None
 
     @property
     def note(self) -> str:
         """Where the routed experts' times come from, for the table path's notes."""
-        if self.profile is None:
+        if not self.priced:
             return ""
         return f"fused MoE ({describe(self.key)} {self.fmt}) priced from the rows of {self.kernel}"
 
@@ -210,15 +215,17 @@ class MoeTable:
         memoised (the cost model's own memo is per token and logit count)."""
         t = self._memo.get(tokens)
         if t is None:
-            t = self._memo[tokens] = self._seconds(tokens)
+            t = self._memo[tokens] = self._seconds(max(tokens, 1))
         return t
 
     def _seconds(self, tokens: int) -> float:
-        assert self.profile is not None
-        fraction = float(np.interp(math.log(max(tokens, 1)), self.profile.log_m, self.profile.fraction))
-        hidden, inter, topk, experts, tp, ep = self.key
-        flops, moved = grouped_gemm_parts(
-            max(1, tokens), experts, topk, hidden, inter,
-            weight_bytes=self.weight_bytes, act_bytes=ACT_BYTES, tile_m=1, moe_tp=tp, ep=ep,
-        )  # fmt: skip
-        return max(flops / self.peak, moved / self.bandwidth) / fraction
+        assert self.log_tokens is not None and self.log_seconds is not None
+        x = math.log(tokens)
+        if x <= self.log_tokens[-1]:
+            return math.exp(float(np.interp(x, self.log_tokens, self.log_seconds)))
+        # beyond the largest count: the last row's fraction of the roofline, held
+        last = math.exp(self.log_tokens[-1])
+        return math.exp(self.log_seconds[-1]) * self._roofline(tokens) / self._roofline(round(last))
+
+    def _roofline(self, tokens: int) -> float:
+        return float(roofline(tokens, self.key, self.peak, self.bandwidth, self.weight_bytes)[0])

@@ -471,7 +471,7 @@ class CostModel:
         if self._table is None:
             return ()
         moe = self._moe_table
-        return self._table.outside + ((moe.why_outside,) if moe is not None and moe.profile is None else ())
+        return self._table.outside + ((moe.why_outside,) if moe is not None and not moe.priced else ())
 
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
@@ -715,7 +715,7 @@ class CostModel:
             return 0.0
         m = self.model
         table = self._moe_table
-        if table is not None and table.profile is not None:  # measured: the whole fused kernel
+        if table is not None and table.priced:  # measured: the whole fused kernel
             layer = table.seconds(num_tokens * self.dp)
             if self.dp > 1:
                 layer += self.exchange_time(num_tokens)
