@@ -112,9 +112,9 @@ def test_the_engines_kernel_is_taken_where_the_rows_hold_several():
     assert VLLM_KERNELS == VLLM_MOE_KERNELS and VLLM_EP_KERNELS == VLLM_MOE_EP_KERNELS
 
 
-def _export(tmp_path, moe_rows):
+def _export(tmp_path, moe_rows, formats=("bfloat16",)):
     """A tiny export: a few GEMM shapes (the rest outside, on the curve) and the MoE rows."""
-    gemm = [["bfloat16", float(m), float(n), float(k), 0.01 + 1e-9 * m * n * k / 1e3]
+    gemm = [[f, float(m), float(n), float(k), 0.01 + 1e-9 * m * n * k / 1e3] for f in formats
             for n in (4096, 6144, 14336, 28672) for k in (4096, 14336) for m in (1, 64, 4096, 32768)]  # fmt: skip
     path = tmp_path / "aisim.json"
     path.write_text(json.dumps({"framework": "vllm", "gpus": {"h200_sxm": {"gemm": gemm, "moe": moe_rows}}}))
@@ -170,3 +170,35 @@ def test_cost_runs_end_to_end_on_a_moe_model(tmp_path, capsys):
     assert main([*args, "--calibration", "none"]) == 0
     catalog = json.loads(out.read_text())
     assert priced["prefill_s"] > 0 and priced["prefill_s"] != catalog["prefill_s"]
+
+
+def test_an_mla_model_takes_the_tables_and_keeps_its_mla_block(tmp_path):
+    # DeepSeek-V3 (block FP8): the dense GEMMs and the routed experts from the rows, the MLA
+    # block's projections on the catalog's terms (its format curve's path on the H200)
+    deepseek = (7168, 2048, 8, 256)
+    rows = _moe_rows(
+        _law, shapes=(deepseek,), tps=(8,), fmt="fp8_block", kernel=VLLM_KERNELS[("h200_sxm", "fp8_block")]
+    )
+    path = _export(tmp_path, rows, formats=("bfloat16", "fp8_block"))
+    built = build_cost_model(
+        Deployment(model="DeepSeek-V3", hardware="H200", tp=8, calibration=f"aisim:{path}")
+    )
+    cm, m = built.cost_model, get_model("DeepSeek-V3")
+    assert "priced from the rows of vllm_fp8moe_triton_tritonexperts" in built.notes[1]
+    assert built.notes[2].startswith("MLA's attention block")
+    catalog = build_cost_model(
+        Deployment(model="DeepSeek-V3", hardware="H200", tp=8, calibration="none")
+    ).cost_model
+    for t in (1, 100, 4096):
+        assert cm._experts(t) == pytest.approx(
+            m.num_moe_layers * float(_law([t], (*deepseek, 8, 1))[0]), rel=1e-9
+        )
+        assert cm._mla_projections(t) == catalog._mla_projections(t) > 0
+        want = (
+            cm._table.layers(t)
+            + t * cm._kv_bytes_per_token / cm._byte_rate
+            + cm._experts(t)
+            + cm._mla_projections(t)
+            + t * cm.efficiency.per_token
+        )
+        assert cm._linear(t, 0) == pytest.approx(want, rel=1e-12)

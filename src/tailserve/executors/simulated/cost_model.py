@@ -434,12 +434,11 @@ class CostModel:
         self._moe_table: MoeTable | None = None
         if hw.gemm_table is None:
             return None
-        self._format_curve = None  # the table prices the dense GEMMs, not the format's curve
-        if m.is_mla:
-            raise ValueError(
-                f"{m.name}: measured GEMM times price GQA models' GEMMs; MLA's attention block keeps "
-                "the catalog's fitted terms (drop --calibration aisim:...)"
-            )
+        # the table prices the dense GEMMs, not the format's curve. An MLA model's attention
+        # block (its projections, attention and fixed terms) keeps the catalog's fitted terms:
+        # those of the format's curve path where it has one (fitted beside dense GEMMs priced
+        # one by one, as here), else the layer join's (``_init_formats``, ``_init_groups``).
+        self._format_curve = None
         groups = self._dense_gemm_groups  # _init_groups's, () when every group shares one format
         fmt = m.weight_dtype or "bf16"
         gemms = tuple(
@@ -558,6 +557,7 @@ class CostModel:
                 + num_tokens * self._kv_bytes_per_token / self._byte_rate  # the KV writes
                 + self._table.lm_head(num_logits)
                 + experts
+                + (self._mla_projections(num_tokens) if self._mla is not None else 0.0)
                 + num_tokens * eff.per_token
             )
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
