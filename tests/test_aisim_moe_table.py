@@ -151,7 +151,7 @@ def test_experts_outside_the_rows_are_priced_as_the_catalog_prices_them_and_said
         Deployment(model="Mixtral-8x7B", hardware="H200", tp=2, calibration=f"aisim:{path}")
     )
     cm = built.cost_model
-    assert cm.table_moe_note == ""
+    assert cm.table_notes == ()
     assert "fused MoE 4096 x 14336, top-2 of 8 experts, expert TP 2 bf16 (not a shape" in built.notes[-1]
     assert built.notes[-1].startswith("outside the measured shapes, on the catalog's curve: ")
     catalog = CostModel(get_model("Mixtral-8x7B"), H200, 2)

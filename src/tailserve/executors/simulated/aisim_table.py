@@ -220,7 +220,7 @@ def _load(path: str, mtime_ns: int, size: int, shown: str, gpu: str) -> GemmTime
             formats[FORMATS[fmt]] = format_rows(FORMATS[fmt], a, hardware)
     if not formats:
         raise ValueError(f"aisim:{shown}: no {', '.join(FORMATS)} GEMM rows for {name}")
-    # imported here: aisim_moe_table builds on this module's roofline profile
+    # imported here: aisim_moe_table builds on this module
     from tailserve.executors.simulated.aisim_moe_table import MoeRows
 
     moe = body["gpus"][name].get("moe")

@@ -434,6 +434,7 @@ class CostModel:
         self._moe_table: MoeTable | None = None
         if hw.gemm_table is None:
             return None
+        times = hw.gemm_table
         # the table prices the dense GEMMs, not the format's curve. An MLA model's attention
         # block (its projections, attention and fixed terms) keeps the catalog's fitted terms:
         # those of the format's curve path where it has one (fitted beside dense GEMMs priced
@@ -451,21 +452,20 @@ class CostModel:
             shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
             key = (*shape, group // ep, ep)
             experts_fmt = group_dtype(m, "experts") if m.module_dtypes else (m.expert_dtype or fmt)
-            times = hw.gemm_table
             self._moe_table = MoeTable.of(
                 times.moe, times.gpu, times.framework, experts_fmt, key, self.expert_parallel,
                 get_hardware(times.hardware),
             )  # fmt: skip
-        return TableLayers.of(hw.gemm_table, gemms, (m.vocab_size / self.tp, m.hidden_size), hw)
+        return TableLayers.of(times, gemms, (m.vocab_size / self.tp, m.hidden_size), hw)
 
     @property
-    def table_moe_note(self) -> str:
-        """With measured fused-MoE times, which rows price the routed experts ("" otherwise)."""
-        return self._moe_table.note if self._moe_table is not None else ""
+    def table_notes(self) -> tuple[str, ...]:
+        """With measured times, which rows price the routed experts."""
+        return (self._moe_table.note,) if self._moe_table is not None and self._moe_table.priced else ()
 
     @property
     def table_outside(self) -> tuple[str, ...]:
-        """With measured GEMM times, the GEMMs (and routed experts) outside them (priced on the
+        """With measured times, the GEMMs and routed experts outside them (priced on the
         catalog's curves)."""
         if self._table is None:
             return ()

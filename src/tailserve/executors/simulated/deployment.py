@@ -202,7 +202,7 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
             )
             built = replace(built, notes=(*built.notes, note))
     if cm.hardware.gemm_table is not None:  # aisim:FILE: said once, here (the run's model is built once)
-        notes = (cm.table_moe_note,) if cm.table_moe_note else ()
+        notes = cm.table_notes
         if cm.model.is_mla:
             notes += (
                 "MLA's attention block (projections, attention, fixed terms) keeps the catalog's fitted terms",
