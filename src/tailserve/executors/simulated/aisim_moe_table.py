@@ -100,7 +100,7 @@ class MoeRows:
         for kind, by in groups.items():
             series[kind] = {}
             for key, pts in by.items():
-                t, s = np.array(sorted(pts)).T
+                t, s = np.array(sorted(pts, key=lambda p: p[0])).T  # stable: rows in file order
                 t, first = np.unique(t, return_index=True)  # a repeated token count: its first row
                 series[kind][key] = (t, s[first])
         return MoeRows(series)
