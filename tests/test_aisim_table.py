@@ -199,3 +199,34 @@ def test_quantized_weights_take_their_format_rows(tmp_path):
     layers = TableLayers.of(times, ((4096.0, 14336.0, 32, "fp8"),), None, H200)
     assert layers.layers(512) == pytest.approx(32 * 0.6 * float(_curve_time([512], 4096, 14336)[0]), rel=1e-9)
     assert layers.lm_head(16) == 0.0 and not math.isnan(layers.layers(1))
+
+
+def test_a_format_whose_rows_do_not_grow_with_the_rows_is_left_out_for_the_curve():
+    # A flat series (the vLLM export's B200 block-FP8 rows: ~the same time from 1 to 4,096 rows)
+    # is not a GEMM kernel's timing: its GEMMs take the catalog's curve, said in a note.
+    from tailserve.executors.simulated.aisim_table import flat_series
+
+    ms = [1, 64, 512, 4096]
+    rows = np.array([[m, n, k, 2e-4 * (1 + m / 40000)] for n, k in ((8192, 8192), (4096, 8192)) for m in ms])
+    assert "1.1x" in flat_series(rows)
+    growing = rows.copy()
+    growing[:, 3] = 1e-5 + 2 * growing[:, 0] * growing[:, 1] * growing[:, 2] / 1e15
+    assert flat_series(growing) == ""
+
+
+def test_a_left_out_format_prices_on_the_catalog_curve_with_its_note(tmp_path):
+    path = tmp_path / "aisim.json"
+    flat = lambda m, n, k: 2e-4 * (1 + m / 40000)  # noqa: E731
+    gemm = [[f, *map(float, r[:3]), float(r[3]) * 1e3] for f, law in (("bfloat16", None), ("fp8", flat))
+            for r in _rows(law or (lambda m, n, k: _curve_time(m, n, k)))]  # fmt: skip
+    path.write_text(json.dumps({"gpus": {"h200_sxm": {"gemm": gemm}}}))
+    times = load_gemm_times(path, "H200")
+    assert set(times.formats) == {"bf16"} and [f for f, _ in times.left_out] == ["fp8"]
+    assert times.rows_for("fp8") is None
+    layers = TableLayers.of(times, ((4096.0, 14336.0, 32, "fp8"),), None, H200)
+    assert layers.outside == () and layers.gemms[0].profile is None
+    assert layers.layers(512) > 0  # the catalog's FP8 curve
+    built = build_cost_model(
+        Deployment(model="Llama-3-8B", hardware="H200", tp=1, quantization="fp8", calibration=f"aisim:{path}")
+    )
+    assert any(n.startswith("h200_sxm's fp8 GEMM rows left out: 4,096 rows take") for n in built.notes)

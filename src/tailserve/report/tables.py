@@ -128,12 +128,11 @@ def print_cost(
         table.add_row(name, f"{value * 1e3:.2f}", f"{roof.limit_s * 1e3:.2f}", bound)
     console.print(table)
     e = built.cost_model.efficiency
-    # With measured GEMM times (aisim:FILE) the efficiencies price attention and the rest only.
-    measured = (
-        " (attention and the rest; the GEMMs from the measured table)"
-        if built.cost_model.hardware.gemm_table
-        else ""
-    )
+    # With measured times (aisim:FILE) the efficiencies price what the tables do not.
+    measured = ""
+    if built.cost_model.hardware.gemm_table:
+        experts = " and routed experts" if built.cost_model.table_notes else ""
+        measured = f" (attention and the rest; the GEMMs{experts} from the measured tables)"
     console.print(
         f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, comm {e.comm:.3g}, overhead {e.overhead * 1e3:.2f} ms{measured}"
     )

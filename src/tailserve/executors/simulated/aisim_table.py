@@ -22,6 +22,13 @@ of the 18 GPU and format pairs (2.0-6.8%, against 6.1-16.6% for the fitted waves
 curve); docs/fidelity.md has the figures. A GEMM whose (N, K) no measured
 shapes surround is priced on the catalog's curve instead (``TableLayers.outside`` says which).
 
+A format's rows that do not grow with M are left out (``flat_series``): the vLLM export's B200
+block-FP8 rows (AISimulate 0.13.0.dev) take 165-265 us at 7,168 x 2,048 from 1 to 4,096 rows,
+against 7-77 us for bf16 on the same GPU and 13-62 us for the same format on the GB200; over its
+model-sized shapes the time at 4,096 rows is 1.7x the fastest row's (median), against 9-21x for
+every other GPU and format. That is not a GEMM kernel's scaling (4,096 rows of a model-sized
+GEMM are compute-bound on every GPU here); those GEMMs take the catalog's curve, said in a note.
+
 The times are vLLM's isolated operators: a quantized format's rows include the kernel that
 quantizes the activations, which a served vLLM fuses into the norm before (torch.compile); the
 catalog's format curves were fitted to the same rows and carry it too.
@@ -53,6 +60,11 @@ FORMATS = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": 
 # formats whose GEMMs run another format's kernel (fp16: bf16's tensor-core rate and kernels)
 SAME_KERNEL = {"fp16": "bf16"}
 ACT_BYTES = 2.0  # activations in and out in bf16
+# A format's rows are a GEMM kernel's only if 4,096 rows of a model-sized weight (N K >= 2^24)
+# take several times its fastest row: 9-21x (median over shapes) for every GPU and format of the
+# exports but one, whose 1.7x is a flat series (module docstring). Below this median: left out.
+FLAT_RATIO = 3.0
+FLAT_ROWS = 4096
 # The curve of a GPU without a fitted one: the cost model's generic efficiencies, one join.
 GENERIC_CURVE = GemmCurve(0.6, 0.8, math.inf, 1, 0.0, "generic")
 
@@ -160,10 +172,14 @@ class GemmTimes:
     formats: dict[str, FormatRows]
     framework: str = "vllm"  # the engine whose kernels were timed (_aisim_tables.py --framework)
     moe: MoeRows | None = None  # the GPU's fused-MoE rows (aisim_moe_table.py), None without
+    left_out: tuple[tuple[str, str], ...] = ()  # (format, why) of rows not taken (flat_series)
 
-    def rows_for(self, fmt: str) -> FormatRows:
+    def rows_for(self, fmt: str) -> FormatRows | None:
+        """The format's rows; None when they were left out (the catalog's curve prices it)."""
         name = get_precision(fmt).gemm_format
         name = SAME_KERNEL.get(name, name)
+        if any(name == f for f, _ in self.left_out):
+            return None
         if name not in self.formats:
             raise ValueError(
                 f"aisim:{self.path}: no {name} GEMM rows for {self.gpu} (it has {', '.join(self.formats)})"
@@ -212,11 +228,16 @@ def _load(path: str, mtime_ns: int, size: int, shown: str, gpu: str) -> GemmTime
     hardware = get_hardware(GPUS[name])
     rows = body["gpus"][name]["gemm"]
     formats = {}
+    left_out = []
     for fmt in FORMATS:  # formats tailserve has no name for are left out
         found = [r for r in rows if isinstance(r, list) and r and r[0] == fmt]
         if found:
             a = _numbers(found, f"aisim:{shown}: a {name} {fmt} GEMM row")
             a[:, 3] *= 1e-3  # milliseconds
+            why = flat_series(a)
+            if why:
+                left_out.append((FORMATS[fmt], why))
+                continue
             formats[FORMATS[fmt]] = format_rows(FORMATS[fmt], a, hardware)
     if not formats:
         raise ValueError(f"aisim:{shown}: no {', '.join(FORMATS)} GEMM rows for {name}")
@@ -225,7 +246,28 @@ def _load(path: str, mtime_ns: int, size: int, shown: str, gpu: str) -> GemmTime
 
     moe = body["gpus"][name].get("moe")
     moe_rows = MoeRows.of(moe) if isinstance(moe, list) and moe else None
-    return GemmTimes(shown, name, hardware.name, formats, str(body.get("framework", "vllm")), moe_rows)
+    framework = str(body.get("framework", "vllm"))
+    return GemmTimes(shown, name, hardware.name, formats, framework, moe_rows, tuple(left_out))
+
+
+def flat_series(rows: np.ndarray) -> str:
+    """Why a format's rows [m, n, k, seconds] are not a GEMM kernel's timing ("" when they are):
+    over the model-sized weights timed at both ``FLAT_ROWS`` rows and fewer, the median of the
+    time at ``FLAT_ROWS`` over the fastest row's is below ``FLAT_RATIO``."""
+    m, n, k, t = rows.T
+    big = n * k >= 2**24
+    ratios = []
+    for shape in np.unique(rows[big][:, 1:3], axis=0):
+        at = big & (n == shape[0]) & (k == shape[1])
+        top = t[at & (m == FLAT_ROWS)]
+        if len(top) and np.count_nonzero(at) > 1:
+            ratios.append(top[0] / t[at].min())
+    if not ratios or float(np.median(ratios)) >= FLAT_RATIO:
+        return ""
+    return (
+        f"{FLAT_ROWS:,} rows take {float(np.median(ratios)):.1f}x the fastest row's time (median over "
+        f"{len(ratios)} model-sized weights; a GEMM kernel's grow {FLAT_RATIO:g}x or more)"
+    )
 
 
 def _numbers(rows: list, what: str) -> np.ndarray:
@@ -263,7 +305,8 @@ class TableGemm:
     n: float
     k: float
     count: int
-    rows: FormatRows
+    fmt: str
+    rows: FormatRows | None  # None: the format's rows were left out (``GemmTimes.left_out``)
     profile: Profile | None
     curve: GemmCurve  # the catalog's, used when ``profile`` is None
     peak: float  # the deployment GPU's rate for the curve
@@ -292,17 +335,18 @@ class TableLayers:
             rows = times.rows_for(fmt)
             prec = get_precision(fmt)
             curve = catalog_curve(hardware, prec.gemm_format)
-            return TableGemm(
-                n, k, count, rows, rows.profile(n, k), curve, hardware.peak_for(prec.compute), prec.bytes
-            )
+            profile = rows.profile(n, k) if rows is not None else None
+            peak = hardware.peak_for(prec.compute)
+            return TableGemm(n, k, count, prec.gemm_format, rows, profile, curve, peak, prec.bytes)
 
         return TableLayers(tuple(one(*g) for g in gemms), one(*head, 1, "bf16") if head else None, hardware)
 
     @property
     def outside(self) -> tuple[str, ...]:
-        """The GEMMs no measured shapes surround, as ``N x K fmt``."""
+        """The GEMMs no measured shapes surround, as ``N x K fmt`` (a format whose rows were left
+        out is said once by its own note, not per GEMM)."""
         gemms = (*self.gemms, *((self.head,) if self.head else ()))
-        return tuple(f"{g.n:g} x {g.k:g} {g.rows.fmt}" for g in gemms if g.profile is None)
+        return tuple(f"{g.n:g} x {g.k:g} {g.fmt}" for g in gemms if g.profile is None and g.rows is not None)
 
     def layers(self, num_tokens: int) -> float:
         """Seconds of every dense GEMM of every layer over ``num_tokens`` rows."""
@@ -312,7 +356,7 @@ class TableLayers:
         return self._one(self.head, num_logits) if self.head is not None and num_logits else 0.0
 
     def _one(self, g: TableGemm, rows: int) -> float:
-        if g.profile is not None:
+        if g.profile is not None and g.rows is not None:
             return float(g.rows.seconds(rows, g.n, g.k, g.profile))
         hw = self.hardware
         return float(
@@ -333,6 +377,7 @@ def table_hardware(text: str, hardware: Hardware) -> tuple[Hardware, tuple[str, 
         f"GEMMs priced from {Path(path).name}: {times.framework}'s kernels measured on {times.gpu}, "
         f"{', '.join(times.formats)} rows"
     ]
+    notes += [f"{times.gpu}'s {fmt} GEMM rows left out: {why}" for fmt, why in times.left_out]
     if times.hardware != hardware.name:
         notes.append(f"the GEMMs were timed on {times.hardware}; their times are applied to {hardware.name}")
     return replace(hardware, gemm_table=times), tuple(notes)
