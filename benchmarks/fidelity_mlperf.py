@@ -28,12 +28,12 @@ scenario's latency trade-offs.
 DeepSeek-R1's answers run to 20,000 tokens: at a few thousand requests the run lasts as long as
 its longest answer, so price it at the real run's count (``--points r1 --offline 26328``).
 
-``--aisim-tables ENGINE=FILE,...`` prices each point's dense GEMMs from AISimulate's measured
-tables (``--calibration aisim:FILE``) of the engine whose kernels the point's policy runs
-(``trtllm`` for TensorRT-LLM, ``vllm`` for vLLM and vLLM V0): FILE is that engine's export,
-``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --framework ENGINE --out FILE``. A
-chosen point the tables cannot price (no export for its engine, a GPU AISimulate did not time,
-an MLA model) is refused. ``--steps`` adds the simulated Server run's typical step (its iteration
+``--aisim-tables ENGINE=FILE,...`` prices each point's dense GEMMs and routed experts from
+AISimulate's measured tables (``--calibration aisim:FILE``) of the engine whose kernels the point's
+policy runs (``trtllm`` for TensorRT-LLM, ``vllm`` for vLLM and vLLM V0): FILE is that engine's
+export, ``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --framework ENGINE --out FILE``
+(an MLA model's attention block keeps the catalog's terms). A chosen point the tables cannot price
+(no export for its engine, a GPU AISimulate did not time) is refused. ``--steps`` adds the simulated Server run's typical step (its iteration
 log's tokens, requests and duration, each step weighted by the decodes it carries, as TPOT weighs
 them): where the simulated server settles beside the step the measured run implies.
 
@@ -60,7 +60,6 @@ from tailserve.cli.app import main as tailserve_main
 from tailserve.executors.simulated import aisim_table
 from tailserve.executors.simulated.deployment import kernel_engine
 from tailserve.executors.simulated.hardware import KERNEL_ENGINES
-from tailserve.executors.simulated.models import get_model
 
 RESULTS_REPO = "mlcommons/inference_results_v5.1"
 RESULTS_COMMIT = "965182b03376a00fcae415c54e560e1c83937932"
@@ -388,10 +387,11 @@ def _run(point: MLPerfPoint, requests: list[dict], flags: tuple[str, ...], steps
             *(("--calibration", point.calibration) if point.calibration else ()),
             *(("--iterations", str(log)) if steps else ()), "--json", str(out),
         ]  # fmt: skip
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             rc = tailserve_main(argv)
         if rc != 0:
-            raise RuntimeError(f"tailserve {' '.join(argv)} exited {rc}")
+            raise RuntimeError(f"tailserve {' '.join(argv)} exited {rc}: {err.getvalue().strip()[-800:]}")
         raw = json.loads(out.read_text())
         if steps:
             raw["steps"] = step_summary([json.loads(line) for line in log.read_text().splitlines()])
@@ -493,16 +493,14 @@ def parse_tables(text: str) -> dict[str, str]:
 def table_source(tables: dict[str, str], engine: str, gpu: str, model: str, what: str) -> str:
     """``aisim:FILE`` of ``engine``'s export in ``tables`` for ``model`` on catalog GPU ``gpu``.
     ValueError, naming ``what``, where the tables cannot price it (no export for the engine, a GPU
-    AISimulate did not time, an MLA model) or the export holds another engine's kernels (its
-    ``framework``: what ``_aisim_tables.py --framework`` timed)."""
+    AISimulate did not time) or the export holds another engine's kernels (its ``framework``: what
+    ``_aisim_tables.py --framework`` timed)."""
     path = tables.get(engine)
     if path is None:
         raise ValueError(f"{what} runs {engine}'s kernels: --aisim-tables has no {engine}=FILE")
     name = next((g for g, catalog in aisim_table.GPUS.items() if catalog == gpu), None)
     if name is None:
         raise ValueError(f"{what}: AISimulate's tables time no {gpu} GEMMs")
-    if get_model(model).is_mla:
-        raise ValueError(f"{what}: {model} is MLA, which the tables do not price")
     # read here (once per process: the cost models built later reuse it) for whose kernels it holds
     framework = aisim_table.load_gemm_times(path, name).framework
     if framework != engine:

@@ -182,8 +182,6 @@ def test_points_the_tables_cannot_price_are_refused(exports, tmp_path):
         with_tables(select("cisco-h200"), {"trtllm": vllm_h200})
     with pytest.raises(ValueError, match="amd-mi300x: AISimulate's tables time no MI300X GEMMs"):
         with_tables(select("amd-mi300x"), exports)
-    with pytest.raises(ValueError, match="nvidia-b200-r1: DeepSeek-R1-FP4-v2 is MLA"):
-        with_tables(select("nvidia-b200-r1"), exports)
 
 
 def test_a_point_on_the_tables_simulates_with_them(exports):
