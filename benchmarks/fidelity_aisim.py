@@ -71,6 +71,11 @@ from rich.table import Table
 
 from benchmarks._allreduce_fit import regime_fit
 from benchmarks._common import cpu_line, missing_peer, module_cmd, module_env, peer_venv, save_results
+from tailserve.executors.simulated.aisim_moe_table import (
+    FP8_STATIC_KERNELS,
+    VLLM_EP_KERNELS,
+    VLLM_KERNELS,
+)
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.gemm import (
     curve_gemm_time,
@@ -469,27 +474,11 @@ def _fit_moe(
 # Llama4 / ...: experts/trtllm_fp8_moe.py:165-172, 379-388, 399-432), under TP and EP alike (no
 # EP reordering for per-tensor FP8, oracle/fp8.py:119-130). The tables' rows of these kernels
 # are all ModelOpt layers (``modeloptfp8moe_*``).
-BLACKWELL = ("b200_sxm", "gb200", "b300_sxm")
-FP8_STATIC_KERNELS = {
-    **{(g, "fp8_static"): "vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts" for g in ("h100_sxm", "h200_sxm")},
-    **{(g, "fp8_static"): "vllm_modeloptfp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic" for g in BLACKWELL},
-}  # fmt: skip
-HOPPER = ("h100_sxm", "h200_sxm")
-VLLM_MOE_KERNELS = {
-    **FP8_STATIC_KERNELS,
-    **{(g, "fp8"): "vllm_fused_moe" for g in ("h100_sxm", "h200_sxm", "b200_sxm", "gb200", "b300_sxm")},
-    **{(g, "fp8_block"): "vllm_fp8moe_triton_tritonexperts" for g in HOPPER},
-    **{(g, "fp8_block"): "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic"
-       for g in ("b200_sxm", "gb200", "b300_sxm")},
-}  # fmt: skip
-
-
 # With expert parallelism vLLM 0.32 on Hopper moves FlashInfer's CUTLASS kernel first for block
-# FP8 (oracle/fp8.py:120-130@v0.32.0): the tables time it at EP 2-256 only.
-VLLM_MOE_EP_KERNELS = {
-    **{(g, "fp8_block"): "vllm_fp8moe_flashinfer_cutlass_flashinferexperts" for g in HOPPER},
-    **FP8_STATIC_KERNELS,  # the same kernels under EP (the tables time them at EP 2-256)
-}
+# FP8 (oracle/fp8.py:120-130@v0.32.0): the tables time it at EP 2-256 only. The tables themselves
+# live in src (aisim_moe_table.py), which --calibration aisim:FILE prices the experts with.
+VLLM_MOE_KERNELS = VLLM_KERNELS
+VLLM_MOE_EP_KERNELS = VLLM_EP_KERNELS
 
 
 def engine_kernel(

@@ -52,8 +52,8 @@ TABLE_FORMATS = {
 }
 
 # The fused-MoE kernel vLLM 0.32 runs by default for a format on a GPU (tensor parallel), where
-# the tables hold several; the sources are cited beside the same table in
-# benchmarks/fidelity_aisim.py (``VLLM_MOE_KERNELS``, which the tests hold equal to this one).
+# the tables hold several; the sources are cited where benchmarks/fidelity_aisim.py, which prices
+# its held-out rows with these same tables, imports them (``VLLM_MOE_KERNELS``).
 BLACKWELL = ("b200_sxm", "gb200", "b300_sxm")
 HOPPER = ("h100_sxm", "h200_sxm")
 FP8_STATIC_KERNELS = {
