@@ -28,6 +28,7 @@ from __future__ import annotations
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -580,11 +581,81 @@ __attribute__((noinline)) static void linear_avx2_tile(const float* __restrict x
     }
 }
 
+// r[j] = lane j of r[0..7] (an 8 x 8 transpose).
+static inline void transpose8(__m256* r) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int h = 0; h < 2; ++h) {
+      u[4 * i + 2 * h] = _mm256_shuffle_ps(t[4 * i + h], t[4 * i + h + 2], 0x44);
+      u[4 * i + 2 * h + 1] = _mm256_shuffle_ps(t[4 * i + h], t[4 * i + h + 2], 0xEE);
+    }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+    r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+  }
+}
+
+// ``rows`` (<= 6) bf16 rows of x, K apart, widened into one tile of the [K][6] float32 layout.
+// 8 input dims at a time: the rows' 8 values widened, transposed, and each dim's 6 stored
+// together (an 8-float store whose 2 extra lanes the next dim's store overwrites). The
+// one-value-at-a-time loop it replaces held ~5% of the linear layers' perf samples at 64 rows
+// (Zen 4 at level avx2); with this, one thread's linear layers took 1.4% less CPU time.
+static void pack_rows(const uint16_t* x, int64_t K, int rows, float* dst) {
+  int64_t k0 = 0;
+  for (; k0 + 8 <= K; k0 += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i)
+      r[i] = i < rows ? bf16_low(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i * K + k0))))
+                      : _mm256_setzero_ps();
+    transpose8(r);
+    for (int j = 0; j < 8; ++j) {
+      float* d = dst + 6 * (k0 + j);
+      if (k0 + j + 1 < K) {
+        _mm256_storeu_ps(d, r[j]);
+      } else {  // the tile's last dim: nothing after it to overwrite
+        _mm_storeu_ps(d, _mm256_castps256_ps128(r[j]));
+        _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(r[j], 1));
+      }
+    }
+  }
+  for (; k0 < K; ++k0)
+    for (int i = 0; i < rows; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(x[i * K + k0]) << 16;
+      std::memcpy(dst + 6 * k0 + i, &bits, sizeof(float));
+    }
+}
+
 // Tile t of T covers rows [row_tile_start(t), row_tile_start(t + 1)): M rows cut into ceil(M / 6)
 // near-equal tiles (8 rows -> 4 + 4, not 6 + 2), because a tile of r rows keeps 2r FMA chains
 // and below 8 of them the FMA latency, not its rate, bounds the loop.
 static inline int64_t row_tile_start(int64_t t, int64_t M, int64_t T) {
   return t * (M / T) + std::min(t, M % T);
+}
+
+// Tasks 0..n-1 handed out to this call's threads in order, a run of ``chunk`` at a time (at least
+// 8 runs per thread): fn(task, next), next being the task the same thread takes after this one
+// (or n), so it can prefetch that task's data. With the fixed halves at::parallel_for gives, a
+// thread the OS stops for a time slice (another process on its core) holds the call until it has
+// done its whole half; taken in short runs, the other thread does the remaining tasks meanwhile.
+// Which thread does a task does not change its result.
+template <typename F>
+static void parallel_tasks(int64_t n, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(n, at::get_num_threads());
+  const int64_t chunk = std::max<int64_t>(1, n / (8 * std::max<int64_t>(threads, 1)));
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    int64_t first = next.fetch_add(chunk, std::memory_order_relaxed);
+    while (first < n) {
+      const int64_t after = next.fetch_add(chunk, std::memory_order_relaxed);
+      const int64_t last = std::min(n, first + chunk);
+      for (int64_t task = first; task < last; ++task) fn(task, task + 1 < last ? task + 1 : std::min(after, n));
+      first = after;
+    }
+  });
 }
 
 #endif
@@ -610,57 +681,50 @@ torch::Tensor linear_avx2(torch::Tensor x, torch::Tensor w, int64_t N, c10::opti
   float* xpp = xpack.data_ptr<float>();
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(xc.data_ptr());
   at::parallel_for(0, T, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t)
-      for (int64_t m = row_tile_start(t, M, T); m < row_tile_start(t + 1, M, T); ++m) {
-        float* dst = xpp + t * K * 6 + (m - row_tile_start(t, M, T));
-        const uint16_t* src = xs + m * K;
-        for (int64_t k = 0; k < K; ++k) {
-          const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
-          std::memcpy(dst + 6 * k, &bits, sizeof(float));
-        }
-      }
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t m0 = row_tile_start(t, M, T);
+      pack_rows(xs + m0 * K, K, static_cast<int>(row_tile_start(t + 1, M, T) - m0), xpp + t * K * 6);
+    }
   });
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(w.data_ptr());
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  // A task is a group of 4 panels (64 outputs) x a block of row tiles, numbered panel-major so a
-  // thread's share is a run of whole panels, each read from memory once; within a task each row
-  // tile takes the group's panels from L1/L2 in turn. One or two rows take 4 or 2 panels per
-  // tile instead (4 or 8 FMA chains rather than 2 or 4).
+  // A task is a group of 4 panels (64 outputs) x a block of row tiles, numbered panel-major and
+  // handed out in that order (parallel_tasks), so each panel is read from memory once; within a
+  // task each row tile takes the group's panels from L1/L2 in turn. One or two rows take 4 or 2
+  // panels per tile instead (4 or 8 FMA chains rather than 2 or 4).
   constexpr int64_t PG = 4;
   const int64_t TB = K <= 1024 ? 16 : 8;  // row tiles per block: ~96 / ~48 rows of x in L2
   const int64_t ngroups = (NP + PG - 1) / PG, nblocks = (T + TB - 1) / TB;
   const int npan = M == 1 ? 4 : M == 2 ? 2 : 1;
-  at::parallel_for(0, ngroups * nblocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t g = task / nblocks, blk = task % nblocks, p1 = std::min(NP, (g + 1) * PG);
-      for (int64_t t = blk * TB; t < std::min(T, (blk + 1) * TB); ++t) {
-        const int64_t m0 = row_tile_start(t, M, T);
-        const int rows = static_cast<int>(row_tile_start(t + 1, M, T) - m0);
-        const float* xt = xpp + t * K * 6;
-        int64_t p = g * PG;
-        auto at = [&](int64_t panel) { return std::make_tuple(wp + panel * K * 8, bp ? bp + panel * 16 : nullptr,
-                                                              yp + m0 * N + panel * 16, N - panel * 16); };
-        if (npan == 4)
-          for (; p + 4 <= p1; p += 4) {
-            auto [wt, bt, yt, nv] = at(p);
-            linear_avx2_tile<1, 4>(xt, wt, K, bt, yt, N, nv);
-          }
-        if (npan == 2)
-          for (; p + 2 <= p1; p += 2) {
-            auto [wt, bt, yt, nv] = at(p);
-            linear_avx2_tile<2, 2>(xt, wt, K, bt, yt, N, nv);
-          }
-        for (; p < p1; ++p) {
+  parallel_tasks(ngroups * nblocks, [&](int64_t task, int64_t) {
+    const int64_t g = task / nblocks, blk = task % nblocks, p1 = std::min(NP, (g + 1) * PG);
+    for (int64_t t = blk * TB; t < std::min(T, (blk + 1) * TB); ++t) {
+      const int64_t m0 = row_tile_start(t, M, T);
+      const int rows = static_cast<int>(row_tile_start(t + 1, M, T) - m0);
+      const float* xt = xpp + t * K * 6;
+      int64_t p = g * PG;
+      auto at = [&](int64_t panel) { return std::make_tuple(wp + panel * K * 8, bp ? bp + panel * 16 : nullptr,
+                                                            yp + m0 * N + panel * 16, N - panel * 16); };
+      if (npan == 4)
+        for (; p + 4 <= p1; p += 4) {
           auto [wt, bt, yt, nv] = at(p);
-          switch (rows) {
-            case 1: linear_avx2_tile<1, 1>(xt, wt, K, bt, yt, N, nv); break;
-            case 2: linear_avx2_tile<2, 1>(xt, wt, K, bt, yt, N, nv); break;
-            case 3: linear_avx2_tile<3, 1>(xt, wt, K, bt, yt, N, nv); break;
-            case 4: linear_avx2_tile<4, 1>(xt, wt, K, bt, yt, N, nv); break;
-            case 5: linear_avx2_tile<5, 1>(xt, wt, K, bt, yt, N, nv); break;
-            default: linear_avx2_tile<6, 1>(xt, wt, K, bt, yt, N, nv); break;
-          }
+          linear_avx2_tile<1, 4>(xt, wt, K, bt, yt, N, nv);
+        }
+      if (npan == 2)
+        for (; p + 2 <= p1; p += 2) {
+          auto [wt, bt, yt, nv] = at(p);
+          linear_avx2_tile<2, 2>(xt, wt, K, bt, yt, N, nv);
+        }
+      for (; p < p1; ++p) {
+        auto [wt, bt, yt, nv] = at(p);
+        switch (rows) {
+          case 1: linear_avx2_tile<1, 1>(xt, wt, K, bt, yt, N, nv); break;
+          case 2: linear_avx2_tile<2, 1>(xt, wt, K, bt, yt, N, nv); break;
+          case 3: linear_avx2_tile<3, 1>(xt, wt, K, bt, yt, N, nv); break;
+          case 4: linear_avx2_tile<4, 1>(xt, wt, K, bt, yt, N, nv); break;
+          case 5: linear_avx2_tile<5, 1>(xt, wt, K, bt, yt, N, nv); break;
+          default: linear_avx2_tile<6, 1>(xt, wt, K, bt, yt, N, nv); break;
         }
       }
     }
@@ -682,11 +746,17 @@ torch::Tensor linear_avx2(torch::Tensor x, torch::Tensor w, int64_t N, c10::opti
 // permutes and an add for 8 scores). Softmax in float32. V: 4 keys at a time, each output
 // vector (in L1) loaded once, 4 FMAs, stored once. Every score and sum is formed in the same
 // order whatever the batch. Each row kDecodePrefetchKeys keys ahead in the sequence K, V, then
-// the task's next request's K is prefetched while a key is computed, spread one row per key
-// (a burst of a whole block's prefetches stalled the loop). On the 2-core EPYC (one thread,
-// batch 64, context 289, bf16): 7.0-7.8 GB/s of K/V, as fast as the read-only loop (7.2); a
-// version that took each KV head's rows of a 16-key block in turn, prefetching the next block
-// at once, reached 4.6-5.1, the portable kernel ~3.6-6 (docs/executor.md).
+// the thread's next request's K is prefetched into L2 while a key is computed, spread one row
+// per key (a burst of a whole block's prefetches stalled the loop). Requests are handed out in
+// short runs (parallel_tasks), not in fixed halves. On the 2-core EPYC (Zen 3, one thread, batch
+// 64, context 289, bf16), prefetching into L1: 7.0-7.8 GB/s of K/V, as fast as the read-only
+// loop (7.2); a version that took each KV head's rows of a 16-key block in turn, prefetching the
+// next block at once, reached 4.6-5.1, the portable kernel ~3.6-6 (docs/executor.md). On a Zen 4
+// forced to level avx2 (r44), prefetching into L2 instead took one thread from 8.6 to 12.8 GB/s
+// (76 MB from memory; 22 GB/s with the rows in cache, whichever hint), the same as AVX-512's
+// decode kernel found; taking each 16-dim chunk as even and odd bf16 halves (2 ALU ops where
+// widening takes 4) with q reused over 4 keys was no faster (21.8 GB/s in cache, 10.9 from
+// memory) and was dropped.
 #ifdef TAILSERVE_HAVE_AVX2
 static inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8f(const at::BFloat16* p) {
@@ -702,10 +772,10 @@ static inline __m256 sum8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
-constexpr int64_t kDecodePrefetchKeys = 16;  // 8 and 32 measured within noise of it
+constexpr int64_t kDecodePrefetchKeys = 16;  // 8 and 32 (Zen 3, L1), 32 and 48 (Zen 4, L2): within noise
 
 static inline void prefetch_row(const char* p, int64_t row_bytes) {
-  for (int64_t c = 0; c < row_bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+  for (int64_t c = 0; c < row_bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T1);
 }
 
 template <typename T, int HD, int G>
@@ -716,76 +786,74 @@ static void decode_avx2_impl(const float* q, const T* k, const T* v, const int64
   const int64_t row_elems = KV * HD, row_bytes = row_elems * static_cast<int64_t>(sizeof(T));
   const char* kc = reinterpret_cast<const char*>(k);
   const char* vc = reinterpret_cast<const char*>(v);
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(B, [&](int64_t b, int64_t after) {
     std::vector<float> scores;
     std::vector<__m256> part(KV * G * 8);
     const __m256 vscale = _mm256_set1_ps(scale);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n = lengths[b];
-      const int64_t* __restrict sl = slots + b * L;
-      const int64_t stride = ((n + 7) / 8) * 8;
-      scores.resize(H * stride);
-      float* __restrict sc = scores.data();
-      const float* qb = q + b * H * HD;
-      for (int64_t s0 = 0; s0 < n; s0 += 8) {
-        const int m = static_cast<int>(std::min<int64_t>(8, n - s0));
-        for (int i = 0; i < m; ++i) {
-          const int64_t t = s0 + i + kDecodePrefetchKeys;  // in the sequence K rows, then V rows
-          if (t < n) prefetch_row(kc + sl[t] * row_bytes, row_bytes);
-          else if (t - n < n) prefetch_row(vc + sl[t - n] * row_bytes, row_bytes);
-          const T* row = k + sl[s0 + i] * row_elems;
-          for (int64_t h = 0; h < KV; ++h) {
-            const T* rh = row + h * HD;
-            const float* qh = qb + h * G * HD;
-            __m256 acc[G];
-            const __m256 k0 = load8f(rh);
+    const int64_t n = lengths[b];
+    const int64_t* __restrict sl = slots + b * L;
+    const int64_t stride = ((n + 7) / 8) * 8;
+    scores.resize(H * stride);
+    float* __restrict sc = scores.data();
+    const float* qb = q + b * H * HD;
+    for (int64_t s0 = 0; s0 < n; s0 += 8) {
+      const int m = static_cast<int>(std::min<int64_t>(8, n - s0));
+      for (int i = 0; i < m; ++i) {
+        const int64_t t = s0 + i + kDecodePrefetchKeys;  // in the sequence K rows, then V rows
+        if (t < n) prefetch_row(kc + sl[t] * row_bytes, row_bytes);
+        else if (t - n < n) prefetch_row(vc + sl[t - n] * row_bytes, row_bytes);
+        const T* row = k + sl[s0 + i] * row_elems;
+        for (int64_t h = 0; h < KV; ++h) {
+          const T* rh = row + h * HD;
+          const float* qh = qb + h * G * HD;
+          __m256 acc[G];
+          const __m256 k0 = load8f(rh);
 #pragma GCC unroll 8
-            for (int g = 0; g < G; ++g) acc[g] = _mm256_mul_ps(_mm256_loadu_ps(qh + g * HD), k0);
+          for (int g = 0; g < G; ++g) acc[g] = _mm256_mul_ps(_mm256_loadu_ps(qh + g * HD), k0);
 #pragma GCC unroll 32
-            for (int j = 1; j < NF; ++j) {
-              const __m256 kj = load8f(rh + 8 * j);
+          for (int j = 1; j < NF; ++j) {
+            const __m256 kj = load8f(rh + 8 * j);
 #pragma GCC unroll 8
-              for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * HD + 8 * j), kj, acc[g]);
-            }
-#pragma GCC unroll 8
-            for (int g = 0; g < G; ++g) part[(h * G + g) * 8 + i] = acc[g];
+            for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * HD + 8 * j), kj, acc[g]);
           }
-        }
-        for (int64_t r = 0; r < H; ++r) {
-          for (int i = m; i < 8; ++i) part[r * 8 + i] = _mm256_setzero_ps();
-          _mm256_storeu_ps(sc + r * stride + s0, _mm256_mul_ps(sum8(part.data() + r * 8), vscale));
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) part[(h * G + g) * 8 + i] = acc[g];
         }
       }
-      for (int64_t r = 0; r < H; ++r) softmax_inplace(sc + r * stride, n);
-      float* ob = out + b * H * HD;
-      std::fill(ob, ob + H * HD, 0.0f);
-      constexpr int KB = 4;  // keys per pass over the accumulators (in L1: H x HD floats)
-      for (int64_t l0 = 0; l0 < n; l0 += KB) {
-        const int m = static_cast<int>(std::min<int64_t>(KB, n - l0));
-        const T* rows[KB];  // a short last group repeats its last row, with weight 0
-        for (int i = 0; i < KB; ++i) rows[i] = v + sl[l0 + std::min(i, m - 1)] * row_elems;
-        for (int i = 0; i < m; ++i) {  // in the sequence V rows, then the next request's K rows
-          const int64_t t = l0 + i + kDecodePrefetchKeys;
-          if (t < n) prefetch_row(vc + sl[t] * row_bytes, row_bytes);
-          else if (b + 1 < end && t - n < lengths[b + 1]) prefetch_row(kc + slots[(b + 1) * L + t - n] * row_bytes, row_bytes);
-        }
-        for (int64_t h = 0; h < KV; ++h) {
-          __m256 w[G][KB];
-          for (int g = 0; g < G; ++g)
-            for (int i = 0; i < KB; ++i)
-              w[g][i] = i < m ? _mm256_broadcast_ss(sc + (h * G + g) * stride + l0 + i) : _mm256_setzero_ps();
-          for (int j = 0; j < NF; ++j) {
-            __m256 vr[KB];
+      for (int64_t r = 0; r < H; ++r) {
+        for (int i = m; i < 8; ++i) part[r * 8 + i] = _mm256_setzero_ps();
+        _mm256_storeu_ps(sc + r * stride + s0, _mm256_mul_ps(sum8(part.data() + r * 8), vscale));
+      }
+    }
+    for (int64_t r = 0; r < H; ++r) softmax_inplace(sc + r * stride, n);
+    float* ob = out + b * H * HD;
+    std::fill(ob, ob + H * HD, 0.0f);
+    constexpr int KB = 4;  // keys per pass over the accumulators (in L1: H x HD floats)
+    for (int64_t l0 = 0; l0 < n; l0 += KB) {
+      const int m = static_cast<int>(std::min<int64_t>(KB, n - l0));
+      const T* rows[KB];  // a short last group repeats its last row, with weight 0
+      for (int i = 0; i < KB; ++i) rows[i] = v + sl[l0 + std::min(i, m - 1)] * row_elems;
+      for (int i = 0; i < m; ++i) {  // in the sequence V rows, then the next request's K rows
+        const int64_t t = l0 + i + kDecodePrefetchKeys;
+        if (t < n) prefetch_row(vc + sl[t] * row_bytes, row_bytes);
+        else if (after < B && t - n < lengths[after]) prefetch_row(kc + slots[after * L + t - n] * row_bytes, row_bytes);
+      }
+      for (int64_t h = 0; h < KV; ++h) {
+        __m256 w[G][KB];
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < KB; ++i)
+            w[g][i] = i < m ? _mm256_broadcast_ss(sc + (h * G + g) * stride + l0 + i) : _mm256_setzero_ps();
+        for (int j = 0; j < NF; ++j) {
+          __m256 vr[KB];
 #pragma GCC unroll 4
-            for (int i = 0; i < KB; ++i) vr[i] = load8f(rows[i] + h * HD + 8 * j);
+          for (int i = 0; i < KB; ++i) vr[i] = load8f(rows[i] + h * HD + 8 * j);
 #pragma GCC unroll 8
-            for (int g = 0; g < G; ++g) {
-              float* o = ob + (h * G + g) * HD + 8 * j;
-              __m256 a = _mm256_loadu_ps(o);
+          for (int g = 0; g < G; ++g) {
+            float* o = ob + (h * G + g) * HD + 8 * j;
+            __m256 a = _mm256_loadu_ps(o);
 #pragma GCC unroll 4
-              for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(w[g][i], vr[i], a);
-              _mm256_storeu_ps(o, a);
-            }
+            for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(w[g][i], vr[i], a);
+            _mm256_storeu_ps(o, a);
           }
         }
       }

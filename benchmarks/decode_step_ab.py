@@ -1,0 +1,162 @@
+"""The tiny model's bf16 decode step at batch 64, this tree's C++ kernels against another
+revision's, alternating step by step in one process, with the step's split: linear layers
+(``PackedLinear`` calls), decode attention, and everything else (norms, RoPE, the K/V store,
+sampling, scheduling and host time).
+
+64 requests of 256-token prompts are prefilled (8 per step, as W does), then ``--steps`` decode
+steps at batch 64 run (contexts 257 to ~330: W's mean is 288), the kernels switched between
+steps in the order old, new, new, old, ... so that a busy moment or a growing context costs
+both alike. Both builds come from the same flags (this CPU level's ``-march``); only the C++
+source differs (``cpu_kernel_source.py`` at ``--old``). Medians of each side's steps, the first
+two steps dropped.
+
+    TAILSERVE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 python -m benchmarks.decode_step_ab --old HEAD~1
+
+(``ATEN_CPU_CAPABILITY=avx2`` makes PyTorch's own kernels dispatch as on an AVX2 CPU, as the
+CLI does for a forced level; without it the bit-exact SiLU kernel declines on an AVX-512 machine
+and PyTorch's SiLU runs.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks._common import cpu_line
+from tailserve.cache import cache_root
+from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels
+from tailserve.executors.pytorch.cpu_norm_source import NORM_FUNCTIONS, NORM_SOURCE
+from tailserve.executors.pytorch.init_model import default_model_dir
+from tailserve.llm import LLM, SamplingParams
+
+BATCH, PROMPT = 64, 256
+SOURCE_PATH = "src/tailserve/executors/pytorch/cpu_kernel_source.py"
+
+
+def build(source_file: Path, tag: str) -> Any:
+    """The kernels of one ``cpu_kernel_source.py`` (with this tree's norm kernels), built with
+    the flags ``cpu_kernels`` uses at this level, into tailserve's cache."""
+    spec = importlib.util.spec_from_file_location(f"ab_source_{tag}", source_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from torch.utils.cpp_extension import load_inline
+
+    isa = cpu_isa.detect()
+    source = module.SOURCE + NORM_SOURCE
+    flags = cpu_kernels._cflags(isa)
+    key = "\0".join((source, *flags, torch.__version__, isa.level))
+    name = f"tailserve_ab_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    directory = cache_root() / "kernels" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return load_inline(
+        name=name, cpp_sources=source, functions=module.FUNCTIONS + NORM_FUNCTIONS,
+        extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=str(directory),
+    )  # fmt: skip
+
+
+def old_source(rev: str, into: Path) -> Path:
+    repo = Path(__file__).resolve().parent.parent
+    text = subprocess.run(
+        ["git", "show", f"{rev}:{SOURCE_PATH}"], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+    path = into / "old_source.py"
+    path.write_text(text)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", required=True, help="git revision whose kernels are 'old'")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps, both sides together")
+    args = parser.parse_args(argv)
+    level = cpu_isa.detect().level
+    here = Path(cpu_kernels.__file__).with_name("cpu_kernel_source.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        mods = {"old": build(old_source(args.old, Path(tmp)), "old"), "new": build(here, "new")}
+    llm = LLM(default_model_dir("tiny"), dtype="bfloat16", threads=2)
+    print(llm.engine.description, flush=True)
+    engine = llm.engine
+
+    # Time the linear layers and the decode attention by wrapping their calls.
+    spent = {"linear": 0.0, "attention": 0.0}
+    linear_call = cpu_backend.PackedLinear.__call__
+    attention_call = cpu_kernels.paged_decode_attention
+
+    def timed_linear(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        t = time.perf_counter()
+        y = linear_call(self, x, bias)
+        spent["linear"] += time.perf_counter() - t
+        return y
+
+    def timed_attention(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        y = attention_call(*a, **k)
+        spent["attention"] += time.perf_counter() - t
+        return y
+
+    cpu_backend.PackedLinear.__call__ = timed_linear
+    cpu_backend.cpu_kernels.paged_decode_attention = timed_attention
+    # type(), not isinstance: some of gc's objects are deprecation proxies that warn on __class__.
+    objects = gc.get_objects()
+    packed = [o for o in objects if type(o) is cpu_backend.PackedLinear]
+    backends = [o for o in objects if issubclass(type(o), cpu_backend.CpuBackend)]
+    if not packed or any(p.kind != "avx2" for p in packed):
+        print("the model's linear layers are not on the AVX2 kernel here (TAILSERVE_CPU_ISA=avx2?)")
+        return 1
+
+    def use(tag: str) -> None:  # the weights' packed layout is the same for both
+        cpu_kernels._modules[level] = mods[tag]
+        for p in packed:
+            p.kernel = mods[tag]
+        for b in backends:
+            b.kernels = mods[tag]
+
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_tokens=args.steps + 20, temperature=0.0, ignore_eos=True)
+    for i in range(BATCH):
+        engine.add_request(str(i), torch.randint(10, 8000, (PROMPT,), generator=g).tolist(), params)
+    while True:  # prefill until every request has decoded once
+        outs = engine.step()
+        if len(outs) == BATCH and all(len(o.token_ids) >= 2 for o in outs):
+            break
+    times: dict[str, dict[str, list[float]]] = {t: {"step": [], "linear": [], "attention": []} for t in mods}
+    for s in range(args.steps):
+        tag = ("old", "new")[(s + s // 2) % 2]
+        use(tag)
+        spent["linear"] = spent["attention"] = 0.0
+        t = time.perf_counter()
+        outs = engine.step()
+        step = time.perf_counter() - t
+        assert len(outs) == BATCH, len(outs)
+        if s >= 2:
+            times[tag]["step"].append(step)
+            times[tag]["linear"].append(spent["linear"])
+            times[tag]["attention"].append(spent["attention"])
+    print(cpu_line(), flush=True)
+    print(f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; old = {args.old}")
+    medians = {}
+    for tag, d in times.items():
+        rest = [a - b - c for a, b, c in zip(d["step"], d["linear"], d["attention"])]
+        medians[tag] = {k: statistics.median(v) * 1e3 for k, v in (*d.items(), ("rest", rest))}
+        m = medians[tag]
+        print(
+            f"{tag}: {len(d['step'])} steps, step {m['step']:.2f} ms (min {min(d['step']) * 1e3:.2f}): "
+            f"linear {m['linear']:.2f}, attention {m['attention']:.2f}, rest {m['rest']:.2f}"
+        )
+    print(f"new / old step: {medians['new']['step'] / medians['old']['step']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
