@@ -46,8 +46,11 @@ def test_a_level_can_be_forced_down_never_up():
 
 def test_forcing_also_lowers_torchs_dispatch_at_start_up(monkeypatch):
     monkeypatch.setenv("TAILSERVE_CPU_ISA", "avx2")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    for key in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        # setenv first: delenv of an absent variable records nothing to restore, and the caps
+        # left behind made oneDNN refuse a later test's AVX-512 bf16 reorder in this process
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     cpu_isa.apply_forced_level()
     import os
 
