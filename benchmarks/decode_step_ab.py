@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import cpu_line
+from benchmarks._common import cpu_line, save_results
 from tailserve.cache import cache_root
 from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels
 from tailserve.executors.pytorch.cpu_norm_source import NORM_FUNCTIONS, NORM_SOURCE
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", required=True, help="git revision whose kernels are 'old'")
     parser.add_argument("--steps", type=int, default=64, help="decode steps, both sides together")
+    parser.add_argument("--out", help="JSON results (default benchmarks/out/decode_step_ab.json)")
     args = parser.parse_args(argv)
     level = cpu_isa.detect().level
     here = Path(cpu_kernels.__file__).with_name("cpu_kernel_source.py")
@@ -154,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{tag}: {len(d['step'])} steps, step {m['step']:.2f} ms (min {min(d['step']) * 1e3:.2f}): "
             f"linear {m['linear']:.2f}, attention {m['attention']:.2f}, rest {m['rest']:.2f}"
         )
-    print(f"new / old step: {medians['new']['step'] / medians['old']['step']:.3f}")
+    ratio = medians["new"]["step"] / medians["old"]["step"]
+    print(f"new / old step: {ratio:.3f}")
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    results = {"old": args.old, "level": level, "cpu": cpu_line(), "load_average": load}
+    save_results(
+        {**results, "median_ms": medians, "new_over_old_step": ratio}, args.out, "decode_step_ab.json"
+    )
     return 0
 
 
