@@ -13,7 +13,12 @@ from tailserve.executors.simulated.window import WindowShape
 
 
 def batch_shape(out: SchedulerOutput) -> BatchShape:
-    """The cost model's view of one iteration. Padding slots of a static batch compute (and
+    """The cost model's view of one iteration (``batch_fields``)."""
+    return BatchShape(*batch_fields(out))
+
+
+def batch_fields(out: SchedulerOutput) -> tuple[int, int, int, int, int, int, int]:
+    """``BatchShape``'s fields of one iteration, in its order. Padding slots of a static batch compute (and
     sample) like real ones; a scheduled request samples when its chunk reaches its last token.
     A speculative verification (SGLang's drafts: ``num_spec_tokens``) is priced as
     ``advanced_batch_shape`` prices one: a small chunk with logits at each position, counted
@@ -74,7 +79,7 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
         decode_kv += pad.decode_kv_tokens
         num_prefills += pad.num_prefills
         num_decodes += pad.num_decodes
-    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes)
+    return num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes
 
 
 def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
@@ -144,6 +149,15 @@ class SimExecutor:
         if out.advanced:
             return self._execute_advanced(out)
         cm = self.cost_model
+        if self.graph is None and self.spec is None and not cm.windowed:
+            # The plain case, priced from the fields (``shape_time``: ``iteration_time`` without
+            # a window) without building the frozen ``BatchShape`` (~2,500 instructions, once
+            # per stepped iteration).
+            duration = cm.shape_time(*batch_fields(out))
+            swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
+            if swapped:
+                duration += cm.swap_time(swapped * self.block_size)
+            return StepResult(duration=duration)
         window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
         shape = batch_shape(out)
         if self.graph is not None and not out.padding and is_generation_only(out):
