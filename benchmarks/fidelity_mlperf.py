@@ -519,6 +519,14 @@ def with_tables(points: tuple[MLPerfPoint, ...], tables: dict[str, str]) -> tupl
     )
 
 
+def _point_table(title: str, columns: tuple[str, ...], *left: str) -> Table:
+    """A table of the points: ``point`` (and ``left``) left-aligned, the figures right."""
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "point" or col in left else "right")
+    return table
+
+
 def run(
     span_s: float,
     requests: int | None,
@@ -531,12 +539,11 @@ def run(
     rows = []
     sources = sorted({p.calibration for p in points if p.calibration})
     how = f"GEMMs from AISimulate's tables, {', '.join(sources)}" if sources else "uncalibrated"
-    table = Table(
-        title=f"MLPerf Inference v5.1 Server points at the published QPS ({how})", title_justify="left"
+    columns = ("point", "QPS", "in / out", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+               "in flight", "sim req/s", "VALID")  # fmt: skip
+    table = _point_table(
+        f"MLPerf Inference v5.1 Server points at the published QPS ({how})", columns, "VALID"
     )
-    for col in ("point", "QPS", "in / out", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
-                "in flight", "sim req/s", "VALID"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("point", "VALID") else "right")
     for point in points:
         rate = point.scheduled_qps / point.replicas
         pred = simulate(point, rate, requests or requests_for(rate, span_s), steps=steps)
@@ -575,19 +582,19 @@ def run(
         "sim req/s: completed over the simulated span, all replicas"
     )
     if offline_n:
-        off = Table(
-            title=f"Offline: {offline_n} requests per replica at once, samples/s", title_justify="left"
+        off = _point_table(
+            f"Offline: {offline_n} requests per replica at once, samples/s",
+            ("point", "published", "simulated", "error"),
         )
-        for col in ("point", "published", "simulated", "error"):
-            off.add_column(col, justify="left" if col == "point" else "right")
         for point, row in zip(points, rows):
             o = row["offline_qps"]
             off.add_row(point.label, f"{point.offline_qps:.2f}", f"{o:.2f}", _err(o, point.offline_qps))
         console.print(off)
     if with_capacity:
-        cap = Table(title="simulated Server score (highest VALID QPS) vs published", title_justify="left")
-        for col in ("point", "published QPS", "simulated QPS", "error"):
-            cap.add_column(col, justify="left" if col == "point" else "right")
+        cap = _point_table(
+            "simulated Server score (highest VALID QPS) vs published",
+            ("point", "published QPS", "simulated QPS", "error"),
+        )
         for point, row in zip(points, rows):
             c = row["capacity_qps"]
             cap.add_row(
@@ -598,11 +605,10 @@ def run(
             )
         console.print(cap)
     if steps:
-        st = Table(
-            title="the simulated Server run's typical step (weighted by decodes)", title_justify="left"
+        st = _point_table(
+            "the simulated Server run's typical step (weighted by decodes)",
+            ("point", "tokens", "requests", "ms", "TPOT p50 measured ms"),
         )
-        for col in ("point", "tokens", "requests", "ms", "TPOT p50 measured ms"):
-            st.add_column(col, justify="left" if col == "point" else "right")
         for point, row in zip(points, rows):
             t = row["simulated_step"]
             st.add_row(

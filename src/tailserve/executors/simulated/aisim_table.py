@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -144,19 +145,25 @@ def _blend(a: Profile, b: Profile, w: float) -> Profile:
     )
 
 
+def _series(rows: np.ndarray) -> Iterator[tuple[float, float, np.ndarray, np.ndarray]]:
+    """Each weight shape's (N, K, M ascending, seconds) in rows [m, n, k, seconds]; a repeated
+    M keeps its first row in file order."""
+    order = np.lexsort((rows[:, 0], rows[:, 2], rows[:, 1]))  # by N, K, then M (stable)
+    rows = rows[order]
+    starts = np.flatnonzero(np.r_[True, np.any(np.diff(rows[:, 1:3], axis=0) != 0, axis=1)])
+    for a, b in zip(starts, [*starts[1:], len(rows)]):
+        m, n, k, t = rows[a:b].T
+        m, first = np.unique(m, return_index=True)
+        yield float(n[0]), float(k[0]), m, t[first]
+
+
 def format_rows(fmt: str, rows: np.ndarray, hardware: Hardware) -> FormatRows:
     """``FormatRows`` of one format's rows [m, n, k, seconds] measured on ``hardware``."""
     prec = get_precision(fmt)
     peak, bw = hardware.peak_for(prec.compute), hardware.memory_bandwidth
     shapes: dict[tuple[float, float], Profile] = {}
-    order = np.lexsort((rows[:, 0], rows[:, 2], rows[:, 1]))  # by N, K, then M
-    rows = rows[order]
-    starts = np.flatnonzero(np.r_[True, np.any(np.diff(rows[:, 1:3], axis=0) != 0, axis=1)])
-    for a, b in zip(starts, [*starts[1:], len(rows)]):
-        m, n, k, t = rows[a:b].T
-        m, first = np.unique(m, return_index=True)  # a repeated M: its first row
-        fraction = roofline(m, n[0], k[0], peak, bw, prec.bytes) / t[first]
-        shapes[(float(n[0]), float(k[0]))] = Profile(np.log(m), fraction)
+    for n, k, m, t in _series(rows):
+        shapes[(n, k)] = Profile(np.log(m), roofline(m, n, k, peak, bw, prec.bytes) / t)
     ns = np.array(sorted({n for n, _ in shapes}))
     ks = {float(n): np.array(sorted(k for c, k in shapes if c == n)) for n in ns}
     return FormatRows(fmt, peak, bw, prec.bytes, ns, ks, shapes)
@@ -254,14 +261,11 @@ def flat_series(rows: np.ndarray) -> str:
     """Why a format's rows [m, n, k, seconds] are not a GEMM kernel's timing ("" when they are):
     over the model-sized weights timed at both ``FLAT_ROWS`` rows and fewer, the median of the
     time at ``FLAT_ROWS`` over the fastest row's is below ``FLAT_RATIO``."""
-    m, n, k, t = rows.T
-    big = n * k >= 2**24
-    ratios = []
-    for shape in np.unique(rows[big][:, 1:3], axis=0):
-        at = big & (n == shape[0]) & (k == shape[1])
-        top = t[at & (m == FLAT_ROWS)]
-        if len(top) and np.count_nonzero(at) > 1:
-            ratios.append(top[0] / t[at].min())
+    ratios = [
+        t[m == FLAT_ROWS][0] / t.min()
+        for n, k, m, t in _series(rows[rows[:, 1] * rows[:, 2] >= 2**24])
+        if len(m) > 1 and FLAT_ROWS in m
+    ]
     if not ratios or float(np.median(ratios)) >= FLAT_RATIO:
         return ""
     return (

@@ -144,29 +144,28 @@ class SimExecutor:
         # A sliding-window model's attention depends on each request's context, not on the
         # batch's sums alone: the exact fast paths (which price sums) stay off for it.
         self.prices_shapes_alone = not cost_model.windowed
+        # No CUDA-graph padding, drafts or window: a step is its batch's sums alone.
+        self._plain = graph is None and spec is None and not cost_model.windowed
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         if out.advanced:
             return self._execute_advanced(out)
         cm = self.cost_model
-        if self.graph is None and self.spec is None and not cm.windowed:
-            # The plain case, priced from the fields (``shape_time``: ``iteration_time`` without
-            # a window) without building the frozen ``BatchShape`` (~2,500 instructions, once
-            # per stepped iteration).
+        if self._plain:
+            # Priced from the fields (``shape_time``: ``iteration_time`` without a window)
+            # without building the frozen ``BatchShape`` (~2,500 instructions, once per stepped
+            # iteration).
             duration = cm.shape_time(*batch_fields(out))
-            swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
-            if swapped:
-                duration += cm.swap_time(swapped * self.block_size)
-            return StepResult(duration=duration)
-        window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
-        shape = batch_shape(out)
-        if self.graph is not None and not out.padding and is_generation_only(out):
-            shape = self.graph.pad(shape, len(out.scheduled))
-        duration = cm.iteration_time(shape, window)
+        else:
+            window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
+            shape = batch_shape(out)
+            if self.graph is not None and not out.padding and is_generation_only(out):
+                shape = self.graph.pad(shape, len(out.scheduled))
+            duration = cm.iteration_time(shape, window)
         swapped = out.num_swap_out_blocks + out.num_swap_in_blocks
         if swapped:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
-            duration += self.cost_model.swap_time(swapped * self.block_size)
+            duration += cm.swap_time(swapped * self.block_size)
         if self.spec is not None:  # SGLang's speculative decoding (vLLM's runs ``advanced``)
             return self._execute_drafts(out, shape, duration)
         return StepResult(duration=duration)
