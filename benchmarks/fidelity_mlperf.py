@@ -538,7 +538,11 @@ def run(
 ) -> dict:
     rows = []
     sources = sorted({p.calibration for p in points if p.calibration})
-    how = f"GEMMs from AISimulate's tables, {', '.join(sources)}" if sources else "uncalibrated"
+    how = (
+        f"GEMMs and routed experts from AISimulate's tables, {', '.join(sources)}"
+        if sources
+        else "uncalibrated"
+    )
     columns = ("point", "QPS", "in / out", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                "in flight", "sim req/s", "VALID")  # fmt: skip
     table = _point_table(
