@@ -13,21 +13,27 @@ catalog's fitted ``hardware.MlaKernel``:
 - a step's prefill part is the context series at (chunks, prefill tokens / chunks), the chunks
   taken as equal; what the rows cannot hold, the pairs and KV beyond those equal prompts' own
   (a chunk's earlier context, unequal chunks' extra causal pairs), is the catalog's prefill
-  attention (its roofline rates, ``CostModel._attention``): the rows time no prompt with cached
-  context, and their growth with the prompt length at equal tokens is that attention's;
+  attention (its rates, ``CostModel._attention``): the rows time no prompt with cached context,
+  and the same attention prices prompts past the longest the rows time (below), where it does
+  better than the alternatives on the rows that test it;
 - its decode part is the generation series at (decodes, the decodes' mean context);
-- within a series, log time is interpolated bilinearly in log batch and log length: in log length
-  along each of the two measured batches around the batch, then in log batch between them. The
-  grids are not rectangles (the tables stop at a product of batch and length: B200's context rows
-  at 131,072 tokens, the generation rows at 2^25 tokens of KV), so a length past one batch's last
-  row is taken from that batch's row extended as below;
-- beyond a series' last length or batch (Hopper's context rows stop at 512-token prompts, every
-  series at 256 prompts or 1,024 decodes) the last row's achieved fraction of the module's roofline
-  is held (``module_roofline``: the projections' FLOPs at the format's peak and the attention's at
-  bf16's, or the weights, activations and KV at the bandwidth), so the time grows with the work
-  instead of being clamped: a 32K-token prompt is 50x a 512-token one's attention FLOPs. On the
-  Blackwell context rows past 512 tokens, priced from the rows up to 512 alone, this gave a lower
-  error than a clamp and than the catalog's (docs/fidelity.md, ``benchmarks/fidelity_aisim_mla_table.py``).
+- within a series, log time is interpolated bilinearly in log batch and log length: along the
+  lengths of the two measured batches around the batch, then between them. The grids are not
+  rectangles (B200's context rows stop at 131,072 tokens, the generation rows at 2^25 tokens of
+  KV): where a measured batch's lengths end before the length asked, along the batches of the two
+  measured lengths around it instead (``grid_log_seconds``); where neither way is inside the
+  grid, the nearest measured point's achieved fraction of the module's roofline is held
+  (``ModuleRoofline``: the projections' FLOPs at the format's peak and the attention's at bf16's,
+  or the weights, activations and KV at the bandwidth): beyond 256 prompts or 1,024 decodes, past
+  131,072 tokens of context, below the shortest rows;
+- past the longest prompt timed (512 tokens on Hopper, 32,768 on Blackwell), a prompt of ``L``
+  tokens is the same tokens as prompts of that longest length ``E`` (the projections and the rest
+  of the module at the same GEMM sizes) plus the catalog's prefill attention over the ``L (L - E)
+  / 2`` causal pairs beyond theirs (``context_seconds``). On the Blackwell context rows past 512
+  tokens, priced from the rows up to 512 alone, this rule's mean error was 4.7-6.6%, holding the
+  roofline fraction's 56-85% (the edge's fraction is the projections', far below the attention
+  kernel's) and holding the time per token's 32-37% (``benchmarks/fidelity_aisim_mla_table.py``,
+  docs/fidelity.md).
 
 A series the tables lack (another head count or MLA shape, another projections' format, an FP8 KV
 cache, a GPU without MLA rows) keeps the catalog's ``MlaKernel`` (``MlaTable.why_outside`` says
@@ -68,24 +74,40 @@ def mla_shape(m: ModelSpec) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, eq=False)
-class Grid:
-    """One series' rows: the measured batches (ascending) and, per batch, its lengths (ascending)
-    and seconds, both as logs."""
+class Lines:
+    """A series' rows as lines along one axis: the other axis' measured values (ascending) and,
+    on each line, its measured values along the axis (ascending) and seconds, both as logs."""
 
-    batch: np.ndarray
-    log_length: tuple[np.ndarray, ...]
+    at: np.ndarray
+    log_along: tuple[np.ndarray, ...]
     log_seconds: tuple[np.ndarray, ...]
+
+    @staticmethod
+    def of(by: dict[float, dict[float, float]]) -> Lines:
+        at = np.array(sorted(by))
+        along = [np.array(sorted(by[a])) for a in at]
+        seconds = [np.array([by[a][x] for x in xs]) for a, xs in zip(at, along)]
+        return Lines(at, tuple(np.log(xs) for xs in along), tuple(np.log(t) for t in seconds))
+
+
+@dataclass(frozen=True, eq=False)
+class Grid:
+    """One series' rows: by batch (lengths along each) and by length (batches along each)."""
+
+    rows: Lines
+    columns: Lines
+    longest: float  # the longest length measured
 
     @staticmethod
     def of(points: list[tuple[float, float, float]]) -> Grid:
         """From (batch, length, seconds); a repeated (batch, length) keeps its first row."""
-        by: dict[float, dict[float, float]] = {}
+        rows: dict[float, dict[float, float]] = {}
+        columns: dict[float, dict[float, float]] = {}
         for b, n, s in points:
-            by.setdefault(b, {}).setdefault(n, s)
-        batch = np.array(sorted(by))
-        lengths = [np.array(sorted(by[b])) for b in batch]
-        seconds = [np.array([by[b][n] for n in ls]) for b, ls in zip(batch, lengths)]
-        return Grid(batch, tuple(np.log(ls) for ls in lengths), tuple(np.log(s) for s in seconds))
+            if n not in rows.setdefault(b, {}):
+                rows[b][n] = s
+                columns.setdefault(n, {})[b] = s
+        return Grid(Lines.of(rows), Lines.of(columns), max(columns))
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,46 +198,50 @@ class ModuleRoofline:
         return np.maximum(compute, memory)
 
 
-# How a series' row goes on past its measured lengths: (batch, the edge lengths, their log
-# seconds, the lengths asked) -> log seconds at those lengths.
-Extend = Callable[[float, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+def _along(lines: Lines, at: float, along: np.ndarray, roof: Callable) -> tuple[np.ndarray, np.ndarray]:
+    """Log seconds at ``at`` and each of ``along`` from ``lines``: linear in the logs along the two
+    lines around ``at``, then between them; past a line's ends, or beyond the lines, the nearest
+    measured point's fraction of ``roof(at, along)`` held. Also which points needed that."""
+    x = np.log(along)
+
+    def line(i: int) -> tuple[np.ndarray, np.ndarray]:
+        xs, ts = lines.log_along[i], lines.log_seconds[i]
+        out = np.interp(x, xs, ts)
+        past = (x > xs[-1]) | (x < xs[0])
+        if past.any():
+            edge = np.where(x[past] > xs[-1], len(xs) - 1, 0)
+            a = lines.at[i]
+            out[past] = ts[edge] + np.log(roof(a, along[past]) / roof(a, np.exp(xs[edge])))
+        return out, past
+
+    ats = lines.at
+    j = int(np.searchsorted(ats, at))
+    if j < len(ats) and ats[j] == at:
+        return line(j)
+    if j == 0 or j == len(ats):
+        i = 0 if j == 0 else len(ats) - 1
+        out, _ = line(i)
+        return out + np.log(roof(at, along) / roof(ats[i], along)), np.ones(len(along), dtype=bool)
+    w = (math.log(at) - math.log(ats[j - 1])) / (math.log(ats[j]) - math.log(ats[j - 1]))
+    (lo, lo_past), (hi, hi_past) = line(j - 1), line(j)
+    return (1 - w) * lo + w * hi, lo_past | hi_past
 
 
-def grid_log_seconds(grid: Grid, batch: float, length, extend: Extend, beyond_batch: Callable) -> np.ndarray:
-    """Log seconds of ``batch`` at each ``length`` (a number or an array) in ``grid``: bilinear in
-    log batch and log length; past a batch's measured lengths that row goes on by ``extend``;
-    beyond the measured batches, ``beyond_batch(batch, measured batch, lengths)`` is added to the
-    nearest batch's log seconds."""
+def grid_log_seconds(grid: Grid, roof: ModuleRoofline, phase: str, batch: float, length) -> np.ndarray:
+    """Log seconds of one layer's module at ``batch`` and each ``length`` (a number or an array):
+    bilinear in log batch and log length, along the lengths of the two measured batches around
+    ``batch`` and then between them; where that goes past a measured batch's lengths (the grids
+    are not rectangles) and along the batches of the two measured lengths around it does not,
+    that way instead; else the nearest measured point's fraction of ``roof`` held."""
     lengths = np.atleast_1d(np.asarray(length, dtype=float))
-    x = np.log(lengths)
-
-    def row(i: int) -> np.ndarray:
-        ll, ls = grid.log_length[i], grid.log_seconds[i]
-        out = np.interp(x, ll, ls)
-        outside = (x > ll[-1]) | (x < ll[0])
-        if outside.any():
-            edge = np.where(x[outside] > ll[-1], len(ll) - 1, 0)
-            out[outside] = extend(grid.batch[i], np.exp(ll[edge]), ls[edge], lengths[outside])
-        return out
-
-    bs = grid.batch
-    j = int(np.searchsorted(bs, batch))
-    if j < len(bs) and bs[j] == batch:
-        return row(j)
-    if j == 0 or j == len(bs):
-        i = 0 if j == 0 else len(bs) - 1
-        return row(i) + beyond_batch(batch, bs[i], lengths)
-    w = (math.log(batch) - math.log(bs[j - 1])) / (math.log(bs[j]) - math.log(bs[j - 1]))
-    return (1 - w) * row(j - 1) + w * row(j)
-
-
-def by_roofline(roof: ModuleRoofline, phase: str) -> Extend:
-    """A row goes on at its edge's achieved fraction of ``roof``."""
-
-    def extend(batch: float, edge: np.ndarray, log_t: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        return log_t + np.log(roof.seconds(phase, batch, lengths) / roof.seconds(phase, batch, edge))
-
-    return extend
+    out, past = _along(grid.rows, batch, lengths, lambda b, n: roof.seconds(phase, b, n))
+    for k in np.flatnonzero(past):  # few: the grid's edges
+        other, other_past = _along(
+            grid.columns, float(lengths[k]), np.array([float(batch)]), lambda n, b: roof.seconds(phase, b, n)
+        )
+        if not other_past[0]:
+            out[k] = other[0]
+    return out
 
 
 def context_seconds(
@@ -226,21 +252,11 @@ def context_seconds(
     / E`` of them: the projections and the rest of the module at the same GEMM sizes), plus
     ``pair_seconds`` for each causal pair beyond theirs (``length x (length - E) / 2`` per
     prompt): the catalog's prefill attention."""
-    longest = max(float(np.exp(ll[-1])) for ll in grid.log_length)
-    ext, beyond = by_roofline(roof, "context"), batch_by_roofline(roof, "context")
-    if length <= longest:
-        return float(np.exp(grid_log_seconds(grid, prompts, length, ext, beyond))[0])
-    same_tokens = float(np.exp(grid_log_seconds(grid, prompts * length / longest, longest, ext, beyond))[0])
-    return same_tokens + pair_seconds * prompts * length * (length - longest) / 2.0
-
-
-def batch_by_roofline(roof: ModuleRoofline, phase: str) -> Callable:
-    """Beyond the measured batches: the nearest batch's achieved fraction of ``roof`` held."""
-
-    def beyond(batch: float, measured: float, lengths: np.ndarray) -> np.ndarray:
-        return np.log(roof.seconds(phase, batch, lengths) / roof.seconds(phase, measured, lengths))
-
-    return beyond
+    e = grid.longest
+    if length <= e:
+        return float(np.exp(grid_log_seconds(grid, roof, "context", prompts, length))[0])
+    same_tokens = float(np.exp(grid_log_seconds(grid, roof, "context", prompts * length / e, e))[0])
+    return same_tokens + pair_seconds * prompts * length * (length - e) / 2.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -339,5 +355,4 @@ class MlaTable:
         """Log seconds of one layer's module at ``batch`` and each ``length`` (the module docstring)."""
         grid = self.context if phase == "context" else self.generation
         assert grid is not None and self.roof is not None
-        extend, beyond = by_roofline(self.roof, phase), batch_by_roofline(self.roof, phase)
-        return grid_log_seconds(grid, batch, length, extend, beyond)
+        return grid_log_seconds(grid, self.roof, phase, batch, length)
