@@ -491,6 +491,13 @@ class CostModel:
         return self._table.outside + ((moe.why_outside,) if moe is not None and not moe.priced else ())
 
     @property
+    def table_parts(self) -> tuple[str, ...]:
+        """With measured times, what they price: the GEMMs, and the routed experts and the MLA
+        block where their rows time them."""
+        moe = self._moe_table is not None and self._moe_table.priced
+        return ("GEMMs", *(("routed experts",) if moe else ()), *(("MLA block",) if self._mla_block else ()))
+
+    @property
     def mla_outside(self) -> str:
         """With measured times, why the MLA block keeps the catalog's fitted terms ("" when the
         rows price it, or without measured times or MLA)."""
