@@ -32,6 +32,8 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -50,19 +52,21 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.hardware import get_hardware
 
 LONG = 512  # the Hopper tables' longest prompt: the long-prompt split trains up to it
+FORMATS = {**MLA_FORMATS, "nvfp4": "nvfp4"}  # TensorRT-LLM's tables time NVFP4 projections too
 
 
 class Catalog:
     """The catalog's ``MlaKernel`` pricing one row, and its prefill attention per pair (the
     table's rule past the longest prompt), per head count."""
 
-    def __init__(self, hw, weights: str) -> None:
-        self.hw, self.weights = hw, weights
+    def __init__(self, hw, weights: str, kv: str = "") -> None:
+        self.hw, self.weights, self.kv = hw, weights, kv
         self.models: dict[int, CostModel] = {}
 
     def model(self, heads: int) -> CostModel:
         if heads not in self.models:
-            self.models[heads] = CostModel(_mla_layer(heads, self.weights), self.hw, 1)
+            layer = replace(_mla_layer(heads, self.weights), kv_dtype=self.kv)
+            self.models[heads] = CostModel(layer, self.hw, 1)
         return self.models[heads]
 
     def seconds(self, phase: str, heads: int, batch: int, length: int) -> float:
@@ -82,7 +86,7 @@ def price(grid: Grid, roof: ModuleRoofline, pair_s: float, phase: str, batch: fl
     return float(np.exp(grid_log_seconds(grid, roof, phase, batch, length))[0])
 
 
-def grid_split(rows: list, phase: str, weights: str, hw, catalog: Catalog) -> dict:
+def grid_split(rows: list, phase: str, weights: str, hw, catalog: Catalog, kv_bytes: float) -> dict:
     """The checkerboard: per head count, the odd (batch index + length index) rows held out."""
     pred, cat, y = [], [], []
     for heads in sorted({r[0] for r in rows}):
@@ -91,7 +95,7 @@ def grid_split(rows: list, phase: str, weights: str, hw, catalog: Catalog) -> di
         ls = sorted({r[2] for r in own})
         odd = [(bs.index(r[1]) + ls.index(r[2])) % 2 == 1 for r in own]
         grid = Grid.of([(r[1], r[2], r[3] * 1e-3) for r, o in zip(own, odd) if not o])
-        roof = ModuleRoofline.of(heads, weights, hw)
+        roof = ModuleRoofline.of(heads, weights, hw, kv_bytes)
         pair_s = catalog.pair_seconds(heads)
         for r, o in zip(own, odd):
             if o:
@@ -102,12 +106,12 @@ def grid_split(rows: list, phase: str, weights: str, hw, catalog: Catalog) -> di
     return {"table": stats(np.array(pred), y_a), "catalog": stats(np.array(cat), y_a)}
 
 
-def head_split(rows: list, phase: str, weights: str, hw, catalog: Catalog) -> dict:
+def head_split(rows: list, phase: str, weights: str, hw, catalog: Catalog, kv_bytes: float) -> dict:
     """The catalog's head split: held-out head counts priced in log heads between training ones."""
     heads = sorted({r[0] for r in rows})
     train_heads = heads[0::2]
     grids = {h: Grid.of([(r[1], r[2], r[3] * 1e-3) for r in rows if r[0] == h]) for h in train_heads}
-    roofs = {h: ModuleRoofline.of(h, weights, hw) for h in heads}
+    roofs = {h: ModuleRoofline.of(h, weights, hw, kv_bytes) for h in heads}
 
     def at(h: int, batch: float, length: float) -> float:
         return np.log(price(grids[h], roofs[h], catalog.pair_seconds(h), phase, batch, length))
@@ -138,7 +142,7 @@ def head_split(rows: list, phase: str, weights: str, hw, catalog: Catalog) -> di
     }
 
 
-def long_split(rows: list, weights: str, hw, catalog: Catalog) -> dict | None:
+def long_split(rows: list, weights: str, hw, catalog: Catalog, kv_bytes: float) -> dict | None:
     """Context rows trained on prompts up to ``LONG`` tokens, tested on longer ones: the rule
     past the longest prompt (``context_seconds``) beside two it was chosen over."""
     test = [r for r in rows if r[2] > LONG]
@@ -150,7 +154,7 @@ def long_split(rows: list, weights: str, hw, catalog: Catalog) -> dict | None:
         h = r[0]
         if h not in grids:
             grids[h] = Grid.of([(q[1], q[2], q[3] * 1e-3) for q in rows if q[0] == h and q[2] <= LONG])
-        grid, roof = grids[h], ModuleRoofline.of(h, weights, hw)
+        grid, roof = grids[h], ModuleRoofline.of(h, weights, hw, kv_bytes)
         rule.append(context_seconds(grid, roof, catalog.pair_seconds(h), r[1], r[2]))
         fraction.append(float(np.exp(grid_log_seconds(grid, roof, "context", r[1], r[2]))[0]))
         at_long = float(np.exp(grid_log_seconds(grid, roof, "context", r[1], LONG))[0])
@@ -183,8 +187,10 @@ def main() -> int:
     args = parser.parse_args()
     console = Console(width=200)
     body = json.loads(Path(args.rows).read_text())
-    if body.get("framework", "vllm") != "vllm":
-        print("fidelity_aisim_mla_table: vLLM's tables only (the MLA rows are vLLM's)", file=sys.stderr)
+    framework = body.get("framework", "vllm")
+    if framework not in ("vllm", "trtllm"):
+        print("fidelity_aisim_mla_table: vLLM's or TensorRT-LLM's tables (the others have no MLA rows)",
+              file=sys.stderr)  # fmt: skip
         return 2
     tables = body["gpus"]
     console.print(cpu_line())
@@ -197,13 +203,14 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m benchmarks.fidelity_aisim_mla_table " + " ".join(sys.argv[1:]),
         "load_average": os.getloadavg()[0],
+        "framework": framework,
         "mla": {},
     }
     table = Table(
         title="MLA module per layer held out (vLLM 0.25, DeepSeek-V3 shapes, bf16 KV): |error| mean / p90 / max, "
         "the measured table interpolated vs the catalog's MlaKernel on the same rows"
     )
-    for col in ("GPU", "path", "projections", "(a) grid rows", "table", "catalog", "(b) heads rows",
+    for col in ("GPU", "path", "projections, KV", "(a) grid rows", "table", "catalog", "(b) heads rows",
                 "table, log heads", "catalog (held out)", "(c) long rows", "rule", "roofline fraction",
                 "time per token", "catalog"):  # fmt: skip
         table.add_column(col)
@@ -213,31 +220,34 @@ def main() -> int:
             continue
         hw = get_hardware(GPUS[gpu])
         out: dict = {"versions": {p: entry.get(f"mla_{p}_version") for p in ("context", "generation")}}
-        for phase in ("context", "generation"):
-            for table_fmt, weights in MLA_FORMATS.items():
-                rows = [r[1:] for r in entry[f"mla_{phase}"] if r[0] == table_fmt and r[4] > 0]
-                if not rows:
-                    continue
-                catalog = Catalog(hw, weights)
-                res = {
-                    "rows": len(rows),
-                    "grid": grid_split(rows, phase, weights, hw, catalog),
-                    "heads": head_split(rows, phase, weights, hw, catalog),
-                }
-                long = long_split(rows, weights, hw, catalog) if phase == "context" else None
-                if long:
-                    res["long_prompts"] = long
-                out[f"{phase}/{weights}"] = res
-                g, h = res["grid"], res["heads"]
-                table.add_row(
-                    GPUS[gpu], phase, weights, str(g["table"]["n"]), _cell(g["table"]), _cell(g["catalog"]),
-                    str(h["catalog"]["n"]), _cell(h["table_log_heads"]), _cell(h["catalog"]),
-                    str(long["held_out_rows"]) if long else "-",
-                    _cell(long["same_tokens_plus_catalog_attention"]) if long else "-",
-                    _cell(long["roofline_fraction_held"]) if long else "-",
-                    _cell(long["time_per_token_held"]) if long else "-",
-                    _cell(long["catalog"]) if long else "-",
-                )  # fmt: skip
+        for phase, (table_fmt, weights), (kv, suffix) in product(
+            ("context", "generation"), FORMATS.items(), (("", ""), ("fp8", "_fp8kv"))
+        ):
+            rows = [r[1:] for r in entry.get(f"mla_{phase}{suffix}", []) if r[0] == table_fmt and r[4] > 0]
+            if not rows:
+                continue
+            catalog = Catalog(hw, weights, kv)
+            kv_bytes = 1.0 if kv else 2.0
+            res = {
+                "rows": len(rows),
+                "grid": grid_split(rows, phase, weights, hw, catalog, kv_bytes),
+                "heads": head_split(rows, phase, weights, hw, catalog, kv_bytes),
+            }
+            long = long_split(rows, weights, hw, catalog, kv_bytes) if phase == "context" else None
+            if long:
+                res["long_prompts"] = long
+            label = f"{phase}/{weights}" + (f"/{kv}kv" if kv else "")
+            out[label] = res
+            g, h = res["grid"], res["heads"]
+            table.add_row(
+                GPUS[gpu], phase, f"{weights}, {kv or 'bf16'}", str(g["table"]["n"]), _cell(g["table"]), _cell(g["catalog"]),
+                str(h["catalog"]["n"]), _cell(h["table_log_heads"]), _cell(h["catalog"]),
+                str(long["held_out_rows"]) if long else "-",
+                _cell(long["same_tokens_plus_catalog_attention"]) if long else "-",
+                _cell(long["roofline_fraction_held"]) if long else "-",
+                _cell(long["time_per_token_held"]) if long else "-",
+                _cell(long["catalog"]) if long else "-",
+            )  # fmt: skip
         results["mla"][gpu] = out
     console.print(table)
     results["wall_s"] = round(time.time() - start, 1)

@@ -33,7 +33,9 @@ def _mla_rows(phase, heads=(16,), fmts=("fp8_block",)):
     return [[f, h, b, n, _law(phase, h, b, n)] for f in fmts for h in heads for b in BATCHES for n in lengths]
 
 
-def _export(tmp_path, mla=True, heads=(16,), fmts=("fp8_block",), name="aisim.json"):
+def _export(
+    tmp_path, mla=True, heads=(16,), fmts=("fp8_block",), name="aisim.json", fp8kv=False, framework="vllm"
+):
     """A tiny export: a few GEMM shapes (the rest outside, on the curve), no MoE rows, and MLA rows."""
     gemm = [[f, float(m), float(n), float(k), 0.01 + 1e-9 * m * n * k / 1e3] for f in ("bfloat16", "fp8_block", "nvfp4")
             for n in (4096, 7168, 18432) for k in (2048, 7168) for m in (1, 64, 4096, 32768)]  # fmt: skip
@@ -45,8 +47,12 @@ def _export(tmp_path, mla=True, heads=(16,), fmts=("fp8_block",), name="aisim.js
             "mla_context_version": "0.25.0 FLASH_ATTN_MLA",
             "mla_generation_version": "0.25.0 FLASH_ATTN_MLA",
         }
+    if fp8kv:  # TensorRT-LLM's tables: FP8 KV rows too, half the bf16 ones' times
+        for phase in ("context", "generation"):
+            entry[f"mla_{phase}_fp8kv"] = [[*r[:4], r[4] / 2] for r in _mla_rows(phase, heads, fmts)]
+            entry[f"mla_{phase}_version"] = "1.3.0rc20"
     path = tmp_path / name
-    path.write_text(json.dumps({"framework": "vllm", "gpus": {"h200_sxm": entry}}))
+    path.write_text(json.dumps({"framework": framework, "gpus": {"h200_sxm": entry}}))
     return path
 
 
@@ -59,7 +65,7 @@ def _deepseek(path, tp=8, **kw):
 def test_a_grid_point_is_the_measured_row_and_the_law_is_recovered_between_them(tmp_path):
     rows = MlaRows.of({"mla_context": _mla_rows("context"), "mla_generation": _mla_rows("generation")})
     assert rows is not None
-    table = MlaTable.of(rows, "h200_sxm", get_model("DeepSeek-V3"), 8, "fp8_block", H200, 1e-12)
+    table = MlaTable.of(rows, "h200_sxm", "vllm", get_model("DeepSeek-V3"), 8, "fp8_block", H200, 1e-12)
     assert table.priced and table.heads == 16
     for b in (1, 8, 256):
         for n in (1, 64, 512):
@@ -80,7 +86,7 @@ def test_past_the_longest_prompt_the_same_tokens_plus_the_catalogs_attention_ove
     rows = MlaRows.of({"mla_context": _mla_rows("context"), "mla_generation": _mla_rows("generation")})
     assert rows is not None
     pair_s = 3e-12
-    table = MlaTable.of(rows, "h200_sxm", get_model("DeepSeek-V3"), 8, "fp8_block", H200, pair_s)
+    table = MlaTable.of(rows, "h200_sxm", "vllm", get_model("DeepSeek-V3"), 8, "fp8_block", H200, pair_s)
     # one 2,048-token prompt: 4 prompts of 512 (the grid's longest) plus 2,048 x 1,536 / 2 pairs
     want = _law("context", 16, 4, 512) * 1e-3 + pair_s * 2048 * (2048 - 512) / 2
     assert table.prefill(1, 2048) == pytest.approx(want, rel=1e-12)
@@ -132,7 +138,7 @@ def test_a_series_the_tables_lack_keeps_the_catalog_and_says_why(tmp_path):
     shape = BatchShape.of([(300, 100)], [2000] * 7)
     cases = (
         (dict(tp=4), "MLA block (32 heads per shard: not a head count the rows time)"),
-        (dict(kv_cache_dtype="fp8"), "MLA block (fp8 KV cache: the rows time a bf16 one)"),
+        (dict(kv_cache_dtype="fp8"), "MLA block (fp8 KV cache: the rows time bf16 ones)"),
     )
     for kw, why in cases:
         built = _deepseek(with_rows, **kw)
@@ -149,7 +155,9 @@ def test_a_series_the_tables_lack_keeps_the_catalog_and_says_why(tmp_path):
     fp4 = build_cost_model(
         Deployment(model="DeepSeek-R1-FP4", hardware="H200", tp=8, calibration=f"aisim:{with_rows}")
     ).cost_model
-    assert fp4.mla_outside == "MLA block (bf16 projections: no bfloat16 rows for h200_sxm)"
+    assert (
+        fp4.mla_outside == "MLA block (bf16 projections: no bfloat16 rows with a bf16 KV cache for h200_sxm)"
+    )
 
 
 def test_cost_runs_end_to_end_with_the_mla_rows(tmp_path, capsys):
@@ -165,3 +173,20 @@ def test_cost_runs_end_to_end_with_the_mla_rows(tmp_path, capsys):
     assert main([*args, "--calibration", f"aisim:{_export(tmp_path, mla=False, name='none.json')}"]) == 0
     catalog = json.loads(out.read_text())
     assert priced["prefill_s"] > 0 and priced["prefill_s"] != catalog["prefill_s"]
+
+
+def test_tensorrt_llm_rows_price_an_fp8_kv_cache_from_its_own_rows(tmp_path):
+    path = _export(tmp_path, fp8kv=True, framework="trtllm")
+    built = _deepseek(path, kv_cache_dtype="fp8")
+    cm, m = built.cost_model, get_model("DeepSeek-V3")
+    assert (
+        "MLA block (16 heads per shard, fp8_block projections, fp8 KV) priced from the MLA module rows "
+        "of TensorRT-LLM 1.3.0rc20" in built.notes
+    )
+    shape = BatchShape.of([], [999] * 4)
+    assert cm.attention_time(shape) == pytest.approx(
+        m.num_layers * _law("generation", 16, 4, 1000) * 1e-3 / 2, rel=1e-9
+    )
+    # the same file prices a bf16 KV cache from its bf16 rows
+    bf16 = _deepseek(path).cost_model
+    assert bf16.attention_time(shape) == pytest.approx(2 * cm.attention_time(shape), rel=1e-9)

@@ -53,8 +53,12 @@ from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.precision import get_precision
 
 PHASES = ("context", "generation")
-# The projections' format (tailserve's name) -> the tables' gemm_type
-TABLE_FORMATS = {"bf16": "bfloat16", "fp8_block": "fp8_block"}
+# The projections' format (tailserve's name) -> the tables' gemm_type (nvfp4: TensorRT-LLM's only)
+TABLE_FORMATS = {"bf16": "bfloat16", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+# The KV cache's format -> the export's key suffix of its rows
+KV_KEYS = {"bf16": "", "fp8": "_fp8kv"}
+# The engines' names in the notes
+ENGINES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "sglang": "SGLang"}
 # The MLA shapes the tables time: DeepSeek-V3's (hidden, q_lora_rank, kv_lora_rank, qk_nope,
 # qk_rope, v_head); Kimi-K2 shares them.
 TIMED_SHAPE = (7168, 1536, 512, 128, 64, 128)
@@ -112,31 +116,33 @@ class Grid:
 
 @dataclass(frozen=True, eq=False)
 class MlaRows:
-    """One GPU's MLA module rows of an export: per (phase, table format, heads) a ``Grid``, and
-    each phase's version (vLLM's and its backend's)."""
+    """One GPU's MLA module rows of an export: per (phase, table format, heads, KV format) a
+    ``Grid``, and each phase's version (vLLM's and its backend's, or TensorRT-LLM's)."""
 
-    series: dict[tuple[str, str, int], Grid]
+    series: dict[tuple[str, str, int, str], Grid]
     versions: dict[str, str]
 
     @staticmethod
     def of(entry: dict) -> MlaRows | None:
-        """From a GPU's entry of the export; rows that are not [str, 4 numbers > 0] are left out.
-        None without rows of both phases."""
-        series: dict[tuple[str, str, int], Grid] = {}
+        """From a GPU's entry of the export (``mla_{phase}``: bf16 KV, ``mla_{phase}_fp8kv``: FP8
+        KV, which only TensorRT-LLM's tables time); rows that are not [str, 4 numbers > 0] are
+        left out. None without rows of both phases."""
+        series: dict[tuple[str, str, int, str], Grid] = {}
         for phase in PHASES:
-            points: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-            rows = entry.get(f"mla_{phase}")
-            for r in rows if isinstance(rows, list) else ():
-                if not (isinstance(r, list) and len(r) == 5 and isinstance(r[0], str)):
-                    continue
-                if not all(isinstance(x, (int, float)) and x > 0 for x in r[1:]):
-                    continue
-                points.setdefault((r[0], int(r[1])), []).append(
-                    (float(r[2]), float(r[3]), float(r[4]) * 1e-3)
-                )
-            for (fmt, heads), pts in points.items():
-                series[(phase, fmt, heads)] = Grid.of(pts)
-        if not {p for p, _, _ in series} >= set(PHASES):
+            for kv, suffix in KV_KEYS.items():
+                points: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+                rows = entry.get(f"mla_{phase}{suffix}")
+                for r in rows if isinstance(rows, list) else ():
+                    if not (isinstance(r, list) and len(r) == 5 and isinstance(r[0], str)):
+                        continue
+                    if not all(isinstance(x, (int, float)) and x > 0 for x in r[1:]):
+                        continue
+                    points.setdefault((r[0], int(r[1])), []).append(
+                        (float(r[2]), float(r[3]), float(r[4]) * 1e-3)
+                    )
+                for (fmt, heads), pts in points.items():
+                    series[(phase, fmt, heads, kv)] = Grid.of(pts)
+        if not {k[0] for k in series} >= set(PHASES):
             return None
         versions = {p: str(entry.get(f"mla_{p}_version", "")) for p in PHASES}
         return MlaRows(series, versions)
@@ -150,27 +156,27 @@ class ModuleRoofline:
 
     proj_flops: float  # per token
     weight_bytes: float
-    io_bytes: float  # per token: the projections' inputs and outputs, the KV written
+    io_bytes: float  # per token: the projections' inputs and outputs
     prefill_pair_flops: float  # per causal (query, key) pair, up-projected K/V
     decode_pair_flops: float  # per (decode, KV token) pair, over the latent (absorbed)
-    kv_bytes: float  # per KV token read
+    kv_bytes: float  # per KV token read and written
     proj_peak: float
     attn_peak: float
     bandwidth: float
 
     @staticmethod
-    def of(heads: int, fmt: str, hw: Hardware) -> ModuleRoofline:
+    def of(heads: int, fmt: str, hw: Hardware, kv_bytes: float = ACT_BYTES) -> ModuleRoofline:
         hidden, q_lora, kv_lora, nope, rope, v = TIMED_SHAPE
         # (K, N) of each projection: q_a, q_b, kv_a (with the RoPE key), kv_b, o
         gemms = ((hidden, q_lora), (q_lora, heads * (nope + rope)), (hidden, kv_lora + rope),
                  (kv_lora, heads * (nope + v)), (heads * v, hidden))  # fmt: skip
         params = sum(k * n for k, n in gemms)
         prec = get_precision(fmt)
-        kv = (kv_lora + rope) * ACT_BYTES
+        kv = (kv_lora + rope) * kv_bytes
         return ModuleRoofline(
             proj_flops=2.0 * params,
             weight_bytes=params * prec.bytes,
-            io_bytes=sum(k + n for k, n in gemms) * ACT_BYTES + kv,
+            io_bytes=sum(k + n for k, n in gemms) * ACT_BYTES,
             prefill_pair_flops=2.0 * heads * (nope + rope + v),
             decode_pair_flops=2.0 * heads * (2 * kv_lora + rope),
             kv_bytes=kv,
@@ -188,13 +194,18 @@ class ModuleRoofline:
             compute = (
                 tokens * self.proj_flops / self.proj_peak + pairs * self.prefill_pair_flops / self.attn_peak
             )
-            memory = (self.weight_bytes + tokens * self.io_bytes + tokens * self.kv_bytes) / self.bandwidth
+            # the prompt's KV written and read back
+            memory = (
+                self.weight_bytes + tokens * self.io_bytes + 2 * tokens * self.kv_bytes
+            ) / self.bandwidth
         else:
             pairs = batch * length
             compute = (
                 batch * self.proj_flops / self.proj_peak + pairs * self.decode_pair_flops / self.attn_peak
             )
-            memory = (self.weight_bytes + batch * self.io_bytes + pairs * self.kv_bytes) / self.bandwidth
+            memory = (
+                self.weight_bytes + batch * self.io_bytes + (pairs + batch) * self.kv_bytes
+            ) / self.bandwidth
         return np.maximum(compute, memory)
 
 
@@ -270,45 +281,56 @@ class MlaTable:
     generation: Grid | None
     roof: ModuleRoofline | None
     pair_seconds: float = 0.0  # the catalog's prefill attention per causal pair and layer
-    version: str = ""
+    kv: str = "bf16"  # the KV cache's format
+    source: str = ""  # the engine and version whose rows price it, for the note
     why_outside: str = ""
     _memo: dict[tuple[str, int, float], float] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def of(
-        rows: MlaRows | None, gpu: str, m: ModelSpec, tp: int, fmt: str, hw: Hardware, pair_seconds: float
+        rows: MlaRows | None,
+        gpu: str,
+        framework: str,
+        m: ModelSpec,
+        tp: int,
+        fmt: str,
+        hw: Hardware,
+        pair_seconds: float,
     ) -> MlaTable:
-        """``fmt``: the projections' format; ``hw``: the GPU the rows were timed on (the roofline
-        beyond the last rows; the times apply as measured, as the GEMMs' do); ``pair_seconds``:
-        the catalog's prefill attention per causal pair and layer (past the last prompt length)."""
+        """``framework``: the engine whose rows these are; ``fmt``: the projections' format;
+        ``hw``: the GPU the rows were timed on (the roofline beyond the last rows; the times apply
+        as measured, as the GEMMs' do); ``pair_seconds``: the catalog's prefill attention per
+        causal pair and layer (past the last prompt length)."""
         heads = m.num_heads // tp
+        kv = get_precision(m.kv_dtype).name if m.kv_dtype else ("bf16" if m.dtype_bytes == 2 else "fp32")
 
         def outside(why: str) -> MlaTable:
-            return MlaTable(heads, fmt, None, None, None, pair_seconds, "", f"MLA block ({why})")
+            return MlaTable(heads, fmt, None, None, None, pair_seconds, kv, "", f"MLA block ({why})")
 
         if rows is None:
             return outside(f"no MLA module rows for {gpu}")
         if mla_shape(m) != TIMED_SHAPE:
             return outside(f"{m.name}'s MLA shapes are not DeepSeek-V3's, which the rows time")
-        kv = get_precision(m.kv_dtype).name if m.kv_dtype else ("bf16" if m.dtype_bytes == 2 else "fp32")
-        if kv != "bf16":
-            return outside(f"{kv} KV cache: the rows time a bf16 one")
+        timed_kv = sorted({k[3] for k in rows.series})
+        if kv not in timed_kv:
+            return outside(f"{kv} KV cache: the rows time {' and '.join(timed_kv)} ones")
         table_fmt = TABLE_FORMATS.get(get_precision(fmt).name)
         if table_fmt is None:
             return outside(f"{fmt} projections: the rows time {', '.join(TABLE_FORMATS)}")
-        if not any(f == table_fmt for _, f, _ in rows.series):
-            return outside(f"{fmt} projections: no {table_fmt} rows for {gpu}")
-        context = rows.series.get(("context", table_fmt, heads))
-        generation = rows.series.get(("generation", table_fmt, heads))
+        if not any(k[1] == table_fmt and k[3] == kv for k in rows.series):
+            return outside(f"{fmt} projections: no {table_fmt} rows with a {kv} KV cache for {gpu}")
+        context = rows.series.get(("context", table_fmt, heads, kv))
+        generation = rows.series.get(("generation", table_fmt, heads, kv))
         if context is None or generation is None or m.num_heads % tp:
             return outside(f"{m.num_heads / tp:g} heads per shard: not a head count the rows time")
-        roof = ModuleRoofline.of(heads, fmt, hw)
+        roof = ModuleRoofline.of(heads, fmt, hw, get_precision(kv).bytes)
         versions = rows.versions
         version = (
             versions["context"] if versions["context"] == versions["generation"]
             else f"{versions['context']} context, {versions['generation']} generation"
         )  # fmt: skip
-        return MlaTable(heads, fmt, context, generation, roof, pair_seconds, version)
+        source = f"{ENGINES.get(framework, framework)} {version}"
+        return MlaTable(heads, fmt, context, generation, roof, pair_seconds, kv, source)
 
     @property
     def priced(self) -> bool:
@@ -321,8 +343,8 @@ class MlaTable:
         if not self.priced:
             return ""
         return (
-            f"MLA block ({self.heads} heads per shard, {self.fmt} projections, bf16 KV) priced from "
-            f"the MLA module rows of vLLM {self.version}"
+            f"MLA block ({self.heads} heads per shard, {self.fmt} projections, {self.kv} KV) priced from "
+            f"the MLA module rows of {self.source}"
         )
 
     def prefill(self, num_prefills: int, tokens: int) -> float:

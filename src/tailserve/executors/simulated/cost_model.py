@@ -471,7 +471,8 @@ class CostModel:
         per causal pair and layer."""
         fmt = group_dtype(m, "mla") if m.module_dtypes else (m.weight_dtype or "bf16")
         pair_seconds = self._prefill_pair_flops / m.num_layers / self._prefill_rates[0]
-        table = MlaTable.of(times.mla, times.gpu, m, self.tp, fmt, get_hardware(times.hardware), pair_seconds)
+        hw = get_hardware(times.hardware)
+        table = MlaTable.of(times.mla, times.gpu, times.framework, m, self.tp, fmt, hw, pair_seconds)
         self._mla_table = table
         self._mla_block = table if table.priced else None
 
@@ -765,9 +766,9 @@ class CostModel:
         assert table is not None
         layers = self.model.num_layers
         t = 0.0
-        if prefill_kv:
+        tokens = num_tokens - num_decodes  # the prefill chunks' (and verifications') new tokens
+        if prefill_kv and tokens > 0:
             chunks = max(num_prefills, 1)  # speculative verifications alone: taken as one chunk
-            tokens = num_tokens - num_decodes
             q = tokens / chunks
             t = layers * table.prefill(chunks, tokens)
             extra_pairs = max(prefill_pairs - chunks * q * (q + 1) / 2, 0.0)
