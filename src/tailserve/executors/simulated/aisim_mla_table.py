@@ -5,10 +5,12 @@ The vLLM export ``benchmarks/_aisim_tables.py`` writes holds, per Hopper and Bla
 0.25's whole MLA module of one layer (the q/kv down- and up-projections, the attention kernel,
 o_proj, the norms, RoPE and cache writes between them) at DeepSeek-V3's shapes, 1-128 heads
 (one TP shard's), bf16 KV cache. Context rows time ``batch`` prompts of ``length`` tokens each;
-generation rows ``batch`` decodes at ``length`` tokens of KV each. A deployment whose series is
+generation rows ``batch`` decodes at ``length`` tokens of KV each. The TensorRT-LLM export
+(``--framework trtllm``) holds TensorRT-LLM 1.3's own modules the same way, with a bf16 and an
+FP8 KV cache (``mla_{phase}_fp8kv``) and NVFP4 projections too. A deployment whose series is
 timed exactly (DeepSeek-V3's MLA shapes, which Kimi-K2 shares; its heads per TP shard; its
-projections' format, bf16 or block FP8; bf16 KV) is priced from them instead of from the
-catalog's fitted ``hardware.MlaKernel``:
+projections' format; its KV cache's format) is priced from them instead of from the catalog's
+fitted ``hardware.MlaKernel``:
 
 - a step's prefill part is the context series at (chunks, prefill tokens / chunks), the chunks
   taken as equal; what the rows cannot hold, the pairs and KV beyond those equal prompts' own
@@ -36,7 +38,7 @@ catalog's fitted ``hardware.MlaKernel``:
   docs/fidelity.md).
 
 A series the tables lack (another head count or MLA shape, another projections' format, an FP8 KV
-cache, a GPU without MLA rows) keeps the catalog's ``MlaKernel`` (``MlaTable.why_outside`` says
+cache in vLLM's rows, a GPU or an export without MLA rows) keeps the catalog's ``MlaKernel`` (``MlaTable.why_outside`` says
 why, in the note the table path prints).
 """
 
