@@ -5,7 +5,8 @@ NCCL's all-gather / reduce-scatter) as JSON rows.
 Runs in AISimulate's venv (pandas and pyarrow read its parquet files; tailserve's own environment
 needs neither): ``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --out rows.json``.
 For each GPU it takes vLLM's newest collected version of each table (``--framework trtllm`` or
-``sglang``: that engine's GEMM and fused-MoE tables instead, nothing else); GEMM rows per format
+``sglang``: that engine's GEMM and fused-MoE tables instead, and TensorRT-LLM's MLA modules with a
+bf16 and an FP8 KV cache, nothing else); GEMM rows per format
 from the newest version that timed the format's kernel; MoE rows are taken from every version
 (each collected different shapes), the newest row for each shape winning. Only rows
 with uniform ("balanced") routing are kept: that is what the cost model assumes. MLA module rows
@@ -106,7 +107,9 @@ def export(gpus: tuple[str, ...], framework: str = "vllm") -> dict:
             d = d.sort_values("order", kind="stable").groupby(key, as_index=False).last()
             entry["moe_versions"] = sorted({f.parent.name for f in moe_files})
             entry["moe"] = d[[*key, "latency"]].values.tolist()
-        if framework != "vllm":  # the other engines' tables: GEMMs and fused MoE only
+        if framework == "trtllm":  # TensorRT-LLM's own MLA modules, bf16 and FP8 KV
+            entry.update(_mla_trtllm(root, gpu))
+        if framework != "vllm":  # the other engines' tables: GEMMs, fused MoE (and those MLA rows)
             out["gpus"][gpu] = entry
             continue
         comm_files = sorted(
@@ -144,6 +147,31 @@ def _mla(root: Path, gpu: str) -> dict:
         d = d[d.gemm_type.isin(["bfloat16", "fp8_block"])]
         out[f"mla_{phase}_version"] = f"{files[-1].parent.name} {backend}"
         out[f"mla_{phase}"] = d[["gemm_type", "num_heads", "batch_size", length, "latency"]].values.tolist()
+    return out
+
+
+def _mla_trtllm(root: Path, gpu: str) -> dict:
+    """TensorRT-LLM's whole MLA module per layer (its one ``default`` kernel set), TP 1 rows of
+    heads 1-128, newest version: ``mla_{phase}`` with a bf16 KV cache, ``mla_{phase}_fp8kv`` with
+    an FP8 one (TensorRT-LLM's DeepSeek deployments run FP8 KV), projections in bf16, fp8_block or
+    nvfp4."""
+    import pandas as pd
+
+    out: dict = {}
+    for phase, length in (("context", "isl"), ("generation", "step")):
+        files = sorted(
+            (root / gpu / "mla" / "trtllm").glob(f"*/mla_{phase}_module_perf.parquet"), key=_version_key
+        )
+        if not files:
+            continue
+        d = pd.read_parquet(files[-1])
+        d = d[d.tp_size.eq(1) & d.gemm_type.isin(["bfloat16", "fp8_block", "nvfp4"])]
+        out[f"mla_{phase}_version"] = files[-1].parent.name
+        for kv, suffix in (("bfloat16", ""), ("fp8", "_fp8kv")):
+            sel = d[d.kv_cache_dtype.eq(kv)]
+            if len(sel):
+                cols = ["gemm_type", "num_heads", "batch_size", length, "latency"]
+                out[f"mla_{phase}{suffix}"] = sel[cols].values.tolist()
     return out
 
 

@@ -50,7 +50,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "--calibration",
         default=default_of(Deployment, "calibration"),
         help="none | seed | generic | FILE.json | vidur:DIR | gemm:FILE (GEMMs timed by scripts/gpu_gemm.py) | "
-        "aisim:FILE[:GPU] (AISimulate's GEMM tables, exported by benchmarks/_aisim_tables.py) | measured points "
+        "aisim:FILE[:GPU] (AISimulate's GEMM, fused-MoE and MLA module tables, exported by "
+        "benchmarks/_aisim_tables.py) | measured points "
         "'prefill:4096=0.120,decode:10x1024=0.018' (default auto: seed for Llama-3-70B on A100-80GB, "
         "none otherwise; docs/cost_model.md)",
     )

@@ -131,8 +131,10 @@ def print_cost(
     # With measured times (aisim:FILE) the efficiencies price what the tables do not.
     measured = ""
     if built.cost_model.hardware.gemm_table:
-        experts = " and routed experts" if built.cost_model.table_notes else ""
-        measured = f" (attention and the rest; the GEMMs{experts} from the measured tables)"
+        parts = built.cost_model.table_parts
+        named = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
+        rest = "the rest" if "MLA block" in parts else "attention and the rest"
+        measured = f" ({rest}; the {named} from the measured tables)"
     console.print(
         f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, comm {e.comm:.3g}, overhead {e.overhead * 1e3:.2f} ms{measured}"
     )

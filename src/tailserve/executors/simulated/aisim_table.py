@@ -51,6 +51,7 @@ from tailserve.executors.simulated.hardware import GemmCurve, Hardware, get_hard
 from tailserve.executors.simulated.precision import get_precision
 
 if TYPE_CHECKING:
+    from tailserve.executors.simulated.aisim_mla_table import MlaRows
     from tailserve.executors.simulated.aisim_moe_table import MoeRows
 
 PREFIX = "aisim:"
@@ -179,6 +180,7 @@ class GemmTimes:
     formats: dict[str, FormatRows]
     framework: str = "vllm"  # the engine whose kernels were timed (_aisim_tables.py --framework)
     moe: MoeRows | None = None  # the GPU's fused-MoE rows (aisim_moe_table.py), None without
+    mla: MlaRows | None = None  # the GPU's MLA module rows (aisim_mla_table.py), None without
     left_out: tuple[tuple[str, str], ...] = ()  # (format, why) of rows not taken (flat_series)
 
     def rows_for(self, fmt: str) -> FormatRows | None:
@@ -248,13 +250,15 @@ def _load(path: str, mtime_ns: int, size: int, shown: str, gpu: str) -> GemmTime
             formats[FORMATS[fmt]] = format_rows(FORMATS[fmt], a, hardware)
     if not formats:
         raise ValueError(f"aisim:{shown}: no {', '.join(FORMATS)} GEMM rows for {name}")
-    # imported here: aisim_moe_table builds on this module
+    # imported here: aisim_moe_table and aisim_mla_table build on this module
+    from tailserve.executors.simulated.aisim_mla_table import MlaRows
     from tailserve.executors.simulated.aisim_moe_table import MoeRows
 
     moe = body["gpus"][name].get("moe")
     moe_rows = MoeRows.of(moe) if isinstance(moe, list) and moe else None
     framework = str(body.get("framework", "vllm"))
-    return GemmTimes(shown, name, hardware.name, formats, framework, moe_rows, tuple(left_out))
+    mla_rows = MlaRows.of(body["gpus"][name])
+    return GemmTimes(shown, name, hardware.name, formats, framework, moe_rows, mla_rows, tuple(left_out))
 
 
 def flat_series(rows: np.ndarray) -> str:

@@ -9,8 +9,8 @@ it to the deployment's GPU; when DIR is a Vidur root holding the GPU's one-node 
 (``network/a100_dgx`` or ``h100_dgx``, next to ``compute/``), the all-reduce is fitted per
 message-size band too. ``--calibration gemm:FILE`` fits the GPU's bf16 and FP8 GEMM curves to
 GEMMs ``scripts/gpu_gemm.py`` timed on a GPU (``gemm_table.py``); ``--calibration
-aisim:FILE[:GPU]`` prices the dense GEMMs and routed experts from AISimulate's measured tables
-(``aisim_table.py``, ``aisim_moe_table.py``).
+aisim:FILE[:GPU]`` prices the dense GEMMs, routed experts and MLA block from AISimulate's measured
+tables (``aisim_table.py``, ``aisim_moe_table.py``, ``aisim_mla_table.py``).
 """
 
 from __future__ import annotations

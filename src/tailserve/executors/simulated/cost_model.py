@@ -45,8 +45,9 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.executors.simulated.aisim_mla_table import MlaTable
 from tailserve.executors.simulated.aisim_moe_table import MoeTable
-from tailserve.executors.simulated.aisim_table import TableLayers
+from tailserve.executors.simulated.aisim_table import GemmTimes, TableLayers
 from tailserve.executors.simulated.gemm import (
     MIN_TILE,
     curve_gemm_time,
@@ -272,6 +273,8 @@ class CostModel:
             pf, df = self._mla.prefill_attention, self._mla.decode_attention
             self._prefill_rates = (self._prefill_rates[0] * pf, self._prefill_rates[1] * pf)
             self._decode_rates = (self._decode_rates[0] * df, self._decode_rates[1] * df)
+        if m.is_mla and hw.gemm_table is not None:  # after the rates: past its rows it takes theirs
+            self._init_mla_table(m, hw.gemm_table)
         self._init_comm(m, hw, tp, eff)
         self._init_window(m)
 
@@ -432,13 +435,17 @@ class CostModel:
         """The dense GEMMs and the LM head priced from measured times (``--calibration
         aisim:FILE``, aisim_table.py): each GEMM at its group's format (``module_formats.py``)."""
         self._moe_table: MoeTable | None = None
+        self._mla_table: MlaTable | None = None
+        self._mla_block: MlaTable | None = None  # the MLA table where it prices the block
         if hw.gemm_table is None:
             return None
         times = hw.gemm_table
         # the table prices the dense GEMMs, not the format's curve. An MLA model's attention
-        # block (its projections, attention and fixed terms) keeps the catalog's fitted terms:
-        # those of the format's curve path where it has one (fitted beside dense GEMMs priced
-        # one by one, as here), else the layer join's (``_init_formats``, ``_init_groups``).
+        # block (its projections, attention and fixed terms) is priced from the measured MLA
+        # module rows where they time its series (aisim_mla_table.py); elsewhere it keeps the
+        # catalog's fitted terms: those of the format's curve path where it has one (fitted
+        # beside dense GEMMs priced one by one, as here), else the layer join's
+        # (``_init_formats``, ``_init_groups``).
         self._format_curve = None
         groups = self._dense_gemm_groups  # _init_groups's, () when every group shares one format
         fmt = m.weight_dtype or "bf16"
@@ -458,10 +465,22 @@ class CostModel:
             )  # fmt: skip
         return TableLayers.of(times, gemms, (m.vocab_size / self.tp, m.hidden_size), hw)
 
+    def _init_mla_table(self, m: ModelSpec, times: GemmTimes) -> None:
+        """The MLA block from the measured module rows (``aisim_mla_table.py``): past their
+        longest prompts, and for a chunk's earlier context, with this model's prefill attention
+        per causal pair and layer."""
+        fmt = group_dtype(m, "mla") if m.module_dtypes else (m.weight_dtype or "bf16")
+        pair_seconds = self._prefill_pair_flops / m.num_layers / self._prefill_rates[0]
+        hw = get_hardware(times.hardware)
+        table = MlaTable.of(times.mla, times.gpu, times.framework, m, self.tp, fmt, hw, pair_seconds)
+        self._mla_table = table
+        self._mla_block = table if table.priced else None
+
     @property
     def table_notes(self) -> tuple[str, ...]:
-        """With measured times, which rows price the routed experts."""
-        return (self._moe_table.note,) if self._moe_table is not None and self._moe_table.priced else ()
+        """With measured times, which rows price the routed experts and the MLA block."""
+        tables = (self._moe_table, self._mla_table)
+        return tuple(t.note for t in tables if t is not None and t.priced)
 
     @property
     def table_outside(self) -> tuple[str, ...]:
@@ -471,6 +490,20 @@ class CostModel:
             return ()
         moe = self._moe_table
         return self._table.outside + ((moe.why_outside,) if moe is not None and not moe.priced else ())
+
+    @property
+    def table_parts(self) -> tuple[str, ...]:
+        """With measured times, what they price: the GEMMs, and the routed experts and the MLA
+        block where their rows time them."""
+        moe = self._moe_table is not None and self._moe_table.priced
+        return ("GEMMs", *(("routed experts",) if moe else ()), *(("MLA block",) if self._mla_block else ()))
+
+    @property
+    def mla_outside(self) -> str:
+        """With measured times, why the MLA block keeps the catalog's fitted terms ("" when the
+        rows price it, or without measured times or MLA)."""
+        mla = self._mla_table
+        return mla.why_outside if mla is not None and not mla.priced else ""
 
     def _init_comm(self, m: ModelSpec, hw: Hardware, tp: int, eff: Efficiency) -> None:
         if tp > 1:
@@ -551,6 +584,14 @@ class CostModel:
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
         eff = self.efficiency
         experts = self._experts(num_tokens) if self.model.is_moe else 0.0
+        if self._table is not None and self._mla_block is not None:
+            # the MLA module rows time its projections and KV-cache writes: neither added here
+            return (
+                self._table.layers(num_tokens)
+                + self._table.lm_head(num_logits)
+                + experts
+                + num_tokens * eff.per_token
+            )
         if self._table is not None:  # measured times (their rows carry any quantization kernel)
             return (
                 self._table.layers(num_tokens)
@@ -668,8 +709,11 @@ class CostModel:
 
     def mla_fixed_time(self, shape: BatchShape) -> float:
         """The MLA block's time beside its projections and attention rates (0 without a fitted
-        ``hardware.MlaKernel``): each path's fixed time per layer and per-request terms
+        ``hardware.MlaKernel``, and with the measured MLA rows, whose module time
+        ``attention_time`` gives whole): each path's fixed time per layer and per-request terms
         (``_mla_prefill_path``, ``_mla_decode_path``)."""
+        if self._mla_block is not None:
+            return 0.0
         return (self._mla_prefill_path(shape.num_prefills) if shape.prefill_kv_tokens else 0.0) + (
             self._mla_decode_path(shape.num_decodes, shape.decode_kv_tokens)
             if shape.decode_kv_tokens
@@ -703,6 +747,39 @@ class CostModel:
             + per_request * self._mla_per_decode
             + decode_kv / n * self._mla_per_context_token
         )
+
+    def _mla_table_time(
+        self,
+        num_tokens: Any,
+        prefill_pairs: Any,
+        prefill_kv: Any,
+        decode_kv: Any,
+        num_prefills: Any,
+        num_decodes: Any,
+    ) -> Any:
+        """The MLA block of every layer from the measured module rows (``aisim_mla_table.py``):
+        the prefill part at (chunks, new prefill tokens / chunks), plus the catalog's prefill
+        attention over the pairs and KV beyond those equal prompts' own (earlier context,
+        unequal chunks); the decode part at (decodes, their mean context). Decode arrays as
+        ``_iteration_time``'s (the prefill part then absent)."""
+        table = self._mla_block
+        assert table is not None
+        layers = self.model.num_layers
+        t = 0.0
+        tokens = num_tokens - num_decodes  # the prefill chunks' (and verifications') new tokens
+        if prefill_kv and tokens > 0:
+            chunks = max(num_prefills, 1)  # speculative verifications alone: taken as one chunk
+            q = tokens / chunks
+            t = layers * table.prefill(chunks, tokens)
+            extra_pairs = max(prefill_pairs - chunks * q * (q + 1) / 2, 0.0)
+            extra_kv = max(prefill_kv - tokens, 0)
+            if extra_kv or extra_pairs > 0.5:  # equal prompts' own pairs, up to rounding
+                t += self._attention(extra_pairs, extra_kv, self._prefill_rates, self._prefill_pair_flops)
+        if isinstance(decode_kv, np.ndarray) or decode_kv:
+            if num_decodes < 1:  # decode KV comes only with decodes: a shape built without its counts
+                raise ValueError(f"a batch shape with decode KV ({decode_kv}) and num_decodes {num_decodes}")
+            t = t + layers * table.decode(num_decodes, decode_kv / num_decodes)
+        return t
 
     def _experts(self, num_tokens: int) -> float:
         """The routed experts of every MoE layer (``moe.py``): each expert sliced over the TP
@@ -819,6 +896,11 @@ class CostModel:
         """``iteration_time`` from ``BatchShape``'s fields, in its order (numpy arrays for the
         decode fields of a vectorised decode run)."""
         linear = self._linear(num_tokens, num_logits)
+        if self._mla_block is not None:  # the whole MLA block from the measured module rows
+            mla = self._mla_table_time(
+                num_tokens, prefill_pairs, prefill_kv, decode_kv, num_prefills, num_decodes
+            )
+            return linear + mla + self._comm(num_tokens) + self.efficiency.overhead
         prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates, self._prefill_pair_flops)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
         decode = self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
@@ -840,6 +922,12 @@ class CostModel:
         overhead = self.efficiency.overhead
         pair_flops, kv_bytes = self._decode_pair_flops, self._kv_bytes_per_token
         flops_rate, byte_rate = self._decode_rates
+        if self._mla_block is not None:  # as ``_iteration_time``: the measured MLA block, per step
+            linear = self._linear(n, n)
+            return [
+                linear + self._mla_table_time(n, 0, 0, kv, 0, n) + comm + overhead
+                for kv in range(num_context_tokens, num_context_tokens + n * num_steps, n)
+            ]
         if self._mla is not None:  # as ``_iteration_time``: the decode path's time, per step
             linear = self._linear(n, n) + 0.0  # + the (absent) prefill path's fixed time
             prefill = self._attention(0, 0, self._prefill_rates, self._prefill_pair_flops)
@@ -924,7 +1012,13 @@ class CostModel:
         return self._iteration_time(*fields)
 
     def attention_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
-        """The prefill and decode attention parts of ``iteration_time`` alone."""
+        """The prefill and decode attention parts of ``iteration_time`` alone (with the measured
+        MLA rows, the whole MLA block: its projections, attention and fixed terms)."""
+        if self._mla_block is not None:
+            return self._mla_table_time(
+                shape.num_tokens, shape.prefill_pairs, shape.prefill_kv_tokens, shape.decode_kv_tokens,
+                shape.num_prefills, shape.num_decodes,
+            )  # fmt: skip
         if not self._window:
             prefill = self._attention(
                 shape.prefill_pairs, shape.prefill_kv_tokens, self._prefill_rates, self._prefill_pair_flops

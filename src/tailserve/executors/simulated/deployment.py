@@ -203,9 +203,10 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
             built = replace(built, notes=(*built.notes, note))
     if cm.hardware.gemm_table is not None:  # aisim:FILE: said once, here (the run's model is built once)
         notes = cm.table_notes
-        if cm.model.is_mla:
+        if cm.mla_outside:
             notes += (
-                "MLA's attention block (projections, attention, fixed terms) keeps the catalog's fitted terms",
+                "MLA's attention block (projections, attention, fixed terms) keeps the catalog's fitted "
+                f"terms: {cm.mla_outside}",
             )
         if cm.table_outside:
             notes += (f"outside the measured shapes, on the catalog's curve: {', '.join(cm.table_outside)}",)
