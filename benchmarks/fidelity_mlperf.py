@@ -539,7 +539,7 @@ def run(
     rows = []
     sources = sorted({p.calibration for p in points if p.calibration})
     how = (
-        f"GEMMs and routed experts from AISimulate's tables, {', '.join(sources)}"
+        f"GEMMs, routed experts and MLA blocks from AISimulate's tables where they time them, {', '.join(sources)}"
         if sources
         else "uncalibrated"
     )
