@@ -32,7 +32,8 @@ its longest answer, so price it at the real run's count (``--points r1 --offline
 AISimulate's measured tables (``--calibration aisim:FILE``) of the engine whose kernels the point's
 policy runs (``trtllm`` for TensorRT-LLM, ``vllm`` for vLLM and vLLM V0): FILE is that engine's
 export, ``<peers>/aisimulate/bin/python -m benchmarks._aisim_tables --framework ENGINE --out FILE``
-(an MLA model's attention block keeps the catalog's terms). A chosen point the tables cannot price
+(an MLA model's attention block from the export's MLA module rows where it has them at the
+point's heads, formats and KV dtype, else the catalog's terms; the note says which). A chosen point the tables cannot price
 (no export for its engine, a GPU AISimulate did not time) is refused. ``--steps`` adds the simulated Server run's typical step (its iteration
 log's tokens, requests and duration, each step weighted by the decodes it carries, as TPOT weighs
 them): where the simulated server settles beside the step the measured run implies.
