@@ -93,10 +93,10 @@ def test_scheduled_decode_builds_what_the_class_call_builds() -> None:
     ],
 )
 def test_reused_decode_items_hold_each_steps_facts(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
-    """Sarathi's and vLLM's plain pass hand a running request the same one-token decode item
-    from step to step (``reused_decode``): at every stepped iteration, with preemptions, each
-    such item equals the one the class call would build then, no item is in a batch twice, the
-    items are reused, and every one is dropped once its request leaves."""
+    """Sarathi's phase 1 and vLLM's plain pass hand a running request the same one-token decode
+    item from step to step (``ScheduledRequest``'s docstring): at every stepped iteration, with
+    preemptions, each such item equals the one the class call would build then, no item is in a
+    batch twice, the items are reused, and every one is dropped once its request leaves."""
     from tailserve.core.scheduler_output import ScheduledRequest
     from tailserve.policies.sarathi import SarathiPolicy
     from tailserve.policies.vllm import VllmPolicy

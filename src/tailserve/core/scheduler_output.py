@@ -22,10 +22,18 @@ from tailserve.core.request import Request
 @dataclass(slots=True)
 class ScheduledRequest:
     """One request's grant in one iteration. Its facts hold for that iteration's step: a policy
-    may hand a running request the same object again in a later step with its fields set anew
-    (Sarathi reuses each running request's one-token decode item), so read an output's items
-    while its step runs, as the executor, ``Scheduler.update``, the iteration log and
-    ``BatchRecord`` do, and copy what must outlive it."""
+    may hand a running request the same object again in a later step with its fields set anew,
+    so read an output's items while its step runs, as the executor, ``Scheduler.update``, the
+    iteration log and ``BatchRecord`` do, and copy what must outlive it.
+
+    Sarathi's phase 1 and vLLM's plain pass do that with each running request's one-token
+    decode item (``scheduled_decode``, kept per request until it leaves: ``on_finished``): a
+    new object per running request per stepped iteration cost ~1,500 instructions to make and
+    free, the kept one a lookup and a store of its context. Nothing else in such an item
+    changes: no field of it but ``block_ids``, which ``Scheduler.add_block_ids`` sets for every
+    step, is written after the policy returns an output that is not ``advanced``. An output
+    that stays in flight while the next step is scheduled (async scheduling: vLLM's advanced
+    pass, SGLang's overlap) gets items of its own."""
 
     request: Request
     num_new_tokens: int  # tokens computed this iteration: a prefill chunk, or 1 for a decode
@@ -60,26 +68,6 @@ def scheduled_decode(request: Request, num_context_tokens: int) -> ScheduledRequ
     item.num_spec_tokens = 0
     item.spec_padding = False
     item.partial = False
-    return item
-
-
-def reused_decode(
-    items: dict[Request, ScheduledRequest], request: Request, num_context_tokens: int
-) -> ScheduledRequest:
-    """``scheduled_decode(request, num_context_tokens)`` for a policy that keeps each running
-    request's one-token decode item in ``items`` from step to step: the item of an earlier step
-    with its context set anew (nothing else in it changes: none of its fields but
-    ``block_ids``, which ``Scheduler.add_block_ids`` sets for every step, is written after the
-    policy returns, in an output that is not ``advanced``), else a new one, kept. The object per
-    running request per stepped iteration cost ~1,500 instructions to make and free; this is a
-    lookup and a store. The policy drops a request's item when it leaves (``on_finished``),
-    and reuses none in an output that stays in flight while the next step is scheduled (async
-    scheduling: vLLM's advanced pass, SGLang's overlap)."""
-    item = items.get(request)
-    if item is None:
-        item = items[request] = scheduled_decode(request, num_context_tokens)
-    else:
-        item.num_context_tokens = num_context_tokens
     return item
 
 

@@ -85,7 +85,7 @@ class SarathiPolicy(Policy, FastPaths):
         super().__init__(config)
         self._chunk_sizes = _stage_sizes(config) if config.enable_dynamic_chunking_schedule else None
         # Each running request's one-token decode item, reused from step to step by phase 1's
-        # common pass (``scheduler_output.reused_decode``); dropped when the request leaves (``on_finished``).
+        # common pass (``ScheduledRequest``'s docstring); dropped when it leaves (``on_finished``).
         self._decode_items: dict[Request, ScheduledRequest] = {}
 
     @classmethod
@@ -151,8 +151,8 @@ class SarathiPolicy(Policy, FastPaths):
                         rest = running[running.index(request) :]
                         break
                     has_free = kv.num_free_blocks > 0
-                # ``reused_decode(items, request, computed)`` inlined (a call per running
-                # request per stepped iteration, ~400 instructions): the same item.
+                # Its decode item of an earlier step, the context set anew (``ScheduledRequest``'s
+                # docstring), or a new one, kept until it leaves.
                 item = items.get(request)
                 if item is None:
                     item = items[request] = scheduled_decode(request, computed)

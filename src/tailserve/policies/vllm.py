@@ -45,7 +45,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, reused_decode
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
@@ -248,8 +248,8 @@ class VllmPolicy(Policy, FastPaths):
         # vLLM's own accounting (vllm_async.py) with async scheduling or drafts.
         # (A config made without default_config leaves async_scheduling None: synchronous.)
         self._advanced = bool(config.async_scheduling) or self._spec is not None
-        # The plain pass's one-token decode items, reused from step to step (``reused_decode``;
-        # the advanced pass makes its own, held in flight); dropped in ``on_finished``.
+        # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s
+        # docstring; the advanced pass makes its own, held in flight); dropped in ``on_finished``.
         self._decode_items: dict[Request, ScheduledRequest] = {}
 
     def async_scheduling(self) -> bool:
@@ -316,7 +316,14 @@ class VllmPolicy(Policy, FastPaths):
                 # but a block it fills is cached now, as vLLM's allocate_slots does every step.
                 if not (computed + 1) % block_size:  # a no-op without prefix caching
                     sched.cache_computed(request, computed + 1)
-                scheduled.append(reused_decode(decode_items, request, computed))
+                # Its decode item of an earlier step, the context set anew (``ScheduledRequest``'s
+                # docstring), or a new one, kept until it leaves.
+                item = decode_items.get(request)
+                if item is None:
+                    item = decode_items[request] = scheduled_decode(request, computed)
+                else:
+                    item.num_context_tokens = computed
+                scheduled.append(item)
                 budget -= 1
                 i += 1
                 continue
