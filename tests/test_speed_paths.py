@@ -85,6 +85,51 @@ def test_scheduled_decode_builds_what_the_class_call_builds() -> None:
     assert fast == slow
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "sarathi:chunk_size=256,gpu_memory_utilization=0.25",  # KV pressure: preemptions
+        "vllm:async_scheduling=false,max_num_batched_tokens=2048,gpu_memory_utilization=0.25",
+    ],
+)
+def test_reused_decode_items_hold_each_steps_facts(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    """Sarathi's phase 1 and vLLM's plain pass hand a running request the same one-token decode
+    item from step to step (``ScheduledRequest``'s docstring): at every stepped iteration, with
+    preemptions, each such item equals the one the class call would build then, no item is in a
+    batch twice, the items are reused, and every one is dropped once its request leaves."""
+    from tailserve.core.scheduler_output import ScheduledRequest
+    from tailserve.policies.sarathi import SarathiPolicy
+    from tailserve.policies.vllm import VllmPolicy
+
+    cls = SarathiPolicy if spec.startswith("sarathi") else VllmPolicy
+    original = cls.schedule
+    seen: set[int] = set()
+    reused = []
+    policies = []
+
+    def checking(self, sched, now):
+        out = original(self, sched, now)
+        policies.append(self)
+        assert len({id(item) for item in out.scheduled}) == len(out.scheduled)
+        kept = self._decode_items
+        for item in out.scheduled:
+            r = item.request
+            if kept.get(r) is item:
+                assert item == ScheduledRequest(r, 1, r.num_computed_tokens)
+                reused.append(id(item) in seen)
+                seen.add(id(item))
+        return out
+
+    monkeypatch.setattr(cls, "schedule", checking)
+    workload = WorkloadSpec(
+        "random", num_requests=120, rate=20.0, seed=4, input_len=LogNormal(1500, 1.0, 8000),
+        output_len=LogNormal(200, 0.8, 1500),
+    )  # fmt: skip
+    _, iterations = _sarathi_fingerprint(spec, workload, fast=False)
+    assert iterations > 1000 and sum(reused) > 1000
+    assert policies[-1]._decode_items == {}  # every request finished: none kept
+
+
 def test_batch_shape_counts_the_tokens_token_counts_counts() -> None:
     """``batch_shape`` leaves the output's token counts (``counted_tokens``) for the engine's log:
     the same pair ``token_counts`` counts itself, over decodes, chunks of every size (one and

@@ -21,6 +21,20 @@ from tailserve.core.request import Request
 
 @dataclass(slots=True)
 class ScheduledRequest:
+    """One request's grant in one iteration. Its facts hold for that iteration's step: a policy
+    may hand a running request the same object again in a later step with its fields set anew,
+    so read an output's items while its step runs, as the executor, ``Scheduler.update``, the
+    iteration log and ``BatchRecord`` do, and copy what must outlive it.
+
+    Sarathi's phase 1 and vLLM's plain pass do that with each running request's one-token
+    decode item (``scheduled_decode``, kept per request until it leaves: ``on_finished``): a
+    new object per running request per stepped iteration cost ~1,500 instructions to make and
+    free, the kept one a lookup and a store of its context. Nothing else in such an item
+    changes: no field of it but ``block_ids``, which ``Scheduler.add_block_ids`` sets for every
+    step, is written after the policy returns an output that is not ``advanced``. An output
+    that stays in flight while the next step is scheduled (async scheduling: vLLM's advanced
+    pass, SGLang's overlap) gets items of its own."""
+
     request: Request
     num_new_tokens: int  # tokens computed this iteration: a prefill chunk, or 1 for a decode
     num_context_tokens: int  # tokens already in the KV cache before this iteration

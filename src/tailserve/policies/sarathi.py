@@ -84,6 +84,9 @@ class SarathiPolicy(Policy, FastPaths):
     def __init__(self, config: SarathiConfig) -> None:
         super().__init__(config)
         self._chunk_sizes = _stage_sizes(config) if config.enable_dynamic_chunking_schedule else None
+        # Each running request's one-token decode item, reused from step to step by phase 1's
+        # common pass (``ScheduledRequest``'s docstring); dropped when it leaves (``on_finished``).
+        self._decode_items: dict[Request, ScheduledRequest] = {}
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SarathiConfig:
@@ -132,6 +135,7 @@ class SarathiPolicy(Policy, FastPaths):
             # its queue; the first request that would preempt hands the rest to that loop.
             rest = None
             context = 0  # the decodes' context tokens, for ``decode_head``
+            items = self._decode_items
             for request in running:
                 computed = request.num_computed_tokens
                 if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling
@@ -147,16 +151,13 @@ class SarathiPolicy(Policy, FastPaths):
                         rest = running[running.index(request) :]
                         break
                     has_free = kv.num_free_blocks > 0
-                # ``scheduled_decode(request, computed)`` inlined (a call per running request
-                # per stepped iteration): the same object, every field set.
-                item = _new(ScheduledRequest)
-                item.request = request
-                item.num_new_tokens = 1
-                item.num_context_tokens = computed
-                item.block_ids = None
-                item.num_spec_tokens = 0
-                item.spec_padding = False
-                item.partial = False
+                # Its decode item of an earlier step, the context set anew (``ScheduledRequest``'s
+                # docstring), or a new one, kept until it leaves.
+                item = items.get(request)
+                if item is None:
+                    item = items[request] = scheduled_decode(request, computed)
+                else:
+                    item.num_context_tokens = computed
                 scheduled.append(item)
                 context += computed
             batched = len(scheduled)  # one token each; nobody preempted yet
@@ -223,6 +224,11 @@ class SarathiPolicy(Policy, FastPaths):
             batched += chunk
         return out
 
+    def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        items = self._decode_items
+        for request in finished:
+            items.pop(request, None)
+
     def _preempt(self, sched: Scheduler, victim: Request, out: SchedulerOutput) -> None:
         for item in out.scheduled:
             if item.request is victim:
@@ -234,7 +240,6 @@ class SarathiPolicy(Policy, FastPaths):
 
 
 _arrival = attrgetter("arrival_time")
-_new = object.__new__
 
 
 def _stage_sizes(cfg: SarathiConfig) -> list[int]:

@@ -43,6 +43,7 @@ from typing import Any
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
@@ -247,6 +248,9 @@ class VllmPolicy(Policy, FastPaths):
         # vLLM's own accounting (vllm_async.py) with async scheduling or drafts.
         # (A config made without default_config leaves async_scheduling None: synchronous.)
         self._advanced = bool(config.async_scheduling) or self._spec is not None
+        # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s
+        # docstring; the advanced pass makes its own, held in flight); dropped in ``on_finished``.
+        self._decode_items: dict[Request, ScheduledRequest] = {}
 
     def async_scheduling(self) -> bool:
         return bool(self.config.async_scheduling)
@@ -263,6 +267,11 @@ class VllmPolicy(Policy, FastPaths):
 
     def kv_spec(self) -> KVSpec:
         return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
+
+    def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        items = self._decode_items
+        for request in finished:
+            items.pop(request, None)
 
     def admits_fcfs(self) -> bool:
         return self.config.scheduling_policy == "fcfs"
@@ -290,6 +299,7 @@ class VllmPolicy(Policy, FastPaths):
         # 2. Running requests, oldest admission first. (``preempt_by_recompute`` removes from
         # this very list, so it is bound once: this loop runs per running request per step.)
         running = sched.running
+        decode_items = self._decode_items
         i = 0
         # Its length bound too, and refreshed where the slow path below preempts.
         num_running = len(running)
@@ -306,7 +316,14 @@ class VllmPolicy(Policy, FastPaths):
                 # but a block it fills is cached now, as vLLM's allocate_slots does every step.
                 if not (computed + 1) % block_size:  # a no-op without prefix caching
                     sched.cache_computed(request, computed + 1)
-                scheduled.append(scheduled_decode(request, computed))
+                # Its decode item of an earlier step, the context set anew (``ScheduledRequest``'s
+                # docstring), or a new one, kept until it leaves.
+                item = decode_items.get(request)
+                if item is None:
+                    item = decode_items[request] = scheduled_decode(request, computed)
+                else:
+                    item.num_context_tokens = computed
+                scheduled.append(item)
                 budget -= 1
                 i += 1
                 continue
