@@ -1155,17 +1155,22 @@ std::vector<torch::Tensor> rope_split(torch::Tensor qkv, torch::Tensor cos, torc
 // Greedy tokens: the first index of each row's maximum (torch.argmax's tie rule), and whether
 // any logit is NaN (the sampler then cleans the logits and asks again), in one pass. The NaN
 // test reads the bits: -ffast-math lets the compiler assume a float compare never sees NaN.
-std::vector<torch::Tensor> argmax_rows(torch::Tensor logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat, "argmax_rows: float32 [R, V]");
-  auto x = logits.contiguous();
-  const int64_t R = x.size(0), V = x.size(1);
-  auto out = torch::empty({R}, x.options().dtype(torch::kLong));
-  std::vector<uint8_t> row_nan(R, 0);
-  const float* xp = x.data_ptr<float>();
-  int64_t* op = out.data_ptr<int64_t>();
+// Logits in float32 or the model dtype: a bf16/fp16 value widens to float32 exactly (NaN stays
+// NaN), so the answer is that of the float32 copy the LM head's cast would make, read from
+// half the bytes and without the copy.
+template <typename T>
+static void argmax_impl(const T* xp, int64_t R, int64_t V, int64_t* op, uint8_t* row_nan) {
   at::parallel_for(0, R, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> buf(std::is_same<T, float>::value ? 0 : V);
     for (int64_t r = b; r < e; ++r) {
-      const float* row = xp + r * V;
+      const float* row;
+      if constexpr (std::is_same<T, float>::value) {
+        row = xp + r * V;
+      } else {
+        const T* src = xp + r * V;
+        for (int64_t i = 0; i < V; ++i) buf[i] = to_f<T>(src[i]);
+        row = buf.data();
+      }
       const uint32_t* bits = reinterpret_cast<const uint32_t*>(row);
       float best = -std::numeric_limits<float>::infinity();
       uint32_t nan = 0;
@@ -1179,6 +1184,20 @@ std::vector<torch::Tensor> argmax_rows(torch::Tensor logits) {
       row_nan[r] = nan != 0;
     }
   });
+}
+
+std::vector<torch::Tensor> argmax_rows(torch::Tensor logits) {
+  const auto dt = logits.scalar_type();
+  TORCH_CHECK(logits.dim() == 2 && (dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf),
+              "argmax_rows: float32, bfloat16 or float16 [R, V]");
+  auto x = logits.contiguous();
+  const int64_t R = x.size(0), V = x.size(1);
+  auto out = torch::empty({R}, x.options().dtype(torch::kLong));
+  std::vector<uint8_t> row_nan(R, 0);
+  int64_t* op = out.data_ptr<int64_t>();
+  if (dt == torch::kFloat) argmax_impl<float>(x.data_ptr<float>(), R, V, op, row_nan.data());
+  else if (dt == torch::kBFloat16) argmax_impl<at::BFloat16>(x.data_ptr<at::BFloat16>(), R, V, op, row_nan.data());
+  else argmax_impl<at::Half>(x.data_ptr<at::Half>(), R, V, op, row_nan.data());
   bool any_nan = false;
   for (uint8_t f : row_nan) any_nan = any_nan || f;
   return {out, torch::tensor(any_nan)};

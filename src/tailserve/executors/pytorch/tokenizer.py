@@ -139,7 +139,10 @@ class Tokenizer:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # A list goes as it is (the detokenizer's slices, two a token per request): no copy.
+        text = self._backend.decode(
+            ids if type(ids) is list else list(ids), skip_special_tokens=skip_special_tokens
+        )
         return _clean_up_tokenization(text) if self._clean_up else text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
