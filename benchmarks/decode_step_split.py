@@ -57,9 +57,12 @@ def wrap(spent: dict[str, float], owner: Any, name: str, phase: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="decode steps timed")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads (1: immune to a busy other core)"
+    )
     parser.add_argument("--out", help="JSON results (default benchmarks/out/decode_step_split.json)")
     args = parser.parse_args(argv)
-    llm = LLM(default_model_dir("tiny"), dtype="bfloat16", threads=2)
+    llm = LLM(default_model_dir("tiny"), dtype="bfloat16", threads=args.threads)
     print(llm.engine.description, flush=True)
     engine = llm.engine
     spent: dict[str, float] = defaultdict(float)
@@ -116,15 +119,25 @@ def main(argv: list[str] | None = None) -> int:
             per_phase[k].append(v)
     load = Path("/proc/loadavg").read_text().split()[:3]
     print(cpu_line())
-    print(f"level {cpu_isa.detect().level}, torch {torch.__version__}, load average {' '.join(load)}")
+    level = cpu_isa.detect().level
+    print(f"level {level}, {args.threads} threads, torch {torch.__version__}, load average {' '.join(load)}")
     medians = {k: statistics.median(v) * 1e3 for k, v in per_phase.items()}
     rest = medians["step"] - medians.get("linear", 0.0) - medians.get("attention", 0.0)
-    print(f"step {medians['step']:.3f} ms (median of {len(per_phase['step'])}); rest {rest:.3f} ms:")
+    print(
+        f"step {medians['step']:.3f} ms (median of {len(per_phase['step'])}, min "
+        f"{min(per_phase['step']) * 1e3:.3f}); rest {rest:.3f} ms:"
+    )
     for k, v in sorted(medians.items(), key=lambda kv: -kv[1]):
         if k != "step":
             print(f"  {k:22s} {v:7.3f} ms")
     save_results(
-        {"level": cpu_isa.detect().level, "cpu": cpu_line(), "load_average": load, "median_ms": medians},
+        {
+            "level": level,
+            "threads": args.threads,
+            "cpu": cpu_line(),
+            "load_average": load,
+            "median_ms": medians,
+        },
         args.out,
         "decode_step_split.json",
     )

@@ -1161,25 +1161,27 @@ std::vector<torch::Tensor> rope_split(torch::Tensor qkv, torch::Tensor cos, torc
 template <typename T>
 static void argmax_impl(const T* xp, int64_t R, int64_t V, int64_t* op, uint8_t* row_nan) {
   at::parallel_for(0, R, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> buf(std::is_same<T, float>::value ? 0 : V);
     for (int64_t r = b; r < e; ++r) {
-      const float* row;
-      if constexpr (std::is_same<T, float>::value) {
-        row = xp + r * V;
-      } else {
-        const T* src = xp + r * V;
-        for (int64_t i = 0; i < V; ++i) buf[i] = to_f<T>(src[i]);
-        row = buf.data();
-      }
-      const uint32_t* bits = reinterpret_cast<const uint32_t*>(row);
+      const T* row = xp + r * V;
       float best = -std::numeric_limits<float>::infinity();
       uint32_t nan = 0;
       for (int64_t i = 0; i < V; ++i) {
-        best = row[i] > best ? row[i] : best;
-        nan |= (bits[i] & 0x7fffffffu) > 0x7f800000u;
+        const float x = to_f<T>(row[i]);
+        uint32_t bits;
+        std::memcpy(&bits, &x, sizeof(bits));
+        best = x > best ? x : best;
+        nan |= (bits & 0x7fffffffu) > 0x7f800000u;
       }
+      // The first index holding the maximum: 64 values at a time tested at once (a loop the
+      // compiler vectorises), then that block one by one; a value-by-value search read half a
+      // row at a scalar pace on average.
       int64_t idx = 0;
-      while (idx < V - 1 && !(row[idx] == best)) ++idx;
+      for (; idx + 64 <= V; idx += 64) {
+        bool hit = false;
+        for (int64_t i = idx; i < idx + 64; ++i) hit |= to_f<T>(row[i]) == best;
+        if (hit) break;
+      }
+      while (idx < V - 1 && !(to_f<T>(row[idx]) == best)) ++idx;
       op[r] = idx;
       row_nan[r] = nan != 0;
     }
