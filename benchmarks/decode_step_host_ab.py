@@ -1,16 +1,18 @@
-"""The tiny model's bf16 decode step at batch 64 with this tree's executor host code (row and
-metadata building, the LM head's logits, detokenization: ``executor.py``,
-``attention.build_metadata``, the tokenizer's ``decode`` and ``IncrementalDetokenizer.push``)
-against another revision's, alternating step by step in one process, with the step's split as
-``decode_step_ab`` prints it (linear layers, decode attention, the rest).
+"""The tiny model's bf16 decode step at batch 64, this tree's executor against another
+revision's, the Python around the forward pass and the C++ kernels both, alternating step by
+step in one process, with the step's split as ``decode_step_ab`` prints it (linear layers,
+decode attention, the rest).
 
-``decode_step_ab`` swaps the C++ kernels; this swaps the Python around them: the old
-revision's ``executor.py``, ``attention.py`` and ``tokenizer.py`` are loaded from git
-(``--old``) as modules of their own, and the old side's steps run their
-``TorchExecutor.execute``, ``build_metadata`` and detokenizer ``push`` on the same engine,
-model and kernels. Both sides share everything else (model, sampler, kernels: an old executor
-hands the sampler float32 logits, which it reads as before). Steps run old, new, new, old, ... so that a busy moment or a growing context costs both
-alike; medians of each side's steps, the first two dropped.
+``decode_step_ab`` swaps only the C++ kernels (``cpu_kernel_source.py``); this also swaps the
+host code of ``executor.py`` (rows, input tensors, the LM head's logits), ``attention.py``
+(``build_metadata``) and ``tokenizer.py`` (``Tokenizer.decode``, ``IncrementalDetokenizer.push``):
+the old revision's files are loaded from git (``--old``) as modules of their own and the old
+side's steps run their ``TorchExecutor.execute``, ``build_metadata`` and ``push`` on the same
+engine, model and weights. Everything else is this tree's on both sides (the model's forward,
+the sampler: an old executor hands it float32 logits, which it reads as before; the scheduler,
+the stop checks). Steps run old, new, new, old, ... so that a busy moment or a growing context
+costs both alike; medians of each side's steps, the first two dropped. Any CPU level (the kernels
+are built with this level's flags).
 
     python -m benchmarks.decode_step_host_ab --old HEAD~1
     TAILSERVE_CPU_ISA=avx2 python -m benchmarks.decode_step_host_ab --old HEAD~1
@@ -19,6 +21,7 @@ alike; medians of each side's steps, the first two dropped.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import statistics
 import subprocess
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks._common import cpu_line, save_results
+from benchmarks.decode_step_ab import build, old_source
 from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, tokenizer
 from tailserve.executors.pytorch.init_model import default_model_dir
 from tailserve.llm import LLM, SamplingParams
@@ -64,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="JSON results (default benchmarks/out/decode_step_host_ab.json)")
     args = parser.parse_args(argv)
+    level = cpu_isa.detect().level
+    here = Path(cpu_kernels.__file__).with_name("cpu_kernel_source.py")
     with tempfile.TemporaryDirectory() as tmp:
         old_attention = old_module(args.old, "attention", Path(tmp))
         old_executor = old_module(args.old, "executor", Path(tmp))
         old_tokenizer = old_module(args.old, "tokenizer", Path(tmp))
+        mods = {"old": build(old_source(args.old, Path(tmp)), "old"), "new": build(here, "new")}
     old_executor.build_metadata = old_attention.build_metadata
     llm = LLM(default_model_dir("tiny"), dtype="bfloat16", threads=args.threads)
     print(llm.engine.description, flush=True)
@@ -106,6 +113,19 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu_backend.PackedLinear.__call__ = timed_linear
     cpu_backend.cpu_kernels.paged_decode_attention = timed_attention
+    # The C++ kernels per side too, as decode_step_ab swaps them (this level's flags for both).
+    objects = gc.get_objects()  # type(), not isinstance: some are proxies that warn on __class__
+    packed = [o for o in objects if type(o) is cpu_backend.PackedLinear and o.kernel is not None]
+    backends = [o for o in objects if issubclass(type(o), cpu_backend.CpuBackend)]
+
+    def use(tag: str) -> None:  # the weights' packed layout is the same for both
+        executor.execute, executor._execute = sides[tag], internals[tag]
+        detok_class.push, tokenizer.Tokenizer.decode = pushes[tag], decodes[tag]
+        cpu_kernels._modules[level] = mods[tag]
+        for p in packed:
+            p.kernel = mods[tag]
+        for b in backends:
+            b.kernels = mods[tag]
 
     g = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=args.steps + 20, temperature=0.0, ignore_eos=True)
@@ -118,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, dict[str, list[float]]] = {t: {"step": [], "linear": [], "attention": []} for t in sides}
     for s in range(args.steps):
         tag = ("old", "new")[(s + s // 2) % 2]
-        executor.execute, executor._execute = sides[tag], internals[tag]
-        detok_class.push, tokenizer.Tokenizer.decode = pushes[tag], decodes[tag]
+        use(tag)
         spent["linear"] = spent["attention"] = 0.0
         t = time.perf_counter()
         outs = engine.step()
@@ -131,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             times[tag]["attention"].append(spent["attention"])
     load = Path("/proc/loadavg").read_text().split()[:3]
     print(cpu_line(), flush=True)
-    print(
-        f"level {cpu_isa.detect().level}, {args.threads} threads; load average {' '.join(load)}; old = {args.old}"
-    )
+    print(f"level {level}, {args.threads} threads; load average {' '.join(load)}; old = {args.old}")
     medians = {}
     for tag, d in times.items():
         rest = [a - b - c for a, b, c in zip(d["step"], d["linear"], d["attention"])]
@@ -148,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"new / old step: {ratio:.3f}; rest old - new: {medians['old']['rest'] - medians['new']['rest']:.2f} ms"
     )
-    results = {"old": args.old, "level": cpu_isa.detect().level, "threads": args.threads, "cpu": cpu_line()}
+    results = {"old": args.old, "level": level, "threads": args.threads, "cpu": cpu_line()}
     results["load_average"] = load
     save_results(
         {**results, "median_ms": medians, "new_over_old_step": ratio}, args.out, "decode_step_host_ab.json"

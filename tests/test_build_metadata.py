@@ -1,11 +1,13 @@
-"""``build_metadata``'s decode part (built from host arrays since r45) equals the tensor-op
-construction it replaced, on mixed batches: tables longer and shorter than the widest context,
+"""``build_metadata``'s decode part (built from host arrays since r45, its slots and mask by the
+CPU kernels' ``decode_slots`` where they load) equals the tensor-op construction it replaced, on mixed batches: tables longer and shorter than the widest context,
 contexts at block boundaries, decodes with and without prefill chunks after them."""
 
 import random
 
+import pytest
 import torch
 
+from tailserve.executors.pytorch import cpu_kernels
 from tailserve.executors.pytorch.attention import build_metadata
 
 CPU = torch.device("cpu")
@@ -26,7 +28,18 @@ def reference_decode(tables, contexts, block_size, null_slot):
     return torch.where(valid, slots, null_slot), valid[:, None, None, :], length_t, mapping
 
 
-def test_decode_metadata_matches_the_tensor_construction():
+def _kernels(which):
+    if which == "torch":
+        return None
+    module = cpu_kernels.load()
+    if module is None:
+        pytest.skip("CPU kernels could not be built here")
+    return module
+
+
+@pytest.mark.parametrize("which", ["torch", "kernel"])
+def test_decode_metadata_matches_the_tensor_construction(which):
+    kernels = _kernels(which)
     rng = random.Random(0)
     bs, num_blocks = 16, 500
     null = num_blocks * bs
@@ -47,6 +60,7 @@ def test_decode_metadata_matches_the_tensor_construction():
             bs,
             null,
             CPU,
+            kernels,
         )
         slots, mask, lengths, mapping = reference_decode(tables, contexts, bs, null)
         assert torch.equal(meta.decode_slots, slots)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -148,8 +149,11 @@ def build_metadata(
     block_size: int,
     null_slot: int,
     device: torch.device,
+    kernels: Any | None = None,
 ) -> AttentionMetadata:
-    """Requests in flattened order (decodes first); each table covers its context + new tokens."""
+    """Requests in flattened order (decodes first); each table covers its context + new tokens.
+    ``kernels``: the CPU kernels (``cpu_kernels.load()``), whose ``decode_slots`` builds the
+    decode slots and mask in one pass; None (or a build without it): PyTorch's ops."""
     offsets = torch.arange(block_size)
     slot_mapping: list[torch.Tensor] = []
     prefills: list[PrefillChunk] = []
@@ -183,10 +187,15 @@ def build_metadata(
                 table.extend(repeat(0, num_table - len(row)))
             mapping_list.append(t[c // block_size] * block_size + c % block_size)
         bt = torch.frombuffer(table, dtype=torch.long).view(num_decodes, num_table)
-        slots = (bt[:, :, None] * block_size + offsets).view(num_decodes, -1)[:, :width]
-        length_t = torch.frombuffer(array("q", contexts), dtype=torch.long) + 1
-        valid = torch.arange(width)[None, :] < length_t[:, None]
-        decode_slots = torch.where(valid, slots, null_slot).to(device)
+        context_t = torch.frombuffer(array("q", contexts), dtype=torch.long)
+        length_t = context_t + 1
+        if kernels is not None and hasattr(kernels, "decode_slots"):
+            slots, valid = kernels.decode_slots(bt, context_t, block_size, width, null_slot)
+        else:
+            slots = (bt[:, :, None] * block_size + offsets).view(num_decodes, -1)[:, :width]
+            valid = torch.arange(width)[None, :] < length_t[:, None]
+            slots = torch.where(valid, slots, null_slot)
+        decode_slots = slots.to(device)
         decode_mask = valid[:, None, None, :].to(device)
         decode_mapping = torch.frombuffer(mapping_list, dtype=torch.long)
     # Prefill chunks follow the decodes in the flattened batch.

@@ -12,6 +12,8 @@ that builds and calls them.
   but no AVX-512 (level avx2): bf16 weights and K/V widened to float32 in registers, FMA sums.
 - ``store_kv``: the new tokens' K and V rows into their cache slots (two ``index_copy_`` calls
   took ~65 us each for a decode batch of 64 rows).
+- ``decode_slots``: a decode batch's slots and mask from its block tables in one pass
+  (``attention.build_metadata``).
 - ``paged_prefill_attention``: the prefill chunks' tokens, tiled as a GEMM kernel is (8 query
   rows x 16 keys per step over keys packed once per chunk and KV head), float32 softmax, P
   rounded to bf16 for P.V as PyTorch's CPU flash attention does (``prefill_bf16_impl``;
@@ -1205,6 +1207,40 @@ std::vector<torch::Tensor> argmax_rows(torch::Tensor logits) {
   return {out, torch::tensor(any_nan)};
 }
 
+// A decode batch's slots from its block tables: slots[i, j] = table[i, j / bs] * bs + j % bs for
+// the positions j <= contexts[i] row i attends over, the null slot past them, and that validity
+// as a bool mask. One pass over [B, width] (the tensor ops it replaces, a broadcast product,
+// a compare and a where over ~21k values, took ~150 us a decode step at batch 64).
+std::vector<torch::Tensor> decode_slots(torch::Tensor table, torch::Tensor contexts, int64_t block_size,
+                                        int64_t width, int64_t null_slot) {
+  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == torch::kLong, "decode_slots: table [B, blocks] long");
+  TORCH_CHECK(contexts.dim() == 1 && contexts.scalar_type() == torch::kLong && contexts.size(0) == table.size(0),
+              "decode_slots: contexts [B] long");
+  TORCH_CHECK(block_size > 0 && width >= 0 && table.size(1) * block_size >= width, "decode_slots: table narrower than width");
+  auto t = table.contiguous();
+  auto c = contexts.contiguous();
+  const int64_t B = t.size(0), NT = t.size(1);
+  auto slots = torch::empty({B, width}, t.options());
+  auto valid = torch::empty({B, width}, t.options().dtype(torch::kBool));
+  const int64_t* tp = t.data_ptr<int64_t>();
+  const int64_t* cp = c.data_ptr<int64_t>();
+  int64_t* sp = slots.data_ptr<int64_t>();
+  bool* vp = valid.data_ptr<bool>();
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t n = std::min<int64_t>(std::max<int64_t>(cp[i] + 1, 0), width);
+    int64_t* srow = sp + i * width;
+    bool* vrow = vp + i * width;
+    for (int64_t j0 = 0; j0 < n; j0 += block_size) {
+      const int64_t base = tp[i * NT + j0 / block_size] * block_size, end = std::min(n, j0 + block_size);
+      for (int64_t j = j0; j < end; ++j) srow[j] = base + (j - j0);
+    }
+    for (int64_t j = n; j < width; ++j) srow[j] = null_slot;
+    std::memset(vrow, 1, n);
+    std::memset(vrow + n, 0, width - n);
+  }
+  return {slots, valid};
+}
+
 // The new tokens' K and V into the cache: row i of k and v ([N, KV, D]) to slot slots[i] of
 // k_cache and v_cache ([S, KV, D]), as index_copy_ along dim 0 does, each slot checked.
 void store_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots) {
@@ -1248,6 +1284,7 @@ FUNCTIONS = [
     "rope_split",
     "argmax_rows",
     "store_kv",
+    "decode_slots",
     "linear_bf16",
     "linear_avx2",
     "avx2_built",

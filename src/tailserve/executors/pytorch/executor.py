@@ -110,6 +110,7 @@ class TorchExecutor:
                 self.kv.block_size,
                 self.kv.null_slot,
                 self.device,
+                getattr(self.model.backend, "kernels", None),  # the CPU's: decode_slots
             )
             # Through ``array``: torch.tensor boxes each int (~6-10 us for 64 of them).
             ids = torch.frombuffer(input_ids, dtype=torch.long).to(self.device)
