@@ -174,7 +174,8 @@ def build_metadata(
     decode_mapping = torch.empty(0, dtype=torch.long)
     if num_decodes:
         # Host lists go to tensors through ``array`` (torch.frombuffer): ``torch.tensor`` of a
-        # decode batch's 64 x ~21 table entries took ~90 us, boxing each int; the array ~20.
+        # decode batch's 64 x 21 table entries took ~180 us, boxing each int, the array ~50
+        # (2-core EPYC, another job running).
         contexts = num_context_tokens[:num_decodes]
         width = max(contexts) + 1
         num_table = -(-width // block_size)
