@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         print("the model's linear layers are not on the AVX2 kernel here (TAILSERVE_CPU_ISA=avx2?)")
         return 1
 
+    # The sampler's argmax stays on this tree's build: before r45 the kernel took float32 logits
+    # only, and the executor now hands it the LM head's bf16 ones.
+    argmax_module = cpu_kernels._argmax_module
+    cpu_kernels._argmax_module = lambda logits: None if argmax_module(logits) is None else mods["new"]
+
     def use(tag: str) -> None:  # the weights' packed layout is the same for both
         cpu_kernels._modules[level] = mods[tag]
         for p in packed:

@@ -51,6 +51,22 @@ def test_argmax_rows_nan_reports_a_nan_logit() -> None:
     assert cpu_kernels.argmax_rows_nan(logits)[1] is False
 
 
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_argmax_rows_in_the_model_dtype_equals_the_float32_copy(dtype: torch.dtype) -> None:
+    """The sampler's greedy argmax reads the LM head's bf16/fp16 logits: the same tokens and NaN
+    verdict as over their float32 widening, ties and all-banned rows included."""
+    logits = (torch.randn(7, 1001, generator=torch.Generator().manual_seed(8)) * 4).to(dtype)
+    logits[1, 3] = logits[1, 900] = 60.0  # a tie in the model dtype
+    logits[2] = float("-inf")
+    logits[4, 1000] = 80.0  # the last column
+    tokens, has_nan = cpu_kernels.argmax_rows_nan(logits)
+    want, want_nan = cpu_kernels.argmax_rows_nan(logits.float())
+    assert torch.equal(tokens, want) and has_nan is want_nan is False
+    assert torch.equal(tokens, logits.float().argmax(dim=-1))
+    logits[5, 1000] = float("nan")
+    assert cpu_kernels.argmax_rows_nan(logits)[1] is True
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 def test_store_kv_equals_index_copy(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(7)

@@ -101,3 +101,23 @@ def test_sampling_params_refuse_with_vllm_messages(kwargs: dict, message: str) -
     with pytest.raises(ValueError) as error:
         SamplingParams(**kwargs)
     assert message in str(error.value)
+
+
+def test_bf16_logits_sample_as_their_float32_copy() -> None:
+    """The executor hands the sampler the LM head's bf16 logits: greedy, banned and seeded rows
+    give the tokens the float32 copy gives."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(6, VOCAB, generator=g) * 3).to(torch.bfloat16)
+    logits[2, 11] = float("nan")
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, seed=4),
+        SamplingParams(temperature=0.0),
+        _unsafe({"temperature": 0.0, "min_tokens": 3, "stop_token_ids": (int(logits[3].float().argmax()),)}),
+        SamplingParams(temperature=1.0, top_k=5, top_p=0.9, seed=9),
+        SamplingParams(temperature=0.5, min_p=0.1, seed=1),
+    ]
+    requests = [_request(p) for p in params]
+    got = Sampler((2,), seed=0, device=torch.device("cpu")).sample(logits.clone(), requests)
+    want = Sampler((2,), seed=0, device=torch.device("cpu")).sample(logits.float(), requests)
+    assert got == want

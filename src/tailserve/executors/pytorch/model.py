@@ -323,4 +323,9 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the rows that sample, [rows, vocab]."""
-        return linear(hidden, self.lm_head_weight, None).float()
+        return self.logits(hidden).float()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits in the model dtype, [rows, vocab]: what the sampler reads (its
+        greedy argmax is the float32 copy's, without the copy: ~0.03-0.3 ms at 64 x 8,192)."""
+        return linear(hidden, self.lm_head_weight, None)

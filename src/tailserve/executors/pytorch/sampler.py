@@ -33,7 +33,9 @@ class Sampler:
         self._generators.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """``logits``: float32 [rows, vocab], row i for ``requests[i]``."""
+        """``logits``: [rows, vocab], row i for ``requests[i]``: float32, or the model's bf16/fp16
+        as the LM head gives them (greedy rows take their argmax there, the same token as from
+        the exact float32 widening; a row that samples is widened first)."""
         params = [r.sampling_params or _DEFAULT_PARAMS for r in requests]
         vocab = logits.shape[-1]
         for i, (request, p) in enumerate(zip(requests, params)):
@@ -53,7 +55,7 @@ class Sampler:
         tokens = argmax.tolist() if any(greedy) else [0] * len(requests)
         for i, (request, p) in enumerate(zip(requests, params)):
             if not greedy[i]:
-                tokens[i] = self._sample_row(logits[i], p, request.request_id)
+                tokens[i] = self._sample_row(logits[i].float(), p, request.request_id)
         return tokens
 
     def _sample_row(self, row: torch.Tensor, p: SamplingParams, request_id: str) -> int:

@@ -18,8 +18,9 @@ character split across tokens is never emitted half-done.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,10 @@ class Tokenizer:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # A list goes as it is (the detokenizer's slices, two a token per request): no copy.
+        text = self._backend.decode(
+            ids if type(ids) is list else list(ids), skip_special_tokens=skip_special_tokens
+        )
         return _clean_up_tokenization(text) if self._clean_up else text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -194,6 +198,16 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        # push decodes twice a token per request (128 calls a decode step at batch 64): straight
+        # into the Rust tokenizer where no clean-up applies, without Tokenizer.decode's frame.
+        if tokenizer._clean_up:
+            self._decode: Callable[[list[int]], str] = functools.partial(
+                tokenizer.decode, skip_special_tokens=skip_special_tokens
+            )
+        else:
+            self._decode = functools.partial(
+                tokenizer._backend.decode, skip_special_tokens=skip_special_tokens
+            )
         self._ids: list[int] = list(prompt_ids)
         # A few prompt tokens of context, so the first output token decodes as it would mid-text.
         self._prefix_offset = max(len(self._ids) - 5, 0)
@@ -202,9 +216,10 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text it completed ("" while a character is incomplete)."""
-        self._ids.append(token_id)
-        prefix = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset], self._skip)
-        full = self._tokenizer.decode(self._ids[self._prefix_offset :], self._skip)
+        ids = self._ids
+        ids.append(token_id)
+        prefix = self._decode(ids[self._prefix_offset : self._read_offset])
+        full = self._decode(ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         new = full[len(prefix) :]

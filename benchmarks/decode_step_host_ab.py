@@ -1,0 +1,177 @@
+"""The tiny model's bf16 decode step at batch 64, this tree's executor against another
+revision's, the Python around the forward pass and the C++ kernels both, alternating step by
+step in one process, with the step's split as ``decode_step_ab`` prints it (linear layers,
+decode attention, the rest).
+
+``decode_step_ab`` swaps only the C++ kernels (``cpu_kernel_source.py``); this also swaps the
+host code of ``executor.py`` (rows, input tensors, the LM head's logits), ``attention.py``
+(``build_metadata``) and ``tokenizer.py`` (``Tokenizer.decode``, ``IncrementalDetokenizer.push``):
+the old revision's files are loaded from git (``--old``) as modules of their own and the old
+side's steps run their ``TorchExecutor.execute``, ``build_metadata`` and ``push`` on the same
+engine, model and weights. Everything else is this tree's on both sides (the model's forward,
+the sampler: an old executor hands it float32 logits, which it reads as before; the scheduler,
+the stop checks). Steps run old, new, new, old, ... so that a busy moment or a growing context
+costs both alike; medians of each side's steps, the first two dropped. Any CPU level (the kernels
+are built with this level's flags).
+
+    python -m benchmarks.decode_step_host_ab --old HEAD~1
+    TAILSERVE_CPU_ISA=avx2 python -m benchmarks.decode_step_host_ab --old HEAD~1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks._common import cpu_line, save_results
+from benchmarks.decode_step_ab import build, old_source
+from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, tokenizer
+from tailserve.executors.pytorch.init_model import default_model_dir
+from tailserve.llm import LLM, SamplingParams
+
+BATCH, PROMPT = 64, 256
+PACKAGE = "src/tailserve/executors/pytorch"
+
+
+def old_module(rev: str, name: str, into: Path) -> types.ModuleType:
+    """``PACKAGE/name.py`` at ``rev`` as a module of its own (its imports resolve in this tree)."""
+    repo = Path(__file__).resolve().parent.parent
+    text = subprocess.run(
+        ["git", "show", f"{rev}:{PACKAGE}/{name}.py"], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+    path = into / f"old_{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"ab_old_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", required=True, help="git revision whose executor host code is 'old'")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps, both sides together")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads (1: immune to a busy other core)"
+    )
+    parser.add_argument("--out", help="JSON results (default benchmarks/out/decode_step_host_ab.json)")
+    args = parser.parse_args(argv)
+    level = cpu_isa.detect().level
+    here = Path(cpu_kernels.__file__).with_name("cpu_kernel_source.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        old_attention = old_module(args.old, "attention", Path(tmp))
+        old_executor = old_module(args.old, "executor", Path(tmp))
+        old_tokenizer = old_module(args.old, "tokenizer", Path(tmp))
+        mods = {"old": build(old_source(args.old, Path(tmp)), "old"), "new": build(here, "new")}
+    old_executor.build_metadata = old_attention.build_metadata
+    llm = LLM(default_model_dir("tiny"), dtype="bfloat16", threads=args.threads)
+    print(llm.engine.description, flush=True)
+    engine = llm.engine
+    executor = engine.stop_checker.inner
+    sides = {
+        "old": types.MethodType(old_executor.TorchExecutor.execute, executor),
+        "new": types.MethodType(type(executor).execute, executor),
+    }
+    # The old execute calls self._execute: the old one on the old side.
+    internals = {
+        "old": types.MethodType(old_executor.TorchExecutor._execute, executor),
+        "new": types.MethodType(type(executor)._execute, executor),
+    }
+
+    # The detokenizer's push (two decodes a token per request) and Tokenizer.decode, per side.
+    detok_class = tokenizer.IncrementalDetokenizer
+    pushes = {"old": old_tokenizer.IncrementalDetokenizer.push, "new": detok_class.push}
+    decodes = {"old": old_tokenizer.Tokenizer.decode, "new": tokenizer.Tokenizer.decode}
+
+    spent = {"linear": 0.0, "attention": 0.0}
+    linear_call = cpu_backend.PackedLinear.__call__
+    attention_call = cpu_kernels.paged_decode_attention
+
+    def timed_linear(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        t = time.perf_counter()
+        y = linear_call(self, x, bias)
+        spent["linear"] += time.perf_counter() - t
+        return y
+
+    def timed_attention(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        y = attention_call(*a, **k)
+        spent["attention"] += time.perf_counter() - t
+        return y
+
+    cpu_backend.PackedLinear.__call__ = timed_linear
+    cpu_backend.cpu_kernels.paged_decode_attention = timed_attention
+    # The C++ kernels per side too, as decode_step_ab swaps them (this level's flags for both).
+    objects = gc.get_objects()  # type(), not isinstance: some are proxies that warn on __class__
+    packed = [o for o in objects if type(o) is cpu_backend.PackedLinear and o.kernel is not None]
+    backends = [o for o in objects if issubclass(type(o), cpu_backend.CpuBackend)]
+
+    def use(tag: str) -> None:  # the weights' packed layout is the same for both
+        executor.execute, executor._execute = sides[tag], internals[tag]
+        detok_class.push, tokenizer.Tokenizer.decode = pushes[tag], decodes[tag]
+        cpu_kernels._modules[level] = mods[tag]
+        for p in packed:
+            p.kernel = mods[tag]
+        for b in backends:
+            b.kernels = mods[tag]
+
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_tokens=args.steps + 20, temperature=0.0, ignore_eos=True)
+    for i in range(BATCH):
+        engine.add_request(str(i), torch.randint(10, 8000, (PROMPT,), generator=g).tolist(), params)
+    while True:  # prefill until every request has decoded once
+        outs = engine.step()
+        if len(outs) == BATCH and all(len(o.token_ids) >= 2 for o in outs):
+            break
+    times: dict[str, dict[str, list[float]]] = {t: {"step": [], "linear": [], "attention": []} for t in sides}
+    for s in range(args.steps):
+        tag = ("old", "new")[(s + s // 2) % 2]
+        use(tag)
+        spent["linear"] = spent["attention"] = 0.0
+        t = time.perf_counter()
+        outs = engine.step()
+        step = time.perf_counter() - t
+        assert len(outs) == BATCH, len(outs)
+        if s >= 2:
+            times[tag]["step"].append(step)
+            times[tag]["linear"].append(spent["linear"])
+            times[tag]["attention"].append(spent["attention"])
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    print(cpu_line(), flush=True)
+    print(f"level {level}, {args.threads} threads; load average {' '.join(load)}; old = {args.old}")
+    medians = {}
+    for tag, d in times.items():
+        rest = [a - b - c for a, b, c in zip(d["step"], d["linear"], d["attention"])]
+        medians[tag] = {k: statistics.median(v) * 1e3 for k, v in (*d.items(), ("rest", rest))}
+        m = medians[tag]
+        print(
+            f"{tag}: {len(d['step'])} steps, step {m['step']:.2f} ms (min {min(d['step']) * 1e3:.2f}): "
+            f"linear {m['linear']:.2f}, attention {m['attention']:.2f}, rest {m['rest']:.2f} "
+            f"(min {min(rest) * 1e3:.2f})"
+        )
+    ratio = medians["new"]["step"] / medians["old"]["step"]
+    print(
+        f"new / old step: {ratio:.3f}; rest old - new: {medians['old']['rest'] - medians['new']['rest']:.2f} ms"
+    )
+    results = {"old": args.old, "level": level, "threads": args.threads, "cpu": cpu_line()}
+    results["load_average"] = load
+    save_results(
+        {**results, "median_ms": medians, "new_over_old_step": ratio}, args.out, "decode_step_host_ab.json"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
