@@ -23,24 +23,20 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from benchmarks._common import cpu_line, save_results
+from benchmarks._decode_batch import alternate, fill, time_linear_and_attention
+from benchmarks._decode_batch import medians as side_medians
 from benchmarks.decode_step_ab import build, old_source
 from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, tokenizer
 from tailserve.executors.pytorch.init_model import default_model_dir
-from tailserve.llm import LLM, SamplingParams
+from tailserve.llm import LLM
 
-BATCH, PROMPT = 64, 256
 PACKAGE = "src/tailserve/executors/pytorch"
 
 
@@ -95,24 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     pushes = {"old": old_tokenizer.IncrementalDetokenizer.push, "new": detok_class.push}
     decodes = {"old": old_tokenizer.Tokenizer.decode, "new": tokenizer.Tokenizer.decode}
 
-    spent = {"linear": 0.0, "attention": 0.0}
-    linear_call = cpu_backend.PackedLinear.__call__
-    attention_call = cpu_kernels.paged_decode_attention
-
-    def timed_linear(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        t = time.perf_counter()
-        y = linear_call(self, x, bias)
-        spent["linear"] += time.perf_counter() - t
-        return y
-
-    def timed_attention(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        y = attention_call(*a, **k)
-        spent["attention"] += time.perf_counter() - t
-        return y
-
-    cpu_backend.PackedLinear.__call__ = timed_linear
-    cpu_backend.cpu_kernels.paged_decode_attention = timed_attention
+    spent = time_linear_and_attention()
     # The C++ kernels per side too, as decode_step_ab swaps them (this level's flags for both).
     objects = gc.get_objects()  # type(), not isinstance: some are proxies that warn on __class__
     packed = [o for o in objects if type(o) is cpu_backend.PackedLinear and o.kernel is not None]
@@ -127,40 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         for b in backends:
             b.kernels = mods[tag]
 
-    g = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=args.steps + 20, temperature=0.0, ignore_eos=True)
-    for i in range(BATCH):
-        engine.add_request(str(i), torch.randint(10, 8000, (PROMPT,), generator=g).tolist(), params)
-    while True:  # prefill until every request has decoded once
-        outs = engine.step()
-        if len(outs) == BATCH and all(len(o.token_ids) >= 2 for o in outs):
-            break
-    times: dict[str, dict[str, list[float]]] = {t: {"step": [], "linear": [], "attention": []} for t in sides}
-    for s in range(args.steps):
-        tag = ("old", "new")[(s + s // 2) % 2]
-        use(tag)
-        spent["linear"] = spent["attention"] = 0.0
-        t = time.perf_counter()
-        outs = engine.step()
-        step = time.perf_counter() - t
-        assert len(outs) == BATCH, len(outs)
-        if s >= 2:
-            times[tag]["step"].append(step)
-            times[tag]["linear"].append(spent["linear"])
-            times[tag]["attention"].append(spent["attention"])
+    fill(engine, args.steps)
+    times = alternate(engine, args.steps, use, spent)
     load = Path("/proc/loadavg").read_text().split()[:3]
     print(cpu_line(), flush=True)
     print(f"level {level}, {args.threads} threads; load average {' '.join(load)}; old = {args.old}")
-    medians = {}
-    for tag, d in times.items():
-        rest = [a - b - c for a, b, c in zip(d["step"], d["linear"], d["attention"])]
-        medians[tag] = {k: statistics.median(v) * 1e3 for k, v in (*d.items(), ("rest", rest))}
-        m = medians[tag]
-        print(
-            f"{tag}: {len(d['step'])} steps, step {m['step']:.2f} ms (min {min(d['step']) * 1e3:.2f}): "
-            f"linear {m['linear']:.2f}, attention {m['attention']:.2f}, rest {m['rest']:.2f} "
-            f"(min {min(rest) * 1e3:.2f})"
-        )
+    medians = side_medians(times)
     ratio = medians["new"]["step"] / medians["old"]["step"]
     print(
         f"new / old step: {ratio:.3f}; rest old - new: {medians['old']['rest'] - medians['new']['rest']:.2f} ms"

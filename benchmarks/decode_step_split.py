@@ -26,11 +26,10 @@ from typing import Any
 import torch
 
 from benchmarks._common import cpu_line, save_results
+from benchmarks._decode_batch import BATCH, fill
 from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, executor, model
 from tailserve.executors.pytorch.init_model import default_model_dir
-from tailserve.llm import LLM, SamplingParams
-
-BATCH, PROMPT = 64, 256
+from tailserve.llm import LLM
 
 
 def wrap(spent: dict[str, float], owner: Any, name: str, phase: str) -> None:
@@ -94,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     wrap(spent, engine.stop_checker.inner.sampler, "sample", "sampling")
     wrap(spent, engine, "_collect", "output processing")
 
-    g = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=args.steps + 20, temperature=0.0, ignore_eos=True)
-    for i in range(BATCH):
-        engine.add_request(str(i), torch.randint(10, 8000, (PROMPT,), generator=g).tolist(), params)
-    while True:  # prefill until every request has decoded once
-        outs = engine.step()
-        if len(outs) == BATCH and all(len(o.token_ids) >= 2 for o in outs):
-            break
+    fill(engine, args.steps)
     per_phase: dict[str, list[float]] = defaultdict(list)
     for s in range(args.steps + 2):
         spent.clear()
