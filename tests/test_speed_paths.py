@@ -85,6 +85,28 @@ def test_scheduled_decode_builds_what_the_class_call_builds() -> None:
     assert fast == slow
 
 
+def test_new_output_and_step_result_build_what_the_class_calls_build() -> None:
+    """``new_output`` (the policies' ``schedule``) and ``step_result`` (the simulated executor)
+    set every field the dataclasses' own ``__init__`` sets, to equal values, with containers of
+    their own: two calls share no list, set or dict (a consumer appends to them)."""
+    from dataclasses import fields
+
+    from tailserve.core.executor import StepResult, step_result
+    from tailserve.core.scheduler_output import SchedulerOutput, new_output
+
+    for fast, slow, other in [
+        (new_output(), SchedulerOutput(), new_output()),
+        (step_result(0.25), StepResult(0.25), step_result(0.25)),
+    ]:
+        assert type(fast) is type(slow)
+        for f in fields(slow):
+            value = getattr(fast, f.name)
+            assert value == getattr(slow, f.name) and type(value) is type(getattr(slow, f.name)), f.name
+            if isinstance(value, list | set | dict):
+                assert value is not getattr(other, f.name), f.name
+        assert fast == slow
+
+
 @pytest.mark.parametrize(
     "spec",
     [
@@ -302,26 +324,38 @@ def test_chunk_run_identical_to_plain_stepping(spec: str) -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["sarathi:chunk_size=512", "sarathi:chunk_size=256,gpu_memory_utilization=0.25"],  # preempts
+    [
+        "sarathi:chunk_size=512",
+        "sarathi:chunk_size=256,gpu_memory_utilization=0.25",  # preempts
+        "vllm:async_scheduling=false,max_num_batched_tokens=512",
+        # Preemptions (no head then), and prompts capped to small chunks in the slow path.
+        "vllm:async_scheduling=false,max_num_batched_tokens=2048,gpu_memory_utilization=0.25",
+        "vllm:async_scheduling=false,max_num_batched_tokens=300,long_prefill_token_threshold=40",
+    ],
 )
-def test_sarathi_decode_head_is_what_batch_shape_and_update_would_derive(
+def test_decode_head_is_what_batch_shape_and_update_would_derive(
     monkeypatch: pytest.MonkeyPatch, spec: str
 ) -> None:
-    """Sarathi's phase 1 vouches for its leading decodes (``SchedulerOutput.decode_head``) and
-    builds their ``ScheduledRequest``s inline: at every stepped iteration, with preemptions too,
-    the head's entries equal the class call's objects, each samples, and ``batch_shape`` prices
-    the output as its own full pass does; the run equals one without the head."""
+    """Sarathi's phase 1 and vLLM's plain pass vouch for their leading decodes
+    (``SchedulerOutput.decode_head``): at every stepped iteration, with preemptions too, the
+    head's entries equal the class call's objects, each samples, and ``batch_shape`` prices the
+    output as its own full pass does; the run equals one without the head."""
     from dataclasses import replace as replace_output
 
     from tailserve.core.scheduler_output import ScheduledRequest
     from tailserve.executors.simulated.executor import batch_shape
     from tailserve.policies.sarathi import SarathiPolicy
+    from tailserve.policies.vllm import VllmPolicy
 
-    original = SarathiPolicy.schedule
+    policy = SarathiPolicy if spec.startswith("sarathi") else VllmPolicy
+    original = policy.schedule
     heads: list[int] = []
 
     def checking(self, sched, now):
         out = original(self, sched, now)
+        if out.decode_head is None:
+            assert policy is VllmPolicy and out.preempted  # vLLM's pass vouches for none then
+            return out
         m, context = out.decode_head
         head = out.scheduled[:m]
         for item in head:
@@ -337,7 +371,7 @@ def test_sarathi_decode_head_is_what_batch_shape_and_update_would_derive(
         "random", num_requests=120, rate=20.0, seed=4, input_len=LogNormal(1500, 1.0, 8000),
         output_len=LogNormal(200, 0.8, 1500),
     )  # fmt: skip
-    monkeypatch.setattr(SarathiPolicy, "schedule", checking)
+    monkeypatch.setattr(policy, "schedule", checking)
     with_head, _ = _sarathi_fingerprint(spec, workload, fast=False)
     assert sum(heads) > 1000
 
@@ -346,7 +380,7 @@ def test_sarathi_decode_head_is_what_batch_shape_and_update_would_derive(
         out.decode_head = None
         return out
 
-    monkeypatch.setattr(SarathiPolicy, "schedule", headless)
+    monkeypatch.setattr(policy, "schedule", headless)
     without, _ = _sarathi_fingerprint(spec, workload, fast=False)
     assert with_head == without
 

@@ -31,7 +31,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 
@@ -112,7 +112,7 @@ class SarathiPolicy(Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         cfg: SarathiConfig = self.config
-        out = SchedulerOutput()
+        out = new_output()
         running = sched.running
         running.sort(key=_arrival)  # stable: equal arrivals keep admission order
         batched = 0

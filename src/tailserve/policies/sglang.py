@@ -125,7 +125,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths, LoneChunkRun
 from tailserve.executors.simulated.spec_decode import SpecDecoding
@@ -368,7 +368,7 @@ class SglangPolicy(Policy, FastPaths):
 
     # ---- the iteration -------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = new_output()
         if self.chunked is not None and self.chunked.is_finished:
             self.chunked = None  # aborted from outside
         if self.tree is not None and self._last_was_prefill:

@@ -45,7 +45,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.queues import RequestQueue, create_request_queue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
@@ -285,7 +285,7 @@ class VllmPolicy(Policy, FastPaths):
         if self._advanced:
             return schedule_advanced(self.config, self._spec, sched, now)
         cfg: VllmConfig = self.config
-        out = SchedulerOutput()
+        out = new_output()
         budget = cfg.max_num_batched_tokens
         cap = cfg.long_prefill_token_threshold
         if len(sched.running) + len(sched.waiting) <= 1:
@@ -303,6 +303,10 @@ class VllmPolicy(Policy, FastPaths):
         i = 0
         # Its length bound too, and refreshed where the slow path below preempts.
         num_running = len(running)
+        # The leading one-token decodes that each sample, and their context tokens, counted as
+        # they are scheduled for ``decode_head``; ``leading`` ends at the first other entry.
+        leading = True
+        num_leading = context = 0
         while i < num_running and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
@@ -324,6 +328,8 @@ class VllmPolicy(Policy, FastPaths):
                 else:
                     item.num_context_tokens = computed
                 scheduled.append(item)
+                if leading:
+                    context += computed
                 budget -= 1
                 i += 1
                 continue
@@ -348,13 +354,32 @@ class VllmPolicy(Policy, FastPaths):
             num_running = len(running)
             if self_preempted:
                 break  # a request that preempted itself ends the running pass (fcfs and priority)
-            scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
+            computed = request.num_computed_tokens
+            if leading:
+                if want == 1 and computed + 1 == request.prompt_len + request.num_output_tokens:
+                    context += computed  # a decode that took a block: it samples
+                else:
+                    leading = False
+                    num_leading = len(scheduled)
+            scheduled.append(ScheduledRequest(request, want, computed))
             budget -= want
             i += 1
 
         # 3-4. Waiting requests, FCFS, unless someone was preempted.
         if preempted:
-            return out
+            return out  # a preemption may have taken an entry of the head: none is vouched for
+        if leading:
+            num_leading = len(scheduled)
+            # The fast path's ``want == 1`` is also a prompt's one-token chunk where one token of
+            # budget was left: then the last entry, which samples nothing.
+            if num_leading and not budget:
+                last = scheduled[-1]
+                r = last.request
+                if last.num_context_tokens + 1 != r.prompt_len + r.num_output_tokens:
+                    num_leading -= 1
+                    context -= last.num_context_tokens
+        # These stay the output's first entries: the pass below appends after them.
+        out.decode_head = (num_leading, context)
         kv = sched.kv_cache
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
         while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:

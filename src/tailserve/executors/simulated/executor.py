@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailserve.core.executor import StepResult
+from tailserve.core.executor import StepResult, step_result
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding, is_generation_only
@@ -168,7 +168,7 @@ class SimExecutor:
             duration += cm.swap_time(swapped * self.block_size)
         if self.spec is not None:  # SGLang's speculative decoding (vLLM's runs ``advanced``)
             return self._execute_drafts(out, shape, duration)
-        return StepResult(duration=duration)
+        return step_result(duration)
 
     def _execute_drafts(self, out: SchedulerOutput, shape: BatchShape, duration: float) -> StepResult:
         """A step with chain drafts outside vLLM's accounting (SGLang): each verification accepts
