@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -137,6 +138,22 @@ def cpu_line() -> str:
         pass
     flags = " ".join(simd_flags()) or "no AVX2/AVX-512/AMX flags"
     return f"CPU: {model or 'unknown model'}, {os.cpu_count()} cores; {flags}"
+
+
+def run_stamp(name: str, show: Callable[[str], object] = print) -> dict[str, Any]:
+    """Print the CPU line and the load average and time beside a run's figures (with ``show``, a
+    console's ``print`` for a rich table's benchmark), and return the results' header: the
+    benchmark, the date, the command line and the load average."""
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load = os.getloadavg()[0]
+    show(cpu_line())
+    show(f"load average {load:.2f}, {date}")
+    return {
+        "benchmark": name,
+        "date": date,
+        "command": f"python -m benchmarks.{name} " + " ".join(sys.argv[1:]),
+        "load_average": load,
+    }
 
 
 # ---- quiet machine ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ each side's medians with the rest of the step (``medians``)."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -55,6 +56,26 @@ def time_linear_and_attention() -> dict[str, float]:
     cpu_backend.PackedLinear.__call__ = timed_linear
     cpu_backend.cpu_kernels.paged_decode_attention = timed_attention
     return spent
+
+
+def kernel_switch(level: str, mods: dict[str, Any]) -> tuple[list[Any], Callable[[str], None]]:
+    """The model's packed linear layers, and ``use(tag)`` putting ``mods[tag]``'s C++ kernels
+    under every user of them: this level's loaded module, each packed layer that had a kernel
+    and each CPU backend (the weights' packed layout is the same for both builds)."""
+    # type(), not isinstance: some of gc's objects are deprecation proxies that warn on __class__.
+    objects = gc.get_objects()
+    packed = [o for o in objects if type(o) is cpu_backend.PackedLinear]
+    with_kernel = [p for p in packed if p.kernel is not None]
+    backends = [o for o in objects if issubclass(type(o), cpu_backend.CpuBackend)]
+
+    def use(tag: str) -> None:
+        cpu_kernels._modules[level] = mods[tag]
+        for p in with_kernel:
+            p.kernel = mods[tag]
+        for b in backends:
+            b.kernels = mods[tag]
+
+    return packed, use
 
 
 def alternate(

@@ -20,7 +20,6 @@ and PyTorch's SiLU runs.)
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import importlib.util
 import subprocess
@@ -32,10 +31,10 @@ from typing import Any
 import torch
 
 from benchmarks._common import cpu_line, save_results
-from benchmarks._decode_batch import alternate, fill, time_linear_and_attention
+from benchmarks._decode_batch import alternate, fill, kernel_switch, time_linear_and_attention
 from benchmarks._decode_batch import medians as side_medians
 from tailserve.cache import cache_root
-from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels
+from tailserve.executors.pytorch import cpu_isa, cpu_kernels
 from tailserve.executors.pytorch.cpu_norm_source import NORM_FUNCTIONS, NORM_SOURCE
 from tailserve.executors.pytorch.init_model import default_model_dir
 from tailserve.llm import LLM
@@ -89,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = llm.engine
 
     spent = time_linear_and_attention()
-    # type(), not isinstance: some of gc's objects are deprecation proxies that warn on __class__.
-    objects = gc.get_objects()
-    packed = [o for o in objects if type(o) is cpu_backend.PackedLinear]
-    backends = [o for o in objects if issubclass(type(o), cpu_backend.CpuBackend)]
+    packed, use = kernel_switch(level, mods)
     if not packed or any(p.kind != "avx2" for p in packed):
         print("the model's linear layers are not on the AVX2 kernel here (TAILSERVE_CPU_ISA=avx2?)")
         return 1
@@ -102,21 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     argmax_module = cpu_kernels._argmax_module
     cpu_kernels._argmax_module = lambda logits: None if argmax_module(logits) is None else mods["new"]
 
-    def use(tag: str) -> None:  # the weights' packed layout is the same for both
-        cpu_kernels._modules[level] = mods[tag]
-        for p in packed:
-            p.kernel = mods[tag]
-        for b in backends:
-            b.kernels = mods[tag]
-
     fill(engine, args.steps)
     times = alternate(engine, args.steps, use, spent)
+    load = Path("/proc/loadavg").read_text().split()[:3]
     print(cpu_line(), flush=True)
-    print(f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; old = {args.old}")
+    print(f"load average {' '.join(load)}; old = {args.old}")
     medians = side_medians(times)
     ratio = medians["new"]["step"] / medians["old"]["step"]
     print(f"new / old step: {ratio:.3f}")
-    load = Path("/proc/loadavg").read_text().split()[:3]
     results = {"old": args.old, "level": level, "cpu": cpu_line(), "load_average": load}
     save_results(
         {**results, "median_ms": medians, "new_over_old_step": ratio}, args.out, "decode_step_ab.json"

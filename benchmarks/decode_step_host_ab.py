@@ -21,7 +21,6 @@ are built with this level's flags).
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import subprocess
 import sys
@@ -30,10 +29,10 @@ import types
 from pathlib import Path
 
 from benchmarks._common import cpu_line, save_results
-from benchmarks._decode_batch import alternate, fill, time_linear_and_attention
+from benchmarks._decode_batch import alternate, fill, kernel_switch, time_linear_and_attention
 from benchmarks._decode_batch import medians as side_medians
 from benchmarks.decode_step_ab import build, old_source
-from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, tokenizer
+from tailserve.executors.pytorch import cpu_isa, cpu_kernels, tokenizer
 from tailserve.executors.pytorch.init_model import default_model_dir
 from tailserve.llm import LLM
 
@@ -93,18 +92,12 @@ def main(argv: list[str] | None = None) -> int:
 
     spent = time_linear_and_attention()
     # The C++ kernels per side too, as decode_step_ab swaps them (this level's flags for both).
-    objects = gc.get_objects()  # type(), not isinstance: some are proxies that warn on __class__
-    packed = [o for o in objects if type(o) is cpu_backend.PackedLinear and o.kernel is not None]
-    backends = [o for o in objects if issubclass(type(o), cpu_backend.CpuBackend)]
+    _, use_kernels = kernel_switch(level, mods)
 
-    def use(tag: str) -> None:  # the weights' packed layout is the same for both
+    def use(tag: str) -> None:
         executor.execute, executor._execute = sides[tag], internals[tag]
         detok_class.push, tokenizer.Tokenizer.decode = pushes[tag], decodes[tag]
-        cpu_kernels._modules[level] = mods[tag]
-        for p in packed:
-            p.kernel = mods[tag]
-        for b in backends:
-            b.kernels = mods[tag]
+        use_kernels(tag)
 
     fill(engine, args.steps)
     times = alternate(engine, args.steps, use, spent)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks._common import cpu_line, save_results
+from benchmarks._common import run_stamp, save_results
 from benchmarks.fidelity_aisim import GPUS, MAX_ALLREDUCE_ELEMENTS, stats
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.hardware import get_hardware
@@ -80,16 +78,9 @@ def main() -> int:
     args = parser.parse_args()
     console = Console(width=160)
     tables = json.loads(Path(args.rows).read_text())["gpus"]
-    console.print(cpu_line())
-    console.print(
-        f"load average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    )
     start = time.time()
     results: dict = {
-        "benchmark": "fidelity_aisim_allreduce_table",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.fidelity_aisim_allreduce_table " + " ".join(sys.argv[1:]),
-        "load_average": os.getloadavg()[0],
+        **run_stamp("fidelity_aisim_allreduce_table", console.print),
         "versions": {g: e.get("allreduce_version") for g, e in tables.items() if g in GPUS},
         "allreduce": {},
     }

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -40,7 +39,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks._common import cpu_line, save_results
+from benchmarks._common import run_stamp, save_results
 from benchmarks.fidelity_aisim import GPUS, MLA_FORMATS, _mla_layer, _mla_linear, _mla_shape, stats
 from tailserve.executors.simulated.aisim_mla_table import (
     Grid,
@@ -193,16 +192,9 @@ def main() -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     tables = body["gpus"]
-    console.print(cpu_line())
-    console.print(
-        f"load average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    )
     start = time.time()
     results: dict = {
-        "benchmark": "fidelity_aisim_mla_table",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.fidelity_aisim_mla_table " + " ".join(sys.argv[1:]),
-        "load_average": os.getloadavg()[0],
+        **run_stamp("fidelity_aisim_mla_table", console.print),
         "framework": framework,
         "mla": {},
     }

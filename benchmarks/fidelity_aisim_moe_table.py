@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks._common import cpu_line, missing_peer, peer_venv, save_results
+from benchmarks._common import missing_peer, peer_venv, run_stamp, save_results
 from benchmarks.fidelity_aisim import (
     FP8_STATIC_KERNELS,
     GPUS,
@@ -206,16 +205,9 @@ def main() -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     tables = body["gpus"]
-    console.print(cpu_line())
-    console.print(
-        f"load average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    )
     start = time.time()
     results: dict = {
-        "benchmark": "fidelity_aisim_moe_table",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.fidelity_aisim_moe_table " + " ".join(sys.argv[1:]),
-        "load_average": os.getloadavg()[0],
+        **run_stamp("fidelity_aisim_moe_table", console.print),
         "table_versions": {g: tables[g].get("moe_versions") for g in gpus if g in tables},
         "moe": {},
         "left_out": {},

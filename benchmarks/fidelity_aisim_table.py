@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -31,7 +30,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks._common import cpu_line, missing_peer, peer_venv, save_results
+from benchmarks._common import missing_peer, peer_venv, run_stamp, save_results
 from benchmarks.fidelity_aisim import (
     FORMATS,
     GPUS,
@@ -168,16 +167,9 @@ def main() -> int:
             print(missing_peer("aisimulate", peer_venv("aisimulate")), file=sys.stderr)
             return 2
         tables = _export(python, ",".join(gpus), "vllm")
-    console.print(cpu_line())
-    console.print(
-        f"load average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    )
     start = time.time()
     results: dict = {
-        "benchmark": "fidelity_aisim_table",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.fidelity_aisim_table " + " ".join(sys.argv[1:]),
-        "load_average": os.getloadavg()[0],
+        **run_stamp("fidelity_aisim_table", console.print),
         "table_versions": {g: tables[g].get("gemm_version") for g in gpus if g in tables},
         "gemm": {},
     }

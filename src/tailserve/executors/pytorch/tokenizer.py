@@ -146,6 +146,14 @@ class Tokenizer:
         )
         return _clean_up_tokenization(text) if self._clean_up else text
 
+    def decoder(self, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+        """``decode`` of a list with ``skip_special_tokens`` bound, for a caller that decodes
+        often (the detokenizer: twice a token per request, 128 calls a decode step at batch
+        64): straight into the Rust tokenizer where no clean-up applies, without this frame."""
+        if self._clean_up:
+            return functools.partial(self.decode, skip_special_tokens=skip_special_tokens)
+        return functools.partial(self._backend.decode, skip_special_tokens=skip_special_tokens)
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt string for ``messages`` (``[{"role": ..., "content": ...}, ...]``)."""
         import jinja2
@@ -198,16 +206,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        # push decodes twice a token per request (128 calls a decode step at batch 64): straight
-        # into the Rust tokenizer where no clean-up applies, without Tokenizer.decode's frame.
-        if tokenizer._clean_up:
-            self._decode: Callable[[list[int]], str] = functools.partial(
-                tokenizer.decode, skip_special_tokens=skip_special_tokens
-            )
-        else:
-            self._decode = functools.partial(
-                tokenizer._backend.decode, skip_special_tokens=skip_special_tokens
-            )
+        self._decode = tokenizer.decoder(skip_special_tokens)
         self._ids: list[int] = list(prompt_ids)
         # A few prompt tokens of context, so the first output token decodes as it would mid-text.
         self._prefix_offset = max(len(self._ids) - 5, 0)

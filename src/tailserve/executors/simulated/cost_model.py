@@ -584,21 +584,19 @@ class CostModel:
     def _linear_uncached(self, num_tokens: int, num_logits: int) -> float:
         eff = self.efficiency
         experts = self._experts(num_tokens) if self.model.is_moe else 0.0
-        if self._table is not None and self._mla_block is not None:
-            # the MLA module rows time its projections and KV-cache writes: neither added here
-            return (
-                self._table.layers(num_tokens)
-                + self._table.lm_head(num_logits)
-                + experts
-                + num_tokens * eff.per_token
-            )
         if self._table is not None:  # measured times (their rows carry any quantization kernel)
+            # The KV writes and MLA's projections, unless the MLA module rows price the block:
+            # they time both.
+            kv_writes = mla = 0.0
+            if self._mla_block is None:
+                kv_writes = num_tokens * self._kv_bytes_per_token / self._byte_rate
+                mla = self._mla_projections(num_tokens) if self._mla is not None else 0.0
             return (
                 self._table.layers(num_tokens)
-                + num_tokens * self._kv_bytes_per_token / self._byte_rate  # the KV writes
+                + kv_writes
                 + self._table.lm_head(num_logits)
                 + experts
-                + (self._mla_projections(num_tokens) if self._mla is not None else 0.0)
+                + mla
                 + num_tokens * eff.per_token
             )
         if eff.tile_m <= 1 and eff.sharpness == math.inf and eff.gemm_latency == 0.0:
