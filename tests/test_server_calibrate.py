@@ -354,6 +354,32 @@ def test_the_warm_up_streams_until_an_adaptive_server_has_settled():
     assert sc.WARM_UP_S == 1.5
 
 
+def test_the_warm_up_waits_for_the_servers_figures_of_its_own_requests():
+    # A server that records a request's figures just after its last byte: without waiting, the
+    # first probe's scrape before it misses the warm-up's last request, counts it as its own and
+    # falls back to the client's figure (seen in CI on a loaded host).
+    from tailserve.fidelity.server_metrics import HistogramTotals
+
+    class Probe:
+        streamed = 0
+        recorded = 0
+
+        def stream(self, prompt, max_tokens):
+            self.streamed += 1
+            self.recorded = self.streamed - 1  # the last one lands on the next scrape
+
+        def histograms(self):
+            seen = self.recorded
+            self.recorded = self.streamed
+            return HistogramTotals({"vllm:request_prefill_time_seconds": (0.01 * seen, float(seen))})
+
+    probe = Probe()
+    ticks = iter(0.4 * k for k in range(100))
+    sc.warm_up(probe, Prompts(True, 1024), clock=lambda: next(ticks), settle=True)
+    assert probe.streamed == 4
+    assert probe.histograms().totals["vllm:request_prefill_time_seconds"][1] == 4  # nothing late
+
+
 def test_a_probe_builds_one_tls_context_for_all_its_clients(torch_server: Any, monkeypatch):
     # httpx builds a context (loading the CA bundle, ~30 ms of CPU) per client; a probe opens a
     # client per stream and per scrape, beside the engine it times.

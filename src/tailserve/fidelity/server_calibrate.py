@@ -232,7 +232,7 @@ def probe_server(
     reads the shapes against each other, and a server's speed moves over tens of seconds (a small
     model's lone decode step read 2.8 and 4.2 ms in two calibrations 30 s apart), so each round
     times all shapes at about one speed and each median spans the whole calibration."""
-    warm_up(probe, prompts)
+    warm_up(probe, prompts, settle=use_metrics)
     jobs: list[tuple[str, Callable[[], _Run | None], Callable[[list[_Run]], ProbedPoint]]] = []
     for length in plan.prefill_lens:
         jobs.append(
@@ -284,17 +284,29 @@ WARM_UP_S = 1.5  # streaming the warm-up lasts at least this long (at most WARM_
 WARM_UP_STREAMS = 20
 
 
-def warm_up(probe: ServerProbe, prompts: Prompts, clock: Callable[[], float] = time.perf_counter) -> None:
+def warm_up(
+    probe: ServerProbe,
+    prompts: Prompts,
+    clock: Callable[[], float] = time.perf_counter,
+    settle: bool = False,
+) -> None:
     """First-request costs (allocations, caches), then decode streams for ``WARM_UP_S``: a server
     that sizes its thread pool from the host's load (tailserve's CPU executor, revisiting it every
     0.5 s of stepping) has by then seen this client's start-up CPU pass, so the first probes do not
-    run on the one thread it dropped to while the calibration's own process was importing."""
+    run on the one thread it dropped to while the calibration's own process was importing.
+    ``settle``: return once the server's histograms hold every warm-up request (a server may
+    record a request's figures just after its last byte; the first probe's scrape before it
+    would then count the warm-up's last request as its own and fall back to the client)."""
+    before = probe.histograms() if settle else None
     probe.stream(prompts.make(64), 4)
+    sent = 1
     start = clock()
     for _ in range(WARM_UP_STREAMS):
         if clock() - start >= WARM_UP_S:
             break
         probe.stream(prompts.make(64), 64)
+        sent += 1
+    _server_mean(probe, before, PREFILL, sent)
 
 
 @dataclass(frozen=True, slots=True)

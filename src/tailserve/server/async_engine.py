@@ -283,10 +283,12 @@ class AsyncEngine:
                     for output in outputs:
                         if output.finished:
                             self._live.discard(output.request_id)
-                    if outputs:
-                        self._loop.call_soon_threadsafe(self._deliver, outputs)
+                    # Figures before delivery: a client that scrapes /metrics right after a
+                    # request's last byte finds that request in the histograms.
                     if self.metrics is not None:
                         self.metrics.observe_outputs(outputs)
+                    if outputs:
+                        self._loop.call_soon_threadsafe(self._deliver, outputs)
                     if self._kv_events_from is not None:
                         self.kv_events.publish(self._kv_events_from.take_kv_events())  # type: ignore[union-attr]
                     self._publish()
