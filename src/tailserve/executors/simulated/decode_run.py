@@ -110,7 +110,9 @@ def advance_decode_run(engine: Engine) -> int:
         # Iterations only get longer as contexts grow, so the first one bounds how many start
         # before the wake-up.
         first = executor.decode_step_duration(n, num_context)
-        k_max = min(k_max, int((wake - now) / first) + 1)
+        bound = int((wake - now) / first) + 1  # ``min`` spelled out: once per run
+        if bound < k_max:
+            k_max = bound
     free = kv.num_free_blocks - policy.decode_reserve_blocks
     if k_max <= SHORT_RUN:
         run = _short_run(executor, n, num_context, now, wake, k_max, ctx_list, held_tokens, block_size, free)
