@@ -218,7 +218,11 @@ class KVCacheManager:
             for request_id, total in zip(request_ids, num_total_tokens):
                 table = tables[request_id]
                 need = -(-total // block_size) - len(table)
-                if need > 0:
+                if need == 1 and end:
+                    # The common case (a run shorter than a block): the id itself, no slice.
+                    end -= 1
+                    table.append(free[end])
+                elif need > 0:
                     if need > end:
                         raise RuntimeError(
                             f"allocate_each: no room for {request_id} ({need} blocks, {end} left)"
