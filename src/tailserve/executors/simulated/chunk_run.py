@@ -95,7 +95,7 @@ def advance_chunk_run(engine: Engine) -> int:
     tables = kv.block_tables
     p_table = tables.get(prompt.request_id)
     # The prompt's tokens still to compute: ``missing`` from the scan (``Request.num_tokens``, a
-    # property, costs a call through C, ~850 instructions, each time it is read).
+    # property, costs a call through C, ~900 instructions, each time it is read).
     remaining = missing
     if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_computed_tokens + remaining:
         return 0  # (q == 1 would count as a decode; the prompt's blocks are allocated whole)
