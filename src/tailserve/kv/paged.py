@@ -132,7 +132,11 @@ class KVCacheManager:
 
     def num_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
         """New blocks ``request_id`` needs so that it can hold ``num_total_tokens`` tokens."""
-        return max(0, self.blocks_for(num_total_tokens) - self.num_held(request_id))
+        # ``blocks_for`` less ``num_held``, without the two calls and ``max`` (the builtin parses
+        # its arguments as keywords): every admission's KV check asks this.
+        table = self.block_tables.get(request_id)
+        need = -(-num_total_tokens // self.block_size) - (len(table) if table else 0)
+        return need if need > 0 else 0
 
     def can_allocate(self, request_id: str, num_total_tokens: int, reserve: int = 0) -> bool:
         return self.num_blocks_needed(request_id, num_total_tokens) + reserve <= self.num_free_blocks
@@ -214,7 +218,11 @@ class KVCacheManager:
             for request_id, total in zip(request_ids, num_total_tokens):
                 table = tables[request_id]
                 need = -(-total // block_size) - len(table)
-                if need > 0:
+                if need == 1 and end:
+                    # The common case (a run shorter than a block): the id itself, no slice.
+                    end -= 1
+                    table.append(free[end])
+                elif need > 0:
                     if need > end:
                         raise RuntimeError(
                             f"allocate_each: no room for {request_id} ({need} blocks, {end} left)"

@@ -387,12 +387,15 @@ class VllmPolicy(Policy, FastPaths):
             # Prefix lookup for a new or preempted request: hits are not charged to the budget.
             match = sched.cached_prefix(request) if not request.num_computed_tokens else None
             hit = match.num_tokens if match is not None else 0
-            want = request.num_remaining_tokens - hit
+            # ``num_remaining_tokens`` inlined and ``min(want, budget)`` spelled out (a property
+            # is a call through C, the builtin parses its arguments as keywords): per admission.
+            want = request.prompt_len + request.num_output_tokens - request.num_computed_tokens - hit
             if cap:
                 want = min(want, cap)
             if not cfg.enable_chunked_prefill and want > budget:
                 break
-            want = min(want, budget)
+            if budget < want:
+                want = budget
             reserve = watermark_blocks if sched.running else 0
             if hit:
                 # KV gate net of the hit blocks (those sitting evictable in the free queue count).

@@ -94,10 +94,14 @@ def advance_chunk_run(engine: Engine) -> int:
     block_size = kv.block_size
     tables = kv.block_tables
     p_table = tables.get(prompt.request_id)
-    if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_tokens:
+    # The prompt's tokens still to compute: ``missing`` from the scan (``Request.num_tokens``, a
+    # property, costs a call through C, ~900 instructions, each time it is read).
+    remaining = missing
+    if q < 2 or p_table is None or len(p_table) * block_size < prompt.num_computed_tokens + remaining:
         return 0  # (q == 1 would count as a decode; the prompt's blocks are allocated whole)
-    remaining = prompt.num_tokens - prompt.num_computed_tokens
-    if not policy.chunk_run_grants(sched, prompt, min(q, remaining)):
+    # ``min`` spelled out here and below (the builtin parses its arguments as keywords, ~1,000
+    # instructions a call): a few per call, ahead of the run's refusals.
+    if not policy.chunk_run_grants(sched, prompt, q if q < remaining else remaining):
         return 0  # e.g. TGI's chunk planned before a request finished: this one steps
     # Iteration j is in the run while the prompt still has more than one chunk left after it
     # starts, and no decode produces its last token in it. The last chunk leaves budget over,
@@ -106,7 +110,9 @@ def advance_chunk_run(engine: Engine) -> int:
     k_full = (remaining - q - 1) // q + 1 if remaining > q else 0
     last = remaining - k_full * q
     with_last = not sched.waiting and last >= 2 and prompt.max_tokens - prompt.num_output_tokens > 1
-    k_max = min(MAX_RUN, k_full + with_last)
+    k_max = k_full + with_last
+    if k_max > MAX_RUN:
+        k_max = MAX_RUN
     if k_max < 1:
         return 0
     # A policy whose full-chunk iterations leave no room for anyone else (TGI: no prefill budget)

@@ -996,7 +996,20 @@ class CostModel:
         chunk runs price one iteration per loop turn."""
         if num_tokens == 0:
             return 0.0
-        fields = (
+        if self._window:
+            shape = BatchShape(
+                num_tokens,
+                num_logits,
+                prefill_pairs,
+                prefill_kv_tokens,
+                decode_kv_tokens,
+                num_prefills,
+                num_decodes,
+            )
+            return self._rank_time(shape, None, num_tokens)
+        # The arguments passed on as they are: a call through ``*fields`` goes through C (a
+        # tuple and a new interpreter frame), per priced iteration of every chunk run.
+        return self._iteration_time(
             num_tokens,
             num_logits,
             prefill_pairs,
@@ -1005,9 +1018,6 @@ class CostModel:
             num_prefills,
             num_decodes,
         )
-        if self._window:
-            return self._rank_time(BatchShape(*fields), None, num_tokens)
-        return self._iteration_time(*fields)
 
     def attention_time(self, shape: BatchShape, window: WindowShape | None = None) -> float:
         """The prefill and decode attention parts of ``iteration_time`` alone (with the measured

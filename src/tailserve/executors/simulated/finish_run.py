@@ -26,6 +26,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from tailserve.executors.simulated import driver  # the driver imports this module through decode_run
 from tailserve.executors.simulated.decode_run import MAX_RUN, SHORT_RUN, walk_iterations
 from tailserve.executors.simulated.fast_paths import FastPaths
 
@@ -132,8 +133,6 @@ def run_past_finishes(
 
 def _steady_after_run(engine: Engine) -> bool:
     # Looked up per call: the driver's own test (a test may wrap it).
-    from tailserve.executors.simulated import driver
-
     return driver.steady_after_run(engine)
 
 
