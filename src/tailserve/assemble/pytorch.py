@@ -112,6 +112,10 @@ def torch_parts(
         torch_dtype,
         dev,
     )
+    if dev.type == "cpu":
+        # Backed now rather than a page fault at a time while serving (~0.2 ms of a decode step
+        # at batch 64 until the cache has been used once; docs/executor.md "r46").
+        paged.populate()
     swap = None
     if parts.num_cpu_blocks:
         swap = CpuSwapSpace(config.num_hidden_layers, parts.num_cpu_blocks, paged)
