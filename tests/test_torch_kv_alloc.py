@@ -31,7 +31,7 @@ def test_building_the_cache_backs_only_the_spare_block() -> None:
 
 
 def test_a_cache_larger_than_the_available_memory_is_refused_at_build(monkeypatch, tmp_path) -> None:
-    """Its pages are backed only on first use, so the size is checked against MemAvailable."""
+    """The size is checked against MemAvailable before any page of the cache is backed."""
     import pytest
 
     from tailserve.assemble import pytorch as assemble
