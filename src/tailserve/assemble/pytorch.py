@@ -113,7 +113,7 @@ def torch_parts(
         dev,
     )
     if dev.type == "cpu":
-        # Backed now rather than a page fault at a time while serving (~0.2 ms of a decode step
+        # Backed now rather than a page fault at a time while serving (~0.15 ms of a decode step
         # at batch 64 until the cache has been used once; docs/executor.md "r46").
         paged.populate()
     swap = None
@@ -135,8 +135,8 @@ def kv_budget_bytes(lm: LlamaModel, dev: torch.device, gmu: float, kv_gib: float
         raise ValueError(f"kv_cache_memory_gib must be positive, got {kv_gib}")
     if dev.type == "cpu":
         budget = (kv_gib if kv_gib is not None else DEFAULT_CPU_KV_CACHE_GIB) * GIB
-        # An oversized cache would run the machine out of memory as its pages are backed (at build, or
-        # as serving fills it where ``populate`` is refused): refuse it here, with the sizes.
+        # An oversized cache would run the machine out of memory as its pages are backed (at
+        # build, or as serving fills it where ``populate`` is refused): refuse it here instead.
         available = cpu_memory_available()
         if available is not None and budget > available:
             raise ValueError(

@@ -3,8 +3,8 @@
 A tensor from ``torch.empty`` is backed page by page as it is first written. For the paged KV
 cache that is during serving: a decode step at batch 64 of the tiny model reaches ~66 new 4 KiB
 pages (one per 8 tokens a request adds, per layer's K and V), and each minor fault cost ~2.4 us
-inside a step on this VM (docs/executor.md "r46"), ~0.2 ms a step until the whole cache has been
-used once. vLLM's CPU backend allocates its cache with ``torch.zeros`` (``allocate_kv_cache`` in
+inside a step on this VM (docs/executor.md "r46"), ~0.15 ms a step until the whole cache has
+been used once. vLLM's CPU backend allocates its cache with ``torch.zeros`` (``allocate_kv_cache`` in
 ``vllm/v1/worker/utils.py``), which backs every page at start-up the same way, one fault at a
 time; ``madvise(MADV_POPULATE_WRITE)`` backs them in one call, without a fault per page.
 """
