@@ -51,6 +51,26 @@ def test_argmax_rows_nan_reports_a_nan_logit() -> None:
     assert cpu_kernels.argmax_rows_nan(logits)[1] is False
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, BF16, torch.float16])
+def test_argmax_rows_first_maximum_at_every_block_edge(dtype: torch.dtype) -> None:
+    """The search tests 64 values at a time, then that block one by one: the first maximum on
+    either side of a block edge, several in one block, in a later block and in the tail, and
+    signed zeros (equal as floats), as torch.argmax over the float32 copy picks them."""
+    vocab = 64 * 5 + 17
+    logits = torch.full((12, vocab), -1.0)
+    for row, cols in enumerate(([63, 64], [64, 63 + 64], [0, 64], [127, 128, 300], [5, 9, 40],
+                                [320], [vocab - 1], [255, vocab - 1], [191], [64 * 5], [])):  # fmt: skip
+        logits[row, cols] = 3.0
+    logits[11, :] = 0.0
+    logits[11, :70] = -0.0  # -0.0 == 0.0: the first zero, whatever its sign
+    logits = logits.to(dtype)
+    want = logits.float().argmax(dim=-1)
+    assert want[3] == 127 and want[11] == 0
+    assert torch.equal(cpu_kernels.argmax_rows(logits), want)
+    many = torch.randint(-3, 4, (64, 8192), generator=torch.Generator().manual_seed(9)).to(dtype)
+    assert torch.equal(cpu_kernels.argmax_rows(many), many.float().argmax(dim=-1))  # ties everywhere
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 def test_argmax_rows_in_the_model_dtype_equals_the_float32_copy(dtype: torch.dtype) -> None:
     """The sampler's greedy argmax reads the LM head's bf16/fp16 logits: the same tokens and NaN

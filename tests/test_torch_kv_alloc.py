@@ -1,6 +1,7 @@
 """The paged KV cache is allocated without writing it: only the spare block (the null slot that
-masked and padded reads land on) is zeroed, so building an engine does not touch the whole
-cache (2 GiB by default on CPU)."""
+masked and padded reads land on) is zeroed, so building it does not write the whole cache (2 GiB
+by default on CPU). On CPU the engine then backs its pages in one call (``populate``), so that
+serving pays no page fault a block."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_building_the_cache_backs_only_the_spare_block() -> None:
 
 
 def test_a_cache_larger_than_the_available_memory_is_refused_at_build(monkeypatch, tmp_path) -> None:
-    """Its pages are backed only on first use, so the size is checked against MemAvailable."""
+    """The size is checked against MemAvailable before any page of the cache is backed."""
     import pytest
 
     from tailserve.assemble import pytorch as assemble
@@ -46,3 +47,33 @@ def test_a_cache_larger_than_the_available_memory_is_refused_at_build(monkeypatc
         assemble.kv_budget_bytes(None, cpu, 0.9, None)  # type: ignore[arg-type]  (the 2 GiB default)
     with pytest.raises(ValueError, match="lower kv_cache_memory_gib"):
         assemble.kv_budget_bytes(None, cpu, 0.9, 4.0)  # type: ignore[arg-type]
+
+
+def test_populate_backs_every_page_and_keeps_the_values() -> None:
+    num_blocks, block_size, heads, dim = 8192, 16, 4, 64  # 256 MiB in all
+    kv = PagedKVCache(2, num_blocks, block_size, heads, dim, torch.bfloat16, torch.device("cpu"))
+    k, _ = kv.slots(1)
+    k[37] = 1.5
+    before = _rss_bytes()
+    if not kv.populate():
+        import pytest
+
+        pytest.skip("MADV_POPULATE_WRITE is not available here (Linux 5.14 and later)")
+    grown = _rss_bytes() - before
+    total = sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v))
+    assert grown > total - 16 * 2**20, f"populate backed {grown / 2**20:.0f} MiB of {total / 2**20:.0f}"
+    assert bool((k[37] == 1.5).all()) and not k[38].any()
+    for t in (*kv.k, *kv.v):
+        assert not t[num_blocks].any()
+
+
+def test_the_engine_populates_its_cpu_cache(monkeypatch, tmp_path) -> None:
+    from tailserve.executors.pytorch import attention
+    from tailserve.llm import LLM
+    from torch_helpers import micro_model
+
+    calls = []
+    real = attention.PagedKVCache.populate
+    monkeypatch.setattr(attention.PagedKVCache, "populate", lambda self: calls.append(self) or real(self))
+    llm = LLM(str(micro_model(tmp_path)), dtype="float32", kv_cache_memory_gib=0.002)
+    assert calls == [llm.engine.stop_checker.inner.kv]

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tailserve.executors.pytorch import resident
 from tailserve.executors.pytorch.backend import TorchBackend, backend_for
 
 
@@ -46,8 +47,8 @@ class PagedKVCache:
         # ``empty``: nothing reads a slot before a request's K/V is stored there (decodes read
         # ``lengths`` slots, masked and padded ones point at the spare block), so zeroing the
         # whole cache only cost start-up time (2 GiB by default on CPU, seconds on a loaded
-        # machine) and, on CPU, backed every page at once where untouched ones cost nothing. The
-        # spare block (the null slot) must read as zeros: it alone is cleared.
+        # machine, a page fault per 4 KiB). On CPU the engine backs the pages in one call instead
+        # (``populate``). The spare block (the null slot) must read as zeros: it alone is cleared.
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         for t in (*self.k, *self.v):
@@ -57,6 +58,13 @@ class PagedKVCache:
         self.null_slot = num_blocks * block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+
+    def populate(self) -> bool:
+        """Back every page of a CPU cache now (``resident.populate``; the values do not change),
+        so that serving's first writes to each block pay no page faults. The engine does this
+        when it is built, as vLLM's ``torch.zeros`` cache is backed at start-up; False where the
+        pages stay backed on first use (not Linux, a kernel before 5.14, a CUDA cache)."""
+        return all([resident.populate(t) for t in (*self.k, *self.v)])
 
     def slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer as [slots, num_kv_heads, head_dim] views."""
