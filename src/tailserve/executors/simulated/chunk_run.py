@@ -166,10 +166,7 @@ def advance_chunk_run(engine: Engine) -> int:
     if free < 0:
         return 0
     executor: SimExecutor = engine.executor  # type: ignore[assignment]  # the driver checked ``applies_to``
-    # ``CostModel.shape_time``'s own tests are settled for the whole run (every iteration has
-    # tokens; ``applies_to``: no window), so each iteration is priced by what it calls, one
-    # call fewer (~650 instructions) per iteration.
-    iteration_time = executor.cost_model._iteration_time
+    shape_time = executor.cost_model.shape_time
     c_p = prompt.num_computed_tokens
     q_pairs = q * (q + 1) // 2
     num_tokens = n + q
@@ -197,13 +194,13 @@ def advance_chunk_run(engine: Engine) -> int:
             del due[j]
             needed += crossing
             due[j + block_size] = due.get(j + block_size, 0) + crossing
-        # ``BatchShape``'s fields, priced without building one (as ``CostModel.shape_time`` does).
+        # ``BatchShape``'s fields, priced without building one (``CostModel.shape_time``).
         if j == k_full:  # the prompt's last chunk: it samples its first token
-            duration = iteration_time(
+            duration = shape_time(
                 n + last, n + 1, last * c_p + last * (last + 1) // 2, last + c_p, decode_kv, 1, n
             )
         else:
-            duration = iteration_time(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
+            duration = shape_time(num_tokens, n, q * c_p + q_pairs, q + c_p, decode_kv, 1, n)
         starts.append(t)
         used.append(used0 + needed)
         t = t + duration
