@@ -154,7 +154,7 @@ class Engine:
             return None
         if self._block_ids:
             sched.add_block_ids(out)
-        return out, start, sched.kv_cache.num_used_blocks, bool(ended)
+        return out, start, sched.kv_cache.used_block_count(), bool(ended)
 
     def complete_step(self, pending: tuple[SchedulerOutput, float, int, bool], result: StepResult) -> None:
         """An iteration's second half: the clock moves by its duration, the scheduler updates."""
@@ -206,7 +206,7 @@ class Engine:
                 self._last_step_finished = bool(ended)
                 return self._idle()
         else:
-            num_used_blocks = sched.kv_cache.num_used_blocks
+            num_used_blocks = sched.kv_cache.used_block_count()
             result = self.executor.execute(out)
             host = result.host_time
             begin = max(self._device_free_at, start + host)

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from tailserve.kv.prefix import PrefixMatch
 
 # Finished by completing (a radix cache keeps what they computed); not aborted nor rejected.
-_COMPLETED = frozenset({RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED})
+# A tuple, not a set: ``in`` a tuple finds a member by identity, while a set hashes it through
+# Enum's Python-level ``__hash__`` (a call per finished request).
+_COMPLETED = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
 
 
 class PolicyHooks(Protocol):

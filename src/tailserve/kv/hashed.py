@@ -33,8 +33,7 @@ class HashedKVCacheManager(KVCacheManager):
         self._tokens: dict[str, Sequence[int]] = {}
         self._num_registered: dict[str, int] = {}  # request id -> blocks registered in the pool
 
-    @property
-    def num_free_blocks(self) -> int:
+    def free_block_count(self) -> int:
         """Free plus evictable cached blocks: what an allocation can take."""
         return self.pool.num_free_blocks
 

@@ -132,7 +132,7 @@ class SarathiPolicy(Policy, FastPaths):
         # arrival among the requests not yet looked at, or the request itself if none is left.
         prefilling: list[Request] = []
         kv = sched.kv_cache
-        has_free = kv.num_free_blocks > 0  # changes only where a block is allocated below
+        has_free = kv.free_block_count() > 0  # changes only where a block is allocated below
         # (Not a bound ``scheduled.append``: Python 3.11 appends a method call inline.)
         scheduled = out.scheduled
         # ``holds`` inlined where the manager answers it from the table's length alone (a call
@@ -161,7 +161,7 @@ class SarathiPolicy(Policy, FastPaths):
                     if not sched.allocate(request, computed + 1):
                         rest = running[running.index(request) :]
                         break
-                    has_free = kv.num_free_blocks > 0
+                    has_free = kv.free_block_count() > 0
                 # Its decode item of an earlier step, the context set anew (``ScheduledRequest``'s
                 # docstring), or a new one, kept until it leaves.
                 item = items.get(request)
@@ -195,7 +195,7 @@ class SarathiPolicy(Policy, FastPaths):
                 batched += 1
                 continue
             while not (
-                sched.kv_cache.num_free_blocks and sched.allocate(request, request.num_computed_tokens + 1)
+                sched.kv_cache.free_block_count() and sched.allocate(request, request.num_computed_tokens + 1)
             ):
                 victim = pending.pop() if pending else request
                 if victim in prefilling:
@@ -206,16 +206,19 @@ class SarathiPolicy(Policy, FastPaths):
             else:
                 out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))
                 batched += 1
-            has_free = kv.num_free_blocks > 0
+            has_free = kv.free_block_count() > 0
 
         # Phase 2: prompts in progress (their blocks were allocated whole at admission).
         preempted = bool(out.preempted)
+        # The chunk size when it is fixed (0 with the dynamic schedule, which ``_chunk_for``
+        # computes per request): no call per prompt per step (~650 instructions each).
+        fixed = cfg.chunk_size if self._chunk_sizes is None else 0
         for request in prefilling:
             if preempted and request not in running:
                 continue
             # ``min(prompt left, budget left)`` spelled out: the builtin parses its arguments as
             # keywords (~1,000 instructions a call), per prompt per stepped iteration.
-            chunk = self._chunk_for(request) - batched
+            chunk = (fixed or self._chunk_for(request)) - batched
             # ``num_remaining_tokens`` inlined (a property: a call through C per read).
             left = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
             if left < chunk:
@@ -229,7 +232,7 @@ class SarathiPolicy(Policy, FastPaths):
         watermark = int(cfg.watermark * kv.num_blocks)
         while sched.waiting and len(running) < cfg.max_num_seqs:
             request = sched.waiting.peek_request()
-            chunk = self._chunk_for(request) - batched  # ``min`` spelled out, as in phase 2
+            chunk = (fixed or self._chunk_for(request)) - batched  # ``min`` spelled out, as in phase 2
             tokens = request.prompt_len + request.num_output_tokens  # ``num_tokens``, inlined
             left = tokens - request.num_computed_tokens
             if left < chunk:

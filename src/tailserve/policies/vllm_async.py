@@ -151,7 +151,7 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
             num_cached = min(known + want, request.num_tokens)
             if hit:
                 assert match is not None
-                free = kv.num_free_blocks
+                free = kv.free_block_count()
                 if cfg.scheduler_reserve_full_isl and (
                     kv.num_blocks_needed_after_hit(match, request.num_tokens) + reserve > free
                 ):

@@ -166,7 +166,7 @@ def advance_async_decode_run(engine: Engine) -> int:
         forward = executor.decode_step_duration(n, num_context) - host
         if forward > 0 and wake - now < forward * (k_max - 3):
             k_max = int((wake - now) / forward) + 3
-    free = kv.num_free_blocks - policy.decode_reserve_blocks
+    free = kv.free_block_count() - policy.decode_reserve_blocks
     if free < 0:
         return 0  # the policy's reserve is already broken: the next step preempts
     begins: list[float] = []
@@ -195,7 +195,7 @@ def advance_async_decode_run(engine: Engine) -> int:
     if not k and skip is None:
         return 0
 
-    used0 = kv.num_used_blocks
+    used0 = kv.used_block_count()
     # The outputs of the step in flight and of the run's steps but the last, which stays in
     # flight, each applied at the end of its step.
     token_times = [flight.end, *ends] if skip is not None else [flight.end, *ends[:-1]]

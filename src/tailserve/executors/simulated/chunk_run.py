@@ -31,7 +31,7 @@ to plain stepping for both.
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.fast_paths import FastPaths
@@ -53,7 +53,8 @@ def advance_chunk_run(engine: Engine) -> int:
     """Advance through the determined chunk-beside-decodes iterations; returns how many (0
     when the next iteration must be stepped normally)."""
     sched = engine.scheduler
-    policy = cast(FastPaths, sched.policy)  # the driver checked
+    # Annotated, not ``typing.cast``: that is a Python call (~450 instructions) per run.
+    policy: FastPaths = sched.policy  # type: ignore[assignment]  # the driver checked
     budget = policy.chunk_run_budget()
     kv = sched.kv_cache
     running = sched.running
@@ -161,16 +162,16 @@ def advance_chunk_run(engine: Engine) -> int:
     # arrival: the run must stop there, before the router acts, exactly as the step loop does.
     horizon = source.horizon
     # Sarathi keeps one free (phase 1 preempts when none is); TGI reserved every block up front.
-    free = kv.num_free_blocks - policy.decode_reserve_blocks
+    free = kv.free_block_count() - policy.decode_reserve_blocks
     if free < 0:
         return 0
-    cost_model = cast(SimExecutor, engine.executor).cost_model  # the driver checked ``applies_to``
-    shape_time = cost_model.shape_time
+    executor: SimExecutor = engine.executor  # type: ignore[assignment]  # the driver checked ``applies_to``
+    shape_time = executor.cost_model.shape_time
     c_p = prompt.num_computed_tokens
     q_pairs = q * (q + 1) // 2
     num_tokens = n + q
     needed = 0
-    used0 = kv.num_used_blocks
+    used0 = kv.used_block_count()
     t = now
     times: list[float] = []  # end of each iteration
     starts: list[float] = []

@@ -244,6 +244,9 @@ class CostModel:
         self._init_mla_projections(m, tp)
         self._num_gemms = GEMMS_PER_LAYER * m.num_layers
         self._linear_cache: dict[tuple[int, int], float] = {}
+        # ``_comm`` per token count, for ``_iteration_time`` (a dict read, not a call, per
+        # priced iteration).
+        self._comm_cache: dict[int, float] = {}
         # (N, K) of each GEMM of one layer on this shard, for the per-GEMM wave form.
         self._gemm_shapes = gemm_shapes(
             m.hidden_size,
@@ -893,12 +896,20 @@ class CostModel:
     ) -> Any:
         """``iteration_time`` from ``BatchShape``'s fields, in its order (numpy arrays for the
         decode fields of a vectorised decode run)."""
-        linear = self._linear(num_tokens, num_logits)
+        # ``_linear``'s memo read here, the call only on a miss, and ``_comm`` memoised: every
+        # priced iteration comes here, a call costs ~650 instructions, and a run sees few
+        # distinct token counts (the memos hit nearly always).
+        linear = self._linear_cache.get((num_tokens, num_logits))
+        if linear is None:
+            linear = self._linear(num_tokens, num_logits)
+        comm = self._comm_cache.get(num_tokens)
+        if comm is None:
+            comm = self._comm_cache[num_tokens] = self._comm(num_tokens)
         if self._mla_block is not None:  # the whole MLA block from the measured module rows
             mla = self._mla_table_time(
                 num_tokens, prefill_pairs, prefill_kv, decode_kv, num_prefills, num_decodes
             )
-            return linear + mla + self._comm(num_tokens) + self.efficiency.overhead
+            return linear + mla + comm + self.efficiency.overhead
         prefill = self._attention(prefill_pairs, prefill_kv, self._prefill_rates, self._prefill_pair_flops)
         # A decode's query attends to each of its KV tokens once: pairs == KV tokens.
         decode = self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
@@ -906,7 +917,7 @@ class CostModel:
             linear = linear + (self._mla_prefill_path(num_prefills) if prefill_kv else 0.0)
             if isinstance(decode_kv, np.ndarray) or decode_kv:
                 linear = linear + self._mla_decode_path(num_decodes, decode_kv)
-        return linear + prefill + decode + self._comm(num_tokens) + self.efficiency.overhead
+        return linear + prefill + decode + comm + self.efficiency.overhead
 
     def linear_time(self, num_tokens: int, num_logits: int = 0) -> float:
         """Seconds the GEMMs of ``num_tokens`` new tokens take (the LM head for ``num_logits``)."""

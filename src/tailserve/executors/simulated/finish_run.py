@@ -79,7 +79,7 @@ def run_past_finishes(
     due: dict[int, int] | None = None  # built at the first continuation
     while True:
         k = len(durations)
-        used0 = kv.num_used_blocks + owed
+        used0 = kv.used_block_count() + owed
         log.extend_decode_run(times[:-1], durations, n_left, [used0 + x for x in need])
         acc.extend(times[1:])
         steps += k
@@ -99,9 +99,9 @@ def run_past_finishes(
             engine.end_run([], end)
             return steps
         fin = sorted(order[first:p])  # running order, the order stepping finishes them in
-        free_before = kv.num_free_blocks
+        free_before = kv.free_block_count()
         done = sched.update_run([running[i] for i in fin], [held_tokens[i] for i in fin], acc)
-        owed -= free_before - kv.num_free_blocks
+        owed -= free_before - kv.free_block_count()
         policy.on_decode_run(sched, k)
         engine.end_run(done, end)
         n_left -= len(fin)
@@ -123,7 +123,7 @@ def run_past_finishes(
             bound = int((wake - now) / executor.decode_step_duration(n_left, num_context)) + 1
             if bound < k_max:
                 k_max = bound
-        free = kv.num_free_blocks - owed - reserve
+        free = kv.free_block_count() - owed - reserve
         seg = _segment(executor, n_left, num_context, now, wake, k_max, due, steps, block_size, free)
         if seg is None:
             _catch_up(sched, running, held_tokens, order, p, acc)

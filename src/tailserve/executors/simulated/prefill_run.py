@@ -64,7 +64,7 @@ def advance_lone_chunk_run(engine: Engine) -> int:
         if not sched.allocate(request, computed + q):
             raise AssertionError(f"lone chunk run: no KV room for {request.request_id}'s chunk")
         if engine.options.keep_iteration_log:
-            log.record(start, end - start, q, 0, 1, kv.num_used_blocks, 0)
+            log.record(start, end - start, q, 0, 1, kv.used_block_count(), 0)
         request.num_computed_tokens = computed + q  # a partial chunk: nothing sampled
     last = SchedulerOutput()
     last.scheduled.append(ScheduledRequest(request, q, request.num_computed_tokens - q))
