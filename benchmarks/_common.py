@@ -140,6 +140,11 @@ def cpu_line() -> str:
     return f"CPU: {model or 'unknown model'}, {os.cpu_count()} cores; {flags}"
 
 
+def load_averages() -> list[str]:
+    """The 1-, 5- and 15-minute load averages as ``/proc/loadavg`` writes them."""
+    return Path("/proc/loadavg").read_text().split()[:3]
+
+
 def run_stamp(name: str, show: Callable[[str], object] = print) -> dict[str, Any]:
     """Print the CPU line and the load average and time beside a run's figures (with ``show``, a
     console's ``print`` for a rich table's benchmark), and return the results' header: the

@@ -28,7 +28,7 @@ import tempfile
 import types
 from pathlib import Path
 
-from benchmarks._common import cpu_line, save_results
+from benchmarks._common import cpu_line, load_averages, save_results
 from benchmarks._decode_batch import alternate, fill, kernel_switch, time_linear_and_attention
 from benchmarks._decode_batch import medians as side_medians
 from benchmarks.decode_step_ab import build, old_source
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fill(engine, args.steps)
     times = alternate(engine, args.steps, use, spent)
-    load = Path("/proc/loadavg").read_text().split()[:3]
+    load = load_averages()
     print(cpu_line(), flush=True)
     print(f"level {level}, {args.threads} threads; load average {' '.join(load)}; old = {args.old}")
     medians = side_medians(times)

@@ -20,12 +20,11 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks._common import cpu_line, save_results
+from benchmarks._common import cpu_line, load_averages, save_results
 from benchmarks._decode_batch import BATCH, fill
 from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, executor, model
 from tailserve.executors.pytorch.init_model import default_model_dir
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         per_phase["engine other"].append(step - sum(phases.values()))
         for k, v in phases.items():
             per_phase[k].append(v)
-    load = Path("/proc/loadavg").read_text().split()[:3]
+    load = load_averages()
     print(cpu_line())
     level = cpu_isa.detect().level
     print(f"level {level}, {args.threads} threads, torch {torch.__version__}, load average {' '.join(load)}")

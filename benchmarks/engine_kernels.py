@@ -43,7 +43,7 @@ importlib.import_module("tailserve.executors.pytorch")  # torch with tailserve's
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import cpu_line, gated, save_results  # noqa: E402
+from benchmarks._common import cpu_line, gated, load_averages, save_results  # noqa: E402
 from benchmarks._roofline import measure_copy_bandwidth  # noqa: E402
 from tailserve.executors.pytorch import attention, cpu_isa, cpu_kernels  # noqa: E402
 from tailserve.executors.pytorch.cpu_backend import PackedLinear, can_pack, linear_path  # noqa: E402
@@ -53,7 +53,7 @@ BF16, CPU = torch.bfloat16, torch.device("cpu")
 
 
 def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
+    return " ".join(load_averages())
 
 
 def read_bandwidth(size_mib: int = 256, reps: int = 5) -> float:
