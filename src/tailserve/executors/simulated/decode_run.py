@@ -110,8 +110,9 @@ def advance_decode_run(engine: Engine) -> int:
     if wake is not None and k_max > SHORT_RUN:
         # Iterations only get longer as contexts grow, so the first one bounds how many start
         # before the wake-up. Only to bound a long run: a short run's walk stops at the wake
-        # itself, and pricing its few iterations past it costs less than this call (a cost-model
-        # call, ~3,500 instructions, in most runs and every segment of ``finish_run``).
+        # itself, and pricing its few iterations past it costs less than this cost-model call
+        # did in most runs and every segment of ``finish_run`` (``vllm`` at 2,000 requests: 2,695
+        # calls, 127 left; 2.2% of the loop's instructions).
         first = executor.decode_step_duration(n, num_context)
         bound = int((wake - now) / first) + 1  # ``min`` spelled out: once per run
         if bound < k_max:
