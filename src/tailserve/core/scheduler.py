@@ -102,6 +102,11 @@ class Scheduler:
         self.num_released = 0  # requests handed over by ``pop_finished``
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
+        # The time of the last ``update`` if every running request sampled one token in it (so
+        # each is one token behind then), else None; the simulator's chunk run sets it too, at
+        # the end of a run whose prompt sampled. The driver reads it while the clock is still
+        # there instead of scanning the batch for the same fact (``driver.steady``).
+        self.one_behind_at: float | None = None
         # vLLM's async scheduling: the engine applies each step's outputs after scheduling the
         # next (``Engine``), with the policy's outputs ``advanced`` (``advance_scheduled``).
         self.async_scheduling = bool(policy.async_scheduling())
@@ -171,6 +176,7 @@ class Scheduler:
 
     # ---- the iteration ------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
+        self.one_behind_at = None  # the next update says it anew
         out = self.policy.schedule(self, now)
         self.last_output = out
         return out
@@ -186,9 +192,11 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Apply an executed iteration at time ``now``; returns the requests that finished."""
+        self.one_behind_at = None
         if out.advanced:
             return self.update_advanced(out, result, now)
         done: list[Request] = []
+        partial = False  # some scheduled request did not sample exactly one token
         token_ids = result.token_ids
         stopped = result.stopped
         scheduled = out.scheduled
@@ -209,11 +217,13 @@ class Scheduler:
         for item in scheduled:
             request = item.request
             if item.num_spec_tokens:
+                partial = True
                 if self._apply_verify(item, result, now):
                     done.append(request)
                 continue
             computed = request.num_computed_tokens = request.num_computed_tokens + item.num_new_tokens
             if computed != request.prompt_len + request.num_output_tokens:
+                partial = True
                 continue  # a partial prefill chunk: nothing sampled yet
             outputs = request.num_output_tokens = request.num_output_tokens + 1
             request.token_times.append(now)
@@ -225,6 +235,10 @@ class Scheduler:
             elif outputs >= request.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
                 done.append(request)
+        # Every running request was scheduled (the finished ones leave below) and sampled one
+        # token: each is one token behind, what ``steady`` otherwise scans the batch for.
+        if not partial and len(out.scheduled) == len(self.running):
+            self.one_behind_at = now
         if done:
             self.finish(done, now)
         return done

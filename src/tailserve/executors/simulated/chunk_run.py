@@ -226,4 +226,9 @@ def advance_chunk_run(engine: Engine) -> int:
             done.sort(key=_arrival)
     policy.on_chunk_run(sched, prompt, k)
     engine.end_run(done, t)
+    if k > k_full:
+        # The prompt's last chunk ran: it sampled its first token (not its last: ``with_last``),
+        # every decode one token, so each request left is one token behind at ``t``, as
+        # ``Scheduler.update`` notes after a step (the driver's ``steady`` then skips its scan).
+        sched.one_behind_at = t
     return k

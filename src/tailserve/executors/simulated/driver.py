@@ -120,10 +120,15 @@ def steady(engine: Engine) -> bool:
             return False
         if out.padding or out.swapped_in or out.swapped_out or len(out.scheduled) != len(running):
             return False
-    # Newest last: a prompt still being computed is found first from the end.
-    for request in reversed(running):
-        if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
-            return False
+    # Every request one token behind. Right after a step whose update found so (the clock
+    # still at its time: any iteration or idle wait since moves it) the batch is not scanned
+    # again: that scan of every request showed in each step that a decode run follows
+    # (1.2% / 1.7% of the Sarathi / vLLM loop at 2,000 requests).
+    if sched.one_behind_at != engine.clock.now:
+        # Newest last: a prompt still being computed is found first from the end.
+        for request in reversed(running):
+            if request.prompt_len + request.num_output_tokens - request.num_computed_tokens != 1:
+                return False
     if waiting:
         assert out is not None  # checked above
         for item in out.scheduled:

@@ -119,7 +119,7 @@ def run_past_finishes(
             k_max = MAX_RUN
         num_context = num_ctx + n_left * (steps + 1)
         wake = engine.next_wake(now)
-        if wake is not None:
+        if wake is not None and k_max > SHORT_RUN:  # as ``decode_run`` bounds a long run only
             bound = int((wake - now) / executor.decode_step_duration(n_left, num_context)) + 1
             if bound < k_max:
                 k_max = bound
