@@ -5,9 +5,11 @@ drawn in blocks: Poisson arrivals, log-normal lengths), finished ones go into th
 ``FinishedStore`` (``EngineOptions(stream_finished=True)``), so nothing grows with the request
 count except the arrays the summary needs: ~56 bytes per request, 36 per iteration, 8 per output
 token (the pooled ITL keeps every gap, for exact percentiles and mean). Llama-3-8B on one
-A100-80GB. Each run is its own process (peak RSS from ``os.wait4``).
+A100-80GB. Each run is its own process (peak RSS from ``os.wait4``). The loop is the one
+``tailserve simulate`` runs: ``SimDriver`` with its exact fast paths between steps (``--stepped``:
+every iteration stepped, the engine's own loop, as this benchmark ran before r47).
 
-    python -m benchmarks.sim_memory [--requests 1000000] [--policy vllm] [--out FILE]
+    python -m benchmarks.sim_memory [--requests 1000000] [--policy vllm] [--stepped] [--out FILE]
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ def requests(n: int, rate: float, seed: int):
         made += k
 
 
-def worker(n: int, policy: str, rate: float, seed: int) -> None:
+def worker(n: int, policy: str, rate: float, seed: int, stepped: bool) -> None:
     from tailserve.assemble import BuildOptions, build_engine
     from tailserve.core.engine import EngineOptions
     from tailserve.core.stream_source import IteratorSource
     from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.executors.simulated.driver import SimDriver
     from tailserve.metrics.summary import summarize
 
     built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
@@ -64,7 +67,7 @@ def worker(n: int, policy: str, rate: float, seed: int) -> None:
         source=IteratorSource(requests(n, rate, seed)),
     ).engine
     t0 = time.perf_counter()
-    engine.run()
+    engine.run() if stepped else SimDriver(engine).run()
     loop = time.perf_counter() - t0
     rss_loop = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     store = engine.finished_store
@@ -107,15 +110,19 @@ def main() -> None:
     parser.add_argument("--policy", default="vllm", help="policy spec (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=5.0, help="arrivals per second (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stepped", action="store_true", help="step every iteration (no fast paths): the engine's own loop"
+    )
     parser.add_argument("--out", default=None, help="results JSON (default: benchmarks/out/sim_memory.json)")
     args = parser.parse_args()
     if args.requests < 1 or args.rate <= 0:
         raise SystemExit("sim_memory: error: --requests must be >= 1 and --rate > 0")
     if args.worker:
-        worker(args.requests, args.policy, args.rate, args.seed)
+        worker(args.requests, args.policy, args.rate, args.seed, args.stepped)
         return
     cmd = module_cmd(sys.executable, "sim_memory", "--worker", "--requests", args.requests)
     cmd += ["--policy", args.policy, "--rate", str(args.rate), "--seed", str(args.seed)]
+    cmd += ["--stepped"] if args.stepped else []
     load_start = os.getloadavg()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
@@ -131,6 +138,7 @@ def main() -> None:
         result = json.loads(out.read().strip().splitlines()[-1])
     result.update(
         policy=args.policy,
+        loop="stepped" if args.stepped else "SimDriver",
         rate_req_per_s=args.rate,
         process_s=wall,
         cpu_s=usage.ru_utime + usage.ru_stime,
@@ -140,7 +148,7 @@ def main() -> None:
     )
     print(
         f"{result['requests']:,} requests ({result['finished']:,} finished, {result['iterations']:,} iterations, "
-        f"{result['output_tokens']:,} output tokens), {args.policy}: loop {result['loop_s']:.1f} s, "
+        f"{result['output_tokens']:,} output tokens), {args.policy}, {result['loop']}: loop {result['loop_s']:.1f} s, "
         f"process {wall:.1f} s, peak RSS {result['peak_rss_mib']:,} MiB; load "
         f"{' '.join(f'{x:.2f}' for x in load_start)}"
     )
