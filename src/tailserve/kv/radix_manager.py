@@ -34,9 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
-from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
+from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager, int64s
 from tailserve.kv.radix import RadixCache, RadixNode, _common_len
 
 if TYPE_CHECKING:
@@ -290,7 +288,7 @@ class RadixKVCacheManager(KVCacheManager):
     def release(self, block_ids: list[int]) -> None:
         """Drop the tree's reference on each block (``RadixCache.evict``'s ``free_fn``)."""
         # In node order (``_unref``, vectorised as a request's release is).
-        self._unref(np.fromiter(block_ids, dtype=np.int64, count=len(block_ids)))
+        self._unref(int64s(block_ids))
         self._tree_refs -= len(block_ids)
 
     def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
