@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
+from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager, int64s
 from tailserve.kv.radix import RadixCache, RadixNode, _common_len
 
 if TYPE_CHECKING:
@@ -187,7 +187,10 @@ class RadixKVCacheManager(KVCacheManager):
         admission's ``limit``) with its slots, the lock moving to the new deepest node
         (``cache_unfinished_req``); nothing for a request that holds no path."""
         held = self._held.get(request_id)
-        if held is not None:
+        # The engine's async path (SGLang's overlap scheduler) asks after every decode step;
+        # past its admission's limit a request has nothing more to insert, known here without
+        # ``_insert``'s call and lookups (one per decode per step).
+        if held is not None and held.inserted < held.limit:
             self._insert(request_id, held, min(num_computed_tokens, held.limit))
 
     @property
@@ -266,7 +269,7 @@ class RadixKVCacheManager(KVCacheManager):
     # ---- references ------------------------------------------------------------------------
     def share(self, request_id: str, block_ids: list[int]) -> None:
         """Append already-referenced blocks (cached slots) to the request's table, ref += 1."""
-        refs = self._ref_counts
+        refs = self._live_refs()
         for block_id in block_ids:
             if refs[block_id] <= 0:
                 raise ValueError(f"block {block_id} is free; only held blocks can be shared")
@@ -275,7 +278,7 @@ class RadixKVCacheManager(KVCacheManager):
 
     def hold(self, block_ids: list[int]) -> None:
         """One reference for the tree on each (already referenced) block."""
-        refs = self._ref_counts
+        refs = self._live_refs()
         for block_id in block_ids:
             if refs[block_id] <= 0:
                 raise ValueError(f"block {block_id} is free; the tree can only adopt held blocks")
@@ -284,12 +287,8 @@ class RadixKVCacheManager(KVCacheManager):
 
     def release(self, block_ids: list[int]) -> None:
         """Drop the tree's reference on each block (``RadixCache.evict``'s ``free_fn``)."""
-        refs = self._ref_counts
-        free = self._free
-        for block_id in block_ids:
-            refs[block_id] -= 1
-            if refs[block_id] == 0:
-                free.append(block_id)
+        # In node order (``_unref``, vectorised as a request's release is).
+        self._unref(int64s(block_ids))
         self._tree_refs -= len(block_ids)
 
     def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:

@@ -643,10 +643,10 @@ class SglangPolicy(Policy, FastPaths):
                 self.allocate(sched, request, committed + reserve)  # checked by the caller
                 out.scheduled.append(ScheduledRequest(request, verify, computed, num_spec_tokens=drafts))
             return
+        self.radix.allocate_decodes(sched, decodes)  # checked by the caller; page size 1 never fails
+        scheduled = out.scheduled
         for request in decodes:
-            computed = request.num_computed_tokens
-            self.allocate(sched, request, computed + 1)  # checked by the caller; page size 1 never fails
-            out.scheduled.append(scheduled_decode(request, computed))
+            scheduled.append(scheduled_decode(request, request.num_computed_tokens))
 
     # ---- fast path -----------------------------------------------------------------------
     def notes(self) -> list[str]:

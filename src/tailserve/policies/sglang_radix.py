@@ -118,6 +118,22 @@ class SglangRadix:
                 sched.evict_cached(short)
         return sched.allocate(request, num_total_tokens)
 
+    def allocate_decodes(self, sched: Scheduler, decodes: list[Request]) -> None:
+        """``alloc_for_decode``: one more slot for each decode (its last token's), in batch
+        order, as ``allocate`` for each would (the caller checked the batch fits). Each needs
+        at most one new slot (it holds its computed tokens), so when the free slots number at
+        least the batch no ``allocate`` of the loop would evict or fail: the manager takes the
+        same slots for the whole batch in one call (``allocate_each``), where the chain of
+        calls per decode per step (policy, cache, scheduler, manager) took 2.7 s of a 9.1 s
+        cProfile of 5,000 long-prompt requests stepped (r47). Otherwise (eviction may interleave with
+        the slots taken) the loop."""
+        kv = sched.kv_cache
+        if len(decodes) <= kv.free_block_count() and not kv.prefix_caching:
+            kv.allocate_each([r.request_id for r in decodes], [r.num_computed_tokens + 1 for r in decodes])
+            return
+        for request in decodes:
+            self.allocate(sched, request, request.num_computed_tokens + 1)
+
     def evict_for(self, num_tokens: int) -> None:
         """``release_req`` after a retraction: evict until ``num_tokens`` slots are free."""
         kv = self._sched.kv_cache

@@ -83,6 +83,16 @@ def steady(engine: Engine) -> bool:
     out = flight.out
     if len(out.scheduled) != len(running):
         return False
+    waiting = sched.waiting
+    if waiting and (engine.last_step_finished or out.num_admitted or out.preempted):
+        return False
+    policy = sched.policy
+    assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
+    # The policy's answer (a question) before the walks over the batch: SGLang's overlap
+    # scheduler, whose answer is always no, paid them after every step (~2 us an iteration of
+    # ~50 on long prompts, r47).
+    if not policy.can_fast_forward(sched):
+        return False
     for item, request in zip(out.scheduled, running):
         if (
             item.request is not request
@@ -90,18 +100,12 @@ def steady(engine: Engine) -> bool:
             or request.num_computed_tokens != request.prompt_len + request.num_output_tokens
         ):
             return False
-    if sched.waiting:
-        if engine.last_step_finished or out.num_admitted or out.preempted:
-            return False
+    if waiting:
         for item in out.scheduled:
             if item.num_new_tokens != 1:
                 return False
     nxt = engine.source.next_arrival_time()
-    if nxt is not None and nxt <= engine.clock.now:
-        return False
-    policy = sched.policy
-    assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
-    return policy.can_fast_forward(sched)
+    return nxt is None or nxt > engine.clock.now
 
 
 def steady_after_run(engine: Engine) -> bool:

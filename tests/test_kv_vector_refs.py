@@ -1,0 +1,74 @@
+"""The reference counts a radix manager keeps are released by numpy (``_unref``) and a batch of
+decodes is allocated in one call (``allocate_each``): the free stack must come out in exactly the
+order the per-slot loops gave, since later allocations hand out its ids (r47)."""
+
+from __future__ import annotations
+
+import random
+
+from tailserve.kv.radix_manager import RadixKVCacheManager
+
+
+def _loop_release(refs: list[int], free: list[int], table: list[int]) -> None:
+    """The per-slot loop ``_release`` ran before r47: tail first, zeros pushed in that order."""
+    for block_id in reversed(table):
+        refs[block_id] -= 1
+        if refs[block_id] == 0:
+            free.append(block_id)
+
+
+def test_release_pushes_freed_slots_in_the_loop_order() -> None:
+    rng = random.Random(7)
+    kv = RadixKVCacheManager(4096, 1)
+    for i in range(20):
+        # Sizes on both sides of the vectorised allocate's threshold.
+        assert kv.allocate(f"r{i}", rng.choice([1, 5, 47, 48, 200, 300])) is not None
+    # Shared slots (ref count 2): a release must leave them held.
+    kv.share("r19", kv.block_tables["r0"][:30])
+    kv.share("r18", kv.block_tables["r1"][::3])
+    kv.check_integrity()
+    for i in rng.sample(range(20), 20):
+        refs = kv._ref_counts
+        free = kv.free_ids()
+        table = list(kv.block_tables[f"r{i}"])
+        _loop_release(refs, free, table)
+        kv.free(f"r{i}")
+        assert kv.free_ids() == free
+        assert kv._ref_counts == refs
+        kv.check_integrity()
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_tree_release_pushes_freed_slots_in_node_order() -> None:
+    """``release`` (evict's ``free_fn``) drops the tree's references in node order."""
+    kv = RadixKVCacheManager(1024, 1)
+    kv.allocate("a", 300)
+    slots = list(kv.block_tables["a"])
+    kv.hold(slots[100:])  # as the tree adopts them
+    kv.free("a")  # the first 100 go back; the tree's stay held
+    refs, free = kv._ref_counts, kv.free_ids()
+    node = slots[250:] + slots[100:250][::-1]  # any order: the stack follows it
+    for block_id in node:
+        refs[block_id] -= 1
+        free.append(block_id)
+    kv.release(node)
+    assert kv.free_ids() == free and kv._ref_counts == refs
+    kv.check_integrity()
+
+
+def test_allocate_each_on_a_radix_manager_takes_the_slots_allocate_would() -> None:
+    rng = random.Random(3)
+    batched, stepped = RadixKVCacheManager(2048, 1), RadixKVCacheManager(2048, 1)
+    for kv in (batched, stepped):
+        for i in range(80):
+            kv.allocate(f"r{i}", 10 + i % 7)
+    for _ in range(10):
+        ids = [f"r{i}" for i in rng.sample(range(80), rng.choice([5, 60, 80]))]
+        totals = [len(batched.block_tables[r]) + rng.choice([0, 1, 1, 2]) for r in ids]
+        batched.allocate_each(ids, totals)
+        for r, total in zip(ids, totals):
+            stepped.allocate(r, total)
+        assert batched.block_tables == stepped.block_tables
+        assert batched.free_ids() == stepped.free_ids()
+        assert batched._ref_counts == stepped._ref_counts
+        batched.check_integrity()
