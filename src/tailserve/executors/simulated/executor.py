@@ -90,6 +90,7 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
     counted neither as a prefill chunk nor as a one-token decode (``BatchShape``'s counts: vLLM's
     MLA backends run it through the decode kernel, not the prefill one)."""
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_prefills = num_decodes = 0
+    spec_tokens = 0  # tokens of verifications longer than one token
     for s in out.scheduled:
         q, c = s.num_new_tokens, s.num_context_tokens
         num_tokens += q
@@ -101,7 +102,14 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
-            num_prefills += not s.num_spec_tokens
+            if s.num_spec_tokens:
+                spec_tokens += q
+            else:
+                num_prefills += 1
+    # ``out.token_counts()`` from this pass, as ``batch_fields`` leaves it: the engine logs it
+    # after every step, which was a second pass over the batch (chunks of more than one token
+    # without drafts are prefill, the rest decode; integer sums).
+    out.counted_tokens = (num_tokens - num_decodes - spec_tokens, num_decodes + spec_tokens)
     return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes)
 
 
