@@ -373,7 +373,22 @@ class Scheduler:
         and it gets ``out.num_spec_tokens_to_schedule`` placeholder drafts for its next step."""
         placeholders = self.async_scheduling
         num_drafts = out.num_spec_tokens_to_schedule
-        for item in out.scheduled:
+        scheduled = out.scheduled
+        head = out.decode_head
+        if head is not None and placeholders:
+            # The leading one-token decodes the policy vouched for (``decode_head``): each
+            # computes the token it lacked and samples, without the tests below (per request
+            # per step).
+            m = head[0]
+            for item in scheduled[:m]:
+                request = item.request
+                request.num_computed_tokens += 1
+                request.num_in_flight_tokens += 1
+                request.is_prefill_chunk = item.partial = False
+                request.num_output_placeholders += 1
+                request.num_draft_tokens = num_drafts
+            scheduled = scheduled[m:]
+        for item in scheduled:
             request = item.request
             n = item.num_new_tokens
             computed = request.num_computed_tokens = request.num_computed_tokens + n

@@ -109,9 +109,10 @@ class SchedulerOutput:
     # ``(m, context)``: the first m entries of ``scheduled`` are one-token decodes without
     # drafts that each sample (one token behind, as every running request between synchronous
     # steps is), their context tokens summing to ``context``; set by a policy that built them so
-    # in one pass of its own (Sarathi's phase 1, vLLM's plain pass when it preempts nobody), so
-    # that ``batch_shape`` and ``Scheduler.update`` need not re-derive it per request. None:
-    # nothing is known.
+    # in one pass of its own (Sarathi's phase 1, vLLM's plain pass and its advanced pass when
+    # they preempt nobody), so that ``batch_shape`` and ``Scheduler.update`` (of an ``advanced``
+    # output: ``advanced_batch_shape`` and ``Scheduler.advance_scheduled``) need not re-derive
+    # it per request. None: nothing is known.
     decode_head: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -198,3 +198,14 @@ class HashedKVCacheManager(KVCacheManager):
                     f"{counted.get(block_id, 0)} table entries"
                 )
         self._check_cpu()
+        # ``registers_from``, which callers trust to skip ``register_computed``: below it no
+        # block can be registered, at it the next key's block can (the table permitting).
+        for request_id in self._keys.keys() | self.registers_from.keys():
+            keys = self._keys.get(request_id)
+            done = self._num_registered.get(request_id, 0)
+            want = (done + 1) * self.block_size if keys and done < len(keys) else None
+            if self.registers_from.get(request_id) != want:
+                raise KVCacheIntegrityError(
+                    f"request {request_id}: registers_from {self.registers_from.get(request_id)} "
+                    f"but {done} of {len(keys or ())} keyed blocks registered"
+                )

@@ -67,6 +67,10 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
     # it: this loop runs per running request per step.
     running = sched.running
     num_running = len(running)
+    # The leading plain decodes that each sample (one token on its placeholder, no drafts), and
+    # their context tokens, for ``decode_head``; ``leading`` ends at the first other entry.
+    leading = True
+    num_leading = context = 0
     i = 0
     while i < num_running and budget > 0:
         request = running[i]
@@ -129,10 +133,21 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
             request.num_draft_tokens = 0  # the drafter proposes the next ones after this step
         if num_spec or want != 1:
             scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
+            leading = False
         else:  # a plain decode, most entries: built without the class call (``scheduled_decode``)
             scheduled.append(scheduled_decode(request, computed))
+            if leading:
+                if computed + 1 == num_tokens + placeholders:  # its one token was all it lacked
+                    num_leading += 1
+                    context += computed
+                else:
+                    leading = False  # a chunk cut to one token: it samples nothing
         budget -= want
         i += 1
+    if not preempted:
+        # Vouched for only where nobody was preempted (a priority victim's entry may have left
+        # the head); the waiting pass appends after it.
+        out.decode_head = (num_leading, context)
 
     # Waiting requests, unless someone was preempted.
     if not preempted:

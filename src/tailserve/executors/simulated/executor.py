@@ -91,7 +91,16 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
     MLA backends run it through the decode kernel, not the prefill one)."""
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_prefills = num_decodes = 0
     spec_tokens = 0  # tokens of verifications longer than one token
-    for s in out.scheduled:
+    scheduled = out.scheduled
+    head = out.decode_head
+    if head is not None:
+        # The policy counted its leading plain decodes as it built them (vLLM's async pass:
+        # one token each, each samples): the pass takes the rest, which most steps lack.
+        num_decodes, context = head
+        num_tokens = num_logits = num_decodes
+        decode_kv = context + num_decodes
+        scheduled = scheduled[num_decodes:]
+    for s in scheduled:
         q, c = s.num_new_tokens, s.num_context_tokens
         num_tokens += q
         if not s.partial:
