@@ -428,10 +428,10 @@ class Scheduler:
             stale = request.num_stale_output_tokens > 0
             if stale:
                 request.num_stale_output_tokens -= item.num_new_tokens
-            if item.partial or (request.status is not running and request.is_finished):
+            was_running = request.status is running
+            if item.partial or (not was_running and request.is_finished):
                 continue  # a prefill chunk, which samples nothing; or left while its step ran
             rid = request.request_id
-            was_running = request.status is running
             if item.num_spec_tokens or rid in stopped:
                 appended, finished = _sample_advanced(item, result, stale, now)
             else:

@@ -32,8 +32,13 @@ class ScheduledRequest:
     free, the kept one a lookup and a store of its context. Nothing else in such an item
     changes: no field of it but ``block_ids``, which ``Scheduler.add_block_ids`` sets for every
     step, is written after the policy returns an output that is not ``advanced``. An output
-    that stays in flight while the next step is scheduled (async scheduling: vLLM's advanced
-    pass, SGLang's overlap) gets items of its own."""
+    that stays in flight while the next step is scheduled (async scheduling) is read until the
+    step after it is scheduled and applied: SGLang's overlap gets items of its own, and vLLM's
+    advanced pass keeps two plain decode items per running request and hands out the one it
+    did not hand out last (its step is two steps back, applied: one step is in flight at a
+    time, ``Engine._step_async``; the async decode run leaves the in-flight step's items in
+    flight, ``async_decode_run.py``). ``Scheduler.advance_scheduled`` sets ``partial`` anew
+    on every advanced item."""
 
     request: Request
     num_new_tokens: int  # tokens computed this iteration: a prefill chunk, or 1 for a decode

@@ -251,6 +251,9 @@ class VllmPolicy(Policy, FastPaths):
         # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s
         # docstring; the advanced pass makes its own, held in flight); dropped in ``on_finished``.
         self._decode_items: dict[Request, ScheduledRequest] = {}
+        # The advanced pass's: two per running request, handed out in turn (its step's item
+        # stays in flight while the next step is scheduled); dropped in ``on_finished`` too.
+        self._advanced_items: dict[Request, list[ScheduledRequest]] = {}
 
     def async_scheduling(self) -> bool:
         return bool(self.config.async_scheduling)
@@ -270,8 +273,10 @@ class VllmPolicy(Policy, FastPaths):
 
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         items = self._decode_items
+        pairs = self._advanced_items
         for request in finished:
             items.pop(request, None)
+            pairs.pop(request, None)
 
     def admits_fcfs(self) -> bool:
         return self.config.scheduling_policy == "fcfs"
@@ -283,7 +288,7 @@ class VllmPolicy(Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         if self._advanced:
-            return schedule_advanced(self.config, self._spec, sched, now)
+            return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items)
         cfg: VllmConfig = self.config
         out = new_output()
         budget = cfg.max_num_batched_tokens

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
 from tailserve.executors.simulated.spec_decode import SpecDecoding
@@ -42,7 +43,15 @@ from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
 
 
-def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now: float) -> SchedulerOutput:
+def schedule_advanced(
+    cfg: Any,
+    spec: SpecDecoding | None,
+    sched: Scheduler,
+    now: float,
+    decode_items: dict[Request, list[ScheduledRequest]],
+) -> SchedulerOutput:
+    """One step of vLLM's scheduler with its own accounting. ``decode_items``: the policy's two
+    plain decode items per running request, handed out in turn (``ScheduledRequest``)."""
     out = new_output()  # ``SchedulerOutput()`` without the class call
     k = spec.num_speculative_tokens if spec is not None else 0
     lookahead = spec.num_lookahead_tokens if spec is not None else 0
@@ -134,8 +143,19 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
         if num_spec or want != 1:
             scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
             leading = False
-        else:  # a plain decode, most entries: built without the class call (``scheduled_decode``)
-            scheduled.append(scheduled_decode(request, computed))
+        else:
+            # A plain decode, most entries: one of the request's two items, the one its step
+            # before last had (the last one's may still be in flight: ``ScheduledRequest``).
+            pair = decode_items.get(request)
+            if pair is None:
+                item = scheduled_decode(request, computed)
+                decode_items[request] = [item, scheduled_decode(request, computed)]
+            else:
+                item = pair[1]
+                pair[1] = pair[0]
+                pair[0] = item
+                item.num_context_tokens = computed
+            scheduled.append(item)
             if leading:
                 if computed + 1 == num_tokens + placeholders:  # its one token was all it lacked
                     num_leading += 1
