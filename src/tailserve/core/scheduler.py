@@ -415,12 +415,12 @@ class Scheduler:
         placeholders = self.async_scheduling
         num_drafts = 0 if placeholders else out.num_spec_tokens_to_schedule
         kv = self.kv_cache
-        # The KV manager's registration threshold (``registers_from``) is tested here instead of
-        # calling ``register_computed`` for every request of every step: a block fills once in
-        # ``block_size`` steps, and under async scheduling this call mostly repeats the one the
-        # next step's scheduling just made for the same tokens. None: every call counts (radix).
+        # The KV manager's registration thresholds (``registers_from``) are tested here instead
+        # of calling ``register_computed`` for every request of every step: a block fills once
+        # in ``block_size`` steps (empty: no request has one left to register), and under async
+        # scheduling this call mostly repeats the one the next step's scheduling just made for
+        # the same tokens. None: every call counts (a radix tree).
         gate = kv.registers_from
-        registers_from = gate.get if gate is not None else None
         running = RequestStatus.RUNNING
         for item in out.scheduled:
             request = item.request
@@ -446,10 +446,10 @@ class Scheduler:
             if placeholders:
                 if not stale:
                     request.num_output_placeholders -= appended
-                if was_running:
+                if was_running and (gate is None or gate):
                     # Blocks filled by tokens now known become matchable (AsyncScheduler).
                     known = request.num_computed_tokens - request.num_output_placeholders
-                    if registers_from is None or known >= registers_from(rid, NEVER):
+                    if gate is None or known >= gate.get(rid, NEVER):
                         kv.register_computed(rid, known)
             if finished:
                 if not was_running:

@@ -62,10 +62,10 @@ def schedule_advanced(
     max_len = sched.max_model_len
     kv = sched.kv_cache
     block_size = kv.block_size
-    # The manager's registration threshold (``registers_from``; prefix caching on: the hashed
-    # manager's), tested before the decodes' registration call below.
-    gate = kv.registers_from
-    registers_from = gate.get if kv.prefix_caching and gate is not None else None
+    # The manager's registration thresholds (``registers_from``; prefix caching on: the hashed
+    # manager's), tested before the decodes' registration call below; empty while no running
+    # request has a block left to register (a workload without token ids: always).
+    gate = kv.registers_from if kv.prefix_caching else None
     waiting = sched.waiting
     scheduled = out.scheduled
     preempted = out.preempted
@@ -92,10 +92,12 @@ def schedule_advanced(
         num_tokens = prompt_len + request.num_output_tokens
         drafts = request.num_draft_tokens
         want = num_tokens + drafts + placeholders - computed
-        if 0 < cap < want:
-            want = cap
-        if want > budget:
-            want = budget
+        if want != 1:
+            if 0 < cap < want:
+                want = cap
+            if want > budget:
+                want = budget
+        # (A grant of 1, most of them, is under any cap and the budget, which is > 0 here.)
         if want > max_len - computed - 1:
             want = max_len - computed - 1
         if want <= 0:
@@ -106,9 +108,9 @@ def schedule_advanced(
             # no block (so preempt nobody), only cache the blocks its known tokens fill. The
             # common step, kept cheap (the decodes of every step an async run steps): its known
             # tokens fill a block once in ``block_size`` steps, so the call is made only then.
-            if registers_from is not None:
+            if gate:
                 known = computed + 1 if computed < num_tokens else num_tokens
-                if known >= registers_from(request.request_id, NEVER):
+                if known >= gate.get(request.request_id, NEVER):
                     sched.cache_computed(request, known)
         else:
             self_preempted = False
