@@ -249,7 +249,7 @@ class VllmPolicy(Policy, FastPaths):
         # (A config made without default_config leaves async_scheduling None: synchronous.)
         self._advanced = bool(config.async_scheduling) or self._spec is not None
         # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s
-        # docstring; the advanced pass makes its own, held in flight); dropped in ``on_finished``.
+        # docstring); dropped in ``on_finished``.
         self._decode_items: dict[Request, ScheduledRequest] = {}
         # The advanced pass's: two per running request, handed out in turn (its step's item
         # stays in flight while the next step is scheduled); dropped in ``on_finished`` too.

@@ -63,8 +63,8 @@ def schedule_advanced(
     kv = sched.kv_cache
     block_size = kv.block_size
     # The manager's registration thresholds (``registers_from``; prefix caching on: the hashed
-    # manager's), tested before the decodes' registration call below; empty while no running
-    # request has a block left to register (a workload without token ids: always).
+    # manager's), tested before the decodes' registration call below; empty while no request
+    # has a keyed block left to register (a workload without token ids: always).
     gate = kv.registers_from if kv.prefix_caching else None
     waiting = sched.waiting
     scheduled = out.scheduled
