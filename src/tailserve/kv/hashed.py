@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from tailserve.kv.block_pool import HashedBlockPool
-from tailserve.kv.paged import NEVER, KVCacheIntegrityError, KVCacheManager
+from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
 from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
 
 
@@ -62,7 +62,10 @@ class HashedKVCacheManager(KVCacheManager):
         return new_blocks
 
     def free(self, request_id: str, num_computed_tokens: int = 0, finished: bool = False) -> int:
-        self._set_registered(request_id, 0)
+        if self._keys:
+            self._set_registered(request_id, 0)
+        else:  # no request has keys, so ``registers_from`` is empty (a call less per request)
+            self._num_registered.pop(request_id, None)
         return super().free(request_id)
 
     def _release(self, table: list[int]) -> int:
@@ -150,9 +153,9 @@ class HashedKVCacheManager(KVCacheManager):
     def register_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Register the request's blocks that are full once ``num_computed_tokens`` are computed
         (only blocks with keys: outputs are keyed only when the workload planned them)."""
-        if num_computed_tokens < self.registers_from.get(request_id, NEVER):
-            return  # no block to register below it (``registers_from``)
-        keys = self._keys[request_id]
+        keys = self._keys.get(request_id)
+        if not keys:
+            return
         done = self._num_registered.get(request_id, 0)
         full = min(
             num_computed_tokens // self.block_size, len(keys), len(self.block_tables.get(request_id, ()))

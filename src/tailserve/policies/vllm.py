@@ -273,10 +273,12 @@ class VllmPolicy(Policy, FastPaths):
 
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         items = self._decode_items
-        pairs = self._advanced_items
         for request in finished:
             items.pop(request, None)
-            pairs.pop(request, None)
+        pairs = self._advanced_items
+        if pairs:  # (empty in the plain pass)
+            for request in finished:
+                pairs.pop(request, None)
 
     def admits_fcfs(self) -> bool:
         return self.config.scheduling_policy == "fcfs"
