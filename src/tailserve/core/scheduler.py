@@ -30,7 +30,7 @@ from tailserve.core.executor import StepResult
 from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from tailserve.kv.paged import KVCacheManager
+from tailserve.kv.paged import NEVER, KVCacheManager
 from tailserve.kv.prefix import block_hashes, keys_from_hash_ids
 
 if TYPE_CHECKING:
@@ -373,12 +373,28 @@ class Scheduler:
         and it gets ``out.num_spec_tokens_to_schedule`` placeholder drafts for its next step."""
         placeholders = self.async_scheduling
         num_drafts = out.num_spec_tokens_to_schedule
-        for item in out.scheduled:
+        scheduled = out.scheduled
+        head = out.decode_head
+        if head is not None and placeholders:
+            # The leading one-token decodes the policy vouched for (``decode_head``): each
+            # computes the token it lacked and samples, without the tests below (per request
+            # per step).
+            m = head[0]
+            for item in scheduled[:m]:
+                request = item.request
+                request.num_computed_tokens += 1
+                request.num_in_flight_tokens += 1
+                request.is_prefill_chunk = item.partial = False
+                request.num_output_placeholders += 1
+                request.num_draft_tokens = num_drafts
+            scheduled = scheduled[m:]
+        for item in scheduled:
             request = item.request
-            request.num_computed_tokens += item.num_new_tokens
-            request.num_in_flight_tokens += item.num_new_tokens
+            n = item.num_new_tokens
+            computed = request.num_computed_tokens = request.num_computed_tokens + n
+            request.num_in_flight_tokens += n
             known = request.prompt_len + request.num_output_tokens  # ``num_tokens``, inlined
-            partial = request.num_computed_tokens < known + request.num_output_placeholders
+            partial = computed < known + request.num_output_placeholders
             request.is_prefill_chunk = item.partial = partial
             if placeholders and not partial:
                 request.num_output_placeholders += 1 + item.num_spec_tokens
@@ -395,11 +411,16 @@ class Scheduler:
         still decodes its next drafts (vLLM's ``update_draft_token_ids``, after the update).
         Finished requests are freed in step order, as vLLM frees them; returns them."""
         done: list[Request] = []
-        accepted = result.num_accepted or {}
         stopped = result.stopped
         placeholders = self.async_scheduling
         num_drafts = 0 if placeholders else out.num_spec_tokens_to_schedule
         kv = self.kv_cache
+        # The KV manager's registration thresholds (``registers_from``) are tested here instead
+        # of calling ``register_computed`` for every request of every step: a block fills once
+        # in ``block_size`` steps (empty: no request has one left to register), and under async
+        # scheduling this call mostly repeats the one the next step's scheduling just made for
+        # the same tokens. None: every call counts (a radix tree).
+        gate = kv.registers_from
         running = RequestStatus.RUNNING
         for item in out.scheduled:
             request = item.request
@@ -407,42 +428,29 @@ class Scheduler:
             stale = request.num_stale_output_tokens > 0
             if stale:
                 request.num_stale_output_tokens -= item.num_new_tokens
-            if item.partial or (request.status is not running and request.is_finished):
+            was_running = request.status is running
+            if item.partial or (not was_running and request.is_finished):
                 continue  # a prefill chunk, which samples nothing; or left while its step ran
             rid = request.request_id
-            num_sampled = 1
-            num_spec = item.num_spec_tokens
-            if num_spec:
-                num_accepted = 0 if item.spec_padding else min(accepted.get(rid, 0), num_spec)
-                num_sampled += num_accepted
-                if not stale:  # a stale count predates the preemption's reset
-                    rejected = num_spec - num_accepted
-                    if request.num_computed_tokens > 0:
-                        request.num_computed_tokens -= rejected
-                    if request.num_output_placeholders > 0:
-                        request.num_output_placeholders -= rejected
-            was_running = request.status is running
-            stop_at = result.stop_index.get(rid, 0) if rid in stopped else -1
-            appended = 0
-            finished = False  # (it was not when its outputs came: ``continue`` above)
-            while appended < num_sampled:
-                request.num_output_tokens += 1
+            if item.num_spec_tokens or rid in stopped:
+                appended, finished = _sample_advanced(item, result, stale, now)
+            else:
+                # One token and no stop, the common step: ``_sample_advanced``'s single pass
+                # without its loop (once per request per step).
+                appended = 1
+                outputs = request.num_output_tokens = request.num_output_tokens + 1
                 request.token_times.append(now)
-                if appended == stop_at:
-                    request.status = RequestStatus.FINISHED_STOPPED
-                    finished = True
-                elif request.num_output_tokens >= request.max_tokens:
-                    request.status = RequestStatus.FINISHED_LENGTH
-                    finished = True
-                appended += 1
+                finished = outputs >= request.max_tokens
                 if finished:
-                    break  # vLLM trims the tokens after a stop
+                    request.status = RequestStatus.FINISHED_LENGTH
             if placeholders:
                 if not stale:
                     request.num_output_placeholders -= appended
-                if was_running:
+                if was_running and (gate is None or gate):
                     # Blocks filled by tokens now known become matchable (AsyncScheduler).
-                    kv.register_computed(rid, request.num_computed_tokens - request.num_output_placeholders)
+                    known = request.num_computed_tokens - request.num_output_placeholders
+                    if gate is None or known >= gate.get(rid, NEVER):
+                        kv.register_computed(rid, known)
             if finished:
                 if not was_running:
                     self.waiting.remove_request(request)  # preempted while its last step ran
@@ -661,3 +669,40 @@ def without(running: list[Request], done: list[Request]) -> list[Request]:
         except ValueError:
             pass  # not running (preempted while its last step ran)
     return kept
+
+
+def _sample_advanced(item: ScheduledRequest, result: StepResult, stale: bool, now: float) -> tuple[int, bool]:
+    """``Scheduler.update_advanced``'s outputs of one request that verified drafts or stopped:
+    1 + its accepted drafts (the rejected ones roll back its computed tokens and placeholders,
+    unless its count is stale), each stamped at ``now`` and checked for the stop and for
+    ``max_tokens``. Returns (tokens appended, whether it finished)."""
+    request = item.request
+    rid = request.request_id
+    num_sampled = 1
+    num_spec = item.num_spec_tokens
+    if num_spec:
+        accepted = result.num_accepted or {}
+        num_accepted = 0 if item.spec_padding else min(accepted.get(rid, 0), num_spec)
+        num_sampled += num_accepted
+        if not stale:  # a stale count predates the preemption's reset
+            rejected = num_spec - num_accepted
+            if request.num_computed_tokens > 0:
+                request.num_computed_tokens -= rejected
+            if request.num_output_placeholders > 0:
+                request.num_output_placeholders -= rejected
+    stop_at = result.stop_index.get(rid, 0) if rid in result.stopped else -1
+    appended = 0
+    finished = False  # (it was not when its outputs came: ``update_advanced`` skips those)
+    while appended < num_sampled:
+        request.num_output_tokens += 1
+        request.token_times.append(now)
+        if appended == stop_at:
+            request.status = RequestStatus.FINISHED_STOPPED
+            finished = True
+        elif request.num_output_tokens >= request.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+            finished = True
+        appended += 1
+        if finished:
+            break  # vLLM trims the tokens after a stop
+    return appended, finished

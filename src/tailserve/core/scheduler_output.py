@@ -32,8 +32,13 @@ class ScheduledRequest:
     free, the kept one a lookup and a store of its context. Nothing else in such an item
     changes: no field of it but ``block_ids``, which ``Scheduler.add_block_ids`` sets for every
     step, is written after the policy returns an output that is not ``advanced``. An output
-    that stays in flight while the next step is scheduled (async scheduling: vLLM's advanced
-    pass, SGLang's overlap) gets items of its own."""
+    that stays in flight while the next step is scheduled (async scheduling) is read until the
+    step after it is scheduled and applied: SGLang's overlap gets items of its own, and vLLM's
+    advanced pass keeps two plain decode items per running request and hands out the one it
+    did not hand out last (its step is two steps back, applied: one step is in flight at a
+    time, ``Engine._step_async``; the async decode run leaves the in-flight step's items in
+    flight, ``async_decode_run.py``). ``Scheduler.advance_scheduled`` sets ``partial`` anew
+    on every advanced item."""
 
     request: Request
     num_new_tokens: int  # tokens computed this iteration: a prefill chunk, or 1 for a decode
@@ -109,9 +114,10 @@ class SchedulerOutput:
     # ``(m, context)``: the first m entries of ``scheduled`` are one-token decodes without
     # drafts that each sample (one token behind, as every running request between synchronous
     # steps is), their context tokens summing to ``context``; set by a policy that built them so
-    # in one pass of its own (Sarathi's phase 1, vLLM's plain pass when it preempts nobody), so
-    # that ``batch_shape`` and ``Scheduler.update`` need not re-derive it per request. None:
-    # nothing is known.
+    # in one pass of its own (Sarathi's phase 1, vLLM's plain pass and its advanced pass when
+    # they preempt nobody), so that ``batch_shape`` and ``Scheduler.update`` (of an ``advanced``
+    # output: ``advanced_batch_shape`` and ``Scheduler.advance_scheduled``) need not re-derive
+    # it per request. None: nothing is known.
     decode_head: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property

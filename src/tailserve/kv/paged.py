@@ -45,6 +45,10 @@ def int64s(ids: Sequence[int]) -> np.ndarray:
     return np.frombuffer(struct.pack(f"{len(ids)}q", *ids), dtype=np.int64)
 
 
+# ``registers_from``'s answer for a request absent from it: above any token count.
+NEVER = 1 << 62
+
+
 class KVCacheIntegrityError(AssertionError):
     """Raised by ``check_integrity`` with the numbers that do not add up."""
 
@@ -98,6 +102,12 @@ class KVCacheManager:
         # 2.29 s of a 9.1 s cProfile of 5,000 requests stepped).
         self._refs: array | None = None if type(self) is KVCacheManager else array("q", bytes(8 * num_blocks))
         self.block_tables: dict[str, list[int]] = {}
+        # request id -> the fewest computed tokens for which ``register_computed`` can make
+        # anything matchable; a request absent from it registers nothing whatever it is called
+        # with. The hashed manager keeps it; a plain manager registers nothing (an empty dict);
+        # None where any call may register (a radix tree inserts tokens). Per-step callers test
+        # it before calling (vLLM's async pass: ``Scheduler.update_advanced``).
+        self.registers_from: dict[str, int] | None = {}
         self.num_cpu_blocks = num_cpu_blocks
         self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
         self.cpu_block_tables: dict[str, list[int]] = {}

@@ -65,6 +65,7 @@ class RadixKVCacheManager(KVCacheManager):
         if flavour not in ("sglang", "tgi"):
             raise ValueError(f"radix cache flavour must be sglang or tgi, got {flavour!r}")
         self.flavour = flavour
+        self.registers_from = None  # ``register_computed`` inserts tokens: every call counts
         # SGLang's keys are per token: with larger pages its cache stays off (as before).
         self._tree_allowed = flavour == "tgi" or block_size == 1
         # The tree whose node values are the references counted by ``hold``; built by

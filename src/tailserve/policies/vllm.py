@@ -249,8 +249,11 @@ class VllmPolicy(Policy, FastPaths):
         # (A config made without default_config leaves async_scheduling None: synchronous.)
         self._advanced = bool(config.async_scheduling) or self._spec is not None
         # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s
-        # docstring; the advanced pass makes its own, held in flight); dropped in ``on_finished``.
+        # docstring); dropped in ``on_finished``.
         self._decode_items: dict[Request, ScheduledRequest] = {}
+        # The advanced pass's: two per running request, handed out in turn (its step's item
+        # stays in flight while the next step is scheduled); dropped in ``on_finished`` too.
+        self._advanced_items: dict[Request, list[ScheduledRequest]] = {}
 
     def async_scheduling(self) -> bool:
         return bool(self.config.async_scheduling)
@@ -272,6 +275,10 @@ class VllmPolicy(Policy, FastPaths):
         items = self._decode_items
         for request in finished:
             items.pop(request, None)
+        pairs = self._advanced_items
+        if pairs:  # (empty in the plain pass)
+            for request in finished:
+                pairs.pop(request, None)
 
     def admits_fcfs(self) -> bool:
         return self.config.scheduling_policy == "fcfs"
@@ -283,7 +290,7 @@ class VllmPolicy(Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         if self._advanced:
-            return schedule_advanced(self.config, self._spec, sched, now)
+            return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items)
         cfg: VllmConfig = self.config
         out = new_output()
         budget = cfg.max_num_batched_tokens

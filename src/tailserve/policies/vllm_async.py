@@ -35,14 +35,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
 from tailserve.executors.simulated.spec_decode import SpecDecoding
+from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
 
 
-def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now: float) -> SchedulerOutput:
-    out = SchedulerOutput()
+def schedule_advanced(
+    cfg: Any,
+    spec: SpecDecoding | None,
+    sched: Scheduler,
+    now: float,
+    decode_items: dict[Request, list[ScheduledRequest]],
+) -> SchedulerOutput:
+    """One step of vLLM's scheduler with its own accounting. ``decode_items``: the policy's two
+    plain decode items per running request, handed out in turn (``ScheduledRequest``)."""
+    out = new_output()  # ``SchedulerOutput()`` without the class call
     k = spec.num_speculative_tokens if spec is not None else 0
     lookahead = spec.num_lookahead_tokens if spec is not None else 0
     drop_hit_block = spec is not None and spec.drops_hit_block
@@ -52,27 +62,42 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
     max_len = sched.max_model_len
     kv = sched.kv_cache
     block_size = kv.block_size
-    prefix_caching = kv.prefix_caching
+    # The manager's registration thresholds (``registers_from``; prefix caching on: the hashed
+    # manager's), tested before the decodes' registration call below; empty while no request
+    # has a keyed block left to register (a workload without token ids: always).
+    gate = kv.registers_from if kv.prefix_caching else None
     waiting = sched.waiting
     scheduled = out.scheduled
     preempted = out.preempted
-    prefill_scheduled = False  # a running request continues a prefill this step
+    prefill_scheduled = False  # a running request continues a prefill this step (read with k)
 
-    # Running requests, oldest admission first.
+    # Running requests, oldest admission first. The list is bound once (``preempt_by_recompute``
+    # removes from this very list) and its length too, refreshed where a preemption can change
+    # it: this loop runs per running request per step.
+    running = sched.running
+    num_running = len(running)
+    # The leading plain decodes that each sample (one token on its placeholder, no drafts), and
+    # their context tokens, for ``decode_head``; ``leading`` ends at the first other entry.
+    leading = True
+    num_leading = context = 0
     i = 0
-    while i < len(sched.running) and budget > 0:
-        request = sched.running[i]
+    while i < num_running and budget > 0:
+        request = running[i]
         computed = request.num_computed_tokens
         placeholders = request.num_output_placeholders
-        if placeholders and computed + 2 - placeholders >= request.prompt_len + request.max_tokens:
+        prompt_len = request.prompt_len
+        if placeholders and computed + 2 - placeholders >= prompt_len + request.max_tokens:
             i += 1  # its last token is already in flight
             continue
-        num_tokens = request.prompt_len + request.num_output_tokens
-        want = num_tokens + request.num_draft_tokens + placeholders - computed
-        if 0 < cap < want:
-            want = cap
-        if want > budget:
-            want = budget
+        num_tokens = prompt_len + request.num_output_tokens
+        drafts = request.num_draft_tokens
+        want = num_tokens + drafts + placeholders - computed
+        if want != 1:
+            if 0 < cap < want:
+                want = cap
+            if want > budget:
+                want = budget
+        # (A grant of 1, most of them, is under any cap and the budget, which is > 0 here.)
         if want > max_len - computed - 1:
             want = max_len - computed - 1
         if want <= 0:
@@ -81,9 +106,12 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
         if want == 1 and not lookahead and computed % block_size:
             # A decode whose slot is in its last, partly filled block: ``allocate`` would take
             # no block (so preempt nobody), only cache the blocks its known tokens fill. The
-            # common step, kept cheap (the decodes of every step an async run steps).
-            if prefix_caching:
-                sched.cache_computed(request, computed + 1 if computed < num_tokens else num_tokens)
+            # common step, kept cheap (the decodes of every step an async run steps): its known
+            # tokens fill a block once in ``block_size`` steps, so the call is made only then.
+            if gate:
+                known = computed + 1 if computed < num_tokens else num_tokens
+                if known >= gate.get(request.request_id, NEVER):
+                    sched.cache_computed(request, known)
         else:
             self_preempted = False
             while not sched.allocate(
@@ -91,8 +119,8 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
                 min(computed + want + lookahead, max_len),
                 num_cached=min(computed + want, request.num_tokens),
             ):
-                victim = waiting.preemption_victim(sched.running)
-                if sched.running.index(victim) < i:
+                victim = waiting.preemption_victim(running)
+                if running.index(victim) < i:
                     i -= 1
                 item = next((s for s in scheduled if s.request is victim), None)
                 if item is not None:  # already scheduled this step (priority): its tokens go back
@@ -104,17 +132,44 @@ def schedule_advanced(cfg: Any, spec: SpecDecoding | None, sched: Scheduler, now
                 if victim is request:
                     self_preempted = True
                     break
+            num_running = len(running)
             if self_preempted:
                 break  # a request that preempted itself ends the running pass
-        prefill_scheduled |= request.is_prefill_chunk
+        if k and request.is_prefill_chunk:  # (only the padding of new decodes reads it)
+            prefill_scheduled = True
         num_spec = 0
-        if request.num_draft_tokens:
+        if drafts:
             known = request.num_tokens + placeholders
-            num_spec = min(max(computed + want - known, 0), request.num_draft_tokens)
+            num_spec = min(max(computed + want - known, 0), drafts)
             request.num_draft_tokens = 0  # the drafter proposes the next ones after this step
-        scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
+        if num_spec or want != 1:
+            scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
+            leading = False
+        else:
+            # A plain decode, most entries: one of the request's two items, the one its step
+            # before last had (the last one's may still be in flight: ``ScheduledRequest``).
+            pair = decode_items.get(request)
+            if pair is None:
+                item = scheduled_decode(request, computed)
+                decode_items[request] = [item, scheduled_decode(request, computed)]
+            else:
+                item = pair[1]
+                pair[1] = pair[0]
+                pair[0] = item
+                item.num_context_tokens = computed
+            scheduled.append(item)
+            if leading:
+                if computed + 1 == num_tokens + placeholders:  # its one token was all it lacked
+                    num_leading += 1
+                    context += computed
+                else:
+                    leading = False  # a chunk cut to one token: it samples nothing
         budget -= want
         i += 1
+    if not preempted:
+        # Vouched for only where nobody was preempted (a priority victim's entry may have left
+        # the head); the waiting pass appends after it.
+        out.decode_head = (num_leading, context)
 
     # Waiting requests, unless someone was preempted.
     if not preempted:

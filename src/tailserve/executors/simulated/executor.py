@@ -89,8 +89,23 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
     context (more tokens, the same KV read), with logits at each of its 1 + s positions; it is
     counted neither as a prefill chunk nor as a one-token decode (``BatchShape``'s counts: vLLM's
     MLA backends run it through the decode kernel, not the prefill one)."""
+    return BatchShape(*advanced_batch_fields(out))
+
+
+def advanced_batch_fields(out: SchedulerOutput) -> tuple[int, int, int, int, int, int, int]:
+    """``advanced_batch_shape``'s fields, in ``BatchShape``'s order."""
     num_tokens = num_logits = pairs = prefill_kv = decode_kv = num_prefills = num_decodes = 0
-    for s in out.scheduled:
+    spec_tokens = 0  # tokens of verifications longer than one token
+    scheduled = out.scheduled
+    head = out.decode_head
+    if head is not None:
+        # The policy counted its leading plain decodes as it built them (vLLM's async pass:
+        # one token each, each samples): the pass takes the rest, which most steps lack.
+        num_decodes, context = head
+        num_tokens = num_logits = num_decodes
+        decode_kv = context + num_decodes
+        scheduled = scheduled[num_decodes:]
+    for s in scheduled:
         q, c = s.num_new_tokens, s.num_context_tokens
         num_tokens += q
         if not s.partial:
@@ -101,8 +116,15 @@ def advanced_batch_shape(out: SchedulerOutput) -> BatchShape:
         else:
             pairs += q * c + q * (q + 1) // 2
             prefill_kv += q + c
-            num_prefills += not s.num_spec_tokens
-    return BatchShape(num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes)
+            if s.num_spec_tokens:
+                spec_tokens += q
+            else:
+                num_prefills += 1
+    # ``out.token_counts()`` from this pass, as ``batch_fields`` leaves it: the engine logs it
+    # after every step, which was a second pass over the batch (chunks of more than one token
+    # without drafts are prefill, the rest decode; integer sums).
+    out.counted_tokens = (num_tokens - num_decodes - spec_tokens, num_decodes + spec_tokens)
+    return num_tokens, num_logits, pairs, prefill_kv, decode_kv, num_prefills, num_decodes
 
 
 def window_shape(out: SchedulerOutput, window: int) -> WindowShape:
@@ -195,6 +217,16 @@ class SimExecutor:
     def _execute_advanced(self, out: SchedulerOutput) -> StepResult:
         """A step of vLLM's own accounting: the target's time, the drafter's and the drafts
         accepted; the per-step overhead is the host time async scheduling hides."""
+        cost = self.cost_model
+        if self._plain:
+            # No CUDA-graph padding, drafts or window: priced from the fields (``shape_time``)
+            # and returned without the class calls, as ``execute`` does a plain step: the frozen
+            # ``BatchShape`` (~2,500 instructions) and the ``StepResult`` (~4,000,
+            # ``step_result``) were made for every async step.
+            fields = advanced_batch_fields(out)
+            result = step_result(cost.shape_time(*fields))
+            result.host_time = cost.efficiency.overhead if fields[0] else 0.0
+            return result
         shape = advanced_batch_shape(out)
         num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
         if self.graph is not None and is_generation_only(out):
@@ -202,7 +234,6 @@ class SimExecutor:
             size = self.graph.padded_batch(n)
             shape = self.graph.pad(shape, n, size)
             num_padded = size - n
-        cost = self.cost_model
         window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
         duration = cost.iteration_time(shape, window)
         accepted: dict[str, int] | None = None
