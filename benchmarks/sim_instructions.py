@@ -6,7 +6,8 @@ does not move, for comparing two versions of the loop on a shared machine.
 
 (the interpreter's real path: a pyenv shim is a shell script valgrind would follow no further).
 The workload is ``sim_speed``'s (the Azure conversation lengths, Poisson arrivals at 5 req/s,
-seed 0) and the policy one of its cases, or any policy spec with ``--spec``. Instrumentation is
+seed 0) and the policy one of its cases (their ``vllm`` and ``sglang`` pin async scheduling and the
+overlap scheduler off, as ``sim_speed``'s do). Instrumentation is
 switched on (``callgrind_control``) just before ``run_policy`` and off after it, so imports are
 not counted; engine build and trace parsing are — or, with ``--loop-only``, around the
 simulation loop (``SimDriver.run``) alone, the figure to divide by iterations. callgrind prints
