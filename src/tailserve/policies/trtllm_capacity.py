@@ -127,7 +127,6 @@ def guaranteed_no_evict(
        order: skipped by the reuse rule (not under STATIC_BATCH), or kept if their remaining
        blocks fit what is left; the first that does not fit ends the pass (head-of-line).
     Returns the fitting requests in that order: generation requests first, then contexts."""
-    available = sched.kv_cache.num_free_blocks
     scheduled: list[Request] = []
     pending: list[Request] = []
     for request in active:
@@ -135,11 +134,17 @@ def guaranteed_no_evict(
             break
         if is_generation(request):
             scheduled.append(request)
-            available -= remaining_blocks(sched, request, slots)
         else:
             pending.append(request)
-    if static_batch and scheduled:
+    if not pending or (static_batch and scheduled):
         return scheduled
+    # The generation requests' reservations only bound the contexts of the second pass, so they
+    # are summed only when one is pending (nothing changes the blocks in between): steps of
+    # decodes alone skip the per-request sum (sim_memory's workload, 5,000 requests: 1.78 M ->
+    # 1.20 M ``remaining_blocks`` calls; the loop ~3% faster at 20,000, r47).
+    available = sched.kv_cache.num_free_blocks
+    for request in scheduled:
+        available -= remaining_blocks(sched, request, slots)
     skip = SkipRule(sched, active, is_generation) if block_reuse and not static_batch else None
     for request in pending:
         if skip is not None and skip.skips(request):
