@@ -62,10 +62,11 @@ def schedule_advanced(
     max_len = sched.max_model_len
     kv = sched.kv_cache
     block_size = kv.block_size
-    # The manager's registration thresholds (``registers_from``; prefix caching on: the hashed
-    # manager's), tested before the decodes' registration call below; empty while no request
-    # has a keyed block left to register (a workload without token ids: always).
-    gate = kv.registers_from if kv.prefix_caching else None
+    # The manager's registration thresholds (``registers_from``), tested before the decodes'
+    # registration call below, read as ``Scheduler.update_advanced`` reads them: None, every
+    # call counts; empty, none is due (no prefix caching; or no request has a keyed block left
+    # to register, as in a workload without token ids).
+    gate = kv.registers_from if kv.prefix_caching else {}
     waiting = sched.waiting
     scheduled = out.scheduled
     preempted = out.preempted
@@ -108,9 +109,9 @@ def schedule_advanced(
             # no block (so preempt nobody), only cache the blocks its known tokens fill. The
             # common step, kept cheap (the decodes of every step an async run steps): its known
             # tokens fill a block once in ``block_size`` steps, so the call is made only then.
-            if gate:
+            if gate is None or gate:
                 known = computed + 1 if computed < num_tokens else num_tokens
-                if known >= gate.get(request.request_id, NEVER):
+                if gate is None or known >= gate.get(request.request_id, NEVER):
                     sched.cache_computed(request, known)
         else:
             self_preempted = False

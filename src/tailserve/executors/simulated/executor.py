@@ -225,7 +225,7 @@ class SimExecutor:
             # ``step_result``) were made for every async step.
             fields = advanced_batch_fields(out)
             result = step_result(cost.shape_time(*fields))
-            result.host_time = cost.efficiency.overhead if fields[0] else 0.0
+            result.host_time = self._host_time(fields[0])
             return result
         shape = advanced_batch_shape(out)
         num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
@@ -250,13 +250,19 @@ class SimExecutor:
                     rid = s.request.request_id
                     accepted[rid] = accepted_drafts(spec, self.seed, rid, s.num_context_tokens)
             duration += drafter.time(shape, num_drafting + num_padded, drafting_kv)
-        host = cost.efficiency.overhead if shape.num_tokens else 0.0
-        return StepResult(duration=duration, num_accepted=accepted, host_time=host)
+        return StepResult(
+            duration=duration, num_accepted=accepted, host_time=self._host_time(shape.num_tokens)
+        )
+
+    def _host_time(self, num_tokens: int) -> float:
+        """``host_time`` of an advanced step of ``num_tokens`` tokens: the per-step overhead,
+        which async scheduling runs during the previous step's forward pass (none for an empty
+        step)."""
+        return self.cost_model.efficiency.overhead if num_tokens else 0.0
 
     def decode_host_time(self, num_decodes: int) -> float:
-        """``host_time`` of an advanced decode-only step (``_execute_advanced``): the per-step
-        overhead, which async scheduling runs during the previous step's forward pass."""
-        return self.cost_model.efficiency.overhead if num_decodes else 0.0
+        """``host_time`` of an advanced decode-only step (``_execute_advanced``)."""
+        return self._host_time(num_decodes)
 
     def _padded(self, num_decodes: int) -> int:
         """The batch a decode-only step runs at (``num_decodes`` without CUDA-graph padding)."""
