@@ -25,12 +25,20 @@ FIXTURE = REPO / "tests" / "fixtures" / "golden" / "corpus.json"
 AZURE = "azure_llm_2023_conv.csv"
 MOONCAKE = "mooncake_conversation.jsonl"
 
-POLICIES = ("static", "orca", "vllm-v0", "vllm", "sarathi", "sglang", "tgi")
-# Policy variants whose code paths the defaults do not reach.
+# trtllm and slo, and the variants from sglang-no-overlap on, recorded at 15b6d2f (r48): until
+# then only 2026/llama-3.1-70b-h200-fp8-trtllm covered TensorRT-LLM, and nothing slo.
+POLICIES = ("static", "orca", "vllm-v0", "vllm", "sarathi", "sglang", "tgi", "trtllm", "slo")
+# Policy variants whose code paths the defaults do not reach (sglang and trtllm run their
+# overlap schedulers and vllm async scheduling by default on a GPU: the synchronous ones here).
 VARIANTS = (
     ("vllm-priority", ["--policy", "vllm", "--scheduling-policy", "priority"]),
     ("vllm-v0-chunked", ["--policy", "vllm-v0", "--enable-chunked-prefill"]),
     ("sglang-lpm", ["--policy", "sglang", "--schedule-policy", "lpm"]),
+    ("sglang-no-overlap", ["--policy", "sglang", "--disable-overlap-schedule"]),
+    ("vllm-sync", ["--policy", "vllm", "--no-async-scheduling"]),
+    ("trtllm-max-util", ["--policy", "trtllm", "--capacity-scheduler-policy", "MAX_UTILIZATION"]),
+    ("trtllm-no-overlap", ["--policy", "trtllm", "--disable-overlap-scheduler"]),
+    ("slo-vtc", ["--policy", "slo", "--fairness", "vtc", "--tenants", "a=0.8,b=0.2"]),
 )
 
 
