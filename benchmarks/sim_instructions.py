@@ -7,7 +7,8 @@ does not move, for comparing two versions of the loop on a shared machine.
 (the interpreter's real path: a pyenv shim is a shell script valgrind would follow no further).
 The workload is ``sim_speed``'s (the Azure conversation lengths, Poisson arrivals at 5 req/s,
 seed 0) and the policy one of its cases (their ``vllm`` and ``sglang`` pin async scheduling and the
-overlap scheduler off, as ``sim_speed``'s do). Instrumentation is
+overlap scheduler off, as ``sim_speed``'s do; ``vllm-default``, ``sglang-default`` and
+``trtllm-default`` are the engines' defaults, ``slo`` tailserve's policy). Instrumentation is
 switched on (``callgrind_control``) just before ``run_policy`` and off after it, so imports are
 not counted; engine build and trace parsing are — or, with ``--loop-only``, around the
 simulation loop (``SimDriver.run``) alone, the figure to divide by iterations. callgrind prints
@@ -39,6 +40,11 @@ EXTRA = {
     "vllm512": "vllm:max_num_batched_tokens=512,max_num_seqs=256,async_scheduling=false",
     "vllm2048": "vllm:max_num_batched_tokens=2048,max_num_seqs=256,async_scheduling=false",
     "sglang2048": "sglang:chunked_prefill_size=2048,max_running_requests=256,disable_overlap_schedule=true",
+    # Each engine's defaults (async scheduling / overlap schedulers on) and tailserve's slo.
+    "vllm-default": "vllm",
+    "sglang-default": "sglang",
+    "trtllm-default": "trtllm",
+    "slo": "slo",
 }
 
 

@@ -186,19 +186,38 @@ class SloPolicy(Policy, FastPaths):
 
         # 1. Running decodes, most urgent first; the least slack bounds the iteration (2).
         # Rule 10: over-share tenants' decodes sit out a protected tenant's prefill iteration.
-        running = sorted(sched.running, key=state.deadline)
-        decodes = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in running if r.num_tokens - r.num_computed_tokens > 1]
+        # Each deadline computed once, for the order and for the decodes' slack: a stable sort
+        # of the positions by them is ``sorted(running, key=deadline)``'s order.
+        running = sched.running
+        deadlines = [state.deadline(r) for r in running]
+        decodes: list[Request] = []
+        decode_deadlines: list[float] = []
+        prefills: list[Request] = []
+        for i in sorted(range(len(running)), key=deadlines.__getitem__):
+            r = running[i]
+            left = r.num_tokens - r.num_computed_tokens
+            if left == 1:
+                decodes.append(r)
+                decode_deadlines.append(deadlines[i])
+            elif left > 1:
+                prefills.append(r)
         held: list[Request] = []
         held_prefills: list[Request] = []
         if yield_to:
             kept: list[Request] = []
-            for r in decodes:
-                (held if self.yield_rules.sits_out(r, now, yield_to) else kept).append(r)
-            decodes = kept
+            kept_deadlines: list[float] = []
+            for r, d in zip(decodes, decode_deadlines):
+                if self.yield_rules.sits_out(r, now, yield_to):
+                    held.append(r)
+                else:
+                    kept.append(r)
+                    kept_deadlines.append(d)
+            decodes, decode_deadlines = kept, kept_deadlines
             held_prefills = [r for r in prefills if tenant_of(r.tenant_id) in yield_to]
             prefills = [r for r in prefills if tenant_of(r.tenant_id) not in yield_to]
-        tokens_left = self._decode(sched, now, out, load, decodes, tokens_left, slacks, scheduled_ids)
+        tokens_left = self._decode(
+            sched, now, out, load, decodes, tokens_left, slacks, scheduled_ids, decode_deadlines
+        )
         if self.burst.fraction > 0 and self.burst.spends(state, sched, now, len(out.scheduled)):
             slacks.clear()  # the experiment: no TBT limit this iteration (slo_burst.py)
         # 2. Partial prefills continue, cut to what the slack leaves; under fairness those of
@@ -246,21 +265,40 @@ class SloPolicy(Policy, FastPaths):
         tokens_left: int,
         slacks: list[tuple[float, float]],
         scheduled_ids: set[int],
+        deadlines: list[float] | None = None,
     ) -> int:
-        """Rule 1 for ``decodes``, in the given order: one token each; the tokens left."""
-        for request in decodes:
+        """Rule 1 for ``decodes``, in the given order: one token each; the tokens left.
+        ``deadlines``: theirs, when the caller has them (``SloState.deadline``)."""
+        state = self.state
+        if deadlines is None:
+            deadlines = [state.deadline(r) for r in decodes]
+        # Without protected tenants every tier is 1 (``SloState.tier``): no call per decode.
+        tier = state.tier if state.protected else None
+        block_size = sched.kv_cache.block_size
+        scheduled = out.scheduled
+        running_status = RequestStatus.RUNNING
+        num_decodes = context = 0  # for ``load.add_decodes``, once
+        for request, deadline in zip(decodes, deadlines):
             if tokens_left <= 0:
                 break
-            if request.status is not RequestStatus.RUNNING:  # preempted earlier in this pass
+            if request.status is not running_status:  # preempted earlier in this pass
                 continue
             computed = request.num_computed_tokens
-            if not self._allocate(sched, request, computed + 1, scheduled_ids, out, now):
+            if computed % block_size:
+                # Its slot is in its last, partly filled block (it holds the blocks of its
+                # computed tokens): ``Scheduler.allocate`` would take nothing and could not
+                # preempt; a block it fills becomes matchable now, as there (vllm.py's rule).
+                if not (computed + 1) % block_size:
+                    sched.cache_computed(request, computed + 1)
+            elif not self._allocate(sched, request, computed + 1, scheduled_ids, out, now):
                 continue  # it was its own victim
-            out.scheduled.append(ScheduledRequest(request, 1, computed))
+            scheduled.append(ScheduledRequest(request, 1, computed))
             scheduled_ids.add(id(request))
-            load.add_decode(computed)
+            num_decodes += 1
+            context += computed
             tokens_left -= 1
-            slacks.append((self.state.tier(request), self.state.deadline(request) - now))
+            slacks.append((tier(request) if tier is not None else 1, deadline - now))
+        load.add_decodes(num_decodes, context)
         return tokens_left
 
     def _observe_stretch(self, chunks: list[ScheduledRequest], load: BatchLoad) -> None:

@@ -41,20 +41,25 @@ class Admission:
         state = self.state
         cfg = state.config
         info = state.info
-        by_slack = sorted(
-            sched.waiting, key=lambda r: info[r.request_id].deadline - info[r.request_id].prefill_s
-        )
+        # Least slack first: a stable sort of the positions by slack is ``sorted(waiting,
+        # key=slack)``'s order, each request's info looked up once (this runs every iteration
+        # someone waits, over everyone waiting).
+        waiting = list(sched.waiting)
+        infos = [info[r.request_id] for r in waiting]
+        slacks = [w.deadline - w.prefill_s for w in infos]
         feasible: list[Request] = []
         late: list[Request] = []
         # Predicted prefill time of the feasible requests ahead: [protected tenants', everyone's].
         # A protected tenant's requests are served before the others' (rule 9), so only the
-        # protected ones ahead are its queue; without fairness the tier is 1 for all.
+        # protected ones ahead are its queue; without fairness the tier is 1 for all (no call).
         queued = [0.0, 0.0]
         stretch = state.stretch
-        for r in by_slack:
-            w = info[r.request_id]
+        tier_of = state.tier if state.protected else None
+        for i in sorted(range(len(waiting)), key=slacks.__getitem__):
+            r = waiting[i]
+            w = infos[i]
             need = w.prefill_s * stretch
-            tier = state.tier(r)
+            tier = tier_of(r) if tier_of is not None else 1
             if w.deadline - now - queued[tier] - need >= 0:
                 feasible.append(r)
                 queued[1] += need
