@@ -150,6 +150,46 @@ def test_values_convert_to_the_field_types():
     }
 
 
+@pytest.mark.parametrize("command", [["simulate"], ["serve"], ["run", "--prompts", "p"]])
+def test_policy_takes_the_spec_compare_takes(command):
+    def parse(*argv: str) -> tuple[str, dict[str, Any]]:
+        args, extra = build_parser().parse_known_args([*command, *argv])
+        assert extra == []
+        flags = policy_flags_from(args)  # sets args.policy to the spec's name
+        return args.policy, flags
+
+    assert parse("--policy", "sglang:chunked_prefill_size=512,block_size=1") == (
+        "sglang",
+        {"chunked_prefill_size": 512, "block_size": 1},
+    )
+    # The spec's flags and the options together; one flag given both ways must agree.
+    assert parse("--policy", "vllm:max_num_seqs=64", "--max-num-batched-tokens", "512") == (
+        "vllm",
+        {"max_num_seqs": 64, "max_num_batched_tokens": 512},
+    )
+    assert parse("--policy", "vllm:max_num_seqs=64", "--max-num-seqs", "64")[1] == {"max_num_seqs": 64}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--policy", "sglang:nonexistent=1"],
+            "policy sglang has no flag 'nonexistent'; valid: schedule_policy,",
+        ),
+        (["--policy", "vllm,sglang"], "--policy takes one policy, got 2 in 'vllm,sglang'"),
+        (
+            ["--policy", "vllm:max_num_seqs=64", "--max-num-seqs", "32"],
+            "--policy vllm:max_num_seqs=64 sets max_num_seqs=64 and --max-num-seqs 32 differs",
+        ),
+        (["--policy", "trtllm:capacity_scheduler_policy=FOO"], "'FOO' is not one of GUARANTEED_NO_EVICT"),
+        (["--policy", "nosuch:a=1"], "unknown policy 'nosuch'; known: static,"),
+    ],
+)
+def test_a_bad_policy_spec_is_one_line(argv, message, capsys):
+    assert message in _one_error_line(capsys, ["simulate", *argv])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

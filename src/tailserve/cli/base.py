@@ -31,7 +31,10 @@ def policy_help() -> str:
     (a hand-written list left ``slo`` out)."""
     from tailserve.policies.registry import POLICIES
 
-    return f"{' | '.join(POLICIES)} (default: %(default)s)"
+    return (
+        f"{' | '.join(POLICIES)} (default: %(default)s); its flags as options below, or in the "
+        "name as compare --policies spells them (sglang:chunked_prefill_size=512)"
+    )
 
 
 def default_of(cls: type, name: str) -> Any:

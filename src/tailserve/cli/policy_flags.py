@@ -295,11 +295,31 @@ def policy_flags_from(args: argparse.Namespace) -> dict[str, Any]:
         ENGINE_FLAGS,
         POLICIES,
         get_policy_cls,
+        parse_policy_list,
         policy_flags,
         resolve_policy_name,
     )
 
     given = {key[len(DEST) :]: value for key, value in vars(args).items() if key.startswith(DEST)}
+    if ":" in args.policy or "," in args.policy:
+        # The spec ``compare --policies`` takes (``sglang:chunked_prefill_size=512``), for one
+        # policy: its flags join the options given (a flag set both ways must agree).
+        specs = parse_policy_list(args.policy)
+        if len(specs) != 1:
+            raise CliError(
+                f"--policy takes one policy, got {len(specs)} in {args.policy!r} (tailserve compare "
+                "--policies runs several side by side)"
+            )
+        spec = specs[0]
+        in_spec = {**spec.flags, **spec.engine_flags}
+        for flag, value in in_spec.items():
+            if flag in given and given[flag] != value:
+                raise CliError(
+                    f"--policy {args.policy} sets {flag}={value} and {option(flag)} {given[flag]} "
+                    "differs: give it once"
+                )
+        args.policy = spec.name
+        given = {**in_spec, **given}
     name = resolve_policy_name(args.policy)
     own = policy_flags(get_policy_cls(name))
     wrong = [flag for flag in given if flag not in own and flag not in ENGINE_FLAGS]
