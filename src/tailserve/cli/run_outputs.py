@@ -154,7 +154,7 @@ def run_outputs(args: argparse.Namespace, runs: list[RunResult], title: str) -> 
         )
     if getattr(args, "save_run", None):
         for run in runs:
-            write_json(args.save_run, run.to_json(), indent=1)
+            write_json(args.save_run, run.to_json(), indent=None)  # 100s of MB: compact
     if getattr(args, "report", None):
         from tailserve.report.html import write_report
 
