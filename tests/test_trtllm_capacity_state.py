@@ -29,6 +29,7 @@ from tailserve.policies.trtllm_capacity import (
     DraftSlots,
     IsGeneration,
     SkipRule,
+    blocks_one_step,
     guaranteed_no_evict,
     remaining_blocks,
 )
@@ -75,6 +76,45 @@ def _eager(
         scheduled.append(request)
         available -= need
     return scheduled
+
+
+def _eager_max_utilization(
+    sched: Scheduler,
+    active: list[Request],
+    is_generation: IsGeneration,
+    max_num_requests: int,
+    block_reuse: bool,
+    pause,
+    slots: DraftSlots = NO_DRAFTS,
+) -> tuple[list[Request], list[Request]]:
+    """MAX_UTILIZATION as the policy ran it before r48: the reuse rule's set collected up front,
+    ``blocks_one_step`` and the free blocks asked for each request."""
+    kv = sched.kv_cache
+    skip = SkipRule(sched, active, is_generation) if block_reuse else None
+    scheduled: list[Request] = []
+    paused: list[Request] = []
+    scheduled_blocks = 0
+    end = len(active)
+    i = 0
+    while i < end:
+        request = active[i]
+        if skip is not None and skip.skips(request):
+            i += 1
+            continue
+        if len(scheduled) < max_num_requests:
+            need = blocks_one_step(sched, request, is_generation(request), slots)
+            if scheduled_blocks + need <= kv.num_free_blocks:
+                scheduled.append(request)
+                scheduled_blocks += need
+                i += 1
+                continue
+        victim = next((j for j in range(end - 1, i - 1, -1) if kv.num_held(active[j].request_id)), None)
+        if victim is None:
+            break
+        pause(active[victim])
+        paused.append(active[victim])
+        end = victim
+    return scheduled, paused
 
 
 def _fresh_state(policy: TrtllmPolicy, sched: Scheduler) -> dict[str, int]:
@@ -134,7 +174,7 @@ LONG = WorkloadSpec(
     "random", num_requests=120, rate=6.0, seed=3,
     input_len=LogNormal(1400.0, 0.8, 8192), output_len=LogNormal(140.0, 0.8, 1024),
 )  # fmt: skip
-SHARED = WorkloadSpec("shared-prefix", num_requests=120, rate=8.0, seed=4, prefix_len=512)
+SHARED = WorkloadSpec("shared-prefix", num_requests=120, rate=30.0, seed=4, num_prefixes=2, prefix_len=2048)
 
 CASES = [
     ("long prompts, overlap", {}, LONG),
@@ -238,3 +278,45 @@ def test_a_bound_short_of_the_reservations_changes_decisions_and_the_checks_say_
     monkeypatch.setattr(trtllm_module, "guaranteed_no_evict", checks)
     with pytest.raises(AssertionError):
         _run({"gpu_memory_utilization": 0.04}, LONG)
+
+
+MAX_UTILIZATION = [
+    ("tight memory", {"capacity_scheduler_policy": "MAX_UTILIZATION", "gpu_memory_utilization": 0.03}, LONG),
+    (
+        "tight memory, no overlap",
+        {
+            "capacity_scheduler_policy": "MAX_UTILIZATION",
+            "gpu_memory_utilization": 0.03,
+            "disable_overlap_scheduler": True,
+        },
+        LONG,
+    ),
+    (
+        "chunked contexts",
+        {
+            "capacity_scheduler_policy": "MAX_UTILIZATION",
+            "gpu_memory_utilization": 0.03,
+            "enable_chunked_prefill": True,
+            "max_num_tokens": 1024,
+        },
+        LONG,
+    ),
+    (
+        "shared prefixes",
+        {"capacity_scheduler_policy": "MAX_UTILIZATION", "gpu_memory_utilization": 0.02},
+        SHARED,
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "flags", "workload"), MAX_UTILIZATION, ids=[c[0] for c in MAX_UTILIZATION])
+def test_max_utilization_equals_its_pass_before_r48(monkeypatch, label, flags, workload):
+    """MAX_UTILIZATION's pass with ``blocks_one_step`` inlined, the free blocks read once (and
+    after each pause) and the reuse rule's set collected lazily (before any pause) pauses and
+    schedules as it did, in runs that pause."""
+    fast = _run(flags, workload)
+    monkeypatch.setattr(trtllm_module, "max_utilization", _eager_max_utilization)
+    eager = _run(flags, workload)
+    assert sum(r.num_preemptions for r in eager.requests) > 0
+    assert [r.token_times for r in fast.requests] == [r.token_times for r in eager.requests]
+    assert [r.num_preemptions for r in fast.requests] == [r.num_preemptions for r in eager.requests]

@@ -85,9 +85,10 @@ class SkipRule:
     looked at adds its block to the set, scheduled or not.
 
     ``lazy``: the executing contexts' blocks are collected at the first block compared, not
-    here — the same set where nothing changes KV in between (GUARANTEED_NO_EVICT's pass; not
-    MAX_UTILIZATION's, whose pauses free blocks); a step whose contexts carry no block keys
-    (no prefix keys: nothing to share) never walks the active list for it."""
+    here — the same set where nothing changes KV in between (GUARANTEED_NO_EVICT's pass;
+    MAX_UTILIZATION's calls ``collect`` before its first pause frees blocks); a step whose
+    contexts carry no block keys (no prefix keys: nothing to share) never walks the active list
+    for it."""
 
     def __init__(
         self, sched: Scheduler, active: list[Request], is_generation: IsGeneration, lazy: bool = False
@@ -109,9 +110,18 @@ class SkipRule:
                     blocks.add(block)
         return blocks
 
+    def collect(self) -> None:
+        """Collect the executing contexts' blocks now if not yet (before KV changes)."""
+        if self._blocks is None:
+            self._blocks = self._executing()
+
     def skips(self, request: Request) -> bool:
         if self._is_generation(request) or self._sched.kv_cache.num_held(request.request_id):
             return False  # only a context at its first chunk
+        return self.skips_first_chunk(request)
+
+    def skips_first_chunk(self, request: Request) -> bool:
+        """``skips`` for a request the caller knows is a context at its first chunk."""
         block = self._sched.new_context_block(request)
         if block is None:
             return False
@@ -225,28 +235,45 @@ def max_utilization(
     the list ends before it; with none, the pass ends. Returns (scheduled in active order,
     paused in the order paused)."""
     kv = sched.kv_cache
-    skip = SkipRule(sched, active, is_generation) if block_reuse else None
+    skip = SkipRule(sched, active, is_generation, lazy=True) if block_reuse else None
     scheduled: list[Request] = []
     paused: list[Request] = []
     scheduled_blocks = 0
+    free = kv.num_free_blocks  # read again after a pause, the only change during the pass
+    # ``blocks_one_step`` and the reuse rule's first test inlined: this pass looks at every
+    # active request every step (sim_memory's workload: ~70, ~30 of them queued contexts).
+    tables = kv.block_tables
+    block_size = kv.block_size
+    step_slots = slots.extra + 1 + slots.drafts
     end = len(active)
     i = 0
     while i < end:
         request = active[i]
-        if skip is not None and skip.skips(request):
-            i += 1
-            continue
-        if len(scheduled) < max_num_requests:
-            need = blocks_one_step(sched, request, is_generation(request), slots)
-            if scheduled_blocks + need <= kv.num_free_blocks:
-                scheduled.append(request)
-                scheduled_blocks += need
+        table = tables.get(request.request_id)
+        held = len(table) if table else 0
+        if is_generation(request):
+            need = -(-(request.num_computed_tokens + step_slots) // block_size) - held
+            if need < 0:
+                need = 0
+        elif held:
+            need = 0  # a context past its first chunk holds its prompt's blocks
+        else:
+            if skip is not None and skip.skips_first_chunk(request):
                 i += 1
                 continue
+            need = -(-(request.num_tokens + slots.extra) // block_size)
+        if len(scheduled) < max_num_requests and scheduled_blocks + need <= free:
+            scheduled.append(request)
+            scheduled_blocks += need
+            i += 1
+            continue
         victim = next((j for j in range(end - 1, i - 1, -1) if kv.num_held(active[j].request_id)), None)
         if victim is None:
             break
+        if skip is not None:
+            skip.collect()  # the executing contexts as they were before any pause
         pause(active[victim])
         paused.append(active[victim])
+        free = kv.num_free_blocks
         end = victim
     return scheduled, paused
