@@ -97,11 +97,15 @@ cut to ``tokens_per_block`` multiples, not to the budget. With draft tokens none
 advance is a draw per request. CUDA-graph padding prices a decode run's steps padded as a
 stepped one would (``SimExecutor.decode_run_durations``). Under overlap the async decode run
 (``async_decode_run.py``), whose guard is ``GENERATION_TO_COMPLETE``'s rule.
+A stepped step: GUARANTEED_NO_EVICT's pass is lazy and bounds the reservations by a kept sum
+(``trtllm_capacity.py``; ``_generating``), and a generation request gets one of two decode items
+in turn (``_decode_items``).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -109,7 +113,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
@@ -148,7 +152,15 @@ class TrtllmPolicy(Policy, FastPaths):
         # Active requests in the scheduler's waiting queue (never scheduled, or paused): always a
         # prefix of it — a fetch takes the requests right behind them, a pause prepends.
         self._unscheduled: set[str] = set()
-        self._generating: set[str] = set()  # context done: GENERATION_IN_PROGRESS
+        # Context done: GENERATION_IN_PROGRESS. Each with its blocks to completion, held ones
+        # included (remaining_blocks' total: fixed, prompt_len and max_tokens never change), and
+        # their sum: GUARANTEED_NO_EVICT's bound on the reservations (guaranteed_no_evict).
+        self._generating: dict[str, int] = {}
+        self._generating_blocks = 0
+        # Two plain decode items per generation request, handed out in turn (vllm_async.py's
+        # technique): a new ScheduledRequest per generation request per stepped iteration was a
+        # class call each. Dropped when it leaves generation.
+        self._decode_items: dict[Request, list[ScheduledRequest]] = {}
         self._checked_unit = False
         self._spec = config.speculative_decoding()
         # Draft tokens each generation request verifies per step (py_draft_tokens: always
@@ -232,10 +244,27 @@ class TrtllmPolicy(Policy, FastPaths):
         self._active = [r for r in self._active if r.request_id not in gone]
         self._ids -= gone
         self._unscheduled -= gone
-        self._generating -= gone
+        for request_id in gone:
+            self._leave_generation(request_id)
+        if self._decode_items:
+            for request in finished:
+                self._decode_items.pop(request, None)
 
     def _is_generation(self, request: Request) -> bool:
         return request.request_id in self._generating
+
+    def _enter_generation(self, sched: Scheduler, request: Request) -> None:
+        if request.request_id not in self._generating:
+            slots = self._slots
+            total = request.prompt_len + request.max_tokens + slots.extra + slots.drafts + slots.in_flight
+            blocks = sched.kv_cache.blocks_for(total)
+            self._generating[request.request_id] = blocks
+            self._generating_blocks += blocks
+
+    def _leave_generation(self, request_id: str) -> None:
+        blocks = self._generating.pop(request_id, None)
+        if blocks is not None:
+            self._generating_blocks -= blocks
 
     # ---- the iteration --------------------------------------------------------------------------
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
@@ -264,22 +293,44 @@ class TrtllmPolicy(Policy, FastPaths):
             start = request.num_computed_tokens
             out.scheduled.append(ScheduledRequest(request, chunk, start))
             if start + chunk == request.num_tokens:
-                self._generating.add(request.request_id)  # its last chunk: generation next
+                self._enter_generation(sched, request)  # its last chunk: generation next
                 if self._overlap:
                     continue  # stored when its outputs are processed (Scheduler.update_advanced)
             computed_after.append((request, start + chunk))
+        tables = kv.block_tables
+        block_size = kv.block_size
+        extra = self._slots.extra
+        decode_items = self._decode_items
         for request in batch.generations:
             computed = request.num_computed_tokens
             # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
             # add_token 1 + get_draft_token_length times), past the drafter's extra slots;
             # rejected drafts' slots are rewound after the step (update_resources), here by the
-            # computed tokens rolling back.
-            if kv.allocate(request.request_id, computed + self._slots.extra + 1 + drafts) is None:
+            # computed tokens rolling back. A block opens once in block_size steps: the table's
+            # length answers first (allocate's own test), the call only when one opens.
+            slots = computed + extra + 1 + drafts
+            table = tables.get(request.request_id)
+            opens = table is None or len(table) * block_size < slots
+            if opens and kv.allocate(request.request_id, slots) is None:
                 raise RuntimeError(
                     f"trtllm: no KV block for generation request {request.request_id} although the "
                     "capacity scheduler counted one (a bug in this policy)"
                 )
-            out.scheduled.append(ScheduledRequest(request, 1 + drafts, computed, num_spec_tokens=drafts))
+            if drafts:
+                item = ScheduledRequest(request, 1 + drafts, computed, num_spec_tokens=drafts)
+            else:
+                # One of the request's two plain decode items, the one its step before last had
+                # (the last one's may still be in flight under overlap: ``ScheduledRequest``).
+                pair = decode_items.get(request)
+                if pair is None:
+                    item = scheduled_decode(request, computed)
+                    decode_items[request] = [item, scheduled_decode(request, computed)]
+                else:
+                    item = pair[1]
+                    pair[1] = pair[0]
+                    pair[0] = item
+                    item.num_context_tokens = computed
+            out.scheduled.append(item)
             if not self._overlap:  # under overlap only known tokens' blocks, at update
                 computed_after.append((request, computed + 1))  # drafts are not known tokens
         # storeContextBlocks after the forward: only now do this step's blocks become reusable.
@@ -309,12 +360,14 @@ class TrtllmPolicy(Policy, FastPaths):
         self._fetch(sched)
         is_generation = self._is_generation
         paused: list[Request] = []
+        fitting: Iterable[Request]
         if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
             fitting, paused = max_utilization(
                 sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
                 lambda request: self._pause(sched, request), self._slots,
             )  # fmt: skip
         else:
+            # Lazy: the micro-batch scheduler takes what it walks (trtllm_capacity.py).
             static = cfg.capacity_scheduler_policy == STATIC_BATCH
             fitting = guaranteed_no_evict(
                 sched,
@@ -324,14 +377,13 @@ class TrtllmPolicy(Policy, FastPaths):
                 static,
                 cfg.enable_block_reuse,
                 self._slots,
+                self._generating_blocks,
             )
-        if self._overlap:
-            # GENERATION_TO_COMPLETE: kept by the capacity scheduler (its slot and blocks
-            # counted), skipped by the micro-batch scheduler.
-            fitting = [r for r in fitting if not to_complete(r)]
+        # GENERATION_TO_COMPLETE (overlap): kept by the capacity scheduler (its slot and blocks
+        # counted), skipped by the micro-batch scheduler.
         batch = micro_batch(
             fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, sched.kv_cache.block_size,
-            1 + self._num_drafts,
+            1 + self._num_drafts, to_complete if self._overlap else None,
         )  # fmt: skip
         return _Plan(batch, list(paused))
 
@@ -393,7 +445,8 @@ class TrtllmPolicy(Policy, FastPaths):
         sched.preempt_by_recompute(request)
         sched.waiting.prepend_request(request)
         self._unscheduled.add(request.request_id)
-        self._generating.discard(request.request_id)
+        self._leave_generation(request.request_id)
+        self._decode_items.pop(request, None)
 
     def _abort_too_long(self, sched: Scheduler, request: Request, now: float) -> None:
         sched.waiting.remove_request(request)

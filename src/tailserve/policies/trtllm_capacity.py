@@ -18,7 +18,7 @@ KV (``isFirstContextChunk``: blocks are taken for the whole prompt when that chu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from tailserve.core.request import Request
@@ -82,29 +82,55 @@ class SkipRule:
     request at its first chunk is skipped this step when its first uncached block is the same
     as that of a context already executing in chunks or of one looked at before it this step —
     it waits one step and then reuses that block instead of computing it twice. Every request
-    looked at adds its block to the set, scheduled or not."""
+    looked at adds its block to the set, scheduled or not.
 
-    def __init__(self, sched: Scheduler, active: list[Request], is_generation: IsGeneration) -> None:
+    ``lazy``: the executing contexts' blocks are collected at the first block compared, not
+    here — the same set where nothing changes KV in between (GUARANTEED_NO_EVICT's pass;
+    MAX_UTILIZATION's calls ``collect`` before its first pause frees blocks); a step whose
+    contexts carry no block keys (no prefix keys: nothing to share) never walks the active list
+    for it."""
+
+    def __init__(
+        self, sched: Scheduler, active: list[Request], is_generation: IsGeneration, lazy: bool = False
+    ) -> None:
         self._sched = sched
+        self._active = active
         self._is_generation = is_generation
+        self._blocks: set[int] | None = None if lazy else self._executing()
+
+    def _executing(self) -> set[int]:
+        """``prefillWithChunkedContextsAlreadyExecuting``: contexts past their first chunk."""
+        sched = self._sched
         kv = sched.kv_cache
-        # ``prefillWithChunkedContextsAlreadyExecuting``: contexts past their first chunk.
-        self._blocks: set[int] = set()
-        for request in active:
-            if not is_generation(request) and kv.num_held(request.request_id):
+        blocks: set[int] = set()
+        for request in self._active:
+            if not self._is_generation(request) and kv.num_held(request.request_id):
                 block = sched.new_context_block(request)
                 if block is not None:
-                    self._blocks.add(block)
+                    blocks.add(block)
+        return blocks
+
+    def collect(self) -> None:
+        """Collect the executing contexts' blocks now if not yet (before KV changes)."""
+        if self._blocks is None:
+            self._blocks = self._executing()
 
     def skips(self, request: Request) -> bool:
         if self._is_generation(request) or self._sched.kv_cache.num_held(request.request_id):
             return False  # only a context at its first chunk
+        return self.skips_first_chunk(request)
+
+    def skips_first_chunk(self, request: Request) -> bool:
+        """``skips`` for a request the caller knows is a context at its first chunk."""
         block = self._sched.new_context_block(request)
         if block is None:
             return False
-        if block in self._blocks:
+        blocks = self._blocks
+        if blocks is None:
+            blocks = self._blocks = self._executing()
+        if block in blocks:
             return True
-        self._blocks.add(block)
+        blocks.add(block)
         return False
 
 
@@ -116,7 +142,8 @@ def guaranteed_no_evict(
     static_batch: bool,
     block_reuse: bool,
     slots: DraftSlots = NO_DRAFTS,
-) -> list[Request]:
+    reservation_bound: int | None = None,
+) -> Iterator[Request]:
     """GUARANTEED_NO_EVICT (and STATIC_BATCH): reserve every running request's blocks to
     completion, then admit contexts in active order while the rest holds theirs to completion.
 
@@ -126,37 +153,66 @@ def guaranteed_no_evict(
     3. Second pass (STATIC_BATCH: only when no generation request runs), contexts in active
        order: skipped by the reuse rule (not under STATIC_BATCH), or kept if their remaining
        blocks fit what is left; the first that does not fit ends the pass (head-of-line).
-    Returns the fitting requests in that order: generation requests first, then contexts."""
-    scheduled: list[Request] = []
-    pending: list[Request] = []
-    for request in active:
-        if len(scheduled) >= max_num_requests:
-            break
-        if is_generation(request):
-            scheduled.append(request)
-        else:
-            pending.append(request)
-    if not pending or (static_batch and scheduled):
-        return scheduled
-    # The generation requests' reservations only bound the contexts of the second pass, so they
-    # are summed only when one is pending (nothing changes the blocks in between): steps of
-    # decodes alone skip the per-request sum (sim_memory's workload, 5,000 requests: 1.78 M ->
-    # 1.20 M ``remaining_blocks`` calls; the loop ~3% faster at 20,000, r47).
-    available = sched.kv_cache.num_free_blocks
-    for request in scheduled:
-        available -= remaining_blocks(sched, request, slots)
-    skip = SkipRule(sched, active, is_generation) if block_reuse and not static_batch else None
+    Yields the fitting requests in that order: generation requests first, then contexts.
+
+    Lazily: the pass changes nothing (no KV taken, the reuse rule's set its own), so what the
+    micro-batch scheduler, which stops at its token budget, does not ask for is not computed —
+    a long queue of contexts that all fit the KV pool but not ``max_num_tokens`` was walked
+    whole each step (sim_memory's workload, 20,000 requests: ~30 contexts a step, ~2 run).
+
+    ``reservation_bound``: at least the generation requests' reservations (the policy keeps the
+    sum of their blocks to completion, held ones included; a reservation is at most that). A
+    context that fits what the bound leaves fits what the exact reservations leave; only one
+    that does not makes the pass sum them (nothing changes the blocks in between), so the
+    decisions are the engine's. Steps whose contexts fit easily skip the per-request sum."""
+    scheduled = [request for request in active if is_generation(request)]
+    pending: Iterable[Request]
+    if len(scheduled) < max_num_requests:
+        # The first pass reaches the end of the list: every context waits for the second, which
+        # walks them in active order only as far as it is asked to.
+        yield from scheduled
+        if len(scheduled) == len(active) or (static_batch and scheduled):
+            return
+        pending = (request for request in active if not is_generation(request))
+    else:
+        # It stops at the max_num_requests-th generation request: the contexts before it wait.
+        count = end = 0
+        while count < max_num_requests:
+            if is_generation(active[end]):
+                count += 1
+            end += 1
+        del scheduled[max_num_requests:]
+        yield from scheduled
+        pending = [request for request in active[:end] if not is_generation(request)]
+        if not pending or static_batch:
+            return
+    free = sched.kv_cache.num_free_blocks
+    exact = reservation_bound is None
+    available = free - reservation_bound if reservation_bound is not None else free
+    if exact:
+        for request in scheduled:
+            available -= remaining_blocks(sched, request, slots)
+    skip = SkipRule(sched, active, is_generation, lazy=True) if block_reuse and not static_batch else None
+    taken = 0  # blocks reserved for the contexts kept so far
+    num_scheduled = len(scheduled)
     for request in pending:
         if skip is not None and skip.skips(request):
             continue
-        if len(scheduled) >= max_num_requests:
+        if num_scheduled >= max_num_requests:
             break
         need = remaining_blocks(sched, request, slots)
+        if need > available and not exact:
+            # Past the bound: the exact reservations decide (what the engine compares).
+            exact = True
+            available = free - taken
+            for generation in scheduled:
+                available -= remaining_blocks(sched, generation, slots)
         if need > available:
             break
-        scheduled.append(request)
+        num_scheduled += 1
+        taken += need
         available -= need
-    return scheduled
+        yield request
 
 
 def max_utilization(
@@ -179,28 +235,45 @@ def max_utilization(
     the list ends before it; with none, the pass ends. Returns (scheduled in active order,
     paused in the order paused)."""
     kv = sched.kv_cache
-    skip = SkipRule(sched, active, is_generation) if block_reuse else None
+    skip = SkipRule(sched, active, is_generation, lazy=True) if block_reuse else None
     scheduled: list[Request] = []
     paused: list[Request] = []
     scheduled_blocks = 0
+    free = kv.num_free_blocks  # read again after a pause, the only change during the pass
+    # ``blocks_one_step`` and the reuse rule's first test inlined: this pass looks at every
+    # active request every step (sim_memory's workload: ~70, ~30 of them queued contexts).
+    tables = kv.block_tables
+    block_size = kv.block_size
+    step_slots = slots.extra + 1 + slots.drafts
     end = len(active)
     i = 0
     while i < end:
         request = active[i]
-        if skip is not None and skip.skips(request):
-            i += 1
-            continue
-        if len(scheduled) < max_num_requests:
-            need = blocks_one_step(sched, request, is_generation(request), slots)
-            if scheduled_blocks + need <= kv.num_free_blocks:
-                scheduled.append(request)
-                scheduled_blocks += need
+        table = tables.get(request.request_id)
+        held = len(table) if table else 0
+        if is_generation(request):
+            need = -(-(request.num_computed_tokens + step_slots) // block_size) - held
+            if need < 0:
+                need = 0
+        elif held:
+            need = 0  # a context past its first chunk holds its prompt's blocks
+        else:
+            if skip is not None and skip.skips_first_chunk(request):
                 i += 1
                 continue
+            need = -(-(request.num_tokens + slots.extra) // block_size)
+        if len(scheduled) < max_num_requests and scheduled_blocks + need <= free:
+            scheduled.append(request)
+            scheduled_blocks += need
+            i += 1
+            continue
         victim = next((j for j in range(end - 1, i - 1, -1) if kv.num_held(active[j].request_id)), None)
         if victim is None:
             break
+        if skip is not None:
+            skip.collect()  # the executing contexts as they were before any pause
         pause(active[victim])
         paused.append(active[victim])
+        free = kv.num_free_blocks
         end = victim
     return scheduled, paused

@@ -12,6 +12,7 @@ with sliding-window attention, which tailserve does not model).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tailserve.core.request import Request
@@ -29,24 +30,28 @@ class MicroBatch:
 
 
 def micro_batch(
-    fitting: list[Request],
+    fitting: Iterable[Request],
     is_generation: IsGeneration,
     max_batch_size: int,
     max_num_tokens: int,
     chunking_policy: str | None,
     chunk_unit: int,
     generation_tokens: int = 1,
+    skips: Callable[[Request], bool] | None = None,
 ) -> MicroBatch:
     """The rules, in the source's order:
 
-    1. Walk the fitting requests in the capacity scheduler's order. A generation request costs
+    1. Walk the fitting requests in the capacity scheduler's order (an iterator: GUARANTEED_NO_EVICT
+       computes only what this walk asks for). A generation request costs
        ``generation_tokens`` (``beam_width + num_draft_tokens``: 1 + its drafts); if it would
        pass ``max_num_tokens`` the walk ends. A context without chunking
        costs its whole remaining context (a first chunk: all its tokens, cached ones included —
        the prefix match comes after scheduling); if it would pass the budget the walk ends.
        With chunking a context is set aside with its remaining length (capped at
        ``max_num_tokens``, which marks "not all fit") and costs nothing yet. Every request
-       walked counts toward ``max_batch_size``; reaching it ends the walk.
+       walked counts toward ``max_batch_size``; reaching it ends the walk. A request ``skips``
+       says yes to is passed over uncounted (the overlap scheduler's ``GENERATION_TO_COMPLETE``:
+       ``no_schedule_after_state``, which only this scheduler has).
     2. If the contexts set aside need more than the budget left, they are chunked
        (``chunking_policy``) into what is left; a context whose chunk is 0 does not run.
     3. When contexts were chunked, those not on their last chunk go first (``sortRequests``).
@@ -58,6 +63,8 @@ def micro_batch(
     chunked_tokens = 0
     all_fit = True
     for request in fitting:
+        if skips is not None and skips(request):
+            continue
         if is_generation(request):
             if batch_tokens + generation_tokens > max_num_tokens:
                 break
