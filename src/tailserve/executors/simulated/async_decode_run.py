@@ -1,7 +1,10 @@
 """Exact fast path: a run of identical decode-only steps under vLLM's async scheduling.
 
 ``decode_run.py``'s run, with the rules of ``Engine._step_async`` (a batch queue of two) and the
-``vllm`` policy's async accounting (``policies/vllm_async.py``) in closed form. Between events a
+``vllm`` policy's async accounting (``policies/vllm_async.py``) in closed form. The engines whose
+overlap schedulers take the same path (``Scheduler.async_scheduling``) sign it where their decode
+turns are these steps: ``trtllm`` (the guard is ``GENERATION_TO_COMPLETE``) and ``sglang``, its
+default (the guard is ``_reqs_finishing_inflight``; ``SglangPolicy.can_fast_forward``). Between events a
 steady async engine repeats one step: step m+1 is scheduled while step m runs, every running
 request granted one token on its output placeholder (its previous token not known yet), and
 then step m's outputs are applied, one token each, stamped at step m's end. The run starts with
@@ -31,7 +34,8 @@ run:
 
 The iteration log gets each step at its forward pass (``begin``, ``end - begin``), recorded when it
 is scheduled, as the engine does. Results are identical to stepping;
-``tests/test_speed_paths.py`` and ``tests/test_decode_run.py`` check that. ``driver.py`` calls it
+``tests/test_speed_paths.py``, ``tests/test_decode_run.py`` and (SGLang's overlap scheduler)
+``tests/test_sglang_overlap_run.py`` check that. ``driver.py`` calls it
 under async scheduling (and only then: ``decode_run.py`` is the synchronous run).
 """
 
