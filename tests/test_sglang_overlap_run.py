@@ -227,3 +227,37 @@ def test_batch_record_per_iteration_identical_and_saved_runs_kept_stepped(
     _assert_same(fast, slow)
     assert _rows(fast_run.batches) == _rows(slow_run.batches)
     assert len(fast_run.batches.entries) < len(slow_run.batches.entries)
+
+
+def test_sglang_overlap_run_in_a_cluster_identical_to_plain_stepping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's run stops at the cluster's next event (its source's next arrival)."""
+    from tailserve.cluster.build import build_stage, workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.spec import replicated
+    from tailserve.core.engine import EngineOptions
+    from tailserve.executors.simulated import async_decode_run
+    from tailserve.executors.simulated.deployment import Deployment
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.workload_builder import WorkloadBuilder
+
+    deployment = Deployment("Llama-3-8B", "A100-80GB", 1, "none")
+    workload = WorkloadBuilder(replace(BURSTY, num_requests=100))
+
+    def tokens(fast: bool) -> dict:
+        specs = replicated(2, deployment, PolicySpec.make("sglang", {}))
+        stage = build_stage(
+            specs, "least-requests", shares_prefixes=False, options=EngineOptions(fast_forward=fast)
+        )
+        run = run_aggregated(stage, workload_requests(workload, specs))
+        return {r.request_id: (r.token_times, r.enqueue_time, r.status.name) for r in run.requests}
+
+    calls: list[int] = []
+    original = async_decode_run.advance_async_decode_run
+
+    def counting(engine):
+        calls.append(original(engine))
+        return calls[-1]
+
+    monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
+    assert tokens(True) == tokens(False)
+    assert sum(calls) > 100  # the replicas took runs
