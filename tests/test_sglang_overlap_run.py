@@ -261,3 +261,16 @@ def test_sglang_overlap_run_in_a_cluster_identical_to_plain_stepping(monkeypatch
     monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
     assert tokens(True) == tokens(False)
     assert sum(calls) > 100  # the replicas took runs
+
+
+def test_one_token_slots_need_what_the_numpy_path_counts() -> None:
+    """``_short_need``'s running count for one-token slots (SGLang's) is ``_long_need``'s."""
+    from tailserve.executors.simulated.async_decode_run import _long_need, _short_need
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        n, k = rng.randint(1, 40), rng.randint(1, 32)
+        first_new = [rng.randint(0, 40) for _ in range(n)]
+        ctx = [rng.randint(1, 5000) for _ in range(n)]
+        free = rng.randint(0, 400)
+        assert _short_need(first_new, 1, free, k) == _long_need(ctx, first_new, 1, free, k)

@@ -284,10 +284,19 @@ def _short_need(first_new_block, block_size, free, k_max):
     would have to preempt (at most ``k_max``), in Python: a request with ``f`` free slots needs
     a new block in step f, then every ``block_size`` steps."""
     crossings = [0] * k_max
-    for f in first_new_block:
-        while f < k_max:
-            crossings[f] += 1
-            f += block_size
+    if block_size == 1:
+        # One-token slots (SGLang's): a request needs one in every step from its ``f`` on, so the
+        # requests needing one by step j are a running count of where each starts, not a walk
+        # of every request's every step (once per request per step of each run).
+        for f in first_new_block:
+            if f < k_max:
+                crossings[f] += 1
+        crossings = list(accumulate(crossings))
+    else:
+        for f in first_new_block:
+            while f < k_max:
+                crossings[f] += 1
+                f += block_size
     need = list(accumulate(crossings))
     return need if need[-1] <= free else need[: bisect_right(need, free)]
 
