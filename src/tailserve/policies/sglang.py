@@ -95,8 +95,8 @@ draft layer's weights and KV come off the pool (``drafter_memory``); the fast pa
 each step is built while the previous one runs (the engine's async path, the scheduler's advanced
 accounting): finishes by length are foreseen and left out of the next decode, a finish frees its
 KV a step late, a retracted request's in-flight output is dropped, the per-step host time is
-hidden. Of the fast paths only the async decode run (``async_decode_run.py``) applies, whose
-skip is ``_reqs_finishing_inflight`` (``can_fast_forward``). Off on the real and real-time executors. With
+hidden. Of the fast paths only the async decode run (``async_decode_run.py``) applies, its skip
+``_reqs_finishing_inflight`` (``can_fast_forward``). Off on the real and real-time executors. With
 speculative decoding it is SGLang's spec v2: a verify's accepted tokens are committed when its
 result is processed, after the next verify was launched, so that one's KV reserve counts from
 the committed length before the verify in flight (``_committed_lag``), and a request whose

@@ -4,13 +4,14 @@
 ``vllm`` policy's async accounting (``policies/vllm_async.py``) in closed form. The engines whose
 overlap schedulers take the same path (``Scheduler.async_scheduling``) sign it where their decode
 turns are these steps: ``trtllm`` (the guard is ``GENERATION_TO_COMPLETE``) and ``sglang``, its
-default (the guard is ``_reqs_finishing_inflight``; ``SglangPolicy.can_fast_forward``). Between events a
-steady async engine repeats one step: step m+1 is scheduled while step m runs, every running
-request granted one token on its output placeholder (its previous token not known yet), and
-then step m's outputs are applied, one token each, stamped at step m's end. The run starts with
-step n in flight and schedules steps n+1..n+k; it applies the outputs of steps n..n+k-1 and
-leaves step n+k in flight, as k engine steps would (the skipping step below is step n+k+1). What makes it differ from the synchronous
-run:
+default (the guard is ``_reqs_finishing_inflight``; ``SglangPolicy.can_fast_forward``).
+
+Between events a steady async engine repeats one step: step m+1 is scheduled while step m runs,
+every running request granted one token on its output placeholder (its previous token not known
+yet), and then step m's outputs are applied, one token each, stamped at step m's end. The run
+starts with step n in flight and schedules steps n+1..n+k; it applies the outputs of steps
+n..n+k-1 and leaves step n+k in flight, as k engine steps would (the skipping step below is step
+n+k+1). What makes it differ from the synchronous run:
 
 - Time. A step's host part (``StepResult.host_time``: the per-step overhead) starts when it is
   scheduled, at the end of the step before the one running; its forward pass starts when that
