@@ -214,19 +214,33 @@ def test_batch_record_per_iteration_identical_and_saved_runs_kept_stepped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With integrity checks after every run and the batch record: the async run gives the same
-    run and the same rows per iteration, grouped in fewer entries — which is why it stays off
-    while batches are recorded (``SglangPolicy.async_run_records_batches``: the golden corpus's
-    saved runs hold one entry per step)."""
+    run, and records one entry per step, the entries stepping records (the golden corpus's saved
+    runs hold those: ``SglangPolicy.batch_entry_per_async_run``); grouped, the same rows per
+    iteration in fewer entries."""
+    from tailserve.executors.simulated import async_decode_run
+
+    calls: list[int] = []
+    original = async_decode_run.advance_async_decode_run
+
+    def counting(engine):
+        calls.append(original(engine))
+        return calls[-1]
+
+    monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
     spec, workload = f"{SG},gpu_memory_utilization=0.25", replace(RETRACTING, seed=22)
     options = {"check_integrity": True, "record_batches": True}
     slow, slow_run = _async_fingerprint(spec, workload, False, **options)
-    kept, kept_run = _async_fingerprint(spec, workload, True, **options)
-    assert kept == slow and len(kept_run.batches.entries) == len(slow_run.batches.entries)
-    monkeypatch.setattr(SglangPolicy, "async_run_records_batches", True)
-    fast, fast_run = _async_fingerprint(spec, workload, True, **options)
-    _assert_same(fast, slow)
-    assert _rows(fast_run.batches) == _rows(slow_run.batches)
-    assert len(fast_run.batches.entries) < len(slow_run.batches.entries)
+    per_step, per_step_run = _async_fingerprint(spec, workload, True, **options)
+    assert sum(calls) > len(slow_run.log) / 2  # the run was taken
+    _assert_same(per_step, slow)
+    assert [e.to_json() for e in per_step_run.batches.entries] == [
+        e.to_json() for e in slow_run.batches.entries
+    ]
+    monkeypatch.setattr(SglangPolicy, "batch_entry_per_async_run", True)
+    grouped, grouped_run = _async_fingerprint(spec, workload, True, **options)
+    _assert_same(grouped, slow)
+    assert _rows(grouped_run.batches) == _rows(slow_run.batches)
+    assert len(grouped_run.batches.entries) < len(slow_run.batches.entries)
 
 
 def test_sglang_overlap_run_in_a_cluster_identical_to_plain_stepping(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -188,12 +188,12 @@ class SglangPolicy(Policy, FastPaths):
     # (0.82 at TP 4; 0.90 on an H200). Note the simulator subtracts its own activation estimate
     # on top, so its KV pool is ~2 GiB smaller than SGLang's.
     default_gpu_memory_utilization = 0.83
-    # The batch record (``--save-run``, ``--explain``) keeps an async run as one entry of its
-    # steps and a stepped turn as one entry: the same iterations, grouped otherwise. SGLang's
-    # saved runs in the golden corpus were recorded with its overlap scheduler stepped, so the
-    # driver leaves its async run off while batches are recorded (``driver.py``); re-recording
-    # them (the per-iteration rows are equal: ``tests/test_sglang_overlap_run.py``) lifts this.
-    async_run_records_batches: ClassVar[bool] = False
+    # The batch record (``--save-run``, ``--explain``, ``--report``) may keep an async run as one
+    # entry of its steps; SGLang's saved runs in the golden corpus were recorded with its overlap
+    # scheduler stepped, one entry per step, so its async run records one per step
+    # (``async_decode_run.py``): the saved runs stay byte-identical. True would group them (the
+    # same rows per iteration, fewer entries) once those saved runs are re-recorded.
+    batch_entry_per_async_run: ClassVar[bool] = False
 
     def __init__(self, config: SglangConfig) -> None:
         super().__init__(config)

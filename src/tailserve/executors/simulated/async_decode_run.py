@@ -221,7 +221,14 @@ def advance_async_decode_run(engine: Engine) -> int:
         if keep_log:
             engine.log.extend_decode_run(begins, durations, n, used)
         if batches is not None:
-            batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
+            if getattr(policy, "batch_entry_per_async_run", True):
+                batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
+            else:
+                # One entry per step, as stepping records them (the policy's saved runs were
+                # recorded so: ``SglangPolicy.batch_entry_per_async_run``).
+                for j, (begin, duration, num_used) in enumerate(zip(begins, durations, used)):
+                    contexts = [c + j for c in ctx_list]
+                    batches.record_decode_run([begin], [duration], running, contexts, [num_used], sched)
     # The step left in flight: the batch ``schedule`` made. The step in flight before the run
     # listed the same requests in the same order (``steady``); its entries become this step's
     # (nothing else holds them: the log and the batch record copied them).

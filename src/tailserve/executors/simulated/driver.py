@@ -15,8 +15,7 @@ all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`
 - under vLLM's async scheduling (``Scheduler.async_scheduling``: each step scheduled before the
   previous one's outputs are applied; also TensorRT-LLM's and SGLang's overlap schedulers) only
   decode runs, by ``async_decode_run.py`` with that rule in closed form, for an
-  ``AsyncDecodeRunExecutor`` — while batches are recorded, only for a policy whose saved runs
-  group a run's steps in one entry (``async_run_records_batches``; not ``sglang`` yet).
+  ``AsyncDecodeRunExecutor``.
 
 ``run()`` is ``Engine.run`` with the fast paths after each step; a driver that steps the engine
 itself (a cluster replica, advanced to the cluster's next event) calls ``fast_forward()`` after
@@ -46,9 +45,6 @@ class SimDriver:
             and fast is not None
             and isinstance(engine.executor, async_decode_run.AsyncDecodeRunExecutor)
             and shapes_alone
-            # A policy whose saved runs were recorded stepped (one batch entry per step, where
-            # a run records one for all its steps) says so: ``SglangPolicy``.
-            and (not options.record_batches or getattr(fast, "async_run_records_batches", True))
         )
         self._decode_run_ok = (
             not self._async
