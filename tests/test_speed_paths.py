@@ -484,7 +484,8 @@ LONG_PROMPTS = WorkloadSpec(
             "sglang:disable_overlap_schedule=true,chunked_prefill_size=512,enable_mixed_chunk=true",
             replace(LONG_PROMPTS, seed=10),
         ),
-        # SGLang's overlap scheduler (its default): the fast paths are off, stepping throughout.
+        # SGLang's overlap scheduler (its default): no lone chunk run (each chunk is scheduled
+        # before the previous one's result), async decode runs between the prompts.
         ("sglang:chunked_prefill_size=512", LONG_PROMPTS),
     ],
 )

@@ -95,7 +95,8 @@ draft layer's weights and KV come off the pool (``drafter_memory``); the fast pa
 each step is built while the previous one runs (the engine's async path, the scheduler's advanced
 accounting): finishes by length are foreseen and left out of the next decode, a finish frees its
 KV a step late, a retracted request's in-flight output is dropped, the per-step host time is
-hidden; the fast paths are off with it. Off on the real and real-time executors. With
+hidden. Of the fast paths only the async decode run (``async_decode_run.py``) applies, its skip
+``_reqs_finishing_inflight`` (``can_fast_forward``). Off on the real and real-time executors. With
 speculative decoding it is SGLang's spec v2: a verify's accepted tokens are committed when its
 result is processed, after the next verify was launched, so that one's KV reserve counts from
 the committed length before the verify in flight (``_committed_lag``), and a request whose
@@ -119,7 +120,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
@@ -187,6 +188,12 @@ class SglangPolicy(Policy, FastPaths):
     # (0.82 at TP 4; 0.90 on an H200). Note the simulator subtracts its own activation estimate
     # on top, so its KV pool is ~2 GiB smaller than SGLang's.
     default_gpu_memory_utilization = 0.83
+    # The batch record (``--save-run``, ``--explain``, ``--report``) may keep an async run as one
+    # entry of its steps; SGLang's saved runs in the golden corpus were recorded with its overlap
+    # scheduler stepped, one entry per step, so its async run records one per step
+    # (``async_decode_run.py``): the saved runs stay byte-identical. True would group them (the
+    # same rows per iteration, fewer entries) once those saved runs are re-recorded.
+    batch_entry_per_async_run: ClassVar[bool] = False
 
     def __init__(self, config: SglangConfig) -> None:
         super().__init__(config)
@@ -222,7 +229,6 @@ class SglangPolicy(Policy, FastPaths):
         # runs, with the scheduler's advanced accounting. A config made without default_config
         # leaves the flag None: synchronous (the differential harnesses' standalone scheduler).
         self.overlap = config.disable_overlap_schedule is False
-        self._in_flight: SchedulerOutput | None = None  # overlap: the last batch, still running
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
@@ -383,7 +389,7 @@ class SglangPolicy(Policy, FastPaths):
             # Nothing left to decode and admission unblocked: SGLang's next loop turn, with no
             # forward pass in between. Under overlap that turn first processes the step in flight
             # (its finishes free KV), so the engine applies it and asks again.
-            in_flight = self.overlap and self._in_flight is not None
+            in_flight = self._step_in_flight(sched) is not None
             if not out.scheduled and (aborted or (was_full and not self.batch_is_full)) and not in_flight:
                 prefilled = self._prefill(sched, now, out)
         self._last_batch = [s.request for s in out.scheduled]
@@ -394,8 +400,17 @@ class SglangPolicy(Policy, FastPaths):
             # ``prepare_for_extend`` / ``prepare_for_decode`` advance seq_lens at launch; the
             # outputs come one step later (``Scheduler.update_advanced``).
             sched.advance_scheduled(out)
-            self._in_flight = out if out.scheduled else None
         return out
+
+    def _step_in_flight(self, sched: Scheduler) -> SchedulerOutput | None:
+        """Overlap: the batch launched last and still running while this one is built — the
+        scheduler's last output (``Scheduler.schedule`` keeps it; the driver's async decode run
+        replaces it with the step it leaves in flight); None without overlap or when the last
+        turn launched nothing."""
+        if not self.overlap:
+            return None
+        out = sched.last_output
+        return out if out is not None and out.scheduled else None
 
     def _note_departures(self) -> bool:
         """Clear ``batch_is_full`` where SGLang would; True when that happens in this iteration's
@@ -544,7 +559,7 @@ class SglangPolicy(Policy, FastPaths):
             return False
         kv = sched.kv_cache
         aborted = False
-        lag = self._committed_lag()
+        lag = self._committed_lag(sched)
         if self.overlap:
             # ``_reqs_finishing_inflight``: leave out requests whose step in flight yields their
             # last token; a batch that shrank clears ``batch_is_full``; if the rest still does not
@@ -567,13 +582,13 @@ class SglangPolicy(Policy, FastPaths):
         self._add_decodes(sched, decodes, out, lag)
         return aborted
 
-    def _committed_lag(self) -> dict[str, int]:
+    def _committed_lag(self, sched: Scheduler) -> dict[str, int]:
         """Spec v2 under the overlap scheduler: the verified positions of each request's verify
         in flight, which SGLang commits only when that result is processed (``committed_lag``);
         empty otherwise (a plain decode's slot is committed at launch)."""
-        if self.spec is None or not self.overlap:
+        if self.spec is None:
             return {}
-        return committed_lag(self._in_flight)
+        return committed_lag(self._step_in_flight(sched))
 
     def _retract(
         self, sched: Scheduler, decodes: list[Request], now: float, out: SchedulerOutput, lag: dict[str, int]
@@ -620,7 +635,7 @@ class SglangPolicy(Policy, FastPaths):
         self.processed.stamp(request)
         self.sgl_prefix_len.pop(request.request_id, None)  # its fill ids stay as they were
         out.preempted.append(request)
-        drop_in_flight(self._in_flight, request)  # overlap: its in-flight output is dropped
+        drop_in_flight(self._step_in_flight(sched), request)  # overlap: its in-flight output is dropped
 
     def _add_decodes(
         self,
@@ -685,10 +700,30 @@ class SglangPolicy(Policy, FastPaths):
         tried: nothing waits, or ``batch_is_full`` holds (it clears only when a request leaves:
         with requests waiting that ends the driver's runs, with none ``on_decode_run`` clears it
         as the next run's first iteration would). The decaying ratio is replayed by
-        ``on_decode_run``."""
-        if self.chunked is not None or self.spec is not None or self.overlap:
-            # Speculative decodes advance by the accepted drafts; the overlap scheduler's lag
-            # (finishes foreseen, admission a step later) has no closed-form run: stepped.
+        ``on_decode_run``.
+
+        Under the overlap scheduler the same answer signs the async decode run
+        (``async_decode_run.py``), whose steps are SGLang's: with every running request on the
+        placeholder of the batch in flight, ``update_running_batch`` decodes each one token on
+        it (``prepare_for_decode``: one slot each, ``alloc_for_decode``; the run stops before a
+        step whose slots the free ones cannot hold, so ``check_decode_mem`` never retracts or
+        evicts inside it), and the quick exit above admits nobody. The run's skip is
+        ``_reqs_finishing_inflight`` (``finishes_in_flight``: one placeholder and outputs + 1 >=
+        ``max_tokens`` is the run's ``max_tokens - outputs - 1`` steps left); the skipping step
+        clears ``batch_is_full`` and, with nobody waiting (the only case the run takes it),
+        decodes the rest, as vLLM's does. With requests waiting the run stops before it: the
+        cleared flag lets the next turn walk the queue, stepped. A finish foreseen this way
+        leaves no request of the batch in flight finished, so ``_note_departures`` finds none
+        inside a run; the run's first step replays a departure or a prefill batch before it as
+        the synchronous run's does (``on_decode_run``)."""
+        if self.chunked is not None or self.spec is not None:
+            # Speculative decodes advance by the accepted drafts: stepped.
+            return False
+        if self.overlap and self._last_was_prefill and self.tree is not None:
+            # The prefill batch in flight is checkpointed at the next turn, before its outputs
+            # apply; a run that starts with its skipping step (a first token that is the last)
+            # would replay that only after they applied (``on_decode_run`` with the skipping
+            # step), its tree stamps in another order: that turn steps.
             return False
         if not sched.waiting:
             return True
@@ -763,6 +798,11 @@ class SglangPolicy(Policy, FastPaths):
             self.batch_is_full = True  # NO_TOKEN
 
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
+        """``num_steps`` decode turns of ``schedule``. Under overlap the async run calls it for
+        its steps before their outputs apply, then with 1 for its skipping step once the
+        requests it skipped finished: their departure from ``_last_batch`` (the batch this call
+        left, or the one in flight before the run) is what clears ``batch_is_full`` below, as
+        the skipping step's shrunk batch clears it in ``_decode``."""
         if self.batch_is_full:
             # The run's first iteration is a ``schedule``: a request that left since the last
             # batch clears the flag there (``_note_departures``), even with nobody waiting to be

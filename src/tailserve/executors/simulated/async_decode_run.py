@@ -1,13 +1,17 @@
 """Exact fast path: a run of identical decode-only steps under vLLM's async scheduling.
 
 ``decode_run.py``'s run, with the rules of ``Engine._step_async`` (a batch queue of two) and the
-``vllm`` policy's async accounting (``policies/vllm_async.py``) in closed form. Between events a
-steady async engine repeats one step: step m+1 is scheduled while step m runs, every running
-request granted one token on its output placeholder (its previous token not known yet), and
-then step m's outputs are applied, one token each, stamped at step m's end. The run starts with
-step n in flight and schedules steps n+1..n+k; it applies the outputs of steps n..n+k-1 and
-leaves step n+k in flight, as k engine steps would (the skipping step below is step n+k+1). What makes it differ from the synchronous
-run:
+``vllm`` policy's async accounting (``policies/vllm_async.py``) in closed form. The engines whose
+overlap schedulers take the same path (``Scheduler.async_scheduling``) sign it where their decode
+turns are these steps: ``trtllm`` (the guard is ``GENERATION_TO_COMPLETE``) and ``sglang``, its
+default (the guard is ``_reqs_finishing_inflight``; ``SglangPolicy.can_fast_forward``).
+
+Between events a steady async engine repeats one step: step m+1 is scheduled while step m runs,
+every running request granted one token on its output placeholder (its previous token not known
+yet), and then step m's outputs are applied, one token each, stamped at step m's end. The run
+starts with step n in flight and schedules steps n+1..n+k; it applies the outputs of steps
+n..n+k-1 and leaves step n+k in flight, as k engine steps would (the skipping step below is step
+n+k+1). What makes it differ from the synchronous run:
 
 - Time. A step's host part (``StepResult.host_time``: the per-step overhead) starts when it is
   scheduled, at the end of the step before the one running; its forward pass starts when that
@@ -31,7 +35,8 @@ run:
 
 The iteration log gets each step at its forward pass (``begin``, ``end - begin``), recorded when it
 is scheduled, as the engine does. Results are identical to stepping;
-``tests/test_speed_paths.py`` and ``tests/test_decode_run.py`` check that. ``driver.py`` calls it
+``tests/test_speed_paths.py``, ``tests/test_decode_run.py`` and (SGLang's overlap scheduler)
+``tests/test_sglang_overlap_run.py`` check that. ``driver.py`` calls it
 under async scheduling (and only then: ``decode_run.py`` is the synchronous run).
 """
 
@@ -216,7 +221,14 @@ def advance_async_decode_run(engine: Engine) -> int:
         if keep_log:
             engine.log.extend_decode_run(begins, durations, n, used)
         if batches is not None:
-            batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
+            if getattr(policy, "batch_entry_per_async_run", True):
+                batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
+            else:
+                # One entry per step, as stepping records them (the policy's saved runs were
+                # recorded so: ``SglangPolicy.batch_entry_per_async_run``).
+                for j, (begin, duration, num_used) in enumerate(zip(begins, durations, used)):
+                    contexts = [c + j for c in ctx_list]
+                    batches.record_decode_run([begin], [duration], running, contexts, [num_used], sched)
     # The step left in flight: the batch ``schedule`` made. The step in flight before the run
     # listed the same requests in the same order (``steady``); its entries become this step's
     # (nothing else holds them: the log and the batch record copied them).
@@ -280,10 +292,19 @@ def _short_need(first_new_block, block_size, free, k_max):
     would have to preempt (at most ``k_max``), in Python: a request with ``f`` free slots needs
     a new block in step f, then every ``block_size`` steps."""
     crossings = [0] * k_max
-    for f in first_new_block:
-        while f < k_max:
-            crossings[f] += 1
-            f += block_size
+    if block_size == 1:
+        # One-token slots (SGLang's): a request needs one in every step from its ``f`` on, so the
+        # requests needing one by step j are a running count of where each starts, not a walk
+        # of every request's every step (once per request per step of each run).
+        for f in first_new_block:
+            if f < k_max:
+                crossings[f] += 1
+        crossings = list(accumulate(crossings))
+    else:
+        for f in first_new_block:
+            while f < k_max:
+                crossings[f] += 1
+                f += block_size
     need = list(accumulate(crossings))
     return need if need[-1] <= free else need[: bisect_right(need, free)]
 

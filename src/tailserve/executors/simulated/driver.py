@@ -13,8 +13,9 @@ all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`
   runs only for ``SimExecutor`` itself and without per-iteration records or checks (they price
   iterations from the cost model directly and record none);
 - under vLLM's async scheduling (``Scheduler.async_scheduling``: each step scheduled before the
-  previous one's outputs are applied) only decode runs, by ``async_decode_run.py`` with that
-  rule in closed form, for an ``AsyncDecodeRunExecutor``.
+  previous one's outputs are applied; also TensorRT-LLM's and SGLang's overlap schedulers) only
+  decode runs, by ``async_decode_run.py`` with that rule in closed form, for an
+  ``AsyncDecodeRunExecutor``.
 
 ``run()`` is ``Engine.run`` with the fast paths after each step; a driver that steps the engine
 itself (a cluster replica, advanced to the cluster's next event) calls ``fast_forward()`` after
@@ -35,8 +36,9 @@ class SimDriver:
         policy = engine.scheduler.policy
         fast = policy if options.fast_forward and isinstance(policy, FastPaths) else None
         shapes_alone = getattr(engine.executor, "prices_shapes_alone", True)
-        # Under vLLM's async scheduling outputs are applied a step late: only the async decode
-        # run has that rule; the synchronous runs (decode, chunk, lone chunk) stay off.
+        # Under async scheduling (vLLM's, or an overlap scheduler: TensorRT-LLM's, SGLang's)
+        # outputs are applied a step late: only the async decode run has that rule; the
+        # synchronous runs (decode, chunk, lone chunk) stay off.
         self._async = engine.scheduler.async_scheduling
         self._async_run_ok = (
             self._async
