@@ -288,3 +288,15 @@ def test_one_token_slots_need_what_the_numpy_path_counts() -> None:
         ctx = [rng.randint(1, 5000) for _ in range(n)]
         free = rng.randint(0, 400)
         assert _short_need(first_new, 1, free, k) == _long_need(ctx, first_new, 1, free, k)
+
+
+def test_fairness_wrapped_sglang_records_one_entry_per_step_too() -> None:
+    """``fairness=vtc`` wraps the policy (``FairPolicy``), which carries ``FastPaths``' class
+    declarations over: the wrapped SGLang's runs are recorded one entry per step as well."""
+    spec = f"{SG},fairness=vtc,gpu_memory_utilization=0.3"
+    workload = replace(BURSTY, seed=23, tenants=(("a", 0.7), ("b", 0.3)))
+    options = {"record_batches": True}
+    slow, slow_run = _async_fingerprint(spec, workload, False, **options)
+    fast, fast_run = _async_fingerprint(spec, workload, True, **options)
+    _assert_same(fast, slow)
+    assert [e.to_json() for e in fast_run.batches.entries] == [e.to_json() for e in slow_run.batches.entries]

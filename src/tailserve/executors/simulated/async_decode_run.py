@@ -221,7 +221,7 @@ def advance_async_decode_run(engine: Engine) -> int:
         if keep_log:
             engine.log.extend_decode_run(begins, durations, n, used)
         if batches is not None:
-            if getattr(policy, "batch_entry_per_async_run", True):
+            if policy.batch_entry_per_async_run:
                 batches.record_decode_run(begins, durations, running, ctx_list, used, sched)
             else:
                 # One entry per step, as stepping records them (the policy's saved runs were

@@ -48,6 +48,10 @@ class FastPaths:
     # applies its decodes in arrival order — Sarathi. Not TGI: its shard plans the prompt's
     # next chunk around a finish (``on_chunk_run`` does not re-derive that), so it steps there.
     chunk_run_ends_at_finish: ClassVar[bool] = False
+    # The batch record (``--save-run``, ``--explain``, ``--report``) keeps an async decode run
+    # (``async_decode_run.py``) as one entry of its steps; False: one entry per step, as stepping
+    # records them (SGLang: its saved runs in the golden corpus were recorded stepped).
+    batch_entry_per_async_run: ClassVar[bool] = True
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """True when, with every running request one token behind, this policy would schedule
