@@ -23,6 +23,7 @@ def test_slo_gets_the_tuned_slo_as_its_class():
     vllm = PolicySpec.make("vllm", {})
     assert with_slo_targets(vllm, slo) is vllm
     assert "slo" in DEFAULT_TUNE_POLICIES.split(",")
+    assert "trtllm" in DEFAULT_TUNE_POLICIES.split(",")  # 2026's engines: TensorRT-LLM's flags too
     device = get_hardware("H100-SXM").device_info
     line = command_line(spec, Deployment.of("Llama-3-8B", "H100-SXM", 1), None, device, 8192)
     assert line == "tailserve serve --model MODEL_DIR --policy slo --slo-classes 'tuned=ttft:1000ms,tbt:50ms'"
