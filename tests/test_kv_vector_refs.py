@@ -72,3 +72,29 @@ def test_allocate_each_on_a_radix_manager_takes_the_slots_allocate_would() -> No
         assert batched.free_ids() == stepped.free_ids()
         assert batched._ref_counts == stepped._ref_counts
         batched.check_integrity()
+
+
+def test_no_counts_until_the_tree_exists_then_counted_from_the_tables() -> None:
+    """Before its tree every held slot has one reference (its request's): the radix manager keeps
+    no counts and releases as the plain manager does, the same free stack as a counting twin;
+    the first keys build the tree and the counts, one per table entry, kept from then on."""
+    lazy, counted = RadixKVCacheManager(512, 1), RadixKVCacheManager(512, 1)
+    counted._live_refs()
+    rng = random.Random(11)
+    for i in range(40):
+        n = rng.choice([1, 7, 48, 90])
+        assert lazy.allocate(f"r{i}", n) == counted.allocate(f"r{i}", n)
+        if i % 3 == 2:
+            victim = f"r{rng.randrange(i)}"
+            assert lazy.free(victim) == counted.free(victim)
+        assert lazy.free_ids() == counted.free_ids()
+    assert lazy._refs is None and lazy.tree is None
+    keys = list(range(1000, 1024))
+    lazy.set_prefix_keys("k", keys)
+    assert lazy.tree is not None and lazy._ref_counts == counted._ref_counts
+    for rid in list(lazy.block_tables):  # counts kept: a release drops them to zero
+        lazy.free(rid)
+        counted.free(rid)
+        assert lazy.free_ids() == counted.free_ids()
+    assert lazy._ref_counts == [0] * 512
+    lazy.check_integrity()

@@ -30,7 +30,8 @@ from tailserve.workloads.lengths import LogNormal
 @pytest.mark.parametrize("block_size", [4, 1])  # 1: the plain manager's typed-array tables
 def test_uncounted_manager_matches_a_counting_one_block_for_block(block_size: int) -> None:
     lazy = KVCacheManager(64, block_size, num_cpu_blocks=32)
-    counted = RadixKVCacheManager(64, block_size, num_cpu_blocks=32)  # keeps counts from the start
+    counted = RadixKVCacheManager(64, block_size, num_cpu_blocks=32)
+    counted._live_refs()  # counts from the start (a radix manager keeps them once its tree exists)
     assert lazy._refs is None and counted._refs is not None
     assert lazy._compact == (block_size == 1)
     rng = random.Random(7)

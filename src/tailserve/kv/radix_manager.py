@@ -74,6 +74,19 @@ class RadixKVCacheManager(KVCacheManager):
         self._keys: dict[str, list[Any]] = {}  # request id -> its radix keys
         self._held: dict[str, _Held] = {}  # request id -> its locked path (admitted requests)
         self._tree_refs = 0
+        # No reference counts until the tree exists (``_build_tree``): before it every held slot
+        # has exactly one reference, its request's, so the plain manager's paths are exact (a
+        # release is one list extend, an allocation no count written), and a run whose requests
+        # carry no token ids never builds one (SGLang on sim_memory's prompts: converting each
+        # ~1,150-slot table for numpy at every admission and release, and back, was ~0.25 ms a
+        # request, r48).
+        self._refs = None
+
+    def _build_tree(self) -> None:
+        """The tree, with the first keys; from now on slots may be shared: the counts, taken
+        from the tables (one each), are kept."""
+        self.tree = RadixCache(page_size=self.block_size)
+        self._live_refs()
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -99,7 +112,7 @@ class RadixKVCacheManager(KVCacheManager):
         if not keys or not self._tree_allowed:
             return
         if self.tree is None:
-            self.tree = RadixCache(page_size=self.block_size)
+            self._build_tree()
         self._keys[request_id] = keys
 
     def forget_prefix_keys(self, request_id: str) -> None:
@@ -212,7 +225,7 @@ class RadixKVCacheManager(KVCacheManager):
         if not self._tree_allowed:
             return False
         if self.tree is None:
-            self.tree = RadixCache(page_size=self.block_size)
+            self._build_tree()
         warmer = "\0warm"
         if self.allocate(warmer, len(keys) * self.block_size) is None:
             raise ValueError(f"{len(keys)} keys do not fit in {self.num_free_blocks} free blocks")
