@@ -8,6 +8,7 @@ or the horizon changes the results."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -83,6 +84,46 @@ def test_runs_across_arrivals_identical_to_stepping(
     slow, _ = _async_fingerprint(spec, workload, False)
     _assert_same(fast, slow, spec)
     assert sum(added) > 0  # arrivals were added inside runs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 8, 9, 15, 18, 21, 27])
+def test_random_mixes_identical_to_stepping(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Random mixes of the knobs (seeds where runs take arrivals; 270 seeds passed when added)."""
+    rng = random.Random(seed)
+    flags = []
+    if rng.random() < 0.7:
+        flags.append(f"max_num_tokens={rng.choice([1024, 2048, 4096])}")
+    if rng.random() < 0.4:
+        flags.append(f"gpu_memory_utilization={rng.choice([0.15, 0.25, 0.5])}")
+    if rng.random() < 0.3:
+        flags.append(f"max_batch_size={rng.choice([4, 16, 64])}")
+    if rng.random() < 0.2:
+        flags.append("capacity_scheduler_policy=STATIC_BATCH")
+    if rng.random() < 0.2:
+        flags.append("enable_block_reuse=false")
+    spec = "trtllm" + (":" + ",".join(flags) if flags else "")
+    kind = rng.choice(["random", "random", "shared-prefix"])
+    arrival = rng.choice(
+        [
+            ArrivalSpec("gamma", burstiness=rng.choice([0.3, 1.0, 3.0])),
+            ArrivalSpec("closed", concurrency=rng.choice([8, 40, 100])),
+        ]
+    )
+    workload = WorkloadSpec(
+        kind,
+        num_requests=rng.randint(60, 160),
+        rate=rng.choice([5.0, 20.0, 60.0]),
+        seed=300 + seed,
+        input_len=LogNormal(rng.choice([300, 900, 1600]), rng.choice([0.5, 1.0]), 6000),
+        output_len=LogNormal(rng.choice([20, 150, 500]), 0.8, 1500),
+        arrival=arrival,
+    )
+    overhead = rng.choice([None, None, 0.004, 0.01])
+    added = _counting(monkeypatch)
+    fast, _ = _async_fingerprint(spec, workload, True, overhead)
+    slow, _ = _async_fingerprint(spec, workload, False, overhead)
+    _assert_same(fast, slow, f"{spec} {workload}")
+    assert sum(added) > 0
 
 
 def test_the_cases_reach_rejections_and_kv_blocked_heads() -> None:
