@@ -96,7 +96,9 @@ only shrink), and one before a running request would have paused it. No chunk ru
 cut to ``tokens_per_block`` multiples, not to the budget. With draft tokens none: each step's
 advance is a draw per request. CUDA-graph padding prices a decode run's steps padded as a
 stepped one would (``SimExecutor.decode_run_durations``). Under overlap the async decode run
-(``async_decode_run.py``), whose guard is ``GENERATION_TO_COMPLETE``'s rule.
+(``async_decode_run.py``), whose guard is ``GENERATION_TO_COMPLETE``'s rule; with requests
+waiting behind a head it cannot admit (GUARANTEED_NO_EVICT or STATIC_BATCH, no chunked prefill)
+the run goes on across arrivals, which join the queue behind it (``arrivals_wait_in_async_runs``).
 A stepped step: GUARANTEED_NO_EVICT's pass is lazy and bounds the reservations by a kept sum
 (``trtllm_capacity.py``; ``_generating``), and a generation request gets one of two decode items
 in turn (``_decode_items``).
@@ -222,6 +224,26 @@ class TrtllmPolicy(Policy, FastPaths):
         # With drafts a step advances each request by 1 + the drafts its verification accepts,
         # a draw per request: stepped, as the vllm policy's.
         return self._spec is None
+
+    def arrivals_wait_in_async_runs(self, sched: Scheduler) -> bool:
+        # With the overlap scheduler, requests waiting and the step in flight having admitted
+        # nobody (nobody finished since): the capacity pass walks contexts in active order and
+        # GUARANTEED_NO_EVICT's second pass ends at the first that does not fit (head of line);
+        # without chunking the micro-batch walk ends at the first context past max_num_tokens.
+        # The first context walked is never skipped by the reuse rule (no context runs in
+        # chunks; nothing was looked at before it), so that walk ended at the queue's head, and
+        # with nobody finishing neither the blocks left after the reservations nor the decodes'
+        # tokens move. An arrival is fetched behind every waiting request (FCFS, the only
+        # waiting_queue_policy) or not at all (max_batch_size active), so it is never walked. Not
+        # MAX_UTILIZATION (its pass may pause), nor chunked prefill (contexts set aside and
+        # chunked together), nor drafts (stepped: ``can_fast_forward``).
+        cfg: TrtllmConfig = self.config
+        return (
+            self._overlap
+            and self._spec is None
+            and not cfg.enable_chunked_prefill
+            and cfg.capacity_scheduler_policy != MAX_UTILIZATION
+        )
 
     # ---- requests in and out ------------------------------------------------------------------
     def add_request(self, sched: Scheduler, request: Request) -> None:

@@ -28,7 +28,11 @@ n+k+1). What makes it differ from the synchronous run:
   last tokens, and they finish there, their slots and blocks freed a step late); with someone
   waiting the run stops before it (the step, and the next one that may admit, are stepped).
 - Arrivals: step m is scheduled at ``end[m-2]``; the run stops before the first step scheduled at
-  or after the next arrival (or the policy's wake-up), which then steps and adds it.
+  or after the next arrival (or the policy's wake-up), which then steps and adds it. Where the
+  policy says an arrival cannot change its decisions while requests wait behind a head it
+  cannot admit (``FastPaths.arrivals_wait_in_async_runs``: TensorRT-LLM's GUARANTEED_NO_EVICT
+  without chunked prefill) the run goes on instead, adding each arrival at the first step
+  scheduled at or after it, as that step would (``takes_arrivals``).
 - KV: each step allocates the slot its token needs, as in the synchronous run (it stops before a
   step that would preempt); blocks are registered with prefix caching only up to the tokens
   known (``Scheduler.update_async_run``).
@@ -42,7 +46,7 @@ under async scheduling (and only then: ``decode_run.py`` is the synchronous run)
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
@@ -110,7 +114,23 @@ def steady(engine: Engine) -> bool:
             if item.num_new_tokens != 1:
                 return False
     nxt = engine.source.next_arrival_time()
-    return nxt is None or nxt > engine.clock.now
+    return nxt is None or nxt > engine.clock.now or (bool(waiting) and takes_arrivals(engine))
+
+
+def takes_arrivals(engine: Engine) -> bool:
+    """With requests waiting (and ``steady``'s state: the step in flight admitted nobody, nobody
+    finished), whether a run may add arrivals inside it rather than stop at the next one: the
+    policy says an arrival now changes none of its decisions before a finish
+    (``arrivals_wait_in_async_runs``); the source's next arrival is a request's (not a cluster
+    replica's horizon, where the router acts next); and no batch record, whose entries name the
+    queue's length after each step."""
+    policy = engine.scheduler.policy
+    assert isinstance(policy, FastPaths)
+    return (
+        engine.batches is None
+        and engine.source.horizon is None
+        and policy.arrivals_wait_in_async_runs(engine.scheduler)
+    )
 
 
 def steady_after_run(engine: Engine) -> bool:
@@ -120,7 +140,11 @@ def steady_after_run(engine: Engine) -> bool:
     (the skipping step runs only with nobody waiting). What is left to ask is what the run did
     not decide: an arrival (a closed-loop client's, released by a finish), the policy."""
     nxt = engine.source.next_arrival_time()
-    if nxt is not None and nxt <= engine.clock.now:
+    if (
+        nxt is not None
+        and nxt <= engine.clock.now
+        and not (engine.scheduler.waiting and takes_arrivals(engine))
+    ):
         return False
     policy = engine.scheduler.policy
     assert isinstance(policy, FastPaths)
@@ -167,7 +191,10 @@ def advance_async_decode_run(engine: Engine) -> int:
         first_new_block.append(slots - c)
     k_max = min(k_guard, MAX_RUN)
     host = executor.decode_host_time(n)
-    wake = engine.next_wake(now)
+    # Arrivals bound the run unless they join a queue that cannot move (``takes_arrivals``):
+    # then only the policy's own wake-up does, and the run adds them below.
+    arrivals_inside = bool(sched.waiting) and takes_arrivals(engine)
+    wake = sched.next_wakeup(now) if arrivals_inside else engine.next_wake(now)
     if wake is not None and k_max > 3:
         # Step n+1+j (j >= 1) is scheduled at the end of step n+j-1, at least j-1 forward
         # passes after now (they only get longer as contexts grow): that bounds the steps
@@ -203,6 +230,8 @@ def advance_async_decode_run(engine: Engine) -> int:
         )
     if not k and skip is None:
         return 0
+    if arrivals_inside and k:
+        _add_arrivals(engine, [now, flight.end, *ends[: k - 2]][:k])
 
     used0 = kv.used_block_count()
     # The outputs of the step in flight and of the run's steps but the last, which stays in
@@ -257,6 +286,22 @@ def advance_async_decode_run(engine: Engine) -> int:
     if skip is not None:
         policy.on_decode_run(sched, 1)  # the skipping step, for the requests it scheduled
     return k + (skip is not None)
+
+
+def _add_arrivals(engine: Engine, scheduled_at: list[float]) -> None:
+    """Add each arrival at the first of the run's steps scheduled at or after it (``scheduled_at``:
+    their times, ascending), as that step's ``add_arrivals`` would. One released while a step adds
+    its arrivals (a closed-loop client's, when a request is rejected) waits for the next step."""
+    source = engine.source
+    i = 0
+    nxt = source.next_arrival_time()
+    while nxt is not None:
+        i = bisect_left(scheduled_at, nxt, i)
+        if i == len(scheduled_at):
+            return  # after the run: the next step adds it
+        engine.add_arrivals(scheduled_at[i])
+        i += 1
+        nxt = source.next_arrival_time()
 
 
 def _skip_step(

@@ -69,6 +69,16 @@ class FastPaths:
         skipping step admits nobody either."""
         return True
 
+    def arrivals_wait_in_async_runs(self, sched: Scheduler) -> bool:
+        """For ``async_decode_run.py``: True when, with requests waiting and the async run's
+        state (the step in flight admitted and preempted nobody, and nobody finished since it
+        was scheduled), a request arriving now cannot change this policy's next decisions before
+        a request finishes: it only joins the waiting queue behind a head that cannot be
+        admitted. The run then adds arrivals at the steps that would add them instead of
+        stopping there. False by default (a queue that reorders, or admits past its head, or a
+        budget an arrival could fit into, must step)."""
+        return False
+
     def on_decode_run(self, sched: Scheduler, num_steps: int) -> None:
         """Called after the driver advanced ``num_steps`` decode-only iterations in one step:
         apply whatever per-iteration bookkeeping the policy keeps (counters, decaying ratios)
