@@ -76,6 +76,27 @@ def scheduled_decode(request: Request, num_context_tokens: int) -> ScheduledRequ
     return item
 
 
+def alternate_decode(
+    items: dict[Request, list[ScheduledRequest]], request: Request, num_context_tokens: int
+) -> ScheduledRequest:
+    """One of ``request``'s two plain decode items, handed out in turn: the one its step before
+    last had, its context set anew (``ScheduledRequest``'s docstring). Under async scheduling
+    or an overlap scheduler one step is in flight while the next is built, so the last step's
+    item may still be read; the one before it is done. Both are made at the request's first
+    decode; the policy drops the pair when the request leaves. Saves a ``ScheduledRequest``
+    per running request per stepped step (``vllm_async.py``, ``trtllm.py``)."""
+    pair = items.get(request)
+    if pair is None:
+        item = scheduled_decode(request, num_context_tokens)
+        items[request] = [item, scheduled_decode(request, num_context_tokens)]
+        return item
+    item = pair[1]
+    pair[1] = pair[0]
+    pair[0] = item
+    item.num_context_tokens = num_context_tokens
+    return item
+
+
 @dataclass(frozen=True, slots=True)
 class PaddingSlot:
     """Work a padded batch does for nobody (static batching): costs time, produces no token."""

@@ -115,7 +115,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, scheduled_decode
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, alternate_decode
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
@@ -341,17 +341,7 @@ class TrtllmPolicy(Policy, FastPaths):
             if drafts:
                 item = ScheduledRequest(request, 1 + drafts, computed, num_spec_tokens=drafts)
             else:
-                # One of the request's two plain decode items, the one its step before last had
-                # (the last one's may still be in flight under overlap: ``ScheduledRequest``).
-                pair = decode_items.get(request)
-                if pair is None:
-                    item = scheduled_decode(request, computed)
-                    decode_items[request] = [item, scheduled_decode(request, computed)]
-                else:
-                    item = pair[1]
-                    pair[1] = pair[0]
-                    pair[0] = item
-                    item.num_context_tokens = computed
+                item = alternate_decode(decode_items, request, computed)
             out.scheduled.append(item)
             if not self._overlap:  # under overlap only known tokens' blocks, at update
                 computed_after.append((request, computed + 1))  # drafts are not known tokens

@@ -37,7 +37,7 @@ from typing import Any
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
+from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, alternate_decode, new_output
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
@@ -147,18 +147,7 @@ def schedule_advanced(
             scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
             leading = False
         else:
-            # A plain decode, most entries: one of the request's two items, the one its step
-            # before last had (the last one's may still be in flight: ``ScheduledRequest``).
-            pair = decode_items.get(request)
-            if pair is None:
-                item = scheduled_decode(request, computed)
-                decode_items[request] = [item, scheduled_decode(request, computed)]
-            else:
-                item = pair[1]
-                pair[1] = pair[0]
-                pair[0] = item
-                item.num_context_tokens = computed
-            scheduled.append(item)
+            scheduled.append(alternate_decode(decode_items, request, computed))  # a plain decode
             if leading:
                 if computed + 1 == num_tokens + placeholders:  # its one token was all it lacked
                     num_leading += 1
