@@ -35,6 +35,7 @@ state, and the plain-words summary (``explain_text.py``) already lives apart.
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -160,33 +161,49 @@ class _Flat:
         self.swapped_in: dict[str, set[int]] = {}
         self.first_grant: dict[str, int] = {}  # request id -> the iteration that first ran it
         self._run_pos: dict[int, dict[str, int]] = {}  # decode runs, built when asked
+        # One entry per stepped iteration and one per decode run: a run's iterations are
+        # extended at once, a single iteration appended (this walk ran per iteration in Python:
+        # 0.8 s of 2.6 s explaining 20,000 Azure requests, r48).
+        starts, ends, entry_of, offset = self.starts, self.ends, self.entry_of, self.offset
+        grants, first_grant = self.grants, self.first_grant
         for k, e in enumerate(record.entries):
-            items = [(rid, n) for rid, n in zip(e.request_ids, e.num_new_tokens) if n > 1]
+            new_tokens = e.num_new_tokens
+            items = [(rid, n) for rid, n in zip(e.request_ids, new_tokens) if n > 1]
             self.prefill.append(items)
             self.num_prefill.append(sum(n for _, n in items))
-            self.num_decode.append(sum(1 for n in e.num_new_tokens if n == 1))
-            self.num_tokens.append(sum(e.num_new_tokens))
-            first = len(self.starts)
-            for j, (s, d) in enumerate(zip(e.starts, e.durations)):
-                self.starts.append(s)
-                self.ends.append(s + d)
-                self.entry_of.append(k)
-                self.offset.append(j)
+            self.num_decode.append(new_tokens.count(1))
+            self.num_tokens.append(sum(new_tokens))
+            first = len(starts)
             if len(e.starts) == 1:
-                for rid, n, c in zip(e.request_ids, e.num_new_tokens, e.num_context_tokens):
-                    self.grants.setdefault(rid, {})[first] = (n, c)
-                    self.first_grant.setdefault(rid, first)
+                start = e.starts[0]
+                starts.append(start)
+                ends.append(start + e.durations[0])
+                entry_of.append(k)
+                offset.append(0)
+                for rid, n, c in zip(e.request_ids, new_tokens, e.num_context_tokens):
+                    grants.setdefault(rid, {})[first] = (n, c)
+                    first_grant.setdefault(rid, first)
                 for rid in (*e.preempted, *e.swapped_out):
                     self.events.setdefault(rid, set()).add(first)
                 for rid in e.swapped_in:
                     self.swapped_in.setdefault(rid, set()).add(first)
+            else:
+                starts.extend(e.starts)
+                ends.extend(map(operator.add, e.starts, e.durations))  # s + d, each
+                entry_of.extend([k] * len(e.starts))
+                offset.extend(range(len(e.starts)))
         # An iteration ends where the next begins when they touch: slices then telescope exactly.
-        for i in range(len(self.starts) - 1):
-            nxt = self.starts[i + 1]
-            if abs(self.ends[i] - nxt) <= 1e-12 * max(1.0, abs(nxt)):
-                self.ends[i] = nxt
-        self.start_arr = np.asarray(self.starts, dtype=np.float64)
-        self.end_arr = np.asarray(self.ends, dtype=np.float64)
+        # Each end is compared with the next start only (no start changes), so numpy does the
+        # whole walk at once with the same float operations.
+        start_arr = np.asarray(starts, dtype=np.float64)
+        end_arr = np.asarray(ends, dtype=np.float64)
+        if len(starts) > 1:
+            nxt = start_arr[1:]
+            touch = np.abs(end_arr[:-1] - nxt) <= 1e-12 * np.maximum(1.0, np.abs(nxt))
+            end_arr[:-1][touch] = nxt[touch]
+            self.ends = end_arr.tolist()
+        self.start_arr = start_arr
+        self.end_arr = end_arr
 
     def grant(self, rid: str, i: int) -> tuple[int, int] | None:
         """(new tokens, context tokens) of request ``rid`` in iteration ``i``, or None."""
