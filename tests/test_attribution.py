@@ -27,6 +27,7 @@ from tailserve.metrics.attribution import (
     PREFILL,
     QUEUED_PREFILL,
     Attributor,
+    _Flat,
     explain,
     explain_run,
 )
@@ -315,3 +316,19 @@ def test_summary_calls_a_growing_queue_overload():
         options=EngineOptions(record_batches=True),
     )
     assert "arrive faster" not in explain_run(light).summary
+
+
+def test_flattened_iterations_telescope_where_they_touch():
+    """An iteration whose end lands within rounding of the next start ends exactly there (the
+    slices of an interval then add up exactly); a real gap stays; a decode run's iterations are
+    laid out one per step, with their offsets."""
+    record = BatchRecord(num_blocks=8, block_size=16)
+    record.entries.append(BatchEntry([0.1], [0.2], ["a"], [5], [0], [1]))  # ends at 0.30000000000000004
+    record.entries.append(BatchEntry([0.3, 0.5], [0.2, 0.1], ["a"], [1], [5], [1, 1]))  # a run
+    record.entries.append(BatchEntry([0.7], [0.05], ["a"], [1], [7], [1]))  # 0.6 -> 0.7: a gap
+    flat = _Flat(record)
+    assert 0.1 + 0.2 != 0.3 and flat.ends[0] == 0.3  # touched: telescoped
+    assert flat.ends[1] == 0.5 and flat.ends[2] == 0.6  # the run's own iterations
+    assert flat.ends[3] == 0.75 and flat.end_arr.tolist() == flat.ends
+    assert flat.entry_of == [0, 1, 1, 2] and flat.offset == [0, 0, 1, 0]
+    assert flat.num_decode == [0, 1, 1] and flat.num_prefill == [5, 0, 0]
