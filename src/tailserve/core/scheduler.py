@@ -370,6 +370,11 @@ class Scheduler:
             if grow_ids:
                 kv.allocate_each(grow_ids, grow_to)
             return done
+        # The manager's registration thresholds, tested before calling ``register_computed``
+        # per request per run, as ``update_advanced`` does: below its threshold a request has
+        # no block to register (its ``register_computed`` returns having done nothing), and
+        # without planned keys none has one (trtllm's hashed manager on sim_memory; r48).
+        gate = kv.registers_from
         for request, slots in zip(decodes, held_tokens):
             outputs = request.num_output_tokens = request.num_output_tokens + m
             request.token_times.extend(token_times)
@@ -383,9 +388,11 @@ class Scheduler:
                 computed = request.num_computed_tokens = request.num_computed_tokens + m
                 request.num_in_flight_tokens = 1
                 known = computed - 1
+            rid = request.request_id
             if computed > slots:
-                kv.allocate(request.request_id, computed)
-            kv.register_computed(request.request_id, known)
+                kv.allocate(rid, computed)
+            if gate is None or known >= gate.get(rid, NEVER):
+                kv.register_computed(rid, known)
         return done
 
     # ---- vLLM V1's own accounting (async scheduling, speculative decoding) ------------------
