@@ -100,3 +100,42 @@ def test_the_order_of_the_growth_decides_the_ids() -> None:
         swapped.allocate(rid, 3)
     swapped.allocate_each(["c", "b", "a"], [6, 4, 5])
     assert swapped.block_tables != kv.block_tables
+
+
+@pytest.mark.parametrize("spec", ["vllm:async_scheduling=true", "trtllm"])
+def test_registration_thresholds_skip_only_calls_that_register_nothing(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """With prefix caching ``update_async_run`` calls ``register_computed`` only where the
+    manager's threshold (``registers_from``) says a block can fill (r48): calling it for every
+    request after the run, as before, registers nothing more. The requests carry token ids and
+    planned outputs, so output blocks fill and register inside the runs."""
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+    requests = []
+    for i in range(60):
+        request = Request(f"r{i}", 200 + 37 * (i % 11), 30 + 23 * (i % 7), 0.02 * i)
+        request.prompt_token_ids = [(i % 3) * 1000 + t for t in range(request.prompt_len)]
+        request.planned_output_token_ids = [50_000 + i * 1000 + t for t in range(request.max_tokens)]
+        requests.append(request)
+    options = BuildOptions(shares_prefixes=True, engine=EngineOptions())
+    engine = build_engine(built, spec, "sim", options, source=ListSource(requests)).engine
+    original = Scheduler.update_async_run
+    registered: list[int] = []
+
+    def checking(self: Scheduler, decodes, held_tokens, token_times):
+        kv = self.kv_cache
+        assert kv.prefix_caching
+        before = sum(kv.num_registered(r.request_id) for r in decodes)
+        done = original(self, decodes, held_tokens, token_times)
+        after = [kv.num_registered(r.request_id) for r in decodes]
+        finished = {id(r) for r in done}
+        for request in decodes:
+            known = request.num_computed_tokens - (0 if id(request) in finished else 1)
+            kv.register_computed(request.request_id, known)
+        assert [kv.num_registered(r.request_id) for r in decodes] == after
+        registered.append(sum(after) - before)
+        return done
+
+    monkeypatch.setattr(Scheduler, "update_async_run", checking)
+    SimDriver(engine).run()
+    assert len(registered) >= 10 and sum(registered) > 0  # runs taken, blocks registered in them
