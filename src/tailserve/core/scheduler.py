@@ -349,27 +349,6 @@ class Scheduler:
         # request's are registered as they fill, after its own allocation.
         grow_ids: list[str] = []
         grow_to: list[int] = []
-        if not prefix_caching:
-            # The loop without prefix caching (each engine's default on bare lengths) has its
-            # own copy: no ``known`` count (an int object past 256, made per request per run
-            # and not read), no test per request (r48: the run's cost per call).
-            for request, slots in zip(decodes, held_tokens):
-                outputs = request.num_output_tokens = request.num_output_tokens + m
-                request.token_times.extend(token_times)
-                if outputs < request.max_tokens:
-                    computed = request.num_computed_tokens = request.num_computed_tokens + m
-                    request.num_in_flight_tokens = 1
-                else:
-                    computed = request.num_computed_tokens = request.num_computed_tokens + m - 1
-                    request.num_in_flight_tokens = request.num_output_placeholders = 0
-                    request.status = RequestStatus.FINISHED_LENGTH
-                    done.append(request)
-                if computed > slots:
-                    grow_ids.append(request.request_id)
-                    grow_to.append(computed)
-            if grow_ids:
-                kv.allocate_each(grow_ids, grow_to)
-            return done
         # The manager's registration thresholds, tested before calling ``register_computed``
         # per request per run, as ``update_advanced`` does: below its threshold a request has
         # no block to register (its ``register_computed`` returns having done nothing), and
@@ -388,11 +367,18 @@ class Scheduler:
                 computed = request.num_computed_tokens = request.num_computed_tokens + m
                 request.num_in_flight_tokens = 1
                 known = computed - 1
+            if not prefix_caching:
+                if computed > slots:
+                    grow_ids.append(request.request_id)
+                    grow_to.append(computed)
+                continue
             rid = request.request_id
             if computed > slots:
                 kv.allocate(rid, computed)
             if gate is None or known >= gate.get(rid, NEVER):
                 kv.register_computed(rid, known)
+        if grow_ids:
+            kv.allocate_each(grow_ids, grow_to)
         return done
 
     # ---- vLLM V1's own accounting (async scheduling, speculative decoding) ------------------
