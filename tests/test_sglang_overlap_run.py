@@ -16,7 +16,15 @@ from tailserve.policies.sglang import SglangPolicy
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads.arrivals import ArrivalSpec
 from tailserve.workloads.lengths import LogNormal
-from test_speed_paths import BURSTY, LONG_PROMPTS, SHARED_PROMPTS, SPARSE, _assert_same, _async_fingerprint
+from test_speed_paths import (
+    BURSTY,
+    LONG_PROMPTS,
+    SHARED_PROMPTS,
+    SPARSE,
+    _assert_same,
+    _async_fingerprint,
+    count_async_runs,
+)
 
 SG = "sglang"  # SGLang's defaults: the overlap scheduler on, the radix cache on
 # Long outputs at a high rate in a small pool: the decaying ratio admits more than fits, retraction.
@@ -127,26 +135,9 @@ def test_sglang_overlap_takes_the_async_run(monkeypatch: pytest.MonkeyPatch) -> 
     """Most steps are advanced in runs, some longer than ``SHORT_RUN`` (numpy), and runs end
     with the step that skips the requests whose last token is in flight; the synchronous runs
     never start under overlap; with speculative decoding the policy declines (drafts step)."""
-    from tailserve.executors.simulated import async_decode_run, chunk_run, decode_run, prefill_run
+    from tailserve.executors.simulated import async_decode_run, chunk_run, prefill_run
 
-    calls: list[int] = []
-    skips: list[int] = []
-    original = async_decode_run.advance_async_decode_run
-    original_skip = async_decode_run._skip_step
-
-    def counting(engine):
-        k = original(engine)
-        calls.append(k)
-        return k
-
-    def skipping(*args):
-        step = original_skip(*args)
-        skips.append(step is not None)
-        return step
-
-    monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
-    monkeypatch.setattr(async_decode_run, "_skip_step", skipping)
-    monkeypatch.setattr(decode_run, "advance_decode_run", lambda engine: pytest.fail("a synchronous run"))
+    calls, skips = count_async_runs(monkeypatch)
     monkeypatch.setattr(chunk_run, "advance_chunk_run", lambda engine: pytest.fail("a chunk run"))
     monkeypatch.setattr(prefill_run, "advance_lone_chunk_run", lambda engine: pytest.fail("a lone chunk run"))
     _, run = _async_fingerprint(SG, SPARSE, True)

@@ -774,14 +774,13 @@ def test_async_decode_run_identical_over_seeds(seed: int) -> None:
     _assert_same(fast, slow, spec)
 
 
-def test_async_decode_run_takes_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The async run is used: most steps are advanced in runs, some longer than ``SHORT_RUN``
-    (numpy), and runs end with the step that skips a request whose last token is in flight;
-    with speculative decoding the policy declines (drafts step)."""
+def count_async_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[bool]]:
+    """Count the async decode runs (steps each advanced) and whether each skipping step was
+    taken; a synchronous decode run fails the test (async scheduling has none)."""
     from tailserve.executors.simulated import async_decode_run, decode_run
 
     calls: list[int] = []
-    skips: list[int] = []
+    skips: list[bool] = []
     original = async_decode_run.advance_async_decode_run
     original_skip = async_decode_run._skip_step
 
@@ -798,6 +797,16 @@ def test_async_decode_run_takes_the_steps(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
     monkeypatch.setattr(async_decode_run, "_skip_step", skipping)
     monkeypatch.setattr(decode_run, "advance_decode_run", lambda engine: pytest.fail("a synchronous run"))
+    return calls, skips
+
+
+def test_async_decode_run_takes_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The async run is used: most steps are advanced in runs, some longer than ``SHORT_RUN``
+    (numpy), and runs end with the step that skips a request whose last token is in flight;
+    with speculative decoding the policy declines (drafts step)."""
+    from tailserve.executors.simulated import async_decode_run
+
+    calls, skips = count_async_runs(monkeypatch)
     _, run = _async_fingerprint(ASYNC, SPARSE, True)
     assert sum(calls) > 0.8 * len(run.log)
     assert max(calls) > async_decode_run.SHORT_RUN and sum(skips) > 20
