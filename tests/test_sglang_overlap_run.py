@@ -208,16 +208,7 @@ def test_batch_record_per_iteration_identical_and_saved_runs_kept_stepped(
     run, and records one entry per step, the entries stepping records (the golden corpus's saved
     runs hold those: ``SglangPolicy.batch_entry_per_async_run``); grouped, the same rows per
     iteration in fewer entries."""
-    from tailserve.executors.simulated import async_decode_run
-
-    calls: list[int] = []
-    original = async_decode_run.advance_async_decode_run
-
-    def counting(engine):
-        calls.append(original(engine))
-        return calls[-1]
-
-    monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
+    calls, _ = count_async_runs(monkeypatch)
     spec, workload = f"{SG},gpu_memory_utilization=0.25", replace(RETRACTING, seed=22)
     options = {"check_integrity": True, "record_batches": True}
     slow, slow_run = _async_fingerprint(spec, workload, False, **options)
@@ -240,7 +231,6 @@ def test_sglang_overlap_run_in_a_cluster_identical_to_plain_stepping(monkeypatch
     from tailserve.cluster.cluster import run_aggregated
     from tailserve.cluster.spec import replicated
     from tailserve.core.engine import EngineOptions
-    from tailserve.executors.simulated import async_decode_run
     from tailserve.executors.simulated.deployment import Deployment
     from tailserve.policies.registry import PolicySpec
     from tailserve.sim.workload_builder import WorkloadBuilder
@@ -256,14 +246,7 @@ def test_sglang_overlap_run_in_a_cluster_identical_to_plain_stepping(monkeypatch
         run = run_aggregated(stage, workload_requests(workload, specs))
         return {r.request_id: (r.token_times, r.enqueue_time, r.status.name) for r in run.requests}
 
-    calls: list[int] = []
-    original = async_decode_run.advance_async_decode_run
-
-    def counting(engine):
-        calls.append(original(engine))
-        return calls[-1]
-
-    monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
+    calls, _ = count_async_runs(monkeypatch)
     assert tokens(True) == tokens(False)
     assert sum(calls) > 100  # the replicas took runs
 

@@ -311,7 +311,7 @@ MAX_UTILIZATION = [
 
 @pytest.mark.parametrize(("label", "flags", "workload"), MAX_UTILIZATION, ids=[c[0] for c in MAX_UTILIZATION])
 def test_max_utilization_equals_its_pass_before_r48(monkeypatch, label, flags, workload):
-    """MAX_UTILIZATION's pass with ``blocks_one_step`` inlined, the free blocks read once (and
+    """MAX_UTILIZATION's pass with the free blocks read once (and
     after each pause) and the reuse rule's set collected lazily (before any pause) pauses and
     schedules as it did, in runs that pause."""
     fast = _run(flags, workload)

@@ -92,15 +92,17 @@ class KVCacheManager:
             self._top = num_blocks
         else:
             self._free = list(range(num_blocks - 1, -1, -1))
-        # In a plain manager every held block has exactly one reference (only the radix
-        # subclass shares), so the counts are not kept until something asks for them
-        # (``_live_refs``: check_integrity): writing one count per block on
-        # every allocate and free was the simulator's hottest loop with SGLang's one-token slots.
-        # Kept in a typed array (machine integers) so that a request's whole table is released
-        # by numpy in one gather and one scatter (``_unref``): the per-slot loop over an
-        # SGLang table (mean 1,585 slots on sim_memory's prompts) cost ~0.46 ms a request (r47:
-        # 2.29 s of a 9.1 s cProfile of 5,000 requests stepped).
-        self._refs: array | None = None if type(self) is KVCacheManager else array("q", bytes(8 * num_blocks))
+        # Until something shares a block every held block has exactly one reference, its
+        # request's, so the counts are not kept until something asks for them (``_live_refs``:
+        # the radix subclass when its tree is built, check_integrity): writing one count per
+        # block on every allocate and free was the simulator's hottest loop with SGLang's
+        # one-token slots, and a radix manager whose requests carry no token ids never builds
+        # its tree (sim_memory's prompts: ~0.25 ms a request converting tables for the counts,
+        # r48); the hashed subclass keeps its own in its pool. Once kept they are a typed array
+        # (machine integers), so a request's whole table is released by numpy in one gather and
+        # one scatter (``_unref``): the per-slot loop over an SGLang table (mean 1,585 slots on
+        # sim_memory's prompts) cost ~0.46 ms a request (r47).
+        self._refs: array | None = None
         self.block_tables: dict[str, list[int]] = {}
         # request id -> the fewest computed tokens for which ``register_computed`` can make
         # anything matchable; a request absent from it registers nothing whatever it is called

@@ -74,17 +74,11 @@ class RadixKVCacheManager(KVCacheManager):
         self._keys: dict[str, list[Any]] = {}  # request id -> its radix keys
         self._held: dict[str, _Held] = {}  # request id -> its locked path (admitted requests)
         self._tree_refs = 0
-        # No reference counts until the tree exists (``_build_tree``): before it every held slot
-        # has exactly one reference, its request's, so the plain manager's paths are exact (a
-        # release is one list extend, an allocation no count written), and a run whose requests
-        # carry no token ids never builds one (SGLang on sim_memory's prompts: converting each
-        # ~1,150-slot table for numpy at every admission and release, and back, was ~0.25 ms a
-        # request, r48).
-        self._refs = None
 
     def _build_tree(self) -> None:
-        """The tree, with the first keys; from now on slots may be shared: the counts, taken
-        from the tables (one each), are kept."""
+        """The tree, with the first keys; from now on slots may be shared: the reference counts
+        (none kept before: every held slot had its request's one), taken from the tables, are
+        kept (``KVCacheManager._live_refs``)."""
         self.tree = RadixCache(page_size=self.block_size)
         self._live_refs()
 

@@ -64,21 +64,7 @@ class BatchLoad:
         self.num_decodes += num_decodes
 
     def add_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> None:
-        if num_new_tokens == 1:
-            self.num_tokens += 1
-            self.num_logits += samples
-            self.decode_kv_tokens += num_context_tokens + 1
-            self.num_decodes += 1
-            return
-        q, c = num_new_tokens, num_context_tokens
-        self.num_tokens += q
-        self.num_logits += samples
-        self.prefill_pairs += q * c + q * (q + 1) // 2
-        self.prefill_kv_tokens += q + c
-        self.num_prefills += 1
-
-    def with_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> BatchShape:
-        load = BatchLoad(
+        (
             self.num_tokens,
             self.num_logits,
             self.prefill_pairs,
@@ -86,9 +72,36 @@ class BatchLoad:
             self.decode_kv_tokens,
             self.num_prefills,
             self.num_decodes,
+        ) = self.fields_with(num_new_tokens, num_context_tokens, samples)
+
+    def fields_with(
+        self, num_new_tokens: int, num_context_tokens: int, samples: bool
+    ) -> tuple[int, int, int, int, int, int, int]:
+        """The aggregates with one more scheduled entry (``BatchShape``'s fields, in its order):
+        one new token is a decode, more a prefill chunk; ``samples``: it yields a token."""
+        q, c = num_new_tokens, num_context_tokens
+        if q == 1:
+            return (
+                self.num_tokens + 1,
+                self.num_logits + samples,
+                self.prefill_pairs,
+                self.prefill_kv_tokens,
+                self.decode_kv_tokens + c + 1,
+                self.num_prefills,
+                self.num_decodes + 1,
+            )
+        return (
+            self.num_tokens + q,
+            self.num_logits + samples,
+            self.prefill_pairs + q * c + q * (q + 1) // 2,
+            self.prefill_kv_tokens + q + c,
+            self.decode_kv_tokens,
+            self.num_prefills + 1,
+            self.num_decodes,
         )
-        load.add_chunk(num_new_tokens, num_context_tokens, samples)
-        return load.shape()
+
+    def with_chunk(self, num_new_tokens: int, num_context_tokens: int, samples: bool) -> BatchShape:
+        return BatchShape(*self.fields_with(num_new_tokens, num_context_tokens, samples))
 
     def shape(self) -> BatchShape:
         return BatchShape(
@@ -152,35 +165,15 @@ class Predictor:
     def chunk_time(
         self, load: BatchLoad, num_new_tokens: int, num_context_tokens: int, samples: bool
     ) -> float:
-        """``time(load.with_chunk(...))`` from the aggregates themselves: no ``BatchLoad`` and no
-        ``BatchShape`` built (~2,500 instructions each) for each of the ~10 chunks ``max_chunk``
-        prices per prefill of every iteration (``BatchLoad.add_chunk``'s sums, the same ints)."""
+        """``time(load.with_chunk(...))`` from the aggregates themselves: no ``BatchShape`` built
+        (~2,500 instructions) for each of the ~10 chunks ``max_chunk`` prices per prefill of
+        every iteration (``BatchLoad.fields_with``, the same ints)."""
         shape_time = self._shape_time
         if shape_time is None:
             return self.time(load.with_chunk(num_new_tokens, num_context_tokens, samples))
-        q, c = num_new_tokens, num_context_tokens
-        num_tokens = load.num_tokens + q
-        if q == 1:
-            time = shape_time(
-                num_tokens,
-                load.num_logits + samples,
-                load.prefill_pairs,
-                load.prefill_kv_tokens,
-                load.decode_kv_tokens + c + 1,
-                load.num_prefills,
-                load.num_decodes + 1,
-            )
-        else:
-            time = shape_time(
-                num_tokens,
-                load.num_logits + samples,
-                load.prefill_pairs + q * c + q * (q + 1) // 2,
-                load.prefill_kv_tokens + q + c,
-                load.decode_kv_tokens,
-                load.num_prefills + 1,
-                load.num_decodes,
-            )
-        return 0.0 if num_tokens == 0 else time * self._scale
+        fields = load.fields_with(num_new_tokens, num_context_tokens, samples)
+        time = shape_time(*fields)
+        return 0.0 if fields[0] == 0 else time * self._scale
 
     def prefill_time(self, num_tokens: int, num_context_tokens: int = 0) -> float:
         """One iteration prefilling ``num_tokens`` tokens after ``num_context_tokens`` alone."""

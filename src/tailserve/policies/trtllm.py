@@ -122,7 +122,12 @@ from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.trtllm_adp import StepCounts
-from tailserve.policies.trtllm_capacity import DraftSlots, guaranteed_no_evict, max_utilization
+from tailserve.policies.trtllm_capacity import (
+    DraftSlots,
+    completion_blocks,
+    guaranteed_no_evict,
+    max_utilization,
+)
 from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
 from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
@@ -277,9 +282,7 @@ class TrtllmPolicy(Policy, FastPaths):
 
     def _enter_generation(self, sched: Scheduler, request: Request) -> None:
         if request.request_id not in self._generating:
-            slots = self._slots
-            total = request.prompt_len + request.max_tokens + slots.extra + slots.drafts + slots.in_flight
-            blocks = sched.kv_cache.blocks_for(total)
+            blocks = completion_blocks(sched.kv_cache, request, self._slots)
             self._generating[request.request_id] = blocks
             self._generating_blocks += blocks
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
+from tailserve.kv.paged import KVCacheManager
 
 IsGeneration = Callable[[Request], bool]
 
@@ -55,8 +56,15 @@ def remaining_blocks(sched: Scheduler, request: Request, slots: DraftSlots = NO_
     blocks nobody reserved; counting them keeps the no-evict guarantee (under overlap the step in
     flight's unrewound drafts too, ``in_flight``)."""
     kv = sched.kv_cache
-    total = request.prompt_len + request.max_tokens + slots.extra + slots.drafts + slots.in_flight
-    return max(kv.blocks_for(total) - kv.num_held(request.request_id), 0)
+    return max(completion_blocks(kv, request, slots) - kv.num_held(request.request_id), 0)
+
+
+def completion_blocks(kv: KVCacheManager, request: Request, slots: DraftSlots = NO_DRAFTS) -> int:
+    """``remaining_blocks``' total: the blocks of prompt + ``max_tokens`` (and the drafter's
+    slots), held ones included; fixed for a request (the policy keeps their sum)."""
+    return kv.blocks_for(
+        request.prompt_len + request.max_tokens + slots.extra + slots.drafts + slots.in_flight
+    )
 
 
 def blocks_one_step(
@@ -240,28 +248,14 @@ def max_utilization(
     paused: list[Request] = []
     scheduled_blocks = 0
     free = kv.num_free_blocks  # read again after a pause, the only change during the pass
-    # ``blocks_one_step`` and the reuse rule's first test inlined: this pass looks at every
-    # active request every step (sim_memory's workload: ~70, ~30 of them queued contexts).
-    tables = kv.block_tables
-    block_size = kv.block_size
-    step_slots = slots.extra + 1 + slots.drafts
     end = len(active)
     i = 0
     while i < end:
         request = active[i]
-        table = tables.get(request.request_id)
-        held = len(table) if table else 0
-        if is_generation(request):
-            need = -(-(request.num_computed_tokens + step_slots) // block_size) - held
-            if need < 0:
-                need = 0
-        elif held:
-            need = 0  # a context past its first chunk holds its prompt's blocks
-        else:
-            if skip is not None and skip.skips_first_chunk(request):
-                i += 1
-                continue
-            need = -(-(request.num_tokens + slots.extra) // block_size)
+        if skip is not None and skip.skips(request):
+            i += 1
+            continue
+        need = blocks_one_step(sched, request, is_generation(request), slots)
         if len(scheduled) < max_num_requests and scheduled_blocks + need <= free:
             scheduled.append(request)
             scheduled_blocks += need
