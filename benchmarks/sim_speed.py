@@ -17,6 +17,11 @@ is the same chunking rule):
     vllm    max_num_batched_tokens=4096, max_num_seqs=256  | vllm,   max_batched_tokens 4096
     sarathi chunk_size=512, max_num_seqs=256               | vllm,   max_batched_tokens 512
     sglang  chunked_prefill_size=8192, max_running=256     | sglang, max_batched_tokens 8192
+    trtllm  max_num_tokens=8192, max_batch_size=256        | trtllm, max_batched_tokens 8192
+
+(all four synchronous: AISimulate's backends step without an overlapped host loop by default).
+Each row also gives both tools' TTFT and TPOT p50 / p99 on those requests: the two simulate the
+same scheduling rule on their own cost models, so the figures agree roughly, not exactly.
 
 Then tailserve alone on the whole Azure conversation trace and the Mooncake conversation trace.
 Vidur is not run (see docs/benchmarks.md). An absent AISimulate venv is reported with how to
@@ -77,6 +82,15 @@ CASES = (
         "sglang",
         "sglang:chunked_prefill_size=8192,max_running_requests=256,disable_overlap_schedule=true",
         "sglang",
+        8192,
+    ),
+    # TensorRT-LLM's defaults (GUARANTEED_NO_EVICT, no chunked prefill) without its overlap
+    # scheduler: AISimulate's trtllm backend steps synchronously (its TPOT p50 on the 2,000-request
+    # workload is 21.6 ms, tailserve's synchronous trtllm 22.2 ms, with overlap 18.3 ms).
+    Case(
+        "trtllm",
+        "trtllm:max_num_tokens=8192,max_batch_size=256,disable_overlap_scheduler=true",
+        "trtllm",
         8192,
     ),
 )
@@ -160,6 +174,7 @@ def run_tailserve(spec: str, trace: Path) -> dict:
         "iterations": r["iterations"],
         "loop_s": r["loop_s"],
         "loop_cpu_s": r["loop_cpu_s"],
+        "latency_ms": r["latency_ms"],
         "process_s": wall,
         "process_cpu_s": cpu,
         "rss_mib": rss,
@@ -175,6 +190,11 @@ def run_aisimulate(exe: Path, config: Path) -> dict:
     return {
         "requests": r["completed_requests"],
         "loop_s": r["wall_time_ms"] / 1000,
+        "latency_ms": {
+            f"{name}_{q}": r[f"{prefix}_{name}_ms"]
+            for name in ("ttft", "tpot")
+            for q, prefix in (("p50", "median"), ("p99", "p99"))
+        },
         "process_s": wall,
         "process_cpu_s": cpu,
         "rss_mib": rss,
@@ -193,6 +213,7 @@ def worker(spec_text: str, trace: str) -> None:
     workload = WorkloadBuilder(WorkloadSpec("trace", trace_path=trace))
     run = run_policy(built, parse_policy_list(spec_text)[0], workload)
     summary = run.summary()  # the metrics, as AISimulate's process computes its own
+    metrics = summary["metrics"]
     print(
         json.dumps(
             {
@@ -200,6 +221,11 @@ def worker(spec_text: str, trace: str) -> None:
                 "iterations": summary["num_iterations"],
                 "loop_s": run.wall_s,
                 "loop_cpu_s": run.loop_cpu_s,
+                "latency_ms": {
+                    f"{name}_{q}": metrics[f"{name}_s"][q] * 1000
+                    for name in ("ttft", "tpot")
+                    for q in ("p50", "p99")
+                },
             }
         )
     )
@@ -216,7 +242,13 @@ def stats(runs: list[dict]) -> dict:
     out["rss_mib_max"] = max(r["rss_mib"] for r in runs)
     if "iterations" in runs[0]:
         out["iterations"] = runs[0]["iterations"]
+    out["latency_ms"] = runs[0]["latency_ms"]  # the same in every run: both tools are deterministic
     return out
+
+
+def latency(s: dict) -> str:
+    d = s["latency_ms"]
+    return f"TTFT p50/p99 {d['ttft_p50']:,.0f}/{d['ttft_p99']:,.0f} ms, TPOT {d['tpot_p50']:.1f}/{d['tpot_p99']:.1f} ms"
 
 
 def fmt(s: dict, key: str) -> str:
@@ -244,7 +276,7 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "TRACE"), help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="2000,20000", help="request counts, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per (policy, size)")
-    parser.add_argument("--policies", default="vllm,sarathi,sglang")
+    parser.add_argument("--policies", default="vllm,sarathi,sglang,trtllm")
     parser.add_argument(
         "--trace", default=str(AZURE), help="Azure conversation trace: the lengths, and a run alone"
     )
@@ -315,7 +347,7 @@ def main() -> None:
                     "requests": n,
                     "tailserve": stats(runs["tailserve"]),
                 }
-                line = f"{case.name:>8} {n:>7,}: tailserve loop {fmt(row['tailserve'], 'loop')} req/s, process {fmt(row['tailserve'], 'process')}, {row['tailserve']['rss_mib_max']} MiB"
+                line = f"{case.name:>8} {n:>7,}: tailserve loop {fmt(row['tailserve'], 'loop')} req/s, process {fmt(row['tailserve'], 'process')}, {row['tailserve']['rss_mib_max']} MiB; {latency(row['tailserve'])}"
                 if runs["aisimulate"]:
                     row["aisimulate"] = stats(runs["aisimulate"])
                     row["loop_ratio"] = (
@@ -335,7 +367,8 @@ def main() -> None:
                     line += (
                         f"\n{'':>17}aisimulate loop {fmt(row['aisimulate'], 'loop')} req/s, process {fmt(row['aisimulate'], 'process')}, "
                         f"{row['aisimulate']['rss_mib_max']} MiB  -> loop {row['loop_ratio']:.2f}x, process {row['process_ratio']:.2f}x, "
-                        f"process CPU {row['process_cpu_ratio']:.2f}x (tailserve loop CPU {fmt(row['tailserve'], 'loop_cpu')} req/s)"
+                        f"process CPU {row['process_cpu_ratio']:.2f}x (tailserve loop CPU {fmt(row['tailserve'], 'loop_cpu')} req/s); "
+                        f"{latency(row['aisimulate'])}"
                     )
                 print(line, flush=True)
                 result["side_by_side"].append(row)
