@@ -239,3 +239,23 @@ def test_report_writes_the_page_with_sweep_curves(tmp_path, capsys):
     capacity = page[page.index("<h2>Capacity</h2>") : page.index("<h2>Summary</h2>")]
     assert "<th>capacity req/s</th>" in capacity and "<td>vllm</td>" in capacity
     assert "throughput ceiling" in capacity
+
+
+def test_vllm_v0_only_when_asked_and_its_command_says_which_vllm_runs_it(tmp_path, capsys):
+    from tailserve.tune.recommend import DEFAULT_TUNE_POLICIES
+
+    # vLLM 0.11 removed V0: a default tune does not sweep it, and its pasted command says where it runs.
+    assert "vllm-v0" not in DEFAULT_TUNE_POLICIES.split(",")
+    args = [
+        *TUNE,
+        "--policies",
+        "vllm-v0",
+        "--chunk-sizes",
+        "1024,2048",
+        "--out",
+        str(tmp_path / "runs.jsonl"),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    command = re.search(r"^\s*VLLM_USE_V1=0 vllm serve .*\n\s*\((.*)\)$", out, re.M)
+    assert command and "vLLM 0.10 or older" in command.group(1), out

@@ -145,6 +145,8 @@ def print_tune(result: TuneResult, deployment: str) -> None:
     for t in result.policies:
         if t.command:
             console.print(f"  {t.command}", soft_wrap=True)
+            if t.spec.name == "vllm-v0":
+                console.print("    (vLLM 0.10 or older: 0.11 removed the V0 engine and VLLM_USE_V1)")
             if t.best is not None and not t.best.meets:
                 console.print(
                     f"    (misses the SLO at {result.sweep_rate:.3g} req/s even at its best size: "

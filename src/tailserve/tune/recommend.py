@@ -35,7 +35,9 @@ from tailserve.tune.ceiling import Ceiling, ceiling_of, ceiling_specs
 from tailserve.tune.commands import command_line
 from tailserve.tune.sweep import RunOutcome, RunSpec, Sweep
 
-DEFAULT_TUNE_POLICIES = "vllm,sarathi,sglang,trtllm,tgi,vllm-v0,slo"
+# The engines a user can run today, and Sarathi-Serve's rule (the essay's subject); vLLM V0 only
+# when asked for (`--policies vllm-v0`): vLLM 0.11 removed it, so its command runs on 0.10 or older.
+DEFAULT_TUNE_POLICIES = "vllm,sarathi,sglang,trtllm,tgi,slo"
 DEFAULT_CHUNK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # Each engine's per-iteration token budget, by its own flag name.
