@@ -98,7 +98,7 @@ def _priority_key(request: Request) -> tuple[int, float]:
 
 class VllmV0Policy(Policy, FastPaths):
     name = "vllm-v0"
-    summary = "vLLM V0: prefill-first (or chunked) batches, watermark, recompute or swap preemption"
+    summary = "vLLM V0 (0.10 and older; 0.11 removed it): prefill-first (or chunked) batches, watermark, recompute or swap preemption"
     config_cls = VllmV0Config
     default_block_size = 16
     default_gpu_memory_utilization = 0.9
