@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 from benchmarks._common import default_out, missing_peer, peer_venv
+from benchmarks.sim_speed import write_both
 
 PROMPT_A, OUTPUT_A = 128, 400
 PROMPT_B, OUTPUT_B, ARRIVAL_B_MS = 4096, 2, 1000
-MOONCAKE_BLOCK = 512  # tokens per hash id
 
 
 def write_traces(folder: Path, with_a: bool = True) -> tuple[Path, Path]:
@@ -42,21 +42,7 @@ def write_traces(folder: Path, with_a: bool = True) -> tuple[Path, Path]:
     ours, theirs = folder / f"tailserve_{name}.jsonl", folder / f"mooncake_{name}.jsonl"
     rows = [(0, PROMPT_A, OUTPUT_A)] if with_a else []
     rows.append((ARRIVAL_B_MS, PROMPT_B, OUTPUT_B))
-    next_hash = 0
-    with ours.open("w") as fo, theirs.open("w") as ft:
-        for ms, prompt, output in rows:
-            fo.write(
-                json.dumps({"arrival_time": ms / 1000, "prompt_len": prompt, "max_tokens": output}) + "\n"
-            )
-            blocks = -(-prompt // MOONCAKE_BLOCK)
-            hashes = list(range(next_hash, next_hash + blocks))
-            next_hash += blocks
-            ft.write(
-                json.dumps(
-                    {"timestamp": ms, "input_length": prompt, "output_length": output, "hash_ids": hashes}
-                )
-                + "\n"
-            )
+    write_both(rows, ours, theirs)
     return ours, theirs
 
 

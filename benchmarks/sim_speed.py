@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,9 +112,16 @@ def write_workload(
     pick = lengths[rng.integers(0, len(lengths), n)]
     ms = np.round(np.cumsum(rng.exponential(1.0 / rate, n)) * 1000).astype(np.int64)
     ours, theirs = folder / f"tailserve_{n}.jsonl", folder / f"mooncake_{n}.jsonl"
+    write_both(((t, prompt, output) for t, (prompt, output) in zip(ms.tolist(), pick.tolist())), ours, theirs)
+    return ours, theirs
+
+
+def write_both(rows: Iterable[tuple[int, int, int]], ours: Path, theirs: Path) -> None:
+    """(arrival ms, prompt tokens, output tokens) rows as tailserve JSONL and as Mooncake JSONL
+    (unique hash ids: no reuse)."""
     next_hash = 0
     with ours.open("w") as fo, theirs.open("w") as ft:
-        for t, (prompt, output) in zip(ms.tolist(), pick.tolist()):
+        for t, prompt, output in rows:
             fo.write(
                 json.dumps({"arrival_time": t / 1000, "prompt_len": prompt, "max_tokens": output}) + "\n"
             )
@@ -126,7 +134,6 @@ def write_workload(
                 )
                 + "\n"
             )
-    return ours, theirs
 
 
 def aisimulate_config(case: Case, trace: Path, folder: Path) -> Path:
