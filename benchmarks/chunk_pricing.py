@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks._common import default_out, missing_peer, peer_venv
-from benchmarks.sim_speed import write_both
+from benchmarks.sim_speed import Case, aisimulate_config, write_both
 
 PROMPT_A, OUTPUT_A = 128, 400
 PROMPT_B, OUTPUT_B, ARRIVAL_B_MS = 4096, 2, 1000
@@ -70,20 +70,7 @@ def tailserve_run(trace: Path, budget: int) -> dict:
 
 
 def aisimulate_run(exe: Path, trace: Path, budget: int, folder: Path) -> dict:
-    config = folder / f"aisimulate_{trace.stem}_{budget}.yaml"
-    config.write_text(
-        f"""traffic:
-  source: {{type: trace, paths: [{json.dumps(str(trace))}]}}
-  load: {{type: trace_timestamps}}
-engine:
-  model: meta-llama/Meta-Llama-3.1-8B
-  hardware: a100_sxm
-  backend: vllm
-  workers:
-    aggregated:
-      scheduler: {{max_batched_tokens: {budget}, max_sequences: 256}}
-"""
-    )
+    config = aisimulate_config(Case(f"vllm-{budget}", "", "vllm", budget), trace, folder)
     cmd = [str(exe), "predict", "-c", str(config), "--format", "json"]
     cmd += ["--output-dir", str(config.with_suffix(".out")), "--overwrite"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
