@@ -100,8 +100,10 @@ stepped one would (``SimExecutor.decode_run_durations``). Under overlap the asyn
 waiting behind a head it cannot admit (GUARANTEED_NO_EVICT or STATIC_BATCH, no chunked prefill)
 the run goes on across arrivals, which join the queue behind it (``arrivals_wait_in_async_runs``).
 A stepped step: GUARANTEED_NO_EVICT's pass is lazy and bounds the reservations by a kept sum
-(``trtllm_capacity.py``; ``_generating``), and a generation request gets one of two decode items
-in turn (``_decode_items``).
+(``trtllm_capacity.py``; ``_generating``) and hands its generation requests over as a list, which
+the micro-batch scheduler takes whole (``Fitting``); a generation request gets one of two decode
+items in turn (``_decode_items``), and its new token is registered for reuse only where the KV
+manager's threshold says a block can fill (``registers_from``).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ from tailserve.executors.simulated.cuda_graph import CudaGraphPadding
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
+from tailserve.kv.paged import NEVER
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.trtllm_adp import StepCounts
 from tailserve.policies.trtllm_capacity import (
@@ -324,8 +327,16 @@ class TrtllmPolicy(Policy, FastPaths):
             computed_after.append((request, start + chunk))
         tables = kv.block_tables
         block_size = kv.block_size
-        extra = self._slots.extra
+        ahead = self._slots.extra + 1 + drafts  # slots past the computed tokens (below)
         decode_items = self._decode_items
+        scheduled = out.scheduled
+        # storeContextBlocks for each generation request's new token (not under overlap: there
+        # only known tokens' blocks, at update). Asked only where it can register something: at
+        # or past the manager's threshold (``registers_from``, as Scheduler.update_advanced reads
+        # it; None: every call counts; empty: nobody has a keyed block left, as in a workload
+        # without token ids). A block fills once in block_size steps.
+        gate = kv.registers_from
+        register = not self._overlap and (gate is None or len(gate) > 0)
         for request in batch.generations:
             computed = request.num_computed_tokens
             # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
@@ -333,20 +344,27 @@ class TrtllmPolicy(Policy, FastPaths):
             # rejected drafts' slots are rewound after the step (update_resources), here by the
             # computed tokens rolling back. A block opens once in block_size steps: the table's
             # length answers first (allocate's own test), the call only when one opens.
-            slots = computed + extra + 1 + drafts
-            table = tables.get(request.request_id)
-            opens = table is None or len(table) * block_size < slots
-            if opens and kv.allocate(request.request_id, slots) is None:
+            slots = computed + ahead
+            rid = request.request_id
+            table = tables.get(rid)
+            if (table is None or len(table) * block_size < slots) and kv.allocate(rid, slots) is None:
                 raise RuntimeError(
-                    f"trtllm: no KV block for generation request {request.request_id} although the "
+                    f"trtllm: no KV block for generation request {rid} although the "
                     "capacity scheduler counted one (a bug in this policy)"
                 )
             if drafts:
                 item = ScheduledRequest(request, 1 + drafts, computed, num_spec_tokens=drafts)
             else:
-                item = alternate_decode(decode_items, request, computed)
-            out.scheduled.append(item)
-            if not self._overlap:  # under overlap only known tokens' blocks, at update
+                pair = decode_items.get(request)
+                if pair is None:
+                    item = alternate_decode(decode_items, request, computed)
+                else:  # alternate_decode's turn, without its call (once per request per step)
+                    item = pair[1]
+                    pair[1] = pair[0]
+                    pair[0] = item
+                    item.num_context_tokens = computed
+            scheduled.append(item)
+            if register and (gate is None or gate.get(rid, NEVER) <= computed + 1):
                 computed_after.append((request, computed + 1))  # drafts are not known tokens
         # storeContextBlocks after the forward: only now do this step's blocks become reusable.
         for request, tokens in computed_after:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tailserve.core.request import Request
-from tailserve.policies.trtllm_capacity import IsGeneration
+from tailserve.policies.trtllm_capacity import Fitting, IsGeneration
 from tailserve.policies.trtllm_config import EQUAL_PROGRESS
 
 
@@ -55,10 +55,26 @@ def micro_batch(
     2. If the contexts set aside need more than the budget left, they are chunked
        (``chunking_policy``) into what is left; a context whose chunk is 0 does not run.
     3. When contexts were chunked, those not on their last chunk go first (``sortRequests``).
+
+    GUARANTEED_NO_EVICT's generation requests come first, as a list (``Fitting``): step 1 over
+    them is arithmetic. From an empty batch each costs ``generation_tokens`` and counts one, so
+    the walk takes the first ``min(len, max_num_tokens // generation_tokens, max_batch_size)`` of
+    those ``skips`` passes, and it has ended if that leaves one out or reaches
+    ``max_batch_size``; otherwise it goes on to the contexts.
     """
     out = MicroBatch()
     batch_tokens = 0
     walked = 0
+    if isinstance(fitting, Fitting):
+        generations = fitting.generations
+        if skips is not None:
+            generations = [request for request in generations if not skips(request)]
+        walked = min(len(generations), max_num_tokens // generation_tokens, max_batch_size)
+        out.generations = generations[:walked]
+        batch_tokens = walked * generation_tokens
+        if walked < len(generations) or walked >= max_batch_size:
+            return out  # the walk ended among them: no context walked, none to chunk
+        fitting = fitting.contexts
     to_chunk: list[Request] = []
     chunked_tokens = 0
     all_fit = True
