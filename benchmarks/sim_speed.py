@@ -18,8 +18,10 @@ is the same chunking rule):
     sarathi chunk_size=512, max_num_seqs=256               | vllm,   max_batched_tokens 512
     sglang  chunked_prefill_size=8192, max_running=256     | sglang, max_batched_tokens 8192
     trtllm  max_num_tokens=8192, max_batch_size=256        | trtllm, max_batched_tokens 8192
+    sglang-overlap  the sglang case with its overlap scheduler | sglang, 8192, host_loop: true
 
-(all four synchronous: AISimulate's backends step without an overlapped host loop by default).
+(the first four synchronous: AISimulate's backends step without an overlapped host loop by
+default; ``sglang-overlap`` is SGLang's default loop against AISimulate's model of it).
 Each row also gives both tools' TTFT and TPOT p50 / p99 on those requests: the two simulate the
 same scheduling rule on their own cost models, so the figures agree roughly, not exactly.
 
@@ -70,6 +72,7 @@ class Case:
     spec: str  # tailserve policy spec
     backend: str  # AISimulate backend
     budget: int  # AISimulate max_batched_tokens
+    host_loop: bool = False  # AISimulate's model of SGLang's overlap scheduler (sglang only)
 
 
 CASES = (
@@ -88,6 +91,16 @@ CASES = (
     # TensorRT-LLM's defaults (GUARANTEED_NO_EVICT, no chunked prefill) without its overlap
     # scheduler: AISimulate's trtllm backend steps synchronously (its TPOT p50 on the 2,000-request
     # workload is 21.6 ms, tailserve's synchronous trtllm 22.2 ms, with overlap 18.3 ms).
+    # SGLang's default, its overlap scheduler, against AISimulate's model of it (``host_loop``:
+    # "each pass one SGLang overlap-scheduler iteration: requests received at iteration
+    # boundaries, a forward's outputs visible one iteration later", aisimulate/config/engine.py).
+    Case(
+        "sglang-overlap",
+        "sglang:chunked_prefill_size=8192,max_running_requests=256",
+        "sglang",
+        8192,
+        host_loop=True,
+    ),
     Case(
         "trtllm",
         "trtllm:max_num_tokens=8192,max_batch_size=256,disable_overlap_scheduler=true",
@@ -150,6 +163,7 @@ engine:
     aggregated:
       scheduler: {{max_batched_tokens: {case.budget}, max_sequences: 256}}
 """
+        + ("      host_loop: true\n" if case.host_loop else "")
     )
     return path
 
@@ -283,7 +297,7 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "TRACE"), help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="2000,20000", help="request counts, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per (policy, size)")
-    parser.add_argument("--policies", default="vllm,sarathi,sglang,trtllm")
+    parser.add_argument("--policies", default="vllm,sarathi,sglang,sglang-overlap,trtllm")
     parser.add_argument(
         "--trace", default=str(AZURE), help="Azure conversation trace: the lengths, and a run alone"
     )
