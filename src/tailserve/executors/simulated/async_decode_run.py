@@ -266,18 +266,28 @@ def advance_async_decode_run(engine: Engine) -> int:
         used_skip = used0 + (need[-1] if need else 0) + needed
         if keep_log:
             engine.log.record(begin, end - begin, 0, m, m, used_skip, 0)
-        gone = {id(r) for r in done}
-        items = [item for item in items if id(item.request) not in gone]
+        # The requests it skipped (``remaining == k``) are the ones the run finished: their
+        # items leave the step, every other one's is set (as below).
+        kept = []
+        for item, c, left in zip(items, ctx_list, remaining_list):
+            if left != k:
+                item.num_new_tokens = 1
+                item.num_context_tokens = c + k
+                kept.append(item)
+        items = kept
         if batches is not None:
             staying = [item.request for item in items]
             contexts = [r.num_computed_tokens - 1 for r in staying]
             batches.record_decode_run([begin], [end - begin], staying, contexts, [used_skip], sched)
     else:
         begin, end = begins[-1], ends[-1]
+        # Each one's context: its computed tokens less the one in flight, ``c + k - 1`` after
+        # the run's k applied outputs (``update_async_run``; ``c + k`` after the skipping
+        # step's k + 1, above), from the contexts before it rather than read back per request.
+        for item, c in zip(items, ctx_list):
+            item.num_new_tokens = 1
+            item.num_context_tokens = c + k - 1
     out = SchedulerOutput(items, advanced=True)
-    for item in items:
-        item.num_new_tokens = 1
-        item.num_context_tokens = item.request.num_computed_tokens - 1
     sched.last_output = out
     engine.end_async_run(
         InFlight(out, StepResult(last_duration, host_time=host), begin, end), token_times[-1], done
@@ -337,6 +347,13 @@ def _short_need(first_new_block, block_size, free, k_max):
     """New blocks all requests need by step j of the run, for the steps before the first that
     would have to preempt (at most ``k_max``), in Python: a request with ``f`` free slots needs
     a new block in step f, then every ``block_size`` steps."""
+    if block_size == 1 and not any(first_new_block):
+        # One-token slots, each request holding exactly its computed tokens' (SGLang's overlap
+        # scheduler takes the slot of the token it schedules): every one needs a slot in every
+        # step, ``n * j`` by step j; ``any`` tests them in C, where the count below walks them.
+        n = len(first_new_block)
+        need = list(range(n, n * k_max + 1, n))
+        return need if need[-1] <= free else need[: free // n]
     crossings = [0] * k_max
     if block_size == 1:
         # One-token slots (SGLang's): a request needs one in every step from its ``f`` on, so the
