@@ -69,7 +69,9 @@ def test_the_head_is_what_the_batch_holds(monkeypatch: pytest.MonkeyPatch) -> No
         seen.append(out)
 
     monkeypatch.setattr(SglangPolicy, "_add_decodes", checking)
-    _async_fingerprint("sglang,enable_mixed_chunk=true,chunked_prefill_size=512", replace(SPARSE, seed=8), False)
+    _async_fingerprint(
+        "sglang,enable_mixed_chunk=true,chunked_prefill_size=512", replace(SPARSE, seed=8), False
+    )
     assert len(seen) > 20
 
 
@@ -131,9 +133,16 @@ def test_a_wrong_exact_slots_count_is_caught(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize(
     "spec, workload",
-    [("sglang", SPARSE), ("sglang", BURSTY), ("vllm", replace(SPARSE, seed=5)), ("trtllm", replace(SPARSE, seed=6))],
+    [
+        ("sglang", SPARSE),
+        ("sglang", BURSTY),
+        ("vllm", replace(SPARSE, seed=5)),
+        ("trtllm", replace(SPARSE, seed=6)),
+    ],
 )
-def test_the_step_a_run_leaves_in_flight_is_the_engines(monkeypatch: pytest.MonkeyPatch, spec, workload) -> None:
+def test_the_step_a_run_leaves_in_flight_is_the_engines(
+    monkeypatch: pytest.MonkeyPatch, spec, workload
+) -> None:
     """The items of the step a run leaves in flight hold what scheduling it would have given
     them, their contexts taken from before the run (``c + k - 1``; ``c + k`` past a skipping
     step): one token on its context, the computed tokens less the one in flight."""
