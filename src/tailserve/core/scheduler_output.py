@@ -136,9 +136,9 @@ class SchedulerOutput:
     # drafts that each sample (one token behind, as every running request between synchronous
     # steps is), their context tokens summing to ``context``; set by a policy that built them so
     # in one pass of its own (Sarathi's phase 1, vLLM's plain pass and its advanced pass when
-    # they preempt nobody), so that ``batch_shape`` and ``Scheduler.update`` (of an ``advanced``
-    # output: ``advanced_batch_shape`` and ``Scheduler.advance_scheduled``) need not re-derive
-    # it per request. None: nothing is known.
+    # they preempt nobody, SGLang's decode batch), so that ``batch_shape`` and
+    # ``Scheduler.update`` (of an ``advanced`` output: ``advanced_batch_shape`` and
+    # ``Scheduler.advance_scheduled``) need not re-derive it per request. None: nothing is known.
     decode_head: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -564,7 +564,10 @@ class SglangPolicy(Policy, FastPaths):
             # ``_reqs_finishing_inflight``: leave out requests whose step in flight yields their
             # last token; a batch that shrank clears ``batch_is_full``; if the rest still does not
             # fit, decode nothing this turn (the in-flight result frees their KV first).
-            finishing = [r for r in decodes if finishes_in_flight(r)]
+            # ``finishes_in_flight`` inlined: the test runs per request per stepped decode turn.
+            finishing = [
+                r for r in decodes if r.num_output_placeholders and r.num_output_tokens + 1 >= r.max_tokens
+            ]
             if finishing:
                 decodes = [r for r in decodes if not finishes_in_flight(r)]
                 self.batch_is_full = False
@@ -660,8 +663,19 @@ class SglangPolicy(Policy, FastPaths):
             return
         self.radix.allocate_decodes(sched, decodes)  # checked by the caller; page size 1 never fails
         scheduled = out.scheduled
+        leading = not scheduled  # ``_decode``'s batch (a mixed batch's decodes follow its chunks)
+        context = 0
         for request in decodes:
-            scheduled.append(scheduled_decode(request, request.num_computed_tokens))
+            computed = request.num_computed_tokens
+            context += computed
+            scheduled.append(scheduled_decode(request, computed))
+        if leading and decodes:
+            # Every one samples its one token: a running request other than the chunked one is
+            # one token behind (its token in flight under overlap, on its placeholder). Said
+            # here, the step's update and pricing skip their tests per request per stepped turn
+            # (``decode_head``: ``advance_scheduled`` and ``advanced_batch_fields`` under
+            # overlap, ``Scheduler.update`` and ``batch_fields`` without).
+            out.decode_head = (len(decodes), context)
 
     # ---- fast path -----------------------------------------------------------------------
     def notes(self) -> list[str]:

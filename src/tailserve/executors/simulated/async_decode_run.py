@@ -208,9 +208,13 @@ def advance_async_decode_run(engine: Engine) -> int:
     ends: list[float] = []
     need: list[int] = []
     last_duration = 0.0
+    # One-token slots, each request holding exactly its computed tokens' (SGLang's overlap
+    # scheduler takes the slot of the token it schedules): every request needs a slot in every
+    # step; ``any`` tests that in C, and the walks per request below are then counts.
+    exact_slots = block_size == 1 and not any(first_new_block)
     if k_max >= 1:
         if k_max <= SHORT_RUN:
-            need = _short_need(first_new_block, block_size, free, k_max)
+            need = _short_need(first_new_block, block_size, free, k_max, exact_slots)
         else:
             need = _long_need(ctx_list, first_new_block, block_size, free, k_max)
         if need:
@@ -225,7 +229,18 @@ def advance_async_decode_run(engine: Engine) -> int:
         # admits nobody; it applies their last tokens, and they finish.
         spare = free - (need[-1] if need else 0)
         skip = _skip_step(
-            executor, remaining_list, ctx_list, held_tokens, k, block_size, spare, now, flight.end, ends, wake
+            executor,
+            remaining_list,
+            ctx_list,
+            held_tokens,
+            k,
+            block_size,
+            spare,
+            now,
+            flight.end,
+            ends,
+            wake,
+            exact_slots,
         )
     if not k and skip is None:
         return 0
@@ -266,18 +281,28 @@ def advance_async_decode_run(engine: Engine) -> int:
         used_skip = used0 + (need[-1] if need else 0) + needed
         if keep_log:
             engine.log.record(begin, end - begin, 0, m, m, used_skip, 0)
-        gone = {id(r) for r in done}
-        items = [item for item in items if id(item.request) not in gone]
+        # The requests it skipped (``remaining == k``) are the ones the run finished: their
+        # items leave the step, every other one's is set (as below).
+        kept = []
+        for item, c, left in zip(items, ctx_list, remaining_list):
+            if left != k:
+                item.num_new_tokens = 1
+                item.num_context_tokens = c + k
+                kept.append(item)
+        items = kept
         if batches is not None:
             staying = [item.request for item in items]
             contexts = [r.num_computed_tokens - 1 for r in staying]
             batches.record_decode_run([begin], [end - begin], staying, contexts, [used_skip], sched)
     else:
         begin, end = begins[-1], ends[-1]
+        # Each one's context: its computed tokens less the one in flight, ``c + k - 1`` after
+        # the run's k applied outputs (``update_async_run``; ``c + k`` after the skipping
+        # step's k + 1, above), from the contexts before it rather than read back per request.
+        for item, c in zip(items, ctx_list):
+            item.num_new_tokens = 1
+            item.num_context_tokens = c + k - 1
     out = SchedulerOutput(items, advanced=True)
-    for item in items:
-        item.num_new_tokens = 1
-        item.num_context_tokens = item.request.num_computed_tokens - 1
     sched.last_output = out
     engine.end_async_run(
         InFlight(out, StepResult(last_duration, host_time=host), begin, end), token_times[-1], done
@@ -304,25 +329,48 @@ def _add_arrivals(engine: Engine, scheduled_at: list[float]) -> None:
 
 
 def _skip_step(
-    executor, remaining, ctx_list, held_tokens, k, block_size, free, now, device_free_at, ends, wake
+    executor,
+    remaining,
+    ctx_list,
+    held_tokens,
+    k,
+    block_size,
+    free,
+    now,
+    device_free_at,
+    ends,
+    wake,
+    exact_slots=False,
 ):
     """The step after the run's ``k`` when it skips the requests whose last token its
     predecessor yields (``remaining == k``: ``max_tokens - num_output_tokens - 1`` before the
     run) and grants every other one token: (how many it schedules, its forward pass's begin
     and end, its duration and host time, the new KV blocks it takes); None when it would see
-    the wake-up, schedule nobody (the engine then idles) or preempt."""
+    the wake-up, schedule nobody (the engine then idles) or preempt. ``exact_slots``: one-token
+    slots, each request holding exactly its ``ctx_list`` tokens' before the run."""
     scheduled_at = now if k == 0 else device_free_at if k == 1 else ends[-2]
     if wake is not None and scheduled_at >= wake:
         return None
-    m = num_context = needed = 0
-    for left, c, slots in zip(remaining, ctx_list, held_tokens):
-        if left == k:
-            continue
-        m += 1
-        num_context += c
-        computed = c + k  # when the step is scheduled
-        if computed >= slots and not computed % block_size:
-            needed += 1  # its blocks, full, hold exactly the computed tokens
+    if exact_slots:
+        # Each one it schedules needs the slot of its token (``c + k >= c`` below): the loop's
+        # counts from the skipped ones alone, found by C scans (``index``), few in a batch.
+        num_context = sum(ctx_list)
+        skipped = remaining.count(k)
+        i = -1
+        for _ in range(skipped):
+            i = remaining.index(k, i + 1)
+            num_context -= ctx_list[i]
+        m = needed = len(remaining) - skipped
+    else:
+        m = num_context = needed = 0
+        for left, c, slots in zip(remaining, ctx_list, held_tokens):
+            if left == k:
+                continue
+            m += 1
+            num_context += c
+            computed = c + k  # when the step is scheduled
+            if computed >= slots and not computed % block_size:
+                needed += 1  # its blocks, full, hold exactly the computed tokens
     # Each one's context is computed + 1 = c + k + 1: the k + 1 added once, not per request.
     num_context += m * (k + 1)
     if not m or needed > free:
@@ -333,10 +381,17 @@ def _skip_step(
     return m, begin, begin + (duration - host), duration, host, needed
 
 
-def _short_need(first_new_block, block_size, free, k_max):
+def _short_need(first_new_block, block_size, free, k_max, exact_slots=False):
     """New blocks all requests need by step j of the run, for the steps before the first that
     would have to preempt (at most ``k_max``), in Python: a request with ``f`` free slots needs
-    a new block in step f, then every ``block_size`` steps."""
+    a new block in step f, then every ``block_size`` steps. ``exact_slots``: one-token slots
+    and every ``f`` 0."""
+    if exact_slots:
+        # Every one needs a slot in every step: ``n * j`` by step j, where the count below
+        # walks the requests.
+        n = len(first_new_block)
+        need = list(range(n, n * k_max + 1, n))
+        return need if need[-1] <= free else need[: free // n]
     crossings = [0] * k_max
     if block_size == 1:
         # One-token slots (SGLang's): a request needs one in every step from its ``f`` on, so the
