@@ -30,6 +30,12 @@ from pathlib import Path
 
 from benchmarks._common import default_out, missing_peer, peer_venv
 from benchmarks.sim_speed import Case, aisimulate_config, write_both
+from tailserve.executors.simulated.cost_model import BatchShape, CostModel
+from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
+from tailserve.policies.registry import parse_policy_list
+from tailserve.sim.run import run_policy
+from tailserve.sim.workload_builder import WorkloadBuilder
+from tailserve.sim.workload_spec import WorkloadSpec
 
 PROMPT_A, OUTPUT_A = 128, 400
 PROMPT_B, OUTPUT_B, ARRIVAL_B_MS = 4096, 2, 1000
@@ -46,14 +52,7 @@ def write_traces(folder: Path, with_a: bool = True) -> tuple[Path, Path]:
     return ours, theirs
 
 
-def tailserve_run(trace: Path, budget: int) -> dict:
-    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
-    from tailserve.policies.registry import parse_policy_list
-    from tailserve.sim.run import run_policy
-    from tailserve.sim.workload_builder import WorkloadBuilder
-    from tailserve.sim.workload_spec import WorkloadSpec
-
-    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+def tailserve_run(built: BuiltCostModel, trace: Path, budget: int) -> dict:
     flags = f"max_num_batched_tokens={budget},max_num_seqs=256,async_scheduling=false"
     spec = parse_policy_list(f"vllm:{flags}")[0]
     run = run_policy(built, spec, WorkloadBuilder(WorkloadSpec("trace", trace_path=str(trace))))
@@ -89,12 +88,8 @@ def aisimulate_run(exe: Path, trace: Path, budget: int, folder: Path) -> dict:
     }
 
 
-def iteration_prices(budget: int) -> dict:
+def iteration_prices(cm: CostModel, budget: int) -> dict:
     """tailserve's prices of B's first chunk beside A's decode (A ~1 s in: ~200 tokens held)."""
-    from tailserve.executors.simulated.cost_model import BatchShape
-    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
-
-    cm = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none")).cost_model
     chunk = min(budget - 1, PROMPT_B)  # vLLM's budget holds A's decode token first
     context = PROMPT_A + 80
     alone = cm.iteration_time(BatchShape.of([(chunk, 0)], [])) * 1000
@@ -130,6 +125,7 @@ def main() -> None:
         print(
             f"AISimulate absent: {missing_peer('aisimulate', args.aisimulate_venv)} Pricing tailserve alone."
         )
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="chunk_pricing_") as tmp:
         ours, theirs = write_traces(Path(tmp))
@@ -137,11 +133,11 @@ def main() -> None:
         for budget in budgets:
             row = {
                 "budget": budget,
-                "tailserve": tailserve_run(ours, budget),
-                "tailserve_prices": iteration_prices(budget),
+                "tailserve": tailserve_run(built, ours, budget),
+                "tailserve_prices": iteration_prices(built.cost_model, budget),
             }
             # B's TTFT without A: its chunks' own price, the mixed steps' baseline.
-            row["tailserve"]["b_alone_ttft_ms"] = tailserve_run(ours_b, budget)["b_ttft_ms"]
+            row["tailserve"]["b_alone_ttft_ms"] = tailserve_run(built, ours_b, budget)["b_ttft_ms"]
             if exe.exists():
                 row["aisimulate"] = aisimulate_run(exe, theirs, budget, Path(tmp))
                 row["aisimulate"]["b_alone_ttft_ms"] = aisimulate_run(exe, theirs_b, budget, Path(tmp))[

@@ -564,12 +564,10 @@ class SglangPolicy(Policy, FastPaths):
             # ``_reqs_finishing_inflight``: leave out requests whose step in flight yields their
             # last token; a batch that shrank clears ``batch_is_full``; if the rest still does not
             # fit, decode nothing this turn (the in-flight result frees their KV first).
-            # ``finishes_in_flight`` inlined: the test runs per request per stepped decode turn.
-            finishing = [
-                r for r in decodes if r.num_output_placeholders and r.num_output_tokens + 1 >= r.max_tokens
-            ]
+            finishing = [r for r in decodes if finishes_in_flight(r)]
             if finishing:
-                decodes = [r for r in decodes if not finishes_in_flight(r)]
+                gone = set(map(id, finishing))
+                decodes = [r for r in decodes if id(r) not in gone]
                 self.batch_is_full = False
                 if not decodes:
                     return False

@@ -214,34 +214,31 @@ def guaranteed_no_evict(
         pending = list(itertools.compress(active[:end], map(operator.not_, generation)))
         if not pending or static_batch:
             return Fitting(scheduled, ())
-    contexts = _second_pass(
-        sched, active, is_generation, max_num_requests, static_batch, block_reuse, slots,
-        reservation_bound, scheduled, pending,
-    )  # fmt: skip
-    return Fitting(scheduled, contexts)
+    # The reuse rule (lazy: its executing contexts are collected on first use, before any KV moves).
+    skip = SkipRule(sched, active, is_generation, lazy=True) if block_reuse and not static_batch else None
+    return Fitting(
+        scheduled, _second_pass(sched, scheduled, pending, skip, max_num_requests, slots, reservation_bound)
+    )
 
 
 def _second_pass(
     sched: Scheduler,
-    active: list[Request],
-    is_generation: IsGeneration,
-    max_num_requests: int,
-    static_batch: bool,
-    block_reuse: bool,
-    slots: DraftSlots,
-    reservation_bound: int | None,
     scheduled: list[Request],
     pending: list[Request],
+    skip: SkipRule | None,
+    max_num_requests: int,
+    slots: DraftSlots,
+    reservation_bound: int | None,
 ) -> Iterator[Request]:
     """``guaranteed_no_evict``'s step 3 over ``pending`` (the contexts in active order), with
-    the generation requests ``scheduled`` kept: yields the contexts kept, lazily."""
+    the generation requests ``scheduled`` kept and ``skip`` the reuse rule (None: none applies):
+    yields the contexts kept, lazily."""
     free = sched.kv_cache.num_free_blocks
     exact = reservation_bound is None
     available = free - reservation_bound if reservation_bound is not None else free
     if exact:
         for request in scheduled:
             available -= remaining_blocks(sched, request, slots)
-    skip = SkipRule(sched, active, is_generation, lazy=True) if block_reuse and not static_batch else None
     taken = 0  # blocks reserved for the contexts kept so far
     num_scheduled = len(scheduled)
     for request in pending:
