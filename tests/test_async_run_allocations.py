@@ -1,7 +1,11 @@
 """The async decode run grows its decodes' KV in one ``allocate_each`` (issue 35): without prefix
 caching ``Scheduler.update_async_run`` hands each request the ids its own ``allocate`` would have
 taken, in running order, so every later allocation gets the ids stepping gives it; with prefix
-caching (the hashed manager) each request still allocates and registers in turn."""
+caching (the hashed manager) each request still allocates and registers in turn. SGLang's chains
+of runs (``async_decode_run._chain``, r50) are the exception: the requests that stay running take
+their slots once, at the chain's end, after the finished ones returned theirs — other ids than
+stepping's, which nothing reads (the plain manager, no prefix caching); the slots are conserved
+and each request holds exactly its computed tokens' (the last test)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from tailserve.core.source import ListSource
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.kv.paged import KVCacheManager
+from tailserve.policies.sglang import SglangPolicy
 
 CHECKED_RUNS = 40  # each check copies the manager (SGLang's pool: ~500,000 one-token slots)
 
@@ -30,10 +35,13 @@ def _engine(spec: str, shares_prefixes: bool):
     return build_engine(built, spec, "sim", options, source=ListSource(requests)).engine
 
 
-def _allocate_per_request(kv: KVCacheManager, decodes: list[Request], held: list[int], m: int) -> None:
-    """The rule before issue 35's change: one ``allocate`` per request that grew, in order."""
-    for request, slots in zip(decodes, held):
-        finishes = request.num_output_tokens + m >= request.max_tokens
+def _allocate_per_request(
+    kv: KVCacheManager, decodes: list[Request], held: list[int], m: int, num_behind: int = 0
+) -> None:
+    """The rule before issue 35's change: one ``allocate`` per request that grew, in order (the
+    first ``num_behind`` get one output fewer: nothing of theirs was in flight)."""
+    for i, (request, slots) in enumerate(zip(decodes, held)):
+        finishes = request.num_output_tokens + m - (i < num_behind) >= request.max_tokens
         computed = request.num_computed_tokens + m - (1 if finishes else 0)
         if computed > slots:
             assert kv.allocate(request.request_id, computed) is not None
@@ -46,6 +54,8 @@ def _allocate_per_request(kv: KVCacheManager, decodes: list[Request], held: list
 def test_async_run_takes_the_ids_allocate_per_request_would(
     monkeypatch: pytest.MonkeyPatch, spec: str, shares_prefixes: bool
 ) -> None:
+    # SGLang's chains take no ``update_async_run`` and other ids (the module's docstring): off.
+    monkeypatch.setattr(SglangPolicy, "async_runs_chain", False)
     engine = _engine(spec, shares_prefixes)
     kv = engine.scheduler.kv_cache
     assert not kv.prefix_caching and engine.scheduler.async_scheduling
@@ -59,15 +69,15 @@ def test_async_run_takes_the_ids_allocate_per_request_would(
         allocations.append(request_id)
         return plain_allocate(self, request_id, num_total_tokens)
 
-    def checking(self: Scheduler, decodes, held_tokens, token_times):
+    def checking(self: Scheduler, decodes, held_tokens, token_times, num_behind=0):
         if len(checked) >= CHECKED_RUNS:
-            return original(self, decodes, held_tokens, token_times)
+            return original(self, decodes, held_tokens, token_times, num_behind)
         expected = copy.deepcopy(self.kv_cache)
-        _allocate_per_request(expected, decodes, held_tokens, len(token_times))
+        _allocate_per_request(expected, decodes, held_tokens, len(token_times), num_behind)
         del allocations[:]
         monkeypatch.setattr(KVCacheManager, "allocate", counting_allocate)
         try:
-            done = original(self, decodes, held_tokens, token_times)
+            done = original(self, decodes, held_tokens, token_times, num_behind)
         finally:
             monkeypatch.setattr(KVCacheManager, "allocate", plain_allocate)
         assert not allocations  # one allocate_each, no allocate per request
@@ -122,11 +132,11 @@ def test_registration_thresholds_skip_only_calls_that_register_nothing(
     original = Scheduler.update_async_run
     registered: list[int] = []
 
-    def checking(self: Scheduler, decodes, held_tokens, token_times):
+    def checking(self: Scheduler, decodes, held_tokens, token_times, num_behind=0):
         kv = self.kv_cache
         assert kv.prefix_caching
         before = sum(kv.num_registered(r.request_id) for r in decodes)
-        done = original(self, decodes, held_tokens, token_times)
+        done = original(self, decodes, held_tokens, token_times, num_behind)
         after = [kv.num_registered(r.request_id) for r in decodes]
         finished = {id(r) for r in done}
         for request in decodes:
@@ -139,3 +149,34 @@ def test_registration_thresholds_skip_only_calls_that_register_nothing(
     monkeypatch.setattr(Scheduler, "update_async_run", checking)
     SimDriver(engine).run()
     assert len(registered) >= 10 and sum(registered) > 0  # runs taken, blocks registered in them
+
+
+def test_a_chain_conserves_the_slots_it_takes_in_another_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every chain of SGLang's runs the manager is whole (``check_integrity``: each slot
+    free or held once) and every running request holds exactly its computed tokens' slots, as
+    stepping leaves them; the chains were taken, and went past their first run."""
+    from tailserve.executors.simulated import async_decode_run
+
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
+    # Arrivals 0.4 s apart, outputs of 100-400 tokens: several requests finish between two
+    # arrivals, so chains start after each arrival's prefill batch and go on past finishes.
+    requests = [Request(f"r{i}", 200 + 37 * (i % 11), 100 + 43 * (i % 7), 0.4 * i) for i in range(60)]
+    options = BuildOptions(shares_prefixes=False, engine=EngineOptions())
+    engine = build_engine(built, "sglang", "sim", options, source=ListSource(requests)).engine
+    kv = engine.scheduler.kv_cache
+    assert type(kv) is KVCacheManager
+    original = async_decode_run._chain
+    chains: list[int] = []
+
+    def checking(*args):
+        steps = original(*args)
+        kv.check_integrity()
+        for request in engine.scheduler.running:
+            assert kv.num_held(request.request_id) == request.num_computed_tokens
+        chains.append(steps)
+        return steps
+
+    monkeypatch.setattr(async_decode_run, "_chain", checking)
+    SimDriver(engine).run()
+    assert len(chains) >= 10 and kv.used_block_count() == 0
+    assert max(chains) > 100  # steps: several runs each

@@ -162,4 +162,4 @@ def test_the_step_a_run_leaves_in_flight_is_the_engines(
 
     monkeypatch.setattr(async_decode_run, "advance_async_decode_run", checking)
     _async_fingerprint(spec, workload, True)
-    assert len(checked) > 20
+    assert len(checked) > 5  # calls (SGLang's chains take several runs in one)

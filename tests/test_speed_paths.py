@@ -775,14 +775,15 @@ def test_async_decode_run_identical_over_seeds(seed: int) -> None:
 
 
 def count_async_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[bool]]:
-    """Count the async decode runs (steps each advanced) and whether each skipping step was
-    taken; a synchronous decode run fails the test (async scheduling has none)."""
+    """Count the async decode runs (steps each advanced) and whether each skipping step priced
+    was taken (a run's, or one of a chain's: ``_price_skip``); a synchronous decode run fails
+    the test (async scheduling has none)."""
     from tailserve.executors.simulated import async_decode_run, decode_run
 
     calls: list[int] = []
     skips: list[bool] = []
     original = async_decode_run.advance_async_decode_run
-    original_skip = async_decode_run._skip_step
+    original_skip = async_decode_run._price_skip
 
     def counting(engine):
         k = original(engine)
@@ -795,7 +796,7 @@ def count_async_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[b
         return step
 
     monkeypatch.setattr(async_decode_run, "advance_async_decode_run", counting)
-    monkeypatch.setattr(async_decode_run, "_skip_step", skipping)
+    monkeypatch.setattr(async_decode_run, "_price_skip", skipping)
     monkeypatch.setattr(decode_run, "advance_decode_run", lambda engine: pytest.fail("a synchronous run"))
     return calls, skips
 

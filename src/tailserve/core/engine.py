@@ -265,9 +265,15 @@ class Engine:
         run's last step, ``launched``, stays in flight (the device busy until its end), and the
         clock moves to ``now``, the end of the step before it, whose outputs the run applied
         last and where the requests they completed finish."""
+        self.keep_in_flight(launched)
+        self.end_run(finished, now)
+
+    def keep_in_flight(self, launched: InFlight) -> None:
+        """A driver's run of async steps left ``launched`` running (the device busy until its
+        end); the clock and the finishes are the driver's (``end_async_run``, or ``end_run``
+        where a chain of runs finished its requests as it went)."""
         self._in_flight = launched
         self._device_free_at = launched.end
-        self.end_run(finished, now)
 
     def finish_step(self, finished: list[Request], now: float) -> None:
         for request in finished:

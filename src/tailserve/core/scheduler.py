@@ -323,7 +323,11 @@ class Scheduler:
         return done
 
     def update_async_run(
-        self, decodes: list[Request], held_tokens: list[int], token_times: list[float]
+        self,
+        decodes: list[Request],
+        held_tokens: list[int],
+        token_times: list[float],
+        num_behind: int = 0,
     ) -> list[Request]:
         """``advance_scheduled`` and ``update_advanced`` in closed form for a run of async decode
         steps (the simulator's exact fast path under async scheduling). Before the run each
@@ -337,10 +341,14 @@ class Scheduler:
         (one placeholder, one in-flight token). KV blocks are allocated as the steps'
         allocations would (``held_tokens``: the slots each held before the run), and with prefix
         caching registered only up to the tokens known, ``computed - placeholders``, as the
-        update registers them. No stops: only the cost model's steps are advanced this way."""
+        update registers them. No stops: only the cost model's steps are advanced this way.
+
+        ``num_behind``: the first requests of ``decodes`` had nothing in flight (the step in
+        flight was a prefill batch of the others: ``async_decode_run.steady``), their last
+        token known and uncomputed; the same steps schedule them, but the first output applied
+        is not theirs: they get ``token_times[1:]``."""
         m = len(token_times)
         kv = self.kv_cache
-        prefix_caching = kv.prefix_caching
         done: list[Request] = []
         # As in ``update_run``: without prefix caching the blocks the run's decodes grow into
         # are taken together (``allocate_each``: the same ids, in the same order), not by an
@@ -349,22 +357,53 @@ class Scheduler:
         # request's are registered as they fill, after its own allocation.
         grow_ids: list[str] = []
         grow_to: list[int] = []
+        if num_behind:
+            behind = decodes[:num_behind]
+            for request in behind:
+                request.num_output_placeholders = 1  # the run's steps leave one in flight
+            self.apply_async_run(behind, held_tokens, token_times[1:], m, grow_ids, grow_to, done)
+            decodes = decodes[num_behind:]
+            held_tokens = held_tokens[num_behind:]
+        self.apply_async_run(decodes, held_tokens, token_times, m, grow_ids, grow_to, done)
+        if grow_ids:
+            kv.allocate_each(grow_ids, grow_to)
+        return done
+
+    def apply_async_run(
+        self,
+        decodes: list[Request],
+        held_tokens: list[int],
+        token_times: list[float],
+        num_steps: int,
+        grow_ids: list[str],
+        grow_to: list[int],
+        done: list[Request],
+    ) -> None:
+        """``update_async_run`` for requests that each get ``token_times`` as outputs and were
+        scheduled in ``num_steps`` steps (the last of them left in flight unless the request
+        finished, skipped by it); the slots to grow into are collected in ``grow_ids`` /
+        ``grow_to`` without prefix caching (allocated with it), the finished ones in ``done``.
+        Public for the async decode run's chains (``async_decode_run._chain``), which apply
+        each group of requests when it leaves or the chain ends."""
+        kv = self.kv_cache
+        prefix_caching = kv.prefix_caching
+        applied = len(token_times)
         # The manager's registration thresholds, tested before calling ``register_computed``
         # per request per run, as ``update_advanced`` does: below its threshold a request has
         # no block to register (its ``register_computed`` returns having done nothing), and
         # without planned keys none has one (trtllm's hashed manager on sim_memory; r48).
         gate = kv.registers_from
         for request, slots in zip(decodes, held_tokens):
-            outputs = request.num_output_tokens = request.num_output_tokens + m
+            outputs = request.num_output_tokens = request.num_output_tokens + applied
             request.token_times.extend(token_times)
             if outputs >= request.max_tokens:
-                computed = request.num_computed_tokens = request.num_computed_tokens + m - 1
+                computed = request.num_computed_tokens = request.num_computed_tokens + num_steps - 1
                 request.num_in_flight_tokens = request.num_output_placeholders = 0
                 known = computed
                 request.status = RequestStatus.FINISHED_LENGTH
                 done.append(request)
             else:
-                computed = request.num_computed_tokens = request.num_computed_tokens + m
+                computed = request.num_computed_tokens = request.num_computed_tokens + num_steps
                 request.num_in_flight_tokens = 1
                 known = computed - 1
             if not prefix_caching:
@@ -377,9 +416,6 @@ class Scheduler:
                 kv.allocate(rid, computed)
             if gate is None or known >= gate.get(rid, NEVER):
                 kv.register_computed(rid, known)
-        if grow_ids:
-            kv.allocate_each(grow_ids, grow_to)
-        return done
 
     # ---- vLLM V1's own accounting (async scheduling, speculative decoding) ------------------
     # vLLM advances a request's computed tokens when it schedules them, so that the next step

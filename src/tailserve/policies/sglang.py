@@ -194,6 +194,8 @@ class SglangPolicy(Policy, FastPaths):
     # (``async_decode_run.py``): the saved runs stay byte-identical. True would group them (the
     # same rows per iteration, fewer entries) once those saved runs are re-recorded.
     batch_entry_per_async_run: ClassVar[bool] = False
+    async_run_after_prefill: ClassVar[bool] = True
+    async_runs_chain: ClassVar[bool] = True
 
     def __init__(self, config: SglangConfig) -> None:
         super().__init__(config)

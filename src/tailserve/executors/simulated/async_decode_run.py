@@ -37,10 +37,25 @@ n+k+1). What makes it differ from the synchronous run:
   step that would preempt); blocks are registered with prefix caching only up to the tokens
   known (``Scheduler.update_async_run``).
 
+Two shortcuts for SGLang's overlap loop, each a ``FastPaths`` declaration only it signs:
+
+- A prefill batch in flight (``async_run_after_prefill``). After an arrival's prefill batch is
+  launched and the decode step before it applied, the running batch is the old requests, nothing
+  in flight (their last token known, uncomputed), then the new ones, their first tokens on
+  placeholders; with nobody waiting SGLang's next turn decodes all of them. The run starts there:
+  the same steps, except that the old requests get no output from the step in flight (the
+  prefill's) and so reach the guard one step later (``behind``).
+- A chain (``async_runs_chain``: one-token slots, each request holding exactly its computed
+  tokens', and a KV manager that shares no prefixes: ids taken and returned, nothing
+  cached). A run that ends with its skipping step goes on into the
+  run ``steady_after_run`` would take next, in the same call (``_chain``), as long as each ends
+  so: the requests that stay running are updated once, at the end (every one got the same
+  outputs, in the same steps), while the ones each skipping step leaves finish at its time.
+
 The iteration log gets each step at its forward pass (``begin``, ``end - begin``), recorded when it
 is scheduled, as the engine does. Results are identical to stepping;
 ``tests/test_speed_paths.py``, ``tests/test_decode_run.py`` and (SGLang's overlap scheduler)
-``tests/test_sglang_overlap_run.py`` check that. ``driver.py`` calls it
+``tests/test_sglang_overlap_run.py`` and ``tests/test_sglang_overlap_chain.py`` check that. ``driver.py`` calls it
 under async scheduling (and only then: ``decode_run.py`` is the synchronous run).
 """
 
@@ -54,12 +69,13 @@ import numpy as np
 
 from tailserve.core.engine import InFlight
 from tailserve.core.executor import StepResult
-from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.core.scheduler_output import SchedulerOutput, scheduled_decode
 from tailserve.executors.simulated.decode_run import DecodeRunExecutor, blocks_needed
 from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
+    from tailserve.core.request import Request
 
 
 @runtime_checkable
@@ -83,32 +99,45 @@ def steady(engine: Engine) -> bool:
     nothing else uncomputed (``num_computed_tokens == num_tokens``) — so the next step grants
     each one token; and no waiting request can be admitted: none waits, or the step in flight
     was that decode batch and admitted and preempted nobody, and applying the one before it
-    finished nobody (free blocks only shrink while decoding, so a blocked head stays blocked)."""
+    finished nobody (free blocks only shrink while decoding, so a blocked head stays blocked).
+    Where the policy signs ``async_run_after_prefill`` and nobody waits, the step in flight may
+    hold only the newest running requests (a prefill batch), the ones before them having
+    nothing in flight and their last token uncomputed."""
     flight = engine.in_flight
     sched = engine.scheduler
     running = sched.running
     if flight is None or not running or sched.swapped:
         return False
     out = flight.out
-    if len(out.scheduled) != len(running):
-        return False
     waiting = sched.waiting
-    if waiting and (engine.last_step_finished or out.num_admitted or out.preempted):
-        return False
     policy = sched.policy
     assert isinstance(policy, FastPaths)  # the driver takes decode runs only for these
+    behind = len(running) - len(out.scheduled)
+    if behind and (behind < 0 or waiting or not policy.async_run_after_prefill):
+        return False
+    if waiting and (engine.last_step_finished or out.num_admitted or out.preempted):
+        return False
     # The policy's answer (a question) before the walks over the batch: SGLang's overlap
     # scheduler, whose answer is always no, paid them after every step (~2 us an iteration of
     # ~50 on long prompts, r47).
     if not policy.can_fast_forward(sched):
         return False
-    for item, request in zip(out.scheduled, running):
+    for item, request in zip(out.scheduled, running[behind:] if behind else running):
         if (
             item.request is not request
             or request.num_output_placeholders != 1
             or request.num_computed_tokens != request.prompt_len + request.num_output_tokens
         ):
             return False
+    if behind:
+        # A prefill batch in flight (``async_run_after_prefill``): the requests before its
+        # own have nothing in flight, their last token known and not yet computed.
+        for request in running[:behind]:
+            if (
+                request.num_output_placeholders
+                or request.num_computed_tokens != request.prompt_len + request.num_output_tokens - 1
+            ):
+                return False
     if waiting:
         for item in out.scheduled:
             if item.num_new_tokens != 1:
@@ -186,6 +215,11 @@ def advance_async_decode_run(engine: Engine) -> int:
         slots = len(tables[r.request_id]) * block_size
         held_tokens.append(slots)
         first_new_block.append(slots - c)
+    # A prefill batch in flight (``steady``): the requests before its own have no token in
+    # flight, so one more step before the guard would skip them.
+    behind = n - len(flight.out.scheduled)
+    for i in range(behind):
+        remaining_list[i] += 1
     k_guard = min(min(remaining_list), MAX_RUN + 1)
     num_context = n + sum(ctx_list)
     k_max = min(k_guard, MAX_RUN)
@@ -246,6 +280,14 @@ def advance_async_decode_run(engine: Engine) -> int:
         return 0
     if arrivals_inside and k:
         _add_arrivals(engine, [now, flight.end, *ends[: k - 2]][:k])
+    if (
+        skip is not None
+        and exact_slots
+        and policy.async_runs_chain
+        and not kv.shares_prefixes  # the plain manager: ids taken and returned, nothing cached
+        and engine.batches is None
+    ):
+        return _chain(engine, flight, behind, remaining_list, ctx_list, k, begins, ends, need, skip, free)
 
     used0 = kv.used_block_count()
     # The outputs of the step in flight and of the run's steps but the last, which stays in
@@ -255,7 +297,7 @@ def advance_async_decode_run(engine: Engine) -> int:
         # The run's k steps scheduled every running request, those its outputs finish too:
         # the policy hears of them while they are still running (fairness=vtc charges them).
         policy.on_decode_run(sched, k)
-    done = sched.update_async_run(running, held_tokens, token_times)
+    done = sched.update_async_run(running, held_tokens, token_times, behind)
     keep_log = engine.options.keep_iteration_log
     batches = engine.batches
     if k:
@@ -276,6 +318,10 @@ def advance_async_decode_run(engine: Engine) -> int:
     # listed the same requests in the same order (``steady``); its entries become this step's
     # (nothing else holds them: the log and the batch record copied them).
     items = flight.out.scheduled
+    if behind:
+        # Items of their own for the requests the prefill batch did not hold (their contexts
+        # set below, as every item's).
+        items = [scheduled_decode(r, 0) for r in running[:behind]] + items
     if skip is not None:
         m, begin, end, last_duration, host, needed = skip
         used_skip = used0 + (need[-1] if need else 0) + needed
@@ -310,6 +356,170 @@ def advance_async_decode_run(engine: Engine) -> int:
     if skip is not None:
         policy.on_decode_run(sched, 1)  # the skipping step, for the requests it scheduled
     return k + (skip is not None)
+
+
+def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, free) -> int:
+    """A run that ends with its skipping step, and the runs after it while each does, in one
+    call: one-token slots, each request holding exactly its computed tokens' (every request
+    needs one slot per step), the plain KV manager (its ids taken and returned, nothing else)
+    and a policy that signed ``async_runs_chain``. Each run of the chain is the one
+    ``advance_async_decode_run`` would take next (``steady_after_run`` asked between them):
+    the same steps, prices, iteration log, policy calls and finishes, in the same order. What
+    differs is when the requests that stay running are updated: once, at the end, rather than
+    after every run (each got the same outputs, and was scheduled in the same steps, as all the
+    others still running); the requests a skipping step leaves finish there, their outputs
+    applied and their slots taken and freed. Their slots' ids differ from stepping's (the
+    survivors take theirs after the finished ones returned theirs), which nothing reads.
+
+    ``remaining``, ``ctx``: the first run's per-request lists (``behind`` adjusted); ``k``,
+    ``begins``, ``ends``, ``need``, ``skip``: its steps; ``free``: its free blocks less the
+    policy's reserve. Returns the steps scheduled."""
+    sched = engine.scheduler
+    kv = sched.kv_cache
+    executor = engine.executor
+    policy = sched.policy
+    source = engine.source
+    log = engine.log if engine.options.keep_iteration_log else None
+    running = sched.running
+    # The requests in the order their guards skip them, the fewest steps left first: each
+    # run's skipping step leaves the next of them (all steps are everyone's).
+    order = sorted(range(len(running)), key=remaining.__getitem__)
+    p = 0  # order[p:] still running
+    n = len(running)
+    ctx_left = sum(ctx)  # of order[p:], before the chain
+    times = []  # the outputs applied: a request gets them from its first on (``behind``: its second)
+    steps = 0  # steps scheduled for each request still running
+    used = kv.used_block_count()  # as stepping counts them (the survivors' slots come at the end)
+    flight_end = flight.end
+    scheduled = 0
+    ends_with_skip = True
+    while True:
+        m, skip_begin, skip_end, skip_duration, skip_host, needed = skip
+        times.append(flight_end)
+        times.extend(ends)
+        if k:
+            policy.on_decode_run(sched, k)
+            if log is not None:
+                log.extend_decode_run(begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need])
+        taken = (need[-1] if need else 0) + needed
+        used += taken
+        if log is not None:
+            log.record(skip_begin, skip_end - skip_begin, 0, m, m, used, 0)
+        steps += k + 1
+        scheduled += k + 1
+        now = times[-1]
+        # The requests the skipping step left: their last tokens applied, they finish now.
+        q = p + n - m
+        group = sorted(order[p:q])  # running order, as the update finishes them
+        done: list[Request] = []
+        grow_ids: list[str] = []
+        grow_to: list[int] = []
+        freed = 0
+        for i in group:
+            request = running[i]
+            sched.apply_async_run(
+                [request], [ctx[i]], times[1:] if i < behind else times, steps, grow_ids, grow_to, done
+            )
+            freed += request.num_computed_tokens
+            ctx_left -= ctx[i]
+        kv.allocate_each(grow_ids, grow_to)
+        engine.end_run(done, now)
+        policy.on_decode_run(sched, 1)  # the skipping step, for the requests it scheduled
+        used -= freed
+        free += freed - taken
+        p, n = q, m
+        flight_end = skip_end
+        last = (skip_begin, skip_end, skip_duration, skip_host)
+        # ``steady_after_run``; then the next run, as ``advance_async_decode_run`` takes it.
+        nxt = source.next_arrival_time()
+        if (nxt is not None and nxt <= now) or sched.waiting or not policy.can_fast_forward(sched):
+            break
+        k_guard = min(remaining[order[p]] - steps, MAX_RUN + 1)
+        k_max = min(k_guard, MAX_RUN)
+        context = ctx_left + n * steps  # the survivors' computed tokens
+        host = executor.decode_host_time(n)
+        wake = engine.next_wake(now)
+        if wake is not None and k_max > 3:
+            forward = executor.decode_step_duration(n, n + context) - host
+            if forward > 0 and wake - now < forward * (k_max - 3):
+                k_max = int((wake - now) / forward) + 3
+        need = list(range(n, n * min(k_max, free // n) + 1, n)) if k_max >= 1 else []
+        begins, ends, last_duration = [], [], 0.0
+        if need:
+            begins, ends, last_duration = _timing(executor, n, n + context, len(need), host, now, flight_end, wake)
+        k = len(ends)
+        need = need[:k]
+        skip = None
+        if k == k_guard:
+            scheduled_at = now if k == 0 else flight_end if k == 1 else ends[-2]
+            if wake is None or scheduled_at < wake:
+                # The ones it skips: ``remaining - steps == k``, the next of ``order``.
+                j = p
+                skipped_context = 0
+                while j < p + n and remaining[order[j]] - steps == k:
+                    skipped_context += ctx[order[j]] + steps
+                    j += 1
+                kept = n - (j - p)
+                spare = free - (need[-1] if need else 0)
+                skip = _price_skip(
+                    executor,
+                    kept,
+                    context - skipped_context + kept * (k + 1),
+                    kept,
+                    spare,
+                    k,
+                    scheduled_at,
+                    flight_end,
+                    ends,
+                )
+        if skip is not None:
+            continue
+        if k:
+            # The chain's last run stops before an event: its last step stays in flight.
+            times.append(flight_end)
+            times.extend(ends[:-1])
+            policy.on_decode_run(sched, k)
+            if log is not None:
+                log.extend_decode_run(begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need])
+            steps += k
+            scheduled += k
+            last = (begins[-1], ends[-1], last_duration, host)
+            ends_with_skip = False
+        break
+    # The requests still running: every output applied since the chain began, every step.
+    alive = sorted(order[p:])
+    requests = [running[i] for i in alive]
+    held = [ctx[i] for i in alive]
+    done = []
+    grow_ids = []
+    grow_to = []
+    num_behind = bisect_left(alive, behind)
+    if num_behind:
+        for request in requests[:num_behind]:
+            request.num_output_placeholders = 1  # the chain's steps leave one in flight
+        sched.apply_async_run(requests[:num_behind], held, times[1:], steps, grow_ids, grow_to, done)
+    sched.apply_async_run(requests[num_behind:], held[num_behind:], times, steps, grow_ids, grow_to, done)
+    assert not done, "a request the chain keeps running reached max_tokens"
+    kv.allocate_each(grow_ids, grow_to)
+    # The step left in flight: the batch ``schedule`` made, the items of the step in flight
+    # before the chain (``behind``: items of their own), each one's context its computed
+    # tokens less the one in flight.
+    first = flight.out.scheduled
+    items = []
+    for i in alive:
+        item = scheduled_decode(running[i], 0) if i < behind else first[i - behind]
+        item.num_new_tokens = 1
+        item.num_context_tokens = ctx[i] + steps - 1
+        items.append(item)
+    out = SchedulerOutput(items, advanced=True)
+    sched.last_output = out
+    begin, end, duration, host = last
+    launched = InFlight(out, StepResult(duration, host_time=host), begin, end)
+    if ends_with_skip:
+        engine.keep_in_flight(launched)  # its finishes moved the clock there
+    else:
+        engine.end_async_run(launched, times[-1], [])
+    return scheduled
 
 
 def _add_arrivals(engine: Engine, scheduled_at: list[float]) -> None:
@@ -372,7 +582,13 @@ def _skip_step(
             if computed >= slots and not computed % block_size:
                 needed += 1  # its blocks, full, hold exactly the computed tokens
     # Each one's context is computed + 1 = c + k + 1: the k + 1 added once, not per request.
-    num_context += m * (k + 1)
+    return _price_skip(executor, m, num_context + m * (k + 1), needed, free, k, scheduled_at, device_free_at, ends)
+
+
+def _price_skip(executor, m, num_context, needed, free, k, scheduled_at, device_free_at, ends):
+    """``_skip_step``'s step of ``m`` requests (``num_context`` context tokens, ``needed`` new
+    blocks of ``free``) scheduled at ``scheduled_at`` after a run of ``k`` steps (``ends``);
+    None when it schedules nobody or preempts."""
     if not m or needed > free:
         return None
     host = executor.decode_host_time(m)

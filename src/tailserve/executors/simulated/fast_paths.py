@@ -52,6 +52,22 @@ class FastPaths:
     # (``async_decode_run.py``) as one entry of its steps; False: one entry per step, as stepping
     # records them (SGLang: its saved runs in the golden corpus were recorded stepped).
     batch_entry_per_async_run: ClassVar[bool] = True
+    # ``async_decode_run.py`` may start a run with a prefill batch in flight that holds only the
+    # newest running requests (the tail of the running set, in its order), the others having
+    # nothing in flight: True only where, with nobody waiting, the turn after such a batch
+    # decodes every running request one token as any decode turn does — SGLang's overlap
+    # scheduler (the prefill batch joins the running batch; ``update_running_batch`` decodes
+    # all of it, the new requests on the placeholders of their first tokens). vLLM and
+    # TensorRT-LLM schedule the running decodes beside every prefill: never that state.
+    async_run_after_prefill: ClassVar[bool] = False
+    # ``async_decode_run.py`` may go on, in one call, from a run that ends with its skipping
+    # step into the runs after it (one-token slots, the plain KV manager: ``_chain``), applying
+    # the outputs of the requests that stay running once, at the end. True only where this
+    # policy's ``on_decode_run`` and ``on_finished`` read nothing of a running request but
+    # its identity and status (SGLang: the decaying ratio, the last batch; ``fairness=vtc``
+    # charges by tenant): between the runs of a chain they see those requests' counters as
+    # they were before it.
+    async_runs_chain: ClassVar[bool] = False
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """True when, with every running request one token behind, this policy would schedule
