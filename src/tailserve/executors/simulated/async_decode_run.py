@@ -218,8 +218,9 @@ def advance_async_decode_run(engine: Engine) -> int:
     # A prefill batch in flight (``steady``): the requests before its own have no token in
     # flight, so one more step before the guard would skip them.
     behind = n - len(flight.out.scheduled)
-    for i in range(behind):
-        remaining_list[i] += 1
+    if behind:
+        for i in range(behind):
+            remaining_list[i] += 1
     k_guard = min(min(remaining_list), MAX_RUN + 1)
     num_context = n + sum(ctx_list)
     k_max = min(k_guard, MAX_RUN)
