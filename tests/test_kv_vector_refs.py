@@ -98,3 +98,75 @@ def test_no_counts_until_the_tree_exists_then_counted_from_the_tables() -> None:
         assert lazy.free_ids() == counted.free_ids()
     assert lazy._ref_counts == [0] * 512
     lazy.check_integrity()
+
+
+def test_share_and_hold_add_the_references_the_loop_added() -> None:
+    """``share`` and ``hold`` add one reference per slot by numpy past ``_VECTOR_MIN`` ids (r50):
+    the counts, the tables and the tree's tally are the per-slot loop's, on both sides of the
+    threshold; a free slot among them is a ValueError naming it, however long the list."""
+    import pytest
+
+    rng = random.Random(11)
+    kv = RadixKVCacheManager(8192, 1)
+    for i in range(12):
+        assert kv.allocate(f"r{i}", rng.choice([20, 47, 48, 49, 300, 900])) is not None
+    expected = kv._ref_counts
+    tables = {r: list(t) for r, t in kv.block_tables.items()}
+    tree_refs = 0
+    for i in range(12):
+        source = tables[f"r{i}"]
+        cut = rng.choice([1, 10, 47, 48, 200, len(source)])
+        ids = source[:cut]
+        if i % 2:
+            kv.hold(ids)
+            tree_refs += len(ids)
+        else:
+            kv.share(f"s{i}", ids)
+            tables[f"s{i}"] = list(ids)
+        for block_id in ids:
+            expected[block_id] += 1
+        assert kv._ref_counts == expected
+    assert {r: list(t) for r, t in kv.block_tables.items()} == tables
+    assert kv._tree_refs == tree_refs
+    free = kv.free_ids()[-1]
+    for n in (3, 100):  # the loop's path and numpy's
+        ids = tables["r0"][: n - 1] + [free]
+        with pytest.raises(ValueError, match=f"block {free} is free"):
+            kv.hold(ids)
+
+
+def test_typed_radix_slots_change_nothing_but_their_type(monkeypatch) -> None:
+    """SGLang's radix manager keeps one-token slots in typed arrays — tables, the free stack,
+    the tree's node values and its matches (``KVCacheManager.typed_slots``, r50: sharing,
+    holding and releasing them then copy machine integers instead of converting lists, ~2.4x
+    on the Mooncake conversation trace). The same runs with lists give the same results:
+    shared prefixes under memory pressure (eviction, retraction), overlap on and off."""
+    from array import array
+    from dataclasses import replace
+
+    from test_speed_paths import SHARED_PROMPTS, _assert_same, _async_fingerprint
+
+    from tailserve.kv import radix_manager
+
+    seen = []
+    build = radix_manager.RadixKVCacheManager._build_tree
+
+    def building(self):
+        build(self)
+        seen.append(self)
+
+    monkeypatch.setattr(radix_manager.RadixKVCacheManager, "_build_tree", building)
+    cases = [
+        ("sglang,gpu_memory_utilization=0.25", replace(SHARED_PROMPTS, seed=5, rate=20.0)),
+        ("sglang,disable_overlap_schedule=true", SHARED_PROMPTS),
+    ]
+    for spec, workload in cases:
+        typed, _ = _async_fingerprint(spec, workload, True)
+        kv = seen[-1]
+        assert type(kv._free) is array and all(type(t) is array for t in kv.block_tables.values())
+        assert all(type(node.value) is array for node in kv.tree._nodes() if node is not kv.tree.root)
+        with monkeypatch.context() as m:
+            m.setattr(radix_manager.RadixKVCacheManager, "typed_slots", False)
+            listed, _ = _async_fingerprint(spec, workload, True)
+            assert type(seen[-1]._free) is list
+        _assert_same(typed, listed, spec)

@@ -22,6 +22,7 @@ from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
 class HashedKVCacheManager(KVCacheManager):
     prefix_caching: ClassVar[bool] = True
     shares_prefixes: ClassVar[bool] = True
+    typed_slots: ClassVar[bool] = False  # its pool and hashes hold block ids as lists
     holds_by_table_length: ClassVar[bool] = False  # ``holds`` below: always False
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:

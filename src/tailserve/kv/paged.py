@@ -57,6 +57,9 @@ class KVCacheManager:
     """GPU KV blocks of ``block_size`` tokens each, handed out to requests by id."""
 
     prefix_caching: ClassVar[bool] = False  # hashed full-block keys (the scheduler registers them)
+    # One-token blocks kept in typed arrays (``__init__``): tables, the free stack, the slots a
+    # radix tree keeps. False for a subclass whose blocks other structures hold as lists.
+    typed_slots: ClassVar[bool] = True
     shares_prefixes: ClassVar[bool] = False  # some prefix cache shares blocks between requests
     # ``holds`` answers from the length of the request's table alone (a policy's per-request
     # loop may read ``block_tables`` itself); a manager that overrides ``holds`` says False.
@@ -76,8 +79,9 @@ class KVCacheManager:
         # arrays: slicing and extending them copies machine integers, where lists touch one int
         # object per slot, scattered in memory (~20% of an SGLang simulation). Not for larger
         # blocks: an array reallocates whenever it shrinks by 16 or more entries, which costs
-        # more there than the few int objects a block table holds. Subclasses keep lists.
-        self._compact = type(self) is KVCacheManager and block_size == 1
+        # more there than the few int objects a block table holds. A subclass says whether its
+        # tables may be typed (``typed_slots``: the radix one, whose tree keeps slices of them).
+        self._compact = self.typed_slots and block_size == 1
         # The compact stack's height: its free ids are ``_free[:_top]`` (None: a list stack, all
         # of it free). The typed array keeps its length, because CPython reallocates an array
         # that shrinks by 16 or more entries: SGLang's ~6 MB pool was moved by ``mremap`` in

@@ -27,6 +27,7 @@ of each; the path from the root spells a cached prefix::
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Hashable, Sequence
 
 from tailserve.kv.prefix import PrefixCache, PrefixCacheIntegrityError, PrefixCacheStats, PrefixMatch
@@ -78,10 +79,14 @@ class RadixCache(PrefixCache):
     size are per page; ``PrefixMatch.num_tokens`` is in tokens.
     """
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1, typed_slots: bool = False) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.block_size = page_size
+        # Slots as typed arrays (``array("q")``): a manager whose tables are (one-token slots,
+        # ``KVCacheManager.typed_slots``) hands the tree slices of them, and its matches come
+        # back typed, so sharing and releasing them copies machine integers (r50).
+        self._typed = typed_slots
         self._next_id = 0
         self.root = self._new_node([], [], None)
         self.root.lock_ref = 1  # never evictable, never counted
@@ -127,7 +132,7 @@ class RadixCache(PrefixCache):
         page = self.block_size
         limit = len(keys) if num_tokens is None else min(len(keys), max(num_tokens - 1, 0) // page)
         keys = list(keys[:limit]) if limit < len(keys) or type(keys) is not list else keys
-        slots: list[int] = []
+        slots: list[int] = array("q") if self._typed else []  # type: ignore[assignment]
         node, i = self._descend(keys, limit, slots)
         if not node.children and node.lock_ref == 0:
             self._push(node)
@@ -173,7 +178,8 @@ class RadixCache(PrefixCache):
         node, i = self._descend(keys, n, None)
         now = node.last_access_time
         if i < n:
-            leaf = self._new_node(keys[i:], list(kv_indices[i:]), node)
+            value = kv_indices[i:] if type(kv_indices) is array else list(kv_indices[i:])
+            leaf = self._new_node(keys[i:], value, node)
             leaf.last_access_time = now
             node.children[keys[i]] = leaf
             self._num_nodes += 1
