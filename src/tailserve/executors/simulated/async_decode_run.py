@@ -230,12 +230,7 @@ def advance_async_decode_run(engine: Engine) -> int:
     arrivals_inside = bool(sched.waiting) and takes_arrivals(engine)
     wake = sched.next_wakeup(now) if arrivals_inside else engine.next_wake(now)
     if wake is not None and k_max > 3:
-        # Step n+1+j (j >= 1) is scheduled at the end of step n+j-1, at least j-1 forward
-        # passes after now (they only get longer as contexts grow): that bounds the steps
-        # scheduled before the wake-up (the margin absorbs rounding).
-        forward = executor.decode_step_duration(n, num_context) - host
-        if forward > 0 and wake - now < forward * (k_max - 3):
-            k_max = int((wake - now) / forward) + 3
+        k_max = _bound_by_wake(executor, n, num_context, host, now, wake, k_max)
     free = kv.free_block_count() - policy.decode_reserve_blocks
     if free < 0:
         return 0  # the policy's reserve is already broken: the next step preempts
@@ -389,10 +384,9 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
     n = len(running)
     ctx_left = sum(ctx)  # of order[p:], before the chain
     times = []  # the outputs applied: a request gets them from its first on (``behind``: its second)
-    steps = 0  # steps scheduled for each request still running
+    steps = 0  # steps scheduled for each request still running (and in all: every step is theirs)
     used = kv.used_block_count()  # as stepping counts them (the survivors' slots come at the end)
     flight_end = flight.end
-    scheduled = 0
     ends_with_skip = True
     while True:
         m, skip_begin, skip_end, skip_duration, skip_host, needed = skip
@@ -407,7 +401,6 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
         if log is not None:
             log.record(skip_begin, skip_end - skip_begin, 0, m, m, used, 0)
         steps += k + 1
-        scheduled += k + 1
         now = times[-1]
         # The requests the skipping step left: their last tokens applied, they finish now.
         q = p + n - m
@@ -441,9 +434,7 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
         host = executor.decode_host_time(n)
         wake = engine.next_wake(now)
         if wake is not None and k_max > 3:
-            forward = executor.decode_step_duration(n, n + context) - host
-            if forward > 0 and wake - now < forward * (k_max - 3):
-                k_max = int((wake - now) / forward) + 3
+            k_max = _bound_by_wake(executor, n, n + context, host, now, wake, k_max)
         need = list(range(n, n * min(k_max, free // n) + 1, n)) if k_max >= 1 else []
         begins, ends, last_duration = [], [], 0.0
         if need:
@@ -483,7 +474,6 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
             if log is not None:
                 log.extend_decode_run(begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need])
             steps += k
-            scheduled += k
             last = (begins[-1], ends[-1], last_duration, host)
             ends_with_skip = False
         break
@@ -520,7 +510,17 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
         engine.keep_in_flight(launched)  # its finishes moved the clock there
     else:
         engine.end_async_run(launched, times[-1], [])
-    return scheduled
+    return steps
+
+
+def _bound_by_wake(executor, n, num_context, host, now, wake, k_max):
+    """``k_max`` cut to the steps that can be scheduled before ``wake``: step n+1+j (j >= 1) is
+    scheduled at the end of step n+j-1, at least j-1 forward passes after now (they only get
+    longer as contexts grow); the margin absorbs rounding (``_timing`` cuts exactly)."""
+    forward = executor.decode_step_duration(n, num_context) - host
+    if forward > 0 and wake - now < forward * (k_max - 3):
+        return int((wake - now) / forward) + 3
+    return k_max
 
 
 def _add_arrivals(engine: Engine, scheduled_at: list[float]) -> None:
