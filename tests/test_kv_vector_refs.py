@@ -130,7 +130,7 @@ def test_share_and_hold_add_the_references_the_loop_added() -> None:
     assert kv._tree_refs == tree_refs
     free = kv.free_ids()[-1]
     for n in (3, 100):  # the loop's path and numpy's
-        ids = tables["r0"][: n - 1] + [free]
+        ids = [*tables["r0"][: n - 1], free]
         with pytest.raises(ValueError, match=f"block {free} is free"):
             kv.hold(ids)
 
@@ -144,9 +144,8 @@ def test_typed_radix_slots_change_nothing_but_their_type(monkeypatch) -> None:
     from array import array
     from dataclasses import replace
 
-    from test_speed_paths import SHARED_PROMPTS, _assert_same, _async_fingerprint
-
     from tailserve.kv import radix_manager
+    from test_speed_paths import SHARED_PROMPTS, _assert_same, _async_fingerprint
 
     seen = []
     build = radix_manager.RadixKVCacheManager._build_tree

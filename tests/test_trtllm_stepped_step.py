@@ -17,19 +17,15 @@ import random
 
 import pytest
 
-from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request
-from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.policies import trtllm as trtllm_module
-from tailserve.policies.registry import PolicySpec
 from tailserve.policies.trtllm import TrtllmPolicy
 from tailserve.policies.trtllm_capacity import Fitting, guaranteed_no_evict
 from tailserve.policies.trtllm_config import EQUAL_PROGRESS, FIRST_COME_FIRST_SERVED
 from tailserve.policies.trtllm_microbatch import micro_batch
-from tailserve.sim.run import run_policy
-from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads.lengths import LogNormal
+from test_trtllm_capacity_state import _run
 
 
 # ---- 1. the generation prefix taken whole ----------------------------------------------------
@@ -135,16 +131,6 @@ RUNS = [
     ),
     ("STATIC_BATCH", {"capacity_scheduler_policy": "STATIC_BATCH", "max_num_tokens": 40}, False),
 ]
-
-
-def _run(flags: dict, workload: WorkloadSpec, check_integrity: bool = True):
-    built = build_cost_model(Deployment("Llama-3-8B", "A100-80GB", 1, "none"))
-    return run_policy(
-        built,
-        PolicySpec.make("trtllm", flags),
-        WorkloadBuilder(workload),
-        options=EngineOptions(check_integrity=check_integrity),
-    )
 
 
 def _walked(*args):

@@ -358,18 +358,21 @@ class Scheduler:
         grow_ids: list[str] = []
         grow_to: list[int] = []
         if num_behind:
-            behind = decodes[:num_behind]
+            behind = decodes[:num_behind] if num_behind < len(decodes) else decodes
             for request in behind:
                 request.num_output_placeholders = 1  # the run's steps leave one in flight
-            self.apply_async_run(behind, held_tokens, token_times[1:], m, grow_ids, grow_to, done)
-            decodes = decodes[num_behind:]
-            held_tokens = held_tokens[num_behind:]
-        self.apply_async_run(decodes, held_tokens, token_times, m, grow_ids, grow_to, done)
+            self._apply_async_run(behind, held_tokens, token_times[1:], m, grow_ids, grow_to, done)
+            if behind is not decodes:
+                self._apply_async_run(
+                    decodes[num_behind:], held_tokens[num_behind:], token_times, m, grow_ids, grow_to, done
+                )
+        else:
+            self._apply_async_run(decodes, held_tokens, token_times, m, grow_ids, grow_to, done)
         if grow_ids:
             kv.allocate_each(grow_ids, grow_to)
         return done
 
-    def apply_async_run(
+    def _apply_async_run(
         self,
         decodes: list[Request],
         held_tokens: list[int],
@@ -382,9 +385,7 @@ class Scheduler:
         """``update_async_run`` for requests that each get ``token_times`` as outputs and were
         scheduled in ``num_steps`` steps (the last of them left in flight unless the request
         finished, skipped by it); the slots to grow into are collected in ``grow_ids`` /
-        ``grow_to`` without prefix caching (allocated with it), the finished ones in ``done``.
-        Public for the async decode run's chains (``async_decode_run._chain``), which apply
-        each group of requests when it leaves or the chain ends."""
+        ``grow_to`` without prefix caching (allocated with it), the finished ones in ``done``."""
         kv = self.kv_cache
         prefix_caching = kv.prefix_caching
         applied = len(token_times)

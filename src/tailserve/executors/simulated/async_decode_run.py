@@ -75,7 +75,6 @@ from tailserve.executors.simulated.fast_paths import FastPaths
 
 if TYPE_CHECKING:
     from tailserve.core.engine import Engine
-    from tailserve.core.request import Request
 
 
 @runtime_checkable
@@ -383,8 +382,10 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
     p = 0  # order[p:] still running
     n = len(running)
     ctx_left = sum(ctx)  # of order[p:], before the chain
-    times = []  # the outputs applied: a request gets them from its first on (``behind``: its second)
-    steps = 0  # steps scheduled for each request still running (and in all: every step is theirs)
+    # The outputs applied, one per step scheduled (each run's: the step in flight before it, then
+    # its own but the one it leaves in flight): a request gets them from its first on
+    # (``behind``: its second), and ``len(times)`` steps scheduled it if it is still running.
+    times: list[float] = []
     used = kv.used_block_count()  # as stepping counts them (the survivors' slots come at the end)
     flight_end = flight.end
     ends_with_skip = True
@@ -395,28 +396,25 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
         if k:
             policy.on_decode_run(sched, k)
             if log is not None:
-                log.extend_decode_run(begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need])
+                log.extend_decode_run(
+                    begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need]
+                )
         taken = (need[-1] if need else 0) + needed
         used += taken
         if log is not None:
             log.record(skip_begin, skip_end - skip_begin, 0, m, m, used, 0)
-        steps += k + 1
+        steps = len(times)
         now = times[-1]
         # The requests the skipping step left: their last tokens applied, they finish now.
         q = p + n - m
         group = sorted(order[p:q])  # running order, as the update finishes them
-        done: list[Request] = []
-        grow_ids: list[str] = []
-        grow_to: list[int] = []
-        freed = 0
-        for i in group:
-            request = running[i]
-            sched.apply_async_run(
-                [request], [ctx[i]], times[1:] if i < behind else times, steps, grow_ids, grow_to, done
-            )
-            freed += request.num_computed_tokens
-            ctx_left -= ctx[i]
-        kv.allocate_each(grow_ids, grow_to)
+        held = list(map(ctx.__getitem__, group))  # exact slots: each holds its computed tokens'
+        done = sched.update_async_run(
+            list(map(running.__getitem__, group)), held, times, bisect_left(group, behind)
+        )
+        left_context = sum(held)
+        ctx_left -= left_context
+        freed = left_context + len(done) * (steps - 1)  # each leaves with c + steps - 1 computed
         engine.end_run(done, now)
         policy.on_decode_run(sched, 1)  # the skipping step, for the requests it scheduled
         used -= freed
@@ -438,7 +436,9 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
         need = list(range(n, n * min(k_max, free // n) + 1, n)) if k_max >= 1 else []
         begins, ends, last_duration = [], [], 0.0
         if need:
-            begins, ends, last_duration = _timing(executor, n, n + context, len(need), host, now, flight_end, wake)
+            begins, ends, last_duration = _timing(
+                executor, n, n + context, len(need), host, now, flight_end, wake
+            )
         k = len(ends)
         need = need[:k]
         skip = None
@@ -472,26 +472,22 @@ def _chain(engine, flight, behind, remaining, ctx, k, begins, ends, need, skip, 
             times.extend(ends[:-1])
             policy.on_decode_run(sched, k)
             if log is not None:
-                log.extend_decode_run(begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need])
-            steps += k
+                log.extend_decode_run(
+                    begins, [e - b for b, e in zip(begins, ends)], n, [used + x for x in need]
+                )
+            steps = len(times)
             last = (begins[-1], ends[-1], last_duration, host)
             ends_with_skip = False
         break
     # The requests still running: every output applied since the chain began, every step.
     alive = sorted(order[p:])
-    requests = [running[i] for i in alive]
-    held = [ctx[i] for i in alive]
-    done = []
-    grow_ids = []
-    grow_to = []
-    num_behind = bisect_left(alive, behind)
-    if num_behind:
-        for request in requests[:num_behind]:
-            request.num_output_placeholders = 1  # the chain's steps leave one in flight
-        sched.apply_async_run(requests[:num_behind], held, times[1:], steps, grow_ids, grow_to, done)
-    sched.apply_async_run(requests[num_behind:], held[num_behind:], times, steps, grow_ids, grow_to, done)
+    done = sched.update_async_run(
+        list(map(running.__getitem__, alive)),
+        list(map(ctx.__getitem__, alive)),
+        times,
+        bisect_left(alive, behind),
+    )
     assert not done, "a request the chain keeps running reached max_tokens"
-    kv.allocate_each(grow_ids, grow_to)
     # The step left in flight: the batch ``schedule`` made, the items of the step in flight
     # before the chain (``behind``: items of their own), each one's context its computed
     # tokens less the one in flight.
@@ -583,7 +579,9 @@ def _skip_step(
             if computed >= slots and not computed % block_size:
                 needed += 1  # its blocks, full, hold exactly the computed tokens
     # Each one's context is computed + 1 = c + k + 1: the k + 1 added once, not per request.
-    return _price_skip(executor, m, num_context + m * (k + 1), needed, free, k, scheduled_at, device_free_at, ends)
+    return _price_skip(
+        executor, m, num_context + m * (k + 1), needed, free, k, scheduled_at, device_free_at, ends
+    )
 
 
 def _price_skip(executor, m, num_context, needed, free, k, scheduled_at, device_free_at, ends):
