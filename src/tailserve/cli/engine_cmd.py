@@ -44,6 +44,16 @@ def add_engine_cmd_args(p: argparse.ArgumentParser, several: bool = False) -> No
     else:
         g.add_argument("--engine-cmd", metavar="COMMAND", default=None, help=ENGINE_CMD_HELP)
     g.add_argument(
+        "--acceptance-length",
+        metavar="L",
+        type=_acceptance_length,
+        default=None,
+        help="--engine-cmd lines that speculate: the drafts' mean acceptance length, tokens per verification "
+        "with the bonus token (what your server reports: vLLM's 1 + spec_decode_num_accepted_tokens / "
+        "spec_decode_num_drafts), where the line gives none (vLLM's synthetic_acceptance_* keys, SGLang's "
+        "SGLANG_SIMULATE_ACC_LEN; TensorRT-LLM has no setting for it)",
+    )
+    g.add_argument(
         "--engine-version",
         metavar="V",
         default=None,
@@ -75,9 +85,15 @@ def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
     texts = (
         args.engine_cmd if isinstance(args.engine_cmd, list) else [args.engine_cmd] * bool(args.engine_cmd)
     )
+    acceptance = getattr(args, "acceptance_length", None)
     if not texts:
         if args.engine_version:
             raise CliError("--engine-version reads --engine-cmd: give the engine command too")
+        if acceptance is not None:
+            raise CliError(
+                "--acceptance-length reads --engine-cmd: give the engine command too (a --policy takes its "
+                "engine's own acceptance flag, e.g. vllm:...:synthetic_acceptance_length=L)"
+            )
         return []
     from tailserve.engines.command import parse_launch
     from tailserve.engines.lint import ENGINE_NAMES, lint
@@ -87,18 +103,34 @@ def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
     versions = _versions(args.engine_version, ENGINE_NAMES)
     device = get_hardware(args.hardware).device_info
     commands = []
+    speculates = False
     for text in texts:
         engine = parse_launch(text).engine
         report = lint(text, versions.get(engine, versions.get("")))
-        translation = translate(report, device)
+        translation = translate(report, device, acceptance)
+        speculates = speculates or translation.speculates
         label = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
         commands.append(
             EngineCommand(label, translation.spec, translation.deployment, translation.summary(report))
         )
+    if acceptance is not None and not speculates:
+        raise CliError("--acceptance-length: no engine command speculates (no draft tokens to accept)")
     _take_deployment(args, commands)
     for command in commands:
         print(f"engine command: {command.summary}", file=sys.stderr)
     return commands
+
+
+def _acceptance_length(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}") from None
+    if not value >= 1.0:  # NaN too
+        raise argparse.ArgumentTypeError(
+            f"expected a number >= 1 (tokens per verification, the bonus token included), got {text}"
+        )
+    return value
 
 
 def _versions(text: str | None, engines: dict[str, str]) -> dict[str, str]:

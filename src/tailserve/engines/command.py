@@ -5,15 +5,19 @@ The forms: ``vllm serve MODEL``, ``python -m vllm.entrypoints.openai.api_server 
 ``trtllm-serve [serve] MODEL``; environment assignments before them (``VLLM_USE_V1=0``, ``env
 A=B``) are kept, shell line continuations joined. Flags: ``--a-b V``, ``--a-b=V``, a bare boolean,
 ``--no-a-b``; ``--a_b`` where the engine's parser takes it (vLLM) and unique-prefix abbreviations
-(``--tp`` for SGLang's ``--tp-size``), since argparse accepts those unless told not to.
+(``--tp`` for SGLang's ``--tp-size``), since argparse accepts those unless told not to; vLLM's
+dotted keys of a JSON flag (``--speculative-config.method mtp``, ``--x.key+ a,b``), merged into
+one value of that flag after every other flag, as its ``FlexibleArgumentParser`` does.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from tailserve.engines.flag_spec import EngineVersion
 
@@ -94,6 +98,7 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
     names = _option_names(version)
     positional: list[str] = []
     flags: list[GivenFlag] = []
+    dotted: dict[str, tuple[list[str], dict[str, Any]]] = {}  # base as typed -> (keys, merged)
     words = launch.words
     i = 0
     while i < len(words):
@@ -103,6 +108,17 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
             positional.append(word)
             continue
         typed, eq, inline = word.partition("=")
+        if version.dotted_keys and "." in typed:
+            # ``--x.a.b V``: the next word is its value whatever it looks like (vLLM takes it so)
+            if not eq:
+                if i >= len(words):
+                    raise ValueError(f"{typed} needs a value")
+                inline, i = words[i], i + 1
+            base, _, path = typed.partition(".")
+            keys, merged = dotted.setdefault(base, ([], {}))
+            keys.append(path.removesuffix("+"))
+            _merge(merged, path, inline)
+            continue
         option, negated, note = _resolve(typed, known, version)
         name = names.get(option) if option else None
         if option and name is None:
@@ -114,7 +130,53 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
             value = words[i]  # an unknown flag is read as taking a value, as most do
             i += 1
         flags.append(GivenFlag(typed, option, name, value, negated, note))
+    for base, (keys, merged) in dotted.items():
+        # After every other flag, as vLLM appends them: the dotted keys replace a whole JSON
+        # value given for the same flag, wherever on the line it was.
+        option, _, note = _resolve(base, known, version)
+        name = names.get(option) if option else None
+        if option and name is None:
+            name = option.lstrip("-").replace("-", "_")
+        shown = f"{base}.{keys[0]}" if len(keys) == 1 else f"{base}.{{{','.join(dict.fromkeys(keys))}}}"
+        flags.append(GivenFlag(shown, option, name, json.dumps(merged), False, note))
     return positional, flags
+
+
+def _merge(merged: dict[str, Any], path: str, text: str) -> None:
+    """One dotted key into ``merged``: its value JSON where it parses, else a human-readable
+    integer (``1k``, ``2M``), else the text; ``key+`` appends the comma-separated items to a
+    list (vLLM's ``FlexibleArgumentParser.parse_args``)."""
+    value: Any
+    if path.endswith("+"):
+        path, value = path[:-1], text.split(",")
+    else:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = _human_int(text)
+    *parents, last = path.split(".")
+    node = merged
+    for key in parents:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}  # a value given before is replaced, as vLLM's recursive update does
+        node = node[key]
+    if isinstance(value, list) and isinstance(node.get(last), list):
+        node[last] = node[last] + value
+    else:
+        node[last] = value
+
+
+def _human_int(text: str) -> Any:
+    """``25.6k`` -> 25600, ``1K`` -> 1024 (vLLM's ``human_readable_int``); other text as it is."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
+    if not match:
+        return text
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    if "." in number:
+        return text  # vLLM refuses decimals with a binary suffix
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
 def _is_option(word: str) -> bool:

@@ -142,6 +142,9 @@ class EngineVersion:
     abbrev: bool = True  # argparse's unique-prefix abbreviations (argparse's default)
     dashes: bool = True  # option names use dashes; TensorRT-LLM's click options use underscores
     positional: str = ""  # the source of a positional MODEL argument, when the entry point takes one
+    # ``--json-flag.key V`` read as that flag's JSON (vLLM's FlexibleArgumentParser since 0.9,
+    # vllm#18208): vllm/utils/argparse_utils.py:425-455@v0.32.0
+    dotted_keys: bool = False
     # flags of earlier versions this one's parser refuses: name -> (what happened, source)
     removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     options_file: OptionsFile | None = None  # a file of options one of its flags names

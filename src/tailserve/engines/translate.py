@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
-from tailserve.engines import vllm_flags
+from tailserve.engines import speculative, vllm_flags
 from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
 from tailserve.engines.lint import ENGINE_NAMES, Report
 from tailserve.engines.trtllm_options import TENSORRT_BACKENDS
@@ -34,6 +34,7 @@ class Translation:
     deployment: dict[str, Any] = field(default_factory=dict)  # model, tp, quantization, ...
     taken: tuple[str, ...] = ()  # flags taken into the spec or the deployment, as typed
     ignored: tuple[str, ...] = ()  # "--flag (verdict)" for the flags the simulation leaves out
+    speculates: bool = False  # the line drafts tokens the simulation verifies
 
     def summary(self, report: Report) -> str:
         """One line: what was taken from the command and what was left out."""
@@ -50,9 +51,12 @@ class Translation:
         return text
 
 
-def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
+def translate(
+    report: Report, device: DeviceInfo | None = None, acceptance_length: float | None = None
+) -> Translation:
     """The policy spec and deployment of ``report``'s line; ValueError (one line) for a line the
-    engine would refuse, or a policy this tailserve does not have."""
+    engine would refuse, or a policy this tailserve does not have. ``acceptance_length``: the
+    drafts' acceptance where the line speculates without giving one (``engines/speculative.py``)."""
     if report.refused:
         raise ValueError(
             f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)"
@@ -75,6 +79,8 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     ignored: list[str] = []
     dp_attention = report.engine == "sglang" and bool(report.values.get("enable_dp_attention"))
     backend = "pytorch"
+    speculates = False
+    last_drafts = next((r for r in reversed(report.rows) if r.name == "speculative_config"), None)
     for row in report.rows:
         if dp_attention and row.name == "dp_size":
             deployment["attn_dp"] = row.value  # --dp-size N --enable-dp-attention: --attn-dp-size N
@@ -87,6 +93,20 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
             continue  # --host and the like
         if row.value is None:
             continue  # a file's null: the engine's own default
+        if row.name == "speculative_config" and report.engine in ("vllm", "trtllm"):
+            if row is not last_drafts:
+                continue  # a later one replaces it (vLLM: the last value, or the dotted keys)
+            read = speculative.vllm_fields if report.engine == "vllm" else speculative.trtllm_fields
+            drafts, left_out = read(row.value, acceptance_length)
+            if drafts and not set(drafts) <= set(fields):
+                ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
+                continue
+            flags.update(drafts)
+            ignored.extend(left_out)
+            if drafts:
+                taken.append(row.flag)
+                speculates = True
+            continue
         if report.engine == "trtllm" and row.name == "backend":
             backend = row.value  # the last given wins: launch_server reads it after the file
             taken.append(row.flag)
@@ -124,29 +144,15 @@ def translate(report: Report, device: DeviceInfo | None = None) -> Translation:
     if report.engine == "vllm" and report.policy == "vllm" and device is not None:
         flags = _vllm_batch_defaults(report, device, flags)
     if report.engine == "sglang" and flags.get("speculative_algorithm"):
-        flags = _sglang_simulated_acceptance(report, flags)
+        length = speculative.sglang_acceptance(dict(report.launch.env), acceptance_length)
+        flags = {**flags, "synthetic_acceptance_length": length}
+        speculates = True
     return Translation(
-        PolicySpec.make(report.policy, {**flags, **engine}), deployment, tuple(taken), tuple(ignored)
-    )
-
-
-def _sglang_simulated_acceptance(report: Report, flags: dict[str, Any]) -> dict[str, Any]:
-    """SGLang's own synthetic acceptance, ``SGLANG_SIMULATE_ACC_LEN=L`` before the line (tokens
-    accepted per verification, the bonus token included: ``spec_utils.py:276``, ``:535-566``
-    @v0.5.23, off when <= 0), is the simulation's ``synthetic_acceptance_length``; without it a
-    speculative line needs the acceptance, which no engine flag gives: say how in one line."""
-    env = dict(report.launch.env)
-    text = env.get("SGLANG_SIMULATE_ACC_LEN")
-    try:
-        length = float(text) if text is not None else 0.0
-    except ValueError:
-        raise ValueError(f"SGLANG_SIMULATE_ACC_LEN={text!r} is not a number") from None
-    if length > 0:
-        return {**flags, "synthetic_acceptance_length": length}
-    raise ValueError(
-        "--speculative-algorithm needs an acceptance to simulate: prefix the line with SGLang's "
-        "SGLANG_SIMULATE_ACC_LEN=L (tokens per verification, e.g. 2.8), or use --policy "
-        "sglang:speculative_algorithm=...:synthetic_acceptance_length=L"
+        PolicySpec.make(report.policy, {**flags, **engine}),
+        deployment,
+        tuple(taken),
+        tuple(ignored),
+        speculates,
     )
 
 

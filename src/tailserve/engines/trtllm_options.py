@@ -100,10 +100,10 @@ KEYS = (
     FlagSpec("max_beam_width", int | None, NOT_MODELLED, "beam search width", _llm("max_beam_width"), "1"),
     FlagSpec("enable_chunked_prefill", bool, SCHEDULING, "split context (prefill) into chunks",
              _llm("enable_chunked_prefill"), "false"),
-    FlagSpec("speculative_config", dict | None, NOT_MODELLED,
-             "draft tokens verified each generation step; the trtllm policy models MTP and Eagle3 under "
-             "its flags decoding_type, num_nextn_predict_layers, max_draft_len with an acceptance rate or "
-             "length (set them there: the file's drafter gives no acceptance)", _llm("speculative_config")),
+    FlagSpec("speculative_config", dict | None, SCHEDULING,
+             "draft tokens verified each generation step: decoding_type MTP (num_nextn_predict_layers) and "
+             "Eagle3 (max_draft_len) simulated, the acceptance from --acceptance-length (TensorRT-LLM has no "
+             "setting for it; engines/speculative.py)", _llm("speculative_config")),
     FlagSpec("cuda_graph_config", dict | None, OTHER,
              "CUDA graphs for decode-only batches: the time of a step, not who is in it; the trtllm policy "
              "prices enable_padding under its flags cuda_graph_padding_enabled, cuda_graph_batch_sizes, "

@@ -90,8 +90,10 @@ def _common(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
                  "waiting order: arrival, or (priority, arrival) lower first", at("scheduling_policy"), "fcfs"),
         FlagSpec("enable_prefix_caching", bool, SCHEDULING, "automatic prefix caching of full blocks",
                  at("enable_prefix_caching"), "true"),
-        FlagSpec("speculative_config", str, NOT_MODELLED, "speculative decoding (a JSON config)",
-                 at("speculative_config")),
+        FlagSpec("speculative_config", str, SCHEDULING,
+                 "speculative decoding (a JSON config): method ngram, ngram_gpu, eagle, eagle3 or mtp and "
+                 "num_speculative_tokens simulated, the acceptance from its synthetic_acceptance_* keys or "
+                 "--acceptance-length (engines/speculative.py)", at("speculative_config")),
         FlagSpec("cpu_offload_gb", float, NOT_MODELLED, "weights offloaded to CPU memory", at("cpu_offload_gb"), "0"),
     )  # fmt: skip
 
@@ -250,6 +252,7 @@ VLLM_0_32 = EngineVersion(
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
+    dotted_keys=True,
     removed={**_V0_GONE, **_PARTIAL_GONE},
     # Async scheduling: on by default on GPUs unless an option rules it out
     # (config/vllm.py:1585-1644@v0.32.0), which is the vllm policy's own default (none: as vLLM
@@ -325,6 +328,7 @@ VLLM_0_11 = EngineVersion(
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
+    dotted_keys=True,
     removed=_V0_GONE,
     # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later), and
     # schedules synchronously unless --async-scheduling (experimental, off by default).
