@@ -25,51 +25,6 @@ def _row(report, name):
     return [row for row in report.rows if row.name == name]
 
 
-# ---- vLLM's dotted keys ------------------------------------------------------------------------
-def test_dotted_keys_are_one_json_value_of_their_flag():
-    report = lint(
-        f"{V3} --speculative-config.method mtp --speculative-config.num_speculative_tokens=2 "
-        "--hf-overrides.rope_scaling.factor 4.0 --hf-overrides.rope_scaling.type yarn --max-num-seqs 8"
-    )
-    assert not report.refused
-    (spec,) = _row(report, "speculative_config")
-    assert json.loads(spec.value) == {"method": "mtp", "num_speculative_tokens": 2}
-    assert spec.flag == "--speculative-config.{method,num_speculative_tokens}"
-    (hf,) = _row(report, "hf_overrides")
-    assert json.loads(hf.value) == {"rope_scaling": {"factor": 4.0, "type": "yarn"}}
-    assert report.values["max_num_seqs"] == 8
-
-
-def test_dotted_keys_take_lists_human_ints_and_replace_an_earlier_json():
-    report = lint(
-        f"""{V3} --speculative-config '{{"method": "eagle3", "num_speculative_tokens": 5}}' """
-        "--speculative-config.method=mtp --speculative-config.num_speculative_tokens 2 "
-        "--speculative-config.synthetic_acceptance_rates+ 0.8,0.5 "
-        "--hf-overrides.a 1k --hf-overrides.b 2K --hf-overrides.c 1.5K --hf-overrides.d+=x --hf-overrides.d+ y,z"
-    )
-    values = [json.loads(row.value) for row in _row(report, "speculative_config")]
-    # vLLM appends the dotted keys as one more value after every flag: the last one wins
-    assert values[-1] == {
-        "method": "mtp",
-        "num_speculative_tokens": 2,
-        "synthetic_acceptance_rates": ["0.8", "0.5"],
-    }
-    assert json.loads(report.values["speculative_config"])["method"] == "mtp"
-    (hf,) = _row(report, "hf_overrides")
-    assert json.loads(hf.value) == {"a": 1000, "b": 2048, "c": "1.5K", "d": ["x", "y", "z"]}
-
-
-def test_vllm_before_dotted_keys_refuses_them():
-    report = lint(f"{V3} --speculative-config.method mtp", "0.8.5")
-    assert report.refused
-    assert lint(f"{V3} --speculative-config.method mtp", "0.11").refused is False
-
-
-def test_a_dotted_key_without_its_value_is_one_line():
-    with pytest.raises(ValueError, match=r"--speculative-config\.method needs a value"):
-        lint(f"{V3} --speculative-config.method")
-
-
 # ---- vLLM's config as the vllm policy's fields ---------------------------------------------------
 @pytest.mark.parametrize(
     ("config", "method"),

@@ -107,6 +107,14 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
         if not word.startswith("-") or _NUMBER.match(word) or word == "-":
             positional.append(word)
             continue
+        spaced = word == "-O" and i < len(words) and words[i] in ("0", "1", "2", "3")
+        if version.short_o and (spaced or (word.startswith("-O") and word != "-O")):
+            # vLLM's optimization level, ``-O3`` or ``-O 3``: rewritten before its parser runs
+            level = words[i] if word == "-O" else word[3:] if word[2:3] == "=" else word[2:]
+            i += word == "-O"
+            option = version.short_o
+            flags.append(GivenFlag(word, option, option.lstrip("-").replace("-", "_"), level))
+            continue
         typed, eq, inline = word.partition("=")
         if version.dotted_keys and "." in typed:
             # ``--x.a.b V``: the next word is its value whatever it looks like (vLLM takes it so)

@@ -10,10 +10,13 @@ is one ``Row`` beside the flags'.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+from tailserve.core.config_flags import convert
 
 # The verdicts, in the order the table prints them. "scheduling" and "deployment" flags are
 # taken into the simulation (when the chosen policy has the field: ``translate.py``);
@@ -29,6 +32,34 @@ REFUSED = "refused"
 UNKNOWN = "unknown"
 VERDICTS = (SCHEDULING, DEPLOYMENT, NO_OP, NOT_MODELLED, OTHER, REFUSED, UNKNOWN)
 FATAL = (REFUSED, UNKNOWN)  # the engine would not start with this line
+
+
+@dataclass(frozen=True, slots=True)
+class HumanInt:
+    """The kind of an integer flag vLLM reads with ``human_readable_int``: ``25.6k`` is 25,600
+    (k, m, g, t by 1000), ``2K`` 2,048 (K, M, G, T by 1024, whole numbers only); ``auto`` also
+    takes ``auto`` / ``-1``, the engine's own choice (None)
+    (vllm/utils/argparse_utils.py:29-96@v0.32.0)."""
+
+    auto: bool = False
+
+    def parse(self, text: str) -> int | None:
+        value = text.strip()
+        if self.auto and (value == "-1" or value.lower() == "auto"):
+            return None
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+        if match is None:
+            try:
+                return convert(value, int)  # as every other int flag reads (8, 8.0, 1e3)
+            except ValueError:
+                extra = ", auto" if self.auto else ""
+                raise ValueError(f"{text!r} is not a valid int (or 1k, 2K, ...{extra})") from None
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+        if "." in number:
+            raise ValueError(f"{text!r}: decimals are not allowed with a binary suffix ({suffix})")
+        return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +176,9 @@ class EngineVersion:
     # ``--json-flag.key V`` read as that flag's JSON (vLLM's FlexibleArgumentParser since 0.9,
     # vllm#18208): vllm/utils/argparse_utils.py:425-455@v0.32.0
     dotted_keys: bool = False
+    # ``-O3`` / ``-O 3`` / ``-O=3``: the option vLLM reads them as (0.32: --optimization-level,
+    # argparse_utils.py:358-368@v0.32.0; before it the -O alias of --compilation-config)
+    short_o: str = ""
     # flags of earlier versions this one's parser refuses: name -> (what happened, source)
     removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     options_file: OptionsFile | None = None  # a file of options one of its flags names

