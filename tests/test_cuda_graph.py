@@ -113,9 +113,16 @@ def test_attention_dp_ranks_replay_one_padded_size():
     )
 
 
-def test_drafts_in_an_attention_dp_engine_are_refused():
-    with pytest.raises(ValueError, match="speculative decoding in a data-parallel MoE engine"):
-        _dp_run({"decoding_type": "MTP", "synthetic_acceptance_length": "1.5"})
+def test_drafts_in_an_attention_dp_engine_replay_the_padded_size_too():
+    # MTP in the attention-DP group (tests/test_dp_drafts.py): a decode-only group step with
+    # drafts still runs at a captured size, so it is longer than unpadded.
+    drafts = {"decoding_type": "MTP", "synthetic_acceptance_length": "1.5"}
+    plain_stage, _ = _dp_run(drafts)
+    padded_stage, padded = _dp_run(
+        {**drafts, "cuda_graph_padding_enabled": "true", "cuda_graph_batch_sizes": "16,32"}
+    )
+    assert all(r.is_finished for r in padded.requests)
+    assert padded_stage.now > plain_stage.now
 
 
 def test_the_real_time_executor_prices_a_generation_only_step_padded():

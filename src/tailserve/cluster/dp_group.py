@@ -8,7 +8,9 @@ across all of them (``moe_comm.py``), so they step in lockstep. vLLM runs such r
 work, the idle ones run a dummy batch (``execute_dummy_batch``) so the collectives meet; every
 rank's batch is padded to the largest (vllm/v1/worker/dp_utils.py). ``LockstepStage`` steps
 them so: each step every rank schedules, the group's time is ``CostModel.group_time`` (the
-slowest rank, GEMMs over the padded batch), and every rank's clock moves by it. A dense model's
+slowest rank, GEMMs over the padded batch; with draft tokens each rank's verification, its
+drafter's pass and its own acceptance draws, the group waiting for the slowest drafter too), and
+every rank's clock moves by it. A dense model's
 DP ranks never wait for each other (vLLM runs them as plain engines): they are an ordinary
 ``Stage`` of replicas behind the same balancer.
 
@@ -34,7 +36,7 @@ from tailserve.core.executor import StepResult
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.cuda_graph import is_generation_only
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
-from tailserve.executors.simulated.executor import batch_shape, window_shape
+from tailserve.executors.simulated.executor import advanced_batch_shape, batch_shape, window_shape
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.trtllm_adp import AdpBalance
 
@@ -92,9 +94,16 @@ class LockstepStage(Stage):
         if all(p is None for p in pending):
             return self._idle()
         cm = self.cost_model
-        shapes = [None if p is None else batch_shape(p[0]) for p in pending]
-        graph = getattr(engines[0].executor, "graph", None)
+        # A speculative verification (vLLM's accounting: ``advanced``) is priced as the rank's
+        # own executor prices it.
+        shapes = [
+            None if p is None else advanced_batch_shape(p[0]) if p[0].advanced else batch_shape(p[0])
+            for p in pending
+        ]
+        executor = engines[0].executor
+        graph = getattr(executor, "graph", None)
         outs = [p[0] for p in pending if p is not None]
+        padded = [0] * len(pending)  # dummy requests each rank's graph adds (they draft too)
         if graph is not None and all(is_generation_only(out) for out in outs):
             # TensorRT-LLM's attention-DP ranks replay one CUDA graph size: the largest rank's
             # batch, padded up to a captured size (cuda_graph.py).
@@ -103,15 +112,28 @@ class LockstepStage(Stage):
                 None if p is None or shape is None else graph.pad(shape, len(p[0].scheduled), size)
                 for p, shape in zip(pending, shapes, strict=True)
             ]
+            # as SimExecutor counts them: only vLLM's accounting drafts for the padding
+            padded = [0 if p is None or not p[0].advanced else size - len(p[0].scheduled) for p in pending]
         windows = None
         if cm.windowed:
             windows = [None if p is None else window_shape(p[0], cm.model.sliding_window) for p in pending]
-        result = StepResult(duration=cm.group_time(shapes, windows))
-        for engine, p in zip(engines, pending, strict=True):
+        duration = cm.group_time(shapes, windows)
+        accepted: list[dict[str, int] | None] = [None] * len(pending)
+        if getattr(executor, "spec", None) is not None:
+            # Each rank drafts for its own requests and draws its own acceptances; the drafter's
+            # layer is the target's (its experts exchanged across the ranks too), so the group
+            # waits for the slowest rank's drafting as for its forward pass.
+            slowest = 0.0
+            for i, (engine, p, shape) in enumerate(zip(engines, pending, shapes, strict=True)):
+                if p is not None and shape is not None:
+                    drafting, accepted[i] = engine.executor.drafts(p[0], shape, padded[i])
+                    slowest = max(slowest, drafting)
+            duration += slowest
+        for engine, p, drafts in zip(engines, pending, accepted, strict=True):
             if p is None:
-                engine.clock.advance(result.duration)  # a dummy batch, its time the group's
+                engine.clock.advance(duration)  # a dummy batch, its time the group's
             else:
-                engine.complete_step(p, result)
+                engine.complete_step(p, StepResult(duration=duration, num_accepted=drafts))
         return True
 
     def _idle(self) -> bool:
@@ -170,12 +192,6 @@ def build_dp_stage(
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
     balancer = make_router(router or engine_balancer(policy))
     if lockstep:
-        if getattr(replicas[0].engine.executor, "spec", None) is not None:
-            # The lockstep step prices plain batches (batch_shape): no drafter, no acceptance draws.
-            raise ValueError(
-                "speculative decoding in a data-parallel MoE engine (lockstep ranks) is not modelled; "
-                "drop the draft tokens or --data-parallel-size"
-            )
         if policy.name == "trtllm":
             return _trtllm_adp_stage(replicas, balancer, built.cost_model)
         return LockstepStage(replicas, balancer, BALANCER_REFRESH_S, cost_model=built.cost_model)

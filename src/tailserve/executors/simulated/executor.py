@@ -194,25 +194,46 @@ class SimExecutor:
         return step_result(duration)
 
     def _execute_drafts(self, out: SchedulerOutput, shape: BatchShape, duration: float) -> StepResult:
-        """A step with chain drafts outside vLLM's accounting (SGLang): each verification accepts
-        ``accepted_drafts`` of its drafts; the drafter runs over the step's tokens (its extend
-        pass) and then drafts for every request that sampled (verified, or finished its prompt)."""
+        """A step with chain drafts outside vLLM's accounting (SGLang, TensorRT-LLM): the
+        target's ``duration``, then ``drafts``'."""
+        drafting, accepted = self.drafts(out, shape)
+        return StepResult(duration=duration + drafting, num_accepted=accepted)
+
+    def drafts(
+        self, out: SchedulerOutput, shape: BatchShape, num_padded: int = 0
+    ) -> tuple[float, dict[str, int]]:
+        """The drafter's time in a step of ``shape`` and the drafts each verification accepts
+        (``accepted_drafts``). The drafter runs over the step's tokens (its extend pass) and then
+        drafts for every request that sampled — verified, or finished its prompt — and for the
+        ``num_padded`` dummy requests of a padded CUDA graph. Outside vLLM's accounting (SGLang,
+        TensorRT-LLM) a request that finished its prompt is told by its tokens; in it
+        (``advanced``) by ``partial``, and a new request's padding drafts are never accepted.
+        The lockstep DP group (cluster/dp_group.py) calls it per rank."""
         spec, drafter = self.spec, self.drafter
         assert spec is not None and drafter is not None
         accepted: dict[str, int] = {}
         num_drafting = drafting_kv = 0
-        for s in out.scheduled:
-            r = s.request
-            c, q = s.num_context_tokens, s.num_new_tokens
-            if s.num_spec_tokens:
-                rid = r.request_id
-                accepted[rid] = accepted_drafts(spec, self.seed, rid, c)
-            elif c + q != r.prompt_len + r.num_output_tokens:
-                continue  # a partial prefill chunk samples nothing, so drafts nothing
-            num_drafting += 1
-            drafting_kv += c + q
-        duration += drafter.time(shape, num_drafting, drafting_kv)
-        return StepResult(duration=duration, num_accepted=accepted)
+        if out.advanced:
+            for s in out.scheduled:
+                if s.partial:
+                    continue
+                num_drafting += 1
+                drafting_kv += s.num_context_tokens + s.num_new_tokens
+                if s.num_spec_tokens and not s.spec_padding:
+                    rid = s.request.request_id
+                    accepted[rid] = accepted_drafts(spec, self.seed, rid, s.num_context_tokens)
+        else:
+            for s in out.scheduled:
+                r = s.request
+                c, q = s.num_context_tokens, s.num_new_tokens
+                if s.num_spec_tokens:
+                    rid = r.request_id
+                    accepted[rid] = accepted_drafts(spec, self.seed, rid, c)
+                elif c + q != r.prompt_len + r.num_output_tokens:
+                    continue  # a partial prefill chunk samples nothing, so drafts nothing
+                num_drafting += 1
+                drafting_kv += c + q
+        return drafter.time(shape, num_drafting + num_padded, drafting_kv), accepted
 
     def _execute_advanced(self, out: SchedulerOutput) -> StepResult:
         """A step of vLLM's own accounting: the target's time, the drafter's and the drafts
@@ -237,19 +258,9 @@ class SimExecutor:
         window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
         duration = cost.iteration_time(shape, window)
         accepted: dict[str, int] | None = None
-        spec, drafter = self.spec, self.drafter
-        if spec is not None and drafter is not None:
-            accepted = {}
-            num_drafting = drafting_kv = 0
-            for s in out.scheduled:
-                if s.partial:
-                    continue
-                num_drafting += 1
-                drafting_kv += s.num_context_tokens + s.num_new_tokens
-                if s.num_spec_tokens and not s.spec_padding:
-                    rid = s.request.request_id
-                    accepted[rid] = accepted_drafts(spec, self.seed, rid, s.num_context_tokens)
-            duration += drafter.time(shape, num_drafting + num_padded, drafting_kv)
+        if self.spec is not None:
+            drafting, accepted = self.drafts(out, shape, num_padded)
+            duration += drafting
         return StepResult(
             duration=duration, num_accepted=accepted, host_time=self._host_time(shape.num_tokens)
         )
