@@ -9,16 +9,18 @@ flags (``options_file.py``), and the rules see its values where it wins over a f
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from tailserve.core.config_flags import convert, kind_name
 from tailserve.engines import sglang_flags, trtllm_flags, vllm_flags
-from tailserve.engines.command import Launch, parse_launch, read_flags
+from tailserve.engines.command import GivenFlag, Launch, parse_launch, read_flags
 from tailserve.engines.flag_spec import (
     DEPLOYMENT,
     FATAL,
     NO_OP,
+    NOT_MODELLED,
     OTHER,
     REFUSED,
     UNKNOWN,
@@ -30,6 +32,9 @@ from tailserve.engines.flag_spec import (
     Row,
 )
 from tailserve.engines.options_file import with_options_file
+from tailserve.engines.vllm_config import with_config_file
+
+CONFIG_PRECEDENCE = "vllm/utils/argparse_utils.py:479-567@v0.32.0 (_pull_args_from_config)"
 
 VERSIONS: dict[str, tuple[EngineVersion, ...]] = {
     "vllm": vllm_flags.VERSIONS,
@@ -84,6 +89,10 @@ def lint(text: str, version: str | None = None) -> Report:
     table = find_version(launch.engine, version)
     positional, flags = read_flags(launch, table)
     label = f"{ENGINE_NAMES[launch.engine]} {table.version}"
+    from_file, flags, config_unread = with_config_file(flags, launch, table)
+    on_line = {flag.name for flag in flags if flag.name is not None}
+    if positional and table.positional and launch.entry.endswith("serve"):
+        on_line.add("model")  # ``vllm serve MODEL`` sets --model from its positional argument
     rows: list[Row] = []
     for i, word in enumerate(positional):
         if i == 0 and table.positional and launch.entry.endswith("serve"):
@@ -92,7 +101,28 @@ def lint(text: str, version: str | None = None) -> Report:
             )
         else:
             rows.append(Row(word, None, None, UNKNOWN, f"unexpected argument: {label} refuses it", label))
-    for flag in flags:
+    for flag in from_file + flags:
+        if flag.name in on_line and any(flag is f for f in from_file):
+            rows.append(
+                Row(flag.typed, flag.name, flag.value, NO_OP,
+                    f"overridden by the command line's {_line_flag(flags, flag.name)}: vLLM reads the line "
+                    "over its --config file", CONFIG_PRECEDENCE)
+            )  # fmt: skip
+            continue
+        if flag.option == "--config" and table.config_file and config_unread is None:
+            rows.append(
+                Row(flag.typed, flag.name, flag.value, OTHER,
+                    "a YAML of the engine's flags: its keys are the rows shown FILE:key, the line's flags "
+                    "win over them", CONFIG_PRECEDENCE)
+            )  # fmt: skip
+            continue
+        if flag.option == "--config" and config_unread is not None:
+            rows.append(
+                Row(flag.typed, flag.name, flag.value, NOT_MODELLED,
+                    f"warning: {flag.value} is not there (looked from {os.getcwd()}): its flags are not read; "
+                    f"{label} stops at start when it cannot open the file", CONFIG_PRECEDENCE)
+            )  # fmt: skip
+            continue
         if flag.name is None:
             gone = table.removed.get(flag.typed.lstrip("-").replace("-", "_"))
             what = f"not a flag of {label}: the engine refuses to start"
@@ -105,7 +135,7 @@ def lint(text: str, version: str | None = None) -> Report:
             continue
         spec = table.spec(flag.name)
         if spec is None:
-            value = True if flag.value is None else flag.value
+            value = (not flag.negated) if flag.value is None else flag.value
             what = "no scheduling effect tailserve reads"
             rows.append(
                 Row(flag.typed, flag.name, value, OTHER, _with(what, flag.note), _known_source(table))
@@ -115,6 +145,8 @@ def lint(text: str, version: str | None = None) -> Report:
         what = _with(spec.what, flag.note)
         rows.append(Row(flag.typed, spec.name, value, spec.verdict, what, spec.source, spec.feeds))
     rows, unread = with_options_file(rows, table, label)
+    if config_unread is not None:
+        unread = (*unread, config_unread)
     env = dict(launch.env)
     given = Given({row.name: row.value for row in rows if row.name and row.verdict not in FATAL}, env)
     conflicts: list[Finding] = []
@@ -129,6 +161,10 @@ def lint(text: str, version: str | None = None) -> Report:
     models = [r.value for r in rows if r.feeds == "deployment.model" and r.verdict not in (NO_OP, *FATAL)]
     model = models[-1] if models else None
     return Report(launch.engine, table, launch, model, policy, why, tuple(rows), tuple(conflicts), unread)
+
+
+def _line_flag(flags: list[GivenFlag], name: str | None) -> str:
+    return next((flag.typed for flag in reversed(flags) if flag.name == name), "MODEL")
 
 
 def _with(what: str, note: str) -> str:

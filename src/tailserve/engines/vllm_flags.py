@@ -262,6 +262,7 @@ VLLM_0_32 = EngineVersion(
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
     dotted_keys=True,
     short_o="--optimization-level",
+    config_file=True,
     removed={**_V0_GONE, **_PARTIAL_GONE},
     # Async scheduling: on by default on GPUs unless an option rules it out
     # (config/vllm.py:1585-1644@v0.32.0), which is the vllm policy's own default (none: as vLLM
@@ -340,6 +341,7 @@ VLLM_0_11 = EngineVersion(
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
     dotted_keys=True,
     short_o="--compilation-config",
+    config_file=True,
     removed=_V0_GONE,
     # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later), and
     # schedules synchronously unless --async-scheduling (experimental, off by default).

@@ -1,0 +1,76 @@
+"""vLLM's ``--config FILE.yaml``: a YAML of its flags, spliced into the line before its other
+flags, so the command line wins over the file and the file over the defaults
+(``FlexibleArgumentParser._pull_args_from_config`` / ``load_config_file``,
+vllm/utils/argparse_utils.py:479-636@v0.32.0).
+
+Each key becomes the words vLLM makes of it — ``true`` a bare ``--key``, ``false`` ``--no-key``
+where the parser has one (else nothing), a list ``--key a b``, a mapping ``--key JSON`` (a
+JSON flag: ``speculative-config: {method: mtp, ...}``), anything else ``--key VALUE`` — and is read
+as that flag, shown ``FILE:key``. A key the command line also gives is a no-op that names the
+flag that won. A file that is not there is a warning on the ``--config`` row and an unread path
+(``tailserve simulate`` then stops: the file's flags would be missing); one that is not a YAML
+mapping, or not ``.yaml`` / ``.yml`` (vLLM refuses it), is one ``ValueError`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tailserve.engines.command import GivenFlag, Launch, read_flags
+from tailserve.engines.flag_spec import EngineVersion
+
+
+def with_config_file(
+    flags: list[GivenFlag], launch: Launch, version: EngineVersion
+) -> tuple[list[GivenFlag], list[GivenFlag], str | None]:
+    """(the file's flags, the command line's flags, the path when it is not there). The file's
+    come first: vLLM puts them before the line's, whose later values win."""
+    named = [flag for flag in flags if flag.option == "--config"]
+    if not version.config_file or not named or named[-1].value is None:
+        return [], flags, None
+    text = named[-1].value
+    path = Path(os.path.expanduser(text))
+    if path.suffix not in (".yaml", ".yml"):
+        raise ValueError(
+            f"--config {text}: vLLM reads a .yaml or .yml file of its flags, not {path.suffix or 'this'}"
+        )
+    if not path.is_file():
+        return [], flags, text
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config {text}: not YAML: {str(e).splitlines()[0]}") from None
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise ValueError(f"--config {text}: not a mapping of vLLM's flags (got {type(config).__name__})")
+    known = version.known_options()
+    found: list[GivenFlag] = []
+    for key, value in config.items():
+        words = _words(str(key), value, known)
+        if not words:
+            continue  # ``false`` for a flag without a --no- spelling: vLLM adds nothing
+        _, read = read_flags(replace(launch, env=(), words=tuple(words)), version)
+        found.extend(replace(flag, typed=f"{path.name}:{key}") for flag in read)
+    return found, flags, None
+
+
+def _words(key: str, value: Any, known: frozenset[str]) -> list[str]:
+    """The words vLLM's ``load_config_file`` makes of one key."""
+    option = "--" + key
+    if isinstance(value, bool):
+        if value:
+            return [option]
+        # the parser's own --no- spelling of a switch that defaults on (BooleanOptionalAction)
+        return ["--no-" + key] if "--" + key.replace("_", "-") in known else []
+    if isinstance(value, list):
+        return [option, *map(str, value)] if value else []
+    if isinstance(value, dict):
+        return [option, json.dumps(value)]
+    return [option, str(value)]
