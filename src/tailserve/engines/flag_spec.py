@@ -179,7 +179,7 @@ class EngineVersion:
     # ``-O3`` / ``-O 3`` / ``-O=3``: the option vLLM reads them as (0.32: --optimization-level,
     # argparse_utils.py:358-368@v0.32.0; before it the -O alias of --compilation-config)
     short_o: str = ""
-    # ``--config FILE.yaml``: a YAML of the flags, spliced in before the line's (vllm_config.py)
+    # ``--config FILE.yaml``: a YAML of the flags, put before the line's (config_file.py)
     config_file: bool = False
     # flags of earlier versions this one's parser refuses: name -> (what happened, source)
     removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)

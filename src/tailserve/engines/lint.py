@@ -16,6 +16,7 @@ from typing import Any
 from tailserve.core.config_flags import convert, kind_name
 from tailserve.engines import sglang_flags, trtllm_flags, vllm_flags
 from tailserve.engines.command import GivenFlag, Launch, parse_launch, read_flags
+from tailserve.engines.config_file import with_config_file
 from tailserve.engines.flag_spec import (
     DEPLOYMENT,
     FATAL,
@@ -32,9 +33,11 @@ from tailserve.engines.flag_spec import (
     Row,
 )
 from tailserve.engines.options_file import with_options_file
-from tailserve.engines.vllm_config import with_config_file
 
-CONFIG_PRECEDENCE = "vllm/utils/argparse_utils.py:479-567@v0.32.0 (_pull_args_from_config)"
+CONFIG_PRECEDENCE = {
+    "vllm": "vllm/utils/argparse_utils.py:479-567@v0.32.0 (_pull_args_from_config)",
+    "sglang": "sglang/srt/utils/server_args_config_parser.py@v0.5.23 (merge_config_with_args)",
+}
 
 VERSIONS: dict[str, tuple[EngineVersion, ...]] = {
     "vllm": vllm_flags.VERSIONS,
@@ -105,22 +108,22 @@ def lint(text: str, version: str | None = None) -> Report:
         if flag.name in on_line and any(flag is f for f in from_file):
             rows.append(
                 Row(flag.typed, flag.name, flag.value, NO_OP,
-                    f"overridden by the command line's {_line_flag(flags, flag.name)}: vLLM reads the line "
-                    "over its --config file", CONFIG_PRECEDENCE)
+                    f"overridden by the command line's {_line_flag(flags, flag.name)}: {label} reads the line "
+                    "over its --config file", CONFIG_PRECEDENCE[launch.engine])
             )  # fmt: skip
             continue
         if flag.option == "--config" and table.config_file and config_unread is None:
             rows.append(
                 Row(flag.typed, flag.name, flag.value, OTHER,
                     "a YAML of the engine's flags: its keys are the rows shown FILE:key, the line's flags "
-                    "win over them", CONFIG_PRECEDENCE)
+                    "win over them", CONFIG_PRECEDENCE[launch.engine])
             )  # fmt: skip
             continue
         if flag.option == "--config" and config_unread is not None:
             rows.append(
                 Row(flag.typed, flag.name, flag.value, NOT_MODELLED,
                     f"warning: {flag.value} is not there (looked from {os.getcwd()}): its flags are not read; "
-                    f"{label} stops at start when it cannot open the file", CONFIG_PRECEDENCE)
+                    f"{label} stops at start when it cannot open the file", CONFIG_PRECEDENCE[launch.engine])
             )  # fmt: skip
             continue
         if flag.name is None:

@@ -208,6 +208,7 @@ SGLANG_0_5_23 = EngineVersion(
     ),
     policy="sglang",
     underscores=False,
+    config_file=True,
 )  # fmt: skip
 
 VERSIONS = (SGLANG_0_5_23,)

@@ -1,15 +1,17 @@
-"""vLLM's ``--config FILE.yaml``: a YAML of its flags, spliced into the line before its other
-flags, so the command line wins over the file and the file over the defaults
+"""An engine's ``--config FILE.yaml``: a YAML of its own flags, put before the line's flags so the
+command line wins over the file and the file over the defaults — vLLM's
 (``FlexibleArgumentParser._pull_args_from_config`` / ``load_config_file``,
-vllm/utils/argparse_utils.py:479-636@v0.32.0).
+vllm/utils/argparse_utils.py:479-636@v0.32.0) and SGLang's (``ConfigArgumentMerger``,
+sglang/srt/utils/server_args_config_parser.py@v0.5.23).
 
-Each key becomes the words vLLM makes of it — ``true`` a bare ``--key``, ``false`` ``--no-key``
-where the parser has one (else nothing), a list ``--key a b``, a mapping ``--key JSON`` (a
-JSON flag: ``speculative-config: {method: mtp, ...}``), anything else ``--key VALUE`` — and is read
-as that flag, shown ``FILE:key``. A key the command line also gives is a no-op that names the
-flag that won. A file that is not there is a warning on the ``--config`` row and an unread path
-(``tailserve simulate`` then stops: the file's flags would be missing); one that is not a YAML
-mapping, or not ``.yaml`` / ``.yml`` (vLLM refuses it), is one ``ValueError`` line.
+Each key becomes the words its engine makes of it — a list ``--key a b``, a mapping ``--key JSON``
+(a JSON flag: vLLM's ``speculative-config: {method: mtp, ...}``), anything else ``--key VALUE``;
+``true`` a bare ``--key``, ``false`` vLLM's ``--no-key`` where its parser has one and nothing for
+SGLang's ``store_true`` switches — and is read as that flag, shown ``FILE:key``. A key the command
+line also gives is a no-op that names the flag that won. A file that is not there is a warning on
+the ``--config`` row and an unread path (``tailserve simulate`` then stops: the file's flags would
+be missing); one that is not a YAML mapping, or not ``.yaml`` / ``.yml`` (both engines refuse it),
+is one ``ValueError`` line.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def with_config_file(
     path = Path(os.path.expanduser(text))
     if path.suffix not in (".yaml", ".yml"):
         raise ValueError(
-            f"--config {text}: vLLM reads a .yaml or .yml file of its flags, not {path.suffix or 'this'}"
+            f"--config {text}: {version.engine} reads a .yaml or .yml file of its flags, not {path.suffix or 'this'}"
         )
     if not path.is_file():
         return [], flags, text
@@ -49,11 +51,13 @@ def with_config_file(
     if config is None:
         config = {}
     if not isinstance(config, dict):
-        raise ValueError(f"--config {text}: not a mapping of vLLM's flags (got {type(config).__name__})")
+        raise ValueError(
+            f"--config {text}: not a mapping of the engine's flags (got {type(config).__name__})"
+        )
     known = version.known_options()
     found: list[GivenFlag] = []
     for key, value in config.items():
-        words = _words(str(key), value, known)
+        words = _words(str(key), value, known, version.engine == "vllm")
         if not words:
             continue  # ``false`` for a flag without a --no- spelling: vLLM adds nothing
         _, read = read_flags(replace(launch, env=(), words=tuple(words)), version)
@@ -61,14 +65,16 @@ def with_config_file(
     return found, flags, None
 
 
-def _words(key: str, value: Any, known: frozenset[str]) -> list[str]:
-    """The words vLLM's ``load_config_file`` makes of one key."""
+def _words(key: str, value: Any, known: frozenset[str], vllm: bool) -> list[str]:
+    """The words the engine makes of one key (vLLM's ``load_config_file``, SGLang's
+    ``_convert_config_to_args``)."""
     option = "--" + key
     if isinstance(value, bool):
         if value:
             return [option]
-        # the parser's own --no- spelling of a switch that defaults on (BooleanOptionalAction)
-        return ["--no-" + key] if "--" + key.replace("_", "-") in known else []
+        # vLLM: the parser's own --no- spelling of a switch that defaults on
+        # (BooleanOptionalAction); SGLang's switches are store_true: false adds nothing
+        return ["--no-" + key] if vllm and "--" + key.replace("_", "-") in known else []
     if isinstance(value, list):
         return [option, *map(str, value)] if value else []
     if isinstance(value, dict):

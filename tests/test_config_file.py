@@ -1,5 +1,5 @@
-"""``vllm serve --config FILE.yaml`` (``engines/vllm_config.py``): the file's keys read as vLLM's
-flags, before the line's, which win."""
+"""``--config FILE.yaml`` of vLLM and SGLang (``engines/config_file.py``): the file's keys read as
+the engine's flags, before the line's, which win."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_false_is_the_no_spelling_and_lists_take_their_items(tmp_path):
     ("name", "text", "needle"),
     [
         ("c.json", "{}", "reads a .yaml or .yml file"),
-        ("c.yaml", "- a\n- b\n", "not a mapping of vLLM's flags"),
+        ("c.yaml", "- a\n- b\n", "not a mapping of the engine's flags"),
         ("c.yaml", "a: [1,\n", "not YAML"),
         ("c.yaml", "max-num-seqs: lots\n", "is not a valid int"),
     ],
@@ -117,3 +117,28 @@ def test_an_unknown_key_is_what_vllm_refuses(tmp_path):
     report = lint(f"vllm serve M --config {path}")
     assert report.refused
     assert "did you mean --max-num-seqs?" in _rows(report)["c.yaml:max-num-seqz"].what
+
+
+def test_sglang_reads_its_file_the_same_way(tmp_path):
+    path = tmp_path / "sglang.yaml"
+    path.write_text(
+        "model-path: deepseek-ai/DeepSeek-V3\ntp-size: 8\nchunked-prefill-size: 4096\n"
+        "enable-mixed-chunk: true\ndisable-overlap-schedule: false\nmax-running-requests: 256\n"
+    )
+    line = "python -m sglang.launch_server --config {} --max-running-requests 128"
+    report = lint(line.format(path))
+    assert not report.refused and report.model == "deepseek-ai/DeepSeek-V3"
+    assert report.values["chunked_prefill_size"] == 4096 and report.values["enable_mixed_chunk"] is True
+    assert "disable_overlap_schedule" not in report.values  # a store_true switch set false: nothing
+    assert report.values["max_running_requests"] == 128
+    by_file = translate(report, H100)
+    by_line = translate(
+        lint(
+            "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp-size 8 "
+            "--chunked-prefill-size 4096 --enable-mixed-chunk --max-running-requests 128"
+        ),
+        H100,
+    )
+    assert by_file.spec == by_line.spec and by_file.deployment == by_line.deployment
+    path.write_text("tp_size: 8\n")  # SGLang's parser takes dashes only
+    assert lint(line.format(path)).refused
