@@ -107,3 +107,35 @@ def test_the_optimization_level_is_a_flag(version, form):
     (row,) = [r for r in report.rows if r.flag.startswith("-O")]
     assert row.value == "3" and row.verdict == "other"
     assert report.values["max_num_seqs"] == 64
+
+
+# ---- options that take several values ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "version", "flag", "value"),
+    [
+        (f"{V3} --cudagraph-capture-sizes 1 2 4 8 --max-num-seqs 8", "0.32", "--cudagraph-capture-sizes", "1 2 4 8"),
+        (f"{V3} --served-model-name r1 deepseek --max-num-seqs 8", "0.32", "--served-model-name", "r1 deepseek"),
+        (f"{V3} --cuda-graph-sizes 1 2 4 --max-num-seqs 8", "0.11", "--cuda-graph-sizes", "1 2 4"),
+        (
+            "python -m sglang.launch_server --model-path M --cuda-graph-bs-decode 1 2 4 8 --max-running-requests 8",
+            None, "--cuda-graph-bs-decode", "1 2 4 8",
+        ),
+    ],
+)  # fmt: skip
+def test_a_list_option_takes_its_words(line, version, flag, value):
+    report = lint(line, version)
+    assert not report.refused
+    (row,) = [r for r in report.rows if r.flag == flag]
+    assert row.value == value
+
+
+def test_an_unknown_flag_is_one_problem_however_many_words_follow():
+    report = lint(f"{V3} --cuda-graph-sizes 1 2 4 8")  # renamed before 0.32
+    bad = [r for r in report.rows if r.verdict == "unknown"]
+    assert report.refused and [r.flag for r in bad] == ["--cuda-graph-sizes"]
+    assert bad[0].value == "1 2 4 8"
+
+
+def test_a_scalar_flag_keeps_one_value():
+    report = lint(f"{V3} --max-num-seqs 8 9")
+    assert report.refused and any(r.flag == "9" and r.verdict == "unknown" for r in report.rows)

@@ -95,6 +95,7 @@ def parse_launch(text: str) -> Launch:
 def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[GivenFlag]]:
     """The positional words and the flags of ``launch`` as ``version``'s parser reads them."""
     known = version.known_options()
+    several = version.list_options()
     names = _option_names(version)
     positional: list[str] = []
     flags: list[GivenFlag] = []
@@ -137,6 +138,11 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
         if not eq and not switch and i < len(words) and not _is_option(words[i]):
             value = words[i]  # an unknown flag is read as taking a value, as most do
             i += 1
+            if option in several or not option:
+                # a list (argparse's nargs '+': every word up to the next option); an unknown
+                # flag takes them too, one refusal rather than one per word
+                while i < len(words) and not _is_option(words[i]):
+                    value, i = f"{value} {words[i]}", i + 1
         flags.append(GivenFlag(typed, option, name, value, negated, note))
     for base, (keys, merged) in dotted.items():
         # After every other flag, as vLLM appends them: the dotted keys replace a whole JSON

@@ -199,6 +199,15 @@ class EngineVersion:
             names.update(spec.aliases)
         return frozenset(names)
 
+    def list_options(self) -> frozenset[str]:
+        """The options that take several values (``--served-model-name a b``,
+        ``--cudagraph-capture-sizes 1 2 4``): ``known/ENGINE-VERSION-lists.txt``, none without
+        one (see ``known/README.md``)."""
+        path = resources.files("tailserve.engines").joinpath(f"known/{self.engine}-{self.version}-lists.txt")
+        if not path.is_file():
+            return frozenset()
+        return frozenset(line.strip() for line in path.read_text().splitlines() if line.strip())
+
     def known_keys(self) -> frozenset[str]:
         """Every key of the options file the engine's validation takes
         (``known/ENGINE-VERSION-options.txt``), plus the file table's own."""
