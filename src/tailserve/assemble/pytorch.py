@@ -22,6 +22,7 @@ from tailserve.executors.pytorch.loader import load_config, load_state_dict
 from tailserve.executors.pytorch.model import LlamaModel
 from tailserve.executors.pytorch.sampler import Sampler
 from tailserve.executors.pytorch.threads import ThreadController
+from tailserve.executors.simulated.kv_capacity import KV_SIZE_FLAGS
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
 DEFAULT_CPU_KV_CACHE_GIB = 2.0  # like the VLLM_CPU_KVCACHE_SPACE=2 our vLLM-CPU comparisons use
@@ -55,6 +56,12 @@ def torch_parts(
     eos_token_ids: tuple[int, ...],
     threads: int | None = None,
 ) -> TorchParts:
+    sized = [name for name in KV_SIZE_FLAGS if spec.engine_flags.get(name) is not None]
+    if sized:  # before loading anything
+        raise ValueError(
+            f"{sized[0]} sizes the simulated KV cache; the real executor's is kv_cache_memory_gib "
+            "(tailserve serve/run --kv-cache-memory-gib) or gpu_memory_utilization"
+        )
     try:
         dev = torch.device(device)
     except RuntimeError as e:  # torch's message lists every device type it knows

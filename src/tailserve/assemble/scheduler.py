@@ -72,7 +72,10 @@ _OVERLAP_FLAGS = {
         True,
         "overlap scheduler off: {why} (TensorRT-LLM 1.2 would overlap scheduling with the forward here)",
     ),
-    "disable_overlap_schedule": (True, "sglang overlap scheduler off: {why} (SGLang 0.5.23 would overlap here)"),
+    "disable_overlap_schedule": (
+        True,
+        "sglang overlap scheduler off: {why} (SGLang 0.5.23 would overlap here)",
+    ),
 }
 
 

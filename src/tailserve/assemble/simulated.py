@@ -7,7 +7,7 @@ from typing import Any
 
 from tailserve.assemble.scheduler import SchedulerParts, build_scheduler
 from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.kv_capacity import KVCapacity, kv_capacity
+from tailserve.executors.simulated.kv_capacity import KV_SIZE_FLAGS, KVCapacity, KVSizeFlags, kv_capacity
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
 
@@ -32,7 +32,16 @@ def policy_kv_capacity(
         cost_model.dp,
         of_free_memory=cls.memory_fraction_of_free,
         drafter=cls.drafter_memory(config),
+        sized=KVSizeFlags.of(spec.engine_flags),
     )
+    sized = KVSizeFlags.of(spec.engine_flags)
+    if capacity.num_tokens < max_model_len and sized is not None:
+        given = ", ".join(f"{k}={v}" for k, v in spec.engine_flags.items() if k in KV_SIZE_FLAGS)
+        raise ValueError(
+            f"{given} holds {capacity.num_tokens} KV tokens, fewer than one sequence of the context length "
+            f"({max_model_len}): give a context length (vLLM --max-model-len, SGLang --context-length, "
+            "TensorRT-LLM --max_seq_len) at most that, or a larger cache"
+        )
     if capacity.num_tokens < max_model_len:
         raise ValueError(
             f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "

@@ -151,9 +151,9 @@ KEYS = (
              "fraction of the memory left after weights and activations for the KV cache (the trtllm "
              "policy applies --gpu-memory-utilization so: kv_capacity.py)",
              _field("KvCacheConfig", "free_gpu_memory_fraction"), "0.9", target="gpu_memory_utilization"),
-    FlagSpec("kv_cache_config.max_tokens", int | None, NOT_MODELLED,
-             "caps the KV cache at this many tokens (the smaller of it and the memory fraction's); tailserve "
-             "sizes the cache from --gpu-memory-utilization", _field("KvCacheConfig", "max_tokens")),
+    FlagSpec("kv_cache_config.max_tokens", int | None, DEPLOYMENT,
+             "caps the KV cache at this many tokens (the smaller of it and the memory fraction's)",
+             _field("KvCacheConfig", "max_tokens"), target="max_total_tokens"),
     FlagSpec("kv_cache_config.enable_partial_reuse", bool, NOT_MODELLED,
              "reuse of partly matched blocks; tailserve reuses whole blocks only",
              _field("KvCacheConfig", "enable_partial_reuse"), "true"),

@@ -85,6 +85,8 @@ def _common(
         FlagSpec("block_size", int, DEPLOYMENT, "tokens per KV block", at("block_size"), "16"),
         FlagSpec("gpu_memory_utilization", float, DEPLOYMENT, "fraction of GPU memory for weights and KV",
                  at("gpu_memory_utilization"), "0.9"),
+        FlagSpec("num_gpu_blocks_override", int, DEPLOYMENT, "the KV cache's blocks, whatever the memory gives",
+                 at("num_gpu_blocks_override"), "from the memory"),
         FlagSpec("max_num_batched_tokens", budget, SCHEDULING, "token budget per step (prefill chunks + decodes)",
                  at("max_num_batched_tokens"), _budget_default(version, lines["budget_lines"])),
         FlagSpec("max_num_seqs", int, SCHEDULING, "most requests running at once", at("max_num_seqs"),
@@ -163,7 +165,7 @@ V32 = "0.32.0"
 _LINES_32 = {
     "model": 944, "tensor_parallel_size": 1177, "pipeline_parallel_size": 1139, "data_parallel_size": 1209,
     "enable_expert_parallel": 1273, "quantization": 967, "kv_cache_dtype": 1365, "dtype": 952,
-    "max_model_len": 966, "block_size": 1355, "gpu_memory_utilization": 1357, "max_num_batched_tokens": 1703,
+    "max_model_len": 966, "block_size": 1355, "gpu_memory_utilization": 1357, "num_gpu_blocks_override": 1367, "max_num_batched_tokens": 1703,
     "max_num_seqs": 1717, "long_prefill_token_threshold": 1735, "enable_chunked_prefill": 1748,
     "scheduling_policy": 1745, "enable_prefix_caching": 1370, "speculative_config": 1828, "cpu_offload_gb": 1433,
     "budget_lines": "arg_utils.py:2922-2951",
@@ -219,6 +221,9 @@ VLLM_0_32 = EngineVersion(
     table(
         # 32k, 2K (and auto / -1 for the context length): arg_utils.py:391-403@v0.32.0
         *_common(V32, _LINES_32, HumanInt(auto=True), HumanInt()),
+        FlagSpec("kv_cache_memory_bytes", HumanInt(), DEPLOYMENT,
+                 "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 1363, V32),
+                 "from gpu_memory_utilization"),
         FlagSpec("scheduler_reserve_full_isl", bool, SCHEDULING,
                  "admit only when the whole prompt's blocks are free", _at(SC, 190, V32), "true"),
         FlagSpec("all2all_backend", str, DEPLOYMENT,
@@ -276,7 +281,7 @@ V11 = "0.11.0"
 _LINES_11 = {
     "model": 519, "tensor_parallel_size": 655, "pipeline_parallel_size": 653, "data_parallel_size": 660,
     "enable_expert_parallel": 698, "quantization": 548, "kv_cache_dtype": 769, "dtype": 530,
-    "max_model_len": 546, "block_size": 763, "gpu_memory_utilization": 764, "max_num_batched_tokens": 883,
+    "max_model_len": 546, "block_size": 763, "gpu_memory_utilization": 764, "num_gpu_blocks_override": 771, "max_num_batched_tokens": 883,
     "max_num_seqs": 885, "long_prefill_token_threshold": 896, "enable_chunked_prefill": 905,
     "scheduling_policy": 902, "enable_prefix_caching": 773, "speculative_config": 928, "cpu_offload_gb": 777,
     "budget_lines": "arg_utils.py:1605-1623",
@@ -319,6 +324,9 @@ VLLM_0_11 = EngineVersion(
     table(
         # the budget read as 32k since vllm#18968 (May 2025), the context length before it
         *_common(V11, _LINES_11, HumanInt(), HumanInt()),
+        FlagSpec("kv_cache_memory_bytes", HumanInt(), DEPLOYMENT,
+                 "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 766, V11),
+                 "from gpu_memory_utilization"),
         FlagSpec("async_scheduling", bool, SCHEDULING, "experimental: schedule step N+1 while step N runs",
                  _at(SC, 138, V11), "false"),
         FlagSpec("max_num_partial_prefills", int, NO_OP, "V0's concurrent partial prefill limit",
@@ -355,7 +363,7 @@ V085 = "0.8.5"
 _LINES_085 = {
     "model": 365, "tensor_parallel_size": 533, "pipeline_parallel_size": 531, "data_parallel_size": 535,
     "enable_expert_parallel": 538, "quantization": 600, "kv_cache_dtype": 560, "dtype": 462,
-    "max_model_len": 476, "block_size": 556, "gpu_memory_utilization": 557, "max_num_batched_tokens": 825,
+    "max_model_len": 476, "block_size": 556, "gpu_memory_utilization": 557, "num_gpu_blocks_override": 562, "max_num_batched_tokens": 825,
     "max_num_seqs": 827, "long_prefill_token_threshold": 836, "enable_chunked_prefill": 852,
     "scheduling_policy": 849, "enable_prefix_caching": 564, "speculative_config": 749, "cpu_offload_gb": 568,
     "budget_lines": "arg_utils.py:1596-1609",

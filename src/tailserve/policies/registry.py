@@ -44,6 +44,10 @@ ENGINE_FLAGS: dict[str, type] = {
     "max_model_len": int,
     "fairness": str,  # none | vtc (policies/fairness.py); slo has it as its own flag
     "tenant_weights": str,  # a=2,b=1
+    # the KV cache's size outright (kv_capacity.KVSizeFlags): vLLM's two, SGLang's
+    "kv_cache_memory_bytes": int,
+    "num_gpu_blocks_override": int,
+    "max_total_tokens": int,
 }
 # What the command line's help says of each (a policy's ``default_<flag>`` is its default).
 ENGINE_FLAG_HELP: dict[str, str] = {
@@ -53,11 +57,17 @@ ENGINE_FLAG_HELP: dict[str, str] = {
     "fairness": "none | vtc: order the waiting queue by tenants' virtual token counters "
     "(policies/fairness.py; the policies that admit from an FCFS queue)",
     "tenant_weights": "fairness=vtc: the tenants' weights, e.g. a=2,b=1",
+    "kv_cache_memory_bytes": "the KV cache's bytes per GPU, instead of what gpu_memory_utilization leaves (vLLM)",
+    "num_gpu_blocks_override": "the KV cache's blocks, whatever the memory gives (vLLM)",
+    "max_total_tokens": "at most this many KV tokens (SGLang; TensorRT-LLM's kv_cache_config.max_tokens)",
 }
 ENGINE_FLAG_DEFAULTS: dict[str, str] = {
     "max_model_len": "the model's",
     "fairness": "none",
     "tenant_weights": "equal",
+    "kv_cache_memory_bytes": "from gpu_memory_utilization",
+    "num_gpu_blocks_override": "from the memory",
+    "max_total_tokens": "no cap",
 }
 
 

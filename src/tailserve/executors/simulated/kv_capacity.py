@@ -38,12 +38,19 @@ split, which is exact for requests no longer than the window. Either way the man
 admits more than the pool holds. (A prefill chunk briefly holds window + chunk tokens in the
 sliding groups; not set aside.) A model whose every layer slides is sized as a dense one: its
 requests are charged all their tokens, where vLLM keeps only the window (conservative).
+
+Flags that size the cache outright (``KVSizeFlags``) replace or cap the memory fraction's figure:
+vLLM's ``kv_cache_memory_bytes`` (the cache's bytes) and ``num_gpu_blocks_override`` (its
+blocks), SGLang's ``max_total_tokens`` and TensorRT-LLM's ``kv_cache_config.max_tokens`` (at
+most that many tokens).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.hardware import Hardware
@@ -67,6 +74,44 @@ class KVCapacity:
     @property
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class KVSizeFlags:
+    """Engine flags that size the KV cache outright instead of the memory fraction: vLLM's
+    ``--kv-cache-memory-bytes`` (the cache's bytes per GPU, gpu_memory_utilization then unused:
+    vllm/v1/worker/gpu_worker.py:649-670@v0.32.0) and ``--num-gpu-blocks-override`` (this many
+    blocks: kv_cache_utils.py ``may_override_num_blocks``); SGLang's ``--max-total-tokens`` and
+    TensorRT-LLM's ``kv_cache_config.max_tokens`` (at most this many tokens: the smaller of it and
+    what memory gives, kv_cache_configurator.py ``_apply_token_constraints``@v0.5.23,
+    ``KvCacheConfig.max_tokens``)."""
+
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_total_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "max_total_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
+    @classmethod
+    def of(cls, engine_flags: Mapping[str, Any]) -> KVSizeFlags | None:
+        """The ones ``engine_flags`` set; None when none is."""
+        given = {name: engine_flags[name] for name in KV_SIZE_FLAGS if engine_flags.get(name) is not None}
+        return cls(**given) if given else None
+
+    def blocks(self, num_blocks: int, block_size: int) -> int:
+        """The cache's blocks given what memory (or ``kv_cache_memory_bytes``) gives."""
+        if self.num_gpu_blocks_override is not None:
+            num_blocks = self.num_gpu_blocks_override
+        if self.max_total_tokens is not None:
+            num_blocks = min(num_blocks, self.max_total_tokens // block_size)
+        return num_blocks
+
+
+KV_SIZE_FLAGS = ("kv_cache_memory_bytes", "num_gpu_blocks_override", "max_total_tokens")
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int) -> float:
@@ -114,6 +159,7 @@ def kv_capacity(
     *,
     of_free_memory: bool = False,
     drafter: DrafterMemory | None = None,
+    sized: KVSizeFlags | None = None,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
@@ -122,7 +168,8 @@ def kv_capacity(
     (TensorRT-LLM's ``free_gpu_memory_fraction``), not of the whole (vLLM's).
     ``drafter``: a speculative drafter loaded beside the target, its weights per GPU off the
     memory and its KV layers' bytes added to every token's (SGLang sizes one cell of target +
-    draft layers: ``pool_configurator.py:259-314@v0.5.23``); None: no drafter counted."""
+    draft layers: ``pool_configurator.py:259-314@v0.5.23``); None: no drafter counted.
+    ``sized``: the engine flags that set the cache's size outright (``KVSizeFlags``)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     draft_weights = drafter.weight_bytes(model, tp, dp) if drafter is not None else 0.0
@@ -138,6 +185,13 @@ def kv_capacity(
     if drafter is not None:
         per_token += drafter.kv_bytes_per_token(model, tp)
     per_block = block_size * per_token
+    if sized is not None and sized.kv_cache_memory_bytes is not None:
+        kv = float(sized.kv_cache_memory_bytes)  # vLLM: this, whatever the memory fraction leaves
+    if kv < per_block and sized is not None and sized.kv_cache_memory_bytes is not None:
+        raise ValueError(
+            f"kv_cache_memory_bytes={sized.kv_cache_memory_bytes} holds no {block_size}-token block of "
+            f"{model.name} at TP {tp} ({per_block:,.0f} bytes each)"
+        )
     if kv < per_block:
         need = weights + activation
         # The smallest TP (a divisor of the head count, as vLLM requires) that leaves room for KV.
@@ -171,6 +225,9 @@ def kv_capacity(
         num_blocks = hybrid_manager_blocks(
             model, hybrid_pool_pages(model, tp, target_kv, block_size), block_size, max_num_seqs
         )[0]
+    if sized is not None and sized.blocks(num_blocks, block_size) != num_blocks:
+        num_blocks = sized.blocks(num_blocks, block_size)
+        kv = num_blocks * per_block  # what the cache then holds
     return KVCapacity(
         num_blocks=num_blocks,
         block_size=block_size,
