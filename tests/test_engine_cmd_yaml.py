@@ -66,7 +66,7 @@ def test_each_yaml_key_is_a_row_with_its_verdict_and_source(tmp_path):
         "kv_cache_config.tokens_per_block": (DEPLOYMENT, 64),
         # the trtllm policy's gpu_memory_utilization, applied to what weights and activations leave
         "kv_cache_config.free_gpu_memory_fraction": (DEPLOYMENT, 0.85),
-        "kv_cache_config.max_tokens": (NOT_MODELLED, 200000),
+        "kv_cache_config.max_tokens": (DEPLOYMENT, 200000),
         "disable_overlap_scheduler": (SCHEDULING, True),  # the overlap scheduler off (trtllm_overlap.py)
         "cuda_graph_config": (OTHER, None),
         "build_config": (NO_OP, None),  # dropped by launch_server for the PyTorch backend
@@ -201,11 +201,12 @@ def test_simulate_with_the_yaml_equals_the_flags_typed_by_hand(tmp_path, capsys)
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert main(["simulate", *workload, "--engine-cmd", line, "--json", str(a)]) == 0
     err = capsys.readouterr().err
-    assert "not simulated: opts.yaml:kv_cache_config.max_tokens (not modelled)" in err
+    assert "max_total_tokens=100000" in err  # the cap on KV tokens, as max_total_tokens
     by_hand = [
         "--model", "Llama-3-8B", "--policy", "trtllm", "--max-num-tokens", "2048",
         "--enable-chunked-prefill", "true", "--capacity-scheduler-policy", "MAX_UTILIZATION",
         "--context-chunking-policy", "EQUAL_PROGRESS", "--enable-block-reuse", "false", "--block-size", "64",
+        "--max-total-tokens", "100000",
     ]  # fmt: skip
     assert main(["simulate", *workload, *by_hand, "--json", str(b)]) == 0
     assert json.loads(a.read_text()) == json.loads(b.read_text())
