@@ -86,3 +86,30 @@ def test_launch_lines_carry_them(tmp_path):
 def test_the_real_executor_refuses_them_before_loading(tmp_path):
     with pytest.raises(ValueError, match="num_gpu_blocks_override sizes the simulated KV cache"):
         build_engine(tmp_path / "no-model-here", "vllm:num_gpu_blocks_override=10", "torch")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "vllm:num_gpu_blocks_override=900:kv_cache_memory_bytes=2000000000:gpu_memory_utilization=0.85:max_model_len=8192:block_size=32",
+        "sglang:max_total_tokens=20000:gpu_memory_utilization=0.8:block_size=16:max_model_len=8192",
+        "trtllm:max_total_tokens=40000:max_model_len=8192:gpu_memory_utilization=0.85:block_size=64",
+    ],
+)
+def test_tunes_printed_line_carries_the_engine_flags_back(text, tmp_path, monkeypatch):
+    """The line `tune` prints with the engine-wide flags a run set reads back to them."""
+    import subprocess
+
+    from tailserve.policies.registry import parse_policy_list
+    from tailserve.tune.commands import command_line
+
+    spec = parse_policy_list(text)[0]
+    h100 = get_hardware("h100").device_info
+    line = command_line(spec, Deployment.of("Llama-3-8B", "H100", 1), None, h100, 8192)
+    assert line is not None
+    monkeypatch.chdir(tmp_path)
+    if " && " in line:  # TensorRT-LLM's YAML, written first
+        setup, _, line = line.partition(" && ")
+        subprocess.run(setup, shell=True, check=True)
+    back = translate(lint(line), h100).spec
+    assert back.engine_flags == spec.engine_flags

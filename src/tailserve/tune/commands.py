@@ -29,6 +29,32 @@ SGLANG_FLAGS = _FormatFlags("--quantization", "--kv-cache-dtype", "fp8_e4m3", "-
 TGI_FLAGS = _FormatFlags("--quantize")
 
 
+# The engine-wide flags a spec may set (registry.ENGINE_FLAGS), in each engine's spelling; only
+# those a spec sets are written (unset, the engine decides as the simulation did). TensorRT-LLM's
+# go into its flags and YAML in ``_trtllm_command``.
+_ENGINE_SPELLING = {
+    "vllm": {
+        "block_size": "--block-size",
+        "gpu_memory_utilization": "--gpu-memory-utilization",
+        "max_model_len": "--max-model-len",
+        "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+        "num_gpu_blocks_override": "--num-gpu-blocks-override",
+    },
+    "sglang": {
+        "block_size": "--page-size",
+        "gpu_memory_utilization": "--mem-fraction-static",
+        "max_model_len": "--context-length",
+        "max_total_tokens": "--max-total-tokens",
+    },
+}
+
+
+def _engine_flags(spec: PolicySpec, engine: str) -> list[str]:
+    spelling = _ENGINE_SPELLING[engine]
+    return [f"{spelling[name]} {value:g}" if isinstance(value, float) else f"{spelling[name]} {value}"
+            for name, value in spec.engine_flags.items() if name in spelling]  # fmt: skip
+
+
 def _formats(deployment: Deployment, flags: _FormatFlags) -> list[str]:
     """Online FP8 quantization, an FP8 KV cache and expert parallelism in the engine's spelling.
     Other formats (block-scaled FP8, AWQ/GPTQ, MXFP4, NVFP4) come with their checkpoints, which
@@ -82,6 +108,7 @@ def command_line(
                 "num_speculative_tokens": config.num_speculative_tokens,
             }
             parts.append(f"--speculative-config '{json.dumps(speculative)}'")
+        parts += _engine_flags(spec, "vllm")
         return " ".join(parts)
     if spec.name == "sglang":
         parts = ["python -m sglang.launch_server", f"--model-path {model}"]
@@ -110,6 +137,7 @@ def command_line(
                 "--speculative-eagle-topk 1",
                 f"--speculative-num-draft-tokens {steps + 1}",
             ]
+        parts += _engine_flags(spec, "sglang")
         return " ".join(parts)
     if spec.name == "tgi":
         parts = ["text-generation-launcher", f"--model-id {model}"]
@@ -154,6 +182,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         kv.append(f"tokens_per_block: {spec.engine_flags['block_size']}")
     if deployment.kv_cache_dtype == "fp8":
         kv.append("dtype: fp8")
+    if "max_total_tokens" in spec.engine_flags:
+        kv.append(f"max_tokens: {spec.engine_flags['max_total_tokens']}")
     scheduler = [f"capacity_scheduler_policy: {config.capacity_scheduler_policy}"]
     if config.enable_chunked_prefill:
         scheduler.append(f"context_chunking_policy: {config.context_chunking_policy}")
@@ -198,5 +228,7 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     parts += [f"--max_batch_size {config.batch_size}", f"--max_num_tokens {config.num_tokens}"]
     if "gpu_memory_utilization" in spec.engine_flags:
         parts.append(f"--kv_cache_free_gpu_memory_fraction {spec.engine_flags['gpu_memory_utilization']:g}")
+    if "max_model_len" in spec.engine_flags:
+        parts.append(f"--max_seq_len {spec.engine_flags['max_model_len']}")
     parts.append("--extra_llm_api_options trtllm-options.yaml")
     return " ".join(parts)
