@@ -107,6 +107,31 @@ def _common(
     )  # fmt: skip
 
 
+def _unpriced(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
+    """Flags that change a step's time or where requests go in ways tailserve does not price:
+    said so, rather than called of no scheduling concern (``lines``: the ones this version has)."""
+    what = {
+        "enforce_eager": (bool, "no CUDA graphs: every decode step pays its kernel launches; tailserve prices "
+                          "CUDA-graphed steps"),
+        "enable_dbo": (bool, "dual-batch overlap of the MoE token exchange with compute; not priced"),
+        "enable_eplb": (bool, "expert load balancing with redundant experts; the routed experts are priced "
+                        "at uniform routing's load"),
+        "kv_transfer_config": (str, "a KV connector (P/D disaggregation, offload): simulate P/D with "
+                               "--prefill-replicas / --decode-replicas"),
+        "compilation_config": (str, "torch.compile and CUDA-graph modes; not priced"),
+        "data_parallel_hybrid_lb": (bool, "an external balancer across nodes in front of the DP ranks; "
+                                    "tailserve places requests with vLLM's internal balancer"),
+        "data_parallel_external_lb": (bool, "an external balancer in front of the DP ranks; tailserve "
+                                      "places requests with vLLM's internal balancer"),
+        "kv_offloading_size": (float, "KV blocks offloaded to CPU memory; not modelled"),
+    }
+    return tuple(
+        FlagSpec(name, kind, NOT_MODELLED, text, _at(AU, lines[name], version))
+        for name, (kind, text) in what.items()
+        if name in lines
+    )
+
+
 # ---- rules shared by the versions ------------------------------------------------------------
 
 
@@ -224,6 +249,9 @@ VLLM_0_32 = EngineVersion(
         FlagSpec("kv_cache_memory_bytes", HumanInt(), DEPLOYMENT,
                  "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 1363, V32),
                  "from gpu_memory_utilization"),
+        *_unpriced(V32, {"enforce_eager": 975, "data_parallel_hybrid_lb": 1253, "data_parallel_external_lb": 1258,
+                         "enable_dbo": 1288, "enable_eplb": 1320, "kv_offloading_size": 1416,
+                         "kv_transfer_config": 1843, "compilation_config": 1853}),
         FlagSpec("scheduler_reserve_full_isl", bool, SCHEDULING,
                  "admit only when the whole prompt's blocks are free", _at(SC, 190, V32), "true"),
         FlagSpec("all2all_backend", str, DEPLOYMENT,
@@ -327,6 +355,8 @@ VLLM_0_11 = EngineVersion(
         FlagSpec("kv_cache_memory_bytes", HumanInt(), DEPLOYMENT,
                  "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 766, V11),
                  "from gpu_memory_utilization"),
+        *_unpriced(V11, {"enforce_eager": 550, "data_parallel_hybrid_lb": 695, "enable_dbo": 700,
+                         "enable_eplb": 708, "kv_transfer_config": 930, "compilation_config": 934}),
         FlagSpec("async_scheduling", bool, SCHEDULING, "experimental: schedule step N+1 while step N runs",
                  _at(SC, 138, V11), "false"),
         FlagSpec("max_num_partial_prefills", int, NO_OP, "V0's concurrent partial prefill limit",
