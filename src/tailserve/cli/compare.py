@@ -68,7 +68,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     built = build_cost_model(deployment_from(args))
     print_notes(built)
     listed = args.policies if args.policies is not None else "" if commands else DEFAULT_COMPARE_POLICIES
-    specs = [command.spec for command in commands] + (parse_policy_list(listed) if listed else [])
+    # An explicit empty --policies is parsed (and refused) unless --engine-cmd lines fill the table.
+    specs = [command.spec for command in commands] + (
+        parse_policy_list(listed) if listed or not commands else []
+    )
     workload = WorkloadBuilder(workload_from(args))
     slo = parse_slo(args.slo)
     runs = compare_runs(args, specs, workload.spec, slo)

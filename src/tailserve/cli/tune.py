@@ -158,7 +158,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print_notes(built)
     if commands and args.model_id is None:
         args.model_id = commands[0].deployment["model"]  # the printed commands name the model as the line did
-    policies = [c.spec for c in commands] or parse_policy_list(args.policies or DEFAULT_TUNE_POLICIES)
+    # An explicit "" is refused by the parser, not replaced by the default list.
+    listed = DEFAULT_TUNE_POLICIES if args.policies is None else args.policies
+    policies = [c.spec for c in commands] or parse_policy_list(listed)
     config = TuneConfig(
         deployment,
         workload_from(args),

@@ -1,0 +1,77 @@
+"""Bad values a user types get one error line naming the value, exit 2, before any work: never a
+traceback, an error about a different flag, or a silent default (the QA audit's findings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server_helpers import MICRO
+from tailserve.executors.pytorch.init_model import init_model
+from tailserve.llm.engine_args import EngineArgs
+from test_cli_errors import _one_error_line
+
+DEPLOYMENT = ["--model", "Llama-3-8B", "--hardware", "H100-SXM", "--tp", "1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # A block size of 0 divided by zero in the KV sizing (a ZeroDivisionError traceback).
+        (["simulate", *DEPLOYMENT, "--block-size", "0"], "block_size must be >= 1 token, got 0"),
+        (["simulate", *DEPLOYMENT, "--policy", "vllm-v0", "--block-size", "0"], "block_size must be >= 1"),
+        (
+            ["compare", *DEPLOYMENT, "--workers", "1", "--policies", "vllm:block_size=0"],
+            "block_size must be >= 1",
+        ),
+        # A context of 0 or less shrank the default budget: the error named max_num_batched_tokens.
+        (["simulate", *DEPLOYMENT, "--max-model-len", "0"], "max_model_len must be >= 1 token, got 0"),
+        (["simulate", *DEPLOYMENT, "--max-model-len", "-1"], "max_model_len must be >= 1 token, got -1"),
+        # vLLM's default budget is derived from max_num_seqs: 0 was reported as the budget.
+        (["simulate", *DEPLOYMENT, "--max-num-seqs", "0"], "max_num_seqs must be >= 1, got 0"),
+        # An explicit empty policy list: an IndexError in compare's paragraph; tune ran its default.
+        (["compare", *DEPLOYMENT, "--workers", "1", "--policies", ""], "no policy in ''"),
+        (["tune", *DEPLOYMENT, "--workers", "1", "--workload", "chat", "--policies", ""], "no policy in ''"),
+    ],
+)
+def test_bad_engine_values_name_themselves(argv, message, capsys):
+    assert message in _one_error_line(capsys, argv)
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_model(tmp_path_factory.mktemp("models") / "micro", preset="tiny", dtype="float32", **MICRO)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        # 0 read as "unset": run generated with the model's context, serve started.
+        (["--max-model-len", "0"], "max_model_len must be >= 1 token, got 0"),
+        (["--block-size", "0"], "block_size must be >= 1 token, got 0"),
+        # NaN passed the <= 0 check and failed later as "cannot convert float NaN to integer".
+        (["--kv-cache-memory-gib", "nan"], "kv_cache_memory_gib must be positive, got nan"),
+    ],
+)
+def test_run_refuses_bad_engine_values(flags, message, micro_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    argv = [
+        "run",
+        "--model",
+        str(micro_dir),
+        "--prompts",
+        str(prompts),
+        "--threads",
+        "1",
+        "--max-tokens",
+        "2",
+    ]
+    assert message in _one_error_line(capsys, [*argv, *flags])
+
+
+def test_engine_args_refuse_a_zero_context():
+    with pytest.raises(ValueError, match="max_model_len must be >= 1 token, got 0"):
+        EngineArgs(max_model_len=0)
+    assert EngineArgs(max_model_len=None).max_model_len is None
