@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from server_helpers import MICRO
+from tailserve.cli import main
 from tailserve.executors.pytorch.init_model import init_model
 from tailserve.llm.engine_args import EngineArgs
 from test_cli_errors import _one_error_line
@@ -75,3 +76,27 @@ def test_engine_args_refuse_a_zero_context():
     with pytest.raises(ValueError, match="max_model_len must be >= 1 token, got 0"):
         EngineArgs(max_model_len=0)
     assert EngineArgs(max_model_len=None).max_model_len is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # A prefill of 0 or -5 tokens, or a negative cached context, was priced and printed, exit 0.
+        (["cost", *DEPLOYMENT, "--prefill", "0"], "--prefill must be >= 1 token, got 0"),
+        (["cost", *DEPLOYMENT, "--prefill", "-5"], "--prefill must be >= 1 token, got -5"),
+        (["cost", *DEPLOYMENT, "--prefill-context", "-1"], "--prefill-context must be >= 0 tokens, got -1"),
+        # NaN passed the >= 0 check: "No inter-token gap exceeded nan ms", exit 0.
+        (["simulate", *DEPLOYMENT, "--explain", "--tbt-threshold", "nan"], "--tbt-threshold must be >= 0 ms"),
+    ],
+)
+def test_bad_counts_are_refused_before_any_output(argv, message, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err  # no table first
+    assert message in err and err.count("error:") == 1
+
+
+def test_cost_checks_swap_before_printing_the_table(capsys):
+    assert main(["cost", *DEPLOYMENT, "--swap", "-1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "tailserve: error: --swap must be >= 1 token, got -1" in err

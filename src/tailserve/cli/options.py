@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from tailserve.cli.base import CliError, default_of
-from tailserve.cli.run_outputs import wants_batches
+from tailserve.cli.run_outputs import tbt_threshold, wants_batches
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import SEED_PRESET, BuiltCostModel, Deployment
 from tailserve.executors.simulated.moe_comm import BACKENDS
@@ -347,6 +347,7 @@ def parse_turns(text: str) -> tuple[int, int]:
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
+    tbt_threshold(args)  # --top and --tbt-threshold refused before the run, not after its table
     return EngineOptions(
         fast_forward=not args.no_fast_forward,
         check_integrity=args.check_integrity,

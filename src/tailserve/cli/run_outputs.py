@@ -7,6 +7,7 @@ paragraph saying what dominates the tail and which flag addresses it.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from typing import Any
@@ -73,8 +74,8 @@ def tbt_threshold(args: argparse.Namespace) -> float | None:
     ms = getattr(args, "tbt_threshold", None)
     if ms is None:
         return None
-    if ms < 0:
-        raise ValueError(f"--tbt-threshold must be >= 0 ms, got {ms}")
+    if not 0 <= ms < math.inf:  # NaN fails every comparison: it flagged no gap, said "nan ms"
+        raise ValueError(f"--tbt-threshold must be >= 0 ms and finite, got {ms}")
     return ms / 1e3
 
 
