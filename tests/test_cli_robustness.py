@@ -100,3 +100,28 @@ def test_cost_checks_swap_before_printing_the_table(capsys):
     assert main(["cost", *DEPLOYMENT, "--swap", "-1"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "tailserve: error: --swap must be >= 1 token, got -1" in err
+
+
+def _trace(tmp_path: Path, *prompt_lens: int) -> str:
+    rows = [f"2023-11-16 18:15:{10 + i}.0,{n},10" for i, n in enumerate(prompt_lens)]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *rows]) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_a_trace_longer_than_the_context_everywhere_is_an_error(command, tmp_path, capsys):
+    # Every prompt is longer than Llama-3-8B's 8,192 tokens: a table of dashes and exit 0 before.
+    argv = [command, *DEPLOYMENT, "--trace", _trace(tmp_path, 200_000, 9_000)]
+    argv += ["--workers", "1", "--policies", "vllm,sglang"] if command == "compare" else []
+    line = _one_error_line(capsys, argv)
+    assert "all 2 requests were rejected, nothing was served" in line
+    assert "trace-0: This model's maximum context length is 8192 tokens" in line
+
+
+def test_rejected_requests_are_said_with_the_reason(tmp_path, capsys):
+    # One of two rejected: counted in done/rej as before, and now a note says why.
+    assert main(["simulate", *DEPLOYMENT, "--trace", _trace(tmp_path, 200_000, 100)]) == 0
+    out, err = capsys.readouterr()
+    assert "1/1" in out
+    assert "1 of 2 requests rejected (e.g. trace-0: This model's maximum context length is 8192" in err
