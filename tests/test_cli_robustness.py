@@ -125,3 +125,12 @@ def test_rejected_requests_are_said_with_the_reason(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "1/1" in out
     assert "1 of 2 requests rejected (e.g. trace-0: This model's maximum context length is 8192" in err
+
+
+@pytest.mark.parametrize(
+    "flags", [["--plan-tps", "1,2"], ["--plan-policy", "sglang"], ["--plan-ep", "on"], ["--plan-dp", "2"]]
+)
+def test_tune_plan_options_need_a_gpu_budget(flags, capsys):
+    # Without --gpus tune sweeps one replica: the --plan-* options were silently ignored.
+    argv = ["tune", *DEPLOYMENT, "--workers", "1", "--workload", "chat", *flags]
+    assert f"{flags[0]} plans a GPU budget: it needs --gpus N" in _one_error_line(capsys, argv)

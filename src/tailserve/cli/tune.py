@@ -23,7 +23,7 @@ from tailserve.cli.options import (
     workload_from,
 )
 from tailserve.cli.sweep_options import add_sweep_args, make_sweep
-from tailserve.cli.tune_plan import add_plan_args, run_plan
+from tailserve.cli.tune_plan import add_plan_args, check_plan_args, run_plan
 from tailserve.cli.tune_tables import (
     CAPACITY_HEADER,
     capacity_rows,
@@ -154,6 +154,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--engine-cmd sets the one engine tune sweeps: drop {given}")
     commands = read_engine_cmds(args)  # --engine-cmd: its policy and deployment
     deployment = deployment_from(args)
+    if args.gpus is None and deployment.dp == 1:
+        check_plan_args(args)
     built = build_cost_model(deployment)
     print_notes(built)
     if commands and args.model_id is None:
