@@ -134,3 +134,22 @@ def test_tune_plan_options_need_a_gpu_budget(flags, capsys):
     # Without --gpus tune sweeps one replica: the --plan-* options were silently ignored.
     argv = ["tune", *DEPLOYMENT, "--workers", "1", "--workload", "chat", *flags]
     assert f"{flags[0]} plans a GPU budget: it needs --gpus N" in _one_error_line(capsys, argv)
+
+
+def test_a_workload_larger_than_memory_is_refused_before_it_is_made(capsys):
+    from tailserve.cli.options import check_workload_memory
+    from tailserve.sim.workload_spec import WorkloadSpec
+
+    # --num-requests 1e9 was killed by the OOM killer (exit 137, no message) while the requests
+    # were made; now the estimate is compared with the memory available first.
+    with pytest.raises(Exception, match=r"--num-requests 10,000,000: .* more than the 1.0 GiB available"):
+        check_workload_memory(WorkloadSpec(name="random", num_requests=10_000_000), available=2**30)
+    check_workload_memory(WorkloadSpec(name="random", num_requests=10_000_000), available=64 * 2**30)
+    check_workload_memory(WorkloadSpec(name="random", num_requests=1000), available=1)  # small: not read
+    with pytest.raises(Exception, match="--num-sessions 10,000,000"):
+        check_workload_memory(WorkloadSpec(name="multi-turn", num_sessions=10_000_000), available=2**30)
+    # No machine holds 10^12 requests (~500 TB): refused in one line, whatever this host has.
+    line = _one_error_line(
+        capsys, ["simulate", *DEPLOYMENT, "--workload", "random", "--num-requests", str(10**12)]
+    )
+    assert "--num-requests 1,000,000,000,000: its requests alone need" in line
