@@ -153,3 +153,22 @@ def test_a_workload_larger_than_memory_is_refused_before_it_is_made(capsys):
         capsys, ["simulate", *DEPLOYMENT, "--workload", "random", "--num-requests", str(10**12)]
     )
     assert "--num-requests 1,000,000,000,000: its requests alone need" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # numpy's "expected non-negative integer", naming no flag.
+        (
+            ["compare", *DEPLOYMENT, "--workers", "1", "--workload", "chat", "--seed", "-1"],
+            "--seed must be >= 0, got -1",
+        ),
+        # NaN passed the >= 0 check and ran the cluster.
+        (
+            ["simulate", *DEPLOYMENT, "--replicas", "2", "--scrape-interval", "nan"],
+            "scrape_interval must be >= 0 seconds, got nan",
+        ),
+    ],
+)
+def test_nan_and_negative_values_name_their_flag(argv, message, capsys):
+    assert message in _one_error_line(capsys, argv)

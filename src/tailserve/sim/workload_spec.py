@@ -49,6 +49,8 @@ class WorkloadSpec:
             raise ValueError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.rate_scale <= 0:
             raise ValueError(f"--rate-scale must be > 0, got {self.rate_scale}")
+        if self.seed < 0:  # numpy's generators take none (its message named no flag)
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
         # Empty work is an error, not a table of dashes with exit status 0.
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError(f"--max-requests must be >= 1, got {self.max_requests}")
