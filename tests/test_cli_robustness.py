@@ -3,6 +3,7 @@ traceback, an error about a different flag, or a silent default (the QA audit's 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,24 @@ def test_a_workload_larger_than_memory_is_refused_before_it_is_made(capsys):
 )
 def test_nan_and_negative_values_name_their_flag(argv, message, capsys):
     assert message in _one_error_line(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # Dropped before: every prompt ran with --max-tokens instead, exit 0.
+        ('{"prompt": "a", "max_tokens": 3}', "p.jsonl:1: unknown key(s) 'max_tokens'"),
+        ('{"prompt": "a", "temperature": 0.7}', "p.jsonl:1: unknown key(s) 'temperature'"),
+        # Both given: the text won silently.
+        ('{"prompt": "a", "prompt_token_ids": [1, 2]}', "p.jsonl:1: both 'prompt' and 'prompt_token_ids'"),
+    ],
+)
+def test_run_refuses_prompt_file_keys_it_does_not_read(line, message, tmp_path):
+    from tailserve.cli.run import PromptFileError, load_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(PromptFileError, match=re.escape(message)):
+        load_prompts(path)
+    path.write_text('{"prompt": "a"}\n{"prompt_token_ids": [1, 2]}\n')
+    assert load_prompts(path) == ["a", [1, 2]]
