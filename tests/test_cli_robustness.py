@@ -32,6 +32,7 @@ DEPLOYMENT = ["--model", "Llama-3-8B", "--hardware", "H100-SXM", "--tp", "1"]
         (["simulate", *DEPLOYMENT, "--max-model-len", "-1"], "max_model_len must be >= 1 token, got -1"),
         # vLLM's default budget is derived from max_num_seqs: 0 was reported as the budget.
         (["simulate", *DEPLOYMENT, "--max-num-seqs", "0"], "max_num_seqs must be >= 1, got 0"),
+        (["policies", "--max-model-len", "0"], "--max-model-len must be >= 1 token, got 0"),
         # An explicit empty policy list: an IndexError in compare's paragraph; tune ran its default.
         (["compare", *DEPLOYMENT, "--workers", "1", "--policies", ""], "no policy in ''"),
         (["tune", *DEPLOYMENT, "--workers", "1", "--workload", "chat", "--policies", ""], "no policy in ''"),
