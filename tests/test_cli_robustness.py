@@ -195,3 +195,24 @@ def test_run_refuses_prompt_file_keys_it_does_not_read(line, message, tmp_path):
         load_prompts(path)
     path.write_text('{"prompt": "a"}\n{"prompt_token_ids": [1, 2]}\n')
     assert load_prompts(path) == ["a", [1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # Each was found only after the work, when the file was written (the table printed first).
+        (["simulate", *DEPLOYMENT, "--json", "{missing}/x.json"], "--json {missing}/x.json: no folder"),
+        (
+            ["simulate", *DEPLOYMENT, "--save-run", "{missing}/x.json"],
+            "--save-run {missing}/x.json: no folder",
+        ),
+        (["simulate", *DEPLOYMENT, "--iterations", "{tmp}"], "--iterations {tmp}: is a directory"),
+        (["cost", *DEPLOYMENT, "--json", "{missing}/x.json"], "--json {missing}/x.json: no folder"),
+    ],
+)
+def test_output_files_are_checked_before_any_work(argv, message, tmp_path, capsys):
+    fill = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path)}
+    assert main([a.format(**fill) for a in argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message.format(**fill) in err and err.count("error:") == 1
+    assert not (tmp_path / "missing").exists()  # nothing created
