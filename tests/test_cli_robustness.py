@@ -216,3 +216,29 @@ def test_output_files_are_checked_before_any_work(argv, message, tmp_path, capsy
     out, err = capsys.readouterr()
     assert out == "" and message.format(**fill) in err and err.count("error:") == 1
     assert not (tmp_path / "missing").exists()  # nothing created
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # Probe options of --from-server were silently ignored by the other sources.
+        (["calibrate", "prefill:4096=0.1", "--decode", "1x2"], "--decode is read with --from-server only"),
+        (
+            ["calibrate", "--from-trace", "t.jsonl", "--prefill", "5"],
+            "--prefill is read with --from-server only",
+        ),
+        (
+            ["calibrate", "--from-server", "http://x", "--no-prefix-caching"],
+            "--no-prefix-caching is read with --from-trace",
+        ),
+    ],
+)
+def test_calibrate_refuses_options_its_source_ignores(argv, message, capsys):
+    assert message in _one_error_line(capsys, argv)
+
+
+def test_calibrate_torch_says_when_the_context_is_too_short(micro_dir, capsys):
+    # A 512-token context: the grid's 512-token chunk rounded its prompt down to 0 tokens, and
+    # the engine's "The prompt is empty" was the only message.
+    argv = ["calibrate", "--executor", "torch", "--model", str(micro_dir), "--out", str(micro_dir / "c.json")]
+    assert "context is too short for the profiling grid" in _one_error_line(capsys, argv)
