@@ -165,6 +165,11 @@ def test_a_workload_larger_than_memory_is_refused_before_it_is_made(capsys):
             ["compare", *DEPLOYMENT, "--workers", "1", "--workload", "chat", "--seed", "-1"],
             "--seed must be >= 0, got -1",
         ),
+        # numpy's "Total of weights must be finite", naming no flag.
+        (
+            ["simulate", *DEPLOYMENT, "--workload", "chat", "--priorities", "0=nan"],
+            "--priorities item '0=nan'",
+        ),
         # NaN passed the >= 0 check and ran the cluster.
         (
             ["simulate", *DEPLOYMENT, "--replicas", "2", "--scrape-interval", "nan"],

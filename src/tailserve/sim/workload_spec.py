@@ -3,6 +3,7 @@ each default once: the CLI reads them from here) and the ``--priorities`` mix.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +89,6 @@ def parse_priorities(text: str) -> tuple[tuple[int, float], ...]:
             raise ValueError(
                 f"--priorities item {item!r} is not PRIORITY=FRACTION, e.g. 0=0.8,10=0.2"
             ) from None
-        if not eq:
+        if not eq or not math.isfinite(mix[-1][1]):  # NaN: numpy's "Total of weights must be finite"
             raise ValueError(f"--priorities item {item!r} is not PRIORITY=FRACTION, e.g. 0=0.8,10=0.2")
     return tuple(mix)
