@@ -138,7 +138,7 @@ def torch_parts(
 
 
 def kv_budget_bytes(lm: LlamaModel, dev: torch.device, gmu: float, kv_gib: float | None) -> float:
-    if kv_gib is not None and kv_gib <= 0:
+    if kv_gib is not None and not kv_gib > 0:  # NaN too: it fails every comparison
         raise ValueError(f"kv_cache_memory_gib must be positive, got {kv_gib}")
     if dev.type == "cpu":
         budget = (kv_gib if kv_gib is not None else DEFAULT_CPU_KV_CACHE_GIB) * GIB

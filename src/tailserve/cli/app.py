@@ -30,7 +30,7 @@ from tailserve.cli import (
     simulate,
     tune,
 )
-from tailserve.cli.base import CliError, OneLineParser
+from tailserve.cli.base import CliError, OneLineParser, check_output_paths
 from tailserve.cli.options import check_workload_options
 from tailserve.cli.policy_flags import flag_owners, policy_flags_from
 
@@ -85,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError(_unrecognized(extra, parser.commands.get(args.command)))
         if hasattr(args, "workload"):
             check_workload_options(args)  # before any work: an option the workload would ignore
+        check_output_paths(args)  # before any work: its results are not lost at the end
         if getattr(args, "takes_policy_flags", False):
             args.policy_flags = policy_flags_from(args)  # a flag --policy lacks: one line, now
         command = getattr(args, "run", None)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import typing
+from pathlib import Path
 from typing import Any
 
 
@@ -46,6 +47,24 @@ def default_of(cls: type, name: str) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     raise TypeError(f"{cls.__name__}.{name} has no default")
+
+
+# Files a command writes once its work is done (a simulation, a benchmark, a profile): a
+# missing folder or a directory in their place surfaced only then, and the work was lost.
+OUTPUT_FILES = {"json": "--json", "iterations": "--iterations", "save_run": "--save-run"}
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse an output file that cannot be written, before any work (nothing is created)."""
+    for attr, flag in OUTPUT_FILES.items():
+        path = getattr(args, attr, None)
+        if not isinstance(path, str) or path == "-":  # lint --json alone: stdout
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise CliError(f"{flag} {path}: is a directory; name a file to write")
+        if not target.parent.is_dir():
+            raise CliError(f"{flag} {path}: no folder {str(target.parent)!r} to write it in")
 
 
 def write_json(path: str, payload: dict[str, Any], indent: int | None = 2) -> None:

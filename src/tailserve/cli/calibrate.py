@@ -57,6 +57,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             "calibrate takes one of --from-server, --from-trace, --executor torch, --time-gemms; got "
             + " and ".join(sources)
         )
+    _check_source_options(args)
     if args.time_gemms is not None:
         return cmd_calibrate_gemms(args)
     if args.from_server is not None:
@@ -132,6 +133,31 @@ def _add_torch_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time in this thread's CPU time, not wall time (a shared machine; use with --threads 1)",
     )
+
+
+# Options only one source reads (attribute, flag, the sources that read it): given to another
+# source they were silently ignored (--prefill 0 with --executor torch profiled its own grid).
+_SOURCE_OPTIONS = (
+    ("served_model", "--served-model", ("from_server",)),
+    ("api_key", "--api-key", ("from_server",)),
+    ("prefill", "--prefill", ("from_server",)),
+    ("decode", "--decode", ("from_server",)),
+    ("context_prefill", "--context-prefill", ("from_server",)),
+    ("mixed", "--mixed", ("from_server",)),
+    ("decode_tokens", "--decode-tokens", ("from_server",)),
+    ("no_server_metrics", "--no-server-metrics", ("from_server",)),
+    ("max_num_batched_tokens", "--max-num-batched-tokens", ("from_server", "from_trace")),
+    ("no_prefix_caching", "--no-prefix-caching", ("from_trace",)),
+    ("dense", "--dense", ("time_gemms",)),
+)
+
+
+def _check_source_options(args: argparse.Namespace) -> None:
+    for attr, flag, sources in _SOURCE_OPTIONS:
+        given = getattr(args, attr) not in (None, False)
+        if given and not any(getattr(args, source) is not None for source in sources):
+            needs = " or ".join("--" + source.replace("_", "-") for source in sources)
+            raise CliError(f"{flag} is read with {needs} only; this calibrate would ignore it")
 
 
 def cmd_calibrate_torch(args: argparse.Namespace) -> int:

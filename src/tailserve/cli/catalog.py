@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tailserve.cli.base import default_of
+from tailserve.cli.base import CliError, default_of
 from tailserve.executors.simulated.deployment import Deployment
 
 
@@ -33,6 +33,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
     from tailserve.executors.simulated.models import get_model
     from tailserve.report.tables import print_policies
 
+    if args.max_model_len is not None and args.max_model_len < 1:  # the default budget derives from it
+        raise CliError(f"--max-model-len must be >= 1 token, got {args.max_model_len}")
     hardware = get_hardware(args.hardware)
     model = get_model(args.model)
     print_policies(

@@ -21,7 +21,7 @@ from tailserve.cli.options import (
     print_notes,
     workload_from,
 )
-from tailserve.cli.run_outputs import add_run_outputs, run_outputs
+from tailserve.cli.run_outputs import add_run_outputs, run_outputs, say_rejections
 from tailserve.cli.sweep_options import add_sweep_args, make_sweep
 from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.metrics.summary import Slo
@@ -68,7 +68,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     built = build_cost_model(deployment_from(args))
     print_notes(built)
     listed = args.policies if args.policies is not None else "" if commands else DEFAULT_COMPARE_POLICIES
-    specs = [command.spec for command in commands] + (parse_policy_list(listed) if listed else [])
+    # An explicit empty --policies is parsed (and refused) unless --engine-cmd lines fill the table.
+    specs = [command.spec for command in commands] + (
+        parse_policy_list(listed) if listed or not commands else []
+    )
     workload = WorkloadBuilder(workload_from(args))
     slo = parse_slo(args.slo)
     runs = compare_runs(args, specs, workload.spec, slo)
@@ -81,6 +84,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if own:
         print(f"note: {own}", file=sys.stderr)
     print_runs(runs, summaries, built, workload.spec)
+    say_rejections(runs, summaries)
     print()
     print(compare_paragraph(runs, summaries, built, workload.spec))
     run_outputs(args, runs, f"tailserve compare: {workload.spec.label}")

@@ -39,6 +39,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from tailserve.executors.simulated.module_formats import group_dtypes
     from tailserve.executors.simulated.window import WindowShape
 
+    # Every count checked before any work: a prefill of 0 or -5 tokens, or a negative cached
+    # context, was priced and printed as if it were a step (and a bad --swap came after the table).
+    if args.prefill < 1:
+        raise CliError(f"--prefill must be >= 1 token, got {args.prefill}")
+    if args.prefill_context < 0:
+        raise CliError(f"--prefill-context must be >= 0 tokens, got {args.prefill_context}")
+    if args.swap is not None and args.swap < 1:
+        raise CliError(f"--swap must be >= 1 token, got {args.swap}")
     built = build_cost_model(deployment_from(args))
     cm = built.cost_model
     batch, ctx = _parse_decode(args.decode)
@@ -78,8 +86,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
         )
         result["dp"] = cm.dp
     if args.swap is not None:
-        if args.swap < 1:
-            raise CliError(f"--swap must be >= 1 token, got {args.swap}")
         result["swap_s"] = cm.swap_time(args.swap)
         per_gpu = args.swap * cm.model.kv_bytes_per_token(cm.tp)
         print(

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from tailserve.cli.base import CliError, default_of
-from tailserve.cli.run_outputs import wants_batches
+from tailserve.cli.run_outputs import tbt_threshold, wants_batches
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import SEED_PRESET, BuiltCostModel, Deployment
 from tailserve.executors.simulated.moe_comm import BACKENDS
@@ -318,7 +318,7 @@ def workload_from(args: argparse.Namespace) -> WorkloadSpec:
         from tailserve.workloads.tenants import parse_tenant_mix
 
         parsed["tenants"] = parse_tenant_mix(args.tenants)
-    return WorkloadSpec(
+    spec = WorkloadSpec(
         name="trace" if args.trace else args.workload,
         num_requests=args.num_requests,
         rate=args.rate,
@@ -333,6 +333,37 @@ def workload_from(args: argparse.Namespace) -> WorkloadSpec:
         think_time=args.think_time,
         **parsed,
     )
+    check_workload_memory(spec)
+    return spec
+
+
+# A built-in workload's requests are all made before the run starts: ~530 bytes each (a million
+# random requests measured 527 MB of peak RSS), more while they run.
+REQUEST_BYTES = 530
+
+
+def check_workload_memory(spec: WorkloadSpec, available: float | None = None) -> None:
+    """Refuse a workload whose requests alone need more memory than the machine has: the
+    kernel's OOM killer would end the run partway, with no message (--num-requests 1e9 did)."""
+    if spec.name == "multi-turn":
+        count, flag, value = spec.num_sessions * spec.turns[1], "--num-sessions", spec.num_sessions
+    elif spec.name in ("chat", "random", "shared-prefix"):
+        count, flag, value = spec.num_requests, "--num-requests", spec.num_requests
+    else:
+        return  # hol is fixed; a trace's size is its file's
+    need = count * REQUEST_BYTES
+    if need < 2**30:
+        return  # small enough not to read /proc/meminfo
+    if available is None:
+        from tailserve.assemble.pytorch import cpu_memory_available  # torch: only for huge runs
+
+        available = cpu_memory_available()
+    if available is not None and need > available:
+        raise CliError(
+            f"{flag} {value:,}: its requests alone need ~{need / 2**30:,.0f} GiB before the run "
+            f"(~{REQUEST_BYTES} bytes each), more than the {available / 2**30:,.1f} GiB available "
+            "(MemAvailable in /proc/meminfo); use fewer"
+        )
 
 
 def parse_turns(text: str) -> tuple[int, int]:
@@ -347,6 +378,7 @@ def parse_turns(text: str) -> tuple[int, int]:
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
+    tbt_threshold(args)  # --top and --tbt-threshold refused before the run, not after its table
     return EngineOptions(
         fast_forward=not args.no_fast_forward,
         check_integrity=args.check_integrity,

@@ -43,6 +43,8 @@ def load_prompts(path: str | Path) -> list[str | list[int]]:
             raise PromptFileError(f"{p}:{lineno}: not JSON (nested too deeply)") from None
         except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
             raise PromptFileError(f"{p}:{lineno}: not JSON ({e})") from None
+        if isinstance(row, dict):
+            _check_prompt_keys(p, lineno, row)
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
             prompts.append(row["prompt"])
         elif isinstance(row, dict) and isinstance(row.get("prompt_token_ids"), list):
@@ -57,6 +59,19 @@ def load_prompts(path: str | Path) -> list[str | list[int]]:
     if not prompts:
         raise PromptFileError(f"{p}: no prompts")
     return prompts
+
+
+def _check_prompt_keys(path: Path, lineno: int, row: dict[str, Any]) -> None:
+    """A key run does not read is refused, not dropped: a per-line ``max_tokens`` or sampling
+    field would otherwise be silently replaced by the command line's for every prompt."""
+    unknown = sorted(set(row) - {"prompt", "prompt_token_ids"})
+    if unknown:
+        raise PromptFileError(
+            f"{path}:{lineno}: unknown key(s) {', '.join(map(repr, unknown))}; a line has 'prompt' "
+            "(text) or 'prompt_token_ids' (--max-tokens, --temperature, ... set every prompt's)"
+        )
+    if "prompt" in row and "prompt_token_ids" in row:
+        raise PromptFileError(f"{path}:{lineno}: both 'prompt' and 'prompt_token_ids': give one")
 
 
 def _arg(name: str) -> Any:

@@ -7,13 +7,15 @@ paragraph saying what dominates the tail and which flag addresses it.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from typing import Any
 
 from rich.table import Table
 
-from tailserve.cli.base import write_json
+from tailserve.cli.base import CliError, write_json
+from tailserve.core.request import RequestStatus
 from tailserve.metrics.attribution import (
     CAUSE_SHORT,
     TBT_CAUSES,
@@ -73,8 +75,8 @@ def tbt_threshold(args: argparse.Namespace) -> float | None:
     ms = getattr(args, "tbt_threshold", None)
     if ms is None:
         return None
-    if ms < 0:
-        raise ValueError(f"--tbt-threshold must be >= 0 ms, got {ms}")
+    if not 0 <= ms < math.inf:  # NaN fails every comparison: it flagged no gap, said "nan ms"
+        raise ValueError(f"--tbt-threshold must be >= 0 ms and finite, got {ms}")
     return ms / 1e3
 
 
@@ -134,6 +136,26 @@ def print_explanation(x: RunExplanation, top: int) -> None:
         console.print(_table(title, x.stalls[:top], TBT_CAUSES, True))
     print()
     print(textwrap.fill(x.summary, width=100))
+
+
+def say_rejections(runs: list[RunResult], summaries: list[dict[str, Any]]) -> None:
+    """Why requests were turned away, in a note (the table only counts them in done/rej): vLLM
+    answers such a request 400 and never schedules it. When every run served nothing because
+    every request was rejected, the numbers are dashes: that is an error, as in ``bench``."""
+    reasons = []
+    for run, s in zip(runs, summaries):
+        rejected = s["num_rejected"]
+        if not rejected:
+            continue
+        first = next((r for r in run.requests if r.status == RequestStatus.FINISHED_REJECTED), None)
+        # Streamed metrics keep no requests, so no reason; the count still shows.
+        why = f" (e.g. {first.request_id}: {first.status_reason})" if first is not None else ""
+        reasons.append((run.label, rejected, s["num_requests"], s["num_finished"], why))
+    if reasons and len(reasons) == len(runs) and all(r[1] == r[2] and not r[3] for r in reasons):
+        label, rejected, _, _, why = reasons[0]
+        raise CliError(f"all {rejected:,} requests were rejected, nothing was served{why}")
+    for label, rejected, total, _, why in reasons:
+        print(f"note: {label}: {rejected:,} of {total:,} requests rejected{why}", file=sys.stderr)
 
 
 # ---- after simulate / compare, and the explain command ----------------------------------------

@@ -22,7 +22,7 @@ from tailserve.cli.options import (
     workload_from,
 )
 from tailserve.cli.policy_flags import add_policy_flags
-from tailserve.cli.run_outputs import add_run_outputs, run_outputs
+from tailserve.cli.run_outputs import add_run_outputs, run_outputs, say_rejections
 from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.report.tables import print_runs
 from tailserve.sim.run import run_policy
@@ -91,6 +91,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for note in run.notes:
         print(f"note: {note}", file=sys.stderr)
     print_runs([run], [summary], built, workload.spec)
+    say_rejections([run], [summary])
     if args.trace and not args.stream_metrics:
         from tailserve.workloads.recorded import has_measured
 

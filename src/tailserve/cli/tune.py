@@ -23,7 +23,7 @@ from tailserve.cli.options import (
     workload_from,
 )
 from tailserve.cli.sweep_options import add_sweep_args, make_sweep
-from tailserve.cli.tune_plan import add_plan_args, run_plan
+from tailserve.cli.tune_plan import add_plan_args, check_plan_args, run_plan
 from tailserve.cli.tune_tables import (
     CAPACITY_HEADER,
     capacity_rows,
@@ -154,11 +154,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--engine-cmd sets the one engine tune sweeps: drop {given}")
     commands = read_engine_cmds(args)  # --engine-cmd: its policy and deployment
     deployment = deployment_from(args)
+    if args.gpus is None and deployment.dp == 1:
+        check_plan_args(args)
     built = build_cost_model(deployment)
     print_notes(built)
     if commands and args.model_id is None:
         args.model_id = commands[0].deployment["model"]  # the printed commands name the model as the line did
-    policies = [c.spec for c in commands] or parse_policy_list(args.policies or DEFAULT_TUNE_POLICIES)
+    # An explicit "" is refused by the parser, not replaced by the default list.
+    listed = DEFAULT_TUNE_POLICIES if args.policies is None else args.policies
+    policies = [c.spec for c in commands] or parse_policy_list(listed)
     config = TuneConfig(
         deployment,
         workload_from(args),

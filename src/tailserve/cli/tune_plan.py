@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tailserve.cli.base import write_json
+from tailserve.cli.base import CliError, write_json
 from tailserve.cli.sweep_options import make_sweep
 from tailserve.cluster.dp_group import engine_balancer
 from tailserve.executors.simulated.deployment import Deployment
@@ -25,6 +25,26 @@ from tailserve.tune.sweep import ResultsFile
 console = Console()
 
 
+# The --plan-* options' defaults: one that differs was given, and only a GPU budget reads them.
+PLAN_DEFAULTS: dict[str, str | None] = {
+    "plan_policy": "vllm",
+    "plan_router": "prefix-aware",
+    "plan_link": "ib-ndr",
+    "plan_tps": None,
+    "plan_dp": None,
+    "plan_ep": "both",
+}
+
+
+def check_plan_args(args: argparse.Namespace) -> None:
+    """Without --gpus (or --data-parallel-size) tune sweeps one replica and never reads the
+    --plan-* options: one given is refused, not silently ignored."""
+    for name, default in PLAN_DEFAULTS.items():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{flag} plans a GPU budget: it needs --gpus N (docs/cluster.md)")
+
+
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("capacity planning (docs/cluster.md)")
     g.add_argument(
@@ -35,15 +55,19 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         "prefill:decode split (replicas of --tp GPUs each)",
     )
     g.add_argument(
-        "--plan-policy", default="vllm", help="--gpus: each replica's policy (default: %(default)s)"
+        "--plan-policy",
+        default=PLAN_DEFAULTS["plan_policy"],
+        help="--gpus: each replica's policy (default: %(default)s)",
     )
     g.add_argument(
         "--plan-router",
-        default="prefix-aware",
+        default=PLAN_DEFAULTS["plan_router"],
         help="--gpus: router of the aggregated and prefill side (default: %(default)s)",
     )
     g.add_argument(
-        "--plan-link", default="ib-ndr", help="--gpus: KV link of a P/D split (default: %(default)s)"
+        "--plan-link",
+        default=PLAN_DEFAULTS["plan_link"],
+        help="--gpus: KV link of a P/D split (default: %(default)s)",
     )
     g.add_argument(
         "--plan-tps",
@@ -62,7 +86,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--plan-ep",
-        default="both",
+        default=PLAN_DEFAULTS["plan_ep"],
         choices=("off", "on", "both"),
         help="--gpus --plan-tps, MoE models: experts sliced over the TP ranks, split whole "
         "(--enable-expert-parallel), or both (default: %(default)s)",

@@ -75,7 +75,7 @@ class Stage:
     _scraped_at: float = -math.inf
 
     def __post_init__(self) -> None:
-        if self.scrape_interval < 0:
+        if not self.scrape_interval >= 0:  # NaN too: it fails every comparison, so was accepted
             raise ValueError(f"scrape_interval must be >= 0 seconds, got {self.scrape_interval}")
         for replica in self.replicas:
             replica.source.finish_hooks.insert(0, self._router_hook(replica.index))

@@ -128,9 +128,19 @@ def _timed(fn: Callable[[], object], timer: Callable[[], float]) -> float:
     return timer() - t
 
 
+# The shortest context the grid fits: a 512-token prompt for its 512-token chunks, 8 to spare.
+# Below it a chunk's prompt rounded down to 0 tokens ("The prompt is empty" from the engine).
+GRID_MIN_CONTEXT = 520
+
+
 def default_grid(max_len: int) -> list[Scenario]:
     """Prefill chunk x prior context, decode batch x context, mixed batches (~1 minute per
     repeat for the tiny model on two cores)."""
+    if max_len < GRID_MIN_CONTEXT:
+        raise ValueError(
+            f"the model's {max_len}-token context is too short for the profiling grid (its 512-token "
+            f"prefill chunks need {GRID_MIN_CONTEXT}); use a model with a longer max_position_embeddings"
+        )
     grid = []
     for chunk in (16, 64, 128, 256, 512):
         prompt = min(max_len - 8, max(4 * chunk, 1024))

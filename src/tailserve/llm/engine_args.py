@@ -39,3 +39,7 @@ class EngineArgs:
             raise ValueError(f"executor must be 'torch' or 'sim', got {self.executor!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        # 0 is not "the model's context": the builders read a falsy length as unset, so a 0
+        # would be served as the default instead of refused.
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1 token, got {self.max_model_len}")

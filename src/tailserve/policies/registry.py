@@ -119,6 +119,13 @@ class PolicySpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", resolve_policy_name(self.name))
+        # Checked here, where every spec is made (flags, --policies, --engine-cmd, serve, run):
+        # downstream a block size of 0 divides by zero and a context of 0 shrinks the token
+        # budget, so the error would name max_num_batched_tokens instead.
+        for name in ("block_size", "max_model_len"):
+            value = self.engine_flags.get(name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 token, got {value}")
 
     @property
     def label(self) -> str:

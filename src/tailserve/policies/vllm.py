@@ -199,6 +199,8 @@ class VllmPolicy(Policy, FastPaths):
         if "max_num_seqs" not in overrides:
             max_seqs = min(max_seqs, budget)  # an explicit small budget lowers the default
         max_seqs = overrides.get("max_num_seqs", max_seqs)
+        if max_seqs < 1:  # before the default budget is derived from it (0 would name the budget)
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_seqs}")
         if "max_num_batched_tokens" not in overrides:
             budget = min(budget, max_seqs * max_model_len)
         known = {f.name for f in fields(VllmConfig)}

@@ -105,6 +105,16 @@ class RequestLimits:
         return cls(max_items=max_model_len, max_stop_strings=count)
 
 
+# vLLM's request fields for structured outputs (0.8's guided_*, 0.11's structured_outputs).
+STRUCTURED_OUTPUT_FIELDS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+
 class StreamOptions(BaseModel):
     model_config = STRICT
     # vLLM's default: asking for stream_options at all means usage is wanted.
@@ -135,6 +145,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = 0.0
     repetition_penalty: float | None = 1.0
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "text"} only
     user: str | None = None
 
     @field_validator("stream", "n", "min_tokens", "ignore_eos", "priority", mode="before")
@@ -159,6 +170,16 @@ class SamplingFields(BaseModel):
                 raise ValueError(f"{name} is not supported (got {value}; only {neutral} is accepted)")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
+        # Structured outputs constrain what may be sampled: sampling freely instead returns text
+        # the client then fails to parse, so they are refused, not ignored as unknown fields are.
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise ValueError(
+                f"response_format {kind!r} is not supported (structured outputs); only 'text' is"
+            )
+        for name in STRUCTURED_OUTPUT_FIELDS:
+            if (self.model_extra or {}).get(name) is not None:
+                raise ValueError(f"{name} is not supported (structured outputs)")
         return self
 
     @property

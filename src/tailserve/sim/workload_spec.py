@@ -3,6 +3,7 @@ each default once: the CLI reads them from here) and the ``--priorities`` mix.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class WorkloadSpec:
             raise ValueError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.rate_scale <= 0:
             raise ValueError(f"--rate-scale must be > 0, got {self.rate_scale}")
+        if self.seed < 0:  # numpy's generators take none (its message named no flag)
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
         # Empty work is an error, not a table of dashes with exit status 0.
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError(f"--max-requests must be >= 1, got {self.max_requests}")
@@ -86,6 +89,6 @@ def parse_priorities(text: str) -> tuple[tuple[int, float], ...]:
             raise ValueError(
                 f"--priorities item {item!r} is not PRIORITY=FRACTION, e.g. 0=0.8,10=0.2"
             ) from None
-        if not eq:
+        if not eq or not math.isfinite(mix[-1][1]):  # NaN: numpy's "Total of weights must be finite"
             raise ValueError(f"--priorities item {item!r} is not PRIORITY=FRACTION, e.g. 0=0.8,10=0.2")
     return tuple(mix)
