@@ -15,6 +15,7 @@ import torch
 
 from tailserve.assemble.scheduler import GIB, SchedulerParts, build_scheduler
 from tailserve.core.device import DeviceInfo
+from tailserve.core.host_memory import cpu_memory_available
 from tailserve.executors.pytorch.attention import CpuSwapSpace, PagedKVCache
 from tailserve.executors.pytorch.backend import auto_dtype, backend_for
 from tailserve.executors.pytorch.executor import TorchExecutor
@@ -165,18 +166,6 @@ def kv_budget_bytes(lm: LlamaModel, dev: torch.device, gmu: float, kv_gib: float
     if budget <= 0:
         raise ValueError(f"no GPU memory left for the KV cache at gpu_memory_utilization={gmu}")
     return budget
-
-
-def cpu_memory_available(meminfo: Path = Path("/proc/meminfo")) -> float | None:
-    """Bytes the kernel says can be allocated without swapping (``MemAvailable``); None where
-    unknown (not Linux)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _cuda_info(dev: torch.device) -> DeviceInfo:

@@ -355,7 +355,7 @@ def check_workload_memory(spec: WorkloadSpec, available: float | None = None) ->
     if need < 2**30:
         return  # small enough not to read /proc/meminfo
     if available is None:
-        from tailserve.assemble.pytorch import cpu_memory_available  # torch: only for huge runs
+        from tailserve.core.host_memory import cpu_memory_available
 
         available = cpu_memory_available()
     if available is not None and need > available:
