@@ -247,3 +247,16 @@ def test_calibrate_torch_says_when_the_context_is_too_short(micro_dir, capsys):
     # the engine's "The prompt is empty" was the only message.
     argv = ["calibrate", "--executor", "torch", "--model", str(micro_dir), "--out", str(micro_dir / "c.json")]
     assert "context is too short for the profiling grid" in _one_error_line(capsys, argv)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_static", "fp32"])
+def test_a_weights_only_format_is_not_a_kv_cache_format(capsys, fmt):
+    line = _one_error_line(capsys, ["simulate", *DEPLOYMENT, "--kv-cache-dtype", fmt, "--workload", "hol"])
+    assert f"--kv-cache-dtype {fmt}: not a KV cache format the engines store" in line
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_e5m2", "nvfp4", "int8", "bf16"])
+def test_the_engines_kv_formats_are_taken(fmt):
+    from tailserve.executors.simulated.deployment import Deployment
+
+    assert Deployment.of("Llama-3-8B", "H100", 1, kv_cache_dtype=fmt).kv_cache_dtype

@@ -66,7 +66,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default="auto",
         metavar="FORMAT",
-        help="KV cache number format, as vLLM's flag: auto (the model's) or fp8 (default: %(default)s)",
+        help="KV cache number format, as vLLM's flag: auto (the model's), fp8 (fp8_e4m3, fp8_e5m2), nvfp4, "
+        "int8 / int4 (per token head), bf16, fp16 (default: %(default)s)",
     )
     g.add_argument(
         "--enable-expert-parallel",

@@ -37,6 +37,12 @@ def kernel_engine(kernels: str, policy: str = "") -> str:
     return POLICY_KERNELS.get(policy, "vllm") if kernels == "auto" else kernels
 
 
+# The KV cache's formats the engines store (vLLM 0.32's CacheDType: bfloat16, float16, the fp8
+# spellings, int8 / int4 per token head, nvfp4; SGLang's and TensorRT-LLM's fp8 and (Blackwell)
+# nvfp4; AMD's fp4 as mxfp4). The scaled weight formats (fp8_block, fp8_static) and fp32 are not.
+KV_FORMATS = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4")
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """Model, GPU, TP and calibration, with the names resolved to their catalog entries on
@@ -76,6 +82,11 @@ class Deployment:
                     value = get_precision(value).name
                 except ValueError as error:
                     raise ValueError(f"{flag}: {error}") from None
+                if name == "kv_cache_dtype" and value not in KV_FORMATS:
+                    raise ValueError(
+                        f"{flag} {getattr(self, name)}: not a KV cache format the engines store; "
+                        f"KV formats: auto, {', '.join(KV_FORMATS)}"
+                    )
             object.__setattr__(self, name, value)
         object.__setattr__(self, "hardware", resolve_hardware_name(self.hardware))
         keyword = self.calibration.strip().lower()
