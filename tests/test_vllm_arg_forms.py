@@ -140,3 +140,15 @@ def test_an_unknown_flag_is_one_problem_however_many_words_follow():
 def test_a_scalar_flag_keeps_one_value():
     report = lint(f"{V3} --max-num-seqs 8 9")
     assert report.refused and any(r.flag == "9" and r.verdict == "unknown" for r in report.rows)
+
+
+# ---- values the engine's config refuses ------------------------------------------------------------
+def test_out_of_range_values_are_what_vllm_refuses():
+    report = lint(f"{V3} --gpu-memory-utilization 2 --block-size 0 --max-num-seqs 0 --tensor-parallel-size 0")
+    assert report.refused
+    said = {c.flags[0]: c.what for c in report.conflicts}
+    assert said["gpu_memory_utilization"].startswith("gpu_memory_utilization 2.0 must be > 0 and <= 1")
+    assert set(said) >= {"block_size", "max_num_seqs", "tensor_parallel_size"}
+    assert not lint(f"{V3} --gpu-memory-utilization 1 --block-size 16 --max-num-seqs 1").refused
+    assert lint(f"{V3} --gpu-memory-utilization 1.5", "0.11").refused
+    assert not lint(f"{V3} --gpu-memory-utilization 0.95", "0.8.5").refused

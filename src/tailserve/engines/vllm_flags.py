@@ -155,6 +155,28 @@ def _budget_rules(version: str, chunked_line: str, seqs_line: str, always_chunke
     return rule
 
 
+def _range_rule(bounds: Mapping[str, tuple[float | None, float | None, bool, str]]):
+    """Values the engine's config refuses at start: ``name -> (low, high, low_inclusive,
+    source)`` (``high`` always inclusive); None: no bound that side."""
+
+    def rule(given: Given) -> list[Finding]:
+        found = []
+        for name, (low, high, inclusive, source) in bounds.items():
+            value = given.get(name)
+            if value is None:
+                continue
+            under = low is not None and (value < low if inclusive else value <= low)
+            if not under and (high is None or value <= high):
+                continue
+            parts = [f"{'>=' if inclusive else '>'} {low:g}"] if low is not None else []
+            parts += [f"<= {high:g}"] if high is not None else []
+            what = f"{name} {value} must be {' and '.join(parts)}: vLLM refuses to start"
+            found.append(Finding((name,), REFUSED, what, source))
+        return found
+
+    return rule
+
+
 def _threshold_rule(line: str, needs_partial: bool):
     def rule(given: Given) -> list[Finding]:
         cap, length = given.get("long_prefill_token_threshold"), given.get("max_model_len")
@@ -285,6 +307,14 @@ VLLM_0_32 = EngineVersion(
     ),
     rules=(
         _budget_rules(V32, _at(SC, 315, V32), _at(SC, 328, V32)),
+        # pydantic Field bounds of the configs
+        _range_rule({
+            "gpu_memory_utilization": (0, 1, False, _at("vllm/config/cache.py", 102, V32)),
+            "block_size": (0, None, False, _at("vllm/config/cache.py", 74, V32)),
+            "max_num_batched_tokens": (1, None, True, _at(SC, 48, V32)),
+            "max_num_seqs": (1, None, True, _at(SC, 62, V32)),
+            "tensor_parallel_size": (1, None, True, _at("vllm/config/parallel.py", 141, V32)),
+        }),
         _threshold_rule(_at(SC, 352, V32), needs_partial=False),
         _prefill_interval_rule,
         _active_seqs_rule,
@@ -371,6 +401,7 @@ VLLM_0_11 = EngineVersion(
     ),
     rules=(
         _budget_rules(V11, _at(SC, 235, V11), _at(SC, 245, V11)),
+        _range_rule({"gpu_memory_utilization": (None, 1, True, _at("vllm/config/cache.py", 168, V11))}),
         _threshold_rule(_at(SC, 273, V11), needs_partial=True),
         _partial_prefill_rule(V11, f"{AU}:1469@v{V11}; vllm/entrypoints/openai/api_server.py:209@v{V11}"),
         _async_pp_rule,
@@ -478,6 +509,7 @@ VLLM_0_8_5 = EngineVersion(
     ),
     rules=(
         _budget_rules(V085, _at(CFG_085, 2023, V085), _at(CFG_085, 2033, V085)),
+        _range_rule({"gpu_memory_utilization": (None, 1, True, _at(CFG_085, 1394, V085))}),
         _threshold_rule(_at(CFG_085, 2060, V085), needs_partial=True),
         _v1_only_rule,
         _fallback_rule,
