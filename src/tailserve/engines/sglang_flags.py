@@ -107,6 +107,16 @@ def _dynamic_chunk_rule(given: Given) -> list[Finding]:
     return []
 
 
+def _dp_attention_rule(given: Given) -> list[Finding]:
+    """``--dp-size N --enable-dp-attention``: N attention-DP ranks, not N replicas."""
+    if given.get("enable_dp_attention") and given.get("dp_size", 1) > 1:
+        return [Finding(("dp_size",), DEPLOYMENT,
+                        "with --enable-dp-attention: attention-DP ranks inside the TP group, one scheduler "
+                        "each (tailserve: --data-parallel-size N, --tp tp_size/N)",
+                        _at(f"{F}/parallel.py", 192))]  # fmt: skip
+    return []
+
+
 def _conservativeness_rule(given: Given) -> list[Finding]:
     if given.get("schedule_conservativeness", 1.0) < 0:
         return [Finding(("schedule_conservativeness",), REFUSED, "must be non-negative", _at(VAL, 314))]
@@ -130,6 +140,20 @@ SGLANG_0_5_23 = EngineVersion(
         FlagSpec("enable_dp_attention", bool, DEPLOYMENT, "deprecated spelling: --dp-size N --enable-dp-attention "
                  "is --attn-dp-size N", "sglang/srt/server_args.py:419@v0.5.23; "
                  f"{F}/parallel.py:192@v0.5.23", "false", target="deployment.dp_attention"),
+        FlagSpec("moe_a2a_backend", str, DEPLOYMENT,
+                 "the MoE token exchange between attention-DP ranks: deepep as tailserve's deepep_* "
+                 "(--deepep-mode), none as all-gather/reduce-scatter; others not modelled",
+                 _at(f"{F}/exec_.py", 836), "none"),
+        FlagSpec("deepep_mode", ("auto", "normal", "low_latency"), DEPLOYMENT,
+                 "DeepEP's kernels: low_latency, normal (high-throughput), auto (low_latency for decode "
+                 "batches, normal for prefill: tailserve prices every step low_latency)",
+                 _at(f"{F}/exec_.py", 898), "auto"),
+        FlagSpec("enable_eplb", bool, NOT_MODELLED, "expert load balancing with redundant experts; the routed "
+                 "experts are priced at uniform routing's load", _at(f"{F}/exec_.py", 922), "false"),
+        FlagSpec("enable_two_batch_overlap", bool, NOT_MODELLED, "two micro-batches overlapping the MoE "
+                 "exchange with compute; not priced", _at(f"{F}/exec_.py", 1047), "false"),
+        FlagSpec("enable_torch_compile", bool, NOT_MODELLED, "torch.compile of small decode batches; not priced",
+                 _at(f"{F}/exec_.py", 691), "false"),
         FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
                  _at(f"{F}/parallel.py", 59), "1", aliases=("--pipeline-parallel-size",)),
         FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
@@ -201,6 +225,7 @@ SGLANG_0_5_23 = EngineVersion(
                  _at(f"{F}/schedule.py", 67), "false"),
     ),
     rules=(
+        _dp_attention_rule,
         _mixed_chunk_rule,
         _radix_off_rule,
         _policy_choice_rule,

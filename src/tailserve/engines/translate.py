@@ -82,6 +82,9 @@ def translate(
     speculates = False
     last_drafts = next((r for r in reversed(report.rows) if r.name == "speculative_config"), None)
     for row in report.rows:
+        if report.engine == "sglang" and row.name in ("moe_a2a_backend", "deepep_mode"):
+            taken.append(row.flag)  # read together after the loop (_sglang_exchange)
+            continue
         if dp_attention and row.name == "dp_size":
             deployment["attn_dp"] = row.value  # --dp-size N --enable-dp-attention: --attn-dp-size N
             taken.append(row.flag)
@@ -122,6 +125,8 @@ def translate(
             ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
             continue
         taken.append(row.flag)
+    if report.engine == "sglang":
+        ignored += _sglang_exchange(report, deployment)
     if report.engine == "trtllm" and deployment.get("dp_attention"):
         # enable_attention_dp: every TP rank an attention-DP rank (the MoE layers keep the TP/EP size)
         deployment["attn_dp"] = deployment.get("tp", 1)
@@ -154,6 +159,33 @@ def translate(
         tuple(ignored),
         speculates,
     )
+
+
+# SGLang's --deepep-mode as vLLM's --all2all-backend names, which tailserve prices (moe_comm.py).
+_DEEPEP_MODES = {
+    "low_latency": "deepep_low_latency",
+    "normal": "deepep_high_throughput",
+    "auto": "deepep_low_latency",
+}
+
+
+def _sglang_exchange(report: Report, deployment: dict[str, Any]) -> list[str]:
+    """SGLang's ``--moe-a2a-backend`` / ``--deepep-mode`` as the deployment's exchange; what of
+    them is not simulated."""
+    values = report.values
+    backend = values.get("moe_a2a_backend") or "none"
+    mode = values.get("deepep_mode") or "auto"
+    if backend == "deepep":
+        deployment["all2all_backend"] = _DEEPEP_MODES[mode]
+        if mode == "auto":
+            given = "" if "deepep_mode" in values else ", its default"
+            return [
+                f"--deepep-mode auto{given} (normal mode for prefill batches not modelled: every step low_latency)"
+            ]
+        return []
+    if backend != "none":
+        return [f"--moe-a2a-backend {backend} (not modelled: priced as all-gather/reduce-scatter)"]
+    return []
 
 
 def _deployment(given: dict[str, Any]) -> dict[str, Any]:

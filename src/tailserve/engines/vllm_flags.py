@@ -111,18 +111,32 @@ def _unpriced(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
     """Flags that change a step's time or where requests go in ways tailserve does not price:
     said so, rather than called of no scheduling concern (``lines``: the ones this version has)."""
     what = {
-        "enforce_eager": (bool, "no CUDA graphs: every decode step pays its kernel launches; tailserve prices "
-                          "CUDA-graphed steps"),
+        "enforce_eager": (
+            bool,
+            "no CUDA graphs: every decode step pays its kernel launches; tailserve prices CUDA-graphed steps",
+        ),
         "enable_dbo": (bool, "dual-batch overlap of the MoE token exchange with compute; not priced"),
-        "enable_eplb": (bool, "expert load balancing with redundant experts; the routed experts are priced "
-                        "at uniform routing's load"),
-        "kv_transfer_config": (str, "a KV connector (P/D disaggregation, offload): simulate P/D with "
-                               "--prefill-replicas / --decode-replicas"),
+        "enable_eplb": (
+            bool,
+            "expert load balancing with redundant experts; the routed experts are priced "
+            "at uniform routing's load",
+        ),
+        "kv_transfer_config": (
+            str,
+            "a KV connector (P/D disaggregation, offload): simulate P/D with "
+            "--prefill-replicas / --decode-replicas",
+        ),
         "compilation_config": (str, "torch.compile and CUDA-graph modes; not priced"),
-        "data_parallel_hybrid_lb": (bool, "an external balancer across nodes in front of the DP ranks; "
-                                    "tailserve places requests with vLLM's internal balancer"),
-        "data_parallel_external_lb": (bool, "an external balancer in front of the DP ranks; tailserve "
-                                      "places requests with vLLM's internal balancer"),
+        "data_parallel_hybrid_lb": (
+            bool,
+            "an external balancer across nodes in front of the DP ranks; "
+            "tailserve places requests with vLLM's internal balancer",
+        ),
+        "data_parallel_external_lb": (
+            bool,
+            "an external balancer in front of the DP ranks; tailserve "
+            "places requests with vLLM's internal balancer",
+        ),
         "kv_offloading_size": (float, "KV blocks offloaded to CPU memory; not modelled"),
     }
     return tuple(

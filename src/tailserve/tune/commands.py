@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tailserve.executors.simulated.deployment import Deployment
@@ -23,6 +23,10 @@ class _FormatFlags:
     kv_fp8: str = ""
     expert_parallel: str | None = None  # ``{tp}`` becomes the TP degree
 
+
+# tailserve's exchange names (vLLM's --all2all-backend) as SGLang's --deepep-mode
+_SGLANG_DEEPEP = {"deepep_low_latency": "low_latency", "deepep_high_throughput": "normal"}
+ALL2ALL_DEFAULT = "allgather_reducescatter"
 
 VLLM_FLAGS = _FormatFlags("--quantization", "--kv-cache-dtype", "fp8", "--enable-expert-parallel")
 SGLANG_FLAGS = _FormatFlags("--quantization", "--kv-cache-dtype", "fp8_e4m3", "--ep-size {tp}")
@@ -84,6 +88,11 @@ def command_line(
             parts.insert(0, "VLLM_USE_V1=0")  # vLLM <= 0.10 still ships the V0 engine behind this
         if tp > 1:
             parts.append(f"--tensor-parallel-size {tp}")
+        if deployment.dp > 1:
+            # vLLM's DP ranks of --tp GPUs each (an MoE model's in lockstep: tailserve's DP engine)
+            parts.append(f"--data-parallel-size {deployment.dp}")
+            if deployment.all2all_backend != ALL2ALL_DEFAULT:
+                parts.append(f"--all2all-backend {deployment.all2all_backend}")
         parts += _formats(deployment, VLLM_FLAGS)
         parts += [
             f"--max-num-batched-tokens {config.max_num_batched_tokens}",
@@ -112,9 +121,23 @@ def command_line(
         return " ".join(parts)
     if spec.name == "sglang":
         parts = ["python -m sglang.launch_server", f"--model-path {model}"]
-        if tp > 1:
-            parts.append(f"--tp {tp}")
-        parts += _formats(deployment, SGLANG_FLAGS)
+        if deployment.data_parallel_group:
+            # tailserve's DP engine of an MoE model is SGLang's DP attention: the TP group spans
+            # every GPU, its attention split into dp ranks (engines/translate.py _attention_dp
+            # reads it back so), the experts over all of them
+            gpus = tp * deployment.dp
+            parts += [f"--tp {gpus}", f"--dp {deployment.dp}", "--enable-dp-attention"]
+            if deployment.expert_parallel:
+                parts.append(f"--ep-size {gpus}")
+            if deployment.all2all_backend in _SGLANG_DEEPEP:
+                parts.append(
+                    f"--moe-a2a-backend deepep --deepep-mode {_SGLANG_DEEPEP[deployment.all2all_backend]}"
+                )
+            parts += _formats(replace(deployment, expert_parallel=False), SGLANG_FLAGS)
+        else:
+            if tp > 1:
+                parts.append(f"--tp {tp}")
+            parts += _formats(deployment, SGLANG_FLAGS)
         parts += [
             f"--chunked-prefill-size {config.chunked_prefill_size}",
             f"--schedule-policy {config.schedule_policy}",

@@ -1,0 +1,66 @@
+"""Data-parallel deployments on launch lines: SGLang's DP attention and its DeepEP exchange read
+(``engines/translate.py``), and the lines `tune` prints for a DP engine read back to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailserve.engines.lint import lint
+from tailserve.engines.translate import translate
+from tailserve.executors.simulated.deployment import Deployment
+from tailserve.executors.simulated.hardware import get_hardware
+from tailserve.policies.registry import parse_policy_list
+from tailserve.tune.commands import command_line
+
+H200 = get_hardware("h200").device_info
+SGLANG = (
+    "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1 --tp 8 --dp 8 --enable-dp-attention"
+)
+
+
+@pytest.mark.parametrize(
+    ("flags", "backend", "note"),
+    [
+        ("--moe-a2a-backend deepep --deepep-mode low_latency", "deepep_low_latency", None),
+        ("--moe-a2a-backend deepep --deepep-mode normal", "deepep_high_throughput", None),
+        ("--moe-a2a-backend deepep", "deepep_low_latency", "--deepep-mode auto, its default (normal mode"),
+        ("--moe-a2a-backend mooncake", None, "--moe-a2a-backend mooncake (not modelled"),
+        ("", None, None),
+    ],
+)
+def test_sglangs_exchange_is_the_deployments(flags, backend, note):
+    back = translate(lint(f"{SGLANG} {flags}"), H200)
+    assert back.deployment.get("all2all_backend") == backend
+    assert back.deployment["dp"] == 8 and back.deployment["tp"] == 1
+    assert any(i.startswith(note) for i in back.ignored) if note else not back.ignored
+
+
+def test_dp_size_with_dp_attention_is_a_deployment_row():
+    rows = {r.flag: r for r in lint(SGLANG).rows}
+    assert rows["--dp"].verdict == "deployment" and "attention-DP ranks" in rows["--dp"].what
+    plain = {r.flag: r for r in lint("python -m sglang.launch_server --model-path M --dp 2").rows}
+    assert plain["--dp"].verdict == "not modelled"  # replicas: --replicas
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+@pytest.mark.parametrize(
+    "deployment",
+    [
+        Deployment.of(
+            "DeepSeek-V3", "H200", 1, dp=8, expert_parallel=True, all2all_backend="deepep_low_latency"
+        ),
+        Deployment.of(
+            "DeepSeek-V3", "H200", 1, dp=8, expert_parallel=True, all2all_backend="deepep_high_throughput"
+        ),
+        Deployment.of("DeepSeek-V3", "H200", 2, dp=4, expert_parallel=True),
+    ],
+)
+def test_tunes_line_for_a_dp_engine_reads_back_to_it(policy, deployment):
+    line = command_line(parse_policy_list(policy)[0], deployment, None, H200, 8192)
+    assert line is not None
+    back = translate(lint(line), H200)
+    got = Deployment.of(
+        "DeepSeek-V3", "H200", back.deployment.get("tp", 1), expert_parallel=back.deployment.get("expert_parallel", False),
+        dp=back.deployment.get("dp", 1), all2all_backend=back.deployment.get("all2all_backend", "allgather_reducescatter"),
+    )  # fmt: skip
+    assert got == deployment and not back.ignored
