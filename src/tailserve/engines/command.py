@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from tailserve.engines.flag_spec import EngineVersion
+from tailserve.engines.flag_spec import EngineVersion, HumanInt
 
 # (engine, the words that start it) after any environment assignments and the interpreter.
 _MODULES = {
@@ -181,16 +181,12 @@ def _merge(merged: dict[str, Any], path: str, text: str) -> None:
 
 
 def _human_int(text: str) -> Any:
-    """``25.6k`` -> 25600, ``1K`` -> 1024 (vLLM's ``human_readable_int``); other text as it is."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
-    if not match:
+    """``25.6k`` -> 25600, ``1K`` -> 1024 (vLLM's ``human_readable_int``); other text as it is,
+    as vLLM keeps it when that parse fails."""
+    try:
+        return HumanInt().parse(text)
+    except ValueError:
         return text
-    number, suffix = match.groups()
-    if suffix.islower():
-        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
-    if "." in number:
-        return text  # vLLM refuses decimals with a binary suffix
-    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
 def _is_option(word: str) -> bool:
