@@ -64,3 +64,32 @@ def test_tunes_line_for_a_dp_engine_reads_back_to_it(policy, deployment):
         dp=back.deployment.get("dp", 1), all2all_backend=back.deployment.get("all2all_backend", "allgather_reducescatter"),
     )  # fmt: skip
     assert got == deployment and not back.ignored
+
+
+def _tune(capsys, *argv):
+    from tailserve.cli import main
+
+    try:
+        rc = main(["tune", "--hardware", "H100-SXM", "--workload", "random", "--num-requests", "30",
+                   "--input-len", "300", "--output-len", "20", *argv])  # fmt: skip
+    except SystemExit as e:
+        rc = e.code
+    return rc, capsys.readouterr()
+
+
+def test_tune_of_a_dp_engine_runs_the_lines_policy(capsys, tmp_path):
+    """A DP engine from --engine-cmd (or one --policies) is tuned as that engine: it was tuned as
+    --plan-policy's vllm whatever the line said."""
+    options = tmp_path / "o.yaml"
+    options.write_text("enable_attention_dp: true\n")
+    line = f"trtllm-serve Qwen/Qwen3-30B-A3B --tp_size 2 --ep_size 2 --extra_llm_api_options {options}"
+    rc, out = _tune(capsys, "--engine-cmd", line)
+    assert rc == 0, out.err
+    assert "one engine of DP 2 x TP 1, trtllm" in " ".join(out.out.split())
+    assert "TensorRT-LLM's attention-DP placement" in " ".join(out.out.split())
+    moe = ["--model", "Qwen3-30B-A3B", "--tp", "1", "--data-parallel-size", "2", "--enable-expert-parallel"]
+    rc, out = _tune(capsys, *moe, "--policies", "sglang")
+    assert rc == 0, out.err
+    assert "one engine of DP 2 x TP 1, sglang" in " ".join(out.out.split())
+    rc, out = _tune(capsys, *moe, "--policies", "vllm,sglang")
+    assert rc == 2 and "give one policy, not 2" in out.err

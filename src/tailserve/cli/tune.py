@@ -184,7 +184,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 f"the engine takes {deployment.gpus} GPUs (or plan DP sizes with --gpus N --plan-dp)"
             )
         args.gpus = deployment.gpus
-        return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
+        # The engine's policy: the --engine-cmd line's or the one --policies names (it was
+        # --plan-policy's, vllm by default, whatever the line said)
+        engine = None
+        if commands or args.policies is not None:
+            if len(policies) != 1:
+                raise CliError(
+                    f"--data-parallel-size {deployment.dp}: tune finds one DP engine's capacity; give one "
+                    f"policy, not {len(policies)}"
+                )
+            engine = policies[0]
+        return run_plan(args, deployment, config.workload, config.slo, deployment_line(built), engine)
     if args.gpus is not None:
         return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     # A workload without a rate to search is refused before a results file is made or named.

@@ -14,9 +14,9 @@ from rich.table import Table
 
 from tailserve.cli.base import CliError, write_json
 from tailserve.cli.sweep_options import make_sweep
-from tailserve.cluster.dp_group import engine_balancer
+from tailserve.cluster.dp_group import balancer_label
 from tailserve.executors.simulated.deployment import Deployment
-from tailserve.policies.registry import parse_policy_list
+from tailserve.policies.registry import PolicySpec, parse_policy_list
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo
 from tailserve.tune.cluster_plan import PlanRow, plan, unfit
@@ -100,14 +100,22 @@ def _ms(summary: dict[str, Any] | None, metric: str) -> str:
 
 
 def run_plan(
-    args: argparse.Namespace, deployment: Deployment, workload: WorkloadSpec, slo: CapacitySlo, label: str
+    args: argparse.Namespace,
+    deployment: Deployment,
+    workload: WorkloadSpec,
+    slo: CapacitySlo,
+    label: str,
+    policy: PolicySpec | None = None,
 ) -> int:
+    """``policy``: the engine's (an --engine-cmd line's, or --policies' one) instead of
+    --plan-policy's."""
     if args.gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
-    policies = parse_policy_list(args.plan_policy)
-    if len(policies) != 1:
-        raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
-    policy = policies[0]
+    if policy is None:
+        policies = parse_policy_list(args.plan_policy)
+        if len(policies) != 1:
+            raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
+        policy = policies[0]
     tps = _tps(args.plan_tps) if args.plan_tps else None
     dp_only = deployment.dp > 1  # tune --data-parallel-size: that one DP engine's capacity
     dps = (
@@ -140,7 +148,7 @@ def run_plan(
         shape += f", and one engine of DP {', '.join(map(str, dps))} ranks"
     routing = f"router {args.plan_router}, P/D link {args.plan_link}"
     if dp_only:
-        routing = f"the engine's balancer {engine_balancer(policy)}"
+        routing = f"the engine's balancer {balancer_label(policy, deployment.data_parallel_group)}"
     console.print(f"SLO: {slo}; {args.gpus} GPUs as {shape}, {policy.label}, {routing}")
     table = Table(title="capacity of each layout (highest rate meeting the SLO)", title_justify="left")
     for name in ("layout", "capacity\nreq/s", "TTFT p99\nms", "TBT p99\nms", "prefix hit"):
