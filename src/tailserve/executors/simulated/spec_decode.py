@@ -95,7 +95,10 @@ def resolve_acceptance_rates(
         return tuple(float(r) for r in rates)
     assert length is not None
     if not 1.0 <= length <= k + 1:
-        raise ValueError(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length}")
+        raise ValueError(
+            f"synthetic_acceptance_length must be in [1, {k + 1}] (1 + {k} draft{'s' * (k != 1)}: the bonus "
+            f"token and at most every draft), got {length}"
+        )
     return acceptance_length_to_rates(length, k)
 
 
