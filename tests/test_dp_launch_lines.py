@@ -23,7 +23,7 @@ SGLANG = (
     [
         ("--moe-a2a-backend deepep --deepep-mode low_latency", "deepep_low_latency", None),
         ("--moe-a2a-backend deepep --deepep-mode normal", "deepep_high_throughput", None),
-        ("--moe-a2a-backend deepep", "deepep_low_latency", "--deepep-mode auto, its default (normal mode"),
+        ("--moe-a2a-backend deepep", "deepep_auto", None),  # SGLang's default mode
         ("--moe-a2a-backend mooncake", None, "--moe-a2a-backend mooncake (not modelled"),
         ("", None, None),
     ],
@@ -93,3 +93,35 @@ def test_tune_of_a_dp_engine_runs_the_lines_policy(capsys, tmp_path):
     assert "one engine of DP 2 x TP 1, sglang" in " ".join(out.out.split())
     rc, out = _tune(capsys, *moe, "--policies", "vllm,sglang")
     assert rc == 2 and "give one policy, not 2" in out.err
+
+
+def test_sglangs_auto_mode_reads_back_and_is_sglangs_only():
+    auto = Deployment.of("DeepSeek-V3", "H200", 1, dp=8, expert_parallel=True, all2all_backend="deepep_auto")
+    line = command_line(parse_policy_list("sglang")[0], auto, None, H200, 8192)
+    assert line is not None and "--moe-a2a-backend deepep --deepep-mode auto" in line
+    assert translate(lint(line), H200).deployment["all2all_backend"] == "deepep_auto"
+    from tailserve.executors.simulated.deployment import build_cost_model
+
+    with pytest.raises(ValueError, match="deepep_auto is SGLang's --deepep-mode auto"):
+        build_cost_model(auto, "vllm")
+    build_cost_model(auto, "sglang")
+
+
+def test_sglangs_auto_mode_prices_each_step_by_whether_a_prompt_runs():
+    """Low-latency kernels for a step of decodes, normal ones when any rank extends a prompt
+    (SGLang's DeepEPMode.resolve on the group's is_extend_in_batch)."""
+    from tailserve.executors.simulated.cost_model import BatchShape
+    from tailserve.executors.simulated.deployment import build_cost_model
+
+    def model(backend):
+        dep = Deployment.of("DeepSeek-V3", "H200", 1, dp=8, expert_parallel=True, all2all_backend=backend)
+        return build_cost_model(dep, "sglang").cost_model
+
+    auto, ll, ht = model("deepep_auto"), model("deepep_low_latency"), model("deepep_high_throughput")
+    decode, prompt = BatchShape.of([], [2000] * 64), BatchShape.of([(4096, 0)], [])
+    assert auto.iteration_time(decode) == ll.iteration_time(decode) != ht.iteration_time(decode)
+    assert auto.iteration_time(prompt) == pytest.approx(ht.iteration_time(prompt), rel=1e-12)
+    group = [prompt, decode] + [None] * 6  # one rank extends: every rank runs normal kernels
+    assert auto.group_time(group) == pytest.approx(ht.group_time(group), rel=1e-12)
+    decodes = [decode, decode] + [None] * 6
+    assert auto.group_time(decodes) == ll.group_time(decodes)

@@ -100,7 +100,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         default=default_of(Deployment, "all2all_backend"),
         choices=BACKENDS,
         help="with --data-parallel-size and an MoE model: how each MoE layer moves tokens between "
-        "the ranks, as vLLM's flag (default: %(default)s)",
+        "the ranks, as vLLM's flag; deepep_auto is SGLang's --deepep-mode auto (low-latency kernels for "
+        "decode steps, normal ones when a prompt runs; the sglang policy only) (default: %(default)s)",
     )
 
 

@@ -146,7 +146,7 @@ SGLANG_0_5_23 = EngineVersion(
                  _at(f"{F}/exec_.py", 836), "none"),
         FlagSpec("deepep_mode", ("auto", "normal", "low_latency"), DEPLOYMENT,
                  "DeepEP's kernels: low_latency, normal (high-throughput), auto (low_latency for decode "
-                 "batches, normal for prefill: tailserve prices every step low_latency)",
+                 "steps, normal when any rank extends a prompt: tailserve's deepep_auto)",
                  _at(f"{F}/exec_.py", 898), "auto"),
         FlagSpec("enable_eplb", bool, NOT_MODELLED, "expert load balancing with redundant experts; the routed "
                  "experts are priced at uniform routing's load", _at(f"{F}/exec_.py", 922), "false"),

@@ -165,7 +165,7 @@ def translate(
 _DEEPEP_MODES = {
     "low_latency": "deepep_low_latency",
     "normal": "deepep_high_throughput",
-    "auto": "deepep_low_latency",
+    "auto": "deepep_auto",
 }
 
 
@@ -177,11 +177,6 @@ def _sglang_exchange(report: Report, deployment: dict[str, Any]) -> list[str]:
     mode = values.get("deepep_mode") or "auto"
     if backend == "deepep":
         deployment["all2all_backend"] = _DEEPEP_MODES[mode]
-        if mode == "auto":
-            given = "" if "deepep_mode" in values else ", its default"
-            return [
-                f"--deepep-mode auto{given} (normal mode for prefill batches not modelled: every step low_latency)"
-            ]
         return []
     if backend != "none":
         return [f"--moe-a2a-backend {backend} (not modelled: priced as all-gather/reduce-scatter)"]

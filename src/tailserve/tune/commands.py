@@ -25,7 +25,11 @@ class _FormatFlags:
 
 
 # tailserve's exchange names (vLLM's --all2all-backend) as SGLang's --deepep-mode
-_SGLANG_DEEPEP = {"deepep_low_latency": "low_latency", "deepep_high_throughput": "normal"}
+_SGLANG_DEEPEP = {
+    "deepep_low_latency": "low_latency",
+    "deepep_high_throughput": "normal",
+    "deepep_auto": "auto",
+}
 ALL2ALL_DEFAULT = "allgather_reducescatter"
 
 VLLM_FLAGS = _FormatFlags("--quantization", "--kv-cache-dtype", "fp8", "--enable-expert-parallel")

@@ -61,7 +61,7 @@ from tailserve.executors.simulated.hardware import MOE_GENERIC, GemmCurve, Hardw
 from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.module_formats import group_dtype
 from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
-from tailserve.executors.simulated.moe_comm import exchange_time, resolve_backend
+from tailserve.executors.simulated.moe_comm import AUTO, exchange_time, resolve_backend
 from tailserve.executors.simulated.precision import get_precision
 from tailserve.executors.simulated.window import WindowShape
 
@@ -247,6 +247,11 @@ class CostModel:
         # ``_comm`` per token count, for ``_iteration_time`` (a dict read, not a call, per
         # priced iteration).
         self._comm_cache: dict[int, float] = {}
+        # SGLang's DeepEP auto mode: the memoised GEMMs carry the decode steps' low-latency
+        # exchange; a step with a prompt in it adds the normal kernels' difference
+        # (``_prefill_exchange``, moe_comm.py)
+        self._auto_exchange = self.all2all == AUTO and self.dp > 1 and self.model.is_moe
+        self._prefill_exchange_cache: dict[int, float] = {}
         # ``decode_step_times``' per-step constant before the KV term (the GEMMs and the absent
         # prefill's attention) per decode count: three calls fewer per decode run or segment of
         # one, which the simulator prices per event (1.8% of a vLLM loop's instructions).
@@ -825,13 +830,17 @@ class CostModel:
             layer += self.exchange_time(num_tokens)
         return m.num_moe_layers * layer
 
-    def exchange_time(self, num_tokens: int) -> float:
+    def exchange_time(self, num_tokens: int, extend: bool = False) -> float:
         """One MoE layer's token exchange (dispatch and combine) when every DP rank holds
-        ``num_tokens`` tokens; 0 without data-parallel attention."""
+        ``num_tokens`` tokens; 0 without data-parallel attention. ``extend``: some rank of the
+        group runs a prompt (SGLang's DeepEP auto mode then runs its normal kernels)."""
         m, hw = self.model, self.hardware
         fallback = LinkFit(hw.allreduce_latency_at(self.tp * self.dp), hw.comm_efficiency or DEFAULT_COMM)
+        backend = self.all2all
+        if backend == AUTO:
+            backend = "deepep_high_throughput" if extend else "deepep_low_latency"
         return exchange_time(
-            self.all2all,
+            backend,
             hw,
             fallback,
             tokens=num_tokens,
@@ -842,6 +851,16 @@ class CostModel:
             num_experts=m.num_experts,
             act_bytes=m.dtype_bytes,
         )
+
+    def _prefill_exchange(self, num_tokens: int) -> float:
+        """What a step with a prompt in it adds under SGLang's DeepEP auto mode: every MoE
+        layer's normal exchange in place of the low-latency one ``_linear`` carries."""
+        t = self._prefill_exchange_cache.get(num_tokens)
+        if t is None:
+            n = int(num_tokens)
+            t = self.model.num_moe_layers * (self.exchange_time(n, True) - self.exchange_time(n))
+            self._prefill_exchange_cache[num_tokens] = t
+        return t
 
     def _gemm(self, rows: int, n: float, k: float, extra_bytes: float) -> float:
         """One GEMM in the wave form (gemm.py): ``rows`` x K times K x N, plus ``extra_bytes``."""
@@ -909,6 +928,8 @@ class CostModel:
         comm = self._comm_cache.get(num_tokens)
         if comm is None:
             comm = self._comm_cache[num_tokens] = self._comm(num_tokens)
+        if self._auto_exchange and num_prefills:
+            linear = linear + self._prefill_exchange(num_tokens)
         if self._mla_block is not None:  # the whole MLA block from the measured module rows
             mla = self._mla_table_time(
                 num_tokens, prefill_pairs, prefill_kv, decode_kv, num_prefills, num_decodes
@@ -990,7 +1011,7 @@ class CostModel:
         if shape.num_tokens == 0:
             return 0.0
         if self._window:
-            return self._rank_time(shape, window, shape.num_tokens)
+            return self._rank_time(shape, window, shape.num_tokens, bool(shape.num_prefills))
         return self._iteration_time(
             shape.num_tokens,
             shape.num_logits,
@@ -1026,7 +1047,7 @@ class CostModel:
                 num_prefills,
                 num_decodes,
             )
-            return self._rank_time(shape, None, num_tokens)
+            return self._rank_time(shape, None, num_tokens, bool(num_prefills))
         # The arguments passed on as they are: a call through ``*fields`` goes through C (a
         # tuple and a new interpreter frame), per priced iteration of every chunk run.
         return self._iteration_time(
@@ -1067,13 +1088,23 @@ class CostModel:
         decode_kv = shape.decode_kv_tokens * full + window.decode_kv_tokens * sliding
         return prefill + self._attention(decode_kv, decode_kv, self._decode_rates, self._decode_pair_flops)
 
-    def _rank_time(self, shape: BatchShape | None, window: WindowShape | None, padded_tokens: int) -> float:
+    def _rank_time(
+        self, shape: BatchShape | None, window: WindowShape | None, padded_tokens: int, extend: bool = False
+    ) -> float:
         """One rank's iteration with its GEMMs over ``padded_tokens`` rows (the DP group's
-        largest batch) and attention over its own requests; ``None``: a dummy batch."""
+        largest batch) and attention over its own requests; ``None``: a dummy batch.
+        ``extend``: some rank of the group runs a prompt (``_prefill_exchange``)."""
+        exchange = self._prefill_exchange(padded_tokens) if extend and self._auto_exchange else 0.0
         if shape is None:
-            return self._linear(padded_tokens, 0) + self._comm(padded_tokens) + self.efficiency.overhead
+            return (
+                self._linear(padded_tokens, 0)
+                + exchange
+                + self._comm(padded_tokens)
+                + self.efficiency.overhead
+            )
         return (
             self._linear(padded_tokens, shape.num_logits)
+            + exchange
             + self.mla_fixed_time(shape)
             + self.attention_time(shape, window)
             + self._comm(padded_tokens)
@@ -1090,7 +1121,9 @@ class CostModel:
         padded = max([s.num_tokens for s in shapes if s is not None] + [1])
         if windows is None:
             windows = [None] * len(shapes)
-        return max(self._rank_time(s, w, padded) for s, w in zip(shapes, windows, strict=True))
+        # SGLang's ranks agree on one mode: extend when any rank extends (dp_attn.py:291@v0.5.23)
+        extend = any(s is not None and s.num_prefills for s in shapes)
+        return max(self._rank_time(s, w, padded, extend) for s, w in zip(shapes, windows, strict=True))
 
     def decode_run_times(self, num_decodes: int, num_context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of ``num_steps`` decode iterations; the summed context grows by

@@ -205,6 +205,11 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
                 "nodes is not modelled"
             )
         if cm.model.is_moe:
+            if deployment.all2all_backend == "deepep_auto" and policy and not policy.startswith("sglang"):
+                raise ValueError(
+                    f"--all2all-backend deepep_auto is SGLang's --deepep-mode auto; the {policy} policy's engine "
+                    "runs deepep_low_latency or deepep_high_throughput"
+                )
             cm = cm.with_data_parallel(deployment.dp, deployment.all2all_backend)
         else:
             note = (

@@ -15,6 +15,10 @@ vLLM's ``--all2all-backend`` picks how (vllm/config/parallel.py):
 - ``deepep_low_latency``: one copy per (token, expert) on another rank, dispatched in FP8 with
   a 4-byte scale per 128 values and combined in bf16 (DeepEP's README; AISimulate's wire dtypes,
   aisimulate_core/sdk/operations/moe_comm.py).
+- ``deepep_auto``: SGLang's ``--moe-a2a-backend deepep --deepep-mode auto`` (its default):
+  low-latency kernels for a step of decodes only, normal ones when any rank of the group extends
+  a prompt (``DeepEPMode.resolve`` on the group's ``is_extend_in_batch``); the cost model picks
+  per step (``CostModel.exchange_time`` and ``_prefill_exchange``).
 
 Routing is uniform, as in ``moe.py``. Each phase costs ``max(floor, latency + tokens x
 per_token + bytes / (link x efficiency))`` (``tokens``: the rank's, DeepEP's phases only) with
@@ -29,7 +33,8 @@ import math
 
 from tailserve.executors.simulated.hardware import Hardware, LinkFit
 
-BACKENDS = ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency")
+BACKENDS = ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_auto")
+AUTO = "deepep_auto"
 FP8_WITH_SCALES = 1.0 + 4.0 / 128  # bytes per value: FP8 plus a float32 scale per 128 values
 
 
