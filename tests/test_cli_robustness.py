@@ -260,3 +260,38 @@ def test_the_engines_kv_formats_are_taken(fmt):
     from tailserve.executors.simulated.deployment import Deployment
 
     assert Deployment.of("Llama-3-8B", "H100", 1, kv_cache_dtype=fmt).kv_cache_dtype
+
+
+@pytest.mark.parametrize(
+    ("command", "where", "message"),
+    [
+        # A file above the folder: the whole run was simulated before write_report failed.
+        ("compare", "{file}/sub", "--report {file}/sub: '{file}' is a file, not a folder to write it in"),
+        ("compare", "{file}", "--report {file}: exists and is not a directory"),
+        ("simulate", "{file}/a/b", "--report {file}/a/b: '{file}' is a file"),
+        ("tune", "{file}/sub", "--report {file}/sub: '{file}' is a file"),
+    ],
+)
+def test_the_report_folder_is_checked_before_any_work(command, where, message, tmp_path, capsys):
+    file = tmp_path / "f"
+    file.write_text("")
+    argv = [command, *DEPLOYMENT, "--workload", "chat", "--report", where.format(file=file)]
+    argv += ["--workers", "1"] if command != "simulate" else []
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message.format(file=file) in err and err.count("\n") == 1
+
+
+def test_a_missing_report_folder_is_still_made(tmp_path):
+    from tailserve.cli.base import check_report_dir
+
+    check_report_dir(str(tmp_path / "a" / "b"))  # write_report creates it with its parents
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("command", ["tune", "compare"])
+def test_a_bad_worker_count_is_the_only_line(command, capsys):
+    # tune printed its "results: FILE (...)" line, then the error.
+    assert main([command, *DEPLOYMENT, "--workload", "chat", "--workers", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "tailserve: error: --workers must be >= 1, got 0\n"
