@@ -295,3 +295,33 @@ def test_a_bad_worker_count_is_the_only_line(command, capsys):
     assert main([command, *DEPLOYMENT, "--workload", "chat", "--workers", "0"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == "tailserve: error: --workers must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize(
+    ("available", "count", "message"),
+    [
+        # It said "device 'cuda' was asked for": not the cuda:7 typed.
+        (False, 0, "--device 'cuda:7' was asked for but torch.cuda.is_available() is False"),
+        (True, 1, "--device 'cuda:7': this machine has 1 cuda device(s)"),
+    ],
+)
+def test_an_absent_gpu_is_named_as_given(available, count, message, monkeypatch, tmp_path):
+    import torch
+
+    from tailserve.assemble.pytorch import torch_parts
+    from tailserve.policies.registry import PolicySpec
+
+    # No real GPU is read: the check comes before anything is loaded (tmp_path holds no model).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch_parts(
+            tmp_path,
+            PolicySpec("vllm"),
+            dtype="auto",
+            device="cuda:7",
+            seed=0,
+            max_model_len=None,
+            kv_cache_memory_gib=None,
+            eos_token_ids=(),
+        )
