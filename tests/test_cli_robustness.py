@@ -325,3 +325,17 @@ def test_an_absent_gpu_is_named_as_given(available, count, message, monkeypatch,
             kv_cache_memory_gib=None,
             eos_token_ids=(),
         )
+
+
+def test_rejections_are_counted_by_their_reason(tmp_path, capsys):
+    # SGLang refuses trace-1 (1,989 + 10 tokens) at admission, as its 2,000 KV slots are too few;
+    # the paragraph called it "longer than max_model_len" with the two that are.
+    policies = "sglang:max_total_tokens=2000:max_model_len=2000,vllm:max_model_len=2000"
+    argv = ["compare", *DEPLOYMENT, "--workers", "1", "--policies", policies]
+    assert main([*argv, "--trace", _trace(tmp_path, 9_000, 1_989, 100, 1_995)]) == 0
+    out, err = capsys.readouterr()
+    text = " ".join(out.split())  # the paragraph is wrapped
+    assert "max_model_len=2000 3 (2 longer than max_model_len, 1 too large for the KV cache)" in text
+    assert "(default budget 8192) 2 (longer than max_model_len)." in text
+    assert "3 of 4 requests rejected: 2 longer than max_model_len (e.g. trace-0: " in err
+    assert "; 1 too large for the KV cache (e.g. trace-1: prompt 1989 + max_tokens 10" in err
