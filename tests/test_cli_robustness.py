@@ -339,3 +339,17 @@ def test_rejections_are_counted_by_their_reason(tmp_path, capsys):
     assert "(default budget 8192) 2 (longer than max_model_len)." in text
     assert "3 of 4 requests rejected: 2 longer than max_model_len (e.g. trace-0: " in err
     assert "; 1 too large for the KV cache (e.g. trace-1: prompt 1989 + max_tokens 10" in err
+
+
+def test_lint_json_before_the_line_reads_the_line(tmp_path, capsys):
+    import json
+
+    # --json's optional OUT took the line: "the following arguments are required: COMMAND".
+    line = "vllm serve /models/llama --max-num-seqs 4"
+    assert main(["lint", "--json", line]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "/models/llama"
+    out = tmp_path / "l.json"
+    assert main(["lint", "--json", str(out), line]) == 0  # OUT, then the line: written to OUT
+    assert json.loads(out.read_text())["model"] == "/models/llama"
+    assert "no launch line: tailserve lint" in _one_error_line(capsys, ["lint", "--json"])
+    assert "no launch line: tailserve lint" in _one_error_line(capsys, ["lint"])
