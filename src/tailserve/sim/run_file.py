@@ -14,7 +14,6 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.executors.simulated.kv_capacity import KVCapacity
 from tailserve.metrics.summary import Slo, prefix_cache_summary, summarize
 
-
 # A rejection's kind, in a few words, from the reason its rejecter wrote (the scheduler's context
 # and KV checks, then the policies' own refusals): summaries count each kind, where every
 # rejection was once called "longer than max_model_len".
