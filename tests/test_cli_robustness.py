@@ -260,3 +260,96 @@ def test_the_engines_kv_formats_are_taken(fmt):
     from tailserve.executors.simulated.deployment import Deployment
 
     assert Deployment.of("Llama-3-8B", "H100", 1, kv_cache_dtype=fmt).kv_cache_dtype
+
+
+@pytest.mark.parametrize(
+    ("command", "where", "message"),
+    [
+        # A file above the folder: the whole run was simulated before write_report failed.
+        ("compare", "{file}/sub", "--report {file}/sub: '{file}' is a file, not a folder to write it in"),
+        ("compare", "{file}", "--report {file}: exists and is not a directory"),
+        ("simulate", "{file}/a/b", "--report {file}/a/b: '{file}' is a file"),
+        ("tune", "{file}/sub", "--report {file}/sub: '{file}' is a file"),
+    ],
+)
+def test_the_report_folder_is_checked_before_any_work(command, where, message, tmp_path, capsys):
+    file = tmp_path / "f"
+    file.write_text("")
+    argv = [command, *DEPLOYMENT, "--workload", "chat", "--report", where.format(file=file)]
+    argv += ["--workers", "1"] if command != "simulate" else []
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message.format(file=file) in err and err.count("\n") == 1
+
+
+def test_a_missing_report_folder_is_still_made(tmp_path):
+    from tailserve.cli.base import check_report_dir
+
+    check_report_dir(str(tmp_path / "a" / "b"))  # write_report creates it with its parents
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("command", ["tune", "compare"])
+def test_a_bad_worker_count_is_the_only_line(command, capsys):
+    # tune printed its "results: FILE (...)" line, then the error.
+    assert main([command, *DEPLOYMENT, "--workload", "chat", "--workers", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "tailserve: error: --workers must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize(
+    ("available", "count", "message"),
+    [
+        # It said "device 'cuda' was asked for": not the cuda:7 typed.
+        (False, 0, "--device 'cuda:7' was asked for but torch.cuda.is_available() is False"),
+        (True, 1, "--device 'cuda:7': this machine has 1 cuda device(s)"),
+    ],
+)
+def test_an_absent_gpu_is_named_as_given(available, count, message, monkeypatch, tmp_path):
+    import torch
+
+    from tailserve.assemble.pytorch import torch_parts
+    from tailserve.policies.registry import PolicySpec
+
+    # No real GPU is read: the check comes before anything is loaded (tmp_path holds no model).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch_parts(
+            tmp_path,
+            PolicySpec("vllm"),
+            dtype="auto",
+            device="cuda:7",
+            seed=0,
+            max_model_len=None,
+            kv_cache_memory_gib=None,
+            eos_token_ids=(),
+        )
+
+
+def test_rejections_are_counted_by_their_reason(tmp_path, capsys):
+    # SGLang refuses trace-1 (1,989 + 10 tokens) at admission, as its 2,000 KV slots are too few;
+    # the paragraph called it "longer than max_model_len" with the two that are.
+    policies = "sglang:max_total_tokens=2000:max_model_len=2000,vllm:max_model_len=2000"
+    argv = ["compare", *DEPLOYMENT, "--workers", "1", "--policies", policies]
+    assert main([*argv, "--trace", _trace(tmp_path, 9_000, 1_989, 100, 1_995)]) == 0
+    out, err = capsys.readouterr()
+    text = " ".join(out.split())  # the paragraph is wrapped
+    assert "max_model_len=2000 3 (2 longer than max_model_len, 1 too large for the KV cache)" in text
+    assert "(default budget 8192) 2 (longer than max_model_len)." in text
+    assert "3 of 4 requests rejected: 2 longer than max_model_len (e.g. trace-0: " in err
+    assert "; 1 too large for the KV cache (e.g. trace-1: prompt 1989 + max_tokens 10" in err
+
+
+def test_lint_json_before_the_line_reads_the_line(tmp_path, capsys):
+    import json
+
+    # --json's optional OUT took the line: "the following arguments are required: COMMAND".
+    line = "vllm serve /models/llama --max-num-seqs 4"
+    assert main(["lint", "--json", line]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "/models/llama"
+    out = tmp_path / "l.json"
+    assert main(["lint", "--json", str(out), line]) == 0  # OUT, then the line: written to OUT
+    assert json.loads(out.read_text())["model"] == "/models/llama"
+    assert "no launch line: tailserve lint" in _one_error_line(capsys, ["lint", "--json"])
+    assert "no launch line: tailserve lint" in _one_error_line(capsys, ["lint"])

@@ -70,10 +70,14 @@ def torch_parts(
     if dev.type != "cpu":
         # cuda has its own backend; another accelerator (mps, xpu) runs PyTorch's generic ops.
         module = getattr(torch, dev.type, None)
+        # The device as given (cuda:7, not cuda): the user's value, which may name one of several.
         if module is None or not module.is_available():
             raise ValueError(
-                f"device {dev.type!r} was asked for but torch.{dev.type}.is_available() is False"
+                f"--device {device!r} was asked for but torch.{dev.type}.is_available() is False"
             )
+        count = getattr(module, "device_count", lambda: None)()
+        if dev.index is not None and count is not None and dev.index >= count:
+            raise ValueError(f"--device {device!r}: this machine has {count} {dev.type} device(s)")
     backend = backend_for(dev)  # a bad TAILSERVE_CPU_ISA is refused here, before loading
     if dtype == "auto":
         dtype, why = auto_dtype(dev)

@@ -85,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError(_unrecognized(extra, parser.commands.get(args.command)))
         if hasattr(args, "workload"):
             check_workload_options(args)  # before any work: an option the workload would ignore
+        settle = getattr(args, "settle_args", None)
+        if settle is not None:
+            settle(args)  # a command's own reading of its arguments (lint --json "LINE")
         check_output_paths(args)  # before any work: its results are not lost at the end
         if getattr(args, "takes_policy_flags", False):
             args.policy_flags = policy_flags_from(args)  # a flag --policy lacks: one line, now

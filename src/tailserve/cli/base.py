@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,22 @@ def check_output_paths(args: argparse.Namespace) -> None:
             raise CliError(f"{flag} {path}: is a directory; name a file to write")
         if not target.parent.is_dir():
             raise CliError(f"{flag} {path}: no folder {str(target.parent)!r} to write it in")
+    report = getattr(args, "report", None)
+    if isinstance(report, str):
+        check_report_dir(report)
+
+
+def check_report_dir(path: str) -> None:
+    """``--report DIR`` is created with its missing parents when the run is done, so what cannot
+    work is a file in its place or above it: refused now, not after the run (nothing is created)."""
+    target = Path(path)
+    existing = next(p for p in (target, *target.parents) if p.exists())  # "." and "/" exist
+    if existing == target and not target.is_dir():
+        raise CliError(f"--report {path}: exists and is not a directory")
+    if not existing.is_dir():
+        raise CliError(f"--report {path}: {str(existing)!r} is a file, not a folder to write it in")
+    if not os.access(existing, os.W_OK):
+        raise CliError(f"--report {path}: {str(existing)!r} is not writable")
 
 
 def write_json(path: str, payload: dict[str, Any], indent: int | None = 2) -> None:

@@ -22,7 +22,7 @@ from tailserve.cli.options import (
     workload_from,
 )
 from tailserve.cli.run_outputs import add_run_outputs, run_outputs, say_rejections
-from tailserve.cli.sweep_options import add_sweep_args, make_sweep
+from tailserve.cli.sweep_options import add_sweep_args, check_sweep_args, make_sweep
 from tailserve.executors.simulated.deployment import build_cost_model
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
@@ -64,6 +64,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     from tailserve.policies.registry import parse_policy_list
 
+    check_sweep_args(args)  # before the notes and the workload
     commands = read_engine_cmds(args)  # --engine-cmd: their policies, and the deployment they share
     built = build_cost_model(deployment_from(args))
     print_notes(built)

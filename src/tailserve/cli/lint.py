@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tailserve.cli.base import write_json
+from tailserve.cli.base import CliError, write_json
 from tailserve.engines.flag_spec import FATAL, NO_OP
 from tailserve.engines.lint import ENGINE_NAMES, VERSIONS, Report, lint
 
@@ -35,6 +35,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "engine_command",
         metavar="COMMAND",
+        nargs="?",  # taken from --json's value when it swallowed the line (settle_lint_args)
         help='the launch line, quoted: "vllm serve MODEL --max-num-batched-tokens 2048", '
         '"python -m sglang.launch_server --model-path MODEL ...", "trtllm-serve MODEL ..."',
     )
@@ -51,7 +52,19 @@ def add_parser(sub: Any) -> None:
         const="-",
         help="write the verdicts as JSON to OUT (to stdout, instead of the table, without OUT)",
     )
-    p.set_defaults(run=cmd_lint)
+    p.set_defaults(run=cmd_lint, settle_args=settle_lint_args)
+
+
+def settle_lint_args(args: argparse.Namespace) -> None:
+    """``lint --json "vllm serve M"``: argparse gives --json's optional OUT the next word, the
+    launch line, and leaves COMMAND empty. Without a COMMAND there is nothing to write to an OUT,
+    so that word is the line and the JSON goes to stdout (read before the output paths are
+    checked: the line is not a file name)."""
+    if args.engine_command is not None:
+        return
+    if args.json in (None, "-"):
+        raise CliError('no launch line: tailserve lint "vllm serve MODEL ..." [--json [OUT]]')
+    args.engine_command, args.json = args.json, "-"
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

@@ -15,7 +15,6 @@ from typing import Any
 from rich.table import Table
 
 from tailserve.cli.base import CliError, write_json
-from tailserve.core.request import RequestStatus
 from tailserve.metrics.attribution import (
     CAUSE_SHORT,
     TBT_CAUSES,
@@ -147,9 +146,14 @@ def say_rejections(runs: list[RunResult], summaries: list[dict[str, Any]]) -> No
         rejected = s["num_rejected"]
         if not rejected:
             continue
-        first = next((r for r in run.requests if r.status == RequestStatus.FINISHED_REJECTED), None)
-        # Streamed metrics keep no requests, so no reason; the count still shows.
-        why = f" (e.g. {first.request_id}: {first.status_reason})" if first is not None else ""
+        # One example per kind of reason, each counted when there are several kinds. Streamed
+        # metrics keep no requests, so no reason; the count still shows.
+        kinds = run.rejected_by_kind()
+        examples = [f"(e.g. {rs[0].request_id}: {rs[0].status_reason})" for rs in kinds.values()]
+        if len(kinds) > 1:
+            why = ": " + "; ".join(f"{len(rs)} {k} {e}" for (k, rs), e in zip(kinds.items(), examples))
+        else:
+            why = "".join(f" {e}" for e in examples)
         reasons.append((run.label, rejected, s["num_requests"], s["num_finished"], why))
     if reasons and len(reasons) == len(runs) and all(r[1] == r[2] and not r[3] for r in reasons):
         label, rejected, _, _, why = reasons[0]

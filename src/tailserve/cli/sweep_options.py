@@ -31,7 +31,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def make_sweep(args: argparse.Namespace, results: ResultsFile | None = None) -> Sweep:
+def check_sweep_args(args: argparse.Namespace) -> None:
+    """The sweep options alone, read first: a command that found them wrong only when it made
+    its sweep had already printed its results file and notes."""
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be >= 1, got {args.workers}")
     if args.ray not in (None, "local") and args.workers is not None:
@@ -39,6 +41,10 @@ def make_sweep(args: argparse.Namespace, results: ResultsFile | None = None) -> 
             f"--workers {args.workers} with --ray-address {args.ray}: a running Ray runs as many runs "
             "at a time as it has CPUs; --workers sizes the local pool or --ray-address local"
         )
+
+
+def make_sweep(args: argparse.Namespace, results: ResultsFile | None = None) -> Sweep:
+    check_sweep_args(args)
     try:
         backend = make_backend(args.workers, args.ray)
     except ValueError as error:

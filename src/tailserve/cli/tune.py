@@ -22,7 +22,7 @@ from tailserve.cli.options import (
     print_notes,
     workload_from,
 )
-from tailserve.cli.sweep_options import add_sweep_args, make_sweep
+from tailserve.cli.sweep_options import add_sweep_args, check_sweep_args, make_sweep
 from tailserve.cli.tune_plan import add_plan_args, check_plan_args, run_plan
 from tailserve.cli.tune_tables import (
     CAPACITY_HEADER,
@@ -149,6 +149,7 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 def cmd_tune(args: argparse.Namespace) -> int:
     from tailserve.policies.registry import parse_policy_list
 
+    check_sweep_args(args)  # before the notes and the results line
     if args.engine_cmd and (args.policies is not None or args.gpus is not None):
         given = "--policies" if args.policies is not None else "--gpus (it plans replicas of --plan-policy)"
         raise CliError(f"--engine-cmd sets the one engine tune sweeps: drop {given}")

@@ -88,6 +88,17 @@ def _hol_paragraph(runs: list[RunResult], built: BuiltCostModel) -> str | None:
     return " ".join(parts)
 
 
+def _rejected(run: RunResult, count: int) -> str:
+    """``vllm 3 (2 longer than max_model_len, 1 too large for the KV cache)``: each reason counted,
+    or the count alone when the run kept no requests to read them from."""
+    kinds = run.rejected_by_kind()
+    if sum(len(rs) for rs in kinds.values()) != count:
+        return f"{run.label} {count}"
+    if len(kinds) == 1:
+        return f"{run.label} {count} ({next(iter(kinds))})"
+    return f"{run.label} {count} (" + ", ".join(f"{len(rs)} {kind}" for kind, rs in kinds.items()) + ")"
+
+
 def _generic_paragraph(runs: list[RunResult], summaries: list[dict[str, Any]]) -> str:
     def metric(s: dict[str, Any], name: str, stat: str) -> float:
         v = s["metrics"][name][stat]
@@ -114,13 +125,9 @@ def _generic_paragraph(runs: list[RunResult], summaries: list[dict[str, Any]]) -
     preempting = [(r.label, s["num_preemptions"]) for r, s in rows if s["num_preemptions"]]
     if preempting:
         parts.append("Preemptions: " + ", ".join(f"{label} {n}" for label, n in preempting) + ".")
-    rejected = [(r.label, s["num_rejected"]) for r, s in rows if s["num_rejected"]]
+    rejected = [_rejected(r, s["num_rejected"]) for r, s in rows if s["num_rejected"]]
     if rejected:
-        parts.append(
-            "Rejected (longer than max_model_len): "
-            + ", ".join(f"{label} {n}" for label, n in rejected)
-            + "."
-        )
+        parts.append("Rejected: " + ", ".join(rejected) + ".")
     return " ".join(parts)
 
 

@@ -14,6 +14,25 @@ from tailserve.core.request import Request, RequestStatus
 from tailserve.executors.simulated.kv_capacity import KVCapacity
 from tailserve.metrics.summary import Slo, prefix_cache_summary, summarize
 
+# A rejection's kind, in a few words, from the reason its rejecter wrote (the scheduler's context
+# and KV checks, then the policies' own refusals): summaries count each kind, where every
+# rejection was once called "longer than max_model_len".
+REJECTION_KINDS = (
+    ("maximum context length", "longer than max_model_len"),  # Scheduler.add_request
+    ("of KV cache but the cache holds", "too large for the KV cache"),  # Scheduler.add_request
+    ("KV slots", "too large for the KV cache"),  # SGLang's admission
+    ("should not exceed max_num_tokens", "prompt over max_num_tokens"),  # TensorRT-LLM unchunked
+    ("max_concurrent_requests", "over max_concurrent_requests"),  # TGI's backpressure
+    ("TTFT target", "TTFT target out of reach"),  # the slo policy
+)
+
+
+def rejection_kind(reason: str | None) -> str:
+    for text, kind in REJECTION_KINDS:
+        if reason is not None and text in reason:
+            return kind
+    return "other reason"
+
 
 @dataclass
 class RunResult:
@@ -38,6 +57,15 @@ class RunResult:
         if self.prefix_stats is not None:
             out["prefix_cache"] = {**prefix_cache_summary(source), **self.prefix_stats}
         return out
+
+    def rejected_by_kind(self) -> dict[str, list[Request]]:
+        """The rejected requests by ``rejection_kind``, most common first (empty when the run
+        streamed its metrics and kept no requests)."""
+        kinds: dict[str, list[Request]] = {}
+        for r in self.requests:
+            if r.status == RequestStatus.FINISHED_REJECTED:
+                kinds.setdefault(rejection_kind(r.status_reason), []).append(r)
+        return dict(sorted(kinds.items(), key=lambda item: -len(item[1])))
 
     def to_json(self) -> dict[str, Any]:
         """The whole run (``simulate --save-run``): requests with their timestamps, the iteration
