@@ -125,3 +125,25 @@ def test_sglangs_auto_mode_prices_each_step_by_whether_a_prompt_runs():
     assert auto.group_time(group) == pytest.approx(ht.group_time(group), rel=1e-12)
     decodes = [decode, decode] + [None] * 6
     assert auto.group_time(decodes) == ll.group_time(decodes)
+
+
+def test_compare_refuses_a_lines_data_parallelism_as_it_refuses_the_flag(capsys):
+    """compare's runs are single engines: a DP line would run as one rank with all the traffic
+    (it did, through --engine-cmd, where --data-parallel-size was refused)."""
+    from tailserve.cli import main
+
+    line = "vllm serve Qwen/Qwen3-30B-A3B -tp 1 -dp 2 --enable-expert-parallel"
+    argv = [
+        "compare",
+        "--hardware",
+        "H100-SXM",
+        "--workload",
+        "random",
+        "--num-requests",
+        "10",
+        "--rate",
+        "4",
+    ]
+    assert main([*argv, "--engine-cmd", line]) == 2
+    err = capsys.readouterr().err
+    assert "the engine commands' data parallelism (DP 2)" in err and "`compare` prices one engine" in err

@@ -57,15 +57,20 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    dp_refused = (
+        "runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or --gpus N --plan-dp); "
+        "`compare` prices one engine"
+    )
     if getattr(args, "dp", 1) > 1:
-        raise CliError(
-            "--data-parallel-size runs in `tailserve simulate`, `cost` and `tune` (one DP engine, or "
-            "--gpus N --plan-dp); `compare` prices one engine"
-        )
+        raise CliError(f"--data-parallel-size {dp_refused}")
     from tailserve.policies.registry import parse_policy_list
 
     check_sweep_args(args)  # before the notes and the workload
     commands = read_engine_cmds(args)  # --engine-cmd: their policies, and the deployment they share
+    if getattr(args, "dp", 1) > 1:
+        # A line's DP set args.dp only now: its ranks would run here as one engine with all the
+        # traffic (compare's runs are single engines), not as the DP group they are.
+        raise CliError(f"the engine commands' data parallelism (DP {args.dp}) {dp_refused}")
     built = build_cost_model(deployment_from(args))
     print_notes(built)
     listed = args.policies if args.policies is not None else "" if commands else DEFAULT_COMPARE_POLICIES
