@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 
 from tailserve.cli import main
@@ -332,3 +333,16 @@ def test_flattened_iterations_telescope_where_they_touch():
     assert flat.ends[3] == 0.75 and flat.end_arr.tolist() == flat.ends
     assert flat.entry_of == [0, 1, 1, 2] and flat.offset == [0, 0, 1, 0]
     assert flat.num_decode == [0, 1, 1] and flat.num_prefill == [5, 0, 0]
+
+
+def test_tokens_one_step_yields_together_are_not_gaps():
+    """Accepted drafts arrive with their step's token: a gap is between steps (vLLM's ITL counts
+    one per streamed chunk), so the stall bound's median is a step's, not 0."""
+    from types import SimpleNamespace
+
+    from tailserve.metrics.attribution import pooled_gaps, stall_threshold
+
+    steps = [0.0, 0.02, 0.02, 0.02, 0.04, 0.04, 0.06, 0.30, 0.30]  # 3 tokens, 2, 1, a stall, 2
+    gaps = pooled_gaps([SimpleNamespace(token_times=steps)])
+    assert list(gaps) == pytest.approx([0.02, 0.02, 0.02, 0.24])
+    assert stall_threshold(gaps) == pytest.approx(max(float(np.percentile(gaps, 99)), 0.06))

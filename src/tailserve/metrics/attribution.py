@@ -505,9 +505,13 @@ def finished(requests: Sequence[Request]) -> list[Request]:
 
 
 def pooled_gaps(requests: Iterable[Any]) -> np.ndarray:
-    """Every inter-token gap of the requests (anything with ``token_times``), in one array."""
+    """Every inter-token gap of the requests (anything with ``token_times``), in one array. The
+    tokens one step yields together (accepted drafts) share a time: a gap is between steps, as
+    vLLM's ITL counts one per streamed chunk, so their zeros are not gaps (a median of them
+    would read 0 ms and take the 3 x median bound away)."""
     gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
-    return np.concatenate(gaps) if gaps else np.empty(0)
+    pooled = np.concatenate(gaps) if gaps else np.empty(0)
+    return pooled[pooled > 0]
 
 
 def stall_threshold(pooled: np.ndarray) -> float:

@@ -24,6 +24,7 @@ from tailserve.metrics.attribution import (
     Breakdown,
     RunExplanation,
     finished,
+    pooled_gaps,
 )
 
 # ---- the run's summary in plain words -------------------------------------------------------
@@ -267,9 +268,8 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
         return "No request finished: nothing to explain."
     rec = attributor.record
     peak = max((u for e in rec.entries for u in e.num_used_blocks), default=0) / max(rec.num_blocks, 1)
-    gaps = [np.diff(r.token_times) for r in finished(list(attributor.requests.values()))]
-    gaps = [g for g in gaps if g.size]
-    median_gap = float(np.median(np.concatenate(gaps))) if gaps else 0.0
+    gaps = pooled_gaps(finished(list(attributor.requests.values())))  # between steps: no drafts' zeros
+    median_gap = float(np.median(gaps)) if gaps.size else 0.0
     return _overload_words(x) + _ttft_words(x, peak) + " " + _tbt_words(x, median_gap)
 
 
