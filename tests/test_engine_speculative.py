@@ -64,6 +64,8 @@ def test_the_acceptance_comes_from_the_synthetic_sampler_or_the_option_once():
     assert flags["synthetic_acceptance_rates"] == (0.8, 0.5)
     with pytest.raises(ValueError, match="give it once"):
         vllm_fields({**synthetic, "synthetic_acceptance_length": 2.2}, 2.0)
+    with pytest.raises(ValueError, match="requires exactly one of"):
+        vllm_fields(synthetic, 2.0)
     with pytest.raises(ValueError, match="only valid with rejection_sample_method='synthetic'"):
         vllm_fields({"method": "mtp", "num_speculative_tokens": 2, "synthetic_acceptance_length": 2.2}, None)
     with pytest.raises(ValueError, match="needs an acceptance to simulate: give --acceptance-length L"):
@@ -233,7 +235,7 @@ def test_simulate_a_speculating_line_as_its_policy(tmp_path, capsys):
         (["--acceptance-length", "2"], "--acceptance-length reads --engine-cmd"),
         (["--acceptance-length", "0.5", "--engine-cmd", V3], "expected a number >= 1"),
         (["--acceptance-length", "nan", "--engine-cmd", V3], "expected a number >= 1"),
-        (["--acceptance-length", "2", "--engine-cmd", V3], "no engine command speculates"),
+        (["--acceptance-length", "2", "--engine-cmd", V3], "no engine command has drafts tailserve simulates"),
         (["--engine-cmd", f"{V3} --speculative-config.method mtp --speculative-config.num_speculative_tokens 2"],
          "needs an acceptance to simulate"),
     ],

@@ -114,7 +114,10 @@ def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
             EngineCommand(label, translation.spec, translation.deployment, translation.summary(report))
         )
     if acceptance is not None and not speculates:
-        raise CliError("--acceptance-length: no engine command speculates (no draft tokens to accept)")
+        raise CliError(
+            "--acceptance-length: no engine command has drafts tailserve simulates (none speculates, or its "
+            "drafter is one listed as not simulated)"
+        )
     _take_deployment(args, commands)
     for command in commands:
         print(f"engine command: {command.summary}", file=sys.stderr)

@@ -81,6 +81,11 @@ def vllm_fields(value: Any, acceptance_length: float | None) -> tuple[dict[str, 
     rates = config.get("synthetic_acceptance_rates")
     length = config.get("synthetic_acceptance_length")
     if config.get("rejection_sample_method", "standard") == "synthetic":
+        if rates is None and length is None:
+            raise ValueError(
+                "--speculative-config: rejection_sample_method='synthetic' requires exactly one of "
+                "synthetic_acceptance_rates or synthetic_acceptance_length (vLLM refuses the line)"
+            )
         if acceptance_length is not None:
             raise ValueError(
                 "--acceptance-length and the line's synthetic acceptance both give the acceptance: give it once"
