@@ -142,3 +142,17 @@ def test_sglang_reads_its_file_the_same_way(tmp_path):
     assert by_file.spec == by_line.spec and by_file.deployment == by_line.deployment
     path.write_text("tp_size: 8\n")  # SGLang's parser takes dashes only
     assert lint(line.format(path)).refused
+
+
+def test_vllm_085_reads_only_true_switches_from_its_file(tmp_path):
+    """0.8.5's flat reader (vllm/utils.py ``_load_config_file``) adds ``--key`` for true and
+    nothing for false: a false switch in the file is a silent no-op of the engine, said so."""
+    path = tmp_path / "c.yaml"
+    path.write_text("max-num-seqs: 64\nenable-chunked-prefill: false\nenable-prefix-caching: true\n")
+    report = lint(f"vllm serve M --config {path}", "0.8.5")
+    assert not report.refused
+    rows = _rows(report)
+    assert rows["c.yaml:enable-chunked-prefill"].verdict == "no-op"
+    assert "reads only true switches" in rows["c.yaml:enable-chunked-prefill"].what
+    assert "enable_chunked_prefill" not in report.values  # the default stays
+    assert report.values["max_num_seqs"] == 64 and report.values["enable_prefix_caching"] is True

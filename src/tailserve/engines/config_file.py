@@ -30,12 +30,13 @@ from tailserve.engines.flag_spec import EngineVersion
 
 def with_config_file(
     flags: list[GivenFlag], launch: Launch, version: EngineVersion
-) -> tuple[list[GivenFlag], list[GivenFlag], str | None]:
-    """(the file's flags, the command line's flags, the path when it is not there). The file's
-    come first: vLLM puts them before the line's, whose later values win."""
+) -> tuple[list[GivenFlag], list[GivenFlag], str | None, list[str]]:
+    """(the file's flags, the command line's flags, the path when it is not there, the keys
+    the engine's reader drops: vLLM 0.8.5 reads only true switches). The file's come first:
+    the engines put them before the line's, whose later values win."""
     named = [flag for flag in flags if flag.option == "--config"]
     if not version.config_file or not named or named[-1].value is None:
-        return [], flags, None
+        return [], flags, None, []
     text = named[-1].value
     path = Path(os.path.expanduser(text))
     if path.suffix not in (".yaml", ".yml"):
@@ -43,7 +44,7 @@ def with_config_file(
             f"--config {text}: {version.engine} reads a .yaml or .yml file of its flags, not {path.suffix or 'this'}"
         )
     if not path.is_file():
-        return [], flags, text
+        return [], flags, text, []
     try:
         config = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -56,25 +57,31 @@ def with_config_file(
         )
     known = version.known_options()
     found: list[GivenFlag] = []
+    dropped: list[str] = []
     for key, value in config.items():
-        words = _words(str(key), value, known, version.engine == "vllm")
+        words = _words(str(key), value, known, version.config_file)
         if not words:
-            continue  # ``false`` for a flag without a --no- spelling: vLLM adds nothing
+            if version.config_file == "vllm-0.8":
+                dropped.append(f"{path.name}:{key}")
+            continue  # ``false`` for a switch without a --no- spelling: nothing added
         _, read = read_flags(replace(launch, env=(), words=tuple(words)), version)
         found.extend(replace(flag, typed=f"{path.name}:{key}") for flag in read)
-    return found, flags, None
+    return found, flags, None, dropped
 
 
-def _words(key: str, value: Any, known: frozenset[str], vllm: bool) -> list[str]:
-    """The words the engine makes of one key (vLLM's ``load_config_file``, SGLang's
-    ``_convert_config_to_args``)."""
+def _words(key: str, value: Any, known: frozenset[str], reader: str) -> list[str]:
+    """The words the engine makes of one key (vLLM's ``load_config_file``, 0.8.5's
+    ``_load_config_file``, SGLang's ``_convert_config_to_args``)."""
     option = "--" + key
     if isinstance(value, bool):
         if value:
             return [option]
-        # vLLM: the parser's own --no- spelling of a switch that defaults on
-        # (BooleanOptionalAction); SGLang's switches are store_true: false adds nothing
-        return ["--no-" + key] if vllm and "--" + key.replace("_", "-") in known else []
+        # vLLM 0.11+: the parser's own --no- spelling of a switch that defaults on
+        # (BooleanOptionalAction); SGLang's switches are store_true and vLLM 0.8.5 reads only
+        # true switches (utils.py:1497-1500@v0.8.5): false adds nothing
+        return ["--no-" + key] if reader == "vllm" and "--" + key.replace("_", "-") in known else []
+    if reader == "vllm-0.8":
+        return [option, str(value)]  # every other value as its text (a mapping as Python's repr)
     if isinstance(value, list):
         return [option, *map(str, value)] if value else []
     if isinstance(value, dict):

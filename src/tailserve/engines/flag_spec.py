@@ -179,8 +179,9 @@ class EngineVersion:
     # ``-O3`` / ``-O 3`` / ``-O=3``: the option vLLM reads them as (0.32: --optimization-level,
     # argparse_utils.py:358-368@v0.32.0; before it the -O alias of --compilation-config)
     short_o: str = ""
-    # ``--config FILE.yaml``: a YAML of the flags, put before the line's (config_file.py)
-    config_file: bool = False
+    # ``--config FILE.yaml``: a YAML of the flags, put before the line's, by which reader's rules
+    # (config_file.py): "vllm" (0.11+), "vllm-0.8" (0.8.5's flat reader), "sglang"; "": none
+    config_file: str = ""
     # flags of earlier versions this one's parser refuses: name -> (what happened, source)
     removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     options_file: OptionsFile | None = None  # a file of options one of its flags names

@@ -35,7 +35,8 @@ from tailserve.engines.flag_spec import (
 from tailserve.engines.options_file import with_options_file
 
 CONFIG_PRECEDENCE = {
-    "vllm": "vllm/utils/argparse_utils.py:479-567@v0.32.0 (_pull_args_from_config)",
+    "vllm": "vllm/utils/argparse_utils.py:479-567@v0.32.0 (_pull_args_from_config); "
+    "vllm/utils.py:1383-1500@v0.8.5",
     "sglang": "sglang/srt/utils/server_args_config_parser.py@v0.5.23 (merge_config_with_args)",
 }
 
@@ -92,7 +93,7 @@ def lint(text: str, version: str | None = None) -> Report:
     table = find_version(launch.engine, version)
     positional, flags = read_flags(launch, table)
     label = f"{ENGINE_NAMES[launch.engine]} {table.version}"
-    from_file, flags, config_unread = with_config_file(flags, launch, table)
+    from_file, flags, config_unread, config_dropped = with_config_file(flags, launch, table)
     on_line = {flag.name for flag in flags if flag.name is not None}
     if positional and table.positional and launch.entry.endswith("serve"):
         on_line.add("model")  # ``vllm serve MODEL`` sets --model from its positional argument
@@ -147,6 +148,12 @@ def lint(text: str, version: str | None = None) -> Report:
         value = _typed(flag.typed, spec, flag.value, flag.negated)
         what = _with(spec.what, flag.note)
         rows.append(Row(flag.typed, spec.name, value, spec.verdict, what, spec.source, spec.feeds))
+    for shown in config_dropped:  # a switch set false that the engine's reader drops
+        rows.append(
+            Row(shown, None, False, NO_OP,
+                f"{label}'s --config reader reads only true switches: false is dropped (the default stays; "
+                "give --no-X on the line)", CONFIG_PRECEDENCE[launch.engine])
+        )  # fmt: skip
     rows, unread = with_options_file(rows, table, label)
     if config_unread is not None:
         unread = (*unread, config_unread)

@@ -236,7 +236,7 @@ SGLANG_0_5_23 = EngineVersion(
     ),
     policy="sglang",
     underscores=False,
-    config_file=True,
+    config_file="sglang",
 )  # fmt: skip
 
 VERSIONS = (SGLANG_0_5_23,)

@@ -339,7 +339,7 @@ VLLM_0_32 = EngineVersion(
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
     dotted_keys=True,
     short_o="--optimization-level",
-    config_file=True,
+    config_file="vllm",
     removed={**_V0_GONE, **_PARTIAL_GONE},
     # Async scheduling: on by default on GPUs unless an option rules it out
     # (config/vllm.py:1585-1644@v0.32.0), which is the vllm policy's own default (none: as vLLM
@@ -424,7 +424,7 @@ VLLM_0_11 = EngineVersion(
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",
     dotted_keys=True,
     short_o="--compilation-config",
-    config_file=True,
+    config_file="vllm",
     removed=_V0_GONE,
     # 0.11's V1 admits on the first chunk's blocks (scheduler_reserve_full_isl came later), and
     # schedules synchronously unless --async-scheduling (experimental, off by default).
@@ -531,6 +531,7 @@ VLLM_0_8_5 = EngineVersion(
     policy_for=_policy_085,
     positional=f"vllm/entrypoints/cli/serve.py:24@v{V085}",
     short_o="--compilation-config",
+    config_file="vllm-0.8",
     # V1 policy only; 0.8.5 has no async scheduler (vLLM #19970 came in June 2025)
     policy_defaults={"scheduler_reserve_full_isl": False, "async_scheduling": False},
 )  # fmt: skip
