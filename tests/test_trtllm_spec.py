@@ -157,3 +157,38 @@ def test_tune_writes_the_drafter_and_the_graphs_into_the_yaml():
         "cuda_graph_config: {enable_padding: true, batch_sizes: [128, 256]}}'" in line
     )
     assert "synthetic" not in line  # the acceptance is the simulation's input, not a flag
+
+
+def test_a_padded_graphs_dummy_requests_draft_too():
+    """TensorRT-LLM's one-model drafter runs inside the padded CUDA graph: a generation-only
+    step of 5 requests padded to 8 drafts for 8 (the trtllm policy's drafts run in vLLM's
+    accounting, ``advanced``, whose pricing counts the dummies)."""
+    from tailserve.executors.simulated import executor as sim_executor
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.policies.registry import parse_policy_list
+    from tailserve.sim.run import run_policy
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.workloads.lengths import parse_length
+
+    seen: list[tuple[int, int]] = []  # (scheduled, num_padded) per generation-only step
+    original = sim_executor.SimExecutor.drafts
+
+    def spy(self, out, shape, num_padded=0):
+        if num_padded:
+            seen.append((len(out.scheduled), num_padded))
+        return original(self, out, shape, num_padded)
+
+    spec = parse_policy_list(
+        "trtllm:decoding_type=MTP:num_nextn_predict_layers=2:synthetic_acceptance_length=2.0"
+        ":cuda_graph_padding_enabled=true:cuda_graph_batch_sizes=8/16:disable_overlap_scheduler=true"
+    )[0]
+    work = WorkloadSpec(name="random", num_requests=5, rate=1000.0, input_len=parse_length("64"),
+                        output_len=parse_length("12"))  # fmt: skip
+    built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
+    sim_executor.SimExecutor.drafts = spy
+    try:
+        run_policy(built, spec, WorkloadBuilder(work))
+    finally:
+        sim_executor.SimExecutor.drafts = original
+    assert seen and all(n + pad == 8 for n, pad in seen)
