@@ -30,7 +30,28 @@ def add_parser(sub: Any) -> None:
         metavar="TOKENS",
         help="also price swapping this many tokens of KV over PCIe",
     )
-    p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} (and swap_s) as JSON")
+    p.add_argument(
+        "--drafts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also price the decode batch verifying K draft tokens each and the drafter's pass "
+        "(speculative decoding), and its time per output token at --acceptance-length",
+    )
+    p.add_argument(
+        "--draft-method",
+        default="mtp",
+        choices=("mtp", "eagle", "eagle3", "ngram", "ngram_gpu"),
+        help="--drafts: the drafter, as vLLM's speculative method (default: %(default)s)",
+    )
+    p.add_argument(
+        "--acceptance-length",
+        type=float,
+        default=None,
+        metavar="L",
+        help="--drafts: mean tokens per verification, the bonus token included (default: 1 + K/2)",
+    )
+    p.add_argument("--json", metavar="OUT", help="write {prefill_s, decode_s} (and swap_s, drafts) as JSON")
     p.set_defaults(run=cmd_cost)
 
 
@@ -47,6 +68,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
         raise CliError(f"--prefill-context must be >= 0 tokens, got {args.prefill_context}")
     if args.swap is not None and args.swap < 1:
         raise CliError(f"--swap must be >= 1 token, got {args.swap}")
+    if args.drafts is None and args.acceptance_length is not None:
+        raise CliError("--acceptance-length prices --drafts K: give the draft count too")
+    if args.drafts is not None and args.drafts < 1:
+        raise CliError(f"--drafts must be >= 1 token, got {args.drafts}")
     built = build_cost_model(deployment_from(args))
     cm = built.cost_model
     batch, ctx = _parse_decode(args.decode)
@@ -85,6 +110,18 @@ def cmd_cost(args: argparse.Namespace) -> int:
             f"{per_layer:.1f} us per MoE layer at the decode batch ({cm.model.num_moe_layers} layers)"
         )
         result["dp"] = cm.dp
+    if args.drafts is not None:
+        result["drafts"] = _price_drafts(
+            cm, batch, ctx, args.drafts, args.draft_method, args.acceptance_length
+        )
+        d = result["drafts"]
+        print(
+            f"drafts: {args.drafts} per request ({args.draft_method}): a step verifying {1 + args.drafts} tokens "
+            f"of each of the {batch} decodes takes {d['step_s'] * 1e3:.2f} ms (target {d['verify_s'] * 1e3:.2f} + "
+            f"drafter {d['drafter_s'] * 1e3:.2f}); at {d['acceptance_length']:g} tokens per verification "
+            f"{d['per_token_s'] * 1e3:.2f} ms per output token against {result['decode_s'] * 1e3:.2f} without "
+            f"drafts ({result['decode_s'] / d['per_token_s']:.2f}x)"
+        )
     if args.swap is not None:
         result["swap_s"] = cm.swap_time(args.swap)
         per_gpu = args.swap * cm.model.kv_bytes_per_token(cm.tp)
@@ -96,6 +133,37 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result)
     return 0
+
+
+def _price_drafts(cm: Any, batch: int, ctx: int, k: int, method: str, length: float | None) -> dict[str, Any]:
+    """A decode step of ``batch`` requests at ``ctx`` tokens, each verifying ``1 + k`` tokens,
+    priced as the simulated executor prices one (``advanced_batch_shape``: a small chunk after
+    its context with logits at every position; the drafter's pass, ``DrafterCost``), and the time
+    per output token at ``length`` tokens per verification."""
+    from tailserve.executors.simulated.cost_model import BatchShape
+    from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, resolve_acceptance_rates
+
+    length = 1 + k / 2 if length is None else length
+    try:
+        spec = SpecDecoding(method, k, resolve_acceptance_rates(k, None, length))
+    except ValueError as e:
+        raise CliError(f"--acceptance-length: {e}") from None
+    q = 1 + k
+    verify = BatchShape(
+        batch * q, batch * q, batch * (q * ctx + q * (q + 1) // 2), batch * (q + ctx), 0, 0, 0
+    )
+    verify_s = cm.iteration_time(verify)
+    drafter_s = DrafterCost(cm, spec).time(verify, batch, batch * (ctx + q))
+    step_s = verify_s + drafter_s
+    return {
+        "num_drafts": k,
+        "method": method,
+        "acceptance_length": length,
+        "verify_s": verify_s,
+        "drafter_s": drafter_s,
+        "step_s": step_s,
+        "per_token_s": step_s / length,
+    }
 
 
 def _check_fits(cm: Any, prefill_tokens: int) -> None:
