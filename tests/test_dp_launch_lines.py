@@ -39,7 +39,7 @@ def test_dp_size_with_dp_attention_is_a_deployment_row():
     rows = {r.flag: r for r in lint(SGLANG).rows}
     assert rows["--dp"].verdict == "deployment" and "attention-DP ranks" in rows["--dp"].what
     plain = {r.flag: r for r in lint("python -m sglang.launch_server --model-path M --dp 2").rows}
-    assert plain["--dp"].verdict == "not modelled"  # replicas: --replicas
+    assert plain["--dp"].verdict == "deployment" and "round-robin" in plain["--dp"].what  # replicas
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sglang"])
@@ -147,3 +147,24 @@ def test_compare_refuses_a_lines_data_parallelism_as_it_refuses_the_flag(capsys)
     assert main([*argv, "--engine-cmd", line]) == 2
     err = capsys.readouterr().err
     assert "the engine commands' data parallelism (DP 2)" in err and "`compare` prices one engine" in err
+
+
+def test_sglangs_plain_dp_is_a_dense_models_replicas(capsys):
+    """``--dp N`` without DP attention: N engines behind SGLang's round-robin controller, which
+    is tailserve's DP of a dense model; an MoE model's is refused (tailserve's would be attention
+    DP in lockstep). It ran one engine with all the traffic before."""
+    from tailserve.cli import main
+
+    argv = ["simulate", "--hardware", "H100-SXM", "--workload", "random", "--num-requests", "12", "--rate", "8",
+            "--input-len", "200", "--output-len", "10"]  # fmt: skip
+    dense = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --dp 2"
+    assert main([*argv, "--engine-cmd", dense]) == 0
+    out = capsys.readouterr()
+    assert "--dp 2" in out.err and "router round-robin" in " ".join(out.out.split())
+    moe = "python -m sglang.launch_server --model-path Qwen/Qwen3-30B-A3B --dp 2"
+    assert main([*argv, "--engine-cmd", moe]) == 2
+    assert "without --enable-dp-attention runs 2 independent engines" in capsys.readouterr().err
+    dep = Deployment.of("Llama-3.1-8B", "H100", 1, dp=2)
+    line = command_line(parse_policy_list("sglang")[0], dep, None, H200, 8192)
+    assert line is not None and "--dp 2" in line and "--enable-dp-attention" not in line
+    assert translate(lint(line), H200).deployment["dp"] == 2

@@ -108,6 +108,7 @@ def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
         engine = parse_launch(text).engine
         report = lint(text, versions.get(engine, versions.get("")))
         translation = translate(report, device, acceptance)
+        _check_sglang_replicas(report, translation.deployment)
         speculates = speculates or translation.speculates
         label = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
         commands.append(
@@ -122,6 +123,28 @@ def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
     for command in commands:
         print(f"engine command: {command.summary}", file=sys.stderr)
     return commands
+
+
+def _check_sglang_replicas(report: Any, deployment: dict[str, Any]) -> None:
+    """SGLang's plain ``--dp N`` is N engines of ``--tp`` GPUs behind its round-robin
+    controller: tailserve's DP of a dense model (independent replicas behind the engine's
+    balancer), but for an MoE model tailserve's DP is attention DP in lockstep, another engine."""
+    from tailserve.executors.simulated.models import get_model
+
+    if report.engine != "sglang" or deployment.get("dp", 1) < 2:
+        return
+    if report.values.get("enable_dp_attention") or report.values.get("attn_dp_size"):
+        return
+    try:
+        moe = get_model(str(deployment.get("model", ""))).is_moe
+    except ValueError:
+        return  # an unknown model: the deployment's own error says so
+    if moe:
+        raise CliError(
+            f"SGLang's --dp {deployment['dp']} without --enable-dp-attention runs {deployment['dp']} independent "
+            "engines; tailserve runs an MoE model's --data-parallel-size as attention DP in lockstep: add "
+            "--enable-dp-attention, or drop --dp from the line and simulate the replicas with --replicas"
+        )
 
 
 def _acceptance_length(text: str) -> float:

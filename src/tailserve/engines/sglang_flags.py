@@ -130,9 +130,10 @@ SGLANG_0_5_23 = EngineVersion(
                  "directory", _at(f"{F}/model.py", 51), aliases=("--model",), target="deployment.model"),
         FlagSpec("tp_size", int, DEPLOYMENT, "tensor-parallel degree", _at(f"{F}/parallel.py", 45), "1",
                  aliases=("--tensor-parallel-size",), target="deployment.tp"),
-        FlagSpec("dp_size", int, NOT_MODELLED, "data-parallel replicas: simulate them with --replicas N "
-                 "(with --enable-dp-attention: attention-DP ranks, as --attn-dp-size)",
-                 _at(f"{F}/parallel.py", 73), "1", aliases=("--data-parallel-size",)),
+        FlagSpec("dp_size", int, DEPLOYMENT, "data-parallel replicas behind SGLang's round-robin controller "
+                 "(a dense model: tailserve's --data-parallel-size; with --enable-dp-attention: attention-DP "
+                 "ranks, as --attn-dp-size)", _at(f"{F}/parallel.py", 73), "1", aliases=("--data-parallel-size",),
+                 target="deployment.dp"),
         FlagSpec("attn_dp_size", int, DEPLOYMENT, "attention data-parallel ranks inside the TP group, one "
                  "scheduler each (tailserve: --data-parallel-size N, --tp tp_size/N)",
                  _at(f"{F}/parallel.py", 81), "1", aliases=("--attention-data-parallel-size",),

@@ -141,6 +141,8 @@ def command_line(
         else:
             if tp > 1:
                 parts.append(f"--tp {tp}")
+            if deployment.dp > 1:  # a dense model's replicas behind SGLang's round-robin controller
+                parts.append(f"--dp {deployment.dp}")
             parts += _formats(deployment, SGLANG_FLAGS)
         parts += [
             f"--chunked-prefill-size {config.chunked_prefill_size}",
