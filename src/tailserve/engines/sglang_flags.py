@@ -155,6 +155,14 @@ SGLANG_0_5_23 = EngineVersion(
                  "exchange with compute; not priced", _at(f"{F}/exec_.py", 1047), "false"),
         FlagSpec("enable_torch_compile", bool, NOT_MODELLED, "torch.compile of small decode batches; not priced",
                  _at(f"{F}/exec_.py", 691), "false"),
+        FlagSpec("enable_hierarchical_cache", bool, NOT_MODELLED, "HiCache: radix-cache KV kept in host memory "
+                 "(and storage) past the GPU pool; tailserve's cache ends at the GPU pool",
+                 _at(f"{F}/memory.py", 98), "false"),
+        FlagSpec("enable_lmcache", bool, NOT_MODELLED, "LMCache's KV tiers beside the radix cache; not modelled",
+                 _at(f"{F}/memory.py", 256), "false"),
+        FlagSpec("disaggregation_mode", str, NOT_MODELLED, "this server is one side of a prefill/decode pair; "
+                 "simulate the pair with --prefill-replicas / --decode-replicas", _at(f"{F}/disagg.py", 55),
+                 "null"),
         FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
                  _at(f"{F}/parallel.py", 59), "1", aliases=("--pipeline-parallel-size",)),
         FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
