@@ -353,3 +353,20 @@ def test_lint_json_before_the_line_reads_the_line(tmp_path, capsys):
     assert json.loads(out.read_text())["model"] == "/models/llama"
     assert "no launch line: tailserve lint" in _one_error_line(capsys, ["lint", "--json"])
     assert "no launch line: tailserve lint" in _one_error_line(capsys, ["lint"])
+
+
+def test_each_rejection_kind_matches_its_rejecters_message():
+    """``rejection_kind`` matches the reason texts the rejecters write: a reworded message would
+    fall into "other reason" silently, so the texts are looked up where they are written."""
+    import inspect
+    import re
+
+    from tailserve.core import scheduler
+    from tailserve.policies import sglang, slo_admit, tgi, trtllm
+    from tailserve.sim.run_file import REJECTION_KINDS
+
+    sources = " ".join(inspect.getsource(m) for m in (scheduler, sglang, slo_admit, tgi, trtllm))
+    # the message is written across adjacent string literals: compare with them joined
+    joined = re.sub(r'"\s*\n\s*f?"', "", sources)
+    for text, kind in REJECTION_KINDS:
+        assert text in joined, f"{kind!r}: no rejecter writes {text!r} any more"
