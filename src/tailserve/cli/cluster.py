@@ -119,18 +119,12 @@ def run_cluster(args: argparse.Namespace) -> int:
         return specs[0]
 
     if pd:
-        prefill_specs = replicated(
-            args.prefill_replicas,
-            deployment,
-            one_policy(args.prefill_policy, "--prefill-policy"),
-            "--prefill-replicas",
-        )
-        decode_specs = replicated(
-            args.decode_replicas,
-            deployment,
-            one_policy(args.decode_policy, "--decode-policy"),
-            "--decode-replicas",
-        )
+        lines = getattr(args, "pd_lines", None)  # --prefill-/--decode-engine-cmd
+        prefill_policy = lines[0] if lines else one_policy(args.prefill_policy, "--prefill-policy")
+        decode_policy = lines[1] if lines else one_policy(args.decode_policy, "--decode-policy")
+        decode_deployment = lines[3] if lines else deployment
+        prefill_specs = replicated(args.prefill_replicas, deployment, prefill_policy, "--prefill-replicas")
+        decode_specs = replicated(args.decode_replicas, decode_deployment, decode_policy, "--decode-replicas")
         prefill = build_stage(
             prefill_specs, args.prefill_router or cluster_router(args), name_prefix="p", **common
         )
@@ -138,8 +132,11 @@ def run_cluster(args: argparse.Namespace) -> int:
         cluster = PdCluster(prefill, decode, args.kv_link)
         print_notes([*prefill.replicas, *decode.replicas])
         run = cluster.run(workload_requests(workload, prefill_specs))
+        sides = f"tp{deployment.tp}" + (
+            f"/tp{decode_deployment.tp}" if decode_deployment.tp != deployment.tp else ""
+        )
         title = (
-            f"P/D {args.prefill_replicas}+{args.decode_replicas} x {deployment.hardware}:tp{deployment.tp}, "
+            f"P/D {args.prefill_replicas}+{args.decode_replicas} x {deployment.hardware}:{sides}, "
             f"KV over {cluster.links[0].name}"
         )
     else:
@@ -154,7 +151,10 @@ def run_cluster(args: argparse.Namespace) -> int:
         run = run_aggregated(stage, workload_requests(workload, specs))
         title = f"{len(specs)} replicas" if args.cluster is None else f"cluster {args.cluster}"
     summary = cluster_summary(run, parse_slo(args.slo))
-    summary["label"] = f"{title}, {policy.label}, {workload.spec.label}"
+    label = policy.label
+    if pd and (prefill_policy, decode_policy) != (policy, policy):  # each side's own policy
+        label = f"prefill {prefill_policy.label}, decode {decode_policy.label}"
+    summary["label"] = f"{title}, {label}, {workload.spec.label}"
     print_cluster(summary)
     if args.explain:
         explanation = explain_cluster(run)

@@ -62,6 +62,101 @@ def add_engine_cmd_args(p: argparse.ArgumentParser, several: bool = False) -> No
     )
 
 
+def add_pd_engine_cmd_args(p: argparse.ArgumentParser) -> None:
+    """``simulate``'s P/D pair from two launch lines (its --prefill-/--decode-replicas)."""
+    g = p.add_argument_group("engine commands of a P/D pair (with --prefill-replicas / --decode-replicas)")
+    g.add_argument(
+        "--prefill-engine-cmd",
+        metavar="COMMAND",
+        default=None,
+        help="the prefill side's launch line (vLLM with its kv-transfer connector, SGLang with "
+        "--disaggregation-mode prefill, ...): its policy, flags, TP and formats for the prefill replicas",
+    )
+    g.add_argument(
+        "--decode-engine-cmd",
+        metavar="COMMAND",
+        default=None,
+        help="the decode side's launch line, as --prefill-engine-cmd for the decode replicas",
+    )
+
+
+# The flags that make a line one side of a P/D pair: what the P/D simulation itself stands for.
+_PD_SIDE_FLAGS = ("--kv-transfer-config", "--disaggregation-mode")
+
+
+_DEPLOYMENT_ARGS = (
+    "model",
+    "tp",
+    "quantization",
+    "kv_cache_dtype",
+    "enable_expert_parallel",
+    "dp",
+    "all2all_backend",
+)
+
+
+def read_pd_engine_cmds(args: argparse.Namespace) -> tuple[Any, Any, Any, Any] | None:
+    """(prefill spec, decode spec, prefill deployment, decode deployment) from the two sides'
+    lines (one stderr line each; the sides may differ in TP and formats, not in model), or None
+    without --prefill-/--decode-engine-cmd. ``args``' deployment is left the prefill side's."""
+    from tailserve.cli.options import deployment_from
+
+    given = [getattr(args, "prefill_engine_cmd", None), getattr(args, "decode_engine_cmd", None)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise CliError("--prefill-engine-cmd and --decode-engine-cmd go together (one line per side)")
+    if args.engine_cmd:
+        raise CliError(
+            "--engine-cmd runs one engine: give the P/D pair's lines as --prefill-/--decode-engine-cmd"
+        )
+    for name in ("prefill_policy", "decode_policy"):
+        if getattr(args, name, None) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(
+                f"{flag} and the {flag.split('-')[2]} side's engine command set the same policy: give one"
+            )
+    if args.prefill_replicas is None or args.decode_replicas is None:
+        raise CliError(
+            "--prefill-engine-cmd / --decode-engine-cmd need --prefill-replicas and --decode-replicas"
+        )
+    if args.policy_flags or args.policy != "vllm":
+        raise CliError("the P/D lines set each side's policy and flags: drop --policy and policy flags")
+    sides = []
+    deployments = []
+    before = {name: getattr(args, name, None) for name in _DEPLOYMENT_ARGS}
+    for side, text in zip(("prefill", "decode"), given, strict=True):
+        for name, value in before.items():  # each line from the command line's own options
+            setattr(args, name, value)
+        args.engine_cmd = text
+        try:
+            (command,) = read_engine_cmds(args, quiet=True)
+        finally:
+            args.engine_cmd = None
+        deployment = deployment_from(args)
+        if deployment.dp > 1:
+            raise CliError(
+                f"the {side} line's data parallelism (DP {deployment.dp}): a P/D side runs replicas of one engine"
+            )
+        deployments.append(deployment)
+        summary = command.summary
+        for flag in _PD_SIDE_FLAGS:  # simulated here: the pair and its KV link (--kv-link)
+            summary = summary.replace(f", {flag} (not modelled)", "").replace(
+                f"; not simulated: {flag} (not modelled)", ""
+            )
+        print(f"{side} engine command: {summary}", file=sys.stderr)
+        sides.append(command)
+    if deployments[0].model != deployments[1].model:
+        raise CliError(
+            f"the P/D lines serve different models ({deployments[0].model}, {deployments[1].model}): a pair serves one"
+        )
+    for name in _DEPLOYMENT_ARGS:  # the prefill side's, for the run's title and workload
+        setattr(
+            args, name, getattr(deployments[0], {"enable_expert_parallel": "expert_parallel"}.get(name, name))
+        )
+    return sides[0].spec, sides[1].spec, deployments[0], deployments[1]
+
+
 def apply_engine_cmd(args: argparse.Namespace) -> None:
     """``simulate``: set ``args``' policy, policy flags and deployment from ``--engine-cmd`` (so one
     engine and a cluster of them read it alike). Nothing without ``--engine-cmd``."""
@@ -78,10 +173,10 @@ def apply_engine_cmd(args: argparse.Namespace) -> None:
         args.policy_flags = {**commands[0].spec.flags, **commands[0].spec.engine_flags}
 
 
-def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
+def read_engine_cmds(args: argparse.Namespace, quiet: bool = False) -> list[EngineCommand]:
     """Each ``--engine-cmd`` line as a policy spec, ``args``' deployment set from them (model, TP,
     formats), and one line on stderr per command saying what was taken and what was not
-    simulated; [] without ``--engine-cmd``."""
+    simulated (``quiet``: the caller says it); [] without ``--engine-cmd``."""
     texts = (
         args.engine_cmd if isinstance(args.engine_cmd, list) else [args.engine_cmd] * bool(args.engine_cmd)
     )
@@ -120,7 +215,7 @@ def read_engine_cmds(args: argparse.Namespace) -> list[EngineCommand]:
             "drafter is one listed as not simulated)"
         )
     _take_deployment(args, commands)
-    for command in commands:
+    for command in commands if not quiet else ():
         print(f"engine command: {command.summary}", file=sys.stderr)
     return commands
 

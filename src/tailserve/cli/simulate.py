@@ -10,7 +10,12 @@ from typing import Any
 
 from tailserve.cli.base import CliError, write_json
 from tailserve.cli.cluster import add_cluster_arguments, cluster_requested, run_cluster, run_data_parallel
-from tailserve.cli.engine_cmd import add_engine_cmd_args, apply_engine_cmd
+from tailserve.cli.engine_cmd import (
+    add_engine_cmd_args,
+    add_pd_engine_cmd_args,
+    apply_engine_cmd,
+    read_pd_engine_cmds,
+)
 from tailserve.cli.options import (
     add_deployment_args,
     add_output_args,
@@ -61,10 +66,13 @@ def add_parser(sub: Any) -> None:
     add_run_outputs(p, simulate=True)
     add_cluster_arguments(p)
     add_engine_cmd_args(p)
+    add_pd_engine_cmd_args(p)
     add_policy_flags(p, default_policy="vllm")  # last: its groups follow the command's own
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    # --prefill-/--decode-engine-cmd: each P/D side's policy and deployment from its launch line
+    args.pd_lines = read_pd_engine_cmds(args)
     apply_engine_cmd(args)  # --engine-cmd: the policy, its flags and the deployment from a launch line
     if args.dp > 1:  # the engine's DP ranks: docs/cost_model.md, cluster/dp_group.py
         return run_data_parallel(args)
