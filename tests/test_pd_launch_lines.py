@@ -65,3 +65,14 @@ def test_a_pair_that_cannot_run_is_one_line(capsys, argv, needle):
     rc = _main([*RUN, *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_a_sides_other_unsimulated_flags_are_still_said(capsys):
+    pd = ["--prefill-replicas", "1", "--decode-replicas", "1"]
+    rc = _main(
+        [*RUN, *pd, "--prefill-engine-cmd", PREFILL, "--decode-engine-cmd", DECODE + " --enforce-eager"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    decode_line = next(line for line in err.splitlines() if line.startswith("decode engine command"))
+    assert decode_line.endswith("; not simulated: --enforce-eager (not modelled)")

@@ -9,6 +9,7 @@ refused."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -130,7 +131,7 @@ def read_pd_engine_cmds(args: argparse.Namespace) -> tuple[Any, Any, Any, Any] |
             setattr(args, name, value)
         args.engine_cmd = text
         try:
-            (command,) = read_engine_cmds(args, quiet=True)
+            (command,) = read_engine_cmds(args, pd_side=True)
         finally:
             args.engine_cmd = None
         deployment = deployment_from(args)
@@ -139,12 +140,7 @@ def read_pd_engine_cmds(args: argparse.Namespace) -> tuple[Any, Any, Any, Any] |
                 f"the {side} line's data parallelism (DP {deployment.dp}): a P/D side runs replicas of one engine"
             )
         deployments.append(deployment)
-        summary = command.summary
-        for flag in _PD_SIDE_FLAGS:  # simulated here: the pair and its KV link (--kv-link)
-            summary = summary.replace(f", {flag} (not modelled)", "").replace(
-                f"; not simulated: {flag} (not modelled)", ""
-            )
-        print(f"{side} engine command: {summary}", file=sys.stderr)
+        print(f"{side} engine command: {command.summary}", file=sys.stderr)
         sides.append(command)
     if deployments[0].model != deployments[1].model:
         raise CliError(
@@ -173,10 +169,11 @@ def apply_engine_cmd(args: argparse.Namespace) -> None:
         args.policy_flags = {**commands[0].spec.flags, **commands[0].spec.engine_flags}
 
 
-def read_engine_cmds(args: argparse.Namespace, quiet: bool = False) -> list[EngineCommand]:
+def read_engine_cmds(args: argparse.Namespace, pd_side: bool = False) -> list[EngineCommand]:
     """Each ``--engine-cmd`` line as a policy spec, ``args``' deployment set from them (model, TP,
     formats), and one line on stderr per command saying what was taken and what was not
-    simulated (``quiet``: the caller says it); [] without ``--engine-cmd``."""
+    simulated; [] without ``--engine-cmd``. ``pd_side``: the line is one side of a P/D pair
+    (the caller says it), whose own P/D flags the pair simulates."""
     texts = (
         args.engine_cmd if isinstance(args.engine_cmd, list) else [args.engine_cmd] * bool(args.engine_cmd)
     )
@@ -203,6 +200,9 @@ def read_engine_cmds(args: argparse.Namespace, quiet: bool = False) -> list[Engi
         engine = parse_launch(text).engine
         report = lint(text, versions.get(engine, versions.get("")))
         translation = translate(report, device, acceptance)
+        if pd_side:  # the pair and its KV link (--kv-link) simulate what these flags set up
+            kept = tuple(i for i in translation.ignored if not i.startswith(_PD_SIDE_FLAGS))
+            translation = dataclasses.replace(translation, ignored=kept)
         _check_sglang_replicas(report, translation.deployment)
         speculates = speculates or translation.speculates
         label = f"{ENGINE_NAMES[report.engine]} {report.version.version}"
@@ -215,7 +215,7 @@ def read_engine_cmds(args: argparse.Namespace, quiet: bool = False) -> list[Engi
             "drafter is one listed as not simulated)"
         )
     _take_deployment(args, commands)
-    for command in commands if not quiet else ():
+    for command in commands if not pd_side else ():
         print(f"engine command: {command.summary}", file=sys.stderr)
     return commands
 
