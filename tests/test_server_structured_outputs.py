@@ -42,9 +42,12 @@ def test_structured_outputs_are_refused(case):
 
 
 def test_plain_text_and_unset_fields_are_served():
-    ChatCompletionRequest.model_validate({**CHAT, "response_format": {"type": "text"}})
-    ChatCompletionRequest.model_validate({**CHAT, "response_format": None, "guided_json": None})
-    ChatCompletionRequest.model_validate({**CHAT, "some_unknown_field": 1})  # ignored, as vLLM does
+    text = ChatCompletionRequest.model_validate({**CHAT, "response_format": {"type": "text"}})
+    assert text.response_format == {"type": "text"}
+    unset = ChatCompletionRequest.model_validate({**CHAT, "response_format": None, "guided_json": None})
+    assert unset.response_format is None
+    other = ChatCompletionRequest.model_validate({**CHAT, "some_unknown_field": 1})  # ignored, as vLLM does
+    assert other.response_format is None and other.messages
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ def policy_kv_capacity(
     one full-length sequence would not fit."""
     cls = get_policy_cls(spec.name)
     model, hardware = cost_model.model, cost_model.hardware
+    sized = KVSizeFlags.of(spec.engine_flags)
     capacity = kv_capacity(
         model,
         hardware,
@@ -32,9 +33,8 @@ def policy_kv_capacity(
         cost_model.dp,
         of_free_memory=cls.memory_fraction_of_free,
         drafter=cls.drafter_memory(config),
-        sized=KVSizeFlags.of(spec.engine_flags),
+        sized=sized,
     )
-    sized = KVSizeFlags.of(spec.engine_flags)
     if capacity.num_tokens < max_model_len and sized is not None:
         given = ", ".join(f"{k}={v}" for k, v in spec.engine_flags.items() if k in KV_SIZE_FLAGS)
         raise ValueError(

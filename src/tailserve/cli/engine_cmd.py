@@ -85,15 +85,16 @@ def add_pd_engine_cmd_args(p: argparse.ArgumentParser) -> None:
 _PD_SIDE_FLAGS = ("--kv-transfer-config", "--disaggregation-mode")
 
 
-_DEPLOYMENT_ARGS = (
-    "model",
-    "tp",
-    "quantization",
-    "kv_cache_dtype",
-    "enable_expert_parallel",
-    "dp",
-    "all2all_backend",
-)
+# The command line's deployment options (args name -> the ``Deployment`` field they become).
+_DEPLOYMENT_ARGS = {
+    "model": "model",
+    "tp": "tp",
+    "quantization": "quantization",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "enable_expert_parallel": "expert_parallel",
+    "dp": "dp",
+    "all2all_backend": "all2all_backend",
+}
 
 
 def read_pd_engine_cmds(args: argparse.Namespace) -> tuple[Any, Any, Any, Any] | None:
@@ -146,10 +147,8 @@ def read_pd_engine_cmds(args: argparse.Namespace) -> tuple[Any, Any, Any, Any] |
         raise CliError(
             f"the P/D lines serve different models ({deployments[0].model}, {deployments[1].model}): a pair serves one"
         )
-    for name in _DEPLOYMENT_ARGS:  # the prefill side's, for the run's title and workload
-        setattr(
-            args, name, getattr(deployments[0], {"enable_expert_parallel": "expert_parallel"}.get(name, name))
-        )
+    for name, field in _DEPLOYMENT_ARGS.items():  # the prefill side's, for the run's title and workload
+        setattr(args, name, getattr(deployments[0], field))
     return sides[0].spec, sides[1].spec, deployments[0], deployments[1]
 
 

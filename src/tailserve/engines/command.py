@@ -114,7 +114,7 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
             level = words[i] if word == "-O" else word[3:] if word[2:3] == "=" else word[2:]
             i += word == "-O"
             option = version.short_o
-            flags.append(GivenFlag(word, option, option.lstrip("-").replace("-", "_"), level))
+            flags.append(GivenFlag(word, option, _name_of(option, names), level))
             continue
         typed, eq, inline = word.partition("=")
         if version.dotted_keys and "." in typed:
@@ -129,9 +129,7 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
             _merge(merged, path, inline)
             continue
         option, negated, note = _resolve(typed, known, version)
-        name = names.get(option) if option else None
-        if option and name is None:
-            name = option.lstrip("-").replace("-", "_")
+        name = _name_of(option, names)
         spec = version.spec(name) if name else None
         switch = negated or (spec is not None and spec.kind is bool)
         value: str | None = inline if eq else None
@@ -148,12 +146,18 @@ def read_flags(launch: Launch, version: EngineVersion) -> tuple[list[str], list[
         # After every other flag, as vLLM appends them: the dotted keys replace a whole JSON
         # value given for the same flag, wherever on the line it was.
         option, _, note = _resolve(base, known, version)
-        name = names.get(option) if option else None
-        if option and name is None:
-            name = option.lstrip("-").replace("-", "_")
+        name = _name_of(option, names)
         shown = f"{base}.{keys[0]}" if len(keys) == 1 else f"{base}.{{{','.join(dict.fromkeys(keys))}}}"
         flags.append(GivenFlag(shown, option, name, json.dumps(merged), False, note))
     return positional, flags
+
+
+def _name_of(option: str, names: dict[str, str]) -> str | None:
+    """The underscore name an option resolves to: the table's, else its own spelling's; None
+    for an option the parser does not take ("")."""
+    if not option:
+        return None
+    return names.get(option) or option.lstrip("-").replace("-", "_")
 
 
 def _merge(merged: dict[str, Any], path: str, text: str) -> None:

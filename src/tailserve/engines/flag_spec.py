@@ -10,6 +10,7 @@ is one ``Row`` beside the flags'.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,17 @@ REFUSED = "refused"
 UNKNOWN = "unknown"
 VERDICTS = (SCHEDULING, DEPLOYMENT, NO_OP, NOT_MODELLED, OTHER, REFUSED, UNKNOWN)
 FATAL = (REFUSED, UNKNOWN)  # the engine would not start with this line
+
+
+@functools.cache
+def known_file(name: str) -> frozenset[str]:
+    """The lines of ``known/NAME`` (option strings or keys, one a line: ``known/README.md``),
+    read once per process (a launch line and its config file's keys read them per flag);
+    empty where the file is not there."""
+    path = resources.files("tailserve.engines").joinpath(f"known/{name}")
+    if not path.is_file():
+        return frozenset()
+    return frozenset(line.strip() for line in path.read_text().splitlines() if line.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +205,7 @@ class EngineVersion:
         """Every option string this version's parser takes (``known/ENGINE-VERSION.txt``, read
         from the engine's own parser or source, see ``known/README.md``) plus the
         table's own."""
-        text = resources.files("tailserve.engines").joinpath(f"known/{self.engine}-{self.version}.txt")
-        names = {line.strip() for line in text.read_text().splitlines() if line.strip()}
+        names = set(known_file(f"{self.engine}-{self.version}.txt"))
         for spec in self.flags:
             names.add(self.option(spec.name))
             names.update(spec.aliases)
@@ -204,20 +215,14 @@ class EngineVersion:
         """The options that take several values (``--served-model-name a b``,
         ``--cudagraph-capture-sizes 1 2 4``): ``known/ENGINE-VERSION-lists.txt``, none without
         one (see ``known/README.md``)."""
-        path = resources.files("tailserve.engines").joinpath(f"known/{self.engine}-{self.version}-lists.txt")
-        if not path.is_file():
-            return frozenset()
-        return frozenset(line.strip() for line in path.read_text().splitlines() if line.strip())
+        return known_file(f"{self.engine}-{self.version}-lists.txt")
 
     def known_keys(self) -> frozenset[str]:
         """Every key of the options file the engine's validation takes
         (``known/ENGINE-VERSION-options.txt``), plus the file table's own."""
         if self.options_file is None:
             return frozenset()
-        text = resources.files("tailserve.engines").joinpath(
-            f"known/{self.engine}-{self.version}-options.txt"
-        )
-        names = {line.strip() for line in text.read_text().splitlines() if line.strip()}
+        names = known_file(f"{self.engine}-{self.version}-options.txt")
         return frozenset(names | {spec.name for spec in self.options_file.keys})
 
     def option(self, name: str) -> str:

@@ -187,11 +187,11 @@ def kv_capacity(
     per_block = block_size * per_token
     if sized is not None and sized.kv_cache_memory_bytes is not None:
         kv = float(sized.kv_cache_memory_bytes)  # vLLM: this, whatever the memory fraction leaves
-    if kv < per_block and sized is not None and sized.kv_cache_memory_bytes is not None:
-        raise ValueError(
-            f"kv_cache_memory_bytes={sized.kv_cache_memory_bytes} holds no {block_size}-token block of "
-            f"{model.name} at TP {tp} ({per_block:,.0f} bytes each)"
-        )
+        if kv < per_block:
+            raise ValueError(
+                f"kv_cache_memory_bytes={sized.kv_cache_memory_bytes} holds no {block_size}-token block of "
+                f"{model.name} at TP {tp} ({per_block:,.0f} bytes each)"
+            )
     if kv < per_block:
         need = weights + activation
         # The smallest TP (a divisor of the head count, as vLLM requires) that leaves room for KV.
@@ -225,9 +225,10 @@ def kv_capacity(
         num_blocks = hybrid_manager_blocks(
             model, hybrid_pool_pages(model, tp, target_kv, block_size), block_size, max_num_seqs
         )[0]
-    if sized is not None and sized.blocks(num_blocks, block_size) != num_blocks:
-        num_blocks = sized.blocks(num_blocks, block_size)
-        kv = num_blocks * per_block  # what the cache then holds
+    if sized is not None:
+        overridden = sized.blocks(num_blocks, block_size)
+        if overridden != num_blocks:
+            num_blocks, kv = overridden, overridden * per_block  # what the cache then holds
     return KVCapacity(
         num_blocks=num_blocks,
         block_size=block_size,
