@@ -15,6 +15,7 @@ from tailserve.core.device import DeviceInfo
 from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.factory import make_kv_cache
+from tailserve.kv.host_tier import host_tier_chunks
 from tailserve.policies.fairness import with_fairness
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
@@ -55,11 +56,15 @@ def make_scheduler(
     num_cpu_blocks: int,
     max_model_len: int,
     shares_prefixes: bool,
+    num_host_blocks: int = 0,
 ) -> Scheduler:
     """The one place a KV manager is made: the kind the policy's config asks for. Prefix caching
     needs token identities, so a workload of bare lengths (``shares_prefixes=False``) gets a
-    plain manager."""
-    kv = make_kv_cache(policy.kv_spec(), num_blocks, block_size, num_cpu_blocks, shares_prefixes)
+    plain manager. ``num_host_blocks``: the CPU offloading tier's chunks, when the policy asks
+    for one (vLLM ``--kv-offloading-size``)."""
+    kv = make_kv_cache(
+        policy.kv_spec(), num_blocks, block_size, num_cpu_blocks, shares_prefixes, num_host_blocks
+    )
     return Scheduler(policy, kv, max_model_len)
 
 
@@ -96,6 +101,7 @@ def build_scheduler(
     shares_prefixes: bool,
     cpu_swap: bool = True,
     synchronous: str = "",
+    host_copies: int | None = None,
 ) -> SchedulerParts:
     """The policy's config for ``device`` (its engine's defaults, the user's flags on top), the
     KV blocks ``size_kv`` gives for that config (ValueError when one sequence cannot fit), the
@@ -105,7 +111,10 @@ def build_scheduler(
     them): where the engine's own default would schedule asynchronously (vLLM 0.32 on a GPU,
     TensorRT-LLM 1.2's overlap scheduler), that is turned off, and the note and ``spec`` say so;
     an explicit ``async_scheduling=true`` (``disable_overlap_scheduler=false``) is the caller's
-    to refuse."""
+    to refuse.
+
+    ``host_copies``: copies of a KV block a CPU offloading tier keeps (vLLM's: one per TP rank, one
+    where the ranks replicate it); None where the executor has no CPU tier (the real one)."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
     notes = cls.default_notes(device, config, spec.flags)
@@ -127,7 +136,21 @@ def build_scheduler(
     if cpu_swap:
         swap_gib = policy.kv_spec().swap_space_gib  # vLLM V0 --swap-space, GiB per GPU
         num_cpu_blocks = int(swap_gib * GIB // (size.block_size * size.kv_bytes_per_token))
+    offload_gib = policy.kv_spec().offload_gib
+    num_host_blocks = 0
+    if offload_gib:
+        if host_copies is None:  # the real executor's KV: no CPU tier behind it
+            raise ValueError("kv_offloading_size (a CPU KV tier) needs the simulated executor (sim)")
+        num_host_blocks = host_tier_chunks(
+            offload_gib, size.block_size * size.kv_bytes_per_token, host_copies
+        )
     scheduler = make_scheduler(
-        policy, size.num_blocks, size.block_size, num_cpu_blocks, max_model_len, shares_prefixes
+        policy,
+        size.num_blocks,
+        size.block_size,
+        num_cpu_blocks,
+        max_model_len,
+        shares_prefixes,
+        num_host_blocks,
     )
     return SchedulerParts(spec, config, policy, size, num_cpu_blocks, max_model_len, scheduler, tuple(notes))

@@ -70,4 +70,7 @@ def simulated_scheduler(
         shares_prefixes=shares_prefixes,
         cpu_swap=cpu_swap,
         synchronous=synchronous,
+        # vLLM's CPUOffloadingSpec keeps every rank's shard of a block, or one copy where the
+        # ranks replicate it (MLA under TP: ``replicated_layout``, kv_offload/cpu/spec.py:106-110@v0.32.0)
+        host_copies=1 if cost_model.model.is_mla else cost_model.tp,
     )

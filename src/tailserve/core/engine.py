@@ -356,7 +356,12 @@ class Engine:
             if not kv.is_swapped(request.request_id) or kv.num_held(request.request_id):
                 raise AssertionError(f"swapped request {request.request_id} does not hold exactly CPU blocks")
         accounted = len(sched.finished) + sched.num_released
-        accounted += len(sched.waiting) + len(sched.running) + len(sched.swapped)
+        for request in sched.loading:
+            if request.is_finished or not kv.num_held(request.request_id):
+                raise AssertionError(
+                    f"loading request {request.request_id} holds no KV or is {request.status}"
+                )
+        accounted += len(sched.waiting) + len(sched.running) + len(sched.swapped) + len(sched.loading)
         if accounted != self.num_requests_seen:
             raise AssertionError(
                 f"{self.num_requests_seen} requests entered but {accounted} are accounted for"

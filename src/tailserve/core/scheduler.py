@@ -99,6 +99,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.finished: list[Request] = []
+        # Requests admitted with KV arriving from outside the GPU (vLLM's WAITING_FOR_REMOTE_KVS:
+        # a CPU offloading tier's load, ``policies/vllm_offload.py``): they hold blocks, are
+        # neither waiting nor running, and go back to the waiting queue when the KV is in.
+        self.loading: list[Request] = []
         self.num_released = 0  # requests handed over by ``pop_finished``
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
@@ -142,11 +146,13 @@ class Scheduler:
             keys = prefix_keys(request, self.kv_cache.block_size, tokens)
             if keys:
                 self.kv_cache.set_prefix_keys(request.request_id, keys, tokens)
+                if self.kv_cache.host is not None:
+                    self.kv_cache.set_host_range(request.request_id, request.prompt_len)  # type: ignore[attr-defined]
         self.policy.add_request(self, request)
         return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 
     def abort_request(self, request_id: str, reason: str, now: float) -> Request | None:
-        for queue in (self.running, self.waiting, self.swapped):
+        for queue in (self.running, self.waiting, self.swapped, self.loading):
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
@@ -165,7 +171,7 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.loading)
 
     # ---- what the engine asks (answered by the policy's hooks) --------------------------
     def next_wakeup(self, now: float) -> float | None:

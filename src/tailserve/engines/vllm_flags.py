@@ -16,6 +16,7 @@ from tailserve.engines.flag_spec import (
     DEPLOYMENT,
     NO_OP,
     NOT_MODELLED,
+    OTHER,
     REFUSED,
     SCHEDULING,
     EngineVersion,
@@ -137,7 +138,6 @@ def _unpriced(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
             "an external balancer in front of the DP ranks; tailserve "
             "places requests with vLLM's internal balancer",
         ),
-        "kv_offloading_size": (float, "KV blocks offloaded to CPU memory; not modelled"),
     }
     return tuple(
         FlagSpec(name, kind, NOT_MODELLED, text, _at(AU, lines[name], version))
@@ -268,6 +268,31 @@ def _active_seqs_rule(given: Given) -> list[Finding]:
     return []
 
 
+def _offload_rule(given: Given) -> list[Finding]:
+    """``--kv-offloading-size`` turns on vLLM's native CPU tier (``OffloadingConnector``), which
+    tailserve simulates; LMCache (its server sizes the store), the simple connector
+    (``VLLM_USE_SIMPLE_KV_OFFLOAD``) and a backend without a size are said for what they are."""
+    cfg = f"vllm/config/vllm.py:1105-1136@v{V32}"
+    size, backend = given.get("kv_offloading_size"), str(given.get("kv_offloading_backend", "native"))
+    if size is None:
+        if "kv_offloading_backend" in given.values:
+            return [Finding(("kv_offloading_backend",), NO_OP,
+                            "KV offloading is only activated when kv_offloading_size is set", cfg)]  # fmt: skip
+        return []
+    if backend == "lmcache":
+        what = ("LMCache's multi-process server holds the offloaded KV, sized there (kv_offloading_size is not "
+                "passed on); not simulated")  # fmt: skip
+        return [
+            Finding((name,), NOT_MODELLED, what, cfg)
+            for name in ("kv_offloading_size", "kv_offloading_backend")
+        ]
+    if given.env.get("VLLM_USE_SIMPLE_KV_OFFLOAD", "0").lower() not in ("", "0", "false"):
+        return [Finding(("kv_offloading_size",), NOT_MODELLED,
+                        "VLLM_USE_SIMPLE_KV_OFFLOAD picks the SimpleCPUOffloadConnector; tailserve simulates the "
+                        "native OffloadingConnector", cfg)]  # fmt: skip
+    return []
+
+
 def _chunked_off_rule(given: Given) -> list[Finding]:
     if given.get("enable_chunked_prefill", True) is False:
         return [Finding(("enable_chunked_prefill",), SCHEDULING,
@@ -286,8 +311,14 @@ VLLM_0_32 = EngineVersion(
                  "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 1363, V32),
                  "from gpu_memory_utilization"),
         *_unpriced(V32, {"enforce_eager": 975, "data_parallel_hybrid_lb": 1253, "data_parallel_external_lb": 1258,
-                         "enable_dbo": 1288, "enable_eplb": 1320, "kv_offloading_size": 1416,
+                         "enable_dbo": 1288, "enable_eplb": 1320,
                          "kv_transfer_config": 1843, "compilation_config": 1853}),
+        FlagSpec("kv_offloading_size", float, SCHEDULING,
+                 "a CPU tier behind the prefix cache, GiB over all TP ranks: prompt blocks stored as computed, "
+                 "loaded back after a GPU hit (policies/vllm_offload.py)", _at(AU, 1416, V32)),
+        FlagSpec("kv_offloading_backend", ("native", "lmcache"), OTHER,
+                 "which connector holds the offloaded KV: native (vLLM's CPU tier, simulated) or lmcache",
+                 _at(AU, 1419, V32), "native"),
         FlagSpec("scheduler_reserve_full_isl", bool, SCHEDULING,
                  "admit only when the whole prompt's blocks are free", _at(SC, 190, V32), "true"),
         FlagSpec("all2all_backend", str, DEPLOYMENT,
@@ -334,6 +365,7 @@ VLLM_0_32 = EngineVersion(
         _active_seqs_rule,
         _chunked_off_rule,
         _async_backend_rule,
+        _offload_rule,
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",

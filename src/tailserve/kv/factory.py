@@ -9,16 +9,25 @@ could never share, so it gets the plain manager whatever the policy asks for.
 from __future__ import annotations
 
 from tailserve.kv.hashed import HashedKVCacheManager
+from tailserve.kv.host_tier import HostKVTier
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.radix_manager import RadixKVCacheManager
 from tailserve.kv.spec import KVSpec
 
 
 def make_kv_cache(
-    spec: KVSpec, num_blocks: int, block_size: int, num_cpu_blocks: int = 0, shares_prefixes: bool = True
+    spec: KVSpec,
+    num_blocks: int,
+    block_size: int,
+    num_cpu_blocks: int = 0,
+    shares_prefixes: bool = True,
+    num_host_blocks: int = 0,
 ) -> KVCacheManager:
+    """``num_host_blocks``: the CPU offloading tier's chunks (``spec.offload_gib`` sized by the
+    assembler); a workload without token identities gets no tier, as it gets no prefix cache."""
     if shares_prefixes and spec.kind == "hashed":
-        return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks)
+        host = HostKVTier(num_host_blocks, block_size, spec.offload_gib) if spec.offload_gib else None
+        return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks, host)
     if shares_prefixes and spec.kind == "radix":
         return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.radix)
     return KVCacheManager(num_blocks, block_size, num_cpu_blocks)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from tailserve.kv.block_pool import HashedBlockPool
+from tailserve.kv.host_tier import HostKVTier
 from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
 from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
 
@@ -25,8 +26,15 @@ class HashedKVCacheManager(KVCacheManager):
     typed_slots: ClassVar[bool] = False  # its pool and hashes hold block ids as lists
     holds_by_table_length: ClassVar[bool] = False  # ``holds`` below: always False
 
-    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0, host: HostKVTier | None = None
+    ) -> None:
         super().__init__(num_blocks, block_size, num_cpu_blocks)
+        # vLLM's CPU offloading tier behind the pool (``kv/host_tier.py``), None without one;
+        # with it, per request with keys, block indexes: [the first it stores (past its hits),
+        # its prompt's full blocks (none past them is offloaded), the first past its GPU hit].
+        self.host = host
+        self._host_range: dict[str, list[int]] = {}
         self.pool = HashedBlockPool(num_blocks, block_size)
         self._free = []  # unused: the pool owns free blocks and ref counts
         self._keys: dict[str, list[int]] = {}  # request id -> full-block keys
@@ -113,6 +121,8 @@ class HashedKVCacheManager(KVCacheManager):
         self._set_registered(request_id, self._num_registered.get(request_id, 0))
 
     def forget_prefix_keys(self, request_id: str) -> None:
+        if self._host_range:
+            self._touch_host(request_id)
         if self._keys:
             self._keys.pop(request_id, None)
             self.registers_from.pop(request_id, None)
@@ -170,6 +180,48 @@ class HashedKVCacheManager(KVCacheManager):
                 token_ids=self._tokens.get(request_id),
             )  # fmt: skip
             self._set_registered(request_id, full)
+            host = self.host
+            if host is not None:
+                span = self._host_range.get(request_id)
+                if span is not None:
+                    start = done if done > span[0] else span[0]
+                    stop = full if full < span[1] else span[1]
+                    if stop > start:
+                        host.store(keys[start:stop])
+
+    # ---- the CPU tier (vLLM's native KV offloading) -------------------------------------------
+    def set_host_range(self, request_id: str, num_prompt_tokens: int) -> None:
+        """A request with keys may store its prompt's full blocks in the CPU tier."""
+        if self.host is not None and request_id in self._keys:
+            self._host_range[request_id] = [0, num_prompt_tokens // self.block_size, 0]
+
+    def host_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:
+        """Tokens the CPU tier holds right after the request's GPU hit of ``num_hit_tokens``
+        (whole blocks, up to its ``num_tokens``), and the blocks before them are not offered to
+        it again (vLLM advances the request's stored index past its hits)."""
+        keys = self._keys.get(request_id)
+        span = self._host_range.get(request_id)
+        if self.host is None or not keys or span is None:
+            return 0
+        start = num_hit_tokens // self.block_size
+        stop = min(len(keys), num_tokens // self.block_size)
+        found = self.host.lookup(keys, start, stop) if stop > start else 0
+        span[0] = max(span[0], start + found)
+        span[2] = start
+        return found * self.block_size
+
+    def host_keys(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> list[int]:
+        """The keys of the blocks ``[num_hit_tokens, num_hit_tokens + num_tokens)`` (a load's)."""
+        bs = self.block_size
+        start = num_hit_tokens // bs
+        return self._keys[request_id][start : start + num_tokens // bs]
+
+    def _touch_host(self, request_id: str) -> None:
+        """vLLM's ``on_request_finished``: the chunks the request stored or loaded become newest."""
+        span = self._host_range.pop(request_id, None)
+        keys = self._keys.get(request_id)
+        if span is not None and keys and self.host is not None:
+            self.host.touch(keys[span[2] : span[1]])  # those it loaded, then those it stored
 
     def _set_registered(self, request_id: str, num_blocks: int) -> None:
         """The request's first ``num_blocks`` blocks are registered (0: none, its table freed);
@@ -202,6 +254,8 @@ class HashedKVCacheManager(KVCacheManager):
                     f"{counted.get(block_id, 0)} table entries"
                 )
         self._check_cpu()
+        if self.host is not None:
+            self.host.check_integrity()
         # ``registers_from``, which callers trust to skip ``register_computed``: below it no
         # block can be registered, at it the next key's block can (the table permitting).
         for request_id in self._keys.keys() | self.registers_from.keys():

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
+    from tailserve.kv.host_tier import HostKVTier
     from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
     from tailserve.kv.radix import RadixCache
 
@@ -64,6 +65,8 @@ class KVCacheManager:
     # ``holds`` answers from the length of the request's table alone (a policy's per-request
     # loop may read ``block_tables`` itself); a manager that overrides ``holds`` says False.
     holds_by_table_length: ClassVar[bool] = True
+    # vLLM's CPU offloading tier (``kv/host_tier.py``): only the hashed manager has one.
+    host: HostKVTier | None = None
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:
@@ -359,6 +362,9 @@ class KVCacheManager:
     # The prefix cache is the manager's own (built with it from the policy's ``KVSpec``); a
     # policy reaches these through ``Scheduler`` (``cached_prefix``, ``allocate_with_cached_prefix``,
     # ``cache_computed``, ...), never by looking inside a manager or asking which class it is.
+    def set_host_range(self, request_id: str, num_prompt_tokens: int) -> None:
+        """The prompt blocks a request may offload to the CPU tier (only a manager with one)."""
+
     def set_prefix_keys(self, request_id: str, keys: list, token_ids: Sequence[int] | None = None) -> None:
         """The request's prefix keys (hashed: full-block content keys, set by the scheduler at
         arrival; radix: the keys the engine's tree uses, set by the policy); ignored here."""

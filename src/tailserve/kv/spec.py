@@ -23,11 +23,20 @@ class KVSpec:
     # and at finish; "tgi": TGI's RadixAllocator, one key per block, a request's computed prompt
     # blocks inserted whenever it leaves.
     radix: RadixFlavour = "sglang"
+    # hashed: a CPU tier behind the prefix cache (vLLM --kv-offloading-size), GiB over all TP
+    # ranks; 0 without one (kv/host_tier.py)
+    offload_gib: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
             raise ValueError(f"KV cache kind must be one of {', '.join(KV_KINDS)}, got {self.kind!r}")
         if self.radix not in RADIX_FLAVOURS:
             raise ValueError(f"radix cache must be one of {', '.join(RADIX_FLAVOURS)}, got {self.radix!r}")
+        if self.offload_gib < 0:
+            raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.offload_gib}")
+        if self.offload_gib and self.kind != "hashed":
+            raise ValueError(
+                "a CPU offloading tier sits behind vLLM's hashed prefix cache: enable prefix caching"
+            )
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")

@@ -51,6 +51,7 @@ from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_async import schedule_advanced
+from tailserve.policies.vllm_offload import OffloadLoads
 
 # Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
@@ -80,6 +81,9 @@ class VllmConfig:
     synthetic_acceptance_rates: tuple[float, ...] | None = field(default=None, metadata=_WHEN_SET)
     # or the mean acceptance length: 1 + accepted drafts per decode step, in [1, k + 1]
     synthetic_acceptance_length: float | None = field(default=None, metadata=_WHEN_SET)
+    # A CPU tier behind the prefix cache (vLLM's --kv-offloading-size with the native backend):
+    # GiB of host memory over all TP ranks (policies/vllm_offload.py, kv/host_tier.py)
+    kv_offloading_size: float | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -99,6 +103,14 @@ class VllmConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.kv_offloading_size is not None:
+            if not self.kv_offloading_size > 0:
+                raise ValueError(f"kv_offloading_size must be > 0 GiB, got {self.kv_offloading_size}")
+            if not self.enable_prefix_caching:
+                raise ValueError(
+                    "kv_offloading_size needs prefix caching: tailserve's CPU tier holds the prefix "
+                    "cache's blocks (drop --no-enable-prefix-caching)"
+                )
         self._check_speculative()
 
     def _check_speculative(self) -> None:
@@ -256,6 +268,17 @@ class VllmPolicy(Policy, FastPaths):
         # The advanced pass's: two per running request, handed out in turn (its step's item
         # stays in flight while the next step is scheduled); dropped in ``on_finished`` too.
         self._advanced_items: dict[Request, list[ScheduledRequest]] = {}
+        # Loads from the CPU offloading tier, None without one (vllm_offload.py).
+        self._offload = OffloadLoads(bool(config.async_scheduling)) if config.kv_offloading_size else None
+
+    def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
+        """The CPU tier's loads are priced as the host link moves a token's KV shard
+        (``CostModel.swap_time``); nothing else here reads the cost model."""
+        if self._offload is not None and cost_model is not None:
+            self._offload.seconds_per_token = cost_model.swap_time(1)
+
+    def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
+        return self._offload.next_done(now) if self._offload is not None else None
 
     def async_scheduling(self) -> bool:
         return bool(self.config.async_scheduling)
@@ -267,13 +290,19 @@ class VllmPolicy(Policy, FastPaths):
         # With async scheduling alone the decisions over a run of decodes are the plain pass's
         # (each running request one token, on its placeholder; nobody admitted), which the
         # driver's async decode run follows (async_decode_run.py). Drafts step: several tokens
-        # per decode, as many as the rejection sampler's draws accept.
-        return self._spec is None
+        # per decode, as many as the rejection sampler's draws accept. Loads from the CPU tier in
+        # flight: stepped, so a load done between two steps puts its request back in time.
+        return self._spec is None and not self._offload
 
     def kv_spec(self) -> KVSpec:
-        return KVSpec("hashed" if self.config.enable_prefix_caching else "paged")
+        return KVSpec(
+            "hashed" if self.config.enable_prefix_caching else "paged",
+            offload_gib=self.config.kv_offloading_size or 0.0,
+        )
 
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        if self._offload:
+            self._offload.forget(sched, finished)
         items = self._decode_items
         for request in finished:
             items.pop(request, None)
@@ -292,7 +321,7 @@ class VllmPolicy(Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         if self._advanced:
-            return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items)
+            return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items, self._offload)
         cfg: VllmConfig = self.config
         out = new_output()
         budget = cfg.max_num_batched_tokens
@@ -391,11 +420,24 @@ class VllmPolicy(Policy, FastPaths):
         out.decode_head = (num_leading, context)
         kv = sched.kv_cache
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
+        offload = self._offload
+        if offload is not None:
+            offload.promote(sched, now)
         while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
             request = waiting.peek_request()
             # Prefix lookup for a new or preempted request: hits are not charged to the budget.
             match = sched.cached_prefix(request) if not request.num_computed_tokens else None
             hit = match.num_tokens if match is not None else 0
+            if offload is not None and not request.num_computed_tokens:
+                # The CPU tier's blocks after the GPU hit: a request that has some only loads now.
+                num_load = kv.host_lookup(request.request_id, hit, request.num_tokens)
+                if num_load:
+                    reserve = watermark_blocks if sched.running else 0
+                    if not offload.start(
+                        sched, request, match, hit, num_load, now, reserve, cfg.scheduler_reserve_full_isl
+                    ):
+                        break
+                    continue
             # ``num_remaining_tokens`` inlined and ``min(want, budget)`` spelled out (a property
             # is a call through C, the builtin parses its arguments as keywords): per admission.
             want = request.prompt_len + request.num_output_tokens - request.num_computed_tokens - hit
@@ -419,7 +461,7 @@ class VllmPolicy(Policy, FastPaths):
                     break
                 if not sched.allocate(request, request.num_computed_tokens + want, reserve):
                     break  # head-of-line blocking: nothing behind it is tried
-            if request.first_scheduled_time is None:
+            if hit and request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
             waiting.pop_request()
             sched.admit(request, now)

@@ -41,6 +41,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, a
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
+from tailserve.policies.vllm_offload import OffloadLoads
 
 
 def schedule_advanced(
@@ -49,9 +50,11 @@ def schedule_advanced(
     sched: Scheduler,
     now: float,
     decode_items: dict[Request, list[ScheduledRequest]],
+    offload: OffloadLoads | None = None,
 ) -> SchedulerOutput:
     """One step of vLLM's scheduler with its own accounting. ``decode_items``: the policy's two
-    plain decode items per running request, handed out in turn (``ScheduledRequest``)."""
+    plain decode items per running request, handed out in turn (``ScheduledRequest``);
+    ``offload``: the CPU offloading tier's loads (``vllm_offload.py``), None without one."""
     out = new_output()  # ``SchedulerOutput()`` without the class call
     k = spec.num_speculative_tokens if spec is not None else 0
     lookahead = spec.num_lookahead_tokens if spec is not None else 0
@@ -165,6 +168,8 @@ def schedule_advanced(
     if not preempted:
         running_scheduled = bool(scheduled)
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
+        if offload is not None:
+            offload.promote(sched, now)
         while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
             request = waiting.peek_request()
             match: PrefixMatch | None = None
@@ -174,6 +179,16 @@ def schedule_advanced(
                     # EAGLE's drafter needs the last cached block's hidden states recomputed.
                     match = PrefixMatch(match.num_tokens - block_size, match.kv_indices[:-1])
             hit = match.num_tokens if match is not None else 0
+            if offload is not None and not request.num_computed_tokens:
+                # The CPU tier's blocks after the GPU hit: a request that has some only loads now.
+                num_load = kv.host_lookup(request.request_id, hit, request.num_tokens)
+                if num_load:
+                    reserve = watermark_blocks if sched.running else 0
+                    if not offload.start(
+                        sched, request, match, hit, num_load, now, reserve, cfg.scheduler_reserve_full_isl
+                    ):
+                        break
+                    continue
             # KV already computed: the hit, or (no lookup then) what a request brings with it (a
             # P/D decode replica's request, its KV transferred: cluster/disagg.py).
             known = request.num_computed_tokens + hit
@@ -211,7 +226,7 @@ def schedule_advanced(
                     break
                 if not sched.allocate(request, slots, reserve, num_cached=num_cached):
                     break  # head-of-line blocking: nothing behind it is tried
-            if request.first_scheduled_time is None:
+            if hit and request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
             waiting.pop_request()
             sched.admit(request, now)

@@ -15,6 +15,7 @@ from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
+from tailserve.kv.host_tier import host_tier_note, host_tier_summary
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
@@ -85,6 +86,10 @@ def run_policy(
         stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
+    host = kv.host if kv.shares_prefixes else None
+    if host is not None and prefix_stats is not None:
+        prefix_stats["cpu_tier"] = host_tier_summary(host)
+        notes.append(host_tier_note(host))
     if (
         workload.spec.name == "hol"
         and "max_model_len" not in spec.engine_flags

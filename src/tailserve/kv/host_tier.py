@@ -1,0 +1,168 @@
+"""A CPU tier behind the GPU prefix cache: vLLM's native KV offloading (``--kv-offloading-size``).
+
+vLLM 0.32 turns ``--kv-offloading-size GIB`` into its ``OffloadingConnector`` with a CPU backend
+(``vllm/config/vllm.py:1105-1136@v0.32.0``). What tailserve follows of it:
+
+- **Capacity** (``v1/kv_offload/cpu/spec.py:102-126``): the GiB are the total over the
+  tensor-parallel ranks; each chunk (one GPU block by default) costs every rank's shard of the
+  block, or one copy where the ranks replicate it (MLA under TP): ``chunks = bytes // (block bytes
+  per rank x copies)``, each chunk rounded up to a memory page.
+- **Stores** (``offloading/scheduler.py:1570-1700``, ``_calc_num_offloadable_tokens``): the full
+  blocks of a request's *prompt* (``offload_prompt_only`` is on by default) are stored as they are
+  computed, the blocks it found in the GPU cache excepted; a block already in the tier is not
+  stored again. A store that needs room evicts unpinned chunks, least recently used first, or is
+  skipped when not enough are unpinned (``cpu/manager.py:prepare_store``).
+- **Lookups** (``_lookup_complete_chunks``): consecutive chunks after the request's GPU hit, up
+  to its whole prompt; the scheduler recomputes the last prompt token when the hit covers it.
+- **Recency** (``cpu/policies/lru.py``): a chunk is newest when stored; when a request finishes,
+  every chunk it stored or loaded is made newer, its first block newest (``on_request_finished``
+  ranks them in reverse), so shared prefixes are evicted last.
+- **Pins**: chunks being loaded cannot be evicted until their load completes.
+
+Stores are taken as complete at once: the next request that could load a block arrives after its
+writer computed it, and a writer's own blocks stay in the GPU cache meanwhile (vLLM answers such a
+lookup ``HIT_PENDING`` and retries). The H2D load time is the scheduler's (``policies/vllm_offload.py``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tailserve.kv.paged import KVCacheIntegrityError
+
+PAGE_BYTES = 4096  # mmap.PAGESIZE: each CPU chunk is rounded up to it (SharedOffloadRegion)
+
+
+def host_tier_chunks(size_gib: float, block_bytes_per_rank: int, num_copies: int) -> int:
+    """Chunks (of one GPU block) ``size_gib`` of CPU memory holds: vLLM's ``CPUOffloadingSpec``."""
+    chunk = block_bytes_per_rank * num_copies
+    chunk = -(-chunk // PAGE_BYTES) * PAGE_BYTES
+    return int(size_gib * (1 << 30)) // chunk
+
+
+@dataclass(slots=True)
+class HostTierStats:
+    """Counters since construction, in tokens unless named otherwise."""
+
+    num_hits: int = 0  # tokens loaded from the tier (vLLM's external prefix-cache hits)
+    num_loads: int = 0  # requests that loaded
+    num_stored_blocks: int = 0
+    num_skipped_blocks: int = 0  # stores skipped: every chunk pinned
+    num_evicted_blocks: int = 0
+    load_seconds: float = 0.0  # summed arrival-to-ready wait of the loads (link queueing included)
+
+
+class HostKVTier:
+    """The CPU tier's chunks: content keys (the GPU cache's chained block keys) in LRU order."""
+
+    def __init__(self, num_blocks: int, block_size: int, size_gib: float) -> None:
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_offloading_size={size_gib:g} GiB holds no KV block of this model "
+                f"({block_size} tokens per block): give at least one block's size"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.size_gib = size_gib
+        self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._pins: dict[int, int] = {}  # key -> loads in flight
+        self.stats = HostTierStats()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._lru
+
+    def lookup(self, keys: Sequence[int], start: int, stop: int) -> int:
+        """How many of ``keys[start:stop]`` are in the tier, consecutively from ``start``."""
+        lru = self._lru
+        n = start
+        while n < stop and keys[n] in lru:
+            n += 1
+        return n - start
+
+    def store(self, keys: Sequence[int]) -> None:
+        """Store the chunks of ``keys`` not in the tier yet, evicting the least recently used
+        unpinned ones for room; all of them skipped when that many cannot be evicted."""
+        lru = self._lru
+        new = [k for k in keys if k not in lru]
+        if not new:
+            return
+        need = len(lru) + len(new) - self.num_blocks
+        if need > 0:
+            pins = self._pins
+            victims = []
+            for key in lru:  # oldest first
+                if key not in pins:
+                    victims.append(key)
+                    if len(victims) == need:
+                        break
+            if len(victims) < need:
+                self.stats.num_skipped_blocks += len(new)
+                return
+            for key in victims:
+                del lru[key]
+            self.stats.num_evicted_blocks += need
+        for key in new:
+            lru[key] = None
+        self.stats.num_stored_blocks += len(new)
+
+    def pin(self, keys: Sequence[int]) -> None:
+        pins = self._pins
+        for key in keys:
+            pins[key] = pins.get(key, 0) + 1
+
+    def unpin(self, keys: Sequence[int]) -> None:
+        pins = self._pins
+        for key in keys:
+            left = pins[key] - 1
+            if left:
+                pins[key] = left
+            else:
+                del pins[key]
+
+    def touch(self, keys: Sequence[int]) -> None:
+        """A finished request's chunks become the newest, its first one newest of all."""
+        lru = self._lru
+        for key in reversed(keys):
+            if key in lru:
+                lru.move_to_end(key)
+
+    def check_integrity(self) -> None:
+        if len(self._lru) > self.num_blocks:
+            raise KVCacheIntegrityError(
+                f"CPU tier holds {len(self._lru)} chunks, more than its {self.num_blocks}"
+            )
+        for key, count in self._pins.items():
+            if count < 1 or key not in self._lru:
+                raise KVCacheIntegrityError(f"CPU tier: chunk {key} pinned {count} times but not held")
+
+
+def host_tier_summary(tier: HostKVTier) -> dict[str, float | int]:
+    """The tier's figures for a run's JSON (``prefix_cache.cpu_tier``)."""
+    st = tier.stats
+    return {
+        "size_gib": tier.size_gib,
+        "num_blocks": tier.num_blocks,
+        "loaded_tokens": st.num_hits,
+        "num_loads": st.num_loads,
+        "mean_load_wait_s": st.load_seconds / st.num_loads if st.num_loads else 0.0,
+        "stored_blocks": st.num_stored_blocks,
+        "evicted_blocks": st.num_evicted_blocks,
+        "skipped_blocks": st.num_skipped_blocks,
+    }
+
+
+def host_tier_note(tier: HostKVTier) -> str:
+    """One line on what the tier did in a run."""
+    st = tier.stats
+    wait = f" (mean wait {st.load_seconds / st.num_loads * 1e3:.1f} ms)" if st.num_loads else ""
+    skipped = f", {st.num_skipped_blocks:,} not stored (every chunk pinned)" if st.num_skipped_blocks else ""
+    return (
+        f"CPU KV tier ({tier.size_gib:g} GiB, {tier.num_blocks:,} blocks of {tier.block_size} tokens): "
+        f"{st.num_hits:,} prompt tokens loaded in {st.num_loads:,} loads{wait}; {st.num_stored_blocks:,} "
+        f"blocks stored, {st.num_evicted_blocks:,} evicted{skipped}"
+    )

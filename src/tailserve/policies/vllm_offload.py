@@ -1,0 +1,157 @@
+"""vLLM's native KV offloading, the scheduler's side: loads from the CPU tier (``--kv-offloading-size``).
+
+Followed from vLLM 0.32 (``v1/core/sched/scheduler.py`` with the ``OffloadingConnector``):
+
+- **Admission.** A new request's GPU prefix hit is looked up first; the CPU tier is then asked
+  for the blocks right after it (``get_num_new_matched_tokens``). When it holds some, the request
+  is admitted *for loading only* (``load_kv_async``): it gets blocks for its hit and the loaded
+  tokens (``allocate_slots`` with ``num_new_tokens=0``, the full-sequence gate and the watermark
+  as any admission, and ``reserved_blocks``: what the prefills in flight still need to finish),
+  uses no token budget, and leaves the waiting queue for ``WAITING_FOR_REMOTE_KVS``
+  (``Scheduler.loading``); the pass goes on to the next request. A load that does not fit stops
+  the pass, as any admission that does not fit.
+- **The transfer.** The worker starts it with the step that carries it, on its own stream, after
+  the transfers before it (``cpu/gpu_worker.py``: one stream per transfer, each waiting for the
+  previous one): ``start = max(step start, link free)``, ``done = start + tokens x the KV bytes
+  per token per GPU / the host link's bandwidth`` (``CostModel.swap_time``: each GPU moves its
+  own shard in parallel). Stores go the other way and are not priced (they delay nothing).
+- **Back to waiting.** The worker reports a finished load at the end of a step
+  (``get_finished``); the next pass puts the request back to the waiting queue with its loaded
+  blocks cached and its computed tokens counted, recomputing the last prompt token when the hit
+  covered it all (``_update_waiting_for_remote_kv``). vLLM drains those requests before the
+  waiting queue (its ``kv_holding_waiting`` queue); tailserve puts them at the waiting queue's
+  front in the order they were admitted, the same order under FCFS (under ``priority`` a more
+  urgent new arrival goes first). Under async scheduling a step's report is read one pass later
+  (its output is applied after the next step is scheduled). An idle engine wakes when a load is
+  done (``next_wakeup``).
+
+vLLM counts a loaded prompt's tokens as cached (``num_cached_tokens`` = its computed tokens at
+first schedule), so TTFT and the hit rate read as vLLM's; the tier's own figures are its stats
+(``HostTierStats``, the run's note).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.kv.prefix import PrefixMatch
+
+
+@dataclass(slots=True)
+class _Load:
+    keys: list[int]  # the chunks it loads, pinned in the tier until it is done
+    start: float  # when it was admitted (its step's start)
+    done: float  # when its KV is on the GPU
+
+
+class OffloadLoads:
+    """The loads in flight of one engine and its host link."""
+
+    def __init__(self, async_scheduling: bool) -> None:
+        # Seconds to move one token's KV shard from host to GPU (``bind``); None until a cost
+        # model prices it.
+        self.seconds_per_token: float | None = None
+        self.async_scheduling = async_scheduling
+        self._link_free = 0.0
+        self._loads: dict[Request, _Load] = {}
+        # Async scheduling: loads found done at the last pass, promoted at this one.
+        self._reported: list[Request] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._loads)
+
+    def next_done(self, now: float) -> float | None:
+        """When an idle engine must look again: the earliest load still to finish."""
+        return min((load.done for load in self._loads.values() if load.done > now), default=None)
+
+    def start(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, num_load: int,
+              now: float, reserve: int, full_sequence: bool) -> bool:  # fmt: skip
+        """Admit ``request`` to load ``num_load`` tokens after its GPU hit of ``hit``; False
+        (nothing changed) when its blocks do not fit. The caller has removed nothing yet; on
+        success the request has left the waiting queue for ``sched.loading``."""
+        if self.seconds_per_token is None:
+            raise RuntimeError("kv offloading needs a cost model to price its loads (bind_cost_model)")
+        kv = sched.kv_cache
+        rid = request.request_id
+        free = kv.free_block_count()
+        empty = PrefixMatch(0, [])
+        hit_match = match if match is not None else empty
+        if full_sequence and kv.num_blocks_needed_after_hit(hit_match, request.num_tokens) + reserve > free:
+            return False
+        total = hit + num_load
+        if kv.num_blocks_needed_after_hit(hit_match, total) + reserve > free - self._reserved(sched):
+            return False
+        # The loaded blocks are cached when they arrive (``delay_cache_blocks``).
+        if match is not None and hit:
+            sched.allocate_with_cached_prefix(
+                request, match, total, num_computed_tokens=total, register=False
+            )
+        else:
+            if kv.allocate(rid, total) is None:
+                return False
+            request.num_computed_tokens = total
+        keys = kv.host_keys(rid, hit, num_load)  # type: ignore[attr-defined]
+        host = kv.host
+        assert host is not None
+        host.pin(keys)
+        begin = now if now > self._link_free else self._link_free
+        done = self._link_free = begin + num_load * self.seconds_per_token
+        self._loads[request] = _Load(keys, now, done)
+        host.stats.num_loads += 1
+        host.stats.num_hits += num_load
+        sched.waiting.pop_request()
+        sched.loading.append(request)
+        return True
+
+    def _reserved(self, sched: Scheduler) -> int:
+        """vLLM's ``_inflight_prefill_reserved_blocks``: the blocks the prefills in flight (those
+        running and not done with their prompt, and the loads) still need for their whole
+        sequence."""
+        kv = sched.kv_cache
+        tables = kv.block_tables
+        reserved = 0
+        for request in (*sched.running, *sched.loading):
+            if request.num_computed_tokens < request.prompt_len or request in self._loads:
+                need = kv.blocks_for(request.num_tokens) - len(tables.get(request.request_id, ()))
+                if need > 0:
+                    reserved += need
+        return reserved
+
+    def promote(self, sched: Scheduler, now: float) -> None:
+        """Put the requests whose KV is in back at the waiting queue's front, their loaded blocks
+        cached and counted (the last prompt token recomputed when the hit covered it all)."""
+        loads = self._loads
+        if self.async_scheduling and sched.running:
+            ready = self._reported  # reported by the step in flight before: seen now
+        else:  # (an idle engine's empty steps report at once)
+            ready = [r for r, load in loads.items() if load.done <= now]
+        if ready:
+            kv = sched.kv_cache
+            host = kv.host
+            assert host is not None
+            for request in ready:
+                load = loads.pop(request)
+                host.unpin(load.keys)
+                host.stats.load_seconds += load.done - load.start
+                sched.loading.remove(request)
+                sched.cache_computed(request, request.num_computed_tokens)
+                if request.num_computed_tokens >= request.num_tokens:
+                    request.num_computed_tokens = request.num_tokens - 1
+                if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
+                    request.num_cached_tokens = request.num_computed_tokens
+        if self.async_scheduling:
+            self._reported = [r for r, load in loads.items() if load.done <= now]
+        for request in reversed(ready):
+            sched.waiting.prepend_request(request)
+
+    def forget(self, sched: Scheduler, finished: list[Request]) -> None:
+        """Loads of requests that left (aborted while loading) are dropped, their chunks unpinned."""
+        host = sched.kv_cache.host
+        for request in finished:
+            load = self._loads.pop(request, None)
+            if load is not None and host is not None:
+                host.unpin(load.keys)
+            if request in self._reported:
+                self._reported.remove(request)
