@@ -121,6 +121,8 @@ def command_line(
                 "num_speculative_tokens": config.num_speculative_tokens,
             }
             parts.append(f"--speculative-config '{json.dumps(speculative)}'")
+        if spec.name == "vllm" and config.kv_offloading_size:
+            parts.append(f"--kv-offloading-size {config.kv_offloading_size:g}")  # the native CPU tier
         parts += _engine_flags(spec, "vllm")
         return " ".join(parts)
     if spec.name == "sglang":
