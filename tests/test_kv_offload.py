@@ -347,3 +347,29 @@ def test_vllm_line_maps_the_native_tier_and_says_what_it_does_not_model():
     assert verdicts("vllm serve m --kv-offloading-backend native")["--kv-offloading-backend"] == "no-op"
     simple = "VLLM_USE_SIMPLE_KV_OFFLOAD=1 " + line
     assert verdicts(simple)["--kv-offloading-size"] == "not modelled"
+
+
+# ---- a live engine (serve --executor sim) ------------------------------------------------------
+def test_a_live_simulated_engine_counts_tier_loads_as_vllms_external_hits(tmp_path):
+    from tailserve.llm import LLMEngine, SamplingParams
+    from torch_helpers import micro_model
+
+    engine = LLMEngine.from_args(
+        str(micro_model(tmp_path)), executor="sim", hardware="H100-SXM", sim_model="Llama-3-8B",
+        policy="vllm", policy_flags={"kv_offloading_size": 1.0},
+    )  # fmt: skip
+    prompt = list(range(100, 140))  # 40 tokens: two full blocks
+
+    def serve(rid: str) -> None:
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    serve("first")
+    engine.scheduler.kv_cache.drop_cached()  # gone from the GPU, still in the tier
+    serve("second")
+    stats = engine.stats()
+    # The second request's two blocks came from the tier (vLLM's external counters), none from
+    # the GPU cache; its own lookup past the GPU hit asked for its whole prompt.
+    assert (stats.external_prefix_cache_hits, stats.prefix_cache_hits) == (32, 0)
+    assert stats.external_prefix_cache_queries == 2 * len(prompt)

@@ -39,7 +39,7 @@ class EngineStats:
     num_swapped: int
     kv_cache_usage: float  # 0..1, fraction of KV blocks in use
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache (vLLM's counter)
-    prefix_cache_hits: int  # of which were cached
+    prefix_cache_hits: int  # of which were cached (on the GPU)
     num_preemptions: int
     num_prompt_tokens: int  # of requests that produced their first token
     num_generation_tokens: int
@@ -47,6 +47,10 @@ class EngineStats:
     # the cores other processes leave free, executors/pytorch/threads.py); empty for others.
     cpu_thread_seconds: tuple[tuple[int, float], ...] = ()
     cpu_threads: int = 0  # the count it steps with now (0: not a CPU torch executor)
+    # A CPU offloading tier's (vLLM's connector counters; 0 without one): prompt tokens looked
+    # up past the GPU hit, and those loaded from the tier
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
 
 
 class StepFailedError(RuntimeError):
@@ -98,6 +102,7 @@ class LLMEngine:
         self._aborted: list[Request] = []
         self._ids: set[str] = set()
         self._prefix_queries = self._prefix_hits = 0
+        self._external_queries = self._external_hits = 0  # a CPU offloading tier's (vLLM's connector)
         self._prompt_tokens = self._generation_tokens = 0
 
     @classmethod
@@ -241,7 +246,12 @@ class LLMEngine:
     def _output(self, request: Request, state: TextState, finished: bool) -> RequestOutput:
         if state.num_reported_tokens == 0 and state.pending:
             self._prefix_queries += request.prompt_len
-            self._prefix_hits += request.num_cached_tokens
+            external = request.num_external_cached_tokens
+            self._prefix_hits += request.num_cached_tokens - external
+            if self.scheduler.kv_cache.host is not None:
+                # vLLM's connector counters: the tokens past the GPU hit, and those loaded
+                self._external_queries += request.prompt_len - request.num_cached_tokens + external
+                self._external_hits += external
             self._prompt_tokens += request.prompt_len
         new_ids, state.pending = state.pending, []
         self._generation_tokens += len(new_ids)
@@ -277,11 +287,14 @@ class LLMEngine:
         threads = getattr(self.stop_checker.inner, "threads", None)  # the torch executor's controller
         return EngineStats(
             num_running=len(sched.running),
-            num_waiting=len(sched.waiting) + self.source.num_pending,
+            # (vLLM counts requests loading KV as waiting: its kv_holding_waiting queue)
+            num_waiting=len(sched.waiting) + len(sched.loading) + self.source.num_pending,
             num_swapped=len(sched.swapped),
             kv_cache_usage=sched.kv_cache.usage,
             prefix_cache_queries=self._prefix_queries,
             prefix_cache_hits=self._prefix_hits,
+            external_prefix_cache_queries=self._external_queries,
+            external_prefix_cache_hits=self._external_hits,
             num_preemptions=sched.num_preemptions,
             num_prompt_tokens=self._prompt_tokens,
             num_generation_tokens=self._generation_tokens,

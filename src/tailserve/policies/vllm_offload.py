@@ -63,8 +63,10 @@ class OffloadLoads:
         return bool(self._loads)
 
     def next_done(self, now: float) -> float | None:
-        """When an idle engine must look again: the earliest load still to finish."""
-        return min((load.done for load in self._loads.values() if load.done > now), default=None)
+        """When an idle engine must look again: the earliest load to finish. (In virtual time an
+        idle engine's pass has promoted every load done by then; on a wall clock one may finish
+        between that pass and the wait, which then returns at once.)"""
+        return min((load.done for load in self._loads.values()), default=None)
 
     def start(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, num_load: int,
               now: float, reserve: int, full_sequence: bool) -> bool:  # fmt: skip
@@ -141,6 +143,7 @@ class OffloadLoads:
                     request.num_computed_tokens = request.num_tokens - 1
                 if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
                     request.num_cached_tokens = request.num_computed_tokens
+                    request.num_external_cached_tokens = len(load.keys) * kv.block_size
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now]
         for request in reversed(ready):

@@ -102,6 +102,16 @@ class ServerMetrics:
         self.prefix_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        self.external_queries = counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+            "number of queried tokens.",
+        )
+        self.external_hits = counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of "
+            "number of cached tokens.",
+        )
         self.preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
         )
@@ -171,6 +181,7 @@ class ServerMetrics:
         self._last_queries = 0
         self._last_hits = 0
         self._last_preemptions = 0
+        self._last_external = (0, 0)
 
     def observe_outputs(self, outputs: Sequence[RequestOutput]) -> None:
         for out in outputs:
@@ -225,6 +236,13 @@ class ServerMetrics:
         if preemptions > self._last_preemptions:
             self.preemptions.inc(preemptions - self._last_preemptions)
         self._last_queries, self._last_hits, self._last_preemptions = queries, hits, preemptions
+        external = (stats.external_prefix_cache_queries, stats.external_prefix_cache_hits)
+        for counter, now, last in zip(
+            (self.external_queries, self.external_hits), external, self._last_external
+        ):
+            if now > last:
+                counter.inc(now - last)
+        self._last_external = external
         for threads, seconds in stats.cpu_thread_seconds:
             gained = seconds - self._last_thread_seconds.get(threads, 0.0)
             if gained > 0:
