@@ -373,3 +373,28 @@ def test_a_live_simulated_engine_counts_tier_loads_as_vllms_external_hits(tmp_pa
     # the GPU cache; its own lookup past the GPU hit asked for its whole prompt.
     assert (stats.external_prefix_cache_hits, stats.prefix_cache_hits) == (32, 0)
     assert stats.external_prefix_cache_queries == 2 * len(prompt)
+
+
+def test_explain_charges_the_load_wait_to_its_own_cause():
+    from tailserve.metrics.attribution import KV_LOAD, Attributor
+
+    config = VllmConfig(2048, 64, kv_offloading_size=1.0, async_scheduling=False)
+    policy = VllmPolicy(config)
+    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    policy.bind_cost_model(cost, True)
+    kv = make_kv_cache(policy.kv_spec(), 64, 16, num_host_blocks=64)
+    sched = Scheduler(policy, kv, 4096)
+    first = token_request("a", [*SYSTEM, 1], max_tokens=1, t=0.0)
+    second = token_request("b", [*SYSTEM, 2], max_tokens=1, t=5.0)
+    options = EngineOptions(False, True, record_batches=True)
+    engine = Engine(sched, SimExecutor(cost, 16), ListSource([first, second]), options=options)
+    while not first.is_finished:
+        engine.step()
+    kv.drop_cached()
+    SimDriver(engine).run()
+    start, end = second.kv_load_span
+    assert start == pytest.approx(5.0) and end - start == pytest.approx(96 * cost.swap_time(1))
+    breakdown = Attributor(engine.requests, engine.batches, "vllm").ttft(second)
+    assert breakdown.components[KV_LOAD] == pytest.approx(end - start)
+    assert sum(breakdown.components.values()) == pytest.approx(breakdown.seconds)
+    assert first.kv_load_span is None

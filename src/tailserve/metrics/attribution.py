@@ -54,6 +54,7 @@ BATCHED_DECODE = "batched_decode"
 PREFILL = "prefill"
 DECODE = "decode"
 PREEMPTION = "preemption"
+KV_LOAD = "kv_load"
 OTHER = "other"
 
 TTFT_CAUSES = (
@@ -64,6 +65,7 @@ TTFT_CAUSES = (
     BATCHED_DECODE,
     PREFILL,
     PREEMPTION,
+    KV_LOAD,
     OTHER,
 )
 TBT_CAUSES = (DECODE, BATCHED_PREFILL, QUEUED_PREFILL, PREEMPTION, OTHER)
@@ -77,6 +79,7 @@ CAUSE_TEXT = {
     PREFILL: "its own prefill compute",
     DECODE: "decode compute",
     PREEMPTION: "lost to preemption and recompute",
+    KV_LOAD: "loading its cached prefix from CPU memory",
     OTHER: "idle / other",
 }
 
@@ -90,6 +93,7 @@ CAUSE_SHORT = {
     PREFILL: "own prefill",
     DECODE: "decode",
     PREEMPTION: "preemption",
+    KV_LOAD: "KV load",
     OTHER: "idle/other",
 }
 
@@ -321,16 +325,17 @@ class Attributor:
         (start, end, cause) in time order, a split slice drawn as its parts one after another."""
         walk = _Walk(request.request_id, t0, before_first, computed)
         parts = dict.fromkeys(TTFT_CAUSES if before_first else TBT_CAUSES, 0.0)
-        flat = self.flat
-        first = flat.first_grant.get(request.request_id) if before_first else None
-        j0 = bisect_left(flat.starts, t0)
-        if first is not None and segments is None and j0 < first and flat.starts[first] <= t1:
-            # Whole iterations between its arrival and its first run: the same rules, at once.
-            self._walk(walk, parts, t0, flat.starts[j0], None)
-            self._waiting(walk, parts, j0, first)
-            self._walk(walk, parts, flat.starts[first], t1, None)
+        load = request.kv_load_span if before_first else None
+        if load is not None and t0 <= load[0] <= load[1] <= t1:
+            # Admitted to load its prefix from a CPU tier (policies/vllm_offload.py): neither
+            # waiting nor running until the load is in, whatever ran meanwhile.
+            self._span(walk, parts, t0, load[0], segments)
+            parts[KV_LOAD] += load[1] - load[0]
+            if segments is not None and load[1] > load[0]:
+                segments.append((load[0], load[1], KV_LOAD))
+            self._span(walk, parts, load[1], t1, segments)
         else:
-            self._walk(walk, parts, t0, t1, segments)
+            self._span(walk, parts, t0, t1, segments)
         blockers = [
             Blocker(b, self.requests[b].prompt_len if b in self.requests else 0, sec)
             for b, sec in sorted(walk.blame.items(), key=lambda x: -x[1])
@@ -345,6 +350,26 @@ class Attributor:
             walk.chunks,
             walk.preemptions,
         )
+
+    def _span(
+        self,
+        walk: _Walk,
+        parts: dict[str, float],
+        t0: float,
+        t1: float,
+        segments: list[tuple[float, float, str]] | None,
+    ) -> None:
+        """[t0, t1] by the rules: whole iterations before a request's first run at once."""
+        flat = self.flat
+        first = flat.first_grant.get(walk.request_id) if walk.before_first else None
+        j0 = bisect_left(flat.starts, t0)
+        if first is not None and segments is None and j0 < first and flat.starts[first] <= t1:
+            # Whole iterations between its arrival and its first run: the same rules, at once.
+            self._walk(walk, parts, t0, flat.starts[j0], None)
+            self._waiting(walk, parts, j0, first)
+            self._walk(walk, parts, flat.starts[first], t1, None)
+        else:
+            self._walk(walk, parts, t0, t1, segments)
 
     def _walk(
         self,

@@ -13,6 +13,7 @@ from tailserve.metrics.attribution import (
     BATCHED_PREFILL,
     CAUSE_TEXT,
     DECODE_WAIT,
+    KV_LOAD,
     KV_WAIT,
     OTHER,
     PREEMPTION,
@@ -119,6 +120,9 @@ _REMEDIES: dict[tuple[str, str], str] = {
     (PREFILL, ""): "no scheduler setting shortens a prompt's own compute: more tensor parallelism "
     "(`--tp`), a faster GPU, or prefix caching for shared prompts (`--enable-prefix-caching` in "
     "vllm-v0; on by default in vllm, sglang and tgi); smaller chunks lengthen it slightly",
+    (KV_LOAD, ""): "its prefix came from the CPU offloading tier over PCIe instead of the GPU cache "
+    "(still far cheaper than recomputing it): a larger GPU KV cache (`--gpu-memory-utilization`, "
+    "FP8 KV) keeps more prefixes on the GPU",
     (OTHER, ""): "the engine was idle while it waited: a batching timer (static `--max-wait`) or "
     "nothing schedulable",
 }

@@ -144,6 +144,7 @@ class OffloadLoads:
                 if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
                     request.num_cached_tokens = request.num_computed_tokens
                     request.num_external_cached_tokens = len(load.keys) * kv.block_size
+                    request.kv_load_span = (load.start, now)
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now]
         for request in reversed(ready):

@@ -28,6 +28,7 @@ CAUSE_COLORS = {
     "batched_decode": "#17becf",
     "prefill": "#2ca02c",
     "preemption": "#8c564b",
+    "kv_load": "#e377c2",
     "other": "#c7c7c7",
 }
 DECODE_COLOR = "#1f77b4"
