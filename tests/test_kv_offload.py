@@ -392,9 +392,10 @@ def test_explain_charges_the_load_wait_to_its_own_cause():
         engine.step()
     kv.drop_cached()
     SimDriver(engine).run()
-    start, end = second.kv_load_span
+    start, end, loaded = second.kv_load
+    assert loaded == 96
     assert start == pytest.approx(5.0) and end - start == pytest.approx(96 * cost.swap_time(1))
     breakdown = Attributor(engine.requests, engine.batches, "vllm").ttft(second)
     assert breakdown.components[KV_LOAD] == pytest.approx(end - start)
     assert sum(breakdown.components.values()) == pytest.approx(breakdown.seconds)
-    assert first.kv_load_span is None
+    assert first.kv_load is None

@@ -83,10 +83,10 @@ class Request:
     status_reason: str | None = None  # why it was aborted or rejected
     enqueue_time: float | None = None  # seconds; when it last entered the waiting queue
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
-    # of which loaded from a CPU offloading tier (vLLM's external hits: policies/vllm_offload.py)
-    num_external_cached_tokens: int = 0
-    # (admitted to load, put back to waiting with the KV in): seconds; None without a load
-    kv_load_span: tuple[float, float] | None = None
+    # A load of its prefix from a CPU offloading tier (policies/vllm_offload.py): (admitted to
+    # load, put back to waiting with the KV in) in seconds, and the tokens loaded (of
+    # ``num_cached_tokens``: vLLM's external hits); None without one
+    kv_load: tuple[float, float, int] | None = None
     # vLLM V1's in-flight accounting, kept only for a policy that advances a request's computed
     # tokens when it schedules them (``vllm`` with async scheduling or speculative decoding:
     # ``Scheduler.advance_scheduled``, ``Scheduler.update_advanced``); 0 / False for every other.

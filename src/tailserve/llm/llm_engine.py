@@ -246,7 +246,7 @@ class LLMEngine:
     def _output(self, request: Request, state: TextState, finished: bool) -> RequestOutput:
         if state.num_reported_tokens == 0 and state.pending:
             self._prefix_queries += request.prompt_len
-            external = request.num_external_cached_tokens
+            external = request.kv_load[2] if request.kv_load is not None else 0
             self._prefix_hits += request.num_cached_tokens - external
             if self.scheduler.kv_cache.host is not None:
                 # vLLM's connector counters: the tokens past the GPU hit, and those loaded

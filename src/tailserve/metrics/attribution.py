@@ -325,7 +325,7 @@ class Attributor:
         (start, end, cause) in time order, a split slice drawn as its parts one after another."""
         walk = _Walk(request.request_id, t0, before_first, computed)
         parts = dict.fromkeys(TTFT_CAUSES if before_first else TBT_CAUSES, 0.0)
-        load = request.kv_load_span if before_first else None
+        load = request.kv_load if before_first else None
         if load is not None and t0 <= load[0] <= load[1] <= t1:
             # Admitted to load its prefix from a CPU tier (policies/vllm_offload.py): neither
             # waiting nor running until the load is in, whatever ran meanwhile.

@@ -143,8 +143,7 @@ class OffloadLoads:
                     request.num_computed_tokens = request.num_tokens - 1
                 if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
                     request.num_cached_tokens = request.num_computed_tokens
-                    request.num_external_cached_tokens = len(load.keys) * kv.block_size
-                    request.kv_load_span = (load.start, now)
+                    request.kv_load = (load.start, now, len(load.keys) * kv.block_size)
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now]
         for request in reversed(ready):
