@@ -16,6 +16,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.factory import make_kv_cache
 from tailserve.kv.host_tier import host_tier_chunks
+from tailserve.kv.secondary_pool import secondary_pool_blocks
 from tailserve.policies.fairness import with_fairness
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 
@@ -114,7 +115,8 @@ def build_scheduler(
     to refuse.
 
     ``host_copies``: copies of a KV block a CPU offloading tier keeps (vLLM's: one per TP rank, one
-    where the ranks replicate it); None where the executor has no CPU tier (the real one)."""
+    where the ranks replicate it); None where the executor has no CPU tier (the real one), which
+    refuses TensorRT-LLM's host pool too (sized per GPU, it ignores the copies)."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
     notes = cls.default_notes(device, config, spec.flags)
@@ -144,6 +146,15 @@ def build_scheduler(
         num_host_blocks = host_tier_chunks(
             offload_gib, size.block_size * size.kv_bytes_per_token, host_copies
         )
+    host_cache_bytes = policy.kv_spec().host_cache_bytes
+    if host_cache_bytes:
+        if host_copies is None:  # the real executor's KV: no host pool behind it
+            raise ValueError(
+                "host_cache_size (TensorRT-LLM's host KV pool) needs the simulated executor (sim)"
+            )
+        # bytes per GPU, each rank's own pool of its own shards (resource_manager.py
+        # calculate_max_num_blocks): the rank's bytes per token, whatever the TP degree
+        num_host_blocks = secondary_pool_blocks(host_cache_bytes, size.kv_bytes_per_token, size.block_size)
     scheduler = make_scheduler(
         policy,
         size.num_blocks,

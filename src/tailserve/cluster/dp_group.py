@@ -118,6 +118,9 @@ class LockstepStage(Stage):
         if cm.windowed:
             windows = [None if p is None else window_shape(p[0], cm.model.sliding_window) for p in pending]
         duration = cm.group_time(shapes, windows)
+        # Host copies a rank's forward waits for (TensorRT-LLM's host pool): the group waits
+        # for the slowest rank's.
+        duration += max((p[0].kv_copy_time for p in pending if p is not None), default=0.0)
         accepted: list[dict[str, int] | None] = [None] * len(pending)
         if getattr(executor, "spec", None) is not None:
             # Each rank drafts for its own requests and draws its own acceptances; the drafter's

@@ -128,6 +128,10 @@ class SchedulerOutput:
     # happen: ``Scheduler.preempt_by_swap`` refuses to swap out after a swap-in in one step.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Seconds this iteration's forward pass waits for KV copies between host and GPU that the
+    # policy issued with it and priced itself (TensorRT-LLM's host pool: onboards and offloads,
+    # ``policies/trtllm_host_cache.py``); 0.0 without any. The simulated executor adds them.
+    kv_copy_time: float = 0.0
     # ``token_counts`` as counted by a pass over ``scheduled`` that already ran (the simulator's
     # ``batch_shape``, which the engine's log would otherwise repeat after every stepped
     # iteration); None until then. Set only once ``scheduled`` is final.
@@ -197,6 +201,7 @@ def new_output() -> SchedulerOutput:
     out.num_spec_tokens_to_schedule = 0
     out.blocks_to_swap_out = []
     out.blocks_to_swap_in = []
+    out.kv_copy_time = 0.0
     out.counted_tokens = None
     out.decode_head = None
     return out

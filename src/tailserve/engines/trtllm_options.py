@@ -160,9 +160,15 @@ KEYS = (
     FlagSpec("kv_cache_config.copy_on_partial_reuse", bool, NOT_MODELLED,
              "copies a partly matched block that is in use; tailserve reuses whole blocks only",
              _field("KvCacheConfig", "copy_on_partial_reuse"), "true"),
-    FlagSpec("kv_cache_config.host_cache_size", int | None, NOT_MODELLED,
-             "a host-memory pool that evicted blocks go to for later reuse",
-             _field("KvCacheConfig", "host_cache_size")),
+    FlagSpec("kv_cache_config.host_cache_size", int | None, SCHEDULING,
+             "bytes of host memory per GPU for a secondary KV block pool: blocks evicted from the GPU are "
+             "offloaded there and onboarded when a request reuses them (kv/secondary_pool.py)",
+             _field("KvCacheConfig", "host_cache_size"), target="host_cache_size"),
+    FlagSpec("kv_cache_config.secondary_offload_min_priority", int | None, SCHEDULING,
+             "only blocks of at least this retention priority are offloaded to the host pool (every block "
+             "has the default, 35, as no request sets a retention config)",
+             _field("KvCacheConfig", "secondary_offload_min_priority"), "30",
+             target="secondary_offload_min_priority"),
     FlagSpec("kv_cache_config.max_attention_window", list | None, NOT_MODELLED,
              "sliding-window attention: only the last tokens stay in the KV cache",
              _field("KvCacheConfig", "max_attention_window")),

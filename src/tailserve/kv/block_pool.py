@@ -34,7 +34,7 @@ per trace block (``kv/trace_block_index.py``) instead of one per block; it holds
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -77,6 +77,10 @@ class HashedBlockPool(PrefixCache):
         # parent key or None, their blocks' token ids or []) when keys gain their first holder, ("removed", keys) when they
         # lose their last one, in the order it happened; ``take_events`` empties it.
         self.kv_events: list[tuple] | None = None
+        # Called with the keys an allocation evicts (those that lost their last holder, in
+        # eviction order): TensorRT-LLM's secondary pool offloads them (kv/secondary_pool.py);
+        # None (vLLM) evicts them for good.
+        self.on_evict: Callable[[list[int]], None] | None = None
 
     def _record_stored(
         self,
@@ -223,7 +227,9 @@ class HashedBlockPool(PrefixCache):
             refs[from_ring] = 1
             keyed = from_ring[self._keys[from_ring] != NO_KEY]
             if len(keyed):
-                self._forget_keys(keyed)
+                keys, gone = self._forget_keys(keyed)
+                if self.on_evict is not None:
+                    self.on_evict(keys[gone].tolist())
                 evicted = len(keyed)
                 self._num_free_cached -= evicted
                 self._num_cached_blocks -= evicted
@@ -349,8 +355,9 @@ class HashedBlockPool(PrefixCache):
             raise ValueError(f"trace keys with {per} keys per trace block, but this pool's have {index.per}")
         return index
 
-    def _forget_keys(self, block_ids: np.ndarray) -> None:
-        """Take the blocks' keys off them (the caller updates the counters)."""
+    def _forget_keys(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Take the blocks' keys off them (the caller updates the counters). Returns the keys
+        they had and which of them lost their last holder."""
         keys = self._keys[block_ids]
         trace = self._trace_index
         if trace is None:
@@ -368,6 +375,7 @@ class HashedBlockPool(PrefixCache):
         self._keys[block_ids] = NO_KEY
         if self.kv_events is not None and gone.any():
             self.kv_events.append(("removed", keys[gone].tolist()))
+        return keys, gone
 
     # ---- PrefixCache --------------------------------------------------------------------------
     def lock(self, match: PrefixMatch) -> None:

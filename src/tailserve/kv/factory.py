@@ -12,6 +12,7 @@ from tailserve.kv.hashed import HashedKVCacheManager
 from tailserve.kv.host_tier import HostKVTier
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.radix_manager import RadixKVCacheManager
+from tailserve.kv.secondary_pool import SecondaryBlockPool
 from tailserve.kv.spec import KVSpec
 
 
@@ -23,11 +24,18 @@ def make_kv_cache(
     shares_prefixes: bool = True,
     num_host_blocks: int = 0,
 ) -> KVCacheManager:
-    """``num_host_blocks``: the CPU offloading tier's chunks (``spec.offload_gib`` sized by the
-    assembler); a workload without token identities gets no tier, as it gets no prefix cache."""
+    """``num_host_blocks``: the host tier's blocks, sized by the assembler: vLLM's CPU
+    offloading chunks (``spec.offload_gib``) or TensorRT-LLM's secondary pool
+    (``spec.host_cache_bytes``); a workload without token identities gets no tier, as it gets
+    no prefix cache."""
     if shares_prefixes and spec.kind == "hashed":
         host = HostKVTier(num_host_blocks, block_size, spec.offload_gib) if spec.offload_gib else None
-        return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks, host)
+        secondary = (
+            SecondaryBlockPool(num_host_blocks, block_size, spec.host_cache_bytes)
+            if spec.host_cache_bytes
+            else None
+        )
+        return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks, host, secondary)
     if shares_prefixes and spec.kind == "radix":
         return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.radix)
     return KVCacheManager(num_blocks, block_size, num_cpu_blocks)

@@ -18,6 +18,7 @@ from tailserve.kv.block_pool import HashedBlockPool
 from tailserve.kv.host_tier import HostKVTier
 from tailserve.kv.paged import KVCacheIntegrityError, KVCacheManager
 from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
+from tailserve.kv.secondary_pool import SecondaryBlockPool
 
 
 class HashedKVCacheManager(KVCacheManager):
@@ -27,7 +28,12 @@ class HashedKVCacheManager(KVCacheManager):
     holds_by_table_length: ClassVar[bool] = False  # ``holds`` below: always False
 
     def __init__(
-        self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0, host: HostKVTier | None = None
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_cpu_blocks: int = 0,
+        host: HostKVTier | None = None,
+        secondary: SecondaryBlockPool | None = None,
     ) -> None:
         super().__init__(num_blocks, block_size, num_cpu_blocks)
         # vLLM's CPU offloading tier behind the pool (``kv/host_tier.py``), None without one;
@@ -36,6 +42,11 @@ class HashedKVCacheManager(KVCacheManager):
         self.host = host
         self._host_range: dict[str, list[int]] = {}
         self.pool = HashedBlockPool(num_blocks, block_size)
+        # TensorRT-LLM's secondary (host) pool, None without one: the blocks an allocation
+        # evicts go there (kv/secondary_pool.py); ``secondary_lookup`` and ``onboard`` below.
+        self.secondary = secondary
+        if secondary is not None:
+            self.pool.on_evict = secondary.offload
         self._free = []  # unused: the pool owns free blocks and ref counts
         self._keys: dict[str, list[int]] = {}  # request id -> full-block keys
         # request id -> the token ids its keys were made from (KV events' ``token_ids``)
@@ -100,6 +111,9 @@ class HashedKVCacheManager(KVCacheManager):
             return None
         full = min(len(keys), num_tokens // self.block_size)
         cached = self.pool.num_cached_prefix(keys)  # the whole sequence: Mooncake keys index apart
+        if self.secondary is not None and cached < full:
+            # findNewContextBlock walks the reuse tree, whose blocks may be in host memory
+            cached += self.secondary.lookup(keys, cached, full)
         # A chain key names its whole prefix, so two requests share it exactly when they share
         # every block up to it (TensorRT-LLM's BlockKey accumulates those tokens the same way).
         return keys[cached] if cached < full else None
@@ -216,6 +230,25 @@ class HashedKVCacheManager(KVCacheManager):
         start = num_hit_tokens // bs
         return self._keys[request_id][start : start + num_tokens // bs]
 
+    # ---- TensorRT-LLM's secondary (host) pool ------------------------------------------------
+    def secondary_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:
+        """Tokens the host pool holds right after the request's GPU hit of ``num_hit_tokens``:
+        whole blocks, capped as the GPU match is (at least one of ``num_tokens`` computed)."""
+        keys = self._keys.get(request_id)
+        if self.secondary is None or not keys:
+            return 0
+        start = num_hit_tokens // self.block_size
+        stop = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
+        return self.secondary.lookup(keys, start, stop) * self.block_size if stop > start else 0
+
+    def onboard(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> None:
+        """The request reuses the host pool's blocks ``[num_hit_tokens, + num_tokens)``: they
+        leave it (their slots freed) before its GPU blocks are taken, so that allocation cannot
+        offload over them (the engine claims a matched block before onboarding it)."""
+        assert self.secondary is not None
+        start = num_hit_tokens // self.block_size
+        self.secondary.onboard(self._keys[request_id][start : start + num_tokens // self.block_size])
+
     def _touch_host(self, request_id: str) -> None:
         """vLLM's ``on_request_finished``: the chunks the request stored or loaded become newest."""
         span = self._host_range.pop(request_id, None)
@@ -256,6 +289,8 @@ class HashedKVCacheManager(KVCacheManager):
         self._check_cpu()
         if self.host is not None:
             self.host.check_integrity()
+        if self.secondary is not None:
+            self.secondary.check_integrity()
         # ``registers_from``, which callers trust to skip ``register_computed``: below it no
         # block can be registered, at it the next key's block can (the table permitting).
         for request_id in self._keys.keys() | self.registers_from.keys():

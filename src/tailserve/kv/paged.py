@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tailserve.kv.host_tier import HostKVTier
     from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
     from tailserve.kv.radix import RadixCache
+    from tailserve.kv.secondary_pool import SecondaryBlockPool
 
 
 # Below this many ids a Python loop sets reference counts faster than numpy, whose fixed cost
@@ -67,6 +68,9 @@ class KVCacheManager:
     holds_by_table_length: ClassVar[bool] = True
     # vLLM's CPU offloading tier (``kv/host_tier.py``): only the hashed manager has one.
     host: HostKVTier | None = None
+    # TensorRT-LLM's secondary (host) block pool (``kv/secondary_pool.py``): only the hashed
+    # manager has one.
+    secondary: SecondaryBlockPool | None = None
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:

@@ -26,6 +26,9 @@ class KVSpec:
     # hashed: a CPU tier behind the prefix cache (vLLM --kv-offloading-size), GiB over all TP
     # ranks; 0 without one (kv/host_tier.py)
     offload_gib: float = 0.0
+    # hashed: TensorRT-LLM's secondary (host) block pool behind the reuse pool
+    # (kv_cache_config.host_cache_size), bytes per GPU; 0 without one (kv/secondary_pool.py)
+    host_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
@@ -37,6 +40,16 @@ class KVSpec:
         if self.offload_gib and self.kind != "hashed":
             raise ValueError(
                 "a CPU offloading tier sits behind vLLM's hashed prefix cache: enable prefix caching"
+            )
+        if self.host_cache_bytes < 0:
+            raise ValueError(f"host_cache_size must be >= 0 bytes, got {self.host_cache_bytes}")
+        if self.host_cache_bytes and self.kind != "hashed":
+            raise ValueError(
+                "TensorRT-LLM's host KV pool holds blocks evicted from the reuse tree: enable block reuse"
+            )
+        if self.host_cache_bytes and self.offload_gib:
+            raise ValueError(
+                "one host KV tier per engine: vLLM's kv_offloading_size or TensorRT-LLM's host_cache_size"
             )
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")

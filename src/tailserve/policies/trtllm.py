@@ -123,6 +123,7 @@ from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
+from tailserve.kv.secondary_pool import DEFAULT_RETENTION_PRIORITY
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.trtllm_adp import StepCounts
 from tailserve.policies.trtllm_capacity import (
@@ -132,6 +133,7 @@ from tailserve.policies.trtllm_capacity import (
     max_utilization,
 )
 from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
+from tailserve.policies.trtllm_host_cache import HostCacheCopies
 from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
 
@@ -190,6 +192,15 @@ class TrtllmPolicy(Policy, FastPaths):
         self._hold_contexts = False
         in_flight = self._num_drafts if self._overlap else 0
         self._slots = DraftSlots(self._num_drafts, config.num_extra_kv_tokens, in_flight)
+        # The host KV pool's copies (kv_cache_config.host_cache_size: trtllm_host_cache.py),
+        # None without one; used only where the KV manager got the pool (token identities).
+        self._host = HostCacheCopies() if config.offloads_to_host else None
+
+    def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
+        """The host pool's copies are priced as the host link moves a token's KV shard
+        (``CostModel.swap_time``); nothing else here reads the cost model."""
+        if self._host is not None and cost_model is not None:
+            self._host.seconds_per_token = cost_model.swap_time(1)
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> TrtllmConfig:
@@ -202,10 +213,18 @@ class TrtllmPolicy(Policy, FastPaths):
 
     @classmethod
     def default_notes(cls, device: DeviceInfo, config: TrtllmConfig, overrides: dict[str, Any]) -> list[str]:
-        """The overlap scheduler on or off and why, when the engine's rule chose it (not the user)."""
-        if overrides.get("disable_overlap_scheduler") is not None:
-            return []
-        return [overlap_default(device, config.num_draft_tokens)[1]]
+        """The overlap scheduler on or off and why, when the engine's rule chose it (not the
+        user); a host KV pool that nothing is offloaded to."""
+        notes = []
+        if overrides.get("disable_overlap_scheduler") is None:
+            notes.append(overlap_default(device, config.num_draft_tokens)[1])
+        if config.host_cache_size and not config.offloads_to_host:
+            notes.append(
+                f"host_cache_size: secondary_offload_min_priority {config.secondary_offload_min_priority} is "
+                f"above the blocks' retention priority ({DEFAULT_RETENTION_PRIORITY}, none is set per "
+                "request), so no block is offloaded: simulated without the host pool"
+            )
+        return notes
 
     @classmethod
     def profile_tokens(cls, config: TrtllmConfig, max_model_len: int) -> int:
@@ -217,7 +236,9 @@ class TrtllmPolicy(Policy, FastPaths):
         return config.drafter_memory()
 
     def kv_spec(self) -> KVSpec:
-        return KVSpec("hashed" if self.config.enable_block_reuse else "paged")
+        cfg: TrtllmConfig = self.config
+        host = int(cfg.host_cache_size) if cfg.offloads_to_host and cfg.host_cache_size else 0
+        return KVSpec("hashed" if cfg.enable_block_reuse else "paged", host_cache_bytes=host)
 
     def speculative_decoding(self) -> SpecDecoding | None:
         return self._spec
@@ -230,8 +251,9 @@ class TrtllmPolicy(Policy, FastPaths):
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         # With drafts a step advances each request by 1 + the drafts its verification accepts,
-        # a draw per request: stepped, as the vllm policy's.
-        return self._spec is None
+        # a draw per request: stepped, as the vllm policy's. With a host KV pool a decode that
+        # opens a block may evict and offload a cached one, a copy its step waits for: stepped.
+        return self._spec is None and sched.kv_cache.secondary is None
 
     def arrivals_wait_in_async_runs(self, sched: Scheduler) -> bool:
         # With the overlap scheduler, requests waiting and the step in flight having admitted
@@ -249,6 +271,7 @@ class TrtllmPolicy(Policy, FastPaths):
         return (
             self._overlap
             and self._spec is None
+            and sched.kv_cache.secondary is None
             and not cfg.enable_chunked_prefill
             and cfg.capacity_scheduler_policy != MAX_UTILIZATION
         )
@@ -369,6 +392,8 @@ class TrtllmPolicy(Policy, FastPaths):
         # storeContextBlocks after the forward: only now do this step's blocks become reusable.
         for request, tokens in computed_after:
             sched.cache_computed(request, tokens)
+        if self._host is not None and kv.secondary is not None:
+            self._host.price(sched, out)  # prepare_resources' host copies (refresh_blocks waits)
         if drafts or self._overlap:
             # The step's outputs come back as 1 + accepted drafts per generation request, or a
             # step late under overlap: the scheduler's accounting (advance now, outputs in flight
@@ -449,22 +474,34 @@ class TrtllmPolicy(Policy, FastPaths):
         num_tokens = request.num_tokens
         extra = self._slots.extra  # the drafter's num_extra_kv_tokens, added after addSequence
         match = sched.cached_prefix(request) if self.config.enable_block_reuse else None
-        if match is not None and match.num_tokens:
-            prepopulated = match.num_tokens
+        hit = match.num_tokens if match is not None else 0
+        # The host pool's blocks right after the GPU hit are onboarded (trtllm_host_cache.py):
+        # taken out of the pool before the GPU blocks are, reused as the hit is.
+        onboarded = self._host.onboard(sched, request, hit) if self._host is not None and kv.secondary else 0
+        prepopulated = hit + onboarded
+        if prepopulated:
             if prepopulated + chunk < num_tokens:
                 # End the chunk at the same block boundary (prepopulated is block-aligned).
                 chunk = (prepopulated + chunk) // kv.block_size * kv.block_size - prepopulated
             else:
                 chunk = num_tokens - prepopulated
-            fits = sched.allocate_with_cached_prefix(request, match, num_tokens + extra, register=False)
+        if hit:
+            assert match is not None
+            fits = sched.allocate_with_cached_prefix(
+                request, match, num_tokens + extra, num_computed_tokens=prepopulated, register=False
+            )
         else:
-            prepopulated = 0
             fits = kv.allocate(request.request_id, num_tokens + extra) is not None
+            if fits and onboarded:
+                request.num_computed_tokens = prepopulated
         if not fits:
             raise RuntimeError(
                 f"trtllm: no KV blocks for the prompt of {request.request_id} although the capacity "
                 "scheduler counted them (a bug in this policy)"
             )
+        if onboarded:
+            # Onboarded blocks keep their place in the reuse tree, now on the GPU.
+            sched.cache_computed(request, prepopulated)
         if request.first_scheduled_time is None:
             request.num_cached_tokens = prepopulated
         sched.waiting.remove_request(request)

@@ -17,6 +17,10 @@ Where each comes from (``tensorrt_llm/llmapi/llm_args.py`` and ``tensorrt_llm/co
 - ``attention_dp_config`` (``TorchLlmArgs``, an ``AttentionDpConfig``): ``enable_balance`` False,
   ``timeout_iters`` 50, ``batching_wait_iters`` 10, here ``attention_dp_*`` (``trtllm_adp.py``).
 
+- ``kv_cache_config.host_cache_size`` (None: no host pool) and
+  ``secondary_offload_min_priority`` (None: 30): ``KvCacheConfig``; the pool is
+  ``kv/secondary_pool.py``.
+
 ``kv_cache_config.tokens_per_block`` (32) is the engine-wide ``block_size`` flag and
 ``kv_cache_config.free_gpu_memory_fraction`` (0.9) is ``gpu_memory_utilization``, applied as
 TensorRT-LLM applies it: to the memory left after weights and activations (``kv_capacity.py``).
@@ -33,6 +37,7 @@ from typing import Literal
 
 from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.spec_decode import SpecDecoding, resolve_acceptance_rates
+from tailserve.kv.secondary_pool import DEFAULT_RETENTION_PRIORITY, DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY
 from tailserve.policies.trtllm_adp import DEFAULT_BATCHING_WAIT_ITERS, DEFAULT_TIMEOUT_ITERS
 
 GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
@@ -99,6 +104,13 @@ class TrtllmConfig:
     attention_dp_timeout_iters: int = field(default=DEFAULT_TIMEOUT_ITERS, metadata=_WHEN_SET)
     # attention_dp_config.batching_wait_iters: steps contexts then wait while every rank decodes
     attention_dp_batching_wait_iters: int = field(default=DEFAULT_BATCHING_WAIT_ITERS, metadata=_WHEN_SET)
+    # kv_cache_config.host_cache_size: bytes of host memory per GPU for a secondary KV block pool;
+    # GPU blocks evicted from the reuse tree are offloaded there and onboarded when reused
+    # (kv/secondary_pool.py, policies/trtllm_host_cache.py). none or 0: no pool
+    host_cache_size: int | None = field(default=None, metadata=_WHEN_SET)
+    # kv_cache_config.secondary_offload_min_priority: only blocks of at least this retention
+    # priority are offloaded; none: 30. Every block here has the default priority, 35
+    secondary_offload_min_priority: int | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -113,6 +125,31 @@ class TrtllmConfig:
                         f"{name} must be >= 0 with attention_dp_enable_balance, got {getattr(self, name)}"
                     )
         self._check_cuda_graphs()
+        self._check_host_cache()
+
+    def _check_host_cache(self) -> None:
+        size = self.host_cache_size
+        if size is not None and (isinstance(size, bool) or size != int(size) or size < 0):
+            raise ValueError(f"host_cache_size must be a whole number of bytes >= 0, got {size!r}")
+        if size and not self.enable_block_reuse:
+            raise ValueError(
+                "host_cache_size holds blocks evicted from the reuse tree: it needs "
+                "kv_cache_config.enable_block_reuse (without it no block is offloaded)"
+            )
+        priority = self.secondary_offload_min_priority
+        if priority is not None and (isinstance(priority, bool) or priority != int(priority)):
+            raise ValueError(f"secondary_offload_min_priority must be a whole number, got {priority!r}")
+
+    @property
+    def offloads_to_host(self) -> bool:
+        """Whether evicted blocks go to a host pool: one is sized, and the blocks' priority (the
+        default 35: tailserve's requests set no retention config) reaches
+        ``secondary_offload_min_priority`` (``LRUEvictionPolicy::getFreeBlock``: ``level >=
+        mSecondaryOffloadMinPriority``)."""
+        floor = self.secondary_offload_min_priority
+        if floor is None:
+            floor = DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY
+        return bool(self.host_cache_size) and floor <= DEFAULT_RETENTION_PRIORITY
 
     def _check_speculative(self) -> None:
         given = [

@@ -16,6 +16,7 @@ from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
 from tailserve.kv.host_tier import host_tier_note, host_tier_summary
+from tailserve.kv.secondary_pool import secondary_pool_note, secondary_pool_summary
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
@@ -90,6 +91,10 @@ def run_policy(
     if host is not None and prefix_stats is not None:
         prefix_stats["cpu_tier"] = host_tier_summary(host)
         notes.append(host_tier_note(host))
+    secondary = kv.secondary if kv.shares_prefixes else None
+    if secondary is not None and prefix_stats is not None:  # TensorRT-LLM's host pool
+        prefix_stats["cpu_tier"] = secondary_pool_summary(secondary)
+        notes.append(secondary_pool_note(secondary))
     if (
         workload.spec.name == "hol"
         and "max_model_len" not in spec.engine_flags

@@ -204,7 +204,7 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     ``--max_batch_size``, ``--max_num_tokens``, ``--kv_cache_free_gpu_memory_fraction``,
     ``--extra_llm_api_options FILE``) and, written just before it, the YAML file of the LLM-API
     fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config``,
-    ``kv_cache_config``, and when set ``speculative_config``, ``cuda_graph_config``,
+    ``kv_cache_config`` with its ``host_cache_size`` when set, and when set ``speculative_config``, ``cuda_graph_config``,
     ``attention_dp_config``, ``disable_overlap_scheduler``), in YAML's
     one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
@@ -215,6 +215,10 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         kv.append("dtype: fp8")
     if "max_total_tokens" in spec.engine_flags:
         kv.append(f"max_tokens: {spec.engine_flags['max_total_tokens']}")
+    if config.host_cache_size:  # the host KV pool, bytes per GPU (kv/secondary_pool.py)
+        kv.append(f"host_cache_size: {int(config.host_cache_size)}")
+    if config.secondary_offload_min_priority is not None:
+        kv.append(f"secondary_offload_min_priority: {config.secondary_offload_min_priority}")
     scheduler = [f"capacity_scheduler_policy: {config.capacity_scheduler_policy}"]
     if config.enable_chunked_prefill:
         scheduler.append(f"context_chunking_policy: {config.context_chunking_policy}")

@@ -189,6 +189,8 @@ class SimExecutor:
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             # vLLM V0 issues the block copies before the forward pass, which waits for them.
             duration += cm.swap_time((out.num_swap_out_blocks + out.num_swap_in_blocks) * self.block_size)
+        if out.kv_copy_time:  # the host copies the policy priced (TensorRT-LLM's host pool)
+            duration += out.kv_copy_time
         if self.spec is not None:  # SGLang's speculative decoding (vLLM's runs ``advanced``)
             return self._execute_drafts(out, shape, duration)
         return step_result(duration)
@@ -247,6 +249,8 @@ class SimExecutor:
             fields = advanced_batch_fields(out)
             result = step_result(cost.shape_time(*fields))
             result.host_time = self._host_time(fields[0])
+            if out.kv_copy_time:
+                self._add_copy_time(result, out.kv_copy_time)
             return result
         shape = advanced_batch_shape(out)
         num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
@@ -261,9 +265,21 @@ class SimExecutor:
         if self.spec is not None:
             drafting, accepted = self.drafts(out, shape, num_padded)
             duration += drafting
-        return StepResult(
+        result = StepResult(
             duration=duration, num_accepted=accepted, host_time=self._host_time(shape.num_tokens)
         )
+        if out.kv_copy_time:
+            self._add_copy_time(result, out.kv_copy_time)
+        return result
+
+    @staticmethod
+    def _add_copy_time(result: StepResult, copy_time: float) -> None:
+        """Host copies issued with an advanced step (TensorRT-LLM's overlap scheduler issues
+        them in ``prepare_resources``, on their own streams): they run while the previous
+        step's forward pass does, as the host part does, and the step's kernels wait for them.
+        Counted after the host part (the copies are issued at its end)."""
+        result.duration += copy_time
+        result.host_time += copy_time
 
     def _host_time(self, num_tokens: int) -> float:
         """``host_time`` of an advanced step of ``num_tokens`` tokens: the per-step overhead,
