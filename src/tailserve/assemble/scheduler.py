@@ -114,7 +114,8 @@ def build_scheduler(
     to refuse.
 
     ``host_copies``: copies of a KV block a CPU offloading tier keeps (vLLM's: one per TP rank, one
-    where the ranks replicate it); None where the executor has no CPU tier (the real one)."""
+    where the ranks replicate it); None where the executor has no CPU tier (the real one), which
+    refuses vLLM's offloading and SGLang's HiCache alike."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
     notes = cls.default_notes(device, config, spec.flags)
@@ -143,6 +144,16 @@ def build_scheduler(
             raise ValueError("kv_offloading_size (a CPU KV tier) needs the simulated executor (sim)")
         num_host_blocks = host_tier_chunks(
             offload_gib, size.block_size * size.kv_bytes_per_token, host_copies
+        )
+    hicache = policy.kv_spec().hicache
+    if hicache is not None:
+        if host_copies is None:  # the real executor's KV: no host pool behind it
+            raise ValueError(
+                "enable_hierarchical_cache (SGLang's host KV tier) needs the simulated executor (sim)"
+            )
+        # Per rank, in tokens: each rank's host pool holds its own shard of the same tokens.
+        num_host_blocks = hicache.host_tokens(
+            size.num_blocks * size.block_size, size.kv_bytes_per_token, size.block_size
         )
     scheduler = make_scheduler(
         policy,

@@ -9,6 +9,7 @@ could never share, so it gets the plain manager whatever the policy asks for.
 from __future__ import annotations
 
 from tailserve.kv.hashed import HashedKVCacheManager
+from tailserve.kv.hiradix_manager import HiRadixKVCacheManager
 from tailserve.kv.host_tier import HostKVTier
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.radix_manager import RadixKVCacheManager
@@ -24,10 +25,14 @@ def make_kv_cache(
     num_host_blocks: int = 0,
 ) -> KVCacheManager:
     """``num_host_blocks``: the CPU offloading tier's chunks (``spec.offload_gib`` sized by the
-    assembler); a workload without token identities gets no tier, as it gets no prefix cache."""
+    assembler; SGLang's HiCache: its host pool's tokens); a workload without token identities gets
+    no tier, as it gets no prefix cache."""
     if shares_prefixes and spec.kind == "hashed":
         host = HostKVTier(num_host_blocks, block_size, spec.offload_gib) if spec.offload_gib else None
         return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks, host)
+    if shares_prefixes and spec.kind == "radix" and spec.hicache is not None:
+        # SGLang's HiCache: ``num_host_blocks`` is its host pool in tokens (one-token pages)
+        return HiRadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.hicache, num_host_blocks)
     if shares_prefixes and spec.kind == "radix":
         return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.radix)
     return KVCacheManager(num_blocks, block_size, num_cpu_blocks)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tailserve.kv.hicache_spec import HiCacheSpec
+
 KVKind = Literal["paged", "hashed", "radix"]
 KV_KINDS: tuple[str, ...] = ("paged", "hashed", "radix")
 RadixFlavour = Literal["sglang", "tgi"]
@@ -26,6 +28,9 @@ class KVSpec:
     # hashed: a CPU tier behind the prefix cache (vLLM --kv-offloading-size), GiB over all TP
     # ranks; 0 without one (kv/host_tier.py)
     offload_gib: float = 0.0
+    # radix (sglang): SGLang's HiCache host tier behind the tree (--enable-hierarchical-cache,
+    # kv/hiradix.py); None without one
+    hicache: HiCacheSpec | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
@@ -38,5 +43,7 @@ class KVSpec:
             raise ValueError(
                 "a CPU offloading tier sits behind vLLM's hashed prefix cache: enable prefix caching"
             )
+        if self.hicache is not None and (self.kind != "radix" or self.radix != "sglang"):
+            raise ValueError("a HiCache host tier sits behind SGLang's radix cache: enable the radix cache")
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
