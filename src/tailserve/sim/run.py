@@ -15,7 +15,6 @@ from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
-from tailserve.kv.hiradix_manager import HiRadixKVCacheManager
 from tailserve.kv.host_tier import host_tier_note, host_tier_summary
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run_file import RunResult
@@ -91,9 +90,9 @@ def run_policy(
     if host is not None and prefix_stats is not None:
         prefix_stats["cpu_tier"] = host_tier_summary(host)
         notes.append(host_tier_note(host))
-    if isinstance(kv, HiRadixKVCacheManager) and prefix_stats is not None:  # SGLang's HiCache
-        prefix_stats["host_tier"] = kv.host_summary()
-        notes.append(kv.host_note())
+    if kv.hicache is not None and prefix_stats is not None:  # SGLang's HiCache
+        prefix_stats["host_tier"] = kv.host_summary()  # type: ignore[attr-defined]
+        notes.append(kv.host_note())  # type: ignore[attr-defined]
     if (
         workload.spec.name == "hol"
         and "max_model_len" not in spec.engine_flags
