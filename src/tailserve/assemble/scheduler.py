@@ -116,7 +116,8 @@ def build_scheduler(
 
     ``host_copies``: copies of a KV block a CPU offloading tier keeps (vLLM's: one per TP rank, one
     where the ranks replicate it); None where the executor has no CPU tier (the real one), which
-    refuses TensorRT-LLM's host pool too (sized per GPU, it ignores the copies)."""
+    refuses vLLM's offloading, TensorRT-LLM's host pool (sized per GPU, it ignores the copies) and
+    SGLang's HiCache alike."""
     cls = get_policy_cls(spec.name)
     config = cls.default_config(device, max_model_len, **spec.flags)
     notes = cls.default_notes(device, config, spec.flags)
@@ -155,6 +156,16 @@ def build_scheduler(
         # bytes per GPU, each rank's own pool of its own shards (resource_manager.py
         # calculate_max_num_blocks): the rank's bytes per token, whatever the TP degree
         num_host_blocks = secondary_pool_blocks(host_cache_bytes, size.kv_bytes_per_token, size.block_size)
+    hicache = policy.kv_spec().hicache
+    if hicache is not None:
+        if host_copies is None:  # the real executor's KV: no host pool behind it
+            raise ValueError(
+                "enable_hierarchical_cache (SGLang's host KV tier) needs the simulated executor (sim)"
+            )
+        # Per rank, in tokens: each rank's host pool holds its own shard of the same tokens.
+        num_host_blocks = hicache.host_tokens(
+            size.num_blocks * size.block_size, size.kv_bytes_per_token, size.block_size
+        )
     scheduler = make_scheduler(
         policy,
         size.num_blocks,

@@ -37,6 +37,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.cuda_graph import is_generation_only
 from tailserve.executors.simulated.deployment import Deployment, build_cost_model
 from tailserve.executors.simulated.executor import advanced_batch_shape, batch_shape, window_shape
+from tailserve.executors.simulated.layerwise_load import layerwise_load_time
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.trtllm_adp import AdpBalance
 
@@ -121,6 +122,9 @@ class LockstepStage(Stage):
         # Host copies a rank's forward waits for (TensorRT-LLM's host pool): the group waits
         # for the slowest rank's.
         duration += max((p[0].kv_copy_time for p in pending if p is not None), default=0.0)
+        loads = [p[0].host_load_seconds for p in pending if p is not None]
+        if any(loads):  # SGLang's HiCache load-backs: the group waits for the slowest rank's
+            duration = layerwise_load_time(duration, max(loads), cm.model.num_layers)
         accepted: list[dict[str, int] | None] = [None] * len(pending)
         if getattr(executor, "spec", None) is not None:
             # Each rank drafts for its own requests and draws its own acceptances; the drafter's

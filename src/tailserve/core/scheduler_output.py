@@ -144,6 +144,10 @@ class SchedulerOutput:
     # ``Scheduler.update`` (of an ``advanced`` output: ``advanced_batch_shape`` and
     # ``Scheduler.advance_scheduled``) need not re-derive it per request. None: nothing is known.
     decode_head: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    # Seconds of host -> GPU KV copies this step's forward pass consumes layer by layer (SGLang's
+    # HiCache load-backs, ``policies/sglang_hicache.py``); the executor overlaps them with the
+    # forward (``executors/simulated/layerwise_load.py``). 0.0: none.
+    host_load_seconds: float = 0.0
 
     @property
     def is_empty(self) -> bool:
@@ -204,4 +208,5 @@ def new_output() -> SchedulerOutput:
     out.kv_copy_time = 0.0
     out.counted_tokens = None
     out.decode_head = None
+    out.host_load_seconds = 0.0
     return out

@@ -117,6 +117,28 @@ def _dp_attention_rule(given: Given) -> list[Finding]:
     return []
 
 
+_HICACHE_SIZING = ("hicache_ratio", "hicache_size", "hicache_write_policy")
+
+
+def _hicache_rule(given: Given) -> list[Finding]:
+    """HiCache's sizing and write policy act only with ``--enable-hierarchical-cache``, which
+    the radix cache must back (``arg_groups/kv_cache_hook.py:393``)."""
+    if not given.get("enable_hierarchical_cache"):
+        named = tuple(name for name in _HICACHE_SIZING if name in given)
+        if named:
+            return [Finding(named, NO_OP, "no effect without --enable-hierarchical-cache",
+                            _at(f"{F}/memory.py", 98))]  # fmt: skip
+        return []
+    if given.get("disable_radix_cache"):
+        return [Finding(("enable_hierarchical_cache", "disable_radix_cache"), REFUSED,
+                        "enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
+                        _at("sglang/srt/arg_groups/kv_cache_hook.py", 393))]  # fmt: skip
+    ratio = given.get("hicache_ratio")
+    if ratio is not None and ratio <= 0:
+        return [Finding(("hicache_ratio",), REFUSED, "must be > 0", _at(f"{F}/memory.py", 109))]
+    return []
+
+
 def _conservativeness_rule(given: Given) -> list[Finding]:
     if given.get("schedule_conservativeness", 1.0) < 0:
         return [Finding(("schedule_conservativeness",), REFUSED, "must be non-negative", _at(VAL, 314))]
@@ -155,9 +177,30 @@ SGLANG_0_5_23 = EngineVersion(
                  "exchange with compute; not priced", _at(f"{F}/exec_.py", 1047), "false"),
         FlagSpec("enable_torch_compile", bool, NOT_MODELLED, "torch.compile of small decode batches; not priced",
                  _at(f"{F}/exec_.py", 691), "false"),
-        FlagSpec("enable_hierarchical_cache", bool, NOT_MODELLED, "HiCache: radix-cache KV kept in host memory "
-                 "(and storage) past the GPU pool; tailserve's cache ends at the GPU pool",
-                 _at(f"{F}/memory.py", 98), "false"),
+        FlagSpec("enable_hierarchical_cache", bool, SCHEDULING, "HiCache: a host-memory tier behind the radix "
+                 "cache, loaded back into the prefill batch that hits it (policies/sglang_hicache.py)",
+                 _at(f"{F}/memory.py", 98), "false", aliases=("--enable-hicache",)),
+        FlagSpec("hicache_ratio", float, SCHEDULING, "host pool tokens per GPU pool token, per rank",
+                 _at(f"{F}/memory.py", 109), "2.0 (arg_groups/hicache_hook.py:119)"),
+        FlagSpec("hicache_size", int, SCHEDULING, "host pool GB per rank; > 0 overrides hicache_ratio",
+                 _at(f"{F}/memory.py", 113), "0"),
+        FlagSpec("hicache_write_policy", ("write_back", "write_through", "write_through_selective"), SCHEDULING,
+                 "when a radix node is copied to host: at insert (write_through), at its second insert hit "
+                 "(write_through_selective), or at GPU eviction (write_back)", _at(f"{F}/memory.py", 121),
+                 "write_through"),
+        FlagSpec("hicache_io_backend", ("direct", "kernel", "kernel_ascend"), NOT_MODELLED,
+                 "the host<->GPU copy kernels; tailserve prices a copy at the host link's bandwidth",
+                 _at(f"{F}/memory.py", 128), "kernel"),
+        FlagSpec("hicache_mem_layout", str, NOT_MODELLED, "the host pool's memory layout; not priced",
+                 _at(f"{F}/memory.py", 135), "page_first"),
+        FlagSpec("hicache_storage_backend", str, NOT_MODELLED, "HiCache's L3 storage tier (file, mooncake, "
+                 "hf3fs, nixl, ...) behind the host pool; not modelled", _at(f"{F}/memory.py", 148)),
+        FlagSpec("hicache_host_memory_mode", ("cache", "buffer_only"), NOT_MODELLED, "buffer_only makes host "
+                 "memory a staging buffer for the storage tier; tailserve models the cache mode",
+                 _at(f"{F}/memory.py", 102), "cache"),
+        FlagSpec("hicache_host_memory_fraction", float, NOT_MODELLED, "shrinks a defaulted hicache_ratio to fit "
+                 "the machine's free host memory, which tailserve does not know (it keeps 2.0)",
+                 _at(f"{F}/memory.py", 117), "0.8"),
         FlagSpec("enable_lmcache", bool, NOT_MODELLED, "LMCache's KV tiers beside the radix cache; not modelled",
                  _at(f"{F}/memory.py", 256), "false"),
         FlagSpec("disaggregation_mode", str, NOT_MODELLED, "this server is one side of a prefill/decode pair; "
@@ -242,6 +285,7 @@ SGLANG_0_5_23 = EngineVersion(
         _page_rule,
         _dynamic_chunk_rule,
         _conservativeness_rule,
+        _hicache_rule,
     ),
     policy="sglang",
     underscores=False,

@@ -9,6 +9,7 @@ could never share, so it gets the plain manager whatever the policy asks for.
 from __future__ import annotations
 
 from tailserve.kv.hashed import HashedKVCacheManager
+from tailserve.kv.hiradix_manager import HiRadixKVCacheManager
 from tailserve.kv.host_tier import HostKVTier
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.radix_manager import RadixKVCacheManager
@@ -24,10 +25,10 @@ def make_kv_cache(
     shares_prefixes: bool = True,
     num_host_blocks: int = 0,
 ) -> KVCacheManager:
-    """``num_host_blocks``: the host tier's blocks, sized by the assembler: vLLM's CPU
-    offloading chunks (``spec.offload_gib``) or TensorRT-LLM's secondary pool
-    (``spec.host_cache_bytes``); a workload without token identities gets no tier, as it gets
-    no prefix cache."""
+    """``num_host_blocks``: the host tier's size, by the assembler: vLLM's CPU offloading chunks
+    (``spec.offload_gib``), TensorRT-LLM's secondary pool blocks (``spec.host_cache_bytes``) or
+    SGLang's HiCache host pool in tokens; a workload without token identities gets no tier, as it
+    gets no prefix cache."""
     if shares_prefixes and spec.kind == "hashed":
         host = HostKVTier(num_host_blocks, block_size, spec.offload_gib) if spec.offload_gib else None
         secondary = (
@@ -36,6 +37,9 @@ def make_kv_cache(
             else None
         )
         return HashedKVCacheManager(num_blocks, block_size, num_cpu_blocks, host, secondary)
+    if shares_prefixes and spec.kind == "radix" and spec.hicache is not None:
+        # SGLang's HiCache: ``num_host_blocks`` is its host pool in tokens (one-token pages)
+        return HiRadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.hicache, num_host_blocks)
     if shares_prefixes and spec.kind == "radix":
         return RadixKVCacheManager(num_blocks, block_size, num_cpu_blocks, spec.radix)
     return KVCacheManager(num_blocks, block_size, num_cpu_blocks)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
+    from tailserve.kv.hicache_spec import HiCacheSpec
     from tailserve.kv.host_tier import HostKVTier
     from tailserve.kv.prefix import PrefixCacheStats, PrefixMatch
     from tailserve.kv.radix import RadixCache
@@ -71,6 +72,9 @@ class KVCacheManager:
     # TensorRT-LLM's secondary (host) block pool (``kv/secondary_pool.py``): only the hashed
     # manager has one.
     secondary: SecondaryBlockPool | None = None
+    # SGLang's HiCache host tier behind the radix tree (``kv/hiradix_manager.py``): only that
+    # manager has one.
+    hicache: HiCacheSpec | None = None
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:

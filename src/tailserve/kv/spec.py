@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tailserve.kv.hicache_spec import HiCacheSpec
+
 KVKind = Literal["paged", "hashed", "radix"]
 KV_KINDS: tuple[str, ...] = ("paged", "hashed", "radix")
 RadixFlavour = Literal["sglang", "tgi"]
@@ -29,6 +31,9 @@ class KVSpec:
     # hashed: TensorRT-LLM's secondary (host) block pool behind the reuse pool
     # (kv_cache_config.host_cache_size), bytes per GPU; 0 without one (kv/secondary_pool.py)
     host_cache_bytes: int = 0
+    # radix (sglang): SGLang's HiCache host tier behind the tree (--enable-hierarchical-cache,
+    # kv/hiradix.py); None without one
+    hicache: HiCacheSpec | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
@@ -51,5 +56,7 @@ class KVSpec:
             raise ValueError(
                 "one host KV tier per engine: vLLM's kv_offloading_size or TensorRT-LLM's host_cache_size"
             )
+        if self.hicache is not None and (self.kind != "radix" or self.radix != "sglang"):
+            raise ValueError("a HiCache host tier sits behind SGLang's radix cache: enable the radix cache")
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")

@@ -148,6 +148,7 @@ from tailserve.policies.sglang_adder import (
     reserved_tokens,
 )
 from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
+from tailserve.policies.sglang_hicache import HiCacheLoads, hicache_spec
 from tailserve.policies.sglang_order_work import ProcessedTokens, shortest_prefill_chunk_limit
 from tailserve.policies.sglang_overlap import (
     committed_lag,
@@ -231,6 +232,15 @@ class SglangPolicy(Policy, FastPaths):
         # runs, with the scheduler's advanced accounting. A config made without default_config
         # leaves the flag None: synchronous (the differential harnesses' standalone scheduler).
         self.overlap = config.disable_overlap_schedule is False
+        # HiCache (sglang_hicache.py): the load-backs each prefill batch waits for, priced once
+        # the cost model is bound; None without the host tier.
+        self.hicache = HiCacheLoads() if config.enable_hierarchical_cache else None
+
+    def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
+        """HiCache's load-backs are priced as the host link moves a token's KV shard
+        (``CostModel.swap_time``); nothing else here reads the cost model."""
+        if self.hicache is not None:
+            self.hicache.bind(cost_model)
 
     @classmethod
     def default_config(cls, device: DeviceInfo, max_model_len: int, **overrides: Any) -> SglangConfig:
@@ -295,7 +305,9 @@ class SglangPolicy(Policy, FastPaths):
         return max(config.max_prefill_tokens, 2048)
 
     def kv_spec(self) -> KVSpec:
-        return KVSpec("paged" if self.config.disable_radix_cache else "radix", radix="sglang")
+        if self.config.disable_radix_cache:
+            return KVSpec("paged", radix="sglang")
+        return KVSpec("radix", radix="sglang", hicache=hicache_spec(self.config))
 
     def speculative_decoding(self) -> SpecDecoding | None:
         return self.spec.spec if self.spec is not None else None
@@ -532,6 +544,8 @@ class SglangPolicy(Policy, FastPaths):
         if not adder.can_run:
             return False
         out.scheduled.extend(adder.can_run)
+        if self.hicache is not None:  # the batch's forward waits for its load-backs, layer-wise
+            self.hicache.charge(out, adder.num_loaded_tokens)
         kv = sched.kv_cache
         if mixed and decodes and decode_fits(kv, decodes, self.evictable_tokens()):  # no mixing with spec
             for request in decodes:  # ``mix_with_running`` refreshes their fill ids

@@ -15,6 +15,7 @@ import enum
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest
+from tailserve.kv.hiradix import HiPrefixMatch
 from tailserve.kv.paged import KVCacheManager
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.policies.sglang_radix import SglangRadix
@@ -141,6 +142,7 @@ class PrefillAdder:
         self.new_chunked: Request | None = None
         self.preempted: list[Request] = []
         self._req_states: list[tuple[float, int]] | None = None  # ignore_eos admission
+        self.num_loaded_tokens = 0  # HiCache: host tokens this pass loaded back (sglang_hicache.py)
 
     # ---- budget ------------------------------------------------------------------------
     def _free_tokens(self) -> int:
@@ -235,6 +237,10 @@ class PrefillAdder:
         max_new = min(max(request.max_tokens - request.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
         if not extend + max_new + self.page < self.remaining_total:
             return AddReqResult.NO_TOKEN
+        # HiCache: the host hit needs GPU slots (above) but is loaded, not computed: off the
+        # input and chunk budgets (``_select_prefill_admission``, schedule_policy.py:1603@v0.5.23).
+        host = match.host_tokens if type(match) is HiPrefixMatch else 0
+        extend -= host
         input_tokens = self._paged(extend)
         if self.rem_chunk_tokens is None and self.can_run and input_tokens >= self.rem_input_tokens:
             return AddReqResult.OTHER
@@ -255,6 +261,13 @@ class PrefillAdder:
                 return AddReqResult.OTHER
             is_chunked, charge = True, 0  # a chunked request reserves its outputs at its last chunk
         if match is not None:
+            if host:
+                loaded = self.tree_cache.load_back(match)
+                if loaded is None:  # not loaded (too short, or no GPU room): re-checked as a recompute
+                    device_only = PrefixMatch(prefix, match.kv_indices, match.node)
+                    return self._add_one_req(request, device_only, has_chunked_req)
+                match = loaded
+                self.num_loaded_tokens += host
             self.tree_cache.attach(request, match)
         return self._admit(request, extend, charge, is_chunked)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tailserve.kv.hicache_spec import WRITE_POLICIES
 from tailserve.policies.sglang_spec import check_speculative
 
 # SGLang's ``CacheAgnosticPolicy`` and ``CacheAwarePolicy`` enums (``schedule_policy.py``); the
@@ -59,6 +60,14 @@ class SglangConfig:
     # decides (overlap on on a GPU, with speculative decoding too: spec v2; tailserve steps
     # synchronously on its real and real-time executors: sglang_overlap.overlap_default)
     disable_overlap_schedule: bool | None = field(default=None, metadata=_WHEN_SET)
+    # HiCache (policies/sglang_hicache.py, kv/hiradix.py): a host-memory tier behind the radix
+    # cache; its host pool per rank is hicache_size GB when > 0, else the device pool x
+    # hicache_ratio (None: SGLang's default, 2.0); write_through, write_through_selective or
+    # write_back
+    enable_hierarchical_cache: bool = field(default=False, metadata=_WHEN_SET)
+    hicache_ratio: float | None = field(default=None, metadata=_WHEN_SET)
+    hicache_size: int = field(default=0, metadata=_WHEN_SET)
+    hicache_write_policy: str = field(default="write_through", metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.disable_overlap_schedule not in (None, True, False):
@@ -89,6 +98,7 @@ class SglangConfig:
             raise ValueError(
                 f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
             )
+        self._check_hicache()
         check_speculative(
             self.speculative_algorithm,
             self.speculative_num_steps,
@@ -98,6 +108,19 @@ class SglangConfig:
             self.synthetic_acceptance_length,
             self.enable_mixed_chunk and self.chunking,
         )
+
+    def _check_hicache(self) -> None:
+        if self.hicache_ratio is not None and not self.hicache_ratio > 0:
+            raise ValueError(f"hicache_ratio must be > 0, got {self.hicache_ratio}")
+        if self.hicache_size < 0:
+            raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size}")
+        if self.hicache_write_policy not in WRITE_POLICIES:
+            raise ValueError(
+                f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}, got {self.hicache_write_policy!r}"
+            )
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            # arg_groups/kv_cache_hook.py:393-397@v0.5.23
+            raise ValueError("enable_hierarchical_cache and disable_radix_cache are mutually exclusive")
 
     @property
     def chunking(self) -> bool:

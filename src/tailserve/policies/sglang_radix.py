@@ -108,6 +108,11 @@ class SglangRadix:
         if request.num_preemptions == 0:
             request.num_cached_tokens = min(prefix, request.prompt_len)
 
+    def load_back(self, match: PrefixMatch) -> PrefixMatch | None:
+        """HiCache: load the host part of the (locked) ``match`` to the GPU; the longer match,
+        locked in its place, or None when it is recomputed instead (``kv/hiradix_manager.py``)."""
+        return self._sched.kv_cache.load_back(match)  # type: ignore[attr-defined]
+
     def allocate(self, sched: Scheduler, request: Request, num_total_tokens: int) -> bool:
         """``sched.allocate``, evicting least recently used unlocked leaves first if the free
         slots fall short (SGLang evicts on allocation)."""

@@ -95,6 +95,9 @@ def run_policy(
     if secondary is not None and prefix_stats is not None:  # TensorRT-LLM's host pool
         prefix_stats["cpu_tier"] = secondary_pool_summary(secondary)
         notes.append(secondary_pool_note(secondary))
+    if kv.hicache is not None and prefix_stats is not None:  # SGLang's HiCache
+        prefix_stats["cpu_tier"] = kv.host_summary()  # type: ignore[attr-defined]
+        notes.append(kv.host_note())  # type: ignore[attr-defined]
     if (
         workload.spec.name == "hol"
         and "max_model_len" not in spec.engine_flags

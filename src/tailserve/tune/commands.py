@@ -154,6 +154,14 @@ def command_line(
             parts.append("--enable-mixed-chunk")
         if config.schedule_conservativeness != 1.0:
             parts.append(f"--schedule-conservativeness {config.schedule_conservativeness:g}")
+        if config.enable_hierarchical_cache:  # SGLang's HiCache host tier, as simulated
+            parts.append("--enable-hierarchical-cache")
+            if config.hicache_size:
+                parts.append(f"--hicache-size {config.hicache_size}")
+            elif config.hicache_ratio is not None:
+                parts.append(f"--hicache-ratio {config.hicache_ratio:g}")
+            if config.hicache_write_policy != "write_through":
+                parts.append(f"--hicache-write-policy {config.hicache_write_policy}")
         if spec.flags.get("disable_overlap_schedule"):
             # Only when asked: unset, SGLang overlaps on a GPU as the simulation did (spec v2 too).
             parts.append("--disable-overlap-schedule")

@@ -8,6 +8,7 @@ from tailserve.core.executor import StepResult, step_result
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding, is_generation_only
+from tailserve.executors.simulated.layerwise_load import layerwise_load_time
 from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, accepted_drafts
 from tailserve.executors.simulated.window import WindowShape
 
@@ -191,6 +192,8 @@ class SimExecutor:
             duration += cm.swap_time((out.num_swap_out_blocks + out.num_swap_in_blocks) * self.block_size)
         if out.kv_copy_time:  # the host copies the policy priced (TensorRT-LLM's host pool)
             duration += out.kv_copy_time
+        if out.host_load_seconds:  # SGLang's HiCache load-backs, overlapped layer by layer
+            duration = layerwise_load_time(duration, out.host_load_seconds, cm.model.num_layers)
         if self.spec is not None:  # SGLang's speculative decoding (vLLM's runs ``advanced``)
             return self._execute_drafts(out, shape, duration)
         return step_result(duration)
@@ -247,7 +250,10 @@ class SimExecutor:
             # ``BatchShape`` (~2,500 instructions) and the ``StepResult`` (~4,000,
             # ``step_result``) were made for every async step.
             fields = advanced_batch_fields(out)
-            result = step_result(cost.shape_time(*fields))
+            duration = cost.shape_time(*fields)
+            if out.host_load_seconds:  # SGLang's HiCache load-backs, overlapped layer by layer
+                duration = layerwise_load_time(duration, out.host_load_seconds, cost.model.num_layers)
+            result = step_result(duration)
             result.host_time = self._host_time(fields[0])
             if out.kv_copy_time:
                 self._add_copy_time(result, out.kv_copy_time)
@@ -261,6 +267,8 @@ class SimExecutor:
             num_padded = size - n
         window = window_shape(out, cost.model.sliding_window) if cost.windowed else None
         duration = cost.iteration_time(shape, window)
+        if out.host_load_seconds:
+            duration = layerwise_load_time(duration, out.host_load_seconds, cost.model.num_layers)
         accepted: dict[str, int] | None = None
         if self.spec is not None:
             drafting, accepted = self.drafts(out, shape, num_padded)
