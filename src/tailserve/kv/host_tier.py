@@ -84,36 +84,44 @@ class HostKVTier:
             n += 1
         return n - start
 
-    def store(self, keys: Sequence[int]) -> None:
+    def store(self, keys: Sequence[int]) -> bool:
         """Store the chunks of ``keys`` not in the tier yet, evicting the least recently used
-        unpinned ones for room; all of them skipped when that many cannot be evicted."""
+        unpinned ones (none of ``keys``) for room; all of them skipped, and False, when that many
+        cannot be evicted."""
         lru = self._lru
         new = [k for k in keys if k not in lru]
         if not new:
-            return
+            return True
         need = len(lru) + len(new) - self.num_blocks
         if need > 0:
             pins = self._pins
+            offered = set(keys)  # vLLM protects the offered chunks (``prepare_store``)
             victims = []
             for key in lru:  # oldest first
-                if key not in pins:
+                if key not in pins and key not in offered:
                     victims.append(key)
                     if len(victims) == need:
                         break
             if len(victims) < need:
                 self.stats.num_skipped_blocks += len(new)
-                return
+                return False
             for key in victims:
                 del lru[key]
             self.stats.num_evicted_blocks += need
         for key in new:
             lru[key] = None
         self.stats.num_stored_blocks += len(new)
+        return True
 
     def pin(self, keys: Sequence[int]) -> None:
         pins = self._pins
         for key in keys:
             pins[key] = pins.get(key, 0) + 1
+
+    def pinned(self, keys: Sequence[int]) -> bool:
+        """Whether a load in flight holds any of ``keys`` (vLLM's ``_chunks_being_loaded``)."""
+        pins = self._pins
+        return any(key in pins for key in keys)
 
     def unpin(self, keys: Sequence[int]) -> None:
         pins = self._pins
