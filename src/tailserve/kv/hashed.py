@@ -41,6 +41,9 @@ class HashedKVCacheManager(KVCacheManager):
         # its prompt's full blocks (none past them is offloaded), the first past its GPU hit].
         self.host = host
         self._host_range: dict[str, list[int]] = {}
+        # per request: the block indexes it loaded, or offered to the tier while there or stored
+        # (vLLM's per-request cache accesses, made newest when it finishes), in insertion order
+        self._host_seen: dict[str, dict[int, None]] = {}
         self.pool = HashedBlockPool(num_blocks, block_size)
         # TensorRT-LLM's secondary (host) pool, None without one: the blocks an allocation
         # evicts go there (kv/secondary_pool.py); ``secondary_lookup`` and ``onboard`` below.
@@ -198,10 +201,7 @@ class HashedKVCacheManager(KVCacheManager):
             if host is not None:
                 span = self._host_range.get(request_id)
                 if span is not None:
-                    start = done if done > span[0] else span[0]
-                    stop = full if full < span[1] else span[1]
-                    if stop > start:
-                        host.store(keys[start:stop])
+                    self._host_offer(request_id, keys, full, span)
 
     # ---- the CPU tier (vLLM's native KV offloading) -------------------------------------------
     def set_host_range(self, request_id: str, num_prompt_tokens: int) -> None:
@@ -220,15 +220,38 @@ class HashedKVCacheManager(KVCacheManager):
         start = num_hit_tokens // self.block_size
         stop = min(len(keys), num_tokens // self.block_size)
         found = self.host.lookup(keys, start, stop) if stop > start else 0
-        span[0] = max(span[0], start + found)
-        span[2] = start
         return found * self.block_size
 
     def host_keys(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> list[int]:
-        """The keys of the blocks ``[num_hit_tokens, num_hit_tokens + num_tokens)`` (a load's)."""
+        """The keys of the blocks ``[num_hit_tokens, num_hit_tokens + num_tokens)``, a load that
+        starts: past them the request offers its blocks to the tier (vLLM's
+        ``update_state_after_alloc`` moves ``next_stored_chunk_idx`` there; without a load it
+        stays at 0, so the GPU hit's blocks are offered too), and they count as its accesses."""
         bs = self.block_size
         start = num_hit_tokens // bs
-        return self._keys[request_id][start : start + num_tokens // bs]
+        keys = self._keys[request_id][start : start + num_tokens // bs]
+        span = self._host_range.get(request_id)
+        if span is not None:
+            span[0] = max(span[0], start + len(keys))
+            self._host_seen.setdefault(request_id, {}).update(dict.fromkeys(range(start, start + len(keys))))
+        return keys
+
+    def _host_offer(self, request_id: str, keys: list[int], full: int, span: list[int]) -> None:
+        """Offer the prompt's full blocks from the request's next unstored one (``span[0]``: 0, or
+        past its load; its GPU hit's blocks included, as vLLM's ``_build_store_jobs`` offers from
+        ``next_stored_chunk_idx``) to its ``full`` computed ones to the tier (``prepare_store``);
+        each counts as the request's access, stored or not (``_record_request_cache_access``
+        records the offer before any allocation fails). A store the tier cannot make room for is
+        offered again with the request's next full block (vLLM leaves ``next_stored_chunk_idx``)."""
+        host = self.host
+        assert host is not None
+        start = span[0]
+        stop = full if full < span[1] else span[1]
+        if stop <= start:
+            return
+        self._host_seen.setdefault(request_id, {}).update(dict.fromkeys(range(start, stop)))
+        if host.store(keys[start:stop]):
+            span[0] = stop
 
     # ---- TensorRT-LLM's secondary (host) pool ------------------------------------------------
     def secondary_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:
@@ -250,11 +273,13 @@ class HashedKVCacheManager(KVCacheManager):
         self.secondary.onboard(self._keys[request_id][start : start + num_tokens // self.block_size])
 
     def _touch_host(self, request_id: str) -> None:
-        """vLLM's ``on_request_finished``: the chunks the request stored or loaded become newest."""
-        span = self._host_range.pop(request_id, None)
+        """vLLM's ``on_request_finished``: the chunks the request loaded, found in the tier when it
+        offered them, or stored become newest, its first block newest of all."""
+        self._host_range.pop(request_id, None)
+        seen = self._host_seen.pop(request_id, None)
         keys = self._keys.get(request_id)
-        if span is not None and keys and self.host is not None:
-            self.host.touch(keys[span[2] : span[1]])  # those it loaded, then those it stored
+        if seen and keys and self.host is not None:
+            self.host.touch([keys[i] for i in sorted(seen)])
 
     def _set_registered(self, request_id: str, num_blocks: int) -> None:
         """The request's first ``num_blocks`` blocks are registered (0: none, its table freed);

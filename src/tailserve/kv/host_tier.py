@@ -7,15 +7,16 @@ vLLM 0.32 turns ``--kv-offloading-size GIB`` into its ``OffloadingConnector`` wi
   tensor-parallel ranks; each chunk (one GPU block by default) costs every rank's shard of the
   block, or one copy where the ranks replicate it (MLA under TP): ``chunks = bytes // (block bytes
   per rank x copies)``, each chunk rounded up to a memory page.
-- **Stores** (``offloading/scheduler.py:1570-1700``, ``_calc_num_offloadable_tokens``): the full
-  blocks of a request's *prompt* (``offload_prompt_only`` is on by default) are stored as they are
-  computed, the blocks it found in the GPU cache excepted; a block already in the tier is not
-  stored again. A store that needs room evicts unpinned chunks, least recently used first, or is
-  skipped when not enough are unpinned (``cpu/manager.py:prepare_store``).
+- **Stores** (``offloading/scheduler.py:1570-1844``, ``_calc_num_offloadable_tokens``): the full
+  blocks of a request's *prompt* (``offload_prompt_only`` is on by default) are offered as they are
+  computed, from block 0 (its GPU hit's included) or, after a load, past the loaded ones; a block
+  already in the tier is not stored again. A store that needs room evicts unpinned chunks other
+  than the offered ones, least recently used first, or is skipped when not enough are unpinned
+  (``cpu/manager.py:prepare_store``), and offered again with the request's next full block.
 - **Lookups** (``_lookup_complete_chunks``): consecutive chunks after the request's GPU hit, up
   to its whole prompt; the scheduler recomputes the last prompt token when the hit covers it.
 - **Recency** (``cpu/policies/lru.py``): a chunk is newest when stored; when a request finishes,
-  every chunk it stored or loaded is made newer, its first block newest (``on_request_finished``
+  every chunk it loaded or offered is made newer, its first block newest (``on_request_finished``
   ranks them in reverse), so shared prefixes are evicted last.
 - **Pins**: chunks being loaded cannot be evicted until their load completes.
 
@@ -84,36 +85,44 @@ class HostKVTier:
             n += 1
         return n - start
 
-    def store(self, keys: Sequence[int]) -> None:
+    def store(self, keys: Sequence[int]) -> bool:
         """Store the chunks of ``keys`` not in the tier yet, evicting the least recently used
-        unpinned ones for room; all of them skipped when that many cannot be evicted."""
+        unpinned ones (none of ``keys``) for room; all of them skipped, and False, when that many
+        cannot be evicted."""
         lru = self._lru
         new = [k for k in keys if k not in lru]
         if not new:
-            return
+            return True
         need = len(lru) + len(new) - self.num_blocks
         if need > 0:
             pins = self._pins
+            offered = set(keys)  # vLLM protects the offered chunks (``prepare_store``)
             victims = []
             for key in lru:  # oldest first
-                if key not in pins:
+                if key not in pins and key not in offered:
                     victims.append(key)
                     if len(victims) == need:
                         break
             if len(victims) < need:
                 self.stats.num_skipped_blocks += len(new)
-                return
+                return False
             for key in victims:
                 del lru[key]
             self.stats.num_evicted_blocks += need
         for key in new:
             lru[key] = None
         self.stats.num_stored_blocks += len(new)
+        return True
 
     def pin(self, keys: Sequence[int]) -> None:
         pins = self._pins
         for key in keys:
             pins[key] = pins.get(key, 0) + 1
+
+    def pinned(self, keys: Sequence[int]) -> bool:
+        """Whether a load in flight holds any of ``keys`` (vLLM's ``_chunks_being_loaded``)."""
+        pins = self._pins
+        return any(key in pins for key in keys)
 
     def unpin(self, keys: Sequence[int]) -> None:
         pins = self._pins

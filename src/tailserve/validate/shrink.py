@@ -62,15 +62,18 @@ def _variants(w: Workload) -> Iterator[Workload]:
                 yield v
     s = w.scheduler
     flags = [
-        replace(s, long_prefill_token_threshold=0),
-        replace(s, scheduling_policy="fcfs"),
-        replace(s, enable_prefix_caching=False),
-        replace(s, num_blocks=s.num_blocks * 2),
-        replace(s, max_num_seqs=min(s.max_num_batched_tokens, 64)),
-        replace(s, max_num_batched_tokens=8192),
+        dict(long_prefill_token_threshold=0),
+        dict(scheduling_policy="fcfs"),
+        dict(enable_prefix_caching=False),
+        dict(num_blocks=s.num_blocks * 2),
+        dict(max_num_seqs=min(s.max_num_batched_tokens, 64)),
+        dict(max_num_batched_tokens=8192),
     ]
-    for f in flags:
-        if f != s:
+    if s.num_host_blocks > 1:  # a smaller CPU offloading tier
+        flags.append(dict(num_host_blocks=s.num_host_blocks // 2))
+    for changes in flags:
+        f = _valid(lambda changes=changes: replace(s, **changes))  # type: ignore[arg-type]
+        if f is not None and f != s:
             v = _valid(lambda f=f: replace(w, scheduler=f))
             if v is not None:
                 yield v

@@ -20,6 +20,7 @@ from tailserve.core.executor import StepResult
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.kv.host_tier import PAGE_BYTES
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.validate.trace import StepRecord
@@ -41,9 +42,24 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
         speculative_method=spec.speculative_method,
         num_speculative_tokens=spec.num_speculative_tokens,
         synthetic_acceptance_rates=tuple(rates) if rates is not None else None,
+        kv_offloading_size=_offload_gib(spec) if spec.num_host_blocks else None,
     )
     policy = VllmPolicy(config)
-    return make_scheduler(policy, spec.num_blocks, spec.block_size, 0, spec.max_model_len, True)
+    sched = make_scheduler(
+        policy, spec.num_blocks, spec.block_size, 0, spec.max_model_len, True, spec.num_host_blocks
+    )
+    if policy._offload is not None:
+        # The driver's fake offloading worker reports every load done by the step that carries
+        # it: a load costs no time, so the next pass (one step later) promotes it.
+        policy._offload.seconds_per_token = 0.0
+    return sched
+
+
+def _offload_gib(spec: SchedulerSpec) -> float:
+    """The tier's GiB as the driver sizes vLLM's (a chunk is the fake KV's page: 2 x block_size
+    tokens x 16 float32 values, rounded up to 4 KiB); only reported, the chunk count is exact."""
+    chunk = -(-(2 * spec.block_size * 16 * 4) // PAGE_BYTES) * PAGE_BYTES
+    return spec.num_host_blocks * chunk / (1 << 30)
 
 
 def build_vllm_v0_scheduler(spec: SchedulerSpec) -> Scheduler:

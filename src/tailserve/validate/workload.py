@@ -44,6 +44,9 @@ class SchedulerSpec:
     num_speculative_tokens: int = 0
     # vLLM's synthetic rejection sampler's per-position rates, which drew ``RequestSpec.accepted``
     synthetic_acceptance_rates: list[float] | None = None
+    # vLLM V1 (0.32) native KV offloading (``--kv-offloading-size``): chunks (one KV block each)
+    # the CPU tier holds; 0 = no tier. Needs prefix caching (tailserve's tier sits behind it).
+    num_host_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -52,6 +55,10 @@ class SchedulerSpec:
             )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+        if self.num_host_blocks and not self.enable_prefix_caching:
+            raise ValueError("num_host_blocks (a CPU offloading tier) needs enable_prefix_caching")
         given = (self.speculative_method is not None, self.synthetic_acceptance_rates is not None)
         if len({*given, self.num_speculative_tokens > 0}) > 1:
             raise ValueError(
@@ -193,6 +200,8 @@ def to_compact(w: Workload) -> dict[str, Any]:
             "synthetic_acceptance_rates",
         ):
             d["config"].pop(name)  # fixtures recorded before these flags read the same
+    if not w.scheduler.num_host_blocks:
+        d["config"].pop("num_host_blocks")  # likewise without a CPU offloading tier
     return d
 
 

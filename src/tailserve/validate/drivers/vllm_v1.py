@@ -20,6 +20,17 @@ drafter's next draft tokens follow (``EngineCore.post_step``: ``update_draft_tok
 async scheduler is vLLM's ``AsyncScheduler``, built directly: vLLM's CPU platform turns
 ``async_scheduling`` off when the config is made (``platforms/cpu.py``), so it is set back on
 the built config.
+
+With ``num_host_blocks`` (a CPU offloading tier) the scheduler gets vLLM's ``OffloadingConnector``
+(what ``--kv-offloading-size`` builds) with ``cpu_bytes_to_use`` worth exactly that many chunks of
+the fake KV spec (checked against the connector's ``CPUOffloadingSpec.num_chunks``), and the fake
+model runner is also the fake offloading worker: every load and store job of the step's connector
+metadata is reported complete by that step's output (``OffloadingWorkerMetadata.completed_jobs``,
+each load's request in ``finished_recving``) -- the fastest worker there is. A real one
+(``offloading/worker.py``) reports a load at the earliest in the step that carries it, and submits
+a store only at the next step's start (``prepare_store_kv`` defers it), so its stores complete a
+step later; tailserve takes stores as complete at once and prices loads with a link model, so the
+fake worker is the one both sides agree on (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -62,19 +73,22 @@ class Driver:
         import torch
         from vllm.config import (
             CacheConfig,
+            KVTransferConfig,
             ModelConfig,
             ParallelConfig,
             SchedulerConfig,
             SpeculativeConfig,
             VllmConfig,
         )
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -84,6 +98,9 @@ class Driver:
         self.ParallelConfig, self.SpeculativeConfig = ParallelConfig, SpeculativeConfig
         self.AsyncScheduler, self.DraftTokenIds = AsyncScheduler, DraftTokenIds
         self.SamplingParams = SamplingParams
+        self.KVTransferConfig, self.KVConnectorOutput = KVTransferConfig, KVConnectorOutput
+        self.OffloadingWorkerMetadata = OffloadingWorkerMetadata
+        self.chunk_alignment = CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT
         self.Scheduler, self.StructuredOutputManager = Scheduler, StructuredOutputManager
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec = KVCacheGroupSpec
@@ -133,12 +150,29 @@ class Driver:
                 rejection_sample_method="synthetic",
                 synthetic_acceptance_rates=list(cfg["synthetic_acceptance_rates"]),
             )
+        kv_spec = self.FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=16, dtype=self.torch.float32
+        )
+        num_host_blocks = cfg.get("num_host_blocks", 0)
+        kv_transfer_config = None
+        if num_host_blocks:
+            # One chunk per GPU block (blocks_per_chunk 1): the fake layer's page, rounded up as
+            # CPUOffloadingSpec rounds it; one worker (world size 1).
+            align = self.chunk_alignment
+            chunk_bytes = -(-kv_spec.page_size_bytes // align) * align
+            kv_transfer_config = self.KVTransferConfig(
+                kv_connector="OffloadingConnector",
+                kv_role="kv_both",
+                engine_id="tailserve-differential",
+                kv_connector_extra_config={"cpu_bytes_to_use": num_host_blocks * chunk_bytes},
+            )
         vllm_config = self.VllmConfig(
             model_config=model_config,
             scheduler_config=scheduler_config,
             cache_config=cache_config,
             parallel_config=parallel_config,
             speculative_config=speculative_config,
+            kv_transfer_config=kv_transfer_config,
         )
         scheduler_cls = self.Scheduler
         if cfg.get("async_scheduling"):
@@ -150,14 +184,7 @@ class Driver:
         kv_cache_config = self.KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=[],
-            kv_cache_groups=[
-                self.KVCacheGroupSpec(
-                    ["layer"],
-                    self.FullAttentionSpec(
-                        block_size=block_size, num_kv_heads=1, head_size=16, dtype=self.torch.float32
-                    ),
-                )
-            ],
+            kv_cache_groups=[self.KVCacheGroupSpec(["layer"], kv_spec)],
         )
         scheduler = scheduler_cls(
             vllm_config=vllm_config,
@@ -166,9 +193,30 @@ class Driver:
             block_size=block_size,
             log_stats=False,
         )
+        if num_host_blocks:
+            chunks = scheduler.connector.scheduler.manager._num_chunks
+            if chunks != num_host_blocks:
+                raise RuntimeError(
+                    f"vLLM's CPU tier holds {chunks} chunks, the workload asked {num_host_blocks}"
+                )
         return scheduler
 
-    def runner_output(self, req_ids: list[str], sampled: list[list[int]]):
+    def connector_output(self, scheduler, out):
+        """The fake offloading worker's report for a step (module docstring): every job of the
+        step's connector metadata done, each load's request received; None without a connector."""
+        if scheduler.connector is None:
+            return None
+        meta = out.kv_connector_metadata
+        jobs = {**meta.load_jobs, **meta.store_jobs}
+        return self.KVConnectorOutput(
+            finished_sending=set(),
+            finished_recving={job.req_id for job in meta.load_jobs.values()},
+            kv_connector_worker_meta=self.OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(jobs, 1))
+            if jobs
+            else None,
+        )
+
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]], kv_connector_output=None):
         """What the fake model runner returns for a step: ``sampled[i]`` for ``req_ids[i]``."""
         return self.ModelRunnerOutput(
             req_ids=req_ids,
@@ -177,6 +225,7 @@ class Driver:
             logprobs=None,
             prompt_logprobs_dict={},
             pooler_output=[],
+            kv_connector_output=kv_connector_output,
         )
 
     def run(self, workload: dict) -> list[dict]:
@@ -222,7 +271,8 @@ class Driver:
                 else:
                     sampled.append([])  # a partial prefill samples nothing
             preempted = sorted(out.preempted_req_ids or ())
-            scheduler.update_from_output(out, self.runner_output(req_ids, sampled))
+            kv_out = self.connector_output(scheduler, out)
+            scheduler.update_from_output(out, self.runner_output(req_ids, sampled, kv_out))
             finished = sorted(rid for rid in live if rid not in scheduler.requests)
             live.difference_update(finished)
             done_ids.update(finished)
@@ -308,7 +358,8 @@ class Driver:
                 sampled.append(
                     [planned[j] if j < len(planned) else 3 for j in range(start, start + 1 + accepted)]
                 )
-            queue.insert(0, (out, self.runner_output(req_ids, sampled)))
+            kv_out = self.connector_output(scheduler, out)  # the fake worker runs with the step
+            queue.insert(0, (out, self.runner_output(req_ids, sampled, kv_out)))
             finished: list[str] = []
             if not (len(queue) < depth and (out.num_scheduled_tokens or live)):
                 done_out, runner_out = queue.pop()
