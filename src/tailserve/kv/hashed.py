@@ -211,8 +211,8 @@ class HashedKVCacheManager(KVCacheManager):
 
     def host_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:
         """Tokens the CPU tier holds right after the request's GPU hit of ``num_hit_tokens``
-        (whole blocks, up to its ``num_tokens``), and the blocks before them are not offered to
-        it again (vLLM advances the request's stored index past its hits)."""
+        (whole blocks, up to its ``num_tokens``); -1 when a load in flight holds some of them
+        (vLLM skips the request for this pass)."""
         keys = self._keys.get(request_id)
         span = self._host_range.get(request_id)
         if self.host is None or not keys or span is None:
@@ -220,6 +220,10 @@ class HashedKVCacheManager(KVCacheManager):
         start = num_hit_tokens // self.block_size
         stop = min(len(keys), num_tokens // self.block_size)
         found = self.host.lookup(keys, start, stop) if stop > start else 0
+        if found and self.host.pinned(keys[start : start + found]):
+            # vLLM 0.32 delays a request whose hit chunks another request is loading
+            # (``_lookup_complete_chunks``: ``_chunks_being_loaded``): -1, "not now".
+            return -1
         return found * self.block_size
 
     def host_keys(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> list[int]:

@@ -431,6 +431,9 @@ class VllmPolicy(Policy, FastPaths):
             if offload is not None and not request.num_computed_tokens:
                 # The CPU tier's blocks after the GPU hit: a request that has some only loads now.
                 num_load = kv.host_lookup(request.request_id, hit, request.num_tokens)
+                if num_load < 0:  # another request is loading its hit: skipped this pass (vLLM)
+                    offload.skip(waiting)
+                    continue
                 if num_load:
                     reserve = watermark_blocks if sched.running else 0
                     if not offload.start(
@@ -468,4 +471,6 @@ class VllmPolicy(Policy, FastPaths):
             out.num_admitted += 1
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
             budget -= want
+        if offload is not None:
+            offload.requeue(waiting)
         return out

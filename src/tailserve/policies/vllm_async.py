@@ -182,6 +182,9 @@ def schedule_advanced(
             if offload is not None and not request.num_computed_tokens:
                 # The CPU tier's blocks after the GPU hit: a request that has some only loads now.
                 num_load = kv.host_lookup(request.request_id, hit, request.num_tokens)
+                if num_load < 0:  # another request is loading its hit: skipped this pass (vLLM)
+                    offload.skip(waiting)
+                    continue
                 if num_load:
                     reserve = watermark_blocks if sched.running else 0
                     if not offload.start(
@@ -241,6 +244,9 @@ def schedule_advanced(
                 )
             )
             budget -= want
+
+        if offload is not None:
+            offload.requeue(waiting)
 
     sched.advance_scheduled(out)
     return out

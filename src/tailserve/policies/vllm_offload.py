@@ -22,8 +22,11 @@ Followed from vLLM 0.32 (``v1/core/sched/scheduler.py`` with the ``OffloadingCon
   waiting queue (its ``kv_holding_waiting`` queue); tailserve puts them at the waiting queue's
   front in the order they were admitted, the same order under FCFS (under ``priority`` a more
   urgent new arrival goes first). Under async scheduling a step's report is read one pass later
-  (its output is applied after the next step is scheduled). An idle engine wakes when a load is
-  done (``next_wakeup``).
+  (its output is applied after the next step is scheduled), an idle engine's at once; an idle
+  engine wakes when a load is done (``next_wakeup``).
+- **Not now.** A request whose tier hit another request is loading right now is skipped for the
+  pass (``_lookup_complete_chunks``' ``_chunks_being_loaded`` check, ``skip_request``): it stays
+  in the waiting queue and the pass goes on behind it.
 
 vLLM counts a loaded prompt's tokens as cached (``num_cached_tokens`` = its computed tokens at
 first schedule), so TTFT and the hit rate read as vLLM's; the tier's own figures are its stats
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.prefix import PrefixMatch
@@ -58,6 +62,9 @@ class OffloadLoads:
         self._loads: dict[Request, _Load] = {}
         # Async scheduling: loads found done at the last pass, promoted at this one.
         self._reported: list[Request] = []
+        # Requests skipped in this pass: their tier hit is being loaded by another request
+        # (vLLM's ``_chunks_being_loaded`` check answers "not now"); back in the queue after it.
+        self._skipped: list[Request] = []
 
     def __bool__(self) -> bool:
         return bool(self._loads)
@@ -148,6 +155,18 @@ class OffloadLoads:
             self._reported = [r for r, load in loads.items() if load.done <= now]
         for request in reversed(ready):
             sched.waiting.prepend_request(request)
+
+    def skip(self, waiting: RequestQueue) -> None:
+        """vLLM's ``skip_request``: the head leaves the queue for this pass, the pass goes on."""
+        self._skipped.append(waiting.pop_request())
+
+    def requeue(self, waiting: RequestQueue) -> None:
+        """After the pass, the skipped requests go back where they were (vLLM prepends them)."""
+        skipped = self._skipped
+        if skipped:
+            for request in reversed(skipped):
+                waiting.prepend_request(request)
+            self._skipped = []
 
     def forget(self, sched: Scheduler, finished: list[Request]) -> None:
         """Loads of requests that left (aborted while loading) are dropped, their chunks unpinned."""
