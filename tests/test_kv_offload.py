@@ -65,6 +65,9 @@ def test_tier_lookup_counts_consecutive_chunks_from_the_start():
     tier = HostKVTier(8, 16, 1.0)
     tier.store([10, 11, 13])
     keys = [9, 10, 11, 12, 13]
+    # Stored in this scheduling pass: not found before the next (vLLM's store jobs run after it).
+    assert tier.lookup(keys, 1, 5) == 0
+    tier.new_pass()
     assert tier.lookup(keys, 1, 5) == 2  # 10, 11; 12 is missing
     assert tier.lookup(keys, 0, 5) == 0
     assert tier.lookup(keys, 4, 5) == 1

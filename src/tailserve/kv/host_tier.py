@@ -20,9 +20,13 @@ vLLM 0.32 turns ``--kv-offloading-size GIB`` into its ``OffloadingConnector`` wi
   ranks them in reverse), so shared prefixes are evicted last.
 - **Pins**: chunks being loaded cannot be evicted until their load completes.
 
-Stores are taken as complete at once: the next request that could load a block arrives after its
-writer computed it, and a writer's own blocks stay in the GPU cache meanwhile (vLLM answers such a
-lookup ``HIT_PENDING`` and retries). The H2D load time is the scheduler's (``policies/vllm_offload.py``).
+A store is found from the scheduling pass after the one that issued it: vLLM builds a step's
+store jobs at the end of its pass (``build_connector_meta``) and marks the chunks ready when the
+worker reports them done with the step's output. A real worker submits them at the next step's
+start (``offloading/worker.py``), so they are ready one pass later still (vLLM answers a lookup
+then ``HIT_PENDING`` and skips the request); tailserve takes the earlier time, as the differential
+harness's worker does (docs/validation.md). The H2D load time is the scheduler's
+(``policies/vllm_offload.py``).
 """
 
 from __future__ import annotations
@@ -67,7 +71,11 @@ class HostKVTier:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.size_gib = size_gib
-        self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        # key -> the scheduling pass that stored it, oldest first: a chunk is found from the pass
+        # after (vLLM builds a step's store jobs at the end of its scheduling pass, and the chunk
+        # is ready once the worker reports the store done, with the step's output)
+        self._lru: OrderedDict[int, int] = OrderedDict()
+        self._pass = 0
         self._pins: dict[int, int] = {}  # key -> loads in flight
         self.stats = HostTierStats()
 
@@ -77,11 +85,17 @@ class HostKVTier:
     def __contains__(self, key: int) -> bool:
         return key in self._lru
 
+    def new_pass(self) -> None:
+        """A scheduling pass begins: what earlier passes stored can be found now."""
+        self._pass += 1
+
     def lookup(self, keys: Sequence[int], start: int, stop: int) -> int:
-        """How many of ``keys[start:stop]`` are in the tier, consecutively from ``start``."""
+        """How many of ``keys[start:stop]`` are in the tier and stored before this pass,
+        consecutively from ``start``."""
         lru = self._lru
+        now = self._pass
         n = start
-        while n < stop and keys[n] in lru:
+        while n < stop and lru.get(keys[n], now) < now:
             n += 1
         return n - start
 
@@ -109,8 +123,9 @@ class HostKVTier:
             for key in victims:
                 del lru[key]
             self.stats.num_evicted_blocks += need
+        stored = self._pass
         for key in new:
-            lru[key] = None
+            lru[key] = stored
         self.stats.num_stored_blocks += len(new)
         return True
 

@@ -320,6 +320,8 @@ class VllmPolicy(Policy, FastPaths):
         return create_request_queue(self.config.scheduling_policy)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        if self._offload is not None:
+            sched.kv_cache.host.new_pass()  # type: ignore[union-attr]  # stores of earlier passes are ready
         if self._advanced:
             return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items, self._offload)
         cfg: VllmConfig = self.config
