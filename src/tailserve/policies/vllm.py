@@ -328,7 +328,9 @@ class VllmPolicy(Policy, FastPaths):
         out = new_output()
         budget = cfg.max_num_batched_tokens
         cap = cfg.long_prefill_token_threshold
-        if len(sched.running) + len(sched.waiting) <= 1:
+        # Off with one request in all (vLLM's get_request_counts: running, waiting and the
+        # requests holding KV while they wait, loads from the CPU tier among them).
+        if cap and len(sched.running) + len(sched.waiting) + len(sched.loading) <= 1:
             cap = 0
         scheduled = out.scheduled
         preempted = out.preempted

@@ -61,7 +61,9 @@ def schedule_advanced(
     drop_hit_block = spec is not None and spec.drops_hit_block
     out.num_spec_tokens_to_schedule = k
     budget = cfg.max_num_batched_tokens
-    cap = cfg.long_prefill_token_threshold if len(sched.running) + len(sched.waiting) > 1 else 0
+    cap = cfg.long_prefill_token_threshold
+    if cap and len(sched.running) + len(sched.waiting) + len(sched.loading) <= 1:
+        cap = 0  # one request in all (vLLM's get_request_counts, loads from the CPU tier among them)
     max_len = sched.max_model_len
     kv = sched.kv_cache
     block_size = kv.block_size
