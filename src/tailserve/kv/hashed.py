@@ -283,7 +283,7 @@ class HashedKVCacheManager(KVCacheManager):
         seen = self._host_seen.pop(request_id, None)
         keys = self._keys.get(request_id)
         if seen and keys and self.host is not None:
-            self.host.touch([keys[i] for i in sorted(seen)])
+            self.host.touch_after_next_pass([keys[i] for i in sorted(seen)])
 
     def _set_registered(self, request_id: str, num_blocks: int) -> None:
         """The request's first ``num_blocks`` blocks are registered (0: none, its table freed);

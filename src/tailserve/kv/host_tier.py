@@ -76,6 +76,12 @@ class HostKVTier:
         # is ready once the worker reports the store done, with the step's output)
         self._lru: OrderedDict[int, int] = OrderedDict()
         self._pass = 0
+        # Finished requests' chunks to make newest: vLLM does it in the scheduling pass after
+        # the finish, once that pass's stores are prepared (``build_connector_meta`` calls
+        # ``on_request_finished`` last); queued at the finish, ready at the next pass, applied at
+        # the one after (before anything of it evicts)
+        self._touch_queued: list[list[int]] = []
+        self._touch_ready: list[list[int]] = []
         self._pins: dict[int, int] = {}  # key -> loads in flight
         self.stats = HostTierStats()
 
@@ -86,8 +92,16 @@ class HostKVTier:
         return key in self._lru
 
     def new_pass(self) -> None:
-        """A scheduling pass begins: what earlier passes stored can be found now."""
+        """A scheduling pass begins: what earlier passes stored can be found now, and requests
+        that finished before the last pass make their chunks newest."""
         self._pass += 1
+        for keys in self._touch_ready:
+            self.touch(keys)
+        self._touch_ready, self._touch_queued = self._touch_queued, []
+
+    def touch_after_next_pass(self, keys: list[int]) -> None:
+        """``touch`` ``keys`` once the next scheduling pass has stored what it stores."""
+        self._touch_queued.append(keys)
 
     def lookup(self, keys: Sequence[int], start: int, stop: int) -> int:
         """How many of ``keys[start:stop]`` are in the tier and stored before this pass,
