@@ -197,11 +197,12 @@ class HashedKVCacheManager(KVCacheManager):
                 token_ids=self._tokens.get(request_id),
             )  # fmt: skip
             self._set_registered(request_id, full)
-            host = self.host
-            if host is not None:
-                span = self._host_range.get(request_id)
-                if span is not None:
-                    self._host_offer(request_id, keys, full, span)
+        if self.host is not None:
+            # Offered whether or not a block filled now: vLLM offers a scheduled request's
+            # prompt chunks from its next unstored one every step (a GPU hit's included)
+            span = self._host_range.get(request_id)
+            if span is not None:
+                self._host_offer(request_id, keys, full, span)
 
     # ---- the CPU tier (vLLM's native KV offloading) -------------------------------------------
     def set_host_range(self, request_id: str, num_prompt_tokens: int) -> None:
