@@ -255,8 +255,7 @@ class HashedKVCacheManager(KVCacheManager):
         if stop <= start:
             return
         self._host_seen.setdefault(request_id, {}).update(dict.fromkeys(range(start, stop)))
-        if host.store(keys[start:stop]):
-            span[0] = stop
+        host.offer(keys[start:stop], span, stop)
 
     # ---- TensorRT-LLM's secondary (host) pool ------------------------------------------------
     def secondary_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:

@@ -82,6 +82,10 @@ class HostKVTier:
         # the one after (before anything of it evicts)
         self._touch_queued: list[list[int]] = []
         self._touch_ready: list[list[int]] = []
+        # Stores offered during this pass, made at its end as vLLM's store jobs are (their
+        # evictions too: a later request of the same pass still finds what they would evict):
+        # (keys, the request's next-unstored index to advance on success, its end)
+        self._offers: list[tuple[list[int], list[int], int]] = []
         self._pins: dict[int, int] = {}  # key -> loads in flight
         self.stats = HostTierStats()
 
@@ -92,12 +96,25 @@ class HostKVTier:
         return key in self._lru
 
     def new_pass(self) -> None:
-        """A scheduling pass begins: what earlier passes stored can be found now, and requests
-        that finished before the last pass make their chunks newest."""
-        self._pass += 1
+        """A scheduling pass begins. The last pass's offers are stored now (vLLM's
+        ``build_connector_meta`` at its end: its store jobs, then ``on_request_finished`` for the
+        requests that finished before it, whose chunks become newest), and can be found from
+        this pass on."""
+        offers = self._offers
+        if offers:
+            self._offers = []
+            for keys, span, stop in offers:
+                if self.store(keys) and span[0] < stop:
+                    span[0] = stop  # (a failed store is offered again: vLLM keeps its index)
         for keys in self._touch_ready:
             self.touch(keys)
         self._touch_ready, self._touch_queued = self._touch_queued, []
+        self._pass += 1
+
+    def offer(self, keys: list[int], span: list[int], stop: int) -> None:
+        """A request offers ``keys`` (``prepare_store``), stored when this pass ends; on success
+        its next-unstored index ``span[0]`` moves to ``stop``."""
+        self._offers.append((keys, span, stop))
 
     def touch_after_next_pass(self, keys: list[int]) -> None:
         """``touch`` ``keys`` once the next scheduling pass has stored what it stores."""
