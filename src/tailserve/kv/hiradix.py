@@ -371,62 +371,29 @@ class HiRadixCache(RadixCache):
         ]  # type: ignore[arg-type]
 
     # ---- invariants --------------------------------------------------------------------------
-    def check_integrity(self) -> None:
-        """``RadixCache``'s invariants over the GPU nodes, and: a host-only node has a host copy,
-        no slots, no lock and only host-only children; the host pool holds exactly the backed
-        nodes' tokens, within its capacity; every device leaf and host leaf is in its heap."""
-        err = PrefixCacheIntegrityError
-        root = self.root
-        if root.lock_ref != 1 or root.key or root.parent is not None:
-            raise err(f"root corrupted: lock_ref {root.lock_ref}, {len(root.key)} keys")
-        nodes = self._nodes()
-        evictable = protected = host = num_slots = 0
-        slots: set[int] = set()
-        for node in nodes:
-            child_locks = 0
-            for first, child in node.children.items():
-                if child.parent is not node:
-                    raise err(f"{child!r} is a child of {node!r} but points to {child.parent!r}")
-                if not child.key or child.key[0] != first:
-                    raise err(f"{child!r} is indexed under {first!r} but starts with {child.key[:1]!r}")
-                if child.last_access_time > node.last_access_time:
-                    raise err(f"{child!r} was used more recently than its parent {node!r}")
-                if child.on_device and node is not root and not node.on_device:  # type: ignore[attr-defined]
-                    raise err(f"{child!r} holds GPU KV under the host-only {node!r}")
-                child_locks += child.lock_ref
-            if node is root:
-                continue
-            if node.lock_ref < child_locks:
-                raise err(f"{node!r} has lock_ref {node.lock_ref} < its children's {child_locks}")
-            if node.backed:  # type: ignore[attr-defined]
-                host += len(node.key)
-            if not node.on_device:  # type: ignore[attr-defined]
-                if node.value or node.lock_ref or not node.backed:  # type: ignore[attr-defined]
-                    raise err(f"host-only {node!r} holds {len(node.value)} slots, lock {node.lock_ref}")
-                continue
-            if not node.key or len(node.key) != len(node.value):
-                raise err(f"{node!r} has {len(node.key)} keys and {len(node.value)} slots")
-            if node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-            slots.update(node.value)
-            num_slots += len(node.value)
-        if num_slots != len(slots):
-            raise err(f"{num_slots - len(slots)} slots are held by two keys")
-        if len(nodes) != self._num_nodes:
-            raise err(f"{len(nodes)} nodes reachable but the counter says {self._num_nodes}")
-        if evictable != self._evictable_size or protected != self._protected_size:
-            raise err(
-                f"evictable {evictable} / protected {protected} tokens counted, counters say "
-                f"{self._evictable_size} / {self._protected_size}"
+    # ---- integrity: RadixCache.check_integrity's hooks ------------------------------------------
+    def _check_child(self, node: RadixNode, child: RadixNode) -> None:
+        if child.on_device and node is not self.root and not node.on_device:  # type: ignore[attr-defined]
+            raise PrefixCacheIntegrityError(f"{child!r} holds GPU KV under the host-only {node!r}")
+
+    def _check_host_only(self, node: RadixNode) -> bool:
+        """A host-only node has a host copy, no slots and no lock (its children are host-only
+        too: ``_check_child``)."""
+        if node.on_device:  # type: ignore[attr-defined]
+            return False
+        if node.value or node.lock_ref or not node.backed:  # type: ignore[attr-defined]
+            raise PrefixCacheIntegrityError(
+                f"host-only {node!r} holds {len(node.value)} slots, lock {node.lock_ref}"
             )
+        return True
+
+    def _check_tiers(self, nodes: list[RadixNode]) -> None:
+        """The host pool holds exactly the backed nodes' tokens, within its capacity; every host
+        leaf is in its heap."""
+        err = PrefixCacheIntegrityError
+        host = sum(len(node.key) for node in nodes if node is not self.root and node.backed)  # type: ignore[attr-defined]
         if host != self.host_used or host > self.host_capacity:
             raise err(f"host copies hold {host} tokens, counter {self.host_used}, pool {self.host_capacity}")
-        entries = {(t, nid) for t, nid, _ in self._heap}
-        for leaf in self._evictable_leaves():
-            if (leaf.last_access_time, leaf.node_id) not in entries:
-                raise err(f"evictable device leaf {leaf!r} has no heap entry")
         host_entries = {(t, nid) for t, nid, _ in self._host_heap}
         for node in nodes:
             if self._is_host_leaf(node) and (node.last_access_time, node.node_id) not in host_entries:  # type: ignore[arg-type]

@@ -333,8 +333,9 @@ class RadixCache(PrefixCache):
                     raise err(f"{child!r} is indexed under {first!r} but starts with {child.key[:1]!r}")
                 if child.last_access_time > node.last_access_time:
                     raise err(f"{child!r} was used more recently than its parent {node!r}")
+                self._check_child(node, child)
                 child_locks += child.lock_ref
-            if node is root:
+            if node is root or self._check_host_only(node):
                 continue
             if not node.key or len(node.key) != len(node.value):
                 raise err(f"{node!r} has {len(node.key)} keys and {len(node.value)} slots")
@@ -359,3 +360,15 @@ class RadixCache(PrefixCache):
         for leaf in self._evictable_leaves():
             if (leaf.last_access_time, leaf.node_id) not in entries:
                 raise err(f"evictable leaf {leaf!r} has no heap entry")
+        self._check_tiers(nodes)
+
+    # Hooks for a tree with a tier behind it (SGLang's HiCache, kv/hiradix.py); no-ops here.
+    def _check_child(self, node: RadixNode, child: RadixNode) -> None:
+        """More rules for one parent-child edge."""
+
+    def _check_host_only(self, node: RadixNode) -> bool:
+        """True for a node whose KV is elsewhere (checked by the hook): no slots to count."""
+        return False
+
+    def _check_tiers(self, nodes: list[RadixNode]) -> None:
+        """More rules over every node, once the tree's own add up."""

@@ -51,7 +51,7 @@ from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_async import schedule_advanced
-from tailserve.policies.vllm_offload import OffloadLoads
+from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
 
 # Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
@@ -434,17 +434,14 @@ class VllmPolicy(Policy, FastPaths):
             hit = match.num_tokens if match is not None else 0
             if offload is not None and not request.num_computed_tokens:
                 # The CPU tier's blocks after the GPU hit: a request that has some only loads now.
-                num_load = kv.host_lookup(request.request_id, hit, request.num_tokens)
-                if num_load < 0:  # another request is loading its hit: skipped this pass (vLLM)
-                    offload.skip(waiting)
-                    continue
-                if num_load:
-                    reserve = watermark_blocks if sched.running else 0
-                    if not offload.start(
-                        sched, request, match, hit, num_load, now, reserve, cfg.scheduler_reserve_full_isl
-                    ):
-                        break
-                    continue
+                reserve = watermark_blocks if sched.running else 0
+                taken = offload.admit(
+                    sched, request, match, hit, now, reserve, cfg.scheduler_reserve_full_isl
+                )
+                if taken is BLOCKED:
+                    break
+                if taken is not None:
+                    continue  # loading, or skipped for this pass
             # ``num_remaining_tokens`` inlined and ``min(want, budget)`` spelled out (a property
             # is a call through C, the builtin parses its arguments as keywords): per admission.
             want = request.prompt_len + request.num_output_tokens - request.num_computed_tokens - hit

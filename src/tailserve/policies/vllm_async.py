@@ -41,7 +41,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, a
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
-from tailserve.policies.vllm_offload import OffloadLoads
+from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
 
 
 def schedule_advanced(
@@ -183,17 +183,14 @@ def schedule_advanced(
             hit = match.num_tokens if match is not None else 0
             if offload is not None and not request.num_computed_tokens:
                 # The CPU tier's blocks after the GPU hit: a request that has some only loads now.
-                num_load = kv.host_lookup(request.request_id, hit, request.num_tokens)
-                if num_load < 0:  # another request is loading its hit: skipped this pass (vLLM)
-                    offload.skip(waiting)
-                    continue
-                if num_load:
-                    reserve = watermark_blocks if sched.running else 0
-                    if not offload.start(
-                        sched, request, match, hit, num_load, now, reserve, cfg.scheduler_reserve_full_isl
-                    ):
-                        break
-                    continue
+                reserve = watermark_blocks if sched.running else 0
+                taken = offload.admit(
+                    sched, request, match, hit, now, reserve, cfg.scheduler_reserve_full_isl
+                )
+                if taken is BLOCKED:
+                    break
+                if taken is not None:
+                    continue  # loading, or skipped for this pass
             # KV already computed: the hit, or (no lookup then) what a request brings with it (a
             # P/D decode replica's request, its KV transferred: cluster/disagg.py).
             known = request.num_computed_tokens + hit

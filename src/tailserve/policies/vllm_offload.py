@@ -42,6 +42,11 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.prefix import PrefixMatch
 
+# What ``OffloadLoads.admit`` did with a waiting request (None: nothing, admit it as usual).
+LOADING = "loading"  # admitted to load; it left the waiting queue
+SKIPPED = "skipped"  # its hit is being loaded by another request: out of the queue for this pass
+BLOCKED = "blocked"  # its load does not fit: the pass stops, as any admission that does not fit
+
 
 @dataclass(slots=True)
 class _Load:
@@ -74,6 +79,21 @@ class OffloadLoads:
         idle engine's pass has promoted every load done by then; on a wall clock one may finish
         between that pass and the wait, which then returns at once.)"""
         return min((load.done for load in self._loads.values()), default=None)
+
+    def admit(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, now: float,
+              reserve: int, full_sequence: bool) -> str | None:  # fmt: skip
+        """A new request at the head of the waiting pass, its GPU hit ``hit`` tokens (``match``):
+        LOADING, SKIPPED or BLOCKED when the CPU tier holds blocks right after the hit, None when
+        it holds none (the pass admits it as usual)."""
+        num_load = sched.kv_cache.host_lookup(request.request_id, hit, request.num_tokens)  # type: ignore[attr-defined]
+        if not num_load:
+            return None
+        if num_load < 0:
+            self.skip(sched.waiting)
+            return SKIPPED
+        if not self.start(sched, request, match, hit, num_load, now, reserve, full_sequence):
+            return BLOCKED
+        return LOADING
 
     def start(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, num_load: int,
               now: float, reserve: int, full_sequence: bool) -> bool:  # fmt: skip
