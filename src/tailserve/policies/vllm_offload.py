@@ -20,8 +20,7 @@ Followed from vLLM 0.32 (``v1/core/sched/scheduler.py`` with the ``OffloadingCon
   blocks cached and its computed tokens counted, recomputing the last prompt token when the hit
   covered it all (``_update_waiting_for_remote_kv``). vLLM drains those requests before the
   waiting queue (its ``kv_holding_waiting`` queue); tailserve puts them at the waiting queue's
-  front in the order they were admitted, the same order under FCFS (under ``priority`` a more
-  urgent new arrival goes first). Under async scheduling a step's report is read one pass later
+  front (``prepend_held``: under ``priority`` before every other key, by their own). Under async scheduling a step's report is read one pass later
   (its output is applied after the next step is scheduled), an idle engine's at once; an idle
   engine wakes when a load is done (``next_wakeup``).
 - **Not now.** A request whose tier hit another request is loading right now is skipped for the
@@ -174,7 +173,7 @@ class OffloadLoads:
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now]
         for request in reversed(ready):
-            sched.waiting.prepend_request(request)
+            sched.waiting.prepend_held(request)
 
     def skip(self, waiting: RequestQueue) -> None:
         """vLLM's ``skip_request``: the head leaves the queue for this pass, the pass goes on."""
