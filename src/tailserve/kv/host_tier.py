@@ -84,8 +84,10 @@ class HostKVTier:
         self._touch_ready: list[list[int]] = []
         # Stores offered during this pass, made at its end as vLLM's store jobs are (their
         # evictions too: a later request of the same pass still finds what they would evict):
-        # (keys, the request's next-unstored index to advance on success, its end)
-        self._offers: list[tuple[list[int], list[int], int]] = []
+        # (keys, the request's next-unstored index to advance on success, its end), one per
+        # request (by its index's identity) in the order of its first offer: vLLM makes one
+        # store job of a request's chunks per step, all stored or none
+        self._offers: dict[int, tuple[list[int], list[int], int]] = {}
         self._pins: dict[int, int] = {}  # key -> loads in flight
         self.stats = HostTierStats()
 
@@ -102,8 +104,8 @@ class HostKVTier:
         this pass on."""
         offers = self._offers
         if offers:
-            self._offers = []
-            for keys, span, stop in offers:
+            self._offers = {}
+            for keys, span, stop in offers.values():
                 if self.store(keys) and span[0] < stop:
                     span[0] = stop  # (a failed store is offered again: vLLM keeps its index)
         for keys in self._touch_ready:
@@ -114,7 +116,9 @@ class HostKVTier:
     def offer(self, keys: list[int], span: list[int], stop: int) -> None:
         """A request offers ``keys`` (``prepare_store``), stored when this pass ends; on success
         its next-unstored index ``span[0]`` moves to ``stop``."""
-        self._offers.append((keys, span, stop))
+        earlier = self._offers.get(id(span))
+        if earlier is None or earlier[2] < stop:  # (both start at the request's next unstored one)
+            self._offers[id(span)] = (keys, span, stop)
 
     def touch_after_next_pass(self, keys: list[int]) -> None:
         """``touch`` ``keys`` once the next scheduling pass has stored what it stores."""
