@@ -407,3 +407,17 @@ def test_explain_charges_the_load_wait_to_its_own_cause():
     assert breakdown.components[KV_LOAD] == pytest.approx(end - start)
     assert sum(breakdown.components.values()) == pytest.approx(breakdown.seconds)
     assert first.kv_load is None
+
+
+def test_a_workload_without_token_identities_runs_without_a_tier_and_says_so():
+    from tailserve.executors.simulated.deployment import Deployment, build_cost_model
+    from tailserve.sim.run import run_policy
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
+
+    built = build_cost_model(Deployment("Llama-3-8B", "H100-SXM", 1, "none"))
+    workload = WorkloadBuilder(WorkloadSpec("chat", num_requests=20))  # bare lengths
+    for flags in ({"async_scheduling": False}, {}):
+        run = run_policy(built, PolicySpec.make("vllm", {"kv_offloading_size": 4.0, **flags}), workload)
+        assert all(r.finish_reason == "length" for r in run.requests)
+        assert any("no token identities" in note for note in run.notes)

@@ -321,7 +321,13 @@ class VllmPolicy(Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         if self._offload is not None:
-            sched.kv_cache.host.new_pass()  # type: ignore[union-attr]  # stores of earlier passes are ready
+            host = sched.kv_cache.host
+            if host is None:
+                # A workload of bare lengths gets no prefix cache (kv/factory.py), so no tier
+                # either: nothing to load, ever.
+                self._offload = None
+            else:
+                host.new_pass()  # the stores of earlier passes are ready
         if self._advanced:
             return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items, self._offload)
         cfg: VllmConfig = self.config

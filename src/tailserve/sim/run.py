@@ -88,6 +88,12 @@ def run_policy(
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
     host = kv.host if kv.shares_prefixes else None
+    if host is None and getattr(config, "kv_offloading_size", None):
+        notes.append(
+            "kv_offloading_size: this workload has no token identities (bare lengths), so no prefix "
+            "cache and no CPU tier behind it; replay a trace with token ids or hash_ids, or use "
+            "--workload multi-turn / shared-prefix"
+        )
     if host is not None and prefix_stats is not None:
         prefix_stats["cpu_tier"] = host_tier_summary(host)
         notes.append(host_tier_note(host))
