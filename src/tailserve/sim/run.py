@@ -88,10 +88,18 @@ def run_policy(
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
     host = kv.host if kv.shares_prefixes else None
-    if host is None and getattr(config, "kv_offloading_size", None):
+    tier_flag = next(
+        (
+            f
+            for f in ("kv_offloading_size", "host_cache_size", "enable_hierarchical_cache")
+            if getattr(config, f, None)
+        ),
+        None,
+    )
+    if tier_flag is not None and not kv.shares_prefixes:
         notes.append(
-            "kv_offloading_size: this workload has no token identities (bare lengths), so no prefix "
-            "cache and no CPU tier behind it; replay a trace with token ids or hash_ids, or use "
+            f"{tier_flag}: this workload has no token identities (bare lengths), so no prefix "
+            "cache and no host tier behind it; replay a trace with token ids or hash_ids, or use "
             "--workload multi-turn / shared-prefix"
         )
     if host is not None and prefix_stats is not None:
