@@ -147,7 +147,7 @@ class Scheduler:
             if keys:
                 self.kv_cache.set_prefix_keys(request.request_id, keys, tokens)
                 if self.kv_cache.host is not None:
-                    self.kv_cache.set_host_range(request.request_id, request.prompt_len)  # type: ignore[attr-defined]
+                    self.kv_cache.set_host_range(request.request_id, request.prompt_len)
         self.policy.add_request(self, request)
         return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 

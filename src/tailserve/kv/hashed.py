@@ -12,7 +12,7 @@ CPU swap pool (inherited) and which leading blocks of each table are registered.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tailserve.kv.block_pool import HashedBlockPool
 from tailserve.kv.host_tier import HostKVTier
@@ -65,6 +65,10 @@ class HashedKVCacheManager(KVCacheManager):
     def free_block_count(self) -> int:
         """Free plus evictable cached blocks: what an allocation can take."""
         return self.pool.num_free_blocks
+
+    def host_tier_report(self) -> tuple[dict[str, Any], str] | None:
+        tier = self.host if self.host is not None else self.secondary
+        return (tier.summary(), tier.note()) if tier is not None else None
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:

@@ -52,27 +52,10 @@ class HiRadixKVCacheManager(RadixKVCacheManager):
     def hicache_stats(self) -> HiCacheStats | None:
         return self.tree.host_stats if self.tree is not None else None  # type: ignore[attr-defined]
 
-    def _insert(self, request_id: str, held: _Held, num_tokens: int) -> None:
-        """``RadixKVCacheManager._insert`` with the request's inserted length passed on (the
-        tree counts each node once per request toward its backup)."""
-        keys = self._keys[request_id]
-        table = self.block_tables.get(request_id, [])
-        n = min(num_tokens, len(keys), len(table))
-        if n <= held.inserted:
-            return
-        tree: HiRadixCache = self.tree  # type: ignore[assignment]
-        slots = table[:n]
-        already = tree.insert(keys[:n], slots, held.inserted)
-        if already < n:
-            self.hold(slots[already:])
-        node = tree.root
-        i = 0
-        while i < n:  # ``insert`` left a node boundary at n
-            node = node.children[keys[i]]
-            i += len(node.key)
-        tree.inc_lock_ref(node)
-        tree.dec_lock_ref(held.node)
-        held.node, held.inserted = node, n
+    def _tree_insert(self, keys: list, slots: list[int], held: _Held) -> int:
+        """The request's inserted length passed on (SGLang's ``inserted_len``): the tree counts
+        each node once per request toward its write-through backup."""
+        return self.tree.insert(keys, slots, held.inserted)  # type: ignore[call-arg]
 
     def load_back(self, match: PrefixMatch) -> PrefixMatch | None:
         """Load the host part of ``match`` (a locked ``HiPrefixMatch``) to the GPU: the longer
@@ -104,6 +87,9 @@ class HiRadixKVCacheManager(RadixKVCacheManager):
         stats.num_loads += 1
         stats.loaded_tokens += num
         return PrefixMatch(match.num_tokens + num, match.kv_indices + slots, match.host_node)
+
+    def host_tier_report(self) -> tuple[dict[str, Any], str] | None:
+        return self.host_summary(), self.host_note()
 
     def host_summary(self) -> dict[str, Any]:
         """The host tier's figures for a run's JSON (``prefix_cache.cpu_tier``)."""

@@ -199,29 +199,29 @@ class HostKVTier:
             if count < 1 or key not in self._lru:
                 raise KVCacheIntegrityError(f"CPU tier: chunk {key} pinned {count} times but not held")
 
+    def summary(self) -> dict[str, float | int]:
+        """The tier's figures for a run's JSON (``prefix_cache.cpu_tier``)."""
+        st = self.stats
+        return {
+            "size_gib": self.size_gib,
+            "num_blocks": self.num_blocks,
+            "loaded_tokens": st.num_hits,
+            "num_loads": st.num_loads,
+            "mean_load_wait_s": st.load_seconds / st.num_loads if st.num_loads else 0.0,
+            "stored_blocks": st.num_stored_blocks,
+            "evicted_blocks": st.num_evicted_blocks,
+            "skipped_blocks": st.num_skipped_blocks,
+        }
 
-def host_tier_summary(tier: HostKVTier) -> dict[str, float | int]:
-    """The tier's figures for a run's JSON (``prefix_cache.cpu_tier``)."""
-    st = tier.stats
-    return {
-        "size_gib": tier.size_gib,
-        "num_blocks": tier.num_blocks,
-        "loaded_tokens": st.num_hits,
-        "num_loads": st.num_loads,
-        "mean_load_wait_s": st.load_seconds / st.num_loads if st.num_loads else 0.0,
-        "stored_blocks": st.num_stored_blocks,
-        "evicted_blocks": st.num_evicted_blocks,
-        "skipped_blocks": st.num_skipped_blocks,
-    }
-
-
-def host_tier_note(tier: HostKVTier) -> str:
-    """One line on what the tier did in a run."""
-    st = tier.stats
-    wait = f" (mean wait {st.load_seconds / st.num_loads * 1e3:.1f} ms)" if st.num_loads else ""
-    skipped = f", {st.num_skipped_blocks:,} not stored (every chunk pinned)" if st.num_skipped_blocks else ""
-    return (
-        f"CPU KV tier ({tier.size_gib:g} GiB, {tier.num_blocks:,} blocks of {tier.block_size} tokens): "
-        f"{st.num_hits:,} prompt tokens loaded in {st.num_loads:,} loads{wait}; {st.num_stored_blocks:,} "
-        f"blocks stored, {st.num_evicted_blocks:,} evicted{skipped}"
-    )
+    def note(self) -> str:
+        """One line on what the tier did in a run."""
+        st = self.stats
+        wait = f" (mean wait {st.load_seconds / st.num_loads * 1e3:.1f} ms)" if st.num_loads else ""
+        skipped = (
+            f", {st.num_skipped_blocks:,} not stored (every chunk pinned)" if st.num_skipped_blocks else ""
+        )
+        return (
+            f"CPU KV tier ({self.size_gib:g} GiB, {self.num_blocks:,} blocks of {self.block_size} tokens): "
+            f"{st.num_hits:,} prompt tokens loaded in {st.num_loads:,} loads{wait}; {st.num_stored_blocks:,} "
+            f"blocks stored, {st.num_evicted_blocks:,} evicted{skipped}"
+        )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -407,6 +407,11 @@ class KVCacheManager:
         fills must still be registered)."""
         table = self.block_tables.get(request_id)
         return table is not None and len(table) * self.block_size >= num_total_tokens
+
+    def host_tier_report(self) -> tuple[dict[str, Any], str] | None:
+        """A host tier's figures for the run's JSON (``prefix_cache.cpu_tier``) and its note line;
+        None without one (vLLM's CPU tier, TensorRT-LLM's host pool, SGLang's HiCache)."""
+        return None
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:

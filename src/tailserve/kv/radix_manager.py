@@ -243,7 +243,7 @@ class RadixKVCacheManager(KVCacheManager):
             return
         tree = self.tree
         slots = table[:n]
-        already = tree.insert(keys[:n], slots)
+        already = self._tree_insert(keys[:n], slots, held)
         if already < n:
             self.hold(slots[already:])
         node = tree.root
@@ -255,6 +255,11 @@ class RadixKVCacheManager(KVCacheManager):
         tree.inc_lock_ref(node)
         tree.dec_lock_ref(held.node)
         held.node, held.inserted = node, n
+
+    def _tree_insert(self, keys: list, slots: list[int], held: _Held) -> int:
+        """The tree's ``insert`` for a request holding ``held`` (a tree with a host tier counts
+        what the request inserted before: ``HiRadixKVCacheManager``)."""
+        return self.tree.insert(keys, slots)
 
     def _cache_on_free(self, request_id: str, num_computed_tokens: int, finished: bool) -> None:
         """Before a request's references go: what its flavour caches of it, then unlock."""

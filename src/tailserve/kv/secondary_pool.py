@@ -134,34 +134,32 @@ class SecondaryBlockPool:
         if held != self._slot_of:
             raise KVCacheIntegrityError("host pool: its key index does not match its slots")
 
+    def summary(self) -> dict[str, float | int]:
+        """The pool's figures for a run's JSON (``prefix_cache.cpu_tier``)."""
+        st = self.stats
+        return {
+            "size_bytes": self.size_bytes,
+            "num_blocks": self.num_blocks,
+            "onboarded_tokens": st.num_onboarded_tokens,
+            "num_onboards": st.num_onboards,
+            "offloaded_blocks": st.num_offloaded_blocks,
+            "evicted_blocks": st.num_evicted_blocks,
+            "copy_steps": st.num_copy_steps,
+            "copy_seconds": st.copy_seconds,
+        }
 
-def secondary_pool_summary(pool: SecondaryBlockPool) -> dict[str, float | int]:
-    """The pool's figures for a run's JSON (``prefix_cache.cpu_tier``)."""
-    st = pool.stats
-    return {
-        "size_bytes": pool.size_bytes,
-        "num_blocks": pool.num_blocks,
-        "onboarded_tokens": st.num_onboarded_tokens,
-        "num_onboards": st.num_onboards,
-        "offloaded_blocks": st.num_offloaded_blocks,
-        "evicted_blocks": st.num_evicted_blocks,
-        "copy_steps": st.num_copy_steps,
-        "copy_seconds": st.copy_seconds,
-    }
-
-
-def secondary_pool_note(pool: SecondaryBlockPool) -> str:
-    """One line on what the pool did in a run."""
-    st = pool.stats
-    gib = pool.size_bytes / (1 << 30)
-    wait = (
-        f"; {st.num_copy_steps:,} steps waited {st.copy_seconds:.2f} s in all for host copies"
-        if st.num_copy_steps
-        else ""
-    )
-    return (
-        f"TensorRT-LLM host KV pool ({gib:.3g} GiB per GPU, {pool.num_blocks:,} blocks of "
-        f"{pool.block_size} tokens): {st.num_onboarded_tokens:,} prompt tokens onboarded in "
-        f"{st.num_onboards:,} admissions; {st.num_offloaded_blocks:,} evicted GPU blocks offloaded, "
-        f"{st.num_evicted_blocks:,} dropped from the host{wait}"
-    )
+    def note(self) -> str:
+        """One line on what the pool did in a run."""
+        st = self.stats
+        gib = self.size_bytes / (1 << 30)
+        wait = (
+            f"; {st.num_copy_steps:,} steps waited {st.copy_seconds:.2f} s in all for host copies"
+            if st.num_copy_steps
+            else ""
+        )
+        return (
+            f"TensorRT-LLM host KV pool ({gib:.3g} GiB per GPU, {self.num_blocks:,} blocks of "
+            f"{self.block_size} tokens): {st.num_onboarded_tokens:,} prompt tokens onboarded in "
+            f"{st.num_onboards:,} admissions; {st.num_offloaded_blocks:,} evicted GPU blocks offloaded, "
+            f"{st.num_evicted_blocks:,} dropped from the host{wait}"
+        )

@@ -35,6 +35,15 @@ class KVSpec:
     # kv/hiradix.py); None without one
     hicache: HiCacheSpec | None = None
 
+    @property
+    def host_tier_flag(self) -> str | None:
+        """The flag that asked for a host tier behind the prefix cache (for a note), or None."""
+        if self.offload_gib:
+            return "kv_offloading_size"
+        if self.host_cache_bytes:
+            return "host_cache_size"
+        return "enable_hierarchical_cache" if self.hicache is not None else None
+
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
             raise ValueError(f"KV cache kind must be one of {', '.join(KV_KINDS)}, got {self.kind!r}")

@@ -15,8 +15,6 @@ from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
-from tailserve.kv.host_tier import host_tier_note, host_tier_summary
-from tailserve.kv.secondary_pool import secondary_pool_note, secondary_pool_summary
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
@@ -87,31 +85,17 @@ def run_policy(
         stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
-    host = kv.host if kv.shares_prefixes else None
-    tier_flag = next(
-        (
-            f
-            for f in ("kv_offloading_size", "host_cache_size", "enable_hierarchical_cache")
-            if getattr(config, f, None)
-        ),
-        None,
-    )
+    tier_flag = policy.kv_spec().host_tier_flag
     if tier_flag is not None and not kv.shares_prefixes:
         notes.append(
             f"{tier_flag}: this workload has no token identities (bare lengths), so no prefix "
             "cache and no host tier behind it; replay a trace with token ids or hash_ids, or use "
             "--workload multi-turn / shared-prefix"
         )
-    if host is not None and prefix_stats is not None:
-        prefix_stats["cpu_tier"] = host_tier_summary(host)
-        notes.append(host_tier_note(host))
-    secondary = kv.secondary if kv.shares_prefixes else None
-    if secondary is not None and prefix_stats is not None:  # TensorRT-LLM's host pool
-        prefix_stats["cpu_tier"] = secondary_pool_summary(secondary)
-        notes.append(secondary_pool_note(secondary))
-    if kv.hicache is not None and prefix_stats is not None:  # SGLang's HiCache
-        prefix_stats["cpu_tier"] = kv.host_summary()  # type: ignore[attr-defined]
-        notes.append(kv.host_note())  # type: ignore[attr-defined]
+    report = kv.host_tier_report()
+    if report is not None and prefix_stats is not None:
+        prefix_stats["cpu_tier"], note = report
+        notes.append(note)
     if (
         workload.spec.name == "hol"
         and "max_model_len" not in spec.engine_flags

@@ -36,6 +36,34 @@ class _TokenSource:
         return out
 
 
+def _request(
+    rng: random.Random,
+    source: _TokenSource,
+    i: int,
+    arrival: int,
+    prompt: list[int],
+    max_tokens: int,
+    stop_chance: float,
+    abort_chance: float,
+    abort_within: int,
+) -> RequestSpec:
+    """Request ``i``'s outputs (a stop token at a random place with ``stop_chance``), its abort
+    (within ``abort_within`` steps of arriving, with ``abort_chance``) and priority, drawn in
+    that order."""
+    outputs = source.take(max_tokens)
+    if rng.random() < stop_chance:
+        outputs[rng.randrange(max_tokens)] = STOP_TOKEN_ID
+    abort_step = arrival + rng.randint(1, abort_within) if rng.random() < abort_chance else None
+    return RequestSpec(
+        request_id=f"r{i:02d}",
+        arrival_step=arrival,
+        prompt_token_ids=prompt,
+        output_token_ids=outputs,
+        priority=rng.randint(0, 3),
+        abort_step=abort_step,
+    )
+
+
 def random_vllm_workload(seed: int) -> Workload:
     rng = random.Random(seed)
     source = _TokenSource(rng)
@@ -64,20 +92,7 @@ def random_vllm_workload(seed: int) -> Workload:
             suffix = rng.randint(1, 40)
         prompt += source.take(suffix)
         max_tokens = rng.choice((1, 2, 3, rng.randint(1, 16), rng.randint(1, 60)))
-        outputs = source.take(max_tokens)
-        if rng.random() < 0.1:
-            outputs[rng.randrange(max_tokens)] = STOP_TOKEN_ID
-        abort_step = arrival + rng.randint(1, 30) if rng.random() < 0.15 else None
-        requests.append(
-            RequestSpec(
-                request_id=f"r{i:02d}",
-                arrival_step=arrival,
-                prompt_token_ids=prompt,
-                output_token_ids=outputs,
-                priority=rng.randint(0, 3),
-                abort_step=abort_step,
-            )
-        )
+        requests.append(_request(rng, source, i, arrival, prompt, max_tokens, 0.1, 0.15, 30))
 
     # KV: from just enough for the largest request to more than everyone needs.
     need = [-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests]
@@ -237,20 +252,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
             suffix = rng.randint(1, 40)
         prompt += source.take(suffix)
         max_tokens = rng.choice((1, 2, rng.randint(1, 12), rng.randint(1, 40)))
-        outputs = source.take(max_tokens)
-        if rng.random() < 0.08:
-            outputs[rng.randrange(max_tokens)] = STOP_TOKEN_ID
-        abort_step = arrival + rng.randint(1, 12) if rng.random() < 0.12 else None
-        requests.append(
-            RequestSpec(
-                request_id=f"r{i:02d}",
-                arrival_step=arrival,
-                prompt_token_ids=prompt,
-                output_token_ids=outputs,
-                priority=rng.randint(0, 3),
-                abort_step=abort_step,
-            )
-        )
+        requests.append(_request(rng, source, i, arrival, prompt, max_tokens, 0.08, 0.12, 12))
     need = [-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests]
     prefix_blocks = sum(len(p) // block_size for p in prefixes)
     low = max(need)
