@@ -59,7 +59,7 @@ def add_engine_cmd_args(p: argparse.ArgumentParser, several: bool = False) -> No
         metavar="V",
         default=None,
         help="--engine-cmd: the engine's version, V for every line or ENGINE=V,... (vllm=0.11,sglang=0.5.23) "
-        "(default: the newest tailserve has)",
+        "(default: the newest tailserve has, TensorRT-LLM 1.2.1)",
     )
 
 

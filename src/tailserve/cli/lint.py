@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> None:
         "--engine-version",
         metavar="V",
         default=None,
-        help=f"the engine's version (default: the newest tailserve has; {versions})",
+        help=f"the engine's version (default: the newest tailserve has, TensorRT-LLM 1.2.1; {versions})",
     )
     p.add_argument(
         "--json",

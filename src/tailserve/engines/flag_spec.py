@@ -197,6 +197,14 @@ class EngineVersion:
     # flags of earlier versions this one's parser refuses: name -> (what happened, source)
     removed: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     options_file: OptionsFile | None = None  # a file of options one of its flags names
+    # the version whose known/ lists this one reads, where they were not made for it (a table
+    # that extends an earlier version's: the keys it adds are its own table's); "": its own
+    known_as: str = ""
+
+    @property
+    def known_name(self) -> str:
+        """``ENGINE-VERSION`` of the ``known/`` lists this version reads."""
+        return f"{self.engine}-{self.known_as or self.version}"
 
     def spec(self, name: str) -> FlagSpec | None:
         return next((spec for spec in self.flags if spec.name == name), None)
@@ -205,7 +213,7 @@ class EngineVersion:
         """Every option string this version's parser takes (``known/ENGINE-VERSION.txt``, read
         from the engine's own parser or source, see ``known/README.md``) plus the
         table's own."""
-        names = set(known_file(f"{self.engine}-{self.version}.txt"))
+        names = set(known_file(f"{self.known_name}.txt"))
         for spec in self.flags:
             names.add(self.option(spec.name))
             names.update(spec.aliases)
@@ -215,14 +223,14 @@ class EngineVersion:
         """The options that take several values (``--served-model-name a b``,
         ``--cudagraph-capture-sizes 1 2 4``): ``known/ENGINE-VERSION-lists.txt``, none without
         one (see ``known/README.md``)."""
-        return known_file(f"{self.engine}-{self.version}-lists.txt")
+        return known_file(f"{self.known_name}-lists.txt")
 
     def known_keys(self) -> frozenset[str]:
         """Every key of the options file the engine's validation takes
         (``known/ENGINE-VERSION-options.txt``), plus the file table's own."""
         if self.options_file is None:
             return frozenset()
-        names = known_file(f"{self.engine}-{self.version}-options.txt")
+        names = known_file(f"{self.known_name}-options.txt")
         return frozenset(names | {spec.name for spec in self.options_file.keys})
 
     def option(self, name: str) -> str:

@@ -71,11 +71,17 @@ class Report:
         return bool(self.conflicts) or any(row.verdict in FATAL for row in self.rows)
 
 
+# The version read when none is named, where it is not the newest tailserve has: TensorRT-LLM
+# 1.2.1, whose scheduler the trtllm policy follows (1.4.0rc4's table is partial).
+DEFAULT_VERSIONS: dict[str, EngineVersion] = {"trtllm": trtllm_flags.DEFAULT}
+
+
 def find_version(engine: str, version: str | None) -> EngineVersion:
-    """The table of ``engine`` at ``version`` (None: the newest supported)."""
+    """The table of ``engine`` at ``version`` (None: the newest supported, or the engine's
+    ``DEFAULT_VERSIONS`` entry)."""
     versions = VERSIONS[engine]
     if version is None:
-        return versions[-1]
+        return DEFAULT_VERSIONS.get(engine, versions[-1])
     wanted = version.strip().lstrip("v")
     for known in versions:
         if known.version == wanted:
@@ -88,7 +94,7 @@ def find_version(engine: str, version: str | None) -> EngineVersion:
 
 
 def lint(text: str, version: str | None = None) -> Report:
-    """Read ``text`` as ``version`` of its engine (default: the newest tailserve has) would."""
+    """Read ``text`` as ``version`` of its engine (default: ``find_version``'s) would."""
     launch = parse_launch(text)
     table = find_version(launch.engine, version)
     positional, flags = read_flags(launch, table)
@@ -182,7 +188,7 @@ def _with(what: str, note: str) -> str:
 
 
 def _known_source(table: EngineVersion) -> str:
-    return f"{ENGINE_NAMES[table.engine]} {table.version}'s parser (engines/known/{table.engine}-{table.version}.txt)"
+    return f"{ENGINE_NAMES[table.engine]} {table.version}'s parser (engines/known/{table.known_name}.txt)"
 
 
 def _override(row: Row, finding: Finding) -> Row:

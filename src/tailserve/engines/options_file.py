@@ -113,7 +113,7 @@ def _row(shown: str, key: str, value: Any, version: EngineVersion, label: str) -
         typed = _typed(shown, spec.kind, value)
         return Row(shown, key, typed, spec.verdict, spec.what, spec.source, spec.feeds)
     known = version.known_keys()
-    listed = f"{label}'s LLM API (engines/known/{version.engine}-{version.version}-options.txt)"
+    listed = f"{label}'s LLM API (engines/known/{version.known_name}-options.txt)"
     if key in known:
         return Row(
             shown, key, value, OTHER, "an LLM API option of no scheduling effect tailserve reads", listed

@@ -23,8 +23,11 @@ from tailserve.engines.flag_spec import (
 from tailserve.engines.trtllm_options import BACKEND_WHAT as _BACKEND_WHAT
 from tailserve.engines.trtllm_options import (
     OPTIONS_FILE,
+    OPTIONS_FILE_1_4,
     balance_needs_attention_dp,
     chunking_policy_needs_chunking,
+    defaults_do_nothing_1_4,
+    positive_or_none_1_4,
 )
 
 V = "1.2.1"
@@ -73,4 +76,27 @@ TRTLLM_1_2_1 = EngineVersion(
     options_file=OPTIONS_FILE,
 )  # fmt: skip
 
-VERSIONS = (TRTLLM_1_2_1,)
+# TensorRT-LLM 1.4.0rc4, as far as it was read: 1.2.1's table (its serve flags and LLM API keys
+# were not read again for 1.4) with SchedulerConfig's 1.3/1.4 fields (trtllm_options.KEYS_1_4),
+# and the scheduler's 1.3 default that differs from the trtllm policy's (1.2.1's):
+# enable_prefix_aware_scheduling true. A key 1.3/1.4 added elsewhere reads as unknown here, one
+# they removed is still taken. Not the default version: lint and --engine-cmd read 1.2.1 unless
+# --engine-version names this one.
+TRTLLM_1_4_0RC4 = EngineVersion(
+    "trtllm", "1.4.0rc4",
+    "TensorRT-LLM 1.2.1's table (serve.py @00209af, llm_args.py of the 1.2 line) with SchedulerConfig's "
+    "1.3/1.4 fields (llm_args.py @0004396, the 1.4.0rc4 reference page)",
+    TRTLLM_1_2_1.flags,
+    rules=(chunking_policy_needs_chunking, balance_needs_attention_dp, positive_or_none_1_4, defaults_do_nothing_1_4),
+    policy="trtllm",
+    policy_defaults={"enable_prefix_aware_scheduling": True},
+    positional=TRTLLM_1_2_1.positional,
+    underscores=False,
+    abbrev=False,
+    dashes=False,
+    options_file=OPTIONS_FILE_1_4,
+    known_as=V,
+)  # fmt: skip
+
+VERSIONS = (TRTLLM_1_2_1, TRTLLM_1_4_0RC4)
+DEFAULT = TRTLLM_1_2_1  # the version the trtllm policy follows (lint's and --engine-cmd's default)

@@ -1,5 +1,6 @@
 """TensorRT-LLM 1.2.1's ``--extra_llm_api_options`` / ``--config`` YAML: the LLM API options a
-``trtllm-serve`` line reads from a file, key by key.
+``trtllm-serve`` line reads from a file, key by key; and 1.4.0rc4's (``OPTIONS_FILE_1_4``): the
+same with ``SchedulerConfig``'s 1.3/1.4 fields (``KEYS_1_4``), which 1.2.1 refuses.
 
 Source: ``tensorrt_llm/llmapi/llm_args.py`` in a stored copy of the 1.2 line, cited
 ``llm_args.py@1.2`` (its ``SchedulerConfig`` has ``waiting_queue_policy``, its MTP option warns
@@ -28,6 +29,7 @@ from tailserve.engines.flag_spec import (
     NO_OP,
     NOT_MODELLED,
     OTHER,
+    REFUSED,
     SCHEDULING,
     Finding,
     FlagSpec,
@@ -175,6 +177,101 @@ KEYS = (
 )  # fmt: skip
 
 
+# ---- TensorRT-LLM 1.3 / 1.4: SchedulerConfig's additions --------------------------------------
+# The option and its wiring are read in the newest stored copy of the repository (commit 0004396,
+# whose SchedulerConfig has use_python_scheduler and enable_prefix_aware_scheduling); the four
+# 1.4 fields are on the 1.4.0rc4 reference page (signature and defaults) but in no stored source.
+ARGS_MAIN = "tensorrt_llm/llmapi/llm_args.py@0004396"
+UTIL_MAIN = "tensorrt_llm/_torch/pyexecutor/_util.py@0004396 create_py_executor_instance"
+DOCS_1_4 = "nvidia.github.io/TensorRT-LLM/1.4.0rc4/llm-api/reference/SchedulerConfig.html"
+
+
+def _docs(name: str) -> str:
+    return f"{DOCS_1_4}#tensorrt_llm.llmapi.SchedulerConfig.{name}"
+
+
+_NO_SOURCE = (
+    "not modelled: only the 1.4.0rc4 reference page shows it; no stored TensorRT-LLM source implements it "
+    f"(the newest stored SchedulerConfig, {ARGS_MAIN}, has no such field), so its rule is not known"
+)
+_CONTEXT_ORDER = Literal["fcfs", "shortest_uncached_first"]
+
+KEYS_1_4 = (
+    FlagSpec("scheduler_config.enable_prefix_aware_scheduling", bool, SCHEDULING,
+             "the micro-batch scheduler charges a context's first chunk only the prompt tokens its cached prefix "
+             "does not cover (policies/trtllm_prefix_aware.py; what it changes in admission and in the deferral of "
+             "duplicate contexts is not modelled)",
+             f"{ARGS_MAIN} SchedulerConfig.enable_prefix_aware_scheduling; {UTIL_MAIN} (to BindCapacityScheduler)",
+             "true", target="enable_prefix_aware_scheduling"),
+    FlagSpec("scheduler_config.use_python_scheduler", bool, NOT_MODELLED,
+             "true schedules with the pure-Python SimpleUnifiedScheduler (one fused pass: "
+             "_torch/pyexecutor/scheduler/design.md lists where it differs) instead of the C++ SimpleScheduler "
+             "the trtllm policy follows", f"{ARGS_MAIN} SchedulerConfig.use_python_scheduler; {UTIL_MAIN}", "false"),
+    FlagSpec("scheduler_config.context_scheduling_policy", _CONTEXT_ORDER, NOT_MODELLED,
+             "the order pending contexts are admitted in: fcfs (arrival) or shortest_uncached_first (fewest prompt "
+             f"tokens not covered by reusable KV first); {_NO_SOURCE}; the trtllm policy admits in arrival order",
+             _docs("context_scheduling_policy"), "fcfs"),
+    FlagSpec("scheduler_config.context_starvation_iterations", int | None, NOT_MODELLED,
+             f"iterations a pending context may be passed over (> 0, or none); {_NO_SOURCE}",
+             _docs("context_starvation_iterations")),
+    FlagSpec("scheduler_config.gen_preemption", dict, NOT_MODELLED,
+             f"GenPreemptionConfig: preemption of generation requests; {_NO_SOURCE} (nor its fields)",
+             _docs("gen_preemption")),
+    FlagSpec("scheduler_config.max_gen_init_admissions_per_pass", int | None, NOT_MODELLED,
+             "disaggregated generation-init requests admitted per pass (> 0, or none): the trtllm policy has no "
+             f"disaggregated serving; {_NO_SOURCE}", _docs("max_gen_init_admissions_per_pass")),
+)  # fmt: skip
+
+
+def positive_or_none_1_4(given: Given) -> list[Finding]:
+    """``context_starvation_iterations`` and ``max_gen_init_admissions_per_pass`` are
+    ``Annotated[int, Gt(gt=0)] | None`` (1.4.0rc4's ``SchedulerConfig``): pydantic refuses 0 and
+    below, and the engine does not start."""
+    found = []
+    for key in (
+        "scheduler_config.context_starvation_iterations",
+        "scheduler_config.max_gen_init_admissions_per_pass",
+    ):
+        value = given.get(key)
+        if value is not None and value <= 0:
+            found.append(
+                Finding(
+                    (key,),
+                    REFUSED,
+                    f"{key} must be > 0 or null, got {value}: the engine refuses to start",
+                    _docs(key.removeprefix("scheduler_config.")) + " (an int with Gt(gt=0), or None)",
+                )
+            )
+    return found
+
+
+def defaults_do_nothing_1_4(given: Given) -> list[Finding]:
+    """The 1.4 keys set to what the engine (and tailserve) does anyway: arrival order, the C++
+    scheduler; the prefix-aware charge without block reuse (no reuse tree, every estimate 0)."""
+    found = []
+    if given.get("scheduler_config.context_scheduling_policy") == "fcfs":
+        found.append(
+            Finding(("scheduler_config.context_scheduling_policy",), NO_OP,
+                    "fcfs: contexts admitted in arrival order, the default (what the trtllm policy does)",
+                    _docs("context_scheduling_policy"))
+        )  # fmt: skip
+    if given.get("scheduler_config.use_python_scheduler") is False:
+        found.append(
+            Finding(("scheduler_config.use_python_scheduler",), NO_OP,
+                    "false: the C++ SimpleScheduler, the default (the one the trtllm policy follows)",
+                    f"{ARGS_MAIN} SchedulerConfig.use_python_scheduler")
+        )  # fmt: skip
+    if given.get("scheduler_config.enable_prefix_aware_scheduling") and not given.get(
+        "kv_cache_config.enable_block_reuse", True
+    ):
+        found.append(
+            Finding(("scheduler_config.enable_prefix_aware_scheduling",), NO_OP,
+                    "kv_cache_config.enable_block_reuse is false: no reuse tree, every estimate is 0",
+                    "docs/source/features/kvcache.md (reusable-token estimates; reuse follows enable_block_reuse)")
+        )  # fmt: skip
+    return found
+
+
 def chunking_policy_needs_chunking(given: Given) -> list[Finding]:
     """The chunking policy orders chunks: without chunked prefill the micro-batch scheduler is
     made with no chunk config and never reads it."""
@@ -208,25 +305,29 @@ def balance_needs_attention_dp(given: Given) -> list[Finding]:
     ]
 
 
-OPTIONS_FILE = OptionsFile(
-    "extra_llm_api_options",
-    KEYS,
-    sections=("scheduler_config", "kv_cache_config", "attention_dp_config"),
-    # trtllm-serve's flag (table name) -> the LLM API option it sets (get_llm_args)
-    overrides={
-        "model": "model",
-        "tp_size": "tensor_parallel_size",
-        "pp_size": "pipeline_parallel_size",
-        "ep_size": "moe_expert_parallel_size",
-        "max_batch_size": "max_batch_size",
-        "max_num_tokens": "max_num_tokens",
-        "max_seq_len": "max_seq_len",
-        "max_beam_width": "max_beam_width",
-        "enable_chunked_prefill": "enable_chunked_prefill",
-        "backend": "backend",
-        "kv_cache_free_gpu_memory_fraction": "kv_cache_config.free_gpu_memory_fraction",
-    },
-    precedence=f"{ARGS} update_llm_args_with_extra_dict (the file's keys over the flags'; kv_cache_config "
-    "merged key by key, TensorRT-LLM#9262), from serve.py@00209af serve()",
-    refuses=f'{ARGS} BaseLlmArgs model_config extra="forbid" (nested configs: StrictBaseModel)',
+_OVERRIDES = {
+    "model": "model",
+    "tp_size": "tensor_parallel_size",
+    "pp_size": "pipeline_parallel_size",
+    "ep_size": "moe_expert_parallel_size",
+    "max_batch_size": "max_batch_size",
+    "max_num_tokens": "max_num_tokens",
+    "max_seq_len": "max_seq_len",
+    "max_beam_width": "max_beam_width",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "backend": "backend",
+    "kv_cache_free_gpu_memory_fraction": "kv_cache_config.free_gpu_memory_fraction",
+}  # trtllm-serve's flag (table name) -> the LLM API option it sets (get_llm_args)
+_SECTIONS = ("scheduler_config", "kv_cache_config", "attention_dp_config")
+_PRECEDENCE = (
+    f"{ARGS} update_llm_args_with_extra_dict (the file's keys over the flags'; kv_cache_config "
+    "merged key by key, TensorRT-LLM#9262), from serve.py@00209af serve()"
+)
+_REFUSES = f'{ARGS} BaseLlmArgs model_config extra="forbid" (nested configs: StrictBaseModel)'
+
+OPTIONS_FILE = OptionsFile("extra_llm_api_options", KEYS, _SECTIONS, _OVERRIDES, _PRECEDENCE, _REFUSES)
+# 1.4.0rc4: 1.2.1's keys and SchedulerConfig's additions (trtllm_flags.TRTLLM_1_4_0RC4 says what
+# else of 1.3/1.4 was not read).
+OPTIONS_FILE_1_4 = OptionsFile(
+    "extra_llm_api_options", KEYS + KEYS_1_4, _SECTIONS, _OVERRIDES, _PRECEDENCE, _REFUSES
 )

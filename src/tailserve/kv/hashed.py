@@ -125,6 +125,20 @@ class HashedKVCacheManager(KVCacheManager):
         # every block up to it (TensorRT-LLM's BlockKey accumulates those tokens the same way).
         return keys[cached] if cached < full else None
 
+    def num_reusable_tokens(self, request_id: str, num_tokens: int) -> int:
+        """Tokens of the request's first ``num_tokens`` that a first chunk would find reusable now
+        (TensorRT-LLM's estimated reusable tokens): its cached leading blocks, then the host
+        pool's right after them, capped as the match at admission is (at least one token
+        computed); not counted as a lookup."""
+        keys = self._keys.get(request_id)
+        if not keys:
+            return 0
+        cap = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
+        cached = min(self.pool.num_cached_prefix(keys), cap)
+        if self.secondary is not None and cached < cap:
+            cached += self.secondary.lookup(keys, cached, cap)
+        return cached * self.block_size
+
     def take_kv_events(self) -> list[tuple]:
         return self.pool.take_events()
 

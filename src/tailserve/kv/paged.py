@@ -422,6 +422,12 @@ class KVCacheManager:
         """Leading blocks of ``keys`` cached now (a router's look, not counted as a lookup)."""
         return 0
 
+    def num_reusable_tokens(self, request_id: str, num_tokens: int) -> int:
+        """Tokens of the request's first ``num_tokens`` that a first chunk would find reusable
+        now (cached leading blocks, at least one token left to compute); not counted as a
+        lookup. 0 here (no prefix cache)."""
+        return 0
+
     def new_context_block(self, request_id: str, num_tokens: int) -> int | None:
         """The key of the first of the request's full blocks (of its first ``num_tokens`` tokens)
         that is not cached now, or None when all are cached or it has no keys (TensorRT-LLM's

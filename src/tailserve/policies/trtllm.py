@@ -76,8 +76,16 @@ under overlap a partial context chunk's blocks become reusable a step early (the
 its outputs (``pause`` caps it at
 ``max_input_len``); a paused request whose grown prompt passes ``max_num_tokens`` without chunking
 trips the engine's assertion, which fails the whole executor — here only that request is aborted.
-Not modelled: the 1.3/1.4 additions (``enable_prefix_aware_scheduling``,
-``context_scheduling_policy``, ``gen_preemption``, ``context_starvation_iterations``), beams,
+TensorRT-LLM 1.3/1.4's scheduler additions: ``enable_prefix_aware_scheduling`` (1.3, true by
+default there) is modelled opt-in, false by default here as 1.2.1 behaves: the micro-batch
+scheduler's token-budget credit for a first chunk's reusable prefix (``trtllm_prefix_aware.py``;
+what it changes in admission and duplicate-context deferral is not in the stored source, not
+modelled). ``context_scheduling_policy`` (``fcfs`` | ``shortest_uncached_first``),
+``context_starvation_iterations``, ``gen_preemption`` and ``max_gen_init_admissions_per_pass``
+(1.4) are not modelled: the 1.4.0rc4 reference page lists them, but no stored TensorRT-LLM source
+implements them (the newest stored ``SchedulerConfig``, ``llm_args.py@0004396``, has none of them),
+so their rules are not known; ``lint --engine-version 1.4.0rc4`` says so per key. Not modelled
+either: ``use_python_scheduler`` (the Python mirror), beams,
 two-model drafters (Eagle, Draft/Target, NGram, Medusa), MTP's relaxed acceptance, LoRA pages,
 sliding windows, disaggregated serving, and in attention DP (``trtllm_adp.py``: placement and
 ``attention_dp_config`` balancing, modelled) ``attention_dp_rank`` pinning and a dense model's
@@ -136,6 +144,7 @@ from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, Trtl
 from tailserve.policies.trtllm_host_cache import HostCacheCopies
 from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
+from tailserve.policies.trtllm_prefix_aware import reusable_tokens
 
 
 @dataclass(slots=True)
@@ -253,7 +262,12 @@ class TrtllmPolicy(Policy, FastPaths):
         # With drafts a step advances each request by 1 + the drafts its verification accepts,
         # a draw per request: stepped, as the vllm policy's. With a host KV pool a decode that
         # opens a block may evict and offload a cached one, a copy its step waits for: stepped.
-        return self._spec is None and sched.kv_cache.secondary is None
+        # With enable_prefix_aware_scheduling a waiting context's charge follows the reuse tree,
+        # which a decode may grow (a keyed output block) as well as shrink: stepped.
+        cfg: TrtllmConfig = self.config
+        return (
+            self._spec is None and sched.kv_cache.secondary is None and not cfg.enable_prefix_aware_scheduling
+        )
 
     def arrivals_wait_in_async_runs(self, sched: Scheduler) -> bool:
         # With the overlap scheduler, requests waiting and the step in flight having admitted
@@ -272,6 +286,7 @@ class TrtllmPolicy(Policy, FastPaths):
             self._overlap
             and self._spec is None
             and sched.kv_cache.secondary is None
+            and not cfg.enable_prefix_aware_scheduling
             and not cfg.enable_chunked_prefill
             and cfg.capacity_scheduler_policy != MAX_UTILIZATION
         )
@@ -439,9 +454,13 @@ class TrtllmPolicy(Policy, FastPaths):
             )
         # GENERATION_TO_COMPLETE (overlap): kept by the capacity scheduler (its slot and blocks
         # counted), skipped by the micro-batch scheduler.
+        # enable_prefix_aware_scheduling (1.3): first chunks charged past their reusable prefix.
+        reusable = (
+            reusable_tokens(sched) if cfg.enable_prefix_aware_scheduling and cfg.enable_block_reuse else None
+        )
         batch = micro_batch(
             fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, sched.kv_cache.block_size,
-            1 + self._num_drafts, to_complete if self._overlap else None,
+            1 + self._num_drafts, to_complete if self._overlap else None, reusable,
         )  # fmt: skip
         return _Plan(batch, list(paused))
 

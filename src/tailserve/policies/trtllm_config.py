@@ -17,6 +17,9 @@ Where each comes from (``tensorrt_llm/llmapi/llm_args.py`` and ``tensorrt_llm/co
 - ``attention_dp_config`` (``TorchLlmArgs``, an ``AttentionDpConfig``): ``enable_balance`` False,
   ``timeout_iters`` 50, ``batching_wait_iters`` 10, here ``attention_dp_*`` (``trtllm_adp.py``).
 
+- ``scheduler_config.enable_prefix_aware_scheduling`` (False): TensorRT-LLM 1.3's option, True
+  by default there (``llm_args.py@0004396`` ``SchedulerConfig``); 1.2.1 has no such field and
+  behaves as False, which tailserve keeps as its default (``trtllm_prefix_aware.py``).
 - ``kv_cache_config.host_cache_size`` (None: no host pool) and
   ``secondary_offload_min_priority`` (None: 30): ``KvCacheConfig``; the pool is
   ``kv/secondary_pool.py``.
@@ -111,6 +114,11 @@ class TrtllmConfig:
     # kv_cache_config.secondary_offload_min_priority: only blocks of at least this retention
     # priority are offloaded; none: 30. Every block here has the default priority, 35
     secondary_offload_min_priority: int | None = field(default=None, metadata=_WHEN_SET)
+    # scheduler_config.enable_prefix_aware_scheduling (TensorRT-LLM 1.3+, whose default is true):
+    # the micro-batch scheduler charges a context's first chunk only the prompt tokens its cached
+    # prefix does not cover (policies/trtllm_prefix_aware.py). False here: 1.2.1, which has no
+    # such option and charges every scheduled token
+    enable_prefix_aware_scheduling: bool = field(default=False, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:

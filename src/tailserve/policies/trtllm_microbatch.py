@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tailserve.core.request import Request
+from tailserve.policies import trtllm_prefix_aware as prefix_aware
 from tailserve.policies.trtllm_capacity import Fitting, IsGeneration
 from tailserve.policies.trtllm_config import EQUAL_PROGRESS
 
@@ -38,6 +39,7 @@ def micro_batch(
     chunk_unit: int,
     generation_tokens: int = 1,
     skips: Callable[[Request], bool] | None = None,
+    reusable: prefix_aware.Reusable | None = None,
 ) -> MicroBatch:
     """The rules, in the source's order:
 
@@ -55,6 +57,10 @@ def micro_batch(
     2. If the contexts set aside need more than the budget left, they are chunked
        (``chunking_policy``) into what is left; a context whose chunk is 0 does not run.
     3. When contexts were chunked, those not on their last chunk go first (``sortRequests``).
+
+    ``reusable`` (``enable_prefix_aware_scheduling``, TensorRT-LLM 1.3: ``trtllm_prefix_aware.py``):
+    a context at its first chunk is charged only the tokens its estimated reusable prefix does
+    not cover, in step 1 and in the chunkers. None: every scheduled token is charged (1.2.1).
 
     GUARANTEED_NO_EVICT's generation requests come first, as a list (``Fitting``): step 1 over
     them is arithmetic. From an empty batch each costs ``generation_tokens`` and counts one, so
@@ -75,6 +81,11 @@ def micro_batch(
         if walked < len(generations) or walked >= max_batch_size:
             return out  # the walk ended among them: no context walked, none to chunk
         fitting = fitting.contexts
+    if reusable is not None:
+        return _micro_batch_reusing(
+            out, fitting, is_generation, max_batch_size, max_num_tokens, chunking_policy, chunk_unit,
+            generation_tokens, skips, reusable, batch_tokens, walked,
+        )  # fmt: skip
     to_chunk: list[Request] = []
     chunked_tokens = 0
     all_fit = True
@@ -119,6 +130,82 @@ def micro_batch(
     contexts = [(r, c) for r, c, left in zip(to_chunk, chunks, remaining_of) if c > 0]
     if not all_fit:
         # Contexts that will not finish their prompt this step first, then the last chunks.
+        last = {id(r) for r, c in contexts if c == r.num_tokens - r.num_computed_tokens}
+        contexts = [x for x in contexts if id(x[0]) not in last] + [x for x in contexts if id(x[0]) in last]
+    out.contexts = contexts
+    return out
+
+
+def _micro_batch_reusing(
+    out: MicroBatch,
+    fitting: Iterable[Request],
+    is_generation: IsGeneration,
+    max_batch_size: int,
+    max_num_tokens: int,
+    chunking_policy: str | None,
+    chunk_unit: int,
+    generation_tokens: int,
+    skips: Callable[[Request], bool] | None,
+    reusable: prefix_aware.Reusable,
+    batch_tokens: int,
+    walked: int,
+) -> MicroBatch:
+    """``micro_batch``'s walk from its contexts on, compute-aware (``microBatchScheduler.cpp``
+    with ``getEstimatedReusableTokens``): a context's cost is ``compute_tokens``, its first
+    chunk credited its estimate; the chunkers share the budget by compute
+    (``trtllm_prefix_aware.py``). Kept apart so the walk without the credit stays as it was."""
+    chunked = chunking_policy is not None
+    to_chunk: list[Request] = []
+    credit: list[int] = []
+    chunked_tokens = 0
+    all_fit = True
+    for request in fitting:
+        if skips is not None and skips(request):
+            continue
+        if is_generation(request):
+            if batch_tokens + generation_tokens > max_num_tokens:
+                break
+            out.generations.append(request)
+            batch_tokens += generation_tokens
+        else:
+            remaining = request.num_tokens - request.num_computed_tokens
+            reuse = reusable(request)
+            cost = prefix_aware.compute_tokens(remaining, reuse, chunked)
+            if not chunked:
+                if cost > max_num_tokens:
+                    out.too_long.append(request)
+                    continue
+                if batch_tokens + cost > max_num_tokens:
+                    break
+                out.contexts.append((request, remaining))
+                batch_tokens += cost
+            else:
+                if cost > max_num_tokens:
+                    cost = max_num_tokens
+                    all_fit = False
+                to_chunk.append(request)
+                credit.append(reuse)
+                chunked_tokens += cost
+        walked += 1
+        if walked >= max_batch_size:
+            break
+    if chunked_tokens > max_num_tokens - batch_tokens:
+        all_fit = False
+    if not to_chunk:
+        return out
+    remaining_of = [r.num_tokens - r.num_computed_tokens for r in to_chunk]
+    if all_fit:
+        chunks = remaining_of
+    else:
+        capacity = max_num_tokens - batch_tokens
+        chunker = (
+            prefix_aware.equal_progress
+            if chunking_policy == EQUAL_PROGRESS
+            else prefix_aware.first_come_first_served
+        )
+        chunks = chunker(remaining_of, credit, capacity, chunk_unit, max_num_tokens)
+    contexts = [(r, c) for r, c in zip(to_chunk, chunks) if c > 0]
+    if not all_fit:
         last = {id(r) for r, c in contexts if c == r.num_tokens - r.num_computed_tokens}
         contexts = [x for x in contexts if id(x[0]) not in last] + [x for x in contexts if id(x[0]) in last]
     out.contexts = contexts

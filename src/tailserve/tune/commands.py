@@ -211,7 +211,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     """``trtllm-serve`` (``tensorrt_llm/commands/serve.py``: ``--tp_size``, ``--ep_size``,
     ``--max_batch_size``, ``--max_num_tokens``, ``--kv_cache_free_gpu_memory_fraction``,
     ``--extra_llm_api_options FILE``) and, written just before it, the YAML file of the LLM-API
-    fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config``,
+    fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config`` with
+    ``enable_prefix_aware_scheduling`` when set,
     ``kv_cache_config`` with its ``host_cache_size`` when set, and when set ``speculative_config``, ``cuda_graph_config``,
     ``attention_dp_config``, ``disable_overlap_scheduler``), in YAML's
     one-line form. Online FP8 quantization has no flag: the
@@ -230,6 +231,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     scheduler = [f"capacity_scheduler_policy: {config.capacity_scheduler_policy}"]
     if config.enable_chunked_prefill:
         scheduler.append(f"context_chunking_policy: {config.context_chunking_policy}")
+    if config.enable_prefix_aware_scheduling:  # a 1.3+ key (1.2.1 refuses it): only when asked for
+        scheduler.append("enable_prefix_aware_scheduling: true")
     extra = ""
     if config.decoding_type is not None:
         # The drafter's checkpoint is the user's; the acceptance is the simulation's input.
