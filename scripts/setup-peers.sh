@@ -63,10 +63,11 @@ setup_sglang() {  # installs into $peers/sglang; the venv exists
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install torch==2.13.0 \
         orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
         pyzmq tqdm ipython aiohttp transformers dill apache-tvm-ffi sentencepiece \
-        compressed-tensors gguf openai partial-json-parser
+        compressed-tensors gguf openai partial-json-parser einops
     PIP_CONSTRAINT="$cons" "$dir/bin/pip" install --no-deps sglang==0.5.23
     "$dir/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-    (cd "$repo/src/tailserve/validate/drivers" && "$dir/bin/python" -c "import sglang_policy; sglang_policy.Driver()") \
+    (cd "$repo/src/tailserve/validate/drivers" && "$dir/bin/python" -c \
+        "import sglang_policy, sglang_prealloc; sglang_policy.Driver(); sglang_prealloc.Driver()") \
         >/dev/null 2>&1 || { echo "sglang: installed, but its scheduling modules do not import" >&2; exit 1; }
 }
 

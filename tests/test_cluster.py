@@ -8,7 +8,7 @@ import pytest
 from tailserve.cluster import ROUTERS
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import Stage, route_request, run_aggregated
-from tailserve.cluster.disagg import PdCluster, _copy
+from tailserve.cluster.disagg import PdCluster, copy_request
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.replica import FeedSource, build_replica_engine
 from tailserve.cluster.spec import replicated
@@ -136,7 +136,7 @@ def test_pd_with_an_ideal_link_is_a_ttft_only_split():
     run = PdCluster(prefill, decode, "inf").run(requests)
 
     lone = build_replica_engine(specs[0], FeedSource(), shares_prefixes=False).engine
-    lone.source = ListSource(_copy(r, max_tokens=1) for r in workload_requests(wb, specs))
+    lone.source = ListSource(copy_request(r, max_tokens=1) for r in workload_requests(wb, specs))
     lone.run()
     ttft_only = {r.request_id: r.token_times[0] for r in lone.requests}
     for r in run.requests:
@@ -193,7 +193,7 @@ def test_kv_events_read_the_replicas_pools_without_counting_a_lookup():
     stage, requests = stage_for(wb, 2, "kv-aware")
     assert stage.kv_index is not None and stage.router.kv_index is stage.kv_index
     run_aggregated(stage, requests)
-    probe = _copy(requests[-1], max_tokens=1)
+    probe = copy_request(requests[-1], max_tokens=1)
     probe.request_id = "probe"
     stage.kv_index.requests = {"probe": probe}
     rr = route_request(probe)

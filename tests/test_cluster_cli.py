@@ -90,8 +90,12 @@ def test_heterogeneous_cluster_and_pd(tmp_path, capsys):
         (["--prefill-replicas", "1"], "--prefill-replicas and --decode-replicas go together"),
         (["--replicas", "2", "--cluster", "1xH100"], "--replicas and --cluster are alternatives"),
         (
+            ["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-policy", "tgi"],
+            "--decode-policy tgi: a decode replica must admit",
+        ),
+        (
             ["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-policy", "sglang"],
-            "--decode-policy sglang: a decode replica must admit",
+            "--prefill-policy vllm: an SGLang decode server pairs with SGLang prefill servers",
         ),
         (
             ["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link", "pigeon"],

@@ -76,3 +76,25 @@ def test_a_sides_other_unsimulated_flags_are_still_said(capsys):
     assert rc == 0, err
     decode_line = next(line for line in err.splitlines() if line.startswith("decode engine command"))
     assert decode_line.endswith("; not simulated: --enforce-eager (not modelled)")
+
+
+def test_an_sglang_pair_from_its_two_lines(tmp_path, capsys):
+    """SGLang's own pair (cluster/sglang_pd.py): the decode line's server flags reach its
+    decode server, and the lines run as the same flags typed by hand."""
+    line = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B"
+    prefill = line + " --disaggregation-mode prefill"
+    decode = line + " --disaggregation-mode decode --num-reserved-decode-tokens 128"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    pd = ["--prefill-replicas", "1", "--decode-replicas", "1"]
+    rc = _main([*RUN, *pd, "--prefill-engine-cmd", prefill, "--decode-engine-cmd", decode, "--json", str(a)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "--policy sglang:num_reserved_decode_tokens=128" in err
+    assert "disaggregation-mode" not in err
+    by_hand = [*RUN, "--model", "Llama-3.1-8B", *pd, "--prefill-policy", "sglang",
+               "--decode-policy", "sglang:num_reserved_decode_tokens=128", "--json", str(b)]  # fmt: skip
+    assert _main(by_hand) == 0
+    capsys.readouterr()
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    assert ra["metrics"] == rb["metrics"]
+    assert ra["metrics"]["ttft_s"]["p99"] > 0

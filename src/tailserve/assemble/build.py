@@ -51,6 +51,7 @@ class BuildOptions:
     eos_token_ids: tuple[int, ...] = ()  # torch: the sampler's EOS; realtime-sim: never sampled
     vocab_size: int = 0  # realtime-sim: placeholder tokens are drawn below this
     engine: EngineOptions = field(default_factory=EngineOptions)  # for the Engine made over ``source``
+    pd_pair: bool = False  # sim: a side of a P/D pair (cluster/sglang_pd.py), which may set a P/D mode
 
 
 @dataclass(slots=True)
@@ -136,6 +137,12 @@ def build_engine(
         built = _build_simulated(target, spec, executor, options)
     else:
         raise ValueError(f"unknown executor kind {executor!r}; known: {', '.join(EXECUTOR_KINDS)}")
+    mode = getattr(built.parts.config, "disaggregation_mode", "null")
+    if mode != "null" and not options.pd_pair:
+        raise ValueError(
+            f"disaggregation_mode={mode} makes this engine one side of a prefill/decode pair: simulate "
+            "the pair with --prefill-replicas / --decode-replicas (the pair sets each side's mode)"
+        )
     if source is not None:
         built.make_engine(source, clock, options.engine)
     return built

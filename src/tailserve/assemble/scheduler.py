@@ -18,7 +18,7 @@ from tailserve.kv.factory import make_kv_cache
 from tailserve.kv.host_tier import host_tier_chunks
 from tailserve.kv.secondary_pool import secondary_pool_blocks
 from tailserve.policies.fairness import with_fairness
-from tailserve.policies.registry import PolicySpec, get_policy_cls
+from tailserve.policies.registry import PolicySpec, get_policy_cls, make_policy
 
 GIB = 2**30
 
@@ -133,7 +133,9 @@ def build_scheduler(
             # The engine's other start-up notes stay (SGLang's running cap with drafts).
             notes = [note.format(why=synchronous), *cls.default_notes(device, config, spec.flags)]
     flags = spec.engine_flags
-    policy = with_fairness(cls(config), flags.get("fairness", "none"), flags.get("tenant_weights", ""))
+    policy = with_fairness(
+        make_policy(cls, config), flags.get("fairness", "none"), flags.get("tenant_weights", "")
+    )
     size = size_kv(config)
     num_cpu_blocks = 0
     if cpu_swap:

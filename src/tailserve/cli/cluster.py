@@ -40,7 +40,9 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-policy", default=None, help="P/D: prefill policy NAME[:flag=value...] (default: --policy)"
     )
     g.add_argument(
-        "--decode-policy", default=None, help="P/D: decode policy, vllm or sarathi (default: --policy)"
+        "--decode-policy",
+        default=None,
+        help="P/D: decode policy, vllm, sarathi or sglang (SGLang's decode server: pre-allocates KV before the prefill; its prefill side must be sglang) (default: --policy)",
     )
     g.add_argument(
         "--prefill-router", default=None, help="P/D: router in front of the prefill side (default: --router)"
@@ -73,7 +75,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     from tailserve.cluster.attribution import explain_cluster
     from tailserve.cluster.build import build_stage, workload_requests
     from tailserve.cluster.cluster import run_aggregated
-    from tailserve.cluster.disagg import PdCluster
+    from tailserve.cluster.disagg import make_pd_cluster, pd_specs
     from tailserve.cluster.metrics import cluster_summary
     from tailserve.cluster.spec import parse_cluster, replicated
     from tailserve.core.engine import EngineOptions
@@ -123,13 +125,19 @@ def run_cluster(args: argparse.Namespace) -> int:
         prefill_policy = lines[0] if lines else one_policy(args.prefill_policy, "--prefill-policy")
         decode_policy = lines[1] if lines else one_policy(args.decode_policy, "--decode-policy")
         decode_deployment = lines[3] if lines else deployment
-        prefill_specs = replicated(args.prefill_replicas, deployment, prefill_policy, "--prefill-replicas")
-        decode_specs = replicated(args.decode_replicas, decode_deployment, decode_policy, "--decode-replicas")
-        prefill = build_stage(
-            prefill_specs, args.prefill_router or cluster_router(args), name_prefix="p", **common
+        prefill_specs, decode_specs = pd_specs(
+            replicated(args.prefill_replicas, deployment, prefill_policy, "--prefill-replicas"),
+            replicated(args.decode_replicas, decode_deployment, decode_policy, "--decode-replicas"),
         )
-        decode = build_stage(decode_specs, args.decode_router, name_prefix="d", **common)
-        cluster = PdCluster(prefill, decode, args.kv_link)
+        prefill = build_stage(
+            prefill_specs,
+            args.prefill_router or cluster_router(args),
+            name_prefix="p",
+            pd_pair=True,
+            **common,
+        )
+        decode = build_stage(decode_specs, args.decode_router, name_prefix="d", pd_pair=True, **common)
+        cluster = make_pd_cluster(prefill, decode, args.kv_link)
         print_notes([*prefill.replicas, *decode.replicas])
         run = cluster.run(workload_requests(workload, prefill_specs))
         sides = f"tp{deployment.tp}" + (

@@ -6,7 +6,9 @@ one the route made wait ("sent to r3 with 12 queued while r0 had 0"). Its queuei
 replica is the most the route can have cost it.
 
 P/D: TTFT = prefill wait + prefill compute + link wait (the prefill replica's link busy with
-earlier transfers) + KV transfer + decode wait (for KV room and the first decode iteration).
+earlier transfers) + KV transfer + decode wait (for KV room and the first decode iteration). In
+an SGLang pair the decode server pre-allocates KV before the prefill may start: the time until
+then is "decode prealloc wait", and the prefill wait counts from it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ import numpy as np
 from tailserve.cluster.cluster import ClusterRun, RoutingDecision, Stage
 
 PD_PARTS = ("prefill_wait", "prefill", "link_wait", "kv_transfer", "decode_wait")
+PAIRED_PD_PARTS = ("decode_prealloc_wait", *PD_PARTS)  # SGLang's pair (cluster/sglang_pd.py)
+
+
+def pd_parts(run: ClusterRun) -> tuple[str, ...]:
+    """The parts of TTFT on this run's P/D path."""
+    if any(t.bootstrapped is not None for t in run.pd_timeline.values()):
+        return PAIRED_PD_PARTS
+    return PD_PARTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +43,9 @@ def routed_waits(run: ClusterRun, stage: Stage) -> list[RoutedWait]:
     """Requests this stage sent to a replica with more waiting than another had, slowest first."""
     final = {r.request_id: r for r in run.requests}
     by_id = {r.request_id: r for replica in stage.replicas for r in replica.engine.requests}
+    # An SGLang decode server takes a request at arrival and queues it until its KV is
+    # pre-allocated (its prefill runs after): that is its queueing there, not the whole TTFT.
+    preallocated = stage is run.stages.get("decode")
     out = []
     for d in stage.decisions:
         if d.num_waiting <= d.min_waiting:
@@ -40,27 +53,30 @@ def routed_waits(run: ClusterRun, stage: Stage) -> list[RoutedWait]:
         client, local = final.get(d.request_id), by_id.get(d.request_id)
         if client is None or local is None or not client.token_times or local.first_scheduled_time is None:
             continue
-        out.append(
-            RoutedWait(
-                d.request_id,
-                client.token_times[0] - client.arrival_time,
-                local.first_scheduled_time - d.time,
-                d,
-            )
-        )
+        started = local.first_scheduled_time
+        times = run.pd_timeline.get(d.request_id)
+        if preallocated and times is not None and times.bootstrapped is not None:
+            started = times.bootstrapped
+        out.append(RoutedWait(d.request_id, client.token_times[0] - client.arrival_time, started - d.time, d))
     return sorted(out, key=lambda w: -w.ttft)
 
 
 def pd_breakdown(run: ClusterRun) -> dict[str, np.ndarray]:
     """Per request that went through both sides, seconds in each part of PD_PARTS."""
-    parts: dict[str, list[float]] = {name: [] for name in PD_PARTS}
+    names = pd_parts(run)
+    parts: dict[str, list[float]] = {name: [] for name in names}
     ttft: list[float] = []
     for r in run.requests:
         t = run.pd_timeline.get(r.request_id)
         if t is None or t.transfer_done is None or not r.token_times or t.prefill_scheduled is None:
             continue
         assert t.prefill_done is not None and t.transfer_start is not None
-        parts["prefill_wait"].append(t.prefill_scheduled - r.arrival_time)
+        queued = r.arrival_time
+        if "decode_prealloc_wait" in parts:
+            assert t.bootstrapped is not None
+            parts["decode_prealloc_wait"].append(t.bootstrapped - r.arrival_time)
+            queued = t.bootstrapped
+        parts["prefill_wait"].append(t.prefill_scheduled - queued)
         parts["prefill"].append(t.prefill_done - t.prefill_scheduled)
         parts["link_wait"].append(t.transfer_start - t.prefill_done)
         parts["kv_transfer"].append(t.transfer_done - t.transfer_start)
@@ -109,10 +125,11 @@ def explain_cluster(run: ClusterRun) -> dict[str, Any]:
         if parts["ttft"].size:
             order = np.argsort(parts["ttft"])
             tail = order[int(0.99 * (len(order) - 1)) :]
-            shares = {k: float(parts[k][tail].mean()) for k in PD_PARTS}
+            names = pd_parts(run)
+            shares = {k: float(parts[k][tail].mean()) for k in names}
             total = float(parts["ttft"][tail].mean())
             data["pd_p99_mean_s"] = {"ttft": total, **shares}
-            data["pd_mean_s"] = {k: float(parts[k].mean()) for k in (*PD_PARTS, "ttft")}
+            data["pd_mean_s"] = {k: float(parts[k].mean()) for k in (*names, "ttft")}
             words = ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in shares.items())
             lines.append(f"P/D, slowest 1% by TTFT (mean {total:.3f} s): {words}.")
             mean_x = data["pd_mean_s"]["kv_transfer"]

@@ -25,6 +25,7 @@ def build_stage(
     scrape_interval: float = 0.0,
     options: EngineOptions = EngineOptions(),
     name_prefix: str = "r",
+    pd_pair: bool = False,
 ) -> Stage:
     """One engine per spec (cost models built once per distinct deployment) behind one router."""
     router_obj = make_router(router)
@@ -43,6 +44,7 @@ def build_stage(
             min_max_model_len=min_max_model_len,
             options=options,
             built=built,
+            pd_pair=pd_pair,
         )
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
     stage = Stage(replicas, router_obj, scrape_interval)

@@ -106,8 +106,11 @@ class Stage:
             return [r.state(now) for r in self.replicas]
         return self._states
 
-    def route(self, request: Request, t: float, release_time: float | None = None) -> Replica:
-        """Route ``request`` at ``t`` (replicas already advanced there) and hand it over."""
+    def route(
+        self, request: Request, t: float, release_time: float | None = None, hand_over: bool = True
+    ) -> Replica:
+        """Route ``request`` at ``t`` (replicas already advanced there) and hand it over
+        (``hand_over`` False: the caller adds it to the replica later, SGLang's bootstrap)."""
         rr = route_request(request)
         if self.kv_index is not None:
             self.kv_index.requests = {request.request_id: request}
@@ -117,7 +120,8 @@ class Stage:
         least = min(range(len(waiting)), key=waiting.__getitem__)
         self.decisions.append(RoutingDecision(request.request_id, t, i, waiting[i], waiting[least], least))
         replica = self.replicas[i]
-        replica.add(request, t if release_time is None else release_time)
+        if hand_over:
+            replica.add(request, t if release_time is None else release_time)
         return replica
 
 
@@ -146,6 +150,8 @@ class PdTimes:
     prefill_done: float | None = None  # its first token sampled on the prefill replica
     transfer_start: float | None = None  # the prefill replica's link was free for it
     transfer_done: float | None = None  # its KV is on the decode replica
+    # SGLang: the decode server pre-allocated its KV, so its prefill may start (None elsewhere)
+    bootstrapped: float | None = None
 
 
 def run_aggregated(stage: Stage, requests: Sequence[Request]) -> ClusterRun:

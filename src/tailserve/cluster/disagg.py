@@ -27,7 +27,8 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tailserve.cluster.cluster import ClusterRun, PdTimes, Stage
 from tailserve.core.gc_pause import paused_gc
@@ -36,6 +37,8 @@ from tailserve.executors.simulated.hardware import Link, get_link
 
 # Policies whose admission accepts a request whose KV (but for one token) is already computed.
 DECODE_POLICIES = ("vllm", "sarathi")
+# Decode servers with their own P/D protocol (``sglang_pd.py``): SGLang pre-allocates KV first.
+PAIRED_DECODE_POLICIES = ("sglang",)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -46,12 +49,15 @@ class _Transfer:
 
 
 class PdCluster:
+    decode_policies: tuple[str, ...] = DECODE_POLICIES
+
     def __init__(self, prefill: Stage, decode: Stage, link: str = "ib-ndr") -> None:
         for replica in decode.replicas:
-            if replica.spec.policy.name not in DECODE_POLICIES:
+            if replica.spec.policy.name not in self.decode_policies:
                 raise ValueError(
                     f"--decode-policy {replica.spec.policy.name}: a decode replica must admit requests whose "
-                    f"KV arrives from a prefill replica; supported: {', '.join(DECODE_POLICIES)}"
+                    f"KV arrives from a prefill replica; supported: "
+                    f"{', '.join([*DECODE_POLICIES, *PAIRED_DECODE_POLICIES])}"
                 )
         self.prefill = prefill
         self.decode = decode
@@ -89,7 +95,7 @@ class PdCluster:
             done = start + self.transfer_time(copy, index)
             self._link_free[index] = done
             times.transfer_start, times.transfer_done = start, done
-            decode_copy = _copy(original, max_tokens=original.max_tokens)
+            decode_copy = copy_request(original, max_tokens=original.max_tokens)
             decode_copy.num_computed_tokens = original.prompt_len - 1
             self._seq += 1
             heapq.heappush(self._transfers, _Transfer(done, self._seq, decode_copy))
@@ -113,7 +119,7 @@ class PdCluster:
                 self.prefill.advance_to(t)
                 self._route_transfers(t)
                 self._originals[request.request_id] = request
-                copy = _copy(request, max_tokens=1)
+                copy = copy_request(request, max_tokens=1)
                 replica = self.prefill.route(copy, t)
                 self.timeline[request.request_id] = PdTimes(replica.index)
             self.prefill.advance_to(None)
@@ -124,7 +130,8 @@ class PdCluster:
         return ClusterRun(out, {"prefill": self.prefill, "decode": self.decode}, wall, self.timeline, cpu)
 
 
-def _copy(r: Request, *, max_tokens: int) -> Request:
+def copy_request(r: Request, *, max_tokens: int) -> Request:
+    """The copy of a client's request one side of the pair serves."""
     return Request(
         request_id=r.request_id,
         prompt_len=r.prompt_len,
@@ -136,3 +143,31 @@ def _copy(r: Request, *, max_tokens: int) -> Request:
         prefix_block_hashes=r.prefix_block_hashes,
         planned_output_token_ids=r.planned_output_token_ids,
     )
+
+
+def pd_specs(prefill: Sequence[Any], decode: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The two sides' replica specs as the pair runs them: SGLang servers told which side they
+    are (``disaggregation_mode``), which the decode side's scheduling follows; others as given."""
+
+    def side(specs: Sequence[Any], mode: str) -> list[Any]:
+        out = []
+        for spec in specs:
+            policy = spec.policy
+            if policy.name == "sglang" and policy.flags.get("disaggregation_mode", "null") != mode:
+                policy = replace(policy, flags={**policy.flags, "disaggregation_mode": mode})
+                spec = replace(spec, policy=policy)
+            out.append(spec)
+        return out
+
+    if not any(s.policy.name in PAIRED_DECODE_POLICIES for s in decode):
+        return list(prefill), list(decode)
+    return side(prefill, "prefill"), side(decode, "decode")
+
+
+def make_pd_cluster(prefill: Stage, decode: Stage, link: str = "ib-ndr") -> PdCluster:
+    """The pair for its decode side: SGLang's protocol (``sglang_pd.py``) or the vLLM-style one."""
+    if any(r.spec.policy.name in PAIRED_DECODE_POLICIES for r in decode.replicas):
+        from tailserve.cluster.sglang_pd import SglangPdCluster
+
+        return SglangPdCluster(prefill, decode, link)
+    return PdCluster(prefill, decode, link)

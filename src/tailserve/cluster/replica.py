@@ -79,11 +79,14 @@ def build_replica_engine(
     min_max_model_len: int = 0,
     options: EngineOptions = EngineOptions(),
     built: BuiltCostModel | None = None,
+    pd_pair: bool = False,
 ) -> BuiltEngine:
     """The one place a cluster replica's engine is made: ``build_engine`` over ``source`` (a
     shared ``built`` cost model lets replicas of one deployment share its fit)."""
     target = built if built is not None else spec.deployment
-    build = BuildOptions(min_max_model_len=min_max_model_len, shares_prefixes=shares_prefixes, engine=options)
+    build = BuildOptions(
+        min_max_model_len=min_max_model_len, shares_prefixes=shares_prefixes, engine=options, pd_pair=pd_pair
+    )
     return build_engine(target, spec.policy, "sim", build, source=source)
 
 

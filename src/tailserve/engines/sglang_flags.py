@@ -139,6 +139,22 @@ def _hicache_rule(given: Given) -> list[Finding]:
     return []
 
 
+_DECODE_SERVER_FLAGS = (
+    "num_reserved_decode_tokens", "disaggregation_decode_extra_slots", "disaggregation_decode_polling_interval",
+)  # fmt: skip
+
+
+def _decode_server_rule(given: Given) -> list[Finding]:
+    """The decode server's own settings act only with ``--disaggregation-mode decode``."""
+    if given.get("disaggregation_mode") == "decode":
+        return []
+    named = tuple(name for name in _DECODE_SERVER_FLAGS if name in given)
+    if named:
+        return [Finding(named, NO_OP, "acts only on a decode server (--disaggregation-mode decode)",
+                        _at(f"{F}/disagg.py", 55))]  # fmt: skip
+    return []
+
+
 def _conservativeness_rule(given: Given) -> list[Finding]:
     if given.get("schedule_conservativeness", 1.0) < 0:
         return [Finding(("schedule_conservativeness",), REFUSED, "must be non-negative", _at(VAL, 314))]
@@ -206,6 +222,22 @@ SGLANG_0_5_23 = EngineVersion(
         FlagSpec("disaggregation_mode", str, NOT_MODELLED, "this server is one side of a prefill/decode pair; "
                  "simulate the pair with --prefill-replicas / --decode-replicas", _at(f"{F}/disagg.py", 55),
                  "null"),
+        FlagSpec("num_reserved_decode_tokens", int, SCHEDULING, "decode server: KV tokens reserved per active "
+                 "request when pre-allocating a new one (policies/sglang_decode.py)", _at(f"{F}/disagg.py", 109),
+                 "512"),
+        FlagSpec("disaggregation_decode_extra_slots", int, SCHEDULING, "decode server: request slots past "
+                 "--max-running-requests for requests in transfer", _at(f"{F}/disagg.py", 113),
+                 "2 x a running cap <= 32, else 0 (arg_groups/pd_disaggregation_hook.py:133)"),
+        FlagSpec("disaggregation_decode_polling_interval", int, SCHEDULING, "decode server: turns between polls "
+                 "of its pre-allocation and transfer queues", _at(f"{F}/disagg.py", 117), "1"),
+        FlagSpec("disaggregation_decode_allocation_policy", ("early", "prefill_complete"), NOT_MODELLED,
+                 "when the decode server reserves KV: tailserve models early (before the prefill); "
+                 "prefill_complete is not modelled", _at(f"{F}/disagg.py", 59), "early"),
+        FlagSpec("disaggregation_decode_enable_radix_cache", bool, NOT_MODELLED, "a radix cache on the decode "
+                 "server; not modelled (off, as SGLang's default)", _at(f"{F}/disagg.py", 88), "false"),
+        FlagSpec("disaggregation_transfer_backend", str, NOT_MODELLED, "the KV transfer library (mooncake, nixl, "
+                 "...): tailserve prices a transfer by its link (--kv-link), not by the library",
+                 _at(f"{F}/disagg.py", 65), "mooncake"),
         FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
                  _at(f"{F}/parallel.py", 59), "1", aliases=("--pipeline-parallel-size",)),
         FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
@@ -286,6 +318,7 @@ SGLANG_0_5_23 = EngineVersion(
         _dynamic_chunk_rule,
         _conservativeness_rule,
         _hicache_rule,
+        _decode_server_rule,
     ),
     policy="sglang",
     underscores=False,

@@ -16,6 +16,7 @@ from tailserve.core.policy import Policy
 from tailserve.policies.orca import OrcaPolicy
 from tailserve.policies.sarathi import SarathiPolicy
 from tailserve.policies.sglang import SglangPolicy
+from tailserve.policies.sglang_decode import SglangDecodePolicy
 from tailserve.policies.slo import SloPolicy
 from tailserve.policies.static import StaticPolicy
 from tailserve.policies.tgi import TgiPolicy
@@ -37,6 +38,17 @@ POLICIES: dict[str, type[Policy]] = {
         SloPolicy,
     )
 }
+
+# Policies whose config selects another class of rules: SGLang's P/D decode server
+# (``disaggregation_mode=decode``, set by the pair, ``cluster/sglang_pd.py``).
+_MODE_CLASSES: dict[tuple[str, str], type[Policy]] = {("sglang", "decode"): SglangDecodePolicy}
+
+
+def make_policy(cls: type[Policy], config: Any) -> Policy:
+    """The policy that runs ``config``: ``cls``, or the class its P/D mode selects."""
+    mode = getattr(config, "disaggregation_mode", "null")
+    return _MODE_CLASSES.get((cls.name, mode), cls)(config)
+
 
 ENGINE_FLAGS: dict[str, type] = {
     "block_size": int,

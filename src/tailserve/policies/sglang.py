@@ -250,6 +250,10 @@ class SglangPolicy(Policy, FastPaths):
         if config.disable_overlap_schedule is None:  # as SGLang decides
             on = overlap_default(device, config.speculative_algorithm is not None)[0]
             config = replace(config, disable_overlap_schedule=not on)
+        if config.disaggregation_mode == "decode" and not config.disable_radix_cache:
+            # ``pd_disaggregation_hook.py``: the decode server's radix cache is off unless
+            # ``--disaggregation-decode-enable-radix-cache`` (not modelled)
+            config = replace(config, disable_radix_cache=True)
         return config
 
     @classmethod

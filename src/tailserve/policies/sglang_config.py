@@ -19,6 +19,9 @@ CACHE_AWARE_POLICIES = ("lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
 # (``_determine_active_policy``); dfs-weight and shortest-prefill-first always match.
 LARGE_QUEUE_FCFS_POLICIES = ("lpm", "hrrn")
 RETRACTION_POLICIES = ("length", "priority")
+# ``--disaggregation-mode``: "null" (one server), or one side of a prefill/decode pair, set by the
+# P/D simulation itself (``cluster/sglang_pd.py``); a single engine refuses the other two.
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
 
 # Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
@@ -68,6 +71,14 @@ class SglangConfig:
     hicache_ratio: float | None = field(default=None, metadata=_WHEN_SET)
     hicache_size: int = field(default=0, metadata=_WHEN_SET)
     hicache_write_policy: str = field(default="write_through", metadata=_WHEN_SET)
+    # P/D (policies/sglang_decode.py): which side of a pair this server is; the decode server's
+    # KV reserve per active request at pre-allocation (num_reserved_decode_tokens), its request
+    # slots past max_running_requests for requests in transfer (None: SGLang's rule, 2 x a running
+    # cap <= 32, else 0), and how many turns apart it polls its queues
+    disaggregation_mode: str = field(default="null", metadata=_WHEN_SET)
+    num_reserved_decode_tokens: int = field(default=512, metadata=_WHEN_SET)
+    disaggregation_decode_extra_slots: int | None = field(default=None, metadata=_WHEN_SET)
+    disaggregation_decode_polling_interval: int = field(default=1, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.disable_overlap_schedule not in (None, True, False):
@@ -99,6 +110,7 @@ class SglangConfig:
                 f"max_running_requests must be >= 1 (or None: auto), got {self.max_running_requests}"
             )
         self._check_hicache()
+        self._check_disaggregation()
         check_speculative(
             self.speculative_algorithm,
             self.speculative_num_steps,
@@ -121,6 +133,28 @@ class SglangConfig:
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             # arg_groups/kv_cache_hook.py:393-397@v0.5.23
             raise ValueError("enable_hierarchical_cache and disable_radix_cache are mutually exclusive")
+
+    def _check_disaggregation(self) -> None:
+        if self.disaggregation_mode not in DISAGGREGATION_MODES:
+            raise ValueError(
+                f"disaggregation_mode must be one of {', '.join(DISAGGREGATION_MODES)}, "
+                f"got {self.disaggregation_mode!r}"
+            )
+        if self.num_reserved_decode_tokens < 0:
+            raise ValueError(
+                f"num_reserved_decode_tokens must be >= 0, got {self.num_reserved_decode_tokens}"
+            )
+        if self.disaggregation_decode_extra_slots is not None and self.disaggregation_decode_extra_slots < 0:
+            raise ValueError(
+                f"disaggregation_decode_extra_slots must be >= 0, got {self.disaggregation_decode_extra_slots}"
+            )
+        if self.disaggregation_decode_polling_interval < 1:
+            raise ValueError(
+                "disaggregation_decode_polling_interval must be >= 1, got "
+                f"{self.disaggregation_decode_polling_interval}"
+            )
+        if self.disaggregation_mode == "decode" and self.enable_hierarchical_cache:
+            raise ValueError("HiCache on the decode server of a P/D pair is not modelled")
 
     @property
     def chunking(self) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import ClusterRun, run_aggregated
-from tailserve.cluster.disagg import PdCluster
+from tailserve.cluster.disagg import make_pd_cluster, pd_specs
 from tailserve.cluster.dp_group import build_dp_stage
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.replica import ReplicaSpec
@@ -176,12 +176,12 @@ def run_layout(
     if layout.num_decode == 0:
         specs = replicated(layout.num_prefill, deployment, policy)
         return run_aggregated(build_stage(specs, router, **common), workload_requests(wb, specs))
-    prefill_specs = replicated(layout.num_prefill, deployment, policy)
-    prefill = build_stage(prefill_specs, router, name_prefix="p", **common)
-    decode = build_stage(
-        replicated(layout.num_decode, deployment, policy), "least-kv", name_prefix="d", **common
+    prefill_specs, decode_specs = pd_specs(
+        replicated(layout.num_prefill, deployment, policy), replicated(layout.num_decode, deployment, policy)
     )
-    return PdCluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
+    prefill = build_stage(prefill_specs, router, name_prefix="p", pd_pair=True, **common)
+    decode = build_stage(decode_specs, "least-kv", name_prefix="d", pd_pair=True, **common)
+    return make_pd_cluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ ENGINES: dict[str, tuple[str, str]] = {
     "vllm-v0": ("vllm-v0", "vllm_v0.py"),
     "sglang": ("sglang", "sglang_policy.py"),
     "sglang-adder": ("sglang", "sglang_adder.py"),
+    "sglang-prealloc": ("sglang", "sglang_prealloc.py"),
 }
 
 

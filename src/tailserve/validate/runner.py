@@ -9,6 +9,8 @@ decoding (k = 1, 2, 4; async on or off), against the same vLLM;
 the level of SGLang's scheduler that runs without a model worker; its counts are also given per
 ``schedule_policy``. ``sglang-adder``: one whole prefill pass, SGLang's ``PrefillAdder`` included
 (``sglang_pass`` vs ``drivers/sglang_adder.py``), per policy and priority preemption.
+``sglang-prealloc``: one pre-allocation turn of SGLang's P/D decode server (``sglang_prealloc`` vs
+``drivers/sglang_prealloc.py``: ``resume_retracted_reqs`` and ``pop_preallocated``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ from tailserve.validate.sglang_pass import (
     describe_pass_difference,
     random_pass_case,
     run_tailserve_pass,
+)
+from tailserve.validate.sglang_prealloc import (
+    PreallocCase,
+    PreallocResult,
+    describe_prealloc_difference,
+    random_prealloc_case,
+    run_tailserve_prealloc,
 )
 from tailserve.validate.tailserve_side import run_tailserve, run_tailserve_v0
 from tailserve.validate.trace import StepRecord, first_divergence
@@ -89,6 +98,18 @@ def _sglang_pass_theirs(driver: PeerDriver, case: PassCase) -> PassResult:
 
 def _record_pass(case: PassCase, theirs: PassResult, full: bool) -> dict[str, Any]:
     return {"case": case.to_compact(), "result": asdict(theirs)}
+
+
+def _sglang_prealloc_theirs(driver: PeerDriver, case: PreallocCase) -> PreallocResult:
+    return PreallocResult(**driver.run_raw(case.to_dict()))
+
+
+def _record_prealloc(case: PreallocCase, theirs: PreallocResult, full: bool) -> dict[str, Any]:
+    return {"case": case.to_dict(), "result": asdict(theirs)}
+
+
+def _prealloc_kind(case: PreallocCase) -> str:
+    return "retracted" if case.retracted else "queue"
 
 
 DIFFERENTIALS: dict[str, Differential] = {
@@ -185,6 +206,20 @@ DIFFERENTIALS: dict[str, Differential] = {
         _record_pass,
         lambda case: case.kind,
         lambda result: result.engine_fails,
+    ),
+    "sglang-prealloc": Differential(
+        "sglang-prealloc",
+        "SGLang (P/D decode pre-allocation)",
+        "randomized pre-allocation turns",
+        "identical to",
+        "requests placed",
+        random_prealloc_case,
+        run_tailserve_prealloc,
+        _sglang_prealloc_theirs,
+        describe_prealloc_difference,
+        lambda result: len(result.resumed) + len(result.preallocated),
+        _record_prealloc,
+        _prealloc_kind,
     ),
 }
 
