@@ -81,6 +81,16 @@ class PdCluster:
         num_bytes = request.prompt_len * cost_model.model.kv_bytes_per_token(cost_model.tp)
         return link.latency + num_bytes / link.bandwidth
 
+    def send_kv(self, copy: Request, index: int, now: float) -> float:
+        """Queue the prefilled ``copy``'s KV on prefill replica ``index``'s link at ``now`` (one
+        transfer at a time, FIFO); its timeline gets the transfer's start and end, returned."""
+        start = max(now, self._link_free[index])
+        done = start + self.transfer_time(copy, index)
+        self._link_free[index] = done
+        times = self.timeline[copy.request_id]
+        times.transfer_start, times.transfer_done = start, done
+        return done
+
     def _prefill_hook(self, index: int):
         def on_finish(copy: Request, now: float) -> None:
             original = self._originals[copy.request_id]
@@ -91,10 +101,7 @@ class PdCluster:
                 times.prefill_done = copy.finish_time if copy.token_times else None
                 return
             times.prefill_done = now
-            start = max(now, self._link_free[index])
-            done = start + self.transfer_time(copy, index)
-            self._link_free[index] = done
-            times.transfer_start, times.transfer_done = start, done
+            done = self.send_kv(copy, index, now)
             decode_copy = copy_request(original, max_tokens=original.max_tokens)
             decode_copy.num_computed_tokens = original.prompt_len - 1
             self._seq += 1

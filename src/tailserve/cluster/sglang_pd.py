@@ -109,10 +109,7 @@ class SglangPdCluster(PdCluster):
                     decode_replica.source.on_finish(failed, now)
                 return
             times.prefill_done = now
-            start = max(now, self._link_free[index])
-            done = start + self.transfer_time(copy, index)
-            self._link_free[index] = done
-            times.transfer_start, times.transfer_done = start, done
+            done = self.send_kv(copy, index, now)
             policy.kv_arrives(rid, done)
             self._wake(decode_replica, done)
 
@@ -121,7 +118,6 @@ class SglangPdCluster(PdCluster):
     # ---- the run ----------------------------------------------------------------------------
     def _dispatch(self, request: Request, t: float) -> None:
         rid = request.request_id
-        self._originals[rid] = request
         for stage in (self.prefill, self.decode):
             _scrape(stage, t)
         prefill_copy = copy_request(request, max_tokens=1)
