@@ -10,6 +10,7 @@ from tailserve.assemble import BuildOptions, build_engine
 from tailserve.cluster.attribution import explain_cluster
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.disagg import PdCluster, make_pd_cluster, pd_specs
+from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.sglang_pd import SglangPdCluster
 from tailserve.cluster.spec import replicated
 from tailserve.core.engine import EngineOptions
@@ -126,6 +127,8 @@ def test_a_decode_server_short_of_kv_holds_the_next_prefill_back():
     assert tb.prefill_scheduled == tb.bootstrapped  # the prefill server was idle, waiting
     explained = explain_cluster(run)
     assert any("decode prealloc wait" in line for line in explained["lines"])
+    (notes,) = [r["notes"] for r in cluster_summary(run)["stages"]["decode"]["replicas"]]
+    assert any("pre-allocation passes stopped" in n and "queue reached 1 requests" in n for n in notes)
     conserved(cluster)
     # With room for both, "b" is pre-allocated as it arrives.
     _, run = _two(200_000)

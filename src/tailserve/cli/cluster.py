@@ -164,6 +164,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         label = f"prefill {prefill_policy.label}, decode {decode_policy.label}"
     summary["label"] = f"{title}, {label}, {workload.spec.label}"
     print_cluster(summary)
+    print_run_notes(summary)
     if args.explain:
         explanation = explain_cluster(run)
         print()
@@ -240,6 +241,16 @@ def run_data_parallel(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, summary)
     return 0
+
+
+def print_run_notes(summary: dict[str, Any]) -> None:
+    """What each replica's policy says of the run, on stderr, one line each."""
+    import sys
+
+    for stage in summary["stages"].values():
+        for replica in stage["replicas"]:
+            for note in replica["notes"]:
+                print(f"note: {replica['name']}: {note}", file=sys.stderr)
 
 
 def print_notes(replicas: Any) -> None:

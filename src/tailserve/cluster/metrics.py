@@ -30,6 +30,8 @@ def replica_summary(replica: Replica, duration: float) -> dict[str, Any]:
         "busy_fraction": busy / duration if duration > 0 else 0.0,
         "prefix_hit_rate_tokens": hit["hit_rate_tokens"],
         "num_preemptions": sum(r.num_preemptions for r in replica.engine.requests),
+        # what its policy says of the run (an SGLang decode server's held-back pre-allocations)
+        "notes": replica.engine.scheduler.policy.notes(),
     }
 
 

@@ -99,6 +99,7 @@ class SglangDecodePolicy(SglangPolicy):
         self.seconds_per_token: float | None = None  # host -> GPU restore, from the cost model
         self._polls = 0
         self.num_prealloc_blocked = 0  # turns whose pre-allocation pass stopped at a request
+        self.max_prealloc_queue = 0  # the longest the queue got (SGLang's "#prealloc-req")
         self.num_retracted = 0
         self.restore_seconds = 0.0
 
@@ -234,6 +235,7 @@ class SglangDecodePolicy(SglangPolicy):
                 "sglang disaggregation_mode=decode is the decode server of a P/D pair; nothing sends it "
                 "KV here (simulate the pair with --prefill-replicas / --decode-replicas)"
             )
+        self.max_prealloc_queue = max(self.max_prealloc_queue, len(waiting))
         page = sched.kv_cache.block_size
         retractable = sum(r.prompt_len + r.num_output_tokens for r in sched.running)
         taken: list[Request] = []
@@ -302,7 +304,8 @@ class SglangDecodePolicy(SglangPolicy):
         if self.num_prealloc_blocked:
             notes.append(
                 f"sglang decode server: {self.num_prealloc_blocked} pre-allocation passes stopped at a "
-                "request the KV budget could not take (its prefill waited for it)"
+                "request the KV budget could not take (its prefill waited for it); the queue reached "
+                f"{self.max_prealloc_queue} requests"
             )
         if self.num_retracted:
             notes.append(
