@@ -69,7 +69,9 @@ def conserved(cluster: PdCluster) -> None:
             engine.check_integrity()
             sched = engine.scheduler
             assert not sched.has_unfinished and replica.source.num_pending == 0, replica.name
-            assert sched.kv_cache.num_used_blocks == 0, replica.name
+            assert not sched.held, replica.name  # every kept KV sent and freed
+            kv = sched.kv_cache  # what stays in use is cache nobody holds (SGLang's radix tree)
+            assert kv.num_used_blocks * kv.block_size == kv.evictable_tokens, replica.name
         assert all(not inflight for inflight in stage.router.inflight.requests)
 
 
@@ -269,3 +271,63 @@ def test_lint_reads_the_decode_servers_flags():
     late = lint(line + " --disaggregation-decode-allocation-policy prefill_complete").rows
     verdicts = {row.flag: row.verdict for row in late}
     assert verdicts["--disaggregation-decode-allocation-policy"] == NOT_MODELLED
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_a_prefill_replica_keeps_kv_until_it_is_sent(policy):
+    """The prefill side frees a request's KV when its transfer is done (vLLM's connector delays
+    the free, SGLang's inflight queue): on a slow link the next prompt that needs that memory
+    starts only then; on the ideal link right after the prefill."""
+    if policy == "vllm":
+        small_prefill = {"num_gpu_blocks_override": "500", "max_model_len": "8000"}  # 8,000 tokens
+    else:
+        small_prefill = small(8000, 8000)
+    starts = {}
+    for link in ("inf", "roce-100g"):
+        requests = [
+            Request("a", prompt_len=6000, max_tokens=5, arrival_time=0.0),
+            Request("b", prompt_len=6000, max_tokens=5, arrival_time=0.001),
+        ]
+        pspecs, dspecs = pd_specs(
+            replicated(1, DEPLOYMENT, PolicySpec.make(policy, small_prefill)),
+            replicated(1, DEPLOYMENT, PolicySpec.make(policy, {})),
+        )
+        p = build_stage(
+            pspecs, "round-robin", shares_prefixes=False, options=CHECKED, name_prefix="p", pd_pair=True
+        )
+        d = build_stage(dspecs, "round-robin", shares_prefixes=False, name_prefix="d", pd_pair=True)
+        cluster = make_pd_cluster(p, d, link)
+        run = cluster.run(requests)
+        ta, tb = run.pd_timeline["a"], run.pd_timeline["b"]
+        assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+        starts[link] = (tb.prefill_scheduled, ta.prefill_done, ta.transfer_done)
+        prefill_engine = p.replicas[0].engine
+        assert prefill_engine.scheduler.kv_cache.num_used_blocks == 0 and not prefill_engine.scheduler.held
+    b_start, a_done, a_sent = starts["inf"]
+    assert b_start == a_done  # freed at once: nothing to wait for
+    b_start, a_done, a_sent = starts["roce-100g"]
+    assert a_sent > a_done + 0.05  # 0.79 GB at 12.5 GB/s
+    assert b_start == a_sent  # the first iteration once the KV is sent
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_kept_kv_goes_into_the_prefix_cache_when_sent(policy):
+    """Shared prompts over a slow link: a prefill replica's kept KV joins its prefix cache once
+    sent (the radix tree needs the request's keys then), and the next requests hit it."""
+    wb = WorkloadBuilder(WorkloadSpec("shared-prefix", num_requests=40, rate=20.0, seed=2, prefix_len=512))
+    pspecs, dspecs = pd_specs(
+        replicated(1, DEPLOYMENT, PolicySpec.make(policy, small(20000, 8192))),
+        replicated(1, DEPLOYMENT, PolicySpec.make(policy, small(20000, 8192))),
+    )
+    p = build_stage(
+        pspecs, "round-robin", shares_prefixes=True, options=CHECKED, name_prefix="p", pd_pair=True
+    )
+    d = build_stage(
+        dspecs, "round-robin", shares_prefixes=True, options=CHECKED, name_prefix="d", pd_pair=True
+    )
+    cluster = make_pd_cluster(p, d, "roce-100g")
+    run = cluster.run(workload_requests(wb, pspecs))
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+    conserved(cluster)
+    copies = p.replicas[0].engine.requests
+    assert sum(r.num_cached_tokens for r in copies) > 0

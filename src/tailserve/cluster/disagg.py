@@ -13,7 +13,10 @@ as vLLM's P/D connectors do: the decode instance loads the prompt's KV but for i
 so its first iteration produces the client's first token. TTFT therefore includes the prefill,
 the transfer and the decode-side wait. KV bytes are ``prompt_len x`` the model's KV bytes per
 token on one prefill GPU's tensor-parallel shard, each GPU sending its shard over its own NIC.
-A request with ``max_tokens == 1`` finishes on its prefill replica (nothing to decode).
+A request with ``max_tokens == 1`` finishes on its prefill replica (nothing to decode). The
+prefill replica keeps a request's KV until its transfer is done (``core/kv_hold.py``: vLLM's
+connector delays freeing a ``do_remote_decode`` request's blocks until they are sent), so a slow
+or busy link holds prefill memory.
 
 The event loop: before routing an arrival at ``t`` the prefill replicas advance to ``t``; the
 prefills they finish schedule transfers; every transfer done by ``t`` is routed, in time order,
@@ -72,6 +75,9 @@ class PdCluster:
         self.final: dict[str, Request] = {}
         for replica in prefill.replicas:
             replica.source.finish_hooks.append(self._prefill_hook(replica.index))
+            # vLLM's connector and SGLang's prefill server keep a finished request's KV until
+            # it is sent (``core/kv_hold.py``)
+            replica.engine.scheduler.hold_kv_until_sent()
 
     def transfer_time(self, request: Request, prefill_index: int) -> float:
         link = self.links[prefill_index]
@@ -89,6 +95,7 @@ class PdCluster:
         self._link_free[index] = done
         times = self.timeline[copy.request_id]
         times.transfer_start, times.transfer_done = start, done
+        self.prefill.replicas[index].engine.scheduler.release_sent(copy.request_id, done)
         return done
 
     def _prefill_hook(self, index: int):
@@ -99,6 +106,8 @@ class PdCluster:
             if copy.status is not RequestStatus.FINISHED_LENGTH or original.max_tokens == 1:
                 self.final[copy.request_id] = copy  # rejected, aborted, or nothing left to decode
                 times.prefill_done = copy.finish_time if copy.token_times else None
+                if copy.status is RequestStatus.FINISHED_LENGTH:  # nothing to send: freed now
+                    self.prefill.replicas[index].engine.scheduler.release_sent(copy.request_id, now)
                 return
             times.prefill_done = now
             done = self.send_kv(copy, index, now)

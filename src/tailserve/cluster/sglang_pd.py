@@ -22,10 +22,10 @@ decode admission on the prefill's finish), so the replicas advance in lockstep: 
 next iteration starts first runs it (the decode side first at equal times), and an idle one waits
 no further than the next iteration of any other. An iteration sees what others handed it before
 it started, as the servers' queues are polled once per turn of their event loops: each hand-over
-is exact to the iteration. The bootstrap handshake's own network time and the prefill server
-keeping the request's KV until its transfer is done (``disagg_prefill_inflight_queue``) are not
-modelled; with ``--scrape-interval`` the routers read the replicas' state at the first decision
-after each tick rather than at the tick.
+is exact to the iteration. The prefill server keeps a request's KV until it is sent
+(``disagg_prefill_inflight_queue``: ``core/kv_hold.py``, as in the vLLM pair). The bootstrap
+handshake's own network time is not modelled; with ``--scrape-interval`` the routers read the
+replicas' state at the first decision after each tick rather than at the tick.
 """
 
 from __future__ import annotations
@@ -129,15 +129,15 @@ class SglangPdCluster(PdCluster):
         self._decode_of[rid] = decode_replica
         self._wake(decode_replica, t)
 
-    def _own_next(self, replica: Replica) -> float:
-        """When the replica next has something to do by what it knows now (inf: nothing)."""
+    def _own_next(self, replica: Replica, since: float) -> float:
+        """When the replica next has something to do by what it knows now (inf: nothing): its
+        first event after ``since``, its last look (an idle turn may have waited past it)."""
         engine = replica.engine
         replica.source.horizon = None
-        now = engine.clock.now
-        wake = engine.next_wake(now)
+        wake = engine.next_wake(since)
         if wake is None:
             return math.inf
-        return max(wake, now)
+        return max(wake, engine.clock.now)
 
     def _step(self, i: int, t: float, horizon: float) -> None:
         replica = self._replicas[i]
@@ -146,6 +146,7 @@ class SglangPdCluster(PdCluster):
             engine.clock.wait_until(t)
         replica.source.horizon = None if math.isinf(horizon) else horizon
         sched = engine.scheduler
+        looked = engine.clock.now
         last, flight = sched.last_output, engine.in_flight
         seen = (engine.num_requests_seen, len(sched.finished) + sched.num_released)
         self._stepping = replica
@@ -161,7 +162,7 @@ class SglangPdCluster(PdCluster):
         self._stepping = None
         # An idle turn (nothing scheduled, nothing applied) waits for its own next event, not for
         # the next iteration elsewhere: a hand-over wakes it (``_wake``).
-        self._ready[i] = engine.clock.now if worked else self._own_next(replica)
+        self._ready[i] = engine.clock.now if worked else self._own_next(replica, looked)
 
     def run(self, requests: Sequence[Request]) -> ClusterRun:
         ordered = sorted(requests, key=lambda r: r.arrival_time)

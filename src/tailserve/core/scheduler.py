@@ -27,6 +27,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tailserve.core.executor import StepResult
+from tailserve.core.kv_hold import HeldKV
 from tailserve.core.queues import RequestQueue
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -103,6 +104,9 @@ class Scheduler:
         # a CPU offloading tier's load, ``policies/vllm_offload.py``): they hold blocks, are
         # neither waiting nor running, and go back to the waiting queue when the KV is in.
         self.loading: list[Request] = []
+        # A P/D pair's prefill replica (``cluster/disagg.py``): completed requests keep their KV
+        # until their transfer is done (``core/kv_hold.py``); None elsewhere, freed at finish.
+        self.held: HeldKV | None = None
         self.num_released = 0  # requests handed over by ``pop_finished``
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
@@ -175,7 +179,27 @@ class Scheduler:
 
     # ---- what the engine asks (answered by the policy's hooks) --------------------------
     def next_wakeup(self, now: float) -> float | None:
-        return self.policy.next_wakeup(self, now)
+        wake = self.policy.next_wakeup(self, now)
+        if self.held is not None:
+            release = self.held.next_release()
+            if release is not None and (wake is None or release < wake):
+                return release
+        return wake
+
+    def hold_kv_until_sent(self) -> None:
+        """Keep completed requests' KV until ``release_sent`` (a P/D pair's prefill side)."""
+        self.held = HeldKV()
+
+    def release_sent(self, request_id: str, t: float) -> None:
+        """The held request's KV has reached the decode side at ``t``: free it from then."""
+        assert self.held is not None, "hold_kv_until_sent first"
+        self.held.release_at(request_id, t)
+
+    def _free_sent(self, now: float) -> None:
+        kv = self.kv_cache
+        for request in self.held.due(now):  # type: ignore[union-attr]  # the caller checked
+            kv.free(request.request_id, request.num_computed_tokens, True)
+            kv.forget_prefix_keys(request.request_id)
 
     def describe_policy(self) -> str:
         return self.policy.describe()
@@ -183,6 +207,8 @@ class Scheduler:
     # ---- the iteration ------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         self.one_behind_at = None  # the next update says it anew
+        if self.held:
+            self._free_sent(now)
         out = self.policy.schedule(self, now)
         self.last_output = out
         return out
@@ -522,7 +548,10 @@ class Scheduler:
                     # dropped): SGLang's spec v2, whose accepted run can cross max_tokens
                     # unforeseen; a stop token. What the request leaves computed excludes it.
                     request.num_computed_tokens -= request.num_in_flight_tokens
-                kv.free(rid, request.num_computed_tokens, True)
+                if self.held is not None:
+                    self.held.hold(request)  # sent to the decode side first (``release_sent``)
+                else:
+                    kv.free(rid, request.num_computed_tokens, True)
                 done.append(request)
             elif num_drafts and was_running:
                 request.num_draft_tokens = num_drafts
@@ -537,8 +566,13 @@ class Scheduler:
         """Requests whose status was just set to a FINISHED_* status leave the running set."""
         self.running = without(self.running, done)
         kv = self.kv_cache
+        held = self.held
         for request in done:
-            kv.free(request.request_id, request.num_computed_tokens, request.status in _COMPLETED)
+            completed = request.status in _COMPLETED
+            if held is not None and completed:
+                held.hold(request)  # sent to the decode side first (``release_sent``)
+            else:
+                kv.free(request.request_id, request.num_computed_tokens, completed)
             self._leave(request, request.status, now, None)
         self.policy.on_finished(self, done)
 
@@ -713,7 +747,8 @@ class Scheduler:
         request.status = status
         request.status_reason = reason
         request.finish_time = now
-        self.kv_cache.forget_prefix_keys(request.request_id)
+        if self.held is None or request.request_id not in self.held.requests:
+            self.kv_cache.forget_prefix_keys(request.request_id)  # (held: once its KV is freed)
         self.finished.append(request)
 
 

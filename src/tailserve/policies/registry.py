@@ -17,6 +17,7 @@ from tailserve.policies.orca import OrcaPolicy
 from tailserve.policies.sarathi import SarathiPolicy
 from tailserve.policies.sglang import SglangPolicy
 from tailserve.policies.sglang_decode import SglangDecodePolicy
+from tailserve.policies.sglang_prefill import SglangPrefillPolicy
 from tailserve.policies.slo import SloPolicy
 from tailserve.policies.static import StaticPolicy
 from tailserve.policies.tgi import TgiPolicy
@@ -39,9 +40,12 @@ POLICIES: dict[str, type[Policy]] = {
     )
 }
 
-# Policies whose config selects another class of rules: SGLang's P/D decode server
-# (``disaggregation_mode=decode``, set by the pair, ``cluster/sglang_pd.py``).
-_MODE_CLASSES: dict[tuple[str, str], type[Policy]] = {("sglang", "decode"): SglangDecodePolicy}
+# Policies whose config selects another class of rules: SGLang's P/D servers
+# (``disaggregation_mode``, set by the pair, ``cluster/sglang_pd.py``).
+_MODE_CLASSES: dict[tuple[str, str], type[Policy]] = {
+    ("sglang", "decode"): SglangDecodePolicy,
+    ("sglang", "prefill"): SglangPrefillPolicy,
+}
 
 
 def make_policy(cls: type[Policy], config: Any) -> Policy:

@@ -522,9 +522,16 @@ class SglangPolicy(Policy, FastPaths):
             self.sgl_prefix_len[rid] = match.num_tokens if match is not None else 0
             self.sgl_fill_len[rid] = request.num_tokens
             result = adder.add_one_req(request, match, has_chunked_req=self.chunked is not None)
-            if result is AddReqResult.NO_TOKEN and not adder.can_run and not decodes and self.chunked is None:
+            if (
+                result is AddReqResult.NO_TOKEN
+                and not adder.can_run
+                and not decodes
+                and self.chunked is None
+                and not sched.held
+            ):
                 # It cannot fit even into an idle engine: ``add_request`` rejects such requests at
-                # arrival, so this one's need grew since (retracted after generating outputs).
+                # arrival, so this one's need grew since (retracted after generating outputs). (A
+                # P/D prefill server keeping sent-out KV is not idle: ``core/kv_hold.py``.)
                 sched.abort_request(request.request_id, NEVER_FITS_REASON, now)
                 i -= 1  # it left the queue: the next one is at its index
                 continue
