@@ -127,13 +127,18 @@ def micro_batch(
         capacity = max_num_tokens - batch_tokens
         chunker = equal_progress if chunking_policy == EQUAL_PROGRESS else first_come_first_served
         chunks = chunker(remaining_of, capacity, chunk_unit, max_num_tokens)
-    contexts = [(r, c) for r, c, left in zip(to_chunk, chunks, remaining_of) if c > 0]
+    out.contexts = _chunked_contexts(to_chunk, chunks, all_fit)
+    return out
+
+
+def _chunked_contexts(to_chunk: list[Request], chunks: list[int], all_fit: bool) -> list[tuple[Request, int]]:
+    """The chunked contexts with their chunks (none of 0 tokens); when not all fit, those that
+    will not finish their prompt this step first, then the last chunks."""
+    contexts = [(r, c) for r, c in zip(to_chunk, chunks) if c > 0]
     if not all_fit:
-        # Contexts that will not finish their prompt this step first, then the last chunks.
         last = {id(r) for r, c in contexts if c == r.num_tokens - r.num_computed_tokens}
         contexts = [x for x in contexts if id(x[0]) not in last] + [x for x in contexts if id(x[0]) in last]
-    out.contexts = contexts
-    return out
+    return contexts
 
 
 def _micro_batch_reusing(
@@ -204,11 +209,7 @@ def _micro_batch_reusing(
             else prefix_aware.first_come_first_served
         )
         chunks = chunker(remaining_of, credit, capacity, chunk_unit, max_num_tokens)
-    contexts = [(r, c) for r, c in zip(to_chunk, chunks) if c > 0]
-    if not all_fit:
-        last = {id(r) for r, c in contexts if c == r.num_tokens - r.num_computed_tokens}
-        contexts = [x for x in contexts if id(x[0]) not in last] + [x for x in contexts if id(x[0]) in last]
-    out.contexts = contexts
+    out.contexts = _chunked_contexts(to_chunk, chunks, all_fit)
     return out
 
 
