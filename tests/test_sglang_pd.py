@@ -331,3 +331,18 @@ def test_kept_kv_goes_into_the_prefix_cache_when_sent(policy):
     conserved(cluster)
     copies = p.replicas[0].engine.requests
     assert sum(r.num_cached_tokens for r in copies) > 0
+
+
+def test_a_polling_interval_delays_admission_but_never_stalls_an_idle_server():
+    """``disaggregation_decode_polling_interval`` N: the queues are polled every N-th turn; an
+    idle server's turns take no time, so a lone request is taken as at interval 1."""
+    times = {}
+    for interval in (1, 3):
+        flags = {**SYNC, **small(20000), "disaggregation_decode_polling_interval": str(interval)}
+        requests = [Request(f"r{i}", prompt_len=500, max_tokens=40, arrival_time=0.2 * i) for i in range(6)]
+        cluster, run = pair(requests, {**SYNC, **small(20000)}, flags, link="inf")
+        assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+        conserved(cluster)
+        times[interval] = [r.token_times[0] for r in run.requests]
+    assert times[3][0] == times[1][0]  # the first one finds the server idle
+    assert times[3] != times[1]  # the later ones arrive while it decodes: polled every 3rd turn

@@ -11,7 +11,7 @@ and ``arg_groups/pd_disaggregation_hook.py``. One turn of ``event_loop_normal_di
    joins the waiting queue. While any stays retracted, nothing else happens in step 2
    (``process_decode_queue``, :3470: no new pre-allocation and no transfer polled).
 2. **Pre-allocation** (``pop_preallocated``, :1333), every ``disaggregation_decode_polling_interval``
-   turns: the requests the router dispatched here at arrival, first come first served, each
+   turns (an idle server's turns take no time, so it polls at once): the requests the router dispatched here at arrival, first come first served, each
    given KV for its prompt (``_pre_alloc_fill_len``) and a request slot *before* its prefill
    runs, while ``max(prompt + R, prompt + min(max_tokens, 4096) - retractable)`` fits
    ``free - max(R x active, single)`` (``_required_admission_tokens``, ``_allocatable_token_budgets``,
@@ -183,7 +183,9 @@ class SglangDecodePolicy(SglangPolicy):
         self._resume_retracted(sched, now, out)
         if not self.retracted:
             self._polls = (self._polls + 1) % self.config.disaggregation_decode_polling_interval
-            if self._polls == 0:
+            # An idle server's loop turns take no time: it reaches its polling turn at once.
+            if self._polls == 0 or not sched.running:
+                self._polls = 0
                 self._pop_preallocated(sched, now)
                 self._pop_transferred(now)
         self._prebuilt(sched, now)
