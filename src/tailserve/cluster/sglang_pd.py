@@ -17,32 +17,24 @@ its prefill starts, and the prefill server may not start it until then
 server's KV indices). So a decode server short of KV holds back prefills: TTFT includes that wait
 (``PdTimes.bootstrapped``), which ``--explain`` reports as "decode prealloc wait".
 
-The two sides now depend on each other (prefill start on the decode server's pre-allocation,
-decode admission on the prefill's finish), so the replicas advance in lockstep: the replica whose
-next iteration starts first runs it (the decode side first at equal times), and an idle one waits
-no further than the next iteration of any other. An iteration sees what others handed it before
-it started, as the servers' queues are polled once per turn of their event loops: each hand-over
-is exact to the iteration. The prefill server keeps a request's KV until it is sent
-(``disagg_prefill_inflight_queue``: ``core/kv_hold.py``, as in the vLLM pair). The bootstrap
-handshake's own network time is not modelled; with ``--scrape-interval`` the routers read the
-replicas' state at the first decision after each tick rather than at the tick.
+The two sides depend on each other (prefill start on the decode server's pre-allocation, decode
+admission on the prefill's finish), so the replicas advance in lockstep (``lockstep_pd.py``).
+The prefill server keeps a request's KV until it is sent (``disagg_prefill_inflight_queue``:
+``core/kv_hold.py``, as in the vLLM pair). The bootstrap handshake's own network time is not
+modelled.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Sequence
-
-from tailserve.cluster.cluster import ClusterRun, PdTimes, Stage
-from tailserve.cluster.disagg import PdCluster, copy_request
+from tailserve.cluster.cluster import PdTimes, Stage
+from tailserve.cluster.disagg import copy_request
+from tailserve.cluster.lockstep_pd import LockstepPdCluster, scrape
 from tailserve.cluster.replica import Replica
-from tailserve.core.gc_pause import paused_gc
 from tailserve.core.request import Request, RequestStatus
 from tailserve.policies.sglang_decode import SglangDecodePolicy
 
 
-class SglangPdCluster(PdCluster):
+class SglangPdCluster(LockstepPdCluster):
     decode_policies = ("sglang",)
 
     def __init__(self, prefill: Stage, decode: Stage, link: str = "ib-ndr") -> None:
@@ -59,22 +51,8 @@ class SglangPdCluster(PdCluster):
                 raise ValueError("the decode replicas must run sglang with disaggregation_mode=decode")
             policy.on_prealloc = self._bootstrap_hook()
             replica.source.finish_hooks.append(self._decode_hook)
-        self._replicas: list[Replica] = [*decode.replicas, *prefill.replicas]  # decode first at ties
-        self._ready: list[float] = [math.inf] * len(self._replicas)
-        self._slot = {id(r): i for i, r in enumerate(self._replicas)}
         self._unbootstrapped: dict[str, tuple[Replica, Request]] = {}  # prefill side, not released yet
         self._decode_of: dict[str, Replica] = {}
-        self._stepping: Replica | None = None  # the replica running an iteration now
-
-    # ---- hand-overs -------------------------------------------------------------------------
-    def _wake(self, replica: Replica, t: float) -> None:
-        i = self._slot[id(replica)]
-        self._ready[i] = min(self._ready[i], max(replica.now, t))
-        stepping = self._stepping
-        if stepping is not None and stepping is not replica:
-            # Handed over inside the stepping replica's iteration: it must not idle past it.
-            horizon = stepping.source.horizon
-            stepping.source.horizon = t if horizon is None else min(horizon, t)
 
     def _bootstrap_hook(self):
         def on_prealloc(request: Request, now: float) -> None:
@@ -119,7 +97,7 @@ class SglangPdCluster(PdCluster):
     def _dispatch(self, request: Request, t: float) -> None:
         rid = request.request_id
         for stage in (self.prefill, self.decode):
-            _scrape(stage, t)
+            scrape(stage, t)
         prefill_copy = copy_request(request, max_tokens=1)
         prefill_replica = self.prefill.route(prefill_copy, t, hand_over=False)
         self.timeline[rid] = PdTimes(prefill_replica.index)
@@ -128,77 +106,3 @@ class SglangPdCluster(PdCluster):
         self.timeline[rid].decode_replica = decode_replica.index
         self._decode_of[rid] = decode_replica
         self._wake(decode_replica, t)
-
-    def _own_next(self, replica: Replica, since: float) -> float:
-        """When the replica next has something to do by what it knows now (inf: nothing): its
-        first event after ``since``, its last look (an idle turn may have waited past it)."""
-        engine = replica.engine
-        replica.source.horizon = None
-        wake = engine.next_wake(since)
-        if wake is None:
-            return math.inf
-        return max(wake, engine.clock.now)
-
-    def _step(self, i: int, t: float, horizon: float) -> None:
-        replica = self._replicas[i]
-        engine = replica.engine
-        if engine.clock.now < t:
-            engine.clock.wait_until(t)
-        replica.source.horizon = None if math.isinf(horizon) else horizon
-        sched = engine.scheduler
-        looked = engine.clock.now
-        last, flight = sched.last_output, engine.in_flight
-        seen = (engine.num_requests_seen, len(sched.finished) + sched.num_released)
-        self._stepping = replica
-        more = engine.step()
-        out = sched.last_output
-        worked = (
-            (out is not last and out is not None and not out.is_empty)
-            or (flight is not None and engine.in_flight is not flight)  # the step in flight applied
-            or (engine.num_requests_seen, len(sched.finished) + sched.num_released) != seen
-        )
-        if more and worked:
-            replica.driver.fast_forward()
-        self._stepping = None
-        # An idle turn (nothing scheduled, nothing applied) waits for its own next event, not for
-        # the next iteration elsewhere: a hand-over wakes it (``_wake``).
-        self._ready[i] = engine.clock.now if worked else self._own_next(replica, looked)
-
-    def run(self, requests: Sequence[Request]) -> ClusterRun:
-        ordered = sorted(requests, key=lambda r: r.arrival_time)
-        ready = self._ready
-        t0, c0 = time.perf_counter(), time.process_time()
-        with paused_gc():
-            n = 0
-            while True:
-                t_arrival = ordered[n].arrival_time if n < len(ordered) else math.inf
-                i = min(range(len(ready)), key=ready.__getitem__)
-                t = ready[i]
-                if t_arrival <= t:
-                    if math.isinf(t_arrival):
-                        break
-                    self._dispatch(ordered[n], t_arrival)
-                    n += 1
-                    continue
-                horizon = min(
-                    t_arrival, min((ready[j] for j in range(len(ready)) if j != i), default=math.inf)
-                )
-                self._step(i, t, horizon)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        missing = [r.request_id for r in ordered if r.request_id not in self.final]
-        if missing:
-            raise RuntimeError(
-                f"SGLang P/D: {len(missing)} requests never left the pair (first {missing[0]})"
-            )
-        out = [self.final[request.request_id] for request in ordered]
-        return ClusterRun(out, {"prefill": self.prefill, "decode": self.decode}, wall, self.timeline, cpu)
-
-
-def _scrape(stage: Stage, t: float) -> None:
-    """What ``Stage.advance_to`` does at a scrape tick, for replicas this pair advances itself."""
-    interval = stage.scrape_interval
-    if interval > 0:
-        tick = math.floor(t / interval) * interval
-        if tick > stage._scraped_at:
-            stage._states = [r.state(tick) for r in stage.replicas]
-            stage._scraped_at = tick
