@@ -24,7 +24,7 @@ from benchmarks._common import check_trace, cpu_line, default_out, default_trace
 from tailserve.cluster import ROUTERS
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.cluster import ClusterRun, run_aggregated
-from tailserve.cluster.disagg import PdCluster
+from tailserve.cluster.disagg import make_pd_cluster
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.spec import replicated
 from tailserve.executors.simulated.deployment import Deployment
@@ -98,12 +98,22 @@ def disaggregated(wb: WorkloadBuilder, p: int, d: int, router: str, link: str) -
     prefill_specs = replicated(p, deployment, PolicySpec.make("vllm", {}))
     decode_specs = replicated(d, deployment, PolicySpec.make("vllm", {}))
     prefill = build_stage(
-        prefill_specs, router, shares_prefixes=True, scrape_interval=SCRAPE_INTERVAL, name_prefix="p"
+        prefill_specs,
+        router,
+        shares_prefixes=True,
+        scrape_interval=SCRAPE_INTERVAL,
+        name_prefix="p",
+        pd_pair=True,
     )
     decode = build_stage(
-        decode_specs, "least-kv", shares_prefixes=True, scrape_interval=SCRAPE_INTERVAL, name_prefix="d"
+        decode_specs,
+        "least-kv",
+        shares_prefixes=True,
+        scrape_interval=SCRAPE_INTERVAL,
+        name_prefix="d",
+        pd_pair=True,
     )
-    return PdCluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
+    return make_pd_cluster(prefill, decode, link).run(workload_requests(wb, prefill_specs))
 
 
 def main() -> int:

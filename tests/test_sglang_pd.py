@@ -13,6 +13,7 @@ from tailserve.cluster.disagg import PdCluster, make_pd_cluster, pd_specs
 from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.sglang_pd import SglangPdCluster
 from tailserve.cluster.spec import replicated
+from tailserve.cluster.vllm_pd import VllmPdCluster
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.source import ListSource
@@ -254,7 +255,7 @@ def test_the_vllm_pair_has_no_prealloc_part():
     p = build_stage(specs, "round-robin", shares_prefixes=False, name_prefix="p", pd_pair=True)
     d = build_stage(specs, "round-robin", shares_prefixes=False, name_prefix="d", pd_pair=True)
     cluster = make_pd_cluster(p, d, "ib-ndr")
-    assert type(cluster) is PdCluster
+    assert isinstance(cluster, VllmPdCluster)
     lines = explain_cluster(cluster.run(wb(specs)))["lines"]
     assert not any("prealloc" in line for line in lines)
 

@@ -5,8 +5,10 @@ a request whose replica had more requests waiting than the least-loaded one at t
 one the route made wait ("sent to r3 with 12 queued while r0 had 0"). Its queueing time on its
 replica is the most the route can have cost it.
 
-P/D: TTFT = prefill wait + prefill compute + link wait (the prefill replica's link busy with
-earlier transfers) + KV transfer + decode wait (for KV room and the first decode iteration). In
+P/D: TTFT = prefill wait + prefill compute + link wait (until the transfer starts: the prefill
+replica's link busy with earlier transfers and, in vLLM's pair, the decode replica admitting the
+request, which starts its read) + KV transfer + decode wait (vLLM's pair: the passes until the
+first token; sent-on-finish pairs: for KV room and the first decode iteration). In
 an SGLang pair the decode server pre-allocates KV before the prefill may start: the time until
 then is "decode prealloc wait", and the prefill wait counts from it.
 """

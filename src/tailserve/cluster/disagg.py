@@ -80,11 +80,15 @@ class PdCluster:
             replica.engine.scheduler.hold_kv_until_sent()
 
     def transfer_time(self, request: Request, prefill_index: int) -> float:
+        return self.transfer_seconds(request.prompt_len, prefill_index)
+
+    def transfer_seconds(self, num_tokens: int, prefill_index: int) -> float:
+        """``num_tokens`` tokens' KV over prefill replica ``prefill_index``'s link."""
         link = self.links[prefill_index]
         if math.isinf(link.bandwidth):
             return link.latency
         cost_model = self.prefill.replicas[prefill_index].engine.executor.cost_model
-        num_bytes = request.prompt_len * cost_model.model.kv_bytes_per_token(cost_model.tp)
+        num_bytes = num_tokens * cost_model.model.kv_bytes_per_token(cost_model.tp)
         return link.latency + num_bytes / link.bandwidth
 
     def send_kv(self, copy: Request, index: int, now: float) -> float:
@@ -182,8 +186,13 @@ def pd_specs(prefill: Sequence[Any], decode: Sequence[Any]) -> tuple[list[Any], 
 
 def make_pd_cluster(prefill: Stage, decode: Stage, link: str = "ib-ndr") -> PdCluster:
     """The pair for its decode side: SGLang's protocol (``sglang_pd.py``) or the vLLM-style one."""
-    if any(r.spec.policy.name in PAIRED_DECODE_POLICIES for r in decode.replicas):
+    names = {r.spec.policy.name for r in decode.replicas}
+    if names & set(PAIRED_DECODE_POLICIES):
         from tailserve.cluster.sglang_pd import SglangPdCluster
 
         return SglangPdCluster(prefill, decode, link)
+    if names == {"vllm"}:
+        from tailserve.cluster.vllm_pd import VllmPdCluster
+
+        return VllmPdCluster(prefill, decode, link)
     return PdCluster(prefill, decode, link)

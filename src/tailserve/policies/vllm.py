@@ -52,6 +52,7 @@ from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, res
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_async import schedule_advanced
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
+from tailserve.policies.vllm_remote import Pull, RemoteLoads
 
 # Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
@@ -319,8 +320,17 @@ class VllmPolicy(Policy, FastPaths):
         also decide where a preempted request re-enters and whom to preempt."""
         return create_request_queue(self.config.scheduling_policy)
 
+    def expect_remote_kv(self, request_id: str, num_tokens: int, pull: Pull) -> None:
+        """A P/D pair's decode side: the request's prompt KV is read from its prefill replica
+        once the request is admitted (``vllm_remote.py``)."""
+        if self._offload is None:
+            self._offload = RemoteLoads(bool(self.config.async_scheduling))
+        elif not isinstance(self._offload, RemoteLoads):
+            raise ValueError("a vLLM decode replica with kv_offloading_size (a CPU tier) is not modelled")
+        self._offload.expect(request_id, num_tokens, pull)
+
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
-        if self._offload is not None:
+        if self._offload is not None and self._offload.uses_host_tier:
             host = sched.kv_cache.host
             if host is None:
                 # A workload of bare lengths gets no prefix cache (kv/factory.py), so no tier

@@ -57,6 +57,8 @@ class _Load:
 class OffloadLoads:
     """The loads in flight of one engine and its host link."""
 
+    uses_host_tier = True  # its KV comes from the KV manager's CPU tier
+
     def __init__(self, async_scheduling: bool) -> None:
         # Seconds to move one token's KV shard from host to GPU (``bind``); None until a cost
         # model prices it.
@@ -84,7 +86,7 @@ class OffloadLoads:
         """A new request at the head of the waiting pass, its GPU hit ``hit`` tokens (``match``):
         LOADING, SKIPPED or BLOCKED when the CPU tier holds blocks right after the hit, None when
         it holds none (the pass admits it as usual)."""
-        num_load = sched.kv_cache.host_lookup(request.request_id, hit, request.num_tokens)  # type: ignore[attr-defined]
+        num_load = self.lookup(sched, request, hit)
         if not num_load:
             return None
         if num_load < 0:
@@ -99,17 +101,23 @@ class OffloadLoads:
         """Admit ``request`` to load ``num_load`` tokens after its GPU hit of ``hit``; False
         (nothing changed) when its blocks do not fit. The caller has removed nothing yet; on
         success the request has left the waiting queue for ``sched.loading``."""
-        if self.seconds_per_token is None:
-            raise RuntimeError("kv offloading needs a cost model to price its loads (bind_cost_model)")
         kv = sched.kv_cache
         rid = request.request_id
         free = kv.free_block_count()
-        empty = PrefixMatch(0, [])
-        hit_match = match if match is not None else empty
-        if full_sequence and kv.num_blocks_needed_after_hit(hit_match, request.num_tokens) + reserve > free:
+        if kv.prefix_caching:
+            hit_match = match if match is not None else PrefixMatch(0, [])
+
+            def needed(tokens: int) -> int:
+                return kv.num_blocks_needed_after_hit(hit_match, tokens)
+        else:  # (a P/D decode side without prefix caching: nothing is cached, nothing hit)
+
+            def needed(tokens: int) -> int:
+                return kv.num_blocks_needed(rid, tokens)
+
+        if full_sequence and needed(request.num_tokens) + reserve > free:
             return False
         total = hit + num_load
-        if kv.num_blocks_needed_after_hit(hit_match, total) + reserve > free - self._reserved(sched):
+        if needed(total) + reserve > free - self._reserved(sched):
             return False
         # The loaded blocks are cached when they arrive (``delay_cache_blocks``).
         if match is not None and hit:
@@ -120,18 +128,42 @@ class OffloadLoads:
             if kv.allocate(rid, total) is None:
                 return False
             request.num_computed_tokens = total
-        keys = kv.host_keys(rid, hit, num_load)  # type: ignore[attr-defined]
+        keys, done = self.begin(sched, request, hit, num_load, now)
+        self._loads[request] = _Load(keys, now, done)
+        sched.waiting.pop_request()
+        sched.loading.append(request)
+        return True
+
+    # ---- the source of the KV: the CPU tier (a pair's remote prefill: ``vllm_remote.py``) ----
+    def lookup(self, sched: Scheduler, request: Request, hit: int) -> int:
+        """Tokens to load after the GPU hit of ``hit`` (0: none; negative: being loaded by
+        another request, not now)."""
+        return sched.kv_cache.host_lookup(request.request_id, hit, request.num_tokens)  # type: ignore[attr-defined]
+
+    def begin(
+        self, sched: Scheduler, request: Request, hit: int, num_load: int, now: float
+    ) -> tuple[list[int], float]:
+        """Start the copy of ``num_load`` tokens after the hit: the tier's chunks it reads
+        (pinned until done) and when it is done (one host link, FIFO)."""
+        if self.seconds_per_token is None:
+            raise RuntimeError("kv offloading needs a cost model to price its loads (bind_cost_model)")
+        kv = sched.kv_cache
+        keys = kv.host_keys(request.request_id, hit, num_load)  # type: ignore[attr-defined]
         host = kv.host
         assert host is not None
         host.pin(keys)
         begin = now if now > self._link_free else self._link_free
         done = self._link_free = begin + num_load * self.seconds_per_token
-        self._loads[request] = _Load(keys, now, done)
         host.stats.num_loads += 1
         host.stats.num_hits += num_load
-        sched.waiting.pop_request()
-        sched.loading.append(request)
-        return True
+        return keys, done
+
+    def end(self, sched: Scheduler, load: _Load) -> None:
+        """A load done (or dropped): its chunks unpinned, its time counted."""
+        host = sched.kv_cache.host
+        if host is not None:
+            host.unpin(load.keys)
+            host.stats.load_seconds += load.done - load.start
 
     def _reserved(self, sched: Scheduler) -> int:
         """vLLM's ``_inflight_prefill_reserved_blocks``: the blocks the prefills in flight (those
@@ -157,19 +189,16 @@ class OffloadLoads:
             ready = [r for r, load in loads.items() if load.done <= now]
         if ready:
             kv = sched.kv_cache
-            host = kv.host
-            assert host is not None
             for request in ready:
                 load = loads.pop(request)
-                host.unpin(load.keys)
-                host.stats.load_seconds += load.done - load.start
+                self.end(sched, load)
                 sched.loading.remove(request)
                 sched.cache_computed(request, request.num_computed_tokens)
                 if request.num_computed_tokens >= request.num_tokens:
                     request.num_computed_tokens = request.num_tokens - 1
                 if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
                     request.num_cached_tokens = request.num_computed_tokens
-                    request.kv_load = (load.start, now, len(load.keys) * kv.block_size)
+                    request.kv_load = (load.start, now, self.loaded_tokens(request, load, kv.block_size))
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now]
         for request in reversed(ready):
@@ -186,6 +215,10 @@ class OffloadLoads:
             for request in reversed(skipped):
                 waiting.prepend_request(request)
             self._skipped = []
+
+    def loaded_tokens(self, request: Request, load: _Load, block_size: int) -> int:
+        """Tokens the load moved (``Request.kv_load``)."""
+        return len(load.keys) * block_size
 
     def forget(self, sched: Scheduler, finished: list[Request]) -> None:
         """Loads of requests that left (aborted while loading) are dropped, their chunks unpinned."""

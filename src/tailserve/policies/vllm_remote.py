@@ -1,0 +1,93 @@
+"""vLLM as the decode side of a P/D pair, the scheduler's side: a remote prefill's KV pulled
+after the request is admitted (``NixlConnector``, ``kv_connector/v1/nixl/pull_scheduler.py``).
+
+Followed from vLLM 0.32: the proxy sends the request to the decode instance once the prefill
+instance answered (``do_remote_prefill`` with the prefill's block ids). The decode scheduler
+treats it as a load, the same path as a CPU tier's (``vllm_offload.py``): in the waiting pass,
+after its local prefix hit, ``get_num_new_matched_tokens`` answers the prompt's tokens not hit
+locally (``_get_remote_prefill_token_count``: the whole prompt, no back-off for attention
+models), loaded asynchronously; the request gets blocks for all of them (the same gates), leaves
+for ``WAITING_FOR_REMOTE_KVS`` and its worker starts reading them from the prefill instance with
+the step (``update_state_after_alloc``). When the read is done the prefill instance frees its
+copy (``finished_sending``) and the request is back at the waiting queue's front, computing its
+last prompt token (the loaded prompt was all of it) to sample the first token.
+
+The read's time is the pair's (``cluster/vllm_pd.py``: the prefill replica's link), handed over
+with each request (``expect``); a request whose whole prompt the decode side's own prefix cache
+holds reads nothing (and releases the prefill side's copy at once; vLLM leaves it to the
+abort timeout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tailserve.core.request import Request
+from tailserve.core.scheduler import Scheduler
+from tailserve.kv.prefix import PrefixMatch
+from tailserve.policies.vllm_offload import OffloadLoads, _Load
+
+# (request, tokens to read, when the read starts) -> when it is done
+Pull = Callable[[Request, int, float], float]
+
+
+class RemoteLoads(OffloadLoads):
+    """The remote prefills a decode replica reads, in flight or expected."""
+
+    def __init__(self, async_scheduling: bool) -> None:
+        super().__init__(async_scheduling)
+        self._expected: dict[str, tuple[int, Pull]] = {}  # request id -> (remote tokens, its read)
+        self._read: dict[Request, int] = {}  # tokens each load in flight reads
+        self._hit: dict[Request, int] = {}  # its local prefix hit
+        self._now = 0.0  # the pass's time, for a request with nothing to read
+
+    def __bool__(self) -> bool:
+        return bool(self._loads) or bool(self._expected)  # stepped while any is expected
+
+    uses_host_tier = False
+
+    def expect(self, request_id: str, num_tokens: int, pull: Pull) -> None:
+        """The request's prompt (``num_tokens``) is on a prefill replica; ``pull`` reads it."""
+        self._expected[request_id] = (num_tokens, pull)
+
+    def admit(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, now: float,
+              reserve: int, full_sequence: bool) -> str | None:  # fmt: skip
+        self._now = now
+        return super().admit(sched, request, match, hit, now, reserve, full_sequence)
+
+    def lookup(self, sched: Scheduler, request: Request, hit: int) -> int:
+        entry = self._expected.get(request.request_id)
+        if entry is None:
+            return 0
+        num_load = entry[0] - hit
+        if num_load <= 0:  # all of it hit locally: nothing to read, the prefill copy is freed
+            entry[1](request, 0, self._now)
+            del self._expected[request.request_id]
+            return 0
+        return num_load
+
+    def begin(
+        self, sched: Scheduler, request: Request, hit: int, num_load: int, now: float
+    ) -> tuple[list[int], float]:
+        _, pull = self._expected.pop(request.request_id)
+        self._read[request] = num_load
+        self._hit[request] = hit
+        return [], pull(request, num_load, now)
+
+    def end(self, sched: Scheduler, load: _Load) -> None:
+        return None
+
+    def loaded_tokens(self, request: Request, load: _Load, block_size: int) -> int:
+        # The read tokens are the prefill side's, not this replica's prefix cache: its hit rate
+        # counts its own hit (vLLM reports them apart: ``external_prefix_cache_*``).
+        request.num_cached_tokens = self._hit.pop(request, 0)
+        return self._read.pop(request, 0)
+
+    def forget(self, sched: Scheduler, finished: list[Request]) -> None:
+        for request in finished:
+            self._loads.pop(request, None)
+            self._read.pop(request, None)
+            self._hit.pop(request, None)
+            self._expected.pop(request.request_id, None)
+            if request in self._reported:
+                self._reported.remove(request)
