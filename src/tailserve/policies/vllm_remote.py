@@ -34,6 +34,8 @@ Pull = Callable[[Request, int, float], float]
 class RemoteLoads(OffloadLoads):
     """The remote prefills a decode replica reads, in flight or expected."""
 
+    uses_host_tier = False  # its KV comes from a prefill replica, not the KV manager's CPU tier
+
     def __init__(self, async_scheduling: bool) -> None:
         super().__init__(async_scheduling)
         self._expected: dict[str, tuple[int, Pull]] = {}  # request id -> (remote tokens, its read)
@@ -43,8 +45,6 @@ class RemoteLoads(OffloadLoads):
 
     def __bool__(self) -> bool:
         return bool(self._loads) or bool(self._expected)  # stepped while any is expected
-
-    uses_host_tier = False
 
     def expect(self, request_id: str, num_tokens: int, pull: Pull) -> None:
         """The request's prompt (``num_tokens``) is on a prefill replica; ``pull`` reads it."""
