@@ -12,6 +12,7 @@ first decision after each tick rather than at the tick.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Sequence
@@ -30,7 +31,11 @@ class LockstepPdCluster(PdCluster):
     def __init__(self, prefill: Stage, decode: Stage, link: str = "ib-ndr") -> None:
         super().__init__(prefill, decode, link)
         self._replicas: list[Replica] = [*decode.replicas, *prefill.replicas]  # decode first at ties
+        # When each replica next runs an iteration (inf: nothing known), and the same as a heap of
+        # (time, slot, version) entries, stale ones skipped: the loop's pick is O(log replicas).
         self._ready: list[float] = [math.inf] * len(self._replicas)
+        self._version = [0] * len(self._replicas)
+        self._heap: list[tuple[float, int, int]] = []
         self._slot = {id(r): i for i, r in enumerate(self._replicas)}
         self._stepping: Replica | None = None  # the replica running an iteration now
 
@@ -38,9 +43,28 @@ class LockstepPdCluster(PdCluster):
         raise NotImplementedError
 
     # ---- hand-overs -------------------------------------------------------------------------
+    def _set_ready(self, i: int, t: float) -> None:
+        self._ready[i] = t
+        version = self._version[i] = self._version[i] + 1
+        if t < math.inf:
+            heapq.heappush(self._heap, (t, i, version))
+
+    def _first(self) -> tuple[float, int]:
+        """The earliest ready replica (the lowest slot at equal times: decode first) without
+        taking it; (inf, -1) when none is."""
+        heap, version = self._heap, self._version
+        while heap:
+            t, i, v = heap[0]
+            if v == version[i]:
+                return t, i
+            heapq.heappop(heap)
+        return math.inf, -1
+
     def _wake(self, replica: Replica, t: float) -> None:
         i = self._slot[id(replica)]
-        self._ready[i] = min(self._ready[i], max(replica.now, t))
+        at = max(replica.now, t)
+        if at < self._ready[i]:
+            self._set_ready(i, at)
         stepping = self._stepping
         if stepping is not None and stepping is not replica:
             # Handed over inside the stepping replica's iteration: it must not idle past it.
@@ -80,28 +104,27 @@ class LockstepPdCluster(PdCluster):
         self._stepping = None
         # An idle turn (nothing scheduled, nothing applied) waits for its own next event, not for
         # the next iteration elsewhere: a hand-over wakes it (``_wake``).
-        self._ready[i] = engine.clock.now if worked else self._own_next(replica, looked)
+        self._set_ready(i, engine.clock.now if worked else self._own_next(replica, looked))
 
     def run(self, requests: Sequence[Request]) -> ClusterRun:
         ordered = sorted(requests, key=lambda r: r.arrival_time)
-        ready = self._ready
         t0, c0 = time.perf_counter(), time.process_time()
         with paused_gc():
             n = 0
             while True:
                 t_arrival = ordered[n].arrival_time if n < len(ordered) else math.inf
-                i = min(range(len(ready)), key=ready.__getitem__)
-                t = ready[i]
+                t, i = self._first()
                 if t_arrival <= t:
                     if math.isinf(t_arrival):
                         break
                     self._dispatch(ordered[n], t_arrival)
                     n += 1
                     continue
-                horizon = min(
-                    t_arrival, min((ready[j] for j in range(len(ready)) if j != i), default=math.inf)
-                )
-                self._step(i, t, horizon)
+                # It leaves the heap (it is re-entered once stepped); the next one bounds it.
+                heapq.heappop(self._heap)
+                self._version[i] += 1
+                self._ready[i] = math.inf
+                self._step(i, t, min(t_arrival, self._first()[0]))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         missing = [r.request_id for r in ordered if r.request_id not in self.final]
         if missing:
