@@ -91,30 +91,41 @@ class PdCluster:
         num_bytes = num_tokens * cost_model.model.kv_bytes_per_token(cost_model.tp)
         return link.latency + num_bytes / link.bandwidth
 
-    def send_kv(self, copy: Request, index: int, now: float) -> float:
-        """Queue the prefilled ``copy``'s KV on prefill replica ``index``'s link at ``now`` (one
-        transfer at a time, FIFO); its timeline gets the transfer's start and end, returned."""
+    def send_kv(self, request_id: str, num_tokens: int, index: int, now: float) -> float:
+        """Queue ``num_tokens`` of the request's KV on prefill replica ``index``'s link at ``now``
+        (one transfer at a time, FIFO): its timeline gets the transfer's start and end, and the
+        prefill replica frees its copy at the end, returned."""
         start = max(now, self._link_free[index])
-        done = start + self.transfer_time(copy, index)
+        done = start + self.transfer_seconds(num_tokens, index)
         self._link_free[index] = done
-        times = self.timeline[copy.request_id]
+        times = self.timeline[request_id]
         times.transfer_start, times.transfer_done = start, done
-        self.prefill.replicas[index].engine.scheduler.release_sent(copy.request_id, done)
+        self.prefill.replicas[index].engine.scheduler.release_sent(request_id, done)
         return done
+
+    def _leaves_prefill(self, copy: Request, index: int, now: float) -> bool:
+        """The prefill copy's end in the timeline; True when the request ends there (refused,
+        aborted, or nothing left to decode: the client's answer, its KV freed now)."""
+        times = self.timeline[copy.request_id]
+        times.prefill_scheduled = copy.first_scheduled_time
+        if (
+            copy.status is not RequestStatus.FINISHED_LENGTH
+            or self._originals[copy.request_id].max_tokens == 1
+        ):
+            self.final[copy.request_id] = copy
+            times.prefill_done = copy.finish_time if copy.token_times else None
+            if copy.status is RequestStatus.FINISHED_LENGTH:  # nothing to send
+                self.prefill.replicas[index].engine.scheduler.release_sent(copy.request_id, now)
+            return True
+        times.prefill_done = now
+        return False
 
     def _prefill_hook(self, index: int):
         def on_finish(copy: Request, now: float) -> None:
-            original = self._originals[copy.request_id]
-            times = self.timeline[copy.request_id]
-            times.prefill_scheduled = copy.first_scheduled_time
-            if copy.status is not RequestStatus.FINISHED_LENGTH or original.max_tokens == 1:
-                self.final[copy.request_id] = copy  # rejected, aborted, or nothing left to decode
-                times.prefill_done = copy.finish_time if copy.token_times else None
-                if copy.status is RequestStatus.FINISHED_LENGTH:  # nothing to send: freed now
-                    self.prefill.replicas[index].engine.scheduler.release_sent(copy.request_id, now)
+            if self._leaves_prefill(copy, index, now):
                 return
-            times.prefill_done = now
-            done = self.send_kv(copy, index, now)
+            original = self._originals[copy.request_id]
+            done = self.send_kv(copy.request_id, copy.prompt_len, index, now)
             decode_copy = copy_request(original, max_tokens=original.max_tokens)
             decode_copy.num_computed_tokens = original.prompt_len - 1
             self._seq += 1

@@ -87,7 +87,7 @@ class SglangPdCluster(LockstepPdCluster):
                     decode_replica.source.on_finish(failed, now)
                 return
             times.prefill_done = now
-            done = self.send_kv(copy, index, now)
+            done = self.send_kv(rid, copy.prompt_len, index, now)
             policy.kv_arrives(rid, done)
             self._wake(decode_replica, done)
 

@@ -26,7 +26,7 @@ from tailserve.cluster.cluster import PdTimes, Stage
 from tailserve.cluster.disagg import copy_request
 from tailserve.cluster.lockstep_pd import LockstepPdCluster, scrape
 from tailserve.cluster.replica import Replica
-from tailserve.core.request import Request, RequestStatus
+from tailserve.core.request import Request
 from tailserve.policies.vllm import VllmPolicy
 
 
@@ -49,18 +49,11 @@ class VllmPdCluster(LockstepPdCluster):
 
     def _prefill_hook(self, index: int):
         def on_finish(copy: Request, now: float) -> None:
+            if self._leaves_prefill(copy, index, now):
+                return
             rid = copy.request_id
             original = self._originals[rid]
             times = self.timeline[rid]
-            times.prefill_scheduled = copy.first_scheduled_time
-            prefill = self.prefill.replicas[index]
-            if copy.status is not RequestStatus.FINISHED_LENGTH or original.max_tokens == 1:
-                self.final[rid] = copy  # rejected, aborted, or nothing left to decode
-                times.prefill_done = copy.finish_time if copy.token_times else None
-                if copy.status is RequestStatus.FINISHED_LENGTH:  # nothing to send: freed now
-                    prefill.engine.scheduler.release_sent(rid, now)
-                return
-            times.prefill_done = now
             self._unread[rid] = index
             scrape(self.decode, now)
             decode_copy = copy_request(original, max_tokens=original.max_tokens)
@@ -76,20 +69,9 @@ class VllmPdCluster(LockstepPdCluster):
     def _pull(self, request: Request, num_tokens: int, now: float) -> float:
         """The decode replica starts reading ``num_tokens`` of the prompt at ``now``: when the
         read is done, the prefill replica frees its copy."""
-        rid = request.request_id
-        index = self._unread.pop(rid)
-        prefill = self.prefill.replicas[index]
-        if not num_tokens:  # the decode side's own cache had it all: nothing read
-            prefill.engine.scheduler.release_sent(rid, now)
-            self._wake(prefill, now)
-            return now
-        start = max(now, self._link_free[index])
-        done = start + self.transfer_seconds(num_tokens, index)
-        self._link_free[index] = done
-        times = self.timeline[rid]
-        times.transfer_start, times.transfer_done = start, done
-        prefill.engine.scheduler.release_sent(rid, done)
-        self._wake(prefill, done)
+        index = self._unread.pop(request.request_id)
+        done = self.send_kv(request.request_id, num_tokens, index, now)
+        self._wake(self.prefill.replicas[index], done)
         return done
 
     def _decode_hook(self, request: Request, now: float) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailserve.kv.hicache_spec import WRITE_POLICIES
+from tailserve.kv.hicache_spec import DEFAULT_HICACHE_RATIO, HiCacheSpec
 from tailserve.policies.sglang_spec import check_speculative
 
 # SGLang's ``CacheAgnosticPolicy`` and ``CacheAwarePolicy`` enums (``schedule_policy.py``); the
@@ -122,14 +122,9 @@ class SglangConfig:
         )
 
     def _check_hicache(self) -> None:
-        if self.hicache_ratio is not None and not self.hicache_ratio > 0:
-            raise ValueError(f"hicache_ratio must be > 0, got {self.hicache_ratio}")
-        if self.hicache_size < 0:
-            raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size}")
-        if self.hicache_write_policy not in WRITE_POLICIES:
-            raise ValueError(
-                f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}, got {self.hicache_write_policy!r}"
-            )
+        # The host tier's own checks, with or without the tier on (a bad value is refused either way).
+        ratio = DEFAULT_HICACHE_RATIO if self.hicache_ratio is None else self.hicache_ratio
+        HiCacheSpec(ratio, self.hicache_size, self.hicache_write_policy)
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             # arg_groups/kv_cache_hook.py:393-397@v0.5.23
             raise ValueError("enable_hierarchical_cache and disable_radix_cache are mutually exclusive")

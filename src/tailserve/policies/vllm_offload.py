@@ -197,7 +197,7 @@ class OffloadLoads:
                 if request.num_computed_tokens >= request.num_tokens:
                     request.num_computed_tokens = request.num_tokens - 1
                 if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
-                    request.num_cached_tokens = request.num_computed_tokens
+                    request.num_cached_tokens = self.cached_tokens(request)
                     request.kv_load = (load.start, now, self.loaded_tokens(request, load, kv.block_size))
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now]
@@ -219,6 +219,11 @@ class OffloadLoads:
     def loaded_tokens(self, request: Request, load: _Load, block_size: int) -> int:
         """Tokens the load moved (``Request.kv_load``)."""
         return len(load.keys) * block_size
+
+    def cached_tokens(self, request: Request) -> int:
+        """Its cached tokens as vLLM counts them: all it has computed at its first schedule,
+        the loaded ones included."""
+        return request.num_computed_tokens
 
     def forget(self, sched: Scheduler, finished: list[Request]) -> None:
         """Loads of requests that left (aborted while loading) are dropped, their chunks unpinned."""

@@ -13,9 +13,8 @@ copy (``finished_sending``) and the request is back at the waiting queue's front
 last prompt token (the loaded prompt was all of it) to sample the first token.
 
 The read's time is the pair's (``cluster/vllm_pd.py``: the prefill replica's link), handed over
-with each request (``expect``); a request whose whole prompt the decode side's own prefix cache
-holds reads nothing (and releases the prefill side's copy at once; vLLM leaves it to the
-abort timeout).
+with each request (``expect``); it reads the prompt tokens the decode side's own prefix cache
+does not hold (that hit leaves at least one token, so it always reads).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from collections.abc import Callable
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.kv.prefix import PrefixMatch
 from tailserve.policies.vllm_offload import OffloadLoads, _Load
 
 # (request, tokens to read, when the read starts) -> when it is done
@@ -41,7 +39,6 @@ class RemoteLoads(OffloadLoads):
         self._expected: dict[str, tuple[int, Pull]] = {}  # request id -> (remote tokens, its read)
         self._read: dict[Request, int] = {}  # tokens each load in flight reads
         self._hit: dict[Request, int] = {}  # its local prefix hit
-        self._now = 0.0  # the pass's time, for a request with nothing to read
 
     def __bool__(self) -> bool:
         return bool(self._loads) or bool(self._expected)  # stepped while any is expected
@@ -50,21 +47,11 @@ class RemoteLoads(OffloadLoads):
         """The request's prompt (``num_tokens``) is on a prefill replica; ``pull`` reads it."""
         self._expected[request_id] = (num_tokens, pull)
 
-    def admit(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, now: float,
-              reserve: int, full_sequence: bool) -> str | None:  # fmt: skip
-        self._now = now
-        return super().admit(sched, request, match, hit, now, reserve, full_sequence)
-
     def lookup(self, sched: Scheduler, request: Request, hit: int) -> int:
         entry = self._expected.get(request.request_id)
-        if entry is None:
-            return 0
-        num_load = entry[0] - hit
-        if num_load <= 0:  # all of it hit locally: nothing to read, the prefill copy is freed
-            entry[1](request, 0, self._now)
-            del self._expected[request.request_id]
-            return 0
-        return num_load
+        # The local hit leaves at least one prompt token to compute (``cached_prefix``), so an
+        # expected request always reads something.
+        return 0 if entry is None else entry[0] - hit
 
     def begin(
         self, sched: Scheduler, request: Request, hit: int, num_load: int, now: float
@@ -78,10 +65,12 @@ class RemoteLoads(OffloadLoads):
         return None
 
     def loaded_tokens(self, request: Request, load: _Load, block_size: int) -> int:
+        return self._read.pop(request, 0)
+
+    def cached_tokens(self, request: Request) -> int:
         # The read tokens are the prefill side's, not this replica's prefix cache: its hit rate
         # counts its own hit (vLLM reports them apart: ``external_prefix_cache_*``).
-        request.num_cached_tokens = self._hit.pop(request, 0)
-        return self._read.pop(request, 0)
+        return self._hit.pop(request, 0)
 
     def forget(self, sched: Scheduler, finished: list[Request]) -> None:
         for request in finished:
