@@ -228,7 +228,9 @@ def test_async_scheduling_sees_a_finished_load_one_pass_later_while_steps_run():
     assert "b" in [g[0] for g in grants(out)] and not sched.loading
 
 
-def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks():
+def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks_when_the_load_is_done():
+    """vLLM keeps the blocks of a request aborted in WAITING_FOR_REMOTE_KVS until the worker
+    reports its load (``finish_requests``' ``delay_free_blocks``): the engine wakes then."""
     sched = _sched(64, 64)
     a = token_request("a", [*SYSTEM, 1], max_tokens=1)
     sched.add_request(a, 0.0)
@@ -238,9 +240,28 @@ def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks():
     sched.add_request(b, 1.0)
     step(sched, 1.0)
     assert sched.kv_cache.host._pins
+    done = sched.policy.load_done(b)
+    assert done is not None and done > 1.001
     assert sched.abort_request("b", "client went away", 1.001) is b
-    assert not sched.kv_cache.host._pins and not sched.loading and sched.kv_cache.num_used_blocks == 0
-    assert sched.next_wakeup(1.001) is None
+    assert not sched.kv_cache.host._pins and not sched.loading
+    assert sched.kv_cache.num_used_blocks > 0 and sched.next_wakeup(1.001) == done
+    step(sched, done)
+    assert sched.kv_cache.num_used_blocks == 0 and sched.next_wakeup(done) is None
+    sched.kv_cache.check_integrity()
+
+
+def test_a_load_aborted_after_it_is_done_frees_its_blocks_at_once():
+    sched = _sched(64, 64)
+    a = token_request("a", [*SYSTEM, 1], max_tokens=1)
+    sched.add_request(a, 0.0)
+    step(sched)
+    _evict_gpu(sched)
+    b = token_request("b", [*SYSTEM, 2], max_tokens=2)
+    sched.add_request(b, 1.0)
+    step(sched, 1.0)
+    done = sched.policy.load_done(b)
+    assert sched.abort_request("b", "client went away", done + 1e-3) is b
+    assert sched.kv_cache.num_used_blocks == 0 and sched.held is None
     sched.kv_cache.check_integrity()
 
 

@@ -121,6 +121,11 @@ class Policy(ABC):
         queue, so ``fairness=vtc`` may choose that order instead (``policies/fairness.py``)."""
         return False
 
+    def load_done(self, request: Request) -> float | None:
+        """When the KV load into a request of ``Scheduler.loading`` is done (None: no load in
+        flight); a request aborted before then keeps its blocks until it is."""
+        return None
+
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         """A time (seconds) at which the policy wants to be asked again even with no arrival."""
         return None

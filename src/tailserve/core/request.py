@@ -95,6 +95,12 @@ class Request:
     num_stale_output_tokens: int = 0  # in-flight tokens of steps scheduled before a preemption
     num_draft_tokens: int = 0  # draft tokens proposed for its next step (vLLM's spec_token_ids)
     is_prefill_chunk: bool = False  # its last scheduled step left part of its tokens uncomputed
+    # The plain ``vllm`` pass's counterpart, read only with KV loads (``vllm_offload.py``): its
+    # ``num_output_tokens`` when it was last admitted or scheduled a chunk leaving part of its
+    # tokens uncomputed (-1: its last chunk did not). vLLM keeps such a request in its in-flight
+    # prefills until a step computes all its tokens, which then samples: so it is one while its
+    # output count still reads the same, and decodes never touch this.
+    prefill_outputs: int = -1
 
     first_scheduled_time: float | None = None  # seconds; first admission to the running set
     token_times: list[float] = field(default_factory=list)  # seconds; one per output token

@@ -104,9 +104,28 @@ class Scheduler:
         # a CPU offloading tier's load, ``policies/vllm_offload.py``): they hold blocks, are
         # neither waiting nor running, and go back to the waiting queue when the KV is in.
         self.loading: list[Request] = []
-        # A P/D pair's prefill replica (``cluster/disagg.py``): completed requests keep their KV
-        # until their transfer is done (``core/kv_hold.py``); None elsewhere, freed at finish.
+        # KV that finished requests keep until a release time (``core/kv_hold.py``): a P/D pair's
+        # prefill replica keeps completed requests' until sent (``hold_sent``, ``cluster/disagg.py``);
+        # a request aborted while KV was being loaded into it keeps its blocks until the load is
+        # done (vLLM frees them at ``finished_recving``). None until something is held.
         self.held: HeldKV | None = None
+        self.hold_sent = False
+        # vLLM with a KV connector that loads (``kv_consumer``/``kv_both``) and steps in flight
+        # (async scheduling) frees a request's blocks only once every step it was scheduled in
+        # has run (``defer_block_free``: a load may refill them unordered with a step still
+        # writing them). Set by the policy; the blocks of such a request wait in ``_deferred``
+        # as (steps scheduled then, table key) until that many non-empty steps are applied.
+        # Under async scheduling vLLM reads a step's report (a transfer done) once the step
+        # after it is scheduled, an idle engine's too (its empty steps fill the batch queue
+        # first). The simulator takes an idle engine's empty steps as instant (vLLM's take well
+        # under a millisecond) and reads their report at once; the differential, whose clock
+        # is the step, turns this off.
+        self.idle_reports_at_once = True
+        self._last_schedule = 0.0  # when the last pass ran
+        self.defer_in_flight_frees = False
+        self._deferred: deque[tuple[int, str]] = deque()
+        self._num_scheduled_steps = 0
+        self._num_applied_steps = 0
         self.num_released = 0  # requests handed over by ``pop_finished``
         self.num_preemptions = 0
         self.last_output: SchedulerOutput | None = None
@@ -160,7 +179,15 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
-                    self.kv_cache.free(request_id, request.num_computed_tokens)
+                    done = self.policy.load_done(request) if queue is self.loading else None
+                    if done is not None and done > self._reported_by(now):
+                        # Its blocks stay until the load is done and reported.
+                        if self.held is None:
+                            self.held = HeldKV()
+                        self.held.hold(request, completed=False)
+                        self.held.release_at(request_id, done)
+                    else:
+                        self._free_kv(request)
                     self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
                     self.policy.on_finished(self, [request])
                     return request
@@ -188,18 +215,54 @@ class Scheduler:
 
     def hold_kv_until_sent(self) -> None:
         """Keep completed requests' KV until ``release_sent`` (a P/D pair's prefill side)."""
-        self.held = HeldKV()
+        self.hold_sent = True
+        if self.held is None:
+            self.held = HeldKV()
 
     def release_sent(self, request_id: str, t: float) -> None:
         """The held request's KV has reached the decode side at ``t``: free it from then."""
         assert self.held is not None, "hold_kv_until_sent first"
         self.held.release_at(request_id, t)
 
-    def _free_sent(self, now: float) -> None:
+    def _reported_by(self, now: float) -> float:
+        """The transfers (KV sent, loads done) the engine has read by ``now``: those done by then.
+        A transfer's end is reported by the step running then and read with its outputs: before
+        the next pass, or (async scheduling, a step in flight) once the step after it is
+        scheduled, so only those done by the last pass. An idle engine's empty steps are taken
+        as instant (``idle_reports_at_once``)."""
+        if self.async_scheduling and (self.running or not self.idle_reports_at_once):
+            return self._last_schedule
+        return now
+
+    def free_sent(self, now: float) -> None:
+        """Free the held KV whose release time has come: each iteration's first act (both
+        engines poll their transfers once per turn); a harness that reports transfers between
+        steps (``validate/tailserve_side.py``) calls it where the engine reads the report."""
+        held = self.held
+        if held is None:
+            return
         kv = self.kv_cache
-        for request in self.held.due(now):  # type: ignore[union-attr]  # the caller checked
-            kv.free(request.request_id, request.num_computed_tokens, True)
+        for request, cache in held.due(now):
+            kv.free(request.request_id, request.num_computed_tokens, cache)
             kv.forget_prefix_keys(request.request_id)
+
+    def _free_kv(self, request: Request, finished: bool = False) -> None:
+        """Release the request's KV now, or (``defer_in_flight_frees``) once the steps in flight
+        it is scheduled in have run."""
+        if self.defer_in_flight_frees and request.num_in_flight_tokens:
+            key = f"{request.request_id}\0deferred{self._num_scheduled_steps}"
+            self.kv_cache.detach(request.request_id, key)
+            self._deferred.append((self._num_scheduled_steps, key))
+        else:
+            self.kv_cache.free(request.request_id, request.num_computed_tokens, finished)
+
+    def _step_applied(self) -> None:
+        """A non-empty step's outputs are applied: the deferred frees it fenced are done (vLLM's
+        ``_drain_deferred_frees``, in the order they were deferred)."""
+        self._num_applied_steps += 1
+        deferred, kv = self._deferred, self.kv_cache
+        while deferred and deferred[0][0] <= self._num_applied_steps:
+            kv.free(deferred.popleft()[1])
 
     def describe_policy(self) -> str:
         return self.policy.describe()
@@ -208,9 +271,12 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         self.one_behind_at = None  # the next update says it anew
         if self.held:
-            self._free_sent(now)
+            self.free_sent(self._reported_by(now))
+        self._last_schedule = now
         out = self.policy.schedule(self, now)
         self.last_output = out
+        if self.defer_in_flight_frees and out.scheduled:
+            self._num_scheduled_steps += 1
         return out
 
     def add_block_ids(self, out: SchedulerOutput) -> None:
@@ -499,6 +565,8 @@ class Scheduler:
         dropped. Synchronous speculative decoding then gives every request of the step that
         still decodes its next drafts (vLLM's ``update_draft_token_ids``, after the update).
         Finished requests are freed in step order, as vLLM frees them; returns them."""
+        if self.defer_in_flight_frees and out.scheduled:
+            self._step_applied()  # first, as vLLM's update_from_output
         done: list[Request] = []
         stopped = result.stopped
         placeholders = self.async_scheduling
@@ -517,6 +585,10 @@ class Scheduler:
             stale = request.num_stale_output_tokens > 0
             if stale:
                 request.num_stale_output_tokens -= item.num_new_tokens
+                if self.hold_sent:
+                    # A P/D prefill side drops it: its KV must reach the decode side whole, so
+                    # the preempted request recomputes (vLLM's ``requires_kv_delivery``).
+                    continue
             was_running = request.status is running
             if item.partial or (not was_running and request.is_finished):
                 continue  # a prefill chunk, which samples nothing; or left while its step ran
@@ -548,10 +620,10 @@ class Scheduler:
                     # dropped): SGLang's spec v2, whose accepted run can cross max_tokens
                     # unforeseen; a stop token. What the request leaves computed excludes it.
                     request.num_computed_tokens -= request.num_in_flight_tokens
-                if self.held is not None:
-                    self.held.hold(request)  # sent to the decode side first (``release_sent``)
+                if self.hold_sent:
+                    self.held.hold(request)  # type: ignore[union-attr]  # sent first (``release_sent``)
                 else:
-                    kv.free(rid, request.num_computed_tokens, True)
+                    self._free_kv(request, True)
                 done.append(request)
             elif num_drafts and was_running:
                 request.num_draft_tokens = num_drafts
@@ -569,7 +641,7 @@ class Scheduler:
         held = self.held
         for request in done:
             completed = request.status in _COMPLETED
-            if held is not None and completed:
+            if held is not None and completed and self.hold_sent:
                 held.hold(request)  # sent to the decode side first (``release_sent``)
             else:
                 kv.free(request.request_id, request.num_computed_tokens, completed)
@@ -686,7 +758,7 @@ class Scheduler:
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
         self.running.remove(request)
-        self.kv_cache.free(request.request_id, request.num_computed_tokens)
+        self._free_kv(request)
         request.num_computed_tokens = 0
         # vLLM (``_preempt_request``): drafts dropped; outputs of its steps still in flight come
         # back stale, without the placeholder accounting that restarts here (0 outside vllm).

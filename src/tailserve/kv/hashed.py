@@ -95,6 +95,13 @@ class HashedKVCacheManager(KVCacheManager):
             self._num_registered.pop(request_id, None)
         return super().free(request_id)
 
+    def detach(self, request_id: str, key: str) -> None:
+        if self._keys:
+            self._set_registered(request_id, 0)
+        else:
+            self._num_registered.pop(request_id, None)
+        super().detach(request_id, key)
+
     def _release(self, table: list[int]) -> int:
         before = self.pool.num_free_blocks
         self.pool.free(table)  # tail first; cached blocks stay matchable until reused

@@ -329,6 +329,13 @@ class KVCacheManager:
             return 0
         return self._release(table)
 
+    def detach(self, request_id: str, key: str) -> None:
+        """Move the request's GPU blocks, still referenced, to the table ``key`` (freed later by
+        ``free(key)``): the request holds none from now (vLLM's ``pop_blocks_for_free``)."""
+        table = self.block_tables.pop(request_id, None)
+        if table:
+            self.block_tables[key] = table
+
     def _release(self, table: list[int]) -> int:
         """Drop one reference on each block of ``table`` (tail first); returns how many reached
         ref count 0."""

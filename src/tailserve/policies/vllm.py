@@ -270,7 +270,9 @@ class VllmPolicy(Policy, FastPaths):
         # stays in flight while the next step is scheduled); dropped in ``on_finished`` too.
         self._advanced_items: dict[Request, list[ScheduledRequest]] = {}
         # Loads from the CPU offloading tier, None without one (vllm_offload.py).
-        self._offload = OffloadLoads(bool(config.async_scheduling)) if config.kv_offloading_size else None
+        self._offload = (
+            OffloadLoads(bool(config.async_scheduling), self._advanced) if config.kv_offloading_size else None
+        )
 
     def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
         """The CPU tier's loads are priced as the host link moves a token's KV shard
@@ -280,6 +282,9 @@ class VllmPolicy(Policy, FastPaths):
 
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         return self._offload.next_done(now) if self._offload is not None else None
+
+    def load_done(self, request: Request) -> float | None:
+        return self._offload.load_done(request) if self._offload is not None else None
 
     def async_scheduling(self) -> bool:
         return bool(self.config.async_scheduling)
@@ -324,12 +329,18 @@ class VllmPolicy(Policy, FastPaths):
         """A P/D pair's decode side: the request's prompt KV is read from its prefill replica
         once the request is admitted (``vllm_remote.py``)."""
         if self._offload is None:
-            self._offload = RemoteLoads(bool(self.config.async_scheduling))
+            self._offload = RemoteLoads(bool(self.config.async_scheduling), self._advanced)
         elif not isinstance(self._offload, RemoteLoads):
             raise ValueError("a vLLM decode replica with kv_offloading_size (a CPU tier) is not modelled")
         self._offload.expect(request_id, num_tokens, pull)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        if self._offload is not None:
+            if self.config.async_scheduling:
+                # A loading connector (a decode side's NIXL, the CPU tier's kv_both) with steps
+                # in flight: freed blocks wait for them (``Scheduler.defer_in_flight_frees``).
+                sched.defer_in_flight_frees = True
+            self._offload.read_reports(sched, now)
         if self._offload is not None and self._offload.uses_host_tier:
             host = sched.kv_cache.host
             if host is None:
@@ -413,6 +424,8 @@ class VllmPolicy(Policy, FastPaths):
             if self_preempted:
                 break  # a request that preempted itself ends the running pass (fcfs and priority)
             computed = request.num_computed_tokens
+            # (vLLM's in-flight prefills, for the reserve of KV loads: ``vllm_offload.py``)
+            request.prefill_outputs = request.num_output_tokens if target < request.num_tokens else -1
             if leading:
                 if want == 1 and computed + 1 == request.prompt_len + request.num_output_tokens:
                     context += computed  # a decode that took a block: it samples
@@ -441,10 +454,11 @@ class VllmPolicy(Policy, FastPaths):
         kv = sched.kv_cache
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
         offload = self._offload
+        queue = waiting
         if offload is not None:
-            offload.promote(sched, now)
-        while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
-            request = waiting.peek_request()
+            queue = offload.pass_queue(sched, now)  # the requests whose KV is in first
+        while queue and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+            request = queue.peek_request()
             # Prefix lookup for a new or preempted request: hits are not charged to the budget.
             match = sched.cached_prefix(request) if not request.num_computed_tokens else None
             hit = match.num_tokens if match is not None else 0
@@ -483,7 +497,10 @@ class VllmPolicy(Policy, FastPaths):
                     break  # head-of-line blocking: nothing behind it is tried
             if hit and request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
-            waiting.pop_request()
+            # (its hit is in its computed tokens by now: ``allocate_with_cached_prefix``)
+            partial = request.num_computed_tokens + want < request.num_tokens
+            request.prefill_outputs = request.num_output_tokens if partial else -1
+            queue.pop_request()
             sched.admit(request, now)
             out.num_admitted += 1
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))

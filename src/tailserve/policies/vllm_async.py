@@ -126,6 +126,11 @@ def schedule_advanced(
                 num_cached=min(computed + want, request.num_tokens),
             ):
                 victim = waiting.preemption_victim(running)
+                if victim.num_in_flight_tokens and sched.defer_in_flight_frees:
+                    # Its blocks would come back only after its step in flight: vLLM preempts
+                    # nobody ("a deferred free will not help"), the request waits, the pass ends.
+                    self_preempted = True
+                    break
                 if running.index(victim) < i:
                     i -= 1
                 item = next((s for s in scheduled if s.request is victim), None)
@@ -140,7 +145,7 @@ def schedule_advanced(
                     break
             num_running = len(running)
             if self_preempted:
-                break  # a request that preempted itself ends the running pass
+                break  # a request that preempted itself (or could not) ends the running pass
         if k and request.is_prefill_chunk:  # (only the padding of new decodes reads it)
             prefill_scheduled = True
         num_spec = 0
@@ -170,10 +175,11 @@ def schedule_advanced(
     if not preempted:
         running_scheduled = bool(scheduled)
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
+        queue = waiting
         if offload is not None:
-            offload.promote(sched, now)
-        while waiting and budget > 0 and len(sched.running) < cfg.max_num_seqs:
-            request = waiting.peek_request()
+            queue = offload.pass_queue(sched, now)  # the requests whose KV is in first
+        while queue and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+            request = queue.peek_request()
             match: PrefixMatch | None = None
             if not request.num_computed_tokens:
                 match = sched.cached_prefix(request)
@@ -230,7 +236,10 @@ def schedule_advanced(
                     break  # head-of-line blocking: nothing behind it is tried
             if hit and request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
-            waiting.pop_request()
+            # In vLLM's in-flight prefills from now if partial (the reserve of KV loads); the
+            # step's ``advance_scheduled`` says it anew.
+            request.is_prefill_chunk = known + want < request.num_tokens
+            queue.pop_request()
             sched.admit(request, now)
             out.num_admitted += 1
             scheduled.append(

@@ -16,13 +16,17 @@ Followed from vLLM 0.32 (``v1/core/sched/scheduler.py`` with the ``OffloadingCon
   per token per GPU / the host link's bandwidth`` (``CostModel.swap_time``: each GPU moves its
   own shard in parallel). Stores go the other way and are not priced (they delay nothing).
 - **Back to waiting.** The worker reports a finished load at the end of a step
-  (``get_finished``); the next pass puts the request back to the waiting queue with its loaded
-  blocks cached and its computed tokens counted, recomputing the last prompt token when the hit
-  covered it all (``_update_waiting_for_remote_kv``). vLLM drains those requests before the
-  waiting queue (its ``kv_holding_waiting`` queue); tailserve puts them at the waiting queue's
-  front (``prepend_held``: under ``priority`` before every other key, by their own). Under async scheduling a step's report is read one pass later
-  (its output is applied after the next step is scheduled), an idle engine's at once; an idle
-  engine wakes when a load is done (``next_wakeup``).
+  (``get_finished``); at the next pass the request's loaded blocks are cached and its computed
+  tokens counted, recomputing the last prompt token when the hit covered it all
+  (``_update_waiting_for_remote_kv``). A loading request sits in vLLM's ``kv_holding_waiting``
+  queue, which each pass drains before the waiting queue, skipping the loads not done: so the
+  requests whose KV is in are tried first, in that queue's order (``HeldFirst``): under fcfs the
+  order their loads were admitted in (the skipped ones are put back in pass order), under
+  ``priority`` by their own key. They stay in ``Scheduler.loading`` until scheduled. Under async
+  scheduling a step's report is read one pass later (its output is applied after the next step
+  is scheduled), an idle engine's at once; an idle engine wakes when a load is done
+  (``next_wakeup``). A request aborted while its load is in flight keeps its blocks until the
+  load is done (``load_done``; vLLM frees them at ``finished_recving``).
 - **Not now.** A request whose tier hit another request is loading right now is skipped for the
   pass (``_lookup_complete_chunks``' ``_chunks_being_loaded`` check, ``skip_request``): it stays
   in the waiting queue and the pass goes on behind it.
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailserve.core.queues import RequestQueue
+from tailserve.core.queues import PriorityRequestQueue, RequestQueue, priority_key
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.kv.prefix import PrefixMatch
@@ -59,11 +63,14 @@ class OffloadLoads:
 
     uses_host_tier = True  # its KV comes from the KV manager's CPU tier
 
-    def __init__(self, async_scheduling: bool) -> None:
+    def __init__(self, async_scheduling: bool, advanced: bool = False) -> None:
         # Seconds to move one token's KV shard from host to GPU (``bind``); None until a cost
         # model prices it.
         self.seconds_per_token: float | None = None
         self.async_scheduling = async_scheduling
+        # vLLM's advanced pass (async scheduling or drafts: ``vllm_async.py``) keeps
+        # ``Request.is_prefill_chunk``; the plain pass ``Request.prefill_outputs`` (``_reserved``).
+        self.advanced = advanced
         self._link_free = 0.0
         self._loads: dict[Request, _Load] = {}
         # Async scheduling: loads found done at the last pass, promoted at this one.
@@ -71,15 +78,24 @@ class OffloadLoads:
         # Requests skipped in this pass: their tier hit is being loaded by another request
         # (vLLM's ``_chunks_being_loaded`` check answers "not now"); back in the queue after it.
         self._skipped: list[Request] = []
+        # Loaded requests (KV in) not yet scheduled, in the order vLLM tries them (module
+        # docstring); still in ``Scheduler.loading``.
+        self.held: list[Request] = []
 
     def __bool__(self) -> bool:
-        return bool(self._loads)
+        return bool(self._loads) or bool(self.held)
 
     def next_done(self, now: float) -> float | None:
         """When an idle engine must look again: the earliest load to finish. (In virtual time an
         idle engine's pass has promoted every load done by then; on a wall clock one may finish
         between that pass and the wait, which then returns at once.)"""
-        return min((load.done for load in self._loads.values()), default=None)
+        held = self.held
+        return min((load.done for r, load in self._loads.items() if r not in held), default=None)
+
+    def load_done(self, request: Request) -> float | None:
+        """When the request's load in flight is done (None: none is)."""
+        load = self._loads.get(request)
+        return None if load is None else load.done
 
     def admit(self, sched: Scheduler, request: Request, match: PrefixMatch | None, hit: int, now: float,
               reserve: int, full_sequence: bool) -> str | None:  # fmt: skip
@@ -129,6 +145,8 @@ class OffloadLoads:
                 return False
             request.num_computed_tokens = total
         keys, done = self.begin(sched, request, hit, num_load, now)
+        request.prefill_outputs = request.num_output_tokens  # an in-flight prefill (``_reserved``)
+        request.is_prefill_chunk = True
         self._loads[request] = _Load(keys, now, done)
         sched.waiting.pop_request()
         sched.loading.append(request)
@@ -166,43 +184,65 @@ class OffloadLoads:
             host.stats.load_seconds += load.done - load.start
 
     def _reserved(self, sched: Scheduler) -> int:
-        """vLLM's ``_inflight_prefill_reserved_blocks``: the blocks the prefills in flight (those
-        running and not done with their prompt, and the loads) still need for their whole
-        sequence."""
+        """vLLM's ``_inflight_prefill_reserved_blocks``: the blocks the prefills in flight still
+        need for their whole sequence. Those are the loads (and loaded requests not yet
+        scheduled) and the running requests admitted, or last scheduled, with a chunk that left
+        part of their tokens uncomputed, until a step computes them all (``_inflight_prefills``:
+        a preempted request recomputing its outputs is one too)."""
         kv = sched.kv_cache
         tables = kv.block_tables
         reserved = 0
-        for request in (*sched.running, *sched.loading):
-            if request.num_computed_tokens < request.prompt_len or request in self._loads:
-                need = kv.blocks_for(request.num_tokens) - len(tables.get(request.request_id, ()))
-                if need > 0:
-                    reserved += need
+        if self.advanced:
+            prefilling = [r for r in sched.running if r.is_prefill_chunk]
+        else:
+            prefilling = [r for r in sched.running if r.prefill_outputs == r.num_output_tokens]
+        for request in (*prefilling, *sched.loading):
+            need = kv.blocks_for(request.num_tokens) - len(tables.get(request.request_id, ()))
+            if need > 0:
+                reserved += need
         return reserved
 
-    def promote(self, sched: Scheduler, now: float) -> None:
-        """Put the requests whose KV is in back at the waiting queue's front, their loaded blocks
-        cached and counted (the last prompt token recomputed when the hit covered it all)."""
+    def read_reports(self, sched: Scheduler, now: float) -> None:
+        """At each pass's start, whether or not it reaches the waiting queue: the loads reported
+        done by now join ``held`` (vLLM's ``finished_recving_kv_req_ids``, filled as outputs
+        are applied)."""
         loads = self._loads
-        if self.async_scheduling and sched.running:
+        if self.async_scheduling and (sched.running or not sched.idle_reports_at_once):
             ready = self._reported  # reported by the step in flight before: seen now
-        else:  # (an idle engine's empty steps report at once)
+        else:  # (an idle engine's empty steps report at once: ``Scheduler.idle_reports_at_once``)
             ready = [r for r, load in loads.items() if load.done <= now]
+        held = self.held
         if ready:
-            kv = sched.kv_cache
-            for request in ready:
-                load = loads.pop(request)
-                self.end(sched, load)
-                sched.loading.remove(request)
-                sched.cache_computed(request, request.num_computed_tokens)
-                if request.num_computed_tokens >= request.num_tokens:
-                    request.num_computed_tokens = request.num_tokens - 1
-                if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
-                    request.num_cached_tokens = self.cached_tokens(request)
-                    request.kv_load = (load.start, now, self.loaded_tokens(request, load, kv.block_size))
+            known = set(held)
+            new = [r for r in ready if r not in known]
+            if new:
+                held.extend(new)
+                if isinstance(sched.waiting, PriorityRequestQueue):
+                    held.sort(key=priority_key)
+                elif len(held) > 1:
+                    position = {id(r): i for i, r in enumerate(sched.loading)}  # admission order
+                    held.sort(key=lambda r: position[id(r)])
         if self.async_scheduling:
-            self._reported = [r for r, load in loads.items() if load.done <= now]
-        for request in reversed(ready):
-            sched.waiting.prepend_held(request)
+            self._reported = [r for r, load in loads.items() if load.done <= now and r not in held]
+
+    def pass_queue(self, sched: Scheduler, now: float) -> RequestQueue | HeldFirst:
+        """What the waiting pass walks: the requests whose KV is in (``held``) first, then the
+        waiting queue. A held request is promoted when the pass reaches it, as vLLM's
+        ``_handle_blocked_waiting_request`` is called on the head of ``kv_holding_waiting``: a
+        pass that never gets there (no budget or running slot left) caches nothing of it."""
+        return HeldFirst(self, sched, now) if self.held else sched.waiting
+
+    def promote(self, sched: Scheduler, request: Request, now: float) -> None:
+        """A held request reached by the pass: its load is over, its loaded blocks cached and
+        counted (the last prompt token recomputed when the hit covered it all)."""
+        load = self._loads.pop(request)
+        self.end(sched, load)
+        sched.cache_computed(request, request.num_computed_tokens)
+        if request.num_computed_tokens >= request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        if request.first_scheduled_time is None:  # vLLM: its computed tokens at first schedule
+            request.num_cached_tokens = self.cached_tokens(request)
+            request.kv_load = (load.start, now, self.loaded_tokens(request, load, sched.kv_cache.block_size))
 
     def skip(self, waiting: RequestQueue) -> None:
         """vLLM's ``skip_request``: the head leaves the queue for this pass, the pass goes on."""
@@ -234,3 +274,37 @@ class OffloadLoads:
                 host.unpin(load.keys)
             if request in self._reported:
                 self._reported.remove(request)
+            if request in self.held:
+                self.held.remove(request)
+
+
+class HeldFirst:
+    """The waiting pass's queue (``OffloadLoads.pass_queue``): the requests whose KV is in
+    (vLLM's ``kv_holding_waiting``, the loads not done skipped) before the waiting queue. The
+    head is promoted when first looked at; popping a held request takes it out of
+    ``Scheduler.loading``, and the pass admits it as any waiting request."""
+
+    __slots__ = ("held", "loads", "now", "sched", "waiting")
+
+    def __init__(self, loads: OffloadLoads, sched: Scheduler, now: float) -> None:
+        self.loads, self.sched, self.now = loads, sched, now
+        self.held, self.waiting = loads.held, sched.waiting
+
+    def __bool__(self) -> bool:
+        return bool(self.held) or bool(self.waiting)
+
+    def peek_request(self) -> Request:
+        held = self.held
+        if not held:
+            return self.waiting.peek_request()
+        request = held[0]
+        if request in self.loads._loads:
+            self.loads.promote(self.sched, request, self.now)
+        return request
+
+    def pop_request(self) -> Request:
+        if self.held:
+            request = self.held.pop(0)
+            self.sched.loading.remove(request)
+            return request
+        return self.waiting.pop_request()

@@ -34,14 +34,14 @@ class RemoteLoads(OffloadLoads):
 
     uses_host_tier = False  # its KV comes from a prefill replica, not the KV manager's CPU tier
 
-    def __init__(self, async_scheduling: bool) -> None:
-        super().__init__(async_scheduling)
+    def __init__(self, async_scheduling: bool, advanced: bool) -> None:
+        super().__init__(async_scheduling, advanced)
         self._expected: dict[str, tuple[int, Pull]] = {}  # request id -> (remote tokens, its read)
         self._read: dict[Request, int] = {}  # tokens each load in flight reads
         self._hit: dict[Request, int] = {}  # its local prefix hit
 
     def __bool__(self) -> bool:
-        return bool(self._loads) or bool(self._expected)  # stepped while any is expected
+        return bool(self._loads) or bool(self.held) or bool(self._expected)  # stepped while any is expected
 
     def expect(self, request_id: str, num_tokens: int, pull: Pull) -> None:
         """The request's prompt (``num_tokens``) is on a prefill replica; ``pull`` reads it."""
@@ -73,10 +73,8 @@ class RemoteLoads(OffloadLoads):
         return self._hit.pop(request, 0)
 
     def forget(self, sched: Scheduler, finished: list[Request]) -> None:
+        super().forget(sched, finished)
         for request in finished:
-            self._loads.pop(request, None)
             self._read.pop(request, None)
             self._hit.pop(request, None)
             self._expected.pop(request.request_id, None)
-            if request in self._reported:
-                self._reported.remove(request)

@@ -271,3 +271,53 @@ def random_vllm_offload_workload(seed: int) -> Workload:
         num_host_blocks=max(1, host),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
+
+
+def random_vllm_nixl_workload(seed: int) -> Workload:
+    """vLLM as one side of a P/D pair with its ``NixlConnector`` (``nixl_role``): the decode
+    instance (every request's prompt KV read from a remote prefill once admitted; some prompts
+    share prefixes, so later reads start after a local hit) or the prefill instance (every
+    request a ``max_tokens`` 1 copy, mostly, whose KV stays until sent); reads and sends reported
+    from the same step to 20 steps later, KV from just above the largest request (admissions
+    blocked, decodes preempted, finished prompts holding blocks), aborts (some mid-read), stop
+    tokens, fcfs or priority, prefix caching mostly on, chunked prefill with budgets from 16
+    tokens up, ``max_num_seqs`` from 1; async scheduling (vLLM's default) in half."""
+    rng = random.Random(seed * 2654435761 + 23)
+    source = _TokenSource(rng)
+    role = rng.choice(("kv_consumer", "kv_consumer", "kv_producer"))
+    block_size = rng.choice((16, 16, 8, 4))
+    budget = rng.choice(_BUDGETS[:10])
+    max_num_seqs = min(budget, rng.choice((1, 2, 3, 4, 8, 16)))
+    threshold = 0 if rng.random() < 0.7 else rng.randint(1, max(1, min(budget, 200)))
+    prefixes = [source.take(block_size * rng.randint(1, 6) + rng.choice((0, 0, rng.randint(1, block_size - 1))))
+                for _ in range(rng.randint(0, 3))]  # fmt: skip
+    num_requests = rng.randint(2, 16)
+    arrival = 0
+    requests: list[RequestSpec] = []
+    for i in range(num_requests):
+        arrival += rng.choice((0, 0, 1, 2, 4, 8, 15))
+        prompt = list(rng.choice(prefixes)) if prefixes and rng.random() < 0.6 else []
+        suffix = rng.choice((0, 1, block_size - 1, block_size, rng.randint(1, 48), rng.randint(1, 160)))
+        if not prompt and suffix == 0:
+            suffix = rng.randint(1, 40)
+        prompt += source.take(suffix)
+        if role == "kv_producer":
+            max_tokens = 1 if rng.random() < 0.85 else rng.randint(2, 4)
+        else:
+            max_tokens = rng.choice((1, 2, rng.randint(1, 12), rng.randint(1, 40)))
+        r = _request(rng, source, i, arrival, prompt, max_tokens, 0.08, 0.15, 12)
+        requests.append(replace(r, transfer_steps=rng.choice((0, 0, 1, 2, 3, 8, 20))))
+    need = [-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests]
+    num_blocks = max(need) + rng.choice((0, 1, 2, 4, rng.randint(0, max(1, sum(need) // 2)), sum(need)))
+    spec = SchedulerSpec(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        long_prefill_token_threshold=threshold,
+        enable_prefix_caching=rng.random() < 0.8,
+        scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
+        nixl_role=role,
+        async_scheduling=rng.random() < 0.5,
+    )
+    return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

@@ -9,6 +9,13 @@ With vLLM's async scheduling or speculative decoding (``run_advanced``) the loop
 engine core with a batch queue (``EngineCore.step_with_batch_queue``; depth 2 with async
 scheduling, 1 without): a step is scheduled and "executed" (the fake model decides its tokens and
 accepted drafts then), and the oldest step in the queue is applied once the queue is full.
+
+With a ``NixlConnector`` (``nixl_role``) the fake NIXL worker's report of step s (its output,
+read by the engine before its next pass) is the transfer done at s + 0.5 on tailserve's clock:
+a consumer's read ``transfer_steps`` after the step that admitted its request to load (the
+``pull`` the policy calls then), a producer's send ``transfer_steps`` after the step following
+its request's finish (``release_sent``); after each step's update the harness frees the held KV
+due by then (``Scheduler.free_sent``), where vLLM's ``update_from_output`` frees it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections import deque
 
 from tailserve.assemble.scheduler import make_scheduler
 from tailserve.core.executor import StepResult
-from tailserve.core.request import Request
+from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.host_tier import PAGE_BYTES
@@ -48,6 +55,11 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
     sched = make_scheduler(
         policy, spec.num_blocks, spec.block_size, 0, spec.max_model_len, True, spec.num_host_blocks
     )
+    if spec.nixl_role == "kv_producer":
+        sched.hold_kv_until_sent()
+    # The step is the clock here: an idle engine's empty steps take one too, and under async
+    # scheduling their transfer reports are read a step later, as vLLM's are.
+    sched.idle_reports_at_once = False
     if policy._offload is not None:
         # The driver's fake offloading worker reports every load done by the step that carries
         # it: a load costs no time, so the next pass (one step later) promotes it.
@@ -99,6 +111,7 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     pending = sorted(workload.requests, key=lambda r: r.arrival_step)  # stable on ties
     live: dict[str, Request] = {}
     steps: list[StepRecord] = []
+    sends = _Sends(workload)
     for step in range(workload.max_steps):
         now = float(step)
         aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
@@ -107,6 +120,7 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
         running_before = {r.request_id for r in sched.running}
         num_left = len(sched.finished)
         out = sched.schedule(now)
+        sends.start(sched, step)
         # Requests the policy ended while scheduling (vLLM V0 aborts a prompt that can never fit).
         for request in sched.finished[num_left:]:
             aborted.append(request.request_id)
@@ -121,9 +135,11 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
                 if token == stop:
                     stopped.add(r.request_id)
         done = sched.update(out, StepResult(0.0, token_ids, stopped), now)
+        sends.finished(done)
         finished = sorted(r.request_id for r in done)
         for request_id in finished:
             del live[request_id]
+        sched.free_sent(now + 0.5)
         kv.check_integrity()
         steps.append(
             StepRecord(
@@ -187,6 +203,7 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
     produced: dict[str, int] = {}
     queue: deque[tuple[SchedulerOutput, StepResult]] = deque()
     steps: list[StepRecord] = []
+    sends = _Sends(workload)
     for step in range(workload.max_steps):
         now = float(step)
         aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
@@ -194,13 +211,17 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
             break
         running_before = {r.request_id for r in sched.running}
         out = sched.schedule(now)
+        sends.start(sched, step)
         queue.appendleft((out, fake_model(out, specs, produced, stop)))
         finished: list[str] = []
         if not (len(queue) < depth and (out.scheduled or live)):
             done = sched.update(*queue.pop(), now)
+            sends.finished(done)
             finished = sorted(r.request_id for r in done)
             for request_id in finished:
                 del live[request_id]
+        # The step applied now is the one before this one under async scheduling (depth 2).
+        sched.free_sent(now + 0.5 - (depth - 1))
         kv.check_integrity()
         steps.append(
             StepRecord(
@@ -218,6 +239,25 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
             )
         )
     return steps
+
+
+class _Sends:
+    """A producer's sends (module docstring): each finished request's KV is released
+    ``transfer_steps`` after the step following its finish."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.on = workload.scheduler.nixl_role == "kv_producer"
+        self.steps = {r.request_id: r.transfer_steps for r in workload.requests}
+        self._new: list[Request] = []
+
+    def start(self, sched: Scheduler, step: int) -> None:
+        for request in self._new:
+            sched.release_sent(request.request_id, step + self.steps[request.request_id] + 0.5)
+        self._new = []
+
+    def finished(self, done: list[Request]) -> None:
+        if self.on:
+            self._new.extend(r for r in done if r.status is not RequestStatus.FINISHED_ABORTED)
 
 
 def _aborts_and_arrivals(sched, workload, step: int, pending: list, live: dict[str, Request]) -> list[str]:
@@ -240,6 +280,10 @@ def _aborts_and_arrivals(sched, workload, step: int, pending: list, live: dict[s
             prompt_token_ids=list(spec.prompt_token_ids),
             planned_output_token_ids=list(spec.output_token_ids),
         )
+        if workload.scheduler.nixl_role == "kv_consumer":
+            # The fake NIXL worker reads it in ``transfer_steps`` from the step that admits it.
+            delay = spec.transfer_steps + 0.5
+            sched.policy.expect_remote_kv(spec.request_id, request.prompt_len, lambda r, n, t, d=delay: t + d)
         if not sched.add_request(request, now):
             raise ValueError(f"tailserve rejected {spec.request_id}: {request.status_reason}")
         live[spec.request_id] = request

@@ -47,6 +47,11 @@ class SchedulerSpec:
     # vLLM V1 (0.32) native KV offloading (``--kv-offloading-size``): chunks (one KV block each)
     # the CPU tier holds; 0 = no tier. Needs prefix caching (tailserve's tier sits behind it).
     num_host_blocks: int = 0
+    # vLLM V1 (0.32) as one side of a P/D pair with its ``NixlConnector`` (pull mode):
+    # "kv_consumer" (the decode instance: every request's prompt KV is read from a remote
+    # prefill instance once admitted), "kv_producer" (the prefill instance: every finished
+    # request keeps its KV until the decode side has read it); None = no connector.
+    nixl_role: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -57,6 +62,10 @@ class SchedulerSpec:
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+        if self.nixl_role not in (None, "kv_consumer", "kv_producer"):
+            raise ValueError(f"nixl_role must be kv_consumer or kv_producer, got {self.nixl_role!r}")
+        if self.nixl_role is not None and (self.num_host_blocks or self.num_speculative_tokens):
+            raise ValueError("nixl_role goes without num_host_blocks and speculative decoding here")
         if self.num_host_blocks and not self.enable_prefix_caching:
             raise ValueError("num_host_blocks (a CPU offloading tier) needs enable_prefix_caching")
         given = (self.speculative_method is not None, self.synthetic_acceptance_rates is not None)
@@ -77,6 +86,11 @@ class RequestSpec:
     # Speculative decoding: drafts accepted by a verification after len(prompt) + i computed
     # tokens (see the module docstring); None without drafts.
     accepted: list[int] | None = None
+    # With a NixlConnector (``SchedulerSpec.nixl_role``): the steps its fake worker takes to
+    # report the transfer done, counted from the step that starts it (a consumer's read: the
+    # step that admitted the request to load; a producer's send: the step after the request
+    # finished, whose connector metadata first lists it) to the step whose output reports it.
+    transfer_steps: int | None = None
 
     @property
     def max_tokens(self) -> int:
@@ -97,6 +111,8 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: prompt and outputs must be non-empty")
         if self.abort_step is not None and self.abort_step <= self.arrival_step:
             raise ValueError(f"request {self.request_id}: abort_step must come after arrival_step")
+        if self.transfer_steps is not None and self.transfer_steps < 0:
+            raise ValueError(f"request {self.request_id}: transfer_steps must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +129,10 @@ class Workload:
             raise ValueError("request ids must be unique")
         capacity = self.scheduler.num_blocks * self.scheduler.block_size
         for r in self.requests:
+            if (self.scheduler.nixl_role is None) != (r.transfer_steps is None):
+                raise ValueError(
+                    f"request {r.request_id}: transfer_steps goes with nixl_role, and only with it"
+                )
             total = len(r.prompt_token_ids) + r.max_tokens
             if total > min(capacity, self.scheduler.max_model_len):
                 # vLLM's scheduler would loop forever on it; tailserve rejects it at the door.
@@ -147,6 +167,7 @@ class Workload:
                 priority=r.get("priority", 0),
                 abort_step=r.get("abort_step"),
                 accepted=r.get("accepted"),
+                transfer_steps=r.get("transfer_steps"),
             )
             for r in d["requests"]
         ]
@@ -177,7 +198,8 @@ def decode_tokens(runs: list[list[int]]) -> list[int]:
 
 def to_compact(w: Workload) -> dict[str, Any]:
     """``Workload.to_dict`` with each request as ``[id, arrival_step, prompt runs, output runs,
-    priority, abort_step]`` (and its acceptance draws last, with speculative decoding) and token
+    priority, abort_step]`` (and its acceptance draws, with speculative decoding, then its
+    transfer steps, with a NixlConnector; null draws before those) and token
     lists as runs (``encode_tokens``): golden files stay small."""
     d = w.to_dict()
     d["requests"] = [
@@ -188,7 +210,8 @@ def to_compact(w: Workload) -> dict[str, Any]:
             encode_tokens(r["output_token_ids"]),
             r["priority"],
             r["abort_step"],
-            *([r["accepted"]] if r["accepted"] is not None else []),
+            *([r["accepted"]] if r["accepted"] is not None or r["transfer_steps"] is not None else []),
+            *([r["transfer_steps"]] if r["transfer_steps"] is not None else []),
         ]
         for r in d["requests"]
     ]
@@ -202,6 +225,8 @@ def to_compact(w: Workload) -> dict[str, Any]:
             d["config"].pop(name)  # fixtures recorded before these flags read the same
     if not w.scheduler.num_host_blocks:
         d["config"].pop("num_host_blocks")  # likewise without a CPU offloading tier
+    if w.scheduler.nixl_role is None:
+        d["config"].pop("nixl_role")  # likewise without a NixlConnector
     return d
 
 
@@ -215,6 +240,7 @@ def from_compact(d: dict[str, Any]) -> Workload:
             "priority": r[4],
             "abort_step": r[5],
             "accepted": r[6] if len(r) > 6 else None,
+            "transfer_steps": r[7] if len(r) > 7 else None,
         }
         for r in d["requests"]
     ]

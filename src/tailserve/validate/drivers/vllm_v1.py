@@ -31,6 +31,17 @@ each load's request in ``finished_recving``) -- the fastest worker there is. A r
 a store only at the next step's start (``prepare_store_kv`` defers it), so its stores complete a
 step later; tailserve takes stores as complete at once and prices loads with a link model, so the
 fake worker is the one both sides agree on (docs/validation.md).
+
+With ``nixl_role`` the scheduler gets vLLM's ``NixlConnector`` (pull mode; its scheduler side
+needs no NIXL library) as a P/D pair's decode instance (``kv_consumer``: every request arrives as
+the proxy sends it there, ``do_remote_prefill`` with a remote prefill's block ids) or prefill
+instance (``kv_producer``: ``do_remote_decode``). The fake model runner is then also the fake
+NIXL worker: it reports a consumer's read in ``finished_recving`` of the step ``transfer_steps``
+after the step whose metadata started it (``reqs_to_recv`` awaiting KV: aborted-before-admission
+notices are not reported, as the real worker's ``awaiting_kvs`` says), and a producer's send in
+``finished_sending`` ``transfer_steps`` after the step whose metadata first lists it
+(``reqs_to_send``). A request is recorded finished at the step it finishes, though a producer
+keeps it (and its blocks) until its send is reported.
 """
 
 from __future__ import annotations
@@ -155,7 +166,11 @@ class Driver:
         )
         num_host_blocks = cfg.get("num_host_blocks", 0)
         kv_transfer_config = None
-        if num_host_blocks:
+        if cfg.get("nixl_role"):
+            kv_transfer_config = self.KVTransferConfig(
+                kv_connector="NixlConnector", kv_role=cfg["nixl_role"], engine_id="tailserve-differential"
+            )
+        elif num_host_blocks:
             # One chunk per GPU block (blocks_per_chunk 1): the fake layer's page, rounded up as
             # CPUOffloadingSpec rounds it; one worker (world size 1).
             align = self.chunk_alignment
@@ -201,12 +216,16 @@ class Driver:
                 )
         return scheduler
 
-    def connector_output(self, scheduler, out):
-        """The fake offloading worker's report for a step (module docstring): every job of the
-        step's connector metadata done, each load's request received; None without a connector."""
+    def connector_output(self, scheduler, out, nixl: NixlWorker | None = None, step: int = 0):
+        """The fake worker's report for a step (module docstring): the offloading worker's (every
+        job of the step's connector metadata done, each load's request received) or, with a
+        ``NixlConnector``, the NIXL worker's; None without a connector."""
         if scheduler.connector is None:
             return None
         meta = out.kv_connector_metadata
+        if nixl is not None:
+            recving, sending = nixl.report(meta, step)
+            return self.KVConnectorOutput(finished_sending=sending, finished_recving=recving)
         jobs = {**meta.load_jobs, **meta.store_jobs}
         return self.KVConnectorOutput(
             finished_sending=set(),
@@ -246,6 +265,7 @@ class Driver:
         done_ids: set[str] = set()
         max_steps = workload["max_steps"]
         usable_blocks = cfg["num_blocks"]
+        nixl = NixlWorker(specs) if cfg.get("nixl_role") else None
         for step in range(max_steps):
             aborted = [
                 r["request_id"] for r in specs if r.get("abort_step") == step and r["request_id"] in live
@@ -254,7 +274,7 @@ class Driver:
                 scheduler.finish_requests(aborted, self.RequestStatus.FINISHED_ABORTED)
                 live.difference_update(aborted)
                 done_ids.update(aborted)
-            self._add_arrivals(scheduler, pending, step, hasher, stop_token_id, live)
+            self._add_arrivals(scheduler, pending, step, hasher, stop_token_id, live, cfg.get("nixl_role"))
             if not live and not pending:
                 break
             running_before = {r.request_id for r in scheduler.running}
@@ -271,9 +291,9 @@ class Driver:
                 else:
                     sampled.append([])  # a partial prefill samples nothing
             preempted = sorted(out.preempted_req_ids or ())
-            kv_out = self.connector_output(scheduler, out)
+            kv_out = self.connector_output(scheduler, out, nixl, step)
             scheduler.update_from_output(out, self.runner_output(req_ids, sampled, kv_out))
-            finished = sorted(rid for rid in live if rid not in scheduler.requests)
+            finished = sorted(rid for rid in live if _left(scheduler, rid))
             live.difference_update(finished)
             done_ids.update(finished)
             free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -291,12 +311,29 @@ class Driver:
         return steps
 
     def _add_arrivals(
-        self, scheduler, pending: list, step: int, hasher, stop_token_id: int, live: set
+        self, scheduler, pending: list, step: int, hasher, stop_token_id: int, live: set, nixl_role=None
     ) -> None:
         while pending and pending[0]["arrival_step"] <= step:
             r = pending.pop(0)
+            extra = None
+            if nixl_role == "kv_consumer":  # as the P/D proxy sends it to the decode instance
+                blocks = -(-len(r["prompt_token_ids"]) // scheduler.block_size)
+                extra = {
+                    "kv_transfer_params": {
+                        "do_remote_prefill": True,
+                        "do_remote_decode": False,
+                        "remote_block_ids": [list(range(1, blocks + 1))],
+                        "remote_engine_id": "prefill-0",
+                        "remote_request_id": r["request_id"],
+                        "remote_host": "localhost",
+                        "remote_port": 5600,
+                        "tp_size": 1,
+                    }
+                }
+            elif nixl_role == "kv_producer":  # and to the prefill instance
+                extra = {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
             params = self.SamplingParams(
-                max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id]
+                max_tokens=r["max_tokens"], ignore_eos=True, stop_token_ids=[stop_token_id], extra_args=extra
             )
             request = self.Request(
                 request_id=r["request_id"],
@@ -328,12 +365,13 @@ class Driver:
         queue: list = []  # (scheduler output, model runner output), newest first
         steps: list[dict] = []
         usable_blocks = cfg["num_blocks"]
+        nixl = NixlWorker(workload["requests"]) if cfg.get("nixl_role") else None
         for step in range(workload["max_steps"]):
             aborted = [rid for rid, r in specs.items() if r.get("abort_step") == step and rid in live]
             if aborted:
                 scheduler.finish_requests(aborted, self.RequestStatus.FINISHED_ABORTED)
                 live.difference_update(aborted)
-            self._add_arrivals(scheduler, pending, step, hasher, stop_token_id, live)
+            self._add_arrivals(scheduler, pending, step, hasher, stop_token_id, live, cfg.get("nixl_role"))
             if not live and not pending:
                 break
             running_before = {r.request_id for r in scheduler.running}
@@ -358,7 +396,7 @@ class Driver:
                 sampled.append(
                     [planned[j] if j < len(planned) else 3 for j in range(start, start + 1 + accepted)]
                 )
-            kv_out = self.connector_output(scheduler, out)  # the fake worker runs with the step
+            kv_out = self.connector_output(scheduler, out, nixl, step)  # the fake worker runs with the step
             queue.insert(0, (out, self.runner_output(req_ids, sampled, kv_out)))
             finished: list[str] = []
             if not (len(queue) < depth and (out.num_scheduled_tokens or live)):
@@ -368,7 +406,7 @@ class Driver:
                     # EngineCore.post_step: the drafter's next drafts for the step's requests.
                     drafts = [[3] * k for _ in runner_out.req_ids]
                     scheduler.update_draft_token_ids(self.DraftTokenIds(list(runner_out.req_ids), drafts))
-                finished = sorted(rid for rid in live if rid not in scheduler.requests)
+                finished = sorted(rid for rid in live if _left(scheduler, rid))
                 live.difference_update(finished)
             free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
             steps.append(
@@ -383,6 +421,37 @@ class Driver:
                 }
             )
         return steps
+
+
+class NixlWorker:
+    """The fake NIXL worker of one run (module docstring): when each transfer it was handed is
+    reported done."""
+
+    def __init__(self, specs: list[dict]) -> None:
+        self.steps = {r["request_id"]: r["transfer_steps"] for r in specs}
+        self.recv_at: dict[str, int] = {}  # request id -> the step whose output reports its read
+        self.send_at: dict[str, int] = {}  # ... its send
+
+    def report(self, meta, step: int) -> tuple[set[str], set[str]]:
+        for rid, req in meta.reqs_to_recv.items():
+            if req.awaiting_kvs:
+                self.recv_at[rid] = step + self.steps[rid]
+        for rid in meta.reqs_to_send:
+            self.send_at[rid] = step + self.steps[rid]
+        return _due(self.recv_at, step), _due(self.send_at, step)
+
+
+def _due(at: dict[str, int], step: int) -> set[str]:
+    done = {rid for rid, s in at.items() if s <= step}
+    for rid in done:
+        del at[rid]
+    return done
+
+
+def _left(scheduler, rid: str) -> bool:
+    """The request has finished (a producer keeps a finished one until its send is done)."""
+    request = scheduler.requests.get(rid)
+    return request is None or request.is_finished()
 
 
 def _handler() -> Callable[[dict], dict]:
