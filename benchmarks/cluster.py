@@ -69,8 +69,11 @@ def row(label: str, run: ClusterRun, **extra: object) -> dict:
         "wall_s": run.wall_s,
         "cpu_s": run.cpu_s,
     }
-    if "kv_transfer_s" in s:
+    if "kv_transfer_s" in s:  # from when the KV could move (vLLM's pair: the decode side admitted it)
         out["kv_transfer_p50_s"] = s["kv_transfer_s"]["p50"]
+    if "decode_admission_wait_s" in s:  # vLLM's pair: the prompt's KV waiting to be read
+        out["decode_admission_wait_p50_s"] = s["decode_admission_wait_s"]["p50"]
+        out["decode_admission_wait_p99_s"] = s["decode_admission_wait_s"]["p99"]
     print(
         f"{label:<34} hit {out['prefix_hit_rate_tokens']:6.1%}  TTFT p50 {out['ttft_p50_s']:8.3f} s  "
         f"p99 {out['ttft_p99_s']:8.3f} s  TBT p99 {out['tbt_p99_s'] * 1000:7.1f} ms  "

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from tailserve.cluster.attribution import explain_cluster, pd_breakdown
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.disagg import make_pd_cluster, pd_specs
+from tailserve.cluster.metrics import cluster_summary
 from tailserve.cluster.spec import replicated
 from tailserve.cluster.vllm_pd import VllmPdCluster
 from tailserve.core.engine import EngineOptions
@@ -108,6 +110,18 @@ def test_a_decode_side_short_of_kv_holds_the_prefill_side_back():
     assert tc.prefill_scheduled >= tb.transfer_done  # the prefill side waited for that read
     assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
     conserved(cluster)
+    # The wait is the decode side admitting "b", not the link: --explain and the summary say so.
+    assert tb.decode_admitted == tb.transfer_start and tb.decode_admitted >= a.finish_time
+    parts = pd_breakdown(run)
+    i = [r.request_id for r in run.requests if r.request_id in run.pd_timeline].index("b")
+    assert parts["decode_admission_wait"][i] == pytest.approx(tb.decode_admitted - tb.prefill_done)
+    assert parts["link_wait"][i] == 0.0
+    summary = cluster_summary(run)
+    assert summary["decode_admission_wait_s"]["p99"] > summary["kv_transfer_s"]["p99"]
+    assert summary["kv_transfer_s"]["p99"] == pytest.approx(cluster.transfer_seconds(3000, 0), rel=0.01)
+    lines = explain_cluster(run)["lines"]
+    assert any("decode admission wait" in line for line in lines)
+    assert any(line.startswith("  Most of it") and "decode side is full" in line for line in lines)
 
 
 def test_refusals_and_one_token_requests_free_the_prefill_copy():

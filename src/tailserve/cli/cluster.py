@@ -321,3 +321,9 @@ def print_cluster(summary: dict[str, Any]) -> None:
     if "kv_transfer_s" in summary:
         x = summary["kv_transfer_s"]
         console.print(f"KV transfer: p50 {_ms(x['p50'])} ms, p99 {_ms(x['p99'])} ms")
+    if "decode_admission_wait_s" in summary:
+        x = summary["decode_admission_wait_s"]
+        console.print(
+            f"decode admission (the prompt's KV kept on its prefill replica until then): "
+            f"p50 {_ms(x['p50'])} ms, p99 {_ms(x['p99'])} ms"
+        )

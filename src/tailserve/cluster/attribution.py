@@ -6,11 +6,14 @@ one the route made wait ("sent to r3 with 12 queued while r0 had 0"). Its queuei
 replica is the most the route can have cost it.
 
 P/D: TTFT = prefill wait + prefill compute + link wait (until the transfer starts: the prefill
-replica's link busy with earlier transfers and, in vLLM's pair, the decode replica admitting the
-request, which starts its read) + KV transfer + decode wait (vLLM's pair: the passes until the
-first token; sent-on-finish pairs: for KV room and the first decode iteration). In
-an SGLang pair the decode server pre-allocates KV before the prefill may start: the time until
-then is "decode prealloc wait", and the prefill wait counts from it.
+replica's link busy with earlier transfers) + KV transfer + decode wait (vLLM's pair: the passes
+until the first token; sent-on-finish pairs: for KV room and the first decode iteration). In
+vLLM's pair the decode replica reads the KV only once it admits the request (blocks for its
+prompt, a running slot, budget), which a decode side short of KV delays while the prompt's KV
+stays on its prefill replica: the time from the prefill's end until then is "decode admission
+wait", and the link wait counts from it. In an SGLang pair the decode server pre-allocates KV
+before the prefill may start: the time until then is "decode prealloc wait", and the prefill
+wait counts from it.
 """
 
 from __future__ import annotations
@@ -24,13 +27,38 @@ from tailserve.cluster.cluster import ClusterRun, RoutingDecision, Stage
 
 PD_PARTS = ("prefill_wait", "prefill", "link_wait", "kv_transfer", "decode_wait")
 PAIRED_PD_PARTS = ("decode_prealloc_wait", *PD_PARTS)  # SGLang's pair (cluster/sglang_pd.py)
+PULLED_PD_PARTS = ("prefill_wait", "prefill", "decode_admission_wait", *PD_PARTS[2:])  # vLLM's pair
 
 
 def pd_parts(run: ClusterRun) -> tuple[str, ...]:
     """The parts of TTFT on this run's P/D path."""
-    if any(t.bootstrapped is not None for t in run.pd_timeline.values()):
+    timeline = run.pd_timeline.values()
+    if any(t.bootstrapped is not None for t in timeline):
         return PAIRED_PD_PARTS
+    if any(t.decode_admitted is not None for t in timeline):
+        return PULLED_PD_PARTS
     return PD_PARTS
+
+
+# What the part of TTFT that dominates the slowest requests says about the split.
+_BOTTLENECK = {
+    "decode_prealloc_wait": "the decode server pre-allocating KV before the prefill may start "
+    "(SGLang): its KV, less the reserve for running requests, is full; more decode capacity or a "
+    "smaller num_reserved_decode_tokens would shorten it.",
+    "prefill_wait": "queueing for a prefill replica: the prefill side is short of capacity; more "
+    "prefill replicas would shorten it.",
+    "prefill": "the prefill itself, from its first chunk to its first token (its compute and the "
+    "other prompts sharing its iterations); more prefill capacity (replicas, tensor parallelism) "
+    "would shorten it.",
+    "decode_admission_wait": "the decode replica admitting the request, which it does once it has "
+    "KV blocks for the prompt and a running slot, while the prompt's KV waits on its prefill "
+    "replica: the decode side is full; more decode replicas or KV memory would shorten it.",
+    "link_wait": "the prefill replica's link busy with earlier transfers; a faster link (--kv-link) "
+    "or more prefill replicas (each has its own) would shorten it.",
+    "kv_transfer": "the KV copy itself; a faster link (--kv-link) would shorten it.",
+    "decode_wait": "the decode replica's passes after the KV arrived (for KV room or a running "
+    "slot, then its first token); more decode capacity would shorten it.",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +108,12 @@ def pd_breakdown(run: ClusterRun) -> dict[str, np.ndarray]:
             queued = t.bootstrapped
         parts["prefill_wait"].append(t.prefill_scheduled - queued)
         parts["prefill"].append(t.prefill_done - t.prefill_scheduled)
-        parts["link_wait"].append(t.transfer_start - t.prefill_done)
+        ready = t.prefill_done
+        if "decode_admission_wait" in parts:
+            assert t.decode_admitted is not None
+            parts["decode_admission_wait"].append(t.decode_admitted - t.prefill_done)
+            ready = t.decode_admitted
+        parts["link_wait"].append(t.transfer_start - ready)
         parts["kv_transfer"].append(t.transfer_done - t.transfer_start)
         parts["decode_wait"].append(r.token_times[0] - t.transfer_done)
         ttft.append(r.token_times[0] - r.arrival_time)
@@ -134,6 +167,9 @@ def explain_cluster(run: ClusterRun) -> dict[str, Any]:
             data["pd_mean_s"] = {k: float(parts[k].mean()) for k in (*names, "ttft")}
             words = ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in shares.items())
             lines.append(f"P/D, slowest 1% by TTFT (mean {total:.3f} s): {words}.")
+            top = max(shares, key=lambda k: shares[k])
+            if shares[top] >= 0.5 * total:
+                lines.append(f"  Most of it ({shares[top] / max(total, 1e-12):.0%}): {_BOTTLENECK[top]}")
             mean_x = data["pd_mean_s"]["kv_transfer"]
             lines.append(
                 f"P/D, all requests: the KV transfer is {mean_x:.4f} s of a mean TTFT of "

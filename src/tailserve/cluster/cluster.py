@@ -152,6 +152,17 @@ class PdTimes:
     transfer_done: float | None = None  # its KV is on the decode replica
     # SGLang: the decode server pre-allocated its KV, so its prefill may start (None elsewhere)
     bootstrapped: float | None = None
+    # vLLM's pair: the decode replica admitted it to read its KV (blocks for its prompt), which
+    # starts the read once the prefill replica's link is free (None elsewhere)
+    decode_admitted: float | None = None
+
+    @property
+    def transfer_ready(self) -> float | None:
+        """When its KV could start moving: the prefill done and, in vLLM's pair, the decode
+        replica ready to read it."""
+        if self.decode_admitted is not None:
+            return self.decode_admitted
+        return self.prefill_done
 
 
 def run_aggregated(stage: Stage, requests: Sequence[Request]) -> ClusterRun:

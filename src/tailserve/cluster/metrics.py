@@ -53,10 +53,20 @@ def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
         for name, stage in run.stages.items()
     }
     if run.pd_timeline:
+        # From when the KV could move (the prefill done; in vLLM's pair, the decode replica
+        # admitting the request) to when it is on the decode side: the link's queue and the copy.
+        timeline = run.pd_timeline.values()
         transfers = [
-            t.transfer_done - t.prefill_done
-            for t in run.pd_timeline.values()
-            if t.transfer_done is not None and t.prefill_done is not None
+            t.transfer_done - ready
+            for t in timeline
+            if t.transfer_done is not None and (ready := t.transfer_ready) is not None
         ]
         out["kv_transfer_s"] = stats(transfers)
+        admissions = [
+            t.decode_admitted - t.prefill_done
+            for t in timeline
+            if t.decode_admitted is not None and t.prefill_done is not None
+        ]
+        if admissions:  # vLLM's pair: the prompt waited on the prefill side to be admitted
+            out["decode_admission_wait_s"] = stats(admissions)
     return out

@@ -135,7 +135,12 @@ class Replica:
         return ReplicaState(
             replica_id=self.index,
             name=self.name,
-            num_waiting=len(sched.waiting) + len(sched.swapped) + self.source.num_pending,
+            # Requests holding KV while they wait (a load, a P/D read or pre-allocation) count as
+            # waiting, as vLLM's get_request_counts counts its kv_holding_waiting queue.
+            num_waiting=len(sched.waiting)
+            + len(sched.loading)
+            + len(sched.swapped)
+            + self.source.num_pending,
             num_running=len(sched.running),
             kv_usage=kv.num_used_blocks / kv.num_blocks if kv.num_blocks else 0.0,
             scraped_at=now,

@@ -70,6 +70,7 @@ class VllmPdCluster(LockstepPdCluster):
         """The decode replica starts reading ``num_tokens`` of the prompt at ``now``: when the
         read is done, the prefill replica frees its copy."""
         index = self._unread.pop(request.request_id)
+        self.timeline[request.request_id].decode_admitted = now
         done = self.send_kv(request.request_id, num_tokens, index, now)
         self._wake(self.prefill.replicas[index], done)
         return done
