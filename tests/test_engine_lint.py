@@ -367,3 +367,68 @@ def test_sglang_attention_dp_must_divide_tp(capsys):
     line = "python -m sglang.launch_server --model-path deepseek-v3 --tp 8 --attn-dp-size 3"
     assert main(["simulate", "--hardware", "H200", "--engine-cmd", line]) == 2
     assert "attention DP size 3 does not divide TP size 8" in capsys.readouterr().err
+
+
+# ---- vLLM's --kv-transfer-config ----------------------------------------------------------------
+
+
+def _kv(config: dict) -> str:
+    return f"vllm serve meta-llama/Llama-3.1-8B --kv-transfer-config '{json.dumps(config)}'"
+
+
+def test_an_offloading_connector_line_simulates_the_cpu_tier_it_builds():
+    """What --kv-offloading-size 200 builds, written out as a connector (cpu_bytes_to_use bytes):
+    the same tier, its unmodelled keys named."""
+    report = lint(
+        _kv(
+            {
+                "kv_connector": "OffloadingConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"cpu_bytes_to_use": 200 * 2**30, "block_size": 64},
+            }
+        )
+    )
+    row = rows(report)["--kv-transfer-config"]
+    assert row.verdict == SCHEDULING and "kv_offloading_size=200" in row.what and "block_size" in row.what
+    t = translate(report, H100)
+    assert t.spec.label == "vllm:kv_offloading_size=200.0" and not t.ignored
+    same = translate(lint("vllm serve meta-llama/Llama-3.1-8B --kv-offloading-size 200"), H100)
+    assert same.spec.label == t.spec.label
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}, "P/D decode instance"),
+        (
+            {
+                "kv_connector": "NixlConnector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"kv_lease_duration": 60},
+            },
+            "not modelled: kv_lease_duration",
+        ),
+        ({"kv_connector": "NixlPushConnector", "kv_role": "kv_producer"}, "push mode"),
+        ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, "LMCacheConnectorV1"),
+        ({"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}, "needs cpu_bytes_to_use"),
+        (
+            {
+                "kv_connector": "OffloadingConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"cpu_bytes_to_use": 10, "spec_name": "X"},
+            },
+            "spec X",
+        ),
+    ],
+)
+def test_other_kv_connectors_are_said_for_what_they_are(config, says):
+    report = lint(_kv(config))
+    row = rows(report)["--kv-transfer-config"]
+    assert row.verdict == NOT_MODELLED and says in row.what
+    t = translate(report, H100)
+    assert t.spec.label == "vllm" and any(i.startswith("--kv-transfer-config") for i in t.ignored)
+
+
+def test_a_kv_transfer_config_that_is_not_an_object_is_said_not_read():
+    row = rows(lint("vllm serve M --kv-transfer-config '[1]'"))["--kv-transfer-config"]
+    assert row.verdict == NOT_MODELLED and "must be a JSON object" in row.what

@@ -23,6 +23,7 @@ from tailserve.engines import speculative, vllm_flags
 from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
 from tailserve.engines.lint import ENGINE_NAMES, Report
 from tailserve.engines.trtllm_options import TENSORRT_BACKENDS
+from tailserve.engines.vllm_kv_transfer import offloading_gib
 from tailserve.policies.registry import ENGINE_FLAGS, POLICIES, PolicySpec, policy_flags
 
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -109,6 +110,14 @@ def translate(
             if drafts:
                 taken.append(row.flag)
                 speculates = True
+            continue
+        if report.engine == "vllm" and row.name == "kv_transfer_config":
+            gib = offloading_gib(row.value)  # (its rule made it "scheduling" only then)
+            if gib is not None and "kv_offloading_size" in fields:
+                flags["kv_offloading_size"] = gib  # what --kv-offloading-size builds
+                taken.append(row.flag)
+            else:
+                ignored.append(f"{row.flag} (not modelled by tailserve's {report.policy} policy)")
             continue
         if report.engine == "trtllm" and row.name == "backend":
             backend = row.value  # the last given wins: launch_server reads it after the file

@@ -26,6 +26,7 @@ from tailserve.engines.flag_spec import (
     HumanInt,
     table,
 )
+from tailserve.engines.vllm_kv_transfer import kv_transfer_rule
 
 AU = "vllm/engine/arg_utils.py"
 SC = "vllm/config/scheduler.py"
@@ -366,6 +367,7 @@ VLLM_0_32 = EngineVersion(
         _chunked_off_rule,
         _async_backend_rule,
         _offload_rule,
+        kv_transfer_rule,
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
