@@ -47,18 +47,40 @@ def test_tier_evicts_least_recently_used_unpinned_chunks_and_skips_a_store_it_ca
     tier.store([1, 2, 3])
     tier.store([2, 4])  # 2 is there already: only 4 is new
     assert [k in tier for k in (1, 2, 3, 4)] == [True] * 4
+    tier.store([5])  # full, and every chunk still pending (stored this pass): skipped
+    assert 5 not in tier and tier.stats.num_skipped_blocks == 1
+    tier.new_pass()  # their stores are done: evictable from now
     tier.store([5])  # full: the oldest (1) goes
     assert 1 not in tier and 5 in tier and tier.stats.num_evicted_blocks == 1
+    tier.new_pass()
     tier.pin([2, 3, 4, 5])
     tier.store([6])  # every chunk pinned: skipped, nothing evicted
-    assert 6 not in tier and tier.stats.num_skipped_blocks == 1 and len(tier) == 4
+    assert 6 not in tier and tier.stats.num_skipped_blocks == 2 and len(tier) == 4
     tier.unpin([2, 3, 4, 5])
     tier.touch([3, 4])  # a finished request's chunks: its first (3) newest
     tier.store([7, 8])  # evicts the two oldest: 2, then 5
     assert 2 not in tier and 5 not in tier and {3, 4, 7, 8} <= set(tier._lru)
+    tier.new_pass()
     tier.store([9])  # 4 is older than 3 (3 was touched last)
     assert 4 not in tier and 3 in tier
     tier.check_integrity()
+
+
+def test_under_async_scheduling_a_store_stays_pending_a_pass_longer():
+    """vLLM reads a step's store reports after the next step is scheduled: a chunk stored at a
+    pass's end is neither found nor evictable in the pass after (``LRUCachePolicy.evict`` takes
+    ready chunks only)."""
+    tier = HostKVTier(1, 16, 1.0)
+    tier.pending_passes = 1
+    tier.store([1])
+    tier.new_pass()
+    assert tier.lookup([1], 0, 1) == 0
+    tier.store([2])  # 1 is still pending: nothing to evict
+    assert 2 not in tier and 1 in tier
+    tier.new_pass()
+    assert tier.lookup([1], 0, 1) == 1
+    tier.store([2])
+    assert 2 in tier and 1 not in tier
 
 
 def test_tier_lookup_counts_consecutive_chunks_from_the_start():

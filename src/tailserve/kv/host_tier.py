@@ -89,6 +89,10 @@ class HostKVTier:
         # store job of a request's chunks per step, all stored or none
         self._offers: dict[int, tuple[list[int], list[int], int]] = {}
         self._pins: dict[int, int] = {}  # key -> loads in flight
+        # Passes a store stays pending after the one that stored it: 0, or 1 under async
+        # scheduling, where the worker's report of a step's stores is read only after the next
+        # step is scheduled; a pending chunk is neither found nor evicted (vLLM's ``is_ready``)
+        self.pending_passes = 0
         self.stats = HostTierStats()
 
     def __len__(self) -> int:
@@ -128,7 +132,7 @@ class HostKVTier:
         """How many of ``keys[start:stop]`` are in the tier and stored before this pass,
         consecutively from ``start``."""
         lru = self._lru
-        now = self._pass
+        now = self._pass - self.pending_passes
         n = start
         while n < stop and lru.get(keys[n], now) < now:
             n += 1
@@ -146,9 +150,10 @@ class HostKVTier:
         if need > 0:
             pins = self._pins
             offered = set(keys)  # vLLM protects the offered chunks (``prepare_store``)
+            ready = self._pass - self.pending_passes  # stored before this pass: not pending
             victims = []
-            for key in lru:  # oldest first
-                if key not in pins and key not in offered:
+            for key, stored in lru.items():  # oldest first
+                if key not in pins and key not in offered and stored < ready:
                     victims.append(key)
                     if len(victims) == need:
                         break

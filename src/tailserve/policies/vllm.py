@@ -348,6 +348,12 @@ class VllmPolicy(Policy, FastPaths):
                 # either: nothing to load, ever.
                 self._offload = None
             else:
+                # Under async scheduling a step's stores are reported after the next step is
+                # scheduled, so pending a pass longer (an idle engine's empty steps: at once).
+                host.pending_passes = int(
+                    bool(self.config.async_scheduling)
+                    and bool(sched.running or not sched.idle_reports_at_once)
+                )
                 host.new_pass()  # the stores of earlier passes are ready
         if self._advanced:
             return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items, self._offload)
