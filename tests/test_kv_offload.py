@@ -250,17 +250,23 @@ def test_async_scheduling_sees_a_finished_load_one_pass_later_while_steps_run():
     assert "b" in [g[0] for g in grants(out)] and not sched.loading
 
 
-def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks_when_the_load_is_done():
-    """vLLM keeps the blocks of a request aborted in WAITING_FOR_REMOTE_KVS until the worker
-    reports its load (``finish_requests``' ``delay_free_blocks``): the engine wakes then."""
-    sched = _sched(64, 64)
-    a = token_request("a", [*SYSTEM, 1], max_tokens=1)
-    sched.add_request(a, 0.0)
+def _loading(sched: Scheduler) -> Request:
+    """A request loading the system prompt from the tier at t=1 (its GPU copy evicted)."""
+    sched.add_request(token_request("a", [*SYSTEM, 1], max_tokens=1), 0.0)
     step(sched)
     _evict_gpu(sched)
     b = token_request("b", [*SYSTEM, 2], max_tokens=2)
     sched.add_request(b, 1.0)
     step(sched, 1.0)
+    assert sched.loading == [b]
+    return b
+
+
+def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks_when_the_load_is_done():
+    """vLLM keeps the blocks of a request aborted in WAITING_FOR_REMOTE_KVS until the worker
+    reports its load (``finish_requests``' ``delay_free_blocks``): the engine wakes then."""
+    sched = _sched(64, 64)
+    b = _loading(sched)
     assert sched.kv_cache.host._pins
     done = sched.policy.load_done(b)
     assert done is not None and done > 1.001
@@ -274,13 +280,7 @@ def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks_when_the_load_is
 
 def test_a_load_aborted_after_it_is_done_frees_its_blocks_at_once():
     sched = _sched(64, 64)
-    a = token_request("a", [*SYSTEM, 1], max_tokens=1)
-    sched.add_request(a, 0.0)
-    step(sched)
-    _evict_gpu(sched)
-    b = token_request("b", [*SYSTEM, 2], max_tokens=2)
-    sched.add_request(b, 1.0)
-    step(sched, 1.0)
+    b = _loading(sched)
     done = sched.policy.load_done(b)
     assert sched.abort_request("b", "client went away", done + 1e-3) is b
     assert sched.kv_cache.num_used_blocks == 0 and sched.held is None
