@@ -36,11 +36,6 @@ class FCFSRequestQueue(deque):
         """Back to the front (a request preempted by recompute under FCFS)."""
         self.appendleft(request)
 
-    def prepend_held(self, request: Request) -> None:
-        """A request holding KV while it waits (its load from a CPU tier done): at the front, as
-        vLLM drains its ``kv_holding_waiting`` queue first."""
-        self.appendleft(request)
-
     def peek_request(self) -> Request:
         return self[0]
 
@@ -86,10 +81,6 @@ def priority_key(request: Request) -> tuple[int, float, str]:
     return (request.priority, request.arrival_time, request.request_id)
 
 
-# Subtracted from a held request's priority: below any priority a request can be given.
-_HELD = 1 << 62
-
-
 class PriorityRequestQueue:
     """A heap on ``priority_key``; keys are unique (request ids are), so the order is total."""
 
@@ -102,12 +93,6 @@ class PriorityRequestQueue:
     def prepend_request(self, request: Request) -> None:
         """A preempted request re-enters by its key, as any other (vLLM's heap push)."""
         self.add_request(request)
-
-    def prepend_held(self, request: Request) -> None:
-        """A request holding KV while it waits (its load from a CPU tier done) goes before every
-        other, by its own key among those (vLLM drains its ``kv_holding_waiting`` heap first)."""
-        priority, arrival, rid = priority_key(request)
-        heapq.heappush(self._heap, ((priority - _HELD, arrival, rid), request))
 
     def peek_request(self) -> Request:
         if not self._heap:

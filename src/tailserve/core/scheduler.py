@@ -110,18 +110,18 @@ class Scheduler:
         # done (vLLM frees them at ``finished_recving``). None until something is held.
         self.held: HeldKV | None = None
         self.hold_sent = False
+        # Under async scheduling vLLM reads a step's report (a transfer done) once the step
+        # after it is scheduled, an idle engine's too (its empty steps fill the batch queue
+        # first). The simulator takes an idle engine's empty steps as instant (vLLM's take well
+        # under a millisecond) and reads their report at once; the differential, whose clock
+        # is the step, turns this off (``_reported_by``).
+        self.idle_reports_at_once = True
+        self._last_schedule = 0.0  # when the last pass ran
         # vLLM with a KV connector that loads (``kv_consumer``/``kv_both``) and steps in flight
         # (async scheduling) frees a request's blocks only once every step it was scheduled in
         # has run (``defer_block_free``: a load may refill them unordered with a step still
         # writing them). Set by the policy; the blocks of such a request wait in ``_deferred``
         # as (steps scheduled then, table key) until that many non-empty steps are applied.
-        # Under async scheduling vLLM reads a step's report (a transfer done) once the step
-        # after it is scheduled, an idle engine's too (its empty steps fill the batch queue
-        # first). The simulator takes an idle engine's empty steps as instant (vLLM's take well
-        # under a millisecond) and reads their report at once; the differential, whose clock
-        # is the step, turns this off.
-        self.idle_reports_at_once = True
-        self._last_schedule = 0.0  # when the last pass ran
         self.defer_in_flight_frees = False
         self._deferred: deque[tuple[int, str]] = deque()
         self._num_scheduled_steps = 0
@@ -641,8 +641,8 @@ class Scheduler:
         held = self.held
         for request in done:
             completed = request.status in _COMPLETED
-            if held is not None and completed and self.hold_sent:
-                held.hold(request)  # sent to the decode side first (``release_sent``)
+            if completed and self.hold_sent:
+                held.hold(request)  # type: ignore[union-attr]  # sent first (``release_sent``)
             else:
                 kv.free(request.request_id, request.num_computed_tokens, completed)
             self._leave(request, request.status, now, None)
