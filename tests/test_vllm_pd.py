@@ -134,3 +134,18 @@ def test_refusals_and_one_token_requests_free_the_prefill_copy():
     assert one.status is RequestStatus.FINISHED_LENGTH and len(one.token_times) == 1
     assert big.status is RequestStatus.FINISHED_REJECTED
     conserved(cluster)
+
+
+def test_a_decode_replica_counts_the_requests_it_reads_as_waiting():
+    """A router reads a decode replica's waiting count as vLLM's metrics give it, which counts
+    the requests holding KV while they wait (``get_request_counts``: ``kv_holding_waiting``)."""
+    requests = [Request(f"r{i}", prompt_len=3000, max_tokens=50, arrival_time=0.01 * i) for i in range(4)]
+    cluster, _ = pair(requests, SYNC, {**SYNC, **blocks(250, 4096)})
+    replica = cluster.decode.replicas[0]
+    sched = replica.engine.scheduler
+    waiting_only = replica.state(0.0).num_waiting
+    sched.loading.append(Request("held", prompt_len=10, max_tokens=2, arrival_time=0.0))
+    try:
+        assert replica.state(0.0).num_waiting == waiting_only + 1
+    finally:
+        sched.loading.pop()
