@@ -15,7 +15,10 @@ read by the engine before its next pass) is the transfer done at s + 0.5 on tail
 a consumer's read ``transfer_steps`` after the step that admitted its request to load (the
 ``pull`` the policy calls then), a producer's send ``transfer_steps`` after the step following
 its request's finish (``release_sent``); after each step's update the harness frees the held KV
-due by then (``Scheduler.free_sent``), where vLLM's ``update_from_output`` frees it.
+due by then (``Scheduler.free_sent``), where vLLM's ``update_from_output`` frees it (under async
+scheduling that update applies the step before, so what was due a step earlier). The step being
+the clock, an idle engine's empty steps read their reports a step late too, as vLLM's do
+(``Scheduler.idle_reports_at_once`` off; the simulator takes them as instant).
 """
 
 from __future__ import annotations
