@@ -108,12 +108,10 @@ def pd_breakdown(run: ClusterRun) -> dict[str, np.ndarray]:
             queued = t.bootstrapped
         parts["prefill_wait"].append(t.prefill_scheduled - queued)
         parts["prefill"].append(t.prefill_done - t.prefill_scheduled)
-        ready = t.prefill_done
         if "decode_admission_wait" in parts:
             assert t.decode_admitted is not None
             parts["decode_admission_wait"].append(t.decode_admitted - t.prefill_done)
-            ready = t.decode_admitted
-        parts["link_wait"].append(t.transfer_start - ready)
+        parts["link_wait"].append(t.transfer_start - t.transfer_ready)  # type: ignore[operator]
         parts["kv_transfer"].append(t.transfer_done - t.transfer_start)
         parts["decode_wait"].append(r.token_times[0] - t.transfer_done)
         ttft.append(r.token_times[0] - r.arrival_time)

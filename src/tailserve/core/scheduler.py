@@ -224,15 +224,17 @@ class Scheduler:
         assert self.held is not None, "hold_kv_until_sent first"
         self.held.release_at(request_id, t)
 
+    def reports_lag(self) -> bool:
+        """Whether a transfer's report (KV sent, a load or a store done) reaches this pass a pass
+        late: it is read with the outputs of the step running when it ended, which under async
+        scheduling (a step in flight) are applied once the step after it is scheduled. An idle
+        engine's empty steps are taken as instant (``idle_reports_at_once``)."""
+        return self.async_scheduling and bool(self.running or not self.idle_reports_at_once)
+
     def _reported_by(self, now: float) -> float:
-        """The transfers (KV sent, loads done) the engine has read by ``now``: those done by then.
-        A transfer's end is reported by the step running then and read with its outputs: before
-        the next pass, or (async scheduling, a step in flight) once the step after it is
-        scheduled, so only those done by the last pass. An idle engine's empty steps are taken
-        as instant (``idle_reports_at_once``)."""
-        if self.async_scheduling and (self.running or not self.idle_reports_at_once):
-            return self._last_schedule
-        return now
+        """The transfers the engine has read by ``now``: those done by then, or (``reports_lag``)
+        only those done by the last pass."""
+        return self._last_schedule if self.reports_lag() else now
 
     def free_sent(self, now: float) -> None:
         """Free the held KV whose release time has come: each iteration's first act (both

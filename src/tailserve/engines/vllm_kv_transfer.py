@@ -53,19 +53,23 @@ def offloading_gib(value: Any) -> float | None:
     """The CPU tier's GiB when the config is vLLM's native offloading tier as tailserve
     simulates it (``kv_offloading_size``), else None."""
     try:
-        config = parse(value)
+        return _tier_gib(parse(value))
     except ValueError:
         return None
+
+
+def _tier_gib(config: KvTransfer) -> float | None:
     extra = config.extra
     if (
         config.connector != "OffloadingConnector"
         or extra.get("spec_name", "CPUOffloadingSpec") != "CPUOffloadingSpec"
     ):
         return None
-    size = extra.get("cpu_bytes_to_use")
-    if not size or float(size) <= 0:
+    try:
+        size = float(extra.get("cpu_bytes_to_use") or 0)
+    except (TypeError, ValueError):
         return None
-    return float(size) / (1 << 30)
+    return size / (1 << 30) if size > 0 else None
 
 
 def kv_transfer_rule(given: Given) -> list[Finding]:
@@ -79,7 +83,7 @@ def kv_transfer_rule(given: Given) -> list[Finding]:
         return [Finding(("kv_transfer_config",), NOT_MODELLED, f"{e}: not read", SOURCE)]
     name, extra = config.connector, config.extra
     if name == "OffloadingConnector":
-        gib = offloading_gib(value)
+        gib = _tier_gib(config)
         if gib is None:
             why = (
                 "needs cpu_bytes_to_use in kv_connector_extra_config"

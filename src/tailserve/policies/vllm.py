@@ -335,26 +335,23 @@ class VllmPolicy(Policy, FastPaths):
         self._offload.expect(request_id, num_tokens, pull)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
-        if self._offload is not None:
-            if self.config.async_scheduling:
-                # A loading connector (a decode side's NIXL, the CPU tier's kv_both) with steps
-                # in flight: freed blocks wait for them (``Scheduler.defer_in_flight_frees``).
-                sched.defer_in_flight_frees = True
-            self._offload.read_reports(sched, now)
-        if self._offload is not None and self._offload.uses_host_tier:
-            host = sched.kv_cache.host
-            if host is None:
+        offload = self._offload
+        if offload is not None:
+            host = sched.kv_cache.host if offload.uses_host_tier else None
+            if host is not None:
+                # A step's stores are reported with its outputs: pending a pass longer when
+                # those arrive late (``Scheduler.reports_lag``).
+                host.pending_passes = int(sched.reports_lag())
+                host.new_pass()  # the stores of earlier passes are ready
+            elif offload.uses_host_tier:
                 # A workload of bare lengths gets no prefix cache (kv/factory.py), so no tier
                 # either: nothing to load, ever.
-                self._offload = None
-            else:
-                # Under async scheduling a step's stores are reported after the next step is
-                # scheduled, so pending a pass longer (an idle engine's empty steps: at once).
-                host.pending_passes = int(
-                    bool(self.config.async_scheduling)
-                    and bool(sched.running or not sched.idle_reports_at_once)
-                )
-                host.new_pass()  # the stores of earlier passes are ready
+                self._offload = offload = None
+            if offload is not None:
+                # A loading connector (a decode side's NIXL, the CPU tier's kv_both) with steps
+                # in flight: freed blocks wait for them (``Scheduler.defer_in_flight_frees``).
+                sched.defer_in_flight_frees = bool(self.config.async_scheduling)
+                offload.read_reports(sched, now)
         if self._advanced:
             return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items, self._offload)
         cfg: VllmConfig = self.config

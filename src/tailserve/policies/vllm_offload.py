@@ -207,9 +207,9 @@ class OffloadLoads:
         done by now join ``held`` (vLLM's ``finished_recving_kv_req_ids``, filled as outputs
         are applied)."""
         loads = self._loads
-        if self.async_scheduling and (sched.running or not sched.idle_reports_at_once):
+        if sched.reports_lag():
             ready = self._reported  # reported by the step in flight before: seen now
-        else:  # (an idle engine's empty steps report at once: ``Scheduler.idle_reports_at_once``)
+        else:
             ready = [r for r, load in loads.items() if load.done <= now]
         held = self.held
         if ready:

@@ -41,7 +41,7 @@ class RemoteLoads(OffloadLoads):
         self._hit: dict[Request, int] = {}  # its local prefix hit
 
     def __bool__(self) -> bool:
-        return bool(self._loads) or bool(self.held) or bool(self._expected)  # stepped while any is expected
+        return super().__bool__() or bool(self._expected)  # stepped while any is expected
 
     def expect(self, request_id: str, num_tokens: int, pull: Pull) -> None:
         """The request's prompt (``num_tokens``) is on a prefill replica; ``pull`` reads it."""
