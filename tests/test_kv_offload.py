@@ -69,12 +69,12 @@ def test_tier_evicts_least_recently_used_unpinned_chunks_and_skips_a_store_it_ca
 def test_under_async_scheduling_a_store_stays_pending_a_pass_longer():
     """vLLM reads a step's store reports after the next step is scheduled: a chunk stored at a
     pass's end is neither found nor evictable in the pass after (``LRUCachePolicy.evict`` takes
-    ready chunks only)."""
+    ready chunks only); a lookup that meets it is deferred (None: vLLM's ``HIT_PENDING``)."""
     tier = HostKVTier(1, 16, 1.0)
     tier.pending_passes = 1
     tier.store([1])
     tier.new_pass()
-    assert tier.lookup([1], 0, 1) == 0
+    assert tier.lookup([1], 0, 1) is None
     tier.store([2])  # 1 is still pending: nothing to evict
     assert 2 not in tier and 1 in tier
     tier.new_pass()
@@ -87,12 +87,81 @@ def test_tier_lookup_counts_consecutive_chunks_from_the_start():
     tier = HostKVTier(8, 16, 1.0)
     tier.store([10, 11, 13])
     keys = [9, 10, 11, 12, 13]
-    # Stored in this scheduling pass: not found before the next (vLLM's store jobs run after it).
-    assert tier.lookup(keys, 1, 5) == 0
+    # Stored in this scheduling pass: still being stored until the next (vLLM's store jobs run
+    # after it), so the lookup is deferred; a miss before any of them is a plain miss.
+    assert tier.lookup(keys, 1, 5) is None
+    assert tier.lookup(keys, 0, 5) == 0
     tier.new_pass()
     assert tier.lookup(keys, 1, 5) == 2  # 10, 11; 12 is missing
     assert tier.lookup(keys, 0, 5) == 0
     assert tier.lookup(keys, 4, 5) == 1
+
+
+def test_a_finished_requests_failed_store_is_offered_once_more_in_the_pass_after():
+    """vLLM's ``_build_store_jobs`` walks the requests that finished since the last pass after the
+    scheduled ones: a store that found no room (every chunk pinned) is tried once more, and then
+    ``on_request_finished`` makes the request's chunks newest, its first block newest of all."""
+    tier = HostKVTier(2, 16, 1.0)
+    tier.store([1, 2])
+    tier.new_pass()
+    tier.pin([1, 2])  # loads in flight hold both: nothing to evict
+    keys, span, seen = [3, 4], [0, 2, 0], {}
+    tier.offer(keys, span, 2, seen)
+    tier.new_pass()
+    assert 3 not in tier and span == [0, 2, 0]  # skipped; the index stays
+    tier.finish(keys, span, 2, seen)
+    tier.unpin([1, 2])
+    tier.new_pass()  # the pass after the finish: its store jobs are made at its end
+    assert 3 not in tier
+    tier.new_pass()
+    assert list(tier._lru) == [4, 3]
+    tier.check_integrity()
+
+
+def test_a_finished_requests_last_store_is_not_made_twice():
+    """The offer a request made in the pass it finished in is stored at that pass's end; the
+    finish offers only what is still unstored then (nothing), so a chunk evicted in between
+    stays evicted."""
+    tier = HostKVTier(1, 16, 1.0)
+    span, seen = [0, 1, 0], {}
+    tier.offer([3], span, 1, seen)
+    tier.finish([3], span, 1, seen)
+    tier.new_pass()
+    assert 3 in tier and span[0] == 1
+    tier.offer([5], [0, 1, 0], 1, {})
+    tier.new_pass()  # 5's store evicts 3, then the finish offers nothing
+    assert list(tier._lru) == [5]
+
+
+def test_a_withdrawn_offer_is_not_stored():
+    """A request preempted in the pass that offered its blocks gets no store job (vLLM builds
+    them for the requests the pass scheduled)."""
+    tier = HostKVTier(4, 16, 1.0)
+    span = [0, 2, 0]
+    tier.offer([1, 2], span, 2, {})
+    tier.withdraw(span)
+    tier.new_pass()
+    assert len(tier) == 0 and span[0] == 0
+
+
+def test_a_load_reported_done_unpins_its_chunks_before_its_request_is_scheduled():
+    """vLLM's ``complete_load`` comes with the worker's report: the loaded chunks can be evicted
+    again while their request waits for budget in ``kv_holding_waiting``."""
+    config = VllmConfig(128, 64, kv_offloading_size=1.0)
+    policy = VllmPolicy(config)
+    policy._offload.seconds_per_token = SECONDS_PER_TOKEN
+    sched = Scheduler(policy, make_kv_cache(policy.kv_spec(), 256, 16, num_host_blocks=64), 4096)
+    sched.add_request(token_request("a", [*SYSTEM, 1], max_tokens=1), 0.0)
+    step(sched)
+    _evict_gpu(sched)
+    b = token_request("b", [*SYSTEM, 2], max_tokens=2)
+    sched.add_request(b, 1.0)
+    sched.add_request(token_request("long", list(range(7000, 8000)), max_tokens=1), 1.0)
+    step(sched, 1.0)  # b loads; long takes the budget, and will for its next seven steps
+    assert sched.loading == [b] and sched.kv_cache.host._pins
+    step(sched, 1.1)  # b's load (9.6 ms) is done and reported; no budget reaches b
+    assert sched.loading == [b] and not sched.kv_cache.host._pins
+    sched.kv_cache.check_integrity()
 
 
 def test_tier_integrity_catches_a_pin_on_a_missing_chunk():
@@ -271,9 +340,11 @@ def test_an_aborted_load_unpins_its_chunks_and_frees_its_blocks_when_the_load_is
     done = sched.policy.load_done(b)
     assert done is not None and done > 1.001
     assert sched.abort_request("b", "client went away", 1.001) is b
-    assert not sched.kv_cache.host._pins and not sched.loading
+    # Its chunks stay pinned too (vLLM's ``complete_load`` comes with the worker's report).
+    assert sched.kv_cache.host._pins and not sched.loading
     assert sched.kv_cache.num_used_blocks > 0 and sched.next_wakeup(1.001) == done
     step(sched, done)
+    assert not sched.kv_cache.host._pins
     assert sched.kv_cache.num_used_blocks == 0 and sched.next_wakeup(done) is None
     sched.kv_cache.check_integrity()
 

@@ -760,6 +760,8 @@ class Scheduler:
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
         self.running.remove(request)
+        if self.kv_cache.host is not None:
+            self.kv_cache.host_preempted(request.request_id)
         self._free_kv(request)
         request.num_computed_tokens = 0
         # vLLM (``_preempt_request``): drafts dropped; outputs of its steps still in flight come
@@ -822,7 +824,14 @@ class Scheduler:
         request.status_reason = reason
         request.finish_time = now
         if self.held is None or request.request_id not in self.held.requests:
-            self.kv_cache.forget_prefix_keys(request.request_id)  # (held: once its KV is freed)
+            kv = self.kv_cache
+            if kv.host is not None:
+                # vLLM offers a finished prompt's blocks (an aborted one's computed ones) once more
+                aborted = status in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_REJECTED)
+                kv.host_finished(
+                    request.request_id, request.num_computed_tokens if aborted else request.prompt_len
+                )
+            kv.forget_prefix_keys(request.request_id)  # (held: once its KV is freed)
         self.finished.append(request)
 
 

@@ -164,7 +164,7 @@ class HashedKVCacheManager(KVCacheManager):
 
     def forget_prefix_keys(self, request_id: str) -> None:
         if self._host_range:
-            self._touch_host(request_id)
+            self.host_finished(request_id, 0)  # (a manager's caller that knows more calls it first)
         if self._keys:
             self._keys.pop(request_id, None)
             self.registers_from.pop(request_id, None)
@@ -237,8 +237,8 @@ class HashedKVCacheManager(KVCacheManager):
 
     def host_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:
         """Tokens the CPU tier holds right after the request's GPU hit of ``num_hit_tokens``
-        (whole blocks, up to its ``num_tokens``); -1 when a load in flight holds some of them
-        (vLLM skips the request for this pass)."""
+        (whole blocks, up to its ``num_tokens``); -1 when some of them are still being stored
+        or a load in flight holds some (vLLM skips the request for this pass)."""
         keys = self._keys.get(request_id)
         span = self._host_range.get(request_id)
         if self.host is None or not keys or span is None:
@@ -246,6 +246,8 @@ class HashedKVCacheManager(KVCacheManager):
         start = num_hit_tokens // self.block_size
         stop = min(len(keys), num_tokens // self.block_size)
         found = self.host.lookup(keys, start, stop) if stop > start else 0
+        if found is None:
+            return -1  # some still being stored: "not now" (``HIT_PENDING``)
         if found and self.host.pinned(keys[start : start + found]):
             # vLLM 0.32 delays a request whose hit chunks another request is loading
             # (``_lookup_complete_chunks``: ``_chunks_being_loaded``): -1, "not now".
@@ -269,18 +271,21 @@ class HashedKVCacheManager(KVCacheManager):
     def _host_offer(self, request_id: str, keys: list[int], full: int, span: list[int]) -> None:
         """Offer the prompt's full blocks from the request's next unstored one (``span[0]``: 0, or
         past its load; its GPU hit's blocks included, as vLLM's ``_build_store_jobs`` offers from
-        ``next_stored_chunk_idx``) to its ``full`` computed ones to the tier (``prepare_store``);
-        each counts as the request's access, stored or not (``_record_request_cache_access``
-        records the offer before any allocation fails). A store the tier cannot make room for is
-        offered again with the request's next full block (vLLM leaves ``next_stored_chunk_idx``)."""
+        ``next_stored_chunk_idx``) to its ``full`` computed ones to the tier (``prepare_store``,
+        made at the pass's end; each offered block counts as the request's access, stored or
+        not). A store the tier cannot make room for is offered again with the request's next
+        full block (vLLM leaves ``next_stored_chunk_idx``)."""
         host = self.host
         assert host is not None
-        start = span[0]
         stop = full if full < span[1] else span[1]
-        if stop <= start:
-            return
-        self._host_seen.setdefault(request_id, {}).update(dict.fromkeys(range(start, stop)))
-        host.offer(keys[start:stop], span, stop)
+        if stop > span[0]:
+            host.offer(keys, span, stop, self._host_seen.setdefault(request_id, {}))
+
+    def host_preempted(self, request_id: str) -> None:
+        """The request was preempted in this pass: no store of its blocks comes of it."""
+        span = self._host_range.get(request_id)
+        if span is not None and self.host is not None:
+            self.host.withdraw(span)
 
     # ---- TensorRT-LLM's secondary (host) pool ------------------------------------------------
     def secondary_lookup(self, request_id: str, num_hit_tokens: int, num_tokens: int) -> int:
@@ -301,14 +306,19 @@ class HashedKVCacheManager(KVCacheManager):
         start = num_hit_tokens // self.block_size
         self.secondary.onboard(self._keys[request_id][start : start + num_tokens // self.block_size])
 
-    def _touch_host(self, request_id: str) -> None:
-        """vLLM's ``on_request_finished``: the chunks the request loaded, found in the tier when it
-        offered them, or stored become newest, its first block newest of all."""
-        self._host_range.pop(request_id, None)
-        seen = self._host_seen.pop(request_id, None)
+    def host_finished(self, request_id: str, num_tokens: int) -> None:
+        """The request finished with ``num_tokens`` of its prompt's KV computed (all of it, or
+        what an abort left): vLLM's ``_build_store_jobs`` offers its prompt blocks from its next
+        unstored one once more in the pass after the finish (a store that failed for want of
+        room may fit now), then ``on_request_finished`` makes the chunks it loaded, found or
+        stored newest, its first block newest of all."""
+        span = self._host_range.pop(request_id, None)
+        seen = self._host_seen.pop(request_id, {})
         keys = self._keys.get(request_id)
-        if seen and keys and self.host is not None:
-            self.host.touch_after_next_pass([keys[i] for i in sorted(seen)])
+        if span is None or not keys or self.host is None:
+            return
+        stop = min(span[1], num_tokens // self.block_size, len(keys))
+        self.host.finish(keys, span, stop, seen)
 
     def _set_registered(self, request_id: str, num_blocks: int) -> None:
         """The request's first ``num_blocks`` blocks are registered (0: none, its table freed);

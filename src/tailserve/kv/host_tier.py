@@ -16,16 +16,17 @@ vLLM 0.32 turns ``--kv-offloading-size GIB`` into its ``OffloadingConnector`` wi
 - **Lookups** (``_lookup_complete_chunks``): consecutive chunks after the request's GPU hit, up
   to its whole prompt; the scheduler recomputes the last prompt token when the hit covers it.
 - **Recency** (``cpu/policies/lru.py``): a chunk is newest when stored; when a request finishes,
-  every chunk it loaded or offered is made newer, its first block newest (``on_request_finished``
-  ranks them in reverse), so shared prefixes are evicted last.
+  what its failed stores left is offered once more, then every chunk it loaded or offered (and
+  found ready or stored) is made newer, its first block newest (``on_request_finished`` ranks
+  them in reverse), so shared prefixes are evicted last.
 - **Pins**: chunks being loaded cannot be evicted until their load completes.
 
 A store is found from the scheduling pass after the one that issued it: vLLM builds a step's
 store jobs at the end of its pass (``build_connector_meta``) and marks the chunks ready when the
 worker reports them done with the step's output. A real worker submits them at the next step's
 start (``offloading/worker.py``), so they are ready one pass later still (vLLM answers a lookup
-then ``HIT_PENDING`` and skips the request); tailserve takes the earlier time, as the differential
-harness's worker does (docs/validation.md). The H2D load time is the scheduler's
+then ``HIT_PENDING`` and skips the request, as ``lookup`` does for a chunk still pending here);
+tailserve takes the earlier time, as the differential harness's worker does (docs/validation.md). The H2D load time is the scheduler's
 (``policies/vllm_offload.py``).
 """
 
@@ -45,6 +46,17 @@ def host_tier_chunks(size_gib: float, block_bytes_per_rank: int, num_copies: int
     chunk = block_bytes_per_rank * num_copies
     chunk = -(-chunk // PAGE_BYTES) * PAGE_BYTES
     return int(size_gib * (1 << 30)) // chunk
+
+
+@dataclass(slots=True)
+class _Offer:
+    """A request's chunks ``keys[span[0]:stop]`` offered to the tier; ``span[0]`` is its next
+    unstored index (moved on a successful store); ``seen`` collects the indices it accessed."""
+
+    keys: list[int]
+    span: list[int]
+    stop: int
+    seen: dict[int, None]
 
 
 @dataclass(slots=True)
@@ -76,18 +88,18 @@ class HostKVTier:
         # is ready once the worker reports the store done, with the step's output)
         self._lru: OrderedDict[int, int] = OrderedDict()
         self._pass = 0
-        # Finished requests' chunks to make newest: vLLM does it in the scheduling pass after
-        # the finish, once that pass's stores are prepared (``build_connector_meta`` calls
-        # ``on_request_finished`` last); queued at the finish, ready at the next pass, applied at
-        # the one after (before anything of it evicts)
-        self._touch_queued: list[list[int]] = []
-        self._touch_ready: list[list[int]] = []
         # Stores offered during this pass, made at its end as vLLM's store jobs are (their
         # evictions too: a later request of the same pass still finds what they would evict):
-        # (keys, the request's next-unstored index to advance on success, its end), one per
-        # request (by its index's identity) in the order of its first offer: vLLM makes one
-        # store job of a request's chunks per step, all stored or none
-        self._offers: dict[int, tuple[list[int], list[int], int]] = {}
+        # one per request (by its span's identity), in the order of its first offer, the largest
+        # (vLLM makes one store job of a request's chunks per step, all stored or none)
+        self._offers: dict[int, _Offer] = {}
+        # Finished requests' last offers (``finish``): vLLM makes them in the scheduling pass
+        # after the finish, after that pass's other stores (``_build_store_jobs`` walks
+        # ``finished_req_ids`` after the scheduled requests), then ``on_request_finished`` makes
+        # the chunks each request touched newest. Queued at the finish, ready at the next pass,
+        # applied at the one after (before anything of the next evicts).
+        self._finish_queued: list[_Offer] = []
+        self._finish_ready: list[_Offer] = []
         self._pins: dict[int, int] = {}  # key -> loads in flight
         # Passes a store stays pending after the one that stored it: 0, or 1 under async
         # scheduling, where the worker's report of a step's stores is read only after the next
@@ -102,41 +114,75 @@ class HostKVTier:
         return key in self._lru
 
     def new_pass(self) -> None:
-        """A scheduling pass begins. The last pass's offers are stored now (vLLM's
-        ``build_connector_meta`` at its end: its store jobs, then ``on_request_finished`` for the
-        requests that finished before it, whose chunks become newest), and can be found from
-        this pass on."""
+        """A scheduling pass begins. The last pass's offers are stored now, then the last
+        offers of the requests that finished before it, whose chunks then become newest (vLLM's
+        ``build_connector_meta`` at the last pass's end); found from this pass on."""
         offers = self._offers
         if offers:
             self._offers = {}
-            for keys, span, stop in offers.values():
-                if self.store(keys) and span[0] < stop:
-                    span[0] = stop  # (a failed store is offered again: vLLM keeps its index)
-        for keys in self._touch_ready:
-            self.touch(keys)
-        self._touch_ready, self._touch_queued = self._touch_queued, []
+            for offer in offers.values():
+                self._make(offer)
+        finished = self._finish_ready
+        if finished:
+            for offer in finished:
+                self._make(offer)
+            for offer in finished:
+                keys = offer.keys
+                self.touch([keys[i] for i in sorted(offer.seen)])
+        self._finish_ready, self._finish_queued = self._finish_queued, []
         self._pass += 1
 
-    def offer(self, keys: list[int], span: list[int], stop: int) -> None:
-        """A request offers ``keys`` (``prepare_store``), stored when this pass ends; on success
-        its next-unstored index ``span[0]`` moves to ``stop``."""
+    def _make(self, offer: _Offer) -> None:
+        """One request's store job (``prepare_store``): its chunks from its next unstored one to
+        ``stop``, each recorded as its access if the tier lacks it or holds it ready (vLLM
+        records a chunk still being stored as neither), stored or none; on success its next
+        unstored index moves to ``stop`` (a failed store is offered again: vLLM keeps it)."""
+        span, stop, keys = offer.span, offer.stop, offer.keys
+        start = span[0]
+        if start >= stop:
+            return
+        lru, seen = self._lru, offer.seen
+        ready = self._pass - self.pending_passes
+        for i in range(start, stop):
+            stored = lru.get(keys[i])
+            if stored is None or stored < ready:
+                seen[i] = None
+        if self.store(keys[start:stop]):
+            span[0] = stop
+
+    def offer(self, keys: list[int], span: list[int], stop: int, seen: dict[int, None]) -> None:
+        """A request offers its ``keys`` from its next unstored one (``span[0]``) to ``stop``,
+        stored when this pass ends; the indices it accesses go to ``seen``."""
         earlier = self._offers.get(id(span))
-        if earlier is None or earlier[2] < stop:  # (both start at the request's next unstored one)
-            self._offers[id(span)] = (keys, span, stop)
+        if earlier is None or earlier.stop < stop:
+            self._offers[id(span)] = _Offer(keys, span, stop, seen)
 
-    def touch_after_next_pass(self, keys: list[int]) -> None:
-        """``touch`` ``keys`` once the next scheduling pass has stored what it stores."""
-        self._touch_queued.append(keys)
+    def withdraw(self, span: list[int]) -> None:
+        """The request's grant of this pass was taken back (preempted): vLLM builds no store job
+        for a request the pass did not schedule."""
+        self._offers.pop(id(span), None)
 
-    def lookup(self, keys: Sequence[int], start: int, stop: int) -> int:
-        """How many of ``keys[start:stop]`` are in the tier and stored before this pass,
-        consecutively from ``start``."""
+    def finish(self, keys: list[int], span: list[int], stop: int, seen: dict[int, None]) -> None:
+        """A request finished: ``offer`` once more, in the next pass, then the chunks it
+        accessed (``seen``) become newest, its first block newest of all."""
+        self._finish_queued.append(_Offer(keys, span, stop, seen))
+
+    def lookup(self, keys: Sequence[int], start: int, stop: int) -> int | None:
+        """How many of ``keys[start:stop]`` the tier holds, consecutively from ``start``; None
+        when one of them is still being stored (vLLM's ``HIT_PENDING``: the lookup is deferred,
+        the request skipped for the pass)."""
         lru = self._lru
         now = self._pass - self.pending_passes
         n = start
-        while n < stop and lru.get(keys[n], now) < now:
+        pending = False
+        while n < stop:
+            stored = lru.get(keys[n])
+            if stored is None:
+                break
+            if stored >= now:
+                pending = True
             n += 1
-        return n - start
+        return None if pending else n - start
 
     def store(self, keys: Sequence[int]) -> bool:
         """Store the chunks of ``keys`` not in the tier yet, evicting the least recently used

@@ -380,6 +380,13 @@ class KVCacheManager:
     def set_host_range(self, request_id: str, num_prompt_tokens: int) -> None:
         """The prompt blocks a request may offload to the CPU tier (only a manager with one)."""
 
+    def host_preempted(self, request_id: str) -> None:
+        """The request was preempted in this pass (only a manager with a CPU tier: no store)."""
+
+    def host_finished(self, request_id: str, num_tokens: int) -> None:
+        """The request left with ``num_tokens`` of its prompt computed (only a manager with a
+        CPU tier: its last offer to it)."""
+
     def set_prefix_keys(self, request_id: str, keys: list, token_ids: Sequence[int] | None = None) -> None:
         """The request's prefix keys (hashed: full-block content keys, set by the scheduler at
         arrival; radix: the keys the engine's tree uses, set by the policy); ignored here."""

@@ -27,9 +27,11 @@ Followed from vLLM 0.32 (``v1/core/sched/scheduler.py`` with the ``OffloadingCon
   is scheduled), an idle engine's at once; an idle engine wakes when a load is done
   (``next_wakeup``). A request aborted while its load is in flight keeps its blocks until the
   load is done (``load_done``; vLLM frees them at ``finished_recving``).
-- **Not now.** A request whose tier hit another request is loading right now is skipped for the
-  pass (``_lookup_complete_chunks``' ``_chunks_being_loaded`` check, ``skip_request``): it stays
-  in the waiting queue and the pass goes on behind it.
+- **Not now.** A request whose tier hit another request is loading right now, or meets a chunk
+  still being stored, is skipped for the pass (``_lookup_complete_chunks``'
+  ``_chunks_being_loaded`` check, ``HIT_PENDING``; ``skip_request``): it stays in the waiting
+  queue and the pass goes on behind it. A load's chunks are unpinned when its report is read
+  (``complete_load``), an aborted load's too.
 
 vLLM counts a loaded prompt's tokens as cached (``num_cached_tokens`` = its computed tokens at
 first schedule), so TTFT and the hit rate read as vLLM's; the tier's own figures are its stats
@@ -81,9 +83,13 @@ class OffloadLoads:
         # Loaded requests (KV in) not yet scheduled, in the order vLLM tries them (module
         # docstring); still in ``Scheduler.loading``.
         self.held: list[Request] = []
+        # Loads of aborted requests still in flight, with whether they were done by the last
+        # pass: their chunks stay pinned until the worker reports them (vLLM's
+        # ``complete_load``), as their blocks stay held (``load_done``).
+        self._dropped: list[tuple[_Load, bool]] = []
 
     def __bool__(self) -> bool:
-        return bool(self._loads) or bool(self.held)
+        return bool(self._loads) or bool(self.held) or bool(self._dropped)
 
     def next_done(self, now: float) -> float | None:
         """When an idle engine must look again: the earliest load to finish. (In virtual time an
@@ -207,15 +213,20 @@ class OffloadLoads:
         done by now join ``held`` (vLLM's ``finished_recving_kv_req_ids``, filled as outputs
         are applied)."""
         loads = self._loads
-        if sched.reports_lag():
-            ready = self._reported  # reported by the step in flight before: seen now
-        else:
-            ready = [r for r, load in loads.items() if load.done <= now]
+        lag = sched.reports_lag()
+        # Under the lag, what the step in flight before reported is seen now.
+        ready = self._reported if lag else [r for r, load in loads.items() if load.done <= now]
+        if self._dropped:
+            self._end_dropped(sched, now, lag)
         held = self.held
         if ready:
             known = set(held)
             new = [r for r in ready if r not in known]
             if new:
+                for request in new:
+                    # Reported done: its chunks are unpinned now (``complete_load``), whenever
+                    # the pass promotes it.
+                    self.end(sched, loads[request])
                 held.extend(new)
                 if isinstance(sched.waiting, PriorityRequestQueue):
                     held.sort(key=priority_key)
@@ -224,6 +235,18 @@ class OffloadLoads:
                     held.sort(key=lambda r: position[id(r)])
         if self.async_scheduling:
             self._reported = [r for r, load in loads.items() if load.done <= now and r not in held]
+
+    def _end_dropped(self, sched: Scheduler, now: float, lag: bool) -> None:
+        """Unpin the chunks of aborted requests' loads reported by now (``read_reports``' rule)."""
+        host = sched.kv_cache.host
+        left = []
+        for load, seen in self._dropped:
+            if seen if lag else load.done <= now:
+                if host is not None:
+                    host.unpin(load.keys)
+            else:
+                left.append((load, load.done <= now))
+        self._dropped = left
 
     def pass_queue(self, sched: Scheduler, now: float) -> RequestQueue | HeldFirst:
         """What the waiting pass walks: the requests whose KV is in (``held``) first, then the
@@ -235,8 +258,7 @@ class OffloadLoads:
     def promote(self, sched: Scheduler, request: Request, now: float) -> None:
         """A held request reached by the pass: its load is over, its loaded blocks cached and
         counted (the last prompt token recomputed when the hit covered it all)."""
-        load = self._loads.pop(request)
-        self.end(sched, load)
+        load = self._loads.pop(request)  # (ended when reported: ``read_reports``)
         sched.cache_computed(request, request.num_computed_tokens)
         if request.num_computed_tokens >= request.num_tokens:
             request.num_computed_tokens = request.num_tokens - 1
@@ -266,16 +288,17 @@ class OffloadLoads:
         return request.num_computed_tokens
 
     def forget(self, sched: Scheduler, finished: list[Request]) -> None:
-        """Loads of requests that left (aborted while loading) are dropped, their chunks unpinned."""
-        host = sched.kv_cache.host
+        """Loads of requests that left (aborted while loading) are dropped; their chunks stay
+        pinned until the load is reported (``_end_dropped``)."""
         for request in finished:
             load = self._loads.pop(request, None)
-            if load is not None and host is not None:
-                host.unpin(load.keys)
-            if request in self._reported:
+            reported = request in self._reported
+            if reported:
                 self._reported.remove(request)
             if request in self.held:
-                self.held.remove(request)
+                self.held.remove(request)  # (its load ended when reported)
+            elif load is not None and load.keys:
+                self._dropped.append((load, reported))
 
 
 class HeldFirst:

@@ -225,7 +225,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
     enough that the cached prefixes are evicted between their uses (from just above the largest
     request), and a tier that holds them all, some, or barely one block (its LRU evicts too);
     prefix caching on, fcfs or priority, aborts (some mid-load), stop tokens, chunked prefill with
-    budgets from 16 tokens up, ``max_num_seqs`` from 1."""
+    budgets from 16 tokens up, ``max_num_seqs`` from 1; async scheduling (vLLM's default) in half."""
     rng = random.Random(seed * 2654435761 + 11)
     source = _TokenSource(rng)
     block_size = rng.choice((16, 16, 8, 4))
@@ -269,6 +269,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
         enable_prefix_caching=True,
         scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
         num_host_blocks=max(1, host),
+        async_scheduling=rng.random() < 0.5,
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
