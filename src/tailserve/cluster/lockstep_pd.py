@@ -8,6 +8,13 @@ further than the next iteration of any other. An iteration sees what others hand
 started, as the servers' queues are polled once per turn of their event loops: each hand-over is
 exact to the iteration. With ``--scrape-interval`` the routers read the replicas' state at the
 first decision after each tick rather than at the tick.
+
+A decode replica acts on the other side only through requests handed to it that can still reach
+back (vLLM's: not yet read from their prefill replica; SGLang's: not yet pre-allocated). One
+holding none changes nothing elsewhere and nothing reads it before the prefill side's next
+iteration (whose hand-overs come at its end) or the next arrival (a router's decision), so it
+runs up to the earliest of those and of the decode replicas that do hold some, not to every
+replica's next iteration: the same iterations in the same order for each replica, in fewer turns.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ class LockstepPdCluster(PdCluster):
         self._heap: list[tuple[float, int, int]] = []
         self._slot = {id(r): i for i, r in enumerate(self._replicas)}
         self._stepping: Replica | None = None  # the replica running an iteration now
+        # Per decode replica (its slot): requests handed to it that can still act on the prefill
+        # side (``_reaches_back``; the module docstring).
+        self._num_decode = len(decode.replicas)
+        self._reaching = [0] * self._num_decode
 
     def _dispatch(self, request: Request, t: float) -> None:
         raise NotImplementedError
@@ -59,6 +70,22 @@ class LockstepPdCluster(PdCluster):
                 return t, i
             heapq.heappop(heap)
         return math.inf, -1
+
+    def _reaches_back(self, decode_index: int, change: int) -> None:
+        """A request handed to decode replica ``decode_index`` that can act on the prefill side
+        (+1), or that no longer can (-1)."""
+        self._reaching[decode_index] += change
+
+    def _coupled_first(self, i: int) -> float:
+        """The earliest next iteration that can hand decode replica ``i`` something or read it:
+        any prefill replica's, or a decode replica's that holds requests reaching back."""
+        ready, nd = self._ready, self._num_decode
+        first = min(ready[nd:], default=math.inf)
+        reaching = self._reaching
+        for j in range(nd):
+            if reaching[j] and ready[j] < first and j != i:
+                first = ready[j]
+        return first
 
     def _wake(self, replica: Replica, t: float) -> None:
         i = self._slot[id(replica)]
@@ -120,11 +147,15 @@ class LockstepPdCluster(PdCluster):
                     self._dispatch(ordered[n], t_arrival)
                     n += 1
                     continue
-                # It leaves the heap (it is re-entered once stepped); the next one bounds it.
+                # It leaves the heap (it is re-entered once stepped); the next one bounds it, or
+                # for a decode replica holding nothing that reaches back, the next that can
+                # hand it something.
                 heapq.heappop(self._heap)
                 self._version[i] += 1
                 self._ready[i] = math.inf
-                self._step(i, t, min(t_arrival, self._first()[0]))
+                quiet = i < self._num_decode and not self._reaching[i]
+                bound = self._coupled_first(i) if quiet else self._first()[0]
+                self._step(i, t, min(t_arrival, bound))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         missing = [r.request_id for r in ordered if r.request_id not in self.final]
         if missing:

@@ -57,7 +57,9 @@ class SglangPdCluster(LockstepPdCluster):
     def _bootstrap_hook(self):
         def on_prealloc(request: Request, now: float) -> None:
             prefill_replica, copy = self._unbootstrapped.pop(request.request_id)
-            self.timeline[request.request_id].bootstrapped = now
+            times = self.timeline[request.request_id]
+            times.bootstrapped = now
+            self._reaches_back(times.decode_replica, -1)
             prefill_replica.add(copy, now)
             self._wake(prefill_replica, now)
 
@@ -68,6 +70,7 @@ class SglangPdCluster(LockstepPdCluster):
         self.final.setdefault(rid, request)
         pending = self._unbootstrapped.pop(rid, None)
         if pending is not None:  # refused by the decode server before its prefill could start
+            self._reaches_back(self.timeline[rid].decode_replica, -1)
             self.prefill.router.on_finished(rid, pending[0].index, now)
 
     def _prefill_hook(self, index: int):
@@ -104,5 +107,6 @@ class SglangPdCluster(LockstepPdCluster):
         self._unbootstrapped[rid] = (prefill_replica, prefill_copy)
         decode_replica = self.decode.route(copy_request(request, max_tokens=request.max_tokens), t)
         self.timeline[rid].decode_replica = decode_replica.index
+        self._reaches_back(decode_replica.index, 1)  # its pre-allocation starts the prefill
         self._decode_of[rid] = decode_replica
         self._wake(decode_replica, t)

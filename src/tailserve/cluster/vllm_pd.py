@@ -59,6 +59,7 @@ class VllmPdCluster(LockstepPdCluster):
             decode_copy = copy_request(original, max_tokens=original.max_tokens)
             replica = self.decode.route(decode_copy, now)
             times.decode_replica = replica.index
+            self._reaches_back(replica.index, 1)  # its read frees the prefill copy
             policy = replica.engine.scheduler.policy
             assert isinstance(policy, VllmPolicy)
             policy.expect_remote_kv(rid, original.prompt_len, self._pull)
@@ -70,7 +71,9 @@ class VllmPdCluster(LockstepPdCluster):
         """The decode replica starts reading ``num_tokens`` of the prompt at ``now``: when the
         read is done, the prefill replica frees its copy."""
         index = self._unread.pop(request.request_id)
-        self.timeline[request.request_id].decode_admitted = now
+        times = self.timeline[request.request_id]
+        times.decode_admitted = now
+        self._reaches_back(times.decode_replica, -1)
         done = self.send_kv(request.request_id, num_tokens, index, now)
         self._wake(self.prefill.replicas[index], done)
         return done
@@ -80,6 +83,7 @@ class VllmPdCluster(LockstepPdCluster):
         self.final.setdefault(rid, request)
         index = self._unread.pop(rid, None)
         if index is not None:  # refused before its read started: the prefill copy is freed
+            self._reaches_back(self.timeline[rid].decode_replica, -1)
             prefill: Replica = self.prefill.replicas[index]
             prefill.engine.scheduler.release_sent(rid, now)
             self._wake(prefill, now)
