@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tests.test_differential import live, vllm_driver  # noqa: F401  (the live driver fixture)
 
-from tailserve.validate.generate import random_vllm_nixl_workload
+from tailserve.validate.generate import random_vllm_nixl_spec_workload, random_vllm_nixl_workload
 from tailserve.validate.golden import check_entry, load_fixture
 from tailserve.validate.tailserve_side import build_vllm_scheduler, run_tailserve
 from tailserve.validate.trace import first_divergence
@@ -170,3 +170,44 @@ def test_async_prefill_side_drops_a_preempted_requests_output_in_flight():
     steps = run_tailserve(_async(20))
     assert steps[31].preempted == ["r02"]
     assert steps[32].admitted == ["r02"] and steps[32].scheduled[-1] == ("r02", 4, 0)
+
+
+# ---- the decode side with speculative decoding (``--engine vllm-nixl-spec``) -----------------
+
+FIXTURE_SPEC = Path(__file__).parent / "fixtures" / "differential" / "vllm_nixl_spec.json"
+
+
+def test_golden_nixl_spec_traces_are_step_identical():
+    """Either side of the pair with drafts (EAGLE/MTP with lookahead slots, n-gram, ``ngram_gpu``
+    under async scheduling), recorded by ``python -m benchmarks.differential --engine
+    vllm-nixl-spec -k 300 --fixture-max-steps 200 --record-fixture ... --fixture-identical-only``
+    (seed 459 differs in some runs only: vLLM frees the sends reported in one step in its hash
+    order, docs/validation.md)."""
+    golden = load_fixture(FIXTURE_SPEC)
+    assert golden["engine"] == "vllm-nixl-spec" and golden["version"] == "0.32.0"
+    entries = golden["workloads"]
+    assert len(entries) >= 250
+    specs = [from_compact(e["workload"]).scheduler for e in entries]
+    assert {s.speculative_method for s in specs} == {"eagle", "ngram", "ngram_gpu"}
+    assert {s.nixl_role for s in specs} == {"kv_consumer", "kv_producer"}
+    assert {s.async_scheduling for s in specs} == {False, True}
+    mismatches = [m for i, e in enumerate(entries) if (m := check_entry(i, e, run_tailserve)) is not None]
+    assert not mismatches, f"{len(mismatches)} of {len(entries)} differ; first:\n" + mismatches[0].describe()
+
+
+def test_a_read_prompt_is_padded_to_the_drafts_like_any_new_decode():
+    """vLLM pads a new decode with one token left to 1 + k when it has KV of its own, a read
+    prompt's included (``num_computed_tokens > 0``), not only a local hit (seed 2, k = 2: r00's
+    whole prompt read, its last token recomputed with two placeholder drafts)."""
+    steps = run_tailserve(random_vllm_nixl_spec_workload(2))
+    assert steps[6].scheduled == [("r00", 3, 18)]
+
+
+def test_a_read_is_admitted_only_with_room_for_the_drafts_step():
+    """The reserve against a read counts each in-flight prefill's whole sequence plus a decode
+    step's slots (1 + k + lookahead), and the read's own first decode step
+    (``_spec_decode_step_blocks``); a read prompt scheduled in this pass stays an in-flight
+    prefill until the pass ends. Seed 163 (n-gram, k = 4, 4-token blocks): r04's one-token read
+    waits at step 8, as r01, read and scheduled in that pass, still counts."""
+    steps = run_tailserve(random_vllm_nixl_spec_workload(163))
+    assert steps[8].scheduled == [("r01", 5, 23)] and steps[8].num_used_blocks == 9

@@ -271,8 +271,17 @@ class VllmPolicy(Policy, FastPaths):
         self._advanced_items: dict[Request, list[ScheduledRequest]] = {}
         # Loads from the CPU offloading tier, None without one (vllm_offload.py).
         self._offload = (
-            OffloadLoads(bool(config.async_scheduling), self._advanced) if config.kv_offloading_size else None
+            self._loads(OffloadLoads(bool(config.async_scheduling), self._advanced))
+            if config.kv_offloading_size
+            else None
         )
+
+    def _loads(self, loads: OffloadLoads) -> OffloadLoads:
+        """A loading connector's loads, told the drafter's slots per step."""
+        spec = self._spec
+        if spec is not None:
+            loads.bind_spec(spec.num_speculative_tokens, spec.num_lookahead_tokens)
+        return loads
 
     def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
         """The CPU tier's loads are priced as the host link moves a token's KV shard
@@ -329,7 +338,7 @@ class VllmPolicy(Policy, FastPaths):
         """A P/D pair's decode side: the request's prompt KV is read from its prefill replica
         once the request is admitted (``vllm_remote.py``)."""
         if self._offload is None:
-            self._offload = RemoteLoads(bool(self.config.async_scheduling), self._advanced)
+            self._offload = self._loads(RemoteLoads(bool(self.config.async_scheduling), self._advanced))
         elif not isinstance(self._offload, RemoteLoads):
             raise ValueError("a vLLM decode replica with kv_offloading_size (a CPU tier) is not modelled")
         self._offload.expect(request_id, num_tokens, pull)

@@ -202,8 +202,9 @@ def schedule_advanced(
             known = request.num_computed_tokens + hit
             want = request.num_remaining_tokens - hit
             padded = False
-            # A new decode padded to the uniform decode size (1 + k), if that fits max_model_len.
-            pad = k and want == 1 and not prefill_scheduled and (running_scheduled or hit)
+            # A new decode padded to the uniform decode size (1 + k), if that fits max_model_len:
+            # with running requests scheduled, or KV of its own (a hit, or a load's).
+            pad = k and want == 1 and not prefill_scheduled and (running_scheduled or known)
             if pad and known + 1 + k + 1 <= max_len:
                 if 1 + k > budget:
                     break  # vLLM prefers not scheduling it to scheduling it unpadded
@@ -236,9 +237,12 @@ def schedule_advanced(
                     break  # head-of-line blocking: nothing behind it is tried
             if hit and request.first_scheduled_time is None:
                 request.num_cached_tokens = hit
-            # In vLLM's in-flight prefills from now if partial (the reserve of KV loads); the
-            # step's ``advance_scheduled`` says it anew.
-            request.is_prefill_chunk = known + want < request.num_tokens
+            # In vLLM's in-flight prefills from now if partial (the reserve of KV loads), and for
+            # the rest of this pass if it comes from a load (vLLM drops a request from the set
+            # only after the pass, ``_update_after_schedule``); the step's ``advance_scheduled``
+            # says it anew.
+            loaded = offload is not None and bool(offload.held) and offload.held[0] is request
+            request.is_prefill_chunk = loaded or known + want < request.num_tokens
             queue.pop_request()
             sched.admit(request, now)
             out.num_admitted += 1

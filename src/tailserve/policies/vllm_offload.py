@@ -73,6 +73,9 @@ class OffloadLoads:
         # vLLM's advanced pass (async scheduling or drafts: ``vllm_async.py``) keeps
         # ``Request.is_prefill_chunk``; the plain pass ``Request.prefill_outputs`` (``_reserved``).
         self.advanced = advanced
+        # With speculative decoding, the KV slots one decode step takes: 1 + k drafts + the
+        # drafter's lookahead slots (vLLM's ``num_spec_decode_tokens``); 0 without (``bind_spec``).
+        self.spec_step_tokens = 0
         self._link_free = 0.0
         self._loads: dict[Request, _Load] = {}
         # Async scheduling: loads found done at the last pass, promoted at this one.
@@ -90,6 +93,12 @@ class OffloadLoads:
 
     def __bool__(self) -> bool:
         return bool(self._loads) or bool(self.held) or bool(self._dropped)
+
+    def bind_spec(self, num_speculative_tokens: int, num_lookahead_tokens: int) -> None:
+        """Speculative decoding's slots per decode step, which the load reserve counts."""
+        self.spec_step_tokens = (
+            1 + num_speculative_tokens + num_lookahead_tokens if num_speculative_tokens else 0
+        )
 
     def next_done(self, now: float) -> float | None:
         """When an idle engine must look again: the earliest load to finish. (In virtual time an
@@ -139,7 +148,10 @@ class OffloadLoads:
         if full_sequence and needed(request.num_tokens) + reserve > free:
             return False
         total = hit + num_load
-        if needed(total) + reserve > free - self._reserved(sched):
+        # The load takes no lookahead slots yet (vLLM allocates them once it runs), but keeps
+        # room for its first decode step's (``_spec_decode_step_blocks``).
+        step = kv.blocks_for(self.spec_step_tokens) if self.spec_step_tokens else 0
+        if needed(total) + reserve > free - self._reserved(sched) - step:
             return False
         # The loaded blocks are cached when they arrive (``delay_cache_blocks``).
         if match is not None and hit:
@@ -202,8 +214,9 @@ class OffloadLoads:
             prefilling = [r for r in sched.running if r.is_prefill_chunk]
         else:
             prefilling = [r for r in sched.running if r.prefill_outputs == r.num_output_tokens]
+        extra = self.spec_step_tokens  # (a whole sequence's blocks and one decode step's slots)
         for request in (*prefilling, *sched.loading):
-            need = kv.blocks_for(request.num_tokens) - len(tables.get(request.request_id, ()))
+            need = kv.blocks_for(request.num_tokens + extra) - len(tables.get(request.request_id, ()))
             if need > 0:
                 reserved += need
         return reserved

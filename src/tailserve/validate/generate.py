@@ -180,8 +180,20 @@ def random_vllm_spec_workload(seed: int) -> Workload:
     where a request's drafts and lookahead would not fit (and tight in a third of the workloads,
     ``_tight_kv``), and ``long_prefill_token_threshold``
     kept at 0 or at least 1 + k (vLLM asserts below that when it pads a new decode)."""
-    base = random_vllm_workload(seed)
-    rng = random.Random(seed * 104729 + 7)
+    return _with_drafts(random_vllm_workload(seed), random.Random(seed * 104729 + 7))
+
+
+def random_vllm_nixl_spec_workload(seed: int) -> Workload:
+    """The P/D side's workload (``random_vllm_nixl_workload``) with speculative decoding drawn as
+    ``random_vllm_spec_workload`` draws it (an MTP/EAGLE drafter with its lookahead slots, or
+    n-gram; async scheduling on or off): a 2026 DeepSeek-style decode instance reading its
+    prompts from a prefill instance, then verifying drafts."""
+    return _with_drafts(random_vllm_nixl_workload(seed), random.Random(seed * 7919 + 13))
+
+
+def _with_drafts(base: Workload, rng: random.Random) -> Workload:
+    """``base`` with speculative decoding (``random_vllm_spec_workload``'s draws)."""
+    seed = base.seed
     k = rng.choice(SPEC_TOKENS)
     async_scheduling = rng.random() < 0.5
     method = rng.choice(("ngram_gpu" if async_scheduling else "ngram", "eagle"))

@@ -23,6 +23,7 @@ from typing import Any
 
 from tailserve.validate.generate import (
     random_vllm_async_workload,
+    random_vllm_nixl_spec_workload,
     random_vllm_nixl_workload,
     random_vllm_offload_workload,
     random_vllm_spec_workload,
@@ -175,6 +176,19 @@ DIFFERENTIALS: dict[str, Differential] = {
         "step-identical to",
         "steps",
         random_vllm_nixl_workload,
+        run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "vllm-nixl-spec": Differential(
+        "vllm",
+        "vLLM (P/D with NixlConnector, speculative decoding)",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_nixl_spec_workload,
         run_tailserve,
         _vllm_theirs,
         _compare_steps,

@@ -64,8 +64,8 @@ class SchedulerSpec:
             raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
         if self.nixl_role not in (None, "kv_consumer", "kv_producer"):
             raise ValueError(f"nixl_role must be kv_consumer or kv_producer, got {self.nixl_role!r}")
-        if self.nixl_role is not None and (self.num_host_blocks or self.num_speculative_tokens):
-            raise ValueError("nixl_role goes without num_host_blocks and speculative decoding here")
+        if self.nixl_role is not None and self.num_host_blocks:
+            raise ValueError("nixl_role goes without num_host_blocks here")
         if self.num_host_blocks and not self.enable_prefix_caching:
             raise ValueError("num_host_blocks (a CPU offloading tier) needs enable_prefix_caching")
         given = (self.speculative_method is not None, self.synthetic_acceptance_rates is not None)
