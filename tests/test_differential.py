@@ -317,6 +317,26 @@ def test_golden_vllm_offload_traces_stay_step_identical():
     assert not mismatches, f"{len(mismatches)} of {len(entries)} differ; first:\n" + mismatches[0].describe()
 
 
+FIXTURE_OFFLOAD_SPEC = Path(__file__).parent / "fixtures" / "differential" / "vllm_offload_spec.json"
+
+
+def test_golden_vllm_offload_with_drafts_stays_step_identical():
+    """The CPU tier's workloads with speculative decoding (``--engine vllm-offload-spec``: EAGLE/MTP
+    with lookahead slots, n-gram, ``ngram_gpu`` under async scheduling), recorded by ``python -m
+    benchmarks.differential --engine vllm-offload-spec -k 300 --fixture-max-steps 200
+    --record-fixture ... --fixture-identical-only`` (a few differ in some runs only: vLLM's hash
+    order of finished requests)."""
+    golden = load_fixture(FIXTURE_OFFLOAD_SPEC)
+    assert golden["engine"] == "vllm-offload-spec" and golden["version"] == "0.32.0"
+    entries = golden["workloads"]
+    assert len(entries) >= 250
+    specs = [from_compact(e["workload"]).scheduler for e in entries]
+    assert all(s.num_host_blocks >= 1 and s.num_speculative_tokens >= 1 for s in specs)
+    assert {s.speculative_method for s in specs} == {"eagle", "ngram", "ngram_gpu"}
+    mismatches = [m for i, e in enumerate(entries) if (m := check_entry(i, e, run_tailserve)) is not None]
+    assert not mismatches, f"{len(mismatches)} of {len(entries)} differ; first:\n" + mismatches[0].describe()
+
+
 def test_golden_vllm_offload_loads_from_the_tier():
     """The offload fixture exercises the tier: some admissions start from a computed count no GPU
     hit explains (a load), and the tier evicts (tiers smaller than the prefixes)."""

@@ -264,7 +264,9 @@ class HashedKVCacheManager(KVCacheManager):
         keys = self._keys[request_id][start : start + num_tokens // bs]
         span = self._host_range.get(request_id)
         if span is not None:
-            span[0] = max(span[0], start + len(keys))
+            # Set, not raised: a request preempted after storing its prompt and loading again
+            # offers what follows this load anew (vLLM assigns ``next_stored_chunk_idx``).
+            span[0] = start + len(keys)
             self._host_seen.setdefault(request_id, {}).update(dict.fromkeys(range(start, start + len(keys))))
         return keys
 

@@ -191,6 +191,12 @@ def random_vllm_nixl_spec_workload(seed: int) -> Workload:
     return _with_drafts(random_vllm_nixl_workload(seed), random.Random(seed * 7919 + 13))
 
 
+def random_vllm_offload_spec_workload(seed: int) -> Workload:
+    """The CPU-tier workload (``random_vllm_offload_workload``) with speculative decoding drawn as
+    ``random_vllm_spec_workload`` draws it: loads from the tier, then drafts."""
+    return _with_drafts(random_vllm_offload_workload(seed), random.Random(seed * 6700417 + 29))
+
+
 def _with_drafts(base: Workload, rng: random.Random) -> Workload:
     """``base`` with speculative decoding (``random_vllm_spec_workload``'s draws)."""
     seed = base.seed

