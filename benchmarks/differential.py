@@ -35,6 +35,13 @@ def main() -> int:
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--shrink", type=int, default=3, help="shrink the first N divergences (0: none)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--recheck-hash-seeds",
+        type=int,
+        default=3,
+        help="rerun each divergent workload's engine side under string hash seeds 0..N-1: one that "
+        "matches then differs only by the order the engine iterates a set of request ids (0: off)",
+    )
     p.add_argument("--record-fixture", type=Path, default=None)
     p.add_argument("--fixture-max-steps", type=int, default=120)
     p.add_argument(
@@ -104,12 +111,34 @@ def main() -> int:
                 entries.append(diff.record(case, theirs, len(entries) < NUM_FULL_TRACES))
         version = driver.version
     wall = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    recheck = [item for item in divergent if item["seed"] is not None and "engine_fails" not in item]
+    for hash_seed in range(args.recheck_hash_seeds if recheck and diff.engine.startswith("vllm") else 0):
+        if all("matches_with_engine_hash_seed" in item for item in recheck):
+            break
+        with PeerDriver(diff.engine, hash_seed=hash_seed) as rerun:
+            for item in recheck:
+                if "matches_with_engine_hash_seed" in item:
+                    continue
+                case = diff.generate(item["seed"])
+                try:
+                    if diff.compare(diff.run_ours(case), diff.run_theirs(rerun, case)) is None:
+                        item["matches_with_engine_hash_seed"] = hash_seed
+                except PeerError:
+                    continue
+    recheck_s = time.perf_counter() - t2
     n = args.num_workloads
     label = f"{diff.label} {version}"
     print(f"{identical} of {n} {diff.unit} {diff.verdict} {label}'s scheduler ({decisions} {diff.decision})")
     for kind, (same, cases) in sorted(groups.items()):
         print(f"  {kind}: {same} of {cases} identical")
     print(f"divergent: {len(divergent)}, engine errors: {len(errors)}")
+    order_only = [item["seed"] for item in divergent if "matches_with_engine_hash_seed" in item]
+    if order_only:
+        print(
+            f"  of the divergent, {len(order_only)} match the engine run under another string hash seed "
+            f"(the order it iterates a set of request ids; docs/validation.md): seeds {order_only}"
+        )
     fails: dict[str, int] = {}
     for item in divergent:
         if "engine_fails" in item:
@@ -117,6 +146,8 @@ def main() -> int:
     for why, count in sorted(fails.items()):
         print(f"  of the divergent, {count} where {label} itself stops: {why}")
     print(f"wall: {wall:.1f} s for {n} cases (+{startup:.1f} s engine start); load before: {load}")
+    if recheck_s > 0.05:
+        print(f"  (+{recheck_s:.1f} s rechecking {len(recheck)} divergent under other engine hash seeds)")
     for item in divergent[:5]:
         print(f"- seed {item['seed']}: {item['first']}")
         if "shrunk_first" in item:
@@ -131,6 +162,7 @@ def main() -> int:
         "num_workloads": n,
         "seed_start": args.seed_start,
         "identical": identical,
+        "identical_under_another_engine_hash_seed": len(order_only),
         "decisions": decisions,
         "decision_unit": diff.decision,
         "by_kind": {

@@ -50,13 +50,17 @@ def peer_python(engine: str) -> Path | None:
 class PeerDriver:
     """One long-lived driver process: ``run(workload)`` returns the engine's step trace."""
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, hash_seed: int | None = None) -> None:
         python = peer_python(engine)
         if python is None:
             raise PeerError(
                 f"no {engine} peer venv under {peers_dir()}: run scripts/setup-peers.sh {ENGINES[engine][0]}"
             )
         env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+        if hash_seed is not None:
+            # The engine iterates some sets of request ids (vLLM's finished requests, the sends
+            # reported in one step): their order follows the process's string hash seed.
+            env["PYTHONHASHSEED"] = str(hash_seed)
         self.engine = engine
         self._proc = subprocess.Popen(
             [str(python), str(DRIVERS / ENGINES[engine][1])],
