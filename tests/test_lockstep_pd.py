@@ -1,6 +1,6 @@
-"""The lockstep loop of the P/D pairs (``cluster/lockstep_pd.py``): a decode replica holding no
-request that can still act on the prefill side runs up to the prefill side's next iteration,
-not the other decode replicas' — the same runs to the bit, in fewer turns."""
+"""The lockstep loop of the P/D pairs (``cluster/lockstep_pd.py``): a decode replica runs up to the
+prefill side's next iteration (or the next decode replica's that holds requests reaching back),
+not to every replica's — the same runs to the bit, in fewer turns."""
 
 from __future__ import annotations
 

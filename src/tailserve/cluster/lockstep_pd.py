@@ -10,11 +10,12 @@ exact to the iteration. With ``--scrape-interval`` the routers read the replicas
 first decision after each tick rather than at the tick.
 
 A decode replica acts on the other side only through requests handed to it that can still reach
-back (vLLM's: not yet read from their prefill replica; SGLang's: not yet pre-allocated). One
-holding none changes nothing elsewhere and nothing reads it before the prefill side's next
-iteration (whose hand-overs come at its end) or the next arrival (a router's decision), so it
-runs up to the earliest of those and of the decode replicas that do hold some, not to every
-replica's next iteration: the same iterations in the same order for each replica, in fewer turns.
+back (vLLM's: not yet read from their prefill replica, whose link the reads share; SGLang's: not
+yet pre-allocated). One holding none changes nothing elsewhere, and nothing reads a decode
+replica or hands it anything before the prefill side's next iteration (whose hand-overs come at
+its end) or the next arrival (a router's decision), so every decode replica runs up to the
+earliest of those and of the other decode replicas that hold some, not to every replica's next
+iteration: the same iterations in the same order for each replica, in fewer turns.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ class LockstepPdCluster(PdCluster):
         self._reaching[decode_index] += change
 
     def _coupled_first(self, i: int) -> float:
-        """The earliest next iteration that can hand decode replica ``i`` something or read it:
-        any prefill replica's, or a decode replica's that holds requests reaching back."""
+        """The earliest next iteration that can hand decode replica ``i`` something, read it or
+        use a link it reads over: any prefill replica's, or another decode replica's that holds
+        requests reaching back."""
         ready, nd = self._ready, self._num_decode
         first = min(ready[nd:], default=math.inf)
         reaching = self._reaching
@@ -148,13 +150,12 @@ class LockstepPdCluster(PdCluster):
                     n += 1
                     continue
                 # It leaves the heap (it is re-entered once stepped); the next one bounds it, or
-                # for a decode replica holding nothing that reaches back, the next that can
-                # hand it something.
+                # for a decode replica, the next that can hand it something or share a link
+                # with it (a decode replica holding nothing that reaches back does neither).
                 heapq.heappop(self._heap)
                 self._version[i] += 1
                 self._ready[i] = math.inf
-                quiet = i < self._num_decode and not self._reaching[i]
-                bound = self._coupled_first(i) if quiet else self._first()[0]
+                bound = self._coupled_first(i) if i < self._num_decode else self._first()[0]
                 self._step(i, t, min(t_arrival, bound))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         missing = [r.request_id for r in ordered if r.request_id not in self.final]

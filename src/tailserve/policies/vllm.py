@@ -305,9 +305,12 @@ class VllmPolicy(Policy, FastPaths):
         # With async scheduling alone the decisions over a run of decodes are the plain pass's
         # (each running request one token, on its placeholder; nobody admitted), which the
         # driver's async decode run follows (async_decode_run.py). Drafts step: several tokens
-        # per decode, as many as the rejection sampler's draws accept. Loads from the CPU tier in
-        # flight: stepped, so a load done between two steps puts its request back in time.
-        return self._spec is None and not self._offload
+        # per decode, as many as the rejection sampler's draws accept. Loads in flight (the CPU
+        # tier's, a decode side's reads) let a run go on: it stops before the first pass at or
+        # after the next load's end (``next_wakeup``), which reads it; a load read and not yet
+        # promoted, or anything else the loads hold, is stepped.
+        offload = self._offload
+        return self._spec is None and (not offload or offload.only_in_flight())
 
     def kv_spec(self) -> KVSpec:
         return KVSpec(

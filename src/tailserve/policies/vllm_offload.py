@@ -94,6 +94,11 @@ class OffloadLoads:
     def __bool__(self) -> bool:
         return bool(self._loads) or bool(self.held) or bool(self._dropped)
 
+    def only_in_flight(self) -> bool:
+        """Nothing but loads in flight, none of them read yet (the passes of a decode run, which
+        ends before the next load's end, change nothing here)."""
+        return not (self.held or self._dropped or self._reported or self._skipped)
+
     def bind_spec(self, num_speculative_tokens: int, num_lookahead_tokens: int) -> None:
         """Speculative decoding's slots per decode step, which the load reserve counts."""
         self.spec_step_tokens = (
