@@ -149,3 +149,29 @@ def test_a_decode_replica_counts_the_requests_it_reads_as_waiting():
         assert replica.state(0.0).num_waiting == waiting_only + 1
     finally:
         sched.loading.pop()
+
+
+def test_decode_routing_counts_the_wait_to_be_admitted_as_queueing():
+    """``--explain``'s decode routing lines: a request sent to a busier decode replica queued
+    there from the hand-over until the replica admitted it to read its KV, not until its first
+    pass after the read (``routed_waits``)."""
+    from tailserve.cluster.attribution import routed_waits
+
+    wb = WorkloadBuilder(
+        WorkloadSpec("random", num_requests=120, rate=25.0, seed=1, input_len=Uniform(16, 3000),
+                     output_len=Uniform(1, 300))
+    )  # fmt: skip
+    pspecs, dspecs = pd_specs(
+        replicated(2, DEPLOYMENT, PolicySpec.make("vllm", {})),
+        replicated(2, DEPLOYMENT, PolicySpec.make("vllm", blocks(700, 4096))),
+    )
+    p = build_stage(pspecs, "round-robin", shares_prefixes=False, name_prefix="p", pd_pair=True)
+    d = build_stage(dspecs, "round-robin", shares_prefixes=False, name_prefix="d", pd_pair=True)
+    cluster = make_pd_cluster(p, d, "ib-ndr")
+    run = cluster.run(workload_requests(wb, pspecs))
+    waits = routed_waits(run, run.stages["decode"])
+    assert waits
+    for w in waits:
+        t = run.pd_timeline[w.request_id]
+        assert t.decode_admitted is not None
+        assert w.queue == pytest.approx(t.decode_admitted - w.decision.time)

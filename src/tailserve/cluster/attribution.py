@@ -74,8 +74,10 @@ def routed_waits(run: ClusterRun, stage: Stage) -> list[RoutedWait]:
     final = {r.request_id: r for r in run.requests}
     by_id = {r.request_id: r for replica in stage.replicas for r in replica.engine.requests}
     # An SGLang decode server takes a request at arrival and queues it until its KV is
-    # pre-allocated (its prefill runs after): that is its queueing there, not the whole TTFT.
-    preallocated = stage is run.stages.get("decode")
+    # pre-allocated (its prefill runs after): that is its queueing there, not the whole TTFT. A
+    # vLLM decode replica queues it from the hand-over until it admits it to read its KV (the
+    # read and the first pass after it are not queueing).
+    decode_side = stage is run.stages.get("decode")
     out = []
     for d in stage.decisions:
         if d.num_waiting <= d.min_waiting:
@@ -85,8 +87,11 @@ def routed_waits(run: ClusterRun, stage: Stage) -> list[RoutedWait]:
             continue
         started = local.first_scheduled_time
         times = run.pd_timeline.get(d.request_id)
-        if preallocated and times is not None and times.bootstrapped is not None:
-            started = times.bootstrapped
+        if decode_side and times is not None:
+            if times.bootstrapped is not None:
+                started = times.bootstrapped
+            elif times.decode_admitted is not None:
+                started = times.decode_admitted
         out.append(RoutedWait(d.request_id, client.token_times[0] - client.arrival_time, started - d.time, d))
     return sorted(out, key=lambda w: -w.ttft)
 
