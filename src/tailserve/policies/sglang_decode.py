@@ -321,10 +321,12 @@ class SglangDecodePolicy(SglangPolicy):
 
     def can_fast_forward(self, sched: Scheduler) -> bool:
         """Runs of decode steps only while nothing waits for pre-allocation (retracted requests
-        wait there too), for its KV or for admission: otherwise a turn may admit (the budget
-        moves as the running requests grow, a transfer lands). Polling every turn only: a longer
-        interval counts turns."""
-        if sched.waiting or self.arrived or self.transferring:
+        wait there too) or for admission, and no transfer's landing time is known: otherwise a
+        turn may admit (the budget moves as the running requests grow, a transfer lands). A
+        pre-allocated request whose prefill has not finished lands nothing before its prefill
+        server hands it over, which the pair's loop bounds the run by (``lockstep_pd.py``).
+        Polling every turn only: a longer interval counts turns."""
+        if sched.waiting or self.arrived or self.kv_arrival:
             return False
         if self.config.disaggregation_decode_polling_interval != 1:
             return False
