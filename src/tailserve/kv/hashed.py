@@ -164,7 +164,9 @@ class HashedKVCacheManager(KVCacheManager):
 
     def forget_prefix_keys(self, request_id: str) -> None:
         if self._host_range:
-            self.host_finished(request_id, 0)  # (a manager's caller that knows more calls it first)
+            # The scheduler calls ``host_finished`` first with what the request computed; here
+            # (no one did) it offers nothing more, only makes its chunks newest.
+            self.host_finished(request_id, 0)
         if self._keys:
             self._keys.pop(request_id, None)
             self.registers_from.pop(request_id, None)

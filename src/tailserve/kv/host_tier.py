@@ -26,8 +26,8 @@ store jobs at the end of its pass (``build_connector_meta``) and marks the chunk
 worker reports them done with the step's output. A real worker submits them at the next step's
 start (``offloading/worker.py``), so they are ready one pass later still (vLLM answers a lookup
 then ``HIT_PENDING`` and skips the request, as ``lookup`` does for a chunk still pending here);
-tailserve takes the earlier time, as the differential harness's worker does (docs/validation.md). The H2D load time is the scheduler's
-(``policies/vllm_offload.py``).
+tailserve takes the earlier time, as the differential harness's worker does (docs/validation.md).
+The H2D load time is the scheduler's (``policies/vllm_offload.py``).
 """
 
 from __future__ import annotations
