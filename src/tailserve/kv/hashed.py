@@ -322,7 +322,8 @@ class HashedKVCacheManager(KVCacheManager):
         if span is None or not keys or self.host is None:
             return
         stop = min(span[1], num_tokens // self.block_size, len(keys))
-        self.host.finish(keys, span, stop, seen)
+        if seen or stop > span[0]:  # (nothing to store or make newest: nothing to queue)
+            self.host.finish(keys, span, stop, seen)
 
     def _set_registered(self, request_id: str, num_blocks: int) -> None:
         """The request's first ``num_blocks`` blocks are registered (0: none, its table freed);
