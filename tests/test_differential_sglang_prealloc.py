@@ -3,8 +3,8 @@ retracted requests a turn restores and which queued requests it pre-allocates.
 
 ``fixtures/differential/sglang_prealloc.json`` holds SGLang's answers for 600 seeded random
 decode-server states, recorded by ``python -m benchmarks.differential --engine sglang-prealloc -k
-600 --record-fixture ...`` (all 2,000 of a live run were identical); the live check is ``-m
-differential``.
+600 --record-fixture ...`` (all 2,000 of a live run were identical; 40% of the states under the
+``prefill_complete`` allocation policy since r55); the live check is ``-m differential``.
 """
 
 from __future__ import annotations
@@ -46,12 +46,43 @@ def test_golden_turns_are_identical(cases):
 
 def test_golden_covers_restores_admissions_and_stops(cases):
     results = [r for _, r in cases]
-    assert sum(len(r.preallocated) for r in results) >= 300
+    assert sum(len(r.preallocated) for r in results) >= 250
     assert sum(len(r.resumed) for r in results) >= 50
     # a pass that stopped with requests still queued, and one with a retraction left waiting
     assert any(len(r.preallocated) < len(c.queue) and not c.retracted for c, r in cases)
     assert any(c.retracted and len(r.resumed) < len(c.retracted) for c, r in cases)
     assert any(c.num_reserved_decode_tokens == 0 for c, _ in cases)
+    # prefill_complete: turns that passed over a request whose prefill was not done, and placed
+    # one behind it
+    assert sum(c.not_ready is not None for c, _ in cases) >= 150
+    passed_over = 0
+    for c, r in cases:
+        ids = [row[0] for row in c.queue]
+        passed_over += any(
+            rid in (c.not_ready or ()) and any(x in r.preallocated for x in ids[i + 1 :])
+            for i, rid in enumerate(ids)
+        )
+    assert passed_over >= 10
+
+
+def test_golden_check_catches_a_prefill_not_done_blocking_the_pass(cases, monkeypatch):
+    """``prefill_complete``: a request whose prefill is not done is passed over (SGLang's
+    ``if not decode_req.waiting_for_input: continue``); stopping the pass there differs."""
+    original = SglangDecodePolicy._pop_preallocated
+
+    def blocking(self, sched, now):
+        if self.deferred:
+            waiting = list(sched.waiting)
+            first = next(
+                (i for i, r in enumerate(waiting) if self.prefilled.get(r.request_id, now + 1) > now), None
+            )
+            if first is not None:
+                for r in waiting[first:]:
+                    self.prefilled.pop(r.request_id, None)  # nobody at or behind it is taken
+        return original(self, sched, now)
+
+    monkeypatch.setattr(SglangDecodePolicy, "_pop_preallocated", blocking)
+    assert any(describe_prealloc_difference(run_tailserve_prealloc(c), theirs) for c, theirs in cases)
 
 
 def test_golden_check_catches_a_reserve_left_out(cases, monkeypatch):

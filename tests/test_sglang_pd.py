@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tailserve.assemble import BuildOptions, build_engine
-from tailserve.cluster.attribution import explain_cluster
+from tailserve.cluster.attribution import explain_cluster, pd_breakdown
 from tailserve.cluster.build import build_stage, workload_requests
 from tailserve.cluster.disagg import PdCluster, make_pd_cluster, pd_specs
 from tailserve.cluster.metrics import cluster_summary
@@ -261,7 +261,7 @@ def test_the_vllm_pair_has_no_prealloc_part():
 
 
 def test_lint_reads_the_decode_servers_flags():
-    from tailserve.engines.flag_spec import NO_OP, NOT_MODELLED, SCHEDULING
+    from tailserve.engines.flag_spec import NO_OP, SCHEDULING
     from tailserve.engines.lint import lint
 
     line = "python -m sglang.launch_server --model-path Qwen/Qwen3-8B --num-reserved-decode-tokens 256"
@@ -271,7 +271,7 @@ def test_lint_reads_the_decode_servers_flags():
     assert paired["--num-reserved-decode-tokens"].verdict == SCHEDULING
     late = lint(line + " --disaggregation-decode-allocation-policy prefill_complete").rows
     verdicts = {row.flag: row.verdict for row in late}
-    assert verdicts["--disaggregation-decode-allocation-policy"] == NOT_MODELLED
+    assert verdicts["--disaggregation-decode-allocation-policy"] == SCHEDULING
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sglang"])
@@ -347,3 +347,92 @@ def test_a_polling_interval_delays_admission_but_never_stalls_an_idle_server():
         times[interval] = [r.token_times[0] for r in run.requests]
     assert times[3][0] == times[1][0]  # the first one finds the server idle
     assert times[3] != times[1]  # the later ones arrive while it decodes: polled every 3rd turn
+
+
+# ---- disaggregation_decode_allocation_policy=prefill_complete ---------------------------------
+
+LATE = {"disaggregation_decode_allocation_policy": "prefill_complete"}
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_prefill_complete_loses_nothing_and_conserves_kv(overlap):
+    """The prefill runs at once and holds the KV; the decode server reserves KV once the prefill
+    is done (``mark_prefill_complete``), and the KV is sent then."""
+    flags = {} if overlap else SYNC
+    decode = {**flags, **LATE, **small(10000)}
+    cluster, run = pair(random_workload(), {**flags, **small(30000)}, decode, n_prefill=2)
+    assert [r.status for r in run.requests] == [RequestStatus.FINISHED_LENGTH] * 120
+    assert all(len(r.token_times) == r.max_tokens for r in run.requests)
+    conserved(cluster)
+    assert cluster._reaching == [0]
+    waited = 0
+    for r in run.requests:
+        t = run.pd_timeline[r.request_id]
+        assert r.arrival_time <= t.prefill_scheduled < t.prefill_done <= t.bootstrapped
+        assert t.bootstrapped <= t.transfer_start < t.transfer_done <= r.token_times[0]
+        assert t.transfer_ready == t.bootstrapped
+        waited += t.bootstrapped > t.prefill_done
+    assert waited > 0  # the small server made some prefills hold their KV
+
+
+def test_prefill_complete_starts_the_prefill_and_holds_its_kv_instead():
+    """Two requests on a decode server with room for one (``_two``): under ``early`` the second
+    one's prefill waits for the first to leave; under ``prefill_complete`` it runs at once and
+    its KV waits on the prefill server until the decode server reserves it."""
+    first = Request("a", prompt_len=1000, max_tokens=100, arrival_time=0.0)
+    second = Request("b", prompt_len=1000, max_tokens=100, arrival_time=0.01)
+    cluster, run = pair([first, second], SYNC, {**SYNC, **LATE, **small(3000, 2048)})
+    a, b = run.requests
+    tb = run.pd_timeline["b"]
+    assert tb.prefill_scheduled == pytest.approx(0.01, abs=0.02)  # not held back
+    assert tb.bootstrapped == a.finish_time > tb.prefill_done  # reserved once "a" left
+    assert tb.transfer_start == tb.bootstrapped
+    parts = pd_breakdown(run)
+    i = [r.request_id for r in run.requests].index("b")
+    assert parts["decode_prealloc_wait"][i] == pytest.approx(tb.bootstrapped - tb.prefill_done)
+    assert parts["prefill_wait"][i] == pytest.approx(tb.prefill_scheduled - b.arrival_time)
+    conserved(cluster)
+
+
+def test_prefill_complete_refusals_on_either_side():
+    """A prefill refusal takes the request out of the decode server's queue (nothing was
+    reserved); a request the decode server can never take is refused, and its prefill (started
+    at once) keeps nothing."""
+    long = Request("long", prompt_len=3000, max_tokens=10, arrival_time=0.0)
+    cluster, run = pair([long], small(2000), LATE)
+    (r,) = run.requests
+    assert r.status is RequestStatus.FINISHED_REJECTED and "maximum context length is 2000" in r.status_reason
+    (held,) = cluster.decode.replicas[0].engine.requests
+    assert held.status is RequestStatus.FINISHED_ABORTED and held.status_reason.startswith("prefill server:")
+    conserved(cluster)
+    assert cluster._reaching == [0]
+    big = Request("big", prompt_len=1800, max_tokens=10, arrival_time=0.0)
+    cluster, run = pair([big], {}, {**LATE, **small(2000)})
+    (r,) = run.requests
+    assert r.status is RequestStatus.FINISHED_REJECTED
+    assert "can never be pre-allocated on the decode server" in r.status_reason
+    conserved(cluster)
+    assert cluster._reaching == [0] and not cluster._refused
+
+
+def test_prefill_complete_fast_forward_changes_nothing():
+    times = []
+    for fast in (True, False):
+        _, run = pair(
+            random_workload(n=80, seed=3),
+            {},
+            {**LATE, **small(20000)},
+            options=EngineOptions(fast_forward=fast),
+        )
+        times.append([r.token_times for r in run.requests])
+    assert times[0] == times[1]
+
+
+def test_the_allocation_policy_is_checked():
+    with pytest.raises(ValueError, match="disaggregation_decode_allocation_policy must be one of"):
+        SglangConfig(disaggregation_decode_allocation_policy="late")
+
+
+def test_prefill_complete_on_the_prefill_side_alone_is_refused():
+    with pytest.raises(ValueError, match="SGLang needs it on both"):
+        pair(random_workload(n=4), LATE, {})

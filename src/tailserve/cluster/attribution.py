@@ -42,8 +42,9 @@ def pd_parts(run: ClusterRun) -> tuple[str, ...]:
 
 # What the part of TTFT that dominates the slowest requests says about the split.
 _BOTTLENECK = {
-    "decode_prealloc_wait": "the decode server pre-allocating KV before the prefill may start "
-    "(SGLang): its KV, less the reserve for running requests, is full; more decode capacity or a "
+    "decode_prealloc_wait": "the decode server pre-allocating KV for it (SGLang: before the prefill "
+    "may start, or under prefill_complete once it is done, the prefill server holding the KV "
+    "meanwhile): its KV, less the reserve for running requests, is full; more decode capacity or a "
     "smaller num_reserved_decode_tokens would shorten it.",
     "prefill_wait": "queueing for a prefill replica: the prefill side is short of capacity; more "
     "prefill replicas would shorten it.",
@@ -109,8 +110,11 @@ def pd_breakdown(run: ClusterRun) -> dict[str, np.ndarray]:
         queued = r.arrival_time
         if "decode_prealloc_wait" in parts:
             assert t.bootstrapped is not None
-            parts["decode_prealloc_wait"].append(t.bootstrapped - r.arrival_time)
-            queued = t.bootstrapped
+            if t.bootstrapped <= t.prefill_scheduled:  # early: reserved before the prefill began
+                parts["decode_prealloc_wait"].append(t.bootstrapped - r.arrival_time)
+                queued = t.bootstrapped
+            else:  # prefill_complete: reserved after it, the prefill server holding the KV
+                parts["decode_prealloc_wait"].append(t.bootstrapped - t.prefill_done)
         parts["prefill_wait"].append(t.prefill_scheduled - queued)
         parts["prefill"].append(t.prefill_done - t.prefill_scheduled)
         if "decode_admission_wait" in parts:

@@ -159,9 +159,16 @@ class PdTimes:
     @property
     def transfer_ready(self) -> float | None:
         """When its KV could start moving: the prefill done and, in vLLM's pair, the decode
-        replica ready to read it."""
+        replica ready to read it (in SGLang's under ``prefill_complete``, its KV reserved there
+        after the prefill)."""
         if self.decode_admitted is not None:
             return self.decode_admitted
+        if (
+            self.bootstrapped is not None
+            and self.prefill_done is not None
+            and self.bootstrapped > self.prefill_done
+        ):
+            return self.bootstrapped
         return self.prefill_done
 
 

@@ -230,9 +230,10 @@ SGLANG_0_5_23 = EngineVersion(
                  "2 x a running cap <= 32, else 0 (arg_groups/pd_disaggregation_hook.py:133)"),
         FlagSpec("disaggregation_decode_polling_interval", int, SCHEDULING, "decode server: turns between polls "
                  "of its pre-allocation and transfer queues", _at(f"{F}/disagg.py", 117), "1"),
-        FlagSpec("disaggregation_decode_allocation_policy", ("early", "prefill_complete"), NOT_MODELLED,
-                 "when the decode server reserves KV: tailserve models early (before the prefill); "
-                 "prefill_complete is not modelled", _at(f"{F}/disagg.py", 59), "early"),
+        FlagSpec("disaggregation_decode_allocation_policy", ("early", "prefill_complete"), SCHEDULING,
+                 "when the decode server reserves a request's KV: early (before its prefill may start) or "
+                 "prefill_complete (once its prefill is done; the prefill server holds the KV until then)",
+                 _at(f"{F}/disagg.py", 59), "early"),
         FlagSpec("disaggregation_decode_enable_radix_cache", bool, NOT_MODELLED, "a radix cache on the decode "
                  "server; not modelled (off, as SGLang's default)", _at(f"{F}/disagg.py", 88), "false"),
         FlagSpec("disaggregation_transfer_backend", str, NOT_MODELLED, "the KV transfer library (mooncake, nixl, "

@@ -22,6 +22,7 @@ RETRACTION_POLICIES = ("length", "priority")
 # ``--disaggregation-mode``: "null" (one server), or one side of a prefill/decode pair, set by the
 # P/D simulation itself (``cluster/sglang_pd.py``); a single engine refuses the other two.
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
+DECODE_ALLOCATION_POLICIES = ("early", "prefill_complete")
 
 # Fields of features off by default: a run file names them only when set (sim/run.py).
 _WHEN_SET = {"recorded_when_set": True}
@@ -74,8 +75,11 @@ class SglangConfig:
     # P/D (policies/sglang_decode.py): which side of a pair this server is; the decode server's
     # KV reserve per active request at pre-allocation (num_reserved_decode_tokens), its request
     # slots past max_running_requests for requests in transfer (None: SGLang's rule, 2 x a running
-    # cap <= 32, else 0), and how many turns apart it polls its queues
+    # cap <= 32, else 0), how many turns apart it polls its queues, and when it reserves a
+    # request's KV ("early": before its prefill may start; "prefill_complete": once its prefill
+    # is done, the prefill server holding the KV until then)
     disaggregation_mode: str = field(default="null", metadata=_WHEN_SET)
+    disaggregation_decode_allocation_policy: str = field(default="early", metadata=_WHEN_SET)
     num_reserved_decode_tokens: int = field(default=512, metadata=_WHEN_SET)
     disaggregation_decode_extra_slots: int | None = field(default=None, metadata=_WHEN_SET)
     disaggregation_decode_polling_interval: int = field(default=1, metadata=_WHEN_SET)
@@ -134,6 +138,11 @@ class SglangConfig:
             raise ValueError(
                 f"disaggregation_mode must be one of {', '.join(DISAGGREGATION_MODES)}, "
                 f"got {self.disaggregation_mode!r}"
+            )
+        if self.disaggregation_decode_allocation_policy not in DECODE_ALLOCATION_POLICIES:
+            raise ValueError(
+                "disaggregation_decode_allocation_policy must be one of "
+                f"{', '.join(DECODE_ALLOCATION_POLICIES)}, got {self.disaggregation_decode_allocation_policy!r}"
             )
         if self.num_reserved_decode_tokens < 0:
             raise ValueError(

@@ -41,8 +41,16 @@ hook sets ``disable_radix_cache``), so nothing here matches prefixes.
 Deviations: a request that could never be pre-allocated, even into an idle server, is rejected
 at arrival (SGLang would hold it at the head of the queue); the host copy of a retraction
 (device to host) is not priced; the metadata buffers (2 x the request slots) never bind; priority
-scheduling does not reorder the pre-allocation queue. Not modelled: ``prefill_complete``
-allocation, the decode radix cache, HiCache / host receive on the decode server, PD role switch.
+scheduling does not reorder the pre-allocation queue. Not modelled: the decode radix cache,
+HiCache / host receive on the decode server, PD role switch.
+
+``disaggregation_decode_allocation_policy=prefill_complete`` (set on both servers): the prefill
+runs without waiting for the decode server (``can_prefill_before_bootstrap``), holds the KV after
+it, and the decode server reserves KV only for requests whose prefill is done (the receiver turns
+``waiting_for_input`` then, ``mark_prefill_complete``; the others are passed over, not blocking
+the pass); the KV is sent once reserved (``on_prealloc``). The notification's own network time
+and the prefill server's turn that starts the send are not modelled (the send starts at the
+reservation).
 """
 
 from __future__ import annotations
@@ -94,8 +102,13 @@ class SglangDecodePolicy(SglangPolicy):
         self.kv_arrival: dict[str, float] = {}  # when each one's KV lands, once the pair knows
         self.arrived: list[Request] = []  # SGLang's waiting queue: KV here, not running yet
         self.retracted: list[Request] = []  # KV on the host, waiting for room
-        # The pair's hook: called with each request as it is pre-allocated (its prefill may start).
+        # The pair's hook: called with each request as it is pre-allocated (its prefill may start,
+        # or under ``prefill_complete`` its KV may be sent).
         self.on_prealloc: Callable[[Request, float], None] | None = None
+        # ``prefill_complete``: KV is reserved only for requests whose prefill is done (the
+        # receiver's ``waiting_for_input``); the others are passed over in the queue.
+        self.deferred = config.disaggregation_decode_allocation_policy == "prefill_complete"
+        self.prefilled: dict[str, float] = {}  # request id -> when its prefill was done
         self.seconds_per_token: float | None = None  # host -> GPU restore, from the cost model
         self._polls = 0
         self.num_prealloc_blocked = 0  # turns whose pre-allocation pass stopped at a request
@@ -113,15 +126,28 @@ class SglangDecodePolicy(SglangPolicy):
         """The prefill server finished the request and its KV lands here at ``t``."""
         self.kv_arrival[request_id] = t
 
+    def prefill_completed(self, request_id: str, t: float) -> None:
+        """``prefill_complete``: the request's prefill was done at ``t``; its KV may be reserved
+        from then on."""
+        self.prefilled[request_id] = t
+
     def prefill_failed(self, sched: Scheduler, request_id: str, reason: str, now: float) -> Request | None:
         """The prefill server rejected or aborted the request: its pre-allocation is given back
-        (the receiver polls ``KVPoll.Failed`` and the request is aborted); returns it."""
+        (the receiver polls ``KVPoll.Failed`` and the request is aborted), or under
+        ``prefill_complete`` it leaves the queue unallocated; returns it."""
         request = self.transferring.pop(request_id, None)
         self.kv_arrival.pop(request_id, None)
+        self.prefilled.pop(request_id, None)
         if request is not None:
             sched.loading.remove(request)
             sched.abort(request, f"prefill server: {reason}", now)
-        return request
+            return request
+        waiting = [r for r in sched.waiting if r.request_id == request_id]
+        if waiting:
+            sched.waiting.remove_requests(waiting)
+            sched.abort(waiting[0], f"prefill server: {reason}", now)
+            return waiting[0]
+        return None
 
     def next_wakeup(self, sched: Scheduler, now: float) -> float | None:
         """The first known KV arrival still ahead."""
@@ -241,7 +267,10 @@ class SglangDecodePolicy(SglangPolicy):
         page = sched.kv_cache.block_size
         retractable = sum(r.prompt_len + r.num_output_tokens for r in sched.running)
         taken: list[Request] = []
+        deferred, prefilled = self.deferred, self.prefilled
         for request in waiting:
+            if deferred and prefilled.get(request.request_id, now + 1.0) > now:
+                continue  # its prefill not done by now: not waiting for input yet (passed over)
             if self._slots_free(sched) <= 0:
                 break
             budget = self._budget(sched, 0, retractable)
@@ -256,6 +285,9 @@ class SglangDecodePolicy(SglangPolicy):
             taken.append(request)
         if not taken:
             return
+        if deferred:
+            for request in taken:
+                del prefilled[request.request_id]
         waiting.remove_requests(taken)
         if self.on_prealloc is not None:
             for request in taken:

@@ -41,6 +41,9 @@ class PreallocCase:
     retracted: list[Row] = field(default_factory=list)
     queue: list[Row] = field(default_factory=list)  # waiting for pre-allocation
     seed: int | None = None
+    # ``prefill_complete``: the queued requests whose prefill is not done yet (SGLang: their
+    # receiver not ``waiting_for_input``), passed over by the pass; None: the ``early`` policy
+    not_ready: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +68,8 @@ def random_prealloc_case(seed: int) -> PreallocCase:
     """A decode server between turns: a pool of 2k-64k tokens with a running batch, requests in
     transfer and arrived holding their prompts, maybe retracted requests, and 0-10 queued; the
     reserve, the running cap and the extra slots drawn so that budgets, slots and the
-    single-request term each bind in some cases."""
+    single-request term each bind in some cases; in 40% the ``prefill_complete`` policy with some
+    queued requests' prefills not done (not ``waiting_for_input``)."""
     rng = random.Random(seed)
     capacity = rng.choice((2048, 4096, 8192, 16384, 65536))
     reserved = rng.choice((0, 16, 128, 512, 512, 1000))
@@ -112,8 +116,11 @@ def random_prealloc_case(seed: int) -> PreallocCase:
         if p + 1 > capacity:
             continue
         queue.append([rid(), p, 0, max_new()])
+    not_ready = None
+    if rng.random() < 0.4:  # prefill_complete: some queued requests' prefills still running
+        not_ready = [row[0] for row in queue if rng.random() < 0.4]
     return PreallocCase(
-        capacity, reserved, max_running, extra, running, transferring, arrived, retracted, queue, seed
+        capacity, reserved, max_running, extra, running, transferring, arrived, retracted, queue, seed, not_ready
     )
 
 
@@ -132,6 +139,8 @@ def run_tailserve_prealloc(case: PreallocCase) -> PreallocResult:
         f":max_running_requests={case.max_running_requests}"
         f":disaggregation_decode_extra_slots={case.extra_slots}"
     )
+    if case.not_ready is not None:
+        flags += ":disaggregation_decode_allocation_policy=prefill_complete"
     engine = build_engine(
         _DEPLOYMENT, flags, options=BuildOptions(pd_pair=True, shares_prefixes=False), source=ListSource([])
     ).engine
@@ -160,6 +169,8 @@ def run_tailserve_prealloc(case: PreallocCase) -> PreallocResult:
         policy.retracted.append(r)
     for row in case.queue:
         sched.waiting.add_request(_request(row))
+        if case.not_ready is not None and row[0] not in case.not_ready:
+            policy.prefill_completed(row[0], 0.0)
     preallocated: list[str] = []
     policy.on_prealloc = lambda request, now: preallocated.append(request.request_id)
     before = {r.request_id for r in policy.retracted}

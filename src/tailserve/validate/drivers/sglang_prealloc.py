@@ -108,8 +108,9 @@ class Driver:
         q._resolve_pending_reqs = lambda: None
         q._update_handshake_waiters = lambda *args: None
         q._send_kv_metadata = lambda *args, **kwargs: None
+        not_ready = set(case.get("not_ready") or ())  # prefill_complete: prefill still running
         q.queue = [
-            decode.DecodeRequest(req=self._req(row), kv_receiver=None, waiting_for_input=True)
+            decode.DecodeRequest(req=self._req(row), kv_receiver=None, waiting_for_input=row[0] not in not_ready)
             for row in case["queue"]
         ]
         back = q.resume_retracted_reqs()
