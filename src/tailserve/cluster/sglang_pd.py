@@ -164,16 +164,14 @@ class SglangPdCluster(LockstepPdCluster):
         prefill_copy = copy_request(request, max_tokens=1)
         prefill_replica = self.prefill.route(prefill_copy, t, hand_over=False)
         self.timeline[rid] = PdTimes(prefill_replica.index)
-        decode_copy = copy_request(request, max_tokens=request.max_tokens)
         if not self.deferred:
             self._unbootstrapped[rid] = (prefill_replica, prefill_copy)
-        decode_replica = self.decode.route(decode_copy, t)
+        decode_replica = self.decode.route(copy_request(request, max_tokens=request.max_tokens), t)
         self.timeline[rid].decode_replica = decode_replica.index
         self._decode_of[rid] = decode_replica
+        # Its pre-allocation starts the prefill (early), or sends the KV (prefill_complete).
+        self._reaches_back(decode_replica.index, 1)
         if self.deferred:
-            self._reaches_back(decode_replica.index, 1)  # its reservation sends the KV
             prefill_replica.add(prefill_copy, t)
             self._wake(prefill_replica, t)
-        else:
-            self._reaches_back(decode_replica.index, 1)  # its pre-allocation starts the prefill
         self._wake(decode_replica, t)

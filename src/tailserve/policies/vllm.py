@@ -271,12 +271,12 @@ class VllmPolicy(Policy, FastPaths):
         self._advanced_items: dict[Request, list[ScheduledRequest]] = {}
         # Loads from the CPU offloading tier, None without one (vllm_offload.py).
         self._offload = (
-            self._loads(OffloadLoads(bool(config.async_scheduling), self._advanced))
+            self._bind_loads(OffloadLoads(bool(config.async_scheduling), self._advanced))
             if config.kv_offloading_size
             else None
         )
 
-    def _loads(self, loads: OffloadLoads) -> OffloadLoads:
+    def _bind_loads(self, loads: OffloadLoads) -> OffloadLoads:
         """A loading connector's loads, told the drafter's slots per step."""
         spec = self._spec
         if spec is not None:
@@ -341,7 +341,7 @@ class VllmPolicy(Policy, FastPaths):
         """A P/D pair's decode side: the request's prompt KV is read from its prefill replica
         once the request is admitted (``vllm_remote.py``)."""
         if self._offload is None:
-            self._offload = self._loads(RemoteLoads(bool(self.config.async_scheduling), self._advanced))
+            self._offload = self._bind_loads(RemoteLoads(bool(self.config.async_scheduling), self._advanced))
         elif not isinstance(self._offload, RemoteLoads):
             raise ValueError("a vLLM decode replica with kv_offloading_size (a CPU tier) is not modelled")
         self._offload.expect(request_id, num_tokens, pull)

@@ -200,6 +200,7 @@ def random_vllm_offload_spec_workload(seed: int) -> Workload:
 def _with_drafts(base: Workload, rng: random.Random) -> Workload:
     """``base`` with speculative decoding (``random_vllm_spec_workload``'s draws)."""
     seed = base.seed
+    assert seed is not None  # (the acceptance draws are seeded by the workload's seed)
     k = rng.choice(SPEC_TOKENS)
     async_scheduling = rng.random() < 0.5
     method = rng.choice(("ngram_gpu" if async_scheduling else "ngram", "eagle"))
