@@ -234,6 +234,10 @@ SGLANG_0_5_23 = EngineVersion(
                  "when the decode server reserves a request's KV: early (before its prefill may start) or "
                  "prefill_complete (once its prefill is done; the prefill server holds the KV until then)",
                  _at(f"{F}/disagg.py", 59), "early"),
+        FlagSpec("optimistic_prefill_attempts", int, NOT_MODELLED, "prefill server: forward passes a request may "
+                 "take before its decode server's pre-allocation (bootstrap); under the early allocation policy not "
+                 "modelled (its prefill waits), under prefill_complete (which needs it) the prefill starts at once",
+                 _at(f"{F}/disagg.py", 125), "0 (1 with prefill_complete: pd_disaggregation_hook.py:47-55)"),
         FlagSpec("disaggregation_decode_enable_radix_cache", bool, NOT_MODELLED, "a radix cache on the decode "
                  "server; not modelled (off, as SGLang's default)", _at(f"{F}/disagg.py", 88), "false"),
         FlagSpec("disaggregation_transfer_backend", str, NOT_MODELLED, "the KV transfer library (mooncake, nixl, "
