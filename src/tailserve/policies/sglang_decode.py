@@ -269,8 +269,10 @@ class SglangDecodePolicy(SglangPolicy):
         taken: list[Request] = []
         deferred, prefilled = self.deferred, self.prefilled
         for request in waiting:
-            if deferred and prefilled.get(request.request_id, now + 1.0) > now:
-                continue  # its prefill not done by now: not waiting for input yet (passed over)
+            if deferred:
+                done = prefilled.get(request.request_id)
+                if done is None or done > now:
+                    continue  # its prefill not done by now: not waiting for input yet (passed over)
             if self._slots_free(sched) <= 0:
                 break
             budget = self._budget(sched, 0, retractable)

@@ -97,7 +97,7 @@ class OffloadLoads:
     def only_in_flight(self) -> bool:
         """Nothing but loads in flight, none of them read yet (the passes of a decode run, which
         ends before the next load's end, change nothing here)."""
-        return not (self.held or self._dropped or self._reported or self._skipped)
+        return not (self.held or self._dropped or self._reported)
 
     def bind_spec(self, num_speculative_tokens: int, num_lookahead_tokens: int) -> None:
         """Speculative decoding's slots per decode step, which the load reserve counts."""
