@@ -116,6 +116,11 @@ class _Shown(argparse.Action):
         raise AssertionError("a listed copy of a policy flag is never parsed")
 
 
+# Policy flags a command has an option of its own for: ``serve --max-queued-requests`` answers 503
+# in the server, before any policy sees the request (SGLang's flag of that name is not applied there).
+COMMAND_OWNS = frozenset({"max_queued_requests"})
+
+
 def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -146,9 +151,12 @@ def add_policy_flags(p: argparse.ArgumentParser, default_policy: str) -> None:
             continue
         _same_kind(kinds, flag, kind, "the engine-wide flags")
         listed.append((engine, flag, functools.partial(_help, ENGINE_FLAG_HELP.get(flag, ""), flag)))
-    for flag, kind in kinds.items():
-        if option(flag) in own:
+    for flag in [f for f in kinds if option(f) in own]:
+        if flag not in COMMAND_OWNS:
             raise TypeError(f"policy flag {option(flag)} is also an option of {p.prog}")
+        del kinds[flag]  # the command's own option applies instead
+        listed = [item for item in listed if item[1] != flag]
+    for flag, kind in kinds.items():
         p.add_argument(*_spellings(flag, kind), dest=DEST + flag, action=PolicyFlag, kind=kind,
                        choices=choices.get(flag))  # fmt: skip
     for group, flag, describe in listed:

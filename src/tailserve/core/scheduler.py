@@ -174,7 +174,11 @@ class Scheduler:
         self.policy.add_request(self, request)
         return not request.is_finished  # a policy may refuse it (``reject``), e.g. backpressure
 
-    def abort_request(self, request_id: str, reason: str, now: float) -> Request | None:
+    def abort_request(
+        self, request_id: str, reason: str, now: float, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> Request | None:
+        """End a queued or running request (``status``: FINISHED_REJECTED for one a policy turns
+        away from its waiting queue before serving it)."""
         for queue in (self.running, self.waiting, self.swapped, self.loading):
             for request in queue:
                 if request.request_id == request_id:
@@ -188,7 +192,7 @@ class Scheduler:
                         self.held.release_at(request_id, done)
                     else:
                         self._free_kv(request)
-                    self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
+                    self._leave(request, status, now, reason)
                     self.policy.on_finished(self, [request])
                     return request
         return None

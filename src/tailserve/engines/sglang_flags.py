@@ -300,14 +300,17 @@ SGLANG_0_5_23 = EngineVersion(
                  aliases=("--speculative-draft-model",)),
         FlagSpec("default_priority_value", int, NOT_MODELLED, "priority of requests that give none",
                  _at(f"{F}/schedule.py", 111)),
-        FlagSpec("max_queued_requests", int, NOT_MODELLED, "requests beyond this many waiting are refused",
-                 _at(f"{F}/schedule.py", 35)),
-        FlagSpec("prefill_max_requests", int, NOT_MODELLED, "most requests in one prefill batch",
-                 _at(f"{F}/schedule.py", 82)),
-        FlagSpec("prefill_decode_interval", int, NOT_MODELLED, "decode rounds after a prefill batch before "
-                 "the next", _at(f"{F}/schedule.py", 56)),
-        FlagSpec("num_continuous_decode_steps", int, NOT_MODELLED, "decode steps run back to back",
-                 _at(f"{F}/schedule.py", 200), "1"),
+        FlagSpec("max_queued_requests", int, SCHEDULING, "a request entering a full waiting queue is refused "
+                 "with 503 (arrivals, retracted and preempted requests; under priority scheduling a less urgent "
+                 "waiting one leaves instead; ignored in a P/D pair)", _at(SCHED, 3552), "no limit"),
+        FlagSpec("prefill_max_requests", int, SCHEDULING, "most requests in one prefill batch, a continuing "
+                 "chunk included", _at(POLICY, 1398), "no limit"),
+        FlagSpec("prefill_decode_interval", int, SCHEDULING, "scheduler turns without a prefill pass after "
+                 "each prefill batch (ignored in a P/D pair)", _at(SCHED, 1400), "0 (22 for Qwen3-VL on Hopper)"),
+        FlagSpec("prefill_decode_interval_min_bs", int, SCHEDULING, "prefill_decode_interval applies while at "
+                 "least this many requests decode", _at(SCHED, 1406), "0"),
+        FlagSpec("num_continuous_decode_steps", int, NO_OP, "declared, but nothing in 0.5.23's scheduler reads "
+                 "it (decode steps are not run back to back)", _at(f"{F}/schedule.py", 200), "1"),
         FlagSpec("disable_overlap_schedule", bool, SCHEDULING, "no CPU scheduling overlapped with the GPU "
                  "step (policies/sglang_overlap.py)", _at(f"{F}/schedule.py", 193), "false"),
         FlagSpec("enable_dynamic_chunking", bool, NOT_MODELLED, "chunk sizes fitted per pipeline stage",

@@ -103,8 +103,14 @@ the committed length before the verify in flight (``_committed_lag``), and a req
 accepted run crosses ``max_tokens`` (unforeseen: only a first token that is the last is) runs
 one more verify, dropped.
 
-Not modelled: speculative trees (topk > 1) and other drafters, LoRA, ``num_continuous_decode_steps``,
-``prefill_max_requests``, the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
+**Load and cadence** (``sglang_load.py``): ``max_queued_requests`` refuses a request entering a
+full waiting queue with 503 (arrivals, and retracted or preempted requests going back), under
+priority scheduling pushing out a less urgent waiting one instead; ``prefill_max_requests`` caps a
+prefill batch's requests (the adder); ``prefill_decode_interval`` skips the prefill pass for that
+many turns after each prefill batch while ``prefill_decode_interval_min_bs`` requests decode.
+
+Not modelled: speculative trees (topk > 1) and other drafters, LoRA (``num_continuous_decode_steps``
+is read by nothing in 0.5.23), the waiting-prefix refresh (every 32nd pass of a cache-agnostic order
 touches the waiting requests' cached prefixes, reordering LRU eviction: found by the prefill-pass
 differential; modelling it changes the golden corpus's ``mooncake600/sglang``).
 
@@ -149,6 +155,7 @@ from tailserve.policies.sglang_adder import (
 )
 from tailserve.policies.sglang_config import CACHE_AWARE_POLICIES, SglangConfig
 from tailserve.policies.sglang_hicache import HiCacheLoads, hicache_spec
+from tailserve.policies.sglang_load import PrefillDecodeInterval, admit_to_queue
 from tailserve.policies.sglang_order_work import ProcessedTokens, shortest_prefill_chunk_limit
 from tailserve.policies.sglang_overlap import (
     committed_lag,
@@ -235,6 +242,8 @@ class SglangPolicy(Policy, FastPaths):
         # HiCache (sglang_hicache.py): the load-backs each prefill batch waits for, priced once
         # the cost model is bound; None without the host tier.
         self.hicache = HiCacheLoads() if config.enable_hierarchical_cache else None
+        # ``prefill_decode_interval`` (sglang_load.py): turns left in which no prefill is tried.
+        self.cadence = PrefillDecodeInterval(config.decode_interval, config.prefill_decode_interval_min_bs)
 
     def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
         """HiCache's load-backs are priced as the host link moves a token's KV shard
@@ -336,14 +345,16 @@ class SglangPolicy(Policy, FastPaths):
             fits = capacity - (-(-prompt // page) * page + page) - max_tokens > IGNORE_EOS_RESERVE_TOKENS
         else:
             fits = prompt + min(max_tokens, CLIP_MAX_NEW_TOKENS) + page < capacity  # ``add_one_req``
+        now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
         if not fits:
             reason = (
                 f"prompt {prompt} + max_tokens {max_tokens} cannot be admitted into {capacity} KV slots "
                 "(SGLang reserves the outputs, capped at 4096, plus one page, with room to spare); "
                 "SGLang would clip max_new_tokens"
             )
-            now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
             sched.reject(request, reason, now)
+            return
+        if not admit_to_queue(self.config, sched, request, now):
             return
         if not self.config.disable_radix_cache:
             self.radix.add(sched, request)
@@ -398,18 +409,24 @@ class SglangPolicy(Policy, FastPaths):
         if self.tree is not None and self._last_was_prefill:
             self.radix.checkpoint(self._last_batch)
         clear_during_decode = self._note_departures()
-        prefilled = self._prefill(sched, now, out)
+        cadence = self.cadence
+        deferred = cadence.remaining > 0 and cadence.defer(len(self._decoding(sched)))
+        prefilled = not deferred and self._prefill(sched, now, out)
         if not prefilled:
             was_full = self.batch_is_full
             if clear_during_decode:
                 self.batch_is_full = False
             aborted = self._decode(sched, now, out)
-            # Nothing left to decode and admission unblocked: SGLang's next loop turn, with no
-            # forward pass in between. Under overlap that turn first processes the step in flight
-            # (its finishes free KV), so the engine applies it and asks again.
+            # Nothing left to decode and admission unblocked (or only deferred): SGLang's next
+            # loop turns, with no forward pass in between, which also spin a deferral's countdown
+            # out. Under overlap that turn first processes the step in flight (its finishes free
+            # KV), so the engine applies it and asks again.
             in_flight = self._step_in_flight(sched) is not None
-            if not out.scheduled and (aborted or (was_full and not self.batch_is_full)) and not in_flight:
-                prefilled = self._prefill(sched, now, out)
+            if not out.scheduled and not in_flight:
+                cadence.remaining = 0
+                if deferred or aborted or (was_full and not self.batch_is_full):
+                    prefilled = self._prefill(sched, now, out)
+        cadence.arm(prefilled)
         self._last_batch = [s.request for s in out.scheduled]
         self._last_was_prefill = prefilled
         if prefilled:  # ``run_batch``: the batch's extend tokens, mixed decodes included
@@ -485,6 +502,7 @@ class SglangPolicy(Policy, FastPaths):
             schedule_low_priority_values_first=cfg.schedule_low_priority_values_first,
             ignore_eos_without_cache=cfg.assume_ignore_eos and cfg.disable_radix_cache,
             shortest_prefill_first=shortest_first,
+            prefill_max_requests=cfg.prefill_max_requests,
         )
         continuing = self.chunked
         if continuing is not None:
@@ -658,12 +676,15 @@ class SglangPolicy(Policy, FastPaths):
         """A retracted or evicted request re-enters at the tail of the waiting queue
         (``_add_request_to_queue``: a new queue time and processed-tokens snapshot;
         ``reset_for_retract`` zeroes its ``prefix_len``)."""
+        out.preempted.append(request)
+        drop_in_flight(self._step_in_flight(sched), request)  # overlap: its in-flight output is dropped
+        if not admit_to_queue(self.config, sched, request, now):
+            self.on_finished(sched, [request])  # a full queue (max_queued_requests): aborted
+            return
         request.enqueue_time = now
         sched.waiting.add_request(request)
         self.processed.stamp(request)
         self.sgl_prefix_len.pop(request.request_id, None)  # its fill ids stay as they were
-        out.preempted.append(request)
-        drop_in_flight(self._step_in_flight(sched), request)  # overlap: its in-flight output is dropped
 
     def _add_decodes(
         self,
@@ -755,8 +776,9 @@ class SglangPolicy(Policy, FastPaths):
         leaves no request of the batch in flight finished, so ``_note_departures`` finds none
         inside a run; the run's first step replays a departure or a prefill batch before it as
         the synchronous run's does (``on_decode_run``)."""
-        if self.chunked is not None or self.spec is not None:
-            # Speculative decodes advance by the accepted drafts: stepped.
+        if self.chunked is not None or self.spec is not None or self.cadence.remaining:
+            # Speculative decodes advance by the accepted drafts; a prefill deferral's countdown
+            # (``prefill_decode_interval``) ends within a few turns: stepped.
             return False
         if self.overlap and self._last_was_prefill and self.tree is not None:
             # The prefill batch in flight is checkpointed at the next turn, before its outputs
@@ -818,6 +840,7 @@ class SglangPolicy(Policy, FastPaths):
         self.processed.add(self.config.chunked_prefill_size * num_steps)  # each run step's full chunk
         self._last_batch = [request]
         self._last_was_prefill = True
+        self.cadence.arm(True)  # (nobody decodes in such a run: each countdown spun out at once)
         self.batch_is_full = False  # cleared by ``_note_departures`` (the chunk was in the batch)
         if not sched.waiting:
             return

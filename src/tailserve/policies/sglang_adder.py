@@ -102,6 +102,7 @@ class PrefillAdder:
         schedule_low_priority_values_first: bool = False,
         ignore_eos_without_cache: bool = False,
         shortest_prefill_first: bool = False,
+        prefill_max_requests: int | None = None,
     ) -> None:
         """SGLang's arguments: ``sched`` stands for its page size and KV pool (the scheduler's
         KV manager, and its ``preempt_by_recompute``), ``tree_cache`` for its radix cache,
@@ -109,7 +110,8 @@ class PrefillAdder:
         ``rem_chunk_tokens`` None when chunking is off. ``ignore_eos_without_cache``: every
         request ``ignore_eos`` and the radix cache disabled (``add_one_req_ignore_eos``).
         ``shortest_prefill_first``: ``schedule_policy`` is shortest-prefill-first, under which a
-        request that would need chunking waits while a chunked request is still unfinished."""
+        request that would need chunking waits while a chunked request is still unfinished.
+        ``prefill_max_requests``: the most requests in ``can_run`` (the continuing chunk counts)."""
         mixed = mixed_with_decode_tokens
         self.sched = sched
         self.tree_cache = tree_cache
@@ -119,6 +121,7 @@ class PrefillAdder:
         self.schedule_low_priority_values_first = schedule_low_priority_values_first
         self.ignore_eos_without_cache = ignore_eos_without_cache
         self.shortest_prefill_first = shortest_prefill_first
+        self.prefill_max_requests = prefill_max_requests
         # Requests that needed a chunk while one was unfinished, under a policy other than
         # shortest-prefill-first: SGLang's scheduler stops there (see ``_add_one_req``).
         self.num_second_chunks_refused = 0
@@ -219,6 +222,8 @@ class PrefillAdder:
         cache. Its node is locked while the budget is checked (locking can shrink the evictable
         part of the budget) and stays locked, with its slots shared, if the request is admitted.
         ``has_chunked_req``: a chunked request is still unfinished after this pass's chunk."""
+        if (limit := self.prefill_max_requests) is not None and len(self.can_run) >= limit:
+            return AddReqResult.OTHER  # before any budget or cache look, as SGLang's first line
         if self.ignore_eos_without_cache:
             return self._add_one_req_ignore_eos(request)
         radix = self.tree_cache

@@ -83,6 +83,16 @@ class SglangConfig:
     num_reserved_decode_tokens: int = field(default=512, metadata=_WHEN_SET)
     disaggregation_decode_extra_slots: int | None = field(default=None, metadata=_WHEN_SET)
     disaggregation_decode_polling_interval: int = field(default=1, metadata=_WHEN_SET)
+    # Load and cadence (scheduler.py, schedule_policy.py): an arrival finding max_queued_requests
+    # waiting is refused with HTTP 503 (under priority scheduling it may push out a less urgent
+    # waiting one instead); a prefill batch takes at most prefill_max_requests requests, a
+    # continuing chunk included; after each prefill batch the next prefill waits
+    # prefill_decode_interval scheduler turns, while at least prefill_decode_interval_min_bs
+    # requests are running. None: no limit, no interval (SGLang's defaults off Qwen3-VL).
+    max_queued_requests: int | None = field(default=None, metadata=_WHEN_SET)
+    prefill_max_requests: int | None = field(default=None, metadata=_WHEN_SET)
+    prefill_decode_interval: int | None = field(default=None, metadata=_WHEN_SET)
+    prefill_decode_interval_min_bs: int = field(default=0, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.disable_overlap_schedule not in (None, True, False):
@@ -115,6 +125,7 @@ class SglangConfig:
             )
         self._check_hicache()
         self._check_disaggregation()
+        self._check_load_limits()
         check_speculative(
             self.speculative_algorithm,
             self.speculative_num_steps,
@@ -159,6 +170,31 @@ class SglangConfig:
             )
         if self.disaggregation_mode == "decode" and self.enable_hierarchical_cache:
             raise ValueError("HiCache on the decode server of a P/D pair is not modelled")
+
+    def _check_load_limits(self) -> None:
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(
+                f"max_queued_requests must be >= 0 (or None: unbounded), got {self.max_queued_requests}"
+            )
+        if self.prefill_max_requests is not None and self.prefill_max_requests < 1:
+            # SGLang accepts 0 and then never admits anyone (add_one_req returns OTHER at once).
+            raise ValueError(
+                f"prefill_max_requests must be >= 1 (or None: no limit), got {self.prefill_max_requests}"
+            )
+        # validation_hook.validate_prefill_decode_interval@v0.5.23
+        if self.prefill_decode_interval is not None and self.prefill_decode_interval < 0:
+            raise ValueError("--prefill-decode-interval must be non-negative.")
+        if self.prefill_decode_interval_min_bs < 0:
+            raise ValueError("--prefill-decode-interval-min-bs must be non-negative.")
+
+    @property
+    def decode_interval(self) -> int:
+        """Scheduler turns the next prefill waits after a prefill batch (0: off). SGLang keeps
+        the countdown in ``get_next_batch_to_run``, which a prefill server of a P/D pair does not
+        run (``event_loop_normal_disagg_prefill`` calls ``get_new_batch_prefill``)."""
+        if self.disaggregation_mode != "null":
+            return 0
+        return self.prefill_decode_interval or 0
 
     @property
     def chunking(self) -> bool:

@@ -74,6 +74,7 @@ class PassCase:
     chunked: RunningSpec | None = None
     waiting: list[PassWaiting] = field(default_factory=list)
     seed: int | None = None
+    prefill_max_requests: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +180,7 @@ def run_tailserve_pass(case: PassCase) -> PassResult:
         priority_scheduling_preemption_threshold=case.priority_scheduling_preemption_threshold,
         disable_priority_preemption=case.disable_priority_preemption,
         disable_radix_cache=case.disable_radix_cache,
+        prefill_max_requests=case.prefill_max_requests,
         # One scheduling pass, as SGLang's standalone scheduler runs it: the overlap scheduler
         # (on by default in the engine, policies/sglang_overlap.py) is off here.
         disable_overlap_schedule=True,
@@ -358,4 +360,6 @@ def random_pass_case(seed: int) -> PassCase:
         chunked=chunked,
         waiting=waiting,
         seed=seed,
+        # drawn last: the earlier draws, and so the workloads of earlier fixtures, are unchanged
+        prefill_max_requests=rng.choice((None, None, None, 1, 2, 3, 5)),
     )

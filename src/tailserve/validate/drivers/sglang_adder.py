@@ -174,6 +174,7 @@ class Driver:
             len(batch.reqs) if case["enable_mixed_chunk"] and chunk_size is not None else 0,
             case["priority_scheduling_preemption_threshold"],
             max_running_requests=max_running,
+            prefill_max_requests=case.get("prefill_max_requests"),
             waiting_queue_len=len(waiting),
         )
         if chunked is not None:
