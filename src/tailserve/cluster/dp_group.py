@@ -211,6 +211,8 @@ def _trtllm_adp_stage(replicas: list[Replica], balancer: BaseRouter, cost_model:
     from tailserve.cluster.adp_stage import AdpLockstepStage  # it builds on LockstepStage
 
     cfg = replicas[0].engine.scheduler.policy.config
+    for replica in replicas:
+        replica.engine.scheduler.policy.in_attention_dp = True  # no batch waiting (_schedule)
     balance = None
     if cfg.attention_dp_enable_balance:
         balance = AdpBalance(

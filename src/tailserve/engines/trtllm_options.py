@@ -59,6 +59,7 @@ def _llm(name: str) -> str:
     return _field("TorchLlmArgs" if name in _TORCH_ONLY else "BaseLlmArgs", name)
 
 
+WAITING = "tensorrt_llm/_torch/pyexecutor/py_executor.py@1.2 PyExecutor._schedule, _waiting_requests"
 _TORCH_ONLY = {
     "cuda_graph_config", "attention_dp_config", "disable_overlap_scheduler", "batch_wait_timeout_ms",
     "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "stream_interval",
@@ -116,12 +117,12 @@ KEYS = (
              "(policies/trtllm_overlap.py)", _llm("disable_overlap_scheduler"), "false"),
     FlagSpec("batch_wait_timeout_ms", float, NOT_MODELLED,
              "holds new requests back up to this long to fill max_batch_size", _llm("batch_wait_timeout_ms"), "0"),
-    FlagSpec("batch_wait_timeout_iters", int, NOT_MODELLED,
-             "holds new requests back up to this many steps to fill a batch", _llm("batch_wait_timeout_iters"),
-             "0"),
-    FlagSpec("batch_wait_max_tokens_ratio", float, NOT_MODELLED,
-             "holds new requests back until this fraction of max_num_tokens is waiting",
-             _llm("batch_wait_max_tokens_ratio"), "0"),
+    FlagSpec("batch_wait_timeout_iters", int, SCHEDULING,
+             "a step's contexts are held back, while generation requests run, up to this many steps "
+             "(policies/trtllm_batch_wait.py)", f"{_llm('batch_wait_timeout_iters')}; {WAITING}", "0"),
+    FlagSpec("batch_wait_max_tokens_ratio", float, SCHEDULING,
+             "... or until the step's tokens (whole context prompts + 1 per generation) reach this fraction "
+             "of max_num_tokens", f"{_llm('batch_wait_max_tokens_ratio')}; {WAITING}", "0"),
     FlagSpec("stream_interval", int, NOT_MODELLED, "iterations between streamed responses",
              _llm("stream_interval"), "1"),
     FlagSpec("backend", str, SCHEDULING, BACKEND_WHAT,
@@ -284,6 +285,24 @@ def chunking_policy_needs_chunking(given: Given) -> list[Finding]:
             NO_OP,
             "enable_chunked_prefill is false: contexts run whole, there are no chunks to order",
             f"{MICRO} PyMicroBatchScheduler (ctx_chunk_config is None without chunked prefill)",
+        )
+    ]
+
+
+def batch_wait_needs_both(given: Given) -> list[Finding]:
+    """``_waiting_requests`` runs the contexts once ``count >= batch_wait_timeout_iters`` or
+    ``tokens >= batch_wait_max_tokens_ratio x max_num_tokens``: either at 0 passes at once."""
+    iters, ratio = "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio"
+    set_iters, set_ratio = given.get(iters, 0) > 0, given.get(ratio, 0) > 0
+    if set_iters == set_ratio:
+        return []
+    other = ratio if set_iters else iters
+    return [
+        Finding(
+            (iters if set_iters else ratio,),
+            NO_OP,
+            f"{other} is 0: its test (>= 0) always passes, so no context is ever held; set both above 0",
+            WAITING,
         )
     ]
 

@@ -134,6 +134,7 @@ from tailserve.kv.paged import NEVER
 from tailserve.kv.secondary_pool import DEFAULT_RETENTION_PRIORITY
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.trtllm_adp import StepCounts
+from tailserve.policies.trtllm_batch_wait import BatchWait
 from tailserve.policies.trtllm_capacity import (
     DraftSlots,
     completion_blocks,
@@ -204,6 +205,14 @@ class TrtllmPolicy(Policy, FastPaths):
         # The host KV pool's copies (kv_cache_config.host_cache_size: trtllm_host_cache.py),
         # None without one; used only where the KV manager got the pool (token identities).
         self._host = HostCacheCopies() if config.offloads_to_host else None
+        # Batch waiting (trtllm_batch_wait.py); _schedule applies it only without attention DP,
+        # whose group sets in_attention_dp on its ranks (cluster/dp_group.py).
+        self.in_attention_dp = False
+        self._batch_wait = (
+            BatchWait(config.batch_wait_timeout_iters, config.batch_wait_max_tokens_ratio * config.num_tokens)
+            if config.batch_waiting
+            else None
+        )
 
     def bind_cost_model(self, cost_model: Any, exact: bool) -> None:
         """The host pool's copies are priced as the host link moves a token's KV shard
@@ -264,9 +273,13 @@ class TrtllmPolicy(Policy, FastPaths):
         # opens a block may evict and offload a cached one, a copy its step waits for: stepped.
         # With enable_prefix_aware_scheduling a waiting context's charge follows the reuse tree,
         # which a decode may grow (a keyed output block) as well as shrink: stepped.
+        # While batch waiting holds contexts its counter moves each step: stepped.
         cfg: TrtllmConfig = self.config
         return (
-            self._spec is None and sched.kv_cache.secondary is None and not cfg.enable_prefix_aware_scheduling
+            self._spec is None
+            and sched.kv_cache.secondary is None
+            and not cfg.enable_prefix_aware_scheduling
+            and not (self._batch_wait is not None and self._batch_wait.count)
         )
 
     def arrivals_wait_in_async_runs(self, sched: Scheduler) -> bool:
@@ -346,6 +359,15 @@ class TrtllmPolicy(Policy, FastPaths):
             batch.contexts = []
             self._hold_contexts = False
         drafts = self._num_drafts
+        wait = self._batch_wait
+        if (
+            wait is not None
+            and not self.in_attention_dp
+            and batch.contexts
+            and batch.generations
+            and wait.holds(batch, drafts)
+        ):
+            batch.contexts = []  # held: they stay active and unscheduled
         for request in batch.too_long:
             self._abort_too_long(sched, request, now)
 

@@ -119,6 +119,11 @@ class TrtllmConfig:
     # prefix does not cover (policies/trtllm_prefix_aware.py). False here: 1.2.1, which has no
     # such option and charges every scheduled token
     enable_prefix_aware_scheduling: bool = field(default=False, metadata=_WHEN_SET)
+    # batch_wait_timeout_iters / batch_wait_max_tokens_ratio (TorchLlmArgs): a step's contexts are
+    # held back while generation requests run, up to that many steps or until their tokens reach
+    # the ratio of max_num_tokens (policies/trtllm_batch_wait.py); both must be > 0 to hold
+    batch_wait_timeout_iters: int = field(default=0, metadata=_WHEN_SET)
+    batch_wait_max_tokens_ratio: float = field(default=0.0, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -134,6 +139,18 @@ class TrtllmConfig:
                     )
         self._check_cuda_graphs()
         self._check_host_cache()
+        if self.batch_wait_timeout_iters < 0:
+            raise ValueError(f"batch_wait_timeout_iters must be >= 0, got {self.batch_wait_timeout_iters}")
+        if not 0 <= self.batch_wait_max_tokens_ratio <= 1:
+            # py_executor.py's comment: "Value range: [0, 1] (0 disables)"
+            raise ValueError(
+                f"batch_wait_max_tokens_ratio must be in [0, 1], got {self.batch_wait_max_tokens_ratio}"
+            )
+
+    @property
+    def batch_waiting(self) -> bool:
+        """``enable_batch_waiting``: on when either knob is above 0 (it holds only when both are)."""
+        return self.batch_wait_timeout_iters > 0 or self.batch_wait_max_tokens_ratio > 0
 
     def _check_host_cache(self) -> None:
         size = self.host_cache_size

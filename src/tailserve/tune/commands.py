@@ -214,7 +214,7 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config`` with
     ``enable_prefix_aware_scheduling`` when set,
     ``kv_cache_config`` with its ``host_cache_size`` when set, and when set ``speculative_config``, ``cuda_graph_config``,
-    ``attention_dp_config``, ``disable_overlap_scheduler``), in YAML's
+    ``attention_dp_config``, ``disable_overlap_scheduler``, the ``batch_wait_*`` pair), in YAML's
     one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
     kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
@@ -261,6 +261,11 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         )
     if spec.flags.get("disable_overlap_scheduler"):  # asked for (its default, false, overlaps)
         extra += ", disable_overlap_scheduler: true"
+    if config.batch_waiting:
+        extra += (
+            f", batch_wait_timeout_iters: {config.batch_wait_timeout_iters}, "
+            f"batch_wait_max_tokens_ratio: {config.batch_wait_max_tokens_ratio:g}"
+        )
     yaml = (
         f"{{enable_chunked_prefill: {str(config.enable_chunked_prefill).lower()}, "
         f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}{extra}}}"
