@@ -91,6 +91,11 @@ sliding windows, disaggregated serving, and in attention DP (``trtllm_adp.py``: 
 ``attention_dp_config`` balancing, modelled) ``attention_dp_rank`` pinning and a dense model's
 ranks (independent replicas here).
 
+Batch waiting (``batch_wait_timeout_iters``, ``batch_wait_max_tokens_ratio``;
+``trtllm_batch_wait.py``): without attention DP, a step with contexts and generations holds its
+contexts back until their tokens reach the ratio of ``max_num_tokens`` or the counter reaches the
+iterations; the fast paths step while it holds.
+
 Attention DP (an MoE model's DP engine, ``cluster/adp_stage.py``): arrivals wait in one queue
 shared by the ranks and are placed each iteration by TensorRT-LLM's heap rule; with
 ``attention_dp_enable_balance`` the group holds contexts (``plan_step`` then ``hold_contexts``)
