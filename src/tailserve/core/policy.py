@@ -16,7 +16,8 @@ what it asks):
   never rebuilding the container itself. The queue also names its preemption victim
   (``preemption_victim``), since the order that admits first is the one that preempts last.
 - **Arrival / admission control.** ``add_request(sched, request)``: queue the request
-  (``sched.waiting.add_request``) or refuse it (``sched.reject``), e.g. TGI's backpressure.
+  (``sched.waiting.add_request``) or refuse it (``sched.reject``), e.g. TGI's backpressure;
+  ``refuses_at_arrival`` says whether a live server answers such a refusal at once (vLLM's 503).
 - **The decision.** ``schedule(sched, now) -> SchedulerOutput``: budgets, who runs with how
   many tokens, victims, by calling the scheduler's mechanics; the output lists the decisions.
 - **Departures.** ``on_finished(sched, finished)``: bookkeeping when requests leave.
@@ -108,6 +109,13 @@ class Policy(ABC):
         """A request arrived (already checked against ``max_model_len`` and the KV capacity):
         queue it, or refuse it with ``sched.reject``."""
         sched.waiting.add_request(request)
+
+    def refuses_at_arrival(self) -> bool:
+        """True when ``add_request`` may refuse a request the way an API server answers it at
+        once (vLLM's ``max_num_queued_reqs`` / ``max_num_queued_tokens``: HTTP 503): a live
+        engine then hands the policy each request as it is added and raises the refusal to the
+        caller (``LLMEngine.add_request``) instead of reporting a finished output."""
+        return False
 
     @abstractmethod
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput: ...

@@ -95,6 +95,10 @@ class QueueSource:
         done, self._finished = self._finished, []
         return done
 
+    def forget_finished(self, request: Request) -> None:
+        """Drop a finished request the caller answers itself (a refusal raised at once)."""
+        self._finished.remove(request)
+
     def remove_pending(self, request_id: str) -> Request | None:
         """Take back a request added but not yet handed to the engine."""
         for request in self._pending:

@@ -68,6 +68,11 @@ class EngineFatalError(RuntimeError):
     """A failure after which the engine's state cannot be trusted; its owner must stop."""
 
 
+class RequestRefusedError(RuntimeError):
+    """The policy refused the request at arrival as an API server does (vLLM's
+    ``max_num_queued_reqs`` / ``max_num_queued_tokens``: HTTP 503); nothing of it is kept."""
+
+
 def describe_error(error: BaseException) -> str:
     """``TypeName: message`` on one line, for logs and reasons."""
     text = " ".join(str(error).split())
@@ -104,6 +109,9 @@ class LLMEngine:
         self._prefix_queries = self._prefix_hits = 0
         self._external_queries = self._external_hits = 0  # a CPU offloading tier's (vLLM's connector)
         self._prompt_tokens = self._generation_tokens = 0
+        # vLLM's API-server admission check (``Policy.refuses_at_arrival``): each request is
+        # handed to the scheduler as it is added, and a refusal raised to the caller.
+        self._refuses_at_arrival = scheduler.policy.refuses_at_arrival()
 
     @classmethod
     def from_args(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
@@ -126,7 +134,8 @@ class LLMEngine:
         priority: int = 0,
         tenant_id: str | None = None,
     ) -> None:
-        """Queue a request; ValueError (nothing queued) for input the engine can never serve.
+        """Queue a request; ValueError (nothing queued) for input the engine can never serve,
+        ``RequestRefusedError`` for one the policy refuses at arrival (vLLM's admission limits).
         ``tenant_id`` is who sent it (fairness, per-tenant SLO classes)."""
         params = params or SamplingParams()
         if request_id in self._ids:
@@ -170,6 +179,22 @@ class LLMEngine:
         self.stop_checker.requests[request_id] = request
         self._ids.add(request_id)
         self.source.add(request)
+        if self._refuses_at_arrival:
+            self._hand_over(request)
+
+    def _hand_over(self, request: Request) -> None:
+        """Give the scheduler the request now, as vLLM's API server checks its admission limits
+        before answering (``policies/vllm_admission.py``); if the policy refused it, forget it
+        and raise ``RequestRefusedError`` with the policy's reason."""
+        self.engine.add_arrivals(self.now)  # (every earlier request was handed over when added)
+        if request.status is not RequestStatus.FINISHED_REJECTED:
+            return
+        self.source.forget_finished(request)
+        self.scheduler.finished.remove(request)
+        self.stop_checker.states.pop(request.request_id)
+        self.stop_checker.requests.pop(request.request_id)
+        self._ids.discard(request.request_id)
+        raise RequestRefusedError(request.status_reason or "the engine refused the request")
 
     def abort_request(self, request_id: str, reason: str = "aborted") -> None:
         """End a request wherever it is; its blocks are freed now, its output comes with the next

@@ -50,6 +50,7 @@ from tailserve.executors.simulated.drafter_memory import DrafterMemory
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, resolve_acceptance_rates
 from tailserve.kv.spec import KVSpec
+from tailserve.policies.vllm_admission import Admission
 from tailserve.policies.vllm_async import schedule_advanced
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
 from tailserve.policies.vllm_remote import Pull, RemoteLoads
@@ -85,6 +86,12 @@ class VllmConfig:
     # A CPU tier behind the prefix cache (vLLM's --kv-offloading-size with the native backend):
     # GiB of host memory over all TP ranks (policies/vllm_offload.py, kv/host_tier.py)
     kv_offloading_size: float | None = field(default=None, metadata=_WHEN_SET)
+    # vLLM 0.32's API-server admission limits (policies/vllm_admission.py; none: no limit).
+    # Refuse an arrival (HTTP 503) when it and the unfinished requests would be more than this
+    max_num_queued_reqs: int | None = field(default=None, metadata=_WHEN_SET)
+    # Refuse an arrival (HTTP 503) while the prompts of the requests before their first token
+    # hold at least this many tokens (vLLM: target TTFT x prefill throughput)
+    max_num_queued_tokens: int | None = field(default=None, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -104,6 +111,11 @@ class VllmConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                # vLLM: pydantic Field(ge=0), vllm/config/scheduler.py:92,105@v0.32.0
+                raise ValueError(f"{name} must be >= 0 (or unset: no limit), got {value}")
         if self.kv_offloading_size is not None:
             if not self.kv_offloading_size > 0:
                 raise ValueError(f"kv_offloading_size must be > 0 GiB, got {self.kv_offloading_size}")
@@ -275,6 +287,9 @@ class VllmPolicy(Policy, FastPaths):
             if config.kv_offloading_size
             else None
         )
+        # The API server's admission limits, None without (vllm_admission.py).
+        limits = (config.max_num_queued_reqs, config.max_num_queued_tokens)
+        self._admission = Admission(*limits) if limits != (None, None) else None
 
     def _bind_loads(self, loads: OffloadLoads) -> OffloadLoads:
         """A loading connector's loads, told the drafter's slots per step."""
@@ -318,7 +333,31 @@ class VllmPolicy(Policy, FastPaths):
             offload_gib=self.config.kv_offloading_size or 0.0,
         )
 
+    def add_request(self, sched: Scheduler, request: Request) -> None:
+        """vLLM's API server refuses a request over ``max_num_queued_reqs`` or
+        ``max_num_queued_tokens`` with a 503 (``vllm_admission.py``); the rest are queued."""
+        admission = self._admission
+        if admission is not None:
+            reason = admission.refusal(sched, request)
+            if reason is not None:
+                # Scheduler.add_request stamped enqueue_time with the current time just before.
+                now = request.enqueue_time if request.enqueue_time is not None else request.arrival_time
+                sched.reject(request, reason, now)
+                return
+            admission.accept(request)
+        sched.waiting.add_request(request)
+
+    def refuses_at_arrival(self) -> bool:
+        return self._admission is not None
+
+    @property
+    def admission(self) -> Admission | None:
+        """The admission limits' counters (None without limits)."""
+        return self._admission
+
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
+        if self._admission is not None:
+            self._admission.left(finished)
         if self._offload:
             self._offload.forget(sched, finished)
         items = self._decode_items
@@ -347,6 +386,12 @@ class VllmPolicy(Policy, FastPaths):
         self._offload.expect(request_id, num_tokens, pull)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
+        out = self._schedule(sched, now)
+        if out.num_admitted and self._admission is not None:
+            self._admission.started(sched.running, out.num_admitted)  # they may sample from now
+        return out
+
+    def _schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         offload = self._offload
         if offload is not None:
             host = sched.kv_cache.host if offload.uses_host_tier else None

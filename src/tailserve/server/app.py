@@ -7,8 +7,9 @@ benchmark clients use to align prompt lengths, plus ``GET /version``.
 
 Every error is an OpenAI error object (``protocol.error_body``). Bad input is a 400 — including
 FastAPI's own validation errors, which would otherwise be 422 in FastAPI's shape — a missing API
-key a 401, a body over the limit a 413, a full waiting queue or a draining server a 503 with the
-reason. A 500 is an engine step that failed or a bug in the server: its body says so without the
+key a 401, a body over the limit a 413, a full waiting queue, a request over vLLM's admission
+limits (``max_num_queued_reqs`` / ``max_num_queued_tokens``, vLLM's own message) or a draining
+server a 503 with the reason. A 500 is an engine step that failed or a bug in the server: its body says so without the
 exception's text, which goes to the log with the traceback.
 
 Prompts are tokenized here, before the engine sees them (``tokenize_pool``): off the event loop
@@ -36,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tailserve import __version__
 from tailserve.core.gc_pause import freeze_heap
 from tailserve.llm import SamplingParams
+from tailserve.llm.llm_engine import RequestRefusedError
 from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.guards import (
     DEFAULT_LIMIT_CONCURRENCY,
@@ -186,6 +188,9 @@ def build_app(
         except ValueError as error:  # the engine's own check: prompt too long, empty, ...
             raise ApiError(str(error)) from None
         except QueueFullError as error:
+            mark_rejected(request, "queue_full")
+            raise ApiError(str(error), status=503) from None
+        except RequestRefusedError as error:  # vLLM's admission limits (max_num_queued_*)
             mark_rejected(request, "queue_full")
             raise ApiError(str(error), status=503) from None
         except ShuttingDownError as error:

@@ -20,7 +20,7 @@ Our own counters (no vLLM equivalent) account for every generation request (``PO
 Once the server is idle, received = the sum of ``vllm:request_success`` (stop, length, abort,
 error) + the sum of rejected. Reasons: ``invalid`` (400), ``unauthorized`` (401), ``timeout``
 (a 408 through the app), ``too_large`` (413), ``overloaded`` (503 from the concurrency limit, or
-a 429), ``queue_full``, ``shutting_down`` and ``engine_dead`` (503s), ``error`` (a 500 before the
+a 429), ``queue_full`` (also vLLM's admission limits' 503), ``shutting_down`` and ``engine_dead`` (503s), ``error`` (a 500 before the
 engine took it) and ``client_disconnected`` (gone before an answer: while sending its body, say,
 or cut off by the body timeout, whose 408 the connection sends itself). A connection refused
 before it reaches the app (none is, by default) is not counted.

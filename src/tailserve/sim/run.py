@@ -127,9 +127,12 @@ def recorded_flags(config: Any) -> dict[str, Any]:
     """The policy's flags as the run file keeps them: every field, except a field of a feature
     that is off by default (its metadata says ``recorded_when_set``: vLLM's async scheduling and
     speculative decoding) while it is at that default or off, so a run file names the features
-    that ran and files written before such a feature existed still compare equal."""
+    that ran and files written before such a feature existed still compare equal. (Compared
+    without ``in``: a limit of 0 where the default is None, vLLM's ``max_num_queued_reqs=0``, is
+    set, though ``0 == False``.)"""
     flags = asdict(config)
     for f in fields(config):
-        if f.metadata.get("recorded_when_set") and flags[f.name] in (f.default, False):
+        value = flags[f.name]
+        if f.metadata.get("recorded_when_set") and (value == f.default or value is False):
             del flags[f.name]  # at its default, or off (async scheduling resolved to off)
     return flags

@@ -24,6 +24,8 @@ REJECTION_KINDS = (
     ("should not exceed max_num_tokens", "prompt over max_num_tokens"),  # TensorRT-LLM unchunked
     ("max_concurrent_requests", "over max_concurrent_requests"),  # TGI's backpressure
     ("TTFT target", "TTFT target out of reach"),  # the slo policy
+    ("max_num_queued_reqs=", "over max_num_queued_reqs"),  # vLLM's admission limits (503)
+    ("max_num_queued_tokens=", "over max_num_queued_tokens"),
 )
 
 
