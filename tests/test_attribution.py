@@ -23,6 +23,7 @@ from tailserve.executors.simulated.models import get_model
 from tailserve.kv.paged import KVCacheManager
 from tailserve.metrics.attribution import (
     BATCHED_PREFILL,
+    DECODE_WAIT,
     KV_WAIT,
     PREEMPTION,
     PREFILL,
@@ -32,6 +33,7 @@ from tailserve.metrics.attribution import (
     explain,
     explain_run,
 )
+from tailserve.metrics.explain_text import remedy
 from tailserve.policies.orca import OrcaConfig, OrcaPolicy
 from tailserve.policies.registry import parse_policy_list
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
@@ -309,7 +311,9 @@ def test_summary_calls_a_growing_queue_overload():
         WorkloadBuilder(workload),
         options=EngineOptions(record_batches=True),
     )
-    assert "requests arrive faster than this deployment serves them" in explain_run(run).summary
+    summary = explain_run(run).summary
+    assert "requests arrive faster than this deployment serves them" in summary
+    assert "`--max-num-queued-tokens`" in summary  # the engine's own 503 valve is named
     light = run_policy(
         built,
         parse_policy_list("vllm")[0],
@@ -346,3 +350,16 @@ def test_tokens_one_step_yields_together_are_not_gaps():
     gaps = pooled_gaps([SimpleNamespace(token_times=steps)])
     assert list(gaps) == pytest.approx([0.02, 0.02, 0.02, 0.24])
     assert stall_threshold(gaps) == pytest.approx(max(float(np.percentile(gaps, 99)), 0.06))
+
+
+def test_a_flag_that_holds_prompts_back_is_named_first_when_the_run_set_it():
+    plain = remedy(DECODE_WAIT, "sglang")
+    assert "--prefill-decode-interval" not in plain
+    held = remedy(DECODE_WAIT, "sglang", {"prefill_decode_interval": 16})
+    assert held.startswith("`--prefill-decode-interval 16` skips the prefill pass") and held.endswith(plain)
+    both = {"batch_wait_timeout_iters": 20, "batch_wait_max_tokens_ratio": 0.9}
+    assert "`batch_wait_timeout_iters: 20` with `batch_wait_max_tokens_ratio: 0.9`" in remedy(
+        DECODE_WAIT, "trtllm", both
+    )
+    # one alone holds nothing in TensorRT-LLM 1.2 (policies/trtllm_batch_wait.py): not named
+    assert "batch_wait" not in remedy(DECODE_WAIT, "trtllm", {"batch_wait_timeout_iters": 20})

@@ -143,10 +143,31 @@ _TBT_REMEDIES = {
 }
 
 
-def remedy(cause: str, policy: str) -> str:
+# Flags that hold waiting prompts back on purpose, when the run set them: they come first.
+_HOLDING_FLAGS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    (DECODE_WAIT, "sglang"): (
+        ("prefill_decode_interval",),
+        "`--prefill-decode-interval {prefill_decode_interval}` skips the prefill pass for that many turns after "
+        "each prefill batch (while `--prefill-decode-interval-min-bs` requests decode): lower it, or raise the "
+        "min batch so small batches still admit every turn",
+    ),
+    (DECODE_WAIT, "trtllm"): (
+        ("batch_wait_timeout_iters", "batch_wait_max_tokens_ratio"),
+        "`batch_wait_timeout_iters: {batch_wait_timeout_iters}` with `batch_wait_max_tokens_ratio: "
+        "{batch_wait_max_tokens_ratio}` hold a step's prompts back while generations run until they add up "
+        "to that share of `--max_num_tokens`: lower the iterations, or set either to 0 to turn it off",
+    ),
+}
+
+
+def remedy(cause: str, policy: str, flags: dict[str, Any] | None = None) -> str:
     text = _REMEDIES.get((cause, policy)) or _REMEDIES.get((cause, ""), "")
     budget = _BUDGET_FLAG.get(policy, "the prefill budget")
-    return text.replace("{budget}", f"`{budget}`")
+    text = text.replace("{budget}", f"`{budget}`")
+    names, holding = _HOLDING_FLAGS.get((cause, policy), ((), ""))
+    if names and flags and all(flags.get(n) for n in names):
+        text = holding.format(**{n: flags[n] for n in names}) + "; else " + text
+    return text
 
 
 def _ms(seconds: float) -> str:
@@ -193,7 +214,7 @@ def _cause_detail(cause: str, slow: Sequence[Breakdown], peak_kv: float) -> str:
     return ""
 
 
-def _ttft_words(x: RunExplanation, peak_kv: float) -> str:
+def _ttft_words(x: RunExplanation, peak_kv: float, flags: dict[str, Any]) -> str:
     slow = x.ttft[: len(x.slow_ids)]
     total = sum(b.seconds for b in slow)
     totals = {c: sum(b.components[c] for b in slow) for c in TTFT_CAUSES}
@@ -216,11 +237,11 @@ def _ttft_words(x: RunExplanation, peak_kv: float) -> str:
             detail = "the same requests"  # queued behind and batched with share one blocker list
         shown.add(detail)
         text += f" {CAUSE_TEXT[c][0].upper()}{CAUSE_TEXT[c][1:]}: " + (f"{detail}; " if detail else "")
-        text += f"what addresses it ({engine}): {remedy(c, x.policy)}."
-    return text + _longest_wait(x, causes)
+        text += f"what addresses it ({engine}): {remedy(c, x.policy, flags)}."
+    return text + _longest_wait(x, causes, flags)
 
 
-def _longest_wait(x: RunExplanation, covered: list[str]) -> str:
+def _longest_wait(x: RunExplanation, covered: list[str], flags: dict[str, Any]) -> str:
     """The request that waited longest for anything but its own compute, when that is not the
     slowest requests' story already: short requests behind long ones hide below p99 TTFT."""
     b = max(x.ttft, key=lambda b: b.seconds - b.components[PREFILL])
@@ -236,7 +257,7 @@ def _longest_wait(x: RunExplanation, covered: list[str]) -> str:
         top = b.blockers[0]
         text += f" (the prefill of {top.request_id}, {top.prompt_len:,} tokens)"
     if cause not in covered:
-        text += f"; what addresses it ({x.policy or 'this engine'}): {remedy(cause, x.policy)}"
+        text += f"; what addresses it ({x.policy or 'this engine'}): {remedy(cause, x.policy, flags)}"
     return text + "."
 
 
@@ -274,7 +295,17 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
     peak = max((u for e in rec.entries for u in e.num_used_blocks), default=0) / max(rec.num_blocks, 1)
     gaps = pooled_gaps(finished(list(attributor.requests.values())))  # between steps: no drafts' zeros
     median_gap = float(np.median(gaps)) if gaps.size else 0.0
-    return _overload_words(x) + _ttft_words(x, peak) + " " + _tbt_words(x, median_gap)
+    flags = attributor.flags
+    return _overload_words(x) + _ttft_words(x, peak, flags) + " " + _tbt_words(x, median_gap)
+
+
+# An engine's own limit that turns excess requests away fast (HTTP 503) instead of queueing them.
+_QUEUE_CAPS = {
+    "vllm": "`--max-num-queued-tokens` (vLLM 0.32: the prompt tokens still in prefill, set to target TTFT "
+    "x prefill throughput) or `--max-num-queued-reqs`",
+    "sglang": "`--max-queued-requests`",
+    "tgi": "`--max-concurrent-requests`",
+}
 
 
 def _overload_words(x: RunExplanation) -> str:
@@ -296,5 +327,12 @@ def _overload_words(x: RunExplanation) -> str:
     return (
         f"TTFT grows through the run (median {_ms(first)} for the first quarter of arrivals, "
         f"{_ms(last)} for the last): requests arrive faster than this deployment serves them, and "
-        "no scheduler setting fixes that — lower the rate, or add GPUs or replicas. "
+        "no scheduler setting fixes that — lower the rate, or add GPUs or replicas"
+        + (
+            f"; to keep the served requests' TTFT bounded meanwhile, {cap} turns the excess away (503) "
+            "instead of queueing it"
+            if (cap := _QUEUE_CAPS.get(x.policy))
+            else ""
+        )
+        + ". "
     )
