@@ -260,6 +260,14 @@ def _prefill_interval_rule(given: Given) -> list[Finding]:
     return []
 
 
+def _adaptive_threshold_rule(given: Given) -> list[Finding]:
+    if given.get("long_prefill_token_threshold_adaptive") and not given.get("long_prefill_token_threshold"):
+        return [Finding(("long_prefill_token_threshold_adaptive",), NO_OP,
+                        "floors long_prefill_token_threshold, which is 0 (off): there is no cap to floor",
+                        f"vllm/v1/core/sched/scheduler.py:650@v{V32}")]  # fmt: skip
+    return []
+
+
 def _active_seqs_rule(given: Given) -> list[Finding]:
     active, seqs = given.get("max_num_active_seqs"), given.get("max_num_seqs")
     if active is not None and seqs is not None and active > seqs:
@@ -338,8 +346,10 @@ VLLM_0_32 = EngineVersion(
         FlagSpec("max_num_scheduled_tokens", int, NOT_MODELLED,
                  "tokens the scheduler may issue when the model appends some (speculative decoding)",
                  _at(SC, 55, V32)),
-        FlagSpec("long_prefill_token_threshold_adaptive", bool, NOT_MODELLED,
-                 "floors the chunk cap at budget / (queued + running)", _at(SC, 86, V32), "false"),
+        FlagSpec("long_prefill_token_threshold_adaptive", bool, SCHEDULING,
+                 "floors long_prefill_token_threshold at max_num_batched_tokens // (running + waiting) "
+                 "(policies/vllm_prefill_cap.py)", f"{SC}:86@v{V32}; vllm/v1/core/sched/scheduler.py:650-655@v{V32}",
+                 "false"),
         FlagSpec("max_num_queued_reqs", int, SCHEDULING,
                  "the API server answers 503 when unfinished requests + 1 exceed it (policies/vllm_admission.py)",
                  f"{SC}:92@v{V32}; vllm/v1/engine/async_llm.py:340-357@v{V32}", "none",
@@ -369,6 +379,7 @@ VLLM_0_32 = EngineVersion(
         }),
         _threshold_rule(_at(SC, 352, V32), needs_partial=False),
         _prefill_interval_rule,
+        _adaptive_threshold_rule,
         _active_seqs_rule,
         _chunked_off_rule,
         _async_backend_rule,

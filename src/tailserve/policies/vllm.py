@@ -53,6 +53,7 @@ from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_admission import Admission
 from tailserve.policies.vllm_async import schedule_advanced
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
+from tailserve.policies.vllm_prefill_cap import prefill_cap
 from tailserve.policies.vllm_remote import Pull, RemoteLoads
 
 # Fields of features off by default: a run file names them only when set (sim/run.py).
@@ -64,6 +65,8 @@ class VllmConfig:
     max_num_batched_tokens: int
     max_num_seqs: int
     long_prefill_token_threshold: int = 0
+    # vLLM 0.32: floor the threshold at max_num_batched_tokens // (running + waiting requests)
+    long_prefill_token_threshold_adaptive: bool = field(default=False, metadata=_WHEN_SET)
     enable_chunked_prefill: bool = True
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting
@@ -417,8 +420,8 @@ class VllmPolicy(Policy, FastPaths):
         cap = cfg.long_prefill_token_threshold
         # Off with one request in all (vLLM's get_request_counts: running, waiting and the
         # requests holding KV while they wait, loads from the CPU tier among them).
-        if cap and len(sched.running) + len(sched.waiting) + len(sched.loading) <= 1:
-            cap = 0
+        if cap:
+            cap = prefill_cap(cfg, len(sched.running) + len(sched.waiting) + len(sched.loading))
         scheduled = out.scheduled
         preempted = out.preempted
         waiting = sched.waiting

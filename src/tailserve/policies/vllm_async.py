@@ -42,6 +42,7 @@ from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
+from tailserve.policies.vllm_prefill_cap import prefill_cap
 
 
 def schedule_advanced(
@@ -62,8 +63,8 @@ def schedule_advanced(
     out.num_spec_tokens_to_schedule = k
     budget = cfg.max_num_batched_tokens
     cap = cfg.long_prefill_token_threshold
-    if cap and len(sched.running) + len(sched.waiting) + len(sched.loading) <= 1:
-        cap = 0  # one request in all (vLLM's get_request_counts, loads from the CPU tier among them)
+    if cap:  # (vLLM's get_request_counts: loads from the CPU tier among the waiting)
+        cap = prefill_cap(cfg, len(sched.running) + len(sched.waiting) + len(sched.loading))
     max_len = sched.max_model_len
     kv = sched.kv_cache
     block_size = kv.block_size

@@ -64,6 +64,13 @@ def _request(
     )
 
 
+def _adaptive(seed: int, threshold: int) -> bool:
+    """vLLM 0.32's ``long_prefill_token_threshold_adaptive``, on in half the workloads with a
+    threshold, from a generator of its own: every other draw, and so every earlier workload, is
+    unchanged."""
+    return threshold > 0 and random.Random(seed * 7919 + 11).random() < 0.5
+
+
 def random_vllm_workload(seed: int) -> Workload:
     rng = random.Random(seed)
     source = _TokenSource(rng)
@@ -117,6 +124,7 @@ def random_vllm_workload(seed: int) -> Workload:
         scheduling_policy=policy,
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
+        long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -140,6 +148,7 @@ def random_vllm_v0_workload(seed: int) -> Workload:
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         long_prefill_token_threshold=min(s.long_prefill_token_threshold, max_model_len) if chunked else 0,
+        long_prefill_token_threshold_adaptive=False,  # V0 has no such flag
         preemption_mode=mode,
         num_cpu_blocks=cpu_blocks,
     )
@@ -289,6 +298,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
         scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
         num_host_blocks=max(1, host),
         async_scheduling=rng.random() < 0.5,
+        long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -339,5 +349,6 @@ def random_vllm_nixl_workload(seed: int) -> Workload:
         scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
         nixl_role=role,
         async_scheduling=rng.random() < 0.5,
+        long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

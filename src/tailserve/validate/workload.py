@@ -30,6 +30,7 @@ class SchedulerSpec:
     max_num_batched_tokens: int = 256
     max_num_seqs: int = 8
     long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False  # vLLM V1 (0.32)
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority"
     max_model_len: int = 4096  # tokens

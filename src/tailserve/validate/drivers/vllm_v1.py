@@ -139,6 +139,7 @@ class Driver:
             max_model_len=max_model_len,
             enable_chunked_prefill=cfg["enable_chunked_prefill"],
             long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+            long_prefill_token_threshold_adaptive=cfg.get("long_prefill_token_threshold_adaptive", False),
             policy=cfg["scheduling_policy"],
             is_encoder_decoder=False,
             async_scheduling=False,

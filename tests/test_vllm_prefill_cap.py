@@ -1,0 +1,50 @@
+"""vLLM 0.32's ``long_prefill_token_threshold_adaptive`` (``policies/vllm_prefill_cap.py``; also
+checked step for step against vLLM's own scheduler by the differential and its fixtures)."""
+
+from __future__ import annotations
+
+from helpers import grants, scheduler_for, step
+from tailserve.core.device import DeviceInfo
+from tailserve.core.request import Request
+from tailserve.engines.flag_spec import NO_OP, SCHEDULING
+from tailserve.engines.lint import lint
+from tailserve.engines.translate import translate
+from tailserve.policies.vllm import VllmConfig, VllmPolicy
+from tailserve.policies.vllm_prefill_cap import prefill_cap
+
+H100 = DeviceInfo("H100-SXM", 80.0)
+
+
+def test_the_cap_is_floored_at_a_fair_share_of_the_budget():
+    cfg = VllmConfig(max_num_batched_tokens=512, max_num_seqs=8, long_prefill_token_threshold=64)
+    adaptive = VllmConfig(
+        max_num_batched_tokens=512, max_num_seqs=8, long_prefill_token_threshold=64,
+        long_prefill_token_threshold_adaptive=True,
+    )  # fmt: skip
+    assert [prefill_cap(cfg, n) for n in (1, 2, 4, 16)] == [0, 64, 64, 64]
+    # 512 // 2 = 256, 512 // 4 = 128, 512 // 16 = 32 < 64
+    assert [prefill_cap(adaptive, n) for n in (1, 2, 4, 16)] == [0, 256, 128, 64]
+
+
+def test_two_long_prompts_share_the_budget_instead_of_taking_the_threshold():
+    for adaptive, chunks in ((False, [("a", 64, 0), ("b", 64, 0)]), (True, [("a", 256, 0), ("b", 256, 0)])):
+        policy = VllmPolicy(
+            VllmConfig(
+                max_num_batched_tokens=512, max_num_seqs=8, long_prefill_token_threshold=64,
+                long_prefill_token_threshold_adaptive=adaptive, async_scheduling=False,
+            )
+        )  # fmt: skip
+        sched = scheduler_for(policy, 200, 16, 4096)
+        for rid in "ab":
+            sched.add_request(Request(rid, 1000, 4, 0.0), 0.0)
+        assert grants(step(sched)) == chunks
+
+
+def test_lint_maps_the_flag_and_says_it_needs_a_threshold():
+    rows = {r.flag: r for r in lint("vllm serve M --long-prefill-token-threshold 256 "
+                                    "--long-prefill-token-threshold-adaptive").rows}  # fmt: skip
+    assert rows["--long-prefill-token-threshold-adaptive"].verdict == SCHEDULING
+    line = "vllm serve M --long-prefill-token-threshold 256 --long-prefill-token-threshold-adaptive"
+    assert translate(lint(line), H100).spec.flags["long_prefill_token_threshold_adaptive"] is True
+    rows = {r.flag: r for r in lint("vllm serve M --long-prefill-token-threshold-adaptive").rows}
+    assert rows["--long-prefill-token-threshold-adaptive"].verdict == NO_OP
