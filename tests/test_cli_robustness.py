@@ -362,10 +362,11 @@ def test_each_rejection_kind_matches_its_rejecters_message():
     import re
 
     from tailserve.core import scheduler
-    from tailserve.policies import sglang, slo_admit, tgi, trtllm
+    from tailserve.policies import sglang, sglang_load, slo_admit, tgi, trtllm, vllm_admission
     from tailserve.sim.run_file import REJECTION_KINDS
 
-    sources = " ".join(inspect.getsource(m) for m in (scheduler, sglang, slo_admit, tgi, trtllm))
+    modules = (scheduler, sglang, sglang_load, slo_admit, tgi, trtllm, vllm_admission)
+    sources = " ".join(inspect.getsource(m) for m in modules)
     # the message is written across adjacent string literals: compare with them joined
     joined = re.sub(r'"\s*\n\s*f?"', "", sources)
     for text, kind in REJECTION_KINDS:

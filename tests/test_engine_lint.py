@@ -90,7 +90,7 @@ def test_prefill_schedule_interval_does_nothing_without_data_parallelism():
     single = rows(lint("vllm serve M --prefill-schedule-interval 4"))["--prefill-schedule-interval"]
     assert single.verdict == NO_OP and "vllm#54627" in single.source and "core.py:2162" in single.source
     dp = rows(lint("vllm serve M --prefill-schedule-interval 4 -dp 2"))["--prefill-schedule-interval"]
-    assert dp.verdict == NOT_MODELLED
+    assert dp.verdict == SCHEDULING and dp.feeds == "prefill_schedule_interval"
 
 
 def test_partial_prefill_limits_by_version():

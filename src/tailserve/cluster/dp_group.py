@@ -40,6 +40,7 @@ from tailserve.executors.simulated.executor import advanced_batch_shape, batch_s
 from tailserve.executors.simulated.layerwise_load import layerwise_load_time
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.trtllm_adp import AdpBalance
+from tailserve.policies.vllm_dp_prefill import PrefillCadence
 
 # vLLM's DP coordinator publishes the ranks' request counts every 100 ms (coordinator.py)
 BALANCER_REFRESH_S = 0.1
@@ -65,6 +66,19 @@ class LockstepStage(Stage):
     """The DP ranks of one MoE engine: replicas stepped together (module docstring)."""
 
     cost_model: CostModel | None = None  # the group's (its ``dp`` > 1); set by build_dp_stage
+    # vLLM's --prefill-schedule-interval: the group's step counter (policies/vllm_dp_prefill.py);
+    # None for an engine without the flag, or at 1
+    cadence: PrefillCadence | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        throttles = [getattr(r.engine.scheduler.policy, "prefill_throttle", None) for r in self.replicas]
+        interval = getattr(self.replicas[0].engine.scheduler.policy.config, "prefill_schedule_interval", 1)
+        if interval > 1 and all(t is not None for t in throttles):
+            self.cadence = PrefillCadence(interval)
+            self._throttles = throttles
+            for throttle in throttles:
+                throttle.tracking = True
 
     def advance_to(self, t: float | None) -> None:
         if t is not None and self.scrape_interval > 0:
@@ -91,6 +105,11 @@ class LockstepStage(Stage):
         every rank is done."""
         assert self.cost_model is not None
         engines = [r.engine for r in self.replicas]
+        cadence = self.cadence
+        if cadence is not None:
+            throttled = cadence.throttles()
+            for throttle in self._throttles:
+                throttle.throttled = throttled
         pending = [e.schedule_step() for e in engines]
         if all(p is None for p in pending):
             return self._idle()
@@ -141,6 +160,8 @@ class LockstepStage(Stage):
                 engine.clock.advance(duration)  # a dummy batch, its time the group's
             else:
                 engine.complete_step(p, StepResult(duration=duration, num_accepted=drafts))
+        if cadence is not None:
+            cadence.stepped(not any(e.scheduler.has_unfinished for e in engines))
         return True
 
     def _idle(self) -> bool:

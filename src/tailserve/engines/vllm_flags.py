@@ -338,9 +338,9 @@ VLLM_0_32 = EngineVersion(
         FlagSpec("async_scheduling", bool, SCHEDULING,
                  "schedule step N+1 while step N runs (on unless an option is incompatible)",
                  f"{SC}:208@v{V32}; vllm/config/vllm.py:1585-1644@v{V32}", "on"),
-        FlagSpec("prefill_schedule_interval", int, NOT_MODELLED,
-                 "data parallelism: admit new prefills once every N steps, aligned across DP ranks",
-                 _at(SC, 203, V32), "1"),
+        FlagSpec("prefill_schedule_interval", int, SCHEDULING,
+                 "an MoE model's DP group admits new prefills only every N-th step, aligned across its ranks "
+                 "(policies/vllm_dp_prefill.py)", f"{SC}:203@v{V32}; vllm/v1/engine/core.py:2318-2326@v{V32}", "1"),
         FlagSpec("max_num_active_seqs", int, NOT_MODELLED,
                  "admission limit below max_num_seqs (simulate it as --max-num-seqs)", _at(SC, 69, V32)),
         FlagSpec("max_num_scheduled_tokens", int, NOT_MODELLED,

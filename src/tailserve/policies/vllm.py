@@ -52,6 +52,7 @@ from tailserve.executors.simulated.spec_decode import METHODS, SpecDecoding, res
 from tailserve.kv.spec import KVSpec
 from tailserve.policies.vllm_admission import Admission
 from tailserve.policies.vllm_async import schedule_advanced
+from tailserve.policies.vllm_dp_prefill import PrefillThrottle
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
 from tailserve.policies.vllm_prefill_cap import prefill_cap
 from tailserve.policies.vllm_remote import Pull, RemoteLoads
@@ -67,6 +68,9 @@ class VllmConfig:
     long_prefill_token_threshold: int = 0
     # vLLM 0.32: floor the threshold at max_num_batched_tokens // (running + waiting requests)
     long_prefill_token_threshold_adaptive: bool = field(default=False, metadata=_WHEN_SET)
+    # vLLM 0.32, an MoE model's DP group: new prefills only every N-th group step
+    # (policies/vllm_dp_prefill.py); no effect on one engine
+    prefill_schedule_interval: int = field(default=1, metadata=_WHEN_SET)
     enable_chunked_prefill: bool = True
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting
@@ -112,6 +116,8 @@ class VllmConfig:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
             )
+        if self.prefill_schedule_interval < 1:  # Field(default=1, ge=1), config/scheduler.py:203
+            raise ValueError(f"prefill_schedule_interval must be >= 1, got {self.prefill_schedule_interval}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
@@ -293,6 +299,8 @@ class VllmPolicy(Policy, FastPaths):
         # The API server's admission limits, None without (vllm_admission.py).
         limits = (config.max_num_queued_reqs, config.max_num_queued_tokens)
         self._admission = Admission(*limits) if limits != (None, None) else None
+        # DP prefill balancing (vllm_dp_prefill.py): a DP group marks its off-cadence steps.
+        self.prefill_throttle = PrefillThrottle()
 
     def _bind_loads(self, loads: OffloadLoads) -> OffloadLoads:
         """A loading connector's loads, told the drafter's slots per step."""
@@ -361,6 +369,9 @@ class VllmPolicy(Policy, FastPaths):
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         if self._admission is not None:
             self._admission.left(finished)
+        deferred = self.prefill_throttle.deferred
+        if deferred:
+            deferred.difference_update(finished)
         if self._offload:
             self._offload.forget(sched, finished)
         items = self._decode_items
@@ -413,7 +424,15 @@ class VllmPolicy(Policy, FastPaths):
                 sched.defer_in_flight_frees = bool(self.config.async_scheduling)
                 offload.read_reports(sched, now)
         if self._advanced:
-            return schedule_advanced(self.config, self._spec, sched, now, self._advanced_items, self._offload)
+            return schedule_advanced(
+                self.config,
+                self._spec,
+                sched,
+                now,
+                self._advanced_items,
+                self._offload,
+                self.prefill_throttle,
+            )
         cfg: VllmConfig = self.config
         out = new_output()
         budget = cfg.max_num_batched_tokens
@@ -432,6 +451,12 @@ class VllmPolicy(Policy, FastPaths):
         # this very list, so it is bound once: this loop runs per running request per step.)
         running = sched.running
         decode_items = self._decode_items
+        throttle = self.prefill_throttle
+        # (mid-prefill in this pass: its last grant left tokens uncomputed, ``prefill_outputs``)
+        defer = throttle.throttled and throttle.defers(
+            any(r.prefill_outputs != r.num_output_tokens for r in running)
+        )
+        tracked = throttle.deferred if throttle.tracking else None
         i = 0
         # Its length bound too, and refreshed where the slow path below preempts.
         num_running = len(running)
@@ -441,6 +466,9 @@ class VllmPolicy(Policy, FastPaths):
         num_leading = context = 0
         while i < num_running and budget > 0:
             request = running[i]
+            if defer and request.prefill_outputs == request.num_output_tokens:
+                i += 1  # a prefill chunk waits for a cadence step
+                continue
             computed = request.num_computed_tokens
             # ``min(missing, budget)`` spelled out: the builtin parses its arguments as keywords
             # (~750 instructions a call), once per running request per stepped iteration.
@@ -534,7 +562,11 @@ class VllmPolicy(Policy, FastPaths):
                 if taken is BLOCKED:
                     break
                 if taken is not None:
+                    if tracked is not None:
+                        tracked.add(request)  # vLLM's ``deferred_waiting``, until admitted
                     continue  # loading, or skipped for this pass
+            if defer and request.num_computed_tokens + hit < request.num_tokens - 1:
+                break  # prompt tokens to compute: they wait for a cadence step
             # ``num_remaining_tokens`` inlined and ``min(want, budget)`` spelled out (a property
             # is a call through C, the builtin parses its arguments as keywords): per admission.
             want = request.prompt_len + request.num_output_tokens - request.num_computed_tokens - hit
@@ -565,9 +597,13 @@ class VllmPolicy(Policy, FastPaths):
             request.prefill_outputs = request.num_output_tokens if partial else -1
             queue.pop_request()
             sched.admit(request, now)
+            if tracked:
+                tracked.discard(request)
             out.num_admitted += 1
             scheduled.append(ScheduledRequest(request, want, request.num_computed_tokens))
             budget -= want
         if offload is not None:
             offload.requeue(waiting)
+        if not defer:
+            throttle.released(len(waiting) + len(sched.loading))
         return out

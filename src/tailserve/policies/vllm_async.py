@@ -41,6 +41,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, a
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
+from tailserve.policies.vllm_dp_prefill import PrefillThrottle
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
 from tailserve.policies.vllm_prefill_cap import prefill_cap
 
@@ -52,10 +53,12 @@ def schedule_advanced(
     now: float,
     decode_items: dict[Request, list[ScheduledRequest]],
     offload: OffloadLoads | None = None,
+    throttle: PrefillThrottle | None = None,
 ) -> SchedulerOutput:
     """One step of vLLM's scheduler with its own accounting. ``decode_items``: the policy's two
     plain decode items per running request, handed out in turn (``ScheduledRequest``);
-    ``offload``: the CPU offloading tier's loads (``vllm_offload.py``), None without one."""
+    ``offload``: the CPU offloading tier's loads (``vllm_offload.py``), None without one;
+    ``throttle``: DP prefill balancing (``vllm_dp_prefill.py``)."""
     out = new_output()  # ``SchedulerOutput()`` without the class call
     k = spec.num_speculative_tokens if spec is not None else 0
     lookahead = spec.num_lookahead_tokens if spec is not None else 0
@@ -87,6 +90,12 @@ def schedule_advanced(
     # their context tokens, for ``decode_head``; ``leading`` ends at the first other entry.
     leading = True
     num_leading = context = 0
+    defer = (
+        throttle is not None
+        and throttle.throttled
+        and throttle.defers(any(not r.is_prefill_chunk for r in running))
+    )
+    tracked = throttle.deferred if throttle is not None and throttle.tracking else None
     i = 0
     while i < num_running and budget > 0:
         request = running[i]
@@ -95,6 +104,9 @@ def schedule_advanced(
         prompt_len = request.prompt_len
         if placeholders and computed + 2 - placeholders >= prompt_len + request.max_tokens:
             i += 1  # its last token is already in flight
+            continue
+        if defer and request.is_prefill_chunk:
+            i += 1  # a prefill chunk waits for a cadence step (vllm_dp_prefill.py)
             continue
         num_tokens = prompt_len + request.num_output_tokens
         drafts = request.num_draft_tokens
@@ -197,10 +209,14 @@ def schedule_advanced(
                 if taken is BLOCKED:
                     break
                 if taken is not None:
+                    if tracked is not None:
+                        tracked.add(request)  # vLLM's ``deferred_waiting``, until admitted
                     continue  # loading, or skipped for this pass
             # KV already computed: the hit, or (no lookup then) what a request brings with it (a
             # P/D decode replica's request, its KV transferred: cluster/disagg.py).
             known = request.num_computed_tokens + hit
+            if defer and known < request.num_tokens - 1:
+                break  # prompt tokens to compute: they wait for a cadence step
             want = request.num_remaining_tokens - hit
             padded = False
             # A new decode padded to the uniform decode size (1 + k), if that fits max_model_len:
@@ -246,6 +262,8 @@ def schedule_advanced(
             request.is_prefill_chunk = loaded or known + want < request.num_tokens
             queue.pop_request()
             sched.admit(request, now)
+            if tracked:
+                tracked.discard(request)
             out.num_admitted += 1
             scheduled.append(
                 ScheduledRequest(
@@ -260,6 +278,8 @@ def schedule_advanced(
 
         if offload is not None:
             offload.requeue(waiting)
+        if throttle is not None and not defer:
+            throttle.released(len(waiting) + len(sched.loading))
 
     sched.advance_scheduled(out)
     return out

@@ -26,6 +26,7 @@ REJECTION_KINDS = (
     ("TTFT target", "TTFT target out of reach"),  # the slo policy
     ("max_num_queued_reqs=", "over max_num_queued_reqs"),  # vLLM's admission limits (503)
     ("max_num_queued_tokens=", "over max_num_queued_tokens"),
+    ("max_queued_requests=", "over max_queued_requests"),  # SGLang's full waiting queue (503)
 )
 
 

@@ -71,6 +71,13 @@ def _adaptive(seed: int, threshold: int) -> bool:
     return threshold > 0 and random.Random(seed * 7919 + 11).random() < 0.5
 
 
+def _interval(seed: int) -> int:
+    """vLLM 0.32's ``prefill_schedule_interval`` (DP prefill balancing): 2-4 in a third of the
+    workloads, from a generator of its own (every other draw unchanged)."""
+    rng = random.Random(seed * 7919 + 13)
+    return rng.choice((2, 3, 4)) if rng.random() < 1 / 3 else 1
+
+
 def random_vllm_workload(seed: int) -> Workload:
     rng = random.Random(seed)
     source = _TokenSource(rng)
@@ -125,6 +132,7 @@ def random_vllm_workload(seed: int) -> Workload:
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
+        prefill_schedule_interval=_interval(seed),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -148,7 +156,8 @@ def random_vllm_v0_workload(seed: int) -> Workload:
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         long_prefill_token_threshold=min(s.long_prefill_token_threshold, max_model_len) if chunked else 0,
-        long_prefill_token_threshold_adaptive=False,  # V0 has no such flag
+        long_prefill_token_threshold_adaptive=False,  # V0 has neither flag
+        prefill_schedule_interval=1,
         preemption_mode=mode,
         num_cpu_blocks=cpu_blocks,
     )
@@ -299,6 +308,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
         num_host_blocks=max(1, host),
         async_scheduling=rng.random() < 0.5,
         long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
+        prefill_schedule_interval=_interval(seed),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -350,5 +360,6 @@ def random_vllm_nixl_workload(seed: int) -> Workload:
         nixl_role=role,
         async_scheduling=rng.random() < 0.5,
         long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
+        prefill_schedule_interval=_interval(seed),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

@@ -32,6 +32,7 @@ from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.kv.host_tier import PAGE_BYTES
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
+from tailserve.policies.vllm_dp_prefill import PrefillCadence, PrefillThrottle
 from tailserve.policies.vllm_v0 import VllmV0Config, VllmV0Policy
 from tailserve.validate.trace import StepRecord
 from tailserve.validate.workload import RequestSpec, SchedulerSpec, Workload
@@ -116,6 +117,10 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     live: dict[str, Request] = {}
     steps: list[StepRecord] = []
     sends = _Sends(workload)
+    # DP prefill balancing's cadence, as drivers/vllm_v1.py's ``Cadence`` runs it
+    cadence = PrefillCadence(workload.scheduler.prefill_schedule_interval)
+    throttle = getattr(sched.policy, "prefill_throttle", None) or PrefillThrottle()
+    throttle.tracking = cadence.interval > 1
     for step in range(workload.max_steps):
         now = float(step)
         aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
@@ -123,6 +128,7 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
             break
         running_before = {r.request_id for r in sched.running}
         num_left = len(sched.finished)
+        throttle.throttled = cadence.throttles()
         out = sched.schedule(now)
         sends.start(sched, step)
         # Requests the policy ended while scheduling (vLLM V0 aborts a prompt that can never fit).
@@ -160,6 +166,7 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
                 num_used_blocks=kv.num_used_blocks,
             )
         )
+        cadence.stepped(not live)
     return steps
 
 
@@ -208,12 +215,17 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
     queue: deque[tuple[SchedulerOutput, StepResult]] = deque()
     steps: list[StepRecord] = []
     sends = _Sends(workload)
+    # DP prefill balancing's cadence, as drivers/vllm_v1.py's ``Cadence`` runs it
+    cadence = PrefillCadence(workload.scheduler.prefill_schedule_interval)
+    throttle = getattr(sched.policy, "prefill_throttle", None) or PrefillThrottle()
+    throttle.tracking = cadence.interval > 1
     for step in range(workload.max_steps):
         now = float(step)
         aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
         if not live and not pending:
             break
         running_before = {r.request_id for r in sched.running}
+        throttle.throttled = cadence.throttles()
         out = sched.schedule(now)
         sends.start(sched, step)
         queue.appendleft((out, fake_model(out, specs, produced, stop)))
@@ -242,6 +254,7 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
                 num_used_blocks=kv.num_used_blocks,
             )
         )
+        cadence.stepped(not live)
     return steps
 
 

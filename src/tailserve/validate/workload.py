@@ -31,6 +31,9 @@ class SchedulerSpec:
     max_num_seqs: int = 8
     long_prefill_token_threshold: int = 0
     long_prefill_token_threshold_adaptive: bool = False  # vLLM V1 (0.32)
+    # vLLM V1 (0.32) DP prefill balancing: steps off the cadence defer prefills (the drivers keep
+    # the step counter; policies/vllm_dp_prefill.py)
+    prefill_schedule_interval: int = 1
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority"
     max_model_len: int = 4096  # tokens

@@ -267,6 +267,7 @@ class Driver:
         max_steps = workload["max_steps"]
         usable_blocks = cfg["num_blocks"]
         nixl = NixlWorker(specs) if cfg.get("nixl_role") else None
+        cadence = Cadence(cfg.get("prefill_schedule_interval", 1))
         for step in range(max_steps):
             aborted = [
                 r["request_id"] for r in specs if r.get("abort_step") == step and r["request_id"] in live
@@ -279,7 +280,7 @@ class Driver:
             if not live and not pending:
                 break
             running_before = {r.request_id for r in scheduler.running}
-            out = scheduler.schedule()
+            out = scheduler.schedule(throttle_prefills=cadence.throttles())
             scheduled = []
             req_ids, sampled = [], []
             for req_id, n in out.num_scheduled_tokens.items():
@@ -309,6 +310,7 @@ class Driver:
                     "num_used_blocks": usable_blocks - free,
                 }
             )
+            cadence.stepped(bool(live))
         return steps
 
     def _add_arrivals(
@@ -367,6 +369,7 @@ class Driver:
         steps: list[dict] = []
         usable_blocks = cfg["num_blocks"]
         nixl = NixlWorker(workload["requests"]) if cfg.get("nixl_role") else None
+        cadence = Cadence(cfg.get("prefill_schedule_interval", 1))
         for step in range(workload["max_steps"]):
             aborted = [rid for rid, r in specs.items() if r.get("abort_step") == step and rid in live]
             if aborted:
@@ -376,7 +379,7 @@ class Driver:
             if not live and not pending:
                 break
             running_before = {r.request_id for r in scheduler.running}
-            out = scheduler.schedule()
+            out = scheduler.schedule(throttle_prefills=cadence.throttles())
             scheduled, req_ids, sampled = [], [], []
             for req_id, n in out.num_scheduled_tokens.items():
                 request = scheduler.requests[req_id]
@@ -421,7 +424,24 @@ class Driver:
                     "num_used_blocks": usable_blocks - free,
                 }
             )
+            cadence.stepped(bool(live))
         return steps
+
+
+class Cadence:
+    """``DPEngineCoreProc``'s prefill cadence as the differential runs it (one engine standing for
+    a DP group's rank): a step is throttled when ``prefill_schedule_interval`` > 1 and the step
+    counter is not a multiple of it; the counter restarts at 0 once no request is left (a new
+    wave), as tailserve's side counts it (``validate/tailserve_side.py``)."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval, self.counter = interval, 0
+
+    def throttles(self) -> bool:
+        return self.interval > 1 and self.counter % self.interval != 0
+
+    def stepped(self, busy: bool) -> None:
+        self.counter = self.counter + 1 if busy else 0
 
 
 class NixlWorker:
