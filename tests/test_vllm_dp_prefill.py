@@ -48,7 +48,9 @@ def test_a_throttled_step_defers_unless_capacity_bound_and_only_while_something_
 
 def _vllm(**flags) -> Scheduler:
     cfg = VllmConfig(**{"max_num_batched_tokens": 64, "max_num_seqs": 8, "async_scheduling": False, **flags})
-    return scheduler_for(VllmPolicy(cfg), 100, 16, 4096)
+    policy = VllmPolicy(cfg)
+    policy.prefill_throttle.tracking = True  # as a DP group with an interval above 1 sets it
+    return scheduler_for(policy, 100, 16, 4096)
 
 
 def test_a_waiting_prompt_waits_for_the_next_cadence_step():

@@ -604,6 +604,6 @@ class VllmPolicy(Policy, FastPaths):
             budget -= want
         if offload is not None:
             offload.requeue(waiting)
-        if not defer:
+        if tracked is not None and not defer:  # (read only on throttled steps: tracking's)
             throttle.released(len(waiting) + len(sched.loading))
         return out

@@ -278,7 +278,7 @@ def schedule_advanced(
 
         if offload is not None:
             offload.requeue(waiting)
-        if throttle is not None and not defer:
+        if tracked is not None and not defer:  # (read only on throttled steps: tracking's)
             throttle.released(len(waiting) + len(sched.loading))
 
     sched.advance_scheduled(out)
