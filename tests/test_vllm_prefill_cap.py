@@ -1,5 +1,6 @@
-"""vLLM 0.32's ``long_prefill_token_threshold_adaptive`` (``policies/vllm_prefill_cap.py``; also
-checked step for step against vLLM's own scheduler by the differential and its fixtures)."""
+"""vLLM 0.32's ``long_prefill_token_threshold_adaptive`` (``policies/vllm_prefill_cap.py``) and
+``max_num_active_seqs``; both also checked step for step against vLLM's own scheduler by the
+differential and its fixtures."""
 
 from __future__ import annotations
 
@@ -48,3 +49,20 @@ def test_lint_maps_the_flag_and_says_it_needs_a_threshold():
     assert translate(lint(line), H100).spec.flags["long_prefill_token_threshold_adaptive"] is True
     rows = {r.flag: r for r in lint("vllm serve M --long-prefill-token-threshold-adaptive").rows}
     assert rows["--long-prefill-token-threshold-adaptive"].verdict == NO_OP
+
+
+def test_max_num_active_seqs_stops_admission_below_max_num_seqs():
+    policy = VllmPolicy(
+        VllmConfig(max_num_batched_tokens=512, max_num_seqs=8, max_num_active_seqs=2, async_scheduling=False)
+    )
+    sched = scheduler_for(policy, 200, 16, 4096)
+    for rid in "abc":
+        sched.add_request(Request(rid, 10, 4, 0.0), 0.0)
+    assert [g[0] for g in grants(step(sched))] == ["a", "b"]
+    for bad in (0, 9):
+        try:
+            VllmConfig(max_num_batched_tokens=512, max_num_seqs=8, max_num_active_seqs=bad)
+        except ValueError as e:
+            assert "max_num_active_seqs must be in [1, max_num_seqs = 8]" in str(e)
+        else:
+            raise AssertionError(bad)

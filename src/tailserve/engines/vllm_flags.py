@@ -341,8 +341,9 @@ VLLM_0_32 = EngineVersion(
         FlagSpec("prefill_schedule_interval", int, SCHEDULING,
                  "an MoE model's DP group admits new prefills only every N-th step, aligned across its ranks "
                  "(policies/vllm_dp_prefill.py)", f"{SC}:203@v{V32}; vllm/v1/engine/core.py:2318-2326@v{V32}", "1"),
-        FlagSpec("max_num_active_seqs", int, NOT_MODELLED,
-                 "admission limit below max_num_seqs (simulate it as --max-num-seqs)", _at(SC, 69, V32)),
+        FlagSpec("max_num_active_seqs", int, SCHEDULING,
+                 "admission into RUNNING stops at this many (max_num_seqs still sizes the runner)",
+                 f"{SC}:69@v{V32}; vllm/v1/core/sched/scheduler.py:132, 923@v{V32}", "max_num_seqs"),
         FlagSpec("max_num_scheduled_tokens", int, NOT_MODELLED,
                  "tokens the scheduler may issue when the model appends some (speculative decoding)",
                  _at(SC, 55, V32)),

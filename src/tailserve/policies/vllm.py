@@ -68,6 +68,9 @@ class VllmConfig:
     long_prefill_token_threshold: int = 0
     # vLLM 0.32: floor the threshold at max_num_batched_tokens // (running + waiting requests)
     long_prefill_token_threshold_adaptive: bool = field(default=False, metadata=_WHEN_SET)
+    # vLLM 0.32: admission into RUNNING stops at this many (max_num_seqs still sizes the runner,
+    # its CUDA graphs and a hybrid model's sliding-window pages); none: max_num_seqs
+    max_num_active_seqs: int | None = field(default=None, metadata=_WHEN_SET)
     # vLLM 0.32, an MoE model's DP group: new prefills only every N-th group step
     # (policies/vllm_dp_prefill.py); no effect on one engine
     prefill_schedule_interval: int = field(default=1, metadata=_WHEN_SET)
@@ -115,6 +118,11 @@ class VllmConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
+            )
+        active = self.max_num_active_seqs
+        if active is not None and not 1 <= active <= self.max_num_seqs:  # config/scheduler.py:69, :335
+            raise ValueError(
+                f"max_num_active_seqs must be in [1, max_num_seqs = {self.max_num_seqs}], got {active}"
             )
         if self.prefill_schedule_interval < 1:  # Field(default=1, ge=1), config/scheduler.py:203
             raise ValueError(f"prefill_schedule_interval must be >= 1, got {self.prefill_schedule_interval}")
@@ -546,9 +554,10 @@ class VllmPolicy(Policy, FastPaths):
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
         offload = self._offload
         queue = waiting
+        max_active = cfg.max_num_active_seqs or cfg.max_num_seqs  # (admission into RUNNING)
         if offload is not None:
             queue = offload.pass_queue(sched, now)  # the requests whose KV is in first
-        while queue and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+        while queue and budget > 0 and len(sched.running) < max_active:
             request = queue.peek_request()
             # Prefix lookup for a new or preempted request: hits are not charged to the budget.
             match = sched.cached_prefix(request) if not request.num_computed_tokens else None

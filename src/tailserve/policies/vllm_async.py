@@ -189,9 +189,10 @@ def schedule_advanced(
         running_scheduled = bool(scheduled)
         watermark_blocks = int(cfg.watermark * kv.num_blocks)
         queue = waiting
+        max_active = cfg.max_num_active_seqs or cfg.max_num_seqs  # (admission into RUNNING)
         if offload is not None:
             queue = offload.pass_queue(sched, now)  # the requests whose KV is in first
-        while queue and budget > 0 and len(sched.running) < cfg.max_num_seqs:
+        while queue and budget > 0 and len(sched.running) < max_active:
             request = queue.peek_request()
             match: PrefixMatch | None = None
             if not request.num_computed_tokens:

@@ -78,6 +78,13 @@ def _interval(seed: int) -> int:
     return rng.choice((2, 3, 4)) if rng.random() < 1 / 3 else 1
 
 
+def _active(seed: int, max_num_seqs: int) -> int | None:
+    """vLLM 0.32's ``max_num_active_seqs``, 1 to ``max_num_seqs`` in a fifth of the workloads, from
+    a generator of its own (every other draw unchanged)."""
+    rng = random.Random(seed * 7919 + 17)
+    return rng.randint(1, max_num_seqs) if rng.random() < 0.2 else None
+
+
 def random_vllm_workload(seed: int) -> Workload:
     rng = random.Random(seed)
     source = _TokenSource(rng)
@@ -133,6 +140,7 @@ def random_vllm_workload(seed: int) -> Workload:
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
         prefill_schedule_interval=_interval(seed),
+        max_num_active_seqs=_active(seed, max_num_seqs),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -156,8 +164,9 @@ def random_vllm_v0_workload(seed: int) -> Workload:
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         long_prefill_token_threshold=min(s.long_prefill_token_threshold, max_model_len) if chunked else 0,
-        long_prefill_token_threshold_adaptive=False,  # V0 has neither flag
+        long_prefill_token_threshold_adaptive=False,  # V0 has none of these flags
         prefill_schedule_interval=1,
+        max_num_active_seqs=None,
         preemption_mode=mode,
         num_cpu_blocks=cpu_blocks,
     )
@@ -309,6 +318,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
         async_scheduling=rng.random() < 0.5,
         long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
         prefill_schedule_interval=_interval(seed),
+        max_num_active_seqs=_active(seed, max_num_seqs),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -361,5 +371,6 @@ def random_vllm_nixl_workload(seed: int) -> Workload:
         async_scheduling=rng.random() < 0.5,
         long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
         prefill_schedule_interval=_interval(seed),
+        max_num_active_seqs=_active(seed, max_num_seqs),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

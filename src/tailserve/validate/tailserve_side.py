@@ -47,6 +47,7 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
         max_num_seqs=spec.max_num_seqs,
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         long_prefill_token_threshold_adaptive=spec.long_prefill_token_threshold_adaptive,
+        max_num_active_seqs=spec.max_num_active_seqs,
         enable_chunked_prefill=spec.enable_chunked_prefill,
         scheduling_policy=spec.scheduling_policy,
         enable_prefix_caching=spec.enable_prefix_caching,

@@ -34,6 +34,7 @@ class SchedulerSpec:
     # vLLM V1 (0.32) DP prefill balancing: steps off the cadence defer prefills (the drivers keep
     # the step counter; policies/vllm_dp_prefill.py)
     prefill_schedule_interval: int = 1
+    max_num_active_seqs: int | None = None  # vLLM V1 (0.32): admission below max_num_seqs
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority"
     max_model_len: int = 4096  # tokens

@@ -140,6 +140,7 @@ class Driver:
             enable_chunked_prefill=cfg["enable_chunked_prefill"],
             long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
             long_prefill_token_threshold_adaptive=cfg.get("long_prefill_token_threshold_adaptive", False),
+            max_num_active_seqs=cfg.get("max_num_active_seqs"),
             policy=cfg["scheduling_policy"],
             is_encoder_decoder=False,
             async_scheduling=False,
