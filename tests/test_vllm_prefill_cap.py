@@ -4,14 +4,19 @@ differential and its fixtures."""
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import grants, scheduler_for, step
 from tailserve.core.device import DeviceInfo
 from tailserve.core.request import Request
 from tailserve.engines.flag_spec import NO_OP, SCHEDULING
 from tailserve.engines.lint import lint
 from tailserve.engines.translate import translate
+from tailserve.executors.simulated.deployment import Deployment
+from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.policies.vllm_prefill_cap import prefill_cap
+from tailserve.tune.commands import command_line
 
 H100 = DeviceInfo("H100-SXM", 80.0)
 
@@ -66,3 +71,36 @@ def test_max_num_active_seqs_stops_admission_below_max_num_seqs():
             assert "max_num_active_seqs must be in [1, max_num_seqs = 8]" in str(e)
         else:
             raise AssertionError(bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "flags", "dp"),
+    [
+        (
+            "vllm",
+            {
+                "long_prefill_token_threshold": 256, "long_prefill_token_threshold_adaptive": True,
+                "max_num_active_seqs": 64, "max_num_queued_reqs": 300, "max_num_queued_tokens": 34000,
+            },
+            1,
+        ),
+        ("vllm", {"prefill_schedule_interval": 4}, 2),
+        (
+            "sglang",
+            {
+                "max_queued_requests": 16, "prefill_max_requests": 8, "prefill_decode_interval": 4,
+                "prefill_decode_interval_min_bs": 2,
+            },
+            1,
+        ),
+    ],
+)  # fmt: skip
+def test_tunes_command_line_reads_back_to_the_same_knobs(name, flags, dp):
+    spec = PolicySpec.make(name, flags)
+    model = "Qwen3-30B-A3B" if dp > 1 else "Llama-3-8B"
+    line = command_line(
+        spec, Deployment.of(model, "H100", 1, expert_parallel=dp > 1, dp=dp), None, H100, 8192
+    )
+    back = translate(lint(line), H100)
+    cls = get_policy_cls(name)
+    assert cls.default_config(H100, 8192, **back.spec.flags) == cls.default_config(H100, 8192, **flags)

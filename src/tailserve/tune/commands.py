@@ -123,6 +123,8 @@ def command_line(
             parts.append(f"--speculative-config '{json.dumps(speculative)}'")
         if spec.name == "vllm" and config.kv_offloading_size:
             parts.append(f"--kv-offloading-size {config.kv_offloading_size:g}")  # the native CPU tier
+        if spec.name == "vllm":
+            parts += _vllm_032_flags(config)
         parts += _engine_flags(spec, "vllm")
         return " ".join(parts)
     if spec.name == "sglang":
@@ -176,6 +178,11 @@ def command_line(
                 "--speculative-eagle-topk 1",
                 f"--speculative-num-draft-tokens {steps + 1}",
             ]
+        for name in ("max_queued_requests", "prefill_max_requests", "prefill_decode_interval"):
+            if (value := getattr(config, name)) is not None:
+                parts.append(f"--{name.replace('_', '-')} {value}")
+        if config.prefill_decode_interval_min_bs:
+            parts.append(f"--prefill-decode-interval-min-bs {config.prefill_decode_interval_min_bs}")
         parts += _engine_flags(spec, "sglang")
         return " ".join(parts)
     if spec.name == "tgi":
@@ -205,6 +212,22 @@ def command_line(
             f"--replica_scheduler_max_batch_size {config.max_num_seqs}"
         )
     return None
+
+
+def _vllm_032_flags(config: Any) -> list[str]:
+    """vLLM 0.32's scheduling flags when set: the fair-share chunk floor, the admission limit below
+    max_num_seqs, DP prefill balancing's interval, the API server's admission limits."""
+    parts = []
+    if config.long_prefill_token_threshold_adaptive:
+        parts.append("--long-prefill-token-threshold-adaptive")
+    if config.max_num_active_seqs is not None:
+        parts.append(f"--max-num-active-seqs {config.max_num_active_seqs}")
+    if config.prefill_schedule_interval > 1:
+        parts.append(f"--prefill-schedule-interval {config.prefill_schedule_interval}")
+    for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        if (value := getattr(config, name)) is not None:
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    return parts
 
 
 def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model: str) -> str:
