@@ -235,3 +235,48 @@ def test_whole_runs_end_every_request_and_the_fast_paths_change_nothing(flags, o
     assert runs[0] == runs[1]
     if "max_queued_requests" in flags:  # the limit binds at this load
         assert any(status is not RequestStatus.FINISHED_LENGTH for status, _ in runs[0].values())
+
+
+@pytest.mark.parametrize("interval", [0, 2])
+def test_a_long_chunked_prompt_beside_a_decode_runs_alike_fast_and_stepped(interval):
+    """Without ``check_integrity`` (which turns the lone-chunk run off): a chunk run must not
+    skip the countdown each chunk starts while another request decodes."""
+    runs = []
+    for fast in (False, True):
+        cfg = SglangConfig(
+            chunked_prefill_size=64, prefill_decode_interval=interval, disable_overlap_schedule=True
+        )
+        sched = scheduler_for(SglangPolicy(cfg), 20000, 1, 8192)
+        executor = SimExecutor(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), block_size=1)
+        workload = [Request("d0", 30, 400, 0.0), Request("long", 3000, 5, 0.001)]
+        engine = Engine(sched, executor, ListSource(workload), options=EngineOptions(fast_forward=fast))
+        SimDriver(engine).run()
+        runs.append({r.request_id: r.token_times for r in engine.requests})
+    assert runs[0] == runs[1]
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory: pytest.TempPathFactory):
+    from server_helpers import MICRO
+    from tailserve.executors.pytorch.init_model import init_model
+
+    return init_model(tmp_path_factory.mktemp("models") / "micro", preset="tiny", dtype="float32", **MICRO)
+
+
+def test_a_request_pushed_out_of_the_queue_is_reported_finished(micro_model):
+    from tailserve.llm import LLMEngine, SamplingParams
+
+    engine = LLMEngine.from_args(
+        str(micro_model), executor="sim", hardware="H100-SXM", sim_model="Llama-3-8B", policy="sglang",
+        policy_flags={"max_running_requests": "1", "max_queued_requests": "1", "enable_priority_scheduling": "true"},
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    engine.add_request("a", "hello world", SamplingParams(max_tokens=20, ignore_eos=True))
+    outputs = engine.step()
+    engine.add_request("b", "hello world", params, priority=0)
+    outputs += engine.step()
+    engine.add_request("c", "hello world", params, priority=5)  # more urgent: b leaves the full queue
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    finished = {o.request_id: o.finish_reason for o in outputs if o.finished}
+    assert finished == {"a": "length", "b": "abort", "c": "length"}

@@ -322,3 +322,22 @@ def test_the_server_answers_a_refused_request_503_with_vllms_message(micro_model
         queue_full = [line for line in metrics if line.startswith("tailserve_requests_rejected_total{")
                       and 'reason="queue_full"' in line]  # fmt: skip
         assert len(queue_full) == 1 and queue_full[0].endswith(" 2.0"), queue_full
+
+
+def test_a_refusal_leaves_the_engines_request_count_whole(micro_model: Path) -> None:
+    """A request refused at arrival never entered: the engine's integrity count must not keep it
+    (else every later check, and the recovery from a failed step, would fail)."""
+    from tailserve.llm import LLMEngine, SamplingParams
+    from tailserve.llm.llm_engine import RequestRefusedError
+
+    engine = LLMEngine.from_args(
+        str(micro_model), executor="sim", hardware="H100-SXM", sim_model="Llama-3-8B", policy="vllm",
+        policy_flags={"max_num_seqs": "1", "max_num_queued_reqs": "1"}, check_integrity=True,
+    )  # fmt: skip
+    engine.add_request("a", "hello world", SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(RequestRefusedError):
+        engine.add_request("b", "hello world", SamplingParams(max_tokens=4, ignore_eos=True))
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o.request_id for o in engine.step() if o.finished]
+    assert done == ["a"] and engine.engine.num_requests_seen == 1

@@ -307,10 +307,15 @@ class Engine:
 
     def add_arrivals(self, now: float) -> None:
         """Add the requests that arrived by ``now`` (public: a driver's run adds them inside it)."""
+        finished = self.scheduler.finished
         for request in self.source.pop_arrived(now):
             self.num_requests_seen += 1
-            if not self.scheduler.add_request(request, now):
-                self.source.on_finish(request, now)
+            num_left = len(finished)
+            self.scheduler.add_request(request, now)
+            # The arrival refused, or a waiting request it pushed out (SGLang's full queue under
+            # priority scheduling): either has left.
+            for done in finished[num_left:]:
+                self.source.on_finish(done, now)
 
     def _idle(self) -> bool:
         sched = self.scheduler

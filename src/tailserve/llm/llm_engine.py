@@ -191,6 +191,7 @@ class LLMEngine:
             return
         self.source.forget_finished(request)
         self.scheduler.finished.remove(request)
+        self.engine.num_requests_seen -= 1  # it never entered (check_integrity's count)
         self.stop_checker.states.pop(request.request_id)
         self.stop_checker.requests.pop(request.request_id)
         self._ids.discard(request.request_id)

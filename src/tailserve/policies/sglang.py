@@ -807,6 +807,7 @@ class SglangPolicy(Policy, FastPaths):
             or cfg.assume_ignore_eos
             or self.spec is not None  # the drafter prices each chunk too: stepped
             or self.overlap  # each chunk scheduled before the previous one's result: stepped
+            or self.cadence.interval  # each chunk may start a prefill_decode_interval: stepped
             or not self.admits_fcfs()
             or self.tree is not None
             or not self._last_was_prefill
@@ -840,7 +841,6 @@ class SglangPolicy(Policy, FastPaths):
         self.processed.add(self.config.chunked_prefill_size * num_steps)  # each run step's full chunk
         self._last_batch = [request]
         self._last_was_prefill = True
-        self.cadence.arm(True)  # (nobody decodes in such a run: each countdown spun out at once)
         self.batch_is_full = False  # cleared by ``_note_departures`` (the chunk was in the batch)
         if not sched.waiting:
             return
