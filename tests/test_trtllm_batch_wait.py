@@ -163,3 +163,14 @@ def test_whole_runs_finish_and_the_fast_paths_change_nothing(overlap):
         runs.append({r.request_id: r.token_times for r in engine.requests})
     assert runs[0] == runs[1]
     assert runs[1] != runs[2]  # the waiting held contexts at this load
+
+
+@pytest.mark.parametrize(("model", "expert_parallel"), [("Llama-3-8B", False), ("Qwen3-30B-A3B", True)])
+def test_no_rank_of_an_attention_dp_engine_waits(model, expert_parallel):
+    from tailserve.cluster.dp_group import build_dp_stage
+
+    spec = PolicySpec.make("trtllm", {"batch_wait_timeout_iters": 8, "batch_wait_max_tokens_ratio": 0.5})
+    stage = build_dp_stage(
+        Deployment.of(model, "H100", 1, expert_parallel=expert_parallel, dp=2), spec, shares_prefixes=False
+    )
+    assert all(r.engine.scheduler.policy.in_attention_dp for r in stage.replicas)

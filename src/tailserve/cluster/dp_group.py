@@ -184,6 +184,21 @@ class LockstepStage(Stage):
         return True
 
 
+def _one_api_server(replicas: list[Replica]) -> None:
+    """The checks a DP engine's one API server makes over all its ranks: vLLM's admission limits
+    (``policies/vllm_admission.py``) counted once for the group; and TensorRT-LLM's batch waiting,
+    which ``PyExecutor._schedule`` skips under attention DP, a dense model's ranks included."""
+    policies = [r.engine.scheduler.policy for r in replicas]
+    admission = getattr(policies[0], "admission", None)
+    if admission is not None:
+        admission.share([r.engine.scheduler for r in replicas])
+        for policy in policies[1:]:
+            policy.share_admission(admission)
+    for policy in policies:
+        if hasattr(policy, "in_attention_dp"):
+            policy.in_attention_dp = True
+
+
 def build_dp_stage(
     deployment: Deployment,
     policy: PolicySpec,
@@ -219,6 +234,7 @@ def build_dp_stage(
         )
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
     balancer = make_router(router or engine_balancer(policy))
+    _one_api_server(replicas)
     if lockstep:
         if policy.name == "trtllm":
             return _trtllm_adp_stage(replicas, balancer, built.cost_model)
@@ -232,8 +248,6 @@ def _trtllm_adp_stage(replicas: list[Replica], balancer: BaseRouter, cost_model:
     from tailserve.cluster.adp_stage import AdpLockstepStage  # it builds on LockstepStage
 
     cfg = replicas[0].engine.scheduler.policy.config
-    for replica in replicas:
-        replica.engine.scheduler.policy.in_attention_dp = True  # no batch waiting (_schedule)
     balance = None
     if cfg.attention_dp_enable_balance:
         balance = AdpBalance(

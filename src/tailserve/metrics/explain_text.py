@@ -299,10 +299,11 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
     return _overload_words(x) + _ttft_words(x, peak, flags) + " " + _tbt_words(x, median_gap)
 
 
-# Seconds of TTFT growth per second of arrivals that call a run overloaded: a queue that grows by
-# this share of the time it fills (requests arriving ~1/(1 - 0.1) = 1.11x faster than served). At
-# 0.25 (a 1.33x overload) a 1.36x-overloaded chat run (Llama-3-8B on one H100 at 40/s, serving
-# 29.5/s) went unnamed and its paragraph blamed admission caps instead.
+# Seconds of median-TTFT growth per second of arrivals that call a run overloaded. In a fluid queue
+# the growth is arrival rate / service rate - 1 (0.1: 1.1x), but the medians of the first and last
+# quarters measure less (the first quarter queues too, lengths vary): at 0.25 a chat run served at
+# 29.5/s and offered 40/s (Llama-3-8B on one H100, SGLang) went unnamed and its paragraph blamed
+# admission caps instead.
 OVERLOAD_GROWTH = 0.1
 
 

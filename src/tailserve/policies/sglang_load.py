@@ -48,6 +48,8 @@ def admit_to_queue(config: SglangConfig, sched: Scheduler, request: Request, now
     limit = config.max_queued_requests
     if limit is None or config.disaggregation_mode != "null" or len(sched.waiting) + 1 <= limit:
         return True
+    # (max_queued_requests 0 with priority scheduling: SGLang 0.5.23 takes the max of an empty queue
+    # and raises ValueError; here the arrival is refused.)
     if config.enable_priority_scheduling and len(sched.waiting):
         # SGLang's max over (direction x priority, queue entry time): the least preferred, the
         # newest among equals; it leaves only for a strictly more urgent request.

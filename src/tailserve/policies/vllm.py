@@ -374,6 +374,10 @@ class VllmPolicy(Policy, FastPaths):
         """The admission limits' counters (None without limits)."""
         return self._admission
 
+    def share_admission(self, admission: Admission) -> None:
+        """A DP engine's ranks sit behind one API server: its counters, not one per rank."""
+        self._admission = admission
+
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         if self._admission is not None:
             self._admission.left(finished)

@@ -61,12 +61,23 @@ class Admission:
     _started: dict[Request, None] = field(default_factory=dict)
     num_refused_reqs: int = 0  # refused by max_num_queued_reqs
     num_refused_tokens: int = 0  # refused by max_num_queued_tokens
+    # A data-parallel engine's ranks behind the one API server (``share``): their schedulers,
+    # whose requests the unfinished count covers; None: the scheduler asked about alone.
+    ranks: list[Scheduler] | None = None
+
+    def share(self, ranks: list[Scheduler]) -> None:
+        """Make this the one API server of a DP engine's ranks (``cluster/dp_group.py``, which
+        hands it to every rank's policy): vLLM checks both limits in the API server, over every
+        rank it routes to (``vllm/config/scheduler.py:97-101, 116-119@v0.32.0``)."""
+        self.ranks = ranks
 
     def refusal(self, sched: Scheduler, request: Request) -> str | None:
         """vLLM's 503 message (with the numbers) if ``request`` is refused now, else None."""
         limit = self.max_num_queued_reqs
         if limit is not None:
-            unfinished = len(sched.waiting) + len(sched.running) + len(sched.loading) + len(sched.swapped)
+            unfinished = 0
+            for s in self.ranks or (sched,):
+                unfinished += len(s.waiting) + len(s.running) + len(s.loading) + len(s.swapped)
             if unfinished + 1 > limit:
                 self.num_refused_reqs += 1
                 return f"{QUEUE_OVERFLOW} (max_num_queued_reqs={limit}: {unfinished} requests unfinished)"

@@ -14,12 +14,16 @@ step that admitted them was capacity-bound, and only while some running request 
 Capacity-bound: after its waiting pass more requests wait (the waiting queue and those holding KV
 while they wait: a connector's loads) than vLLM's ``deferred_waiting`` holds — the requests a
 connector's load made a pass skip (or that wait for it), from that pass until they are admitted
-or leave. A deferring step skips the running requests that are
-mid-prefill (``is_prefill_chunk``) and stops admitting at the first waiting request with
-prompt tokens to compute (more than its last one after the prefix-cache hit); a request whose KV
-comes from a connector is still admitted to load. A step that does not defer and reaches the
-waiting queue records whether it was capacity-bound. One engine (no DP group) is never
-throttled: its engine core is not ``DPEngineCoreProc``.
+or leave. A deferring step skips the running requests that are mid-prefill (``is_prefill_chunk``)
+and stops admitting at the first waiting request with prompt tokens to compute (more than its last
+one after the prefix-cache hit); a request whose KV comes from a connector is still admitted to
+load. A step that does not defer and reaches the waiting queue records whether it was
+capacity-bound. One engine (no DP group) is never throttled: its engine core is not
+``DPEngineCoreProc``.
+
+Deviation: vLLM ends a wave only when it syncs the ranks' state (the first step, then every
+``dp_sync_interval`` steps, 16: ``core.py:2411-2413``), running dummy batches and counting on until
+then; ``PrefillCadence`` restarts at the first step after which no rank has work.
 """
 
 from __future__ import annotations
