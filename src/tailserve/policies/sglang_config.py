@@ -83,15 +83,16 @@ class SglangConfig:
     num_reserved_decode_tokens: int = field(default=512, metadata=_WHEN_SET)
     disaggregation_decode_extra_slots: int | None = field(default=None, metadata=_WHEN_SET)
     disaggregation_decode_polling_interval: int = field(default=1, metadata=_WHEN_SET)
-    # Load and cadence (scheduler.py, schedule_policy.py): an arrival finding max_queued_requests
-    # waiting is refused with HTTP 503 (under priority scheduling it may push out a less urgent
-    # waiting one instead); a prefill batch takes at most prefill_max_requests requests, a
-    # continuing chunk included; after each prefill batch the next prefill waits
-    # prefill_decode_interval scheduler turns, while at least prefill_decode_interval_min_bs
-    # requests are running. None: no limit, no interval (SGLang's defaults off Qwen3-VL).
+    # Load and cadence (policies/sglang_load.py). A request entering a waiting queue of this many
+    # is refused with HTTP 503 (under priority scheduling a less urgent waiting one may leave
+    # instead); none: no limit
     max_queued_requests: int | None = field(default=None, metadata=_WHEN_SET)
+    # the most requests in one prefill batch, a continuing chunk included; none: no limit
     prefill_max_requests: int | None = field(default=None, metadata=_WHEN_SET)
+    # scheduler turns without a prefill pass after each prefill batch; none or 0: off (SGLang's
+    # default, but 22 for Qwen3-VL on Hopper)
     prefill_decode_interval: int | None = field(default=None, metadata=_WHEN_SET)
+    # prefill_decode_interval applies while at least this many requests decode
     prefill_decode_interval_min_bs: int = field(default=0, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:

@@ -119,10 +119,11 @@ class TrtllmConfig:
     # prefix does not cover (policies/trtllm_prefix_aware.py). False here: 1.2.1, which has no
     # such option and charges every scheduled token
     enable_prefix_aware_scheduling: bool = field(default=False, metadata=_WHEN_SET)
-    # batch_wait_timeout_iters / batch_wait_max_tokens_ratio (TorchLlmArgs): a step's contexts are
-    # held back while generation requests run, up to that many steps or until their tokens reach
-    # the ratio of max_num_tokens (policies/trtllm_batch_wait.py); both must be > 0 to hold
+    # batch_wait_timeout_iters (TorchLlmArgs): a step's contexts are held back, while generation
+    # requests run, up to this many steps (policies/trtllm_batch_wait.py); 0: off
     batch_wait_timeout_iters: int = field(default=0, metadata=_WHEN_SET)
+    # batch_wait_max_tokens_ratio: ... or until the step's tokens reach this share of
+    # max_num_tokens, in [0, 1]; 0: off (either at 0 holds nothing)
     batch_wait_max_tokens_ratio: float = field(default=0.0, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
