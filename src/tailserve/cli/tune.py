@@ -46,6 +46,7 @@ from tailserve.tune.recommend import (
     tune_json,
 )
 from tailserve.tune.sweep import ResultsFile, RunSpec, Sweep
+from tailserve.tune.valve import ttft_terms
 
 DEFAULT_RESULTS = (
     "$TAILSERVE_CACHE/tune/ (default ~/.cache/tailserve/tune/), one file per deployment and workload"
@@ -99,6 +100,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=default_of(TuneConfig, "max_rate"),
         help="stop doubling the rate here, requests/s (default: %(default)s)",
+    )
+    p.add_argument(
+        "--valve",
+        action="store_true",
+        help="also find, at --rate, the engine's admission valve that holds the SLO's TTFT bound for the "
+        "requests it serves: vllm's --max-num-queued-tokens, sglang's --max-queued-requests (the fewest "
+        "refused with 503; tune/valve.py)",
     )
     p.add_argument(
         "--model-id",
@@ -200,6 +208,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return run_plan(args, deployment, config.workload, config.slo, deployment_line(built))
     # A workload without a rate to search is refused before a results file is made or named.
     RateScaler.of(RunSpec(config.deployment, config.workload, config.policies[0]))
+    if args.valve and not ttft_terms(config.slo):
+        raise CliError("--valve needs a TTFT tail bound in --slo (e.g. ttft_p99=2s)")
     results = ResultsFile(args.out or default_results_path(config, args.report), resume=not args.no_resume)
     print(
         f"results: {results.path} ({len(results)} runs to reuse; --out FILE to choose, --no-resume to start afresh)",
@@ -210,6 +220,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         with sweep:
             result = tune(config, sweep, args.model_id)
             print_tune(result, deployment_line(built))
+            valves = _valves(config, sweep) if args.valve else []
             if args.report:
                 _write_report(args.report, result, sweep, deployment_line(built))
     except KeyboardInterrupt:
@@ -224,8 +235,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.json:
-        write_json(args.json, tune_json(result))
+        write_json(args.json, {**tune_json(result), **({"valves": valves} if args.valve else {})})
     return 0
+
+
+def _valves(config: TuneConfig, sweep: Any) -> list[dict[str, Any]]:
+    """``--valve``: each vllm / sglang policy's admission valve at the workload's rate, printed."""
+    from tailserve.tune.valve import VALVES, valve_json, valve_steps
+
+    specs = [s for s in config.policies if s.name in VALVES]
+    skipped = [s.label for s in config.policies if s.name not in VALVES]
+    if skipped:
+        print(f"valve: none simulated for {', '.join(skipped)} (vllm and sglang have one)")
+    scalers = [
+        RateScaler.of(RunSpec(config.deployment, config.workload, s, options=config.options)) for s in specs
+    ]
+    found = sweep.drive(
+        [valve_steps(sc, s, config.slo, config.rel_tol) for sc, s in zip(scalers, specs)], "valve"
+    )
+    out = []
+    for scaler, valve in zip(scalers, found):
+        print(valve.line(scaler.rate))
+        out.append(valve_json(valve, scaler.rate))
+    return out
 
 
 def default_results_path(config: TuneConfig, report: str | None) -> Path:
