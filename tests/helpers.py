@@ -88,3 +88,41 @@ def running_request(
     assert sched.allocate(request, request.num_computed_tokens)
     sched.running.append(request)
     return request
+
+
+def sim_run(
+    sched: Scheduler, requests: list[Request], fast: bool, block_size: int = 1, check_integrity: bool = True
+):
+    """Run ``requests`` through ``sched`` on the simulated executor (Llama-3-8B, one H100), the
+    fast paths on or off; the engine, its requests finished."""
+    from tailserve.core.engine import Engine, EngineOptions
+    from tailserve.core.source import ListSource
+    from tailserve.executors.simulated.cost_model import CostModel
+    from tailserve.executors.simulated.driver import SimDriver
+    from tailserve.executors.simulated.executor import SimExecutor
+    from tailserve.executors.simulated.hardware import get_hardware
+    from tailserve.executors.simulated.models import get_model
+
+    executor = SimExecutor(
+        CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), block_size=block_size
+    )
+    options = EngineOptions(fast_forward=fast, check_integrity=check_integrity)
+    engine = Engine(sched, executor, ListSource(requests), options=options)
+    SimDriver(engine).run()
+    return engine
+
+
+def trtllm_line_read_back(spec, deployment, device, tmp_path, monkeypatch, max_model_len: int = 8192):
+    """tune's printed ``trtllm-serve`` line (its options YAML written as the echo would), read back
+    by lint and translate: the translation."""
+    import shlex
+
+    from tailserve.engines.lint import lint
+    from tailserve.engines.translate import translate
+    from tailserve.tune.commands import command_line
+
+    echo, _, launch = command_line(spec, deployment, None, device, max_model_len).partition(" && ")
+    words = shlex.split(echo)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / words[3]).write_text(words[1])
+    return translate(lint(launch), device)

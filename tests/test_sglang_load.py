@@ -12,17 +12,10 @@ import pytest
 from helpers import grants as _grants
 from helpers import ids as _ids
 from helpers import running_request as _running
-from helpers import scheduler_for
+from helpers import scheduler_for, sim_run
 from helpers import step as _step
-from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.source import ListSource
-from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.driver import SimDriver
-from tailserve.executors.simulated.executor import SimExecutor
-from tailserve.executors.simulated.hardware import get_hardware
-from tailserve.executors.simulated.models import get_model
 from tailserve.policies.sglang import SglangConfig, SglangPolicy
 from tailserve.policies.sglang_load import PUSHED_OUT, QUEUE_FULL
 
@@ -219,14 +212,7 @@ def test_whole_runs_end_every_request_and_the_fast_paths_change_nothing(flags, o
     runs = []
     for fast in (False, True):
         sched = _sglang(1500, disable_overlap_schedule=not overlap, **flags)
-        executor = SimExecutor(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), block_size=1)
-        engine = Engine(
-            sched,
-            executor,
-            ListSource(_workload(60, 3)),
-            options=EngineOptions(fast_forward=fast, check_integrity=True),
-        )
-        SimDriver(engine).run()
+        engine = sim_run(sched, _workload(60, 3), fast)
         assert len(engine.requests) == 60
         assert all(r.status in LEFT for r in engine.requests)
         assert all(r.status_reason for r in engine.requests if r.status is not RequestStatus.FINISHED_LENGTH)
@@ -247,10 +233,8 @@ def test_a_long_chunked_prompt_beside_a_decode_runs_alike_fast_and_stepped(inter
             chunked_prefill_size=64, prefill_decode_interval=interval, disable_overlap_schedule=True
         )
         sched = scheduler_for(SglangPolicy(cfg), 20000, 1, 8192)
-        executor = SimExecutor(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), block_size=1)
         workload = [Request("d0", 30, 400, 0.0), Request("long", 3000, 5, 0.001)]
-        engine = Engine(sched, executor, ListSource(workload), options=EngineOptions(fast_forward=fast))
-        SimDriver(engine).run()
+        engine = sim_run(sched, workload, fast, check_integrity=False)
         runs.append({r.request_id: r.token_times for r in engine.requests})
     assert runs[0] == runs[1]
 

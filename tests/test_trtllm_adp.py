@@ -3,10 +3,9 @@ cluster/adp_stage.py): hand-worked cases of each rule, then a group run with bot
 
 from __future__ import annotations
 
-import shlex
-
 import pytest
 
+from helpers import trtllm_line_read_back
 from tailserve.cli import main
 from tailserve.cluster.adp_stage import AdpLockstepStage
 from tailserve.cluster.build import workload_requests
@@ -25,7 +24,6 @@ from tailserve.policies.trtllm_adp import AdpBalance, RankLoad, StepCounts, num_
 from tailserve.policies.trtllm_config import TrtllmConfig
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
-from tailserve.tune.commands import command_line
 from tailserve.workloads.lengths import parse_length
 
 H100 = get_hardware("H100").device_info
@@ -189,11 +187,7 @@ def test_the_yaml_keys_are_the_policy_flags_and_round_trip(tmp_path, monkeypatch
     # tune's printed trtllm-serve line writes them back into its YAML
     spec = PolicySpec.make("trtllm", flags)
     dp = Deployment.of("Qwen3-30B-A3B", "H100", 1, expert_parallel=True, dp=2)
-    echo, _, launch = command_line(spec, dp, None, H100, 8192).partition(" && ")
-    words = shlex.split(echo)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / words[3]).write_text(words[1])
-    back = translate(lint(launch), H100)
+    back = trtllm_line_read_back(spec, dp, H100, tmp_path, monkeypatch)
     cls = get_policy_cls("trtllm")
     assert cls.default_config(H100, 8192, **back.spec.flags) == cls.default_config(H100, 8192, **flags)
     assert back.deployment["dp"] == 2 and back.deployment["tp"] == 1

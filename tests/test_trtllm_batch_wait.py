@@ -5,28 +5,19 @@ scheduler off so each step's outputs apply before the next."""
 from __future__ import annotations
 
 import random
-import shlex
 
 import pytest
 
-from helpers import grants, scheduler_for, step
+from helpers import grants, scheduler_for, sim_run, step, trtllm_line_read_back
 from tailserve.core.device import DeviceInfo
-from tailserve.core.engine import Engine, EngineOptions
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.source import ListSource
 from tailserve.engines.flag_spec import NO_OP, SCHEDULING
 from tailserve.engines.lint import lint
 from tailserve.engines.translate import translate
-from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.deployment import Deployment
-from tailserve.executors.simulated.driver import SimDriver
-from tailserve.executors.simulated.executor import SimExecutor
-from tailserve.executors.simulated.hardware import get_hardware
-from tailserve.executors.simulated.models import get_model
 from tailserve.policies.registry import PolicySpec, get_policy_cls
 from tailserve.policies.trtllm import TrtllmPolicy
-from tailserve.tune.commands import command_line
 
 H100 = DeviceInfo("H100-SXM", 80.0)
 
@@ -120,13 +111,7 @@ def test_lint_reads_both_keys_and_flags_one_alone(tmp_path):
 def test_tunes_command_line_writes_them_back(tmp_path, monkeypatch):
     flags = {"batch_wait_timeout_iters": 20, "batch_wait_max_tokens_ratio": 0.75}
     spec = PolicySpec.make("trtllm", flags)
-    echo, _, launch = command_line(spec, Deployment.of("Llama-3-8B", "H100", 1), None, H100, 8192).partition(
-        " && "
-    )
-    words = shlex.split(echo)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / words[3]).write_text(words[1])
-    back = translate(lint(launch), H100)
+    back = trtllm_line_read_back(spec, Deployment.of("Llama-3-8B", "H100", 1), H100, tmp_path, monkeypatch)
     cls = get_policy_cls("trtllm")
     assert cls.default_config(H100, 8192, **back.spec.flags) == cls.default_config(H100, 8192, **flags)
 
@@ -150,14 +135,7 @@ def test_whole_runs_finish_and_the_fast_paths_change_nothing(overlap):
             TrtllmPolicy.default_config(H100, 4096, **PolicySpec.make("trtllm", flags).flags)
         )
         sched = scheduler_for(policy, 2000, 32, 4096)
-        executor = SimExecutor(CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1), block_size=32)
-        engine = Engine(
-            sched,
-            executor,
-            ListSource(_workload(50, 7)),
-            options=EngineOptions(fast_forward=fast, check_integrity=True),
-        )
-        SimDriver(engine).run()
+        engine = sim_run(sched, _workload(50, 7), fast, block_size=32)
         assert all(r.status is RequestStatus.FINISHED_LENGTH for r in engine.requests)
         assert sched.kv_cache.num_free_blocks == 2000  # every block back
         runs.append({r.request_id: r.token_times for r in engine.requests})
