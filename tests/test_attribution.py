@@ -363,3 +363,20 @@ def test_a_flag_that_holds_prompts_back_is_named_first_when_the_run_set_it():
     )
     # one alone holds nothing in TensorRT-LLM 1.2 (policies/trtllm_batch_wait.py): not named
     assert "batch_wait" not in remedy(DECODE_WAIT, "trtllm", {"batch_wait_timeout_iters": 20})
+
+
+def test_the_paragraph_says_how_many_were_refused_before_the_served_ones_times():
+    built = build_cost_model(Deployment("Llama-3-8B", "A100-40GB", 1, "none"))
+    workload = WorkloadSpec("chat", num_requests=120, rate=40.0)
+    run = run_policy(
+        built,
+        parse_policy_list("vllm:max_num_queued_reqs=20")[0],
+        WorkloadBuilder(workload),
+        options=EngineOptions(record_batches=True),
+    )
+    refused = sum(r.status.name == "FINISHED_REJECTED" for r in run.requests)
+    assert refused > 0
+    summary = explain_run(run).summary
+    assert summary.startswith(f"{refused:,} of 120 requests were refused at arrival (")
+    assert "The engine is currently busy" in summary
+    assert f"the times below are the {120 - refused:,} finished requests'" in summary

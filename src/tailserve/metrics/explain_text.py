@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tailserve.core.request import RequestStatus
 from tailserve.metrics.attribution import (
     BATCHED_DECODE,
     BATCHED_PREFILL,
@@ -296,7 +297,25 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
     gaps = pooled_gaps(finished(list(attributor.requests.values())))  # between steps: no drafts' zeros
     median_gap = float(np.median(gaps)) if gaps.size else 0.0
     flags = attributor.flags
-    return _overload_words(x) + _ttft_words(x, peak, flags) + " " + _tbt_words(x, median_gap)
+    refused = _refused_words(list(attributor.requests.values()), len(x.ttft))
+    return refused + _overload_words(x) + _ttft_words(x, peak, flags) + " " + _tbt_words(x, median_gap)
+
+
+def _refused_words(requests: list[Any], num_served: int) -> str:
+    """Requests turned away at arrival (an engine's 503 valve, backpressure, too long): the times
+    that follow are only the served ones'."""
+    refused = [r for r in requests if r.status is RequestStatus.FINISHED_REJECTED]
+    if not refused:
+        return ""
+    reasons: dict[str, int] = {}
+    for r in refused:
+        reason = (r.status_reason or "no reason given").split(" (")[0]
+        reasons[reason] = reasons.get(reason, 0) + 1
+    top, count = max(reasons.items(), key=lambda item: item[1])
+    return (
+        f"{len(refused):,} of {len(requests):,} requests were refused at arrival ({count:,} of them: "
+        f'"{top}"); the times below are the {num_served:,} finished requests\'. '
+    )
 
 
 # Seconds of median-TTFT growth per second of arrivals that call a run overloaded. In a fluid queue
