@@ -312,10 +312,11 @@ class Engine:
             self.num_requests_seen += 1
             num_left = len(finished)
             self.scheduler.add_request(request, now)
-            # The arrival refused, or a waiting request it pushed out (SGLang's full queue under
-            # priority scheduling): either has left.
-            for done in finished[num_left:]:
-                self.source.on_finish(done, now)
+            if len(finished) != num_left:
+                # The arrival refused, or a waiting request it pushed out (SGLang's full queue
+                # under priority scheduling): either has left.
+                for done in finished[num_left:]:
+                    self.source.on_finish(done, now)
 
     def _idle(self) -> bool:
         sched = self.scheduler
