@@ -80,3 +80,20 @@ def test_tune_valve_needs_a_ttft_bound(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--valve needs a TTFT tail bound in --slo" in err
+
+
+def test_tune_valve_is_one_engines(tmp_path, capsys):
+    argv = [
+        "tune",
+        "--model",
+        "Llama-3-8B",
+        "--hardware",
+        "H100-SXM",
+        "--gpus",
+        "4",
+        "--valve",
+        "--slo",
+        "ttft_p99=2s",
+    ]
+    assert main(argv) == 2
+    assert "--valve searches one engine's admission valve" in capsys.readouterr().err

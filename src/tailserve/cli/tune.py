@@ -185,6 +185,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         options=EngineOptions(fast_forward=not args.no_fast_forward, check_integrity=args.check_integrity),
         sweep_given=bool(commands),
     )
+    if args.valve and (deployment.dp > 1 or args.gpus is not None):
+        raise CliError(
+            "--valve searches one engine's admission valve: not with --gpus or --data-parallel-size"
+        )
     if deployment.dp > 1:
         # One engine of DP ranks: its capacity, as a plan of that one layout (tune/cluster_plan.py)
         if args.gpus is not None and args.gpus != deployment.gpus:
