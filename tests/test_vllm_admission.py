@@ -324,6 +324,42 @@ def test_the_server_answers_a_refused_request_503_with_vllms_message(micro_model
         assert len(queue_full) == 1 and queue_full[0].endswith(" 2.0"), queue_full
 
 
+def test_tgis_backpressure_is_a_429_from_the_server(micro_model: Path) -> None:
+    """TGI's router answers an overloaded request 429 (``InferError::Overloaded``); it was a 200
+    whose stream ended at once with finish_reason abort."""
+    with running_server(
+        micro_model, "sim", policy="tgi", policy_flags={"max_concurrent_requests": "1"}
+    ) as running:
+        url = f"{running.base_url}/v1/completions"
+        body = {"model": NAME, "prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url, json=body) as first:
+            lines = first.iter_lines()
+            assert next(lines).startswith("data: ")
+            refused = httpx.post(url, json={**body, "stream": False, "max_tokens": 5}, timeout=60)
+            error = assert_openai_error(refused, 429)
+            assert error["message"] == "Model is overloaded (max_concurrent_requests=1)"
+        wait_idle(running)
+        metrics = httpx.get(f"{running.base_url}/metrics").text.splitlines()
+        overloaded = [line for line in metrics if line.startswith("tailserve_requests_rejected_total{")
+                      and 'reason="overloaded"' in line]  # fmt: skip
+        assert len(overloaded) == 1 and overloaded[0].endswith(" 1.0"), overloaded
+
+
+def test_offline_a_refused_request_ends_as_a_finished_output(micro_model: Path) -> None:
+    from tailserve.llm import LLMEngine, SamplingParams
+
+    engine = LLMEngine.from_args(
+        str(micro_model), executor="sim", hardware="H100-SXM", sim_model="Llama-3-8B", policy="vllm",
+        policy_flags={"max_num_seqs": "1", "max_num_queued_reqs": "1"},
+    )  # fmt: skip
+    for rid in "ab":
+        engine.add_request(rid, "hello world", SamplingParams(max_tokens=4, ignore_eos=True))
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o.finish_reason for o in engine.step() if o.finished})
+    assert finished == {"a": "length", "b": "abort"}
+
+
 def test_a_refusal_leaves_the_engines_request_count_whole(micro_model: Path) -> None:
     """A request refused at arrival never entered: the engine's integrity count must not keep it
     (else every later check, and the recovery from a failed step, would fail)."""
@@ -335,6 +371,7 @@ def test_a_refusal_leaves_the_engines_request_count_whole(micro_model: Path) -> 
         policy_flags={"max_num_seqs": "1", "max_num_queued_reqs": "1"}, check_integrity=True,
     )  # fmt: skip
     engine.add_request("a", "hello world", SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.raise_refusals()  # as the server's engine does
     with pytest.raises(RequestRefusedError):
         engine.add_request("b", "hello world", SamplingParams(max_tokens=4, ignore_eos=True))
     done = []

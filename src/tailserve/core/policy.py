@@ -110,11 +110,15 @@ class Policy(ABC):
         queue it, or refuse it with ``sched.reject``."""
         sched.waiting.add_request(request)
 
+    # The HTTP status an API server answers such a refusal with (vLLM's and SGLang's 503; TGI's
+    # router answers 429).
+    refusal_status: ClassVar[int] = 503
+
     def refuses_at_arrival(self) -> bool:
         """True when ``add_request`` may refuse a request the way an API server answers it at
-        once (vLLM's ``max_num_queued_reqs`` / ``max_num_queued_tokens``: HTTP 503): a live
-        engine then hands the policy each request as it is added and raises the refusal to the
-        caller (``LLMEngine.add_request``) instead of reporting a finished output."""
+        once (vLLM's ``max_num_queued_reqs`` / ``max_num_queued_tokens``, TGI's backpressure):
+        a server's engine (``LLMEngine.raise_refusals``) then hands the policy each request as it
+        is added and raises the refusal to the caller instead of reporting a finished output."""
         return False
 
     @abstractmethod

@@ -70,7 +70,12 @@ class EngineFatalError(RuntimeError):
 
 class RequestRefusedError(RuntimeError):
     """The policy refused the request at arrival as an API server does (vLLM's
-    ``max_num_queued_reqs`` / ``max_num_queued_tokens``: HTTP 503); nothing of it is kept."""
+    ``max_num_queued_reqs`` / ``max_num_queued_tokens``: HTTP 503; TGI's backpressure: 429);
+    nothing of it is kept. ``status``: the HTTP status the engine's server answers."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def describe_error(error: BaseException) -> str:
@@ -109,9 +114,15 @@ class LLMEngine:
         self._prefix_queries = self._prefix_hits = 0
         self._external_queries = self._external_hits = 0  # a CPU offloading tier's (vLLM's connector)
         self._prompt_tokens = self._generation_tokens = 0
-        # vLLM's API-server admission check (``Policy.refuses_at_arrival``): each request is
-        # handed to the scheduler as it is added, and a refusal raised to the caller.
-        self._refuses_at_arrival = scheduler.policy.refuses_at_arrival()
+        # An API server's admission check (``Policy.refuses_at_arrival``), once a server asks for
+        # it (``raise_refusals``): each request is handed to the scheduler as it is added, and a
+        # refusal raised to the caller. Offline, a refused request ends as a finished output.
+        self._refuses_at_arrival = False
+
+    def raise_refusals(self) -> None:
+        """Refuse at ``add_request`` what the policy refuses at arrival (``RequestRefusedError``),
+        as the engine's API server answers it; the server calls this."""
+        self._refuses_at_arrival = self.scheduler.policy.refuses_at_arrival()
 
     @classmethod
     def from_args(cls, model: str | None = None, **kwargs: Any) -> LLMEngine:
@@ -195,7 +206,8 @@ class LLMEngine:
         self.stop_checker.states.pop(request.request_id)
         self.stop_checker.requests.pop(request.request_id)
         self._ids.discard(request.request_id)
-        raise RequestRefusedError(request.status_reason or "the engine refused the request")
+        reason = request.status_reason or "the engine refused the request"
+        raise RequestRefusedError(reason, self.scheduler.policy.refusal_status)
 
     def abort_request(self, request_id: str, reason: str = "aborted") -> None:
         """End a request wherever it is; its blocks are freed now, its output comes with the next

@@ -189,6 +189,11 @@ class TgiPolicy(Policy, FastPaths):
     def kv_spec(self) -> KVSpec:
         return KVSpec("paged" if self.config.disable_radix_cache else "radix", radix="tgi")
 
+    refusal_status = 429  # router/src/server.rs: InferError::Overloaded -> TOO_MANY_REQUESTS
+
+    def refuses_at_arrival(self) -> bool:
+        return True  # max_concurrent_requests is always set
+
     def add_request(self, sched: Scheduler, request: Request) -> None:
         limit = self.config.max_concurrent_requests
         if len(sched.waiting) + len(sched.running) >= limit:

@@ -190,9 +190,9 @@ def build_app(
         except QueueFullError as error:
             mark_rejected(request, "queue_full")
             raise ApiError(str(error), status=503) from None
-        except RequestRefusedError as error:  # vLLM's admission limits (max_num_queued_*)
-            mark_rejected(request, "queue_full")
-            raise ApiError(str(error), status=503) from None
+        except RequestRefusedError as error:  # vLLM's admission limits, TGI's backpressure (429)
+            mark_rejected(request, "queue_full" if error.status == 503 else "overloaded")
+            raise ApiError(str(error), status=error.status) from None
         except ShuttingDownError as error:
             mark_rejected(request, "shutting_down")
             raise ApiError(str(error), status=503) from None

@@ -97,6 +97,7 @@ class AsyncEngine:
         if max_queued_requests is not None and max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {max_queued_requests}")
         self.engine = engine
+        engine.raise_refusals()  # a policy's refusal at arrival is this server's 503 / 429
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics
         self.on_fatal = on_fatal  # called on the event loop once the engine thread died
