@@ -126,3 +126,17 @@ def trtllm_line_read_back(spec, deployment, device, tmp_path, monkeypatch, max_m
     monkeypatch.chdir(tmp_path)
     (tmp_path / words[3]).write_text(words[1])
     return translate(lint(launch), device)
+
+
+def dp_run(deployment, policy, workload):
+    """A data-parallel engine's stage (``build_dp_stage``) run over ``workload``'s requests: the
+    stage and the run."""
+    from tailserve.cluster.build import workload_requests
+    from tailserve.cluster.cluster import run_aggregated
+    from tailserve.cluster.dp_group import build_dp_stage
+    from tailserve.cluster.replica import ReplicaSpec
+    from tailserve.sim.workload_builder import WorkloadBuilder
+
+    stage = build_dp_stage(deployment, policy, shares_prefixes=False)
+    requests = workload_requests(WorkloadBuilder(workload), [ReplicaSpec(deployment, policy)])
+    return stage, run_aggregated(stage, requests)

@@ -384,12 +384,8 @@ def test_a_refusal_leaves_the_engines_request_count_whole(micro_model: Path) -> 
 def test_a_dp_engines_ranks_share_one_api_servers_limits(model: str, expert_parallel: bool) -> None:
     """vLLM's API server counts every rank it routes to: one counter for the group, so the group
     never holds more than the limit (one per rank would let dp x the limit in)."""
-    from tailserve.cluster.build import workload_requests
-    from tailserve.cluster.cluster import run_aggregated
-    from tailserve.cluster.dp_group import build_dp_stage
-    from tailserve.cluster.replica import ReplicaSpec
+    from helpers import dp_run
     from tailserve.executors.simulated.deployment import Deployment
-    from tailserve.sim.workload_builder import WorkloadBuilder
     from tailserve.sim.workload_spec import WorkloadSpec
     from tailserve.workloads.lengths import parse_length
 
@@ -402,10 +398,9 @@ def test_a_dp_engines_ranks_share_one_api_servers_limits(model: str, expert_para
         output_len=parse_length("200"),
     )
     policy = PolicySpec.make("vllm", {"max_num_queued_reqs": 40})
-    stage = build_dp_stage(deployment, policy, shares_prefixes=False)
+    stage, run = dp_run(deployment, policy, spec)
     first, second = (r.engine.scheduler.policy.admission for r in stage.replicas)
     assert first is second
-    run = run_aggregated(stage, workload_requests(WorkloadBuilder(spec), [ReplicaSpec(deployment, policy)]))
     accepted = [r for r in run.requests if r.status is not RequestStatus.FINISHED_REJECTED]
     events = sorted([(r.arrival_time, 1) for r in accepted] + [(r.finish_time, -1) for r in accepted])
     held = peak = 0

@@ -8,18 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import grants, scheduler_for, step
-from tailserve.cluster.build import workload_requests
-from tailserve.cluster.cluster import run_aggregated
-from tailserve.cluster.dp_group import LockstepStage, build_dp_stage
-from tailserve.cluster.replica import ReplicaSpec
+from helpers import dp_run, grants, scheduler_for, step
+from tailserve.cluster.dp_group import LockstepStage
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
 from tailserve.policies.vllm import VllmConfig, VllmPolicy
 from tailserve.policies.vllm_dp_prefill import PrefillCadence, PrefillThrottle
-from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.workloads.lengths import parse_length
 
@@ -110,11 +106,7 @@ def _dp_run(interval: int, n: int = 60):
         name="random", num_requests=n, rate=40.0, input_len=parse_length("uniform:200:1200"),
         output_len=parse_length("uniform:20:200"),
     )  # fmt: skip
-    policy = PolicySpec.make("vllm", {"prefill_schedule_interval": interval})
-    stage = build_dp_stage(deployment, policy, shares_prefixes=False)
-    return stage, run_aggregated(
-        stage, workload_requests(WorkloadBuilder(spec), [ReplicaSpec(deployment, policy)])
-    )
+    return dp_run(deployment, PolicySpec.make("vllm", {"prefill_schedule_interval": interval}), spec)
 
 
 def test_an_moe_dp_group_admits_prompts_on_its_cadence():

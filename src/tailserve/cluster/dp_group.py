@@ -184,9 +184,9 @@ class LockstepStage(Stage):
         return True
 
 
-def _one_api_server(replicas: list[Replica]) -> None:
-    """The checks a DP engine's one API server makes over all its ranks: vLLM's admission limits
-    (``policies/vllm_admission.py``) counted once for the group; and TensorRT-LLM's batch waiting,
+def _group_wide_rules(replicas: list[Replica]) -> None:
+    """The rules a DP engine applies to its ranks as one: vLLM's admission limits, checked by one
+    API server for all of them (``policies/vllm_admission.py``); TensorRT-LLM's batch waiting,
     which ``PyExecutor._schedule`` skips under attention DP, a dense model's ranks included."""
     policies = [r.engine.scheduler.policy for r in replicas]
     admission = getattr(policies[0], "admission", None)
@@ -234,7 +234,7 @@ def build_dp_stage(
         )
         replicas.append(Replica(i, f"{name_prefix}{i}", spec, engine, source))
     balancer = make_router(router or engine_balancer(policy))
-    _one_api_server(replicas)
+    _group_wide_rules(replicas)
     if lockstep:
         if policy.name == "trtllm":
             return _trtllm_adp_stage(replicas, balancer, built.cost_model)

@@ -426,7 +426,8 @@ class SglangPolicy(Policy, FastPaths):
                 cadence.remaining = 0
                 if deferred or aborted or (was_full and not self.batch_is_full):
                     prefilled = self._prefill(sched, now, out)
-        cadence.arm(prefilled)
+        if prefilled and cadence.interval:
+            cadence.arm()
         self._last_batch = [s.request for s in out.scheduled]
         self._last_was_prefill = prefilled
         if prefilled:  # ``run_batch``: the batch's extend tokens, mixed decodes included
@@ -679,8 +680,7 @@ class SglangPolicy(Policy, FastPaths):
         out.preempted.append(request)
         drop_in_flight(self._step_in_flight(sched), request)  # overlap: its in-flight output is dropped
         if not admit_to_queue(self.config, sched, request, now):
-            self.on_finished(sched, [request])  # a full queue (max_queued_requests): aborted
-            return
+            return  # a full queue (max_queued_requests): aborted
         request.enqueue_time = now
         sched.waiting.add_request(request)
         self.processed.stamp(request)

@@ -66,6 +66,7 @@ def admit_to_queue(config: SglangConfig, sched: Scheduler, request: Request, now
         sched.reject(request, reason, now)
     else:
         sched.abort(request, reason, now)  # retracted or evicted: its KV was freed already
+        sched.policy.on_finished(sched, [request])  # (``abort`` leaves the policy's own state)
     return False
 
 
@@ -88,7 +89,6 @@ class PrefillDecodeInterval:
         self.remaining -= 1
         return True
 
-    def arm(self, prefilled: bool) -> None:
-        """``_arm_prefill_decode_interval`` after the turn built its batch."""
-        if prefilled and self.interval:
-            self.remaining = self.interval
+    def arm(self) -> None:
+        """``_arm_prefill_decode_interval`` after a turn that built a prefill batch."""
+        self.remaining = self.interval

@@ -412,12 +412,6 @@ class VllmPolicy(Policy, FastPaths):
         self._offload.expect(request_id, num_tokens, pull)
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
-        out = self._schedule(sched, now)
-        if out.num_admitted and self._admission is not None:
-            self._admission.started(sched.running, out.num_admitted)  # they may sample from now
-        return out
-
-    def _schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         offload = self._offload
         if offload is not None:
             host = sched.kv_cache.host if offload.uses_host_tier else None
@@ -436,7 +430,7 @@ class VllmPolicy(Policy, FastPaths):
                 sched.defer_in_flight_frees = bool(self.config.async_scheduling)
                 offload.read_reports(sched, now)
         if self._advanced:
-            return schedule_advanced(
+            out = schedule_advanced(
                 self.config,
                 self._spec,
                 sched,
@@ -445,6 +439,9 @@ class VllmPolicy(Policy, FastPaths):
                 self._offload,
                 self.prefill_throttle,
             )
+            if out.num_admitted and self._admission is not None:  # they may sample from now
+                self._admission.started(sched.running, out.num_admitted)
+            return out
         cfg: VllmConfig = self.config
         out = new_output()
         budget = cfg.max_num_batched_tokens
@@ -619,4 +616,6 @@ class VllmPolicy(Policy, FastPaths):
             offload.requeue(waiting)
         if tracked is not None and not defer:  # (read only on throttled steps: tracking's)
             throttle.released(len(waiting) + len(sched.loading))
+        if out.num_admitted and self._admission is not None:  # (a pass that preempts admits nobody)
+            self._admission.started(sched.running, out.num_admitted)
         return out

@@ -52,8 +52,8 @@ def schedule_advanced(
     sched: Scheduler,
     now: float,
     decode_items: dict[Request, list[ScheduledRequest]],
-    offload: OffloadLoads | None = None,
-    throttle: PrefillThrottle | None = None,
+    offload: OffloadLoads | None,
+    throttle: PrefillThrottle,
 ) -> SchedulerOutput:
     """One step of vLLM's scheduler with its own accounting. ``decode_items``: the policy's two
     plain decode items per running request, handed out in turn (``ScheduledRequest``);
@@ -90,12 +90,8 @@ def schedule_advanced(
     # their context tokens, for ``decode_head``; ``leading`` ends at the first other entry.
     leading = True
     num_leading = context = 0
-    defer = (
-        throttle is not None
-        and throttle.throttled
-        and throttle.defers(any(not r.is_prefill_chunk for r in running))
-    )
-    tracked = throttle.deferred if throttle is not None and throttle.tracking else None
+    defer = throttle.throttled and throttle.defers(any(not r.is_prefill_chunk for r in running))
+    tracked = throttle.deferred if throttle.tracking else None
     i = 0
     while i < num_running and budget > 0:
         request = running[i]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 from tailserve.executors.simulated.spec_decode import SpecDecoding, accepted_drafts, resolve_acceptance_rates
 from tailserve.validate.workload import STOP_TOKEN_ID, RequestSpec, SchedulerSpec, Workload
@@ -64,10 +65,18 @@ def _request(
     )
 
 
+def _vllm_032_knobs(seed: int, threshold: int, max_num_seqs: int) -> dict[str, Any]:
+    """vLLM 0.32's scheduler knobs for a workload, each from a generator of its own: every other
+    draw, and so every earlier workload, is unchanged."""
+    return {
+        "long_prefill_token_threshold_adaptive": _adaptive(seed, threshold),
+        "prefill_schedule_interval": _interval(seed),
+        "max_num_active_seqs": _active(seed, max_num_seqs),
+    }
+
+
 def _adaptive(seed: int, threshold: int) -> bool:
-    """vLLM 0.32's ``long_prefill_token_threshold_adaptive``, on in half the workloads with a
-    threshold, from a generator of its own: every other draw, and so every earlier workload, is
-    unchanged."""
+    """``long_prefill_token_threshold_adaptive``, on in half the workloads with a threshold."""
     return threshold > 0 and random.Random(seed * 7919 + 11).random() < 0.5
 
 
@@ -138,9 +147,7 @@ def random_vllm_workload(seed: int) -> Workload:
         scheduling_policy=policy,
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
-        long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
-        prefill_schedule_interval=_interval(seed),
-        max_num_active_seqs=_active(seed, max_num_seqs),
+        **_vllm_032_knobs(seed, threshold, max_num_seqs),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -316,9 +323,7 @@ def random_vllm_offload_workload(seed: int) -> Workload:
         scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
         num_host_blocks=max(1, host),
         async_scheduling=rng.random() < 0.5,
-        long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
-        prefill_schedule_interval=_interval(seed),
-        max_num_active_seqs=_active(seed, max_num_seqs),
+        **_vllm_032_knobs(seed, threshold, max_num_seqs),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)
 
@@ -369,8 +374,6 @@ def random_vllm_nixl_workload(seed: int) -> Workload:
         scheduling_policy=rng.choice(("fcfs", "fcfs", "priority")),
         nixl_role=role,
         async_scheduling=rng.random() < 0.5,
-        long_prefill_token_threshold_adaptive=_adaptive(seed, threshold),
-        prefill_schedule_interval=_interval(seed),
-        max_num_active_seqs=_active(seed, max_num_seqs),
+        **_vllm_032_knobs(seed, threshold, max_num_seqs),
     )
     return Workload(scheduler=spec, requests=requests, max_steps=3000, seed=seed)

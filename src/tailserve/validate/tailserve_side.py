@@ -105,6 +105,15 @@ def run_tailserve_v0(workload: Workload) -> list[StepRecord]:
     return steps
 
 
+def _prefill_cadence(workload: Workload, sched: Scheduler) -> tuple[PrefillCadence, PrefillThrottle]:
+    """DP prefill balancing's cadence, as drivers/vllm_v1.py's ``Cadence`` runs it, and the policy's
+    throttle it marks (a stand-in for a policy without one)."""
+    cadence = PrefillCadence(workload.scheduler.prefill_schedule_interval)
+    throttle = getattr(sched.policy, "prefill_throttle", None) or PrefillThrottle()
+    throttle.tracking = cadence.interval > 1
+    return cadence, throttle
+
+
 def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> list[StepRecord]:
     """The trace of tailserve's ``vllm`` policy on ``workload`` (or of ``scheduler``, built for
     it by the caller, for other policies). Checks KV integrity after every step."""
@@ -118,10 +127,7 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     live: dict[str, Request] = {}
     steps: list[StepRecord] = []
     sends = _Sends(workload)
-    # DP prefill balancing's cadence, as drivers/vllm_v1.py's ``Cadence`` runs it
-    cadence = PrefillCadence(workload.scheduler.prefill_schedule_interval)
-    throttle = getattr(sched.policy, "prefill_throttle", None) or PrefillThrottle()
-    throttle.tracking = cadence.interval > 1
+    cadence, throttle = _prefill_cadence(workload, sched)
     for step in range(workload.max_steps):
         now = float(step)
         aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
@@ -216,10 +222,7 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
     queue: deque[tuple[SchedulerOutput, StepResult]] = deque()
     steps: list[StepRecord] = []
     sends = _Sends(workload)
-    # DP prefill balancing's cadence, as drivers/vllm_v1.py's ``Cadence`` runs it
-    cadence = PrefillCadence(workload.scheduler.prefill_schedule_interval)
-    throttle = getattr(sched.policy, "prefill_throttle", None) or PrefillThrottle()
-    throttle.tracking = cadence.interval > 1
+    cadence, throttle = _prefill_cadence(workload, sched)
     for step in range(workload.max_steps):
         now = float(step)
         aborted = _aborts_and_arrivals(sched, workload, step, pending, live)
