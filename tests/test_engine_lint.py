@@ -219,14 +219,15 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 def test_translation_is_what_one_would_type():
     report = lint("vllm serve meta-llama/Meta-Llama-3-8B -tp 2 --max-num-batched-tokens 2048 --max-num-seqs 64 "
-                  "--no-enable-prefix-caching --block-size 32 --stream-interval 4 --kv-cache-dtype fp8")  # fmt: skip
+                  "--no-enable-prefix-caching --block-size 32 --stream-interval 4 --enforce-eager "
+                  "--kv-cache-dtype fp8")  # fmt: skip
     t = translate(report, H100)
-    assert (
-        t.spec.label
-        == "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,block_size=32"
+    assert t.spec.label == (
+        "vllm:max_num_batched_tokens=2048,max_num_seqs=64,enable_prefix_caching=False,stream_interval=4,"
+        "block_size=32"
     )
     assert t.deployment == {"model": "meta-llama/Meta-Llama-3-8B", "tp": 2, "kv_cache_dtype": "fp8"}
-    assert t.ignored == ("--stream-interval (not modelled)",)
+    assert t.ignored == ("--enforce-eager (not modelled)",)
 
 
 def test_translation_carries_version_behaviour():

@@ -52,7 +52,7 @@ def test_streamed_summary_equals_the_summary_of_the_requests(
     plain = _run(policy, WORKLOAD, stream=False)
     streamed = _run(policy, WORKLOAD, stream=True)
     assert streamed.requests == [] and streamed.finished is not None
-    assert len(streamed.finished._gap_chunks) > 1
+    assert len(streamed.finished.gaps._chunks) > 1
     a, b = plain.summary(slo), streamed.summary(slo)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert json.dumps(b, sort_keys=True) == json.dumps(streamed.summary(slo), sort_keys=True)  # again

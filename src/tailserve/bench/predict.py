@@ -174,6 +174,7 @@ def simulate(
     run = run_policy(built, policy, workload, options=options or EngineOptions())
     sent = {f"bench-{i}": float(t) for i, t in enumerate(times)}
     by_id = {r.request_id: r for r in run.requests}
+    stream = run.stream  # the chunks the client times: a step's tokens, or the stream interval's
     results = []
     for i, bench in enumerate(requests):
         r = by_id[f"bench-{i}"]
@@ -183,7 +184,7 @@ def simulate(
             result.success = True
             result.output_tokens = len(r.token_times)
             result.ttft = r.token_times[0] - r.arrival_time
-            result.itl = np.diff(r.token_times).tolist()
+            result.itl = np.diff(stream.chunk_times(r.token_times)).tolist()
             result.latency = r.token_times[-1] - r.arrival_time
         else:
             result.error = r.status_reason or r.status.value

@@ -21,6 +21,7 @@ from tailserve.cluster.routers import BaseRouter
 from tailserve.cluster.routing import ReplicaState, RouteRequest
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.request import Request
+from tailserve.core.stream_interval import StreamInterval
 from tailserve.kv.prefix import MOONCAKE_BLOCK_SIZE, keys_from_hash_ids
 
 
@@ -138,6 +139,21 @@ class ClusterRun:
     @property
     def replicas(self) -> list[Replica]:
         return [r for stage in self.stages.values() for r in stage.replicas]
+
+    @property
+    def stream(self) -> StreamInterval:
+        """How the replicas that stream tokens to clients (a P/D split's decode side) chunk
+        them; ValueError where they differ (the pooled ITL would mix two rules)."""
+        stage = self.stages.get("decode")
+        replicas = stage.replicas if stage is not None else self.replicas
+        rules = {rep.engine.scheduler.policy.stream_interval() for rep in replicas}
+        if len(rules) > 1:
+            raise ValueError(
+                "the replicas stream with different stream_interval settings ("
+                + ", ".join(sorted(rule.describe() for rule in rules))
+                + "): give them one, the cluster's ITL pools their chunks"
+            )
+        return rules.pop() if rules else StreamInterval()
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ def replica_summary(replica: Replica, duration: float) -> dict[str, Any]:
 
 
 def cluster_summary(run: ClusterRun, slo: Slo | None = None) -> dict[str, Any]:
-    out = summarize(run.requests, slo)
+    out = summarize(run.requests, slo, stream=run.stream)
     # On a P/D split prefixes are looked up on the prefill side only (its copies' hits).
     prefill = run.stages.get("prefill")
     looked_up = [r for rep in prefill.replicas for r in rep.engine.requests] if prefill else run.requests

@@ -108,7 +108,9 @@ class Engine:
         self.clock = clock if clock is not None else VirtualClock()
         self.options = options
         self.log = IterationLog(scheduler.kv_cache.num_blocks, compact=options.stream_finished)
-        self.finished_store = FinishedStore() if options.stream_finished else None
+        self.finished_store = (
+            FinishedStore(stream=scheduler.policy.stream_interval()) if options.stream_finished else None
+        )
         kv = scheduler.kv_cache
         self.batches = BatchRecord(kv.num_blocks, kv.block_size) if options.record_batches else None
         self.num_requests_seen = 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailserve.core.request import Request, RequestStatus
+from tailserve.core.stream_interval import StreamInterval
 
 _DONE = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
 # Token times buffered before they become gap arrays: 64 MiB, above glibc's largest mmap
@@ -28,9 +29,68 @@ FLUSH_TOKENS = 1 << 23
 
 
 @dataclass(slots=True)
+class GapPool:
+    """Inter-token gaps of many requests, pooled in request order: token times buffered, then
+    turned into float64 gap chunks as ``RequestLatencies.of`` takes them (consecutive
+    differences, the ones across two requests dropped, and the zero ones between tokens of one
+    step: speculative decoding's one streamed chunk)."""
+
+    _chunks: list[np.ndarray] = field(default_factory=list)
+    _buf: np.ndarray | None = None  # token times not yet turned into gaps (FLUSH_TOKENS)
+    _fill: int = 0  # entries of ``_buf`` in use
+    _counts: list[int] = field(default_factory=list)  # tokens per request in ``_buf``
+
+    def add(self, times: list[float]) -> None:
+        n = len(times)
+        if self._buf is None:
+            self._buf = np.empty(FLUSH_TOKENS, dtype=np.float64)
+        if self._fill + n > self._buf.size:
+            self._flush()
+            if n > self._buf.size:  # one request longer than the buffer: a buffer of its own
+                self._buf = np.empty(n, dtype=np.float64)
+        self._buf[self._fill : self._fill + n] = times
+        self._fill += n
+        self._counts.append(n)
+
+    def _flush(self) -> None:
+        if not self._fill:
+            return
+        assert self._buf is not None
+        gaps = np.diff(self._buf[: self._fill])
+        if gaps.size:
+            keep = np.ones(gaps.size, dtype=bool)
+            keep[np.cumsum(self._counts)[:-1] - 1] = False
+            keep &= gaps != 0.0
+            self._chunks.append(gaps[keep])
+        self._fill = 0
+        self._counts = []
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self._chunks)
+
+    def take(self) -> np.ndarray:
+        """Every gap as one contiguous float64 array, handed over (the pool keeps none): built
+        chunk by chunk, each chunk dropped once copied, so the peak is one array."""
+        self._flush()
+        self._buf = None
+        chunks = self._chunks
+        out = np.empty(sum(c.size for c in chunks), dtype=np.float64)
+        i = 0
+        while chunks:
+            c = chunks.pop(0)
+            out[i : i + c.size] = c
+            i += c.size
+        return out
+
+
+@dataclass(slots=True)
 class FinishedStore:
     """What ``metrics.summary`` needs of every request that left, in the order they left."""
 
+    # How the API server chunked streamed responses: the ITL is the client's gaps between chunks
+    # (with an interval, the engine's own gaps are pooled beside them, ``engine_gaps``).
+    stream: StreamInterval = field(default_factory=StreamInterval)
     num_requests: int = 0
     num_rejected: int = 0
     num_aborted: int = 0
@@ -45,12 +105,16 @@ class FinishedStore:
     num_output_tokens: array = field(default_factory=lambda: array("q"))
     prompt_len: array = field(default_factory=lambda: array("q"))
     num_cached_tokens: array = field(default_factory=lambda: array("q"))
-    _gap_chunks: list[np.ndarray] = field(default_factory=list)
-    _buf: np.ndarray | None = None  # token times not yet turned into gaps (FLUSH_TOKENS)
-    _fill: int = 0  # entries of ``_buf`` in use
-    _counts: list[int] = field(default_factory=list)  # tokens per request in ``_buf``
-    # The pooled ITL's statistics, set by ``metrics.summary`` when it takes the gaps.
+    gaps: GapPool = field(default_factory=GapPool)
+    engine_gaps: GapPool | None = None  # with a stream interval: the engine's own gaps
+    # The pooled ITL's statistics (and the engine's, with a stream interval), set by
+    # ``metrics.summary`` when it takes the gaps.
     itl_stats: dict[str, float | None] | None = None
+    engine_itl_stats: dict[str, float | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stream.is_set:
+            self.engine_gaps = GapPool()
 
     def add(self, requests: list[Request]) -> None:
         """Take the numbers of requests that left (in the order they left)."""
@@ -77,50 +141,15 @@ class FinishedStore:
             self.num_output_tokens.append(len(times))
             self.prompt_len.append(r.prompt_len)
             self.num_cached_tokens.append(r.num_cached_tokens)
-            self._buffer(times)
-
-    def _buffer(self, times: list[float]) -> None:
-        n = len(times)
-        if self._buf is None:
-            self._buf = np.empty(FLUSH_TOKENS, dtype=np.float64)
-        if self._fill + n > self._buf.size:
-            self._flush()
-            if n > self._buf.size:  # one request longer than the buffer: a buffer of its own
-                self._buf = np.empty(n, dtype=np.float64)
-        self._buf[self._fill : self._fill + n] = times
-        self._fill += n
-        self._counts.append(n)
-
-    def _flush(self) -> None:
-        """The buffered token times become their requests' gaps, as ``RequestLatencies.of``
-        takes them: consecutive differences, the ones across two requests dropped, and the zero
-        ones between tokens of one step (speculative decoding: one streamed chunk)."""
-        if not self._fill:
-            return
-        assert self._buf is not None
-        gaps = np.diff(self._buf[: self._fill])
-        if gaps.size:
-            keep = np.ones(gaps.size, dtype=bool)
-            keep[np.cumsum(self._counts)[:-1] - 1] = False
-            keep &= gaps != 0.0
-            self._gap_chunks.append(gaps[keep])
-        self._fill = 0
-        self._counts = []
+            if self.engine_gaps is None:
+                self.gaps.add(times)
+            else:
+                self.gaps.add(self.stream.chunk_times(times))
+                self.engine_gaps.add(times)
 
     def take_itl(self) -> np.ndarray:
-        """Every inter-token gap, pooled in request order, as one contiguous float64 array, handed
-        over (the store keeps none): built chunk by chunk, each chunk dropped once copied, so the
-        peak is one array. ``metrics.summary`` keeps the statistics it computes from it."""
-        self._flush()
-        self._buf = None
-        chunks = self._gap_chunks
-        out = np.empty(sum(c.size for c in chunks), dtype=np.float64)
-        i = 0
-        while chunks:
-            c = chunks.pop(0)
-            out[i : i + c.size] = c
-            i += c.size
-        return out
+        """Every client-observed inter-token gap, pooled in request order (``GapPool.take``)."""
+        return self.gaps.take()
 
     @property
     def num_finished(self) -> int:

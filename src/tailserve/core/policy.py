@@ -28,7 +28,8 @@ what it asks):
 - **Declarations.** ``kv_spec`` (the KV manager kind and CPU swap space the engine needs;
   ``kv/factory.py`` builds it), ``default_config`` (with ``default_notes``), ``profile_tokens``,
   ``drafter_memory`` (a drafter's weights and KV layers that share the pool), ``admits_fcfs`` (whether
-  ``fairness=vtc`` may order its waiting queue), ``notes``, ``describe``.
+  ``fairness=vtc`` may order its waiting queue), ``stream_interval`` (how the engine's API server
+  chunks a streamed response: the client's ITL, not the engine's steps), ``notes``, ``describe``.
 
 A new policy (e.g. an SLO-aware one) is one file: a frozen config, these hooks, and a
 ``registry.py`` entry.
@@ -52,6 +53,7 @@ from tailserve.core.queues import FCFSRequestQueue, RequestQueue
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import SchedulerOutput
+from tailserve.core.stream_interval import StreamInterval
 from tailserve.kv.spec import KVSpec
 
 
@@ -127,6 +129,17 @@ class Policy(ABC):
     def on_finished(self, sched: Scheduler, finished: list[Request]) -> None:
         """Hook for policies that track batches (static batching)."""
         return None
+
+    # What the engine's stream_interval counts, and what a request's own value does to it
+    # (core/stream_interval.py: vLLM counts tokens and raises a request's value to the server's).
+    stream_unit: ClassVar[str] = "tokens"
+    stream_per_request: ClassVar[str] = "max"
+
+    def stream_interval(self) -> StreamInterval:
+        """How the engine's API server chunks a streamed response: the config's
+        ``stream_interval`` (1, every step's tokens at once, for a policy without one)."""
+        every = getattr(self.config, "stream_interval", 1)
+        return StreamInterval(every, self.stream_unit, self.stream_per_request)
 
     def admits_fcfs(self) -> bool:
         """True when, as configured, the policy admits from the head of a plain FCFS waiting

@@ -303,6 +303,10 @@ SGLANG_0_5_23 = EngineVersion(
         FlagSpec("max_queued_requests", int, SCHEDULING, "a request entering a full waiting queue is refused "
                  "with 503 (arrivals, retracted and preempted requests; under priority scheduling a less urgent "
                  "waiting one leaves instead; ignored in a P/D pair)", _at(SCHED, 3552), "no limit"),
+        FlagSpec("stream_interval", int, SCHEDULING, "a streamed chunk once this many tokens are unsent (first "
+                 "and last at once): the client's ITL, not the scheduler's (core/stream_interval.py)",
+                 f"{_at(f'{F}/serving.py', 262)}; sglang/srt/managers/scheduler_components/output_streamer.py:454-470",
+                 "1"),
         FlagSpec("prefill_max_requests", int, SCHEDULING, "most requests in one prefill batch, a continuing "
                  "chunk included", _at(POLICY, 1398), "no limit"),
         FlagSpec("prefill_decode_interval", int, SCHEDULING, "scheduler turns without a prefill pass after "

@@ -123,8 +123,9 @@ KEYS = (
     FlagSpec("batch_wait_max_tokens_ratio", float, SCHEDULING,
              "... or until the step's tokens (whole context prompts + 1 per generation) reach this fraction "
              "of max_num_tokens", f"{_llm('batch_wait_max_tokens_ratio')}; {WAITING}", "0"),
-    FlagSpec("stream_interval", int, NOT_MODELLED, "iterations between streamed responses",
-             _llm("stream_interval"), "1"),
+    FlagSpec("stream_interval", int, SCHEDULING, "a streamed response on a request's first decoding iteration, "
+             "every N-th and its last: the client's ITL, not the engine's (core/stream_interval.py)",
+             f"{_llm('stream_interval')}; PyExecutor._handle_responses", "1"),
     FlagSpec("backend", str, SCHEDULING, BACKEND_WHAT,
              f"{SERVE} launch_server (reads llm_args['backend'] after the file)", "pytorch",
              target="disable_overlap_scheduler"),

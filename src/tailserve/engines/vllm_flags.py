@@ -361,7 +361,9 @@ VLLM_0_32 = EngineVersion(
                  "hold >= this many tokens (policies/vllm_admission.py)",
                  f"{SC}:105@v{V32}; vllm/v1/engine/async_llm.py:359-370@v{V32}", "none",
                  target="max_num_queued_tokens"),
-        FlagSpec("stream_interval", int, NOT_MODELLED, "tokens buffered per streamed chunk", _at(SC, 213, V32), "1"),
+        FlagSpec("stream_interval", int, SCHEDULING, "the API server sends a streamed chunk once this many tokens "
+                 "are unsent (first and last at once): the client's ITL, not the engine's (core/stream_interval.py)",
+                 f"{SC}:213@v{V32}; vllm/v1/engine/output_processor.py:324-345@v{V32}", "1"),
         FlagSpec("scheduler_cls", str, NOT_MODELLED, "a custom scheduler class (\"interface is not public\")",
                  _at(SC, 177, V32)),
         FlagSpec("performance_mode", str, NOT_MODELLED,

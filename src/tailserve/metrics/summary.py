@@ -4,7 +4,10 @@
 - TPOT: ``(e2e - ttft) / (output_tokens - 1)`` per request, only when it has > 1 output token.
 - ITL: every gap between consecutive tokens, pooled over all requests; tokens of one step
   (speculative decoding's accepted drafts) are one streamed chunk, one gap, as vLLM's benchmark
-  times chunks (``endpoint_request_func.py``: one ``itl`` entry per chunk).
+  times chunks (``endpoint_request_func.py``: one ``itl`` entry per chunk). With the engine's
+  ``stream_interval`` above 1 its API server holds tokens back (``core/stream_interval.py``): the
+  ITL is then the gap between the chunks a client receives, and the engine's own per-step gaps
+  (its Prometheus ITL) are reported beside it, ``stream.engine_itl_s``.
 - E2E: last token time - arrival time.
 - Queue: first scheduled time - arrival time (vLLM's ``request_queue_time``).
 - Throughput: completed requests (output tokens) / duration, where duration runs from the first
@@ -28,6 +31,7 @@ import numpy as np
 from tailserve.core.finished_store import FinishedStore
 from tailserve.core.gc_pause import paused_gc
 from tailserve.core.request import Request, RequestStatus
+from tailserve.core.stream_interval import StreamInterval
 
 STAT_NAMES = ("mean", "p50", "p90", "p99", "max")
 METRIC_NAMES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
@@ -71,12 +75,13 @@ class RequestLatencies:
     tpot: np.ndarray  # NaN where the request produced a single token
     e2e: np.ndarray
     queue: np.ndarray
-    itl: np.ndarray  # pooled gaps
+    itl: np.ndarray  # pooled gaps between the chunks a client receives
     output_tokens: np.ndarray
     prompt_tokens: np.ndarray
+    engine_itl: np.ndarray | None = None  # with a stream interval: the engine's own gaps
 
     @staticmethod
-    def of(requests: Sequence[Request]) -> RequestLatencies:
+    def of(requests: Sequence[Request], stream: StreamInterval = StreamInterval()) -> RequestLatencies:
         done = [
             r for r in requests if r.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
         ]
@@ -98,6 +103,13 @@ class RequestLatencies:
         keep[np.cumsum(n_out)[:-1] - 1] = False
         keep &= gaps != 0.0  # tokens of one step: one chunk
         itl = gaps[keep] if gaps.size else np.zeros(0)
+        engine_itl = None
+        if stream.is_set:
+            engine_itl = itl
+            itl = np.fromiter(
+                chain.from_iterable(np.diff(stream.chunk_times(r.token_times)) for r in done),
+                dtype=np.float64,
+            )
         return RequestLatencies(
             ttft=ttft,
             tpot=tpot,
@@ -106,6 +118,7 @@ class RequestLatencies:
             itl=itl,
             output_tokens=n_out,
             prompt_tokens=np.array([r.prompt_len for r in done], dtype=np.int64),
+            engine_itl=engine_itl,
         )
 
     @staticmethod
@@ -121,6 +134,8 @@ class RequestLatencies:
             tpot = np.where(n_out > 1, (e2e - ttft) / (n_out - 1), np.nan)
         if store.itl_stats is None:
             store.itl_stats = stats(store.take_itl(), overwrite=True)
+            if store.engine_gaps is not None:
+                store.engine_itl_stats = stats(store.engine_gaps.take(), overwrite=True)
         return RequestLatencies(
             ttft=ttft,
             tpot=tpot,
@@ -142,20 +157,29 @@ class RequestLatencies:
         return ok
 
 
-def summarize(requests: Sequence[Request] | FinishedStore, slo: Slo | None = None) -> dict[str, Any]:
+def summarize(
+    requests: Sequence[Request] | FinishedStore,
+    slo: Slo | None = None,
+    *,
+    stream: StreamInterval = StreamInterval(),
+) -> dict[str, Any]:
     """The ``metrics``/``throughput`` part of a run's JSON, plus request counts and duration:
-    from the requests, or from a streaming run's ``FinishedStore`` (the same numbers)."""
+    from the requests, or from a streaming run's ``FinishedStore`` (the same numbers; its own
+    ``stream``). ``stream``: how the engine's API server chunked streamed responses."""
     if isinstance(requests, FinishedStore):
         store = requests
+        stream = store.stream
         lat = RequestLatencies.of_store(store)
         itl = store.itl_stats
+        engine_itl = store.engine_itl_stats
         counts = (store.num_requests, store.num_rejected, store.num_aborted, store.num_preemptions)
         ends = [store.last_finish] if store.last_finish is not None else []
         starts = [store.first_arrival]
     else:
         with paused_gc():
-            lat = RequestLatencies.of(requests)
+            lat = RequestLatencies.of(requests, stream)
         itl = stats(lat.itl)
+        engine_itl = stats(lat.engine_itl) if lat.engine_itl is not None else None
         statuses = [r.status for r in requests]
         counts = (
             len(requests),
@@ -190,6 +214,8 @@ def summarize(requests: Sequence[Request] | FinishedStore, slo: Slo | None = Non
             "total_tokens_per_s": per_s(out_tokens + in_tokens),
         },
     }
+    if stream.is_set:
+        summary["stream"] = {**stream.to_json(), "engine_itl_s": engine_itl}
     if slo is not None and slo.is_set:
         summary["goodput"] = {
             "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot, "e2e_s": slo.e2e},

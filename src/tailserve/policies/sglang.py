@@ -190,6 +190,7 @@ class SglangPolicy(Policy, FastPaths):
     name = "sglang"
     summary = "SGLang: prefill-only batches first, optimistic KV reservation, retraction to the tail"
     config_cls = SglangConfig
+    stream_per_request = "replace"  # a request's stream_interval replaces the server's
     default_block_size = 1  # SGLang's page_size on CUDA
     # SGLang derives mem_fraction_static per GPU (memory_hook.handle_gpu_memory_settings): (memory
     # - activation/graph reserve) / memory, 0.83 on an 80 GB GPU at its default chunk of 8192

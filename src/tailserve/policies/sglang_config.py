@@ -94,6 +94,9 @@ class SglangConfig:
     prefill_decode_interval: int | None = field(default=None, metadata=_WHEN_SET)
     # prefill_decode_interval applies while at least this many requests decode
     prefill_decode_interval_min_bs: int = field(default=0, metadata=_WHEN_SET)
+    # Tokens the scheduler holds per streamed chunk (core/stream_interval.py): the client's ITL,
+    # not the scheduler's turns
+    stream_interval: int = field(default=1, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.disable_overlap_schedule not in (None, True, False):
@@ -114,6 +117,8 @@ class SglangConfig:
             raise ValueError(
                 f"retraction_policy must be one of {', '.join(RETRACTION_POLICIES)}, got {self.retraction_policy!r}"
             )
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.schedule_conservativeness < 0:

@@ -168,6 +168,9 @@ class TrtllmPolicy(Policy, FastPaths):
         "completion; MAX_UTILIZATION pauses the last started), then max_num_tokens, chunked prefill off"
     )
     config_cls = TrtllmConfig
+    # stream_interval counts decoding iterations; the OpenAI server takes no per-request value
+    stream_unit = "iterations"
+    stream_per_request = "ignore"
     default_block_size = 32  # kv_cache_config.tokens_per_block
     default_gpu_memory_utilization = 0.9  # kv_cache_config.free_gpu_memory_fraction
     memory_fraction_of_free = True  # of the memory left after weights and activations (_util.py)

@@ -102,6 +102,9 @@ class VllmConfig:
     # Refuse an arrival (HTTP 503) while the prompts of the requests before their first token
     # hold at least this many tokens (vLLM: target TTFT x prefill throughput)
     max_num_queued_tokens: int | None = field(default=None, metadata=_WHEN_SET)
+    # Tokens the API server holds per streamed chunk (core/stream_interval.py): the client's ITL,
+    # not the engine's steps
+    stream_interval: int = field(default=1, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -124,6 +127,8 @@ class VllmConfig:
             raise ValueError(
                 f"max_num_active_seqs must be in [1, max_num_seqs = {self.max_num_seqs}], got {active}"
             )
+        if self.stream_interval < 1:  # Field(default=1, ge=1), config/scheduler.py:213
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.prefill_schedule_interval < 1:  # Field(default=1, ge=1), config/scheduler.py:203
             raise ValueError(f"prefill_schedule_interval must be >= 1, got {self.prefill_schedule_interval}")
         if not 0.0 <= self.watermark < 1.0:

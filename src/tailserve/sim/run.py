@@ -85,6 +85,14 @@ def run_policy(
         stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
+    stream = policy.stream_interval()
+    if stream.is_set:
+        run_config["stream_interval"] = stream.to_json()
+        notes.append(
+            f"{stream.describe()}: ITL is the gap between streamed chunks as a client times them "
+            "(vllm bench serve), TTFT, TPOT and E2E unchanged; the engine's own ITL (Prometheus) "
+            "is the run JSON's stream.engine_itl_s"
+        )
     tier_flag = policy.kv_spec().host_tier_flag
     if tier_flag is not None and not kv.shares_prefixes:
         notes.append(

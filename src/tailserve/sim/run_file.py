@@ -11,6 +11,7 @@ from typing import Any
 from tailserve.core.finished_store import FinishedStore
 from tailserve.core.iteration_log import BatchRecord, IterationLog
 from tailserve.core.request import Request, RequestStatus
+from tailserve.core.stream_interval import StreamInterval
 from tailserve.executors.simulated.kv_capacity import KVCapacity
 from tailserve.metrics.summary import Slo, prefix_cache_summary, summarize
 
@@ -53,9 +54,14 @@ class RunResult:
     finished: FinishedStore | None = None
     loop_cpu_s: float = 0.0  # CPU seconds of the simulation loop (not in the run file)
 
+    @property
+    def stream(self) -> StreamInterval:
+        """How the engine's API server chunked streamed responses (the client's ITL)."""
+        return StreamInterval.from_json(self.config.get("stream_interval"))
+
     def summary(self, slo: Slo | None = None) -> dict[str, Any]:
         source = self.finished if self.finished is not None else self.requests
-        out = {"config": self.config, **summarize(source, slo)}
+        out = {"config": self.config, **summarize(source, slo, stream=self.stream)}
         out["num_iterations"] = len(self.log)
         if self.prefix_stats is not None:
             out["prefix_cache"] = {**prefix_cache_summary(source), **self.prefix_stats}

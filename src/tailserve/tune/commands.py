@@ -183,6 +183,8 @@ def command_line(
                 parts.append(f"--{name.replace('_', '-')} {value}")
         if config.prefill_decode_interval_min_bs:
             parts.append(f"--prefill-decode-interval-min-bs {config.prefill_decode_interval_min_bs}")
+        if config.stream_interval > 1:
+            parts.append(f"--stream-interval {config.stream_interval}")
         parts += _engine_flags(spec, "sglang")
         return " ".join(parts)
     if spec.name == "tgi":
@@ -216,7 +218,8 @@ def command_line(
 
 def _vllm_032_flags(config: Any) -> list[str]:
     """vLLM 0.32's scheduling flags when set: the fair-share chunk floor, the admission limit below
-    max_num_seqs, DP prefill balancing's interval, the API server's admission limits."""
+    max_num_seqs, DP prefill balancing's interval, the API server's admission limits and its
+    stream interval."""
     parts = []
     if config.long_prefill_token_threshold_adaptive:
         parts.append("--long-prefill-token-threshold-adaptive")
@@ -227,6 +230,8 @@ def _vllm_032_flags(config: Any) -> list[str]:
     for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
         if (value := getattr(config, name)) is not None:
             parts.append(f"--{name.replace('_', '-')} {value}")
+    if config.stream_interval > 1:
+        parts.append(f"--stream-interval {config.stream_interval}")
     return parts
 
 
@@ -237,7 +242,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     fields that have no flag of their own (``enable_chunked_prefill``, ``scheduler_config`` with
     ``enable_prefix_aware_scheduling`` when set,
     ``kv_cache_config`` with its ``host_cache_size`` when set, and when set ``speculative_config``, ``cuda_graph_config``,
-    ``attention_dp_config``, ``disable_overlap_scheduler``, the ``batch_wait_*`` pair), in YAML's
+    ``attention_dp_config``, ``disable_overlap_scheduler``, the ``batch_wait_*`` pair,
+    ``stream_interval``), in YAML's
     one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
     kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
@@ -289,6 +295,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
             f", batch_wait_timeout_iters: {config.batch_wait_timeout_iters}, "
             f"batch_wait_max_tokens_ratio: {config.batch_wait_max_tokens_ratio:g}"
         )
+    if config.stream_interval > 1:
+        extra += f", stream_interval: {config.stream_interval}"
     yaml = (
         f"{{enable_chunked_prefill: {str(config.enable_chunked_prefill).lower()}, "
         f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}{extra}}}"
