@@ -112,6 +112,7 @@ def build_app(
     prompts = PromptTokenizer(llm.tokenizer, model_root, llm.max_model_len)
     bodies = BodyParser(RequestLimits.for_model(llm.max_model_len))
     deployment = {"executor": "sim" if llm.deployment else "torch", **(llm.deployment or {})}
+    stream_rule = llm.scheduler.policy.stream_interval()  # the policy's stream_interval
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -201,7 +202,8 @@ def build_app(
             raise ApiError(str(error), status=503) from None
         mark_accepted(request)  # from here on the engine counts it: finished, aborted or failed
         if body.stream:
-            return StreamingResponse(stream_response(engine, stream, meta), media_type="text/event-stream")
+            events = stream_response(engine, stream, meta, stream_rule.for_request(body.stream_interval))
+            return StreamingResponse(events, media_type="text/event-stream")
         return await cancel_on_disconnect(request, lambda: full_response(engine, stream, meta))
 
     @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))

@@ -137,6 +137,9 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's extra parameter: tokens per streamed chunk, applied to the server's stream_interval
+    # by the policy's rule (vLLM takes the larger); a plain response ignores it.
+    stream_interval: int | None = Field(default=None, ge=1)
     n: int = 1
     min_tokens: int = 0
     ignore_eos: bool = False

@@ -7,6 +7,10 @@ the ``usage`` chunk (``choices: []``) when ``stream_options.include_usage`` is s
 chunk of its own: clients time the first token from the first chunk with choices, and an empty
 chunk would make TTFT the time to accept the request.
 
+Under a ``stream_interval`` above 1 (the policy's, ``core/stream_interval.py``, as a request's own
+value changes it) outputs the rule holds back send nothing; the next chunk that leaves carries
+their text with its own, as vLLM's output processor sends every unsent token at once.
+
 When the request is aborted (server shutting down: 503), its engine step failed (500) or the
 engine dies mid-stream (503), the stream ends with an ``{"error": ...}`` event saying why, then
 ``[DONE]``; a plain request gets that error as its response. Whenever the response ends
@@ -24,6 +28,7 @@ from typing import Any, Literal
 
 from starlette.requests import Request
 
+from tailserve.core.stream_interval import Chunker, StreamInterval
 from tailserve.llm import RequestOutput
 from tailserve.server.async_engine import AsyncEngine
 from tailserve.server.protocol import ApiError, error_body, now_s, usage
@@ -95,13 +100,18 @@ def _sse(obj: dict[str, Any] | str) -> str:
 
 
 async def stream_response(
-    engine: AsyncEngine, stream: RequestStream, meta: ResponseMeta
+    engine: AsyncEngine, stream: RequestStream, meta: ResponseMeta, rule: StreamInterval
 ) -> AsyncIterator[str]:
-    """The SSE events of one request (see the module docstring)."""
+    """The SSE events of one request (see the module docstring); ``rule`` says which outputs
+    send a chunk."""
     last: RequestOutput | None = None
     first = True
+    chunker = Chunker(rule)
+    held: list[str] = []  # text of the outputs since the last chunk
     try:
         async for item in stream:
+            # An abort or a failure ends the stream at once: text held back is dropped, as the
+            # client gets an error rather than a completion either way.
             if isinstance(item, Aborted):
                 yield _sse(error_body(f"request aborted: {item.reason}", 503))
                 break
@@ -109,11 +119,14 @@ async def stream_response(
                 yield _sse(error_body(item.message, 500))
                 break
             last = item
-            if not (item.new_token_ids or item.finished):
+            held.append(item.new_text)
+            if not chunker.take(len(item.new_token_ids), finished=item.finished):
                 continue
+            text = "".join(held)
+            held.clear()
             running_usage = _usage_of(item) if meta.continuous_usage else None
             reason = item.finish_reason if item.finished else None
-            yield _sse(meta.chunk(item.new_text, reason, first, running_usage))
+            yield _sse(meta.chunk(text, reason, first, running_usage))
             first = False
         else:
             if meta.include_usage and last is not None:
