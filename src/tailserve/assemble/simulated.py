@@ -34,6 +34,7 @@ def policy_kv_capacity(
         of_free_memory=cls.memory_fraction_of_free,
         drafter=cls.drafter_memory(config),
         sized=sized,
+        extra_weights=cost_model.redundant_expert_bytes,
     )
     if capacity.num_tokens < max_model_len and sized is not None:
         given = ", ".join(f"{k}={v}" for k, v in spec.engine_flags.items() if k in KV_SIZE_FLAGS)

@@ -4,6 +4,7 @@ the cluster options of ``simulate`` and the run they select (docs/cluster.md).""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from tailserve.cli.base import CliError, write_json
@@ -219,6 +220,8 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         options=options,
     )
     print_notes(stage.replicas)
+    for note in stage.cost_notes:
+        print(f"note: {note}", file=sys.stderr)
     run = run_aggregated(stage, workload_requests(workload, [ReplicaSpec(deployment, policy)]))
     summary = cluster_summary(run, parse_slo(args.slo))
     kind = (

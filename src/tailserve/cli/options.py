@@ -103,6 +103,33 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "the ranks, as vLLM's flag; deepep_auto is SGLang's --deepep-mode auto (low-latency kernels for "
         "decode steps, normal ones when a prompt runs; the sglang policy only) (default: %(default)s)",
     )
+    g.add_argument(
+        "--expert-imbalance",
+        type=float,
+        default=default_of(Deployment, "expert_imbalance"),
+        metavar="R",
+        help="with --enable-expert-parallel: how unevenly the router spreads tokens over the EP ranks, "
+        "(max - mean) / mean per rank as the engine reports it without EPLB (TensorRT-LLM's "
+        "report_load_statistics imbalance-ratio; from vLLM's logged EPLB balancedness b: 1/b - 1; "
+        "DeepSeek-R1 at EP 32: 1.56). The busiest rank's experts and exchange set each MoE layer's "
+        "time (docs/cost_model.md) (default: %(default)s, uniform routing)",
+    )
+    g.add_argument(
+        "--enable-eplb",
+        action="store_true",
+        help="expert-parallel load balancing, as vLLM's flag (SGLang's --enable-eplb, TensorRT-LLM's "
+        "load_balancer): experts placed, and --num-redundant-experts hot ones replicated, by their "
+        "measured load",
+    )
+    g.add_argument(
+        "--num-redundant-experts",
+        type=int,
+        default=default_of(Deployment, "num_redundant_experts"),
+        metavar="N",
+        help="with --enable-eplb: extra expert slots over the EP ranks (vLLM's eplb_config "
+        "num_redundant_experts, SGLang's --ep-num-redundant-experts); their weights take KV memory "
+        "(default: %(default)s)",
+    )
 
 
 RATE_HELP = "arrival rate, requests/s (sessions/s for multi-turn)"
@@ -298,6 +325,9 @@ def deployment_from(args: argparse.Namespace) -> Deployment:
         getattr(args, "dp", 1),
         getattr(args, "all2all_backend", default_of(Deployment, "all2all_backend")),
         getattr(args, "kernels", default_of(Deployment, "kernels")),
+        expert_imbalance=getattr(args, "expert_imbalance", 0.0),
+        enable_eplb=getattr(args, "enable_eplb", False),
+        num_redundant_experts=getattr(args, "num_redundant_experts", 0),
     )
 
 

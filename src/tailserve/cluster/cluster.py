@@ -72,6 +72,8 @@ class Stage:
     # KV events for kv-aware (kv_events.SimKvIndex): told which request is being routed.
     kv_index: Any = None
     decisions: list[RoutingDecision] = field(default_factory=list)
+    # what the deployment's cost model says of itself (expert imbalance, a dense model's DP)
+    cost_notes: tuple[str, ...] = ()
     _states: list[ReplicaState] = field(default_factory=list)
     _scraped_at: float = -math.inf
 

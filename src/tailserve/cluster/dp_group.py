@@ -237,9 +237,13 @@ def build_dp_stage(
     _group_wide_rules(replicas)
     if lockstep:
         if policy.name == "trtllm":
-            return _trtllm_adp_stage(replicas, balancer, built.cost_model)
-        return LockstepStage(replicas, balancer, BALANCER_REFRESH_S, cost_model=built.cost_model)
-    return Stage(replicas, balancer, BALANCER_REFRESH_S)
+            stage = _trtllm_adp_stage(replicas, balancer, built.cost_model)
+        else:
+            stage = LockstepStage(replicas, balancer, BALANCER_REFRESH_S, cost_model=built.cost_model)
+    else:
+        stage = Stage(replicas, balancer, BALANCER_REFRESH_S)
+    stage.cost_notes = built.notes
+    return stage
 
 
 def _trtllm_adp_stage(replicas: list[Replica], balancer: BaseRouter, cost_model: CostModel) -> LockstepStage:

@@ -85,6 +85,9 @@ def run_policy(
         stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
+    load = cost_model.expert_load
+    if not load.is_uniform or load.eplb:
+        run_config["expert_load"] = {"imbalance": load.imbalance, "eplb_redundant_experts": load.redundant}
     stream = policy.stream_interval()
     if stream.is_set:
         run_config["stream_interval"] = stream.to_json()

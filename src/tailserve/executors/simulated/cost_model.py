@@ -48,6 +48,7 @@ import numpy as np
 from tailserve.executors.simulated.aisim_mla_table import MlaTable
 from tailserve.executors.simulated.aisim_moe_table import MoeTable
 from tailserve.executors.simulated.aisim_table import GemmTimes, TableLayers
+from tailserve.executors.simulated.expert_load import ExpertLoad, busiest_rank_rows, layer_shares
 from tailserve.executors.simulated.gemm import (
     MIN_TILE,
     curve_gemm_time,
@@ -185,6 +186,7 @@ class CostModel:
         expert_parallel: bool = False,
         dp: int = 1,
         all2all: str = "allgather_reducescatter",
+        expert_load: ExpertLoad | None = None,
     ) -> None:
         model.check_tp(tp)
         if dp < 1:
@@ -210,6 +212,17 @@ class CostModel:
                 f"{model.name} has {model.num_experts} experts, not divisible by the {group} "
                 f"expert-parallel ranks (--tp {tp} x --dp {dp})"
             )
+        # How routing concentrates on experts, and EPLB's redundant experts (expert_load.py):
+        # the busiest expert-parallel rank's rows, its exchange, its extra weights
+        self.expert_load = expert_load or ExpertLoad()
+        if not (self.expert_load.is_uniform and not self.expert_load.eplb):
+            if not self.expert_parallel:
+                raise ValueError(
+                    f"{self.expert_load.describe()}: expert imbalance and EPLB are about the busiest "
+                    "expert-parallel rank; they need an MoE model with --enable-expert-parallel over "
+                    "more than one GPU (--tp or --data-parallel-size)"
+                )
+            layer_shares(self.expert_load, model.num_experts, group)  # refuses slots that do not split
         self.hardware = hardware
         self.tp = tp
         self.efficiency = efficiency or Efficiency.for_hardware(hardware)
@@ -557,15 +570,66 @@ class CostModel:
 
     def with_efficiency(self, efficiency: Efficiency) -> CostModel:
         return CostModel(
-            self.model, self.hardware, self.tp, efficiency, self._expert_parallel_flag, self.dp, self.all2all
+            self.model,
+            self.hardware,
+            self.tp,
+            efficiency,
+            self._expert_parallel_flag,
+            self.dp,
+            self.all2all,
+            self.expert_load,
         )
 
     def with_expert_parallel(self, on: bool = True) -> CostModel:
-        return CostModel(self.model, self.hardware, self.tp, self.efficiency, on, self.dp, self.all2all)
+        return CostModel(
+            self.model, self.hardware, self.tp, self.efficiency, on, self.dp, self.all2all, self.expert_load
+        )
 
     def with_data_parallel(self, dp: int, all2all: str = "allgather_reducescatter") -> CostModel:
         return CostModel(
-            self.model, self.hardware, self.tp, self.efficiency, self._expert_parallel_flag, dp, all2all
+            self.model,
+            self.hardware,
+            self.tp,
+            self.efficiency,
+            self._expert_parallel_flag,
+            dp,
+            all2all,
+            self.expert_load,
+        )
+
+    def with_expert_load(self, load: ExpertLoad) -> CostModel:
+        return CostModel(
+            self.model,
+            self.hardware,
+            self.tp,
+            self.efficiency,
+            self._expert_parallel_flag,
+            self.dp,
+            self.all2all,
+            load,
+        )
+
+    @property
+    def redundant_expert_bytes(self) -> float:
+        """Weight bytes per GPU that EPLB's redundant experts add (each rank holds
+        ``(E + R) / ep`` experts): memory the KV cache does not get."""
+        redundant = self.expert_load.redundant or 0
+        m = self.model
+        if not redundant:
+            return 0.0
+        return redundant * m.expert_params * m.expert_bytes_per_param * m.num_moe_layers / (self.tp * self.dp)
+
+    def _busiest_factor(self, num_tokens: int) -> float:
+        """How much more the busiest EP rank routes than under uniform routing, at
+        ``num_tokens`` tokens in the group (1 with uniform routing)."""
+        load = self.expert_load
+        if load.is_uniform and not load.eplb:
+            return 1.0
+        m = self.model
+        rows = num_tokens * m.experts_per_token
+        group = self.tp * self.dp
+        return busiest_rank_rows(rows, load, m.num_experts, group) / busiest_rank_rows(
+            rows, ExpertLoad(), m.num_experts, group
         )
 
     @property
@@ -803,7 +867,8 @@ class CostModel:
         m = self.model
         table = self._moe_table
         if table is not None and table.priced:  # measured: the whole fused kernel
-            layer = table.seconds(num_tokens * self.dp)
+            # (uniform rows: with uneven routing the busiest rank's share of more tokens)
+            layer = table.seconds(num_tokens * self.dp * self._busiest_factor(num_tokens * self.dp))
             if self.dp > 1:
                 layer += self.exchange_time(num_tokens)
             return m.num_moe_layers * layer
@@ -819,12 +884,15 @@ class CostModel:
             tile_m=self._moe_tile_m,
             moe_tp=1 if self.expert_parallel else group,
             ep=group if self.expert_parallel else 1,
+            load=self.expert_load,
         )
         layer = (
             join(flops / self._moe_rate, moved / self._moe_byte_rate, self._moe_sharpness) + self._moe_fixed
         )
         if self._moe_row_element:  # the routed rows moved whole on each rank (EP: its mean share)
             routed = num_tokens * self.dp * m.experts_per_token / (group if self.expert_parallel else 1)
+            if self.expert_parallel:
+                routed *= self._busiest_factor(num_tokens * self.dp)
             layer += routed * m.hidden_size * self._moe_row_element
         if self.dp > 1:
             layer += self.exchange_time(num_tokens)
@@ -850,6 +918,7 @@ class CostModel:
             k=m.experts_per_token,
             num_experts=m.num_experts,
             act_bytes=m.dtype_bytes,
+            receive_factor=self._busiest_factor(num_tokens * self.dp),
         )
 
     def _prefill_exchange(self, num_tokens: int) -> float:

@@ -13,6 +13,7 @@ from tailserve.executors.simulated.calibration import (
 )
 from tailserve.executors.simulated.calibration_files import is_calibration_source, load_calibration_source
 from tailserve.executors.simulated.cost_model import CostModel
+from tailserve.executors.simulated.expert_load import ExpertLoad, steady_imbalance
 from tailserve.executors.simulated.hardware import (
     KERNEL_ENGINES,
     Hardware,
@@ -70,6 +71,14 @@ class Deployment:
     # Whose GEMM and fused-MoE kernels price the layers (hardware.EngineKernels): "auto" (the
     # policy's engine: kernel_engine), "vllm", "sglang" or "trtllm"
     kernels: str = "auto"
+    # Uneven routing under expert parallelism (expert_load.py): the per-rank imbalance ratio
+    # (max - mean) / mean the engine reports without EPLB (TensorRT-LLM's report_load_statistics;
+    # vLLM's balancedness b is 1 / b - 1); 0: uniform routing
+    expert_imbalance: float = 0.0
+    # vLLM's --enable-eplb and its eplb_config num_redundant_experts (SGLang's --enable-eplb,
+    # --ep-num-redundant-experts; TensorRT-LLM's load_balancer num_slots - experts)
+    enable_eplb: bool = False
+    num_redundant_experts: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -102,6 +111,23 @@ class Deployment:
         if kernels not in KERNEL_CHOICES:
             raise ValueError(f"--kernels: unknown {self.kernels!r}; choose from {', '.join(KERNEL_CHOICES)}")
         object.__setattr__(self, "kernels", kernels)
+        if self.num_redundant_experts < 0:
+            raise ValueError(f"--num-redundant-experts must be >= 0, got {self.num_redundant_experts}")
+        if self.num_redundant_experts and not self.enable_eplb:
+            # vLLM's ParallelConfig check (vllm/config/parallel.py:581-587@v0.32.0)
+            raise ValueError(
+                f"num_redundant_experts is set to {self.num_redundant_experts} but EPLB is not enabled. "
+                "Either enable EPLB (--enable-eplb) or unset num_redundant_experts."
+            )
+        if self.enable_eplb and not self.expert_parallel:
+            raise ValueError(
+                "enable_expert_parallel must be True to use EPLB (--enable-eplb needs --enable-expert-parallel)"
+            )
+
+    @property
+    def expert_load(self) -> ExpertLoad:
+        """The routing the cost model prices (``expert_load.py``)."""
+        return ExpertLoad(self.expert_imbalance, self.num_redundant_experts if self.enable_eplb else None)
 
     @classmethod
     def of(
@@ -116,6 +142,10 @@ class Deployment:
         dp: int = 1,
         all2all_backend: str = "allgather_reducescatter",
         kernels: str = "auto",
+        *,
+        expert_imbalance: float = 0.0,
+        enable_eplb: bool = False,
+        num_redundant_experts: int = 0,
     ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
@@ -130,6 +160,9 @@ class Deployment:
             dp,
             all2all_backend,
             kernels,
+            expert_imbalance,
+            enable_eplb,
+            num_redundant_experts,
         )
         if tp is None:
             tp = SEED_PRESET.tp if names.is_seed else 1
@@ -217,6 +250,10 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
                 f"replicas of TP {deployment.tp} (vLLM runs a dense model's DP ranks as separate engines)"
             )
             built = replace(built, notes=(*built.notes, note))
+    load = deployment.expert_load
+    if not load.is_uniform or load.eplb:  # after the DP ranks: the EP group is tp x dp
+        cm = cm.with_expert_load(load)
+        built = replace(built, notes=(*built.notes, expert_load_note(cm)))
     if cm.hardware.gemm_table is not None:  # aisim:FILE: said once, here (the run's model is built once)
         notes = cm.table_notes
         if cm.mla_outside:
@@ -228,6 +265,24 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
             notes += (f"outside the measured shapes, on the catalog's curve: {', '.join(cm.table_outside)}",)
         built = replace(built, notes=(*built.notes, *notes))
     return replace(built, cost_model=cm)
+
+
+def expert_load_note(cost_model: CostModel) -> str:
+    """What the routing given does to the busiest expert-parallel rank, in one line."""
+    load, m = cost_model.expert_load, cost_model.model
+    ep = cost_model.tp * cost_model.dp
+    text = f"{load.describe()} over {ep} EP ranks of {m.name}'s {m.num_experts} experts: "
+    if load.eplb:
+        base = steady_imbalance(ExpertLoad(load.imbalance), m.num_experts, ep)
+        after = steady_imbalance(load, m.num_experts, ep)
+        text += f"the busiest rank routes {1 + after:.2f}x the mean at a large batch ({1 + base:.2f}x without EPLB)"
+        if load.redundant:
+            text += (
+                f"; the redundant experts' weights take {cost_model.redundant_expert_bytes / 2**30:.1f} GiB "
+                "per GPU from the KV cache"
+            )
+        return text
+    return text + f"the busiest rank routes {1 + load.imbalance:.2f}x the mean at a large batch"
 
 
 def _build_cost_model(deployment: Deployment, engine: str) -> BuiltCostModel:

@@ -160,6 +160,7 @@ def kv_capacity(
     of_free_memory: bool = False,
     drafter: DrafterMemory | None = None,
     sized: KVSizeFlags | None = None,
+    extra_weights: float = 0.0,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
@@ -169,11 +170,12 @@ def kv_capacity(
     ``drafter``: a speculative drafter loaded beside the target, its weights per GPU off the
     memory and its KV layers' bytes added to every token's (SGLang sizes one cell of target +
     draft layers: ``pool_configurator.py:259-314@v0.5.23``); None: no drafter counted.
-    ``sized``: the engine flags that set the cache's size outright (``KVSizeFlags``)."""
+    ``sized``: the engine flags that set the cache's size outright (``KVSizeFlags``).
+    ``extra_weights``: bytes per GPU loaded beside the model's own (EPLB's redundant experts)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     draft_weights = drafter.weight_bytes(model, tp, dp) if drafter is not None else 0.0
-    weights = model.weight_bytes_per_shard(tp, dp) + draft_weights
+    weights = model.weight_bytes_per_shard(tp, dp) + draft_weights + extra_weights
     activation = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     if of_free_memory:
         usable = hardware.memory_bytes

@@ -20,7 +20,8 @@ vLLM's ``--all2all-backend`` picks how (vllm/config/parallel.py):
   a prompt (``DeepEPMode.resolve`` on the group's ``is_extend_in_batch``); the cost model picks
   per step (``CostModel.exchange_time`` and ``_prefill_exchange``).
 
-Routing is uniform, as in ``moe.py``. Each phase costs ``max(floor, latency + tokens x
+Routing is uniform, as in ``moe.py``, unless ``expert_load.py`` says otherwise: DeepEP's phases
+then move the busiest rank's share. Each phase costs ``max(floor, latency + tokens x
 per_token + bytes / (link x efficiency))`` (``tokens``: the rank's, DeepEP's phases only) with
 the GPU's fit (``hardware.MoeExchange``, fitted to AISimulate's measured tables by
 benchmarks/fidelity_aisim.py); a GPU without one prices every phase at its all-reduce latency
@@ -89,9 +90,13 @@ def exchange_time(
     k: int,
     num_experts: int,
     act_bytes: float,
+    receive_factor: float = 1.0,
 ) -> float:
     """Seconds one MoE layer's exchange takes, both directions, when every one of ``dp`` ranks
-    holds ``tokens`` tokens (the group's largest batch: the others are padded to it)."""
+    holds ``tokens`` tokens (the group's largest batch: the others are padded to it).
+    ``receive_factor``: with uneven routing, how much more than the mean the busiest rank
+    receives (``expert_load.py``); DeepEP's phases wait for it (an all-gather moves every
+    rank's tokens to every rank, whatever the routing)."""
     if tokens <= 0 or dp <= 1:
         return 0.0
     link = hardware.interconnect_bandwidth
@@ -105,11 +110,11 @@ def exchange_time(
     ep = dp * tp
     per_rank = math.ceil(tokens / tp)  # the TP ranks of a DP rank split its tokens (sequence parallel)
     if backend == "deepep_high_throughput":
-        moved = per_rank * remote_ranks(k, num_experts, ep) * hidden * act_bytes
+        moved = per_rank * remote_ranks(k, num_experts, ep) * hidden * act_bytes * receive_factor
         dispatch = fits.ht_dispatch if fits else fallback
         combine = fits.ht_combine if fits else fallback
         return _phase(dispatch, moved, link, per_rank) + _phase(combine, moved, link, per_rank)
-    copies = per_rank * k * (ep - 1) / ep  # one per (token, expert) on another rank
+    copies = per_rank * k * (ep - 1) / ep * receive_factor  # one per (token, expert) on another rank
     dispatch = fits.ll_dispatch if fits else fallback
     combine = fits.ll_combine if fits else fallback
     return _phase(dispatch, copies * hidden * FP8_WITH_SCALES, link, per_rank) + _phase(
