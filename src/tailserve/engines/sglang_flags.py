@@ -33,7 +33,7 @@ SCHEDULE_POLICIES = (
 )  # fmt: skip
 
 
-def _at(path: str, line: int) -> str:
+def _at(path: str, line: int | str) -> str:
     return f"{path}:{line}@v{V}"
 
 
@@ -161,6 +161,40 @@ def _conservativeness_rule(given: Given) -> list[Finding]:
     return []
 
 
+# --moe-a2a-backend choices whose resolution sets ep_size to tp_size (_a2a_ep_size).
+A2A_EP_SPANNING = frozenset({
+    "megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer", "flashinfer_megamoe", "mori",
+    "pplx",
+})  # fmt: skip
+_A2A_EP_SOURCE = _at("sglang/srt/arg_groups/overrides.py", "1578-1619") + " (_a2a_ep_size)"
+
+
+def _eplb_rule(given: Given) -> list[Finding]:
+    """EPLB needs an expert-parallel size above 1 once the arguments are resolved (``--ep-size``,
+    or a ``--moe-a2a-backend`` whose resolution sets it to ``--tp-size``): SGLang asserts it at
+    start. Redundant experts without EPLB are placed by index (``init_trivial``: physical slot i
+    holds expert i mod E) or by ``--init-expert-location``, not by load: not modelled."""
+    redundant = given.get("ep_num_redundant_experts", 0)
+    if not given.get("enable_eplb"):
+        if redundant:
+            return [Finding(("ep_num_redundant_experts",), NOT_MODELLED,
+                            f"without --enable-eplb the {redundant} redundant slots hold experts by index (slot i "
+                            "holds expert i mod E) or by --init-expert-location, not by measured load; tailserve "
+                            "places redundant experts only with EPLB",
+                            _at("sglang/srt/eplb/expert_location.py", "108-135") + " (init_trivial)")]  # fmt: skip
+        return []
+    tp = given.get("tp_size", 1)
+    ep = given.get("ep_size", 1)
+    if str(given.get("moe_a2a_backend") or "none") in A2A_EP_SPANNING:
+        ep = tp
+    if ep <= 1:
+        return [Finding(("enable_eplb",), REFUSED,
+                        "EPLB needs an expert-parallel size > 1 (assert resolved_view(server_args).ep_size > 1 fails "
+                        "at start): give --ep-size equal to --tp-size, or a --moe-a2a-backend that spans the TP ranks",
+                        f"{_at('sglang/srt/arg_groups/parallel_hook.py', '790-791')}; {_A2A_EP_SOURCE}")]  # fmt: skip
+    return []
+
+
 SGLANG_0_5_23 = EngineVersion(
     "sglang", V, "sglang 0.5.23",
     (
@@ -187,8 +221,28 @@ SGLANG_0_5_23 = EngineVersion(
                  "DeepEP's kernels: low_latency, normal (high-throughput), auto (low_latency for decode "
                  "steps, normal when any rank extends a prompt: tailserve's deepep_auto)",
                  _at(f"{F}/exec_.py", 898), "auto"),
-        FlagSpec("enable_eplb", bool, NOT_MODELLED, "expert load balancing with redundant experts; the routed "
-                 "experts are priced at uniform routing's load", _at(f"{F}/exec_.py", 922), "false"),
+        FlagSpec("enable_eplb", bool, DEPLOYMENT, "expert-parallel load balancing: experts placed, and "
+                 "--ep-num-redundant-experts hot ones replicated, by their recorded load (tailserve --enable-eplb; "
+                 "executors/simulated/expert_load.py)", _at(f"{F}/exec_.py", 922), "false",
+                 target="deployment.enable_eplb"),
+        FlagSpec("ep_num_redundant_experts", int, DEPLOYMENT, "EPLB's redundant expert slots over the EP ranks "
+                 "(tailserve --num-redundant-experts)", _at(f"{F}/exec_.py", 914), "0",
+                 target="deployment.num_redundant_experts"),
+        FlagSpec("eplb_algorithm", str, NOT_MODELLED, "how EPLB places the experts; tailserve places them as "
+                 "DeepSeek's EPLB does (replicate the most loaded, pack the heaviest on the least loaded rank)",
+                 _at(f"{F}/exec_.py", 923), "auto"),
+        FlagSpec("eplb_rebalance_num_iterations", int, NOT_MODELLED, "forward passes between EPLB's rebalances: "
+                 "tailserve prices the balanced placement, not when it is rearranged", _at(f"{F}/exec_.py", 924),
+                 "1000"),
+        FlagSpec("eplb_rebalance_layers_per_chunk", int, NOT_MODELLED, "layers moved per forward pass while "
+                 "rebalancing; not simulated", _at(f"{F}/exec_.py", 927), "all"),
+        FlagSpec("eplb_min_rebalancing_utilization_threshold", float, NOT_MODELLED, "GPU utilization below which "
+                 "EPLB skips a rebalance; not simulated", _at(f"{F}/exec_.py", 931), "1.0"),
+        FlagSpec("ep_dispatch_algorithm", str, NOT_MODELLED, "which replica of a replicated expert a token goes to "
+                 "(static, dynamic, fake, lp); tailserve splits an expert's tokens evenly over its replicas",
+                 _at(f"{F}/exec_.py", 917), "dynamic without an a2a backend, else static (parallel_hook.py:766-778)"),
+        FlagSpec("init_expert_location", str, NOT_MODELLED, "the experts' starting placement (a file of recorded "
+                 "load or a mapping); not read", _at(f"{F}/exec_.py", 921), "trivial"),
         FlagSpec("enable_two_batch_overlap", bool, NOT_MODELLED, "two micro-batches overlapping the MoE "
                  "exchange with compute; not priced", _at(f"{F}/exec_.py", 1047), "false"),
         FlagSpec("enable_torch_compile", bool, NOT_MODELLED, "torch.compile of small decode batches; not priced",
@@ -331,6 +385,7 @@ SGLANG_0_5_23 = EngineVersion(
         _conservativeness_rule,
         _hicache_rule,
         _decode_server_rule,
+        _eplb_rule,
     ),
     policy="sglang",
     underscores=False,

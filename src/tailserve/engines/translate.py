@@ -15,13 +15,15 @@ would be missing from the run), and a key set to null keeps the engine's default
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
-from tailserve.engines import speculative, vllm_flags
-from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
+from tailserve.engines import speculative, trtllm_options, vllm_flags
+from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, REFUSED, SCHEDULING, Given
 from tailserve.engines.lint import ENGINE_NAMES, Report
+from tailserve.engines.sglang_flags import A2A_EP_SPANNING
 from tailserve.engines.trtllm_options import TENSORRT_BACKENDS
 from tailserve.engines.vllm_kv_transfer import offloading_gib
 from tailserve.policies.registry import ENGINE_FLAGS, POLICIES, PolicySpec, policy_flags
@@ -53,11 +55,18 @@ class Translation:
 
 
 def translate(
-    report: Report, device: DeviceInfo | None = None, acceptance_length: float | None = None
+    report: Report,
+    device: DeviceInfo | None = None,
+    acceptance_length: float | None = None,
+    experts: Callable[[str], int] | None = None,
 ) -> Translation:
     """The policy spec and deployment of ``report``'s line; ValueError (one line) for a line the
     engine would refuse, or a policy this tailserve does not have. ``acceptance_length``: the
-    drafts' acceptance where the line speculates without giving one (``engines/speculative.py``)."""
+    drafts' acceptance where the line speculates without giving one (``engines/speculative.py``).
+    ``experts``: a model's routed experts as the line names it (ValueError: not known), which
+    TensorRT-LLM's load balancer needs (its ``num_slots`` are the experts plus the redundant
+    ones); the caller gives it, as the translation stays off the simulator's model catalog
+    (without it, EPLB is taken with no redundant experts, and that is said)."""
     if report.refused:
         raise ValueError(
             f"the engine would not start: {_first_fatal(report)} (tailserve lint shows every flag)"
@@ -82,7 +91,15 @@ def translate(
     backend = "pytorch"
     speculates = False
     last_drafts = next((r for r in reversed(report.rows) if r.name == "speculative_config"), None)
+    last_eplb = next((r for r in reversed(report.rows) if r.name == "eplb_config"), None)
+    eplb_redundant: int | None = None  # vLLM's --eplb-config num_redundant_experts
+    eplb_slots: tuple[str, int] | None = None  # TensorRT-LLM's load balancer: (its row, num_slots)
     for row in report.rows:
+        if report.engine == "trtllm" and row.name == "moe_config" and row.value is not None:
+            eplb_slots = _trtllm_load_balancer(report, row, ignored)
+            if eplb_slots is not None:
+                taken.append(row.flag)
+            continue
         if report.engine == "sglang" and row.name in ("moe_a2a_backend", "deepep_mode"):
             taken.append(row.flag)  # read together after the loop (_sglang_exchange)
             continue
@@ -111,6 +128,14 @@ def translate(
                 taken.append(row.flag)
                 speculates = True
             continue
+        if report.engine == "vllm" and row.name == "eplb_config":
+            if row is last_eplb:  # the last one given (the dotted keys after any JSON) is vLLM's
+                config, _ = vllm_flags.eplb_config(row.value, report.version.version)
+                eplb_redundant = config.get(vllm_flags.EPLB_READ, 0)
+                left = [key for key in config if key != vllm_flags.EPLB_READ]
+                ignored.extend(f"{row.flag.split('.')[0]} {key} (not modelled)" for key in left)
+                taken.append(row.flag)
+            continue
         if report.engine == "vllm" and row.name == "kv_transfer_config":
             gib = offloading_gib(row.value)  # (its rule made it "scheduling" only then)
             if gib is not None and "kv_offloading_size" in fields:
@@ -136,6 +161,13 @@ def translate(
         taken.append(row.flag)
     if report.engine == "sglang":
         ignored += _sglang_exchange(report, deployment)
+        spans = str(report.values.get("moe_a2a_backend") or "none") in A2A_EP_SPANNING
+        if deployment.get("enable_eplb") and "expert_parallel" not in deployment and spans:
+            deployment["expert_parallel"] = deployment.get("tp", 1)  # SGLang resolves ep_size = tp_size
+    if eplb_redundant and "num_redundant_experts" not in deployment:  # 0.11's --num-redundant-experts wins
+        deployment["num_redundant_experts"] = eplb_redundant
+    if eplb_slots is not None:
+        ignored += _trtllm_redundant(eplb_slots, deployment, experts)
     if report.engine == "trtllm" and deployment.get("dp_attention"):
         # enable_attention_dp: every TP rank an attention-DP rank (the MoE layers keep the TP/EP size)
         deployment["attn_dp"] = deployment.get("tp", 1)
@@ -189,6 +221,61 @@ def _sglang_exchange(report: Report, deployment: dict[str, Any]) -> list[str]:
         return []
     if backend != "none":
         return [f"--moe-a2a-backend {backend} (not modelled: priced as all-gather/reduce-scatter)"]
+    return []
+
+
+def _trtllm_load_balancer(report: Report, row: Any, ignored: list[str]) -> tuple[str, int] | None:
+    """TensorRT-LLM's ``moe_config`` row: (the row, num_slots) when its load balancer is EPLB as
+    tailserve simulates it (``trtllm_options.moe_load_balancer_rule``), else None with what was
+    left out said; ValueError for a load balancer file that is not there or one the engine refuses."""
+    try:
+        trtllm_options.load_balancer(row.value)
+    except trtllm_options.LoadBalancerFileMissing as e:
+        raise ValueError(
+            f"the engine command's MoE load balancer file {e.path} is not there (looked from {os.getcwd()}): "
+            "tailserve reads its num_slots to simulate the line; give its path from here"
+        ) from None
+    except ValueError:
+        pass  # said by the rule, below
+    for finding in trtllm_options.moe_load_balancer_rule(Given(report.values, dict(report.launch.env))):
+        if finding.verdict == REFUSED:
+            raise ValueError(f"the engine would not start: {row.flag}: {finding.what} ({finding.source})")
+        if finding.verdict == DEPLOYMENT:
+            balancer = trtllm_options.load_balancer(row.value)
+            assert balancer is not None and balancer.num_slots is not None
+            return row.flag, balancer.num_slots
+        if finding.verdict in (NO_OP, NOT_MODELLED):
+            ignored.append(f"{row.flag} ({finding.verdict}: {finding.what})")
+    return None
+
+
+def _trtllm_redundant(
+    slots: tuple[str, int], deployment: dict[str, Any], experts: Callable[[str], int] | None
+) -> list[str]:
+    """EPLB from TensorRT-LLM's ``num_slots``: the redundant experts are the slots beyond the
+    model's experts (``experts``: see ``translate``); not known, EPLB without redundant experts,
+    said."""
+    flag, num_slots = slots
+    model = str(deployment.get("model", ""))
+    try:
+        count = experts(model) if experts is not None else None
+    except ValueError:
+        count = None
+    if count is None:
+        deployment["enable_eplb"] = True
+        return [
+            f"{flag} num_slots {num_slots} (the model's experts are not known here: EPLB without redundant experts)"
+        ]
+    if not count:
+        return [f"{flag} (no-op: {model} has no routed experts to balance)"]
+    if num_slots < count:
+        raise ValueError(
+            f"{flag}: num_slots {num_slots} is below {model}'s {count} experts: TensorRT-LLM needs num_slots >= "
+            f"the experts ({trtllm_options.WIDE_EP})"
+        )
+    deployment["enable_eplb"] = True
+    if num_slots > count:
+        deployment["num_redundant_experts"] = num_slots - count
     return []
 
 

@@ -22,7 +22,12 @@ start. ``build_config`` is dropped for the PyTorch backend (``launch_server`` po
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
 
 from tailserve.engines.flag_spec import (
     DEPLOYMENT,
@@ -62,10 +67,141 @@ def _llm(name: str) -> str:
 WAITING = "tensorrt_llm/_torch/pyexecutor/py_executor.py@1.2 PyExecutor._schedule, _waiting_requests"
 _TORCH_ONLY = {
     "cuda_graph_config", "attention_dp_config", "disable_overlap_scheduler", "batch_wait_timeout_ms",
-    "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "stream_interval",
+    "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "stream_interval", "moe_config",
 }  # fmt: skip
 _CAPACITY = Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH"]
 _CHUNKING = Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None
+
+# ---- MoeConfig and its load balancer (EPLB) ---------------------------------------------------
+# MoeConfig's fields in the 1.2 line (a StrictBaseModel: any other key stops the engine), and
+# MoeLoadBalancerConfig's, whether given inline (a mapping) or as the path of a YAML file of them
+# (TorchLlmArgs.validate_load_balancer opens it from the engine's directory).
+MOE_CONFIG_KEYS = (
+    "backend",
+    "max_num_tokens",
+    "load_balancer",
+    "disable_finalize_fusion",
+    "use_low_precision_moe_combine",
+)
+LOAD_BALANCER_KEYS = ("num_slots", "initial_global_assignments", "layer_updates_per_iter")
+LOAD_BALANCER = "tensorrt_llm/_torch/modules/fused_moe/moe_load_balancer.py maybe_create_moe_load_balancer"
+WIDE_EP = "examples/wide_ep/README.md (num_slots, layer_updates_per_iter)"
+MOE_CONFIG_WHAT = (
+    "MoeConfig: its load_balancer (inline, or the path of a YAML of num_slots, layer_updates_per_iter, "
+    "initial_global_assignments) is EPLB when it balances by load, online (layer_updates_per_iter > 0) or offline "
+    "(initial_global_assignments from recorded load), with expert parallelism: tailserve --enable-eplb "
+    "--num-redundant-experts (num_slots - the model's experts); backend, max_num_tokens and the rest not priced"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBalancer:
+    """``moe_config.load_balancer`` as TensorRT-LLM reads it: its ``num_slots``, whether it
+    moves experts while serving (``layer_updates_per_iter`` > 0) or starts from a placement of
+    recorded load (``initial_global_assignments``), and the file it was read from (None inline)."""
+
+    num_slots: int | None
+    online: bool
+    offline: bool
+    path: str | None = None
+
+
+class LoadBalancerFileMissing(ValueError):
+    """The load balancer's YAML file is not there (the engine stops: "MoE load balancer config
+    file not found")."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def load_balancer(moe_config: Any) -> LoadBalancer | None:
+    """The load balancer of a file's ``moe_config`` (None: none given); ValueError (one line,
+    the engine's reason) for one it refuses, ``LoadBalancerFileMissing`` for a path not there."""
+    if not isinstance(moe_config, dict):
+        raise ValueError(f"moe_config: expected a mapping, got {moe_config!r}")
+    unknown = [key for key in moe_config if key not in MOE_CONFIG_KEYS]
+    if unknown:
+        raise ValueError(
+            f"moe_config.{unknown[0]} is not a MoeConfig option (StrictBaseModel: extra forbidden)"
+        )
+    value = moe_config.get("load_balancer")
+    if value is None:
+        return None
+    path = None
+    if isinstance(value, str):
+        path = value
+        if not Path(os.path.expanduser(path)).is_file():
+            raise LoadBalancerFileMissing(path)
+        try:
+            value = yaml.safe_load(Path(os.path.expanduser(path)).read_text())
+        except yaml.YAMLError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"Failed to load MoE load balancer config file: {path} (not a YAML mapping)")
+    if not isinstance(value, dict):
+        raise ValueError(f"moe_config.load_balancer: expected a mapping or a file path, got {value!r}")
+    where = f"MoE load balancer config file: {path}" if path else f"MoE load balancer config: {value}"
+    unknown = [key for key in value if key not in LOAD_BALANCER_KEYS]
+    if unknown:
+        raise ValueError(f"Failed to load {where} ({unknown[0]}: extra inputs are not permitted)")
+    slots, updates = value.get("num_slots"), value.get("layer_updates_per_iter", 0)
+    for name, number in (("num_slots", slots), ("layer_updates_per_iter", updates)):
+        if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
+            raise ValueError(f"Failed to load {where} ({name} must be an integer, got {number!r})")
+    return LoadBalancer(slots, (updates or 0) > 0, bool(value.get("initial_global_assignments")), path)
+
+
+def moe_load_balancer_rule(given: Given) -> list[Finding]:
+    """What TensorRT-LLM makes of ``moe_config.load_balancer`` on this line: no balancer
+    without expert parallelism (``maybe_create_moe_load_balancer`` makes one only when
+    ``moe_ep_size > 1``; an unset ``moe_expert_parallel_size`` is 1) or with ``num_slots`` 0;
+    its ``setup`` refuses no ``num_slots`` and slots that do not split over the EP ranks;
+    ``layer_updates_per_iter`` 0 without ``initial_global_assignments`` is static routing on the
+    default placement (rank r's slots hold experts r E/ep, r E/ep + 1, ... mod E: the redundant
+    ones by index, not by load), which tailserve does not model."""
+    if given.get("moe_config") is None:
+        return []
+    flags = ("moe_config",)
+    try:
+        balancer = load_balancer(given.get("moe_config"))
+    except LoadBalancerFileMissing as e:
+        return [Finding(flags, NOT_MODELLED, f"warning: the load balancer file {e.path} is not there (looked from "
+                        f"{os.getcwd()}): not read; TensorRT-LLM stops at start (\"MoE load balancer config file not "
+                        "found\")", _field("TorchLlmArgs", "validate_load_balancer"))]  # fmt: skip
+    except ValueError as e:
+        return [Finding(flags, REFUSED, f"{e}: the engine refuses to start", _REFUSES)]
+    if balancer is None:
+        return [Finding(flags, OTHER, "no load_balancer: the MoE kernels' settings, no scheduling effect tailserve "
+                        "reads", _field("MoeConfig", "load_balancer"))]  # fmt: skip
+    ep = given.get("moe_expert_parallel_size") or given.get("ep_size") or 1
+    slots = balancer.num_slots
+    if ep <= 1:
+        return [Finding(flags, NO_OP, "no expert parallelism (moe_expert_parallel_size 1): TensorRT-LLM makes no load "
+                        "balancer", f"{LOAD_BALANCER} (using_ep)")]  # fmt: skip
+    if slots is None:
+        return [Finding(flags, REFUSED, "`num_slots` cannot be None when calling setup().",
+                        _field("MoeLoadBalancerConfig", "setup"))]  # fmt: skip
+    if slots == 0:
+        return [Finding(flags, NO_OP, "num_slots 0: MoE load balancing is disabled", WIDE_EP)]
+    if slots % ep:
+        return [Finding(flags, REFUSED, f"`num_slots` ({slots}) must be divisible by `ep_size` ({ep}).",
+                        _field("MoeLoadBalancerConfig", "setup"))]  # fmt: skip
+    if not (balancer.online or balancer.offline):
+        return [Finding(flags, NOT_MODELLED, f"num_slots {slots} with layer_updates_per_iter 0 and no "
+                        "initial_global_assignments: static routing on the default placement (rank r's slots hold "
+                        "experts r*E/ep, r*E/ep + 1, ... mod E: the extra slots by index, not by load); tailserve "
+                        "places redundant experts by load only (set layer_updates_per_iter > 0 for online EPLB)",
+                        f"{LOAD_BALANCER} (is_static_routing); {WIDE_EP}")]  # fmt: skip
+    how = "online (layer_updates_per_iter > 0)" if balancer.online else "offline (initial_global_assignments)"
+    what = (
+        f"EPLB, {how}: {slots} expert slots over {ep} EP ranks, simulated as --enable-eplb "
+        "--num-redundant-experts (num_slots - the model's experts); moving the weights is not priced"
+    )
+    if balancer.path:
+        what += f" (read from {balancer.path})"
+    return [Finding(flags, DEPLOYMENT, what, f"{_field('MoeConfig', 'load_balancer')}; {WIDE_EP}")]
+
 
 KEYS = (
     FlagSpec("model", str, DEPLOYMENT, "the model", _llm("model"), target="deployment.model"),
@@ -107,6 +243,9 @@ KEYS = (
              "draft tokens verified each generation step: decoding_type MTP (num_nextn_predict_layers) and "
              "Eagle3 (max_draft_len) simulated, the acceptance from --acceptance-length (TensorRT-LLM has no "
              "setting for it; engines/speculative.py)", _llm("speculative_config")),
+    FlagSpec("moe_config", dict | None, DEPLOYMENT, MOE_CONFIG_WHAT,
+             f"{_llm('moe_config')}; {_field('MoeConfig', 'load_balancer')}; {_field('TorchLlmArgs', 'validate_load_balancer')}",
+             target="deployment.enable_eplb"),
     FlagSpec("cuda_graph_config", dict | None, OTHER,
              "CUDA graphs for decode-only batches: the time of a step, not who is in it; the trtllm policy "
              "prices enable_padding under its flags cuda_graph_padding_enabled, cuda_graph_batch_sizes, "

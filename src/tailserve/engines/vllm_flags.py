@@ -9,6 +9,7 @@ the same Python source as upstream's tag), and the issues named. A row names its
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,11 +119,6 @@ def _unpriced(version: str, lines: dict[str, int]) -> tuple[FlagSpec, ...]:
             "no CUDA graphs: every decode step pays its kernel launches; tailserve prices CUDA-graphed steps",
         ),
         "enable_dbo": (bool, "dual-batch overlap of the MoE token exchange with compute; not priced"),
-        "enable_eplb": (
-            bool,
-            "expert load balancing with redundant experts; the routed experts are priced "
-            "at uniform routing's load",
-        ),
         "kv_transfer_config": (
             str,
             "a KV connector (P/D disaggregation, offload): simulate P/D with "
@@ -203,6 +199,137 @@ def _threshold_rule(line: str, needs_partial: bool):
         return []
 
     return rule
+
+
+# ---- expert-parallel load balancing (0.11 and 0.32) ------------------------------------------
+
+PAR = "vllm/config/parallel.py"
+# Per version: EPLBConfig's fields, whether it refuses other keys (0.32's configs are pydantic
+# dataclasses with extra="forbid": vllm/config/utils.py:70-71@v0.32.0; 0.11's @config adds
+# nothing, and a pydantic dataclass ignores unknown keys), and the lines that say so.
+_EPLB = {
+    "0.32.0": {
+        "keys": ("window_size", "step_interval", "num_redundant_experts", "log_balancedness",
+                 "log_balancedness_interval", "use_async", "policy", "communicator", "enable_migration_batching"),
+        "strict": True, "enable": f"{AU}:1320@v0.32.0; {PAR}:205@v0.32.0",
+        "config": f"{AU}:1321@v0.32.0; {PAR}:63-134@v0.32.0 (EPLBConfig)", "ep": f"{PAR}:565-566@v0.32.0",
+        "ranks": f"{PAR}:567-580@v0.32.0", "off": f"{PAR}:581-587@v0.32.0",
+        "ranks_text": "EPLB requires tensor, prefill-context, or data parallelism, but got TP={tp}, PCP=1, DP={dp}.",
+    },
+    "0.11.0": {
+        "keys": ("window_size", "step_interval", "num_redundant_experts", "log_balancedness"),
+        "strict": False, "enable": f"{AU}:708@v0.11.0; {PAR}:103@v0.11.0",
+        "config": f"{AU}:710@v0.11.0; {PAR}:37-60@v0.11.0 (EPLBConfig)", "ep": f"{PAR}:431-433@v0.11.0",
+        "ranks": f"{PAR}:434-438@v0.11.0", "off": f"{PAR}:440-445@v0.11.0",
+        "ranks_text": "EPLB requires tensor_parallel_size or data_parallel_size to be greater than 1, but got "
+                      "TP={tp},DP={dp}.",
+    },
+}  # fmt: skip
+EPLB_READ = "num_redundant_experts"  # the one EPLBConfig key the simulation takes (--num-redundant-experts)
+
+
+def eplb_config(value: Any, version: str) -> tuple[dict[str, Any], list[str]]:
+    """``--eplb-config`` as vLLM's parser reads it (a JSON object, its dotted keys merged, or a
+    config file's mapping): (EPLBConfig's keys given, with num_redundant_experts an int; the keys
+    this version ignores). ValueError (one line, vLLM's reason) for one its parser refuses
+    (``parse_dataclass``: ``TypeAdapter(EPLBConfig).validate_json``)."""
+    keys = _EPLB[version]["keys"]
+    config = value
+    if not isinstance(value, dict):
+        try:
+            config = json.loads(str(value))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--eplb-config is not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--eplb-config must be a JSON object, got {value!r}")
+    unknown = [key for key in config if key not in keys]
+    if unknown and _EPLB[version]["strict"]:
+        raise ValueError(
+            f"--eplb-config: {unknown[0]}: Unexpected keyword argument (EPLBConfig's keys: {', '.join(keys)})"
+        )
+    out = {key: v for key, v in config.items() if key in keys}
+    if EPLB_READ in out:
+        n = out[EPLB_READ]
+        try:
+            whole = float(n) if isinstance(n, int | float | str) and not isinstance(n, bool) else None
+        except ValueError:
+            whole = None
+        if whole is None or not whole.is_integer():
+            raise ValueError(f"--eplb-config: num_redundant_experts must be an integer, got {n!r}")
+        if whole < 0:
+            raise ValueError(f"--eplb-config: num_redundant_experts must be >= 0, got {n!r}")
+        out[EPLB_READ] = int(whole)
+    return out, unknown
+
+
+def _eplb_rule(version: str):
+    """EPLB as vLLM's ParallelConfig checks it at start (it needs expert parallelism over more
+    than one rank, and redundant experts need EPLB), and what of ``--eplb-config`` is simulated:
+    its num_redundant_experts (tailserve's --num-redundant-experts); when and how EPLB
+    rearranges (window, interval, async, policy, communicator) and its logging are not, since
+    tailserve prices the balanced placement's steady state (executors/simulated/expert_load.py).
+    0.11's deprecated ``--num-redundant-experts`` is forwarded over the config's
+    (arg_utils.py:1307-1308@v0.11.0)."""
+    where = _EPLB[version]
+
+    def rule(given: Given) -> list[Finding]:
+        config: dict[str, Any] = {}
+        ignored: list[str] = []
+        if "eplb_config" in given:
+            try:
+                config, ignored = eplb_config(given.get("eplb_config"), version)
+            except ValueError as e:
+                return [Finding(("eplb_config",), REFUSED, f"{e}: vLLM's parser refuses it", where["config"])]
+        deprecated = given.get("num_redundant_experts")  # 0.11's flag, forwarded over the config's
+        redundant = deprecated if deprecated is not None else config.get(EPLB_READ, 0)
+        found: list[Finding] = []
+        if not given.get("enable_eplb"):
+            if redundant:
+                found.append(Finding(("num_redundant_experts" if deprecated else "eplb_config",), REFUSED,
+                                     f"num_redundant_experts is set to {redundant} but EPLB is not enabled. Either "
+                                     "enable EPLB or unset num_redundant_experts.", where["off"]))  # fmt: skip
+            elif "eplb_config" in given:
+                found.append(Finding(("eplb_config",), NO_OP, "EPLB is off (no --enable-eplb): nothing reads its "
+                                     "settings", where["off"]))  # fmt: skip
+            return found
+        if redundant < 0:  # 0.11's deprecated flag (its config field has no bound)
+            found.append(Finding(("num_redundant_experts",), REFUSED,
+                                 f"num_redundant_experts must be non-negative, but got {redundant}.",
+                                 f"{PAR}:427-430@v0.11.0"))  # fmt: skip
+        tp, dp = given.get("tensor_parallel_size", 1), given.get("data_parallel_size", 1)
+        if not given.get("enable_expert_parallel"):
+            found.append(Finding(("enable_eplb", "enable_expert_parallel"), REFUSED,
+                                 "enable_expert_parallel must be True to use EPLB.", where["ep"]))  # fmt: skip
+        elif tp * dp <= 1:
+            found.append(Finding(("enable_eplb",), REFUSED, where["ranks_text"].format(tp=tp, dp=dp),
+                                 where["ranks"]))  # fmt: skip
+        if "eplb_config" in given:
+            what = f"EPLB's settings: num_redundant_experts {config.get(EPLB_READ, 0)} (tailserve --num-redundant-experts)"
+            if deprecated is not None:
+                what += f", replaced by --num-redundant-experts {deprecated}"
+            left = [key for key in config if key != EPLB_READ]
+            if left:
+                what += (f"; not simulated: {', '.join(left)} (tailserve prices the balanced placement, not when or "
+                         "how it is rearranged)")  # fmt: skip
+            if ignored:
+                what += f"; ignored by vLLM {version} (not EPLBConfig fields): {', '.join(ignored)}"
+            found.append(Finding(("eplb_config",), DEPLOYMENT, what, where["config"]))
+        return found
+
+    return rule
+
+
+def _eplb_flags(version: str) -> tuple[FlagSpec, ...]:
+    where = _EPLB[version]
+    return (
+        FlagSpec("enable_eplb", bool, DEPLOYMENT,
+                 "expert-parallel load balancing: experts placed, and --eplb-config's num_redundant_experts hot "
+                 "ones replicated, by their measured load (tailserve --enable-eplb; executors/simulated/"
+                 "expert_load.py)", where["enable"], "false", target="deployment.enable_eplb"),
+        FlagSpec("eplb_config", str, DEPLOYMENT,
+                 "EPLB's settings (JSON, or --eplb-config.KEY V): num_redundant_experts simulated "
+                 "(tailserve --num-redundant-experts), the rest not", where["config"], "{}"),
+    )  # fmt: skip
 
 
 V085_TAG = "0.8.5"
@@ -320,8 +447,8 @@ VLLM_0_32 = EngineVersion(
                  "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 1363, V32),
                  "from gpu_memory_utilization"),
         *_unpriced(V32, {"enforce_eager": 975, "data_parallel_hybrid_lb": 1253, "data_parallel_external_lb": 1258,
-                         "enable_dbo": 1288, "enable_eplb": 1320,
-                         "kv_transfer_config": 1843, "compilation_config": 1853}),
+                         "enable_dbo": 1288, "kv_transfer_config": 1843, "compilation_config": 1853}),
+        *_eplb_flags(V32),
         FlagSpec("kv_offloading_size", float, SCHEDULING,
                  "a CPU tier behind the prefix cache, GiB over all TP ranks: prompt blocks stored as computed, "
                  "loaded back after a GPU hit (policies/vllm_offload.py)", _at(AU, 1416, V32)),
@@ -388,6 +515,7 @@ VLLM_0_32 = EngineVersion(
         _async_backend_rule,
         _offload_rule,
         kv_transfer_rule,
+        _eplb_rule(V32),
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:56@v{V32}",
@@ -454,7 +582,18 @@ VLLM_0_11 = EngineVersion(
                  "the KV cache's bytes per GPU (20G), gpu_memory_utilization then unused", _at(AU, 766, V11),
                  "from gpu_memory_utilization"),
         *_unpriced(V11, {"enforce_eager": 550, "data_parallel_hybrid_lb": 695, "enable_dbo": 700,
-                         "enable_eplb": 708, "kv_transfer_config": 930, "compilation_config": 934}),
+                         "kv_transfer_config": 930, "compilation_config": 934}),
+        *_eplb_flags(V11),
+        # EPLB's flags before --eplb-config, deprecated in 0.11 (removed in 0.12), forwarded into it
+        FlagSpec("num_redundant_experts", int, DEPLOYMENT, "[deprecated] EPLB's redundant experts, over "
+                 "--eplb-config's (tailserve --num-redundant-experts)", f"{AU}:716@v{V11}; {AU}:1307-1308@v{V11}",
+                 "0", target="deployment.num_redundant_experts"),
+        FlagSpec("eplb_window_size", int, NOT_MODELLED, "[deprecated] EPLB's load-recording window: tailserve "
+                 "prices the balanced placement, not when it is rearranged", f"{AU}:722@v{V11}", "1000"),
+        FlagSpec("eplb_step_interval", int, NOT_MODELLED, "[deprecated] steps between EPLB's rearrangements; "
+                 "not simulated", f"{AU}:727@v{V11}", "3000"),
+        FlagSpec("eplb_log_balancedness", bool, OTHER, "[deprecated] logs EPLB's balancedness",
+                 f"{AU}:733@v{V11}", "false"),
         FlagSpec("async_scheduling", bool, SCHEDULING, "experimental: schedule step N+1 while step N runs",
                  _at(SC, 138, V11), "false"),
         FlagSpec("max_num_partial_prefills", int, NO_OP, "V0's concurrent partial prefill limit",
@@ -473,6 +612,7 @@ VLLM_0_11 = EngineVersion(
         _threshold_rule(_at(SC, 273, V11), needs_partial=True),
         _partial_prefill_rule(V11, f"{AU}:1469@v{V11}; vllm/entrypoints/openai/api_server.py:209@v{V11}"),
         _async_pp_rule,
+        _eplb_rule(V11),
     ),
     policy="vllm",
     positional=f"vllm/entrypoints/cli/serve.py:47@v{V11}",

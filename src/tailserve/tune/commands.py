@@ -98,6 +98,12 @@ def command_line(
             if deployment.all2all_backend != ALL2ALL_DEFAULT:
                 parts.append(f"--all2all-backend {deployment.all2all_backend}")
         parts += _formats(deployment, VLLM_FLAGS)
+        if deployment.enable_eplb:
+            # vLLM's EPLB: its redundant experts in --eplb-config (engines/vllm_flags.py reads it back)
+            parts.append("--enable-eplb")
+            if deployment.num_redundant_experts:
+                eplb = {"num_redundant_experts": deployment.num_redundant_experts}
+                parts.append(f"--eplb-config '{json.dumps(eplb)}'")
         parts += [
             f"--max-num-batched-tokens {config.max_num_batched_tokens}",
             f"--max-num-seqs {config.max_num_seqs}",
@@ -141,13 +147,21 @@ def command_line(
                 parts.append(
                     f"--moe-a2a-backend deepep --deepep-mode {_SGLANG_DEEPEP[deployment.all2all_backend]}"
                 )
-            parts += _formats(replace(deployment, expert_parallel=False), SGLANG_FLAGS)
+            # (the formats only: expert parallelism, and EPLB with it, are written here and below)
+            parts += _formats(
+                replace(deployment, expert_parallel=False, enable_eplb=False, num_redundant_experts=0),
+                SGLANG_FLAGS,
+            )
         else:
             if tp > 1:
                 parts.append(f"--tp {tp}")
             if deployment.dp > 1:  # a dense model's replicas behind SGLang's round-robin controller
                 parts.append(f"--dp {deployment.dp}")
             parts += _formats(deployment, SGLANG_FLAGS)
+        if deployment.enable_eplb:
+            parts.append("--enable-eplb")
+            if deployment.num_redundant_experts:
+                parts.append(f"--ep-num-redundant-experts {deployment.num_redundant_experts}")
         parts += [
             f"--chunked-prefill-size {config.chunked_prefill_size}",
             f"--schedule-policy {config.schedule_policy}",
@@ -243,7 +257,7 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     ``enable_prefix_aware_scheduling`` when set,
     ``kv_cache_config`` with its ``host_cache_size`` when set, and when set ``speculative_config``, ``cuda_graph_config``,
     ``attention_dp_config``, ``disable_overlap_scheduler``, the ``batch_wait_*`` pair,
-    ``stream_interval``), in YAML's
+    ``stream_interval``, ``moe_config``'s load balancer for EPLB), in YAML's
     one-line form. Online FP8 quantization has no flag: the
     PyTorch backend reads quantized (ModelOpt) checkpoints."""
     kv = [f"enable_block_reuse: {str(config.enable_block_reuse).lower()}"]
@@ -297,6 +311,12 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
         )
     if config.stream_interval > 1:
         extra += f", stream_interval: {config.stream_interval}"
+    if deployment.enable_eplb:
+        # EPLB: the model's experts plus the redundant ones as slots, moved while serving
+        # (layer_updates_per_iter > 0: online EPLB; with 0 and no initial_global_assignments the
+        # slots keep TensorRT-LLM's placement by index, engines/trtllm_options.py)
+        slots = get_model(deployment.model).num_experts + deployment.num_redundant_experts
+        extra += f", moe_config: {{load_balancer: {{num_slots: {slots}, layer_updates_per_iter: 1}}}}"
     yaml = (
         f"{{enable_chunked_prefill: {str(config.enable_chunked_prefill).lower()}, "
         f"scheduler_config: {{{', '.join(scheduler)}}}, kv_cache_config: {{{', '.join(kv)}}}{extra}}}"
