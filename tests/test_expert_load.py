@@ -134,3 +134,27 @@ def test_simulate_names_the_busiest_rank_and_the_memory():
     )  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "EPLB is not enabled" in bad.stderr
+
+
+def test_explain_names_the_uneven_routing_and_eplb():
+    from tailserve.core.engine import EngineOptions
+    from tailserve.metrics.attribution import explain_run
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.run import run_policy
+    from tailserve.sim.workload_builder import WorkloadBuilder
+    from tailserve.sim.workload_spec import WorkloadSpec
+
+    workload = WorkloadBuilder(WorkloadSpec("chat", num_requests=30, rate=4.0, seed=1))
+
+    def summary(**kw):
+        built = build_cost_model(replace(EP8, **kw))
+        run = run_policy(
+            built, PolicySpec.make("vllm", {}), workload, options=EngineOptions(record_batches=True)
+        )
+        return explain_run(run).summary
+
+    hot = summary(expert_imbalance=0.42)
+    assert "Routing was uneven (expert imbalance 0.42)" in hot and "--enable-eplb" in hot
+    balanced = summary(expert_imbalance=0.42, enable_eplb=True, num_redundant_experts=32)
+    assert "Routing was uneven" in balanced and "simulate it with" not in balanced
+    assert "Routing was uneven" not in summary()

@@ -599,7 +599,7 @@ def explain_run(run: Any, tbt_threshold: float | None = None) -> RunExplanation:
             f"run {run.label!r} has no batch record: simulate with --explain, --report or --save-run "
             "(EngineOptions(record_batches=True))"
         )
-    return explain(
+    explanation = explain(
         run.requests,
         run.batches,
         policy=run.config.get("policy", ""),
@@ -607,3 +607,7 @@ def explain_run(run: Any, tbt_threshold: float | None = None) -> RunExplanation:
         label=run.label,
         tbt_threshold=tbt_threshold,
     )
+    from tailserve.metrics.explain_text import expert_load_words  # it reads this module's types
+
+    explanation.summary += expert_load_words(run.config)
+    return explanation

@@ -305,6 +305,27 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
     )
 
 
+def expert_load_words(config: dict[str, Any]) -> str:
+    """A run simulated with uneven expert routing (``--expert-imbalance``): every MoE layer
+    waited for the busiest EP rank; say so, and what EPLB does about it."""
+    load = config.get("expert_load")
+    if not load or not load.get("imbalance"):
+        return ""
+    ratio = 1 + load["imbalance"]
+    text = (
+        f" Routing was uneven (expert imbalance {load['imbalance']:g}): every MoE layer waited for the "
+        f"busiest expert-parallel rank, {ratio:.2f}x the mean share at a large batch, which lengthens the "
+        "prefill-carrying steps most (their experts are compute-bound)."
+    )
+    if load.get("eplb_redundant_experts") is None:
+        text += (
+            " EPLB places hot experts apart and replicates them (vLLM and SGLang `--enable-eplb`, with "
+            "redundant experts; TensorRT-LLM's load balancer): simulate it with `--enable-eplb "
+            "--num-redundant-experts N`."
+        )
+    return text
+
+
 def _stream_words(policy: str, flags: dict[str, Any], requests: list[Any], median_gap: float) -> str:
     """With a stream interval the client's ITL is the chunking, not the engine: say so, with the
     client's figures beside the engine's (the gaps explained above are the engine's steps)."""
