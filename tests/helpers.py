@@ -114,7 +114,8 @@ def sim_run(
 
 def trtllm_line_read_back(spec, deployment, device, tmp_path, monkeypatch, max_model_len: int = 8192):
     """tune's printed ``trtllm-serve`` line (its options YAML written as the echo would), read back
-    by lint and translate: the translation."""
+    by lint and translate (the model's experts from the catalog, as ``--engine-cmd`` reads them):
+    the translation."""
     import shlex
 
     from tailserve.engines.lint import lint
@@ -125,7 +126,9 @@ def trtllm_line_read_back(spec, deployment, device, tmp_path, monkeypatch, max_m
     words = shlex.split(echo)
     monkeypatch.chdir(tmp_path)
     (tmp_path / words[3]).write_text(words[1])
-    return translate(lint(launch), device)
+    from tailserve.executors.simulated.models import get_model
+
+    return translate(lint(launch), device, experts=lambda model: get_model(model).num_experts)
 
 
 def dp_run(deployment, policy, workload):

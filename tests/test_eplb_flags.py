@@ -303,3 +303,47 @@ def test_tunes_lines_spell_eplb_as_each_engine_does():
     assert "--ep-size 8 --enable-eplb --ep-num-redundant-experts 32" in lines["sglang"]
     assert "moe_config: {load_balancer: {num_slots: 288, layer_updates_per_iter: 1}}" in lines["trtllm"]
     assert "--ep_size 8" in lines["trtllm"]
+
+
+# ---- the line runs with it (simulate --engine-cmd) and lint says what TensorRT-LLM makes of it --
+def _simulate_engine_cmd(line: str) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tailserve", "simulate", "--hardware", "H200", "--workload", "chat",
+         "--num-requests", "10", "--expert-imbalance", "0.42", "--engine-cmd", line],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stderr
+
+
+def test_an_engine_lines_eplb_runs_in_the_simulation(tmp_path, monkeypatch):
+    said = _simulate_engine_cmd(
+        f"""{VLLM} --enable-expert-parallel --enable-eplb --eplb-config '{{"num_redundant_experts": 32}}'"""
+    )
+    assert "--enable-eplb --num-redundant-experts 32" in said
+    assert "EPLB with 32 redundant experts over 8 EP ranks" in said and "(1.42x without EPLB)" in said
+    # TensorRT-LLM's slots are the model's experts plus the redundant ones
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lb.yaml").write_text(
+        "enable_attention_dp: true\nmoe_config: {load_balancer: {num_slots: 288, layer_updates_per_iter: 1}}\n"
+    )
+    said = _simulate_engine_cmd(f"{TRTLLM} --ep_size 8 --extra_llm_api_options lb.yaml")
+    assert "--enable-eplb --num-redundant-experts 32 --dp 8" in said
+    assert "EPLB with 32 redundant experts over 8 EP ranks" in said
+
+
+def test_lint_gives_tensorrt_llms_load_balancer_its_verdict_and_refusal(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.yaml").write_text(
+        "moe_config: {load_balancer: {num_slots: 288, layer_updates_per_iter: 1}}\n"
+    )
+    (tmp_path / "bad.yaml").write_text(
+        "moe_config: {load_balancer: {num_slots: 290, layer_updates_per_iter: 1}}\n"
+    )
+    ok = lint(f"{TRTLLM} --ep_size 8 --extra_llm_api_options ok.yaml")
+    assert not ok.refused
+    assert "288 expert slots over 8 EP ranks" in _rows(ok)["ok.yaml:moe_config"].what
+    bad = lint(f"{TRTLLM} --ep_size 8 --extra_llm_api_options bad.yaml")
+    assert bad.refused

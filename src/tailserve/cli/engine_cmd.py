@@ -94,6 +94,8 @@ _DEPLOYMENT_ARGS = {
     "enable_expert_parallel": "expert_parallel",
     "dp": "dp",
     "all2all_backend": "all2all_backend",
+    "enable_eplb": "enable_eplb",
+    "num_redundant_experts": "num_redundant_experts",
 }
 
 
@@ -198,7 +200,7 @@ def read_engine_cmds(args: argparse.Namespace, pd_side: bool = False) -> list[En
     for text in texts:
         engine = parse_launch(text).engine
         report = lint(text, versions.get(engine, versions.get("")))
-        translation = translate(report, device, acceptance)
+        translation = translate(report, device, acceptance, experts=_routed_experts)
         if pd_side:  # the pair and its KV link (--kv-link) simulate what these flags set up
             kept = tuple(i for i in translation.ignored if not i.startswith(_PD_SIDE_FLAGS))
             translation = dataclasses.replace(translation, ignored=kept)
@@ -287,6 +289,7 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
             d.get("model", ""), args.hardware, d.get("tp", 1), args.calibration, d.get("quantization", ""),
             d.get("kv_cache_dtype", ""), d.get("expert_parallel", False), d.get("dp", 1),
             d.get("all2all_backend", default_of(Deployment, "all2all_backend")),
+            enable_eplb=d.get("enable_eplb", False), num_redundant_experts=d.get("num_redundant_experts", 0),
         )  # fmt: skip
 
     for other in commands[1:]:
@@ -310,6 +313,17 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
     args.dp = dp
     if "all2all_backend" in first.deployment:
         args.all2all_backend = first.deployment["all2all_backend"]
+    if first.deployment.get("enable_eplb"):
+        args.enable_eplb = True
+        args.num_redundant_experts = first.deployment.get("num_redundant_experts", 0)
+
+
+def _routed_experts(model: str) -> int:
+    """The routed experts of a model as a launch line names it (TensorRT-LLM's load balancer
+    counts slots, not redundant experts); ValueError when the catalog does not know it."""
+    from tailserve.executors.simulated.models import get_model
+
+    return get_model(model).num_experts
 
 
 def _shown(deployment: dict[str, Any]) -> str:

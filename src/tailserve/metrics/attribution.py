@@ -607,7 +607,10 @@ def explain_run(run: Any, tbt_threshold: float | None = None) -> RunExplanation:
         label=run.label,
         tbt_threshold=tbt_threshold,
     )
-    from tailserve.metrics.explain_text import expert_load_words  # it reads this module's types
+    from tailserve.metrics.explain_text import (
+        expert_load_words,
+        stream_words,
+    )  # they read this module's types
 
-    explanation.summary += expert_load_words(run.config)
+    explanation.summary += stream_words(run.config, run.requests) + expert_load_words(run.config)
     return explanation

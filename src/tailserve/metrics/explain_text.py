@@ -299,10 +299,7 @@ def run_summary(x: RunExplanation, attributor: Attributor) -> str:
     median_gap = float(np.median(gaps)) if gaps.size else 0.0
     flags = attributor.flags
     refused = _refused_words(list(attributor.requests.values()), len(x.ttft))
-    stream = _stream_words(x.policy, flags, list(attributor.requests.values()), median_gap)
-    return (
-        refused + _overload_words(x) + _ttft_words(x, peak, flags) + " " + _tbt_words(x, median_gap) + stream
-    )
+    return refused + _overload_words(x) + _ttft_words(x, peak, flags) + " " + _tbt_words(x, median_gap)
 
 
 def expert_load_words(config: dict[str, Any]) -> str:
@@ -326,26 +323,25 @@ def expert_load_words(config: dict[str, Any]) -> str:
     return text
 
 
-def _stream_words(policy: str, flags: dict[str, Any], requests: list[Any], median_gap: float) -> str:
-    """With a stream interval the client's ITL is the chunking, not the engine: say so, with the
-    client's figures beside the engine's (the gaps explained above are the engine's steps)."""
-    from tailserve.policies.registry import POLICIES  # the policies import the metrics
-
-    every = int(flags.get("stream_interval", 1))
-    if every <= 1 or policy not in POLICIES:
+def stream_words(config: dict[str, Any], requests: list[Any]) -> str:
+    """With a stream interval (the run config's, ``sim/run.py``) the client's ITL is the chunking,
+    not the engine: say so, with the client's figures beside the engine's median step gap (the
+    gaps explained above are the engine's steps)."""
+    rule = StreamInterval.from_json(config.get("stream_interval"))
+    if not rule.is_set:
         return ""
-    rule = StreamInterval(every, POLICIES[policy].stream_unit)
     done = finished(requests)
     gaps = [np.diff(rule.chunk_times(r.token_times)) for r in done]
     client = np.concatenate(gaps) if gaps else np.zeros(0)
-    if not client.size:
+    steps = pooled_gaps(done)
+    if not client.size or not steps.size:
         return ""
     p50, p99 = np.percentile(client, [50, 99])
     return (
         f" Streaming holds tokens back ({rule.describe()}): a client's ITL is the gap between chunks, "
         f"p50 {_ms(float(p50))} and p99 {_ms(float(p99))} against the engine's median step gap of "
-        f"{_ms(median_gap)}; TTFT, TPOT and E2E are not affected. A lower stream interval smooths "
-        "what the client sees (at more API-server work per token)."
+        f"{_ms(float(np.median(steps)))}; TTFT, TPOT and E2E are not affected. A lower stream interval "
+        "smooths what the client sees (at more API-server work per token)."
     )
 
 

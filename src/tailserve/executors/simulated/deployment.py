@@ -272,6 +272,17 @@ def expert_load_note(cost_model: CostModel) -> str:
     load, m = cost_model.expert_load, cost_model.model
     ep = cost_model.tp * cost_model.dp
     text = f"{load.describe()} over {ep} EP ranks of {m.name}'s {m.num_experts} experts: "
+    if load.eplb and load.is_uniform:
+        text += (
+            "with uniform routing EPLB has nothing to balance (give --expert-imbalance R, the ratio your "
+            "engine reports, for what it balances)"
+        )
+        if load.redundant:
+            text += (
+                f"; the redundant experts' weights take {cost_model.redundant_expert_bytes / 2**30:.1f} GiB "
+                "per GPU from the KV cache"
+            )
+        return text
     if load.eplb:
         base = steady_imbalance(ExpertLoad(load.imbalance), m.num_experts, ep)
         after = steady_imbalance(load, m.num_experts, ep)
