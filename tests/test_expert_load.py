@@ -158,3 +158,26 @@ def test_explain_names_the_uneven_routing_and_eplb():
     balanced = summary(expert_imbalance=0.42, enable_eplb=True, num_redundant_experts=32)
     assert "Routing was uneven" in balanced and "simulate it with" not in balanced
     assert "Routing was uneven" not in summary()
+
+
+def test_a_capacity_plan_drops_the_routing_for_its_tensor_parallel_expert_layouts():
+    # tune --gpus N --plan-ep both with --enable-eplb: a layout without EP has nothing to balance
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.tune.cluster_plan import Layout, run_layout
+
+    d = Deployment.of(
+        "Qwen3-30B-A3B",
+        "H100",
+        2,
+        expert_parallel=True,
+        expert_imbalance=0.3,
+        enable_eplb=True,
+        num_redundant_experts=16,
+    )
+    spec = WorkloadSpec("chat", num_requests=8, rate=2.0, seed=1)
+    for ep in (False, True):
+        run = run_layout(Layout(1, 0, 2, ep), d, PolicySpec.make("vllm", {}), spec, "round-robin", "ib-ndr")
+        assert len(run.requests) == 8
+        cost = run.stages["replicas"].replicas[0].engine.executor.cost_model
+        assert cost.expert_load == (d.expert_load if ep else ExpertLoad())

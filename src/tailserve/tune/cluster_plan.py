@@ -161,8 +161,14 @@ def run_layout(
     layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
 ) -> ClusterRun:
     if layout.tp:
+        # TP-sliced experts: no rank waits for a hot one, and EPLB has nothing to place
+        routing = (
+            {}
+            if layout.expert_parallel
+            else dict(expert_imbalance=0.0, enable_eplb=False, num_redundant_experts=0)
+        )
         deployment = replace(
-            deployment, tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp)
+            deployment, tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp), **routing
         )
     wb = WorkloadBuilder(spec)
     if layout.dp:  # one engine of DP ranks behind its own balancer
