@@ -33,6 +33,7 @@ PLAN_DEFAULTS: dict[str, str | None] = {
     "plan_tps": None,
     "plan_dp": None,
     "plan_ep": "both",
+    "plan_eplb": None,
 }
 
 
@@ -91,6 +92,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         help="--gpus --plan-tps, MoE models: experts sliced over the TP ranks, split whole "
         "(--enable-expert-parallel), or both (default: %(default)s)",
     )
+    g.add_argument(
+        "--plan-eplb",
+        default=PLAN_DEFAULTS["plan_eplb"],
+        metavar="off,0,32",
+        help="--gpus or --data-parallel-size, expert-parallel layouts: each once per EPLB setting, off or "
+        "its redundant experts (vLLM's --enable-eplb with num_redundant_experts); what EPLB balances is "
+        "--expert-imbalance's routing (docs/tune.md)",
+    )
 
 
 def _ms(summary: dict[str, Any] | None, metric: str) -> str:
@@ -128,13 +137,14 @@ def run_plan(
             print(
                 f"tailserve: --plan-tps: TP {tp} left out: {reason.split(', try --tp')[0]}", file=sys.stderr
             )
+    eplb = _eplb_settings(args.plan_eplb, deployment) if args.plan_eplb else None
     results = ResultsFile(args.out, resume=not args.no_resume) if args.out else None
     with make_sweep(args, results) as sweep:
         rows = plan(
             args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
             rel_tol=args.rel_tol, sweep=sweep, tps=[deployment.tp] if dp_only else tps,
             expert_parallel=("on" if deployment.expert_parallel else "off") if dp_only else args.plan_ep,
-            dps=dps, dp_only=dp_only,
+            dps=dps, dp_only=dp_only, eplb=eplb,
         )  # fmt: skip
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
@@ -164,6 +174,34 @@ def run_plan(
     if args.json:
         write_json(args.json, {"gpus": args.gpus, "slo": str(slo), "rows": [_row_json(r) for r in rows]})
     return 0
+
+
+def _eplb_settings(text: str, deployment: Deployment) -> list[int]:
+    """``--plan-eplb off,0,32``: -1 for off, else the redundant experts; a note when the routing
+    is uniform (EPLB then has nothing to balance)."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        if item == "off":
+            out.append(-1)
+            continue
+        try:
+            n = int(item)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(
+                f"--plan-eplb takes off or redundant-expert counts >= 0, separated by commas, got {text!r}"
+            )
+        out.append(n)
+    if not out:
+        raise ValueError(f"--plan-eplb takes off or redundant-expert counts, got {text!r}")
+    if deployment.expert_imbalance == 0:
+        print(
+            "note: --plan-eplb with uniform routing: EPLB has nothing to balance and its redundant experts "
+            "only take KV memory; give --expert-imbalance R (the ratio your engine reports)",
+            file=sys.stderr,
+        )
+    return list(dict.fromkeys(out))
 
 
 def _tps(text: str, flag: str = "--plan-tps", what: str = "TP degrees") -> list[int]:

@@ -54,17 +54,30 @@ class Layout:
     tp: int = 0
     expert_parallel: bool = False
     dp: int = 0  # > 1: one engine of DP ranks of ``tp`` GPUs (num_prefill 1, num_decode 0)
+    # EPLB as the plan sets it on an expert-parallel layout (``--plan-eplb``): None, the
+    # deployment's own; -1, off; N >= 0, on with N redundant experts
+    eplb: int | None = None
 
     @property
     def label(self) -> str:
         if self.dp:
-            return f"1 engine x DP {self.dp} x TP {self.tp}" + (" EP" if self.expert_parallel else "")
+            return (
+                f"1 engine x DP {self.dp} x TP {self.tp}"
+                + (" EP" if self.expert_parallel else "")
+                + self._eplb
+            )
         shape = ""
         if self.tp:
             shape = f" x TP {self.tp}" + (" EP" if self.expert_parallel else "")
         if self.num_decode == 0:
-            return f"{self.num_prefill} aggregated{shape}"
-        return f"{self.num_prefill} prefill + {self.num_decode} decode{shape}"
+            return f"{self.num_prefill} aggregated{shape}{self._eplb}"
+        return f"{self.num_prefill} prefill + {self.num_decode} decode{shape}{self._eplb}"
+
+    @property
+    def _eplb(self) -> str:
+        if self.eplb is None:
+            return ""
+        return ", no EPLB" if self.eplb < 0 else f", EPLB +{self.eplb} experts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,16 +173,15 @@ def base_rate(spec: WorkloadSpec) -> float:
 def run_layout(
     layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
 ) -> ClusterRun:
+    changes: dict[str, Any] = {}
     if layout.tp:
-        # TP-sliced experts: no rank waits for a hot one, and EPLB has nothing to place
-        routing = (
-            {}
-            if layout.expert_parallel
-            else dict(expert_imbalance=0.0, enable_eplb=False, num_redundant_experts=0)
-        )
-        deployment = replace(
-            deployment, tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp), **routing
-        )
+        changes = dict(tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp))
+        if not layout.expert_parallel:  # TP-sliced experts: no rank waits for a hot one, nothing to place
+            changes.update(expert_imbalance=0.0, enable_eplb=False, num_redundant_experts=0)
+    if layout.eplb is not None:
+        changes.update(enable_eplb=layout.eplb >= 0, num_redundant_experts=max(layout.eplb, 0))
+    if changes:
+        deployment = replace(deployment, **changes)
     wb = WorkloadBuilder(spec)
     if layout.dp:  # one engine of DP ranks behind its own balancer
         stage = build_dp_stage(
@@ -206,9 +218,12 @@ class ClusterRunSpec:
     keep_run: bool = False  # summaries only
 
     def describe(self) -> dict[str, Any]:
+        layout = _plain(self.layout)
+        if self.layout.eplb is None:  # the plans before --plan-eplb keep their results files' keys
+            del layout["eplb"]
         out = {
             "kind": "cluster",
-            "layout": _plain(self.layout),
+            "layout": layout,
             "deployment": _plain(self.deployment),
             "policy": {"name": self.policy.name, **self.policy.flags, **self.policy.engine_flags},
             "workload": _plain(self.workload),
@@ -275,11 +290,14 @@ def plan(
     expert_parallel: str = "off",
     dps: list[int] | None = None,
     dp_only: bool = False,
+    eplb: list[int] | None = None,
 ) -> list[PlanRow]:
     """Every layout's capacity; the runs on ``sweep``'s backend (default: this process). With
     ``tps``, the replicas' TP (and, for an MoE model, expert parallelism) is searched too: every
     layout of every (TP, EP) shape that fits the budget. With ``dps``, one DP engine per (DP,
-    TP, EP) over the whole budget too; ``dp_only``: those alone (``tune --data-parallel-size``)."""
+    TP, EP) over the whole budget too; ``dp_only``: those alone (``tune --data-parallel-size``).
+    With ``eplb`` (-1: off, N >= 0: N redundant experts), every expert-parallel layout once per
+    setting (``tune --plan-eplb``)."""
     extra = dp_layouts(gpus, deployment, dps, expert_parallel) if dps else []
     if dps and not extra:
         raise ValueError(
@@ -300,6 +318,21 @@ def plan(
         all_layouts = layouts(gpus // deployment.tp)
     if not dp_only:
         all_layouts += extra
+    if eplb:
+        all_layouts = [
+            variant
+            for layout in all_layouts
+            for variant in (
+                [replace(layout, eplb=n) for n in eplb]
+                if (layout.expert_parallel if layout.tp else deployment.expert_parallel)
+                else [layout]
+            )
+        ]
+        if not any(layout.eplb is not None for layout in all_layouts):
+            raise ValueError(
+                "--plan-eplb: no layout splits the experts whole (EPLB places whole experts): give "
+                "--enable-expert-parallel, or --plan-ep on or both with --plan-tps"
+            )
     rate0 = base_rate(spec)
     searches = [
         layout_search(
