@@ -262,3 +262,31 @@ def test_predict_flags_given_win_over_a_sim_servers_deployment_even_at_their_def
     assert "not the server's own deployment" in warnings[0]
     spec, warnings = predicted()
     assert (spec.model, spec.tp) == ("Llama-3-70B", 4) and not warnings
+
+
+# ---- streamed chunks ---------------------------------------------------------------------------
+def test_tokens_per_chunk_and_what_is_said_of_them() -> None:
+    from tailserve.bench.result import chunk_notes, tokens_per_chunk
+
+    every = [_result(0.0, 0.1, [0.01] * 9, output_tokens=10)]  # ten tokens, ten chunks
+    held = [_result(0.0, 0.1, [0.04, 0.04, 0.01], output_tokens=10)]  # 1, 4, 4, 1
+    assert tokens_per_chunk(every) == 1.0 and tokens_per_chunk(held) == 2.5
+    assert tokens_per_chunk([_result(0.0, 0.1, [], output_tokens=1)]) is None
+    assert chunk_notes(1.0, 1.0) == []
+    (said,) = chunk_notes(2.5, 2.5)
+    assert "2.5 tokens per chunk" in said and "--stream-interval" in said
+    assert "the prediction streams 1.0 tokens per chunk" in chunk_notes(2.5, 1.0)[1]
+
+
+def test_bench_says_when_the_server_streams_chunks(micro_model: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+    with running_server(micro_model, "sim", policy_flags={"stream_interval": "4"}) as server:
+        argv = ["bench", "--base-url", server.base_url, "--num-prompts", "6", "--random-input-len", "32"]
+        argv += ["--random-output-len", "9", "--request-rate", "50", "--no-progress", "--predict"]
+        out = tmp_path / "r.json"
+        assert main([*argv, "--predict-policy", "vllm", "--json", str(out)]) == 0
+        said = capsys.readouterr().err
+        assert "the server streamed 3.0 tokens per chunk" in said  # 9 tokens: 1, 4, 4
+        assert "the prediction streams 1.0 tokens per chunk" in said
+        assert json.loads(out.read_text())["mean_tokens_per_chunk"] == 3.0
+        assert main([*argv, "--predict-policy", "vllm:stream_interval=4"]) == 0
+        assert "the prediction streams" not in capsys.readouterr().err

@@ -18,6 +18,10 @@ import numpy as np
 
 from tailserve.bench.client import RequestResult
 
+# A server that streams this many tokens per chunk on average holds tokens back (one token a
+# chunk otherwise; a finish or a short request adds a little)
+CHUNKY = 1.5
+CHUNK_MISMATCH = 0.25  # a prediction further than this from the measured tokens per chunk
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el", "client_queue_time")
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 DETAILED_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")
@@ -75,6 +79,39 @@ def peak_concurrency(intervals: Sequence[tuple[float, float]]) -> int:
     return peak
 
 
+def tokens_per_chunk(results: Sequence[RequestResult]) -> float | None:
+    """Output tokens per streamed chunk over the successful requests of more than one token (1.0:
+    a chunk per token; more: the server held tokens back, a stream interval, or sent several a
+    step, speculative decoding's accepted drafts); None without such a request."""
+    many = [r for r in results if r.success and r.output_tokens > 1]
+    chunks = sum(len(r.itl) + 1 for r in many)
+    return sum(r.output_tokens for r in many) / chunks if chunks else None
+
+
+def chunk_notes(measured: float | None, predicted: float | None = None) -> list[str]:
+    """What a client's ITL means when the server streams several tokens a chunk, and whether the
+    prediction chunks as the server does."""
+    notes = []
+    if measured is not None and measured >= CHUNKY:
+        notes.append(
+            f"the server streamed {measured:.1f} tokens per chunk on average: ITL is timed per chunk, as vllm "
+            "bench serve does, so it is about that many decode steps (a stream interval: vLLM's and SGLang's "
+            "--stream-interval, TensorRT-LLM's stream_interval; or speculative decoding's accepted drafts); "
+            "TPOT is per token"
+        )
+    if (
+        measured is not None
+        and predicted is not None
+        and abs(measured - predicted) > CHUNK_MISMATCH * predicted
+    ):
+        notes.append(
+            f"the prediction streams {predicted:.1f} tokens per chunk, the server {measured:.1f}: the ITLs do "
+            "not compare; give the server's stream interval (--predict-policy vllm:stream_interval=N) or its "
+            "speculative decoding"
+        )
+    return notes
+
+
 def compute_result(
     results: Sequence[RequestResult],
     duration: float,
@@ -128,6 +165,7 @@ def compute_result(
         "generated_texts": [r.generated_text for r in results],
         "errors": [r.error for r in results],
         "max_output_tokens_per_s": max_tokens_per_s,
+        "mean_tokens_per_chunk": tokens_per_chunk(ok),
         "max_concurrent_requests": peak_concurrency([(r.start_time, r.start_time + r.latency) for r in ok]),
     }
     values = {

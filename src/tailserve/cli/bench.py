@@ -162,7 +162,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from tailserve.bench.client import BenchConfig, run_benchmark, send_times
     from tailserve.bench.report import print_comparison, print_result
-    from tailserve.bench.result import DETAILED_FIELDS, compute_result, parse_goodput, parse_percentiles
+    from tailserve.bench.result import (
+        DETAILED_FIELDS,
+        chunk_notes,
+        compute_result,
+        parse_goodput,
+        parse_percentiles,
+    )
     from tailserve.bench.tokenizer import find_tokenizer, load_tokenizer
 
     check_args(args)
@@ -246,6 +252,9 @@ def run_bench(args: argparse.Namespace) -> int:
         request_rate=args.request_rate,
         max_concurrency=args.max_concurrency,
     )
+    chunks = result["mean_tokens_per_chunk"]
+    for note in chunk_notes(chunks, predicted["mean_tokens_per_chunk"] if predicted is not None else None):
+        print(f"note: {note}", file=sys.stderr)
     if predicted is not None:
         print_comparison(
             predicted,
