@@ -347,3 +347,12 @@ def test_lint_gives_tensorrt_llms_load_balancer_its_verdict_and_refusal(tmp_path
     assert "288 expert slots over 8 EP ranks" in _rows(ok)["ok.yaml:moe_config"].what
     bad = lint(f"{TRTLLM} --ep_size 8 --extra_llm_api_options bad.yaml")
     assert bad.refused
+
+
+@pytest.mark.parametrize("extra", ["--moe-a2a-backend deepep", "--dp 8 --enable-dp-attention --moe-a2a-backend deepep",
+                                   "--ep-size 4 --moe-a2a-backend deepep"])  # fmt: skip
+def test_sglangs_deepep_splits_the_experts_whole_as_sglang_resolves_it(extra):
+    # _a2a_ep_size: an all-to-all backend sets ep_size to tp_size, whatever --ep-size said
+    deployment = translate(lint(f"{SGLANG} {extra}")).deployment
+    assert deployment["expert_parallel"] is True
+    assert "expert_parallel" not in translate(lint(SGLANG)).deployment

@@ -162,8 +162,8 @@ def translate(
     if report.engine == "sglang":
         ignored += _sglang_exchange(report, deployment)
         spans = str(report.values.get("moe_a2a_backend") or "none") in A2A_EP_SPANNING
-        if deployment.get("enable_eplb") and "expert_parallel" not in deployment and spans:
-            deployment["expert_parallel"] = deployment.get("tp", 1)  # SGLang resolves ep_size = tp_size
+        if spans:  # SGLang resolves ep_size = tp_size, whatever --ep-size said (_a2a_ep_size)
+            deployment["expert_parallel"] = deployment.get("tp", 1)
     if eplb_redundant and "num_redundant_experts" not in deployment:  # 0.11's --num-redundant-experts wins
         deployment["num_redundant_experts"] = eplb_redundant
     if eplb_slots is not None:
