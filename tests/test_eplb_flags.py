@@ -356,3 +356,19 @@ def test_sglangs_deepep_splits_the_experts_whole_as_sglang_resolves_it(extra):
     deployment = translate(lint(f"{SGLANG} {extra}")).deployment
     assert deployment["expert_parallel"] is True
     assert "expert_parallel" not in translate(lint(SGLANG)).deployment
+
+
+def test_a_launch_lines_eplb_and_the_command_lines_must_agree():
+    import subprocess
+    import sys
+
+    line = (
+        f"""{VLLM} --enable-expert-parallel --enable-eplb --eplb-config '{{"num_redundant_experts": 32}}'"""
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "tailserve", "simulate", "--hardware", "H200", "--workload", "chat",
+         "--num-requests", "5", "--num-redundant-experts", "16", "--enable-eplb", "--engine-cmd", line],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "the engine command's EPLB (32 redundant experts) differ" in out.stderr

@@ -155,8 +155,10 @@ def test_explain_names_the_uneven_routing_and_eplb():
 
     hot = summary(expert_imbalance=0.42)
     assert "Routing was uneven (expert imbalance 0.42)" in hot and "--enable-eplb" in hot
+    assert "busiest expert-parallel rank, 1.42x the mean share" in hot
     balanced = summary(expert_imbalance=0.42, enable_eplb=True, num_redundant_experts=32)
-    assert "Routing was uneven" in balanced and "simulate it with" not in balanced
+    assert "1.03x the mean share at a large batch with EPLB (1.42x without)" in balanced
+    assert "simulate it with" not in balanced
     assert "Routing was uneven" not in summary()
 
 
@@ -181,3 +183,25 @@ def test_a_capacity_plan_drops_the_routing_for_its_tensor_parallel_expert_layout
         assert len(run.requests) == 8
         cost = run.stages["replicas"].replicas[0].engine.executor.cost_model
         assert cost.expert_load == (d.expert_load if ep else ExpertLoad())
+
+
+def test_a_tune_results_file_keeps_its_keys_at_uniform_routing():
+    # the routing fields are left out of a run's description at their defaults: a results file
+    # written before they existed resumes
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.workload_spec import WorkloadSpec
+    from tailserve.tune.sweep import RunSpec
+
+    described = RunSpec(
+        Deployment.of("Llama-3-8B", "H100"), WorkloadSpec("chat"), PolicySpec.make("vllm", {})
+    ).describe()
+    assert not {"expert_imbalance", "enable_eplb", "num_redundant_experts"} & set(described["deployment"])
+    hot = RunSpec(
+        replace(EP8, expert_imbalance=0.42), WorkloadSpec("chat"), PolicySpec.make("vllm", {})
+    ).describe()
+    assert hot["deployment"]["expert_imbalance"] == 0.42
+
+
+def test_exchange_of_no_tokens_is_free_under_uneven_routing():
+    cm = _cost(expert_imbalance=0.42, dp=8, tp=1, all2all_backend="deepep_low_latency")
+    assert cm.exchange_time(0) == 0.0

@@ -71,7 +71,7 @@ def test_the_policies_declare_their_engines_rules():
     assert rule("sglang", 4) == StreamInterval(4, "tokens", "replace")
     assert rule("trtllm", 4) == StreamInterval(4, "iterations", "ignore")
     tgi = get_policy_cls("tgi")
-    assert tgi(tgi.default_config(H100, 8192)).stream_interval() == StreamInterval()
+    assert tgi(tgi.default_config(H100, 8192)).stream_interval() == StreamInterval(per_request="ignore")
 
 
 @pytest.mark.parametrize("name", ["vllm", "sglang", "trtllm"])

@@ -106,8 +106,8 @@ def chunk_notes(measured: float | None, predicted: float | None = None) -> list[
     ):
         notes.append(
             f"the prediction streams {predicted:.1f} tokens per chunk, the server {measured:.1f}: the ITLs do "
-            "not compare; give the server's stream interval (--predict-policy vllm:stream_interval=N) or its "
-            "speculative decoding"
+            "not compare; give the server's stream interval (--predict-policy POLICY:stream_interval=N, e.g. "
+            "vllm:stream_interval=4) or its speculative decoding"
         )
     return notes
 

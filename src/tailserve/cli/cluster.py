@@ -230,6 +230,10 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         if deployment.data_parallel_group
         else f"{deployment.dp} independent DP ranks of TP {deployment.tp}"
     )
+    load = deployment.expert_load
+    if not load.is_uniform or load.eplb:
+        kind += f", {load.describe()}"
+        summary["expert_load"] = {"imbalance": load.imbalance, "eplb_redundant_experts": load.redundant}
     summary["label"] = (
         f"{deployment.model} on {deployment.hardware}: {kind}, balancer {balancer}, "
         f"{policy.label}, {workload.spec.label}"

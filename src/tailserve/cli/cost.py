@@ -181,6 +181,7 @@ def _check_fits(cm: Any, prefill_tokens: int) -> None:
         vllm.default_block_size,
         max(prefill_tokens, 1),
         dp=cm.dp,
+        extra_weights=cm.redundant_expert_bytes,
     )
 
 

@@ -314,8 +314,14 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
     if "all2all_backend" in first.deployment:
         args.all2all_backend = first.deployment["all2all_backend"]
     if first.deployment.get("enable_eplb"):
-        args.enable_eplb = True
-        args.num_redundant_experts = first.deployment.get("num_redundant_experts", 0)
+        line = (True, first.deployment.get("num_redundant_experts", 0))
+        given = (getattr(args, "enable_eplb", False), getattr(args, "num_redundant_experts", 0))
+        if given != (False, 0) and given != line:
+            raise CliError(
+                f"--enable-eplb / --num-redundant-experts {given[1]} and the engine command's EPLB "
+                f"({line[1]} redundant experts) differ: give it once"
+            )
+        args.enable_eplb, args.num_redundant_experts = line
 
 
 def _routed_experts(model: str) -> int:

@@ -139,13 +139,16 @@ def run_plan(
             )
     eplb = _eplb_settings(args.plan_eplb, deployment) if args.plan_eplb else None
     results = ResultsFile(args.out, resume=not args.no_resume) if args.out else None
+    notes: list[str] = []
     with make_sweep(args, results) as sweep:
         rows = plan(
             args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
             rel_tol=args.rel_tol, sweep=sweep, tps=[deployment.tp] if dp_only else tps,
             expert_parallel=("on" if deployment.expert_parallel else "off") if dp_only else args.plan_ep,
-            dps=dps, dp_only=dp_only, eplb=eplb,
+            dps=dps, dp_only=dp_only, eplb=eplb, notes=notes,
         )  # fmt: skip
+    for note in notes:
+        print(f"tailserve: --plan-eplb: {note}", file=sys.stderr)
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
     if tps:  # the replicas' TP is searched: the deployment's own is not the one run

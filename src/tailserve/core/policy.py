@@ -131,9 +131,9 @@ class Policy(ABC):
         return None
 
     # What the engine's stream_interval counts, and what a request's own value does to it
-    # (core/stream_interval.py: vLLM counts tokens and raises a request's value to the server's).
+    # (core/stream_interval.py). An engine without one streams every step and takes no request's.
     stream_unit: ClassVar[str] = "tokens"
-    stream_per_request: ClassVar[str] = "max"
+    stream_per_request: ClassVar[str] = "ignore"
 
     def stream_interval(self) -> StreamInterval:
         """How the engine's API server chunks a streamed response: the config's

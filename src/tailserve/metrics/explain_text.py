@@ -308,13 +308,18 @@ def expert_load_words(config: dict[str, Any]) -> str:
     load = config.get("expert_load")
     if not load or not load.get("imbalance"):
         return ""
-    ratio = 1 + load["imbalance"]
+    without = load.get("busiest_without_eplb", 1 + load["imbalance"])
+    ratio = load.get("busiest", without)
+    eplb = load.get("eplb_redundant_experts") is not None
+    share = f"{ratio:.2f}x the mean share at a large batch" + (
+        f" with EPLB ({without:.2f}x without)" if eplb else ""
+    )
     text = (
         f" Routing was uneven (expert imbalance {load['imbalance']:g}): every MoE layer waited for the "
-        f"busiest expert-parallel rank, {ratio:.2f}x the mean share at a large batch, which lengthens the "
-        "prefill-carrying steps most (their experts are compute-bound)."
+        f"busiest expert-parallel rank, {share}, which lengthens the prefill-carrying steps most (their "
+        "experts are compute-bound)."
     )
-    if load.get("eplb_redundant_experts") is None:
+    if not eplb:
         text += (
             " EPLB places hot experts apart and replicates them (vLLM and SGLang `--enable-eplb`, with "
             "redundant experts; TensorRT-LLM's load balancer): simulate it with `--enable-eplb "

@@ -233,6 +233,7 @@ class VllmPolicy(Policy, FastPaths):
     name = "vllm"
     summary = "vLLM V1: one token budget, running requests first, chunked prefill, recompute preemption"
     config_cls = VllmConfig
+    stream_per_request = "max"  # a request's stream_interval is raised to the server's
     default_block_size = 16
     default_gpu_memory_utilization = 0.92
 

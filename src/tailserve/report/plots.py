@@ -82,7 +82,10 @@ def cdf_figure(runs: Sequence[RunResult], metric: str) -> Figure:
         if metric == "ttft":
             values = np.array([r.token_times[0] - r.arrival_time for r in done])
         else:
-            gaps = [np.diff(r.token_times) for r in done if len(r.token_times) > 1]
+            # the ITL the summary reports: between the chunks a client receives (a step's tokens
+            # are one chunk; a stream interval holds several steps' back)
+            chunks = [run.stream.chunk_times(r.token_times) for r in done]
+            gaps = [np.diff(c) for c in chunks if len(c) > 1]
             values = np.concatenate(gaps) if gaps else np.zeros(0)
         if not values.size:
             continue

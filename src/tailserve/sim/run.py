@@ -8,13 +8,14 @@ like vLLM, Scheduler, SimExecutor (``assemble.build_engine``); workload spec -> 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
+from tailserve.executors.simulated.expert_load import steady_imbalance
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
@@ -87,7 +88,17 @@ def run_policy(
     notes = [*assembled.notes, *policy.notes()]
     load = cost_model.expert_load
     if not load.is_uniform or load.eplb:
-        run_config["expert_load"] = {"imbalance": load.imbalance, "eplb_redundant_experts": load.redundant}
+        ep = cost_model.tp * cost_model.dp
+        run_config["expert_load"] = {
+            "imbalance": load.imbalance,
+            "eplb_redundant_experts": load.redundant,
+            "ep": ep,
+            # the busiest rank's share over the mean at a large batch, as priced (after EPLB), and
+            # without EPLB
+            "busiest": 1 + steady_imbalance(load, model.num_experts, ep),
+            "busiest_without_eplb": 1
+            + steady_imbalance(replace(load, redundant=None), model.num_experts, ep),
+        }
     stream = policy.stream_interval()
     if stream.is_set:
         run_config["stream_interval"] = stream.to_json()

@@ -41,7 +41,7 @@ from tailserve.policies.registry import PolicySpec
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo, capacity_steps
-from tailserve.tune.sweep import RunOutcome, SerialBackend, Sweep, _plain, spec_key
+from tailserve.tune.sweep import RunOutcome, SerialBackend, Sweep, _plain, deployment_plain, spec_key
 from tailserve.workloads.traces import load_trace
 
 
@@ -170,18 +170,44 @@ def base_rate(spec: WorkloadSpec) -> float:
     return len(trace) / span * spec.rate_scale
 
 
-def run_layout(
-    layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
-) -> ClusterRun:
+def layout_deployment(layout: Layout, deployment: Deployment) -> Deployment:
+    """The deployment a layout runs: its TP, DP and expert parallelism, and its EPLB setting.
+    A TP-sliced layout has no busiest rank and nothing for EPLB to place; an expert-parallel one
+    reads the routing ``--expert-imbalance`` gives at the EP size it was measured at (the base
+    deployment's), not as if measured at its own."""
     changes: dict[str, Any] = {}
     if layout.tp:
         changes = dict(tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp))
-        if not layout.expert_parallel:  # TP-sliced experts: no rank waits for a hot one, nothing to place
-            changes.update(expert_imbalance=0.0, enable_eplb=False, num_redundant_experts=0)
+        if not layout.expert_parallel:
+            changes.update(
+                expert_imbalance=0.0, enable_eplb=False, num_redundant_experts=0, expert_imbalance_ep=0
+            )
+        elif deployment.expert_imbalance and not deployment.expert_imbalance_ep:
+            changes["expert_imbalance_ep"] = deployment.tp * deployment.dp
     if layout.eplb is not None:
         changes.update(enable_eplb=layout.eplb >= 0, num_redundant_experts=max(layout.eplb, 0))
-    if changes:
-        deployment = replace(deployment, **changes)
+    return replace(deployment, **changes) if changes else deployment
+
+
+def _eplb_unfit(layout: Layout, deployment: Deployment) -> str | None:
+    """Why an EPLB variant cannot run (slots that do not split over its EP ranks, redundant
+    experts that leave no room for a KV cache), or None."""
+    from tailserve.executors.simulated.deployment import build_cost_model
+
+    try:
+        cm = build_cost_model(layout_deployment(layout, deployment)).cost_model
+        kv_capacity(
+            cm.model, cm.hardware, cm.tp, 0.9, 16, 8192, dp=cm.dp, extra_weights=cm.redundant_expert_bytes
+        )
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def run_layout(
+    layout: Layout, deployment: Deployment, policy: PolicySpec, spec: WorkloadSpec, router: str, link: str
+) -> ClusterRun:
+    deployment = layout_deployment(layout, deployment)
     wb = WorkloadBuilder(spec)
     if layout.dp:  # one engine of DP ranks behind its own balancer
         stage = build_dp_stage(
@@ -224,7 +250,7 @@ class ClusterRunSpec:
         out = {
             "kind": "cluster",
             "layout": layout,
-            "deployment": _plain(self.deployment),
+            "deployment": deployment_plain(self.deployment),
             "policy": {"name": self.policy.name, **self.policy.flags, **self.policy.engine_flags},
             "workload": _plain(self.workload),
             "router": self.router,
@@ -291,13 +317,20 @@ def plan(
     dps: list[int] | None = None,
     dp_only: bool = False,
     eplb: list[int] | None = None,
+    notes: list[str] | None = None,
 ) -> list[PlanRow]:
     """Every layout's capacity; the runs on ``sweep``'s backend (default: this process). With
     ``tps``, the replicas' TP (and, for an MoE model, expert parallelism) is searched too: every
     layout of every (TP, EP) shape that fits the budget. With ``dps``, one DP engine per (DP,
     TP, EP) over the whole budget too; ``dp_only``: those alone (``tune --data-parallel-size``).
     With ``eplb`` (-1: off, N >= 0: N redundant experts), every expert-parallel layout once per
-    setting (``tune --plan-eplb``)."""
+    setting (``tune --plan-eplb``); a setting that cannot run there is left out, and why goes to
+    ``notes``."""
+    if deployment.expert_imbalance and not (deployment.expert_parallel and deployment.tp * deployment.dp > 1):
+        raise ValueError(
+            "--expert-imbalance is the routing measured at an EP size: give the --tp / --data-parallel-size "
+            "and --enable-expert-parallel it was measured at (a plan reads it at each layout's EP size)"
+        )
     extra = dp_layouts(gpus, deployment, dps, expert_parallel) if dps else []
     if dps and not extra:
         raise ValueError(
@@ -328,6 +361,14 @@ def plan(
                 else [layout]
             )
         ]
+        kept = []
+        for layout in all_layouts:
+            reason = _eplb_unfit(layout, deployment) if layout.eplb is not None and layout.eplb >= 0 else None
+            if reason is None:
+                kept.append(layout)
+            elif notes is not None:
+                notes.append(f"{layout.label} left out: {reason}")
+        all_layouts = kept
         if not any(layout.eplb is not None for layout in all_layouts):
             raise ValueError(
                 "--plan-eplb: no layout splits the experts whole (EPLB places whole experts): give "

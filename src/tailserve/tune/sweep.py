@@ -84,7 +84,7 @@ class RunSpec:
         return {
             "format": RESULTS_FORMAT,
             "tailserve": __version__,
-            "deployment": _plain(self.deployment),
+            "deployment": deployment_plain(self.deployment),
             "workload": workload,
             "policy": {"name": self.policy.name, **self.policy.flags, **self.policy.engine_flags},
             "slo": _plain(self.slo),
@@ -115,6 +115,25 @@ class SweepSpec(Protocol):
 def spec_key(describe: dict[str, Any]) -> str:
     text = json.dumps(describe, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+# Deployment fields added after results files existed: left out at their defaults, so a run
+# described before they existed keeps its key (a results file resumes)
+_LATER_DEPLOYMENT_FIELDS = {
+    "expert_imbalance": 0.0,
+    "enable_eplb": False,
+    "num_redundant_experts": 0,
+    "expert_imbalance_ep": 0,
+}
+
+
+def deployment_plain(deployment: Any) -> dict[str, Any]:
+    """``_plain`` of a deployment, without the fields at their defaults that were added later."""
+    out = _plain(deployment)
+    for name, default in _LATER_DEPLOYMENT_FIELDS.items():
+        if out.get(name) == default:
+            del out[name]
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -623,7 +623,7 @@ class CostModel:
         """How much more the busiest EP rank routes than under uniform routing, at
         ``num_tokens`` tokens in the group (1 with uniform routing)."""
         load = self.expert_load
-        if load.is_uniform and not load.eplb:
+        if (load.is_uniform and not load.eplb) or num_tokens <= 0:
             return 1.0
         m = self.model
         rows = num_tokens * m.experts_per_token

@@ -79,6 +79,9 @@ class Deployment:
     # --ep-num-redundant-experts; TensorRT-LLM's load_balancer num_slots - experts)
     enable_eplb: bool = False
     num_redundant_experts: int = 0
+    # the EP size expert_imbalance was measured at, when a plan runs the routing at another (0:
+    # this deployment's own, tp x dp)
+    expert_imbalance_ep: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -127,7 +130,11 @@ class Deployment:
     @property
     def expert_load(self) -> ExpertLoad:
         """The routing the cost model prices (``expert_load.py``)."""
-        return ExpertLoad(self.expert_imbalance, self.num_redundant_experts if self.enable_eplb else None)
+        return ExpertLoad(
+            self.expert_imbalance,
+            self.num_redundant_experts if self.enable_eplb else None,
+            self.expert_imbalance_ep if self.expert_imbalance_ep != self.tp * self.dp else 0,
+        )
 
     @classmethod
     def of(
@@ -283,8 +290,8 @@ def expert_load_note(cost_model: CostModel) -> str:
                 "per GPU from the KV cache"
             )
         return text
+    base = steady_imbalance(replace(load, redundant=None), m.num_experts, ep)
     if load.eplb:
-        base = steady_imbalance(ExpertLoad(load.imbalance), m.num_experts, ep)
         after = steady_imbalance(load, m.num_experts, ep)
         text += f"the busiest rank routes {1 + after:.2f}x the mean at a large batch ({1 + base:.2f}x without EPLB)"
         if load.redundant:
@@ -293,7 +300,7 @@ def expert_load_note(cost_model: CostModel) -> str:
                 "per GPU from the KV cache"
             )
         return text
-    return text + f"the busiest rank routes {1 + load.imbalance:.2f}x the mean at a large batch"
+    return text + f"the busiest rank routes {1 + base:.2f}x the mean at a large batch"
 
 
 def _build_cost_model(deployment: Deployment, engine: str) -> BuiltCostModel:

@@ -54,6 +54,9 @@ class ExpertLoad:
 
     imbalance: float = 0.0
     redundant: int | None = None
+    # the EP size ``imbalance`` was measured at (0: the one it prices): a capacity plan reads one
+    # routing at every layout's EP size
+    measured_ep: int = 0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.imbalance) or self.imbalance < 0:
@@ -74,6 +77,8 @@ class ExpertLoad:
 
     def describe(self) -> str:
         parts = [f"expert imbalance {self.imbalance:g}"] if self.imbalance else ["uniform routing"]
+        if self.imbalance and self.measured_ep:
+            parts[0] += f" (measured at EP {self.measured_ep})"
         if self.eplb:
             parts.append(f"EPLB with {self.redundant} redundant experts")
         return ", ".join(parts)
@@ -167,7 +172,7 @@ def layer_shares(load: ExpertLoad, num_experts: int, ep: int) -> np.ndarray:
         return np.ones((1, 1))
     if load.is_uniform and not load.redundant:
         return np.full((1, ep), 1.0 / ep)
-    sigma = _sigma_for(load.imbalance, num_experts, ep) if not load.is_uniform else 0.0
+    sigma = _sigma_for(load.imbalance, num_experts, load.measured_ep or ep) if not load.is_uniform else 0.0
     w = lognormal_weights(num_experts, sigma)
     if load.eplb:
         return eplb_layers(w, ep, load.redundant or 0)

@@ -194,7 +194,9 @@ class DrafterCost:
             one = draft_layer_model(cost_model.model)
             efficiency = replace(cost_model.efficiency, overhead=0.0)
             cm = cost_model
-            self.layer = CostModel(one, cm.hardware, cm.tp, efficiency, cm.expert_parallel, cm.dp, cm.all2all)
+            self.layer = CostModel(
+                one, cm.hardware, cm.tp, efficiency, cm.expert_parallel, cm.dp, cm.all2all, cm.expert_load
+            )
 
     def time(self, shape: BatchShape, num_drafting: int, drafting_kv_tokens: int) -> float:
         """``shape``: the step's target batch; ``num_drafting``: requests that sample (and draft)
