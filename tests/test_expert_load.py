@@ -205,3 +205,17 @@ def test_a_tune_results_file_keeps_its_keys_at_uniform_routing():
 def test_exchange_of_no_tokens_is_free_under_uneven_routing():
     cm = _cost(expert_imbalance=0.42, dp=8, tp=1, all2all_backend="deepep_low_latency")
     assert cm.exchange_time(0) == 0.0
+
+
+def test_the_roofline_bound_and_the_replicas_note_see_the_routing():
+    from tailserve.executors.simulated.cost_model import BatchShape
+
+    shape = BatchShape.of([(4096, 0)], [])
+    assert _cost(expert_imbalance=0.42).roofline(shape).compute_s[0] > _cost().roofline(shape).compute_s[0]
+    out = subprocess.run(
+        [sys.executable, "-m", "tailserve", "simulate", "--model", "Qwen3-30B-A3B", "--hardware", "H100", "--tp", "2",
+         "--enable-expert-parallel", "--expert-imbalance", "0.3", "--replicas", "2", "--workload", "chat",
+         "--num-requests", "10"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stderr.count("expert imbalance 0.3 over 2 EP ranks") == 1

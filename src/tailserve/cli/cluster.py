@@ -219,9 +219,7 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         min_max_model_len=workload.min_max_model_len,
         options=options,
     )
-    print_notes(stage.replicas)
-    for note in stage.cost_notes:
-        print(f"note: {note}", file=sys.stderr)
+    print_notes(stage.replicas, stage.cost_notes)
     run = run_aggregated(stage, workload_requests(workload, [ReplicaSpec(deployment, policy)]))
     summary = cluster_summary(run, parse_slo(args.slo))
     kind = (
@@ -260,12 +258,17 @@ def print_run_notes(summary: dict[str, Any]) -> None:
                 print(f"note: {replica['name']}: {note}", file=sys.stderr)
 
 
-def print_notes(replicas: Any) -> None:
+def print_notes(replicas: Any, cost_notes: tuple[str, ...] = ()) -> None:
     """The replicas' engines' notes, each once, on stderr (vLLM's async scheduling on or off,
-    and why), as ``simulate`` prints one engine's."""
-    import sys
+    and why; uneven expert routing), as ``simulate`` prints one engine's."""
+    from tailserve.executors.simulated.deployment import expert_load_note
 
-    for note in dict.fromkeys(n for r in replicas for n in r.built.notes):
+    routing = []
+    for r in replicas:
+        cost = getattr(r.engine.executor, "cost_model", None)
+        if cost is not None and (not cost.expert_load.is_uniform or cost.expert_load.eplb):
+            routing.append(expert_load_note(cost))
+    for note in dict.fromkeys([*(n for r in replicas for n in r.built.notes), *cost_notes, *routing]):
         print(f"note: {note}", file=sys.stderr)
 
 

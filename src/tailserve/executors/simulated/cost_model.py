@@ -48,7 +48,12 @@ import numpy as np
 from tailserve.executors.simulated.aisim_mla_table import MlaTable
 from tailserve.executors.simulated.aisim_moe_table import MoeTable
 from tailserve.executors.simulated.aisim_table import GemmTimes, TableLayers
-from tailserve.executors.simulated.expert_load import ExpertLoad, busiest_rank_rows, layer_shares
+from tailserve.executors.simulated.expert_load import (
+    ExpertLoad,
+    busiest_rank_rows,
+    layer_shares,
+    steady_imbalance,
+)
 from tailserve.executors.simulated.gemm import (
     MIN_TILE,
     curve_gemm_time,
@@ -1245,6 +1250,10 @@ class CostModel:
             params = m.expert_params / (self.tp * self.dp)
             tokens = shape.num_tokens * self.dp
             expert_f = 2.0 * tokens * m.experts_per_token * params * m.num_moe_layers
+            load = self.expert_load
+            if self.expert_parallel and not (load.is_uniform and not load.eplb):
+                # the busiest rank's share of a large batch (expert_load.py), not the mean
+                expert_f *= 1.0 + steady_imbalance(load, m.num_experts, self.tp * self.dp)
             touched = touched_experts(tokens, m.num_experts, m.experts_per_token)
             lin_f += expert_f
             lin_c += expert_f / self._moe_peak
