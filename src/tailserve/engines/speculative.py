@@ -53,7 +53,7 @@ def vllm_fields(value: Any, acceptance_length: float | None) -> tuple[dict[str, 
     ``SpeculativeConfig.__post_init__`` does from the line alone: ``method``, else ``model``
     (``ngram``, a name with ``eagle-`` / ``eagle3`` in it), MTP's model-type names as ``mtp``.
     ValueError (one line) for a config vLLM refuses or one the simulation cannot run."""
-    config = _json_object(value, "--speculative-config")
+    config = json_object(value, "--speculative-config")
     method = config.get("method")
     model = config.get("model")
     if method is None:
@@ -185,7 +185,9 @@ def sglang_acceptance(env: dict[str, str], acceptance_length: float | None) -> f
     )
 
 
-def _json_object(value: Any, flag: str) -> dict[str, Any]:
+def json_object(value: Any, flag: str) -> dict[str, Any]:
+    """A flag's JSON object as vLLM's parser reads it (a dict from dotted keys or a config file
+    already); ValueError naming the flag otherwise."""
     if isinstance(value, dict):
         return value
     try:

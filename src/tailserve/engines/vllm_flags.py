@@ -9,7 +9,6 @@ the same Python source as upstream's tag), and the issues named. A row names its
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from tailserve.engines.flag_spec import (
     HumanInt,
     table,
 )
+from tailserve.engines.speculative import json_object
 from tailserve.engines.vllm_kv_transfer import kv_transfer_rule
 
 AU = "vllm/engine/arg_utils.py"
@@ -234,14 +234,7 @@ def eplb_config(value: Any, version: str) -> tuple[dict[str, Any], list[str]]:
     this version ignores). ValueError (one line, vLLM's reason) for one its parser refuses
     (``parse_dataclass``: ``TypeAdapter(EPLBConfig).validate_json``)."""
     keys = _EPLB[version]["keys"]
-    config = value
-    if not isinstance(value, dict):
-        try:
-            config = json.loads(str(value))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--eplb-config is not JSON ({e.msg} at character {e.pos})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"--eplb-config must be a JSON object, got {value!r}")
+    config = json_object(value, "--eplb-config")
     unknown = [key for key in config if key not in keys]
     if unknown and _EPLB[version]["strict"]:
         raise ValueError(

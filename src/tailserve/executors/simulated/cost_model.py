@@ -573,46 +573,32 @@ class CostModel:
                 for b in bands
             )
 
-    def with_efficiency(self, efficiency: Efficiency) -> CostModel:
-        return CostModel(
-            self.model,
-            self.hardware,
-            self.tp,
-            efficiency,
-            self._expert_parallel_flag,
-            self.dp,
-            self.all2all,
-            self.expert_load,
+    def _with(self, **changes: Any) -> CostModel:
+        """This cost model with some of its construction arguments changed (expert parallelism
+        as asked, kept for a later DP group)."""
+        args: dict[str, Any] = dict(
+            model=self.model,
+            hardware=self.hardware,
+            tp=self.tp,
+            efficiency=self.efficiency,
+            expert_parallel=self._expert_parallel_flag,
+            dp=self.dp,
+            all2all=self.all2all,
+            expert_load=self.expert_load,
         )
+        return CostModel(**{**args, **changes})
+
+    def with_efficiency(self, efficiency: Efficiency) -> CostModel:
+        return self._with(efficiency=efficiency)
 
     def with_expert_parallel(self, on: bool = True) -> CostModel:
-        return CostModel(
-            self.model, self.hardware, self.tp, self.efficiency, on, self.dp, self.all2all, self.expert_load
-        )
+        return self._with(expert_parallel=on)
 
     def with_data_parallel(self, dp: int, all2all: str = "allgather_reducescatter") -> CostModel:
-        return CostModel(
-            self.model,
-            self.hardware,
-            self.tp,
-            self.efficiency,
-            self._expert_parallel_flag,
-            dp,
-            all2all,
-            self.expert_load,
-        )
+        return self._with(dp=dp, all2all=all2all)
 
     def with_expert_load(self, load: ExpertLoad) -> CostModel:
-        return CostModel(
-            self.model,
-            self.hardware,
-            self.tp,
-            self.efficiency,
-            self._expert_parallel_flag,
-            self.dp,
-            self.all2all,
-            load,
-        )
+        return self._with(expert_load=load)
 
     @property
     def redundant_expert_bytes(self) -> float:
