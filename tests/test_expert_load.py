@@ -219,3 +219,14 @@ def test_the_roofline_bound_and_the_replicas_note_see_the_routing():
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert out.stderr.count("expert imbalance 0.3 over 2 EP ranks") == 1
+
+
+def test_a_data_parallel_explain_says_the_routing_and_the_streaming():
+    out = subprocess.run(
+        [sys.executable, "-m", "tailserve", "simulate", "--model", "Qwen3-30B-A3B", "--hardware", "H100", "--tp", "1",
+         "--dp", "2", "--enable-expert-parallel", "--expert-imbalance", "0.3", "--policy", "vllm:stream_interval=4",
+         "--workload", "chat", "--num-requests", "30", "--rate", "4", "--seed", "1", "--explain"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "Routing was uneven (expert imbalance 0.3)" in out.stdout
+    assert "Streaming holds tokens back (stream_interval=4 (tokens))" in out.stdout

@@ -188,7 +188,9 @@ def run_data_parallel(args: argparse.Namespace) -> int:
     from tailserve.cluster.metrics import cluster_summary
     from tailserve.cluster.replica import ReplicaSpec
     from tailserve.core.engine import EngineOptions
+    from tailserve.metrics.explain_text import expert_load_words, stream_words
     from tailserve.policies.registry import PolicySpec
+    from tailserve.sim.run import expert_load_config
     from tailserve.sim.workload_builder import WorkloadBuilder
 
     if cluster_requested(args):
@@ -228,10 +230,13 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         if deployment.data_parallel_group
         else f"{deployment.dp} independent DP ranks of TP {deployment.tp}"
     )
-    load = deployment.expert_load
-    if not load.is_uniform or load.eplb:
-        kind += f", {load.describe()}"
-        summary["expert_load"] = {"imbalance": load.imbalance, "eplb_redundant_experts": load.redundant}
+    routing = expert_load_config(stage.cost_model) if deployment.data_parallel_group else None
+    run_config: dict[str, Any] = {}  # what explain reads of the run (sim/run.py's run config)
+    if routing is not None:
+        kind += f", {deployment.expert_load.describe()}"
+        summary["expert_load"] = run_config["expert_load"] = routing
+    if run.stream.is_set:
+        run_config["stream_interval"] = run.stream.to_json()
     summary["label"] = (
         f"{deployment.model} on {deployment.hardware}: {kind}, balancer {balancer}, "
         f"{policy.label}, {workload.spec.label}"
@@ -239,6 +244,10 @@ def run_data_parallel(args: argparse.Namespace) -> int:
     print_cluster(summary)
     if args.explain:
         explanation = explain_cluster(run)
+        # the run's streaming and routing, as one engine's explain says them
+        said = stream_words(run_config, run.requests) + expert_load_words(run_config)
+        if said:
+            explanation["lines"].append(said.strip())
         print()
         for line in explanation["lines"]:
             print(line)

@@ -86,19 +86,9 @@ def run_policy(
         stats = kv.prefix_cache_stats  # None: a radix cache whose tree was never built
         prefix_stats = {"evicted_tokens": stats.num_evicted_tokens if stats is not None else 0}
     notes = [*assembled.notes, *policy.notes()]
-    load = cost_model.expert_load
-    if not load.is_uniform or load.eplb:
-        ep = cost_model.tp * cost_model.dp
-        run_config["expert_load"] = {
-            "imbalance": load.imbalance,
-            "eplb_redundant_experts": load.redundant,
-            "ep": ep,
-            # the busiest rank's share over the mean at a large batch, as priced (after EPLB), and
-            # without EPLB
-            "busiest": 1 + steady_imbalance(load, model.num_experts, ep),
-            "busiest_without_eplb": 1
-            + steady_imbalance(replace(load, redundant=None), model.num_experts, ep),
-        }
+    routing = expert_load_config(cost_model)
+    if routing is not None:
+        run_config["expert_load"] = routing
     stream = policy.stream_interval()
     if stream.is_set:
         run_config["stream_interval"] = stream.to_json()
@@ -143,6 +133,23 @@ def run_policy(
         store,
         cpu,
     )
+
+
+def expert_load_config(cost_model: Any) -> dict[str, Any] | None:
+    """The run file's record of uneven expert routing (None: uniform, no EPLB): the ratio given,
+    EPLB's redundant experts, the EP size, and the busiest rank's share over the mean at a large
+    batch as priced, after EPLB and without it (what ``explain`` says)."""
+    load, experts = cost_model.expert_load, cost_model.model.num_experts
+    if load.is_uniform and not load.eplb:
+        return None
+    ep = cost_model.tp * cost_model.dp
+    return {
+        "imbalance": load.imbalance,
+        "eplb_redundant_experts": load.redundant,
+        "ep": ep,
+        "busiest": 1 + steady_imbalance(load, experts, ep),
+        "busiest_without_eplb": 1 + steady_imbalance(replace(load, redundant=None), experts, ep),
+    }
 
 
 def recorded_flags(config: Any) -> dict[str, Any]:
