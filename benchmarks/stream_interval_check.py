@@ -1,7 +1,7 @@
 """``stream_interval`` against vLLM's and SGLang's own code: for random requests (an interval, a
 request's own value or none, 1 to 60 steps of 1 token, or of 1 to 4 as speculative steps), the
-steps at which each engine's streaming code sends a chunk (``stream_interval_peer.py``, run in the
-peer venvs) against tailserve's rule (``core/stream_interval.py``: ``Chunker``, ``for_request``).
+steps at which each engine's streaming code sends a chunk (``validate/drivers/stream_interval.py``, run
+in the peer venvs) against tailserve's rule (``core/stream_interval.py``: ``Chunker``, ``for_request``).
 
     python -m benchmarks.stream_interval_check [--cases 2000] [--seed 0] [--out FILE]
 
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from tailserve.core.stream_interval import Chunker, StreamInterval
-from tailserve.validate.peers import peer_python
+from tailserve.validate.peers import DRIVERS, peer_python
 
-PEER_SCRIPT = Path(__file__).with_name("stream_interval_peer.py")
+PEER_SCRIPT = DRIVERS / "stream_interval.py"
 # the engine, its peer venv's engine name, and how a request's own value acts (core/stream_interval.py)
 ENGINES = {"vllm": ("vllm", "max"), "sglang": ("sglang", "replace")}
 

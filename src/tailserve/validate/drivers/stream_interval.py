@@ -1,6 +1,6 @@
 """Runs inside a peer venv (``.peers/vllm`` or ``.peers/sglang``): the engine's own streaming
 decision, step by step, for the cases on stdin (``benchmarks/stream_interval_check.py`` sends
-them and compares). One JSON object in: ``{"engine": "vllm" | "sglang", "cases": [{"interval":
+them and compares; not a scheduler driver of ``validate/peers.py``). One JSON object in: ``{"engine": "vllm" | "sglang", "cases": [{"interval":
 N, "request": M or null, "steps": [tokens per step, ...]}]}``; one out: ``{"sent": [[step
 indices at which a chunk leaves], ...]}``.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 
@@ -63,9 +62,7 @@ def vllm_case(interval: int, request: int | None, steps: list[int]) -> list[int]
 
 def sglang_case(interval: int, request: int | None, steps: list[int]) -> list[int]:
     # SGLang imports torchvision at module level; the differential's driver stands an inert one in
-    sys.path.insert(
-        0, str(Path(__file__).resolve().parents[1] / "src" / "tailserve" / "validate" / "drivers")
-    )
+    # (this script runs from the drivers' folder, as they do)
     from sglang_policy import _stub_torchvision
 
     _stub_torchvision()
