@@ -21,7 +21,7 @@ from typing import Any
 
 from tailserve.core.device import DeviceInfo
 from tailserve.engines import speculative, trtllm_options, vllm_flags
-from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, REFUSED, SCHEDULING, Given
+from tailserve.engines.flag_spec import DEPLOYMENT, FATAL, NO_OP, NOT_MODELLED, SCHEDULING
 from tailserve.engines.lint import ENGINE_NAMES, Report
 from tailserve.engines.sglang_flags import A2A_EP_SPANNING
 from tailserve.engines.trtllm_options import TENSORRT_BACKENDS
@@ -96,7 +96,7 @@ def translate(
     eplb_slots: tuple[str, int] | None = None  # TensorRT-LLM's load balancer: (its row, num_slots)
     for row in report.rows:
         if report.engine == "trtllm" and row.name == "moe_config" and row.value is not None:
-            eplb_slots = _trtllm_load_balancer(report, row, ignored)
+            eplb_slots = _trtllm_load_balancer(row, ignored)
             if eplb_slots is not None:
                 taken.append(row.flag)
             continue
@@ -224,28 +224,23 @@ def _sglang_exchange(report: Report, deployment: dict[str, Any]) -> list[str]:
     return []
 
 
-def _trtllm_load_balancer(report: Report, row: Any, ignored: list[str]) -> tuple[str, int] | None:
+def _trtllm_load_balancer(row: Any, ignored: list[str]) -> tuple[str, int] | None:
     """TensorRT-LLM's ``moe_config`` row: (the row, num_slots) when its load balancer is EPLB as
-    tailserve simulates it (``trtllm_options.moe_load_balancer_rule``), else None with what was
-    left out said; ValueError for a load balancer file that is not there or one the engine refuses."""
+    tailserve simulates it (the row's verdict is ``trtllm_options.moe_load_balancer_rule``'s, which
+    lint applied; a refusal stopped the translation already), else None with what was left out
+    said; ValueError for a load balancer file that is not there (its num_slots are needed)."""
     try:
-        trtllm_options.load_balancer(row.value)
+        balancer = trtllm_options.load_balancer(row.value)
     except trtllm_options.LoadBalancerFileMissing as e:
         raise ValueError(
             f"the engine command's MoE load balancer file {e.path} is not there (looked from {os.getcwd()}): "
             "tailserve reads its num_slots to simulate the line; give its path from here"
         ) from None
-    except ValueError:
-        pass  # said by the rule, below
-    for finding in trtllm_options.moe_load_balancer_rule(Given(report.values, dict(report.launch.env))):
-        if finding.verdict == REFUSED:
-            raise ValueError(f"the engine would not start: {row.flag}: {finding.what} ({finding.source})")
-        if finding.verdict == DEPLOYMENT:
-            balancer = trtllm_options.load_balancer(row.value)
-            assert balancer is not None and balancer.num_slots is not None
-            return row.flag, balancer.num_slots
-        if finding.verdict in (NO_OP, NOT_MODELLED):
-            ignored.append(f"{row.flag} ({finding.verdict}: {finding.what})")
+    if row.verdict == DEPLOYMENT:
+        assert balancer is not None and balancer.num_slots is not None
+        return row.flag, balancer.num_slots
+    if row.verdict in (NO_OP, NOT_MODELLED):
+        ignored.append(f"{row.flag} ({row.verdict}: {row.what})")
     return None
 
 

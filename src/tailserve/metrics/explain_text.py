@@ -29,6 +29,7 @@ from tailserve.metrics.attribution import (
     finished,
     pooled_gaps,
 )
+from tailserve.metrics.summary import RequestLatencies
 
 # ---- the run's summary in plain words -------------------------------------------------------
 # What addresses each cause, in the flags of the engine that ran (``tailserve policies``).
@@ -335,11 +336,9 @@ def stream_words(config: dict[str, Any], requests: list[Any]) -> str:
     rule = StreamInterval.from_json(config.get("stream_interval"))
     if not rule.is_set:
         return ""
-    done = finished(requests)
-    gaps = [np.diff(rule.chunk_times(r.token_times)) for r in done]
-    client = np.concatenate(gaps) if gaps else np.zeros(0)
-    steps = pooled_gaps(done)
-    if not client.size or not steps.size:
+    lat = RequestLatencies.of(finished(requests), rule)  # the client's gaps, and the engine's
+    client, steps = lat.itl, lat.engine_itl
+    if not client.size or steps is None or not steps.size:
         return ""
     p50, p99 = np.percentile(client, [50, 99])
     return (

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from tailserve.metrics.attribution import CAUSE_TEXT, TTFT_CAUSES, Attributor, finished
+from tailserve.metrics.summary import RequestLatencies
 from tailserve.sim.run_file import RunResult
 
 # One colour per cause, the same in every figure.
@@ -84,9 +85,7 @@ def cdf_figure(runs: Sequence[RunResult], metric: str) -> Figure:
         else:
             # the ITL the summary reports: between the chunks a client receives (a step's tokens
             # are one chunk; a stream interval holds several steps' back)
-            chunks = [run.stream.chunk_times(r.token_times) for r in done]
-            gaps = [np.diff(c) for c in chunks if len(c) > 1]
-            values = np.concatenate(gaps) if gaps else np.zeros(0)
+            values = RequestLatencies.of(done, run.stream).itl
         if not values.size:
             continue
         xs = np.sort(_ms(values))

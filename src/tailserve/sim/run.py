@@ -8,14 +8,14 @@ like vLLM, Scheduler, SimExecutor (``assemble.build_engine``); workload spec -> 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from typing import Any
 
 from tailserve.assemble import BuildOptions, build_engine
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import BuiltCostModel
 from tailserve.executors.simulated.driver import SimDriver
-from tailserve.executors.simulated.expert_load import steady_imbalance
+from tailserve.executors.simulated.expert_load import busiest_shares
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run_file import RunResult
 from tailserve.sim.workload_builder import WorkloadBuilder
@@ -143,12 +143,13 @@ def expert_load_config(cost_model: Any) -> dict[str, Any] | None:
     if load.is_uniform and not load.eplb:
         return None
     ep = cost_model.tp * cost_model.dp
+    busiest, without = busiest_shares(load, experts, ep)
     return {
         "imbalance": load.imbalance,
         "eplb_redundant_experts": load.redundant,
         "ep": ep,
-        "busiest": 1 + steady_imbalance(load, experts, ep),
-        "busiest_without_eplb": 1 + steady_imbalance(replace(load, redundant=None), experts, ep),
+        "busiest": busiest,
+        "busiest_without_eplb": without,
     }
 
 

@@ -13,7 +13,7 @@ from tailserve.executors.simulated.calibration import (
 )
 from tailserve.executors.simulated.calibration_files import is_calibration_source, load_calibration_source
 from tailserve.executors.simulated.cost_model import CostModel
-from tailserve.executors.simulated.expert_load import ExpertLoad, steady_imbalance
+from tailserve.executors.simulated.expert_load import ExpertLoad, busiest_shares
 from tailserve.executors.simulated.hardware import (
     KERNEL_ENGINES,
     Hardware,
@@ -278,29 +278,23 @@ def expert_load_note(cost_model: CostModel) -> str:
     """What the routing given does to the busiest expert-parallel rank, in one line."""
     load, m = cost_model.expert_load, cost_model.model
     ep = cost_model.tp * cost_model.dp
+    after, before = busiest_shares(load, m.num_experts, ep)
     text = f"{load.describe()} over {ep} EP ranks of {m.name}'s {m.num_experts} experts: "
     if load.eplb and load.is_uniform:
         text += (
             "with uniform routing EPLB has nothing to balance (give --expert-imbalance R, the ratio your "
             "engine reports, for what it balances)"
         )
-        if load.redundant:
-            text += (
-                f"; the redundant experts' weights take {cost_model.redundant_expert_bytes / 2**30:.1f} GiB "
-                "per GPU from the KV cache"
-            )
-        return text
-    base = steady_imbalance(replace(load, redundant=None), m.num_experts, ep)
-    if load.eplb:
-        after = steady_imbalance(load, m.num_experts, ep)
-        text += f"the busiest rank routes {1 + after:.2f}x the mean at a large batch ({1 + base:.2f}x without EPLB)"
-        if load.redundant:
-            text += (
-                f"; the redundant experts' weights take {cost_model.redundant_expert_bytes / 2**30:.1f} GiB "
-                "per GPU from the KV cache"
-            )
-        return text
-    return text + f"the busiest rank routes {1 + base:.2f}x the mean at a large batch"
+    elif load.eplb:
+        text += f"the busiest rank routes {after:.2f}x the mean at a large batch ({before:.2f}x without EPLB)"
+    else:
+        text += f"the busiest rank routes {before:.2f}x the mean at a large batch"
+    if load.redundant:
+        text += (
+            f"; the redundant experts' weights take {cost_model.redundant_expert_bytes / 2**30:.1f} GiB "
+            "per GPU from the KV cache"
+        )
+    return text
 
 
 def _build_cost_model(deployment: Deployment, engine: str) -> BuiltCostModel:

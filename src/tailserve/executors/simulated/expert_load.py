@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.special import ndtri
@@ -235,6 +235,15 @@ def load_statistics(
             ratios.append(counts.max() / counts.mean() - 1.0)
             stds.append(counts.std() / counts.mean())
     return float(np.mean(ratios)), float(np.mean(stds))
+
+
+def busiest_shares(load: ExpertLoad, num_experts: int, ep: int) -> tuple[float, float]:
+    """The busiest rank's share over the mean at a large batch: as priced (after EPLB, when on)
+    and without EPLB."""
+    return (
+        1 + steady_imbalance(load, num_experts, ep),
+        1 + steady_imbalance(replace(load, redundant=None), num_experts, ep),
+    )
 
 
 def measured_imbalance(
