@@ -193,7 +193,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # One engine of DP ranks: its capacity, as a plan of that one layout (tune/cluster_plan.py)
         if args.gpus is not None and args.gpus != deployment.gpus:
             raise CliError(
-                f"--gpus {args.gpus} with --data-parallel-size {deployment.dp} x --tp {deployment.tp}: "
+                f"--gpus {args.gpus} with --data-parallel-size {deployment.dp} x --tp {deployment.tp}"
+                + (f" x --pipeline-parallel-size {deployment.pp}" if deployment.pp > 1 else "")
+                + ": "
                 f"the engine takes {deployment.gpus} GPUs (or plan DP sizes with --gpus N --plan-dp)"
             )
         args.gpus = deployment.gpus

@@ -34,6 +34,7 @@ PLAN_DEFAULTS: dict[str, str | None] = {
     "plan_dp": None,
     "plan_ep": "both",
     "plan_eplb": None,
+    "plan_pp": None,
 }
 
 
@@ -100,6 +101,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         "its redundant experts (vLLM's --enable-eplb with num_redundant_experts); what EPLB balances is "
         "--expert-imbalance's routing (docs/tune.md)",
     )
+    g.add_argument(
+        "--plan-pp",
+        default=PLAN_DEFAULTS["plan_pp"],
+        metavar="1,2,4",
+        help="--gpus: also plan each replica shape at these pipeline-parallel sizes, replicas of TP x PP "
+        "GPUs (those dividing the GPUs, with room for a KV cache on the fullest stage; PP > 1: aggregated "
+        "replicas only, the vllm policy; default: --pipeline-parallel-size only)",
+    )
 
 
 def _ms(summary: dict[str, Any] | None, metric: str) -> str:
@@ -126,17 +135,15 @@ def run_plan(
             raise ValueError(f"--plan-policy takes one policy, got {args.plan_policy!r}")
         policy = policies[0]
     tps = _tps(args.plan_tps) if args.plan_tps else None
+    pps = list(dict.fromkeys(_tps(args.plan_pp, "--plan-pp", "PP sizes"))) if args.plan_pp else None
     dp_only = deployment.dp > 1  # tune --data-parallel-size: that one DP engine's capacity
     dps = (
         [deployment.dp]
         if dp_only
         else (_tps(args.plan_dp, "--plan-dp", "DP sizes") if args.plan_dp else None)
     )
-    if tps and not dp_only:
-        for tp, reason in unfit(deployment, [tp for tp in tps if args.gpus % tp == 0]).items():
-            print(
-                f"tailserve: --plan-tps: TP {tp} left out: {reason.split(', try --tp')[0]}", file=sys.stderr
-            )
+    if not dp_only:
+        _print_left_out(args.gpus, deployment, tps, pps)
     eplb = _eplb_settings(args.plan_eplb, deployment) if args.plan_eplb else None
     results = ResultsFile(args.out, resume=not args.no_resume) if args.out else None
     notes: list[str] = []
@@ -145,16 +152,20 @@ def run_plan(
             args.gpus, deployment, policy, workload, slo, router=args.plan_router, link=args.plan_link,
             rel_tol=args.rel_tol, sweep=sweep, tps=[deployment.tp] if dp_only else tps,
             expert_parallel=("on" if deployment.expert_parallel else "off") if dp_only else args.plan_ep,
-            dps=dps, dp_only=dp_only, eplb=eplb, notes=notes,
+            dps=dps, dp_only=dp_only, eplb=eplb, notes=notes, pps=pps,
         )  # fmt: skip
     for note in notes:
         print(f"tailserve: --plan-eplb: {note}", file=sys.stderr)
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
+    own_pp = f" x PP {deployment.pp}" if deployment.pp > 1 else ""
     if tps:  # the replicas' TP is searched: the deployment's own is not the one run
-        label = label.replace(f", TP {deployment.tp},", ",", 1)
+        label = label.replace(f", TP {deployment.tp}{own_pp},", ",", 1)
+    elif pps and own_pp:  # its PP is
+        label = label.replace(f", TP {deployment.tp}{own_pp},", f", TP {deployment.tp},", 1)
     console.print(f"{label} — {workload.label}")
     shape = f"replicas of TP {', '.join(map(str, tps))}" if tps else f"replicas of TP {deployment.tp}"
+    shape += f" x PP {', '.join(map(str, pps))}" if pps else own_pp
     if dp_only:
         shape = f"one engine of DP {deployment.dp} x TP {deployment.tp}"
     elif dps:
@@ -207,6 +218,32 @@ def _eplb_settings(text: str, deployment: Deployment) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def _print_left_out(gpus: int, deployment: Deployment, tps: list[int] | None, pps: list[int] | None) -> None:
+    """On stderr, each TP of ``tps`` that fits at none of the PP sizes (``pps``, else the
+    deployment's own) whose replicas divide the budget, and with ``pps`` each TP x PP left out
+    where the TP fits at another."""
+    sizes = pps or [deployment.pp]
+    for tp in tps or [deployment.tp]:
+        reasons = {pp: unfit(deployment, [tp], pp=pp).get(tp) for pp in sizes if gpus % (tp * pp) == 0}
+        if not reasons:
+            continue
+        if tps and all(reasons.values()):  # at the largest PP: the nearest it came to fitting
+            pp, reason = max(reasons.items())
+            at = f" (at PP {pp})" if pps else ""
+            print(f"tailserve: --plan-tps: TP {tp} left out{at}: {_reason(reason)}", file=sys.stderr)
+        elif pps:
+            for pp, reason in reasons.items():
+                if reason:
+                    print(
+                        f"tailserve: --plan-pp: TP {tp} x PP {pp} left out: {_reason(reason)}",
+                        file=sys.stderr,
+                    )
+
+
+def _reason(reason: str | None) -> str:
+    return (reason or "").split(", try --tp")[0]
+
+
 def _tps(text: str, flag: str = "--plan-tps", what: str = "TP degrees") -> list[int]:
     try:
         tps = [int(t) for t in text.split(",") if t.strip()]
@@ -225,6 +262,7 @@ def _row_json(row: PlanRow) -> dict[str, Any]:
         "tp": row.layout.tp or None,
         "expert_parallel": row.layout.expert_parallel,
         "dp": row.layout.dp or None,
+        "pp": row.layout.pp or None,
         "capacity_rps": row.rate,
         "upper_rps": row.upper,
         "summary": row.summary_at_rate,

@@ -17,6 +17,13 @@ ranks (``--enable-expert-parallel``) — 8 GPUs as 8 replicas of TP 1 (data para
 router) up to one of TP 8. With ``dps`` (``--plan-dp``), an MoE model's layouts also include one
 engine of data-parallel attention ranks over the whole budget: DP d x TP t = ``gpus``, its ranks
 in lockstep behind the engine's balancer (cluster/dp_group.py).
+
+With ``pps`` (``--plan-pp``) every shape is also planned at each pipeline-parallel size: replicas
+of TP x PP GPUs, the layers split over PP stages (executors/simulated/pipeline.py), so a TP whose
+weights leave no room for a KV cache alone may fit with PP (the fit is judged on the fullest
+stage, ``ModelSpec.pipeline_stage``). A layout with PP > 1 is aggregated replicas only (P/D
+splits under PP are not simulated) and runs the vllm policy (its batch queue); DP engines stay
+PP 1.
 """
 
 from __future__ import annotations
@@ -57,18 +64,24 @@ class Layout:
     # EPLB as the plan sets it on an expert-parallel layout (``--plan-eplb``): None, the
     # deployment's own; -1, off; N >= 0, on with N redundant experts
     eplb: int | None = None
+    # Pipeline stages when the plan searches them (``pps``), shown in the label (PP 1 included,
+    # so the rows compare); 0: the deployment's own, not shown
+    pp: int = 0
 
     @property
     def label(self) -> str:
+        pp = f" x PP {self.pp}" if self.pp else ""
         if self.dp:
             return (
                 f"1 engine x DP {self.dp} x TP {self.tp}"
                 + (" EP" if self.expert_parallel else "")
+                + pp
                 + self._eplb
             )
         shape = ""
         if self.tp:
             shape = f" x TP {self.tp}" + (" EP" if self.expert_parallel else "")
+        shape += pp
         if self.num_decode == 0:
             return f"{self.num_prefill} aggregated{shape}{self._eplb}"
         return f"{self.num_prefill} prefill + {self.num_decode} decode{shape}{self._eplb}"
@@ -88,11 +101,14 @@ class PlanRow:
     summary_at_rate: dict[str, Any] | None  # the run at ``rate``
 
 
-def layouts(num_replicas: int, tp: int = 0, expert_parallel: bool = False) -> list[Layout]:
-    """All aggregated, then every split with at least one replica on each side."""
+def layouts(num_replicas: int, tp: int = 0, expert_parallel: bool = False, pp: int = 0) -> list[Layout]:
+    """All aggregated, then every split with at least one replica on each side; with ``pp`` > 1
+    the aggregated layout alone (P/D splits under pipeline parallelism are not simulated)."""
     if num_replicas < 1:
         raise ValueError(f"the GPU budget holds no replica (got {num_replicas} replicas)")
-    shape = dict(tp=tp, expert_parallel=expert_parallel)
+    shape = dict(tp=tp, expert_parallel=expert_parallel, pp=pp)
+    if pp > 1:
+        return [Layout(num_replicas, **shape)]
     return [
         Layout(num_replicas, **shape),
         *(Layout(p, num_replicas - p, **shape) for p in range(1, num_replicas)),
@@ -100,39 +116,53 @@ def layouts(num_replicas: int, tp: int = 0, expert_parallel: bool = False) -> li
 
 
 def parallel_shapes(
-    gpus: int, deployment: Deployment, tps: list[int], expert_parallel: str
+    gpus: int, deployment: Deployment, tps: list[int], expert_parallel: str, pp: int = 1
 ) -> list[tuple[int, bool]]:
-    """(TP, EP) of the replicas to plan: each TP of ``tps`` that divides the budget and the
-    model's heads, with and/or without expert parallelism (``expert_parallel``: off, on or both;
+    """(TP, EP) of the replicas to plan: each TP of ``tps`` that divides the budget (in replicas
+    of TP x ``pp`` GPUs) and the model's heads and leaves room for a KV cache on the fullest of
+    ``pp`` stages, with and/or without expert parallelism (``expert_parallel``: off, on or both;
     on and both apply to MoE models at TP > 1 only)."""
+    shapes = _shapes(gpus, deployment, tps, expert_parallel, pp)
+    if not shapes:
+        spec = deployment.model_spec()
+        at_pp = f" at PP {pp}" if pp > 1 else ""
+        raise ValueError(
+            f"no TP of {tps} splits {gpus} GPUs and {spec.name}'s {spec.num_heads} attention heads "
+            f"with room for its KV cache on {deployment.hardware}{at_pp}"
+        )
+    return shapes
+
+
+def _shapes(
+    gpus: int, deployment: Deployment, tps: list[int], expert_parallel: str, pp: int
+) -> list[tuple[int, bool]]:
     if expert_parallel not in ("off", "on", "both"):
         raise ValueError(f"--plan-ep must be off, on or both, got {expert_parallel!r}")
     spec = deployment.model_spec()
-    too_small = unfit(deployment, [tp for tp in tps if tp >= 1])
+    too_small = unfit(deployment, [tp for tp in tps if tp >= 1], pp=pp)
     shapes = []
     for tp in tps:
-        if tp < 1 or gpus % tp or spec.num_heads % tp or tp in too_small:
+        if tp < 1 or gpus % (tp * pp) or spec.num_heads % tp or tp in too_small:
             continue
         ep_options = [False]
         if spec.is_moe and tp > 1 and expert_parallel != "off":
             ep_options = [True] if expert_parallel == "on" else [False, True]
         shapes += [(tp, ep) for ep in ep_options]
-    if not shapes:
-        raise ValueError(
-            f"no TP of {tps} splits {gpus} GPUs and {spec.name}'s {spec.num_heads} attention heads "
-            f"with room for its KV cache on {deployment.hardware}"
-        )
     return shapes
 
 
-def unfit(deployment: Deployment, tps: list[int], dp: int = 1) -> dict[int, str]:
+def unfit(deployment: Deployment, tps: list[int], dp: int = 1, pp: int = 1) -> dict[int, str]:
     """The TP degrees of ``tps`` at which the model leaves no room for a KV cache (the weights
-    alone; with ``dp``, the experts spread over the DP ranks too), each with the reason."""
+    alone; with ``dp``, the experts spread over the DP ranks too; with ``pp``, on the pipeline
+    stage holding the most layers), each with the reason."""
     spec, hardware = deployment.model_spec(), get_hardware(deployment.hardware)
+    if pp > spec.num_layers:
+        return {tp: f"PP {pp} is more stages than {spec.name}'s {spec.num_layers} layers" for tp in tps}
+    stage = spec.pipeline_stage(pp)
     reasons = {}
     for tp in tps:
         try:
-            kv_capacity(spec, hardware, tp, 0.9, 16, 8192, dp=dp)
+            kv_capacity(stage, hardware, tp, 0.9, 16, 8192, dp=dp)
         except ValueError as error:
             reasons[tp] = str(error)
     return reasons
@@ -158,6 +188,49 @@ def dp_layouts(gpus: int, deployment: Deployment, dps: list[int], expert_paralle
     return out
 
 
+def replica_layouts(
+    gpus: int,
+    deployment: Deployment,
+    tps: list[int] | None = None,
+    expert_parallel: str = "off",
+    pps: list[int] | None = None,
+) -> list[Layout]:
+    """The replicas' layouts of a plan: with ``tps``, every (TP, EP) shape that fits; with
+    ``pps``, each of those (or the deployment's TP) at each PP size whose replicas of TP x PP
+    GPUs divide the budget and leave room for a KV cache on their fullest stage (PP > 1:
+    aggregated only). Without ``pps`` the deployment's own PP, not shown: replicas of TP x PP
+    GPUs, aggregated only when PP > 1."""
+    own_pp = deployment.pp
+    if pps is None and not tps:
+        replica = deployment.tp * own_pp
+        if gpus % replica:
+            pp = f" x PP {own_pp}" if own_pp > 1 else ""
+            raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}{pp}")
+        return layouts(gpus // replica) if own_pp == 1 else [Layout(gpus // replica)]
+    out: list[tuple[int, int, Layout]] = []  # (TP's place, PP's place, layout)
+    for j, pp in enumerate(pps or [own_pp]):
+        shown = pp if pps else 0
+        if tps:
+            shapes = _shapes(gpus, deployment, tps, expert_parallel, pp)
+        else:
+            fits = gpus % (deployment.tp * pp) == 0 and not unfit(deployment, [deployment.tp], pp=pp)
+            shapes = [(0, False)] if fits else []
+        for tp, ep in shapes:
+            replicas = gpus // ((tp or deployment.tp) * pp)
+            found = layouts(replicas, tp, ep, shown) if pp == 1 else [Layout(replicas, 0, tp, ep, pp=shown)]
+            out += [(tps.index(tp) if tps else 0, j, layout) for layout in found]
+    if not out:
+        spec = deployment.model_spec()
+        tp_text = f"TP of {tps}" if tps else f"TP {deployment.tp}"
+        pp_text = f" x PP of {pps}" if pps else (f" x PP {own_pp}" if own_pp > 1 else "")
+        raise ValueError(
+            f"no {tp_text}{pp_text} splits {gpus} GPUs and {spec.name}'s {spec.num_heads} attention heads "
+            f"with room for its KV cache on {deployment.hardware}"
+        )
+    out.sort(key=lambda item: item[:2])  # stable: each shape's layouts in order, its PP sizes after
+    return [layout for _, _, layout in out]
+
+
 def base_rate(spec: WorkloadSpec) -> float:
     if spec.name != "trace":
         return spec.rate
@@ -176,8 +249,12 @@ def layout_deployment(layout: Layout, deployment: Deployment) -> Deployment:
     reads the routing ``--expert-imbalance`` gives at the EP size it was measured at (the base
     deployment's), not as if measured at its own."""
     changes: dict[str, Any] = {}
+    if layout.pp:
+        changes["pp"] = layout.pp
+    elif layout.dp and deployment.pp != 1:  # a DP engine's ranks run unpipelined
+        changes["pp"] = 1
     if layout.tp:
-        changes = dict(tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp))
+        changes.update(tp=layout.tp, expert_parallel=layout.expert_parallel, dp=max(1, layout.dp))
         if not layout.expert_parallel:
             changes.update(
                 expert_imbalance=0.0, enable_eplb=False, num_redundant_experts=0, expert_imbalance_ep=0
@@ -247,6 +324,8 @@ class ClusterRunSpec:
         layout = _plain(self.layout)
         if self.layout.eplb is None:  # the plans before --plan-eplb keep their results files' keys
             del layout["eplb"]
+        if not self.layout.pp:  # and those before --plan-pp theirs
+            del layout["pp"]
         out = {
             "kind": "cluster",
             "layout": layout,
@@ -318,6 +397,7 @@ def plan(
     dp_only: bool = False,
     eplb: list[int] | None = None,
     notes: list[str] | None = None,
+    pps: list[int] | None = None,
 ) -> list[PlanRow]:
     """Every layout's capacity; the runs on ``sweep``'s backend (default: this process). With
     ``tps``, the replicas' TP (and, for an MoE model, expert parallelism) is searched too: every
@@ -325,7 +405,17 @@ def plan(
     TP, EP) over the whole budget too; ``dp_only``: those alone (``tune --data-parallel-size``).
     With ``eplb`` (-1: off, N >= 0: N redundant experts), every expert-parallel layout once per
     setting (``tune --plan-eplb``); a setting that cannot run there is left out, and why goes to
-    ``notes``."""
+    ``notes``. With ``pps`` (``tune --plan-pp``), each replica shape at each pipeline-parallel
+    size that fits (``replica_layouts``); a PP > 1 needs the vllm policy."""
+    if policy.name != "vllm" and max(pps or [deployment.pp]) > 1 and not dp_only:
+        raise ValueError(
+            f"pipeline parallelism is simulated for the vllm policy (vLLM's batch queue), not {policy.name}: "
+            "give --plan-policy vllm, or PP sizes of 1"
+        )
+    if dp_only and pps:
+        raise ValueError(
+            "--plan-pp plans replicas over --gpus: not with --data-parallel-size (one DP engine)"
+        )
     if deployment.expert_imbalance and not (deployment.expert_parallel and deployment.tp * deployment.dp > 1):
         raise ValueError(
             "--expert-imbalance is the routing measured at an EP size: give the --tp / --data-parallel-size "
@@ -337,20 +427,9 @@ def plan(
             f"--plan-dp {','.join(map(str, dps))}: no DP x TP of {gpus} GPUs fits {deployment.model} on "
             f"{deployment.hardware}"
         )
-    if dp_only:
-        all_layouts = extra
-    elif tps:
-        all_layouts = [
-            layout
-            for tp, ep in parallel_shapes(gpus, deployment, tps, expert_parallel)
-            for layout in layouts(gpus // tp, tp, ep)
-        ]
-    else:
-        if gpus % deployment.tp:
-            raise ValueError(f"{gpus} GPUs do not split into replicas of TP {deployment.tp}")
-        all_layouts = layouts(gpus // deployment.tp)
-    if not dp_only:
-        all_layouts += extra
+    if pps:  # the DP engines' label shows their PP 1 too, so the rows compare
+        extra = [replace(layout, pp=1) for layout in extra]
+    all_layouts = extra if dp_only else replica_layouts(gpus, deployment, tps, expert_parallel, pps) + extra
     if eplb:
         all_layouts = [
             variant
