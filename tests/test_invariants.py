@@ -37,6 +37,11 @@ SPECS = [
     "vllm:speculative_method=eagle3:num_speculative_tokens=3:synthetic_acceptance_length=2.4",
     "vllm:speculative_method=ngram:num_speculative_tokens=4:synthetic_acceptance_rates=0.9/0.6/0.3/0.1:scheduling_policy=priority",
     "vllm:async_scheduling=true:speculative_method=mtp:num_speculative_tokens=2:synthetic_acceptance_rates=0.7/0.4:max_num_batched_tokens=128",
+    # pipeline parallelism: the engine core's batch queue of pp batches (pp + 1 with async
+    # scheduling and its decode stagger), preempted requests' stale outputs in flight
+    "vllm:pipeline_parallel_size=2:async_scheduling=false",
+    "vllm:pipeline_parallel_size=3:scheduling_policy=priority:max_num_batched_tokens=128",
+    "vllm:pipeline_parallel_size=4:long_prefill_token_threshold=64",
     "sarathi:chunk_size=128",
     "sarathi:enable_dynamic_chunking_schedule=true:low_chunk_size=64:high_chunk_size=256:chunk_schedule_stages=3:chunk_schedule_max_tokens=600",
     "sglang",  # SGLang's overlap scheduler on (its default)
@@ -105,7 +110,9 @@ def _run(spec_text: str, seed: int, fast: bool) -> tuple[Engine, list[Request]]:
 
 def _run_engine(sched: Scheduler, block: int, requests: list[Request], fast: bool) -> Engine:
     """Serve ``requests`` to the end on a simulated Llama-3-8B / H100, with integrity checks."""
-    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1)
+    cost = CostModel(get_model("Llama-3-8B"), get_hardware("H100-SXM"), 1).with_pipeline(
+        sched.pipeline_parallel_size
+    )
     bind_cost_model(sched.policy, cost)  # (slo) predicts with the simulator's cost model
     engine = Engine(
         sched,

@@ -163,6 +163,15 @@ def _build_simulated(
     built = target if isinstance(target, BuiltCostModel) else build_cost_model(target, spec.name)
     cost_model = built.cost_model
     model = cost_model.model
+    if cost_model.pipeline is not None:
+        spec = _pipelined_spec(spec, cost_model.pipeline.pp, kind, options)
+    elif spec.flags.get("pipeline_parallel_size", 1) != 1:
+        if kind != "sim":
+            raise ValueError(f"pipeline parallelism needs the simulated executor (sim), not {kind!r}")
+        raise ValueError(
+            f"pipeline_parallel_size={spec.flags['pipeline_parallel_size']} is the deployment's: give "
+            "--pipeline-parallel-size (its stages price the steps)"
+        )
     default_len = options.max_model_len or max(model.max_position_embeddings, options.min_max_model_len)
     max_model_len = spec.engine_flags.get("max_model_len", default_len)
     parts = simulated_scheduler(
@@ -197,7 +206,37 @@ def _build_simulated(
             parts.policy.cuda_graph_padding(),
         )
     label = f"simulated {model.name} on {cost_model.hardware.name} x{cost_model.tp}"
+    if cost_model.pipeline is not None:
+        label += f" x PP {cost_model.pipeline.pp}"
     return BuiltEngine(kind, parts, executor, label, cost_model=built)
+
+
+def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions) -> PolicySpec:
+    """The policy under the deployment's ``pp`` pipeline stages: its config's
+    ``pipeline_parallel_size`` (vLLM's batch queue, policies/vllm_pipeline.py); a policy without
+    one, or a combination not simulated, is refused in one line."""
+    given = spec.flags.get("pipeline_parallel_size")
+    if given is not None and given != pp:
+        raise ValueError(
+            f"{spec.name}:pipeline_parallel_size={given} disagrees with the deployment's "
+            f"--pipeline-parallel-size {pp}"
+        )
+    if spec.name != "vllm":
+        raise ValueError(
+            f"pipeline parallelism (--pipeline-parallel-size {pp}) is simulated for the vllm policy "
+            f"(vLLM's batch queue), not {spec.name}"
+        )
+    if kind != "sim":
+        raise ValueError(f"pipeline parallelism needs the simulated executor (sim), not {kind!r}")
+    if options.pd_pair:
+        raise ValueError("pipeline parallelism on a side of a prefill/decode pair is not simulated")
+    for flag, what in (
+        ("num_speculative_tokens", "speculative decoding"),
+        ("kv_offloading_size", "a CPU KV tier"),
+    ):
+        if spec.flags.get(flag):
+            raise ValueError(f"{what} ({flag}) under pipeline parallelism is not simulated")
+    return PolicySpec(spec.name, {**spec.flags, "pipeline_parallel_size": pp}, spec.engine_flags)
 
 
 def _synchronous(kind: str, cost_model: CostModel) -> str:

@@ -20,6 +20,11 @@ def policy_kv_capacity(
     one full-length sequence would not fit."""
     cls = get_policy_cls(spec.name)
     model, hardware = cost_model.model, cost_model.hardware
+    extra_weights = cost_model.redundant_expert_bytes
+    if cost_model.pipeline is not None:  # each stage's GPUs hold its layers' weights and KV
+        stage = model.pipeline_stage(cost_model.pipeline.pp)
+        extra_weights *= stage.num_layers / model.num_layers
+        model = stage
     sized = KVSizeFlags.of(spec.engine_flags)
     capacity = kv_capacity(
         model,
@@ -34,7 +39,8 @@ def policy_kv_capacity(
         of_free_memory=cls.memory_fraction_of_free,
         drafter=cls.drafter_memory(config),
         sized=sized,
-        extra_weights=cost_model.redundant_expert_bytes,
+        extra_weights=extra_weights,
+        pp=cost_model.pipeline.pp if cost_model.pipeline is not None else 1,
     )
     if capacity.num_tokens < max_model_len and sized is not None:
         given = ", ".join(f"{k}={v}" for k, v in spec.engine_flags.items() if k in KV_SIZE_FLAGS)
@@ -47,7 +53,8 @@ def policy_kv_capacity(
         raise ValueError(
             f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
             f"that can be stored in KV cache ({capacity.num_tokens}) for {model.name} on "
-            f"{hardware.name} at TP {cost_model.tp}{f' x DP {cost_model.dp}' if cost_model.dp > 1 else ''}. Try increasing gpu_memory_utilization or "
+            f"{hardware.name} at TP {cost_model.tp}{f' x DP {cost_model.dp}' if cost_model.dp > 1 else ''}"
+            f"{f' x PP {cost_model.pipeline.pp}' if cost_model.pipeline is not None else ''}. Try increasing gpu_memory_utilization or "
             "decreasing max_model_len."
         )
     return capacity

@@ -290,6 +290,7 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
             d.get("kv_cache_dtype", ""), d.get("expert_parallel", False), d.get("dp", 1),
             d.get("all2all_backend", default_of(Deployment, "all2all_backend")),
             enable_eplb=d.get("enable_eplb", False), num_redundant_experts=d.get("num_redundant_experts", 0),
+            pp=d.get("pp", 1),
         )  # fmt: skip
 
     for other in commands[1:]:
@@ -311,6 +312,12 @@ def _take_deployment(args: argparse.Namespace, commands: list[EngineCommand]) ->
             f"--data-parallel-size {args.dp} and the engine command's DP {dp} differ: give it once"
         )
     args.dp = dp
+    pp = first.deployment.get("pp", 1)
+    if getattr(args, "pp", 1) not in (1, pp):
+        raise CliError(
+            f"--pipeline-parallel-size {args.pp} and the engine command's PP {pp} differ: give it once"
+        )
+    args.pp = pp
     if "all2all_backend" in first.deployment:
         args.all2all_backend = first.deployment["all2all_backend"]
     if first.deployment.get("enable_eplb"):

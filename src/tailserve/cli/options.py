@@ -14,6 +14,7 @@ from tailserve.cli.run_outputs import tbt_threshold, wants_batches
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import SEED_PRESET, BuiltCostModel, Deployment
 from tailserve.executors.simulated.moe_comm import BACKENDS
+from tailserve.executors.simulated.pipeline import PP_LINKS
 from tailserve.metrics.summary import Slo
 from tailserve.sim.workload_spec import WORKLOADS, WorkloadSpec, parse_priorities
 
@@ -86,6 +87,24 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         "--enable-dp-attention). An MoE model: one engine whose ranks step together, attention "
         "and KV per rank, experts over all ranks; a dense model: independent replicas behind the "
         "engine's balancer (default: %(default)s)",
+    )
+    g.add_argument(
+        "--pipeline-parallel-size",
+        "--pp",
+        dest="pp",
+        type=int,
+        default=default_of(Deployment, "pp"),
+        metavar="N",
+        help="pipeline stages of --tp GPUs each, as vLLM's flag (-pp): the layers split over them, the "
+        "engine keeping N batches in flight (N + 1 with async scheduling); the vllm policy "
+        '(docs/cost_model.md, "Pipeline parallelism") (default: %(default)s)',
+    )
+    g.add_argument(
+        "--pp-link",
+        default=default_of(Deployment, "pp_link"),
+        choices=PP_LINKS,
+        help="with --pipeline-parallel-size: the network between nodes when --tp x stages is more than "
+        "one NVLink domain (inside one the stages use NVLink) (default: %(default)s)",
     )
     g.add_argument(
         "--kernels",
@@ -328,6 +347,8 @@ def deployment_from(args: argparse.Namespace) -> Deployment:
         expert_imbalance=getattr(args, "expert_imbalance", 0.0),
         enable_eplb=getattr(args, "enable_eplb", False),
         num_redundant_experts=getattr(args, "num_redundant_experts", 0),
+        pp=getattr(args, "pp", 1),
+        pp_link=getattr(args, "pp_link", default_of(Deployment, "pp_link")),
     )
 
 

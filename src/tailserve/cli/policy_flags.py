@@ -118,7 +118,9 @@ class _Shown(argparse.Action):
 
 # Policy flags a command has an option of its own for: ``serve --max-queued-requests`` answers 503
 # in the server, before any policy sees the request (SGLang's flag of that name is not applied there).
-COMMAND_OWNS = frozenset({"max_queued_requests"})
+# ``--pipeline-parallel-size`` is the deployment's (its stages price the steps), which hands it
+# to the policy (assemble/build.py).
+COMMAND_OWNS = frozenset({"max_queued_requests", "pipeline_parallel_size"})
 
 
 def option(name: str) -> str:

@@ -18,7 +18,8 @@ from tailserve.metrics.summary import Slo, prefix_cache_summary, stats, summariz
 def replica_summary(replica: Replica, duration: float) -> dict[str, Any]:
     done = [r for r in replica.engine.requests if r.token_times]
     log = replica.engine.log
-    busy = float(sum(log.duration)) if len(log) else 0.0
+    pipelined = replica.engine.scheduler.pipeline_parallel_size > 1  # its micro-batches overlap
+    busy = (log.busy_seconds() if pipelined else float(sum(log.duration))) if len(log) else 0.0
     hit = prefix_cache_summary(replica.engine.requests)
     return {
         "name": replica.name,

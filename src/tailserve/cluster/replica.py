@@ -68,7 +68,8 @@ class ReplicaSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.deployment.hardware}:tp{self.deployment.tp}"
+        pp = f":pp{self.deployment.pp}" if self.deployment.pp > 1 else ""
+        return f"{self.deployment.hardware}:tp{self.deployment.tp}{pp}"
 
 
 def build_replica_engine(

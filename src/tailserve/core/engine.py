@@ -13,6 +13,7 @@ executor it drives: the simulator's exact fast paths are a driver around it
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,6 +94,16 @@ class InFlight:
     end: float  # seconds: its forward pass ends, and its outputs are known
 
 
+@dataclass(slots=True)
+class Queued:
+    """A batch in the engine core's queue under pipeline parallelism, its outputs not applied
+    yet; vLLM queues the empty batches of a pass that scheduled nothing too (``out`` None)."""
+
+    out: SchedulerOutput | None
+    result: StepResult | None
+    end: float  # seconds: its last stage ends (an empty one: the batches before it are through)
+
+
 class Engine:
     def __init__(
         self,
@@ -121,9 +132,21 @@ class Engine:
             raise ValueError("async scheduling is simulated in virtual time only (the simulated executor)")
         self._in_flight: InFlight | None = None
         self._device_free_at = self.clock.now  # async: when the last launched forward pass ends
+        # Pipeline parallelism (``_step_pipelined``): vLLM's batch queue, newest first, and when
+        # each stage is next free.
+        self._pp = scheduler.pipeline_parallel_size
+        self._depth = scheduler.max_concurrent_batches
+        self._queue: deque[Queued] = deque()
+        self._stage_free = [self.clock.now] * self._pp
+        if self._pp > 1 and not isinstance(self.clock, VirtualClock):
+            raise ValueError(
+                "pipeline parallelism is simulated in virtual time only (the simulated executor)"
+            )
 
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
+        if self._pp > 1:
+            return self._step_pipelined()
         if self._async:
             return self._step_async()
         pending = self.schedule_step()
@@ -138,6 +161,10 @@ class Engine:
         None when nothing was scheduled. ``step`` runs it, then the executor, then
         ``complete_step``; a driver that times several engines' batches together (the
         data-parallel group, cluster/dp_group.py) calls the halves itself."""
+        if self._pp > 1:
+            raise ValueError(
+                "pipeline parallelism is not simulated for engines whose steps are timed together"
+            )
         if self._async:
             raise ValueError(
                 "async scheduling is not simulated for engines whose steps are timed together "
@@ -241,6 +268,104 @@ class Engine:
         if self.options.check_integrity:
             self.check_integrity()
         return True
+
+    def _step_pipelined(self) -> bool:
+        """One call of vLLM's ``EngineCore.step_with_batch_queue`` under pipeline parallelism
+        (``policies/vllm_pipeline.py``): schedule a batch while the queue has room (an empty one
+        is queued too), and return at once unless the queue is full or nothing is left to
+        schedule; then wait for the oldest batch and apply its outputs. In virtual time a
+        batch's host part starts when it is scheduled, stage 1 when that is done, the stage is
+        free and (async scheduling) the tokens its decodes continue from are back, and each
+        later stage when the one before has sent its activations and the stage is free
+        (``StepResult.stages``, ``stage_send``): stage k works on one batch while stage k + 1
+        works on the batch before. An empty schedule with no batch in flight waits for the next
+        arrival, where vLLM spins."""
+        sched, queue = self.scheduler, self._queue
+        start = self.clock.now
+        self.add_arrivals(start)
+        if sched.has_unfinished:
+            num_left = len(sched.finished)
+            out = sched.schedule(start)
+            ended = sched.finished[num_left:]  # aborted by the policy while scheduling
+            for request in ended:
+                self.source.on_finish(request, start)
+            if out.is_empty:
+                if all(q.out is None for q in queue):
+                    queue.clear()
+                    self._last_step_finished = bool(ended)
+                    return self._idle()
+                queue.appendleft(Queued(None, None, max(start, queue[0].end)))
+            else:
+                queue.appendleft(self._launch(out, start))
+            self._last_step_finished |= bool(ended)
+            if len(queue) < self._depth and (queue[0].out is not None or sched.has_unfinished):
+                launched = queue[0].result
+                if launched is not None:
+                    self.clock.advance(launched.host_time)
+                return True
+        elif not queue:
+            return self._idle()
+        oldest = queue.pop()
+        now = max(self.clock.now, oldest.end)
+        self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
+        finished: list[Request] = []
+        if oldest.out is not None:
+            assert oldest.result is not None
+            finished = sched.update(oldest.out, oldest.result, now)
+        self.finish_step(finished, now)
+        if self.options.check_integrity:
+            self.check_integrity()
+        return True
+
+    def _launch(self, out: SchedulerOutput, start: float) -> Queued:
+        """Run ``out`` through the stages (``_step_pipelined``) and log it."""
+        sched = self.scheduler
+        num_used_blocks = sched.kv_cache.used_block_count()
+        result = self.executor.execute(out)
+        stages = result.stages
+        if stages is None or len(stages) != self._pp:
+            raise ValueError(
+                f"the policy runs {self._pp} pipeline stages but the executor priced "
+                f"{1 if stages is None else len(stages)} (give the deployment --pipeline-parallel-size {self._pp})"
+            )
+        t = start + result.host_time
+        if sched.async_scheduling:
+            # A decode continues from the token its step pp passes ago samples (the V2 model
+            # runner's sampled-token ring): stage 1 waits for that step's end.
+            mine = {s.request for s in out.scheduled}
+            for q in self._queue:
+                if (
+                    q.out is not None
+                    and q.end > t
+                    and any(not s.partial and s.request in mine for s in q.out.scheduled)
+                ):
+                    t = q.end
+        free = self._stage_free
+        send = result.stage_send
+        begin = t
+        for k, seconds in enumerate(stages):
+            if k:
+                t += send
+            if free[k] > t:
+                t = free[k]
+            if not k:
+                begin = t
+            t += seconds
+            free[k] = t
+        if self.options.keep_iteration_log:
+            num_prefill, num_decode = out.token_counts()
+            self.log.record(
+                begin,
+                t - begin,
+                num_prefill,
+                num_decode,
+                len(out.scheduled),
+                num_used_blocks,
+                len(out.preempted),
+            )
+        if self.batches is not None:
+            self.batches.record(begin, t - begin, out, num_used_blocks, sched)
+        return Queued(out, result, t)
 
     @property
     def last_step_finished(self) -> bool:

@@ -24,6 +24,10 @@ class StepResult:
     # Seconds of ``duration`` spent on the host (scheduling, input preparation, output
     # processing), which vLLM's async scheduling overlaps with the previous step's forward pass.
     host_time: float = 0.0
+    # Pipeline parallelism: the forward pass's seconds on each stage, and the send between two
+    # stages (the simulated executor's, executors/simulated/pipeline.py); None: one stage.
+    stages: tuple[float, ...] | None = None
+    stage_send: float = 0.0
 
 
 _new = object.__new__
@@ -41,6 +45,8 @@ def step_result(duration: float) -> StepResult:
     result.stop_index = {}
     result.num_accepted = None
     result.host_time = 0.0
+    result.stages = None
+    result.stage_send = 0.0
     return result
 
 

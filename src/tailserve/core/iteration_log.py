@@ -50,6 +50,20 @@ class IterationLog:
     def __len__(self) -> int:
         return len(self.start)
 
+    def busy_seconds(self) -> float:
+        """Seconds some iteration ran: the union of their spans. Under pipeline parallelism the
+        micro-batches in flight overlap (each spans its trip through the stages); elsewhere the
+        spans are disjoint and this is the sum of the durations."""
+        total, end = 0.0, float("-inf")
+        for start, duration in zip(self.start, self.duration):
+            if start >= end:
+                total += duration
+                end = start + duration
+            elif start + duration > end:
+                total += start + duration - end
+                end = start + duration
+        return total
+
     def record(
         self,
         start: float,

@@ -162,6 +162,17 @@ class Policy(ABC):
         advances computed tokens when it schedules (``SchedulerOutput.advanced``)."""
         return False
 
+    def pipeline_parallel_size(self) -> int:
+        """Pipeline stages the engine's batches pass through (vLLM's ``--pipeline-parallel-size``):
+        above 1, ``Engine`` keeps ``max_concurrent_batches`` batches in flight and the simulated
+        executor times each stage (``executors/simulated/pipeline.py``)."""
+        return 1
+
+    def max_concurrent_batches(self) -> int:
+        """Batches the engine keeps in flight: 2 with async scheduling, else 1 (vLLM's
+        ``max_concurrent_batches``; a pipeline-parallel policy says its own)."""
+        return 2 if self.async_scheduling() else 1
+
     def speculative_decoding(self) -> Any:
         """The speculative decoding this configuration runs, for the simulated executor (its
         acceptance model and drafter cost: ``executors/simulated/spec_decode.py``'s

@@ -64,6 +64,10 @@ class PolicyHooks(Protocol):
 
     def async_scheduling(self) -> bool: ...
 
+    def pipeline_parallel_size(self) -> int: ...
+
+    def max_concurrent_batches(self) -> int: ...
+
 
 def key_tokens(request: Request) -> list[int] | None:
     """The tokens a request's prefix keys are made from: its prompt (and, in simulation, the
@@ -137,6 +141,10 @@ class Scheduler:
         # vLLM's async scheduling: the engine applies each step's outputs after scheduling the
         # next (``Engine``), with the policy's outputs ``advanced`` (``advance_scheduled``).
         self.async_scheduling = bool(policy.async_scheduling())
+        # Pipeline parallelism (vLLM's batch queue of ``max_concurrent_batches``): ``Engine``
+        # keeps that many batches in flight through the stages (``Engine._step_pipelined``).
+        self.pipeline_parallel_size = int(policy.pipeline_parallel_size())
+        self.max_concurrent_batches = int(policy.max_concurrent_batches())
 
     # ---- requests in and out ------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> bool:

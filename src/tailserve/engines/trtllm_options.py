@@ -207,7 +207,7 @@ KEYS = (
     FlagSpec("model", str, DEPLOYMENT, "the model", _llm("model"), target="deployment.model"),
     FlagSpec("tensor_parallel_size", int, DEPLOYMENT, "tensor-parallel degree", _llm("tensor_parallel_size"),
              "1", target="deployment.tp"),
-    FlagSpec("pipeline_parallel_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
+    FlagSpec("pipeline_parallel_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates it for vLLM 0.32 only",
              _llm("pipeline_parallel_size"), "1"),
     FlagSpec("moe_expert_parallel_size", int | None, DEPLOYMENT,
              "expert parallelism: = tensor_parallel_size splits experts whole over the TP ranks",

@@ -56,6 +56,19 @@ def _budget_default(version: str, lines: str) -> str:
     return f"{tiers}, else 2048 (API server; {lines})"
 
 
+def _pp_flag(version: str, line: str) -> FlagSpec:
+    """--pipeline-parallel-size: simulated as vLLM 0.32 runs it (its batch queue, the V2 model
+    runner's decode stagger: policies/vllm_pipeline.py, checked step for step); the older
+    versions' engine core is not."""
+    if version == V32:
+        return FlagSpec("pipeline_parallel_size", int, DEPLOYMENT,
+                        "pipeline stages of --tp GPUs each (tailserve --pipeline-parallel-size)", line, "1",
+                        aliases=("-pp",), target="deployment.pp")  # fmt: skip
+    return FlagSpec("pipeline_parallel_size", int, NOT_MODELLED,
+                    f"pipeline parallelism: tailserve simulates vLLM 0.32's engine core under it, not {version}'s",
+                    line, "1", aliases=("-pp",))  # fmt: skip
+
+
 def _common(
     version: str, lines: dict[str, int], model_len: Any = int, budget: Any = int
 ) -> tuple[FlagSpec, ...]:
@@ -70,8 +83,7 @@ def _common(
                  at("model"), target="deployment.model"),
         FlagSpec("tensor_parallel_size", int, DEPLOYMENT, "tensor-parallel degree", at("tensor_parallel_size"),
                  "1", aliases=("-tp",), target="deployment.tp"),
-        FlagSpec("pipeline_parallel_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates TP only",
-                 at("pipeline_parallel_size"), "1", aliases=("-pp",)),
+        _pp_flag(version, at("pipeline_parallel_size")),
         FlagSpec("data_parallel_size", int, DEPLOYMENT,
                  "data-parallel ranks behind vLLM's balancer (an MoE model's ranks step in lockstep; "
                  "tailserve --data-parallel-size)", at("data_parallel_size"), "1", aliases=("-dp",),

@@ -54,6 +54,7 @@ from tailserve.policies.vllm_admission import Admission
 from tailserve.policies.vllm_async import schedule_advanced
 from tailserve.policies.vllm_dp_prefill import PrefillThrottle
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
+from tailserve.policies.vllm_pipeline import DecodeStagger, max_concurrent_batches
 from tailserve.policies.vllm_prefill_cap import prefill_cap
 from tailserve.policies.vllm_remote import Pull, RemoteLoads
 
@@ -105,6 +106,10 @@ class VllmConfig:
     # Tokens the API server holds per streamed chunk (core/stream_interval.py): the client's ITL,
     # not the engine's steps
     stream_interval: int = field(default=1, metadata=_WHEN_SET)
+    # vLLM's --pipeline-parallel-size, set from the deployment's pipeline stages (``--pp``): the
+    # engine core keeps this many batches in flight (one more with async scheduling), and the
+    # scheduler skips a request whose step in flight has not returned (vllm_pipeline.py)
+    pipeline_parallel_size: int = field(default=1, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -129,6 +134,8 @@ class VllmConfig:
             )
         if self.stream_interval < 1:  # Field(default=1, ge=1), config/scheduler.py:213
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.prefill_schedule_interval < 1:  # Field(default=1, ge=1), config/scheduler.py:203
             raise ValueError(f"prefill_schedule_interval must be >= 1, got {self.prefill_schedule_interval}")
         if not 0.0 <= self.watermark < 1.0:
@@ -297,7 +304,10 @@ class VllmPolicy(Policy, FastPaths):
         self._spec = config.speculative_decoding()
         # vLLM's own accounting (vllm_async.py) with async scheduling or drafts.
         # (A config made without default_config leaves async_scheduling None: synchronous.)
-        self._advanced = bool(config.async_scheduling) or self._spec is not None
+        # and under pipeline parallelism, whose steps in flight skip their requests (vllm_pipeline.py).
+        pp = config.pipeline_parallel_size
+        self._advanced = bool(config.async_scheduling) or self._spec is not None or pp > 1
+        self._stagger = DecodeStagger(pp) if pp > 1 and config.async_scheduling else None
         # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s
         # docstring); dropped in ``on_finished``.
         self._decode_items: dict[Request, ScheduledRequest] = {}
@@ -337,6 +347,12 @@ class VllmPolicy(Policy, FastPaths):
 
     def async_scheduling(self) -> bool:
         return bool(self.config.async_scheduling)
+
+    def pipeline_parallel_size(self) -> int:
+        return self.config.pipeline_parallel_size
+
+    def max_concurrent_batches(self) -> int:
+        return max_concurrent_batches(self.config.pipeline_parallel_size, bool(self.config.async_scheduling))
 
     def speculative_decoding(self) -> SpecDecoding | None:
         return self._spec
@@ -395,6 +411,8 @@ class VllmPolicy(Policy, FastPaths):
         items = self._decode_items
         for request in finished:
             items.pop(request, None)
+        if self._stagger is not None:
+            self._stagger.forget(finished)
         pairs = self._advanced_items
         if pairs:  # (empty in the plain pass)
             for request in finished:
@@ -436,6 +454,9 @@ class VllmPolicy(Policy, FastPaths):
                 sched.defer_in_flight_frees = bool(self.config.async_scheduling)
                 offload.read_reports(sched, now)
         if self._advanced:
+            stagger = self._stagger
+            if stagger is not None:
+                stagger.begin_pass()
             out = schedule_advanced(
                 self.config,
                 self._spec,
@@ -444,7 +465,10 @@ class VllmPolicy(Policy, FastPaths):
                 self._advanced_items,
                 self._offload,
                 self.prefill_throttle,
+                stagger,
             )
+            if stagger is not None:
+                stagger.scheduled(out)
             if out.num_admitted and self._admission is not None:  # they may sample from now
                 self._admission.started(sched.running, out.num_admitted)
             return out

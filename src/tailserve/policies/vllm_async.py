@@ -37,12 +37,19 @@ from typing import Any
 
 from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, alternate_decode, new_output
+from tailserve.core.scheduler_output import (
+    ScheduledRequest,
+    SchedulerOutput,
+    alternate_decode,
+    new_output,
+    scheduled_decode,
+)
 from tailserve.executors.simulated.spec_decode import SpecDecoding
 from tailserve.kv.paged import NEVER
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.policies.vllm_dp_prefill import PrefillThrottle
 from tailserve.policies.vllm_offload import BLOCKED, OffloadLoads
+from tailserve.policies.vllm_pipeline import DecodeStagger
 from tailserve.policies.vllm_prefill_cap import prefill_cap
 
 
@@ -54,12 +61,16 @@ def schedule_advanced(
     decode_items: dict[Request, list[ScheduledRequest]],
     offload: OffloadLoads | None,
     throttle: PrefillThrottle,
+    stagger: DecodeStagger | None = None,
 ) -> SchedulerOutput:
     """One step of vLLM's scheduler with its own accounting. ``decode_items``: the policy's two
-    plain decode items per running request, handed out in turn (``ScheduledRequest``);
+    plain decode items per running request, handed out in turn (``ScheduledRequest``; a batch
+    queue deeper than two makes new ones);
     ``offload``: the CPU offloading tier's loads (``vllm_offload.py``), None without one;
-    ``throttle``: DP prefill balancing (``vllm_dp_prefill.py``)."""
+    ``throttle``: DP prefill balancing (``vllm_dp_prefill.py``); ``stagger``: the V2 model runner's
+    decode stagger under pipeline parallelism with async scheduling (``vllm_pipeline.py``)."""
     out = new_output()  # ``SchedulerOutput()`` without the class call
+    deep = sched.max_concurrent_batches > 2
     k = spec.num_speculative_tokens if spec is not None else 0
     lookahead = spec.num_lookahead_tokens if spec is not None else 0
     drop_hit_block = spec is not None and spec.drops_hit_block
@@ -100,6 +111,9 @@ def schedule_advanced(
         prompt_len = request.prompt_len
         if placeholders and computed + 2 - placeholders >= prompt_len + request.max_tokens:
             i += 1  # its last token is already in flight
+            continue
+        if stagger is not None and stagger.waits(request):
+            i += 1  # decoded under pp passes ago (vllm_pipeline.py)
             continue
         if defer and request.is_prefill_chunk:
             i += 1  # a prefill chunk waits for a cadence step (vllm_dp_prefill.py)
@@ -166,7 +180,13 @@ def schedule_advanced(
             scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
             leading = False
         else:
-            scheduled.append(alternate_decode(decode_items, request, computed))  # a plain decode
+            # A plain decode: one of its two items in turn, or a new one where more than two of
+            # its steps may be in flight (a batch queue deeper than two: pipeline parallelism).
+            scheduled.append(
+                alternate_decode(decode_items, request, computed)
+                if not deep
+                else scheduled_decode(request, computed)
+            )
             if leading:
                 if computed + 1 == num_tokens + placeholders:  # its one token was all it lacked
                     num_leading += 1
@@ -188,8 +208,17 @@ def schedule_advanced(
         max_active = cfg.max_num_active_seqs or cfg.max_num_seqs  # (admission into RUNNING)
         if offload is not None:
             queue = offload.pass_queue(sched, now)  # the requests whose KV is in first
+        stale: list[Request] = []  # skipped for this pass: outputs of their steps still in flight
         while queue and budget > 0 and len(sched.running) < max_active:
             request = queue.peek_request()
+            if request.num_stale_output_tokens and queue is waiting:
+                # Preempted with steps still in the pipeline (pipeline parallelism: a batch
+                # queue deeper than two): vLLM skips it until they drain ("deliverable stale
+                # output still in flight", scheduler.py:934-939@v0.32.0).
+                stale.append(queue.pop_request())
+                if tracked is not None:
+                    tracked.add(request)  # vLLM's skip_request: deferred_waiting
+                continue
             match: PrefixMatch | None = None
             if not request.num_computed_tokens:
                 match = sched.cached_prefix(request)
@@ -273,6 +302,8 @@ def schedule_advanced(
             )
             budget -= want
 
+        for request in reversed(stale):  # back where they were, as vLLM prepends them
+            waiting.prepend_request(request)
         if offload is not None:
             offload.requeue(waiting)
         if tracked is not None and not defer:  # (read only on throttled steps: tracking's)

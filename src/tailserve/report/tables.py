@@ -35,6 +35,8 @@ def deployment_line(built: BuiltCostModel) -> str:
     elif len(cal) >= 24:
         cal = "measured points"
     dp = f" x DP {cm.dp}" if cm.dp > 1 else ""  # data-parallel attention ranks
+    if cm.pipeline is not None:
+        dp += f" x PP {cm.pipeline.pp}"
     # vLLM's kernels are the catalog's own: named only when another engine's set priced it
     kernels = f", {ENGINE_NAMES[built.kernels]} kernels" if built.kernels != "vllm" else ""
     return f"{cm.model.name} on {cm.hardware.name}, TP {cm.tp}{dp}, calibration {cal}{kernels}"

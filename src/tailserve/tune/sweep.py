@@ -124,6 +124,8 @@ _LATER_DEPLOYMENT_FIELDS = {
     "enable_eplb": False,
     "num_redundant_experts": 0,
     "expert_imbalance_ep": 0,
+    "pp": 1,
+    "pp_link": "ib-ndr",
 }
 
 

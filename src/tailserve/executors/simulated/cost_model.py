@@ -68,6 +68,7 @@ from tailserve.executors.simulated.models import ModelSpec
 from tailserve.executors.simulated.module_formats import group_dtype
 from tailserve.executors.simulated.moe import grouped_gemm_parts, touched_experts
 from tailserve.executors.simulated.moe_comm import AUTO, exchange_time, resolve_backend
+from tailserve.executors.simulated.pipeline import Pipeline
 from tailserve.executors.simulated.precision import get_precision
 from tailserve.executors.simulated.window import WindowShape
 
@@ -192,6 +193,7 @@ class CostModel:
         dp: int = 1,
         all2all: str = "allgather_reducescatter",
         expert_load: ExpertLoad | None = None,
+        pipeline: Pipeline | None = None,
     ) -> None:
         model.check_tp(tp)
         if dp < 1:
@@ -201,6 +203,9 @@ class CostModel:
             # engines): price one rank, dp 1, and simulate the ranks as replicas.
             raise ValueError(f"{model.name} is dense: its data-parallel ranks are independent replicas")
         self.model = model
+        # Pipeline stages (pipeline.py): the whole model's step is priced here on one TP shard;
+        # the simulated executor splits it into stages. None: one stage.
+        self.pipeline = pipeline
         # Data-parallel attention (dp > 1): this rank's attention and dense layers over its own
         # tokens at TP ``tp``; the routed experts over the dp x tp ranks, each MoE layer
         # exchanging the tokens (moe_comm.py, vLLM's --all2all-backend).
@@ -585,6 +590,7 @@ class CostModel:
             dp=self.dp,
             all2all=self.all2all,
             expert_load=self.expert_load,
+            pipeline=self.pipeline,
         )
         return CostModel(**{**args, **changes})
 
@@ -599,6 +605,13 @@ class CostModel:
 
     def with_expert_load(self, load: ExpertLoad) -> CostModel:
         return self._with(expert_load=load)
+
+    def with_pipeline(self, pp: int, network: str = "ib-ndr") -> CostModel:
+        """This model's steps split over ``pp`` stages (vLLM's ``--pipeline-parallel-size``),
+        joined by NVLink in one NVLink domain, else by ``network`` (pipeline.py)."""
+        return self._with(
+            pipeline=Pipeline.of(self.model, self.hardware, self.tp, pp, network) if pp > 1 else None
+        )
 
     @property
     def redundant_expert_bytes(self) -> float:

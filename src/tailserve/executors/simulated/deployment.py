@@ -23,6 +23,7 @@ from tailserve.executors.simulated.hardware import (
 )
 from tailserve.executors.simulated.models import ModelSpec, get_model, resolve_model_name
 from tailserve.executors.simulated.moe_comm import resolve_backend
+from tailserve.executors.simulated.pipeline import PP_LINKS, pipeline_note
 from tailserve.executors.simulated.precision import get_precision
 
 SEED_PRESET = PRESETS["seed"]
@@ -82,6 +83,10 @@ class Deployment:
     # the EP size expert_imbalance was measured at, when a plan runs the routing at another (0:
     # this deployment's own, tp x dp)
     expert_imbalance_ep: int = 0
+    # vLLM's --pipeline-parallel-size: the layers split over ``pp`` stages of ``tp`` GPUs each
+    # (pipeline.py), the stages joined by NVLink inside one NVLink domain, else by ``pp_link``
+    pp: int = 1
+    pp_link: str = "ib-ndr"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -108,6 +113,10 @@ class Deployment:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
         if self.dp < 1:
             raise ValueError(f"--data-parallel-size must be >= 1, got {self.dp}")
+        if self.pp < 1:
+            raise ValueError(f"--pipeline-parallel-size must be >= 1, got {self.pp}")
+        if self.pp_link not in PP_LINKS:
+            raise ValueError(f"--pp-link: unknown {self.pp_link!r}; choose from {', '.join(PP_LINKS)}")
         object.__setattr__(self, "all2all_backend", resolve_backend(self.all2all_backend))
         kernels = self.kernels.strip().lower().replace("-", "")
         kernels = {"tensorrtllm": "trtllm"}.get(kernels, kernels)
@@ -153,6 +162,8 @@ class Deployment:
         expert_imbalance: float = 0.0,
         enable_eplb: bool = False,
         num_redundant_experts: int = 0,
+        pp: int = 1,
+        pp_link: str = "ib-ndr",
     ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""
@@ -170,6 +181,8 @@ class Deployment:
             expert_imbalance,
             enable_eplb,
             num_redundant_experts,
+            pp=pp,
+            pp_link=pp_link,
         )
         if tp is None:
             tp = SEED_PRESET.tp if names.is_seed else 1
@@ -198,7 +211,7 @@ class Deployment:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.tp * self.pp
 
     @property
     def is_seed(self) -> bool:
@@ -238,13 +251,18 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
         cm = cm.with_expert_parallel()
     if deployment.dp > 1:
         hardware = get_hardware(deployment.hardware)
-        if deployment.gpus > hardware.nvlink_domain:
+        if deployment.dp * deployment.tp > hardware.nvlink_domain:
             raise ValueError(
-                f"--data-parallel-size {deployment.dp} x --tp {deployment.tp} = {deployment.gpus} GPUs is more "
+                f"--data-parallel-size {deployment.dp} x --tp {deployment.tp} = {deployment.dp * deployment.tp} GPUs is more "
                 f"than one {hardware.name} NVLink domain ({hardware.nvlink_domain}): the exchange between "
                 "nodes is not modelled"
             )
         if cm.model.is_moe:
+            if deployment.pp > 1:
+                raise ValueError(
+                    "an MoE model's data-parallel group with pipeline stages (--data-parallel-size with "
+                    "--pipeline-parallel-size) is not modelled: give one of them"
+                )
             if deployment.all2all_backend == "deepep_auto" and policy and not policy.startswith("sglang"):
                 raise ValueError(
                     f"--all2all-backend deepep_auto is SGLang's --deepep-mode auto; the {policy} policy's engine "
@@ -257,6 +275,17 @@ def build_cost_model(deployment: Deployment, policy: str = "") -> BuiltCostModel
                 f"replicas of TP {deployment.tp} (vLLM runs a dense model's DP ranks as separate engines)"
             )
             built = replace(built, notes=(*built.notes, note))
+    domain = cm.hardware.nvlink_domain
+    if deployment.tp > domain:
+        note = (
+            f"TP {deployment.tp} spans {-(-deployment.tp // domain)} {cm.hardware.name} NVLink domains of {domain}: "
+            "its all-reduces are priced as inside one (TP over the network between nodes is not modelled); "
+            f"pipeline stages across nodes are: --tp {domain} --pipeline-parallel-size {-(-deployment.tp // domain)}"
+        )
+        built = replace(built, notes=(*built.notes, note))
+    if deployment.pp > 1:
+        cm = cm.with_pipeline(deployment.pp, deployment.pp_link)
+        built = replace(built, notes=(*built.notes, pipeline_note(cm)))
     load = deployment.expert_load
     if not load.is_uniform or load.eplb:  # after the DP ranks: the EP group is tp x dp
         cm = cm.with_expert_load(load)

@@ -8,6 +8,7 @@ all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`
 
 - ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);
 - the policy signed the contracts (``fast_paths.FastPaths``; a policy without them is stepped);
+- the engine runs one pipeline stage (``Engine._step_pipelined`` is stepped);
 - the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor`` (not a
   ``SimExecutor`` of a sliding-window model, whose ``prices_shapes_alone`` is False), the chunk
   runs only for ``SimExecutor`` itself and without per-iteration records or checks (they price
@@ -34,7 +35,10 @@ class SimDriver:
         self.engine = engine
         options = engine.options
         policy = engine.scheduler.policy
-        fast = policy if options.fast_forward and isinstance(policy, FastPaths) else None
+        # Pipeline parallelism keeps several batches in flight through the stages
+        # (``Engine._step_pipelined``): no run has that rule, so every step is stepped.
+        pipelined = engine.scheduler.pipeline_parallel_size > 1
+        fast = policy if options.fast_forward and isinstance(policy, FastPaths) and not pipelined else None
         shapes_alone = getattr(engine.executor, "prices_shapes_alone", True)
         # Under async scheduling (vLLM's, or an overlap scheduler: TensorRT-LLM's, SGLang's)
         # outputs are applied a step late: only the async decode run has that rule; the

@@ -9,6 +9,7 @@ from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding, is_generation_only
 from tailserve.executors.simulated.layerwise_load import layerwise_load_time
+from tailserve.executors.simulated.pipeline import Pipeline
 from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, accepted_drafts
 from tailserve.executors.simulated.window import WindowShape
 
@@ -242,7 +243,24 @@ class SimExecutor:
 
     def _execute_advanced(self, out: SchedulerOutput) -> StepResult:
         """A step of vLLM's own accounting: the target's time, the drafter's and the drafts
-        accepted; the per-step overhead is the host time async scheduling hides."""
+        accepted; the per-step overhead is the host time async scheduling hides. Under pipeline
+        parallelism, the forward pass's time on each stage (``pipeline.py``)."""
+        result = self._priced_advanced(out)
+        pipeline = self.cost_model.pipeline
+        if pipeline is not None:
+            self._split_stages(out, result, pipeline)
+        return result
+
+    def _split_stages(self, out: SchedulerOutput, result: StepResult, pipeline: Pipeline) -> None:
+        """``result``'s forward pass (its duration less the host's part) on each stage: the
+        layers' share of it by the stage's layers, the LM head on the last stage."""
+        num_tokens, logits = advanced_batch_fields(out)[:2]
+        cost = self.cost_model
+        head = cost.linear_time(num_tokens, logits) - cost.linear_time(num_tokens, 0) if logits else 0.0
+        result.stages = pipeline.stage_times(result.duration - result.host_time, head)
+        result.stage_send = pipeline.send_time(num_tokens)
+
+    def _priced_advanced(self, out: SchedulerOutput) -> StepResult:
         cost = self.cost_model
         if self._plain:
             # No CUDA-graph padding, drafts or window: priced from the fields (``shape_time``)

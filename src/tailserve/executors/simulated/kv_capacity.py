@@ -161,6 +161,7 @@ def kv_capacity(
     drafter: DrafterMemory | None = None,
     sized: KVSizeFlags | None = None,
     extra_weights: float = 0.0,
+    pp: int = 1,
 ) -> KVCapacity:
     """``max_num_seqs``: the engine's limit on running requests, for a hybrid sliding-window
     model's set-aside (0: unknown, the even split). ``dp``: data-parallel attention ranks, over
@@ -171,7 +172,9 @@ def kv_capacity(
     memory and its KV layers' bytes added to every token's (SGLang sizes one cell of target +
     draft layers: ``pool_configurator.py:259-314@v0.5.23``); None: no drafter counted.
     ``sized``: the engine flags that set the cache's size outright (``KVSizeFlags``).
-    ``extra_weights``: bytes per GPU loaded beside the model's own (EPLB's redundant experts)."""
+    ``extra_weights``: bytes per GPU loaded beside the model's own (EPLB's redundant experts).
+    ``pp``: the pipeline stages ``model`` is one of (``ModelSpec.pipeline_stage``), for the
+    message."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     draft_weights = drafter.weight_bytes(model, tp, dp) if drafter is not None else 0.0
@@ -211,8 +214,21 @@ def kv_capacity(
             hint = f"; the minimum is TP {fits[0]}, try --tp {fits[0]}"
             if fits[0] > 8:
                 hint += f" ({model.num_heads} heads divide by {fits[0]}; more GPUs than one 8-GPU node)"
+        if pp == 1 and (not fits or fits[0] > hardware.nvlink_domain):
+            # Across nodes vLLM's way is TP inside a node, pipeline stages over the nodes.
+            stages = [
+                p
+                for p in range(2, min(model.num_layers, 16) + 1)
+                if (hardware.memory_bytes if of_free_memory else usable)
+                - model.pipeline_stage(p).weight_bytes_per_shard(tp, dp)
+                - activation_reserve_bytes(model, tp, max_num_batched_tokens)
+                > per_block * 64
+            ]
+            if stages:
+                hint += f"; or split the layers over nodes: --tp {tp} --pipeline-parallel-size {stages[0]}"
+        shape = f"TP {tp}{f' x DP {dp}' if dp > 1 else ''}{f' x PP {pp}' if pp > 1 else ''}"
         raise ValueError(
-            f"{model.name} does not fit on {hardware.name} at TP {tp}{f' x DP {dp}' if dp > 1 else ''}: weights {weights / GIB:.1f} GiB "
+            f"{model.name} does not fit on {hardware.name} at {shape}: weights {weights / GIB:.1f} GiB "
             f"+ activations {activation / GIB:.1f} GiB per GPU need {need / GIB:.1f} GiB, but "
             + (
                 f"{hardware.memory_gib:.1f} GiB is there{hint}"

@@ -4,7 +4,7 @@ built-in models is ``models.py``; ``hf_config.py`` reads one from a Hugging Face
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tailserve.executors.simulated.module_formats import (
     check_module_dtypes,
@@ -295,6 +295,19 @@ class ModelSpec:
             + self.num_expert_params * self.expert_bytes_per_param
             + embed * self.dtype_bytes
         ) / tp
+
+    def pipeline_stage(self, pp: int) -> ModelSpec:
+        """The pipeline stage that holds the most layers (vLLM's ``get_pp_indices`` split), for
+        its weights and KV: the KV cache of a pipeline-parallel engine is sized per stage, and the
+        fullest one bounds it. Its layers are counted as MoE where the model has MoE layers (the
+        dense ones of DeepSeek's first_k_dense_replace sit on the first stage only), and it keeps
+        both embedding matrices (the first stage's input, the last one's LM head): an upper
+        bound on any stage's weights."""
+        if pp == 1:
+            return self
+        n = -(-self.num_layers // pp)  # the partition's largest stage
+        sliding = round(self.num_sliding_layers * n / self.num_layers)
+        return replace(self, num_layers=n, first_dense_layers=0, num_sliding_layers=sliding)
 
     def check_tp(self, tp: int) -> None:
         if tp < 1:

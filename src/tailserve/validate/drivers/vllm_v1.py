@@ -150,6 +150,7 @@ class Driver:
             block_size=block_size, cache_dtype="auto", enable_prefix_caching=cfg["enable_prefix_caching"]
         )
         parallel_config = self.ParallelConfig()
+        pp = cfg.get("pipeline_parallel_size", 1)
         speculative_config = None
         if cfg.get("num_speculative_tokens"):
             method = cfg["speculative_method"]
@@ -191,6 +192,10 @@ class Driver:
             speculative_config=speculative_config,
             kv_transfer_config=kv_transfer_config,
         )
+        if pp > 1:
+            # Set on the built config: the scheduler reads it (use_pp, AsyncScheduler's stagger);
+            # making a CPU config with it would ask for pp worker processes.
+            vllm_config.parallel_config.pipeline_parallel_size = pp
         scheduler_cls = self.Scheduler
         if cfg.get("async_scheduling"):
             vllm_config.scheduler_config.async_scheduling = True  # the CPU platform turned it off
@@ -210,6 +215,10 @@ class Driver:
             block_size=block_size,
             log_stats=False,
         )
+        if pp > 1 and cfg.get("async_scheduling"):
+            # vLLM 0.32's GPU default, the V2 model runner (no Triton here: the V1 one was chosen),
+            # whose decode stagger the async scheduler applies under PP (async_scheduler.py:52).
+            scheduler.use_v2_model_runner = True
         if num_host_blocks:
             chunks = scheduler.connector.scheduler.manager._num_chunks
             if chunks != num_host_blocks:
@@ -251,7 +260,11 @@ class Driver:
 
     def run(self, workload: dict) -> list[dict]:
         cfg = workload["config"]
-        if cfg.get("async_scheduling") or cfg.get("num_speculative_tokens"):
+        if (
+            cfg.get("async_scheduling")
+            or cfg.get("num_speculative_tokens")
+            or cfg.get("pipeline_parallel_size", 1) > 1
+        ):
             return self.run_advanced(workload)
         scheduler = self._scheduler(cfg)
         block_size = cfg["block_size"]
@@ -361,7 +374,9 @@ class Driver:
         )
         stop_token_id = workload["stop_token_id"]
         specs = {r["request_id"]: r for r in workload["requests"]}
-        depth = 2 if cfg.get("async_scheduling") else 1
+        pp = cfg.get("pipeline_parallel_size", 1)
+        # VllmConfig.max_concurrent_batches on the V2 model runner (config/vllm.py:577-587)
+        depth = (pp + 1 if pp > 1 else 2) if cfg.get("async_scheduling") else pp
         k = cfg.get("num_speculative_tokens") or 0
         pending = sorted(workload["requests"], key=lambda r: r["arrival_step"])
         live: set[str] = set()
