@@ -113,6 +113,17 @@ def test_prefix_aware_hand_worked():
     assert send(router, req("e", (7, 7), prompt_len=64), view) == 1  # 0% -> smaller tree r1 (4 vs 5)
 
 
+def test_prefix_aware_spreads_prompts_without_keys_by_their_length():
+    """A synthetic workload's bare lengths carry no prefix keys: each still grows its replica's
+    tree (sgl-router inserts every prompt's text), so the misses go to the smallest, not all to
+    the first replica (which an empty tree for every replica made of them)."""
+    router = make_router("prefix-aware")
+    view = states((0, 0), (0, 0), (0, 0))
+    picks = [send(router, req(f"q{i}", prompt_len=n), view) for i, n in enumerate((160, 32, 32, 64, 16))]
+    assert picks == [0, 1, 2, 1, 2]  # trees 10/0/0 blocks, then 10/2/0, 10/2/2, 10/6/2, 10/6/3
+    assert router.num_cache_misses == 5
+
+
 def test_prefix_aware_balances_when_both_thresholds_are_exceeded():
     router = make_router("prefix-aware:balance_abs_threshold=4,balance_rel_threshold=2")
     view = states((0, 0), (0, 0))

@@ -282,3 +282,18 @@ def test_busy_time_counts_overlapping_micro_batches_once():
     for start, duration in ((0.0, 1.0), (1.0, 0.5), (3.0, 1.0)):
         plain.record(start, duration, 0, 1, 1, 0, 0)
     assert plain.busy_seconds() == sum(plain.duration)
+
+
+def test_tune_prints_the_stages_in_vllms_line_and_lint_reads_them_back():
+    from tailserve.engines.lint import lint
+    from tailserve.policies.registry import PolicySpec
+    from tailserve.tune.commands import command_line
+
+    line = command_line(
+        PolicySpec("vllm", {}, {}), _h100_70b(2), None, get_hardware("H100-SXM").device_info, 8192
+    )
+    assert "--tensor-parallel-size 4 --pipeline-parallel-size 2" in line
+    rows = {r.name: r for r in lint(line).rows}
+    assert (
+        rows["pipeline_parallel_size"].value == 2 and rows["pipeline_parallel_size"].feeds == "deployment.pp"
+    )

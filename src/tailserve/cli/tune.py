@@ -171,6 +171,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         args.model_id = commands[0].deployment["model"]  # the printed commands name the model as the line did
     # An explicit "" is refused by the parser, not replaced by the default list.
     listed = DEFAULT_TUNE_POLICIES if args.policies is None else args.policies
+    if args.policies is None and not commands and deployment.pp > 1:
+        listed = "vllm"  # the one policy simulated under pipeline stages (assemble/build.py)
+        print(
+            f"note: --pipeline-parallel-size {deployment.pp}: tuning the vllm policy only (pipeline "
+            "parallelism is simulated for vLLM's engine core)",
+            file=sys.stderr,
+        )
     policies = [c.spec for c in commands] or parse_policy_list(listed)
     config = TuneConfig(
         deployment,

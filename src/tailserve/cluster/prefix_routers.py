@@ -55,6 +55,10 @@ class PrefixAwareRouter(BaseRouter):
         self.num_cache_misses = 0  # routed to the smallest tree
         self.num_balance_events = 0  # routed by load because loads were imbalanced
         self.last_reason = ""
+        # Blocks of keyless prompts routed to each replica (a synthetic workload of bare
+        # lengths): sgl-router inserts every prompt's text into the chosen worker's tree, so a
+        # prompt without keys still grows it, by its length (``_tree_size``).
+        self._unkeyed: Counter[int] = Counter()
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaState], now: float) -> int:
         healthy = self._candidates(replicas)
@@ -76,11 +80,17 @@ class PrefixAwareRouter(BaseRouter):
             return best
         self.num_cache_misses += 1
         self.last_reason = f"best match {rate:.0%} <= cache_threshold: smallest tree"
-        return min(healthy, key=lambda i: (self.tree.size(i), i))
+        return min(healthy, key=lambda i: (self._tree_size(i), i))
+
+    def _tree_size(self, replica: int) -> int:
+        return self.tree.size(replica) + self._unkeyed[replica]
 
     def on_routed(self, request: RouteRequest, replica: int, now: float) -> None:
         super().on_routed(request, replica, now)
-        self.tree.insert(request.block_keys, replica, now)
+        if request.block_keys:
+            self.tree.insert(request.block_keys, replica, now)
+        else:
+            self._unkeyed[replica] += -(-request.prompt_len // request.block_size)
 
     def _maybe_evict(self, now: float, num_replicas: int) -> None:
         if now - self._last_eviction < self.config.eviction_interval_secs:
@@ -88,6 +98,9 @@ class PrefixAwareRouter(BaseRouter):
         self._last_eviction = now
         for i in range(num_replicas):
             self.tree.evict_to(i, self.config.max_tree_size)
+            room = max(self.config.max_tree_size - self.tree.size(i), 0)
+            if self._unkeyed[i] > room:
+                self._unkeyed[i] = room
 
 
 class KvIndex(Protocol):

@@ -92,6 +92,8 @@ def command_line(
             parts.insert(0, "VLLM_USE_V1=0")  # vLLM <= 0.10 still ships the V0 engine behind this
         if tp > 1:
             parts.append(f"--tensor-parallel-size {tp}")
+        if deployment.pp > 1:  # the stages (engines/vllm_flags.py reads -pp back into the deployment)
+            parts.append(f"--pipeline-parallel-size {deployment.pp}")
         if deployment.dp > 1:
             # vLLM's DP ranks of --tp GPUs each (an MoE model's in lockstep: tailserve's DP engine)
             parts.append(f"--data-parallel-size {deployment.dp}")
