@@ -297,3 +297,30 @@ def test_tune_prints_the_stages_in_vllms_line_and_lint_reads_them_back():
     assert (
         rows["pipeline_parallel_size"].value == 2 and rows["pipeline_parallel_size"].feeds == "deployment.pp"
     )
+
+
+def test_cost_prices_each_stage_and_the_trip(tmp_path, capsys):
+    import json
+
+    from tailserve.cli.app import main
+
+    out = tmp_path / "cost.json"
+    argv = ["cost", "--model", "Llama-3-70B", "--hardware", "H100-SXM", "--tp", "4", "--pp", "2"]
+    assert main([*argv, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "decode on 2 stages (40/40 layers)" in text
+    got = json.loads(out.read_text())
+    decode = got["pipeline"]["decode"]
+    overhead = got["decode_s"] - sum(decode["stages_s"])  # the host's part, once
+    assert decode["trip_s"] == pytest.approx(got["decode_s"] + decode["send_s"])
+    assert overhead > 0 and decode["stages_s"][1] > decode["stages_s"][0]  # the LM head's stage
+
+
+def test_explain_says_the_run_crossed_pipeline_stages(capsys):
+    from tailserve.cli.app import main
+
+    argv = ["simulate", "--model", "Llama-3-70B", "--hardware", "H100-SXM", "--tp", "4", "--pp", "2"]
+    argv += ["--workload", "chat", "--rate", "8", "--num-requests", "60", "--seed", "1", "--explain"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "The engine ran 2 pipeline stages (40/40 layers" in out

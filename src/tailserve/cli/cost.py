@@ -110,6 +110,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
             f"{per_layer:.1f} us per MoE layer at the decode batch ({cm.model.num_moe_layers} layers)"
         )
         result["dp"] = cm.dp
+    if cm.pipeline is not None:
+        result["pipeline"] = _pipeline_stages(cm, prefill_shape, decode_shape, result)
     if args.drafts is not None:
         result["drafts"] = _price_drafts(
             cm, batch, ctx, args.drafts, args.draft_method, args.acceptance_length
@@ -133,6 +135,27 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result)
     return 0
+
+
+def _pipeline_stages(cm: Any, prefill: Any, decode: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """Each step above on the stages (``pipeline.py``): the stage times, the send between two,
+    and a trip through all of them (the overhead is the host's, once before stage 1)."""
+    pipe, overhead = cm.pipeline, cm.efficiency.overhead
+    out: dict[str, Any] = {"pp": pipe.pp, "layers": list(pipe.layers), "link": pipe.link.name}
+    for name, shape in (("prefill", prefill), ("decode", decode)):
+        step = result[f"{name}_s"]
+        head = cm.linear_time(shape.num_tokens, shape.num_logits) - cm.linear_time(shape.num_tokens, 0)
+        stages = pipe.stage_times(step - overhead, head)
+        send = pipe.send_time(shape.num_tokens)
+        trip = overhead + sum(stages) + send * (pipe.pp - 1)
+        out[name] = {"stages_s": list(stages), "send_s": send, "trip_s": trip}
+        print(
+            f"{name} on {pipe.pp} stages ({'/'.join(map(str, pipe.layers))} layers): "
+            f"{' + '.join(f'{t * 1e3:.2f}' for t in stages)} ms, {send * 1e6:.1f} us each send "
+            f"({pipe.link.name}); a trip {trip * 1e3:.2f} ms with the host's {overhead * 1e3:.2f}; "
+            f"the pipeline takes a new batch every {max(stages) * 1e3:.2f} ms when full"
+        )
+    return out
 
 
 def _price_drafts(cm: Any, batch: int, ctx: int, k: int, method: str, length: float | None) -> dict[str, Any]:

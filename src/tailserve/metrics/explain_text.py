@@ -329,6 +329,21 @@ def expert_load_words(config: dict[str, Any]) -> str:
     return text
 
 
+def pipeline_words(config: dict[str, Any]) -> str:
+    """A run under pipeline parallelism (the run config's ``pipeline``): every token crossed each
+    stage, and a micro-batch carrying a long prompt held every stage for the batches behind it."""
+    pipe = config.get("pipeline")
+    if not pipe:
+        return ""
+    return (
+        f" The engine ran {pipe['pp']} pipeline stages ({'/'.join(map(str, pipe['layers']))} layers, "
+        f"{pipe['link']} between them): every token crossed each stage, so a decode's gap is a trip "
+        "through all of them, and the micro-batches in flight hold different requests; one that "
+        "carries a long prompt holds each stage for the batches behind it. A lower "
+        "`--max-num-batched-tokens` evens the micro-batches out; more TP per stage shortens the trip."
+    )
+
+
 def stream_words(config: dict[str, Any], requests: list[Any]) -> str:
     """With a stream interval (the run config's, ``sim/run.py``) the client's ITL is the chunking,
     not the engine: say so, with the client's figures beside the engine's median step gap (the

@@ -89,6 +89,9 @@ def run_policy(
     routing = expert_load_config(cost_model)
     if routing is not None:
         run_config["expert_load"] = routing
+    pipe = cost_model.pipeline
+    if pipe is not None:  # the stages (executors/simulated/pipeline.py), for explain
+        run_config["pipeline"] = {"pp": pipe.pp, "layers": list(pipe.layers), "link": pipe.link.name}
     stream = policy.stream_interval()
     if stream.is_set:
         run_config["stream_interval"] = stream.to_json()
