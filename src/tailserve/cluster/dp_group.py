@@ -197,6 +197,9 @@ def _group_wide_rules(replicas: list[Replica]) -> None:
     for policy in policies:
         if hasattr(policy, "in_attention_dp"):
             policy.in_attention_dp = True
+        if policy.fetch_wait() is not None:
+            # rank 0 fetches for the whole group (then balances over the ranks): not modelled
+            raise ValueError("batch_wait_timeout_ms with attention DP (a DP group) is not simulated")
 
 
 def build_dp_stage(

@@ -171,7 +171,7 @@ class Engine:
                 "(an MoE model's data-parallel ranks, --dp)"
             )
         sched = self.scheduler
-        start = self.clock.now
+        start = self._fetch() if sched.fetch_wait is not None else self.clock.now
         self.add_arrivals(start)
         num_left = len(sched.finished)
         out = sched.schedule(start)
@@ -221,7 +221,7 @@ class Engine:
         pass ends. The first step of a busy stretch has nothing to wait for: the next one is
         scheduled once its host part is done."""
         sched = self.scheduler
-        start = self.clock.now
+        start = self._fetch() if sched.fetch_wait is not None else self.clock.now
         self.add_arrivals(start)
         num_left = len(sched.finished)
         out = sched.schedule(start)
@@ -260,7 +260,7 @@ class Engine:
             self.clock.advance(host)
             now = self.clock.now
         else:
-            now = previous.end
+            now = max(previous.end, start)  # (a fetch that waited may have outlasted it)
             self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
             finished = sched.update(previous.out, previous.result, now)
         self.finish_step(finished, now)
@@ -268,6 +268,39 @@ class Engine:
         if self.options.check_integrity:
             self.check_integrity()
         return True
+
+    def _fetch(self) -> float:
+        """TensorRT-LLM's request fetch with ``batch_wait_timeout_ms`` (``Scheduler.fetch_wait``,
+        ``ExecutorRequestQueue._get_from_request_queue``), at a step's start: it takes the
+        requests that have arrived (an idle engine blocks for the first); with fewer than
+        ``max_batch_size`` it then waits, up to the timeout, until that many have. Decoding
+        steps wait too. Returns when the step starts (the clock is there, the arrivals added)."""
+        timeout, cap = self.scheduler.fetch_wait  # type: ignore[misc]
+        source = self.source
+        seen = self.num_requests_seen
+        start = self.clock.now
+        self.add_arrivals(start)
+        if self.num_requests_seen == seen and not self.scheduler.has_unfinished:
+            first = source.next_arrival_time()
+            if first is None:
+                return start  # nothing to fetch: the engine idles or ends
+            self.clock.wait_until(first)
+            start = self.clock.now
+            self.add_arrivals(start)
+        if self.num_requests_seen - seen >= cap:
+            return start
+        deadline = start + timeout
+        until = deadline
+        while self.num_requests_seen - seen < cap:
+            arrival = source.next_arrival_time()
+            if arrival is None or arrival > deadline:
+                until = deadline
+                break
+            self.clock.wait_until(arrival)
+            self.add_arrivals(arrival)
+            until = arrival
+        self.clock.wait_until(until)
+        return self.clock.now
 
     def _step_pipelined(self) -> bool:
         """One call of vLLM's ``EngineCore.step_with_batch_queue`` under pipeline parallelism

@@ -173,6 +173,12 @@ class Policy(ABC):
         ``max_concurrent_batches``; a pipeline-parallel policy says its own)."""
         return 2 if self.async_scheduling() else 1
 
+    def fetch_wait(self) -> tuple[float, int] | None:
+        """(seconds, requests): the engine's fetch of new requests waits up to that long, at the
+        start of every step, for that many when fewer came (TensorRT-LLM's
+        ``batch_wait_timeout_ms``, ``Engine._fetch``); None: the step takes what has arrived."""
+        return None
+
     def speculative_decoding(self) -> Any:
         """The speculative decoding this configuration runs, for the simulated executor (its
         acceptance model and drafter cost: ``executors/simulated/spec_decode.py``'s

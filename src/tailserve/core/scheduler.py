@@ -68,6 +68,8 @@ class PolicyHooks(Protocol):
 
     def max_concurrent_batches(self) -> int: ...
 
+    def fetch_wait(self) -> tuple[float, int] | None: ...
+
 
 def key_tokens(request: Request) -> list[int] | None:
     """The tokens a request's prefix keys are made from: its prompt (and, in simulation, the
@@ -145,6 +147,8 @@ class Scheduler:
         # keeps that many batches in flight through the stages (``Engine._step_pipelined``).
         self.pipeline_parallel_size = int(policy.pipeline_parallel_size())
         self.max_concurrent_batches = int(policy.max_concurrent_batches())
+        # TensorRT-LLM's batch_wait_timeout_ms: the fetch at each step's start waits (Engine._fetch).
+        self.fetch_wait = policy.fetch_wait()
 
     # ---- requests in and out ------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> bool:

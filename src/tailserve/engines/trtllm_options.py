@@ -65,6 +65,10 @@ def _llm(name: str) -> str:
 
 
 WAITING = "tensorrt_llm/_torch/pyexecutor/py_executor.py@1.2 PyExecutor._schedule, _waiting_requests"
+FETCH = (
+    "tensorrt_llm/_torch/pyexecutor/executor_request_queue.py ExecutorRequestQueue._get_from_request_queue "
+    "(NVIDIA/TensorRT-LLM@a98a906)"
+)
 _TORCH_ONLY = {
     "cuda_graph_config", "attention_dp_config", "disable_overlap_scheduler", "batch_wait_timeout_ms",
     "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "stream_interval", "moe_config",
@@ -254,8 +258,9 @@ KEYS = (
              "true schedules each step after the last one's tokens are known; the overlap scheduler (on unless "
              "this is true) schedules step N+1 while step N runs, hiding the host work "
              "(policies/trtllm_overlap.py)", _llm("disable_overlap_scheduler"), "false"),
-    FlagSpec("batch_wait_timeout_ms", float, NOT_MODELLED,
-             "holds new requests back up to this long to fill max_batch_size", _llm("batch_wait_timeout_ms"), "0"),
+    FlagSpec("batch_wait_timeout_ms", float, SCHEDULING,
+             "every step's fetch of new requests waits up to this long for max_batch_size of them (decoding "
+             "steps too; Engine._fetch)", f"{_llm('batch_wait_timeout_ms')}; {FETCH}", "0"),
     FlagSpec("batch_wait_timeout_iters", int, SCHEDULING,
              "a step's contexts are held back, while generation requests run, up to this many steps "
              "(policies/trtllm_batch_wait.py)", f"{_llm('batch_wait_timeout_iters')}; {WAITING}", "0"),

@@ -146,7 +146,12 @@ from tailserve.policies.trtllm_capacity import (
     guaranteed_no_evict,
     max_utilization,
 )
-from tailserve.policies.trtllm_config import MAX_UTILIZATION, STATIC_BATCH, TrtllmConfig
+from tailserve.policies.trtllm_config import (
+    DEFAULT_MAX_BATCH_SIZE,
+    MAX_UTILIZATION,
+    STATIC_BATCH,
+    TrtllmConfig,
+)
 from tailserve.policies.trtllm_host_cache import HostCacheCopies
 from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
@@ -271,6 +276,15 @@ class TrtllmPolicy(Policy, FastPaths):
 
     def async_scheduling(self) -> bool:
         return self._overlap
+
+    def fetch_wait(self) -> tuple[float, int] | None:
+        """``batch_wait_timeout_ms``: ``ExecutorRequestQueue._get_from_request_queue`` takes what
+        has arrived (blocking for the first only when idle), then, with fewer than
+        ``max_batch_size``, waits up to the timeout for more, at every iteration's fetch."""
+        cfg: TrtllmConfig = self.config
+        if not cfg.batch_wait_timeout_ms:
+            return None
+        return cfg.batch_wait_timeout_ms / 1000, cfg.max_batch_size or DEFAULT_MAX_BATCH_SIZE
 
     def cuda_graph_padding(self) -> CudaGraphPadding | None:
         return self._graph

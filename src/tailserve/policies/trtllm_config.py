@@ -125,6 +125,10 @@ class TrtllmConfig:
     # batch_wait_max_tokens_ratio: ... or until the step's tokens reach this share of
     # max_num_tokens, in [0, 1]; 0: off (either at 0 holds nothing)
     batch_wait_max_tokens_ratio: float = field(default=0.0, metadata=_WHEN_SET)
+    # batch_wait_timeout_ms (TorchLlmArgs): every fetch of new requests, each engine-loop
+    # iteration's first act, waits up to this long for max_batch_size of them when fewer came
+    # (ExecutorRequestQueue._get_from_request_queue; core/engine.py Engine._fetch); 0: no wait
+    batch_wait_timeout_ms: float = field(default=0.0, metadata=_WHEN_SET)
     # stream_interval (BaseLlmArgs): a streamed response on a request's first decoding
     # iteration, every N-th and its last (core/stream_interval.py): the client's ITL only
     stream_interval: int = field(default=1, metadata=_WHEN_SET)
@@ -145,6 +149,8 @@ class TrtllmConfig:
         self._check_host_cache()
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+        if self.batch_wait_timeout_ms < 0:  # llm_args: "must be greater than or equal to 0"
+            raise ValueError(f"batch_wait_timeout_ms must be >= 0, got {self.batch_wait_timeout_ms}")
         if self.batch_wait_timeout_iters < 0:
             raise ValueError(f"batch_wait_timeout_iters must be >= 0, got {self.batch_wait_timeout_iters}")
         if not 0 <= self.batch_wait_max_tokens_ratio <= 1:

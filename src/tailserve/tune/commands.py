@@ -311,6 +311,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
             f", batch_wait_timeout_iters: {config.batch_wait_timeout_iters}, "
             f"batch_wait_max_tokens_ratio: {config.batch_wait_max_tokens_ratio:g}"
         )
+    if config.batch_wait_timeout_ms:
+        extra += f", batch_wait_timeout_ms: {config.batch_wait_timeout_ms:g}"
     if config.stream_interval > 1:
         extra += f", stream_interval: {config.stream_interval}"
     if deployment.enable_eplb:

@@ -8,7 +8,8 @@ all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`
 
 - ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);
 - the policy signed the contracts (``fast_paths.FastPaths``; a policy without them is stepped);
-- the engine runs one pipeline stage (``Engine._step_pipelined`` is stepped);
+- the engine runs one pipeline stage (``Engine._step_pipelined`` is stepped) and its fetch of new
+  requests never waits (TensorRT-LLM's ``batch_wait_timeout_ms``: ``Engine._fetch``);
 - the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor`` (not a
   ``SimExecutor`` of a sliding-window model, whose ``prices_shapes_alone`` is False), the chunk
   runs only for ``SimExecutor`` itself and without per-iteration records or checks (they price
@@ -37,8 +38,9 @@ class SimDriver:
         policy = engine.scheduler.policy
         # Pipeline parallelism keeps several batches in flight through the stages
         # (``Engine._step_pipelined``): no run has that rule, so every step is stepped.
-        pipelined = engine.scheduler.pipeline_parallel_size > 1
-        fast = policy if options.fast_forward and isinstance(policy, FastPaths) and not pipelined else None
+        # So does TensorRT-LLM's fetch wait (``Engine._fetch``: every step may start late).
+        stepped = engine.scheduler.pipeline_parallel_size > 1 or engine.scheduler.fetch_wait is not None
+        fast = policy if options.fast_forward and isinstance(policy, FastPaths) and not stepped else None
         shapes_alone = getattr(engine.executor, "prices_shapes_alone", True)
         # Under async scheduling (vLLM's, or an overlap scheduler: TensorRT-LLM's, SGLang's)
         # outputs are applied a step late: only the async decode run has that rule; the
