@@ -255,7 +255,7 @@ def test_pp_with_an_moe_data_parallel_group_is_refused():
 
 
 def test_the_realtime_executor_refuses_pp():
-    with pytest.raises(ValueError, match="needs the simulated executor"):
+    with pytest.raises(ValueError, match="not by the realtime-sim executor"):
         build_engine(_h100_70b(2), "vllm", "realtime-sim")
 
 
@@ -324,3 +324,25 @@ def test_explain_says_the_run_crossed_pipeline_stages(capsys):
     assert main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "The engine ran 2 pipeline stages (40/40 layers" in out
+
+
+def test_a_busy_receiving_stage_takes_the_send_after_its_previous_batch():
+    """vLLM posts the receive in the stage's own execute_model: a send to a stage still on its
+    previous batch starts after it (it does not hide behind that batch)."""
+    a, b = Request("a", 64, 3, 0.0), Request("b", 64, 3, 0.0005)
+    engine = _engine([a, b], 2, False, _Stages(0.001, (0.010, 0.010), 0.002))
+    engine.run()
+    # a: stage 1 0.001-0.011, send to 0.013, stage 2 0.013-0.023
+    assert a.token_times[0] == pytest.approx(0.023)
+    # b: stage 1 0.011-0.021, stage 2 free at 0.023, then the send, then 0.025-0.035
+    assert b.token_times[0] == pytest.approx(0.035)
+
+
+def test_cost_checks_the_fit_on_a_stage(capsys):
+    from tailserve.cli.app import main
+
+    argv = ["cost", "--model", "DeepSeek-V3", "--hardware", "H100-SXM", "--tp", "8"]
+    assert main([*argv, "--pp", "2"]) == 0
+    capsys.readouterr()
+    assert main(argv) != 0  # the whole model at TP 8 does not fit: one line, with the PP hint
+    assert "or split the layers over nodes: --tp 8 --pipeline-parallel-size 2" in capsys.readouterr().err

@@ -167,7 +167,12 @@ def _build_simulated(
         spec = _pipelined_spec(spec, cost_model.pipeline.pp, kind, options)
     elif spec.flags.get("pipeline_parallel_size", 1) != 1:
         if kind != "sim":
-            raise ValueError(f"pipeline parallelism needs the simulated executor (sim), not {kind!r}")
+            raise ValueError(
+                f"pipeline parallelism is simulated in virtual time (simulate, tune, cost), not by the {kind} "
+                "executor that paces serve"
+                if kind == "realtime-sim"
+                else f"pipeline parallelism needs the simulated executor (sim), not {kind!r}"
+            )
         raise ValueError(
             f"pipeline_parallel_size={spec.flags['pipeline_parallel_size']} is the deployment's: give "
             "--pipeline-parallel-size (its stages price the steps)"
@@ -227,7 +232,10 @@ def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions)
             f"(vLLM's batch queue), not {spec.name}"
         )
     if kind != "sim":
-        raise ValueError(f"pipeline parallelism needs the simulated executor (sim), not {kind!r}")
+        raise ValueError(
+            f"pipeline parallelism is simulated in virtual time (simulate, tune, cost), not by the {kind} "
+            "executor that paces serve"
+        )
     if options.pd_pair:
         raise ValueError("pipeline parallelism on a side of a prefill/decode pair is not simulated")
     for flag, what in (

@@ -229,6 +229,7 @@ def run_data_parallel(args: argparse.Namespace) -> int:
         f"{' (EP)' if deployment.expert_parallel else ''}, {deployment.all2all_backend}"
         if deployment.data_parallel_group
         else f"{deployment.dp} independent DP ranks of TP {deployment.tp}"
+        + (f" x PP {deployment.pp}" if deployment.pp > 1 else "")
     )
     routing = expert_load_config(stage.cost_model) if deployment.data_parallel_group else None
     run_config: dict[str, Any] = {}  # what explain reads of the run (sim/run.py's run config)

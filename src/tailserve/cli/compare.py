@@ -74,6 +74,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     built = build_cost_model(deployment_from(args))
     print_notes(built)
     listed = args.policies if args.policies is not None else "" if commands else DEFAULT_COMPARE_POLICIES
+    if args.policies is None and not commands and built.cost_model.pipeline is not None:
+        listed = "vllm,vllm:max_num_batched_tokens=2048,vllm:max_num_batched_tokens=512"
+        print(
+            "note: --pipeline-parallel-size: comparing the vllm policy at three budgets (pipeline "
+            "parallelism is simulated for vLLM's engine core)",
+            file=sys.stderr,
+        )
     # An explicit empty --policies is parsed (and refused) unless --engine-cmd lines fill the table.
     specs = [command.spec for command in commands] + (
         parse_policy_list(listed) if listed or not commands else []

@@ -148,12 +148,14 @@ def _pipeline_stages(cm: Any, prefill: Any, decode: Any, result: dict[str, Any])
         stages = pipe.stage_times(step - overhead, head)
         send = pipe.send_time(shape.num_tokens)
         trip = overhead + sum(stages) + send * (pipe.pp - 1)
-        out[name] = {"stages_s": list(stages), "send_s": send, "trip_s": trip}
+        # A stage past the first receives its batch's activations before computing it.
+        pace = max(t + (send if k else 0.0) for k, t in enumerate(stages))
+        out[name] = {"stages_s": list(stages), "send_s": send, "trip_s": trip, "pace_s": pace}
         print(
             f"{name} on {pipe.pp} stages ({'/'.join(map(str, pipe.layers))} layers): "
             f"{' + '.join(f'{t * 1e3:.2f}' for t in stages)} ms, {send * 1e6:.1f} us each send "
             f"({pipe.link.name}); a trip {trip * 1e3:.2f} ms with the host's {overhead * 1e3:.2f}; "
-            f"the pipeline takes a new batch every {max(stages) * 1e3:.2f} ms when full"
+            f"the pipeline takes a new batch every {pace * 1e3:.2f} ms when full"
         )
     return out
 
@@ -196,15 +198,21 @@ def _check_fits(cm: Any, prefill_tokens: int) -> None:
     from tailserve.policies.registry import get_policy_cls
 
     vllm = get_policy_cls("vllm")
+    model, extra, pp = cm.model, cm.redundant_expert_bytes, 1
+    if cm.pipeline is not None:  # the fullest stage's weights and KV (assemble/simulated.py)
+        pp = cm.pipeline.pp
+        model = cm.model.pipeline_stage(pp)
+        extra *= model.num_layers / cm.model.num_layers
     kv_capacity(
-        cm.model,
+        model,
         cm.hardware,
         cm.tp,
         vllm.default_gpu_memory_utilization,
         vllm.default_block_size,
         max(prefill_tokens, 1),
         dp=cm.dp,
-        extra_weights=cm.redundant_expert_bytes,
+        extra_weights=extra,
+        pp=pp,
     )
 
 

@@ -310,8 +310,9 @@ class Engine:
         batch's host part starts when it is scheduled, stage 1 when that is done, the stage is
         free and (async scheduling) the tokens its decodes continue from are back, and each
         later stage when the one before has sent its activations and the stage is free
-        (``StepResult.stages``, ``stage_send``): stage k works on one batch while stage k + 1
-        works on the batch before. An empty schedule with no batch in flight waits for the next
+        (``StepResult.stages``, ``stage_send``; the receiving stage takes the send after its
+        previous batch, vLLM's ``irecv`` being posted in its own ``execute_model``): stage k works
+        on one batch while stage k + 1 works on the batch before. An empty schedule with no batch in flight waits for the next
         arrival, where vLLM spins."""
         sched, queue = self.scheduler, self._queue
         start = self.clock.now
@@ -377,11 +378,13 @@ class Engine:
         send = result.stage_send
         begin = t
         for k, seconds in enumerate(stages):
-            if k:
-                t += send
             if free[k] > t:
                 t = free[k]
-            if not k:
+            if k:
+                # The stage receives (and its TP ranks all-gather) the activations in its own
+                # execute_model for this batch, after its previous batch: not overlapped.
+                t += send
+            else:
                 begin = t
             t += seconds
             free[k] = t

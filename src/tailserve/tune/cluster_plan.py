@@ -162,7 +162,7 @@ def unfit(deployment: Deployment, tps: list[int], dp: int = 1, pp: int = 1) -> d
     reasons = {}
     for tp in tps:
         try:
-            kv_capacity(stage, hardware, tp, 0.9, 16, 8192, dp=dp)
+            kv_capacity(stage, hardware, tp, 0.9, 16, 8192, dp=dp, pp=pp)
         except ValueError as error:
             reasons[tp] = str(error)
     return reasons
@@ -273,9 +273,10 @@ def _eplb_unfit(layout: Layout, deployment: Deployment) -> str | None:
 
     try:
         cm = build_cost_model(layout_deployment(layout, deployment)).cost_model
-        kv_capacity(
-            cm.model, cm.hardware, cm.tp, 0.9, 16, 8192, dp=cm.dp, extra_weights=cm.redundant_expert_bytes
-        )
+        pp = cm.pipeline.pp if cm.pipeline is not None else 1
+        stage = cm.model.pipeline_stage(pp)  # the fullest stage's (the model itself at PP 1)
+        extra = cm.redundant_expert_bytes * stage.num_layers / cm.model.num_layers
+        kv_capacity(stage, cm.hardware, cm.tp, 0.9, 16, 8192, dp=cm.dp, extra_weights=extra, pp=pp)
     except ValueError as error:
         return str(error)
     return None

@@ -135,6 +135,8 @@ def deployment_plain(deployment: Any) -> dict[str, Any]:
     for name, default in _LATER_DEPLOYMENT_FIELDS.items():
         if out.get(name) == default:
             del out[name]
+    if out.get("pp", 1) == 1:
+        out.pop("pp_link", None)  # the link between stages, of which there is one
     return out
 
 

@@ -214,18 +214,25 @@ def kv_capacity(
             hint = f"; the minimum is TP {fits[0]}, try --tp {fits[0]}"
             if fits[0] > 8:
                 hint += f" ({model.num_heads} heads divide by {fits[0]}; more GPUs than one 8-GPU node)"
-        if pp == 1 and (not fits or fits[0] > hardware.nvlink_domain):
-            # Across nodes vLLM's way is TP inside a node, pipeline stages over the nodes.
+        domain = hardware.nvlink_domain
+        if pp == 1 and (not fits or fits[0] > domain):
+            # Across nodes vLLM's way is TP inside a node (a whole NVLink domain where the heads
+            # split that way), pipeline stages over the nodes.
+            node_tp = domain if tp < domain and model.num_heads % domain == 0 else tp
             stages = [
                 p
                 for p in range(2, min(model.num_layers, 16) + 1)
                 if (hardware.memory_bytes if of_free_memory else usable)
-                - model.pipeline_stage(p).weight_bytes_per_shard(tp, dp)
-                - activation_reserve_bytes(model, tp, max_num_batched_tokens)
+                - model.pipeline_stage(p).weight_bytes_per_shard(node_tp, dp)
+                - extra_weights
+                - draft_weights
+                - activation_reserve_bytes(model, node_tp, max_num_batched_tokens)
                 > per_block * 64
             ]
             if stages:
-                hint += f"; or split the layers over nodes: --tp {tp} --pipeline-parallel-size {stages[0]}"
+                hint += (
+                    f"; or split the layers over nodes: --tp {node_tp} --pipeline-parallel-size {stages[0]}"
+                )
         shape = f"TP {tp}{f' x DP {dp}' if dp > 1 else ''}{f' x PP {pp}' if pp > 1 else ''}"
         raise ValueError(
             f"{model.name} does not fit on {hardware.name} at {shape}: weights {weights / GIB:.1f} GiB "
