@@ -346,3 +346,14 @@ def test_cost_checks_the_fit_on_a_stage(capsys):
     capsys.readouterr()
     assert main(argv) != 0  # the whole model at TP 8 does not fit: one line, with the PP hint
     assert "or split the layers over nodes: --tp 8 --pipeline-parallel-size 2" in capsys.readouterr().err
+
+
+def test_a_cluster_item_takes_its_own_stages_or_the_runs():
+    from tailserve.cluster.spec import parse_cluster
+    from tailserve.policies.registry import PolicySpec
+
+    specs = parse_cluster("1xH100-SXM:tp4:pp2,H100-SXM:tp8", "Llama-3-70B", PolicySpec("vllm", {}, {}), pp=1)
+    assert [(s.deployment.tp, s.deployment.pp) for s in specs] == [(4, 2), (8, 1)]
+    assert [s.label for s in specs] == ["H100-SXM:tp4:pp2", "H100-SXM:tp8"]
+    inherited = parse_cluster("2xH100-SXM:tp4", "Llama-3-70B", PolicySpec("vllm", {}, {}), pp=2)
+    assert {s.deployment.pp for s in inherited} == {2}

@@ -151,7 +151,13 @@ def run_cluster(args: argparse.Namespace) -> int:
     else:
         if args.cluster is not None:
             specs = parse_cluster(
-                args.cluster, deployment.model, policy, tp=args.tp, calibration=deployment.calibration
+                args.cluster,
+                deployment.model,
+                policy,
+                tp=args.tp,
+                calibration=deployment.calibration,
+                pp=deployment.pp,
+                pp_link=deployment.pp_link,
             )
         else:
             specs = replicated(args.replicas, deployment, policy)

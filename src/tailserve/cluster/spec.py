@@ -1,7 +1,8 @@
 """``--cluster 2xH100-SXM:tp1,2xA100-80GB:tp2`` and ``--replicas N``: the replicas to build.
 
-An item is ``[COUNTx]GPU[:tpN]``; without a TP it takes the run's ``--tp`` (by default the seed's
-TP 4 for Llama-3-70B on A100-80GB, 1 otherwise, as for every command). Every replica runs the
+An item is ``[COUNTx]GPU[:tpN][:ppN]``; without a TP it takes the run's ``--tp`` (by default the
+seed's TP 4 for Llama-3-70B on A100-80GB, 1 otherwise, as for every command), without a PP the
+run's ``--pipeline-parallel-size``. Every replica runs the
 run's model and policy. A bad item is one ValueError line naming it.
 """
 
@@ -14,14 +15,23 @@ from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec
 
 _ITEM = re.compile(
-    r"^(?:(?P<count>\d+)\s*[xX*]\s*)?(?P<gpu>[^:]+?)(?::\s*tp\s*=?\s*(?P<tp>\d+))?$", re.IGNORECASE
+    r"^(?:(?P<count>\d+)\s*[xX*]\s*)?(?P<gpu>[^:]+?)(?::\s*tp\s*=?\s*(?P<tp>\d+))?"
+    r"(?::\s*pp\s*=?\s*(?P<pp>\d+))?$",
+    re.IGNORECASE,
 )
 
 MAX_REPLICAS = 1024  # a typo guard, not a limit of the simulator
 
 
 def parse_cluster(
-    text: str, model: str, policy: PolicySpec, *, tp: int | None = None, calibration: str = "auto"
+    text: str,
+    model: str,
+    policy: PolicySpec,
+    *,
+    tp: int | None = None,
+    calibration: str = "auto",
+    pp: int = 1,
+    pp_link: str = "ib-ndr",
 ) -> list[ReplicaSpec]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
@@ -30,15 +40,18 @@ def parse_cluster(
     for item in items:
         m = _ITEM.match(item)
         if m is None:
-            raise ValueError(f"--cluster item {item!r} is not [COUNTx]GPU[:tpN], e.g. 2xH100-SXM:tp1")
+            raise ValueError(f"--cluster item {item!r} is not [COUNTx]GPU[:tpN][:ppN], e.g. 2xH100-SXM:tp1")
         count = int(m["count"]) if m["count"] else 1
         if count < 1:
             raise ValueError(f"--cluster item {item!r}: the count must be >= 1")
         item_tp = int(m["tp"]) if m["tp"] else tp
+        item_pp = int(m["pp"]) if m["pp"] else pp
         try:
             # Without a TP anywhere, the same default as every command: the seed's TP 4 for
             # Llama-3-70B on A100-80GB, 1 otherwise.
-            deployment = Deployment.of(model, m["gpu"].strip(), item_tp, calibration)
+            deployment = Deployment.of(
+                model, m["gpu"].strip(), item_tp, calibration, pp=item_pp, pp_link=pp_link
+            )
         except ValueError as e:
             raise ValueError(f"--cluster item {item!r}: {e}") from None
         specs.extend(ReplicaSpec(deployment, policy) for _ in range(count))
