@@ -242,19 +242,7 @@ class Engine:
             end = begin + (result.duration - host)
             self._device_free_at = end
             self._in_flight = InFlight(out, result, begin, end)
-            if self.options.keep_iteration_log:
-                num_prefill, num_decode = out.token_counts()
-                self.log.record(
-                    begin,
-                    end - begin,
-                    num_prefill,
-                    num_decode,
-                    len(out.scheduled),
-                    num_used_blocks,
-                    len(out.preempted),
-                )
-            if self.batches is not None:
-                self.batches.record(begin, end - begin, out, num_used_blocks, sched)
+            self._record(out, begin, end, num_used_blocks)
         finished: list[Request] = []
         if previous is None:
             self.clock.advance(host)
@@ -388,11 +376,17 @@ class Engine:
                 begin = t
             t += seconds
             free[k] = t
+        self._record(out, begin, t, num_used_blocks)
+        return Queued(out, result, t)
+
+    def _record(self, out: SchedulerOutput, begin: float, end: float, num_used_blocks: int) -> None:
+        """A launched batch's row in the iteration log (and batch record) of the overlapped
+        loops (``_step_async``, ``_launch``): its forward pass from ``begin`` to ``end``."""
         if self.options.keep_iteration_log:
             num_prefill, num_decode = out.token_counts()
             self.log.record(
                 begin,
-                t - begin,
+                end - begin,
                 num_prefill,
                 num_decode,
                 len(out.scheduled),
@@ -400,8 +394,7 @@ class Engine:
                 len(out.preempted),
             )
         if self.batches is not None:
-            self.batches.record(begin, t - begin, out, num_used_blocks, sched)
-        return Queued(out, result, t)
+            self.batches.record(begin, end - begin, out, num_used_blocks, self.scheduler)
 
     @property
     def last_step_finished(self) -> bool:
