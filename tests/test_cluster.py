@@ -3,6 +3,8 @@ every replica for every router, aggregated and P/D; P/D with an ideal link is a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tailserve.cluster import ROUTERS
@@ -69,11 +71,29 @@ def assert_conserved(stage: Stage) -> None:
     assert all(not inflight for inflight in stage.router.inflight.requests)  # every finish seen
 
 
-@pytest.mark.parametrize("policy", ["vllm", "sglang"])
-def test_one_replica_is_a_lone_engine(policy):
+@pytest.mark.parametrize(
+    ("policy", "flags"),
+    [
+        ("vllm", {}),
+        ("sglang", {}),
+        # TensorRT-LLM's fetch wait spans the cluster's events: the replica stops at each and
+        # goes on with the same fetch (Engine._fetched), as a lone engine waits through
+        ("trtllm", {"batch_wait_timeout_ms": 5.0}),
+        ("trtllm", {"batch_wait_timeout_ms": 5.0, "disable_overlap_scheduler": True}),
+        # vLLM's pipeline stages: several batches in flight across the cluster's events
+        ("vllm", {"pipeline_parallel_size": 2}),
+    ],
+)
+def test_one_replica_is_a_lone_engine(policy, flags):
     wb = shared_prefix()
-    ref = run_policy(build_cost_model(DEPLOYMENT), PolicySpec.make(policy, {}), wb)
-    stage, requests = stage_for(wb, 1, "round-robin", policy)
+    deployment = replace(DEPLOYMENT, pp=flags.get("pipeline_parallel_size", 1))
+    flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size"}
+    ref = run_policy(build_cost_model(deployment), PolicySpec.make(policy, flags), wb)
+    specs = replicated(1, deployment, PolicySpec.make(policy, flags))
+    stage = build_stage(
+        specs, "round-robin", shares_prefixes=wb.shares_prefixes, min_max_model_len=wb.min_max_model_len
+    )
+    requests = workload_requests(wb, specs)
     run = run_aggregated(stage, requests)
     assert {r.request_id: r.token_times for r in run.requests} == {
         r.request_id: r.token_times for r in ref.requests

@@ -137,6 +137,8 @@ class Engine:
         self._pp = scheduler.pipeline_parallel_size
         self._depth = scheduler.max_concurrent_batches
         self._queue: deque[Queued] = deque()
+        # TensorRT-LLM's fetch wait under way (``_fetched``): [requests seen before, deadline]
+        self._fetch_wait: list | None = None
         self._stage_free = [self.clock.now] * self._pp
         if self._pp > 1 and not isinstance(self.clock, VirtualClock):
             raise ValueError(
@@ -149,6 +151,8 @@ class Engine:
             return self._step_pipelined()
         if self._async:
             return self._step_async()
+        if self.scheduler.fetch_wait is not None and not self._fetched():
+            return True  # the fetch waits on past the cluster's next event
         pending = self.schedule_step()
         if pending is None:
             return self._idle()
@@ -171,7 +175,7 @@ class Engine:
                 "(an MoE model's data-parallel ranks, --dp)"
             )
         sched = self.scheduler
-        start = self._fetch() if sched.fetch_wait is not None else self.clock.now
+        start = self.clock.now
         self.add_arrivals(start)
         num_left = len(sched.finished)
         out = sched.schedule(start)
@@ -221,7 +225,9 @@ class Engine:
         pass ends. The first step of a busy stretch has nothing to wait for: the next one is
         scheduled once its host part is done."""
         sched = self.scheduler
-        start = self._fetch() if sched.fetch_wait is not None else self.clock.now
+        if sched.fetch_wait is not None and not self._fetched():
+            return True  # the fetch waits on past the cluster's next event
+        start = self.clock.now
         self.add_arrivals(start)
         num_left = len(sched.finished)
         out = sched.schedule(start)
@@ -257,38 +263,45 @@ class Engine:
             self.check_integrity()
         return True
 
-    def _fetch(self) -> float:
+    def _fetched(self) -> bool:
         """TensorRT-LLM's request fetch with ``batch_wait_timeout_ms`` (``Scheduler.fetch_wait``,
         ``ExecutorRequestQueue._get_from_request_queue``), at a step's start: it takes the
         requests that have arrived (an idle engine blocks for the first); with fewer than
         ``max_batch_size`` it then waits, up to the timeout, until that many have. Decoding
-        steps wait too. Returns when the step starts (the clock is there, the arrivals added)."""
+        steps wait too. The clock ends where the step starts, the arrivals added; True then.
+        False when the wait reached the source's horizon (a cluster's next event, where more
+        requests may be routed here) unfinished: the next step goes on with the same fetch."""
         timeout, cap = self.scheduler.fetch_wait  # type: ignore[misc]
         source = self.source
-        seen = self.num_requests_seen
-        start = self.clock.now
-        self.add_arrivals(start)
-        if self.num_requests_seen == seen and not self.scheduler.has_unfinished:
-            first = source.next_arrival_time()
-            if first is None:
-                return start  # nothing to fetch: the engine idles or ends
-            self.clock.wait_until(first)
-            start = self.clock.now
-            self.add_arrivals(start)
-        if self.num_requests_seen - seen >= cap:
-            return start
-        deadline = start + timeout
-        until = deadline
-        while self.num_requests_seen - seen < cap:
-            arrival = source.next_arrival_time()
-            if arrival is None or arrival > deadline:
-                until = deadline
+        fetch = self._fetch_wait
+        if fetch is None:
+            fetch = self._fetch_wait = [self.num_requests_seen, None]  # (seen before, deadline)
+        at_horizon = getattr(source, "horizon", None) is not None
+        while True:
+            now = self.clock.now
+            self.add_arrivals(now)
+            got = self.num_requests_seen - fetch[0]
+            deadline = fetch[1]
+            if deadline is None:
+                if got == 0 and not self.scheduler.has_unfinished:
+                    until = source.next_arrival_time()  # idle: block for the first
+                    if until is None:
+                        break  # nothing to fetch: the engine idles or ends
+                else:
+                    deadline = fetch[1] = now + timeout
+            if deadline is not None:
+                if got >= cap or now >= deadline:
+                    break
+                until = source.next_arrival_time()
+                if until is None or until > deadline:
+                    until = deadline
+            if until <= now:  # the source's horizon, nothing arrived: the cluster routes first
+                if at_horizon:
+                    return False
                 break
-            self.clock.wait_until(arrival)
-            self.add_arrivals(arrival)
-            until = arrival
-        self.clock.wait_until(until)
-        return self.clock.now
+            self.clock.wait_until(until)
+        self._fetch_wait = None
+        return True
 
     def _step_pipelined(self) -> bool:
         """One call of vLLM's ``EngineCore.step_with_batch_queue`` under pipeline parallelism

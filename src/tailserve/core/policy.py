@@ -176,7 +176,7 @@ class Policy(ABC):
     def fetch_wait(self) -> tuple[float, int] | None:
         """(seconds, requests): the engine's fetch of new requests waits up to that long, at the
         start of every step, for that many when fewer came (TensorRT-LLM's
-        ``batch_wait_timeout_ms``, ``Engine._fetch``); None: the step takes what has arrived."""
+        ``batch_wait_timeout_ms``, ``Engine._fetched``); None: the step takes what has arrived."""
         return None
 
     def speculative_decoding(self) -> Any:

@@ -147,7 +147,7 @@ class Scheduler:
         # keeps that many batches in flight through the stages (``Engine._step_pipelined``).
         self.pipeline_parallel_size = int(policy.pipeline_parallel_size())
         self.max_concurrent_batches = int(policy.max_concurrent_batches())
-        # TensorRT-LLM's batch_wait_timeout_ms: the fetch at each step's start waits (Engine._fetch).
+        # TensorRT-LLM's batch_wait_timeout_ms: the fetch at each step's start waits (Engine._fetched).
         self.fetch_wait = policy.fetch_wait()
 
     # ---- requests in and out ------------------------------------------------------------

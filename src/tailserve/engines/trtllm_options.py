@@ -260,7 +260,7 @@ KEYS = (
              "(policies/trtllm_overlap.py)", _llm("disable_overlap_scheduler"), "false"),
     FlagSpec("batch_wait_timeout_ms", float, SCHEDULING,
              "every step's fetch of new requests waits up to this long for max_batch_size of them (decoding "
-             "steps too; Engine._fetch)", f"{_llm('batch_wait_timeout_ms')}; {FETCH}", "0"),
+             "steps too; Engine._fetched)", f"{_llm('batch_wait_timeout_ms')}; {FETCH}", "0"),
     FlagSpec("batch_wait_timeout_iters", int, SCHEDULING,
              "a step's contexts are held back, while generation requests run, up to this many steps "
              "(policies/trtllm_batch_wait.py)", f"{_llm('batch_wait_timeout_iters')}; {WAITING}", "0"),

@@ -19,7 +19,7 @@ Both tests are ``>=``: with ``batch_wait_timeout_iters`` 0 the first always pass
 both above 0 (``lint`` says so). Later TensorRT-LLM (NVIDIA/TensorRT-LLM#12501, 2026-03) counts a
 first chunk's tokens less its reusable prefix, and #12658 the chunks; 1.2 does neither.
 ``batch_wait_timeout_ms`` (how long the request fetch waits for ``max_batch_size`` requests) is
-the engine's (``Engine._fetch``, ``TrtllmPolicy.fetch_wait``).
+the engine's (``Engine._fetched``, ``TrtllmPolicy.fetch_wait``).
 """
 
 from __future__ import annotations

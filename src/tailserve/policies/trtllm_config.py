@@ -127,7 +127,7 @@ class TrtllmConfig:
     batch_wait_max_tokens_ratio: float = field(default=0.0, metadata=_WHEN_SET)
     # batch_wait_timeout_ms (TorchLlmArgs): every fetch of new requests, each engine-loop
     # iteration's first act, waits up to this long for max_batch_size of them when fewer came
-    # (ExecutorRequestQueue._get_from_request_queue; core/engine.py Engine._fetch); 0: no wait
+    # (ExecutorRequestQueue._get_from_request_queue; core/engine.py Engine._fetched); 0: no wait
     batch_wait_timeout_ms: float = field(default=0.0, metadata=_WHEN_SET)
     # stream_interval (BaseLlmArgs): a streamed response on a request's first decoding
     # iteration, every N-th and its last (core/stream_interval.py): the client's ITL only
