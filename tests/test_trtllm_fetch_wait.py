@@ -100,3 +100,21 @@ def test_the_simulator_steps_every_step_under_a_fetch_wait():
     plain, waited = run(0), run(5)
     # 39 decode steps each, 5 ms each waited (the overlap scheduler hides part of it)
     assert all(w > p for p, w in zip(plain, waited))
+
+
+def test_explain_names_the_fetch_wait(capsys):
+    from tailserve.cli.app import main
+
+    argv = ["simulate", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--tp", "1", "--workload", "chat"]
+    argv += [
+        "--num-requests",
+        "60",
+        "--rate",
+        "20",
+        "--policy",
+        "trtllm:batch_wait_timeout_ms=10",
+        "--explain",
+    ]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "`batch_wait_timeout_ms: 10` made every step's request fetch wait up to 10 ms" in out

@@ -609,11 +609,15 @@ def explain_run(run: Any, tbt_threshold: float | None = None) -> RunExplanation:
     )
     from tailserve.metrics.explain_text import (
         expert_load_words,
+        fetch_wait_words,
         pipeline_words,
         stream_words,
     )  # they read this module's types
 
     explanation.summary += (
-        stream_words(run.config, run.requests) + expert_load_words(run.config) + pipeline_words(run.config)
+        stream_words(run.config, run.requests)
+        + expert_load_words(run.config)
+        + pipeline_words(run.config)
+        + fetch_wait_words(run.config)
     )
     return explanation

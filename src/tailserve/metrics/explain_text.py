@@ -329,6 +329,20 @@ def expert_load_words(config: dict[str, Any]) -> str:
     return text
 
 
+def fetch_wait_words(config: dict[str, Any]) -> str:
+    """A TensorRT-LLM run with ``batch_wait_timeout_ms`` (the run config's policy flags): every
+    step's request fetch waited for ``max_batch_size`` requests (``Engine._fetched``)."""
+    flags = config.get("policy_flags") or {}
+    wait = flags.get("batch_wait_timeout_ms")
+    if config.get("policy") != "trtllm" or not wait:
+        return ""
+    return (
+        f" `batch_wait_timeout_ms: {wait:g}` made every step's request fetch wait up to {wait:g} ms for "
+        "`max_batch_size` new requests, decoding steps too (under the overlap scheduler only what the "
+        "previous step's forward pass does not cover): lower it or set it to 0 where TPOT matters."
+    )
+
+
 def pipeline_words(config: dict[str, Any]) -> str:
     """A run under pipeline parallelism (the run config's ``pipeline``): every token crossed each
     stage, and a micro-batch carrying a long prompt held every stage for the batches behind it."""
