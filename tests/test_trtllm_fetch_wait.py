@@ -118,3 +118,28 @@ def test_explain_names_the_fetch_wait(capsys):
     assert main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "`batch_wait_timeout_ms: 10` made every step's request fetch wait up to 10 ms" in out
+
+
+def test_a_pd_prefill_side_with_the_fetch_wait_loses_no_request(capsys):
+    """The lockstep P/D pair asks each side when it next has work (Engine.next_wake): a fetch
+    stopped at the pair's next event must say its deadline, or the prefill side was never
+    stepped again (300 chat requests at 20/s lost chat-299)."""
+    from tailserve.cli.app import main
+
+    argv = ["simulate", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--tp", "1", "--workload", "chat"]
+    argv += ["--num-requests", "300", "--rate", "20", "--prefill-replicas", "1", "--decode-replicas", "1"]
+    argv += ["--prefill-policy", "trtllm:batch_wait_timeout_ms=5", "--decode-policy", "vllm"]
+    assert main(argv) == 0
+    assert "never left the pair" not in capsys.readouterr().err
+
+
+def test_a_wall_clock_engine_refuses_the_fetch_wait():
+    from tailserve.core.engine import WallClock
+
+    device = get_hardware("H100-SXM").device_info
+    config = TrtllmPolicy.default_config(
+        device, 4096, batch_wait_timeout_ms=5, disable_overlap_scheduler=True
+    )
+    sched = Scheduler(TrtllmPolicy(config), KVCacheManager(256, 32), 4096)
+    with pytest.raises(ValueError, match="batch_wait_timeout_ms is simulated in virtual time only"):
+        Engine(sched, _Fixed(0.004), ListSource([]), WallClock())

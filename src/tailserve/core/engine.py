@@ -144,6 +144,12 @@ class Engine:
             raise ValueError(
                 "pipeline parallelism is simulated in virtual time only (the simulated executor)"
             )
+        if scheduler.fetch_wait is not None and not isinstance(self.clock, VirtualClock):
+            # A live engine takes its requests between steps: the wait would be a blind sleep.
+            raise ValueError(
+                "batch_wait_timeout_ms is simulated in virtual time only (simulate, tune): a served "
+                "engine takes new requests between steps"
+            )
 
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
@@ -472,6 +478,11 @@ class Engine:
         policy_wake = self.scheduler.next_wakeup(now)
         if policy_wake is not None and (wake is None or policy_wake < wake):
             wake = policy_wake
+        fetch = self._fetch_wait
+        if fetch is not None:  # a fetch stopped at a horizon ends by its deadline (now: not yet set)
+            ends = fetch[1] if fetch[1] is not None else now
+            if wake is None or ends < wake:
+                wake = ends
         return wake
 
     def add_arrivals(self, now: float) -> None:

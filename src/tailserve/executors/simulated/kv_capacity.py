@@ -218,14 +218,13 @@ def kv_capacity(
         if pp == 1 and (not fits or fits[0] > domain):
             # Across nodes vLLM's way is TP inside a node (a whole NVLink domain where the heads
             # split that way), pipeline stages over the nodes.
-            node_tp = domain if tp < domain and model.num_heads % domain == 0 else tp
+            node_tp = domain if model.num_heads % domain == 0 else tp
             stages = [
                 p
                 for p in range(2, min(model.num_layers, 16) + 1)
                 if (hardware.memory_bytes if of_free_memory else usable)
                 - model.pipeline_stage(p).weight_bytes_per_shard(node_tp, dp)
-                - extra_weights
-                - draft_weights
+                - (extra_weights + draft_weights) * model.pipeline_stage(p).num_layers / model.num_layers
                 - activation_reserve_bytes(model, node_tp, max_num_batched_tokens)
                 > per_block * 64
             ]
