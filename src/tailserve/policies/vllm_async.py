@@ -70,7 +70,9 @@ def schedule_advanced(
     ``throttle``: DP prefill balancing (``vllm_dp_prefill.py``); ``stagger``: the V2 model runner's
     decode stagger under pipeline parallelism with async scheduling (``vllm_pipeline.py``)."""
     out = new_output()  # ``SchedulerOutput()`` without the class call
-    deep = sched.max_concurrent_batches > 2
+    # A plain decode's item: one of its two in turn, or a new one where more than two of its
+    # steps may be in flight (a batch queue deeper than two: pipeline parallelism).
+    decode_item = alternate_decode if sched.max_concurrent_batches <= 2 else _new_decode
     k = spec.num_speculative_tokens if spec is not None else 0
     lookahead = spec.num_lookahead_tokens if spec is not None else 0
     drop_hit_block = spec is not None and spec.drops_hit_block
@@ -102,6 +104,7 @@ def schedule_advanced(
     leading = True
     num_leading = context = 0
     defer = throttle.throttled and throttle.defers(any(not r.is_prefill_chunk for r in running))
+    skips = defer or stagger is not None  # (one test per running request when neither is on)
     tracked = throttle.deferred if throttle.tracking else None
     i = 0
     while i < num_running and budget > 0:
@@ -112,11 +115,13 @@ def schedule_advanced(
         if placeholders and computed + 2 - placeholders >= prompt_len + request.max_tokens:
             i += 1  # its last token is already in flight
             continue
-        if stagger is not None and stagger.waits(request):
-            i += 1  # decoded under pp passes ago (vllm_pipeline.py)
-            continue
-        if defer and request.is_prefill_chunk:
-            i += 1  # a prefill chunk waits for a cadence step (vllm_dp_prefill.py)
+        if skips and (
+            (stagger is not None and stagger.waits(request))  # decoded under pp passes ago (vllm_pipeline.py)
+            or (
+                defer and request.is_prefill_chunk
+            )  # a prefill chunk waits for a cadence step (vllm_dp_prefill.py)
+        ):
+            i += 1
             continue
         num_tokens = prompt_len + request.num_output_tokens
         drafts = request.num_draft_tokens
@@ -180,13 +185,7 @@ def schedule_advanced(
             scheduled.append(ScheduledRequest(request, want, computed, num_spec_tokens=num_spec))
             leading = False
         else:
-            # A plain decode: one of its two items in turn, or a new one where more than two of
-            # its steps may be in flight (a batch queue deeper than two: pipeline parallelism).
-            scheduled.append(
-                alternate_decode(decode_items, request, computed)
-                if not deep
-                else scheduled_decode(request, computed)
-            )
+            scheduled.append(decode_item(decode_items, request, computed))  # a plain decode
             if leading:
                 if computed + 1 == num_tokens + placeholders:  # its one token was all it lacked
                     num_leading += 1
@@ -311,3 +310,10 @@ def schedule_advanced(
 
     sched.advance_scheduled(out)
     return out
+
+
+def _new_decode(
+    items: dict[Request, list[ScheduledRequest]], request: Request, num_context_tokens: int
+) -> ScheduledRequest:
+    """``alternate_decode``'s stand-in under a batch queue deeper than two: a new item each step."""
+    return scheduled_decode(request, num_context_tokens)
