@@ -124,3 +124,22 @@ def test_cluster_items_without_a_tp_take_the_commands_default():
     assert [s.deployment.tp for s in seed] == [4, 4, 2]  # the seed deployment's TP 4, as simulate's
     assert [s.deployment.tp for s in parse_cluster("2xH100", "Llama-3.1-8B", spec)] == [1, 1]
     assert [s.deployment.tp for s in parse_cluster("A100-80GB", "Llama-3-70B", spec, tp=8)] == [8]
+
+
+def test_cluster_items_keep_the_runs_formats_and_parallelism():
+    """An item sets its GPU, TP and PP; --quantization, --kv-cache-dtype, expert parallelism and
+    the kernels are the run's, on every replica (they were dropped: fp8 ran as bf16)."""
+    from tailserve.cluster.spec import parse_cluster
+    from tailserve.executors.simulated.deployment import Deployment
+    from tailserve.policies.registry import PolicySpec
+
+    base = Deployment.of(
+        "Qwen3-30B-A3B", "H100-SXM", 2, quantization="fp8", kv_cache_dtype="fp8", expert_parallel=True
+    )
+    specs = parse_cluster(
+        "H100-SXM:tp2,A100-80GB", "Qwen3-30B-A3B", PolicySpec.make("vllm", {}), tp=2, base=base
+    )
+    for s in specs:
+        d = s.deployment
+        assert (d.quantization, d.kv_cache_dtype, d.expert_parallel, d.tp) == ("fp8", "fp8", True, 2)
+    assert [s.deployment.hardware for s in specs] == ["H100-SXM", "A100-80GB"]

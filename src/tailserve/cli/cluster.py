@@ -158,6 +158,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 calibration=deployment.calibration,
                 pp=deployment.pp,
                 pp_link=deployment.pp_link,
+                base=deployment,
             )
         else:
             specs = replicated(args.replicas, deployment, policy)

@@ -2,13 +2,15 @@
 
 An item is ``[COUNTx]GPU[:tpN][:ppN]``; without a TP it takes the run's ``--tp`` (by default the
 seed's TP 4 for Llama-3-70B on A100-80GB, 1 otherwise, as for every command), without a PP the
-run's ``--pipeline-parallel-size``. Every replica runs the
+run's ``--pipeline-parallel-size``; the rest of the run's deployment (``--quantization``,
+``--kv-cache-dtype``, expert parallelism, ``--kernels``, the routing) on every replica. Every replica runs the
 run's model and policy. A bad item is one ValueError line naming it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from tailserve.cluster.replica import ReplicaSpec
 from tailserve.executors.simulated.deployment import Deployment
@@ -32,7 +34,10 @@ def parse_cluster(
     calibration: str = "auto",
     pp: int = 1,
     pp_link: str = "ib-ndr",
+    base: Deployment | None = None,
 ) -> list[ReplicaSpec]:
+    """``base``: the run's deployment, whose number formats, expert parallelism, kernels and
+    routing every replica keeps (an item sets only its GPU, TP and PP)."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise ValueError(f"--cluster {text!r}: no replicas (expected e.g. 2xH100-SXM:tp1,2xA100-80GB:tp2)")
@@ -52,6 +57,8 @@ def parse_cluster(
             deployment = Deployment.of(
                 model, m["gpu"].strip(), item_tp, calibration, pp=item_pp, pp_link=pp_link
             )
+            if base is not None:
+                deployment = replace(base, hardware=deployment.hardware, tp=deployment.tp, pp=item_pp)
         except ValueError as e:
             raise ValueError(f"--cluster item {item!r}: {e}") from None
         specs.extend(ReplicaSpec(deployment, policy) for _ in range(count))
