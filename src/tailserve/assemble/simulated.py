@@ -19,12 +19,8 @@ def policy_kv_capacity(
     ``Policy.drafter_memory``); ValueError, with vLLM's message, when
     one full-length sequence would not fit."""
     cls = get_policy_cls(spec.name)
-    model, hardware = cost_model.model, cost_model.hardware
-    extra_weights = cost_model.redundant_expert_bytes
-    if cost_model.pipeline is not None:  # each stage's GPUs hold its layers' weights and KV
-        stage = model.pipeline_stage(cost_model.pipeline.pp)
-        extra_weights *= stage.num_layers / model.num_layers
-        model = stage
+    hardware = cost_model.hardware
+    model, extra_weights, pp = cost_model.fullest_stage  # each stage's GPUs: its layers' weights and KV
     sized = KVSizeFlags.of(spec.engine_flags)
     capacity = kv_capacity(
         model,
@@ -40,7 +36,7 @@ def policy_kv_capacity(
         drafter=cls.drafter_memory(config),
         sized=sized,
         extra_weights=extra_weights,
-        pp=cost_model.pipeline.pp if cost_model.pipeline is not None else 1,
+        pp=pp,
     )
     if capacity.num_tokens < max_model_len and sized is not None:
         given = ", ".join(f"{k}={v}" for k, v in spec.engine_flags.items() if k in KV_SIZE_FLAGS)

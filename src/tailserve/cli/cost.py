@@ -143,10 +143,7 @@ def _pipeline_stages(cm: Any, prefill: Any, decode: Any, result: dict[str, Any])
     pipe, overhead = cm.pipeline, cm.efficiency.overhead
     out: dict[str, Any] = {"pp": pipe.pp, "layers": list(pipe.layers), "link": pipe.link.name}
     for name, shape in (("prefill", prefill), ("decode", decode)):
-        step = result[f"{name}_s"]
-        head = cm.linear_time(shape.num_tokens, shape.num_logits) - cm.linear_time(shape.num_tokens, 0)
-        stages = pipe.stage_times(step - overhead, head)
-        send = pipe.send_time(shape.num_tokens)
+        stages, send = cm.pipeline_split(result[f"{name}_s"] - overhead, shape.num_tokens, shape.num_logits)
         trip = overhead + sum(stages) + send * (pipe.pp - 1)
         # A stage past the first receives its batch's activations before computing it.
         pace = max(t + (send if k else 0.0) for k, t in enumerate(stages))
@@ -198,11 +195,7 @@ def _check_fits(cm: Any, prefill_tokens: int) -> None:
     from tailserve.policies.registry import get_policy_cls
 
     vllm = get_policy_cls("vllm")
-    model, extra, pp = cm.model, cm.redundant_expert_bytes, 1
-    if cm.pipeline is not None:  # the fullest stage's weights and KV (assemble/simulated.py)
-        pp = cm.pipeline.pp
-        model = cm.model.pipeline_stage(pp)
-        extra *= model.num_layers / cm.model.num_layers
+    model, extra, pp = cm.fullest_stage  # the fullest stage's weights and KV, as simulate sizes them
     kv_capacity(
         model,
         cm.hardware,

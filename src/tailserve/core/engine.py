@@ -254,19 +254,7 @@ class Engine:
             end = begin + (result.duration - host)
             self._device_free_at = end
             self._in_flight = InFlight(out, result, begin, end)
-            if self.options.keep_iteration_log:  # (``_record``, inlined: once per stepped async step)
-                num_prefill, num_decode = out.token_counts()
-                self.log.record(
-                    begin,
-                    end - begin,
-                    num_prefill,
-                    num_decode,
-                    len(out.scheduled),
-                    num_used_blocks,
-                    len(out.preempted),
-                )
-            if self.batches is not None:
-                self.batches.record(begin, end - begin, out, num_used_blocks, sched)
+            self._record(out, begin, end, num_used_blocks)
         finished: list[Request] = []
         if previous is None:
             self.clock.advance(host)
@@ -411,8 +399,8 @@ class Engine:
         return Queued(out, result, t)
 
     def _record(self, out: SchedulerOutput, begin: float, end: float, num_used_blocks: int) -> None:
-        """A launched micro-batch's row in the iteration log (and batch record): its trip from
-        ``begin`` to ``end`` (``_step_async`` writes the same inline, on its hot path)."""
+        """A launched batch's row in the iteration log (and batch record) of the overlapped loops
+        (``_step_async``, ``_launch``): its forward pass (a micro-batch's trip) from ``begin`` to ``end``."""
         if self.options.keep_iteration_log:
             num_prefill, num_decode = out.token_counts()
             self.log.record(

@@ -273,9 +273,7 @@ def _eplb_unfit(layout: Layout, deployment: Deployment) -> str | None:
 
     try:
         cm = build_cost_model(layout_deployment(layout, deployment)).cost_model
-        pp = cm.pipeline.pp if cm.pipeline is not None else 1
-        stage = cm.model.pipeline_stage(pp)  # the fullest stage's (the model itself at PP 1)
-        extra = cm.redundant_expert_bytes * stage.num_layers / cm.model.num_layers
+        stage, extra, pp = cm.fullest_stage
         kv_capacity(stage, cm.hardware, cm.tp, 0.9, 16, 8192, dp=cm.dp, extra_weights=extra, pp=pp)
     except ValueError as error:
         return str(error)

@@ -613,6 +613,28 @@ class CostModel:
             pipeline=Pipeline.of(self.model, self.hardware, self.tp, pp, network) if pp > 1 else None
         )
 
+    def pipeline_split(
+        self, work: float, num_tokens: int, num_logits: int
+    ) -> tuple[tuple[float, ...], float]:
+        """A step's forward pass (``work`` seconds on one TP shard of the whole model) on the
+        pipeline's stages, the LM head over ``num_logits`` on the last, and the send between two
+        stages (pipeline.py)."""
+        pipe = self.pipeline
+        assert pipe is not None
+        head = self._linear(num_tokens, num_logits) - self._linear(num_tokens, 0) if num_logits else 0.0
+        return pipe.stage_times(work, head), pipe.send_time(num_tokens)
+
+    @property
+    def fullest_stage(self) -> tuple[ModelSpec, float, int]:
+        """What one GPU of the pipeline stage with the most layers holds, for its memory: that
+        stage's model (``ModelSpec.pipeline_stage``), its share of the redundant experts' bytes,
+        and the stages (the whole model, all of them and 1 without pipeline parallelism)."""
+        if self.pipeline is None:
+            return self.model, self.redundant_expert_bytes, 1
+        pp = self.pipeline.pp
+        stage = self.model.pipeline_stage(pp)
+        return stage, self.redundant_expert_bytes * stage.num_layers / self.model.num_layers, pp
+
     @property
     def redundant_expert_bytes(self) -> float:
         """Weight bytes per GPU that EPLB's redundant experts add (each rank holds

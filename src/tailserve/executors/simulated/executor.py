@@ -9,7 +9,6 @@ from tailserve.core.scheduler_output import SchedulerOutput
 from tailserve.executors.simulated.cost_model import BatchShape, CostModel
 from tailserve.executors.simulated.cuda_graph import CudaGraphPadding, is_generation_only
 from tailserve.executors.simulated.layerwise_load import layerwise_load_time
-from tailserve.executors.simulated.pipeline import Pipeline
 from tailserve.executors.simulated.spec_decode import DrafterCost, SpecDecoding, accepted_drafts
 from tailserve.executors.simulated.window import WindowShape
 
@@ -244,23 +243,7 @@ class SimExecutor:
     def _execute_advanced(self, out: SchedulerOutput) -> StepResult:
         """A step of vLLM's own accounting: the target's time, the drafter's and the drafts
         accepted; the per-step overhead is the host time async scheduling hides. Under pipeline
-        parallelism, the forward pass's time on each stage (``pipeline.py``)."""
-        result = self._priced_advanced(out)
-        pipeline = self.cost_model.pipeline
-        if pipeline is not None:
-            self._split_stages(out, result, pipeline)
-        return result
-
-    def _split_stages(self, out: SchedulerOutput, result: StepResult, pipeline: Pipeline) -> None:
-        """``result``'s forward pass (its duration less the host's part) on each stage: the
-        layers' share of it by the stage's layers, the LM head on the last stage."""
-        num_tokens, logits = advanced_batch_fields(out)[:2]
-        cost = self.cost_model
-        head = cost.linear_time(num_tokens, logits) - cost.linear_time(num_tokens, 0) if logits else 0.0
-        result.stages = pipeline.stage_times(result.duration - result.host_time, head)
-        result.stage_send = pipeline.send_time(num_tokens)
-
-    def _priced_advanced(self, out: SchedulerOutput) -> StepResult:
+        parallelism, the forward pass's time on each stage (``CostModel.pipeline_split``)."""
         cost = self.cost_model
         if self._plain:
             # No CUDA-graph padding, drafts or window: priced from the fields (``shape_time``)
@@ -275,6 +258,10 @@ class SimExecutor:
             result.host_time = self._host_time(fields[0])
             if out.kv_copy_time:
                 self._add_copy_time(result, out.kv_copy_time)
+            if cost.pipeline is not None:
+                result.stages, result.stage_send = cost.pipeline_split(
+                    duration - result.host_time, fields[0], fields[1]
+                )
             return result
         shape = advanced_batch_shape(out)
         num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
@@ -296,6 +283,10 @@ class SimExecutor:
         )
         if out.kv_copy_time:
             self._add_copy_time(result, out.kv_copy_time)
+        if cost.pipeline is not None:
+            result.stages, result.stage_send = cost.pipeline_split(
+                result.duration - result.host_time, shape.num_tokens, shape.num_logits
+            )
         return result
 
     @staticmethod

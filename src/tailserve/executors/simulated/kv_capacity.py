@@ -219,13 +219,16 @@ def kv_capacity(
             # Across nodes vLLM's way is TP inside a node (a whole NVLink domain where the heads
             # split that way), pipeline stages over the nodes.
             node_tp = domain if model.num_heads % domain == 0 else tp
+            room = (hardware.memory_bytes if of_free_memory else usable) - activation_reserve_bytes(
+                model, node_tp, max_num_batched_tokens
+            )
+            candidates = ((p, model.pipeline_stage(p)) for p in range(2, min(model.num_layers, 16) + 1))
             stages = [
                 p
-                for p in range(2, min(model.num_layers, 16) + 1)
-                if (hardware.memory_bytes if of_free_memory else usable)
-                - model.pipeline_stage(p).weight_bytes_per_shard(node_tp, dp)
-                - (extra_weights + draft_weights) * model.pipeline_stage(p).num_layers / model.num_layers
-                - activation_reserve_bytes(model, node_tp, max_num_batched_tokens)
+                for p, stage in candidates
+                if room
+                - stage.weight_bytes_per_shard(node_tp, dp)
+                - (extra_weights + draft_weights) * stage.num_layers / model.num_layers
                 > per_block * 64
             ]
             if stages:
