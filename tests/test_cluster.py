@@ -82,6 +82,9 @@ def assert_conserved(stage: Stage) -> None:
         ("trtllm", {"batch_wait_timeout_ms": 5.0, "disable_overlap_scheduler": True}),
         # vLLM's pipeline stages: several batches in flight across the cluster's events
         ("vllm", {"pipeline_parallel_size": 2}),
+        # Sarathi-Serve's pipelined engine: its timer and stage-1 wake-ups across the events
+        ("sarathi", {"pipeline_parallel_size": 2}),
+        ("vllm-v0", {"pipeline_parallel_size": 3}),
     ],
 )
 def test_one_replica_is_a_lone_engine(policy, flags):

@@ -135,6 +135,10 @@ def test_the_stages_link_is_nvlink_in_one_domain_and_the_network_past_it():
     assert network.time(67108864) == pytest.approx(1.871e-3, rel=0.02)
     slower = stage_link(h100, 8, 2, "ib-hdr")
     assert slower.time(1 << 20) > network.time(1 << 20)
+    # A network named puts the stages on separate nodes, inside one domain's size too (the
+    # Sarathi-Serve paper's Falcon-180B: two nodes of four A100s over 100 Gb Ethernet)
+    apart = stage_link(get_hardware("A100-80GB"), 4, 2, "roce-100g")
+    assert apart.name.startswith("roce-100g") and apart.time(1 << 20) > stage_link(h100, 8, 2).time(1 << 20)
     with pytest.raises(ValueError, match="unknown --pp-link"):
         stage_link(h100, 8, 2, "carrier-pigeon")
 

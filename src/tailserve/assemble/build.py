@@ -28,7 +28,7 @@ from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
-from tailserve.policies.registry import PolicySpec, parse_policy_list
+from tailserve.policies.registry import PIPELINED_POLICIES, PolicySpec, parse_policy_list
 
 ExecutorKind = Literal["sim", "realtime-sim", "torch"]
 EXECUTOR_KINDS: tuple[str, ...] = ("sim", "realtime-sim", "torch")
@@ -218,18 +218,20 @@ def _build_simulated(
 
 def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions) -> PolicySpec:
     """The policy under the deployment's ``pp`` pipeline stages: its config's
-    ``pipeline_parallel_size`` (vLLM's batch queue, policies/vllm_pipeline.py); a policy without
-    one, or a combination not simulated, is refused in one line."""
+    ``pipeline_parallel_size`` (vLLM's batch queue, policies/vllm_pipeline.py; Sarathi-Serve's
+    pipelined engine for sarathi, orca and vllm-v0, policies/sarathi_pipeline.py); a policy
+    without one, or a combination not simulated, is refused in one line."""
     given = spec.flags.get("pipeline_parallel_size")
     if given is not None and given != pp:
         raise ValueError(
             f"{spec.name}:pipeline_parallel_size={given} disagrees with the deployment's "
             f"--pipeline-parallel-size {pp}"
         )
-    if spec.name != "vllm":
+    if spec.name not in PIPELINED_POLICIES:
         raise ValueError(
             f"pipeline parallelism (--pipeline-parallel-size {pp}) is simulated for the vllm policy "
-            f"(vLLM's batch queue), not {spec.name}"
+            "(vLLM's batch queue) and for sarathi, orca and vllm-v0 (Sarathi-Serve's pipelined engine), "
+            f"not {spec.name}"
         )
     if kind != "sim":
         raise ValueError(

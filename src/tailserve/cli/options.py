@@ -96,15 +96,17 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         default=default_of(Deployment, "pp"),
         metavar="N",
         help="pipeline stages of --tp GPUs each, as vLLM's flag (-pp): the layers split over them, the "
-        "engine keeping N batches in flight (N + 1 with async scheduling); the vllm policy "
+        "engine keeping N batches in flight (N + 1 with async scheduling); the vllm policy, and sarathi, "
+        "orca and vllm-v0 in Sarathi-Serve's pipelined engine "
         '(docs/cost_model.md, "Pipeline parallelism") (default: %(default)s)',
     )
     g.add_argument(
         "--pp-link",
         default=default_of(Deployment, "pp_link"),
         choices=PP_LINKS,
-        help="with --pipeline-parallel-size: the network between nodes when --tp x stages is more than "
-        "one NVLink domain (inside one the stages use NVLink) (default: %(default)s)",
+        help="with --pipeline-parallel-size: the link between the stages; auto: NVLink while --tp x "
+        "stages fit one NVLink domain, ib-ndr past it; a network: the stages on separate nodes joined by "
+        "it (default: %(default)s)",
     )
     g.add_argument(
         "--kernels",

@@ -33,6 +33,7 @@ from tailserve.cli.tune_tables import (
 )
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import build_cost_model
+from tailserve.policies.registry import PIPELINED_POLICIES
 from tailserve.report.tables import deployment_line
 from tailserve.tune.capacity import DEFAULT_SLO, RateScaler, parse_capacity_slo
 from tailserve.tune.recommend import (
@@ -172,10 +173,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # An explicit "" is refused by the parser, not replaced by the default list.
     listed = DEFAULT_TUNE_POLICIES if args.policies is None else args.policies
     if args.policies is None and not commands and deployment.pp > 1:
-        listed = "vllm"  # the one policy simulated under pipeline stages (assemble/build.py)
+        # The default policies simulated under pipeline stages (policies/registry.py).
+        listed = ",".join(p for p in listed.split(",") if p in PIPELINED_POLICIES)
         print(
-            f"note: --pipeline-parallel-size {deployment.pp}: tuning the vllm policy only (pipeline "
-            "parallelism is simulated for vLLM's engine core)",
+            f"note: --pipeline-parallel-size {deployment.pp}: tuning {listed.replace(',', ' and ')} only "
+            "(pipeline parallelism is simulated for vLLM's engine core and Sarathi-Serve's pipelined engine)",
             file=sys.stderr,
         )
     policies = [c.spec for c in commands] or parse_policy_list(listed)

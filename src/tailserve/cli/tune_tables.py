@@ -147,6 +147,11 @@ def print_tune(result: TuneResult, deployment: str) -> None:
             console.print(f"  {t.command}", soft_wrap=True)
             if t.spec.name == "vllm-v0":
                 console.print("    (vLLM 0.10 or older: 0.11 removed the V0 engine and VLLM_USE_V1)")
+                if "--pipeline-parallel-size" in t.command:
+                    console.print(
+                        "    (simulated as the Sarathi-Serve paper ran V0's policy, in Sarathi-Serve's pipelined "
+                        "engine; vLLM V0's own stages run one scheduler per virtual engine, not simulated)"
+                    )
             if t.best is not None and not t.best.meets:
                 console.print(
                     f"    (misses the SLO at {result.sweep_rate:.3g} req/s even at its best size: "

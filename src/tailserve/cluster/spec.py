@@ -33,7 +33,7 @@ def parse_cluster(
     tp: int | None = None,
     calibration: str = "auto",
     pp: int = 1,
-    pp_link: str = "ib-ndr",
+    pp_link: str = "auto",
     base: Deployment | None = None,
 ) -> list[ReplicaSpec]:
     """``base``: the run's deployment, whose number formats, expert parallelism, kernels and

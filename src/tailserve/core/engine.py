@@ -12,6 +12,7 @@ executor it drives: the simulator's exact fast paths are a driver around it
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -102,6 +103,7 @@ class Queued:
     out: SchedulerOutput | None
     result: StepResult | None
     end: float  # seconds: its last stage ends (an empty one: the batches before it are through)
+    first: float = 0.0  # seconds: stage 1 is done with it (Sarathi-Serve's micro-batch signal)
 
 
 class Engine:
@@ -140,6 +142,9 @@ class Engine:
         # TensorRT-LLM's fetch wait under way (``_fetched``): [requests seen before, deadline]
         self._fetch_wait: list | None = None
         self._stage_free = [self.clock.now] * self._pp
+        # Sarathi-Serve's pipelined engine instead of vLLM's batch queue (``_step_paused``).
+        self._paused = scheduler.in_flight is not None
+        self._tick = scheduler.policy.schedule_tick
         if self._pp > 1 and not isinstance(self.clock, VirtualClock):
             raise ValueError(
                 "pipeline parallelism is simulated in virtual time only (the simulated executor)"
@@ -154,7 +159,7 @@ class Engine:
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
         if self._pp > 1:
-            return self._step_pipelined()
+            return self._step_paused() if self._paused else self._step_pipelined()
         if self._async:
             return self._step_async()
         if self.scheduler.fetch_wait is not None and not self._fetched():
@@ -358,6 +363,63 @@ class Engine:
             self.check_integrity()
         return True
 
+    def _step_paused(self) -> bool:
+        """One pass of Sarathi-Serve's ``PipelineParallelLLMEngine`` (``policies/sarathi_pipeline.py``):
+        with fewer than ``pp`` batches in flight, schedule — the requests of the batches in flight
+        are not schedulable (``Scheduler.in_flight``) — and launch a batch through the stages as
+        ``_launch`` times them; an empty schedule takes no slot. Otherwise wait for the next
+        event: the oldest batch's outputs (applied then, the slot freed), or, with a slot free, an
+        arrival (or the policy's wake-up) seen at the schedule loop's next wake-up — its timer's
+        tick, or stage 1 done with a batch."""
+        sched, queue = self.scheduler, self._queue
+        now = self.clock.now
+        self.add_arrivals(now)
+        in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under this engine (__init__)
+        free_slot = len(queue) < self._depth
+        if free_slot and sched.has_unfinished:
+            num_left = len(sched.finished)
+            out = sched.schedule(now)
+            ended = sched.finished[num_left:]  # aborted by the policy while scheduling
+            for request in ended:
+                self.source.on_finish(request, now)
+            self._last_step_finished = bool(ended)
+            if not out.is_empty:
+                batch = self._launch(out, now)
+                queue.appendleft(batch)
+                for item in out.scheduled:
+                    in_flight[item.request] = out
+                self.clock.advance(batch.result.host_time)  # type: ignore[union-attr]  # launched
+                return True
+        if not queue:
+            return self._idle(self._tick)
+        oldest = queue[-1]
+        if free_slot:
+            wake = self.source.next_arrival_time()
+            policy_wake = sched.next_wakeup(now)
+            if policy_wake is not None and (wake is None or policy_wake < wake):
+                wake = policy_wake
+            if wake is not None and now < wake < oldest.end:
+                t = next_tick(wake, self._tick)
+                for q in queue:
+                    if wake <= q.first < t:
+                        t = q.first
+                if t < oldest.end:
+                    self.clock.advance_to(t)  # type: ignore[union-attr]  # a VirtualClock (__init__)
+                    return True
+        queue.pop()
+        now = max(now, oldest.end)
+        self.clock.advance_to(now)  # type: ignore[union-attr]
+        out = oldest.out
+        assert out is not None and oldest.result is not None  # this loop queues no empty batch
+        finished = sched.update(out, oldest.result, now)
+        for item in out.scheduled:
+            if in_flight.get(item.request) is out:
+                del in_flight[item.request]
+        self.finish_step(finished, now)
+        if self.options.check_integrity:
+            self.check_integrity()
+        return True
+
     def _launch(self, out: SchedulerOutput, start: float) -> Queued:
         """Run ``out`` through the stages (``_step_pipelined``) and log it."""
         sched = self.scheduler
@@ -396,7 +458,7 @@ class Engine:
             t += seconds
             free[k] = t
         self._record(out, begin, t, num_used_blocks)
-        return Queued(out, result, t)
+        return Queued(out, result, t, free[0])
 
     def _record(self, out: SchedulerOutput, begin: float, end: float, num_used_blocks: int) -> None:
         """A launched batch's row in the iteration log (and batch record) of the overlapped loops
@@ -498,7 +560,9 @@ class Engine:
                 for done in finished[num_left:]:
                     self.source.on_finish(done, now)
 
-    def _idle(self) -> bool:
+    def _idle(self, tick: float = 0.0) -> bool:
+        """Wait for the next arrival or policy wake-up (seen at the next ``tick`` of a schedule
+        loop that wakes on a timer, Sarathi-Serve's pipelined engine); False once all is done."""
         sched = self.scheduler
         now = self.clock.now
         arrival = self.source.next_arrival_time()
@@ -515,6 +579,8 @@ class Engine:
                 )
             return False
         t = min(wake)
+        if tick:
+            t = next_tick(t, tick)
         if t <= now and isinstance(self.clock, VirtualClock):
             # Arrivals up to now were already added: a wake-up now that schedules nothing
             # would repeat forever.
@@ -558,3 +624,9 @@ class Engine:
     @property
     def requests(self) -> list[Request]:
         return self.scheduler.finished
+
+
+def next_tick(t: float, tick: float) -> float:
+    """A timer's first wake-up at or after ``t``, its wake-ups taken at whole multiples of
+    ``tick`` seconds from the engine's start (a real timer thread drifts by its own work)."""
+    return max(t, math.ceil(t / tick - 1e-9) * tick)

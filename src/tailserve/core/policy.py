@@ -67,6 +67,13 @@ class Policy(ABC):
     # Whether that fraction is of the memory left after weights and activations (TensorRT-LLM's
     # free_gpu_memory_fraction) rather than of the whole memory (vLLM's, and the rest's).
     memory_fraction_of_free: ClassVar[bool] = False
+    # The engine loop that runs the batches through pipeline stages (``pipeline_parallel_size``
+    # > 1): "vllm", vLLM V1's batch queue (``Engine._step_pipelined``: computed tokens advance at
+    # scheduling); "sarathi", Sarathi-Serve's pipelined engine (``Engine._step_paused``: only
+    # requests with no batch in flight are scheduled, ``Scheduler.in_flight``), whose schedule
+    # loop also wakes on a ``schedule_tick``-second timer.
+    pipeline_engine: ClassVar[str] = "vllm"
+    schedule_tick: ClassVar[float] = 0.0
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -147,6 +147,12 @@ class Scheduler:
         # keeps that many batches in flight through the stages (``Engine._step_pipelined``).
         self.pipeline_parallel_size = int(policy.pipeline_parallel_size())
         self.max_concurrent_batches = int(policy.max_concurrent_batches())
+        # Sarathi-Serve's pipelined engine (``Engine._step_paused``): each request whose batch is
+        # in the stages -> that batch. Its scheduler skips them (not PAUSED); a preempted or
+        # aborted one leaves its batch, whose outputs for it are then dropped. None otherwise.
+        self.in_flight: dict[Request, SchedulerOutput] | None = (
+            {} if self.pipeline_parallel_size > 1 and policy.pipeline_engine == "sarathi" else None
+        )
         # TensorRT-LLM's batch_wait_timeout_ms: the fetch at each step's start waits (Engine._fetched).
         self.fetch_wait = policy.fetch_wait()
 
@@ -195,6 +201,8 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
+                    if self.in_flight:
+                        self._leave_batch(request)
                     done = self.policy.load_done(request) if queue is self.loading else None
                     if done is not None and done > self._reported_by(now):
                         # Its blocks stay until the load is done and reported.
@@ -776,6 +784,8 @@ class Scheduler:
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
         self.running.remove(request)
+        if self.in_flight:
+            self._leave_batch(request)
         if self.kv_cache.host is not None:
             self.kv_cache.host_preempted(request.request_id)
         self._free_kv(request)
@@ -788,6 +798,19 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
+
+    def _leave_batch(self, request: Request) -> None:
+        """Sarathi-Serve's pipelined engine: a request preempted or aborted while its batch is
+        in the stages leaves that batch, so its outputs are dropped when the batch returns
+        (``on_step_completed``: "seq is preempted")."""
+        out = self.in_flight.pop(request, None)  # type: ignore[union-attr]  # tested by the callers
+        if out is None:
+            return
+        for i, item in enumerate(out.scheduled):
+            if item.request is request:
+                del out.scheduled[i]
+                break
+        out.decode_head = None  # the leading decodes counted with it
 
     def reject(self, request: Request, reason: str, now: float) -> None:
         """A policy refuses a request it was handed (e.g. TGI's ``max_concurrent_requests``
@@ -811,6 +834,8 @@ class Scheduler:
         if moved is None:
             return False
         self.running.remove(request)
+        if self.in_flight:
+            self._leave_batch(request)
         request.status = RequestStatus.SWAPPED
         request.num_preemptions += 1
         self.num_preemptions += 1

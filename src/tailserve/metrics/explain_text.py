@@ -349,12 +349,26 @@ def pipeline_words(config: dict[str, Any]) -> str:
     pipe = config.get("pipeline")
     if not pipe:
         return ""
+    # The flag that bounds a micro-batch's tokens, in the engine's own words (none for Orca,
+    # whose whole prompts join; Sarathi-Serve's chunk, whose next chunk also waits for the last).
+    policy = config.get("policy")
+    if policy == "sarathi":
+        evens = (
+            " A prompt's next chunk waits for its previous one to leave the last stage (Sarathi-Serve's "
+            "engine); a lower `chunk_size` evens the micro-batches out"
+        )
+    elif policy == "orca":
+        evens = (
+            " Orca admits whole prompts: nothing evens its micro-batches out but chunked prefill (`sarathi`)"
+        )
+    else:
+        evens = " A lower `--max-num-batched-tokens` evens the micro-batches out"
     return (
         f" The engine ran {pipe['pp']} pipeline stages ({'/'.join(map(str, pipe['layers']))} layers, "
         f"{pipe['link']} between them): every token crossed each stage, so a decode's gap is a trip "
         "through all of them, and the micro-batches in flight hold different requests; one that "
-        "carries a long prompt holds each stage for the batches behind it. A lower "
-        "`--max-num-batched-tokens` evens the micro-batches out; more TP per stage shortens the trip."
+        f"carries a long prompt holds each stage for the batches behind it.{evens}; more TP per stage "
+        "shortens the trip."
     )
 
 

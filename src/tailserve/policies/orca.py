@@ -14,7 +14,7 @@ that chunked prefill removes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -22,6 +22,7 @@ from tailserve.core.policy import Policy
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.fast_paths import FastPaths
+from tailserve.policies.sarathi_pipeline import PausedPipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +32,19 @@ class OrcaConfig:
     # request, as continuous-batching servers before paged KV did (one contiguous buffer of the
     # maximum sequence length per slot; docs/experiments.md, the Anyscale benchmark).
     reserve_tokens: int = 0
+    # Set from the deployment's pipeline stages: Sarathi-Serve's pipelined engine (sarathi_pipeline.py)
+    pipeline_parallel_size: int = field(default=1, metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.reserve_tokens < 0:
             raise ValueError(f"reserve_tokens must be >= 0, got {self.reserve_tokens}")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
 
 
-class OrcaPolicy(Policy, FastPaths):
+class OrcaPolicy(PausedPipeline, Policy, FastPaths):
     name = "orca"
     summary = (
         "Orca: iteration-level batching, whole prompts join running decodes, KV reserved for the max length"
@@ -55,7 +60,10 @@ class OrcaPolicy(Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
+        busy = sched.in_flight  # under pipeline stages: requests whose batch is in flight
         for request in sched.running:
+            if busy and request in busy:
+                continue  # not PAUSED (orca_scheduler.py)
             # Blocks were reserved for the whole sequence at admission; this never fails.
             sched.allocate(request, request.num_computed_tokens + 1)
             out.scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens))

@@ -100,6 +100,11 @@ _ALIASES = {
 }
 
 
+# The policies simulated under pipeline stages (``--pipeline-parallel-size``): vllm in vLLM V1's
+# batch queue (vllm_pipeline.py), the rest in Sarathi-Serve's pipelined engine (sarathi_pipeline.py).
+PIPELINED_POLICIES = ("vllm", "sarathi", "orca", "vllm-v0")
+
+
 def resolve_policy_name(name: str) -> str:
     """The registry's name for any accepted spelling (any case, ``_`` for ``-``, a few aliases)."""
     key = name.strip().lower().replace("_", "-")

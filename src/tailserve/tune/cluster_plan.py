@@ -44,7 +44,7 @@ from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.kv_capacity import kv_capacity
 from tailserve.metrics.summary import Slo
-from tailserve.policies.registry import PolicySpec
+from tailserve.policies.registry import PIPELINED_POLICIES, PolicySpec
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo, capacity_steps
@@ -405,10 +405,10 @@ def plan(
     With ``eplb`` (-1: off, N >= 0: N redundant experts), every expert-parallel layout once per
     setting (``tune --plan-eplb``); a setting that cannot run there is left out, and why goes to
     ``notes``. With ``pps`` (``tune --plan-pp``), each replica shape at each pipeline-parallel
-    size that fits (``replica_layouts``); a PP > 1 needs the vllm policy."""
-    if policy.name != "vllm" and max(pps or [deployment.pp]) > 1 and not dp_only:
+    size that fits (``replica_layouts``); a PP > 1 needs a policy simulated under stages."""
+    if policy.name not in PIPELINED_POLICIES and max(pps or [deployment.pp]) > 1 and not dp_only:
         raise ValueError(
-            f"pipeline parallelism is simulated for the vllm policy (vLLM's batch queue), not {policy.name}: "
+            f"pipeline parallelism is simulated for {', '.join(PIPELINED_POLICIES)}, not {policy.name}: "
             "give --plan-policy vllm, or PP sizes of 1"
         )
     if dp_only and pps:

@@ -224,10 +224,14 @@ def command_line(
             parts.append(f"--slo-classes '{config.slo_classes}'")
         return " ".join(parts)
     if spec.name == "sarathi":
-        # Sarathi-Serve is a research system configured through its benchmark's flat config.
+        # Sarathi-Serve is a research system configured through its flat config (its
+        # ``create_flat_dataclass`` names: the class in snake case, then the field). Its
+        # ParallelConfig defaults to 2 pipeline stages, so the stages are always written.
         return (
-            f"sarathi-serve config: --sarathi_scheduler_chunk_size {config.chunk_size} "
-            f"--replica_scheduler_max_batch_size {config.max_num_seqs}"
+            f"sarathi-serve config: --scheduler_config_type SARATHI --sarathi_scheduler_config_chunk_size "
+            f"{config.chunk_size} --sarathi_scheduler_config_max_num_seqs {config.max_num_seqs} "
+            f"--parallel_config_tensor_parallel_size {deployment.tp} "
+            f"--parallel_config_pipeline_parallel_size {deployment.pp}"
         )
     return None
 

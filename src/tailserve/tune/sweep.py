@@ -35,6 +35,7 @@ from tailserve import __version__
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
+from tailserve.executors.simulated.pipeline import resolved_stage_link
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
 from tailserve.sim.run import run_policy
@@ -125,7 +126,6 @@ _LATER_DEPLOYMENT_FIELDS = {
     "num_redundant_experts": 0,
     "expert_imbalance_ep": 0,
     "pp": 1,
-    "pp_link": "ib-ndr",
 }
 
 
@@ -135,8 +135,12 @@ def deployment_plain(deployment: Any) -> dict[str, Any]:
     for name, default in _LATER_DEPLOYMENT_FIELDS.items():
         if out.get(name) == default:
             del out[name]
-    if out.get("pp", 1) == 1:
-        out.pop("pp_link", None)  # the link between stages, of which there is one
+    # The link between the stages, resolved ("nvlink" or the network), under a name of its own:
+    # until 2026-12-06 a --pp-link inside one NVLink domain meant NVLink, so a key saying
+    # "pp_link" may hold a run over another link than it names (pipeline.py's stage_link).
+    link = out.pop("pp_link", "auto")
+    if out.get("pp", 1) > 1:
+        out["stage_link"] = resolved_stage_link(deployment.hardware, deployment.tp, deployment.pp, link)
     return out
 
 

@@ -606,9 +606,9 @@ class CostModel:
     def with_expert_load(self, load: ExpertLoad) -> CostModel:
         return self._with(expert_load=load)
 
-    def with_pipeline(self, pp: int, network: str = "ib-ndr") -> CostModel:
+    def with_pipeline(self, pp: int, network: str = "auto") -> CostModel:
         """This model's steps split over ``pp`` stages (vLLM's ``--pipeline-parallel-size``),
-        joined by NVLink in one NVLink domain, else by ``network`` (pipeline.py)."""
+        joined by ``network``, "auto": NVLink in one NVLink domain, else InfiniBand (pipeline.py)."""
         return self._with(
             pipeline=Pipeline.of(self.model, self.hardware, self.tp, pp, network) if pp > 1 else None
         )

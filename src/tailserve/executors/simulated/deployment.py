@@ -84,9 +84,10 @@ class Deployment:
     # this deployment's own, tp x dp)
     expert_imbalance_ep: int = 0
     # vLLM's --pipeline-parallel-size: the layers split over ``pp`` stages of ``tp`` GPUs each
-    # (pipeline.py), the stages joined by NVLink inside one NVLink domain, else by ``pp_link``
+    # (pipeline.py), the stages joined by ``pp_link``: "auto", NVLink inside one NVLink domain and
+    # InfiniBand NDR past it, or the network named (the stages on separate nodes)
     pp: int = 1
-    pp_link: str = "ib-ndr"
+    pp_link: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model_name(self.model))
@@ -163,7 +164,7 @@ class Deployment:
         enable_eplb: bool = False,
         num_redundant_experts: int = 0,
         pp: int = 1,
-        pp_link: str = "ib-ndr",
+        pp_link: str = "auto",
     ) -> Deployment:
         """As the CLI builds one: without a TP, the seed deployment's own (4) for its model and
         GPU, 1 otherwise — decided on the resolved names, whatever the spelling."""

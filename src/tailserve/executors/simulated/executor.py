@@ -178,13 +178,16 @@ class SimExecutor:
             # Priced from the fields (``shape_time``: ``iteration_time`` without a window)
             # without building the frozen ``BatchShape`` (~2,500 instructions, once per stepped
             # iteration).
-            duration = cm.shape_time(*batch_fields(out))
+            fields = batch_fields(out)
+            duration = cm.shape_time(*fields)
+            num_tokens, num_logits = fields[0], fields[1]
         else:
             window = window_shape(out, cm.model.sliding_window) if cm.windowed else None
             shape = batch_shape(out)
             if self.graph is not None and not out.padding and is_generation_only(out):
                 shape = self.graph.pad(shape, len(out.scheduled))
             duration = cm.iteration_time(shape, window)
+            num_tokens, num_logits = shape.num_tokens, shape.num_logits
         # The lists tested first: the two counts are properties (a call through C each, ~900
         # instructions), read only when some block moves.
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
@@ -196,6 +199,13 @@ class SimExecutor:
             duration = layerwise_load_time(duration, out.host_load_seconds, cm.model.num_layers)
         if self.spec is not None:  # SGLang's speculative decoding (vLLM's runs ``advanced``)
             return self._execute_drafts(out, shape, duration)
+        if cm.pipeline is not None:
+            # Sarathi-Serve's pipelined engine (policies/sarathi_pipeline.py): the per-step
+            # overhead is the host part before stage 1, the forward pass split over the stages.
+            result = step_result(duration)
+            host = result.host_time = self._host_time(num_tokens)
+            result.stages, result.stage_send = cm.pipeline_split(duration - host, num_tokens, num_logits)
+            return result
         return step_result(duration)
 
     def _execute_drafts(self, out: SchedulerOutput, shape: BatchShape, duration: float) -> StepResult:

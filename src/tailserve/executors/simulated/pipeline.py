@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailserve.executors.simulated.hardware import LINKS, Hardware
+from tailserve.executors.simulated.hardware import LINKS, Hardware, get_hardware
 from tailserve.executors.simulated.models import ModelSpec
 
 # Fitted by benchmarks/pp_send_recv.py (least squares of the relative error over Vidur's 994
@@ -51,7 +51,9 @@ NVLINK_LATENCY = 7.6e-6
 # Two DGX H100 nodes over 400 Gb/s InfiniBand (one NIC per GPU): 19.1 us + bytes / 35.9 GB/s.
 NETWORK_EFFICIENCY = 35.9e9 / 50e9
 NETWORK_LATENCY = 19.1e-6
-PP_LINKS = ("ib-ndr", "ib-hdr", "roce-400g", "roce-100g")  # --pp-link choices (hardware.LINKS)
+# --pp-link choices: "auto" (NVLink inside one NVLink domain, else ib-ndr), or the network
+# between the stages' nodes (hardware.LINKS), given when they are on separate nodes.
+PP_LINKS = ("auto", "ib-ndr", "ib-hdr", "roce-400g", "roce-100g")
 ACTIVATIONS_PER_TOKEN = 2  # hidden_states and residual, each hidden_size wide
 
 
@@ -85,15 +87,26 @@ def nvlink(hardware: Hardware) -> SendLink:
     )
 
 
-def stage_link(hardware: Hardware, tp: int, pp: int, network: str = "ib-ndr") -> SendLink:
-    """The link between stages: NVLink inside one NVLink domain, else ``network`` (a name of
-    ``PP_LINKS``) at H100's measured fraction of its line rate."""
-    if tp * pp <= hardware.nvlink_domain:
-        return nvlink(hardware)
+def stage_link(hardware: Hardware, tp: int, pp: int, network: str = "auto") -> SendLink:
+    """The link between stages, at H100's measured fraction of a network's line rate: ``network``
+    (a name of ``PP_LINKS``) when given — the stages on separate nodes, as the Sarathi-Serve
+    paper's Falcon-180B ran on two nodes of four A100s over 100 Gb Ethernet — or, "auto", NVLink
+    while ``tp x pp`` GPUs fit one NVLink domain and InfiniBand NDR past it."""
     if network not in PP_LINKS:
         raise ValueError(f"unknown --pp-link {network!r}; known: {', '.join(PP_LINKS)}")
+    if network == "auto":
+        if tp * pp <= hardware.nvlink_domain:
+            return nvlink(hardware)
+        network = "ib-ndr"
     link = LINKS[network]
     return SendLink(f"{network} ({link.note})", NETWORK_LATENCY, link.bandwidth * NETWORK_EFFICIENCY)
+
+
+def resolved_stage_link(hardware: str, tp: int, pp: int, network: str) -> str:
+    """ "nvlink", or the network the stages are joined by (``stage_link``'s choice, by name)."""
+    if network == "auto":
+        return "nvlink" if tp * pp <= get_hardware(hardware).nvlink_domain else "ib-ndr"
+    return network
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +120,7 @@ class Pipeline:
     tp: int
 
     @classmethod
-    def of(cls, model: ModelSpec, hardware: Hardware, tp: int, pp: int, network: str = "ib-ndr") -> Pipeline:
+    def of(cls, model: ModelSpec, hardware: Hardware, tp: int, pp: int, network: str = "auto") -> Pipeline:
         per_token = ACTIVATIONS_PER_TOKEN * model.hidden_size * model.dtype_bytes
         return cls(
             pp_partition(model.num_layers, pp),
