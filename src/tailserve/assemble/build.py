@@ -230,8 +230,8 @@ def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions)
     if spec.name not in PIPELINED_POLICIES:
         raise ValueError(
             f"pipeline parallelism (--pipeline-parallel-size {pp}) is simulated for the vllm policy "
-            "(vLLM's batch queue) and for sarathi, orca and vllm-v0 (Sarathi-Serve's pipelined engine), "
-            f"not {spec.name}"
+            "(vLLM's batch queue), trtllm (its PP loop) and sarathi, orca and vllm-v0 (Sarathi-Serve's "
+            f"pipelined engine), not {spec.name}"
         )
     if kind != "sim":
         raise ValueError(

@@ -96,8 +96,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
         default=default_of(Deployment, "pp"),
         metavar="N",
         help="pipeline stages of --tp GPUs each, as vLLM's flag (-pp): the layers split over them, the "
-        "engine keeping N batches in flight (N + 1 with async scheduling); the vllm policy, and sarathi, "
-        "orca and vllm-v0 in Sarathi-Serve's pipelined engine "
+        "engine keeping N batches in flight (N + 1 with async scheduling); the vllm policy, trtllm, and "
+        "sarathi, orca and vllm-v0 in Sarathi-Serve's pipelined engine "
         '(docs/cost_model.md, "Pipeline parallelism") (default: %(default)s)',
     )
     g.add_argument(

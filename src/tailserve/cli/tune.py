@@ -177,7 +177,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         listed = ",".join(p for p in listed.split(",") if p in PIPELINED_POLICIES)
         print(
             f"note: --pipeline-parallel-size {deployment.pp}: tuning {listed.replace(',', ' and ')} only "
-            "(pipeline parallelism is simulated for vLLM's engine core and Sarathi-Serve's pipelined engine)",
+            "(pipeline parallelism is simulated for vLLM's engine core, TensorRT-LLM's PP loop and "
+            "Sarathi-Serve's pipelined engine)",
             file=sys.stderr,
         )
     policies = [c.spec for c in commands] or parse_policy_list(listed)

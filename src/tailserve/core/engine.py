@@ -142,9 +142,13 @@ class Engine:
         # TensorRT-LLM's fetch wait under way (``_fetched``): [requests seen before, deadline]
         self._fetch_wait: list | None = None
         self._stage_free = [self.clock.now] * self._pp
-        # Sarathi-Serve's pipelined engine instead of vLLM's batch queue (``_step_paused``).
+        # Sarathi-Serve's pipelined engine (``_step_paused``) or TensorRT-LLM's micro-batch ring
+        # (``_step_ring``: the slots, the one whose turn it is) instead of vLLM's batch queue.
         self._paused = scheduler.in_flight is not None
+        self._ring = scheduler.policy.pipeline_engine == "trtllm"
         self._tick = scheduler.policy.schedule_tick
+        self._slots: list[Queued | None] = [None] * self._depth
+        self._slot = 0
         if self._pp > 1 and not isinstance(self.clock, VirtualClock):
             raise ValueError(
                 "pipeline parallelism is simulated in virtual time only (the simulated executor)"
@@ -159,7 +163,9 @@ class Engine:
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
         if self._pp > 1:
-            return self._step_paused() if self._paused else self._step_pipelined()
+            if self._paused:
+                return self._step_ring() if self._ring else self._step_paused()
+            return self._step_pipelined()
         if self._async:
             return self._step_async()
         if self.scheduler.fetch_wait is not None and not self._fetched():
@@ -407,18 +413,63 @@ class Engine:
                     self.clock.advance_to(t)  # type: ignore[union-attr]  # a VirtualClock (__init__)
                     return True
         queue.pop()
-        now = max(now, oldest.end)
-        self.clock.advance_to(now)  # type: ignore[union-attr]
-        out = oldest.out
-        assert out is not None and oldest.result is not None  # this loop queues no empty batch
-        finished = sched.update(out, oldest.result, now)
+        self._returned(oldest)
+        return True
+
+    def _step_ring(self) -> bool:
+        """One iteration of TensorRT-LLM's ``PyExecutor._executor_loop_pp`` (1.2): fetch, schedule
+        into this iteration's micro-batch slot — the requests of the batches in flight skipped
+        (``inflight_req_ids``) — and launch it through the stages (``_launch``); then, if the next
+        slot holds a batch (the oldest in flight), wait for it and apply its outputs; the slot
+        turn moves on. An empty schedule leaves its slot empty and the loop goes on at once, so
+        a request arriving while the engine waits on a batch is fetched only after it."""
+        sched, slots = self.scheduler, self._slots
+        now = self.clock.now
+        self.add_arrivals(now)
+        i = self._slot
+        launched = False
+        if sched.has_unfinished:
+            num_left = len(sched.finished)
+            out = sched.schedule(now)
+            ended = sched.finished[num_left:]  # aborted by the policy while scheduling
+            for request in ended:
+                self.source.on_finish(request, now)
+            self._last_step_finished = bool(ended)
+            if not out.is_empty:
+                assert slots[i] is None  # its batch was applied at the turn before
+                batch = slots[i] = self._launch(out, now)
+                in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under this engine
+                for item in out.scheduled:
+                    in_flight[item.request] = out
+                self.clock.advance(batch.result.host_time)  # type: ignore[union-attr]  # launched
+                launched = True
+        j = self._slot = (i + 1) % len(slots)
+        oldest = slots[j]
+        if oldest is None:
+            if launched or any(slots):
+                return True  # the loop turns to the next slot at once
+            return self._idle()  # nothing in flight: the fetch blocks for a request
+        slots[j] = None
+        self._returned(oldest)
+        return True
+
+    def _returned(self, batch: Queued) -> None:
+        """A pipelined engine's batch is out of the last stage: the clock at its end (or later),
+        its outputs applied, its requests schedulable again (``Scheduler.in_flight``)."""
+        sched = self.scheduler
+        now = max(self.clock.now, batch.end)
+        self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
+        out = batch.out
+        assert out is not None and batch.result is not None  # these loops queue no empty batch
+        finished = sched.update(out, batch.result, now)
+        in_flight: dict = sched.in_flight  # type: ignore[assignment]
         for item in out.scheduled:
             if in_flight.get(item.request) is out:
                 del in_flight[item.request]
+        sched.policy.batch_returned(sched, out)
         self.finish_step(finished, now)
         if self.options.check_integrity:
             self.check_integrity()
-        return True
 
     def _launch(self, out: SchedulerOutput, start: float) -> Queued:
         """Run ``out`` through the stages (``_step_pipelined``) and log it."""

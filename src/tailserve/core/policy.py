@@ -71,7 +71,8 @@ class Policy(ABC):
     # > 1): "vllm", vLLM V1's batch queue (``Engine._step_pipelined``: computed tokens advance at
     # scheduling); "sarathi", Sarathi-Serve's pipelined engine (``Engine._step_paused``: only
     # requests with no batch in flight are scheduled, ``Scheduler.in_flight``), whose schedule
-    # loop also wakes on a ``schedule_tick``-second timer.
+    # loop also wakes on a ``schedule_tick``-second timer; "trtllm", TensorRT-LLM's
+    # ``_executor_loop_pp`` (``Engine._step_ring``: the same skip, micro-batch slots in turn).
     pipeline_engine: ClassVar[str] = "vllm"
     schedule_tick: ClassVar[float] = 0.0
 
@@ -179,6 +180,11 @@ class Policy(ABC):
         """Batches the engine keeps in flight: 2 with async scheduling, else 1 (vLLM's
         ``max_concurrent_batches``; a pipeline-parallel policy says its own)."""
         return 2 if self.async_scheduling() else 1
+
+    def batch_returned(self, sched: Scheduler, out: SchedulerOutput) -> None:
+        """A pipelined engine (``Scheduler.in_flight``) applied ``out``'s outputs: what the policy
+        does then (TensorRT-LLM stores the batch's computed blocks for reuse only now)."""
+        return None
 
     def fetch_wait(self) -> tuple[float, int] | None:
         """(seconds, requests): the engine's fetch of new requests waits up to that long, at the

@@ -147,11 +147,13 @@ class Scheduler:
         # keeps that many batches in flight through the stages (``Engine._step_pipelined``).
         self.pipeline_parallel_size = int(policy.pipeline_parallel_size())
         self.max_concurrent_batches = int(policy.max_concurrent_batches())
-        # Sarathi-Serve's pipelined engine (``Engine._step_paused``): each request whose batch is
-        # in the stages -> that batch. Its scheduler skips them (not PAUSED); a preempted or
-        # aborted one leaves its batch, whose outputs for it are then dropped. None otherwise.
+        # Sarathi-Serve's and TensorRT-LLM's pipelined engines (``Engine._step_paused``,
+        # ``Engine._step_ring``): each request whose batch is in the stages -> that batch. Their
+        # schedulers skip them (Sarathi: not PAUSED; TensorRT-LLM: ``inflight_req_ids``); a
+        # preempted or aborted one leaves its batch, whose outputs for it are then dropped.
+        # None otherwise (vLLM's batch queue advances computed tokens instead).
         self.in_flight: dict[Request, SchedulerOutput] | None = (
-            {} if self.pipeline_parallel_size > 1 and policy.pipeline_engine == "sarathi" else None
+            {} if self.pipeline_parallel_size > 1 and policy.pipeline_engine != "vllm" else None
         )
         # TensorRT-LLM's batch_wait_timeout_ms: the fetch at each step's start waits (Engine._fetched).
         self.fetch_wait = policy.fetch_wait()

@@ -45,8 +45,8 @@ TRTLLM_1_2_1 = EngineVersion(
     (
         FlagSpec("tp_size", int, DEPLOYMENT, "tensor-parallel degree", _opt("tensor_parallel_size"), "1",
                  aliases=("--tensor_parallel_size",), target="deployment.tp"),
-        FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates it for vLLM 0.32 only",
-                 _opt("pipeline_parallel_size"), "1", aliases=("--pipeline_parallel_size",)),
+        FlagSpec("pp_size", int, DEPLOYMENT, "pipeline stages of tp_size GPUs each (tailserve --pipeline-parallel-size)",
+                 _opt("pipeline_parallel_size"), "1", aliases=("--pipeline_parallel_size",), target="deployment.pp"),
         FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
                  _opt("moe_expert_parallel_size"), aliases=("--moe_expert_parallel_size",),
                  target="deployment.expert_parallel"),

@@ -101,8 +101,9 @@ _ALIASES = {
 
 
 # The policies simulated under pipeline stages (``--pipeline-parallel-size``): vllm in vLLM V1's
-# batch queue (vllm_pipeline.py), the rest in Sarathi-Serve's pipelined engine (sarathi_pipeline.py).
-PIPELINED_POLICIES = ("vllm", "sarathi", "orca", "vllm-v0")
+# batch queue (vllm_pipeline.py), trtllm in TensorRT-LLM's PP loop (trtllm_pipeline.py), the rest
+# in Sarathi-Serve's pipelined engine (sarathi_pipeline.py).
+PIPELINED_POLICIES = ("vllm", "trtllm", "sarathi", "orca", "vllm-v0")
 
 
 def resolve_policy_name(name: str) -> str:

@@ -155,6 +155,7 @@ from tailserve.policies.trtllm_config import (
 from tailserve.policies.trtllm_host_cache import HostCacheCopies
 from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
+from tailserve.policies.trtllm_pipeline import PP_NO_OVERLAP, StoredAtReturn, check_pipelined
 from tailserve.policies.trtllm_prefix_aware import reusable_tokens
 
 
@@ -179,9 +180,11 @@ class TrtllmPolicy(Policy, FastPaths):
     default_block_size = 32  # kv_cache_config.tokens_per_block
     default_gpu_memory_utilization = 0.9  # kv_cache_config.free_gpu_memory_fraction
     memory_fraction_of_free = True  # of the memory left after weights and activations (_util.py)
+    pipeline_engine = "trtllm"  # _executor_loop_pp under pipeline stages (trtllm_pipeline.py)
 
     def __init__(self, config: TrtllmConfig) -> None:
         super().__init__(config)
+        check_pipelined(config)  # what the PP loop refuses, before anything else is built
         self._active: list[Request] = []  # PyExecutor.active_requests, in fetch order
         self._ids: set[str] = set()  # their ids
         # Active requests in the scheduler's waiting queue (never scheduled, or paused): always a
@@ -207,8 +210,12 @@ class TrtllmPolicy(Policy, FastPaths):
             else None
         )
         # The overlap scheduler (trtllm_overlap.py). A config made without default_config
-        # leaves disable_overlap_scheduler None: no overlap.
-        self._overlap = config.disable_overlap_scheduler is False
+        # leaves disable_overlap_scheduler None: no overlap. Under pipeline stages the engine
+        # runs _executor_loop_pp, which has none (trtllm_pipeline.py).
+        self._pp = config.pipeline_parallel_size
+        self._overlap = config.disable_overlap_scheduler is False and self._pp == 1
+        # Under pipeline stages: each batch's computed blocks, stored for reuse when it returns.
+        self._stored = StoredAtReturn() if self._pp > 1 else None
         # attention-DP balancing's two passes (plan_step, hold_contexts): the planned batch and
         # whether its contexts wait; both used up by the next schedule.
         self._planned: _Plan | None = None
@@ -247,7 +254,9 @@ class TrtllmPolicy(Policy, FastPaths):
         """The overlap scheduler on or off and why, when the engine's rule chose it (not the
         user); a host KV pool that nothing is offloaded to."""
         notes = []
-        if overrides.get("disable_overlap_scheduler") is None:
+        if config.pipeline_parallel_size > 1:
+            notes.append(PP_NO_OVERLAP)
+        elif overrides.get("disable_overlap_scheduler") is None:
             notes.append(overlap_default(device, config.num_draft_tokens)[1])
         if config.host_cache_size and not config.offloads_to_host:
             notes.append(
@@ -276,6 +285,17 @@ class TrtllmPolicy(Policy, FastPaths):
 
     def async_scheduling(self) -> bool:
         return self._overlap
+
+    def pipeline_parallel_size(self) -> int:
+        return self._pp
+
+    def max_concurrent_batches(self) -> int:
+        # num_micro_batches = pp_size (PyExecutor 1.2); the overlap scheduler's two otherwise
+        return self._pp if self._pp > 1 else (2 if self._overlap else 1)
+
+    def batch_returned(self, sched: Scheduler, out: SchedulerOutput) -> None:
+        if self._stored is not None:
+            self._stored.returned(sched, out)
 
     def fetch_wait(self) -> tuple[float, int] | None:
         """``batch_wait_timeout_ms``: ``ExecutorRequestQueue._get_from_request_queue`` takes what
@@ -448,9 +468,13 @@ class TrtllmPolicy(Policy, FastPaths):
             scheduled.append(item)
             if register and (gate is None or gate.get(rid, NEVER) <= computed + 1):
                 computed_after.append((request, computed + 1))  # drafts are not known tokens
-        # storeContextBlocks after the forward: only now do this step's blocks become reusable.
-        for request, tokens in computed_after:
-            sched.cache_computed(request, tokens)
+        # storeContextBlocks after the forward: only now do this step's blocks become reusable
+        # (under pipeline stages, when the batch returns: update_resources in the PP loop).
+        if self._stored is not None:
+            self._stored.keep(out, computed_after)
+        else:
+            for request, tokens in computed_after:
+                sched.cache_computed(request, tokens)
         if self._host is not None and kv.secondary is not None:
             self._host.price(sched, out)  # prepare_resources' host copies (refresh_blocks waits)
         if drafts or self._overlap:
@@ -502,9 +526,12 @@ class TrtllmPolicy(Policy, FastPaths):
         reusable = (
             reusable_tokens(sched) if cfg.enable_prefix_aware_scheduling and cfg.enable_block_reuse else None
         )
+        # Under pipeline stages the requests of the micro-batches in flight (inflight_req_ids).
+        busy = sched.in_flight
+        skips = to_complete if self._overlap else (busy.__contains__ if busy else None)
         batch = micro_batch(
             fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, sched.kv_cache.block_size,
-            1 + self._num_drafts, to_complete if self._overlap else None, reusable,
+            1 + self._num_drafts, skips, reusable,
         )  # fmt: skip
         return _Plan(batch, list(paused))
 

@@ -132,6 +132,9 @@ class TrtllmConfig:
     # stream_interval (BaseLlmArgs): a streamed response on a request's first decoding
     # iteration, every N-th and its last (core/stream_interval.py): the client's ITL only
     stream_interval: int = field(default=1, metadata=_WHEN_SET)
+    # pipeline_parallel_size (--pp_size), set from the deployment's stages (--pipeline-parallel-size):
+    # PyExecutor runs _executor_loop_pp, pp micro-batch slots in turn, no overlap (trtllm_pipeline.py)
+    pipeline_parallel_size: int = field(default=1, metadata=_WHEN_SET)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 1:
@@ -149,6 +152,8 @@ class TrtllmConfig:
         self._check_host_cache()
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.batch_wait_timeout_ms < 0:  # llm_args: "must be greater than or equal to 0"
             raise ValueError(f"batch_wait_timeout_ms must be >= 0, got {self.batch_wait_timeout_ms}")
         if self.batch_wait_timeout_iters < 0:

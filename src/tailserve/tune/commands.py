@@ -333,6 +333,8 @@ def _trtllm_command(spec: PolicySpec, config: Any, deployment: Deployment, model
     tp_size = deployment.dp if attention_dp else deployment.tp
     if tp_size > 1:
         parts.append(f"--tp_size {tp_size}")
+    if deployment.pp > 1:  # the stages (engines/trtllm_flags.py reads --pp_size back into the deployment)
+        parts.append(f"--pp_size {deployment.pp}")
     if deployment.expert_parallel:
         parts.append(f"--ep_size {tp_size}")
     parts += [f"--max_batch_size {config.batch_size}", f"--max_num_tokens {config.num_tokens}"]
