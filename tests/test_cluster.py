@@ -84,7 +84,7 @@ def assert_conserved(stage: Stage) -> None:
         ("vllm", {"pipeline_parallel_size": 2}),
         # Sarathi-Serve's pipelined engine: its timer and stage-1 wake-ups across the events
         ("sarathi", {"pipeline_parallel_size": 2}),
-        ("vllm-v0", {"pipeline_parallel_size": 3}),
+        ("vllm-v0", {"pipeline_parallel_size": 4}),
     ],
 )
 def test_one_replica_is_a_lone_engine(policy, flags):

@@ -260,3 +260,60 @@ def test_tune_under_stages_prints_sarathis_flat_config_with_its_stages():
     assert line is not None
     assert "--sarathi_scheduler_config_chunk_size 512" in line
     assert "--parallel_config_tensor_parallel_size 4 --parallel_config_pipeline_parallel_size 2" in line
+
+
+def test_swap_preemption_and_layers_the_stages_do_not_divide_are_refused():
+    """Sarathi-Serve's schedulers preempt by recompute only, and its ModelConfig refuses a layer
+    count the stages do not divide."""
+    with pytest.raises(ValueError, match="preempts by recompute only"):
+        VllmV0Config(4096, 64, preemption_mode="swap", pipeline_parallel_size=2)
+    with pytest.raises(
+        ValueError, match=r"layers \(80 in Llama-3-70B\) divisible by the pipeline stages \(3\)"
+    ):
+        build_engine(_deployment(3), "sarathi")
+    assert build_engine(_deployment(3), "vllm").scheduler.pipeline_parallel_size == 3  # vLLM splits unevenly
+
+
+def test_a_request_aborted_in_flight_leaves_its_batch():
+    sched = Scheduler(_policy("vllm-v0", 2), KVCacheManager(64, 16), 4096)
+    r = Request("r", 32, 4, 0.0)
+    sched.waiting.add_request(r)
+    sched.waiting.pop_request()
+    sched.allocate(r, 32)
+    sched.admit(r, 0.0)
+    out = SchedulerOutput()
+    out.scheduled.append(ScheduledRequest(r, 32, 0))
+    sched.in_flight[r] = out  # type: ignore[index]
+    sched.running.remove(r)
+    sched.abort(r, "no room", 0.0)
+    assert out.scheduled == [] and sched.in_flight == {} and r.is_finished
+
+
+def test_outputs_are_stamped_when_their_batch_leaves_the_last_stage():
+    """The output thread does not wait for the schedule loop: with a 5 ms host part and 1 ms
+    stages, a's batch is out at 8 ms while the loop is busy with b's (scheduled at 6 ms, stage 1
+    at 11 ms); a's token is stamped at 8 ms, and a joins c in the batch the loop schedules at once
+    after b's, at 11 ms."""
+    a, b, c = Request("a", 16, 3, 0.0), Request("b", 16, 3, 0.0055), Request("c", 16, 3, 0.0105)
+    engine = _engine(_policy("sarathi", 3), [a, b, c], _Stages(0.005, (0.001,) * 3, 0.0))
+    batches: list[tuple[float, list[str]]] = []
+    launch = engine._launch
+
+    def logged(out, start):
+        batches.append((start, [s.request.request_id for s in out.scheduled]))
+        return launch(out, start)
+
+    engine._launch = logged  # type: ignore[method-assign]
+    engine.run()
+    assert a.token_times[0] == pytest.approx(0.008)
+    assert batches[1] == (pytest.approx(0.006), ["b"]) and batches[2] == (pytest.approx(0.011), ["a", "c"])
+
+
+def test_after_a_launch_the_schedule_loop_waits_for_its_next_event():
+    """Two 400-token prompts under a 512-token budget: the first fills the batch; the loop runs
+    again at its next event — stage 1 done with that batch at 5 ms (host 1 ms, stages 4 ms) — not
+    right after its own launch."""
+    a, b = Request("a", 400, 2, 0.0), Request("b", 400, 2, 0.0)
+    policy = VllmV0Policy(VllmV0Config(512, 64, pipeline_parallel_size=2))
+    _engine(policy, [a, b], _Stages(0.001, (0.004, 0.004), 0.0)).run()
+    assert a.first_scheduled_time == 0.0 and b.first_scheduled_time == pytest.approx(0.005)

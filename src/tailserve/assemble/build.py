@@ -165,6 +165,14 @@ def _build_simulated(
     model = cost_model.model
     if cost_model.pipeline is not None:
         spec = _pipelined_spec(spec, cost_model.pipeline.pp, kind, options)
+        pp = cost_model.pipeline.pp
+        if spec.name in SARATHI_ENGINE and model.num_layers % pp:
+            # ModelConfig.verify_with_parallel_config: "Total number of hidden layers ... must be divisible
+            # by pipeline parallel size"
+            raise ValueError(
+                f"{spec.name} runs in Sarathi-Serve's pipelined engine, which needs the layers ({model.num_layers} "
+                f"in {model.name}) divisible by the pipeline stages ({pp})"
+            )
     elif spec.flags.get("pipeline_parallel_size", 1) != 1:
         if kind != "sim":
             raise ValueError(
@@ -214,6 +222,10 @@ def _build_simulated(
     if cost_model.pipeline is not None:
         label += f" x PP {cost_model.pipeline.pp}"
     return BuiltEngine(kind, parts, executor, label, cost_model=built)
+
+
+# The policies that run in Sarathi-Serve's pipelined engine under stages (policies/sarathi_pipeline.py).
+SARATHI_ENGINE = ("sarathi", "orca", "vllm-v0")
 
 
 def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions) -> PolicySpec:

@@ -335,7 +335,8 @@ def policy_flags_from(args: argparse.Namespace) -> dict[str, Any]:
     wrong = [flag for flag in given if flag not in own and flag not in ENGINE_FLAGS]
     if wrong:
         owners = [p for p in POLICIES if any(p in flag_owners(f) for f in wrong)]
-        takes = ", ".join(option(f) for f in own) or "no flags of its own"
+        # (Not the ones a command owns, --pipeline-parallel-size: not policy flags on the line.)
+        takes = ", ".join(option(f) for f in own if f not in COMMAND_OWNS) or "no flags of its own"
         everyone = ", ".join(option(f) for f in ENGINE_FLAGS)
         raise CliError(
             f"unrecognized argument{'s' if len(wrong) > 1 else ''} {', '.join(map(option, wrong))} "

@@ -149,6 +149,8 @@ class Engine:
         self._tick = scheduler.policy.schedule_tick
         self._slots: list[Queued | None] = [None] * self._depth
         self._slot = 0
+        # Sarathi-Serve's schedule loop after a launch: when it runs next (None: at the next step)
+        self._due: float | None = None
         if self._pp > 1 and not isinstance(self.clock, VirtualClock):
             raise ValueError(
                 "pipeline parallelism is simulated in virtual time only (the simulated executor)"
@@ -370,19 +372,24 @@ class Engine:
         return True
 
     def _step_paused(self) -> bool:
-        """One pass of Sarathi-Serve's ``PipelineParallelLLMEngine`` (``policies/sarathi_pipeline.py``):
-        with fewer than ``pp`` batches in flight, schedule — the requests of the batches in flight
-        are not schedulable (``Scheduler.in_flight``) — and launch a batch through the stages as
-        ``_launch`` times them; an empty schedule takes no slot. Otherwise wait for the next
-        event: the oldest batch's outputs (applied then, the slot freed), or, with a slot free, an
-        arrival (or the policy's wake-up) seen at the schedule loop's next wake-up — its timer's
-        tick, or stage 1 done with a batch."""
+        """One pass of Sarathi-Serve's ``PipelineParallelLLMEngine`` (``policies/sarathi_pipeline.py``).
+        Its output thread applies a batch's outputs when the batch leaves the last stage (stamped
+        then, whatever the schedule loop is doing), which wakes the schedule loop. The schedule
+        loop runs on events — an output, stage 1 done with a micro-batch, its 10 ms timer — and,
+        with fewer than ``pp`` batches in flight, schedules (the requests of the batches in flight
+        are not schedulable: ``Scheduler.in_flight``) and launches a batch through the stages as
+        ``_launch`` times them; an empty schedule takes no slot. After a launch it runs again at
+        the first event after that schedule began (at once if one came while it scheduled)."""
         sched, queue = self.scheduler, self._queue
         now = self.clock.now
+        while queue and queue[-1].end <= now:  # out while the loop was scheduling
+            self._returned(queue.pop(), at_end=True)
+            self._due = None  # the output set the schedule event: the loop runs again at once
         self.add_arrivals(now)
-        in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under this engine (__init__)
         free_slot = len(queue) < self._depth
-        if free_slot and sched.has_unfinished:
+        due = self._due
+        if free_slot and sched.has_unfinished and (due is None or due <= now):
+            self._due = None
             num_left = len(sched.finished)
             out = sched.schedule(now)
             ended = sched.finished[num_left:]  # aborted by the policy while scheduling
@@ -392,29 +399,56 @@ class Engine:
             if not out.is_empty:
                 batch = self._launch(out, now)
                 queue.appendleft(batch)
+                in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under this engine
                 for item in out.scheduled:
                     in_flight[item.request] = out
-                self.clock.advance(batch.result.host_time)  # type: ignore[union-attr]  # launched
+                host = batch.result.host_time  # type: ignore[union-attr]  # launched
+                self._due = max(self._next_event(now), now + host)
+                self.clock.advance(host)
                 return True
         if not queue:
+            self._due = None
             return self._idle(self._tick)
         oldest = queue[-1]
+        t = oldest.end
         if free_slot:
+            due = self._due
+            if due is not None and due < t:
+                t = due
             wake = self.source.next_arrival_time()
             policy_wake = sched.next_wakeup(now)
             if policy_wake is not None and (wake is None or policy_wake < wake):
                 wake = policy_wake
-            if wake is not None and now < wake < oldest.end:
-                t = next_tick(wake, self._tick)
+            if wake is not None and now < wake < t:
+                seen = next_tick(wake, self._tick)  # an arrival is seen at the loop's next event
                 for q in queue:
-                    if wake <= q.first < t:
-                        t = q.first
-                if t < oldest.end:
-                    self.clock.advance_to(t)  # type: ignore[union-attr]  # a VirtualClock (__init__)
-                    return True
+                    if wake <= q.first < seen:
+                        seen = q.first
+                if seen < t:
+                    t = seen
+        if t < oldest.end:
+            self.clock.advance_to(max(t, now))  # type: ignore[union-attr]  # a VirtualClock (__init__)
+            if self._due is not None and self._due <= self.clock.now:
+                self._due = None
+            return True
         queue.pop()
         self._returned(oldest)
+        self._due = None  # its output wakes the schedule loop
         return True
+
+    def _next_event(self, start: float) -> float:
+        """Sarathi-Serve's schedule loop, having begun a schedule at ``start``: the first event
+        after it — a timer tick, stage 1 done with a batch in flight, a batch's outputs."""
+        tick = self._tick
+        t = next_tick(start, tick)
+        if t <= start:
+            t += tick
+        for q in self._queue:
+            if start < q.first < t:
+                t = q.first
+            if start < q.end < t:
+                t = q.end
+        return t
 
     def _step_ring(self) -> bool:
         """One iteration of TensorRT-LLM's ``PyExecutor._executor_loop_pp`` (1.2): fetch, schedule
@@ -453,12 +487,17 @@ class Engine:
         self._returned(oldest)
         return True
 
-    def _returned(self, batch: Queued) -> None:
-        """A pipelined engine's batch is out of the last stage: the clock at its end (or later),
-        its outputs applied, its requests schedulable again (``Scheduler.in_flight``)."""
+    def _returned(self, batch: Queued, at_end: bool = False) -> None:
+        """A pipelined engine's batch is out of the last stage: its outputs applied, its requests
+        schedulable again (``Scheduler.in_flight``). At the clock (moved to the batch's end if that
+        is later: the loop waited for it), or ``at_end``: at the batch's end, the clock past it
+        already (Sarathi-Serve's output thread, which does not wait for the schedule loop)."""
         sched = self.scheduler
-        now = max(self.clock.now, batch.end)
-        self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
+        if at_end:
+            now = batch.end
+        else:
+            now = max(self.clock.now, batch.end)
+            self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
         out = batch.out
         assert out is not None and batch.result is not None  # these loops queue no empty batch
         finished = sched.update(out, batch.result, now)

@@ -822,6 +822,8 @@ class Scheduler:
     def abort(self, request: Request, reason: str, now: float) -> None:
         """End a request the engine cannot serve (e.g. no CPU swap space left); it must already
         be out of every queue. Its KV is released."""
+        if self.in_flight:
+            self._leave_batch(request)  # a pipelined engine's batch in flight drops its outputs
         self.kv_cache.free(request.request_id, request.num_computed_tokens)
         self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
 

@@ -14,11 +14,17 @@ in ``PipelineParallelLLMEngine`` (``Engine._step_paused``). Its rules, as its co
   (``vllm_pipeline.py``) — and the micro-batches in flight hold disjoint requests.
 - **The schedule loop runs on events**: a batch's outputs processed, stage 1 done with a
   micro-batch (the ``microbatch_socket`` signal), and a 10 ms timer (``SCHEDULER_LOOP_DELAY``).
-  A request arriving while a slot is free waits for the first of these.
+  A request arriving while a slot is free waits for the first of these; after a launch the loop
+  runs again at the first event after that schedule began (``Engine._next_event``).
+- **Outputs are applied by their own thread** (``_output_loop``) when a batch leaves the last
+  stage, stamped then, whatever the schedule loop is doing.
 - **A victim may be in flight**: preemption takes the tail of the running list, which may be a
   request whose batch has not returned; its outputs are dropped when they come
   (``on_step_completed``: "seq is preempted ... might still be executing"), and its blocks are
   free at once (``Scheduler.preempt_by_recompute``).
+
+Sarathi-Serve has no swap (``vllm-v0``'s ``preemption_mode=swap`` is refused under stages) and
+needs the layers divisible by the stages (``assemble/build.py`` refuses the rest).
 
 vLLM V0's own pipeline parallelism (one scheduler per virtual engine, ``--pipeline-parallel-size``
 in vLLM 0.5.1-0.10) is a different engine and is not simulated: ``vllm-v0`` under pipeline stages

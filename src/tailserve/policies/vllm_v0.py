@@ -85,6 +85,12 @@ class VllmV0Config:
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.pipeline_parallel_size < 1:
             raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
+        if self.pipeline_parallel_size > 1 and self.preemption_mode == "swap":
+            # Sarathi-Serve's schedulers preempt by recompute only (BaseScheduler._preempt)
+            raise ValueError(
+                "preemption_mode=swap under pipeline stages: V0's policy runs in Sarathi-Serve's pipelined "
+                "engine, which preempts by recompute only"
+            )
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if not 0.0 <= self.watermark < 1.0:
