@@ -88,14 +88,15 @@ def test_a_deployments_own_pp_plans_aggregated_replicas_of_tp_x_pp():
     assert layout_deployment(Layout(2), moe).pp == 2
 
 
-def test_pp_needs_the_vllm_policy():
+def test_pp_needs_a_policy_simulated_under_stages():
     slo = parse_capacity_slo("ttft_p99=1s")
-    sarathi = PolicySpec.make("sarathi", {})
+    sglang = PolicySpec.make("sglang", {})
     with pytest.raises(ValueError, match="--plan-policy vllm") as error:
-        plan(8, Deployment.of("Llama-3-8B", "H100-SXM", tp=4), sarathi, SMALL, slo, pps=[1, 2])
+        plan(8, Deployment.of("Llama-3-8B", "H100-SXM", tp=4), sglang, SMALL, slo, pps=[1, 2])
     assert "\n" not in str(error.value)
+    assert "vllm, trtllm, sarathi, orca, vllm-v0" in str(error.value)
     with pytest.raises(ValueError, match="--plan-policy vllm"):  # the deployment's own PP too
-        plan(8, Deployment.of("Llama-3-8B", "H100-SXM", tp=2, pp=2), sarathi, SMALL, slo)
+        plan(8, Deployment.of("Llama-3-8B", "H100-SXM", tp=2, pp=2), sglang, SMALL, slo)
 
 
 def test_results_file_keys_of_a_plan_without_pp_are_unchanged():
@@ -151,7 +152,7 @@ def test_tune_gpus_plan_pp_end_to_end(tmp_path, capsys):
     assert [(r["num_prefill"], r["num_decode"], r["pp"]) for r in rows] == [(2, 0, 1), (1, 1, 1), (1, 0, 2)]
     assert all(r["capacity_rps"] > 0 and r["upper_rps"] > r["capacity_rps"] for r in rows)
     # the refusals, one line each
-    assert main([*argv[:-2], "--plan-policy", "sarathi"]) == 2
+    assert main([*argv[:-2], "--plan-policy", "sglang"]) == 2
     assert "give --plan-policy vllm" in capsys.readouterr().err
     assert main(["tune", "--plan-pp", "1,2"]) == 2
     assert "--plan-pp plans a GPU budget: it needs --gpus N" in capsys.readouterr().err
