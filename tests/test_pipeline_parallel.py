@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.helpers import Stages
 
 from tailserve.assemble.build import BuildOptions, build_engine
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.executor import StepResult
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -150,18 +150,7 @@ def test_the_activations_sent_are_both_tensors_split_over_tp():
     assert pipe.gather is not None and Pipeline.of(model, get_hardware("H100-SXM"), 1, 2).gather is None
 
 
-class _Stages:
-    """An executor whose every step takes ``host`` then ``stages`` with ``send`` between them."""
-
-    needs_block_ids = False
-
-    def __init__(self, host: float, stages: tuple[float, ...], send: float) -> None:
-        self.host, self.stages, self.send = host, stages, send
-
-    def execute(self, out) -> StepResult:
-        return StepResult(
-            self.host + sum(self.stages), host_time=self.host, stages=self.stages, stage_send=self.send
-        )
+_Stages = Stages
 
 
 def _engine(requests: list[Request], pp: int, async_scheduling: bool, executor) -> Engine:

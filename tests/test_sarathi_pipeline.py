@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from tests.helpers import Stages
 
 from tailserve.assemble.build import BuildOptions, build_engine
 from tailserve.core.engine import Engine, EngineOptions, next_tick
-from tailserve.core.executor import StepResult
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -28,20 +28,13 @@ HOST, STAGE, SEND = 0.001, 0.010, 0.0005
 TRIP = HOST + STAGE + SEND + STAGE  # one batch's way through two stages
 
 
-class _Stages:
-    """An executor whose every step takes ``host`` then ``stages`` with ``send`` between them."""
-
-    needs_block_ids = False
+class _Stages(Stages):
+    """``Stages`` at these tests' host part, stage time and send by default."""
 
     def __init__(
         self, host: float = HOST, stages: tuple[float, ...] = (STAGE, STAGE), send: float = SEND
     ) -> None:
-        self.host, self.stages, self.send = host, stages, send
-
-    def execute(self, out) -> StepResult:
-        return StepResult(
-            self.host + sum(self.stages), host_time=self.host, stages=self.stages, stage_send=self.send
-        )
+        super().__init__(host, stages, send)
 
 
 def _policy(name: str, pp: int, **kw):

@@ -1,15 +1,16 @@
 """TensorRT-LLM 1.2 under pipeline parallelism (``policies/trtllm_pipeline.py``,
-``Engine._step_ring``): ``pp_size`` micro-batch slots in turn, the requests in flight skipped by
-the micro-batch scheduler (``inflight_req_ids``), each launch followed by a wait for the next
-slot's batch, no overlap scheduler, computed blocks stored for reuse when a batch returns."""
+``Engine._step_ring``): ``pp_size`` micro-batch slots in turn, generations and last context
+chunks in flight skipped by the micro-batch scheduler (``inflight_req_ids``), a context's next
+chunk scheduled while its previous one is in flight, each launch followed by a wait for the next
+slot's batch, ``max_batch_size x pp_size`` active requests, no overlap scheduler."""
 
 from __future__ import annotations
 
 import pytest
+from tests.helpers import Stages
 
 from tailserve.assemble.build import BuildOptions, build_engine
 from tailserve.core.engine import Engine, EngineOptions
-from tailserve.core.executor import StepResult
 from tailserve.core.request import Request, RequestStatus
 from tailserve.core.scheduler import Scheduler
 from tailserve.core.source import ListSource
@@ -23,18 +24,13 @@ TRIP = HOST + STAGE + SEND + STAGE
 DEVICE = get_hardware("H100-SXM").device_info
 
 
-class _Stages:
-    needs_block_ids = False
+class _Stages(Stages):
+    """``Stages`` at these tests' host part, stage time and send by default."""
 
     def __init__(
         self, host: float = HOST, stages: tuple[float, ...] = (STAGE, STAGE), send: float = SEND
     ) -> None:
-        self.host, self.stages, self.send = host, stages, send
-
-    def execute(self, out) -> StepResult:
-        return StepResult(
-            self.host + sum(self.stages), host_time=self.host, stages=self.stages, stage_send=self.send
-        )
+        super().__init__(host, stages, send)
 
 
 def _policy(pp: int = 2, **flags) -> TrtllmPolicy:
@@ -64,12 +60,29 @@ def test_a_lone_request_gets_a_token_per_trip():
     assert r.token_times == pytest.approx([TRIP * (k + 1) for k in range(4)])
 
 
-def test_a_contexts_next_chunk_waits_for_its_previous_micro_batch():
-    """Chunked prefill at a 512-token budget: a 1,500-token context is skipped while its chunk is
-    in flight, so its three chunks make three trips."""
+def test_a_contexts_next_chunk_follows_its_previous_one_into_the_next_micro_batch():
+    """Chunked prefill at a 512-token budget: a non-final chunk is not added to the in-flight set
+    (``_add_inflight_ids``), so the 1,500-token context's second chunk goes into the next slot at
+    once and its three chunks take two trips, not three; its last chunk is in flight until it
+    returns."""
     r = Request("a", 1500, 2, 0.0)
-    _engine([r], enable_chunked_prefill=True, max_num_tokens=512).run()
-    assert r.token_times[0] == pytest.approx(3 * TRIP)
+    engine = _engine([r], enable_chunked_prefill=True, max_num_tokens=512)
+    engine.run()
+    assert r.token_times[0] == pytest.approx(2 * TRIP)
+    assert list(engine.log.start)[:3] == pytest.approx([HOST, HOST + STAGE, TRIP + HOST])
+
+
+def test_max_batch_size_bounds_each_micro_batch_and_the_stages_multiply_the_active_requests():
+    """max_num_sequences = max_batch_size x pp_size: with max_batch_size 8 at PP 2, 16 requests
+    are active and both slots carry 8, the second micro-batch entering stage 1 as soon as the
+    first leaves it."""
+    requests = [Request(f"r{i}", 64, 50, 0.0) for i in range(32)]
+    engine = _engine(requests, max_batch_size=8)
+    engine.run()
+    starts, sizes = list(engine.log.start), list(engine.log.batch_size)
+    assert sizes[:4] == [8, 8, 8, 8]
+    assert starts[:2] == pytest.approx([HOST, HOST + STAGE])
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
 
 
 def test_an_arrival_waits_while_the_loop_waits_on_the_oldest_batch():
@@ -82,21 +95,23 @@ def test_an_arrival_waits_while_the_loop_waits_on_the_oldest_batch():
 
 
 def test_micro_batches_in_flight_hold_disjoint_requests_and_everything_finishes(monkeypatch):
-    """Under KV pressure with MAX_UTILIZATION (pauses, victims in flight among them) and with
-    GUARANTEED_NO_EVICT: every request ends with its tokens, no request is scheduled while its
-    batch is in flight, and KV is conserved (the integrity check after every applied batch)."""
+    """Under KV pressure with chunked prefill: every request ends with its tokens, no generation
+    or last chunk is scheduled while in flight, a context's chunks do follow each other into
+    consecutive micro-batches, and KV is conserved (the integrity check after every batch)."""
     schedule = Scheduler.schedule
-    seen = {"paused_in_flight": 0}
+    seen = {"chunk_behind_chunk": 0}
 
     def checked(self, now):
         busy = set(self.in_flight)
+        partial = {s.request for q in engine._slots if q is not None for s in q.out.scheduled if s.partial}
         out = schedule(self, now)
-        assert not (busy - set(out.preempted)) & {s.request for s in out.scheduled}
-        seen["paused_in_flight"] += len(busy & set(out.preempted))
+        scheduled = {s.request for s in out.scheduled}
+        assert not busy & scheduled
+        seen["chunk_behind_chunk"] += len(partial & scheduled)
         return out
 
     monkeypatch.setattr(Scheduler, "schedule", checked)
-    for policy in ("MAX_UTILIZATION", "GUARANTEED_NO_EVICT"):
+    for policy in ("GUARANTEED_NO_EVICT", "STATIC_BATCH"):
         for pp in (2, 3):
             requests = [
                 Request(f"r{i}", 40 + (97 * i) % 600, 8 + (31 * i) % 90, 0.004 * i) for i in range(60)
@@ -112,7 +127,7 @@ def test_micro_batches_in_flight_hold_disjoint_requests_and_everything_finishes(
             assert all(r.num_output_tokens == r.max_tokens == len(r.token_times) for r in requests)
             kv = engine.scheduler.kv_cache
             assert engine.scheduler.in_flight == {} and kv.num_used_blocks == 0
-    assert seen["paused_in_flight"] > 0
+    assert seen["chunk_behind_chunk"] > 0
 
 
 def test_drafting_and_the_fetch_wait_under_stages_are_refused_in_one_line():
@@ -120,6 +135,8 @@ def test_drafting_and_the_fetch_wait_under_stages_are_refused_in_one_line():
         _policy(2, decoding_type="MTP", num_nextn_predict_layers=1, synthetic_acceptance_length=1.5)
     with pytest.raises(ValueError, match="batch_wait_timeout_ms under pipeline parallelism"):
         _policy(2, batch_wait_timeout_ms=5.0)
+    with pytest.raises(ValueError, match="never pauses the requests it picks to pause"):
+        _policy(2, capacity_scheduler_policy="MAX_UTILIZATION")
 
 
 def test_a_built_engine_and_the_command_line_carry_the_stages():

@@ -390,18 +390,9 @@ class Engine:
         due = self._due
         if free_slot and sched.has_unfinished and (due is None or due <= now):
             self._due = None
-            num_left = len(sched.finished)
-            out = sched.schedule(now)
-            ended = sched.finished[num_left:]  # aborted by the policy while scheduling
-            for request in ended:
-                self.source.on_finish(request, now)
-            self._last_step_finished = bool(ended)
-            if not out.is_empty:
-                batch = self._launch(out, now)
+            batch = self._schedule_launch(now)
+            if batch is not None:
                 queue.appendleft(batch)
-                in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under this engine
-                for item in out.scheduled:
-                    in_flight[item.request] = out
                 host = batch.result.host_time  # type: ignore[union-attr]  # launched
                 self._due = max(self._next_event(now), now + host)
                 self.clock.advance(host)
@@ -463,18 +454,10 @@ class Engine:
         i = self._slot
         launched = False
         if sched.has_unfinished:
-            num_left = len(sched.finished)
-            out = sched.schedule(now)
-            ended = sched.finished[num_left:]  # aborted by the policy while scheduling
-            for request in ended:
-                self.source.on_finish(request, now)
-            self._last_step_finished = bool(ended)
-            if not out.is_empty:
+            batch = self._schedule_launch(now)
+            if batch is not None:
                 assert slots[i] is None  # its batch was applied at the turn before
-                batch = slots[i] = self._launch(out, now)
-                in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under this engine
-                for item in out.scheduled:
-                    in_flight[item.request] = out
+                slots[i] = batch
                 self.clock.advance(batch.result.host_time)  # type: ignore[union-attr]  # launched
                 launched = True
         j = self._slot = (i + 1) % len(slots)
@@ -486,6 +469,28 @@ class Engine:
         slots[j] = None
         self._returned(oldest)
         return True
+
+    def _schedule_launch(self, now: float) -> Queued | None:
+        """A paused-request pipelined engine's schedule at ``now`` (``_step_paused``,
+        ``_step_ring``): the requests the policy aborted leave; unless it is empty, the batch is
+        launched through the stages and its requests marked in flight (``Scheduler.in_flight``) —
+        but a context's non-final chunk under the scheduler's own accounting (TensorRT-LLM: its
+        next chunk may follow at once, its computed tokens advanced at scheduling)."""
+        sched = self.scheduler
+        num_left = len(sched.finished)
+        out = sched.schedule(now)
+        ended = sched.finished[num_left:]  # aborted by the policy while scheduling
+        for request in ended:
+            self.source.on_finish(request, now)
+        self._last_step_finished = bool(ended)
+        if out.is_empty:
+            return None
+        batch = self._launch(out, now)
+        in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under these engines
+        for item in out.scheduled:
+            if not item.partial:
+                in_flight[item.request] = out
+        return batch
 
     def _returned(self, batch: Queued, at_end: bool = False) -> None:
         """A pipelined engine's batch is out of the last stage: its outputs applied, its requests
@@ -505,7 +510,6 @@ class Engine:
         for item in out.scheduled:
             if in_flight.get(item.request) is out:
                 del in_flight[item.request]
-        sched.policy.batch_returned(sched, out)
         self.finish_step(finished, now)
         if self.options.check_integrity:
             self.check_integrity()

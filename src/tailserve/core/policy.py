@@ -181,11 +181,6 @@ class Policy(ABC):
         ``max_concurrent_batches``; a pipeline-parallel policy says its own)."""
         return 2 if self.async_scheduling() else 1
 
-    def batch_returned(self, sched: Scheduler, out: SchedulerOutput) -> None:
-        """A pipelined engine (``Scheduler.in_flight``) applied ``out``'s outputs: what the policy
-        does then (TensorRT-LLM stores the batch's computed blocks for reuse only now)."""
-        return None
-
     def fetch_wait(self) -> tuple[float, int] | None:
         """(seconds, requests): the engine's fetch of new requests waits up to that long, at the
         start of every step, for that many when fewer came (TensorRT-LLM's

@@ -811,6 +811,8 @@ class Scheduler:
         for i, item in enumerate(out.scheduled):
             if item.request is request:
                 del out.scheduled[i]
+                if out.advanced:  # its tokens counted in flight at scheduling: not coming back
+                    request.num_in_flight_tokens -= item.num_new_tokens
                 break
         out.decode_head = None  # the leading decodes counted with it
 

@@ -155,7 +155,7 @@ from tailserve.policies.trtllm_config import (
 from tailserve.policies.trtllm_host_cache import HostCacheCopies
 from tailserve.policies.trtllm_microbatch import MicroBatch, micro_batch
 from tailserve.policies.trtllm_overlap import overlap_default, to_complete
-from tailserve.policies.trtllm_pipeline import PP_NO_OVERLAP, StoredAtReturn, check_pipelined
+from tailserve.policies.trtllm_pipeline import PP_NO_OVERLAP, check_pipelined
 from tailserve.policies.trtllm_prefix_aware import reusable_tokens
 
 
@@ -214,8 +214,13 @@ class TrtllmPolicy(Policy, FastPaths):
         # runs _executor_loop_pp, which has none (trtllm_pipeline.py).
         self._pp = config.pipeline_parallel_size
         self._overlap = config.disable_overlap_scheduler is False and self._pp == 1
-        # Under pipeline stages: each batch's computed blocks, stored for reuse when it returns.
-        self._stored = StoredAtReturn() if self._pp > 1 else None
+        # max_num_sequences (_util.py): max_batch_size per micro-batch, times the stages for the
+        # capacity scheduler and the active requests (get_max_num_sequences)
+        self._max_sequences = config.batch_size * self._pp
+        # The scheduler's own accounting (computed tokens advance at scheduling): with drafts,
+        # under overlap, and under pipeline stages, where a context's next chunk is scheduled
+        # while its previous one is in flight (trtllm_pipeline.py)
+        self._advance = self._num_drafts > 0 or self._overlap or self._pp > 1
         # attention-DP balancing's two passes (plan_step, hold_contexts): the planned batch and
         # whether its contexts wait; both used up by the next schedule.
         self._planned: _Plan | None = None
@@ -292,10 +297,6 @@ class TrtllmPolicy(Policy, FastPaths):
     def max_concurrent_batches(self) -> int:
         # num_micro_batches = pp_size (PyExecutor 1.2); the overlap scheduler's two otherwise
         return self._pp if self._pp > 1 else (2 if self._overlap else 1)
-
-    def batch_returned(self, sched: Scheduler, out: SchedulerOutput) -> None:
-        if self._stored is not None:
-            self._stored.returned(sched, out)
 
     def fetch_wait(self) -> tuple[float, int] | None:
         """``batch_wait_timeout_ms``: ``ExecutorRequestQueue._get_from_request_queue`` takes what
@@ -424,8 +425,10 @@ class TrtllmPolicy(Policy, FastPaths):
             out.scheduled.append(ScheduledRequest(request, chunk, start))
             if start + chunk == request.num_tokens:
                 self._enter_generation(sched, request)  # its last chunk: generation next
-                if self._overlap:
+                if self._overlap or self._pp > 1:
                     continue  # stored when its outputs are processed (Scheduler.update_advanced)
+            elif self._pp > 1:
+                continue  # the PP loop stores a context's blocks when its last chunk returns
             computed_after.append((request, start + chunk))
         tables = kv.block_tables
         block_size = kv.block_size
@@ -438,7 +441,7 @@ class TrtllmPolicy(Policy, FastPaths):
         # it; None: every call counts; empty: nobody has a keyed block left, as in a workload
         # without token ids). A block fills once in block_size steps.
         gate = kv.registers_from
-        register = not self._overlap and (gate is None or len(gate) > 0)
+        register = not (self._overlap or self._pp > 1) and (gate is None or len(gate) > 0)
         for request in batch.generations:
             computed = request.num_computed_tokens
             # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
@@ -469,15 +472,13 @@ class TrtllmPolicy(Policy, FastPaths):
             if register and (gate is None or gate.get(rid, NEVER) <= computed + 1):
                 computed_after.append((request, computed + 1))  # drafts are not known tokens
         # storeContextBlocks after the forward: only now do this step's blocks become reusable
-        # (under pipeline stages, when the batch returns: update_resources in the PP loop).
-        if self._stored is not None:
-            self._stored.keep(out, computed_after)
-        else:
-            for request, tokens in computed_after:
-                sched.cache_computed(request, tokens)
+        # (under pipeline stages none here: update_resources when the batch returns, through
+        # Scheduler.update_advanced, for its generations and last chunks only).
+        for request, tokens in computed_after:
+            sched.cache_computed(request, tokens)
         if self._host is not None and kv.secondary is not None:
             self._host.price(sched, out)  # prepare_resources' host copies (refresh_blocks waits)
-        if drafts or self._overlap:
+        if self._advance:
             # The step's outputs come back as 1 + accepted drafts per generation request, or a
             # step late under overlap: the scheduler's accounting (advance now, outputs in flight
             # as placeholders, rejected drafts rolled back at update).
@@ -504,7 +505,7 @@ class TrtllmPolicy(Policy, FastPaths):
         fitting: Iterable[Request]
         if cfg.capacity_scheduler_policy == MAX_UTILIZATION:
             fitting, paused = max_utilization(
-                sched, self._active, is_generation, cfg.batch_size, cfg.enable_block_reuse,
+                sched, self._active, is_generation, self._max_sequences, cfg.enable_block_reuse,
                 lambda request: self._pause(sched, request), self._slots,
             )  # fmt: skip
         else:
@@ -514,7 +515,7 @@ class TrtllmPolicy(Policy, FastPaths):
                 sched,
                 self._active,
                 is_generation,
-                cfg.batch_size,
+                self._max_sequences,
                 static,
                 cfg.enable_block_reuse,
                 self._slots,
@@ -547,8 +548,9 @@ class TrtllmPolicy(Policy, FastPaths):
         self._hold_contexts = True
 
     def _fetch(self, sched: Scheduler) -> None:
-        """``_fetch_new_requests``: FCFS from the waiting queue until ``max_batch_size`` are active."""
-        room = self.config.batch_size - len(self._active)
+        """``_fetch_new_requests``: FCFS from the waiting queue until ``max_batch_size`` x the stages
+        are active."""
+        room = self._max_sequences - len(self._active)  # max_num_active_requests
         if room <= 0 or len(sched.waiting) <= len(self._unscheduled):
             return
         for request in itertools.islice(sched.waiting, len(self._unscheduled), len(self._unscheduled) + room):

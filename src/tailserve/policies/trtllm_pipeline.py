@@ -11,15 +11,23 @@ follows it:
   (``_update_requests``, ``_handle_responses``, ``update_resources``) and removes its requests
   from ``inflight_req_ids``; the slot turn moves on. A slot whose schedule is empty
   (``_can_queue``) stays empty, and an iteration whose next slot is empty waits for nothing.
-- **The requests in flight are skipped**: ``schedule_request(active_requests,
-  inflight_req_ids)``; the capacity scheduler sees every active request (their blocks count),
-  the micro-batch scheduler passes over the ones in ``inflight_req_ids`` uncounted
-  (``MicroBatchScheduler``: "Skip requests already in flight"). A context's next chunk waits
-  for its previous chunk's micro-batch, as in Sarathi-Serve's engine.
-- **No overlap scheduler**: each micro-batch is scheduled on its requests' known tokens.
-- **Blocks stored at the return**: ``update_resources`` (``storeContextBlocks``) runs when a
-  micro-batch is finalized, so the blocks it computed become reusable then, not when it is
-  scheduled (``StoredAtReturn``).
+- **``max_num_sequences = max_batch_size x pp_size``** (``_util.py``): the capacity scheduler's
+  limit and the active requests' (``get_max_num_sequences``); ``max_batch_size`` bounds each
+  micro-batch (the micro-batch scheduler's).
+- **Generations and last context chunks in flight are skipped**: ``schedule_request(
+  active_requests, inflight_req_ids)``; the capacity scheduler sees every active request, the
+  micro-batch scheduler passes over the ones in ``inflight_req_ids`` uncounted. A context's
+  non-final chunk is not added there (``_add_inflight_ids``: "so the scheduler can keep
+  scheduling further context chunks while earlier ones are in the PP pipeline") and its state
+  moves to the next chunk at launch (``_update_request_states``): the next chunk goes into the
+  next micro-batch, as in vLLM. Hence the scheduler's own accounting (computed tokens advance at
+  scheduling, ``Scheduler.advance_scheduled``), without placeholders: no overlap scheduler.
+- **Blocks stored at the return, of generations and last chunks**: ``update_resources`` runs on
+  the finalized micro-batch with its context requests replaced by ``finished_ctx_reqs``
+  (``Scheduler.update_advanced`` stores the known tokens' blocks then).
+- **No pause**: ``_executor_loop_pp`` never calls ``_pause_requests`` / ``_terminate_requests``
+  for the capacity scheduler's paused requests, so MAX_UTILIZATION's pauses would keep their
+  blocks; refused here (and with it ``two_step_lookahead``, which only MAX_UTILIZATION reads).
 - **No drafting**: "Drafting is not supported for selected executor loop. Please disable
   disagg/pipeline parallelism scheduler." (``PyExecutor.__init__``).
 
@@ -30,10 +38,6 @@ Newer versions (past 1.2) broadcast the sampled state asynchronously and keep
 from __future__ import annotations
 
 from typing import Any
-
-from tailserve.core.request import Request
-from tailserve.core.scheduler import Scheduler
-from tailserve.core.scheduler_output import SchedulerOutput
 
 PP_NO_OVERLAP = (
     "pipeline_parallel_size > 1: TensorRT-LLM runs _executor_loop_pp, micro-batches in turn without "
@@ -52,27 +56,9 @@ def check_pipelined(config: Any) -> None:
         )
     if config.batch_wait_timeout_ms:
         raise ValueError("batch_wait_timeout_ms under pipeline parallelism is not simulated")
-
-
-class StoredAtReturn:
-    """``update_resources`` in the PP loop: a micro-batch's computed blocks are stored for reuse
-    when it is finalized. Kept per batch from its schedule; stored for the requests that still
-    hold KV (a finished one's were stored when it was freed, a paused one's are gone)."""
-
-    __slots__ = ("_pending",)
-
-    def __init__(self) -> None:
-        self._pending: dict[int, list[tuple[Request, int]]] = {}
-
-    def keep(self, out: SchedulerOutput, computed: list[tuple[Request, int]]) -> None:
-        if computed:
-            self._pending[id(out)] = computed
-
-    def returned(self, sched: Scheduler, out: SchedulerOutput) -> None:
-        computed = self._pending.pop(id(out), None)
-        if not computed:
-            return
-        kv = sched.kv_cache
-        for request, tokens in computed:
-            if kv.num_held(request.request_id) and request.num_computed_tokens >= tokens:
-                sched.cache_computed(request, tokens)
+    if config.capacity_scheduler_policy == "MAX_UTILIZATION":
+        raise ValueError(
+            "capacity_scheduler_policy MAX_UTILIZATION under pipeline parallelism: TensorRT-LLM 1.2's PP "
+            "loop never pauses the requests it picks to pause (no _pause_requests in _executor_loop_pp); "
+            "not simulated — use GUARANTEED_NO_EVICT"
+        )
