@@ -310,3 +310,21 @@ def test_after_a_launch_the_schedule_loop_waits_for_its_next_event():
     policy = VllmV0Policy(VllmV0Config(512, 64, pipeline_parallel_size=2))
     _engine(policy, [a, b], _Stages(0.001, (0.004, 0.004), 0.0)).run()
     assert a.first_scheduled_time == 0.0 and b.first_scheduled_time == pytest.approx(0.005)
+
+
+def test_a_plan_leaves_out_pp_sizes_sarathis_engine_cannot_run(capsys):
+    """tune --plan-pp with a policy of Sarathi-Serve's engine: a PP size the layers (32) do not
+    divide is left out with a note; only such sizes is one line."""
+    from tailserve.cli.app import main
+
+    argv = ["tune", "--gpus", "6", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--plan-tps", "1"]
+    argv += ["--plan-policy", "sarathi", "--workload", "chat", "--num-requests", "40", "--rate", "5"]
+    assert main([*argv, "--plan-pp", "1,3"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        "tailserve: --plan-pp: PP 3 left out: sarathi runs in Sarathi-Serve's pipelined engine"
+        in captured.err
+    )
+    assert "x PP 3" not in captured.out
+    assert main([*argv, "--plan-pp", "3"]) == 2
+    assert "none of 3 does" in capsys.readouterr().err

@@ -164,3 +164,14 @@ def test_lint_reads_pp_size_into_the_deployment():
         r.flag: r for r in lint("trtllm-serve meta-llama/Llama-3.1-70B-Instruct --tp_size 4 --pp_size 2").rows
     }
     assert rows["--pp_size"].verdict == DEPLOYMENT and rows["--pp_size"].feeds == "deployment.pp"
+
+
+def test_explain_names_tensorrt_llms_lever_under_stages(capsys):
+    from tailserve.cli.app import main
+
+    argv = ["simulate", "--model", "Llama-3-70B", "--hardware", "H100-SXM", "--tp", "4", "--pp", "2"]
+    argv += ["--policy", "trtllm", "--workload", "chat", "--rate", "8", "--num-requests", "60", "--seed", "1"]
+    assert main([*argv, "--explain"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "The engine ran 2 pipeline stages (40/40 layers" in out
+    assert "a lower `max_num_tokens` with it evens the micro-batches out" in out

@@ -28,7 +28,7 @@ from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
-from tailserve.policies.registry import PIPELINED_POLICIES, PolicySpec, parse_policy_list
+from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, PolicySpec, parse_policy_list
 
 ExecutorKind = Literal["sim", "realtime-sim", "torch"]
 EXECUTOR_KINDS: tuple[str, ...] = ("sim", "realtime-sim", "torch")
@@ -222,10 +222,6 @@ def _build_simulated(
     if cost_model.pipeline is not None:
         label += f" x PP {cost_model.pipeline.pp}"
     return BuiltEngine(kind, parts, executor, label, cost_model=built)
-
-
-# The policies that run in Sarathi-Serve's pipelined engine under stages (policies/sarathi_pipeline.py).
-SARATHI_ENGINE = ("sarathi", "orca", "vllm-v0")
 
 
 def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions) -> PolicySpec:

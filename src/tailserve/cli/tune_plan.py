@@ -154,8 +154,9 @@ def run_plan(
             expert_parallel=("on" if deployment.expert_parallel else "off") if dp_only else args.plan_ep,
             dps=dps, dp_only=dp_only, eplb=eplb, notes=notes, pps=pps,
         )  # fmt: skip
-    for note in notes:
-        print(f"tailserve: --plan-eplb: {note}", file=sys.stderr)
+    for note in notes:  # each starts with what it left out: an EPLB setting's layout, or PP sizes
+        flag = "--plan-pp" if note.startswith("PP ") else "--plan-eplb"
+        print(f"tailserve: {flag}: {note}", file=sys.stderr)
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
     own_pp = f" x PP {deployment.pp}" if deployment.pp > 1 else ""

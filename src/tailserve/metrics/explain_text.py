@@ -357,6 +357,11 @@ def pipeline_words(config: dict[str, Any]) -> str:
             " A prompt's next chunk waits for its previous one to leave the last stage (Sarathi-Serve's "
             "engine); a lower `chunk_size` evens the micro-batches out"
         )
+    elif policy == "trtllm":
+        evens = (
+            " TensorRT-LLM's PP loop runs whole contexts up to `max_num_tokens` unless "
+            "`enable_chunked_prefill` is on; a lower `max_num_tokens` with it evens the micro-batches out"
+        )
     elif policy == "orca":
         evens = (
             " Orca admits whole prompts: nothing evens its micro-batches out but chunked prefill (`sarathi`)"

@@ -104,6 +104,9 @@ _ALIASES = {
 # batch queue (vllm_pipeline.py), trtllm in TensorRT-LLM's PP loop (trtllm_pipeline.py), the rest
 # in Sarathi-Serve's pipelined engine (sarathi_pipeline.py).
 PIPELINED_POLICIES = ("vllm", "trtllm", "sarathi", "orca", "vllm-v0")
+# Those in Sarathi-Serve's pipelined engine, whose ModelConfig refuses a layer count the stages
+# do not divide (assemble/build.py refuses it; a plan leaves such PP sizes out).
+SARATHI_ENGINE = ("sarathi", "orca", "vllm-v0")
 
 
 def resolve_policy_name(name: str) -> str:

@@ -44,7 +44,7 @@ from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.kv_capacity import kv_capacity
 from tailserve.metrics.summary import Slo
-from tailserve.policies.registry import PIPELINED_POLICIES, PolicySpec
+from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, PolicySpec
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo, capacity_steps
@@ -415,6 +415,22 @@ def plan(
         raise ValueError(
             "--plan-pp plans replicas over --gpus: not with --data-parallel-size (one DP engine)"
         )
+    if pps and policy.name in SARATHI_ENGINE:
+        # Sarathi-Serve's pipelined engine needs the layers divisible by the stages.
+        layers = deployment.model_spec().num_layers
+        uneven = [pp for pp in pps if layers % pp]
+        if uneven:
+            pps = [pp for pp in pps if not layers % pp]
+            if notes is not None:
+                notes.append(
+                    f"PP {', '.join(map(str, uneven))} left out: {policy.name} runs in Sarathi-Serve's "
+                    f"pipelined engine, which needs the layers ({layers}) divisible by the stages"
+                )
+            if not pps:
+                raise ValueError(
+                    f"--plan-pp: {policy.name} runs in Sarathi-Serve's pipelined engine, which needs the "
+                    f"layers ({layers}) divisible by the stages; none of {', '.join(map(str, uneven))} does"
+                )
     if deployment.expert_imbalance and not (deployment.expert_parallel and deployment.tp * deployment.dp > 1):
         raise ValueError(
             "--expert-imbalance is the routing measured at an EP size: give the --tp / --data-parallel-size "
