@@ -328,3 +328,15 @@ def test_a_plan_leaves_out_pp_sizes_sarathis_engine_cannot_run(capsys):
     assert "x PP 3" not in captured.out
     assert main([*argv, "--plan-pp", "3"]) == 2
     assert "none of 3 does" in capsys.readouterr().err
+
+
+def test_compare_under_stages_runs_the_policies_simulated_there(capsys):
+    """compare's default list under --pp: the policies simulated under stages, those of
+    Sarathi-Serve's engine only where the stages divide the layers (32 at PP 3: left out)."""
+    from tailserve.cli.app import main
+
+    argv = ["compare", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--tp", "1", "--pp", "3"]
+    assert main([*argv, "--workload", "chat", "--rate", "5", "--num-requests", "20", "--seed", "1"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "comparing vllm, vllm:max_num_batched_tokens=8192, trtllm" in err
+    assert "needs the layers (32) divisible by the stages" in err

@@ -63,7 +63,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     if getattr(args, "dp", 1) > 1:
         raise CliError(f"--data-parallel-size {dp_refused}")
-    from tailserve.policies.registry import parse_policy_list
+    from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, parse_policy_list
 
     check_sweep_args(args)  # before the notes and the workload
     commands = read_engine_cmds(args)  # --engine-cmd: their policies, and the deployment they share
@@ -75,10 +75,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print_notes(built)
     listed = args.policies if args.policies is not None else "" if commands else DEFAULT_COMPARE_POLICIES
     if args.policies is None and not commands and built.cost_model.pipeline is not None:
-        listed = "vllm,vllm:max_num_batched_tokens=2048,vllm:max_num_batched_tokens=512"
+        # The defaults simulated under stages (policies/registry.py), those of Sarathi-Serve's
+        # engine only where the stages divide the layers (as Sarathi-Serve requires).
+        pp, layers = built.cost_model.pipeline.pp, built.cost_model.model.num_layers
+        names = [
+            entry
+            for entry in DEFAULT_COMPARE_POLICIES.split(",")
+            if (name := entry.split(":")[0]) in PIPELINED_POLICIES
+            and (name not in SARATHI_ENGINE or not layers % pp)
+        ]
+        listed = ",".join(names)
         print(
-            "note: --pipeline-parallel-size: comparing the vllm policy at three budgets (pipeline "
-            "parallelism is simulated for vLLM's engine core)",
+            f"note: --pipeline-parallel-size {pp}: comparing {listed.replace(',', ', ')} (the policies simulated "
+            "under pipeline stages"
+            + (
+                f"; Sarathi-Serve's engine needs the layers ({layers}) divisible by the stages"
+                if layers % pp
+                else ""
+            )
+            + ")",
             file=sys.stderr,
         )
     # An explicit empty --policies is parsed (and refused) unless --engine-cmd lines fill the table.
