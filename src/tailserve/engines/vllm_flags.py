@@ -65,7 +65,9 @@ def _pp_flag(version: str, line: str) -> FlagSpec:
                         "pipeline stages of --tp GPUs each (tailserve --pipeline-parallel-size)", line, "1",
                         aliases=("-pp",), target="deployment.pp")  # fmt: skip
     return FlagSpec("pipeline_parallel_size", int, NOT_MODELLED,
-                    f"pipeline parallelism: tailserve simulates vLLM 0.32's engine core under it, not {version}'s",
+                    f"pipeline parallelism: tailserve simulates vLLM 0.32's engine core under it, not {version}'s "
+                    "(V0's virtual engines neither; --policy vllm-v0 --pipeline-parallel-size N runs V0's policy "
+                    "in Sarathi-Serve's pipelined engine)",
                     line, "1", aliases=("-pp",))  # fmt: skip
 
 
