@@ -59,12 +59,16 @@ def _engine(policy, requests: list[Request], executor=None, blocks: int = 512) -
 
 def test_the_policies_say_sarathis_engine_and_its_queue_depth():
     for name in ("sarathi", "orca", "vllm-v0"):
-        sched = Scheduler(_policy(name, 3), KVCacheManager(64, 16), 4096)
-        assert sched.in_flight == {} and sched.max_concurrent_batches == 3
+        policy = _policy(name, 3)
+        sched = Scheduler(policy, KVCacheManager(64, 16), 4096)
+        assert policy.pipeline_engine == "sarathi" and policy.schedule_tick == 0.01
+        assert sched.max_concurrent_batches == 3
+        engine = Engine(sched, _Stages(stages=(STAGE,) * 3), ListSource([]))
+        assert engine._pipelined == engine._step_paused
         alone = Scheduler(_policy(name, 1), KVCacheManager(64, 16), 4096)
-        assert alone.in_flight is None and alone.pipeline_parallel_size == 1
-    vllm = Scheduler(VllmPolicy(VllmConfig(4096, 64, pipeline_parallel_size=2)), KVCacheManager(64, 16), 4096)
-    assert vllm.in_flight is None  # vLLM V1's batch queue advances computed tokens instead
+        assert alone.pipeline_parallel_size == 1 and alone.max_concurrent_batches == 1
+    vllm = VllmPolicy(VllmConfig(4096, 64, pipeline_parallel_size=2))
+    assert vllm.pipeline_engine == "vllm"  # vLLM V1's batch queue advances computed tokens instead
 
 
 def test_a_prompts_next_chunk_waits_for_the_previous_one_to_leave_the_last_stage():
@@ -140,11 +144,11 @@ def test_a_victim_in_flight_leaves_its_batch():
         sched.admit(request, 0.0)
         request.num_computed_tokens = 32
         out.scheduled.append(ScheduledRequest(request, 1, 32))
-        sched.in_flight[request] = out  # type: ignore[index]
+        sched.batch_of[request] = out  # type: ignore[index]
     out.decode_head = (2, 64)
     sched.preempt_by_recompute(s)
     assert [i.request for i in out.scheduled] == [r] and out.decode_head is None
-    assert sched.in_flight == {r: out}
+    assert sched.batch_of == {r: out}
     assert sched.kv_cache.num_held("s") == 0
 
 
@@ -162,7 +166,7 @@ def test_every_request_finishes_no_request_is_in_two_batches_and_kv_is_conserved
 
     def checked(self, now):
         assert len(engine._queue) < pp
-        busy = set(self.in_flight)
+        busy = set(self.batch_of)
         out = schedule(self, now)
         # (A victim taken from its batch in flight may be admitted again in the same pass.)
         assert not (busy - set(out.preempted)) & {s.request for s in out.scheduled}
@@ -175,7 +179,7 @@ def test_every_request_finishes_no_request_is_in_two_batches_and_kv_is_conserved
     assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
     assert all(r.num_output_tokens == r.max_tokens == len(r.token_times) for r in requests)
     kv = engine.scheduler.kv_cache
-    assert kv.num_free_blocks == kv.num_blocks and engine.scheduler.in_flight == {}
+    assert kv.num_free_blocks == kv.num_blocks and engine.scheduler.batch_of == {}
     if name != "orca":  # orca reserves every request's whole length: it never preempts
         assert engine.scheduler.num_preemptions > 0
     if name == "sarathi":
@@ -192,7 +196,7 @@ def test_a_built_engine_runs_sarathis_pipelined_engine_on_the_stages(policy):
         _deployment(2), policy, options=BuildOptions(engine=EngineOptions(check_integrity=True))
     )
     assert built.policy_config.pipeline_parallel_size == 2
-    assert built.scheduler.in_flight == {} and built.scheduler.max_concurrent_batches == 2
+    assert built.scheduler.batch_of == {} and built.scheduler.max_concurrent_batches == 2
     requests = [Request(f"r{i}", 200 + 37 * i, 20 + i, 0.01 * i) for i in range(40)]
     engine = built.make_engine(ListSource(requests), options=EngineOptions(check_integrity=True))
     engine.run()
@@ -276,10 +280,10 @@ def test_a_request_aborted_in_flight_leaves_its_batch():
     sched.admit(r, 0.0)
     out = SchedulerOutput()
     out.scheduled.append(ScheduledRequest(r, 32, 0))
-    sched.in_flight[r] = out  # type: ignore[index]
+    sched.batch_of[r] = out  # type: ignore[index]
     sched.running.remove(r)
     sched.abort(r, "no room", 0.0)
-    assert out.scheduled == [] and sched.in_flight == {} and r.is_finished
+    assert out.scheduled == [] and sched.batch_of == {} and r.is_finished
 
 
 def test_outputs_are_stamped_when_their_batch_leaves_the_last_stage():
@@ -338,5 +342,5 @@ def test_compare_under_stages_runs_the_policies_simulated_there(capsys):
     argv = ["compare", "--model", "Llama-3-8B", "--hardware", "H100-SXM", "--tp", "1", "--pp", "3"]
     assert main([*argv, "--workload", "chat", "--rate", "5", "--num-requests", "20", "--seed", "1"]) == 0
     err = " ".join(capsys.readouterr().err.split())
-    assert "comparing vllm, vllm:max_num_batched_tokens=8192, trtllm" in err
+    assert "comparing vllm, vllm:max_num_batched_tokens=2048, trtllm" in err
     assert "needs the layers (32) divisible by the stages" in err

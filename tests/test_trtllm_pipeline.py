@@ -47,7 +47,7 @@ def test_pp_size_slots_no_overlap_and_the_in_flight_skip():
     policy = _policy(3)
     assert policy.pipeline_engine == "trtllm" and not policy.async_scheduling()
     sched = Scheduler(policy, KVCacheManager(64, 32), 4096)
-    assert sched.in_flight == {} and sched.max_concurrent_batches == 3
+    assert sched.batch_of == {} and sched.max_concurrent_batches == 3
     assert _policy(1).max_concurrent_batches() == 2  # the overlap scheduler's, without stages
     notes = TrtllmPolicy.default_notes(DEVICE, policy.config, {"pipeline_parallel_size": 3})
     assert any("_executor_loop_pp" in note for note in notes)
@@ -102,7 +102,7 @@ def test_micro_batches_in_flight_hold_disjoint_requests_and_everything_finishes(
     seen = {"chunk_behind_chunk": 0}
 
     def checked(self, now):
-        busy = set(self.in_flight)
+        busy = set(self.batch_of)
         partial = {s.request for q in engine._slots if q is not None for s in q.out.scheduled if s.partial}
         out = schedule(self, now)
         scheduled = {s.request for s in out.scheduled}
@@ -126,7 +126,7 @@ def test_micro_batches_in_flight_hold_disjoint_requests_and_everything_finishes(
             assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests), (policy, pp)
             assert all(r.num_output_tokens == r.max_tokens == len(r.token_times) for r in requests)
             kv = engine.scheduler.kv_cache
-            assert engine.scheduler.in_flight == {} and kv.num_used_blocks == 0
+            assert engine.scheduler.batch_of == {} and kv.num_used_blocks == 0
     assert seen["chunk_behind_chunk"] > 0
 
 
@@ -147,7 +147,7 @@ def test_a_built_engine_and_the_command_line_carry_the_stages():
     built = build_engine(
         deployment, "trtllm", options=BuildOptions(engine=EngineOptions(check_integrity=True))
     )
-    assert built.policy_config.pipeline_parallel_size == 2 and built.scheduler.in_flight == {}
+    assert built.policy_config.pipeline_parallel_size == 2 and built.scheduler.batch_of == {}
     requests = [Request(f"r{i}", 200 + 37 * i, 20 + i, 0.01 * i) for i in range(40)]
     engine = built.make_engine(ListSource(requests), options=EngineOptions(check_integrity=True))
     engine.run()
@@ -175,3 +175,24 @@ def test_explain_names_tensorrt_llms_lever_under_stages(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "The engine ran 2 pipeline stages (40/40 layers" in out
     assert "a lower `max_num_tokens` with it evens the micro-batches out" in out
+
+
+def test_lint_says_what_the_pp_loop_refuses_and_what_is_not_simulated(tmp_path):
+    from tailserve.engines.flag_spec import NOT_MODELLED
+    from tailserve.engines.lint import lint
+
+    options = tmp_path / "pp.yaml"
+    options.write_text(
+        "speculative_config:\n  decoding_type: MTP\n  num_nextn_predict_layers: 1\n"
+        "scheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\nbatch_wait_timeout_ms: 5\n"
+    )
+    line = f"trtllm-serve deepseek-ai/DeepSeek-V3 --tp_size 8 --pp_size 2 --extra_llm_api_options {options}"
+    report = lint(line)
+    assert report.refused
+    assert [tuple(f.flags) for f in report.conflicts] == [("speculative_config", "pp_size")]
+    rows = {r.name: r for r in report.rows}
+    assert rows["scheduler_config.capacity_scheduler_policy"].verdict == NOT_MODELLED
+    assert "never carries out its pauses" in rows["scheduler_config.capacity_scheduler_policy"].what
+    assert rows["batch_wait_timeout_ms"].verdict == NOT_MODELLED
+    single = {r.name: r for r in lint(line.replace("--pp_size 2", "--pp_size 1")).rows}
+    assert "never carries out its pauses" not in single["scheduler_config.capacity_scheduler_policy"].what

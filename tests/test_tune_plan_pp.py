@@ -94,7 +94,7 @@ def test_pp_needs_a_policy_simulated_under_stages():
     with pytest.raises(ValueError, match="--plan-policy vllm") as error:
         plan(8, Deployment.of("Llama-3-8B", "H100-SXM", tp=4), sglang, SMALL, slo, pps=[1, 2])
     assert "\n" not in str(error.value)
-    assert "vllm, trtllm, sarathi, orca, vllm-v0" in str(error.value)
+    assert "orca, vllm-v0, vllm, sarathi, trtllm" in str(error.value)
     with pytest.raises(ValueError, match="--plan-policy vllm"):  # the deployment's own PP too
         plan(8, Deployment.of("Llama-3-8B", "H100-SXM", tp=2, pp=2), sglang, SMALL, slo)
 

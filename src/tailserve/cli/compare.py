@@ -34,6 +34,8 @@ from tailserve.sim.workload_spec import WorkloadSpec
 
 # The essay's engines side by side: Orca, vLLM V0, vLLM V1 at two budgets, Sarathi, SGLang, TGI.
 DEFAULT_COMPARE_POLICIES = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=8192,sarathi,sglang,tgi,trtllm"
+# Under pipeline stages: those simulated there, vLLM at a second budget in place of its H100 default
+DEFAULT_COMPARE_POLICIES_PP = "orca,vllm-v0,vllm,vllm:max_num_batched_tokens=2048,sarathi,trtllm"
 
 
 def add_parser(sub: Any) -> None:
@@ -63,7 +65,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     if getattr(args, "dp", 1) > 1:
         raise CliError(f"--data-parallel-size {dp_refused}")
-    from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, parse_policy_list
+    from tailserve.policies.registry import parse_policy_list, runs_under_stages
 
     check_sweep_args(args)  # before the notes and the workload
     commands = read_engine_cmds(args)  # --engine-cmd: their policies, and the deployment they share
@@ -78,13 +80,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # The defaults simulated under stages (policies/registry.py), those of Sarathi-Serve's
         # engine only where the stages divide the layers (as Sarathi-Serve requires).
         pp, layers = built.cost_model.pipeline.pp, built.cost_model.model.num_layers
-        names = [
-            entry
-            for entry in DEFAULT_COMPARE_POLICIES.split(",")
-            if (name := entry.split(":")[0]) in PIPELINED_POLICIES
-            and (name not in SARATHI_ENGINE or not layers % pp)
-        ]
-        listed = ",".join(names)
+        entries = DEFAULT_COMPARE_POLICIES_PP.split(",")
+        listed = ",".join(e for e in entries if runs_under_stages(e.split(":")[0], layers, pp))
         print(
             f"note: --pipeline-parallel-size {pp}: comparing {listed.replace(',', ', ')} (the policies simulated "
             "under pipeline stages"

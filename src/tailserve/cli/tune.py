@@ -33,7 +33,7 @@ from tailserve.cli.tune_tables import (
 )
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import build_cost_model
-from tailserve.policies.registry import PIPELINED_POLICIES
+from tailserve.policies.registry import runs_under_stages
 from tailserve.report.tables import deployment_line
 from tailserve.tune.capacity import DEFAULT_SLO, RateScaler, parse_capacity_slo
 from tailserve.tune.recommend import (
@@ -172,13 +172,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         args.model_id = commands[0].deployment["model"]  # the printed commands name the model as the line did
     # An explicit "" is refused by the parser, not replaced by the default list.
     listed = DEFAULT_TUNE_POLICIES if args.policies is None else args.policies
-    if args.policies is None and not commands and deployment.pp > 1:
-        # The default policies simulated under pipeline stages (policies/registry.py).
-        listed = ",".join(p for p in listed.split(",") if p in PIPELINED_POLICIES)
+    if args.policies is None and not commands and deployment.pp > 1 and not args.gpus:
+        # The default policies simulated under these stages (policies/registry.py); a plan's
+        # own (--gpus) is --plan-policy.
+        layers = built.cost_model.model.num_layers
+        names = [p for p in listed.split(",") if runs_under_stages(p.split(":")[0], layers, deployment.pp)]
+        listed = ",".join(names)
         print(
-            f"note: --pipeline-parallel-size {deployment.pp}: tuning {listed.replace(',', ' and ')} only "
-            "(pipeline parallelism is simulated for vLLM's engine core, TensorRT-LLM's PP loop and "
-            "Sarathi-Serve's pipelined engine)",
+            f"note: --pipeline-parallel-size {deployment.pp}: tuning {', '.join(names)} only (pipeline "
+            "parallelism is simulated for vLLM's engine core, TensorRT-LLM's PP loop and Sarathi-Serve's "
+            f"pipelined engine, which needs the layers ({layers}) divisible by the stages)",
             file=sys.stderr,
         )
     policies = [c.spec for c in commands] or parse_policy_list(listed)

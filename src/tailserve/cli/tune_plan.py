@@ -19,7 +19,7 @@ from tailserve.executors.simulated.deployment import Deployment
 from tailserve.policies.registry import PolicySpec, parse_policy_list
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo
-from tailserve.tune.cluster_plan import PlanRow, plan, unfit
+from tailserve.tune.cluster_plan import PlanRow, plan, plannable_pps, unfit
 from tailserve.tune.sweep import ResultsFile
 
 console = Console()
@@ -107,7 +107,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         metavar="1,2,4",
         help="--gpus: also plan each replica shape at these pipeline-parallel sizes, replicas of TP x PP "
         "GPUs (those dividing the GPUs, with room for a KV cache on the fullest stage; PP > 1: aggregated "
-        "replicas only, the vllm policy; default: --pipeline-parallel-size only)",
+        "replicas only, a --plan-policy simulated under stages: vllm, trtllm, sarathi, orca, vllm-v0, the "
+        "last three where the stages divide the layers; default: --pipeline-parallel-size only)",
     )
 
 
@@ -142,6 +143,10 @@ def run_plan(
         if dp_only
         else (_tps(args.plan_dp, "--plan-dp", "DP sizes") if args.plan_dp else None)
     )
+    if pps:  # the PP sizes the policy runs on, before the heading names them
+        pps, note = plannable_pps(policy, deployment, pps)
+        if note:
+            print(f"tailserve: --plan-pp: {note}", file=sys.stderr)
     if not dp_only:
         _print_left_out(args.gpus, deployment, tps, pps)
     eplb = _eplb_settings(args.plan_eplb, deployment) if args.plan_eplb else None
@@ -154,9 +159,8 @@ def run_plan(
             expert_parallel=("on" if deployment.expert_parallel else "off") if dp_only else args.plan_ep,
             dps=dps, dp_only=dp_only, eplb=eplb, notes=notes, pps=pps,
         )  # fmt: skip
-    for note in notes:  # each starts with what it left out: an EPLB setting's layout, or PP sizes
-        flag = "--plan-pp" if note.startswith("PP ") else "--plan-eplb"
-        print(f"tailserve: {flag}: {note}", file=sys.stderr)
+    for note in notes:
+        print(f"tailserve: --plan-eplb: {note}", file=sys.stderr)
     where = f" ({sweep.num_reused} reused from {results.path})" if results is not None else ""
     print(f"runs: {sweep.num_executed} simulated{where}", file=sys.stderr)
     own_pp = f" x PP {deployment.pp}" if deployment.pp > 1 else ""

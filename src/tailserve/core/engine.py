@@ -134,23 +134,28 @@ class Engine:
             raise ValueError("async scheduling is simulated in virtual time only (the simulated executor)")
         self._in_flight: InFlight | None = None
         self._device_free_at = self.clock.now  # async: when the last launched forward pass ends
-        # Pipeline parallelism (``_step_pipelined``): vLLM's batch queue, newest first, and when
-        # each stage is next free.
+        # Pipeline parallelism (the pipelined loops below): the batches in flight, newest first
+        # (vLLM's batch queue, Sarathi-Serve's), and when each stage is next free.
         self._pp = scheduler.pipeline_parallel_size
         self._depth = scheduler.max_concurrent_batches
         self._queue: deque[Queued] = deque()
         # TensorRT-LLM's fetch wait under way (``_fetched``): [requests seen before, deadline]
         self._fetch_wait: list | None = None
         self._stage_free = [self.clock.now] * self._pp
-        # Sarathi-Serve's pipelined engine (``_step_paused``) or TensorRT-LLM's micro-batch ring
-        # (``_step_ring``: the slots, the one whose turn it is) instead of vLLM's batch queue.
-        self._paused = scheduler.in_flight is not None
-        self._ring = scheduler.policy.pipeline_engine == "trtllm"
-        self._tick = scheduler.policy.schedule_tick
-        self._slots: list[Queued | None] = [None] * self._depth
-        self._slot = 0
-        # Sarathi-Serve's schedule loop after a launch: when it runs next (None: at the next step)
+        # The loop that runs the batches through the stages (``Policy.pipeline_engine``): vLLM's
+        # batch queue, Sarathi-Serve's pipelined engine or TensorRT-LLM's micro-batch ring.
+        policy = scheduler.policy
+        self._pipelined = {
+            "vllm": self._step_pipelined,
+            "sarathi": self._step_paused,
+            "trtllm": self._step_ring,
+        }[policy.pipeline_engine]
+        # Sarathi-Serve's: its timer, and when its schedule loop runs next after a launch (None:
+        # at the next step). TensorRT-LLM's: the slots and the one whose turn it is.
+        self._tick = policy.schedule_tick
         self._due: float | None = None
+        self._slots: list[Queued | None] = [None] * self._depth if policy.pipeline_engine == "trtllm" else []
+        self._slot = 0
         if self._pp > 1 and not isinstance(self.clock, VirtualClock):
             raise ValueError(
                 "pipeline parallelism is simulated in virtual time only (the simulated executor)"
@@ -165,9 +170,7 @@ class Engine:
     def step(self) -> bool:
         """Run one iteration (or wait for the next arrival); False once everything is done."""
         if self._pp > 1:
-            if self._paused:
-                return self._step_ring() if self._ring else self._step_paused()
-            return self._step_pipelined()
+            return self._pipelined()
         if self._async:
             return self._step_async()
         if self.scheduler.fetch_wait is not None and not self._fetched():
@@ -377,7 +380,7 @@ class Engine:
         then, whatever the schedule loop is doing), which wakes the schedule loop. The schedule
         loop runs on events — an output, stage 1 done with a micro-batch, its 10 ms timer — and,
         with fewer than ``pp`` batches in flight, schedules (the requests of the batches in flight
-        are not schedulable: ``Scheduler.in_flight``) and launches a batch through the stages as
+        are not schedulable: ``Scheduler.batch_of``) and launches a batch through the stages as
         ``_launch`` times them; an empty schedule takes no slot. After a launch it runs again at
         the first event after that schedule began (at once if one came while it scheduled)."""
         sched, queue = self.scheduler, self._queue
@@ -406,12 +409,9 @@ class Engine:
             due = self._due
             if due is not None and due < t:
                 t = due
-            wake = self.source.next_arrival_time()
-            policy_wake = sched.next_wakeup(now)
-            if policy_wake is not None and (wake is None or policy_wake < wake):
-                wake = policy_wake
+            wake = self.next_wake(now)  # an arrival, or the policy's wake-up
             if wake is not None and now < wake < t:
-                seen = next_tick(wake, self._tick)  # an arrival is seen at the loop's next event
+                seen = next_tick(wake, self._tick)  # seen at the schedule loop's next event
                 for q in queue:
                     if wake <= q.first < seen:
                         seen = q.first
@@ -473,28 +473,23 @@ class Engine:
     def _schedule_launch(self, now: float) -> Queued | None:
         """A paused-request pipelined engine's schedule at ``now`` (``_step_paused``,
         ``_step_ring``): the requests the policy aborted leave; unless it is empty, the batch is
-        launched through the stages and its requests marked in flight (``Scheduler.in_flight``) —
-        but a context's non-final chunk under the scheduler's own accounting (TensorRT-LLM: its
-        next chunk may follow at once, its computed tokens advanced at scheduling)."""
+        launched through the stages and its requests marked in flight (``Scheduler.launched``)."""
         sched = self.scheduler
         num_left = len(sched.finished)
         out = sched.schedule(now)
         ended = sched.finished[num_left:]  # aborted by the policy while scheduling
         for request in ended:
             self.source.on_finish(request, now)
-        self._last_step_finished = bool(ended)
+        self._last_step_finished |= bool(ended)
         if out.is_empty:
             return None
         batch = self._launch(out, now)
-        in_flight: dict = sched.in_flight  # type: ignore[assignment]  # set under these engines
-        for item in out.scheduled:
-            if not item.partial:
-                in_flight[item.request] = out
+        sched.launched(out)
         return batch
 
     def _returned(self, batch: Queued, at_end: bool = False) -> None:
         """A pipelined engine's batch is out of the last stage: its outputs applied, its requests
-        schedulable again (``Scheduler.in_flight``). At the clock (moved to the batch's end if that
+        schedulable again (``Scheduler.batch_of``). At the clock (moved to the batch's end if that
         is later: the loop waited for it), or ``at_end``: at the batch's end, the clock past it
         already (Sarathi-Serve's output thread, which does not wait for the schedule loop)."""
         sched = self.scheduler
@@ -506,16 +501,13 @@ class Engine:
         out = batch.out
         assert out is not None and batch.result is not None  # these loops queue no empty batch
         finished = sched.update(out, batch.result, now)
-        in_flight: dict = sched.in_flight  # type: ignore[assignment]
-        for item in out.scheduled:
-            if in_flight.get(item.request) is out:
-                del in_flight[item.request]
+        sched.returned(out)
         self.finish_step(finished, now)
         if self.options.check_integrity:
             self.check_integrity()
 
     def _launch(self, out: SchedulerOutput, start: float) -> Queued:
-        """Run ``out`` through the stages (``_step_pipelined``) and log it."""
+        """Run ``out`` through the stages (every pipelined loop) and log it."""
         sched = self.scheduler
         num_used_blocks = sched.kv_cache.used_block_count()
         result = self.executor.execute(out)

@@ -46,7 +46,7 @@ handed the cost model when the engine is assembled).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from tailserve.core.device import DeviceInfo
 from tailserve.core.queues import FCFSRequestQueue, RequestQueue
@@ -73,7 +73,7 @@ class Policy(ABC):
     # requests with no batch in flight are scheduled, ``Scheduler.in_flight``), whose schedule
     # loop also wakes on a ``schedule_tick``-second timer; "trtllm", TensorRT-LLM's
     # ``_executor_loop_pp`` (``Engine._step_ring``: the same skip, micro-batch slots in turn).
-    pipeline_engine: ClassVar[str] = "vllm"
+    pipeline_engine: ClassVar[Literal["vllm", "sarathi", "trtllm"]] = "vllm"
     schedule_tick: ClassVar[float] = 0.0
 
     def __init__(self, config: Any) -> None:

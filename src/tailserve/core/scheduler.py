@@ -24,7 +24,7 @@ one class as vLLM keeps them; splitting admission from preemption would split on
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tailserve.core.executor import StepResult
 from tailserve.core.kv_hold import HeldKV
@@ -67,6 +67,9 @@ class PolicyHooks(Protocol):
     def pipeline_parallel_size(self) -> int: ...
 
     def max_concurrent_batches(self) -> int: ...
+
+    pipeline_engine: Literal["vllm", "sarathi", "trtllm"]  # the loop under stages (core/policy.py)
+    schedule_tick: float
 
     def fetch_wait(self) -> tuple[float, int] | None: ...
 
@@ -148,13 +151,12 @@ class Scheduler:
         self.pipeline_parallel_size = int(policy.pipeline_parallel_size())
         self.max_concurrent_batches = int(policy.max_concurrent_batches())
         # Sarathi-Serve's and TensorRT-LLM's pipelined engines (``Engine._step_paused``,
-        # ``Engine._step_ring``): each request whose batch is in the stages -> that batch. Their
-        # schedulers skip them (Sarathi: not PAUSED; TensorRT-LLM: ``inflight_req_ids``); a
-        # preempted or aborted one leaves its batch, whose outputs for it are then dropped.
-        # None otherwise (vLLM's batch queue advances computed tokens instead).
-        self.in_flight: dict[Request, SchedulerOutput] | None = (
-            {} if self.pipeline_parallel_size > 1 and policy.pipeline_engine != "vllm" else None
-        )
+        # ``Engine._step_ring``): each request whose batch is in the stages -> that batch
+        # (``launched``, ``returned``). Their schedulers skip them (Sarathi: not PAUSED;
+        # TensorRT-LLM: ``inflight_req_ids``); a preempted or aborted one leaves its batch, whose
+        # outputs for it are then dropped. Empty under every other engine (vLLM's batch queue
+        # advances computed tokens instead).
+        self.batch_of: dict[Request, SchedulerOutput] = {}
         # TensorRT-LLM's batch_wait_timeout_ms: the fetch at each step's start waits (Engine._fetched).
         self.fetch_wait = policy.fetch_wait()
 
@@ -203,7 +205,7 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
-                    if self.in_flight:
+                    if self.batch_of:
                         self._leave_batch(request)
                     done = self.policy.load_done(request) if queue is self.loading else None
                     if done is not None and done > self._reported_by(now):
@@ -786,7 +788,7 @@ class Scheduler:
     def preempt_by_recompute(self, request: Request) -> None:
         """Free all of the request's KV; it must compute everything again (prompt and outputs)."""
         self.running.remove(request)
-        if self.in_flight:
+        if self.batch_of:
             self._leave_batch(request)
         if self.kv_cache.host is not None:
             self.kv_cache.host_preempted(request.request_id)
@@ -801,11 +803,27 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
 
+    def launched(self, out: SchedulerOutput) -> None:
+        """A paused-request pipelined engine launched ``out``: its requests are in flight until it
+        returns (``batch_of``) — but a context's non-final chunk under the scheduler's own
+        accounting (TensorRT-LLM: its next chunk may follow at once, its computed tokens advanced)."""
+        batch_of = self.batch_of
+        for item in out.scheduled:
+            if not item.partial:
+                batch_of[item.request] = out
+
+    def returned(self, out: SchedulerOutput) -> None:
+        """``out`` is out of the last stage and applied: its requests are schedulable again."""
+        batch_of = self.batch_of
+        for item in out.scheduled:
+            if batch_of.get(item.request) is out:
+                del batch_of[item.request]
+
     def _leave_batch(self, request: Request) -> None:
-        """Sarathi-Serve's pipelined engine: a request preempted or aborted while its batch is
+        """A paused-request pipelined engine: a request preempted or aborted while its batch is
         in the stages leaves that batch, so its outputs are dropped when the batch returns
-        (``on_step_completed``: "seq is preempted")."""
-        out = self.in_flight.pop(request, None)  # type: ignore[union-attr]  # tested by the callers
+        (Sarathi-Serve's ``on_step_completed``: "seq is preempted")."""
+        out = self.batch_of.pop(request, None)
         if out is None:
             return
         for i, item in enumerate(out.scheduled):
@@ -824,7 +842,7 @@ class Scheduler:
     def abort(self, request: Request, reason: str, now: float) -> None:
         """End a request the engine cannot serve (e.g. no CPU swap space left); it must already
         be out of every queue. Its KV is released."""
-        if self.in_flight:
+        if self.batch_of:
             self._leave_batch(request)  # a pipelined engine's batch in flight drops its outputs
         self.kv_cache.free(request.request_id, request.num_computed_tokens)
         self._leave(request, RequestStatus.FINISHED_ABORTED, now, reason)
@@ -840,7 +858,7 @@ class Scheduler:
         if moved is None:
             return False
         self.running.remove(request)
-        if self.in_flight:
+        if self.batch_of:
             self._leave_batch(request)
         request.status = RequestStatus.SWAPPED
         request.num_preemptions += 1

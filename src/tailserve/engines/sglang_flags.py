@@ -297,7 +297,8 @@ SGLANG_0_5_23 = EngineVersion(
         FlagSpec("disaggregation_transfer_backend", str, NOT_MODELLED, "the KV transfer library (mooncake, nixl, "
                  "...): tailserve prices a transfer by its link (--kv-link), not by the library",
                  _at(f"{F}/disagg.py", 65), "mooncake"),
-        FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: tailserve simulates it for vLLM 0.32 only",
+        FlagSpec("pp_size", int, NOT_MODELLED, "pipeline parallelism: SGLang's (event_loop_pp) is not simulated; "
+                 "vLLM's, TensorRT-LLM's and Sarathi-Serve's are",
                  _at(f"{F}/parallel.py", 59), "1", aliases=("--pipeline-parallel-size",)),
         FlagSpec("ep_size", int, DEPLOYMENT, "expert parallelism: = tp_size splits experts whole over the TP ranks",
                  _at(f"{F}/parallel.py", 281), "1", aliases=("--expert-parallel-size", "--ep"),

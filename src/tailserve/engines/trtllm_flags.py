@@ -29,6 +29,7 @@ from tailserve.engines.trtllm_options import (
     chunking_policy_needs_chunking,
     defaults_do_nothing_1_4,
     moe_load_balancer_rule,
+    pipeline_loop_rule,
     positive_or_none_1_4,
 )
 
@@ -69,7 +70,8 @@ TRTLLM_1_2_1 = EngineVersion(
                  "below, each over the flag it sets", _opt("extra_llm_api_options"), aliases=("--config",)),
         FlagSpec("max_beam_width", int, NOT_MODELLED, "beam search width", _opt("max_beam_width")),
     ),
-    rules=(chunking_policy_needs_chunking, balance_needs_attention_dp, batch_wait_needs_both, moe_load_balancer_rule),
+    rules=(chunking_policy_needs_chunking, balance_needs_attention_dp, batch_wait_needs_both, moe_load_balancer_rule,
+           pipeline_loop_rule),
     policy="trtllm",
     positional=f'{SERVE} @click.argument("model")',
     underscores=False,
@@ -89,7 +91,7 @@ TRTLLM_1_4_0RC4 = EngineVersion(
     "TensorRT-LLM 1.2.1's table (serve.py @00209af, llm_args.py of the 1.2 line) with SchedulerConfig's "
     "1.3/1.4 fields (llm_args.py @0004396, the 1.4.0rc4 reference page)",
     TRTLLM_1_2_1.flags,
-    rules=(chunking_policy_needs_chunking, balance_needs_attention_dp, batch_wait_needs_both, positive_or_none_1_4,
+    rules=(chunking_policy_needs_chunking, balance_needs_attention_dp, batch_wait_needs_both, pipeline_loop_rule, positive_or_none_1_4,
            defaults_do_nothing_1_4, moe_load_balancer_rule),
     policy="trtllm",
     policy_defaults={"enable_prefix_aware_scheduling": True},

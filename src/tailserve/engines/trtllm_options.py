@@ -453,6 +453,38 @@ def batch_wait_needs_both(given: Given) -> list[Finding]:
     ]
 
 
+def pipeline_loop_rule(given: Given) -> list[Finding]:
+    """Under ``pp_size`` > 1 the executor runs ``_executor_loop_pp`` (policies/trtllm_pipeline.py):
+    it refuses a drafter at start-up, and never carries out MAX_UTILIZATION's pauses; tailserve
+    refuses both, and ``batch_wait_timeout_ms``, which it does not simulate under stages."""
+    key = "pp_size" if "pp_size" in given else "pipeline_parallel_size"
+    if (given.get(key) or 1) <= 1:
+        return []
+    loop = "tensorrt_llm/_torch/pyexecutor/py_executor.py@1.2"
+    found = []
+    if given.get("speculative_config"):
+        found.append(
+            Finding(("speculative_config", key), REFUSED,
+                    "Drafting is not supported for selected executor loop. Please disable disagg/pipeline "
+                    "parallelism scheduler. (pipeline parallelism with a drafter: the engine refuses to start)",
+                    f"{loop} PyExecutor.__init__")
+        )  # fmt: skip
+    if given.get("scheduler_config.capacity_scheduler_policy") == "MAX_UTILIZATION":
+        found.append(
+            Finding(("scheduler_config.capacity_scheduler_policy", key), NOT_MODELLED,
+                    "MAX_UTILIZATION under pipeline parallelism: _executor_loop_pp never carries out its "
+                    "pauses (no _pause_requests), so tailserve does not simulate it; GUARANTEED_NO_EVICT is",
+                    f"{loop} _executor_loop_pp")
+        )  # fmt: skip
+    if given.get("batch_wait_timeout_ms"):
+        found.append(
+            Finding(("batch_wait_timeout_ms", key), NOT_MODELLED,
+                    "batch_wait_timeout_ms under pipeline parallelism is not simulated",
+                    f"{loop} _executor_loop_pp (_fetch_and_activate_new_requests)")
+        )  # fmt: skip
+    return found
+
+
 def balance_needs_attention_dp(given: Given) -> list[Finding]:
     """``_balance_adp_requests`` runs only with ``enable_attention_dp`` (``PyExecutor._schedule``)."""
     if given.get("enable_attention_dp", False):

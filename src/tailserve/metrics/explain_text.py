@@ -362,6 +362,11 @@ def pipeline_words(config: dict[str, Any]) -> str:
             " TensorRT-LLM's PP loop runs whole contexts up to `max_num_tokens` unless "
             "`enable_chunked_prefill` is on; a lower `max_num_tokens` with it evens the micro-batches out"
         )
+    elif policy == "vllm-v0":
+        evens = (
+            " vLLM V0 runs whole prompts in prefill-only micro-batches unless `enable_chunked_prefill` is on; "
+            "with it a lower `max_num_batched_tokens` evens the micro-batches out"
+        )
     elif policy == "orca":
         evens = (
             " Orca admits whole prompts: nothing evens its micro-batches out but chunked prefill (`sarathi`)"
@@ -371,7 +376,7 @@ def pipeline_words(config: dict[str, Any]) -> str:
     return (
         f" The engine ran {pipe['pp']} pipeline stages ({'/'.join(map(str, pipe['layers']))} layers, "
         f"{pipe['link']} between them): every token crossed each stage, so a decode's gap is a trip "
-        "through all of them, and the micro-batches in flight hold different requests; one that "
+        "through all of them, and the micro-batches in flight hold different decodes; one that "
         f"carries a long prompt holds each stage for the batches behind it.{evens}; more TP per stage "
         "shortens the trip."
     )

@@ -60,7 +60,7 @@ class OrcaPolicy(PausedPipeline, Policy, FastPaths):
 
     def schedule(self, sched: Scheduler, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
-        busy = sched.in_flight  # under pipeline stages: requests whose batch is in flight
+        busy = sched.batch_of  # under pipeline stages: requests whose batch is in flight
         for request in sched.running:
             if busy and request in busy:
                 continue  # not PAUSED (orca_scheduler.py)

@@ -8,7 +8,7 @@ for the policies whose waiting queue VTC can order (``policies/fairness.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tailserve.core.config_flags import convert, field_choices, field_kinds
@@ -100,13 +100,21 @@ _ALIASES = {
 }
 
 
-# The policies simulated under pipeline stages (``--pipeline-parallel-size``): vllm in vLLM V1's
-# batch queue (vllm_pipeline.py), trtllm in TensorRT-LLM's PP loop (trtllm_pipeline.py), the rest
-# in Sarathi-Serve's pipelined engine (sarathi_pipeline.py).
-PIPELINED_POLICIES = ("vllm", "trtllm", "sarathi", "orca", "vllm-v0")
-# Those in Sarathi-Serve's pipelined engine, whose ModelConfig refuses a layer count the stages
-# do not divide (assemble/build.py refuses it; a plan leaves such PP sizes out).
-SARATHI_ENGINE = ("sarathi", "orca", "vllm-v0")
+# The policies simulated under pipeline stages (``--pipeline-parallel-size``), as their configs
+# say (a ``pipeline_parallel_size`` field): vllm in vLLM V1's batch queue (vllm_pipeline.py),
+# trtllm in TensorRT-LLM's PP loop (trtllm_pipeline.py), the rest in Sarathi-Serve's pipelined
+# engine (sarathi_pipeline.py), whose ModelConfig refuses a layer count the stages do not divide.
+PIPELINED_POLICIES = tuple(
+    name
+    for name, cls in POLICIES.items()
+    if "pipeline_parallel_size" in {f.name for f in fields(cls.config_cls)}
+)
+SARATHI_ENGINE = tuple(name for name in PIPELINED_POLICIES if POLICIES[name].pipeline_engine == "sarathi")
+
+
+def runs_under_stages(name: str, num_layers: int, pp: int) -> bool:
+    """Whether the policy ``name`` runs on ``pp`` stages of a model of ``num_layers`` layers."""
+    return name in PIPELINED_POLICIES and (name not in SARATHI_ENGINE or num_layers % pp == 0)
 
 
 def resolve_policy_name(name: str) -> str:

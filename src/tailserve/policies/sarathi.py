@@ -146,7 +146,7 @@ class SarathiPolicy(PausedPipeline, Policy, FastPaths):
         tables = kv.block_tables if kv.holds_by_table_length else None
         block_size = kv.block_size
         # Under pipeline stages, the requests whose batch is in flight (not PAUSED: skipped).
-        busy = sched.in_flight
+        busy = sched.batch_of
         rest = running  # what the general loop below takes, in order
         if tables is not None:
             # The common pass while nobody needs preempting, a plain loop over the batch (every

@@ -33,6 +33,8 @@ is vLLM's policy as the Sarathi-Serve paper ran it, in this engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 # ``SCHEDULER_LOOP_DELAY``: seconds between the schedule loop's timer wake-ups.
 SCHEDULE_TICK = 0.01
 
@@ -43,10 +45,10 @@ class PausedPipeline:
 
     pipeline_engine = "sarathi"
     schedule_tick = SCHEDULE_TICK
-    config: object
+    config: Any  # the policy's config, which has pipeline_parallel_size
 
     def pipeline_parallel_size(self) -> int:
-        return self.config.pipeline_parallel_size  # type: ignore[attr-defined]
+        return self.config.pipeline_parallel_size
 
     def max_concurrent_batches(self) -> int:
-        return self.config.pipeline_parallel_size  # type: ignore[attr-defined]
+        return self.config.pipeline_parallel_size

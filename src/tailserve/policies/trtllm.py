@@ -528,7 +528,7 @@ class TrtllmPolicy(Policy, FastPaths):
             reusable_tokens(sched) if cfg.enable_prefix_aware_scheduling and cfg.enable_block_reuse else None
         )
         # Under pipeline stages the requests of the micro-batches in flight (inflight_req_ids).
-        busy = sched.in_flight
+        busy = sched.batch_of
         skips = to_complete if self._overlap else (busy.__contains__ if busy else None)
         batch = micro_batch(
             fitting, is_generation, cfg.batch_size, cfg.num_tokens, chunking, sched.kv_cache.block_size,

@@ -193,7 +193,7 @@ class VllmV0Policy(PausedPipeline, Policy, FastPaths):
 
     def _decode_all(self, sched: Scheduler, out: SchedulerOutput, now: float, budget: int) -> int:
         """Decode every running request, preempting the tail when a slot is missing."""
-        busy = sched.in_flight  # under pipeline stages: requests whose batch is in flight
+        busy = sched.batch_of  # under pipeline stages: requests whose batch is in flight
         for request in list(sched.running):
             if request not in sched.running or (busy and request in busy):
                 continue
@@ -408,7 +408,7 @@ class VllmV0Policy(PausedPipeline, Policy, FastPaths):
         per_slot = budget // slots if cfg.max_num_partial_prefills > 1 else budget
 
         # Running first: decodes 1 token, prompts in progress a chunk; stop at a 0 grant.
-        busy = sched.in_flight  # under pipeline stages: requests whose batch is in flight
+        busy = sched.batch_of  # under pipeline stages: requests whose batch is in flight
         for request in list(sched.running):
             if request not in sched.running or (busy and request in busy):
                 continue

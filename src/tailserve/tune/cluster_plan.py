@@ -22,8 +22,9 @@ With ``pps`` (``--plan-pp``) every shape is also planned at each pipeline-parall
 of TP x PP GPUs, the layers split over PP stages (executors/simulated/pipeline.py), so a TP whose
 weights leave no room for a KV cache alone may fit with PP (the fit is judged on the fullest
 stage, ``ModelSpec.pipeline_stage``). A layout with PP > 1 is aggregated replicas only (P/D
-splits under PP are not simulated) and runs the vllm policy (its batch queue); DP engines stay
-PP 1.
+splits under PP are not simulated) and runs a policy simulated under stages (vLLM's batch queue,
+TensorRT-LLM's PP loop, Sarathi-Serve's engine where the stages divide the layers:
+``plannable_pps``); DP engines stay PP 1.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from tailserve.executors.simulated.deployment import Deployment
 from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.kv_capacity import kv_capacity
 from tailserve.metrics.summary import Slo
-from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, PolicySpec
+from tailserve.policies.registry import PIPELINED_POLICIES, PolicySpec, runs_under_stages
 from tailserve.sim.workload_builder import WorkloadBuilder
 from tailserve.sim.workload_spec import WorkloadSpec
 from tailserve.tune.capacity import CapacitySlo, capacity_steps
@@ -379,6 +380,21 @@ def layout_search(
     return PlanRow(base.layout, found.rate * rate0, upper, summaries.get(found.rate))
 
 
+def plannable_pps(policy: PolicySpec, deployment: Deployment, pps: list[int]) -> tuple[list[int], str | None]:
+    """The PP sizes of ``--plan-pp`` the policy runs on (Sarathi-Serve's engine needs the layers
+    divisible by the stages), and a note naming those left out (None: none was); one line when
+    none is left."""
+    layers = deployment.model_spec().num_layers
+    kept = [pp for pp in pps if pp == 1 or runs_under_stages(policy.name, layers, pp)]
+    uneven = [pp for pp in pps if pp not in kept and policy.name in PIPELINED_POLICIES]
+    if not uneven:
+        return pps, None
+    why = f"{policy.name} runs in Sarathi-Serve's pipelined engine, which needs the layers ({layers}) divisible by the stages"
+    if not kept:
+        raise ValueError(f"--plan-pp: {why}; none of {', '.join(map(str, uneven))} does")
+    return kept, f"PP {', '.join(map(str, uneven))} left out: {why}"
+
+
 def plan(
     gpus: int,
     deployment: Deployment,
@@ -415,22 +431,10 @@ def plan(
         raise ValueError(
             "--plan-pp plans replicas over --gpus: not with --data-parallel-size (one DP engine)"
         )
-    if pps and policy.name in SARATHI_ENGINE:
-        # Sarathi-Serve's pipelined engine needs the layers divisible by the stages.
-        layers = deployment.model_spec().num_layers
-        uneven = [pp for pp in pps if layers % pp]
-        if uneven:
-            pps = [pp for pp in pps if not layers % pp]
-            if notes is not None:
-                notes.append(
-                    f"PP {', '.join(map(str, uneven))} left out: {policy.name} runs in Sarathi-Serve's "
-                    f"pipelined engine, which needs the layers ({layers}) divisible by the stages"
-                )
-            if not pps:
-                raise ValueError(
-                    f"--plan-pp: {policy.name} runs in Sarathi-Serve's pipelined engine, which needs the "
-                    f"layers ({layers}) divisible by the stages; none of {', '.join(map(str, uneven))} does"
-                )
+    if pps:
+        pps, note = plannable_pps(policy, deployment, pps)
+        if note and notes is not None:
+            notes.append(note)
     if deployment.expert_imbalance and not (deployment.expert_parallel and deployment.tp * deployment.dp > 1):
         raise ValueError(
             "--expert-imbalance is the routing measured at an EP size: give the --tp / --data-parallel-size "

@@ -35,6 +35,7 @@ from tailserve import __version__
 from tailserve.core.engine import EngineOptions
 from tailserve.core.request import RequestStatus
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
+from tailserve.executors.simulated.hardware import get_hardware
 from tailserve.executors.simulated.pipeline import resolved_stage_link
 from tailserve.metrics.summary import Slo
 from tailserve.policies.registry import PolicySpec
@@ -140,7 +141,8 @@ def deployment_plain(deployment: Any) -> dict[str, Any]:
     # "pp_link" may hold a run over another link than it names (pipeline.py's stage_link).
     link = out.pop("pp_link", "auto")
     if out.get("pp", 1) > 1:
-        out["stage_link"] = resolved_stage_link(deployment.hardware, deployment.tp, deployment.pp, link)
+        domain = get_hardware(deployment.hardware).nvlink_domain
+        out["stage_link"] = resolved_stage_link(domain, deployment.tp, deployment.pp, link)
     return out
 
 

@@ -8,7 +8,7 @@ all at once. ``SimDriver`` takes those stretches between steps (``decode_run.py`
 
 - ``EngineOptions.fast_forward`` is on (the default; ``--no-fast-forward`` steps everything);
 - the policy signed the contracts (``fast_paths.FastPaths``; a policy without them is stepped);
-- the engine runs one pipeline stage (``Engine._step_pipelined`` is stepped) and its fetch of new
+- the engine runs one pipeline stage (every pipelined loop of ``Engine`` is stepped) and its fetch of new
   requests never waits (TensorRT-LLM's ``batch_wait_timeout_ms``: ``Engine._fetched``);
 - the executor prices batch shapes alone: decode runs for any ``DecodeRunExecutor`` (not a
   ``SimExecutor`` of a sliding-window model, whose ``prices_shapes_alone`` is False), the chunk
@@ -36,8 +36,8 @@ class SimDriver:
         self.engine = engine
         options = engine.options
         policy = engine.scheduler.policy
-        # Pipeline parallelism keeps several batches in flight through the stages
-        # (``Engine._step_pipelined``): no run has that rule, so every step is stepped.
+        # Pipeline parallelism keeps several batches in flight through the stages (``Engine``'s
+        # pipelined loops): no run has that rule, so every step is stepped.
         # So does TensorRT-LLM's fetch wait (``Engine._fetched``: every step may start late).
         stepped = engine.scheduler.pipeline_parallel_size > 1 or engine.scheduler.fetch_wait is not None
         fast = policy if options.fast_forward and isinstance(policy, FastPaths) and not stepped else None

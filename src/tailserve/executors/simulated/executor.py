@@ -203,9 +203,8 @@ class SimExecutor:
             # Sarathi-Serve's pipelined engine (policies/sarathi_pipeline.py): the per-step
             # overhead is the host part before stage 1, the forward pass split over the stages.
             result = step_result(duration)
-            host = result.host_time = self._host_time(num_tokens)
-            result.stages, result.stage_send = cm.pipeline_split(duration - host, num_tokens, num_logits)
-            return result
+            result.host_time = self._host_time(num_tokens)
+            return self._on_stages(result, num_tokens, num_logits)
         return step_result(duration)
 
     def _execute_drafts(self, out: SchedulerOutput, shape: BatchShape, duration: float) -> StepResult:
@@ -269,9 +268,7 @@ class SimExecutor:
             if out.kv_copy_time:
                 self._add_copy_time(result, out.kv_copy_time)
             if cost.pipeline is not None:
-                result.stages, result.stage_send = cost.pipeline_split(
-                    duration - result.host_time, fields[0], fields[1]
-                )
+                self._on_stages(result, fields[0], fields[1])
             return result
         shape = advanced_batch_shape(out)
         num_padded = 0  # dummy requests of a padded CUDA graph, which draft too
@@ -294,9 +291,16 @@ class SimExecutor:
         if out.kv_copy_time:
             self._add_copy_time(result, out.kv_copy_time)
         if cost.pipeline is not None:
-            result.stages, result.stage_send = cost.pipeline_split(
-                result.duration - result.host_time, shape.num_tokens, shape.num_logits
-            )
+            self._on_stages(result, shape.num_tokens, shape.num_logits)
+        return result
+
+    def _on_stages(self, result: StepResult, num_tokens: int, num_logits: int) -> StepResult:
+        """Under pipeline parallelism: the step's forward pass (its duration past the host part,
+        host copies included in both) on each stage, and the send between two
+        (``CostModel.pipeline_split``)."""
+        result.stages, result.stage_send = self.cost_model.pipeline_split(
+            result.duration - result.host_time, num_tokens, num_logits
+        )
         return result
 
     @staticmethod
@@ -309,9 +313,9 @@ class SimExecutor:
         result.host_time += copy_time
 
     def _host_time(self, num_tokens: int) -> float:
-        """``host_time`` of an advanced step of ``num_tokens`` tokens: the per-step overhead,
-        which async scheduling runs during the previous step's forward pass (none for an empty
-        step)."""
+        """``host_time`` of a step of ``num_tokens`` tokens: the per-step overhead, which async
+        scheduling runs during the previous step's forward pass and a pipelined engine before
+        stage 1 (none for an empty step)."""
         return self.cost_model.efficiency.overhead if num_tokens else 0.0
 
     def decode_host_time(self, num_decodes: int) -> float:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailserve.executors.simulated.hardware import LINKS, Hardware, get_hardware
+from tailserve.executors.simulated.hardware import LINKS, Hardware
 from tailserve.executors.simulated.models import ModelSpec
 
 # Fitted by benchmarks/pp_send_recv.py (least squares of the relative error over Vidur's 994
@@ -87,6 +87,13 @@ def nvlink(hardware: Hardware) -> SendLink:
     )
 
 
+def resolved_stage_link(nvlink_domain: int, tp: int, pp: int, network: str) -> str:
+    """ "nvlink", or the network the stages are joined by (``stage_link``'s choice, by name)."""
+    if network == "auto":
+        return "nvlink" if tp * pp <= nvlink_domain else "ib-ndr"
+    return network
+
+
 def stage_link(hardware: Hardware, tp: int, pp: int, network: str = "auto") -> SendLink:
     """The link between stages, at H100's measured fraction of a network's line rate: ``network``
     (a name of ``PP_LINKS``) when given — the stages on separate nodes, as the Sarathi-Serve
@@ -94,19 +101,11 @@ def stage_link(hardware: Hardware, tp: int, pp: int, network: str = "auto") -> S
     while ``tp x pp`` GPUs fit one NVLink domain and InfiniBand NDR past it."""
     if network not in PP_LINKS:
         raise ValueError(f"unknown --pp-link {network!r}; known: {', '.join(PP_LINKS)}")
-    if network == "auto":
-        if tp * pp <= hardware.nvlink_domain:
-            return nvlink(hardware)
-        network = "ib-ndr"
-    link = LINKS[network]
-    return SendLink(f"{network} ({link.note})", NETWORK_LATENCY, link.bandwidth * NETWORK_EFFICIENCY)
-
-
-def resolved_stage_link(hardware: str, tp: int, pp: int, network: str) -> str:
-    """ "nvlink", or the network the stages are joined by (``stage_link``'s choice, by name)."""
-    if network == "auto":
-        return "nvlink" if tp * pp <= get_hardware(hardware).nvlink_domain else "ib-ndr"
-    return network
+    name = resolved_stage_link(hardware.nvlink_domain, tp, pp, network)
+    if name == "nvlink":
+        return nvlink(hardware)
+    link = LINKS[name]
+    return SendLink(f"{name} ({link.note})", NETWORK_LATENCY, link.bandwidth * NETWORK_EFFICIENCY)
 
 
 @dataclass(frozen=True, slots=True)
