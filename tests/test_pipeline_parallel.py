@@ -39,6 +39,49 @@ def golden() -> dict:
     return load_fixture(FIXTURE)
 
 
+def test_golden_pp_spec_traces_are_step_identical():
+    """Speculative decoding under pipeline parallelism (async scheduling: vLLM 0.32's default on
+    the V2 model runner, drafts in the worker): vLLM's decisions for 240 seeded workloads of 2, 3
+    or 4 stages, n-gram (GPU) or EAGLE drafts, recorded by ``python -m benchmarks.differential
+    --engine vllm-pp-spec --record-fixture``."""
+    golden = load_fixture(FIXTURE.with_name("vllm_pp_spec.json"))
+    assert golden["engine"] == "vllm-pp-spec" and golden["version"] == "0.32.0"
+    entries = golden["workloads"]
+    specs = [from_compact(e["workload"]) for e in entries]
+    assert {w.scheduler.pipeline_parallel_size for w in specs} == {2, 3, 4}
+    assert {w.scheduler.speculative_method for w in specs} == {"ngram_gpu", "eagle"}
+    assert all(w.scheduler.async_scheduling and w.scheduler.num_speculative_tokens for w in specs)
+    mismatches = [m for i, e in enumerate(entries) if (m := check_entry(i, e, run_tailserve)) is not None]
+    assert not mismatches, f"{len(mismatches)} of {len(entries)} differ; first:\n" + mismatches[0].describe()
+
+
+def test_the_drafter_runs_on_the_last_stage(monkeypatch):
+    """vLLM puts the whole drafter on the last PP rank: a step's drafting is the last stage's,
+    the layers' share of the forward pass split as without drafts."""
+    spec = "vllm:speculative_method=eagle:num_speculative_tokens=2:synthetic_acceptance_length=2"
+    built = build_engine(_h100_70b(2), spec)
+    assert built.scheduler.async_scheduling and built.scheduler.pipeline_parallel_size == 2
+    requests = [Request(f"r{i}", 300, 20, 0.0) for i in range(8)]
+    engine = built.make_engine(ListSource(requests), options=EngineOptions(check_integrity=True))
+    executor = engine.executor
+    split = []
+    original = type(executor)._on_stages
+
+    def spy(self, result, num_tokens, num_logits, last_stage=0.0):
+        out = original(self, result, num_tokens, num_logits, last_stage)
+        split.append((out.stages, last_stage, out.duration - out.host_time))
+        return out
+
+    monkeypatch.setattr(type(executor), "_on_stages", spy)
+    engine.run()
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
+    drafted = [(stages, tail, work) for stages, tail, work in split if tail > 0]
+    assert drafted
+    for stages, tail, work in drafted:
+        assert sum(stages) == pytest.approx(work)
+        assert stages[1] - tail > stages[0] * 0.9  # the forward pass itself split about evenly
+
+
 def test_golden_pp_traces_are_step_identical(golden):
     assert golden["engine"] == "vllm-pp" and golden["version"] == "0.32.0"
     entries = golden["workloads"]
@@ -233,7 +276,11 @@ def test_stages_price_the_step_and_the_send_on_the_slowest_link():
     ("policy", "deployment", "message"),
     [
         ("sglang", _h100_70b(2), "simulated for the vllm policy"),
-        ("vllm:num_speculative_tokens=2:speculative_method=eagle3", _h100_70b(2), "speculative decoding"),
+        (
+            "vllm:num_speculative_tokens=2:speculative_method=eagle3:synthetic_acceptance_length=2:async_scheduling=false",
+            _h100_70b(2),
+            "speculative decoding under pipeline parallelism is simulated with async scheduling",
+        ),
         ("vllm:pipeline_parallel_size=2", _h100_70b(1), "is the deployment's"),
     ],
 )

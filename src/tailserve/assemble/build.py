@@ -248,12 +248,8 @@ def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions)
         )
     if options.pd_pair:
         raise ValueError("pipeline parallelism on a side of a prefill/decode pair is not simulated")
-    for flag, what in (
-        ("num_speculative_tokens", "speculative decoding"),
-        ("kv_offloading_size", "a CPU KV tier"),
-    ):
-        if spec.flags.get(flag):
-            raise ValueError(f"{what} ({flag}) under pipeline parallelism is not simulated")
+    if spec.flags.get("kv_offloading_size"):
+        raise ValueError("a CPU KV tier (kv_offloading_size) under pipeline parallelism is not simulated")
     return PolicySpec(spec.name, {**spec.flags, "pipeline_parallel_size": pp}, spec.engine_flags)
 
 

@@ -306,6 +306,14 @@ class VllmPolicy(Policy, FastPaths):
         # (A config made without default_config leaves async_scheduling None: synchronous.)
         # and under pipeline parallelism, whose steps in flight skip their requests (vllm_pipeline.py).
         pp = config.pipeline_parallel_size
+        if pp > 1 and self._spec is not None and not config.async_scheduling:
+            # Synchronously the drafts reach the scheduler through take_draft_token_ids after
+            # each step_with_batch_queue call, in the order the ranks answer (EngineCore.post_step).
+            raise ValueError(
+                "speculative decoding under pipeline parallelism is simulated with async scheduling "
+                "(vLLM 0.32's default on the V2 model runner, which drafts in the worker); synchronously "
+                "the drafts reach the scheduler as the ranks answer: not simulated"
+            )
         self._advanced = bool(config.async_scheduling) or self._spec is not None or pp > 1
         self._stagger = DecodeStagger(pp) if pp > 1 and config.async_scheduling else None
         # The plain pass's one-token decode items, reused from step to step (``ScheduledRequest``'s

