@@ -56,8 +56,8 @@ def test_golden_pp_spec_traces_are_step_identical():
 
 
 def test_the_drafter_runs_on_the_last_stage(monkeypatch):
-    """vLLM puts the whole drafter on the last PP rank: a step's drafting is the last stage's,
-    the layers' share of the forward pass split as without drafts."""
+    """vLLM builds the drafter on the last PP rank only: a step's drafting is the last stage's,
+    the rest of the forward pass split over the stages by layers as without drafts."""
     spec = "vllm:speculative_method=eagle:num_speculative_tokens=2:synthetic_acceptance_length=2"
     built = build_engine(_h100_70b(2), spec)
     assert built.scheduler.async_scheduling and built.scheduler.pipeline_parallel_size == 2
@@ -68,18 +68,30 @@ def test_the_drafter_runs_on_the_last_stage(monkeypatch):
     original = type(executor)._on_stages
 
     def spy(self, result, num_tokens, num_logits, last_stage=0.0):
+        work = result.duration - result.host_time
         out = original(self, result, num_tokens, num_logits, last_stage)
-        split.append((out.stages, last_stage, out.duration - out.host_time))
+        split.append((out.stages, last_stage, work, num_tokens, num_logits))
         return out
 
     monkeypatch.setattr(type(executor), "_on_stages", spy)
     engine.run()
     assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
-    drafted = [(stages, tail, work) for stages, tail, work in split if tail > 0]
+    drafted = [entry for entry in split if entry[1] > 0]
     assert drafted
-    for stages, tail, work in drafted:
+    for stages, tail, work, num_tokens, num_logits in drafted:
+        forward, _ = executor.cost_model.pipeline_split(work - tail, num_tokens, num_logits)
+        assert stages == pytest.approx((*forward[:-1], forward[-1] + tail))
         assert sum(stages) == pytest.approx(work)
-        assert stages[1] - tail > stages[0] * 0.9  # the forward pass itself split about evenly
+
+
+def test_eagle3_under_stages_needs_a_decoder_that_relays_aux_hidden_states():
+    """vLLM's V2 runner refuses EAGLE-3 under PP unless the decoder relays its auxiliary hidden
+    states over the stages (Llama, Qwen2 and the models built on them)."""
+    spec = "vllm:speculative_method=eagle3:num_speculative_tokens=2:synthetic_acceptance_length=2"
+    assert build_engine(_h100_70b(2), spec).scheduler.pipeline_parallel_size == 2
+    moe = Deployment("Qwen3-30B-A3B", "H100-SXM", 2, "none", pp=2)
+    with pytest.raises(ValueError, match="Qwen3-30B-A3B does not support eagle3 with pipeline parallelism"):
+        build_engine(moe, spec)
 
 
 def test_golden_pp_traces_are_step_identical(golden):

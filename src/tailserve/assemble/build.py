@@ -28,6 +28,7 @@ from tailserve.executors.simulated.cost_binding import bind_cost_model
 from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
+from tailserve.executors.simulated.models import MODELS
 from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, PolicySpec, parse_policy_list
 
 ExecutorKind = Literal["sim", "realtime-sim", "torch"]
@@ -166,6 +167,16 @@ def _build_simulated(
     if cost_model.pipeline is not None:
         spec = _pipelined_spec(spec, cost_model.pipeline.pp, kind, options)
         pp = cost_model.pipeline.pp
+        if (
+            spec.name == "vllm"
+            and spec.flags.get("speculative_method") == "eagle3"
+            and not _eagle3_over_pp(model)
+        ):
+            # v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:44-50@v0.32.0 (the V2 model runner)
+            raise ValueError(
+                f"{model.name} does not support eagle3 with pipeline parallelism (vLLM relays the "
+                "auxiliary hidden states over the stages only for its Llama and Qwen2 decoders)"
+            )
         if spec.name in SARATHI_ENGINE and model.num_layers % pp:
             # ModelConfig.verify_with_parallel_config: "Total number of hidden layers ... must be divisible
             # by pipeline parallel size"
@@ -222,6 +233,19 @@ def _build_simulated(
     if cost_model.pipeline is not None:
         label += f" x PP {cost_model.pipeline.pp}"
     return BuiltEngine(kind, parts, executor, label, cost_model=built)
+
+
+def _eagle3_over_pp(model: Any) -> bool:
+    """Whether vLLM 0.32 runs EAGLE-3 under pipeline parallelism for ``model`` (a catalog
+    ModelSpec): its decoder sets ``supports_aux_hidden_states_over_pp`` — ``LlamaModel``
+    (Llama 2/3/4, Mistral, Yi) and ``Qwen2Model`` (Qwen2.5, dense Qwen3), ``llama.py:358``,
+    ``qwen2.py:335``; a model outside the catalog is given the benefit of the doubt."""
+    name = model.name
+    if name not in MODELS:
+        return True
+    return name.startswith(("Llama-", "Mistral-", "Yi-", "Qwen2.5-")) or (
+        name.startswith("Qwen3-") and not model.is_moe
+    )
 
 
 def _pipelined_spec(spec: PolicySpec, pp: int, kind: str, options: BuildOptions) -> PolicySpec:

@@ -312,7 +312,8 @@ class VllmPolicy(Policy, FastPaths):
             raise ValueError(
                 "speculative decoding under pipeline parallelism is simulated with async scheduling "
                 "(vLLM 0.32's default on the V2 model runner, which drafts in the worker); synchronously "
-                "the drafts reach the scheduler as the ranks answer: not simulated"
+                "the drafts reach the scheduler as the ranks answer: not simulated (for n-gram drafts, "
+                "speculative_method=ngram_gpu runs with async scheduling)"
             )
         self._advanced = bool(config.async_scheduling) or self._spec is not None or pp > 1
         self._stagger = DecodeStagger(pp) if pp > 1 and config.async_scheduling else None

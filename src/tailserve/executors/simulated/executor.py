@@ -292,7 +292,7 @@ class SimExecutor:
         if out.kv_copy_time:
             self._add_copy_time(result, out.kv_copy_time)
         if cost.pipeline is not None:
-            # vLLM puts the whole drafter on the last PP rank (gpu_model_runner.py:586-590@v0.32.0)
+            # vLLM builds the drafter on the last PP rank only (v1/worker/gpu/model_runner.py:294-298@v0.32.0)
             self._on_stages(result, shape.num_tokens, shape.num_logits, drafting)
         return result
 
