@@ -199,17 +199,13 @@ class Engine:
         sched = self.scheduler
         start = self.clock.now
         self.add_arrivals(start)
-        num_left = len(sched.finished)
-        out = sched.schedule(start)
-        ended = sched.finished[num_left:]  # aborted by the policy while scheduling
-        for request in ended:
-            self.source.on_finish(request, start)
+        out, ended = self._schedule(start)
         if out.is_empty:
-            self._last_step_finished = bool(ended)
+            self._last_step_finished = ended
             return None
         if self._block_ids:
             sched.add_block_ids(out)
-        return out, start, sched.kv_cache.used_block_count(), bool(ended)
+        return out, start, sched.kv_cache.used_block_count(), ended
 
     def complete_step(self, pending: tuple[SchedulerOutput, float, int, bool], result: StepResult) -> None:
         """An iteration's second half: the clock moves by its duration, the scheduler updates."""
@@ -251,16 +247,12 @@ class Engine:
             return True  # the fetch waits on past the cluster's next event
         start = self.clock.now
         self.add_arrivals(start)
-        num_left = len(sched.finished)
-        out = sched.schedule(start)
-        ended = sched.finished[num_left:]  # aborted by the policy while scheduling
-        for request in ended:
-            self.source.on_finish(request, start)
+        out, ended = self._schedule(start)
         previous, self._in_flight = self._in_flight, None
         host = 0.0
         if out.is_empty:
             if previous is None:
-                self._last_step_finished = bool(ended)
+                self._last_step_finished = ended
                 return self._idle()
         else:
             num_used_blocks = sched.kv_cache.used_block_count()
@@ -280,7 +272,7 @@ class Engine:
             self.clock.advance_to(now)  # type: ignore[union-attr]  # a VirtualClock (__init__)
             finished = sched.update(previous.out, previous.result, now)
         self.finish_step(finished, now)
-        self._last_step_finished |= bool(ended)
+        self._last_step_finished |= ended
         if self.options.check_integrity:
             self.check_integrity()
         return True
@@ -341,20 +333,16 @@ class Engine:
         start = self.clock.now
         self.add_arrivals(start)
         if sched.has_unfinished:
-            num_left = len(sched.finished)
-            out = sched.schedule(start)
-            ended = sched.finished[num_left:]  # aborted by the policy while scheduling
-            for request in ended:
-                self.source.on_finish(request, start)
+            out, ended = self._schedule(start)
             if out.is_empty:
                 if all(q.out is None for q in queue):
                     queue.clear()
-                    self._last_step_finished = bool(ended)
+                    self._last_step_finished = ended
                     return self._idle()
                 queue.appendleft(Queued(None, None, max(start, queue[0].end)))
             else:
                 queue.appendleft(self._launch(out, start))
-            self._last_step_finished |= bool(ended)
+            self._last_step_finished |= ended
             if len(queue) < self._depth and (queue[0].out is not None or sched.has_unfinished):
                 launched = queue[0].result
                 if launched is not None:
@@ -390,9 +378,9 @@ class Engine:
             self._due = None  # the output set the schedule event: the loop runs again at once
         self.add_arrivals(now)
         free_slot = len(queue) < self._depth
-        due = self._due
-        if free_slot and sched.has_unfinished and (due is None or due <= now):
-            self._due = None
+        if self._due is not None and self._due <= now:
+            self._due = None  # the event the schedule loop waited for has come
+        if free_slot and sched.has_unfinished and self._due is None:
             batch = self._schedule_launch(now)
             if batch is not None:
                 queue.appendleft(batch)
@@ -419,8 +407,6 @@ class Engine:
                     t = seen
         if t < oldest.end:
             self.clock.advance_to(max(t, now))  # type: ignore[union-attr]  # a VirtualClock (__init__)
-            if self._due is not None and self._due <= self.clock.now:
-                self._due = None
             return True
         queue.pop()
         self._returned(oldest)
@@ -474,18 +460,25 @@ class Engine:
         """A paused-request pipelined engine's schedule at ``now`` (``_step_paused``,
         ``_step_ring``): the requests the policy aborted leave; unless it is empty, the batch is
         launched through the stages and its requests marked in flight (``Scheduler.launched``)."""
-        sched = self.scheduler
-        num_left = len(sched.finished)
-        out = sched.schedule(now)
-        ended = sched.finished[num_left:]  # aborted by the policy while scheduling
-        for request in ended:
-            self.source.on_finish(request, now)
-        self._last_step_finished |= bool(ended)
+        out, ended = self._schedule(now)
+        self._last_step_finished |= ended
         if out.is_empty:
             return None
         batch = self._launch(out, now)
-        sched.launched(out)
+        self.scheduler.launched(out)
         return batch
+
+    def _schedule(self, now: float) -> tuple[SchedulerOutput, bool]:
+        """The policy's batch at ``now``, and whether it aborted requests while scheduling (they
+        have left: the source is told)."""
+        finished = self.scheduler.finished
+        num_left = len(finished)
+        out = self.scheduler.schedule(now)
+        if len(finished) == num_left:
+            return out, False
+        for request in finished[num_left:]:
+            self.source.on_finish(request, now)
+        return out, True
 
     def _returned(self, batch: Queued, at_end: bool = False) -> None:
         """A pipelined engine's batch is out of the last stage: its outputs applied, its requests

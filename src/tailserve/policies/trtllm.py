@@ -221,6 +221,9 @@ class TrtllmPolicy(Policy, FastPaths):
         # under overlap, and under pipeline stages, where a context's next chunk is scheduled
         # while its previous one is in flight (trtllm_pipeline.py)
         self._advance = self._num_drafts > 0 or self._overlap or self._pp > 1
+        # A step's computed blocks stored for reuse when its outputs are processed
+        # (Scheduler.update_advanced), not when it is scheduled: under overlap and under stages.
+        self._store_at_update = self._overlap or self._pp > 1
         # attention-DP balancing's two passes (plan_step, hold_contexts): the planned batch and
         # whether its contexts wait; both used up by the next schedule.
         self._planned: _Plan | None = None
@@ -425,7 +428,7 @@ class TrtllmPolicy(Policy, FastPaths):
             out.scheduled.append(ScheduledRequest(request, chunk, start))
             if start + chunk == request.num_tokens:
                 self._enter_generation(sched, request)  # its last chunk: generation next
-                if self._overlap or self._pp > 1:
+                if self._store_at_update:
                     continue  # stored when its outputs are processed (Scheduler.update_advanced)
             elif self._pp > 1:
                 continue  # the PP loop stores a context's blocks when its last chunk returns
@@ -441,7 +444,7 @@ class TrtllmPolicy(Policy, FastPaths):
         # it; None: every call counts; empty: nobody has a keyed block left, as in a workload
         # without token ids). A block fills once in block_size steps.
         gate = kv.registers_from
-        register = not (self._overlap or self._pp > 1) and (gate is None or len(gate) > 0)
+        register = not self._store_at_update and (gate is None or len(gate) > 0)
         for request in batch.generations:
             computed = request.num_computed_tokens
             # A slot for the next token and one for each draft (KVCacheManager.prepare_resources:
