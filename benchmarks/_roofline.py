@@ -38,7 +38,7 @@ SLOW_MATMUL_S = 5.0  # a first matmul slower than this is announced with the tim
 def gemm_notice(level: str | None = None, dtype: torch.dtype = torch.bfloat16) -> str:
     """What the GEMM measurement does and how long it may take (it prints nothing meanwhile):
     seconds in float32, and in bf16 where the CPU has a native bf16 matmul (``cpu_isa`` level
-    avx512_bf16), else minutes."""
+    avx512_bf16 or amx_bf16), else minutes."""
     from tailserve.executors.pytorch import cpu_isa
     from tailserve.executors.pytorch.cpu_backend import can_pack
 
@@ -46,7 +46,9 @@ def gemm_notice(level: str | None = None, dtype: torch.dtype = torch.bfloat16) -
     name = str(dtype).removeprefix("torch.")
     speed = (
         "seconds in all"
-        if level == "avx512_bf16" or dtype == torch.float32 or can_pack(dtype, torch.device("cpu"))
+        if level in ("avx512_bf16", "amx_bf16")
+        or dtype == torch.float32
+        or can_pack(dtype, torch.device("cpu"))
         else f"no native bf16 matmul on this CPU, {level}: a minute or more each"
     )
     return f"  {name} GEMM rate: {GEMM_REPS + 1} matmuls of {GEMM_N}^3 ({speed})"

@@ -20,6 +20,8 @@ section waits for a quiet machine and records the machine's other CPU use (``_co
 
     python -m benchmarks.engine_cpu [--models tiny,small] [--policy vllm] [--skip-vllm] [--skip-hf]
     python -m benchmarks.engine_cpu --quick      # smoke test: tiny only, a few prompts
+    python -m benchmarks.engine_cpu --also-levels avx512_bf16   # on an AMX CPU: the AMX linear
+                                                                # beside the dpbf16 one (Zen 4's)
 
 Prints tables and writes ``benchmarks/out/engine_cpu.json`` (``engine_cpu_quick.json`` with
 ``--quick``; git-ignored; the committed figures are ``--out benchmarks/results/engine_cpu.json``).
@@ -32,6 +34,7 @@ import argparse
 import gc
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,6 +72,11 @@ from tailserve.policies.registry import parse_policy_list  # noqa: E402
 
 W_SEED, TTFT_SEED, WARMUP_SEED = 1234, 99, 7
 AUTO_LOAD = 0.5  # auto rate: this fraction of tailserve's W throughput, in P requests/s
+# ``--also-levels``: levels tailserve can be forced to in this process and still run as on
+# such a CPU. PyTorch reads its dispatch (ATen's, oneDNN's) once at start-up, so only a level
+# whose bf16 path makes no oneDNN call qualifies: avx512_bf16 under amx_bf16 (its linear layers
+# are tailserve's dpbf16 kernel); avx512 would run oneDNN with this CPU's AMX.
+IN_PROCESS_LEVELS = {"amx_bf16": ("avx512_bf16",)}
 
 
 # ---- one model, all engines ------------------------------------------------------------------
@@ -119,6 +127,19 @@ def bench_model(
     gc.collect()
     engines["tailserve"] = ts
     rate = ts["poisson"]["rate_req_s"]
+    for level in args.also_levels:
+        # The same engine forced down a level, at the same P rate (check_args allows only the
+        # levels whose PyTorch dispatch is this run's, since torch reads it once at start-up).
+        before = os.environ.get(cpu_isa.ENV)
+        os.environ[cpu_isa.ENV] = level
+        try:
+            engines[f"tailserve[{level}]"] = run_tailserve(model_dir, args, {**work, "rate": lambda _: rate})
+        finally:
+            if before is None:
+                del os.environ[cpu_isa.ENV]
+            else:
+                os.environ[cpu_isa.ENV] = before
+        gc.collect()
     requests = at_rate(poisson_unit, rate)
     out["poisson_workload"] = {
         "num_requests": len(requests),
@@ -194,6 +215,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help="torch threads for tailserve (fixed; default: adaptive to the free cores) and transformers",
+    )
+    p.add_argument(
+        "--also-levels",
+        default="",
+        help="comma-separated lower CPU levels (e.g. avx512_bf16 on an AMX CPU) at which tailserve "
+        "runs again beside its own level, same workloads and P rate: tailserve[LEVEL]",
     )
     p.add_argument("--skip-hf", action="store_true", help="leave out transformers")
     p.add_argument("--skip-vllm", action="store_true", help="leave out vLLM")
@@ -272,6 +299,16 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    args.also_levels = [v.strip() for v in args.also_levels.split(",") if v.strip()]
+    run = cpu_isa.detect().level
+    allowed = IN_PROCESS_LEVELS.get(run, ())
+    for level in args.also_levels:
+        if level not in allowed:
+            raise ValueError(
+                f"--also-levels: {level!r} cannot run beside this run's {run} in one process "
+                f"(can: {', '.join(allowed) or 'none'}); for another level run the benchmark "
+                f"again with TAILSERVE_CPU_ISA=LEVEL, which also lowers PyTorch's dispatch"
+            )
     rates = parse_rates(args.rate)
     stray = set(rates) - {"*", *presets}
     if stray:

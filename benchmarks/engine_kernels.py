@@ -8,7 +8,9 @@
   and down and the LM head, two copies: 67 MB in bf16, twice the 32 MiB L3 here) and one
   Llama-3.2-1B-shaped layer (hidden 2,048, intermediate 8,192, 32 heads of 64, 8 KV heads:
   121 MB in bf16). ``tailserve``: bf16 weights through ``PackedLinear`` (the level's kernel: the
-  AVX2 one at avx2, dpbf16 or oneDNN above); ``F.linear f32``: PyTorch's float32 (MKL) on float32
+  AVX2 one at avx2, dpbf16 or oneDNN above, AMX at amx_bf16, where the dpbf16 kernel runs beside
+  it on the same packing); ``oneDNN prepacked``: PyTorch's reordered bf16 matmul (AVX-512 and
+  above; AMX where the CPU has it); ``F.linear f32``: PyTorch's float32 (MKL) on float32
   copies; ``F.linear bf16``: PyTorch's bf16 on the bf16 weights (its generic GEMM below AVX-512,
   slow: run at up to 16 rows there). Reported: ms per pass, GFLOP/s, GB/s of weights streamed (in
   each candidate's dtype) and that as % of the read bandwidth.
@@ -102,6 +104,14 @@ def bench_linear(
     w32 = [torch.randn(n, k, generator=g) * 0.02 for n, k in shapes]
     w16 = [w.to(BF16) for w in w32]
     packed = [PackedLinear(w) for w in w16] if can_pack(BF16, CPU) else None
+    # At level amx_bf16 the level below's kernel runs on the same packing, and oneDNN's
+    # prepacked matmul (AMX too, on such a CPU) is the library's answer: both beside it.
+    amx = packed is not None and all(p.kind == "amx" for p in packed)
+    onednn = (
+        [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 64) for w in w16]
+        if packed is not None and cpu_isa.detect().at_least("avx512_bf16")
+        else None
+    )
     params = sum(n * k for n, k in shapes)
     native_bf16 = cpu_isa.detect().at_least("avx512")
     out = []
@@ -111,6 +121,15 @@ def bench_linear(
         cands: dict[str, Callable[[], object]] = {}
         if packed is not None:
             cands["tailserve"] = lambda xs16=xs16: [p(xs16[p.in_features]) for p in packed]
+        if amx:
+            cands["dpbf16 kernel"] = lambda xs16=xs16: [
+                p.kernel.linear_bf16(xs16[p.in_features], p.packed, None) for p in packed
+            ]
+        if onednn is not None:
+            cands["oneDNN prepacked"] = lambda xs16=xs16: [
+                torch.ops.mkldnn._linear_pointwise(xs16[w.shape[1]], o, None, "none", [], "")
+                for w, o in zip(w16, onednn, strict=True)
+            ]
         cands["F.linear f32"] = lambda xs32=xs32: [F.linear(xs32[w.shape[1]], w) for w in w32]
         if native_bf16 or m <= 16:
             cands["F.linear bf16"] = lambda xs16=xs16: [F.linear(xs16[w.shape[1]], w) for w in w16]

@@ -48,7 +48,17 @@ MICRO = dict(
     max_position_embeddings=256,
 )
 KV_GIB = 4096 * 512 / 2**30  # 4,096 tokens of the micro model's KV (as tests/test_torch_executor.py)
-CAPS = ("avx2", "fma3", "avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_bf16", "amx_bf16")
+CAPS = (
+    "avx2",
+    "fma3",
+    "avx512_f",
+    "avx512_bw",
+    "avx512_vl",
+    "avx512_dq",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+)
 
 
 def _log(msg: str) -> None:

@@ -14,7 +14,7 @@ from tailserve.executors.pytorch.cpu_backend import AVX2_LINEAR, CpuBackend, Pac
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
-NATIVE = cpu_isa.native_level()
+NATIVE = cpu_isa.native()
 # The level this process started at: below NATIVE when TAILSERVE_CPU_ISA forced it down
 # (test_cpu_levels.py), which also caps PyTorch's own dispatch (ATEN_CPU_CAPABILITY,
 # ONEDNN_MAX_CPU_ISA) for the whole process: levels above it cannot run their matmuls here.
@@ -196,7 +196,7 @@ def test_the_avx2_path_is_used_at_level_avx2_only(monkeypatch):
     assert not can_pack(BF16, CPU)
 
 
-@pytest.mark.parametrize("level", ["generic", "avx512", "avx512_bf16"])
+@pytest.mark.parametrize("level", ["generic", "avx512", "avx512_bf16", "amx_bf16"])
 def test_other_levels_keep_their_own_paths(monkeypatch, level):
     """Below avx2 (forced) nothing is packed and float32 is auto; at the AVX-512 levels (where
     the CPU has them) their own matmuls and decode kernels run, not the AVX2 ones."""
@@ -210,7 +210,8 @@ def test_other_levels_keep_their_own_paths(monkeypatch, level):
     if level == "generic":
         assert not can_pack(BF16, CPU) and auto_dtype(CPU)[0] == "float32"
     elif can_pack(BF16, CPU):
-        assert PackedLinear(_randn(64, 32, seed=1)).kind in ("dpbf16", "onednn")
+        kind = PackedLinear(_randn(64, 32, seed=1)).kind
+        assert kind == "amx" if level == "amx_bf16" else kind in ("dpbf16", "onednn")
 
 
 def test_bf16_model_on_the_avx2_path_is_as_close_to_float32_as_pytorchs_bf16(tmp_path):

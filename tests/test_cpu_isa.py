@@ -15,22 +15,44 @@ from tailserve.llm import LLM, SamplingParams
 from torch_helpers import hf_greedy, micro_model
 
 CPU = torch.device("cpu")
-NATIVE = cpu_isa.native_level()  # this CPU, whatever TAILSERVE_CPU_ISA says
+NATIVE = cpu_isa.native()  # this CPU (and OS), whatever TAILSERVE_CPU_ISA says
 RUNNABLE = cpu_isa.LEVELS[: cpu_isa.LEVELS.index(NATIVE) + 1]
 KV_GIB = 4096 * 512 / 2**30
 MAX_NEW = 8
 
 ZEN3 = {"avx2": True, "fma3": True, "avx512_f": False}  # AMD EPYC Zen 3: AVX2, no AVX-512
 SKYLAKE_SP = {"avx2": True, "fma3": True, **{f"avx512_{f}": True for f in ["f", "bw", "vl", "dq"]}}
-SAPPHIRE_RAPIDS = {**SKYLAKE_SP, "avx512_bf16": True}
+ZEN4 = {**SKYLAKE_SP, "avx512_bf16": True}  # also Cooper Lake: bf16 dot products, no AMX
+SAPPHIRE_RAPIDS = {**ZEN4, "amx_tile": True, "amx_bf16": True}
 
 
 def test_native_level_from_the_cpus_features():
     assert cpu_isa.native_level(ZEN3, "x86_64") == "avx2"
     assert cpu_isa.native_level(SKYLAKE_SP, "x86_64") == "avx512"
-    assert cpu_isa.native_level(SAPPHIRE_RAPIDS, "x86_64") == "avx512_bf16"
+    assert cpu_isa.native_level(ZEN4, "x86_64") == "avx512_bf16"
+    assert cpu_isa.native_level(SAPPHIRE_RAPIDS, "x86_64") == "amx_bf16"
+    assert cpu_isa.native_level({**ZEN4, "amx_tile": True}, "x86_64") == "avx512_bf16"  # int8 tiles only
     assert cpu_isa.native_level({"avx2": True}, "x86_64") == "generic"  # AVX2 without FMA
     assert cpu_isa.native_level(SAPPHIRE_RAPIDS, "aarch64") == "generic"  # Graviton, Apple M
+
+
+def test_amx_the_os_does_not_grant_runs_at_avx512_bf16(monkeypatch, caplog):
+    """CPUID shows AMX in guests and on kernels before 5.16 that never enable the tile state:
+    the level stays at avx512_bf16, with one line, instead of a fault at the first tile load."""
+    monkeypatch.setattr(cpu_isa, "native_level", lambda: "amx_bf16")
+    monkeypatch.setattr(cpu_isa, "amx_permitted", lambda: False)
+    cpu_isa._native.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="tailserve.executors.pytorch.cpu_isa"):
+            assert cpu_isa._native() == "avx512_bf16"
+        assert "does not grant its tile state" in caplog.text
+        monkeypatch.setattr(cpu_isa, "amx_permitted", lambda: True)
+        cpu_isa._native.cache_clear()
+        assert cpu_isa._native() == "amx_bf16"
+    finally:
+        monkeypatch.undo()
+        cpu_isa._native.cache_clear()
+    assert cpu_isa._native() == NATIVE
 
 
 def test_a_level_can_be_forced_down_never_up():
@@ -40,7 +62,7 @@ def test_a_level_can_be_forced_down_never_up():
     assert cpu_isa.resolve("avx2", "auto", "x86_64").level == "avx2"
     with pytest.raises(cpu_isa.CpuIsaError, match="executes at most avx2"):
         cpu_isa.resolve("avx2", "avx512_bf16", "x86_64")
-    with pytest.raises(cpu_isa.CpuIsaError, match="expected one of auto, avx512_bf16"):
+    with pytest.raises(cpu_isa.CpuIsaError, match="expected one of auto, amx_bf16, avx512_bf16"):
         cpu_isa.resolve("avx2", "sse9", "x86_64")
 
 
@@ -131,8 +153,8 @@ def test_every_runnable_level_gives_transformers_tokens_in_float32(
 
 @pytest.mark.parametrize("level", cpu_isa.LEVELS)
 def test_every_runnable_level_serves_bfloat16(monkeypatch, model_dirs, prompts, level):
-    """bf16 weights on any level: the path that level has (dpbf16, oneDNN, the AVX2 kernel or
-    F.linear), no crash;
+    """bf16 weights on any level: the path that level has (AMX, dpbf16, oneDNN, the AVX2 kernel
+    or F.linear), no crash;
     the first token agrees with transformers in bf16 (later ones may differ by rounding)."""
     _force(monkeypatch, level)
     llm, tokens = _generate(model_dirs["bfloat16"], prompts, "bfloat16")
@@ -140,6 +162,7 @@ def test_every_runnable_level_serves_bfloat16(monkeypatch, model_dirs, prompts, 
     assert [t[0] for t in tokens] == [w[0] for w in want]
     description = llm.engine.description
     expected = {
+        "amx_bf16": "linear AMX kernel",
         "avx512_bf16": "linear dpbf16 kernel",
         "avx512": "linear oneDNN prepacked",
         "avx2": "linear bf16->fp32 FMA kernel (AVX2)",

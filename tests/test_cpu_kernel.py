@@ -89,7 +89,9 @@ def test_bf16_decode_kernels_agree(monkeypatch, heads, head_dim):
 def test_decode_isa_names_the_kernel(monkeypatch):
     if cpu_kernels.load() is None:
         pytest.skip(f"kernel could not be built here: {cpu_kernels.failure()}")
-    expected = {"avx512_bf16": "avx512_bf16", "avx2": "avx2"}.get(cpu_isa.detect().level, "portable")
+    expected = {"amx_bf16": "avx512_bf16", "avx512_bf16": "avx512_bf16", "avx2": "avx2"}.get(
+        cpu_isa.detect().level, "portable"
+    )
     assert cpu_kernels.decode_isa() == expected
     monkeypatch.setenv("TAILSERVE_DECODE_KERNEL", "portable")
     assert cpu_kernels.decode_isa() == "portable"

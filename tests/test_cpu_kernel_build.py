@@ -56,3 +56,30 @@ def test_each_cpu_level_is_its_own_build(monkeypatch):
     assert cpu_isa.CpuIsa("avx2", "avx2", "x86_64").compile_flags[0] == "-march=x86-64-v3"
     assert cpu_isa.CpuIsa("avx512", "generic", "x86_64").compile_flags == []
     assert cpu_isa.CpuIsa("generic", "generic", "aarch64").compile_flags == []
+
+
+def test_a_compiler_without_amx_gets_the_avx512_bf16_build(tmp_path, monkeypatch, caplog):
+    """GCC before 11 knows no -mamx-tile: at amx_bf16 the build falls back to avx512_bf16's
+    (every kernel but the AMX linear) with one line, instead of losing all the kernels."""
+    monkeypatch.setenv("TAILSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "1")
+    amx = cpu_isa.CpuIsa("amx_bf16", "amx_bf16", "x86_64")
+    monkeypatch.setattr(cpu_isa, "detect", lambda: amx)
+    calls: list[dict] = []
+    fake = _fake_build(calls)
+
+    def load_inline(**kwargs):
+        if "-mamx-tile" in kwargs["extra_cflags"]:
+            raise RuntimeError("g++: error: unrecognized command-line option '-mamx-tile'")
+        return fake(**kwargs)
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", load_inline)
+    monkeypatch.setattr(cpu_kernels, "_modules", {})
+    monkeypatch.setattr(cpu_kernels, "_failures", {})
+    with caplog.at_level("WARNING", logger="tailserve.executors.pytorch.cpu_kernels"):
+        assert cpu_kernels.load() is not None
+    assert "CPU kernels for amx_bf16 unavailable" in caplog.text and "unrecognized" in caplog.text
+    assert len(calls) == 1 and "-mavx512bf16" in calls[0]["extra_cflags"]
+    assert "-mamx-tile" not in calls[0]["extra_cflags"]
+    assert cpu_kernels.failure("amx_bf16") is None
+    assert cpu_kernels.load() is not None and len(calls) == 1  # kept for the process

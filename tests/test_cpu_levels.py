@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from tailserve.executors.pytorch import cpu_isa
 
-NATIVE = cpu_isa.native_level()
+NATIVE = cpu_isa.native()
 
 # The tests whose paths depend on the level: kernels, norms, packing, the model's out rows, and
 # the executor end to end (float32 tokens vs transformers, bf16, the pure-PyTorch fallback).

@@ -18,9 +18,10 @@ import pytest
 
 from tailserve.executors.pytorch import cpu_isa, cpu_kernels
 
-RUNNABLE = cpu_isa.LEVELS[: cpu_isa.LEVELS.index(cpu_isa.native_level()) + 1]
+RUNNABLE = cpu_isa.LEVELS[: cpu_isa.LEVELS.index(cpu_isa.native()) + 1]
 _SEGMENT_OR_ADDRESS = {"26", "2e", "36", "3e", "64", "65", "67"}  # prefixes allowed before VEX/EVEX
 _BF16 = re.compile(r"^(vdpbf16ps|vcvtne2ps2bf16|vcvtneps2bf16)\b")
+_AMX = re.compile(r"^(ldtilecfg|sttilecfg|tile\w+|tdp\w+)\b")
 
 
 def _instructions(so: Path) -> list[tuple[list[str], str]]:
@@ -85,8 +86,19 @@ def test_the_avx512_build_has_no_bf16_instruction(kernels_at):
 
 
 def test_the_avx512_bf16_build_uses_dpbf16(kernels_at):
-    """The one level allowed bf16 dot products uses them (the decode attention and the linear)."""
+    """The first level allowed bf16 dot products uses them (the decode attention and the linear)."""
     assert any(_BF16.match(asm) for _, asm in _instructions(kernels_at("avx512_bf16")))
+
+
+def test_the_avx512_bf16_build_has_no_tile_instruction(kernels_at):
+    """Zen 4 and Cooper Lake have avx512_bf16 but no AMX: their build must not touch a tile."""
+    tiles = [asm for _, asm in _instructions(kernels_at("avx512_bf16")) if _AMX.match(asm)]
+    assert not tiles, f"{len(tiles)} AMX instructions in the avx512_bf16 build, first: {tiles[:3]}"
+
+
+def test_the_amx_build_uses_tiles(kernels_at):
+    amx = {asm.split()[0] for _, asm in _instructions(kernels_at("amx_bf16")) if _AMX.match(asm)}
+    assert {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"} <= amx, amx
 
 
 def test_the_encoding_reader_on_known_bytes():

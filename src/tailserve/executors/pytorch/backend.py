@@ -109,8 +109,8 @@ def gather_decode_context(k_slots: Tensor, v_slots: Tensor, meta: Any) -> tuple[
 
 def auto_dtype(device: torch.device) -> tuple[str, str | None]:
     """What ``dtype="auto"`` means on ``device``, and the one line that says why where it is
-    not bfloat16. vLLM serves bf16 by default. On a CPU, bf16 needs a bf16 matmul: AVX-512's
-    (dpbf16 or oneDNN), or at level avx2 tailserve's AVX2 kernel (bf16 weights, float32 FMAs:
+    not bfloat16. vLLM serves bf16 by default. On a CPU, bf16 needs a bf16 matmul: AMX's or AVX-512's
+    (tailserve's AMX or dpbf16 kernel, or oneDNN), or at level avx2 tailserve's AVX2 kernel (bf16 weights, float32 FMAs:
     ~2x MKL's float32 ``F.linear`` at a decode batch of 64 and 4x at 1-8 rows on a Zen 3, half
     the bytes; docs/executor.md). Without one (a generic CPU, or the kernel not built) PyTorch's
     generic bf16 GEMM measured 5-9 GFLOP/s against float32's ~30, so there float32 is both

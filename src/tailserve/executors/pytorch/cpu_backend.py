@@ -1,8 +1,8 @@
 """The CPU backend: PyTorch's ops with tailserve's fused kernels and prepacked bf16 weights
 wherever this CPU's level (``cpu_isa``) runs them.
 
-Per level, for a bf16 model (docs/executor.md): linear layers through tailserve's dpbf16 kernel
-(avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq),
+Per level, for a bf16 model (docs/executor.md): linear layers through tailserve's AMX kernel
+(amx_bf16), its dpbf16 kernel (avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq),
 tailserve's AVX2 kernel (avx2: bf16 weights widened to float32 in registers) or ``F.linear``
 (generic); decode attention through the dpbf16 kernel, the AVX2 one or the portable one;
 prefill attention through the dpbf16 or AVX2 tiled kernel or SDPA; RMSNorm/SiLU-mul fused
@@ -30,7 +30,8 @@ class PackedLinear:
     """A bf16 weight packed once at load, as vLLM's CPU backend prepacks its GEMM weights, for
     the matmul this CPU's level has (``kind``):
 
-    - ``dpbf16`` (avx512_bf16, an output count that is a multiple of 64): tailserve's own kernel
+    - ``dpbf16`` (avx512_bf16, an output count that is a multiple of 64; at amx_bf16 the shapes
+      whose input count is not a multiple of 32): tailserve's own kernel
       (``cpu_kernels.linear_kernel``; [out / 64, in / 2, 64, 2], the pair layout
       ``_mm512_dpbf16_ps`` reads). Against oneDNN's prepacked matmul on the 2-core EPYC (the
       small model's four projections, 2 threads): 2.1x at 1 row, 1.6x at 8, 1.15x at 64 (a
@@ -38,6 +39,13 @@ class PackedLinear:
       (0.96-1.1x per projection; docs/executor.md). Its sums run in input order, pair by pair;
       oneDNN's order differs in the last bit of ~0.01-0.05% of outputs, so bf16 tokens can
       differ from a oneDNN run (``TAILSERVE_LINEAR_KERNEL=onednn`` selects oneDNN).
+    - ``amx`` (amx_bf16, 64 | out and 32 | in): tailserve's AMX kernel (``linear_amx``) over the
+      dpbf16 packing, 16 rows x 64 outputs per tile step. On a 2-core Xeon with AMX (the tiny
+      model's step and a Llama-3.2-1B layer, 2 threads, ``benchmarks.engine_kernels``): 0.97-1.17x
+      dpbf16's speed at 1 row, 1.7-1.9x at 4, 5.6-6.6x at 64, 7-8.6x at 256; against oneDNN's
+      prepacked matmul (AMX too there) 1.5x at 1 row, even at 64, 0.8x at 1,024. A row's result
+      does not depend on the batch; a pair's two products are added in another order than
+      dpbf16's, so bf16 tokens can differ from an avx512_bf16 run.
     - ``onednn`` (avx512, or a dpbf16 CPU's other shapes): reordered once for oneDNN
       (``torch.ops.mkldnn``), the same bits as ``F.linear`` and 2-2.8x its speed at 1-7 rows,
       1.2x at 64, ~5% at 512-2,048: ``F.linear`` reorders the weight inside every call.
@@ -61,6 +69,11 @@ class PackedLinear:
             self.kind = "avx2"
             self.packed = pack_avx2(weight)
             return
+        self.kernel = cpu_kernels.linear_amx_kernel()
+        if self.kernel is not None and n % 64 == 0 and k % 32 == 0:
+            self.kind = "amx"
+            self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+            return
         self.kernel = cpu_kernels.linear_kernel()
         if self.kernel is not None and n % 64 == 0 and k % 2 == 0:
             self.kind = "dpbf16"
@@ -77,6 +90,8 @@ class PackedLinear:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.kind == "avx2":
             y = self.kernel.linear_avx2(rows, self.packed, self.out_features, bias)
+        elif self.kind == "amx":
+            y = self.kernel.linear_amx(rows, self.packed, bias)
         else:
             y = self.kernel.linear_bf16(rows, self.packed, bias)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
@@ -120,6 +135,8 @@ def linear_path(dtype: torch.dtype, device: torch.device) -> str:
         return "F.linear (BLAS)" if dtype == torch.float32 else "F.linear (PyTorch's generic bf16 GEMM)"
     if cpu_kernels.linear_avx2_kernel() is not None:
         return AVX2_LINEAR
+    if cpu_kernels.linear_amx_kernel() is not None:
+        return "AMX kernel"
     return "dpbf16 kernel" if cpu_kernels.linear_kernel() is not None else "oneDNN prepacked"
 
 
@@ -176,7 +193,7 @@ class CpuBackend(TorchBackend):
         return out.view(b, num_kv_heads * group, head_dim).to(q.dtype)
 
     def prefill_attention(self, q: Tensor, k_slots: Tensor, v_slots: Tensor, meta: Any) -> Tensor | None:
-        # bf16 at level avx512_bf16 or avx2: every prefill chunk in one kernel call, reading its
+        # bf16 at level amx_bf16, avx512_bf16 or avx2: every prefill chunk in one kernel call, reading its
         # K/V from the cache (stored before) with a float32 softmax. PyTorch's CPU SDPA runs these
         # short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py (since
         # removed; at daf5455)).

@@ -1,11 +1,13 @@
 """Which CPU code path the real executor takes, decided once per process.
 
-Four levels, highest first. Each names what the machine can execute and so which kernel each
+Five levels, highest first. Each names what the machine can execute and so which kernel each
 operation gets (``paths``):
 
 ============  ==============================  ===========================  ======================
 level         bf16 linear layers              bf16 attention               kernels compiled for
 ============  ==============================  ===========================  ======================
+amx_bf16      tailserve's AMX kernel (tiles   dpbf16 decode and prefill    x86-64-v4 + avx512bf16
+              over the dpbf16 packing)                                     + amx-tile, amx-bf16
 avx512_bf16   tailserve's dpbf16 kernel       dpbf16 decode and prefill    x86-64-v4 + avx512bf16
 avx512        oneDNN, prepacked weights       portable decode, SDPA        x86-64-v4
 avx2          tailserve's AVX2 kernel (bf16   AVX2 decode and prefill      x86-64-v3
@@ -16,6 +18,8 @@ generic       PyTorch's generic ``F.linear``  portable decode, SDPA        the c
 float32 models take ``F.linear`` (MKL) and PyTorch's norms everywhere: the path that must equal
 ``transformers`` token for token (their decode attention is the AVX2 kernel at avx2, float32
 loops elsewhere). ``generic`` is every CPU that is not x86-64 with AVX2 (aarch64, older x86).
+``amx_bf16`` (Sapphire Rapids and later) also needs the OS to grant the tile state
+(``amx_permitted``); where it does not, the CPU runs at avx512_bf16, said in one line.
 oneDNN's prepacked bf16 matmul needs avx512bw/vl/dq (or avx_ne_convert); called without them it
 raises, which is why the level is read before any weight is packed.
 
@@ -29,17 +33,21 @@ machine's is refused with one line, not a crash later).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
+import sys
 from dataclasses import dataclass
 
-LEVELS = ("generic", "avx2", "avx512", "avx512_bf16")  # lowest first
+LEVELS = ("generic", "avx2", "avx512", "avx512_bf16", "amx_bf16")  # lowest first
 ENV = "TAILSERVE_CPU_ISA"
+log = logging.getLogger(__name__)
 
 # The kernels are compiled for the level, never ``-march=native``: the level, not the compiling
 # machine, decides the instructions (an emulated CPU runs g++ natively, which would otherwise
 # target the host). ``-mtune=native`` only schedules and is safe anywhere.
 _MARCH = {
+    "amx_bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
     "avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16"],
     "avx512": ["-march=x86-64-v4"],
     "avx2": ["-march=x86-64-v3"],
@@ -107,6 +115,8 @@ def native_level(caps: dict[str, object] | None = None, machine: str | None = No
     if machine not in ("x86_64", "AMD64"):
         return "generic"
     avx512 = all(caps.get(f) for f in ("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"))
+    if avx512 and caps.get("avx512_bf16") and caps.get("amx_bf16") and caps.get("amx_tile"):
+        return "amx_bf16"
     if avx512 and caps.get("avx512_bf16"):
         return "avx512_bf16"
     if avx512:
@@ -130,9 +140,39 @@ def resolve(native: str, requested: str | None, machine: str) -> CpuIsa:
     return CpuIsa(native, requested, machine)
 
 
+def amx_permitted() -> bool:
+    """Whether Linux grants this process the AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``, kernel 5.16+): CPUID can show amx_bf16 in a guest or on an older
+    kernel that never enables the tiles, and the first tile instruction would then fault."""
+    import ctypes
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # SYS_arch_prctl (158 on x86-64), ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        return libc.syscall(ctypes.c_long(158), ctypes.c_long(0x1023), ctypes.c_long(18)) == 0
+    except Exception:  # no libc symbol, a sandbox refusing the call: no tiles, not a crash
+        return False
+
+
 @functools.cache
 def _native() -> str:
-    return native_level()
+    level = native_level()
+    if level == "amx_bf16" and not amx_permitted():
+        log.warning(
+            "the CPU has AMX but the OS does not grant its tile state (Linux 5.16+ does): "
+            "it runs as a CPU without AMX (level avx512_bf16)"
+        )
+        return "avx512_bf16"
+    return level
+
+
+def native() -> str:
+    """The highest level this process can run: CPUID's (``native_level``), lowered to
+    avx512_bf16 where the OS withholds the AMX tiles. What tests and benchmarks mean by "this
+    CPU's level"."""
+    return _native()
 
 
 def detect() -> CpuIsa:
@@ -155,14 +195,26 @@ def torch_capability_env(level: str) -> dict[str, str]:
     CPU of ``level`` takes. Only effective before torch runs its first kernel, so the CLI sets
     it at start-up (``apply_forced_level``); a process that switches levels later keeps
     torch's dispatch and switches only tailserve's own choices."""
-    aten = {"avx512_bf16": "avx512", "avx512": "avx512", "avx2": "avx2", "generic": "default"}[level]
-    onednn = {"avx512_bf16": "AVX512_CORE_BF16", "avx512": "AVX512_CORE", "avx2": "AVX2", "generic": "SSE41"}
+    aten = {
+        "amx_bf16": "avx512",
+        "avx512_bf16": "avx512",
+        "avx512": "avx512",
+        "avx2": "avx2",
+        "generic": "default",
+    }[level]
+    onednn = {
+        "amx_bf16": "AVX512_CORE_AMX",
+        "avx512_bf16": "AVX512_CORE_BF16",
+        "avx512": "AVX512_CORE",
+        "avx2": "AVX2",
+        "generic": "SSE41",
+    }
     return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn[level]}
 
 
 def apply_forced_level() -> None:
     """At CLI start-up, before torch is used: a forced lower level also lowers torch's dispatch."""
     level = os.environ.get(ENV, "").strip().lower()
-    if level in LEVELS and level != "avx512_bf16":
+    if level in LEVELS and level != LEVELS[-1]:
         for key, value in torch_capability_env(level).items():
             os.environ.setdefault(key, value)

@@ -7,7 +7,8 @@ that builds and calls them.
   avx2 the same shape with AVX2 FMAs, bf16 or float32 caches (``decode_avx2_impl``); elsewhere
   float32 loops, one task per (request, KV head) (``decode_impl``).
 - ``linear_bf16``: the bf16 linear layers, over weights packed once for ``_mm512_dpbf16_ps``
-  (avx512_bf16 only; ``cpu_backend.PackedLinear``).
+  (the avx512_bf16 and amx_bf16 builds; ``cpu_backend.PackedLinear``); ``linear_amx``: the same
+  packing through AMX tiles (level amx_bf16: Sapphire Rapids and later).
 - ``linear_avx2`` and the AVX2 decode attention (``decode_avx2_impl``): for CPUs with AVX2 and FMA
   but no AVX-512 (level avx2): bf16 weights and K/V widened to float32 in registers, FMA sums.
 - ``store_kv``: the new tokens' K and V rows into their cache slots (two ``index_copy_`` calls
@@ -481,6 +482,152 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   return y;
 #else
   TORCH_CHECK(false, "linear_bf16: built without avx512_bf16");
+  return y;
+#endif
+}
+
+// ---- bf16 linear layers on AMX ----------------------------------------------------------------
+// The same packed weight as ``linear_bf16`` ([N / 64][K / 2][64][2]) through AMX tiles where the
+// CPU has amx_bf16 (Sapphire Rapids and later; level amx_bf16): a B tile is 16 pairs of input
+// dims x 16 outputs, 64 bytes a row, and the packing already holds it, a row every 256 bytes (one
+// pair of dims for the panel's 64 outputs), so nothing is repacked. A step is one A tile (16 rows
+// of x x 32 dims), four B tiles and four TDPBF16PS into four C tiles (16 rows x 64 outputs).
+// Rows past the last full 16 come from a padded copy. Each output is its x row's dims summed 32
+// a step in input order into one float32 tile row, whatever the other rows hold, so a row's
+// result does not depend on the other rows or their number (``rows_independent``); TDPBF16PS
+// adds a pair's two products in another order than VDPBF16PS, so it can differ from
+// ``linear_bf16`` in the last bit. On the 2-core Xeon with AMX (engine_kernels, a Llama-3.2-1B
+// layer's four projections, 2 threads): 5.3 / 7.5 / 23 ms at 1 / 64 / 256 rows, against dpbf16's
+// 6.2 / 49 / 197 and oneDNN's AMX matmul's 8.0 / 7.2 / 30 (docs/executor.md).
+#if defined(TAILSERVE_HAVE_DPBF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define TAILSERVE_HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// Linux hands out the tile state only to a process that asks (5.16+); cpu_isa asks first and
+// stays at avx512_bf16 where the answer is no, so this is the kernel's own safety net.
+static bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: C (16 rows x 16 float32); 4: A (16 rows x 32 bf16); 5, 6: B (16 pairs x 16 outputs).
+// The configuration is per thread: each parallel chunk loads it and releases it.
+static inline void amx_configure() {
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 7; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// 16 rows of x (row stride ``lda`` elements) x one panel of 64 outputs; ``rows`` of them stored.
+static inline void linear_amx_block(const uint16_t* __restrict x, int64_t lda, int64_t K,
+                                    const uint32_t* __restrict w, const float* __restrict bias,
+                                    uint16_t* __restrict y, int64_t N, int64_t rows) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t stride = lda * 2;
+  for (int64_t s = 0; s < K / 32; ++s) {
+    _tile_loadd(4, x + s * 32, stride);
+    const uint32_t* wb = w + s * 16 * 64;
+    // The panel streams from memory: ask for the step after next (4 KB) while this one runs
+    // (the tiles' strided loads get less from the hardware prefetcher: 1 row 10.2 vs 13.4 ms).
+    if (s + 2 < K / 32) {
+      const char* ahead = reinterpret_cast<const char*>(wb + 2 * 16 * 64);
+      for (int l = 0; l < 4096; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    }
+    _tile_loadd(5, wb, 256);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, wb + 16, 256);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(5, wb + 32, 256);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(6, wb + 48, 256);
+    _tile_dpbf16ps(3, 4, 6);
+  }
+  alignas(64) float c[16][64];
+  _tile_stored(0, &c[0][0], 256);
+  _tile_stored(1, &c[0][16], 256);
+  _tile_stored(2, &c[0][32], 256);
+  _tile_stored(3, &c[0][48], 256);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int j = 0; j < 4; ++j) {
+      __m512 v = _mm512_load_ps(&c[r][16 * j]);
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * j));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N + 16 * j), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+}
+#endif
+
+torch::Tensor linear_amx(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear_amx: x must be bf16 [rows, in]");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 64 && w.size(3) == 2 && w.is_contiguous() &&
+              w.scalar_type() == at::kBFloat16, "linear_amx: w must be packed bf16 [out / 64, in / 2, 64, 2]");
+  const int64_t M = x.size(0), K = x.size(1), NP = w.size(0), N = NP * 64;
+  TORCH_CHECK(K == 2 * w.size(1), "linear_amx: x has ", K, " features, the weight ", 2 * w.size(1));
+  TORCH_CHECK(K % 32 == 0, "linear_amx: ", K, " input features, not a multiple of 32");
+  auto xc = x.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor bf;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N, "linear_amx: bias of ", bias->numel(), " for ", N, " outputs");
+    bf = bias->to(torch::kFloat).contiguous();
+  }
+#ifdef TAILSERVE_HAVE_AMX
+  TORCH_CHECK(amx_permitted(), "linear_amx: the OS did not grant the AMX tile state (arch_prctl)");
+  if (M == 0) return y;
+  const int64_t full = M / 16 * 16, tail = M - full, nmb16 = (M + 15) / 16;
+  // The last partial block of rows, padded to 16 (the tile reads 16 rows; the padding rows'
+  // outputs are never stored).
+  torch::Tensor pad;
+  if (tail) {
+    pad = torch::zeros({16, K}, x.options());
+    pad.narrow(0, 0, tail).copy_(xc.narrow(0, full, tail));
+  }
+  // Tasks as in ``linear_bf16``: panel-major, a panel read from memory once per task and kept
+  // in L2 while its blocks of up to MB rows pass.
+  constexpr int64_t MB = 64 / 16;  // 16-row blocks per task
+  const int64_t nmb = (nmb16 + MB - 1) / MB;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const uint16_t* pp = tail ? reinterpret_cast<const uint16_t*>(pad.data_ptr()) : nullptr;
+  const uint32_t* wp = reinterpret_cast<const uint32_t*>(w.data_ptr());
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, NP * nmb, 1, [&](int64_t begin, int64_t end) {
+    amx_configure();
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t np = task / nmb, mb = task % nmb;
+      const uint32_t* wt = wp + np * (K / 2) * 64;
+      const float* bt = bp ? bp + np * 64 : nullptr;
+      for (int64_t b = mb * MB; b < std::min(nmb16, (mb + 1) * MB); ++b) {
+        const int64_t m = b * 16;
+        if (m < full)
+          linear_amx_block(xp + m * K, K, K, wt, bt, yp + m * N + np * 64, N, 16);
+        else
+          linear_amx_block(pp, K, K, wt, bt, yp + m * N + np * 64, N, tail);
+      }
+    }
+    _tile_release();
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "linear_amx: built without AMX (level amx_bf16)");
   return y;
 #endif
 }
@@ -1004,6 +1151,15 @@ bool avx2_built() {
 #endif
 }
 
+// Whether this build has ``linear_amx`` (compiled for level amx_bf16).
+bool amx_built() {
+#ifdef TAILSERVE_HAVE_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
 // Which decode kernel this build runs for bf16 caches: "avx512_bf16" or "portable".
 std::string decode_kernel_isa() {
 #ifdef TAILSERVE_HAVE_DPBF16
@@ -1289,4 +1445,6 @@ FUNCTIONS = [
     "linear_bf16",
     "linear_avx2",
     "avx2_built",
+    "linear_amx",
+    "amx_built",
 ]

@@ -5,8 +5,10 @@
   launches the arithmetic needs (see docs/executor.md). The kernel reads each request's K/V
   rows straight from their slots with a float32 softmax, as vLLM's CPU paged-attention kernel;
   one form per level (``decode_isa``: dpbf16, AVX2 or portable float32 loops).
-- Linear layers over bf16 weights packed once at load: the dpbf16 kernel (avx512_bf16) and the
-  AVX2 one (bf16 widened to float32 in registers, FMA sums; ``linear_avx2_kernel``).
+- Linear layers over bf16 weights packed once at load: the AMX kernel (amx_bf16,
+  ``linear_amx_kernel``), the dpbf16 kernel over the same packing (avx512_bf16, and amx_bf16's
+  shapes AMX does not fit) and the AVX2 one (bf16 widened to float32 in registers, FMA sums;
+  ``linear_avx2_kernel``).
 - RoPE fused with the q/k/v split for bf16/fp16 models, and the greedy argmax.
 - RMSNorm (with the residual add) and SiLU-mul for bf16/fp16 models, bit for bit ATen's
   (``cpu_norm_source.py``; ``cpu_norm.py`` checks each against PyTorch's ops before use).
@@ -76,7 +78,9 @@ def failure(level: str | None = None) -> str | None:
 
 def load() -> Any | None:
     """The compiled module for this process's CPU level (``cpu_isa.detect()``), or None (with
-    the reason logged once) if it cannot be built."""
+    the reason logged once) if it cannot be built. At amx_bf16 a compiler without AMX support
+    (GCC before 11) gets the avx512_bf16 build instead, said in one line: every kernel but the
+    AMX linear."""
     if not enabled():
         return None
     isa = cpu_isa.detect()
@@ -86,37 +90,56 @@ def load() -> Any | None:
     with _lock:
         if level not in _modules and level not in _failures:
             try:
-                from torch.utils.cpp_extension import load_inline
-
-                name, directory = build_name(isa), build_dir(isa)
-                if not (directory / f"{name}.so").is_file():
-                    # The first real run would otherwise sit silent for a minute.
-                    print(
-                        f"tailserve: building the fused CPU kernels for {level}, ~1 min, once "
-                        f"(into {directory})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                directory.mkdir(parents=True, exist_ok=True)
-                _modules[level] = load_inline(
-                    name=name,
-                    cpp_sources=_SOURCE,
-                    functions=FUNCTIONS + NORM_FUNCTIONS,
-                    extra_cflags=_cflags(isa),
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(directory),
-                    verbose=False,
-                )
+                _modules[level] = _build(isa)
             except Exception as e:  # no compiler, no ninja, read-only cache: fall back
-                text = str(e).strip()
-                _failures[level] = f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
+                _failures[level] = _reason(e)
+                if level == "amx_bf16":
+                    lower = cpu_isa.CpuIsa(isa.native, "avx512_bf16", isa.machine)
+                    log.warning(
+                        "CPU kernels for amx_bf16 unavailable (%s); building avx512_bf16's (no AMX linear)",
+                        _failures[level],
+                    )
+                    try:
+                        _modules[level] = _build(lower)
+                        del _failures[level]
+                        return _modules[level]
+                    except Exception as e2:
+                        _failures[level] = _reason(e2)
                 log.warning("CPU kernels unavailable, using the PyTorch path (%s)", _failures[level])
     return _modules.get(level)
 
 
+def _reason(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
+def _build(isa: cpu_isa.CpuIsa) -> Any:
+    from torch.utils.cpp_extension import load_inline
+
+    name, directory = build_name(isa), build_dir(isa)
+    if not (directory / f"{name}.so").is_file():
+        # The first real run would otherwise sit silent for a minute.
+        print(
+            f"tailserve: building the fused CPU kernels for {isa.level}, ~1 min, once (into {directory})",
+            file=sys.stderr,
+            flush=True,
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    return load_inline(
+        name=name,
+        cpp_sources=_SOURCE,
+        functions=FUNCTIONS + NORM_FUNCTIONS,
+        extra_cflags=_cflags(isa),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(directory),
+        verbose=False,
+    )
+
+
 def decode_isa(module: Any | None = None) -> str | None:
     """The decode-attention kernel bf16 caches get: ``avx512_bf16`` (dot products with
-    ``_mm512_dpbf16_ps``, built only at that CPU level), ``avx2`` (AVX2 FMAs over rows widened
+    ``_mm512_dpbf16_ps``, built at levels avx512_bf16 and amx_bf16), ``avx2`` (AVX2 FMAs over rows widened
     to float32, at level avx2, float32 caches too), ``portable`` (float32 loops, every other
     level, and what ``TAILSERVE_DECODE_KERNEL=portable`` asks for), or None without the kernels.
     ``module``: a build of ``load()`` (default: this process's level)."""
@@ -174,6 +197,19 @@ def linear_kernel() -> Any | None:
         return None
     module = load()
     if module is None or module.decode_kernel_isa() != "avx512_bf16":
+        return None
+    return module
+
+
+def linear_amx_kernel() -> Any | None:
+    """The module whose ``linear_amx`` runs bf16 linear layers through AMX tiles (level
+    amx_bf16: Sapphire Rapids and later, the OS granting the tile state), over the dpbf16
+    packing; or None: at any lower level (``TAILSERVE_CPU_ISA=avx512_bf16`` runs the dpbf16
+    kernel there), without the kernels, or with ``TAILSERVE_LINEAR_KERNEL=onednn``/``torch``."""
+    if not _own_linear() or cpu_isa.detect().level != "amx_bf16":
+        return None
+    module = load()
+    if module is None or not module.amx_built():
         return None
     return module
 
