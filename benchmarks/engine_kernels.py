@@ -19,6 +19,9 @@
   bf16) with blocks in order or shuffled: this level's kernel, the portable one, and PyTorch's
   path (context gathered, two matmuls); GB/s of K/V read and % of the read bandwidth.
 
+- **Prefill attention**: one layer's, W's prefill batch on the tiny model's heads and mixed
+  chunks on Llama-3-8B's: this level's kernel, and at amx_bf16 the dpbf16 one beside the AMX one.
+
 Candidates alternate within each repetition and the median is reported, so a busy moment costs
 every candidate alike. Before each row count (and each attention layout) the script waits until
 the machine's other processes use under ``--quiet-threshold`` cores for 3 s (up to
@@ -216,6 +219,72 @@ def bench_decode(args: argparse.Namespace, read_bw: float) -> list[dict]:
     return out
 
 
+# ---- prefill attention ---------------------------------------------------------------------------
+def prefill_case(seed: int, heads: int, kv_heads: int, dim: int, new: list[int], ctx: list[int]) -> tuple:
+    """``paged_prefill_attention``'s arguments for chunks of ``new`` tokens after ``ctx`` cached
+    ones, blocks shuffled, one layer."""
+    g = torch.Generator().manual_seed(seed)
+    bs = 16
+    need = [-(-(c + n) // bs) for c, n in zip(ctx, new, strict=True)]
+    blocks = sum(need)
+    order, tables, at = torch.randperm(blocks, generator=g).tolist(), [], 0
+    for n in need:
+        tables.append(order[at : at + n])
+        at += n
+    meta = attention.build_metadata(tables, new, ctx, 0, bs, blocks * bs, CPU)
+    kv = attention.PagedKVCache(1, blocks, bs, kv_heads, dim, BF16, CPU)
+    k_slots, v_slots = kv.slots(0)
+    k_slots[: blocks * bs] = torch.randn(blocks * bs, kv_heads, dim, generator=g).to(BF16)
+    v_slots[: blocks * bs] = torch.randn(blocks * bs, kv_heads, dim, generator=g).to(BF16)
+    q = torch.randn(sum(new), heads, dim, generator=g).to(BF16)
+    pk = attention.prefill_kernel_inputs(meta)
+    return q, k_slots, v_slots, pk.slots, pk.starts, pk.news, pk.contexts, dim**-0.5
+
+
+def bench_prefill(args: argparse.Namespace) -> list[dict]:
+    """One layer's prefill attention: W's prefill batch on the tiny model's heads (8 prompts of
+    256 fresh tokens; 8 query, 4 KV heads of 64) and mixed chunks after context on Llama-3-8B's
+    (32 / 8 heads of 128). This level's kernel; at amx_bf16 also the dpbf16 one beside it (the
+    avx512_bf16 build, loaded in this process)."""
+    module = cpu_kernels.load()
+    if module is None or not cpu_kernels.prefill_attention_applies(
+        torch.empty(1, 8, 64, dtype=BF16), torch.empty(1, 4, 64, dtype=BF16), module
+    ):
+        print(f"  prefill attention: no bf16 prefill kernel at this level ({cpu_kernels.failure()})")
+        return []
+    mods = {cpu_kernels.prefill_kernel_name(BF16, module): module}
+    if cpu_isa.detect().level == "amx_bf16":
+        os.environ[cpu_isa.ENV] = "avx512_bf16"
+        try:
+            lower = cpu_kernels.load()
+        finally:
+            del os.environ[cpu_isa.ENV]
+        if lower is not None:
+            mods["dpbf16 kernel"] = lower
+    out = []
+    cases = {
+        "tiny, 8 x 256 fresh": prefill_case(0, 8, 4, 64, [256] * 8, [0] * 8),
+        "Llama-3-8B heads, chunks 512/200/37/1 after 64/0/19/100": prefill_case(
+            1, 32, 8, 128, [512, 200, 37, 1], [64, 0, 19, 100]
+        ),
+    }
+    for name, case in cases.items():
+        cands = {
+            label: (lambda m=m, case=case: m.paged_prefill_attention(*case)) for label, m in mods.items()
+        }
+        quiet = gated(args.quiet_threshold, args.quiet_timeout)
+        med = interleaved(cands, args.reps)
+        first = next(iter(med.values()))
+        for cand, t in med.items():
+            out.append({"case": name, "candidate": cand, "ms": t * 1e3, "quiet": quiet})
+        print(
+            f"  prefill attention, {name}, one layer: "
+            + ", ".join(f"{c} {t * 1e3:.2f} ms ({t / first:.2f}x)" for c, t in med.items()),
+            flush=True,
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=9)
@@ -255,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         results["linear"] += bench_linear("1B layer", llama_1b_layer(), rows, args, read_bw)
     results["decode_attention"] = bench_decode(args, read_bw)
+    results["prefill_attention"] = bench_prefill(args)
     results["load_after"] = load()
     print(f"  load after: {results['load_after']}")
     save_results(results, args.out, "engine_kernels_quick.json" if args.quick else "engine_kernels.json")

@@ -41,9 +41,9 @@ class PackedLinear:
       differ from a oneDNN run (``TAILSERVE_LINEAR_KERNEL=onednn`` selects oneDNN).
     - ``amx`` (amx_bf16, 64 | out and 32 | in): tailserve's AMX kernel (``linear_amx``) over the
       dpbf16 packing, 16 rows x 64 outputs per tile step. On a 2-core Xeon with AMX (the tiny
-      model's step and a Llama-3.2-1B layer, 2 threads, ``benchmarks.engine_kernels``): 0.97-1.17x
-      dpbf16's speed at 1 row, 1.7-1.9x at 4, 5.6-6.6x at 64, 7-8.6x at 256; against oneDNN's
-      prepacked matmul (AMX too there) 1.5x at 1 row, even at 64, 0.8x at 1,024. A row's result
+      model's step and a Llama-3.2-1B layer, 2 threads, ``benchmarks.engine_kernels``): 1.0-1.3x
+      dpbf16's speed at 1 row, 1.8-1.9x at 4, 5.8-6.6x at 64, 7.8-8.9x at 256; against oneDNN's
+      prepacked matmul (AMX too there) 1.1-1.7x at 1 row, even at 64, 0.86-1.03x at 1,024. A row's result
       does not depend on the batch; a pair's two products are added in another order than
       dpbf16's, so bf16 tokens can differ from an avx512_bf16 run.
     - ``onednn`` (avx512, or a dpbf16 CPU's other shapes): reordered once for oneDNN
@@ -193,7 +193,7 @@ class CpuBackend(TorchBackend):
         return out.view(b, num_kv_heads * group, head_dim).to(q.dtype)
 
     def prefill_attention(self, q: Tensor, k_slots: Tensor, v_slots: Tensor, meta: Any) -> Tensor | None:
-        # bf16 at level amx_bf16, avx512_bf16 or avx2: every prefill chunk in one kernel call, reading its
+        # bf16 at level amx_bf16 (AMX tiles), avx512_bf16 or avx2: every prefill chunk in one kernel call, reading its
         # K/V from the cache (stored before) with a float32 softmax. PyTorch's CPU SDPA runs these
         # short causal chunks at ~35 GFLOP/s of one core (benchmarks/engine_attention.py (since
         # removed; at daf5455)).

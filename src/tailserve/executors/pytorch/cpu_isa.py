@@ -6,7 +6,7 @@ operation gets (``paths``):
 ============  ==============================  ===========================  ======================
 level         bf16 linear layers              bf16 attention               kernels compiled for
 ============  ==============================  ===========================  ======================
-amx_bf16      tailserve's AMX kernel (tiles   dpbf16 decode and prefill    x86-64-v4 + avx512bf16
+amx_bf16      tailserve's AMX kernel (tiles   dpbf16 decode, AMX prefill   x86-64-v4 + avx512bf16
               over the dpbf16 packing)                                     + amx-tile, amx-bf16
 avx512_bf16   tailserve's dpbf16 kernel       dpbf16 decode and prefill    x86-64-v4 + avx512bf16
 avx512        oneDNN, prepacked weights       portable decode, SDPA        x86-64-v4

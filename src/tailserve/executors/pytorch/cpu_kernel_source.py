@@ -19,7 +19,8 @@ that builds and calls them.
   rows x 16 keys per step over keys packed once per chunk and KV head), float32 softmax, P
   rounded to bf16 for P.V as PyTorch's CPU flash attention does (``prefill_bf16_impl``;
   avx512_bf16); at level avx2 6 query rows x 16 keys of float32 FMAs over keys widened once,
-  float32 P (``prefill_avx2_impl``).
+  float32 P (``prefill_avx2_impl``); at level amx_bf16 (head_dim 64, 128, 256) the same packing
+  through AMX tiles, 16 query rows x 16 keys a score tile (``prefill_amx_impl``).
 - ``rope_split`` (q, k, v out of the fused qkv projection, RoPE applied to q and k) and
   ``argmax_rows`` (greedy tokens, and whether any logit is NaN, in one pass). Each rounds to the model dtype exactly where the PyTorch ops
   it replaces round (``cpu_kernels.py`` says where results can differ in the last bit), so
@@ -497,8 +498,8 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 // result does not depend on the other rows or their number (``rows_independent``); TDPBF16PS
 // adds a pair's two products in another order than VDPBF16PS, so it can differ from
 // ``linear_bf16`` in the last bit. On the 2-core Xeon with AMX (engine_kernels, a Llama-3.2-1B
-// layer's four projections, 2 threads): 5.3 / 7.5 / 23 ms at 1 / 64 / 256 rows, against dpbf16's
-// 6.2 / 49 / 197 and oneDNN's AMX matmul's 8.0 / 7.2 / 30 (docs/executor.md).
+// layer's four projections, 2 threads): 4.1 / 7.1 / 20 ms at 1 / 64 / 256 rows, against dpbf16's
+// 5.2 / 47 / 182 and oneDNN's AMX matmul's 4.6 / 7.0 / 17 (docs/benchmarks.md).
 #if defined(TAILSERVE_HAVE_DPBF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define TAILSERVE_HAVE_AMX 1
 #include <sys/syscall.h>
@@ -572,6 +573,139 @@ static inline void linear_amx_block(const uint16_t* __restrict x, int64_t lda, i
       if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * j));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * N + 16 * j), (__m256i)_mm512_cvtneps_pbh(v));
     }
+}
+// ---- prefill attention on AMX -------------------------------------------------------------------
+// ``prefill_bf16_impl``'s tasks and packing through tiles (level amx_bf16, head_dim a multiple of
+// 64): the keys packed per block of 16 as [HD / 2][16] pairs are B tiles as they stand (16 pairs
+// of dims x 16 keys), the values packed in pairs of keys [pairs][HD] are B tiles of 16 key pairs x
+// 16 dims (a row every HD * 4 bytes). Per block of 16 query rows (copied into one buffer: a GQA
+// group's rows are not evenly spaced in q): S = Q K^T one 16 x 16 tile per 16 keys (HD / 32
+// TDPBF16PS), scaled, float32 softmax per row, P rounded to bf16 as the dpbf16 kernel does, then
+// P V in 64-dim chunks, four C tiles each, 32 keys a step. Causal masking is the softmax's length,
+// as there. The same sums in another order inside each pair: outputs can differ from the dpbf16
+// kernel's in the last bit.
+bool prefill_amx_applies(int64_t D);
+
+template <int HD>
+static void prefill_amx_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                             const int64_t* slots, const int64_t* starts, const int64_t* news,
+                             const int64_t* ctxs, at::BFloat16* out, int64_t R, int64_t H, int64_t KV,
+                             int64_t L, float scale) {
+  static_assert(HD % 64 == 0, "head_dim must be a multiple of 64");
+  constexpr int NP = HD / 2;  // bf16 pairs (32-bit words) per row
+  constexpr int QR = 16;      // query rows per tile
+  const int64_t G = H / KV;
+  at::parallel_for(0, R * KV, 1, [&](int64_t begin, int64_t end) {
+    amx_configure();
+    std::vector<uint32_t> kpack;
+    std::vector<uint32_t> vpack;
+    std::vector<float> sc;
+    std::vector<uint16_t> pb;
+    alignas(64) uint16_t qbuf[QR * HD];
+    alignas(64) float tmp[QR][64];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t c = task / KV, h = task % KV;
+      const int64_t n_new = news[c], ctx = ctxs[c], nk = ctx + n_new, first = starts[c];
+      if (n_new == 0) continue;
+      const int64_t* __restrict sl = slots + c * L;
+      const int64_t nblk = (nk + 15) / 16;
+      const int64_t kstep = (nk + 31) / 32;    // P V steps of 32 keys
+      const int64_t pstride = kstep * 32;      // P and S row length, keys
+      kpack.assign(nblk * NP * 16, 0u);
+      vpack.assign(kstep * 16 * HD, 0u);       // zero pairs past nk: P's zeros times zeros
+      for (int64_t j = 0; j < nk; ++j) {
+        const uint32_t* kw = reinterpret_cast<const uint32_t*>(k + (sl[j] * KV + h) * HD);
+        uint32_t* dst = kpack.data() + (j / 16) * NP * 16 + (j % 16);
+        for (int p = 0; p < NP; ++p) dst[p * 16] = kw[p];
+        const uint16_t* vr = reinterpret_cast<const uint16_t*>(v + (sl[j] * KV + h) * HD);
+        uint16_t* vd = reinterpret_cast<uint16_t*>(vpack.data() + (j / 2) * HD) + (j % 2);
+        for (int d = 0; d < HD; ++d) vd[2 * d] = vr[d];
+      }
+      sc.resize(QR * pstride);
+      pb.resize(QR * pstride);
+      const int64_t nrows = n_new * G;  // row r: token r / G, head h * G + r % G
+      for (int64_t r0 = 0; r0 < nrows; r0 += QR) {
+        const int m = static_cast<int>(std::min<int64_t>(QR, nrows - r0));
+        int64_t len[QR];
+        int64_t maxlen = 0;
+        for (int i = 0; i < QR; ++i) {
+          if (i < m) {
+            const int64_t r = r0 + i, t = r / G, g = r % G;
+            std::memcpy(qbuf + i * HD, q + ((first + t) * H + h * G + g) * HD, HD * 2);
+            len[i] = ctx + t + 1;
+            maxlen = std::max(maxlen, len[i]);
+          } else {
+            std::memset(qbuf + i * HD, 0, HD * 2);
+            len[i] = 0;
+          }
+        }
+        const int64_t kb_end = (maxlen + 15) / 16;
+        for (int64_t kb = 0; kb < kb_end; ++kb) {
+          _tile_zero(0);
+          const uint32_t* kp = kpack.data() + kb * NP * 16;
+          for (int dc = 0; dc < HD / 32; ++dc) {
+            _tile_loadd(4, qbuf + dc * 32, HD * 2);
+            _tile_loadd(5, kp + dc * 16 * 16, 64);
+            _tile_dpbf16ps(0, 4, 5);
+          }
+          _tile_stored(0, sc.data() + kb * 16, pstride * 4);
+        }
+        const int64_t pend = (maxlen + 31) / 32 * 32;
+        const __m512 vscale = _mm512_set1_ps(scale);
+        for (int i = 0; i < QR; ++i) {
+          uint16_t* prow = pb.data() + i * pstride;
+          int64_t j = 0;
+          if (i < m) {
+            float* row = sc.data() + i * pstride;
+            for (int64_t j0 = 0; j0 < kb_end * 16; j0 += 16)
+              _mm512_storeu_ps(row + j0, _mm512_mul_ps(_mm512_loadu_ps(row + j0), vscale));
+            softmax_inplace(row, len[i]);
+            for (; j < len[i]; ++j) prow[j] = from_f<at::BFloat16>(row[j]).x;
+          }
+          for (; j < pend; ++j) prow[j] = 0;
+        }
+        for (int dc = 0; dc < HD / 64; ++dc) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t ks = 0; ks < pend / 32; ++ks) {
+            _tile_loadd(4, pb.data() + ks * 32, pstride * 2);
+            const uint32_t* vb = vpack.data() + ks * 16 * HD + dc * 64;
+            _tile_loadd(5, vb, HD * 4);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, vb + 16, HD * 4);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(5, vb + 32, HD * 4);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(6, vb + 48, HD * 4);
+            _tile_dpbf16ps(3, 4, 6);
+          }
+          _tile_stored(0, &tmp[0][0], 256);
+          _tile_stored(1, &tmp[0][16], 256);
+          _tile_stored(2, &tmp[0][32], 256);
+          _tile_stored(3, &tmp[0][48], 256);
+          for (int i = 0; i < m; ++i) {
+            const int64_t r = r0 + i, t = r / G, g = r % G;
+            at::BFloat16* o = out + ((first + t) * H + h * G + g) * HD + dc * 64;
+            for (int d = 0; d < 64; ++d) o[d] = from_f<at::BFloat16>(tmp[i][d]);
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+
+static bool prefill_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
+                        const int64_t* slots, const int64_t* starts, const int64_t* news, const int64_t* ctxs,
+                        at::BFloat16* out, int64_t R, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
+  if (!prefill_amx_applies(D)) return false;
+#define TS_CASE(HDV) \
+  if (D == HDV) { prefill_amx_impl<HDV>(q, k, v, slots, starts, news, ctxs, out, R, H, KV, L, scale); return true; }
+  TS_CASE(64) TS_CASE(128) TS_CASE(256)
+#undef TS_CASE
+  return false;
 }
 #endif
 
@@ -1151,6 +1285,15 @@ bool avx2_built() {
 #endif
 }
 
+// Whether ``paged_prefill_attention`` takes the AMX kernel for this head_dim (else dpbf16's).
+bool prefill_amx_applies(int64_t D) {
+#ifdef TAILSERVE_HAVE_AMX
+  return amx_permitted() && (D == 64 || D == 128 || D == 256);
+#else
+  return false;
+#endif
+}
+
 // Whether this build has ``linear_amx`` (compiled for level amx_bf16).
 bool amx_built() {
 #ifdef TAILSERVE_HAVE_AMX
@@ -1232,8 +1375,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 // The prefill tokens of an iteration, chunk by chunk: q [B, H, D] bf16 holds every chunk's new
 // tokens in order, chunk c's from row starts[c] (news[c] of them); slots [R, L] lists, per chunk,
 // the slots of its cached context (ctxs[c]) then of its new tokens, whose K/V are already
-// stored. Where the AVX-512 bf16 kernel is built (``decode_kernel_isa``), else the AVX2 one
-// (level avx2; Python decides which level calls it); bf16 out, each value rounded once from its
+// stored. The AMX kernel where built and the head_dim fits it (``prefill_amx_applies``), else
+// the AVX-512 bf16 one where built (``decode_kernel_isa``), else the AVX2 one (level avx2;
+// Python decides which level calls it); bf16 out, each value rounded once from its
 // float32 sum.
 torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots,
                                       torch::Tensor starts, torch::Tensor news, torch::Tensor ctxs, double scale) {
@@ -1250,6 +1394,12 @@ torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k, torch::T
   TORCH_CHECK(H % KV == 0, "heads must be a multiple of KV heads");
   TORCH_CHECK(st.numel() == R && nw.numel() == R && cx.numel() == R, "paged_prefill_attention: one start, count and context per chunk");
   auto out = torch::empty({B, H, D}, q.options());
+#ifdef TAILSERVE_HAVE_AMX
+  if (prefill_amx(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                  sl.data_ptr<int64_t>(), st.data_ptr<int64_t>(), nw.data_ptr<int64_t>(), cx.data_ptr<int64_t>(),
+                  out.data_ptr<at::BFloat16>(), R, H, KV, D, L, static_cast<float>(scale)))
+    return out;
+#endif
 #ifdef TAILSERVE_HAVE_DPBF16
   if (prefill_bf16(qb.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
                    sl.data_ptr<int64_t>(), st.data_ptr<int64_t>(), nw.data_ptr<int64_t>(), cx.data_ptr<int64_t>(),
@@ -1447,4 +1597,5 @@ FUNCTIONS = [
     "avx2_built",
     "linear_amx",
     "amx_built",
+    "prefill_amx_applies",
 ]

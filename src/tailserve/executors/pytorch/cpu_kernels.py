@@ -241,9 +241,11 @@ def prefill_attention_applies(q: torch.Tensor, k_slots: torch.Tensor, module: An
 
 
 def prefill_kernel_name(dtype: torch.dtype, module: Any | None = None) -> str:
-    """The header's name for what a ``dtype`` model's prefill chunks run: ``dpbf16 kernel``,
-    ``avx2 kernel`` (bf16 at those levels) or ``SDPA`` (PyTorch's, per chunk)."""
+    """The header's name for what a ``dtype`` model's prefill chunks run: ``AMX kernel``,
+    ``dpbf16 kernel``, ``avx2 kernel`` (bf16 at those levels) or ``SDPA`` (PyTorch's, per chunk)."""
     isa = decode_isa(module) if dtype == torch.bfloat16 else None
+    if isa == "avx512_bf16" and (module or load()).prefill_amx_applies(64):
+        return "AMX kernel"  # head_dim 64, 128, 256; 32 and 96 take the dpbf16 one
     return {"avx512_bf16": "dpbf16 kernel", "avx2": "avx2 kernel"}.get(isa or "", "SDPA")
 
 

@@ -1,13 +1,14 @@
-"""bf16 linear layers through AMX tiles (level amx_bf16: ``linear_amx`` over the dpbf16 packing)
-compute what a float64 matmul rounded to bf16 does, each row independent of the others, and the
-lower level on the same machine still runs the dpbf16 kernel."""
+"""The AMX kernels (level amx_bf16): bf16 linear layers through tiles (``linear_amx`` over the
+dpbf16 packing) compute what a float64 matmul rounded to bf16 does, each row independent of the
+others; prefill attention through tiles agrees with the dpbf16 kernel to bf16 rounding; the lower
+level on the same machine still runs the dpbf16 kernels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tailserve.executors.pytorch import cpu_isa, cpu_kernels
+from tailserve.executors.pytorch import attention, cpu_isa, cpu_kernels
 from tailserve.executors.pytorch.cpu_backend import PackedLinear, linear_path
 
 BF16, CPU = torch.bfloat16, torch.device("cpu")
@@ -84,3 +85,51 @@ def test_onednn_can_still_be_asked_for(amx, monkeypatch):
     monkeypatch.setenv("TAILSERVE_LINEAR_KERNEL", "onednn")
     assert PackedLinear(_case(1, 128, 64, seed=6)[0]).kind == "onednn"
     assert linear_path(BF16, CPU) == "oneDNN prepacked"
+
+
+def _prefill_case(heads: int, kv_heads: int, d: int, new: list[int], ctx: list[int]) -> tuple:
+    g = torch.Generator().manual_seed(d + heads)
+    bs = 16
+    need = [-(-(c + n) // bs) for c, n in zip(ctx, new, strict=True)]
+    blocks = sum(need) + 3
+    perm, tables, at = torch.randperm(blocks, generator=g).tolist(), [], 0
+    for n in need:
+        tables.append(perm[at : at + n])
+        at += n
+    meta = attention.build_metadata(tables, new, ctx, 0, bs, blocks * bs, CPU)
+    kv = attention.PagedKVCache(1, blocks, bs, kv_heads, d, BF16, CPU)
+    ks, vs = kv.slots(0)
+    ks[: blocks * bs] = torch.randn(blocks * bs, kv_heads, d, generator=g).to(BF16)
+    vs[: blocks * bs] = torch.randn(blocks * bs, kv_heads, d, generator=g).to(BF16)
+    q = torch.randn(sum(new), heads, d, generator=g).to(BF16)
+    pk = attention.prefill_kernel_inputs(meta)
+    return q, ks, vs, pk.slots, pk.starts, pk.news, pk.contexts, d**-0.5
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,d", [(8, 4, 64), (12, 4, 64), (32, 8, 128), (4, 4, 256), (6, 2, 96), (7, 1, 32)]
+)
+def test_amx_prefill_attention_agrees_with_the_dpbf16_kernel(amx, monkeypatch, heads, kv_heads, d):
+    """Chunks on both sides of the 16-row and 16/32-key tiles (a context plus chunk of exactly
+    64 keys among them), fresh and after cached context, GQA groups of 1-7 rows per KV head: the
+    tiles' sums agree with the dpbf16 kernel's to bf16 rounding, element by element and on
+    average; the head dims AMX does not take (32, 96) run the dpbf16 kernel, bit for bit."""
+    new, ctx = [1, 40, 16, 7, 100, 33, 3, 32], [30, 0, 33, 64, 0, 200, 17, 32]
+    case = _prefill_case(heads, kv_heads, d, new, ctx)
+    assert amx.prefill_amx_applies(d) == (d % 64 == 0)
+    got = amx.paged_prefill_attention(*case)
+    monkeypatch.setenv("TAILSERVE_CPU_ISA", "avx512_bf16")
+    dpbf16 = cpu_kernels.load()
+    assert dpbf16 is not amx and not dpbf16.prefill_amx_applies(d)
+    want = dpbf16.paged_prefill_attention(*case)
+    if d % 64:
+        assert torch.equal(got, want)
+        return
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-9)
+    differ = (got != want).float().mean().item()
+    assert 0 < differ < 0.05, differ  # the tiles ran (another order inside a pair), close to it
+
+
+def test_the_header_names_the_amx_prefill_kernel(amx):
+    assert cpu_kernels.prefill_kernel_name(BF16) == "AMX kernel"
+    assert cpu_kernels.prefill_kernel_name(torch.float32) == "SDPA"
