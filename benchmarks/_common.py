@@ -22,7 +22,8 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,23 @@ def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
                 f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx")) or f in _SIMD
             )
     return []
+
+
+@contextmanager
+def forced_level(level: str) -> Iterator[None]:
+    """tailserve's own kernel choices at CPU ``level`` inside the block (``TAILSERVE_CPU_ISA``),
+    whatever the variable held before restored after. PyTorch's dispatch is read once at start-up
+    and stays this process's."""
+    name = "TAILSERVE_CPU_ISA"
+    before = os.environ.get(name)
+    os.environ[name] = level
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def cpu_line() -> str:

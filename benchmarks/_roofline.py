@@ -46,7 +46,7 @@ def gemm_notice(level: str | None = None, dtype: torch.dtype = torch.bfloat16) -
     name = str(dtype).removeprefix("torch.")
     speed = (
         "seconds in all"
-        if level in ("avx512_bf16", "amx_bf16")
+        if cpu_isa.LEVELS.index(level) >= cpu_isa.LEVELS.index("avx512_bf16")
         or dtype == torch.float32
         or can_pack(dtype, torch.device("cpu"))
         else f"no native bf16 matmul on this CPU, {level}: a minute or more each"

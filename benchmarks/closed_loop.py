@@ -181,7 +181,8 @@ def resolve_vllm_dtype(dtype: str) -> str:
     from tailserve.executors.pytorch import cpu_isa
 
     # The CPU's own level: TAILSERVE_CPU_ISA forces tailserve's kernels down, not vLLM's.
-    return "bfloat16" if cpu_isa.native_level() in ("avx512_bf16", "amx_bf16") else "float32"
+    native = cpu_isa.native_level()
+    return "bfloat16" if cpu_isa.LEVELS.index(native) >= cpu_isa.LEVELS.index("avx512_bf16") else "float32"
 
 
 def warm_up(url: str, vocab: int, seed: int) -> None:

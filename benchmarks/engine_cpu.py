@@ -20,7 +20,7 @@ section waits for a quiet machine and records the machine's other CPU use (``_co
 
     python -m benchmarks.engine_cpu [--models tiny,small] [--policy vllm] [--skip-vllm] [--skip-hf]
     python -m benchmarks.engine_cpu --quick      # smoke test: tiny only, a few prompts
-    python -m benchmarks.engine_cpu --also-levels avx512_bf16   # on an AMX CPU: the AMX linear
+    python -m benchmarks.engine_cpu --also-levels avx512_bf16   # on an AMX CPU: the AMX path
                                                                 # beside the dpbf16 one (Zen 4's)
 
 Prints tables and writes ``benchmarks/out/engine_cpu.json`` (``engine_cpu_quick.json`` with
@@ -34,7 +34,6 @@ import argparse
 import gc
 import importlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ from benchmarks._arrivals import (  # noqa: E402
     poisson_requests,
     random_prompts,
 )
-from benchmarks._common import cpu_line, default_out, missing_peer, peer_venv  # noqa: E402
+from benchmarks._common import cpu_line, default_out, forced_level, missing_peer, peer_venv  # noqa: E402
 from benchmarks._engine_report import machine_info, print_report, ratios, token_agreement  # noqa: E402
 from benchmarks._engine_runs import DTYPE, gate, run_hf, run_tailserve, run_vllm  # noqa: E402
 from benchmarks._roofline import (  # noqa: E402
@@ -130,15 +129,8 @@ def bench_model(
     for level in args.also_levels:
         # The same engine forced down a level, at the same P rate (check_args allows only the
         # levels whose PyTorch dispatch is this run's, since torch reads it once at start-up).
-        before = os.environ.get(cpu_isa.ENV)
-        os.environ[cpu_isa.ENV] = level
-        try:
+        with forced_level(level):
             engines[f"tailserve[{level}]"] = run_tailserve(model_dir, args, {**work, "rate": lambda _: rate})
-        finally:
-            if before is None:
-                del os.environ[cpu_isa.ENV]
-            else:
-                os.environ[cpu_isa.ENV] = before
         gc.collect()
     requests = at_rate(poisson_unit, rate)
     out["poisson_workload"] = {

@@ -9,8 +9,8 @@
   Llama-3.2-1B-shaped layer (hidden 2,048, intermediate 8,192, 32 heads of 64, 8 KV heads:
   121 MB in bf16). ``tailserve``: bf16 weights through ``PackedLinear`` (the level's kernel: the
   AVX2 one at avx2, dpbf16 or oneDNN above, AMX at amx_bf16, where the dpbf16 kernel runs beside
-  it on the same packing); ``oneDNN prepacked``: PyTorch's reordered bf16 matmul (AVX-512 and
-  above; AMX where the CPU has it); ``F.linear f32``: PyTorch's float32 (MKL) on float32
+  it on the same packing); ``oneDNN prepacked``: PyTorch's reordered bf16 matmul (at
+  avx512_bf16 and amx_bf16; AMX where the CPU has it); ``F.linear f32``: PyTorch's float32 (MKL) on float32
   copies; ``F.linear bf16``: PyTorch's bf16 on the bf16 weights (its generic GEMM below AVX-512,
   slow: run at up to 16 rows there). Reported: ms per pass, GFLOP/s, GB/s of weights streamed (in
   each candidate's dtype) and that as % of the read bandwidth.
@@ -48,7 +48,7 @@ importlib.import_module("tailserve.executors.pytorch")  # torch with tailserve's
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import cpu_line, gated, load_averages, save_results  # noqa: E402
+from benchmarks._common import cpu_line, forced_level, gated, load_averages, save_results  # noqa: E402
 from benchmarks._roofline import measure_copy_bandwidth  # noqa: E402
 from tailserve.executors.pytorch import attention, cpu_isa, cpu_kernels  # noqa: E402
 from tailserve.executors.pytorch.cpu_backend import PackedLinear, can_pack, linear_path  # noqa: E402
@@ -220,13 +220,16 @@ def bench_decode(args: argparse.Namespace, read_bw: float) -> list[dict]:
 
 
 # ---- prefill attention ---------------------------------------------------------------------------
-def prefill_case(seed: int, heads: int, kv_heads: int, dim: int, new: list[int], ctx: list[int]) -> tuple:
+def prefill_case(
+    seed: int, heads: int, kv_heads: int, dim: int, new: list[int], ctx: list[int], spare_blocks: int = 0
+) -> tuple:
     """``paged_prefill_attention``'s arguments for chunks of ``new`` tokens after ``ctx`` cached
-    ones, blocks shuffled, one layer."""
+    ones, blocks shuffled (``spare_blocks`` more than they need, holding other keys), one layer.
+    Also the tests' case (tests/test_amx_kernels.py)."""
     g = torch.Generator().manual_seed(seed)
     bs = 16
     need = [-(-(c + n) // bs) for c, n in zip(ctx, new, strict=True)]
-    blocks = sum(need)
+    blocks = sum(need) + spare_blocks
     order, tables, at = torch.randperm(blocks, generator=g).tolist(), [], 0
     for n in need:
         tables.append(order[at : at + n])
@@ -254,11 +257,8 @@ def bench_prefill(args: argparse.Namespace) -> list[dict]:
         return []
     mods = {cpu_kernels.prefill_kernel_name(BF16, module): module}
     if cpu_isa.detect().level == "amx_bf16":
-        os.environ[cpu_isa.ENV] = "avx512_bf16"
-        try:
+        with forced_level("avx512_bf16"):
             lower = cpu_kernels.load()
-        finally:
-            del os.environ[cpu_isa.ENV]
         if lower is not None:
             mods["dpbf16 kernel"] = lower
     out = []

@@ -60,7 +60,7 @@ def test_each_cpu_level_is_its_own_build(monkeypatch):
 
 def test_a_compiler_without_amx_gets_the_avx512_bf16_build(tmp_path, monkeypatch, caplog):
     """GCC before 11 knows no -mamx-tile: at amx_bf16 the build falls back to avx512_bf16's
-    (every kernel but the AMX linear) with one line, instead of losing all the kernels."""
+    (every kernel but the AMX ones) with one line, instead of losing all the kernels."""
     monkeypatch.setenv("TAILSERVE_CACHE", str(tmp_path))
     monkeypatch.setenv("TAILSERVE_CPU_KERNEL", "1")
     amx = cpu_isa.CpuIsa("amx_bf16", "amx_bf16", "x86_64")
@@ -76,10 +76,11 @@ def test_a_compiler_without_amx_gets_the_avx512_bf16_build(tmp_path, monkeypatch
     monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", load_inline)
     monkeypatch.setattr(cpu_kernels, "_modules", {})
     monkeypatch.setattr(cpu_kernels, "_failures", {})
+    monkeypatch.setattr(cpu_kernels, "_amx_failure", [])
     with caplog.at_level("WARNING", logger="tailserve.executors.pytorch.cpu_kernels"):
         assert cpu_kernels.load() is not None
     assert "CPU kernels for amx_bf16 unavailable" in caplog.text and "unrecognized" in caplog.text
     assert len(calls) == 1 and "-mavx512bf16" in calls[0]["extra_cflags"]
     assert "-mamx-tile" not in calls[0]["extra_cflags"]
-    assert cpu_kernels.failure("amx_bf16") is None
+    assert cpu_kernels.failure("amx_bf16") is None and "unrecognized" in cpu_kernels.amx_failure()
     assert cpu_kernels.load() is not None and len(calls) == 1  # kept for the process

@@ -5,7 +5,7 @@ Per level, for a bf16 model (docs/executor.md): linear layers through tailserve'
 (amx_bf16), its dpbf16 kernel (avx512_bf16), oneDNN's prepacked matmul (avx512: oneDNN's bf16 reorder needs avx512bw/vl/dq),
 tailserve's AVX2 kernel (avx2: bf16 weights widened to float32 in registers) or ``F.linear``
 (generic); decode attention through the dpbf16 kernel, the AVX2 one or the portable one;
-prefill attention through the dpbf16 or AVX2 tiled kernel or SDPA; RMSNorm/SiLU-mul fused
+prefill attention through the AMX, dpbf16 or AVX2 tiled kernel or SDPA; RMSNorm/SiLU-mul fused
 wherever the kernel reproduces PyTorch's bits on this machine. float32 models keep PyTorch's
 linear, norms, RoPE and prefill SDPA on every level (the transformers-exact path); their decode
 attention and K/V stores still take the kernels (the AVX2 one at avx2, float32 loops elsewhere).
@@ -72,12 +72,12 @@ class PackedLinear:
         self.kernel = cpu_kernels.linear_amx_kernel()
         if self.kernel is not None and n % 64 == 0 and k % 32 == 0:
             self.kind = "amx"
-            self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+            self.packed = pack_dpbf16(weight)
             return
         self.kernel = cpu_kernels.linear_kernel()
         if self.kernel is not None and n % 64 == 0 and k % 2 == 0:
             self.kind = "dpbf16"
-            self.packed = weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+            self.packed = pack_dpbf16(weight)
         else:
             self.kernel, self.kind = None, "onednn"
             # The batch-size hint picks the blocking; any number of rows works, and the speed
@@ -95,6 +95,13 @@ class PackedLinear:
         else:
             y = self.kernel.linear_bf16(rows, self.packed, bias)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
+
+
+def pack_dpbf16(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] bf16 -> [out / 64, in / 2, 64, 2], the dpbf16 and AMX kernels' layout: per pair
+    of input dims the 64 outputs' two weights side by side (an AMX B tile's rows)."""
+    n, k = weight.shape
+    return weight.reshape(n // 64, 64, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def pack_avx2(weight: torch.Tensor) -> torch.Tensor:

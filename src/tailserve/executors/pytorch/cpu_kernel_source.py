@@ -271,6 +271,24 @@ static bool decode_bf16(const at::BFloat16* q, const at::BFloat16* k, const at::
 // (its second GEMM reads ``qk_reduced``), which transformers runs. The per-row decode kernel
 // above does one query row against one key row per dot product and reduces 16 lanes per
 // score; on prefill chunks this kernel takes 2-3x less CPU (benchmarks/engine_attention.py).
+// A task's keys and values for the tiled prefill kernels (dpbf16 and AMX): keys in blocks of 16
+// as [HD / 2 pairs][16 keys] (dpbf16's pair layout; an AMX B tile), values in pairs of keys as
+// [pairs][HD] words (key 2i's dim in the low half, 2i + 1's in the high). The buffers are
+// zeroed by the caller past nk.
+template <int HD>
+static inline void pack_kv(const at::BFloat16* k, const at::BFloat16* v, const int64_t* __restrict sl,
+                           int64_t nk, int64_t KV, int64_t h, uint32_t* kpack, uint32_t* vpack) {
+  constexpr int NP = HD / 2;
+  for (int64_t j = 0; j < nk; ++j) {
+    const uint32_t* kw = reinterpret_cast<const uint32_t*>(k + (sl[j] * KV + h) * HD);
+    uint32_t* dst = kpack + (j / 16) * NP * 16 + (j % 16);
+    for (int p = 0; p < NP; ++p) dst[p * 16] = kw[p];
+    const uint16_t* vr = reinterpret_cast<const uint16_t*>(v + (sl[j] * KV + h) * HD);
+    uint16_t* vd = reinterpret_cast<uint16_t*>(vpack + (j / 2) * HD) + (j % 2);
+    for (int d = 0; d < HD; ++d) vd[2 * d] = vr[d];
+  }
+}
+
 template <int HD>
 static void prefill_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
                               const int64_t* slots, const int64_t* starts, const int64_t* news,
@@ -296,14 +314,7 @@ static void prefill_bf16_impl(const at::BFloat16* q, const at::BFloat16* k, cons
       kpack.assign(nblk * NP * 16, 0u);
       const int64_t npair = (nk + 1) / 2;
       vpack.assign(npair * HD, 0u);
-      for (int64_t j = 0; j < nk; ++j) {
-        const uint32_t* kw = reinterpret_cast<const uint32_t*>(k + (sl[j] * KV + h) * HD);
-        uint32_t* dst = kpack.data() + (j / 16) * NP * 16 + (j % 16);
-        for (int p = 0; p < NP; ++p) dst[p * 16] = kw[p];
-        const uint16_t* vr = reinterpret_cast<const uint16_t*>(v + (sl[j] * KV + h) * HD);
-        uint16_t* vd = reinterpret_cast<uint16_t*>(vpack.data() + (j / 2) * HD) + (j % 2);
-        for (int d = 0; d < HD; ++d) vd[2 * d] = vr[d];
-      }
+      pack_kv<HD>(k, v, sl, nk, KV, h, kpack.data(), vpack.data());
       sc.resize(QR * stride);
       pb.resize(QR * stride);
       const int64_t nrows = n_new * G;  // row r: token r / G, head h * G + r % G
@@ -535,20 +546,20 @@ static inline void amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// 16 rows of x (row stride ``lda`` elements) x one panel of 64 outputs; ``rows`` of them stored.
-static inline void linear_amx_block(const uint16_t* __restrict x, int64_t lda, int64_t K,
+// 16 rows of x (K elements apart) x one panel of 64 outputs; ``rows`` of them stored.
+static inline void linear_amx_block(const uint16_t* __restrict x, int64_t K,
                                     const uint32_t* __restrict w, const float* __restrict bias,
                                     uint16_t* __restrict y, int64_t N, int64_t rows) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const int64_t stride = lda * 2;
+  const int64_t stride = K * 2;
   for (int64_t s = 0; s < K / 32; ++s) {
     _tile_loadd(4, x + s * 32, stride);
     const uint32_t* wb = w + s * 16 * 64;
     // The panel streams from memory: ask for the step after next (4 KB) while this one runs
-    // (the tiles' strided loads get less from the hardware prefetcher: 1 row 10.2 vs 13.4 ms).
+    // (tile loads get less from the hardware prefetcher; a scratch A/B at 1-16 rows was faster).
     if (s + 2 < K / 32) {
       const char* ahead = reinterpret_cast<const char*>(wb + 2 * 16 * 64);
       for (int l = 0; l < 4096; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
@@ -584,8 +595,6 @@ static inline void linear_amx_block(const uint16_t* __restrict x, int64_t lda, i
 // P V in 64-dim chunks, four C tiles each, 32 keys a step. Causal masking is the softmax's length,
 // as there. The same sums in another order inside each pair: outputs can differ from the dpbf16
 // kernel's in the last bit.
-bool prefill_amx_applies(int64_t D);
-
 template <int HD>
 static void prefill_amx_impl(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
                              const int64_t* slots, const int64_t* starts, const int64_t* news,
@@ -613,14 +622,7 @@ static void prefill_amx_impl(const at::BFloat16* q, const at::BFloat16* k, const
       const int64_t pstride = kstep * 32;      // P and S row length, keys
       kpack.assign(nblk * NP * 16, 0u);
       vpack.assign(kstep * 16 * HD, 0u);       // zero pairs past nk: P's zeros times zeros
-      for (int64_t j = 0; j < nk; ++j) {
-        const uint32_t* kw = reinterpret_cast<const uint32_t*>(k + (sl[j] * KV + h) * HD);
-        uint32_t* dst = kpack.data() + (j / 16) * NP * 16 + (j % 16);
-        for (int p = 0; p < NP; ++p) dst[p * 16] = kw[p];
-        const uint16_t* vr = reinterpret_cast<const uint16_t*>(v + (sl[j] * KV + h) * HD);
-        uint16_t* vd = reinterpret_cast<uint16_t*>(vpack.data() + (j / 2) * HD) + (j % 2);
-        for (int d = 0; d < HD; ++d) vd[2 * d] = vr[d];
-      }
+      pack_kv<HD>(k, v, sl, nk, KV, h, kpack.data(), vpack.data());
       sc.resize(QR * pstride);
       pb.resize(QR * pstride);
       const int64_t nrows = n_new * G;  // row r: token r / G, head h * G + r % G
@@ -697,6 +699,8 @@ static void prefill_amx_impl(const at::BFloat16* q, const at::BFloat16* k, const
   });
 }
 
+bool prefill_amx_applies(int64_t D);  // defined with the module's queries below
+
 static bool prefill_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
                         const int64_t* slots, const int64_t* starts, const int64_t* news, const int64_t* ctxs,
                         at::BFloat16* out, int64_t R, int64_t H, int64_t KV, int64_t D, int64_t L, float scale) {
@@ -752,9 +756,9 @@ torch::Tensor linear_amx(torch::Tensor x, torch::Tensor w, c10::optional<torch::
       for (int64_t b = mb * MB; b < std::min(nmb16, (mb + 1) * MB); ++b) {
         const int64_t m = b * 16;
         if (m < full)
-          linear_amx_block(xp + m * K, K, K, wt, bt, yp + m * N + np * 64, N, 16);
+          linear_amx_block(xp + m * K, K, wt, bt, yp + m * N + np * 64, N, 16);
         else
-          linear_amx_block(pp, K, K, wt, bt, yp + m * N + np * 64, N, tail);
+          linear_amx_block(pp, K, wt, bt, yp + m * N + np * 64, N, tail);
       }
     }
     _tile_release();
@@ -1294,7 +1298,8 @@ bool prefill_amx_applies(int64_t D) {
 #endif
 }
 
-// Whether this build has ``linear_amx`` (compiled for level amx_bf16).
+// Whether this build's AMX kernels can run: built for level amx_bf16 and the OS granted the
+// tiles (every build has the symbols; the others raise or decline).
 bool amx_built() {
 #ifdef TAILSERVE_HAVE_AMX
   return amx_permitted();

@@ -44,6 +44,12 @@ _SOURCE = SOURCE + NORM_SOURCE
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}  # by CPU level (cpu_isa): each level is its own build
 _failures: dict[str, str] = {}
+_amx_failure: list[str] = []  # why the amx_bf16 build failed where avx512_bf16's stands in
+
+
+def amx_failure() -> str | None:
+    """Why this process's amx_bf16 kernels are avx512_bf16's (a compiler without AMX), or None."""
+    return _amx_failure[-1] if _amx_failure else None
 
 
 def enabled() -> bool:
@@ -80,7 +86,7 @@ def load() -> Any | None:
     """The compiled module for this process's CPU level (``cpu_isa.detect()``), or None (with
     the reason logged once) if it cannot be built. At amx_bf16 a compiler without AMX support
     (GCC before 11) gets the avx512_bf16 build instead, said in one line: every kernel but the
-    AMX linear."""
+    AMX ones (linear, prefill attention); ``amx_failure`` keeps why."""
     if not enabled():
         return None
     isa = cpu_isa.detect()
@@ -96,12 +102,12 @@ def load() -> Any | None:
                 if level == "amx_bf16":
                     lower = cpu_isa.CpuIsa(isa.native, "avx512_bf16", isa.machine)
                     log.warning(
-                        "CPU kernels for amx_bf16 unavailable (%s); building avx512_bf16's (no AMX linear)",
+                        "CPU kernels for amx_bf16 unavailable (%s); building avx512_bf16's (no AMX kernels)",
                         _failures[level],
                     )
                     try:
                         _modules[level] = _build(lower)
-                        del _failures[level]
+                        _amx_failure.append(_failures.pop(level))
                         return _modules[level]
                     except Exception as e2:
                         _failures[level] = _reason(e2)
@@ -244,8 +250,8 @@ def prefill_kernel_name(dtype: torch.dtype, module: Any | None = None) -> str:
     """The header's name for what a ``dtype`` model's prefill chunks run: ``AMX kernel``,
     ``dpbf16 kernel``, ``avx2 kernel`` (bf16 at those levels) or ``SDPA`` (PyTorch's, per chunk)."""
     isa = decode_isa(module) if dtype == torch.bfloat16 else None
-    if isa == "avx512_bf16" and (module or load()).prefill_amx_applies(64):
-        return "AMX kernel"  # head_dim 64, 128, 256; 32 and 96 take the dpbf16 one
+    if isa == "avx512_bf16" and (module or load()).amx_built():
+        return "AMX kernel"  # head_dim 64, 128, 256 (every Llama-family size but 32 and 96: dpbf16)
     return {"avx512_bf16": "dpbf16 kernel", "avx2": "avx2 kernel"}.get(isa or "", "SDPA")
 
 
