@@ -116,4 +116,6 @@ def test_amx_prefill_attention_agrees_with_the_dpbf16_kernel(amx, monkeypatch, h
 
 def test_the_header_names_the_amx_prefill_kernel(amx):
     assert cpu_kernels.prefill_kernel_name(BF16) == "AMX kernel"
+    assert cpu_kernels.prefill_kernel_name(BF16, head_dim=128) == "AMX kernel"
+    assert cpu_kernels.prefill_kernel_name(BF16, head_dim=96) == "dpbf16 kernel"  # as it runs
     assert cpu_kernels.prefill_kernel_name(torch.float32) == "SDPA"

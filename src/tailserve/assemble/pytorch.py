@@ -138,7 +138,7 @@ def torch_parts(
     label = f"{lm.num_parameters / 1e6:.1f} M parameters, {dtype}, {dev}"
     if controller is not None:
         label += f", {controller.label}"
-    label += f"; {backend.describe(torch_dtype, lm.norm_ops.fused)}"
+    label += f"; {backend.describe(torch_dtype, lm.norm_ops.fused, lm.head_dim)}"
     return TorchParts(parts, executor, label)
 
 

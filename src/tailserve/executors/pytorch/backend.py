@@ -90,9 +90,12 @@ class TorchBackend:
         the caller runs one SDPA call per chunk (``attention.paged_attention``)."""
         return None
 
-    def describe(self, dtype: torch.dtype, fused_norms: tuple[str, ...] = ()) -> str:
+    def describe(
+        self, dtype: torch.dtype, fused_norms: tuple[str, ...] = (), head_dim: int | None = None
+    ) -> str:
         """One line for the run/serve header: which path each operation takes (``fused_norms``:
-        the model's norm ops that run as fused kernels)."""
+        the model's norm ops that run as fused kernels; ``head_dim``: the model's, where the
+        kernel depends on it)."""
         return f"{self.device.type}: PyTorch ops (linear F.linear, attention SDPA, norms unfused)"
 
 

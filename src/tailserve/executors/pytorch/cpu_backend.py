@@ -211,13 +211,15 @@ class CpuBackend(TorchBackend):
             q, k_slots, v_slots, pk.slots, pk.starts, pk.news, pk.contexts, self.kernels
         )
 
-    def describe(self, dtype: torch.dtype, fused_norms: tuple[str, ...] = ()) -> str:
+    def describe(
+        self, dtype: torch.dtype, fused_norms: tuple[str, ...] = (), head_dim: int | None = None
+    ) -> str:
         if self.kernels is None:
             why = "TAILSERVE_CPU_KERNEL=0" if not cpu_kernels.enabled() else cpu_kernels.failure()
             attention, norms = f"PyTorch (no kernels: {why})", "PyTorch"
         else:
             decode = cpu_kernels.decode_kernel_for(dtype, self.kernels)
-            prefill = cpu_kernels.prefill_kernel_name(dtype, self.kernels)
+            prefill = cpu_kernels.prefill_kernel_name(dtype, self.kernels, head_dim)
             attention = f"decode {decode} kernel, prefill {prefill}"
             norms = f"fused {'/'.join(fused_norms)}" if fused_norms else "PyTorch"
         return (

@@ -246,12 +246,13 @@ def prefill_attention_applies(q: torch.Tensor, k_slots: torch.Tensor, module: An
     return decode_isa(module) in ("avx512_bf16", "avx2")
 
 
-def prefill_kernel_name(dtype: torch.dtype, module: Any | None = None) -> str:
+def prefill_kernel_name(dtype: torch.dtype, module: Any | None = None, head_dim: int | None = None) -> str:
     """The header's name for what a ``dtype`` model's prefill chunks run: ``AMX kernel``,
-    ``dpbf16 kernel``, ``avx2 kernel`` (bf16 at those levels) or ``SDPA`` (PyTorch's, per chunk)."""
+    ``dpbf16 kernel``, ``avx2 kernel`` (bf16 at those levels) or ``SDPA`` (PyTorch's, per chunk).
+    ``head_dim``: the model's (the AMX kernel takes 64, 128 and 256; unknown: assumed one)."""
     isa = decode_isa(module) if dtype == torch.bfloat16 else None
-    if isa == "avx512_bf16" and (module or load()).amx_built():
-        return "AMX kernel"  # head_dim 64, 128, 256 (every Llama-family size but 32 and 96: dpbf16)
+    if isa == "avx512_bf16" and (module or load()).prefill_amx_applies(head_dim or 64):
+        return "AMX kernel"
     return {"avx512_bf16": "dpbf16 kernel", "avx2": "avx2 kernel"}.get(isa or "", "SDPA")
 
 

@@ -62,7 +62,9 @@ class CudaBackend(TorchBackend):
         )
         return res.squeeze(2)
 
-    def describe(self, dtype: torch.dtype, fused_norms: tuple[str, ...] = ()) -> str:
+    def describe(
+        self, dtype: torch.dtype, fused_norms: tuple[str, ...] = (), head_dim: int | None = None
+    ) -> str:
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         name = torch.cuda.get_device_name(index)
         sdpa = _sdpa_kernels()
