@@ -29,7 +29,7 @@ from tailserve.executors.simulated.cost_model import CostModel
 from tailserve.executors.simulated.deployment import BuiltCostModel, Deployment, build_cost_model
 from tailserve.executors.simulated.executor import SimExecutor
 from tailserve.executors.simulated.models import MODELS
-from tailserve.policies.registry import PIPELINED_POLICIES, SARATHI_ENGINE, PolicySpec, parse_policy_list
+from tailserve.policies.registry import PIPELINED_POLICIES, PolicySpec, parse_policy_list, runs_under_stages
 
 ExecutorKind = Literal["sim", "realtime-sim", "torch"]
 EXECUTOR_KINDS: tuple[str, ...] = ("sim", "realtime-sim", "torch")
@@ -177,7 +177,7 @@ def _build_simulated(
                 f"{model.name} does not support eagle3 with pipeline parallelism (vLLM relays the "
                 "auxiliary hidden states over the stages only for its Llama and Qwen2 decoders)"
             )
-        if spec.name in SARATHI_ENGINE and model.num_layers % pp:
+        if not runs_under_stages(spec.name, model.num_layers, pp):
             # ModelConfig.verify_with_parallel_config: "Total number of hidden layers ... must be divisible
             # by pipeline parallel size"
             raise ValueError(

@@ -65,7 +65,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     if getattr(args, "dp", 1) > 1:
         raise CliError(f"--data-parallel-size {dp_refused}")
-    from tailserve.policies.registry import parse_policy_list, runs_under_stages
+    from tailserve.policies.registry import parse_policy_list, under_stages
 
     check_sweep_args(args)  # before the notes and the workload
     commands = read_engine_cmds(args)  # --engine-cmd: their policies, and the deployment they share
@@ -80,8 +80,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # The defaults simulated under stages (policies/registry.py), those of Sarathi-Serve's
         # engine only where the stages divide the layers (as Sarathi-Serve requires).
         pp, layers = built.cost_model.pipeline.pp, built.cost_model.model.num_layers
-        entries = DEFAULT_COMPARE_POLICIES_PP.split(",")
-        listed = ",".join(e for e in entries if runs_under_stages(e.split(":")[0], layers, pp))
+        listed = ",".join(under_stages(DEFAULT_COMPARE_POLICIES_PP, layers, pp))
         print(
             f"note: --pipeline-parallel-size {pp}: comparing {listed.replace(',', ', ')} (the policies simulated "
             "under pipeline stages"

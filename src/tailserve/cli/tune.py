@@ -33,7 +33,7 @@ from tailserve.cli.tune_tables import (
 )
 from tailserve.core.engine import EngineOptions
 from tailserve.executors.simulated.deployment import build_cost_model
-from tailserve.policies.registry import runs_under_stages
+from tailserve.policies.registry import under_stages
 from tailserve.report.tables import deployment_line
 from tailserve.tune.capacity import DEFAULT_SLO, RateScaler, parse_capacity_slo
 from tailserve.tune.recommend import (
@@ -176,7 +176,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The default policies simulated under these stages (policies/registry.py); a plan's
         # own (--gpus) is --plan-policy.
         layers = built.cost_model.model.num_layers
-        names = [p for p in listed.split(",") if runs_under_stages(p.split(":")[0], layers, deployment.pp)]
+        names = under_stages(listed, layers, deployment.pp)
         listed = ",".join(names)
         print(
             f"note: --pipeline-parallel-size {deployment.pp}: tuning {', '.join(names)} only (pipeline "

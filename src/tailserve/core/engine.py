@@ -438,18 +438,16 @@ class Engine:
         now = self.clock.now
         self.add_arrivals(now)
         i = self._slot
-        launched = False
         if sched.has_unfinished:
             batch = self._schedule_launch(now)
             if batch is not None:
                 assert slots[i] is None  # its batch was applied at the turn before
                 slots[i] = batch
                 self.clock.advance(batch.result.host_time)  # type: ignore[union-attr]  # launched
-                launched = True
         j = self._slot = (i + 1) % len(slots)
         oldest = slots[j]
         if oldest is None:
-            if launched or any(slots):
+            if any(slots):  # a batch launched now, or others in flight
                 return True  # the loop turns to the next slot at once
             return self._idle()  # nothing in flight: the fetch blocks for a request
         slots[j] = None

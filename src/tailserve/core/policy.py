@@ -70,7 +70,7 @@ class Policy(ABC):
     # The engine loop that runs the batches through pipeline stages (``pipeline_parallel_size``
     # > 1): "vllm", vLLM V1's batch queue (``Engine._step_pipelined``: computed tokens advance at
     # scheduling); "sarathi", Sarathi-Serve's pipelined engine (``Engine._step_paused``: only
-    # requests with no batch in flight are scheduled, ``Scheduler.in_flight``), whose schedule
+    # requests with no batch in flight are scheduled, ``Scheduler.batch_of``), whose schedule
     # loop also wakes on a ``schedule_tick``-second timer; "trtllm", TensorRT-LLM's
     # ``_executor_loop_pp`` (``Engine._step_ring``: the same skip, micro-batch slots in turn).
     pipeline_engine: ClassVar[Literal["vllm", "sarathi", "trtllm"]] = "vllm"

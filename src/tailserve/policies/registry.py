@@ -117,6 +117,12 @@ def runs_under_stages(name: str, num_layers: int, pp: int) -> bool:
     return name in PIPELINED_POLICIES and (name not in SARATHI_ENGINE or num_layers % pp == 0)
 
 
+def under_stages(listed: str, num_layers: int, pp: int) -> list[str]:
+    """The entries of a comma-separated policy list (``name[:flags]``) that run on ``pp``
+    stages of a model of ``num_layers`` layers (``runs_under_stages``)."""
+    return [e for e in listed.split(",") if runs_under_stages(e.split(":")[0], num_layers, pp)]
+
+
 def resolve_policy_name(name: str) -> str:
     """The registry's name for any accepted spelling (any case, ``_`` for ``-``, a few aliases)."""
     key = name.strip().lower().replace("_", "-")

@@ -217,13 +217,13 @@ class TrtllmPolicy(Policy, FastPaths):
         # max_num_sequences (_util.py): max_batch_size per micro-batch, times the stages for the
         # capacity scheduler and the active requests (get_max_num_sequences)
         self._max_sequences = config.batch_size * self._pp
-        # The scheduler's own accounting (computed tokens advance at scheduling): with drafts,
-        # under overlap, and under pipeline stages, where a context's next chunk is scheduled
-        # while its previous one is in flight (trtllm_pipeline.py)
-        self._advance = self._num_drafts > 0 or self._overlap or self._pp > 1
         # A step's computed blocks stored for reuse when its outputs are processed
         # (Scheduler.update_advanced), not when it is scheduled: under overlap and under stages.
         self._store_at_update = self._overlap or self._pp > 1
+        # The scheduler's own accounting (computed tokens advance at scheduling): with drafts,
+        # under overlap, and under pipeline stages, where a context's next chunk is scheduled
+        # while its previous one is in flight (trtllm_pipeline.py)
+        self._advance = self._num_drafts > 0 or self._store_at_update
         # attention-DP balancing's two passes (plan_step, hold_contexts): the planned batch and
         # whether its contexts wait; both used up by the next schedule.
         self._planned: _Plan | None = None
@@ -299,7 +299,7 @@ class TrtllmPolicy(Policy, FastPaths):
 
     def max_concurrent_batches(self) -> int:
         # num_micro_batches = pp_size (PyExecutor 1.2); the overlap scheduler's two otherwise
-        return self._pp if self._pp > 1 else (2 if self._overlap else 1)
+        return self._pp if self._pp > 1 else super().max_concurrent_batches()
 
     def fetch_wait(self) -> tuple[float, int] | None:
         """``batch_wait_timeout_ms``: ``ExecutorRequestQueue._get_from_request_queue`` takes what

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailserve.policies.trtllm_config import MAX_UTILIZATION
+
 PP_NO_OVERLAP = (
     "pipeline_parallel_size > 1: TensorRT-LLM runs _executor_loop_pp, micro-batches in turn without "
     "the overlap scheduler (disable_overlap_scheduler has no effect)"
@@ -56,7 +58,7 @@ def check_pipelined(config: Any) -> None:
         )
     if config.batch_wait_timeout_ms:
         raise ValueError("batch_wait_timeout_ms under pipeline parallelism is not simulated")
-    if config.capacity_scheduler_policy == "MAX_UTILIZATION":
+    if config.capacity_scheduler_policy == MAX_UTILIZATION:
         raise ValueError(
             "capacity_scheduler_policy MAX_UTILIZATION under pipeline parallelism: TensorRT-LLM 1.2's PP "
             "loop never pauses the requests it picks to pause (no _pause_requests in _executor_loop_pp); "

@@ -546,14 +546,39 @@ static inline void amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// 16 rows of x (K elements apart) x one panel of 64 outputs; ``rows`` of them stored.
-static inline void linear_amx_block(const uint16_t* __restrict x, int64_t K,
-                                    const uint32_t* __restrict w, const float* __restrict bias,
-                                    uint16_t* __restrict y, int64_t N, int64_t rows) {
+// The four C tiles (16 rows x 64 outputs) both AMX kernels accumulate into, the A tile in tile
+// 4: zeroed, one step against a 64-output row of B tiles (``b``, a row every ``stride`` bytes),
+// and stored as [16][64] float32.
+static inline void amx_zero4() {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
+}
+
+static inline void amx_dp4(const uint32_t* b, int64_t stride) {
+  _tile_loadd(5, b, stride);
+  _tile_dpbf16ps(0, 4, 5);
+  _tile_loadd(6, b + 16, stride);
+  _tile_dpbf16ps(1, 4, 6);
+  _tile_loadd(5, b + 32, stride);
+  _tile_dpbf16ps(2, 4, 5);
+  _tile_loadd(6, b + 48, stride);
+  _tile_dpbf16ps(3, 4, 6);
+}
+
+static inline void amx_store4(float (*c)[64]) {
+  _tile_stored(0, &c[0][0], 256);
+  _tile_stored(1, &c[0][16], 256);
+  _tile_stored(2, &c[0][32], 256);
+  _tile_stored(3, &c[0][48], 256);
+}
+
+// 16 rows of x (K elements apart) x one panel of 64 outputs; ``rows`` of them stored.
+static inline void linear_amx_block(const uint16_t* __restrict x, int64_t K,
+                                    const uint32_t* __restrict w, const float* __restrict bias,
+                                    uint16_t* __restrict y, int64_t N, int64_t rows) {
+  amx_zero4();
   const int64_t stride = K * 2;
   for (int64_t s = 0; s < K / 32; ++s) {
     _tile_loadd(4, x + s * 32, stride);
@@ -564,20 +589,10 @@ static inline void linear_amx_block(const uint16_t* __restrict x, int64_t K,
       const char* ahead = reinterpret_cast<const char*>(wb + 2 * 16 * 64);
       for (int l = 0; l < 4096; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
     }
-    _tile_loadd(5, wb, 256);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, wb + 16, 256);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(5, wb + 32, 256);
-    _tile_dpbf16ps(2, 4, 5);
-    _tile_loadd(6, wb + 48, 256);
-    _tile_dpbf16ps(3, 4, 6);
+    amx_dp4(wb, 256);
   }
   alignas(64) float c[16][64];
-  _tile_stored(0, &c[0][0], 256);
-  _tile_stored(1, &c[0][16], 256);
-  _tile_stored(2, &c[0][32], 256);
-  _tile_stored(3, &c[0][48], 256);
+  amx_store4(c);
   for (int64_t r = 0; r < rows; ++r)
     for (int j = 0; j < 4; ++j) {
       __m512 v = _mm512_load_ps(&c[r][16 * j]);
@@ -667,26 +682,13 @@ static void prefill_amx_impl(const at::BFloat16* q, const at::BFloat16* k, const
           for (; j < pend; ++j) prow[j] = 0;
         }
         for (int dc = 0; dc < HD / 64; ++dc) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
+          amx_zero4();
           for (int64_t ks = 0; ks < pend / 32; ++ks) {
             _tile_loadd(4, pb.data() + ks * 32, pstride * 2);
             const uint32_t* vb = vpack.data() + ks * 16 * HD + dc * 64;
-            _tile_loadd(5, vb, HD * 4);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(6, vb + 16, HD * 4);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(5, vb + 32, HD * 4);
-            _tile_dpbf16ps(2, 4, 5);
-            _tile_loadd(6, vb + 48, HD * 4);
-            _tile_dpbf16ps(3, 4, 6);
+            amx_dp4(vb, HD * 4);
           }
-          _tile_stored(0, &tmp[0][0], 256);
-          _tile_stored(1, &tmp[0][16], 256);
-          _tile_stored(2, &tmp[0][32], 256);
-          _tile_stored(3, &tmp[0][48], 256);
+          amx_store4(tmp);
           for (int i = 0; i < m; ++i) {
             const int64_t r = r0 + i, t = r / G, g = r % G;
             at::BFloat16* o = out + ((first + t) * H + h * G + g) * HD + dc * 64;
