@@ -84,6 +84,9 @@ def machine_info() -> dict[str, Any]:
                 "GOMP_SPINCOUNT",
                 "VLLM_CPU_OMP_THREADS_BIND",
                 "VLLM_CPU_KVCACHE_SPACE",
+                "TAILSERVE_CPU_ISA",
+                "TAILSERVE_MALLOC",
+                "LD_PRELOAD",
             )
         },
         "versions": {

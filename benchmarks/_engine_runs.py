@@ -91,6 +91,9 @@ def run_tailserve(model_dir: Path, args: argparse.Namespace, work: dict[str, Any
         model_dir, policy=spec.name, dtype=args.dtype, threads=args.threads, **spec.flags, **spec.engine_flags
     )
     result: dict[str, Any] = {"startup_s": time.perf_counter() - t, "description": llm.engine.description}
+    # Whether the last layer after attention runs on the sampled rows alone (the roofline's FLOPs).
+    model = getattr(llm.engine.stop_checker.inner, "model", None)
+    result["last_layer_rows_only"] = bool(getattr(model, "packed", False))
 
     def generate(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

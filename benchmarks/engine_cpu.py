@@ -152,7 +152,9 @@ def bench_model(
     }
     if steps["prefill_batch"] is not None:
         prefills["prefill_batch"] = steps["prefill_batch"]
-    out["roofline"] = roofline(counts, bandwidth, gemm, steps["decode"], prefills)
+    out["roofline"] = roofline(
+        counts, bandwidth, gemm, steps["decode"], prefills, ts.get("last_layer_rows_only", False)
+    )
     if not args.skip_hf:
         engines["transformers"] = run_hf(model_dir, args, work, requests)
         gc.collect()

@@ -70,3 +70,27 @@ def test_packed_last_layer_runs_only_the_output_rows(tmp_path, monkeypatch) -> N
     # Per layer: qkv, o, gate_up, down. Layer 0 all 59 tokens; layer 1's qkv too (its K/V are
     # stored), then o, gate_up and down on the 4 output rows.
     assert seen == [59, 59, 59, 59, 59, 4, 4, 4]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_benchmarks_roofline_counts_the_flops_the_forward_pass_runs(tmp_path, monkeypatch, dtype) -> None:
+    """``engine_cpu``'s prefill limit (``ModelCounts.prefill_flops``) is the matmul work the
+    forward pass does: with packed weights the last layer's o_proj and MLP on the output rows
+    alone (r61: it counted them on every token, and read a prefill at 124% of the limit)."""
+    from benchmarks._roofline import ModelCounts
+
+    model = _model(tmp_path, dtype)
+    flops: list[int] = []
+    real = model_mod.linear
+
+    def counting(x, weight, bias):
+        y = real(x, weight, bias)
+        flops.append(2 * x.shape[0] * x.shape[1] * y.shape[1])
+        return y
+
+    monkeypatch.setattr(model_mod, "linear", counting)
+    rows = torch.tensor([0, 1, 38, 58])
+    _step(model, rows)
+    counts = ModelCounts.from_config(model.config, torch.empty((), dtype=dtype).element_size())
+    head = 2 * counts.num_lm_head_params * len(rows)  # the head is the executor's, not forward's
+    assert sum(flops) == counts.prefill_flops(59, len(rows), model.packed) - head

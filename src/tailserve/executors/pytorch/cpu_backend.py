@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tailserve.executors.pytorch import cpu_isa, cpu_kernels, cpu_norm
+from tailserve.executors.pytorch import cpu_isa, cpu_kernels, cpu_malloc, cpu_norm
 from tailserve.executors.pytorch.attention import prefill_kernel_inputs
 from tailserve.executors.pytorch.backend import TorchBackend, gather_decode_context, torch_norm_ops
 
@@ -153,6 +153,7 @@ class CpuBackend(TorchBackend):
     def __init__(self, device: torch.device) -> None:
         super().__init__(device)
         self.isa = cpu_isa.detect()  # raises CpuIsaError for a bad TAILSERVE_CPU_ISA
+        self.malloc = cpu_malloc.tune()  # raises CpuMallocError for a bad TAILSERVE_MALLOC
         self.kernels = cpu_kernels.load()  # this level's build, or None (fallback logged once)
 
     def rows_independent(self, weight: Any) -> bool:
