@@ -98,10 +98,23 @@ class ModelCounts:
     # The last layer's projections after attention (o_proj, the MLP): tailserve's packed CPU
     # weights run them on the sampled rows alone (``LlamaModel._rows_needed``).
     num_last_layer_rest_params: int = 0
+    # MoE: the experts' weights (all layers; the last layer's), of which a token runs the share
+    # num_experts_per_tok / num_experts (the router runs in full).
+    num_expert_params: int = 0
+    num_last_layer_expert_params: int = 0
+    expert_share: float = 1.0
 
     @staticmethod
     def from_config(config: ModelConfig, itemsize: int) -> ModelCounts:
-        groups = {"linear": 0, "lm_head": 0, "embed": 0, "norm": 0, "last_rest": 0}
+        groups = {
+            "linear": 0,
+            "lm_head": 0,
+            "embed": 0,
+            "norm": 0,
+            "last_rest": 0,
+            "experts": 0,
+            "last_experts": 0,
+        }
         last = f"model.layers.{config.num_hidden_layers - 1}."
         for name, shape in expected_tensor_shapes(config).items():
             n = 1
@@ -109,6 +122,10 @@ class ModelCounts:
                 n *= d
             if name.startswith(last) and "norm" not in name and not name.endswith(_QKV):
                 groups["last_rest"] += n
+                if ".experts." in name:
+                    groups["last_experts"] += n
+            if ".experts." in name:
+                groups["experts"] += n
             if name == "lm_head.weight":
                 groups["lm_head"] += n
             elif name == "model.embed_tokens.weight":
@@ -129,6 +146,9 @@ class ModelCounts:
             itemsize,
             kv,
             groups["last_rest"],
+            groups["experts"],
+            groups["last_experts"],
+            config.num_experts_per_tok / config.num_experts if config.num_experts else 1.0,
         )
 
     def decode_weight_bytes(self) -> int:
@@ -139,16 +159,16 @@ class ModelCounts:
         self, num_tokens: int, num_sampled_rows: int, last_layer_rows_only: bool = False
     ) -> float:
         """Matmul FLOPs of a forward pass over ``num_tokens`` (2 x params x tokens, the head only
-        for the rows that sample; attention's own FLOPs left out, as in the usual estimate).
+        for the rows that sample, a MoE layer's experts at the share a token is routed to;
+        attention's own FLOPs left out, as in the usual estimate).
         ``last_layer_rows_only``: the last layer after attention runs on the sampled rows alone
         (tailserve's packed CPU weights; at W's 8 x 256-token prefill of the tiny model 40.9
         GFLOP instead of 51.6)."""
-        skipped = (
-            self.num_last_layer_rest_params * (num_tokens - num_sampled_rows) if last_layer_rows_only else 0
-        )
-        return 2.0 * (
-            self.num_linear_params * num_tokens - skipped + self.num_lm_head_params * num_sampled_rows
-        )
+        idle = 1.0 - self.expert_share  # the experts' weights a token does not run
+        per_token = self.num_linear_params - idle * self.num_expert_params
+        last_rest = self.num_last_layer_rest_params - idle * self.num_last_layer_expert_params
+        skipped = last_rest * (num_tokens - num_sampled_rows) if last_layer_rows_only else 0.0
+        return 2.0 * (per_token * num_tokens - skipped + self.num_lm_head_params * num_sampled_rows)
 
 
 def roofline(
@@ -187,6 +207,7 @@ def roofline(
         }
     for name, prefill in prefills.items():
         flops = counts.prefill_flops(prefill["num_tokens"], prefill["num_sampled_rows"], last_layer_rows_only)
+        out["last_layer_rows_only"] = last_layer_rows_only
         limit = flops / gemm_flops
         out[name] = {
             **prefill,

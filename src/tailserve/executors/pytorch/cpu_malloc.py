@@ -8,8 +8,8 @@ each. With its defaults glibc hands the free top of its heap back to the kernel 
 threshold (twice the largest block it has mapped, moving as it sees them), so a step that frees a
 few such blocks together gives their pages back and the next step faults every one in again
 (``tests/test_cpu_malloc.py``). On a 2-core Zen 3 (2026-12-06, docs/executor.md "Page faults in
-the prefill step") W's prefill step took a median of 3,321-8,850 faults a run, up to 29,867 in
-one step, and 10-50 ms of kernel CPU time a step. vLLM's CPU platform preloads a tcmalloc when
+the prefill step") W's prefill step took a median of 4,745-9,344 faults a run, up to 37,618 in
+one step, and a median of 10-30 ms of kernel CPU time a step (up to 100). vLLM's CPU platform preloads a tcmalloc when
 its wheel bundles one (``vllm/platforms/cpu.py``); a process cannot change its allocator once
 started, so tailserve sets glibc's own knobs:
 
