@@ -6,8 +6,9 @@ A forward pass allocates its activations with ``torch.empty`` (glibc's ``posix_m
 frees them by the end of the step; at a 2,048-token prefill of the tiny model they are 4-13 MB
 each. With its defaults glibc hands the free top of its heap back to the kernel once it passes a
 threshold (twice the largest block it has mapped, moving as it sees them), so a step that frees a
-few such blocks together gives their pages back and the next step faults every one in again
-(``tests/test_cpu_malloc.py``). On a 2-core Zen 3 (2026-12-06, docs/executor.md "Page faults in
+few such blocks together gives their pages back and the next step faults every one in again —
+or does not, depending on how the thresholds have drifted (three 12 MiB blocks in a loop: 9,184
+faults a round in 6 of 12 runs of the same process, none in the others). On a 2-core Zen 3 (2026-12-06, docs/executor.md "Page faults in
 the prefill step") W's prefill step took a median of 4,745-9,344 faults a run, up to 37,618 in
 one step, and a median of 10-30 ms of kernel CPU time a step (up to 100). vLLM's CPU platform preloads a tcmalloc when
 its wheel bundles one (``vllm/platforms/cpu.py``); a process cannot change its allocator once
