@@ -21,13 +21,18 @@ from tailserve.llm import SamplingParams
 BATCH, PROMPT = 64, 256
 
 
+def prompts(count: int) -> list[list[int]]:
+    """``count`` prompts of ``PROMPT`` seeded token ids (the same first ones whatever the count)."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(10, 8000, (PROMPT,), generator=g).tolist() for _ in range(count)]
+
+
 def fill(engine: Any, steps: int) -> None:
     """Add the batch (seeded token ids, greedy, ``steps`` + 20 new tokens each) and step until
     every request has decoded once: the next ``steps`` steps are decode steps at batch 64."""
-    g = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=steps + 20, temperature=0.0, ignore_eos=True)
-    for i in range(BATCH):
-        engine.add_request(str(i), torch.randint(10, 8000, (PROMPT,), generator=g).tolist(), params)
+    for i, ids in enumerate(prompts(BATCH)):
+        engine.add_request(str(i), ids, params)
     while True:
         outs = engine.step()
         if len(outs) == BATCH and all(len(o.token_ids) >= 2 for o in outs):

@@ -95,37 +95,26 @@ class ModelCounts:
     num_norm_params: int
     itemsize: int  # bytes per weight
     kv_bytes_per_token: int  # K and V of every layer
-    # The last layer's projections after attention (o_proj, the MLP): tailserve's packed CPU
+    # The weights a token's matmuls run, of every layer: a MoE layer's experts at the share
+    # num_experts_per_tok / num_experts (the router in full); dense models: num_linear_params.
+    num_linear_params_per_token: float
+    # Of those, the last layer's after attention (o_proj, the MLP): tailserve's packed CPU
     # weights run them on the sampled rows alone (``LlamaModel._rows_needed``).
-    num_last_layer_rest_params: int = 0
-    # MoE: the experts' weights (all layers; the last layer's), of which a token runs the share
-    # num_experts_per_tok / num_experts (the router runs in full).
-    num_expert_params: int = 0
-    num_last_layer_expert_params: int = 0
-    expert_share: float = 1.0
+    num_last_layer_rest_params_per_token: float
 
     @staticmethod
     def from_config(config: ModelConfig, itemsize: int) -> ModelCounts:
-        groups = {
-            "linear": 0,
-            "lm_head": 0,
-            "embed": 0,
-            "norm": 0,
-            "last_rest": 0,
-            "experts": 0,
-            "last_experts": 0,
-        }
+        groups = {"linear": 0, "lm_head": 0, "embed": 0, "norm": 0}
+        per_token = {"linear": 0.0, "last_rest": 0.0}
+        share = config.num_experts_per_tok / config.num_experts if config.num_experts else 1.0
         last = f"model.layers.{config.num_hidden_layers - 1}."
         for name, shape in expected_tensor_shapes(config).items():
             n = 1
             for d in shape:
                 n *= d
+            run = n * share if ".experts." in name else n
             if name.startswith(last) and "norm" not in name and not name.endswith(_QKV):
-                groups["last_rest"] += n
-                if ".experts." in name:
-                    groups["last_experts"] += n
-            if ".experts." in name:
-                groups["experts"] += n
+                per_token["last_rest"] += run
             if name == "lm_head.weight":
                 groups["lm_head"] += n
             elif name == "model.embed_tokens.weight":
@@ -134,6 +123,7 @@ class ModelCounts:
                 groups["norm"] += n
             else:
                 groups["linear"] += n
+                per_token["linear"] += run
         if config.tie_word_embeddings:
             groups["lm_head"] = groups["embed"]  # the same matrix, multiplied as the head
         kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
@@ -145,10 +135,8 @@ class ModelCounts:
             groups["norm"],
             itemsize,
             kv,
-            groups["last_rest"],
-            groups["experts"],
-            groups["last_experts"],
-            config.num_experts_per_tok / config.num_experts if config.num_experts else 1.0,
+            per_token["linear"],
+            per_token["last_rest"],
         )
 
     def decode_weight_bytes(self) -> int:
@@ -164,11 +152,12 @@ class ModelCounts:
         ``last_layer_rows_only``: the last layer after attention runs on the sampled rows alone
         (tailserve's packed CPU weights; at W's 8 x 256-token prefill of the tiny model 40.9
         GFLOP instead of 51.6)."""
-        idle = 1.0 - self.expert_share  # the experts' weights a token does not run
-        per_token = self.num_linear_params - idle * self.num_expert_params
-        last_rest = self.num_last_layer_rest_params - idle * self.num_last_layer_expert_params
-        skipped = last_rest * (num_tokens - num_sampled_rows) if last_layer_rows_only else 0.0
-        return 2.0 * (per_token * num_tokens - skipped + self.num_lm_head_params * num_sampled_rows)
+        rows_skipped = num_tokens - num_sampled_rows if last_layer_rows_only else 0
+        return 2.0 * (
+            self.num_linear_params_per_token * num_tokens
+            - self.num_last_layer_rest_params_per_token * rows_skipped
+            + self.num_lm_head_params * num_sampled_rows
+        )
 
 
 def roofline(
@@ -190,6 +179,7 @@ def roofline(
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "gemm_gflop_s": gemm_flops / 1e9,
         "counts": asdict(counts),
+        "last_layer_rows_only": last_layer_rows_only,
     }
     if decode is not None:
         weight_bytes = counts.decode_weight_bytes()
@@ -207,7 +197,6 @@ def roofline(
         }
     for name, prefill in prefills.items():
         flops = counts.prefill_flops(prefill["num_tokens"], prefill["num_sampled_rows"], last_layer_rows_only)
-        out["last_layer_rows_only"] = last_layer_rows_only
         limit = flops / gemm_flops
         out[name] = {
             **prefill,

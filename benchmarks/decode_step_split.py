@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from benchmarks._common import cpu_line, load_averages, save_results
-from benchmarks._decode_batch import BATCH, PROMPT, fill
+from benchmarks._decode_batch import BATCH, fill, prompts
 from tailserve.executors.pytorch import cpu_backend, cpu_isa, cpu_kernels, executor, model
 from tailserve.executors.pytorch.init_model import default_model_dir
 from tailserve.llm import LLM, SamplingParams
@@ -63,11 +63,8 @@ def wrap(spent: dict[str, float], owner: Any, name: str, phase: str) -> None:
 def prefill_prompts(steps: int) -> list[list[list[int]]]:
     """W's prefill batch for each step: 8 prompts of 256 seeded token ids (2,048 tokens, the
     vLLM default budget ``engine_cpu`` runs W under)."""
-    g = torch.Generator().manual_seed(0)
-    return [
-        [torch.randint(10, 8000, (PROMPT,), generator=g).tolist() for _ in range(PREFILL_BATCH)]
-        for _ in range(steps)
-    ]
+    ids = prompts(steps * PREFILL_BATCH)
+    return [ids[i : i + PREFILL_BATCH] for i in range(0, len(ids), PREFILL_BATCH)]
 
 
 def add_prefill_batch(engine: Any, step: int, prompts: list[list[int]]) -> None:
@@ -127,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     wrap(spent, engine.stop_checker.inner.sampler, "sample", "sampling")
     wrap(spent, engine, "_collect", "output processing")
 
-    prompts = prefill_prompts(args.steps + 2) if args.prefill else []
+    batches = prefill_prompts(args.steps + 2) if args.prefill else []
     if not args.prefill:
         fill(engine, args.steps)
     per_phase: dict[str, list[float]] = defaultdict(list)
@@ -136,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     step_kernel: list[float] = []  # the process's CPU seconds in the kernel (faults are there)
     for s in range(args.steps + 2):
         if args.prefill:
-            add_prefill_batch(engine, s, prompts[s])
+            add_prefill_batch(engine, s, batches[s])
         spent.clear()
         spent["_stack"] = []  # type: ignore[assignment]
         before = resource.getrusage(resource.RUSAGE_SELF)
@@ -146,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         after = resource.getrusage(resource.RUSAGE_SELF)
         faults = after.ru_minflt - before.ru_minflt
         kernel_s = after.ru_stime - before.ru_stime
-        assert len(outs) == (len(prompts[s]) if args.prefill else BATCH), len(outs)
+        assert len(outs) == (len(batches[s]) if args.prefill else BATCH), len(outs)
         if s < 2:
             first.append(step)
             continue
